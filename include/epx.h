@@ -1,0 +1,131 @@
+/*
+ * epx.h - the core C API of epx, expert parallelism for Mixture-of-Experts
+ * inference: expert placement, dispatch tables, load statistics and the
+ * SGLang / DeepSeek file formats.
+ *
+ * This header is plain C11: no CUDA, NCCL or MPI types appear here. GPU entry
+ * points live in epx_cuda.h and communicators in epx_comm.h.
+ *
+ * Conventions, for every function below:
+ *  - Fallible functions return an epx_status; EPX_OK is 0. Results come back
+ *    through out-parameters, which are left untouched on error.
+ *  - The last argument `err` (may be NULL) receives a sentence that names the
+ *    offending value, the limit and the fix. There is no global last error.
+ *  - The library never prints, exits or aborts. Logging goes through the
+ *    epx_log_fn an options struct carries.
+ *  - Destructors accept NULL.
+ *  - Option structs carry their size-derived version in `version` and must be
+ *    initialised from their EPX_..._INIT macro.
+ *
+ * Each function is documented in one shape:
+ *   summary; Args (direction, shape, dtype, ownership); Returns; Thread rules.
+ */
+#ifndef EPX_H
+#define EPX_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define EPX_VERSION_MAJOR 0
+#define EPX_VERSION_MINOR 1
+#define EPX_VERSION_PATCH 0
+
+#if defined(__GNUC__)
+#define EPX_API __attribute__((visibility("default")))
+#else
+#define EPX_API
+#endif
+
+/* Status codes. Append-only: a code is never renumbered or reused. */
+typedef enum epx_status {
+    EPX_OK = 0,
+    EPX_ERR_INVALID_ARG = 1, /* an argument or option has a wrong value    */
+    EPX_ERR_SHAPE = 2,       /* sizes disagree or do not divide            */
+    EPX_ERR_PARSE = 3,       /* a file or string is not what it claims     */
+    EPX_ERR_IO = 4,          /* a file could not be opened, read, written  */
+    EPX_ERR_NOMEM = 5,       /* an allocation failed                       */
+    EPX_ERR_OVERFLOW = 6,    /* a size computation would overflow          */
+    EPX_ERR_UNSUPPORTED = 7, /* valid request this build cannot serve yet  */
+    EPX_ERR_REFUSED = 8,     /* input asked for something unsafe (pickle)  */
+    EPX_ERR_INVALID_MAP = 9, /* a placement map breaks an invariant        */
+    EPX_ERR_COMM = 10,       /* a communication backend call failed        */
+    EPX_ERR_CUDA = 11,       /* a CUDA runtime / cuBLAS call failed        */
+    EPX_ERR_TIMEOUT = 12,    /* a peer did not answer in time              */
+    EPX_ERR_INTERNAL = 13,   /* an invariant of epx itself broke (a bug)   */
+    EPX_STATUS_COUNT_ /* not a status: one past the last code */
+} epx_status;
+
+/* The name of a status ("EPX_ERR_SHAPE"), never NULL. */
+EPX_API const char *epx_status_str(epx_status st);
+
+/* Library version as "MAJOR.MINOR.PATCH", never NULL. */
+EPX_API const char *epx_version(void);
+
+/* A caller-owned error buffer. Functions fill `status` and `msg` on failure
+ * and leave it untouched on success. Zero-initialise it: epx_error e = {0}; */
+#define EPX_ERRMSG_MAX 512
+typedef struct epx_error {
+    epx_status status;
+    char msg[EPX_ERRMSG_MAX];
+} epx_error;
+
+/* Log levels and the callback type carried by option structs. */
+typedef enum epx_log_level {
+    EPX_LOG_ERROR = 0,
+    EPX_LOG_WARN = 1,
+    EPX_LOG_INFO = 2,
+    EPX_LOG_DEBUG = 3
+} epx_log_level;
+typedef void (*epx_log_fn)(void *user, epx_log_level level, const char *msg);
+
+/*
+ * The shape of a model under expert parallelism, in SGLang's vocabulary.
+ * L layers (every decoder layer; dense layers carry no load), E logical
+ * experts per layer, P physical slots (E + redundant), G GPUs (EP ranks),
+ * N nodes. Slot p lives on GPU p / (P/G); GPU g is on node g / (G/N).
+ */
+typedef struct epx_shape {
+    int32_t num_layers;           /* L >= 1 */
+    int32_t num_logical_experts;  /* E >= 1 */
+    int32_t num_physical_experts; /* P >= E, P % G == 0 */
+    int32_t num_gpus;             /* G >= 1, G % N == 0 */
+    int32_t num_nodes;            /* N >= 1 */
+} epx_shape;
+
+/* Upper bounds that keep every derived size far from overflow. */
+#define EPX_MAX_LAYERS 65536
+#define EPX_MAX_EXPERTS (1 << 20)
+#define EPX_MAX_GPUS (1 << 16)
+
+/*
+ * Check that a shape is usable: all counts positive and within the limits
+ * above, P >= E, P % G == 0, G % N == 0, and L * P * (P - E + 1) fits.
+ * Args:    shape (in) the shape to check.
+ * Returns: EPX_OK, EPX_ERR_SHAPE or EPX_ERR_OVERFLOW with a message that
+ *          names the values and a fix (e.g. the nearest valid P).
+ */
+EPX_API epx_status epx_shape_check(const epx_shape *shape, epx_error *err);
+
+/* Slots per GPU, P / G; the shape must be valid. */
+EPX_API int32_t epx_shape_slots_per_gpu(const epx_shape *shape);
+
+/* The rooms of the core API, one header each. */
+#include "epx/layout.h"
+#include "epx/counts.h"
+#include "epx/io.h"
+#include "epx/pt.h"
+#include "epx/plan.h"
+#include "epx/stats.h"
+#include "epx/trace.h"
+#include "epx/dispatch.h"
+#include "epx/migrate.h"
+#include "epx/moe.h"
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* EPX_H */

@@ -1,0 +1,81 @@
+/*
+ * epx/io.h - SGLang's files: placement mappings, counts, and the one entry
+ * point that turns an `--init-expert-location` argument into a layout.
+ * JSON goes through jansson; .pt files through epx/pt.h's restricted reader.
+ * Include epx.h, not this file.
+ */
+#ifndef EPX_IO_H
+#define EPX_IO_H
+
+/* Free memory that an epx function returned to the caller (maps, strings).
+ * Accepts NULL. */
+EPX_API void epx_free(void *p);
+
+/*
+ * Read {"physical_to_logical_map": [L][P]} from a .json file, a .pt file, or
+ * an inline JSON string (a spec starting with '{', as SGLang accepts). Other
+ * keys are ignored, as SGLang ignores them.
+ * Args:    spec (in) path or inline JSON;
+ *          map (out) [L][P] int32, release with epx_free; L, P (out).
+ * Returns: EPX_OK; EPX_ERR_IO; EPX_ERR_PARSE for malformed JSON (line and
+ *          column), a missing key, ragged rows (names the row and both
+ *          lengths), non-integers, negative or huge ids (names layer, slot,
+ *          value); EPX_ERR_NOMEM.
+ */
+EPX_API epx_status epx_mapping_read(const char *spec, int32_t **map, int32_t *num_layers,
+                                    int32_t *num_physical, epx_error *err);
+
+/* The same from JSON text of `len` bytes (need not be NUL-terminated). */
+EPX_API epx_status epx_mapping_parse_json(const char *text, size_t len, int32_t **map,
+                                          int32_t *num_layers, int32_t *num_physical,
+                                          epx_error *err);
+
+/*
+ * Write {"physical_to_logical_map": [L][P]} and nothing else (SGLang rejects
+ * other keys) to `path`, replacing it atomically (temp file + rename).
+ * Returns: EPX_OK, EPX_ERR_IO, EPX_ERR_NOMEM.
+ */
+EPX_API epx_status epx_layout_write_json(const epx_layout *layout, const char *path,
+                                         epx_error *err);
+
+/*
+ * Read SGLang counts {"logical_count": [L][E] | [S][L][E]} from .json, .pt
+ * or inline JSON; other keys ignored. Entries: finite non-negative numbers.
+ * Returns: EPX_OK, EPX_ERR_IO, EPX_ERR_PARSE (names the index and value),
+ *          EPX_ERR_NOMEM.
+ */
+EPX_API epx_status epx_counts_read(const char *spec, epx_counts **out, epx_error *err);
+
+/* Write counts as {"logical_count": [S][L][E]} ([L][E] when S == 1). */
+EPX_API epx_status epx_counts_write_json(const epx_counts *counts, const char *path,
+                                         epx_error *err);
+
+/* What epx_layout_init needs besides the spec. */
+typedef struct epx_init_opts {
+    uint32_t version;            /* EPX_INIT_OPTS_VERSION */
+    int32_t num_gpus;            /* G, required */
+    int32_t num_nodes;           /* N, default 1 */
+    int32_t num_logical_experts; /* E; 0 = infer from a mapping (max id + 1) */
+    int32_t num_layers;          /* L; required for "trivial" */
+    int32_t num_physical;        /* P; 0 = E + num_redundant */
+    int32_t num_redundant;       /* redundant slots for "trivial" and counts */
+    int32_t num_groups;          /* expert groups for hierarchical planning; 0 = 1 */
+    epx_log_fn log;              /* optional */
+    void *log_user;
+} epx_init_opts;
+#define EPX_INIT_OPTS_VERSION 1u
+#define EPX_INIT_OPTS_INIT {EPX_INIT_OPTS_VERSION, 0, 1, 0, 0, 0, 0, 0, NULL, NULL}
+
+/*
+ * Turn what SGLang's --init-expert-location takes into a layout: "trivial",
+ * a .json or .pt path, or an inline JSON string, holding either a
+ * physical_to_logical_map (built directly and validated) or logical_count
+ * (planned with epx's default algorithm). Never returns EPX_OK without a
+ * layout: every missing piece is an explained error.
+ * Returns: EPX_OK; the statuses of the readers, of epx_layout_create_from_map
+ *          and of the planner; EPX_ERR_INVALID_ARG for bad options.
+ */
+EPX_API epx_status epx_layout_init(const char *spec, const epx_init_opts *opts,
+                                   epx_layout **out, epx_error *err);
+
+#endif /* EPX_IO_H */

@@ -1,0 +1,75 @@
+/*
+ * internal.h - helpers shared by every room of libepx and not exported: the
+ * error-reporting function and macros, checked size arithmetic, and file
+ * reading. Cross-file internal symbols use the prefix epxi_ so the shared
+ * library's export list (epx_*) never picks them up.
+ */
+#ifndef EPX_INTERNAL_H
+#define EPX_INTERNAL_H
+
+#include "epx.h"
+
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdlib.h>
+
+#if defined(__GNUC__)
+#define EPXI_PRINTF(a, b) __attribute__((format(printf, a, b)))
+#define EPXI_HIDDEN __attribute__((visibility("hidden")))
+#else
+#define EPXI_PRINTF(a, b)
+#define EPXI_HIDDEN
+#endif
+
+/* Record `st` and a formatted message in err (when non-NULL); returns st so a
+ * caller can write `return epxi_fail(err, EPX_ERR_SHAPE, "...", ...);`. */
+EPXI_HIDDEN epx_status epxi_fail(epx_error *err, epx_status st, const char *fmt, ...)
+    EPXI_PRINTF(3, 4);
+
+/* Prefix err's message with a formatted context ("reading FILE: ..."). */
+EPXI_HIDDEN void epxi_error_prefix(epx_error *err, const char *fmt, ...) EPXI_PRINTF(2, 3);
+
+/* Propagate a non-OK status. */
+#define EPX_TRY(expr)                              \
+    do {                                           \
+        epx_status epx_try_st_ = (expr);           \
+        if (epx_try_st_ != EPX_OK) return epx_try_st_; \
+    } while (0)
+
+/* Propagate to a cleanup label, keeping the status in `st`. */
+#define EPX_TRY_GOTO(st, expr, label) \
+    do {                              \
+        (st) = (expr);                \
+        if ((st) != EPX_OK) goto label; \
+    } while (0)
+
+/* n * size with overflow detection; false when it would overflow. */
+static inline bool epxi_mul_size(size_t n, size_t size, size_t *out) {
+    if (size != 0 && n > (size_t)-1 / size) return false;
+    *out = n * size;
+    return true;
+}
+
+/* calloc of n elements of `size` bytes, reporting overflow and NOMEM in err.
+ * `what` names the buffer in the message. */
+EPXI_HIDDEN void *epxi_calloc(size_t n, size_t size, const char *what, epx_error *err);
+
+/* Read a whole file into a NUL-terminated malloc'd buffer. */
+EPXI_HIDDEN epx_status epxi_read_file(const char *path, char **data, size_t *len,
+                                      epx_error *err);
+
+/* Write a file through `body` into PATH.tmp, then rename it over PATH, so
+ * readers never see a half-written file and a failed write loses nothing. */
+#include <stdio.h>
+typedef epx_status (*epxi_write_body_fn)(FILE *f, const void *ctx);
+EPXI_HIDDEN epx_status epxi_write_atomically(const char *path, epxi_write_body_fn body,
+                                             const void *ctx, epx_error *err);
+
+/* Case-sensitive suffix test: epxi_has_suffix("a.json", ".json"). */
+EPXI_HIDDEN bool epxi_has_suffix(const char *s, const char *suffix);
+
+/* Emit a log line through an optional callback. */
+EPXI_HIDDEN void epxi_log(epx_log_fn fn, void *user, epx_log_level lvl, const char *fmt, ...)
+    EPXI_PRINTF(4, 5);
+
+#endif /* EPX_INTERNAL_H */

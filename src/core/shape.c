@@ -1,0 +1,115 @@
+/*
+ * shape.c - validation of the model/cluster shape and the load tensor.
+ *
+ * The shape check is where most configuration mistakes surface, so each
+ * message names the values and proposes the nearest valid alternative (the
+ * error SGLang would raise as a bare assertion deep in a stack).
+ */
+#include "internal.h"
+
+#include <string.h>
+
+epx_status epx_shape_check(const epx_shape *s, epx_error *err) {
+    if (s == NULL) return epxi_fail(err, EPX_ERR_INVALID_ARG, "shape is NULL");
+    const int32_t L = s->num_layers, E = s->num_logical_experts, P = s->num_physical_experts;
+    const int32_t G = s->num_gpus, N = s->num_nodes;
+    if (L < 1 || L > EPX_MAX_LAYERS)
+        return epxi_fail(err, EPX_ERR_SHAPE, "num_layers (%d) must be in [1, %d]", L,
+                         EPX_MAX_LAYERS);
+    if (E < 1 || E > EPX_MAX_EXPERTS)
+        return epxi_fail(err, EPX_ERR_SHAPE, "num_logical_experts (%d) must be in [1, %d]", E,
+                         EPX_MAX_EXPERTS);
+    if (G < 1 || G > EPX_MAX_GPUS)
+        return epxi_fail(err, EPX_ERR_SHAPE, "num_gpus (%d) must be in [1, %d]", G,
+                         EPX_MAX_GPUS);
+    if (N < 1 || N > G)
+        return epxi_fail(err, EPX_ERR_SHAPE, "num_nodes (%d) must be in [1, num_gpus = %d]", N,
+                         G);
+    if (G % N != 0)
+        return epxi_fail(err, EPX_ERR_SHAPE,
+                         "num_gpus (%d) is not a multiple of num_nodes (%d): every node must "
+                         "hold the same number of GPUs; use %d or %d GPUs, or a divisor of %d "
+                         "as the node count",
+                         G, N, (G / N) * N > 0 ? (G / N) * N : N, (G / N + 1) * N, G);
+    if (P < 1 || P > 2 * EPX_MAX_EXPERTS)
+        return epxi_fail(err, EPX_ERR_SHAPE, "num_physical_experts (%d) must be in [1, %d]", P,
+                         2 * EPX_MAX_EXPERTS);
+    if (P < E)
+        return epxi_fail(err, EPX_ERR_SHAPE,
+                         "num_physical_experts (%d) is below num_logical_experts (%d): every "
+                         "logical expert needs a slot; use P >= %d (P = E + redundant)",
+                         P, E, E);
+    if (P < G)
+        return epxi_fail(err, EPX_ERR_SHAPE,
+                         "num_physical_experts (%d) is below num_gpus (%d): every GPU needs at "
+                         "least one slot; use P >= %d or fewer GPUs",
+                         P, G, G);
+    if (P % G != 0) {
+        int32_t lo = (P / G) * G, hi = lo + G;
+        if (lo >= E)
+            return epxi_fail(err, EPX_ERR_SHAPE,
+                             "num_physical_experts (%d) is not a multiple of num_gpus (%d): "
+                             "use %d or %d",
+                             P, G, lo, hi);
+        return epxi_fail(err, EPX_ERR_SHAPE,
+                         "num_physical_experts (%d) is not a multiple of num_gpus (%d): use %d",
+                         P, G, hi);
+    }
+    /* The largest derived map is logical_to_all_physical, L * E * (P - E + 1). */
+    size_t a, b;
+    if (!epxi_mul_size((size_t)L, (size_t)E, &a) ||
+        !epxi_mul_size(a, (size_t)(P - E + 1), &b) || !epxi_mul_size(b, sizeof(int32_t), &a) ||
+        a > ((size_t)1 << 40))
+        return epxi_fail(err, EPX_ERR_OVERFLOW,
+                         "shape L=%d E=%d P=%d is too large: its replica map would need more "
+                         "than 1 TiB",
+                         L, E, P);
+    return EPX_OK;
+}
+
+int32_t epx_shape_slots_per_gpu(const epx_shape *s) { return s->num_physical_experts / s->num_gpus; }
+
+epx_status epx_counts_create(int32_t S, int32_t L, int32_t E, epx_counts **out, epx_error *err) {
+    if (S < 1 || L < 1 || E < 1 || L > EPX_MAX_LAYERS || E > EPX_MAX_EXPERTS || S > (1 << 24))
+        return epxi_fail(err, EPX_ERR_SHAPE,
+                         "counts shape [S=%d][L=%d][E=%d] is invalid: each must be >= 1 "
+                         "(L <= %d, E <= %d)",
+                         S, L, E, EPX_MAX_LAYERS, EPX_MAX_EXPERTS);
+    size_t n;
+    if (!epxi_mul_size((size_t)S * (size_t)L, (size_t)E, &n))
+        return epxi_fail(err, EPX_ERR_OVERFLOW, "counts shape [%d][%d][%d] overflows", S, L, E);
+    epx_counts *c = epxi_calloc(1, sizeof *c, "counts", err);
+    if (c == NULL) return err ? err->status : EPX_ERR_NOMEM;
+    c->data = epxi_calloc(n, sizeof(double), "counts data", err);
+    if (c->data == NULL) {
+        free(c);
+        return err ? err->status : EPX_ERR_NOMEM;
+    }
+    c->num_windows = S;
+    c->num_layers = L;
+    c->num_experts = E;
+    *out = c;
+    return EPX_OK;
+}
+
+void epx_counts_destroy(epx_counts *c) {
+    if (c == NULL) return;
+    free(c->data);
+    free(c);
+}
+
+epx_status epx_counts_sum_windows(const epx_counts *c, int32_t first, int32_t n, double *out,
+                                  epx_error *err) {
+    if (c == NULL || out == NULL) return epxi_fail(err, EPX_ERR_INVALID_ARG, "NULL argument");
+    if (n < 1 || first < 0 || first > c->num_windows - n)
+        return epxi_fail(err, EPX_ERR_INVALID_ARG,
+                         "window range [%d, %d) is empty or outside the %d windows", first,
+                         first + n, c->num_windows);
+    size_t le = (size_t)c->num_layers * (size_t)c->num_experts;
+    memset(out, 0, le * sizeof *out);
+    for (int32_t s = first; s < first + n; s++) {
+        const double *w = c->data + (size_t)s * le;
+        for (size_t i = 0; i < le; i++) out[i] += w[i];
+    }
+    return EPX_OK;
+}

@@ -1,0 +1,162 @@
+/*
+ * mapping.c - SGLang's placement mapping and counts files in JSON.
+ *
+ * SGLang's --init-expert-location takes a path (.json or .pt) or inline JSON
+ * holding either "physical_to_logical_map" [L][P] or "logical_count"
+ * [L][E] / [S][L][E]. Other keys are ignored on reading, as SGLang does; on
+ * writing the mapping file holds that single key and nothing else, because
+ * SGLang refuses extra keys there.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "json_tensor.h"
+#include "pt_hooks.h"
+
+static const char MAP_KEY[] = "physical_to_logical_map";
+static const char COUNT_KEY[] = "logical_count";
+
+static epx_status mapping_from_object(const json_t *root, int32_t **map, int32_t *L, int32_t *P,
+                                      epx_error *err) {
+    const json_t *arr = json_object_get(root, MAP_KEY);
+    if (arr == NULL) {
+        if (json_object_get(root, COUNT_KEY) != NULL)
+            return epxi_fail(err, EPX_ERR_PARSE,
+                             "this holds '%s', not '%s': it is a counts file; plan a placement "
+                             "from it (epx plan --counts)",
+                             COUNT_KEY, MAP_KEY);
+        return epxi_fail(err, EPX_ERR_PARSE, "no '%s' key in the JSON object", MAP_KEY);
+    }
+    epxi_json_tensor t;
+    EPX_TRY(epxi_json_measure(arr, 2, 2, MAP_KEY, &t, err));
+    if (t.dims[0] > EPX_MAX_LAYERS || t.dims[1] > 2 * EPX_MAX_EXPERTS)
+        return epxi_fail(err, EPX_ERR_SHAPE, "'%s' is [%lld][%lld], above the limits [%d][%d]",
+                         MAP_KEY, (long long)t.dims[0], (long long)t.dims[1], EPX_MAX_LAYERS,
+                         2 * EPX_MAX_EXPERTS);
+    int32_t *out = epxi_calloc(t.count, sizeof *out, MAP_KEY, err);
+    if (out == NULL) return EPX_ERR_NOMEM;
+    epx_status st = epxi_json_flatten_i32(arr, &t, EPXI_JSON_INDEX, MAP_KEY, out, err);
+    if (st != EPX_OK) {
+        free(out);
+        return st;
+    }
+    *map = out;
+    *L = (int32_t)t.dims[0];
+    *P = (int32_t)t.dims[1];
+    return EPX_OK;
+}
+
+epx_status epx_mapping_parse_json(const char *text, size_t len, int32_t **map, int32_t *L,
+                                  int32_t *P, epx_error *err) {
+    if (text == NULL || map == NULL || L == NULL || P == NULL)
+        return epxi_fail(err, EPX_ERR_INVALID_ARG, "NULL argument");
+    json_t *root = NULL;
+    EPX_TRY(epxi_json_parse_object(text, len, "mapping", &root, err));
+    epx_status st = mapping_from_object(root, map, L, P, err);
+    json_decref(root);
+    return st;
+}
+
+epx_status epx_mapping_read(const char *spec, int32_t **map, int32_t *L, int32_t *P,
+                            epx_error *err) {
+    if (spec == NULL || map == NULL || L == NULL || P == NULL)
+        return epxi_fail(err, EPX_ERR_INVALID_ARG, "NULL argument");
+    if (epxi_has_suffix(spec, ".pt")) return epxi_pt_read_mapping(spec, map, L, P, err);
+    json_t *root = NULL;
+    EPX_TRY(epxi_json_load_spec(spec, &root, err));
+    epx_status st = mapping_from_object(root, map, L, P, err);
+    json_decref(root);
+    if (st != EPX_OK && spec[0] != '{') epxi_error_prefix(err, "'%.256s'", spec);
+    return st;
+}
+
+static epx_status write_mapping_body(FILE *f, const void *ctx) {
+    const epx_layout *lay = ctx;
+    const epx_shape *s = epx_layout_shape(lay);
+    const int32_t *m = epx_layout_physical_to_logical(lay);
+    fprintf(f, "{\"%s\": [\n", MAP_KEY);
+    for (int32_t l = 0; l < s->num_layers; l++) {
+        fputc('[', f);
+        for (int32_t p = 0; p < s->num_physical_experts; p++)
+            fprintf(f, p ? ", %d" : "%d", m[(size_t)l * (size_t)s->num_physical_experts + (size_t)p]);
+        fputs(l + 1 < s->num_layers ? "],\n" : "]\n", f);
+    }
+    fputs("]}\n", f);
+    return ferror(f) ? EPX_ERR_IO : EPX_OK;
+}
+
+epx_status epx_layout_write_json(const epx_layout *lay, const char *path, epx_error *err) {
+    if (lay == NULL || path == NULL) return epxi_fail(err, EPX_ERR_INVALID_ARG, "NULL argument");
+    return epxi_write_atomically(path, write_mapping_body, lay, err);
+}
+
+static epx_status counts_from_object(const json_t *root, epx_counts **out, epx_error *err) {
+    const json_t *arr = json_object_get(root, COUNT_KEY);
+    if (arr == NULL) {
+        if (json_object_get(root, MAP_KEY) != NULL)
+            return epxi_fail(err, EPX_ERR_PARSE,
+                             "this holds '%s', not '%s': it is a placement, not a load; pass it "
+                             "as --placement",
+                             MAP_KEY, COUNT_KEY);
+        return epxi_fail(err, EPX_ERR_PARSE, "no '%s' key in the JSON object", COUNT_KEY);
+    }
+    epxi_json_tensor t;
+    EPX_TRY(epxi_json_measure(arr, 2, 3, COUNT_KEY, &t, err));
+    int64_t S = t.rank == 3 ? t.dims[0] : 1;
+    int64_t L = t.dims[t.rank - 2], E = t.dims[t.rank - 1];
+    if (S > (1 << 24) || L > EPX_MAX_LAYERS || E > EPX_MAX_EXPERTS)
+        return epxi_fail(err, EPX_ERR_SHAPE, "'%s' shape is above the limits", COUNT_KEY);
+    epx_counts *c = NULL;
+    EPX_TRY(epx_counts_create((int32_t)S, (int32_t)L, (int32_t)E, &c, err));
+    epx_status st = epxi_json_flatten_f64(arr, &t, COUNT_KEY, c->data, err);
+    if (st != EPX_OK) {
+        epx_counts_destroy(c);
+        return st;
+    }
+    *out = c;
+    return EPX_OK;
+}
+
+epx_status epx_counts_read(const char *spec, epx_counts **out, epx_error *err) {
+    if (spec == NULL || out == NULL) return epxi_fail(err, EPX_ERR_INVALID_ARG, "NULL argument");
+    if (epxi_has_suffix(spec, ".pt")) return epxi_pt_read_counts(spec, out, err);
+    json_t *root = NULL;
+    EPX_TRY(epxi_json_load_spec(spec, &root, err));
+    epx_status st = counts_from_object(root, out, err);
+    json_decref(root);
+    if (st != EPX_OK && spec[0] != '{') epxi_error_prefix(err, "'%.256s'", spec);
+    return st;
+}
+
+static void write_load(FILE *f, double x) {
+    /* Integral loads print as integers, so token counts round-trip exactly. */
+    if (x == (double)(int64_t)x && x < 9.0e15) fprintf(f, "%lld", (long long)x);
+    else fprintf(f, "%.17g", x);
+}
+
+static epx_status write_counts_body(FILE *f, const void *ctx) {
+    const epx_counts *c = ctx;
+    fprintf(f, "{\"%s\": ", COUNT_KEY);
+    if (c->num_windows > 1) fputs("[\n", f);
+    for (int32_t s = 0; s < c->num_windows; s++) {
+        fputs("[\n", f);
+        for (int32_t l = 0; l < c->num_layers; l++) {
+            const double *row = epx_counts_row(c, s, l);
+            fputc('[', f);
+            for (int32_t e = 0; e < c->num_experts; e++) {
+                if (e) fputs(", ", f);
+                write_load(f, row[e]);
+            }
+            fputs(l + 1 < c->num_layers ? "],\n" : "]\n", f);
+        }
+        fputs(s + 1 < c->num_windows ? "],\n" : "]", f);
+    }
+    if (c->num_windows > 1) fputs("\n]", f);
+    fputs("}\n", f);
+    return ferror(f) ? EPX_ERR_IO : EPX_OK;
+}
+
+epx_status epx_counts_write_json(const epx_counts *c, const char *path, epx_error *err) {
+    if (c == NULL || path == NULL) return epxi_fail(err, EPX_ERR_INVALID_ARG, "NULL argument");
+    return epxi_write_atomically(path, write_counts_body, c, err);
+}

@@ -1,0 +1,164 @@
+/*
+ * cli.c - option parsing and error reporting shared by the subcommands.
+ *
+ * Options are declared, not scanned for: a typo (--gpu for --gpus) is an
+ * error that lists the valid options instead of a silently ignored flag.
+ */
+#include "cli.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static void print_help(const cli_cmd *cmd, FILE *f) {
+    fprintf(f, "usage: %s\n\n%s\n", cmd->usage, cmd->summary);
+    if (cmd->opts[0].name != NULL) fputs("\noptions:\n", f);
+    for (const cli_opt *o = cmd->opts; o->name != NULL; o++) {
+        char left[64];
+        snprintf(left, sizeof left, "%s%s%s", o->name, o->metavar ? " " : "",
+                 o->metavar ? o->metavar : "");
+        fprintf(f, "  %-24s %s\n", left, o->help);
+    }
+    fprintf(f, "  %-24s %s\n", "-h, --help", "show this help");
+}
+
+int cli_parse(cli_cmd *cmd, int argc, char **argv) {
+    cmd->num_positional = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
+            print_help(cmd, stdout);
+            return CLI_EXIT_OK;
+        }
+        if (a[0] == '-' && a[1] != '\0' && !(a[1] >= '0' && a[1] <= '9')) {
+            const char *eq = strchr(a, '=');
+            size_t len = eq ? (size_t)(eq - a) : strlen(a);
+            cli_opt *o = cmd->opts;
+            for (; o->name != NULL; o++)
+                if (strlen(o->name) == len && strncmp(o->name, a, len) == 0) break;
+            if (o->name == NULL) {
+                fprintf(stderr, "epx %s: unknown option '%.*s'; run 'epx %s --help'\n", cmd->name,
+                        (int)len, a, cmd->name);
+                return CLI_EXIT_USAGE;
+            }
+            if (o->value != NULL) {
+                fprintf(stderr, "epx %s: %s given twice\n", cmd->name, o->name);
+                return CLI_EXIT_USAGE;
+            }
+            if (o->metavar == NULL) {
+                if (eq) {
+                    fprintf(stderr, "epx %s: %s takes no value\n", cmd->name, o->name);
+                    return CLI_EXIT_USAGE;
+                }
+                o->value = "1";
+            } else if (eq) {
+                o->value = eq + 1;
+            } else if (i + 1 < argc) {
+                o->value = argv[++i];
+            } else {
+                fprintf(stderr, "epx %s: %s needs a value (%s)\n", cmd->name, o->name, o->metavar);
+                return CLI_EXIT_USAGE;
+            }
+            continue;
+        }
+        if (cmd->num_positional >= cmd->max_positional) {
+            fprintf(stderr, "epx %s: unexpected argument '%s'; run 'epx %s --help'\n", cmd->name,
+                    a, cmd->name);
+            return CLI_EXIT_USAGE;
+        }
+        cmd->positional[cmd->num_positional++] = a;
+    }
+    return -1;
+}
+
+const char *cli_get(const cli_cmd *cmd, const char *name) {
+    for (const cli_opt *o = cmd->opts; o->name != NULL; o++)
+        if (strcmp(o->name, name) == 0) return o->value;
+    return NULL;
+}
+
+bool cli_flag(const cli_cmd *cmd, const char *name) { return cli_get(cmd, name) != NULL; }
+
+bool cli_int(const cli_cmd *cmd, const char *name, int64_t lo, int64_t hi, int32_t *out) {
+    const char *v = cli_get(cmd, name);
+    if (v == NULL) return true;
+    char *end = NULL;
+    errno = 0;
+    long long x = strtoll(v, &end, 10);
+    if (errno != 0 || end == v || *end != '\0' || x < lo || x > hi) {
+        fprintf(stderr, "epx %s: %s '%s' is not an integer in [%lld, %lld]\n", cmd->name, name,
+                v, (long long)lo, (long long)hi);
+        return false;
+    }
+    *out = (int32_t)x;
+    return true;
+}
+
+bool cli_double(const cli_cmd *cmd, const char *name, double lo, double hi, double *out) {
+    const char *v = cli_get(cmd, name);
+    if (v == NULL) return true;
+    char *end = NULL;
+    errno = 0;
+    double x = strtod(v, &end);
+    if (errno != 0 || end == v || *end != '\0' || !(x >= lo && x <= hi)) {
+        fprintf(stderr, "epx %s: %s '%s' is not a number in [%g, %g]\n", cmd->name, name, v, lo,
+                hi);
+        return false;
+    }
+    *out = x;
+    return true;
+}
+
+const char *cli_require(const cli_cmd *cmd, const char *name) {
+    const char *v = cli_get(cmd, name);
+    if (v == NULL) fprintf(stderr, "epx %s: %s is required; run 'epx %s --help'\n", cmd->name, name, cmd->name);
+    return v;
+}
+
+int cli_report(const cli_cmd *cmd, const epx_error *err) {
+    fprintf(stderr, "epx %s: %s\n", cmd->name, err->msg[0] ? err->msg : epx_status_str(err->status));
+    switch (err->status) {
+    case EPX_ERR_NOMEM:
+    case EPX_ERR_COMM:
+    case EPX_ERR_CUDA:
+    case EPX_ERR_TIMEOUT:
+    case EPX_ERR_INTERNAL:
+        return CLI_EXIT_FAIL;
+    default:
+        return CLI_EXIT_USAGE;
+    }
+}
+
+bool cli_int_list(const char *s, int64_t lo, int64_t hi, int32_t **out, int32_t *n) {
+    int32_t cap = 8, cnt = 0;
+    int32_t *v = malloc((size_t)cap * sizeof *v);
+    if (v == NULL) return false;
+    const char *p = s;
+    while (*p) {
+        char *end = NULL;
+        errno = 0;
+        long long x = strtoll(p, &end, 10);
+        if (errno != 0 || end == p || x < lo || x > hi || (*end != ',' && *end != '\0')) {
+            free(v);
+            return false;
+        }
+        if (cnt == cap) {
+            int32_t *nv = realloc(v, (size_t)(cap *= 2) * sizeof *v);
+            if (nv == NULL) {
+                free(v);
+                return false;
+            }
+            v = nv;
+        }
+        v[cnt++] = (int32_t)x;
+        p = *end == ',' ? end + 1 : end;
+    }
+    if (cnt == 0) {
+        free(v);
+        return false;
+    }
+    *out = v;
+    *n = cnt;
+    return true;
+}

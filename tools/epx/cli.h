@@ -1,0 +1,65 @@
+/*
+ * cli.h - what every epx subcommand shares: a small declarative option
+ * parser (every option is declared with its help, so --help is generated and
+ * unknown or repeated options are errors), number parsing that rejects
+ * junk, and the exit-code convention:
+ *   0 success, 1 runtime failure, 2 bad input or usage.
+ */
+#ifndef EPX_CLI_H
+#define EPX_CLI_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "epx.h"
+
+#define CLI_EXIT_OK 0
+#define CLI_EXIT_FAIL 1
+#define CLI_EXIT_USAGE 2
+
+typedef struct cli_opt {
+    const char *name;    /* "--gpus" */
+    const char *metavar; /* "G", or NULL for a flag */
+    const char *help;
+    const char *value;   /* filled by cli_parse: the argument, "1" for a set flag, else NULL */
+} cli_opt;
+
+typedef struct cli_cmd {
+    const char *name;     /* "plan" */
+    const char *usage;    /* "epx plan --counts FILE --gpus G [...]" */
+    const char *summary;  /* one line */
+    cli_opt *opts;        /* terminated by {NULL} */
+    int max_positional;   /* positional arguments allowed */
+    const char *positional[8];
+    int num_positional;
+} cli_cmd;
+
+/* Parse argv (argv[0] is the subcommand name). Returns -1 to continue, or an
+ * exit code (0 after --help, 2 after a usage error, printed to stderr). */
+int cli_parse(cli_cmd *cmd, int argc, char **argv);
+
+/* The value of an option, or NULL. */
+const char *cli_get(const cli_cmd *cmd, const char *name);
+bool cli_flag(const cli_cmd *cmd, const char *name);
+
+/* Integer options: *out keeps its default when absent. Return false (after
+ * printing why) when present but not an integer in [lo, hi]. */
+bool cli_int(const cli_cmd *cmd, const char *name, int64_t lo, int64_t hi, int32_t *out);
+bool cli_double(const cli_cmd *cmd, const char *name, double lo, double hi, double *out);
+
+/* A required option: prints "epx NAME: --opt is required" and returns NULL
+ * when absent. */
+const char *cli_require(const cli_cmd *cmd, const char *name);
+
+/* Print "epx: MESSAGE" for a failed library call, return the exit code:
+ * CLI_EXIT_USAGE for input errors, CLI_EXIT_FAIL otherwise. */
+int cli_report(const cli_cmd *cmd, const epx_error *err);
+
+/* Parse "a,b,c" into ints (caller frees *out). False on junk. */
+bool cli_int_list(const char *s, int64_t lo, int64_t hi, int32_t **out, int32_t *n);
+
+/* Every subcommand. */
+int cmd_layout(int argc, char **argv);
+int cmd_inspect(int argc, char **argv);
+
+#endif

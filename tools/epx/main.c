@@ -1,0 +1,46 @@
+/*
+ * main.c - the epx command line: a table of subcommands, each in its own
+ * file (cmd_*.c) and using only the public API.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "cli.h"
+
+typedef struct {
+    const char *name;
+    int (*run)(int argc, char **argv);
+    const char *summary;
+} subcommand;
+
+static const subcommand COMMANDS[] = {
+    {"layout", cmd_layout, "write a layout (trivial) as an SGLang mapping file"},
+    {"inspect", cmd_inspect, "validate a mapping file and summarise it"},
+};
+
+static void usage(FILE *f) {
+    fprintf(f, "epx %s - expert parallelism for MoE inference\n\nusage: epx COMMAND [options]\n\ncommands:\n",
+            epx_version());
+    for (size_t i = 0; i < sizeof COMMANDS / sizeof COMMANDS[0]; i++)
+        fprintf(f, "  %-16s %s\n", COMMANDS[i].name, COMMANDS[i].summary);
+    fputs("\nRun 'epx COMMAND --help' for a command's options.\n", f);
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) {
+        usage(stderr);
+        return CLI_EXIT_USAGE;
+    }
+    if (strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "help") == 0) {
+        usage(stdout);
+        return CLI_EXIT_OK;
+    }
+    if (strcmp(argv[1], "--version") == 0) {
+        printf("epx %s\n", epx_version());
+        return CLI_EXIT_OK;
+    }
+    for (size_t i = 0; i < sizeof COMMANDS / sizeof COMMANDS[0]; i++)
+        if (strcmp(argv[1], COMMANDS[i].name) == 0) return COMMANDS[i].run(argc - 1, argv + 1);
+    fprintf(stderr, "epx: unknown command '%s'; run 'epx --help' for the list\n", argv[1]);
+    return CLI_EXIT_USAGE;
+}
