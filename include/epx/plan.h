@@ -1,5 +1,93 @@
-/* epx/plan.h - part of the core API; include epx.h, not this file. */
+/*
+ * epx/plan.h - placement: which logical experts go into which physical slots,
+ * with how many replicas, from a load. DeepSeek's EPLB reproduced exactly
+ * (global and hierarchical policies, SGLang's auto rule) and epx's own
+ * algorithm, the default. Include epx.h, not this file.
+ */
 #ifndef EPX_PLAN_H
 #define EPX_PLAN_H
+
+typedef enum epx_algorithm {
+    EPX_ALGO_EPX = 0,                   /* epx's own placement (default)      */
+    EPX_ALGO_DEEPSEEK = 1,              /* DeepSeek EPLB, global policy       */
+    EPX_ALGO_DEEPSEEK_HIERARCHICAL = 2, /* DeepSeek EPLB, hierarchical policy */
+    EPX_ALGO_AUTO = 3 /* SGLang's rule: hierarchical when groups % nodes == 0 */
+} epx_algorithm;
+
+/* How strictly epx's algorithm keeps an expert's replicas inside the node
+ * that holds its group (only meaningful with nodes > 1). */
+typedef enum epx_node_local {
+    EPX_NODE_LOCAL_DEFAULT = 0, /* relaxed when nodes > 1, else off           */
+    EPX_NODE_LOCAL_STRICT = 1,  /* DeepSeek's constraint, better packed        */
+    EPX_NODE_LOCAL_RELAXED = 2, /* a budget of cross-node replicas for hot ones */
+    EPX_NODE_LOCAL_OFF = 3      /* global placement                             */
+} epx_node_local;
+
+/* How epx's algorithm turns [S][L][E] windows into the load it plans for.
+ * DeepSeek modes always sum the windows, as SGLang does. */
+typedef enum epx_estimate {
+    EPX_ESTIMATE_DEFAULT = 0, /* the back-tested choice, see docs */
+    EPX_ESTIMATE_SUM = 1,     /* sum of all windows                */
+    EPX_ESTIMATE_RECENCY = 2, /* exponentially recency-weighted    */
+    EPX_ESTIMATE_MEAN_STD = 3, /* mean + z * stddev per expert     */
+    EPX_ESTIMATE_MINMAX = 4   /* minimise the sum of per-window maxima */
+} epx_estimate;
+
+typedef struct epx_plan_opts {
+    uint32_t version;            /* EPX_PLAN_OPTS_VERSION */
+    epx_algorithm algorithm;
+    int32_t num_groups;          /* expert groups (DeepSeek-V3: 8); 0 = 1 */
+    epx_node_local node_local;
+    double cross_node_budget;    /* relaxed mode: share of redundant slots that may sit
+                                    off their group's node; < 0 = default */
+    epx_estimate estimate;
+    double estimate_param;       /* recency half-life in windows, or z; < 0 = default */
+    const epx_layout *current;   /* optional: the layout in service (cost of moving) */
+    int32_t max_moves;           /* with current: most slots that may change; < 0 = no cap */
+    double move_price;           /* with current: balance a moved expert must buy; 0 = free */
+    const uint8_t *failed_gpus;  /* optional [G]: nonzero = GPU lost, gets no experts */
+    epx_log_fn log;              /* optional progress / diagnostics */
+    void *log_user;
+} epx_plan_opts;
+#define EPX_PLAN_OPTS_VERSION 1u
+#define EPX_PLAN_OPTS_INIT \
+    {EPX_PLAN_OPTS_VERSION, EPX_ALGO_EPX, 0, EPX_NODE_LOCAL_DEFAULT, -1.0, \
+     EPX_ESTIMATE_DEFAULT, -1.0, NULL, -1, 0.0, NULL, NULL, NULL}
+
+/* A computed placement: the layout, per-replica dispatch weights, timing. */
+typedef struct epx_plan epx_plan;
+
+/*
+ * Plan a placement of `shape` for a load.
+ * Args:    counts (in) [S][L][E]; L and E must equal the shape's;
+ *          shape (in) L, E, P, G, N; opts (in) EPX_PLAN_OPTS_INIT plus changes;
+ *          out (out) owned by the caller (epx_plan_destroy).
+ * Returns: EPX_OK; EPX_ERR_SHAPE (counts vs shape, groups vs experts/nodes);
+ *          EPX_ERR_INVALID_ARG (contradictory options); EPX_ERR_NOMEM.
+ * Thread:  any thread; no shared state.
+ */
+EPX_API epx_status epx_plan_compute(const epx_counts *counts, const epx_shape *shape,
+                                    const epx_plan_opts *opts, epx_plan **out, epx_error *err);
+
+/* Release a plan. Accepts NULL. */
+EPX_API void epx_plan_destroy(epx_plan *plan);
+
+/* The planned layout, owned by the plan. */
+EPX_API const epx_layout *epx_plan_layout(const epx_plan *plan);
+
+/* Per-slot dispatch weights [L][P]: the share of its logical expert's tokens
+ * each slot should take (the shares of one expert's replicas sum to 1). */
+EPX_API const double *epx_plan_replica_weights(const epx_plan *plan);
+
+/* Seconds spent in the placement computation alone (no I/O). */
+EPX_API double epx_plan_seconds(const epx_plan *plan);
+
+/* The algorithm that ran (AUTO resolved). */
+EPX_API epx_algorithm epx_plan_algorithm(const epx_plan *plan);
+
+/* Parse / name algorithms as the CLI spells them ("epx", "deepseek",
+ * "deepseek-hierarchical", "auto"). */
+EPX_API epx_status epx_algorithm_parse(const char *name, epx_algorithm *out, epx_error *err);
+EPX_API const char *epx_algorithm_name(epx_algorithm algo);
 
 #endif /* EPX_PLAN_H */
