@@ -1,0 +1,175 @@
+/*
+ * test_io_mapping.c - SGLang mapping and counts files: JSON round trips,
+ * inline JSON, and every malformed input with the message it must give;
+ * plus the --init-expert-location entry point.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "testutil.h"
+
+static epx_status parse(const char *json, int32_t **map, int32_t *L, int32_t *P, epx_error *err) {
+    return epx_mapping_parse_json(json, strlen(json), map, L, P, err);
+}
+
+static void mapping_round_trip(void **state) {
+    (void)state;
+    tu_rng r = {tu_seed(7)};
+    for (int iter = 0; iter < 20; iter++) {
+        int32_t G = 1 + (int32_t)tu_below(&r, 8), E = G * (1 + (int32_t)tu_below(&r, 6));
+        int32_t P = E + G * (int32_t)tu_below(&r, 3), L = 1 + (int32_t)tu_below(&r, 5);
+        int32_t *map = malloc(sizeof(int32_t) * (size_t)(L * P));
+        for (int i = 0; i < L * P; i++) map[i] = (i % P) < E ? i % P : (int32_t)tu_below(&r, (uint32_t)E);
+        epx_shape s = {L, E, P, G, 1};
+        epx_layout *lay = NULL;
+        epx_error err = {0};
+        assert_int_equal(epx_layout_create_from_map(&s, map, &lay, &err), EPX_OK);
+        char *path = tu_tmp_path(".json");
+        assert_int_equal(epx_layout_write_json(lay, path, &err), EPX_OK);
+        /* The file holds exactly one key, as SGLang requires. */
+        char *text = tu_read_file(path, NULL);
+        assert_non_null(text);
+        assert_non_null(strstr(text, "\"physical_to_logical_map\""));
+        assert_null(strstr(text, "\"logical"));
+        int32_t *back = NULL, L2 = 0, P2 = 0;
+        assert_int_equal(epx_mapping_read(path, &back, &L2, &P2, &err), EPX_OK);
+        assert_int_equal(L2, L);
+        assert_int_equal(P2, P);
+        assert_memory_equal(back, map, sizeof(int32_t) * (size_t)(L * P));
+        /* And the same text inline. */
+        epx_free(back);
+        assert_int_equal(epx_mapping_read(text, &back, &L2, &P2, &err), EPX_OK);
+        assert_memory_equal(back, map, sizeof(int32_t) * (size_t)(L * P));
+        epx_free(back);
+        free(text);
+        remove(path);
+        free(path);
+        epx_layout_destroy(lay);
+        free(map);
+    }
+}
+
+static void mapping_errors_explain(void **state) {
+    (void)state;
+    int32_t *m = NULL, L, P;
+    epx_error err = {0};
+    assert_int_equal(parse("{\"physical_to_logical_map\": [[0,1],[0]]}", &m, &L, &P, &err), EPX_ERR_PARSE);
+    TU_MSG_HAS(err.msg, "[1]", "ragged");
+    assert_int_equal(parse("{\"physical_to_logical_map\": [[0,1.5]]}", &m, &L, &P, &err), EPX_ERR_PARSE);
+    TU_MSG_HAS(err.msg, "[0][1]", "1.5", "not an integer");
+    assert_int_equal(parse("{\"physical_to_logical_map\": [[0,\"x\"]]}", &m, &L, &P, &err), EPX_ERR_PARSE);
+    TU_MSG_HAS(err.msg, "[0][1]", "not an integer");
+    assert_int_equal(parse("{\"physical_to_logical_map\": [[0,-3]]}", &m, &L, &P, &err), EPX_ERR_PARSE);
+    TU_MSG_HAS(err.msg, "-3");
+    assert_int_equal(parse("{\"physical_to_logical_map\": [[0,99999999999]]}", &m, &L, &P, &err), EPX_ERR_PARSE);
+    TU_MSG_HAS(err.msg, "99999999999");
+    assert_int_equal(parse("{\"physical_to_logical_map\": [[0,1]", &m, &L, &P, &err), EPX_ERR_PARSE);
+    TU_MSG_HAS(err.msg, "line 1", "not valid JSON");
+    assert_int_equal(parse("{\"physical_to_logical_map\": [0,1]}", &m, &L, &P, &err), EPX_ERR_PARSE);
+    TU_MSG_HAS(err.msg, "depth");
+    assert_int_equal(parse("{\"physical_to_logical_map\": [[[0]]]}", &m, &L, &P, &err), EPX_ERR_PARSE);
+    assert_int_equal(parse("{\"physical_to_logical_map\": []}", &m, &L, &P, &err), EPX_ERR_PARSE);
+    TU_MSG_HAS(err.msg, "empty");
+    assert_int_equal(parse("{\"other\": 1}", &m, &L, &P, &err), EPX_ERR_PARSE);
+    TU_MSG_HAS(err.msg, "physical_to_logical_map");
+    assert_int_equal(parse("{\"logical_count\": [[1,2]]}", &m, &L, &P, &err), EPX_ERR_PARSE);
+    TU_MSG_HAS(err.msg, "counts file");
+    assert_int_equal(parse("[1,2]", &m, &L, &P, &err), EPX_ERR_PARSE);
+    TU_MSG_HAS(err.msg, "JSON object");
+    assert_int_equal(epx_mapping_read("/nonexistent/x.json", &m, &L, &P, &err), EPX_ERR_IO);
+    TU_MSG_HAS(err.msg, "/nonexistent/x.json");
+    /* Other keys are ignored, as SGLang ignores them. */
+    assert_int_equal(parse("{\"physical_to_logical_map\": [[1,0]], \"x\": 3}", &m, &L, &P, &err), EPX_OK);
+    assert_int_equal(m[0], 1);
+    epx_free(m);
+}
+
+static void counts_read_and_write(void **state) {
+    (void)state;
+    epx_counts *c = NULL;
+    epx_error err = {0};
+    assert_int_equal(epx_counts_read("{\"logical_count\": [[1, 2.5], [0, 3]], \"rank\": 0}", &c, &err), EPX_OK);
+    assert_int_equal(c->num_windows, 1);
+    assert_int_equal(c->num_layers, 2);
+    assert_int_equal(c->num_experts, 2);
+    assert_true(c->data[1] == 2.5);
+    char *path = tu_tmp_path(".json");
+    assert_int_equal(epx_counts_write_json(c, path, &err), EPX_OK);
+    epx_counts *d = NULL;
+    assert_int_equal(epx_counts_read(path, &d, &err), EPX_OK);
+    assert_memory_equal(c->data, d->data, 4 * sizeof(double));
+    epx_counts_destroy(d);
+    epx_counts_destroy(c);
+    assert_int_equal(epx_counts_read("{\"logical_count\": [[[1,2],[3,4]],[[5,6],[7,8]],[[0,0],[0,1]]]}", &c, &err), EPX_OK);
+    assert_int_equal(c->num_windows, 3);
+    assert_true(epx_counts_row(c, 2, 1)[1] == 1.0);
+    double sum[4];
+    assert_int_equal(epx_counts_sum_windows(c, 0, 3, sum, &err), EPX_OK);
+    assert_true(sum[0] == 6.0 && sum[3] == 13.0);
+    assert_int_equal(epx_counts_sum_windows(c, 2, 2, sum, &err), EPX_ERR_INVALID_ARG);
+    assert_int_equal(epx_counts_write_json(c, path, &err), EPX_OK);
+    assert_int_equal(epx_counts_read(path, &d, &err), EPX_OK);
+    assert_int_equal(d->num_windows, 3);
+    assert_memory_equal(c->data, d->data, 12 * sizeof(double));
+    epx_counts_destroy(d);
+    epx_counts_destroy(c);
+    remove(path);
+    free(path);
+    assert_int_equal(epx_counts_read("{\"logical_count\": [[1, -2]]}", &c, &err), EPX_ERR_PARSE);
+    TU_MSG_HAS(err.msg, "[0][1]", "-2", "non-negative");
+    assert_int_equal(epx_counts_read("{\"logical_count\": [[1, \"a\"]]}", &c, &err), EPX_ERR_PARSE);
+    TU_MSG_HAS(err.msg, "not a number");
+    assert_int_equal(epx_counts_read("{\"physical_to_logical_map\": [[1, 0]]}", &c, &err), EPX_ERR_PARSE);
+    TU_MSG_HAS(err.msg, "placement");
+}
+
+static void init_entry_point(void **state) {
+    (void)state;
+    epx_init_opts o = EPX_INIT_OPTS_INIT;
+    epx_layout *lay = NULL;
+    epx_error err = {0};
+    /* No GPUs given: an explained error, never a missing layout. */
+    assert_int_equal(epx_layout_init("trivial", &o, &lay, &err), EPX_ERR_INVALID_ARG);
+    TU_MSG_HAS(err.msg, "num_gpus");
+    assert_null(lay);
+    o.num_gpus = 4;
+    assert_int_equal(epx_layout_init("trivial", &o, &lay, &err), EPX_ERR_INVALID_ARG);
+    TU_MSG_HAS(err.msg, "num_layers", "num_logical_experts");
+    o.num_layers = 3;
+    o.num_logical_experts = 8;
+    o.num_redundant = 4;
+    assert_int_equal(epx_layout_init("trivial", &o, &lay, &err), EPX_OK);
+    assert_int_equal(epx_layout_shape(lay)->num_physical_experts, 12);
+    epx_layout_destroy(lay);
+    lay = NULL;
+    epx_init_opts m = EPX_INIT_OPTS_INIT;
+    m.num_gpus = 2;
+    assert_int_equal(epx_layout_init("{\"physical_to_logical_map\": [[0,1,2,3],[3,2,1,0]]}", &m, &lay, &err), EPX_OK);
+    assert_int_equal(epx_layout_shape(lay)->num_logical_experts, 4); /* inferred */
+    epx_layout_destroy(lay);
+    lay = NULL;
+    m.num_gpus = 3;
+    assert_int_equal(epx_layout_init("{\"physical_to_logical_map\": [[0,1,2,3]]}", &m, &lay, &err), EPX_ERR_SHAPE);
+    TU_MSG_HAS(err.msg, "(4)", "(3)");
+    m.num_gpus = 2;
+    m.num_layers = 5;
+    assert_int_equal(epx_layout_init("{\"physical_to_logical_map\": [[0,1,2,3]]}", &m, &lay, &err), EPX_ERR_SHAPE);
+    TU_MSG_HAS(err.msg, "1 layers", "5");
+    epx_init_opts bad = EPX_INIT_OPTS_INIT;
+    bad.version = 99;
+    assert_int_equal(epx_layout_init("trivial", &bad, &lay, &err), EPX_ERR_INVALID_ARG);
+    TU_MSG_HAS(err.msg, "EPX_INIT_OPTS_INIT");
+    assert_int_equal(epx_layout_init("/nonexistent.json", &m, &lay, &err), EPX_ERR_IO);
+    assert_null(lay);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(mapping_round_trip),
+        cmocka_unit_test(mapping_errors_explain),
+        cmocka_unit_test(counts_read_and_write),
+        cmocka_unit_test(init_entry_point),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
