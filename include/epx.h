@@ -124,6 +124,7 @@ EPX_API int32_t epx_shape_slots_per_gpu(const epx_shape *shape);
 #include "epx/dispatch.h"
 #include "epx/migrate.h"
 #include "epx/moe.h"
+#include "epx/report.h"
 
 #ifdef __cplusplus
 }

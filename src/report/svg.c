@@ -1,0 +1,235 @@
+/*
+ * svg.c - the visual report as one self-contained SVG.
+ *
+ * A person should see at a glance which layout is balanced: one heatmap
+ * panel per layout (rows = layers, columns = GPUs) coloured by load relative
+ * to the layer's mean GPU load on a single shared scale, so a hot GPU in one
+ * panel reads the same in every other; below them, balancedness per layer
+ * for each layout with the bound as a dashed line. Plain SVG 1.1 with no
+ * script or external reference, so browsers, rsvg-convert and GitHub render
+ * it alike.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "internal.h"
+
+#define MAX_SERIES 6
+
+/* Line colours (colour-blind safe, Okabe-Ito). */
+static const char *const LINE_COLOURS[MAX_SERIES] = {"#999999", "#E69F00", "#0072B2",
+                                                     "#009E73", "#CC79A7", "#D55E00"};
+
+/* A perceptually ordered ramp from cool (under-loaded) through pale (the
+ * mean) to hot (over-loaded): t in [0, 1], 0.5 is the mean. */
+static void heat_colour(double t, char out[8]) {
+    static const double stops[5][3] = {
+        {49, 54, 149}, {116, 173, 209}, {255, 255, 224}, {244, 109, 67}, {165, 0, 38}};
+    if (!(t >= 0)) t = 0;
+    if (t > 1) t = 1;
+    double x = t * 4;
+    int i = (int)x;
+    if (i > 3) i = 3;
+    double f = x - i;
+    int rgb[3];
+    for (int c = 0; c < 3; c++) rgb[c] = (int)lround(stops[i][c] + f * (stops[i + 1][c] - stops[i][c]));
+    snprintf(out, 8, "#%02x%02x%02x", rgb[0] & 255, rgb[1] & 255, rgb[2] & 255);
+}
+
+/* Map a load ratio (load / mean) onto the ramp: [0, 1] -> [0, 0.5] and
+ * [1, rmax] -> [0.5, 1], so the mean always sits at the pale middle. */
+static double ratio_to_t(double r, double rmax) {
+    if (r <= 1) return 0.5 * r;
+    return 0.5 + 0.5 * (r - 1) / (rmax - 1);
+}
+
+static void put_escaped(FILE *f, const char *s) {
+    for (; s && *s; s++) {
+        switch (*s) {
+        case '<': fputs("&lt;", f); break;
+        case '>': fputs("&gt;", f); break;
+        case '&': fputs("&amp;", f); break;
+        case '"': fputs("&quot;", f); break;
+        default:
+            if ((unsigned char)*s >= 0x20 || *s == '\t') fputc(*s, f);
+        }
+    }
+}
+
+typedef struct report_ctx {
+    int32_t L, G, n;
+    const epx_report_series *series;
+    const double *bound;
+    const char *title, *subtitle;
+} report_ctx;
+
+/* Largest load ratio over all panels (at least 1.5, so a near-perfect
+ * layout does not stretch noise over the whole ramp). */
+static double shared_rmax(const report_ctx *c) {
+    double rmax = 1.5;
+    for (int32_t s = 0; s < c->n; s++)
+        for (int32_t l = 0; l < c->L; l++) {
+            const double *row = c->series[s].gpu_load + (size_t)l * (size_t)c->G;
+            double sum = 0;
+            for (int32_t g = 0; g < c->G; g++) sum += row[g];
+            if (sum <= 0) continue;
+            double mean = sum / c->G;
+            for (int32_t g = 0; g < c->G; g++)
+                if (row[g] / mean > rmax) rmax = row[g] / mean;
+        }
+    return rmax;
+}
+
+static epx_status write_body(FILE *f, const void *vctx) {
+    const report_ctx *c = vctx;
+    const double rmax = shared_rmax(c);
+    /* Geometry: panels of fixed width; cell height shrinks with many layers. */
+    const double panel_w = 260, left = 60, top = 96, gap = 40;
+    const double cell_w = panel_w / c->G;
+    double cell_h = c->L <= 64 ? 6 : 384.0 / c->L;
+    if (cell_h < 1) cell_h = 1;
+    const double panel_h = cell_h * c->L;
+    const double legend_x = left + c->n * (panel_w + gap);
+    const double width = legend_x + 110;
+    const double chart_top = top + panel_h + 70, chart_h = 220;
+    const double chart_w = width - left - 40;
+    const double height = chart_top + chart_h + 80;
+
+    fprintf(f,
+            "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n"
+            "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" "
+            "viewBox=\"0 0 %.0f %.0f\" font-family=\"Helvetica, Arial, sans-serif\">\n"
+            "<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n",
+            width, height, width, height);
+    fputs("<text x=\"20\" y=\"30\" font-size=\"20\" font-weight=\"bold\">", f);
+    put_escaped(f, c->title);
+    fputs("</text>\n", f);
+    if (c->subtitle) {
+        fputs("<text x=\"20\" y=\"52\" font-size=\"13\" fill=\"#444\">", f);
+        put_escaped(f, c->subtitle);
+        fputs("</text>\n", f);
+    }
+
+    /* Heatmaps. */
+    for (int32_t s = 0; s < c->n; s++) {
+        const epx_report_series *se = &c->series[s];
+        double x0 = left + s * (panel_w + gap);
+        fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"13\" font-weight=\"bold\">", x0, top - 24);
+        put_escaped(f, se->name);
+        fprintf(f, "</text>\n<text x=\"%.1f\" y=\"%.1f\" font-size=\"11\" fill=\"#444\">"
+                   "balancedness %.3f</text>\n", x0, top - 9, se->overall);
+        fprintf(f, "<g shape-rendering=\"crispEdges\">\n");
+        for (int32_t l = 0; l < c->L; l++) {
+            const double *row = se->gpu_load + (size_t)l * (size_t)c->G;
+            double sum = 0;
+            for (int32_t g = 0; g < c->G; g++) sum += row[g];
+            double mean = sum / c->G;
+            for (int32_t g = 0; g < c->G; g++) {
+                char col[8];
+                if (sum <= 0) snprintf(col, sizeof col, "#eeeeee"); /* dense layer */
+                else heat_colour(ratio_to_t(row[g] / mean, rmax), col);
+                fprintf(f, "<rect x=\"%.2f\" y=\"%.2f\" width=\"%.2f\" height=\"%.2f\" fill=\"%s\"/>\n",
+                        x0 + g * cell_w, top + l * cell_h, cell_w, cell_h, col);
+            }
+        }
+        fputs("</g>\n", f);
+        fprintf(f, "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" fill=\"none\" stroke=\"#333\"/>\n",
+                x0, top, panel_w, panel_h);
+        /* Axis labels: GPUs along the bottom, layers down the side. */
+        int32_t gstep = c->G <= 16 ? 1 : c->G / 8;
+        for (int32_t g = 0; g < c->G; g += gstep)
+            fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"9\" text-anchor=\"middle\">%d</text>\n",
+                    x0 + (g + 0.5) * cell_w, top + panel_h + 12, g);
+        fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"11\" text-anchor=\"middle\">GPU</text>\n",
+                x0 + panel_w / 2, top + panel_h + 26);
+        int32_t lstep = c->L <= 16 ? 1 : (c->L + 9) / 10;
+        for (int32_t l = 0; l < c->L; l += lstep)
+            fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"9\" text-anchor=\"end\">%d</text>\n",
+                    x0 - 3, top + (l + 0.5) * cell_h + 3, l);
+        if (s == 0)
+            fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"11\" text-anchor=\"middle\" "
+                       "transform=\"rotate(-90 %.1f %.1f)\">layer</text>\n",
+                    left - 32, top + panel_h / 2, left - 32, top + panel_h / 2);
+    }
+
+    /* Colour bar. */
+    const double bar_h = panel_h < 120 ? 120 : panel_h, bar_x = legend_x + 10;
+    fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"11\">load / mean</text>\n", bar_x - 10, top - 10);
+    for (int i = 0; i < 64; i++) {
+        char col[8];
+        heat_colour(1.0 - (i + 0.5) / 64.0, col);
+        fprintf(f, "<rect x=\"%.1f\" y=\"%.2f\" width=\"16\" height=\"%.2f\" fill=\"%s\"/>\n", bar_x,
+                top + i * bar_h / 64, bar_h / 64 + 0.3, col);
+    }
+    const double ticks[3] = {0.0, 1.0, rmax};
+    for (int i = 0; i < 3; i++) {
+        double t = ratio_to_t(ticks[i], rmax);
+        fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"10\">%.2f%s</text>\n", bar_x + 20,
+                top + (1 - t) * bar_h + 4, ticks[i], i == 1 ? " (mean)" : "");
+    }
+    fprintf(f, "<rect x=\"%.1f\" y=\"%.1f\" width=\"10\" height=\"10\" fill=\"#eeeeee\" stroke=\"#999\"/>"
+               "<text x=\"%.1f\" y=\"%.1f\" font-size=\"10\">no load</text>\n",
+            bar_x, top + bar_h + 10, bar_x + 14, top + bar_h + 19);
+
+    /* Balancedness per layer. */
+    fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"13\" font-weight=\"bold\">Balancedness per layer "
+               "(mean GPU load / max GPU load; 1.0 is perfect)</text>\n", left, chart_top - 12);
+    fprintf(f, "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" fill=\"none\" stroke=\"#333\"/>\n",
+            left, chart_top, chart_w, chart_h);
+    for (int i = 0; i <= 4; i++) {
+        double v = i / 4.0, y = chart_top + chart_h * (1 - v);
+        fprintf(f, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#ddd\"/>"
+                   "<text x=\"%.1f\" y=\"%.1f\" font-size=\"10\" text-anchor=\"end\">%.2f</text>\n",
+                left, y, left + chart_w, y, left - 4, y + 3, v);
+    }
+    const double dx = c->L > 1 ? chart_w / (c->L - 1) : 0;
+    int32_t lstep = c->L <= 16 ? 1 : (c->L + 9) / 10;
+    for (int32_t l = 0; l < c->L; l += lstep)
+        fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"10\" text-anchor=\"middle\">%d</text>\n",
+                left + l * dx, chart_top + chart_h + 14, l);
+    fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"11\" text-anchor=\"middle\">layer</text>\n",
+            left + chart_w / 2, chart_top + chart_h + 30);
+    for (int32_t s = -1; s < c->n; s++) {
+        const double *v = s < 0 ? c->bound : c->series[s].balancedness;
+        if (v == NULL) continue;
+        const char *col = s < 0 ? "#000000" : LINE_COLOURS[s % MAX_SERIES];
+        fprintf(f, "<polyline fill=\"none\" stroke=\"%s\" stroke-width=\"%s\"%s points=\"", col,
+                s < 0 ? "1" : "2", s < 0 ? " stroke-dasharray=\"4 3\"" : "");
+        for (int32_t l = 0; l < c->L; l++)
+            if (v[l] >= 0) fprintf(f, "%.1f,%.1f ", left + l * dx, chart_top + chart_h * (1 - v[l]));
+        fputs("\"/>\n", f);
+    }
+    /* Legend under the chart. */
+    double lx = left;
+    const double ly = chart_top + chart_h + 50;
+    for (int32_t s = -1; s < c->n; s++) {
+        if (s < 0 && c->bound == NULL) continue;
+        const char *col = s < 0 ? "#000000" : LINE_COLOURS[s % MAX_SERIES];
+        fprintf(f, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"%s\" stroke-width=\"2\"%s/>",
+                lx, ly, lx + 24, ly, col, s < 0 ? " stroke-dasharray=\"4 3\"" : "");
+        fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"11\">", lx + 30, ly + 4);
+        put_escaped(f, s < 0 ? "bound (best possible)" : c->series[s].name);
+        fputs("</text>\n", f);
+        lx += 200;
+    }
+    fputs("</svg>\n", f);
+    return ferror(f) ? EPX_ERR_IO : EPX_OK;
+}
+
+epx_status epx_report_write_svg(const char *path, int32_t L, int32_t G,
+                                const epx_report_series *series, int32_t n, const double *bound,
+                                const char *title, const char *subtitle, epx_error *err) {
+    if (path == NULL || series == NULL || title == NULL)
+        return epxi_fail(err, EPX_ERR_INVALID_ARG, "report: path, series and title are required");
+    if (L < 1 || G < 1 || n < 1 || n > MAX_SERIES)
+        return epxi_fail(err, EPX_ERR_INVALID_ARG,
+                         "report: %d layers, %d GPUs, %d series; need >= 1 each and at most %d "
+                         "series",
+                         L, G, n, MAX_SERIES);
+    for (int32_t s = 0; s < n; s++)
+        if (series[s].gpu_load == NULL || series[s].name == NULL)
+            return epxi_fail(err, EPX_ERR_INVALID_ARG, "report: series %d lacks a name or loads", s);
+    report_ctx c = {L, G, n, series, bound, title, subtitle};
+    return epxi_write_atomically(path, write_body, &c, err);
+}
