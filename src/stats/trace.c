@@ -1,0 +1,314 @@
+/*
+ * trace.c - built-in public model shapes and the synthetic load generator
+ * (the model is described in include/epx/trace.h).
+ *
+ * The shapes are copied from shared/models.json so that the library never
+ * needs shared/ at run time. The generator's defaults (skew 0.8..1.3,
+ * drift 0.1) are those of the traces in shared/traces: bench/RESULTS.md
+ * records the measured balancedness and skew of both side by side.
+ *
+ * Determinism is the point of a synthetic trace, so every draw comes from a
+ * splitmix64 stream whose state is a hash of (seed, layer, window, purpose):
+ * nothing depends on the order layers are generated in, and adding windows
+ * never changes the earlier ones.
+ */
+#include <ctype.h>
+#include <math.h>
+#include <string.h>
+
+#include "internal.h"
+
+/* ---- the model table ----------------------------------------------------- */
+
+static const epx_model MODELS[] = {
+    /* name             L  dense   E  K grp tg sh hidden inter */
+    {"kimi-k2",         61, 1, 384, 8, 1, 1, 1, 7168, 2048},
+    {"kimi-k2.5",       61, 1, 384, 8, 1, 1, 1, 7168, 2048},
+    {"deepseek-v3",     61, 3, 256, 8, 8, 4, 1, 7168, 2048},
+    {"qwen3-235b-a22b", 94, 0, 128, 8, 1, 1, 0, 4096, 1536},
+    {"qwen3-30b-a3b",   48, 0, 128, 8, 1, 1, 0, 2048, 768},
+    {"mixtral-8x7b",    32, 0, 8,   2, 1, 1, 0, 4096, 14336},
+    {"gpt-oss-120b",    36, 0, 128, 4, 1, 1, 0, 2880, 2880},
+    {"glm-4.5",         92, 3, 160, 8, 1, 1, 1, 5120, 1536},
+};
+#define NUM_MODELS ((int32_t)(sizeof MODELS / sizeof MODELS[0]))
+
+static const struct {
+    const char *alias, *name;
+} ALIASES[] = {
+    {"qwen3-235b", "qwen3-235b-a22b"},
+    {"qwen3-30b", "qwen3-30b-a3b"},
+    {"mixtral", "mixtral-8x7b"},
+    {"gpt-oss", "gpt-oss-120b"},
+    {"glm4.5", "glm-4.5"},
+};
+
+const epx_model *epx_model_list(int32_t *count) {
+    if (count != NULL) *count = NUM_MODELS;
+    return MODELS;
+}
+
+/* Compare ignoring case and treating '_' as '-'. */
+static bool same_name(const char *a, const char *b) {
+    for (;; a++, b++) {
+        int x = tolower((unsigned char)*a), y = tolower((unsigned char)*b);
+        if (x == '_') x = '-';
+        if (y == '_') y = '-';
+        if (x != y) return false;
+        if (x == '\0') return true;
+    }
+}
+
+epx_status epx_model_lookup(const char *name, const epx_model **out, epx_error *err) {
+    if (name == NULL || out == NULL) return epxi_fail(err, EPX_ERR_INVALID_ARG, "NULL argument");
+    const char *canon = name;
+    for (size_t i = 0; i < sizeof ALIASES / sizeof ALIASES[0]; i++)
+        if (same_name(name, ALIASES[i].alias)) canon = ALIASES[i].name;
+    for (int32_t i = 0; i < NUM_MODELS; i++)
+        if (same_name(canon, MODELS[i].name)) {
+            *out = &MODELS[i];
+            return EPX_OK;
+        }
+    char known[256];
+    size_t n = 0;
+    known[0] = '\0';
+    for (int32_t i = 0; i < NUM_MODELS && n < sizeof known; i++)
+        n += (size_t)snprintf(known + n, sizeof known - n, "%s%s", i ? ", " : "", MODELS[i].name);
+    return epxi_fail(err, EPX_ERR_INVALID_ARG, "unknown model '%.64s': the built-in models are %s",
+                     name, known);
+}
+
+/* ---- random streams ------------------------------------------------------ */
+
+typedef struct {
+    uint64_t s;
+    double spare; /* the second normal of a polar pair */
+    bool has_spare;
+} stream;
+
+static uint64_t mix64(uint64_t z) {
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+/* Purposes of a stream: the layer's skew and first popularity, a drift
+ * step, the sampling noise of one window. */
+enum { PURPOSE_POPULARITY = 1, PURPOSE_DRIFT = 2, PURPOSE_SAMPLE = 3 };
+
+static stream stream_for(uint64_t seed, int32_t layer, int32_t window, int purpose) {
+    uint64_t h = mix64(seed ^ 0x6570782d74726163ull); /* "epx-trac" */
+    h = mix64(h ^ ((uint64_t)(uint32_t)layer << 32 | (uint32_t)window));
+    h = mix64(h + (uint64_t)purpose * 0x9E3779B97F4A7C15ull);
+    stream st = {h, 0.0, false};
+    return st;
+}
+
+static uint64_t next_u64(stream *r) { return mix64(r->s += 0x9E3779B97F4A7C15ull); }
+
+/* Uniform in [0, 1) with 53 random bits. */
+static double uniform(stream *r) { return (double)(next_u64(r) >> 11) * 0x1.0p-53; }
+
+/* Standard normal by Marsaglia's polar method. */
+static double normal(stream *r) {
+    if (r->has_spare) {
+        r->has_spare = false;
+        return r->spare;
+    }
+    double u, v, s;
+    do {
+        u = 2.0 * uniform(r) - 1.0;
+        v = 2.0 * uniform(r) - 1.0;
+        s = u * u + v * v;
+    } while (s >= 1.0 || s == 0.0);
+    double f = sqrt(-2.0 * log(s) / s);
+    r->spare = v * f;
+    r->has_spare = true;
+    return u * f;
+}
+
+/*
+ * Binomial(n, q). Exact inversion when the smaller tail's mean is below 30
+ * (expected work ~ that mean); otherwise a rounded normal with the same mean
+ * and variance, clamped to [0, n]. The normal branch only runs where the
+ * binomial is already close to normal, which is all a load trace needs.
+ */
+static int64_t binomial(stream *r, int64_t n, double q) {
+    if (n <= 0 || q <= 0.0) return 0;
+    if (q >= 1.0) return n;
+    bool flip = q > 0.5;
+    double p = flip ? 1.0 - q : q;
+    double mean = (double)n * p;
+    int64_t k;
+    if (mean < 30.0) {
+        double u = uniform(r);
+        double prob = exp((double)n * log1p(-p)); /* P(X = 0) */
+        double cdf = prob, ratio = p / (1.0 - p);
+        k = 0;
+        while (u > cdf && k < n) {
+            prob *= ratio * (double)(n - k) / (double)(k + 1);
+            k++;
+            cdf += prob;
+            if (prob < 1e-300 && (double)k > mean) break; /* the tail is exhausted */
+        }
+    } else {
+        double x = nearbyint(mean + sqrt(mean * (1.0 - p)) * normal(r));
+        k = x < 0.0 ? 0 : x > (double)n ? n : (int64_t)x;
+    }
+    return flip ? n - k : k;
+}
+
+/* ---- the generator -------------------------------------------------------- */
+
+static epx_status check_inputs(const epx_model *m, const epx_trace_opts *o, epx_error *err) {
+    if (m == NULL || o == NULL) return epxi_fail(err, EPX_ERR_INVALID_ARG, "NULL argument");
+    if (o->version != EPX_TRACE_OPTS_VERSION)
+        return epxi_fail(err, EPX_ERR_INVALID_ARG,
+                         "trace options version %u is not %u: initialise them with "
+                         "EPX_TRACE_OPTS_INIT",
+                         o->version, EPX_TRACE_OPTS_VERSION);
+    if (m->num_layers < 1 || m->num_layers > EPX_MAX_LAYERS)
+        return epxi_fail(err, EPX_ERR_INVALID_ARG, "model num_layers (%d) must be in [1, %d]",
+                         m->num_layers, EPX_MAX_LAYERS);
+    if (m->num_experts < 1 || m->num_experts > EPX_MAX_EXPERTS)
+        return epxi_fail(err, EPX_ERR_INVALID_ARG, "model num_experts (%d) must be in [1, %d]",
+                         m->num_experts, EPX_MAX_EXPERTS);
+    if (m->top_k < 1 || m->top_k > m->num_experts)
+        return epxi_fail(err, EPX_ERR_INVALID_ARG,
+                         "model top_k (%d) must be in [1, num_experts = %d]: a token picks "
+                         "distinct experts",
+                         m->top_k, m->num_experts);
+    if (m->first_k_dense < 0 || m->first_k_dense > m->num_layers)
+        return epxi_fail(err, EPX_ERR_INVALID_ARG,
+                         "model first_k_dense (%d) must be in [0, num_layers = %d]",
+                         m->first_k_dense, m->num_layers);
+    if (o->num_windows < 1 || o->num_windows > (1 << 24))
+        return epxi_fail(err, EPX_ERR_INVALID_ARG, "num_windows (%d) must be in [1, %d]",
+                         o->num_windows, 1 << 24);
+    if (o->tokens < 1 || o->tokens > ((int64_t)1 << 40))
+        return epxi_fail(err, EPX_ERR_INVALID_ARG,
+                         "tokens (%lld) must be in [1, 2^40 = %lld] per window",
+                         (long long)o->tokens, (long long)((int64_t)1 << 40));
+    if (!(o->skew_lo >= 0.0 && o->skew_lo <= o->skew_hi && o->skew_hi <= 5.0))
+        return epxi_fail(err, EPX_ERR_INVALID_ARG,
+                         "skew range %g..%g must satisfy 0 <= lo <= hi <= 5 (the sigma of log "
+                         "popularity; shared/traces use 0.8..1.3)",
+                         o->skew_lo, o->skew_hi);
+    if (!(o->drift >= 0.0 && o->drift <= 5.0))
+        return epxi_fail(err, EPX_ERR_INVALID_ARG,
+                         "drift %g must be in [0, 5] (the sd of the per-window log step; "
+                         "shared/traces use 0.1)",
+                         o->drift);
+    return EPX_OK;
+}
+
+/*
+ * Expected counts lam[e] = TK * w[e] / sum(w), capped at T by water-filling:
+ * an expert whose share would exceed T is fixed at T and the rest is spread
+ * again over the others. Returns how many experts sit at the cap (flagged
+ * in capped[]). Each round caps at least one more expert, so at most E
+ * rounds run; in practice one or two.
+ */
+static int32_t capped_expectations(const double *w, int32_t E, double T, double TK, double *lam,
+                                   uint8_t *capped) {
+    memset(capped, 0, (size_t)E);
+    int32_t ncap = 0;
+    for (;;) {
+        double free_w = 0.0, free_mass = TK - T * (double)ncap;
+        for (int32_t e = 0; e < E; e++)
+            if (!capped[e]) free_w += w[e];
+        bool changed = false;
+        for (int32_t e = 0; e < E; e++) {
+            if (capped[e]) {
+                lam[e] = T;
+                continue;
+            }
+            lam[e] = free_w > 0.0 ? free_mass * w[e] / free_w : 0.0;
+            if (lam[e] >= T) {
+                capped[e] = 1;
+                ncap++;
+                changed = true;
+            }
+        }
+        if (!changed) return ncap;
+    }
+}
+
+/* One window of one layer: a multinomial draw of TK assignments over lam,
+ * with capped experts at exactly T and nobody above T. */
+static void sample_row(stream *r, const double *lam, const uint8_t *capped, int32_t E, int64_t T,
+                       int64_t TK, int32_t ncap, double *suffix, double *row) {
+    int64_t left = TK - T * (int64_t)ncap;
+    /* suffix[e] = sum of lam over uncapped experts e.. E-1 */
+    double acc = 0.0;
+    for (int32_t e = E - 1; e >= 0; e--) {
+        if (!capped[e]) acc += lam[e];
+        suffix[e] = acc;
+    }
+    int32_t last = -1;
+    for (int32_t e = 0; e < E; e++)
+        if (!capped[e]) last = e;
+    for (int32_t e = 0; e < E; e++) {
+        if (capped[e]) {
+            row[e] = (double)T;
+            continue;
+        }
+        int64_t c;
+        if (e == last) c = left;
+        else c = binomial(r, left, suffix[e] > 0.0 ? lam[e] / suffix[e] : 0.0);
+        if (c > T) c = T; /* the excess stays with the experts after e */
+        row[e] = (double)c;
+        left -= c;
+    }
+    /* Only when the last uncapped expert hit the cap: give the rest to
+     * experts with room, lowest index first. E * T >= TK, so room exists. */
+    for (int32_t e = 0; e < E && left > 0; e++) {
+        int64_t room = T - (int64_t)row[e];
+        int64_t add = room < left ? room : left;
+        row[e] += (double)add;
+        left -= add;
+    }
+}
+
+epx_status epx_trace_synth(const epx_model *m, const epx_trace_opts *o, epx_counts **out,
+                           epx_error *err) {
+    if (out == NULL) return epxi_fail(err, EPX_ERR_INVALID_ARG, "NULL argument");
+    EPX_TRY(check_inputs(m, o, err));
+    const int32_t S = o->num_windows, L = m->num_layers, E = m->num_experts;
+    const int64_t T = o->tokens, TK = o->tokens * m->top_k;
+
+    epx_counts *c = NULL;
+    EPX_TRY(epx_counts_create(S, L, E, &c, err));
+    /* Scratch: log popularity, weights, expectations, suffix sums (E
+     * doubles each) and the cap flags. */
+    double *scratch = epxi_calloc((size_t)E, 4 * sizeof(double) + 1, "trace scratch", err);
+    if (scratch == NULL) {
+        epx_counts_destroy(c);
+        return err ? err->status : EPX_ERR_NOMEM;
+    }
+    double *logw = scratch, *w = logw + E, *lam = w + E, *suffix = lam + E;
+    uint8_t *capped = (uint8_t *)(suffix + E);
+
+    for (int32_t l = m->first_k_dense; l < L; l++) {
+        stream pop = stream_for(o->seed, l, 0, PURPOSE_POPULARITY);
+        double sigma = o->skew_lo + (o->skew_hi - o->skew_lo) * uniform(&pop);
+        for (int32_t e = 0; e < E; e++) logw[e] = sigma * normal(&pop);
+        for (int32_t s = 0; s < S; s++) {
+            if (s > 0 && o->drift > 0.0) {
+                stream dr = stream_for(o->seed, l, s, PURPOSE_DRIFT);
+                for (int32_t e = 0; e < E; e++) logw[e] += o->drift * normal(&dr);
+            }
+            /* Subtract the max before exp so no weight overflows. */
+            double mx = logw[0];
+            for (int32_t e = 1; e < E; e++)
+                if (logw[e] > mx) mx = logw[e];
+            for (int32_t e = 0; e < E; e++) w[e] = exp(logw[e] - mx);
+            int32_t ncap = capped_expectations(w, E, (double)T, (double)TK, lam, capped);
+            stream smp = stream_for(o->seed, l, s, PURPOSE_SAMPLE);
+            sample_row(&smp, lam, capped, E, T, TK, ncap, suffix, epx_counts_row(c, s, l));
+        }
+    }
+    free(scratch);
+    *out = c;
+    return EPX_OK;
+}
