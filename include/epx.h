@@ -119,6 +119,7 @@ EPX_API int32_t epx_shape_slots_per_gpu(const epx_shape *shape);
 #include "epx/io.h"
 #include "epx/pt.h"
 #include "epx/plan.h"
+#include "epx/metrics.h"
 #include "epx/stats.h"
 #include "epx/trace.h"
 #include "epx/dispatch.h"

@@ -36,7 +36,9 @@ typedef enum epx_estimate {
 typedef struct epx_plan_opts {
     uint32_t version;            /* EPX_PLAN_OPTS_VERSION */
     epx_algorithm algorithm;
-    int32_t num_groups;          /* expert groups (DeepSeek-V3: 8); 0 = 1 */
+    int32_t num_groups;          /* expert groups (DeepSeek-V3: 8); 0 = none, i.e. one
+                                    group (AUTO then picks the global policy, as SGLang
+                                    does for n_group = None) */
     epx_node_local node_local;
     double cross_node_budget;    /* relaxed mode: share of redundant slots that may sit
                                     off their group's node; < 0 = default */
@@ -62,8 +64,13 @@ typedef struct epx_plan epx_plan;
  * Args:    counts (in) [S][L][E]; L and E must equal the shape's;
  *          shape (in) L, E, P, G, N; opts (in) EPX_PLAN_OPTS_INIT plus changes;
  *          out (out) owned by the caller (epx_plan_destroy).
+ *          DeepSeek modes plan for the sum of the S windows (as SGLang does),
+ *          with replica weights 1 / replicas; EPX chooses its own estimate.
  * Returns: EPX_OK; EPX_ERR_SHAPE (counts vs shape, groups vs experts/nodes);
- *          EPX_ERR_INVALID_ARG (contradictory options); EPX_ERR_NOMEM.
+ *          EPX_ERR_INVALID_ARG (unknown enum values, options the chosen
+ *          algorithm does not take, negative or non-finite loads);
+ *          EPX_ERR_UNSUPPORTED (current, max_moves, move_price and
+ *          failed_gpus: not implemented yet); EPX_ERR_NOMEM.
  * Thread:  any thread; no shared state.
  */
 EPX_API epx_status epx_plan_compute(const epx_counts *counts, const epx_shape *shape,
@@ -89,5 +96,37 @@ EPX_API epx_algorithm epx_plan_algorithm(const epx_plan *plan);
  * "deepseek-hierarchical", "auto"). */
 EPX_API epx_status epx_algorithm_parse(const char *name, epx_algorithm *out, epx_error *err);
 EPX_API const char *epx_algorithm_name(epx_algorithm algo);
+
+/*
+ * DeepSeek's EPLB, exactly: deepseek-ai/EPLB rebalance_experts for one load,
+ * as SGLang calls it (SGLang's `deepseek` = global, `deepseek_hierarchical` =
+ * hierarchical). The global policy replicates over all slots and packs the
+ * replicas onto GPUs; the hierarchical one first packs whole expert groups
+ * onto nodes, then replicates and packs inside each node. All arithmetic is
+ * float32 as in the reference; ties go to the lowest index (a stable
+ * descending sort), which meets the parity rules of shared/golden/README.md.
+ * Args:    weight (in) [L][E] float32 loads, finite and >= 0;
+ *          num_layers L, num_logical E, num_physical P (>= E, P % G == 0);
+ *          num_groups (hierarchical only) expert groups, dividing E and a
+ *          multiple of num_nodes; num_nodes (hierarchical only) N, G % N == 0;
+ *          num_gpus G; hierarchical nonzero for the hierarchical policy;
+ *          phys_to_log (out) [L][P] int32, caller-owned: the logical expert
+ *          of each slot (slot p on GPU p / (P/G));
+ *          log_to_phys (out, may be NULL) [L][E][P - E + 1] int32: the slots
+ *          of each expert in replica-rank order (the reference's
+ *          logical_to_physical_map, columns beyond the largest replica
+ *          count included), -1 padded;
+ *          logical_count (out, may be NULL) [L][E] int32 replicas per expert.
+ * Returns: EPX_OK; EPX_ERR_SHAPE (sizes that do not divide; the message
+ *          gives a fix); EPX_ERR_INVALID_ARG (NULL, a negative or non-finite
+ *          weight, no groups for the hierarchical policy); EPX_ERR_NOMEM.
+ *          Outputs are unspecified on error.
+ * Thread:  any thread; no shared state. One allocation of scratch per call.
+ */
+EPX_API epx_status epx_plan_deepseek(const float *weight, int32_t num_layers, int32_t num_logical,
+                                     int32_t num_physical, int32_t num_groups, int32_t num_nodes,
+                                     int32_t num_gpus, int hierarchical, int32_t *phys_to_log,
+                                     int32_t *log_to_phys, int32_t *logical_count,
+                                     epx_error *err);
 
 #endif /* EPX_PLAN_H */

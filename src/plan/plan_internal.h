@@ -13,10 +13,43 @@
  *       shape validated; opts validated by the caller (algorithm == EPX);
  *       map_out [L][P] physical_to_logical; share_out [L][P] replica weights.
  * Must never be worse than DeepSeek's placement on the same load and
- * constraints (it may call epxi_plan_deepseek_layer as a baseline).
+ * constraints (it may run epxi_deepseek_layer below as a baseline).
  */
 EPXI_HIDDEN epx_status epxi_plan_epx(const epx_counts *counts, const epx_shape *shape,
                                      const epx_plan_opts *opts, int32_t *map_out,
                                      double *share_out, epx_error *err);
+
+/*
+ * DeepSeek EPLB (deepseek.c), one layer at a time, for the public entry
+ * points and as the baseline epx's algorithm must never lose to.
+ * A workspace holds every scratch array for one parameter set, so planning
+ * L layers allocates once. hierarchical = false is the global policy
+ * (groups and nodes ignored, as rebalance_experts_hierarchical(.., 1, 1, ..)).
+ */
+typedef struct epxi_deepseek epxi_deepseek;
+
+/* Check the parameters as the reference asserts them, with explanations. */
+EPXI_HIDDEN epx_status epxi_deepseek_check(int32_t E, int32_t P, int32_t groups, int32_t nodes,
+                                           int32_t gpus, bool hierarchical, epx_error *err);
+EPXI_HIDDEN epx_status epxi_deepseek_create(int32_t E, int32_t P, int32_t groups, int32_t nodes,
+                                            int32_t gpus, bool hierarchical, epxi_deepseek **out,
+                                            epx_error *err);
+EPXI_HIDDEN void epxi_deepseek_destroy(epxi_deepseek *ws);
+
+/*
+ * Plan one layer. weight [E] float32, finite, >= 0 (not checked here).
+ * p2l [P] (out) physical_to_logical; prank [P] (out, may be NULL) the replica
+ * rank of each slot (0 for the first replica of an expert); logcnt [E] (out,
+ * may be NULL) replicas per expert. Allocates nothing; not thread-safe on one
+ * workspace.
+ */
+EPXI_HIDDEN void epxi_deepseek_layer(epxi_deepseek *ws, const float *weight, int32_t *p2l,
+                                     int32_t *prank, int32_t *logcnt);
+
+/* The load DeepSeek's modes plan for: counts [S][L][E] summed over the S
+ * windows (in double, so token counts stay exact, as SGLang's int64 sum) and
+ * rounded to float32 into out [L][E]. EPX_ERR_INVALID_ARG when a sum is
+ * beyond float32. Counts must have been checked (finite, >= 0). */
+EPXI_HIDDEN epx_status epxi_plan_load_f32(const epx_counts *counts, float *out, epx_error *err);
 
 #endif

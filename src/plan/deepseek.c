@@ -1,0 +1,415 @@
+/*
+ * deepseek.c - DeepSeek's EPLB (deepseek-ai/EPLB, rebalance_experts), exactly,
+ * and fast.
+ *
+ * The reference runs three greedy steps per layer in PyTorch:
+ *   1. pack expert groups onto nodes, heaviest group first, each into the
+ *      lightest node that still has room (skipped when each node takes one
+ *      group, and in the global policy, which is groups = nodes = 1);
+ *   2. inside each node, hand the redundant slots out one by one, each to the
+ *      expert whose per-replica load (load / replicas) is the largest;
+ *   3. inside each node, pack the replicas onto GPUs as in step 1.
+ * Every load, sum and quotient is float32, as torch computes them, and the
+ * comparisons are made on those float32 values, so the result depends on the
+ * rounding of each step: float32 is kept here on purpose, never widened.
+ *
+ * The reference sorts with an unstable sort and takes argmin/argmax over
+ * Python lists; where loads tie it is arbitrary. Here every tie goes to the
+ * lowest index: a stable descending sort, the lightest pack with the lowest
+ * index, the expert with the lowest index among equal per-replica loads.
+ * That meets every parity rule of shared/golden/README.md.
+ *
+ * Speed: the reference's inner loops are linear scans in Python (the pack
+ * choice) and a full tensor max per redundant slot. Here the pack choice is
+ * a min-heap of packs keyed by (weight, index), the replica choice a max-heap
+ * of experts keyed by (load / replicas, -index); both keys are total orders,
+ * so the heap's top is exactly the element the reference's scan picks. The
+ * descending sort is a stable LSD radix sort on the float bits (insertion sort
+ * for short rows). All scratch lives in one workspace allocated per call, so
+ * the per-layer loop allocates nothing.
+ */
+#include <math.h>
+#include <string.h>
+
+#include "plan_internal.h"
+
+struct epxi_deepseek {
+    /* Parameters, as rebalance_experts_hierarchical takes them. */
+    int32_t E, P, groups, nodes, gpus;
+    /* Derived sizes. */
+    int32_t group_size;      /* E / groups                */
+    int32_t groups_per_node; /* groups / nodes            */
+    int32_t experts_per_node; /* E / nodes                */
+    int32_t slots_per_node;  /* P / nodes                 */
+    int32_t slots_per_gpu;   /* P / gpus                  */
+    int32_t gpus_per_node;   /* gpus / nodes              */
+    /* Scratch, carved out of one block. */
+    float *group_load;  /* [groups] */
+    int32_t *group_pack, *group_rank; /* [groups] */
+    int32_t *log2mlog, *mlog2log;     /* [E] */
+    int32_t *mlogcnt;                 /* [E], node-major */
+    float *row;                       /* [experts_per_node] */
+    float *ratio;                     /* [experts_per_node] load / replicas */
+    int32_t *phy2mlog, *phyrank;      /* [slots_per_node] */
+    float *slot_load;                 /* [slots_per_node] */
+    int32_t *pack, *rank;             /* [max(groups, slots_per_node)] */
+    int32_t *order, *order2;          /* [max(...)] sort output and radix scratch */
+    uint32_t *key, *key2;             /* [max(...)] radix keys */
+    int32_t *heap;                    /* [max(experts_per_node, nodes, gpus_per_node)] */
+    float *pack_load;                 /* [max(nodes, gpus_per_node)] */
+    int32_t *pack_items;              /* [max(nodes, gpus_per_node)] */
+    void *block;
+};
+
+/* ---- stable descending sort ------------------------------------------- */
+
+/* The bits of a non-negative finite float order like the floats; -0 and +0
+ * must share a key, so zero maps to 0. The key is complemented so that an
+ * ascending sort of keys is a descending sort of loads. */
+static inline uint32_t desc_key(float x) {
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    if (x == 0.0f) u = 0;
+    return ~u;
+}
+
+/* order[0..n) = indices of w sorted by descending value, equal values by
+ * ascending index (a stable sort of the identity permutation). */
+static void sort_desc(epxi_deepseek *ws, const float *w, int32_t n, int32_t *order) {
+    if (n <= 48) {
+        /* Insertion sort: strict comparison keeps equal values in index order. */
+        for (int32_t i = 0; i < n; i++) {
+            int32_t j = i;
+            while (j > 0 && w[order[j - 1]] < w[i]) {
+                order[j] = order[j - 1];
+                j--;
+            }
+            order[j] = i;
+        }
+        return;
+    }
+    uint32_t hist[4][256];
+    memset(hist, 0, sizeof hist);
+    uint32_t *ka = ws->key, *kb = ws->key2;
+    int32_t *oa = order, *ob = ws->order2;
+    for (int32_t i = 0; i < n; i++) {
+        uint32_t k = desc_key(w[i]);
+        ka[i] = k;
+        oa[i] = i;
+        hist[0][k & 255u]++;
+        hist[1][(k >> 8) & 255u]++;
+        hist[2][(k >> 16) & 255u]++;
+        hist[3][k >> 24]++;
+    }
+    for (int b = 0; b < 4; b++) {
+        const unsigned shift = 8u * (unsigned)b;
+        /* A byte that every key shares moves nothing: skip its pass. */
+        if (hist[b][(ka[0] >> shift) & 255u] == (uint32_t)n) continue;
+        uint32_t sum = 0;
+        for (int v = 0; v < 256; v++) {
+            uint32_t c = hist[b][v];
+            hist[b][v] = sum;
+            sum += c;
+        }
+        for (int32_t i = 0; i < n; i++) {
+            uint32_t d = hist[b][(ka[i] >> shift) & 255u]++;
+            kb[d] = ka[i];
+            ob[d] = oa[i];
+        }
+        uint32_t *kt = ka;
+        ka = kb;
+        kb = kt;
+        int32_t *ot = oa;
+        oa = ob;
+        ob = ot;
+    }
+    if (oa != order) memcpy(order, oa, (size_t)n * sizeof *order);
+}
+
+/* ---- heaps ------------------------------------------------------------- */
+
+/* Pack heap: a min-heap of pack ids by (load, id). */
+static inline bool pack_before(const float *load, int32_t a, int32_t b) {
+    return load[a] < load[b] || (load[a] == load[b] && a < b);
+}
+
+static void pack_sift_down(int32_t *heap, int32_t n, const float *load, int32_t i) {
+    int32_t x = heap[i];
+    for (;;) {
+        int32_t c = 2 * i + 1;
+        if (c >= n) break;
+        if (c + 1 < n && pack_before(load, heap[c + 1], heap[c])) c++;
+        if (!pack_before(load, heap[c], x)) break;
+        heap[i] = heap[c];
+        i = c;
+    }
+    heap[i] = x;
+}
+
+/* Replica heap: a max-heap of experts by (load / replicas, -id). */
+static inline bool ratio_before(const float *ratio, int32_t a, int32_t b) {
+    return ratio[a] > ratio[b] || (ratio[a] == ratio[b] && a < b);
+}
+
+static void ratio_sift_down(int32_t *heap, int32_t n, const float *ratio, int32_t i) {
+    int32_t x = heap[i];
+    for (;;) {
+        int32_t c = 2 * i + 1;
+        if (c >= n) break;
+        if (c + 1 < n && ratio_before(ratio, heap[c + 1], heap[c])) c++;
+        if (!ratio_before(ratio, heap[c], x)) break;
+        heap[i] = heap[c];
+        i = c;
+    }
+    heap[i] = x;
+}
+
+/* ---- the three steps ---------------------------------------------------- */
+
+/*
+ * balanced_packing: n items of weight w into num_packs packs of n / num_packs
+ * items each. Heaviest item first, into the lightest pack with room (lowest
+ * index on ties); pack loads accumulate in float32.
+ */
+static void balanced_packing(epxi_deepseek *ws, const float *w, int32_t n, int32_t num_packs,
+                             int32_t *pack, int32_t *rank) {
+    const int32_t per = n / num_packs;
+    if (per == 1) {
+        for (int32_t i = 0; i < n; i++) {
+            pack[i] = i;
+            rank[i] = 0;
+        }
+        return;
+    }
+    int32_t *order = ws->order, *heap = ws->heap;
+    float *load = ws->pack_load;
+    int32_t *items = ws->pack_items;
+    sort_desc(ws, w, n, order);
+    /* All loads 0: the identity is a valid heap under (load, id). */
+    for (int32_t p = 0; p < num_packs; p++) {
+        heap[p] = p;
+        load[p] = 0.0f;
+        items[p] = 0;
+    }
+    int32_t live = num_packs;
+    for (int32_t k = 0; k < n; k++) {
+        const int32_t it = order[k], p = heap[0];
+        pack[it] = p;
+        rank[it] = items[p]++;
+        load[p] = load[p] + w[it];
+        if (items[p] == per) heap[0] = heap[--live];
+        if (live > 0) pack_sift_down(heap, live, load, 0);
+    }
+}
+
+/*
+ * replicate_experts: n experts of load w get num_phy slots; slot i < n holds
+ * expert i, each further slot the expert with the largest float32 load /
+ * replicas (lowest id on ties). phy2log, phyrank [num_phy]; cnt [n].
+ */
+static void replicate(epxi_deepseek *ws, const float *w, int32_t n, int32_t num_phy,
+                      int32_t *phy2log, int32_t *phyrank, int32_t *cnt) {
+    float *ratio = ws->ratio;
+    int32_t *heap = ws->heap;
+    for (int32_t e = 0; e < n; e++) {
+        phy2log[e] = e;
+        phyrank[e] = 0;
+        cnt[e] = 1;
+        ratio[e] = w[e];
+        heap[e] = e;
+    }
+    if (num_phy == n) return;
+    for (int32_t i = n / 2 - 1; i >= 0; i--) ratio_sift_down(heap, n, ratio, i);
+    for (int32_t i = n; i < num_phy; i++) {
+        const int32_t e = heap[0];
+        phy2log[i] = e;
+        phyrank[i] = cnt[e]++;
+        ratio[e] = w[e] / (float)cnt[e];
+        ratio_sift_down(heap, n, ratio, 0);
+    }
+}
+
+void epxi_deepseek_layer(epxi_deepseek *ws, const float *w, int32_t *p2l, int32_t *prank,
+                         int32_t *logcnt) {
+    const int32_t E = ws->E, gs = ws->group_size, gpn = ws->groups_per_node;
+    const int32_t epn = ws->experts_per_node, ppn = ws->slots_per_node;
+    const int32_t ppg = ws->slots_per_gpu;
+
+    /* Step 1: groups to nodes; log2mlog numbers experts node-major. */
+    if (gpn == 1) {
+        for (int32_t e = 0; e < E; e++) ws->log2mlog[e] = e;
+    } else {
+        for (int32_t g = 0; g < ws->groups; g++) {
+            float s = 0.0f;
+            for (int32_t e = g * gs; e < (g + 1) * gs; e++) s = s + w[e];
+            ws->group_load[g] = s;
+        }
+        balanced_packing(ws, ws->group_load, ws->groups, ws->nodes, ws->group_pack,
+                         ws->group_rank);
+        for (int32_t e = 0; e < E; e++) {
+            const int32_t g = e / gs;
+            ws->log2mlog[e] = (ws->group_pack[g] * gpn + ws->group_rank[g]) * gs + e % gs;
+        }
+    }
+    for (int32_t e = 0; e < E; e++) ws->mlog2log[ws->log2mlog[e]] = e;
+
+    for (int32_t n = 0; n < ws->nodes; n++) {
+        const int32_t *m2l = ws->mlog2log + (size_t)n * (size_t)epn;
+        int32_t *cnt = ws->mlogcnt + (size_t)n * (size_t)epn;
+        for (int32_t j = 0; j < epn; j++) ws->row[j] = w[m2l[j]];
+        /* Step 2: replicas within the node. */
+        replicate(ws, ws->row, epn, ppn, ws->phy2mlog, ws->phyrank, cnt);
+        /* Step 3: replicas to the node's GPUs. */
+        for (int32_t p = 0; p < ppn; p++) {
+            const int32_t m = ws->phy2mlog[p];
+            ws->slot_load[p] = ws->row[m] / (float)cnt[m];
+        }
+        balanced_packing(ws, ws->slot_load, ppn, ws->gpus_per_node, ws->pack, ws->rank);
+        int32_t *out = p2l + (size_t)n * (size_t)ppn;
+        int32_t *out_rank = prank ? prank + (size_t)n * (size_t)ppn : NULL;
+        for (int32_t p = 0; p < ppn; p++) {
+            const int32_t q = ws->pack[p] * ppg + ws->rank[p];
+            out[q] = m2l[ws->phy2mlog[p]];
+            if (out_rank) out_rank[q] = ws->phyrank[p];
+        }
+    }
+    if (logcnt)
+        for (int32_t e = 0; e < E; e++) logcnt[e] = ws->mlogcnt[ws->log2mlog[e]];
+}
+
+/* ---- workspace ---------------------------------------------------------- */
+
+static int32_t max3(int32_t a, int32_t b, int32_t c) {
+    int32_t m = a > b ? a : b;
+    return m > c ? m : c;
+}
+
+epx_status epxi_deepseek_check(int32_t E, int32_t P, int32_t groups, int32_t nodes,
+                               int32_t gpus, bool hierarchical, epx_error *err) {
+    epx_shape s = {1, E, P, gpus, hierarchical ? nodes : 1};
+    EPX_TRY(epx_shape_check(&s, err));
+    if (!hierarchical) return EPX_OK;
+    if (groups < 1)
+        return epxi_fail(err, EPX_ERR_INVALID_ARG,
+                         "the hierarchical policy needs the number of expert groups (%d given): "
+                         "pass the model's n_group (DeepSeek-V3: 8)",
+                         groups);
+    if (E % groups != 0)
+        return epxi_fail(err, EPX_ERR_SHAPE,
+                         "%d experts do not split into %d equal groups: the group count must "
+                         "divide the expert count (the model's n_group)",
+                         E, groups);
+    if (groups % nodes != 0)
+        return epxi_fail(err, EPX_ERR_SHAPE,
+                         "the hierarchical policy packs whole expert groups onto nodes, but %d "
+                         "groups do not split evenly over %d nodes: use a node count that "
+                         "divides %d, or the global policy (--algorithm deepseek)",
+                         groups, nodes, groups);
+    return EPX_OK;
+}
+
+epx_status epxi_deepseek_create(int32_t E, int32_t P, int32_t groups, int32_t nodes,
+                                int32_t gpus, bool hierarchical, epxi_deepseek **out,
+                                epx_error *err) {
+    EPX_TRY(epxi_deepseek_check(E, P, groups, nodes, gpus, hierarchical, err));
+    if (!hierarchical) groups = nodes = 1;
+    epxi_deepseek *ws = epxi_calloc(1, sizeof *ws, "DeepSeek workspace", err);
+    if (ws == NULL) return err ? err->status : EPX_ERR_NOMEM;
+    ws->E = E;
+    ws->P = P;
+    ws->groups = groups;
+    ws->nodes = nodes;
+    ws->gpus = gpus;
+    ws->group_size = E / groups;
+    ws->groups_per_node = groups / nodes;
+    ws->experts_per_node = E / nodes;
+    ws->slots_per_node = P / nodes;
+    ws->slots_per_gpu = P / gpus;
+    ws->gpus_per_node = gpus / nodes;
+    const size_t G = (size_t)groups, Ex = (size_t)E, epn = (size_t)ws->experts_per_node;
+    const size_t ppn = (size_t)ws->slots_per_node;
+    const size_t items = (size_t)max3(groups, ws->slots_per_node, 1);
+    const size_t packs = (size_t)max3(nodes, ws->gpus_per_node, 1);
+    const size_t heap = (size_t)max3(ws->experts_per_node, nodes, ws->gpus_per_node);
+    /* Every array is 4-byte elements: count them, allocate once, carve. */
+    const size_t words = G * 3 + Ex * 3 + epn * 2 + ppn * 3 + items * 6 + heap + packs * 2;
+    uint32_t *block = epxi_calloc(words, sizeof(uint32_t), "DeepSeek workspace", err);
+    if (block == NULL) {
+        free(ws);
+        return err ? err->status : EPX_ERR_NOMEM;
+    }
+    ws->block = block;
+    uint32_t *cur = block;
+#define EPXI_CARVE(field, type, n) (ws->field = (type *)(void *)cur, cur += (n))
+    EPXI_CARVE(group_load, float, G);
+    EPXI_CARVE(group_pack, int32_t, G);
+    EPXI_CARVE(group_rank, int32_t, G);
+    EPXI_CARVE(log2mlog, int32_t, Ex);
+    EPXI_CARVE(mlog2log, int32_t, Ex);
+    EPXI_CARVE(mlogcnt, int32_t, Ex);
+    EPXI_CARVE(row, float, epn);
+    EPXI_CARVE(ratio, float, epn);
+    EPXI_CARVE(phy2mlog, int32_t, ppn);
+    EPXI_CARVE(phyrank, int32_t, ppn);
+    EPXI_CARVE(slot_load, float, ppn);
+    EPXI_CARVE(pack, int32_t, items);
+    EPXI_CARVE(rank, int32_t, items);
+    EPXI_CARVE(order, int32_t, items);
+    EPXI_CARVE(order2, int32_t, items);
+    EPXI_CARVE(key, uint32_t, items);
+    EPXI_CARVE(key2, uint32_t, items);
+    EPXI_CARVE(heap, int32_t, heap);
+    EPXI_CARVE(pack_load, float, packs);
+    EPXI_CARVE(pack_items, int32_t, packs);
+#undef EPXI_CARVE
+    *out = ws;
+    return EPX_OK;
+}
+
+void epxi_deepseek_destroy(epxi_deepseek *ws) {
+    if (ws == NULL) return;
+    free(ws->block);
+    free(ws);
+}
+
+/* ---- the public entry point -------------------------------------------- */
+
+epx_status epx_plan_deepseek(const float *weight, int32_t L, int32_t E, int32_t P,
+                             int32_t num_groups, int32_t num_nodes, int32_t num_gpus,
+                             int hierarchical, int32_t *phys_to_log, int32_t *log_to_phys,
+                             int32_t *logical_count, epx_error *err) {
+    if (weight == NULL || phys_to_log == NULL)
+        return epxi_fail(err, EPX_ERR_INVALID_ARG,
+                         "epx_plan_deepseek: weight and phys_to_log must not be NULL");
+    epx_shape s = {L, E, P, num_gpus, hierarchical ? num_nodes : 1};
+    EPX_TRY(epx_shape_check(&s, err));
+    const size_t le = (size_t)L * (size_t)E;
+    for (size_t i = 0; i < le; i++)
+        if (!(weight[i] >= 0.0f) || !isfinite(weight[i]))
+            return epxi_fail(err, EPX_ERR_INVALID_ARG,
+                             "weight of layer %zu, expert %zu is %g: loads must be finite and "
+                             ">= 0",
+                             i / (size_t)E, i % (size_t)E, (double)weight[i]);
+    epxi_deepseek *ws = NULL;
+    EPX_TRY(epxi_deepseek_create(E, P, num_groups, num_nodes, num_gpus, hierarchical != 0, &ws,
+                                 err));
+    const int32_t X = P - E + 1;
+    int32_t *rank = epxi_calloc((size_t)P, sizeof *rank, "replica ranks", err);
+    if (rank == NULL) {
+        epxi_deepseek_destroy(ws);
+        return err ? err->status : EPX_ERR_NOMEM;
+    }
+    for (int32_t l = 0; l < L; l++) {
+        int32_t *p2l = phys_to_log + (size_t)l * (size_t)P;
+        int32_t *cnt = logical_count ? logical_count + (size_t)l * (size_t)E : NULL;
+        epxi_deepseek_layer(ws, weight + (size_t)l * (size_t)E, p2l, rank, cnt);
+        if (log_to_phys != NULL) {
+            int32_t *l2p = log_to_phys + (size_t)l * (size_t)E * (size_t)X;
+            for (size_t i = 0; i < (size_t)E * (size_t)X; i++) l2p[i] = -1;
+            for (int32_t p = 0; p < P; p++) l2p[(size_t)p2l[p] * (size_t)X + (size_t)rank[p]] = p;
+        }
+    }
+    free(rank);
+    epxi_deepseek_destroy(ws);
+    return EPX_OK;
+}

@@ -1,0 +1,353 @@
+/*
+ * plan.c - the planner's public entry point: option checks, SGLang's `auto`
+ * rule, the DeepSeek modes (deepseek.c) and the hand-off to epx's own
+ * algorithm (epx_*.c, behind plan_internal.h), and the plan object.
+ *
+ * Every option is checked here, before any work, so the algorithms can trust
+ * their inputs. A request the planner cannot serve yet (planning relative to
+ * the layout in service, failed GPUs) is EPX_ERR_UNSUPPORTED, never silently
+ * ignored; an option the chosen algorithm does not take is an error too,
+ * unless it asks for what that algorithm does anyway (node_local OFF with
+ * the global policy).
+ */
+#include <float.h>
+#include <math.h>
+#include <string.h>
+#include <time.h>
+
+#include "plan_hooks.h"
+#include "plan_internal.h"
+
+struct epx_plan {
+    epx_layout *layout;
+    double *weights; /* [L][P] */
+    double seconds;
+    epx_algorithm algorithm;
+};
+
+/* ---- names -------------------------------------------------------------- */
+
+static const char *const ALGO_NAMES[] = {
+    [EPX_ALGO_EPX] = "epx",
+    [EPX_ALGO_DEEPSEEK] = "deepseek",
+    [EPX_ALGO_DEEPSEEK_HIERARCHICAL] = "deepseek-hierarchical",
+    [EPX_ALGO_AUTO] = "auto",
+};
+#define EPXI_NUM_ALGOS ((int)(sizeof ALGO_NAMES / sizeof ALGO_NAMES[0]))
+
+const char *epx_algorithm_name(epx_algorithm algo) {
+    if ((int)algo < 0 || (int)algo >= EPXI_NUM_ALGOS) return "unknown";
+    return ALGO_NAMES[algo];
+}
+
+epx_status epx_algorithm_parse(const char *name, epx_algorithm *out, epx_error *err) {
+    if (name == NULL || out == NULL) return epxi_fail(err, EPX_ERR_INVALID_ARG, "NULL argument");
+    for (int a = 0; a < EPXI_NUM_ALGOS; a++)
+        if (strcmp(name, ALGO_NAMES[a]) == 0) {
+            *out = (epx_algorithm)a;
+            return EPX_OK;
+        }
+    /* SGLang spells them with underscores. */
+    if (strcmp(name, "deepseek_hierarchical") == 0) {
+        *out = EPX_ALGO_DEEPSEEK_HIERARCHICAL;
+        return EPX_OK;
+    }
+    return epxi_fail(err, EPX_ERR_INVALID_ARG,
+                     "unknown algorithm '%.64s': use epx, deepseek, deepseek-hierarchical or "
+                     "auto",
+                     name);
+}
+
+static const char *node_local_name(epx_node_local n) {
+    switch (n) {
+    case EPX_NODE_LOCAL_DEFAULT: return "default";
+    case EPX_NODE_LOCAL_STRICT: return "strict";
+    case EPX_NODE_LOCAL_RELAXED: return "relaxed";
+    case EPX_NODE_LOCAL_OFF: return "off";
+    }
+    return "unknown";
+}
+
+/* ---- option checks -------------------------------------------------------- */
+
+/* SGLang's compute_algorithm: hierarchical when the groups divide evenly over
+ * the nodes; num_groups == 0 is SGLang's None (no groups), hence global. */
+static epx_algorithm resolve_auto(const epx_plan_opts *o, const epx_shape *s) {
+    if (o->algorithm != EPX_ALGO_AUTO) return o->algorithm;
+    if (o->num_groups > 0 && o->num_groups % s->num_nodes == 0)
+        return EPX_ALGO_DEEPSEEK_HIERARCHICAL;
+    return EPX_ALGO_DEEPSEEK;
+}
+
+static epx_status check_deepseek_opts(const epx_plan_opts *o, epx_algorithm algo,
+                                      epx_error *err) {
+    const char *name = epx_algorithm_name(algo);
+    const epx_node_local same = algo == EPX_ALGO_DEEPSEEK ? EPX_NODE_LOCAL_OFF : EPX_NODE_LOCAL_STRICT;
+    if (o->node_local != EPX_NODE_LOCAL_DEFAULT && o->node_local != same)
+        return epxi_fail(err, EPX_ERR_INVALID_ARG,
+                         "node_local '%s' does not apply to %s, which is always '%s': the "
+                         "node-local modes are epx's (--algorithm epx); leave node_local unset",
+                         node_local_name(o->node_local), name, node_local_name(same));
+    if (o->estimate != EPX_ESTIMATE_DEFAULT && o->estimate != EPX_ESTIMATE_SUM)
+        return epxi_fail(err, EPX_ERR_INVALID_ARG,
+                         "estimate %d does not apply to %s, which plans for the sum of the "
+                         "windows as SGLang does: the estimates are epx's (--algorithm epx)",
+                         (int)o->estimate, name);
+    if (o->estimate_param >= 0)
+        return epxi_fail(err, EPX_ERR_INVALID_ARG,
+                         "estimate_param (%g) does not apply to %s: leave it < 0",
+                         o->estimate_param, name);
+    if (o->cross_node_budget >= 0)
+        return epxi_fail(err, EPX_ERR_INVALID_ARG,
+                         "cross_node_budget (%g) does not apply to %s: it is epx's relaxed "
+                         "node-local mode; leave it < 0",
+                         o->cross_node_budget, name);
+    return EPX_OK;
+}
+
+static epx_status check_counts(const epx_counts *c, const epx_shape *s, epx_error *err) {
+    if (c == NULL || c->data == NULL) return epxi_fail(err, EPX_ERR_INVALID_ARG, "counts are NULL");
+    if (c->num_windows < 1)
+        return epxi_fail(err, EPX_ERR_SHAPE, "counts have %d windows: need at least one",
+                         c->num_windows);
+    if (c->num_layers != s->num_layers || c->num_experts != s->num_logical_experts)
+        return epxi_fail(err, EPX_ERR_SHAPE,
+                         "the counts are [%d layers][%d experts] but the shape has %d layers "
+                         "and %d logical experts: the counts were recorded for another model, "
+                         "or the shape is wrong",
+                         c->num_layers, c->num_experts, s->num_layers, s->num_logical_experts);
+    const size_t le = (size_t)c->num_layers * (size_t)c->num_experts;
+    const size_t n = (size_t)c->num_windows * le;
+    for (size_t i = 0; i < n; i++) {
+        const double x = c->data[i];
+        if (!(x >= 0.0) || !isfinite(x))
+            return epxi_fail(err, EPX_ERR_INVALID_ARG,
+                             "counts entry [window %zu][layer %zu][expert %zu] is %g: loads "
+                             "must be finite and >= 0",
+                             i / le, (i % le) / (size_t)c->num_experts, i % (size_t)c->num_experts,
+                             x);
+    }
+    return EPX_OK;
+}
+
+static epx_status check_opts(const epx_plan_opts *o, const epx_shape *s, epx_algorithm *algo,
+                             epx_error *err) {
+    if (o == NULL) return epxi_fail(err, EPX_ERR_INVALID_ARG, "plan options are NULL");
+    if (o->version != EPX_PLAN_OPTS_VERSION)
+        return epxi_fail(err, EPX_ERR_INVALID_ARG,
+                         "plan options version %u is not %u: initialise them with "
+                         "EPX_PLAN_OPTS_INIT",
+                         o->version, EPX_PLAN_OPTS_VERSION);
+    if ((int)o->algorithm < 0 || (int)o->algorithm >= EPXI_NUM_ALGOS)
+        return epxi_fail(err, EPX_ERR_INVALID_ARG,
+                         "algorithm %d is unknown: use EPX_ALGO_EPX, EPX_ALGO_DEEPSEEK, "
+                         "EPX_ALGO_DEEPSEEK_HIERARCHICAL or EPX_ALGO_AUTO",
+                         (int)o->algorithm);
+    if ((int)o->node_local < EPX_NODE_LOCAL_DEFAULT || (int)o->node_local > EPX_NODE_LOCAL_OFF)
+        return epxi_fail(err, EPX_ERR_INVALID_ARG,
+                         "node_local %d is unknown: use EPX_NODE_LOCAL_DEFAULT, _STRICT, "
+                         "_RELAXED or _OFF",
+                         (int)o->node_local);
+    if ((int)o->estimate < EPX_ESTIMATE_DEFAULT || (int)o->estimate > EPX_ESTIMATE_MINMAX)
+        return epxi_fail(err, EPX_ERR_INVALID_ARG,
+                         "estimate %d is unknown: use EPX_ESTIMATE_DEFAULT, _SUM, _RECENCY, "
+                         "_MEAN_STD or _MINMAX",
+                         (int)o->estimate);
+    if (isnan(o->estimate_param) || isnan(o->cross_node_budget))
+        return epxi_fail(err, EPX_ERR_INVALID_ARG,
+                         "estimate_param and cross_node_budget must be numbers (NaN given)");
+    if (o->cross_node_budget > 1.0)
+        return epxi_fail(err, EPX_ERR_INVALID_ARG,
+                         "cross_node_budget (%g) is a share of the redundant slots: use a "
+                         "value in [0, 1], or < 0 for the default",
+                         o->cross_node_budget);
+    if (o->num_groups < 0)
+        return epxi_fail(err, EPX_ERR_INVALID_ARG,
+                         "num_groups (%d) must be >= 0 (0 = the model has no expert groups)",
+                         o->num_groups);
+    if (o->current != NULL)
+        return epxi_fail(err, EPX_ERR_UNSUPPORTED,
+                         "planning relative to the layout in service (opts.current) is not "
+                         "supported yet: leave it NULL to plan from scratch");
+    if (o->max_moves >= 0)
+        return epxi_fail(err, EPX_ERR_UNSUPPORTED,
+                         "max_moves (%d) limits changes to the layout in service, which is not "
+                         "supported yet: leave it at -1",
+                         o->max_moves);
+    if (o->move_price != 0.0)
+        return epxi_fail(err, EPX_ERR_UNSUPPORTED,
+                         "move_price (%g) prices changes to the layout in service, which is "
+                         "not supported yet: leave it at 0",
+                         o->move_price);
+    if (o->failed_gpus != NULL)
+        return epxi_fail(err, EPX_ERR_UNSUPPORTED,
+                         "planning around failed GPUs (opts.failed_gpus) is not supported yet: "
+                         "leave it NULL");
+    EPX_TRY(epx_shape_check(s, err));
+    const int32_t E = s->num_logical_experts;
+    if (o->num_groups > 0 && E % o->num_groups != 0)
+        return epxi_fail(err, EPX_ERR_SHAPE,
+                         "%d experts do not split into %d equal groups: num_groups must divide "
+                         "the expert count (use the model's n_group, or 0 for none)",
+                         E, o->num_groups);
+    *algo = resolve_auto(o, s);
+    if (*algo == EPX_ALGO_EPX) return EPX_OK;
+    EPX_TRY(check_deepseek_opts(o, *algo, err));
+    const bool hier = *algo == EPX_ALGO_DEEPSEEK_HIERARCHICAL;
+    if (hier && s->num_nodes > 1 && o->num_groups == 0)
+        return epxi_fail(err, EPX_ERR_INVALID_ARG,
+                         "deepseek-hierarchical packs expert groups onto %d nodes, but no "
+                         "groups were given: pass the model's n_group (a multiple of %d that "
+                         "divides %d), or use --algorithm deepseek",
+                         s->num_nodes, s->num_nodes, E);
+    return epxi_deepseek_check(E, s->num_physical_experts, o->num_groups > 0 ? o->num_groups : 1,
+                               s->num_nodes, s->num_gpus, hier, err);
+}
+
+/* ---- shared helpers ------------------------------------------------------- */
+
+epx_status epxi_plan_load_f32(const epx_counts *c, float *out, epx_error *err) {
+    const size_t le = (size_t)c->num_layers * (size_t)c->num_experts;
+    for (size_t i = 0; i < le; i++) {
+        /* Sum in double: token counts stay exact up to 2^53, as SGLang's
+         * int64 sum, and only the total is rounded to float32. */
+        double x = 0.0;
+        for (int32_t s = 0; s < c->num_windows; s++) x += c->data[(size_t)s * le + i];
+        if (x > FLT_MAX)
+            return epxi_fail(err, EPX_ERR_INVALID_ARG,
+                             "the load of layer %zu, expert %zu summed over windows is %g, "
+                             "beyond float32 (DeepSeek's EPLB computes in float32): scale the "
+                             "counts down",
+                             i / (size_t)c->num_experts, i % (size_t)c->num_experts, x);
+        out[i] = (float)x;
+    }
+    return EPX_OK;
+}
+
+static double now_seconds(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static epx_status plan_deepseek_all(const epx_counts *c, const epx_shape *s,
+                                    const epx_plan_opts *o, bool hier, int32_t *map,
+                                    epx_error *err) {
+    const int32_t L = s->num_layers, E = s->num_logical_experts, P = s->num_physical_experts;
+    float *w = epxi_calloc((size_t)L * (size_t)E, sizeof *w, "float32 load", err);
+    if (w == NULL) return err ? err->status : EPX_ERR_NOMEM;
+    epxi_deepseek *ws = NULL;
+    epx_status st = epxi_plan_load_f32(c, w, err);
+    if (st == EPX_OK)
+        st = epxi_deepseek_create(E, P, o->num_groups > 0 ? o->num_groups : 1, s->num_nodes,
+                                  s->num_gpus, hier, &ws, err);
+    if (st == EPX_OK)
+        for (int32_t l = 0; l < L; l++)
+            epxi_deepseek_layer(ws, w + (size_t)l * (size_t)E, map + (size_t)l * (size_t)P, NULL,
+                                NULL);
+    epxi_deepseek_destroy(ws);
+    free(w);
+    return st;
+}
+
+/* Replica weights must be shares: finite, >= 0, summing to 1 per expert. The
+ * DeepSeek modes make them so by construction; this guards epx's algorithm. */
+static epx_status check_shares(const epx_layout *lay, const double *share, epx_error *err) {
+    const epx_shape *s = epx_layout_shape(lay);
+    const int32_t E = s->num_logical_experts, P = s->num_physical_experts;
+    int32_t W = 0;
+    const int32_t *l2p = epx_layout_logical_to_all_physical(lay, &W);
+    const int32_t *nv = epx_layout_num_valid(lay);
+    for (int32_t l = 0; l < s->num_layers; l++)
+        for (int32_t e = 0; e < E; e++) {
+            const size_t c = (size_t)l * (size_t)E + (size_t)e;
+            double sum = 0.0;
+            for (int32_t k = 0; k < nv[c]; k++) {
+                double x = share[(size_t)l * (size_t)P + (size_t)l2p[c * (size_t)W + (size_t)k]];
+                if (!(x >= 0.0) || !isfinite(x)) sum = NAN;
+                sum += x;
+            }
+            if (!(fabs(sum - 1.0) <= 1e-9))
+                return epxi_fail(err, EPX_ERR_INTERNAL,
+                                 "the planner gave layer %d, expert %d replica weights that sum "
+                                 "to %.17g, not 1: this is a bug in epx, please report it",
+                                 l, e, sum);
+        }
+    return EPX_OK;
+}
+
+/* ---- the entry point -------------------------------------------------------- */
+
+epx_status epx_plan_compute(const epx_counts *counts, const epx_shape *shape,
+                            const epx_plan_opts *opts, epx_plan **out, epx_error *err) {
+    if (shape == NULL || out == NULL)
+        return epxi_fail(err, EPX_ERR_INVALID_ARG, "epx_plan_compute: shape and out must not be NULL");
+    epx_algorithm algo = EPX_ALGO_EPX;
+    EPX_TRY(check_opts(opts, shape, &algo, err));
+    EPX_TRY(check_counts(counts, shape, err));
+
+    const double t0 = now_seconds();
+    const size_t LP = (size_t)shape->num_layers * (size_t)shape->num_physical_experts;
+    epx_plan *plan = epxi_calloc(1, sizeof *plan, "plan", err);
+    int32_t *map = plan ? epxi_calloc(LP, sizeof *map, "physical_to_logical map", err) : NULL;
+    if (map != NULL) plan->weights = epxi_calloc(LP, sizeof *plan->weights, "replica weights", err);
+    if (plan == NULL || map == NULL || plan->weights == NULL) {
+        free(map);
+        epx_plan_destroy(plan);
+        return err ? err->status : EPX_ERR_NOMEM;
+    }
+    plan->algorithm = algo;
+    epx_status st;
+    if (algo == EPX_ALGO_EPX)
+        st = epxi_plan_epx(counts, shape, opts, map, plan->weights, err);
+    else
+        st = plan_deepseek_all(counts, shape, opts, algo == EPX_ALGO_DEEPSEEK_HIERARCHICAL, map, err);
+    if (st == EPX_OK) st = epx_layout_create_from_map(shape, map, &plan->layout, err);
+    free(map);
+    if (st == EPX_OK) {
+        if (algo == EPX_ALGO_EPX) {
+            st = check_shares(plan->layout, plan->weights, err);
+        } else {
+            /* DeepSeek's dispatch splits an expert's tokens evenly. */
+            const int32_t *p2l = epx_layout_physical_to_logical(plan->layout);
+            const int32_t *nv = epx_layout_num_valid(plan->layout);
+            const size_t P = (size_t)shape->num_physical_experts, E = (size_t)shape->num_logical_experts;
+            for (size_t i = 0; i < LP; i++)
+                plan->weights[i] = 1.0 / (double)nv[(i / P) * E + (size_t)p2l[i]];
+        }
+    }
+    if (st != EPX_OK) {
+        epx_plan_destroy(plan);
+        return st;
+    }
+    plan->seconds = now_seconds() - t0;
+    *out = plan;
+    return EPX_OK;
+}
+
+void epx_plan_destroy(epx_plan *plan) {
+    if (plan == NULL) return;
+    epx_layout_destroy(plan->layout);
+    free(plan->weights);
+    free(plan);
+}
+
+const epx_layout *epx_plan_layout(const epx_plan *plan) { return plan->layout; }
+const double *epx_plan_replica_weights(const epx_plan *plan) { return plan->weights; }
+double epx_plan_seconds(const epx_plan *plan) { return plan->seconds; }
+epx_algorithm epx_plan_algorithm(const epx_plan *plan) { return plan->algorithm; }
+
+/* ---- the hook epx_layout_init uses ------------------------------------------ */
+
+epx_status epxi_plan_default(const epx_counts *counts, const epx_shape *shape, int32_t num_groups,
+                             epx_layout **out, epx_error *err) {
+    epx_plan_opts o = EPX_PLAN_OPTS_INIT;
+    /* init passes 1 for "no groups"; the planner's word for that is 0. */
+    o.num_groups = num_groups > 1 ? num_groups : 0;
+    epx_plan *plan = NULL;
+    EPX_TRY(epx_plan_compute(counts, shape, &o, &plan, err));
+    *out = plan->layout;
+    plan->layout = NULL;
+    epx_plan_destroy(plan);
+    return EPX_OK;
+}
