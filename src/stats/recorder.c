@@ -1,0 +1,396 @@
+/*
+ * recorder.c - the expert load recorder: tokens per physical slot per layer
+ * for each forward pass, kept as logical counts in a ring (stat mode) or a
+ * bounded list (per_pass mode), with the per-pass balancedness history that
+ * SGLang logs as last_{10,100,1000}_average_balancedness.
+ *
+ * Everything is allocated in epx_recorder_create; the per-pass calls only
+ * write into those buffers. Counting is the hot path (T x K ids per layer,
+ * 2M ids per Kimi-K2 pass at T = 4096): ids are shifted by one so that -1
+ * lands in a sink bin 0, an out-of-range id is redirected to the sink too
+ * (branch-free) and flagged, and four interleaved sub-histograms break the
+ * store-to-load chains that a hot expert's repeated increments would form.
+ * Counts reach the open pass only after the whole call validated, so a bad
+ * id leaves the recorder exactly as it was.
+ */
+#include <float.h>
+#include <math.h>
+#include <string.h>
+
+#include "internal.h"
+
+/* Below this many ids a call counts straight into the pass row: clearing
+ * and folding the sub-histograms would cost more than it saves. */
+#define SMALL_CALL_IDS 512
+/* Sub-histogram lanes are uint32: one chunk never exceeds 2^32 per bin. */
+#define CHUNK_IDS ((size_t)1 << 30)
+#define LANES 4
+
+struct epx_recorder {
+    const epx_layout *layout; /* borrowed */
+    epx_shape shape;
+    epx_record_mode mode;
+    int32_t capacity;
+    int32_t head;    /* ring index the next pass is written to */
+    int32_t held;    /* passes held */
+    int64_t *pass;   /* [L][P] physical counts of the open pass */
+    uint8_t *dirty;  /* [L] layers of the open pass with counts */
+    int64_t *ring;   /* [capacity][L][E] logical counts */
+    uint32_t *lanes; /* [LANES][P + 1] sub-histograms; bin 0 is the sink */
+    double *gpu;     /* [G] scratch: one layer's GPU counts */
+    double hist[2][EPX_RECORDER_HISTORY]; /* per-pass balancedness, both metrics */
+    int32_t hist_head, hist_held;
+};
+
+static size_t lane_bins(const epx_shape *s) { return (size_t)s->num_physical_experts + 1; }
+
+/* Sizes of every buffer, with overflow checks. */
+typedef struct {
+    size_t pass, ring, lanes, gpu, total;
+} sizes;
+
+static epx_status check_opts(const epx_recorder_opts *o, epx_error *err) {
+    if (o == NULL) return epxi_fail(err, EPX_ERR_INVALID_ARG, "recorder options are NULL");
+    if (o->version != EPX_RECORDER_OPTS_VERSION)
+        return epxi_fail(err, EPX_ERR_INVALID_ARG,
+                         "recorder options version %u is not %u: initialise them with "
+                         "EPX_RECORDER_OPTS_INIT",
+                         o->version, EPX_RECORDER_OPTS_VERSION);
+    if (o->mode != EPX_RECORD_STAT && o->mode != EPX_RECORD_PER_PASS)
+        return epxi_fail(err, EPX_ERR_INVALID_ARG,
+                         "recorder mode %d is neither EPX_RECORD_STAT (0) nor "
+                         "EPX_RECORD_PER_PASS (1)",
+                         (int)o->mode);
+    if (o->capacity < 1)
+        return epxi_fail(err, EPX_ERR_INVALID_ARG,
+                         "recorder capacity (%d) must be >= 1 pass (SGLang's buffer size is "
+                         "1000)",
+                         o->capacity);
+    return EPX_OK;
+}
+
+static epx_status compute_sizes(const epx_shape *s, const epx_recorder_opts *o, sizes *z,
+                                epx_error *err) {
+    size_t LP = (size_t)s->num_layers * (size_t)s->num_physical_experts;
+    size_t LE = (size_t)s->num_layers * (size_t)s->num_logical_experts, ring_cells;
+    if (!epxi_mul_size(LE, (size_t)o->capacity, &ring_cells) ||
+        !epxi_mul_size(ring_cells, sizeof(int64_t), &z->ring))
+        return epxi_fail(err, EPX_ERR_OVERFLOW,
+                         "a recorder of %d passes x %d layers x %d experts overflows size_t: "
+                         "lower the capacity",
+                         o->capacity, s->num_layers, s->num_logical_experts);
+    z->pass = LP * sizeof(int64_t);
+    z->lanes = LANES * lane_bins(s) * sizeof(uint32_t);
+    z->gpu = (size_t)s->num_gpus * sizeof(double);
+    z->total = sizeof(struct epx_recorder) + z->pass + (size_t)s->num_layers + z->lanes + z->gpu;
+    if (z->ring > (size_t)-1 - z->total)
+        return epxi_fail(err, EPX_ERR_OVERFLOW, "recorder size overflows size_t");
+    z->total += z->ring;
+    return EPX_OK;
+}
+
+epx_status epx_recorder_memory(const epx_shape *shape, const epx_recorder_opts *opts,
+                               size_t *bytes, epx_error *err) {
+    if (bytes == NULL) return epxi_fail(err, EPX_ERR_INVALID_ARG, "NULL argument");
+    EPX_TRY(epx_shape_check(shape, err));
+    EPX_TRY(check_opts(opts, err));
+    sizes z;
+    EPX_TRY(compute_sizes(shape, opts, &z, err));
+    *bytes = z.total;
+    return EPX_OK;
+}
+
+void epx_recorder_destroy(epx_recorder *rec) {
+    if (rec == NULL) return;
+    free(rec->pass);
+    free(rec->dirty);
+    free(rec->ring);
+    free(rec->lanes);
+    free(rec->gpu);
+    free(rec);
+}
+
+epx_status epx_recorder_create(const epx_layout *layout, const epx_recorder_opts *opts,
+                               epx_recorder **out, epx_error *err) {
+    if (layout == NULL || out == NULL) return epxi_fail(err, EPX_ERR_INVALID_ARG, "NULL argument");
+    EPX_TRY(check_opts(opts, err));
+    const epx_shape *s = epx_layout_shape(layout);
+    sizes z;
+    EPX_TRY(compute_sizes(s, opts, &z, err));
+    epx_recorder *r = epxi_calloc(1, sizeof *r, "recorder", err);
+    if (r == NULL) return EPX_ERR_NOMEM;
+    r->layout = layout;
+    r->shape = *s;
+    r->mode = opts->mode;
+    r->capacity = opts->capacity;
+    r->pass = epxi_calloc(z.pass, 1, "recorder pass counts", err);
+    r->dirty = r->pass ? epxi_calloc((size_t)s->num_layers, 1, "recorder layer flags", err) : NULL;
+    r->ring = r->dirty ? epxi_calloc(z.ring, 1, "recorder passes", err) : NULL;
+    r->lanes = r->ring ? epxi_calloc(z.lanes, 1, "recorder histograms", err) : NULL;
+    r->gpu = r->lanes ? epxi_calloc(z.gpu, 1, "recorder GPU scratch", err) : NULL;
+    if (r->gpu == NULL) {
+        epx_recorder_destroy(r);
+        return EPX_ERR_NOMEM;
+    }
+    *out = r;
+    return EPX_OK;
+}
+
+static bool same_shape(const epx_shape *a, const epx_shape *b) {
+    return a->num_layers == b->num_layers && a->num_logical_experts == b->num_logical_experts &&
+           a->num_physical_experts == b->num_physical_experts && a->num_gpus == b->num_gpus &&
+           a->num_nodes == b->num_nodes;
+}
+
+epx_status epx_recorder_set_layout(epx_recorder *rec, const epx_layout *layout, epx_error *err) {
+    if (rec == NULL || layout == NULL) return epxi_fail(err, EPX_ERR_INVALID_ARG, "NULL argument");
+    const epx_shape *a = &rec->shape, *b = epx_layout_shape(layout);
+    if (!same_shape(a, b))
+        return epxi_fail(err, EPX_ERR_SHAPE,
+                         "the new layout is L=%d E=%d P=%d G=%d N=%d but the recorder's is "
+                         "L=%d E=%d P=%d G=%d N=%d: a recorder keeps one shape; create a new "
+                         "one for another",
+                         b->num_layers, b->num_logical_experts, b->num_physical_experts,
+                         b->num_gpus, b->num_nodes, a->num_layers, a->num_logical_experts,
+                         a->num_physical_experts, a->num_gpus, a->num_nodes);
+    rec->layout = layout;
+    return EPX_OK;
+}
+
+static epx_status check_layer(const epx_recorder *rec, int32_t layer, epx_error *err) {
+    if (layer < 0 || layer >= rec->shape.num_layers)
+        return epxi_fail(err, EPX_ERR_INVALID_ARG, "layer %d is outside [0, %d)", layer,
+                         rec->shape.num_layers);
+    return EPX_OK;
+}
+
+/* Report the first id outside [-1, P) of ids[0..n). */
+static epx_status bad_id(const int32_t *ids, size_t n, int32_t top_k, int32_t P, int32_t layer,
+                         epx_error *err) {
+    for (size_t i = 0; i < n; i++)
+        if (ids[i] < -1 || ids[i] >= P)
+            return epxi_fail(err, EPX_ERR_INVALID_ARG,
+                             "layer %d: topk_ids[%zu][%zu] is %d, outside [-1, %d): ids must be "
+                             "physical slots (map logical ids through the dispatch table first); "
+                             "nothing of this call was counted",
+                             layer, i / (size_t)top_k, i % (size_t)top_k, ids[i], P);
+    return epxi_fail(err, EPX_ERR_INTERNAL, "layer %d: a bad id was flagged but not found", layer);
+}
+
+/* Count ids[0..n) into the four lanes; returns nonzero when some id was out
+ * of range (those went to the sink). n <= CHUNK_IDS. */
+static uint32_t count_lanes(const int32_t *ids, size_t n, uint32_t P, uint32_t *lanes) {
+    const size_t bins = (size_t)P + 1;
+    uint32_t *h0 = lanes, *h1 = h0 + bins, *h2 = h1 + bins, *h3 = h2 + bins;
+    uint32_t bad = 0;
+    size_t i = 0;
+    for (; i + 4 <= n; i += 4) {
+        uint32_t a = (uint32_t)ids[i] + 1u, b = (uint32_t)ids[i + 1] + 1u;
+        uint32_t c = (uint32_t)ids[i + 2] + 1u, d = (uint32_t)ids[i + 3] + 1u;
+        uint32_t ba = a > P, bb = b > P, bc = c > P, bd = d > P;
+        bad |= ba | bb | bc | bd;
+        h0[ba ? 0 : a]++;
+        h1[bb ? 0 : b]++;
+        h2[bc ? 0 : c]++;
+        h3[bd ? 0 : d]++;
+    }
+    for (; i < n; i++) {
+        uint32_t a = (uint32_t)ids[i] + 1u, ba = a > P;
+        bad |= ba;
+        h0[ba ? 0 : a]++;
+    }
+    return bad;
+}
+
+epx_status epx_recorder_add_topk(epx_recorder *rec, int32_t layer, const int32_t *topk_ids,
+                                 int64_t num_tokens, int32_t top_k, epx_error *err) {
+    if (rec == NULL) return epxi_fail(err, EPX_ERR_INVALID_ARG, "recorder is NULL");
+    EPX_TRY(check_layer(rec, layer, err));
+    if (num_tokens < 0 || top_k < 1)
+        return epxi_fail(err, EPX_ERR_INVALID_ARG,
+                         "num_tokens (%lld) must be >= 0 and top_k (%d) >= 1",
+                         (long long)num_tokens, top_k);
+    if (num_tokens == 0) return EPX_OK;
+    if (topk_ids == NULL) return epxi_fail(err, EPX_ERR_INVALID_ARG, "topk_ids is NULL");
+    size_t n;
+    if ((uint64_t)num_tokens > SIZE_MAX || !epxi_mul_size((size_t)num_tokens, (size_t)top_k, &n))
+        return epxi_fail(err, EPX_ERR_OVERFLOW, "num_tokens (%lld) x top_k (%d) overflows",
+                         (long long)num_tokens, top_k);
+    const int32_t P = rec->shape.num_physical_experts;
+    int64_t *row = rec->pass + (size_t)layer * (size_t)P;
+
+    if (n <= SMALL_CALL_IDS) {
+        /* Validate first, then count: two short passes over a few ids. */
+        uint32_t bad = 0;
+        for (size_t i = 0; i < n; i++) bad |= (uint32_t)topk_ids[i] + 1u > (uint32_t)P;
+        if (bad) return bad_id(topk_ids, n, top_k, P, layer, err);
+        for (size_t i = 0; i < n; i++)
+            if (topk_ids[i] >= 0) row[topk_ids[i]]++;
+        rec->dirty[layer] = 1;
+        return EPX_OK;
+    }
+    if (n > CHUNK_IDS) {
+        /* Several chunks fold into the row one by one, so validate the whole
+         * call before the first fold to keep it all or nothing. */
+        uint32_t bad = 0;
+        for (size_t i = 0; i < n; i++) bad |= (uint32_t)topk_ids[i] + 1u > (uint32_t)P;
+        if (bad) return bad_id(topk_ids, n, top_k, P, layer, err);
+    }
+    const size_t bins = (size_t)P + 1;
+    for (size_t start = 0; start < n; start += CHUNK_IDS) {
+        size_t len = n - start < CHUNK_IDS ? n - start : CHUNK_IDS;
+        memset(rec->lanes, 0, LANES * bins * sizeof(uint32_t));
+        if (count_lanes(topk_ids + start, len, (uint32_t)P, rec->lanes))
+            return bad_id(topk_ids + start, len, top_k, P, layer, err);
+        const uint32_t *h = rec->lanes;
+        for (int32_t p = 0; p < P; p++)
+            row[p] += (int64_t)h[p + 1] + h[bins + p + 1] + h[2 * bins + p + 1] +
+                      h[3 * bins + p + 1];
+    }
+    rec->dirty[layer] = 1;
+    return EPX_OK;
+}
+
+epx_status epx_recorder_add_slot_counts(epx_recorder *rec, int32_t layer, const int64_t *counts,
+                                        epx_error *err) {
+    if (rec == NULL || counts == NULL) return epxi_fail(err, EPX_ERR_INVALID_ARG, "NULL argument");
+    EPX_TRY(check_layer(rec, layer, err));
+    const int32_t P = rec->shape.num_physical_experts;
+    int64_t *row = rec->pass + (size_t)layer * (size_t)P;
+    for (int32_t p = 0; p < P; p++)
+        if (counts[p] < 0 || counts[p] > INT64_MAX - row[p])
+            return epxi_fail(err, EPX_ERR_INVALID_ARG,
+                             "layer %d: counts[%d] is %lld: slot counts must be >= 0 (and the "
+                             "pass total must fit in int64); nothing of this call was added",
+                             layer, p, (long long)counts[p]);
+    for (int32_t p = 0; p < P; p++) row[p] += counts[p];
+    rec->dirty[layer] = 1;
+    return EPX_OK;
+}
+
+/*
+ * Both balancedness figures of the open pass from its physical counts
+ * (definitions in stats.h). The epx figure is epx/metrics.h's definition
+ * applied to the GPU counts the pass really had; epx_balance_compute would
+ * instead split logical load evenly over replicas, which is not what the
+ * dispatch did. The SGLang figure follows compute_utilization_rate in
+ * float32 and then torch.mean over layers, also float32.
+ */
+static void pass_balancedness(epx_recorder *rec, double *bal_epx, double *bal_sglang) {
+    const int32_t L = rec->shape.num_layers, P = rec->shape.num_physical_experts;
+    const int32_t G = rec->shape.num_gpus, spg = P / G;
+    double sum_epx = 0.0;
+    int32_t loaded = 0;
+    float sum_sg = 0.0f;
+    for (int32_t l = 0; l < L; l++) {
+        const int64_t *row = rec->pass + (size_t)l * (size_t)P;
+        double total = 0.0, mx = 0.0;
+        float tot_f = 0.0f, mx_f = 0.0f;
+        for (int32_t g = 0; g < G; g++) {
+            int64_t c = 0;
+            for (int32_t i = 0; i < spg; i++) c += row[g * spg + i];
+            double x = (double)c;
+            total += x;
+            if (x > mx) mx = x;
+            float xf = (float)c;
+            tot_f += xf;
+            if (xf > mx_f) mx_f = xf;
+        }
+        if (total > 0.0) {
+            sum_epx += (total / G) / mx;
+            loaded++;
+        }
+        sum_sg += (tot_f / (float)G + 1e-5f) / (mx_f + 1e-5f);
+    }
+    *bal_epx = loaded ? sum_epx / loaded : 1.0;
+    *bal_sglang = (double)(sum_sg / (float)L);
+}
+
+epx_status epx_recorder_end_pass(epx_recorder *rec, epx_error *err) {
+    if (rec == NULL) return epxi_fail(err, EPX_ERR_INVALID_ARG, "recorder is NULL");
+    if (rec->mode == EPX_RECORD_PER_PASS && rec->held == rec->capacity)
+        return epxi_fail(err, EPX_ERR_OVERFLOW,
+                         "the per_pass recorder holds its capacity of %d passes: dump and "
+                         "reset it, or create it with a larger capacity; the open pass is kept",
+                         rec->capacity);
+    const int32_t L = rec->shape.num_layers, E = rec->shape.num_logical_experts;
+    const int32_t P = rec->shape.num_physical_experts;
+    const int32_t *map = epx_layout_physical_to_logical(rec->layout);
+    int64_t *dst = rec->ring + (size_t)rec->head * (size_t)L * (size_t)E;
+    memset(dst, 0, (size_t)L * (size_t)E * sizeof *dst);
+    for (int32_t l = 0; l < L; l++) {
+        if (!rec->dirty[l]) continue;
+        const int64_t *row = rec->pass + (size_t)l * (size_t)P;
+        const int32_t *m = map + (size_t)l * (size_t)P;
+        int64_t *out = dst + (size_t)l * (size_t)E;
+        for (int32_t p = 0; p < P; p++) out[m[p]] += row[p];
+    }
+    double be, bs;
+    pass_balancedness(rec, &be, &bs);
+    rec->hist[EPX_RECORDER_BALANCEDNESS][rec->hist_head] = be;
+    rec->hist[EPX_RECORDER_BALANCEDNESS_SGLANG][rec->hist_head] = bs;
+    rec->hist_head = (rec->hist_head + 1) % EPX_RECORDER_HISTORY;
+    if (rec->hist_held < EPX_RECORDER_HISTORY) rec->hist_held++;
+
+    rec->head = (rec->head + 1) % rec->capacity;
+    if (rec->held < rec->capacity) rec->held++;
+    epx_recorder_discard_pass(rec);
+    return EPX_OK;
+}
+
+void epx_recorder_discard_pass(epx_recorder *rec) {
+    if (rec == NULL) return;
+    const size_t P = (size_t)rec->shape.num_physical_experts;
+    for (int32_t l = 0; l < rec->shape.num_layers; l++)
+        if (rec->dirty[l]) {
+            memset(rec->pass + (size_t)l * P, 0, P * sizeof(int64_t));
+            rec->dirty[l] = 0;
+        }
+}
+
+int32_t epx_recorder_num_passes(const epx_recorder *rec) { return rec ? rec->held : 0; }
+
+epx_status epx_recorder_dump(const epx_recorder *rec, epx_counts **out, epx_error *err) {
+    if (rec == NULL || out == NULL) return epxi_fail(err, EPX_ERR_INVALID_ARG, "NULL argument");
+    if (rec->held == 0)
+        return epxi_fail(err, EPX_ERR_INVALID_ARG,
+                         "the recorder holds no pass: call epx_recorder_end_pass after each "
+                         "forward pass before dumping");
+    const size_t LE = (size_t)rec->shape.num_layers * (size_t)rec->shape.num_logical_experts;
+    epx_counts *c = NULL;
+    EPX_TRY(epx_counts_create(rec->held, rec->shape.num_layers, rec->shape.num_logical_experts,
+                              &c, err));
+    int32_t first = (rec->head - rec->held + rec->capacity) % rec->capacity;
+    for (int32_t s = 0; s < rec->held; s++) {
+        const int64_t *src = rec->ring + (size_t)((first + s) % rec->capacity) * LE;
+        double *dst = c->data + (size_t)s * LE;
+        for (size_t i = 0; i < LE; i++) dst[i] = (double)src[i];
+    }
+    *out = c;
+    return EPX_OK;
+}
+
+void epx_recorder_reset(epx_recorder *rec) {
+    if (rec == NULL) return;
+    rec->head = rec->held = 0;
+    rec->hist_head = rec->hist_held = 0;
+}
+
+epx_status epx_recorder_balancedness(const epx_recorder *rec, int32_t window,
+                                     epx_recorder_metric metric, double *out, epx_error *err) {
+    if (rec == NULL || out == NULL) return epxi_fail(err, EPX_ERR_INVALID_ARG, "NULL argument");
+    if (window < 1 || window > EPX_RECORDER_HISTORY)
+        return epxi_fail(err, EPX_ERR_INVALID_ARG, "window (%d) must be in [1, %d] passes",
+                         window, EPX_RECORDER_HISTORY);
+    if (metric != EPX_RECORDER_BALANCEDNESS && metric != EPX_RECORDER_BALANCEDNESS_SGLANG)
+        return epxi_fail(err, EPX_ERR_INVALID_ARG, "unknown recorder metric %d", (int)metric);
+    if (rec->hist_held == 0)
+        return epxi_fail(err, EPX_ERR_INVALID_ARG,
+                         "no pass ended since the recorder was created or reset");
+    int32_t n = window < rec->hist_held ? window : rec->hist_held;
+    double sum = 0.0;
+    for (int32_t i = 1; i <= n; i++)
+        sum += rec->hist[metric][(rec->hist_head - i + EPX_RECORDER_HISTORY) % EPX_RECORDER_HISTORY];
+    *out = sum / n;
+    return EPX_OK;
+}
