@@ -1,0 +1,26 @@
+"""epx: expert parallelism for MoE inference, over libepx (C11) through ctypes.
+
+    import epx
+    p2l, l2p, cnt = epx.rebalance_experts(weight, 416, 1, 1, 8, False)  # SGLang's, exactly
+    plan = epx.plan(counts, num_gpus=8, num_redundant=32)               # epx's own planner
+
+Drop-ins with the engines' signatures live in epx.sglang and epx.vllm; errors
+are epx.EpxError (.status, .name, .message: libepx's sentence).
+"""
+from ._native import EpxError, Status, has, library_path, version
+from .io import (init_expert_location, read_counts, read_mapping, write_counts,
+                 write_mapping)
+from .layout import Layout
+from .planner import Plan, plan
+from .sglang import (compute_logical_to_all_physical_map,
+                     compute_logical_to_rank_dispatch_physical_map, load_init_expert_location,
+                     rebalance_experts, rebalance_experts_from_windows)
+from . import sglang, vllm  # noqa: F401  (engine-shaped namespaces)
+
+__version__ = "0.1.0"
+
+__all__ = ["EpxError", "Status", "Layout", "Plan", "plan", "has", "library_path", "version",
+           "read_mapping", "read_counts", "write_mapping", "write_counts",
+           "init_expert_location", "load_init_expert_location", "rebalance_experts",
+           "rebalance_experts_from_windows", "compute_logical_to_rank_dispatch_physical_map",
+           "compute_logical_to_all_physical_map", "sglang", "vllm"]

@@ -1,0 +1,58 @@
+"""numpy in, numpy out; torch tensors accepted and handed back where torch is used.
+
+torch is never imported here unless the caller passed a tensor (or asked for
+tensors), so the package works without it.
+"""
+import ctypes
+import sys
+
+import numpy as np
+
+__all__ = ["is_torch", "as_array", "ptr", "wrap", "want_torch"]
+
+
+def is_torch(x):
+    """True for a torch.Tensor. A caller holding one has imported torch already."""
+    t = sys.modules.get("torch")
+    return t is not None and isinstance(x, t.Tensor)
+
+
+def as_array(x, dtype, ndim=None, name="array"):
+    """A C-contiguous numpy array of `dtype` holding x (numpy, torch, nested lists).
+
+    A torch tensor is detached and copied to host memory first, as the
+    reference functions do with .cpu().
+    """
+    if is_torch(x):
+        x = x.detach().cpu().numpy()
+    a = np.ascontiguousarray(np.asarray(x), dtype=dtype)
+    if ndim is not None and a.ndim not in (ndim if isinstance(ndim, tuple) else (ndim,)):
+        want = " or ".join("%d" % d for d in (ndim if isinstance(ndim, tuple) else (ndim,)))
+        raise ValueError("%s must have %s dimensions, got shape %s" % (name, want, a.shape))
+    return a
+
+
+def ptr(a, ctype):
+    """A ctypes pointer to the first element of a C-contiguous array (None for None)."""
+    if a is None:
+        return None
+    assert a.flags["C_CONTIGUOUS"]
+    return a.ctypes.data_as(ctypes.POINTER(ctype))
+
+
+def want_torch(as_torch, *inputs):
+    """Resolve the as_torch argument: True/False as given, None = like the inputs."""
+    if as_torch is None:
+        return any(is_torch(x) for x in inputs)
+    return bool(as_torch)
+
+
+def wrap(a, torch_out, device=None):
+    """Return numpy array a as is, or as a torch tensor (on `device` when given)."""
+    if not torch_out:
+        return a
+    import torch
+    t = torch.from_numpy(np.ascontiguousarray(a))
+    if device is not None and str(device) != "cpu":
+        t = t.to(device)
+    return t

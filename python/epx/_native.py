@@ -1,0 +1,154 @@
+"""ctypes over libepx: loading the library, the error type, the C structs.
+
+Every other module of the package declares the few C functions it calls with
+`fn(name, restype, *argtypes)`. A function this build of libepx does not have
+(a room that has not landed, or an older library) binds to a stub that raises
+EpxError(EPX_ERR_UNSUPPORTED) when called, so importing epx never fails on a
+missing symbol and `epx.has(name)` tells what is there.
+"""
+import ctypes
+import enum
+import os
+from ctypes import (POINTER, Structure, c_char, c_char_p, c_double, c_float, c_int, c_int32,
+                    c_int64, c_size_t, c_uint8, c_uint32, c_uint64, c_void_p)
+from pathlib import Path
+
+__all__ = ["EpxError", "Status", "lib", "fn", "has", "call", "library_path"]
+
+
+class Status(enum.IntEnum):
+    """epx_status, append-only as in include/epx.h."""
+    OK = 0
+    INVALID_ARG = 1
+    SHAPE = 2
+    PARSE = 3
+    IO = 4
+    NOMEM = 5
+    OVERFLOW = 6
+    UNSUPPORTED = 7
+    REFUSED = 8
+    INVALID_MAP = 9
+    COMM = 10
+    CUDA = 11
+    TIMEOUT = 12
+    INTERNAL = 13
+
+
+def _status(code):
+    try:
+        return Status(code)
+    except ValueError:
+        return code
+
+
+class EpxError(Exception):
+    """A failed libepx call.
+
+    .status   the epx_status (a Status member, or the raw int for a newer code)
+    .name     its C name, e.g. "EPX_ERR_SHAPE"
+    .message  the library's sentence: the offending value, the limit, the fix
+    """
+
+    def __init__(self, status, message, name=None):
+        self.status = _status(int(status))
+        self.name = name or ("EPX_ERR_" + self.status.name if isinstance(self.status, Status)
+                             else "EPX_ERR_UNKNOWN")
+        self.message = message
+        super().__init__("%s: %s" % (self.name, message))
+
+
+def library_path():
+    """Where libepx.so is loaded from: $EPX_LIBRARY, else the copy inside the package."""
+    env = os.environ.get("EPX_LIBRARY")
+    if env:
+        return Path(env)
+    return Path(__file__).resolve().parent / "_lib" / "libepx.so"
+
+
+def _load():
+    path = library_path()
+    if not path.is_file():
+        raise ImportError("epx: %s not found; install the package with `pip install ./python` "
+                          "from the epx repository (it builds libepx), or point EPX_LIBRARY "
+                          "at a built libepx.so" % path)
+    return ctypes.CDLL(str(path))
+
+
+lib = _load()
+
+
+class Error(Structure):
+    """epx_error: status + message buffer (EPX_ERRMSG_MAX = 512)."""
+    _fields_ = [("status", c_int), ("msg", c_char * 512)]
+
+
+def _stub(name):
+    def missing(*_args, **_kw):
+        raise EpxError(Status.UNSUPPORTED,
+                       "this libepx (%s) has no %s: the binding needs a newer library; "
+                       "rebuild it with `pip install ./python`" % (library_path(), name))
+    missing.__name__ = name
+    missing.epx_missing = True
+    return missing
+
+
+def fn(name, restype, *argtypes):
+    """Bind one C function, or a stub that raises when the symbol is absent."""
+    try:
+        f = getattr(lib, name)
+    except AttributeError:
+        return _stub(name)
+    f.restype = restype
+    f.argtypes = list(argtypes)
+    return f
+
+
+def has(name):
+    """True when this libepx exports the C function `name`."""
+    try:
+        getattr(lib, name)
+        return True
+    except AttributeError:
+        return False
+
+
+_status_str = fn("epx_status_str", c_char_p, c_int)
+_version = fn("epx_version", c_char_p)
+epx_free = fn("epx_free", None, c_void_p)
+
+
+def version():
+    """libepx's version, "MAJOR.MINOR.PATCH"."""
+    return _version().decode()
+
+
+def call(f, *args):
+    """Call an epx function whose last argument is epx_error*; raise on failure."""
+    err = Error()
+    st = f(*args, ctypes.byref(err))
+    if st != 0:
+        msg = err.msg.decode("utf-8", "replace") or "(no message)"
+        raise EpxError(st, msg, _status_str(st).decode())
+    return st
+
+
+# ---- structs mirrored from the headers (tests/test_abi.py checks the field lists) ----
+
+class Shape(Structure):
+    """epx_shape (include/epx.h)."""
+    _fields_ = [("num_layers", c_int32), ("num_logical_experts", c_int32),
+                ("num_physical_experts", c_int32), ("num_gpus", c_int32),
+                ("num_nodes", c_int32)]
+
+
+class Counts(Structure):
+    """epx_counts (include/epx/counts.h)."""
+    _fields_ = [("num_windows", c_int32), ("num_layers", c_int32), ("num_experts", c_int32),
+                ("data", POINTER(c_double))]
+
+
+LOG_FN = ctypes.CFUNCTYPE(None, c_void_p, c_int, c_char_p)
+
+__all__ += ["Error", "Shape", "Counts", "LOG_FN", "epx_free", "version",
+            "POINTER", "c_char_p", "c_double", "c_float", "c_int", "c_int32", "c_int64",
+            "c_size_t", "c_uint8", "c_uint32", "c_uint64", "c_void_p"]

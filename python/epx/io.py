@@ -1,0 +1,124 @@
+"""SGLang's files (include/epx/io.h): placement mappings, counts, and the
+`--init-expert-location` entry point. Paths may end in .json or .pt; a string
+starting with '{' is inline JSON, as SGLang accepts it."""
+import ctypes
+import os
+
+import numpy as np
+
+from . import _arrays as A
+from ._native import (LOG_FN, POINTER, Counts, Structure, c_char_p, c_int32,
+                      c_uint32, c_void_p, call, epx_free, fn)
+from .layout import Layout
+
+__all__ = ["read_mapping", "read_counts", "write_mapping", "write_counts",
+           "init_expert_location", "counts_to_c", "counts_from_c"]
+
+_mapping_read = fn("epx_mapping_read", c_int32, c_char_p, POINTER(POINTER(c_int32)),
+                   POINTER(c_int32), POINTER(c_int32), c_void_p)
+_counts_read = fn("epx_counts_read", c_int32, c_char_p, POINTER(POINTER(Counts)), c_void_p)
+_counts_write = fn("epx_counts_write_json", c_int32, POINTER(Counts), c_char_p, c_void_p)
+_counts_create = fn("epx_counts_create", c_int32, c_int32, c_int32, c_int32,
+                    POINTER(POINTER(Counts)), c_void_p)
+_counts_destroy = fn("epx_counts_destroy", None, POINTER(Counts))
+_layout_init = fn("epx_layout_init", c_int32, c_char_p, c_void_p, POINTER(c_void_p), c_void_p)
+
+
+class InitOpts(Structure):
+    """epx_init_opts (include/epx/io.h)."""
+    _fields_ = [("version", c_uint32), ("num_gpus", c_int32), ("num_nodes", c_int32),
+                ("num_logical_experts", c_int32), ("num_layers", c_int32),
+                ("num_physical", c_int32), ("num_redundant", c_int32), ("num_groups", c_int32),
+                ("log", LOG_FN), ("log_user", c_void_p)]
+
+
+INIT_OPTS_VERSION = 1
+
+
+def _spec(spec):
+    if isinstance(spec, os.PathLike):
+        spec = os.fspath(spec)
+    if isinstance(spec, bytes):
+        return spec
+    return str(spec).encode()
+
+
+def read_mapping(spec):
+    """physical_to_logical_map [L][P] int64 from a .json / .pt file or inline JSON."""
+    p = POINTER(c_int32)()
+    L, P = c_int32(), c_int32()
+    call(_mapping_read, _spec(spec), ctypes.byref(p), ctypes.byref(L), ctypes.byref(P))
+    try:
+        n = L.value * P.value
+        return np.ctypeslib.as_array(p, shape=(n,)).reshape(L.value, P.value).astype(np.int64)
+    finally:
+        epx_free(ctypes.cast(p, c_void_p))
+
+
+def counts_from_c(cp):
+    """Copy an epx_counts* into a float64 numpy array [S][L][E] (does not free it)."""
+    c = cp.contents
+    shape = (c.num_windows, c.num_layers, c.num_experts)
+    n = shape[0] * shape[1] * shape[2]
+    return np.ctypeslib.as_array(c.data, shape=(n,)).reshape(shape).copy()
+
+
+class CCounts:
+    """An owned epx_counts* filled from a numpy array; freed with the object."""
+
+    def __init__(self, counts):
+        a = A.as_array(counts, np.float64, (2, 3), "counts")
+        if a.ndim == 2:
+            a = a[None]
+        S, L, E = a.shape
+        self.ptr = POINTER(Counts)()
+        call(_counts_create, S, L, E, ctypes.byref(self.ptr))
+        ctypes.memmove(self.ptr.contents.data, a.ctypes.data, a.nbytes)
+        self.shape = a.shape
+
+    def __del__(self):
+        if getattr(self, "ptr", None):
+            _counts_destroy(self.ptr)
+            self.ptr = None
+
+
+def counts_to_c(counts):
+    """An owned epx_counts (CCounts) from [L][E] or [S][L][E] loads."""
+    return CCounts(counts)
+
+
+def read_counts(spec, squeeze=False):
+    """logical_count from an init file or inline JSON ({"logical_count": [L][E] |
+    [S][L][E]}): float64 [S][L][E] ([L][E] reads as S = 1; squeeze=True drops S
+    when it is 1)."""
+    cp = POINTER(Counts)()
+    call(_counts_read, _spec(spec), ctypes.byref(cp))
+    try:
+        a = counts_from_c(cp)
+    finally:
+        _counts_destroy(cp)
+    return a[0] if squeeze and a.shape[0] == 1 else a
+
+
+def write_mapping(path, physical_to_logical_map, num_gpus=1, num_nodes=1):
+    """Write {"physical_to_logical_map": [L][P]} atomically, SGLang's init format.
+    The map is validated first (every expert needs a replica; P % num_gpus == 0)."""
+    Layout.from_map(physical_to_logical_map, num_gpus, num_nodes).write_json(path)
+
+
+def write_counts(path, counts):
+    """Write {"logical_count": [S][L][E]} ([L][E] when S == 1) as JSON."""
+    c = CCounts(counts)
+    call(_counts_write, c.ptr, str(path).encode())
+
+
+def init_expert_location(spec, num_gpus, num_nodes=1, num_logical_experts=0, num_layers=0,
+                         num_physical=0, num_redundant=0, num_groups=0):
+    """What SGLang's --init-expert-location takes ("trivial", a .json/.pt path, or
+    inline JSON with physical_to_logical_map or logical_count) as a Layout."""
+    o = InitOpts(INIT_OPTS_VERSION, int(num_gpus), int(num_nodes), int(num_logical_experts),
+                 int(num_layers), int(num_physical), int(num_redundant), int(num_groups),
+                 LOG_FN(), None)
+    h = c_void_p()
+    call(_layout_init, _spec(spec), ctypes.byref(o), ctypes.byref(h))
+    return Layout(h)

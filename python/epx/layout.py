@@ -1,0 +1,149 @@
+"""The layout handle (include/epx/layout.h): which logical expert each physical
+slot holds, per layer, and the maps derived from it (SGLang's
+ExpertLocationMetadata)."""
+import ctypes
+
+import numpy as np
+
+from . import _arrays as A
+from ._native import POINTER, Shape, c_int32, c_void_p, call, fn
+
+__all__ = ["Layout"]
+
+_create_trivial = fn("epx_layout_create_trivial", c_int32, POINTER(Shape), POINTER(c_void_p),
+                     c_void_p)
+_create_from_map = fn("epx_layout_create_from_map", c_int32, POINTER(Shape), POINTER(c_int32),
+                      POINTER(c_void_p), c_void_p)
+_destroy = fn("epx_layout_destroy", None, c_void_p)
+_clone = fn("epx_layout_clone", c_int32, c_void_p, POINTER(c_void_p), c_void_p)
+_shape = fn("epx_layout_shape", POINTER(Shape), c_void_p)
+_p2l = fn("epx_layout_physical_to_logical", POINTER(c_int32), c_void_p)
+_num_valid = fn("epx_layout_num_valid", POINTER(c_int32), c_void_p)
+_max_replicas = fn("epx_layout_max_replicas", c_int32, c_void_p)
+_export_l2all = fn("epx_layout_export_logical_to_all_physical", c_int32, c_void_p, c_int32,
+                   POINTER(c_int32), c_void_p)
+_write_json = fn("epx_layout_write_json", c_int32, c_void_p, ctypes.c_char_p, c_void_p)
+
+
+def _copy(p, shape):
+    n = int(np.prod(shape))
+    return np.ctypeslib.as_array(p, shape=(n,)).reshape(shape).astype(np.int64)
+
+
+class Layout:
+    """An epx_layout. Build one with Layout.from_map / Layout.trivial, or get one
+    from epx.plan(...) or epx.init_expert_location(...). Maps come back as
+    int64 numpy arrays (copies), as SGLang keeps them."""
+
+    __slots__ = ("_h", "_owner")
+
+    def __init__(self, handle, owner=None):
+        # owner: an object (a Plan) that owns the handle; None = we own it.
+        self._h = handle
+        self._owner = owner
+
+    def __del__(self):
+        if getattr(self, "_owner", 1) is None and getattr(self, "_h", None):
+            _destroy(self._h)
+            self._h = None
+
+    @classmethod
+    def trivial(cls, num_layers, num_logical_experts, num_physical_experts, num_gpus,
+                num_nodes=1):
+        """Slot p of every layer holds expert p % E (SGLang's init_trivial)."""
+        s = Shape(num_layers, num_logical_experts, num_physical_experts, num_gpus, num_nodes)
+        h = c_void_p()
+        call(_create_trivial, ctypes.byref(s), ctypes.byref(h))
+        return cls(h)
+
+    @classmethod
+    def from_map(cls, physical_to_logical_map, num_gpus, num_nodes=1, num_logical_experts=None):
+        """A layout from physical_to_logical_map [L][P] (numpy, torch or lists).
+        E defaults to max id + 1. Raises EpxError(INVALID_MAP) naming the layer,
+        slot and id of a bad entry, or the expert left without a replica."""
+        m = A.as_array(physical_to_logical_map, np.int64, 2, "physical_to_logical_map")
+        if m.size and (m.min() < np.iinfo(np.int32).min or m.max() > np.iinfo(np.int32).max):
+            raise ValueError("physical_to_logical_map holds ids outside int32")
+        m32 = np.ascontiguousarray(m, dtype=np.int32)
+        L, P = m32.shape
+        E = int(num_logical_experts) if num_logical_experts else int(m32.max()) + 1 if m32.size else 0
+        s = Shape(L, E, P, int(num_gpus), int(num_nodes))
+        h = c_void_p()
+        call(_create_from_map, ctypes.byref(s), A.ptr(m32, c_int32), ctypes.byref(h))
+        return cls(h)
+
+    @property
+    def handle(self):
+        """The epx_layout* as a ctypes c_void_p (for other bindings)."""
+        return self._h
+
+    def clone(self):
+        h = c_void_p()
+        call(_clone, self._h, ctypes.byref(h))
+        return Layout(h)
+
+    @property
+    def shape(self):
+        """dict(num_layers, num_logical_experts, num_physical_experts, num_gpus, num_nodes)."""
+        s = _shape(self._h).contents
+        return {f: int(getattr(s, f)) for f, _ in Shape._fields_}
+
+    @property
+    def num_layers(self):
+        return self.shape["num_layers"]
+
+    @property
+    def num_logical_experts(self):
+        return self.shape["num_logical_experts"]
+
+    @property
+    def num_physical_experts(self):
+        return self.shape["num_physical_experts"]
+
+    @property
+    def num_gpus(self):
+        return self.shape["num_gpus"]
+
+    @property
+    def num_nodes(self):
+        return self.shape["num_nodes"]
+
+    @property
+    def physical_to_logical_map(self):
+        """[L][P] int64: the logical expert in each slot."""
+        s = self.shape
+        return _copy(_p2l(self._h), (s["num_layers"], s["num_physical_experts"]))
+
+    @property
+    def num_valid(self):
+        """[L][E] int64: replica count of each logical expert."""
+        s = self.shape
+        return _copy(_num_valid(self._h), (s["num_layers"], s["num_logical_experts"]))
+
+    @property
+    def max_replicas(self):
+        return int(_max_replicas(self._h))
+
+    def logical_to_all_physical_map(self, width=None):
+        """[L][E][width] int64: the slots of each expert, ascending, -1 padded.
+        width=None gives the narrowest (the largest replica count, as SGLang's
+        _compute_logical_to_all_physical_map); "sglang" pads to P, as
+        ExpertLocationMetadata stores it."""
+        s = self.shape
+        L, E, P = s["num_layers"], s["num_logical_experts"], s["num_physical_experts"]
+        if width is None:
+            width = self.max_replicas
+        elif width == "sglang":
+            width = P
+        out = np.empty((L, E, int(width)), dtype=np.int32)
+        call(_export_l2all, self._h, int(width), A.ptr(out, c_int32))
+        return out.astype(np.int64)
+
+    def write_json(self, path):
+        """Write {"physical_to_logical_map": [L][P]} (the one key SGLang accepts)."""
+        call(_write_json, self._h, str(path).encode())
+
+    def __repr__(self):
+        s = self.shape
+        return ("Layout(L=%(num_layers)d, E=%(num_logical_experts)d, P=%(num_physical_experts)d, "
+                "G=%(num_gpus)d, N=%(num_nodes)d)" % s)

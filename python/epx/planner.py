@@ -1,0 +1,146 @@
+"""Placement (include/epx/plan.h): DeepSeek EPLB reproduced exactly, and epx's
+own planner with its options."""
+import ctypes
+
+import numpy as np
+
+from . import _arrays as A
+from ._native import (LOG_FN, POINTER, Counts, Shape, Structure, c_double, c_float,
+                      c_int, c_int32, c_uint8, c_uint32, c_void_p, call, fn)
+from .io import CCounts
+from .layout import Layout
+
+__all__ = ["deepseek", "plan", "Plan", "ALGORITHMS"]
+
+# ---- DeepSeek EPLB, exact -------------------------------------------------
+
+_plan_deepseek = fn("epx_plan_deepseek", c_int32, POINTER(c_float), c_int32, c_int32, c_int32,
+                    c_int32, c_int32, c_int32, c_int, POINTER(c_int32), POINTER(c_int32),
+                    POINTER(c_int32), c_void_p)
+
+
+def deepseek(weight, num_replicas, num_groups, num_nodes, num_gpus, hierarchical):
+    """DeepSeek's rebalance_experts on float32 weight [L][E], as numpy int32:
+    (phys_to_log [L][P], log_to_phys [L][E][P-E+1] in replica-rank order with
+    -1 padding, logical_count [L][E]). The engine-shaped wrappers are in
+    epx.sglang and epx.vllm."""
+    w = A.as_array(weight, np.float32, 2, "weight")
+    L, E = w.shape
+    P = int(num_replicas)
+    X = max(P - E + 1, 1)
+    p2l = np.empty((L, P), dtype=np.int32)
+    l2p = np.empty((L, E, X), dtype=np.int32)
+    cnt = np.empty((L, E), dtype=np.int32)
+    groups = 1 if num_groups is None else int(num_groups)
+    call(_plan_deepseek, A.ptr(w, c_float), L, E, P, groups, int(num_nodes), int(num_gpus),
+         1 if hierarchical else 0, A.ptr(p2l, c_int32), A.ptr(l2p, c_int32),
+         A.ptr(cnt, c_int32))
+    return p2l, l2p, cnt
+
+
+# ---- the full planner -----------------------------------------------------
+
+ALGORITHMS = {"epx": 0, "deepseek": 1, "deepseek-hierarchical": 2, "auto": 3}
+_ALGO_NAMES = {v: k for k, v in ALGORITHMS.items()}
+NODE_LOCAL = {"default": 0, "strict": 1, "relaxed": 2, "off": 3}
+ESTIMATES = {"default": 0, "sum": 1, "recency": 2, "mean-std": 3, "minmax": 4}
+
+
+class PlanOpts(Structure):
+    """epx_plan_opts (include/epx/plan.h)."""
+    _fields_ = [("version", c_uint32), ("algorithm", c_int), ("num_groups", c_int32),
+                ("node_local", c_int), ("cross_node_budget", c_double), ("estimate", c_int),
+                ("estimate_param", c_double), ("current", c_void_p), ("max_moves", c_int32),
+                ("move_price", c_double), ("failed_gpus", POINTER(c_uint8)), ("log", LOG_FN),
+                ("log_user", c_void_p)]
+
+
+PLAN_OPTS_VERSION = 1
+
+_compute = fn("epx_plan_compute", c_int32, POINTER(Counts), POINTER(Shape), POINTER(PlanOpts),
+              POINTER(c_void_p), c_void_p)
+_destroy = fn("epx_plan_destroy", None, c_void_p)
+_layout = fn("epx_plan_layout", c_void_p, c_void_p)
+_weights = fn("epx_plan_replica_weights", POINTER(c_double), c_void_p)
+_seconds = fn("epx_plan_seconds", c_double, c_void_p)
+_algorithm = fn("epx_plan_algorithm", c_int, c_void_p)
+
+
+def _choice(table, value, what):
+    if isinstance(value, int):
+        return value
+    key = str(value).lower().replace("_", "-")
+    if key not in table:
+        raise ValueError("unknown %s %r: one of %s" % (what, value, ", ".join(table)))
+    return table[key]
+
+
+class Plan:
+    """A computed placement (epx_plan): .layout, .replica_weights [L][P],
+    .seconds (the placement computation alone), .algorithm (AUTO resolved)."""
+
+    def __init__(self, handle):
+        self._h = handle
+        self.layout = Layout(c_void_p(_layout(handle)), owner=self)
+
+    def __del__(self):
+        if getattr(self, "_h", None):
+            _destroy(self._h)
+            self._h = None
+
+    @property
+    def physical_to_logical_map(self):
+        return self.layout.physical_to_logical_map
+
+    @property
+    def replica_weights(self):
+        s = self.layout.shape
+        L, P = s["num_layers"], s["num_physical_experts"]
+        return np.ctypeslib.as_array(_weights(self._h), shape=(L * P,)).reshape(L, P).copy()
+
+    @property
+    def seconds(self):
+        return float(_seconds(self._h))
+
+    @property
+    def algorithm(self):
+        code = int(_algorithm(self._h))
+        return _ALGO_NAMES.get(code, code)
+
+    def __repr__(self):
+        return "Plan(%s, %r, %.3g s)" % (self.algorithm, self.layout, self.seconds)
+
+
+def plan(counts, num_gpus, num_physical_experts=None, num_redundant=None, num_nodes=1,
+         algorithm="epx", num_groups=None, node_local="default", cross_node_budget=-1.0,
+         estimate="default", estimate_param=-1.0, current=None, max_moves=-1, move_price=0.0,
+         failed_gpus=None):
+    """Plan a placement for loads [L][E] or [S][L][E] (numpy, torch or lists).
+
+    P is num_physical_experts, or E + num_redundant (default E: no redundancy).
+    algorithm: "epx" (default), "deepseek", "deepseek-hierarchical" or "auto"
+    (SGLang's rule). current: the Layout in service, to price moves
+    (max_moves, move_price). failed_gpus: [G] truthy = lost GPU.
+    Returns a Plan; raises EpxError with libepx's message on bad input.
+    """
+    c = CCounts(counts)
+    S, L, E = c.shape
+    if num_physical_experts is None:
+        num_physical_experts = E + (int(num_redundant) if num_redundant else 0)
+    shape = Shape(L, E, int(num_physical_experts), int(num_gpus), int(num_nodes))
+    fg = None
+    if failed_gpus is not None:
+        fg = np.ascontiguousarray(np.asarray(failed_gpus, dtype=bool), dtype=np.uint8)
+        if fg.shape != (int(num_gpus),):
+            raise ValueError("failed_gpus must have num_gpus (%d) entries, got shape %s"
+                             % (num_gpus, fg.shape))
+    o = PlanOpts(PLAN_OPTS_VERSION, _choice(ALGORITHMS, algorithm, "algorithm"),
+                 0 if num_groups is None else int(num_groups),
+                 _choice(NODE_LOCAL, node_local, "node_local"), float(cross_node_budget),
+                 _choice(ESTIMATES, estimate, "estimate"), float(estimate_param),
+                 current.handle if current is not None else None, int(max_moves),
+                 float(move_price), A.ptr(fg, c_uint8), LOG_FN(), None)
+    h = c_void_p()
+    call(_compute, c.ptr, ctypes.byref(shape), ctypes.byref(o), ctypes.byref(h))
+    return Plan(h)
+

@@ -1,0 +1,81 @@
+"""The ctypes mirrors of the C structs and the symbols the binding calls, checked
+against the headers and the library, so a header change that the binding
+missed fails here rather than corrupting memory."""
+import re
+
+import pytest
+
+import epx
+from epx import _native, io, planner
+from conftest import REPO
+
+INCLUDE = REPO / "include"
+
+MIRRORS = {
+    "epx_shape": _native.Shape,
+    "epx_error": _native.Error,
+    "epx_counts": _native.Counts,
+    "epx_init_opts": io.InitOpts,
+    "epx_plan_opts": planner.PlanOpts,
+}
+
+
+def _headers():
+    if not (INCLUDE / "epx.h").is_file():
+        pytest.skip("include/ not beside python/ (installed without the sources)")
+    text = (INCLUDE / "epx.h").read_text()
+    for h in sorted((INCLUDE / "epx").glob("*.h")):
+        text += "\n" + h.read_text()
+    text = re.sub(r"/\*.*?\*/", " ", text, flags=re.S)
+    return re.sub(r"//[^\n]*", " ", text)
+
+
+def struct_fields(text, name):
+    m = re.search(r"typedef\s+struct\s+%s\s*\{(.*?)\}\s*%s\s*;" % (name, name), text, re.S)
+    assert m, "struct %s not found in the headers" % name
+    fields = []
+    for decl in m.group(1).split(";"):
+        decl = decl.strip()
+        if not decl:
+            continue
+        decl = re.sub(r"\[[^\]]*\]", "", decl)  # arrays: keep the name
+        fields.append(re.findall(r"[A-Za-z_]\w*", decl)[-1])
+    return fields
+
+
+@pytest.mark.parametrize("cname", sorted(MIRRORS))
+def test_struct_mirrors_match_headers(cname):
+    fields = struct_fields(_headers(), cname)
+    assert [f for f, _ in MIRRORS[cname]._fields_] == fields
+
+
+def test_option_versions_match_headers():
+    text = _headers()
+    for macro, value in (("EPX_PLAN_OPTS_VERSION", planner.PLAN_OPTS_VERSION),
+                         ("EPX_INIT_OPTS_VERSION", io.INIT_OPTS_VERSION)):
+        m = re.search(r"#define\s+%s\s+(\d+)u?" % macro, text)
+        assert m and int(m.group(1)) == value, macro
+    m = re.search(r"#define\s+EPX_ERRMSG_MAX\s+(\d+)", text)
+    assert int(m.group(1)) == _native.Error.msg.size
+
+
+def test_status_codes_match_header():
+    text = _headers()
+    body = re.search(r"typedef enum epx_status \{(.*?)\} epx_status;", text, re.S).group(1)
+    codes = dict((n, int(v)) for n, v in re.findall(r"EPX_(?:ERR_)?(\w+)\s*=\s*(\d+)", body))
+    assert codes == {s.name: s.value for s in epx.Status}
+
+
+def test_bound_symbols_are_declared_and_exported():
+    """Every C function the binding binds is declared in a header; those the
+    foundation rooms provide must be exported by this libepx."""
+    text = _headers()
+    from pathlib import Path
+    src = "".join(p.read_text() for p in Path(epx.__file__).parent.glob("*.py"))
+    names = set(re.findall(r'fn\("(epx_\w+)"', src))
+    assert names
+    undeclared = sorted(n for n in names if not re.search(r"\b%s\s*\(" % n, text))
+    assert not undeclared, "bound but not declared in include/: %s" % undeclared
+    for n in ("epx_version", "epx_layout_create_from_map", "epx_mapping_read",
+              "epx_counts_read", "epx_layout_init"):
+        assert epx.has(n), n

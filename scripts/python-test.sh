@@ -1,0 +1,50 @@
+#!/bin/sh
+# The Python binding's tests, as `make python-test` (part of `make test`) runs
+# them: a venv under build/, numpy + pytest from the package index, the epx
+# package installed from ./python (which builds libepx with CMake), then
+# pytest python/tests. Quick on re-runs: the venv, the packages and the CMake
+# build folder are kept, and the package is re-installed only when a source
+# file changed since the last install.
+#
+#   EPX_PY_BUILD  folder for the venv and the CMake build (default build/python)
+#   PYTHON        the interpreter to make the venv with (default python3)
+#   extra arguments go to pytest, e.g. scripts/python-test.sh -k golden
+set -eu
+cd "$(dirname "$0")/.."
+ROOT=$(pwd)
+PYBUILD=${EPX_PY_BUILD:-build/python}
+case $PYBUILD in /*) ;; *) PYBUILD=$ROOT/$PYBUILD ;; esac
+VENV=$PYBUILD/venv
+PY=${PYTHON:-python3}
+mkdir -p "$PYBUILD"
+
+command -v "$PY" >/dev/null 2>&1 || ./scripts/deps.sh
+if [ ! -x "$VENV/bin/python" ]; then
+    # Debian's python3 has no venv/ensurepip without python3-venv (in deps.sh).
+    if ! "$PY" -m venv "$VENV" >"$PYBUILD/venv.log" 2>&1; then
+        rm -rf "$VENV"
+        echo "epx: python3 -m venv failed; installing python3-venv" >&2
+        ./scripts/deps.sh
+        "$PY" -m venv "$VENV"
+    fi
+fi
+VPY=$VENV/bin/python
+
+if ! "$VPY" -c "import numpy, pytest, setuptools, wheel" >/dev/null 2>&1; then
+    "$VPY" -m pip install -q --disable-pip-version-check numpy pytest setuptools wheel
+fi
+
+# Re-install when any input of the package is newer than the last install.
+STAMP=$PYBUILD/installed.stamp
+if [ ! -f "$STAMP" ] || ! "$VPY" -c "import epx" >/dev/null 2>&1 ||
+   [ -n "$(find python/epx python/setup.py python/pyproject.toml src include CMakeLists.txt \
+           -newer "$STAMP" -type f -print 2>/dev/null | head -n 1)" ]; then
+    # No build isolation: setuptools is in the venv already, nothing to fetch.
+    EPX_CMAKE_BUILD_DIR=$PYBUILD/cmake "$VPY" -m pip install -q --disable-pip-version-check \
+        --no-build-isolation --no-deps --force-reinstall ./python
+    touch "$STAMP"
+fi
+
+# Run from a neutral folder so `import epx` is the installed package, not python/epx.
+cd "$PYBUILD"
+exec "$VPY" -m pytest -p no:cacheprovider -q "$ROOT/python/tests" "$@"
