@@ -5,7 +5,7 @@
 set -eu
 
 PKGS="cmake make gcc clang pkg-config libjansson-dev libzip-dev libcmocka-dev \
-openmpi-bin libopenmpi-dev librsvg2-bin libxml2-utils python3"
+openmpi-bin libopenmpi-dev librsvg2-bin libxml2-utils python3 python3-venv"
 
 missing=""
 for p in $PKGS; do
