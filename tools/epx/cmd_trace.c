@@ -10,23 +10,28 @@
 
 #include "cli.h"
 
-/* "A..B" or "A" (meaning A..A) into two numbers; false on junk. */
-static bool parse_range(const char *s, double *lo, double *hi) {
+/* One number filling all of s[0, len); false on junk. */
+static bool parse_number(const char *s, size_t len, double *out) {
+    char buf[64];
+    if (len == 0 || len >= sizeof buf) return false;
+    memcpy(buf, s, len);
+    buf[len] = '\0';
     char *end = NULL;
     errno = 0;
-    double a = strtod(s, &end);
-    if (errno != 0 || end == s) return false;
-    if (*end == '\0') {
-        *lo = *hi = a;
+    *out = strtod(buf, &end);
+    return errno == 0 && end == buf + len;
+}
+
+/* "A..B" or "A" (meaning A..A) into two numbers; false on junk. The split
+ * comes first: strtod would read "2." out of "2..1". */
+static bool parse_range(const char *s, double *lo, double *hi) {
+    const char *dots = strstr(s, "..");
+    if (dots == NULL) {
+        if (!parse_number(s, strlen(s), lo)) return false;
+        *hi = *lo;
         return true;
     }
-    if (strncmp(end, "..", 2) != 0) return false;
-    const char *t = end + 2;
-    double b = strtod(t, &end);
-    if (errno != 0 || end == t || *end != '\0') return false;
-    *lo = a;
-    *hi = b;
-    return true;
+    return parse_number(s, (size_t)(dots - s), lo) && parse_number(dots + 2, strlen(dots + 2), hi);
 }
 
 /* A whole number option in [lo, hi]; *out keeps its default when absent. */
