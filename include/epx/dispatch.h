@@ -1,5 +1,280 @@
-/* epx/dispatch.h - part of the core API; include epx.h, not this file. */
+/*
+ * epx/dispatch.h - which physical slot each token's expert choice goes to,
+ * and how a batch of tokens is laid out for the all-to-all. Three layers:
+ *
+ *  1. Static dispatch tables [G][L][E]: for every rank, the one replica its
+ *     tokens of each logical expert go to. EPX_TABLE_SGLANG reproduces
+ *     SGLang's compute_logical_to_rank_dispatch_physical_map bit for bit
+ *     (CPython's random.Random(42) included); EPX_TABLE_EPX is epx's own,
+ *     deterministic and load-aware.
+ *  2. Per-token dispatch of topk_ids [T][K] to physical slots: static (a
+ *     table row), dynamic (uniform over the replicas) or weighted (by the
+ *     planner's replica weights). Random choices come from a counter-based
+ *     generator keyed by (seed, pass, layer, token, k), so the CPU reference
+ *     here and the CUDA kernels of epx_cuda.h give identical slots and any
+ *     token's choice can be recomputed alone (epx_dispatch_random).
+ *  3. The token layout for the all-to-all (DeepEP's "dispatch layout") and
+ *     the row permutations built on it: tokens per rank and per slot,
+ *     is_token_in_rank, two send orders with their inverses, and the scatter
+ *     of hidden states into those orders and the weighted combine back.
+ *
+ * The functions here are the plain-C references; epx_cuda.h runs steps 2-3
+ * on the GPU with the same definitions. Include epx.h, not this file.
+ */
 #ifndef EPX_DISPATCH_H
 #define EPX_DISPATCH_H
+
+/* ---- 1. static dispatch tables ------------------------------------------ */
+
+typedef enum epx_table_algorithm {
+    EPX_TABLE_SGLANG = 0, /* SGLang's: same-GPU replica, else CPython "fair choices" */
+    EPX_TABLE_EPX = 1     /* same-GPU, then same-node, then the least-loaded replica */
+} epx_table_algorithm;
+
+typedef struct epx_table_opts {
+    uint32_t version;              /* EPX_TABLE_OPTS_VERSION */
+    epx_table_algorithm algorithm;
+    uint64_t seed;                 /* SGLANG: random.Random(seed); SGLang uses 42 */
+    const double *expected_load;   /* EPX: optional [L][E] tokens per logical expert
+                                      (e.g. summed logical_count); NULL = 1 each */
+    const double *replica_weights; /* EPX: optional [L][P] share of its expert's tokens
+                                      each slot should take (epx_plan_replica_weights);
+                                      NULL = an even split over the replicas */
+} epx_table_opts;
+#define EPX_TABLE_OPTS_VERSION 1u
+#define EPX_TABLE_OPTS_INIT {EPX_TABLE_OPTS_VERSION, EPX_TABLE_SGLANG, 42u, NULL, NULL}
+
+/*
+ * Compute the static dispatch table of every rank.
+ *
+ * EPX_TABLE_SGLANG, exactly as SGLang: one random.Random(seed) for the whole
+ * table, layers then experts in order; per (layer, expert) each GPU holding a
+ * replica takes the first of them in `replicas` order; the k remaining GPUs,
+ * ascending, get q = k / n copies of the n replicas followed by
+ * sample(replicas, k % n), shuffled. The replica order therefore matters:
+ * pass DeepSeek's logical_to_physical_map (replica-rank order, as SGLang's
+ * init_by_eplb does) or the ascending map of a layout (as init_by_mapping
+ * and init_trivial do; see epx_dispatch_table_from_layout).
+ *
+ * EPX_TABLE_EPX, deterministic: a GPU holding a replica takes it; every other
+ * rank takes a replica on its own node if there is one, else any replica,
+ * choosing the one whose GPU is furthest below its expected load. Expected
+ * GPU load = sum over its slots of expected_load[e] x the slot's share
+ * (replica_weights, or 1 / replicas). Each rank is assumed to send 1/G of an
+ * expert's tokens (uniform token origin); experts are assigned heaviest
+ * first, ties by lower id, and ties between replicas go to the one fewer
+ * ranks already chose, then to the earlier in `replicas`.
+ *
+ * Args:    shape (in) L, E, P, G, N (N is used by EPX_TABLE_EPX only);
+ *          replicas (in) [L][E][width] slot ids, -1 padding anywhere; every
+ *            (layer, expert) needs at least one slot in [0, P);
+ *          width (in) >= 1; opts (in) EPX_TABLE_OPTS_INIT plus changes, or
+ *            NULL for SGLang's table with seed 42;
+ *          out (out) [G][L][E] int32, caller-owned; rank r's table [L][E]
+ *            starts at out + r * L * E.
+ * Returns: EPX_OK; EPX_ERR_SHAPE; EPX_ERR_INVALID_ARG (bad options, negative
+ *          or non-finite loads/weights, which name the index);
+ *          EPX_ERR_INVALID_MAP (a slot id outside [-1, P), or an expert with
+ *          no replica: names layer and expert); EPX_ERR_NOMEM.
+ * Thread:  any thread; no shared state.
+ */
+EPX_API epx_status epx_dispatch_table_compute(const epx_shape *shape, const int32_t *replicas,
+                                              int32_t width, const epx_table_opts *opts,
+                                              int32_t *out, epx_error *err);
+
+/* The same from a layout's ascending logical_to_all_physical map: SGLang's
+ * table for a mapping file or the trivial layout. out [G][L][E]. */
+EPX_API epx_status epx_dispatch_table_from_layout(const epx_layout *layout,
+                                                  const epx_table_opts *opts, int32_t *out,
+                                                  epx_error *err);
+
+/*
+ * The token load each GPU receives under a static table when every rank
+ * sends 1/G of each expert's tokens: gpu_load[l][g] = sum over ranks r and
+ * experts e with table[r][l][e] on GPU g of load[l][e] / G.
+ * Args:    shape (in); table (in) [G][L][E]; load (in) [L][E] >= 0;
+ *          gpu_load (out) [L][G] doubles, caller-owned.
+ * Returns: EPX_OK; EPX_ERR_INVALID_MAP for a table entry outside [0, P).
+ */
+EPX_API epx_status epx_dispatch_table_gpu_load(const epx_shape *shape, const int32_t *table,
+                                               const double *load, double *gpu_load,
+                                               epx_error *err);
+
+/*
+ * Read {"logical_to_physical_map": [L][E][X]} (DeepSeek's replica-rank
+ * order, -1 padded) from a .json path or inline JSON: what a golden case or
+ * an epx plan report carries. Other keys are ignored.
+ * Args:    spec (in); map (out) [L][E][X] int32, release with epx_free;
+ *          num_layers, num_experts, width (out) L, E, X.
+ * Returns: EPX_OK; EPX_ERR_IO; EPX_ERR_PARSE (a missing key names the keys a
+ *          mapping file has instead; ragged rows; ids below -1); EPX_ERR_NOMEM.
+ */
+EPX_API epx_status epx_replica_map_read(const char *spec, int32_t **map, int32_t *num_layers,
+                                        int32_t *num_experts, int32_t *width, epx_error *err);
+
+/*
+ * Write {"logical_to_rank_dispatch_physical_map": table} atomically. With
+ * num_ranks >= 1 the table is [num_ranks][L][E]; with num_ranks == 0 it is
+ * one rank's [L][E] (what SGLang keeps on each rank).
+ * Returns: EPX_OK, EPX_ERR_INVALID_ARG (sizes), EPX_ERR_IO.
+ */
+EPX_API epx_status epx_dispatch_table_write_json(const char *path, const int32_t *table,
+                                                 int32_t num_ranks, int32_t num_layers,
+                                                 int32_t num_experts, epx_error *err);
+
+/* ---- 2. per-token dispatch ------------------------------------------------ */
+
+typedef enum epx_dispatch_mode {
+    EPX_DISPATCH_PHYSICAL = 0, /* ids are already physical slots: nothing to map */
+    EPX_DISPATCH_STATIC = 1,   /* slot = table[e]                                */
+    EPX_DISPATCH_DYNAMIC = 2,  /* uniform over the expert's replicas             */
+    EPX_DISPATCH_WEIGHTED = 3  /* by per-replica weights (thresholds)            */
+} epx_dispatch_mode;
+
+/*
+ * How one layer's logical ids become slots: a plain descriptor. The CPU
+ * functions read host pointers; epx_cuda.h's functions read the same fields
+ * as device pointers. Tables are read, never written or retained.
+ */
+typedef struct epx_dispatch_spec {
+    epx_dispatch_mode mode;
+    int32_t num_experts;          /* E: ids in [0, E) are mapped, -1 passes through */
+    int32_t num_physical;         /* P: every slot id is in [0, P)                   */
+    int32_t width;                /* W: columns of replicas and thresholds           */
+    const int32_t *table;         /* STATIC: [E], this rank's row of a static table
+                                     for this layer (table + (r*L + l)*E)           */
+    const int32_t *replicas;      /* DYNAMIC, WEIGHTED: [E][W] slots, the valid ones
+                                     first (a layout's logical_to_all_physical row)  */
+    const int32_t *num_valid;     /* DYNAMIC, WEIGHTED: [E] replicas per expert, 1..W */
+    const uint32_t *thresholds;   /* WEIGHTED: [E][W] from epx_dispatch_thresholds    */
+    uint64_t seed;                /* the generator's key                            */
+    uint32_t pass;                /* forward-pass counter: new draws every pass      */
+    uint32_t layer;               /* layer index: new draws every layer              */
+} epx_dispatch_spec;
+
+/*
+ * The random word behind a dynamic or weighted choice: Philox-4x32-10 with
+ * key (seed low, seed high) and counter (token, k, layer, pass), first output
+ * word. A dynamic choice is replica (word * num_valid) >> 32; a weighted one
+ * the first replica j < num_valid - 1 with word < thresholds[j], else the
+ * last. The CUDA kernels compute the same words.
+ */
+EPX_API uint32_t epx_dispatch_random(uint64_t seed, uint32_t pass, uint32_t layer,
+                                     uint32_t token, uint32_t k);
+
+/*
+ * Turn per-slot replica weights into the integer thresholds weighted
+ * dispatch compares against, so CPU and GPU choose alike: for expert e with
+ * replicas s_0..s_{n-1} (num_valid n), thresholds[j] = floor(2^32 x
+ * (w_0 + .. + w_j) / (w_0 + .. + w_{n-1})), capped at 2^32 - 1; columns from
+ * n - 1 on hold 2^32 - 1. An expert whose weights are all 0 is split evenly.
+ * Args:    replicas (in) [L][E][W], num_valid (in) [L][E];
+ *          weights (in) [L][P] finite, >= 0; out (out) [L][E][W] uint32.
+ * Returns: EPX_OK; EPX_ERR_INVALID_ARG (a negative or non-finite weight, a
+ *          num_valid outside [1, W]: names the index); EPX_ERR_INVALID_MAP
+ *          (a replica slot outside [0, P)).
+ */
+EPX_API epx_status epx_dispatch_thresholds(const int32_t *replicas, const int32_t *num_valid,
+                                           int32_t num_layers, int32_t num_experts,
+                                           int32_t width, const double *weights,
+                                           int32_t num_physical, uint32_t *out,
+                                           epx_error *err);
+
+/*
+ * Map topk_ids [T][K] of one layer to slots phys [T][K] (CPU reference).
+ * Ids of -1 give -1. Token t's k-th choice uses epx_dispatch_random(seed,
+ * pass, layer, t, k).
+ * Args:    spec (in) host pointers; topk_ids (in) [T][K] int32;
+ *          T >= 0 (below 2^31), K >= 1; phys (out) [T][K] int32.
+ * Returns: EPX_OK; EPX_ERR_INVALID_ARG for an id outside [-1, E) (PHYSICAL:
+ *          [-1, P)), naming token, k and id, or a spec field missing for its
+ *          mode; EPX_ERR_INVALID_MAP for a table slot outside [0, P) or a
+ *          num_valid outside [1, W]. The GPU kernels cannot report these:
+ *          they map bad ids to -1 and trust the tables.
+ */
+EPX_API epx_status epx_dispatch_map_ids(const epx_dispatch_spec *spec, const int32_t *topk_ids,
+                                        int64_t num_tokens, int32_t topk, int32_t *phys,
+                                        epx_error *err);
+
+/* ---- 3. token layout and row permutations ---------------------------------- */
+
+/*
+ * Where a batch goes, computed from phys [T][K] (slot p on GPU p / (P/G)).
+ * Every pointer is optional (NULL = not wanted). Two send orders:
+ *
+ *  - rank order, each (token, rank) pair once: sorted by rank, then by the
+ *    token's lowest slot on that rank, then token index. A token's entry for
+ *    rank g is carried by its "representative" pair: the pair with the
+ *    lowest slot on g (lowest k among equal slots). Rank g's tokens are
+ *    rank_perm[rank_offsets[g] .. rank_offsets[g+1]).
+ *  - slot order, each valid (token, k) pair once: sorted by slot, then token,
+ *    then k. Slot p's pairs are slot_perm[slot_offsets[p] .. slot_offsets[p+1]).
+ *
+ * Grouping a rank's tokens by lowest slot lets the receiver find each local
+ * expert's first tokens contiguous, and token order inside a group keeps the
+ * layout deterministic and equal on CPU and GPU.
+ */
+typedef struct epx_token_layout {
+    int64_t *tokens_per_rank;  /* [G]   tokens with at least one pair on rank g       */
+    int64_t *tokens_per_slot;  /* [P]   pairs routed to slot p: what
+                                  epx_recorder_add_slot_counts takes               */
+    uint8_t *is_token_in_rank; /* [T][G] 1 when token t has a pair on rank g, else 0 */
+    int32_t *rank_offsets;     /* [G+1] exclusive scan of tokens_per_rank            */
+    int32_t *rank_perm;        /* [T*K] capacity: token ids in rank order            */
+    int32_t *pair_rank_pos;    /* [T][K] position in rank order of a representative
+                                  pair, -1 for other pairs and invalid ones         */
+    int32_t *slot_offsets;     /* [P+1] exclusive scan of tokens_per_slot            */
+    int32_t *slot_perm;        /* [T*K] capacity: pair ids t*K + k in slot order     */
+    int32_t *pair_slot_pos;    /* [T][K] position in slot order, -1 for invalid pairs */
+} epx_token_layout;
+
+/*
+ * Compute the layout of a batch (CPU reference of the fused GPU kernel).
+ * Args:    phys (in) [T][K] slots in [-1, P); T >= 0 (below 2^31), K >= 1;
+ *          num_physical P, num_gpus G with P % G == 0;
+ *          out (in) the caller-owned arrays to fill (see epx_token_layout).
+ * Returns: EPX_OK; EPX_ERR_SHAPE; EPX_ERR_INVALID_ARG for a slot outside
+ *          [-1, P) (names token, k and slot).
+ */
+EPX_API epx_status epx_token_layout_compute(const int32_t *phys, int64_t num_tokens,
+                                            int32_t topk, int32_t num_physical,
+                                            int32_t num_gpus, const epx_token_layout *out,
+                                            epx_error *err);
+
+/* Element types of hidden-state rows: fp32, or bf16 stored as uint16_t.
+ * The values equal epx_comm.h's EPX_DTYPE_F32 / EPX_DTYPE_BF16, so a
+ * communicator's dtype converts with a cast. */
+typedef enum epx_row_dtype {
+    EPX_ROW_F32 = 0,
+    EPX_ROW_BF16 = 1
+} epx_row_dtype;
+
+/*
+ * Scatter rows of x [T][H] into a send order: out[pos[t][k]] = x[t] for every
+ * pos[t][k] >= 0. With pair_rank_pos each token lands once per destination
+ * rank; with pair_slot_pos once per slot. Rows nobody writes are untouched.
+ * Args:    x (in) [T][H] of dtype; pos (in) [T][K]; out (out) [num_rows][H].
+ * Returns: EPX_OK; EPX_ERR_INVALID_ARG (a position >= num_rows or < -1,
+ *          named; a bad dtype or size).
+ */
+EPX_API epx_status epx_permute_rows(const void *x, epx_row_dtype dtype, int64_t num_tokens,
+                                    int64_t hidden, const int32_t *pos, int32_t topk,
+                                    int64_t num_rows, void *out, epx_error *err);
+
+/*
+ * The weighted combine back into token order: for every token t and column
+ * h, acc = 0.0f, then for k = 0 .. K-1 with pos[t][k] >= 0,
+ * acc = fmaf(w[t][k], y[pos[t][k]][h], acc) (w = 1 when weights is NULL);
+ * out[t][h] = acc, rounded to nearest-even for bf16. The fixed order and the
+ * single fused multiply-add per term make the result bitwise reproducible and
+ * equal to the GPU's. Tokens with no valid pair get zeros.
+ * Args:    y (in) [num_rows][H] of dtype; pos (in) [T][K]; weights (in)
+ *          optional [T][K] fp32; out (out) [T][H] of dtype.
+ * Returns: EPX_OK; EPX_ERR_INVALID_ARG as for epx_permute_rows.
+ */
+EPX_API epx_status epx_combine_rows(const void *y, epx_row_dtype dtype, int64_t num_rows,
+                                    int64_t hidden, const int32_t *pos, const float *weights,
+                                    int64_t num_tokens, int32_t topk, void *out,
+                                    epx_error *err);
 
 #endif /* EPX_DISPATCH_H */

@@ -1,0 +1,271 @@
+/*
+ * static_table.c - static dispatch tables [G][L][E]: for each rank, the one
+ * replica that rank's tokens of each logical expert are sent to.
+ *
+ * SGLang's algorithm (compute_logical_to_rank_dispatch_physical_map) is
+ * reproduced exactly, which takes CPython's random.Random draw for draw
+ * (pyrandom.c): per (layer, expert), GPUs that hold a replica use their first
+ * one, and the remaining GPUs share the replicas through "fair choices" --
+ * every replica q times plus a random sample of k % n, shuffled. One
+ * generator runs over the whole table, so a single extra or missing draw in
+ * any expert changes every later one; the golden tests compare whole tables.
+ *
+ * epx's own table needs no generator: after the same-GPU rule, a rank uses a
+ * replica on its own node when there is one (traffic stays off the slower
+ * inter-node links), and picks, among the candidates, the replica whose GPU
+ * is furthest below the load the placement expects it to carry. Heavy
+ * experts are assigned first, so the late, small choices even out what the
+ * early, large ones left.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "pyrandom.h"
+
+/* Validate the replica lists and count the valid entries of each. */
+static epx_status check_replicas(const epx_shape *s, const int32_t *replicas, int32_t width,
+                                 epx_error *err) {
+    int32_t L = s->num_layers, E = s->num_logical_experts, P = s->num_physical_experts;
+    for (int32_t l = 0; l < L; l++)
+        for (int32_t e = 0; e < E; e++) {
+            const int32_t *row = replicas + ((size_t)l * (size_t)E + (size_t)e) * (size_t)width;
+            int32_t n = 0;
+            for (int32_t j = 0; j < width; j++) {
+                if (row[j] < -1 || row[j] >= P)
+                    return epxi_fail(err, EPX_ERR_INVALID_MAP,
+                                     "replica list of layer %d, expert %d holds slot %d, "
+                                     "outside [0, %d) (P = %d): is the map for this shape?",
+                                     l, e, row[j], P, P);
+                n += row[j] >= 0;
+            }
+            if (n == 0)
+                return epxi_fail(err, EPX_ERR_INVALID_MAP,
+                                 "logical expert %d of layer %d has no replica: every expert "
+                                 "needs at least one slot",
+                                 e, l);
+        }
+    return EPX_OK;
+}
+
+/* SGLang's table. `cand` holds the valid replicas in the given order. */
+static void sglang_table(const epx_shape *s, const int32_t *replicas, int32_t width,
+                         uint64_t seed, int32_t *out, int32_t *cand, int32_t *part,
+                         int32_t *ans, void *scratch) {
+    int32_t L = s->num_layers, E = s->num_logical_experts, G = s->num_gpus;
+    int32_t per = s->num_physical_experts / G;
+    size_t LE = (size_t)L * (size_t)E;
+    epxi_pyrandom rng;
+    epxi_pyrandom_seed(&rng, seed);
+    for (int32_t l = 0; l < L; l++)
+        for (int32_t e = 0; e < E; e++) {
+            const int32_t *row = replicas + ((size_t)l * (size_t)E + (size_t)e) * (size_t)width;
+            int32_t n = 0;
+            for (int32_t j = 0; j < width; j++)
+                if (row[j] >= 0) cand[n++] = row[j];
+            for (int32_t g = 0; g < G; g++) part[g] = -1;
+            /* same_gpu_physical_expert_ids[0]: the first replica on each GPU */
+            for (int32_t j = n - 1; j >= 0; j--) part[cand[j] / per] = cand[j];
+            int32_t k = 0;
+            for (int32_t g = 0; g < G; g++) k += part[g] < 0;
+            /* _fair_choices(cand, k): cand * q + sample(cand, r), shuffled */
+            int32_t q = k / n, rem = k % n, m = 0;
+            for (int32_t i = 0; i < q; i++)
+                for (int32_t j = 0; j < n; j++) ans[m++] = cand[j];
+            epxi_pyrandom_sample(&rng, cand, (size_t)n, (size_t)rem, ans + m, scratch);
+            m += rem;
+            epxi_pyrandom_shuffle(&rng, ans, (size_t)m);
+            for (int32_t g = 0, i = 0; g < G; g++) {
+                if (part[g] < 0) part[g] = ans[i++];
+                out[(size_t)g * LE + (size_t)l * (size_t)E + (size_t)e] = part[g];
+            }
+        }
+}
+
+/* Experts by load, heaviest first, ties by lower id (a total order, so
+ * qsort's instability cannot show). */
+typedef struct expert_key {
+    double load;
+    int32_t id;
+} expert_key;
+
+static int heavier_first(const void *a, const void *b) {
+    const expert_key *x = a, *y = b;
+    if (x->load != y->load) return x->load > y->load ? -1 : 1;
+    return (x->id > y->id) - (x->id < y->id);
+}
+
+typedef struct epx_scratch {
+    double *expected; /* [G] expected load of each GPU in the current layer */
+    double *actual;   /* [G] load the table sends it so far                 */
+    expert_key *order; /* [E] experts, heaviest first                       */
+    int32_t *cand;    /* [width] valid replicas of one expert               */
+    int32_t *chosen;  /* [width] ranks that chose each of them              */
+} epx_scratch;
+
+static void epx_table(const epx_shape *s, const int32_t *replicas, int32_t width,
+                      const double *load_all, const double *weights, int32_t *out,
+                      epx_scratch *w, double *unit_load) {
+    int32_t L = s->num_layers, E = s->num_logical_experts, G = s->num_gpus;
+    int32_t P = s->num_physical_experts, per = P / G, gpn = G / s->num_nodes;
+    size_t LE = (size_t)L * (size_t)E;
+    for (int32_t l = 0; l < L; l++) {
+        const double *load = load_all ? load_all + (size_t)l * (size_t)E : unit_load;
+        for (int32_t g = 0; g < G; g++) w->expected[g] = w->actual[g] = 0.0;
+        /* Expected GPU load, and the forced same-GPU choices. */
+        for (int32_t e = 0; e < E; e++) {
+            const int32_t *row = replicas + ((size_t)l * (size_t)E + (size_t)e) * (size_t)width;
+            int32_t n = 0;
+            double wsum = 0.0;
+            for (int32_t j = 0; j < width; j++)
+                if (row[j] >= 0) {
+                    w->cand[n++] = row[j];
+                    if (weights) wsum += weights[(size_t)l * (size_t)P + (size_t)row[j]];
+                }
+            for (int32_t j = 0; j < n; j++) {
+                double share = 1.0 / n;
+                if (weights && wsum > 0.0)
+                    share = weights[(size_t)l * (size_t)P + (size_t)w->cand[j]] / wsum;
+                w->expected[w->cand[j] / per] += load[e] * share;
+            }
+            for (int32_t g = 0; g < G; g++)
+                out[(size_t)g * LE + (size_t)l * (size_t)E + (size_t)e] = -1;
+            for (int32_t j = n - 1; j >= 0; j--)
+                out[(size_t)(w->cand[j] / per) * LE + (size_t)l * (size_t)E + (size_t)e] =
+                    w->cand[j];
+            for (int32_t g = 0; g < G; g++)
+                if (out[(size_t)g * LE + (size_t)l * (size_t)E + (size_t)e] >= 0)
+                    w->actual[g] += load[e] / G;
+        }
+        /* The other ranks, heaviest expert first. */
+        for (int32_t e = 0; e < E; e++) w->order[e] = (expert_key){load[e], e};
+        qsort(w->order, (size_t)E, sizeof *w->order, heavier_first);
+        for (int32_t oi = 0; oi < E; oi++) {
+            int32_t e = w->order[oi].id;
+            const int32_t *row = replicas + ((size_t)l * (size_t)E + (size_t)e) * (size_t)width;
+            int32_t n = 0;
+            for (int32_t j = 0; j < width; j++)
+                if (row[j] >= 0) w->chosen[n] = 0, w->cand[n++] = row[j];
+            for (int32_t g = 0; g < G; g++) {
+                int32_t *slot = &out[(size_t)g * LE + (size_t)l * (size_t)E + (size_t)e];
+                if (*slot >= 0) continue;
+                int32_t node = g / gpn;
+                bool local = false;
+                for (int32_t j = 0; j < n && !local; j++) local = w->cand[j] / per / gpn == node;
+                int32_t best = -1;
+                double best_head = 0.0;
+                for (int32_t j = 0; j < n; j++) {
+                    int32_t gj = w->cand[j] / per;
+                    if (local && gj / gpn != node) continue;
+                    double head = w->expected[gj] - w->actual[gj];
+                    if (best < 0 || head > best_head ||
+                        (head == best_head && w->chosen[j] < w->chosen[best])) {
+                        best = j;
+                        best_head = head;
+                    }
+                }
+                *slot = w->cand[best];
+                w->chosen[best]++;
+                w->actual[w->cand[best] / per] += load[e] / G;
+            }
+        }
+    }
+}
+
+static epx_status check_nonneg(const double *v, size_t n, const char *what, epx_error *err) {
+    for (size_t i = 0; i < n; i++)
+        if (!(v[i] >= 0.0) || !isfinite(v[i]))
+            return epxi_fail(err, EPX_ERR_INVALID_ARG,
+                             "%s[%zu] is %g: entries must be finite and >= 0", what, i, v[i]);
+    return EPX_OK;
+}
+
+epx_status epx_dispatch_table_compute(const epx_shape *shape, const int32_t *replicas,
+                                      int32_t width, const epx_table_opts *opts, int32_t *out,
+                                      epx_error *err) {
+    epx_table_opts defaults = EPX_TABLE_OPTS_INIT;
+    if (opts == NULL) opts = &defaults;
+    if (shape == NULL || replicas == NULL || out == NULL)
+        return epxi_fail(err, EPX_ERR_INVALID_ARG,
+                         "epx_dispatch_table_compute: shape, replicas and out are required");
+    if (opts->version != EPX_TABLE_OPTS_VERSION)
+        return epxi_fail(err, EPX_ERR_INVALID_ARG,
+                         "epx_table_opts.version is %u, expected %u: initialise the options "
+                         "with EPX_TABLE_OPTS_INIT",
+                         opts->version, EPX_TABLE_OPTS_VERSION);
+    EPX_TRY(epx_shape_check(shape, err));
+    if (width < 1)
+        return epxi_fail(err, EPX_ERR_SHAPE, "replica map width is %d: it must be >= 1", width);
+    if (opts->algorithm != EPX_TABLE_SGLANG && opts->algorithm != EPX_TABLE_EPX)
+        return epxi_fail(err, EPX_ERR_INVALID_ARG,
+                         "table algorithm %d is not EPX_TABLE_SGLANG (0) or EPX_TABLE_EPX (1)",
+                         (int)opts->algorithm);
+    if (opts->algorithm == EPX_TABLE_SGLANG && (opts->expected_load || opts->replica_weights))
+        return epxi_fail(err, EPX_ERR_INVALID_ARG,
+                         "expected_load and replica_weights are used by EPX_TABLE_EPX only; "
+                         "SGLang's table ignores load, so pass NULL or choose EPX_TABLE_EPX");
+    int32_t L = shape->num_layers, E = shape->num_logical_experts, G = shape->num_gpus;
+    int32_t P = shape->num_physical_experts;
+    EPX_TRY(check_replicas(shape, replicas, width, err));
+    if (opts->expected_load)
+        EPX_TRY(check_nonneg(opts->expected_load, (size_t)L * (size_t)E, "expected_load", err));
+    if (opts->replica_weights)
+        EPX_TRY(check_nonneg(opts->replica_weights, (size_t)L * (size_t)P, "replica_weights",
+                             err));
+
+    /* One block of scratch, so every path frees one pointer: the doubles and
+     * expert keys first (8-byte aligned), then the int32 arrays. SGLang's
+     * fair choices need at most G entries (k <= G), sample() its own. */
+    size_t nw = (size_t)width, ng = (size_t)G, ne = (size_t)E;
+    size_t bytes = (2 * ng + ne) * sizeof(double) + ne * sizeof(expert_key) +
+                   (2 * nw + 2 * ng) * sizeof(int32_t) + epxi_pyrandom_sample_scratch_bytes(nw);
+    unsigned char *mem = epxi_calloc(bytes, 1, "dispatch table scratch", err);
+    if (mem == NULL) return err ? err->status : EPX_ERR_NOMEM;
+    double *dbl = (double *)mem;
+    expert_key *keys = (expert_key *)(dbl + 2 * ng + ne);
+    int32_t *ip = (int32_t *)(keys + ne);
+    if (opts->algorithm == EPX_TABLE_SGLANG) {
+        int32_t *cand = ip, *part = cand + nw, *ans = part + ng;
+        sglang_table(shape, replicas, width, opts->seed, out, cand, part, ans, ans + ng + nw);
+    } else {
+        epx_scratch w = {dbl, dbl + ng, keys, ip, ip + nw};
+        double *unit = dbl + 2 * ng;
+        for (size_t e = 0; e < ne; e++) unit[e] = 1.0;
+        epx_table(shape, replicas, width, opts->expected_load, opts->replica_weights, out, &w,
+                  unit);
+    }
+    free(mem);
+    return EPX_OK;
+}
+
+epx_status epx_dispatch_table_from_layout(const epx_layout *layout, const epx_table_opts *opts,
+                                          int32_t *out, epx_error *err) {
+    if (layout == NULL)
+        return epxi_fail(err, EPX_ERR_INVALID_ARG, "epx_dispatch_table_from_layout: layout is NULL");
+    int32_t width = 0;
+    const int32_t *l2p = epx_layout_logical_to_all_physical(layout, &width);
+    return epx_dispatch_table_compute(epx_layout_shape(layout), l2p, width, opts, out, err);
+}
+
+epx_status epx_dispatch_table_gpu_load(const epx_shape *shape, const int32_t *table,
+                                       const double *load, double *gpu_load, epx_error *err) {
+    if (shape == NULL || table == NULL || load == NULL || gpu_load == NULL)
+        return epxi_fail(err, EPX_ERR_INVALID_ARG,
+                         "epx_dispatch_table_gpu_load: every argument is required");
+    EPX_TRY(epx_shape_check(shape, err));
+    int32_t L = shape->num_layers, E = shape->num_logical_experts, G = shape->num_gpus;
+    int32_t P = shape->num_physical_experts, per = P / G;
+    size_t LE = (size_t)L * (size_t)E;
+    memset(gpu_load, 0, (size_t)L * (size_t)G * sizeof *gpu_load);
+    for (int32_t r = 0; r < G; r++)
+        for (int32_t l = 0; l < L; l++)
+            for (int32_t e = 0; e < E; e++) {
+                int32_t p = table[(size_t)r * LE + (size_t)l * (size_t)E + (size_t)e];
+                if (p < 0 || p >= P)
+                    return epxi_fail(err, EPX_ERR_INVALID_MAP,
+                                     "table[%d][%d][%d] = %d is outside [0, %d)", r, l, e, p, P);
+                gpu_load[(size_t)l * (size_t)G + (size_t)(p / per)] +=
+                    load[(size_t)l * (size_t)E + (size_t)e] / G;
+            }
+    return EPX_OK;
+}
