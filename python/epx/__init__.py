@@ -11,16 +11,19 @@ from ._native import EpxError, Status, has, library_path, version
 from .io import (init_expert_location, read_counts, read_mapping, write_counts,
                  write_mapping)
 from .layout import Layout
+from .metrics import Evaluation, evaluate, gpu_loads
 from .planner import Plan, plan
 from .sglang import (compute_logical_to_all_physical_map,
                      compute_logical_to_rank_dispatch_physical_map, load_init_expert_location,
                      rebalance_experts, rebalance_experts_from_windows)
-from . import sglang, vllm  # noqa: F401  (engine-shaped namespaces)
+from .dispatch import dispatch_topk, static_table
+from . import dispatch, metrics, sglang, vllm  # noqa: F401  (namespaces)
 
 __version__ = "0.1.0"
 
-__all__ = ["EpxError", "Status", "Layout", "Plan", "plan", "has", "library_path", "version",
+__all__ = ["EpxError", "Status", "Layout", "Plan", "plan", "evaluate", "Evaluation",
+           "gpu_loads", "static_table", "dispatch_topk", "has", "library_path", "version",
            "read_mapping", "read_counts", "write_mapping", "write_counts",
            "init_expert_location", "load_init_expert_location", "rebalance_experts",
            "rebalance_experts_from_windows", "compute_logical_to_rank_dispatch_physical_map",
-           "compute_logical_to_all_physical_map", "sglang", "vllm"]
+           "compute_logical_to_all_physical_map", "dispatch", "metrics", "sglang", "vllm"]

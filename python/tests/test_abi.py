@@ -6,7 +6,7 @@ import re
 import pytest
 
 import epx
-from epx import _native, io, planner
+from epx import _native, dispatch, io, metrics, planner
 from conftest import REPO
 
 INCLUDE = REPO / "include"
@@ -17,6 +17,10 @@ MIRRORS = {
     "epx_counts": _native.Counts,
     "epx_init_opts": io.InitOpts,
     "epx_plan_opts": planner.PlanOpts,
+    "epx_table_opts": dispatch.TableOpts,
+    "epx_dispatch_spec": dispatch.DispatchSpec,
+    "epx_layer_balance": metrics.LayerBalance,
+    "epx_balance": metrics.Balance,
 }
 
 
@@ -46,12 +50,14 @@ def struct_fields(text, name):
 @pytest.mark.parametrize("cname", sorted(MIRRORS))
 def test_struct_mirrors_match_headers(cname):
     fields = struct_fields(_headers(), cname)
-    assert [f for f, _ in MIRRORS[cname]._fields_] == fields
+    # a trailing underscore dodges a Python keyword (pass_)
+    assert [f.rstrip("_") for f, _ in MIRRORS[cname]._fields_] == fields
 
 
 def test_option_versions_match_headers():
     text = _headers()
     for macro, value in (("EPX_PLAN_OPTS_VERSION", planner.PLAN_OPTS_VERSION),
+                         ("EPX_TABLE_OPTS_VERSION", dispatch.TABLE_OPTS_VERSION),
                          ("EPX_INIT_OPTS_VERSION", io.INIT_OPTS_VERSION)):
         m = re.search(r"#define\s+%s\s+(\d+)u?" % macro, text)
         assert m and int(m.group(1)) == value, macro

@@ -1,0 +1,171 @@
+"""Dispatch (include/epx/dispatch.h): static dispatch tables (SGLang's, bit for
+bit, and epx's load-aware one) and per-token dispatch of topk_ids to slots."""
+import ctypes
+
+import numpy as np
+
+from . import _arrays as A
+from ._native import (POINTER, Shape, Structure, c_double, c_int, c_int32, c_int64, c_uint32,
+                      c_uint64, c_void_p, call, fn)
+
+__all__ = ["sglang_static_table", "static_table", "table_gpu_load", "dispatch_topk",
+           "TABLE_ALGORITHMS", "DISPATCH_MODES"]
+
+TABLE_ALGORITHMS = {"sglang": 0, "epx": 1}
+DISPATCH_MODES = {"physical": 0, "static": 1, "dynamic": 2, "weighted": 3}
+
+
+class TableOpts(Structure):
+    """epx_table_opts (include/epx/dispatch.h)."""
+    _fields_ = [("version", c_uint32), ("algorithm", c_int), ("seed", c_uint64),
+                ("expected_load", POINTER(c_double)), ("replica_weights", POINTER(c_double))]
+
+
+class DispatchSpec(Structure):
+    """epx_dispatch_spec (include/epx/dispatch.h)."""
+    _fields_ = [("mode", c_int), ("num_experts", c_int32), ("num_physical", c_int32),
+                ("width", c_int32), ("table", POINTER(c_int32)), ("replicas", POINTER(c_int32)),
+                ("num_valid", POINTER(c_int32)), ("thresholds", POINTER(c_uint32)),
+                ("seed", c_uint64), ("pass_", c_uint32), ("layer", c_uint32)]
+
+
+TABLE_OPTS_VERSION = 1
+
+_table_compute = fn("epx_dispatch_table_compute", c_int32, POINTER(Shape), POINTER(c_int32),
+                    c_int32, POINTER(TableOpts), POINTER(c_int32), c_void_p)
+_table_from_layout = fn("epx_dispatch_table_from_layout", c_int32, c_void_p,
+                        POINTER(TableOpts), POINTER(c_int32), c_void_p)
+_table_gpu_load = fn("epx_dispatch_table_gpu_load", c_int32, POINTER(Shape), POINTER(c_int32),
+                     POINTER(c_double), POINTER(c_double), c_void_p)
+_thresholds = fn("epx_dispatch_thresholds", c_int32, POINTER(c_int32), POINTER(c_int32), c_int32,
+                 c_int32, c_int32, POINTER(c_double), c_int32, POINTER(c_uint32), c_void_p)
+_map_ids = fn("epx_dispatch_map_ids", c_int32, POINTER(DispatchSpec), POINTER(c_int32), c_int64,
+              c_int32, POINTER(c_int32), c_void_p)
+
+
+def _opts(algorithm, seed, expected_load, replica_weights, keep):
+    el = rw = None
+    if expected_load is not None:
+        el = A.as_array(expected_load, np.float64, 2, "expected_load")
+        keep.append(el)
+    if replica_weights is not None:
+        rw = A.as_array(replica_weights, np.float64, 2, "replica_weights")
+        keep.append(rw)
+    return TableOpts(TABLE_OPTS_VERSION, TABLE_ALGORITHMS[algorithm], int(seed),
+                     A.ptr(el, c_double), A.ptr(rw, c_double))
+
+
+def sglang_static_table(logical_to_all_physical_map, num_gpus, num_physical_experts, ep_rank,
+                        seed=42):
+    """SGLang's compute_logical_to_rank_dispatch_physical_map: [L][E] for
+    ep_rank ([G][L][E] when ep_rank is None), the replica order of the input
+    map deciding the choices as in SGLang. Output dtype follows the input's;
+    a torch input gives a tensor on its device."""
+    src = logical_to_all_physical_map
+    torch_in = A.is_torch(src)
+    dtype = src.dtype if hasattr(src, "dtype") else np.int64
+    m = A.as_array(src, np.int32, 3, "logical_to_all_physical_map")
+    L, E, W = m.shape
+    G = int(num_gpus)
+    shape = Shape(L, E, int(num_physical_experts), G, 1)
+    out = np.empty((G, L, E), dtype=np.int32)
+    opts = TableOpts(TABLE_OPTS_VERSION, TABLE_ALGORITHMS["sglang"], int(seed), None, None)
+    call(_table_compute, ctypes.byref(shape), A.ptr(m, c_int32), W, ctypes.byref(opts),
+         A.ptr(out, c_int32))
+    res = out if ep_rank is None else out[int(ep_rank)]
+    if torch_in:
+        t = A.wrap(np.ascontiguousarray(res, dtype=np.int64), True, src.device)
+        return t.to(dtype)
+    return np.ascontiguousarray(res, dtype=dtype)
+
+
+def static_table(layout, algorithm="sglang", seed=42, expected_load=None, replica_weights=None,
+                 replicas=None):
+    """Static dispatch tables [G][L][E] int64 for a Layout (or a Plan).
+
+    algorithm="sglang": SGLang's table from the layout's ascending replica map
+    (what init_by_mapping / init_trivial build), or from `replicas` [L][E][X]
+    in the order given (init_by_eplb passes DeepSeek's replica-rank order).
+    algorithm="epx": deterministic, same GPU, then same node, then the
+    replica whose GPU is furthest below its expected load (expected_load
+    [L][E], replica_weights [L][P]; a Plan supplies its replica weights)."""
+    if hasattr(layout, "replica_weights") and hasattr(layout, "layout"):
+        if replica_weights is None and algorithm == "epx":
+            replica_weights = layout.replica_weights
+        layout = layout.layout
+    keep = []
+    opts = _opts(algorithm, seed, expected_load, replica_weights, keep)
+    s = layout.shape
+    out = np.empty((s["num_gpus"], s["num_layers"], s["num_logical_experts"]), dtype=np.int32)
+    if replicas is None:
+        call(_table_from_layout, layout.handle, ctypes.byref(opts), A.ptr(out, c_int32))
+    else:
+        m = A.as_array(replicas, np.int32, 3, "replicas")
+        shape = Shape(*[s[f] for f, _ in Shape._fields_])
+        call(_table_compute, ctypes.byref(shape), A.ptr(m, c_int32), m.shape[2],
+             ctypes.byref(opts), A.ptr(out, c_int32))
+    return out.astype(np.int64)
+
+
+def table_gpu_load(layout, table, load):
+    """Tokens each GPU receives [L][G] under static tables [G][L][E] when every
+    rank sends 1/G of each expert's load [L][E]."""
+    s = layout.shape
+    shape = Shape(*[s[f] for f, _ in Shape._fields_])
+    t = A.as_array(table, np.int32, 3, "table")
+    w = A.as_array(load, np.float64, 2, "load")
+    out = np.empty((s["num_layers"], s["num_gpus"]), dtype=np.float64)
+    call(_table_gpu_load, ctypes.byref(shape), A.ptr(t, c_int32), A.ptr(w, c_double),
+         A.ptr(out, c_double))
+    return out
+
+
+def dispatch_topk(topk_ids, layout, layer, mode="dynamic", table=None, replica_weights=None,
+                  seed=0, pass_id=0, ep_rank=0):
+    """Map one layer's logical topk_ids [T][K] to physical slots [T][K] (int64,
+    -1 stays -1): "static" takes `table` [G][L][E] row ep_rank; "dynamic" picks
+    uniformly over the replicas; "weighted" by replica_weights [L][P]. Choices
+    are keyed by (seed, pass_id, layer, token, k), as the CUDA kernels' are."""
+    torch_in = A.is_torch(topk_ids)
+    ids = A.as_array(topk_ids, np.int32, 2, "topk_ids")
+    T, K = ids.shape
+    s = layout.shape
+    L, E, P = s["num_layers"], s["num_logical_experts"], s["num_physical_experts"]
+    layer = int(layer)
+    if not 0 <= layer < L:
+        raise ValueError("layer %d is outside [0, %d)" % (layer, L))
+    keep = []
+    spec = DispatchSpec(DISPATCH_MODES[mode], E, P, 1, None, None, None, None, int(seed),
+                        int(pass_id), layer)
+    if mode == "static":
+        if table is None:
+            raise ValueError("mode='static' needs table [G][L][E] (epx.dispatch.static_table)")
+        row = np.ascontiguousarray(A.as_array(table, np.int32, 3, "table")[int(ep_rank), layer])
+        keep.append(row)
+        spec.table = A.ptr(row, c_int32)
+    elif mode in ("dynamic", "weighted"):
+        W = layout.max_replicas
+        reps = np.ascontiguousarray(layout.logical_to_all_physical_map(W), dtype=np.int32)
+        nv = np.ascontiguousarray(layout.num_valid, dtype=np.int32)
+        keep += [reps, nv]
+        spec.width = W
+        r_layer = np.ascontiguousarray(reps[layer])
+        n_layer = np.ascontiguousarray(nv[layer])
+        keep += [r_layer, n_layer]
+        spec.replicas = A.ptr(r_layer, c_int32)
+        spec.num_valid = A.ptr(n_layer, c_int32)
+        if mode == "weighted":
+            if replica_weights is None:
+                raise ValueError("mode='weighted' needs replica_weights [L][P] (Plan.replica_weights)")
+            w = A.as_array(replica_weights, np.float64, 2, "replica_weights")
+            th = np.empty((L, E, W), dtype=np.uint32)
+            call(_thresholds, A.ptr(reps, c_int32), A.ptr(nv, c_int32), L, E, W,
+                 A.ptr(w, c_double), P, A.ptr(th, c_uint32))
+            t_layer = np.ascontiguousarray(th[layer])
+            keep.append(t_layer)
+            spec.thresholds = A.ptr(t_layer, c_uint32)
+    elif mode != "physical":
+        raise ValueError("mode must be one of %s, got %r" % (", ".join(DISPATCH_MODES), mode))
+    out = np.empty((T, K), dtype=np.int32)
+    call(_map_ids, ctypes.byref(spec), A.ptr(ids, c_int32), T, K, A.ptr(out, c_int32))
+    return A.wrap(out.astype(np.int64), torch_in, topk_ids.device if torch_in else None)

@@ -1,0 +1,74 @@
+"""Per-token dispatch and epx's static tables through the binding."""
+import numpy as np
+import pytest
+
+import epx
+
+
+@pytest.fixture(autouse=True)
+def _needs_dispatch():
+    if not epx.has("epx_dispatch_map_ids"):
+        pytest.skip("this libepx has no dispatch room")
+
+
+def _layout():
+    m = np.array([[0, 1, 2, 3, 0, 0, 1, 2], [3, 2, 1, 0, 3, 3, 3, 2]])
+    return epx.Layout.from_map(m, num_gpus=4), m
+
+
+def test_static_dispatch_follows_the_table():
+    lay, m = _layout()
+    table = epx.static_table(lay)
+    assert table.shape == (4, 2, 4)
+    ids = np.array([[0, 1], [2, 3], [-1, 0]])
+    for r in range(4):
+        got = epx.dispatch_topk(ids, lay, 1, mode="static", table=table, ep_rank=r)
+        want = np.where(ids >= 0, table[r, 1][np.maximum(ids, 0)], -1)
+        np.testing.assert_array_equal(got, want)
+
+
+def test_dynamic_dispatch_lands_on_replicas_and_spreads():
+    lay, m = _layout()
+    rng = np.random.default_rng(0)
+    ids = rng.integers(0, 4, size=(4000, 2))
+    for layer in range(2):
+        slots = epx.dispatch_topk(ids, lay, layer, mode="dynamic", seed=3)
+        assert (m[layer][slots] == ids).all()  # every token goes to a replica of its expert
+    slots = epx.dispatch_topk(ids, lay, 1, mode="dynamic", seed=3)
+    hits = np.bincount(slots[ids == 3], minlength=8)[[0, 4, 5, 6]]
+    assert hits.min() > 0.2 * (ids == 3).sum()  # four replicas, about a quarter each
+    again = epx.dispatch_topk(ids, lay, 1, mode="dynamic", seed=3)
+    np.testing.assert_array_equal(slots, again)  # keyed, so reproducible
+    other = epx.dispatch_topk(ids, lay, 1, mode="dynamic", seed=3, pass_id=1)
+    assert (other != slots).any()
+
+
+def test_weighted_dispatch_follows_weights():
+    lay, m = _layout()
+    w = np.zeros((2, 8))
+    for l in range(2):
+        for e in range(4):
+            slots = np.flatnonzero(m[l] == e)
+            w[l, slots] = 1.0 / len(slots)
+    w[0, 0], w[0, 4], w[0, 5] = 1.0, 0.0, 0.0  # expert 0 of layer 0: all on slot 0
+    ids = np.zeros((500, 1), dtype=np.int64)
+    got = epx.dispatch_topk(ids, lay, 0, mode="weighted", replica_weights=w)
+    assert (got == 0).all()
+
+
+def test_epx_table_and_gpu_load():
+    lay, m = _layout()
+    t = epx.static_table(lay, algorithm="epx")
+    for r in range(4):
+        for l in range(2):
+            assert (m[l][t[r, l]] == np.arange(4)).all()
+    load = np.ones((2, 4))
+    g = epx.dispatch.table_gpu_load(lay, t, load)
+    np.testing.assert_allclose(g.sum(axis=1), load.sum(axis=1))
+
+
+def test_bad_ids_raise():
+    lay, _ = _layout()
+    with pytest.raises(epx.EpxError) as ei:
+        epx.dispatch_topk(np.array([[7]]), lay, 0)
+    assert ei.value.status == epx.Status.INVALID_ARG and "7" in ei.value.message
