@@ -6,7 +6,7 @@ import re
 import pytest
 
 import epx
-from epx import _native, dispatch, io, metrics, planner
+from epx import _native, dispatch, io, metrics, planner, pt
 from conftest import REPO
 
 INCLUDE = REPO / "include"
@@ -21,6 +21,7 @@ MIRRORS = {
     "epx_dispatch_spec": dispatch.DispatchSpec,
     "epx_layer_balance": metrics.LayerBalance,
     "epx_balance": metrics.Balance,
+    "epx_pt_tensor": pt.Tensor,
 }
 
 

@@ -58,3 +58,16 @@ def test_vllm_keeps_the_device():
     out = epx.vllm.rebalance_experts(w, 40, 1, 1, 8)
     assert all(t.device == w.device for t in out)
     assert out[1].shape == (4, 32, 40 - 32 + 1)
+
+
+def test_pt_files_written_by_epx_load_in_torch(tmp_path):
+    if not epx.has("epx_layout_write_pt"):
+        pytest.skip("this libepx has no .pt writer")
+    m = torch.arange(12).reshape(1, 12) % 8
+    epx.pt.write_mapping_pt(tmp_path / "m.pt", m, num_gpus=4)
+    got = torch.load(tmp_path / "m.pt", weights_only=True)
+    assert list(got) == ["physical_to_logical_map"]
+    assert torch.equal(got["physical_to_logical_map"], m.to(torch.int64))
+    torch.save({"logical_count": torch.ones(2, 3, dtype=torch.int32).t()}, tmp_path / "c.pt")
+    o = epx.pt.load(tmp_path / "c.pt", as_torch=True)
+    assert torch.equal(o["logical_count"], torch.ones(3, 2, dtype=torch.int32))
