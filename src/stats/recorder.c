@@ -6,12 +6,12 @@
  *
  * Everything is allocated in epx_recorder_create; the per-pass calls only
  * write into those buffers. Counting is the hot path (T x K ids per layer,
- * 2M ids per Kimi-K2 pass at T = 4096): ids are shifted by one so that -1
- * lands in a sink bin 0, an out-of-range id is redirected to the sink too
- * (branch-free) and flagged, and four interleaved sub-histograms break the
- * store-to-load chains that a hot expert's repeated increments would form.
- * Counts reach the open pass only after the whole call validated, so a bad
- * id leaves the recorder exactly as it was.
+ * 2M ids per Kimi-K2 pass at T = 4096). A first, vectorisable pass checks
+ * every id against [-1, P), so a bad id leaves the recorder exactly as it
+ * was; the counting pass then shifts ids by one so that -1 lands in a sink
+ * bin 0 (no branch), and spreads them over four interleaved sub-histograms,
+ * which breaks the store-to-load chains a hot expert's repeated increments
+ * would otherwise form. bench/recorder.c measures it against the naive loop.
  */
 #include <float.h>
 #include <math.h>
@@ -177,29 +177,26 @@ static epx_status bad_id(const int32_t *ids, size_t n, int32_t top_k, int32_t P,
     return epxi_fail(err, EPX_ERR_INTERNAL, "layer %d: a bad id was flagged but not found", layer);
 }
 
-/* Count ids[0..n) into the four lanes; returns nonzero when some id was out
- * of range (those went to the sink). n <= CHUNK_IDS. */
-static uint32_t count_lanes(const int32_t *ids, size_t n, uint32_t P, uint32_t *lanes) {
-    const size_t bins = (size_t)P + 1;
-    uint32_t *h0 = lanes, *h1 = h0 + bins, *h2 = h1 + bins, *h3 = h2 + bins;
+/* Nonzero when some id of ids[0..n) is outside [-1, P). One compare per id
+ * with no early exit, so the compiler vectorises it. */
+static uint32_t any_bad(const int32_t *ids, size_t n, uint32_t P) {
     uint32_t bad = 0;
+    for (size_t i = 0; i < n; i++) bad |= (uint32_t)ids[i] + 1u > P;
+    return bad;
+}
+
+/* Count validated ids[0..n) into the four lanes (index id + 1, so -1 lands
+ * in bin 0). n <= CHUNK_IDS keeps every bin below 2^32. */
+static void count_lanes(const int32_t *ids, size_t n, size_t bins, uint32_t *lanes) {
+    uint32_t *h0 = lanes, *h1 = h0 + bins, *h2 = h1 + bins, *h3 = h2 + bins;
     size_t i = 0;
     for (; i + 4 <= n; i += 4) {
-        uint32_t a = (uint32_t)ids[i] + 1u, b = (uint32_t)ids[i + 1] + 1u;
-        uint32_t c = (uint32_t)ids[i + 2] + 1u, d = (uint32_t)ids[i + 3] + 1u;
-        uint32_t ba = a > P, bb = b > P, bc = c > P, bd = d > P;
-        bad |= ba | bb | bc | bd;
-        h0[ba ? 0 : a]++;
-        h1[bb ? 0 : b]++;
-        h2[bc ? 0 : c]++;
-        h3[bd ? 0 : d]++;
+        h0[(uint32_t)ids[i] + 1u]++;
+        h1[(uint32_t)ids[i + 1] + 1u]++;
+        h2[(uint32_t)ids[i + 2] + 1u]++;
+        h3[(uint32_t)ids[i + 3] + 1u]++;
     }
-    for (; i < n; i++) {
-        uint32_t a = (uint32_t)ids[i] + 1u, ba = a > P;
-        bad |= ba;
-        h0[ba ? 0 : a]++;
-    }
-    return bad;
+    for (; i < n; i++) h0[(uint32_t)ids[i] + 1u]++;
 }
 
 epx_status epx_recorder_add_topk(epx_recorder *rec, int32_t layer, const int32_t *topk_ids,
@@ -218,34 +215,22 @@ epx_status epx_recorder_add_topk(epx_recorder *rec, int32_t layer, const int32_t
                          (long long)num_tokens, top_k);
     const int32_t P = rec->shape.num_physical_experts;
     int64_t *row = rec->pass + (size_t)layer * (size_t)P;
-
+    /* Validate the whole call before counting anything: all or nothing. */
+    if (any_bad(topk_ids, n, (uint32_t)P)) return bad_id(topk_ids, n, top_k, P, layer, err);
     if (n <= SMALL_CALL_IDS) {
-        /* Validate first, then count: two short passes over a few ids. */
-        uint32_t bad = 0;
-        for (size_t i = 0; i < n; i++) bad |= (uint32_t)topk_ids[i] + 1u > (uint32_t)P;
-        if (bad) return bad_id(topk_ids, n, top_k, P, layer, err);
         for (size_t i = 0; i < n; i++)
             if (topk_ids[i] >= 0) row[topk_ids[i]]++;
-        rec->dirty[layer] = 1;
-        return EPX_OK;
-    }
-    if (n > CHUNK_IDS) {
-        /* Several chunks fold into the row one by one, so validate the whole
-         * call before the first fold to keep it all or nothing. */
-        uint32_t bad = 0;
-        for (size_t i = 0; i < n; i++) bad |= (uint32_t)topk_ids[i] + 1u > (uint32_t)P;
-        if (bad) return bad_id(topk_ids, n, top_k, P, layer, err);
-    }
-    const size_t bins = (size_t)P + 1;
-    for (size_t start = 0; start < n; start += CHUNK_IDS) {
-        size_t len = n - start < CHUNK_IDS ? n - start : CHUNK_IDS;
-        memset(rec->lanes, 0, LANES * bins * sizeof(uint32_t));
-        if (count_lanes(topk_ids + start, len, (uint32_t)P, rec->lanes))
-            return bad_id(topk_ids + start, len, top_k, P, layer, err);
-        const uint32_t *h = rec->lanes;
-        for (int32_t p = 0; p < P; p++)
-            row[p] += (int64_t)h[p + 1] + h[bins + p + 1] + h[2 * bins + p + 1] +
-                      h[3 * bins + p + 1];
+    } else {
+        const size_t bins = (size_t)P + 1;
+        for (size_t start = 0; start < n; start += CHUNK_IDS) {
+            size_t len = n - start < CHUNK_IDS ? n - start : CHUNK_IDS;
+            memset(rec->lanes, 0, LANES * bins * sizeof(uint32_t));
+            count_lanes(topk_ids + start, len, bins, rec->lanes);
+            const uint32_t *h = rec->lanes;
+            for (int32_t p = 0; p < P; p++)
+                row[p] += (int64_t)h[p + 1] + h[bins + p + 1] + h[2 * bins + p + 1] +
+                          h[3 * bins + p + 1];
+        }
     }
     rec->dirty[layer] = 1;
     return EPX_OK;
@@ -268,44 +253,38 @@ epx_status epx_recorder_add_slot_counts(epx_recorder *rec, int32_t layer, const 
     return EPX_OK;
 }
 
-/*
- * Both balancedness figures of the open pass from its physical counts
- * (definitions in stats.h). The epx figure is epx/metrics.h's definition
- * applied to the GPU counts the pass really had; epx_balance_compute would
- * instead split logical load evenly over replicas, which is not what the
- * dispatch did. The SGLang figure follows compute_utilization_rate in
- * float32 and then torch.mean over layers, also float32.
- */
-static void pass_balancedness(epx_recorder *rec, double *bal_epx, double *bal_sglang) {
-    const int32_t L = rec->shape.num_layers, P = rec->shape.num_physical_experts;
-    const int32_t G = rec->shape.num_gpus, spg = P / G;
-    double sum_epx = 0.0;
-    int32_t loaded = 0;
-    float sum_sg = 0.0f;
-    for (int32_t l = 0; l < L; l++) {
-        const int64_t *row = rec->pass + (size_t)l * (size_t)P;
-        double total = 0.0, mx = 0.0;
-        float tot_f = 0.0f, mx_f = 0.0f;
-        for (int32_t g = 0; g < G; g++) {
-            int64_t c = 0;
-            for (int32_t i = 0; i < spg; i++) c += row[g * spg + i];
-            double x = (double)c;
-            total += x;
-            if (x > mx) mx = x;
-            float xf = (float)c;
-            tot_f += xf;
-            if (xf > mx_f) mx_f = xf;
-        }
-        if (total > 0.0) {
-            sum_epx += (total / G) / mx;
-            loaded++;
-        }
-        sum_sg += (tot_f / (float)G + 1e-5f) / (mx_f + 1e-5f);
+/* GPU counts of one layer's slot row: total and max, in double (epx's
+ * figure) and in float32 (SGLang's, which converts the counts first). */
+typedef struct {
+    double total, max;
+    float total_f, max_f;
+} gpu_sums;
+
+static gpu_sums layer_gpu_sums(const int64_t *row, int32_t G, int32_t spg) {
+    gpu_sums r = {0.0, 0.0, 0.0f, 0.0f};
+    for (int32_t g = 0; g < G; g++) {
+        int64_t c = 0;
+        for (int32_t i = 0; i < spg; i++) c += row[g * spg + i];
+        const double x = (double)c;
+        const float xf = (float)c;
+        r.total += x;
+        if (x > r.max) r.max = x;
+        r.total_f += xf;
+        if (xf > r.max_f) r.max_f = xf;
     }
-    *bal_epx = loaded ? sum_epx / loaded : 1.0;
-    *bal_sglang = (double)(sum_sg / (float)L);
+    return r;
 }
 
+/*
+ * One sweep over the layers converts the open pass to logical counts in the
+ * ring, computes both balancedness figures (stats.h) and clears the pass.
+ * The figures use the pass's physical counts, the tokens each GPU really
+ * got: epx_balance_compute would split the logical load evenly over
+ * replicas, which is not what the dispatch did. Layers without tokens are
+ * not loaded (left out of epx's mean) and count 1e-5 / 1e-5 = 1 in SGLang's.
+ * The SGLang figure follows compute_utilization_rate in float32 and then
+ * torch.mean over layers, also in float32.
+ */
 epx_status epx_recorder_end_pass(epx_recorder *rec, epx_error *err) {
     if (rec == NULL) return epxi_fail(err, EPX_ERR_INVALID_ARG, "recorder is NULL");
     if (rec->mode == EPX_RECORD_PER_PASS && rec->held == rec->capacity)
@@ -314,27 +293,37 @@ epx_status epx_recorder_end_pass(epx_recorder *rec, epx_error *err) {
                          "reset it, or create it with a larger capacity; the open pass is kept",
                          rec->capacity);
     const int32_t L = rec->shape.num_layers, E = rec->shape.num_logical_experts;
-    const int32_t P = rec->shape.num_physical_experts;
+    const int32_t P = rec->shape.num_physical_experts, G = rec->shape.num_gpus, spg = P / G;
     const int32_t *map = epx_layout_physical_to_logical(rec->layout);
     int64_t *dst = rec->ring + (size_t)rec->head * (size_t)L * (size_t)E;
-    memset(dst, 0, (size_t)L * (size_t)E * sizeof *dst);
+    double sum_epx = 0.0;
+    int32_t loaded = 0;
+    float sum_sg = 0.0f;
     for (int32_t l = 0; l < L; l++) {
-        if (!rec->dirty[l]) continue;
-        const int64_t *row = rec->pass + (size_t)l * (size_t)P;
-        const int32_t *m = map + (size_t)l * (size_t)P;
         int64_t *out = dst + (size_t)l * (size_t)E;
+        memset(out, 0, (size_t)E * sizeof *out);
+        if (!rec->dirty[l]) {
+            sum_sg += 1.0f;
+            continue;
+        }
+        int64_t *row = rec->pass + (size_t)l * (size_t)P;
+        const int32_t *m = map + (size_t)l * (size_t)P;
         for (int32_t p = 0; p < P; p++) out[m[p]] += row[p];
+        const gpu_sums g = layer_gpu_sums(row, G, spg);
+        if (g.total > 0.0) {
+            sum_epx += (g.total / G) / g.max;
+            loaded++;
+        }
+        sum_sg += (g.total_f / (float)G + 1e-5f) / (g.max_f + 1e-5f);
+        memset(row, 0, (size_t)P * sizeof *row);
+        rec->dirty[l] = 0;
     }
-    double be, bs;
-    pass_balancedness(rec, &be, &bs);
-    rec->hist[EPX_RECORDER_BALANCEDNESS][rec->hist_head] = be;
-    rec->hist[EPX_RECORDER_BALANCEDNESS_SGLANG][rec->hist_head] = bs;
+    rec->hist[EPX_RECORDER_BALANCEDNESS][rec->hist_head] = loaded ? sum_epx / loaded : 1.0;
+    rec->hist[EPX_RECORDER_BALANCEDNESS_SGLANG][rec->hist_head] = (double)(sum_sg / (float)L);
     rec->hist_head = (rec->hist_head + 1) % EPX_RECORDER_HISTORY;
     if (rec->hist_held < EPX_RECORDER_HISTORY) rec->hist_held++;
-
     rec->head = (rec->head + 1) % rec->capacity;
     if (rec->held < rec->capacity) rec->held++;
-    epx_recorder_discard_pass(rec);
     return EPX_OK;
 }
 
