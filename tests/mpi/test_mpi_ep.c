@@ -1,0 +1,205 @@
+/*
+ * test_mpi_ep.c - EP dispatch/combine, the TP baseline and the communicator
+ * operations over real MPI processes (run by CTest under mpirun with 2, 3
+ * and 4 ranks; every rank runs every test, in the same order, since each is
+ * collective).
+ *
+ * Oracles as in test_ep.c: EP (top-k order) bitwise equals the single-rank
+ * reference, TP is within the rigorous reordering bound. Uneven batches,
+ * empty ranks, ranks that receive nothing and experts with no tokens all
+ * occur. A failed check on one rank is shared with all (an all-reduce of
+ * failure counts), so every rank fails the same test and the collective
+ * sequence stays aligned.
+ */
+#include <float.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "epx_comm_mpi.h"
+#include "moe_case.h"
+
+static epx_comm *g_comm;
+static int32_t g_rank, g_size;
+static uint64_t g_seed;
+
+/* Every rank learns whether any rank failed. */
+static void all_ok(int64_t bad, const char *what) {
+    int64_t total = bad;
+    epx_error err = {0};
+    assert_int_equal(epx_comm_allreduce_sum(g_comm, &total, &total, 1, EPX_DTYPE_I64, &err), EPX_OK);
+    if (total != 0) fail_msg("%s: %lld failure(s) over the ranks (this rank: %lld)", what, (long long)total, (long long)bad);
+}
+
+static void comm_ops(void **state) {
+    (void)state;
+    epx_error err = {0};
+    tu_rng r = {g_seed + 17};
+    /* Random counts known to all: counts[s][d] = elements s sends to d. */
+    int64_t counts[8][8];
+    for (int s = 0; s < g_size; s++)
+        for (int d = 0; d < g_size; d++) counts[s][d] = tu_below(&r, 3) == 0 ? 0 : (int64_t)tu_below(&r, 50);
+    int64_t sc[8], sd[8], rc[8], rd[8], ns = 0, nr = 0;
+    for (int d = 0; d < g_size; d++) {
+        sc[d] = counts[g_rank][d];
+        sd[d] = ns;
+        ns += sc[d];
+        rc[d] = counts[d][g_rank];
+        rd[d] = nr;
+        nr += rc[d];
+    }
+    int32_t *send = malloc((size_t)(ns + 1) * 12), *recv = malloc((size_t)(nr + 1) * 12);
+    for (int d = 0; d < g_size; d++)
+        for (int64_t i = 0; i < sc[d]; i++)
+            for (int q = 0; q < 3; q++) send[(sd[d] + i) * 3 + q] = g_rank * 1000000 + d * 10000 + (int32_t)i * 3 + q;
+    assert_int_equal(epx_comm_alltoallv(g_comm, send, sc, sd, recv, rc, rd, 12, &err), EPX_OK);
+    int64_t bad = 0;
+    for (int s = 0; s < g_size; s++)
+        for (int64_t i = 0; i < rc[s]; i++)
+            for (int q = 0; q < 3; q++)
+                bad += recv[(rd[s] + i) * 3 + q] != s * 1000000 + g_rank * 10000 + (int32_t)i * 3 + q;
+    all_ok(bad, "alltoallv contents");
+    free(send);
+    free(recv);
+    int64_t v[2] = {g_rank, 1};
+    assert_int_equal(epx_comm_allreduce_sum(g_comm, v, v, 2, EPX_DTYPE_I64, &err), EPX_OK);
+    assert_int_equal(v[0], (int64_t)g_size * (g_size - 1) / 2);
+    assert_int_equal(v[1], g_size);
+    float f[3] = {0.5f, (float)g_rank, 1.0f}, fo[3];
+    assert_int_equal(epx_comm_allreduce_sum(g_comm, f, fo, 3, EPX_DTYPE_F32, &err), EPX_OK);
+    assert_float_equal(fo[0], 0.5 * g_size, 0);
+    assert_int_equal(epx_comm_barrier(g_comm, &err), EPX_OK);
+    assert_int_equal(epx_comm_allreduce_sum(g_comm, f, fo, 1, EPX_DTYPE_BF16, &err), EPX_ERR_UNSUPPORTED);
+    assert_string_equal(epx_comm_name(g_comm), "mpi");
+    assert_int_equal(epx_comm_health(g_comm, NULL), EPX_OK);
+}
+
+/* A faulty wrapper failing at the same call on every rank fails cleanly and
+ * leaves the MPI communicator below it healthy. */
+static void injected_fault(void **state) {
+    (void)state;
+    epx_comm *bad = NULL;
+    epx_error err = {0};
+    assert_int_equal(epx_comm_create_faulty(g_comm, 2, &bad, &err), EPX_OK);
+    assert_int_equal(epx_comm_barrier(bad, &err), EPX_OK);
+    assert_int_equal(epx_comm_barrier(bad, &err), EPX_ERR_COMM);
+    TU_MSG_HAS(err.msg, "injected fault");
+    epx_comm_destroy(bad);
+    assert_int_equal(epx_comm_barrier(g_comm, &err), EPX_OK);
+}
+
+static void ep_cases(epx_ep_combine_mode mode, int iters) {
+    tu_rng lr = {g_seed + (uint64_t)mode * 7919}; /* the same on all ranks */
+    for (int it = 0; it < iters; it++) {
+        mc_layer L;
+        mc_layer_random(&lr, g_size, &L);
+        int64_t Tmax = 1 + (int64_t)tu_below(&lr, 16);
+        int scenario = (int)tu_below(&lr, 4); /* 0: rank 0 empty, 1: only rank 0's slots, else random */
+        tu_rng r = {g_seed * 31 + (uint64_t)it * 1000003 + (uint64_t)g_rank}; /* per rank */
+        int64_t T = (scenario == 0 && g_rank == 0) ? 0 : (int64_t)tu_below(&r, (uint32_t)Tmax + 1);
+        int32_t H = L.cfg.hidden, K = L.cfg.top_k, spr = L.P / L.R;
+        size_t n = (size_t)(T ? T : 1);
+        float *x = malloc(n * H * 4), *w = malloc(n * K * 4), *out = malloc(n * H * 4), *ref = malloc(n * H * 4);
+        int32_t *ids = malloc(n * K * 4), *slots = malloc(n * K * 4);
+        mc_batch(&r, &L, T, 1, x, ids, w);
+        mc_slots(&L, T, ids, g_rank, slots);
+        if (scenario == 1) /* ranks >= 1 receive nothing */
+            for (int64_t i = 0; i < T * K; i++)
+                if (slots[i] >= spr) {
+                    int32_t e = ids[i], to = -1;
+                    for (int32_t q = 0; q < L.nrep[e]; q++)
+                        if (L.reps[(size_t)e * L.P + q] < spr) to = L.reps[(size_t)e * L.P + q];
+                    slots[i] = to;
+                    if (to < 0) ids[i] = -1;
+                }
+        epx_error err = {0};
+        epx_status st = mc_ep_forward(g_comm, &L, Tmax, T, x, slots, w, mode, out, &err);
+        if (st != EPX_OK) fail_msg("rank %d iteration %d: %s", g_rank, it, err.msg);
+        assert_int_equal(epx_moe_forward(&L.cfg, &L.w, x, T, ids, w, 0, 1, 1, ref, &err), EPX_OK);
+        int64_t bad = 0;
+        if (mode == EPX_EP_COMBINE_TOPK) {
+            bad = T > 0 && memcmp(out, ref, (size_t)T * H * 4) != 0;
+        } else {
+            double *S = malloc(n * H * sizeof(double));
+            mc_abs_sums(&L, T, x, ids, w, S);
+            for (int64_t i = 0; i < T * H; i++)
+                bad += fabs((double)out[i] - ref[i]) > 2.0 * (K + g_size + 4) * FLT_EPSILON * S[i] + 1e-30;
+            free(S);
+        }
+        if (bad) fprintf(stderr, "rank %d iteration %d (scenario %d): EP differs from the reference\n", g_rank, it, scenario);
+        all_ok(bad, "EP vs the single-rank reference");
+        free(x), free(w), free(out), free(ref), free(ids), free(slots);
+        mc_layer_free(&L);
+    }
+}
+
+static void ep_topk_bitwise(void **state) {
+    (void)state;
+    ep_cases(EPX_EP_COMBINE_TOPK, 40);
+}
+
+static void ep_rank_mode(void **state) {
+    (void)state;
+    ep_cases(EPX_EP_COMBINE_RANK, 20);
+}
+
+static void tp_baseline(void **state) {
+    (void)state;
+    tu_rng r = {g_seed + 99}; /* same tokens on every rank, as TP serves them */
+    for (int it = 0; it < 20; it++) {
+        mc_layer L;
+        mc_layer_random(&r, g_size, &L);
+        int64_t T = 1 + (int64_t)tu_below(&r, 12);
+        int32_t H = L.cfg.hidden, K = L.cfg.top_k;
+        float *x = malloc((size_t)T * H * 4), *w = malloc((size_t)T * K * 4);
+        float *out = malloc((size_t)T * H * 4), *ref = malloc((size_t)T * H * 4);
+        int32_t *ids = malloc((size_t)T * K * 4);
+        mc_batch(&r, &L, T, 1, x, ids, w);
+        epx_error err = {0};
+        assert_int_equal(epx_moe_forward(&L.cfg, &L.w, x, T, ids, w, g_rank, g_size, 1, out, &err), EPX_OK);
+        assert_int_equal(epx_comm_allreduce_sum(g_comm, out, out, T * H, EPX_DTYPE_F32, &err), EPX_OK);
+        assert_int_equal(epx_moe_forward(&L.cfg, &L.w, x, T, ids, w, 0, 1, 1, ref, &err), EPX_OK);
+        double *S = malloc((size_t)T * H * sizeof(double));
+        mc_abs_sums(&L, T, x, ids, w, S);
+        int32_t nterms = L.cfg.intermediate + K + g_size + 4;
+        int64_t bad = 0;
+        for (int64_t i = 0; i < T * H; i++)
+            bad += fabs((double)out[i] - ref[i]) > 2.0 * nterms * FLT_EPSILON * S[i] + 1e-30;
+        all_ok(bad, "TP vs the single-rank reference");
+        free(S), free(x), free(w), free(out), free(ref), free(ids);
+        mc_layer_free(&L);
+    }
+}
+
+int main(int argc, char **argv) {
+    MPI_Init(&argc, &argv);
+    epx_comm_mpi_opts o = EPX_COMM_MPI_OPTS_INIT;
+    o.timeout_ms = 20000;
+    epx_error err = {0};
+    if (epx_comm_mpi_create(MPI_COMM_WORLD, &o, &g_comm, &err) != EPX_OK) {
+        fprintf(stderr, "epx_comm_mpi_create: %s\n", err.msg);
+        MPI_Abort(MPI_COMM_WORLD, 1);
+    }
+    g_rank = epx_comm_rank(g_comm);
+    g_size = epx_comm_size(g_comm);
+    if (g_size > 8) {
+        fprintf(stderr, "test_mpi_ep runs on at most 8 ranks\n");
+        MPI_Abort(MPI_COMM_WORLD, 1);
+    }
+    /* Rank 0's seed for everyone. */
+    int64_t seed = g_rank == 0 ? (int64_t)(tu_seed(20240607) & 0x7fffffffffffll) : 0;
+    epx_comm_allreduce_sum(g_comm, &seed, &seed, 1, EPX_DTYPE_I64, &err);
+    g_seed = (uint64_t)seed;
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(comm_ops),
+        cmocka_unit_test(injected_fault),
+        cmocka_unit_test(ep_topk_bitwise),
+        cmocka_unit_test(ep_rank_mode),
+        cmocka_unit_test(tp_baseline),
+    };
+    int failed = cmocka_run_group_tests(tests, NULL, NULL);
+    epx_comm_destroy(g_comm);
+    MPI_Finalize();
+    return failed;
+}
