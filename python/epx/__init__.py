@@ -18,7 +18,7 @@ from .sglang import (compute_logical_to_all_physical_map,
                      rebalance_experts, rebalance_experts_from_windows)
 from .dispatch import dispatch_topk, static_table
 from .pt import read_dump as read_expert_distribution_dump
-from . import dispatch, metrics, pt, sglang, vllm  # noqa: F401  (namespaces)
+from . import dispatch, metrics, pt, sglang, trace, vllm  # noqa: F401  (namespaces)
 
 __version__ = "0.1.0"
 
@@ -27,4 +27,4 @@ __all__ = ["EpxError", "Status", "Layout", "Plan", "plan", "evaluate", "Evaluati
            "read_mapping", "read_counts", "write_mapping", "write_counts",
            "init_expert_location", "load_init_expert_location", "read_expert_distribution_dump", "rebalance_experts",
            "rebalance_experts_from_windows", "compute_logical_to_rank_dispatch_physical_map",
-           "compute_logical_to_all_physical_map", "dispatch", "metrics", "pt", "sglang", "vllm"]
+           "compute_logical_to_all_physical_map", "dispatch", "metrics", "pt", "sglang", "trace", "vllm"]

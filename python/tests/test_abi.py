@@ -6,7 +6,7 @@ import re
 import pytest
 
 import epx
-from epx import _native, dispatch, io, metrics, planner, pt
+from epx import _native, dispatch, io, metrics, planner, pt, trace
 from conftest import REPO
 
 INCLUDE = REPO / "include"
@@ -22,6 +22,8 @@ MIRRORS = {
     "epx_layer_balance": metrics.LayerBalance,
     "epx_balance": metrics.Balance,
     "epx_pt_tensor": pt.Tensor,
+    "epx_model": trace.Model,
+    "epx_trace_opts": trace.TraceOpts,
 }
 
 
@@ -59,6 +61,7 @@ def test_option_versions_match_headers():
     text = _headers()
     for macro, value in (("EPX_PLAN_OPTS_VERSION", planner.PLAN_OPTS_VERSION),
                          ("EPX_TABLE_OPTS_VERSION", dispatch.TABLE_OPTS_VERSION),
+                         ("EPX_TRACE_OPTS_VERSION", trace.TRACE_OPTS_VERSION),
                          ("EPX_INIT_OPTS_VERSION", io.INIT_OPTS_VERSION)):
         m = re.search(r"#define\s+%s\s+(\d+)u?" % macro, text)
         assert m and int(m.group(1)) == value, macro

@@ -127,3 +127,18 @@ def test_pt_refuses_code():
         assert e.status in (epx.Status.REFUSED, epx.Status.PARSE)
     else:
         pytest.fail("a pickle that calls os.system was accepted")
+
+
+def test_model_shapes_and_synthetic_trace():
+    k2 = epx.trace.model("Kimi_K2")
+    assert (k2["name"], k2["num_layers"], k2["first_k_dense"], k2["num_experts"],
+            k2["top_k"]) == ("kimi-k2", 61, 1, 384, 8)
+    assert any(m["name"] == "deepseek-v3" for m in epx.trace.models())
+    c = epx.trace.synth("deepseek-v3", num_windows=2, tokens=1000, seed=4)
+    assert c.shape == (2, 61, 256)
+    assert (c[:, :3] == 0).all()  # dense layers
+    np.testing.assert_array_equal(c[:, 3:].sum(axis=2), 1000 * 8)  # T * top_k per row
+    np.testing.assert_array_equal(c, epx.trace.synth("deepseek-v3", 2, 1000, seed=4))
+    with pytest.raises(epx.EpxError) as ei:
+        epx.trace.model("gpt-17")
+    assert ei.value.status == epx.Status.INVALID_ARG and "kimi-k2" in ei.value.message

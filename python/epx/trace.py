@@ -1,0 +1,70 @@
+"""Built-in MoE shapes of public models and synthetic expert-load traces
+(include/epx/trace.h): what `epx trace synth` writes."""
+import ctypes
+
+from ._native import (POINTER, Counts, Structure, c_char_p, c_double, c_int32, c_int64,
+                      c_uint32, c_uint64, c_void_p, call, fn)
+from .io import counts_from_c
+
+__all__ = ["model", "models", "synth"]
+
+
+class Model(Structure):
+    """epx_model (include/epx/trace.h)."""
+    _fields_ = [("name", c_char_p), ("num_layers", c_int32), ("first_k_dense", c_int32),
+                ("num_experts", c_int32), ("top_k", c_int32), ("num_groups", c_int32),
+                ("topk_group", c_int32), ("shared_experts", c_int32), ("hidden", c_int32),
+                ("moe_intermediate", c_int32)]
+
+
+class TraceOpts(Structure):
+    """epx_trace_opts (include/epx/trace.h)."""
+    _fields_ = [("version", c_uint32), ("num_windows", c_int32), ("tokens", c_int64),
+                ("seed", c_uint64), ("skew_lo", c_double), ("skew_hi", c_double),
+                ("drift", c_double)]
+
+
+TRACE_OPTS_VERSION = 1
+
+_lookup = fn("epx_model_lookup", c_int32, c_char_p, POINTER(POINTER(Model)), c_void_p)
+_list = fn("epx_model_list", POINTER(Model), POINTER(c_int32))
+_synth = fn("epx_trace_synth", c_int32, POINTER(Model), POINTER(TraceOpts),
+            POINTER(POINTER(Counts)), c_void_p)
+_counts_destroy = fn("epx_counts_destroy", None, POINTER(Counts))
+
+
+def _as_dict(m):
+    return {f: (getattr(m, f).decode() if f == "name" else int(getattr(m, f)))
+            for f, _ in Model._fields_}
+
+
+def _find(name):
+    p = POINTER(Model)()
+    call(_lookup, str(name).encode(), ctypes.byref(p))
+    return p
+
+
+def model(name):
+    """The shape of a built-in model ("kimi-k2", "deepseek-v3", ...) as a dict."""
+    return _as_dict(_find(name).contents)
+
+
+def models():
+    """Every built-in model's shape."""
+    n = c_int32()
+    p = _list(ctypes.byref(n))
+    return [_as_dict(p[i]) for i in range(n.value)]
+
+
+def synth(name, num_windows=8, tokens=65536, seed=0, skew=(0.8, 1.3), drift=0.1):
+    """A synthetic load trace [S][L][E] (float64 holding integers) for a
+    built-in model; dense layers are rows of zeros, as SGLang records them."""
+    p = _find(name)
+    o = TraceOpts(TRACE_OPTS_VERSION, int(num_windows), int(tokens), int(seed),
+                  float(skew[0]), float(skew[1]), float(drift))
+    cp = POINTER(Counts)()
+    call(_synth, p, ctypes.byref(o), ctypes.byref(cp))
+    try:
+        return counts_from_c(cp)
+    finally:
+        _counts_destroy(cp)
