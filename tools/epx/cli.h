@@ -61,6 +61,7 @@ bool cli_int_list(const char *s, int64_t lo, int64_t hi, int32_t **out, int32_t 
 /* Every subcommand. */
 int cmd_layout(int argc, char **argv);
 int cmd_inspect(int argc, char **argv);
+int cmd_convert(int argc, char **argv);
 int cmd_trace(int argc, char **argv);
 int cmd_stats(int argc, char **argv);
 

@@ -16,6 +16,7 @@ typedef struct {
 static const subcommand COMMANDS[] = {
     {"layout", cmd_layout, "write a layout (trivial) as an SGLang mapping file"},
     {"inspect", cmd_inspect, "validate a mapping file and summarise it"},
+    {"convert", cmd_convert, "convert mapping and counts files between .pt and .json"},
     {"trace", cmd_trace, "synthesize an expert-load trace for a model shape (trace synth)"},
     {"stats", cmd_stats, "load metrics per window and layer, worst layers first"},
 };
