@@ -1,5 +1,196 @@
-/* epx/migrate.h - part of the core API; include epx.h, not this file. */
+/*
+ * epx/migrate.h - rebalancing: moving expert weights from the layout in
+ * service to a new one with the fewest bytes, and trading balance against
+ * the cost of moving.
+ *
+ * A migration is planned from two layouts of one shape. First the new
+ * layout's slots are relabelled inside each GPU so that as many slots as
+ * possible keep the expert they already hold (a maximum matching of two
+ * multisets per GPU: it changes no GPU's set of experts, so no balance).
+ * Then every slot gets one action (epx_move_kind): keep; copy from another
+ * slot of the same GPU; receive from a GPU that holds the expert now (same
+ * node first); relay from a GPU of the same node that receives it in this
+ * migration (one inter-node transfer per node and expert); copy a second
+ * replica from a slot of the same GPU that receives it; or load it through
+ * the caller when no live GPU holds it (after a GPU failure).
+ *
+ * Executing a migration over a communicator lives in epx_comm.h's world
+ * (epx_migration_execute, declared in epx_migrate_exec.h) because it needs a
+ * communicator; everything here is plain C11 and runs on one process.
+ * Include epx.h, not this file.
+ */
 #ifndef EPX_MIGRATE_H
 #define EPX_MIGRATE_H
+
+/* What happens to one slot (the values of epx_migration_kinds). */
+typedef enum epx_move_kind {
+    EPX_MOVE_KEEP = 0,      /* the slot already holds its expert: nothing moves            */
+    EPX_MOVE_LOCAL = 1,     /* copy the old contents of slot `source`, same GPU (no link)  */
+    EPX_MOVE_RECV = 2,      /* receive the old contents of slot `source` of another GPU     */
+    EPX_MOVE_RELAY = 3,     /* receive from target slot `source`, a GPU of the same node that
+                               gets the expert by EPX_MOVE_RECV in this migration           */
+    EPX_MOVE_RECV_COPY = 4, /* copy target slot `source` of the same GPU once it has arrived */
+    EPX_MOVE_LOAD = 5,      /* no live GPU holds the expert: the caller loads its weights   */
+    EPX_MOVE_DEAD = 6       /* the slot is on a failed GPU: nothing is done                 */
+} epx_move_kind;
+
+/* Options of a migration plan. Initialise with EPX_MIGRATE_OPTS_INIT. */
+typedef struct epx_migrate_opts {
+    uint32_t version;           /* EPX_MIGRATE_OPTS_VERSION */
+    size_t expert_bytes;        /* bytes of one expert's weights in one layer, > 0 */
+    int32_t relabel;            /* 1 (default): relabel the target inside each GPU; 0: as given */
+    int32_t relay;              /* 1 (default): one inter-node transfer per node and expert,
+                                   the node's other GPUs relay it; 0: every GPU receives */
+    const uint8_t *failed_gpus; /* optional [G]: nonzero = lost; it sends and receives nothing */
+} epx_migrate_opts;
+#define EPX_MIGRATE_OPTS_VERSION 1u
+#define EPX_MIGRATE_OPTS_INIT {EPX_MIGRATE_OPTS_VERSION, 0, 1, 1, NULL}
+
+/*
+ * Totals of a migration plan and of the naive plan beside it. Counts are
+ * over the slots of live GPUs in all layers. Byte totals are uint64_t, not
+ * size_t, because sums over a cluster may pass 4 GiB on a 32-bit host.
+ * The naive plan is what SGLang and vLLM do in spirit: no relabelling, and
+ * every slot whose expert changed is written with one expert's bytes.
+ */
+typedef struct epx_migration_stats {
+    int64_t slots;              /* live slots, L * live GPUs * P/G */
+    int64_t kept;               /* EPX_MOVE_KEEP */
+    int64_t local_copies;       /* EPX_MOVE_LOCAL + EPX_MOVE_RECV_COPY */
+    int64_t received;           /* EPX_MOVE_RECV */
+    int64_t relayed;            /* EPX_MOVE_RELAY */
+    int64_t loaded;             /* EPX_MOVE_LOAD */
+    int64_t changed;            /* slots not kept (after relabelling) */
+    size_t expert_bytes;
+    uint64_t bytes_moved;       /* over links: bytes_intra_node + bytes_inter_node */
+    uint64_t bytes_intra_node;  /* GPU to GPU inside a node (RECV from the node, RELAY) */
+    uint64_t bytes_inter_node;  /* between nodes (RECV from another node) */
+    uint64_t bytes_local;       /* copies inside one GPU: no link */
+    uint64_t bytes_loaded;      /* EPX_MOVE_LOAD: read by the caller, no link */
+    uint64_t max_rank_recv;     /* most bytes any one GPU receives over links */
+    uint64_t max_rank_send;     /* most bytes any one GPU sends over links */
+    int64_t naive_changed;      /* slots whose expert differs in the target as given */
+    uint64_t naive_bytes_moved; /* naive_changed * expert_bytes */
+    uint64_t naive_bytes_inter_node; /* of those, slots whose expert no live GPU of their
+                                        node holds now (the least a naive plan sends) */
+} epx_migration_stats;
+
+/* A planned migration: the relabelled target and one action per slot. */
+typedef struct epx_migration epx_migration;
+
+/*
+ * Plan how to move from `current` to `target`.
+ * Args:    current (in) the layout in service; target (in) the layout wanted,
+ *          same shape (every field); both only read, not kept;
+ *          opts (in) EPX_MIGRATE_OPTS_INIT with expert_bytes set;
+ *          out (out) owned by the caller (epx_migration_destroy).
+ * Returns: EPX_OK; EPX_ERR_SHAPE (the shapes differ, named); EPX_ERR_INVALID_ARG
+ *          (expert_bytes 0, a bad version, relabel/relay not 0 or 1, every GPU
+ *          failed); EPX_ERR_OVERFLOW (expert_bytes times slots); EPX_ERR_NOMEM.
+ *          An expert no live GPU holds is not an error: its slots get
+ *          EPX_MOVE_LOAD (see epx_migration_stats.loaded).
+ * Thread:  any thread; the result is immutable and may be shared.
+ * Cost:    O(L * P log(P/G)) time, O(L * P) memory.
+ */
+EPX_API epx_status epx_migration_plan(const epx_layout *current, const epx_layout *target,
+                                      const epx_migrate_opts *opts, epx_migration **out,
+                                      epx_error *err);
+
+/* Release a migration plan. Accepts NULL. */
+EPX_API void epx_migration_destroy(epx_migration *mig);
+
+/* The relabelled target: same experts per GPU as `target`, owned by the
+ * plan. This, not the target as given, is the layout to put in service. */
+EPX_API const epx_layout *epx_migration_layout(const epx_migration *mig);
+
+/* The relabelling, [L][P]: relabelled slot p holds what target slot
+ * perm[p] held (perm[p] is on p's GPU). Apply it to any per-slot data
+ * planned with the target, such as epx_plan_replica_weights. */
+EPX_API const int32_t *epx_migration_permutation(const epx_migration *mig);
+
+/* Per slot [L][P]: the action (an epx_move_kind) and its source slot (see
+ * epx_move_kind; the slot itself for KEEP, -1 for LOAD and DEAD). */
+EPX_API const uint8_t *epx_migration_kinds(const epx_migration *mig);
+EPX_API const int32_t *epx_migration_sources(const epx_migration *mig);
+
+/* The totals of the plan and of the naive plan. Never fails. */
+EPX_API void epx_migration_get_stats(const epx_migration *mig, epx_migration_stats *out);
+
+/*
+ * Bytes each GPU sends and receives over links (local copies excluded).
+ * Args:    sent, received (out, may be NULL) [G] caller-owned.
+ */
+EPX_API void epx_migration_rank_bytes(const epx_migration *mig, uint64_t *sent,
+                                      uint64_t *received);
+
+/*
+ * Bytes over each ordered GPU pair: out[src * G + dst], caller-owned [G][G].
+ * The diagonal holds each GPU's local copies.
+ */
+EPX_API void epx_migration_link_bytes(const epx_migration *mig, uint64_t *out);
+
+/* The name of a kind as the CLI prints it ("keep", "local", "recv", "relay",
+ * "recv-copy", "load", "dead"); "?" for other values. */
+EPX_API const char *epx_move_kind_name(int kind);
+
+/*
+ * Planning with the cost of moving.
+ *
+ * A move is a slot of a live GPU whose expert changes (after relabelling).
+ * epx_layout_limit_moves starts from the relabelled target and reverts the
+ * changes that buy the least balance per moved slot, back to what `current`
+ * holds there, until the budget holds. A revert that would leave an expert
+ * without a live replica is taken together with the changes that keep it
+ * alive (a chain of slots, valued per slot). Balance is SGLang's
+ * balancedness per layer (mean / max GPU load, an expert's load split evenly
+ * over its replicas, summed over the load's windows); a layer without load
+ * gains nothing from a move, so its changes are reverted first.
+ */
+typedef struct epx_move_budget {
+    uint32_t version;           /* EPX_MOVE_BUDGET_VERSION */
+    int32_t max_moves;          /* most moves over all layers together; < 0 = no cap */
+    double move_price;          /* balancedness of its own layer each move must buy
+                                   (0.001 = a tenth of a point); 0 = moves are free */
+    const uint8_t *failed_gpus; /* optional [G]: nonzero = lost; its slots are no moves,
+                                   and every expert keeps a replica on a live GPU */
+} epx_move_budget;
+#define EPX_MOVE_BUDGET_VERSION 1u
+#define EPX_MOVE_BUDGET_INIT {EPX_MOVE_BUDGET_VERSION, -1, 0.0, NULL}
+
+/* What a limited plan gave and gave up (balancedness: mean over layers with
+ * load, live GPUs only). */
+typedef struct epx_move_report {
+    int64_t moves_wanted;     /* moves of the relabelled target */
+    int64_t moves_made;       /* moves left after the budget */
+    int64_t moves_required;   /* moves no revert could undo (experts only failed GPUs held) */
+    double balance_current;   /* the layout in service */
+    double balance_wanted;    /* the relabelled target */
+    double balance_made;      /* the result */
+} epx_move_report;
+
+/*
+ * Limit the moves from `current` to `target` under `budget`.
+ * Args:    counts (in) [S][L][E], the load the target was planned for;
+ *          current, target (in) same shape; budget (in) EPX_MOVE_BUDGET_INIT
+ *          plus changes; out (out) the result, relabelled, owned by the caller;
+ *          report (out, may be NULL).
+ * Returns: EPX_OK; EPX_ERR_SHAPE; EPX_ERR_INVALID_ARG (move_price < 0 or not
+ *          finite, a bad version, every GPU failed, or max_moves below the
+ *          moves that failed GPUs force: the message gives the least cap that
+ *          works); EPX_ERR_INVALID_MAP (target leaves an expert with no
+ *          replica on a live GPU); EPX_ERR_NOMEM.
+ * Thread:  any thread.
+ */
+EPX_API epx_status epx_layout_limit_moves(const epx_counts *counts, const epx_layout *current,
+                                          const epx_layout *target, const epx_move_budget *budget,
+                                          epx_layout **out, epx_move_report *report,
+                                          epx_error *err);
+
+/*
+ * The 64-bit checksum a migration verifies each expert with: a four-lane
+ * multiply-rotate hash of epx's own (about memory speed), seeded, so equal
+ * bytes give equal sums on every host (it reads bytes little-endian).
+ */
+EPX_API uint64_t epx_checksum64(const void *data, size_t bytes, uint64_t seed);
 
 #endif /* EPX_MIGRATE_H */

@@ -1,0 +1,194 @@
+/*
+ * plan_constrained.c - the planner options that concern the cluster as it
+ * is: the layout in service (current), what moving may cost (max_moves,
+ * move_price) and GPUs that were lost (failed_gpus).
+ *
+ * The planner proper stays unaware of them: src/plan hands its placement
+ * function to epxi_plan_constrained, which
+ *   1. with failed GPUs, plans the shape of the survivors (the same slots per
+ *      GPU, G' live GPUs, the nodes kept when every node with a survivor has
+ *      as many, else one node) and spreads the result back onto the live
+ *      GPUs in order. The slots of a failed GPU then hold a copy of an
+ *      expert that a live GPU also holds (what `current` had there, so
+ *      nothing moves to a dead GPU, else p % E) with replica weight 0:
+ *      weighted dispatch never picks them and static tables must skip dead
+ *      ranks. Every logical expert keeps a replica on a live GPU because the
+ *      survivors' plan covers every expert;
+ *   2. with `current`, relabels the plan inside each GPU against it (no
+ *      balance changes), carrying the replica weights along, and
+ *   3. undoes the moves that buy the least balance while more than
+ *      max_moves slots change or a move buys less than move_price
+ *      (limit.c). Replicas whose slot set changed get even weights.
+ */
+#include "migrate_internal.h"
+
+#include <math.h>
+#include <string.h>
+
+bool epxi_plan_is_constrained(const epx_plan_opts *o) {
+    return o->current != NULL || o->max_moves >= 0 || o->move_price != 0.0 ||
+           o->failed_gpus != NULL;
+}
+
+epx_status epxi_plan_constraints_check(const epx_shape *sh, const epx_plan_opts *o,
+                                       epx_error *err) {
+    if (o->current != NULL) {
+        const epx_shape *c = epx_layout_shape(o->current);
+        if (memcmp(c, sh, sizeof *c) != 0)
+            return epxi_fail(err, EPX_ERR_SHAPE,
+                             "the current layout is of shape L=%d E=%d P=%d G=%d N=%d but the "
+                             "plan is for L=%d E=%d P=%d G=%d N=%d: plan for the shape in "
+                             "service (moves are counted slot by slot)",
+                             c->num_layers, c->num_logical_experts, c->num_physical_experts,
+                             c->num_gpus, c->num_nodes, sh->num_layers, sh->num_logical_experts,
+                             sh->num_physical_experts, sh->num_gpus, sh->num_nodes);
+    } else if (o->max_moves >= 0 || o->move_price != 0.0) {
+        return epxi_fail(err, EPX_ERR_INVALID_ARG,
+                         "max_moves (%d) or move_price (%g) is set without a current layout: "
+                         "moves are counted from the layout in service, so pass it "
+                         "(opts.current, epx plan --current FILE)",
+                         o->max_moves, o->move_price);
+    }
+    if (!isfinite(o->move_price) || o->move_price < 0.0)
+        return epxi_fail(err, EPX_ERR_INVALID_ARG,
+                         "move_price (%g) must be a finite balancedness >= 0 (0 = moves are "
+                         "free; 0.001 = each move must buy a tenth of a point)",
+                         o->move_price);
+    if (o->failed_gpus != NULL) {
+        int32_t live = 0;
+        EPX_TRY(epxi_count_live(sh, o->failed_gpus, &live, err));
+        const int32_t spg = sh->num_physical_experts / sh->num_gpus;
+        if ((int64_t)live * spg < sh->num_logical_experts)
+            return epxi_fail(err, EPX_ERR_SHAPE,
+                             "%d logical experts do not fit in the %d slots of the %d surviving "
+                             "GPUs (%d slots each): every expert needs a live replica; give "
+                             "each GPU at least %d slots (P >= %d) or bring GPUs back",
+                             sh->num_logical_experts, live * spg, live, spg,
+                             (sh->num_logical_experts + live - 1) / live,
+                             (sh->num_logical_experts + live - 1) / live * sh->num_gpus);
+    }
+    return EPX_OK;
+}
+
+/* The survivors' shape; live[i] receives the i-th live GPU. */
+static epx_shape survivors(const epx_shape *sh, const uint8_t *failed, int32_t *live,
+                           const epx_plan_opts *o) {
+    const int32_t G = sh->num_gpus, N = sh->num_nodes, gpn = G / N, spg =
+                                                                sh->num_physical_experts / G;
+    int32_t n = 0, per_node = -1, nodes = 0;
+    bool even = true;
+    for (int32_t k = 0; k < N; k++) {
+        int32_t c = 0;
+        for (int32_t g = k * gpn; g < (k + 1) * gpn; g++)
+            if (!failed[g]) {
+                live[n++] = g;
+                c++;
+            }
+        if (c == 0) continue;
+        nodes++;
+        if (per_node >= 0 && c != per_node) even = false;
+        per_node = c;
+    }
+    epx_shape r = {sh->num_layers, sh->num_logical_experts, n * spg, n, even ? nodes : 1};
+    if (!even)
+        epxi_log(o->log, o->log_user, EPX_LOG_WARN,
+                 "failed GPUs leave the nodes with unequal survivors: planning the %d survivors "
+                 "as one node (node locality is not enforced)",
+                 n);
+    return r;
+}
+
+static epx_status place_survivors(const epx_counts *counts, const epx_shape *sh,
+                                  const epx_plan_opts *ro, const uint8_t *failed,
+                                  const epx_layout *current, epxi_place_fn place, void *ctx,
+                                  int32_t *map, double *share, epx_error *err) {
+    const int32_t G = sh->num_gpus, P = sh->num_physical_experts, spg = P / G;
+    const int32_t E = sh->num_logical_experts;
+    epx_status st = EPX_OK;
+    int32_t *live = epxi_calloc((size_t)G, sizeof *live, "live GPUs", err);
+    if (live == NULL) return EPX_ERR_NOMEM;
+    const epx_shape rs = survivors(sh, failed, live, ro);
+    const size_t rcells = (size_t)rs.num_layers * (size_t)rs.num_physical_experts;
+    int32_t *rmap = epxi_calloc(rcells, sizeof *rmap, "survivors' map", err);
+    double *rshare = rmap ? epxi_calloc(rcells, sizeof *rshare, "survivors' weights", err) : NULL;
+    if (rshare == NULL) {
+        st = EPX_ERR_NOMEM;
+        goto done;
+    }
+    EPX_TRY_GOTO(st, epx_shape_check(&rs, err), done);
+    st = place(ctx, counts, &rs, ro, rmap, rshare, err);
+    if (st != EPX_OK) {
+        epxi_error_prefix(err, "planning the %d surviving GPUs: ", rs.num_gpus);
+        goto done;
+    }
+    const int32_t *cur = current ? epx_layout_physical_to_logical(current) : NULL;
+    for (int32_t l = 0; l < sh->num_layers; l++) {
+        const size_t o = (size_t)l * (size_t)P;
+        for (int32_t p = 0; p < P; p++) {
+            map[o + p] = cur ? cur[o + p] : p % E;
+            share[o + p] = 0.0;
+        }
+        for (int32_t i = 0; i < rs.num_gpus; i++)
+            for (int32_t s = 0; s < spg; s++) {
+                size_t from = (size_t)l * (size_t)rs.num_physical_experts + (size_t)(i * spg + s);
+                map[o + (size_t)(live[i] * spg + s)] = rmap[from];
+                share[o + (size_t)(live[i] * spg + s)] = rshare[from];
+            }
+    }
+done:
+    free(live);
+    free(rmap);
+    free(rshare);
+    return st;
+}
+
+epx_status epxi_plan_constrained(const epx_counts *counts, const epx_shape *sh,
+                                 const epx_plan_opts *opts, epxi_place_fn place, void *place_ctx,
+                                 int32_t *map, double *share, epx_error *err) {
+    EPX_TRY(epxi_plan_constraints_check(sh, opts, err));
+    epx_plan_opts ro = *opts;
+    ro.current = NULL;
+    ro.max_moves = -1;
+    ro.move_price = 0.0;
+    ro.failed_gpus = NULL;
+    bool any_failed = false;
+    if (opts->failed_gpus != NULL)
+        for (int32_t g = 0; g < sh->num_gpus; g++) any_failed |= opts->failed_gpus[g] != 0;
+    if (any_failed)
+        EPX_TRY(place_survivors(counts, sh, &ro, opts->failed_gpus, opts->current, place,
+                                place_ctx, map, share, err));
+    else
+        EPX_TRY(place(place_ctx, counts, sh, &ro, map, share, err));
+    if (opts->current == NULL) return EPX_OK;
+
+    const int32_t P = sh->num_physical_experts;
+    const size_t cells = (size_t)sh->num_layers * (size_t)P;
+    epx_status st = EPX_OK;
+    const int32_t *old = epx_layout_physical_to_logical(opts->current);
+    int32_t *perm = epxi_calloc(cells, sizeof *perm, "relabelling", err);
+    double *tmp = perm ? epxi_calloc(cells, sizeof *tmp, "relabelled weights", err) : NULL;
+    double *load = tmp ? epxi_sum_load(counts, err) : NULL;
+    if (load == NULL) {
+        st = EPX_ERR_NOMEM;
+        goto done;
+    }
+    EPX_TRY_GOTO(st, epxi_relabel_map(sh, old, map, perm, err), done);
+    for (size_t i = 0; i < cells; i++)
+        tmp[i] = share[i - i % (size_t)P + (size_t)perm[i]];
+    memcpy(share, tmp, cells * sizeof *share);
+    epx_move_budget b = EPX_MOVE_BUDGET_INIT;
+    b.max_moves = opts->max_moves;
+    b.move_price = opts->move_price;
+    b.failed_gpus = any_failed ? opts->failed_gpus : NULL;
+    epx_move_report rep;
+    EPX_TRY_GOTO(st, epxi_limit_moves(sh, load, old, map, share, &b, &rep, err), done);
+    epxi_log(opts->log, opts->log_user, EPX_LOG_INFO,
+             "moves: %lld wanted, %lld made; balancedness %.4f in service, %.4f wanted, %.4f made",
+             (long long)rep.moves_wanted, (long long)rep.moves_made, rep.balance_current,
+             rep.balance_wanted, rep.balance_made);
+done:
+    free(perm);
+    free(tmp);
+    free(load);
+    return st;
+}
