@@ -56,14 +56,16 @@ typedef struct epx_table_opts {
  * init_by_eplb does) or the ascending map of a layout (as init_by_mapping
  * and init_trivial do; see epx_dispatch_table_from_layout).
  *
- * EPX_TABLE_EPX, deterministic: a GPU holding a replica takes it; every other
- * rank takes a replica on its own node if there is one, else any replica,
- * choosing the one whose GPU is furthest below its expected load. Expected
- * GPU load = sum over its slots of expected_load[e] x the slot's share
- * (replica_weights, or 1 / replicas). Each rank is assumed to send 1/G of an
- * expert's tokens (uniform token origin); experts are assigned heaviest
- * first, ties by lower id, and ties between replicas go to the one fewer
- * ranks already chose, then to the earlier in `replicas`.
+ * EPX_TABLE_EPX, deterministic, aiming at the least loaded GPU: a GPU
+ * holding a replica takes it; every other rank takes a replica on its own
+ * node when there is one, else any replica. Choices with a single candidate
+ * are committed first; the others are made heaviest expert first (ties by
+ * lower id), each to the candidate whose GPU then carries the least load --
+ * or, with replica_weights, the one furthest below the load the placement
+ * expects it to carry (expected_load[e] x the slot's weight share, summed
+ * over the GPU's slots). Ties go to the replica fewer ranks chose so far,
+ * then to the earlier in `replicas`. Loads assume each rank sends 1/G of an
+ * expert's tokens (uniform token origin), as epx_dispatch_table_gpu_load.
  *
  * Args:    shape (in) L, E, P, G, N (N is used by EPX_TABLE_EPX only);
  *          replicas (in) [L][E][width] slot ids, -1 padding anywhere; every

@@ -103,16 +103,37 @@ typedef struct epx_scratch {
     int32_t *chosen;  /* [width] ranks that chose each of them              */
 } epx_scratch;
 
+/* The candidates of rank g for one expert: the replicas on g's node when
+ * there are any, else all of them. Returns how many, and the only one when
+ * there is exactly one (else -1). */
+static int32_t node_candidates(const int32_t *cand, int32_t n, int32_t g, int32_t per,
+                               int32_t gpn, int32_t *only) {
+    int32_t local = 0, last = -1;
+    for (int32_t j = 0; j < n; j++)
+        if (cand[j] / per / gpn == g / gpn) local++, last = cand[j];
+    if (local == 0) {
+        *only = n == 1 ? cand[0] : -1;
+        return n;
+    }
+    *only = local == 1 ? last : -1;
+    return local;
+}
+
 static void epx_table(const epx_shape *s, const int32_t *replicas, int32_t width,
                       const double *load_all, const double *weights, int32_t *out,
                       epx_scratch *w, double *unit_load) {
     int32_t L = s->num_layers, E = s->num_logical_experts, G = s->num_gpus;
     int32_t P = s->num_physical_experts, per = P / G, gpn = G / s->num_nodes;
     size_t LE = (size_t)L * (size_t)E;
+#define OUT(g, l, e) out[(size_t)(g) * LE + (size_t)(l) * (size_t)E + (size_t)(e)]
     for (int32_t l = 0; l < L; l++) {
         const double *load = load_all ? load_all + (size_t)l * (size_t)E : unit_load;
         for (int32_t g = 0; g < G; g++) w->expected[g] = w->actual[g] = 0.0;
-        /* Expected GPU load, and the forced same-GPU choices. */
+        /* Pass 1: every choice that has one candidate is committed first
+         * (a replica on the rank's own GPU, the only one on its node, the
+         * only one at all), so the load the flexible choices even out is
+         * known before any of them is made. With weights, also the load the
+         * placement expects each GPU to carry. */
         for (int32_t e = 0; e < E; e++) {
             const int32_t *row = replicas + ((size_t)l * (size_t)E + (size_t)e) * (size_t)width;
             int32_t n = 0;
@@ -122,54 +143,58 @@ static void epx_table(const epx_shape *s, const int32_t *replicas, int32_t width
                     w->cand[n++] = row[j];
                     if (weights) wsum += weights[(size_t)l * (size_t)P + (size_t)row[j]];
                 }
-            for (int32_t j = 0; j < n; j++) {
-                double share = 1.0 / n;
-                if (weights && wsum > 0.0)
-                    share = weights[(size_t)l * (size_t)P + (size_t)w->cand[j]] / wsum;
-                w->expected[w->cand[j] / per] += load[e] * share;
+            if (weights)
+                for (int32_t j = 0; j < n; j++) {
+                    double share = wsum > 0.0
+                                       ? weights[(size_t)l * (size_t)P + (size_t)w->cand[j]] / wsum
+                                       : 1.0 / n;
+                    w->expected[w->cand[j] / per] += load[e] * share;
+                }
+            for (int32_t g = 0; g < G; g++) OUT(g, l, e) = -1;
+            for (int32_t j = n - 1; j >= 0; j--) OUT(w->cand[j] / per, l, e) = w->cand[j];
+            for (int32_t g = 0; g < G; g++) {
+                int32_t only = OUT(g, l, e);
+                if (only < 0) node_candidates(w->cand, n, g, per, gpn, &only);
+                if (only < 0) continue; /* a flexible choice, made in pass 2 */
+                OUT(g, l, e) = only;
+                w->actual[only / per] += load[e] / G;
             }
-            for (int32_t g = 0; g < G; g++)
-                out[(size_t)g * LE + (size_t)l * (size_t)E + (size_t)e] = -1;
-            for (int32_t j = n - 1; j >= 0; j--)
-                out[(size_t)(w->cand[j] / per) * LE + (size_t)l * (size_t)E + (size_t)e] =
-                    w->cand[j];
-            for (int32_t g = 0; g < G; g++)
-                if (out[(size_t)g * LE + (size_t)l * (size_t)E + (size_t)e] >= 0)
-                    w->actual[g] += load[e] / G;
         }
-        /* The other ranks, heaviest expert first. */
+        /* Pass 2: the flexible choices, heaviest expert first, each to the
+         * candidate whose GPU carries the least load (without weights) or is
+         * furthest below the placement's expectation (with them). */
         for (int32_t e = 0; e < E; e++) w->order[e] = (expert_key){load[e], e};
         qsort(w->order, (size_t)E, sizeof *w->order, heavier_first);
         for (int32_t oi = 0; oi < E; oi++) {
-            int32_t e = w->order[oi].id;
+            int32_t e = w->order[oi].id, n = 0;
             const int32_t *row = replicas + ((size_t)l * (size_t)E + (size_t)e) * (size_t)width;
-            int32_t n = 0;
             for (int32_t j = 0; j < width; j++)
                 if (row[j] >= 0) w->chosen[n] = 0, w->cand[n++] = row[j];
+            for (int32_t g = 0; g < G; g++)
+                for (int32_t j = 0; j < n; j++) w->chosen[j] += OUT(g, l, e) == w->cand[j];
             for (int32_t g = 0; g < G; g++) {
-                int32_t *slot = &out[(size_t)g * LE + (size_t)l * (size_t)E + (size_t)e];
-                if (*slot >= 0) continue;
-                int32_t node = g / gpn;
-                bool local = false;
-                for (int32_t j = 0; j < n && !local; j++) local = w->cand[j] / per / gpn == node;
+                if (OUT(g, l, e) >= 0) continue;
                 int32_t best = -1;
-                double best_head = 0.0;
+                bool local = false;
+                for (int32_t j = 0; j < n; j++) local |= w->cand[j] / per / gpn == g / gpn;
+                double best_cost = 0.0;
                 for (int32_t j = 0; j < n; j++) {
                     int32_t gj = w->cand[j] / per;
-                    if (local && gj / gpn != node) continue;
-                    double head = w->expected[gj] - w->actual[gj];
-                    if (best < 0 || head > best_head ||
-                        (head == best_head && w->chosen[j] < w->chosen[best])) {
+                    if (local && gj / gpn != g / gpn) continue;
+                    double cost = w->actual[gj] - w->expected[gj];
+                    if (best < 0 || cost < best_cost ||
+                        (cost == best_cost && w->chosen[j] < w->chosen[best])) {
                         best = j;
-                        best_head = head;
+                        best_cost = cost;
                     }
                 }
-                *slot = w->cand[best];
+                OUT(g, l, e) = w->cand[best];
                 w->chosen[best]++;
                 w->actual[w->cand[best] / per] += load[e] / G;
             }
         }
     }
+#undef OUT
 }
 
 static epx_status check_nonneg(const double *v, size_t n, const char *what, epx_error *err) {

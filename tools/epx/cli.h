@@ -64,5 +64,6 @@ int cmd_inspect(int argc, char **argv);
 int cmd_convert(int argc, char **argv);
 int cmd_trace(int argc, char **argv);
 int cmd_stats(int argc, char **argv);
+int cmd_dispatch_table(int argc, char **argv);
 
 #endif

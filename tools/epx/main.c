@@ -19,6 +19,7 @@ static const subcommand COMMANDS[] = {
     {"convert", cmd_convert, "convert mapping and counts files between .pt and .json"},
     {"trace", cmd_trace, "synthesize an expert-load trace for a model shape (trace synth)"},
     {"stats", cmd_stats, "load metrics per window and layer, worst layers first"},
+    {"dispatch-table", cmd_dispatch_table, "static dispatch tables per rank (SGLang-exact, or epx's load-aware)"},
 };
 
 static void usage(FILE *f) {

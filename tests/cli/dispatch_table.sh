@@ -1,0 +1,73 @@
+# dispatch_table.sh - `epx dispatch-table`: SGLang's table from a mapping
+# (ascending order) and from a golden case's logical_to_physical_map
+# (replica-rank order) equals the golden tables, --rank writes one [L][E]
+# slice, epx's table keeps every rank on a replica of the right expert, and
+# every bad option exits 2 with a message.
+. "$(dirname "$0")/../util/cli_lib.sh"
+SRC=${EPX_SOURCE:-$(dirname "$0")/../..}
+CASE="$SRC/tests/data/dispatch/mixtral_8gpu_int.json"
+[ -f "$CASE" ] || fail "$CASE missing"
+
+expect_exit 0 "$EPX" dispatch-table --placement "$CASE" --gpus 8 -o "$TMP/asc.json"
+expect_in "$TMP/out" "SGLang table (ascending order) for 8 ranks x 32 layers x 8 experts"
+expect_exit 0 "$EPX" dispatch-table --placement "$CASE" --gpus 8 --order replica-rank -o "$TMP/rr.json"
+expect_exit 0 "$EPX" dispatch-table --placement "$CASE" --gpus 8 --rank 3 -o "$TMP/r3.json"
+python3 - "$CASE" "$TMP" <<'PY' || fail "tables differ from the golden case"
+import json, sys
+case = json.load(open(sys.argv[1]))
+d = sys.argv[2]
+asc = json.load(open(d + "/asc.json"))
+rr = json.load(open(d + "/rr.json"))
+r3 = json.load(open(d + "/r3.json"))
+assert list(asc) == ["logical_to_rank_dispatch_physical_map"]
+assert asc["logical_to_rank_dispatch_physical_map"] == case["rank_dispatch_from_mapping"]
+assert rr["logical_to_rank_dispatch_physical_map"] == case["rank_dispatch_from_eplb"]
+assert r3["logical_to_rank_dispatch_physical_map"] == case["rank_dispatch_from_mapping"][3]
+PY
+
+# epx's table, with and without an expected load.
+python3 - "$CASE" "$TMP/counts.json" <<'PY'
+import json, sys
+case = json.load(open(sys.argv[1]))
+json.dump({"logical_count": case["weight"]}, open(sys.argv[2], "w"))
+PY
+expect_exit 0 "$EPX" dispatch-table --placement "$CASE" --gpus 8 --algorithm epx --counts "$TMP/counts.json" -o "$TMP/epx.json"
+expect_in "$TMP/out" "epx table" "balancedness of the load under this table"
+expect_exit 0 "$EPX" dispatch-table --placement "$CASE" --gpus 8 --nodes 2 --algorithm epx -o "$TMP/epx2.json"
+python3 - "$CASE" "$TMP/epx.json" <<'PY' || fail "epx table sends a rank to a slot without its expert"
+import json, sys
+case = json.load(open(sys.argv[1]))
+t = json.load(open(sys.argv[2]))["logical_to_rank_dispatch_physical_map"]
+p2l = case["physical_to_logical_map"]
+per = len(p2l[0]) // 8
+for g, tl in enumerate(t):
+    for l, row in enumerate(tl):
+        for e, p in enumerate(row):
+            assert p2l[l][p] == e
+            if any(p2l[l][q] == e and q // per == g for q in range(len(p2l[l]))):
+                assert p // per == g
+PY
+
+# A plain mapping file has no replica-rank order.
+python3 -c 'import json; print(json.dumps({"physical_to_logical_map": [[0, 1, 2, 3, 0, 1, 2, 3]]}))' >"$TMP/map.json"
+expect_exit 2 "$EPX" dispatch-table --placement "$TMP/map.json" --gpus 4 --order replica-rank -o "$TMP/x.json"
+expect_in "$TMP/err" "logical_to_physical_map" "--order ascending"
+# Maps that disagree.
+python3 -c 'import json; print(json.dumps({"physical_to_logical_map": [[0, 1, 0, 1]], "logical_to_physical_map": [[[0, 1], [3, -1]]]}))' >"$TMP/bad.json"
+expect_exit 2 "$EPX" dispatch-table --placement "$TMP/bad.json" --gpus 2 --order replica-rank -o "$TMP/x.json"
+expect_in "$TMP/err" "lists slot 1" "disagree"
+# Bad options.
+expect_exit 2 "$EPX" dispatch-table --placement "$TMP/map.json" --gpus 3 -o "$TMP/x.json"
+expect_exit 2 "$EPX" dispatch-table --placement "$TMP/map.json" --gpus 4 --rank 4 -o "$TMP/x.json"
+expect_in "$TMP/err" "--rank 4"
+expect_exit 2 "$EPX" dispatch-table --placement "$TMP/map.json" --gpus 4 --order sideways -o "$TMP/x.json"
+expect_exit 2 "$EPX" dispatch-table --placement "$TMP/map.json" --gpus 4 --algorithm fast -o "$TMP/x.json"
+expect_exit 2 "$EPX" dispatch-table --placement "$TMP/map.json" --gpus 4 --counts "$TMP/counts.json" -o "$TMP/x.json"
+expect_in "$TMP/err" "--algorithm epx only"
+expect_exit 2 "$EPX" dispatch-table --placement "$TMP/map.json" --gpus 4 --algorithm epx --seed 1 -o "$TMP/x.json"
+expect_exit 2 "$EPX" dispatch-table --placement "$TMP/map.json" --gpus 4 --algorithm epx --counts "$TMP/counts.json" -o "$TMP/x.json"
+expect_in "$TMP/err" "--counts is [32][8]"
+expect_exit 2 "$EPX" dispatch-table --gpus 4 -o "$TMP/x.json"
+expect_exit 0 "$EPX" dispatch-table --help
+expect_in "$TMP/out" "replica-rank" "logical_to_physical_map"
+echo "dispatch-table: golden tables reproduced from both orders; errors explained"

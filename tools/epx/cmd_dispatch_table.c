@@ -1,0 +1,190 @@
+/*
+ * cmd_dispatch_table.c - `epx dispatch-table`: the static dispatch table of
+ * every rank (or one), as SGLang computes it for ep_dispatch_algorithm
+ * "static" or with epx's own load-aware rule, written as
+ * {"logical_to_rank_dispatch_physical_map": [G][L][E]} ([L][E] with --rank).
+ *
+ * The replica order decides SGLang's table. A mapping file gives the
+ * ascending order (what SGLang's init_by_mapping builds); replica-rank order
+ * (what init_by_eplb passes on from DeepSeek's planner) needs a file that
+ * also carries logical_to_physical_map, such as a golden case or an epx
+ * plan report; its replica lists are checked against the mapping.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+
+static int fail(const char *msg) {
+    fprintf(stderr, "epx dispatch-table: %s\n", msg);
+    return CLI_EXIT_USAGE;
+}
+
+/* Check that every replica-rank list names slots holding its expert. */
+static int check_replicas(const int32_t *p2l, int32_t P, const int32_t *rep, int32_t L,
+                          int32_t E, int32_t W) {
+    for (int32_t l = 0; l < L; l++)
+        for (int32_t e = 0; e < E; e++)
+            for (int32_t j = 0; j < W; j++) {
+                int32_t p = rep[((size_t)l * (size_t)E + (size_t)e) * (size_t)W + (size_t)j];
+                if (p < 0) continue;
+                if (p >= P || p2l[(size_t)l * (size_t)P + (size_t)p] != e) {
+                    fprintf(stderr,
+                            "epx dispatch-table: logical_to_physical_map[%d][%d] lists slot %d, "
+                            "but physical_to_logical_map puts expert %d there: the two maps "
+                            "disagree\n",
+                            l, e, p, p >= 0 && p < P ? p2l[(size_t)l * (size_t)P + (size_t)p] : -1);
+                    return CLI_EXIT_USAGE;
+                }
+            }
+    return -1;
+}
+
+int cmd_dispatch_table(int argc, char **argv) {
+    cli_opt opts[] = {
+        {"--placement", "FILE",
+         "placement: a mapping file (.json/.pt/inline) with physical_to_logical_map; for "
+         "--order replica-rank a JSON that also has logical_to_physical_map (a golden case, an "
+         "epx plan report)",
+         NULL},
+        {"--gpus", "G", "GPUs (EP ranks)", NULL},
+        {"--nodes", "N", "nodes (default 1; epx's rule prefers same-node replicas)", NULL},
+        {"--experts", "E", "logical experts (default: from logical_to_physical_map, else max id + 1)", NULL},
+        {"--rank", "R", "write only rank R's [L][E] table", NULL},
+        {"--order", "ORDER", "replica order: ascending (default; as init_by_mapping) or replica-rank (as init_by_eplb)", NULL},
+        {"--algorithm", "ALGO", "sglang (default; bit-exact with SGLang) or epx (deterministic, load-aware)", NULL},
+        {"--counts", "FILE", "epx only: logical_count [L][E] or [S][L][E] (windows summed) as the expected load", NULL},
+        {"--seed", "S", "sglang only: random.Random seed (default 42, SGLang's)", NULL},
+        {"-o", "FILE", "output table (.json)", NULL},
+        {NULL, NULL, NULL, NULL},
+    };
+    cli_cmd cmd = {"dispatch-table",
+                   "epx dispatch-table --placement FILE --gpus G [--nodes N] [--experts E] "
+                   "[--rank R] [--order ascending|replica-rank] [--algorithm sglang|epx] "
+                   "[--counts FILE] [--seed S] -o FILE",
+                   "Write the static dispatch table {\"logical_to_rank_dispatch_physical_map\": "
+                   "[G][L][E]} ([L][E] with --rank). From a mapping file the replica order is "
+                   "ascending, as SGLang's init_by_mapping builds it; --order replica-rank needs "
+                   "a JSON that carries logical_to_physical_map.",
+                   opts, 0, {0}, 0};
+    int rc = cli_parse(&cmd, argc, argv);
+    if (rc >= 0) return rc;
+    const char *placement = cli_require(&cmd, "--placement"), *out = cli_require(&cmd, "-o");
+    if (placement == NULL || out == NULL || !cli_require(&cmd, "--gpus")) return CLI_EXIT_USAGE;
+    int32_t G = 0, N = 1, E = 0, R = -1, seed = 42;
+    if (!cli_int(&cmd, "--gpus", 1, EPX_MAX_GPUS, &G) || !cli_int(&cmd, "--nodes", 1, EPX_MAX_GPUS, &N) ||
+        !cli_int(&cmd, "--experts", 1, EPX_MAX_EXPERTS, &E) ||
+        !cli_int(&cmd, "--rank", 0, EPX_MAX_GPUS - 1, &R) || !cli_int(&cmd, "--seed", 0, INT32_MAX, &seed))
+        return CLI_EXIT_USAGE;
+    const char *order = cli_get(&cmd, "--order"), *algo = cli_get(&cmd, "--algorithm");
+    bool replica_rank = false;
+    if (order && strcmp(order, "replica-rank") == 0)
+        replica_rank = true;
+    else if (order && strcmp(order, "ascending") != 0)
+        return fail("--order must be 'ascending' or 'replica-rank'");
+    epx_table_opts topts = EPX_TABLE_OPTS_INIT;
+    if (algo && strcmp(algo, "epx") == 0)
+        topts.algorithm = EPX_TABLE_EPX;
+    else if (algo && strcmp(algo, "sglang") != 0)
+        return fail("--algorithm must be 'sglang' or 'epx'");
+    const char *counts_path = cli_get(&cmd, "--counts");
+    if (counts_path && topts.algorithm != EPX_TABLE_EPX)
+        return fail("--counts is used by --algorithm epx only (SGLang's table ignores load)");
+    if (cli_get(&cmd, "--seed") && topts.algorithm != EPX_TABLE_SGLANG)
+        return fail("--seed is used by --algorithm sglang only (epx's table draws no random numbers)");
+    topts.seed = (uint64_t)seed;
+    if (R >= G) {
+        fprintf(stderr, "epx dispatch-table: --rank %d is not below --gpus %d\n", R, G);
+        return CLI_EXIT_USAGE;
+    }
+
+    epx_error err = {0};
+    int32_t *p2l = NULL, *rep = NULL, *table = NULL, L = 0, P = 0, RL = 0, RE = 0, RW = 0;
+    double *load = NULL, *gpu_load = NULL;
+    epx_layout *lay = NULL;
+    epx_counts *counts = NULL;
+    int ret = CLI_EXIT_OK;
+    if (epx_mapping_read(placement, &p2l, &L, &P, &err) != EPX_OK) goto report;
+    if (replica_rank) {
+        if (epx_replica_map_read(placement, &rep, &RL, &RE, &RW, &err) != EPX_OK) goto report;
+        if (RL != L) {
+            fprintf(stderr, "epx dispatch-table: logical_to_physical_map has %d layers, "
+                            "physical_to_logical_map %d\n", RL, L);
+            ret = CLI_EXIT_USAGE;
+            goto done;
+        }
+        if (E == 0) E = RE;
+        if (RE != E) {
+            fprintf(stderr, "epx dispatch-table: logical_to_physical_map has %d experts, "
+                            "--experts says %d\n", RE, E);
+            ret = CLI_EXIT_USAGE;
+            goto done;
+        }
+    }
+    if (E == 0)
+        for (size_t i = 0; i < (size_t)L * (size_t)P; i++) E = p2l[i] + 1 > E ? p2l[i] + 1 : E;
+    epx_shape shape = {L, E, P, G, N};
+    if (epx_layout_create_from_map(&shape, p2l, &lay, &err) != EPX_OK) goto report;
+    if (rep && (ret = check_replicas(p2l, P, rep, L, E, RW)) >= 0) goto done;
+    ret = CLI_EXIT_OK;
+    if (counts_path) {
+        if (epx_counts_read(counts_path, &counts, &err) != EPX_OK) goto report;
+        if (counts->num_layers != L || counts->num_experts != E) {
+            fprintf(stderr, "epx dispatch-table: --counts is [%d][%d] (layers x experts), the "
+                            "placement [%d][%d]\n", counts->num_layers, counts->num_experts, L, E);
+            ret = CLI_EXIT_USAGE;
+            goto done;
+        }
+        load = malloc(sizeof *load * (size_t)L * (size_t)E);
+        if (load == NULL) goto nomem;
+        if (epx_counts_sum_windows(counts, 0, counts->num_windows, load, &err) != EPX_OK) goto report;
+        topts.expected_load = load;
+    }
+    table = malloc(sizeof *table * (size_t)G * (size_t)L * (size_t)E);
+    if (table == NULL) goto nomem;
+    if (rep) {
+        if (epx_dispatch_table_compute(&shape, rep, RW, &topts, table, &err) != EPX_OK) goto report;
+    } else if (epx_dispatch_table_from_layout(lay, &topts, table, &err) != EPX_OK) {
+        goto report;
+    }
+    const int32_t *what = R >= 0 ? table + (size_t)R * (size_t)L * (size_t)E : table;
+    if (epx_dispatch_table_write_json(out, what, R >= 0 ? 0 : G, L, E, &err) != EPX_OK) goto report;
+    printf("wrote %s: %s table (%s order) for %s%d ranks x %d layers x %d experts\n", out,
+           topts.algorithm == EPX_TABLE_EPX ? "epx" : "SGLang",
+           replica_rank ? "replica-rank" : "ascending", R >= 0 ? "rank " : "", R >= 0 ? R : G, L, E);
+    if (load) {
+        /* the balance the table implies for the given load */
+        gpu_load = malloc(sizeof *gpu_load * (size_t)L * (size_t)G);
+        if (gpu_load == NULL) goto nomem;
+        if (epx_dispatch_table_gpu_load(&shape, table, load, gpu_load, &err) != EPX_OK) goto report;
+        double sum = 0.0;
+        int used = 0;
+        for (int32_t l = 0; l < L; l++) {
+            double mx = 0.0, tot = 0.0;
+            for (int32_t g = 0; g < G; g++) {
+                tot += gpu_load[(size_t)l * (size_t)G + (size_t)g];
+                if (gpu_load[(size_t)l * (size_t)G + (size_t)g] > mx) mx = gpu_load[(size_t)l * (size_t)G + (size_t)g];
+            }
+            if (mx > 0.0) sum += tot / G / mx, used++;
+        }
+        printf("balancedness of the load under this table: %.4f (mean over %d layers with load)\n",
+               used ? sum / used : 1.0, used);
+    }
+    goto done;
+nomem:
+    fprintf(stderr, "epx dispatch-table: out of memory\n");
+    ret = CLI_EXIT_FAIL;
+    goto done;
+report:
+    ret = cli_report(&cmd, &err);
+done:
+    free(gpu_load);
+    free(table);
+    free(load);
+    epx_counts_destroy(counts);
+    epx_layout_destroy(lay);
+    epx_free(rep);
+    epx_free(p2l);
+    return ret;
+}
