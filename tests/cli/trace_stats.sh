@@ -81,6 +81,23 @@ assert abs(a - b) < 0.04, (a, b)
 PY
 fi
 
+# SGLang's .pt stat dumps read through the same entry point (once the .pt
+# reader is in the build).
+pt="${EPX_SHARED:-}/golden/pt/stat_dump_mixtral.pt"
+if [ -f "$pt" ]; then
+    "$EPX" stats "$pt" --json >"$TMP/out" 2>"$TMP/err"; rc=$?
+    if [ $rc -eq 0 ]; then
+        python3 - "$TMP/out" <<'PY' || fail "stats of the mixtral .pt dump look wrong"
+import json, sys
+d = json.load(open(sys.argv[1]))
+assert d["windows"] == 8 and d["layers"] == 32 and d["experts"] == 8, d
+assert all(0 < w["balancedness"] <= 1 for w in d["per_window"])
+PY
+    elif ! grep -q "not supported" "$TMP/err"; then
+        cat "$TMP/err" >&2; fail "epx stats on a .pt dump exited $rc"
+    fi
+fi
+
 # Bad input: exit 2 with a reason.
 expect_exit 2 "$EPX" trace synth --model llama-moe -o "$TMP/x.json"
 expect_in "$TMP/err" "unknown model 'llama-moe'" "kimi-k2"
