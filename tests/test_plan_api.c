@@ -108,25 +108,39 @@ static void option_errors(void **state) {
     assert_int_equal(plan(c, s, &o, &p, &err), EPX_ERR_INVALID_ARG);
     TU_MSG_HAS(err.msg, "cross_node_budget");
 
-    /* not supported yet */
+    /* moving costs and failed GPUs (src/migrate; tests/test_migrate_limit.c) */
     epx_layout *cur = NULL;
     assert_int_equal(epx_layout_create_trivial(&s, &cur, &err), EPX_OK);
     uint8_t failed[4] = {0, 1, 0, 0};
     o = (epx_plan_opts)EPX_PLAN_OPTS_INIT;
-    o.current = cur;
-    assert_int_equal(plan(c, s, &o, &p, &err), EPX_ERR_UNSUPPORTED);
-    TU_MSG_HAS(err.msg, "opts.current", "not supported yet");
-    o = (epx_plan_opts)EPX_PLAN_OPTS_INIT;
     o.max_moves = 10;
-    assert_int_equal(plan(c, s, &o, &p, &err), EPX_ERR_UNSUPPORTED);
-    TU_MSG_HAS(err.msg, "max_moves (10)");
+    assert_int_equal(plan(c, s, &o, &p, &err), EPX_ERR_INVALID_ARG);
+    TU_MSG_HAS(err.msg, "max_moves (10)", "without a current layout");
     o = (epx_plan_opts)EPX_PLAN_OPTS_INIT;
     o.move_price = 0.1;
-    assert_int_equal(plan(c, s, &o, &p, &err), EPX_ERR_UNSUPPORTED);
+    assert_int_equal(plan(c, s, &o, &p, &err), EPX_ERR_INVALID_ARG);
+    o.current = cur;
+    o.move_price = -0.1;
+    assert_int_equal(plan(c, s, &o, &p, &err), EPX_ERR_INVALID_ARG);
+    o.move_price = 0;
+    o.max_moves = 10;
+    assert_int_equal(plan(c, s, &o, &p, &err), EPX_OK);
+    const int32_t *cm = epx_layout_physical_to_logical(cur);
+    const int32_t *pm = epx_layout_physical_to_logical(epx_plan_layout(p));
+    int moved = 0;
+    for (int i = 0; i < s.num_layers * s.num_physical_experts; i++) moved += cm[i] != pm[i];
+    assert_true(moved <= 10);
+    epx_plan_destroy(p);
+    p = NULL;
     o = (epx_plan_opts)EPX_PLAN_OPTS_INIT;
     o.failed_gpus = failed;
-    assert_int_equal(plan(c, s, &o, &p, &err), EPX_ERR_UNSUPPORTED);
-    TU_MSG_HAS(err.msg, "failed GPUs");
+    assert_int_equal(plan(c, s, &o, &p, &err), EPX_OK);
+    const int32_t spg = s.num_physical_experts / s.num_gpus;
+    for (int l = 0; l < s.num_layers; l++)
+        for (int k = 0; k < spg; k++)
+            assert_true(epx_plan_replica_weights(p)[l * s.num_physical_experts + spg + k] == 0.0);
+    epx_plan_destroy(p);
+    p = NULL;
     epx_layout_destroy(cur);
 
     /* counts against the shape */

@@ -68,9 +68,17 @@ typedef struct epx_plan epx_plan;
  *          with replica weights 1 / replicas; EPX chooses its own estimate.
  * Returns: EPX_OK; EPX_ERR_SHAPE (counts vs shape, groups vs experts/nodes);
  *          EPX_ERR_INVALID_ARG (unknown enum values, options the chosen
- *          algorithm does not take, negative or non-finite loads);
- *          EPX_ERR_UNSUPPORTED (current, max_moves, move_price and
- *          failed_gpus: not implemented yet); EPX_ERR_NOMEM.
+ *          algorithm does not take, negative or non-finite loads; max_moves
+ *          or move_price without current; a max_moves below what failed
+ *          GPUs force, naming the least that works); EPX_ERR_NOMEM.
+ *          With current: the plan is relabelled inside each GPU to keep
+ *          what the current layout holds, then its least valuable moves are
+ *          undone under max_moves (over all layers) and move_price (the
+ *          balancedness of its layer a moved slot must buy); see
+ *          epx_layout_limit_moves. With failed_gpus: planned on the
+ *          survivors; a failed GPU's slots duplicate live experts (what
+ *          current held there, else p % E) with replica weight 0, so
+ *          dispatch must skip them (weighted dispatch does by its weights).
  * Thread:  any thread; no shared state.
  */
 EPX_API epx_status epx_plan_compute(const epx_counts *counts, const epx_shape *shape,

@@ -4,9 +4,10 @@
  * algorithm (epx_*.c, behind plan_internal.h), and the plan object.
  *
  * Every option is checked here, before any work, so the algorithms can trust
- * their inputs. A request the planner cannot serve yet (planning relative to
- * the layout in service, failed GPUs) is EPX_ERR_UNSUPPORTED, never silently
- * ignored; an option the chosen algorithm does not take is an error too,
+ * their inputs. Planning relative to the layout in service (current,
+ * max_moves, move_price) and around failed GPUs is src/migrate's
+ * epxi_plan_constrained, which wraps place(); an option the chosen
+ * algorithm does not take is an error,
  * unless it asks for what that algorithm does anyway (node_local OFF with
  * the global policy).
  */
@@ -17,6 +18,7 @@
 
 #include "plan_hooks.h"
 #include "plan_internal.h"
+#include "../migrate/migrate_internal.h"
 
 struct epx_plan {
     epx_layout *layout;
@@ -165,25 +167,9 @@ static epx_status check_opts(const epx_plan_opts *o, const epx_shape *s, epx_alg
         return epxi_fail(err, EPX_ERR_INVALID_ARG,
                          "num_groups (%d) must be >= 0 (0 = the model has no expert groups)",
                          o->num_groups);
-    if (o->current != NULL)
-        return epxi_fail(err, EPX_ERR_UNSUPPORTED,
-                         "planning relative to the layout in service (opts.current) is not "
-                         "supported yet: leave it NULL to plan from scratch");
-    if (o->max_moves >= 0)
-        return epxi_fail(err, EPX_ERR_UNSUPPORTED,
-                         "max_moves (%d) limits changes to the layout in service, which is not "
-                         "supported yet: leave it at -1",
-                         o->max_moves);
-    if (o->move_price != 0.0)
-        return epxi_fail(err, EPX_ERR_UNSUPPORTED,
-                         "move_price (%g) prices changes to the layout in service, which is "
-                         "not supported yet: leave it at 0",
-                         o->move_price);
-    if (o->failed_gpus != NULL)
-        return epxi_fail(err, EPX_ERR_UNSUPPORTED,
-                         "planning around failed GPUs (opts.failed_gpus) is not supported yet: "
-                         "leave it NULL");
     EPX_TRY(epx_shape_check(s, err));
+    /* current, max_moves, move_price, failed_gpus: src/migrate. */
+    EPX_TRY(epxi_plan_constraints_check(s, o, err));
     const int32_t E = s->num_logical_experts;
     if (o->num_groups > 0 && E % o->num_groups != 0)
         return epxi_fail(err, EPX_ERR_SHAPE,
@@ -276,6 +262,30 @@ static epx_status check_shares(const epx_layout *lay, const double *share, epx_e
     return EPX_OK;
 }
 
+/* The placement for one shape (epxi_place_fn): the chosen algorithm and its
+ * replica weights. The constrained path calls it on the survivors' shape. */
+static epx_status place(void *ctx, const epx_counts *counts, const epx_shape *shape,
+                        const epx_plan_opts *opts, int32_t *map, double *share, epx_error *err) {
+    const epx_algorithm algo = *(const epx_algorithm *)ctx;
+    if (algo == EPX_ALGO_EPX) return epxi_plan_epx(counts, shape, opts, map, share, err);
+    const bool hier = algo == EPX_ALGO_DEEPSEEK_HIERARCHICAL;
+    const int32_t E = shape->num_logical_experts, P = shape->num_physical_experts;
+    EPX_TRY(epxi_deepseek_check(E, P, opts->num_groups > 0 ? opts->num_groups : 1,
+                                shape->num_nodes, shape->num_gpus, hier, err));
+    EPX_TRY(plan_deepseek_all(counts, shape, opts, hier, map, err));
+    /* DeepSeek's dispatch splits an expert's tokens evenly. */
+    int32_t *nv = epxi_calloc((size_t)E, sizeof *nv, "replica counts", err);
+    if (nv == NULL) return EPX_ERR_NOMEM;
+    for (int32_t l = 0; l < shape->num_layers; l++) {
+        const int32_t *row = map + (size_t)l * (size_t)P;
+        memset(nv, 0, (size_t)E * sizeof *nv);
+        for (int32_t p = 0; p < P; p++) nv[row[p]]++;
+        for (int32_t p = 0; p < P; p++) share[(size_t)l * (size_t)P + (size_t)p] = 1.0 / nv[row[p]];
+    }
+    free(nv);
+    return EPX_OK;
+}
+
 /* ---- the entry point -------------------------------------------------------- */
 
 epx_status epx_plan_compute(const epx_counts *counts, const epx_shape *shape,
@@ -297,25 +307,14 @@ epx_status epx_plan_compute(const epx_counts *counts, const epx_shape *shape,
         return err ? err->status : EPX_ERR_NOMEM;
     }
     plan->algorithm = algo;
-    epx_status st;
-    if (algo == EPX_ALGO_EPX)
-        st = epxi_plan_epx(counts, shape, opts, map, plan->weights, err);
-    else
-        st = plan_deepseek_all(counts, shape, opts, algo == EPX_ALGO_DEEPSEEK_HIERARCHICAL, map, err);
+    /* Planning around the layout in service or failed GPUs wraps place(). */
+    epx_status st = epxi_plan_is_constrained(opts)
+                        ? epxi_plan_constrained(counts, shape, opts, place, &algo, map,
+                                                plan->weights, err)
+                        : place(&algo, counts, shape, opts, map, plan->weights, err);
     if (st == EPX_OK) st = epx_layout_create_from_map(shape, map, &plan->layout, err);
     free(map);
-    if (st == EPX_OK) {
-        if (algo == EPX_ALGO_EPX) {
-            st = check_shares(plan->layout, plan->weights, err);
-        } else {
-            /* DeepSeek's dispatch splits an expert's tokens evenly. */
-            const int32_t *p2l = epx_layout_physical_to_logical(plan->layout);
-            const int32_t *nv = epx_layout_num_valid(plan->layout);
-            const size_t P = (size_t)shape->num_physical_experts, E = (size_t)shape->num_logical_experts;
-            for (size_t i = 0; i < LP; i++)
-                plan->weights[i] = 1.0 / (double)nv[(i / P) * E + (size_t)p2l[i]];
-        }
-    }
+    if (st == EPX_OK) st = check_shares(plan->layout, plan->weights, err);
     if (st != EPX_OK) {
         epx_plan_destroy(plan);
         return st;
