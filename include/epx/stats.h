@@ -17,6 +17,11 @@
  * stored passes as epx_counts [S][L][E], oldest first; epx_recorder_reset
  * clears them.
  *
+ * One recorder sees the tokens it is given. SGLang sums every rank's GPU
+ * counts before it computes balancedness; to get the same global figure on
+ * a multi-rank server, feed one recorder the all-reduced slot counts
+ * (epx_recorder_add_slot_counts) rather than one recorder per rank.
+ *
  * Differences from SGLang, on purpose: SGLang's stat mode stores physical
  * counts and converts them all at dump time with the map current then; epx
  * converts each pass with the layout that served it, so a rebalance during

@@ -119,6 +119,7 @@ static int make_layout(const cli_cmd *cmd, const epx_counts *c, int32_t G, int32
     if (placement == NULL) {
         epx_shape s = {c->num_layers, c->num_experts, c->num_experts, G, N};
         if (epx_shape_check(&s, err) != EPX_OK) {
+            if (c->num_experts % G == 0) return cli_report(cmd, err);
             fprintf(stderr,
                     "epx stats: the trivial layout has P = E = %d slots, which %d GPUs cannot "
                     "share evenly: pass --gpus with a divisor of %d, or a --placement\n",
