@@ -177,8 +177,20 @@ static epx_status write_body(FILE *f, const void *vctx) {
                "(mean GPU load / max GPU load; 1.0 is perfect)</text>\n", left, chart_top - 12);
     fprintf(f, "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" fill=\"none\" stroke=\"#333\"/>\n",
             left, chart_top, chart_w, chart_h);
+    /* The y axis starts at the lowest tenth below every series, so close
+     * curves near 1.0 stay distinguishable. */
+    double ymin = 1.0;
+    for (int32_t s = -1; s < c->n; s++) {
+        const double *v = s < 0 ? c->bound : c->series[s].balancedness;
+        for (int32_t l = 0; v != NULL && l < c->L; l++)
+            if (v[l] >= 0 && v[l] < ymin) ymin = v[l];
+    }
+    ymin = floor(ymin * 10) / 10;
+    if (ymin > 0.9) ymin = 0.9;
+    if (ymin < 0) ymin = 0;
+#define YPOS(v) (chart_top + chart_h * (1 - ((v) - ymin) / (1 - ymin)))
     for (int i = 0; i <= 4; i++) {
-        double v = i / 4.0, y = chart_top + chart_h * (1 - v);
+        double v = ymin + (1 - ymin) * i / 4.0, y = YPOS(v);
         fprintf(f, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#ddd\"/>"
                    "<text x=\"%.1f\" y=\"%.1f\" font-size=\"10\" text-anchor=\"end\">%.2f</text>\n",
                 left, y, left + chart_w, y, left - 4, y + 3, v);
@@ -197,7 +209,7 @@ static epx_status write_body(FILE *f, const void *vctx) {
         fprintf(f, "<polyline fill=\"none\" stroke=\"%s\" stroke-width=\"%s\"%s points=\"", col,
                 s < 0 ? "1" : "2", s < 0 ? " stroke-dasharray=\"4 3\"" : "");
         for (int32_t l = 0; l < c->L; l++)
-            if (v[l] >= 0) fprintf(f, "%.1f,%.1f ", left + l * dx, chart_top + chart_h * (1 - v[l]));
+            if (v[l] >= 0) fprintf(f, "%.1f,%.1f ", left + l * dx, YPOS(v[l]));
         fputs("\"/>\n", f);
     }
     /* Legend under the chart. */
@@ -213,6 +225,7 @@ static epx_status write_body(FILE *f, const void *vctx) {
         fputs("</text>\n", f);
         lx += 200;
     }
+#undef YPOS
     fputs("</svg>\n", f);
     return ferror(f) ? EPX_ERR_IO : EPX_OK;
 }

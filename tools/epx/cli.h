@@ -59,9 +59,12 @@ int cli_report(const cli_cmd *cmd, const epx_error *err);
 bool cli_int_list(const char *s, int64_t lo, int64_t hi, int32_t **out, int32_t *n);
 
 /* Every subcommand. */
+int cmd_demo(int argc, char **argv);
 int cmd_layout(int argc, char **argv);
 int cmd_inspect(int argc, char **argv);
 int cmd_convert(int argc, char **argv);
+int cmd_plan(int argc, char **argv);
+int cmd_eval(int argc, char **argv);
 int cmd_trace(int argc, char **argv);
 int cmd_stats(int argc, char **argv);
 int cmd_dispatch_table(int argc, char **argv);

@@ -14,9 +14,12 @@ typedef struct {
 } subcommand;
 
 static const subcommand COMMANDS[] = {
+    {"demo", cmd_demo, "the main job: plan a synthetic trace with DeepSeek and epx, compare, report"},
     {"layout", cmd_layout, "write a layout (trivial) as an SGLang mapping file"},
     {"inspect", cmd_inspect, "validate a mapping file and summarise it"},
     {"convert", cmd_convert, "convert mapping and counts files between .pt and .json"},
+    {"plan", cmd_plan, "plan a placement for a load (epx, deepseek, deepseek-hierarchical, auto)"},
+    {"eval", cmd_eval, "balancedness of a placement on a load, per window, with the bound"},
     {"trace", cmd_trace, "synthesize an expert-load trace for a model shape (trace synth)"},
     {"stats", cmd_stats, "load metrics per window and layer, worst layers first"},
     {"dispatch-table", cmd_dispatch_table, "static dispatch tables per rank (SGLang-exact, or epx's load-aware)"},

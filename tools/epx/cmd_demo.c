@@ -1,0 +1,277 @@
+/*
+ * cmd_demo.c - `epx demo`, the main job: on an embedded default (a
+ * synthetic Kimi-K2 trace, 8 GPUs, 32 redundant experts) it plans with
+ * DeepSeek's EPLB and with epx's default algorithm, scores both and the
+ * trivial layout in-sample and on the next window, prints a comparison,
+ * and leaves placement.json (for SGLang's --init-expert-location),
+ * report.json (every figure) and report.svg (the picture) in a folder.
+ *
+ * The last window is held out: plans see windows 0..S-2, and "next window"
+ * scores them on window S-1, which is how a placement is used in serving.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "cli.h"
+
+enum { LAY_TRIVIAL, LAY_DEEPSEEK, LAY_EPX, NUM_LAYOUTS };
+
+typedef struct demo_result {
+    const char *name;
+    const epx_layout *layout;
+    const double *weights;   /* replica weights, NULL = even split */
+    double plan_seconds;
+    epx_balance in_sample, next;
+    epx_layer_balance *next_layers; /* [L] */
+    double *next_gpu_load;          /* [L][G] */
+} demo_result;
+
+/* Copy windows [first, first + n) into a new counts tensor. */
+static epx_status counts_slice(const epx_counts *c, int32_t first, int32_t n, epx_counts **out,
+                               epx_error *err) {
+    epx_status st = epx_counts_create(n, c->num_layers, c->num_experts, out, err);
+    if (st != EPX_OK) return st;
+    size_t le = (size_t)c->num_layers * (size_t)c->num_experts;
+    memcpy((*out)->data, c->data + (size_t)first * le, (size_t)n * le * sizeof(double));
+    return EPX_OK;
+}
+
+static epx_status score(demo_result *r, const double *in_load, const double *next_load,
+                        int32_t L, int32_t G, epx_error *err) {
+    epx_status st = epx_balance_compute(r->layout, in_load, r->weights, &r->in_sample, NULL, err);
+    if (st != EPX_OK) return st;
+    r->next_layers = calloc((size_t)L, sizeof *r->next_layers);
+    r->next_gpu_load = calloc((size_t)L * (size_t)G, sizeof *r->next_gpu_load);
+    if (r->next_layers == NULL || r->next_gpu_load == NULL) {
+        snprintf(err->msg, sizeof err->msg, "out of memory");
+        return err->status = EPX_ERR_NOMEM;
+    }
+    st = epx_balance_compute(r->layout, next_load, r->weights, &r->next, r->next_layers, err);
+    if (st != EPX_OK) return st;
+    return epx_gpu_loads(r->layout, next_load, r->weights, r->next_gpu_load, err);
+}
+
+static void json_balance(FILE *f, const char *key, const epx_balance *b) {
+    fprintf(f,
+            "\"%s\": {\"balancedness\": %.6f, \"balancedness_sglang\": %.6f, \"bound\": %.6f, "
+            "\"gap\": %.6f, \"worst_layer\": %d}",
+            key, b->balancedness, b->balancedness_sglang, b->bound, b->gap, b->worst_layer);
+}
+
+static int write_report_json(const char *path, const epx_model *m, const epx_shape *s,
+                             const epx_trace_opts *to, const demo_result *r) {
+    FILE *f = fopen(path, "w");
+    if (f == NULL) return -1;
+    fprintf(f, "{\n  \"model\": \"%s\",\n  \"shape\": {\"layers\": %d, \"logical_experts\": %d, "
+               "\"physical_slots\": %d, \"gpus\": %d, \"nodes\": %d, \"groups\": %d},\n",
+            m->name, s->num_layers, s->num_logical_experts, s->num_physical_experts, s->num_gpus,
+            s->num_nodes, m->num_groups);
+    fprintf(f, "  \"trace\": {\"windows\": %d, \"tokens_per_window\": %lld, \"seed\": %llu, "
+               "\"planned_on_windows\": [0, %d], \"scored_next_window\": %d},\n",
+            to->num_windows, (long long)to->tokens, (unsigned long long)to->seed,
+            to->num_windows - 2, to->num_windows - 1);
+    fputs("  \"layouts\": [\n", f);
+    for (int i = 0; i < NUM_LAYOUTS; i++) {
+        fprintf(f, "    {\"name\": \"%s\", \"plan_seconds\": %.6f, ", r[i].name, r[i].plan_seconds);
+        json_balance(f, "in_sample", &r[i].in_sample);
+        fputs(", ", f);
+        json_balance(f, "next_window", &r[i].next);
+        fputs(",\n     \"next_window_per_layer\": [", f);
+        for (int32_t l = 0; l < s->num_layers; l++)
+            fprintf(f, "%s%.6f", l ? ", " : "", r[i].next_layers[l].balancedness);
+        fprintf(f, "]}%s\n", i + 1 < NUM_LAYOUTS ? "," : "");
+    }
+    fputs("  ]\n}\n", f);
+    return fclose(f) == 0 ? 0 : -1;
+}
+
+static int write_svg(const char *path, const epx_model *m, const epx_shape *s,
+                     const demo_result *r, epx_error *err) {
+    const int32_t L = s->num_layers;
+    double *bal = calloc((size_t)NUM_LAYOUTS * (size_t)L, sizeof *bal);
+    double *bound = calloc((size_t)L, sizeof *bound);
+    if (bal == NULL || bound == NULL) {
+        free(bal);
+        free(bound);
+        return -1;
+    }
+    epx_report_series series[NUM_LAYOUTS];
+    for (int i = 0; i < NUM_LAYOUTS; i++) {
+        for (int32_t l = 0; l < L; l++) {
+            const epx_layer_balance *lb = &r[i].next_layers[l];
+            bal[(size_t)i * (size_t)L + (size_t)l] = lb->loaded ? lb->balancedness : -1;
+            if (i == 0) bound[l] = lb->loaded ? lb->bound : -1;
+        }
+        series[i] = (epx_report_series){r[i].name, r[i].next_gpu_load, bal + (size_t)i * (size_t)L,
+                                        r[i].next.balancedness};
+    }
+    char title[256], sub[256];
+    snprintf(title, sizeof title, "%s on %d GPUs: load per GPU on the next window", m->name,
+             s->num_gpus);
+    snprintf(sub, sizeof sub,
+             "%d layers, %d experts, %d slots (%d redundant), %d node(s); plans made on earlier "
+             "windows, scored on the held-out one",
+             L, s->num_logical_experts, s->num_physical_experts,
+             s->num_physical_experts - s->num_logical_experts, s->num_nodes);
+    epx_status st = epx_report_write_svg(path, L, s->num_gpus, series, NUM_LAYOUTS, bound, title,
+                                         sub, err);
+    free(bal);
+    free(bound);
+    return st == EPX_OK ? 0 : -1;
+}
+
+int cmd_demo(int argc, char **argv) {
+    cli_opt opts[] = {
+        {"--model", "NAME", "built-in model shape (default kimi-k2; see 'epx trace synth --help')", NULL},
+        {"--gpus", "G", "GPUs (default 8)", NULL},
+        {"--nodes", "N", "nodes (default 1)", NULL},
+        {"--redundant", "R", "redundant expert slots (default 32, rounded so P % G == 0)", NULL},
+        {"--windows", "S", "trace windows; the last is held out (default 8)", NULL},
+        {"--tokens", "T", "tokens per window (default 65536)", NULL},
+        {"--seed", "N", "trace seed (default 1)", NULL},
+        {"--out", "DIR", "output folder (default epx-demo)", NULL},
+        {NULL, NULL, NULL, NULL},
+    };
+    cli_cmd cmd = {"demo",
+                   "epx demo [--model NAME] [--gpus G] [--nodes N] [--redundant R] [--windows S] "
+                   "[--tokens T] [--seed N] [--out DIR]",
+                   "Plan a synthetic trace with DeepSeek's EPLB and with epx, compare them on the "
+                   "held-out next window, and write placement.json, report.json and report.svg.",
+                   opts, 0, {0}, 0};
+    int rc = cli_parse(&cmd, argc, argv);
+    if (rc >= 0) return rc;
+    const char *model_name = cli_get(&cmd, "--model") ? cli_get(&cmd, "--model") : "kimi-k2";
+    const char *out_dir = cli_get(&cmd, "--out") ? cli_get(&cmd, "--out") : "epx-demo";
+    int32_t G = 8, N = 1, R = 32, S = 8, seed = 1, tokens = 65536;
+    if (!cli_int(&cmd, "--gpus", 1, EPX_MAX_GPUS, &G) || !cli_int(&cmd, "--nodes", 1, EPX_MAX_GPUS, &N) ||
+        !cli_int(&cmd, "--redundant", 0, EPX_MAX_EXPERTS, &R) ||
+        !cli_int(&cmd, "--windows", 2, 4096, &S) || !cli_int(&cmd, "--tokens", 1, 1 << 30, &tokens) ||
+        !cli_int(&cmd, "--seed", 0, INT32_MAX, &seed))
+        return CLI_EXIT_USAGE;
+
+    epx_error err = {0};
+    const epx_model *m = NULL;
+    if (epx_model_lookup(model_name, &m, &err) != EPX_OK) return cli_report(&cmd, &err);
+    /* Round P up to a multiple of G, and say so, rather than refuse. */
+    int32_t P = m->num_experts + R;
+    if (P % G != 0) {
+        int32_t P2 = (P / G + 1) * G;
+        fprintf(stderr, "epx demo: %d + %d slots do not divide over %d GPUs; using %d redundant\n",
+                m->num_experts, R, G, P2 - m->num_experts);
+        P = P2;
+    }
+    epx_shape shape = {m->num_layers, m->num_experts, P, G, N};
+    if (epx_shape_check(&shape, &err) != EPX_OK) return cli_report(&cmd, &err);
+
+    epx_trace_opts to = EPX_TRACE_OPTS_INIT;
+    to.num_windows = S;
+    to.tokens = tokens;
+    to.seed = (uint64_t)seed;
+    epx_counts *trace = NULL, *plan_on = NULL;
+    epx_layout *trivial = NULL;
+    epx_plan *plans[2] = {NULL, NULL};
+    demo_result res[NUM_LAYOUTS];
+    memset(res, 0, sizeof res);
+    double *in_load = NULL;
+    int exit_code = CLI_EXIT_FAIL;
+    const int32_t L = shape.num_layers, E = shape.num_logical_experts;
+
+    if (epx_trace_synth(m, &to, &trace, &err) != EPX_OK ||
+        counts_slice(trace, 0, S - 1, &plan_on, &err) != EPX_OK ||
+        epx_layout_create_trivial(&shape, &trivial, &err) != EPX_OK) {
+        exit_code = cli_report(&cmd, &err);
+        goto done;
+    }
+    in_load = calloc((size_t)L * (size_t)E, sizeof *in_load);
+    if (in_load == NULL || epx_counts_sum_windows(plan_on, 0, S - 1, in_load, &err) != EPX_OK) goto done;
+    const double *next_load = epx_counts_row(trace, S - 1, 0);
+
+    const epx_algorithm algos[2] = {EPX_ALGO_AUTO, EPX_ALGO_EPX};
+    for (int i = 0; i < 2; i++) {
+        epx_plan_opts po = EPX_PLAN_OPTS_INIT;
+        po.algorithm = algos[i];
+        po.num_groups = m->num_groups;
+        if (epx_plan_compute(plan_on, &shape, &po, &plans[i], &err) != EPX_OK) {
+            exit_code = cli_report(&cmd, &err);
+            goto done;
+        }
+    }
+    res[LAY_TRIVIAL] = (demo_result){.name = "trivial", .layout = trivial};
+    res[LAY_DEEPSEEK] = (demo_result){.name = "DeepSeek EPLB", .layout = epx_plan_layout(plans[0]),
+                                      .plan_seconds = epx_plan_seconds(plans[0])};
+    res[LAY_EPX] = (demo_result){.name = "epx", .layout = epx_plan_layout(plans[1]),
+                                 .weights = epx_plan_replica_weights(plans[1]),
+                                 .plan_seconds = epx_plan_seconds(plans[1])};
+    for (int i = 0; i < NUM_LAYOUTS; i++)
+        if (score(&res[i], in_load, next_load, L, G, &err) != EPX_OK) {
+            exit_code = cli_report(&cmd, &err);
+            goto done;
+        }
+
+    if (mkdir(out_dir, 0777) != 0 && errno != EEXIST) {
+        fprintf(stderr, "epx demo: cannot create folder '%s': %s\n", out_dir, strerror(errno));
+        goto done;
+    }
+    char path[4096];
+    snprintf(path, sizeof path, "%s/placement.json", out_dir);
+    if (epx_layout_write_json(res[LAY_EPX].layout, path, &err) != EPX_OK) {
+        exit_code = cli_report(&cmd, &err);
+        goto done;
+    }
+    snprintf(path, sizeof path, "%s/placement_deepseek.json", out_dir);
+    if (epx_layout_write_json(res[LAY_DEEPSEEK].layout, path, &err) != EPX_OK) {
+        exit_code = cli_report(&cmd, &err);
+        goto done;
+    }
+    snprintf(path, sizeof path, "%s/trace.json", out_dir);
+    if (epx_counts_write_json(trace, path, &err) != EPX_OK) {
+        exit_code = cli_report(&cmd, &err);
+        goto done;
+    }
+    snprintf(path, sizeof path, "%s/report.json", out_dir);
+    if (write_report_json(path, m, &shape, &to, res) != 0) {
+        fprintf(stderr, "epx demo: cannot write '%s'\n", path);
+        goto done;
+    }
+    snprintf(path, sizeof path, "%s/report.svg", out_dir);
+    if (write_svg(path, m, &shape, res, &err) != 0) {
+        exit_code = cli_report(&cmd, &err);
+        goto done;
+    }
+
+    printf("epx demo: %s, %d layers x %d experts -> %d slots on %d GPU(s), %d node(s)\n", m->name, L,
+           E, P, G, N);
+    printf("synthetic trace: %d windows of %d tokens (seed %d); plans see windows 0-%d, window %d "
+           "is held out\n\n",
+           S, tokens, seed, S - 2, S - 1);
+    printf("%-15s %12s %12s %12s %10s\n", "layout", "in-sample", "next window", "bound (next)",
+           "plan ms");
+    for (int i = 0; i < NUM_LAYOUTS; i++)
+        printf("%-15s %12.4f %12.4f %12.4f %10.2f\n", res[i].name, res[i].in_sample.balancedness,
+               res[i].next.balancedness, res[i].next.bound, res[i].plan_seconds * 1e3);
+    printf("\nbalancedness = mean GPU load / max GPU load over MoE layers (1.0 is perfect).\n");
+    printf("epx vs DeepSeek on the next window: %+.4f (max GPU load %.1f%% lower)\n",
+           res[LAY_EPX].next.balancedness - res[LAY_DEEPSEEK].next.balancedness,
+           100.0 * (1.0 - res[LAY_DEEPSEEK].next.balancedness / res[LAY_EPX].next.balancedness));
+    printf("\nwrote %s/placement.json (SGLang: --init-expert-location %s/placement.json "
+           "--ep-num-redundant-experts %d)\n      %s/report.json, %s/report.svg, "
+           "%s/placement_deepseek.json, %s/trace.json\n",
+           out_dir, out_dir, P - E, out_dir, out_dir, out_dir, out_dir);
+    exit_code = CLI_EXIT_OK;
+
+done:
+    for (int i = 0; i < NUM_LAYOUTS; i++) {
+        free(res[i].next_layers);
+        free(res[i].next_gpu_load);
+    }
+    free(in_load);
+    epx_plan_destroy(plans[0]);
+    epx_plan_destroy(plans[1]);
+    epx_layout_destroy(trivial);
+    epx_counts_destroy(plan_on);
+    epx_counts_destroy(trace);
+    return exit_code;
+}
