@@ -36,8 +36,8 @@ def test_stat_dump_tree():
 
 
 def test_kimi_dump_and_reader():
-    want = expected("stat_dump_kimi_k2.pt")
     o = epx.pt.load(fixture("stat_dump_kimi_k2.pt"))
+    want = expected("stat_dump_kimi_k2.pt")
     assert list(o["logical_count"].shape) == want["shape"]
     assert int(o["logical_count"].sum()) == want["sum"]
     head = want["first_row_layer1"]  # the first entries of batch 0, layer 1
@@ -48,8 +48,8 @@ def test_kimi_dump_and_reader():
 
 
 def test_per_pass_dump():
-    want = expected("per_pass_rank0.pt")
     o = epx.pt.load(fixture("per_pass_rank0.pt"))
+    want = expected("per_pass_rank0.pt")
     recs = o["records"]
     assert len(recs) == want["num_records"]
     assert [r["forward_pass_id"] for r in recs] == want["forward_pass_ids"]
