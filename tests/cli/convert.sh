@@ -1,0 +1,148 @@
+#!/bin/bash
+# convert.sh - `epx convert` end to end: every golden .pt fixture converts to
+# JSON equal to its expected.json (compared in Python's json, exactly), the
+# per_pass dump to [S][L][E] counts that match a Python reference built from
+# its own --tree output, round trips .pt -> .json -> .pt, several ranks, and
+# hostile files: evil_reduce.pt and a pickle that would `touch` a marker exit
+# non-zero with a message, and the marker never appears.
+set -u
+EPX=${EPX_BIN:?EPX_BIN is not set}
+SRC=${EPX_SOURCE:?EPX_SOURCE is not set}
+command -v python3 >/dev/null || { echo "skipped: python3 is needed to compare JSON"; exit 77; }
+T=$(mktemp -d /tmp/epx-convert.XXXXXX)
+trap 'rm -rf "$T"' EXIT
+fail=0
+check() { # name, command...
+  local name=$1; shift
+  if "$@"; then echo "ok   $name"; else echo "FAIL $name"; fail=1; fi
+}
+
+# Compare epx's outputs for one fixture with its expected.json entry.
+compare() { # dir, fixture name
+  local dir=$1 name=$2
+  "$EPX" convert "$dir/$name" "$T/$name.json" >/dev/null 2>"$T/err" || { cat "$T/err"; return 1; }
+  "$EPX" convert --tree "$dir/$name" "$T/$name.tree.json" >/dev/null 2>"$T/err" || { cat "$T/err"; return 1; }
+  python3 - "$dir/expected.json" "$name" "$T/$name.json" "$T/$name.tree.json" <<'PY'
+import json, sys
+exp = json.load(open(sys.argv[1]))[sys.argv[2]]
+out = json.load(open(sys.argv[3]))
+tree = json.load(open(sys.argv[4]))
+kind = exp["kind"]
+def fail(msg):
+    print(sys.argv[2] + ": " + msg); sys.exit(1)
+if kind == "init_mapping":
+    if out != {"physical_to_logical_map": exp["physical_to_logical_map"]}: fail("mapping differs")
+    if tree != out: fail("tree differs")
+elif kind == "init_counts":
+    if out["logical_count"] != exp["logical_count"]: fail("logical_count differs")
+    if tree["logical_count"] != exp["logical_count"]: fail("tree differs")
+elif kind == "stat_dump":
+    lc = out["logical_count"]
+    if "logical_count" in exp:
+        if lc != exp["logical_count"]: fail("logical_count differs")
+    else:
+        shape = [len(lc), len(lc[0]), len(lc[0][0])]
+        if shape != exp["shape"]: fail("shape %s != %s" % (shape, exp["shape"]))
+        if sum(x for w in lc for r in w for x in r) != exp["sum"]: fail("sum differs")
+        if lc[0][1][:len(exp["first_row_layer1"])] != exp["first_row_layer1"]: fail("row differs")
+    for k in ("rank", "average_utilization_rate_over_window"):
+        if tree[k] != exp[k]: fail("%s: %r != %r" % (k, tree[k], exp[k]))
+    if tree["logical_count"] != lc: fail("tree differs from counts")
+elif kind == "per_pass":
+    recs = tree["records"]
+    if len(recs) != exp["num_records"]: fail("record count")
+    if [r["forward_pass_id"] for r in recs] != exp["forward_pass_ids"]: fail("pass ids")
+    if recs[0]["global_physical_count"] != exp["global_physical_count_0"]: fail("gpc 0")
+    m = tree["last_physical_to_logical_map"]
+    if m[0] != exp["last_physical_to_logical_map_row0"]: fail("map row 0")
+    E = max(max(r) for r in m) + 1
+    ref = []
+    for r in sorted(recs, key=lambda r: r["forward_pass_id"]):
+        g = r["global_physical_count"]
+        w = [[0] * E for _ in m]
+        for l, row in enumerate(g):
+            for p, x in enumerate(row): w[l][m[l][p]] += x
+        ref.append(w)
+    if out["logical_count"] != ref: fail("counts differ from the scatter-add reference")
+else:
+    fail("unknown kind " + kind)
+PY
+}
+
+refused() { # file: must exit non-zero naming what it called, printing nothing it ran
+  local f=$1 want=$2
+  "$EPX" convert "$f" "$T/evil.json" >"$T/out" 2>"$T/err"
+  local rc=$?
+  [ $rc -ne 0 ] && grep -q "$want" "$T/err" && grep -q "nothing was executed" "$T/err" &&
+    ! grep -q owned "$T/out" && [ ! -e "$T/evil.json" ] || { cat "$T/out" "$T/err"; return 1; }
+}
+
+for dir in "$SRC/tests/data/pt" "${EPX_SHARED:-/nonexistent}/golden/pt"; do
+  if [ ! -f "$dir/expected.json" ]; then echo "note: $dir absent; its fixtures are skipped"; continue; fi
+  for name in $(python3 -c 'import json,sys; print(" ".join(json.load(open(sys.argv[1]))))' "$dir/expected.json"); do
+    if [ "$name" = evil_reduce.pt ]; then
+      check "$dir/$name refused" refused "$dir/$name" posix.system
+    else
+      check "$dir/$name" compare "$dir" "$name"
+    fi
+  done
+done
+
+# A pickle that calls posix.system("touch MARKER") and builtins.eval: refused, never run.
+python3 - "$T" <<'PY'
+import sys, zipfile
+T = sys.argv[1]
+def pt(path, pkl):
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr("evil/data.pkl", pkl)
+        z.writestr("evil/byteorder", "little")
+        z.writestr("evil/version", "3\n")
+cmd = ("touch " + T + "/MARKER").encode()
+pt(T + "/touch.pt", b"\x80\x02}X\r\x00\x00\x00logical_countcposix\nsystem\nX" +
+   len(cmd).to_bytes(4, "little") + cmd + b"\x85Rs.")
+code = b"__import__('os').system('touch " + T.encode() + b"/MARKER')"
+pt(T + "/eval.pt", b"\x80\x02cbuiltins\neval\nX" + len(code).to_bytes(4, "little") + code + b"\x85R.")
+PY
+check "touch pickle refused" refused "$T/touch.pt" posix.system
+check "eval pickle refused" refused "$T/eval.pt" builtins.eval
+check "marker never created" test ! -e "$T/MARKER"
+
+# Round trips: .pt -> .json -> .pt -> .json is stable, for counts and maps.
+rt() { # fixture, extra args for the .pt step
+  local f=$1; shift
+  "$EPX" convert "$f" "$T/a.json" >/dev/null && "$EPX" convert "$T/a.json" "$T/b.pt" "$@" >/dev/null &&
+    "$EPX" convert "$T/b.pt" "$T/c.json" >/dev/null && cmp -s "$T/a.json" "$T/c.json"
+}
+check "round trip mapping" rt "$SRC/tests/data/pt/init_mapping.pt"
+check "round trip strided counts" rt "$SRC/tests/data/pt/strided_counts.pt"
+check "round trip per_pass as int32" rt "$SRC/tests/data/pt/per_pass_rank0.pt" --dtype int32
+check "round trip per_pass as float32" rt "$SRC/tests/data/pt/per_pass_rank0.pt" --dtype float32
+
+# Several ranks: the same dump renamed to rank 1 is a duplicate (pass, rank)
+# pair, refused; a comma list and a directory name the same files.
+mkdir -p "$T/ranks"
+cp "$SRC/tests/data/pt/per_pass_rank0.pt" "$T/ranks/r0.pt"
+cp "$SRC/tests/data/pt/per_pass_rank0.pt" "$T/ranks/r1.pt"
+dup() {
+  ! "$EPX" convert "$1" "$T/d.json" >/dev/null 2>"$T/err" && grep -q "recorded twice" "$T/err"
+}
+check "duplicate ranks (directory) refused" dup "$T/ranks"
+check "duplicate ranks (comma list) refused" dup "$T/ranks/r0.pt,$T/ranks/r1.pt"
+single_dir() {
+  rm -f "$T/ranks/r1.pt" && "$EPX" convert "$T/ranks" "$T/dir.json" >/dev/null &&
+    "$EPX" convert "$SRC/tests/data/pt/per_pass_rank0.pt" "$T/one.json" >/dev/null &&
+    cmp -s "$T/dir.json" "$T/one.json"
+}
+check "directory of one rank equals the file" single_dir
+
+# Usage errors: exit 2 with a message.
+usage() { "$EPX" convert "$@" >/dev/null 2>"$T/err"; [ $? -eq 2 ] && [ -s "$T/err" ]; }
+check "OUT without extension" usage "$SRC/tests/data/pt/init_mapping.pt" "$T/x.txt"
+check "--dtype on a mapping" usage "$SRC/tests/data/pt/init_mapping.pt" "$T/x.pt" --dtype int32
+check "--dtype on JSON output" usage "$SRC/tests/data/pt/strided_counts.pt" "$T/x.json" --dtype int32
+check "missing input" usage "$T/none.json" "$T/x.pt"
+check "JSON that is neither mapping nor counts" usage "$SRC/tests/data/pt/expected.json" "$T/x.pt"
+cp "$SRC/tests/data/pt/expected.json" "$T/notzip.pt"
+check ".pt that is not a zip" usage "$T/notzip.pt" "$T/x.json"
+
+exit $fail
