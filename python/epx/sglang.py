@@ -126,12 +126,26 @@ def compute_logical_to_all_physical_map(physical_to_logical_map, num_logical_exp
     return A.wrap(lay.logical_to_all_physical_map(), torch_out)
 
 
-def compute_logical_to_rank_dispatch_physical_map(logical_to_all_physical_map, num_gpus,
-                                                  num_physical_experts, ep_rank, seed=42):
+def compute_logical_to_rank_dispatch_physical_map(logical_to_all_physical_map, num_gpus=None,
+                                                  num_physical_experts=None, ep_rank=None,
+                                                  seed=42, *, ep_size=None):
     """SGLang's static dispatch table for rank ep_rank: [L][E], the one replica
-    each logical expert's tokens go to from that rank; bit-exact with SGLang
-    (CPython's random.Random(seed)). ep_rank=None returns all ranks [G][L][E].
-    The dtype (and torch-ness) follows the input, as in SGLang."""
+    each logical expert's tokens go to from that rank; bit-exact with SGLang's
+    rules as shared/golden records them (CPython's random.Random(seed), one
+    generator for the whole table). ep_rank=None returns all ranks [G][L][E].
+    ep_size= is accepted for num_gpus (newer SGLang's name for it). The dtype
+    (and torch-ness, and device) follows the input, as in SGLang.
+
+    SGLang 0.5.23 changed the rules (single-replica experts skip the
+    generator; ranks prefer a same-node replica): its tables differ from these
+    wherever an expert has one replica (see bench/RESULTS.md)."""
+    if ep_size is not None:
+        if num_gpus is not None and int(num_gpus) != int(ep_size):
+            raise TypeError("num_gpus (%s) and ep_size (%s) disagree" % (num_gpus, ep_size))
+        num_gpus = ep_size
+    if num_gpus is None or num_physical_experts is None:
+        raise TypeError("compute_logical_to_rank_dispatch_physical_map needs num_gpus "
+                        "(or ep_size) and num_physical_experts")
     from . import dispatch  # the dispatch room's binding
     return dispatch.sglang_static_table(logical_to_all_physical_map, num_gpus,
                                         num_physical_experts, ep_rank, seed)

@@ -72,3 +72,20 @@ def test_bad_ids_raise():
     with pytest.raises(epx.EpxError) as ei:
         epx.dispatch_topk(np.array([[7]]), lay, 0)
     assert ei.value.status == epx.Status.INVALID_ARG and "7" in ei.value.message
+
+
+def test_sglang_signature_and_ep_size_alias():
+    lay, m = _layout()
+    l2a = lay.logical_to_all_physical_map()
+    full = epx.compute_logical_to_rank_dispatch_physical_map(l2a, 4, 8, None)
+    assert full.shape == (4, 2, 4) and full.dtype == np.int64
+    for r in range(4):
+        np.testing.assert_array_equal(
+            epx.compute_logical_to_rank_dispatch_physical_map(
+                logical_to_all_physical_map=l2a, ep_size=4, num_physical_experts=8, ep_rank=r),
+            full[r])
+    np.testing.assert_array_equal(full, epx.static_table(lay))
+    assert epx.compute_logical_to_rank_dispatch_physical_map(
+        l2a.astype(np.int32), 4, 8, 0).dtype == np.int32
+    with pytest.raises(TypeError):
+        epx.compute_logical_to_rank_dispatch_physical_map(l2a, 4, 8, 0, ep_size=2)
