@@ -20,13 +20,13 @@
  * That meets every parity rule of shared/golden/README.md.
  *
  * Speed: the reference's inner loops are linear scans in Python (the pack
- * choice) and a full tensor max per redundant slot. Here the pack choice is
- * a min-heap of packs keyed by (weight, index), the replica choice a max-heap
- * of experts keyed by (load / replicas, -index); both keys are total orders,
- * so the heap's top is exactly the element the reference's scan picks. The
- * descending sort is a stable LSD radix sort on the float bits (insertion sort
- * for short rows). All scratch lives in one workspace allocated per call, so
- * the per-layer loop allocates nothing.
+ * choice) and a full tensor max per redundant slot. Here both choices are
+ * tournament trees (min over packs, max over experts) whose ties go to the
+ * left, i.e. to the lowest index, so each choice is exactly the element the
+ * reference's scan picks, in log2(m) branch-free steps. The descending sort
+ * is a stable LSD radix sort on the float bits (insertion sort for short
+ * rows). All scratch lives in one workspace allocated per call, so the
+ * per-layer loop allocates nothing.
  */
 #include <math.h>
 #include <string.h>
@@ -49,28 +49,27 @@ struct epxi_deepseek {
     int32_t *log2mlog, *mlog2log;     /* [E] */
     int32_t *mlogcnt;                 /* [E], node-major */
     float *row;                       /* [experts_per_node] */
-    float *ratio;                     /* [experts_per_node] load / replicas */
+    float *slot_ratio;                /* [experts_per_node] load / replicas */
     int32_t *phy2mlog, *phyrank;      /* [slots_per_node] */
     float *slot_load;                 /* [slots_per_node] */
     int32_t *pack, *rank;             /* [max(groups, slots_per_node)] */
-    int32_t *order, *order2;          /* [max(...)] sort output and radix scratch */
-    uint32_t *key, *key2;             /* [max(...)] radix keys */
-    int32_t *heap;                    /* [max(experts_per_node, nodes, gpus_per_node)] */
-    float *pack_load;                 /* [max(nodes, gpus_per_node)] */
-    int32_t *pack_items;              /* [max(nodes, gpus_per_node)] */
+    int32_t *order;                   /* [max(...)] sort output */
+    uint64_t *sort_a, *sort_b;        /* [max(...)] radix sort buffers */
+    uint64_t *node;                   /* [2 * tree] tournament tree, tree = the power of
+                                         two >= max(experts_per_node, nodes, gpus_per_node) */
+    float *pack_load;                 /* [tree] */
+    int32_t *pack_items;              /* [tree] */
     void *block;
 };
 
 /* ---- stable descending sort ------------------------------------------- */
 
-/* The bits of a non-negative finite float order like the floats; -0 and +0
- * must share a key, so zero maps to 0. The key is complemented so that an
- * ascending sort of keys is a descending sort of loads. */
-static inline uint32_t desc_key(float x) {
+/* The bits of a non-negative float order like the floats (+inf included);
+ * -0 and +0 must tie, so zero maps to 0. */
+static inline uint32_t fkey(float x) {
     uint32_t u;
     memcpy(&u, &x, sizeof u);
-    if (x == 0.0f) u = 0;
-    return ~u;
+    return x == 0.0f ? 0u : u;
 }
 
 /* order[0..n) = indices of w sorted by descending value, equal values by
@@ -88,80 +87,101 @@ static void sort_desc(epxi_deepseek *ws, const float *w, int32_t n, int32_t *ord
         }
         return;
     }
+    /* LSD radix sort on (key << 32 | index), 8 bits of the key per pass:
+     * one load and one store per element and pass. The key is complemented,
+     * so ascending keys are descending loads; equal keys keep index order. */
     uint32_t hist[4][256];
     memset(hist, 0, sizeof hist);
-    uint32_t *ka = ws->key, *kb = ws->key2;
-    int32_t *oa = order, *ob = ws->order2;
+    uint64_t *a = ws->sort_a, *b = ws->sort_b;
     for (int32_t i = 0; i < n; i++) {
-        uint32_t k = desc_key(w[i]);
-        ka[i] = k;
-        oa[i] = i;
+        const uint32_t k = ~fkey(w[i]);
+        a[i] = ((uint64_t)k << 32) | (uint32_t)i;
         hist[0][k & 255u]++;
         hist[1][(k >> 8) & 255u]++;
         hist[2][(k >> 16) & 255u]++;
         hist[3][k >> 24]++;
     }
-    for (int b = 0; b < 4; b++) {
-        const unsigned shift = 8u * (unsigned)b;
+    for (int d = 0; d < 4; d++) {
+        const unsigned shift = 32u + 8u * (unsigned)d;
+        uint32_t *h = hist[d];
         /* A byte that every key shares moves nothing: skip its pass. */
-        if (hist[b][(ka[0] >> shift) & 255u] == (uint32_t)n) continue;
+        if (h[(a[0] >> shift) & 255u] == (uint32_t)n) continue;
         uint32_t sum = 0;
         for (int v = 0; v < 256; v++) {
-            uint32_t c = hist[b][v];
-            hist[b][v] = sum;
+            const uint32_t c = h[v];
+            h[v] = sum;
             sum += c;
         }
-        for (int32_t i = 0; i < n; i++) {
-            uint32_t d = hist[b][(ka[i] >> shift) & 255u]++;
-            kb[d] = ka[i];
-            ob[d] = oa[i];
-        }
-        uint32_t *kt = ka;
-        ka = kb;
-        kb = kt;
-        int32_t *ot = oa;
-        oa = ob;
-        ob = ot;
+        for (int32_t i = 0; i < n; i++) b[h[(a[i] >> shift) & 255u]++] = a[i];
+        uint64_t *t = a;
+        a = b;
+        b = t;
     }
-    if (oa != order) memcpy(order, oa, (size_t)n * sizeof *order);
+    for (int32_t i = 0; i < n; i++) order[i] = (int32_t)(uint32_t)a[i];
 }
 
-/* ---- heaps ------------------------------------------------------------- */
+/* ---- tournament trees ----------------------------------------------------- */
 
-/* Pack heap: a min-heap of pack ids by (load, id). */
-static inline bool pack_before(const float *load, int32_t a, int32_t b) {
-    return load[a] < load[b] || (load[a] == load[b] && a < b);
+/*
+ * Both greedy choices are "the best of m candidates, lowest index on ties",
+ * with one candidate changing per step. A tournament (winner) tree answers
+ * that in log2(m) branch-free steps per change: leaves are the candidates,
+ * each inner node holds the better of its two children.
+ *
+ * A node is one uint64: the candidate's key in the high half, its index in
+ * the low half, so comparing nodes compares keys and breaks ties by index
+ * with no indirection. Keys are the float32 values' bits, which for
+ * non-negative floats order as the values (zero is mapped to 0, so -0 and +0
+ * tie). In the min-tree over packs the low half is the pack id (ties: lowest
+ * id is smallest) and a full pack gets key DEAD, above every float's bits. In
+ * the max-tree over experts the low half is the complemented expert id
+ * (ties: lowest id is largest).
+ */
+#define DEAD 0xFFFFFFFFu
+/* Up to this many packs, balanced_packing scans instead of using a tree. */
+#define SCAN_PACKS 16
+
+static int32_t tree_width(int32_t n) {
+    int32_t m = 1;
+    while (m < n) m *= 2;
+    return m;
 }
 
-static void pack_sift_down(int32_t *heap, int32_t n, const float *load, int32_t i) {
-    int32_t x = heap[i];
-    for (;;) {
-        int32_t c = 2 * i + 1;
-        if (c >= n) break;
-        if (c + 1 < n && pack_before(load, heap[c + 1], heap[c])) c++;
-        if (!pack_before(load, heap[c], x)) break;
-        heap[i] = heap[c];
-        i = c;
-    }
-    heap[i] = x;
+static inline uint64_t node_min(uint64_t a, uint64_t b) { return b < a ? b : a; }
+static inline uint64_t node_max(uint64_t a, uint64_t b) { return b > a ? b : a; }
+
+/* Leaves node[m .. 2m) are set; fill the inner nodes. */
+static void tree_build(uint64_t *node, int32_t m, bool max_tree) {
+    for (int32_t i = m - 1; i >= 1; i--)
+        node[i] = max_tree ? node_max(node[2 * i], node[2 * i + 1])
+                           : node_min(node[2 * i], node[2 * i + 1]);
 }
 
-/* Replica heap: a max-heap of experts by (load / replicas, -id). */
-static inline bool ratio_before(const float *ratio, int32_t a, int32_t b) {
-    return ratio[a] > ratio[b] || (ratio[a] == ratio[b] && a < b);
+static inline void tree_set_min(uint64_t *node, int32_t m, int32_t leaf, uint64_t v) {
+    int32_t i = m + leaf;
+    node[i] = v;
+    for (i >>= 1; i >= 1; i >>= 1) node[i] = node_min(node[2 * i], node[2 * i + 1]);
 }
 
-static void ratio_sift_down(int32_t *heap, int32_t n, const float *ratio, int32_t i) {
-    int32_t x = heap[i];
-    for (;;) {
-        int32_t c = 2 * i + 1;
-        if (c >= n) break;
-        if (c + 1 < n && ratio_before(ratio, heap[c + 1], heap[c])) c++;
-        if (!ratio_before(ratio, heap[c], x)) break;
-        heap[i] = heap[c];
-        i = c;
-    }
-    heap[i] = x;
+static inline void tree_set_max(uint64_t *node, int32_t m, int32_t leaf, uint64_t v) {
+    int32_t i = m + leaf;
+    node[i] = v;
+    for (i >>= 1; i >= 1; i >>= 1) node[i] = node_max(node[2 * i], node[2 * i + 1]);
+}
+
+/* Pairwise minima: a dependency chain of log2(width) instead of width. */
+static inline uint64_t min_of_4(const uint64_t *c) {
+    return node_min(node_min(c[0], c[1]), node_min(c[2], c[3]));
+}
+static inline uint64_t min_of_8(const uint64_t *c) { return node_min(min_of_4(c), min_of_4(c + 4)); }
+static inline uint64_t min_of_16(const uint64_t *c) { return node_min(min_of_8(c), min_of_8(c + 8)); }
+
+static inline uint64_t pack_node(uint32_t key, int32_t pack) {
+    return ((uint64_t)key << 32) | (uint32_t)pack;
+}
+
+static inline uint64_t expert_node(uint32_t key, int32_t id) {
+    return ((uint64_t)key << 32) | (uint32_t)~(uint32_t)id;
 }
 
 /* ---- the three steps ---------------------------------------------------- */
@@ -181,24 +201,43 @@ static void balanced_packing(epxi_deepseek *ws, const float *w, int32_t n, int32
         }
         return;
     }
-    int32_t *order = ws->order, *heap = ws->heap;
+    int32_t *order = ws->order, *items = ws->pack_items;
     float *load = ws->pack_load;
-    int32_t *items = ws->pack_items;
+    uint64_t *node = ws->node;
     sort_desc(ws, w, n, order);
-    /* All loads 0: the identity is a valid heap under (load, id). */
-    for (int32_t p = 0; p < num_packs; p++) {
-        heap[p] = p;
+    if (num_packs <= SCAN_PACKS) {
+        /* Few packs (the GPUs of a node): a branch-free scan beats the
+         * tree's serial levels. */
+        uint64_t comp[SCAN_PACKS];
+        for (int32_t p = 0; p < SCAN_PACKS; p++) comp[p] = p < num_packs ? pack_node(0u, p) : UINT64_MAX;
+        for (int32_t p = 0; p < num_packs; p++) {
+            load[p] = 0.0f;
+            items[p] = 0;
+        }
+        const int32_t width = num_packs <= 4 ? 4 : num_packs <= 8 ? 8 : 16;
+        for (int32_t k = 0; k < n; k++) {
+            const uint64_t best = width == 4 ? min_of_4(comp) : width == 8 ? min_of_8(comp) : min_of_16(comp);
+            const int32_t it = order[k], p = (int32_t)(uint32_t)best;
+            pack[it] = p;
+            rank[it] = items[p]++;
+            load[p] = load[p] + w[it];
+            comp[p] = pack_node(items[p] == per ? DEAD : fkey(load[p]), p);
+        }
+        return;
+    }
+    const int32_t m = tree_width(num_packs);
+    for (int32_t p = 0; p < m; p++) {
         load[p] = 0.0f;
         items[p] = 0;
+        node[m + p] = pack_node(p < num_packs ? 0u : DEAD, p);
     }
-    int32_t live = num_packs;
+    tree_build(node, m, false);
     for (int32_t k = 0; k < n; k++) {
-        const int32_t it = order[k], p = heap[0];
+        const int32_t it = order[k], p = (int32_t)(uint32_t)node[1];
         pack[it] = p;
         rank[it] = items[p]++;
         load[p] = load[p] + w[it];
-        if (items[p] == per) heap[0] = heap[--live];
-        if (live > 0) pack_sift_down(heap, live, load, 0);
+        tree_set_min(node, m, p, pack_node(items[p] == per ? DEAD : fkey(load[p]), p));
     }
 }
 
@@ -206,26 +245,27 @@ static void balanced_packing(epxi_deepseek *ws, const float *w, int32_t n, int32
  * replicate_experts: n experts of load w get num_phy slots; slot i < n holds
  * expert i, each further slot the expert with the largest float32 load /
  * replicas (lowest id on ties). phy2log, phyrank [num_phy]; cnt [n].
+ * (Only the first num_phy - n experts in load order can ever be picked, but
+ * selecting them first costs more than building the tree over all n.)
  */
 static void replicate(epxi_deepseek *ws, const float *w, int32_t n, int32_t num_phy,
                       int32_t *phy2log, int32_t *phyrank, int32_t *cnt) {
-    float *ratio = ws->ratio;
-    int32_t *heap = ws->heap;
     for (int32_t e = 0; e < n; e++) {
         phy2log[e] = e;
         phyrank[e] = 0;
         cnt[e] = 1;
-        ratio[e] = w[e];
-        heap[e] = e;
     }
     if (num_phy == n) return;
-    for (int32_t i = n / 2 - 1; i >= 0; i--) ratio_sift_down(heap, n, ratio, i);
+    uint64_t *node = ws->node;
+    const int32_t m = tree_width(n);
+    /* Padding leaves are 0, below every real node (whose low half is ~id). */
+    for (int32_t e = 0; e < m; e++) node[m + e] = e < n ? expert_node(fkey(w[e]), e) : 0u;
+    tree_build(node, m, true);
     for (int32_t i = n; i < num_phy; i++) {
-        const int32_t e = heap[0];
+        const int32_t e = (int32_t)~(uint32_t)node[1];
         phy2log[i] = e;
         phyrank[i] = cnt[e]++;
-        ratio[e] = w[e] / (float)cnt[e];
-        ratio_sift_down(heap, n, ratio, 0);
+        tree_set_max(node, m, e, expert_node(fkey(w[e] / (float)cnt[e]), e));
     }
 }
 
@@ -260,10 +300,8 @@ void epxi_deepseek_layer(epxi_deepseek *ws, const float *w, int32_t *p2l, int32_
         /* Step 2: replicas within the node. */
         replicate(ws, ws->row, epn, ppn, ws->phy2mlog, ws->phyrank, cnt);
         /* Step 3: replicas to the node's GPUs. */
-        for (int32_t p = 0; p < ppn; p++) {
-            const int32_t m = ws->phy2mlog[p];
-            ws->slot_load[p] = ws->row[m] / (float)cnt[m];
-        }
+        for (int32_t j = 0; j < epn; j++) ws->slot_ratio[j] = ws->row[j] / (float)cnt[j];
+        for (int32_t p = 0; p < ppn; p++) ws->slot_load[p] = ws->slot_ratio[ws->phy2mlog[p]];
         balanced_packing(ws, ws->slot_load, ppn, ws->gpus_per_node, ws->pack, ws->rank);
         int32_t *out = p2l + (size_t)n * (size_t)ppn;
         int32_t *out_rank = prank ? prank + (size_t)n * (size_t)ppn : NULL;
@@ -329,10 +367,11 @@ epx_status epxi_deepseek_create(int32_t E, int32_t P, int32_t groups, int32_t no
     const size_t G = (size_t)groups, Ex = (size_t)E, epn = (size_t)ws->experts_per_node;
     const size_t ppn = (size_t)ws->slots_per_node;
     const size_t items = (size_t)max3(groups, ws->slots_per_node, 1);
-    const size_t packs = (size_t)max3(nodes, ws->gpus_per_node, 1);
-    const size_t heap = (size_t)max3(ws->experts_per_node, nodes, ws->gpus_per_node);
+    const size_t tree = (size_t)tree_width(max3(ws->experts_per_node, nodes, ws->gpus_per_node));
     /* Every array is 4-byte elements: count them, allocate once, carve. */
-    const size_t words = G * 3 + Ex * 3 + epn * 2 + ppn * 3 + items * 6 + heap + packs * 2;
+    /* 8-byte arrays first, so every carve stays aligned. */
+    const size_t words = 2 * 2 * tree + 2 * 2 * items + G * 3 + Ex * 3 + epn * 2 + ppn * 3 +
+                         items * 3 + tree * 2;
     uint32_t *block = epxi_calloc(words, sizeof(uint32_t), "DeepSeek workspace", err);
     if (block == NULL) {
         free(ws);
@@ -341,6 +380,9 @@ epx_status epxi_deepseek_create(int32_t E, int32_t P, int32_t groups, int32_t no
     ws->block = block;
     uint32_t *cur = block;
 #define EPXI_CARVE(field, type, n) (ws->field = (type *)(void *)cur, cur += (n))
+    EPXI_CARVE(node, uint64_t, 2 * 2 * tree);
+    EPXI_CARVE(sort_a, uint64_t, 2 * items);
+    EPXI_CARVE(sort_b, uint64_t, 2 * items);
     EPXI_CARVE(group_load, float, G);
     EPXI_CARVE(group_pack, int32_t, G);
     EPXI_CARVE(group_rank, int32_t, G);
@@ -348,19 +390,15 @@ epx_status epxi_deepseek_create(int32_t E, int32_t P, int32_t groups, int32_t no
     EPXI_CARVE(mlog2log, int32_t, Ex);
     EPXI_CARVE(mlogcnt, int32_t, Ex);
     EPXI_CARVE(row, float, epn);
-    EPXI_CARVE(ratio, float, epn);
+    EPXI_CARVE(slot_ratio, float, epn);
     EPXI_CARVE(phy2mlog, int32_t, ppn);
     EPXI_CARVE(phyrank, int32_t, ppn);
     EPXI_CARVE(slot_load, float, ppn);
     EPXI_CARVE(pack, int32_t, items);
     EPXI_CARVE(rank, int32_t, items);
     EPXI_CARVE(order, int32_t, items);
-    EPXI_CARVE(order2, int32_t, items);
-    EPXI_CARVE(key, uint32_t, items);
-    EPXI_CARVE(key2, uint32_t, items);
-    EPXI_CARVE(heap, int32_t, heap);
-    EPXI_CARVE(pack_load, float, packs);
-    EPXI_CARVE(pack_items, int32_t, packs);
+    EPXI_CARVE(pack_load, float, tree);
+    EPXI_CARVE(pack_items, int32_t, tree);
 #undef EPXI_CARVE
     *out = ws;
     return EPX_OK;

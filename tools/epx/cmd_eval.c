@@ -1,0 +1,199 @@
+/*
+ * cmd_eval.c - `epx eval`: how well a placement balances a recorded load.
+ * For every window of the counts: balancedness (mean GPU load / max GPU
+ * load, loads split evenly over replicas, mean over layers with load) and
+ * the bound (the best balancedness any placement of the shape could reach);
+ * their means; SGLang's variant; and the worst layers. --json prints one
+ * object with keys balancedness, per_window, bound (and a few more).
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+
+#define WORST_SHOWN 5
+
+typedef struct eval_result {
+    int32_t S, L;
+    double *per_window, *per_window_bound, *per_window_sglang; /* [S] */
+    double *layer_mean;   /* [L] mean balancedness over the windows that load the layer */
+    int32_t *layer_loads; /* [L] windows in which the layer carries load */
+    double mean, bound, sglang, of_sum;
+    int32_t worst[WORST_SHOWN], num_worst;
+} eval_result;
+
+static void result_free(eval_result *r) {
+    free(r->per_window);
+    free(r->per_window_bound);
+    free(r->per_window_sglang);
+    free(r->layer_mean);
+    free(r->layer_loads);
+}
+
+static epx_status evaluate(const epx_layout *lay, const epx_counts *c, eval_result *r,
+                           epx_error *err) {
+    const int32_t S = c->num_windows, L = c->num_layers;
+    r->S = S;
+    r->L = L;
+    r->per_window = calloc((size_t)S, sizeof(double));
+    r->per_window_bound = calloc((size_t)S, sizeof(double));
+    r->per_window_sglang = calloc((size_t)S, sizeof(double));
+    r->layer_mean = calloc((size_t)L, sizeof(double));
+    r->layer_loads = calloc((size_t)L, sizeof(int32_t));
+    epx_layer_balance *lb = calloc((size_t)L, sizeof *lb);
+    double *sum = calloc((size_t)L * (size_t)c->num_experts, sizeof(double));
+    epx_status st = EPX_OK;
+    if (!r->per_window || !r->per_window_bound || !r->per_window_sglang || !r->layer_mean ||
+        !r->layer_loads || !lb || !sum) {
+        err->status = st = EPX_ERR_NOMEM;
+        snprintf(err->msg, sizeof err->msg, "out of memory");
+        goto out;
+    }
+    for (int32_t s = 0; s < S && st == EPX_OK; s++) {
+        epx_balance b;
+        st = epx_balance_compute(lay, epx_counts_row(c, s, 0), NULL, &b, lb, err);
+        if (st != EPX_OK) break;
+        r->per_window[s] = b.balancedness;
+        r->per_window_bound[s] = b.bound;
+        r->per_window_sglang[s] = b.balancedness_sglang;
+        r->mean += b.balancedness / S;
+        r->bound += b.bound / S;
+        r->sglang += b.balancedness_sglang / S;
+        for (int32_t l = 0; l < L; l++)
+            if (lb[l].loaded) {
+                r->layer_mean[l] += lb[l].balancedness;
+                r->layer_loads[l]++;
+            }
+    }
+    if (st != EPX_OK) goto out;
+    epx_balance all;
+    if ((st = epx_counts_sum_windows(c, 0, S, sum, err)) != EPX_OK ||
+        (st = epx_balance_compute(lay, sum, NULL, &all, NULL, err)) != EPX_OK)
+        goto out;
+    r->of_sum = all.balancedness;
+    for (int32_t l = 0; l < L; l++)
+        if (r->layer_loads[l]) r->layer_mean[l] /= r->layer_loads[l];
+    /* The WORST_SHOWN loaded layers of lowest mean balancedness. */
+    for (r->num_worst = 0; r->num_worst < WORST_SHOWN; r->num_worst++) {
+        int32_t pick = -1;
+        for (int32_t l = 0; l < L; l++) {
+            if (!r->layer_loads[l]) continue;
+            bool taken = false;
+            for (int32_t k = 0; k < r->num_worst; k++) taken |= r->worst[k] == l;
+            if (!taken && (pick < 0 || r->layer_mean[l] < r->layer_mean[pick])) pick = l;
+        }
+        if (pick < 0) break;
+        r->worst[r->num_worst] = pick;
+    }
+out:
+    free(lb);
+    free(sum);
+    return st;
+}
+
+static void print_array(const double *v, int32_t n) {
+    putchar('[');
+    for (int32_t i = 0; i < n; i++) printf("%s%.17g", i ? ", " : "", v[i]);
+    putchar(']');
+}
+
+static void print_json(const eval_result *r, const epx_shape *s) {
+    printf("{\"balancedness\": %.17g, \"per_window\": ", r->mean);
+    print_array(r->per_window, r->S);
+    printf(", \"bound\": %.17g, \"per_window_bound\": ", r->bound);
+    print_array(r->per_window_bound, r->S);
+    printf(", \"gap\": %.17g, \"balancedness_sglang\": %.17g, \"balancedness_of_sum\": %.17g",
+           r->bound - r->mean > 0 ? r->bound - r->mean : 0.0, r->sglang, r->of_sum);
+    printf(", \"num_windows\": %d, \"num_layers\": %d, \"num_logical_experts\": %d, "
+           "\"num_physical_experts\": %d, \"num_gpus\": %d, \"worst_layers\": [",
+           r->S, s->num_layers, s->num_logical_experts, s->num_physical_experts, s->num_gpus);
+    for (int32_t k = 0; k < r->num_worst; k++)
+        printf("%s{\"layer\": %d, \"balancedness\": %.17g}", k ? ", " : "", r->worst[k],
+               r->layer_mean[r->worst[k]]);
+    printf("]}\n");
+}
+
+static void print_text(const eval_result *r, const epx_shape *s) {
+    printf("placement: %d layers x %d slots, %d logical experts, %d GPUs (%d slots each)\n",
+           s->num_layers, s->num_physical_experts, s->num_logical_experts, s->num_gpus,
+           s->num_physical_experts / s->num_gpus);
+    printf("%-8s %-13s %-8s %s\n", "window", "balancedness", "bound", "sglang");
+    for (int32_t w = 0; w < r->S; w++)
+        printf("%-8d %-13.4f %-8.4f %.4f\n", w, r->per_window[w], r->per_window_bound[w],
+               r->per_window_sglang[w]);
+    printf("%-8s %-13.4f %-8.4f %.4f\n", "mean", r->mean, r->bound, r->sglang);
+    printf("balancedness on the sum of the windows: %.4f\n", r->of_sum);
+    printf("worst layers (mean over windows):");
+    for (int32_t k = 0; k < r->num_worst; k++)
+        printf(" %d (%.4f)", r->worst[k], r->layer_mean[r->worst[k]]);
+    printf(r->num_worst ? "\n" : " none carries load\n");
+}
+
+int cmd_eval(int argc, char **argv) {
+    cli_opt opts[] = {
+        {"--placement", "FILE", "placement: {\"physical_to_logical_map\": [L][P]} (.json, .pt, inline)", NULL},
+        {"--counts", "FILE", "load: {\"logical_count\": [L][E] | [S][L][E]}", NULL},
+        {"--gpus", "G", "GPUs (EP ranks) the placement is for", NULL},
+        {"--nodes", "N", "nodes (default 1)", NULL},
+        {"--json", NULL, "print one JSON object (balancedness, per_window, bound, ...)", NULL},
+        {NULL, NULL, NULL, NULL},
+    };
+    cli_cmd cmd = {"eval", "epx eval --placement FILE --counts FILE --gpus G [--nodes N] [--json]",
+                   "Balancedness of a placement on every window of a load, its mean, the bound "
+                   "any placement could reach, and the worst layers.",
+                   opts, 0, {0}, 0};
+    int rc = cli_parse(&cmd, argc, argv);
+    if (rc >= 0) return rc;
+    const char *pl = cli_require(&cmd, "--placement");
+    const char *cp = pl ? cli_require(&cmd, "--counts") : NULL;
+    if (cp == NULL || !cli_require(&cmd, "--gpus")) return CLI_EXIT_USAGE;
+    int32_t G = 0, N = 1;
+    if (!cli_int(&cmd, "--gpus", 1, EPX_MAX_GPUS, &G) || !cli_int(&cmd, "--nodes", 1, EPX_MAX_GPUS, &N))
+        return CLI_EXIT_USAGE;
+    epx_error err = {0};
+    int32_t *map = NULL, L = 0, P = 0;
+    if (epx_mapping_read(pl, &map, &L, &P, &err) != EPX_OK) return cli_report(&cmd, &err);
+    epx_counts *c = NULL;
+    if (epx_counts_read(cp, &c, &err) != EPX_OK) {
+        epx_free(map);
+        return cli_report(&cmd, &err);
+    }
+    epx_layout *lay = NULL;
+    eval_result r;
+    memset(&r, 0, sizeof r);
+    rc = CLI_EXIT_OK;
+    if (c->num_layers != L) {
+        fprintf(stderr,
+                "epx eval: the counts have %d layers but the placement has %d: they are for "
+                "different models (every decoder layer counts, dense ones included)\n",
+                c->num_layers, L);
+        rc = CLI_EXIT_USAGE;
+        goto done;
+    }
+    int32_t max_id = -1;
+    for (size_t i = 0; i < (size_t)L * (size_t)P; i++)
+        if (map[i] > max_id) max_id = map[i];
+    if (max_id >= c->num_experts) {
+        fprintf(stderr,
+                "epx eval: the placement holds logical expert %d but the counts have %d experts "
+                "per layer: they are for different models\n",
+                max_id, c->num_experts);
+        rc = CLI_EXIT_USAGE;
+        goto done;
+    }
+    epx_shape s = {L, c->num_experts, P, G, N};
+    if (epx_layout_create_from_map(&s, map, &lay, &err) != EPX_OK ||
+        evaluate(lay, c, &r, &err) != EPX_OK) {
+        rc = cli_report(&cmd, &err);
+        goto done;
+    }
+    if (cli_flag(&cmd, "--json")) print_json(&r, &s);
+    else print_text(&r, &s);
+done:
+    result_free(&r);
+    epx_layout_destroy(lay);
+    epx_counts_destroy(c);
+    epx_free(map);
+    return rc;
+}

@@ -1,0 +1,203 @@
+/*
+ * cmd_plan.c - `epx plan`: plan a placement for a recorded load and write it
+ * as the SGLang mapping file (`--init-expert-location` takes it as it is),
+ * optionally with a JSON report: the algorithm that ran, balancedness on the
+ * planning load (the windows' sum), the bound and the gap, the per-replica
+ * dispatch weights, and the seconds the placement computation took.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+
+static void log_stderr(void *user, epx_log_level level, const char *msg) {
+    (void)user;
+    if (level <= EPX_LOG_WARN)
+        fprintf(stderr, "epx plan: %s: %s\n", level == EPX_LOG_ERROR ? "error" : "warning", msg);
+}
+
+static bool parse_node_local(const char *v, epx_node_local *out) {
+    if (v == NULL) return true;
+    if (strcmp(v, "strict") == 0) *out = EPX_NODE_LOCAL_STRICT;
+    else if (strcmp(v, "relaxed") == 0) *out = EPX_NODE_LOCAL_RELAXED;
+    else if (strcmp(v, "off") == 0) *out = EPX_NODE_LOCAL_OFF;
+    else {
+        fprintf(stderr, "epx plan: --node-local '%s' is not one of strict, relaxed, off\n", v);
+        return false;
+    }
+    return true;
+}
+
+/* A JSON string literal (paths may hold quotes or backslashes). */
+static void json_string(FILE *f, const char *s) {
+    fputc('"', f);
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+        if (*p == '"' || *p == '\\') fprintf(f, "\\%c", *p);
+        else if (*p < 0x20) fprintf(f, "\\u%04x", *p);
+        else fputc(*p, f);
+    }
+    fputc('"', f);
+}
+
+typedef struct report_ctx {
+    const char *counts_path;
+    const epx_counts *counts;
+    const epx_plan *plan;
+    epx_algorithm requested;
+    int32_t groups;
+    const epx_balance *bal;       /* with the plan's replica weights */
+    const epx_balance *bal_even;  /* split evenly */
+    const epx_layer_balance *layers;
+} report_ctx;
+
+static bool write_report(const char *path, const report_ctx *r) {
+    FILE *f = fopen(path, "w");
+    if (f == NULL) {
+        fprintf(stderr, "epx plan: cannot create the report '%s'\n", path);
+        return false;
+    }
+    const epx_layout *lay = epx_plan_layout(r->plan);
+    const epx_shape *s = epx_layout_shape(lay);
+    fputs("{\n  \"algorithm\": ", f);
+    json_string(f, epx_algorithm_name(epx_plan_algorithm(r->plan)));
+    fputs(",\n  \"algorithm_requested\": ", f);
+    json_string(f, epx_algorithm_name(r->requested));
+    fputs(",\n  \"counts\": ", f);
+    json_string(f, r->counts_path);
+    fprintf(f,
+            ",\n  \"num_windows\": %d,\n  \"num_layers\": %d,\n  \"num_logical_experts\": %d,"
+            "\n  \"num_physical_experts\": %d,\n  \"num_gpus\": %d,\n  \"num_nodes\": %d,"
+            "\n  \"num_groups\": %d,\n",
+            r->counts->num_windows, s->num_layers, s->num_logical_experts,
+            s->num_physical_experts, s->num_gpus, s->num_nodes, r->groups);
+    fprintf(f, "  \"plan_seconds\": %.9g,\n", epx_plan_seconds(r->plan));
+    fputs("  \"planning_load\": \"the sum of the windows\",\n", f);
+    fprintf(f, "  \"balancedness\": %.17g,\n", r->bal->balancedness);
+    fprintf(f, "  \"balancedness_even_split\": %.17g,\n", r->bal_even->balancedness);
+    fprintf(f, "  \"balancedness_sglang\": %.17g,\n", r->bal->balancedness_sglang);
+    fprintf(f, "  \"bound\": %.17g,\n  \"gap\": %.17g,\n", r->bal->bound, r->bal->gap);
+    fprintf(f, "  \"num_loaded_layers\": %d,\n  \"worst_layer\": %d,\n", r->bal->num_loaded_layers,
+            r->bal->worst_layer);
+    fputs("  \"per_layer_balancedness\": [", f);
+    for (int32_t l = 0; l < s->num_layers; l++)
+        fprintf(f, "%s%.17g", l ? ", " : "", r->layers[l].balancedness);
+    fputs("],\n  \"per_layer_bound\": [", f);
+    for (int32_t l = 0; l < s->num_layers; l++)
+        fprintf(f, "%s%.17g", l ? ", " : "", r->layers[l].bound);
+    fputs("],\n  \"replica_weights\": [\n", f);
+    const double *w = epx_plan_replica_weights(r->plan);
+    const int32_t P = s->num_physical_experts;
+    for (int32_t l = 0; l < s->num_layers; l++) {
+        fputs("    [", f);
+        for (int32_t p = 0; p < P; p++) fprintf(f, "%s%.17g", p ? ", " : "", w[(size_t)l * (size_t)P + (size_t)p]);
+        fputs(l + 1 < s->num_layers ? "],\n" : "]\n", f);
+    }
+    fputs("  ]\n}\n", f);
+    bool ok = !ferror(f);
+    if (fclose(f) != 0) ok = false;
+    if (!ok) fprintf(stderr, "epx plan: error writing the report '%s'\n", path);
+    return ok;
+}
+
+int cmd_plan(int argc, char **argv) {
+    cli_opt opts[] = {
+        {"--counts", "FILE", "load: {\"logical_count\": [L][E] | [S][L][E]} (.json, .pt, inline)", NULL},
+        {"--gpus", "G", "GPUs (EP ranks)", NULL},
+        {"--nodes", "N", "nodes (default 1)", NULL},
+        {"--groups", "K", "expert groups of the model (DeepSeek-V3: 8; default none)", NULL},
+        {"--redundant", "R", "redundant slots: P = E + R", NULL},
+        {"--physical", "P", "physical slots per layer (default E)", NULL},
+        {"--algorithm", "A", "epx (default), deepseek, deepseek-hierarchical or auto", NULL},
+        {"--node-local", "MODE", "epx only: strict, relaxed (default with --nodes > 1) or off", NULL},
+        {"-o", "FILE", "output: the SGLang mapping {\"physical_to_logical_map\": [L][P]}", NULL},
+        {"--report", "FILE", "also write a JSON report (balancedness, bound, weights, time)", NULL},
+        {NULL, NULL, NULL, NULL},
+    };
+    cli_cmd cmd = {"plan",
+                   "epx plan --counts FILE --gpus G [--nodes N] [--groups K] "
+                   "[--redundant R | --physical P] [--algorithm A] [--node-local MODE] "
+                   "-o PLACEMENT.json [--report REPORT.json]",
+                   "Plan a placement for a load and write it as an SGLang mapping file. DeepSeek "
+                   "modes plan for the sum of the windows, as SGLang does.",
+                   opts, 0, {0}, 0};
+    int rc = cli_parse(&cmd, argc, argv);
+    if (rc >= 0) return rc;
+    const char *counts_path = cli_require(&cmd, "--counts");
+    const char *out = counts_path ? cli_require(&cmd, "-o") : NULL;
+    if (out == NULL || !cli_require(&cmd, "--gpus")) return CLI_EXIT_USAGE;
+    int32_t G = 0, N = 1, K = 0, R = -1, P = -1;
+    if (!cli_int(&cmd, "--gpus", 1, EPX_MAX_GPUS, &G) || !cli_int(&cmd, "--nodes", 1, EPX_MAX_GPUS, &N) ||
+        !cli_int(&cmd, "--groups", 1, EPX_MAX_EXPERTS, &K) ||
+        !cli_int(&cmd, "--redundant", 0, EPX_MAX_EXPERTS, &R) ||
+        !cli_int(&cmd, "--physical", 1, 2 * EPX_MAX_EXPERTS, &P))
+        return CLI_EXIT_USAGE;
+    if (R >= 0 && P >= 0) {
+        fprintf(stderr, "epx plan: give --redundant or --physical, not both (P = E + R)\n");
+        return CLI_EXIT_USAGE;
+    }
+    epx_plan_opts o = EPX_PLAN_OPTS_INIT;
+    o.num_groups = K;
+    o.log = log_stderr;
+    epx_error err = {0};
+    const char *algo = cli_get(&cmd, "--algorithm");
+    if (algo != NULL && epx_algorithm_parse(algo, &o.algorithm, &err) != EPX_OK) return cli_report(&cmd, &err);
+    if (!parse_node_local(cli_get(&cmd, "--node-local"), &o.node_local)) return CLI_EXIT_USAGE;
+
+    epx_counts *counts = NULL;
+    if (epx_counts_read(counts_path, &counts, &err) != EPX_OK) return cli_report(&cmd, &err);
+    const int32_t E = counts->num_experts;
+    if (P < 0) P = R >= 0 ? E + R : E;
+    epx_shape shape = {counts->num_layers, E, P, G, N};
+    epx_plan *plan = NULL;
+    double *load = NULL;
+    epx_layer_balance *layers = NULL;
+    rc = CLI_EXIT_OK;
+    if (epx_plan_compute(counts, &shape, &o, &plan, &err) != EPX_OK) {
+        rc = cli_report(&cmd, &err);
+        goto done;
+    }
+    const epx_layout *lay = epx_plan_layout(plan);
+    if (epx_layout_write_json(lay, out, &err) != EPX_OK) {
+        rc = cli_report(&cmd, &err);
+        goto done;
+    }
+    /* Quality on the planning load: the sum of the windows. */
+    const size_t LE = (size_t)shape.num_layers * (size_t)E;
+    load = malloc(LE * sizeof *load);
+    layers = malloc((size_t)shape.num_layers * sizeof *layers);
+    if (load == NULL || layers == NULL) {
+        fprintf(stderr, "epx plan: out of memory\n");
+        rc = CLI_EXIT_FAIL;
+        goto done;
+    }
+    epx_balance bal, even;
+    if (epx_counts_sum_windows(counts, 0, counts->num_windows, load, &err) != EPX_OK ||
+        epx_balance_compute(lay, load, epx_plan_replica_weights(plan), &bal, layers, &err) != EPX_OK ||
+        epx_balance_compute(lay, load, NULL, &even, NULL, &err) != EPX_OK) {
+        rc = cli_report(&cmd, &err);
+        goto done;
+    }
+    printf("planned %d layers x %d slots (%d experts + %d redundant) on %d GPUs, %d node(s) "
+           "with %s in %.3f ms\n",
+           shape.num_layers, P, E, P - E, G, N, epx_algorithm_name(epx_plan_algorithm(plan)),
+           1e3 * epx_plan_seconds(plan));
+    printf("balancedness %.4f (bound %.4f, gap %.4f) on the sum of %d window(s); worst layer %d\n",
+           bal.balancedness, bal.bound, bal.gap, counts->num_windows, bal.worst_layer);
+    printf("wrote %s\n", out);
+    const char *report = cli_get(&cmd, "--report");
+    if (report != NULL) {
+        report_ctx r = {counts_path, counts, plan, o.algorithm, K, &bal, &even, layers};
+        if (!write_report(report, &r)) {
+            rc = CLI_EXIT_FAIL;
+            goto done;
+        }
+        printf("wrote %s\n", report);
+    }
+done:
+    free(load);
+    free(layers);
+    epx_plan_destroy(plan);
+    epx_counts_destroy(counts);
+    return rc;
+}
