@@ -14,10 +14,10 @@
  * replica from a slot of the same GPU that receives it; or load it through
  * the caller when no live GPU holds it (after a GPU failure).
  *
- * Executing a migration over a communicator lives in epx_comm.h's world
- * (epx_migration_execute, declared in epx_migrate_exec.h) because it needs a
- * communicator; everything here is plain C11 and runs on one process.
- * Include epx.h, not this file.
+ * epx_migration_execute runs a plan over a communicator (epx_comm.h; make
+ * one with epx_comm_mpi_create or any backend): only `struct epx_comm`
+ * appears here, so this header stays plain C11. Include epx.h, not this
+ * file.
  */
 #ifndef EPX_MIGRATE_H
 #define EPX_MIGRATE_H
@@ -185,6 +185,100 @@ EPX_API epx_status epx_layout_limit_moves(const epx_counts *counts, const epx_la
                                           const epx_layout *target, const epx_move_budget *budget,
                                           epx_layout **out, epx_move_report *report,
                                           epx_error *err);
+
+/*
+ * Executing a migration.
+ *
+ * Each rank holds the weights of its own P/G slots of every layer: opaque
+ * blocks of expert_bytes, slot s of layer l at
+ *   weights + l * layer_stride + s * slot_stride.
+ * The layers are moved chunk by chunk. For one chunk every rank
+ *   1. checks its inputs (its layout is the plan's current one, staging is
+ *      large enough, a loader exists where needed) and sums the checksums of
+ *      the blocks it will send, all in one all-reduce: a rank that cannot go
+ *      on stops every rank before any weight moves;
+ *   2. receives into staging, never into live weights: one all-to-all for
+ *      the direct transfers, a second for the relays of the chunk when it
+ *      has any; local copies and loads land in staging too;
+ *   3. verifies every staged block against the sender's checksum and votes
+ *      (one more all-reduce);
+ *   4. only when every rank's every block arrived intact, commits: copies
+ *      staging into the slots and updates its layout in place
+ *      (epx_layout_update on the chunk's layers).
+ * A failure anywhere before the commit leaves the old weights and the old
+ * layout of that chunk and every later one intact and in service; the error
+ * names the transfer (layer, slot, source rank). Earlier chunks stay
+ * committed: each layer's weights always match its layout row. With
+ * chunk_layers = 0 the whole migration is one chunk, and a failure commits
+ * nothing at all.
+ */
+
+struct epx_comm; /* epx_comm.h */
+
+/* Loads the weights of an expert no live GPU holds (EPX_MOVE_LOAD) into
+ * dst, bytes long, e.g. from the checkpoint. Returns EPX_OK or an error
+ * with a message in err. */
+typedef epx_status (*epx_expert_load_fn)(void *user, int32_t layer, int32_t expert, void *dst,
+                                         size_t bytes, epx_error *err);
+
+typedef struct epx_migrate_exec_opts {
+    uint32_t version;           /* EPX_MIGRATE_EXEC_OPTS_VERSION */
+    int32_t chunk_layers;       /* layers moved and committed together; 0 = all at once */
+    size_t slot_stride;         /* bytes from one slot to the next; 0 = expert_bytes */
+    size_t layer_stride;        /* bytes from one layer to the next; 0 = P/G * slot_stride */
+    epx_expert_load_fn load;    /* needed when this rank has EPX_MOVE_LOAD slots */
+    void *load_user;
+} epx_migrate_exec_opts;
+#define EPX_MIGRATE_EXEC_OPTS_VERSION 1u
+#define EPX_MIGRATE_EXEC_OPTS_INIT {EPX_MIGRATE_EXEC_OPTS_VERSION, 0, 0, 0, NULL, NULL}
+
+/* What one rank did. */
+typedef struct epx_migrate_result {
+    int32_t layers_committed; /* layers whose weights and layout now match the target */
+    uint64_t bytes_sent;      /* to other ranks (epx_migration_rank_bytes' figure) */
+    uint64_t bytes_received;  /* from other ranks */
+    uint64_t bytes_local;     /* staged by local copies and loads */
+    int32_t failed_layer;     /* the transfer that failed: layer, slot, source */
+    int32_t failed_slot;      /*   rank (-1 each when nothing failed, or when */
+    int32_t failed_source;    /*   the failure was no transfer's, e.g. an input) */
+    int32_t failed_rank;      /* the rank that found the failure, or -1 */
+} epx_migrate_result;
+
+/*
+ * Bytes of staging `gpu` needs for a chunk size (the largest chunk's
+ * received and local blocks plus its largest send pack).
+ * Returns: EPX_OK; EPX_ERR_INVALID_ARG (gpu or chunk_layers out of range);
+ *          EPX_ERR_OVERFLOW.
+ */
+EPX_API epx_status epx_migration_staging_bytes(const epx_migration *mig, int32_t gpu,
+                                               int32_t chunk_layers, size_t *bytes,
+                                               epx_error *err);
+
+/*
+ * Run a migration on this rank.
+ * Args:    mig (in) the same plan on every rank; comm (in/out) host memory,
+ *          size G (rank = GPU; a failed GPU's rank sends and receives
+ *          nothing) or the number of live GPUs (rank i = the i-th live GPU);
+ *          weights (in/out) this rank's slots, see above (NULL only on a
+ *          failed GPU); layout (in/out) this rank's layout in service, equal
+ *          to the plan's current layout on the moved layers, updated in
+ *          place as chunks commit; staging (scratch) >= staging_bytes from
+ *          epx_migration_staging_bytes; opts (in) or NULL for the defaults;
+ *          result (out, may be NULL).
+ * Returns: EPX_OK; EPX_ERR_INVALID_ARG (arguments; a layout that is not the
+ *          plan's current one: names layer and slot); EPX_ERR_UNSUPPORTED
+ *          (a device communicator: device buffers are not moved yet);
+ *          EPX_ERR_COMM (a block failed its checksum on some rank, or the
+ *          communicator failed); EPX_ERR_TIMEOUT; the loader's status.
+ *          On error nothing of the failed chunk is committed, on any rank.
+ * Collective: yes, every rank of comm with the same plan and chunk_layers.
+ *          Argument errors found before the first collective return at
+ *          once, so the other ranks time out: check inputs first.
+ */
+EPX_API epx_status epx_migration_execute(const epx_migration *mig, struct epx_comm *comm,
+                                         void *weights, epx_layout *layout, void *staging,
+                                         size_t staging_bytes, const epx_migrate_exec_opts *opts,
+                                         epx_migrate_result *result, epx_error *err);
 
 /*
  * The 64-bit checksum a migration verifies each expert with: a four-lane

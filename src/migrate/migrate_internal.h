@@ -42,6 +42,20 @@ EPXI_HIDDEN epx_status epxi_limit_moves(const epx_shape *shape, const double *lo
                                         const epx_move_budget *budget, epx_move_report *report,
                                         epx_error *err);
 
+/* A migration plan (migration.c builds it, execute.c runs it). */
+struct epx_migration {
+    epx_shape shape;
+    epx_layout *layout; /* the relabelled target */
+    int32_t *current;   /* [L][P] the layout it starts from, to check the caller's */
+    uint8_t *failed;    /* [G] nonzero = failed */
+    int32_t *perm;      /* [L][P] */
+    uint8_t *kinds;     /* [L][P] epx_move_kind */
+    int32_t *src;       /* [L][P] */
+    uint64_t *sent;     /* [G] bytes over links */
+    uint64_t *recv;     /* [G] */
+    epx_migration_stats stats;
+};
+
 /* Sum counts' windows into a new [L][E] array (caller frees). */
 EPXI_HIDDEN double *epxi_sum_load(const epx_counts *counts, epx_error *err);
 

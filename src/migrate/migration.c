@@ -26,17 +26,6 @@
 
 #include <string.h>
 
-struct epx_migration {
-    epx_shape shape;
-    epx_layout *layout; /* relabelled target */
-    int32_t *perm;      /* [L][P] */
-    uint8_t *kinds;     /* [L][P] */
-    int32_t *src;       /* [L][P] */
-    uint64_t *sent;     /* [G] bytes over links */
-    uint64_t *recv;     /* [G] */
-    epx_migration_stats stats;
-};
-
 static bool shapes_equal(const epx_shape *a, const epx_shape *b) {
     return a->num_layers == b->num_layers && a->num_logical_experts == b->num_logical_experts &&
            a->num_physical_experts == b->num_physical_experts && a->num_gpus == b->num_gpus &&
@@ -71,6 +60,8 @@ const char *epx_move_kind_name(int kind) {
 void epx_migration_destroy(epx_migration *mig) {
     if (mig == NULL) return;
     epx_layout_destroy(mig->layout);
+    free(mig->current);
+    free(mig->failed);
     free(mig->perm);
     free(mig->kinds);
     free(mig->src);
@@ -258,7 +249,9 @@ epx_status epx_migration_plan(const epx_layout *current, const epx_layout *targe
     m->src = m->kinds ? epxi_calloc(cells, sizeof *m->src, "migration sources", err) : NULL;
     m->sent = m->src ? epxi_calloc((size_t)G, sizeof *m->sent, "bytes sent", err) : NULL;
     m->recv = m->sent ? epxi_calloc((size_t)G, sizeof *m->recv, "bytes received", err) : NULL;
-    map = m->recv ? epxi_calloc(cells, sizeof *map, "relabelled map", err) : NULL;
+    m->current = m->recv ? epxi_calloc(cells, sizeof *m->current, "current map", err) : NULL;
+    m->failed = m->current ? epxi_calloc((size_t)G, 1, "failed GPUs", err) : NULL;
+    map = m->failed ? epxi_calloc(cells, sizeof *map, "relabelled map", err) : NULL;
     s.hstart = map ? epxi_calloc((size_t)E + 1, sizeof *s.hstart, "holders", err) : NULL;
     s.hslot = s.hstart ? epxi_calloc((size_t)P, sizeof *s.hslot, "holders", err) : NULL;
     s.gpu_mark = s.hslot ? epxi_calloc((size_t)E * 2, sizeof *s.gpu_mark, "marks", err) : NULL;
@@ -271,6 +264,8 @@ epx_status epx_migration_plan(const epx_layout *current, const epx_layout *targe
     s.node_first = s.gpu_first + E;
 
     memcpy(map, given, cells * sizeof *map);
+    memcpy(m->current, old, cells * sizeof *old);
+    if (opts->failed_gpus != NULL) memcpy(m->failed, opts->failed_gpus, (size_t)G);
     if (opts->relabel) {
         EPX_TRY_GOTO(st, epxi_relabel_map(sh, old, map, m->perm, err), fail);
     } else {
