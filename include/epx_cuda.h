@@ -1,0 +1,102 @@
+/*
+ * epx_cuda.h - epx's GPU entry points (built when the CUDA toolkit is found;
+ * link epx_cuda). Every function here:
+ *  - takes device pointers (the descriptors themselves are host structs
+ *    whose pointer fields point to device memory) and a cudaStream_t, and
+ *    only enqueues work on that stream: no allocation, no host
+ *    synchronisation, no device-wide state, so a call can be captured into a
+ *    CUDA graph and replayed;
+ *  - checks every CUDA call it makes and the launch itself
+ *    (cudaGetLastError), returning EPX_ERR_CUDA with the CUDA error's name;
+ *    errors inside a kernel surface at the caller's next synchronisation;
+ *  - computes exactly what its CPU reference in epx/dispatch.h computes:
+ *    integer outputs equal, float outputs bitwise equal (the reduction
+ *    order is fixed). Inputs the CPU reference rejects cannot be reported
+ *    from a kernel: ids outside [-1, E) map to -1, and tables are trusted.
+ * Thread:  like CUDA itself: any host thread, one stream per concurrent use.
+ */
+#ifndef EPX_CUDA_H
+#define EPX_CUDA_H
+
+#include <cuda_runtime.h>
+
+#include "epx.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- dispatch (the CPU references are in epx/dispatch.h) ----------------- */
+
+/*
+ * Map topk_ids [T][K] of one layer to slots phys [T][K], as
+ * epx_dispatch_map_ids: static gather, dynamic or weighted (Philox words
+ * keyed by seed, pass, layer, token, k), or PHYSICAL (a copy that turns ids
+ * outside [0, P) into -1). One launch.
+ * Args:    spec (in) host struct with device pointers for its mode;
+ *          topk_ids (in, device) [T][K] int32; T >= 0 (below 2^31), K >= 1;
+ *          phys (out, device) [T][K] int32.
+ * Returns: EPX_OK (T = 0 launches nothing); EPX_ERR_INVALID_ARG (a missing
+ *          pointer or a bad mode); EPX_ERR_SHAPE; EPX_ERR_CUDA.
+ */
+EPX_API epx_status epx_cuda_dispatch_map_ids(const epx_dispatch_spec *spec,
+                                             const int32_t *topk_ids, int64_t num_tokens,
+                                             int32_t topk, int32_t *phys, cudaStream_t stream,
+                                             epx_error *err);
+
+/*
+ * Map, count and lay out a batch in ONE launch: phys [T][K] as
+ * epx_cuda_dispatch_map_ids, then every field of `out` that is non-NULL,
+ * exactly as epx_token_layout_compute defines it (tokens per rank and slot,
+ * is_token_in_rank, both send orders, their offsets and inverses). The
+ * kernel runs as one cluster of 8 thread blocks that exchange their counts
+ * through distributed shared memory, so it needs no global workspace and no
+ * second launch; tokens_per_slot feeds epx_recorder_add_slot_counts.
+ * Args:    spec (in) as above (PHYSICAL when topk_ids are already slots);
+ *          topk_ids (in, device) [T][K]; 1 <= K <= 32;
+ *          num_physical P, num_gpus G with P % G == 0 (slot p on GPU p / (P/G));
+ *          phys (out, device) [T][K] int32, required (the kernel reads it back);
+ *          out (in) host struct of device pointers, fields optional.
+ * Limits:  ceil(T / 8) * K <= 65535 (the per-block counters are 16-bit
+ *          halves; T <= 65535 at K = 8) and the shared memory of one block,
+ *          about 4 * (P * (w + 5) + T / 8) bytes for w = min(32, T / 128) + 1
+ *          warps, within the device's opt-in limit (P up to about 1500 at
+ *          T = 4096); beyond either, EPX_ERR_UNSUPPORTED names the limit.
+ * Returns: EPX_OK; EPX_ERR_INVALID_ARG; EPX_ERR_SHAPE; EPX_ERR_UNSUPPORTED;
+ *          EPX_ERR_CUDA.
+ */
+EPX_API epx_status epx_cuda_dispatch_layout(const epx_dispatch_spec *spec,
+                                            const int32_t *topk_ids, int64_t num_tokens,
+                                            int32_t topk, int32_t num_physical, int32_t num_gpus,
+                                            int32_t *phys, const epx_token_layout *out,
+                                            cudaStream_t stream, epx_error *err);
+
+/*
+ * Scatter rows of x [T][H] into a send order (out[pos[t][k]] = x[t]), as
+ * epx_permute_rows: each row is read once and written to all of its
+ * destinations. Rows are moved 16 bytes at a time when H * element size and
+ * the pointers allow it.
+ * Args:    x (in, device) [T][H] of dtype; pos (in, device) [T][K], entries
+ *          in [-1, rows) (not checked); out (out, device) [rows][H].
+ * Returns: EPX_OK; EPX_ERR_INVALID_ARG; EPX_ERR_SHAPE; EPX_ERR_CUDA.
+ */
+EPX_API epx_status epx_cuda_permute_rows(const void *x, epx_row_dtype dtype, int64_t num_tokens,
+                                         int64_t hidden, const int32_t *pos, int32_t topk,
+                                         void *out, cudaStream_t stream, epx_error *err);
+
+/*
+ * The weighted combine back into token order, as epx_combine_rows: fp32
+ * accumulation by fmaf in k order, bitwise equal to the CPU.
+ * Args:    y (in, device) [rows][H] of dtype; pos (in, device) [T][K];
+ *          weights (in, device, optional) [T][K] fp32; out (out, device) [T][H].
+ * Returns: EPX_OK; EPX_ERR_INVALID_ARG; EPX_ERR_SHAPE; EPX_ERR_CUDA.
+ */
+EPX_API epx_status epx_cuda_combine_rows(const void *y, epx_row_dtype dtype, int64_t hidden,
+                                         const int32_t *pos, const float *weights,
+                                         int64_t num_tokens, int32_t topk, void *out,
+                                         cudaStream_t stream, epx_error *err);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* EPX_CUDA_H */

@@ -1,0 +1,618 @@
+/*
+ * dispatch.cu - the per-batch dispatch path on the GPU: logical ids to
+ * slots, the fused map + count + layout kernel, and the row scatter and
+ * weighted combine. Each kernel computes what its CPU reference in
+ * src/dispatch/token.c computes; the shared arithmetic (Philox, replica
+ * choice, bf16 rounding) is the same source, dispatch_common.h.
+ *
+ * The layout kernel runs as ONE cluster of 8 blocks (Hopper thread block
+ * clusters). Block b owns a contiguous eighth of the tokens, and warp w of a
+ * block a contiguous piece of that, so "token order" inside every bucket of
+ * the two send orders is just the order of (block, warp, round, lane):
+ *   A. each lane maps one token's K ids, writes phys and is_token_in_rank,
+ *      marks the token's representative pair per rank (lowest slot there),
+ *      and counts pairs and representatives per slot into its warp's
+ *      histogram (one 32-bit word per slot: pairs in the low 16 bits,
+ *      representatives in the high 16);
+ *   B. the warp histograms become per-warp prefixes; the blocks read each
+ *      other's totals through distributed shared memory (cluster barrier),
+ *      so every block knows the totals, the offsets (a block-wide scan over
+ *      slots) and the counts of the blocks before it;
+ *   C. each warp walks its pairs again in index order, 32 at a time, and
+ *      ranks equal slots inside the round with __match_any_sync; the warp's
+ *      running counters advance by the group sizes.
+ * No global workspace, no atomics on global memory, and nothing depends on
+ * scheduling order, so the layout is deterministic and equal to the CPU's.
+ */
+#include <cooperative_groups.h>
+#include <cuda_runtime.h>
+
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "epx.h"
+extern "C" {
+#include "internal.h" /* C linkage: epxi_fail lives in the C library */
+}
+#include "epx_cuda.h"
+#include "../dispatch/dispatch_common.h"
+
+namespace cg = cooperative_groups;
+
+namespace {
+
+constexpr int kCluster = 8;    /* blocks of the layout cluster        */
+constexpr int kMaxWarps = 16;  /* warps of a layout block, at most    */
+
+#define CUDA_TRY(err, call)                                                              \
+    do {                                                                                 \
+        cudaError_t e_ = (call);                                                         \
+        if (e_ != cudaSuccess)                                                           \
+            return epxi_fail(err, EPX_ERR_CUDA, "%s failed: %s (%s)", #call,             \
+                             cudaGetErrorName(e_), cudaGetErrorString(e_));              \
+    } while (0)
+
+struct MapArgs {
+    int mode;
+    int32_t E, P, W;
+    const int32_t *table, *replicas, *num_valid;
+    const uint32_t *thresholds;
+    uint64_t seed;
+    uint32_t pass, layer;
+};
+
+MapArgs map_args(const epx_dispatch_spec *s) {
+    MapArgs a;
+    a.mode = (int)s->mode;
+    a.E = s->num_experts;
+    a.P = s->num_physical;
+    a.W = s->width;
+    a.table = s->table;
+    a.replicas = s->replicas;
+    a.num_valid = s->num_valid;
+    a.thresholds = s->thresholds;
+    a.seed = s->seed;
+    a.pass = s->pass;
+    a.layer = s->layer;
+    return a;
+}
+
+/* One id to one slot; bad ids become -1 (the CPU reference rejects them). */
+__device__ __forceinline__ int32_t map_one(const MapArgs &a, int32_t e, uint32_t t, uint32_t k) {
+    if (a.mode == EPX_DISPATCH_PHYSICAL) return e >= 0 && e < a.P ? e : -1;
+    if (e < 0 || e >= a.E) return -1;
+    if (a.mode == EPX_DISPATCH_STATIC) return __ldg(a.table + e);
+    int32_t n = __ldg(a.num_valid + e);
+    uint32_t word = epxi_dispatch_word(a.seed, a.pass, a.layer, t, k);
+    int32_t j = a.mode == EPX_DISPATCH_DYNAMIC
+                    ? epxi_uniform_index(word, n)
+                    : epxi_weighted_index(word, a.thresholds + (size_t)e * (size_t)a.W, n);
+    return __ldg(a.replicas + (size_t)e * (size_t)a.W + (size_t)j);
+}
+
+__global__ void map_kernel(MapArgs a, const int32_t *__restrict__ ids, int64_t n, int32_t K,
+                           int32_t *__restrict__ phys) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        int64_t t = i / K;
+        phys[i] = map_one(a, __ldg(ids + i), (uint32_t)t, (uint32_t)(i - t * K));
+    }
+}
+
+struct LayoutArgs {
+    MapArgs map;
+    const int32_t *ids;
+    int32_t T, K, P, G, per;
+    int32_t chunk;  /* tokens per block: ceil(T / 8)            */
+    int32_t wchunk; /* tokens per token warp: ceil(chunk / nw)  */
+    int32_t nw;     /* token warps (histograms) per block       */
+    int in_rank_words; /* is_token_in_rank rows as 32-bit words */
+    int32_t *phys;
+    int64_t *tokens_per_rank, *tokens_per_slot;
+    uint8_t *in_rank;
+    int32_t *rank_offsets, *rank_perm, *pair_rank_pos;
+    int32_t *slot_offsets, *slot_perm, *pair_slot_pos;
+};
+
+__device__ __forceinline__ uint32_t lanemask_lt() {
+    uint32_t m;
+    asm("mov.u32 %0, %%lanemask_lt;" : "=r"(m));
+    return m;
+}
+
+/* Exclusive scan of a[0..n) and b[0..n) in place, a[n] and b[n] = totals,
+ * by all threads of the block. ws holds 2 * 32 ints. */
+__device__ void block_scan2(int32_t *a, int32_t *b, int32_t n, int32_t *ws) {
+    int nt = blockDim.x, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    int32_t ipt = (n + nt - 1) / nt, lo = tid * ipt, hi = min(n, lo + ipt);
+    int32_t sa = 0, sb = 0;
+    for (int32_t i = lo; i < hi; i++) sa += a[i], sb += b[i];
+    int32_t ia = sa, ib = sb; /* inclusive within the warp */
+    for (int d = 1; d < 32; d <<= 1) {
+        int32_t xa = __shfl_up_sync(0xffffffffu, ia, d), xb = __shfl_up_sync(0xffffffffu, ib, d);
+        if (lane >= d) ia += xa, ib += xb;
+    }
+    if (lane == 31) ws[warp] = ia, ws[32 + warp] = ib;
+    __syncthreads();
+    if (warp == 0) {
+        int nwarps = nt >> 5;
+        int32_t va = lane < nwarps ? ws[lane] : 0, vb = lane < nwarps ? ws[32 + lane] : 0;
+        for (int d = 1; d < 32; d <<= 1) {
+            int32_t xa = __shfl_up_sync(0xffffffffu, va, d), xb = __shfl_up_sync(0xffffffffu, vb, d);
+            if (lane >= d) va += xa, vb += xb;
+        }
+        if (lane < nwarps) ws[lane] = va, ws[32 + lane] = vb; /* inclusive */
+    }
+    __syncthreads();
+    int32_t ea = (warp ? ws[warp - 1] : 0) + ia - sa, eb = (warp ? ws[32 + warp - 1] : 0) + ib - sb;
+    for (int32_t i = lo; i < hi; i++) {
+        int32_t x = a[i], y = b[i];
+        a[i] = ea;
+        b[i] = eb;
+        ea += x;
+        eb += y;
+    }
+    if (tid == nt - 1) a[n] = ws[(nt >> 5) - 1], b[n] = ws[32 + (nt >> 5) - 1];
+    __syncthreads();
+}
+
+template <int KMAX>
+__global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(32 * kMaxWarps, 1)
+    layout_kernel(LayoutArgs a) {
+    extern __shared__ uint32_t smem[];
+    cg::cluster_group cluster = cg::this_cluster();
+    const int32_t P = a.P, K = a.K, per = a.per, nw = a.nw;
+    const int rank = (int)cluster.block_rank();
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nt = blockDim.x;
+    uint32_t *hist = smem;                             /* [nw][P] packed     */
+    uint32_t *tot = hist + (size_t)nw * P;             /* [P] packed totals  */
+    int32_t *base_s = (int32_t *)(tot + P);            /* [P]                */
+    int32_t *base_r = base_s + P;                      /* [P]                */
+    int32_t *sum_s = base_r + P;                       /* [P + 1]            */
+    int32_t *sum_r = sum_s + P + 1;                    /* [P + 1]            */
+    uint32_t *repmask = (uint32_t *)(sum_r + P + 1);   /* [chunk]            */
+    int32_t *ws = (int32_t *)(repmask + a.chunk);      /* [64]               */
+
+    for (int32_t i = tid; i < nw * P; i += nt) hist[i] = 0;
+    __syncthreads();
+
+    const int32_t t0 = rank * a.chunk, t1 = min(a.T, t0 + a.chunk);
+    const int32_t wb = min(t1, t0 + warp * a.wchunk), we = min(t1, wb + a.wchunk);
+
+    /* A. map, is_token_in_rank, representatives, warp histograms */
+    if (warp < nw) {
+        for (int32_t t = wb + lane; t < we; t += 32) {
+            int32_t p[KMAX], g[KMAX];
+#pragma unroll
+            for (int k = 0; k < KMAX; k++) {
+                p[k] = -1;
+                if (k < K) p[k] = map_one(a.map, __ldg(a.ids + (size_t)t * K + k), (uint32_t)t, (uint32_t)k);
+            }
+            uint32_t rep = 0;
+            uint64_t present = 0;
+#pragma unroll
+            for (int k = 0; k < KMAX; k++) {
+                g[k] = p[k] >= 0 ? p[k] / per : -1;
+                if (k < K) a.phys[(size_t)t * K + k] = p[k];
+            }
+#pragma unroll
+            for (int k = 0; k < KMAX; k++) {
+                bool r = k < K && p[k] >= 0;
+#pragma unroll
+                for (int j = 0; j < KMAX; j++)
+                    if (j != k && j < K && g[j] == g[k] && (p[j] < p[k] || (p[j] == p[k] && j < k)))
+                        r = false;
+                if (r) {
+                    rep |= 1u << k;
+                    if (g[k] < 64) present |= 1ull << g[k];
+                }
+                if (k < K && p[k] >= 0) atomicAdd(&hist[warp * P + p[k]], r ? 0x10001u : 1u);
+            }
+            repmask[t - t0] = rep;
+            if (a.in_rank) {
+                uint8_t *row = a.in_rank + (size_t)t * a.G;
+                if (a.G <= 64 && a.in_rank_words) {
+                    for (int32_t q = 0; q < a.G / 4; q++) {
+                        uint32_t m = (uint32_t)(present >> (4 * q)) & 0xfu;
+                        ((uint32_t *)row)[q] = (m & 1u) | ((m >> 1 & 1u) << 8) | ((m >> 2 & 1u) << 16) |
+                                               ((m >> 3 & 1u) << 24);
+                    }
+                } else if (a.G <= 64) {
+                    for (int32_t q = 0; q < a.G; q++) row[q] = (uint8_t)(present >> q & 1u);
+                } else {
+                    for (int32_t q = 0; q < a.G; q++) row[q] = 0;
+#pragma unroll
+                    for (int k = 0; k < KMAX; k++)
+                        if (rep >> k & 1u) row[g[k]] = 1;
+                }
+            }
+        }
+    }
+    __syncthreads();
+
+    /* B. warp prefixes, block totals, cluster exchange, offsets */
+    for (int32_t q = tid; q < P; q += nt) {
+        uint32_t run = 0;
+        for (int w = 0; w < nw; w++) {
+            uint32_t v = hist[w * P + q];
+            hist[w * P + q] = run;
+            run += v;
+        }
+        tot[q] = run;
+    }
+    cluster.sync();
+    for (int32_t q = tid; q < P; q += nt) {
+        int32_t s = 0, r = 0, ts = 0, tr = 0;
+#pragma unroll
+        for (int b = 0; b < kCluster; b++) {
+            uint32_t v = cluster.map_shared_rank(tot, b)[q];
+            int32_t lo = (int32_t)(v & 0xffffu), hi = (int32_t)(v >> 16);
+            if (b < rank) s += lo, r += hi;
+            ts += lo;
+            tr += hi;
+        }
+        base_s[q] = s;
+        base_r[q] = r;
+        sum_s[q] = ts;
+        sum_r[q] = tr;
+        if (rank == 0 && a.tokens_per_slot) a.tokens_per_slot[q] = ts;
+    }
+    /* Remote reads are done: let the other blocks go on (and, eventually,
+     * exit); wait for them only at the very end. */
+    asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
+    __syncthreads();
+    block_scan2(sum_s, sum_r, P, ws);
+    for (int32_t q = tid; q < P; q += nt) base_s[q] += sum_s[q], base_r[q] += sum_r[q];
+    if (rank == 0) {
+        if (a.slot_offsets)
+            for (int32_t q = tid; q <= P; q += nt) a.slot_offsets[q] = sum_s[q];
+        for (int32_t q = tid; q <= a.G; q += nt) {
+            if (a.rank_offsets) a.rank_offsets[q] = sum_r[q * per];
+            if (a.tokens_per_rank && q < a.G) a.tokens_per_rank[q] = sum_r[(q + 1) * per] - sum_r[q * per];
+        }
+    }
+    __syncthreads();
+
+    /* C. positions, in pair index order within each warp's range */
+    if (warp < nw) {
+        uint32_t *h = hist + warp * P;
+        const int64_t ib = (int64_t)wb * K, ie = (int64_t)we * K;
+        const uint32_t lt = lanemask_lt();
+        for (int64_t i0 = ib; i0 < ie; i0 += 32) {
+            int64_t i = i0 + lane;
+            bool valid = i < ie;
+            int32_t p = valid ? a.phys[i] : -1;
+            int32_t t = (int32_t)(i / K), k = (int32_t)(i - (int64_t)t * K);
+            bool rep = p >= 0 && (repmask[t - t0] >> k & 1u);
+            uint32_t ms = __match_any_sync(0xffffffffu, p);
+            uint32_t mr = __match_any_sync(0xffffffffu, rep ? p : -1);
+            int32_t ps = -1, pr = -1;
+            if (p >= 0) {
+                uint32_t hv = h[p];
+                ps = base_s[p] + (int32_t)(hv & 0xffffu) + __popc(ms & lt);
+                if (rep) pr = base_r[p] + (int32_t)(hv >> 16) + __popc(mr & lt);
+            }
+            __syncwarp();
+            if (p >= 0 && (ms & lt) == 0) atomicAdd(&h[p], (uint32_t)__popc(ms));
+            if (rep && (mr & lt) == 0) atomicAdd(&h[p], (uint32_t)__popc(mr) << 16);
+            __syncwarp();
+            if (valid) {
+                if (a.pair_slot_pos) a.pair_slot_pos[i] = ps;
+                if (a.pair_rank_pos) a.pair_rank_pos[i] = pr;
+                if (ps >= 0 && a.slot_perm) a.slot_perm[ps] = (int32_t)i;
+                if (pr >= 0 && a.rank_perm) a.rank_perm[pr] = t;
+            }
+        }
+    }
+    asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+
+/* Row scatter: one block per token, each row read once (read-only path)
+ * and stored to every destination. V is the access type (16, 4 or 2 B). */
+template <typename V, int UNROLL>
+__global__ void permute_kernel(const V *__restrict__ x, int64_t nvec, const int32_t *__restrict__ pos,
+                               int32_t K, V *__restrict__ out) {
+    const int64_t t = blockIdx.x;
+    const int32_t *pt = pos + t * K;
+    for (int64_t base = 0; base < nvec; base += (int64_t)blockDim.x * UNROLL) {
+        V v[UNROLL];
+#pragma unroll
+        for (int u = 0; u < UNROLL; u++) {
+            int64_t j = base + (int64_t)u * blockDim.x + threadIdx.x;
+            if (j < nvec) v[u] = __ldg(x + t * nvec + j);
+        }
+        for (int32_t k = 0; k < K; k++) {
+            int32_t p = __ldg(pt + k);
+            if (p < 0) continue;
+#pragma unroll
+            for (int u = 0; u < UNROLL; u++) {
+                int64_t j = base + (int64_t)u * blockDim.x + threadIdx.x;
+                if (j < nvec) out[(int64_t)p * nvec + j] = v[u];
+            }
+        }
+    }
+}
+
+/* Elements of one 16-byte vector, as floats, and back. */
+template <int BF16> struct Vec;
+template <> struct Vec<1> {
+    static constexpr int N = 8;
+    __device__ static void load(const uint4 &v, float *f) {
+        const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            f[2 * i] = __uint_as_float(w[i] << 16);
+            f[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+        }
+    }
+    __device__ static uint4 store(const float *f) {
+        uint32_t w[4];
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+            w[i] = (uint32_t)epxi_f32_to_bf16(f[2 * i]) | ((uint32_t)epxi_f32_to_bf16(f[2 * i + 1]) << 16);
+        return make_uint4(w[0], w[1], w[2], w[3]);
+    }
+};
+template <> struct Vec<0> {
+    static constexpr int N = 4;
+    __device__ static void load(const uint4 &v, float *f) {
+        f[0] = __uint_as_float(v.x);
+        f[1] = __uint_as_float(v.y);
+        f[2] = __uint_as_float(v.z);
+        f[3] = __uint_as_float(v.w);
+    }
+    __device__ static uint4 store(const float *f) {
+        return make_uint4(__float_as_uint(f[0]), __float_as_uint(f[1]), __float_as_uint(f[2]),
+                          __float_as_uint(f[3]));
+    }
+};
+
+/* Combine, 16-byte vectors: one block per token; per vector, acc = 0 then
+ * fmaf(w_k, y_k, acc) for k in order -- the CPU's exact sequence. */
+template <int BF16, int UNROLL>
+__global__ void combine_kernel(const uint4 *__restrict__ y, int64_t nvec, const int32_t *__restrict__ pos,
+                               const float *__restrict__ wts, int32_t K, uint4 *__restrict__ out) {
+    using VT = Vec<BF16>;
+    const int64_t t = blockIdx.x;
+    for (int64_t base = 0; base < nvec; base += (int64_t)blockDim.x * UNROLL) {
+        float acc[UNROLL][VT::N];
+#pragma unroll
+        for (int u = 0; u < UNROLL; u++)
+#pragma unroll
+            for (int e = 0; e < VT::N; e++) acc[u][e] = 0.0f;
+        for (int32_t k = 0; k < K; k++) {
+            int32_t p = __ldg(pos + t * K + k);
+            if (p < 0) continue;
+            float w = wts ? __ldg(wts + t * K + k) : 1.0f;
+            uint4 v[UNROLL];
+#pragma unroll
+            for (int u = 0; u < UNROLL; u++) {
+                int64_t j = base + (int64_t)u * blockDim.x + threadIdx.x;
+                if (j < nvec) v[u] = __ldg(y + (int64_t)p * nvec + j);
+            }
+#pragma unroll
+            for (int u = 0; u < UNROLL; u++) {
+                float f[VT::N];
+                VT::load(v[u], f);
+#pragma unroll
+                for (int e = 0; e < VT::N; e++) acc[u][e] = fmaf(w, f[e], acc[u][e]);
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < UNROLL; u++) {
+            int64_t j = base + (int64_t)u * blockDim.x + threadIdx.x;
+            if (j < nvec) out[t * nvec + j] = VT::store(acc[u]);
+        }
+    }
+}
+
+/* Combine for rows that are not a multiple of 16 bytes: one element at a time. */
+template <int BF16>
+__global__ void combine_scalar_kernel(const void *__restrict__ y, int64_t H, const int32_t *__restrict__ pos,
+                                      const float *__restrict__ wts, int32_t K, void *__restrict__ out) {
+    const int64_t t = blockIdx.x;
+    for (int64_t h = threadIdx.x; h < H; h += blockDim.x) {
+        float acc = 0.0f;
+        for (int32_t k = 0; k < K; k++) {
+            int32_t p = __ldg(pos + t * K + k);
+            if (p < 0) continue;
+            float w = wts ? __ldg(wts + t * K + k) : 1.0f;
+            float v = BF16 ? epxi_bf16_to_f32(__ldg((const unsigned short *)y + (int64_t)p * H + h))
+                           : __ldg((const float *)y + (int64_t)p * H + h);
+            acc = fmaf(w, v, acc);
+        }
+        if (BF16)
+            ((uint16_t *)out)[t * H + h] = epxi_f32_to_bf16(acc);
+        else
+            ((float *)out)[t * H + h] = acc;
+    }
+}
+
+epx_status check_spec(const epx_dispatch_spec *s, epx_error *err) {
+    if (s == NULL) return epxi_fail(err, EPX_ERR_INVALID_ARG, "dispatch spec is NULL");
+    if (s->num_physical < 1 || (s->mode != EPX_DISPATCH_PHYSICAL && s->num_experts < 1))
+        return epxi_fail(err, EPX_ERR_SHAPE,
+                         "dispatch spec: num_experts = %d and num_physical = %d must be >= 1",
+                         s->num_experts, s->num_physical);
+    switch (s->mode) {
+    case EPX_DISPATCH_PHYSICAL:
+        return EPX_OK;
+    case EPX_DISPATCH_STATIC:
+        if (s->table == NULL)
+            return epxi_fail(err, EPX_ERR_INVALID_ARG, "static dispatch needs spec.table (device [E])");
+        return EPX_OK;
+    case EPX_DISPATCH_WEIGHTED:
+        if (s->thresholds == NULL)
+            return epxi_fail(err, EPX_ERR_INVALID_ARG,
+                             "weighted dispatch needs spec.thresholds (device [E][W])");
+        /* fall through */
+    case EPX_DISPATCH_DYNAMIC:
+        if (s->replicas == NULL || s->num_valid == NULL || s->width < 1)
+            return epxi_fail(err, EPX_ERR_INVALID_ARG,
+                             "dynamic and weighted dispatch need spec.replicas, spec.num_valid "
+                             "(device) and width >= 1 (width is %d)",
+                             s->width);
+        return EPX_OK;
+    }
+    return epxi_fail(err, EPX_ERR_INVALID_ARG, "dispatch mode %d is not PHYSICAL, STATIC, DYNAMIC or WEIGHTED",
+                     (int)s->mode);
+}
+
+} /* namespace */
+
+extern "C" epx_status epx_cuda_dispatch_map_ids(const epx_dispatch_spec *spec, const int32_t *topk_ids,
+                                                int64_t num_tokens, int32_t topk, int32_t *phys,
+                                                cudaStream_t stream, epx_error *err) {
+    EPX_TRY(check_spec(spec, err));
+    if (num_tokens < 0 || num_tokens > INT32_MAX || topk < 1)
+        return epxi_fail(err, EPX_ERR_SHAPE, "topk_ids is [%lld][%d]: T must be in [0, 2^31), K >= 1",
+                         (long long)num_tokens, topk);
+    if (num_tokens == 0) return EPX_OK;
+    if (topk_ids == NULL || phys == NULL)
+        return epxi_fail(err, EPX_ERR_INVALID_ARG, "epx_cuda_dispatch_map_ids: topk_ids and phys are required");
+    int64_t n = num_tokens * topk;
+    int threads = 256;
+    int64_t blocks = (n + threads - 1) / threads;
+    if (blocks > 4096) blocks = 4096;
+    map_kernel<<<(unsigned)blocks, threads, 0, stream>>>(map_args(spec), topk_ids, n, topk, phys);
+    CUDA_TRY(err, cudaGetLastError());
+    return EPX_OK;
+}
+
+extern "C" epx_status epx_cuda_dispatch_layout(const epx_dispatch_spec *spec, const int32_t *topk_ids,
+                                               int64_t num_tokens, int32_t topk, int32_t num_physical,
+                                               int32_t num_gpus, int32_t *phys, const epx_token_layout *out,
+                                               cudaStream_t stream, epx_error *err) {
+    EPX_TRY(check_spec(spec, err));
+    if (out == NULL || phys == NULL || (num_tokens > 0 && topk_ids == NULL))
+        return epxi_fail(err, EPX_ERR_INVALID_ARG,
+                         "epx_cuda_dispatch_layout: topk_ids, phys and out are required");
+    if (num_tokens < 0 || num_tokens > INT32_MAX || topk < 1 || topk > 32 ||
+        num_tokens * (int64_t)topk > INT32_MAX)
+        return epxi_fail(err, EPX_ERR_SHAPE,
+                         "topk_ids is [%lld][%d]: T >= 0, 1 <= K <= 32 and T*K below 2^31",
+                         (long long)num_tokens, topk);
+    if (num_physical < 1 || num_gpus < 1 || num_physical % num_gpus != 0 ||
+        (spec->mode == EPX_DISPATCH_PHYSICAL && spec->num_physical != num_physical))
+        return epxi_fail(err, EPX_ERR_SHAPE,
+                         "num_physical (%d) must be a positive multiple of num_gpus (%d) and "
+                         "equal spec.num_physical (%d)",
+                         num_physical, num_gpus, spec->num_physical);
+    LayoutArgs a;
+    a.map = map_args(spec);
+    a.ids = topk_ids;
+    a.T = (int32_t)num_tokens;
+    a.K = topk;
+    a.P = num_physical;
+    a.G = num_gpus;
+    a.per = num_physical / num_gpus;
+    a.chunk = (a.T + kCluster - 1) / kCluster;
+    if ((int64_t)a.chunk * topk > 65535)
+        return epxi_fail(err, EPX_ERR_UNSUPPORTED,
+                         "a batch of %d tokens x top-%d is too large for one layout launch: "
+                         "ceil(T / 8) * K must be at most 65535; split the batch (at most %d "
+                         "tokens at this K)",
+                         a.T, topk, 65535 / topk * kCluster);
+    /* About 16 tokens per token warp: small batches use few warps, so
+     * zeroing and scanning the per-warp histograms stays cheap. */
+    a.nw = (a.chunk + 15) / 16;
+    if (a.nw < 1) a.nw = 1;
+    if (a.nw > kMaxWarps) a.nw = kMaxWarps;
+    int dev = 0, optin = 0;
+    CUDA_TRY(err, cudaGetDevice(&dev));
+    CUDA_TRY(err, cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+    size_t fixed = 4 * ((size_t)a.P * 5 + 2 + (size_t)a.chunk + 64);
+    while (a.nw > 1 && fixed + 4 * (size_t)a.nw * a.P > (size_t)optin) a.nw--;
+    size_t smem = fixed + 4 * (size_t)a.nw * a.P;
+    if (smem > (size_t)optin)
+        return epxi_fail(err, EPX_ERR_UNSUPPORTED,
+                         "the layout kernel needs %zu bytes of shared memory for P = %d slots and "
+                         "%d tokens per block, above this device's %d: use fewer slots or "
+                         "smaller batches",
+                         smem, a.P, a.chunk, optin);
+    a.wchunk = (a.chunk + a.nw - 1) / a.nw;
+    a.phys = phys;
+    a.tokens_per_rank = out->tokens_per_rank;
+    a.tokens_per_slot = out->tokens_per_slot;
+    a.in_rank = out->is_token_in_rank;
+    a.in_rank_words = a.G % 4 == 0 && ((uintptr_t)out->is_token_in_rank % 4) == 0;
+    a.rank_offsets = out->rank_offsets;
+    a.rank_perm = out->rank_perm;
+    a.pair_rank_pos = out->pair_rank_pos;
+    a.slot_offsets = out->slot_offsets;
+    a.slot_perm = out->slot_perm;
+    a.pair_slot_pos = out->pair_slot_pos;
+    int threads = 32 * (a.nw < 8 ? 8 : a.nw);
+    if (topk <= 8) {
+        CUDA_TRY(err, cudaFuncSetAttribute(layout_kernel<8>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        layout_kernel<8><<<kCluster, threads, smem, stream>>>(a);
+    } else {
+        CUDA_TRY(err, cudaFuncSetAttribute(layout_kernel<32>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        layout_kernel<32><<<kCluster, threads, smem, stream>>>(a);
+    }
+    CUDA_TRY(err, cudaGetLastError());
+    return EPX_OK;
+}
+
+namespace {
+
+epx_status check_rows(const void *src, const void *dst, epx_row_dtype dtype, int64_t T, int64_t H,
+                      const int32_t *pos, int32_t K, const char *fn, epx_error *err) {
+    if (dtype != EPX_ROW_F32 && dtype != EPX_ROW_BF16)
+        return epxi_fail(err, EPX_ERR_INVALID_ARG, "%s: dtype %d is not F32 (0) or BF16 (1)", fn, (int)dtype);
+    if (T < 0 || T > INT32_MAX || H < 0 || K < 1)
+        return epxi_fail(err, EPX_ERR_SHAPE, "%s: T = %lld, H = %lld, K = %d: T in [0, 2^31), H >= 0, K >= 1",
+                         fn, (long long)T, (long long)H, K);
+    if (T > 0 && H > 0 && (src == NULL || dst == NULL || pos == NULL))
+        return epxi_fail(err, EPX_ERR_INVALID_ARG, "%s: input, pos and output are required", fn);
+    return EPX_OK;
+}
+
+bool aligned(const void *p, size_t a) { return ((uintptr_t)p % a) == 0; }
+
+} /* namespace */
+
+extern "C" epx_status epx_cuda_permute_rows(const void *x, epx_row_dtype dtype, int64_t num_tokens,
+                                            int64_t hidden, const int32_t *pos, int32_t topk, void *out,
+                                            cudaStream_t stream, epx_error *err) {
+    EPX_TRY(check_rows(x, out, dtype, num_tokens, hidden, pos, topk, "epx_cuda_permute_rows", err));
+    if (num_tokens == 0 || hidden == 0) return EPX_OK;
+    size_t bytes = (size_t)hidden * (dtype == EPX_ROW_BF16 ? 2 : 4);
+    unsigned grid = (unsigned)num_tokens;
+    if (bytes % 16 == 0 && aligned(x, 16) && aligned(out, 16))
+        permute_kernel<uint4, 8><<<grid, 128, 0, stream>>>((const uint4 *)x, (int64_t)(bytes / 16), pos, topk,
+                                                            (uint4 *)out);
+    else if (bytes % 4 == 0 && aligned(x, 4) && aligned(out, 4))
+        permute_kernel<uint32_t, 8><<<grid, 128, 0, stream>>>((const uint32_t *)x, (int64_t)(bytes / 4), pos,
+                                                               topk, (uint32_t *)out);
+    else
+        permute_kernel<unsigned short, 8><<<grid, 128, 0, stream>>>(
+            (const unsigned short *)x, (int64_t)(bytes / 2), pos, topk, (unsigned short *)out);
+    CUDA_TRY(err, cudaGetLastError());
+    return EPX_OK;
+}
+
+extern "C" epx_status epx_cuda_combine_rows(const void *y, epx_row_dtype dtype, int64_t hidden,
+                                            const int32_t *pos, const float *weights, int64_t num_tokens,
+                                            int32_t topk, void *out, cudaStream_t stream, epx_error *err) {
+    EPX_TRY(check_rows(y, out, dtype, num_tokens, hidden, pos, topk, "epx_cuda_combine_rows", err));
+    if (num_tokens == 0 || hidden == 0) return EPX_OK;
+    size_t bytes = (size_t)hidden * (dtype == EPX_ROW_BF16 ? 2 : 4);
+    unsigned grid = (unsigned)num_tokens;
+    bool vec = bytes % 16 == 0 && aligned(y, 16) && aligned(out, 16);
+    if (vec && dtype == EPX_ROW_BF16)
+        combine_kernel<1, 8><<<grid, 128, 0, stream>>>((const uint4 *)y, (int64_t)(bytes / 16), pos, weights, topk,
+                                                        (uint4 *)out);
+    else if (vec)
+        combine_kernel<0, 8><<<grid, 128, 0, stream>>>((const uint4 *)y, (int64_t)(bytes / 16), pos, weights, topk,
+                                                        (uint4 *)out);
+    else if (dtype == EPX_ROW_BF16)
+        combine_scalar_kernel<1><<<grid, 256, 0, stream>>>(y, hidden, pos, weights, topk, out);
+    else
+        combine_scalar_kernel<0><<<grid, 256, 0, stream>>>(y, hidden, pos, weights, topk, out);
+    CUDA_TRY(err, cudaGetLastError());
+    return EPX_OK;
+}
