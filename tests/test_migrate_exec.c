@@ -5,7 +5,8 @@
  * Every slot's weights are the bytes of a function of (layer, expert), so
  * after a migration each slot must hold exactly its new expert's bytes, and
  * the padding between slots must be untouched. Faults: a backend wrapper
- * that corrupts the n-th block a rank sends (the receiver's checksum must
+ * (tests/util/corrupt_comm.h) that corrupts the n-th block a rank sends
+ * (the receiver's checksum must
  * catch it and no rank may commit), epx_comm_create_faulty (a collective
  * fails on one rank, the others time out), and bad inputs on one rank.
  */
@@ -14,6 +15,7 @@
 #include <string.h>
 
 #include "testutil.h"
+#include "corrupt_comm.h"
 #include "thread_comm.h"
 
 #define PAD 0xAB
@@ -111,65 +113,19 @@ static epx_status loader(void *user, int32_t layer, int32_t expert, void *dst, s
     return EPX_OK;
 }
 
-/* ---- the corrupting backend: forwards, but flips a byte of the n-th block
- * this rank sends. It stays in step with the other ranks. */
-typedef struct corrupt {
-    epx_comm *inner;
-    int64_t nth, seen;
-} corrupt;
-
-static epx_status c_alltoallv(void *ctx, const void *send, const int64_t *sc, const int64_t *sd,
-                              void *recv, const int64_t *rc, const int64_t *rd, size_t eb,
-                              epx_error *err) {
-    corrupt *c = ctx;
-    const int32_t R = epx_comm_size(c->inner);
-    int64_t total = 0, end = 0;
-    for (int32_t r = 0; r < R; r++) {
-        total += sc[r];
-        if (sd[r] + sc[r] > end) end = sd[r] + sc[r];
-    }
-    if (c->seen < c->nth && c->nth <= c->seen + total) {
-        unsigned char *copy = malloc((size_t)(end > 0 ? end : 1) * eb);
-        memcpy(copy, send, (size_t)end * eb);
-        /* the (nth - seen)-th block in rank order */
-        int64_t k = c->nth - c->seen - 1;
-        for (int32_t r = 0; r < R; r++) {
-            if (k < sc[r]) {
-                copy[(size_t)(sd[r] + k) * eb + (eb / 2)] ^= 0x40;
-                break;
-            }
-            k -= sc[r];
-        }
-        c->seen += total;
-        epx_status st = epx_comm_alltoallv(c->inner, copy, sc, sd, recv, rc, rd, eb, err);
-        free(copy);
-        return st;
-    }
-    c->seen += total;
-    return epx_comm_alltoallv(c->inner, send, sc, sd, recv, rc, rd, eb, err);
-}
-static epx_status c_allreduce(void *ctx, const void *s, void *r, int64_t n, epx_dtype t,
-                              epx_error *err) {
-    return epx_comm_allreduce_sum(((corrupt *)ctx)->inner, s, r, n, t, err);
-}
-static epx_status c_barrier(void *ctx, epx_error *err) {
-    return epx_comm_barrier(((corrupt *)ctx)->inner, err);
-}
-
 static void run_rank(epx_comm *comm, void *arg) {
     scenario *sc = arg;
     const int32_t rank = epx_comm_rank(comm);
     rank_state *rs = &sc->rs[rank];
     epx_comm *use = comm, *wrap = NULL;
-    corrupt cc = {comm, 0, 0};
+    cc_state cc = {comm, 0, 0};
     epx_error e0 = {0};
     /* no cmocka assertions on these threads (they longjmp): report instead */
     epx_status wst = EPX_OK;
     if (rank == sc->corrupt_rank) {
-        static const epx_comm_ops ops = {EPX_COMM_OPS_VERSION, "corrupt", EPX_COMM_MEMORY_HOST,
-                                         c_alltoallv, c_allreduce, c_barrier, NULL, NULL, NULL};
         cc.nth = sc->corrupt_nth;
-        wst = epx_comm_create(&ops, &cc, rank, epx_comm_size(comm), &wrap, &e0);
+        wrap = cc_wrap(&cc);
+        if (wrap == NULL) wst = EPX_ERR_INTERNAL;
         use = wrap;
     } else if (rank == sc->faulty_rank) {
         wst = epx_comm_create_faulty(comm, sc->faulty_at, &wrap, &e0);
