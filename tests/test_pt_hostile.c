@@ -328,6 +328,25 @@ static void checks_nesting(void **state) {
     ptb_op(&b, '.');
     expect(&b, EPX_OK, NULL);
 
+    b = (ptb){0}; /* l_i = [l_(i-1), l_(i-1)]: 2^40 values through the memo */
+    ptb_proto(&b);
+    ptb_op(&b, ']');
+    ptb_op(&b, 'q');
+    ptb_op(&b, 0);
+    for (int i = 1; i <= 40; i++) {
+        ptb_op(&b, ']');
+        ptb_op(&b, '(');
+        ptb_op(&b, 'h');
+        ptb_op(&b, (uint8_t)(i - 1));
+        ptb_op(&b, 'h');
+        ptb_op(&b, (uint8_t)(i - 1));
+        ptb_op(&b, 'e');
+        ptb_op(&b, 'q');
+        ptb_op(&b, (uint8_t)i);
+    }
+    ptb_op(&b, '.');
+    expect(&b, EPX_ERR_PARSE, "decompression bomb");
+
     b = (ptb){0}; /* l.append(l) */
     ptb_proto(&b);
     ptb_op(&b, ']');

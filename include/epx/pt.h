@@ -14,9 +14,9 @@
  * Every size a file claims (storage element counts, shapes and strides,
  * string lengths, memo indices, entry sizes in the zip directory) is checked
  * against the bytes actually present before anything is allocated or read,
- * and nesting is limited to EPX_PT_MAX_DEPTH, so a hostile file ends in an
- * error, never in a huge allocation, an out-of-bounds read or a deep
- * recursion.
+ * nesting is limited to EPX_PT_MAX_DEPTH and a tree's expanded size to
+ * EPX_PT_MAX_NODES, so a hostile file ends in an error, never in a huge
+ * allocation, an out-of-bounds read, a deep recursion or an endless walk.
  *
  * A loaded file (epx_pt_file) owns every value of its object tree and the
  * tensor bytes; values are borrowed pointers, valid until the file is
@@ -75,9 +75,13 @@ typedef enum epx_pt_dtype {
     EPX_PT_DTYPE_COUNT_       /* not a dtype: one past the last */
 } epx_pt_dtype;
 
-/* Most dimensions a tensor may have, and deepest nesting of containers. */
+/* Most dimensions a tensor may have, deepest nesting of containers, and
+ * most values a walk of the whole tree may meet (a value shared through the
+ * pickle's memo counts once per place it appears), so walking a loaded tree
+ * recursively is always bounded. */
 #define EPX_PT_MAX_DIMS 16
 #define EPX_PT_MAX_DEPTH 100
+#define EPX_PT_MAX_NODES ((uint64_t)1 << 27)
 
 /*
  * A tensor as stored: a strided view of a storage. A plain descriptor,
@@ -177,9 +181,13 @@ EPX_API const char *epx_pt_dtype_str(epx_pt_dtype dtype);
 
 /*
  * Check a descriptor (dims, non-negative sizes and strides, every element
- * inside the storage) and count its elements.
+ * inside the storage) and count its elements. A view may repeat storage
+ * elements (stride 0, as tensor.expand makes), but describe more elements
+ * than its storage holds only up to 2^20, so a tiny file cannot ask for a
+ * huge dense copy.
  * Returns: EPX_OK with *numel set; EPX_ERR_PARSE or EPX_ERR_OVERFLOW naming
- *          the dimension at fault.
+ *          the dimension at fault; EPX_ERR_UNSUPPORTED for a larger expanded
+ *          view.
  */
 EPX_API epx_status epx_pt_tensor_numel(const epx_pt_tensor *t, int64_t *numel,
                                        epx_error *err);

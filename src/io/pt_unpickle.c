@@ -370,10 +370,11 @@ static epx_status op_binpersid(vm *m) {
                          klen);
     const void *bytes = NULL;
     size_t nbytes = 0;
-    EPX_TRY(m->resolve(m->ctx, m->f, key, klen, &bytes, &nbytes, m->err));
-    uint64_t want;
-    if (numel < 0 || __builtin_mul_overflow((uint64_t)numel, (uint64_t)epx_pt_dtype_size(dt), &want) ||
-        want != nbytes)
+    uint64_t want = 0;
+    bool bad = numel < 0 ||
+               __builtin_mul_overflow((uint64_t)numel, (uint64_t)epx_pt_dtype_size(dt), &want);
+    EPX_TRY(m->resolve(m->ctx, m->f, key, klen, bad ? UINT64_MAX : want, &bytes, &nbytes, m->err));
+    if (bad || want != nbytes)
         return epxi_fail(m->err, EPX_ERR_PARSE,
                          "storage '%s' claims %lld %s elements (%s) but data/%s holds %zu bytes",
                          key, (long long)numel, epx_pt_dtype_str(dt), epxi_pt_storage_name(dt),

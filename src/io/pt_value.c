@@ -85,6 +85,7 @@ epx_pt_value *epxi_pt_new(epx_pt_file *f, int kind, epx_error *err) {
     if (v == NULL) return NULL;
     v->kind = kind;
     v->has_internal = kind >= EPXI_PT_GLOBAL;
+    v->nodes = 1;
     v->next = f->values;
     f->values = v;
     return v;
@@ -121,6 +122,15 @@ static epx_status adopt(epx_pt_value *parent, epx_pt_value *child, epx_error *er
                          "containers are nested deeper than %d levels: not a torch.save file "
                          "epx reads",
                          EPX_PT_MAX_DEPTH);
+    /* Shared values count once per place they appear: that is the size a
+     * walk of the tree (a JSON dump, a deep copy) meets, and a pickle that
+     * doubles it at every level ("billion laughs") stops here. */
+    if (parent->nodes + child->nodes > EPX_PT_MAX_NODES)
+        return epxi_fail(err, EPX_ERR_PARSE,
+                         "the object tree expands to more than %llu values through shared "
+                         "references: refused as a decompression bomb",
+                         (unsigned long long)EPX_PT_MAX_NODES);
+    parent->nodes += child->nodes;
     if (child->depth + 1 > parent->depth) parent->depth = (uint16_t)(child->depth + 1);
     parent->has_internal |= child->has_internal;
     child->sealed = 1;

@@ -153,8 +153,10 @@ static epx_status locate(zip_ctx *z, const char *suffix, size_t suffix_len, zip_
 
 /* The storage resolver the unpickler calls: bytes of <archive>/data/<key>. */
 static epx_status resolve_storage(void *vctx, epx_pt_file *f, const char *key, size_t key_len,
-                                  const void **data, size_t *nbytes, epx_error *err) {
+                                  uint64_t claimed, const void **data, size_t *nbytes,
+                                  epx_error *err) {
     zip_ctx *z = vctx;
+    (void)claimed; /* the entry's real size is what counts */
     char suffix[80];
     if (key_len > 64) return epxi_fail(err, EPX_ERR_PARSE, "storage key too long");
     memcpy(suffix, "data/", 5);
