@@ -57,7 +57,7 @@ def build_libepx(build_temp):
     bdir.mkdir(parents=True, exist_ok=True)
     if not (bdir / "CMakeCache.txt").is_file():
         _run(["cmake", "-S", REPO, "-B", bdir, "-DCMAKE_BUILD_TYPE=Release",
-              "-DEPX_WITH_CUDA=OFF", "-DEPX_WITH_MPI=OFF"])
+              "-DEPX_WITH_CUDA=OFF", "-DEPX_WITH_MPI=OFF", "-DEPX_BUILD_TESTS=OFF"])
     jobs = os.environ.get("EPX_BUILD_JOBS") or str(os.cpu_count() or 2)
     _run(["cmake", "--build", bdir, "--target", "epx", "-j", jobs])
     lib = bdir / LIB_NAME
