@@ -143,6 +143,10 @@ EPX_API int32_t epx_comm_size(const epx_comm *comm);
 EPX_API const char *epx_comm_name(const epx_comm *comm);
 EPX_API epx_comm_memory epx_comm_memory_kind(const epx_comm *comm);
 
+/* The backend state given to epx_comm_create (for a backend's own
+ * extensions, such as the NCCL EP path), or NULL. */
+EPX_API void *epx_comm_backend_ctx(const epx_comm *comm);
+
 /* EPX_OK while healthy; else the status of the first failure, whose message
  * is copied into err (when non-NULL). */
 EPX_API epx_status epx_comm_health(const epx_comm *comm, epx_error *err);
@@ -307,6 +311,13 @@ EPX_API epx_status epx_ep_combine(epx_ep *ep, float *out, epx_error *err);
 EPX_API epx_status epx_ep_run_experts(epx_ep *ep, const epx_ep_recv *recv,
                                       const epx_moe_expert *experts, float *work,
                                       epx_error *err);
+
+/*
+ * Identity experts, for benchmarks and tests of the transport alone: y[e] =
+ * the received row entry_token[e], converted from x_dtype to y_dtype.
+ * Returns: EPX_OK, EPX_ERR_INVALID_ARG.
+ */
+EPX_API epx_status epx_ep_identity_experts(epx_ep *ep, const epx_ep_recv *recv, epx_error *err);
 
 /*
  * Bytes this rank sent to other ranks (not to itself) in the last dispatch

@@ -104,6 +104,8 @@ epx_comm_memory epx_comm_memory_kind(const epx_comm *comm) {
     return comm ? comm->ops.memory : EPX_COMM_MEMORY_HOST;
 }
 
+void *epx_comm_backend_ctx(const epx_comm *comm) { return comm ? comm->ctx : NULL; }
+
 epx_status epx_comm_health(const epx_comm *comm, epx_error *err) {
     if (comm == NULL) return epxi_fail(err, EPX_ERR_INVALID_ARG, "communicator is NULL");
     if (comm->failed != EPX_OK) return epxi_fail(err, comm->failed, "%s", comm->failure);

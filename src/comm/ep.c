@@ -597,6 +597,35 @@ epx_status epx_ep_run_experts(epx_ep *ep, const epx_ep_recv *recv, const epx_moe
     return EPX_OK;
 }
 
+epx_status epx_ep_identity_experts(epx_ep *ep, const epx_ep_recv *recv, epx_error *err) {
+    if (ep == NULL || recv == NULL)
+        return epxi_fail(err, EPX_ERR_INVALID_ARG, "identity experts need the handle and a recv view");
+    const int32_t H = ep->cfg.hidden;
+    unsigned char *y = recv->y;
+    for (int64_t e = 0; e < recv->num_entries; e++) {
+        const unsigned char *src = (const unsigned char *)recv->x + (size_t)recv->entry_token[e] * recv->x_stride;
+        unsigned char *dst = y + (size_t)e * ep->yrow;
+        if (ep->cfg.x_dtype == ep->cfg.y_dtype) {
+            memcpy(dst, src, ep->yrow);
+        } else if (ep->cfg.x_dtype == EPX_DTYPE_F32) {
+            for (int32_t j = 0; j < H; j++) {
+                float f;
+                memcpy(&f, src + (size_t)j * 4, 4);
+                uint16_t b = epx_bf16_from_f32(f);
+                memcpy(dst + (size_t)j * 2, &b, 2);
+            }
+        } else {
+            for (int32_t j = 0; j < H; j++) {
+                uint16_t b;
+                memcpy(&b, src + (size_t)j * 2, 2);
+                float f = epx_bf16_to_f32(b);
+                memcpy(dst + (size_t)j * 4, &f, 4);
+            }
+        }
+    }
+    return EPX_OK;
+}
+
 void epx_ep_last_bytes(const epx_ep *ep, int64_t *dispatch_bytes, int64_t *combine_bytes) {
     if (dispatch_bytes) *dispatch_bytes = ep ? ep->last_dispatch_bytes : 0;
     if (combine_bytes) *combine_bytes = ep ? ep->last_combine_bytes : 0;

@@ -68,5 +68,7 @@ int cmd_eval(int argc, char **argv);
 int cmd_trace(int argc, char **argv);
 int cmd_stats(int argc, char **argv);
 int cmd_dispatch_table(int argc, char **argv);
+int cmd_bench(int argc, char **argv);
+int cmd_advise(int argc, char **argv);
 
 #endif

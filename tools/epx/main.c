@@ -22,6 +22,8 @@ static const subcommand COMMANDS[] = {
     {"eval", cmd_eval, "balancedness of a placement on a load, per window, with the bound"},
     {"trace", cmd_trace, "synthesize an expert-load trace for a model shape (trace synth)"},
     {"stats", cmd_stats, "load metrics per window and layer, worst layers first"},
+    {"bench", cmd_bench, "time EP dispatch/combine against the TP all-reduce (bench comm)"},
+    {"advise", cmd_advise, "EP or TP for a model on G GPUs over a link: where EP starts to win"},
     {"dispatch-table", cmd_dispatch_table, "static dispatch tables per rank (SGLang-exact, or epx's load-aware)"},
 };
 

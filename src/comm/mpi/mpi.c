@@ -49,12 +49,16 @@ static epx_status mpi_fail(int rank, int rc, const char *what, epx_error *err) {
     return epxi_fail(err, EPX_ERR_COMM, "MPI %s failed on rank %d: %s", what, rank, msg);
 }
 
-/* Poll a request until it completes or the deadline passes. Spins with
- * sched_yield first (latency matters to the benchmarks and oversubscribed
- * ranks must let their peers run), then sleeps in short steps. */
+/* Poll a request until it completes or the deadline passes. MPI makes
+ * progress only inside MPI calls (a large message moves fragment by
+ * fragment as both sides poll), so the loop keeps calling MPI_Test with
+ * sched_yield between calls (oversubscribed ranks must let their peers run)
+ * for the first SPIN_MS, and only then sleeps in short steps: a rank that
+ * waits that long is waiting for a peer, not for bandwidth. */
+#define SPIN_MS 100.0
 static epx_status wait_request(mpi_ctx *c, MPI_Request *req, const char *what, epx_error *err) {
-    double deadline = now_ms() + c->timeout_ms;
-    for (long spin = 0;; spin++) {
+    double start = now_ms(), deadline = start + c->timeout_ms;
+    for (;;) {
         int done = 0;
         int rc = MPI_Test(req, &done, MPI_STATUS_IGNORE);
         if (rc != MPI_SUCCESS) {
@@ -62,17 +66,18 @@ static epx_status wait_request(mpi_ctx *c, MPI_Request *req, const char *what, e
             return mpi_fail(c->rank, rc, what, err);
         }
         if (done) return EPX_OK;
-        if (now_ms() > deadline) {
+        double t = now_ms();
+        if (t > deadline) {
             c->broken = true;
             return epxi_fail(err, EPX_ERR_TIMEOUT,
                              "MPI %s on rank %d: no answer from the other %d rank(s) within "
                              "%d ms; a rank has died or stopped, or the timeout is too short",
                              what, c->rank, c->size - 1, c->timeout_ms);
         }
-        if (spin < 4000) {
+        if (t - start < SPIN_MS) {
             sched_yield();
         } else {
-            struct timespec ts = {0, 20000};
+            struct timespec ts = {0, 50000};
             nanosleep(&ts, NULL);
         }
     }

@@ -1,0 +1,45 @@
+#!/bin/bash
+# epx bench comm (MPI backend, 2 ranks) and epx advise: the bench checks its
+# results before timing and prints every op per token count; its JSON feeds
+# advise --measured; advise answers for Kimi-K2.5 on 8 GPUs over PCIe Gen5
+# and NVLink with the numbers behind it; bad input is refused clearly.
+set -u
+fail() { echo "FAIL: $*"; exit 1; }
+out=$("$EPX_BIN" advise --model kimi-k2.5 --gpus 8 --link pcie5) || fail "advise pcie5 exited $?"
+grep -q "answer: EP starts to win at [0-9]* tokens per step" <<<"$out" || fail "no crossover for pcie5: $out"
+grep -q "assumptions:" <<<"$out" || fail "assumptions not stated"
+out=$("$EPX_BIN" advise --model kimi-k2.5 --gpus 8 --link nvlink4) || fail "advise nvlink4 exited $?"
+grep -q "answer: EP starts to win" <<<"$out" || fail "no answer for nvlink4: $out"
+j=$("$EPX_BIN" advise --model deepseek-v3 --gpus 8 --link nvlink5 --json) || fail "advise --json exited $?"
+grep -q '"crossover_tokens"' <<<"$j" || fail "advise --json lacks crossover_tokens: $j"
+"$EPX_BIN" advise --model kimi-k2.5 --gpus 8 --link pcie9 2>/dev/null && fail "unknown link accepted"
+msg=$("$EPX_BIN" advise --model kimi-k2.5 --gpus 8 --link pcie9 2>&1)
+grep -q "known: nvlink3" <<<"$msg" || fail "unknown link message: $msg"
+"$EPX_BIN" bench comm --backend gloo --model kimi-k2.5 --tokens 1 2>/dev/null; [ $? -eq 2 ] || fail "bad backend not a usage error"
+"$EPX_BIN" bench comm --backend mpi --model kimi-k2.5 --tokens 1,x 2>/dev/null; [ $? -eq 2 ] || fail "bad token list not a usage error"
+
+MPIRUN=$(command -v mpirun || true)
+if [ -z "$MPIRUN" ]; then echo "mpirun not found: MPI part skipped"; exit 77; fi
+if "$EPX_BIN" bench comm --backend mpi --model qwen3-30b --tokens 1 2>&1 | grep -q "built without MPI"; then
+    echo "epx built without MPI: bench part skipped"; exit 77
+fi
+tmp=$(mktemp -d /tmp/epx-bench.XXXXXX)
+trap 'rm -rf "$tmp"' EXIT
+timeout 120 "$MPIRUN" --oversubscribe --allow-run-as-root -np 2 "$EPX_BIN" bench comm --backend mpi \
+    --model qwen3-30b --tokens 1,7,32 --iters 3 --warmup 1 -o "$tmp/m.json" >"$tmp/out" 2>&1 ||
+    { cat "$tmp/out"; fail "bench comm under mpirun failed"; }
+grep -q "2 rank(s)" "$tmp/out" || fail "bench did not run on 2 ranks: $(cat "$tmp/out")"
+grep -q "checked before timing" "$tmp/out" || fail "no check statement"
+for t in 1 7 32; do
+    for op in dispatch combine allreduce; do
+        grep -Eq "^ +$t +$op " "$tmp/out" || fail "no $op row for $t tokens: $(cat "$tmp/out")"
+    done
+done
+grep -q '"format": "epx-bench-comm-1"' "$tmp/m.json" || fail "JSON format tag missing"
+out=$("$EPX_BIN" advise --model qwen3-30b --gpus 2 --link pcie5 --measured "$tmp/m.json") ||
+    fail "advise --measured exited $?"
+grep -q "measured by epx bench comm (mpi, 2 rank(s)" <<<"$out" || fail "measured figures not used: $out"
+echo '{"rows": []}' >"$tmp/bad.json"
+"$EPX_BIN" advise --model qwen3-30b --gpus 2 --link pcie5 --measured "$tmp/bad.json" 2>/dev/null
+[ $? -eq 2 ] || fail "a file without the format tag was accepted"
+echo ok

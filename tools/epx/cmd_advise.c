@@ -1,0 +1,264 @@
+/*
+ * cmd_advise.c - `epx advise`: EP or TP for a model on G GPUs over a given
+ * link? A latency/bandwidth (alpha-beta) model of the communication of one
+ * MoE layer under both schemes, at the model's shape, and the batch size
+ * where EP starts to win (or the statement that it never does).
+ *
+ * The model (per layer, global batch B tokens, G GPUs, B/G tokens each):
+ *   EP dispatch  t = 2 a_a2a + s_host + f * Bd / b_a2a
+ *   EP combine   t =   a_a2a          + f * Bc / b_a2a
+ *   TP           t =   a_ar           +     Bt / b_ar
+ * with Bd = (B/G) d rec (records: x row + K (slot, weight)), d the expected
+ * number of other GPUs a token reaches when its K distinct experts are
+ * uniform over E experts spread evenly (d = (G-1)(1 - C(E-E/G, K)/C(E, K))),
+ * Bc = (B/G) d H esz (combine per rank; K (G-1)/G per token in top-k
+ * order), Bt = 2 (G-1)/G B H esz (a ring all-reduce), f the busiest GPU's
+ * share of the mean (--imbalance). Both sides are linear in B, so the
+ * crossover is one division. `--measured FILE` (from `epx bench comm
+ * --json`) replaces the assumed a and b by a least-squares fit of measured
+ * time against measured bytes, operation by operation.
+ */
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+#include "epx_comm.h"
+
+typedef struct link_row {
+    const char *name, *what;
+    double a2a_us, a2a_gbps, ar_us, ar_gbps;
+} link_row;
+
+/* Assumed figures per GPU: achievable NCCL-like rates, not peak (stated in
+ * the output; --measured replaces them). Bandwidths are bus bandwidths in
+ * nccl-tests' sense: bytes a GPU puts on its link per second. */
+static const link_row LINKS[] = {
+    {"nvlink3", "A100 NVLink 3 (600 GB/s bidirectional per GPU)", 15, 200, 12, 230},
+    {"nvlink4", "H100/H200 NVLink 4 (900 GB/s bidirectional per GPU)", 15, 300, 12, 360},
+    {"nvlink5", "B200 NVLink 5 (1800 GB/s bidirectional per GPU)", 15, 600, 12, 700},
+    {"pcie4", "PCIe Gen4 x16 per GPU, no NVLink (32 GB/s per direction peak)", 30, 18, 25, 20},
+    {"pcie5", "PCIe Gen5 x16 per GPU, no NVLink (64 GB/s per direction peak)", 30, 36, 25, 40},
+    {"ib-ndr", "across nodes, one 400 Gb/s InfiniBand NIC per GPU", 35, 40, 30, 45},
+};
+#define NLINKS (sizeof LINKS / sizeof LINKS[0])
+#define HOST_SYNC_US 10.0 /* counts to the host and the sizes back, per dispatch */
+
+typedef struct fit {
+    double a_us, us_per_byte; /* t = a + bytes * us_per_byte */
+    int measured;             /* 0 assumed, 1 latency measured, 2 both */
+} fit;
+
+/* Least squares t = a + c * bytes over the rows that have this op. */
+static int fit_op(json_t *rows, const char *op, fit *f, char *note, size_t note_n) {
+    char kt[64], kb[64];
+    snprintf(kt, sizeof kt, "%s_us", op);
+    snprintf(kb, sizeof kb, "%s_bytes", op);
+    double sx = 0, sy = 0, sxx = 0, sxy = 0, ymin = 1e300;
+    int n = 0, npos = 0;
+    size_t i;
+    json_t *r;
+    json_array_foreach(rows, i, r) {
+        json_t *jt = json_object_get(r, kt), *jb = json_object_get(r, kb);
+        if (!json_is_number(jt) || !json_is_number(jb)) continue;
+        double x = json_number_value(jb), y = json_number_value(jt);
+        sx += x, sy += y, sxx += x * x, sxy += x * y, n++;
+        npos += x > 0;
+        if (y < ymin) ymin = y;
+    }
+    if (n == 0) return -1;
+    double den = n * sxx - sx * sx;
+    if (npos >= 2 && den > 0) {
+        double c = (n * sxy - sx * sy) / den, a = (sy - c * sx) / n;
+        if (c > 0) {
+            f->a_us = a > 0 ? a : 0;
+            f->us_per_byte = c;
+            f->measured = 2;
+            snprintf(note, note_n, "%s: fitted %.1f us + %.1f GB/s from %d points", op, f->a_us,
+                     1e-3 / c, n);
+            return 0;
+        }
+    }
+    f->a_us = ymin;
+    f->measured = 1;
+    snprintf(note, note_n, "%s: %.1f us latency measured (%d points, no bandwidth to fit: "
+             "one rank sends nothing to others), bandwidth assumed %.0f GB/s",
+             op, ymin, n, 1e-3 / f->us_per_byte);
+    return 0;
+}
+
+int cmd_advise(int argc, char **argv) {
+    cli_opt opts[] = {
+        {"--model", "NAME", "model shape (kimi-k2.5, deepseek-v3, qwen3-235b, mixtral, ...)", NULL},
+        {"--gpus", "G", "GPUs serving the layer (EP ranks = TP ranks)", NULL},
+        {"--link", "LINK", "nvlink3|nvlink4|nvlink5|pcie4|pcie5|ib-ndr", NULL},
+        {"--measured", "FILE", "JSON from 'epx bench comm --json' (or -o): fit latency and bandwidth", NULL},
+        {"--dtype", "bf16|f32", "element type on the wire (default bf16)", NULL},
+        {"--combine", "rank|topk", "EP combine: per (token, rank) partials (default, DeepEP's shape) or "
+                                   "per (token, k) rows", NULL},
+        {"--imbalance", "F", "busiest GPU's EP traffic over the mean, >= 1 (default 1)", NULL},
+        {"--json", NULL, "print the answer as JSON", NULL},
+        {NULL, NULL, NULL, NULL},
+    };
+    cli_cmd cmd = {"advise",
+                   "epx advise --model NAME --gpus G --link nvlink4|nvlink5|pcie4|pcie5|... "
+                   "[--measured FILE]",
+                   "EP or TP for one MoE layer's communication: an alpha-beta model at the model's "
+                   "shape, and the batch size where EP starts to win.",
+                   opts, 0, {0}, 0};
+    int rc = cli_parse(&cmd, argc, argv);
+    if (rc >= 0) return rc;
+    const char *model = cli_require(&cmd, "--model"), *link = cli_require(&cmd, "--link");
+    if (!model || !link || !cli_require(&cmd, "--gpus")) return CLI_EXIT_USAGE;
+    int32_t G = 0;
+    double imb = 1.0;
+    if (!cli_int(&cmd, "--gpus", 1, EPX_MAX_GPUS, &G) || !cli_double(&cmd, "--imbalance", 1.0, 1000.0, &imb))
+        return CLI_EXIT_USAGE;
+    const link_row *L = NULL;
+    for (size_t i = 0; i < NLINKS; i++)
+        if (strcmp(LINKS[i].name, link) == 0) L = &LINKS[i];
+    if (L == NULL) {
+        fprintf(stderr, "epx advise: unknown --link '%s'; known:", link);
+        for (size_t i = 0; i < NLINKS; i++) fprintf(stderr, " %s", LINKS[i].name);
+        fputc('\n', stderr);
+        return CLI_EXIT_USAGE;
+    }
+    epx_error err = {0};
+    const epx_model *m = NULL;
+    if (epx_model_lookup(model, &m, &err) != EPX_OK) return cli_report(&cmd, &err);
+    const char *dt = cli_get(&cmd, "--dtype"), *cm = cli_get(&cmd, "--combine");
+    double esz = 2;
+    if (dt != NULL && strcmp(dt, "f32") == 0) esz = 4;
+    else if (dt != NULL && strcmp(dt, "bf16") != 0) {
+        fprintf(stderr, "epx advise: --dtype must be bf16 or f32, not '%s'\n", dt);
+        return CLI_EXIT_USAGE;
+    }
+    bool topk = false;
+    if (cm != NULL && strcmp(cm, "topk") == 0) topk = true;
+    else if (cm != NULL && strcmp(cm, "rank") != 0) {
+        fprintf(stderr, "epx advise: --combine must be rank or topk, not '%s'\n", cm);
+        return CLI_EXIT_USAGE;
+    }
+    const double H = m->hidden, K = m->top_k, E = m->num_experts;
+    const int moe_layers = m->num_layers - m->first_k_dense;
+    /* Expected other GPUs a token reaches: K distinct uniform experts, E/G per GPU. */
+    double miss = 1.0, per = E / G;
+    for (int i = 0; i < m->top_k; i++) miss *= (E - per - i) > 0 ? (E - per - i) / (E - i) : 0.0;
+    const double d = G > 1 ? (G - 1) * (1.0 - miss) : 0.0;
+    const double rec = ceil(H * esz / 16) * 16 + ceil(K * 8 / 16) * 16;
+    /* bytes per GPU per global token (combine's once --measured has said
+     * which order it measured) */
+    const double bd = d * rec / G, bt = G > 1 ? 2.0 * (G - 1) / G * H * esz : 0.0;
+    fit fd = {2 * L->a2a_us + HOST_SYNC_US, 1e-3 / L->a2a_gbps, 0};
+    fit fc = {L->a2a_us, 1e-3 / L->a2a_gbps, 0};
+    fit ft = {L->ar_us, 1e-3 / L->ar_gbps, 0};
+    char notes[3][256] = {"", "", ""};
+    char mnote[512] = "";
+    if (cli_get(&cmd, "--measured") != NULL) {
+        const char *path = cli_get(&cmd, "--measured");
+        json_error_t je;
+        json_t *root = json_load_file(path, 0, &je);
+        json_t *rows = root ? json_object_get(root, "rows") : NULL;
+        const char *fmt = root ? json_string_value(json_object_get(root, "format")) : NULL;
+        if (root == NULL || !json_is_array(rows) || fmt == NULL || strcmp(fmt, "epx-bench-comm-1") != 0) {
+            fprintf(stderr, "epx advise: --measured '%s' is not an epx-bench-comm-1 file (%s): write one "
+                            "with 'epx bench comm ... --json'\n",
+                    path, root ? "no format/rows" : je.text);
+            json_decref(root);
+            return CLI_EXIT_USAGE;
+        }
+        int r1 = fit_op(rows, "dispatch", &fd, notes[0], sizeof notes[0]);
+        int r2 = fit_op(rows, "combine", &fc, notes[1], sizeof notes[1]);
+        int r3 = fit_op(rows, "allreduce", &ft, notes[2], sizeof notes[2]);
+        int ranks = (int)json_integer_value(json_object_get(root, "ranks"));
+        const char *mm = json_string_value(json_object_get(root, "model"));
+        const char *mb = json_string_value(json_object_get(root, "backend"));
+        if (cm == NULL) {
+            const char *fc_mode = json_string_value(json_object_get(root, "combine"));
+            if (fc_mode && strcmp(fc_mode, "topk") == 0) topk = true;
+        }
+        snprintf(mnote, sizeof mnote, "measured by epx bench comm (%s, %d rank(s), model %s)%s", mb ? mb : "?",
+                 ranks, mm ? mm : "?",
+                 ranks != G ? "; fitted at another rank count than --gpus: latencies and bandwidths "
+                              "carried over as they are"
+                            : "");
+        json_decref(root);
+        if (r1 || r2 || r3) {
+            fprintf(stderr, "epx advise: '%s' lacks dispatch, combine or allreduce figures\n", path);
+            return CLI_EXIT_USAGE;
+        }
+    }
+    const double bc = (topk ? K * (G - 1.0) / G : d) * H * esz / G;
+    const double ae = fd.a_us + fc.a_us, be = imb * (bd * fd.us_per_byte + bc * fc.us_per_byte);
+    const double at = ft.a_us, bt_us = bt * ft.us_per_byte;
+    /* The crossover of two lines. */
+    char answer[512];
+    double cross = -1;
+    if (G == 1) {
+        snprintf(answer, sizeof answer, "one GPU: neither scheme communicates; nothing to choose");
+    } else if (be < bt_us) {
+        if (ae <= at) {
+            snprintf(answer, sizeof answer, "EP wins at every batch size (less latency and fewer bytes)");
+            cross = 0;
+        } else {
+            cross = (ae - at) / (bt_us - be);
+            snprintf(answer, sizeof answer,
+                     "EP starts to win at %.0f tokens per step (%.0f per GPU); below that TP's one "
+                     "all-reduce costs less latency than EP's %s",
+                     ceil(cross), ceil(cross / G), "two all-to-alls and a host sync");
+        }
+    } else if (ae < at) {
+        cross = (at - ae) / (be - bt_us);
+        snprintf(answer, sizeof answer, "EP wins only below %.0f tokens per step; above it TP moves fewer bytes",
+                 floor(cross));
+    } else {
+        snprintf(answer, sizeof answer, "EP never wins: TP moves fewer bytes per GPU and has less latency");
+    }
+    if (cli_flag(&cmd, "--json")) {
+        printf("{\"model\": \"%s\", \"gpus\": %d, \"link\": \"%s\", \"measured\": %s, \"dtype\": \"%s\", "
+               "\"combine\": \"%s\", \"ep_us\": [%.3f, %.6f], \"tp_us\": [%.3f, %.6f], "
+               "\"crossover_tokens\": %.1f, \"answer\": \"%s\"}\n",
+               m->name, G, L->name, cli_get(&cmd, "--measured") ? "true" : "false", esz == 2 ? "bf16" : "f32",
+               topk ? "topk" : "rank", ae, be, at, bt_us, cross, answer);
+        return CLI_EXIT_OK;
+    }
+    printf("epx advise: %s on %d GPUs over %s (%s), %s, combine %s\n", m->name, G, L->name, L->what,
+           esz == 2 ? "bf16" : "fp32", topk ? "top-k order" : "per-rank partials");
+    printf("model: hidden %d, top-%d of %d routed experts, %d MoE layers\n\n", m->hidden, m->top_k,
+           m->num_experts, moe_layers);
+    printf("assumptions:\n");
+    printf("  - communication of one MoE layer only: expert GEMMs, attention, and overlap of\n"
+           "    communication with compute are not modelled; EP runs attention data-parallel, TP\n"
+           "    all-reduces the whole batch after the layer\n");
+    printf("  - routing uniform over experts, a token's %d experts distinct: it reaches %.2f other\n"
+           "    GPUs on average; the busiest GPU carries %.2fx the mean EP traffic (--imbalance)\n",
+           m->top_k, d, imb);
+    printf("  - EP dispatch sends one record per (token, GPU): x row + %d (slot, weight) = %.0f bytes;\n"
+           "    combine returns %s of %.0f bytes\n",
+           m->top_k, rec, topk ? "one row per (token, k)" : "one row per (token, GPU)", H * esz);
+    printf("  - TP: ring all-reduce of the batch, 2(G-1)/G x B x %.0f bytes per GPU\n", H * esz);
+    if (mnote[0]) {
+        printf("  - %s\n    %s\n    %s\n    %s\n", mnote, notes[0], notes[1], notes[2]);
+    } else {
+        printf("  - link %s, assumed figures: all-to-all %.0f us + %.0f GB/s per GPU, all-reduce %.0f us +\n"
+               "    %.0f GB/s bus bandwidth, EP host sync %.0f us; measure yours with\n"
+               "    'epx bench comm --json -o FILE' and pass --measured FILE\n",
+               L->name, L->a2a_us, L->a2a_gbps, L->ar_us, L->ar_gbps, HOST_SYNC_US);
+    }
+    printf("\nper layer, by batch (tokens per step over all GPUs):\n");
+    printf("%10s %9s %11s %11s %11s  %s\n", "batch", "per GPU", "EP us", "TP us", "EP/TP", "winner");
+    const double batches[] = {8, 64, 256, 1024, 4096, 16384, 65536};
+    for (size_t i = 0; i < sizeof batches / sizeof batches[0]; i++) {
+        double B = batches[i];
+        double te = ae + be * B, tt = at + bt_us * B;
+        printf("%10.0f %9.0f %11.1f %11.1f %11.2f  %s\n", B, B / G, te, tt, tt > 0 ? te / tt : 0,
+               G == 1 ? "-" : te < tt ? "EP" : "TP");
+    }
+    double B = 4096;
+    printf("\nper forward step (%d MoE layers) at %0.f tokens: EP %.2f ms, TP %.2f ms\n", moe_layers, B,
+           moe_layers * (ae + be * B) * 1e-3, moe_layers * (at + bt_us * B) * 1e-3);
+    printf("\nanswer: %s.\n", answer);
+    return CLI_EXIT_OK;
+}

@@ -1,0 +1,703 @@
+/*
+ * cmd_bench.c - `epx bench comm`: EP dispatch, EP combine and the TP
+ * all-reduce of one MoE layer, timed side by side over MPI (host buffers,
+ * run under mpirun, one rank per process) or NCCL (device buffers; one
+ * process and GPU, or one process per GPU under mpirun, which then only
+ * carries NCCL's unique id).
+ *
+ * What is compared, per token count T (tokens per rank):
+ *  - EP dispatch of T tokens per rank, top-k routed uniformly at random over
+ *    the model's experts (K distinct experts per token, trivial placement:
+ *    slot p holds expert p % E), records of x row + K (slot, weight);
+ *  - EP combine of the same batch (identity experts), fp32 reduction;
+ *  - the TP all-reduce of the same global batch: R * T rows of H.
+ * Before any timing each T is checked: combine must return the expected
+ * fixed-order sum of every token's weighted rows, bit for bit, and the
+ * all-reduce must return the exact sum of a known pattern.
+ * Times are per iteration the slowest rank's, and the median over
+ * iterations. Bytes are what one rank sends to other ranks, the mean over
+ * ranks (dispatch: records; combine: expert rows; all-reduce: a ring's
+ * 2 (R-1)/R of the buffer); bus bandwidth is those bytes over the median
+ * time. `--json` writes the table in the format `epx advise --measured`
+ * reads (format "epx-bench-comm-1").
+ */
+#if defined(EPX_CLI_HAVE_MPI) && EPX_CLI_HAVE_MPI
+#define BENCH_MPI 1
+#include "epx_comm_mpi.h"
+#else
+#define BENCH_MPI 0
+#endif
+#if defined(EPX_CLI_HAVE_NCCL) && EPX_CLI_HAVE_NCCL
+#define BENCH_NCCL 1
+#include "epx_comm_nccl.h"
+#else
+#define BENCH_NCCL 0
+#endif
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "cli.h"
+#include "epx_comm.h"
+
+typedef struct bench_args {
+    const char *backend, *model;
+    epx_moe_config cfg;
+    int32_t *tokens, ntok, iters, warmup, redundant, timeout_ms;
+    epx_dtype dtype;
+    epx_ep_combine_mode combine;
+    uint64_t seed;
+} bench_args;
+
+typedef struct bench_row {
+    int64_t T;
+    double us[3];     /* dispatch, combine, all-reduce: median of the slowest rank */
+    double bytes[3];  /* to other ranks, mean over ranks */
+    double inbytes[3]; /* received including from itself, mean over ranks */
+} bench_row;
+
+static const char *OPS[3] = {"dispatch", "combine", "allreduce"};
+
+static double now_us(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e6 + (double)ts.tv_nsec * 1e-3;
+}
+
+static uint64_t mix(uint64_t *s) {
+    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* ---- what differs between host and device communicators ------------------- */
+
+typedef struct dev_ops {
+    int dev; /* buffers live on the GPU */
+} dev_ops;
+
+static void *buf_alloc(const dev_ops *d, size_t bytes) {
+#if BENCH_NCCL
+    if (d->dev) {
+        void *p = NULL;
+        return cudaMalloc(&p, bytes ? bytes : 1) == cudaSuccess ? p : NULL;
+    }
+#endif
+    (void)d;
+    return calloc(bytes ? bytes : 1, 1);
+}
+
+static void buf_free(const dev_ops *d, void *p) {
+#if BENCH_NCCL
+    if (d->dev) {
+        cudaFree(p);
+        return;
+    }
+#endif
+    (void)d;
+    free(p);
+}
+
+static int to_buf(const dev_ops *d, void *dst, const void *src, size_t bytes) {
+#if BENCH_NCCL
+    if (d->dev) return cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice) == cudaSuccess ? 0 : -1;
+#endif
+    (void)d;
+    memcpy(dst, src, bytes);
+    return 0;
+}
+
+static int from_buf(const dev_ops *d, void *dst, const void *src, size_t bytes) {
+#if BENCH_NCCL
+    if (d->dev) return cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost) == cudaSuccess ? 0 : -1;
+#endif
+    (void)d;
+    memcpy(dst, src, bytes);
+    return 0;
+}
+
+/* Sum int64 values over ranks (in place). */
+static epx_status sum_i64(epx_comm *comm, const dev_ops *d, int64_t *v, int64_t n, epx_error *err) {
+    if (!d->dev) return epx_comm_allreduce_sum(comm, v, v, n, EPX_DTYPE_I64, err);
+    void *b = buf_alloc(d, (size_t)n * 8);
+    if (b == NULL || to_buf(d, b, v, (size_t)n * 8) != 0) {
+        buf_free(d, b);
+        err->status = EPX_ERR_CUDA;
+        snprintf(err->msg, sizeof err->msg, "device scratch for a reduction failed");
+        return EPX_ERR_CUDA;
+    }
+    epx_status st = epx_comm_allreduce_sum(comm, b, b, n, EPX_DTYPE_I64, err);
+    if (st == EPX_OK) st = epx_comm_wait(comm, err);
+    if (st == EPX_OK && from_buf(d, v, b, (size_t)n * 8) != 0) st = EPX_ERR_CUDA;
+    buf_free(d, b);
+    return st;
+}
+
+/* The EP handle, host or device, behind four calls. */
+typedef struct ep_any {
+    epx_ep *h;
+#if BENCH_NCCL
+    epx_nccl_ep *g;
+#endif
+} ep_any;
+
+static epx_status ep_make(epx_comm *comm, const dev_ops *d, const epx_ep_config *c, ep_any *ep,
+                          epx_error *err) {
+    memset(ep, 0, sizeof *ep);
+#if BENCH_NCCL
+    if (d->dev) return epx_nccl_ep_create(comm, c, NULL, 0, &ep->g, err);
+#endif
+    (void)d;
+    return epx_ep_create(comm, c, NULL, 0, &ep->h, err);
+}
+
+static void ep_free(ep_any *ep) {
+    epx_ep_destroy(ep->h);
+#if BENCH_NCCL
+    epx_nccl_ep_destroy(ep->g);
+#endif
+}
+
+static epx_status ep_dispatch(ep_any *ep, int64_t T, const void *x, const int32_t *s, const float *w,
+                              epx_ep_recv *rv, epx_error *err) {
+#if BENCH_NCCL
+    if (ep->g) return epx_nccl_ep_dispatch(ep->g, T, x, s, w, rv, err);
+#endif
+    return epx_ep_dispatch(ep->h, T, x, s, w, rv, err);
+}
+
+static epx_status ep_identity(ep_any *ep, const epx_ep_recv *rv, epx_error *err) {
+#if BENCH_NCCL
+    if (ep->g) return epx_nccl_ep_identity_experts(ep->g, rv, err);
+#endif
+    return epx_ep_identity_experts(ep->h, rv, err);
+}
+
+static epx_status ep_combine(ep_any *ep, float *out, epx_error *err) {
+#if BENCH_NCCL
+    if (ep->g) return epx_nccl_ep_combine(ep->g, out, err);
+#endif
+    return epx_ep_combine(ep->h, out, err);
+}
+
+static void ep_bytes(const ep_any *ep, int64_t *db, int64_t *cb) {
+#if BENCH_NCCL
+    if (ep->g) {
+        epx_nccl_ep_last_bytes(ep->g, db, cb);
+        return;
+    }
+#endif
+    epx_ep_last_bytes(ep->h, db, cb);
+}
+
+/* ---- one rank's benchmark ------------------------------------------------- */
+
+static float xval(const bench_args *a, const void *x, size_t i) {
+    return a->dtype == EPX_DTYPE_F32 ? ((const float *)x)[i] : epx_bf16_to_f32(((const uint16_t *)x)[i]);
+}
+
+/* The expected combine result of token t, in the library's order. */
+static void expect_token(const bench_args *a, int32_t R, int32_t spr, const void *x, const int32_t *s,
+                         const float *w, int64_t t, float *o) {
+    const int32_t H = a->cfg.hidden, K = a->cfg.top_k;
+    const bool bf16 = a->dtype == EPX_DTYPE_BF16;
+    for (int32_t h = 0; h < H; h++) {
+        float acc = 0.0f, xv = xval(a, x, (size_t)t * H + h);
+        if (a->combine == EPX_EP_COMBINE_TOPK) {
+            for (int32_t k = 0; k < K; k++)
+                if (s[t * K + k] >= 0) acc += w[t * K + k] * xv;
+        } else {
+            for (int32_t r = 0; r < R; r++) {
+                float p = 0.0f;
+                bool any = false;
+                for (int32_t k = 0; k < K; k++)
+                    if (s[t * K + k] >= 0 && s[t * K + k] / spr == r) {
+                        p += w[t * K + k] * xv;
+                        any = true;
+                    }
+                if (any) acc += bf16 ? epx_bf16_to_f32(epx_bf16_from_f32(p)) : p;
+            }
+        }
+        o[h] = acc;
+    }
+}
+
+static epx_status fail_msg(epx_error *err, epx_status st, const char *msg) {
+    err->status = st;
+    snprintf(err->msg, sizeof err->msg, "%s", msg);
+    return st;
+}
+
+static epx_status bench_rank(epx_comm *comm, const dev_ops *d, const bench_args *a, bench_row *rows,
+                             epx_error *err) {
+    const int32_t R = epx_comm_size(comm), me = epx_comm_rank(comm);
+    const int32_t H = a->cfg.hidden, K = a->cfg.top_k, E = a->cfg.num_experts;
+    int32_t P = E + a->redundant;
+    P = (P + R - 1) / R * R;
+    const int32_t spr = P / R;
+    int64_t Tmax = 1;
+    for (int32_t i = 0; i < a->ntok; i++)
+        if (a->tokens[i] > Tmax) Tmax = a->tokens[i];
+    const size_t esz = epx_dtype_size(a->dtype);
+    epx_status st = EPX_OK;
+    /* Host inputs: K distinct experts per token, uniformly; replica by token. */
+    void *x = malloc((size_t)Tmax * H * esz);
+    int32_t *slots = malloc((size_t)Tmax * K * 4), *perm = malloc((size_t)E * 4);
+    float *w = malloc((size_t)Tmax * K * 4), *out = malloc((size_t)Tmax * H * 4),
+          *o = malloc((size_t)H * 4);
+    size_t tp_elems = (size_t)R * Tmax * H;
+    void *tp_host = malloc(tp_elems * esz);
+    double *times = malloc((size_t)(a->iters + a->warmup) * sizeof(double));
+    int64_t *gather = malloc((size_t)R * (a->iters + 1) * sizeof(int64_t));
+    void *dx = NULL, *dout = NULL, *dtp = NULL;
+    int32_t *ds = NULL;
+    float *dw = NULL;
+    ep_any ep;
+    memset(&ep, 0, sizeof ep);
+    if (!x || !slots || !perm || !w || !out || !o || !tp_host || !times || !gather) {
+        st = fail_msg(err, EPX_ERR_NOMEM, "out of host memory for the benchmark buffers");
+        goto done;
+    }
+    uint64_t rng = a->seed * 1000003u + (uint64_t)me;
+    for (int32_t e = 0; e < E; e++) perm[e] = e;
+    for (int64_t t = 0; t < Tmax; t++) {
+        for (int32_t k = 0; k < K; k++) { /* partial Fisher-Yates: K distinct */
+            int32_t j = k + (int32_t)(mix(&rng) % (uint64_t)(E - k)), tmp = perm[k];
+            perm[k] = perm[j];
+            perm[j] = tmp;
+            int32_t e = perm[k], nrep = (P - 1 - e) / E + 1; /* slots e, e+E, ... */
+            slots[t * K + k] = e + E * (int32_t)((t + k + me) % nrep);
+            w[t * K + k] = (float)((mix(&rng) >> 11) * 0x1.0p-53) + 1e-3f;
+        }
+        for (int32_t h = 0; h < H; h++) {
+            float v = (float)((mix(&rng) >> 11) * 0x1.0p-53 * 4.0 - 2.0);
+            if (a->dtype == EPX_DTYPE_F32) ((float *)x)[t * H + h] = v;
+            else ((uint16_t *)x)[t * H + h] = epx_bf16_from_f32(v);
+        }
+    }
+    epx_ep_config c = EPX_EP_CONFIG_INIT;
+    c.hidden = H;
+    c.top_k = K;
+    c.num_slots = P;
+    c.max_tokens = Tmax;
+    c.x_dtype = a->dtype;
+    c.y_dtype = a->dtype;
+    c.combine = a->combine;
+    st = ep_make(comm, d, &c, &ep, err);
+    if (st != EPX_OK) goto done;
+    if (d->dev) {
+        dx = buf_alloc(d, (size_t)Tmax * H * esz);
+        ds = buf_alloc(d, (size_t)Tmax * K * 4);
+        dw = buf_alloc(d, (size_t)Tmax * K * 4);
+        dout = buf_alloc(d, (size_t)Tmax * H * 4);
+        dtp = buf_alloc(d, tp_elems * esz);
+        if (!dx || !ds || !dw || !dout || !dtp || to_buf(d, dx, x, (size_t)Tmax * H * esz) ||
+            to_buf(d, ds, slots, (size_t)Tmax * K * 4) || to_buf(d, dw, w, (size_t)Tmax * K * 4)) {
+            st = fail_msg(err, EPX_ERR_CUDA, "device buffers for the benchmark failed");
+            goto done;
+        }
+    } else {
+        dx = x;
+        ds = slots;
+        dw = w;
+        dout = out;
+        dtp = tp_host;
+    }
+    for (int32_t ti = 0; ti < a->ntok && st == EPX_OK; ti++) {
+        const int64_t T = a->tokens[ti];
+        bench_row *row = &rows[ti];
+        memset(row, 0, sizeof *row);
+        row->T = T;
+        epx_ep_recv rv;
+        /* Check EP: identity experts give the fixed-order weighted sums. */
+        st = ep_dispatch(&ep, T, dx, ds, dw, &rv, err);
+        if (st == EPX_OK) st = ep_identity(&ep, &rv, err);
+        if (st == EPX_OK) st = ep_combine(&ep, dout, err);
+        if (st == EPX_OK) st = epx_comm_wait(comm, err);
+        if (st != EPX_OK) break;
+        if (from_buf(d, out, dout, (size_t)T * H * 4) != 0) {
+            st = fail_msg(err, EPX_ERR_CUDA, "copying the combine result back failed");
+            break;
+        }
+        int64_t bad[2] = {0, 0};
+        for (int64_t t = 0; t < T; t++) {
+            expect_token(a, R, spr, x, slots, w, t, o);
+            bad[0] += memcmp(o, out + t * H, (size_t)H * 4) != 0;
+        }
+        /* Check TP: the exact sum of a small-integer pattern. */
+        const int64_t ne = (int64_t)R * T * H;
+        for (int64_t i = 0; i < ne; i++) {
+            float v = (float)((i * 31 + me) % 17 - 8);
+            if (a->dtype == EPX_DTYPE_F32) ((float *)tp_host)[i] = v;
+            else ((uint16_t *)tp_host)[i] = epx_bf16_from_f32(v);
+        }
+        if (to_buf(d, dtp, tp_host, (size_t)ne * esz) != 0) st = EPX_ERR_CUDA;
+        if (st == EPX_OK) st = epx_comm_allreduce_sum(comm, dtp, dtp, ne, a->dtype, err);
+        if (st == EPX_OK) st = epx_comm_wait(comm, err);
+        if (st == EPX_OK && from_buf(d, tp_host, dtp, (size_t)ne * esz) != 0) st = EPX_ERR_CUDA;
+        if (st != EPX_OK) break;
+        for (int64_t i = 0; i < ne; i++) {
+            float want = 0.0f;
+            for (int32_t r = 0; r < R; r++) want += (float)((i * 31 + r) % 17 - 8);
+            bad[1] += xval(a, tp_host, (size_t)i) != want;
+        }
+        st = sum_i64(comm, d, bad, 2, err);
+        if (st != EPX_OK) break;
+        if (bad[0] || bad[1]) {
+            char m[256];
+            snprintf(m, sizeof m, "check failed at %lld tokens: %lld tokens with a wrong combine, "
+                     "%lld wrong all-reduce sums (over all ranks); nothing timed",
+                     (long long)T, (long long)bad[0], (long long)bad[1]);
+            st = fail_msg(err, EPX_ERR_INTERNAL, m);
+            break;
+        }
+        /* Bytes: this batch's, the same every iteration. */
+        int64_t db = 0, cb = 0;
+        ep_bytes(&ep, &db, &cb);
+        int64_t v[5] = {db, cb, rv.num_tokens * (int64_t)rv.x_stride, 0, 0};
+        /* combine's received rows: TOPK one per (t, k) with a slot; RANK one per (t, rank) */
+        for (int64_t t = 0; t < T; t++) {
+            int32_t dd[64], nd = 0;
+            for (int32_t k = 0; k < K; k++) {
+                if (slots[t * K + k] < 0) continue;
+                v[3]++;
+                int32_t r = slots[t * K + k] / spr;
+                bool dup = false;
+                for (int32_t j = 0; j < nd; j++) dup |= dd[j] == r;
+                if (!dup && nd < 64) dd[nd++] = r;
+            }
+            v[4] += nd;
+        }
+        v[3] = (a->combine == EPX_EP_COMBINE_TOPK ? v[3] : v[4]) * (int64_t)H * (int64_t)esz;
+        v[4] = 0;
+        st = sum_i64(comm, d, v, 5, err);
+        if (st != EPX_OK) break;
+        row->bytes[0] = (double)v[0] / R;
+        row->bytes[1] = (double)v[1] / R;
+        row->bytes[2] = R > 1 ? 2.0 * (R - 1) / R * (double)ne * esz : 0.0;
+        row->inbytes[0] = (double)v[2] / R;
+        row->inbytes[1] = (double)v[3] / R;
+        row->inbytes[2] = (double)ne * esz;
+        /* Time each operation. */
+        for (int op = 0; op < 3 && st == EPX_OK; op++) {
+            int n = a->warmup + a->iters;
+            for (int it = 0; it < n && st == EPX_OK; it++) {
+                if (op == 1) { /* a fresh dispatch before each timed combine */
+                    st = ep_dispatch(&ep, T, dx, ds, dw, &rv, err);
+                    if (st == EPX_OK) st = ep_identity(&ep, &rv, err);
+                    if (st == EPX_OK) st = epx_comm_wait(comm, err);
+                }
+                if (st == EPX_OK) st = epx_comm_barrier(comm, err);
+                if (st != EPX_OK) break;
+                double t0 = now_us();
+                if (op == 0) st = ep_dispatch(&ep, T, dx, ds, dw, &rv, err);
+                else if (op == 1) st = ep_combine(&ep, dout, err);
+                else st = epx_comm_allreduce_sum(comm, dtp, dtp, ne, a->dtype, err);
+                if (st == EPX_OK) st = epx_comm_wait(comm, err);
+                times[it] = now_us() - t0;
+            }
+            if (st != EPX_OK) break;
+            /* Slowest rank per iteration, then the median. */
+            memset(gather, 0, (size_t)R * a->iters * sizeof(int64_t));
+            for (int it = 0; it < a->iters; it++)
+                gather[(size_t)me * a->iters + it] = (int64_t)(times[a->warmup + it] * 1000.0);
+            st = sum_i64(comm, d, gather, (int64_t)R * a->iters, err);
+            if (st != EPX_OK) break;
+            for (int it = 0; it < a->iters; it++) {
+                int64_t mx = 0;
+                for (int32_t r = 0; r < R; r++)
+                    if (gather[(size_t)r * a->iters + it] > mx) mx = gather[(size_t)r * a->iters + it];
+                times[it] = (double)mx / 1000.0;
+            }
+            qsort(times, (size_t)a->iters, sizeof(double), cmp_double);
+            row->us[op] = a->iters % 2 ? times[a->iters / 2]
+                                       : 0.5 * (times[a->iters / 2 - 1] + times[a->iters / 2]);
+        }
+    }
+done:
+    ep_free(&ep);
+    if (d->dev) {
+        buf_free(d, dx);
+        buf_free(d, ds);
+        buf_free(d, dw);
+        buf_free(d, dout);
+        buf_free(d, dtp);
+    }
+    free(x), free(slots), free(perm), free(w), free(out), free(o), free(tp_host), free(times), free(gather);
+    return st;
+}
+
+/* ---- output ----------------------------------------------------------------- */
+
+static double gbps(double bytes, double us) { return us > 0 && bytes > 0 ? bytes / us * 1e-3 : 0.0; }
+
+static void print_table(FILE *f, const bench_args *a, int32_t R, const bench_row *rows) {
+    fprintf(f, "epx bench comm: backend %s, %d rank(s), model %s (H %d, top-%d, %d experts), %s, "
+            "combine %s, %d iterations (median of the slowest rank), checked before timing\n",
+            a->backend, R, a->model, a->cfg.hidden, a->cfg.top_k, a->cfg.num_experts,
+            a->dtype == EPX_DTYPE_BF16 ? "bf16" : "fp32",
+            a->combine == EPX_EP_COMBINE_TOPK ? "topk-order" : "rank-order", a->iters);
+    fprintf(f, "bytes = sent to other ranks per rank (dispatch records, combine rows, ring "
+            "all-reduce 2(R-1)/R of R*T rows); busbw = bytes / time; in = received incl. self\n\n");
+    fprintf(f, "%8s  %-9s %10s %12s %9s %12s  %s\n", "tokens", "op", "us", "bytes", "busbw", "in bytes",
+            "");
+    for (int32_t i = 0; i < a->ntok; i++) {
+        const bench_row *r = &rows[i];
+        double ep = r->us[0] + r->us[1], tp = r->us[2];
+        for (int op = 0; op < 3; op++) {
+            char bw[32];
+            double g = gbps(r->bytes[op], r->us[op]);
+            if (g > 0) snprintf(bw, sizeof bw, "%.1f GB/s", g);
+            else snprintf(bw, sizeof bw, "-");
+            char verdict[64] = "";
+            if (op == 2)
+                snprintf(verdict, sizeof verdict, "EP %.1f us vs TP %.1f us: %s", ep, tp,
+                         ep < tp ? "EP wins" : "TP wins");
+            fprintf(f, "%8lld  %-9s %10.1f %12.0f %9s %12.0f  %s\n", (long long)r->T, OPS[op], r->us[op],
+                    r->bytes[op], bw, r->inbytes[op], verdict);
+        }
+    }
+}
+
+static int write_json(FILE *f, const bench_args *a, int32_t R, const bench_row *rows) {
+    fprintf(f, "{\"format\": \"epx-bench-comm-1\", \"backend\": \"%s\", \"model\": \"%s\", \"ranks\": %d, "
+            "\"hidden\": %d, \"top_k\": %d, \"experts\": %d, \"dtype\": \"%s\", \"combine\": \"%s\",\n"
+            " \"bytes\": \"sent to other ranks per rank (mean)\", \"time\": \"median over iterations of the "
+            "slowest rank, microseconds\",\n \"rows\": [",
+            a->backend, a->model, R, a->cfg.hidden, a->cfg.top_k, a->cfg.num_experts,
+            a->dtype == EPX_DTYPE_BF16 ? "bf16" : "f32", a->combine == EPX_EP_COMBINE_TOPK ? "topk" : "rank");
+    for (int32_t i = 0; i < a->ntok; i++) {
+        const bench_row *r = &rows[i];
+        fprintf(f, "%s\n  {\"tokens\": %lld", i ? "," : "", (long long)r->T);
+        for (int op = 0; op < 3; op++)
+            fprintf(f, ", \"%s_us\": %.3f, \"%s_bytes\": %.0f, \"%s_in_bytes\": %.0f", OPS[op], r->us[op],
+                    OPS[op], r->bytes[op], OPS[op], r->inbytes[op]);
+        fputc('}', f);
+    }
+    fputs("\n]}\n", f);
+    return ferror(f) ? -1 : 0;
+}
+
+/* ---- the command ------------------------------------------------------------ */
+
+static int parse_args(cli_cmd *cmd, bench_args *a) {
+    memset(a, 0, sizeof *a);
+    a->backend = cli_require(cmd, "--backend");
+    a->model = cli_require(cmd, "--model");
+    const char *toks = cli_require(cmd, "--tokens");
+    if (!a->backend || !a->model || !toks) return CLI_EXIT_USAGE;
+    if (strcmp(a->backend, "mpi") != 0 && strcmp(a->backend, "nccl") != 0) {
+        fprintf(stderr, "epx bench comm: --backend must be 'mpi' or 'nccl', not '%s'\n", a->backend);
+        return CLI_EXIT_USAGE;
+    }
+    epx_error err = {0};
+    if (epx_moe_model_config(a->model, &a->cfg, &err) != EPX_OK) return cli_report(cmd, &err);
+    if (!cli_int_list(toks, 1, 1 << 20, &a->tokens, &a->ntok)) {
+        fprintf(stderr, "epx bench comm: --tokens '%s' is not a list of integers in [1, 2^20] (e.g. 1,64,4096)\n", toks);
+        return CLI_EXIT_USAGE;
+    }
+    a->iters = 20;
+    a->warmup = 3;
+    a->redundant = 0;
+    a->timeout_ms = 60000;
+    int32_t seed = 1;
+    if (!cli_int(cmd, "--iters", 1, 100000, &a->iters) || !cli_int(cmd, "--warmup", 0, 100000, &a->warmup) ||
+        !cli_int(cmd, "--redundant", 0, EPX_MAX_EXPERTS, &a->redundant) ||
+        !cli_int(cmd, "--timeout-ms", 1, 3600000, &a->timeout_ms) || !cli_int(cmd, "--seed", 0, INT32_MAX, &seed))
+        return CLI_EXIT_USAGE;
+    a->seed = (uint64_t)seed;
+    const char *dt = cli_get(cmd, "--dtype");
+    a->dtype = strcmp(a->backend, "mpi") == 0 ? EPX_DTYPE_F32 : EPX_DTYPE_BF16;
+    if (dt != NULL) {
+        if (strcmp(dt, "bf16") == 0) a->dtype = EPX_DTYPE_BF16;
+        else if (strcmp(dt, "f32") == 0) a->dtype = EPX_DTYPE_F32;
+        else {
+            fprintf(stderr, "epx bench comm: --dtype must be bf16 or f32, not '%s'\n", dt);
+            return CLI_EXIT_USAGE;
+        }
+    }
+    if (strcmp(a->backend, "mpi") == 0 && a->dtype == EPX_DTYPE_BF16) {
+        fprintf(stderr, "epx bench comm: MPI has no bf16 sum for the TP all-reduce; use --dtype f32 "
+                        "with --backend mpi (the default), so EP and TP move the same element type\n");
+        return CLI_EXIT_USAGE;
+    }
+    const char *cm = cli_get(cmd, "--combine");
+    a->combine = EPX_EP_COMBINE_TOPK;
+    if (cm != NULL) {
+        if (strcmp(cm, "topk") == 0) a->combine = EPX_EP_COMBINE_TOPK;
+        else if (strcmp(cm, "rank") == 0) a->combine = EPX_EP_COMBINE_RANK;
+        else {
+            fprintf(stderr, "epx bench comm: --combine must be topk or rank, not '%s'\n", cm);
+            return CLI_EXIT_USAGE;
+        }
+    }
+    return -1;
+}
+
+/* Run on one rank, print on rank 0. */
+static int run_and_report(cli_cmd *cmd, epx_comm *comm, const dev_ops *d, bench_args *a) {
+    bench_row *rows = calloc((size_t)a->ntok, sizeof *rows);
+    epx_error err = {0};
+    epx_status st = rows ? bench_rank(comm, d, a, rows, &err) : EPX_ERR_NOMEM;
+    int rc = CLI_EXIT_OK;
+    if (st != EPX_OK) {
+        fprintf(stderr, "epx bench comm (rank %d): %s\n", epx_comm_rank(comm), err.msg[0] ? err.msg : epx_status_str(st));
+        rc = CLI_EXIT_FAIL;
+    } else if (epx_comm_rank(comm) == 0) {
+        const char *out = cli_get(cmd, "-o");
+        if (cli_flag(cmd, "--json") && out == NULL) {
+            write_json(stdout, a, epx_comm_size(comm), rows);
+        } else {
+            print_table(stdout, a, epx_comm_size(comm), rows);
+            if (out != NULL) {
+                FILE *f = fopen(out, "w");
+                if (f == NULL || write_json(f, a, epx_comm_size(comm), rows) != 0) {
+                    fprintf(stderr, "epx bench comm: cannot write '%s'\n", out);
+                    rc = CLI_EXIT_FAIL;
+                }
+                if (f) fclose(f);
+                if (rc == CLI_EXIT_OK) printf("\nwrote %s (epx advise --measured reads it)\n", out);
+            }
+        }
+    }
+    free(rows);
+    return rc;
+}
+
+static int bench_mpi(cli_cmd *cmd, bench_args *a, int argc, char **argv) {
+#if BENCH_MPI
+    MPI_Init(&argc, &argv);
+    epx_comm_mpi_opts o = EPX_COMM_MPI_OPTS_INIT;
+    o.timeout_ms = a->timeout_ms;
+    epx_comm *comm = NULL;
+    epx_error err = {0};
+    int rc;
+    if (epx_comm_mpi_create(MPI_COMM_WORLD, &o, &comm, &err) != EPX_OK) {
+        rc = cli_report(cmd, &err);
+    } else {
+        dev_ops d = {0};
+        rc = run_and_report(cmd, comm, &d, a);
+    }
+    bool healthy = comm != NULL && epx_comm_health(comm, NULL) == EPX_OK;
+    epx_comm_destroy(comm);
+    if (!healthy) MPI_Abort(MPI_COMM_WORLD, rc ? rc : 1); /* a peer is gone: end the job */
+    MPI_Finalize();
+    return rc;
+#else
+    (void)a, (void)argc, (void)argv;
+    fprintf(stderr, "epx %s: this epx was built without MPI (Open MPI not found at configure time): "
+                    "install libopenmpi-dev and reconfigure for --backend mpi\n", cmd->name);
+    return CLI_EXIT_FAIL;
+#endif
+}
+
+static int bench_nccl(cli_cmd *cmd, bench_args *a, int argc, char **argv) {
+#if BENCH_NCCL
+    int ndev = 0;
+    if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev < 1) {
+        fprintf(stderr, "epx bench comm: --backend nccl needs a CUDA GPU, and none is visible\n");
+        return CLI_EXIT_FAIL;
+    }
+    int rank = 0, size = 1, local = 0;
+    ncclUniqueId id;
+#if BENCH_MPI
+    /* Under mpirun, MPI carries the unique id and nothing else. */
+    bool use_mpi = getenv("OMPI_COMM_WORLD_SIZE") != NULL || getenv("PMI_SIZE") != NULL;
+    if (use_mpi) {
+        MPI_Init(&argc, &argv);
+        MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+        MPI_Comm_size(MPI_COMM_WORLD, &size);
+        const char *lr = getenv("OMPI_COMM_WORLD_LOCAL_RANK");
+        local = lr ? atoi(lr) : rank;
+        if (rank == 0) ncclGetUniqueId(&id);
+        MPI_Bcast(&id, (int)sizeof id, MPI_BYTE, 0, MPI_COMM_WORLD);
+    } else
+#endif
+    {
+        (void)argc, (void)argv;
+        ncclGetUniqueId(&id);
+    }
+    cudaSetDevice(local % ndev);
+    ncclComm_t nc = NULL;
+    epx_error err = {0};
+    int rc = CLI_EXIT_FAIL;
+    cudaStream_t s = NULL;
+    epx_comm *comm = NULL;
+    if (epx_nccl_comm_init(size, rank, &id, a->timeout_ms, &nc, &err) != EPX_OK) {
+        rc = cli_report(cmd, &err);
+    } else {
+        epx_comm_nccl_opts o = EPX_COMM_NCCL_OPTS_INIT;
+        o.timeout_ms = a->timeout_ms;
+        cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+        if (epx_comm_nccl_create(nc, s, &o, &comm, &err) != EPX_OK) {
+            rc = cli_report(cmd, &err);
+        } else {
+            dev_ops d = {1};
+            rc = run_and_report(cmd, comm, &d, a);
+        }
+    }
+    bool healthy = comm != NULL && epx_comm_health(comm, NULL) == EPX_OK;
+    epx_comm_destroy(comm);
+    if (nc != NULL && healthy) ncclCommDestroy(nc);
+    if (s) cudaStreamDestroy(s);
+#if BENCH_MPI
+    if (use_mpi) MPI_Finalize();
+#endif
+    return rc;
+#else
+    (void)a, (void)argc, (void)argv;
+    fprintf(stderr, "epx %s: this epx was built without NCCL (needs nvcc and nccl.h/libnccl under "
+                    "/usr/local/cuda at configure time): rebuild there for --backend nccl\n", cmd->name);
+    return CLI_EXIT_FAIL;
+#endif
+}
+
+int cmd_bench(int argc, char **argv) {
+    cli_opt opts[] = {
+        {"--backend", "mpi|nccl", "communicator: MPI on host buffers (run under mpirun) or NCCL on GPUs", NULL},
+        {"--model", "NAME", "model shape (kimi-k2.5, deepseek-v3, qwen3-235b, ...)", NULL},
+        {"--tokens", "LIST", "tokens per rank, comma-separated (e.g. 1,64,512,4096)", NULL},
+        {"--iters", "N", "timed iterations per point (default 20)", NULL},
+        {"--warmup", "N", "untimed iterations first (default 3)", NULL},
+        {"--dtype", "bf16|f32", "element type of x, expert outputs and the all-reduce "
+                                "(default: f32 for mpi, bf16 for nccl)", NULL},
+        {"--combine", "topk|rank", "combine order: per (token, k) rows in top-k order (default), "
+                                   "or per-rank partial sums", NULL},
+        {"--redundant", "R", "redundant expert slots, P = E + R rounded up to a multiple of the ranks", NULL},
+        {"--timeout-ms", "MS", "per-operation timeout before a rank gives up (default 60000)", NULL},
+        {"--seed", "S", "routing and data seed (default 1)", NULL},
+        {"--json", NULL, "print the results as JSON (the format epx advise --measured reads)", NULL},
+        {"-o", "FILE", "also write the JSON to FILE", NULL},
+        {NULL, NULL, NULL, NULL},
+    };
+    cli_cmd cmd = {"bench",
+                   "epx bench comm --backend mpi|nccl --model NAME --tokens LIST [options]\n"
+                   "       (MPI: mpirun -np R epx bench comm --backend mpi ...)",
+                   "Time EP dispatch and combine against the TP all-reduce of the same MoE layer, "
+                   "per token count, after checking their results.",
+                   opts, 1, {0}, 0};
+    int rc = cli_parse(&cmd, argc, argv);
+    if (rc >= 0) return rc;
+    if (cmd.num_positional != 1 || strcmp(cmd.positional[0], "comm") != 0) {
+        fprintf(stderr, "epx bench: the benchmark to run is 'comm' (epx bench comm ...)\n");
+        return CLI_EXIT_USAGE;
+    }
+    bench_args a;
+    rc = parse_args(&cmd, &a);
+    if (rc >= 0) {
+        free(a.tokens);
+        return rc;
+    }
+    rc = strcmp(a.backend, "mpi") == 0 ? bench_mpi(&cmd, &a, argc, argv) : bench_nccl(&cmd, &a, argc, argv);
+    free(a.tokens);
+    return rc;
+}
