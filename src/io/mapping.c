@@ -129,8 +129,9 @@ epx_status epx_counts_read(const char *spec, epx_counts **out, epx_error *err) {
 }
 
 static void write_load(FILE *f, double x) {
-    /* Integral loads print as integers, so token counts round-trip exactly. */
-    if (x == (double)(int64_t)x && x < 9.0e15) fprintf(f, "%lld", (long long)x);
+    /* Integral loads print as integers, so token counts round-trip exactly.
+     * The range test comes first: casting 1e300 to int64 is undefined. */
+    if (x > -9.0e15 && x < 9.0e15 && x == (double)(int64_t)x) fprintf(f, "%lld", (long long)x);
     else fprintf(f, "%.17g", x);
 }
 
