@@ -6,7 +6,10 @@
  *   layout   epx_cuda_dispatch_layout, map + count + layout in one launch;
  *   permute  epx_cuda_permute_rows into rank order and into slot order;
  *   combine  epx_cuda_combine_rows from slot order with weights;
- *   copy     cudaMemcpyAsync device to device, the bandwidth ceiling.
+ *   copy     cudaMemcpyAsync device to device, the bandwidth ceiling the
+ *            issue names, and a 16-byte-vector copy kernel beside it.
+ * The layout is also timed with only DeepEP's outputs (counts,
+ * is_token_in_rank, offsets: no send orders) and with each cluster size.
  * Every result is compared with the CPU reference before it is timed.
  * Times: CUDA events around replays of a CUDA graph that holds REPS
  * launches of the op; the median over ROUNDS replays, divided by REPS.
@@ -21,6 +24,7 @@
 
 #include "epx.h"
 #include "epx_cuda.h"
+#include "../src/cuda/dispatch_cuda.h"
 
 #define CK(call)                                                                               \
     do {                                                                                       \
@@ -95,6 +99,8 @@ typedef struct ctx {
     const float *w;
     size_t copy_bytes;
     void *src, *dst;
+    int cluster;
+    epx_token_layout counts; /* lay without the send orders */
 } ctx;
 
 static void op_map(cudaStream_t st, void *v) {
@@ -104,6 +110,31 @@ static void op_map(cudaStream_t st, void *v) {
 static void op_layout(cudaStream_t st, void *v) {
     ctx *c = (ctx *)v;
     EK(epx_cuda_dispatch_layout(&c->spec, c->ids, c->T, K, P, G, c->phys, &c->lay, st, &er));
+}
+static void op_layout_cluster(cudaStream_t st, void *v) {
+    ctx *c = (ctx *)v;
+    EK(epxi_cuda_dispatch_layout_cluster(&c->spec, c->ids, c->T, K, P, G, c->phys, &c->lay, c->cluster, st, &er));
+}
+static void op_layout_counts(cudaStream_t st, void *v) {
+    ctx *c = (ctx *)v;
+    EK(epx_cuda_dispatch_layout(&c->spec, c->ids, c->T, K, P, G, c->phys, &c->counts, st, &er));
+}
+/* The comparison copy: 16-byte vectors, four loads in flight per thread. */
+__global__ void copy_kernel(const uint4 *__restrict__ s, uint4 *__restrict__ d, size_t n) {
+    size_t stride = (size_t)gridDim.x * blockDim.x, i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+    for (; i + 3 * stride < n; i += 4 * stride) {
+        uint4 a = __ldg(s + i), b = __ldg(s + i + stride), c = __ldg(s + i + 2 * stride), e = __ldg(s + i + 3 * stride);
+        d[i] = a;
+        d[i + stride] = b;
+        d[i + 2 * stride] = c;
+        d[i + 3 * stride] = e;
+    }
+    for (; i < n; i += stride) d[i] = __ldg(s + i);
+}
+static void op_copy_kernel(cudaStream_t st, void *v) {
+    ctx *c = (ctx *)v;
+    copy_kernel<<<132 * 16, 256, 0, st>>>((const uint4 *)c->src, (uint4 *)c->dst, c->copy_bytes / 16);
+    CK(cudaGetLastError());
 }
 static void op_permute(cudaStream_t st, void *v) {
     ctx *c = (ctx *)v;
@@ -161,11 +192,15 @@ int main(int argc, char **argv) {
     CK(cudaMemset(cc.src, 1, cc.copy_bytes));
     double copy_us = time_op(op_copy, &cc, 2, st);
     double copy_bw = 2.0 * (double)cc.copy_bytes / (copy_us * 1e-6) / 1e9;
+    double kcopy_us = time_op(op_copy_kernel, &cc, 2, st);
+    double kcopy_bw = 2.0 * (double)cc.copy_bytes / (kcopy_us * 1e-6) / 1e9;
     CK(cudaFree(cc.src));
     CK(cudaFree(cc.dst));
     printf("device: %s, %d SMs, L2 %d MB\n", prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20);
     printf("copy ceiling: cudaMemcpyAsync D2D 2 GiB: %.1f us, %.0f GB/s (read + write)\n", copy_us, copy_bw);
+    printf("copy kernel (16-byte vectors, 2 GiB): %.1f us, %.0f GB/s (read + write)\n", kcopy_us, kcopy_bw);
     if (csv) fprintf(csv, "copy_d2d_2GiB,0,%.3f,%.1f,100.0,0\n", copy_us, copy_bw);
+    if (csv) fprintf(csv, "copy_kernel_2GiB,0,%.3f,%.1f,%.1f,0\n", kcopy_us, kcopy_bw, 100.0 * kcopy_bw / copy_bw);
 
     /* a skewed placement: 32 redundant slots on the hottest experts */
     int32_t map[P];
@@ -194,7 +229,7 @@ int main(int argc, char **argv) {
     dspec.num_valid = (const int32_t *)dcopy(nv, sizeof(int32_t) * E);
     dspec.thresholds = (const uint32_t *)dcopy(thr, sizeof(uint32_t) * E * W);
 
-    printf("\n%-22s %6s %10s %9s %8s %8s\n", "op", "T", "us", "GB/s", "%copy", "rows");
+    printf("\n%-22s %6s %10s %9s %8s %8s %8s\n", "op", "T", "us", "GB/s", "%memcpy", "%kcopy", "rows");
     static const int Ts[] = {1, 64, 512, 4096, 16384};
     for (size_t ti = 0; ti < sizeof Ts / sizeof Ts[0]; ti++) {
         int T = Ts[ti];
@@ -226,6 +261,8 @@ int main(int argc, char **argv) {
         c.lay.slot_offsets = (int32_t *)dalloc(4 * (P + 1));
         c.lay.slot_perm = (int32_t *)dalloc(4 * TK);
         c.lay.pair_slot_pos = (int32_t *)dalloc(4 * TK);
+        c.counts = c.lay;
+        c.counts.rank_perm = c.counts.pair_rank_pos = c.counts.slot_perm = c.counts.pair_slot_pos = NULL;
 
         /* CPU reference of the dynamic layout, checked before timing */
         int32_t *hphys = (int32_t *)malloc(4 * TK);
@@ -257,6 +294,27 @@ int main(int argc, char **argv) {
             printf("%-22s %6d %10.2f %9s %8s %8s\n", name, T, us, "-", "-", "-");
             if (csv) fprintf(csv, "%s,%d,%.3f,,,\n", name, T, us);
         }
+        /* the static layout with DeepEP's outputs only, and per cluster size */
+        hspec.mode = dspec.mode = EPX_DISPATCH_STATIC;
+        c.spec = dspec;
+        double us = time_op(op_layout_counts, &c, 20, st);
+        printf("%-22s %6d %10.2f %9s %8s %8s\n", "map+counts static", T, us, "-", "-", "-");
+        if (csv) fprintf(csv, "map+counts static,%d,%.3f,,,\n", T, us);
+        for (int cl = 1; cl <= 8; cl *= 2) {
+            if ((size_t)((T + cl - 1) / cl) * K > 65535 || (T < 512 && cl > 1)) continue;
+            c.cluster = cl;
+            us = time_op(op_layout_cluster, &c, 20, st);
+            char name[64];
+            snprintf(name, sizeof name, "map+layout static cl%d", cl);
+            printf("%-22s %6d %10.2f %9s %8s %8s\n", name, T, us, "-", "-", "-");
+            if (csv) fprintf(csv, "%s,%d,%.3f,,,\n", name, T, us);
+        }
+        /* restore the weighted layout the rows use */
+        hspec.mode = dspec.mode = EPX_DISPATCH_WEIGHTED;
+        c.spec = dspec;
+        op_layout(st, &c);
+        CK(cudaStreamSynchronize(st));
+        check_equal(c.lay.pair_slot_pos, h.pair_slot_pos, 4 * TK, "pair_slot_pos (weighted, again)", T);
         /* rows, from the weighted layout above (host copy h) */
         int32_t rows_s = h.slot_offsets[P], rows_r = h.rank_offsets[G];
         size_t rowb = (size_t)H * 2;
@@ -286,10 +344,11 @@ int main(int argc, char **argv) {
         };
         for (int o = 0; o < 3; o++) {
             c.pos = ops[o].pos;
-            double us = time_op(ops[o].fn, &c, reps, st);
+            us = time_op(ops[o].fn, &c, reps, st);
             double bytes = ((double)T + ops[o].rows) * (double)rowb;
             double bw = bytes / (us * 1e-6) / 1e9;
-            printf("%-22s %6d %10.2f %9.0f %7.1f%% %8d\n", ops[o].name, T, us, bw, 100.0 * bw / copy_bw, ops[o].rows);
+            printf("%-22s %6d %10.2f %9.0f %7.1f%% %7.1f%% %8d\n", ops[o].name, T, us, bw, 100.0 * bw / copy_bw,
+                   100.0 * bw / kcopy_bw, ops[o].rows);
             if (csv) fprintf(csv, "%s,%d,%.3f,%.1f,%.1f,%d\n", ops[o].name, T, us, bw, 100.0 * bw / copy_bw, ops[o].rows);
         }
         CK(cudaFree((void *)c.x));

@@ -37,7 +37,7 @@
 extern "C" {
 #include "internal.h" /* C linkage: epxi_fail lives in the C library */
 }
-#include "epx_cuda.h"
+#include "dispatch_cuda.h"
 #include "../dispatch/dispatch_common.h"
 
 namespace cg = cooperative_groups;
@@ -110,6 +110,8 @@ struct LayoutArgs {
     int32_t wchunk; /* tokens per token warp: ceil(chunk / nw)  */
     int32_t nw;     /* token warps (histograms) per block       */
     int in_rank_words; /* is_token_in_rank rows as 32-bit words */
+    int phys_smem;     /* keep the block's phys in shared memory for phase C */
+    int need_pos;      /* any send-order output wanted (else phase C is skipped) */
     int32_t *phys;
     int64_t *tokens_per_rank, *tokens_per_slot;
     uint8_t *in_rank;
@@ -159,13 +161,73 @@ __device__ void block_scan2(int32_t *a, int32_t *b, int32_t n, int32_t *ws) {
     __syncthreads();
 }
 
+/* Phase A for one token: map its K ids, write phys (and the block's shared
+ * copy), is_token_in_rank, and its representative mask. */
 template <int KMAX>
-__global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(32 * kMaxWarps, 1)
-    layout_kernel(LayoutArgs a) {
+__device__ __forceinline__ void map_token(const LayoutArgs &a, int32_t t, int32_t t0, int32_t *p,
+                                          uint32_t &rep, int32_t *sphys, uint32_t *repmask) {
+    const int32_t K = a.K, per = a.per;
+    int32_t g[KMAX];
+#pragma unroll
+    for (int k = 0; k < KMAX; k++) {
+        p[k] = -1;
+        if (k < K) p[k] = map_one(a.map, __ldg(a.ids + (size_t)t * K + k), (uint32_t)t, (uint32_t)k);
+    }
+    rep = 0;
+    uint64_t present = 0;
+#pragma unroll
+    for (int k = 0; k < KMAX; k++) {
+        g[k] = p[k] >= 0 ? p[k] / per : -1;
+        if (k < K) {
+            a.phys[(size_t)t * K + k] = p[k];
+            if (sphys) sphys[(size_t)(t - t0) * K + k] = p[k];
+        }
+    }
+#pragma unroll
+    for (int k = 0; k < KMAX; k++) {
+        bool r = k < K && p[k] >= 0;
+#pragma unroll
+        for (int j = 0; j < KMAX; j++)
+            if (j != k && j < K && g[j] == g[k] && (p[j] < p[k] || (p[j] == p[k] && j < k))) r = false;
+        if (r) {
+            rep |= 1u << k;
+            if (g[k] < 64) present |= 1ull << g[k];
+        }
+    }
+    repmask[t - t0] = rep;
+    if (a.in_rank) {
+        uint8_t *row = a.in_rank + (size_t)t * a.G;
+        if (a.G <= 64 && a.in_rank_words) {
+            for (int32_t q = 0; q < a.G / 4; q++) {
+                uint32_t m = (uint32_t)(present >> (4 * q)) & 0xfu;
+                ((uint32_t *)row)[q] =
+                    (m & 1u) | ((m >> 1 & 1u) << 8) | ((m >> 2 & 1u) << 16) | ((m >> 3 & 1u) << 24);
+            }
+        } else if (a.G <= 64) {
+            for (int32_t q = 0; q < a.G; q++) row[q] = (uint8_t)(present >> q & 1u);
+        } else {
+            for (int32_t q = 0; q < a.G; q++) row[q] = 0;
+#pragma unroll
+            for (int k = 0; k < KMAX; k++)
+                if (rep >> k & 1u) row[g[k]] = 1;
+        }
+    }
+}
+
+/* Count one token's pairs (low half) and representatives (high half). */
+template <int KMAX>
+__device__ __forceinline__ void count_token(uint32_t *h, const int32_t *p, uint32_t rep, int32_t K) {
+#pragma unroll
+    for (int k = 0; k < KMAX; k++)
+        if (k < K && p[k] >= 0) atomicAdd(&h[p[k]], (rep >> k & 1u) ? 0x10001u : 1u);
+}
+
+template <int KMAX>
+__global__ void __launch_bounds__(32 * kMaxWarps, 1) layout_kernel(LayoutArgs a) {
     extern __shared__ uint32_t smem[];
     cg::cluster_group cluster = cg::this_cluster();
     const int32_t P = a.P, K = a.K, per = a.per, nw = a.nw;
-    const int rank = (int)cluster.block_rank();
+    const int rank = (int)cluster.block_rank(), ncl = (int)cluster.num_blocks();
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nt = blockDim.x;
     uint32_t *hist = smem;                             /* [nw][P] packed     */
     uint32_t *tot = hist + (size_t)nw * P;             /* [P] packed totals  */
@@ -175,60 +237,26 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(32 * kMaxWarp
     int32_t *sum_r = sum_s + P + 1;                    /* [P + 1]            */
     uint32_t *repmask = (uint32_t *)(sum_r + P + 1);   /* [chunk]            */
     int32_t *ws = (int32_t *)(repmask + a.chunk);      /* [64]               */
-
-    for (int32_t i = tid; i < nw * P; i += nt) hist[i] = 0;
-    __syncthreads();
+    int32_t *sphys = a.phys_smem ? ws + 64 : NULL;     /* [chunk][K]         */
 
     const int32_t t0 = rank * a.chunk, t1 = min(a.T, t0 + a.chunk);
     const int32_t wb = min(t1, t0 + warp * a.wchunk), we = min(t1, wb + a.wchunk);
 
-    /* A. map, is_token_in_rank, representatives, warp histograms */
-    if (warp < nw) {
-        for (int32_t t = wb + lane; t < we; t += 32) {
-            int32_t p[KMAX], g[KMAX];
-#pragma unroll
-            for (int k = 0; k < KMAX; k++) {
-                p[k] = -1;
-                if (k < K) p[k] = map_one(a.map, __ldg(a.ids + (size_t)t * K + k), (uint32_t)t, (uint32_t)k);
-            }
-            uint32_t rep = 0;
-            uint64_t present = 0;
-#pragma unroll
-            for (int k = 0; k < KMAX; k++) {
-                g[k] = p[k] >= 0 ? p[k] / per : -1;
-                if (k < K) a.phys[(size_t)t * K + k] = p[k];
-            }
-#pragma unroll
-            for (int k = 0; k < KMAX; k++) {
-                bool r = k < K && p[k] >= 0;
-#pragma unroll
-                for (int j = 0; j < KMAX; j++)
-                    if (j != k && j < K && g[j] == g[k] && (p[j] < p[k] || (p[j] == p[k] && j < k)))
-                        r = false;
-                if (r) {
-                    rep |= 1u << k;
-                    if (g[k] < 64) present |= 1ull << g[k];
-                }
-                if (k < K && p[k] >= 0) atomicAdd(&hist[warp * P + p[k]], r ? 0x10001u : 1u);
-            }
-            repmask[t - t0] = rep;
-            if (a.in_rank) {
-                uint8_t *row = a.in_rank + (size_t)t * a.G;
-                if (a.G <= 64 && a.in_rank_words) {
-                    for (int32_t q = 0; q < a.G / 4; q++) {
-                        uint32_t m = (uint32_t)(present >> (4 * q)) & 0xfu;
-                        ((uint32_t *)row)[q] = (m & 1u) | ((m >> 1 & 1u) << 8) | ((m >> 2 & 1u) << 16) |
-                                               ((m >> 3 & 1u) << 24);
-                    }
-                } else if (a.G <= 64) {
-                    for (int32_t q = 0; q < a.G; q++) row[q] = (uint8_t)(present >> q & 1u);
-                } else {
-                    for (int32_t q = 0; q < a.G; q++) row[q] = 0;
-#pragma unroll
-                    for (int k = 0; k < KMAX; k++)
-                        if (rep >> k & 1u) row[g[k]] = 1;
-                }
-            }
+    /* A. map, is_token_in_rank, representatives, warp histograms. The first
+     * token of each lane is mapped before the histograms are cleared, so
+     * its loads overlap the clearing and the barrier. */
+    int32_t p[KMAX];
+    uint32_t rep = 0;
+    const int32_t ta = wb + lane;
+    const bool first = warp < nw && ta < we;
+    if (first) map_token<KMAX>(a, ta, t0, p, rep, sphys, repmask);
+    for (int32_t i = tid; i < nw * P; i += nt) hist[i] = 0;
+    __syncthreads();
+    if (first) {
+        count_token<KMAX>(hist + warp * P, p, rep, K);
+        for (int32_t t = ta + 32; t < we; t += 32) {
+            map_token<KMAX>(a, t, t0, p, rep, sphys, repmask);
+            count_token<KMAX>(hist + warp * P, p, rep, K);
         }
     }
     __syncthreads();
@@ -246,8 +274,7 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(32 * kMaxWarp
     cluster.sync();
     for (int32_t q = tid; q < P; q += nt) {
         int32_t s = 0, r = 0, ts = 0, tr = 0;
-#pragma unroll
-        for (int b = 0; b < kCluster; b++) {
+        for (int b = 0; b < ncl; b++) {
             uint32_t v = cluster.map_shared_rank(tot, b)[q];
             int32_t lo = (int32_t)(v & 0xffffu), hi = (int32_t)(v >> 16);
             if (b < rank) s += lo, r += hi;
@@ -277,14 +304,14 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(32 * kMaxWarp
     __syncthreads();
 
     /* C. positions, in pair index order within each warp's range */
-    if (warp < nw) {
+    if (warp < nw && a.need_pos) {
         uint32_t *h = hist + warp * P;
         const int64_t ib = (int64_t)wb * K, ie = (int64_t)we * K;
         const uint32_t lt = lanemask_lt();
         for (int64_t i0 = ib; i0 < ie; i0 += 32) {
             int64_t i = i0 + lane;
             bool valid = i < ie;
-            int32_t p = valid ? a.phys[i] : -1;
+            int32_t p = !valid ? -1 : sphys ? sphys[i - (int64_t)t0 * K] : a.phys[i];
             int32_t t = (int32_t)(i / K), k = (int32_t)(i - (int64_t)t * K);
             bool rep = p >= 0 && (repmask[t - t0] >> k & 1u);
             uint32_t ms = __match_any_sync(0xffffffffu, p);
@@ -482,10 +509,22 @@ extern "C" epx_status epx_cuda_dispatch_map_ids(const epx_dispatch_spec *spec, c
     return EPX_OK;
 }
 
-extern "C" epx_status epx_cuda_dispatch_layout(const epx_dispatch_spec *spec, const int32_t *topk_ids,
-                                               int64_t num_tokens, int32_t topk, int32_t num_physical,
-                                               int32_t num_gpus, int32_t *phys, const epx_token_layout *out,
-                                               cudaStream_t stream, epx_error *err) {
+/* Blocks of the layout cluster for a batch: one block up to 512 tokens,
+ * then doubling up to 8 (512 tokens per block at T = 4096). One block needs
+ * no cluster barrier traffic; more blocks share the per-token work. */
+static int default_cluster(int32_t T) {
+    int c = 1;
+    while (c < kCluster && (int64_t)c * 512 < T) c *= 2;
+    return c;
+}
+
+/* The layout launch with a chosen cluster size (1, 2, 4 or 8); 0 picks
+ * default_cluster. The result does not depend on it. Internal: the public
+ * entry point passes 0; bench_dispatch times the sizes side by side. */
+extern "C" epx_status epxi_cuda_dispatch_layout_cluster(
+    const epx_dispatch_spec *spec, const int32_t *topk_ids, int64_t num_tokens, int32_t topk,
+    int32_t num_physical, int32_t num_gpus, int32_t *phys, const epx_token_layout *out, int cluster,
+    cudaStream_t stream, epx_error *err) {
     EPX_TRY(check_spec(spec, err));
     if (out == NULL || phys == NULL || (num_tokens > 0 && topk_ids == NULL))
         return epxi_fail(err, EPX_ERR_INVALID_ARG,
@@ -501,6 +540,9 @@ extern "C" epx_status epx_cuda_dispatch_layout(const epx_dispatch_spec *spec, co
                          "num_physical (%d) must be a positive multiple of num_gpus (%d) and "
                          "equal spec.num_physical (%d)",
                          num_physical, num_gpus, spec->num_physical);
+    if (cluster == 0) cluster = default_cluster((int32_t)num_tokens);
+    if (cluster != 1 && cluster != 2 && cluster != 4 && cluster != kCluster)
+        return epxi_fail(err, EPX_ERR_INVALID_ARG, "layout cluster size %d is not 1, 2, 4 or 8", cluster);
     LayoutArgs a;
     a.map = map_args(spec);
     a.ids = topk_ids;
@@ -509,7 +551,9 @@ extern "C" epx_status epx_cuda_dispatch_layout(const epx_dispatch_spec *spec, co
     a.P = num_physical;
     a.G = num_gpus;
     a.per = num_physical / num_gpus;
-    a.chunk = (a.T + kCluster - 1) / kCluster;
+    /* the 16-bit counter halves bound the pairs of one block */
+    while (cluster < kCluster && (int64_t)((a.T + cluster - 1) / cluster) * topk > 65535) cluster *= 2;
+    a.chunk = (a.T + cluster - 1) / cluster;
     if ((int64_t)a.chunk * topk > 65535)
         return epxi_fail(err, EPX_ERR_UNSUPPORTED,
                          "a batch of %d tokens x top-%d is too large for one layout launch: "
@@ -524,9 +568,14 @@ extern "C" epx_status epx_cuda_dispatch_layout(const epx_dispatch_spec *spec, co
     int dev = 0, optin = 0;
     CUDA_TRY(err, cudaGetDevice(&dev));
     CUDA_TRY(err, cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+    /* words: hist nw*P, tot P, base 2P, sums 2(P+1), repmask chunk, scan 64,
+     * and the block's phys (chunk*K) when it fits */
     size_t fixed = 4 * ((size_t)a.P * 5 + 2 + (size_t)a.chunk + 64);
-    while (a.nw > 1 && fixed + 4 * (size_t)a.nw * a.P > (size_t)optin) a.nw--;
-    size_t smem = fixed + 4 * (size_t)a.nw * a.P;
+    size_t physb = 4 * (size_t)a.chunk * (size_t)topk;
+    a.phys_smem = fixed + 4 * (size_t)a.nw * a.P + physb <= (size_t)optin;
+    if (!a.phys_smem) physb = 0;
+    while (a.nw > 1 && fixed + physb + 4 * (size_t)a.nw * a.P > (size_t)optin) a.nw--;
+    size_t smem = fixed + physb + 4 * (size_t)a.nw * a.P;
     if (smem > (size_t)optin)
         return epxi_fail(err, EPX_ERR_UNSUPPORTED,
                          "the layout kernel needs %zu bytes of shared memory for P = %d slots and "
@@ -545,16 +594,33 @@ extern "C" epx_status epx_cuda_dispatch_layout(const epx_dispatch_spec *spec, co
     a.slot_offsets = out->slot_offsets;
     a.slot_perm = out->slot_perm;
     a.pair_slot_pos = out->pair_slot_pos;
-    int threads = 32 * (a.nw < 8 ? 8 : a.nw);
-    if (topk <= 8) {
-        CUDA_TRY(err, cudaFuncSetAttribute(layout_kernel<8>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-        layout_kernel<8><<<kCluster, threads, smem, stream>>>(a);
-    } else {
-        CUDA_TRY(err, cudaFuncSetAttribute(layout_kernel<32>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-        layout_kernel<32><<<kCluster, threads, smem, stream>>>(a);
-    }
+    a.need_pos = out->rank_perm || out->pair_rank_pos || out->slot_perm || out->pair_slot_pos;
+
+    cudaLaunchConfig_t cfg = {};
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = (unsigned)cluster;
+    attr[0].val.clusterDim.y = 1;
+    attr[0].val.clusterDim.z = 1;
+    cfg.gridDim = dim3((unsigned)cluster);
+    cfg.blockDim = dim3(32u * (unsigned)(a.nw < 8 ? 8 : a.nw));
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = stream;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    void (*kernel)(LayoutArgs) = topk <= 8 ? layout_kernel<8> : layout_kernel<32>;
+    CUDA_TRY(err, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    CUDA_TRY(err, cudaLaunchKernelEx(&cfg, kernel, a));
     CUDA_TRY(err, cudaGetLastError());
     return EPX_OK;
+}
+
+extern "C" epx_status epx_cuda_dispatch_layout(const epx_dispatch_spec *spec, const int32_t *topk_ids,
+                                               int64_t num_tokens, int32_t topk, int32_t num_physical,
+                                               int32_t num_gpus, int32_t *phys, const epx_token_layout *out,
+                                               cudaStream_t stream, epx_error *err) {
+    return epxi_cuda_dispatch_layout_cluster(spec, topk_ids, num_tokens, topk, num_physical, num_gpus,
+                                             phys, out, 0, stream, err);
 }
 
 namespace {

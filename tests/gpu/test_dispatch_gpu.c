@@ -5,7 +5,8 @@
  * more than 64; experts with one replica; ids of -1; static, dynamic,
  * weighted and physical mapping. Integer outputs must be equal, the
  * combine bitwise equal; outputs are poisoned first so an unwritten entry
- * cannot pass. One case runs again from a captured CUDA graph.
+ * cannot pass. The layout kernel runs with every cluster size (1, 2, 4 and
+ * 8 blocks, and the default); some cases run from a captured CUDA graph.
  *
  * A plain program rather than cmocka: it runs on GPU machines that may
  * lack the test framework. Exits 77 (a CTest skip) with a message when no
@@ -18,6 +19,7 @@
 
 #include "epx.h"
 #include "epx_cuda.h"
+#include "../../src/cuda/dispatch_cuda.h"
 
 static int failures;
 
@@ -109,7 +111,8 @@ static void dev_layout_free(dev_layout *l) {
 }
 
 /* Compare the device layout with the CPU's, field by field. */
-static void compare_layout(const dev_layout *dl, const epx_token_layout *h, const char *ctx) {
+static void compare_layout(const dev_layout *dl, const epx_token_layout *h, const char *ctx,
+                           int counts_only) {
     size_t T = dl->T, K = dl->K, P = dl->P, G = dl->G;
     void *x;
     x = hback(dl->d.tokens_per_rank, 8 * G);
@@ -127,6 +130,7 @@ static void compare_layout(const dev_layout *dl, const epx_token_layout *h, cons
     x = hback(dl->d.slot_offsets, 4 * (P + 1));
     same("slot_offsets", ctx, x, h->slot_offsets, 4 * (P + 1), 4);
     free(x);
+    if (counts_only) return;
     size_t nr = (size_t)h->rank_offsets[G], ns = (size_t)h->slot_offsets[P];
     x = hback(dl->d.rank_perm, 4 * nr);
     same("rank_perm", ctx, x, h->rank_perm, 4 * nr, 4);
@@ -161,9 +165,11 @@ static epx_layout *make_layout(int32_t E, int32_t P, int32_t G) {
 
 static void one_case(int32_t T, int32_t K, int32_t E, int32_t P, int32_t G, epx_dispatch_mode mode,
                      int graph) {
+    static const int clusters[] = {0, 1, 2, 4, 8};
+    int cl = clusters[below(5)], counts_only = below(5) == 0;
     char ctx[160];
-    snprintf(ctx, sizeof ctx, "T=%d K=%d E=%d P=%d G=%d mode=%d%s", T, K, E, P, G, (int)mode,
-             graph ? " graph" : "");
+    snprintf(ctx, sizeof ctx, "T=%d K=%d E=%d P=%d G=%d mode=%d cluster=%d%s%s", T, K, E, P, G,
+             (int)mode, cl, graph ? " graph" : "", counts_only ? " counts-only" : "");
     if (mode == EPX_DISPATCH_PHYSICAL) E = P;
     epx_layout *lay = make_layout(mode == EPX_DISPATCH_PHYSICAL ? P : E, P, G);
     int32_t W = 0;
@@ -206,11 +212,15 @@ static void one_case(int32_t T, int32_t K, int32_t E, int32_t P, int32_t G, epx_
     cudaStream_t st;
     CK(cudaStreamCreate(&st));
     EK(epx_cuda_dispatch_map_ids(&ds, d_ids, T, K, d_phys2, st, &er_));
+    /* counts only: no send orders asked for, so the kernel skips phase C */
+    epx_token_layout lay_arg = dl.d;
+    if (counts_only)
+        lay_arg.rank_perm = lay_arg.pair_rank_pos = lay_arg.slot_perm = lay_arg.pair_slot_pos = NULL;
     if (graph) {
         cudaGraph_t g;
         cudaGraphExec_t ge;
         CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
-        EK(epx_cuda_dispatch_layout(&ds, d_ids, T, K, P, G, d_phys, &dl.d, st, &er_));
+        EK(epxi_cuda_dispatch_layout_cluster(&ds, d_ids, T, K, P, G, d_phys, &lay_arg, cl, st, &er_));
         CK(cudaStreamEndCapture(st, &g));
         CK(cudaGraphInstantiate(&ge, g, 0));
         CK(cudaGraphLaunch(ge, st));
@@ -218,8 +228,10 @@ static void one_case(int32_t T, int32_t K, int32_t E, int32_t P, int32_t G, epx_
         CK(cudaStreamSynchronize(st));
         CK(cudaGraphExecDestroy(ge));
         CK(cudaGraphDestroy(g));
+    } else if (cl == 0) {
+        EK(epx_cuda_dispatch_layout(&ds, d_ids, T, K, P, G, d_phys, &lay_arg, st, &er_));
     } else {
-        EK(epx_cuda_dispatch_layout(&ds, d_ids, T, K, P, G, d_phys, &dl.d, st, &er_));
+        EK(epxi_cuda_dispatch_layout_cluster(&ds, d_ids, T, K, P, G, d_phys, &lay_arg, cl, st, &er_));
     }
     CK(cudaStreamSynchronize(st));
     CK(cudaGetLastError());
@@ -229,10 +241,10 @@ static void one_case(int32_t T, int32_t K, int32_t E, int32_t P, int32_t G, epx_
     x = hback(d_phys2, 4 * TK);
     same("phys (map kernel)", ctx, x, phys, 4 * TK, 4);
     free(x);
-    compare_layout(&dl, &h, ctx);
+    compare_layout(&dl, &h, ctx, counts_only);
 
     /* rows: scatter into both orders, combine back, bf16 and fp32 */
-    if (T <= 2048) {
+    if (T <= 2048 && !counts_only) {
         int64_t H = (int64_t[]){1, 7, 8, 24, 100, 512, 7168}[below(7)];
         for (int dt = 0; dt < 2; dt++) {
             size_t es = dt ? 2 : 4, rowb = (size_t)H * es;
