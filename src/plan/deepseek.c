@@ -64,12 +64,20 @@ struct epxi_deepseek {
 
 /* ---- stable descending sort ------------------------------------------- */
 
-/* The bits of a non-negative float order like the floats (+inf included);
- * -0 and +0 must tie, so zero maps to 0. */
-static inline uint32_t fkey(float x) {
+/* The bits of a non-negative float order like the floats (+inf included).
+ * -0 would not (its bits are the largest), so every load is normalised with
+ * `+ 0.0f` (which turns -0 into +0 and changes nothing else) where it enters
+ * a layer; sums, quotients and pack loads of such values are never -0. */
+static inline uint32_t fbits(float x) {
     uint32_t u;
     memcpy(&u, &x, sizeof u);
-    return x == 0.0f ? 0u : u;
+    return u;
+}
+
+static inline float bits_to_float(uint32_t u) {
+    float x;
+    memcpy(&x, &u, sizeof x);
+    return x;
 }
 
 /* order[0..n) = indices of w sorted by descending value, equal values by
@@ -94,7 +102,7 @@ static void sort_desc(epxi_deepseek *ws, const float *w, int32_t n, int32_t *ord
     memset(hist, 0, sizeof hist);
     uint64_t *a = ws->sort_a, *b = ws->sort_b;
     for (int32_t i = 0; i < n; i++) {
-        const uint32_t k = ~fkey(w[i]);
+        const uint32_t k = ~fbits(w[i]);
         a[i] = ((uint64_t)k << 32) | (uint32_t)i;
         hist[0][k & 255u]++;
         hist[1][(k >> 8) & 255u]++;
@@ -169,13 +177,6 @@ static inline void tree_set_max(uint64_t *node, int32_t m, int32_t leaf, uint64_
     for (i >>= 1; i >= 1; i >>= 1) node[i] = node_max(node[2 * i], node[2 * i + 1]);
 }
 
-/* Pairwise minima: a dependency chain of log2(width) instead of width. */
-static inline uint64_t min_of_4(const uint64_t *c) {
-    return node_min(node_min(c[0], c[1]), node_min(c[2], c[3]));
-}
-static inline uint64_t min_of_8(const uint64_t *c) { return node_min(min_of_4(c), min_of_4(c + 4)); }
-static inline uint64_t min_of_16(const uint64_t *c) { return node_min(min_of_8(c), min_of_8(c + 8)); }
-
 static inline uint64_t pack_node(uint32_t key, int32_t pack) {
     return ((uint64_t)key << 32) | (uint32_t)pack;
 }
@@ -185,6 +186,115 @@ static inline uint64_t expert_node(uint32_t key, int32_t id) {
 }
 
 /* ---- the three steps ---------------------------------------------------- */
+
+/*
+ * Packing onto few packs (the GPUs of a node) without memory round trips:
+ * each pack is one uint64 (load bits << 32 | pack << 24 | items) in a local
+ * the compiler keeps in a register; the minimum of those words (a pairwise
+ * tree, log2(W) deep) is the lightest live pack with the lowest id, and it
+ * carries the winner's load and item count with it. A full pack's key
+ * becomes DEAD. Items per pack stay below 2^24 (P <= 2^21). Written out for
+ * W = 8 and 16 (generated, hence the repetition).
+ */
+static void pack_scan8(const float *w, const int32_t *order, int32_t n, int32_t num_packs,
+                        int32_t per, int32_t *pack, int32_t *rank) {
+    uint64_t c0, c1, c2, c3, c4, c5, c6, c7;
+    c0 = 0 < num_packs ? (uint64_t)0 << 24 : UINT64_MAX;
+    c1 = 1 < num_packs ? (uint64_t)1 << 24 : UINT64_MAX;
+    c2 = 2 < num_packs ? (uint64_t)2 << 24 : UINT64_MAX;
+    c3 = 3 < num_packs ? (uint64_t)3 << 24 : UINT64_MAX;
+    c4 = 4 < num_packs ? (uint64_t)4 << 24 : UINT64_MAX;
+    c5 = 5 < num_packs ? (uint64_t)5 << 24 : UINT64_MAX;
+    c6 = 6 < num_packs ? (uint64_t)6 << 24 : UINT64_MAX;
+    c7 = 7 < num_packs ? (uint64_t)7 << 24 : UINT64_MAX;
+    for (int32_t k = 0; k < n; k++) {
+        const uint64_t m0 = node_min(c0, c1);
+        const uint64_t m1 = node_min(c2, c3);
+        const uint64_t m2 = node_min(c4, c5);
+        const uint64_t m3 = node_min(c6, c7);
+        const uint64_t m4 = node_min(m0, m1);
+        const uint64_t m5 = node_min(m2, m3);
+        const uint64_t m6 = node_min(m4, m5);
+        const uint64_t best = m6;
+        const int32_t it = order[k], p = (int32_t)((best >> 24) & 0xFFu);
+        const int32_t items = (int32_t)(best & 0xFFFFFFu);
+        pack[it] = p;
+        rank[it] = items;
+        const float load = bits_to_float((uint32_t)(best >> 32)) + w[it];
+        const uint64_t key = items + 1 == per ? DEAD : fbits(load);
+        const uint64_t v = key << 32 | (uint64_t)p << 24 | (uint64_t)(items + 1);
+        c0 = p == 0 ? v : c0;
+        c1 = p == 1 ? v : c1;
+        c2 = p == 2 ? v : c2;
+        c3 = p == 3 ? v : c3;
+        c4 = p == 4 ? v : c4;
+        c5 = p == 5 ? v : c5;
+        c6 = p == 6 ? v : c6;
+        c7 = p == 7 ? v : c7;
+    }
+}
+
+static void pack_scan16(const float *w, const int32_t *order, int32_t n, int32_t num_packs,
+                        int32_t per, int32_t *pack, int32_t *rank) {
+    uint64_t c0, c1, c2, c3, c4, c5, c6, c7, c8, c9, c10, c11, c12, c13, c14, c15;
+    c0 = 0 < num_packs ? (uint64_t)0 << 24 : UINT64_MAX;
+    c1 = 1 < num_packs ? (uint64_t)1 << 24 : UINT64_MAX;
+    c2 = 2 < num_packs ? (uint64_t)2 << 24 : UINT64_MAX;
+    c3 = 3 < num_packs ? (uint64_t)3 << 24 : UINT64_MAX;
+    c4 = 4 < num_packs ? (uint64_t)4 << 24 : UINT64_MAX;
+    c5 = 5 < num_packs ? (uint64_t)5 << 24 : UINT64_MAX;
+    c6 = 6 < num_packs ? (uint64_t)6 << 24 : UINT64_MAX;
+    c7 = 7 < num_packs ? (uint64_t)7 << 24 : UINT64_MAX;
+    c8 = 8 < num_packs ? (uint64_t)8 << 24 : UINT64_MAX;
+    c9 = 9 < num_packs ? (uint64_t)9 << 24 : UINT64_MAX;
+    c10 = 10 < num_packs ? (uint64_t)10 << 24 : UINT64_MAX;
+    c11 = 11 < num_packs ? (uint64_t)11 << 24 : UINT64_MAX;
+    c12 = 12 < num_packs ? (uint64_t)12 << 24 : UINT64_MAX;
+    c13 = 13 < num_packs ? (uint64_t)13 << 24 : UINT64_MAX;
+    c14 = 14 < num_packs ? (uint64_t)14 << 24 : UINT64_MAX;
+    c15 = 15 < num_packs ? (uint64_t)15 << 24 : UINT64_MAX;
+    for (int32_t k = 0; k < n; k++) {
+        const uint64_t m0 = node_min(c0, c1);
+        const uint64_t m1 = node_min(c2, c3);
+        const uint64_t m2 = node_min(c4, c5);
+        const uint64_t m3 = node_min(c6, c7);
+        const uint64_t m4 = node_min(c8, c9);
+        const uint64_t m5 = node_min(c10, c11);
+        const uint64_t m6 = node_min(c12, c13);
+        const uint64_t m7 = node_min(c14, c15);
+        const uint64_t m8 = node_min(m0, m1);
+        const uint64_t m9 = node_min(m2, m3);
+        const uint64_t m10 = node_min(m4, m5);
+        const uint64_t m11 = node_min(m6, m7);
+        const uint64_t m12 = node_min(m8, m9);
+        const uint64_t m13 = node_min(m10, m11);
+        const uint64_t m14 = node_min(m12, m13);
+        const uint64_t best = m14;
+        const int32_t it = order[k], p = (int32_t)((best >> 24) & 0xFFu);
+        const int32_t items = (int32_t)(best & 0xFFFFFFu);
+        pack[it] = p;
+        rank[it] = items;
+        const float load = bits_to_float((uint32_t)(best >> 32)) + w[it];
+        const uint64_t key = items + 1 == per ? DEAD : fbits(load);
+        const uint64_t v = key << 32 | (uint64_t)p << 24 | (uint64_t)(items + 1);
+        c0 = p == 0 ? v : c0;
+        c1 = p == 1 ? v : c1;
+        c2 = p == 2 ? v : c2;
+        c3 = p == 3 ? v : c3;
+        c4 = p == 4 ? v : c4;
+        c5 = p == 5 ? v : c5;
+        c6 = p == 6 ? v : c6;
+        c7 = p == 7 ? v : c7;
+        c8 = p == 8 ? v : c8;
+        c9 = p == 9 ? v : c9;
+        c10 = p == 10 ? v : c10;
+        c11 = p == 11 ? v : c11;
+        c12 = p == 12 ? v : c12;
+        c13 = p == 13 ? v : c13;
+        c14 = p == 14 ? v : c14;
+        c15 = p == 15 ? v : c15;
+    }
+}
 
 /*
  * balanced_packing: n items of weight w into num_packs packs of n / num_packs
@@ -205,24 +315,12 @@ static void balanced_packing(epxi_deepseek *ws, const float *w, int32_t n, int32
     float *load = ws->pack_load;
     uint64_t *node = ws->node;
     sort_desc(ws, w, n, order);
+    if (num_packs <= 8) {
+        pack_scan8(w, order, n, num_packs, per, pack, rank);
+        return;
+    }
     if (num_packs <= SCAN_PACKS) {
-        /* Few packs (the GPUs of a node): a branch-free scan beats the
-         * tree's serial levels. */
-        uint64_t comp[SCAN_PACKS];
-        for (int32_t p = 0; p < SCAN_PACKS; p++) comp[p] = p < num_packs ? pack_node(0u, p) : UINT64_MAX;
-        for (int32_t p = 0; p < num_packs; p++) {
-            load[p] = 0.0f;
-            items[p] = 0;
-        }
-        const int32_t width = num_packs <= 4 ? 4 : num_packs <= 8 ? 8 : 16;
-        for (int32_t k = 0; k < n; k++) {
-            const uint64_t best = width == 4 ? min_of_4(comp) : width == 8 ? min_of_8(comp) : min_of_16(comp);
-            const int32_t it = order[k], p = (int32_t)(uint32_t)best;
-            pack[it] = p;
-            rank[it] = items[p]++;
-            load[p] = load[p] + w[it];
-            comp[p] = pack_node(items[p] == per ? DEAD : fkey(load[p]), p);
-        }
+        pack_scan16(w, order, n, num_packs, per, pack, rank);
         return;
     }
     const int32_t m = tree_width(num_packs);
@@ -237,7 +335,7 @@ static void balanced_packing(epxi_deepseek *ws, const float *w, int32_t n, int32
         pack[it] = p;
         rank[it] = items[p]++;
         load[p] = load[p] + w[it];
-        tree_set_min(node, m, p, pack_node(items[p] == per ? DEAD : fkey(load[p]), p));
+        tree_set_min(node, m, p, pack_node(items[p] == per ? DEAD : fbits(load[p]), p));
     }
 }
 
@@ -259,13 +357,13 @@ static void replicate(epxi_deepseek *ws, const float *w, int32_t n, int32_t num_
     uint64_t *node = ws->node;
     const int32_t m = tree_width(n);
     /* Padding leaves are 0, below every real node (whose low half is ~id). */
-    for (int32_t e = 0; e < m; e++) node[m + e] = e < n ? expert_node(fkey(w[e]), e) : 0u;
+    for (int32_t e = 0; e < m; e++) node[m + e] = e < n ? expert_node(fbits(w[e]), e) : 0u;
     tree_build(node, m, true);
     for (int32_t i = n; i < num_phy; i++) {
         const int32_t e = (int32_t)~(uint32_t)node[1];
         phy2log[i] = e;
         phyrank[i] = cnt[e]++;
-        tree_set_max(node, m, e, expert_node(fkey(w[e] / (float)cnt[e]), e));
+        tree_set_max(node, m, e, expert_node(fbits(w[e] / (float)cnt[e]), e));
     }
 }
 
@@ -296,12 +394,20 @@ void epxi_deepseek_layer(epxi_deepseek *ws, const float *w, int32_t *p2l, int32_
     for (int32_t n = 0; n < ws->nodes; n++) {
         const int32_t *m2l = ws->mlog2log + (size_t)n * (size_t)epn;
         int32_t *cnt = ws->mlogcnt + (size_t)n * (size_t)epn;
-        for (int32_t j = 0; j < epn; j++) ws->row[j] = w[m2l[j]];
+        for (int32_t j = 0; j < epn; j++) ws->row[j] = w[m2l[j]] + 0.0f;
         /* Step 2: replicas within the node. */
         replicate(ws, ws->row, epn, ppn, ws->phy2mlog, ws->phyrank, cnt);
         /* Step 3: replicas to the node's GPUs. */
-        for (int32_t j = 0; j < epn; j++) ws->slot_ratio[j] = ws->row[j] / (float)cnt[j];
-        for (int32_t p = 0; p < ppn; p++) ws->slot_load[p] = ws->slot_ratio[ws->phy2mlog[p]];
+        /* Load per replica: x / 1 == x, so only replicated experts divide.
+         * Slot p < epn holds expert p. */
+        float *ratio = ws->slot_ratio;
+        memcpy(ratio, ws->row, (size_t)epn * sizeof *ratio);
+        for (int32_t p = epn; p < ppn; p++) {
+            const int32_t m = ws->phy2mlog[p];
+            ratio[m] = ws->row[m] / (float)cnt[m];
+        }
+        for (int32_t p = 0; p < epn; p++) ws->slot_load[p] = ratio[p];
+        for (int32_t p = epn; p < ppn; p++) ws->slot_load[p] = ratio[ws->phy2mlog[p]];
         balanced_packing(ws, ws->slot_load, ppn, ws->gpus_per_node, ws->pack, ws->rank);
         int32_t *out = p2l + (size_t)n * (size_t)ppn;
         int32_t *out_rank = prank ? prank + (size_t)n * (size_t)ppn : NULL;
