@@ -606,9 +606,64 @@ static epx_status put_i64(void *vc, size_t flat, int64_t at, epx_error *err) {
     return EPX_OK;
 }
 
+/* Row-major strides: the common case, copied without the odometer. */
+static bool is_contiguous(const epx_pt_tensor *t) {
+    int64_t expect = 1;
+    for (int32_t d = t->ndim - 1; d >= 0; d--) {
+        if (t->shape[d] != 1 && t->strides[d] != expect) return false;
+        expect *= t->shape[d];
+    }
+    return true;
+}
+
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+#define EPXI_HOST_LE 1
+#else
+#define EPXI_HOST_LE 0
+#endif
+
+/* Contiguous storages of the plain dtypes on a little-endian host: one tight
+ * loop per dtype (memcpy keeps unaligned loads defined). The tensor was
+ * checked by the caller. Returns false when this path does not apply. */
+#define FAST_COPY(T, OUT_T)                                      \
+    do {                                                         \
+        for (size_t i = 0; i < n; i++) {                         \
+            T v_;                                                \
+            memcpy(&v_, base + i * sizeof(T), sizeof(T));        \
+            out[i] = (OUT_T)v_;                                  \
+        }                                                        \
+    } while (0)
+
+static bool fast_f64(const epx_pt_tensor *t, double *out, size_t n) {
+    if (!EPXI_HOST_LE || !is_contiguous(t) || n == 0) return false;
+    const uint8_t *base = (const uint8_t *)t->storage + (size_t)t->storage_offset * DTYPES[t->dtype].size;
+    switch (t->dtype) {
+    case EPX_PT_DTYPE_FLOAT64: memcpy(out, base, n * sizeof *out); return true;
+    case EPX_PT_DTYPE_FLOAT32: FAST_COPY(float, double); return true;
+    case EPX_PT_DTYPE_INT64: FAST_COPY(int64_t, double); return true;
+    case EPX_PT_DTYPE_INT32: FAST_COPY(int32_t, double); return true;
+    case EPX_PT_DTYPE_INT16: FAST_COPY(int16_t, double); return true;
+    default: return false;
+    }
+}
+
+static bool fast_i64(const epx_pt_tensor *t, int64_t *out, size_t n) {
+    if (!EPXI_HOST_LE || !is_contiguous(t) || n == 0) return false;
+    const uint8_t *base = (const uint8_t *)t->storage + (size_t)t->storage_offset * DTYPES[t->dtype].size;
+    switch (t->dtype) {
+    case EPX_PT_DTYPE_INT64: memcpy(out, base, n * sizeof *out); return true;
+    case EPX_PT_DTYPE_INT32: FAST_COPY(int32_t, int64_t); return true;
+    case EPX_PT_DTYPE_INT16: FAST_COPY(int16_t, int64_t); return true;
+    default: return false;
+    }
+}
+
 epx_status epx_pt_tensor_to_f64(const epx_pt_tensor *t, double *out, size_t n, epx_error *err) {
     if (t == NULL || (out == NULL && n > 0))
         return epxi_fail(err, EPX_ERR_INVALID_ARG, "NULL argument");
+    int64_t numel;
+    EPX_TRY(epx_pt_tensor_numel(t, &numel, err));
+    if ((uint64_t)numel == (uint64_t)n && fast_f64(t, out, n)) return EPX_OK;
     copy_ctx c = {t, out, NULL};
     return walk_tensor(t, n, put_f64, &c, err);
 }
@@ -616,6 +671,9 @@ epx_status epx_pt_tensor_to_f64(const epx_pt_tensor *t, double *out, size_t n, e
 epx_status epx_pt_tensor_to_i64(const epx_pt_tensor *t, int64_t *out, size_t n, epx_error *err) {
     if (t == NULL || (out == NULL && n > 0))
         return epxi_fail(err, EPX_ERR_INVALID_ARG, "NULL argument");
+    int64_t numel;
+    EPX_TRY(epx_pt_tensor_numel(t, &numel, err));
+    if ((uint64_t)numel == (uint64_t)n && fast_i64(t, out, n)) return EPX_OK;
     copy_ctx c = {t, NULL, out};
     return walk_tensor(t, n, put_i64, &c, err);
 }
