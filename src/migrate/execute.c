@@ -258,7 +258,7 @@ static epx_status local_work(xctx *x, epx_error *err) {
                     const int32_t e = tgt[(size_t)l * (size_t)x->P + (size_t)p];
                     epx_status st = x->opts->load(x->opts->load_user, l, e, dst, x->B, err);
                     if (st != EPX_OK) {
-                        epxi_error_prefix(err, "rank %d: loading expert %d for layer %d, slot %d: ",
+                        epxi_error_prefix(err, "rank %d: loading expert %d for layer %d, slot %d",
                                           x->me, e, l, p);
                         set_vote(x, VOTE_LOAD, l, p, -1);
                         return st;
@@ -315,13 +315,22 @@ static epx_status exchange(xctx *x, bool relay, epx_error *err) {
         for (int32_t r = 0; r < x->R; r++) start += x->rc[r];
     const int64_t *counts = relay ? x->rc_b : x->rc;
     recv_displs(x, counts, start);
-    epx_status st = epx_comm_alltoallv(x->comm, stage_ptr(x, x->nstage), x->sc, x->sd,
-                                       x->staging, counts, x->rd, x->B, err);
+    /* Send and receive pointers must differ: with no blocks staged the send
+     * pack starts where the receive area does, and Open MPI's non-blocking
+     * collectives take equal pointers for MPI_IN_PLACE, which changes their
+     * message schedule on that rank alone and deadlocks the exchange. An
+     * empty side points at its own never-touched byte. */
+    static unsigned char no_send[1], no_recv[1];
+    int64_t nsend = 0, nrecv = 0;
+    for (int32_t r = 0; r < x->R; r++) nsend += x->sc[r], nrecv += counts[r];
+    epx_status st = epx_comm_alltoallv(x->comm, nsend ? stage_ptr(x, x->nstage) : no_send, x->sc,
+                                       x->sd, nrecv ? x->staging : no_recv, counts, x->rd, x->B,
+                                       err);
     if (st != EPX_OK) {
         first_transfer(x, relay);
         epxi_error_prefix(err,
                           "migration not committed (layers %d-%d stay as they were): the %s "
-                          "exchange failed on rank %d: ",
+                          "exchange failed on rank %d",
                           x->l0, x->l1 - 1, relay ? "relay" : "first", x->me);
         return st;
     }
@@ -345,7 +354,7 @@ static epx_status peer_failed(xctx *x, int32_t r, epx_status own, epx_error *err
         x->res->failed_source = (int32_t)row[3];
     }
     if (r == x->me && own != EPX_OK) {
-        epxi_error_prefix(err, "migration not committed (layers %d-%d stay as they were): ",
+        epxi_error_prefix(err, "migration not committed (layers %d-%d stay as they were)",
                           x->l0, x->l1 - 1);
         return own;
     }
@@ -393,7 +402,7 @@ static epx_status run_chunk(xctx *x, epx_layout *layout, size_t staging_bytes, u
     epx_status st = epx_comm_allreduce_sum(x->comm, x->vote, x->vote, (int64_t)(vcells + tcells),
                                            EPX_DTYPE_I64, err);
     if (st != EPX_OK) {
-        epxi_error_prefix(err, "migration not started for layers %d-%d: ", x->l0, x->l1 - 1);
+        epxi_error_prefix(err, "migration not started for layers %d-%d", x->l0, x->l1 - 1);
         return st;
     }
     int32_t bad = first_vote(x);
@@ -413,7 +422,7 @@ static epx_status run_chunk(xctx *x, epx_layout *layout, size_t staging_bytes, u
     if (st != EPX_OK) {
         epxi_error_prefix(err,
                           "migration not committed (layers %d-%d stay as they were): the vote "
-                          "failed on rank %d: ",
+                          "failed on rank %d",
                           x->l0, x->l1 - 1, x->me);
         return st;
     }

@@ -118,7 +118,7 @@ static epx_status place_survivors(const epx_counts *counts, const epx_shape *sh,
     EPX_TRY_GOTO(st, epx_shape_check(&rs, err), done);
     st = place(ctx, counts, &rs, ro, rmap, rshare, err);
     if (st != EPX_OK) {
-        epxi_error_prefix(err, "planning the %d surviving GPUs: ", rs.num_gpus);
+        epxi_error_prefix(err, "planning the %d surviving GPUs", rs.num_gpus);
         goto done;
     }
     const int32_t *cur = current ? epx_layout_physical_to_logical(current) : NULL;
