@@ -156,6 +156,20 @@ static int32_t tree_width(int32_t n) {
 }
 
 static inline uint64_t node_min(uint64_t a, uint64_t b) { return b < a ? b : a; }
+
+/* The scans' pairwise minimum trees are log2(W) deep only if the compiler
+ * keeps them trees; GCC otherwise folds them into one serial chain. An empty
+ * asm that "may change" a value stops that, and costs no instruction. */
+#if defined(__GNUC__)
+#define KEEP(x) __asm__("" : "+r"(x))
+#else
+#define KEEP(x) ((void)0)
+#endif
+static inline uint64_t tree_min(uint64_t a, uint64_t b) {
+    uint64_t m = node_min(a, b);
+    KEEP(m);
+    return m;
+}
 static inline uint64_t node_max(uint64_t a, uint64_t b) { return b > a ? b : a; }
 
 /* Leaves node[m .. 2m) are set; fill the inner nodes. */
@@ -208,13 +222,13 @@ static void pack_scan8(const float *w, const int32_t *order, int32_t n, int32_t 
     c6 = 6 < num_packs ? (uint64_t)6 << 24 : UINT64_MAX;
     c7 = 7 < num_packs ? (uint64_t)7 << 24 : UINT64_MAX;
     for (int32_t k = 0; k < n; k++) {
-        const uint64_t m0 = node_min(c0, c1);
-        const uint64_t m1 = node_min(c2, c3);
-        const uint64_t m2 = node_min(c4, c5);
-        const uint64_t m3 = node_min(c6, c7);
-        const uint64_t m4 = node_min(m0, m1);
-        const uint64_t m5 = node_min(m2, m3);
-        const uint64_t m6 = node_min(m4, m5);
+        const uint64_t m0 = tree_min(c0, c1);
+        const uint64_t m1 = tree_min(c2, c3);
+        const uint64_t m2 = tree_min(c4, c5);
+        const uint64_t m3 = tree_min(c6, c7);
+        const uint64_t m4 = tree_min(m0, m1);
+        const uint64_t m5 = tree_min(m2, m3);
+        const uint64_t m6 = tree_min(m4, m5);
         const uint64_t best = m6;
         const int32_t it = order[k], p = (int32_t)((best >> 24) & 0xFFu);
         const int32_t items = (int32_t)(best & 0xFFFFFFu);
@@ -254,21 +268,21 @@ static void pack_scan16(const float *w, const int32_t *order, int32_t n, int32_t
     c14 = 14 < num_packs ? (uint64_t)14 << 24 : UINT64_MAX;
     c15 = 15 < num_packs ? (uint64_t)15 << 24 : UINT64_MAX;
     for (int32_t k = 0; k < n; k++) {
-        const uint64_t m0 = node_min(c0, c1);
-        const uint64_t m1 = node_min(c2, c3);
-        const uint64_t m2 = node_min(c4, c5);
-        const uint64_t m3 = node_min(c6, c7);
-        const uint64_t m4 = node_min(c8, c9);
-        const uint64_t m5 = node_min(c10, c11);
-        const uint64_t m6 = node_min(c12, c13);
-        const uint64_t m7 = node_min(c14, c15);
-        const uint64_t m8 = node_min(m0, m1);
-        const uint64_t m9 = node_min(m2, m3);
-        const uint64_t m10 = node_min(m4, m5);
-        const uint64_t m11 = node_min(m6, m7);
-        const uint64_t m12 = node_min(m8, m9);
-        const uint64_t m13 = node_min(m10, m11);
-        const uint64_t m14 = node_min(m12, m13);
+        const uint64_t m0 = tree_min(c0, c1);
+        const uint64_t m1 = tree_min(c2, c3);
+        const uint64_t m2 = tree_min(c4, c5);
+        const uint64_t m3 = tree_min(c6, c7);
+        const uint64_t m4 = tree_min(c8, c9);
+        const uint64_t m5 = tree_min(c10, c11);
+        const uint64_t m6 = tree_min(c12, c13);
+        const uint64_t m7 = tree_min(c14, c15);
+        const uint64_t m8 = tree_min(m0, m1);
+        const uint64_t m9 = tree_min(m2, m3);
+        const uint64_t m10 = tree_min(m4, m5);
+        const uint64_t m11 = tree_min(m6, m7);
+        const uint64_t m12 = tree_min(m8, m9);
+        const uint64_t m13 = tree_min(m10, m11);
+        const uint64_t m14 = tree_min(m12, m13);
         const uint64_t best = m14;
         const int32_t it = order[k], p = (int32_t)((best >> 24) & 0xFFu);
         const int32_t items = (int32_t)(best & 0xFFFFFFu);
