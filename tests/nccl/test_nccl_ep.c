@@ -35,6 +35,9 @@ static void *dev_copy(const void *h, size_t bytes) {
     void *d = NULL;
     CK(cudaMalloc(&d, bytes ? bytes : 1));
     if (bytes) CK(cudaMemcpy(d, h, bytes, cudaMemcpyHostToDevice));
+    /* A pageable cudaMemcpy may return before its DMA lands, and the
+     * non-blocking stream does not wait for the legacy one. */
+    CK(cudaDeviceSynchronize());
     return d;
 }
 

@@ -119,17 +119,24 @@ static inline void mc_batch(tu_rng *r, const mc_layer *L, int64_t T, int drop, f
             if (tu_below(r, 8) == 0) ids[i] = -1;
 }
 
-/* Logical ids -> slots: the replica (t + k + rank) mod replicas, a per-token
- * choice standing in for the dispatch room's dynamic dispatch. */
+/* Logical ids -> slots with the dispatch room's per-token dynamic dispatch
+ * (epx_dispatch_map_ids: a uniform replica per (token, k), keyed by the
+ * rank so ranks choose differently). Must run outside worker threads: it
+ * asserts. */
 static inline void mc_slots(const mc_layer *L, int64_t T, const int32_t *ids, int32_t rank,
                             int32_t *slots) {
-    int32_t K = L->cfg.top_k;
-    for (int64_t t = 0; t < T; t++)
-        for (int32_t k = 0; k < K; k++) {
-            int32_t e = ids[t * K + k];
-            slots[t * K + k] =
-                e < 0 ? -1 : L->reps[(size_t)e * L->P + (size_t)((t + k + rank) % L->nrep[e])];
-        }
+    epx_dispatch_spec spec;
+    memset(&spec, 0, sizeof spec);
+    spec.mode = EPX_DISPATCH_DYNAMIC;
+    spec.num_experts = L->cfg.num_experts;
+    spec.num_physical = L->P;
+    spec.width = L->P;
+    spec.replicas = L->reps;
+    spec.num_valid = L->nrep;
+    spec.seed = 0x5eed0000u + (uint64_t)rank;
+    epx_error err = {0};
+    if (epx_dispatch_map_ids(&spec, ids, T, L->cfg.top_k, slots, &err) != EPX_OK)
+        fail_msg("epx_dispatch_map_ids: %s", err.msg);
 }
 
 /* The views of this rank's local slots (as epx_ep_run_experts wants). */

@@ -109,7 +109,13 @@ static void buf_free(const dev_ops *d, void *p) {
 
 static int to_buf(const dev_ops *d, void *dst, const void *src, size_t bytes) {
 #if BENCH_NCCL
-    if (d->dev) return cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice) == cudaSuccess ? 0 : -1;
+    /* cudaMemcpy from pageable memory may return before the DMA lands; the
+     * communicator's non-blocking stream would not wait for it. */
+    if (d->dev)
+        return cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice) == cudaSuccess &&
+                       cudaDeviceSynchronize() == cudaSuccess
+                   ? 0
+                   : -1;
 #endif
     (void)d;
     memcpy(dst, src, bytes);

@@ -317,7 +317,11 @@ extern "C" epx_status epx_cuda_moe_create(const epx_moe_config *cfg, const epx_m
         }
     }
     if (st == EPX_OK && m->bias != NULL) {
-        ce = cudaMemcpy(m->bias, w->router_bias, E * 4, cudaMemcpyHostToDevice);
+        /* On the handle's stream and waited for: a plain cudaMemcpy from
+         * pageable memory may return before its DMA lands, and kernels on a
+         * non-blocking stream do not wait for the legacy stream. */
+        ce = cudaMemcpyAsync(m->bias, w->router_bias, E * 4, cudaMemcpyHostToDevice, stream);
+        if (ce == cudaSuccess) ce = cudaStreamSynchronize(stream);
         if (ce != cudaSuccess) st = epxi_cuda_fail(ce, "router bias upload", err);
     }
     if (st != EPX_OK) goto fail;

@@ -59,6 +59,10 @@ __device__ int token_dests(const int32_t *s, int K, int spr, int32_t *d) {
     return nd;
 }
 
+/* "No bad slot yet": the byte pattern cudaMemsetAsync(0x7f) writes, so the
+ * reset is an asynchronous memset rather than a copy from host memory. */
+constexpr int32_t NO_BAD = 0x7f7f7f7f;
+
 __global__ void k_count(const int32_t *slots, int T, int K, int spr, int P, uint64_t *flag,
                         int32_t *bad) {
     int t = blockIdx.x * blockDim.x + threadIdx.x;
@@ -84,7 +88,7 @@ __global__ void k_totals(const uint64_t *scan, int T, int R, const int32_t *bad,
         uint64_t end = T > 0 ? scan[(size_t)r * T + T - 1] : 0;
         uint64_t start = (r > 0 && T > 0) ? scan[(size_t)r * T - 1] : 0;
         uint64_t dlt = end - start;
-        bool invalid = bad[0] != INT32_MAX;
+        bool invalid = bad[0] != NO_BAD;
         sendc[2 * r] = invalid ? -1 : (int64_t)(dlt & 0xffffffffu);
         sendc[2 * r + 1] = invalid ? -1 : (int64_t)(dlt >> 32);
     }
@@ -93,8 +97,10 @@ __global__ void k_totals(const uint64_t *scan, int T, int R, const int32_t *bad,
 __global__ void k_pack(const unsigned char *x, const int32_t *slots, const float *w, int T, int K,
                        int spr, const uint64_t *flag, const uint64_t *scan, unsigned char *send,
                        size_t rec, size_t meta_off, size_t xrow, int32_t *ret_pos,
-                       int32_t *tok_ndest, int32_t *tok_dpos, int dmax, int topk_mode) {
+                       int32_t *tok_ndest, int32_t *tok_dpos, int dmax, int topk_mode,
+                       const int32_t *bad) {
     int t = blockIdx.x;
+    if (bad[0] != NO_BAD) return; /* a slot is out of range: the batch is refused */
     __shared__ int32_t d[MAXK];
     __shared__ int64_t pos[MAXK], ebase[MAXK];
     __shared__ int nd;
@@ -496,9 +502,7 @@ extern "C" epx_status epx_nccl_ep_dispatch(epx_nccl_ep *ep, int64_t T, const voi
     uint64_t *flag = dws<uint64_t>(ep, ep->lay.flag), *scan = dws<uint64_t>(ep, ep->lay.scan);
     int64_t *sendc = dws<int64_t>(ep, ep->lay.counts), *recvc = sendc + 2 * R;
     int32_t *bad = dws<int32_t>(ep, ep->lay.bad);
-    static const int32_t bad_init[4] = {INT32_MAX, 0, 0, 0};
-    EPXI_CUDA_TRY(cudaMemcpyAsync(bad, bad_init, sizeof bad_init, cudaMemcpyHostToDevice, s),
-                  "NCCL EP dispatch: reset");
+    EPXI_CUDA_TRY(cudaMemsetAsync(bad, 0x7f, 4 * sizeof(int32_t), s), "NCCL EP dispatch: reset");
     if (T > 0) {
         EPXI_CUDA_TRY(cudaMemcpyAsync(dws<float>(ep, ep->lay.weights), topk_weights,
                                       (size_t)T * K * 4, cudaMemcpyDeviceToDevice, s),
@@ -516,7 +520,8 @@ extern "C" epx_status epx_nccl_ep_dispatch(epx_nccl_ep *ep, int64_t T, const voi
                                            dws<unsigned char>(ep, ep->lay.send_rec), ep->rec,
                                            ep->meta_off, ep->xrow, dws<int32_t>(ep, ep->lay.ret_pos),
                                            dws<int32_t>(ep, ep->lay.tok_ndest),
-                                           dws<int32_t>(ep, ep->lay.tok_dpos), ep->dmax, topk_mode);
+                                           dws<int32_t>(ep, ep->lay.tok_dpos), ep->dmax, topk_mode,
+                                           bad);
         LAUNCH_CHECK("NCCL EP pack kernel");
     }
     k_totals<<<1, 128, 0, s>>>(scan, (int)T, R, bad, sendc);
@@ -551,7 +556,7 @@ extern "C" epx_status epx_nccl_ep_dispatch(epx_nccl_ep *ep, int64_t T, const voi
         got_tok += ep->rtok[r];
         got_ent += ep->rent[r];
     }
-    if (hbad[0] != INT32_MAX)
+    if (hbad[0] != NO_BAD)
         return epxi_fail(err, EPX_ERR_INVALID_ARG,
                          "topk_slots[%d][%d] = %d is outside [-1, %d) (num_slots); every rank "
                          "returns an error for this batch",
