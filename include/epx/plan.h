@@ -106,6 +106,27 @@ EPX_API epx_status epx_algorithm_parse(const char *name, epx_algorithm *out, epx
 EPX_API const char *epx_algorithm_name(epx_algorithm algo);
 
 /*
+ * The share of the routed load a placement serves off its expert group's
+ * home node: the cross-node traffic that relaxing node locality implies
+ * (with group-limited routing, a token needs only its groups' nodes while
+ * groups stay node-local). A group's home node is the node serving the
+ * largest part of its load, so strict node-local plans give 0 and global
+ * ones about (N - 1) / N.
+ * Args:    layout (in); weights (in) [L][P] per-slot shares as
+ *          epx_plan_replica_weights returns, or NULL for an even split;
+ *          counts (in) [S][L][E], windows summed; L and E must match;
+ *          num_groups (in) >= 1, dividing E (1 = no groups);
+ *          per_layer (out, optional) [L], caller-owned; share (out) the
+ *          load-weighted share over all layers, in [0, 1].
+ * Returns: EPX_OK; EPX_ERR_INVALID_ARG (NULL); EPX_ERR_SHAPE (counts vs
+ *          layout, groups vs experts); EPX_ERR_NOMEM.
+ * Thread:  any thread.
+ */
+EPX_API epx_status epx_plan_cross_node_share(const epx_layout *layout, const double *weights,
+                                             const epx_counts *counts, int32_t num_groups,
+                                             double *per_layer, double *share, epx_error *err);
+
+/*
  * DeepSeek's EPLB, exactly: deepseek-ai/EPLB rebalance_experts for one load,
  * as SGLang calls it (SGLang's `deepseek` = global, `deepseek_hierarchical` =
  * hierarchical). The global policy replicates over all slots and packs the

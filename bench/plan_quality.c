@@ -1,0 +1,369 @@
+/*
+ * plan_quality.c - placement quality and speed, DeepSeek vs epx, on every
+ * trace in shared/traces and a sweep of cluster shapes.
+ *
+ * For each trace (SGLang logical_count, S windows) and shape (GPUs/nodes,
+ * P = G * ceil((E + max(G, 32)) / G) slots, DeepSeek-V3 with its 8 groups):
+ *  - in-sample: plan on all S windows, balancedness on their sum;
+ *  - next-window: plan on windows 0..w, balancedness on window w + 1,
+ *    averaged over w = 0..S-2 (a plan serves the traffic after it);
+ *  - time per plan (all S windows, one thread, best of 3);
+ *  - cross-node share of the load (epx_plan_cross_node_share).
+ * DeepSeek runs as SGLang's `auto` (hierarchical where the groups divide
+ * over the nodes), epx with its defaults; epx's balancedness uses its
+ * replica weights, DeepSeek's the even split its dispatch does.
+ * Results are checked before anything is timed: every plan is a valid
+ * layout (epx_plan_compute builds it), and epx must not be below DeepSeek
+ * in-sample; a violation is printed and the exit status is 1.
+ *
+ * Extra sections (the measurements behind docs/PLACEMENT.md):
+ *   --estimates  next-window balancedness per estimate (the default's choice)
+ *   --ablate     each lever of epx's algorithm switched off in turn
+ *   --budget     relaxed mode's cross-node budget against balance and traffic
+ *   --timing     only the two timing targets of issue 3
+ * Usage: bench_plan_quality [--shared DIR] [--estimates] [--ablate] [--budget]
+ *                           [--timing]
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "epx.h"
+#include "epx/metrics.h"
+#include "../src/plan/epx_algo.h"
+
+static const char *TRACES[] = {"deepseek_v3", "kimi_k2", "qwen3_235b", "gpt_oss_120b",
+                               "mixtral_8x7b"};
+#define NTRACES (int)(sizeof TRACES / sizeof TRACES[0])
+
+typedef struct shape_def { int32_t G, N; } shape_def;
+static const shape_def SHAPES[] = {{8, 1}, {16, 2}, {32, 4}, {64, 8}};
+#define NSHAPES (int)(sizeof SHAPES / sizeof SHAPES[0])
+
+static int g_failures = 0;
+
+static double now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static void die(const char *what, const epx_error *e) {
+    fprintf(stderr, "bench_plan_quality: %s: %s\n", what, e->msg);
+    exit(2);
+}
+
+static int32_t slots_for(int32_t E, int32_t G) {
+    int32_t R = G > 32 ? G : 32;
+    return G * ((E + R + G - 1) / G);
+}
+
+/* A view of the first n windows (they are a prefix of the data). */
+static epx_counts prefix(const epx_counts *c, int32_t n) {
+    epx_counts v = *c;
+    v.num_windows = n;
+    return v;
+}
+
+/* A planner: the public API (algo) or epx's internals with knobs. */
+typedef struct planner {
+    const char *name;
+    epx_algorithm algo;
+    const epxi_knobs *knobs; /* non-NULL: epxi_plan_epx_knobs */
+    epx_node_local node_local;
+    epx_estimate estimate;
+    double estimate_param;
+    double budget;
+} planner;
+
+typedef struct planned {
+    epx_layout *layout;
+    double *weights; /* [L][P], owned */
+    double seconds;
+} planned;
+
+static void planned_free(planned *p) {
+    epx_layout_destroy(p->layout);
+    free(p->weights);
+    memset(p, 0, sizeof *p);
+}
+
+static epx_plan_opts opts_for(const planner *pl, int32_t groups) {
+    epx_plan_opts o = EPX_PLAN_OPTS_INIT;
+    o.algorithm = pl->algo;
+    o.num_groups = groups;
+    if (pl->algo == EPX_ALGO_EPX) {
+        o.node_local = pl->node_local;
+        o.estimate = pl->estimate;
+        o.estimate_param = pl->estimate_param;
+        o.cross_node_budget = pl->budget;
+    }
+    return o;
+}
+
+static planned run_plan(const planner *pl, const epx_counts *c, const epx_shape *s,
+                        int32_t groups) {
+    planned out = {0};
+    epx_error e = {0};
+    epx_plan_opts o = opts_for(pl, groups);
+    size_t LP = (size_t)s->num_layers * (size_t)s->num_physical_experts;
+    out.weights = malloc(LP * sizeof(double));
+    if (pl->knobs == NULL) {
+        epx_plan *plan = NULL;
+        if (epx_plan_compute(c, s, &o, &plan, &e) != EPX_OK) die("epx_plan_compute", &e);
+        if (epx_layout_clone(epx_plan_layout(plan), &out.layout, &e) != EPX_OK) die("clone", &e);
+        memcpy(out.weights, epx_plan_replica_weights(plan), LP * sizeof(double));
+        out.seconds = epx_plan_seconds(plan);
+        epx_plan_destroy(plan);
+    } else {
+        int32_t *map = malloc(LP * sizeof(int32_t));
+        double t0 = now();
+        if (epxi_plan_epx_knobs(c, s, &o, pl->knobs, map, out.weights, NULL, &e) != EPX_OK)
+            die("epxi_plan_epx_knobs", &e);
+        out.seconds = now() - t0;
+        if (epx_layout_create_from_map(s, map, &out.layout, &e) != EPX_OK) die("layout", &e);
+        free(map);
+    }
+    return out;
+}
+
+/* Balancedness of a plan on load [L][E]; weights NULL = even split. */
+static double balance(const planned *p, const double *load, bool weighted) {
+    epx_balance b;
+    epx_error e = {0};
+    if (epx_balance_compute(p->layout, load, weighted ? p->weights : NULL, &b, NULL, &e) != EPX_OK)
+        die("epx_balance_compute", &e);
+    return b.balancedness;
+}
+
+typedef struct quality {
+    double in_sample, in_sample_even, next, next_even, seconds, cross;
+} quality;
+
+static quality measure(const planner *pl, const epx_counts *c, const epx_shape *s,
+                       int32_t groups, int reps) {
+    quality q = {0};
+    const int32_t S = c->num_windows, L = c->num_layers, E = c->num_experts;
+    double *sum = malloc((size_t)L * (size_t)E * sizeof(double));
+    epx_error e = {0};
+    if (epx_counts_sum_windows(c, 0, S, sum, &e) != EPX_OK) die("sum", &e);
+    q.seconds = HUGE_VAL;
+    for (int r = 0; r < reps; r++) {
+        planned p = run_plan(pl, c, s, groups);
+        if (p.seconds < q.seconds) q.seconds = p.seconds;
+        if (r == 0) {
+            q.in_sample = balance(&p, sum, true);
+            q.in_sample_even = balance(&p, sum, false);
+            if (epx_plan_cross_node_share(p.layout, p.weights, c, groups > 0 ? groups : 1, NULL,
+                                          &q.cross, &e) != EPX_OK)
+                die("cross-node share", &e);
+        }
+        planned_free(&p);
+    }
+    for (int32_t w = 0; w + 1 < S; w++) {
+        epx_counts v = prefix(c, w + 1);
+        planned p = run_plan(pl, &v, s, groups);
+        const double *next = epx_counts_row(c, w + 1, 0);
+        q.next += balance(&p, next, true) / (S - 1);
+        q.next_even += balance(&p, next, false) / (S - 1);
+        planned_free(&p);
+    }
+    free(sum);
+    return q;
+}
+
+static epx_counts *load_trace(const char *shared, const char *name) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/traces/%s.json", shared, name);
+    epx_counts *c = NULL;
+    epx_error e = {0};
+    if (epx_counts_read(path, &c, &e) != EPX_OK) die(path, &e);
+    return c;
+}
+
+static epx_shape make_shape(const epx_counts *c, int32_t G, int32_t N) {
+    epx_shape s = {c->num_layers, c->num_experts, slots_for(c->num_experts, G), G, N};
+    return s;
+}
+
+static int32_t groups_of(const char *trace) { return strcmp(trace, "deepseek_v3") == 0 ? 8 : 0; }
+
+static const planner DS = {"deepseek(auto)", EPX_ALGO_AUTO, NULL, EPX_NODE_LOCAL_DEFAULT,
+                           EPX_ESTIMATE_DEFAULT, -1.0, -1.0};
+static const planner EPX = {"epx", EPX_ALGO_EPX, NULL, EPX_NODE_LOCAL_DEFAULT,
+                            EPX_ESTIMATE_DEFAULT, -1.0, -1.0};
+
+static void main_table(const char *shared) {
+    printf("## in-sample and next-window balancedness, time per plan (one thread)\n\n");
+    printf("| trace | GPUs/nodes | P | deepseek in | epx in | deepseek next | epx next (even) |"
+           " deepseek ms | epx ms | epx cross-node |\n");
+    printf("|---|---|---|---|---|---|---|---|---|---|\n");
+    for (int t = 0; t < NTRACES; t++) {
+        epx_counts *c = load_trace(shared, TRACES[t]);
+        for (int k = 0; k < NSHAPES; k++) {
+            epx_shape s = make_shape(c, SHAPES[k].G, SHAPES[k].N);
+            int32_t gr = groups_of(TRACES[t]);
+            quality d = measure(&DS, c, &s, gr, 3), x = measure(&EPX, c, &s, gr, 3);
+            bool bad = x.in_sample < d.in_sample - 1e-12;
+            if (bad) g_failures++;
+            printf("| %s | %d/%d | %d | %.4f | %.4f%s | %.4f | %.4f (%.4f) | %.2f | %.2f | %.3f |\n",
+                   TRACES[t], s.num_gpus, s.num_nodes, s.num_physical_experts, d.in_sample,
+                   x.in_sample, bad ? " FAIL<deepseek" : "", d.next, x.next, x.next_even,
+                   1e3 * d.seconds, 1e3 * x.seconds, x.cross);
+            fflush(stdout);
+        }
+        epx_counts_destroy(c);
+    }
+    printf("\n");
+}
+
+static void timing(const char *shared) {
+    printf("## timing targets (issue 3): epx <= 10 ms (Kimi-K2 8 GPUs/416), <= 100 ms "
+           "(DeepSeek-V3 256 GPUs/32 nodes/512)\n\n");
+    printf("| case | deepseek ms | epx ms | deepseek in | epx in | deepseek next | epx next |\n");
+    printf("|---|---|---|---|---|---|---|\n");
+    struct { const char *trace; int32_t G, N, P, groups; } cases[] = {
+        {"kimi_k2", 8, 1, 416, 0}, {"deepseek_v3", 32, 4, 288, 8},
+        {"deepseek_v3", 64, 8, 320, 8}, {"deepseek_v3", 256, 32, 512, 8}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        epx_counts *c = load_trace(shared, cases[i].trace);
+        epx_shape s = {c->num_layers, c->num_experts, cases[i].P, cases[i].G, cases[i].N};
+        quality d = measure(&DS, c, &s, cases[i].groups, 5);
+        quality x = measure(&EPX, c, &s, cases[i].groups, 5);
+        if (x.in_sample < d.in_sample - 1e-12) g_failures++;
+        printf("| %s %d GPUs/%d nodes/%d | %.2f | %.2f | %.4f | %.4f | %.4f | %.4f |\n",
+               cases[i].trace, s.num_gpus, s.num_nodes, s.num_physical_experts,
+               1e3 * d.seconds, 1e3 * x.seconds, d.in_sample, x.in_sample, d.next, x.next);
+        fflush(stdout);
+        epx_counts_destroy(c);
+    }
+    printf("\n");
+}
+
+/* Mean over traces and shapes of next-window (and in-sample) balancedness. */
+static void sweep(const char *shared, const planner *pls, int n, const char *title,
+                  bool only_multinode_ds) {
+    printf("## %s\n\n| variant | in-sample | next-window | next (even split) | cross-node |"
+           " ms |\n|---|---|---|---|---|---|\n", title);
+    epx_counts *cs[NTRACES];
+    for (int t = 0; t < NTRACES; t++) cs[t] = load_trace(shared, TRACES[t]);
+    for (int i = 0; i < n; i++) {
+        double in = 0, nx = 0, nxe = 0, cr = 0, ms = 0;
+        int cnt = 0;
+        for (int t = 0; t < NTRACES; t++) {
+            if (only_multinode_ds && groups_of(TRACES[t]) == 0) continue;
+            for (int k = 0; k < NSHAPES; k++) {
+                if (only_multinode_ds && SHAPES[k].N == 1) continue;
+                epx_shape s = make_shape(cs[t], SHAPES[k].G, SHAPES[k].N);
+                quality q = measure(&pls[i], cs[t], &s, groups_of(TRACES[t]), 1);
+                in += q.in_sample, nx += q.next, nxe += q.next_even, cr += q.cross;
+                ms += 1e3 * q.seconds, cnt++;
+            }
+        }
+        printf("| %s | %.4f | %.4f | %.4f | %.3f | %.2f |\n", pls[i].name, in / cnt, nx / cnt,
+               nxe / cnt, cr / cnt, ms / cnt);
+        fflush(stdout);
+    }
+    for (int t = 0; t < NTRACES; t++) epx_counts_destroy(cs[t]);
+    printf("\n");
+}
+
+static const epxi_knobs K_DEFAULT = EPXI_KNOBS_DEFAULT;
+
+static void estimates(const char *shared) {
+    static planner p[] = {
+        {"deepseek(auto), sum", EPX_ALGO_AUTO, NULL, 0, 0, -1, -1},
+        {"epx sum", EPX_ALGO_EPX, &K_DEFAULT, 0, EPX_ESTIMATE_SUM, -1, -1},
+        {"epx recency h=0.5", EPX_ALGO_EPX, &K_DEFAULT, 0, EPX_ESTIMATE_RECENCY, 0.5, -1},
+        {"epx recency h=1", EPX_ALGO_EPX, &K_DEFAULT, 0, EPX_ESTIMATE_RECENCY, 1.0, -1},
+        {"epx recency h=2", EPX_ALGO_EPX, &K_DEFAULT, 0, EPX_ESTIMATE_RECENCY, 2.0, -1},
+        {"epx recency h=4", EPX_ALGO_EPX, &K_DEFAULT, 0, EPX_ESTIMATE_RECENCY, 4.0, -1},
+        {"epx mean+0.5sd", EPX_ALGO_EPX, &K_DEFAULT, 0, EPX_ESTIMATE_MEAN_STD, 0.5, -1},
+        {"epx mean+1sd", EPX_ALGO_EPX, &K_DEFAULT, 0, EPX_ESTIMATE_MEAN_STD, 1.0, -1},
+        {"epx mean+2sd", EPX_ALGO_EPX, &K_DEFAULT, 0, EPX_ESTIMATE_MEAN_STD, 2.0, -1},
+        {"epx minmax", EPX_ALGO_EPX, &K_DEFAULT, 0, EPX_ESTIMATE_MINMAX, -1, -1},
+    };
+    sweep(shared, p, (int)(sizeof p / sizeof p[0]),
+          "estimates: mean over 5 traces x 4 shapes (back-test: plan on windows <= w, score "
+          "w + 1)", false);
+}
+
+static void ablate(const char *shared) {
+    static epxi_knobs k[8];
+    for (int i = 0; i < 8; i++) k[i] = K_DEFAULT;
+    k[0].search = false, k[0].shares = false, k[0].baseline = false; /* greedy only */
+    k[1].recount = false, k[1].shares = false, k[1].baseline = false; /* + swaps */
+    k[2].shares = false, k[2].baseline = false;                       /* + re-counts */
+    k[3].baseline = false;                                            /* + shares */
+    k[4].start = 1;                                                   /* start: DeepSeek */
+    k[5].start = 2;                                                   /* both starts */
+    k[6].max_iters = 1000000;                                         /* no move cap */
+    k[7].shares = false;                                              /* default, even */
+    static planner p[] = {
+        {"deepseek(auto)", EPX_ALGO_AUTO, NULL, 0, 0, -1, -1},
+        {"greedy (LPT, no duplicates)", EPX_ALGO_EPX, &k[0], 0, 0, -1, -1},
+        {"+ swap search", EPX_ALGO_EPX, &k[1], 0, 0, -1, -1},
+        {"+ re-count moves", EPX_ALGO_EPX, &k[2], 0, 0, -1, -1},
+        {"+ replica shares", EPX_ALGO_EPX, &k[3], 0, 0, -1, -1},
+        {"+ DeepSeek guard (= default)", EPX_ALGO_EPX, &K_DEFAULT, 0, 0, -1, -1},
+        {"default, even split only", EPX_ALGO_EPX, &k[7], 0, 0, -1, -1},
+        {"start from DeepSeek's map", EPX_ALGO_EPX, &k[4], 0, 0, -1, -1},
+        {"both starts", EPX_ALGO_EPX, &k[5], 0, 0, -1, -1},
+        {"no move cap", EPX_ALGO_EPX, &k[6], 0, 0, -1, -1},
+    };
+    sweep(shared, p, (int)(sizeof p / sizeof p[0]),
+          "ablation: mean over 5 traces x 4 shapes", false);
+}
+
+static void budget(const char *shared) {
+    static planner p[] = {
+        {"deepseek(auto) = hierarchical", EPX_ALGO_AUTO, NULL, 0, 0, -1, -1},
+        {"deepseek global", EPX_ALGO_DEEPSEEK, NULL, 0, 0, -1, -1},
+        {"epx strict", EPX_ALGO_EPX, NULL, EPX_NODE_LOCAL_STRICT, 0, -1, -1},
+        {"epx relaxed 0.05", EPX_ALGO_EPX, NULL, EPX_NODE_LOCAL_RELAXED, 0, -1, 0.05},
+        {"epx relaxed 0.10", EPX_ALGO_EPX, NULL, EPX_NODE_LOCAL_RELAXED, 0, -1, 0.10},
+        {"epx relaxed 0.25", EPX_ALGO_EPX, NULL, EPX_NODE_LOCAL_RELAXED, 0, -1, 0.25},
+        {"epx relaxed 0.50", EPX_ALGO_EPX, NULL, EPX_NODE_LOCAL_RELAXED, 0, -1, 0.50},
+        {"epx relaxed 1.00", EPX_ALGO_EPX, NULL, EPX_NODE_LOCAL_RELAXED, 0, -1, 1.00},
+        {"epx off (global)", EPX_ALGO_EPX, NULL, EPX_NODE_LOCAL_OFF, 0, -1, -1},
+    };
+    sweep(shared, p, (int)(sizeof p / sizeof p[0]),
+          "node-local modes: DeepSeek-V3 trace, 16/2, 32/4, 64/8 (8 groups)", true);
+}
+
+int main(int argc, char **argv) {
+    const char *shared = getenv("EPX_SHARED");
+    if (shared == NULL) shared = "../shared";
+    bool est = false, abl = false, bud = false, only_timing = false;
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--shared") == 0 && i + 1 < argc) shared = argv[++i];
+        else if (strcmp(argv[i], "--estimates") == 0) est = true;
+        else if (strcmp(argv[i], "--ablate") == 0) abl = true;
+        else if (strcmp(argv[i], "--budget") == 0) bud = true;
+        else if (strcmp(argv[i], "--timing") == 0) only_timing = true;
+        else {
+            fprintf(stderr, "usage: %s [--shared DIR] [--estimates] [--ablate] [--budget] "
+                            "[--timing]\n", argv[0]);
+            return 2;
+        }
+    }
+    char probe[4200];
+    snprintf(probe, sizeof probe, "%s/traces/kimi_k2.json", shared);
+    FILE *f = fopen(probe, "r");
+    if (f == NULL) {
+        fprintf(stderr, "bench_plan_quality: no traces under %s (set EPX_SHARED or --shared)\n",
+                shared);
+        return 2;
+    }
+    fclose(f);
+    timing(shared);
+    if (!only_timing && !est && !abl && !bud) main_table(shared);
+    if (est) estimates(shared);
+    if (abl) ablate(shared);
+    if (bud) budget(shared);
+    if (g_failures) fprintf(stderr, "bench_plan_quality: %d cases where epx < deepseek in-sample\n",
+                            g_failures);
+    return g_failures ? 1 : 0;
+}

@@ -1,0 +1,59 @@
+/*
+ * epx_common.c - small helpers the epx_* files share: a stable index sort
+ * and the GPU loads of one layer under an even or a weighted split.
+ */
+#include "epx_algo.h"
+
+#include <string.h>
+
+void epxi_sort_desc(const double *key, int32_t *idx, int32_t n, int32_t *tmp) {
+    /* Bottom-up merge sort: stable, O(n log n), no recursion. Runs of
+     * width 1, 2, 4, ... are merged from idx into tmp and back. */
+    int32_t *src = idx, *dst = tmp;
+    for (int32_t width = 1; width < n; width *= 2) {
+        for (int32_t lo = 0; lo < n; lo += 2 * width) {
+            int32_t mid = lo + width < n ? lo + width : n;
+            int32_t hi = lo + 2 * width < n ? lo + 2 * width : n;
+            int32_t i = lo, j = mid, k = lo;
+            while (i < mid && j < hi) dst[k++] = key[src[j]] > key[src[i]] ? src[j++] : src[i++];
+            while (i < mid) dst[k++] = src[i++];
+            while (j < hi) dst[k++] = src[j++];
+        }
+        int32_t *t = src;
+        src = dst;
+        dst = t;
+    }
+    if (src != idx) memcpy(idx, src, (size_t)n * sizeof *idx);
+}
+
+double epxi_layer_loads_even(const int32_t *map, const double *w, int32_t E, int32_t P,
+                             int32_t G, int32_t *cnt, double *load) {
+    const int32_t K = P / G;
+    memset(cnt, 0, (size_t)E * sizeof *cnt);
+    for (int32_t p = 0; p < P; p++) cnt[map[p]]++;
+    double mx = 0.0;
+    for (int32_t g = 0; g < G; g++) {
+        double s = 0.0;
+        for (int32_t k = 0; k < K; k++) {
+            int32_t e = map[g * K + k];
+            s += w[e] / cnt[e];
+        }
+        load[g] = s;
+        if (s > mx) mx = s;
+    }
+    return mx;
+}
+
+double epxi_layer_loads_shares(const int32_t *map, const double *share, const double *w,
+                               int32_t P, int32_t G, double *load) {
+    const int32_t K = P / G;
+    double mx = 0.0;
+    for (int32_t g = 0; g < G; g++) {
+        double s = 0.0;
+        for (int32_t k = 0; k < K; k++) s += w[map[g * K + k]] * share[g * K + k];
+        load[g] = s;
+        if (s > mx) mx = s;
+    }
+    return mx;
+}
+
