@@ -162,7 +162,7 @@ typedef struct epx_move_budget {
 typedef struct epx_move_report {
     int64_t moves_wanted;     /* moves of the relabelled target */
     int64_t moves_made;       /* moves left after the budget */
-    int64_t moves_required;   /* moves no revert could undo (experts only failed GPUs held) */
+    int64_t moves_required;   /* moves failed GPUs force: one per (layer, expert) only they held */
     double balance_current;   /* the layout in service */
     double balance_wanted;    /* the relabelled target */
     double balance_made;      /* the result */
@@ -179,6 +179,9 @@ typedef struct epx_move_report {
  *          moves that failed GPUs force: the message gives the least cap that
  *          works); EPX_ERR_INVALID_MAP (target leaves an expert with no
  *          replica on a live GPU); EPX_ERR_NOMEM.
+ *          With a budget the search also runs the other way, from `current`
+ *          toward the target (after giving each expert that only failed GPUs
+ *          held one slot of a duplicated expert), and keeps the better.
  * Thread:  any thread.
  */
 EPX_API epx_status epx_layout_limit_moves(const epx_counts *counts, const epx_layout *current,

@@ -242,20 +242,6 @@ static double map_balance(const epx_shape *sh, const int32_t *map, const double 
     return n ? sum / n : 1.0;
 }
 
-static bool live_cover(const epx_shape *sh, const int32_t *map, const uint8_t *failed,
-                       int32_t *cnt) {
-    const int32_t P = sh->num_physical_experts, E = sh->num_logical_experts;
-    const int32_t spg = P / sh->num_gpus;
-    for (int32_t l = 0; l < sh->num_layers; l++) {
-        memset(cnt, 0, (size_t)E * sizeof *cnt);
-        for (int32_t p = 0; p < P; p++)
-            if (failed == NULL || !failed[p / spg]) cnt[map[(size_t)l * P + p]]++;
-        for (int32_t e = 0; e < E; e++)
-            if (cnt[e] == 0) return false;
-    }
-    return true;
-}
-
 /* Every expert must keep a live replica in the target. */
 static epx_status check_live_cover(const epx_shape *sh, const int32_t *map,
                                    const uint8_t *failed, int32_t *cnt, epx_error *err) {
@@ -299,8 +285,7 @@ static void even_shares(const epx_shape *sh, const int32_t *before, const int32_
 /* Undo, from the target in `map` toward `old`, the cheapest units while
  * more than max_moves slots change or a unit buys less than move_price. */
 static void greedy_undo(lim_ctx *c, layer_best *best, const int32_t *old, int32_t *map,
-                        const double *load, const epx_move_budget *bud, int64_t *total,
-                        int64_t *stuck) {
+                        const double *load, const epx_move_budget *bud, int64_t *total) {
     const int32_t L = c->sh->num_layers, P = c->P, E = c->E;
     for (int32_t l = 0; l < L; l++) {
         bind_layer(c, old + (size_t)l * P, map + (size_t)l * P, load + (size_t)l * E);
@@ -321,21 +306,33 @@ static void greedy_undo(lim_ctx *c, layer_best *best, const int32_t *old, int32_
         layer_setup(c);
         best[lb] = value_layer(c, INT32_MAX);
     }
-    *stuck = 0;
-    for (int32_t l = 0; l < L; l++) *stuck += best[l].stuck;
 }
 
-/* From the layout in service in `work` toward the target, apply the units
- * that buy the most balance per slot while they fit in max_moves and buy at
- * least move_price (with no price: any gain, or an even spread at no loss).
- * The same chains as undoing, with the roles of the two layouts swapped. */
+/* Moves a chain would add: slots that differ from the layout in service
+ * after it, less those that differed before (a chain may re-target a slot
+ * that was already moved). */
+static int64_t chain_moves(const lim_ctx *c, const int32_t *cur0, int32_t len) {
+    int64_t d = 0;
+    for (int32_t k = 0; k < len; k++) {
+        const int32_t q = c->chain[k];
+        d += (c->old[q] != cur0[q]) - (c->cur[q] != cur0[q]);
+    }
+    return d;
+}
+
+/* From `work` (the layout in service, or it repaired) toward the target,
+ * apply the units that buy the most balance per slot while they fit in
+ * max_moves and buy at least move_price (with no price: any gain, or an
+ * even spread at no loss). The same chains as undoing, with the roles of
+ * the two layouts swapped. *total counts slots differing from cur0. */
 static void greedy_apply(lim_ctx *c, layer_best *best, const int32_t *target, int32_t *work,
-                         const double *load, const epx_move_budget *bud, int64_t *total) {
+                         const int32_t *cur0, const double *load, const epx_move_budget *bud,
+                         int64_t *total) {
     const int32_t L = c->sh->num_layers, P = c->P, E = c->E;
     const int64_t cap = bud->max_moves >= 0 ? bud->max_moves : INT64_MAX;
     for (int32_t l = 0; l < L; l++) {
         bind_layer(c, target + (size_t)l * P, work + (size_t)l * P, load + (size_t)l * E);
-        best[l] = value_layer(c, cap);
+        best[l] = value_layer(c, cap - *total);
     }
     for (;;) {
         const int64_t room = cap - *total;
@@ -354,10 +351,51 @@ static void greedy_apply(lim_ctx *c, layer_best *best, const int32_t *target, in
         bool worth = bud->move_price > 0.0 ? gain >= bud->move_price
                                            : gain > 1e-12 || (gain > -1e-12 && best[lb].spread < 0.0);
         if (!worth) break;
-        bind_layer(c, target + (size_t)lb * P, work + (size_t)lb * P, load + (size_t)lb * E);
-        *total += take_chain(c, best[lb].start);
+        const size_t o = (size_t)lb * P;
+        bind_layer(c, target + o, work + o, load + (size_t)lb * E);
+        int32_t nt = 0, used = 0;
+        const int32_t len = build_chain(c, best[lb].start, &used, &nt);
+        *total += chain_moves(c, cur0 + o, len);
+        for (int32_t k = 0; k < len; k++) c->cur[c->chain[k]] = c->old[c->chain[k]];
+        unit_reset(c, used, nt);
         layer_setup(c);
         best[lb] = value_layer(c, cap - *total);
+    }
+}
+
+/*
+ * Give every expert that only failed GPUs held a live replica, at the least
+ * cost in moves: one slot per lost expert, taken from an expert that keeps
+ * another live replica, heaviest lost expert first, on the slot whose GPU
+ * ends least loaded. Live slots >= E (checked by the caller) guarantees
+ * enough duplicates. Returns the slots changed.
+ */
+static int64_t repair_layer(lim_ctx *c, int32_t *work, const double *load) {
+    int64_t moves = 0;
+    for (;;) {
+        memset(c->cnt, 0, (size_t)c->E * sizeof *c->cnt);
+        for (int32_t p = 0; p < c->P; p++)
+            if (is_live(c, p)) c->cnt[work[p]]++;
+        int32_t x = -1;
+        for (int32_t e = 0; e < c->E; e++)
+            if (c->cnt[e] == 0 && (x < 0 || load[e] > load[x])) x = e;
+        if (x < 0) return moves;
+        memset(c->gpu, 0, (size_t)c->G * sizeof *c->gpu);
+        for (int32_t p = 0; p < c->P; p++)
+            if (is_live(c, p)) c->gpu[p / c->spg] += load[work[p]] / c->cnt[work[p]];
+        int32_t best = -1;
+        double best_load = INFINITY;
+        for (int32_t p = 0; p < c->P; p++) {
+            if (!is_live(c, p) || c->cnt[work[p]] < 2) continue;
+            const double after = c->gpu[p / c->spg] - load[work[p]] / c->cnt[work[p]] + load[x];
+            if (after < best_load) {
+                best_load = after;
+                best = p;
+            }
+        }
+        if (best < 0) return moves; /* cannot happen with live slots >= E */
+        work[best] = x;
+        moves++;
     }
 }
 
@@ -419,36 +457,40 @@ epx_status epxi_limit_moves(const epx_shape *sh, const double *load, const int32
     for (size_t i = 0; i < cells; i++)
         if (is_live(&c, (int32_t)(i % (size_t)P)) && map[i] != old[i]) total++;
     const int64_t wanted = total;
-    int64_t stuck = 0;
     const bool capped = bud->max_moves >= 0;
-    greedy_undo(&c, best, old, map, load, bud, &total, &stuck);
-    if (capped && total > bud->max_moves) {
-        st = epxi_fail(err, EPX_ERR_INVALID_ARG,
-                       "max_moves (%d) cannot be met: %lld slots must change to give every "
-                       "expert that only failed GPUs held a live replica, and no undo frees "
-                       "them; use max_moves >= %lld",
-                       bud->max_moves, (long long)total, (long long)total);
-        goto done;
-    }
-    /* The other direction, when the layout in service is a valid start (no
-     * expert lost with a failed GPU) and there is a budget to spend: keep the
-     * better of the two. */
-    if ((capped || bud->move_price > 0.0) && live_cover(sh, old, c.failed, c.cnt)) {
-        memcpy(fwd, old, cells * sizeof *fwd);
-        int64_t ftotal = 0;
-        greedy_apply(&c, best, before, fwd, load, bud, &ftotal);
+    greedy_undo(&c, best, old, map, load, bud, &total);
+    /* The other direction when there is a budget to spend: from the layout
+     * in service (repaired first when experts were lost with failed GPUs:
+     * undoing cannot move a lost expert to a cheaper slot, this can) toward
+     * the target. Keep the better of the two that fit. */
+    memcpy(fwd, old, cells * sizeof *fwd);
+    int64_t forced = 0;
+    for (int32_t l = 0; l < L; l++)
+        forced += repair_layer(&c, fwd + (size_t)l * P, load + (size_t)l * E);
+    if ((capped || bud->move_price > 0.0) && (!capped || forced <= bud->max_moves)) {
+        int64_t ftotal = forced;
+        greedy_apply(&c, best, before, fwd, old, load, bud, &ftotal);
+        const bool rev_fits = !capped || total <= bud->max_moves;
         const double jr = objective(sh, map, load, c.failed, dbuf, total, bud->move_price);
         const double jf = objective(sh, fwd, load, c.failed, dbuf, ftotal, bud->move_price);
-        if (jf > jr + 1e-12 || (jf >= jr - 1e-12 && ftotal < total)) {
+        if (!rev_fits || jf > jr + 1e-12 || (jf >= jr - 1e-12 && ftotal < total)) {
             memcpy(map, fwd, cells * sizeof *map);
             total = ftotal;
         }
+    }
+    const int64_t least = forced;
+    if (capped && total > bud->max_moves) {
+        st = epxi_fail(err, EPX_ERR_INVALID_ARG,
+                       "max_moves (%d) cannot be met: %lld slots must change to give every "
+                       "expert that only failed GPUs held a live replica; use max_moves >= %lld",
+                       bud->max_moves, (long long)least, (long long)least);
+        goto done;
     }
     if (share != NULL) even_shares(sh, before, map, share, c.failed, c.cnt, bbuf + P);
     if (report != NULL) {
         report->moves_wanted = wanted;
         report->moves_made = total;
-        report->moves_required = stuck;
+        report->moves_required = forced;
         report->balance_current = map_balance(sh, old, load, c.failed, dbuf);
         report->balance_wanted = map_balance(sh, before, load, c.failed, dbuf);
         report->balance_made = map_balance(sh, map, load, c.failed, dbuf);

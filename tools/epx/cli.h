@@ -70,5 +70,15 @@ int cmd_stats(int argc, char **argv);
 int cmd_dispatch_table(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
 int cmd_advise(int argc, char **argv);
+int cmd_migrate(int argc, char **argv);
+
+/* cmd_migrate.c, for `epx plan --current/--failed-gpus`: a [G] mask from
+ * "1,5" (NULL list: *mask = NULL); the layout in service checked against
+ * the plan's shape (-1 = ok, else an exit code); the moves it takes to the
+ * planned layout (-1 = ok, else an exit code). */
+bool cli_failed_gpus(const char *cmd, const char *list, int32_t G, uint8_t **mask);
+int cli_read_current(const char *cmd, const char *spec, const epx_shape *shape, epx_layout **out);
+int cli_print_moves(const char *cmd, const epx_counts *counts, const epx_layout *current,
+                    const epx_layout *planned, const uint8_t *failed, size_t expert_bytes);
 
 #endif

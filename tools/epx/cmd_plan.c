@@ -112,12 +112,18 @@ int cmd_plan(int argc, char **argv) {
         {"--node-local", "MODE", "epx only: strict, relaxed (default with --nodes > 1) or off", NULL},
         {"-o", "FILE", "output: the SGLang mapping {\"physical_to_logical_map\": [L][P]}", NULL},
         {"--report", "FILE", "also write a JSON report (balancedness, bound, weights, time)", NULL},
+        {"--current", "FILE", "the placement in service: keep its slots where it costs no balance", NULL},
+        {"--max-moves", "M", "with --current: at most M slots change, over all layers", NULL},
+        {"--move-price", "X", "with --current: each moved slot must buy X of its layer's balancedness", NULL},
+        {"--expert-bytes", "B", "with --current: bytes per expert, to report GB moved", NULL},
+        {"--failed-gpus", "LIST", "GPUs lost (e.g. 3 or 1,5): plan on the survivors", NULL},
         {NULL, NULL, NULL, NULL},
     };
     cli_cmd cmd = {"plan",
                    "epx plan --counts FILE --gpus G [--nodes N] [--groups K] "
                    "[--redundant R | --physical P] [--algorithm A] [--node-local MODE] "
-                   "-o PLACEMENT.json [--report REPORT.json]",
+                   "-o PLACEMENT.json [--report REPORT.json] [--current FILE [--max-moves M] "
+                   "[--move-price X] [--expert-bytes B]] [--failed-gpus LIST]",
                    "Plan a placement for a load and write it as an SGLang mapping file. DeepSeek "
                    "modes plan for the sum of the windows, as SGLang does.",
                    opts, 0, {0}, 0};
@@ -152,7 +158,23 @@ int cmd_plan(int argc, char **argv) {
     epx_plan *plan = NULL;
     double *load = NULL;
     epx_layer_balance *layers = NULL;
+    epx_layout *current = NULL; /* --current, --failed-gpus: cmd_migrate.c */
+    uint8_t *failed = NULL;
+    double price = 0.0, ebytes = 0.0;
     rc = CLI_EXIT_OK;
+    const char *cur_path = cli_get(&cmd, "--current");
+    if (!cli_int(&cmd, "--max-moves", 0, INT32_MAX, &o.max_moves) ||
+        !cli_double(&cmd, "--move-price", 0.0, 1.0, &price) ||
+        !cli_double(&cmd, "--expert-bytes", 1.0, 1e15, &ebytes) ||
+        !cli_failed_gpus("plan", cli_get(&cmd, "--failed-gpus"), G, &failed)) {
+        rc = CLI_EXIT_USAGE;
+        goto done;
+    }
+    if (cur_path != NULL && (rc = cli_read_current("plan", cur_path, &shape, &current)) >= 0) goto done;
+    rc = CLI_EXIT_OK;
+    o.current = current;
+    o.move_price = price;
+    o.failed_gpus = failed;
     if (epx_plan_compute(counts, &shape, &o, &plan, &err) != EPX_OK) {
         rc = cli_report(&cmd, &err);
         goto done;
@@ -184,6 +206,11 @@ int cmd_plan(int argc, char **argv) {
            1e3 * epx_plan_seconds(plan));
     printf("balancedness %.4f (bound %.4f, gap %.4f) on the sum of %d window(s); worst layer %d\n",
            bal.balancedness, bal.bound, bal.gap, counts->num_windows, bal.worst_layer);
+    if (current != NULL) {
+        if ((rc = cli_print_moves("plan", counts, current, lay, failed, (size_t)ebytes)) >= 0)
+            goto done;
+        rc = CLI_EXIT_OK;
+    }
     printf("wrote %s\n", out);
     const char *report = cli_get(&cmd, "--report");
     if (report != NULL) {
@@ -199,5 +226,7 @@ done:
     free(layers);
     epx_plan_destroy(plan);
     epx_counts_destroy(counts);
+    epx_layout_destroy(current);
+    free(failed);
     return rc;
 }

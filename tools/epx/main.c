@@ -24,6 +24,7 @@ static const subcommand COMMANDS[] = {
     {"stats", cmd_stats, "load metrics per window and layer, worst layers first"},
     {"bench", cmd_bench, "time EP dispatch/combine against the TP all-reduce (bench comm)"},
     {"advise", cmd_advise, "EP or TP for a model on G GPUs over a link: where EP starts to win"},
+    {"migrate", cmd_migrate, "plan the weight moves between two placements, beside the naive plan"},
     {"dispatch-table", cmd_dispatch_table, "static dispatch tables per rank (SGLang-exact, or epx's load-aware)"},
 };
 

@@ -1,0 +1,84 @@
+# migrate.sh - `epx migrate plan` (totals beside the naive plan, --json,
+# -o, errors) and `epx plan --current/--max-moves/--move-price/--failed-gpus`
+# on a window of a shared trace.
+. "$(dirname "$0")/../util/cli_lib.sh"
+
+# 1 layer, 2 nodes x 2 GPUs x 2 slots, 6 experts (tests/test_migrate_plan.c's
+# crafted case): 3 and 5 cross nodes once each, 4 comes from the same node,
+# the second 5 of node 1 is relayed.
+echo '{"physical_to_logical_map": [[5, 0, 1, 4, 2, 3, 4, 2]]}' >"$TMP/a.json"
+echo '{"physical_to_logical_map": [[5, 0, 1, 3, 4, 5, 2, 5]]}' >"$TMP/b.json"
+expect_exit 0 "$EPX" migrate plan --from "$TMP/a.json" --to "$TMP/b.json" --gpus 4 --nodes 2 \
+    --expert-bytes 100 --json -o "$TMP/rel.json"
+python3 - "$TMP/out" "$TMP/rel.json" <<'PY' || fail "migrate plan --json"
+import json, sys
+d = json.load(open(sys.argv[1]))
+assert d["bytes_moved"] == 400 and d["bytes_inter_node"] == 200 and d["bytes_intra_node"] == 200, d
+assert d["naive_bytes_moved"] == 500 and d["naive_changed"] == 5, d
+assert d["kept"] == 4 and d["relayed"] == 1 and d["received"] == 3, d
+assert [g["received"] for g in d["per_gpu"]] == [0, 100, 200, 100], d
+m = json.load(open(sys.argv[2]))
+assert list(m) == ["physical_to_logical_map"]
+assert m["physical_to_logical_map"] == [[5, 0, 1, 3, 4, 5, 5, 2]], m
+PY
+expect_exit 0 "$EPX" migrate plan --from "$TMP/a.json" --to "$TMP/b.json" --gpus 4 --nodes 2 \
+    --expert-bytes 100 --no-relay --no-relabel
+expect_in "$TMP/out" "slots changed" "naive" "GB over links" "of the naive plan's bytes"
+# Losing GPU 1: what it held must come from elsewhere or be loaded.
+expect_exit 0 "$EPX" migrate plan --from "$TMP/a.json" --to "$TMP/b.json" --gpus 4 --nodes 2 \
+    --expert-bytes 100 --failed-gpus 1 --json
+python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); assert d["slots"] == 6 and d["per_gpu"][1] == {"sent": 0, "received": 0}, d' "$TMP/out" \
+    || fail "failed GPU still moves"
+
+# Bad input: exit 2 with the reason.
+expect_exit 2 "$EPX" migrate plan --from "$TMP/a.json" --to "$TMP/b.json" --gpus 4
+expect_in "$TMP/err" "--expert-bytes is required"
+echo '{"physical_to_logical_map": [[5, 0, 1, 4, 2, 3]]}' >"$TMP/c.json"
+expect_exit 2 "$EPX" migrate plan --from "$TMP/a.json" --to "$TMP/c.json" --gpus 2 --expert-bytes 1
+expect_in "$TMP/err" "differ in shape"
+expect_exit 2 "$EPX" migrate plan --from "$TMP/a.json" --to "$TMP/b.json" --gpus 4 --expert-bytes 1 --failed-gpus 7
+expect_in "$TMP/err" "--failed-gpus '7'"
+expect_exit 2 "$EPX" migrate apply --from "$TMP/a.json" --to "$TMP/b.json" --gpus 4 --expert-bytes 1
+expect_in "$TMP/err" "only action is 'plan'"
+
+# epx plan with the layout in service, on two windows of the Qwen3 trace.
+[ -d "${EPX_SHARED:-}/traces" ] || { echo "no shared/traces: skipping the planner part"; exit 0; }
+python3 - "$EPX_SHARED/traces/qwen3_235b.json" "$TMP" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+for w in (0, 1):
+    json.dump({"logical_count": d["logical_count"][w]}, open(f"{sys.argv[2]}/w{w}.json", "w"))
+PY
+expect_exit 0 "$EPX" plan --counts "$TMP/w0.json" --gpus 8 --redundant 16 -o "$TMP/p0.json"
+expect_exit 0 "$EPX" plan --counts "$TMP/w1.json" --gpus 8 --redundant 16 -o "$TMP/p1.json" \
+    --current "$TMP/p0.json" --max-moves 200 --expert-bytes 37748736
+expect_in "$TMP/out" "moves from --current: " "balance gained per GB moved"
+expect_exit 0 "$EPX" plan --counts "$TMP/w1.json" --gpus 8 --redundant 16 -o "$TMP/pp.json" \
+    --current "$TMP/p0.json" --move-price 0.002
+python3 - "$TMP/p0.json" "$TMP/p1.json" "$TMP/pp.json" <<'PY' || fail "plan --current"
+import json, sys
+a, b, c = (json.load(open(f))["physical_to_logical_map"] for f in sys.argv[1:])
+moved = sum(x != y for ra, rb in zip(a, b) for x, y in zip(ra, rb))
+assert 0 < moved <= 200, moved
+assert all(sorted(set(r)) == list(range(128)) for r in b)
+moved_p = sum(x != y for ra, rc in zip(a, c) for x, y in zip(ra, rc))
+assert moved_p < sum(len(r) for r in a) // 2, moved_p
+PY
+expect_exit 2 "$EPX" plan --counts "$TMP/w1.json" --gpus 8 --redundant 16 -o "$TMP/x.json" --max-moves 5
+expect_in "$TMP/err" "max_moves (5)" "--current"
+# Losing GPU 2 of 8 (144 slots, 18 per GPU, 126 live: too few for 128 experts).
+expect_exit 2 "$EPX" plan --counts "$TMP/w1.json" --gpus 8 --redundant 16 -o "$TMP/x.json" --failed-gpus 2
+expect_in "$TMP/err" "do not fit" "7 surviving GPUs" "P >= 152"
+expect_exit 0 "$EPX" plan --counts "$TMP/w1.json" --gpus 8 --redundant 24 -o "$TMP/f.json" \
+    --failed-gpus 2 --report "$TMP/f_report.json"
+python3 - "$TMP/f.json" "$TMP/f_report.json" <<'PY' || fail "plan --failed-gpus"
+import json, sys
+m = json.load(open(sys.argv[1]))["physical_to_logical_map"]
+w = json.load(open(sys.argv[2]))["replica_weights"]
+spg = 19
+for l, row in enumerate(m):
+    live = set(e for g in range(8) if g != 2 for e in row[g * spg:(g + 1) * spg])
+    assert live == set(range(128)), l
+    assert all(x == 0 for x in w[l][2 * spg:3 * spg]), l
+PY
+exit 0

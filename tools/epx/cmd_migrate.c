@@ -1,0 +1,271 @@
+/*
+ * cmd_migrate.c - `epx migrate plan`: what moving from one placement to
+ * another costs, epx's plan beside the naive one (every slot whose expert
+ * changed moved whole), and the helpers `epx plan` uses for --current and
+ * --failed-gpus (cli.h).
+ */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+
+bool cli_failed_gpus(const char *cmd, const char *list, int32_t G, uint8_t **mask) {
+    *mask = NULL;
+    if (list == NULL) return true;
+    int32_t *ids = NULL, n = 0;
+    if (!cli_int_list(list, 0, (int64_t)G - 1, &ids, &n)) {
+        fprintf(stderr, "epx %s: --failed-gpus '%s' is not a list of GPU ids in [0, %d) (e.g. 3 or 1,5)\n",
+                cmd, list, G);
+        return false;
+    }
+    *mask = calloc((size_t)G, 1);
+    if (*mask == NULL) {
+        free(ids);
+        fprintf(stderr, "epx %s: out of memory\n", cmd);
+        return false;
+    }
+    for (int32_t i = 0; i < n; i++) (*mask)[ids[i]] = 1;
+    free(ids);
+    return true;
+}
+
+/* A mapping file as a layout; E = 0 infers it as max id + 1. */
+static epx_status read_layout(const char *spec, int32_t G, int32_t N, int32_t E,
+                              epx_layout **out, epx_error *err) {
+    int32_t *map = NULL, L = 0, P = 0;
+    epx_status st = epx_mapping_read(spec, &map, &L, &P, err);
+    if (st != EPX_OK) return st;
+    if (E == 0)
+        for (size_t i = 0; i < (size_t)L * (size_t)P; i++)
+            if (map[i] + 1 > E) E = map[i] + 1;
+    epx_shape s = {L, E, P, G, N};
+    st = epx_layout_create_from_map(&s, map, out, err);
+    epx_free(map);
+    if (st != EPX_OK && err != NULL) {
+        char msg[EPX_ERRMSG_MAX + 256];
+        snprintf(msg, sizeof msg, "%.200s: %s", spec, err->msg);
+        memcpy(err->msg, msg, sizeof err->msg - 1);
+        err->msg[sizeof err->msg - 1] = '\0';
+    }
+    return st;
+}
+
+int cli_read_current(const char *cmd, const char *spec, const epx_shape *shape,
+                     epx_layout **out) {
+    epx_error err = {0};
+    if (read_layout(spec, shape->num_gpus, shape->num_nodes, shape->num_logical_experts, out,
+                    &err) != EPX_OK) {
+        fprintf(stderr, "epx %s: --current %s\n", cmd, err.msg);
+        return CLI_EXIT_USAGE;
+    }
+    const epx_shape *c = epx_layout_shape(*out);
+    if (c->num_layers != shape->num_layers || c->num_physical_experts != shape->num_physical_experts) {
+        fprintf(stderr,
+                "epx %s: --current %s has %d layers x %d slots, the plan %d x %d: give the "
+                "placement in service for this model and --physical/--redundant\n",
+                cmd, spec, c->num_layers, c->num_physical_experts, shape->num_layers,
+                shape->num_physical_experts);
+        epx_layout_destroy(*out);
+        *out = NULL;
+        return CLI_EXIT_USAGE;
+    }
+    return -1;
+}
+
+static double gb(uint64_t b) { return (double)b / 1e9; }
+
+int cli_print_moves(const char *cmd, const epx_counts *counts, const epx_layout *current,
+                    const epx_layout *planned, const uint8_t *failed, size_t expert_bytes) {
+    epx_migrate_opts o = EPX_MIGRATE_OPTS_INIT;
+    o.expert_bytes = expert_bytes ? expert_bytes : 1;
+    o.failed_gpus = failed;
+    epx_migration *m = NULL;
+    epx_layout *same = NULL;
+    epx_error err = {0};
+    /* No budget: the planned layout itself, and balancedness on live GPUs. */
+    epx_move_budget nb = EPX_MOVE_BUDGET_INIT;
+    nb.failed_gpus = failed;
+    epx_move_report rep;
+    if (epx_layout_limit_moves(counts, current, planned, &nb, &same, &rep, &err) != EPX_OK ||
+        epx_migration_plan(current, planned, &o, &m, &err) != EPX_OK) {
+        fprintf(stderr, "epx %s: %s\n", cmd, err.msg);
+        epx_layout_destroy(same);
+        return CLI_EXIT_FAIL;
+    }
+    epx_layout_destroy(same);
+    epx_migration_stats st;
+    epx_migration_get_stats(m, &st);
+    printf("moves from --current: %" PRId64 " of %" PRId64 " live slots change (%" PRId64
+           " received, %" PRId64 " relayed, %" PRId64 " copied on their GPU, %" PRId64
+           " loaded: no live GPU holds them)\n",
+           st.changed, st.slots, st.received, st.relayed, st.local_copies, st.loaded);
+    printf("balancedness (live GPUs, even split) in service %.4f -> planned %.4f\n",
+           rep.balance_current, rep.balance_made);
+    if (expert_bytes > 0) {
+        printf("moving it: %.3f GB over links, %.3f GB of them between nodes, %.3f GB loaded\n",
+               gb(st.bytes_moved), gb(st.bytes_inter_node), gb(st.bytes_loaded));
+        if (st.bytes_moved > 0)
+            printf("balance gained per GB moved: %.6f\n",
+                   (rep.balance_made - rep.balance_current) / gb(st.bytes_moved));
+    }
+    epx_migration_destroy(m);
+    return -1;
+}
+
+static void json_u64(FILE *f, const char *key, uint64_t v, bool comma) {
+    fprintf(f, "  \"%s\": %" PRIu64 "%s\n", key, v, comma ? "," : "");
+}
+
+static void print_json(const epx_migration *m, const epx_migration_stats *st, int32_t G) {
+    uint64_t *sent = calloc((size_t)G, sizeof *sent), *recv = calloc((size_t)G, sizeof *recv);
+    if (sent != NULL && recv != NULL) epx_migration_rank_bytes(m, sent, recv);
+    printf("{\n");
+    json_u64(stdout, "expert_bytes", st->expert_bytes, true);
+    json_u64(stdout, "slots", (uint64_t)st->slots, true);
+    json_u64(stdout, "kept", (uint64_t)st->kept, true);
+    json_u64(stdout, "changed", (uint64_t)st->changed, true);
+    json_u64(stdout, "local_copies", (uint64_t)st->local_copies, true);
+    json_u64(stdout, "received", (uint64_t)st->received, true);
+    json_u64(stdout, "relayed", (uint64_t)st->relayed, true);
+    json_u64(stdout, "loaded", (uint64_t)st->loaded, true);
+    json_u64(stdout, "bytes_moved", st->bytes_moved, true);
+    json_u64(stdout, "bytes_intra_node", st->bytes_intra_node, true);
+    json_u64(stdout, "bytes_inter_node", st->bytes_inter_node, true);
+    json_u64(stdout, "bytes_local", st->bytes_local, true);
+    json_u64(stdout, "bytes_loaded", st->bytes_loaded, true);
+    json_u64(stdout, "max_rank_send", st->max_rank_send, true);
+    json_u64(stdout, "max_rank_recv", st->max_rank_recv, true);
+    json_u64(stdout, "naive_changed", (uint64_t)st->naive_changed, true);
+    json_u64(stdout, "naive_bytes_moved", st->naive_bytes_moved, true);
+    json_u64(stdout, "naive_bytes_inter_node", st->naive_bytes_inter_node, true);
+    printf("  \"per_gpu\": [");
+    for (int32_t g = 0; sent != NULL && recv != NULL && g < G; g++)
+        printf("%s{\"sent\": %" PRIu64 ", \"received\": %" PRIu64 "}", g ? ", " : "", sent[g],
+               recv[g]);
+    printf("]\n}\n");
+    free(sent);
+    free(recv);
+}
+
+static void row(const char *what, int64_t epx, int64_t naive) {
+    printf("  %-26s %14" PRId64 " %14" PRId64 "\n", what, epx, naive);
+}
+
+static void row_bytes(const char *what, uint64_t epx, uint64_t naive) {
+    printf("  %-26s %14.3f %14.3f\n", what, gb(epx), gb(naive));
+}
+
+static void print_text(const epx_migration *m, const epx_migration_stats *st) {
+    const epx_shape *s = epx_layout_shape(epx_migration_layout(m));
+    printf("migration of %d layers x %d slots on %d GPUs (%d node(s)), %zu bytes per expert\n",
+           s->num_layers, s->num_physical_experts, s->num_gpus, s->num_nodes, st->expert_bytes);
+    printf("  %-26s %14s %14s\n", "", "epx", "naive");
+    row("slots kept", st->kept, st->slots - st->naive_changed);
+    row("slots changed", st->changed, st->naive_changed);
+    row("  copied on the GPU", st->local_copies, 0);
+    row("  received", st->received, st->naive_changed);
+    row("  relayed in the node", st->relayed, 0);
+    row("  loaded (no live holder)", st->loaded, 0);
+    row_bytes("GB over links", st->bytes_moved, st->naive_bytes_moved);
+    row_bytes("  of which inter-node", st->bytes_inter_node, st->naive_bytes_inter_node);
+    row_bytes("GB copied on the GPU", st->bytes_local, 0);
+    printf("  most GB into one GPU %20.3f\n", gb(st->max_rank_recv));
+    if (st->naive_bytes_moved > 0)
+        printf("epx moves %.1f%% of the naive plan's bytes\n",
+               100.0 * (double)st->bytes_moved / (double)st->naive_bytes_moved);
+}
+
+int cmd_migrate(int argc, char **argv) {
+    cli_opt opts[] = {
+        {"--from", "FILE", "the placement in service (SGLang mapping .json/.pt)", NULL},
+        {"--to", "FILE", "the placement wanted", NULL},
+        {"--gpus", "G", "GPUs (EP ranks)", NULL},
+        {"--nodes", "N", "nodes (default 1)", NULL},
+        {"--experts", "E", "logical experts (default: max id + 1 over both files)", NULL},
+        {"--expert-bytes", "B", "bytes of one expert's weights in one layer", NULL},
+        {"--failed-gpus", "LIST", "GPUs lost (e.g. 3 or 1,5): they send and receive nothing", NULL},
+        {"--no-relabel", NULL, "keep the target's slot order (what SGLang and vLLM do)", NULL},
+        {"--no-relay", NULL, "every GPU pulls its experts itself, no relays inside a node", NULL},
+        {"-o", "FILE", "write the relabelled target: the mapping to put in service", NULL},
+        {"--json", NULL, "print one JSON object instead of the table", NULL},
+        {NULL, NULL, NULL, NULL},
+    };
+    cli_cmd cmd = {"migrate",
+                   "epx migrate plan --from A.json --to B.json --gpus G [--nodes N] "
+                   "--expert-bytes B [--failed-gpus LIST] [-o FILE] [--json]",
+                   "Plan the weight moves from one placement to another: slots kept, local "
+                   "copies, bytes over each link, beside the naive plan that moves every slot "
+                   "whose expert changed.",
+                   opts, 1, {0}, 0};
+    int rc = cli_parse(&cmd, argc, argv);
+    if (rc >= 0) return rc;
+    if (cmd.num_positional != 1 || strcmp(cmd.positional[0], "plan") != 0) {
+        fprintf(stderr, "epx migrate: the only action is 'plan' (epx migrate plan --from A --to B ...)\n");
+        return CLI_EXIT_USAGE;
+    }
+    const char *from = cli_require(&cmd, "--from");
+    const char *to = from ? cli_require(&cmd, "--to") : NULL;
+    if (to == NULL || !cli_require(&cmd, "--gpus") || !cli_require(&cmd, "--expert-bytes"))
+        return CLI_EXIT_USAGE;
+    int32_t G = 0, N = 1, E = 0;
+    double bytes = 0;
+    if (!cli_int(&cmd, "--gpus", 1, EPX_MAX_GPUS, &G) || !cli_int(&cmd, "--nodes", 1, EPX_MAX_GPUS, &N) ||
+        !cli_int(&cmd, "--experts", 1, EPX_MAX_EXPERTS, &E) ||
+        !cli_double(&cmd, "--expert-bytes", 1, 1e15, &bytes))
+        return CLI_EXIT_USAGE;
+    if (bytes != (double)(uint64_t)bytes) {
+        fprintf(stderr, "epx migrate: --expert-bytes must be a whole number of bytes\n");
+        return CLI_EXIT_USAGE;
+    }
+    epx_error err = {0};
+    epx_layout *a = NULL, *b = NULL;
+    epx_migration *m = NULL;
+    uint8_t *failed = NULL;
+    rc = CLI_EXIT_OK;
+    if (!cli_failed_gpus("migrate", cli_get(&cmd, "--failed-gpus"), G, &failed)) return CLI_EXIT_USAGE;
+    if (E == 0) {
+        /* infer E over both files, so a map missing the last expert still
+         * reads as what it is */
+        int32_t *map = NULL, L = 0, P = 0;
+        for (int f = 0; f < 2; f++) {
+            if (epx_mapping_read(f ? to : from, &map, &L, &P, &err) != EPX_OK) {
+                rc = cli_report(&cmd, &err);
+                goto done;
+            }
+            for (size_t i = 0; i < (size_t)L * (size_t)P; i++)
+                if (map[i] + 1 > E) E = map[i] + 1;
+            epx_free(map);
+        }
+    }
+    if (read_layout(from, G, N, E, &a, &err) != EPX_OK || read_layout(to, G, N, E, &b, &err) != EPX_OK) {
+        rc = cli_report(&cmd, &err);
+        goto done;
+    }
+    epx_migrate_opts o = EPX_MIGRATE_OPTS_INIT;
+    o.expert_bytes = (size_t)bytes;
+    o.relabel = !cli_flag(&cmd, "--no-relabel");
+    o.relay = !cli_flag(&cmd, "--no-relay");
+    o.failed_gpus = failed;
+    if (epx_migration_plan(a, b, &o, &m, &err) != EPX_OK) {
+        rc = cli_report(&cmd, &err);
+        goto done;
+    }
+    const char *out = cli_get(&cmd, "-o");
+    if (out != NULL && epx_layout_write_json(epx_migration_layout(m), out, &err) != EPX_OK) {
+        rc = cli_report(&cmd, &err);
+        goto done;
+    }
+    epx_migration_stats st;
+    epx_migration_get_stats(m, &st);
+    if (cli_flag(&cmd, "--json")) print_json(m, &st, G);
+    else print_text(m, &st);
+    if (out != NULL && !cli_flag(&cmd, "--json")) printf("wrote %s\n", out);
+done:
+    epx_migration_destroy(m);
+    epx_layout_destroy(a);
+    epx_layout_destroy(b);
+    free(failed);
+    return rc;
+}
