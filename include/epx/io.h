@@ -41,8 +41,11 @@ EPX_API epx_status epx_layout_write_json(const epx_layout *layout, const char *p
 /*
  * Read SGLang counts {"logical_count": [L][E] | [S][L][E]} from .json, .pt
  * or inline JSON; other keys ignored. Entries: finite non-negative numbers.
+ * A spec ending in .pt (also a comma-separated list of them) goes to
+ * epx_counts_read_pt (epx/pt.h), which also reads SGLang's stat and per_pass
+ * dumps; a directory of dumps is read by epx_counts_read_pt itself.
  * Returns: EPX_OK, EPX_ERR_IO, EPX_ERR_PARSE (names the index and value),
- *          EPX_ERR_NOMEM.
+ *          EPX_ERR_NOMEM; for .pt also those of epx_counts_read_pt.
  */
 EPX_API epx_status epx_counts_read(const char *spec, epx_counts **out, epx_error *err);
 
