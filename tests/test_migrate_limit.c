@@ -116,8 +116,11 @@ static epx_counts *counts_of(const epx_shape *s, const double *load) {
  * the least loaded GPU with room. Even shares. Enough to exercise the hook.
  */
 static epx_status ref_place(void *ctx, const epx_counts *counts, const epx_shape *s,
-                            const epx_plan_opts *o, int32_t *map, double *share, epx_error *err) {
+                            const epx_plan_opts *o, int32_t *map, double *share, double *load,
+                            epx_error *err) {
     (void)err;
+    if (load != NULL)
+        memcpy(load, counts->data, sizeof *load * (size_t)s->num_layers * s->num_logical_experts);
     int *calls = ctx;
     (*calls)++;
     assert_null(o->current);
@@ -288,7 +291,7 @@ static void greedy_vs_exhaustive(void **state) {
             epx_plan_opts po = EPX_PLAN_OPTS_INIT;
             int calls = 0;
             epx_error e0 = {0};
-            assert_int_equal(ref_place(&calls, c, &s, &po, b, sh, &e0), EPX_OK);
+            assert_int_equal(ref_place(&calls, c, &s, &po, b, sh, NULL, &e0), EPX_OK);
         }
         epx_layout *cur = NULL, *tgt = NULL, *out = NULL;
         epx_error err = {0};
@@ -514,7 +517,7 @@ static void constrained_current(void **state) {
         int32_t *free_map = calloc(cells, sizeof *free_map), *map = calloc(cells, sizeof *map);
         double *free_share = calloc(cells, sizeof *free_share), *share = calloc(cells, sizeof *share);
         epx_plan_opts o = EPX_PLAN_OPTS_INIT;
-        assert_int_equal(ref_place(&calls, c, &s, &o, free_map, free_share, &err), EPX_OK);
+        assert_int_equal(ref_place(&calls, c, &s, &o, free_map, free_share, NULL, &err), EPX_OK);
         o.current = cur;
         assert_int_equal(epxi_plan_constrained(c, &s, &o, ref_place, &calls, map, share, &err),
                          EPX_OK);

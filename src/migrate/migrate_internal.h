@@ -62,14 +62,16 @@ EPXI_HIDDEN double *epxi_sum_load(const epx_counts *counts, epx_error *err);
 /*
  * The planner hook. The planner proper (`place`) fills map/share [L][P]
  * for a shape with opts' algorithm and must ignore current, max_moves,
- * move_price and failed_gpus. epxi_plan_constrained runs it on the shape
- * of the surviving GPUs when some failed (spreading the result back, dead
- * slots duplicating live experts with share 0), then relabels against
+ * move_price and failed_gpus; when `load` is not NULL it also fills it
+ * [L][E] with the load it planned for (its estimate from the windows),
+ * which is what moves are valued on. epxi_plan_constrained runs it on the
+ * shape of the surviving GPUs when some failed (spreading the result back,
+ * dead slots duplicating live experts with share 0), then relabels against
  * opts->current and reverts moves under max_moves / move_price.
  */
 typedef epx_status (*epxi_place_fn)(void *ctx, const epx_counts *counts, const epx_shape *shape,
                                     const epx_plan_opts *opts, int32_t *map, double *share,
-                                    epx_error *err);
+                                    double *load, epx_error *err);
 
 /* True when opts use an option epxi_plan_constrained serves. */
 EPXI_HIDDEN bool epxi_plan_is_constrained(const epx_plan_opts *opts);

@@ -101,7 +101,7 @@ static epx_shape survivors(const epx_shape *sh, const uint8_t *failed, int32_t *
 static epx_status place_survivors(const epx_counts *counts, const epx_shape *sh,
                                   const epx_plan_opts *ro, const uint8_t *failed,
                                   const epx_layout *current, epxi_place_fn place, void *ctx,
-                                  int32_t *map, double *share, epx_error *err) {
+                                  int32_t *map, double *share, double *load, epx_error *err) {
     const int32_t G = sh->num_gpus, P = sh->num_physical_experts, spg = P / G;
     const int32_t E = sh->num_logical_experts;
     epx_status st = EPX_OK;
@@ -116,7 +116,7 @@ static epx_status place_survivors(const epx_counts *counts, const epx_shape *sh,
         goto done;
     }
     EPX_TRY_GOTO(st, epx_shape_check(&rs, err), done);
-    st = place(ctx, counts, &rs, ro, rmap, rshare, err);
+    st = place(ctx, counts, &rs, ro, rmap, rshare, load, err);
     if (st != EPX_OK) {
         epxi_error_prefix(err, "planning the %d surviving GPUs", rs.num_gpus);
         goto done;
@@ -154,21 +154,27 @@ epx_status epxi_plan_constrained(const epx_counts *counts, const epx_shape *sh,
     bool any_failed = false;
     if (opts->failed_gpus != NULL)
         for (int32_t g = 0; g < sh->num_gpus; g++) any_failed |= opts->failed_gpus[g] != 0;
-    if (any_failed)
-        EPX_TRY(place_survivors(counts, sh, &ro, opts->failed_gpus, opts->current, place,
-                                place_ctx, map, share, err));
-    else
-        EPX_TRY(place(place_ctx, counts, sh, &ro, map, share, err));
-    if (opts->current == NULL) return EPX_OK;
-
     const int32_t P = sh->num_physical_experts;
     const size_t cells = (size_t)sh->num_layers * (size_t)P;
     epx_status st = EPX_OK;
+    double *load = NULL, *tmp = NULL;
+    int32_t *perm = NULL;
+    if (opts->current != NULL) {
+        load = epxi_calloc((size_t)sh->num_layers * (size_t)sh->num_logical_experts, sizeof *load,
+                           "planned load", err);
+        if (load == NULL) return EPX_ERR_NOMEM;
+    }
+    if (any_failed)
+        st = place_survivors(counts, sh, &ro, opts->failed_gpus, opts->current, place, place_ctx,
+                             map, share, load, err);
+    else
+        st = place(place_ctx, counts, sh, &ro, map, share, load, err);
+    if (st != EPX_OK || opts->current == NULL) goto done;
+
     const int32_t *old = epx_layout_physical_to_logical(opts->current);
-    int32_t *perm = epxi_calloc(cells, sizeof *perm, "relabelling", err);
-    double *tmp = perm ? epxi_calloc(cells, sizeof *tmp, "relabelled weights", err) : NULL;
-    double *load = tmp ? epxi_sum_load(counts, err) : NULL;
-    if (load == NULL) {
+    perm = epxi_calloc(cells, sizeof *perm, "relabelling", err);
+    tmp = perm ? epxi_calloc(cells, sizeof *tmp, "relabelled weights", err) : NULL;
+    if (tmp == NULL) {
         st = EPX_ERR_NOMEM;
         goto done;
     }

@@ -17,6 +17,7 @@
 #include <time.h>
 
 #include "plan_hooks.h"
+#include "epx_algo.h"
 #include "plan_internal.h"
 #include "../migrate/migrate_internal.h"
 
@@ -228,9 +229,11 @@ static epx_status plan_deepseek_all(const epx_counts *c, const epx_shape *s,
         st = epxi_deepseek_create(E, P, o->num_groups > 0 ? o->num_groups : 1, s->num_nodes,
                                   s->num_gpus, hier, &ws, err);
     if (st == EPX_OK)
-        for (int32_t l = 0; l < L; l++)
+        for (int32_t l = 0; l < L; l++) {
             epxi_deepseek_layer(ws, w + (size_t)l * (size_t)E, map + (size_t)l * (size_t)P, NULL,
                                 NULL);
+            if (o->progress) o->progress(o->progress_user, "layers planned", l + 1, L);
+        }
     epxi_deepseek_destroy(ws);
     free(w);
     return st;
@@ -262,11 +265,27 @@ static epx_status check_shares(const epx_layout *lay, const double *share, epx_e
     return EPX_OK;
 }
 
+/* The load a placement of `algo` is made for, [L][E]: what the planner's
+ * estimate gives (epx: recency by default, as EPXI_ESTIMATE_DEFAULT in
+ * epx_plan.c; MINMAX weighs every window alike, so the sum), and the sum of
+ * the windows for DeepSeek, as SGLang. Moves are valued on it. */
+static void planned_load(const epx_counts *counts, epx_algorithm algo, const epx_plan_opts *o,
+                         double *load) {
+    epx_estimate kind = algo == EPX_ALGO_EPX ? o->estimate : EPX_ESTIMATE_SUM;
+    if (kind == EPX_ESTIMATE_DEFAULT) kind = EPX_ESTIMATE_RECENCY;
+    if (kind == EPX_ESTIMATE_MINMAX) kind = EPX_ESTIMATE_SUM;
+    for (int32_t l = 0; l < counts->num_layers; l++)
+        epxi_estimate_layer(counts, l, kind, o->estimate_param,
+                            load + (size_t)l * (size_t)counts->num_experts);
+}
+
 /* The placement for one shape (epxi_place_fn): the chosen algorithm and its
  * replica weights. The constrained path calls it on the survivors' shape. */
 static epx_status place(void *ctx, const epx_counts *counts, const epx_shape *shape,
-                        const epx_plan_opts *opts, int32_t *map, double *share, epx_error *err) {
+                        const epx_plan_opts *opts, int32_t *map, double *share, double *load,
+                        epx_error *err) {
     const epx_algorithm algo = *(const epx_algorithm *)ctx;
+    if (load != NULL) planned_load(counts, algo, opts, load);
     if (algo == EPX_ALGO_EPX) return epxi_plan_epx(counts, shape, opts, map, share, err);
     const bool hier = algo == EPX_ALGO_DEEPSEEK_HIERARCHICAL;
     const int32_t E = shape->num_logical_experts, P = shape->num_physical_experts;
@@ -311,7 +330,7 @@ epx_status epx_plan_compute(const epx_counts *counts, const epx_shape *shape,
     epx_status st = epxi_plan_is_constrained(opts)
                         ? epxi_plan_constrained(counts, shape, opts, place, &algo, map,
                                                 plan->weights, err)
-                        : place(&algo, counts, shape, opts, map, plan->weights, err);
+                        : place(&algo, counts, shape, opts, map, plan->weights, NULL, err);
     if (st == EPX_OK) st = epx_layout_create_from_map(shape, map, &plan->layout, err);
     free(map);
     if (st == EPX_OK) st = check_shares(plan->layout, plan->weights, err);
