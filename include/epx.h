@@ -82,6 +82,11 @@ typedef enum epx_log_level {
 } epx_log_level;
 typedef void (*epx_log_fn)(void *user, epx_log_level level, const char *msg);
 
+/* Progress of long work: `done` of `total` units of `what` ("layers
+ * planned", "dump files read"). Called on the calling thread, at most once
+ * per unit; a CLI shows it on a terminal and stays quiet otherwise. */
+typedef void (*epx_progress_fn)(void *user, const char *what, int64_t done, int64_t total);
+
 /*
  * The shape of a model under expert parallelism, in SGLang's vocabulary.
  * L layers (every decoder layer; dense layers carry no load), E logical

@@ -49,6 +49,12 @@ EPX_API epx_status epx_layout_write_json(const epx_layout *layout, const char *p
  */
 EPX_API epx_status epx_counts_read(const char *spec, epx_counts **out, epx_error *err);
 
+/* epx_counts_read with progress: for several dump files (a folder or a
+ * comma list), `progress` is called after each file is read. */
+EPX_API epx_status epx_counts_read_progress(const char *spec, epx_progress_fn progress,
+                                            void *progress_user, epx_counts **out,
+                                            epx_error *err);
+
 /* Write counts as {"logical_count": [S][L][E]} ([L][E] when S == 1). */
 EPX_API epx_status epx_counts_write_json(const epx_counts *counts, const char *path,
                                          epx_error *err);

@@ -48,13 +48,15 @@ typedef struct epx_plan_opts {
     int32_t max_moves;           /* with current: most slots that may change; < 0 = no cap */
     double move_price;           /* with current: balance a moved expert must buy; 0 = free */
     const uint8_t *failed_gpus;  /* optional [G]: nonzero = GPU lost, gets no experts */
-    epx_log_fn log;              /* optional progress / diagnostics */
+    epx_log_fn log;              /* optional diagnostics */
     void *log_user;
+    epx_progress_fn progress;    /* optional: called once per layer planned */
+    void *progress_user;
 } epx_plan_opts;
 #define EPX_PLAN_OPTS_VERSION 1u
 #define EPX_PLAN_OPTS_INIT \
     {EPX_PLAN_OPTS_VERSION, EPX_ALGO_EPX, 0, EPX_NODE_LOCAL_DEFAULT, -1.0, \
-     EPX_ESTIMATE_DEFAULT, -1.0, NULL, -1, 0.0, NULL, NULL, NULL}
+     EPX_ESTIMATE_DEFAULT, -1.0, NULL, -1, 0.0, NULL, NULL, NULL, NULL, NULL}
 
 /* A computed placement: the layout, per-replica dispatch weights, timing. */
 typedef struct epx_plan epx_plan;

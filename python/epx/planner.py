@@ -52,7 +52,7 @@ class PlanOpts(Structure):
                 ("node_local", c_int), ("cross_node_budget", c_double), ("estimate", c_int),
                 ("estimate_param", c_double), ("current", c_void_p), ("max_moves", c_int32),
                 ("move_price", c_double), ("failed_gpus", POINTER(c_uint8)), ("log", LOG_FN),
-                ("log_user", c_void_p)]
+                ("log_user", c_void_p), ("progress", c_void_p), ("progress_user", c_void_p)]
 
 
 PLAN_OPTS_VERSION = 1

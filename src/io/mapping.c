@@ -9,6 +9,7 @@
  */
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "json_tensor.h"
 #include "pt_hooks.h"
@@ -118,8 +119,20 @@ static epx_status counts_from_object(const json_t *root, epx_counts **out, epx_e
 }
 
 epx_status epx_counts_read(const char *spec, epx_counts **out, epx_error *err) {
+    return epx_counts_read_progress(spec, NULL, NULL, out, err);
+}
+
+/* A folder holds one per_pass dump per rank. */
+static bool is_directory(const char *path) {
+    struct stat st;
+    return stat(path, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+epx_status epx_counts_read_progress(const char *spec, epx_progress_fn progress, void *user,
+                                    epx_counts **out, epx_error *err) {
     if (spec == NULL || out == NULL) return epxi_fail(err, EPX_ERR_INVALID_ARG, "NULL argument");
-    if (epxi_has_suffix(spec, ".pt")) return epxi_pt_read_counts(spec, out, err);
+    if (epxi_has_suffix(spec, ".pt") || is_directory(spec))
+        return epxi_pt_read_counts(spec, progress, user, out, err);
     json_t *root = NULL;
     EPX_TRY(epxi_json_load_spec(spec, &root, err));
     epx_status st = counts_from_object(root, out, err);

@@ -523,7 +523,8 @@ static epx_status split_spec(const char *spec, path_list *pl, epx_error *err) {
     return EPX_OK;
 }
 
-epx_status epx_counts_read_pt(const char *spec, epx_counts **out, epx_error *err) {
+static epx_status read_counts_pt(const char *spec, epx_progress_fn progress, void *user,
+                                 epx_counts **out, epx_error *err) {
     if (spec == NULL || out == NULL) return epxi_fail(err, EPX_ERR_INVALID_ARG, "NULL argument");
     path_list pl = {0};
     epx_pt_file **files = NULL;
@@ -531,7 +532,11 @@ epx_status epx_counts_read_pt(const char *spec, epx_counts **out, epx_error *err
     epx_status st = split_spec(spec, &pl, err);
     if (st == EPX_OK && (files = epxi_calloc(pl.n, sizeof *files, "files", err)) == NULL)
         st = EPX_ERR_NOMEM;
-    for (; st == EPX_OK && loaded < pl.n; loaded++) st = epx_pt_load(pl.paths[loaded], &files[loaded], err);
+    for (; st == EPX_OK && loaded < pl.n; loaded++) {
+        st = epx_pt_load(pl.paths[loaded], &files[loaded], err);
+        if (st == EPX_OK && progress != NULL)
+            progress(user, "dump files read", (int64_t)loaded + 1, (int64_t)pl.n);
+    }
     if (st == EPX_OK) st = epx_counts_from_pt((const epx_pt_file *const *)files, pl.n, out, err);
     for (size_t i = 0; i < loaded && files; i++) epx_pt_file_destroy(files[i]);
     free(files);
@@ -551,6 +556,11 @@ epx_status epxi_pt_read_mapping(const char *path, int32_t **map, int32_t *L, int
     return st;
 }
 
-epx_status epxi_pt_read_counts(const char *path, epx_counts **out, epx_error *err) {
-    return epx_counts_read_pt(path, out, err);
+epx_status epx_counts_read_pt(const char *spec, epx_counts **out, epx_error *err) {
+    return read_counts_pt(spec, NULL, NULL, out, err);
+}
+
+epx_status epxi_pt_read_counts(const char *path, epx_progress_fn progress, void *user,
+                               epx_counts **out, epx_error *err) {
+    return read_counts_pt(path, progress, user, out, err);
 }

@@ -323,6 +323,8 @@ epx_status epxi_plan_epx_knobs(const epx_counts *counts, const epx_shape *shape,
     inf.estimate = kind;
     inf.budget = c.budget;
     for (int32_t l = 0; l < L; l++) {
+        /* Progress counts finished layers; the dense-layer path continues early. */
+        if (opts->progress && l > 0) opts->progress(opts->progress_user, "layers planned", l, L);
         int32_t *map = map_out + (size_t)l * P;
         double *share = share_out + (size_t)l * P;
         epxi_estimate_layer(counts, l, EPX_ESTIMATE_SUM, 0.0, w.sum);
@@ -407,6 +409,7 @@ epx_status epxi_plan_epx_knobs(const epx_counts *counts, const epx_shape *shape,
         inf.duplicates_left += dups;
         shares_for(&w, &c, map, est, cap, share);
     }
+    if (opts->progress) opts->progress(opts->progress_user, "layers planned", L, L);
     if (opts->log)
         epxi_log(opts->log, opts->log_user, EPX_LOG_INFO,
                  "epx placement: %d layers, %lld moves, %d kept DeepSeek's map, %d planned on "

@@ -10,6 +10,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
 
 static void print_help(const cli_cmd *cmd, FILE *f) {
     fprintf(f, "usage: %s\n\n%s\n", cmd->usage, cmd->summary);
@@ -161,4 +163,21 @@ bool cli_int_list(const char *s, int64_t lo, int64_t hi, int32_t **out, int32_t 
     *out = v;
     *n = cnt;
     return true;
+}
+
+void cli_progress(void *user, const char *what, int64_t done, int64_t total) {
+    static int tty = -1;
+    static struct timespec start;
+    if (tty < 0) tty = isatty(STDERR_FILENO);
+    if (!tty) return;
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    if (done <= 1) start = now;
+    double elapsed = (double)(now.tv_sec - start.tv_sec) + 1e-9 * (double)(now.tv_nsec - start.tv_nsec);
+    /* Work that ends within a quarter second needs no progress line. */
+    if (elapsed < 0.25) return;
+    fprintf(stderr, "\repx %s: %s %lld/%lld (%.1f s)", ((const cli_cmd *)user)->name, what, (long long)done,
+            (long long)total, elapsed);
+    if (done >= total) fputc('\n', stderr);
+    fflush(stderr);
 }

@@ -55,6 +55,12 @@ const char *cli_require(const cli_cmd *cmd, const char *name);
  * CLI_EXIT_USAGE for input errors, CLI_EXIT_FAIL otherwise. */
 int cli_report(const cli_cmd *cmd, const epx_error *err);
 
+/* An epx_progress_fn for long work: on a terminal it redraws one status
+ * line on stderr ("epx plan: layers planned 30/61") once the work has run
+ * for a moment, and ends it when done; when stderr is not a terminal it
+ * prints nothing. `user` is the cli_cmd running. */
+void cli_progress(void *user, const char *what, int64_t done, int64_t total);
+
 /* Parse "a,b,c" into ints (caller frees *out). False on junk. */
 bool cli_int_list(const char *s, int64_t lo, int64_t hi, int32_t **out, int32_t *n);
 

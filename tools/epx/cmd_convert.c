@@ -324,7 +324,7 @@ int cmd_convert(int argc, char **argv) {
     if (epx_mapping_read(in, &map, &L, &P, &err) == EPX_OK) return write_mapping(&cmd, map, L, P, dts, out);
     if (err.status == EPX_ERR_IO) return cli_report(&cmd, &err);
     epx_error err2 = {0};
-    if (epx_counts_read(in, &c, &err2) == EPX_OK) return write_counts(&cmd, c, out, dt);
+    if (epx_counts_read_progress(in, cli_progress, &cmd, &c, &err2) == EPX_OK) return write_counts(&cmd, c, out, dt);
     fprintf(stderr, "epx convert: '%s' is neither a mapping (%s) nor counts (%s)\n", in, err.msg,
             err2.msg);
     return CLI_EXIT_USAGE;

@@ -194,6 +194,8 @@ int cmd_demo(int argc, char **argv) {
         epx_plan_opts po = EPX_PLAN_OPTS_INIT;
         po.algorithm = algos[i];
         po.num_groups = m->num_groups;
+        po.progress = cli_progress;
+        po.progress_user = &cmd;
         if (epx_plan_compute(plan_on, &shape, &po, &plans[i], &err) != EPX_OK) {
             exit_code = cli_report(&cmd, &err);
             goto done;

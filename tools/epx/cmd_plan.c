@@ -145,13 +145,15 @@ int cmd_plan(int argc, char **argv) {
     epx_plan_opts o = EPX_PLAN_OPTS_INIT;
     o.num_groups = K;
     o.log = log_stderr;
+    o.progress = cli_progress;
+    o.progress_user = &cmd;
     epx_error err = {0};
     const char *algo = cli_get(&cmd, "--algorithm");
     if (algo != NULL && epx_algorithm_parse(algo, &o.algorithm, &err) != EPX_OK) return cli_report(&cmd, &err);
     if (!parse_node_local(cli_get(&cmd, "--node-local"), &o.node_local)) return CLI_EXIT_USAGE;
 
     epx_counts *counts = NULL;
-    if (epx_counts_read(counts_path, &counts, &err) != EPX_OK) return cli_report(&cmd, &err);
+    if (epx_counts_read_progress(counts_path, cli_progress, &cmd, &counts, &err) != EPX_OK) return cli_report(&cmd, &err);
     const int32_t E = counts->num_experts;
     if (P < 0) P = R >= 0 ? E + R : E;
     epx_shape shape = {counts->num_layers, E, P, G, N};

@@ -196,7 +196,7 @@ int cmd_stats(int argc, char **argv) {
 
     epx_error err = {0};
     epx_counts *c = NULL;
-    if (epx_counts_read(cmd.positional[0], &c, &err) != EPX_OK) return cli_report(&cmd, &err);
+    if (epx_counts_read_progress(cmd.positional[0], cli_progress, &cmd, &c, &err) != EPX_OK) return cli_report(&cmd, &err);
     epx_layout *lay = NULL;
     rc = make_layout(&cmd, c, G, N, &lay, &err);
     if (rc >= 0) {
