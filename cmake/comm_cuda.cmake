@@ -28,6 +28,9 @@ target_link_libraries(epx_nccl PUBLIC epx_static CUDA::cudart CUDA::cublas ${EPX
 target_link_libraries(epx_cli PRIVATE epx_nccl)
 target_compile_definitions(epx_cli PRIVATE EPX_CLI_HAVE_NCCL=1)
 
+if(NOT EPX_BUILD_TESTS)
+  return()
+endif()
 add_executable(test_nccl_ep ${CMAKE_SOURCE_DIR}/tests/nccl/test_nccl_ep.c)
 target_compile_options(test_nccl_ep PRIVATE ${EPX_WARNINGS})
 target_link_libraries(test_nccl_ep PRIVATE epx_nccl epx_testutil)
