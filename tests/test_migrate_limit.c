@@ -550,8 +550,77 @@ static void constrained_current(void **state) {
     }
 }
 
+/* The real planner with failed GPUs, then dispatch tables built from the
+ * live replica lists: no token of a live rank is sent to a failed GPU. */
+static void failed_gpus_end_to_end(void **state) {
+    (void)state;
+    tu_rng r = {tu_seed(96)};
+    for (int iter = 0; iter < 40; iter++) {
+        const int32_t N = 1 + (int32_t)tu_below(&r, 2), G = N * (2 + (int32_t)tu_below(&r, 3));
+        const int32_t E = 4 * (1 + (int32_t)tu_below(&r, 6));
+        const int32_t spg = (E + G - 2) / (G - 1) + (int32_t)tu_below(&r, 3);
+        epx_shape s = {1 + (int32_t)tu_below(&r, 3), E, spg * G, G, N};
+        uint8_t dead[8] = {0};
+        dead[tu_below(&r, (uint32_t)G)] = 1;
+        double *ld = random_load(&r, &s, false);
+        epx_counts *c = counts_of(&s, ld);
+        epx_plan_opts o = EPX_PLAN_OPTS_INIT;
+        o.algorithm = iter % 2 ? EPX_ALGO_DEEPSEEK : EPX_ALGO_EPX;
+        o.failed_gpus = dead;
+        epx_plan *p = NULL;
+        epx_error err = {0};
+        if (epx_plan_compute(c, &s, &o, &p, &err) != EPX_OK) fail_msg("%s", err.msg);
+        const epx_layout *lay = epx_plan_layout(p);
+        const int32_t *map = epx_layout_physical_to_logical(lay);
+        assert_true(live_cover(&s, map, dead));
+        const double *w = epx_plan_replica_weights(p);
+        for (int32_t i = 0; i < s.num_layers * s.num_physical_experts; i++)
+            if (dead[(i % s.num_physical_experts) / spg]) assert_true(w[i] == 0.0);
+        const int32_t W = s.num_physical_experts - E + 1;
+        int32_t *rep = malloc(sizeof *rep * (size_t)s.num_layers * E * W);
+        int32_t *nv = malloc(sizeof *nv * (size_t)s.num_layers * E);
+        assert_int_equal(epx_layout_live_replicas(lay, dead, W, rep, nv, &err), EPX_OK);
+        int32_t *table = malloc(sizeof *table * (size_t)G * s.num_layers * E);
+        for (int algo = 0; algo < 2; algo++) {
+            epx_table_opts to = EPX_TABLE_OPTS_INIT;
+            to.algorithm = algo ? EPX_TABLE_EPX : EPX_TABLE_SGLANG;
+            if (epx_dispatch_table_compute(&s, rep, W, &to, table, &err) != EPX_OK)
+                fail_msg("%s", err.msg);
+            for (int32_t g = 0; g < G; g++) {
+                if (dead[g]) continue;
+                for (int32_t i = 0; i < s.num_layers * E; i++) {
+                    const int32_t slot = table[(size_t)g * s.num_layers * E + i];
+                    assert_false(dead[slot / spg]);
+                    assert_int_equal(map[(size_t)(i / E) * s.num_physical_experts + slot], i % E);
+                }
+            }
+        }
+        assert_int_equal(epx_layout_live_replicas(lay, dead, 0, rep, nv, &err), EPX_ERR_INVALID_ARG);
+        TU_MSG_HAS(err.msg, "width 0");
+        free(rep);
+        free(nv);
+        free(table);
+        epx_plan_destroy(p);
+        epx_counts_destroy(c);
+        free(ld);
+    }
+    /* the layout in service still has experts only the failed GPU held */
+    epx_shape s = {2, 8, 8, 4, 1};
+    epx_layout *t = NULL;
+    epx_error err = {0};
+    assert_int_equal(epx_layout_create_trivial(&s, &t, &err), EPX_OK);
+    const uint8_t dead[4] = {0, 0, 1, 0};
+    int32_t rep[2 * 8];
+    assert_int_equal(epx_layout_live_replicas(t, dead, 1, rep, NULL, &err), EPX_ERR_INVALID_MAP);
+    TU_MSG_HAS(err.msg, "layer 0", "logical expert 4", "only on failed GPUs");
+    assert_int_equal(epx_layout_live_replicas(t, NULL, 1, rep, NULL, &err), EPX_OK);
+    assert_int_equal(rep[5], 5);
+    epx_layout_destroy(t);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(failed_gpus_end_to_end),
         cmocka_unit_test(budget_extremes),
         cmocka_unit_test(random_budgets),
         cmocka_unit_test(greedy_vs_exhaustive),

@@ -284,6 +284,28 @@ EPX_API epx_status epx_migration_execute(const epx_migration *mig, struct epx_co
                                          epx_migrate_result *result, epx_error *err);
 
 /*
+ * Dispatch around failed GPUs. A plan made with failed_gpus leaves each
+ * failed GPU's slots holding copies of live experts (so the layout stays
+ * valid and its slots need no weights), with replica weight 0, which
+ * weighted dispatch never picks. Static tables and dynamic dispatch read a
+ * replica list instead: build it with this function, which drops the slots
+ * of failed GPUs, and pass it to epx_dispatch_table_compute (as `replicas`,
+ * -1 padding is allowed anywhere) or as a dispatch spec's replicas and
+ * num_valid.
+ * Args:    layout (in); failed_gpus (in) [G], nonzero = failed, or NULL;
+ *          width (in) >= the most live replicas of any expert (the layout's
+ *          W = P - E + 1 always suffices);
+ *          replicas (out) [L][E][width] live slots ascending, -1 padded;
+ *          num_valid (out, may be NULL) [L][E] live replicas per expert.
+ * Returns: EPX_OK; EPX_ERR_INVALID_ARG (width too small: names the least);
+ *          EPX_ERR_INVALID_MAP (an expert with no live replica: names layer
+ *          and expert; plan with failed_gpus first).
+ */
+EPX_API epx_status epx_layout_live_replicas(const epx_layout *layout, const uint8_t *failed_gpus,
+                                            int32_t width, int32_t *replicas,
+                                            int32_t *num_valid, epx_error *err);
+
+/*
  * The 64-bit checksum a migration verifies each expert with: a four-lane
  * multiply-rotate hash of epx's own (about memory speed), seeded, so equal
  * bytes give equal sums on every host (it reads bytes little-endian).
