@@ -49,19 +49,24 @@ EPX_API epx_status epx_cuda_dispatch_map_ids(const epx_dispatch_spec *spec,
  * epx_cuda_dispatch_map_ids, then every field of `out` that is non-NULL,
  * exactly as epx_token_layout_compute defines it (tokens per rank and slot,
  * is_token_in_rank, both send orders, their offsets and inverses). The
- * kernel runs as one cluster of 8 thread blocks that exchange their counts
- * through distributed shared memory, so it needs no global workspace and no
- * second launch; tokens_per_slot feeds epx_recorder_add_slot_counts.
+ * kernel runs as one thread block cluster (1 block up to 64 tokens, else 8)
+ * whose blocks exchange their counts through distributed shared memory, so
+ * it needs no global workspace and no second launch; tokens_per_slot feeds
+ * epx_recorder_add_slot_counts. Leaving all four send-order fields NULL
+ * (DeepEP's layout only) skips the ranking pass: about half the time at
+ * T = 4096 (bench/RESULTS.md).
  * Args:    spec (in) as above (PHYSICAL when topk_ids are already slots);
  *          topk_ids (in, device) [T][K]; 1 <= K <= 32;
  *          num_physical P, num_gpus G with P % G == 0 (slot p on GPU p / (P/G));
- *          phys (out, device) [T][K] int32, required (the kernel reads it back);
+ *          phys (out, device) [T][K] int32, required;
  *          out (in) host struct of device pointers, fields optional.
- * Limits:  ceil(T / 8) * K <= 65535 (the per-block counters are 16-bit
- *          halves; T <= 65535 at K = 8) and the shared memory of one block,
- *          about 4 * (P * (w + 5) + T / 8) bytes for w = min(32, T / 128) + 1
- *          warps, within the device's opt-in limit (P up to about 1500 at
- *          T = 4096); beyond either, EPX_ERR_UNSUPPORTED names the limit.
+ * Limits:  ceil(T / 8) * K <= 65535 (per-block counters are 16-bit halves:
+ *          T <= 65535 at K = 8), and one block's shared memory, 4 * (P *
+ *          (w + 5) + c * (K + 1) + 67) bytes for c = ceil(T / 8) tokens and
+ *          w <= 16 warps, within the device's opt-in limit (the c * K term
+ *          is dropped, and phys re-read from global memory, when it does not
+ *          fit; P up to about 9000). Beyond either, EPX_ERR_UNSUPPORTED
+ *          names the limit.
  * Returns: EPX_OK; EPX_ERR_INVALID_ARG; EPX_ERR_SHAPE; EPX_ERR_UNSUPPORTED;
  *          EPX_ERR_CUDA.
  */

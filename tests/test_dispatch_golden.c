@@ -21,7 +21,7 @@
 
 typedef struct ivec {
     int32_t *v;
-    size_t n;
+    size_t n, cap;
     int64_t dims[4];
     int rank;
 } ivec;
@@ -38,7 +38,11 @@ static void flatten(const json_t *a, ivec *out, int depth) {
         return;
     }
     assert_true(json_is_integer(a));
-    out->v = realloc(out->v, (out->n + 1) * sizeof *out->v);
+    if (out->n == out->cap) { /* geometric growth: ASan's realloc always copies */
+        out->cap = out->cap ? 2 * out->cap : 1024;
+        out->v = realloc(out->v, out->cap * sizeof *out->v);
+        assert_non_null(out->v);
+    }
     out->v[out->n++] = (int32_t)json_integer_value(a);
 }
 

@@ -509,14 +509,11 @@ extern "C" epx_status epx_cuda_dispatch_map_ids(const epx_dispatch_spec *spec, c
     return EPX_OK;
 }
 
-/* Blocks of the layout cluster for a batch: one block up to 512 tokens,
- * then doubling up to 8 (512 tokens per block at T = 4096). One block needs
- * no cluster barrier traffic; more blocks share the per-token work. */
-static int default_cluster(int32_t T) {
-    int c = 1;
-    while (c < kCluster && (int64_t)c * 512 < T) c *= 2;
-    return c;
-}
+/* Blocks of the layout cluster for a batch: one block up to 64 tokens, else
+ * all 8. Measured on an H200 (bench/RESULTS.md): at T = 512 eight blocks
+ * took 10.5 us against 18.9 for one, at T = 4096 20.2 against 112; at
+ * T <= 64 the sizes tie (8.0 to 9.6 us, the kernel's fixed cost). */
+static int default_cluster(int32_t T) { return T <= 64 ? 1 : kCluster; }
 
 /* The layout launch with a chosen cluster size (1, 2, 4 or 8); 0 picks
  * default_cluster. The result does not depend on it. Internal: the public

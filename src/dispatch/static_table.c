@@ -10,12 +10,18 @@
  * generator runs over the whole table, so a single extra or missing draw in
  * any expert changes every later one; the golden tests compare whole tables.
  *
- * epx's own table needs no generator: after the same-GPU rule, a rank uses a
- * replica on its own node when there is one (traffic stays off the slower
- * inter-node links), and picks, among the candidates, the replica whose GPU
- * is furthest below the load the placement expects it to carry. Heavy
- * experts are assigned first, so the late, small choices even out what the
- * early, large ones left.
+ * epx's own table needs no generator. What balances a static table is
+ * that every replica receives about its share of the expert's ranks (G / n
+ * for an even split): SGLang gets that by its fair choices, epx by
+ * counting. Choices with a single candidate (the rank's own GPU, a lone
+ * replica) are committed first; the rest go, heaviest expert first, to the
+ * replica furthest below its share, rounding ties towards the GPU furthest
+ * below the load the placement expects of it. A replica on the rank's node
+ * is preferred while it stays within half a rank of its share, which keeps
+ * traffic on the node at no cost in balance. (A first version that sent
+ * each rank to the least loaded GPU outright balanced worse than SGLang:
+ * with the flexible load still unassigned, "least loaded" piled whole
+ * experts onto one replica. bench/RESULTS.md has both.)
  */
 #include <math.h>
 #include <stdlib.h>
@@ -101,22 +107,26 @@ typedef struct epx_scratch {
     expert_key *order; /* [E] experts, heaviest first                       */
     int32_t *cand;    /* [width] valid replicas of one expert               */
     int32_t *chosen;  /* [width] ranks that chose each of them              */
+    double *target;   /* [width] ranks each of them should get (G x share)  */
 } epx_scratch;
 
-/* The candidates of rank g for one expert: the replicas on g's node when
- * there are any, else all of them. Returns how many, and the only one when
- * there is exactly one (else -1). */
-static int32_t node_candidates(const int32_t *cand, int32_t n, int32_t g, int32_t per,
-                               int32_t gpn, int32_t *only) {
-    int32_t local = 0, last = -1;
-    for (int32_t j = 0; j < n; j++)
-        if (cand[j] / per / gpn == g / gpn) local++, last = cand[j];
-    if (local == 0) {
-        *only = n == 1 ? cand[0] : -1;
-        return n;
-    }
-    *only = local == 1 ? last : -1;
-    return local;
+/* The share of its expert's tokens slot p should take: its weight over the
+ * expert's total, or an even split when there are no weights (or all 0). */
+static double replica_share(const double *weights, int32_t l, int32_t P, int32_t p, double wsum,
+                            int32_t n) {
+    if (weights && wsum > 0.0) return weights[(size_t)l * (size_t)P + (size_t)p] / wsum;
+    return 1.0 / n;
+}
+
+/* Whether replica j is a better choice than replica k (k < 0: none yet):
+ * further below its share of ranks, then its GPU further below the load
+ * expected there, then earlier in the list. */
+static bool better(const epx_scratch *w, int32_t j, int32_t k, int32_t per) {
+    if (k < 0) return true;
+    double rj = w->chosen[j] - w->target[j], rk = w->chosen[k] - w->target[k];
+    if (rj != rk) return rj < rk;
+    int32_t gj = w->cand[j] / per, gk = w->cand[k] / per;
+    return w->actual[gj] - w->expected[gj] < w->actual[gk] - w->expected[gk];
 }
 
 static void epx_table(const epx_shape *s, const int32_t *replicas, int32_t width,
@@ -143,51 +153,51 @@ static void epx_table(const epx_shape *s, const int32_t *replicas, int32_t width
                     w->cand[n++] = row[j];
                     if (weights) wsum += weights[(size_t)l * (size_t)P + (size_t)row[j]];
                 }
-            if (weights)
-                for (int32_t j = 0; j < n; j++) {
-                    double share = wsum > 0.0
-                                       ? weights[(size_t)l * (size_t)P + (size_t)w->cand[j]] / wsum
-                                       : 1.0 / n;
-                    w->expected[w->cand[j] / per] += load[e] * share;
-                }
+            for (int32_t j = 0; j < n; j++)
+                w->expected[w->cand[j] / per] += load[e] * replica_share(weights, l, P, w->cand[j], wsum, n);
             for (int32_t g = 0; g < G; g++) OUT(g, l, e) = -1;
             for (int32_t j = n - 1; j >= 0; j--) OUT(w->cand[j] / per, l, e) = w->cand[j];
             for (int32_t g = 0; g < G; g++) {
-                int32_t only = OUT(g, l, e);
-                if (only < 0) node_candidates(w->cand, n, g, per, gpn, &only);
+                int32_t only = OUT(g, l, e) >= 0 ? OUT(g, l, e) : n == 1 ? w->cand[0] : -1;
                 if (only < 0) continue; /* a flexible choice, made in pass 2 */
                 OUT(g, l, e) = only;
                 w->actual[only / per] += load[e] / G;
             }
         }
-        /* Pass 2: the flexible choices, heaviest expert first, each to the
-         * candidate whose GPU carries the least load (without weights) or is
-         * furthest below the placement's expectation (with them). */
+        /* Pass 2: the flexible choices, heaviest expert first. Each rank goes
+         * to the replica furthest below its share of the expert's ranks
+         * (G x its weight share: about G / n each, as SGLang's fair choices
+         * give, but deterministic); among equals, to the one whose GPU is
+         * furthest below the load the placement expects it to carry, which
+         * steers the rounding where the load is known. A replica on the
+         * rank's own node is taken while that keeps it within half a rank
+         * of its share, so traffic stays on the node without piling an
+         * expert onto the node's replicas. */
         for (int32_t e = 0; e < E; e++) w->order[e] = (expert_key){load[e], e};
         qsort(w->order, (size_t)E, sizeof *w->order, heavier_first);
         for (int32_t oi = 0; oi < E; oi++) {
             int32_t e = w->order[oi].id, n = 0;
             const int32_t *row = replicas + ((size_t)l * (size_t)E + (size_t)e) * (size_t)width;
+            double wsum = 0.0;
             for (int32_t j = 0; j < width; j++)
-                if (row[j] >= 0) w->chosen[n] = 0, w->cand[n++] = row[j];
+                if (row[j] >= 0) {
+                    w->chosen[n] = 0;
+                    w->cand[n++] = row[j];
+                    if (weights) wsum += weights[(size_t)l * (size_t)P + (size_t)row[j]];
+                }
+            for (int32_t j = 0; j < n; j++)
+                w->target[j] = G * replica_share(weights, l, P, w->cand[j], wsum, n);
             for (int32_t g = 0; g < G; g++)
                 for (int32_t j = 0; j < n; j++) w->chosen[j] += OUT(g, l, e) == w->cand[j];
             for (int32_t g = 0; g < G; g++) {
                 if (OUT(g, l, e) >= 0) continue;
-                int32_t best = -1;
-                bool local = false;
-                for (int32_t j = 0; j < n; j++) local |= w->cand[j] / per / gpn == g / gpn;
-                double best_cost = 0.0;
+                int32_t best = -1, best_local = -1;
                 for (int32_t j = 0; j < n; j++) {
-                    int32_t gj = w->cand[j] / per;
-                    if (local && gj / gpn != g / gpn) continue;
-                    double cost = w->actual[gj] - w->expected[gj];
-                    if (best < 0 || cost < best_cost ||
-                        (cost == best_cost && w->chosen[j] < w->chosen[best])) {
-                        best = j;
-                        best_cost = cost;
-                    }
+                    if (better(w, j, best, per)) best = j;
+                    if (w->cand[j] / per / gpn == g / gpn && better(w, j, best_local, per)) best_local = j;
                 }
+                if (best_local >= 0 && w->chosen[best_local] + 1 - w->target[best_local] <= 0.5)
+                    best = best_local;
                 OUT(g, l, e) = w->cand[best];
                 w->chosen[best]++;
                 w->actual[w->cand[best] / per] += load[e] / G;
@@ -242,18 +252,18 @@ epx_status epx_dispatch_table_compute(const epx_shape *shape, const int32_t *rep
      * expert keys first (8-byte aligned), then the int32 arrays. SGLang's
      * fair choices need at most G entries (k <= G), sample() its own. */
     size_t nw = (size_t)width, ng = (size_t)G, ne = (size_t)E;
-    size_t bytes = (2 * ng + ne) * sizeof(double) + ne * sizeof(expert_key) +
+    size_t bytes = (2 * ng + ne + nw) * sizeof(double) + ne * sizeof(expert_key) +
                    (2 * nw + 2 * ng) * sizeof(int32_t) + epxi_pyrandom_sample_scratch_bytes(nw);
     unsigned char *mem = epxi_calloc(bytes, 1, "dispatch table scratch", err);
     if (mem == NULL) return err ? err->status : EPX_ERR_NOMEM;
     double *dbl = (double *)mem;
-    expert_key *keys = (expert_key *)(dbl + 2 * ng + ne);
+    expert_key *keys = (expert_key *)(dbl + 2 * ng + ne + nw);
     int32_t *ip = (int32_t *)(keys + ne);
     if (opts->algorithm == EPX_TABLE_SGLANG) {
         int32_t *cand = ip, *part = cand + nw, *ans = part + ng;
         sglang_table(shape, replicas, width, opts->seed, out, cand, part, ans, ans + ng + nw);
     } else {
-        epx_scratch w = {dbl, dbl + ng, keys, ip, ip + nw};
+        epx_scratch w = {dbl, dbl + ng, keys, ip, ip + nw, dbl + 2 * ng + ne};
         double *unit = dbl + 2 * ng;
         for (size_t e = 0; e < ne; e++) unit[e] = 1.0;
         epx_table(shape, replicas, width, opts->expected_load, opts->replica_weights, out, &w,
