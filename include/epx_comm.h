@@ -153,8 +153,8 @@ EPX_API epx_status epx_comm_health(const epx_comm *comm, epx_error *err);
 
 /*
  * The collective operations, with the rules of epx_comm_ops. Each checks
- * its arguments (non-negative counts, displacements inside no smaller than
- * zero) and the communicator's health first.
+ * its arguments (non-negative counts and displacements; alltoallv's send and
+ * receive buffers must differ) and the communicator's health first.
  * Returns: EPX_OK; EPX_ERR_INVALID_ARG; EPX_ERR_COMM (engine error, or the
  *          communicator failed earlier); EPX_ERR_TIMEOUT (a peer did not
  *          answer within the backend's timeout).

@@ -141,6 +141,11 @@ epx_status epx_comm_alltoallv(epx_comm *comm, const void *send, const int64_t *s
         recv_displs == NULL || elem_bytes == 0)
         return epxi_fail(err, EPX_ERR_INVALID_ARG,
                          "alltoallv needs [size] counts and displacements and elem_bytes > 0");
+    if (send != NULL && send == recv)
+        return epxi_fail(err, EPX_ERR_INVALID_ARG,
+                         "alltoallv: send and receive buffers are the same (%p); the exchange "
+                         "is not in place, give it a separate receive buffer",
+                         send);
     int64_t nsend = 0, nrecv = 0;
     for (int32_t r = 0; r < comm->size; r++) {
         if (send_counts[r] < 0 || send_displs[r] < 0 || recv_counts[r] < 0 || recv_displs[r] < 0)

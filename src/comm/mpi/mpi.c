@@ -130,11 +130,13 @@ static epx_status mpi_alltoallv(void *ctx, const void *send, const int64_t *send
         EPX_TRY(to_int(recv_counts[r], &rc_[r], "receive count", err));
         EPX_TRY(to_int(recv_displs[r], &rd[r], "receive displacement", err));
     }
-    /* MPI wants non-NULL buffers even for empty exchanges on some builds. */
-    static char dummy[16];
+    /* MPI wants non-NULL buffers even for empty exchanges on some builds, and
+     * Open MPI treats equal send and receive pointers as an in-place exchange
+     * (which then deadlocks), so the two stand-ins must differ. */
+    static char dummy_send[16], dummy_recv[16];
     MPI_Request req;
-    int rc = MPI_Ialltoallv(send ? send : dummy, sc, sd, t, recv ? recv : dummy, rc_, rd, t,
-                            c->comm, &req);
+    int rc = MPI_Ialltoallv(send ? send : dummy_send, sc, sd, t, recv ? recv : dummy_recv, rc_,
+                            rd, t, c->comm, &req);
     if (rc != MPI_SUCCESS) return mpi_fail(c->rank, rc, "Ialltoallv", err);
     return wait_request(c, &req, "alltoallv", err);
 }
