@@ -36,26 +36,10 @@ static void philox_known_answers(void **state) {
     assert_int_equal(epx_dispatch_random(0x123456789abcdef0ull, 5, 11, 7, 3), o[0]);
 }
 
+/* Skewed replication: the redundant slots go to the 4 hottest experts. */
 static epx_layout *random_layout(tu_rng *r, int32_t L, int32_t E, int32_t P, int32_t G,
                                  int32_t N) {
-    int32_t *map = malloc(sizeof(int32_t) * (size_t)L * (size_t)P);
-    for (int32_t l = 0; l < L; l++) {
-        int32_t *m = map + (size_t)l * (size_t)P;
-        /* skewed replication: hot experts get most redundant slots */
-        for (int32_t p = 0; p < P; p++)
-            m[p] = p < E ? p : (int32_t)tu_below(r, (uint32_t)(E < 4 ? E : 4));
-        for (int32_t p = P - 1; p > 0; p--) {
-            int32_t q = (int32_t)tu_below(r, (uint32_t)p + 1), t = m[p];
-            m[p] = m[q];
-            m[q] = t;
-        }
-    }
-    epx_shape s = {L, E, P, G, N};
-    epx_layout *lay = NULL;
-    epx_error err = {0};
-    assert_int_equal(epx_layout_create_from_map(&s, map, &lay, &err), EPX_OK);
-    free(map);
-    return lay;
+    return tu_random_layout(r, L, E, P, G, N, 4);
 }
 
 static void random_ids(tu_rng *r, int32_t *ids, int32_t T, int32_t K, int32_t E, int minus1) {

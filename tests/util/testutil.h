@@ -31,6 +31,13 @@ uint64_t tu_next(tu_rng *r);
 uint32_t tu_below(tu_rng *r, uint32_t n);
 double tu_uniform(tu_rng *r);
 
+/* A random valid layout of shape {L, E, P, G, N}: every expert once, the
+ * P - E redundant slots drawn from the first `hot` experts (all E when
+ * hot <= 0 or hot > E, so skew is the caller's choice), then each layer's
+ * slots shuffled. Fails the test if the layout is refused. */
+epx_layout *tu_random_layout(tu_rng *r, int32_t L, int32_t E, int32_t P, int32_t G, int32_t N,
+                             int32_t hot);
+
 /* Assert that `msg` contains every NULL-terminated needle (printing msg). */
 void tu_assert_msg_has(const char *msg, ...);
 #define TU_MSG_HAS(msg, ...) tu_assert_msg_has((msg), __VA_ARGS__, (const char *)NULL)
