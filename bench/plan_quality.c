@@ -276,6 +276,7 @@ static void estimates(const char *shared) {
     static planner p[] = {
         {"deepseek(auto), sum", EPX_ALGO_AUTO, NULL, 0, 0, -1, -1},
         {"epx sum", EPX_ALGO_EPX, &K_DEFAULT, 0, EPX_ESTIMATE_SUM, -1, -1},
+        {"epx recency h=0.25", EPX_ALGO_EPX, &K_DEFAULT, 0, EPX_ESTIMATE_RECENCY, 0.25, -1},
         {"epx recency h=0.5", EPX_ALGO_EPX, &K_DEFAULT, 0, EPX_ESTIMATE_RECENCY, 0.5, -1},
         {"epx recency h=1", EPX_ALGO_EPX, &K_DEFAULT, 0, EPX_ESTIMATE_RECENCY, 1.0, -1},
         {"epx recency h=2", EPX_ALGO_EPX, &K_DEFAULT, 0, EPX_ESTIMATE_RECENCY, 2.0, -1},
@@ -290,9 +291,64 @@ static void estimates(const char *shared) {
           "w + 1)", false);
 }
 
+/* Replicas that share a GPU with another replica of their expert. */
+static int64_t duplicates(const epx_layout *lay) {
+    const epx_shape *s = epx_layout_shape(lay);
+    const int32_t K = s->num_physical_experts / s->num_gpus;
+    const int32_t *m = epx_layout_physical_to_logical(lay);
+    int64_t n = 0;
+    for (int32_t l = 0; l < s->num_layers; l++)
+        for (int32_t g = 0; g < s->num_gpus; g++) {
+            const int32_t *row = m + (size_t)l * s->num_physical_experts + (size_t)g * K;
+            for (int32_t i = 0; i < K; i++)
+                for (int32_t j = 0; j < i; j++)
+                    if (row[i] == row[j]) {
+                        n++;
+                        break;
+                    }
+        }
+    return n;
+}
+
+/* In-sample levers: each trace summed into one window (no estimate), so
+ * only the search itself is measured. */
+static void sweep_one_window(const char *shared, const planner *pls, int n, const char *title) {
+    printf("## %s\n\n| variant | balancedness | even split | duplicate replicas / plan | ms |\n"
+           "|---|---|---|---|---|\n", title);
+    epx_counts *cs[NTRACES];
+    for (int t = 0; t < NTRACES; t++) {
+        epx_counts *c = load_trace(shared, TRACES[t]);
+        epx_error e = {0};
+        if (epx_counts_create(1, c->num_layers, c->num_experts, &cs[t], &e) != EPX_OK)
+            die("counts", &e);
+        if (epx_counts_sum_windows(c, 0, c->num_windows, cs[t]->data, &e) != EPX_OK)
+            die("sum", &e);
+        epx_counts_destroy(c);
+    }
+    for (int i = 0; i < n; i++) {
+        double in = 0, ine = 0, ms = 0, dups = 0;
+        int cnt = 0;
+        for (int t = 0; t < NTRACES; t++)
+            for (int k = 0; k < NSHAPES; k++) {
+                epx_shape s = make_shape(cs[t], SHAPES[k].G, SHAPES[k].N);
+                planned p = run_plan(&pls[i], cs[t], &s, groups_of(TRACES[t]));
+                in += balance(&p, cs[t]->data, true);
+                ine += balance(&p, cs[t]->data, false);
+                dups += (double)duplicates(p.layout);
+                ms += 1e3 * p.seconds, cnt++;
+                planned_free(&p);
+            }
+        printf("| %s | %.4f | %.4f | %.1f | %.2f |\n", pls[i].name, in / cnt, ine / cnt,
+               dups / cnt, ms / cnt);
+        fflush(stdout);
+    }
+    for (int t = 0; t < NTRACES; t++) epx_counts_destroy(cs[t]);
+    printf("\n");
+}
+
 static void ablate(const char *shared) {
-    static epxi_knobs k[8];
-    for (int i = 0; i < 8; i++) k[i] = K_DEFAULT;
+    static epxi_knobs k[12];
+    for (int i = 0; i < 12; i++) k[i] = K_DEFAULT;
     k[0].search = false, k[0].shares = false, k[0].baseline = false; /* greedy only */
     k[1].recount = false, k[1].shares = false, k[1].baseline = false; /* + swaps */
     k[2].shares = false, k[2].baseline = false;                       /* + re-counts */
@@ -300,21 +356,35 @@ static void ablate(const char *shared) {
     k[4].start = 1;                                                   /* start: DeepSeek */
     k[5].start = 2;                                                   /* both starts */
     k[6].max_iters = 1000000;                                         /* no move cap */
-    k[7].shares = false;                                              /* default, even */
-    static planner p[] = {
+    k[7].phase1 = true;                                               /* est. after sum */
+    k[8].shares = false;                                              /* even split */
+    k[9].max_iters2 = 1000000;                                        /* no phase-2 cap */
+    k[10].recount = false;                                            /* swaps only */
+    static planner one[] = {
         {"deepseek(auto)", EPX_ALGO_AUTO, NULL, 0, 0, -1, -1},
-        {"greedy (LPT, no duplicates)", EPX_ALGO_EPX, &k[0], 0, 0, -1, -1},
+        {"greedy: DeepSeek's counts, largest first, no duplicates", EPX_ALGO_EPX, &k[0], 0, 0, -1, -1},
         {"+ swap search", EPX_ALGO_EPX, &k[1], 0, 0, -1, -1},
         {"+ re-count moves", EPX_ALGO_EPX, &k[2], 0, 0, -1, -1},
         {"+ replica shares", EPX_ALGO_EPX, &k[3], 0, 0, -1, -1},
         {"+ DeepSeek guard (= default)", EPX_ALGO_EPX, &K_DEFAULT, 0, 0, -1, -1},
-        {"default, even split only", EPX_ALGO_EPX, &k[7], 0, 0, -1, -1},
-        {"start from DeepSeek's map", EPX_ALGO_EPX, &k[4], 0, 0, -1, -1},
-        {"both starts", EPX_ALGO_EPX, &k[5], 0, 0, -1, -1},
-        {"no move cap", EPX_ALGO_EPX, &k[6], 0, 0, -1, -1},
+        {"default, search starting from DeepSeek's map", EPX_ALGO_EPX, &k[4], 0, 0, -1, -1},
+        {"default, both starts", EPX_ALGO_EPX, &k[5], 0, 0, -1, -1},
+        {"default, no move cap", EPX_ALGO_EPX, &k[6], 0, 0, -1, -1},
     };
-    sweep(shared, p, (int)(sizeof p / sizeof p[0]),
-          "ablation: mean over 5 traces x 4 shapes", false);
+    sweep_one_window(shared, one, (int)(sizeof one / sizeof one[0]),
+                     "ablation, in-sample: each trace summed into one window, 5 traces x 4 "
+                     "shapes");
+    static planner nxt[] = {
+        {"deepseek(auto)", EPX_ALGO_AUTO, NULL, 0, 0, -1, -1},
+        {"epx, plan for the sum (no estimate)", EPX_ALGO_EPX, &K_DEFAULT, 0, EPX_ESTIMATE_SUM, -1, -1},
+        {"epx default (recency, from DeepSeek's map)", EPX_ALGO_EPX, &K_DEFAULT, 0, 0, -1, -1},
+        {"estimate search after a search on the sum", EPX_ALGO_EPX, &k[7], 0, 0, -1, -1},
+        {"default without replica shares", EPX_ALGO_EPX, &k[8], 0, 0, -1, -1},
+        {"default without re-count moves", EPX_ALGO_EPX, &k[10], 0, 0, -1, -1},
+        {"default, no move cap for the estimate", EPX_ALGO_EPX, &k[9], 0, 0, -1, -1},
+    };
+    sweep(shared, nxt, (int)(sizeof nxt / sizeof nxt[0]),
+          "ablation, next window: 5 traces x 4 shapes", false);
 }
 
 static void budget(const char *shared) {

@@ -53,6 +53,14 @@ EPXI_HIDDEN void epxi_search_destroy(epxi_search *s);
 EPXI_HIDDEN void epxi_search_begin(epxi_search *s, const double *w, const int32_t *home,
                                    int32_t budget);
 
+/* Allow or forbid re-count moves (allowed after begin; forbidding them is
+ * only for measuring what they bring). */
+EPXI_HIDDEN void epxi_search_allow_recount(epxi_search *s, bool on);
+
+/* Let improve stop as soon as the max GPU load is <= target (after begin;
+ * the default, -inf, never stops early). */
+EPXI_HIDDEN void epxi_search_set_target(epxi_search *s, double target);
+
 /* Add a constraint: from now on no move may lift a GPU's load under w2 [E]
  * (kept by pointer) above cap2. The current solution must satisfy it. Used
  * to plan for an estimate while keeping the summed load at least as
@@ -158,7 +166,7 @@ typedef struct epxi_knobs {
     double budget;      /* relaxed mode default share of redundant slots */
 } epxi_knobs;
 #define EPXI_DEFAULT_CROSS_NODE_BUDGET 0.25
-#define EPXI_KNOBS_DEFAULT {true, true, true, true, false, 0, -1, -1, 64, EPXI_DEFAULT_CROSS_NODE_BUDGET}
+#define EPXI_KNOBS_DEFAULT {true, true, true, true, true, 0, -1, -1, 16, EPXI_DEFAULT_CROSS_NODE_BUDGET}
 
 /* Per-run figures, for benchmarks and tests. */
 typedef struct epxi_plan_info {

@@ -2,28 +2,33 @@
  * epx_plan.c - epx's own placement (`--algorithm epx`, the default), layer
  * by layer:
  *
- *  1. the load to plan for: an estimate of the next window from the
- *     [S][L][E] windows (epx_estimate.c; MINMAX picks among plans instead);
+ *  1. the baseline: DeepSeek's placement of the summed load under the same
+ *     constraints (hierarchical for the node-local modes, global for off),
+ *     and its max GPU load U on that load;
  *  2. node locality: with nodes > 1 and expert groups that divide over
  *     them, each group gets a home node (DeepSeek's group packing, then
  *     improved by swapping groups); `strict` keeps every replica at home,
  *     `relaxed` lets a budget of replicas of hot experts sit elsewhere;
  *     `off` places globally;
- *  3. the search (epx_search.c): greedy counts and packing, then local
- *     search on the max GPU load that changes counts and packing together;
- *  4. the guarantee: DeepSeek's placement of the same layer (summed load,
- *     same constraints: hierarchical for node-local modes, global for off)
- *     is computed too, and epx's map is kept only if its max GPU load on
- *     the summed load is not above DeepSeek's. Otherwise the search runs
- *     again on the summed load starting from DeepSeek's map, which by
- *     construction cannot end worse; DeepSeek's own map is the last resort.
- *  5. replica shares for the chosen map (epx_shares.c), which can only
- *     lower its max GPU load further.
+ *  3. phase 1 (epx_search.c): greedy counts and packing without duplicate
+ *     replicas, then local search on the summed load's max GPU load. If it
+ *     does not get to U, the search runs again from DeepSeek's own map,
+ *     which cannot end worse; DeepSeek's map is the last resort. With an
+ *     estimate to follow, phase 1 stops as soon as it reaches U;
+ *  4. phase 2, when the counts have several windows: the search continues
+ *     on the estimate of the next window (epx_estimate.c; MINMAX picks
+ *     among estimates by the sum of per-window maxima), with a constraint:
+ *     no GPU's summed load may exceed U. So the plan serves the next window
+ *     better and stays at least as balanced as DeepSeek's in-sample;
+ *  5. replica shares for the chosen map (epx_shares.c), fitted to the
+ *     estimate and pulled back toward the even split just enough that the
+ *     summed load's max stays <= U.
  * Every step is deterministic: the same input gives the same plan.
  */
 #include "epx_algo.h"
 #include "plan_internal.h"
 
+#include <math.h>
 #include <string.h>
 
 /* The estimate EPX_ESTIMATE_DEFAULT resolves to; chosen by back-testing on
@@ -104,6 +109,8 @@ typedef struct layer_cfg {
     int32_t budget;   /* foreign replicas allowed */
     int64_t iters;    /* move budget per search */
     int64_t iters2;   /* ... for the estimate (phase 2) */
+    double target;    /* phase 1 may stop at this max (DeepSeek's, when an
+                         estimate follows: more is not needed); -inf = no */
 } layer_cfg;
 
 static double even_max(plan_ws *w, const layer_cfg *c, const int32_t *map, const double *load) {
@@ -119,6 +126,8 @@ static int64_t search_once(plan_ws *w, const layer_cfg *c, const double *load,
                            int32_t *out, int32_t *dups) {
     epxi_search *s = w->search;
     epxi_search_begin(s, load, home, c->budget);
+    epxi_search_allow_recount(s, c->k->recount);
+    epxi_search_set_target(s, c->target);
     if (start == 1) epxi_search_init_map(s, from);
     else epxi_search_init_lpt(s);
     int64_t moves = 0;
@@ -188,9 +197,13 @@ static int64_t refine_for(plan_ws *w, const layer_cfg *c, const double *est, dou
     const int32_t P = c->shape->num_physical_experts;
     epxi_search *s = w->search;
     epxi_search_begin(s, est, c->node_local ? w->best_home : NULL, c->budget);
+    epxi_search_allow_recount(s, c->k->recount);
     epxi_search_init_map(s, w->best);
     epxi_search_constrain(s, w->sum, cap);
-    (void)epxi_search_fix_duplicates(s, true); /* DeepSeek's map may have some */
+    /* DeepSeek's map may have duplicates: remove them even where that lifts
+     * the estimate's max (the summed-load cap still holds; the search then
+     * rebalances, and the result is kept only if no worse than the start). */
+    (void)epxi_search_fix_duplicates(s, false);
     int64_t moves = epxi_search_improve(s, c->iters2);
     int32_t d = epxi_search_fix_duplicates(s, true);
     epxi_search_export(s, w->cand);
@@ -292,7 +305,9 @@ static epx_status resolve(const epx_counts *counts, const epx_shape *shape,
     c->node_local = N > 1 && mode != EPX_NODE_LOCAL_OFF;
     c->budget = mode == EPX_NODE_LOCAL_RELAXED ? (int32_t)(frac * (P - E)) : 0;
     c->iters = k->max_iters >= 0 ? k->max_iters : 8 * (int64_t)shape->num_gpus + 64;
-    c->iters2 = k->max_iters2 >= 0 ? k->max_iters2 : 2 * (int64_t)shape->num_gpus + 16;
+    c->iters2 = k->max_iters2 >= 0 ? k->max_iters2
+                                   : (shape->num_gpus > 8 ? 2 * (int64_t)shape->num_gpus : 16);
+    c->target = -HUGE_VAL;
     *mode_out = N > 1 ? mode : EPX_NODE_LOCAL_OFF;
     *est_out = est;
     return EPX_OK;
@@ -349,8 +364,12 @@ epx_status epxi_plan_epx_knobs(const epx_counts *counts, const epx_shape *shape,
             if (c.node_local) homes_of_map(&c, w.ds_map, w.best_home);
             m = ds_max;
         } else {
-            /* Phase 1: the summed load, at least as balanced as DeepSeek. */
+            /* Phase 1: the summed load, at least as balanced as DeepSeek.
+             * When the estimate's search follows, reaching DeepSeek's max
+             * is enough: that search may use only the slack up to it. */
+            c.target = with_est ? ds_max : -HUGE_VAL;
             inf.moves += plan_for(&w, &c, w.sum, &dups, &m);
+            c.target = -HUGE_VAL;
         }
         if (k->baseline && m > ds_max) {
             /* Search from DeepSeek's own map instead, which cannot end worse. */

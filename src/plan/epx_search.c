@@ -27,7 +27,18 @@
  * A move is taken only when every GPU it touches ends strictly below the
  * current max, so the max never rises and each move either lowers it or
  * removes one GPU from the set that reaches it: the search cannot cycle.
- * No move creates two replicas of one expert on a GPU.
+ * No move creates two replicas of one expert on a GPU. Partners are tried
+ * lightest first and the first that yields an improving swap is used
+ * (first improvement: cheaper per move, and measured no worse than the
+ * best partner). Re-counts are searched only when no swap helps.
+ *
+ * Speed: GPUs are kept ordered by load, and each GPU's slots by replica
+ * load (and by constraint load when there is one), updated per move rather
+ * than re-sorted; a table [E][G] answers "does GPU g hold e" in one load.
+ * A second load (the constraint) lets the caller optimise an estimate of
+ * the next window while the summed load stays within DeepSeek's max: then
+ * the partner search looks up replicas by constraint load, the condition
+ * that binds.
  *
  * Node locality: each expert may have a home node (its group's). Replicas
  * off it are "foreign"; at most `budget` of them may exist (0 = strict) and
@@ -43,6 +54,8 @@ struct epxi_search {
     const double *w;
     const int32_t *home;
     int32_t budget, foreign;
+    bool recount;      /* re-count moves allowed (off only to measure them) */
+    double target;     /* improve stops once the max GPU load is <= target */
     int32_t *slot;     /* [P] expert in each slot */
     int32_t *gpu;      /* [P] GPU of each slot, p / K (a load, not a division) */
     int32_t *cnt;      /* [E] replica count */
@@ -143,6 +156,8 @@ void epxi_search_begin(epxi_search *s, const double *w, const int32_t *home, int
     s->w = w;
     s->w2 = NULL;
     s->cap2 = 0.0;
+    s->recount = true;
+    s->target = -HUGE_VAL;
     s->home = home;
     s->budget = home ? budget : 0;
 }
@@ -225,6 +240,24 @@ static void rebuild(epxi_search *s) {
     }
     s->gorder_ok = false;
 }
+
+/* Exact GPU loads from the slots; the GPU order must be rebuilt. */
+static void recompute_loads(epxi_search *s) {
+    for (int32_t g = 0; g < s->G; g++) {
+        double l = 0.0, l2 = 0.0;
+        for (int32_t k = 0; k < s->K; k++) {
+            l += per_replica(s, s->slot[g * s->K + k]);
+            if (s->w2) l2 += per_replica2(s, s->slot[g * s->K + k]);
+        }
+        s->load[g] = l;
+        s->load2[g] = l2;
+    }
+    s->gorder_ok = false;
+}
+
+void epxi_search_allow_recount(epxi_search *s, bool on) { s->recount = on; }
+
+void epxi_search_set_target(epxi_search *s, double target) { s->target = target; }
 
 void epxi_search_constrain(epxi_search *s, const double *w2, double cap2) {
     s->w2 = w2;
@@ -775,7 +808,7 @@ int64_t epxi_search_improve(epxi_search *s, int64_t max_iters) {
         if (!s->gorder_ok) order_gpus(s);
         const int32_t gmax = s->gorder[s->G - 1];
         const double Lmax = s->load[gmax];
-        if (!(Lmax > 0.0)) break;
+        if (!(Lmax > 0.0) || Lmax <= s->target) break;
         /* A move must end every touched GPU clearly below the max, so float
          * noise in the incremental loads cannot make it cycle. */
         double best = Lmax * (1.0 - 1e-12);
@@ -786,14 +819,15 @@ int64_t epxi_search_improve(epxi_search *s, int64_t max_iters) {
             apply_swap(s, a, b);
             continue;
         }
-        if (best_recount(s, gmax, &best, &b, &x)) {
+        if (s->recount && best_recount(s, gmax, &best, &b, &x)) {
             apply_recount(s, b, x);
             continue;
         }
         break;
     }
-    /* Incremental updates drift by rounding; restart from exact loads. */
-    rebuild(s);
+    /* Incremental updates drift by rounding: recompute the loads exactly
+     * (lists, counts and slot orders are exact and stay). */
+    recompute_loads(s);
     return it;
 }
 

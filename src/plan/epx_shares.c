@@ -136,7 +136,7 @@ double epxi_shares_compute(epxi_shares_ws *ws, const int32_t *map, const double 
         }
     }
     /* Coordinate descent: water-fill one expert at a time. */
-    const double tol = 1e-12 * (total / G);
+    const double tol = 1e-9 * (total / G); /* a billionth of the mean GPU load */
     for (int32_t sweep = 0; sweep < max_sweeps; sweep++) {
         double moved = 0.0;
         for (int32_t i = 0; i < nm; i++) {
