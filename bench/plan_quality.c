@@ -243,6 +243,8 @@ static void timing(const char *shared) {
 }
 
 /* Mean over traces and shapes of next-window (and in-sample) balancedness. */
+static int g_only_shape = -1; /* sweep: only this SHAPES index (budget section) */
+
 static void sweep(const char *shared, const planner *pls, int n, const char *title,
                   bool only_multinode_ds) {
     printf("## %s\n\n| variant | in-sample | next-window | next (even split) | cross-node |"
@@ -256,6 +258,7 @@ static void sweep(const char *shared, const planner *pls, int n, const char *tit
             if (only_multinode_ds && groups_of(TRACES[t]) == 0) continue;
             for (int k = 0; k < NSHAPES; k++) {
                 if (only_multinode_ds && SHAPES[k].N == 1) continue;
+                if (g_only_shape >= 0 && k != g_only_shape) continue;
                 epx_shape s = make_shape(cs[t], SHAPES[k].G, SHAPES[k].N);
                 quality q = measure(&pls[i], cs[t], &s, groups_of(TRACES[t]), 1);
                 in += q.in_sample, nx += q.next, nxe += q.next_even, cr += q.cross;
@@ -349,14 +352,15 @@ static void sweep_one_window(const char *shared, const planner *pls, int n, cons
 static void ablate(const char *shared) {
     static epxi_knobs k[12];
     for (int i = 0; i < 12; i++) k[i] = K_DEFAULT;
+    for (int i = 0; i < 4; i++) k[i].start = 0; /* the levers on top of the greedy start */
     k[0].search = false, k[0].shares = false, k[0].baseline = false; /* greedy only */
     k[1].recount = false, k[1].shares = false, k[1].baseline = false; /* + swaps */
     k[2].shares = false, k[2].baseline = false;                       /* + re-counts */
     k[3].baseline = false;                                            /* + shares */
-    k[4].start = 1;                                                   /* start: DeepSeek */
+    k[4].start = 0;                                                   /* greedy start */
     k[5].start = 2;                                                   /* both starts */
     k[6].max_iters = 1000000;                                         /* no move cap */
-    k[7].phase1 = true;                                               /* est. after sum */
+    k[7].phase1 = false;                                              /* est. from DS map */
     k[8].shares = false;                                              /* even split */
     k[9].max_iters2 = 1000000;                                        /* no phase-2 cap */
     k[10].recount = false;                                            /* swaps only */
@@ -367,7 +371,7 @@ static void ablate(const char *shared) {
         {"+ re-count moves", EPX_ALGO_EPX, &k[2], 0, 0, -1, -1},
         {"+ replica shares", EPX_ALGO_EPX, &k[3], 0, 0, -1, -1},
         {"+ DeepSeek guard (= default)", EPX_ALGO_EPX, &K_DEFAULT, 0, 0, -1, -1},
-        {"default, search starting from DeepSeek's map", EPX_ALGO_EPX, &k[4], 0, 0, -1, -1},
+        {"default, greedy start everywhere", EPX_ALGO_EPX, &k[4], 0, 0, -1, -1},
         {"default, both starts", EPX_ALGO_EPX, &k[5], 0, 0, -1, -1},
         {"default, no move cap", EPX_ALGO_EPX, &k[6], 0, 0, -1, -1},
     };
@@ -377,8 +381,8 @@ static void ablate(const char *shared) {
     static planner nxt[] = {
         {"deepseek(auto)", EPX_ALGO_AUTO, NULL, 0, 0, -1, -1},
         {"epx, plan for the sum (no estimate)", EPX_ALGO_EPX, &K_DEFAULT, 0, EPX_ESTIMATE_SUM, -1, -1},
-        {"epx default (recency, from DeepSeek's map)", EPX_ALGO_EPX, &K_DEFAULT, 0, 0, -1, -1},
-        {"estimate search after a search on the sum", EPX_ALGO_EPX, &k[7], 0, 0, -1, -1},
+        {"epx default (recency h=0.5 after phase 1)", EPX_ALGO_EPX, &K_DEFAULT, 0, 0, -1, -1},
+        {"estimate search from DeepSeek's map (no phase 1)", EPX_ALGO_EPX, &k[7], 0, 0, -1, -1},
         {"default without replica shares", EPX_ALGO_EPX, &k[8], 0, 0, -1, -1},
         {"default without re-count moves", EPX_ALGO_EPX, &k[10], 0, 0, -1, -1},
         {"default, no move cap for the estimate", EPX_ALGO_EPX, &k[9], 0, 0, -1, -1},
@@ -395,12 +399,19 @@ static void budget(const char *shared) {
         {"epx relaxed 0.05", EPX_ALGO_EPX, NULL, EPX_NODE_LOCAL_RELAXED, 0, -1, 0.05},
         {"epx relaxed 0.10", EPX_ALGO_EPX, NULL, EPX_NODE_LOCAL_RELAXED, 0, -1, 0.10},
         {"epx relaxed 0.25", EPX_ALGO_EPX, NULL, EPX_NODE_LOCAL_RELAXED, 0, -1, 0.25},
-        {"epx relaxed 0.50", EPX_ALGO_EPX, NULL, EPX_NODE_LOCAL_RELAXED, 0, -1, 0.50},
+        {"epx relaxed 0.50 (default)", EPX_ALGO_EPX, NULL, EPX_NODE_LOCAL_RELAXED, 0, -1, 0.50},
         {"epx relaxed 1.00", EPX_ALGO_EPX, NULL, EPX_NODE_LOCAL_RELAXED, 0, -1, 1.00},
         {"epx off (global)", EPX_ALGO_EPX, NULL, EPX_NODE_LOCAL_OFF, 0, -1, -1},
     };
-    sweep(shared, p, (int)(sizeof p / sizeof p[0]),
-          "node-local modes: DeepSeek-V3 trace, 16/2, 32/4, 64/8 (8 groups)", true);
+    for (int k = 0; k < NSHAPES; k++) {
+        if (SHAPES[k].N == 1) continue;
+        char title[160];
+        snprintf(title, sizeof title, "node-local modes: DeepSeek-V3 trace (8 groups), %d GPUs / "
+                 "%d nodes", SHAPES[k].G, SHAPES[k].N);
+        g_only_shape = k;
+        sweep(shared, p, (int)(sizeof p / sizeof p[0]), title, true);
+    }
+    g_only_shape = -1;
 }
 
 int main(int argc, char **argv) {

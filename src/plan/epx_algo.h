@@ -72,6 +72,12 @@ EPXI_HIDDEN void epxi_search_constrain(epxi_search *s, const double *w2, double 
  * GPU that has a free slot and no replica of the same expert yet. */
 EPXI_HIDDEN void epxi_search_init_lpt(epxi_search *s);
 
+/* Keep the current solution but search it under a new load w [E] (and
+ * home / budget): what begin + init_map would do for the same map, without
+ * rebuilding the replica lists. */
+EPXI_HIDDEN void epxi_search_retarget(epxi_search *s, const double *w, const int32_t *home,
+                                      int32_t budget);
+
 /* Initial solution from a map [P] (it must respect home with 0 foreign
  * replicas, or home must be NULL). */
 EPXI_HIDDEN void epxi_search_init_map(epxi_search *s, const int32_t *map);
@@ -159,14 +165,15 @@ typedef struct epxi_knobs {
     bool baseline;      /* compare with DeepSeek per layer, keep the better */
     bool phase1;        /* with an estimate: search the summed load first (else
                            the estimate's search starts from DeepSeek's map) */
-    int32_t start;      /* 0: greedy (LPT) start, 1: DeepSeek's map, 2: both */
+    int32_t start;      /* 0: greedy (LPT) start, 1: DeepSeek's map, 2: both,
+                           3: greedy when node-local, else DeepSeek's map */
     int64_t max_iters;  /* accepted moves per layer, first search; < 0: automatic */
     int64_t max_iters2; /* ... for the estimate (phase 2); < 0: automatic */
     int32_t max_sweeps; /* water-filling sweeps for the shares */
     double budget;      /* relaxed mode default share of redundant slots */
 } epxi_knobs;
-#define EPXI_DEFAULT_CROSS_NODE_BUDGET 0.25
-#define EPXI_KNOBS_DEFAULT {true, true, true, true, true, 0, -1, -1, 16, EPXI_DEFAULT_CROSS_NODE_BUDGET}
+#define EPXI_DEFAULT_CROSS_NODE_BUDGET 0.5
+#define EPXI_KNOBS_DEFAULT {true, true, true, true, true, 3, -1, -1, 16, EPXI_DEFAULT_CROSS_NODE_BUDGET}
 
 /* Per-run figures, for benchmarks and tests. */
 typedef struct epxi_plan_info {

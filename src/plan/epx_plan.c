@@ -47,6 +47,7 @@ typedef struct plan_ws {
     int32_t *home, *home2;      /* [E] */
     int32_t *best_home;         /* [E] the homes of w->best */
     double *even_share, *fit_share; /* [P] */
+    bool search_holds_best;     /* the search state's map is w->best */
     int32_t *ds_map, *cand, *best, *pick; /* [P] */
     int32_t *gscratch;          /* [2 E + N] */
     double *gdscratch;          /* [E + N] */
@@ -120,7 +121,9 @@ static double even_max(plan_ws *w, const layer_cfg *c, const int32_t *map, const
 }
 
 /* Run the search for load `load` and write its map to `out`; start 0 is the
- * greedy start, 1 the given map `from`. home may be NULL. */
+ * greedy start, 1 the given map `from` with its duplicates removed at any
+ * cost to the max first, 2 the same keeping its max (so the result cannot
+ * end above it). home may be NULL. */
 static int64_t search_once(plan_ws *w, const layer_cfg *c, const double *load,
                            const int32_t *home, int32_t start, const int32_t *from,
                            int32_t *out, int32_t *dups) {
@@ -128,13 +131,13 @@ static int64_t search_once(plan_ws *w, const layer_cfg *c, const double *load,
     epxi_search_begin(s, load, home, c->budget);
     epxi_search_allow_recount(s, c->k->recount);
     epxi_search_set_target(s, c->target);
-    if (start == 1) epxi_search_init_map(s, from);
+    if (start >= 1) epxi_search_init_map(s, from);
     else epxi_search_init_lpt(s);
     int64_t moves = 0;
     if (c->k->search) {
         /* Duplicates first; from the greedy start at any cost to the max
          * (the search that follows never creates one, and rebalances). */
-        (void)epxi_search_fix_duplicates(s, start == 1); /* from DeepSeek: keep its max */
+        (void)epxi_search_fix_duplicates(s, start == 2);
         moves = epxi_search_improve(s, c->iters);
     }
     *dups = epxi_search_fix_duplicates(s, true);
@@ -164,13 +167,21 @@ static int64_t plan_for(plan_ws *w, const layer_cfg *c, const double *load, int3
         epxi_groups_to_nodes(load, E, c->ng, s->num_nodes, P / s->num_nodes, w->home,
                              w->gscratch, w->gdscratch);
     *best_max = -1.0;
+    /* Auto: node-local plans start greedy from epx's own home nodes; global
+     * ones from DeepSeek's map, which the baseline computes anyway. */
+    const int32_t want = c->k->start == 3 ? (c->node_local ? 0 : 1) : c->k->start;
     for (int32_t start = 0; start < 2; start++) {
-        if (c->k->start != 2 && start != c->k->start) continue;
+        if (want != 2 && start != want) continue;
         const int32_t *home = c->node_local ? w->home : NULL;
         if (start == 1) {
-            /* DeepSeek's map for this load, and the homes it implies. */
-            for (int32_t e = 0; e < E; e++) w->est32[e] = (float)load[e];
-            epxi_deepseek_layer(w->ds, w->est32, w->cand, NULL, NULL);
+            /* DeepSeek's map for this load (the baseline's, for the summed
+             * load), and the homes it implies. */
+            if (load == w->sum) {
+                memcpy(w->cand, w->ds_map, (size_t)P * sizeof *w->cand);
+            } else {
+                for (int32_t e = 0; e < E; e++) w->est32[e] = (float)load[e];
+                epxi_deepseek_layer(w->ds, w->est32, w->cand, NULL, NULL);
+            }
             if (c->node_local) {
                 homes_of_map(c, w->cand, w->home2);
                 home = w->home2;
@@ -179,11 +190,13 @@ static int64_t plan_for(plan_ws *w, const layer_cfg *c, const double *load, int3
         int32_t d = 0;
         moves += search_once(w, c, load, home, start, w->cand, w->cand, &d);
         double m = even_max(w, c, w->cand, load);
+        w->search_holds_best = false;
         if (*best_max < 0.0 || m < *best_max) {
             *best_max = m;
             *dups = d;
             memcpy(w->best, w->cand, (size_t)P * sizeof *w->best);
             if (home) memcpy(w->best_home, home, (size_t)E * sizeof *home);
+            w->search_holds_best = true;
         }
     }
     return moves;
@@ -196,9 +209,14 @@ static int64_t refine_for(plan_ws *w, const layer_cfg *c, const double *est, dou
                           int32_t *dups) {
     const int32_t P = c->shape->num_physical_experts;
     epxi_search *s = w->search;
-    epxi_search_begin(s, est, c->node_local ? w->best_home : NULL, c->budget);
+    const int32_t *home = c->node_local ? w->best_home : NULL;
+    if (w->search_holds_best) {
+        epxi_search_retarget(s, est, home, c->budget); /* same map: keep the lists */
+    } else {
+        epxi_search_begin(s, est, home, c->budget);
+        epxi_search_init_map(s, w->best);
+    }
     epxi_search_allow_recount(s, c->k->recount);
-    epxi_search_init_map(s, w->best);
     epxi_search_constrain(s, w->sum, cap);
     /* DeepSeek's map may have duplicates: remove them even where that lifts
      * the estimate's max (the summed-load cap still holds; the search then
@@ -211,6 +229,9 @@ static int64_t refine_for(plan_ws *w, const layer_cfg *c, const double *est, dou
         even_max(w, c, w->cand, est) <= even_max(w, c, w->best, est)) {
         memcpy(w->best, w->cand, (size_t)P * sizeof *w->best);
         *dups = d;
+        w->search_holds_best = true;
+    } else {
+        w->search_holds_best = false;
     }
     return moves;
 }
@@ -241,7 +262,7 @@ static void shares_for(plan_ws *w, const layer_cfg *c, const int32_t *map, const
     if (!(fit < even)) return;
     double lo = 0.0, hi = 1.0;
     if (epxi_layer_loads_shares(map, w->fit_share, w->sum, P, G, w->gload) > cap) {
-        for (int i = 0; i < 16; i++) { /* the step to 2^-16: plenty for shares */
+        for (int i = 0; i < 10; i++) { /* the step to 2^-10: plenty for shares */
             double t = 0.5 * (lo + hi);
             for (int32_t p = 0; p < P; p++)
                 share[p] = w->even_share[p] + t * (w->fit_share[p] - w->even_share[p]);
@@ -362,12 +383,15 @@ epx_status epxi_plan_epx_knobs(const epx_counts *counts, const epx_shape *shape,
             /* DeepSeek's map is where the estimate's search starts. */
             memcpy(w.best, w.ds_map, (size_t)P * sizeof *w.best);
             if (c.node_local) homes_of_map(&c, w.ds_map, w.best_home);
+            w.search_holds_best = false;
             m = ds_max;
         } else {
             /* Phase 1: the summed load, at least as balanced as DeepSeek.
-             * When the estimate's search follows, reaching DeepSeek's max
-             * is enough: that search may use only the slack up to it. */
-            c.target = with_est ? ds_max : -HUGE_VAL;
+             * When the estimate's search follows a global plan, reaching
+             * DeepSeek's max is enough (that search may use only the slack
+             * up to it). Node-local plans search on: the hierarchical
+             * baseline is weak, and the better start pays off in-sample. */
+            c.target = with_est && !c.node_local ? ds_max : -HUGE_VAL;
             inf.moves += plan_for(&w, &c, w.sum, &dups, &m);
             c.target = -HUGE_VAL;
         }
@@ -379,14 +403,16 @@ epx_status epxi_plan_epx_knobs(const epx_counts *counts, const epx_shape *shape,
                 home = w.best_home;
             }
             int32_t d = 0;
-            inf.moves += search_once(&w, &c, w.sum, home, 1, w.ds_map, w.cand, &d);
+            inf.moves += search_once(&w, &c, w.sum, home, 2, w.ds_map, w.cand, &d);
             if (even_max(&w, &c, w.cand, w.sum) <= ds_max) {
                 memcpy(w.best, w.cand, (size_t)P * sizeof *w.best);
                 dups = d;
+                w.search_holds_best = true;
                 inf.layers_fallback_sum++;
             } else {
                 memcpy(w.best, w.ds_map, (size_t)P * sizeof *w.best);
                 dups = 0;
+                w.search_holds_best = false;
                 inf.layers_kept_baseline++;
             }
         }
@@ -408,6 +434,7 @@ epx_status epxi_plan_epx_knobs(const epx_counts *counts, const epx_shape *shape,
                 for (int32_t i = 0; i < 2; i++) {
                     epxi_estimate_layer(counts, l, kinds[i], -1.0, w.alt);
                     memcpy(w.best, w.pick, (size_t)P * sizeof *w.best);
+                    w.search_holds_best = false;
                     int32_t d = dups;
                     inf.moves += refine_for(&w, &c, w.alt, cap, &d);
                     double obj = sum_of_maxima(&w, &c, counts, l, w.best);

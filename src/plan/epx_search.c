@@ -277,6 +277,8 @@ double epxi_search_max_load(const epxi_search *s) {
     return mx;
 }
 
+static void recompute_loads(epxi_search *s);
+
 /* ---- initial solutions ------------------------------------------------------- */
 
 /* Max-heap of experts keyed by load per replica (v[e], cached), ties to
@@ -391,6 +393,25 @@ void epxi_search_init_lpt(epxi_search *s) {
     }
     memcpy(s->slot, s->idx, (size_t)P * sizeof *s->slot);
     rebuild(s);
+}
+
+void epxi_search_retarget(epxi_search *s, const double *w, const int32_t *home,
+                          int32_t budget) {
+    s->w = w;
+    s->home = home;
+    s->budget = home ? budget : 0;
+    s->w2 = NULL;
+    s->cap2 = 0.0;
+    s->recount = true;
+    s->target = -HUGE_VAL;
+    s->foreign = 0;
+    for (int32_t e = 0; e < s->E; e++) s->home_cnt[e] = 0;
+    for (int32_t p = 0; p < s->P; p++) {
+        if (at_home(s, s->slot[p], gpu_of(s, p))) s->home_cnt[s->slot[p]]++;
+        else s->foreign++;
+    }
+    for (int32_t g = 0; g < s->G; g++) s->sorted_ok[g] = 0; /* replica loads changed */
+    recompute_loads(s);
 }
 
 void epxi_search_init_map(epxi_search *s, const int32_t *map) {
