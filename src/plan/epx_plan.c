@@ -42,12 +42,13 @@ typedef struct plan_ws {
     epxi_search *search;
     epxi_shares_ws *shares;
     double *sum, *est, *alt;    /* [E] */
-    double *gload;              /* [G] */
+    double *gload, *gload2;     /* [G] */
     int32_t *cnt;               /* [E] */
     int32_t *home, *home2;      /* [E] */
     int32_t *best_home;         /* [E] the homes of w->best */
     double *even_share, *fit_share; /* [P] */
     bool search_holds_best;     /* the search state's map is w->best */
+    double last_max;            /* max GPU load of search_once's result, exact */
     int32_t *ds_map, *cand, *best, *pick; /* [P] */
     int32_t *gscratch;          /* [2 E + N] */
     double *gdscratch;          /* [E + N] */
@@ -58,7 +59,7 @@ static void ws_free(plan_ws *w) {
     free(w->load32), free(w->est32);
     epxi_search_destroy(w->search);
     epxi_shares_ws_destroy(w->shares);
-    free(w->sum), free(w->est), free(w->alt), free(w->gload), free(w->cnt);
+    free(w->sum), free(w->est), free(w->alt), free(w->gload), free(w->gload2), free(w->cnt);
     free(w->home), free(w->home2), free(w->best_home), free(w->even_share), free(w->fit_share), free(w->ds_map), free(w->cand), free(w->best), free(w->pick);
     free(w->gscratch), free(w->gdscratch);
 }
@@ -83,6 +84,7 @@ static epx_status ws_alloc(plan_ws *w, const epx_counts *counts, const epx_shape
     w->est = epxi_calloc(e, sizeof(double), "planning estimate", err);
     w->alt = epxi_calloc(e, sizeof(double), "planning estimate", err);
     w->gload = epxi_calloc(g, sizeof(double), "GPU loads", err);
+    w->gload2 = epxi_calloc(g, sizeof(double), "GPU loads", err);
     w->cnt = epxi_calloc(e, sizeof(int32_t), "replica counts", err);
     w->home = epxi_calloc(e, sizeof(int32_t), "home nodes", err);
     w->home2 = epxi_calloc(e, sizeof(int32_t), "home nodes", err);
@@ -95,7 +97,8 @@ static epx_status ws_alloc(plan_ws *w, const epx_counts *counts, const epx_shape
     w->pick = epxi_calloc(p, sizeof(int32_t), "candidate map", err);
     w->gscratch = epxi_calloc(2 * e + (size_t)N, sizeof(int32_t), "group scratch", err);
     w->gdscratch = epxi_calloc(e + (size_t)N, sizeof(double), "group scratch", err);
-    if (!w->sum || !w->est || !w->alt || !w->gload || !w->cnt || !w->home || !w->home2 ||
+    if (!w->sum || !w->est || !w->alt || !w->gload || !w->gload2 || !w->cnt || !w->home ||
+        !w->home2 ||
         !w->best_home || !w->even_share || !w->fit_share ||
         !w->ds_map || !w->cand || !w->best || !w->pick || !w->gscratch || !w->gdscratch)
         return EPX_ERR_NOMEM;
@@ -142,6 +145,7 @@ static int64_t search_once(plan_ws *w, const layer_cfg *c, const double *load,
     }
     *dups = epxi_search_fix_duplicates(s, true);
     epxi_search_export(s, out);
+    w->last_max = epxi_search_max_load(s); /* exact: see epxi_search_max_load */
     return moves;
 }
 
@@ -189,7 +193,7 @@ static int64_t plan_for(plan_ws *w, const layer_cfg *c, const double *load, int3
         }
         int32_t d = 0;
         moves += search_once(w, c, load, home, start, w->cand, w->cand, &d);
-        double m = even_max(w, c, w->cand, load);
+        double m = w->last_max;
         w->search_holds_best = false;
         if (*best_max < 0.0 || m < *best_max) {
             *best_max = m;
@@ -218,6 +222,7 @@ static int64_t refine_for(plan_ws *w, const layer_cfg *c, const double *est, dou
     }
     epxi_search_allow_recount(s, c->k->recount);
     epxi_search_constrain(s, w->sum, cap);
+    const double start_max = epxi_search_max_load(s); /* exact, the map w->best */
     /* DeepSeek's map may have duplicates: remove them even where that lifts
      * the estimate's max (the summed-load cap still holds; the search then
      * rebalances, and the result is kept only if no worse than the start). */
@@ -225,8 +230,7 @@ static int64_t refine_for(plan_ws *w, const layer_cfg *c, const double *est, dou
     int64_t moves = epxi_search_improve(s, c->iters2);
     int32_t d = epxi_search_fix_duplicates(s, true);
     epxi_search_export(s, w->cand);
-    if (even_max(w, c, w->cand, w->sum) <= cap &&
-        even_max(w, c, w->cand, est) <= even_max(w, c, w->best, est)) {
+    if (epxi_search_max_load2(s) <= cap && epxi_search_max_load(s) <= start_max) {
         memcpy(w->best, w->cand, (size_t)P * sizeof *w->best);
         *dups = d;
         w->search_holds_best = true;
@@ -260,20 +264,26 @@ static void shares_for(plan_ws *w, const layer_cfg *c, const int32_t *map, const
     if (!c->k->shares) return;
     double fit = epxi_shares_compute(w->shares, map, est, E, P, G, c->k->max_sweeps, w->fit_share);
     if (!(fit < even)) return;
-    double lo = 0.0, hi = 1.0;
-    if (epxi_layer_loads_shares(map, w->fit_share, w->sum, P, G, w->gload) > cap) {
-        for (int i = 0; i < 10; i++) { /* the step to 2^-10: plenty for shares */
-            double t = 0.5 * (lo + hi);
-            for (int32_t p = 0; p < P; p++)
-                share[p] = w->even_share[p] + t * (w->fit_share[p] - w->even_share[p]);
-            if (epxi_layer_loads_shares(map, share, w->sum, P, G, w->gload) <= cap) lo = t;
-            else hi = t;
+    /* Each GPU's summed load is linear along the segment: L_g(t) = e_g +
+     * t (f_g - e_g); the largest t in [0, 1] with every L_g(t) <= cap is a
+     * minimum over GPUs (e_g <= cap holds: the map itself meets the cap). */
+    double *fl = w->gload2;
+    (void)epxi_layer_loads_shares(map, w->even_share, w->sum, P, G, w->gload);
+    (void)epxi_layer_loads_shares(map, w->fit_share, w->sum, P, G, fl);
+    double hi = 1.0;
+    for (int32_t g = 0; g < G; g++)
+        if (fl[g] > cap && fl[g] > w->gload[g]) {
+            double t = (cap - w->gload[g]) / (fl[g] - w->gload[g]);
+            t = t > 0.0 ? t * (1.0 - 1e-12) : 0.0; /* a hair inside, against rounding */
+            if (t < hi) hi = t;
         }
-        hi = lo;
-    }
     for (int32_t p = 0; p < P; p++)
         share[p] = w->even_share[p] + hi * (w->fit_share[p] - w->even_share[p]);
-    /* Shares of one expert sum to 1 at both ends, hence along the segment. */
+    /* Shares of one expert sum to 1 at both ends, hence along the segment.
+     * Rounding aside the cap holds; check it, and keep the even split if
+     * rounding ever tipped a GPU over it. */
+    if (hi < 1.0 && epxi_layer_loads_shares(map, share, w->sum, P, G, w->gload) > cap)
+        memcpy(share, w->even_share, (size_t)P * sizeof *share);
 }
 
 static epx_status resolve(const epx_counts *counts, const epx_shape *shape,
@@ -404,7 +414,7 @@ epx_status epxi_plan_epx_knobs(const epx_counts *counts, const epx_shape *shape,
             }
             int32_t d = 0;
             inf.moves += search_once(&w, &c, w.sum, home, 2, w.ds_map, w.cand, &d);
-            if (even_max(&w, &c, w.cand, w.sum) <= ds_max) {
+            if (w.last_max <= ds_max) {
                 memcpy(w.best, w.cand, (size_t)P * sizeof *w.best);
                 dups = d;
                 w.search_holds_best = true;

@@ -277,6 +277,13 @@ double epxi_search_max_load(const epxi_search *s) {
     return mx;
 }
 
+double epxi_search_max_load2(const epxi_search *s) {
+    double mx = 0.0;
+    for (int32_t g = 0; g < s->G; g++)
+        if (s->load2[g] > mx) mx = s->load2[g];
+    return mx;
+}
+
 static void recompute_loads(epxi_search *s);
 
 /* ---- initial solutions ------------------------------------------------------- */
