@@ -99,7 +99,7 @@ typedef struct ctx {
     const float *w;
     size_t copy_bytes;
     void *src, *dst;
-    int cluster;
+    int cluster, variant, ppw;
     epx_token_layout counts; /* lay without the send orders */
 } ctx;
 
@@ -114,6 +114,39 @@ static void op_layout(cudaStream_t st, void *v) {
 static void op_layout_cluster(cudaStream_t st, void *v) {
     ctx *c = (ctx *)v;
     EK(epxi_cuda_dispatch_layout_cluster(&c->spec, c->ids, c->T, K, P, G, c->phys, &c->lay, c->cluster, st, &er));
+}
+static void op_layout_variant(cudaStream_t st, void *v) {
+    ctx *c = (ctx *)v;
+    EK(epxi_cuda_dispatch_layout_variant(&c->spec, c->ids, c->T, K, P, G, c->phys, &c->lay, c->variant, c->cluster,
+                                         c->ppw, st, &er));
+}
+static void op_layout_variant_counts(cudaStream_t st, void *v) {
+    ctx *c = (ctx *)v;
+    EK(epxi_cuda_dispatch_layout_variant(&c->spec, c->ids, c->T, K, P, G, c->phys, &c->counts, c->variant,
+                                         c->cluster, c->ppw, st, &er));
+}
+/* Launch-cost probes: an empty kernel, plain and as a cluster. */
+__global__ void empty_kernel(int *p) {
+    if (p && threadIdx.x == 1u << 30) *p = 0;
+}
+static void op_empty(cudaStream_t st, void *v) {
+    ctx *c = (ctx *)v;
+    if (c->cluster == 0) {
+        empty_kernel<<<1, c->ppw, 0, st>>>(NULL);
+    } else {
+        cudaLaunchConfig_t cfg = {};
+        cudaLaunchAttribute attr[1];
+        attr[0].id = cudaLaunchAttributeClusterDimension;
+        attr[0].val.clusterDim.x = (unsigned)c->cluster;
+        attr[0].val.clusterDim.y = attr[0].val.clusterDim.z = 1;
+        cfg.gridDim = dim3((unsigned)c->cluster);
+        cfg.blockDim = dim3((unsigned)c->ppw);
+        cfg.stream = st;
+        cfg.attrs = attr;
+        cfg.numAttrs = 1;
+        CK(cudaLaunchKernelEx(&cfg, empty_kernel, (int *)NULL));
+    }
+    CK(cudaGetLastError());
 }
 static void op_layout_counts(cudaStream_t st, void *v) {
     ctx *c = (ctx *)v;
@@ -201,6 +234,21 @@ int main(int argc, char **argv) {
     printf("copy kernel (16-byte vectors, 2 GiB): %.1f us, %.0f GB/s (read + write)\n", kcopy_us, kcopy_bw);
     if (csv) fprintf(csv, "copy_d2d_2GiB,0,%.3f,%.1f,100.0,0\n", copy_us, copy_bw);
     if (csv) fprintf(csv, "copy_kernel_2GiB,0,%.3f,%.1f,%.1f,0\n", kcopy_us, kcopy_bw, 100.0 * kcopy_bw / copy_bw);
+
+    /* launch-cost probes */
+    {
+        ctx pc;
+        memset(&pc, 0, sizeof pc);
+        int cls[] = {0, 1, 8, 0}, thr[] = {256, 256, 256, 1024};
+        for (int i = 0; i < 4; i++) {
+            pc.cluster = cls[i];
+            pc.ppw = thr[i];
+            double us = time_op(op_empty, &pc, 20, st);
+            printf("empty kernel %s %d x %d threads: %.2f us per launch\n", cls[i] ? "cluster" : "plain",
+                   cls[i] ? cls[i] : 1, thr[i], us);
+            if (csv) fprintf(csv, "empty %s%d t%d,0,%.3f,,,\n", cls[i] ? "cluster" : "plain", cls[i], thr[i], us);
+        }
+    }
 
     /* a skewed placement: 32 redundant slots on the hottest experts */
     int32_t map[P];
@@ -308,6 +356,53 @@ int main(int argc, char **argv) {
             snprintf(name, sizeof name, "map+layout static cl%d", cl);
             printf("%-22s %6d %10.2f %9s %8s %8s\n", name, T, us, "-", "-", "-");
             if (csv) fprintf(csv, "%s,%d,%.3f,,,\n", name, T, us);
+        }
+        /* layout kernel variants side by side (static, every output unless
+         * noted), each checked against the CPU before it is timed */
+        if (T <= 4096) {
+            EK(epx_dispatch_map_ids(&hspec, ids, T, K, hphys, &er));
+            EK(epx_token_layout_compute(hphys, T, K, P, G, &h, &er));
+            struct { const char *name; int variant, cluster, ppw, counts; } vs[] = {
+                {"old cluster kernel", EPXI_LAYOUT_CLUSTER, 0, 0, 0},
+                {"match cl1", EPXI_LAYOUT_MATCH, 1, 0, 0},   {"match cl2", EPXI_LAYOUT_MATCH, 2, 0, 0},
+                {"match cl4", EPXI_LAYOUT_MATCH, 4, 0, 0},   {"match cl8", EPXI_LAYOUT_MATCH, 8, 0, 0},
+                {"ballot cl1", EPXI_LAYOUT_BALLOT, 1, 0, 0}, {"ballot cl2", EPXI_LAYOUT_BALLOT, 2, 0, 0},
+                {"ballot cl4", EPXI_LAYOUT_BALLOT, 4, 0, 0}, {"ballot cl8", EPXI_LAYOUT_BALLOT, 8, 0, 0},
+                {"ballot def ppw32", EPXI_LAYOUT_BALLOT, 0, 32, 0},
+                {"ballot def ppw128", EPXI_LAYOUT_BALLOT, 0, 128, 0},
+                {"ballot def ppw256", EPXI_LAYOUT_BALLOT, 0, 256, 0},
+                {"auto (default)", EPXI_LAYOUT_AUTO, 0, 0, 0},
+                {"auto counts only", EPXI_LAYOUT_AUTO, 0, 0, 1},
+            };
+            for (size_t v = 0; v < sizeof vs / sizeof vs[0]; v++) {
+                c.variant = vs[v].variant;
+                c.cluster = vs[v].cluster;
+                c.ppw = vs[v].ppw;
+                CK(cudaMemset(c.lay.pair_slot_pos, 0xab, 4 * TK));
+                CK(cudaMemset(c.lay.pair_rank_pos, 0xab, 4 * TK));
+                CK(cudaMemset(c.lay.tokens_per_slot, 0xab, 8 * P));
+                op_fn fn = vs[v].counts ? op_layout_variant_counts : op_layout_variant;
+                fn(st, &c);
+                CK(cudaStreamSynchronize(st));
+                check_equal(c.phys, hphys, 4 * TK, vs[v].name, T);
+                check_equal(c.lay.tokens_per_slot, h.tokens_per_slot, 8 * P, vs[v].name, T);
+                check_equal(c.lay.tokens_per_rank, h.tokens_per_rank, 8 * G, vs[v].name, T);
+                check_equal(c.lay.slot_offsets, h.slot_offsets, 4 * (P + 1), vs[v].name, T);
+                check_equal(c.lay.rank_offsets, h.rank_offsets, 4 * (G + 1), vs[v].name, T);
+                check_equal(c.lay.is_token_in_rank, h.is_token_in_rank, (size_t)T * G, vs[v].name, T);
+                if (!vs[v].counts) {
+                    check_equal(c.lay.pair_slot_pos, h.pair_slot_pos, 4 * TK, vs[v].name, T);
+                    check_equal(c.lay.pair_rank_pos, h.pair_rank_pos, 4 * TK, vs[v].name, T);
+                    check_equal(c.lay.slot_perm, h.slot_perm, 4 * (size_t)h.slot_offsets[P], vs[v].name, T);
+                    check_equal(c.lay.rank_perm, h.rank_perm, 4 * (size_t)h.rank_offsets[G], vs[v].name, T);
+                }
+                double a1 = time_op(fn, &c, 20, st), a2 = time_op(fn, &c, 20, st);
+                char name[64];
+                snprintf(name, sizeof name, "V %s", vs[v].name);
+                printf("%-22s %6d %10.2f %9.2f (second timing)\n", name, T, a1, a2);
+                if (csv) fprintf(csv, "%s,%d,%.3f,,,\n", name, T, a1);
+            }
+            c.cluster = 0;
         }
         /* restore the weighted layout the rows use */
         hspec.mode = dspec.mode = EPX_DISPATCH_WEIGHTED;

@@ -337,6 +337,292 @@ __global__ void __launch_bounds__(32 * kMaxWarps, 1) layout_kernel(LayoutArgs a)
     asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
 }
 
+/* ---- the compact layout kernel (the default) ------------------------------
+ * Same outputs as layout_kernel, organised for a short critical path and a
+ * small instruction footprint (layout_kernel<8> is ~96 KB of machine code:
+ * the map, Philox included, is unrolled per k and inlined twice):
+ *   1. one pair per thread: map, write phys and the block's shared copy;
+ *   2. one token per thread: representatives (flagged in bit 30 of the shared
+ *      copy) and is_token_in_rank;
+ *   3. each ranking warp walks a contiguous range of pairs, 32 at a time,
+ *      ranks equal slots inside the round (match_any or bit ballots) and
+ *      keeps running per-slot counters (pairs low 16 bits, representatives
+ *      high 16): the local rank of every pair, and the warp's totals;
+ *   4. exclusive prefix of the warp totals per slot (one warp scan per slot);
+ *      with several blocks, each block PUSHES its totals into every block's
+ *      shared memory and one cluster barrier follows, so no remote read and
+ *      no second barrier before exit;
+ *   5. one warp scans the slot totals into the offsets;
+ *   6. every thread turns local ranks into positions and writes the orders.
+ * A batch of one block is launched without cluster attributes. */
+struct FastArgs {
+    MapArgs map;
+    const int32_t *ids;
+    int32_t T, K, P, G, per;
+    int32_t chunk;       /* tokens per block                      */
+    int32_t nw;          /* ranking warps (histograms) per block  */
+    int32_t wshift;      /* log2 of the pairs per ranking warp    */
+    int32_t nbits;       /* P <= 1 << nbits                       */
+    int in_rank_words, need_pos;
+    int32_t *phys;
+    int64_t *tokens_per_rank, *tokens_per_slot;
+    uint8_t *in_rank;
+    int32_t *rank_offsets, *rank_perm, *pair_rank_pos;
+    int32_t *slot_offsets, *slot_perm, *pair_slot_pos;
+};
+
+constexpr int32_t kRepFlag = 0x40000000;
+/* AUTO stays on layout_kernel until the compact kernel has passed the GPU
+ * test and been timed on an H200 (tests/gpu and bench_dispatch cover both);
+ * then flip kAutoCompact, and pick kAutoBallot from the variant table. */
+constexpr bool kAutoCompact = false;
+constexpr bool kAutoBallot = true;
+
+/* is_token_in_rank row of one token from its representatives' ranks. */
+__device__ __forceinline__ void write_in_rank(const FastArgs &a, int32_t t, uint64_t present,
+                                              const int32_t *row, uint32_t rep) {
+    uint8_t *out = a.in_rank + (size_t)t * a.G;
+    if (a.G <= 64 && a.in_rank_words) {
+        for (int32_t q = 0; q < a.G / 4; q++) {
+            uint32_t m = (uint32_t)(present >> (4 * q)) & 0xfu;
+            ((uint32_t *)out)[q] = (m & 1u) | ((m >> 1 & 1u) << 8) | ((m >> 2 & 1u) << 16) | ((m >> 3 & 1u) << 24);
+        }
+    } else if (a.G <= 64) {
+        for (int32_t q = 0; q < a.G; q++) out[q] = (uint8_t)(present >> q & 1u);
+    } else {
+        for (int32_t q = 0; q < a.G; q++) out[q] = 0;
+        for (int32_t k = 0; k < a.K; k++)
+            if (rep >> k & 1u) out[row[k] / a.per] = 1;
+    }
+}
+
+template <bool CL, bool BALLOT>
+__global__ void __launch_bounds__(1024, 1) fast_layout_kernel(FastArgs a) {
+    extern __shared__ uint32_t smem[];
+    const int32_t P = a.P, K = a.K, nw = a.nw, per = a.per;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nt = blockDim.x, nwarps = nt >> 5;
+    int rank = 0, ncl = 1;
+    if constexpr (CL) {
+        cg::cluster_group cluster = cg::this_cluster();
+        rank = (int)cluster.block_rank();
+        ncl = (int)cluster.num_blocks();
+        /* every block must have started before others write into its shared
+         * memory: arrive now, wait just before the push (phase 4) */
+        asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
+    }
+    const int32_t nmax = a.chunk * K;
+    int32_t *skey = (int32_t *)smem;                         /* [nmax]      */
+    uint32_t *sloc = (uint32_t *)(skey + nmax);              /* [nmax]      */
+    uint32_t *hist = sloc + nmax;                            /* [nw][P]     */
+    uint32_t *tot = hist + (size_t)nw * P;                   /* [P]         */
+    uint32_t *recv = tot + P;                                /* [ncl][P]    */
+    int32_t *sum_s = (int32_t *)(recv + (CL ? ncl * P : 0)); /* [P + 1]     */
+    int32_t *sum_r = sum_s + P + 1;                          /* [P + 1]     */
+    int32_t *st_s = sum_r + P + 1;                           /* [P]         */
+    int32_t *st_r = st_s + P;                                /* [P]         */
+
+    const int32_t t0 = min(a.T, rank * a.chunk), t1 = min(a.T, t0 + a.chunk);
+    const int32_t ntok = t1 - t0, n = ntok * K, g0 = t0 * K;
+
+    /* 1. map, one pair per thread */
+#pragma unroll 1
+    for (int32_t i = tid; i < n; i += nt) {
+        int32_t tl = i / K;
+        int32_t p = map_one(a.map, __ldg(a.ids + g0 + i), (uint32_t)(t0 + tl), (uint32_t)(i - tl * K));
+        skey[i] = p;
+        a.phys[g0 + i] = p;
+    }
+    for (int32_t i = tid; i < nw * P; i += nt) hist[i] = 0;
+    __syncthreads();
+
+    /* 2. representatives and is_token_in_rank, one token per thread */
+#pragma unroll 1
+    for (int32_t tl = tid; tl < ntok; tl += nt) {
+        int32_t *row = skey + (size_t)tl * K;
+        uint32_t rep = 0;
+        uint64_t present = 0;
+        if (K <= 8) {
+            int32_t p[8], g[8];
+#pragma unroll
+            for (int k = 0; k < 8; k++) {
+                p[k] = k < K ? row[k] : -1;
+                g[k] = p[k] >= 0 ? p[k] / per : -1;
+            }
+#pragma unroll
+            for (int k = 0; k < 8; k++) {
+                bool r = p[k] >= 0;
+#pragma unroll
+                for (int j = 0; j < 8; j++)
+                    if (j != k && g[j] == g[k] && (p[j] < p[k] || (p[j] == p[k] && j < k))) r = false;
+                if (r) {
+                    rep |= 1u << k;
+                    if (g[k] < 64) present |= 1ull << g[k];
+                }
+            }
+        } else {
+            for (int32_t k = 0; k < K; k++) {
+                int32_t pk = row[k];
+                if (pk < 0) continue;
+                int32_t gk = pk / per;
+                bool r = true;
+                for (int32_t j = 0; j < K && r; j++) {
+                    int32_t q = row[j];
+                    if (j == k || q < 0 || q / per != gk) continue;
+                    if (q < pk || (q == pk && j < k)) r = false;
+                }
+                if (r) {
+                    rep |= 1u << k;
+                    if (gk < 64) present |= 1ull << gk;
+                }
+            }
+        }
+        if (a.in_rank) write_in_rank(a, t0 + tl, present, row, rep);
+        for (int32_t k = 0; k < K; k++)
+            if (rep >> k & 1u) row[k] |= kRepFlag;
+    }
+    __syncthreads();
+
+    /* 3. local ranks, per ranking warp in pair order */
+    const int32_t wpairs = 1 << a.wshift;
+    if (warp < nw) {
+        uint32_t *h = hist + (size_t)warp * P;
+        const uint32_t lt = lanemask_lt();
+        const int32_t wb = warp * wpairs, we = min(n, wb + wpairs);
+        for (int32_t i0 = wb; i0 < we; i0 += 32) {
+            const int32_t i = i0 + lane;
+            const int32_t key = i < we ? skey[i] : -1;
+            const bool valid = key >= 0, rep = valid && (key & kRepFlag);
+            const int32_t p = key & ~kRepFlag;
+            uint32_t ms;
+            if constexpr (BALLOT) {
+                ms = __ballot_sync(0xffffffffu, valid);
+                for (int b = 0; b < a.nbits; b++) {
+                    bool bit = (p >> b) & 1;
+                    uint32_t v = __ballot_sync(0xffffffffu, bit);
+                    ms &= bit ? v : ~v;
+                }
+            } else {
+                ms = __match_any_sync(0xffffffffu, valid ? p : -1);
+            }
+            const uint32_t mr = ms & __ballot_sync(0xffffffffu, rep);
+            const uint32_t hv = valid ? h[p] : 0u;
+            __syncwarp();
+            if (valid) {
+                uint32_t ls = (hv & 0xffffu) + (uint32_t)__popc(ms & lt);
+                uint32_t lr = (hv >> 16) + (uint32_t)__popc(mr & lt);
+                sloc[i] = ls | (rep ? (lr + 1u) << 16 : 0u);
+                if ((ms & lt) == 0) h[p] = hv + (uint32_t)__popc(ms) + ((uint32_t)__popc(mr) << 16);
+            }
+            __syncwarp();
+        }
+    }
+    __syncthreads();
+
+    /* 4. warp prefixes and block totals per slot */
+    if (nw == 1) {
+        for (int32_t q = tid; q < P; q += nt) {
+            tot[q] = hist[q];
+            hist[q] = 0;
+        }
+    } else {
+        for (int32_t q = warp; q < P; q += nwarps) {
+            uint32_t v = lane < nw ? hist[(size_t)lane * P + q] : 0u, x = v;
+#pragma unroll
+            for (int d = 1; d < 32; d <<= 1) {
+                uint32_t y = __shfl_up_sync(0xffffffffu, x, d);
+                if (lane >= d) x += y;
+            }
+            if (lane < nw) hist[(size_t)lane * P + q] = x - v;
+            if (lane == 31) tot[q] = x;
+        }
+    }
+    __syncthreads();
+    if constexpr (CL) {
+        cg::cluster_group cluster = cg::this_cluster();
+        asm volatile("barrier.cluster.wait.aligned;" ::: "memory");
+        for (int32_t q = tid; q < P; q += nt) {
+            uint32_t v = tot[q];
+            for (int b = 0; b < ncl; b++) cluster.map_shared_rank(recv, b)[rank * P + q] = v;
+        }
+        cluster.sync();
+    }
+    for (int32_t q = tid; q < P; q += nt) {
+        int32_t s = 0, r = 0, ts, tr;
+        if constexpr (CL) {
+            ts = 0;
+            tr = 0;
+            for (int b = 0; b < ncl; b++) {
+                uint32_t v = recv[b * P + q];
+                int32_t lo = (int32_t)(v & 0xffffu), hi = (int32_t)(v >> 16);
+                if (b < rank) s += lo, r += hi;
+                ts += lo;
+                tr += hi;
+            }
+        } else {
+            ts = (int32_t)(tot[q] & 0xffffu);
+            tr = (int32_t)(tot[q] >> 16);
+        }
+        st_s[q] = s;
+        st_r[q] = r;
+        sum_s[q] = ts;
+        sum_r[q] = tr;
+        if (rank == 0 && a.tokens_per_slot) a.tokens_per_slot[q] = ts;
+    }
+    __syncthreads();
+
+    /* 5. offsets: one warp scans the slot totals */
+    if (warp == 0) {
+        int32_t ipt = (P + 31) / 32, lo = min(P, lane * ipt), hi = min(P, lo + ipt);
+        int32_t xs = 0, xr = 0;
+        for (int32_t q = lo; q < hi; q++) xs += sum_s[q], xr += sum_r[q];
+        int32_t is = xs, ir = xr;
+#pragma unroll
+        for (int d = 1; d < 32; d <<= 1) {
+            int32_t ys = __shfl_up_sync(0xffffffffu, is, d), yr = __shfl_up_sync(0xffffffffu, ir, d);
+            if (lane >= d) is += ys, ir += yr;
+        }
+        int32_t es = is - xs, er = ir - xr;
+        for (int32_t q = lo; q < hi; q++) {
+            int32_t vs = sum_s[q], vr = sum_r[q];
+            sum_s[q] = es;
+            sum_r[q] = er;
+            st_s[q] += es;
+            st_r[q] += er;
+            es += vs;
+            er += vr;
+        }
+        if (lane == 31) sum_s[P] = is, sum_r[P] = ir;
+    }
+    __syncthreads();
+    if (rank == 0) {
+        if (a.slot_offsets)
+            for (int32_t q = tid; q <= P; q += nt) a.slot_offsets[q] = sum_s[q];
+        for (int32_t q = tid; q <= a.G; q += nt) {
+            if (a.rank_offsets) a.rank_offsets[q] = sum_r[q * per];
+            if (a.tokens_per_rank && q < a.G) a.tokens_per_rank[q] = sum_r[(q + 1) * per] - sum_r[q * per];
+        }
+    }
+
+    /* 6. positions and the two send orders */
+    if (a.need_pos) {
+#pragma unroll 1
+        for (int32_t i = tid; i < n; i += nt) {
+            const int32_t key = skey[i], gi = g0 + i;
+            int32_t ps = -1, pr = -1;
+            if (key >= 0) {
+                const int32_t p = key & ~kRepFlag;
+                const uint32_t hv = hist[(size_t)(i >> a.wshift) * P + p], lc = sloc[i];
+                ps = st_s[p] + (int32_t)(hv & 0xffffu) + (int32_t)(lc & 0xffffu);
+                if (lc >> 16) pr = st_r[p] + (int32_t)(hv >> 16) + (int32_t)(lc >> 16) - 1;
+            }
+            if (a.pair_slot_pos) a.pair_slot_pos[gi] = ps;
+            if (a.pair_rank_pos) a.pair_rank_pos[gi] = pr;
+            if (ps >= 0 && a.slot_perm) a.slot_perm[ps] = gi;
+            if (pr >= 0 && a.rank_perm) a.rank_perm[pr] = t0 + i / K;
+        }
+    }
+}
+
 /* Row scatter: one block per token, each row read once (read-only path)
  * and stored to every destination. V is the access type (16, 4 or 2 B). */
 template <typename V, int UNROLL>
@@ -518,10 +804,114 @@ static int default_cluster(int32_t T) { return T <= 64 ? 1 : kCluster; }
 /* The layout launch with a chosen cluster size (1, 2, 4 or 8); 0 picks
  * default_cluster. The result does not depend on it. Internal: the public
  * entry point passes 0; bench_dispatch times the sizes side by side. */
+/* The compact kernel's launch shape for a batch: cluster size, threads,
+ * ranking warps and their pairs, shared memory. False when no cluster size
+ * up to 8 fits (the caller then uses layout_kernel). */
+struct FastPlan {
+    int cl, nt, nw, wshift, nbits;
+    int32_t chunk;
+    size_t smem;
+};
+
+static bool fast_plan(int32_t T, int32_t K, int32_t P, int cluster, int ppw, int optin, FastPlan *f) {
+    int cl = cluster;
+    for (; cl <= kCluster; cl *= 2) {
+        int32_t chunk = (T + cl - 1) / cl;
+        int64_t n = (int64_t)chunk * K;
+        if (n > 65535) continue;
+        int nt = n <= 256 ? 256 : (int)(n >= 1024 ? 1024 : (n + 31) / 32 * 32);
+        int nwarps = nt / 32, ws = 5;
+        while ((1 << ws) < ppw) ws++;
+        while ((n + (1 << ws) - 1) >> ws > nwarps) ws++;
+        int nw = (int)((n + (1 << ws) - 1) >> ws);
+        if (nw < 1) nw = 1;
+        size_t words = 2 * (size_t)n + (size_t)nw * P + P + (cl > 1 ? (size_t)cl * P : 0) + 2 * ((size_t)P + 1) +
+                       2 * (size_t)P;
+        if (4 * words > (size_t)optin) continue;
+        int nb = 0;
+        while ((1 << nb) < P) nb++;
+        f->cl = cl;
+        f->nt = nt;
+        f->nw = nw;
+        f->wshift = ws;
+        f->nbits = nb;
+        f->chunk = chunk;
+        f->smem = 4 * words;
+        return true;
+    }
+    return false;
+}
+
+/* Blocks for the compact kernel: one up to 1024 pairs, then more. */
+static int fast_default_cluster(int32_t T, int32_t K) {
+    int64_t n = (int64_t)T * K;
+    return n <= 1024 ? 1 : n <= 4096 ? 2 : n <= 8192 ? 4 : kCluster;
+}
+
+static epx_status launch_fast(const epx_dispatch_spec *spec, const int32_t *topk_ids, int32_t T, int32_t K,
+                              int32_t P, int32_t G, int32_t *phys, const epx_token_layout *out, const FastPlan &f,
+                              bool ballot, cudaStream_t stream, epx_error *err) {
+    FastArgs a;
+    a.map = map_args(spec);
+    a.ids = topk_ids;
+    a.T = T;
+    a.K = K;
+    a.P = P;
+    a.G = G;
+    a.per = P / G;
+    a.chunk = f.chunk;
+    a.nw = f.nw;
+    a.wshift = f.wshift;
+    a.nbits = f.nbits;
+    a.in_rank_words = G % 4 == 0 && ((uintptr_t)out->is_token_in_rank % 4) == 0;
+    a.need_pos = out->rank_perm || out->pair_rank_pos || out->slot_perm || out->pair_slot_pos;
+    a.phys = phys;
+    a.tokens_per_rank = out->tokens_per_rank;
+    a.tokens_per_slot = out->tokens_per_slot;
+    a.in_rank = out->is_token_in_rank;
+    a.rank_offsets = out->rank_offsets;
+    a.rank_perm = out->rank_perm;
+    a.pair_rank_pos = out->pair_rank_pos;
+    a.slot_offsets = out->slot_offsets;
+    a.slot_perm = out->slot_perm;
+    a.pair_slot_pos = out->pair_slot_pos;
+    void (*kernel)(FastArgs) = f.cl > 1 ? (ballot ? fast_layout_kernel<true, true> : fast_layout_kernel<true, false>)
+                                        : (ballot ? fast_layout_kernel<false, true> : fast_layout_kernel<false, false>);
+    if (f.smem > 48 * 1024)
+        CUDA_TRY(err, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)f.smem));
+    if (f.cl == 1) {
+        kernel<<<1, f.nt, f.smem, stream>>>(a);
+    } else {
+        cudaLaunchConfig_t cfg = {};
+        cudaLaunchAttribute attr[1];
+        attr[0].id = cudaLaunchAttributeClusterDimension;
+        attr[0].val.clusterDim.x = (unsigned)f.cl;
+        attr[0].val.clusterDim.y = 1;
+        attr[0].val.clusterDim.z = 1;
+        cfg.gridDim = dim3((unsigned)f.cl);
+        cfg.blockDim = dim3((unsigned)f.nt);
+        cfg.dynamicSmemBytes = f.smem;
+        cfg.stream = stream;
+        cfg.attrs = attr;
+        cfg.numAttrs = 1;
+        CUDA_TRY(err, cudaLaunchKernelEx(&cfg, kernel, a));
+    }
+    CUDA_TRY(err, cudaGetLastError());
+    return EPX_OK;
+}
+
 extern "C" epx_status epxi_cuda_dispatch_layout_cluster(
     const epx_dispatch_spec *spec, const int32_t *topk_ids, int64_t num_tokens, int32_t topk,
     int32_t num_physical, int32_t num_gpus, int32_t *phys, const epx_token_layout *out, int cluster,
     cudaStream_t stream, epx_error *err) {
+    return epxi_cuda_dispatch_layout_variant(spec, topk_ids, num_tokens, topk, num_physical, num_gpus, phys, out,
+                                             EPXI_LAYOUT_AUTO, cluster, 0, stream, err);
+}
+
+extern "C" epx_status epxi_cuda_dispatch_layout_variant(
+    const epx_dispatch_spec *spec, const int32_t *topk_ids, int64_t num_tokens, int32_t topk,
+    int32_t num_physical, int32_t num_gpus, int32_t *phys, const epx_token_layout *out, int variant,
+    int cluster, int ppw, cudaStream_t stream, epx_error *err) {
     EPX_TRY(check_spec(spec, err));
     if (out == NULL || phys == NULL || (num_tokens > 0 && topk_ids == NULL))
         return epxi_fail(err, EPX_ERR_INVALID_ARG,
@@ -537,9 +927,23 @@ extern "C" epx_status epxi_cuda_dispatch_layout_cluster(
                          "num_physical (%d) must be a positive multiple of num_gpus (%d) and "
                          "equal spec.num_physical (%d)",
                          num_physical, num_gpus, spec->num_physical);
-    if (cluster == 0) cluster = default_cluster((int32_t)num_tokens);
-    if (cluster != 1 && cluster != 2 && cluster != 4 && cluster != kCluster)
+    if (cluster != 0 && cluster != 1 && cluster != 2 && cluster != 4 && cluster != kCluster)
         return epxi_fail(err, EPX_ERR_INVALID_ARG, "layout cluster size %d is not 1, 2, 4 or 8", cluster);
+    if (variant < EPXI_LAYOUT_AUTO || variant > EPXI_LAYOUT_BALLOT)
+        return epxi_fail(err, EPX_ERR_INVALID_ARG, "layout variant %d is not 0 .. 3", variant);
+    int dev = 0, optin = 0;
+    CUDA_TRY(err, cudaGetDevice(&dev));
+    CUDA_TRY(err, cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+    if (variant == EPXI_LAYOUT_MATCH || variant == EPXI_LAYOUT_BALLOT ||
+        (variant == EPXI_LAYOUT_AUTO && kAutoCompact)) {
+        FastPlan f;
+        int cl0 = cluster ? cluster : fast_default_cluster((int32_t)num_tokens, topk);
+        if (fast_plan((int32_t)num_tokens, topk, num_physical, cl0, ppw > 0 ? ppw : 64, optin, &f))
+            return launch_fast(spec, topk_ids, (int32_t)num_tokens, topk, num_physical, num_gpus, phys, out, f,
+                               variant == EPXI_LAYOUT_BALLOT || (variant == EPXI_LAYOUT_AUTO && kAutoBallot), stream,
+                               err);
+    }
+    if (cluster == 0) cluster = default_cluster((int32_t)num_tokens);
     LayoutArgs a;
     a.map = map_args(spec);
     a.ids = topk_ids;
@@ -562,9 +966,6 @@ extern "C" epx_status epxi_cuda_dispatch_layout_cluster(
     a.nw = (a.chunk + 15) / 16;
     if (a.nw < 1) a.nw = 1;
     if (a.nw > kMaxWarps) a.nw = kMaxWarps;
-    int dev = 0, optin = 0;
-    CUDA_TRY(err, cudaGetDevice(&dev));
-    CUDA_TRY(err, cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
     /* words: hist nw*P, tot P, base 2P, sums 2(P+1), repmask chunk, scan 64,
      * and the block's phys (chunk*K) when it fits */
     size_t fixed = 4 * ((size_t)a.P * 5 + 2 + (size_t)a.chunk + 64);

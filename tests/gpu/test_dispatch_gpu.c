@@ -242,6 +242,26 @@ static void one_case(int32_t T, int32_t K, int32_t E, int32_t P, int32_t G, epx_
     same("phys (map kernel)", ctx, x, phys, 4 * TK, 4);
     free(x);
     compare_layout(&dl, &h, ctx, counts_only);
+    /* every kernel variant (original cluster kernel, compact kernel with
+     * match_any or ballot ranking), random cluster size and warp share */
+    for (int v = EPXI_LAYOUT_CLUSTER; v <= EPXI_LAYOUT_BALLOT; v++) {
+        int vcl = clusters[below(5)], ppw = (int[]){0, 32, 128}[below(3)];
+        char c3[220];
+        snprintf(c3, sizeof c3, "%s variant=%d vcluster=%d ppw=%d", ctx, v, vcl, ppw);
+        dev_layout_free(&dl);
+        dl = dev_layout_alloc((size_t)T, (size_t)K, (size_t)P, (size_t)G);
+        lay_arg = dl.d;
+        if (counts_only)
+            lay_arg.rank_perm = lay_arg.pair_rank_pos = lay_arg.slot_perm = lay_arg.pair_slot_pos = NULL;
+        CK(cudaMemset(d_phys, 0xab, TK ? 4 * TK : 1));
+        EK(epxi_cuda_dispatch_layout_variant(&ds, d_ids, T, K, P, G, d_phys, &lay_arg, v, vcl, ppw, st, &er_));
+        CK(cudaStreamSynchronize(st));
+        CK(cudaGetLastError());
+        x = hback(d_phys, 4 * TK);
+        same("phys (variant)", c3, x, phys, 4 * TK, 4);
+        free(x);
+        compare_layout(&dl, &h, c3, counts_only);
+    }
 
     /* rows: scatter into both orders, combine back, bf16 and fp32 */
     if (T <= 2048 && !counts_only) {
