@@ -152,4 +152,24 @@ expect_exit 2 "$EPX" eval --counts "$TMP/c.json" --gpus 4
 expect_in "$TMP/err" "--placement is required"
 expect_exit 2 "$EPX" eval --placement "$TMP/c.json" --counts "$TMP/c.json" --gpus 4
 expect_in "$TMP/err" "counts file"
+# Multi-node with groups: the report states the cross-node share; DeepSeek's
+# hierarchical policy keeps every group on its node (share 0), epx's default
+# relaxed mode spends some cross-node replicas, strict spends none.
+"$EPX" trace synth --model deepseek-v3 --windows 2 --tokens 4096 --seed 3 -o "$TMP/v3.json" >/dev/null || fail "trace synth"
+for mode in hier relaxed strict; do
+    case $mode in
+        hier) extra="--algorithm deepseek-hierarchical" ;;
+        *) extra="--node-local $mode" ;;
+    esac
+    # shellcheck disable=SC2086
+    expect_exit 0 "$EPX" plan --counts "$TMP/v3.json" --gpus 16 --nodes 2 --groups 8 --redundant 16 $extra -o "$TMP/x-$mode.json" --report "$TMP/r-$mode.json"
+    expect_in "$TMP/out" "cross-node share"
+done
+python3 - "$TMP" <<'PY' || fail "cross-node shares wrong"
+import json, sys
+d = sys.argv[1]
+x = {m: json.load(open(f"{d}/r-{m}.json"))["cross_node_share"] for m in ("hier", "relaxed", "strict")}
+assert x["hier"] == 0 and x["strict"] == 0, x
+assert 0 < x["relaxed"] < 0.5, x
+PY
 echo "plan/eval: all checks passed"

@@ -49,6 +49,7 @@ typedef struct report_ctx {
     const epx_balance *bal;       /* with the plan's replica weights */
     const epx_balance *bal_even;  /* split evenly */
     const epx_layer_balance *layers;
+    double cross_node_share;      /* load served off its group's home node */
 } report_ctx;
 
 static bool write_report(const char *path, const report_ctx *r) {
@@ -77,6 +78,7 @@ static bool write_report(const char *path, const report_ctx *r) {
     fprintf(f, "  \"balancedness_even_split\": %.17g,\n", r->bal_even->balancedness);
     fprintf(f, "  \"balancedness_sglang\": %.17g,\n", r->bal->balancedness_sglang);
     fprintf(f, "  \"bound\": %.17g,\n  \"gap\": %.17g,\n", r->bal->bound, r->bal->gap);
+    fprintf(f, "  \"cross_node_share\": %.17g,\n", r->cross_node_share);
     fprintf(f, "  \"num_loaded_layers\": %d,\n  \"worst_layer\": %d,\n", r->bal->num_loaded_layers,
             r->bal->worst_layer);
     fputs("  \"per_layer_balancedness\": [", f);
@@ -208,6 +210,18 @@ int cmd_plan(int argc, char **argv) {
            1e3 * epx_plan_seconds(plan));
     printf("balancedness %.4f (bound %.4f, gap %.4f) on the sum of %d window(s); worst layer %d\n",
            bal.balancedness, bal.bound, bal.gap, counts->num_windows, bal.worst_layer);
+    /* The traffic price of the placement: load served off its group's home
+     * node (0 when everything stays node-local). */
+    double xshare = 0.0;
+    if (epx_plan_cross_node_share(lay, epx_plan_replica_weights(plan), counts, K > 0 ? K : 1,
+                                  NULL, &xshare, &err) != EPX_OK) {
+        rc = cli_report(&cmd, &err);
+        goto done;
+    }
+    if (N > 1)
+        printf("cross-node share of the routed load: %.3f (served off its expert group's home "
+               "node)\n",
+               xshare);
     if (current != NULL) {
         if ((rc = cli_print_moves("plan", counts, current, lay, failed, (size_t)ebytes)) >= 0)
             goto done;
@@ -216,7 +230,7 @@ int cmd_plan(int argc, char **argv) {
     printf("wrote %s\n", out);
     const char *report = cli_get(&cmd, "--report");
     if (report != NULL) {
-        report_ctx r = {counts_path, counts, plan, o.algorithm, K, &bal, &even, layers};
+        report_ctx r = {counts_path, counts, plan, o.algorithm, K, &bal, &even, layers, xshare};
         if (!write_report(report, &r)) {
             rc = CLI_EXIT_FAIL;
             goto done;
