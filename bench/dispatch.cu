@@ -409,6 +409,9 @@ int main(int argc, char **argv) {
         c.spec = dspec;
         op_layout(st, &c);
         CK(cudaStreamSynchronize(st));
+        /* The variant table left the static reference in h: recompute it. */
+        EK(epx_dispatch_map_ids(&hspec, ids, T, K, hphys, &er));
+        EK(epx_token_layout_compute(hphys, T, K, P, G, &h, &er));
         check_equal(c.lay.pair_slot_pos, h.pair_slot_pos, 4 * TK, "pair_slot_pos (weighted, again)", T);
         /* rows, from the weighted layout above (host copy h) */
         int32_t rows_s = h.slot_offsets[P], rows_r = h.rank_offsets[G];

@@ -372,10 +372,14 @@ struct FastArgs {
 };
 
 constexpr int32_t kRepFlag = 0x40000000;
-/* AUTO stays on layout_kernel until the compact kernel has passed the GPU
- * test and been timed on an H200 (tests/gpu and bench_dispatch cover both);
- * then flip kAutoCompact, and pick kAutoBallot from the variant table. */
+/* AUTO uses the compact kernel only for tiny batches (T * K <=
+ * kAutoCompactPairs), where the H200 variant table (bench/RESULTS.md) has it
+ * faster: 5.7 against 7.9 us at T = 1 (8 pairs). At T = 64 (512 pairs) the
+ * old cluster kernel wins (9.8 against 12.3 us), and from T = 512 up by
+ * 1.4-3x, so larger batches stay on layout_kernel. The threshold of 64 pairs
+ * lies between the measured points. Both kernels pass the same GPU test. */
 constexpr bool kAutoCompact = false;
+constexpr int64_t kAutoCompactPairs = 64;
 constexpr bool kAutoBallot = true;
 
 /* is_token_in_rank row of one token from its representatives' ranks. */
@@ -935,7 +939,8 @@ extern "C" epx_status epxi_cuda_dispatch_layout_variant(
     CUDA_TRY(err, cudaGetDevice(&dev));
     CUDA_TRY(err, cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
     if (variant == EPXI_LAYOUT_MATCH || variant == EPXI_LAYOUT_BALLOT ||
-        (variant == EPXI_LAYOUT_AUTO && kAutoCompact)) {
+        (variant == EPXI_LAYOUT_AUTO &&
+         (kAutoCompact || (int64_t)num_tokens * topk <= kAutoCompactPairs))) {
         FastPlan f;
         int cl0 = cluster ? cluster : fast_default_cluster((int32_t)num_tokens, topk);
         if (fast_plan((int32_t)num_tokens, topk, num_physical, cl0, ppw > 0 ? ppw : 64, optin, &f))
