@@ -16,27 +16,7 @@
 
 #include "epx.h"
 
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
-
-#define CHECK(cond)                  \
-    do {                             \
-        if (!(cond)) __builtin_trap(); \
-    } while (0)
-
-static char json_path[64], pt_path[64];
-
-static void remove_temp(void) {
-    unlink(json_path);
-    unlink(pt_path);
-}
-
-static void temp_paths(void) {
-    if (json_path[0]) return;
-    atexit(remove_temp);
-    const char *dir = access("/dev/shm", W_OK) == 0 ? "/dev/shm" : "/tmp";
-    snprintf(json_path, sizeof json_path, "%s/epx-fuzz-counts-%d.json", dir, (int)getpid());
-    snprintf(pt_path, sizeof pt_path, "%s/epx-fuzz-counts-%d.pt", dir, (int)getpid());
-}
+#include "fuzz_util.h"
 
 static int same_counts(const epx_counts *a, const epx_counts *b) {
     if (a->num_windows != b->num_windows || a->num_layers != b->num_layers ||
@@ -66,7 +46,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         size_t n = (size_t)a->num_windows * (size_t)a->num_layers * (size_t)a->num_experts;
         for (size_t i = 0; i < n; i++) CHECK(isfinite(a->data[i]) && a->data[i] >= 0);
         if (n <= (1 << 16)) {
-            temp_paths();
+            temp_paths("counts");
             epx_counts *c = NULL;
             CHECK(epx_counts_write_json(a, json_path, &ea) == EPX_OK);
             CHECK(epx_counts_read(json_path, &c, &ea) == EPX_OK);

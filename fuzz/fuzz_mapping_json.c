@@ -14,27 +14,7 @@
 
 #include "epx.h"
 
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
-
-#define CHECK(cond)                  \
-    do {                             \
-        if (!(cond)) __builtin_trap(); \
-    } while (0)
-
-static char json_path[64], pt_path[64];
-
-static void remove_temp(void) {
-    unlink(json_path);
-    unlink(pt_path);
-}
-
-static void temp_paths(void) {
-    if (json_path[0]) return;
-    atexit(remove_temp);
-    const char *dir = access("/dev/shm", W_OK) == 0 ? "/dev/shm" : "/tmp";
-    snprintf(json_path, sizeof json_path, "%s/epx-fuzz-map-%d.json", dir, (int)getpid());
-    snprintf(pt_path, sizeof pt_path, "%s/epx-fuzz-map-%d.pt", dir, (int)getpid());
-}
+#include "fuzz_util.h"
 
 static void read_back(const char *path, const int32_t *map, int32_t L, int32_t P) {
     int32_t *m = NULL, l = 0, p = 0;
@@ -65,7 +45,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     epx_shape s = {La, E, Pa, 1, 1};
     epx_layout *lay = NULL;
     if (n <= (1 << 16) && epx_layout_create_from_map(&s, a, &lay, &ea) == EPX_OK) {
-        temp_paths();
+        temp_paths("map");
         CHECK(epx_layout_write_json(lay, json_path, &ea) == EPX_OK);
         read_back(json_path, a, La, Pa);
         CHECK(epx_layout_write_pt(lay, pt_path, &ea) == EPX_OK);
