@@ -748,42 +748,13 @@ __global__ void combine_scalar_kernel(const void *__restrict__ y, int64_t H, con
     }
 }
 
-epx_status check_spec(const epx_dispatch_spec *s, epx_error *err) {
-    if (s == NULL) return epxi_fail(err, EPX_ERR_INVALID_ARG, "dispatch spec is NULL");
-    if (s->num_physical < 1 || (s->mode != EPX_DISPATCH_PHYSICAL && s->num_experts < 1))
-        return epxi_fail(err, EPX_ERR_SHAPE,
-                         "dispatch spec: num_experts = %d and num_physical = %d must be >= 1",
-                         s->num_experts, s->num_physical);
-    switch (s->mode) {
-    case EPX_DISPATCH_PHYSICAL:
-        return EPX_OK;
-    case EPX_DISPATCH_STATIC:
-        if (s->table == NULL)
-            return epxi_fail(err, EPX_ERR_INVALID_ARG, "static dispatch needs spec.table (device [E])");
-        return EPX_OK;
-    case EPX_DISPATCH_WEIGHTED:
-        if (s->thresholds == NULL)
-            return epxi_fail(err, EPX_ERR_INVALID_ARG,
-                             "weighted dispatch needs spec.thresholds (device [E][W])");
-        /* fall through */
-    case EPX_DISPATCH_DYNAMIC:
-        if (s->replicas == NULL || s->num_valid == NULL || s->width < 1)
-            return epxi_fail(err, EPX_ERR_INVALID_ARG,
-                             "dynamic and weighted dispatch need spec.replicas, spec.num_valid "
-                             "(device) and width >= 1 (width is %d)",
-                             s->width);
-        return EPX_OK;
-    }
-    return epxi_fail(err, EPX_ERR_INVALID_ARG, "dispatch mode %d is not PHYSICAL, STATIC, DYNAMIC or WEIGHTED",
-                     (int)s->mode);
-}
 
 } /* namespace */
 
 extern "C" epx_status epx_cuda_dispatch_map_ids(const epx_dispatch_spec *spec, const int32_t *topk_ids,
                                                 int64_t num_tokens, int32_t topk, int32_t *phys,
                                                 cudaStream_t stream, epx_error *err) {
-    EPX_TRY(check_spec(spec, err));
+    EPX_TRY(epxi_dispatch_check_spec(spec, "device", err));
     if (num_tokens < 0 || num_tokens > INT32_MAX || topk < 1)
         return epxi_fail(err, EPX_ERR_SHAPE, "topk_ids is [%lld][%d]: T must be in [0, 2^31), K >= 1",
                          (long long)num_tokens, topk);
@@ -916,7 +887,7 @@ extern "C" epx_status epxi_cuda_dispatch_layout_variant(
     const epx_dispatch_spec *spec, const int32_t *topk_ids, int64_t num_tokens, int32_t topk,
     int32_t num_physical, int32_t num_gpus, int32_t *phys, const epx_token_layout *out, int variant,
     int cluster, int ppw, cudaStream_t stream, epx_error *err) {
-    EPX_TRY(check_spec(spec, err));
+    EPX_TRY(epxi_dispatch_check_spec(spec, "device", err));
     if (out == NULL || phys == NULL || (num_tokens > 0 && topk_ids == NULL))
         return epxi_fail(err, EPX_ERR_INVALID_ARG,
                          "epx_cuda_dispatch_layout: topk_ids, phys and out are required");

@@ -12,11 +12,22 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "epx.h"
+
 #ifdef __CUDACC__
 #define EPXI_HD __host__ __device__ __forceinline__
 #else
 #define EPXI_HD static inline
 #endif
+
+/* The one check of a dispatch spec, for the CPU path and the kernels
+ * alike (token.c): the fields its mode reads are present. `memory` ("host"
+ * or "device") names where the caller's pointers must live, in messages. */
+#ifdef __cplusplus
+extern "C"
+#endif
+epx_status epxi_dispatch_check_spec(const epx_dispatch_spec *s, const char *memory,
+                                    epx_error *err);
 
 /* Philox-4x32-10 (Salmon et al., SC'11), the Random123 constants. */
 #define EPXI_PHILOX_M0 0xD2511F53u

@@ -69,8 +69,10 @@ epx_status epx_dispatch_thresholds(const int32_t *replicas, const int32_t *num_v
     return EPX_OK;
 }
 
-/* Check that the fields a mode reads are present. */
-static epx_status check_spec(const epx_dispatch_spec *s, epx_error *err) {
+/* Check that the fields a mode reads are present (dispatch_common.h). */
+epx_status epxi_dispatch_check_spec(const epx_dispatch_spec *s, const char *memory,
+                                    epx_error *err) {
+    if (s == NULL) return epxi_fail(err, EPX_ERR_INVALID_ARG, "dispatch spec is NULL");
     if (s->num_physical < 1 || (s->mode != EPX_DISPATCH_PHYSICAL && s->num_experts < 1))
         return epxi_fail(err, EPX_ERR_SHAPE,
                          "dispatch spec: num_experts = %d and num_physical = %d must be >= 1",
@@ -82,20 +84,22 @@ static epx_status check_spec(const epx_dispatch_spec *s, epx_error *err) {
         if (s->table == NULL)
             return epxi_fail(err, EPX_ERR_INVALID_ARG,
                              "static dispatch needs spec.table, this rank's [E] row for the "
-                             "layer (epx_dispatch_table_compute)");
+                             "layer (epx_dispatch_table_compute), in %s memory",
+                             memory);
         return EPX_OK;
     case EPX_DISPATCH_WEIGHTED:
         if (s->thresholds == NULL)
             return epxi_fail(err, EPX_ERR_INVALID_ARG,
                              "weighted dispatch needs spec.thresholds "
-                             "(epx_dispatch_thresholds from the replica weights)");
+                             "(epx_dispatch_thresholds from the replica weights), in %s memory",
+                             memory);
         /* fall through */
     case EPX_DISPATCH_DYNAMIC:
         if (s->replicas == NULL || s->num_valid == NULL || s->width < 1)
             return epxi_fail(err, EPX_ERR_INVALID_ARG,
-                             "dynamic and weighted dispatch need spec.replicas [E][W], "
-                             "spec.num_valid [E] and width >= 1 (width is %d)",
-                             s->width);
+                             "dynamic and weighted dispatch need spec.replicas [E][W] and "
+                             "spec.num_valid [E] in %s memory, and width >= 1 (width is %d)",
+                             memory, s->width);
         return EPX_OK;
     }
     return epxi_fail(err, EPX_ERR_INVALID_ARG,
@@ -113,7 +117,7 @@ epx_status epx_dispatch_map_ids(const epx_dispatch_spec *spec, const int32_t *to
         return epxi_fail(err, EPX_ERR_SHAPE,
                          "topk_ids is [%lld][%d]: T must be in [0, 2^31) and K >= 1",
                          (long long)num_tokens, topk);
-    EPX_TRY(check_spec(spec, err));
+    EPX_TRY(epxi_dispatch_check_spec(spec, "host", err));
     int32_t E = spec->num_experts, P = spec->num_physical, W = spec->width;
     int32_t lim = spec->mode == EPX_DISPATCH_PHYSICAL ? P : E;
     for (int64_t t = 0; t < num_tokens; t++)
