@@ -87,6 +87,24 @@ typedef void (*epx_log_fn)(void *user, epx_log_level level, const char *msg);
  * per unit; a CLI shows it on a terminal and stays quiet otherwise. */
 typedef void (*epx_progress_fn)(void *user, const char *what, int64_t done, int64_t total);
 
+/* Element types of buffers: hidden-state rows (fp32, or bf16 stored as
+ * uint16_t), and what communicators move. The one dtype enum of the API. */
+typedef enum epx_dtype {
+    EPX_DTYPE_F32 = 0,
+    EPX_DTYPE_BF16 = 1,
+    EPX_DTYPE_I32 = 2,
+    EPX_DTYPE_I64 = 3,
+    EPX_DTYPE_U8 = 4
+} epx_dtype;
+
+/* Bytes of one element of `dt`; 0 for an unknown type. */
+EPX_API size_t epx_dtype_size(epx_dtype dt);
+
+/* fp32 <-> bf16 (stored as uint16_t), round to nearest even; a NaN becomes
+ * the quiet NaN of its sign (0x7fc0 / 0xffc0). */
+EPX_API uint16_t epx_bf16_from_f32(float f);
+EPX_API float epx_bf16_to_f32(uint16_t b);
+
 /*
  * The shape of a model under expert parallelism, in SGLang's vocabulary.
  * L layers (every decoder layer; dense layers carry no load), E logical

@@ -43,21 +43,7 @@
 extern "C" {
 #endif
 
-/* Element types of buffers that travel. */
-typedef enum epx_dtype {
-    EPX_DTYPE_F32 = 0,
-    EPX_DTYPE_BF16 = 1,
-    EPX_DTYPE_I32 = 2,
-    EPX_DTYPE_I64 = 3,
-    EPX_DTYPE_U8 = 4
-} epx_dtype;
-
-/* Bytes of one element of `dt`; 0 for an unknown type. */
-EPX_API size_t epx_dtype_size(epx_dtype dt);
-
-/* fp32 <-> bf16 (stored as uint16_t), round to nearest even; NaN stays NaN. */
-EPX_API uint16_t epx_bf16_from_f32(float f);
-EPX_API float epx_bf16_to_f32(uint16_t b);
+/* Element types (epx_dtype) and bf16 helpers are in epx.h. */
 
 /* Where a communicator's buffers live. */
 typedef enum epx_comm_memory {
@@ -195,6 +181,31 @@ typedef enum epx_ep_combine_mode {
     EPX_EP_COMBINE_RANK = 1
 } epx_ep_combine_mode;
 
+/*
+ * How a batch travels.
+ *
+ * NORMAL (throughput, prefill): counts are exchanged first, then each token
+ * goes once to each destination rank, packed densely; buffers hold the
+ * worst case or the caller's bound. On a device backend the counts come to
+ * the host once per dispatch.
+ *
+ * LOW_LATENCY (decode): every buffer is sized once from max_tokens; rank
+ * src writes its token t into row src * max_tokens + t of each destination,
+ * and the counts travel in band with the data (a per-source flag word
+ * carrying the batch's epoch), so there is no count exchange, no host
+ * synchronisation and no allocation per batch: on the GPU a whole
+ * dispatch -> experts -> combine step can be captured in a CUDA graph.
+ * Combine is EPX_EP_COMBINE_TOPK; max_recv_* must be 0. The receive view's
+ * rows are sparse: with S = max_tokens + 1, row i is token i % S of rank
+ * i / S (row S - 1 of each rank carries its flag), num_tokens is the row
+ * space R * S, and on a device backend num_entries stays on the device
+ * (-1 on the host; slot_offsets[num_local_slots] holds it).
+ */
+typedef enum epx_ep_mode {
+    EPX_EP_MODE_NORMAL = 0,
+    EPX_EP_MODE_LOW_LATENCY = 1
+} epx_ep_mode;
+
 /* Shape of one EP layer. Initialise from EPX_EP_CONFIG_INIT. */
 typedef struct epx_ep_config {
     uint32_t version;            /* set by EPX_EP_CONFIG_INIT */
@@ -212,11 +223,13 @@ typedef struct epx_ep_config {
      * would receive more. */
     int64_t max_recv_tokens;
     int64_t max_recv_entries;
+    epx_ep_mode mode;            /* NORMAL (default) or LOW_LATENCY */
 } epx_ep_config;
 
 #define EPX_EP_CONFIG_VERSION ((uint32_t)sizeof(epx_ep_config))
 #define EPX_EP_CONFIG_INIT \
-    {EPX_EP_CONFIG_VERSION, 0, 0, 0, 0, EPX_DTYPE_F32, EPX_DTYPE_F32, EPX_EP_COMBINE_TOPK, 0, 0}
+    {EPX_EP_CONFIG_VERSION, 0, 0, 0, 0, EPX_DTYPE_F32, EPX_DTYPE_F32, EPX_EP_COMBINE_TOPK, 0, 0, \
+     EPX_EP_MODE_NORMAL}
 
 /*
  * Bytes of workspace an EP handle needs for `cfg` on `num_ranks` ranks (host

@@ -246,13 +246,11 @@ EPX_API epx_status epx_token_layout_compute(const int32_t *phys, int64_t num_tok
                                             int32_t num_gpus, const epx_token_layout *out,
                                             epx_error *err);
 
-/* Element types of hidden-state rows: fp32, or bf16 stored as uint16_t.
- * The values equal epx_comm.h's EPX_DTYPE_F32 / EPX_DTYPE_BF16, so a
- * communicator's dtype converts with a cast. */
-typedef enum epx_row_dtype {
-    EPX_ROW_F32 = 0,
-    EPX_ROW_BF16 = 1
-} epx_row_dtype;
+/* Element types of hidden-state rows: the core epx_dtype (epx.h), F32 or
+ * BF16. The older names stay as aliases. */
+typedef epx_dtype epx_row_dtype;
+#define EPX_ROW_F32 EPX_DTYPE_F32
+#define EPX_ROW_BF16 EPX_DTYPE_BF16
 
 /*
  * Scatter rows of x [T][H] into a send order: out[pos[t][k]] = x[t] for every

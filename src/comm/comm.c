@@ -1,6 +1,6 @@
 /*
  * comm.c - the communicator handle over a backend's table of operations, the
- * one-rank local backend, a fault-injecting wrapper, and dtype helpers.
+ * one-rank local backend and a fault-injecting wrapper.
  *
  * The handle adds what every backend would otherwise repeat: argument
  * checks, and the sticky failure state. After a call fails with
@@ -22,32 +22,6 @@ struct epx_comm {
     epx_status failed;          /* EPX_OK while healthy */
     char failure[EPX_ERRMSG_MAX];
 };
-
-size_t epx_dtype_size(epx_dtype dt) {
-    switch (dt) {
-    case EPX_DTYPE_F32: return 4;
-    case EPX_DTYPE_BF16: return 2;
-    case EPX_DTYPE_I32: return 4;
-    case EPX_DTYPE_I64: return 8;
-    case EPX_DTYPE_U8: return 1;
-    }
-    return 0;
-}
-
-uint16_t epx_bf16_from_f32(float f) {
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    if (isnan(f)) return (uint16_t)((u >> 16) | 0x40u); /* keep it a quiet NaN */
-    u += 0x7fffu + ((u >> 16) & 1u);                     /* round to nearest even */
-    return (uint16_t)(u >> 16);
-}
-
-float epx_bf16_to_f32(uint16_t b) {
-    uint32_t u = (uint32_t)b << 16;
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
 
 epx_status epx_comm_create(const epx_comm_ops *ops, void *ctx, int32_t rank, int32_t size,
                            epx_comm **out, epx_error *err) {

@@ -1,8 +1,10 @@
 /*
  * ep.c - expert-parallel dispatch and combine of one MoE layer on host
- * memory, over any host communicator (MPI, local).
+ * memory, over any host communicator (MPI, local): the CPU reference of both
+ * modes. Records, sizes, grouping and the combine formula are ep_common.h's,
+ * shared with the GPU paths.
  *
- * One batch is three collective exchanges:
+ * Normal mode, three collective exchanges per batch:
  *   1. counts: to every peer, the tokens and the (token, k) entries it will
  *      receive (two int64 per peer);
  *   2. dispatch: each token once per destination rank, as a record of its
@@ -12,22 +14,28 @@
  *      (EPX_EP_COMBINE_TOPK) or one pre-reduced row per token and rank
  *      (EPX_EP_COMBINE_RANK), and each token is reduced in fp32 in a fixed
  *      order.
- * Everything a batch needs is carved out of one workspace at creation and
- * sized for the worst case (or the caller's receive bound); the per-batch
- * path allocates nothing. The send streams are ordered by token, and every
- * position a later step needs (where (t, k)'s output comes back) is recorded
- * while packing, so combine needs no second exchange of counts.
+ * Low-latency mode, two fixed-size exchanges per batch and no counts: token
+ * t goes to row t of the destination's block for this rank, tagged with the
+ * batch's epoch, and the block's last row carries the flag (epoch, T); the
+ * receiver keeps the rows whose tag is this batch's. Combine sends the
+ * output of (t, k) to row t * K + k of the token's rank. The same protocol
+ * and layout as the GPU engine (gpu/ll_ep.cu), so CI checks it on MPI ranks.
+ *
+ * Everything a batch needs is carved out of one workspace at creation; the
+ * per-batch path allocates nothing. The send streams are ordered by token,
+ * and every position a later step needs (where (t, k)'s output comes back)
+ * is recorded while packing, so combine needs no second exchange of counts.
  */
 #include "internal.h"
-#include "epx_comm.h"
+#include "ep_common.h"
 
 #include <stdint.h>
 #include <string.h>
 
 /* Where each buffer lives inside the workspace (byte offsets). */
 typedef struct ep_layout {
-    size_t send_rec, recv_rec, y, csend, crecv, weights, ret_pos, tok_ndest, tok_dpos,
-        entry_token, entry_weight, slot_offsets, row_entries, partial, counts, total;
+    size_t send_rec, recv_rec, y, csend, crecv, weights, slots, ret_pos, tok_ndest, tok_dpos,
+        entry_token, entry_weight, entry_pair, slot_offsets, row_entries, counts, total;
 } ep_layout;
 
 /* The per-peer integer arrays: int64 rows of [R]; the counts exchange
@@ -39,14 +47,12 @@ enum {
 
 struct epx_ep {
     epx_comm *comm;
-    epx_ep_config cfg;
-    int32_t R, me, spr, dmax; /* dmax = min(K, R): most destinations per token */
-    size_t xsz, ysz, xrow, rec, yrow, meta_off;
-    int64_t cap_tok, cap_ent, cap_back; /* receive bounds; rows coming back */
-    bool checked_caps;                  /* caller set a bound: agree on overflow */
+    epxi_ep_geom g;
+    int32_t me;
     unsigned char *ws;
     bool own_ws;
     ep_layout lay;
+    uint32_t epoch; /* low latency: the last batch's */
     /* last batch */
     int64_t T;
     bool dispatched;
@@ -54,119 +60,49 @@ struct epx_ep {
     int64_t last_dispatch_bytes, last_combine_bytes;
 };
 
-/* Per (token, k) metadata inside a record. */
-typedef struct ep_meta {
-    int32_t slot; /* local slot on the receiver, or -1 */
-    float weight;
-} ep_meta;
-
-static size_t align_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
-
-static epx_status check_config(const epx_ep_config *cfg, int32_t R, epx_error *err) {
-    if (cfg == NULL) return epxi_fail(err, EPX_ERR_INVALID_ARG, "EP config is NULL");
-    if (cfg->version != EPX_EP_CONFIG_VERSION)
-        return epxi_fail(err, EPX_ERR_INVALID_ARG,
-                         "EP config version %u is not %u: initialise it from EPX_EP_CONFIG_INIT",
-                         cfg->version, EPX_EP_CONFIG_VERSION);
-    if (cfg->hidden < 1 || cfg->top_k < 1 || cfg->top_k > EPX_MOE_MAX_TOP_K)
-        return epxi_fail(err, EPX_ERR_SHAPE,
-                         "EP hidden (%d) must be >= 1 and top_k (%d) in [1, %d]", cfg->hidden,
-                         cfg->top_k, EPX_MOE_MAX_TOP_K);
-    if (R < 1) return epxi_fail(err, EPX_ERR_INVALID_ARG, "EP needs >= 1 rank, got %d", R);
-    if (cfg->num_slots < 1 || cfg->num_slots % R != 0) {
-        int32_t up = cfg->num_slots < R ? R : (cfg->num_slots + R - 1) / R * R;
-        return epxi_fail(err, EPX_ERR_SHAPE,
-                         "EP num_slots (%d) is not a positive multiple of the %d ranks: use %d",
-                         cfg->num_slots, R, up);
-    }
-    if (cfg->max_tokens < 1 || cfg->max_tokens > ((int64_t)1 << 30))
-        return epxi_fail(err, EPX_ERR_INVALID_ARG,
-                         "EP max_tokens (%lld) must be in [1, 2^30]", (long long)cfg->max_tokens);
-    if ((cfg->x_dtype != EPX_DTYPE_F32 && cfg->x_dtype != EPX_DTYPE_BF16) ||
-        (cfg->y_dtype != EPX_DTYPE_F32 && cfg->y_dtype != EPX_DTYPE_BF16))
-        return epxi_fail(err, EPX_ERR_INVALID_ARG,
-                         "EP x_dtype (%d) and y_dtype (%d) must be EPX_DTYPE_F32 or _BF16",
-                         (int)cfg->x_dtype, (int)cfg->y_dtype);
-    if (cfg->combine != EPX_EP_COMBINE_TOPK && cfg->combine != EPX_EP_COMBINE_RANK)
-        return epxi_fail(err, EPX_ERR_INVALID_ARG,
-                         "EP combine mode %d is unknown: use EPX_EP_COMBINE_TOPK or _RANK",
-                         (int)cfg->combine);
-    if (cfg->max_recv_tokens < 0 || cfg->max_recv_entries < 0)
-        return epxi_fail(err, EPX_ERR_INVALID_ARG,
-                         "EP max_recv_tokens (%lld) and max_recv_entries (%lld) must be >= 0 "
-                         "(0 = worst case)",
-                         (long long)cfg->max_recv_tokens, (long long)cfg->max_recv_entries);
-    return EPX_OK;
-}
-
-/* Derived sizes and the workspace layout, shared by the size query and
+/* The workspace layout of either mode, shared by the size query and
  * creation so both agree to the byte. */
 static epx_status plan_layout(epx_ep *ep, const epx_ep_config *cfg, int32_t R, epx_error *err) {
-    EPX_TRY(check_config(cfg, R, err));
-    const int64_t K = cfg->top_k, T = cfg->max_tokens, H = cfg->hidden;
-    ep->cfg = *cfg;
-    ep->R = R;
-    ep->spr = cfg->num_slots / R;
-    ep->dmax = (int32_t)(K < R ? K : R);
-    ep->xsz = epx_dtype_size(cfg->x_dtype);
-    ep->ysz = epx_dtype_size(cfg->y_dtype);
-    ep->xrow = (size_t)H * ep->xsz;
-    ep->meta_off = align_up(ep->xrow, 16);
-    ep->rec = ep->meta_off + align_up((size_t)K * sizeof(ep_meta), 16);
-    ep->yrow = (size_t)H * ep->ysz;
-    /* Entries one token can bring a rank: K, since nothing forbids two k of
-     * a token naming the same slot. */
-    const int64_t per_tok = K;
-    double worst_tok = (double)R * (double)T;
-    ep->cap_tok = cfg->max_recv_tokens ? cfg->max_recv_tokens : (int64_t)worst_tok;
-    if (ep->cap_tok > (int64_t)worst_tok) ep->cap_tok = (int64_t)worst_tok;
-    ep->cap_ent = cfg->max_recv_entries ? cfg->max_recv_entries : ep->cap_tok * per_tok;
-    if (ep->cap_ent > ep->cap_tok * per_tok) ep->cap_ent = ep->cap_tok * per_tok;
-    ep->checked_caps = cfg->max_recv_tokens != 0 || cfg->max_recv_entries != 0;
-    ep->cap_back = cfg->combine == EPX_EP_COMBINE_TOPK ? T * K : T * ep->dmax;
-    /* Entry and position indices are int32. */
-    if ((double)ep->cap_tok * (double)K >= 2147483647.0 || (double)ep->cap_ent >= 2147483647.0 ||
-        (double)T * (double)K >= 2147483647.0)
-        return epxi_fail(err, EPX_ERR_OVERFLOW,
-                         "EP buffers of %lld received tokens x top_k %lld exceed int32 indices: "
-                         "lower max_tokens (%lld) or set max_recv_tokens",
-                         (long long)ep->cap_tok, (long long)K, (long long)T);
-    const int64_t csend_rows = cfg->combine == EPX_EP_COMBINE_TOPK ? ep->cap_ent : ep->cap_tok;
-    struct {
-        size_t *at;
-        double n, size;
-    } parts[] = {
-        {&ep->lay.send_rec, (double)T * ep->dmax, (double)ep->rec},
-        {&ep->lay.recv_rec, (double)ep->cap_tok, (double)ep->rec},
-        {&ep->lay.y, (double)ep->cap_ent, (double)ep->yrow},
-        {&ep->lay.csend, (double)csend_rows, (double)ep->yrow},
-        {&ep->lay.crecv, (double)ep->cap_back, (double)ep->yrow},
-        {&ep->lay.weights, (double)T * K, sizeof(float)},
-        {&ep->lay.ret_pos, (double)T * K, sizeof(int32_t)},
-        {&ep->lay.tok_ndest, (double)T, sizeof(int32_t)},
-        {&ep->lay.tok_dpos, (double)T * ep->dmax, sizeof(int32_t)},
-        {&ep->lay.entry_token, (double)ep->cap_ent, sizeof(int32_t)},
-        {&ep->lay.entry_weight, (double)ep->cap_ent, sizeof(float)},
-        {&ep->lay.slot_offsets, (double)ep->spr + 1, sizeof(int64_t)},
-        {&ep->lay.row_entries, (double)ep->cap_tok * K, sizeof(int32_t)},
-        {&ep->lay.partial, (double)H, sizeof(float)},
-        {&ep->lay.counts, (double)C_ROWS * R, sizeof(int64_t)},
-    };
-    size_t off = 0;
-    for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++) {
-        double bytes = parts[i].n * parts[i].size;
-        if (bytes > (double)(SIZE_MAX / 4))
-            return epxi_fail(err, EPX_ERR_OVERFLOW,
-                             "EP workspace part %zu needs %.3g bytes: lower max_tokens (%lld) or "
-                             "set max_recv_tokens",
-                             i, bytes, (long long)T);
-        *parts[i].at = off;
-        off = align_up(off + (size_t)bytes, 64);
+    EPX_TRY(epxi_ep_geom_init(cfg, R, &ep->g, err));
+    const epxi_ep_geom *g = &ep->g;
+    const double T = (double)g->M, K = g->K, rec = (double)g->rec, yrow = (double)g->yrow;
+    ep_layout *l = &ep->lay;
+    if (g->low_latency) {
+        /* Fixed blocks per peer: M token rows + one flag row out, M * K
+         * output rows back. */
+        const double blk = (double)R * (T + 1);
+        epxi_ws_part parts[] = {
+            {&l->send_rec, blk, rec},          {&l->recv_rec, blk, rec},
+            {&l->y, (double)g->cap_ent, yrow}, {&l->csend, R * T * K, yrow},
+            {&l->crecv, R * T * K, yrow},      {&l->weights, T * K, sizeof(float)},
+            {&l->slots, T * K, sizeof(int32_t)},
+            {&l->entry_token, (double)g->cap_ent, sizeof(int32_t)},
+            {&l->entry_weight, (double)g->cap_ent, sizeof(float)},
+            {&l->entry_pair, (double)g->cap_ent, sizeof(int32_t)},
+            {&l->slot_offsets, (double)g->spr + 1, sizeof(int64_t)},
+            {&l->counts, (double)C_ROWS * R, sizeof(int64_t)},
+        };
+        return epxi_ws_carve(parts, sizeof parts / sizeof parts[0], 64, &l->total, "EP", err);
     }
-    ep->lay.total = off;
-    return EPX_OK;
+    const double csend_rows = (double)(g->topk_mode ? g->cap_ent : g->cap_tok);
+    epxi_ws_part parts[] = {
+        {&l->send_rec, T * g->dmax, rec},
+        {&l->recv_rec, (double)g->cap_tok, rec},
+        {&l->y, (double)g->cap_ent, yrow},
+        {&l->csend, csend_rows, yrow},
+        {&l->crecv, (double)g->cap_back, yrow},
+        {&l->weights, T * K, sizeof(float)},
+        {&l->ret_pos, T * K, sizeof(int32_t)},
+        {&l->tok_ndest, T, sizeof(int32_t)},
+        {&l->tok_dpos, T * g->dmax, sizeof(int32_t)},
+        {&l->entry_token, (double)g->cap_ent, sizeof(int32_t)},
+        {&l->entry_weight, (double)g->cap_ent, sizeof(float)},
+        {&l->slot_offsets, (double)g->spr + 1, sizeof(int64_t)},
+        {&l->row_entries, (double)g->cap_tok * K, sizeof(int32_t)},
+        {&l->counts, (double)C_ROWS * R, sizeof(int64_t)},
+    };
+    return epxi_ws_carve(parts, sizeof parts / sizeof parts[0], 64, &l->total, "EP", err);
 }
-
 epx_status epx_ep_workspace_bytes(const epx_ep_config *cfg, int32_t num_ranks, size_t *bytes,
                                   epx_error *err) {
     epx_ep tmp;
@@ -205,6 +141,8 @@ epx_status epx_ep_create(epx_comm *comm, const epx_ep_config *cfg, void *workspa
                              workspace_bytes, workspace, need);
         }
         ep->ws = workspace;
+        /* Low latency tells stale rows by their tags: start from zero. */
+        if (ep->g.low_latency) memset(workspace, 0, ep->lay.total);
     } else {
         /* Over-allocate so the carve-up can start 64-byte aligned. */
         ep->ws = epxi_calloc(ep->lay.total + 64, 1, "EP workspace", err);
@@ -232,26 +170,7 @@ static unsigned char *base(const epx_ep *ep) {
 #define WS(ep, field, type) ((type *)(void *)(base(ep) + (ep)->lay.field))
 
 static int64_t *crow(const epx_ep *ep, int row) {
-    return WS(ep, counts, int64_t) + (size_t)row * (size_t)ep->R;
-}
-
-/* The distinct destination ranks of one token's slots, ascending. */
-static int32_t token_dests(const int32_t *slots, int32_t K, int32_t spr, int32_t *d) {
-    int32_t nd = 0;
-    for (int32_t k = 0; k < K; k++) {
-        if (slots[k] < 0) continue;
-        int32_t r = slots[k] / spr, pos = nd;
-        bool dup = false;
-        for (int32_t j = 0; j < nd; j++) dup |= d[j] == r;
-        if (dup) continue;
-        while (pos > 0 && d[pos - 1] > r) {
-            d[pos] = d[pos - 1];
-            pos--;
-        }
-        d[pos] = r;
-        nd++;
-    }
-    return nd;
+    return WS(ep, counts, int64_t) + (size_t)row * (size_t)ep->g.R;
 }
 
 static void prefix(const int64_t *n, int64_t *off, int32_t R) {
@@ -262,25 +181,53 @@ static void prefix(const int64_t *n, int64_t *off, int32_t R) {
     }
 }
 
-epx_status epx_ep_dispatch(epx_ep *ep, int64_t T, const void *x, const int32_t *topk_slots,
-                           const float *topk_weights, epx_ep_recv *recv, epx_error *err) {
-    if (ep == NULL || recv == NULL)
-        return epxi_fail(err, EPX_ERR_INVALID_ARG, "EP dispatch needs a handle and a recv view");
-    const int32_t R = ep->R, K = ep->cfg.top_k, spr = ep->spr, P = ep->cfg.num_slots;
-    if (T < 0 || T > ep->cfg.max_tokens)
+/* Arguments every dispatch checks before any communication. */
+static epx_status check_batch(const epx_ep *ep, int64_t T, const void *x, const int32_t *slots,
+                              const float *weights, bool check_slots, epx_error *err) {
+    const int32_t K = ep->g.K, P = ep->g.P;
+    if (T < 0 || T > ep->g.M)
         return epxi_fail(err, EPX_ERR_INVALID_ARG,
                          "EP dispatch of %lld tokens is outside [0, max_tokens %lld]: raise "
                          "max_tokens when creating the handle",
-                         (long long)T, (long long)ep->cfg.max_tokens);
-    if (T > 0 && (x == NULL || topk_slots == NULL || topk_weights == NULL))
+                         (long long)T, (long long)ep->g.M);
+    if (T > 0 && (x == NULL || slots == NULL || weights == NULL))
         return epxi_fail(err, EPX_ERR_INVALID_ARG,
                          "EP dispatch of %lld tokens needs x, topk_slots and topk_weights",
                          (long long)T);
-    for (int64_t i = 0; i < T * K; i++)
-        if (topk_slots[i] < -1 || topk_slots[i] >= P)
-            return epxi_fail(err, EPX_ERR_INVALID_ARG,
-                             "topk_slots[%lld][%d] = %d is outside [-1, %d) (num_slots)",
-                             (long long)(i / K), (int)(i % K), topk_slots[i], P);
+    if (check_slots)
+        for (int64_t i = 0; i < T * K; i++)
+            if (slots[i] < -1 || slots[i] >= P)
+                return epxi_fail(err, EPX_ERR_INVALID_ARG,
+                                 "topk_slots[%lld][%d] = %d is outside [-1, %d) (num_slots)",
+                                 (long long)(i / K), (int)(i % K), slots[i], P);
+    return EPX_OK;
+}
+
+/* The first bad slot of a batch, as an index into [T][K], or -1. */
+static int64_t first_bad_slot(const int32_t *slots, int64_t n, int32_t P) {
+    for (int64_t i = 0; i < n; i++)
+        if (slots[i] < -1 || slots[i] >= P) return i;
+    return -1;
+}
+
+static void fill_recv(const epx_ep *ep, int64_t rows, int64_t entries, epx_ep_recv *recv) {
+    recv->num_tokens = rows;
+    recv->x = WS(ep, recv_rec, void);
+    recv->x_stride = ep->g.rec;
+    recv->num_entries = entries;
+    recv->first_slot = ep->me * ep->g.spr;
+    recv->num_local_slots = ep->g.spr;
+    recv->slot_offsets = WS(ep, slot_offsets, int64_t);
+    recv->entry_token = WS(ep, entry_token, int32_t);
+    recv->entry_weight = WS(ep, entry_weight, float);
+    recv->y = WS(ep, y, void);
+}
+
+static epx_status dispatch_normal(epx_ep *ep, int64_t T, const void *x, const int32_t *topk_slots,
+                                  const float *topk_weights, epx_ep_recv *recv, epx_error *err) {
+    const epxi_ep_geom *g = &ep->g;
+    const int32_t R = g->R, K = g->K, spr = g->spr;
+    EPX_TRY(check_batch(ep, T, x, topk_slots, topk_weights, true, err));
     ep->dispatched = false;
     ep->T = T;
     int64_t *ntok = crow(ep, C_NTOK), *nent = crow(ep, C_NENT), *rtok = crow(ep, C_RTOK),
@@ -298,14 +245,13 @@ epx_status epx_ep_dispatch(epx_ep *ep, int64_t T, const void *x, const int32_t *
     int32_t d[EPX_MOE_MAX_TOP_K];
     for (int64_t t = 0; t < T; t++) {
         const int32_t *s = topk_slots + t * K;
-        int32_t nd = token_dests(s, K, spr, d);
+        int32_t nd = epxi_ep_token_dests(s, K, spr, d);
         for (int32_t j = 0; j < nd; j++) ntok[d[j]]++;
         for (int32_t k = 0; k < K; k++)
             if (s[k] >= 0) nent[s[k] / spr]++;
     }
     prefix(ntok, stokoff, R);
-    bool topk_mode = ep->cfg.combine == EPX_EP_COMBINE_TOPK;
-    prefix(topk_mode ? nent : ntok, coff, R);
+    prefix(g->topk_mode ? nent : ntok, coff, R);
 
     /* Pass 2: pack records in token order per destination, and note where
      * each output will come back. */
@@ -314,22 +260,17 @@ epx_status epx_ep_dispatch(epx_ep *ep, int64_t T, const void *x, const int32_t *
     for (int32_t r = 0; r < R; r++) ccur[r] = coff[r];
     for (int64_t t = 0; t < T; t++) {
         const int32_t *s = topk_slots + t * K;
-        const float *w = topk_weights + t * K;
-        int32_t nd = token_dests(s, K, spr, d);
+        int32_t nd = epxi_ep_token_dests(s, K, spr, d);
         for (int32_t j = 0; j < nd; j++) {
             int64_t pos = cur[d[j]]++;
-            unsigned char *rec = send_rec + (size_t)pos * ep->rec;
-            memcpy(rec, (const unsigned char *)x + (size_t)t * ep->xrow, ep->xrow);
-            ep_meta *m = (ep_meta *)(void *)(rec + ep->meta_off);
-            for (int32_t k = 0; k < K; k++) {
-                bool here = s[k] >= 0 && s[k] / spr == d[j];
-                m[k].slot = here ? s[k] - d[j] * spr : -1;
-                m[k].weight = here ? w[k] : 0.0f;
-            }
-            if (!topk_mode) tok_dpos[t * ep->dmax + j] = (int32_t)pos;
+            unsigned char *rec = epxi_ep_rec(g, send_rec, pos);
+            memcpy(rec, (const unsigned char *)x + (size_t)t * g->xrow, g->xrow);
+            epxi_ep_write_meta((epxi_ep_meta *)(void *)(rec + g->meta_off), s,
+                               topk_weights + t * K, K, spr, d[j]);
+            if (!g->topk_mode) tok_dpos[t * g->dmax + j] = (int32_t)pos;
         }
         tok_ndest[t] = nd;
-        if (topk_mode)
+        if (g->topk_mode)
             for (int32_t k = 0; k < K; k++)
                 ret_pos[t * K + k] = s[k] >= 0 ? (int32_t)ccur[s[k] / spr]++ : -1;
     }
@@ -362,8 +303,8 @@ epx_status epx_ep_dispatch(epx_ep *ep, int64_t T, const void *x, const int32_t *
                          "EP dispatch: a peer announced inconsistent counts; do all ranks use "
                          "the same EP config (top_k %d)?",
                          K);
-    int64_t over = got_tok > ep->cap_tok || got_ent > ep->cap_ent;
-    if (ep->checked_caps) {
+    int64_t over = got_tok > g->cap_tok || got_ent > g->cap_ent;
+    if (g->checked_caps) {
         /* The caller chose a bound below the worst case: agree on overflow,
          * so no rank starts an exchange another has to refuse. */
         int64_t any = over;
@@ -377,117 +318,159 @@ epx_status epx_ep_dispatch(epx_ep *ep, int64_t T, const void *x, const int32_t *
                              "EP dispatch: %lld rank(s) would receive more than their bound "
                              "(max_recv_tokens %lld, max_recv_entries %lld): raise the bounds "
                              "or set them to 0 (worst case)",
-                             (long long)any, (long long)ep->cfg.max_recv_tokens,
-                             (long long)ep->cfg.max_recv_entries);
+                             (long long)any, (long long)g->cfg.max_recv_tokens,
+                             (long long)g->cfg.max_recv_entries);
     }
     if (over)
-        return epxi_fail(err, ep->checked_caps ? EPX_ERR_OVERFLOW : EPX_ERR_COMM,
+        return epxi_fail(err, g->checked_caps ? EPX_ERR_OVERFLOW : EPX_ERR_COMM,
                          "EP dispatch: rank %d would receive %lld tokens / %lld entries, above "
                          "its capacity %lld / %lld: raise max_recv_tokens / max_recv_entries "
                          "(0 = worst case), or check that every rank uses the same max_tokens",
-                         ep->me, (long long)got_tok, (long long)got_ent, (long long)ep->cap_tok,
-                         (long long)ep->cap_ent);
+                         ep->me, (long long)got_tok, (long long)got_ent, (long long)g->cap_tok,
+                         (long long)g->cap_ent);
     prefix(rtok, rtokoff, R);
 
     /* Exchange 2: the records. */
     unsigned char *recv_rec = WS(ep, recv_rec, unsigned char);
-    st = epx_comm_alltoallv(ep->comm, send_rec, ntok, stokoff, recv_rec, rtok, rtokoff, ep->rec,
+    st = epx_comm_alltoallv(ep->comm, send_rec, ntok, stokoff, recv_rec, rtok, rtokoff, g->rec,
                             err);
     if (st != EPX_OK) {
         epxi_error_prefix(err, "EP dispatch (records)");
         return st;
     }
 
-    /* Group the received entries by local slot: count, prefix, place. The
-     * placing pass walks rows (source rank, token) and k in order, so each
-     * slot's entries come out in that order. */
-    int64_t *so = WS(ep, slot_offsets, int64_t);
-    int32_t *entry_token = WS(ep, entry_token, int32_t), *row_entries = WS(ep, row_entries, int32_t);
-    float *entry_weight = WS(ep, entry_weight, float);
-    for (int32_t s = 0; s <= spr; s++) so[s] = 0;
+    /* Group the received entries by local slot: one dense run of rows. */
+    const int64_t first = 0;
     int64_t seen = 0;
-    for (int64_t i = 0; i < got_tok; i++) {
-        const ep_meta *m = (const ep_meta *)(const void *)(recv_rec + (size_t)i * ep->rec + ep->meta_off);
-        for (int32_t k = 0; k < K; k++) {
-            if (m[k].slot < -1 || m[k].slot >= spr)
-                return epxi_fail(err, EPX_ERR_COMM,
-                                 "EP dispatch: received row %lld names local slot %d outside "
-                                 "[-1, %d): corrupt record or mismatched configs",
-                                 (long long)i, m[k].slot, spr);
-            if (m[k].slot >= 0) {
-                so[m[k].slot + 1]++;
-                seen++;
-            }
-        }
-    }
+    EPX_TRY(epxi_ep_group_entries(g, recv_rec, 1, &first, &got_tok, 0,
+                                  WS(ep, slot_offsets, int64_t), WS(ep, entry_token, int32_t),
+                                  WS(ep, entry_weight, float), NULL, WS(ep, row_entries, int32_t),
+                                  &seen, err));
     if (seen != got_ent)
         return epxi_fail(err, EPX_ERR_COMM,
                          "EP dispatch: %lld entries announced but %lld received: mismatched "
                          "configs across ranks?",
                          (long long)got_ent, (long long)seen);
-    for (int32_t s = 0; s < spr; s++) so[s + 1] += so[s];
-    /* Place with a cursor per slot kept in the offsets themselves: so[s]
-     * advances to so[s+1] while placing, and is shifted back afterwards. */
-    for (int64_t i = 0; i < got_tok; i++) {
-        const ep_meta *m = (const ep_meta *)(const void *)(recv_rec + (size_t)i * ep->rec + ep->meta_off);
-        for (int32_t k = 0; k < K; k++) {
-            int32_t s = m[k].slot;
-            if (s < 0) {
-                row_entries[i * K + k] = -1;
-                continue;
-            }
-            int64_t e = so[s]++;
-            entry_token[e] = (int32_t)i;
-            entry_weight[e] = m[k].weight;
-            row_entries[i * K + k] = (int32_t)e;
-        }
-    }
-    for (int32_t s = spr; s > 0; s--) so[s] = so[s - 1];
-    so[0] = 0;
 
     ep->nrecv_tok = got_tok;
     ep->nrecv_ent = got_ent;
     int64_t sent = 0;
     for (int32_t r = 0; r < R; r++)
         if (r != ep->me) sent += ntok[r];
-    ep->last_dispatch_bytes = sent * (int64_t)ep->rec;
+    ep->last_dispatch_bytes = sent * (int64_t)g->rec;
     ep->dispatched = true;
-
-    recv->num_tokens = got_tok;
-    recv->x = recv_rec;
-    recv->x_stride = ep->rec;
-    recv->num_entries = got_ent;
-    recv->first_slot = ep->me * spr;
-    recv->num_local_slots = spr;
-    recv->slot_offsets = so;
-    recv->entry_token = entry_token;
-    recv->entry_weight = entry_weight;
-    recv->y = WS(ep, y, void);
+    fill_recv(ep, got_tok, got_ent, recv);
     return EPX_OK;
 }
 
-/* Row r of a y-typed buffer as fp32, element j. */
-static float y_at(const epx_ep *ep, const unsigned char *row, int32_t j) {
-    if (ep->cfg.y_dtype == EPX_DTYPE_F32) {
-        float f;
-        memcpy(&f, row + (size_t)j * 4, 4);
-        return f;
+/* Low latency: fixed blocks of M + 1 records per peer, no count exchange. */
+static epx_status dispatch_ll(epx_ep *ep, int64_t T, const void *x, const int32_t *topk_slots,
+                              const float *topk_weights, epx_ep_recv *recv, epx_error *err) {
+    const epxi_ep_geom *g = &ep->g;
+    const int32_t R = g->R, K = g->K, spr = g->spr;
+    const int64_t M = g->M, S = M + 1;
+    /* A bad slot is not refused here: the flag carries the verdict, so
+     * every rank fails this batch together instead of waiting for us. */
+    EPX_TRY(check_batch(ep, T, x, topk_slots, topk_weights, false, err));
+    ep->dispatched = false;
+    ep->T = T;
+    const uint32_t epoch = ep->epoch + 1;
+    ep->epoch = epoch == 0 ? 1 : epoch; /* 0 marks rows never written */
+    int64_t bad_at = first_bad_slot(topk_slots, T * K, g->P);
+    unsigned char *send_rec = WS(ep, send_rec, unsigned char);
+    if (T > 0) {
+        memcpy(WS(ep, weights, float), topk_weights, (size_t)(T * K) * sizeof(float));
+        memcpy(WS(ep, slots, int32_t), topk_slots, (size_t)(T * K) * sizeof(int32_t));
     }
-    uint16_t b;
-    memcpy(&b, row + (size_t)j * 2, 2);
-    return epx_bf16_to_f32(b);
+    int64_t sent = 0;
+    int32_t d[EPX_MOE_MAX_TOP_K];
+    for (int64_t t = 0; t < T && bad_at < 0; t++) {
+        const int32_t *s = topk_slots + t * K;
+        int32_t nd = epxi_ep_token_dests(s, K, spr, d);
+        for (int32_t j = 0; j < nd; j++) {
+            unsigned char *rec = epxi_ep_rec(g, send_rec, d[j] * S + t);
+            memcpy(rec, (const unsigned char *)x + (size_t)t * g->xrow, g->xrow);
+            epxi_ep_write_meta((epxi_ep_meta *)(void *)(rec + g->meta_off), s,
+                               topk_weights + t * K, K, spr, d[j]);
+            *epxi_ep_tag_of(g, rec) = ep->epoch;
+            sent += d[j] != ep->me;
+        }
+    }
+    for (int32_t r = 0; r < R; r++) {
+        uint64_t flag = epxi_ll_flag(ep->epoch, bad_at < 0 ? (uint32_t)T : EPXI_LL_BAD);
+        memcpy(epxi_ep_rec(g, send_rec, r * S + M), &flag, sizeof flag);
+    }
+    int64_t *cnt = crow(ep, C_XCNT), *displ = crow(ep, C_XDISPL);
+    for (int32_t r = 0; r < R; r++) {
+        cnt[r] = S;
+        displ[r] = r * S;
+    }
+    unsigned char *recv_rec = WS(ep, recv_rec, unsigned char);
+    epx_status st = epx_comm_alltoallv(ep->comm, send_rec, cnt, displ, recv_rec, cnt, displ,
+                                       g->rec, err);
+    if (st != EPX_OK) {
+        epxi_error_prefix(err, "EP low-latency dispatch");
+        return st;
+    }
+    /* The flags: this batch's epoch from every source, and its count. */
+    int64_t *first = crow(ep, C_RTOKOFF), *rows = crow(ep, C_RTOK);
+    int32_t bad_rank = -1;
+    for (int32_t r = 0; r < R; r++) {
+        uint64_t flag;
+        memcpy(&flag, epxi_ep_crec(g, recv_rec, r * S + M), sizeof flag);
+        uint32_t count = (uint32_t)flag;
+        if ((uint32_t)(flag >> 32) != ep->epoch || (count != EPXI_LL_BAD && count > (uint64_t)M))
+            return epxi_fail(err, EPX_ERR_COMM,
+                             "EP low-latency dispatch: rank %d's flag (epoch %u, count %u) is "
+                             "not batch %u's: do all ranks use the same config and make the "
+                             "same calls?",
+                             r, (unsigned)(flag >> 32), (unsigned)count, (unsigned)ep->epoch);
+        if (count == EPXI_LL_BAD && bad_rank < 0) bad_rank = r;
+        first[r] = r * S;
+        rows[r] = count == EPXI_LL_BAD ? 0 : count;
+    }
+    if (bad_at >= 0)
+        return epxi_fail(err, EPX_ERR_INVALID_ARG,
+                         "topk_slots[%lld][%d] = %d is outside [-1, %d) (num_slots); every rank "
+                         "returns an error for this batch",
+                         (long long)(bad_at / K), (int)(bad_at % K), topk_slots[bad_at], g->P);
+    if (bad_rank >= 0)
+        return epxi_fail(err, EPX_ERR_INVALID_ARG,
+                         "rank %d passed a slot outside [-1, %d) in this batch; no expert ran",
+                         bad_rank, g->P);
+    int64_t got_ent = 0;
+    EPX_TRY(epxi_ep_group_entries(g, recv_rec, R, first, rows, ep->epoch,
+                                  WS(ep, slot_offsets, int64_t), WS(ep, entry_token, int32_t),
+                                  WS(ep, entry_weight, float), WS(ep, entry_pair, int32_t), NULL,
+                                  &got_ent, err));
+    ep->nrecv_tok = R * S;
+    ep->nrecv_ent = got_ent;
+    ep->last_dispatch_bytes = sent * (int64_t)g->rec;
+    ep->dispatched = true;
+    fill_recv(ep, R * S, got_ent, recv);
+    return EPX_OK;
 }
 
-epx_status epx_ep_combine(epx_ep *ep, float *out, epx_error *err) {
-    if (ep == NULL) return epxi_fail(err, EPX_ERR_INVALID_ARG, "EP combine needs a handle");
-    if (!ep->dispatched)
-        return epxi_fail(err, EPX_ERR_INVALID_ARG,
-                         "EP combine without a successful dispatch before it");
-    const int32_t R = ep->R, K = ep->cfg.top_k, H = ep->cfg.hidden;
+epx_status epx_ep_dispatch(epx_ep *ep, int64_t T, const void *x, const int32_t *topk_slots,
+                           const float *topk_weights, epx_ep_recv *recv, epx_error *err) {
+    if (ep == NULL || recv == NULL)
+        return epxi_fail(err, EPX_ERR_INVALID_ARG, "EP dispatch needs a handle and a recv view");
+    if (ep->g.low_latency) return dispatch_ll(ep, T, x, topk_slots, topk_weights, recv, err);
+    return dispatch_normal(ep, T, x, topk_slots, topk_weights, recv, err);
+}
+
+/* out[t] from K rows (NULL where no expert) in the one combine formula. */
+static void combine_token(const epxi_ep_geom *g, const unsigned char *const *rows, const float *w,
+                          int32_t n, float *out) {
+    const int bf16 = g->cfg.y_dtype == EPX_DTYPE_BF16;
+    for (int64_t h = 0; h < g->H; h++) out[h] = epxi_ep_combine_elem(rows, w, n, h, bf16);
+}
+
+static epx_status combine_normal(epx_ep *ep, float *out, epx_error *err) {
+    const epxi_ep_geom *g = &ep->g;
+    const int32_t R = g->R, K = g->K, H = g->H;
     const int64_t T = ep->T;
-    if (T > 0 && out == NULL)
-        return epxi_fail(err, EPX_ERR_INVALID_ARG, "EP combine of %lld tokens needs out",
-                         (long long)T);
+    const int bf16 = g->cfg.y_dtype == EPX_DTYPE_BF16;
     int64_t *ntok = crow(ep, C_NTOK), *nent = crow(ep, C_NENT), *rtok = crow(ep, C_RTOK),
             *rent = crow(ep, C_RENT), *stokoff = crow(ep, C_STOKOFF),
             *rtokoff = crow(ep, C_RTOKOFF), *coff = crow(ep, C_COFF),
@@ -496,10 +479,11 @@ epx_status epx_ep_combine(epx_ep *ep, float *out, epx_error *err) {
     unsigned char *csend = WS(ep, csend, unsigned char), *crecv = WS(ep, crecv, unsigned char);
     const int32_t *row_entries = WS(ep, row_entries, int32_t);
     const float *entry_weight = WS(ep, entry_weight, float);
-    const bool topk_mode = ep->cfg.combine == EPX_EP_COMBINE_TOPK;
+    const unsigned char *rows[EPX_MOE_MAX_TOP_K];
+    float wk[EPX_MOE_MAX_TOP_K];
     epx_status st;
     int64_t back = 0;
-    if (topk_mode) {
+    if (g->topk_mode) {
         /* Rows are grouped by source in order, so one cursor lays out every
          * source's block at its prefix offset. */
         prefix(rent, rentoff, R);
@@ -507,33 +491,25 @@ epx_status epx_ep_combine(epx_ep *ep, float *out, epx_error *err) {
         for (int64_t i = 0; i < ep->nrecv_tok; i++)
             for (int32_t k = 0; k < K; k++) {
                 int32_t e = row_entries[i * K + k];
-                if (e >= 0) memcpy(csend + (size_t)(c++) * ep->yrow, y + (size_t)e * ep->yrow, ep->yrow);
+                if (e >= 0) memcpy(csend + (size_t)(c++) * g->yrow, y + (size_t)e * g->yrow, g->yrow);
             }
-        st = epx_comm_alltoallv(ep->comm, csend, rent, rentoff, crecv, nent, coff, ep->yrow, err);
+        st = epx_comm_alltoallv(ep->comm, csend, rent, rentoff, crecv, nent, coff, g->yrow, err);
         for (int32_t r = 0; r < R; r++)
             if (r != ep->me) back += rent[r];
     } else {
-        /* Pre-reduce each received token over its local entries, k order. */
-        float *partial = WS(ep, partial, float);
+        /* Pre-reduce each received token over its local entries, k order,
+         * rounded to y_dtype. */
         for (int64_t i = 0; i < ep->nrecv_tok; i++) {
-            for (int32_t j = 0; j < H; j++) partial[j] = 0.0f;
             for (int32_t k = 0; k < K; k++) {
                 int32_t e = row_entries[i * K + k];
-                if (e < 0) continue;
-                const unsigned char *ye = y + (size_t)e * ep->yrow;
-                for (int32_t j = 0; j < H; j++) partial[j] += entry_weight[e] * y_at(ep, ye, j);
+                rows[k] = e < 0 ? NULL : y + (size_t)e * g->yrow;
+                wk[k] = e < 0 ? 0.0f : entry_weight[e];
             }
-            unsigned char *dst = csend + (size_t)i * ep->yrow;
-            if (ep->cfg.y_dtype == EPX_DTYPE_F32) {
-                memcpy(dst, partial, (size_t)H * sizeof(float));
-            } else {
-                for (int32_t j = 0; j < H; j++) {
-                    uint16_t b = epx_bf16_from_f32(partial[j]);
-                    memcpy(dst + (size_t)j * 2, &b, 2);
-                }
-            }
+            unsigned char *dst = csend + (size_t)i * g->yrow;
+            for (int64_t h = 0; h < H; h++)
+                epxi_row_store(dst, h, epxi_ep_combine_elem(rows, wk, K, h, bf16), bf16);
         }
-        st = epx_comm_alltoallv(ep->comm, csend, rtok, rtokoff, crecv, ntok, stokoff, ep->yrow, err);
+        st = epx_comm_alltoallv(ep->comm, csend, rtok, rtokoff, crecv, ntok, stokoff, g->yrow, err);
         for (int32_t r = 0; r < R; r++)
             if (r != ep->me) back += rtok[r];
     }
@@ -541,37 +517,80 @@ epx_status epx_ep_combine(epx_ep *ep, float *out, epx_error *err) {
         epxi_error_prefix(err, "EP combine");
         return st;
     }
-    ep->last_combine_bytes = back * (int64_t)ep->yrow;
+    ep->last_combine_bytes = back * (int64_t)g->yrow;
 
     /* Reduce per token in the fixed order. */
     const float *w = WS(ep, weights, float);
     const int32_t *ret_pos = WS(ep, ret_pos, int32_t), *tok_ndest = WS(ep, tok_ndest, int32_t),
                   *tok_dpos = WS(ep, tok_dpos, int32_t);
     for (int64_t t = 0; t < T; t++) {
-        float *o = out + t * H;
-        for (int32_t j = 0; j < H; j++) o[j] = 0.0f;
-        if (topk_mode) {
+        if (g->topk_mode) {
             for (int32_t k = 0; k < K; k++) {
                 int32_t p = ret_pos[t * K + k];
-                if (p < 0) continue;
-                const unsigned char *row = crecv + (size_t)p * ep->yrow;
-                float wk = w[t * K + k];
-                if (ep->cfg.y_dtype == EPX_DTYPE_F32) {
-                    const float *yr = (const float *)(const void *)row;
-                    for (int32_t j = 0; j < H; j++) o[j] += wk * yr[j];
-                } else {
-                    for (int32_t j = 0; j < H; j++) o[j] += wk * y_at(ep, row, j);
-                }
+                rows[k] = p < 0 ? NULL : crecv + (size_t)p * g->yrow;
             }
+            combine_token(g, rows, w + t * K, K, out + t * H);
         } else {
-            for (int32_t j2 = 0; j2 < tok_ndest[t]; j2++) {
-                const unsigned char *row = crecv + (size_t)tok_dpos[t * ep->dmax + j2] * ep->yrow;
-                for (int32_t j = 0; j < H; j++) o[j] += y_at(ep, row, j);
-            }
+            for (int32_t j = 0; j < tok_ndest[t]; j++)
+                rows[j] = crecv + (size_t)tok_dpos[t * g->dmax + j] * g->yrow;
+            combine_token(g, rows, NULL, tok_ndest[t], out + t * H);
         }
     }
-    ep->dispatched = false;
     return EPX_OK;
+}
+
+/* Low latency: the output of (t, k) goes to row t * K + k of the token's
+ * rank, in a fixed block of M * K rows per peer. */
+static epx_status combine_ll(epx_ep *ep, float *out, epx_error *err) {
+    const epxi_ep_geom *g = &ep->g;
+    const int32_t R = g->R, K = g->K, spr = g->spr;
+    const int64_t M = g->M, S = M + 1, T = ep->T;
+    const unsigned char *y = WS(ep, y, unsigned char);
+    unsigned char *csend = WS(ep, csend, unsigned char), *crecv = WS(ep, crecv, unsigned char);
+    const int32_t *entry_pair = WS(ep, entry_pair, int32_t);
+    int64_t back = 0;
+    for (int64_t e = 0; e < ep->nrecv_ent; e++) {
+        int64_t pair = entry_pair[e], row = pair / K, src = row / S, t = row % S;
+        memcpy(csend + (size_t)(src * M * K + t * K + pair % K) * g->yrow,
+               y + (size_t)e * g->yrow, g->yrow);
+        back += src != ep->me;
+    }
+    int64_t *cnt = crow(ep, C_XCNT), *displ = crow(ep, C_XDISPL);
+    for (int32_t r = 0; r < R; r++) {
+        cnt[r] = M * K;
+        displ[r] = r * M * K;
+    }
+    epx_status st =
+        epx_comm_alltoallv(ep->comm, csend, cnt, displ, crecv, cnt, displ, g->yrow, err);
+    if (st != EPX_OK) {
+        epxi_error_prefix(err, "EP low-latency combine");
+        return st;
+    }
+    ep->last_combine_bytes = back * (int64_t)g->yrow;
+    const float *w = WS(ep, weights, float);
+    const int32_t *slots = WS(ep, slots, int32_t);
+    const unsigned char *rows[EPX_MOE_MAX_TOP_K];
+    for (int64_t t = 0; t < T; t++) {
+        for (int32_t k = 0; k < K; k++) {
+            int32_t s = slots[t * K + k];
+            rows[k] = s < 0 ? NULL : crecv + (size_t)((s / spr) * M * K + t * K + k) * g->yrow;
+        }
+        combine_token(g, rows, w + t * K, K, out + t * g->H);
+    }
+    return EPX_OK;
+}
+
+epx_status epx_ep_combine(epx_ep *ep, float *out, epx_error *err) {
+    if (ep == NULL) return epxi_fail(err, EPX_ERR_INVALID_ARG, "EP combine needs a handle");
+    if (!ep->dispatched)
+        return epxi_fail(err, EPX_ERR_INVALID_ARG,
+                         "EP combine without a successful dispatch before it");
+    if (ep->T > 0 && out == NULL)
+        return epxi_fail(err, EPX_ERR_INVALID_ARG, "EP combine of %lld tokens needs out",
+                         (long long)ep->T);
+    epx_status st = ep->g.low_latency ? combine_ll(ep, out, err) : combine_normal(ep, out, err);
+    if (st == EPX_OK) ep->dispatched = false;
+    return st;
 }
 
 epx_status epx_ep_run_experts(epx_ep *ep, const epx_ep_recv *recv, const epx_moe_expert *experts,
@@ -580,12 +599,12 @@ epx_status epx_ep_run_experts(epx_ep *ep, const epx_ep_recv *recv, const epx_moe
         return epxi_fail(err, EPX_ERR_INVALID_ARG,
                          "EP run_experts needs the handle, the recv view, %d expert views and "
                          "scratch",
-                         ep ? ep->spr : 0);
-    if (ep->cfg.x_dtype != EPX_DTYPE_F32 || ep->cfg.y_dtype != EPX_DTYPE_F32)
+                         ep ? ep->g.spr : 0);
+    if (ep->g.cfg.x_dtype != EPX_DTYPE_F32 || ep->g.cfg.y_dtype != EPX_DTYPE_F32)
         return epxi_fail(err, EPX_ERR_INVALID_ARG,
                          "EP run_experts runs fp32 experts: x_dtype and y_dtype must be "
                          "EPX_DTYPE_F32");
-    const int32_t H = ep->cfg.hidden;
+    const int32_t H = ep->g.H;
     float *y = recv->y;
     for (int32_t s = 0; s < recv->num_local_slots; s++) {
         int64_t e0 = recv->slot_offsets[s], n = recv->slot_offsets[s + 1] - e0;
@@ -600,28 +619,15 @@ epx_status epx_ep_run_experts(epx_ep *ep, const epx_ep_recv *recv, const epx_moe
 epx_status epx_ep_identity_experts(epx_ep *ep, const epx_ep_recv *recv, epx_error *err) {
     if (ep == NULL || recv == NULL)
         return epxi_fail(err, EPX_ERR_INVALID_ARG, "identity experts need the handle and a recv view");
-    const int32_t H = ep->cfg.hidden;
+    const epxi_ep_geom *g = &ep->g;
+    const int xbf = g->cfg.x_dtype == EPX_DTYPE_BF16, ybf = g->cfg.y_dtype == EPX_DTYPE_BF16;
     unsigned char *y = recv->y;
     for (int64_t e = 0; e < recv->num_entries; e++) {
         const unsigned char *src = (const unsigned char *)recv->x + (size_t)recv->entry_token[e] * recv->x_stride;
-        unsigned char *dst = y + (size_t)e * ep->yrow;
-        if (ep->cfg.x_dtype == ep->cfg.y_dtype) {
-            memcpy(dst, src, ep->yrow);
-        } else if (ep->cfg.x_dtype == EPX_DTYPE_F32) {
-            for (int32_t j = 0; j < H; j++) {
-                float f;
-                memcpy(&f, src + (size_t)j * 4, 4);
-                uint16_t b = epx_bf16_from_f32(f);
-                memcpy(dst + (size_t)j * 2, &b, 2);
-            }
-        } else {
-            for (int32_t j = 0; j < H; j++) {
-                uint16_t b;
-                memcpy(&b, src + (size_t)j * 2, 2);
-                float f = epx_bf16_to_f32(b);
-                memcpy(dst + (size_t)j * 4, &f, 4);
-            }
-        }
+        unsigned char *dst = y + (size_t)e * g->yrow;
+        if (xbf == ybf) memcpy(dst, src, g->yrow);
+        else
+            for (int64_t h = 0; h < g->H; h++) epxi_row_store(dst, h, epxi_row_load(src, h, xbf), ybf);
     }
     return EPX_OK;
 }

@@ -2,7 +2,8 @@
  * dispatch_common.h - the arithmetic that the CPU reference (src/dispatch)
  * and the CUDA kernels (src/cuda) must do identically, written once: the
  * Philox-4x32-10 generator behind dynamic and weighted choices, the
- * replica choice from a random word, and bf16 <-> fp32 conversion. Everything
+ * replica choice from a random word (bf16 and the weighted sum are in
+ * core/numeric.h). Everything
  * is a static inline function marked for both host and device, so the two
  * sides cannot drift. Internal to libepx; plain C11 and CUDA C++ alike.
  */
@@ -14,11 +15,7 @@
 
 #include "epx.h"
 
-#ifdef __CUDACC__
-#define EPXI_HD __host__ __device__ __forceinline__
-#else
-#define EPXI_HD static inline
-#endif
+#include "numeric.h"
 
 /* The one check of a dispatch spec, for the CPU path and the kernels
  * alike (token.c): the fields its mode reads are present. `memory` ("host"
@@ -80,24 +77,6 @@ EPXI_HD int32_t epxi_weighted_index(uint32_t word, const uint32_t *thr, int32_t 
     int32_t j = 0;
     while (j < n - 1 && word >= thr[j]) j++;
     return j;
-}
-
-/* bf16 -> fp32 is exact: the bf16 bits are the top half of the float. */
-EPXI_HD float epxi_bf16_to_f32(uint16_t h) {
-    uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
-
-/* fp32 -> bf16, round to nearest even; NaN becomes a quiet NaN of the same
- * sign (0x7fc0 / 0xffc0), so no NaN rounds into an infinity. */
-EPXI_HD uint16_t epxi_f32_to_bf16(float f) {
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) & 0x8000u) | 0x7fc0u;
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
 }
 
 #endif /* EPX_DISPATCH_COMMON_H */
