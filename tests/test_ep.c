@@ -35,14 +35,15 @@ typedef struct ep_job {
     const mc_layer *L;
     int64_t Tmax;
     epx_ep_combine_mode mode;
+    epx_ep_mode ep_mode;
     rank_io io[MAXR];
 } ep_job;
 
 static void ep_rank(epx_comm *comm, void *arg) {
     ep_job *j = arg;
     rank_io *io = &j->io[epx_comm_rank(comm)];
-    io->st = mc_ep_forward(comm, j->L, j->Tmax, io->T, io->x, io->slots, io->w, j->mode, io->out,
-                           &io->err);
+    io->st = mc_ep_forward(comm, j->L, j->Tmax, io->T, io->x, io->slots, io->w, j->mode, j->ep_mode,
+                           io->out, &io->err);
 }
 
 /* Make ranks receive nothing: every slot off rank 0 moves to a rank-0
@@ -83,8 +84,10 @@ static void make_io(tu_rng *r, const mc_layer *L, int64_t T, int32_t rank, rank_
     mc_slots(L, T, io->ids, rank, io->slots);
 }
 
-static void ep_random(epx_ep_combine_mode mode, int iters) {
-    tu_rng rng = {tu_seed(mode == EPX_EP_COMBINE_TOPK ? 7001 : 7002)};
+static void ep_random(epx_ep_combine_mode mode, epx_ep_mode ep_mode, int iters) {
+    tu_rng rng = {tu_seed(ep_mode == EPX_EP_MODE_LOW_LATENCY ? 7011
+                          : mode == EPX_EP_COMBINE_TOPK  ? 7001
+                                                         : 7002)};
     for (int it = 0; it < iters; it++) {
         int32_t R = 1 + (int32_t)tu_below(&rng, MAXR);
         mc_layer L;
@@ -93,6 +96,7 @@ static void ep_random(epx_ep_combine_mode mode, int iters) {
         memset(&job, 0, sizeof job);
         job.L = &L;
         job.mode = mode;
+        job.ep_mode = ep_mode;
         job.Tmax = 1 + (int64_t)tu_below(&rng, 12);
         bool concentrate = tu_below(&rng, 4) == 0;
         for (int32_t q = 0; q < R; q++) {
@@ -136,12 +140,19 @@ static void ep_random(epx_ep_combine_mode mode, int iters) {
 
 static void ep_topk_bitwise(void **state) {
     (void)state;
-    ep_random(EPX_EP_COMBINE_TOPK, 120);
+    ep_random(EPX_EP_COMBINE_TOPK, EPX_EP_MODE_NORMAL, 120);
+}
+
+/* The low-latency protocol: the same bits as the reference, with empty
+ * ranks, ranks that receive nothing, -1 ids and idle experts. */
+static void ep_low_latency_bitwise(void **state) {
+    (void)state;
+    ep_random(EPX_EP_COMBINE_TOPK, EPX_EP_MODE_LOW_LATENCY, 120);
 }
 
 static void ep_rank_mode_within_bound(void **state) {
     (void)state;
-    ep_random(EPX_EP_COMBINE_RANK, 60);
+    ep_random(EPX_EP_COMBINE_RANK, EPX_EP_MODE_NORMAL, 60);
 }
 
 /* ---- bf16 records with identity experts ------------------------------- */
@@ -150,6 +161,7 @@ typedef struct id_job {
     int32_t R, H, K, P;
     int64_t Tmax;
     epx_ep_combine_mode mode;
+    epx_ep_mode ep_mode;
     int64_t T[MAXR];
     uint16_t *x[MAXR];
     int32_t *slots[MAXR];
@@ -170,6 +182,7 @@ static void id_rank(epx_comm *comm, void *arg) {
     c.x_dtype = EPX_DTYPE_BF16;
     c.y_dtype = EPX_DTYPE_BF16;
     c.combine = j->mode;
+    c.mode = j->ep_mode;
     size_t bytes = 0;
     j->st[q] = epx_ep_workspace_bytes(&c, j->R, &bytes, &j->err[q]);
     if (j->st[q] != EPX_OK) return;
@@ -203,6 +216,8 @@ static void ep_bf16_identity(void **state) {
         j.P = j.R * (1 + (int32_t)tu_below(&rng, 5));
         j.Tmax = 1 + (int64_t)tu_below(&rng, 20);
         j.mode = (epx_ep_combine_mode)tu_below(&rng, 2);
+        j.ep_mode = j.mode == EPX_EP_COMBINE_TOPK && tu_below(&rng, 2) ? EPX_EP_MODE_LOW_LATENCY
+                                                                       : EPX_EP_MODE_NORMAL;
         for (int32_t q = 0; q < j.R; q++) {
             j.T[q] = (int64_t)tu_below(&rng, (uint32_t)j.Tmax + 1);
             size_t n = (size_t)(j.T[q] ? j.T[q] : 1);
@@ -256,7 +271,8 @@ static void ep_bf16_identity(void **state) {
                     if (to && r != q) expect_dbytes++;
                 }
             }
-            size_t rec = ((size_t)j.H * 2 + 15) / 16 * 16 + ((size_t)j.K * 8 + 15) / 16 * 16;
+            size_t tag = j.ep_mode == EPX_EP_MODE_LOW_LATENCY ? 4 : 0;
+            size_t rec = ((size_t)j.H * 2 + 15) / 16 * 16 + ((size_t)j.K * 8 + tag + 15) / 16 * 16;
             assert_int_equal(j.dbytes[q], expect_dbytes * (int64_t)rec);
         }
         free(part);
@@ -343,7 +359,7 @@ static void injected_faults_fail_cleanly(void **state) {
         assert_int_equal(epx_comm_create_local(&local, &err), EPX_OK);
         assert_int_equal(epx_comm_create_faulty(local, fail_at, &bad, &err), EPX_OK);
         epx_status st = mc_ep_forward(bad, &L, 8, io.T, io.x, io.slots, io.w,
-                                      EPX_EP_COMBINE_TOPK, io.out, &err);
+                                      EPX_EP_COMBINE_TOPK, EPX_EP_MODE_NORMAL, io.out, &err);
         assert_int_equal(st, EPX_ERR_COMM);
         TU_MSG_HAS(err.msg, "injected fault", fail_at == 3 ? "EP combine" : "EP dispatch");
         epx_error e2 = {0};
@@ -453,9 +469,122 @@ static void argument_errors(void **state) {
     epx_ep_destroy(NULL);
 }
 
+/* ---- low latency: many batches on one handle ----------------------------- */
+
+/* Each rank runs a sequence of batches through one low-latency handle with
+ * fp32 identity experts; batch 3 carries a bad slot on the last rank, which
+ * every rank must refuse together, and the batches after it go through.
+ * Rows left from earlier batches (other tokens, larger T) must never leak
+ * into later ones: the epoch tags tell them apart. */
+typedef struct ll_job {
+    int32_t R, H, K, P;
+    int64_t Tmax;
+    uint64_t seed;
+    int64_t fails[MAXR];
+    int64_t sent[8][MAXR], got[8][MAXR]; /* entries per batch and rank */
+    epx_status bad_st[MAXR];
+    epx_error err[MAXR];
+} ll_job;
+
+static void ll_rank(epx_comm *comm, void *arg) {
+    ll_job *j = arg;
+    int32_t q = epx_comm_rank(comm);
+    epx_ep_config c = EPX_EP_CONFIG_INIT;
+    c.hidden = j->H;
+    c.top_k = j->K;
+    c.num_slots = j->P;
+    c.max_tokens = j->Tmax;
+    c.mode = EPX_EP_MODE_LOW_LATENCY;
+    epx_ep *ep = NULL;
+    if (epx_ep_create(comm, &c, NULL, 0, &ep, &j->err[q]) != EPX_OK) {
+        j->fails[q]++;
+        return;
+    }
+    size_t n = (size_t)j->Tmax;
+    float *x = malloc(n * (size_t)j->H * 4), *w = malloc(n * (size_t)j->K * 4);
+    float *out = malloc(n * (size_t)j->H * 4);
+    int32_t *s = malloc(n * (size_t)j->K * 4);
+    tu_rng r = {j->seed * 977 + (uint64_t)q};
+    for (int b = 0; b < 8; b++) {
+        int64_t T = (int64_t)tu_below(&r, (uint32_t)j->Tmax + 1);
+        for (int64_t i = 0; i < T * j->H; i++) x[i] = (float)(tu_uniform(&r) * 2 - 1);
+        for (int64_t i = 0; i < T * j->K; i++) {
+            s[i] = tu_below(&r, 5) == 0 ? -1 : (int32_t)tu_below(&r, (uint32_t)j->P);
+            w[i] = (float)tu_uniform(&r);
+        }
+        bool poison = b == 3 && q == j->R - 1;
+        if (b == 3 && T == 0) T = 1, s[0] = 0; /* make sure rank R-1 has a token to spoil */
+        if (poison) s[0] = j->P;
+        epx_ep_recv rv;
+        epx_status st = epx_ep_dispatch(ep, T, x, s, w, &rv, &j->err[q]);
+        if (b == 3) {
+            j->bad_st[q] = st;
+            continue;
+        }
+        if (st == EPX_OK) {
+            j->got[b][q] = rv.num_entries;
+            for (int64_t i = 0; i < T * j->K; i++) j->sent[b][q] += s[i] >= 0;
+            st = epx_ep_identity_experts(ep, &rv, &j->err[q]);
+        }
+        if (st == EPX_OK) st = epx_ep_combine(ep, out, &j->err[q]);
+        if (st != EPX_OK) {
+            j->fails[q]++;
+            break;
+        }
+        for (int64_t t = 0; t < T; t++)
+            for (int32_t h = 0; h < j->H; h++) {
+                float acc = 0.0f;
+                for (int32_t k = 0; k < j->K; k++)
+                    if (s[t * j->K + k] >= 0) acc += w[t * j->K + k] * x[t * j->H + h];
+                if (memcmp(&acc, &out[t * j->H + h], 4) != 0) j->fails[q]++;
+            }
+    }
+    /* A batch above the capacity is refused before anything is written. */
+    epx_ep_recv rv;
+    if (epx_ep_dispatch(ep, j->Tmax + 1, x, s, w, &rv, &j->err[q]) != EPX_ERR_INVALID_ARG)
+        j->fails[q]++;
+    free(x), free(w), free(out), free(s);
+    epx_ep_destroy(ep);
+}
+
+static void ll_many_batches(void **state) {
+    (void)state;
+    tu_rng rng = {tu_seed(7012)};
+    for (int it = 0; it < 30; it++) {
+        ll_job j;
+        memset(&j, 0, sizeof j);
+        j.R = 1 + (int32_t)tu_below(&rng, MAXR);
+        j.H = 1 + (int32_t)tu_below(&rng, 24);
+        j.K = 1 + (int32_t)tu_below(&rng, 6);
+        j.P = j.R * (1 + (int32_t)tu_below(&rng, 4));
+        j.Tmax = 1 + (int64_t)tu_below(&rng, 10);
+        j.seed = rng.s + (uint64_t)it;
+        tc_run(j.R, ll_rank, &j);
+        for (int32_t q = 0; q < j.R; q++) {
+            if (j.fails[q]) fail_msg("iteration %d rank %d: %lld mismatches or failures (%s)", it, q,
+                                     (long long)j.fails[q], j.err[q].msg);
+            if (j.bad_st[q] != EPX_ERR_INVALID_ARG)
+                fail_msg("iteration %d rank %d: a bad slot on rank %d gave %s, not "
+                         "EPX_ERR_INVALID_ARG on every rank",
+                         it, q, j.R - 1, epx_status_str(j.bad_st[q]));
+        }
+        TU_MSG_HAS(j.err[0].msg, "max_tokens");
+        for (int b = 0; b < 8; b++) {
+            int64_t sent = 0, got = 0;
+            for (int32_t q = 0; q < j.R; q++) sent += j.sent[b][q], got += j.got[b][q];
+            if (sent != got)
+                fail_msg("iteration %d batch %d: %lld entries sent but %lld received (rows of "
+                         "earlier batches leaked in?)",
+                         it, b, (long long)sent, (long long)got);
+        }
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(ep_topk_bitwise),
+        cmocka_unit_test(ep_low_latency_bitwise),
+        cmocka_unit_test(ll_many_batches),
         cmocka_unit_test(ep_rank_mode_within_bound),
         cmocka_unit_test(ep_bf16_identity),
         cmocka_unit_test(tp_within_bound),

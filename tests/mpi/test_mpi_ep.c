@@ -89,8 +89,8 @@ static void injected_fault(void **state) {
     assert_int_equal(epx_comm_barrier(g_comm, &err), EPX_OK);
 }
 
-static void ep_cases(epx_ep_combine_mode mode, int iters) {
-    tu_rng lr = {g_seed + (uint64_t)mode * 7919}; /* the same on all ranks */
+static void ep_cases(epx_ep_combine_mode mode, epx_ep_mode ep_mode, int iters) {
+    tu_rng lr = {g_seed + (uint64_t)mode * 7919 + (uint64_t)ep_mode * 104729}; /* the same on all ranks */
     for (int it = 0; it < iters; it++) {
         mc_layer L;
         mc_layer_random(&lr, g_size, &L);
@@ -114,7 +114,7 @@ static void ep_cases(epx_ep_combine_mode mode, int iters) {
                     if (to < 0) ids[i] = -1;
                 }
         epx_error err = {0};
-        epx_status st = mc_ep_forward(g_comm, &L, Tmax, T, x, slots, w, mode, out, &err);
+        epx_status st = mc_ep_forward(g_comm, &L, Tmax, T, x, slots, w, mode, ep_mode, out, &err);
         if (st != EPX_OK) fail_msg("rank %d iteration %d: %s", g_rank, it, err.msg);
         assert_int_equal(epx_moe_forward(&L.cfg, &L.w, x, T, ids, w, 0, 1, 1, ref, &err), EPX_OK);
         int64_t bad = 0;
@@ -136,12 +136,19 @@ static void ep_cases(epx_ep_combine_mode mode, int iters) {
 
 static void ep_topk_bitwise(void **state) {
     (void)state;
-    ep_cases(EPX_EP_COMBINE_TOPK, 40);
+    ep_cases(EPX_EP_COMBINE_TOPK, EPX_EP_MODE_NORMAL, 40);
 }
 
 static void ep_rank_mode(void **state) {
     (void)state;
-    ep_cases(EPX_EP_COMBINE_RANK, 20);
+    ep_cases(EPX_EP_COMBINE_RANK, EPX_EP_MODE_NORMAL, 20);
+}
+
+/* The low-latency protocol over real processes: fixed blocks, epoch tags
+ * and in-band flags, bitwise equal to the reference. */
+static void ep_low_latency(void **state) {
+    (void)state;
+    ep_cases(EPX_EP_COMBINE_TOPK, EPX_EP_MODE_LOW_LATENCY, 40);
 }
 
 static void tp_baseline(void **state) {
@@ -196,6 +203,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(injected_fault),
         cmocka_unit_test(ep_topk_bitwise),
         cmocka_unit_test(ep_rank_mode),
+        cmocka_unit_test(ep_low_latency),
         cmocka_unit_test(tp_baseline),
     };
     int failed = cmocka_run_group_tests(tests, NULL, NULL);

@@ -153,9 +153,10 @@ static inline epx_moe_expert *mc_local_experts(const mc_layer *L, int32_t rank) 
  * the shared expert on this rank's own tokens. Returns the first failure. */
 static inline epx_status mc_ep_forward(epx_comm *comm, const mc_layer *L, int64_t Tmax,
                                        int64_t T, const float *x, const int32_t *slots,
-                                       const float *w, epx_ep_combine_mode mode, float *out,
-                                       epx_error *err) {
+                                       const float *w, epx_ep_combine_mode mode,
+                                       epx_ep_mode ep_mode, float *out, epx_error *err) {
     epx_ep_config ec = EPX_EP_CONFIG_INIT;
+    ec.mode = ep_mode;
     ec.hidden = L->cfg.hidden;
     ec.top_k = L->cfg.top_k;
     ec.num_slots = L->P;
