@@ -59,6 +59,12 @@ foreach(mode kill stop)
   set_tests_properties(mpi_fault_${mode} PROPERTIES LABELS "mpi;no-asan" TIMEOUT 120
                        ENVIRONMENT "${EPX_TEST_ENV};${EPX_MPI_ENV}" RUN_SERIAL TRUE)
 endforeach()
+# The low-latency protocol with a killed rank: the survivors time out.
+add_test(NAME mpi_fault_kill_low_latency
+         COMMAND bash ${CMAKE_SOURCE_DIR}/tests/mpi/fault.sh ${MPIEXEC_EXECUTABLE} 3
+                 $<TARGET_FILE:mpi_fault> kill low-latency)
+set_tests_properties(mpi_fault_kill_low_latency PROPERTIES LABELS "mpi;no-asan" TIMEOUT 120
+                     ENVIRONMENT "${EPX_TEST_ENV};${EPX_MPI_ENV}" RUN_SERIAL TRUE)
 
 # The CLI test of `epx bench comm --backend mpi` starts MPI: keep it out of
 # the ASan pass too.

@@ -1,16 +1,16 @@
 #!/bin/bash
-# fault.sh MPIRUN NP BINARY kill|stop - run mpi_fault and judge by the files
+# fault.sh MPIRUN NP BINARY kill|stop [low-latency] - run mpi_fault and judge by the files
 # the surviving ranks write: each must report EPX_ERR_TIMEOUT or
 # EPX_ERR_COMM within LIMIT_MS of starting its dispatch. mpirun's own exit
 # status is ignored (it reports the killed rank); `timeout` bounds the run
 # so a hang fails the test instead of stalling CI.
 set -u
-MPIRUN=$1 NP=$2 BIN=$3 MODE=$4
+MPIRUN=$1 NP=$2 BIN=$3 MODE=$4 EPMODE=${5:-}
 LIMIT_MS=${LIMIT_MS:-8000}
 OUT=$(mktemp -d /tmp/epx-fault.XXXXXX)
 trap 'rm -rf "$OUT"' EXIT
 timeout 90 "$MPIRUN" --oversubscribe --allow-run-as-root --enable-recovery -np "$NP" \
-    "$BIN" "$MODE" "$OUT" >"$OUT/log" 2>&1
+    "$BIN" "$MODE" "$OUT" $EPMODE >"$OUT/log" 2>&1
 echo "mpirun exited with $? (ignored; a killed rank makes it nonzero)"
 fail=0
 for ((r = 0; r < NP; r++)); do

@@ -15,6 +15,7 @@
  * killed rank.
  */
 #include <signal.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -57,8 +58,9 @@ static double now_ms(void) {
 }
 
 int main(int argc, char **argv) {
-    if (argc != 3 || (strcmp(argv[1], "kill") != 0 && strcmp(argv[1], "stop") != 0)) {
-        fprintf(stderr, "usage: mpi_fault kill|stop OUTDIR\n");
+    bool ll = argc == 4 && strcmp(argv[3], "low-latency") == 0;
+    if ((argc != 3 && !ll) || (strcmp(argv[1], "kill") != 0 && strcmp(argv[1], "stop") != 0)) {
+        fprintf(stderr, "usage: mpi_fault kill|stop OUTDIR [low-latency]\n");
         return 2;
     }
     MPI_Init(&argc, &argv);
@@ -71,7 +73,9 @@ int main(int argc, char **argv) {
         MPI_Abort(MPI_COMM_WORLD, 1);
     }
     int32_t rank = epx_comm_rank(mpi), R = epx_comm_size(mpi);
-    dying d = {mpi, 0, 5, strcmp(argv[1], "kill") == 0}; /* call 5: batch 2 records */
+    /* Die in batch 2's records: call 5 in normal mode (counts, records,
+     * combine per batch), call 3 in low latency (one exchange per phase). */
+    dying d = {mpi, 0, ll ? 3 : 5, strcmp(argv[1], "kill") == 0};
     static const epx_comm_ops ops = {EPX_COMM_OPS_VERSION, "dying", EPX_COMM_MEMORY_HOST,
                                      d_alltoallv, d_allreduce, d_barrier, NULL, NULL, NULL};
     comm = mpi;
@@ -85,6 +89,7 @@ int main(int argc, char **argv) {
     c.top_k = K;
     c.num_slots = 4 * R;
     c.max_tokens = T;
+    c.mode = ll ? EPX_EP_MODE_LOW_LATENCY : EPX_EP_MODE_NORMAL;
     epx_ep *ep = NULL;
     if (epx_ep_create(comm, &c, NULL, 0, &ep, &err) != EPX_OK) {
         fprintf(stderr, "%s\n", err.msg);
