@@ -16,10 +16,11 @@ endif()
 message(STATUS "epx: NCCL communicator enabled (${EPX_NCCL_LIB})")
 
 file(GLOB EPX_NCCL_SOURCES CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/src/comm/nccl/*.c
-     ${CMAKE_SOURCE_DIR}/src/comm/nccl/*.cu)
+     ${CMAKE_SOURCE_DIR}/src/comm/nccl/*.cu ${CMAKE_SOURCE_DIR}/src/comm/gpu/*.cu)
 add_library(epx_nccl STATIC ${EPX_NCCL_SOURCES})
 target_include_directories(epx_nccl PUBLIC ${CMAKE_SOURCE_DIR}/include
-                           PRIVATE ${CMAKE_SOURCE_DIR}/src/core ${CMAKE_SOURCE_DIR}/src/comm/nccl)
+                           PRIVATE ${CMAKE_SOURCE_DIR}/src/core ${CMAKE_SOURCE_DIR}/src/comm
+                                   ${CMAKE_SOURCE_DIR}/src/comm/nccl)
 target_include_directories(epx_nccl SYSTEM PUBLIC ${EPX_NCCL_INCLUDE})
 target_compile_options(epx_nccl PRIVATE $<$<COMPILE_LANGUAGE:C>:${EPX_WARNINGS} -fvisibility=hidden>
                        $<$<COMPILE_LANGUAGE:CUDA>:-Werror=all-warnings -lineinfo -Xcompiler=-fvisibility=hidden>)
@@ -37,3 +38,15 @@ target_link_libraries(test_nccl_ep PRIVATE epx_nccl epx_testutil)
 add_test(NAME gpu_nccl_ep COMMAND test_nccl_ep)
 set_tests_properties(gpu_nccl_ep PROPERTIES LABELS "gpu;no-asan" SKIP_RETURN_CODE 77 TIMEOUT 300
                      ENVIRONMENT "${EPX_TEST_ENV};NCCL_NVLS_ENABLE=0")
+
+# The low-latency GPU engine: one rank, and 2-4 ranks as processes sharing
+# the GPU over CUDA IPC. Plain C with no cmocka, so it runs on GPU machines
+# that lack it.
+add_executable(test_gpu_ll ${CMAKE_SOURCE_DIR}/tests/comm_gpu/test_gpu_ll.c)
+target_compile_options(test_gpu_ll PRIVATE ${EPX_WARNINGS})
+target_include_directories(test_gpu_ll PRIVATE ${CMAKE_SOURCE_DIR}/tests/util)
+target_link_libraries(test_gpu_ll PRIVATE epx_nccl)
+target_link_options(test_gpu_ll PRIVATE -Wl,--as-needed)
+add_test(NAME gpu_ll COMMAND test_gpu_ll)
+set_tests_properties(gpu_ll PROPERTIES LABELS "gpu;no-asan" SKIP_RETURN_CODE 77 TIMEOUT 900
+                     ENVIRONMENT "${EPX_TEST_ENV}")

@@ -9,8 +9,7 @@
  * up the wrong messages; the handle refuses them and keeps naming the first
  * failure, which is the one worth reporting.
  */
-#include "internal.h"
-#include "epx_comm.h"
+#include "comm_internal.h"
 
 #include <math.h>
 #include <string.h>
@@ -105,6 +104,12 @@ static epx_status record(epx_comm *comm, epx_status st, epx_error *err) {
                  err && err->msg[0] ? err->msg : epx_status_str(st));
     }
     return st;
+}
+
+void epxi_comm_poison(epx_comm *comm, epx_status st, const char *msg) {
+    if (comm == NULL || comm->failed != EPX_OK) return;
+    comm->failed = st;
+    snprintf(comm->failure, sizeof comm->failure, "%s", msg);
 }
 
 epx_status epx_comm_alltoallv(epx_comm *comm, const void *send, const int64_t *send_counts,

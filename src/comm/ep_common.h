@@ -29,12 +29,13 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "epx_comm.h"
-#include "numeric.h"
-
 #ifdef __cplusplus
 extern "C" {
 #endif
+
+#include "internal.h"
+#include "epx_comm.h"
+#include "numeric.h"
 
 typedef struct epxi_ep_meta {
     int32_t slot; /* local slot on the receiver, or -1 */

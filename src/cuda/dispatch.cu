@@ -37,6 +37,7 @@
 extern "C" {
 #include "internal.h" /* C linkage: epxi_fail lives in the C library */
 }
+#include "cuda_check.h"
 #include "dispatch_cuda.h"
 #include "../dispatch/dispatch_common.h"
 
@@ -47,13 +48,6 @@ namespace {
 constexpr int kCluster = 8;    /* blocks of the layout cluster        */
 constexpr int kMaxWarps = 16;  /* warps of a layout block, at most    */
 
-#define CUDA_TRY(err, call)                                                              \
-    do {                                                                                 \
-        cudaError_t e_ = (call);                                                         \
-        if (e_ != cudaSuccess)                                                           \
-            return epxi_fail(err, EPX_ERR_CUDA, "%s failed: %s (%s)", #call,             \
-                             cudaGetErrorName(e_), cudaGetErrorString(e_));              \
-    } while (0)
 
 struct MapArgs {
     int mode;
@@ -766,7 +760,7 @@ extern "C" epx_status epx_cuda_dispatch_map_ids(const epx_dispatch_spec *spec, c
     int64_t blocks = (n + threads - 1) / threads;
     if (blocks > 4096) blocks = 4096;
     map_kernel<<<(unsigned)blocks, threads, 0, stream>>>(map_args(spec), topk_ids, n, topk, phys);
-    CUDA_TRY(err, cudaGetLastError());
+    EPXI_CUDA_TRY(cudaGetLastError(), "cudaGetLastError");
     return EPX_OK;
 }
 
@@ -853,7 +847,7 @@ static epx_status launch_fast(const epx_dispatch_spec *spec, const int32_t *topk
     void (*kernel)(FastArgs) = f.cl > 1 ? (ballot ? fast_layout_kernel<true, true> : fast_layout_kernel<true, false>)
                                         : (ballot ? fast_layout_kernel<false, true> : fast_layout_kernel<false, false>);
     if (f.smem > 48 * 1024)
-        CUDA_TRY(err, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)f.smem));
+        EPXI_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)f.smem), "cudaFuncSetAttribute");
     if (f.cl == 1) {
         kernel<<<1, f.nt, f.smem, stream>>>(a);
     } else {
@@ -869,9 +863,9 @@ static epx_status launch_fast(const epx_dispatch_spec *spec, const int32_t *topk
         cfg.stream = stream;
         cfg.attrs = attr;
         cfg.numAttrs = 1;
-        CUDA_TRY(err, cudaLaunchKernelEx(&cfg, kernel, a));
+        EPXI_CUDA_TRY(cudaLaunchKernelEx(&cfg, kernel, a), "cudaLaunchKernelEx");
     }
-    CUDA_TRY(err, cudaGetLastError());
+    EPXI_CUDA_TRY(cudaGetLastError(), "cudaGetLastError");
     return EPX_OK;
 }
 
@@ -907,8 +901,8 @@ extern "C" epx_status epxi_cuda_dispatch_layout_variant(
     if (variant < EPXI_LAYOUT_AUTO || variant > EPXI_LAYOUT_BALLOT)
         return epxi_fail(err, EPX_ERR_INVALID_ARG, "layout variant %d is not 0 .. 3", variant);
     int dev = 0, optin = 0;
-    CUDA_TRY(err, cudaGetDevice(&dev));
-    CUDA_TRY(err, cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+    EPXI_CUDA_TRY(cudaGetDevice(&dev), "cudaGetDevice");
+    EPXI_CUDA_TRY(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev), "cudaDeviceGetAttribute");
     if (variant == EPXI_LAYOUT_MATCH || variant == EPXI_LAYOUT_BALLOT ||
         (variant == EPXI_LAYOUT_AUTO &&
          (kAutoCompact || (int64_t)num_tokens * topk <= kAutoCompactPairs))) {
@@ -983,9 +977,9 @@ extern "C" epx_status epxi_cuda_dispatch_layout_variant(
     cfg.attrs = attr;
     cfg.numAttrs = 1;
     void (*kernel)(LayoutArgs) = topk <= 8 ? layout_kernel<8> : layout_kernel<32>;
-    CUDA_TRY(err, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    CUDA_TRY(err, cudaLaunchKernelEx(&cfg, kernel, a));
-    CUDA_TRY(err, cudaGetLastError());
+    EPXI_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem), "cudaFuncSetAttribute");
+    EPXI_CUDA_TRY(cudaLaunchKernelEx(&cfg, kernel, a), "cudaLaunchKernelEx");
+    EPXI_CUDA_TRY(cudaGetLastError(), "cudaGetLastError");
     return EPX_OK;
 }
 
@@ -1031,7 +1025,7 @@ extern "C" epx_status epx_cuda_permute_rows(const void *x, epx_row_dtype dtype, 
     else
         permute_kernel<unsigned short, 8><<<grid, 128, 0, stream>>>(
             (const unsigned short *)x, (int64_t)(bytes / 2), pos, topk, (unsigned short *)out);
-    CUDA_TRY(err, cudaGetLastError());
+    EPXI_CUDA_TRY(cudaGetLastError(), "cudaGetLastError");
     return EPX_OK;
 }
 
@@ -1053,6 +1047,6 @@ extern "C" epx_status epx_cuda_combine_rows(const void *y, epx_row_dtype dtype, 
         combine_scalar_kernel<1><<<grid, 256, 0, stream>>>(y, hidden, pos, weights, topk, out);
     else
         combine_scalar_kernel<0><<<grid, 256, 0, stream>>>(y, hidden, pos, weights, topk, out);
-    CUDA_TRY(err, cudaGetLastError());
+    EPXI_CUDA_TRY(cudaGetLastError(), "cudaGetLastError");
     return EPX_OK;
 }

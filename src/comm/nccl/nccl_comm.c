@@ -37,11 +37,6 @@ static void pause_step(long spin) {
     }
 }
 
-epx_status epxi_cuda_fail(cudaError_t e, const char *what, epx_error *err) {
-    return epxi_fail(err, EPX_ERR_CUDA, "%s failed: %s (%s)", what, cudaGetErrorString(e),
-                     cudaGetErrorName(e));
-}
-
 static void do_abort(epxi_nccl_ctx *c) {
     if (!c->aborted) {
         c->aborted = true;

@@ -12,8 +12,8 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
-#include "internal.h"
-#include "epx_comm.h"
+#include "comm_internal.h"
+#include "cuda_check.h"
 
 #define EPXI_NCCL_MAGIC 0x6e63636cu /* "nccl" */
 
@@ -37,14 +37,6 @@ EPXI_HIDDEN epx_status epxi_nccl_check(epxi_nccl_ctx *c, ncclResult_t r, const c
 /* Wait for the stream, polling NCCL's asynchronous error; abort on timeout. */
 EPXI_HIDDEN epx_status epxi_nccl_wait(epxi_nccl_ctx *c, const char *what, epx_error *err);
 
-/* A CUDA error as an epx error. */
-EPXI_HIDDEN epx_status epxi_cuda_fail(cudaError_t e, const char *what, epx_error *err);
-
-#define EPXI_CUDA_TRY(call, what)                                   \
-    do {                                                            \
-        cudaError_t epxi_ce_ = (call);                              \
-        if (epxi_ce_ != cudaSuccess) return epxi_cuda_fail(epxi_ce_, (what), err); \
-    } while (0)
 
 #ifdef __cplusplus
 }
