@@ -39,6 +39,26 @@ grep -q '"format": "epx-bench-comm-1"' "$tmp/m.json" || fail "JSON format tag mi
 out=$("$EPX_BIN" advise --model qwen3-30b --gpus 2 --link pcie5 --measured "$tmp/m.json") ||
     fail "advise --measured exited $?"
 grep -q "measured by epx bench comm (mpi, 2 rank(s)" <<<"$out" || fail "measured figures not used: $out"
+# The low-latency protocol, checked then timed, as JSON lines.
+timeout 120 "$MPIRUN" --oversubscribe --allow-run-as-root -np 2 "$EPX_BIN" bench comm --backend mpi \
+    --mode low-latency --model qwen3-30b --tokens 1,5 --iters 3 --warmup 1 --json "$tmp/ll.jsonl" \
+    >"$tmp/out" 2>&1 || { cat "$tmp/out"; fail "bench comm --mode low-latency failed"; }
+grep -q "low-latency mode, 2 rank(s)" "$tmp/out" || fail "no low-latency table: $(cat "$tmp/out")"
+[ "$(wc -l <"$tmp/ll.jsonl")" -eq 8 ] || fail "expected 8 JSON lines (2 token counts x 4 phases)"
+python3 - "$tmp/ll.jsonl" <<'PY' || fail "JSON lines malformed"
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+keys = {"backend", "mode", "ranks", "tokens", "hidden", "topk", "dtype", "phase", "median_us",
+        "p99_us", "launches", "graph", "gbps", "copy_pct", "device", "date"}
+assert all(keys <= set(r) for r in rows), rows[0]
+assert {r["phase"] for r in rows} == {"dispatch", "combine", "round-trip", "allreduce"}
+assert {r["mode"] for r in rows} == {"low-latency", "tp-allreduce"}
+assert all(r["ranks"] == 2 and r["median_us"] > 0 and r["p99_us"] >= r["median_us"] for r in rows)
+PY
+"$EPX_BIN" bench comm --backend mpi --mode low-latency --combine rank --model qwen3-30b --tokens 1 2>/dev/null
+[ $? -eq 2 ] || fail "low latency with rank-order combine not a usage error"
+"$EPX_BIN" bench comm --backend mpi --mode low-latency --graph --model qwen3-30b --tokens 1 2>/dev/null
+[ $? -eq 2 ] || fail "--graph without the GPU engine not a usage error"
 echo '{"rows": []}' >"$tmp/bad.json"
 "$EPX_BIN" advise --model qwen3-30b --gpus 2 --link pcie5 --measured "$tmp/bad.json" 2>/dev/null
 [ $? -eq 2 ] || fail "a file without the format tag was accepted"

@@ -15,7 +15,7 @@
  * order), Bt = 2 (G-1)/G B H esz (a ring all-reduce), f the busiest GPU's
  * share of the mean (--imbalance). Both sides are linear in B, so the
  * crossover is one division. `--measured FILE` (from `epx bench comm
- * --json`) replaces the assumed a and b by a least-squares fit of measured
+ * -o FILE`) replaces the assumed a and b by a least-squares fit of measured
  * time against measured bytes, operation by operation.
  */
 #include <jansson.h>
@@ -94,7 +94,7 @@ int cmd_advise(int argc, char **argv) {
         {"--model", "NAME", "model shape (kimi-k2.5, deepseek-v3, qwen3-235b, mixtral, ...)", NULL},
         {"--gpus", "G", "GPUs serving the layer (EP ranks = TP ranks)", NULL},
         {"--link", "LINK", "nvlink3|nvlink4|nvlink5|pcie4|pcie5|ib-ndr", NULL},
-        {"--measured", "FILE", "JSON from 'epx bench comm --json' (or -o): fit latency and bandwidth", NULL},
+        {"--measured", "FILE", "the summary JSON of 'epx bench comm -o FILE': fit latency and bandwidth", NULL},
         {"--dtype", "bf16|f32", "element type on the wire (default bf16)", NULL},
         {"--combine", "rank|topk", "EP combine: per (token, rank) partials (default, DeepEP's shape) or "
                                    "per (token, k) rows", NULL},
@@ -164,7 +164,7 @@ int cmd_advise(int argc, char **argv) {
         const char *fmt = root ? json_string_value(json_object_get(root, "format")) : NULL;
         if (root == NULL || !json_is_array(rows) || fmt == NULL || strcmp(fmt, "epx-bench-comm-1") != 0) {
             fprintf(stderr, "epx advise: --measured '%s' is not an epx-bench-comm-1 file (%s): write one "
-                            "with 'epx bench comm ... --json'\n",
+                            "with 'epx bench comm ... -o FILE'\n",
                     path, root ? "no format/rows" : je.text);
             json_decref(root);
             return CLI_EXIT_USAGE;
@@ -244,7 +244,7 @@ int cmd_advise(int argc, char **argv) {
     } else {
         printf("  - link %s, assumed figures: all-to-all %.0f us + %.0f GB/s per GPU, all-reduce %.0f us +\n"
                "    %.0f GB/s bus bandwidth, EP host sync %.0f us; measure yours with\n"
-               "    'epx bench comm --json -o FILE' and pass --measured FILE\n",
+               "    'epx bench comm -o FILE' and pass --measured FILE\n",
                L->name, L->a2a_us, L->a2a_gbps, L->ar_us, L->ar_gbps, HOST_SYNC_US);
     }
     printf("\nper layer, by batch (tokens per step over all GPUs):\n");

@@ -40,21 +40,15 @@
 #include <string.h>
 #include <time.h>
 
+#include "bench_comm.h"
 #include "cli.h"
 #include "epx_comm.h"
 
-typedef struct bench_args {
-    const char *backend, *model;
-    epx_moe_config cfg;
-    int32_t *tokens, ntok, iters, warmup, redundant, timeout_ms;
-    epx_dtype dtype;
-    epx_ep_combine_mode combine;
-    uint64_t seed;
-} bench_args;
 
 typedef struct bench_row {
     int64_t T;
     double us[3];     /* dispatch, combine, all-reduce: median of the slowest rank */
+    double p99[3];    /* their 99th percentiles */
     double bytes[3];  /* to other ranks, mean over ranks */
     double inbytes[3]; /* received including from itself, mean over ranks */
 } bench_row;
@@ -67,22 +61,11 @@ static double now_us(void) {
     return (double)ts.tv_sec * 1e6 + (double)ts.tv_nsec * 1e-3;
 }
 
-static uint64_t mix(uint64_t *s) {
-    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
 /* ---- what differs between host and device communicators ------------------- */
 
 typedef struct dev_ops {
-    int dev; /* buffers live on the GPU */
+    int dev;            /* buffers live on the GPU */
+    const char *device; /* its name, for the JSON lines */
 } dev_ops;
 
 static void *buf_alloc(const dev_ops *d, size_t bytes) {
@@ -207,36 +190,6 @@ static void ep_bytes(const ep_any *ep, int64_t *db, int64_t *cb) {
 
 /* ---- one rank's benchmark ------------------------------------------------- */
 
-static float xval(const bench_args *a, const void *x, size_t i) {
-    return a->dtype == EPX_DTYPE_F32 ? ((const float *)x)[i] : epx_bf16_to_f32(((const uint16_t *)x)[i]);
-}
-
-/* The expected combine result of token t, in the library's order. */
-static void expect_token(const bench_args *a, int32_t R, int32_t spr, const void *x, const int32_t *s,
-                         const float *w, int64_t t, float *o) {
-    const int32_t H = a->cfg.hidden, K = a->cfg.top_k;
-    const bool bf16 = a->dtype == EPX_DTYPE_BF16;
-    for (int32_t h = 0; h < H; h++) {
-        float acc = 0.0f, xv = xval(a, x, (size_t)t * H + h);
-        if (a->combine == EPX_EP_COMBINE_TOPK) {
-            for (int32_t k = 0; k < K; k++)
-                if (s[t * K + k] >= 0) acc += w[t * K + k] * xv;
-        } else {
-            for (int32_t r = 0; r < R; r++) {
-                float p = 0.0f;
-                bool any = false;
-                for (int32_t k = 0; k < K; k++)
-                    if (s[t * K + k] >= 0 && s[t * K + k] / spr == r) {
-                        p += w[t * K + k] * xv;
-                        any = true;
-                    }
-                if (any) acc += bf16 ? epx_bf16_to_f32(epx_bf16_from_f32(p)) : p;
-            }
-        }
-        o[h] = acc;
-    }
-}
-
 static epx_status fail_msg(epx_error *err, epx_status st, const char *msg) {
     err->status = st;
     snprintf(err->msg, sizeof err->msg, "%s", msg);
@@ -273,23 +226,7 @@ static epx_status bench_rank(epx_comm *comm, const dev_ops *d, const bench_args 
         st = fail_msg(err, EPX_ERR_NOMEM, "out of host memory for the benchmark buffers");
         goto done;
     }
-    uint64_t rng = a->seed * 1000003u + (uint64_t)me;
-    for (int32_t e = 0; e < E; e++) perm[e] = e;
-    for (int64_t t = 0; t < Tmax; t++) {
-        for (int32_t k = 0; k < K; k++) { /* partial Fisher-Yates: K distinct */
-            int32_t j = k + (int32_t)(mix(&rng) % (uint64_t)(E - k)), tmp = perm[k];
-            perm[k] = perm[j];
-            perm[j] = tmp;
-            int32_t e = perm[k], nrep = (P - 1 - e) / E + 1; /* slots e, e+E, ... */
-            slots[t * K + k] = e + E * (int32_t)((t + k + me) % nrep);
-            w[t * K + k] = (float)((mix(&rng) >> 11) * 0x1.0p-53) + 1e-3f;
-        }
-        for (int32_t h = 0; h < H; h++) {
-            float v = (float)((mix(&rng) >> 11) * 0x1.0p-53 * 4.0 - 2.0);
-            if (a->dtype == EPX_DTYPE_F32) ((float *)x)[t * H + h] = v;
-            else ((uint16_t *)x)[t * H + h] = epx_bf16_from_f32(v);
-        }
-    }
+    bench_inputs(a, me, P, Tmax, x, slots, w);
     epx_ep_config c = EPX_EP_CONFIG_INIT;
     c.hidden = H;
     c.top_k = K;
@@ -298,6 +235,7 @@ static epx_status bench_rank(epx_comm *comm, const dev_ops *d, const bench_args 
     c.x_dtype = a->dtype;
     c.y_dtype = a->dtype;
     c.combine = a->combine;
+    c.mode = a->mode;
     st = ep_make(comm, d, &c, &ep, err);
     if (st != EPX_OK) goto done;
     if (d->dev) {
@@ -336,7 +274,7 @@ static epx_status bench_rank(epx_comm *comm, const dev_ops *d, const bench_args 
         }
         int64_t bad[2] = {0, 0};
         for (int64_t t = 0; t < T; t++) {
-            expect_token(a, R, spr, x, slots, w, t, o);
+            bench_expect_token(a, R, spr, x, slots, w, t, o);
             bad[0] += memcmp(o, out + t * H, (size_t)H * 4) != 0;
         }
         /* Check TP: the exact sum of a small-integer pattern. */
@@ -354,7 +292,7 @@ static epx_status bench_rank(epx_comm *comm, const dev_ops *d, const bench_args 
         for (int64_t i = 0; i < ne; i++) {
             float want = 0.0f;
             for (int32_t r = 0; r < R; r++) want += (float)((i * 31 + r) % 17 - 8);
-            bad[1] += xval(a, tp_host, (size_t)i) != want;
+            bad[1] += bench_xval(a, tp_host, (size_t)i) != want;
         }
         st = sum_i64(comm, d, bad, 2, err);
         if (st != EPX_OK) break;
@@ -424,9 +362,7 @@ static epx_status bench_rank(epx_comm *comm, const dev_ops *d, const bench_args 
                     if (gather[(size_t)r * a->iters + it] > mx) mx = gather[(size_t)r * a->iters + it];
                 times[it] = (double)mx / 1000.0;
             }
-            qsort(times, (size_t)a->iters, sizeof(double), cmp_double);
-            row->us[op] = a->iters % 2 ? times[a->iters / 2]
-                                       : 0.5 * (times[a->iters / 2 - 1] + times[a->iters / 2]);
+            bench_stats(times, a->iters, &row->us[op], &row->p99[op]);
         }
     }
 done:
@@ -447,9 +383,10 @@ done:
 static double gbps(double bytes, double us) { return us > 0 && bytes > 0 ? bytes / us * 1e-3 : 0.0; }
 
 static void print_table(FILE *f, const bench_args *a, int32_t R, const bench_row *rows) {
-    fprintf(f, "epx bench comm: backend %s, %d rank(s), model %s (H %d, top-%d, %d experts), %s, "
+    fprintf(f, "epx bench comm: backend %s, %s mode, %d rank(s), model %s (H %d, top-%d, %d experts), %s, "
             "combine %s, %d iterations (median of the slowest rank), checked before timing\n",
-            a->backend, R, a->model, a->cfg.hidden, a->cfg.top_k, a->cfg.num_experts,
+            a->backend, a->mode == EPX_EP_MODE_LOW_LATENCY ? "low-latency" : "normal", R, a->model,
+            a->cfg.hidden, a->cfg.top_k, a->cfg.num_experts,
             a->dtype == EPX_DTYPE_BF16 ? "bf16" : "fp32",
             a->combine == EPX_EP_COMBINE_TOPK ? "topk-order" : "rank-order", a->iters);
     fprintf(f, "bytes = sent to other ranks per rank (dispatch records, combine rows, ring "
@@ -491,6 +428,35 @@ static int write_json(FILE *f, const bench_args *a, int32_t R, const bench_row *
     }
     fputs("\n]}\n", f);
     return ferror(f) ? -1 : 0;
+}
+
+/* The rows as JSON lines (one per phase and token count). */
+static int write_jsonl(FILE *f, const bench_args *a, int32_t R, const bench_row *rows, const char *device) {
+    const char *mode = a->mode == EPX_EP_MODE_LOW_LATENCY ? "low-latency" : "normal";
+    for (int32_t i = 0; i < a->ntok; i++) {
+        const bench_row *r = &rows[i];
+        for (int op = 0; op < 4; op++) {
+            /* round trip: the sum of the phases' medians (timed one by one) */
+            bench_line l = {a->backend, op == 2 ? "tp-allreduce" : mode,
+                            op == 3 ? "round-trip" : OPS[op], device,
+                            a->dtype == EPX_DTYPE_BF16 ? "bf16" : "f32", R, a->cfg.hidden,
+                            a->cfg.top_k, r->T,
+                            op == 3 ? r->us[0] + r->us[1] : r->us[op],
+                            op == 3 ? r->p99[0] + r->p99[1] : r->p99[op],
+                            op == 3 ? -1.0 : gbps(r->bytes[op], r->us[op]), -1.0, -1, false};
+            if (bench_jsonl_write(f, &l) != 0) return -1;
+        }
+    }
+    return 0;
+}
+
+/* Open --json's file for appending ("-": stdout). */
+static FILE *open_jsonl(const bench_args *a) {
+    if (a->jsonl == NULL) return NULL;
+    if (strcmp(a->jsonl, "-") == 0) return stdout;
+    FILE *f = fopen(a->jsonl, "a");
+    if (f == NULL) fprintf(stderr, "epx bench comm: cannot open --json '%s' for appending\n", a->jsonl);
+    return f;
 }
 
 /* ---- the command ------------------------------------------------------------ */
@@ -536,6 +502,23 @@ static int parse_args(cli_cmd *cmd, bench_args *a) {
                         "with --backend mpi (the default), so EP and TP move the same element type\n");
         return CLI_EXIT_USAGE;
     }
+    const char *md = cli_get(cmd, "--mode");
+    a->mode = EPX_EP_MODE_NORMAL;
+    if (md != NULL) {
+        if (strcmp(md, "normal") == 0) a->mode = EPX_EP_MODE_NORMAL;
+        else if (strcmp(md, "low-latency") == 0) a->mode = EPX_EP_MODE_LOW_LATENCY;
+        else {
+            fprintf(stderr, "epx bench comm: --mode must be normal or low-latency, not '%s'\n", md);
+            return CLI_EXIT_USAGE;
+        }
+    }
+    a->graph = cli_flag(cmd, "--graph");
+    if (a->graph && (a->mode != EPX_EP_MODE_LOW_LATENCY || strcmp(a->backend, "nccl") != 0)) {
+        fprintf(stderr, "epx bench comm: --graph times CUDA-graph replays of the GPU low-latency "
+                        "engine: use it with --backend nccl --mode low-latency\n");
+        return CLI_EXIT_USAGE;
+    }
+    a->jsonl = cli_get(cmd, "--json");
     const char *cm = cli_get(cmd, "--combine");
     a->combine = EPX_EP_COMBINE_TOPK;
     if (cm != NULL) {
@@ -545,6 +528,11 @@ static int parse_args(cli_cmd *cmd, bench_args *a) {
             fprintf(stderr, "epx bench comm: --combine must be topk or rank, not '%s'\n", cm);
             return CLI_EXIT_USAGE;
         }
+    }
+    if (a->mode == EPX_EP_MODE_LOW_LATENCY && a->combine != EPX_EP_COMBINE_TOPK) {
+        fprintf(stderr, "epx bench comm: --mode low-latency combines in top-k order: drop "
+                        "--combine rank\n");
+        return CLI_EXIT_USAGE;
     }
     return -1;
 }
@@ -560,9 +548,14 @@ static int run_and_report(cli_cmd *cmd, epx_comm *comm, const dev_ops *d, bench_
         rc = CLI_EXIT_FAIL;
     } else if (epx_comm_rank(comm) == 0) {
         const char *out = cli_get(cmd, "-o");
-        if (cli_flag(cmd, "--json") && out == NULL) {
-            write_json(stdout, a, epx_comm_size(comm), rows);
-        } else {
+        FILE *jl = open_jsonl(a);
+        if (a->jsonl != NULL && jl == NULL) rc = CLI_EXIT_FAIL;
+        if (jl != NULL) {
+            if (write_jsonl(jl, a, epx_comm_size(comm), rows, d->dev ? d->device : "cpu") != 0)
+                rc = CLI_EXIT_FAIL;
+            if (jl != stdout) fclose(jl);
+        }
+        if (jl != stdout) {
             print_table(stdout, a, epx_comm_size(comm), rows);
             if (out != NULL) {
                 FILE *f = fopen(out, "w");
@@ -590,7 +583,7 @@ static int bench_mpi(cli_cmd *cmd, bench_args *a, int argc, char **argv) {
     if (epx_comm_mpi_create(MPI_COMM_WORLD, &o, &comm, &err) != EPX_OK) {
         rc = cli_report(cmd, &err);
     } else {
-        dev_ops d = {0};
+        dev_ops d = {0, "cpu"};
         rc = run_and_report(cmd, comm, &d, a);
     }
     bool healthy = comm != NULL && epx_comm_health(comm, NULL) == EPX_OK;
@@ -648,8 +641,20 @@ static int bench_nccl(cli_cmd *cmd, bench_args *a, int argc, char **argv) {
         if (epx_comm_nccl_create(nc, s, &o, &comm, &err) != EPX_OK) {
             rc = cli_report(cmd, &err);
         } else {
-            dev_ops d = {1};
-            rc = run_and_report(cmd, comm, &d, a);
+            struct cudaDeviceProp prop;
+            int dev = 0;
+            cudaGetDevice(&dev);
+            dev_ops d = {1, cudaGetDeviceProperties(&prop, dev) == cudaSuccess ? prop.name : "gpu"};
+            if (a->mode == EPX_EP_MODE_LOW_LATENCY) {
+                FILE *jl = rank == 0 ? open_jsonl(a) : NULL;
+                epx_status st = rank == 0 && a->jsonl != NULL && jl == NULL
+                                    ? EPX_ERR_IO
+                                    : bench_ll_gpu(comm, s, a, jl, &err);
+                if (jl != NULL && jl != stdout) fclose(jl);
+                rc = st == EPX_OK ? CLI_EXIT_OK : st == EPX_ERR_IO ? CLI_EXIT_FAIL : cli_report(cmd, &err);
+            } else {
+                rc = run_and_report(cmd, comm, &d, a);
+            }
         }
     }
     bool healthy = comm != NULL && epx_comm_health(comm, NULL) == EPX_OK;
@@ -682,12 +687,16 @@ int cmd_bench(int argc, char **argv) {
         {"--redundant", "R", "redundant expert slots, P = E + R rounded up to a multiple of the ranks", NULL},
         {"--timeout-ms", "MS", "per-operation timeout before a rank gives up (default 60000)", NULL},
         {"--seed", "S", "routing and data seed (default 1)", NULL},
-        {"--json", NULL, "print the results as JSON (the format epx advise --measured reads)", NULL},
-        {"-o", "FILE", "also write the JSON to FILE", NULL},
+        {"--mode", "normal|low-latency", "EP mode: counts first, dense sends (default), or "
+                                         "fixed slots with in-band counts (decode)", NULL},
+        {"--graph", NULL, "also time CUDA-graph replays (--backend nccl --mode low-latency)", NULL},
+        {"--json", "FILE", "append one JSON object per phase and token count to FILE (- = stdout)", NULL},
+        {"-o", "FILE", "also write the summary JSON that epx advise --measured reads", NULL},
         {NULL, NULL, NULL, NULL},
     };
     cli_cmd cmd = {"bench",
-                   "epx bench comm --backend mpi|nccl --model NAME --tokens LIST [options]\n"
+                   "epx bench comm --backend mpi|nccl --model NAME --tokens LIST [--mode normal|low-latency]\n"
+                   "       [--graph] [--json FILE] [-o FILE] [options]\n"
                    "       (MPI: mpirun -np R epx bench comm --backend mpi ...)",
                    "Time EP dispatch and combine against the TP all-reduce of the same MoE layer, "
                    "per token count, after checking their results.",

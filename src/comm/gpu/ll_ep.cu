@@ -119,19 +119,24 @@ __device__ void raise_refused(const Args &a, uint32_t peer, uint32_t epoch) {
     *(volatile uint32_t *)&a.host_fault[4] = F_BAD_SLOT;
 }
 
-/* Copy `bytes` (a multiple of 4) from src to dst with the block's threads,
- * 16 bytes at a time where both are aligned. */
+/* Copy `bytes` from src to dst with the block's threads, in the widest
+ * words that the addresses and the length allow (rows of an odd number of
+ * bf16 values are only 2-byte aligned). */
+template <typename W>
+__device__ __forceinline__ void copy_words(unsigned char *dst, const unsigned char *src,
+                                           size_t bytes) {
+    const W *s = (const W *)src;
+    W *d = (W *)dst;
+    for (size_t i = threadIdx.x; i < bytes / sizeof(W); i += blockDim.x) d[i] = s[i];
+}
 __device__ __forceinline__ void block_copy(unsigned char *dst, const unsigned char *src,
                                            size_t bytes) {
-    if (((uintptr_t)dst | (uintptr_t)src | bytes) % 16 == 0) {
-        const int4 *s = (const int4 *)src;
-        int4 *d = (int4 *)dst;
-        for (size_t i = threadIdx.x; i < bytes / 16; i += blockDim.x) d[i] = s[i];
-    } else {
-        const uint32_t *s = (const uint32_t *)src;
-        uint32_t *d = (uint32_t *)dst;
-        for (size_t i = threadIdx.x; i < bytes / 4; i += blockDim.x) d[i] = s[i];
-    }
+    const size_t al = ((uintptr_t)dst | (uintptr_t)src | bytes);
+    if (al % 16 == 0) copy_words<int4>(dst, src, bytes);
+    else if (al % 8 == 0) copy_words<uint2>(dst, src, bytes);
+    else if (al % 4 == 0) copy_words<uint32_t>(dst, src, bytes);
+    else if (al % 2 == 0) copy_words<uint16_t>(dst, src, bytes);
+    else copy_words<unsigned char>(dst, src, bytes);
 }
 
 /* Spin (threads < n) until flag i reads `epoch` in its high half; false on

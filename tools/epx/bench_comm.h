@@ -1,0 +1,73 @@
+/*
+ * bench_comm.h - what the parts of `epx bench comm` share: the parsed
+ * arguments, the batch every rank generates, the expected combine of a
+ * token, statistics over iterations and the JSON-lines rows.
+ */
+#ifndef EPX_BENCH_COMM_H
+#define EPX_BENCH_COMM_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "epx_comm.h"
+
+typedef struct bench_args {
+    const char *backend, *model;
+    epx_moe_config cfg;
+    int32_t *tokens, ntok, iters, warmup, redundant, timeout_ms;
+    epx_dtype dtype;
+    epx_ep_combine_mode combine;
+    epx_ep_mode mode;
+    bool graph;        /* also time CUDA-graph replays (GPU low latency) */
+    const char *jsonl; /* --json FILE ("-" = stdout), or NULL */
+    uint64_t seed;
+} bench_args;
+
+/* Propagate a failed status (the CLI sees only the public API). */
+#define EPX_TRY_CLI(expr)                      \
+    do {                                       \
+        epx_status try_st_ = (expr);           \
+        if (try_st_ != EPX_OK) return try_st_; \
+    } while (0)
+
+/* Rank me's batch of Tmax tokens: K distinct experts per token uniformly
+ * at random, the replica by token (slot e + E * j holds expert e), random
+ * positive weights and rows in [-2, 2) stored as a->dtype. */
+void bench_inputs(const bench_args *a, int32_t me, int32_t P, int64_t Tmax, void *x,
+                  int32_t *slots, float *w);
+
+/* Element i of a row buffer of a->dtype, as fp32. */
+float bench_xval(const bench_args *a, const void *x, size_t i);
+
+/* The combine of token t with identity experts, in the library's order. */
+void bench_expect_token(const bench_args *a, int32_t R, int32_t spr, const void *x,
+                        const int32_t *s, const float *w, int64_t t, float *o);
+
+/* Median and 99th percentile of n times (sorts t). */
+void bench_stats(double *t, int n, double *median, double *p99);
+
+/* One JSON line of the benchmark file: a phase of a mode at T tokens.
+ * launches < 0, gbps < 0 and copy_pct < 0 are written as null. */
+typedef struct bench_line {
+    const char *backend, *mode, *phase, *device, *dtype;
+    int32_t ranks, hidden, topk;
+    int64_t tokens;
+    double median_us, p99_us, gbps, copy_pct;
+    int32_t launches;
+    bool graph;
+} bench_line;
+int bench_jsonl_write(FILE *f, const bench_line *l);
+
+#if defined(EPX_CLI_HAVE_NCCL) && EPX_CLI_HAVE_NCCL
+#include <cuda_runtime.h>
+/* The GPU low-latency engine on `comm` (an NCCL communicator on stream s,
+ * the engine's bootstrap): check, then time dispatch, combine and the
+ * round trip launched (and as graph replays with a->graph), the device copy
+ * of the same bytes, and the TP all-reduce of the same layer; a table on
+ * rank 0's stdout and JSON lines to `jl` (rank 0, may be NULL). */
+epx_status bench_ll_gpu(epx_comm *comm, cudaStream_t s, const bench_args *a, FILE *jl,
+                        epx_error *err);
+#endif
+
+#endif /* EPX_BENCH_COMM_H */

@@ -1,0 +1,315 @@
+/*
+ * bench_ll.c - `epx bench comm --backend nccl --mode low-latency`: the GPU
+ * low-latency engine (epx_comm_gpu.h) timed on the stream with CUDA events.
+ *
+ * Per token count T: check first (identity experts must give the fixed-order
+ * weighted sum bit for bit on every rank), then time, each iteration after
+ * a barrier on an idle stream:
+ *   dispatch    events around the dispatch launch (or its graph);
+ *   combine     after a dispatch and the identity experts, around combine;
+ *   round-trip  around dispatch + combine back to back (no experts);
+ * launched, and with --graph as replays of graphs captured once per T. The
+ * same bytes moved by cudaMemcpyAsync device to device give the copy
+ * ceiling (copy_pct); NCCL's all-reduce of the TP layer (R * T rows) is
+ * timed the same way. Figures are the slowest rank's per iteration, then
+ * the median and 99th percentile over iterations.
+ */
+#include "bench_comm.h"
+
+#if defined(EPX_CLI_HAVE_NCCL) && EPX_CLI_HAVE_NCCL
+#include <stdlib.h>
+#include <string.h>
+
+#include "epx_comm_gpu.h"
+
+typedef struct ll_run {
+    epx_comm *comm;
+    cudaStream_t s;
+    const bench_args *a;
+    epx_gpu_ep *ep;
+    cudaEvent_t e0, e1;
+    void *dx, *dtp, *csrc, *cdst;
+    int32_t *ds;
+    float *dw, *dout;
+    int64_t *dsum;
+    double *t;
+    cudaGraphExec_t g[4]; /* dispatch, identity, combine, round trip */
+} ll_run;
+
+enum { PH_DISPATCH, PH_COMBINE, PH_ROUND_TRIP, PH_ALLREDUCE, PH_COPY };
+
+#define CUDA_OR(call, what)                                                                \
+    do {                                                                                   \
+        cudaError_t ce_ = (call);                                                          \
+        if (ce_ != cudaSuccess) {                                                          \
+            err->status = EPX_ERR_CUDA;                                                    \
+            snprintf(err->msg, sizeof err->msg, "bench: %s: %s", what, cudaGetErrorString(ce_)); \
+            return EPX_ERR_CUDA;                                                           \
+        }                                                                                  \
+    } while (0)
+
+/* Sum int64 values over ranks, through the device communicator. */
+static epx_status sum_dev(ll_run *b, int64_t *v, int64_t n, epx_error *err) {
+    CUDA_OR(cudaMemcpy(b->dsum, v, (size_t)n * 8, cudaMemcpyHostToDevice), "sum upload");
+    EPX_TRY_CLI(epx_comm_allreduce_sum(b->comm, b->dsum, b->dsum, n, EPX_DTYPE_I64, err));
+    EPX_TRY_CLI(epx_comm_wait(b->comm, err));
+    CUDA_OR(cudaMemcpy(v, b->dsum, (size_t)n * 8, cudaMemcpyDeviceToHost), "sum download");
+    return EPX_OK;
+}
+
+/* One batch's work, launched or as graphs. */
+static epx_status run_dispatch(ll_run *b, int64_t T, bool graph, epx_error *err) {
+    epx_ep_recv rv;
+    if (graph) {
+        CUDA_OR(cudaGraphLaunch(b->g[0], b->s), "graph launch");
+        return EPX_OK;
+    }
+    return epx_gpu_ep_dispatch(b->ep, T, b->dx, b->ds, b->dw, &rv, err);
+}
+static epx_status run_identity(ll_run *b, bool graph, epx_error *err) {
+    if (graph) {
+        CUDA_OR(cudaGraphLaunch(b->g[1], b->s), "graph launch");
+        return EPX_OK;
+    }
+    return epx_gpu_ep_identity_experts(b->ep, err);
+}
+static epx_status run_combine(ll_run *b, bool graph, epx_error *err) {
+    if (graph) {
+        CUDA_OR(cudaGraphLaunch(b->g[2], b->s), "graph launch");
+        return EPX_OK;
+    }
+    return epx_gpu_ep_combine(b->ep, b->dout, err);
+}
+
+/* Capture the four graphs of T tokens. */
+static epx_status capture(ll_run *b, int64_t T, epx_error *err) {
+    for (int i = 0; i < 4; i++) {
+        cudaGraph_t g;
+        CUDA_OR(cudaStreamBeginCapture(b->s, cudaStreamCaptureModeThreadLocal), "capture");
+        epx_status st = EPX_OK;
+        if (i == 0 || i == 3) st = run_dispatch(b, T, false, err);
+        if (st == EPX_OK && i == 1) st = run_identity(b, false, err);
+        if (st == EPX_OK && (i == 2 || i == 3)) st = run_combine(b, false, err);
+        cudaError_t ce = cudaStreamEndCapture(b->s, &g);
+        if (st != EPX_OK) return st;
+        CUDA_OR(ce, "end capture");
+        if (b->g[i]) cudaGraphExecDestroy(b->g[i]);
+        CUDA_OR(cudaGraphInstantiate(&b->g[i], g, 0), "graph instantiate");
+        cudaGraphDestroy(g);
+    }
+    return EPX_OK;
+}
+
+/* Time one phase over warmup + iters iterations; the slowest rank's time
+ * per iteration, then median and p99. */
+static epx_status time_phase(ll_run *b, int phase, int64_t T, bool graph, size_t bytes,
+                             double *median, double *p99, epx_error *err) {
+    const bench_args *a = b->a;
+    const int n = a->warmup + a->iters;
+    const int64_t ne = (int64_t)epx_comm_size(b->comm) * T * a->cfg.hidden;
+    for (int it = 0; it < n; it++) {
+        EPX_TRY_CLI(epx_comm_barrier(b->comm, err));
+        if (phase == PH_COMBINE) {
+            EPX_TRY_CLI(run_dispatch(b, T, graph, err));
+            EPX_TRY_CLI(run_identity(b, graph, err));
+            EPX_TRY_CLI(epx_gpu_ep_sync(b->ep, err));
+            EPX_TRY_CLI(epx_comm_barrier(b->comm, err));
+        }
+        CUDA_OR(cudaEventRecord(b->e0, b->s), "event");
+        switch (phase) {
+        case PH_DISPATCH: EPX_TRY_CLI(run_dispatch(b, T, graph, err)); break;
+        case PH_COMBINE: EPX_TRY_CLI(run_combine(b, graph, err)); break;
+        case PH_ROUND_TRIP:
+            if (graph) {
+                CUDA_OR(cudaGraphLaunch(b->g[3], b->s), "graph launch");
+            } else {
+                EPX_TRY_CLI(run_dispatch(b, T, false, err));
+                EPX_TRY_CLI(run_combine(b, false, err));
+            }
+            break;
+        case PH_ALLREDUCE:
+            EPX_TRY_CLI(epx_comm_allreduce_sum(b->comm, b->dtp, b->dtp, ne, a->dtype, err));
+            break;
+        default:
+            CUDA_OR(cudaMemcpyAsync(b->cdst, b->csrc, bytes, cudaMemcpyDeviceToDevice, b->s), "copy");
+        }
+        CUDA_OR(cudaEventRecord(b->e1, b->s), "event");
+        if (phase == PH_DISPATCH) { /* finish the batch: peers wait for our combine */
+            EPX_TRY_CLI(run_identity(b, graph, err));
+            EPX_TRY_CLI(run_combine(b, graph, err));
+        }
+        EPX_TRY_CLI(epx_gpu_ep_sync(b->ep, err));
+        CUDA_OR(cudaEventSynchronize(b->e1), "event");
+        float ms = 0.0f;
+        CUDA_OR(cudaEventElapsedTime(&ms, b->e0, b->e1), "event time");
+        b->t[it] = (double)ms * 1000.0;
+    }
+    /* The slowest rank per iteration. */
+    const int32_t R = epx_comm_size(b->comm), me = epx_comm_rank(b->comm);
+    int64_t *ns = calloc((size_t)R * (size_t)a->iters, sizeof(int64_t));
+    if (ns == NULL) return EPX_ERR_NOMEM;
+    for (int it = 0; it < a->iters; it++) ns[(size_t)me * a->iters + it] = (int64_t)(b->t[a->warmup + it] * 1000.0);
+    epx_status st = R > 1 ? sum_dev(b, ns, (int64_t)R * a->iters, err) : EPX_OK;
+    for (int it = 0; it < a->iters && st == EPX_OK; it++) {
+        int64_t mx = 0;
+        for (int32_t r = 0; r < R; r++)
+            if (ns[(size_t)r * a->iters + it] > mx) mx = ns[(size_t)r * a->iters + it];
+        b->t[it] = (double)mx / 1000.0;
+    }
+    free(ns);
+    if (st == EPX_OK) bench_stats(b->t, a->iters, median, p99);
+    return st;
+}
+
+static epx_status bench_T(ll_run *b, int64_t T, const void *x, const int32_t *slots, const float *w,
+                          int32_t P, FILE *jl, const char *device, epx_error *err) {
+    const bench_args *a = b->a;
+    const int32_t R = epx_comm_size(b->comm), me = epx_comm_rank(b->comm);
+    const int32_t H = a->cfg.hidden, K = a->cfg.top_k, spr = P / R;
+    const size_t esz = epx_dtype_size(a->dtype);
+    /* Check: identity experts give the fixed-order weighted sums. */
+    EPX_TRY_CLI(run_dispatch(b, T, false, err));
+    EPX_TRY_CLI(run_identity(b, false, err));
+    EPX_TRY_CLI(run_combine(b, false, err));
+    EPX_TRY_CLI(epx_gpu_ep_sync(b->ep, err));
+    float *out = malloc((size_t)(T > 0 ? T : 1) * H * 4), *o = malloc((size_t)H * 4);
+    if (out == NULL || o == NULL) {
+        free(out), free(o);
+        return EPX_ERR_NOMEM;
+    }
+    cudaError_t ce = cudaMemcpy(out, b->dout, (size_t)T * H * 4, cudaMemcpyDeviceToHost);
+    int64_t v[3] = {0, 0, 0}; /* wrong tokens; (token, rank) pairs; entries */
+    for (int64_t t = 0; t < T && ce == cudaSuccess; t++) {
+        bench_expect_token(a, R, spr, x, slots, w, t, o);
+        v[0] += memcmp(o, out + t * H, (size_t)H * 4) != 0;
+        int32_t seen[64], nd = 0;
+        for (int32_t k = 0; k < K; k++) {
+            if (slots[t * K + k] < 0) continue;
+            int32_t r = slots[t * K + k] / spr;
+            bool dup = false;
+            for (int32_t j = 0; j < nd; j++) dup |= seen[j] == r;
+            if (!dup && nd < 64) seen[nd++] = r;
+            v[2]++;
+        }
+        v[1] += nd;
+    }
+    free(out), free(o);
+    CUDA_OR(ce, "combine result download");
+    int64_t bad = v[0];
+    if (R > 1) EPX_TRY_CLI(sum_dev(b, &bad, 1, err));
+    if (bad != 0) {
+        err->status = EPX_ERR_INTERNAL;
+        snprintf(err->msg, sizeof err->msg,
+                 "low-latency check failed at %lld tokens: %lld tokens with a wrong combine over "
+                 "all ranks; nothing timed",
+                 (long long)T, (long long)bad);
+        return EPX_ERR_INTERNAL;
+    }
+    if (a->graph) EPX_TRY_CLI(capture(b, T, err));
+    /* Payload bytes of this rank's sends: rows, not record padding. */
+    const size_t bytes[3] = {(size_t)v[1] * H * esz, (size_t)v[2] * H * esz,
+                             (size_t)(v[1] + v[2]) * H * esz};
+    const char *names[4] = {"dispatch", "combine", "round-trip", "allreduce"};
+    for (int ph = PH_DISPATCH; ph <= PH_ALLREDUCE; ph++)
+        for (int gi = 0; gi < (ph == PH_ALLREDUCE || !a->graph ? 1 : 2); gi++) {
+            double med = 0, p99 = 0, cmed = -1, cp99 = 0;
+            EPX_TRY_CLI(time_phase(b, ph, T, gi == 1, 0, &med, &p99, err));
+            if (ph != PH_ALLREDUCE && bytes[ph] > 0)
+                EPX_TRY_CLI(time_phase(b, PH_COPY, T, false, bytes[ph], &cmed, &cp99, err));
+            if (me != 0) continue;
+            const bool ar = ph == PH_ALLREDUCE;
+            const size_t ar_bytes = R > 1 ? (size_t)(2.0 * (R - 1) / R * (double)R * T * H * esz) : 0;
+            const size_t by = ar ? ar_bytes : bytes[ph];
+            bench_line l = {a->backend, ar ? "tp-allreduce" : "low-latency", names[ph], device,
+                            a->dtype == EPX_DTYPE_BF16 ? "bf16" : "f32", R, H, K, T, med, p99,
+                            by > 0 ? (double)by / med * 1e-3 : -1.0,
+                            cmed > 0 ? 100.0 * cmed / med : -1.0,
+                            ar ? 1 : ph == PH_ROUND_TRIP ? 2 : epx_gpu_ep_launches(b->ep, names[ph]),
+                            gi == 1};
+            char pct[16] = "-";
+            if (l.copy_pct > 0) snprintf(pct, sizeof pct, "%.1f%%", l.copy_pct);
+            printf("%8lld  %-10s %-6s %9.2f %9.2f %10.1f %8s\n", (long long)T, names[ph],
+                   gi ? "graph" : "launch", med, p99, l.gbps > 0 ? l.gbps : 0.0, pct);
+            if (jl != NULL && bench_jsonl_write(jl, &l) != 0) {
+                err->status = EPX_ERR_IO;
+                snprintf(err->msg, sizeof err->msg, "bench: writing the JSON lines failed");
+                return EPX_ERR_IO;
+            }
+        }
+    return EPX_OK;
+}
+
+epx_status bench_ll_gpu(epx_comm *comm, cudaStream_t s, const bench_args *a, FILE *jl, epx_error *err) {
+    const int32_t R = epx_comm_size(comm), me = epx_comm_rank(comm);
+    const int32_t H = a->cfg.hidden, K = a->cfg.top_k, E = a->cfg.num_experts;
+    int32_t P = E + a->redundant;
+    P = (P + R - 1) / R * R;
+    int64_t Tmax = 1;
+    for (int32_t i = 0; i < a->ntok; i++)
+        if (a->tokens[i] > Tmax) Tmax = a->tokens[i];
+    const size_t esz = epx_dtype_size(a->dtype);
+    ll_run b;
+    memset(&b, 0, sizeof b);
+    b.comm = comm;
+    b.s = s;
+    b.a = a;
+    void *x = malloc((size_t)Tmax * H * esz);
+    int32_t *slots = malloc((size_t)Tmax * K * 4);
+    float *w = malloc((size_t)Tmax * K * 4);
+    b.t = malloc((size_t)(a->iters + a->warmup) * sizeof(double));
+    epx_status st = x && slots && w && b.t ? EPX_OK : EPX_ERR_NOMEM;
+    if (st == EPX_OK) bench_inputs(a, me, P, Tmax, x, slots, w);
+    const size_t copy_max = (size_t)(Tmax * K * 2) * H * esz;
+    if (st == EPX_OK &&
+        (cudaMalloc(&b.dx, (size_t)Tmax * H * esz) != cudaSuccess ||
+         cudaMalloc((void **)&b.ds, (size_t)Tmax * K * 4) != cudaSuccess ||
+         cudaMalloc((void **)&b.dw, (size_t)Tmax * K * 4) != cudaSuccess ||
+         cudaMalloc((void **)&b.dout, (size_t)Tmax * H * 4) != cudaSuccess ||
+         cudaMalloc(&b.dtp, (size_t)R * Tmax * H * esz) != cudaSuccess ||
+         cudaMalloc(&b.csrc, copy_max) != cudaSuccess || cudaMalloc(&b.cdst, copy_max) != cudaSuccess ||
+         cudaMalloc((void **)&b.dsum, (size_t)R * (a->iters + 1) * 8) != cudaSuccess ||
+         cudaMemcpy(b.dx, x, (size_t)Tmax * H * esz, cudaMemcpyHostToDevice) != cudaSuccess ||
+         cudaMemcpy(b.ds, slots, (size_t)Tmax * K * 4, cudaMemcpyHostToDevice) != cudaSuccess ||
+         cudaMemcpy(b.dw, w, (size_t)Tmax * K * 4, cudaMemcpyHostToDevice) != cudaSuccess ||
+         cudaMemset(b.dtp, 0, (size_t)R * Tmax * H * esz) != cudaSuccess ||
+         cudaEventCreate(&b.e0) != cudaSuccess || cudaEventCreate(&b.e1) != cudaSuccess)) {
+        err->status = st = EPX_ERR_CUDA;
+        snprintf(err->msg, sizeof err->msg, "bench: device buffers for the low-latency run failed");
+    }
+    epx_ep_config c = EPX_EP_CONFIG_INIT;
+    c.hidden = H;
+    c.top_k = K;
+    c.num_slots = P;
+    c.max_tokens = Tmax;
+    c.x_dtype = a->dtype;
+    c.y_dtype = a->dtype;
+    c.mode = EPX_EP_MODE_LOW_LATENCY;
+    epx_gpu_ep_opts o = EPX_GPU_EP_OPTS_INIT;
+    o.timeout_ms = a->timeout_ms;
+    if (st == EPX_OK) st = epx_gpu_ep_create(comm, &c, s, &o, &b.ep, err);
+    struct cudaDeviceProp prop;
+    int dev = 0;
+    cudaGetDevice(&dev);
+    const char *device = cudaGetDeviceProperties(&prop, dev) == cudaSuccess ? prop.name : "gpu";
+    if (st == EPX_OK && me == 0)
+        printf("epx bench comm: GPU low-latency EP, %d rank(s), model %s (H %d, top-%d, %d slots), %s, "
+               "%d iterations (median and p99 of the slowest rank, CUDA events), checked before "
+               "timing; copy%% = a device copy of the same bytes over the phase's time\n\n"
+               "%8s  %-10s %-6s %9s %9s %10s %8s\n",
+               R, a->model, H, K, P, a->dtype == EPX_DTYPE_BF16 ? "bf16" : "fp32", a->iters, "tokens",
+               "phase", "how", "median us", "p99 us", "GB/s", "copy%");
+    for (int32_t i = 0; i < a->ntok && st == EPX_OK; i++)
+        st = bench_T(&b, a->tokens[i], x, slots, w, P, jl, device, err);
+    for (int i = 0; i < 4; i++)
+        if (b.g[i]) cudaGraphExecDestroy(b.g[i]);
+    epx_gpu_ep_destroy(b.ep);
+    cudaFree(b.dx), cudaFree(b.ds), cudaFree(b.dw), cudaFree(b.dout), cudaFree(b.dtp);
+    cudaFree(b.csrc), cudaFree(b.cdst), cudaFree(b.dsum);
+    if (b.e0) cudaEventDestroy(b.e0);
+    if (b.e1) cudaEventDestroy(b.e1);
+    free(x), free(slots), free(w), free(b.t);
+    return st;
+}
+#else
+typedef int bench_ll_not_built; /* no CUDA: nothing here */
+#endif
