@@ -26,38 +26,14 @@
 #include <cuda_bf16.h>
 
 #include "epx_comm_nccl.h"
+#include "ep_common.h"
 #include "nccl_internal.h"
 
 namespace {
 
-struct Meta {
-    int32_t slot;
-    float weight;
-};
 
 constexpr int MAXK = EPX_MOE_MAX_TOP_K;
 
-size_t align_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
-
-/* The distinct destinations of a token, ascending (the host's rule). */
-__device__ int token_dests(const int32_t *s, int K, int spr, int32_t *d) {
-    int nd = 0;
-    for (int k = 0; k < K; k++) {
-        if (s[k] < 0) continue;
-        int r = s[k] / spr;
-        bool dup = false;
-        for (int j = 0; j < nd; j++) dup |= d[j] == r;
-        if (dup) continue;
-        int pos = nd;
-        while (pos > 0 && d[pos - 1] > r) {
-            d[pos] = d[pos - 1];
-            pos--;
-        }
-        d[pos] = r;
-        nd++;
-    }
-    return nd;
-}
 
 /* "No bad slot yet": the byte pattern cudaMemsetAsync(0x7f) writes, so the
  * reset is an asynchronous memset rather than a copy from host memory. */
@@ -75,7 +51,7 @@ __global__ void k_count(const int32_t *slots, int T, int K, int spr, int P, uint
             return;
         }
     int32_t d[MAXK];
-    int nd = token_dests(s, K, spr, d);
+    int nd = epxi_ep_token_dests(s, K, spr, d);
     for (int j = 0; j < nd; j++) {
         uint64_t ent = 0;
         for (int k = 0; k < K; k++) ent += s[k] >= 0 && s[k] / spr == d[j];
@@ -106,7 +82,7 @@ __global__ void k_pack(const unsigned char *x, const int32_t *slots, const float
     __shared__ int nd;
     const int32_t *s = slots + (size_t)t * K;
     if (threadIdx.x == 0) {
-        nd = token_dests(s, K, spr, d);
+        nd = epxi_ep_token_dests(s, K, spr, d);
         for (int j = 0; j < nd; j++) {
             size_t i = (size_t)d[j] * T + t;
             uint64_t ex = scan[i] - flag[i];
@@ -124,7 +100,7 @@ __global__ void k_pack(const unsigned char *x, const int32_t *slots, const float
         } else {
             for (size_t b = threadIdx.x; b < xrow; b += blockDim.x) dst[b] = row[b];
         }
-        Meta *m = (Meta *)(dst + meta_off);
+        epxi_ep_meta *m = (epxi_ep_meta *)(dst + meta_off);
         for (int k = threadIdx.x; k < K; k += blockDim.x) {
             bool here = s[k] >= 0 && s[k] / spr == d[j];
             m[k].slot = here ? s[k] - d[j] * spr : -1;
@@ -153,7 +129,7 @@ __global__ void k_keys(const unsigned char *recv, int64_t n, int K, int spr, siz
                        size_t meta_off, int32_t *keys, int32_t *vals, int32_t *bad) {
     int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= n * K) return;
-    const Meta *m = (const Meta *)(recv + (size_t)(idx / K) * rec + meta_off);
+    const epxi_ep_meta *m = (const epxi_ep_meta *)(recv + (size_t)(idx / K) * rec + meta_off);
     int32_t s = m[idx % K].slot;
     if (s < -1 || s >= spr) atomicExch(&bad[2], 1);
     keys[idx] = s >= 0 && s < spr ? s : spr;
@@ -167,7 +143,7 @@ __global__ void k_entries(int64_t ne, int K, const int32_t *vals, const unsigned
     if (e >= ne) return;
     int32_t v = vals[e];
     int32_t i = v / K, k = v % K;
-    const Meta *m = (const Meta *)(recv + (size_t)i * rec + meta_off);
+    const epxi_ep_meta *m = (const epxi_ep_meta *)(recv + (size_t)i * rec + meta_off);
     entry_token[e] = i;
     entry_weight[e] = m[k].weight;
     row_entries[v] = (int32_t)e;
@@ -188,16 +164,6 @@ __global__ void k_slot_offsets(const int32_t *keys, int64_t n, int spr, int64_t 
 __global__ void k_valid(const int32_t *row_entries, int64_t n, int32_t *flag) {
     int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) flag[i] = row_entries[i] >= 0;
-}
-
-__device__ float load_y(const unsigned char *row, int h, int bf16) {
-    if (bf16) return __bfloat162float(((const __nv_bfloat16 *)row)[h]);
-    return ((const float *)row)[h];
-}
-
-__device__ void store_y(unsigned char *row, int h, float v, int bf16) {
-    if (bf16) ((__nv_bfloat16 *)row)[h] = __float2bfloat16_rn(v);
-    else ((float *)row)[h] = v;
 }
 
 __global__ void k_cpack(const int32_t *row_entries, const int32_t *cpos, int K,
@@ -225,9 +191,9 @@ __global__ void k_partial(const int32_t *row_entries, const float *entry_weight,
         for (int k = 0; k < K; k++) {
             int32_t e = row_entries[i * K + k];
             if (e < 0) continue;
-            acc = __fadd_rn(acc, __fmul_rn(entry_weight[e], load_y(y + (size_t)e * yrow, h, bf16)));
+            acc = epxi_madd(acc, entry_weight[e], epxi_row_load(y + (size_t)e * yrow, h, bf16));
         }
-        store_y(csend + (size_t)i * yrow, h, acc, bf16);
+        epxi_row_store(csend + (size_t)i * yrow, h, acc, bf16);
     }
 }
 
@@ -239,7 +205,7 @@ __global__ void k_reduce_topk(const int32_t *ret_pos, const float *w, int K, int
         for (int k = 0; k < K; k++) {
             int32_t p = ret_pos[t * K + k];
             if (p < 0) continue;
-            acc = __fadd_rn(acc, __fmul_rn(w[t * K + k], load_y(crecv + (size_t)p * yrow, h, bf16)));
+            acc = epxi_madd(acc, w[t * K + k], epxi_row_load(crecv + (size_t)p * yrow, h, bf16));
         }
         out[t * H + h] = acc;
     }
@@ -251,7 +217,7 @@ __global__ void k_reduce_rank(const int32_t *tok_ndest, const int32_t *tok_dpos,
     for (int h = threadIdx.x; h < H; h += blockDim.x) {
         float acc = 0.0f;
         for (int j = 0; j < tok_ndest[t]; j++)
-            acc = __fadd_rn(acc, load_y(crecv + (size_t)tok_dpos[t * dmax + j] * yrow, h, bf16));
+            acc = __fadd_rn(acc, epxi_row_load(crecv + (size_t)tok_dpos[t * dmax + j] * yrow, h, bf16));
         out[t * H + h] = acc;
     }
 }
@@ -261,7 +227,7 @@ __global__ void k_identity(const unsigned char *x, size_t stride, int xbf16, con
     int64_t e = blockIdx.x;
     const unsigned char *src = x + (size_t)rows[e] * stride;
     for (int h = threadIdx.x; h < H; h += blockDim.x)
-        store_y(y + (size_t)e * yrow, h, load_y(src, h, xbf16), ybf16);
+        epxi_row_store(y + (size_t)e * yrow, h, epxi_row_load(src, h, xbf16), ybf16);
 }
 
 unsigned grid_for(int64_t n, int threads) { return (unsigned)((n + threads - 1) / threads); }
@@ -279,11 +245,8 @@ struct nep_layout {
 struct epx_nccl_ep {
     epx_comm *comm;
     epxi_nccl_ctx *nc;
-    epx_ep_config cfg;
-    int32_t R, me, spr, dmax, sort_bits;
-    size_t xsz, ysz, xrow, rec, yrow, meta_off;
-    int64_t cap_tok, cap_ent, cap_back;
-    bool checked_caps;
+    epxi_ep_geom g;
+    int32_t me, sort_bits;
     nep_layout lay;
     unsigned char *ws;
     bool own_ws;
@@ -299,76 +262,51 @@ template <typename T> static T *dws(const epx_nccl_ep *ep, size_t off) {
 }
 
 static epx_status plan(epx_nccl_ep *ep, const epx_ep_config *cfg, int32_t R, epx_error *err) {
-    /* The host path checks the config and derives the shared sizes. */
-    size_t host_bytes = 0;
-    EPX_TRY(epx_ep_workspace_bytes(cfg, R, &host_bytes, err));
-    const int64_t K = cfg->top_k, T = cfg->max_tokens, H = cfg->hidden;
-    ep->cfg = *cfg;
-    ep->R = R;
-    ep->spr = cfg->num_slots / R;
-    ep->dmax = (int32_t)(K < R ? K : R);
-    ep->xsz = epx_dtype_size(cfg->x_dtype);
-    ep->ysz = epx_dtype_size(cfg->y_dtype);
-    ep->xrow = (size_t)H * ep->xsz;
-    ep->meta_off = align_up(ep->xrow, 16);
-    ep->rec = ep->meta_off + align_up((size_t)K * sizeof(Meta), 16);
-    ep->yrow = (size_t)H * ep->ysz;
-    int64_t worst_tok = (int64_t)R * T;
-    ep->cap_tok = cfg->max_recv_tokens ? cfg->max_recv_tokens : worst_tok;
-    if (ep->cap_tok > worst_tok) ep->cap_tok = worst_tok;
-    ep->cap_ent = cfg->max_recv_entries ? cfg->max_recv_entries : ep->cap_tok * K;
-    if (ep->cap_ent > ep->cap_tok * K) ep->cap_ent = ep->cap_tok * K;
-    ep->checked_caps = cfg->max_recv_tokens != 0 || cfg->max_recv_entries != 0;
-    ep->cap_back = cfg->combine == EPX_EP_COMBINE_TOPK ? T * K : T * ep->dmax;
+    if (cfg != NULL && cfg->version == EPX_EP_CONFIG_VERSION && cfg->mode != EPX_EP_MODE_NORMAL)
+        return epxi_fail(err, EPX_ERR_INVALID_ARG,
+                         "epx_nccl_ep_* runs normal mode; the GPU low-latency engine is "
+                         "epx_gpu_ep_create (epx_comm_gpu.h)");
+    EPX_TRY(epxi_ep_geom_init(cfg, R, &ep->g, err));
+    const epxi_ep_geom *g = &ep->g;
+    const double K = g->K, T = (double)g->M;
     ep->sort_bits = 1;
-    while ((1 << ep->sort_bits) <= ep->spr) ep->sort_bits++;
+    while ((1 << ep->sort_bits) <= g->spr) ep->sort_bits++;
     /* CUB scratch: the larger of the scans and the sort at their largest. */
     size_t t1 = 0, t2 = 0, t3 = 0;
-    int n_flag = (int)(R * T), n_ent = (int)(ep->cap_tok * K);
+    int n_flag = (int)(R * g->M), n_ent = (int)(g->cap_tok * g->K);
     cub::DeviceScan::InclusiveSum(nullptr, t1, (uint64_t *)nullptr, (uint64_t *)nullptr, n_flag);
     cub::DeviceRadixSort::SortPairs(nullptr, t2, (int32_t *)nullptr, (int32_t *)nullptr,
                                     (int32_t *)nullptr, (int32_t *)nullptr, n_ent, 0, ep->sort_bits);
     cub::DeviceScan::ExclusiveSum(nullptr, t3, (int32_t *)nullptr, (int32_t *)nullptr, n_ent);
     ep->lay.temp_bytes = t1 > t2 ? (t1 > t3 ? t1 : t3) : (t2 > t3 ? t2 : t3);
-    const int64_t csend_rows = cfg->combine == EPX_EP_COMBINE_TOPK ? ep->cap_ent : ep->cap_tok;
-    struct {
-        size_t *at;
-        double n, size;
-    } parts[] = {
-        {&ep->lay.send_rec, (double)T * ep->dmax, (double)ep->rec},
-        {&ep->lay.recv_rec, (double)ep->cap_tok, (double)ep->rec},
-        {&ep->lay.y, (double)ep->cap_ent, (double)ep->yrow},
-        {&ep->lay.csend, (double)csend_rows, (double)ep->yrow},
-        {&ep->lay.crecv, (double)ep->cap_back, (double)ep->yrow},
-        {&ep->lay.weights, (double)T * K, 4},
-        {&ep->lay.ret_pos, (double)T * K, 4},
-        {&ep->lay.tok_ndest, (double)T, 4},
-        {&ep->lay.tok_dpos, (double)T * ep->dmax, 4},
-        {&ep->lay.entry_token, (double)ep->cap_ent, 4},
-        {&ep->lay.entry_weight, (double)ep->cap_ent, 4},
-        {&ep->lay.slot_offsets, (double)ep->spr + 1, 8},
-        {&ep->lay.row_entries, (double)ep->cap_tok * K, 4},
-        {&ep->lay.flag, (double)R * T, 8},
-        {&ep->lay.scan, (double)R * T, 8},
-        {&ep->lay.keys_in, (double)ep->cap_tok * K, 4},
-        {&ep->lay.keys_out, (double)ep->cap_tok * K, 4},
-        {&ep->lay.vals_in, (double)ep->cap_tok * K, 4},
-        {&ep->lay.vals_out, (double)ep->cap_tok * K, 4},
-        {&ep->lay.counts, (double)4 * R, 8},
-        {&ep->lay.bad, 4, 4},
-        {&ep->lay.temp, (double)ep->lay.temp_bytes, 1},
+    const double csend_rows = (double)(g->topk_mode ? g->cap_ent : g->cap_tok);
+    const double tok = (double)g->cap_tok, ent = (double)g->cap_ent;
+    nep_layout *l = &ep->lay;
+    epxi_ws_part parts[] = {
+        {&l->send_rec, T * g->dmax, (double)g->rec},
+        {&l->recv_rec, tok, (double)g->rec},
+        {&l->y, ent, (double)g->yrow},
+        {&l->csend, csend_rows, (double)g->yrow},
+        {&l->crecv, (double)g->cap_back, (double)g->yrow},
+        {&l->weights, T * K, 4},
+        {&l->ret_pos, T * K, 4},
+        {&l->tok_ndest, T, 4},
+        {&l->tok_dpos, T * g->dmax, 4},
+        {&l->entry_token, ent, 4},
+        {&l->entry_weight, ent, 4},
+        {&l->slot_offsets, (double)g->spr + 1, 8},
+        {&l->row_entries, tok * K, 4},
+        {&l->flag, (double)R * T, 8},
+        {&l->scan, (double)R * T, 8},
+        {&l->keys_in, tok * K, 4},
+        {&l->keys_out, tok * K, 4},
+        {&l->vals_in, tok * K, 4},
+        {&l->vals_out, tok * K, 4},
+        {&l->counts, (double)4 * R, 8},
+        {&l->bad, 4, 4},
+        {&l->temp, (double)l->temp_bytes, 1},
     };
-    size_t off = 0;
-    for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++) {
-        double bytes = parts[i].n * parts[i].size;
-        if (bytes > 1e15)
-            return epxi_fail(err, EPX_ERR_OVERFLOW, "NCCL EP workspace part %zu needs %.3g bytes", i,
-                             bytes);
-        *parts[i].at = off;
-        off = align_up(off + (size_t)bytes, 256);
-    }
-    ep->lay.total = off;
-    return EPX_OK;
+    return epxi_ws_carve(parts, sizeof parts / sizeof parts[0], 256, &l->total, "NCCL EP", err);
 }
 
 extern "C" epx_status epx_nccl_ep_workspace_bytes(const epx_ep_config *cfg, int32_t num_ranks,
@@ -408,7 +346,7 @@ extern "C" epx_status epx_nccl_ep_create(epx_comm *comm, const epx_ep_config *cf
     ep->comm = comm;
     ep->nc = nc;
     ep->me = epx_comm_rank(comm);
-    int32_t R = ep->R;
+    int32_t R = ep->g.R;
     ep->ntok = (int64_t *)epxi_calloc((size_t)8 * R, sizeof(int64_t), "NCCL EP counts", err);
     if (ep->ntok == NULL) {
         free(ep);
@@ -463,7 +401,7 @@ static epx_status exchange(epx_nccl_ep *ep, const unsigned char *send, const int
     epxi_nccl_ctx *c = ep->nc;
     EPX_TRY(epxi_nccl_check(c, ncclGroupStart(), what, err));
     ncclResult_t r = ncclSuccess;
-    for (int32_t p = 0; p < ep->R && r == ncclSuccess; p++) {
+    for (int32_t p = 0; p < ep->g.R && r == ncclSuccess; p++) {
         if (sc[p] > 0)
             r = ncclSend(send + (size_t)so[p] * row, (size_t)sc[p] * row, ncclUint8, p, c->comm,
                          c->stream);
@@ -488,17 +426,17 @@ extern "C" epx_status epx_nccl_ep_dispatch(epx_nccl_ep *ep, int64_t T, const voi
     if (ep == NULL || recv == NULL)
         return epxi_fail(err, EPX_ERR_INVALID_ARG, "NCCL EP dispatch needs a handle and a recv view");
     EPX_TRY(epx_comm_health(ep->comm, err));
-    const int32_t R = ep->R, K = ep->cfg.top_k, spr = ep->spr;
-    if (T < 0 || T > ep->cfg.max_tokens)
+    const int32_t R = ep->g.R, K = ep->g.K, spr = ep->g.spr;
+    if (T < 0 || T > ep->g.M)
         return epxi_fail(err, EPX_ERR_INVALID_ARG,
                          "NCCL EP dispatch of %lld tokens is outside [0, max_tokens %lld]",
-                         (long long)T, (long long)ep->cfg.max_tokens);
+                         (long long)T, (long long)ep->g.M);
     if (T > 0 && (x == NULL || topk_slots == NULL || topk_weights == NULL))
         return epxi_fail(err, EPX_ERR_INVALID_ARG, "NCCL EP dispatch needs x, topk_slots, topk_weights");
     cudaStream_t s = ep->nc->stream;
     ep->dispatched = false;
     ep->T = T;
-    const bool topk_mode = ep->cfg.combine == EPX_EP_COMBINE_TOPK;
+    const bool topk_mode = ep->g.cfg.combine == EPX_EP_COMBINE_TOPK;
     uint64_t *flag = dws<uint64_t>(ep, ep->lay.flag), *scan = dws<uint64_t>(ep, ep->lay.scan);
     int64_t *sendc = dws<int64_t>(ep, ep->lay.counts), *recvc = sendc + 2 * R;
     int32_t *bad = dws<int32_t>(ep, ep->lay.bad);
@@ -508,7 +446,7 @@ extern "C" epx_status epx_nccl_ep_dispatch(epx_nccl_ep *ep, int64_t T, const voi
                                       (size_t)T * K * 4, cudaMemcpyDeviceToDevice, s),
                       "NCCL EP dispatch: weights");
         EPXI_CUDA_TRY(cudaMemsetAsync(flag, 0, (size_t)R * T * 8, s), "NCCL EP dispatch: flags");
-        k_count<<<grid_for(T, 128), 128, 0, s>>>(topk_slots, (int)T, K, spr, ep->cfg.num_slots,
+        k_count<<<grid_for(T, 128), 128, 0, s>>>(topk_slots, (int)T, K, spr, ep->g.P,
                                                  flag, bad);
         LAUNCH_CHECK("NCCL EP count kernel");
         size_t tb = ep->lay.temp_bytes;
@@ -517,10 +455,10 @@ extern "C" epx_status epx_nccl_ep_dispatch(epx_nccl_ep *ep, int64_t T, const voi
                       "NCCL EP scan");
         k_pack<<<(unsigned)T, 128, 0, s>>>((const unsigned char *)x, topk_slots, topk_weights,
                                            (int)T, K, spr, flag, scan,
-                                           dws<unsigned char>(ep, ep->lay.send_rec), ep->rec,
-                                           ep->meta_off, ep->xrow, dws<int32_t>(ep, ep->lay.ret_pos),
+                                           dws<unsigned char>(ep, ep->lay.send_rec), ep->g.rec,
+                                           ep->g.meta_off, ep->g.xrow, dws<int32_t>(ep, ep->lay.ret_pos),
                                            dws<int32_t>(ep, ep->lay.tok_ndest),
-                                           dws<int32_t>(ep, ep->lay.tok_dpos), ep->dmax, topk_mode,
+                                           dws<int32_t>(ep, ep->lay.tok_dpos), ep->g.dmax, topk_mode,
                                            bad);
         LAUNCH_CHECK("NCCL EP pack kernel");
     }
@@ -560,13 +498,13 @@ extern "C" epx_status epx_nccl_ep_dispatch(epx_nccl_ep *ep, int64_t T, const voi
         return epxi_fail(err, EPX_ERR_INVALID_ARG,
                          "topk_slots[%d][%d] = %d is outside [-1, %d) (num_slots); every rank "
                          "returns an error for this batch",
-                         hbad[0] / K, hbad[0] % K, hbad[1], ep->cfg.num_slots);
+                         hbad[0] / K, hbad[0] % K, hbad[1], ep->g.P);
     if (bad_rank >= 0)
         return epxi_fail(err, EPX_ERR_INVALID_ARG,
                          "rank %d passed a slot outside [-1, %d) in this batch; no data moved",
-                         bad_rank, ep->cfg.num_slots);
-    bool over = got_tok > ep->cap_tok || got_ent > ep->cap_ent;
-    if (ep->checked_caps) {
+                         bad_rank, ep->g.P);
+    bool over = got_tok > ep->g.cap_tok || got_ent > ep->g.cap_ent;
+    if (ep->g.checked_caps) {
         int64_t *dflag = dws<int64_t>(ep, ep->lay.counts); /* sendc is free again */
         int64_t one = over;
         EPXI_CUDA_TRY(cudaMemcpyAsync(dflag, &one, 8, cudaMemcpyHostToDevice, s), "NCCL EP flag");
@@ -582,12 +520,12 @@ extern "C" epx_status epx_nccl_ep_dispatch(epx_nccl_ep *ep, int64_t T, const voi
                              "(this one %lld tokens / %lld entries; max_recv_tokens %lld, "
                              "max_recv_entries %lld): raise the bounds or set them to 0",
                              (long long)h[0], (long long)got_tok, (long long)got_ent,
-                             (long long)ep->cfg.max_recv_tokens, (long long)ep->cfg.max_recv_entries);
+                             (long long)ep->g.cfg.max_recv_tokens, (long long)ep->g.cfg.max_recv_entries);
     } else if (over) {
         return epxi_fail(err, EPX_ERR_COMM,
                          "NCCL EP dispatch: rank %d would receive %lld tokens, above R * "
                          "max_tokens = %lld: do all ranks use the same config?",
-                         ep->me, (long long)got_tok, (long long)ep->cap_tok);
+                         ep->me, (long long)got_tok, (long long)ep->g.cap_tok);
     }
     prefix(ep->ntok, ep->stokoff, R);
     prefix(ep->rtok, ep->rtokoff, R);
@@ -596,7 +534,7 @@ extern "C" epx_status epx_nccl_ep_dispatch(epx_nccl_ep *ep, int64_t T, const voi
     /* Exchange 2: the records. */
     unsigned char *recv_rec = dws<unsigned char>(ep, ep->lay.recv_rec);
     EPX_TRY(exchange(ep, dws<unsigned char>(ep, ep->lay.send_rec), ep->ntok, ep->stokoff, recv_rec,
-                     ep->rtok, ep->rtokoff, ep->rec, "EP dispatch (records)", err));
+                     ep->rtok, ep->rtokoff, ep->g.rec, "EP dispatch (records)", err));
 
     /* Group entries by local slot (stable sort keeps (row, k) order). */
     int64_t *so = dws<int64_t>(ep, ep->lay.slot_offsets);
@@ -605,7 +543,7 @@ extern "C" epx_status epx_nccl_ep_dispatch(epx_nccl_ep *ep, int64_t T, const voi
         int64_t n = got_tok * K;
         int32_t *kin = dws<int32_t>(ep, ep->lay.keys_in), *kout = dws<int32_t>(ep, ep->lay.keys_out);
         int32_t *vin = dws<int32_t>(ep, ep->lay.vals_in), *vout = dws<int32_t>(ep, ep->lay.vals_out);
-        k_keys<<<grid_for(n, 256), 256, 0, s>>>(recv_rec, got_tok, K, spr, ep->rec, ep->meta_off,
+        k_keys<<<grid_for(n, 256), 256, 0, s>>>(recv_rec, got_tok, K, spr, ep->g.rec, ep->g.meta_off,
                                                 kin, vin, bad);
         LAUNCH_CHECK("NCCL EP keys kernel");
         size_t tb = ep->lay.temp_bytes;
@@ -615,7 +553,7 @@ extern "C" epx_status epx_nccl_ep_dispatch(epx_nccl_ep *ep, int64_t T, const voi
         EPXI_CUDA_TRY(cudaMemsetAsync(row_entries, 0xff, (size_t)n * 4, s), "NCCL EP row entries");
         if (got_ent > 0) {
             k_entries<<<grid_for(got_ent, 256), 256, 0, s>>>(
-                got_ent, K, vout, recv_rec, ep->rec, ep->meta_off,
+                got_ent, K, vout, recv_rec, ep->g.rec, ep->g.meta_off,
                 dws<int32_t>(ep, ep->lay.entry_token), dws<float>(ep, ep->lay.entry_weight),
                 row_entries);
             LAUNCH_CHECK("NCCL EP entries kernel");
@@ -631,11 +569,11 @@ extern "C" epx_status epx_nccl_ep_dispatch(epx_nccl_ep *ep, int64_t T, const voi
     int64_t sent = 0;
     for (int32_t r = 0; r < R; r++)
         if (r != ep->me) sent += ep->ntok[r];
-    ep->last_dispatch_bytes = sent * (int64_t)ep->rec;
+    ep->last_dispatch_bytes = sent * (int64_t)ep->g.rec;
     ep->dispatched = true;
     recv->num_tokens = got_tok;
     recv->x = recv_rec;
-    recv->x_stride = ep->rec;
+    recv->x_stride = ep->g.rec;
     recv->num_entries = got_ent;
     recv->first_slot = ep->me * spr;
     recv->num_local_slots = spr;
@@ -650,13 +588,13 @@ extern "C" epx_status epx_nccl_ep_combine(epx_nccl_ep *ep, float *out, epx_error
     if (ep == NULL || !ep->dispatched)
         return epxi_fail(err, EPX_ERR_INVALID_ARG, "NCCL EP combine without a successful dispatch");
     EPX_TRY(epx_comm_health(ep->comm, err));
-    const int32_t R = ep->R, K = ep->cfg.top_k, H = ep->cfg.hidden;
+    const int32_t R = ep->g.R, K = ep->g.K, H = ep->g.H;
     const int64_t T = ep->T;
     if (T > 0 && out == NULL)
         return epxi_fail(err, EPX_ERR_INVALID_ARG, "NCCL EP combine of %lld tokens needs out", (long long)T);
     cudaStream_t s = ep->nc->stream;
-    const bool topk_mode = ep->cfg.combine == EPX_EP_COMBINE_TOPK;
-    const int bf16 = ep->cfg.y_dtype == EPX_DTYPE_BF16;
+    const bool topk_mode = ep->g.cfg.combine == EPX_EP_COMBINE_TOPK;
+    const int bf16 = ep->g.cfg.y_dtype == EPX_DTYPE_BF16;
     const unsigned char *y = ep->ws + ep->lay.y;
     unsigned char *csend = ep->ws + ep->lay.csend, *crecv = ep->ws + ep->lay.crecv;
     const int32_t *row_entries = dws<int32_t>(ep, ep->lay.row_entries);
@@ -672,34 +610,34 @@ extern "C" epx_status epx_nccl_ep_combine(epx_nccl_ep *ep, float *out, epx_error
             size_t tb = ep->lay.temp_bytes;
             EPXI_CUDA_TRY(cub::DeviceScan::ExclusiveSum(ep->ws + ep->lay.temp, tb, vf, cpos, (int)n, s),
                           "NCCL EP combine scan");
-            k_cpack<<<(unsigned)nt, 128, 0, s>>>(row_entries, cpos, K, y, csend, ep->yrow);
+            k_cpack<<<(unsigned)nt, 128, 0, s>>>(row_entries, cpos, K, y, csend, ep->g.yrow);
             LAUNCH_CHECK("NCCL EP combine pack kernel");
         }
-        EPX_TRY(exchange(ep, csend, ep->rent, ep->rentoff, crecv, ep->nent, ep->coff, ep->yrow,
+        EPX_TRY(exchange(ep, csend, ep->rent, ep->rentoff, crecv, ep->nent, ep->coff, ep->g.yrow,
                          "EP combine", err));
         for (int32_t r = 0; r < R; r++)
             if (r != ep->me) back += ep->rent[r];
     } else {
         if (nt > 0) {
             k_partial<<<(unsigned)nt, 256, 0, s>>>(row_entries, dws<float>(ep, ep->lay.entry_weight),
-                                                   K, H, y, csend, ep->yrow, bf16);
+                                                   K, H, y, csend, ep->g.yrow, bf16);
             LAUNCH_CHECK("NCCL EP partial kernel");
         }
-        EPX_TRY(exchange(ep, csend, ep->rtok, ep->rtokoff, crecv, ep->ntok, ep->stokoff, ep->yrow,
+        EPX_TRY(exchange(ep, csend, ep->rtok, ep->rtokoff, crecv, ep->ntok, ep->stokoff, ep->g.yrow,
                          "EP combine", err));
         for (int32_t r = 0; r < R; r++)
             if (r != ep->me) back += ep->rtok[r];
     }
-    ep->last_combine_bytes = back * (int64_t)ep->yrow;
+    ep->last_combine_bytes = back * (int64_t)ep->g.yrow;
     if (T > 0) {
         if (topk_mode)
             k_reduce_topk<<<(unsigned)T, 256, 0, s>>>(dws<int32_t>(ep, ep->lay.ret_pos),
                                                       dws<float>(ep, ep->lay.weights), K, H, crecv,
-                                                      ep->yrow, bf16, out);
+                                                      ep->g.yrow, bf16, out);
         else
             k_reduce_rank<<<(unsigned)T, 256, 0, s>>>(dws<int32_t>(ep, ep->lay.tok_ndest),
-                                                      dws<int32_t>(ep, ep->lay.tok_dpos), ep->dmax, H,
-                                                      crecv, ep->yrow, bf16, out);
+                                                      dws<int32_t>(ep, ep->lay.tok_dpos), ep->g.dmax, H,
+                                                      crecv, ep->g.yrow, bf16, out);
         LAUNCH_CHECK("NCCL EP reduce kernel");
     }
     ep->dispatched = false;
@@ -712,9 +650,9 @@ extern "C" epx_status epx_nccl_ep_identity_experts(epx_nccl_ep *ep, const epx_ep
         return epxi_fail(err, EPX_ERR_INVALID_ARG, "identity experts need the handle and a recv view");
     if (recv->num_entries == 0) return EPX_OK;
     k_identity<<<(unsigned)recv->num_entries, 256, 0, ep->nc->stream>>>(
-        (const unsigned char *)recv->x, recv->x_stride, ep->cfg.x_dtype == EPX_DTYPE_BF16,
-        recv->entry_token, ep->cfg.hidden, (unsigned char *)recv->y, ep->yrow,
-        ep->cfg.y_dtype == EPX_DTYPE_BF16);
+        (const unsigned char *)recv->x, recv->x_stride, ep->g.cfg.x_dtype == EPX_DTYPE_BF16,
+        recv->entry_token, ep->g.H, (unsigned char *)recv->y, ep->g.yrow,
+        ep->g.cfg.y_dtype == EPX_DTYPE_BF16);
     LAUNCH_CHECK("NCCL EP identity kernel");
     return EPX_OK;
 }

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# gpu_ll.sh - the low-latency EP engine's GPU run, in one call on a GPU
+# machine: the GPU test (one rank, 2-4 ranks as processes over CUDA IPC,
+# graphs, faults), the same under compute-sanitizer memcheck, then
+# `epx bench comm` in both modes on the H = 7168 / top-8 layer. Logs and
+# JSON lines go to $OUT (or ./gpu-out).
+#   BIN=build TOOL=build-dev scripts/gpu_ll.sh   use binaries built there
+#   LIBS=DIR                                     extra shared libraries
+set -u
+OUT=${OUT:-gpu-out}
+mkdir -p "$OUT"
+export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
+export LD_LIBRARY_PATH=${LIBS:+$LIBS:}/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+BIN=${BIN:-build} TOOL=${TOOL:-build}
+TOKENS=${TOKENS:-1,2,4,8,16,32,64,128,512,4096}
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
+ldd "$BIN/test_gpu_ll" "$TOOL/epx" | grep "not found" && echo "MISSING LIBRARIES"
+
+echo "== GPU test"
+timeout 400 "$BIN/test_gpu_ll" 2>&1 | tee "$OUT/test_gpu_ll.log"
+[ "${PIPESTATUS[0]}" = 0 ] || echo "GPU TEST FAILED"
+if command -v compute-sanitizer >/dev/null && [ "${SANITIZE:-1}" = 1 ]; then
+    echo "== compute-sanitizer memcheck"
+    timeout 300 compute-sanitizer --tool memcheck --error-exitcode 9 --target-processes all \
+        "$BIN/test_gpu_ll" >"$OUT/memcheck.log" 2>&1
+    echo "memcheck exit $?"; tail -5 "$OUT/memcheck.log"
+fi
+for mode in low-latency normal; do
+    extra=""; [ $mode = low-latency ] && extra="--graph"
+    echo "== epx bench comm --mode $mode"
+    timeout 300 "$TOOL/epx" bench comm --backend nccl --mode $mode $extra --model kimi-k2.5 \
+        --tokens "$TOKENS" --iters ${ITERS:-50} --warmup 10 --json "$OUT/ep_h200.jsonl" 2>&1 |
+        tee "$OUT/bench_$mode.log"
+done
