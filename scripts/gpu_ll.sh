@@ -25,6 +25,12 @@ if command -v compute-sanitizer >/dev/null && [ "${SANITIZE:-1}" = 1 ]; then
         "$BIN/test_gpu_ll" >"$OUT/memcheck.log" 2>&1
     echo "memcheck exit $?"; tail -5 "$OUT/memcheck.log"
 fi
+# The other GPU tests whose code the EP work touched (cmocka from LIBS).
+for t in test_dispatch_gpu test_nccl_ep; do
+    [ -x "$BIN/$t" ] || continue
+    echo "== $t"; (cd tests && timeout 300 "../$BIN/$t") >"$OUT/$t.log" 2>&1
+    echo "$t exit $?"; tail -3 "$OUT/$t.log"
+done
 for mode in low-latency normal; do
     extra=""; [ $mode = low-latency ] && extra="--graph"
     echo "== epx bench comm --mode $mode"

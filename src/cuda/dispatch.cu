@@ -157,6 +157,20 @@ __device__ void block_scan2(int32_t *a, int32_t *b, int32_t n, int32_t *ws) {
 
 /* Phase A for one token: map its K ids, write phys (and the block's shared
  * copy), is_token_in_rank, and its representative mask. */
+/* What both layout kernels publish from the block's exclusive sums
+ * (sum_s over slots, sum_r over ranks with `per` entries a rank): the slot
+ * and rank offsets and the tokens per rank. */
+template <typename Args>
+__device__ void publish_offsets(const Args &a, const int32_t *sum_s, const int32_t *sum_r,
+                                int32_t P, int32_t per, int32_t tid, int32_t nt) {
+    if (a.slot_offsets)
+        for (int32_t q = tid; q <= P; q += nt) a.slot_offsets[q] = sum_s[q];
+    for (int32_t q = tid; q <= a.G; q += nt) {
+        if (a.rank_offsets) a.rank_offsets[q] = sum_r[q * per];
+        if (a.tokens_per_rank && q < a.G) a.tokens_per_rank[q] = sum_r[(q + 1) * per] - sum_r[q * per];
+    }
+}
+
 template <int KMAX>
 __device__ __forceinline__ void map_token(const LayoutArgs &a, int32_t t, int32_t t0, int32_t *p,
                                           uint32_t &rep, int32_t *sphys, uint32_t *repmask) {
@@ -287,14 +301,7 @@ __global__ void __launch_bounds__(32 * kMaxWarps, 1) layout_kernel(LayoutArgs a)
     __syncthreads();
     block_scan2(sum_s, sum_r, P, ws);
     for (int32_t q = tid; q < P; q += nt) base_s[q] += sum_s[q], base_r[q] += sum_r[q];
-    if (rank == 0) {
-        if (a.slot_offsets)
-            for (int32_t q = tid; q <= P; q += nt) a.slot_offsets[q] = sum_s[q];
-        for (int32_t q = tid; q <= a.G; q += nt) {
-            if (a.rank_offsets) a.rank_offsets[q] = sum_r[q * per];
-            if (a.tokens_per_rank && q < a.G) a.tokens_per_rank[q] = sum_r[(q + 1) * per] - sum_r[q * per];
-        }
-    }
+    if (rank == 0) publish_offsets(a, sum_s, sum_r, P, per, tid, nt);
     __syncthreads();
 
     /* C. positions, in pair index order within each warp's range */
@@ -592,14 +599,7 @@ __global__ void __launch_bounds__(1024, 1) fast_layout_kernel(FastArgs a) {
         if (lane == 31) sum_s[P] = is, sum_r[P] = ir;
     }
     __syncthreads();
-    if (rank == 0) {
-        if (a.slot_offsets)
-            for (int32_t q = tid; q <= P; q += nt) a.slot_offsets[q] = sum_s[q];
-        for (int32_t q = tid; q <= a.G; q += nt) {
-            if (a.rank_offsets) a.rank_offsets[q] = sum_r[q * per];
-            if (a.tokens_per_rank && q < a.G) a.tokens_per_rank[q] = sum_r[(q + 1) * per] - sum_r[q * per];
-        }
-    }
+    if (rank == 0) publish_offsets(a, sum_s, sum_r, P, per, tid, nt);
 
     /* 6. positions and the two send orders */
     if (a.need_pos) {

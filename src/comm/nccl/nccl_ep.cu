@@ -183,43 +183,51 @@ __global__ void k_cpack(const int32_t *row_entries, const int32_t *cpos, int K,
     }
 }
 
+/* One block per token (or received row): its K rows and weights in shared
+ * memory, then the one combine formula (ep_common.h) per element. */
+__device__ void reduce_row(const unsigned char *const *rows, const float *w, int n, int H,
+                           int bf16, unsigned char *dst, float *out) {
+    for (int h = threadIdx.x; h < H; h += blockDim.x) {
+        float acc = epxi_ep_combine_elem(rows, w, n, h, bf16);
+        if (out) out[h] = acc;
+        else epxi_row_store(dst, h, acc, bf16);
+    }
+}
+
 __global__ void k_partial(const int32_t *row_entries, const float *entry_weight, int K, int H,
                           const unsigned char *y, unsigned char *csend, size_t yrow, int bf16) {
+    __shared__ const unsigned char *rows[MAXK];
+    __shared__ float w[MAXK];
     int64_t i = blockIdx.x;
-    for (int h = threadIdx.x; h < H; h += blockDim.x) {
-        float acc = 0.0f;
-        for (int k = 0; k < K; k++) {
-            int32_t e = row_entries[i * K + k];
-            if (e < 0) continue;
-            acc = epxi_madd(acc, entry_weight[e], epxi_row_load(y + (size_t)e * yrow, h, bf16));
-        }
-        epxi_row_store(csend + (size_t)i * yrow, h, acc, bf16);
+    for (int k = threadIdx.x; k < K; k += blockDim.x) {
+        int32_t e = row_entries[i * K + k];
+        rows[k] = e < 0 ? nullptr : y + (size_t)e * yrow;
+        w[k] = e < 0 ? 0.0f : entry_weight[e];
     }
+    __syncthreads();
+    reduce_row(rows, w, K, H, bf16, csend + (size_t)i * yrow, nullptr);
 }
 
 __global__ void k_reduce_topk(const int32_t *ret_pos, const float *w, int K, int H,
                               const unsigned char *crecv, size_t yrow, int bf16, float *out) {
+    __shared__ const unsigned char *rows[MAXK];
     int64_t t = blockIdx.x;
-    for (int h = threadIdx.x; h < H; h += blockDim.x) {
-        float acc = 0.0f;
-        for (int k = 0; k < K; k++) {
-            int32_t p = ret_pos[t * K + k];
-            if (p < 0) continue;
-            acc = epxi_madd(acc, w[t * K + k], epxi_row_load(crecv + (size_t)p * yrow, h, bf16));
-        }
-        out[t * H + h] = acc;
+    for (int k = threadIdx.x; k < K; k += blockDim.x) {
+        int32_t p = ret_pos[t * K + k];
+        rows[k] = p < 0 ? nullptr : crecv + (size_t)p * yrow;
     }
+    __syncthreads();
+    reduce_row(rows, w + t * K, K, H, bf16, nullptr, out + t * H);
 }
 
 __global__ void k_reduce_rank(const int32_t *tok_ndest, const int32_t *tok_dpos, int dmax, int H,
                               const unsigned char *crecv, size_t yrow, int bf16, float *out) {
+    __shared__ const unsigned char *rows[MAXK];
     int64_t t = blockIdx.x;
-    for (int h = threadIdx.x; h < H; h += blockDim.x) {
-        float acc = 0.0f;
-        for (int j = 0; j < tok_ndest[t]; j++)
-            acc = __fadd_rn(acc, epxi_row_load(crecv + (size_t)tok_dpos[t * dmax + j] * yrow, h, bf16));
-        out[t * H + h] = acc;
-    }
+    for (int j = threadIdx.x; j < tok_ndest[t]; j += blockDim.x)
+        rows[j] = crecv + (size_t)tok_dpos[t * dmax + j] * yrow;
+    __syncthreads();
+    reduce_row(rows, nullptr, tok_ndest[t], H, bf16, nullptr, out + t * H);
 }
 
 __global__ void k_identity(const unsigned char *x, size_t stride, int xbf16, const int32_t *rows,
