@@ -22,6 +22,8 @@
 
 #include "epx_comm_gpu.h"
 
+void epxi_gpu_ep_variant(epx_gpu_ep *ep, int bits);
+
 typedef struct ll_run {
     epx_comm *comm;
     cudaStream_t s;
@@ -287,6 +289,9 @@ epx_status bench_ll_gpu(epx_comm *comm, cudaStream_t s, const bench_args *a, FIL
     epx_gpu_ep_opts o = EPX_GPU_EP_OPTS_INIT;
     o.timeout_ms = a->timeout_ms;
     if (st == EPX_OK) st = epx_gpu_ep_create(comm, &c, s, &o, &b.ep, err);
+    /* Kernel variants for measurements (an internal hook; see ll_ep.cu). */
+    const char *var = getenv("EPX_LL_VARIANT");
+    if (st == EPX_OK && var != NULL) epxi_gpu_ep_variant(b.ep, atoi(var));
     struct cudaDeviceProp prop;
     int dev = 0;
     cudaGetDevice(&dev);

@@ -33,9 +33,10 @@ namespace {
 
 constexpr int kThreads = 512;
 constexpr int kMaxK = EPX_MOE_MAX_TOP_K;
-/* Shared-memory ints for the per-warp slot histograms of the grouping, and
- * the most ranks (per-source counts live in shared memory too). */
-constexpr int kHistInts = 8192;
+/* Shared-memory ints for the per-warp slot histograms of the grouping (the
+ * slot totals take one more row), and the most ranks (per-source counts
+ * live in shared memory too). */
+constexpr int kHistInts = 6144;
 constexpr int kMaxRanks = 1024;
 
 /* Fault codes: fault[0] (sticky: the kernels stop) and fault[4] (a refused
@@ -72,6 +73,7 @@ struct Args {
     unsigned long long timeout_ns;
     int xbf16, ybf16;
     int skip_flags;                   /* fault injection: dispatch publishes no flags */
+    int variant;                      /* measurement variants (ld_acquire's comment) */
 };
 
 __device__ __forceinline__ unsigned long long now_ns() {
@@ -80,14 +82,19 @@ __device__ __forceinline__ unsigned long long now_ns() {
     return t;
 }
 
-__device__ __forceinline__ uint64_t ld_acquire(const uint64_t *p) {
+/* Variant bits (bench and tests only, epxi_gpu_ep_variant): 1 = blocks
+ * fence at GPU scope before counting in; 2 = flags at GPU scope (one GPU
+ * only); 4 = poll without sleeping. */
+__device__ __forceinline__ uint64_t ld_acquire(const uint64_t *p, int var) {
     uint64_t v;
-    asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+    if (var & 2) asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+    else asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
     return v;
 }
 
-__device__ __forceinline__ void st_release(uint64_t *p, uint64_t v) {
-    asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+__device__ __forceinline__ void st_release(uint64_t *p, uint64_t v, int var) {
+    if (var & 2) asm volatile("st.release.gpu.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+    else asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
 }
 
 __device__ __forceinline__ uint32_t ld_volatile(const uint32_t *p) {
@@ -149,7 +156,7 @@ __device__ bool wait_flags(const Args &a, const uint64_t *flag0, size_t stride, 
     for (int i = threadIdx.x; i < n; i += blockDim.x) {
         const uint64_t *f = (const uint64_t *)((const unsigned char *)flag0 + (size_t)i * stride);
         unsigned long long t0 = now_ns();
-        while ((uint32_t)(ld_acquire(f) >> 32) != epoch) {
+        while ((uint32_t)(ld_acquire(f, a.variant) >> 32) != epoch) {
             if (ld_volatile(&a.ctl->fault[0]) != F_NONE) {
                 ok = 0;
                 break;
@@ -159,7 +166,7 @@ __device__ bool wait_flags(const Args &a, const uint64_t *flag0, size_t stride, 
                 ok = 0;
                 break;
             }
-            __nanosleep(64);
+            if (!(a.variant & 4)) __nanosleep(64);
         }
     }
     __syncthreads();
@@ -168,13 +175,15 @@ __device__ bool wait_flags(const Args &a, const uint64_t *flag0, size_t stride, 
 
 /* Count this block in; the last one runs `publish` with all blocks' writes
  * visible to the system. */
-template <typename F> __device__ void arrive(uint32_t *counter, F publish) {
+template <typename F> __device__ void arrive(uint32_t *counter, int var, F publish) {
     __syncthreads();
     if (threadIdx.x == 0) {
-        __threadfence_system();
+        if (var & 1) __threadfence();
+        else __threadfence_system();
         if (atomicAdd(counter, 1u) == gridDim.x - 1) {
             *counter = 0;
-            __threadfence_system();
+            if (var & 2) __threadfence();
+            else __threadfence_system();
             publish();
         }
     }
@@ -182,6 +191,31 @@ template <typename F> __device__ void arrive(uint32_t *counter, F publish) {
 
 __device__ uint64_t *dflag_at(const Args &a, unsigned char *buf, int src) {
     return (uint64_t *)(buf + a.off_recv + ((size_t)src * (a.M + 1) + a.M) * a.rec);
+}
+
+/* so[0..n] = exclusive prefix sums of v[0..n) (so[n] = the total), by the
+ * whole block: each thread sums a contiguous chunk, the chunk sums are
+ * scanned in shared memory (Hillis-Steele), then each chunk is written. */
+__device__ void block_exclusive_scan(const int32_t *v, int n, int64_t *so) {
+    __shared__ int64_t part[kThreads];
+    const int tid = threadIdx.x, per = (n + blockDim.x - 1) / blockDim.x;
+    const int lo = tid * per < n ? tid * per : n, hi = lo + per < n ? lo + per : n;
+    int64_t sum = 0;
+    for (int i = lo; i < hi; i++) sum += v[i];
+    part[tid] = sum;
+    __syncthreads();
+    for (int d = 1; d < (int)blockDim.x; d *= 2) {
+        int64_t add = tid >= d ? part[tid - d] : 0;
+        __syncthreads();
+        part[tid] += add;
+        __syncthreads();
+    }
+    int64_t run = part[tid] - sum; /* exclusive */
+    for (int i = lo; i < hi; i++) {
+        so[i] = run;
+        run += v[i];
+    }
+    if (tid == blockDim.x - 1) so[n] = part[tid];
 }
 
 /*
@@ -198,7 +232,7 @@ __device__ void group_entries(const Args &a, const int32_t *rows_of, uint32_t ep
     const int K = a.K, spr = a.spr;
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     const int nwarps = blockDim.x / 32;
-    int nw = kHistInts / (spr + 1);
+    int nw = kHistInts / (spr + 1) - 1;
     nw = nw < 1 ? 1 : (nw > nwarps ? nwarps : nw);
     if (threadIdx.x == 0) {
         int32_t acc = 0;
@@ -238,8 +272,9 @@ __device__ void group_entries(const Args &a, const int32_t *rows_of, uint32_t ep
         }
     __syncthreads();
     /* Start of (warp, slot) = entries of lower slots + this slot's entries
-     * in lower warps. One thread per slot sums down the warps, then one
-     * pass over the slots (spr <= 4096, a few microseconds at most). */
+     * in lower warps: one thread per slot sums down the warps, then a
+     * block-wide scan over the slots gives so[]. */
+    int32_t *tot = hist + (size_t)nw * (spr + 1); /* [spr + 1] */
     for (int s = threadIdx.x; s < spr; s += blockDim.x) {
         int32_t acc = 0;
         for (int w = 0; w < nw; w++) {
@@ -247,17 +282,10 @@ __device__ void group_entries(const Args &a, const int32_t *rows_of, uint32_t ep
             hist[(size_t)w * (spr + 1) + s] = acc;
             acc += c;
         }
-        a.so[s + 1] = acc; /* per-slot totals for now */
+        tot[s] = acc;
     }
     __syncthreads();
-    if (threadIdx.x == 0) {
-        int64_t acc = 0;
-        a.so[0] = 0;
-        for (int s = 0; s < spr; s++) {
-            acc += a.so[s + 1];
-            a.so[s + 1] = acc;
-        }
-    }
+    block_exclusive_scan(tot, spr, a.so);
     __syncthreads();
     if (warp < nw)
         for (int64_t q0 = lo; q0 < hi; q0 += 32) {
@@ -318,13 +346,13 @@ __global__ void __launch_bounds__(kThreads) k_dispatch(Args a, int64_t T, const 
         }
         __syncthreads();
     }
-    arrive(&a.ctl->arrive_d, [&] {
+    arrive(&a.ctl->arrive_d, a.variant, [&] {
         uint32_t bad = a.ctl->bad;
         a.ctl->bad = 0;
         a.ctl->epoch = epoch;
         if (a.skip_flags) return;
         uint64_t flag = epxi_ll_flag(epoch, bad ? EPXI_LL_BAD : (uint32_t)T);
-        for (int r = 0; r < a.R; r++) st_release(dflag_at(a, a.peers[r], a.me), flag);
+        for (int r = 0; r < a.R; r++) st_release(dflag_at(a, a.peers[r], a.me), flag, a.variant);
     });
     /* Receive: block 0 waits for every source and groups. */
     if (blockIdx.x != 0) return;
@@ -386,9 +414,10 @@ __global__ void __launch_bounds__(kThreads) k_combine(Args a, int64_t T, float *
         unsigned char *dst = a.peers[src] + a.off_comb + (size_t)(t * K + pair % K) * a.yrow;
         block_copy(dst, a.y + (size_t)e * a.yrow, a.yrow);
     }
-    arrive(&a.ctl->arrive_c, [&] {
+    arrive(&a.ctl->arrive_c, a.variant, [&] {
         for (int r = 0; r < a.R; r++)
-            st_release((uint64_t *)(a.peers[r] + a.off_cflag) + a.me, epxi_ll_flag(epoch, 0));
+            st_release((uint64_t *)(a.peers[r] + a.off_cflag) + a.me, epxi_ll_flag(epoch, 0),
+                       a.variant);
     });
     /* Every block waits for every peer, then reduces its tokens. */
     if (!wait_flags(a, (const uint64_t *)(a.base + a.off_cflag), sizeof(uint64_t), a.R, epoch,
@@ -484,9 +513,10 @@ static epx_status plan(epx_gpu_ep *ep, const epx_ep_config *cfg, int32_t R, epx_
     a.off_cflag = off_cflag;
     a.xbf16 = g->cfg.x_dtype == EPX_DTYPE_BF16;
     a.ybf16 = g->cfg.y_dtype == EPX_DTYPE_BF16;
-    int nw = kHistInts / (g->spr + 1);
+    int nw = kHistInts / (g->spr + 1) - 1;
     nw = nw < 1 ? 1 : (nw > kThreads / 32 ? kThreads / 32 : nw);
-    ep->hist_bytes = (size_t)nw * (size_t)(g->spr + 1) * sizeof(int32_t);
+    /* per-warp histograms, then the slot totals */
+    ep->hist_bytes = (size_t)(nw + 1) * (size_t)(g->spr + 1) * sizeof(int32_t);
     return EPX_OK;
 }
 
@@ -779,6 +809,11 @@ extern "C" int32_t epx_gpu_ep_launches(const epx_gpu_ep *ep, const char *phase) 
     (void)ep;
     return phase != NULL && (strcmp(phase, "dispatch") == 0 || strcmp(phase, "combine") == 0) ? 1
                                                                                                : 0;
+}
+
+/* Measuring: kernel variants (ld_acquire's comment); 0 = the default. */
+extern "C" EPXI_HIDDEN void epxi_gpu_ep_variant(epx_gpu_ep *ep, int bits) {
+    if (ep != NULL) ep->a.variant = bits;
 }
 
 /* Testing: the next dispatches publish no flags (a peer that never writes). */
