@@ -10,7 +10,7 @@
 #include <string.h>
 
 #include "testutil.h"
-#include "../src/migrate/migrate_internal.h"
+#include "../src/plan/constrain.h"
 
 /* ---- references ------------------------------------------------------------ */
 

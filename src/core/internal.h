@@ -72,4 +72,30 @@ EPXI_HIDDEN bool epxi_has_suffix(const char *s, const char *suffix);
 EPXI_HIDDEN void epxi_log(epx_log_fn fn, void *user, epx_log_level lvl, const char *fmt, ...)
     EPXI_PRINTF(4, 5);
 
+/* ---- shapes and loads: one definition each, for every room --------------- */
+
+/* A shape in messages: printf("layout " EPXI_SHAPE_FMT, EPXI_SHAPE_ARGS(s)). */
+#define EPXI_SHAPE_FMT "L=%d E=%d P=%d G=%d N=%d"
+#define EPXI_SHAPE_ARGS(s)                                                                      \
+    (s)->num_layers, (s)->num_logical_experts, (s)->num_physical_experts, (s)->num_gpus,         \
+        (s)->num_nodes
+
+/* True when two shapes agree in every count. */
+EPXI_HIDDEN bool epxi_shape_equal(const epx_shape *a, const epx_shape *b);
+
+/* The load of one cell (l * E + e) of counts summed over windows
+ * [first, first + n), added in window order from 0.0: every room that sums
+ * windows goes through here, so they all round alike. Arguments are trusted
+ * (callers checked the range). */
+static inline double epxi_window_sum(const epx_counts *c, int32_t first, int32_t n, size_t cell) {
+    const size_t le = (size_t)c->num_layers * (size_t)c->num_experts;
+    double x = 0.0;
+    for (int32_t s = first; s < first + n; s++) x += c->data[(size_t)s * le + cell];
+    return x;
+}
+
+/* Counts' windows summed into a new [L][E] array (the caller frees it);
+ * NULL (with err set) when it cannot be allocated. */
+EPXI_HIDDEN double *epxi_sum_load(const epx_counts *counts, epx_error *err);
+
 #endif /* EPX_INTERNAL_H */

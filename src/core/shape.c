@@ -67,6 +67,12 @@ epx_status epx_shape_check(const epx_shape *s, epx_error *err) {
     return EPX_OK;
 }
 
+bool epxi_shape_equal(const epx_shape *a, const epx_shape *b) {
+    return a->num_layers == b->num_layers && a->num_logical_experts == b->num_logical_experts &&
+           a->num_physical_experts == b->num_physical_experts && a->num_gpus == b->num_gpus &&
+           a->num_nodes == b->num_nodes;
+}
+
 int32_t epx_shape_slots_per_gpu(const epx_shape *s) { return s->num_physical_experts / s->num_gpus; }
 
 epx_status epx_counts_create(int32_t S, int32_t L, int32_t E, epx_counts **out, epx_error *err) {
@@ -105,11 +111,15 @@ epx_status epx_counts_sum_windows(const epx_counts *c, int32_t first, int32_t n,
         return epxi_fail(err, EPX_ERR_INVALID_ARG,
                          "window range [%d, %d) is empty or outside the %d windows", first,
                          first + n, c->num_windows);
-    size_t le = (size_t)c->num_layers * (size_t)c->num_experts;
-    memset(out, 0, le * sizeof *out);
-    for (int32_t s = first; s < first + n; s++) {
-        const double *w = c->data + (size_t)s * le;
-        for (size_t i = 0; i < le; i++) out[i] += w[i];
-    }
+    const size_t le = (size_t)c->num_layers * (size_t)c->num_experts;
+    for (size_t i = 0; i < le; i++) out[i] = epxi_window_sum(c, first, n, i);
     return EPX_OK;
+}
+
+double *epxi_sum_load(const epx_counts *counts, epx_error *err) {
+    const size_t le = (size_t)counts->num_layers * (size_t)counts->num_experts;
+    double *load = epxi_calloc(le, sizeof *load, "summed load", err);
+    if (load == NULL) return NULL;
+    for (size_t i = 0; i < le; i++) load[i] = epxi_window_sum(counts, 0, counts->num_windows, i);
+    return load;
 }

@@ -7,7 +7,7 @@
  */
 #include <stdio.h>
 
-#include "../io/json_tensor.h"
+#include "json_tensor.h"
 
 static const char L2P_KEY[] = "logical_to_physical_map";
 static const char TABLE_KEY[] = "logical_to_rank_dispatch_physical_map";

@@ -141,24 +141,16 @@ epx_status epx_layout_clone(const epx_layout *src, epx_layout **out, epx_error *
     return epx_layout_create_from_map(&src->shape, src->phys_to_log, out, err);
 }
 
-static bool shape_equal(const epx_shape *a, const epx_shape *b) {
-    return a->num_layers == b->num_layers && a->num_logical_experts == b->num_logical_experts &&
-           a->num_physical_experts == b->num_physical_experts && a->num_gpus == b->num_gpus &&
-           a->num_nodes == b->num_nodes;
-}
-
 epx_status epx_layout_update(epx_layout *dst, const epx_layout *src, const uint8_t *layers,
                              epx_error *err) {
     if (dst == NULL || src == NULL) return epxi_fail(err, EPX_ERR_INVALID_ARG, "NULL layout");
     const epx_shape *a = &dst->shape, *b = &src->shape;
-    if (!shape_equal(a, b))
+    if (!epxi_shape_equal(a, b))
         return epxi_fail(err, EPX_ERR_SHAPE,
-                         "cannot update a layout of shape L=%d E=%d P=%d G=%d N=%d from one of "
-                         "shape L=%d E=%d P=%d G=%d N=%d: shapes must agree (an update swaps "
+                         "cannot update a layout of shape " EPXI_SHAPE_FMT " from one of "
+                         "shape " EPXI_SHAPE_FMT ": shapes must agree (an update swaps "
                          "contents in place and never reallocates)",
-                         a->num_layers, a->num_logical_experts, a->num_physical_experts,
-                         a->num_gpus, a->num_nodes, b->num_layers, b->num_logical_experts,
-                         b->num_physical_experts, b->num_gpus, b->num_nodes);
+                         EPXI_SHAPE_ARGS(a), EPXI_SHAPE_ARGS(b));
     /* src was validated when it was built, so the copy cannot break dst. */
     for (int32_t l = 0; l < a->num_layers; l++) {
         if (layers != NULL && !layers[l]) continue;

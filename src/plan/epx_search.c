@@ -212,6 +212,8 @@ static void eg_clear(epxi_search *s) {
     for (int32_t p = 0; p < s->P; p++) s->eg[(size_t)s->slot[p] * s->G + s->gpu[p]] = 0;
 }
 
+static void recompute_loads(epxi_search *s);
+
 /* Rebuild lists, counts, home counts and loads from s->slot. */
 static void rebuild(epxi_search *s) {
     eg_clear(s);
@@ -228,17 +230,8 @@ static void rebuild(epxi_search *s) {
     for (int32_t p = 0; p < s->P; p++)
         for (int32_t q = s->next[p]; q >= 0; q = s->next[q]) /* lists ascend by slot */
             if (q / s->K == p / s->K) s->dups++;
-    for (int32_t g = 0; g < s->G; g++) {
-        double l = 0.0, l2 = 0.0;
-        for (int32_t k = 0; k < s->K; k++) {
-            l += per_replica(s, s->slot[g * s->K + k]);
-            if (s->w2) l2 += per_replica2(s, s->slot[g * s->K + k]);
-        }
-        s->load[g] = l;
-        s->load2[g] = l2;
-        s->sorted_ok[g] = 0;
-    }
-    s->gorder_ok = false;
+    for (int32_t g = 0; g < s->G; g++) s->sorted_ok[g] = 0;
+    recompute_loads(s);
 }
 
 /* Exact GPU loads from the slots; the GPU order must be rebuilt. */
@@ -283,8 +276,6 @@ double epxi_search_max_load2(const epxi_search *s) {
         if (s->load2[g] > mx) mx = s->load2[g];
     return mx;
 }
-
-static void recompute_loads(epxi_search *s);
 
 /* ---- initial solutions ------------------------------------------------------- */
 

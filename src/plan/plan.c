@@ -19,7 +19,7 @@
 #include "plan_hooks.h"
 #include "epx_algo.h"
 #include "plan_internal.h"
-#include "../migrate/migrate_internal.h"
+#include "constrain.h"
 
 struct epx_plan {
     epx_layout *layout;
@@ -192,24 +192,6 @@ static epx_status check_opts(const epx_plan_opts *o, const epx_shape *s, epx_alg
 }
 
 /* ---- shared helpers ------------------------------------------------------- */
-
-epx_status epxi_plan_load_f32(const epx_counts *c, float *out, epx_error *err) {
-    const size_t le = (size_t)c->num_layers * (size_t)c->num_experts;
-    for (size_t i = 0; i < le; i++) {
-        /* Sum in double: token counts stay exact up to 2^53, as SGLang's
-         * int64 sum, and only the total is rounded to float32. */
-        double x = 0.0;
-        for (int32_t s = 0; s < c->num_windows; s++) x += c->data[(size_t)s * le + i];
-        if (x > FLT_MAX)
-            return epxi_fail(err, EPX_ERR_INVALID_ARG,
-                             "the load of layer %zu, expert %zu summed over windows is %g, "
-                             "beyond float32 (DeepSeek's EPLB computes in float32): scale the "
-                             "counts down",
-                             i / (size_t)c->num_experts, i % (size_t)c->num_experts, x);
-        out[i] = (float)x;
-    }
-    return EPX_OK;
-}
 
 static double now_seconds(void) {
     struct timespec ts;

@@ -136,23 +136,15 @@ epx_status epx_recorder_create(const epx_layout *layout, const epx_recorder_opts
     return EPX_OK;
 }
 
-static bool same_shape(const epx_shape *a, const epx_shape *b) {
-    return a->num_layers == b->num_layers && a->num_logical_experts == b->num_logical_experts &&
-           a->num_physical_experts == b->num_physical_experts && a->num_gpus == b->num_gpus &&
-           a->num_nodes == b->num_nodes;
-}
-
 epx_status epx_recorder_set_layout(epx_recorder *rec, const epx_layout *layout, epx_error *err) {
     if (rec == NULL || layout == NULL) return epxi_fail(err, EPX_ERR_INVALID_ARG, "NULL argument");
     const epx_shape *a = &rec->shape, *b = epx_layout_shape(layout);
-    if (!same_shape(a, b))
+    if (!epxi_shape_equal(a, b))
         return epxi_fail(err, EPX_ERR_SHAPE,
-                         "the new layout is L=%d E=%d P=%d G=%d N=%d but the recorder's is "
-                         "L=%d E=%d P=%d G=%d N=%d: a recorder keeps one shape; create a new "
-                         "one for another",
-                         b->num_layers, b->num_logical_experts, b->num_physical_experts,
-                         b->num_gpus, b->num_nodes, a->num_layers, a->num_logical_experts,
-                         a->num_physical_experts, a->num_gpus, a->num_nodes);
+                         "the new layout is " EPXI_SHAPE_FMT " but the recorder's is "
+                         EPXI_SHAPE_FMT ": a recorder keeps one shape; create a new one for "
+                         "another",
+                         EPXI_SHAPE_ARGS(b), EPXI_SHAPE_ARGS(a));
     rec->layout = layout;
     return EPX_OK;
 }

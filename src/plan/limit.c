@@ -30,7 +30,7 @@
  * every subset (tests/test_migrate_limit.c) the pair finds the optimum in
  * about nine cases of ten and averages over 0.98 of it.
  */
-#include "migrate_internal.h"
+#include "constrain.h"
 
 #include <math.h>
 #include <string.h>
@@ -513,13 +513,11 @@ epx_status epx_layout_limit_moves(const epx_counts *counts, const epx_layout *cu
                          "epx_layout_limit_moves: counts, current, target, budget and out must "
                          "not be NULL");
     const epx_shape *sh = epx_layout_shape(current), *ts = epx_layout_shape(target);
-    if (memcmp(sh, ts, sizeof *sh) != 0)
+    if (!epxi_shape_equal(sh, ts))
         return epxi_fail(err, EPX_ERR_SHAPE,
-                         "the current layout (L=%d E=%d P=%d G=%d N=%d) and the target (L=%d "
-                         "E=%d P=%d G=%d N=%d) differ in shape: both must be of one shape",
-                         sh->num_layers, sh->num_logical_experts, sh->num_physical_experts,
-                         sh->num_gpus, sh->num_nodes, ts->num_layers, ts->num_logical_experts,
-                         ts->num_physical_experts, ts->num_gpus, ts->num_nodes);
+                         "the current layout (" EPXI_SHAPE_FMT ") and the target ("
+                         EPXI_SHAPE_FMT ") differ in shape: both must be of one shape",
+                         EPXI_SHAPE_ARGS(sh), EPXI_SHAPE_ARGS(ts));
     if (counts->num_layers != sh->num_layers || counts->num_experts != sh->num_logical_experts)
         return epxi_fail(err, EPX_ERR_SHAPE,
                          "counts are [%d][%d][%d] but the layouts have %d layers and %d logical "

@@ -10,7 +10,7 @@
 
 #include "../plan/plan_hooks.h"
 #include "json_tensor.h"
-#include "pt_hooks.h"
+#include "../io/pt_hooks.h"
 
 static epx_status check_opts(const epx_init_opts *o, epx_error *err) {
     if (o == NULL) return epxi_fail(err, EPX_ERR_INVALID_ARG, "init options are NULL");

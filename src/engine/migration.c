@@ -26,22 +26,14 @@
 
 #include <string.h>
 
-static bool shapes_equal(const epx_shape *a, const epx_shape *b) {
-    return a->num_layers == b->num_layers && a->num_logical_experts == b->num_logical_experts &&
-           a->num_physical_experts == b->num_physical_experts && a->num_gpus == b->num_gpus &&
-           a->num_nodes == b->num_nodes;
-}
-
 static epx_status check_shapes(const epx_layout *cur, const epx_layout *tgt, epx_error *err) {
     const epx_shape *a = epx_layout_shape(cur), *b = epx_layout_shape(tgt);
-    if (shapes_equal(a, b)) return EPX_OK;
+    if (epxi_shape_equal(a, b)) return EPX_OK;
     return epxi_fail(err, EPX_ERR_SHAPE,
-                     "the current layout (L=%d E=%d P=%d G=%d N=%d) and the target (L=%d E=%d "
-                     "P=%d G=%d N=%d) differ in shape: a migration moves weights between slots "
-                     "of one shape; plan the target for the current shape",
-                     a->num_layers, a->num_logical_experts, a->num_physical_experts, a->num_gpus,
-                     a->num_nodes, b->num_layers, b->num_logical_experts,
-                     b->num_physical_experts, b->num_gpus, b->num_nodes);
+                     "the current layout (" EPXI_SHAPE_FMT ") and the target (" EPXI_SHAPE_FMT
+                     ") differ in shape: a migration moves weights between slots of one shape; "
+                     "plan the target for the current shape",
+                     EPXI_SHAPE_ARGS(a), EPXI_SHAPE_ARGS(b));
 }
 
 const char *epx_move_kind_name(int kind) {

@@ -16,7 +16,7 @@
  * and walking them together attains it. tests/test_migrate_plan.c checks it
  * against augmenting-path matching (Kuhn's algorithm) on random layouts.
  */
-#include "migrate_internal.h"
+#include "constrain.h"
 
 #include <string.h>
 
@@ -136,15 +136,4 @@ double epxi_layer_balance(const epx_shape *shape, const int32_t *row, const doub
     }
     if (mx <= 0.0 || live == 0) return 1.0;
     return total / (double)live / mx;
-}
-
-double *epxi_sum_load(const epx_counts *counts, epx_error *err) {
-    const size_t cells = (size_t)counts->num_layers * (size_t)counts->num_experts;
-    double *load = epxi_calloc(cells, sizeof *load, "summed load", err);
-    if (load == NULL) return NULL;
-    for (int32_t s = 0; s < counts->num_windows; s++) {
-        const double *w = counts->data + (size_t)s * cells;
-        for (size_t i = 0; i < cells; i++) load[i] += w[i];
-    }
-    return load;
 }

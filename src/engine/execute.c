@@ -522,13 +522,11 @@ epx_status epx_migration_execute(const epx_migration *m, struct epx_comm *comm, 
                          "communicator",
                          epx_comm_name(comm));
     const epx_shape *sh = &m->shape, *ls = epx_layout_shape(layout);
-    if (memcmp(sh, ls, sizeof *sh) != 0)
+    if (!epxi_shape_equal(sh, ls))
         return epxi_fail(err, EPX_ERR_SHAPE,
-                         "the layout (L=%d E=%d P=%d G=%d N=%d) is not of the plan's shape (L=%d "
-                         "E=%d P=%d G=%d N=%d)",
-                         ls->num_layers, ls->num_logical_experts, ls->num_physical_experts,
-                         ls->num_gpus, ls->num_nodes, sh->num_layers, sh->num_logical_experts,
-                         sh->num_physical_experts, sh->num_gpus, sh->num_nodes);
+                         "the layout (" EPXI_SHAPE_FMT ") is not of the plan's shape ("
+                         EPXI_SHAPE_FMT ")",
+                         EPXI_SHAPE_ARGS(ls), EPXI_SHAPE_ARGS(sh));
     const int32_t G = sh->num_gpus, P = sh->num_physical_experts, L = sh->num_layers;
     const int32_t R = epx_comm_size(comm), spg = P / G;
     const size_t B = m->stats.expert_bytes;

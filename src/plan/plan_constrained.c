@@ -20,7 +20,7 @@
  *      max_moves slots change or a move buys less than move_price
  *      (limit.c). Replicas whose slot set changed get even weights.
  */
-#include "migrate_internal.h"
+#include "constrain.h"
 
 #include <math.h>
 #include <string.h>
@@ -34,14 +34,12 @@ epx_status epxi_plan_constraints_check(const epx_shape *sh, const epx_plan_opts 
                                        epx_error *err) {
     if (o->current != NULL) {
         const epx_shape *c = epx_layout_shape(o->current);
-        if (memcmp(c, sh, sizeof *c) != 0)
+        if (!epxi_shape_equal(c, sh))
             return epxi_fail(err, EPX_ERR_SHAPE,
-                             "the current layout is of shape L=%d E=%d P=%d G=%d N=%d but the "
-                             "plan is for L=%d E=%d P=%d G=%d N=%d: plan for the shape in "
+                             "the current layout is of shape " EPXI_SHAPE_FMT " but the "
+                             "plan is for " EPXI_SHAPE_FMT ": plan for the shape in "
                              "service (moves are counted slot by slot)",
-                             c->num_layers, c->num_logical_experts, c->num_physical_experts,
-                             c->num_gpus, c->num_nodes, sh->num_layers, sh->num_logical_experts,
-                             sh->num_physical_experts, sh->num_gpus, sh->num_nodes);
+                             EPXI_SHAPE_ARGS(c), EPXI_SHAPE_ARGS(sh));
     } else if (o->max_moves >= 0 || o->move_price != 0.0) {
         return epxi_fail(err, EPX_ERR_INVALID_ARG,
                          "max_moves (%d) or move_price (%g) is set without a current layout: "
