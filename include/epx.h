@@ -14,8 +14,23 @@
  *  - The library never prints, exits or aborts. Logging goes through the
  *    epx_log_fn an options struct carries.
  *  - Destructors accept NULL.
- *  - Option structs carry their size-derived version in `version` and must be
- *    initialised from their EPX_..._INIT macro.
+ *  - Options structs, one convention for all (epx_plan_opts, epx_comm_ops
+ *    and every other struct with a `version`):
+ *      version  the first field; EPX_<NAME>_VERSION is ((uint32_t)sizeof the
+ *               struct), so a caller built against another layout is told
+ *               so instead of read past the end. Any other value is an
+ *               error that names the struct and its INIT macro.
+ *      INIT     EPX_<NAME>_INIT writes the version and every default:
+ *               `epx_plan_opts o = EPX_PLAN_OPTS_INIT;` then change fields.
+ *      defaults one sentinel rule, by the kind of field: a pointer is
+ *               optional when NULL; a count or size that is otherwise >= 1
+ *               takes 0 for "derive it" (num_physical 0 = E + redundant,
+ *               chunk_layers 0 = all layers); a number whose valid values
+ *               start at 0 takes any negative value for "default" or "no
+ *               limit" (estimate_param, cross_node_budget, max_moves); an
+ *               enum that lets the library choose has a *_DEFAULT member, 0.
+ *               Each field's comment names its default.
+ *    Unknown or contradictory options are an error, never silently clamped.
  *
  * Each function is documented in one shape:
  *   summary; Args (direction, shape, dtype, ownership); Returns; Thread rules.

@@ -108,7 +108,7 @@ static void option_errors(void **state) {
     assert_int_equal(plan(c, s, &o, &p, &err), EPX_ERR_INVALID_ARG);
     TU_MSG_HAS(err.msg, "cross_node_budget");
 
-    /* moving costs and failed GPUs (src/migrate; tests/test_migrate_limit.c) */
+    /* moving costs and failed GPUs (src/plan/plan_constrained.c; tests/test_migrate_limit.c) */
     epx_layout *cur = NULL;
     assert_int_equal(epx_layout_create_trivial(&s, &cur, &err), EPX_OK);
     uint8_t failed[4] = {0, 1, 0, 0};

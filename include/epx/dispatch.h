@@ -41,7 +41,7 @@ typedef struct epx_table_opts {
                                       each slot should take (epx_plan_replica_weights);
                                       NULL = an even split over the replicas */
 } epx_table_opts;
-#define EPX_TABLE_OPTS_VERSION 1u
+#define EPX_TABLE_OPTS_VERSION ((uint32_t)sizeof(epx_table_opts))
 #define EPX_TABLE_OPTS_INIT {EPX_TABLE_OPTS_VERSION, EPX_TABLE_SGLANG, 42u, NULL, NULL}
 
 /*

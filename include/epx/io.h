@@ -72,7 +72,7 @@ typedef struct epx_init_opts {
     epx_log_fn log;              /* optional */
     void *log_user;
 } epx_init_opts;
-#define EPX_INIT_OPTS_VERSION 1u
+#define EPX_INIT_OPTS_VERSION ((uint32_t)sizeof(epx_init_opts))
 #define EPX_INIT_OPTS_INIT {EPX_INIT_OPTS_VERSION, 0, 1, 0, 0, 0, 0, 0, NULL, NULL}
 
 /*

@@ -43,7 +43,7 @@ typedef struct epx_migrate_opts {
                                    the node's other GPUs relay it; 0: every GPU receives */
     const uint8_t *failed_gpus; /* optional [G]: nonzero = lost; it sends and receives nothing */
 } epx_migrate_opts;
-#define EPX_MIGRATE_OPTS_VERSION 1u
+#define EPX_MIGRATE_OPTS_VERSION ((uint32_t)sizeof(epx_migrate_opts))
 #define EPX_MIGRATE_OPTS_INIT {EPX_MIGRATE_OPTS_VERSION, 0, 1, 1, NULL}
 
 /*
@@ -154,7 +154,7 @@ typedef struct epx_move_budget {
     const uint8_t *failed_gpus; /* optional [G]: nonzero = lost; its slots are no moves,
                                    and every expert keeps a replica on a live GPU */
 } epx_move_budget;
-#define EPX_MOVE_BUDGET_VERSION 1u
+#define EPX_MOVE_BUDGET_VERSION ((uint32_t)sizeof(epx_move_budget))
 #define EPX_MOVE_BUDGET_INIT {EPX_MOVE_BUDGET_VERSION, -1, 0.0, NULL}
 
 /* What a limited plan gave and gave up (balancedness: mean over layers with
@@ -232,7 +232,7 @@ typedef struct epx_migrate_exec_opts {
     epx_expert_load_fn load;    /* needed when this rank has EPX_MOVE_LOAD slots */
     void *load_user;
 } epx_migrate_exec_opts;
-#define EPX_MIGRATE_EXEC_OPTS_VERSION 1u
+#define EPX_MIGRATE_EXEC_OPTS_VERSION ((uint32_t)sizeof(epx_migrate_exec_opts))
 #define EPX_MIGRATE_EXEC_OPTS_INIT {EPX_MIGRATE_EXEC_OPTS_VERSION, 0, 0, 0, NULL, NULL}
 
 /* What one rank did. */

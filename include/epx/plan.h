@@ -53,7 +53,7 @@ typedef struct epx_plan_opts {
     epx_progress_fn progress;    /* optional: called once per layer planned */
     void *progress_user;
 } epx_plan_opts;
-#define EPX_PLAN_OPTS_VERSION 1u
+#define EPX_PLAN_OPTS_VERSION ((uint32_t)sizeof(epx_plan_opts))
 #define EPX_PLAN_OPTS_INIT \
     {EPX_PLAN_OPTS_VERSION, EPX_ALGO_EPX, 0, EPX_NODE_LOCAL_DEFAULT, -1.0, \
      EPX_ESTIMATE_DEFAULT, -1.0, NULL, -1, 0.0, NULL, NULL, NULL, NULL, NULL}

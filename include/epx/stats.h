@@ -47,7 +47,7 @@ typedef struct epx_recorder_opts {
     epx_record_mode mode; /* default EPX_RECORD_STAT */
     int32_t capacity;     /* passes kept, >= 1 (default 1000, SGLang's buffer size) */
 } epx_recorder_opts;
-#define EPX_RECORDER_OPTS_VERSION 1u
+#define EPX_RECORDER_OPTS_VERSION ((uint32_t)sizeof(epx_recorder_opts))
 #define EPX_RECORDER_OPTS_INIT {EPX_RECORDER_OPTS_VERSION, EPX_RECORD_STAT, 1000}
 
 /* Passes of balancedness history kept for the moving averages. */

@@ -67,7 +67,7 @@ typedef struct epx_trace_opts {
     double skew_hi;     /*   [skew_lo, skew_hi]; 0 <= lo <= hi <= 5 (default 0.8..1.3) */
     double drift;       /* sd of the per-window log step, in [0, 5] (default 0.1) */
 } epx_trace_opts;
-#define EPX_TRACE_OPTS_VERSION 1u
+#define EPX_TRACE_OPTS_VERSION ((uint32_t)sizeof(epx_trace_opts))
 #define EPX_TRACE_OPTS_INIT {EPX_TRACE_OPTS_VERSION, 8, 65536, 0, 0.8, 1.3, 0.1}
 
 /*

@@ -72,6 +72,14 @@ EPXI_HIDDEN bool epxi_has_suffix(const char *s, const char *suffix);
 EPXI_HIDDEN void epxi_log(epx_log_fn fn, void *user, epx_log_level lvl, const char *fmt, ...)
     EPXI_PRINTF(4, 5);
 
+/* The options-struct convention (include/epx.h): `version` is the size of
+ * the struct the caller compiled against, written by its EPX_..._INIT macro.
+ * Fails with a message naming the struct and the macro to use, e.g.
+ * epxi_check_version(o->version, EPX_PLAN_OPTS_VERSION, "epx_plan_opts",
+ * "EPX_PLAN_OPTS_INIT", err). */
+EPXI_HIDDEN epx_status epxi_check_version(uint32_t version, uint32_t expected, const char *type,
+                                          const char *init, epx_error *err);
+
 /* ---- shapes and loads: one definition each, for every room --------------- */
 
 /* A shape in messages: printf("layout " EPXI_SHAPE_FMT, EPXI_SHAPE_ARGS(s)). */

@@ -223,11 +223,8 @@ epx_status epx_dispatch_table_compute(const epx_shape *shape, const int32_t *rep
     if (shape == NULL || replicas == NULL || out == NULL)
         return epxi_fail(err, EPX_ERR_INVALID_ARG,
                          "epx_dispatch_table_compute: shape, replicas and out are required");
-    if (opts->version != EPX_TABLE_OPTS_VERSION)
-        return epxi_fail(err, EPX_ERR_INVALID_ARG,
-                         "epx_table_opts.version is %u, expected %u: initialise the options "
-                         "with EPX_TABLE_OPTS_INIT",
-                         opts->version, EPX_TABLE_OPTS_VERSION);
+    EPX_TRY(epxi_check_version(opts->version, EPX_TABLE_OPTS_VERSION, "epx_table_opts",
+                               "EPX_TABLE_OPTS_INIT", err));
     EPX_TRY(epx_shape_check(shape, err));
     if (width < 1)
         return epxi_fail(err, EPX_ERR_SHAPE, "replica map width is %d: it must be >= 1", width);

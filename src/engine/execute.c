@@ -510,11 +510,13 @@ epx_status epx_migration_execute(const epx_migration *m, struct epx_comm *comm, 
                          "NULL");
     const epx_migrate_exec_opts defaults = EPX_MIGRATE_EXEC_OPTS_INIT;
     if (opts == NULL) opts = &defaults;
-    if (opts->version != EPX_MIGRATE_EXEC_OPTS_VERSION || opts->chunk_layers < 0)
+    EPX_TRY(epxi_check_version(opts->version, EPX_MIGRATE_EXEC_OPTS_VERSION,
+                               "epx_migrate_exec_opts", "EPX_MIGRATE_EXEC_OPTS_INIT", err));
+    if (opts->chunk_layers < 0)
         return epxi_fail(err, EPX_ERR_INVALID_ARG,
-                         "execution options: version %u (want %u, use EPX_MIGRATE_EXEC_OPTS_INIT) "
-                         "or chunk_layers %d (want >= 0, 0 = all layers at once)",
-                         opts->version, EPX_MIGRATE_EXEC_OPTS_VERSION, opts->chunk_layers);
+                         "execution options: chunk_layers %d (want >= 0, 0 = all layers at "
+                         "once)",
+                         opts->chunk_layers);
     if (epx_comm_memory_kind(comm) != EPX_COMM_MEMORY_HOST)
         return epxi_fail(err, EPX_ERR_UNSUPPORTED,
                          "communicator '%s' moves device buffers; migrations move host buffers "

@@ -14,11 +14,8 @@
 
 static epx_status check_opts(const epx_init_opts *o, epx_error *err) {
     if (o == NULL) return epxi_fail(err, EPX_ERR_INVALID_ARG, "init options are NULL");
-    if (o->version != EPX_INIT_OPTS_VERSION)
-        return epxi_fail(err, EPX_ERR_INVALID_ARG,
-                         "init options version %u is not %u: initialise them with "
-                         "EPX_INIT_OPTS_INIT",
-                         o->version, EPX_INIT_OPTS_VERSION);
+    EPX_TRY(epxi_check_version(o->version, EPX_INIT_OPTS_VERSION, "epx_init_opts",
+                               "EPX_INIT_OPTS_INIT", err));
     if (o->num_gpus < 1)
         return epxi_fail(err, EPX_ERR_INVALID_ARG,
                          "num_gpus (%d) must be set: the layout depends on the EP size",

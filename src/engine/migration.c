@@ -195,11 +195,8 @@ static void plan_layer(epx_migration *m, int32_t l, const int32_t *old, const in
 }
 
 static epx_status check_opts(const epx_migrate_opts *o, const epx_shape *sh, epx_error *err) {
-    if (o->version != EPX_MIGRATE_OPTS_VERSION)
-        return epxi_fail(err, EPX_ERR_INVALID_ARG,
-                         "epx_migrate_opts.version is %u, this library knows %u: initialise the "
-                         "options with EPX_MIGRATE_OPTS_INIT",
-                         o->version, EPX_MIGRATE_OPTS_VERSION);
+    EPX_TRY(epxi_check_version(o->version, EPX_MIGRATE_OPTS_VERSION, "epx_migrate_opts",
+                               "EPX_MIGRATE_OPTS_INIT", err));
     if (o->expert_bytes == 0)
         return epxi_fail(err, EPX_ERR_INVALID_ARG,
                          "expert_bytes is 0: give the size in bytes of one expert's weights in "

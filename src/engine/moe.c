@@ -14,11 +14,9 @@
 
 epx_status epx_moe_config_check(const epx_moe_config *cfg, epx_error *err) {
     if (cfg == NULL) return epxi_fail(err, EPX_ERR_INVALID_ARG, "moe config is NULL");
-    if (cfg->version != EPX_MOE_CONFIG_VERSION)
-        return epxi_fail(err, EPX_ERR_INVALID_ARG,
-                         "moe config version %u is not %u: initialise it from "
-                         "EPX_MOE_CONFIG_INIT or epx_moe_model_config",
-                         cfg->version, EPX_MOE_CONFIG_VERSION);
+    EPX_TRY(epxi_check_version(cfg->version, EPX_MOE_CONFIG_VERSION, "epx_moe_config",
+                               "EPX_MOE_CONFIG_INIT (or fill it with epx_moe_model_config)",
+                               err));
     if (cfg->hidden < 1 || cfg->intermediate < 1 || cfg->num_experts < 1)
         return epxi_fail(err, EPX_ERR_SHAPE,
                          "moe hidden (%d), intermediate (%d) and num_experts (%d) must all be "
@@ -103,7 +101,7 @@ epx_status epx_moe_model_config(const char *name, epx_moe_config *cfg, epx_error
     if (rule == NULL)
         return epxi_fail(err, EPX_ERR_UNSUPPORTED,
                          "model '%s' has a shape but no routing rule in the MoE table: add it "
-                         "to RULES in src/moe/moe.c",
+                         "to RULES in src/engine/moe.c",
                          m->name);
     epx_moe_config c = EPX_MOE_CONFIG_INIT;
     c.hidden = m->hidden;

@@ -8,7 +8,7 @@
  * every expert has one, so an update never needs a larger buffer, and every
  * view handed out stays valid for the handle's lifetime.
  */
-#include "internal.h"
+#include "layout_internal.h"
 
 #include <string.h>
 
@@ -69,8 +69,8 @@ static void derive_layer(epx_layout *lay, int32_t layer) {
     }
 }
 
+/* The shape must have passed epx_shape_check. */
 static epx_status layout_alloc(const epx_shape *shape, epx_layout **out, epx_error *err) {
-    EPX_TRY(epx_shape_check(shape, err));
     epx_layout *lay = epxi_calloc(1, sizeof *lay, "layout", err);
     if (lay == NULL) return EPX_ERR_NOMEM;
     lay->shape = *shape;
@@ -96,6 +96,12 @@ epx_status epx_layout_create_from_map(const epx_shape *shape, const int32_t *map
                                       epx_layout **out, epx_error *err) {
     if (map == NULL || out == NULL)
         return epxi_fail(err, EPX_ERR_INVALID_ARG, "physical_to_logical map or out is NULL");
+    EPX_TRY(epx_shape_check(shape, err));
+    return epxi_layout_create_checked(shape, map, out, err);
+}
+
+epx_status epxi_layout_create_checked(const epx_shape *shape, const int32_t *map,
+                                      epx_layout **out, epx_error *err) {
     epx_layout *lay = NULL;
     EPX_TRY(layout_alloc(shape, &lay, err));
     /* num_valid of layer 0 doubles as scratch for the checks: derive_layer
@@ -116,6 +122,7 @@ epx_status epx_layout_create_from_map(const epx_shape *shape, const int32_t *map
 
 epx_status epx_layout_create_trivial(const epx_shape *shape, epx_layout **out, epx_error *err) {
     if (out == NULL) return epxi_fail(err, EPX_ERR_INVALID_ARG, "out is NULL");
+    EPX_TRY(epx_shape_check(shape, err));
     epx_layout *lay = NULL;
     EPX_TRY(layout_alloc(shape, &lay, err));
     const int32_t P = shape->num_physical_experts, E = shape->num_logical_experts;

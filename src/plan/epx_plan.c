@@ -70,7 +70,10 @@ static epx_status ws_alloc(plan_ws *w, const epx_counts *counts, const epx_shape
     const int32_t G = sh->num_gpus, N = sh->num_nodes;
     memset(w, 0, sizeof *w);
     size_t e = (size_t)E, p = (size_t)P, g = (size_t)G;
-    epx_status st = epxi_deepseek_create(E, P, ds_groups, ds_nodes, G, ds_hier, &w->ds, err);
+    /* The baseline's groups and nodes are derived here, not given by the
+     * caller, so they are checked here (the shape was, at the entry). */
+    epx_status st = epxi_deepseek_check(E, P, ds_groups, ds_nodes, G, ds_hier, err);
+    if (st == EPX_OK) st = epxi_deepseek_create(E, P, ds_groups, ds_nodes, G, ds_hier, &w->ds, err);
     if (st == EPX_OK) {
         w->load32 = epxi_calloc((size_t)sh->num_layers * e, sizeof(float), "float32 load", err);
         w->est32 = epxi_calloc(e, sizeof(float), "float32 estimate", err);

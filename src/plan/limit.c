@@ -524,11 +524,8 @@ epx_status epx_layout_limit_moves(const epx_counts *counts, const epx_layout *cu
                          "experts: give the load of this model",
                          counts->num_windows, counts->num_layers, counts->num_experts,
                          sh->num_layers, sh->num_logical_experts);
-    if (budget->version != EPX_MOVE_BUDGET_VERSION)
-        return epxi_fail(err, EPX_ERR_INVALID_ARG,
-                         "epx_move_budget.version is %u, this library knows %u: initialise it "
-                         "with EPX_MOVE_BUDGET_INIT",
-                         budget->version, EPX_MOVE_BUDGET_VERSION);
+    EPX_TRY(epxi_check_version(budget->version, EPX_MOVE_BUDGET_VERSION, "epx_move_budget",
+                               "EPX_MOVE_BUDGET_INIT", err));
     if (!isfinite(budget->move_price) || budget->move_price < 0.0)
         return epxi_fail(err, EPX_ERR_INVALID_ARG,
                          "move_price (%g) must be a finite balancedness >= 0 (0 = moves are "

@@ -51,11 +51,8 @@ typedef struct {
 
 static epx_status check_opts(const epx_recorder_opts *o, epx_error *err) {
     if (o == NULL) return epxi_fail(err, EPX_ERR_INVALID_ARG, "recorder options are NULL");
-    if (o->version != EPX_RECORDER_OPTS_VERSION)
-        return epxi_fail(err, EPX_ERR_INVALID_ARG,
-                         "recorder options version %u is not %u: initialise them with "
-                         "EPX_RECORDER_OPTS_INIT",
-                         o->version, EPX_RECORDER_OPTS_VERSION);
+    EPX_TRY(epxi_check_version(o->version, EPX_RECORDER_OPTS_VERSION, "epx_recorder_opts",
+                               "EPX_RECORDER_OPTS_INIT", err));
     if (o->mode != EPX_RECORD_STAT && o->mode != EPX_RECORD_PER_PASS)
         return epxi_fail(err, EPX_ERR_INVALID_ARG,
                          "recorder mode %d is neither EPX_RECORD_STAT (0) nor "

@@ -101,11 +101,8 @@ static int64_t binomial(stream *r, int64_t n, double q) {
 
 static epx_status check_inputs(const epx_model *m, const epx_trace_opts *o, epx_error *err) {
     if (m == NULL || o == NULL) return epxi_fail(err, EPX_ERR_INVALID_ARG, "NULL argument");
-    if (o->version != EPX_TRACE_OPTS_VERSION)
-        return epxi_fail(err, EPX_ERR_INVALID_ARG,
-                         "trace options version %u is not %u: initialise them with "
-                         "EPX_TRACE_OPTS_INIT",
-                         o->version, EPX_TRACE_OPTS_VERSION);
+    EPX_TRY(epxi_check_version(o->version, EPX_TRACE_OPTS_VERSION, "epx_trace_opts",
+                               "EPX_TRACE_OPTS_INIT", err));
     if (m->num_layers < 1 || m->num_layers > EPX_MAX_LAYERS)
         return epxi_fail(err, EPX_ERR_INVALID_ARG, "model num_layers (%d) must be in [1, %d]",
                          m->num_layers, EPX_MAX_LAYERS);
