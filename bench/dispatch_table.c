@@ -52,19 +52,12 @@ static void die(const char *what, const epx_error *err) {
     exit(1);
 }
 
-/* Balancedness of per-layer GPU loads [L][G]. */
+/* Balancedness of per-layer GPU loads [L][G] (the library's definition). */
 static double balance(const double *gl, int32_t L, int32_t G) {
-    double sum = 0.0;
-    int used = 0;
-    for (int32_t l = 0; l < L; l++) {
-        double mx = 0.0, tot = 0.0;
-        for (int32_t g = 0; g < G; g++) {
-            tot += gl[(size_t)l * (size_t)G + (size_t)g];
-            if (gl[(size_t)l * (size_t)G + (size_t)g] > mx) mx = gl[(size_t)l * (size_t)G + (size_t)g];
-        }
-        if (mx > 0.0) sum += tot / G / mx, used++;
-    }
-    return used ? sum / used : 1.0;
+    double b = 1.0;
+    epx_error err = {0};
+    if (epx_gpu_loads_balance(gl, L, G, &b, NULL, &err) != EPX_OK) die("balance", &err);
+    return b;
 }
 
 /* Balancedness of a table on a load, after checking the table; *xnode

@@ -76,6 +76,21 @@ EPX_API epx_status epx_gpu_loads(const epx_layout *layout, const double *load,
                                  epx_error *err);
 
 /*
+ * Balancedness of GPU loads already computed (by epx_gpu_loads, or a
+ * dispatch table's epx_dispatch_table_gpu_load): the mean over layers with
+ * load of mean GPU load / max GPU load, by the same arithmetic as
+ * epx_balance_compute.
+ * Args:    gpu_load (in) [L][G] double, >= 0; num_layers L >= 1;
+ *          num_gpus G >= 1; balancedness (out) 1.0 when no layer has load;
+ *          num_loaded (out, may be NULL) the layers with load.
+ * Returns: EPX_OK; EPX_ERR_INVALID_ARG (NULL); EPX_ERR_SHAPE (L or G < 1).
+ * Thread:  any thread; allocates nothing.
+ */
+EPX_API epx_status epx_gpu_loads_balance(const double *gpu_load, int32_t num_layers,
+                                         int32_t num_gpus, double *balancedness,
+                                         int32_t *num_loaded, epx_error *err);
+
+/*
  * Balancedness, bound and gap of a placement for a load (definitions above).
  * Args:    layout (in); load (in) [L][E]; replica_weights (in, may be NULL)
  *          as for epx_gpu_loads; out (out) the summary;

@@ -91,6 +91,13 @@ EPXI_HIDDEN epx_status epxi_check_version(uint32_t version, uint32_t expected, c
 /* True when two shapes agree in every count. */
 EPXI_HIDDEN bool epxi_shape_equal(const epx_shape *a, const epx_shape *b);
 
+/* EPX_OK when two shapes agree; else EPX_ERR_SHAPE with the message
+ * head, a's shape, mid, b's shape, tail, e.g. ("the layout (", ") is not of
+ * the plan's shape (", ")"). The one shape comparison of every room. */
+EPXI_HIDDEN epx_status epxi_check_same_shape(const epx_shape *a, const epx_shape *b,
+                                             const char *head, const char *mid,
+                                             const char *tail, epx_error *err);
+
 /* The load of one cell (l * E + e) of counts summed over windows
  * [first, first + n), added in window order from 0.0: every room that sums
  * windows goes through here, so they all round alike. Arguments are trusted
@@ -105,5 +112,37 @@ static inline double epxi_window_sum(const epx_counts *c, int32_t first, int32_t
 /* Counts' windows summed into a new [L][E] array (the caller frees it);
  * NULL (with err set) when it cannot be allocated. */
 EPXI_HIDDEN double *epxi_sum_load(const epx_counts *counts, epx_error *err);
+
+/*
+ * GPU loads of one layer; returns the largest (0.0 when there is none).
+ * row [P] physical_to_logical; load [E] the layer's expert loads. Each
+ * expert's load goes to its slots by share [P] when share is not NULL, else
+ * evenly over its replicas: replicas [E] when the caller knows them (a
+ * layout's num_valid; then failed must be NULL), else counted into cnt [E]
+ * (scratch) over live GPUs. failed [G] (may be NULL): nonzero = lost, its
+ * load is 0. gpu [G] (out). Arguments are trusted; allocates nothing.
+ */
+EPXI_HIDDEN double epxi_layer_gpu_loads(const int32_t *row, const double *load,
+                                        const double *share, const int32_t *replicas,
+                                        const uint8_t *failed, int32_t E, int32_t P, int32_t G,
+                                        int32_t *cnt, double *gpu);
+
+/* Sum, maximum (the first GPU attaining it) and count of the live GPUs'
+ * loads gpu [G] (failed [G] may be NULL). */
+typedef struct epxi_gpu_summary {
+    double total;    /* the live GPUs' loads, added in GPU order */
+    double max;      /* -1.0 when no GPU is live */
+    int32_t max_gpu; /* the lowest GPU with the max */
+    int32_t live;
+} epxi_gpu_summary;
+EPXI_HIDDEN epxi_gpu_summary epxi_gpu_summarize(const double *gpu, int32_t G,
+                                                const uint8_t *failed);
+
+/* Balancedness of one layer: mean live GPU load / max GPU load; 1.0 for a
+ * layer without load. The one definition every room uses. */
+static inline double epxi_balancedness(const epxi_gpu_summary *s) {
+    if (s->max <= 0.0 || s->live == 0) return 1.0;
+    return s->total / (double)s->live / s->max;
+}
 
 #endif /* EPX_INTERNAL_H */

@@ -73,6 +73,13 @@ bool epxi_shape_equal(const epx_shape *a, const epx_shape *b) {
            a->num_nodes == b->num_nodes;
 }
 
+epx_status epxi_check_same_shape(const epx_shape *a, const epx_shape *b, const char *head,
+                                 const char *mid, const char *tail, epx_error *err) {
+    if (epxi_shape_equal(a, b)) return EPX_OK;
+    return epxi_fail(err, EPX_ERR_SHAPE, "%s" EPXI_SHAPE_FMT "%s" EPXI_SHAPE_FMT "%s", head,
+                     EPXI_SHAPE_ARGS(a), mid, EPXI_SHAPE_ARGS(b), tail);
+}
+
 int32_t epx_shape_slots_per_gpu(const epx_shape *s) { return s->num_physical_experts / s->num_gpus; }
 
 epx_status epx_counts_create(int32_t S, int32_t L, int32_t E, epx_counts **out, epx_error *err) {

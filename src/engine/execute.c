@@ -524,11 +524,8 @@ epx_status epx_migration_execute(const epx_migration *m, struct epx_comm *comm, 
                          "communicator",
                          epx_comm_name(comm));
     const epx_shape *sh = &m->shape, *ls = epx_layout_shape(layout);
-    if (!epxi_shape_equal(sh, ls))
-        return epxi_fail(err, EPX_ERR_SHAPE,
-                         "the layout (" EPXI_SHAPE_FMT ") is not of the plan's shape ("
-                         EPXI_SHAPE_FMT ")",
-                         EPXI_SHAPE_ARGS(ls), EPXI_SHAPE_ARGS(sh));
+    EPX_TRY(epxi_check_same_shape(ls, sh, "the layout (", ") is not of the plan's shape (", ")",
+                                  err));
     const int32_t G = sh->num_gpus, P = sh->num_physical_experts, L = sh->num_layers;
     const int32_t R = epx_comm_size(comm), spg = P / G;
     const size_t B = m->stats.expert_bytes;

@@ -28,12 +28,10 @@
 
 static epx_status check_shapes(const epx_layout *cur, const epx_layout *tgt, epx_error *err) {
     const epx_shape *a = epx_layout_shape(cur), *b = epx_layout_shape(tgt);
-    if (epxi_shape_equal(a, b)) return EPX_OK;
-    return epxi_fail(err, EPX_ERR_SHAPE,
-                     "the current layout (" EPXI_SHAPE_FMT ") and the target (" EPXI_SHAPE_FMT
-                     ") differ in shape: a migration moves weights between slots of one shape; "
-                     "plan the target for the current shape",
-                     EPXI_SHAPE_ARGS(a), EPXI_SHAPE_ARGS(b));
+    return epxi_check_same_shape(a, b, "the current layout (", ") and the target (",
+                                 ") differ in shape: a migration moves weights between slots "
+                                 "of one shape; plan the target for the current shape",
+                                 err);
 }
 
 const char *epx_move_kind_name(int kind) {

@@ -152,12 +152,10 @@ epx_status epx_layout_update(epx_layout *dst, const epx_layout *src, const uint8
                              epx_error *err) {
     if (dst == NULL || src == NULL) return epxi_fail(err, EPX_ERR_INVALID_ARG, "NULL layout");
     const epx_shape *a = &dst->shape, *b = &src->shape;
-    if (!epxi_shape_equal(a, b))
-        return epxi_fail(err, EPX_ERR_SHAPE,
-                         "cannot update a layout of shape " EPXI_SHAPE_FMT " from one of "
-                         "shape " EPXI_SHAPE_FMT ": shapes must agree (an update swaps "
-                         "contents in place and never reallocates)",
-                         EPXI_SHAPE_ARGS(a), EPXI_SHAPE_ARGS(b));
+    EPX_TRY(epxi_check_same_shape(a, b, "cannot update a layout of shape ", " from one of shape ",
+                                  ": shapes must agree (an update swaps contents in place and "
+                                  "never reallocates)",
+                                  err));
     /* src was validated when it was built, so the copy cannot break dst. */
     for (int32_t l = 0; l < a->num_layers; l++) {
         if (layers != NULL && !layers[l]) continue;

@@ -24,16 +24,8 @@
  * tmp: scratch of n entries. */
 EPXI_HIDDEN void epxi_sort_desc(const double *key, int32_t *idx, int32_t n, int32_t *tmp);
 
-/* GPU loads of one layer, each expert's load split evenly over its
- * replicas (the balancedness of shared/DESIGN.md). cnt: [E] scratch,
- * load: [G] out. Returns the max GPU load. */
-EPXI_HIDDEN double epxi_layer_loads_even(const int32_t *map, const double *w, int32_t E,
-                                         int32_t P, int32_t G, int32_t *cnt, double *load);
-
-/* The same with per-slot shares (share[p] of its expert's load). */
-EPXI_HIDDEN double epxi_layer_loads_shares(const int32_t *map, const double *share,
-                                           const double *w, int32_t P, int32_t G,
-                                           double *load);
+/* GPU loads of one layer: epxi_layer_gpu_loads (src/core/internal.h), the
+ * one definition the metrics use too. */
 
 /* ---- the search engine (epx_search.c) --------------------------------------- */
 

@@ -122,8 +122,7 @@ typedef struct layer_cfg {
 
 static double even_max(plan_ws *w, const layer_cfg *c, const int32_t *map, const double *load) {
     const epx_shape *s = c->shape;
-    return epxi_layer_loads_even(map, load, s->num_logical_experts, s->num_physical_experts,
-                                 s->num_gpus, w->cnt, w->gload);
+    return epxi_layer_gpu_loads(map, load, NULL, NULL, NULL, s->num_logical_experts, s->num_physical_experts, s->num_gpus, w->cnt, w->gload);
 }
 
 /* Run the search for load `load` and write its map to `out`; start 0 is the
@@ -261,7 +260,7 @@ static void shares_for(plan_ws *w, const layer_cfg *c, const int32_t *map, const
                        double cap, double *share) {
     const epx_shape *s = c->shape;
     const int32_t E = s->num_logical_experts, P = s->num_physical_experts, G = s->num_gpus;
-    const double even = epxi_layer_loads_even(map, est, E, P, G, w->cnt, w->gload);
+    const double even = epxi_layer_gpu_loads(map, est, NULL, NULL, NULL, E, P, G, w->cnt, w->gload);
     for (int32_t p = 0; p < P; p++) w->even_share[p] = 1.0 / w->cnt[map[p]];
     memcpy(share, w->even_share, (size_t)P * sizeof *share);
     if (!c->k->shares) return;
@@ -271,8 +270,8 @@ static void shares_for(plan_ws *w, const layer_cfg *c, const int32_t *map, const
      * t (f_g - e_g); the largest t in [0, 1] with every L_g(t) <= cap is a
      * minimum over GPUs (e_g <= cap holds: the map itself meets the cap). */
     double *fl = w->gload2;
-    (void)epxi_layer_loads_shares(map, w->even_share, w->sum, P, G, w->gload);
-    (void)epxi_layer_loads_shares(map, w->fit_share, w->sum, P, G, fl);
+    (void)epxi_layer_gpu_loads(map, w->sum, w->even_share, NULL, NULL, 0, P, G, NULL, w->gload);
+    (void)epxi_layer_gpu_loads(map, w->sum, w->fit_share, NULL, NULL, 0, P, G, NULL, fl);
     double hi = 1.0;
     for (int32_t g = 0; g < G; g++)
         if (fl[g] > cap && fl[g] > w->gload[g]) {
@@ -285,7 +284,7 @@ static void shares_for(plan_ws *w, const layer_cfg *c, const int32_t *map, const
     /* Shares of one expert sum to 1 at both ends, hence along the segment.
      * Rounding aside the cap holds; check it, and keep the even split if
      * rounding ever tipped a GPU over it. */
-    if (hi < 1.0 && epxi_layer_loads_shares(map, share, w->sum, P, G, w->gload) > cap)
+    if (hi < 1.0 && epxi_layer_gpu_loads(map, w->sum, share, NULL, NULL, 0, P, G, NULL, w->gload) > cap)
         memcpy(share, w->even_share, (size_t)P * sizeof *share);
 }
 
@@ -384,7 +383,7 @@ epx_status epxi_plan_epx_knobs(const epx_counts *counts, const epx_shape *shape,
         epxi_deepseek_layer(w.ds, w.load32 + (size_t)l * E, w.ds_map, NULL, NULL);
         if (!(top > 0.0)) { /* a dense layer: nothing to balance */
             memcpy(map, w.ds_map, (size_t)P * sizeof *map);
-            (void)epxi_layer_loads_even(map, w.sum, E, P, G, w.cnt, w.gload);
+            (void)epxi_layer_gpu_loads(map, w.sum, NULL, NULL, NULL, E, P, G, w.cnt, w.gload);
             for (int32_t p = 0; p < P; p++) share[p] = 1.0 / w.cnt[map[p]];
             continue;
         }

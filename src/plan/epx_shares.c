@@ -173,5 +173,5 @@ double epxi_shares_compute(epxi_shares_ws *ws, const int32_t *map, const double 
     for (int32_t e = 0; e < E; e++) ws->b[e] = 0.0;
     for (int32_t p = 0; p < P; p++) ws->b[map[p]] += share[p];
     for (int32_t p = 0; p < P; p++) share[p] /= ws->b[map[p]];
-    return epxi_layer_loads_shares(map, share, w, P, G, ws->load);
+    return epxi_layer_gpu_loads(map, w, share, NULL, NULL, 0, P, G, NULL, ws->load);
 }

@@ -513,11 +513,8 @@ epx_status epx_layout_limit_moves(const epx_counts *counts, const epx_layout *cu
                          "epx_layout_limit_moves: counts, current, target, budget and out must "
                          "not be NULL");
     const epx_shape *sh = epx_layout_shape(current), *ts = epx_layout_shape(target);
-    if (!epxi_shape_equal(sh, ts))
-        return epxi_fail(err, EPX_ERR_SHAPE,
-                         "the current layout (" EPXI_SHAPE_FMT ") and the target ("
-                         EPXI_SHAPE_FMT ") differ in shape: both must be of one shape",
-                         EPXI_SHAPE_ARGS(sh), EPXI_SHAPE_ARGS(ts));
+    EPX_TRY(epxi_check_same_shape(sh, ts, "the current layout (", ") and the target (",
+                                  ") differ in shape: both must be of one shape", err));
     if (counts->num_layers != sh->num_layers || counts->num_experts != sh->num_logical_experts)
         return epxi_fail(err, EPX_ERR_SHAPE,
                          "counts are [%d][%d][%d] but the layouts have %d layers and %d logical "

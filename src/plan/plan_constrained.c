@@ -34,12 +34,11 @@ epx_status epxi_plan_constraints_check(const epx_shape *sh, const epx_plan_opts 
                                        epx_error *err) {
     if (o->current != NULL) {
         const epx_shape *c = epx_layout_shape(o->current);
-        if (!epxi_shape_equal(c, sh))
-            return epxi_fail(err, EPX_ERR_SHAPE,
-                             "the current layout is of shape " EPXI_SHAPE_FMT " but the "
-                             "plan is for " EPXI_SHAPE_FMT ": plan for the shape in "
-                             "service (moves are counted slot by slot)",
-                             EPXI_SHAPE_ARGS(c), EPXI_SHAPE_ARGS(sh));
+        EPX_TRY(epxi_check_same_shape(c, sh, "the current layout is of shape ",
+                                      " but the plan is for ",
+                                      ": plan for the shape in service (moves are counted "
+                                      "slot by slot)",
+                                      err));
     } else if (o->max_moves >= 0 || o->move_price != 0.0) {
         return epxi_fail(err, EPX_ERR_INVALID_ARG,
                          "max_moves (%d) or move_price (%g) is set without a current layout: "

@@ -116,24 +116,11 @@ epx_status epxi_count_live(const epx_shape *shape, const uint8_t *failed, int32_
 
 double epxi_layer_balance(const epx_shape *shape, const int32_t *row, const double *load,
                           const uint8_t *failed, double *scratch) {
-    const int32_t P = shape->num_physical_experts, G = shape->num_gpus,
-                  E = shape->num_logical_experts;
-    const int32_t spg = P / G;
-    double *gpu = scratch, *cnt = scratch + G;
-    memset(cnt, 0, (size_t)E * sizeof *cnt);
-    for (int32_t p = 0; p < P; p++)
-        if (failed == NULL || !failed[p / spg]) cnt[row[p]] += 1.0;
-    double total = 0.0, mx = 0.0;
-    int32_t live = 0;
-    for (int32_t g = 0; g < G; g++) {
-        gpu[g] = 0.0;
-        if (failed != NULL && failed[g]) continue;
-        live++;
-        for (int32_t p = g * spg; p < (g + 1) * spg; p++)
-            if (cnt[row[p]] > 0) gpu[g] += load[row[p]] / cnt[row[p]];
-        total += gpu[g];
-        if (gpu[g] > mx) mx = gpu[g];
-    }
-    if (mx <= 0.0 || live == 0) return 1.0;
-    return total / (double)live / mx;
+    const int32_t G = shape->num_gpus;
+    double *gpu = scratch;
+    int32_t *cnt = (int32_t *)(scratch + G); /* E ints fit in E doubles */
+    (void)epxi_layer_gpu_loads(row, load, NULL, NULL, failed, shape->num_logical_experts,
+                               shape->num_physical_experts, G, cnt, gpu);
+    const epxi_gpu_summary s = epxi_gpu_summarize(gpu, G, failed);
+    return epxi_balancedness(&s);
 }

@@ -136,12 +136,9 @@ epx_status epx_recorder_create(const epx_layout *layout, const epx_recorder_opts
 epx_status epx_recorder_set_layout(epx_recorder *rec, const epx_layout *layout, epx_error *err) {
     if (rec == NULL || layout == NULL) return epxi_fail(err, EPX_ERR_INVALID_ARG, "NULL argument");
     const epx_shape *a = &rec->shape, *b = epx_layout_shape(layout);
-    if (!epxi_shape_equal(a, b))
-        return epxi_fail(err, EPX_ERR_SHAPE,
-                         "the new layout is " EPXI_SHAPE_FMT " but the recorder's is "
-                         EPXI_SHAPE_FMT ": a recorder keeps one shape; create a new one for "
-                         "another",
-                         EPXI_SHAPE_ARGS(b), EPXI_SHAPE_ARGS(a));
+    EPX_TRY(epxi_check_same_shape(b, a, "the new layout is ", " but the recorder's is ",
+                                  ": a recorder keeps one shape; create a new one for another",
+                                  err));
     rec->layout = layout;
     return EPX_OK;
 }

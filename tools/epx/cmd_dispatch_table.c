@@ -158,18 +158,11 @@ int cmd_dispatch_table(int argc, char **argv) {
         gpu_load = malloc(sizeof *gpu_load * (size_t)L * (size_t)G);
         if (gpu_load == NULL) goto nomem;
         if (epx_dispatch_table_gpu_load(&shape, table, load, gpu_load, &err) != EPX_OK) goto report;
-        double sum = 0.0;
-        int used = 0;
-        for (int32_t l = 0; l < L; l++) {
-            double mx = 0.0, tot = 0.0;
-            for (int32_t g = 0; g < G; g++) {
-                tot += gpu_load[(size_t)l * (size_t)G + (size_t)g];
-                if (gpu_load[(size_t)l * (size_t)G + (size_t)g] > mx) mx = gpu_load[(size_t)l * (size_t)G + (size_t)g];
-            }
-            if (mx > 0.0) sum += tot / G / mx, used++;
-        }
+        double bal = 1.0;
+        int32_t used = 0;
+        if (epx_gpu_loads_balance(gpu_load, L, G, &bal, &used, &err) != EPX_OK) goto report;
         printf("balancedness of the load under this table: %.4f (mean over %d layers with load)\n",
-               used ? sum / used : 1.0, used);
+               bal, used);
     }
     goto done;
 nomem:
