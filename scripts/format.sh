@@ -24,6 +24,7 @@ EXCLUDE='
 ^tests/test_ep\.c$
 ^tests/gpu/
 ^bench/dispatch\.cu$
+^tests/util/(moe_case|thread_comm|corrupt_comm)\.h$
 '
 
 mode=apply
