@@ -71,7 +71,7 @@ typedef enum epx_status {
     EPX_ERR_CUDA = 11,       /* a CUDA runtime / cuBLAS call failed        */
     EPX_ERR_TIMEOUT = 12,    /* a peer did not answer in time              */
     EPX_ERR_INTERNAL = 13,   /* an invariant of epx itself broke (a bug)   */
-    EPX_STATUS_COUNT_ /* not a status: one past the last code */
+    EPX_STATUS_COUNT_        /* not a status: one past the last code */
 } epx_status;
 
 /* The name of a status ("EPX_ERR_SHAPE"), never NULL. */

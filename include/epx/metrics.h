@@ -72,8 +72,7 @@ typedef struct epx_balance {
  * Thread:  any thread; allocates nothing.
  */
 EPX_API epx_status epx_gpu_loads(const epx_layout *layout, const double *load,
-                                 const double *replica_weights, double *gpu_load,
-                                 epx_error *err);
+                                 const double *replica_weights, double *gpu_load, epx_error *err);
 
 /*
  * Balancedness of GPU loads already computed (by epx_gpu_loads, or a
@@ -113,9 +112,8 @@ EPX_API epx_status epx_balance_compute(const epx_layout *layout, const double *l
  * Returns: EPX_OK; EPX_ERR_SHAPE; EPX_ERR_INVALID_ARG; EPX_ERR_NOMEM.
  * Thread:  any thread.
  */
-EPX_API epx_status epx_bound_max_load(const double *load, int32_t num_experts,
-                                      int32_t num_physical, int32_t num_gpus,
-                                      double *bound_max_load, double *max_per_replica,
-                                      int32_t *replicas, epx_error *err);
+EPX_API epx_status epx_bound_max_load(const double *load, int32_t num_experts, int32_t num_physical,
+                                      int32_t num_gpus, double *bound_max_load,
+                                      double *max_per_replica, int32_t *replicas, epx_error *err);
 
 #endif /* EPX_METRICS_H */

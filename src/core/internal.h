@@ -30,17 +30,17 @@ EPXI_HIDDEN epx_status epxi_fail(epx_error *err, epx_status st, const char *fmt,
 EPXI_HIDDEN void epxi_error_prefix(epx_error *err, const char *fmt, ...) EPXI_PRINTF(2, 3);
 
 /* Propagate a non-OK status. */
-#define EPX_TRY(expr)                              \
-    do {                                           \
-        epx_status epx_try_st_ = (expr);           \
-        if (epx_try_st_ != EPX_OK) return epx_try_st_; \
+#define EPX_TRY(expr)                                                                              \
+    do {                                                                                           \
+        epx_status epx_try_st_ = (expr);                                                           \
+        if (epx_try_st_ != EPX_OK) return epx_try_st_;                                             \
     } while (0)
 
 /* Propagate to a cleanup label, keeping the status in `st`. */
-#define EPX_TRY_GOTO(st, expr, label) \
-    do {                              \
-        (st) = (expr);                \
-        if ((st) != EPX_OK) goto label; \
+#define EPX_TRY_GOTO(st, expr, label)                                                              \
+    do {                                                                                           \
+        (st) = (expr);                                                                             \
+        if ((st) != EPX_OK) goto label;                                                            \
     } while (0)
 
 /* n * size with overflow detection; false when it would overflow. */
@@ -55,8 +55,7 @@ static inline bool epxi_mul_size(size_t n, size_t size, size_t *out) {
 EPXI_HIDDEN void *epxi_calloc(size_t n, size_t size, const char *what, epx_error *err);
 
 /* Read a whole file into a NUL-terminated malloc'd buffer. */
-EPXI_HIDDEN epx_status epxi_read_file(const char *path, char **data, size_t *len,
-                                      epx_error *err);
+EPXI_HIDDEN epx_status epxi_read_file(const char *path, char **data, size_t *len, epx_error *err);
 
 /* Write a file through `body` into PATH.tmp, then rename it over PATH, so
  * readers never see a half-written file and a failed write loses nothing. */
@@ -84,8 +83,8 @@ EPXI_HIDDEN epx_status epxi_check_version(uint32_t version, uint32_t expected, c
 
 /* A shape in messages: printf("layout " EPXI_SHAPE_FMT, EPXI_SHAPE_ARGS(s)). */
 #define EPXI_SHAPE_FMT "L=%d E=%d P=%d G=%d N=%d"
-#define EPXI_SHAPE_ARGS(s)                                                                      \
-    (s)->num_layers, (s)->num_logical_experts, (s)->num_physical_experts, (s)->num_gpus,         \
+#define EPXI_SHAPE_ARGS(s)                                                                         \
+    (s)->num_layers, (s)->num_logical_experts, (s)->num_physical_experts, (s)->num_gpus,           \
         (s)->num_nodes
 
 /* True when two shapes agree in every count. */
@@ -95,8 +94,8 @@ EPXI_HIDDEN bool epxi_shape_equal(const epx_shape *a, const epx_shape *b);
  * head, a's shape, mid, b's shape, tail, e.g. ("the layout (", ") is not of
  * the plan's shape (", ")"). The one shape comparison of every room. */
 EPXI_HIDDEN epx_status epxi_check_same_shape(const epx_shape *a, const epx_shape *b,
-                                             const char *head, const char *mid,
-                                             const char *tail, epx_error *err);
+                                             const char *head, const char *mid, const char *tail,
+                                             epx_error *err);
 
 /* The load of one cell (l * E + e) of counts summed over windows
  * [first, first + n), added in window order from 0.0: every room that sums
@@ -122,10 +121,9 @@ EPXI_HIDDEN double *epxi_sum_load(const epx_counts *counts, epx_error *err);
  * (scratch) over live GPUs. failed [G] (may be NULL): nonzero = lost, its
  * load is 0. gpu [G] (out). Arguments are trusted; allocates nothing.
  */
-EPXI_HIDDEN double epxi_layer_gpu_loads(const int32_t *row, const double *load,
-                                        const double *share, const int32_t *replicas,
-                                        const uint8_t *failed, int32_t E, int32_t P, int32_t G,
-                                        int32_t *cnt, double *gpu);
+EPXI_HIDDEN double epxi_layer_gpu_loads(const int32_t *row, const double *load, const double *share,
+                                        const int32_t *replicas, const uint8_t *failed, int32_t E,
+                                        int32_t P, int32_t G, int32_t *cnt, double *gpu);
 
 /* Sum, maximum (the first GPU attaining it) and count of the live GPUs'
  * loads gpu [G] (failed [G] may be NULL). */

@@ -16,25 +16,22 @@
 
 static const epx_model MODELS[] = {
     /* name             L  dense   E  K grp tg sh hidden inter */
-    {"kimi-k2",         61, 1, 384, 8, 1, 1, 1, 7168, 2048},
-    {"kimi-k2.5",       61, 1, 384, 8, 1, 1, 1, 7168, 2048},
-    {"deepseek-v3",     61, 3, 256, 8, 8, 4, 1, 7168, 2048},
+    {"kimi-k2", 61, 1, 384, 8, 1, 1, 1, 7168, 2048},
+    {"kimi-k2.5", 61, 1, 384, 8, 1, 1, 1, 7168, 2048},
+    {"deepseek-v3", 61, 3, 256, 8, 8, 4, 1, 7168, 2048},
     {"qwen3-235b-a22b", 94, 0, 128, 8, 1, 1, 0, 4096, 1536},
-    {"qwen3-30b-a3b",   48, 0, 128, 8, 1, 1, 0, 2048, 768},
-    {"mixtral-8x7b",    32, 0, 8,   2, 1, 1, 0, 4096, 14336},
-    {"gpt-oss-120b",    36, 0, 128, 4, 1, 1, 0, 2880, 2880},
-    {"glm-4.5",         92, 3, 160, 8, 1, 1, 1, 5120, 1536},
+    {"qwen3-30b-a3b", 48, 0, 128, 8, 1, 1, 0, 2048, 768},
+    {"mixtral-8x7b", 32, 0, 8, 2, 1, 1, 0, 4096, 14336},
+    {"gpt-oss-120b", 36, 0, 128, 4, 1, 1, 0, 2880, 2880},
+    {"glm-4.5", 92, 3, 160, 8, 1, 1, 1, 5120, 1536},
 };
 #define NUM_MODELS ((int32_t)(sizeof MODELS / sizeof MODELS[0]))
 
 static const struct {
     const char *alias, *name;
 } ALIASES[] = {
-    {"qwen3-235b", "qwen3-235b-a22b"},
-    {"qwen3-30b", "qwen3-30b-a3b"},
-    {"mixtral", "mixtral-8x7b"},
-    {"gpt-oss", "gpt-oss-120b"},
-    {"glm4.5", "glm-4.5"},
+    {"qwen3-235b", "qwen3-235b-a22b"}, {"qwen3-30b", "qwen3-30b-a3b"}, {"mixtral", "mixtral-8x7b"},
+    {"gpt-oss", "gpt-oss-120b"},       {"glm4.5", "glm-4.5"},
 };
 
 const epx_model *epx_model_list(int32_t *count) {

@@ -20,11 +20,9 @@ epx_status epx_shape_check(const epx_shape *s, epx_error *err) {
         return epxi_fail(err, EPX_ERR_SHAPE, "num_logical_experts (%d) must be in [1, %d]", E,
                          EPX_MAX_EXPERTS);
     if (G < 1 || G > EPX_MAX_GPUS)
-        return epxi_fail(err, EPX_ERR_SHAPE, "num_gpus (%d) must be in [1, %d]", G,
-                         EPX_MAX_GPUS);
+        return epxi_fail(err, EPX_ERR_SHAPE, "num_gpus (%d) must be in [1, %d]", G, EPX_MAX_GPUS);
     if (N < 1 || N > G)
-        return epxi_fail(err, EPX_ERR_SHAPE, "num_nodes (%d) must be in [1, num_gpus = %d]", N,
-                         G);
+        return epxi_fail(err, EPX_ERR_SHAPE, "num_nodes (%d) must be in [1, num_gpus = %d]", N, G);
     if (G % N != 0)
         return epxi_fail(err, EPX_ERR_SHAPE,
                          "num_gpus (%d) is not a multiple of num_nodes (%d): every node must "
@@ -52,14 +50,13 @@ epx_status epx_shape_check(const epx_shape *s, epx_error *err) {
                              "use %d or %d",
                              P, G, lo, hi);
         return epxi_fail(err, EPX_ERR_SHAPE,
-                         "num_physical_experts (%d) is not a multiple of num_gpus (%d): use %d",
-                         P, G, hi);
+                         "num_physical_experts (%d) is not a multiple of num_gpus (%d): use %d", P,
+                         G, hi);
     }
     /* The largest derived map is logical_to_all_physical, L * E * (P - E + 1). */
     size_t a, b;
-    if (!epxi_mul_size((size_t)L, (size_t)E, &a) ||
-        !epxi_mul_size(a, (size_t)(P - E + 1), &b) || !epxi_mul_size(b, sizeof(int32_t), &a) ||
-        a > ((size_t)1 << 40))
+    if (!epxi_mul_size((size_t)L, (size_t)E, &a) || !epxi_mul_size(a, (size_t)(P - E + 1), &b) ||
+        !epxi_mul_size(b, sizeof(int32_t), &a) || a > ((size_t)1 << 40))
         return epxi_fail(err, EPX_ERR_OVERFLOW,
                          "shape L=%d E=%d P=%d is too large: its replica map would need more "
                          "than 1 TiB",
@@ -80,7 +77,9 @@ epx_status epxi_check_same_shape(const epx_shape *a, const epx_shape *b, const c
                      EPXI_SHAPE_ARGS(a), mid, EPXI_SHAPE_ARGS(b), tail);
 }
 
-int32_t epx_shape_slots_per_gpu(const epx_shape *s) { return s->num_physical_experts / s->num_gpus; }
+int32_t epx_shape_slots_per_gpu(const epx_shape *s) {
+    return s->num_physical_experts / s->num_gpus;
+}
 
 epx_status epx_counts_create(int32_t S, int32_t L, int32_t E, epx_counts **out, epx_error *err) {
     if (S < 1 || L < 1 || E < 1 || L > EPX_MAX_LAYERS || E > EPX_MAX_EXPERTS || S > (1 << 24))

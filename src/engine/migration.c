@@ -63,14 +63,14 @@ void epx_migration_destroy(epx_migration *mig) {
 /* Scratch for one layer: live holders of each expert now (CSR), and marks
  * for "this GPU / this node already receives expert e in this layer". */
 typedef struct {
-    int32_t *hstart; /* [E + 1] */
-    int32_t *hslot;  /* [P] */
-    int64_t *gpu_mark, *node_mark; /* [E] stamps */
+    int32_t *hstart;                 /* [E + 1] */
+    int32_t *hslot;                  /* [P] */
+    int64_t *gpu_mark, *node_mark;   /* [E] stamps */
     int32_t *gpu_first, *node_first; /* [E] slots */
 } layer_scratch;
 
-static void build_holders(layer_scratch *s, const int32_t *row, int32_t P, int32_t E,
-                          int32_t spg, const uint8_t *failed) {
+static void build_holders(layer_scratch *s, const int32_t *row, int32_t P, int32_t E, int32_t spg,
+                          const uint8_t *failed) {
     memset(s->hstart, 0, (size_t)(E + 1) * sizeof *s->hstart);
     for (int32_t p = 0; p < P; p++)
         if (failed == NULL || !failed[p / spg]) s->hstart[row[p] + 1]++;
@@ -83,8 +83,8 @@ static void build_holders(layer_scratch *s, const int32_t *row, int32_t P, int32
 }
 
 /* The live holder of `e` that slot p's GPU should receive from, or -1. */
-static int32_t pick_source(const layer_scratch *s, int32_t e, int32_t g, int32_t spg,
-                           int32_t gpn, const uint64_t *sent, bool *same_node) {
+static int32_t pick_source(const layer_scratch *s, int32_t e, int32_t g, int32_t spg, int32_t gpn,
+                           const uint64_t *sent, bool *same_node) {
     int32_t best = -1, best_tier = 2;
     for (int32_t i = s->hstart[e]; i < s->hstart[e + 1]; i++) {
         int32_t q = s->hslot[i], h = q / spg;
@@ -105,8 +105,7 @@ static int32_t local_holder(const layer_scratch *s, int32_t e, int32_t g, int32_
     return -1;
 }
 
-static bool node_holds(const layer_scratch *s, int32_t e, int32_t node, int32_t spg,
-                       int32_t gpn) {
+static bool node_holds(const layer_scratch *s, int32_t e, int32_t node, int32_t spg, int32_t gpn) {
     for (int32_t i = s->hstart[e]; i < s->hstart[e + 1]; i++)
         if (s->hslot[i] / spg / gpn == node) return true;
     return false;

@@ -14,10 +14,10 @@
 
 struct epx_layout {
     epx_shape shape;
-    int32_t width;          /* W = P - E + 1 */
-    int32_t *phys_to_log;   /* [L][P] */
-    int32_t *log_to_phys;   /* [L][E][W], ascending, -1 padded */
-    int32_t *num_valid;     /* [L][E] */
+    int32_t width;        /* W = P - E + 1 */
+    int32_t *phys_to_log; /* [L][P] */
+    int32_t *log_to_phys; /* [L][E][W], ascending, -1 padded */
+    int32_t *num_valid;   /* [L][E] */
 };
 
 static size_t layer_slots(const epx_layout *lay) { return (size_t)lay->shape.num_physical_experts; }
@@ -76,11 +76,11 @@ static epx_status layout_alloc(const epx_shape *shape, epx_layout **out, epx_err
     lay->shape = *shape;
     lay->width = shape->num_physical_experts - shape->num_logical_experts + 1;
     const size_t L = (size_t)shape->num_layers;
-    lay->phys_to_log = epxi_calloc(L * layer_slots(lay), sizeof(int32_t), "physical_to_logical", err);
-    lay->log_to_phys = lay->phys_to_log
-                           ? epxi_calloc(L * layer_cells(lay), sizeof(int32_t),
-                                         "logical_to_all_physical", err)
-                           : NULL;
+    lay->phys_to_log =
+        epxi_calloc(L * layer_slots(lay), sizeof(int32_t), "physical_to_logical", err);
+    lay->log_to_phys = lay->phys_to_log ? epxi_calloc(L * layer_cells(lay), sizeof(int32_t),
+                                                      "logical_to_all_physical", err)
+                                        : NULL;
     lay->num_valid = lay->log_to_phys ? epxi_calloc(L * (size_t)shape->num_logical_experts,
                                                     sizeof(int32_t), "num_valid", err)
                                       : NULL;
@@ -92,16 +92,16 @@ static epx_status layout_alloc(const epx_shape *shape, epx_layout **out, epx_err
     return EPX_OK;
 }
 
-epx_status epx_layout_create_from_map(const epx_shape *shape, const int32_t *map,
-                                      epx_layout **out, epx_error *err) {
+epx_status epx_layout_create_from_map(const epx_shape *shape, const int32_t *map, epx_layout **out,
+                                      epx_error *err) {
     if (map == NULL || out == NULL)
         return epxi_fail(err, EPX_ERR_INVALID_ARG, "physical_to_logical map or out is NULL");
     EPX_TRY(epx_shape_check(shape, err));
     return epxi_layout_create_checked(shape, map, out, err);
 }
 
-epx_status epxi_layout_create_checked(const epx_shape *shape, const int32_t *map,
-                                      epx_layout **out, epx_error *err) {
+epx_status epxi_layout_create_checked(const epx_shape *shape, const int32_t *map, epx_layout **out,
+                                      epx_error *err) {
     epx_layout *lay = NULL;
     EPX_TRY(layout_alloc(shape, &lay, err));
     /* num_valid of layer 0 doubles as scratch for the checks: derive_layer

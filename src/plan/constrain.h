@@ -21,8 +21,8 @@
  * stays in the lowest old slots holding it; the rest fill the remaining
  * slots in their original order.
  */
-EPXI_HIDDEN epx_status epxi_relabel_map(const epx_shape *shape, const int32_t *old,
-                                        int32_t *map, int32_t *perm, epx_error *err);
+EPXI_HIDDEN epx_status epxi_relabel_map(const epx_shape *shape, const int32_t *old, int32_t *map,
+                                        int32_t *perm, epx_error *err);
 
 /* Check a failed-GPU mask ([G] or NULL) and count live GPUs; fails with
  * EPX_ERR_INVALID_ARG when every GPU is marked failed. */
@@ -33,8 +33,7 @@ EPXI_HIDDEN epx_status epxi_count_live(const epx_shape *shape, const uint8_t *fa
  * split evenly over its live replicas): mean / max over live GPUs. 1.0 for
  * a layer without load. scratch: >= G + E doubles. */
 EPXI_HIDDEN double epxi_layer_balance(const epx_shape *shape, const int32_t *row,
-                                      const double *load, const uint8_t *failed,
-                                      double *scratch);
+                                      const double *load, const uint8_t *failed, double *scratch);
 
 /*
  * Limit moves in place: `map` [L][P] (in/out) is the target, already

@@ -38,14 +38,14 @@ struct epxi_deepseek {
     /* Parameters, as rebalance_experts_hierarchical takes them. */
     int32_t E, P, groups, nodes, gpus;
     /* Derived sizes. */
-    int32_t group_size;      /* E / groups                */
-    int32_t groups_per_node; /* groups / nodes            */
+    int32_t group_size;       /* E / groups                */
+    int32_t groups_per_node;  /* groups / nodes            */
     int32_t experts_per_node; /* E / nodes                */
-    int32_t slots_per_node;  /* P / nodes                 */
-    int32_t slots_per_gpu;   /* P / gpus                  */
-    int32_t gpus_per_node;   /* gpus / nodes              */
+    int32_t slots_per_node;   /* P / nodes                 */
+    int32_t slots_per_gpu;    /* P / gpus                  */
+    int32_t gpus_per_node;    /* gpus / nodes              */
     /* Scratch, carved out of one block. */
-    float *group_load;  /* [groups] */
+    float *group_load;                /* [groups] */
     int32_t *group_pack, *group_rank; /* [groups] */
     int32_t *log2mlog, *mlog2log;     /* [E] */
     int32_t *mlogcnt;                 /* [E], node-major */
@@ -197,7 +197,7 @@ static inline uint64_t pack_node(uint32_t key, int32_t pack) {
 }
 
 static inline uint64_t expert_node(uint32_t key, int32_t id) {
-    return ((uint64_t)key << 32) | (uint32_t)~(uint32_t)id;
+    return ((uint64_t)key << 32) | (uint32_t) ~(uint32_t)id;
 }
 
 /* ---- the three steps ---------------------------------------------------- */
@@ -327,7 +327,7 @@ static void replicate(epxi_deepseek *ws, const float *w, int32_t n, int32_t num_
     for (int32_t e = 0; e < m; e++) node[m + e] = e < n ? expert_node(fbits(w[e]), e) : 0u;
     tree_build(node, m, true);
     for (int32_t i = n; i < num_phy; i++) {
-        const int32_t e = (int32_t)~(uint32_t)node[1];
+        const int32_t e = (int32_t) ~(uint32_t)node[1];
         phy2log[i] = e;
         phyrank[i] = cnt[e]++;
         tree_set_max(node, m, e, expert_node(fbits(w[e] / (float)cnt[e]), e));
@@ -349,8 +349,7 @@ void epxi_deepseek_layer(epxi_deepseek *ws, const float *w, int32_t *p2l, int32_
             for (int32_t e = g * gs; e < (g + 1) * gs; e++) s = s + w[e];
             ws->group_load[g] = s;
         }
-        balanced_packing(ws, ws->group_load, ws->groups, ws->nodes, ws->group_pack,
-                         ws->group_rank);
+        balanced_packing(ws, ws->group_load, ws->groups, ws->nodes, ws->group_pack, ws->group_rank);
         for (int32_t e = 0; e < E; e++) {
             const int32_t g = e / gs;
             ws->log2mlog[e] = (ws->group_pack[g] * gpn + ws->group_rank[g]) * gs + e % gs;
@@ -395,8 +394,8 @@ static int32_t max3(int32_t a, int32_t b, int32_t c) {
     return m > c ? m : c;
 }
 
-epx_status epxi_deepseek_check(int32_t E, int32_t P, int32_t groups, int32_t nodes,
-                               int32_t gpus, bool hierarchical, epx_error *err) {
+epx_status epxi_deepseek_check(int32_t E, int32_t P, int32_t groups, int32_t nodes, int32_t gpus,
+                               bool hierarchical, epx_error *err) {
     (void)P, (void)gpus; /* the shape's part, checked by the caller */
     if (!hierarchical) return EPX_OK;
     if (groups < 1)
@@ -418,9 +417,8 @@ epx_status epxi_deepseek_check(int32_t E, int32_t P, int32_t groups, int32_t nod
     return EPX_OK;
 }
 
-epx_status epxi_deepseek_create(int32_t E, int32_t P, int32_t groups, int32_t nodes,
-                                int32_t gpus, bool hierarchical, epxi_deepseek **out,
-                                epx_error *err) {
+epx_status epxi_deepseek_create(int32_t E, int32_t P, int32_t groups, int32_t nodes, int32_t gpus,
+                                bool hierarchical, epxi_deepseek **out, epx_error *err) {
     if (!hierarchical) groups = nodes = 1;
     epxi_deepseek *ws = epxi_calloc(1, sizeof *ws, "DeepSeek workspace", err);
     if (ws == NULL) return err ? err->status : EPX_ERR_NOMEM;
@@ -441,8 +439,8 @@ epx_status epxi_deepseek_create(int32_t E, int32_t P, int32_t groups, int32_t no
     const size_t tree = (size_t)tree_width(max3(ws->experts_per_node, nodes, ws->gpus_per_node));
     /* Every array is 4-byte elements: count them, allocate once, carve. */
     /* 8-byte arrays first, so every carve stays aligned. */
-    const size_t words = 2 * 2 * tree + 2 * 2 * items + G * 3 + Ex * 3 + epn * 2 + ppn * 3 +
-                         items * 3 + tree * 2;
+    const size_t words =
+        2 * 2 * tree + 2 * 2 * items + G * 3 + Ex * 3 + epn * 2 + ppn * 3 + items * 3 + tree * 2;
     uint32_t *block = epxi_calloc(words, sizeof(uint32_t), "DeepSeek workspace", err);
     if (block == NULL) {
         free(ws);
@@ -501,8 +499,8 @@ epx_status epx_plan_deepseek(const float *weight, int32_t L, int32_t E, int32_t 
                              i / (size_t)E, i % (size_t)E, (double)weight[i]);
     EPX_TRY(epxi_deepseek_check(E, P, num_groups, num_nodes, num_gpus, hierarchical != 0, err));
     epxi_deepseek *ws = NULL;
-    EPX_TRY(epxi_deepseek_create(E, P, num_groups, num_nodes, num_gpus, hierarchical != 0, &ws,
-                                 err));
+    EPX_TRY(
+        epxi_deepseek_create(E, P, num_groups, num_nodes, num_gpus, hierarchical != 0, &ws, err));
     const int32_t X = P - E + 1;
     int32_t *rank = epxi_calloc((size_t)P, sizeof *rank, "replica ranks", err);
     if (rank == NULL) {

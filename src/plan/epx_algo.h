@@ -118,8 +118,8 @@ EPXI_HIDDEN void epxi_groups_to_nodes(const double *w, int32_t E, int32_t ng, in
 
 typedef struct epxi_shares_ws epxi_shares_ws;
 
-EPXI_HIDDEN epx_status epxi_shares_ws_create(int32_t E, int32_t P, int32_t G,
-                                             epxi_shares_ws **out, epx_error *err);
+EPXI_HIDDEN epx_status epxi_shares_ws_create(int32_t E, int32_t P, int32_t G, epxi_shares_ws **out,
+                                             epx_error *err);
 EPXI_HIDDEN void epxi_shares_ws_destroy(epxi_shares_ws *ws);
 
 /*
@@ -169,7 +169,8 @@ typedef struct epxi_knobs {
     double budget;      /* relaxed mode default share of redundant slots */
 } epxi_knobs;
 #define EPXI_DEFAULT_CROSS_NODE_BUDGET 0.5
-#define EPXI_KNOBS_DEFAULT {true, true, true, true, true, 3, -1, -1, 16, EPXI_DEFAULT_CROSS_NODE_BUDGET}
+#define EPXI_KNOBS_DEFAULT                                                                         \
+    { true, true, true, true, true, 3, -1, -1, 16, EPXI_DEFAULT_CROSS_NODE_BUDGET }
 
 /* Per-run figures, for benchmarks and tests. */
 typedef struct epxi_plan_info {

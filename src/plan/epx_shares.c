@@ -49,8 +49,8 @@ epx_status epxi_shares_ws_create(int32_t E, int32_t P, int32_t G, epxi_shares_ws
     ws->x = epxi_calloc(p, sizeof(double), "replica share loads", err);
     ws->b = epxi_calloc(p, sizeof(double), "replica share scratch", err);
     ws->load = epxi_calloc(g, sizeof(double), "replica share GPU loads", err);
-    if (!ws->cnt || !ws->ridx || !ws->multi || !ws->start || !ws->ndist || !ws->gpu ||
-        !ws->mult || !ws->x || !ws->b || !ws->load) {
+    if (!ws->cnt || !ws->ridx || !ws->multi || !ws->start || !ws->ndist || !ws->gpu || !ws->mult ||
+        !ws->x || !ws->b || !ws->load) {
         epxi_shares_ws_destroy(ws);
         return EPX_ERR_NOMEM;
     }

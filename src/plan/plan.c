@@ -83,10 +83,10 @@ static epx_algorithm resolve_auto(const epx_plan_opts *o, const epx_shape *s) {
     return EPX_ALGO_DEEPSEEK;
 }
 
-static epx_status check_deepseek_opts(const epx_plan_opts *o, epx_algorithm algo,
-                                      epx_error *err) {
+static epx_status check_deepseek_opts(const epx_plan_opts *o, epx_algorithm algo, epx_error *err) {
     const char *name = epx_algorithm_name(algo);
-    const epx_node_local same = algo == EPX_ALGO_DEEPSEEK ? EPX_NODE_LOCAL_OFF : EPX_NODE_LOCAL_STRICT;
+    const epx_node_local same =
+        algo == EPX_ALGO_DEEPSEEK ? EPX_NODE_LOCAL_OFF : EPX_NODE_LOCAL_STRICT;
     if (o->node_local != EPX_NODE_LOCAL_DEFAULT && o->node_local != same)
         return epxi_fail(err, EPX_ERR_INVALID_ARG,
                          "node_local '%s' does not apply to %s, which is always '%s': the "
@@ -197,9 +197,8 @@ static double now_seconds(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-static epx_status plan_deepseek_all(const epx_counts *c, const epx_shape *s,
-                                    const epx_plan_opts *o, bool hier, int32_t *map,
-                                    epx_error *err) {
+static epx_status plan_deepseek_all(const epx_counts *c, const epx_shape *s, const epx_plan_opts *o,
+                                    bool hier, int32_t *map, epx_error *err) {
     const int32_t L = s->num_layers, E = s->num_logical_experts, P = s->num_physical_experts;
     float *w = epxi_calloc((size_t)L * (size_t)E, sizeof *w, "float32 load", err);
     if (w == NULL) return err ? err->status : EPX_ERR_NOMEM;
@@ -299,7 +298,8 @@ static epx_status place(void *ctx, const epx_counts *counts, const epx_shape *sh
 epx_status epx_plan_compute(const epx_counts *counts, const epx_shape *shape,
                             const epx_plan_opts *opts, epx_plan **out, epx_error *err) {
     if (shape == NULL || out == NULL)
-        return epxi_fail(err, EPX_ERR_INVALID_ARG, "epx_plan_compute: shape and out must not be NULL");
+        return epxi_fail(err, EPX_ERR_INVALID_ARG,
+                         "epx_plan_compute: shape and out must not be NULL");
     epx_algorithm algo = EPX_ALGO_EPX;
     EPX_TRY(check_opts(opts, shape, &algo, err));
     EPX_TRY(check_counts(counts, shape, err));
@@ -317,10 +317,10 @@ epx_status epx_plan_compute(const epx_counts *counts, const epx_shape *shape,
     plan->algorithm = algo;
     place_ctx pc = {algo, shape};
     /* Planning around the layout in service or failed GPUs wraps place(). */
-    epx_status st = epxi_plan_is_constrained(opts)
-                        ? epxi_plan_constrained(counts, shape, opts, place, &pc, map,
-                                                plan->weights, err)
-                        : place(&pc, counts, shape, opts, map, plan->weights, NULL, err);
+    epx_status st =
+        epxi_plan_is_constrained(opts)
+            ? epxi_plan_constrained(counts, shape, opts, place, &pc, map, plan->weights, err)
+            : place(&pc, counts, shape, opts, map, plan->weights, NULL, err);
     /* The map is checked (a guard against planner bugs); the shape was. */
     if (st == EPX_OK) st = epxi_layout_create_checked(shape, map, &plan->layout, err);
     free(map);

@@ -70,8 +70,8 @@ epx_status epxi_plan_constraints_check(const epx_shape *sh, const epx_plan_opts 
 /* The survivors' shape; live[i] receives the i-th live GPU. */
 static epx_shape survivors(const epx_shape *sh, const uint8_t *failed, int32_t *live,
                            const epx_plan_opts *o) {
-    const int32_t G = sh->num_gpus, N = sh->num_nodes, gpn = G / N, spg =
-                                                                sh->num_physical_experts / G;
+    const int32_t G = sh->num_gpus, N = sh->num_nodes, gpn = G / N,
+                  spg = sh->num_physical_experts / G;
     int32_t n = 0, per_node = -1, nodes = 0;
     bool even = true;
     for (int32_t k = 0; k < N; k++) {
@@ -176,8 +176,7 @@ epx_status epxi_plan_constrained(const epx_counts *counts, const epx_shape *sh,
         goto done;
     }
     EPX_TRY_GOTO(st, epxi_relabel_map(sh, old, map, perm, err), done);
-    for (size_t i = 0; i < cells; i++)
-        tmp[i] = share[i - i % (size_t)P + (size_t)perm[i]];
+    for (size_t i = 0; i < cells; i++) tmp[i] = share[i - i % (size_t)P + (size_t)perm[i]];
     memcpy(share, tmp, cells * sizeof *share);
     epx_move_budget b = EPX_MOVE_BUDGET_INIT;
     b.max_moves = opts->max_moves;

@@ -16,8 +16,8 @@
  * constraints (it may run epxi_deepseek_layer below as a baseline).
  */
 EPXI_HIDDEN epx_status epxi_plan_epx(const epx_counts *counts, const epx_shape *shape,
-                                     const epx_plan_opts *opts, int32_t *map_out,
-                                     double *share_out, epx_error *err);
+                                     const epx_plan_opts *opts, int32_t *map_out, double *share_out,
+                                     epx_error *err);
 
 /*
  * DeepSeek EPLB (deepseek.c), one layer at a time, for the public entry

@@ -70,8 +70,8 @@ static void relabel_gpu(size_t n, const int32_t *old, const int32_t *neu, int32_
     }
 }
 
-epx_status epxi_relabel_map(const epx_shape *shape, const int32_t *old, int32_t *map,
-                            int32_t *perm, epx_error *err) {
+epx_status epxi_relabel_map(const epx_shape *shape, const int32_t *old, int32_t *map, int32_t *perm,
+                            epx_error *err) {
     const int32_t P = shape->num_physical_experts, G = shape->num_gpus;
     const int32_t spg = P / G;
     const size_t n = (size_t)(uint32_t)spg; /* spg >= 1 for a valid shape */

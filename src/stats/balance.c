@@ -67,7 +67,8 @@ static epx_status check_shares(const epx_layout *lay, int32_t l, const double *s
     const epx_shape *s = epx_layout_shape(lay);
     const int32_t E = s->num_logical_experts;
     int32_t W = 0;
-    const int32_t *l2p = epx_layout_logical_to_all_physical(lay, &W) + (size_t)l * (size_t)E * (size_t)W;
+    const int32_t *l2p =
+        epx_layout_logical_to_all_physical(lay, &W) + (size_t)l * (size_t)E * (size_t)W;
     const int32_t *nv = epx_layout_num_valid(lay) + (size_t)l * (size_t)E;
     for (int32_t e = 0; e < E; e++) {
         double sum = 0.0;
@@ -183,7 +184,8 @@ epx_status epx_balance_compute(const epx_layout *lay, const double *load, const 
 epx_status epx_bound_max_load(const double *load, int32_t E, int32_t P, int32_t G,
                               double *bound_max_load, double *max_per_replica, int32_t *replicas,
                               epx_error *err) {
-    if (load == NULL) return epxi_fail(err, EPX_ERR_INVALID_ARG, "epx_bound_max_load: load is NULL");
+    if (load == NULL)
+        return epxi_fail(err, EPX_ERR_INVALID_ARG, "epx_bound_max_load: load is NULL");
     epx_shape s = {1, E, P, G, 1};
     EPX_TRY(epx_shape_check(&s, err));
     EPX_TRY(check_load_row(load, E, 0, err));

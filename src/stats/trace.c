@@ -190,8 +190,10 @@ static void sample_row(stream *r, const double *lam, const uint8_t *capped, int3
             continue;
         }
         int64_t c;
-        if (e == last) c = left;
-        else c = binomial(r, left, suffix[e] > 0.0 ? lam[e] / suffix[e] : 0.0);
+        if (e == last)
+            c = left;
+        else
+            c = binomial(r, left, suffix[e] > 0.0 ? lam[e] / suffix[e] : 0.0);
         if (c > T) c = T; /* the excess stays with the experts after e */
         row[e] = (double)c;
         left -= c;
