@@ -93,7 +93,7 @@ EPXI_HIDDEN int32_t epxi_search_fix_duplicates(epxi_search *s, bool keep_max);
 /* The max GPU load of the current solution (even split), and the same
  * under the constraint load. After begin/init, improve and
  * fix_duplicates the loads are exact: summed in slot order as
- * epxi_layer_loads_even does, so the values are bit for bit its own. */
+ * epxi_layer_gpu_loads (core) does, so the values are bit for bit its own. */
 EPXI_HIDDEN double epxi_search_max_load(const epxi_search *s);
 EPXI_HIDDEN double epxi_search_max_load2(const epxi_search *s);
 
