@@ -136,6 +136,7 @@ EPX_API int32_t epx_shape_slots_per_gpu(const epx_shape *shape);
 /* The rooms of the core API, one header each. */
 #include "epx/layout.h"
 #include "epx/counts.h"
+#include "epx/model.h"
 #include "epx/io.h"
 #include "epx/pt.h"
 #include "epx/plan.h"

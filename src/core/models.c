@@ -1,6 +1,6 @@
 /*
  * models.c - the MoE shapes of public models, built in (declared in
- * include/epx/trace.h), and their lookup by name.
+ * include/epx/model.h), and their lookup by name.
  *
  * The shapes are copied from shared/models.json so that the library never
  * needs shared/ at run time. They are core's because every room above may
