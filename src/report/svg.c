@@ -72,10 +72,9 @@ static double shared_rmax(const report_ctx *c) {
     for (int32_t s = 0; s < c->n; s++)
         for (int32_t l = 0; l < c->L; l++) {
             const double *row = c->series[s].gpu_load + (size_t)l * (size_t)c->G;
-            double sum = 0;
-            for (int32_t g = 0; g < c->G; g++) sum += row[g];
-            if (sum <= 0) continue;
-            double mean = sum / c->G;
+            const epxi_gpu_summary gs = epxi_gpu_summarize(row, c->G, NULL);
+            if (gs.total <= 0) continue;
+            const double mean = gs.total / gs.live;
             for (int32_t g = 0; g < c->G; g++)
                 if (row[g] / mean > rmax) rmax = row[g] / mean;
         }
@@ -126,12 +125,11 @@ static epx_status write_body(FILE *f, const void *vctx) {
         fprintf(f, "<g shape-rendering=\"crispEdges\">\n");
         for (int32_t l = 0; l < c->L; l++) {
             const double *row = se->gpu_load + (size_t)l * (size_t)c->G;
-            double sum = 0;
-            for (int32_t g = 0; g < c->G; g++) sum += row[g];
-            double mean = sum / c->G;
+            const epxi_gpu_summary gs = epxi_gpu_summarize(row, c->G, NULL);
+            const double mean = gs.total / gs.live;
             for (int32_t g = 0; g < c->G; g++) {
                 char col[8];
-                if (sum <= 0)
+                if (gs.total <= 0)
                     snprintf(col, sizeof col, "#eeeeee"); /* dense layer */
                 else
                     heat_colour(ratio_to_t(row[g] / mean, rmax), col);
