@@ -239,15 +239,27 @@ static epx_pt_value *new_int(vm *m, int kind, int64_t i) {
     return v;
 }
 
-static epx_status push_string(vm *m, size_t lenbytes) {
+/* A length of `lenbytes` little-endian bytes, then that many bytes: *bytes
+ * points at them (inside the pickle) and the reader moves past them. `what`
+ * names the value in the message when the length claims more than is left. */
+static epx_status take_counted(vm *m, size_t lenbytes, const char *what, const uint8_t **bytes,
+                               uint64_t *len) {
     EPX_TRY(need(m, lenbytes));
-    uint64_t n = read_le(m, lenbytes);
+    const uint64_t n = read_le(m, lenbytes);
     if (n > m->len - m->pos)
         return epxi_fail(m->err, EPX_ERR_PARSE,
-                         "a string claims %llu bytes but only %zu remain in the pickle",
+                         "%s claims %llu bytes but only %zu remain in the pickle", what,
                          (unsigned long long)n, m->len - m->pos);
-    const uint8_t *s = m->p + m->pos;
+    *bytes = m->p + m->pos;
+    *len = n;
     m->pos += (size_t)n;
+    return EPX_OK;
+}
+
+static epx_status push_string(vm *m, size_t lenbytes) {
+    const uint8_t *s = NULL;
+    uint64_t n = 0;
+    EPX_TRY(take_counted(m, lenbytes, "a string", &s, &n));
     if (!utf8_ok(s, (size_t)n))
         return epxi_fail(m->err, EPX_ERR_PARSE, "a string is not valid UTF-8");
     return push(m, epxi_pt_new_string(m->f, (const char *)s, (size_t)n, m->err));
@@ -256,14 +268,9 @@ static epx_status push_string(vm *m, size_t lenbytes) {
 /* LONG1 / LONG4: n bytes of little-endian two's complement. Wider than 64
  * bits is accepted only when the extra bytes are pure sign extension. */
 static epx_status push_long(vm *m, size_t lenbytes) {
-    EPX_TRY(need(m, lenbytes));
-    uint64_t n = read_le(m, lenbytes);
-    if (n > m->len - m->pos)
-        return epxi_fail(m->err, EPX_ERR_PARSE,
-                         "an integer claims %llu bytes but only %zu remain in the pickle",
-                         (unsigned long long)n, m->len - m->pos);
-    const uint8_t *b = m->p + m->pos;
-    m->pos += (size_t)n;
+    const uint8_t *b = NULL;
+    uint64_t n = 0;
+    EPX_TRY(take_counted(m, lenbytes, "an integer", &b, &n));
     if (n == 0) return push(m, new_int(m, EPX_PT_INT, 0));
     bool neg = (b[n - 1] & 0x80) != 0;
     uint64_t x = neg ? ~(uint64_t)0 : 0;
