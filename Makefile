@@ -6,7 +6,7 @@ ASAN_BUILD ?= build-asan
 JOBS       ?= $(shell nproc 2>/dev/null || echo 2)
 CMAKE_ARGS ?=
 
-.PHONY: all deps build demo test test-fast test-asan python-test clean
+.PHONY: all deps build demo test test-fast test-asan python-test format format-check clean
 
 all: build
 
@@ -22,8 +22,16 @@ build: deps $(BUILD)/CMakeCache.txt
 demo: build
 	./$(BUILD)/epx demo
 
-# The whole suite, then once more under ASan+UBSan.
-test: test-fast test-asan python-test
+# The whole suite (the formatting check first), then once more under ASan+UBSan.
+test: format-check test-fast test-asan python-test
+
+# .clang-format applied (format) or checked (format-check); scripts/format.sh
+# lists the paths it leaves alone.
+format:
+	@./scripts/format.sh
+
+format-check:
+	@./scripts/format.sh --check
 
 test-fast: build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)

@@ -35,9 +35,8 @@ typedef struct setup {
 } setup;
 
 static const setup SETUPS[] = {
-    {"kimi_k2", 8, 1, 416, 1},      {"kimi_k2", 16, 2, 448, 1},
-    {"deepseek_v3", 32, 4, 288, 8}, {"deepseek_v3", 64, 8, 320, 8},
-    {"qwen3_235b", 8, 1, 160, 1},   {"gpt_oss_120b", 8, 1, 160, 1},
+    {"kimi_k2", 8, 1, 416, 1},      {"kimi_k2", 16, 2, 448, 1},   {"deepseek_v3", 32, 4, 288, 8},
+    {"deepseek_v3", 64, 8, 320, 8}, {"qwen3_235b", 8, 1, 160, 1}, {"gpt_oss_120b", 8, 1, 160, 1},
     {"mixtral_8x7b", 8, 1, 16, 1},
 };
 
@@ -52,19 +51,12 @@ static void die(const char *what, const epx_error *err) {
     exit(1);
 }
 
-/* Balancedness of per-layer GPU loads [L][G]. */
+/* Balancedness of per-layer GPU loads [L][G] (the library's definition). */
 static double balance(const double *gl, int32_t L, int32_t G) {
-    double sum = 0.0;
-    int used = 0;
-    for (int32_t l = 0; l < L; l++) {
-        double mx = 0.0, tot = 0.0;
-        for (int32_t g = 0; g < G; g++) {
-            tot += gl[(size_t)l * (size_t)G + (size_t)g];
-            if (gl[(size_t)l * (size_t)G + (size_t)g] > mx) mx = gl[(size_t)l * (size_t)G + (size_t)g];
-        }
-        if (mx > 0.0) sum += tot / G / mx, used++;
-    }
-    return used ? sum / used : 1.0;
+    double b = 1.0;
+    epx_error err = {0};
+    if (epx_gpu_loads_balance(gl, L, G, &b, NULL, &err) != EPX_OK) die("balance", &err);
+    return b;
 }
 
 /* Balancedness of a table on a load, after checking the table; *xnode
@@ -72,7 +64,8 @@ static double balance(const double *gl, int32_t L, int32_t G) {
 static double table_balance(const epx_shape *s, const epx_layout *lay, const int32_t *table,
                             const double *load, double *gl, double *xnode) {
     const int32_t *p2l = epx_layout_physical_to_logical(lay);
-    int32_t L = s->num_layers, E = s->num_logical_experts, G = s->num_gpus, P = s->num_physical_experts;
+    int32_t L = s->num_layers, E = s->num_logical_experts, G = s->num_gpus,
+            P = s->num_physical_experts;
     int32_t per = P / G, gpn = G / s->num_nodes;
     double cross = 0.0, all = 0.0;
     for (int32_t g = 0; g < G; g++)
@@ -84,7 +77,9 @@ static double table_balance(const epx_shape *s, const epx_layout *lay, const int
                 if (p / per / gpn != g / gpn) cross += v;
                 if (p2l[(size_t)l * (size_t)P + (size_t)p] != e ||
                     (epx_layout_replicas_on_gpu(lay, l, g, e) > 0 && p / per != g)) {
-                    fprintf(stderr, "bench_dispatch_table: table entry [%d][%d][%d] = %d is wrong\n", g, l, e, p);
+                    fprintf(stderr,
+                            "bench_dispatch_table: table entry [%d][%d][%d] = %d is wrong\n", g, l,
+                            e, p);
                     exit(1);
                 }
             }
@@ -97,14 +92,17 @@ static double table_balance(const epx_shape *s, const epx_layout *lay, const int
 /* Balancedness of the even split over replicas (weights NULL) or by weights. */
 static double split_balance(const epx_shape *s, const epx_layout *lay, const double *weights,
                             const double *load, double *gl) {
-    int32_t L = s->num_layers, E = s->num_logical_experts, G = s->num_gpus, P = s->num_physical_experts;
+    int32_t L = s->num_layers, E = s->num_logical_experts, G = s->num_gpus,
+            P = s->num_physical_experts;
     const int32_t *p2l = epx_layout_physical_to_logical(lay), *nv = epx_layout_num_valid(lay);
     memset(gl, 0, sizeof *gl * (size_t)L * (size_t)G);
     for (int32_t l = 0; l < L; l++)
         for (int32_t p = 0; p < P; p++) {
             int32_t e = p2l[(size_t)l * (size_t)P + (size_t)p];
-            double share = weights ? weights[(size_t)l * (size_t)P + (size_t)p] : 1.0 / nv[(size_t)l * (size_t)E + (size_t)e];
-            gl[(size_t)l * (size_t)G + (size_t)(p / (P / G))] += load[(size_t)l * (size_t)E + (size_t)e] * share;
+            double share = weights ? weights[(size_t)l * (size_t)P + (size_t)p]
+                                   : 1.0 / nv[(size_t)l * (size_t)E + (size_t)e];
+            gl[(size_t)l * (size_t)G + (size_t)(p / (P / G))] +=
+                load[(size_t)l * (size_t)E + (size_t)e] * share;
         }
     return balance(gl, L, G);
 }
@@ -113,8 +111,8 @@ int main(int argc, char **argv) {
     const char *shared = getenv("EPX_SHARED");
     if (argc > 2 && strcmp(argv[1], "--shared") == 0) shared = argv[2];
     if (shared == NULL) shared = "../shared";
-    printf("%-13s %3s %2s %4s %-8s %-26s %8s %8s %7s %9s\n", "trace", "G", "N", "P", "placer", "table",
-           "in-samp", "next", "x-node", "ms/table");
+    printf("%-13s %3s %2s %4s %-8s %-26s %8s %8s %7s %9s\n", "trace", "G", "N", "P", "placer",
+           "table", "in-samp", "next", "x-node", "ms/table");
     for (size_t si = 0; si < sizeof SETUPS / sizeof SETUPS[0]; si++) {
         const setup *su = &SETUPS[si];
         char path[1024];
@@ -146,7 +144,8 @@ int main(int argc, char **argv) {
         int32_t W = P - E + 1;
         int32_t *l2p = malloc(sizeof(int32_t) * LE * (size_t)W);
         int hier = su->groups > 1 && su->groups % su->N == 0 && su->N > 1;
-        if (epx_plan_deepseek(w, L, E, P, su->groups, su->N, G, hier, p2l, l2p, NULL, &err) != EPX_OK)
+        if (epx_plan_deepseek(w, L, E, P, su->groups, su->N, G, hier, p2l, l2p, NULL, &err) !=
+            EPX_OK)
             die("deepseek", &err);
         epx_layout *ds = NULL;
         if (epx_layout_create_from_map(&s, p2l, &ds, &err) != EPX_OK) die("layout", &err);
@@ -166,7 +165,8 @@ int main(int argc, char **argv) {
         for (int pi = 0; pi < 2; pi++) {
             const epx_layout *lay = placements[pi].lay;
             printf("%-13s %3d %2d %4d %-8s %-26s %8.4f %8.4f %7s %9s\n", su->trace, G, su->N, P,
-                   placements[pi].placer, placements[pi].weights ? "(weighted split)" : "(even split)",
+                   placements[pi].placer,
+                   placements[pi].weights ? "(weighted split)" : "(even split)",
                    split_balance(&s, lay, placements[pi].weights, plan_load, gl),
                    split_balance(&s, lay, placements[pi].weights, next_load, gl), "-", "-");
             for (int ti = 0; ti < 4; ti++) {
@@ -198,8 +198,8 @@ int main(int argc, char **argv) {
                 double xi, xn;
                 double bi = table_balance(&s, lay, table, plan_load, gl, &xi);
                 double bn = table_balance(&s, lay, table, next_load, gl, &xn);
-                printf("%-13s %3d %2d %4d %-8s %-26s %8.4f %8.4f %7.3f %9.2f\n", su->trace, G, su->N, P,
-                       placements[pi].placer, name, bi, bn, xn, ms);
+                printf("%-13s %3d %2d %4d %-8s %-26s %8.4f %8.4f %7.3f %9.2f\n", su->trace, G,
+                       su->N, P, placements[pi].placer, name, bi, bn, xn, ms);
             }
         }
         epx_plan_destroy(plan);

@@ -67,14 +67,14 @@ typedef struct policy {
 } policy;
 
 static int g_fail = 0;
-#define CHECK(c, ...)                                         \
-    do {                                                      \
-        if (!(c)) {                                           \
-            fprintf(stderr, "bench_migrate: check failed: "); \
-            fprintf(stderr, __VA_ARGS__);                     \
-            fputc('\n', stderr);                              \
-            g_fail = 1;                                       \
-        }                                                     \
+#define CHECK(c, ...)                                                                              \
+    do {                                                                                           \
+        if (!(c)) {                                                                                \
+            fprintf(stderr, "bench_migrate: check failed: ");                                      \
+            fprintf(stderr, __VA_ARGS__);                                                          \
+            fputc('\n', stderr);                                                                   \
+            g_fail = 1;                                                                            \
+        }                                                                                          \
     } while (0)
 
 static double now(void) {
@@ -147,8 +147,8 @@ static void add_migration(totals *t, const epx_layout *from, const epx_layout *t
     epx_migration_rank_bytes(mig, NULL, recv);
     for (int32_t g = 0; g < G; g++) sum += recv[g];
     free(recv);
-    CHECK(sum == st.bytes_moved, "per-GPU bytes %llu != bytes_moved %llu",
-          (unsigned long long)sum, (unsigned long long)st.bytes_moved);
+    CHECK(sum == st.bytes_moved, "per-GPU bytes %llu != bytes_moved %llu", (unsigned long long)sum,
+          (unsigned long long)st.bytes_moved);
     CHECK(st.bytes_moved <= st.naive_bytes_moved, "epx moves more than naive");
     if (naive) {
         t->gb += (double)st.naive_bytes_moved / 1e9;
@@ -168,7 +168,8 @@ static void add_migration(totals *t, const epx_layout *from, const epx_layout *t
 static double naive_max_rank_gb(const epx_layout *from, const epx_layout *to, size_t B) {
     const epx_shape *s = epx_layout_shape(from);
     const int32_t P = s->num_physical_experts, spg = P / s->num_gpus;
-    const int32_t *a = epx_layout_physical_to_logical(from), *b = epx_layout_physical_to_logical(to);
+    const int32_t *a = epx_layout_physical_to_logical(from),
+                  *b = epx_layout_physical_to_logical(to);
     int64_t most = 0;
     for (int32_t g = 0; g < s->num_gpus; g++) {
         int64_t n = 0;
@@ -223,7 +224,8 @@ static void run_policy(const model *m, const epx_counts *c, const epx_shape *s, 
             epx_migrate_opts o = EPX_MIGRATE_OPTS_INIT;
             o.expert_bytes = m->expert_bytes;
             epx_migration *mig = NULL;
-            if (epx_migration_plan(in_service, target, &o, &mig, &err) != EPX_OK) die("relabel", &err);
+            if (epx_migration_plan(in_service, target, &o, &mig, &err) != EPX_OK)
+                die("relabel", &err);
             if (epx_layout_clone(epx_migration_layout(mig), &next_service, &err) != EPX_OK)
                 die("clone", &err);
             epx_migration_destroy(mig);
@@ -234,7 +236,8 @@ static void run_policy(const model *m, const epx_counts *c, const epx_shape *s, 
         }
         const double b_before = balance(in_service, &next);
         add_migration(t, in_service, next_service, m->expert_bytes, pol->kind == POL_NAIVE);
-        if (pol->kind == POL_NAIVE) t->max_rank_gb += naive_max_rank_gb(in_service, next_service, m->expert_bytes);
+        if (pol->kind == POL_NAIVE)
+            t->max_rank_gb += naive_max_rank_gb(in_service, next_service, m->expert_bytes);
         t->bal_plan += balance(next_service, &planned);
         const double b_after = balance(next_service, &next);
         t->bal_next += b_after;
@@ -252,25 +255,32 @@ int main(int argc, char **argv) {
     const char *shared = getenv("EPX_SHARED") ? getenv("EPX_SHARED") : "../shared";
     bool quick = false;
     for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "--shared") == 0 && i + 1 < argc) shared = argv[++i];
-        else if (strcmp(argv[i], "--quick") == 0) quick = true;
+        if (strcmp(argv[i], "--shared") == 0 && i + 1 < argc)
+            shared = argv[++i];
+        else if (strcmp(argv[i], "--quick") == 0)
+            quick = true;
         else {
             fprintf(stderr, "usage: bench_migrate [--shared DIR] [--quick]\n");
             return 2;
         }
     }
     policy pols[] = {
-        {POL_NAIVE, 0, "naive"},          {POL_RELABEL, 0, "relabel"},
-        {POL_CAP, 0.10, "max_moves=10%"}, {POL_CAP, 0.05, "max_moves=5%"},
-        {POL_CAP, 0.02, "max_moves=2%"},  {POL_CAP, 0.01, "max_moves=1%"},
-        {POL_PRICE, 1e-3, "price=0.001"}, {POL_PRICE, 1e-4, "price=0.0001"},
+        {POL_NAIVE, 0, "naive"},
+        {POL_RELABEL, 0, "relabel"},
+        {POL_CAP, 0.10, "max_moves=10%"},
+        {POL_CAP, 0.05, "max_moves=5%"},
+        {POL_CAP, 0.02, "max_moves=2%"},
+        {POL_CAP, 0.01, "max_moves=1%"},
+        {POL_PRICE, 1e-3, "price=0.001"},
+        {POL_PRICE, 1e-4, "price=0.0001"},
         {POL_CAP, 0.0, "stale (no moves)"},
     };
     const int npol = (int)(sizeof pols / sizeof pols[0]);
     printf("| model | G x N | policy | moves | GB over links | %% of naive | inter-node GB | "
            "busiest GPU GB | bal. planned window | bal. next window | given up (next) | "
            "gain per GB (next) | plan s |\n");
-    printf("| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+    printf("| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | "
+           "---: |\n");
     for (int mi = 0; mi < NMODELS; mi++) {
         const model *m = &MODELS[mi];
         char path[4096];

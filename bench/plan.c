@@ -118,7 +118,8 @@ static epx_plan *plan_or_die(const epx_counts *c, const shape_case *k, epx_algor
 static double balancedness(const epx_plan *p, const double *load) {
     epx_balance b;
     epx_error err = {0};
-    if (epx_balance_compute(epx_plan_layout(p), load, epx_plan_replica_weights(p), &b, NULL, &err) != EPX_OK)
+    if (epx_balance_compute(epx_plan_layout(p), load, epx_plan_replica_weights(p), &b, NULL,
+                            &err) != EPX_OK)
         die("epx_balance_compute", &err);
     return b.balancedness;
 }
@@ -143,8 +144,10 @@ static void speed(const shape_case *k, int runs) {
         const epx_algorithm a = algos[ai];
         const int hier = a == EPX_ALGO_DEEPSEEK_HIERARCHICAL;
         if (hier && (k->groups == 0 || k->groups % k->N != 0)) {
-            printf("%-22s %-22s %10s %10s %10s %10s %12s  (%d groups do not divide over %d nodes)\n",
-                   k->label, epx_algorithm_name(a), "n/a", "n/a", "n/a", "n/a", "n/a", k->groups, k->N);
+            printf(
+                "%-22s %-22s %10s %10s %10s %10s %12s  (%d groups do not divide over %d nodes)\n",
+                k->label, epx_algorithm_name(a), "n/a", "n/a", "n/a", "n/a", "n/a", k->groups,
+                k->N);
             continue;
         }
         /* Check first: a valid layout, and for DeepSeek the exact map. */
@@ -152,15 +155,16 @@ static void speed(const shape_case *k, int runs) {
         const double bal = balancedness(p, sum);
         double core = NAN, core_min = NAN;
         if (a != EPX_ALGO_EPX) {
-            if (epx_plan_deepseek(w, k->L, k->E, k->P, k->groups ? k->groups : 1, k->N, k->G, hier, map,
-                                  l2p, cnt, &err) != EPX_OK)
+            if (epx_plan_deepseek(w, k->L, k->E, k->P, k->groups ? k->groups : 1, k->N, k->G, hier,
+                                  map, l2p, cnt, &err) != EPX_OK)
                 die("epx_plan_deepseek", &err);
-            if (memcmp(map, epx_layout_physical_to_logical(epx_plan_layout(p)), LP * sizeof *map) != 0)
+            if (memcmp(map, epx_layout_physical_to_logical(epx_plan_layout(p)), LP * sizeof *map) !=
+                0)
                 die("epx_plan_compute and epx_plan_deepseek disagree", NULL);
             for (int r = 0; r < runs; r++) {
                 double t0 = now();
-                epx_plan_deepseek(w, k->L, k->E, k->P, k->groups ? k->groups : 1, k->N, k->G, hier, map, l2p,
-                                  cnt, &err);
+                epx_plan_deepseek(w, k->L, k->E, k->P, k->groups ? k->groups : 1, k->N, k->G, hier,
+                                  map, l2p, cnt, &err);
                 t[r] = now() - t0;
             }
             core = median(t, runs, &core_min);
@@ -175,10 +179,12 @@ static void speed(const shape_case *k, int runs) {
         double full_min;
         const double full = median(t, pruns, &full_min);
         char core_s[32];
-        if (isnan(core)) snprintf(core_s, sizeof core_s, "%10s %10s", "-", "-");
-        else snprintf(core_s, sizeof core_s, "%10.3f %10.3f", 1e3 * core, 1e3 * core_min);
-        printf("%-22s %-22s %s %10.3f %10.3f %12.4f%s\n", k->label, epx_algorithm_name(a), core_s, 1e3 * full,
-               1e3 * full_min, bal, synth ? "  (synthetic load: trace missing)" : "");
+        if (isnan(core))
+            snprintf(core_s, sizeof core_s, "%10s %10s", "-", "-");
+        else
+            snprintf(core_s, sizeof core_s, "%10.3f %10.3f", 1e3 * core, 1e3 * core_min);
+        printf("%-22s %-22s %s %10.3f %10.3f %12.4f%s\n", k->label, epx_algorithm_name(a), core_s,
+               1e3 * full, 1e3 * full_min, bal, synth ? "  (synthetic load: trace missing)" : "");
     }
     free(sum), free(w), free(map), free(l2p), free(cnt), free(t);
     epx_counts_destroy(c);
@@ -212,8 +218,8 @@ static void quality(const shape_case *k) {
             epx_plan_destroy(q);
             epx_counts_destroy(head);
         }
-        printf("%-22s %-10s %-22s %12.4f %12.4f%s\n", k->label, epx_algorithm_name(algos[ai]), ran, in,
-               n ? next / n : NAN, synth ? "  (synthetic)" : "");
+        printf("%-22s %-10s %-22s %12.4f %12.4f%s\n", k->label, epx_algorithm_name(algos[ai]), ran,
+               in, n ? next / n : NAN, synth ? "  (synthetic)" : "");
     }
     free(sum);
     epx_counts_destroy(c);
@@ -227,11 +233,12 @@ int main(int argc, char **argv) {
         {"dsv3 64gpu/8node/320", "deepseek_v3", 61, 256, 320, 64, 8, 8},
         {"dsv3 256gpu/32node/512", "deepseek_v3", 61, 256, 512, 256, 32, 8},
     };
-    printf("epx %s bench_plan: one thread; times in ms, median of runs; balancedness on the sum of the windows\n",
+    printf("epx %s bench_plan: one thread; times in ms, median of runs; balancedness on the sum of "
+           "the windows\n",
            epx_version());
     printf("shared: %s\n\n", shared_dir());
-    printf("%-22s %-22s %10s %10s %10s %10s %12s\n", "shape", "algorithm", "core_ms", "core_min", "plan_ms",
-           "plan_min", "balancedness");
+    printf("%-22s %-22s %10s %10s %10s %10s %12s\n", "shape", "algorithm", "core_ms", "core_min",
+           "plan_ms", "plan_min", "balancedness");
     for (size_t i = 0; i < sizeof speed_cases / sizeof speed_cases[0]; i++)
         speed(&speed_cases[i], quick ? 11 : 201);
 
@@ -245,7 +252,9 @@ int main(int argc, char **argv) {
         {"gpt-oss-120b 8gpu/136", "gpt_oss_120b", 36, 128, 136, 8, 1, 0},
         {"mixtral-8x7b 8gpu/16", "mixtral_8x7b", 32, 8, 16, 8, 1, 0},
     };
-    printf("\n%-22s %-10s %-22s %12s %12s\n", "shape", "requested", "ran", "in-sample", "next-window");
-    for (size_t i = 0; i < sizeof quality_cases / sizeof quality_cases[0]; i++) quality(&quality_cases[i]);
+    printf("\n%-22s %-10s %-22s %12s %12s\n", "shape", "requested", "ran", "in-sample",
+           "next-window");
+    for (size_t i = 0; i < sizeof quality_cases / sizeof quality_cases[0]; i++)
+        quality(&quality_cases[i]);
     return 0;
 }

@@ -38,7 +38,9 @@ static const char *TRACES[] = {"deepseek_v3", "kimi_k2", "qwen3_235b", "gpt_oss_
                                "mixtral_8x7b"};
 #define NTRACES (int)(sizeof TRACES / sizeof TRACES[0])
 
-typedef struct shape_def { int32_t G, N; } shape_def;
+typedef struct shape_def {
+    int32_t G, N;
+} shape_def;
 static const shape_def SHAPES[] = {{8, 1}, {16, 2}, {32, 4}, {64, 8}};
 #define NSHAPES (int)(sizeof SHAPES / sizeof SHAPES[0])
 
@@ -142,8 +144,8 @@ typedef struct quality {
     double in_sample, in_sample_even, next, next_even, seconds, cross;
 } quality;
 
-static quality measure(const planner *pl, const epx_counts *c, const epx_shape *s,
-                       int32_t groups, int reps) {
+static quality measure(const planner *pl, const epx_counts *c, const epx_shape *s, int32_t groups,
+                       int reps) {
     quality q = {0};
     const int32_t S = c->num_windows, L = c->num_layers, E = c->num_experts;
     double *sum = malloc((size_t)L * (size_t)E * sizeof(double));
@@ -190,10 +192,10 @@ static epx_shape make_shape(const epx_counts *c, int32_t G, int32_t N) {
 
 static int32_t groups_of(const char *trace) { return strcmp(trace, "deepseek_v3") == 0 ? 8 : 0; }
 
-static const planner DS = {"deepseek(auto)", EPX_ALGO_AUTO, NULL, EPX_NODE_LOCAL_DEFAULT,
-                           EPX_ESTIMATE_DEFAULT, -1.0, -1.0};
-static const planner EPX = {"epx", EPX_ALGO_EPX, NULL, EPX_NODE_LOCAL_DEFAULT,
-                            EPX_ESTIMATE_DEFAULT, -1.0, -1.0};
+static const planner DS = {"deepseek(auto)",     EPX_ALGO_AUTO, NULL, EPX_NODE_LOCAL_DEFAULT,
+                           EPX_ESTIMATE_DEFAULT, -1.0,          -1.0};
+static const planner EPX = {"epx", EPX_ALGO_EPX, NULL, EPX_NODE_LOCAL_DEFAULT, EPX_ESTIMATE_DEFAULT,
+                            -1.0,  -1.0};
 
 static void main_table(const char *shared) {
     printf("## in-sample and next-window balancedness, time per plan (one thread)\n\n");
@@ -208,10 +210,11 @@ static void main_table(const char *shared) {
             quality d = measure(&DS, c, &s, gr, 3), x = measure(&EPX, c, &s, gr, 3);
             bool bad = x.in_sample < d.in_sample - 1e-12;
             if (bad) g_failures++;
-            printf("| %s | %d/%d | %d | %.4f | %.4f%s | %.4f | %.4f (%.4f) | %.2f | %.2f | %.3f |\n",
-                   TRACES[t], s.num_gpus, s.num_nodes, s.num_physical_experts, d.in_sample,
-                   x.in_sample, bad ? " FAIL<deepseek" : "", d.next, x.next, x.next_even,
-                   1e3 * d.seconds, 1e3 * x.seconds, x.cross);
+            printf(
+                "| %s | %d/%d | %d | %.4f | %.4f%s | %.4f | %.4f (%.4f) | %.2f | %.2f | %.3f |\n",
+                TRACES[t], s.num_gpus, s.num_nodes, s.num_physical_experts, d.in_sample,
+                x.in_sample, bad ? " FAIL<deepseek" : "", d.next, x.next, x.next_even,
+                1e3 * d.seconds, 1e3 * x.seconds, x.cross);
             fflush(stdout);
         }
         epx_counts_destroy(c);
@@ -224,9 +227,13 @@ static void timing(const char *shared) {
            "(DeepSeek-V3 256 GPUs/32 nodes/512)\n\n");
     printf("| case | deepseek ms | epx ms | deepseek in | epx in | deepseek next | epx next |\n");
     printf("|---|---|---|---|---|---|---|\n");
-    struct { const char *trace; int32_t G, N, P, groups; } cases[] = {
-        {"kimi_k2", 8, 1, 416, 0}, {"deepseek_v3", 32, 4, 288, 8},
-        {"deepseek_v3", 64, 8, 320, 8}, {"deepseek_v3", 256, 32, 512, 8}};
+    struct {
+        const char *trace;
+        int32_t G, N, P, groups;
+    } cases[] = {{"kimi_k2", 8, 1, 416, 0},
+                 {"deepseek_v3", 32, 4, 288, 8},
+                 {"deepseek_v3", 64, 8, 320, 8},
+                 {"deepseek_v3", 256, 32, 512, 8}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         epx_counts *c = load_trace(shared, cases[i].trace);
         epx_shape s = {c->num_layers, c->num_experts, cases[i].P, cases[i].G, cases[i].N};
@@ -234,8 +241,8 @@ static void timing(const char *shared) {
         quality x = measure(&EPX, c, &s, cases[i].groups, 5);
         if (x.in_sample < d.in_sample - 1e-12) g_failures++;
         printf("| %s %d GPUs/%d nodes/%d | %.2f | %.2f | %.4f | %.4f | %.4f | %.4f |\n",
-               cases[i].trace, s.num_gpus, s.num_nodes, s.num_physical_experts,
-               1e3 * d.seconds, 1e3 * x.seconds, d.in_sample, x.in_sample, d.next, x.next);
+               cases[i].trace, s.num_gpus, s.num_nodes, s.num_physical_experts, 1e3 * d.seconds,
+               1e3 * x.seconds, d.in_sample, x.in_sample, d.next, x.next);
         fflush(stdout);
         epx_counts_destroy(c);
     }
@@ -248,7 +255,8 @@ static int g_only_shape = -1; /* sweep: only this SHAPES index (budget section) 
 static void sweep(const char *shared, const planner *pls, int n, const char *title,
                   bool only_multinode_ds) {
     printf("## %s\n\n| variant | in-sample | next-window | next (even split) | cross-node |"
-           " ms |\n|---|---|---|---|---|---|\n", title);
+           " ms |\n|---|---|---|---|---|---|\n",
+           title);
     epx_counts *cs[NTRACES];
     for (int t = 0; t < NTRACES; t++) cs[t] = load_trace(shared, TRACES[t]);
     for (int i = 0; i < n; i++) {
@@ -291,7 +299,8 @@ static void estimates(const char *shared) {
     };
     sweep(shared, p, (int)(sizeof p / sizeof p[0]),
           "estimates: mean over 5 traces x 4 shapes (back-test: plan on windows <= w, score "
-          "w + 1)", false);
+          "w + 1)",
+          false);
 }
 
 /* Replicas that share a GPU with another replica of their expert. */
@@ -317,15 +326,15 @@ static int64_t duplicates(const epx_layout *lay) {
  * only the search itself is measured. */
 static void sweep_one_window(const char *shared, const planner *pls, int n, const char *title) {
     printf("## %s\n\n| variant | balancedness | even split | duplicate replicas / plan | ms |\n"
-           "|---|---|---|---|---|\n", title);
+           "|---|---|---|---|---|\n",
+           title);
     epx_counts *cs[NTRACES];
     for (int t = 0; t < NTRACES; t++) {
         epx_counts *c = load_trace(shared, TRACES[t]);
         epx_error e = {0};
         if (epx_counts_create(1, c->num_layers, c->num_experts, &cs[t], &e) != EPX_OK)
             die("counts", &e);
-        if (epx_counts_sum_windows(c, 0, c->num_windows, cs[t]->data, &e) != EPX_OK)
-            die("sum", &e);
+        if (epx_counts_sum_windows(c, 0, c->num_windows, cs[t]->data, &e) != EPX_OK) die("sum", &e);
         epx_counts_destroy(c);
     }
     for (int i = 0; i < n; i++) {
@@ -341,8 +350,8 @@ static void sweep_one_window(const char *shared, const planner *pls, int n, cons
                 ms += 1e3 * p.seconds, cnt++;
                 planned_free(&p);
             }
-        printf("| %s | %.4f | %.4f | %.1f | %.2f |\n", pls[i].name, in / cnt, ine / cnt,
-               dups / cnt, ms / cnt);
+        printf("| %s | %.4f | %.4f | %.1f | %.2f |\n", pls[i].name, in / cnt, ine / cnt, dups / cnt,
+               ms / cnt);
         fflush(stdout);
     }
     for (int t = 0; t < NTRACES; t++) epx_counts_destroy(cs[t]);
@@ -353,7 +362,7 @@ static void ablate(const char *shared) {
     static epxi_knobs k[12];
     for (int i = 0; i < 12; i++) k[i] = K_DEFAULT;
     for (int i = 0; i < 4; i++) k[i].start = 0; /* the levers on top of the greedy start */
-    k[0].search = false, k[0].shares = false, k[0].baseline = false; /* greedy only */
+    k[0].search = false, k[0].shares = false, k[0].baseline = false;  /* greedy only */
     k[1].recount = false, k[1].shares = false, k[1].baseline = false; /* + swaps */
     k[2].shares = false, k[2].baseline = false;                       /* + re-counts */
     k[3].baseline = false;                                            /* + shares */
@@ -366,7 +375,8 @@ static void ablate(const char *shared) {
     k[10].recount = false;                                            /* swaps only */
     static planner one[] = {
         {"deepseek(auto)", EPX_ALGO_AUTO, NULL, 0, 0, -1, -1},
-        {"greedy: DeepSeek's counts, largest first, no duplicates", EPX_ALGO_EPX, &k[0], 0, 0, -1, -1},
+        {"greedy: DeepSeek's counts, largest first, no duplicates", EPX_ALGO_EPX, &k[0], 0, 0, -1,
+         -1},
         {"+ swap search", EPX_ALGO_EPX, &k[1], 0, 0, -1, -1},
         {"+ re-count moves", EPX_ALGO_EPX, &k[2], 0, 0, -1, -1},
         {"+ replica shares", EPX_ALGO_EPX, &k[3], 0, 0, -1, -1},
@@ -380,7 +390,8 @@ static void ablate(const char *shared) {
                      "shapes");
     static planner nxt[] = {
         {"deepseek(auto)", EPX_ALGO_AUTO, NULL, 0, 0, -1, -1},
-        {"epx, plan for the sum (no estimate)", EPX_ALGO_EPX, &K_DEFAULT, 0, EPX_ESTIMATE_SUM, -1, -1},
+        {"epx, plan for the sum (no estimate)", EPX_ALGO_EPX, &K_DEFAULT, 0, EPX_ESTIMATE_SUM, -1,
+         -1},
         {"epx default (recency h=0.5 after phase 1)", EPX_ALGO_EPX, &K_DEFAULT, 0, 0, -1, -1},
         {"estimate search from DeepSeek's map (no phase 1)", EPX_ALGO_EPX, &k[7], 0, 0, -1, -1},
         {"default without replica shares", EPX_ALGO_EPX, &k[8], 0, 0, -1, -1},
@@ -406,8 +417,10 @@ static void budget(const char *shared) {
     for (int k = 0; k < NSHAPES; k++) {
         if (SHAPES[k].N == 1) continue;
         char title[160];
-        snprintf(title, sizeof title, "node-local modes: DeepSeek-V3 trace (8 groups), %d GPUs / "
-                 "%d nodes", SHAPES[k].G, SHAPES[k].N);
+        snprintf(title, sizeof title,
+                 "node-local modes: DeepSeek-V3 trace (8 groups), %d GPUs / "
+                 "%d nodes",
+                 SHAPES[k].G, SHAPES[k].N);
         g_only_shape = k;
         sweep(shared, p, (int)(sizeof p / sizeof p[0]), title, true);
     }
@@ -419,14 +432,21 @@ int main(int argc, char **argv) {
     if (shared == NULL) shared = "../shared";
     bool est = false, abl = false, bud = false, only_timing = false;
     for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "--shared") == 0 && i + 1 < argc) shared = argv[++i];
-        else if (strcmp(argv[i], "--estimates") == 0) est = true;
-        else if (strcmp(argv[i], "--ablate") == 0) abl = true;
-        else if (strcmp(argv[i], "--budget") == 0) bud = true;
-        else if (strcmp(argv[i], "--timing") == 0) only_timing = true;
+        if (strcmp(argv[i], "--shared") == 0 && i + 1 < argc)
+            shared = argv[++i];
+        else if (strcmp(argv[i], "--estimates") == 0)
+            est = true;
+        else if (strcmp(argv[i], "--ablate") == 0)
+            abl = true;
+        else if (strcmp(argv[i], "--budget") == 0)
+            bud = true;
+        else if (strcmp(argv[i], "--timing") == 0)
+            only_timing = true;
         else {
-            fprintf(stderr, "usage: %s [--shared DIR] [--estimates] [--ablate] [--budget] "
-                            "[--timing]\n", argv[0]);
+            fprintf(stderr,
+                    "usage: %s [--shared DIR] [--estimates] [--ablate] [--budget] "
+                    "[--timing]\n",
+                    argv[0]);
             return 2;
         }
     }
@@ -444,7 +464,8 @@ int main(int argc, char **argv) {
     if (est) estimates(shared);
     if (abl) ablate(shared);
     if (bud) budget(shared);
-    if (g_failures) fprintf(stderr, "bench_plan_quality: %d cases where epx < deepseek in-sample\n",
-                            g_failures);
+    if (g_failures)
+        fprintf(stderr, "bench_plan_quality: %d cases where epx < deepseek in-sample\n",
+                g_failures);
     return g_failures ? 1 : 0;
 }

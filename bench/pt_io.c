@@ -46,7 +46,8 @@ static double time_counts(const char *path, const double *want, size_t n) {
         if (epx_counts_read(path, &c, &err) != EPX_OK) die(path, &err);
         double dt = now() - t0;
         size_t got = (size_t)c->num_windows * (size_t)c->num_layers * (size_t)c->num_experts;
-        if (got != n || memcmp(c->data, want, n * sizeof *want) != 0) die("read-back differs", NULL);
+        if (got != n || memcmp(c->data, want, n * sizeof *want) != 0)
+            die("read-back differs", NULL);
         epx_counts_destroy(c);
         if (rep > 0 && dt < best) best = dt;
     }
@@ -55,7 +56,8 @@ static double time_counts(const char *path, const double *want, size_t n) {
 
 static void row(const char *name, const char *path, double secs) {
     long bytes = file_size(path);
-    printf("| %-34s | %9.2f | %8.3f | %7.0f |\n", name, bytes / 1e6, secs * 1e3, bytes / 1e6 / secs);
+    printf("| %-34s | %9.2f | %8.3f | %7.0f |\n", name, bytes / 1e6, secs * 1e3,
+           bytes / 1e6 / secs);
 }
 
 int main(int argc, char **argv) {
@@ -100,7 +102,8 @@ int main(int argc, char **argv) {
             if (epx_mapping_read(path, &map, &ml, &mp, &err) != EPX_OK) die(path, &err);
             double dt = now() - t0;
             if (ml != L || mp != P ||
-                memcmp(map, epx_layout_physical_to_logical(lay), sizeof *map * (size_t)(L * P)) != 0)
+                memcmp(map, epx_layout_physical_to_logical(lay), sizeof *map * (size_t)(L * P)) !=
+                    0)
                 die("mapping read-back differs", NULL);
             epx_free(map);
             if (rep > 0 && dt < best) best = dt;

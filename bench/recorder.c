@@ -63,8 +63,10 @@ static void make_ids(const epx_layout *lay, int64_t T, int32_t *ids) {
             int32_t lo = 0, hi = E - 1;
             while (lo < hi) {
                 int32_t mid = (lo + hi) / 2;
-                if (cdf[mid] < u) lo = mid + 1;
-                else hi = mid;
+                if (cdf[mid] < u)
+                    lo = mid + 1;
+                else
+                    hi = mid;
             }
             const size_t cell = (size_t)l * E + (size_t)lo;
             out[i] = l2p[cell * (size_t)W + (size_t)(next() % (uint64_t)nv[cell])];
@@ -139,8 +141,8 @@ int main(int argc, char **argv) {
     printf("# epx recorder, Kimi-K2 shape: %d layers (%d dense), E=%d, P=%d, G=%d, top-%d; "
            "one pass = %d add_topk calls + end_pass; skewed ids (lognormal sigma 1)\n",
            L, DENSE, E, P, G, K, L - DENSE);
-    printf("%8s %12s %12s %12s %12s %10s %8s %12s\n", "T", "epx_us/pass", "naive_us",
-           "epx_ns/tok", "naive_ns/tok", "epx_ns/id", "speedup", "end_pass_us");
+    printf("%8s %12s %12s %12s %12s %10s %8s %12s\n", "T", "epx_us/pass", "naive_us", "epx_ns/tok",
+           "naive_ns/tok", "epx_ns/id", "speedup", "end_pass_us");
     for (int si = 0; si < nsizes; si++) {
         const int64_t T = sizes[si];
         if (T < 1 || T > (1 << 20)) {

@@ -25,9 +25,9 @@
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
-#define CHECK(cond)                  \
-    do {                             \
-        if (!(cond)) __builtin_trap(); \
+#define CHECK(cond)                                                                                \
+    do {                                                                                           \
+        if (!(cond)) __builtin_trap();                                                             \
     } while (0)
 
 static uint8_t POOL[1 << 16];
@@ -125,9 +125,11 @@ static void use_tensors(const epx_pt_value *v, size_t *budget) {
     (*budget)--;
     epx_pt_kind k = epx_pt_value_kind(v);
     if (k == EPX_PT_LIST || k == EPX_PT_TUPLE)
-        for (size_t n = 0; n < epx_pt_value_len(v); n++) use_tensors(epx_pt_value_item(v, n), budget);
+        for (size_t n = 0; n < epx_pt_value_len(v); n++)
+            use_tensors(epx_pt_value_item(v, n), budget);
     if (k == EPX_PT_DICT)
-        for (size_t n = 0; n < epx_pt_value_len(v); n++) use_tensors(epx_pt_dict_value(v, n), budget);
+        for (size_t n = 0; n < epx_pt_value_len(v); n++)
+            use_tensors(epx_pt_dict_value(v, n), budget);
     if (k != EPX_PT_TENSOR) return;
     epx_pt_tensor t;
     int64_t numel = 0;

@@ -14,9 +14,9 @@
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
-#define CHECK(cond)                    \
-    do {                               \
-        if (!(cond)) __builtin_trap(); \
+#define CHECK(cond)                                                                                \
+    do {                                                                                           \
+        if (!(cond)) __builtin_trap();                                                             \
     } while (0)
 
 static char json_path[64], pt_path[64];

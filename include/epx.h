@@ -14,8 +14,23 @@
  *  - The library never prints, exits or aborts. Logging goes through the
  *    epx_log_fn an options struct carries.
  *  - Destructors accept NULL.
- *  - Option structs carry their size-derived version in `version` and must be
- *    initialised from their EPX_..._INIT macro.
+ *  - Options structs, one convention for all (epx_plan_opts, epx_comm_ops
+ *    and every other struct with a `version`):
+ *      version  the first field; EPX_<NAME>_VERSION is ((uint32_t)sizeof the
+ *               struct), so a caller built against another layout is told
+ *               so instead of read past the end. Any other value is an
+ *               error that names the struct and its INIT macro.
+ *      INIT     EPX_<NAME>_INIT writes the version and every default:
+ *               `epx_plan_opts o = EPX_PLAN_OPTS_INIT;` then change fields.
+ *      defaults one sentinel rule, by the kind of field: a pointer is
+ *               optional when NULL; a count or size that is otherwise >= 1
+ *               takes 0 for "derive it" (num_physical 0 = E + redundant,
+ *               chunk_layers 0 = all layers); a number whose valid values
+ *               start at 0 takes any negative value for "default" or "no
+ *               limit" (estimate_param, cross_node_budget, max_moves); an
+ *               enum that lets the library choose has a *_DEFAULT member, 0.
+ *               Each field's comment names its default.
+ *    Unknown or contradictory options are an error, never silently clamped.
  *
  * Each function is documented in one shape:
  *   summary; Args (direction, shape, dtype, ownership); Returns; Thread rules.
@@ -56,7 +71,7 @@ typedef enum epx_status {
     EPX_ERR_CUDA = 11,       /* a CUDA runtime / cuBLAS call failed        */
     EPX_ERR_TIMEOUT = 12,    /* a peer did not answer in time              */
     EPX_ERR_INTERNAL = 13,   /* an invariant of epx itself broke (a bug)   */
-    EPX_STATUS_COUNT_ /* not a status: one past the last code */
+    EPX_STATUS_COUNT_        /* not a status: one past the last code */
 } epx_status;
 
 /* The name of a status ("EPX_ERR_SHAPE"), never NULL. */
@@ -139,6 +154,7 @@ EPX_API int32_t epx_shape_slots_per_gpu(const epx_shape *shape);
 /* The rooms of the core API, one header each. */
 #include "epx/layout.h"
 #include "epx/counts.h"
+#include "epx/model.h"
 #include "epx/io.h"
 #include "epx/pt.h"
 #include "epx/plan.h"

@@ -79,7 +79,9 @@ static epx_status r_mapping_path(const char *path, uint64_t *d, epx_error *err) 
     return st;
 }
 
-static epx_status r_mapping_json(uint64_t *d, epx_error *err) { return r_mapping_path(g_map_json, d, err); }
+static epx_status r_mapping_json(uint64_t *d, epx_error *err) {
+    return r_mapping_path(g_map_json, d, err);
+}
 static epx_status r_mapping_pt(uint64_t *d, epx_error *err) {
     return r_mapping_path("data/pt/init_mapping.pt", d, err);
 }
@@ -92,8 +94,12 @@ static epx_status r_counts_spec(const char *spec, uint64_t *d, epx_error *err) {
     return st;
 }
 
-static epx_status r_counts_inline(uint64_t *d, epx_error *err) { return r_counts_spec(COUNTS_TEXT, d, err); }
-static epx_status r_counts_json(uint64_t *d, epx_error *err) { return r_counts_spec(g_counts_json, d, err); }
+static epx_status r_counts_inline(uint64_t *d, epx_error *err) {
+    return r_counts_spec(COUNTS_TEXT, d, err);
+}
+static epx_status r_counts_json(uint64_t *d, epx_error *err) {
+    return r_counts_spec(g_counts_json, d, err);
+}
 static epx_status r_counts_strided(uint64_t *d, epx_error *err) {
     return r_counts_spec("data/pt/strided_counts.pt", d, err);
 }
@@ -219,13 +225,20 @@ static void all_readers(void **state) {
         const char *name;
         reader_fn fn;
     } cases[] = {
-        {"mapping JSON text", r_mapping_text},   {"mapping JSON file", r_mapping_json},
-        {"mapping .pt", r_mapping_pt},           {"counts inline JSON", r_counts_inline},
-        {"counts JSON file", r_counts_json},     {"counts .pt strided", r_counts_strided},
-        {"counts .pt per_pass", r_counts_per_pass}, {"counts .pt list", r_counts_list},
-        {"counts .pt directory", r_counts_dir},  {"evil .pt", r_evil},
-        {".pt tree from memory", r_pt_tree},     {"write counts .pt", r_write_counts_pt},
-        {"write layout .pt", r_write_layout_pt}, {"layout init from .pt", r_init_pt},
+        {"mapping JSON text", r_mapping_text},
+        {"mapping JSON file", r_mapping_json},
+        {"mapping .pt", r_mapping_pt},
+        {"counts inline JSON", r_counts_inline},
+        {"counts JSON file", r_counts_json},
+        {"counts .pt strided", r_counts_strided},
+        {"counts .pt per_pass", r_counts_per_pass},
+        {"counts .pt list", r_counts_list},
+        {"counts .pt directory", r_counts_dir},
+        {"evil .pt", r_evil},
+        {".pt tree from memory", r_pt_tree},
+        {"write counts .pt", r_write_counts_pt},
+        {"write layout .pt", r_write_layout_pt},
+        {"layout init from .pt", r_init_pt},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) sweep(cases[i].name, cases[i].fn);
     json_set_alloc_funcs(malloc, free);

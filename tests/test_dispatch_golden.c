@@ -60,14 +60,14 @@ static int32_t geti(const json_t *root, const char *key) {
     return (int32_t)json_integer_value(a);
 }
 
-static void expect_table(const int32_t *got, const ivec *want, const char *name,
-                         const char *which, int32_t G, int32_t L, int32_t E) {
+static void expect_table(const int32_t *got, const ivec *want, const char *name, const char *which,
+                         int32_t G, int32_t L, int32_t E) {
     assert_int_equal(want->n, (size_t)G * (size_t)L * (size_t)E);
     for (size_t i = 0; i < want->n; i++)
         if (got[i] != want->v[i])
             fail_msg("%s, %s: rank %zu layer %zu expert %zu is %d, SGLang gives %d", name, which,
-                     i / ((size_t)L * (size_t)E), i / (size_t)E % (size_t)L, i % (size_t)E,
-                     got[i], want->v[i]);
+                     i / ((size_t)L * (size_t)E), i / (size_t)E % (size_t)L, i % (size_t)E, got[i],
+                     want->v[i]);
 }
 
 /* Check one case file; returns 1 when it ran. */

@@ -13,8 +13,7 @@
 #include "testutil.h"
 
 /* Redundant slots go to the first 5 experts. */
-static epx_layout *random_layout(tu_rng *r, int32_t L, int32_t E, int32_t P, int32_t G,
-                                 int32_t N) {
+static epx_layout *random_layout(tu_rng *r, int32_t L, int32_t E, int32_t P, int32_t G, int32_t N) {
     return tu_random_layout(r, L, E, P, G, N, 5);
 }
 
@@ -60,7 +59,8 @@ static void rules_hold(void **state) {
                                 if (p2l[l * P + q] != e || q / per / gpn != g / gpn) continue;
                                 int32_t chose = 0;
                                 for (int32_t r2 = 0; r2 < G; r2++)
-                                    chose += t[((size_t)r2 * (size_t)L + (size_t)l) * (size_t)E + (size_t)e] == q;
+                                    chose += t[((size_t)r2 * (size_t)L + (size_t)l) * (size_t)E +
+                                               (size_t)e] == q;
                                 assert_true(chose + 1 - (double)G / nrep > 0.5);
                             }
                         }
@@ -134,11 +134,13 @@ static void files_round_trip(void **state) {
     assert_int_equal(epx_dispatch_table_write_json(path, t, 2, 2, 3, &err), EPX_OK);
     char *text = tu_read_file(path, NULL);
     assert_non_null(text);
-    assert_non_null(strstr(text, "{\"logical_to_rank_dispatch_physical_map\": [[\n  [0,1,2],\n  [3,4,5]],\n [\n  [6,7,8],\n  [9,10,11]]]}"));
+    assert_non_null(strstr(text, "{\"logical_to_rank_dispatch_physical_map\": [[\n  [0,1,2],\n  "
+                                 "[3,4,5]],\n [\n  [6,7,8],\n  [9,10,11]]]}"));
     free(text);
     assert_int_equal(epx_dispatch_table_write_json(path, t, 0, 2, 3, &err), EPX_OK);
     text = tu_read_file(path, NULL);
-    assert_non_null(strstr(text, "{\"logical_to_rank_dispatch_physical_map\": [\n  [0,1,2],\n  [3,4,5]]}"));
+    assert_non_null(
+        strstr(text, "{\"logical_to_rank_dispatch_physical_map\": [\n  [0,1,2],\n  [3,4,5]]}"));
     free(text);
     assert_int_equal(epx_dispatch_table_write_json(path, t, -1, 2, 3, &err), EPX_ERR_INVALID_ARG);
     remove(path);
@@ -153,13 +155,13 @@ static void files_round_trip(void **state) {
     assert_int_equal(m[1], -1);
     assert_int_equal(m[3], 2);
     epx_free(m);
-    assert_int_equal(epx_replica_map_read("{\"physical_to_logical_map\": [[0, 1]]}", &m, &L, &E,
-                                          &W, &err),
-                     EPX_ERR_PARSE);
+    assert_int_equal(
+        epx_replica_map_read("{\"physical_to_logical_map\": [[0, 1]]}", &m, &L, &E, &W, &err),
+        EPX_ERR_PARSE);
     TU_MSG_HAS(err.msg, "logical_to_physical_map", "--order ascending");
-    assert_int_equal(epx_replica_map_read("{\"logical_to_physical_map\": [[[0, -2]]]}", &m, &L,
-                                          &E, &W, &err),
-                     EPX_ERR_PARSE);
+    assert_int_equal(
+        epx_replica_map_read("{\"logical_to_physical_map\": [[[0, -2]]]}", &m, &L, &E, &W, &err),
+        EPX_ERR_PARSE);
     assert_int_equal(epx_replica_map_read("/nonexistent/x.json", &m, &L, &E, &W, &err), EPX_ERR_IO);
     free(path);
 }

@@ -37,15 +37,15 @@ static void philox_known_answers(void **state) {
 }
 
 /* Skewed replication: the redundant slots go to the 4 hottest experts. */
-static epx_layout *random_layout(tu_rng *r, int32_t L, int32_t E, int32_t P, int32_t G,
-                                 int32_t N) {
+static epx_layout *random_layout(tu_rng *r, int32_t L, int32_t E, int32_t P, int32_t G, int32_t N) {
     return tu_random_layout(r, L, E, P, G, N, 4);
 }
 
 static void random_ids(tu_rng *r, int32_t *ids, int32_t T, int32_t K, int32_t E, int minus1) {
     for (int32_t t = 0; t < T; t++)
         for (int32_t k = 0; k < K; k++)
-            ids[t * K + k] = minus1 && tu_below(r, 10) == 0 ? -1 : (int32_t)tu_below(r, (uint32_t)E);
+            ids[t * K + k] =
+                minus1 && tu_below(r, 10) == 0 ? -1 : (int32_t)tu_below(r, (uint32_t)E);
 }
 
 static void map_modes(void **state) {
@@ -61,12 +61,14 @@ static void map_modes(void **state) {
     epx_error err = {0};
     assert_int_equal(epx_dispatch_table_from_layout(lay, NULL, table, &err), EPX_OK);
     int32_t *ids = malloc(sizeof(int32_t) * (size_t)(T * K));
-    int32_t *a = malloc(sizeof(int32_t) * (size_t)(T * K)), *b = malloc(sizeof(int32_t) * (size_t)(T * K));
+    int32_t *a = malloc(sizeof(int32_t) * (size_t)(T * K)),
+            *b = malloc(sizeof(int32_t) * (size_t)(T * K));
     random_ids(&r, ids, T, K, E, 1);
     int32_t l = 1, rank = 2;
 
-    epx_dispatch_spec s = {EPX_DISPATCH_STATIC, E, P, W, table + (rank * L + l) * E, NULL, NULL,
-                           NULL, 0, 0, (uint32_t)l};
+    epx_dispatch_spec s = {
+        EPX_DISPATCH_STATIC, E, P, W, table + (rank * L + l) * E, NULL, NULL, NULL, 0, 0,
+        (uint32_t)l};
     assert_int_equal(epx_dispatch_map_ids(&s, ids, T, K, a, &err), EPX_OK);
     for (int32_t i = 0; i < T * K; i++)
         assert_int_equal(a[i], ids[i] < 0 ? -1 : table[(rank * L + l) * E + ids[i]]);
@@ -167,7 +169,8 @@ static void map_errors(void **state) {
     int32_t rep[2] = {0, 1}, nv[1] = {2};
     double w[2] = {1.0, -1.0};
     uint32_t thr[2];
-    assert_int_equal(epx_dispatch_thresholds(rep, nv, 1, 1, 2, w, 2, thr, &err), EPX_ERR_INVALID_ARG);
+    assert_int_equal(epx_dispatch_thresholds(rep, nv, 1, 1, 2, w, 2, thr, &err),
+                     EPX_ERR_INVALID_ARG);
     TU_MSG_HAS(err.msg, "weights[0][1] is -1");
     w[1] = 3.0;
     assert_int_equal(epx_dispatch_thresholds(rep, nv, 1, 1, 2, w, 2, thr, &err), EPX_OK);
@@ -177,7 +180,8 @@ static void map_errors(void **state) {
     assert_int_equal(epx_dispatch_thresholds(rep, nv, 1, 1, 2, w, 2, thr, &err), EPX_OK);
     assert_int_equal(thr[0], 1u << 31);
     nv[0] = 3;
-    assert_int_equal(epx_dispatch_thresholds(rep, nv, 1, 1, 2, w, 2, thr, &err), EPX_ERR_INVALID_ARG);
+    assert_int_equal(epx_dispatch_thresholds(rep, nv, 1, 1, 2, w, 2, thr, &err),
+                     EPX_ERR_INVALID_ARG);
     TU_MSG_HAS(err.msg, "num_valid[0][0] = 3");
 }
 
@@ -199,16 +203,17 @@ static void check_layout(const int32_t *phys, int32_t T, int32_t K, int32_t P, i
     int32_t per = P / G;
     size_t TK = (size_t)T * (size_t)K;
     epx_token_layout o = {
-        malloc(sizeof(int64_t) * (size_t)G), malloc(sizeof(int64_t) * (size_t)P),
-        malloc((size_t)T * (size_t)G + 1),   malloc(sizeof(int32_t) * (size_t)(G + 1)),
-        malloc(sizeof(int32_t) * (TK + 1)),  malloc(sizeof(int32_t) * (TK + 1)),
+        malloc(sizeof(int64_t) * (size_t)G),       malloc(sizeof(int64_t) * (size_t)P),
+        malloc((size_t)T * (size_t)G + 1),         malloc(sizeof(int32_t) * (size_t)(G + 1)),
+        malloc(sizeof(int32_t) * (TK + 1)),        malloc(sizeof(int32_t) * (TK + 1)),
         malloc(sizeof(int32_t) * (size_t)(P + 1)), malloc(sizeof(int32_t) * (TK + 1)),
         malloc(sizeof(int32_t) * (TK + 1))};
     epx_error err = {0};
     assert_int_equal(epx_token_layout_compute(phys, T, K, P, G, &o, &err), EPX_OK);
 
     /* slot order: every valid pair, sorted by (slot, token, k) */
-    entry *es = malloc(sizeof(entry) * (TK + 1)), *er = malloc(sizeof(entry) * ((size_t)T * (size_t)G + 1));
+    entry *es = malloc(sizeof(entry) * (TK + 1)),
+          *er = malloc(sizeof(entry) * ((size_t)T * (size_t)G + 1));
     size_t ns = 0, nr = 0;
     for (int32_t t = 0; t < T; t++)
         for (int32_t k = 0; k < K; k++)
@@ -279,8 +284,9 @@ static void layout_random(void **state) {
         for (int32_t i = 0; i < T * K; i++) {
             uint32_t u = tu_below(&r, 20);
             /* -1 ids, hot slots, and (rarely) the same slot twice in a token */
-            phys[i] = u == 0 ? -1 : u < 6 ? (int32_t)tu_below(&r, (uint32_t)(P < 3 ? P : 3))
-                                          : (int32_t)tu_below(&r, (uint32_t)P);
+            phys[i] = u == 0  ? -1
+                      : u < 6 ? (int32_t)tu_below(&r, (uint32_t)(P < 3 ? P : 3))
+                              : (int32_t)tu_below(&r, (uint32_t)P);
         }
         check_layout(phys, T, K, P, G);
         free(phys);
@@ -315,7 +321,8 @@ static void permute_combine(void **state) {
         int64_t H = 1 + (int64_t)tu_below(&r, 40);
         epx_row_dtype dt = iter % 2 ? EPX_ROW_BF16 : EPX_ROW_F32;
         size_t es = dt == EPX_ROW_BF16 ? 2 : 4, TK = (size_t)T * (size_t)K;
-        int32_t *phys = malloc(sizeof(int32_t) * (TK + 1)), *pos = malloc(sizeof(int32_t) * (TK + 1));
+        int32_t *phys = malloc(sizeof(int32_t) * (TK + 1)),
+                *pos = malloc(sizeof(int32_t) * (TK + 1));
         float *w = malloc(sizeof(float) * (TK + 1));
         for (size_t i = 0; i < TK; i++) {
             phys[i] = tu_below(&r, 8) == 0 ? -1 : (int32_t)tu_below(&r, (uint32_t)P);
@@ -349,8 +356,10 @@ static void permute_combine(void **state) {
             for (int32_t k = 0; k < K; k++) ws += pos[t * K + k] >= 0 ? w[t * K + k] : 0.0;
             for (int64_t h = 0; h < H; h++) {
                 size_t i = (size_t)t * (size_t)H + (size_t)h;
-                double xv = dt == EPX_ROW_BF16 ? epxi_bf16_to_f32(((uint16_t *)x)[i]) : ((float *)x)[i];
-                double zv = dt == EPX_ROW_BF16 ? epxi_bf16_to_f32(((uint16_t *)z)[i]) : ((float *)z)[i];
+                double xv =
+                    dt == EPX_ROW_BF16 ? epxi_bf16_to_f32(((uint16_t *)x)[i]) : ((float *)x)[i];
+                double zv =
+                    dt == EPX_ROW_BF16 ? epxi_bf16_to_f32(((uint16_t *)z)[i]) : ((float *)z)[i];
                 double tol = (dt == EPX_ROW_BF16 ? 1.0 / 128 : 1e-6) * fabs(xv * ws) + 1e-30;
                 assert_true(fabs(zv - xv * ws) <= tol);
             }
@@ -361,7 +370,9 @@ static void permute_combine(void **state) {
                 float acc = 0.0f;
                 for (int32_t k = 0; k < K; k++)
                     if (pos[t * K + k] >= 0)
-                        acc = fmaf(w[t * K + k], ((float *)y)[(size_t)pos[t * K + k] * (size_t)H + (size_t)h], acc);
+                        acc =
+                            fmaf(w[t * K + k],
+                                 ((float *)y)[(size_t)pos[t * K + k] * (size_t)H + (size_t)h], acc);
                 float got = ((float *)z)[(size_t)t * (size_t)H + (size_t)h];
                 assert_memory_equal(&got, &acc, sizeof acc);
             }
@@ -380,7 +391,8 @@ static void rows_errors(void **state) {
     float x[4] = {1, 2, 3, 4}, y[4];
     int32_t pos[2] = {0, 2};
     epx_error err = {0};
-    assert_int_equal(epx_permute_rows(x, EPX_ROW_F32, 2, 2, pos, 1, 2, y, &err), EPX_ERR_INVALID_ARG);
+    assert_int_equal(epx_permute_rows(x, EPX_ROW_F32, 2, 2, pos, 1, 2, y, &err),
+                     EPX_ERR_INVALID_ARG);
     TU_MSG_HAS(err.msg, "pos[1][0] = 2", "[-1, 2)");
     assert_int_equal(epx_combine_rows(x, (epx_row_dtype)7, 2, 2, pos, NULL, 2, 1, y, &err),
                      EPX_ERR_INVALID_ARG);

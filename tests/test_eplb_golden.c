@@ -30,14 +30,14 @@ static void case_free(gcase *c) {
     free(c->cnt);
 }
 
-#define CASE_CHECK(c, cond, ...)                             \
-    do {                                                     \
-        if (!(cond)) {                                       \
-            fprintf(stderr, "case %s: ", (c)->name);         \
-            fprintf(stderr, __VA_ARGS__);                    \
-            fprintf(stderr, "\n");                           \
-            fail();                                          \
-        }                                                    \
+#define CASE_CHECK(c, cond, ...)                                                                   \
+    do {                                                                                           \
+        if (!(cond)) {                                                                             \
+            fprintf(stderr, "case %s: ", (c)->name);                                               \
+            fprintf(stderr, __VA_ARGS__);                                                          \
+            fprintf(stderr, "\n");                                                                 \
+            fail();                                                                                \
+        }                                                                                          \
     } while (0)
 
 static int32_t get_int(const json_t *o, const char *k) {
@@ -54,7 +54,8 @@ static void read_2d(const json_t *arr, int32_t rows, int32_t cols, double *out) 
         const json_t *row = json_array_get(arr, (size_t)r);
         assert_int_equal(json_array_size(row), (size_t)cols);
         for (int32_t c = 0; c < cols; c++)
-            out[(size_t)r * (size_t)cols + (size_t)c] = json_number_value(json_array_get(row, (size_t)c));
+            out[(size_t)r * (size_t)cols + (size_t)c] =
+                json_number_value(json_array_get(row, (size_t)c));
     }
 }
 
@@ -108,7 +109,8 @@ static void check_case(const gcase *c) {
     int32_t *l2p = malloc(sizeof(int32_t) * LE * (size_t)X);
     epx_error err = {0};
     const int hier = c->groups % c->nodes == 0; /* the reference's own rule */
-    epx_status st = epx_plan_deepseek(c->w, L, E, P, c->groups, c->nodes, G, hier, p2l, l2p, cnt, &err);
+    epx_status st =
+        epx_plan_deepseek(c->w, L, E, P, c->groups, c->nodes, G, hier, p2l, l2p, cnt, &err);
     CASE_CHECK(c, st == EPX_OK, "epx_plan_deepseek: %s", err.msg);
 
     /* logical_count: identical. */
@@ -123,20 +125,25 @@ static void check_case(const gcase *c) {
             const int32_t n = cnt[(size_t)l * (size_t)E + (size_t)e];
             for (int32_t k = 0; k < X; k++) {
                 if (k < n)
-                    CASE_CHECK(c, r[k] >= 0 && r[k] < P && p2l[(size_t)l * (size_t)P + (size_t)r[k]] == e,
-                               "log_to_phys[%d][%d][%d] = %d does not hold expert %d", l, e, k, r[k], e);
+                    CASE_CHECK(
+                        c, r[k] >= 0 && r[k] < P && p2l[(size_t)l * (size_t)P + (size_t)r[k]] == e,
+                        "log_to_phys[%d][%d][%d] = %d does not hold expert %d", l, e, k, r[k], e);
                 else
-                    CASE_CHECK(c, r[k] == -1, "log_to_phys[%d][%d][%d] = %d, expected -1", l, e, k, r[k]);
+                    CASE_CHECK(c, r[k] == -1, "log_to_phys[%d][%d][%d] = %d, expected -1", l, e, k,
+                               r[k]);
             }
         }
 
     /* The sorted experts of each GPU: identical in float cases. */
     if (c->is_float) {
-        int32_t *a = malloc(sizeof(int32_t) * (size_t)spg), *b = malloc(sizeof(int32_t) * (size_t)spg);
+        int32_t *a = malloc(sizeof(int32_t) * (size_t)spg),
+                *b = malloc(sizeof(int32_t) * (size_t)spg);
         for (int32_t l = 0; l < L; l++)
             for (int32_t g = 0; g < G; g++) {
-                memcpy(a, p2l + (size_t)l * (size_t)P + (size_t)g * (size_t)spg, sizeof(int32_t) * (size_t)spg);
-                memcpy(b, c->p2l + (size_t)l * (size_t)P + (size_t)g * (size_t)spg, sizeof(int32_t) * (size_t)spg);
+                memcpy(a, p2l + (size_t)l * (size_t)P + (size_t)g * (size_t)spg,
+                       sizeof(int32_t) * (size_t)spg);
+                memcpy(b, c->p2l + (size_t)l * (size_t)P + (size_t)g * (size_t)spg,
+                       sizeof(int32_t) * (size_t)spg);
                 qsort(a, (size_t)spg, sizeof *a, cmp_i32);
                 qsort(b, (size_t)spg, sizeof *b, cmp_i32);
                 CASE_CHECK(c, memcmp(a, b, sizeof(int32_t) * (size_t)spg) == 0,
@@ -173,14 +180,18 @@ static void check_case(const gcase *c) {
     epx_plan *plan = NULL;
     st = epx_plan_compute(counts, &shape, &o, &plan, &err);
     CASE_CHECK(c, st == EPX_OK, "epx_plan_compute: %s", err.msg);
-    CASE_CHECK(c, memcmp(epx_layout_physical_to_logical(epx_plan_layout(plan)), p2l, sizeof(int32_t) * LP) == 0,
+    CASE_CHECK(c,
+               memcmp(epx_layout_physical_to_logical(epx_plan_layout(plan)), p2l,
+                      sizeof(int32_t) * LP) == 0,
                "epx_plan_compute and epx_plan_deepseek disagree");
     epx_plan_destroy(plan);
     /* The global policy is the hierarchical one with one group on one node. */
     if (global) {
         int32_t *p2 = malloc(sizeof(int32_t) * LP);
-        assert_int_equal(epx_plan_deepseek(c->w, L, E, P, 1, 1, G, 0, p2, NULL, NULL, &err), EPX_OK);
-        CASE_CHECK(c, memcmp(p2, p2l, sizeof(int32_t) * LP) == 0, "global and hierarchical(1, 1) differ");
+        assert_int_equal(epx_plan_deepseek(c->w, L, E, P, 1, 1, G, 0, p2, NULL, NULL, &err),
+                         EPX_OK);
+        CASE_CHECK(c, memcmp(p2, p2l, sizeof(int32_t) * LP) == 0,
+                   "global and hierarchical(1, 1) differ");
         free(p2);
     }
     epx_counts_destroy(counts);

@@ -20,7 +20,8 @@ static void mapping_round_trip(void **state) {
         int32_t G = 1 + (int32_t)tu_below(&r, 8), E = G * (1 + (int32_t)tu_below(&r, 6));
         int32_t P = E + G * (int32_t)tu_below(&r, 3), L = 1 + (int32_t)tu_below(&r, 5);
         int32_t *map = malloc(sizeof(int32_t) * (size_t)(L * P));
-        for (int i = 0; i < L * P; i++) map[i] = (i % P) < E ? i % P : (int32_t)tu_below(&r, (uint32_t)E);
+        for (int i = 0; i < L * P; i++)
+            map[i] = (i % P) < E ? i % P : (int32_t)tu_below(&r, (uint32_t)E);
         epx_shape s = {L, E, P, G, 1};
         epx_layout *lay = NULL;
         epx_error err = {0};
@@ -54,21 +55,29 @@ static void mapping_errors_explain(void **state) {
     (void)state;
     int32_t *m = NULL, L, P;
     epx_error err = {0};
-    assert_int_equal(parse("{\"physical_to_logical_map\": [[0,1],[0]]}", &m, &L, &P, &err), EPX_ERR_PARSE);
+    assert_int_equal(parse("{\"physical_to_logical_map\": [[0,1],[0]]}", &m, &L, &P, &err),
+                     EPX_ERR_PARSE);
     TU_MSG_HAS(err.msg, "[1]", "ragged");
-    assert_int_equal(parse("{\"physical_to_logical_map\": [[0,1.5]]}", &m, &L, &P, &err), EPX_ERR_PARSE);
+    assert_int_equal(parse("{\"physical_to_logical_map\": [[0,1.5]]}", &m, &L, &P, &err),
+                     EPX_ERR_PARSE);
     TU_MSG_HAS(err.msg, "[0][1]", "1.5", "not an integer");
-    assert_int_equal(parse("{\"physical_to_logical_map\": [[0,\"x\"]]}", &m, &L, &P, &err), EPX_ERR_PARSE);
+    assert_int_equal(parse("{\"physical_to_logical_map\": [[0,\"x\"]]}", &m, &L, &P, &err),
+                     EPX_ERR_PARSE);
     TU_MSG_HAS(err.msg, "[0][1]", "not an integer");
-    assert_int_equal(parse("{\"physical_to_logical_map\": [[0,-3]]}", &m, &L, &P, &err), EPX_ERR_PARSE);
+    assert_int_equal(parse("{\"physical_to_logical_map\": [[0,-3]]}", &m, &L, &P, &err),
+                     EPX_ERR_PARSE);
     TU_MSG_HAS(err.msg, "-3");
-    assert_int_equal(parse("{\"physical_to_logical_map\": [[0,99999999999]]}", &m, &L, &P, &err), EPX_ERR_PARSE);
+    assert_int_equal(parse("{\"physical_to_logical_map\": [[0,99999999999]]}", &m, &L, &P, &err),
+                     EPX_ERR_PARSE);
     TU_MSG_HAS(err.msg, "99999999999");
-    assert_int_equal(parse("{\"physical_to_logical_map\": [[0,1]", &m, &L, &P, &err), EPX_ERR_PARSE);
+    assert_int_equal(parse("{\"physical_to_logical_map\": [[0,1]", &m, &L, &P, &err),
+                     EPX_ERR_PARSE);
     TU_MSG_HAS(err.msg, "line 1", "not valid JSON");
-    assert_int_equal(parse("{\"physical_to_logical_map\": [0,1]}", &m, &L, &P, &err), EPX_ERR_PARSE);
+    assert_int_equal(parse("{\"physical_to_logical_map\": [0,1]}", &m, &L, &P, &err),
+                     EPX_ERR_PARSE);
     TU_MSG_HAS(err.msg, "depth");
-    assert_int_equal(parse("{\"physical_to_logical_map\": [[[0]]]}", &m, &L, &P, &err), EPX_ERR_PARSE);
+    assert_int_equal(parse("{\"physical_to_logical_map\": [[[0]]]}", &m, &L, &P, &err),
+                     EPX_ERR_PARSE);
     assert_int_equal(parse("{\"physical_to_logical_map\": []}", &m, &L, &P, &err), EPX_ERR_PARSE);
     TU_MSG_HAS(err.msg, "empty");
     assert_int_equal(parse("{\"other\": 1}", &m, &L, &P, &err), EPX_ERR_PARSE);
@@ -80,7 +89,8 @@ static void mapping_errors_explain(void **state) {
     assert_int_equal(epx_mapping_read("/nonexistent/x.json", &m, &L, &P, &err), EPX_ERR_IO);
     TU_MSG_HAS(err.msg, "/nonexistent/x.json");
     /* Other keys are ignored, as SGLang ignores them. */
-    assert_int_equal(parse("{\"physical_to_logical_map\": [[1,0]], \"x\": 3}", &m, &L, &P, &err), EPX_OK);
+    assert_int_equal(parse("{\"physical_to_logical_map\": [[1,0]], \"x\": 3}", &m, &L, &P, &err),
+                     EPX_OK);
     assert_int_equal(m[0], 1);
     epx_free(m);
 }
@@ -89,7 +99,8 @@ static void counts_read_and_write(void **state) {
     (void)state;
     epx_counts *c = NULL;
     epx_error err = {0};
-    assert_int_equal(epx_counts_read("{\"logical_count\": [[1, 2.5], [0, 3]], \"rank\": 0}", &c, &err), EPX_OK);
+    assert_int_equal(
+        epx_counts_read("{\"logical_count\": [[1, 2.5], [0, 3]], \"rank\": 0}", &c, &err), EPX_OK);
     assert_int_equal(c->num_windows, 1);
     assert_int_equal(c->num_layers, 2);
     assert_int_equal(c->num_experts, 2);
@@ -101,7 +112,10 @@ static void counts_read_and_write(void **state) {
     assert_memory_equal(c->data, d->data, 4 * sizeof(double));
     epx_counts_destroy(d);
     epx_counts_destroy(c);
-    assert_int_equal(epx_counts_read("{\"logical_count\": [[[1,2],[3,4]],[[5,6],[7,8]],[[0,0],[0,1]]]}", &c, &err), EPX_OK);
+    assert_int_equal(
+        epx_counts_read("{\"logical_count\": [[[1,2],[3,4]],[[5,6],[7,8]],[[0,0],[0,1]]]}", &c,
+                        &err),
+        EPX_OK);
     assert_int_equal(c->num_windows, 3);
     assert_true(epx_counts_row(c, 2, 1)[1] == 1.0);
     double sum[4];
@@ -120,7 +134,8 @@ static void counts_read_and_write(void **state) {
     TU_MSG_HAS(err.msg, "[0][1]", "-2", "non-negative");
     assert_int_equal(epx_counts_read("{\"logical_count\": [[1, \"a\"]]}", &c, &err), EPX_ERR_PARSE);
     TU_MSG_HAS(err.msg, "not a number");
-    assert_int_equal(epx_counts_read("{\"physical_to_logical_map\": [[1, 0]]}", &c, &err), EPX_ERR_PARSE);
+    assert_int_equal(epx_counts_read("{\"physical_to_logical_map\": [[1, 0]]}", &c, &err),
+                     EPX_ERR_PARSE);
     TU_MSG_HAS(err.msg, "placement");
 }
 
@@ -145,16 +160,20 @@ static void init_entry_point(void **state) {
     lay = NULL;
     epx_init_opts m = EPX_INIT_OPTS_INIT;
     m.num_gpus = 2;
-    assert_int_equal(epx_layout_init("{\"physical_to_logical_map\": [[0,1,2,3],[3,2,1,0]]}", &m, &lay, &err), EPX_OK);
+    assert_int_equal(
+        epx_layout_init("{\"physical_to_logical_map\": [[0,1,2,3],[3,2,1,0]]}", &m, &lay, &err),
+        EPX_OK);
     assert_int_equal(epx_layout_shape(lay)->num_logical_experts, 4); /* inferred */
     epx_layout_destroy(lay);
     lay = NULL;
     m.num_gpus = 3;
-    assert_int_equal(epx_layout_init("{\"physical_to_logical_map\": [[0,1,2,3]]}", &m, &lay, &err), EPX_ERR_SHAPE);
+    assert_int_equal(epx_layout_init("{\"physical_to_logical_map\": [[0,1,2,3]]}", &m, &lay, &err),
+                     EPX_ERR_SHAPE);
     TU_MSG_HAS(err.msg, "(4)", "(3)");
     m.num_gpus = 2;
     m.num_layers = 5;
-    assert_int_equal(epx_layout_init("{\"physical_to_logical_map\": [[0,1,2,3]]}", &m, &lay, &err), EPX_ERR_SHAPE);
+    assert_int_equal(epx_layout_init("{\"physical_to_logical_map\": [[0,1,2,3]]}", &m, &lay, &err),
+                     EPX_ERR_SHAPE);
     TU_MSG_HAS(err.msg, "1 layers", "5");
     epx_init_opts bad = EPX_INIT_OPTS_INIT;
     bad.version = 99;

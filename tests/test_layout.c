@@ -57,7 +57,8 @@ static void derived_maps_random(void **state) {
         int32_t P = spg * G, L = 1 + (int32_t)tu_below(&r, 4);
         int32_t *map = malloc(sizeof(int32_t) * (size_t)(L * P));
         for (int l = 0; l < L; l++) {
-            for (int p = 0; p < P; p++) map[l * P + p] = p < E ? p : (int32_t)tu_below(&r, (uint32_t)E);
+            for (int p = 0; p < P; p++)
+                map[l * P + p] = p < E ? p : (int32_t)tu_below(&r, (uint32_t)E);
             for (int p = P - 1; p > 0; p--) { /* shuffle */
                 int q = (int)tu_below(&r, (uint32_t)p + 1);
                 int32_t t = map[l * P + p];

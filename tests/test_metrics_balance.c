@@ -125,7 +125,8 @@ static void bound_hand(void **state) {
     w[1] = -1;
     assert_int_equal(epx_bound_max_load(w, 2, 4, 2, &bound, NULL, NULL, &err), EPX_ERR_INVALID_ARG);
     TU_MSG_HAS(err.msg, "expert 1", "-1");
-    assert_int_equal(epx_bound_max_load(NULL, 2, 4, 2, &bound, NULL, NULL, &err), EPX_ERR_INVALID_ARG);
+    assert_int_equal(epx_bound_max_load(NULL, 2, 4, 2, &bound, NULL, NULL, &err),
+                     EPX_ERR_INVALID_ARG);
 }
 
 /* Brute force: the least max_e w[e]/c[e] over all c >= 1 with sum P. */
@@ -173,7 +174,8 @@ static void bound_holds_on_random_placements(void **state) {
         int32_t *map = malloc(sizeof(int32_t) * (size_t)(L * P));
         double *w = malloc(sizeof(double) * (size_t)(L * E));
         for (int l = 0; l < L; l++) {
-            for (int p = 0; p < P; p++) map[l * P + p] = p < E ? p : (int32_t)tu_below(&r, (uint32_t)E);
+            for (int p = 0; p < P; p++)
+                map[l * P + p] = p < E ? p : (int32_t)tu_below(&r, (uint32_t)E);
             for (int p = P - 1; p > 0; p--) {
                 int q = (int)tu_below(&r, (uint32_t)p + 1);
                 int32_t t = map[l * P + p];
@@ -199,7 +201,8 @@ static void bound_holds_on_random_placements(void **state) {
             assert_true(lb[l].balancedness > 0 && lb[l].balancedness <= 1 + 1e-12);
             assert_true(lb[l].bound >= lb[l].balancedness - 1e-12);
             double bound = 0;
-            assert_int_equal(epx_bound_max_load(w + l * E, E, P, G, &bound, NULL, NULL, &err), EPX_OK);
+            assert_int_equal(epx_bound_max_load(w + l * E, E, P, G, &bound, NULL, NULL, &err),
+                             EPX_OK);
             NEAR(bound, lb[l].bound_max_load);
         }
         assert_true(b.gap >= 0);

@@ -29,8 +29,8 @@
  *   NODE_LOCAL: e0, e2, e3 miss a node: (6 + 5 + 7) / 2 / 22 = 9/22.
  * Overall: GPU_LOCAL (16/4 + 10) / 38 = 7/19; NODE_LOCAL 9/38; UNIFORM 1/2.
  */
-static const int32_t MAP[24] = {0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 0, 2, 3, 1, 3, 3,
-                                0, 1, 2, 3, 0, 1, 2, 3};
+static const int32_t MAP[24] = {0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 0, 2,
+                                3, 1, 3, 3, 0, 1, 2, 3, 0, 1, 2, 3};
 static const double LOAD[12] = {8, 4, 2, 2, 6, 4, 5, 7, 0, 0, 0, 0};
 
 static epx_layout *hand_layout(void) {
@@ -110,9 +110,8 @@ static void hand_computed(void **state) {
 static void with_replica_weights(void **state) {
     (void)state;
     epx_layout *lay = hand_layout();
-    const double w[24] = {0.75, 0.5, 0.5, 0.5, 0.25, 0.5, 0.5, 0.5,
-                          0.5,  1.0, 0.5, 1.0, 0.5,  0.0, 0.25, 0.25,
-                          0.5,  0.5, 0.5, 0.5, 0.5,  0.5, 0.5, 0.5};
+    const double w[24] = {0.75, 0.5, 0.5,  0.5,  0.25, 0.5, 0.5, 0.5, 0.5, 1.0, 0.5, 1.0,
+                          0.5,  0.0, 0.25, 0.25, 0.5,  0.5, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5};
     epx_layer_stats ls[3];
     epx_load_stats st;
     epx_error err = {0};
@@ -141,9 +140,8 @@ static void errors(void **state) {
     epx_layout *lay = hand_layout();
     epx_load_stats st;
     epx_error err = {0};
-    assert_int_equal(
-        epx_load_stats_compute(lay, LOAD, NULL, (epx_traffic_model)3, &st, NULL, &err),
-        EPX_ERR_INVALID_ARG);
+    assert_int_equal(epx_load_stats_compute(lay, LOAD, NULL, (epx_traffic_model)3, &st, NULL, &err),
+                     EPX_ERR_INVALID_ARG);
     TU_MSG_HAS(err.msg, "traffic model 3");
     double neg[12];
     memcpy(neg, LOAD, sizeof neg);
@@ -227,9 +225,9 @@ static void random_vs_naive(void **state) {
             for (int weighted = 0; weighted < 2; weighted++) {
                 const double *ww = weighted ? w : NULL;
                 epx_load_stats st;
-                assert_int_equal(epx_load_stats_compute(lay, load, ww, (epx_traffic_model)model,
-                                                        &st, ls, &err),
-                                 EPX_OK);
+                assert_int_equal(
+                    epx_load_stats_compute(lay, load, ww, (epx_traffic_model)model, &st, ls, &err),
+                    EPX_OK);
                 assert_int_equal(epx_balance_compute(lay, load, ww, &b, lb, &err), EPX_OK);
                 for (int32_t l = 0; l < L; l++) {
                     double want = naive_share(lay, load, ww, model, l);

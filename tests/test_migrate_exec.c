@@ -47,12 +47,12 @@ typedef struct scenario {
     size_t B, slot_stride, layer_stride;
     uint64_t seed;
     int32_t chunk_layers;
-    int32_t comm_size;          /* G, or the live GPUs */
+    int32_t comm_size; /* G, or the live GPUs */
     rank_state rs[16];
     /* faults */
-    int32_t corrupt_rank;       /* -1 = none */
-    int64_t corrupt_nth;        /* 1-based block index among the rank's sends */
-    int32_t faulty_rank;        /* -1 = none */
+    int32_t corrupt_rank; /* -1 = none */
+    int64_t corrupt_nth;  /* 1-based block index among the rank's sends */
+    int32_t faulty_rank;  /* -1 = none */
     int64_t faulty_at;
     int32_t bad_input_rank;     /* -1 = none: this rank gets a wrong layout */
     int32_t small_staging_rank; /* -1 = none */
@@ -157,16 +157,18 @@ static void run(scenario *sc) {
         rank_state *rs = &sc->rs[r];
         const int32_t g = gpu_of(sc, r);
         rs->weights = make_weights(sc, g, sc->old_map);
-        assert_int_equal(epx_migration_staging_bytes(sc->mig, g, sc->chunk_layers,
-                                                     &rs->staging_bytes, &err), EPX_OK);
+        assert_int_equal(
+            epx_migration_staging_bytes(sc->mig, g, sc->chunk_layers, &rs->staging_bytes, &err),
+            EPX_OK);
         rs->staging = malloc(rs->staging_bytes ? rs->staging_bytes : 1);
         int32_t *map = malloc(sizeof *map * (size_t)sc->shape.num_layers *
                               (size_t)sc->shape.num_physical_experts);
-        memcpy(map, sc->old_map, sizeof *map * (size_t)sc->shape.num_layers *
-                                     (size_t)sc->shape.num_physical_experts);
+        memcpy(map, sc->old_map,
+               sizeof *map * (size_t)sc->shape.num_layers * (size_t)sc->shape.num_physical_experts);
         if (r == sc->bad_input_rank) {
             /* swap two slots of the last layer: a layout the plan does not start from */
-            int32_t *row = map + (size_t)(sc->shape.num_layers - 1) * sc->shape.num_physical_experts;
+            int32_t *row =
+                map + (size_t)(sc->shape.num_layers - 1) * sc->shape.num_physical_experts;
             int32_t t = row[0];
             for (int32_t p = 1; p < sc->shape.num_physical_experts; p++)
                 if (row[p] != t) {
@@ -402,7 +404,8 @@ static void failed_collective(void **state) {
         if (iter % 2 == 0) sc.chunk_layers = 0;
         sc.faulty_rank = (int32_t)tu_below(&r, (uint32_t)sc.comm_size);
         /* 2 to 4 collectives per chunk */
-        const int32_t chunks = sc.chunk_layers ? (c.s.num_layers + sc.chunk_layers - 1) / sc.chunk_layers : 1;
+        const int32_t chunks =
+            sc.chunk_layers ? (c.s.num_layers + sc.chunk_layers - 1) / sc.chunk_layers : 1;
         sc.faulty_at = 1 + tu_below(&r, (uint32_t)(3 * chunks));
         run(&sc);
         int32_t failed_chunks_start = -1;
@@ -448,7 +451,8 @@ static void bad_inputs_move_nothing(void **state) {
         } else {
             size_t need = 0;
             epx_error err = {0};
-            assert_int_equal(epx_migration_staging_bytes(c.m, gpu_of(&sc, k), 0, &need, &err), EPX_OK);
+            assert_int_equal(epx_migration_staging_bytes(c.m, gpu_of(&sc, k), 0, &need, &err),
+                             EPX_OK);
             if (need == 0) {
                 free_case(&c);
                 continue;
@@ -533,8 +537,8 @@ static void argument_errors(void **state) {
     assert_int_equal(epx_migration_staging_bytes(m, 2, 0, &bytes, &err), EPX_ERR_INVALID_ARG);
     TU_MSG_HAS(err.msg, "gpu (2)");
     static const epx_comm_ops dev = {EPX_COMM_OPS_VERSION, "fake-device", EPX_COMM_MEMORY_DEVICE,
-                                     dev_alltoallv, dev_allreduce, dev_simple, dev_simple, NULL,
-                                     NULL};
+                                     dev_alltoallv,        dev_allreduce, dev_simple,
+                                     dev_simple,           NULL,          NULL};
     epx_comm *dc = NULL;
     assert_int_equal(epx_comm_create(&dev, NULL, 0, 2, &dc, &err), EPX_OK);
     assert_int_equal(epx_migration_execute(m, dc, w, a, NULL, 0, NULL, NULL, &err),
@@ -558,7 +562,8 @@ static void argument_errors(void **state) {
     unsigned char *stage = malloc(bytes);
     assert_int_equal(epx_comm_create_local(&local, &err), EPX_OK);
     epx_migrate_result res;
-    assert_int_equal(epx_migration_execute(m, local, w1, x, stage, bytes, NULL, &res, &err), EPX_OK);
+    assert_int_equal(epx_migration_execute(m, local, w1, x, stage, bytes, NULL, &res, &err),
+                     EPX_OK);
     const int32_t *now = epx_layout_physical_to_logical(x);
     for (int p = 0; p < 4; p++)
         for (int i = 0; i < 5; i++) assert_int_equal(w1[5 * p + i], 'a' + now[p]);
@@ -578,10 +583,8 @@ static void argument_errors(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(migrations_commit),
-        cmocka_unit_test(corrupt_block_commits_nothing),
-        cmocka_unit_test(failed_collective),
-        cmocka_unit_test(bad_inputs_move_nothing),
+        cmocka_unit_test(migrations_commit), cmocka_unit_test(corrupt_block_commits_nothing),
+        cmocka_unit_test(failed_collective), cmocka_unit_test(bad_inputs_move_nothing),
         cmocka_unit_test(argument_errors),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -10,7 +10,7 @@
 #include <string.h>
 
 #include "testutil.h"
-#include "../src/migrate/migrate_internal.h"
+#include "../src/plan/constrain.h"
 
 /* ---- references ------------------------------------------------------------ */
 
@@ -150,7 +150,8 @@ static epx_status ref_place(void *ctx, const epx_counts *counts, const epx_shape
         for (int32_t k = 0; k < P; k++) {
             int32_t bi = -1;
             for (int32_t i = 0; i < P; i++)
-                if (!done[i] && (bi < 0 || ld[item[i]] / reps[item[i]] > ld[item[bi]] / reps[item[bi]]))
+                if (!done[i] &&
+                    (bi < 0 || ld[item[i]] / reps[item[i]] > ld[item[bi]] / reps[item[bi]]))
                     bi = i;
             done[bi] = 1;
             int32_t bg = -1;
@@ -515,7 +516,8 @@ static void constrained_current(void **state) {
         assert_int_equal(epx_layout_create_from_map(&s, a, &cur, &err), EPX_OK);
         int calls = 0;
         int32_t *free_map = calloc(cells, sizeof *free_map), *map = calloc(cells, sizeof *map);
-        double *free_share = calloc(cells, sizeof *free_share), *share = calloc(cells, sizeof *share);
+        double *free_share = calloc(cells, sizeof *free_share),
+               *share = calloc(cells, sizeof *share);
         epx_plan_opts o = EPX_PLAN_OPTS_INIT;
         assert_int_equal(ref_place(&calls, c, &s, &o, free_map, free_share, NULL, &err), EPX_OK);
         o.current = cur;
@@ -595,7 +597,8 @@ static void failed_gpus_end_to_end(void **state) {
                 }
             }
         }
-        assert_int_equal(epx_layout_live_replicas(lay, dead, 0, rep, nv, &err), EPX_ERR_INVALID_ARG);
+        assert_int_equal(epx_layout_live_replicas(lay, dead, 0, rep, nv, &err),
+                         EPX_ERR_INVALID_ARG);
         TU_MSG_HAS(err.msg, "width 0");
         free(rep);
         free(nv);
@@ -620,12 +623,9 @@ static void failed_gpus_end_to_end(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(failed_gpus_end_to_end),
-        cmocka_unit_test(budget_extremes),
-        cmocka_unit_test(random_budgets),
-        cmocka_unit_test(greedy_vs_exhaustive),
-        cmocka_unit_test(options_checked),
-        cmocka_unit_test(constrained_plans),
+        cmocka_unit_test(failed_gpus_end_to_end), cmocka_unit_test(budget_extremes),
+        cmocka_unit_test(random_budgets),         cmocka_unit_test(greedy_vs_exhaustive),
+        cmocka_unit_test(options_checked),        cmocka_unit_test(constrained_plans),
         cmocka_unit_test(constrained_current),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -194,14 +194,17 @@ static void replay(const epx_shape *s, const int32_t *old, const int32_t *rel,
                     } else if (k[p] == EPX_MOVE_LOCAL || k[p] == EPX_MOVE_RECV) {
                         assert_true(q >= 0 && q < P);
                         assert_true(failed == NULL || !failed[q / spg]);
-                        if (k[p] == EPX_MOVE_LOCAL) assert_int_equal(q / spg, g);
-                        else assert_int_not_equal(q / spg, g);
+                        if (k[p] == EPX_MOVE_LOCAL)
+                            assert_int_equal(q / spg, g);
+                        else
+                            assert_int_not_equal(q / spg, g);
                         assert_int_equal(o[q], t[p]);
                         have[p] = o[q];
                     } else if (k[p] == EPX_MOVE_LOAD) {
                         /* nobody live holds it */
                         for (int32_t x = 0; x < P; x++)
-                            if (failed == NULL || !failed[x / spg]) assert_int_not_equal(o[x], t[p]);
+                            if (failed == NULL || !failed[x / spg])
+                                assert_int_not_equal(o[x], t[p]);
                         have[p] = t[p];
                         loaded += B;
                     }
@@ -214,7 +217,8 @@ static void replay(const epx_shape *s, const int32_t *old, const int32_t *rel,
                 } else if (pass == 2 && k[p] == EPX_MOVE_RECV_COPY) {
                     assert_int_equal(q / spg, g);
                     assert_true(q < p);
-                    assert_true(k[q] == EPX_MOVE_RECV || k[q] == EPX_MOVE_RELAY || k[q] == EPX_MOVE_LOAD);
+                    assert_true(k[q] == EPX_MOVE_RECV || k[q] == EPX_MOVE_RELAY ||
+                                k[q] == EPX_MOVE_LOAD);
                     have[p] = have[q];
                 }
             }
@@ -227,8 +231,10 @@ static void replay(const epx_shape *s, const int32_t *old, const int32_t *rel,
                 sent[q / spg] += B;
                 recv[g] += B;
                 link[(size_t)(q / spg) * G + g] += B;
-                if (q / spg / gpn == g / gpn) intra += B;
-                else inter += B;
+                if (q / spg / gpn == g / gpn)
+                    intra += B;
+                else
+                    inter += B;
             } else if (k[p] == EPX_MOVE_LOCAL || k[p] == EPX_MOVE_RECV_COPY) {
                 local += B;
                 link[(size_t)g * G + g] += B;
@@ -310,7 +316,8 @@ static void random_plans_replay(void **state) {
         epx_error err = {0};
         assert_int_equal(epx_migration_plan(cur, tgt, &o, &m, &err), EPX_OK);
         const int32_t *rel = epx_layout_physical_to_logical(epx_migration_layout(m));
-        if (!o.relabel) assert_memory_equal(rel, b, sizeof *b * (size_t)s.num_layers * s.num_physical_experts);
+        if (!o.relabel)
+            assert_memory_equal(rel, b, sizeof *b * (size_t)s.num_layers * s.num_physical_experts);
         replay(&s, a, rel, failed, m, o.expert_bytes);
         check_naive(&s, a, b, failed, m, o.expert_bytes);
         if (!o.relay) {
@@ -540,12 +547,9 @@ static void checksum_properties(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(relabel_is_maximum_matching),
-        cmocka_unit_test(random_plans_replay),
-        cmocka_unit_test(crafted_same_node_and_relay),
-        cmocka_unit_test(crafted_local_copies),
-        cmocka_unit_test(failed_gpu_sources),
-        cmocka_unit_test(errors_name_the_problem),
+        cmocka_unit_test(relabel_is_maximum_matching), cmocka_unit_test(random_plans_replay),
+        cmocka_unit_test(crafted_same_node_and_relay), cmocka_unit_test(crafted_local_copies),
+        cmocka_unit_test(failed_gpu_sources),          cmocka_unit_test(errors_name_the_problem),
         cmocka_unit_test(checksum_properties),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -132,10 +132,12 @@ static void config_errors(void **state) {
     epx_moe_weights w = {NULL, NULL, g, g, d, NULL, NULL, NULL};
     int32_t ids[2] = {0, 6};
     float tw[2] = {1, 1};
-    assert_int_equal(epx_moe_forward(&c, &w, x, 1, ids, tw, 0, 1, 1, out, &err), EPX_ERR_INVALID_ARG);
+    assert_int_equal(epx_moe_forward(&c, &w, x, 1, ids, tw, 0, 1, 1, out, &err),
+                     EPX_ERR_INVALID_ARG);
     TU_MSG_HAS(err.msg, "topk_ids[0][1] = 6", "[-1, 6)");
     ids[1] = 0;
-    assert_int_equal(epx_moe_forward(&c, &w, x, 1, ids, tw, 2, 5, 1, out, &err), EPX_ERR_INVALID_ARG);
+    assert_int_equal(epx_moe_forward(&c, &w, x, 1, ids, tw, 2, 5, 1, out, &err),
+                     EPX_ERR_INVALID_ARG);
     TU_MSG_HAS(err.msg, "rank 2 of 5");
 }
 
@@ -178,7 +180,8 @@ static void expert_and_tp_slices(void **state) {
     for (int it = 0; it < 50; it++) {
         int32_t H = 1 + (int32_t)tu_below(&r, 20), I = 1 + (int32_t)tu_below(&r, 20);
         size_t n = (size_t)H * I;
-        float *g = malloc(n * 4), *u = malloc(n * 4), *d = malloc(n * 4), *x = malloc((size_t)H * 4);
+        float *g = malloc(n * 4), *u = malloc(n * 4), *d = malloc(n * 4),
+              *x = malloc((size_t)H * 4);
         for (size_t i = 0; i < n; i++) {
             g[i] = (float)(tu_uniform(&r) - 0.5);
             u[i] = (float)(tu_uniform(&r) - 0.5);
@@ -209,7 +212,8 @@ static void expert_and_tp_slices(void **state) {
             epx_moe_tp_split(I, q, R, &i0, &i1);
             assert_true(i1 > i0);
             epx_moe_expert sl = {g + (size_t)i0 * H, u + (size_t)i0 * H, d + i0, i1 - i0, I};
-            assert_int_equal(epx_moe_expert_forward(&sl, H, x, H, NULL, 1, part, work, NULL), EPX_OK);
+            assert_int_equal(epx_moe_expert_forward(&sl, H, x, H, NULL, 1, part, work, NULL),
+                             EPX_OK);
             for (int32_t j = 0; j < H; j++) ys[j] += part[j];
         }
         for (int32_t j = 0; j < H; j++) assert_float_equal(ys[j], y[j], 1e-4);

@@ -15,7 +15,8 @@ static epx_counts *random_counts(tu_rng *r, int32_t S, int32_t L, int32_t E) {
     epx_counts *c = NULL;
     epx_error err = {0};
     assert_int_equal(epx_counts_create(S, L, E, &c, &err), EPX_OK);
-    for (size_t i = 0; i < (size_t)S * (size_t)L * (size_t)E; i++) c->data[i] = (double)tu_below(r, 1000);
+    for (size_t i = 0; i < (size_t)S * (size_t)L * (size_t)E; i++)
+        c->data[i] = (double)tu_below(r, 1000);
     return c;
 }
 
@@ -27,7 +28,8 @@ static epx_status plan(const epx_counts *c, epx_shape s, const epx_plan_opts *o,
 static void algorithm_names(void **state) {
     (void)state;
     epx_error err = {0};
-    const epx_algorithm all[] = {EPX_ALGO_EPX, EPX_ALGO_DEEPSEEK, EPX_ALGO_DEEPSEEK_HIERARCHICAL, EPX_ALGO_AUTO};
+    const epx_algorithm all[] = {EPX_ALGO_EPX, EPX_ALGO_DEEPSEEK, EPX_ALGO_DEEPSEEK_HIERARCHICAL,
+                                 EPX_ALGO_AUTO};
     for (size_t i = 0; i < 4; i++) {
         epx_algorithm a;
         assert_int_equal(epx_algorithm_parse(epx_algorithm_name(all[i]), &a, &err), EPX_OK);
@@ -108,7 +110,7 @@ static void option_errors(void **state) {
     assert_int_equal(plan(c, s, &o, &p, &err), EPX_ERR_INVALID_ARG);
     TU_MSG_HAS(err.msg, "cross_node_budget");
 
-    /* moving costs and failed GPUs (src/migrate; tests/test_migrate_limit.c) */
+    /* moving costs and failed GPUs (src/plan/plan_constrained.c; tests/test_migrate_limit.c) */
     epx_layout *cur = NULL;
     assert_int_equal(epx_layout_create_trivial(&s, &cur, &err), EPX_OK);
     uint8_t failed[4] = {0, 1, 0, 0};
@@ -180,9 +182,12 @@ static void auto_rule(void **state) {
         int32_t groups, nodes;
         epx_algorithm want;
     } cases[] = {
-        {8, 4, EPX_ALGO_DEEPSEEK_HIERARCHICAL}, {8, 1, EPX_ALGO_DEEPSEEK_HIERARCHICAL},
-        {4, 8, EPX_ALGO_DEEPSEEK},              {0, 1, EPX_ALGO_DEEPSEEK},
-        {0, 2, EPX_ALGO_DEEPSEEK},              {1, 1, EPX_ALGO_DEEPSEEK_HIERARCHICAL},
+        {8, 4, EPX_ALGO_DEEPSEEK_HIERARCHICAL},
+        {8, 1, EPX_ALGO_DEEPSEEK_HIERARCHICAL},
+        {4, 8, EPX_ALGO_DEEPSEEK},
+        {0, 1, EPX_ALGO_DEEPSEEK},
+        {0, 2, EPX_ALGO_DEEPSEEK},
+        {1, 1, EPX_ALGO_DEEPSEEK_HIERARCHICAL},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         epx_shape s = {2, 32, 48, 8, cases[i].nodes};
@@ -198,7 +203,8 @@ static void auto_rule(void **state) {
         epx_plan *q = NULL;
         assert_int_equal(epx_plan_compute(c, &s, &o2, &q, &err), EPX_OK);
         assert_memory_equal(epx_layout_physical_to_logical(epx_plan_layout(p)),
-                            epx_layout_physical_to_logical(epx_plan_layout(q)), sizeof(int32_t) * 2 * 48);
+                            epx_layout_physical_to_logical(epx_plan_layout(q)),
+                            sizeof(int32_t) * 2 * 48);
         epx_plan_destroy(p);
         epx_plan_destroy(q);
     }
@@ -224,9 +230,11 @@ static void deepseek_sums_windows(void **state) {
         o.num_groups = 8;
         epx_plan *p = NULL;
         assert_int_equal(epx_plan_compute(c, &s, &o, &p, &err), EPX_OK);
-        assert_int_equal(epx_plan_deepseek(w, L, E, P, 8, N, G, hier, ref, NULL, NULL, &err), EPX_OK);
+        assert_int_equal(epx_plan_deepseek(w, L, E, P, 8, N, G, hier, ref, NULL, NULL, &err),
+                         EPX_OK);
         const epx_layout *lay = epx_plan_layout(p);
-        assert_memory_equal(epx_layout_physical_to_logical(lay), ref, sizeof(int32_t) * (size_t)(L * P));
+        assert_memory_equal(epx_layout_physical_to_logical(lay), ref,
+                            sizeof(int32_t) * (size_t)(L * P));
         const double *wt = epx_plan_replica_weights(p);
         const int32_t *nv = epx_layout_num_valid(lay);
         for (int l = 0; l < L; l++)
@@ -262,8 +270,11 @@ static void default_algorithm(void **state) {
         o.algorithm = EPX_ALGO_DEEPSEEK;
         assert_int_equal(epx_plan_compute(c, &s, &o, &d, &err), EPX_OK);
         epx_balance bp, bd;
-        assert_int_equal(epx_balance_compute(epx_plan_layout(p), c->data, epx_plan_replica_weights(p), &bp, NULL, &err), EPX_OK);
-        assert_int_equal(epx_balance_compute(epx_plan_layout(d), c->data, NULL, &bd, NULL, &err), EPX_OK);
+        assert_int_equal(epx_balance_compute(epx_plan_layout(p), c->data,
+                                             epx_plan_replica_weights(p), &bp, NULL, &err),
+                         EPX_OK);
+        assert_int_equal(epx_balance_compute(epx_plan_layout(d), c->data, NULL, &bd, NULL, &err),
+                         EPX_OK);
         assert_true(bp.balancedness >= bd.balancedness - 1e-12);
         epx_plan_destroy(p);
         epx_plan_destroy(d);
@@ -279,7 +290,9 @@ static void init_from_counts(void **state) {
     o.num_redundant = 2;
     epx_layout *lay = NULL;
     epx_error err = {0};
-    assert_int_equal(epx_layout_init("{\"logical_count\": [[10, 1, 1, 1], [0, 0, 0, 9]]}", &o, &lay, &err), EPX_OK);
+    assert_int_equal(
+        epx_layout_init("{\"logical_count\": [[10, 1, 1, 1], [0, 0, 0, 9]]}", &o, &lay, &err),
+        EPX_OK);
     const epx_shape *s = epx_layout_shape(lay);
     assert_int_equal(s->num_physical_experts, 6);
     assert_int_equal(s->num_layers, 2);
@@ -290,18 +303,16 @@ static void init_from_counts(void **state) {
     epx_layout_destroy(lay);
     /* a bad shape is explained, not asserted */
     o.num_redundant = 1;
-    assert_int_equal(epx_layout_init("{\"logical_count\": [[10, 1, 1, 1]]}", &o, &lay, &err), EPX_ERR_SHAPE);
+    assert_int_equal(epx_layout_init("{\"logical_count\": [[10, 1, 1, 1]]}", &o, &lay, &err),
+                     EPX_ERR_SHAPE);
     TU_MSG_HAS(err.msg, "5", "2");
 }
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(algorithm_names),
-        cmocka_unit_test(option_errors),
-        cmocka_unit_test(auto_rule),
-        cmocka_unit_test(deepseek_sums_windows),
-        cmocka_unit_test(default_algorithm),
-        cmocka_unit_test(init_from_counts),
+        cmocka_unit_test(algorithm_names),   cmocka_unit_test(option_errors),
+        cmocka_unit_test(auto_rule),         cmocka_unit_test(deepseek_sums_windows),
+        cmocka_unit_test(default_algorithm), cmocka_unit_test(init_from_counts),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

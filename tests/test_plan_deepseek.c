@@ -93,10 +93,10 @@ static void ref_layer(const float *w, int E, int P, int groups, int nodes, int g
 
 static float random_weight(tu_rng *r, int kind) {
     switch (kind) {
-    case 0: return (float)(tu_uniform(r) * 1000.0);                 /* float, no ties  */
-    case 1: return (float)tu_below(r, 6);                           /* heavy ties      */
+    case 0: return (float)(tu_uniform(r) * 1000.0);                        /* float, no ties  */
+    case 1: return (float)tu_below(r, 6);                                  /* heavy ties      */
     case 2: return tu_below(r, 3) == 0 ? (float)tu_below(r, 50000) : 0.0f; /* sparse */
-    default: return (float)(1 + tu_below(r, 20000));                /* token counts    */
+    default: return (float)(1 + tu_below(r, 20000));                       /* token counts    */
     }
 }
 
@@ -105,11 +105,14 @@ static void compare_shape(tu_rng *r, int L, int E, int P, int groups, int nodes,
     const int X = P - E + 1;
     float *w = malloc(sizeof(float) * (size_t)(L * E));
     for (int i = 0; i < L * E; i++) w[i] = random_weight(r, kind);
-    int32_t *p2l = malloc(sizeof(int32_t) * (size_t)(L * P)), *cnt = malloc(sizeof(int32_t) * (size_t)(L * E));
+    int32_t *p2l = malloc(sizeof(int32_t) * (size_t)(L * P)),
+            *cnt = malloc(sizeof(int32_t) * (size_t)(L * E));
     int32_t *l2p = malloc(sizeof(int32_t) * (size_t)(L * E * X));
     epx_error err = {0};
     epx_status st = epx_plan_deepseek(w, L, E, P, groups, nodes, G, hier, p2l, l2p, cnt, &err);
-    if (st != EPX_OK) fprintf(stderr, "L=%d E=%d P=%d groups=%d nodes=%d G=%d: %s\n", L, E, P, groups, nodes, G, err.msg);
+    if (st != EPX_OK)
+        fprintf(stderr, "L=%d E=%d P=%d groups=%d nodes=%d G=%d: %s\n", L, E, P, groups, nodes, G,
+                err.msg);
     assert_int_equal(st, EPX_OK);
     int *rp2l = malloc(sizeof(int) * (size_t)P), *rrank = malloc(sizeof(int) * (size_t)P);
     int *rcnt = malloc(sizeof(int) * (size_t)E);
@@ -117,7 +120,9 @@ static void compare_shape(tu_rng *r, int L, int E, int P, int groups, int nodes,
         ref_layer(w + l * E, E, P, hier ? groups : 1, hier ? nodes : 1, G, rp2l, rrank, rcnt);
         for (int p = 0; p < P; p++) {
             if (p2l[l * P + p] != rp2l[p])
-                fprintf(stderr, "L=%d E=%d P=%d groups=%d nodes=%d G=%d hier=%d kind=%d: layer %d slot %d: %d vs reference %d\n",
+                fprintf(stderr,
+                        "L=%d E=%d P=%d groups=%d nodes=%d G=%d hier=%d kind=%d: layer %d slot %d: "
+                        "%d vs reference %d\n",
                         L, E, P, groups, nodes, G, hier, kind, l, p, p2l[l * P + p], rp2l[p]);
             assert_int_equal(p2l[l * P + p], rp2l[p]);
             /* replica rank order: slot p is replica rrank[p] of its expert */
@@ -178,30 +183,39 @@ static void input_errors(void **state) {
     for (int i = 0; i < 16; i++) w[i] = (float)i;
     int32_t p2l[64];
     epx_error err = {0};
-    assert_int_equal(epx_plan_deepseek(NULL, 1, 16, 16, 1, 1, 4, 0, p2l, NULL, NULL, &err), EPX_ERR_INVALID_ARG);
+    assert_int_equal(epx_plan_deepseek(NULL, 1, 16, 16, 1, 1, 4, 0, p2l, NULL, NULL, &err),
+                     EPX_ERR_INVALID_ARG);
     /* 18 slots over 4 GPUs */
-    assert_int_equal(epx_plan_deepseek(w, 1, 16, 18, 1, 1, 4, 0, p2l, NULL, NULL, &err), EPX_ERR_SHAPE);
+    assert_int_equal(epx_plan_deepseek(w, 1, 16, 18, 1, 1, 4, 0, p2l, NULL, NULL, &err),
+                     EPX_ERR_SHAPE);
     TU_MSG_HAS(err.msg, "18", "4", "20");
     /* fewer slots than experts */
-    assert_int_equal(epx_plan_deepseek(w, 1, 16, 12, 1, 1, 4, 0, p2l, NULL, NULL, &err), EPX_ERR_SHAPE);
+    assert_int_equal(epx_plan_deepseek(w, 1, 16, 12, 1, 1, 4, 0, p2l, NULL, NULL, &err),
+                     EPX_ERR_SHAPE);
     TU_MSG_HAS(err.msg, "12", "16");
     /* hierarchical: 3 groups do not divide 16 experts */
-    assert_int_equal(epx_plan_deepseek(w, 1, 16, 16, 3, 1, 4, 1, p2l, NULL, NULL, &err), EPX_ERR_SHAPE);
+    assert_int_equal(epx_plan_deepseek(w, 1, 16, 16, 3, 1, 4, 1, p2l, NULL, NULL, &err),
+                     EPX_ERR_SHAPE);
     TU_MSG_HAS(err.msg, "16", "3", "groups");
     /* hierarchical: 4 groups do not split over 8 nodes */
-    assert_int_equal(epx_plan_deepseek(w, 1, 16, 16, 4, 8, 8, 1, p2l, NULL, NULL, &err), EPX_ERR_SHAPE);
+    assert_int_equal(epx_plan_deepseek(w, 1, 16, 16, 4, 8, 8, 1, p2l, NULL, NULL, &err),
+                     EPX_ERR_SHAPE);
     TU_MSG_HAS(err.msg, "4 groups", "8 nodes", "--algorithm deepseek");
-    assert_int_equal(epx_plan_deepseek(w, 1, 16, 16, 0, 1, 4, 1, p2l, NULL, NULL, &err), EPX_ERR_INVALID_ARG);
+    assert_int_equal(epx_plan_deepseek(w, 1, 16, 16, 0, 1, 4, 1, p2l, NULL, NULL, &err),
+                     EPX_ERR_INVALID_ARG);
     TU_MSG_HAS(err.msg, "groups");
     /* ...while the global policy ignores groups and nodes, as the reference does */
     assert_int_equal(epx_plan_deepseek(w, 1, 16, 16, 3, 8, 4, 0, p2l, NULL, NULL, &err), EPX_OK);
     w[5] = -1.0f;
-    assert_int_equal(epx_plan_deepseek(w, 1, 16, 16, 1, 1, 4, 0, p2l, NULL, NULL, &err), EPX_ERR_INVALID_ARG);
+    assert_int_equal(epx_plan_deepseek(w, 1, 16, 16, 1, 1, 4, 0, p2l, NULL, NULL, &err),
+                     EPX_ERR_INVALID_ARG);
     TU_MSG_HAS(err.msg, "expert 5", "-1");
     w[5] = NAN;
-    assert_int_equal(epx_plan_deepseek(w, 1, 16, 16, 1, 1, 4, 0, p2l, NULL, NULL, &err), EPX_ERR_INVALID_ARG);
+    assert_int_equal(epx_plan_deepseek(w, 1, 16, 16, 1, 1, 4, 0, p2l, NULL, NULL, &err),
+                     EPX_ERR_INVALID_ARG);
     w[5] = INFINITY;
-    assert_int_equal(epx_plan_deepseek(w, 1, 16, 16, 1, 1, 4, 0, p2l, NULL, NULL, &err), EPX_ERR_INVALID_ARG);
+    assert_int_equal(epx_plan_deepseek(w, 1, 16, 16, 1, 1, 4, 0, p2l, NULL, NULL, &err),
+                     EPX_ERR_INVALID_ARG);
 }
 
 int main(void) {

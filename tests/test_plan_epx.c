@@ -48,9 +48,12 @@ static double ref_max_load(const int32_t *map, const double *share, const double
 static void random_row(tu_rng *r, double *w, int32_t E, int kind) {
     for (int32_t e = 0; e < E; e++) {
         double u = tu_uniform(r);
-        if (kind == 0) w[e] = exp(3.0 * (u - 0.5) * 2.0) * 100.0;
-        else if (kind == 1) w[e] = (double)tu_below(r, 8);
-        else w[e] = tu_below(r, 3) == 0 ? (double)tu_below(r, 1000) : 0.0;
+        if (kind == 0)
+            w[e] = exp(3.0 * (u - 0.5) * 2.0) * 100.0;
+        else if (kind == 1)
+            w[e] = (double)tu_below(r, 8);
+        else
+            w[e] = tu_below(r, 3) == 0 ? (double)tu_below(r, 1000) : 0.0;
     }
 }
 
@@ -85,8 +88,7 @@ static rshape random_shape(tu_rng *r) {
 static epx_counts *random_counts(tu_rng *r, const epx_shape *s, int32_t S) {
     epx_counts *c = NULL;
     epx_error err = {0};
-    assert_int_equal(epx_counts_create(S, s->num_layers, s->num_logical_experts, &c, &err),
-                     EPX_OK);
+    assert_int_equal(epx_counts_create(S, s->num_layers, s->num_logical_experts, &c, &err), EPX_OK);
     int kind = (int)tu_below(r, 3);
     for (int32_t w = 0; w < S; w++)
         for (int32_t l = 0; l < s->num_layers; l++)
@@ -116,8 +118,8 @@ static int32_t *deepseek_map(const epx_counts *c, const epx_shape *s, int32_t gr
 
 /* ---- random plans ----------------------------------------------------------- */
 
-static void check_plan(const epx_counts *c, const epx_shape *s, int32_t groups,
-                       epx_node_local mode, int iter) {
+static void check_plan(const epx_counts *c, const epx_shape *s, int32_t groups, epx_node_local mode,
+                       int iter) {
     const int32_t L = s->num_layers, E = s->num_logical_experts, P = s->num_physical_experts;
     const int32_t G = s->num_gpus, N = s->num_nodes;
     epx_plan_opts o = EPX_PLAN_OPTS_INIT;
@@ -129,8 +131,8 @@ static void check_plan(const epx_counts *c, const epx_shape *s, int32_t groups,
     epx_error err = {0};
     epx_status st = epxi_plan_epx(c, s, &o, map, share, &err);
     if (st != EPX_OK)
-        fprintf(stderr, "iter %d: L%d E%d P%d G%d N%d groups %d mode %d: %s\n", iter, L, E, P,
-                G, N, groups, (int)mode, err.msg);
+        fprintf(stderr, "iter %d: L%d E%d P%d G%d N%d groups %d mode %d: %s\n", iter, L, E, P, G, N,
+                groups, (int)mode, err.msg);
     assert_int_equal(st, EPX_OK);
     /* valid layout */
     epx_layout *lay = NULL;
@@ -146,8 +148,7 @@ static void check_plan(const epx_counts *c, const epx_shape *s, int32_t groups,
         for (int32_t e = 0; e < E; e++) assert_true(fabs(sum[e] - 1.0) <= 1e-9);
     }
     /* never worse than DeepSeek under the same constraints */
-    const bool node_local = N > 1 && groups > 0 && groups % N == 0 &&
-                            mode != EPX_NODE_LOCAL_OFF;
+    const bool node_local = N > 1 && groups > 0 && groups % N == 0 && mode != EPX_NODE_LOCAL_OFF;
     int32_t *ds = deepseek_map(c, s, groups, node_local);
     double *w = calloc((size_t)E, sizeof *w);
     for (int32_t l = 0; l < L; l++) {
@@ -182,8 +183,10 @@ static void check_plan(const epx_counts *c, const epx_shape *s, int32_t groups,
                 home[g] = bestn;
             }
             for (int32_t p = 0; p < P; p++) off += p / ppn != home[m[p] / gs];
-            if (mode == EPX_NODE_LOCAL_STRICT) assert_int_equal(off, 0);
-            else assert_true(off <= (int32_t)(EPXI_DEFAULT_CROSS_NODE_BUDGET * (P - E)));
+            if (mode == EPX_NODE_LOCAL_STRICT)
+                assert_int_equal(off, 0);
+            else
+                assert_true(off <= (int32_t)(EPXI_DEFAULT_CROSS_NODE_BUDGET * (P - E)));
         }
         free(home);
         double cross = -1.0;
@@ -209,8 +212,10 @@ static void random_plans(void **state) {
         epx_counts *c = random_counts(&r, &rs.s, S);
         epx_node_local mode = EPX_NODE_LOCAL_DEFAULT;
         bool fits = rs.s.num_nodes > 1 && rs.groups > 0 && rs.groups % rs.s.num_nodes == 0;
-        if (fits || rs.s.num_nodes == 1) mode = (epx_node_local)tu_below(&r, 4);
-        else mode = tu_below(&r, 2) ? EPX_NODE_LOCAL_OFF : EPX_NODE_LOCAL_DEFAULT;
+        if (fits || rs.s.num_nodes == 1)
+            mode = (epx_node_local)tu_below(&r, 4);
+        else
+            mode = tu_below(&r, 2) ? EPX_NODE_LOCAL_OFF : EPX_NODE_LOCAL_DEFAULT;
         check_plan(c, &rs.s, rs.groups, mode, iter);
         epx_counts_destroy(c);
     }
@@ -302,8 +307,10 @@ static void shares_vs_maxflow(void **state) {
         double lo = 0.0, hi = even;
         for (int i = 0; i < 60; i++) {
             double mid = 0.5 * (lo + hi);
-            if (ref_feasible(map, w, E, P, G, mid)) hi = mid;
-            else lo = mid;
+            if (ref_feasible(map, w, E, P, G, mid))
+                hi = mid;
+            else
+                lo = mid;
         }
         if (fabs(got - hi) > 1e-6 * (hi + 1e-9))
             fprintf(stderr, "iter %d: water-filling %.12g, optimum %.12g\n", iter, got, hi);
@@ -423,8 +430,7 @@ static void cross_node_by_hand(void **state) {
     /* one group: home is node 1 (30 * 0.5 + 40 = 55 of 100), off-node 45 */
     assert_int_equal(epx_plan_cross_node_share(lay, NULL, c, 1, NULL, &share, &err), EPX_OK);
     assert_true(fabs(share - 0.45) < 1e-12);
-    assert_int_equal(epx_plan_cross_node_share(lay, NULL, c, 3, NULL, &share, &err),
-                     EPX_ERR_SHAPE);
+    assert_int_equal(epx_plan_cross_node_share(lay, NULL, c, 3, NULL, &share, &err), EPX_ERR_SHAPE);
     TU_MSG_HAS(err.msg, "num_groups (3)", "divide");
     epx_counts_destroy(c);
     epx_layout_destroy(lay);
@@ -485,10 +491,12 @@ static void backtest_traces(void **state) {
         fprintf(stderr, "skipping the back-test: ../shared is not present\n");
         skip();
     }
-    struct { const char *trace; int32_t G, N, P, groups; } cases[] = {
-        {"kimi_k2", 8, 1, 416, 0},      {"deepseek_v3", 32, 4, 288, 8},
-        {"deepseek_v3", 64, 8, 320, 8}, {"qwen3_235b", 16, 2, 160, 0},
-        {"gpt_oss_120b", 8, 1, 160, 0}, {"mixtral_8x7b", 8, 1, 16, 0}};
+    struct {
+        const char *trace;
+        int32_t G, N, P, groups;
+    } cases[] = {{"kimi_k2", 8, 1, 416, 0},      {"deepseek_v3", 32, 4, 288, 8},
+                 {"deepseek_v3", 64, 8, 320, 8}, {"qwen3_235b", 16, 2, 160, 0},
+                 {"gpt_oss_120b", 8, 1, 160, 0}, {"mixtral_8x7b", 8, 1, 16, 0}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         char path[4096];
         snprintf(path, sizeof path, "%s/traces/%s.json", shared, cases[i].trace);
@@ -508,8 +516,8 @@ static void backtest_traces(void **state) {
             epx_plan_opts o = EPX_PLAN_OPTS_INIT;
             o.num_groups = cases[i].groups;
             assert_int_equal(epxi_plan_epx(&v, &s, &o, map, share, &err), EPX_OK);
-            int32_t *ds = deepseek_map(&v, &s, cases[i].groups,
-                                       cases[i].groups > 0 && cases[i].N > 1);
+            int32_t *ds =
+                deepseek_map(&v, &s, cases[i].groups, cases[i].groups > 0 && cases[i].N > 1);
             if (w + 1 < S) {
                 const double *next = epx_counts_row(c, w + 1, 0);
                 epx_next += balancedness(map, share, next, &s) / (S - 1);
@@ -521,8 +529,9 @@ static void backtest_traces(void **state) {
             }
             free(ds);
         }
-        fprintf(stderr, "%s %d GPUs/%d nodes/%d: in-sample deepseek %.4f epx %.4f; next "
-                        "window deepseek %.4f epx %.4f\n",
+        fprintf(stderr,
+                "%s %d GPUs/%d nodes/%d: in-sample deepseek %.4f epx %.4f; next "
+                "window deepseek %.4f epx %.4f\n",
                 cases[i].trace, s.num_gpus, s.num_nodes, s.num_physical_experts, ds_in, epx_in,
                 ds_next, epx_next);
         assert_true(epx_in >= ds_in - 1e-12);
@@ -534,14 +543,10 @@ static void backtest_traces(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(random_plans),
-        cmocka_unit_test(public_api_estimates),
-        cmocka_unit_test(shares_vs_maxflow),
-        cmocka_unit_test(search_vs_brute_force),
-        cmocka_unit_test(estimates_by_hand),
-        cmocka_unit_test(cross_node_by_hand),
-        cmocka_unit_test(bad_options),
-        cmocka_unit_test(backtest_traces),
+        cmocka_unit_test(random_plans),      cmocka_unit_test(public_api_estimates),
+        cmocka_unit_test(shares_vs_maxflow), cmocka_unit_test(search_vs_brute_force),
+        cmocka_unit_test(estimates_by_hand), cmocka_unit_test(cross_node_by_hand),
+        cmocka_unit_test(bad_options),       cmocka_unit_test(backtest_traces),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -69,7 +69,8 @@ static void reading_dumps_reports_every_file(void **state) {
     epx_counts_destroy(c);
     /* JSON needs no progress and gets none. */
     s.calls = 0;
-    assert_int_equal(epx_counts_read_progress("{\"logical_count\": [[1, 2]]}", record, &s, &c, &err), EPX_OK);
+    assert_int_equal(
+        epx_counts_read_progress("{\"logical_count\": [[1, 2]]}", record, &s, &c, &err), EPX_OK);
     assert_int_equal(s.calls, 0);
     epx_counts_destroy(c);
 }

@@ -226,17 +226,20 @@ static void per_pass_errors(void **state) {
                      EPX_ERR_SHAPE);
     /* a per_pass dump mixed with a stat dump */
     int64_t lc[4] = {1, 2, 3, 4};
-    assert_int_equal(counts_of(per_pass_dump(0, ids, 2, gpc, map, 2, 2, 1), stat_dump(lc, 1, 2, 2), &err),
-                     EPX_ERR_PARSE);
+    assert_int_equal(
+        counts_of(per_pass_dump(0, ids, 2, gpc, map, 2, 2, 1), stat_dump(lc, 1, 2, 2), &err),
+        EPX_ERR_PARSE);
     TU_MSG_HAS(err.msg, "one kind");
     /* no records at all, and no map */
     epx_pt_file *f = load(per_pass_dump(0, ids, 0, gpc, map, 2, 2, 1), "empty.pt");
     epx_counts *c = NULL;
-    assert_int_equal(epx_counts_from_pt((const epx_pt_file *const *)&f, 1, &c, &err), EPX_ERR_PARSE);
+    assert_int_equal(epx_counts_from_pt((const epx_pt_file *const *)&f, 1, &c, &err),
+                     EPX_ERR_PARSE);
     TU_MSG_HAS(err.msg, "no records");
     epx_pt_file_destroy(f);
     f = load(per_pass_dump(0, ids, 2, gpc, map, 2, 2, 0), "nomap.pt");
-    assert_int_equal(epx_counts_from_pt((const epx_pt_file *const *)&f, 1, &c, &err), EPX_ERR_PARSE);
+    assert_int_equal(epx_counts_from_pt((const epx_pt_file *const *)&f, 1, &c, &err),
+                     EPX_ERR_PARSE);
     TU_MSG_HAS(err.msg, "last_physical_to_logical_map", "nomap.pt");
     /* and it is not a mapping either: the mapping reader says it is counts */
     int32_t *m = NULL, L, P;
@@ -246,18 +249,21 @@ static void per_pass_errors(void **state) {
     /* counts must be non-negative: an int32 of -5 */
     int64_t neg[8] = {1, 2, -5, 4, 5, 6, 7, 8};
     f = load(per_pass_dump(0, ids, 2, neg, map, 2, 2, 1), "neg.pt");
-    assert_int_equal(epx_counts_from_pt((const epx_pt_file *const *)&f, 1, &c, &err), EPX_ERR_PARSE);
+    assert_int_equal(epx_counts_from_pt((const epx_pt_file *const *)&f, 1, &c, &err),
+                     EPX_ERR_PARSE);
     TU_MSG_HAS(err.msg, "is -5", "pass 0", "layer 1, slot 0");
     epx_pt_file_destroy(f);
     /* a map id outside the limits */
     int64_t wild[4] = {0, (int64_t)1 << 40, 1, 0};
     f = load(per_pass_dump(0, ids, 2, gpc, wild, 2, 2, 1), "wild.pt");
-    assert_int_equal(epx_counts_from_pt((const epx_pt_file *const *)&f, 1, &c, &err), EPX_ERR_PARSE);
+    assert_int_equal(epx_counts_from_pt((const epx_pt_file *const *)&f, 1, &c, &err),
+                     EPX_ERR_PARSE);
     TU_MSG_HAS(err.msg, "[0][1] is 1099511627776");
     epx_pt_file_destroy(f);
     /* NULL and empty arguments */
     assert_int_equal(epx_counts_from_pt(NULL, 1, &c, &err), EPX_ERR_INVALID_ARG);
-    assert_int_equal(epx_counts_from_pt((const epx_pt_file *const *)&f, 0, &c, &err), EPX_ERR_INVALID_ARG);
+    assert_int_equal(epx_counts_from_pt((const epx_pt_file *const *)&f, 0, &c, &err),
+                     EPX_ERR_INVALID_ARG);
 }
 
 static void stat_dumps_concatenate(void **state) {
@@ -378,7 +384,8 @@ static void init_file_values(void **state) {
     zip = ptb_archive(&b, stor, slen, 1, &len);
     assert_int_equal(epx_pt_load_buffer(zip, len, "nan.pt", &f, &err), EPX_OK);
     epx_counts *c = NULL;
-    assert_int_equal(epx_counts_from_pt((const epx_pt_file *const *)&f, 1, &c, &err), EPX_ERR_PARSE);
+    assert_int_equal(epx_counts_from_pt((const epx_pt_file *const *)&f, 1, &c, &err),
+                     EPX_ERR_PARSE);
     TU_MSG_HAS(err.msg, "[0][0][1]", "finite");
     epx_pt_file_destroy(f);
     free(zip);
@@ -390,7 +397,8 @@ static void init_file_values(void **state) {
     ptb_op(&b, '.');
     zip = ptb_archive(&b, NULL, NULL, 0, &len);
     assert_int_equal(epx_pt_load_buffer(zip, len, "list.pt", &f, &err), EPX_OK);
-    assert_int_equal(epx_counts_from_pt((const epx_pt_file *const *)&f, 1, &c, &err), EPX_ERR_PARSE);
+    assert_int_equal(epx_counts_from_pt((const epx_pt_file *const *)&f, 1, &c, &err),
+                     EPX_ERR_PARSE);
     TU_MSG_HAS(err.msg, "holds a list, not a dict");
     epx_pt_file_destroy(f);
     free(zip);
@@ -404,7 +412,8 @@ static void init_file_values(void **state) {
     ptb_op(&b, '.');
     zip = ptb_archive(&b, NULL, NULL, 0, &len);
     assert_int_equal(epx_pt_load_buffer(zip, len, "model.pt", &f, &err), EPX_OK);
-    assert_int_equal(epx_counts_from_pt((const epx_pt_file *const *)&f, 1, &c, &err), EPX_ERR_PARSE);
+    assert_int_equal(epx_counts_from_pt((const epx_pt_file *const *)&f, 1, &c, &err),
+                     EPX_ERR_PARSE);
     TU_MSG_HAS(err.msg, "'state_dict'", "neither");
     assert_int_equal(epx_mapping_from_pt(f, &map, &L, &P, &err), EPX_ERR_PARSE);
     TU_MSG_HAS(err.msg, "'state_dict'");
@@ -415,10 +424,8 @@ static void init_file_values(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(per_pass_random),
-        cmocka_unit_test(per_pass_errors),
-        cmocka_unit_test(stat_dumps_concatenate),
-        cmocka_unit_test(spec_forms),
+        cmocka_unit_test(per_pass_random),        cmocka_unit_test(per_pass_errors),
+        cmocka_unit_test(stat_dumps_concatenate), cmocka_unit_test(spec_forms),
         cmocka_unit_test(init_file_values),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

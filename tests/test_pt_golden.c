@@ -36,7 +36,8 @@ static size_t flatten(const json_t *a, double *out, size_t cap) {
     return n;
 }
 
-static void assert_equal_to_json(const double *got, size_t n, const json_t *want, const char *what) {
+static void assert_equal_to_json(const double *got, size_t n, const json_t *want,
+                                 const char *what) {
     double *w = malloc((n + 1) * sizeof *w);
     size_t m = flatten(want, w, n + 1);
     if (m != n) fail_msg("%s: %zu values, expected.json has %zu", what, n, m);
@@ -147,16 +148,21 @@ static void check_per_pass(const char *path, const json_t *exp) {
     const json_t *ids = json_object_get(exp, "forward_pass_ids");
     for (size_t r = 0; r < R; r++) {
         int64_t id = -1;
-        assert_int_equal(epx_pt_value_int(epx_pt_dict_get(epx_pt_value_item(recs, r), "forward_pass_id"), &id, &err), EPX_OK);
+        assert_int_equal(
+            epx_pt_value_int(epx_pt_dict_get(epx_pt_value_item(recs, r), "forward_pass_id"), &id,
+                             &err),
+            EPX_OK);
         assert_int_equal(id, json_integer_value(json_array_get(ids, r)));
         size_t klen = 0;
-        const char *gk = epx_pt_value_string(epx_pt_dict_get(epx_pt_value_item(recs, r), "gatherer_key"), &klen);
+        const char *gk =
+            epx_pt_value_string(epx_pt_dict_get(epx_pt_value_item(recs, r), "gatherer_key"), &klen);
         assert_non_null(gk);
         assert_string_equal(gk, "primary");
     }
     epx_pt_tensor t, tm;
     size_t n = 0, nm = 0;
-    double *g0 = tensor_f64(epx_pt_dict_get(epx_pt_value_item(recs, 0), "global_physical_count"), &t, &n);
+    double *g0 =
+        tensor_f64(epx_pt_dict_get(epx_pt_value_item(recs, 0), "global_physical_count"), &t, &n);
     assert_equal_to_json(g0, n, json_object_get(exp, "global_physical_count_0"), "gpc_0");
     free(g0);
     double *map = tensor_f64(epx_pt_dict_get(root, "last_physical_to_logical_map"), &tm, &nm);
@@ -174,7 +180,8 @@ static void check_per_pass(const char *path, const json_t *exp) {
     assert_int_equal(c->num_experts, E);
     double *ref = calloc((size_t)(L * E), sizeof *ref);
     for (size_t r = 0; r < R; r++) {
-        double *g = tensor_f64(epx_pt_dict_get(epx_pt_value_item(recs, r), "global_physical_count"), &t, &n);
+        double *g = tensor_f64(epx_pt_dict_get(epx_pt_value_item(recs, r), "global_physical_count"),
+                               &t, &n);
         memset(ref, 0, sizeof *ref * (size_t)(L * E));
         for (int64_t l = 0; l < L; l++)
             for (int64_t p = 0; p < P; p++) ref[l * E + (int64_t)map[l * P + p]] += g[l * P + p];
@@ -182,7 +189,8 @@ static void check_per_pass(const char *path, const json_t *exp) {
             for (int64_t e = 0; e < E; e++)
                 if (epx_counts_row(c, (int32_t)r, (int32_t)l)[e] != ref[l * E + e])
                     fail_msg("pass %zu layer %lld expert %lld: %g, reference %g", r, (long long)l,
-                             (long long)e, epx_counts_row(c, (int32_t)r, (int32_t)l)[e], ref[l * E + e]);
+                             (long long)e, epx_counts_row(c, (int32_t)r, (int32_t)l)[e],
+                             ref[l * E + e]);
         free(g);
     }
     free(ref);
@@ -217,12 +225,18 @@ static int check_dir(const char *dir) {
         const char *kind = json_string_value(json_object_get(exp, "kind"));
         assert_non_null(kind);
         fprintf(stderr, "  %s (%s)\n", path, kind);
-        if (strcmp(kind, "init_mapping") == 0) check_mapping(path, exp);
-        else if (strcmp(kind, "init_counts") == 0) check_init_counts(path, exp);
-        else if (strcmp(kind, "stat_dump") == 0) check_stat_dump(path, exp);
-        else if (strcmp(kind, "per_pass") == 0) check_per_pass(path, exp);
-        else if (strcmp(kind, "must_refuse") == 0) check_refused(path);
-        else fail_msg("%s: unknown fixture kind '%s': teach this test about it", path, kind);
+        if (strcmp(kind, "init_mapping") == 0)
+            check_mapping(path, exp);
+        else if (strcmp(kind, "init_counts") == 0)
+            check_init_counts(path, exp);
+        else if (strcmp(kind, "stat_dump") == 0)
+            check_stat_dump(path, exp);
+        else if (strcmp(kind, "per_pass") == 0)
+            check_per_pass(path, exp);
+        else if (strcmp(kind, "must_refuse") == 0)
+            check_refused(path);
+        else
+            fail_msg("%s: unknown fixture kind '%s': teach this test about it", path, kind);
         n++;
     }
     json_decref(all);

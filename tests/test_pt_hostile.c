@@ -31,8 +31,10 @@ static epx_status load_pickle(const ptb *pkl, const uint8_t *const *stor, const 
         assert_int_equal(err->status, st);
         assert_true(err->msg[0] != '\0');
     }
-    if (out) *out = f;
-    else epx_pt_file_destroy(f);
+    if (out)
+        *out = f;
+    else
+        epx_pt_file_destroy(f);
     return st;
 }
 
@@ -177,7 +179,8 @@ static void checks_tensor_sizes(void **state) {
     int64_t e0[2] = {0, (int64_t)1 << 40}, es[2] = {(int64_t)1 << 50, 1};
     tensor_case("IntStorage", 2, 0, e0, es, 2, EPX_OK, NULL);
     /* unknown storage class */
-    tensor_case("ComplexFloatStorage", 1, 0, s1, st1, 1, EPX_ERR_REFUSED, "torch.ComplexFloatStorage");
+    tensor_case("ComplexFloatStorage", 1, 0, s1, st1, 1, EPX_ERR_REFUSED,
+                "torch.ComplexFloatStorage");
 
     /* A large index would be out of range on 64-bit storage math if the
      * stride of a size-1 dimension were trusted; it is legal and harmless. */
@@ -553,7 +556,9 @@ static void checks_container(void **state) {
     assert_true(zs.size < len);
     assert_int_equal(epx_pt_load_buffer(deflated, zs.size, NULL, &f, &err), EPX_OK);
     epx_pt_tensor t;
-    assert_int_equal(epx_pt_value_tensor(epx_pt_dict_get(epx_pt_file_root(f), "logical_count"), &t, &err), EPX_OK);
+    assert_int_equal(
+        epx_pt_value_tensor(epx_pt_dict_get(epx_pt_file_root(f), "logical_count"), &t, &err),
+        EPX_OK);
     assert_int_equal(t.shape[0], 8);
     epx_pt_file_destroy(f);
     free(deflated);
@@ -566,12 +571,16 @@ static void checks_container(void **state) {
 static void use_result(epx_pt_file *f) {
     epx_error err = {0};
     int32_t *map = NULL, L, P;
-    if (epx_mapping_from_pt(f, &map, &L, &P, &err) == EPX_OK) epx_free(map);
-    else assert_true(err.msg[0] != '\0');
+    if (epx_mapping_from_pt(f, &map, &L, &P, &err) == EPX_OK)
+        epx_free(map);
+    else
+        assert_true(err.msg[0] != '\0');
     epx_counts *c = NULL;
     const epx_pt_file *one[1] = {f};
-    if (epx_counts_from_pt(one, 1, &c, &err) == EPX_OK) epx_counts_destroy(c);
-    else assert_true(err.msg[0] != '\0');
+    if (epx_counts_from_pt(one, 1, &c, &err) == EPX_OK)
+        epx_counts_destroy(c);
+    else
+        assert_true(err.msg[0] != '\0');
 }
 
 static void load_and_use(const uint8_t *p, size_t n) {
@@ -611,7 +620,8 @@ static void mutated_files(void **state) {
         for (int iter = 0; iter < 1500; iter++) {
             memcpy(buf, orig, len);
             int flips = 1 + (int)tu_below(&r, 4);
-            for (int j = 0; j < flips; j++) buf[tu_below(&r, (uint32_t)len)] ^= (uint8_t)(1 + tu_below(&r, 255));
+            for (int j = 0; j < flips; j++)
+                buf[tu_below(&r, (uint32_t)len)] ^= (uint8_t)(1 + tu_below(&r, 255));
             load_and_use(buf, len);
         }
         free(buf);
@@ -660,7 +670,8 @@ static void mutated_pickles(void **state) {
                 for (int j = 0; j < 1 + (int)tu_below(&r, 3); j++)
                     m[tu_below(&r, (uint32_t)mlen)] ^= (uint8_t)(1 + tu_below(&r, 255));
             } else if (kind == 1) { /* set a byte to an interesting value */
-                static const uint8_t vals[] = {0, 1, 0x7f, 0x80, 0xff, '(', 't', 'R', 'Q', 'h', 'q'};
+                static const uint8_t vals[] = {0,   1,   0x7f, 0x80, 0xff, '(',
+                                               't', 'R', 'Q',  'h',  'q'};
                 m[tu_below(&r, (uint32_t)mlen)] = vals[tu_below(&r, sizeof vals)];
             } else if (kind == 2) { /* truncate */
                 mlen = tu_below(&r, (uint32_t)mlen);
@@ -696,14 +707,10 @@ static void mutated_pickles(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(refuses_code),
-        cmocka_unit_test(checks_tensor_sizes),
-        cmocka_unit_test(checks_pickle_lengths),
-        cmocka_unit_test(checks_nesting),
-        cmocka_unit_test(dict_semantics),
-        cmocka_unit_test(protocol4_forms),
-        cmocka_unit_test(checks_container),
-        cmocka_unit_test(mutated_files),
+        cmocka_unit_test(refuses_code),          cmocka_unit_test(checks_tensor_sizes),
+        cmocka_unit_test(checks_pickle_lengths), cmocka_unit_test(checks_nesting),
+        cmocka_unit_test(dict_semantics),        cmocka_unit_test(protocol4_forms),
+        cmocka_unit_test(checks_container),      cmocka_unit_test(mutated_files),
         cmocka_unit_test(mutated_pickles),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -18,7 +18,8 @@ static epx_pt_dtype stored_dtype(const char *path, const char *key, int *ndim) {
     epx_error err = {0};
     if (epx_pt_load(path, &f, &err) != EPX_OK) fail_msg("%s", err.msg);
     epx_pt_tensor t;
-    assert_int_equal(epx_pt_value_tensor(epx_pt_dict_get(epx_pt_file_root(f), key), &t, &err), EPX_OK);
+    assert_int_equal(epx_pt_value_tensor(epx_pt_dict_get(epx_pt_file_root(f), key), &t, &err),
+                     EPX_OK);
     assert_int_equal(epx_pt_value_len(epx_pt_file_root(f)), 1); /* that one key only */
     *ndim = t.ndim;
     epx_pt_file_destroy(f);
@@ -53,8 +54,8 @@ static void counts_round_trip(void **state) {
             int ndim = 0;
             epx_pt_dtype got = stored_dtype(path, "logical_count", &ndim);
             epx_pt_dtype want = dts[d] != EPX_PT_DTYPE_AUTO ? dts[d]
-                                : integral                 ? EPX_PT_DTYPE_INT64
-                                                           : EPX_PT_DTYPE_FLOAT64;
+                                : integral                  ? EPX_PT_DTYPE_INT64
+                                                            : EPX_PT_DTYPE_FLOAT64;
             assert_int_equal(got, want);
             assert_int_equal(ndim, S == 1 ? 2 : 3); /* [L][E] for one window */
             epx_counts *back = NULL;
@@ -64,7 +65,8 @@ static void counts_round_trip(void **state) {
             assert_int_equal(back->num_experts, E);
             for (size_t i = 0; i < n; i++) {
                 double w = want == EPX_PT_DTYPE_FLOAT32 ? (double)(float)c->data[i] : c->data[i];
-                if (back->data[i] != w) fail_msg("[%zu]: %.17g read back as %.17g", i, w, back->data[i]);
+                if (back->data[i] != w)
+                    fail_msg("[%zu]: %.17g read back as %.17g", i, w, back->data[i]);
             }
             epx_counts_destroy(back);
         }
@@ -80,7 +82,8 @@ static void mapping_round_trip(void **state) {
     char *path = tu_tmp_path(".pt");
     for (int iter = 0; iter < 30; iter++) {
         int32_t G = 1 + (int32_t)tu_below(&r, 8), E = 1 + (int32_t)tu_below(&r, 64);
-        int32_t P = ((E + G - 1) / G + (int32_t)tu_below(&r, 3)) * G, L = 1 + (int32_t)tu_below(&r, 6);
+        int32_t P = ((E + G - 1) / G + (int32_t)tu_below(&r, 3)) * G,
+                L = 1 + (int32_t)tu_below(&r, 6);
         int32_t *map = malloc(sizeof *map * (size_t)(L * P));
         for (int32_t l = 0; l < L; l++)
             for (int32_t p = 0; p < P; p++)
@@ -103,7 +106,8 @@ static void mapping_round_trip(void **state) {
         o.num_logical_experts = E;
         epx_layout *lay2 = NULL;
         if (epx_layout_init(path, &o, &lay2, &err) != EPX_OK) fail_msg("%s", err.msg);
-        assert_memory_equal(epx_layout_physical_to_logical(lay2), map, sizeof *map * (size_t)(L * P));
+        assert_memory_equal(epx_layout_physical_to_logical(lay2), map,
+                            sizeof *map * (size_t)(L * P));
         epx_layout_destroy(lay2);
         epx_free(back);
         epx_layout_destroy(lay);
@@ -135,9 +139,9 @@ static void archive_layout(void **state) {
     size_t len = 0;
     uint8_t *z = (uint8_t *)tu_read_file(path, &len);
     assert_non_null(z);
-    static const char *const names[] = {"data.pkl", ".format_version", ".storage_alignment",
-                                        "byteorder", "data/0", "version",
-                                        ".data/serialization_id"};
+    static const char *const names[] = {
+        "data.pkl", ".format_version", ".storage_alignment",    "byteorder",
+        "data/0",   "version",         ".data/serialization_id"};
     size_t at = 0;
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
         assert_true(at + 30 <= len);
@@ -181,7 +185,8 @@ static void write_errors(void **state) {
     assert_int_equal(epx_counts_write_pt(c, path, EPX_PT_DTYPE_INT32, &err), EPX_ERR_INVALID_ARG);
     TU_MSG_HAS(err.msg, "[0][0][1]", "int32");
     assert_int_equal(access(path, F_OK), -1); /* nothing written */
-    assert_int_equal(epx_counts_write_pt(c, path, EPX_PT_DTYPE_BFLOAT16, &err), EPX_ERR_INVALID_ARG);
+    assert_int_equal(epx_counts_write_pt(c, path, EPX_PT_DTYPE_BFLOAT16, &err),
+                     EPX_ERR_INVALID_ARG);
     TU_MSG_HAS(err.msg, "bfloat16");
     assert_int_equal(epx_counts_write_pt(c, "/nonexistent-dir/x.pt", EPX_PT_DTYPE_AUTO, &err),
                      EPX_ERR_IO);

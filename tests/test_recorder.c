@@ -12,8 +12,7 @@
 #include "testutil.h"
 
 /* Redundant slots go to any expert. */
-static epx_layout *random_layout(tu_rng *r, int32_t L, int32_t E, int32_t P, int32_t G,
-                                 int32_t N) {
+static epx_layout *random_layout(tu_rng *r, int32_t L, int32_t E, int32_t P, int32_t G, int32_t N) {
     return tu_random_layout(r, L, E, P, G, N, E);
 }
 
@@ -178,7 +177,7 @@ static void minus_one_ignored(void **state) {
     epx_recorder *rec = make(lay, EPX_RECORD_STAT, 4);
     int32_t big[2000];
     for (int i = 0; i < 2000; i++) big[i] = i % 3 == 0 ? 3 : -1; /* large path */
-    int32_t small[6] = {-1, -1, 1, -1, 1, -1};                    /* small path */
+    int32_t small[6] = {-1, -1, 1, -1, 1, -1};                   /* small path */
     epx_error err = {0};
     assert_int_equal(epx_recorder_add_topk(rec, 1, big, 250, 8, &err), EPX_OK);
     assert_int_equal(epx_recorder_add_topk(rec, 1, small, 3, 2, &err), EPX_OK);
@@ -308,11 +307,14 @@ static void balancedness_moving_averages(void **state) {
         assert_int_equal(epx_recorder_end_pass(rec, &err), EPX_OK);
     }
     double v = 0;
-    assert_int_equal(epx_recorder_balancedness(rec, 1, EPX_RECORDER_BALANCEDNESS, &v, &err), EPX_OK);
+    assert_int_equal(epx_recorder_balancedness(rec, 1, EPX_RECORDER_BALANCEDNESS, &v, &err),
+                     EPX_OK);
     assert_true(fabs(v - A) < 1e-15);
-    assert_int_equal(epx_recorder_balancedness(rec, 3, EPX_RECORDER_BALANCEDNESS, &v, &err), EPX_OK);
+    assert_int_equal(epx_recorder_balancedness(rec, 3, EPX_RECORDER_BALANCEDNESS, &v, &err),
+                     EPX_OK);
     assert_true(fabs(v - (A + 1 + A) / 3) < 1e-15); /* A C A */
-    assert_int_equal(epx_recorder_balancedness(rec, 10, EPX_RECORDER_BALANCEDNESS, &v, &err), EPX_OK);
+    assert_int_equal(epx_recorder_balancedness(rec, 10, EPX_RECORDER_BALANCEDNESS, &v, &err),
+                     EPX_OK);
     assert_true(fabs(v - (4 * A + 3) / 7) < 1e-15); /* fewer than 10 passes: all 7 */
     assert_int_equal(
         epx_recorder_balancedness(rec, 1000, EPX_RECORDER_BALANCEDNESS_SGLANG, &v, &err), EPX_OK);
@@ -338,7 +340,8 @@ static void balancedness_moving_averages(void **state) {
     /* One more A: the last 10 average (9 + A) / 10. */
     assert_int_equal(epx_recorder_add_topk(rec, 0, a, 4, 1, &err), EPX_OK);
     assert_int_equal(epx_recorder_end_pass(rec, &err), EPX_OK);
-    assert_int_equal(epx_recorder_balancedness(rec, 10, EPX_RECORDER_BALANCEDNESS, &v, &err), EPX_OK);
+    assert_int_equal(epx_recorder_balancedness(rec, 10, EPX_RECORDER_BALANCEDNESS, &v, &err),
+                     EPX_OK);
     assert_true(fabs(v - (9 + A) / 10) < 1e-15);
     epx_recorder_destroy(rec);
     epx_layout_destroy(lay);

@@ -38,7 +38,8 @@ static void svg_is_valid_and_not_blank(void **state) {
     char *path = tu_tmp_path(".svg");
     epx_error err = {0};
     assert_int_equal(epx_report_write_svg(path, L, G, s, 3, bound, "Kimi-K2 on 8 GPUs",
-                                          "61 layers, 384 experts", &err), EPX_OK);
+                                          "61 layers, 384 experts", &err),
+                     EPX_OK);
     char *text = tu_read_file(path, NULL);
     assert_non_null(text);
     TU_MSG_HAS(text, "<svg", "DeepSeek &lt;EPLB&gt;", "epx &amp; co", "Balancedness per layer",
@@ -53,16 +54,19 @@ static void svg_is_valid_and_not_blank(void **state) {
     }
     if (have("rsvg-convert") && have("python3")) {
         const char *src = getenv("EPX_SOURCE");
-        snprintf(cmd, sizeof cmd, "rsvg-convert -o %s.png %s && python3 %s/tests/util/png_not_blank.py %s.png",
-                 path, path, src ? src : "..", path);
+        snprintf(cmd, sizeof cmd,
+                 "rsvg-convert -o %s.png %s && python3 %s/tests/util/png_not_blank.py %s.png", path,
+                 path, src ? src : "..", path);
         assert_int_equal(system(cmd), 0);
         snprintf(cmd, sizeof cmd, "%s.png", path);
         remove(cmd);
     } else {
         fprintf(stderr, "note: rsvg-convert or python3 not installed; rendering not checked\n");
     }
-    if (getenv("EPX_TEST_KEEP") == NULL) remove(path);
-    else fprintf(stderr, "kept %s\n", path);
+    if (getenv("EPX_TEST_KEEP") == NULL)
+        remove(path);
+    else
+        fprintf(stderr, "kept %s\n", path);
     free(path);
     assert_int_equal(epx_report_write_svg("/tmp/x.svg", 0, G, s, 3, NULL, "t", NULL, &err),
                      EPX_ERR_INVALID_ARG);

@@ -90,7 +90,8 @@ static void shapes_sums_dense_rows(void **state) {
                     assert_true(row[e] == floor(row[e]));
                     sum += row[e];
                 }
-                if (l < m->first_k_dense) assert_true(sum == 0.0);
+                if (l < m->first_k_dense)
+                    assert_true(sum == 0.0);
                 else if (sum != (double)(T * m->top_k))
                     fail_msg("%s window %d layer %d sums to %.0f, not %lld", m->name, s, l, sum,
                              (long long)(T * m->top_k));
@@ -264,10 +265,14 @@ static void json_round_trip(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(lookup_names_and_aliases), cmocka_unit_test(shapes_sums_dense_rows),
-        cmocka_unit_test(deterministic_and_prefix), cmocka_unit_test(small_token_counts),
-        cmocka_unit_test(cap_at_tokens),            cmocka_unit_test(skew_and_drift_knobs),
-        cmocka_unit_test(option_errors),            cmocka_unit_test(json_round_trip),
+        cmocka_unit_test(lookup_names_and_aliases),
+        cmocka_unit_test(shapes_sums_dense_rows),
+        cmocka_unit_test(deterministic_and_prefix),
+        cmocka_unit_test(small_token_counts),
+        cmocka_unit_test(cap_at_tokens),
+        cmocka_unit_test(skew_and_drift_knobs),
+        cmocka_unit_test(option_errors),
+        cmocka_unit_test(json_round_trip),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

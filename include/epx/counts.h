@@ -23,8 +23,8 @@ typedef struct epx_counts {
  * Returns: EPX_OK, EPX_ERR_SHAPE (a size < 1 or above the limits),
  *          EPX_ERR_OVERFLOW, EPX_ERR_NOMEM.
  */
-EPX_API epx_status epx_counts_create(int32_t num_windows, int32_t num_layers,
-                                     int32_t num_experts, epx_counts **out, epx_error *err);
+EPX_API epx_status epx_counts_create(int32_t num_windows, int32_t num_layers, int32_t num_experts,
+                                     epx_counts **out, epx_error *err);
 
 /* Release a load tensor. Accepts NULL. */
 EPX_API void epx_counts_destroy(epx_counts *counts);

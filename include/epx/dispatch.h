@@ -32,7 +32,7 @@ typedef enum epx_table_algorithm {
 } epx_table_algorithm;
 
 typedef struct epx_table_opts {
-    uint32_t version;              /* EPX_TABLE_OPTS_VERSION */
+    uint32_t version; /* EPX_TABLE_OPTS_VERSION */
     epx_table_algorithm algorithm;
     uint64_t seed;                 /* SGLANG: random.Random(seed); SGLang uses 42 */
     const double *expected_load;   /* EPX: optional [L][E] tokens per logical expert
@@ -41,8 +41,9 @@ typedef struct epx_table_opts {
                                       each slot should take (epx_plan_replica_weights);
                                       NULL = an even split over the replicas */
 } epx_table_opts;
-#define EPX_TABLE_OPTS_VERSION 1u
-#define EPX_TABLE_OPTS_INIT {EPX_TABLE_OPTS_VERSION, EPX_TABLE_SGLANG, 42u, NULL, NULL}
+#define EPX_TABLE_OPTS_VERSION ((uint32_t)sizeof(epx_table_opts))
+#define EPX_TABLE_OPTS_INIT                                                                        \
+    { EPX_TABLE_OPTS_VERSION, EPX_TABLE_SGLANG, 42u, NULL, NULL }
 
 /*
  * Compute the static dispatch table of every rank.
@@ -143,18 +144,18 @@ typedef enum epx_dispatch_mode {
  */
 typedef struct epx_dispatch_spec {
     epx_dispatch_mode mode;
-    int32_t num_experts;          /* E: ids in [0, E) are mapped, -1 passes through */
-    int32_t num_physical;         /* P: every slot id is in [0, P)                   */
-    int32_t width;                /* W: columns of replicas and thresholds           */
-    const int32_t *table;         /* STATIC: [E], this rank's row of a static table
+    int32_t num_experts;        /* E: ids in [0, E) are mapped, -1 passes through */
+    int32_t num_physical;       /* P: every slot id is in [0, P)                   */
+    int32_t width;              /* W: columns of replicas and thresholds           */
+    const int32_t *table;       /* STATIC: [E], this rank's row of a static table
                                      for this layer (table + (r*L + l)*E)           */
-    const int32_t *replicas;      /* DYNAMIC, WEIGHTED: [E][W] slots, the valid ones
+    const int32_t *replicas;    /* DYNAMIC, WEIGHTED: [E][W] slots, the valid ones
                                      first (a layout's logical_to_all_physical row)  */
-    const int32_t *num_valid;     /* DYNAMIC, WEIGHTED: [E] replicas per expert, 1..W */
-    const uint32_t *thresholds;   /* WEIGHTED: [E][W] from epx_dispatch_thresholds    */
-    uint64_t seed;                /* the generator's key                            */
-    uint32_t pass;                /* forward-pass counter: new draws every pass      */
-    uint32_t layer;               /* layer index: new draws every layer              */
+    const int32_t *num_valid;   /* DYNAMIC, WEIGHTED: [E] replicas per expert, 1..W */
+    const uint32_t *thresholds; /* WEIGHTED: [E][W] from epx_dispatch_thresholds    */
+    uint64_t seed;              /* the generator's key                            */
+    uint32_t pass;              /* forward-pass counter: new draws every pass      */
+    uint32_t layer;             /* layer index: new draws every layer              */
 } epx_dispatch_spec;
 
 /*
@@ -164,8 +165,8 @@ typedef struct epx_dispatch_spec {
  * the first replica j < num_valid - 1 with word < thresholds[j], else the
  * last. The CUDA kernels compute the same words.
  */
-EPX_API uint32_t epx_dispatch_random(uint64_t seed, uint32_t pass, uint32_t layer,
-                                     uint32_t token, uint32_t k);
+EPX_API uint32_t epx_dispatch_random(uint64_t seed, uint32_t pass, uint32_t layer, uint32_t token,
+                                     uint32_t k);
 
 /*
  * Turn per-slot replica weights into the integer thresholds weighted
@@ -180,10 +181,9 @@ EPX_API uint32_t epx_dispatch_random(uint64_t seed, uint32_t pass, uint32_t laye
  *          (a replica slot outside [0, P)).
  */
 EPX_API epx_status epx_dispatch_thresholds(const int32_t *replicas, const int32_t *num_valid,
-                                           int32_t num_layers, int32_t num_experts,
-                                           int32_t width, const double *weights,
-                                           int32_t num_physical, uint32_t *out,
-                                           epx_error *err);
+                                           int32_t num_layers, int32_t num_experts, int32_t width,
+                                           const double *weights, int32_t num_physical,
+                                           uint32_t *out, epx_error *err);
 
 /*
  * Map topk_ids [T][K] of one layer to slots phys [T][K] (CPU reference).
@@ -241,10 +241,9 @@ typedef struct epx_token_layout {
  * Returns: EPX_OK; EPX_ERR_SHAPE; EPX_ERR_INVALID_ARG for a slot outside
  *          [-1, P) (names token, k and slot).
  */
-EPX_API epx_status epx_token_layout_compute(const int32_t *phys, int64_t num_tokens,
-                                            int32_t topk, int32_t num_physical,
-                                            int32_t num_gpus, const epx_token_layout *out,
-                                            epx_error *err);
+EPX_API epx_status epx_token_layout_compute(const int32_t *phys, int64_t num_tokens, int32_t topk,
+                                            int32_t num_physical, int32_t num_gpus,
+                                            const epx_token_layout *out, epx_error *err);
 
 /* Element types of hidden-state rows: the core epx_dtype (epx.h), F32 or
  * BF16. The older names stay as aliases. */
@@ -277,7 +276,6 @@ EPX_API epx_status epx_permute_rows(const void *x, epx_row_dtype dtype, int64_t 
  */
 EPX_API epx_status epx_combine_rows(const void *y, epx_row_dtype dtype, int64_t num_rows,
                                     int64_t hidden, const int32_t *pos, const float *weights,
-                                    int64_t num_tokens, int32_t topk, void *out,
-                                    epx_error *err);
+                                    int64_t num_tokens, int32_t topk, void *out, epx_error *err);
 
 #endif /* EPX_DISPATCH_H */

@@ -52,8 +52,7 @@ EPX_API epx_status epx_counts_read(const char *spec, epx_counts **out, epx_error
 /* epx_counts_read with progress: for several dump files (a folder or a
  * comma list), `progress` is called after each file is read. */
 EPX_API epx_status epx_counts_read_progress(const char *spec, epx_progress_fn progress,
-                                            void *progress_user, epx_counts **out,
-                                            epx_error *err);
+                                            void *progress_user, epx_counts **out, epx_error *err);
 
 /* Write counts as {"logical_count": [S][L][E]} ([L][E] when S == 1). */
 EPX_API epx_status epx_counts_write_json(const epx_counts *counts, const char *path,
@@ -72,8 +71,9 @@ typedef struct epx_init_opts {
     epx_log_fn log;              /* optional */
     void *log_user;
 } epx_init_opts;
-#define EPX_INIT_OPTS_VERSION 1u
-#define EPX_INIT_OPTS_INIT {EPX_INIT_OPTS_VERSION, 0, 1, 0, 0, 0, 0, 0, NULL, NULL}
+#define EPX_INIT_OPTS_VERSION ((uint32_t)sizeof(epx_init_opts))
+#define EPX_INIT_OPTS_INIT                                                                         \
+    { EPX_INIT_OPTS_VERSION, 0, 1, 0, 0, 0, 0, 0, NULL, NULL }
 
 /*
  * Turn what SGLang's --init-expert-location takes into a layout: "trivial",
@@ -84,7 +84,7 @@ typedef struct epx_init_opts {
  * Returns: EPX_OK; the statuses of the readers, of epx_layout_create_from_map
  *          and of the planner; EPX_ERR_INVALID_ARG for bad options.
  */
-EPX_API epx_status epx_layout_init(const char *spec, const epx_init_opts *opts,
-                                   epx_layout **out, epx_error *err);
+EPX_API epx_status epx_layout_init(const char *spec, const epx_init_opts *opts, epx_layout **out,
+                                   epx_error *err);
 
 #endif /* EPX_IO_H */

@@ -32,8 +32,8 @@ EPX_API epx_status epx_layout_create_trivial(const epx_shape *shape, epx_layout 
  *          EPX_ERR_NOMEM.
  */
 EPX_API epx_status epx_layout_create_from_map(const epx_shape *shape,
-                                              const int32_t *physical_to_logical,
-                                              epx_layout **out, epx_error *err);
+                                              const int32_t *physical_to_logical, epx_layout **out,
+                                              epx_error *err);
 
 /* Release a layout and every view it handed out. Accepts NULL. */
 EPX_API void epx_layout_destroy(epx_layout *layout);
@@ -50,8 +50,8 @@ EPX_API epx_status epx_layout_clone(const epx_layout *src, epx_layout **out, epx
  * Returns: EPX_OK, EPX_ERR_SHAPE (names both shapes).
  * Thread:  no reader of dst may run concurrently.
  */
-EPX_API epx_status epx_layout_update(epx_layout *dst, const epx_layout *src,
-                                     const uint8_t *layers, epx_error *err);
+EPX_API epx_status epx_layout_update(epx_layout *dst, const epx_layout *src, const uint8_t *layers,
+                                     epx_error *err);
 
 /* The layout's shape. Valid for the layout's lifetime. */
 EPX_API const epx_shape *epx_layout_shape(const epx_layout *layout);
@@ -68,8 +68,7 @@ EPX_API const int32_t *epx_layout_physical_to_logical(const epx_layout *layout);
  * have while every expert has one; *width receives W. SGLang pads to P
  * instead: use epx_layout_export_logical_to_all_physical for that form.
  */
-EPX_API const int32_t *epx_layout_logical_to_all_physical(const epx_layout *layout,
-                                                          int32_t *width);
+EPX_API const int32_t *epx_layout_logical_to_all_physical(const epx_layout *layout, int32_t *width);
 
 /* num_valid [L][E]: replica count of each logical expert (>= 1). */
 EPX_API const int32_t *epx_layout_num_valid(const epx_layout *layout);
@@ -88,17 +87,15 @@ EPX_API epx_status epx_layout_export_logical_to_all_physical(const epx_layout *l
 
 /* The P/G slots of GPU `gpu` in layer `layer`: a pointer into
  * physical_to_logical. NULL when layer or gpu is out of range. */
-EPX_API const int32_t *epx_layout_gpu_slots(const epx_layout *layout, int32_t layer,
-                                            int32_t gpu);
+EPX_API const int32_t *epx_layout_gpu_slots(const epx_layout *layout, int32_t layer, int32_t gpu);
 
 /* The P/N slots of node `node` in layer `layer` (GPUs of a node are
  * contiguous). NULL when out of range. */
-EPX_API const int32_t *epx_layout_node_slots(const epx_layout *layout, int32_t layer,
-                                             int32_t node);
+EPX_API const int32_t *epx_layout_node_slots(const epx_layout *layout, int32_t layer, int32_t node);
 
 /* Number of replicas of logical expert `expert` on GPU `gpu` in `layer`;
  * -1 when an index is out of range. */
-EPX_API int32_t epx_layout_replicas_on_gpu(const epx_layout *layout, int32_t layer,
-                                           int32_t gpu, int32_t expert);
+EPX_API int32_t epx_layout_replicas_on_gpu(const epx_layout *layout, int32_t layer, int32_t gpu,
+                                           int32_t expert);
 
 #endif /* EPX_LAYOUT_H */

@@ -72,8 +72,22 @@ typedef struct epx_balance {
  * Thread:  any thread; allocates nothing.
  */
 EPX_API epx_status epx_gpu_loads(const epx_layout *layout, const double *load,
-                                 const double *replica_weights, double *gpu_load,
-                                 epx_error *err);
+                                 const double *replica_weights, double *gpu_load, epx_error *err);
+
+/*
+ * Balancedness of GPU loads already computed (by epx_gpu_loads, or a
+ * dispatch table's epx_dispatch_table_gpu_load): the mean over layers with
+ * load of mean GPU load / max GPU load, by the same arithmetic as
+ * epx_balance_compute.
+ * Args:    gpu_load (in) [L][G] double, >= 0; num_layers L >= 1;
+ *          num_gpus G >= 1; balancedness (out) 1.0 when no layer has load;
+ *          num_loaded (out, may be NULL) the layers with load.
+ * Returns: EPX_OK; EPX_ERR_INVALID_ARG (NULL); EPX_ERR_SHAPE (L or G < 1).
+ * Thread:  any thread; allocates nothing.
+ */
+EPX_API epx_status epx_gpu_loads_balance(const double *gpu_load, int32_t num_layers,
+                                         int32_t num_gpus, double *balancedness,
+                                         int32_t *num_loaded, epx_error *err);
 
 /*
  * Balancedness, bound and gap of a placement for a load (definitions above).
@@ -98,9 +112,8 @@ EPX_API epx_status epx_balance_compute(const epx_layout *layout, const double *l
  * Returns: EPX_OK; EPX_ERR_SHAPE; EPX_ERR_INVALID_ARG; EPX_ERR_NOMEM.
  * Thread:  any thread.
  */
-EPX_API epx_status epx_bound_max_load(const double *load, int32_t num_experts,
-                                      int32_t num_physical, int32_t num_gpus,
-                                      double *bound_max_load, double *max_per_replica,
-                                      int32_t *replicas, epx_error *err);
+EPX_API epx_status epx_bound_max_load(const double *load, int32_t num_experts, int32_t num_physical,
+                                      int32_t num_gpus, double *bound_max_load,
+                                      double *max_per_replica, int32_t *replicas, epx_error *err);
 
 #endif /* EPX_METRICS_H */

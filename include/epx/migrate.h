@@ -43,8 +43,9 @@ typedef struct epx_migrate_opts {
                                    the node's other GPUs relay it; 0: every GPU receives */
     const uint8_t *failed_gpus; /* optional [G]: nonzero = lost; it sends and receives nothing */
 } epx_migrate_opts;
-#define EPX_MIGRATE_OPTS_VERSION 1u
-#define EPX_MIGRATE_OPTS_INIT {EPX_MIGRATE_OPTS_VERSION, 0, 1, 1, NULL}
+#define EPX_MIGRATE_OPTS_VERSION ((uint32_t)sizeof(epx_migrate_opts))
+#define EPX_MIGRATE_OPTS_INIT                                                                      \
+    { EPX_MIGRATE_OPTS_VERSION, 0, 1, 1, NULL }
 
 /*
  * Totals of a migration plan and of the naive plan beside it. Counts are
@@ -54,23 +55,23 @@ typedef struct epx_migrate_opts {
  * every slot whose expert changed is written with one expert's bytes.
  */
 typedef struct epx_migration_stats {
-    int64_t slots;              /* live slots, L * live GPUs * P/G */
-    int64_t kept;               /* EPX_MOVE_KEEP */
-    int64_t local_copies;       /* EPX_MOVE_LOCAL + EPX_MOVE_RECV_COPY */
-    int64_t received;           /* EPX_MOVE_RECV */
-    int64_t relayed;            /* EPX_MOVE_RELAY */
-    int64_t loaded;             /* EPX_MOVE_LOAD */
-    int64_t changed;            /* slots not kept (after relabelling) */
+    int64_t slots;        /* live slots, L * live GPUs * P/G */
+    int64_t kept;         /* EPX_MOVE_KEEP */
+    int64_t local_copies; /* EPX_MOVE_LOCAL + EPX_MOVE_RECV_COPY */
+    int64_t received;     /* EPX_MOVE_RECV */
+    int64_t relayed;      /* EPX_MOVE_RELAY */
+    int64_t loaded;       /* EPX_MOVE_LOAD */
+    int64_t changed;      /* slots not kept (after relabelling) */
     size_t expert_bytes;
-    uint64_t bytes_moved;       /* over links: bytes_intra_node + bytes_inter_node */
-    uint64_t bytes_intra_node;  /* GPU to GPU inside a node (RECV from the node, RELAY) */
-    uint64_t bytes_inter_node;  /* between nodes (RECV from another node) */
-    uint64_t bytes_local;       /* copies inside one GPU: no link */
-    uint64_t bytes_loaded;      /* EPX_MOVE_LOAD: read by the caller, no link */
-    uint64_t max_rank_recv;     /* most bytes any one GPU receives over links */
-    uint64_t max_rank_send;     /* most bytes any one GPU sends over links */
-    int64_t naive_changed;      /* slots whose expert differs in the target as given */
-    uint64_t naive_bytes_moved; /* naive_changed * expert_bytes */
+    uint64_t bytes_moved;            /* over links: bytes_intra_node + bytes_inter_node */
+    uint64_t bytes_intra_node;       /* GPU to GPU inside a node (RECV from the node, RELAY) */
+    uint64_t bytes_inter_node;       /* between nodes (RECV from another node) */
+    uint64_t bytes_local;            /* copies inside one GPU: no link */
+    uint64_t bytes_loaded;           /* EPX_MOVE_LOAD: read by the caller, no link */
+    uint64_t max_rank_recv;          /* most bytes any one GPU receives over links */
+    uint64_t max_rank_send;          /* most bytes any one GPU sends over links */
+    int64_t naive_changed;           /* slots whose expert differs in the target as given */
+    uint64_t naive_bytes_moved;      /* naive_changed * expert_bytes */
     uint64_t naive_bytes_inter_node; /* of those, slots whose expert no live GPU of their
                                         node holds now (the least a naive plan sends) */
 } epx_migration_stats;
@@ -120,8 +121,7 @@ EPX_API void epx_migration_get_stats(const epx_migration *mig, epx_migration_sta
  * Bytes each GPU sends and receives over links (local copies excluded).
  * Args:    sent, received (out, may be NULL) [G] caller-owned.
  */
-EPX_API void epx_migration_rank_bytes(const epx_migration *mig, uint64_t *sent,
-                                      uint64_t *received);
+EPX_API void epx_migration_rank_bytes(const epx_migration *mig, uint64_t *sent, uint64_t *received);
 
 /*
  * Bytes over each ordered GPU pair: out[src * G + dst], caller-owned [G][G].
@@ -154,18 +154,19 @@ typedef struct epx_move_budget {
     const uint8_t *failed_gpus; /* optional [G]: nonzero = lost; its slots are no moves,
                                    and every expert keeps a replica on a live GPU */
 } epx_move_budget;
-#define EPX_MOVE_BUDGET_VERSION 1u
-#define EPX_MOVE_BUDGET_INIT {EPX_MOVE_BUDGET_VERSION, -1, 0.0, NULL}
+#define EPX_MOVE_BUDGET_VERSION ((uint32_t)sizeof(epx_move_budget))
+#define EPX_MOVE_BUDGET_INIT                                                                       \
+    { EPX_MOVE_BUDGET_VERSION, -1, 0.0, NULL }
 
 /* What a limited plan gave and gave up (balancedness: mean over layers with
  * load, live GPUs only). */
 typedef struct epx_move_report {
-    int64_t moves_wanted;     /* moves of the relabelled target */
-    int64_t moves_made;       /* moves left after the budget */
-    int64_t moves_required;   /* moves failed GPUs force: one per (layer, expert) only they held */
-    double balance_current;   /* the layout in service */
-    double balance_wanted;    /* the relabelled target */
-    double balance_made;      /* the result */
+    int64_t moves_wanted;   /* moves of the relabelled target */
+    int64_t moves_made;     /* moves left after the budget */
+    int64_t moves_required; /* moves failed GPUs force: one per (layer, expert) only they held */
+    double balance_current; /* the layout in service */
+    double balance_wanted;  /* the relabelled target */
+    double balance_made;    /* the result */
 } epx_move_report;
 
 /*
@@ -225,15 +226,16 @@ typedef epx_status (*epx_expert_load_fn)(void *user, int32_t layer, int32_t expe
                                          size_t bytes, epx_error *err);
 
 typedef struct epx_migrate_exec_opts {
-    uint32_t version;           /* EPX_MIGRATE_EXEC_OPTS_VERSION */
-    int32_t chunk_layers;       /* layers moved and committed together; 0 = all at once */
-    size_t slot_stride;         /* bytes from one slot to the next; 0 = expert_bytes */
-    size_t layer_stride;        /* bytes from one layer to the next; 0 = P/G * slot_stride */
-    epx_expert_load_fn load;    /* needed when this rank has EPX_MOVE_LOAD slots */
+    uint32_t version;        /* EPX_MIGRATE_EXEC_OPTS_VERSION */
+    int32_t chunk_layers;    /* layers moved and committed together; 0 = all at once */
+    size_t slot_stride;      /* bytes from one slot to the next; 0 = expert_bytes */
+    size_t layer_stride;     /* bytes from one layer to the next; 0 = P/G * slot_stride */
+    epx_expert_load_fn load; /* needed when this rank has EPX_MOVE_LOAD slots */
     void *load_user;
 } epx_migrate_exec_opts;
-#define EPX_MIGRATE_EXEC_OPTS_VERSION 1u
-#define EPX_MIGRATE_EXEC_OPTS_INIT {EPX_MIGRATE_EXEC_OPTS_VERSION, 0, 0, 0, NULL, NULL}
+#define EPX_MIGRATE_EXEC_OPTS_VERSION ((uint32_t)sizeof(epx_migrate_exec_opts))
+#define EPX_MIGRATE_EXEC_OPTS_INIT                                                                 \
+    { EPX_MIGRATE_EXEC_OPTS_VERSION, 0, 0, 0, NULL, NULL }
 
 /* What one rank did. */
 typedef struct epx_migrate_result {
@@ -254,8 +256,7 @@ typedef struct epx_migrate_result {
  *          EPX_ERR_OVERFLOW.
  */
 EPX_API epx_status epx_migration_staging_bytes(const epx_migration *mig, int32_t gpu,
-                                               int32_t chunk_layers, size_t *bytes,
-                                               epx_error *err);
+                                               int32_t chunk_layers, size_t *bytes, epx_error *err);
 
 /*
  * Run a migration on this rank.
@@ -302,8 +303,8 @@ EPX_API epx_status epx_migration_execute(const epx_migration *mig, struct epx_co
  *          and expert; plan with failed_gpus first).
  */
 EPX_API epx_status epx_layout_live_replicas(const epx_layout *layout, const uint8_t *failed_gpus,
-                                            int32_t width, int32_t *replicas,
-                                            int32_t *num_valid, epx_error *err);
+                                            int32_t width, int32_t *replicas, int32_t *num_valid,
+                                            epx_error *err);
 
 /*
  * The 64-bit checksum a migration verifies each expert with: a four-lane

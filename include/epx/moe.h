@@ -36,25 +36,25 @@ typedef enum epx_moe_scoring {
  * (or epx_moe_model_config) and set the fields.
  */
 typedef struct epx_moe_config {
-    uint32_t version;             /* set by EPX_MOE_CONFIG_INIT */
-    int32_t hidden;               /* H >= 1 */
-    int32_t intermediate;         /* I >= 1: each routed expert's inner width */
-    int32_t num_experts;          /* E >= 1 routed experts */
-    int32_t top_k;                /* 1 <= K <= min(E, EPX_MOE_MAX_TOP_K) */
+    uint32_t version;     /* set by EPX_MOE_CONFIG_INIT */
+    int32_t hidden;       /* H >= 1 */
+    int32_t intermediate; /* I >= 1: each routed expert's inner width */
+    int32_t num_experts;  /* E >= 1 routed experts */
+    int32_t top_k;        /* 1 <= K <= min(E, EPX_MOE_MAX_TOP_K) */
     epx_moe_scoring scoring;
-    int32_t n_group;              /* groups of experts for grouped top-k; 1 = none; divides E */
-    int32_t topk_group;           /* groups kept, 1..n_group; their experts must hold K */
-    float routed_scaling_factor;  /* weights are multiplied by this; 1 = none */
-    int32_t norm_topk_prob;       /* nonzero: the K weights are divided by their sum
+    int32_t n_group;             /* groups of experts for grouped top-k; 1 = none; divides E */
+    int32_t topk_group;          /* groups kept, 1..n_group; their experts must hold K */
+    float routed_scaling_factor; /* weights are multiplied by this; 1 = none */
+    int32_t norm_topk_prob;      /* nonzero: the K weights are divided by their sum
                                    * (before the scaling factor); SOFTMAX and SIGMOID */
-    int32_t shared_intermediate;  /* inner width of the shared experts, merged into one
+    int32_t shared_intermediate; /* inner width of the shared experts, merged into one
                                    * SwiGLU (DeepSeek: n_shared * moe_intermediate); 0 = none */
 } epx_moe_config;
 
 #define EPX_MOE_MAX_TOP_K 64
 #define EPX_MOE_CONFIG_VERSION ((uint32_t)sizeof(epx_moe_config))
-#define EPX_MOE_CONFIG_INIT \
-    {EPX_MOE_CONFIG_VERSION, 0, 0, 0, 0, EPX_MOE_SCORING_SOFTMAX, 1, 1, 1.0f, 0, 0}
+#define EPX_MOE_CONFIG_INIT                                                                        \
+    { EPX_MOE_CONFIG_VERSION, 0, 0, 0, 0, EPX_MOE_SCORING_SOFTMAX, 1, 1, 1.0f, 0, 0 }
 
 /*
  * Check a configuration: sizes positive, K within E and the limit, groups
@@ -89,8 +89,7 @@ EPX_API epx_status epx_moe_model_config(const char *name, epx_moe_config *cfg, e
  * Thread:  any thread; reentrant.
  */
 EPX_API epx_status epx_moe_router_logits(const epx_moe_config *cfg, const float *router,
-                                         const float *x, int64_t T, float *logits,
-                                         epx_error *err);
+                                         const float *x, int64_t T, float *logits, epx_error *err);
 
 /*
  * Choose each token's K experts and weights from its logits, by cfg->scoring:
@@ -111,9 +110,8 @@ EPX_API epx_status epx_moe_router_logits(const epx_moe_config *cfg, const float 
  * Returns: EPX_OK, EPX_ERR_INVALID_ARG, EPX_ERR_NOMEM (an O(E) scratch row).
  * Thread:  any thread; reentrant.
  */
-EPX_API epx_status epx_moe_route(const epx_moe_config *cfg, const float *logits,
-                                 const float *bias, int64_t T, int32_t *topk_ids,
-                                 float *topk_weights, epx_error *err);
+EPX_API epx_status epx_moe_route(const epx_moe_config *cfg, const float *logits, const float *bias,
+                                 int64_t T, int32_t *topk_ids, float *topk_weights, epx_error *err);
 
 /*
  * A view of one SwiGLU expert, or of a tensor-parallel slice of one:
@@ -123,11 +121,11 @@ EPX_API epx_status epx_moe_route(const epx_moe_config *cfg, const float *logits,
  * as `down + i0`). A slice is a view, not a copy.
  */
 typedef struct epx_moe_expert {
-    const float *gate;  /* [rows][H] */
-    const float *up;    /* [rows][H] */
-    const float *down;  /* [H][ld_down], columns 0..rows-1 used */
-    int32_t rows;       /* >= 1 */
-    int32_t ld_down;    /* >= rows */
+    const float *gate; /* [rows][H] */
+    const float *up;   /* [rows][H] */
+    const float *down; /* [H][ld_down], columns 0..rows-1 used */
+    int32_t rows;      /* >= 1 */
+    int32_t ld_down;   /* >= rows */
 } epx_moe_expert;
 
 /*
@@ -143,36 +141,34 @@ typedef struct epx_moe_expert {
  * Thread:  any thread; reentrant.
  */
 EPX_API epx_status epx_moe_expert_forward(const epx_moe_expert *ex, int32_t H, const float *x,
-                                          int64_t x_stride, const int32_t *idx, int64_t n,
-                                          float *y, float *work, epx_error *err);
+                                          int64_t x_stride, const int32_t *idx, int64_t n, float *y,
+                                          float *work, epx_error *err);
 
 /*
  * A whole layer's weights, fp32, caller-owned. Experts are stored one after
  * another: expert e's gate is gate + e*I*H, and so on.
  */
 typedef struct epx_moe_weights {
-    const float *router;        /* [E][H] */
-    const float *router_bias;   /* [E] or NULL: SIGMOID's e_score_correction_bias */
-    const float *gate;          /* [E][I][H] */
-    const float *up;            /* [E][I][H] */
-    const float *down;          /* [E][H][I] */
-    const float *shared_gate;   /* [Is][H] (Is = shared_intermediate; NULL when 0) */
-    const float *shared_up;     /* [Is][H] */
-    const float *shared_down;   /* [H][Is] */
+    const float *router;      /* [E][H] */
+    const float *router_bias; /* [E] or NULL: SIGMOID's e_score_correction_bias */
+    const float *gate;        /* [E][I][H] */
+    const float *up;          /* [E][I][H] */
+    const float *down;        /* [E][H][I] */
+    const float *shared_gate; /* [Is][H] (Is = shared_intermediate; NULL when 0) */
+    const float *shared_up;   /* [Is][H] */
+    const float *shared_down; /* [H][Is] */
 } epx_moe_weights;
 
 /* The view of routed expert e, or of its inner slice [i0, i1). */
-EPX_API epx_moe_expert epx_moe_weights_expert(const epx_moe_config *cfg,
-                                              const epx_moe_weights *w, int32_t e, int32_t i0,
-                                              int32_t i1);
+EPX_API epx_moe_expert epx_moe_weights_expert(const epx_moe_config *cfg, const epx_moe_weights *w,
+                                              int32_t e, int32_t i0, int32_t i1);
 
 /*
  * The tensor-parallel split of an inner width `width` over `ranks`: rank r
  * holds [*i0, *i1), the first width % ranks ranks one row more. Requires
  * 1 <= ranks <= width and 0 <= rank < ranks (else *i0 = *i1 = 0).
  */
-EPX_API void epx_moe_tp_split(int32_t width, int32_t rank, int32_t ranks, int32_t *i0,
-                              int32_t *i1);
+EPX_API void epx_moe_tp_split(int32_t width, int32_t rank, int32_t ranks, int32_t *i0, int32_t *i1);
 
 /*
  * The layer's output for T tokens whose routing is given, computed on one
@@ -203,7 +199,7 @@ EPX_API epx_status epx_moe_forward(const epx_moe_config *cfg, const epx_moe_weig
  * Args:    as epx_moe_forward; no-op when shared_intermediate is 0.
  */
 EPX_API epx_status epx_moe_shared_add(const epx_moe_config *cfg, const epx_moe_weights *w,
-                                      const float *x, int64_t T, int32_t tp_rank,
-                                      int32_t tp_ranks, float *out, epx_error *err);
+                                      const float *x, int64_t T, int32_t tp_rank, int32_t tp_ranks,
+                                      float *out, epx_error *err);
 
 #endif /* EPX_MOE_H */

@@ -11,7 +11,7 @@ typedef enum epx_algorithm {
     EPX_ALGO_EPX = 0,                   /* epx's own placement (default)      */
     EPX_ALGO_DEEPSEEK = 1,              /* DeepSeek EPLB, global policy       */
     EPX_ALGO_DEEPSEEK_HIERARCHICAL = 2, /* DeepSeek EPLB, hierarchical policy */
-    EPX_ALGO_AUTO = 3 /* SGLang's rule: hierarchical when groups % nodes == 0 */
+    EPX_ALGO_AUTO = 3                   /* SGLang's rule: hierarchical when groups % nodes == 0 */
 } epx_algorithm;
 
 /* How strictly epx's algorithm keeps an expert's replicas inside the node
@@ -26,37 +26,39 @@ typedef enum epx_node_local {
 /* How epx's algorithm turns [S][L][E] windows into the load it plans for.
  * DeepSeek modes always sum the windows, as SGLang does. */
 typedef enum epx_estimate {
-    EPX_ESTIMATE_DEFAULT = 0, /* the back-tested choice, see docs */
-    EPX_ESTIMATE_SUM = 1,     /* sum of all windows                */
-    EPX_ESTIMATE_RECENCY = 2, /* exponentially recency-weighted    */
+    EPX_ESTIMATE_DEFAULT = 0,  /* the back-tested choice, see docs */
+    EPX_ESTIMATE_SUM = 1,      /* sum of all windows                */
+    EPX_ESTIMATE_RECENCY = 2,  /* exponentially recency-weighted    */
     EPX_ESTIMATE_MEAN_STD = 3, /* mean + z * stddev per expert     */
-    EPX_ESTIMATE_MINMAX = 4   /* minimise the sum of per-window maxima */
+    EPX_ESTIMATE_MINMAX = 4    /* minimise the sum of per-window maxima */
 } epx_estimate;
 
 typedef struct epx_plan_opts {
-    uint32_t version;            /* EPX_PLAN_OPTS_VERSION */
+    uint32_t version; /* EPX_PLAN_OPTS_VERSION */
     epx_algorithm algorithm;
-    int32_t num_groups;          /* expert groups (DeepSeek-V3: 8); 0 = none, i.e. one
+    int32_t num_groups; /* expert groups (DeepSeek-V3: 8); 0 = none, i.e. one
                                     group (AUTO then picks the global policy, as SGLang
                                     does for n_group = None) */
     epx_node_local node_local;
-    double cross_node_budget;    /* relaxed mode: share of redundant slots that may sit
+    double cross_node_budget; /* relaxed mode: share of redundant slots that may sit
                                     off their group's node; < 0 = default */
     epx_estimate estimate;
-    double estimate_param;       /* recency half-life in windows, or z; < 0 = default */
-    const epx_layout *current;   /* optional: the layout in service (cost of moving) */
-    int32_t max_moves;           /* with current: most slots that may change; < 0 = no cap */
-    double move_price;           /* with current: balance a moved expert must buy; 0 = free */
-    const uint8_t *failed_gpus;  /* optional [G]: nonzero = GPU lost, gets no experts */
-    epx_log_fn log;              /* optional diagnostics */
+    double estimate_param;      /* recency half-life in windows, or z; < 0 = default */
+    const epx_layout *current;  /* optional: the layout in service (cost of moving) */
+    int32_t max_moves;          /* with current: most slots that may change; < 0 = no cap */
+    double move_price;          /* with current: balance a moved expert must buy; 0 = free */
+    const uint8_t *failed_gpus; /* optional [G]: nonzero = GPU lost, gets no experts */
+    epx_log_fn log;             /* optional diagnostics */
     void *log_user;
-    epx_progress_fn progress;    /* optional: called once per layer planned */
+    epx_progress_fn progress; /* optional: called once per layer planned */
     void *progress_user;
 } epx_plan_opts;
-#define EPX_PLAN_OPTS_VERSION 1u
-#define EPX_PLAN_OPTS_INIT \
-    {EPX_PLAN_OPTS_VERSION, EPX_ALGO_EPX, 0, EPX_NODE_LOCAL_DEFAULT, -1.0, \
-     EPX_ESTIMATE_DEFAULT, -1.0, NULL, -1, 0.0, NULL, NULL, NULL, NULL, NULL}
+#define EPX_PLAN_OPTS_VERSION ((uint32_t)sizeof(epx_plan_opts))
+#define EPX_PLAN_OPTS_INIT                                                                         \
+    {                                                                                              \
+        EPX_PLAN_OPTS_VERSION, EPX_ALGO_EPX, 0, EPX_NODE_LOCAL_DEFAULT, -1.0,                      \
+            EPX_ESTIMATE_DEFAULT, -1.0, NULL, -1, 0.0, NULL, NULL, NULL, NULL, NULL                \
+    }
 
 /* A computed placement: the layout, per-replica dispatch weights, timing. */
 typedef struct epx_plan epx_plan;
@@ -157,7 +159,6 @@ EPX_API epx_status epx_plan_cross_node_share(const epx_layout *layout, const dou
 EPX_API epx_status epx_plan_deepseek(const float *weight, int32_t num_layers, int32_t num_logical,
                                      int32_t num_physical, int32_t num_groups, int32_t num_nodes,
                                      int32_t num_gpus, int hierarchical, int32_t *phys_to_log,
-                                     int32_t *log_to_phys, int32_t *logical_count,
-                                     epx_error *err);
+                                     int32_t *log_to_phys, int32_t *logical_count, epx_error *err);
 
 #endif /* EPX_PLAN_H */

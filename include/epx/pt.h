@@ -54,25 +54,25 @@ typedef enum epx_pt_kind {
     EPX_PT_STRING = 4, /* a str, as UTF-8 bytes                       */
     EPX_PT_LIST = 5,
     EPX_PT_TUPLE = 6,
-    EPX_PT_DICT = 7,   /* keys in insertion order                     */
+    EPX_PT_DICT = 7, /* keys in insertion order                     */
     EPX_PT_TENSOR = 8
 } epx_pt_kind;
 
 /* Element types of tensors, as torch's storage classes name them
  * (torch.FloatStorage is EPX_PT_DTYPE_FLOAT32 ...). Append-only. */
 typedef enum epx_pt_dtype {
-    EPX_PT_DTYPE_AUTO = -1,   /* writers only: int64 when every value is integral, else float64 */
-    EPX_PT_DTYPE_FLOAT64 = 0, /* DoubleStorage   */
-    EPX_PT_DTYPE_FLOAT32 = 1, /* FloatStorage    */
-    EPX_PT_DTYPE_FLOAT16 = 2, /* HalfStorage     */
-    EPX_PT_DTYPE_BFLOAT16 = 3,/* BFloat16Storage */
-    EPX_PT_DTYPE_INT64 = 4,   /* LongStorage     */
-    EPX_PT_DTYPE_INT32 = 5,   /* IntStorage      */
-    EPX_PT_DTYPE_INT16 = 6,   /* ShortStorage    */
-    EPX_PT_DTYPE_INT8 = 7,    /* CharStorage     */
-    EPX_PT_DTYPE_UINT8 = 8,   /* ByteStorage     */
-    EPX_PT_DTYPE_BOOL = 9,    /* BoolStorage     */
-    EPX_PT_DTYPE_COUNT_       /* not a dtype: one past the last */
+    EPX_PT_DTYPE_AUTO = -1,    /* writers only: int64 when every value is integral, else float64 */
+    EPX_PT_DTYPE_FLOAT64 = 0,  /* DoubleStorage   */
+    EPX_PT_DTYPE_FLOAT32 = 1,  /* FloatStorage    */
+    EPX_PT_DTYPE_FLOAT16 = 2,  /* HalfStorage     */
+    EPX_PT_DTYPE_BFLOAT16 = 3, /* BFloat16Storage */
+    EPX_PT_DTYPE_INT64 = 4,    /* LongStorage     */
+    EPX_PT_DTYPE_INT32 = 5,    /* IntStorage      */
+    EPX_PT_DTYPE_INT16 = 6,    /* ShortStorage    */
+    EPX_PT_DTYPE_INT8 = 7,     /* CharStorage     */
+    EPX_PT_DTYPE_UINT8 = 8,    /* ByteStorage     */
+    EPX_PT_DTYPE_BOOL = 9,     /* BoolStorage     */
+    EPX_PT_DTYPE_COUNT_        /* not a dtype: one past the last */
 } epx_pt_dtype;
 
 /* Most dimensions a tensor may have, deepest nesting of containers, and
@@ -91,12 +91,12 @@ typedef enum epx_pt_dtype {
  */
 typedef struct epx_pt_tensor {
     epx_pt_dtype dtype;
-    int32_t ndim;                       /* 0 (a scalar) .. EPX_PT_MAX_DIMS */
-    int64_t shape[EPX_PT_MAX_DIMS];     /* each >= 0 */
-    int64_t strides[EPX_PT_MAX_DIMS];   /* in elements, each >= 0 */
-    int64_t storage_offset;             /* in elements */
-    int64_t storage_numel;              /* elements the storage holds */
-    const void *storage;                /* storage_numel elements of dtype */
+    int32_t ndim;                     /* 0 (a scalar) .. EPX_PT_MAX_DIMS */
+    int64_t shape[EPX_PT_MAX_DIMS];   /* each >= 0 */
+    int64_t strides[EPX_PT_MAX_DIMS]; /* in elements, each >= 0 */
+    int64_t storage_offset;           /* in elements */
+    int64_t storage_numel;            /* elements the storage holds */
+    const void *storage;              /* storage_numel elements of dtype */
 } epx_pt_tensor;
 
 /*
@@ -170,8 +170,7 @@ EPX_API const epx_pt_value *epx_pt_dict_get(const epx_pt_value *v, const char *k
  * Args:    v (in) a value; out (out) its descriptor, pointing into the file.
  * Returns: EPX_OK, or EPX_ERR_PARSE when v is not a tensor.
  */
-EPX_API epx_status epx_pt_value_tensor(const epx_pt_value *v, epx_pt_tensor *out,
-                                       epx_error *err);
+EPX_API epx_status epx_pt_value_tensor(const epx_pt_value *v, epx_pt_tensor *out, epx_error *err);
 
 /* Bytes per element of a dtype (1, 2, 4 or 8); 0 for an invalid dtype. */
 EPX_API size_t epx_pt_dtype_size(epx_pt_dtype dtype);
@@ -189,8 +188,7 @@ EPX_API const char *epx_pt_dtype_str(epx_pt_dtype dtype);
  *          the dimension at fault; EPX_ERR_UNSUPPORTED for a larger expanded
  *          view.
  */
-EPX_API epx_status epx_pt_tensor_numel(const epx_pt_tensor *t, int64_t *numel,
-                                       epx_error *err);
+EPX_API epx_status epx_pt_tensor_numel(const epx_pt_tensor *t, int64_t *numel, epx_error *err);
 
 /*
  * Copy a tensor out, row-major (the last index fastest), whatever its
@@ -219,9 +217,8 @@ EPX_API epx_status epx_pt_tensor_to_i64(const epx_pt_tensor *t, int64_t *out, si
  *          value); EPX_ERR_SHAPE above the limits of epx_mapping_read;
  *          EPX_ERR_NOMEM.
  */
-EPX_API epx_status epx_mapping_from_pt(const epx_pt_file *file, int32_t **map,
-                                       int32_t *num_layers, int32_t *num_physical,
-                                       epx_error *err);
+EPX_API epx_status epx_mapping_from_pt(const epx_pt_file *file, int32_t **map, int32_t *num_layers,
+                                       int32_t *num_physical, epx_error *err);
 
 /*
  * Load counts [S][L][E] from loaded files, which must all be of one kind:
@@ -261,8 +258,7 @@ EPX_API epx_status epx_counts_read_pt(const char *spec, epx_counts **out, epx_er
  * atomically (temp file + rename).
  * Returns: EPX_OK, EPX_ERR_INVALID_ARG, EPX_ERR_IO, EPX_ERR_NOMEM.
  */
-EPX_API epx_status epx_layout_write_pt(const epx_layout *layout, const char *path,
-                                       epx_error *err);
+EPX_API epx_status epx_layout_write_pt(const epx_layout *layout, const char *path, epx_error *err);
 
 /*
  * Write {"logical_count": tensor} ([L][E] when S == 1, else [S][L][E]) the

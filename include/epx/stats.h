@@ -47,8 +47,9 @@ typedef struct epx_recorder_opts {
     epx_record_mode mode; /* default EPX_RECORD_STAT */
     int32_t capacity;     /* passes kept, >= 1 (default 1000, SGLang's buffer size) */
 } epx_recorder_opts;
-#define EPX_RECORDER_OPTS_VERSION 1u
-#define EPX_RECORDER_OPTS_INIT {EPX_RECORDER_OPTS_VERSION, EPX_RECORD_STAT, 1000}
+#define EPX_RECORDER_OPTS_VERSION ((uint32_t)sizeof(epx_recorder_opts))
+#define EPX_RECORDER_OPTS_INIT                                                                     \
+    { EPX_RECORDER_OPTS_VERSION, EPX_RECORD_STAT, 1000 }
 
 /* Passes of balancedness history kept for the moving averages. */
 #define EPX_RECORDER_HISTORY 1000
@@ -113,9 +114,8 @@ EPX_API epx_status epx_recorder_set_layout(epx_recorder *rec, const epx_layout *
  *          error nothing is counted: the call is all or nothing.
  * Thread:  allocates nothing.
  */
-EPX_API epx_status epx_recorder_add_topk(epx_recorder *rec, int32_t layer,
-                                         const int32_t *topk_ids, int64_t num_tokens,
-                                         int32_t top_k, epx_error *err);
+EPX_API epx_status epx_recorder_add_topk(epx_recorder *rec, int32_t layer, const int32_t *topk_ids,
+                                         int64_t num_tokens, int32_t top_k, epx_error *err);
 
 /*
  * Add precomputed per-slot token counts of a layer to the open pass (the
@@ -213,7 +213,7 @@ typedef struct epx_load_stats {
     double max_rank_imbalance; /* the worst layer's                             */
     int32_t worst_layer;       /* loaded layer of highest rank imbalance; -1    */
     int32_t num_loaded_layers;
-    double internode_share;    /* cross-node assignments / all, over all layers */
+    double internode_share; /* cross-node assignments / all, over all layers */
 } epx_load_stats;
 
 /*
@@ -227,9 +227,9 @@ typedef struct epx_load_stats {
  * Thread:  any thread; one allocation of scratch per call.
  */
 EPX_API epx_status epx_load_stats_compute(const epx_layout *layout, const double *load,
-                                          const double *replica_weights,
-                                          epx_traffic_model traffic, epx_load_stats *out,
-                                          epx_layer_stats *layers, epx_error *err);
+                                          const double *replica_weights, epx_traffic_model traffic,
+                                          epx_load_stats *out, epx_layer_stats *layers,
+                                          epx_error *err);
 
 /* (max - mean) / mean of n >= 1 values; 0 when they sum to 0 or n < 1. */
 EPX_API double epx_imbalance_ratio(const double *values, int32_t n);

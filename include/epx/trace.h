@@ -1,7 +1,7 @@
 /*
- * epx/trace.h - the MoE shapes of public models, built in, and synthetic
- * expert-load traces for them: what `epx trace synth` writes, what the demo
- * and the tests run on when no recorded load is at hand.
+ * epx/trace.h - synthetic expert-load traces for the built-in models
+ * (epx/model.h): what `epx trace synth` writes, what the demo and the tests
+ * run on when no recorded load is at hand.
  *
  * The generator, per layer that has routed experts:
  *  - popularity: log w_e = sigma_l * z_e with z_e standard normal and the
@@ -27,48 +27,19 @@
 #ifndef EPX_TRACE_H
 #define EPX_TRACE_H
 
-/*
- * The MoE shape of a public model, from its published config.json. A plain
- * descriptor; the built-in table lives for the process.
- */
-typedef struct epx_model {
-    const char *name;        /* canonical, lower case: "kimi-k2" */
-    int32_t num_layers;      /* every decoder layer, dense ones included */
-    int32_t first_k_dense;   /* leading layers without routed experts */
-    int32_t num_experts;     /* routed (logical) experts per MoE layer, E */
-    int32_t top_k;           /* experts per token */
-    int32_t num_groups;      /* expert groups for group-limited routing; 1 if none */
-    int32_t topk_group;      /* groups a token may use; 1 if none */
-    int32_t shared_experts;  /* always-on experts (not placed by EP) */
-    int32_t hidden;          /* hidden size */
-    int32_t moe_intermediate; /* intermediate size of one routed expert */
-} epx_model;
-
-/*
- * Find a built-in model by name: case-insensitive, '_' and '-' alike, and
- * short aliases ("qwen3-235b" for "qwen3-235b-a22b", "mixtral", "gpt-oss").
- * Args:    name (in) NUL-terminated; out (out) points into the built-in table.
- * Returns: EPX_OK; EPX_ERR_INVALID_ARG for an unknown name (the message lists
- *          the known ones).
- * Thread:  any thread.
- */
-EPX_API epx_status epx_model_lookup(const char *name, const epx_model **out, epx_error *err);
-
-/* The built-in table: *count entries, canonical names, never NULL. */
-EPX_API const epx_model *epx_model_list(int32_t *count);
-
 /* What epx_trace_synth needs besides the model. */
 typedef struct epx_trace_opts {
-    uint32_t version;   /* EPX_TRACE_OPTS_VERSION */
+    uint32_t version;    /* EPX_TRACE_OPTS_VERSION */
     int32_t num_windows; /* S >= 1 (default 8) */
-    int64_t tokens;     /* T, tokens per window, in [1, 2^40] (default 65536) */
-    uint64_t seed;      /* any value (default 0) */
-    double skew_lo;     /* per-layer sigma of log popularity is uniform in */
-    double skew_hi;     /*   [skew_lo, skew_hi]; 0 <= lo <= hi <= 5 (default 0.8..1.3) */
-    double drift;       /* sd of the per-window log step, in [0, 5] (default 0.1) */
+    int64_t tokens;      /* T, tokens per window, in [1, 2^40] (default 65536) */
+    uint64_t seed;       /* any value (default 0) */
+    double skew_lo;      /* per-layer sigma of log popularity is uniform in */
+    double skew_hi;      /*   [skew_lo, skew_hi]; 0 <= lo <= hi <= 5 (default 0.8..1.3) */
+    double drift;        /* sd of the per-window log step, in [0, 5] (default 0.1) */
 } epx_trace_opts;
-#define EPX_TRACE_OPTS_VERSION 1u
-#define EPX_TRACE_OPTS_INIT {EPX_TRACE_OPTS_VERSION, 8, 65536, 0, 0.8, 1.3, 0.1}
+#define EPX_TRACE_OPTS_VERSION ((uint32_t)sizeof(epx_trace_opts))
+#define EPX_TRACE_OPTS_INIT                                                                        \
+    { EPX_TRACE_OPTS_VERSION, 8, 65536, 0, 0.8, 1.3, 0.1 }
 
 /*
  * Synthesize a load trace for a model (see the top of this file).

@@ -29,7 +29,8 @@ class DispatchSpec(Structure):
                 ("seed", c_uint64), ("pass_", c_uint32), ("layer", c_uint32)]
 
 
-TABLE_OPTS_VERSION = 1
+# The options-struct convention (include/epx.h): version = the struct's size.
+TABLE_OPTS_VERSION = ctypes.sizeof(TableOpts)
 
 _table_compute = fn("epx_dispatch_table_compute", c_int32, POINTER(Shape), POINTER(c_int32),
                     c_int32, POINTER(TableOpts), POINTER(c_int32), c_void_p)

@@ -32,7 +32,8 @@ class InitOpts(Structure):
                 ("log", LOG_FN), ("log_user", c_void_p)]
 
 
-INIT_OPTS_VERSION = 1
+# The options-struct convention (include/epx.h): version = the struct's size.
+INIT_OPTS_VERSION = ctypes.sizeof(InitOpts)
 
 
 def _spec(spec):

@@ -55,7 +55,8 @@ class PlanOpts(Structure):
                 ("log_user", c_void_p), ("progress", c_void_p), ("progress_user", c_void_p)]
 
 
-PLAN_OPTS_VERSION = 1
+# The options-struct convention (include/epx.h): version = the struct's size.
+PLAN_OPTS_VERSION = ctypes.sizeof(PlanOpts)
 
 _compute = fn("epx_plan_compute", c_int32, POINTER(Counts), POINTER(Shape), POINTER(PlanOpts),
               POINTER(c_void_p), c_void_p)

@@ -24,7 +24,8 @@ class TraceOpts(Structure):
                 ("drift", c_double)]
 
 
-TRACE_OPTS_VERSION = 1
+# The options-struct convention (include/epx.h): version = the struct's size.
+TRACE_OPTS_VERSION = ctypes.sizeof(TraceOpts)
 
 _lookup = fn("epx_model_lookup", c_int32, c_char_p, POINTER(POINTER(Model)), c_void_p)
 _list = fn("epx_model_list", POINTER(Model), POINTER(c_int32))

@@ -1,6 +1,7 @@
 """The ctypes mirrors of the C structs and the symbols the binding calls, checked
 against the headers and the library, so a header change that the binding
 missed fails here rather than corrupting memory."""
+import ctypes
 import re
 
 import pytest
@@ -59,12 +60,19 @@ def test_struct_mirrors_match_headers(cname):
 
 def test_option_versions_match_headers():
     text = _headers()
-    for macro, value in (("EPX_PLAN_OPTS_VERSION", planner.PLAN_OPTS_VERSION),
-                         ("EPX_TABLE_OPTS_VERSION", dispatch.TABLE_OPTS_VERSION),
-                         ("EPX_TRACE_OPTS_VERSION", trace.TRACE_OPTS_VERSION),
-                         ("EPX_INIT_OPTS_VERSION", io.INIT_OPTS_VERSION)):
-        m = re.search(r"#define\s+%s\s+(\d+)u?" % macro, text)
-        assert m and int(m.group(1)) == value, macro
+    # Every options struct's version is its size (include/epx.h), so the
+    # binding's version is the size of its mirror, which must match C's.
+    for macro, cname, value, mirror in (
+            ("EPX_PLAN_OPTS_VERSION", "epx_plan_opts", planner.PLAN_OPTS_VERSION,
+             planner.PlanOpts),
+            ("EPX_TABLE_OPTS_VERSION", "epx_table_opts", dispatch.TABLE_OPTS_VERSION,
+             dispatch.TableOpts),
+            ("EPX_TRACE_OPTS_VERSION", "epx_trace_opts", trace.TRACE_OPTS_VERSION,
+             trace.TraceOpts),
+            ("EPX_INIT_OPTS_VERSION", "epx_init_opts", io.INIT_OPTS_VERSION, io.InitOpts)):
+        m = re.search(r"#define\s+%s\s+\(\(uint32_t\)sizeof\((\w+)\)\)" % macro, text)
+        assert m and m.group(1) == cname, macro
+        assert value == ctypes.sizeof(mirror), macro
     m = re.search(r"#define\s+EPX_ERRMSG_MAX\s+(\d+)", text)
     assert int(m.group(1)) == _native.Error.msg.size
 

@@ -79,3 +79,12 @@ void epxi_log(epx_log_fn fn, void *user, epx_log_level lvl, const char *fmt, ...
     va_end(ap);
     fn(user, lvl, line);
 }
+
+epx_status epxi_check_version(uint32_t version, uint32_t expected, const char *type,
+                              const char *init, epx_error *err) {
+    if (version == expected) return EPX_OK;
+    return epxi_fail(err, EPX_ERR_INVALID_ARG,
+                     "%s.version is %u, this library knows %u (its size in bytes): "
+                     "initialise the struct with %s",
+                     type, version, expected, init);
+}

@@ -30,17 +30,17 @@ EPXI_HIDDEN epx_status epxi_fail(epx_error *err, epx_status st, const char *fmt,
 EPXI_HIDDEN void epxi_error_prefix(epx_error *err, const char *fmt, ...) EPXI_PRINTF(2, 3);
 
 /* Propagate a non-OK status. */
-#define EPX_TRY(expr)                              \
-    do {                                           \
-        epx_status epx_try_st_ = (expr);           \
-        if (epx_try_st_ != EPX_OK) return epx_try_st_; \
+#define EPX_TRY(expr)                                                                              \
+    do {                                                                                           \
+        epx_status epx_try_st_ = (expr);                                                           \
+        if (epx_try_st_ != EPX_OK) return epx_try_st_;                                             \
     } while (0)
 
 /* Propagate to a cleanup label, keeping the status in `st`. */
-#define EPX_TRY_GOTO(st, expr, label) \
-    do {                              \
-        (st) = (expr);                \
-        if ((st) != EPX_OK) goto label; \
+#define EPX_TRY_GOTO(st, expr, label)                                                              \
+    do {                                                                                           \
+        (st) = (expr);                                                                             \
+        if ((st) != EPX_OK) goto label;                                                            \
     } while (0)
 
 /* n * size with overflow detection; false when it would overflow. */
@@ -55,8 +55,7 @@ static inline bool epxi_mul_size(size_t n, size_t size, size_t *out) {
 EPXI_HIDDEN void *epxi_calloc(size_t n, size_t size, const char *what, epx_error *err);
 
 /* Read a whole file into a NUL-terminated malloc'd buffer. */
-EPXI_HIDDEN epx_status epxi_read_file(const char *path, char **data, size_t *len,
-                                      epx_error *err);
+EPXI_HIDDEN epx_status epxi_read_file(const char *path, char **data, size_t *len, epx_error *err);
 
 /* Write a file through `body` into PATH.tmp, then rename it over PATH, so
  * readers never see a half-written file and a failed write loses nothing. */
@@ -71,5 +70,77 @@ EPXI_HIDDEN bool epxi_has_suffix(const char *s, const char *suffix);
 /* Emit a log line through an optional callback. */
 EPXI_HIDDEN void epxi_log(epx_log_fn fn, void *user, epx_log_level lvl, const char *fmt, ...)
     EPXI_PRINTF(4, 5);
+
+/* The options-struct convention (include/epx.h): `version` is the size of
+ * the struct the caller compiled against, written by its EPX_..._INIT macro.
+ * Fails with a message naming the struct and the macro to use, e.g.
+ * epxi_check_version(o->version, EPX_PLAN_OPTS_VERSION, "epx_plan_opts",
+ * "EPX_PLAN_OPTS_INIT", err). */
+EPXI_HIDDEN epx_status epxi_check_version(uint32_t version, uint32_t expected, const char *type,
+                                          const char *init, epx_error *err);
+
+/* ---- shapes and loads: one definition each, for every room --------------- */
+
+/* A shape in messages: printf("layout " EPXI_SHAPE_FMT, EPXI_SHAPE_ARGS(s)). */
+#define EPXI_SHAPE_FMT "L=%d E=%d P=%d G=%d N=%d"
+#define EPXI_SHAPE_ARGS(s)                                                                         \
+    (s)->num_layers, (s)->num_logical_experts, (s)->num_physical_experts, (s)->num_gpus,           \
+        (s)->num_nodes
+
+/* True when two shapes agree in every count. */
+EPXI_HIDDEN bool epxi_shape_equal(const epx_shape *a, const epx_shape *b);
+
+/* EPX_OK when two shapes agree; else EPX_ERR_SHAPE with the message
+ * head, a's shape, mid, b's shape, tail, e.g. ("the layout (", ") is not of
+ * the plan's shape (", ")"). The one shape comparison of every room. */
+EPXI_HIDDEN epx_status epxi_check_same_shape(const epx_shape *a, const epx_shape *b,
+                                             const char *head, const char *mid, const char *tail,
+                                             epx_error *err);
+
+/* The load of one cell (l * E + e) of counts summed over windows
+ * [first, first + n), added in window order from 0.0: every room that sums
+ * windows goes through here, so they all round alike. Arguments are trusted
+ * (callers checked the range). */
+static inline double epxi_window_sum(const epx_counts *c, int32_t first, int32_t n, size_t cell) {
+    const size_t le = (size_t)c->num_layers * (size_t)c->num_experts;
+    double x = 0.0;
+    for (int32_t s = first; s < first + n; s++) x += c->data[(size_t)s * le + cell];
+    return x;
+}
+
+/* Counts' windows summed into a new [L][E] array (the caller frees it);
+ * NULL (with err set) when it cannot be allocated. */
+EPXI_HIDDEN double *epxi_sum_load(const epx_counts *counts, epx_error *err);
+
+/*
+ * GPU loads of one layer; returns the largest (0.0 when there is none).
+ * row [P] physical_to_logical; load [E] the layer's expert loads. Each
+ * expert's load goes to its slots by share [P] when share is not NULL, else
+ * evenly over its replicas: replicas [E] when the caller knows them (a
+ * layout's num_valid; then failed must be NULL), else counted into cnt [E]
+ * (scratch) over live GPUs. failed [G] (may be NULL): nonzero = lost, its
+ * load is 0. gpu [G] (out). Arguments are trusted; allocates nothing.
+ */
+EPXI_HIDDEN double epxi_layer_gpu_loads(const int32_t *row, const double *load, const double *share,
+                                        const int32_t *replicas, const uint8_t *failed, int32_t E,
+                                        int32_t P, int32_t G, int32_t *cnt, double *gpu);
+
+/* Sum, maximum (the first GPU attaining it) and count of the live GPUs'
+ * loads gpu [G] (failed [G] may be NULL). */
+typedef struct epxi_gpu_summary {
+    double total;    /* the live GPUs' loads, added in GPU order */
+    double max;      /* -1.0 when no GPU is live */
+    int32_t max_gpu; /* the lowest GPU with the max */
+    int32_t live;
+} epxi_gpu_summary;
+EPXI_HIDDEN epxi_gpu_summary epxi_gpu_summarize(const double *gpu, int32_t G,
+                                                const uint8_t *failed);
+
+/* Balancedness of one layer: mean live GPU load / max GPU load; 1.0 for a
+ * layer without load. The one definition every room uses. */
+static inline double epxi_balancedness(const epxi_gpu_summary *s) {
+    if (s->max <= 0.0 || s->live == 0) return 1.0;
+    return s->total / (double)s->live / s->max;
+}
 
 #endif /* EPX_INTERNAL_H */

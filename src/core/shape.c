@@ -20,11 +20,9 @@ epx_status epx_shape_check(const epx_shape *s, epx_error *err) {
         return epxi_fail(err, EPX_ERR_SHAPE, "num_logical_experts (%d) must be in [1, %d]", E,
                          EPX_MAX_EXPERTS);
     if (G < 1 || G > EPX_MAX_GPUS)
-        return epxi_fail(err, EPX_ERR_SHAPE, "num_gpus (%d) must be in [1, %d]", G,
-                         EPX_MAX_GPUS);
+        return epxi_fail(err, EPX_ERR_SHAPE, "num_gpus (%d) must be in [1, %d]", G, EPX_MAX_GPUS);
     if (N < 1 || N > G)
-        return epxi_fail(err, EPX_ERR_SHAPE, "num_nodes (%d) must be in [1, num_gpus = %d]", N,
-                         G);
+        return epxi_fail(err, EPX_ERR_SHAPE, "num_nodes (%d) must be in [1, num_gpus = %d]", N, G);
     if (G % N != 0)
         return epxi_fail(err, EPX_ERR_SHAPE,
                          "num_gpus (%d) is not a multiple of num_nodes (%d): every node must "
@@ -52,14 +50,13 @@ epx_status epx_shape_check(const epx_shape *s, epx_error *err) {
                              "use %d or %d",
                              P, G, lo, hi);
         return epxi_fail(err, EPX_ERR_SHAPE,
-                         "num_physical_experts (%d) is not a multiple of num_gpus (%d): use %d",
-                         P, G, hi);
+                         "num_physical_experts (%d) is not a multiple of num_gpus (%d): use %d", P,
+                         G, hi);
     }
     /* The largest derived map is logical_to_all_physical, L * E * (P - E + 1). */
     size_t a, b;
-    if (!epxi_mul_size((size_t)L, (size_t)E, &a) ||
-        !epxi_mul_size(a, (size_t)(P - E + 1), &b) || !epxi_mul_size(b, sizeof(int32_t), &a) ||
-        a > ((size_t)1 << 40))
+    if (!epxi_mul_size((size_t)L, (size_t)E, &a) || !epxi_mul_size(a, (size_t)(P - E + 1), &b) ||
+        !epxi_mul_size(b, sizeof(int32_t), &a) || a > ((size_t)1 << 40))
         return epxi_fail(err, EPX_ERR_OVERFLOW,
                          "shape L=%d E=%d P=%d is too large: its replica map would need more "
                          "than 1 TiB",
@@ -67,7 +64,22 @@ epx_status epx_shape_check(const epx_shape *s, epx_error *err) {
     return EPX_OK;
 }
 
-int32_t epx_shape_slots_per_gpu(const epx_shape *s) { return s->num_physical_experts / s->num_gpus; }
+bool epxi_shape_equal(const epx_shape *a, const epx_shape *b) {
+    return a->num_layers == b->num_layers && a->num_logical_experts == b->num_logical_experts &&
+           a->num_physical_experts == b->num_physical_experts && a->num_gpus == b->num_gpus &&
+           a->num_nodes == b->num_nodes;
+}
+
+epx_status epxi_check_same_shape(const epx_shape *a, const epx_shape *b, const char *head,
+                                 const char *mid, const char *tail, epx_error *err) {
+    if (epxi_shape_equal(a, b)) return EPX_OK;
+    return epxi_fail(err, EPX_ERR_SHAPE, "%s" EPXI_SHAPE_FMT "%s" EPXI_SHAPE_FMT "%s", head,
+                     EPXI_SHAPE_ARGS(a), mid, EPXI_SHAPE_ARGS(b), tail);
+}
+
+int32_t epx_shape_slots_per_gpu(const epx_shape *s) {
+    return s->num_physical_experts / s->num_gpus;
+}
 
 epx_status epx_counts_create(int32_t S, int32_t L, int32_t E, epx_counts **out, epx_error *err) {
     if (S < 1 || L < 1 || E < 1 || L > EPX_MAX_LAYERS || E > EPX_MAX_EXPERTS || S > (1 << 24))
@@ -105,11 +117,15 @@ epx_status epx_counts_sum_windows(const epx_counts *c, int32_t first, int32_t n,
         return epxi_fail(err, EPX_ERR_INVALID_ARG,
                          "window range [%d, %d) is empty or outside the %d windows", first,
                          first + n, c->num_windows);
-    size_t le = (size_t)c->num_layers * (size_t)c->num_experts;
-    memset(out, 0, le * sizeof *out);
-    for (int32_t s = first; s < first + n; s++) {
-        const double *w = c->data + (size_t)s * le;
-        for (size_t i = 0; i < le; i++) out[i] += w[i];
-    }
+    const size_t le = (size_t)c->num_layers * (size_t)c->num_experts;
+    for (size_t i = 0; i < le; i++) out[i] = epxi_window_sum(c, first, n, i);
     return EPX_OK;
+}
+
+double *epxi_sum_load(const epx_counts *counts, epx_error *err) {
+    const size_t le = (size_t)counts->num_layers * (size_t)counts->num_experts;
+    double *load = epxi_calloc(le, sizeof *load, "summed load", err);
+    if (load == NULL) return NULL;
+    for (size_t i = 0; i < le; i++) load[i] = epxi_window_sum(counts, 0, counts->num_windows, i);
+    return load;
 }

@@ -12,12 +12,13 @@
 void *epxi_calloc(size_t n, size_t size, const char *what, epx_error *err) {
     size_t bytes;
     if (!epxi_mul_size(n, size, &bytes)) {
-        epxi_fail(err, EPX_ERR_OVERFLOW, "%s: %zu elements of %zu bytes overflow size_t", what,
-                  n, size);
+        epxi_fail(err, EPX_ERR_OVERFLOW, "%s: %zu elements of %zu bytes overflow size_t", what, n,
+                  size);
         return NULL;
     }
     void *p = calloc(bytes ? n : 1, bytes ? size : 1);
-    if (p == NULL) epxi_fail(err, EPX_ERR_NOMEM, "%s: out of memory allocating %zu bytes", what, bytes);
+    if (p == NULL)
+        epxi_fail(err, EPX_ERR_NOMEM, "%s: out of memory allocating %zu bytes", what, bytes);
     return p;
 }
 
@@ -30,8 +31,7 @@ bool epxi_has_suffix(const char *s, const char *suffix) {
 
 epx_status epxi_read_file(const char *path, char **data, size_t *len, epx_error *err) {
     FILE *f = fopen(path, "rb");
-    if (f == NULL)
-        return epxi_fail(err, EPX_ERR_IO, "cannot open '%s': %s", path, strerror(errno));
+    if (f == NULL) return epxi_fail(err, EPX_ERR_IO, "cannot open '%s': %s", path, strerror(errno));
     size_t cap = 1 << 16, n = 0;
     char *buf = malloc(cap);
     if (buf == NULL) {
@@ -69,7 +69,7 @@ epx_status epxi_read_file(const char *path, char **data, size_t *len, epx_error 
 /* Write to a temp file beside `path`, then rename, so readers never see a
  * half-written placement and a failed write loses nothing. */
 epx_status epxi_write_atomically(const char *path, epxi_write_body_fn body, const void *ctx,
-                                   epx_error *err) {
+                                 epx_error *err) {
     size_t n = strlen(path) + 16;
     char *tmp = malloc(n);
     if (tmp == NULL) return epxi_fail(err, EPX_ERR_NOMEM, "out of memory");
@@ -90,4 +90,3 @@ epx_status epxi_write_atomically(const char *path, epxi_write_body_fn body, cons
     free(tmp);
     return EPX_OK;
 }
-

@@ -23,8 +23,8 @@
 #ifdef __cplusplus
 extern "C"
 #endif
-epx_status epxi_dispatch_check_spec(const epx_dispatch_spec *s, const char *memory,
-                                    epx_error *err);
+    epx_status
+    epxi_dispatch_check_spec(const epx_dispatch_spec *s, const char *memory, epx_error *err);
 
 /* Philox-4x32-10 (Salmon et al., SC'11), the Random123 constants. */
 #define EPXI_PHILOX_M0 0xD2511F53u

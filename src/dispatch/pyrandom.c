@@ -33,8 +33,8 @@ void epxi_pyrandom_init_by_array(epxi_pyrandom *r, const uint32_t *key, size_t n
     size_t i = 1, j = 0;
     size_t k = EPXI_MT_N > n ? EPXI_MT_N : n;
     for (; k; k--) {
-        r->mt[i] = (r->mt[i] ^ ((r->mt[i - 1] ^ (r->mt[i - 1] >> 30)) * 1664525u)) + key[j] +
-                   (uint32_t)j;
+        r->mt[i] =
+            (r->mt[i] ^ ((r->mt[i - 1] ^ (r->mt[i - 1] >> 30)) * 1664525u)) + key[j] + (uint32_t)j;
         i++;
         j++;
         if (i >= EPXI_MT_N) {
@@ -44,8 +44,7 @@ void epxi_pyrandom_init_by_array(epxi_pyrandom *r, const uint32_t *key, size_t n
         if (j >= n) j = 0;
     }
     for (k = EPXI_MT_N - 1; k; k--) {
-        r->mt[i] = (r->mt[i] ^ ((r->mt[i - 1] ^ (r->mt[i - 1] >> 30)) * 1566083941u)) -
-                   (uint32_t)i;
+        r->mt[i] = (r->mt[i] ^ ((r->mt[i - 1] ^ (r->mt[i - 1] >> 30)) * 1566083941u)) - (uint32_t)i;
         i++;
         if (i >= EPXI_MT_N) {
             r->mt[0] = r->mt[EPXI_MT_N - 1];

@@ -55,9 +55,8 @@ static epx_status check_replicas(const epx_shape *s, const int32_t *replicas, in
 }
 
 /* SGLang's table. `cand` holds the valid replicas in the given order. */
-static void sglang_table(const epx_shape *s, const int32_t *replicas, int32_t width,
-                         uint64_t seed, int32_t *out, int32_t *cand, int32_t *part,
-                         int32_t *ans, void *scratch) {
+static void sglang_table(const epx_shape *s, const int32_t *replicas, int32_t width, uint64_t seed,
+                         int32_t *out, int32_t *cand, int32_t *part, int32_t *ans, void *scratch) {
     int32_t L = s->num_layers, E = s->num_logical_experts, G = s->num_gpus;
     int32_t per = s->num_physical_experts / G;
     size_t LE = (size_t)L * (size_t)E;
@@ -102,12 +101,12 @@ static int heavier_first(const void *a, const void *b) {
 }
 
 typedef struct epx_scratch {
-    double *expected; /* [G] expected load of each GPU in the current layer */
-    double *actual;   /* [G] load the table sends it so far                 */
+    double *expected;  /* [G] expected load of each GPU in the current layer */
+    double *actual;    /* [G] load the table sends it so far                 */
     expert_key *order; /* [E] experts, heaviest first                       */
-    int32_t *cand;    /* [width] valid replicas of one expert               */
-    int32_t *chosen;  /* [width] ranks that chose each of them              */
-    double *target;   /* [width] ranks each of them should get (G x share)  */
+    int32_t *cand;     /* [width] valid replicas of one expert               */
+    int32_t *chosen;   /* [width] ranks that chose each of them              */
+    double *target;    /* [width] ranks each of them should get (G x share)  */
 } epx_scratch;
 
 /* The share of its expert's tokens slot p should take: its weight over the
@@ -130,12 +129,12 @@ static bool better(const epx_scratch *w, int32_t j, int32_t k, int32_t per) {
 }
 
 static void epx_table(const epx_shape *s, const int32_t *replicas, int32_t width,
-                      const double *load_all, const double *weights, int32_t *out,
-                      epx_scratch *w, double *unit_load) {
+                      const double *load_all, const double *weights, int32_t *out, epx_scratch *w,
+                      double *unit_load) {
     int32_t L = s->num_layers, E = s->num_logical_experts, G = s->num_gpus;
     int32_t P = s->num_physical_experts, per = P / G, gpn = G / s->num_nodes;
     size_t LE = (size_t)L * (size_t)E;
-#define OUT(g, l, e) out[(size_t)(g) * LE + (size_t)(l) * (size_t)E + (size_t)(e)]
+#define OUT(g, l, e) out[(size_t)(g)*LE + (size_t)(l) * (size_t)E + (size_t)(e)]
     for (int32_t l = 0; l < L; l++) {
         const double *load = load_all ? load_all + (size_t)l * (size_t)E : unit_load;
         for (int32_t g = 0; g < G; g++) w->expected[g] = w->actual[g] = 0.0;
@@ -154,7 +153,8 @@ static void epx_table(const epx_shape *s, const int32_t *replicas, int32_t width
                     if (weights) wsum += weights[(size_t)l * (size_t)P + (size_t)row[j]];
                 }
             for (int32_t j = 0; j < n; j++)
-                w->expected[w->cand[j] / per] += load[e] * replica_share(weights, l, P, w->cand[j], wsum, n);
+                w->expected[w->cand[j] / per] +=
+                    load[e] * replica_share(weights, l, P, w->cand[j], wsum, n);
             for (int32_t g = 0; g < G; g++) OUT(g, l, e) = -1;
             for (int32_t j = n - 1; j >= 0; j--) OUT(w->cand[j] / per, l, e) = w->cand[j];
             for (int32_t g = 0; g < G; g++) {
@@ -194,7 +194,8 @@ static void epx_table(const epx_shape *s, const int32_t *replicas, int32_t width
                 int32_t best = -1, best_local = -1;
                 for (int32_t j = 0; j < n; j++) {
                     if (better(w, j, best, per)) best = j;
-                    if (w->cand[j] / per / gpn == g / gpn && better(w, j, best_local, per)) best_local = j;
+                    if (w->cand[j] / per / gpn == g / gpn && better(w, j, best_local, per))
+                        best_local = j;
                 }
                 if (best_local >= 0 && w->chosen[best_local] + 1 - w->target[best_local] <= 0.5)
                     best = best_local;
@@ -223,11 +224,8 @@ epx_status epx_dispatch_table_compute(const epx_shape *shape, const int32_t *rep
     if (shape == NULL || replicas == NULL || out == NULL)
         return epxi_fail(err, EPX_ERR_INVALID_ARG,
                          "epx_dispatch_table_compute: shape, replicas and out are required");
-    if (opts->version != EPX_TABLE_OPTS_VERSION)
-        return epxi_fail(err, EPX_ERR_INVALID_ARG,
-                         "epx_table_opts.version is %u, expected %u: initialise the options "
-                         "with EPX_TABLE_OPTS_INIT",
-                         opts->version, EPX_TABLE_OPTS_VERSION);
+    EPX_TRY(epxi_check_version(opts->version, EPX_TABLE_OPTS_VERSION, "epx_table_opts",
+                               "EPX_TABLE_OPTS_INIT", err));
     EPX_TRY(epx_shape_check(shape, err));
     if (width < 1)
         return epxi_fail(err, EPX_ERR_SHAPE, "replica map width is %d: it must be >= 1", width);
@@ -245,8 +243,7 @@ epx_status epx_dispatch_table_compute(const epx_shape *shape, const int32_t *rep
     if (opts->expected_load)
         EPX_TRY(check_nonneg(opts->expected_load, (size_t)L * (size_t)E, "expected_load", err));
     if (opts->replica_weights)
-        EPX_TRY(check_nonneg(opts->replica_weights, (size_t)L * (size_t)P, "replica_weights",
-                             err));
+        EPX_TRY(check_nonneg(opts->replica_weights, (size_t)L * (size_t)P, "replica_weights", err));
 
     /* One block of scratch, so every path frees one pointer: the doubles and
      * expert keys first (8-byte aligned), then the int32 arrays. SGLang's
@@ -276,7 +273,8 @@ epx_status epx_dispatch_table_compute(const epx_shape *shape, const int32_t *rep
 epx_status epx_dispatch_table_from_layout(const epx_layout *layout, const epx_table_opts *opts,
                                           int32_t *out, epx_error *err) {
     if (layout == NULL)
-        return epxi_fail(err, EPX_ERR_INVALID_ARG, "epx_dispatch_table_from_layout: layout is NULL");
+        return epxi_fail(err, EPX_ERR_INVALID_ARG,
+                         "epx_dispatch_table_from_layout: layout is NULL");
     int32_t width = 0;
     const int32_t *l2p = epx_layout_logical_to_all_physical(layout, &width);
     return epx_dispatch_table_compute(epx_layout_shape(layout), l2p, width, opts, out, err);

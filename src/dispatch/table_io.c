@@ -7,15 +7,14 @@
  */
 #include <stdio.h>
 
-#include "../io/json_tensor.h"
+#include "json_tensor.h"
 
 static const char L2P_KEY[] = "logical_to_physical_map";
 static const char TABLE_KEY[] = "logical_to_rank_dispatch_physical_map";
 
 epx_status epx_replica_map_read(const char *spec, int32_t **map, int32_t *num_layers,
                                 int32_t *num_experts, int32_t *width, epx_error *err) {
-    if (spec == NULL || map == NULL || num_layers == NULL || num_experts == NULL ||
-        width == NULL)
+    if (spec == NULL || map == NULL || num_layers == NULL || num_experts == NULL || width == NULL)
         return epxi_fail(err, EPX_ERR_INVALID_ARG, "epx_replica_map_read: NULL argument");
     json_t *root = NULL;
     EPX_TRY(epxi_json_load_spec(spec, &root, err));
@@ -92,9 +91,8 @@ static epx_status write_table(FILE *f, const void *vctx) {
     return ferror(f) ? EPX_ERR_IO : EPX_OK;
 }
 
-epx_status epx_dispatch_table_write_json(const char *path, const int32_t *table,
-                                         int32_t num_ranks, int32_t num_layers,
-                                         int32_t num_experts, epx_error *err) {
+epx_status epx_dispatch_table_write_json(const char *path, const int32_t *table, int32_t num_ranks,
+                                         int32_t num_layers, int32_t num_experts, epx_error *err) {
     if (path == NULL || table == NULL)
         return epxi_fail(err, EPX_ERR_INVALID_ARG, "epx_dispatch_table_write_json: NULL argument");
     if (num_ranks < 0 || num_layers < 1 || num_experts < 1)

@@ -39,8 +39,8 @@ epx_status epx_dispatch_thresholds(const int32_t *replicas, const int32_t *num_v
             int32_t n = num_valid[le];
             if (n < 1 || n > width)
                 return epxi_fail(err, EPX_ERR_INVALID_ARG,
-                                 "num_valid[%d][%d] = %d is outside [1, %d] (the width)", l, e,
-                                 n, width);
+                                 "num_valid[%d][%d] = %d is outside [1, %d] (the width)", l, e, n,
+                                 width);
             double sum = 0.0;
             for (int32_t j = 0; j < n; j++) {
                 if (row[j] < 0 || row[j] >= num_physical)
@@ -51,8 +51,8 @@ epx_status epx_dispatch_thresholds(const int32_t *replicas, const int32_t *num_v
                 double v = w[row[j]];
                 if (!(v >= 0.0) || !isfinite(v))
                     return epxi_fail(err, EPX_ERR_INVALID_ARG,
-                                     "weights[%d][%d] is %g: weights must be finite and >= 0",
-                                     l, row[j], v);
+                                     "weights[%d][%d] is %g: weights must be finite and >= 0", l,
+                                     row[j], v);
                 sum += v;
             }
             double cum = 0.0;
@@ -78,8 +78,7 @@ epx_status epxi_dispatch_check_spec(const epx_dispatch_spec *s, const char *memo
                          "dispatch spec: num_experts = %d and num_physical = %d must be >= 1",
                          s->num_experts, s->num_physical);
     switch (s->mode) {
-    case EPX_DISPATCH_PHYSICAL:
-        return EPX_OK;
+    case EPX_DISPATCH_PHYSICAL: return EPX_OK;
     case EPX_DISPATCH_STATIC:
         if (s->table == NULL)
             return epxi_fail(err, EPX_ERR_INVALID_ARG,
@@ -103,13 +102,11 @@ epx_status epxi_dispatch_check_spec(const epx_dispatch_spec *s, const char *memo
         return EPX_OK;
     }
     return epxi_fail(err, EPX_ERR_INVALID_ARG,
-                     "dispatch mode %d is not PHYSICAL, STATIC, DYNAMIC or WEIGHTED",
-                     (int)s->mode);
+                     "dispatch mode %d is not PHYSICAL, STATIC, DYNAMIC or WEIGHTED", (int)s->mode);
 }
 
 epx_status epx_dispatch_map_ids(const epx_dispatch_spec *spec, const int32_t *topk_ids,
-                                int64_t num_tokens, int32_t topk, int32_t *phys,
-                                epx_error *err) {
+                                int64_t num_tokens, int32_t topk, int32_t *phys, epx_error *err) {
     if (spec == NULL || (num_tokens > 0 && (topk_ids == NULL || phys == NULL)))
         return epxi_fail(err, EPX_ERR_INVALID_ARG,
                          "epx_dispatch_map_ids: spec, topk_ids and phys are required");
@@ -126,9 +123,8 @@ epx_status epx_dispatch_map_ids(const epx_dispatch_spec *spec, const int32_t *to
             int32_t e = topk_ids[i];
             if (e < -1 || e >= lim)
                 return epxi_fail(err, EPX_ERR_INVALID_ARG,
-                                 "topk_ids[%lld][%d] = %d is outside [-1, %d) (%s)",
-                                 (long long)t, k, e, lim,
-                                 spec->mode == EPX_DISPATCH_PHYSICAL ? "P" : "E");
+                                 "topk_ids[%lld][%d] = %d is outside [-1, %d) (%s)", (long long)t,
+                                 k, e, lim, spec->mode == EPX_DISPATCH_PHYSICAL ? "P" : "E");
             int32_t p = -1;
             if (e >= 0) {
                 if (spec->mode == EPX_DISPATCH_PHYSICAL) {
@@ -139,8 +135,8 @@ epx_status epx_dispatch_map_ids(const epx_dispatch_spec *spec, const int32_t *to
                     int32_t n = spec->num_valid[e];
                     if (n < 1 || n > W)
                         return epxi_fail(err, EPX_ERR_INVALID_MAP,
-                                         "num_valid[%d] = %d is outside [1, %d] (the width)", e,
-                                         n, W);
+                                         "num_valid[%d] = %d is outside [1, %d] (the width)", e, n,
+                                         W);
                     uint32_t word = epxi_dispatch_word(spec->seed, spec->pass, spec->layer,
                                                        (uint32_t)t, (uint32_t)k);
                     int32_t j = spec->mode == EPX_DISPATCH_DYNAMIC
@@ -258,13 +254,13 @@ epx_status epx_token_layout_compute(const int32_t *phys, int64_t num_tokens, int
 static size_t dtype_size(epx_row_dtype d) { return d == EPX_ROW_BF16 ? 2 : 4; }
 
 static epx_status check_rows(const void *src, const void *dst, epx_row_dtype dtype,
-                             int64_t num_tokens, int64_t hidden, const int32_t *pos,
-                             int32_t topk, int64_t num_rows, const char *fn, epx_error *err) {
+                             int64_t num_tokens, int64_t hidden, const int32_t *pos, int32_t topk,
+                             int64_t num_rows, const char *fn, epx_error *err) {
     if (dtype != EPX_ROW_F32 && dtype != EPX_ROW_BF16)
         return epxi_fail(err, EPX_ERR_INVALID_ARG, "%s: dtype %d is not F32 (0) or BF16 (1)", fn,
                          (int)dtype);
-    if (num_tokens < 0 || hidden < 0 || num_rows < 0 || topk < 1 ||
-        num_tokens > INT32_MAX || num_rows > INT32_MAX)
+    if (num_tokens < 0 || hidden < 0 || num_rows < 0 || topk < 1 || num_tokens > INT32_MAX ||
+        num_rows > INT32_MAX)
         return epxi_fail(err, EPX_ERR_SHAPE,
                          "%s: T = %lld, H = %lld, rows = %lld, K = %d: sizes must be >= 0 "
                          "(K >= 1) and T, rows below 2^31",
@@ -275,16 +271,15 @@ static epx_status check_rows(const void *src, const void *dst, epx_row_dtype dty
         if (pos[i] < -1 || pos[i] >= num_rows)
             return epxi_fail(err, EPX_ERR_INVALID_ARG,
                              "%s: pos[%lld][%d] = %d is outside [-1, %lld) (the row count)", fn,
-                             (long long)(i / topk), (int)(i % topk), pos[i],
-                             (long long)num_rows);
+                             (long long)(i / topk), (int)(i % topk), pos[i], (long long)num_rows);
     return EPX_OK;
 }
 
 epx_status epx_permute_rows(const void *x, epx_row_dtype dtype, int64_t num_tokens, int64_t hidden,
                             const int32_t *pos, int32_t topk, int64_t num_rows, void *out,
                             epx_error *err) {
-    EPX_TRY(check_rows(x, out, dtype, num_tokens, hidden, pos, topk, num_rows,
-                       "epx_permute_rows", err));
+    EPX_TRY(check_rows(x, out, dtype, num_tokens, hidden, pos, topk, num_rows, "epx_permute_rows",
+                       err));
     size_t row = (size_t)hidden * dtype_size(dtype);
     for (int64_t t = 0; t < num_tokens; t++)
         for (int32_t k = 0; k < topk; k++) {
@@ -299,8 +294,8 @@ epx_status epx_permute_rows(const void *x, epx_row_dtype dtype, int64_t num_toke
 epx_status epx_combine_rows(const void *y, epx_row_dtype dtype, int64_t num_rows, int64_t hidden,
                             const int32_t *pos, const float *weights, int64_t num_tokens,
                             int32_t topk, void *out, epx_error *err) {
-    EPX_TRY(check_rows(y, out, dtype, num_tokens, hidden, pos, topk, num_rows,
-                       "epx_combine_rows", err));
+    EPX_TRY(check_rows(y, out, dtype, num_tokens, hidden, pos, topk, num_rows, "epx_combine_rows",
+                       err));
     size_t H = (size_t)hidden, K = (size_t)topk;
     for (size_t t = 0; t < (size_t)num_tokens; t++) {
         const int32_t *pt = pos + t * K;
@@ -310,7 +305,7 @@ epx_status epx_combine_rows(const void *y, epx_row_dtype dtype, int64_t num_rows
                 if (pt[k] < 0) continue;
                 size_t src = (size_t)pt[k] * H + h;
                 float v = dtype == EPX_ROW_BF16 ? epxi_bf16_to_f32(((const uint16_t *)y)[src])
-                                                  : ((const float *)y)[src];
+                                                : ((const float *)y)[src];
                 acc = fmaf(weights ? weights[t * K + k] : 1.0f, v, acc);
             }
             if (dtype == EPX_ROW_BF16)

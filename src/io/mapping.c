@@ -79,7 +79,8 @@ static epx_status write_mapping_body(FILE *f, const void *ctx) {
     for (int32_t l = 0; l < s->num_layers; l++) {
         fputc('[', f);
         for (int32_t p = 0; p < s->num_physical_experts; p++)
-            fprintf(f, p ? ", %d" : "%d", m[(size_t)l * (size_t)s->num_physical_experts + (size_t)p]);
+            fprintf(f, p ? ", %d" : "%d",
+                    m[(size_t)l * (size_t)s->num_physical_experts + (size_t)p]);
         fputs(l + 1 < s->num_layers ? "],\n" : "]\n", f);
     }
     fputs("]}\n", f);
@@ -144,8 +145,10 @@ epx_status epx_counts_read_progress(const char *spec, epx_progress_fn progress, 
 static void write_load(FILE *f, double x) {
     /* Integral loads print as integers, so token counts round-trip exactly.
      * The range test comes first: casting 1e300 to int64 is undefined. */
-    if (x > -9.0e15 && x < 9.0e15 && x == (double)(int64_t)x) fprintf(f, "%lld", (long long)x);
-    else fprintf(f, "%.17g", x);
+    if (x > -9.0e15 && x < 9.0e15 && x == (double)(int64_t)x)
+        fprintf(f, "%lld", (long long)x);
+    else
+        fprintf(f, "%.17g", x);
 }
 
 static epx_status write_counts_body(FILE *f, const void *ctx) {

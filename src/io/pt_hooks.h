@@ -14,7 +14,6 @@ EPXI_HIDDEN epx_status epxi_pt_read_mapping(const char *path, int32_t **map, int
 /* {"logical_count": [L][E] | [S][L][E]} init files, and SGLang's stat and
  * per_pass dumps, from a torch .pt file. */
 EPXI_HIDDEN epx_status epxi_pt_read_counts(const char *path, epx_progress_fn progress,
-                                           void *progress_user, epx_counts **out,
-                                           epx_error *err);
+                                           void *progress_user, epx_counts **out, epx_error *err);
 
 #endif

@@ -25,11 +25,11 @@ typedef enum epxi_pt_global {
 } epxi_pt_global;
 
 struct epx_pt_value {
-    int kind;             /* epx_pt_kind or EPXI_PT_* */
-    uint8_t sealed;       /* inside a container: may no longer be mutated */
-    uint8_t has_internal; /* an EPXI_PT_* kind is reachable from here */
-    uint16_t depth;       /* 0 for a scalar, 1 + deepest child otherwise */
-    uint64_t nodes;       /* values reachable counting shared ones each time */
+    int kind;                  /* epx_pt_kind or EPXI_PT_* */
+    uint8_t sealed;            /* inside a container: may no longer be mutated */
+    uint8_t has_internal;      /* an EPXI_PT_* kind is reachable from here */
+    uint16_t depth;            /* 0 for a scalar, 1 + deepest child otherwise */
+    uint64_t nodes;            /* values reachable counting shared ones each time */
     struct epx_pt_value *next; /* the arena chain of the owning file */
     union {
         int64_t i; /* INT, BOOL */
@@ -98,9 +98,9 @@ EPXI_HIDDEN epx_status epxi_pt_dict_set(epx_pt_value *d, epx_pt_value *key, epx_
  * the size actually present. `claimed` is numel * element size as the
  * pickle states it, for resolvers that synthesise data (the fuzz harness);
  * a real archive ignores it and the unpickler compares the two. */
-typedef epx_status (*epxi_pt_storage_fn)(void *ctx, epx_pt_file *f, const char *key,
-                                         size_t key_len, uint64_t claimed, const void **data,
-                                         size_t *nbytes, epx_error *err);
+typedef epx_status (*epxi_pt_storage_fn)(void *ctx, epx_pt_file *f, const char *key, size_t key_len,
+                                         uint64_t claimed, const void **data, size_t *nbytes,
+                                         epx_error *err);
 
 /*
  * Run the restricted unpickler over `len` bytes of data.pkl, setting

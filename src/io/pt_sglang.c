@@ -70,7 +70,8 @@ static epx_status map_ids(const epx_pt_file *f, const epx_pt_tensor *t, const ch
                           int64_t limit, int32_t *out, epx_error *err) {
     const int64_t L = t->shape[0], P = t->shape[1];
     if (L > EPX_MAX_LAYERS || P > 2 * EPX_MAX_EXPERTS)
-        return epxi_fail(err, EPX_ERR_SHAPE, "'%s': '%s' is [%lld][%lld], above the limits [%d][%d]",
+        return epxi_fail(err, EPX_ERR_SHAPE,
+                         "'%s': '%s' is [%lld][%lld], above the limits [%d][%d]",
                          epx_pt_file_name(f), key, (long long)L, (long long)P, EPX_MAX_LAYERS,
                          2 * EPX_MAX_EXPERTS);
     const size_t n = (size_t)L * (size_t)P;
@@ -80,10 +81,9 @@ static epx_status map_ids(const epx_pt_file *f, const epx_pt_tensor *t, const ch
     if (st != EPX_OK) epxi_error_prefix(err, "'%s': '%s'", epx_pt_file_name(f), key);
     for (size_t i = 0; st == EPX_OK && i < n; i++) {
         if (tmp[i] < 0 || tmp[i] >= limit)
-            st = epxi_fail(err, EPX_ERR_PARSE,
-                           "'%s': '%s'[%zu][%zu] is %lld, outside [0, %lld]", epx_pt_file_name(f),
-                           key, i / (size_t)P, i % (size_t)P, (long long)tmp[i],
-                           (long long)limit - 1);
+            st = epxi_fail(err, EPX_ERR_PARSE, "'%s': '%s'[%zu][%zu] is %lld, outside [0, %lld]",
+                           epx_pt_file_name(f), key, i / (size_t)P, i % (size_t)P,
+                           (long long)tmp[i], (long long)limit - 1);
         else
             out[i] = (int32_t)tmp[i];
     }
@@ -117,9 +117,10 @@ epx_status epx_mapping_from_pt(const epx_pt_file *f, int32_t **map, int32_t *L, 
     epx_pt_tensor t;
     EPX_TRY(get_tensor(f, v, MAP_KEY, 2, 2, &t, err));
     if (t.shape[0] > EPX_MAX_LAYERS || t.shape[1] > 2 * EPX_MAX_EXPERTS)
-        return epxi_fail(err, EPX_ERR_SHAPE, "'%s': '%s' is [%lld][%lld], above the limits [%d][%d]",
-                         epx_pt_file_name(f), MAP_KEY, (long long)t.shape[0],
-                         (long long)t.shape[1], EPX_MAX_LAYERS, 2 * EPX_MAX_EXPERTS);
+        return epxi_fail(err, EPX_ERR_SHAPE,
+                         "'%s': '%s' is [%lld][%lld], above the limits [%d][%d]",
+                         epx_pt_file_name(f), MAP_KEY, (long long)t.shape[0], (long long)t.shape[1],
+                         EPX_MAX_LAYERS, 2 * EPX_MAX_EXPERTS);
     int32_t *out = epxi_calloc((size_t)t.shape[0] * (size_t)t.shape[1], sizeof *out, MAP_KEY, err);
     if (out == NULL) return EPX_ERR_NOMEM;
     epx_status st = map_ids(f, &t, MAP_KEY, (int64_t)INT32_MAX + 1, out, err);
@@ -140,8 +141,10 @@ typedef enum { KIND_LOGICAL, KIND_PER_PASS } file_kind;
 static epx_status classify(const epx_pt_file *f, file_kind *kind, epx_error *err) {
     const epx_pt_value *root;
     EPX_TRY(root_dict(f, &root, err));
-    if (epx_pt_dict_get(root, RECORDS_KEY) != NULL) *kind = KIND_PER_PASS;
-    else if (epx_pt_dict_get(root, COUNT_KEY) != NULL) *kind = KIND_LOGICAL;
+    if (epx_pt_dict_get(root, RECORDS_KEY) != NULL)
+        *kind = KIND_PER_PASS;
+    else if (epx_pt_dict_get(root, COUNT_KEY) != NULL)
+        *kind = KIND_LOGICAL;
     else if (epx_pt_dict_get(root, MAP_KEY) != NULL)
         return epxi_fail(err, EPX_ERR_PARSE,
                          "'%s' holds '%s', not '%s': it is a placement, not a load; pass it as "
@@ -166,8 +169,8 @@ static epx_status check_loads(const epx_pt_file *f, const char *key, const doubl
             return epxi_fail(err, EPX_ERR_PARSE,
                              "'%s': '%s'[%zu][%zu][%zu] is %g: loads must be finite and "
                              "non-negative",
-                             epx_pt_file_name(f), key, i / le, (i % le) / (size_t)E,
-                             i % (size_t)E, x[i]);
+                             epx_pt_file_name(f), key, i / le, (i % le) / (size_t)E, i % (size_t)E,
+                             x[i]);
         }
     return EPX_OK;
 }
@@ -182,7 +185,8 @@ static epx_status counts_logical(const epx_pt_file *const *files, size_t nf, epx
                            COUNT_KEY, 2, 3, &t, err));
         int64_t s = t.ndim == 3 ? t.shape[0] : 1;
         int64_t l = t.shape[t.ndim - 2], e = t.shape[t.ndim - 1];
-        if (i == 0) L = l, E = e;
+        if (i == 0)
+            L = l, E = e;
         else if (l != L || e != E)
             return epxi_fail(err, EPX_ERR_SHAPE,
                              "'%s': '%s' is [%lld][%lld] per window but '%s' has [%lld][%lld]",
@@ -205,7 +209,8 @@ static epx_status counts_logical(const epx_pt_file *const *files, size_t nf, epx
         int64_t numel = 0;
         st = epx_pt_tensor_numel(&t, &numel, err);
         if (st == EPX_OK) st = epx_pt_tensor_to_f64(&t, c->data + at, (size_t)numel, err);
-        if (st != EPX_OK) epxi_error_prefix(err, "'%s': '%s'", epx_pt_file_name(files[i]), COUNT_KEY);
+        if (st != EPX_OK)
+            epxi_error_prefix(err, "'%s': '%s'", epx_pt_file_name(files[i]), COUNT_KEY);
         if (st == EPX_OK)
             st = check_loads(files[i], COUNT_KEY, c->data + at, (size_t)numel, L, E, err);
         at += (size_t)numel;
@@ -332,15 +337,17 @@ static epx_status per_pass_map(const epx_pt_file *const *files, size_t nf, int32
                 break;
             }
         } else if (t.shape[0] != *L || t.shape[1] != *P) {
-            st = epxi_fail(err, EPX_ERR_SHAPE, "'%s': '%s' is [%lld][%lld] but '%s' has [%lld][%lld]",
-                           epx_pt_file_name(files[i]), LAST_MAP_KEY, (long long)t.shape[0],
-                           (long long)t.shape[1], epx_pt_file_name(files[0]), (long long)*L,
-                           (long long)*P);
+            st = epxi_fail(
+                err, EPX_ERR_SHAPE, "'%s': '%s' is [%lld][%lld] but '%s' has [%lld][%lld]",
+                epx_pt_file_name(files[i]), LAST_MAP_KEY, (long long)t.shape[0],
+                (long long)t.shape[1], epx_pt_file_name(files[0]), (long long)*L, (long long)*P);
             break;
         }
         const size_t n = (size_t)*L * (size_t)*P;
-        if (i == 0) first = epxi_calloc(n, sizeof *first, LAST_MAP_KEY, err);
-        else if (other == NULL) other = epxi_calloc(n, sizeof *other, LAST_MAP_KEY, err);
+        if (i == 0)
+            first = epxi_calloc(n, sizeof *first, LAST_MAP_KEY, err);
+        else if (other == NULL)
+            other = epxi_calloc(n, sizeof *other, LAST_MAP_KEY, err);
         int32_t *dst = i == 0 ? first : other;
         if (dst == NULL) {
             st = EPX_ERR_NOMEM;
@@ -397,8 +404,8 @@ static epx_status counts_per_pass(const epx_pt_file *const *files, size_t nf, ep
         epx_pt_value_tensor(refs[i].gpc, &t, NULL);
         st = epx_pt_tensor_to_f64(&t, gpc, lp, err);
         if (st != EPX_OK) {
-            epxi_error_prefix(err, "'%s': global_physical_count of pass %lld",
-                              epx_pt_file_name(f), (long long)refs[i].pass);
+            epxi_error_prefix(err, "'%s': global_physical_count of pass %lld", epx_pt_file_name(f),
+                              (long long)refs[i].pass);
             break;
         }
         for (size_t j = 0; j < lp; j++)
@@ -435,7 +442,8 @@ epx_status epx_counts_from_pt(const epx_pt_file *const *files, size_t nf, epx_co
         if (files[i] == NULL) return epxi_fail(err, EPX_ERR_INVALID_ARG, "files[%zu] is NULL", i);
         file_kind k;
         EPX_TRY(classify(files[i], &k, err));
-        if (i == 0) k0 = k;
+        if (i == 0)
+            k0 = k;
         else if (k != k0)
             return epxi_fail(err, EPX_ERR_PARSE,
                              "'%s' is %s but '%s' is %s: give files of one kind",
@@ -498,8 +506,7 @@ static epx_status list_dir(const char *dir, path_list *pl, epx_error *err) {
     }
     closedir(d);
     if (st != EPX_OK) return st;
-    if (pl->n == 0)
-        return epxi_fail(err, EPX_ERR_IO, "directory '%.256s' holds no .pt files", dir);
+    if (pl->n == 0) return epxi_fail(err, EPX_ERR_IO, "directory '%.256s' holds no .pt files", dir);
     qsort(pl->paths, pl->n, sizeof *pl->paths, cmp_str);
     return EPX_OK;
 }

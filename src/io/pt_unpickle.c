@@ -41,17 +41,54 @@ typedef struct vm {
 
 /* Opcodes by name, as pickletools lists them. */
 enum {
-    OP_MARK = '(', OP_STOP = '.', OP_POP = '0', OP_POP_MARK = '1', OP_DUP = '2',
-    OP_BININT = 'J', OP_BININT1 = 'K', OP_BININT2 = 'M', OP_NONE = 'N', OP_BINPERSID = 'Q',
-    OP_REDUCE = 'R', OP_BINUNICODE = 'X', OP_APPEND = 'a', OP_BUILD = 'b', OP_GLOBAL = 'c',
-    OP_DICT = 'd', OP_EMPTY_DICT = '}', OP_APPENDS = 'e', OP_BINGET = 'h', OP_INST = 'i',
-    OP_LONG_BINGET = 'j', OP_EMPTY_LIST = ']', OP_OBJ = 'o', OP_BINPUT = 'q',
-    OP_LONG_BINPUT = 'r', OP_SETITEM = 's', OP_TUPLE = 't', OP_EMPTY_TUPLE = ')',
-    OP_SETITEMS = 'u', OP_BINFLOAT = 'G', OP_PROTO = 0x80, OP_NEWOBJ = 0x81, OP_EXT1 = 0x82,
-    OP_EXT2 = 0x83, OP_EXT4 = 0x84, OP_TUPLE1 = 0x85, OP_TUPLE2 = 0x86, OP_TUPLE3 = 0x87,
-    OP_NEWTRUE = 0x88, OP_NEWFALSE = 0x89, OP_LONG1 = 0x8a, OP_LONG4 = 0x8b,
-    OP_SHORT_BINUNICODE = 0x8c, OP_BINUNICODE8 = 0x8d, OP_STACK_GLOBAL = 0x93,
-    OP_MEMOIZE = 0x94, OP_FRAME = 0x95, OP_NEWOBJ_EX = 0x92
+    OP_MARK = '(',
+    OP_STOP = '.',
+    OP_POP = '0',
+    OP_POP_MARK = '1',
+    OP_DUP = '2',
+    OP_BININT = 'J',
+    OP_BININT1 = 'K',
+    OP_BININT2 = 'M',
+    OP_NONE = 'N',
+    OP_BINPERSID = 'Q',
+    OP_REDUCE = 'R',
+    OP_BINUNICODE = 'X',
+    OP_APPEND = 'a',
+    OP_BUILD = 'b',
+    OP_GLOBAL = 'c',
+    OP_DICT = 'd',
+    OP_EMPTY_DICT = '}',
+    OP_APPENDS = 'e',
+    OP_BINGET = 'h',
+    OP_INST = 'i',
+    OP_LONG_BINGET = 'j',
+    OP_EMPTY_LIST = ']',
+    OP_OBJ = 'o',
+    OP_BINPUT = 'q',
+    OP_LONG_BINPUT = 'r',
+    OP_SETITEM = 's',
+    OP_TUPLE = 't',
+    OP_EMPTY_TUPLE = ')',
+    OP_SETITEMS = 'u',
+    OP_BINFLOAT = 'G',
+    OP_PROTO = 0x80,
+    OP_NEWOBJ = 0x81,
+    OP_EXT1 = 0x82,
+    OP_EXT2 = 0x83,
+    OP_EXT4 = 0x84,
+    OP_TUPLE1 = 0x85,
+    OP_TUPLE2 = 0x86,
+    OP_TUPLE3 = 0x87,
+    OP_NEWTRUE = 0x88,
+    OP_NEWFALSE = 0x89,
+    OP_LONG1 = 0x8a,
+    OP_LONG4 = 0x8b,
+    OP_SHORT_BINUNICODE = 0x8c,
+    OP_BINUNICODE8 = 0x8d,
+    OP_STACK_GLOBAL = 0x93,
+    OP_MEMOIZE = 0x94,
+    OP_FRAME = 0x95,
+    OP_NEWOBJ_EX = 0x92
 };
 
 /* ---- input -------------------------------------------------------------- */
@@ -59,8 +96,7 @@ enum {
 static epx_status need(vm *m, size_t n) {
     if (m->len - m->pos < n)
         return epxi_fail(m->err, EPX_ERR_PARSE,
-                         "the pickle is truncated: %zu bytes needed, %zu left", n,
-                         m->len - m->pos);
+                         "the pickle is truncated: %zu bytes needed, %zu left", n, m->len - m->pos);
     return EPX_OK;
 }
 
@@ -91,10 +127,14 @@ static bool utf8_ok(const uint8_t *s, size_t n) {
         if (c < 0x80) {
             i++;
             continue;
-        } else if ((c & 0xe0) == 0xc0) extra = 1, cp = c & 0x1f;
-        else if ((c & 0xf0) == 0xe0) extra = 2, cp = c & 0x0f;
-        else if ((c & 0xf8) == 0xf0) extra = 3, cp = c & 0x07;
-        else return false;
+        } else if ((c & 0xe0) == 0xc0)
+            extra = 1, cp = c & 0x1f;
+        else if ((c & 0xf0) == 0xe0)
+            extra = 2, cp = c & 0x0f;
+        else if ((c & 0xf8) == 0xf0)
+            extra = 3, cp = c & 0x07;
+        else
+            return false;
         if (n - i <= extra) return false;
         for (size_t k = 1; k <= extra; k++) {
             if ((s[i + k] & 0xc0) != 0x80) return false;
@@ -199,15 +239,27 @@ static epx_pt_value *new_int(vm *m, int kind, int64_t i) {
     return v;
 }
 
-static epx_status push_string(vm *m, size_t lenbytes) {
+/* A length of `lenbytes` little-endian bytes, then that many bytes: *bytes
+ * points at them (inside the pickle) and the reader moves past them. `what`
+ * names the value in the message when the length claims more than is left. */
+static epx_status take_counted(vm *m, size_t lenbytes, const char *what, const uint8_t **bytes,
+                               uint64_t *len) {
     EPX_TRY(need(m, lenbytes));
-    uint64_t n = read_le(m, lenbytes);
+    const uint64_t n = read_le(m, lenbytes);
     if (n > m->len - m->pos)
         return epxi_fail(m->err, EPX_ERR_PARSE,
-                         "a string claims %llu bytes but only %zu remain in the pickle",
+                         "%s claims %llu bytes but only %zu remain in the pickle", what,
                          (unsigned long long)n, m->len - m->pos);
-    const uint8_t *s = m->p + m->pos;
+    *bytes = m->p + m->pos;
+    *len = n;
     m->pos += (size_t)n;
+    return EPX_OK;
+}
+
+static epx_status push_string(vm *m, size_t lenbytes) {
+    const uint8_t *s = NULL;
+    uint64_t n = 0;
+    EPX_TRY(take_counted(m, lenbytes, "a string", &s, &n));
     if (!utf8_ok(s, (size_t)n))
         return epxi_fail(m->err, EPX_ERR_PARSE, "a string is not valid UTF-8");
     return push(m, epxi_pt_new_string(m->f, (const char *)s, (size_t)n, m->err));
@@ -216,14 +268,9 @@ static epx_status push_string(vm *m, size_t lenbytes) {
 /* LONG1 / LONG4: n bytes of little-endian two's complement. Wider than 64
  * bits is accepted only when the extra bytes are pure sign extension. */
 static epx_status push_long(vm *m, size_t lenbytes) {
-    EPX_TRY(need(m, lenbytes));
-    uint64_t n = read_le(m, lenbytes);
-    if (n > m->len - m->pos)
-        return epxi_fail(m->err, EPX_ERR_PARSE,
-                         "an integer claims %llu bytes but only %zu remain in the pickle",
-                         (unsigned long long)n, m->len - m->pos);
-    const uint8_t *b = m->p + m->pos;
-    m->pos += (size_t)n;
+    const uint8_t *b = NULL;
+    uint64_t n = 0;
+    EPX_TRY(take_counted(m, lenbytes, "an integer", &b, &n));
     if (n == 0) return push(m, new_int(m, EPX_PT_INT, 0));
     bool neg = (b[n - 1] & 0x80) != 0;
     uint64_t x = neg ? ~(uint64_t)0 : 0;
@@ -252,8 +299,7 @@ static epx_status make_tuple(vm *m, size_t first) {
 
 static epx_status tuple_n(vm *m, size_t n) {
     if (m->sp - frame_base(m) < n)
-        return epxi_fail(m->err, EPX_ERR_PARSE, "stack underflow: TUPLE%zu needs %zu values", n,
-                         n);
+        return epxi_fail(m->err, EPX_ERR_PARSE, "stack underflow: TUPLE%zu needs %zu values", n, n);
     return make_tuple(m, m->sp - n);
 }
 
@@ -274,7 +320,8 @@ static epx_status find_global(vm *m, const uint8_t *mod, size_t mlen, const uint
     } else if (name_is(mod, mlen, "collections") && name_is(name, nlen, "OrderedDict")) {
         g = epxi_pt_new(m->f, EPXI_PT_GLOBAL, m->err);
         if (g) g->u.global.which = EPXI_PT_G_ORDERED_DICT;
-    } else if (name_is(mod, mlen, "torch") && epxi_pt_storage_dtype((const char *)name, nlen) >= 0) {
+    } else if (name_is(mod, mlen, "torch") &&
+               epxi_pt_storage_dtype((const char *)name, nlen) >= 0) {
         g = epxi_pt_new(m->f, EPXI_PT_GLOBAL, m->err);
         if (g) {
             g->u.global.which = EPXI_PT_G_STORAGE;
@@ -366,8 +413,7 @@ static epx_status op_binpersid(vm *m) {
     const int64_t numel = it[4]->u.i;
     if (klen == 0 || klen > 64 || memchr(key, '/', klen) != NULL || memchr(key, '\0', klen) != NULL)
         return epxi_fail(m->err, EPX_ERR_PARSE,
-                         "storage key of %zu bytes is not a plain entry name of 1..64 bytes",
-                         klen);
+                         "storage key of %zu bytes is not a plain entry name of 1..64 bytes", klen);
     const void *bytes = NULL;
     size_t nbytes = 0;
     uint64_t want = 0;
@@ -377,8 +423,8 @@ static epx_status op_binpersid(vm *m) {
     if (bad || want != nbytes)
         return epxi_fail(m->err, EPX_ERR_PARSE,
                          "storage '%s' claims %lld %s elements (%s) but data/%s holds %zu bytes",
-                         key, (long long)numel, epx_pt_dtype_str(dt), epxi_pt_storage_name(dt),
-                         key, nbytes);
+                         key, (long long)numel, epx_pt_dtype_str(dt), epxi_pt_storage_name(dt), key,
+                         nbytes);
     epx_pt_value *s = epxi_pt_new(m->f, EPXI_PT_STORAGE, m->err);
     if (s == NULL) return m->err ? m->err->status : EPX_ERR_NOMEM;
     s->u.storage.dtype = dt;
@@ -533,10 +579,9 @@ static epx_status op_build(vm *m) {
     EPX_TRY(top(m, &obj));
     if (state->kind == EPX_PT_NONE || (state->kind == EPX_PT_DICT && state->u.dict.n == 0))
         return EPX_OK;
-    return epxi_fail(m->err, EPX_ERR_UNSUPPORTED,
-                     "BUILD gives a %s state to a %s: epx reads plain tensors only",
-                     epx_pt_kind_str((epx_pt_kind)state->kind),
-                     epx_pt_kind_str((epx_pt_kind)obj->kind));
+    return epxi_fail(
+        m->err, EPX_ERR_UNSUPPORTED, "BUILD gives a %s state to a %s: epx reads plain tensors only",
+        epx_pt_kind_str((epx_pt_kind)state->kind), epx_pt_kind_str((epx_pt_kind)obj->kind));
 }
 
 /* ---- the loop ----------------------------------------------------------- */
@@ -578,9 +623,7 @@ static epx_status step(vm *m, int op, bool *done) {
         EPX_TRY(pop_mark(m, &first));
         m->sp = first;
         return EPX_OK;
-    case OP_DUP:
-        EPX_TRY(top(m, &v));
-        return push(m, v);
+    case OP_DUP: EPX_TRY(top(m, &v)); return push(m, v);
     case OP_NONE: return push(m, epxi_pt_new(m->f, EPX_PT_NONE, m->err));
     case OP_NEWTRUE: return push(m, new_int(m, EPX_PT_BOOL, 1));
     case OP_NEWFALSE: return push(m, new_int(m, EPX_PT_BOOL, 0));
@@ -610,9 +653,7 @@ static epx_status step(vm *m, int op, bool *done) {
     case OP_EMPTY_DICT: return push(m, epxi_pt_new(m->f, EPX_PT_DICT, m->err));
     case OP_EMPTY_LIST: return push(m, epxi_pt_new(m->f, EPX_PT_LIST, m->err));
     case OP_EMPTY_TUPLE: return push(m, epxi_pt_new(m->f, EPX_PT_TUPLE, m->err));
-    case OP_TUPLE:
-        EPX_TRY(pop_mark(m, &first));
-        return make_tuple(m, first);
+    case OP_TUPLE: EPX_TRY(pop_mark(m, &first)); return make_tuple(m, first);
     case OP_TUPLE1: return tuple_n(m, 1);
     case OP_TUPLE2: return tuple_n(m, 2);
     case OP_TUPLE3: return tuple_n(m, 3);
@@ -620,19 +661,11 @@ static epx_status step(vm *m, int op, bool *done) {
     case OP_APPENDS: return op_appends(m);
     case OP_SETITEM: return op_setitem(m);
     case OP_SETITEMS: return op_setitems(m);
-    case OP_BINPUT:
-        EPX_TRY(need(m, 1));
-        return memo_put(m, read_le(m, 1));
-    case OP_LONG_BINPUT:
-        EPX_TRY(need(m, 4));
-        return memo_put(m, read_le(m, 4));
+    case OP_BINPUT: EPX_TRY(need(m, 1)); return memo_put(m, read_le(m, 1));
+    case OP_LONG_BINPUT: EPX_TRY(need(m, 4)); return memo_put(m, read_le(m, 4));
     case OP_MEMOIZE: return memo_put(m, m->memo_count);
-    case OP_BINGET:
-        EPX_TRY(need(m, 1));
-        return memo_get(m, read_le(m, 1));
-    case OP_LONG_BINGET:
-        EPX_TRY(need(m, 4));
-        return memo_get(m, read_le(m, 4));
+    case OP_BINGET: EPX_TRY(need(m, 1)); return memo_get(m, read_le(m, 1));
+    case OP_LONG_BINGET: EPX_TRY(need(m, 4)); return memo_get(m, read_le(m, 4));
     case OP_GLOBAL: return op_global(m, false);
     case OP_INST: return op_global(m, true);
     case OP_STACK_GLOBAL: return op_stack_global(m);

@@ -39,8 +39,7 @@ epx_status epxi_pt_file_own(epx_pt_file *f, void *blob, epx_error *err) {
         void **nb = epxi_mul_size(cap, sizeof *nb, &bytes) ? realloc(f->blobs, bytes) : NULL;
         if (nb == NULL) {
             free(blob);
-            return epxi_fail(err, EPX_ERR_NOMEM, "out of memory keeping storage %zu",
-                             f->num_blobs);
+            return epxi_fail(err, EPX_ERR_NOMEM, "out of memory keeping storage %zu", f->num_blobs);
         }
         f->blobs = nb;
         f->cap_blobs = cap;
@@ -149,8 +148,7 @@ static epx_status grow_ptrs(epx_pt_value ***arr, size_t *cap, size_t need, epx_e
         return epxi_fail(err, EPX_ERR_OVERFLOW, "container too large");
     epx_pt_value **na = realloc(*arr, bytes);
     if (na == NULL)
-        return epxi_fail(err, EPX_ERR_NOMEM, "out of memory growing a container to %zu items",
-                         nc);
+        return epxi_fail(err, EPX_ERR_NOMEM, "out of memory growing a container to %zu items", nc);
     *arr = na;
     *cap = nc;
     return EPX_OK;
@@ -196,7 +194,8 @@ static uint64_t key_hash(const epx_pt_value *k) {
     case EPX_PT_NONE: return 0x6e6f6e65ull;
     case EPX_PT_STRING: {
         uint64_t h = 0xcbf29ce484222325ull;
-        for (size_t j = 0; j < k->u.str.len; j++) h = (h ^ (uint8_t)k->u.str.bytes[j]) * 0x100000001b3ull;
+        for (size_t j = 0; j < k->u.str.len; j++)
+            h = (h ^ (uint8_t)k->u.str.bytes[j]) * 0x100000001b3ull;
         return h;
     }
     case EPX_PT_FLOAT: {
@@ -266,8 +265,7 @@ static epx_status index_reserve(epx_pt_value *d, size_t n_after, epx_error *err)
     return EPX_OK;
 }
 
-epx_status epxi_pt_dict_set(epx_pt_value *d, epx_pt_value *key, epx_pt_value *val,
-                            epx_error *err) {
+epx_status epxi_pt_dict_set(epx_pt_value *d, epx_pt_value *key, epx_pt_value *val, epx_error *err) {
     if (d->sealed)
         return epxi_fail(err, EPX_ERR_UNSUPPORTED,
                          "setting an item of a dict that is already inside another container: "
@@ -331,8 +329,10 @@ epx_status epx_pt_value_int(const epx_pt_value *v, int64_t *out, epx_error *err)
 
 epx_status epx_pt_value_float(const epx_pt_value *v, double *out, epx_error *err) {
     if (out == NULL) return epxi_fail(err, EPX_ERR_INVALID_ARG, "out is NULL");
-    if (v != NULL && v->kind == EPX_PT_FLOAT) *out = v->u.f;
-    else if (v != NULL && (v->kind == EPX_PT_INT || v->kind == EPX_PT_BOOL)) *out = (double)v->u.i;
+    if (v != NULL && v->kind == EPX_PT_FLOAT)
+        *out = v->u.f;
+    else if (v != NULL && (v->kind == EPX_PT_INT || v->kind == EPX_PT_BOOL))
+        *out = (double)v->u.i;
     else
         return epxi_fail(err, EPX_ERR_PARSE, "expected a number, found a %s",
                          epx_pt_kind_str(epx_pt_value_kind(v)));
@@ -437,8 +437,8 @@ epx_status epx_pt_tensor_numel(const epx_pt_tensor *t, int64_t *numel, epx_error
     if (!dtype_ok(t->dtype))
         return epxi_fail(err, EPX_ERR_PARSE, "tensor dtype %d is not valid", (int)t->dtype);
     if (t->ndim < 0 || t->ndim > EPX_PT_MAX_DIMS)
-        return epxi_fail(err, EPX_ERR_PARSE, "tensor has %d dimensions, outside [0, %d]",
-                         t->ndim, EPX_PT_MAX_DIMS);
+        return epxi_fail(err, EPX_ERR_PARSE, "tensor has %d dimensions, outside [0, %d]", t->ndim,
+                         EPX_PT_MAX_DIMS);
     if (t->storage_offset < 0 || t->storage_numel < 0)
         return epxi_fail(err, EPX_ERR_PARSE,
                          "tensor storage offset (%lld) and size (%lld) must be >= 0",
@@ -488,9 +488,12 @@ static uint64_t load_le(const uint8_t *p, size_t size) {
 static double half_to_double(uint16_t h) {
     int sign = h >> 15, ex = (h >> 10) & 0x1f, man = h & 0x3ff;
     double v;
-    if (ex == 0) v = ldexp((double)man, -24);
-    else if (ex == 31) v = man ? NAN : INFINITY;
-    else v = ldexp((double)(man | 0x400), ex - 25);
+    if (ex == 0)
+        v = ldexp((double)man, -24);
+    else if (ex == 31)
+        v = man ? NAN : INFINITY;
+    else
+        v = ldexp((double)(man | 0x400), ex - 25);
     return sign ? -v : v;
 }
 
@@ -558,8 +561,7 @@ static epx_status walk_tensor(const epx_pt_tensor *t, size_t n, elem_fn fn, void
     EPX_TRY(epx_pt_tensor_numel(t, &numel, err));
     if ((uint64_t)numel != (uint64_t)n)
         return epxi_fail(err, EPX_ERR_INVALID_ARG,
-                         "output holds %zu elements but the tensor has %lld", n,
-                         (long long)numel);
+                         "output holds %zu elements but the tensor has %lld", n, (long long)numel);
     if (numel == 0) return EPX_OK;
     /* Unsigned arithmetic: a step past the last index of a dimension may
      * leave the range for a moment (a huge stride over a size-1 dimension)
@@ -599,9 +601,8 @@ static epx_status put_i64(void *vc, size_t flat, int64_t at, epx_error *err) {
     }
     double x = elem_f64(c->t->storage, c->t->dtype, at);
     if (!(x == floor(x) && x >= -0x1p63 && x < 0x1p63))
-        return epxi_fail(err, EPX_ERR_PARSE,
-                         "element %zu of a %s tensor is %g, not an integer", flat,
-                         epx_pt_dtype_str(c->t->dtype), x);
+        return epxi_fail(err, EPX_ERR_PARSE, "element %zu of a %s tensor is %g, not an integer",
+                         flat, epx_pt_dtype_str(c->t->dtype), x);
     c->i64[flat] = (int64_t)x;
     return EPX_OK;
 }
@@ -625,18 +626,19 @@ static bool is_contiguous(const epx_pt_tensor *t) {
 /* Contiguous storages of the plain dtypes on a little-endian host: one tight
  * loop per dtype (memcpy keeps unaligned loads defined). The tensor was
  * checked by the caller. Returns false when this path does not apply. */
-#define FAST_COPY(T, OUT_T)                                      \
-    do {                                                         \
-        for (size_t i = 0; i < n; i++) {                         \
-            T v_;                                                \
-            memcpy(&v_, base + i * sizeof(T), sizeof(T));        \
-            out[i] = (OUT_T)v_;                                  \
-        }                                                        \
+#define FAST_COPY(T, OUT_T)                                                                        \
+    do {                                                                                           \
+        for (size_t i = 0; i < n; i++) {                                                           \
+            T v_;                                                                                  \
+            memcpy(&v_, base + i * sizeof(T), sizeof(T));                                          \
+            out[i] = (OUT_T)v_;                                                                    \
+        }                                                                                          \
     } while (0)
 
 static bool fast_f64(const epx_pt_tensor *t, double *out, size_t n) {
     if (!EPXI_HOST_LE || !is_contiguous(t) || n == 0) return false;
-    const uint8_t *base = (const uint8_t *)t->storage + (size_t)t->storage_offset * DTYPES[t->dtype].size;
+    const uint8_t *base =
+        (const uint8_t *)t->storage + (size_t)t->storage_offset * DTYPES[t->dtype].size;
     switch (t->dtype) {
     case EPX_PT_DTYPE_FLOAT64: memcpy(out, base, n * sizeof *out); return true;
     case EPX_PT_DTYPE_FLOAT32: FAST_COPY(float, double); return true;
@@ -649,7 +651,8 @@ static bool fast_f64(const epx_pt_tensor *t, double *out, size_t n) {
 
 static bool fast_i64(const epx_pt_tensor *t, int64_t *out, size_t n) {
     if (!EPXI_HOST_LE || !is_contiguous(t) || n == 0) return false;
-    const uint8_t *base = (const uint8_t *)t->storage + (size_t)t->storage_offset * DTYPES[t->dtype].size;
+    const uint8_t *base =
+        (const uint8_t *)t->storage + (size_t)t->storage_offset * DTYPES[t->dtype].size;
     switch (t->dtype) {
     case EPX_PT_DTYPE_INT64: memcpy(out, base, n * sizeof *out); return true;
     case EPX_PT_DTYPE_INT32: FAST_COPY(int32_t, int64_t); return true;

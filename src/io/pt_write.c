@@ -127,19 +127,19 @@ static void pickle_one_tensor(bytes *b, const char *key, epx_pt_dtype dt, const 
     pk_str(b, "0");
     pk_str(b, "cpu");
     pk_int(b, numel);
-    put_u8(b, 't');  /* TUPLE */
-    put_u8(b, 'Q');  /* BINPERSID */
-    pk_int(b, 0);    /* storage_offset */
+    put_u8(b, 't'); /* TUPLE */
+    put_u8(b, 'Q'); /* BINPERSID */
+    pk_int(b, 0);   /* storage_offset */
     pk_int_tuple(b, shape, ndim);
     pk_int_tuple(b, stride, ndim);
     put_u8(b, 0x89); /* NEWFALSE: requires_grad */
     pk_global(b, "collections", "OrderedDict");
-    put_u8(b, ')');  /* EMPTY_TUPLE */
-    put_u8(b, 'R');  /* REDUCE: backward_hooks */
-    put_u8(b, 't');  /* TUPLE */
-    put_u8(b, 'R');  /* REDUCE: the tensor */
-    put_u8(b, 's');  /* SETITEM */
-    put_u8(b, '.');  /* STOP */
+    put_u8(b, ')'); /* EMPTY_TUPLE */
+    put_u8(b, 'R'); /* REDUCE: backward_hooks */
+    put_u8(b, 't'); /* TUPLE */
+    put_u8(b, 'R'); /* REDUCE: the tensor */
+    put_u8(b, 's'); /* SETITEM */
+    put_u8(b, '.'); /* STOP */
 }
 
 /* ---- the zip ------------------------------------------------------------ */
@@ -181,8 +181,8 @@ static epx_status write_zip(const char *path, const entry *ents, size_t n, epx_e
     if (za == NULL) {
         zip_error_t ze;
         zip_error_init_with_code(&ze, zerr);
-        epx_status st = epxi_fail(err, EPX_ERR_IO, "cannot create '%.256s': %s", path,
-                                  zip_error_strerror(&ze));
+        epx_status st =
+            epxi_fail(err, EPX_ERR_IO, "cannot create '%.256s': %s", path, zip_error_strerror(&ze));
         zip_error_fini(&ze);
         return st;
     }
@@ -206,8 +206,8 @@ static epx_status write_zip(const char *path, const entry *ents, size_t n, epx_e
         uint16_t pad = (uint16_t)((ALIGN - data_at % ALIGN) % ALIGN);
         if (zip_set_file_compression(za, (zip_uint64_t)idx, ZIP_CM_STORE, 0) != 0 ||
             zip_file_set_dostime(za, (zip_uint64_t)idx, 0, (1 << 5) | 1, 0) != 0 ||
-            zip_file_extra_field_set(za, (zip_uint64_t)idx, PAD_FIELD_ID, ZIP_EXTRA_FIELD_NEW,
-                                     PAD, pad, ZIP_FL_LOCAL) != 0) {
+            zip_file_extra_field_set(za, (zip_uint64_t)idx, PAD_FIELD_ID, ZIP_EXTRA_FIELD_NEW, PAD,
+                                     pad, ZIP_FL_LOCAL) != 0) {
             epx_status st = zip_fail(err, za, "setting entry attributes", path);
             zip_discard(za);
             return st;
@@ -245,7 +245,8 @@ static epx_status write_tensor_file(const char *path, const char *key, epx_pt_dt
     uint64_t h1 = fnv1a(0xcbf29ce484222325ull, pkl.p, pkl.n);
     uint64_t h2 = fnv1a(h1 ^ 0x9e3779b97f4a7c15ull, storage, nbytes);
     char serial[48];
-    snprintf(serial, sizeof serial, "%020llu%020llu", (unsigned long long)(h1 % 10000000000000000000ull),
+    snprintf(serial, sizeof serial, "%020llu%020llu",
+             (unsigned long long)(h1 % 10000000000000000000ull),
              (unsigned long long)(h2 % 10000000000000000000ull));
     static const uint8_t EMPTY = 0;
     const struct {
@@ -280,10 +281,11 @@ epx_status epx_layout_write_pt(const epx_layout *lay, const char *path, epx_erro
     uint8_t *buf = epxi_calloc(n, 8, "mapping storage", err);
     if (buf == NULL) return EPX_ERR_NOMEM;
     for (size_t i = 0; i < n; i++)
-        for (int k = 0; k < 8; k++) buf[8 * i + (size_t)k] = (uint8_t)((uint64_t)(int64_t)m[i] >> (8 * k));
+        for (int k = 0; k < 8; k++)
+            buf[8 * i + (size_t)k] = (uint8_t)((uint64_t)(int64_t)m[i] >> (8 * k));
     int64_t shape[2] = {s->num_layers, s->num_physical_experts};
-    epx_status st = write_tensor_file(path, "physical_to_logical_map", EPX_PT_DTYPE_INT64, shape,
-                                      2, buf, n * 8, err);
+    epx_status st = write_tensor_file(path, "physical_to_logical_map", EPX_PT_DTYPE_INT64, shape, 2,
+                                      buf, n * 8, err);
     free(buf);
     return st;
 }
@@ -336,9 +338,10 @@ epx_status epx_counts_write_pt(const epx_counts *c, const char *path, epx_pt_dty
         for (size_t k = 0; k < esz; k++) buf[esz * i + k] = (uint8_t)(bits >> (8 * k));
     }
     int64_t shape[3] = {c->num_windows, c->num_layers, c->num_experts};
-    epx_status st = c->num_windows == 1
-                        ? write_tensor_file(path, "logical_count", dt, shape + 1, 2, buf, n * esz, err)
-                        : write_tensor_file(path, "logical_count", dt, shape, 3, buf, n * esz, err);
+    epx_status st =
+        c->num_windows == 1
+            ? write_tensor_file(path, "logical_count", dt, shape + 1, 2, buf, n * esz, err)
+            : write_tensor_file(path, "logical_count", dt, shape, 3, buf, n * esz, err);
     free(buf);
     return st;
 }

@@ -62,17 +62,15 @@ static epx_status read_entry(zip_ctx *z, zip_uint64_t idx, uint8_t **out, size_t
     if (st.comp_method == ZIP_CM_STORE) {
         if (st.size != st.comp_size)
             return epxi_fail(err, EPX_ERR_PARSE,
-                             "stored zip entry '%.200s' claims %llu bytes but occupies %llu",
-                             name, (unsigned long long)st.size,
-                             (unsigned long long)st.comp_size);
+                             "stored zip entry '%.200s' claims %llu bytes but occupies %llu", name,
+                             (unsigned long long)st.size, (unsigned long long)st.comp_size);
     } else if (st.comp_method == ZIP_CM_DEFLATE) {
         /* deflate expands at most ~1032:1 */
         if (st.size / 1032 > st.comp_size + 1)
             return epxi_fail(err, EPX_ERR_PARSE,
                              "deflated zip entry '%.200s' claims %llu bytes from %llu: more "
                              "than deflate can produce",
-                             name, (unsigned long long)st.size,
-                             (unsigned long long)st.comp_size);
+                             name, (unsigned long long)st.size, (unsigned long long)st.comp_size);
     } else {
         return epxi_fail(err, EPX_ERR_UNSUPPORTED,
                          "zip entry '%.200s' uses compression method %d; torch.save stores "
@@ -113,8 +111,8 @@ static epx_status read_entry(zip_ctx *z, zip_uint64_t idx, uint8_t **out, size_t
             break;
         }
         if (n == 0) {
-            rc = epxi_fail(err, EPX_ERR_PARSE,
-                           "zip entry '%.200s' ends after %zu of its %zu bytes", name, got, size);
+            rc = epxi_fail(err, EPX_ERR_PARSE, "zip entry '%.200s' ends after %zu of its %zu bytes",
+                           name, got, size);
             break;
         }
         got += (size_t)n;
@@ -197,9 +195,9 @@ static epx_status load_archive(zip_ctx *z, epx_pt_file *f, epx_error *err) {
     memcpy(z->prefix, first, plen);
     z->prefix[plen] = '\0';
     z->cache_data = epxi_calloc((size_t)z->num_entries, sizeof *z->cache_data, "zip cache", err);
-    z->cache_len = z->cache_data ? epxi_calloc((size_t)z->num_entries, sizeof *z->cache_len,
-                                               "zip cache", err)
-                                 : NULL;
+    z->cache_len = z->cache_data
+                       ? epxi_calloc((size_t)z->num_entries, sizeof *z->cache_len, "zip cache", err)
+                       : NULL;
     if (z->cache_len == NULL) return EPX_ERR_NOMEM;
 
     zip_int64_t idx = -1;
@@ -249,7 +247,8 @@ static epx_status load_source(zip_source_t *src, uint64_t archive_len, const cha
             return epxi_fail(err, EPX_ERR_UNSUPPORTED,
                              "this is a bare pickle (torch's legacy format or pickle.dump), "
                              "not a torch.save zip: re-save it with a current torch.save");
-        if (code == ZIP_ER_MEMORY) return epxi_fail(err, EPX_ERR_NOMEM, "out of memory opening the zip");
+        if (code == ZIP_ER_MEMORY)
+            return epxi_fail(err, EPX_ERR_NOMEM, "out of memory opening the zip");
         return zip_code_fail(err, EPX_ERR_PARSE, code, "not a readable zip archive");
     }
     zip_error_fini(&ze);

@@ -8,16 +8,16 @@
  * every expert has one, so an update never needs a larger buffer, and every
  * view handed out stays valid for the handle's lifetime.
  */
-#include "internal.h"
+#include "layout_internal.h"
 
 #include <string.h>
 
 struct epx_layout {
     epx_shape shape;
-    int32_t width;          /* W = P - E + 1 */
-    int32_t *phys_to_log;   /* [L][P] */
-    int32_t *log_to_phys;   /* [L][E][W], ascending, -1 padded */
-    int32_t *num_valid;     /* [L][E] */
+    int32_t width;        /* W = P - E + 1 */
+    int32_t *phys_to_log; /* [L][P] */
+    int32_t *log_to_phys; /* [L][E][W], ascending, -1 padded */
+    int32_t *num_valid;   /* [L][E] */
 };
 
 static size_t layer_slots(const epx_layout *lay) { return (size_t)lay->shape.num_physical_experts; }
@@ -69,18 +69,18 @@ static void derive_layer(epx_layout *lay, int32_t layer) {
     }
 }
 
+/* The shape must have passed epx_shape_check. */
 static epx_status layout_alloc(const epx_shape *shape, epx_layout **out, epx_error *err) {
-    EPX_TRY(epx_shape_check(shape, err));
     epx_layout *lay = epxi_calloc(1, sizeof *lay, "layout", err);
     if (lay == NULL) return EPX_ERR_NOMEM;
     lay->shape = *shape;
     lay->width = shape->num_physical_experts - shape->num_logical_experts + 1;
     const size_t L = (size_t)shape->num_layers;
-    lay->phys_to_log = epxi_calloc(L * layer_slots(lay), sizeof(int32_t), "physical_to_logical", err);
-    lay->log_to_phys = lay->phys_to_log
-                           ? epxi_calloc(L * layer_cells(lay), sizeof(int32_t),
-                                         "logical_to_all_physical", err)
-                           : NULL;
+    lay->phys_to_log =
+        epxi_calloc(L * layer_slots(lay), sizeof(int32_t), "physical_to_logical", err);
+    lay->log_to_phys = lay->phys_to_log ? epxi_calloc(L * layer_cells(lay), sizeof(int32_t),
+                                                      "logical_to_all_physical", err)
+                                        : NULL;
     lay->num_valid = lay->log_to_phys ? epxi_calloc(L * (size_t)shape->num_logical_experts,
                                                     sizeof(int32_t), "num_valid", err)
                                       : NULL;
@@ -92,10 +92,16 @@ static epx_status layout_alloc(const epx_shape *shape, epx_layout **out, epx_err
     return EPX_OK;
 }
 
-epx_status epx_layout_create_from_map(const epx_shape *shape, const int32_t *map,
-                                      epx_layout **out, epx_error *err) {
+epx_status epx_layout_create_from_map(const epx_shape *shape, const int32_t *map, epx_layout **out,
+                                      epx_error *err) {
     if (map == NULL || out == NULL)
         return epxi_fail(err, EPX_ERR_INVALID_ARG, "physical_to_logical map or out is NULL");
+    EPX_TRY(epx_shape_check(shape, err));
+    return epxi_layout_create_checked(shape, map, out, err);
+}
+
+epx_status epxi_layout_create_checked(const epx_shape *shape, const int32_t *map, epx_layout **out,
+                                      epx_error *err) {
     epx_layout *lay = NULL;
     EPX_TRY(layout_alloc(shape, &lay, err));
     /* num_valid of layer 0 doubles as scratch for the checks: derive_layer
@@ -116,6 +122,7 @@ epx_status epx_layout_create_from_map(const epx_shape *shape, const int32_t *map
 
 epx_status epx_layout_create_trivial(const epx_shape *shape, epx_layout **out, epx_error *err) {
     if (out == NULL) return epxi_fail(err, EPX_ERR_INVALID_ARG, "out is NULL");
+    EPX_TRY(epx_shape_check(shape, err));
     epx_layout *lay = NULL;
     EPX_TRY(layout_alloc(shape, &lay, err));
     const int32_t P = shape->num_physical_experts, E = shape->num_logical_experts;
@@ -141,24 +148,14 @@ epx_status epx_layout_clone(const epx_layout *src, epx_layout **out, epx_error *
     return epx_layout_create_from_map(&src->shape, src->phys_to_log, out, err);
 }
 
-static bool shape_equal(const epx_shape *a, const epx_shape *b) {
-    return a->num_layers == b->num_layers && a->num_logical_experts == b->num_logical_experts &&
-           a->num_physical_experts == b->num_physical_experts && a->num_gpus == b->num_gpus &&
-           a->num_nodes == b->num_nodes;
-}
-
 epx_status epx_layout_update(epx_layout *dst, const epx_layout *src, const uint8_t *layers,
                              epx_error *err) {
     if (dst == NULL || src == NULL) return epxi_fail(err, EPX_ERR_INVALID_ARG, "NULL layout");
     const epx_shape *a = &dst->shape, *b = &src->shape;
-    if (!shape_equal(a, b))
-        return epxi_fail(err, EPX_ERR_SHAPE,
-                         "cannot update a layout of shape L=%d E=%d P=%d G=%d N=%d from one of "
-                         "shape L=%d E=%d P=%d G=%d N=%d: shapes must agree (an update swaps "
-                         "contents in place and never reallocates)",
-                         a->num_layers, a->num_logical_experts, a->num_physical_experts,
-                         a->num_gpus, a->num_nodes, b->num_layers, b->num_logical_experts,
-                         b->num_physical_experts, b->num_gpus, b->num_nodes);
+    EPX_TRY(epxi_check_same_shape(a, b, "cannot update a layout of shape ", " from one of shape ",
+                                  ": shapes must agree (an update swaps contents in place and "
+                                  "never reallocates)",
+                                  err));
     /* src was validated when it was built, so the copy cannot break dst. */
     for (int32_t l = 0; l < a->num_layers; l++) {
         if (layers != NULL && !layers[l]) continue;

@@ -28,6 +28,7 @@
  * rows). All scratch lives in one workspace allocated per call, so the
  * per-layer loop allocates nothing.
  */
+#include <float.h>
 #include <math.h>
 #include <string.h>
 
@@ -37,14 +38,14 @@ struct epxi_deepseek {
     /* Parameters, as rebalance_experts_hierarchical takes them. */
     int32_t E, P, groups, nodes, gpus;
     /* Derived sizes. */
-    int32_t group_size;      /* E / groups                */
-    int32_t groups_per_node; /* groups / nodes            */
+    int32_t group_size;       /* E / groups                */
+    int32_t groups_per_node;  /* groups / nodes            */
     int32_t experts_per_node; /* E / nodes                */
-    int32_t slots_per_node;  /* P / nodes                 */
-    int32_t slots_per_gpu;   /* P / gpus                  */
-    int32_t gpus_per_node;   /* gpus / nodes              */
+    int32_t slots_per_node;   /* P / nodes                 */
+    int32_t slots_per_gpu;    /* P / gpus                  */
+    int32_t gpus_per_node;    /* gpus / nodes              */
     /* Scratch, carved out of one block. */
-    float *group_load;  /* [groups] */
+    float *group_load;                /* [groups] */
     int32_t *group_pack, *group_rank; /* [groups] */
     int32_t *log2mlog, *mlog2log;     /* [E] */
     int32_t *mlogcnt;                 /* [E], node-major */
@@ -196,7 +197,7 @@ static inline uint64_t pack_node(uint32_t key, int32_t pack) {
 }
 
 static inline uint64_t expert_node(uint32_t key, int32_t id) {
-    return ((uint64_t)key << 32) | (uint32_t)~(uint32_t)id;
+    return ((uint64_t)key << 32) | (uint32_t) ~(uint32_t)id;
 }
 
 /* ---- the three steps ---------------------------------------------------- */
@@ -208,105 +209,57 @@ static inline uint64_t expert_node(uint32_t key, int32_t id) {
  * tree, log2(W) deep) is the lightest live pack with the lowest id, and it
  * carries the winner's load and item count with it. A full pack's key
  * becomes DEAD. Items per pack stay below 2^24 (P <= 2^21). Written out for
- * W = 8 and 16 (generated, hence the repetition).
+ * W = 8 and 16: the packs are listed by X-macros, the shared step is one
+ * inline function, and the 16-wide tree is two 8-wide ones under one more
+ * minimum (the same tree, so the same winner).
  */
+/* The packs as X-macro lists, so both scans are written once per line. */
+#define PACKS8(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7)
+#define PACKS16(X) PACKS8(X) X(8) X(9) X(10) X(11) X(12) X(13) X(14) X(15)
+#define PACK_DECL(i) uint64_t c##i = (i) < num_packs ? (uint64_t)(i) << 24 : UINT64_MAX;
+#define PACK_PUT(i) c##i = p == (i) ? v : c##i;
+
+/* The minimum of eight pack words as a pairwise tree, three levels deep. */
+static inline uint64_t min8(uint64_t c0, uint64_t c1, uint64_t c2, uint64_t c3, uint64_t c4,
+                            uint64_t c5, uint64_t c6, uint64_t c7) {
+    const uint64_t m0 = tree_min(c0, c1), m1 = tree_min(c2, c3);
+    const uint64_t m2 = tree_min(c4, c5), m3 = tree_min(c6, c7);
+    return tree_min(tree_min(m0, m1), tree_min(m2, m3));
+}
+
+/* One greedy choice: item `it` joins the pack that `best` names (writing
+ * pack[it] and rank[it] and *p), and the pack's new word comes back. */
+static inline uint64_t pack_take(uint64_t best, const float *w, int32_t it, int32_t per,
+                                 int32_t *pack, int32_t *rank, int32_t *p) {
+    *p = (int32_t)((best >> 24) & 0xFFu);
+    const int32_t items = (int32_t)(best & 0xFFFFFFu);
+    pack[it] = *p;
+    rank[it] = items;
+    const float load = bits_to_float((uint32_t)(best >> 32)) + w[it];
+    const uint64_t key = items + 1 == per ? DEAD : fbits(load);
+    return key << 32 | (uint64_t)*p << 24 | (uint64_t)(items + 1);
+}
+
 static void pack_scan8(const float *w, const int32_t *order, int32_t n, int32_t num_packs,
-                        int32_t per, int32_t *pack, int32_t *rank) {
-    uint64_t c0, c1, c2, c3, c4, c5, c6, c7;
-    c0 = 0 < num_packs ? (uint64_t)0 << 24 : UINT64_MAX;
-    c1 = 1 < num_packs ? (uint64_t)1 << 24 : UINT64_MAX;
-    c2 = 2 < num_packs ? (uint64_t)2 << 24 : UINT64_MAX;
-    c3 = 3 < num_packs ? (uint64_t)3 << 24 : UINT64_MAX;
-    c4 = 4 < num_packs ? (uint64_t)4 << 24 : UINT64_MAX;
-    c5 = 5 < num_packs ? (uint64_t)5 << 24 : UINT64_MAX;
-    c6 = 6 < num_packs ? (uint64_t)6 << 24 : UINT64_MAX;
-    c7 = 7 < num_packs ? (uint64_t)7 << 24 : UINT64_MAX;
+                       int32_t per, int32_t *pack, int32_t *rank) {
+    PACKS8(PACK_DECL)
     for (int32_t k = 0; k < n; k++) {
-        const uint64_t m0 = tree_min(c0, c1);
-        const uint64_t m1 = tree_min(c2, c3);
-        const uint64_t m2 = tree_min(c4, c5);
-        const uint64_t m3 = tree_min(c6, c7);
-        const uint64_t m4 = tree_min(m0, m1);
-        const uint64_t m5 = tree_min(m2, m3);
-        const uint64_t m6 = tree_min(m4, m5);
-        const uint64_t best = m6;
-        const int32_t it = order[k], p = (int32_t)((best >> 24) & 0xFFu);
-        const int32_t items = (int32_t)(best & 0xFFFFFFu);
-        pack[it] = p;
-        rank[it] = items;
-        const float load = bits_to_float((uint32_t)(best >> 32)) + w[it];
-        const uint64_t key = items + 1 == per ? DEAD : fbits(load);
-        const uint64_t v = key << 32 | (uint64_t)p << 24 | (uint64_t)(items + 1);
-        c0 = p == 0 ? v : c0;
-        c1 = p == 1 ? v : c1;
-        c2 = p == 2 ? v : c2;
-        c3 = p == 3 ? v : c3;
-        c4 = p == 4 ? v : c4;
-        c5 = p == 5 ? v : c5;
-        c6 = p == 6 ? v : c6;
-        c7 = p == 7 ? v : c7;
+        const uint64_t best = min8(c0, c1, c2, c3, c4, c5, c6, c7);
+        int32_t p;
+        const uint64_t v = pack_take(best, w, order[k], per, pack, rank, &p);
+        PACKS8(PACK_PUT)
     }
 }
 
 static void pack_scan16(const float *w, const int32_t *order, int32_t n, int32_t num_packs,
                         int32_t per, int32_t *pack, int32_t *rank) {
-    uint64_t c0, c1, c2, c3, c4, c5, c6, c7, c8, c9, c10, c11, c12, c13, c14, c15;
-    c0 = 0 < num_packs ? (uint64_t)0 << 24 : UINT64_MAX;
-    c1 = 1 < num_packs ? (uint64_t)1 << 24 : UINT64_MAX;
-    c2 = 2 < num_packs ? (uint64_t)2 << 24 : UINT64_MAX;
-    c3 = 3 < num_packs ? (uint64_t)3 << 24 : UINT64_MAX;
-    c4 = 4 < num_packs ? (uint64_t)4 << 24 : UINT64_MAX;
-    c5 = 5 < num_packs ? (uint64_t)5 << 24 : UINT64_MAX;
-    c6 = 6 < num_packs ? (uint64_t)6 << 24 : UINT64_MAX;
-    c7 = 7 < num_packs ? (uint64_t)7 << 24 : UINT64_MAX;
-    c8 = 8 < num_packs ? (uint64_t)8 << 24 : UINT64_MAX;
-    c9 = 9 < num_packs ? (uint64_t)9 << 24 : UINT64_MAX;
-    c10 = 10 < num_packs ? (uint64_t)10 << 24 : UINT64_MAX;
-    c11 = 11 < num_packs ? (uint64_t)11 << 24 : UINT64_MAX;
-    c12 = 12 < num_packs ? (uint64_t)12 << 24 : UINT64_MAX;
-    c13 = 13 < num_packs ? (uint64_t)13 << 24 : UINT64_MAX;
-    c14 = 14 < num_packs ? (uint64_t)14 << 24 : UINT64_MAX;
-    c15 = 15 < num_packs ? (uint64_t)15 << 24 : UINT64_MAX;
+    PACKS16(PACK_DECL)
     for (int32_t k = 0; k < n; k++) {
-        const uint64_t m0 = tree_min(c0, c1);
-        const uint64_t m1 = tree_min(c2, c3);
-        const uint64_t m2 = tree_min(c4, c5);
-        const uint64_t m3 = tree_min(c6, c7);
-        const uint64_t m4 = tree_min(c8, c9);
-        const uint64_t m5 = tree_min(c10, c11);
-        const uint64_t m6 = tree_min(c12, c13);
-        const uint64_t m7 = tree_min(c14, c15);
-        const uint64_t m8 = tree_min(m0, m1);
-        const uint64_t m9 = tree_min(m2, m3);
-        const uint64_t m10 = tree_min(m4, m5);
-        const uint64_t m11 = tree_min(m6, m7);
-        const uint64_t m12 = tree_min(m8, m9);
-        const uint64_t m13 = tree_min(m10, m11);
-        const uint64_t m14 = tree_min(m12, m13);
-        const uint64_t best = m14;
-        const int32_t it = order[k], p = (int32_t)((best >> 24) & 0xFFu);
-        const int32_t items = (int32_t)(best & 0xFFFFFFu);
-        pack[it] = p;
-        rank[it] = items;
-        const float load = bits_to_float((uint32_t)(best >> 32)) + w[it];
-        const uint64_t key = items + 1 == per ? DEAD : fbits(load);
-        const uint64_t v = key << 32 | (uint64_t)p << 24 | (uint64_t)(items + 1);
-        c0 = p == 0 ? v : c0;
-        c1 = p == 1 ? v : c1;
-        c2 = p == 2 ? v : c2;
-        c3 = p == 3 ? v : c3;
-        c4 = p == 4 ? v : c4;
-        c5 = p == 5 ? v : c5;
-        c6 = p == 6 ? v : c6;
-        c7 = p == 7 ? v : c7;
-        c8 = p == 8 ? v : c8;
-        c9 = p == 9 ? v : c9;
-        c10 = p == 10 ? v : c10;
-        c11 = p == 11 ? v : c11;
-        c12 = p == 12 ? v : c12;
-        c13 = p == 13 ? v : c13;
-        c14 = p == 14 ? v : c14;
-        c15 = p == 15 ? v : c15;
+        const uint64_t best = tree_min(min8(c0, c1, c2, c3, c4, c5, c6, c7),
+                                       min8(c8, c9, c10, c11, c12, c13, c14, c15));
+        int32_t p;
+        const uint64_t v = pack_take(best, w, order[k], per, pack, rank, &p);
+        PACKS16(PACK_PUT)
     }
 }
 
@@ -374,7 +327,7 @@ static void replicate(epxi_deepseek *ws, const float *w, int32_t n, int32_t num_
     for (int32_t e = 0; e < m; e++) node[m + e] = e < n ? expert_node(fbits(w[e]), e) : 0u;
     tree_build(node, m, true);
     for (int32_t i = n; i < num_phy; i++) {
-        const int32_t e = (int32_t)~(uint32_t)node[1];
+        const int32_t e = (int32_t) ~(uint32_t)node[1];
         phy2log[i] = e;
         phyrank[i] = cnt[e]++;
         tree_set_max(node, m, e, expert_node(fbits(w[e] / (float)cnt[e]), e));
@@ -396,8 +349,7 @@ void epxi_deepseek_layer(epxi_deepseek *ws, const float *w, int32_t *p2l, int32_
             for (int32_t e = g * gs; e < (g + 1) * gs; e++) s = s + w[e];
             ws->group_load[g] = s;
         }
-        balanced_packing(ws, ws->group_load, ws->groups, ws->nodes, ws->group_pack,
-                         ws->group_rank);
+        balanced_packing(ws, ws->group_load, ws->groups, ws->nodes, ws->group_pack, ws->group_rank);
         for (int32_t e = 0; e < E; e++) {
             const int32_t g = e / gs;
             ws->log2mlog[e] = (ws->group_pack[g] * gpn + ws->group_rank[g]) * gs + e % gs;
@@ -442,10 +394,9 @@ static int32_t max3(int32_t a, int32_t b, int32_t c) {
     return m > c ? m : c;
 }
 
-epx_status epxi_deepseek_check(int32_t E, int32_t P, int32_t groups, int32_t nodes,
-                               int32_t gpus, bool hierarchical, epx_error *err) {
-    epx_shape s = {1, E, P, gpus, hierarchical ? nodes : 1};
-    EPX_TRY(epx_shape_check(&s, err));
+epx_status epxi_deepseek_check(int32_t E, int32_t P, int32_t groups, int32_t nodes, int32_t gpus,
+                               bool hierarchical, epx_error *err) {
+    (void)P, (void)gpus; /* the shape's part, checked by the caller */
     if (!hierarchical) return EPX_OK;
     if (groups < 1)
         return epxi_fail(err, EPX_ERR_INVALID_ARG,
@@ -466,10 +417,8 @@ epx_status epxi_deepseek_check(int32_t E, int32_t P, int32_t groups, int32_t nod
     return EPX_OK;
 }
 
-epx_status epxi_deepseek_create(int32_t E, int32_t P, int32_t groups, int32_t nodes,
-                                int32_t gpus, bool hierarchical, epxi_deepseek **out,
-                                epx_error *err) {
-    EPX_TRY(epxi_deepseek_check(E, P, groups, nodes, gpus, hierarchical, err));
+epx_status epxi_deepseek_create(int32_t E, int32_t P, int32_t groups, int32_t nodes, int32_t gpus,
+                                bool hierarchical, epxi_deepseek **out, epx_error *err) {
     if (!hierarchical) groups = nodes = 1;
     epxi_deepseek *ws = epxi_calloc(1, sizeof *ws, "DeepSeek workspace", err);
     if (ws == NULL) return err ? err->status : EPX_ERR_NOMEM;
@@ -490,8 +439,8 @@ epx_status epxi_deepseek_create(int32_t E, int32_t P, int32_t groups, int32_t no
     const size_t tree = (size_t)tree_width(max3(ws->experts_per_node, nodes, ws->gpus_per_node));
     /* Every array is 4-byte elements: count them, allocate once, carve. */
     /* 8-byte arrays first, so every carve stays aligned. */
-    const size_t words = 2 * 2 * tree + 2 * 2 * items + G * 3 + Ex * 3 + epn * 2 + ppn * 3 +
-                         items * 3 + tree * 2;
+    const size_t words =
+        2 * 2 * tree + 2 * 2 * items + G * 3 + Ex * 3 + epn * 2 + ppn * 3 + items * 3 + tree * 2;
     uint32_t *block = epxi_calloc(words, sizeof(uint32_t), "DeepSeek workspace", err);
     if (block == NULL) {
         free(ws);
@@ -548,9 +497,10 @@ epx_status epx_plan_deepseek(const float *weight, int32_t L, int32_t E, int32_t 
                              "weight of layer %zu, expert %zu is %g: loads must be finite and "
                              ">= 0",
                              i / (size_t)E, i % (size_t)E, (double)weight[i]);
+    EPX_TRY(epxi_deepseek_check(E, P, num_groups, num_nodes, num_gpus, hierarchical != 0, err));
     epxi_deepseek *ws = NULL;
-    EPX_TRY(epxi_deepseek_create(E, P, num_groups, num_nodes, num_gpus, hierarchical != 0, &ws,
-                                 err));
+    EPX_TRY(
+        epxi_deepseek_create(E, P, num_groups, num_nodes, num_gpus, hierarchical != 0, &ws, err));
     const int32_t X = P - E + 1;
     int32_t *rank = epxi_calloc((size_t)P, sizeof *rank, "replica ranks", err);
     if (rank == NULL) {
@@ -569,5 +519,25 @@ epx_status epx_plan_deepseek(const float *weight, int32_t L, int32_t E, int32_t 
     }
     free(rank);
     epxi_deepseek_destroy(ws);
+    return EPX_OK;
+}
+
+/* DeepSeek plans for float32 loads: the windows summed, then rounded. Here,
+ * not in plan.c, so that epx_plan.c (which plans from the same baseline)
+ * and plan.c both call down into this file and never into each other. */
+epx_status epxi_plan_load_f32(const epx_counts *c, float *out, epx_error *err) {
+    const size_t le = (size_t)c->num_layers * (size_t)c->num_experts;
+    for (size_t i = 0; i < le; i++) {
+        /* Sum in double: token counts stay exact up to 2^53, as SGLang's
+         * int64 sum, and only the total is rounded to float32. */
+        const double x = epxi_window_sum(c, 0, c->num_windows, i);
+        if (x > FLT_MAX)
+            return epxi_fail(err, EPX_ERR_INVALID_ARG,
+                             "the load of layer %zu, expert %zu summed over windows is %g, "
+                             "beyond float32 (DeepSeek's EPLB computes in float32): scale the "
+                             "counts down",
+                             i / (size_t)c->num_experts, i % (size_t)c->num_experts, x);
+        out[i] = (float)x;
+    }
     return EPX_OK;
 }

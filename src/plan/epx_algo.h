@@ -24,16 +24,8 @@
  * tmp: scratch of n entries. */
 EPXI_HIDDEN void epxi_sort_desc(const double *key, int32_t *idx, int32_t n, int32_t *tmp);
 
-/* GPU loads of one layer, each expert's load split evenly over its
- * replicas (the balancedness of shared/DESIGN.md). cnt: [E] scratch,
- * load: [G] out. Returns the max GPU load. */
-EPXI_HIDDEN double epxi_layer_loads_even(const int32_t *map, const double *w, int32_t E,
-                                         int32_t P, int32_t G, int32_t *cnt, double *load);
-
-/* The same with per-slot shares (share[p] of its expert's load). */
-EPXI_HIDDEN double epxi_layer_loads_shares(const int32_t *map, const double *share,
-                                           const double *w, int32_t P, int32_t G,
-                                           double *load);
+/* GPU loads of one layer: epxi_layer_gpu_loads (src/core/internal.h), the
+ * one definition the metrics use too. */
 
 /* ---- the search engine (epx_search.c) --------------------------------------- */
 
@@ -101,7 +93,7 @@ EPXI_HIDDEN int32_t epxi_search_fix_duplicates(epxi_search *s, bool keep_max);
 /* The max GPU load of the current solution (even split), and the same
  * under the constraint load. After begin/init, improve and
  * fix_duplicates the loads are exact: summed in slot order as
- * epxi_layer_loads_even does, so the values are bit for bit its own. */
+ * epxi_layer_gpu_loads (core) does, so the values are bit for bit its own. */
 EPXI_HIDDEN double epxi_search_max_load(const epxi_search *s);
 EPXI_HIDDEN double epxi_search_max_load2(const epxi_search *s);
 
@@ -126,8 +118,8 @@ EPXI_HIDDEN void epxi_groups_to_nodes(const double *w, int32_t E, int32_t ng, in
 
 typedef struct epxi_shares_ws epxi_shares_ws;
 
-EPXI_HIDDEN epx_status epxi_shares_ws_create(int32_t E, int32_t P, int32_t G,
-                                             epxi_shares_ws **out, epx_error *err);
+EPXI_HIDDEN epx_status epxi_shares_ws_create(int32_t E, int32_t P, int32_t G, epxi_shares_ws **out,
+                                             epx_error *err);
 EPXI_HIDDEN void epxi_shares_ws_destroy(epxi_shares_ws *ws);
 
 /*
@@ -177,7 +169,8 @@ typedef struct epxi_knobs {
     double budget;      /* relaxed mode default share of redundant slots */
 } epxi_knobs;
 #define EPXI_DEFAULT_CROSS_NODE_BUDGET 0.5
-#define EPXI_KNOBS_DEFAULT {true, true, true, true, true, 3, -1, -1, 16, EPXI_DEFAULT_CROSS_NODE_BUDGET}
+#define EPXI_KNOBS_DEFAULT                                                                         \
+    { true, true, true, true, true, 3, -1, -1, 16, EPXI_DEFAULT_CROSS_NODE_BUDGET }
 
 /* Per-run figures, for benchmarks and tests. */
 typedef struct epxi_plan_info {

@@ -1,6 +1,7 @@
 /*
- * epx_common.c - small helpers the epx_* files share: a stable index sort
- * and the GPU loads of one layer under an even or a weighted split.
+ * epx_common.c - small helpers the epx_* files share: a stable index sort.
+ * (The GPU loads of one layer are core's epxi_layer_gpu_loads, which the
+ * metrics use too.)
  */
 #include "epx_algo.h"
 
@@ -37,35 +38,3 @@ void epxi_sort_desc(const double *key, int32_t *idx, int32_t n, int32_t *tmp) {
     }
     if (src != idx) memcpy(idx, src, (size_t)n * sizeof *idx);
 }
-
-double epxi_layer_loads_even(const int32_t *map, const double *w, int32_t E, int32_t P,
-                             int32_t G, int32_t *cnt, double *load) {
-    const int32_t K = P / G;
-    memset(cnt, 0, (size_t)E * sizeof *cnt);
-    for (int32_t p = 0; p < P; p++) cnt[map[p]]++;
-    double mx = 0.0;
-    for (int32_t g = 0; g < G; g++) {
-        double s = 0.0;
-        for (int32_t k = 0; k < K; k++) {
-            int32_t e = map[g * K + k];
-            s += w[e] / cnt[e];
-        }
-        load[g] = s;
-        if (s > mx) mx = s;
-    }
-    return mx;
-}
-
-double epxi_layer_loads_shares(const int32_t *map, const double *share, const double *w,
-                               int32_t P, int32_t G, double *load) {
-    const int32_t K = P / G;
-    double mx = 0.0;
-    for (int32_t g = 0; g < G; g++) {
-        double s = 0.0;
-        for (int32_t k = 0; k < K; k++) s += w[map[g * K + k]] * share[g * K + k];
-        load[g] = s;
-        if (s > mx) mx = s;
-    }
-    return mx;
-}
-

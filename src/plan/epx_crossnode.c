@@ -36,19 +36,17 @@ epx_status epx_plan_cross_node_share(const epx_layout *layout, const double *wei
     const int32_t *map = epx_layout_physical_to_logical(layout);
     const int32_t *nv = epx_layout_num_valid(layout);
     double *load = epxi_calloc((size_t)E, sizeof(double), "cross-node load", err);
-    double *served = epxi_calloc((size_t)num_groups * (size_t)N, sizeof(double),
-                                 "cross-node group loads", err);
+    double *served =
+        epxi_calloc((size_t)num_groups * (size_t)N, sizeof(double), "cross-node group loads", err);
     if (load == NULL || served == NULL) {
         free(load), free(served);
         return EPX_ERR_NOMEM;
     }
     double total = 0.0, off = 0.0;
     for (int32_t l = 0; l < L; l++) {
-        memset(load, 0, (size_t)E * sizeof *load);
-        for (int32_t w = 0; w < counts->num_windows; w++) {
-            const double *row = epx_counts_row(counts, w, l);
-            for (int32_t e = 0; e < E; e++) load[e] += row[e];
-        }
+        for (int32_t e = 0; e < E; e++)
+            load[e] =
+                epxi_window_sum(counts, 0, counts->num_windows, (size_t)l * (size_t)E + (size_t)e);
         memset(served, 0, (size_t)num_groups * (size_t)N * sizeof *served);
         const int32_t *m = map + (size_t)l * P;
         double lt = 0.0;

@@ -18,8 +18,8 @@
 
 #include <math.h>
 
-void epxi_estimate_layer(const epx_counts *counts, int32_t layer, epx_estimate kind,
-                         double param, double *out) {
+void epxi_estimate_layer(const epx_counts *counts, int32_t layer, epx_estimate kind, double param,
+                         double *out) {
     const int32_t S = counts->num_windows, E = counts->num_experts;
     for (int32_t e = 0; e < E; e++) out[e] = 0.0;
     if (kind == EPX_ESTIMATE_RECENCY && S > 1) {

@@ -36,22 +36,22 @@
 #define EPXI_ESTIMATE_DEFAULT EPX_ESTIMATE_RECENCY
 
 typedef struct plan_ws {
-    epxi_deepseek *ds;          /* DeepSeek under the same constraints */
-    float *load32;              /* [L][E] the summed load in float32, as DeepSeek's modes */
-    float *est32;               /* [E] an estimate in float32 */
+    epxi_deepseek *ds; /* DeepSeek under the same constraints */
+    float *load32;     /* [L][E] the summed load in float32, as DeepSeek's modes */
+    float *est32;      /* [E] an estimate in float32 */
     epxi_search *search;
     epxi_shares_ws *shares;
-    double *sum, *est, *alt;    /* [E] */
-    double *gload, *gload2;     /* [G] */
-    int32_t *cnt;               /* [E] */
-    int32_t *home, *home2;      /* [E] */
-    int32_t *best_home;         /* [E] the homes of w->best */
-    double *even_share, *fit_share; /* [P] */
-    bool search_holds_best;     /* the search state's map is w->best */
-    double last_max;            /* max GPU load of search_once's result, exact */
+    double *sum, *est, *alt;              /* [E] */
+    double *gload, *gload2;               /* [G] */
+    int32_t *cnt;                         /* [E] */
+    int32_t *home, *home2;                /* [E] */
+    int32_t *best_home;                   /* [E] the homes of w->best */
+    double *even_share, *fit_share;       /* [P] */
+    bool search_holds_best;               /* the search state's map is w->best */
+    double last_max;                      /* max GPU load of search_once's result, exact */
     int32_t *ds_map, *cand, *best, *pick; /* [P] */
-    int32_t *gscratch;          /* [2 E + N] */
-    double *gdscratch;          /* [E + N] */
+    int32_t *gscratch;                    /* [2 E + N] */
+    double *gdscratch;                    /* [E + N] */
 } plan_ws;
 
 static void ws_free(plan_ws *w) {
@@ -60,7 +60,8 @@ static void ws_free(plan_ws *w) {
     epxi_search_destroy(w->search);
     epxi_shares_ws_destroy(w->shares);
     free(w->sum), free(w->est), free(w->alt), free(w->gload), free(w->gload2), free(w->cnt);
-    free(w->home), free(w->home2), free(w->best_home), free(w->even_share), free(w->fit_share), free(w->ds_map), free(w->cand), free(w->best), free(w->pick);
+    free(w->home), free(w->home2), free(w->best_home), free(w->even_share), free(w->fit_share),
+        free(w->ds_map), free(w->cand), free(w->best), free(w->pick);
     free(w->gscratch), free(w->gdscratch);
 }
 
@@ -70,7 +71,10 @@ static epx_status ws_alloc(plan_ws *w, const epx_counts *counts, const epx_shape
     const int32_t G = sh->num_gpus, N = sh->num_nodes;
     memset(w, 0, sizeof *w);
     size_t e = (size_t)E, p = (size_t)P, g = (size_t)G;
-    epx_status st = epxi_deepseek_create(E, P, ds_groups, ds_nodes, G, ds_hier, &w->ds, err);
+    /* The baseline's groups and nodes are derived here, not given by the
+     * caller, so they are checked here (the shape was, at the entry). */
+    epx_status st = epxi_deepseek_check(E, P, ds_groups, ds_nodes, G, ds_hier, err);
+    if (st == EPX_OK) st = epxi_deepseek_create(E, P, ds_groups, ds_nodes, G, ds_hier, &w->ds, err);
     if (st == EPX_OK) {
         w->load32 = epxi_calloc((size_t)sh->num_layers * e, sizeof(float), "float32 load", err);
         w->est32 = epxi_calloc(e, sizeof(float), "float32 estimate", err);
@@ -98,9 +102,8 @@ static epx_status ws_alloc(plan_ws *w, const epx_counts *counts, const epx_shape
     w->gscratch = epxi_calloc(2 * e + (size_t)N, sizeof(int32_t), "group scratch", err);
     w->gdscratch = epxi_calloc(e + (size_t)N, sizeof(double), "group scratch", err);
     if (!w->sum || !w->est || !w->alt || !w->gload || !w->gload2 || !w->cnt || !w->home ||
-        !w->home2 ||
-        !w->best_home || !w->even_share || !w->fit_share ||
-        !w->ds_map || !w->cand || !w->best || !w->pick || !w->gscratch || !w->gdscratch)
+        !w->home2 || !w->best_home || !w->even_share || !w->fit_share || !w->ds_map || !w->cand ||
+        !w->best || !w->pick || !w->gscratch || !w->gdscratch)
         return EPX_ERR_NOMEM;
     return EPX_OK;
 }
@@ -108,34 +111,35 @@ static epx_status ws_alloc(plan_ws *w, const epx_counts *counts, const epx_shape
 typedef struct layer_cfg {
     const epx_shape *shape;
     const epxi_knobs *k;
-    bool node_local;  /* home nodes in use */
-    int32_t ng;       /* expert groups */
-    int32_t budget;   /* foreign replicas allowed */
-    int64_t iters;    /* move budget per search */
-    int64_t iters2;   /* ... for the estimate (phase 2) */
-    double target;    /* phase 1 may stop at this max (DeepSeek's, when an
+    bool node_local; /* home nodes in use */
+    int32_t ng;      /* expert groups */
+    int32_t budget;  /* foreign replicas allowed */
+    int64_t iters;   /* move budget per search */
+    int64_t iters2;  /* ... for the estimate (phase 2) */
+    double target;   /* phase 1 may stop at this max (DeepSeek's, when an
                          estimate follows: more is not needed); -inf = no */
 } layer_cfg;
 
 static double even_max(plan_ws *w, const layer_cfg *c, const int32_t *map, const double *load) {
     const epx_shape *s = c->shape;
-    return epxi_layer_loads_even(map, load, s->num_logical_experts, s->num_physical_experts,
-                                 s->num_gpus, w->cnt, w->gload);
+    return epxi_layer_gpu_loads(map, load, NULL, NULL, NULL, s->num_logical_experts,
+                                s->num_physical_experts, s->num_gpus, w->cnt, w->gload);
 }
 
 /* Run the search for load `load` and write its map to `out`; start 0 is the
  * greedy start, 1 the given map `from` with its duplicates removed at any
  * cost to the max first, 2 the same keeping its max (so the result cannot
  * end above it). home may be NULL. */
-static int64_t search_once(plan_ws *w, const layer_cfg *c, const double *load,
-                           const int32_t *home, int32_t start, const int32_t *from,
-                           int32_t *out, int32_t *dups) {
+static int64_t search_once(plan_ws *w, const layer_cfg *c, const double *load, const int32_t *home,
+                           int32_t start, const int32_t *from, int32_t *out, int32_t *dups) {
     epxi_search *s = w->search;
     epxi_search_begin(s, load, home, c->budget);
     epxi_search_allow_recount(s, c->k->recount);
     epxi_search_set_target(s, c->target);
-    if (start >= 1) epxi_search_init_map(s, from);
-    else epxi_search_init_lpt(s);
+    if (start >= 1)
+        epxi_search_init_map(s, from);
+    else
+        epxi_search_init_lpt(s);
     int64_t moves = 0;
     if (c->k->search) {
         /* Duplicates first; from the greedy start at any cost to the max
@@ -168,8 +172,8 @@ static int64_t plan_for(plan_ws *w, const layer_cfg *c, const double *load, int3
     const int32_t E = s->num_logical_experts, P = s->num_physical_experts;
     int64_t moves = 0;
     if (c->node_local)
-        epxi_groups_to_nodes(load, E, c->ng, s->num_nodes, P / s->num_nodes, w->home,
-                             w->gscratch, w->gdscratch);
+        epxi_groups_to_nodes(load, E, c->ng, s->num_nodes, P / s->num_nodes, w->home, w->gscratch,
+                             w->gdscratch);
     *best_max = -1.0;
     /* Auto: node-local plans start greedy from epx's own home nodes; global
      * ones from DeepSeek's map, which the baseline computes anyway. */
@@ -241,8 +245,8 @@ static int64_t refine_for(plan_ws *w, const layer_cfg *c, const double *est, dou
 }
 
 /* Sum over the windows of each window's max GPU load (even split). */
-static double sum_of_maxima(plan_ws *w, const layer_cfg *c, const epx_counts *counts,
-                            int32_t layer, const int32_t *map) {
+static double sum_of_maxima(plan_ws *w, const layer_cfg *c, const epx_counts *counts, int32_t layer,
+                            const int32_t *map) {
     double t = 0.0;
     for (int32_t s = 0; s < counts->num_windows; s++)
         t += even_max(w, c, map, epx_counts_row(counts, s, layer));
@@ -258,7 +262,7 @@ static void shares_for(plan_ws *w, const layer_cfg *c, const int32_t *map, const
                        double cap, double *share) {
     const epx_shape *s = c->shape;
     const int32_t E = s->num_logical_experts, P = s->num_physical_experts, G = s->num_gpus;
-    const double even = epxi_layer_loads_even(map, est, E, P, G, w->cnt, w->gload);
+    const double even = epxi_layer_gpu_loads(map, est, NULL, NULL, NULL, E, P, G, w->cnt, w->gload);
     for (int32_t p = 0; p < P; p++) w->even_share[p] = 1.0 / w->cnt[map[p]];
     memcpy(share, w->even_share, (size_t)P * sizeof *share);
     if (!c->k->shares) return;
@@ -268,8 +272,8 @@ static void shares_for(plan_ws *w, const layer_cfg *c, const int32_t *map, const
      * t (f_g - e_g); the largest t in [0, 1] with every L_g(t) <= cap is a
      * minimum over GPUs (e_g <= cap holds: the map itself meets the cap). */
     double *fl = w->gload2;
-    (void)epxi_layer_loads_shares(map, w->even_share, w->sum, P, G, w->gload);
-    (void)epxi_layer_loads_shares(map, w->fit_share, w->sum, P, G, fl);
+    (void)epxi_layer_gpu_loads(map, w->sum, w->even_share, NULL, NULL, 0, P, G, NULL, w->gload);
+    (void)epxi_layer_gpu_loads(map, w->sum, w->fit_share, NULL, NULL, 0, P, G, NULL, fl);
     double hi = 1.0;
     for (int32_t g = 0; g < G; g++)
         if (fl[g] > cap && fl[g] > w->gload[g]) {
@@ -282,7 +286,8 @@ static void shares_for(plan_ws *w, const layer_cfg *c, const int32_t *map, const
     /* Shares of one expert sum to 1 at both ends, hence along the segment.
      * Rounding aside the cap holds; check it, and keep the even split if
      * rounding ever tipped a GPU over it. */
-    if (hi < 1.0 && epxi_layer_loads_shares(map, share, w->sum, P, G, w->gload) > cap)
+    if (hi < 1.0 &&
+        epxi_layer_gpu_loads(map, w->sum, share, NULL, NULL, 0, P, G, NULL, w->gload) > cap)
         memcpy(share, w->even_share, (size_t)P * sizeof *share);
 }
 
@@ -303,11 +308,12 @@ static epx_status resolve(const epx_counts *counts, const epx_shape *shape,
     const int32_t ng = opts->num_groups > 0 ? opts->num_groups : 1;
     if (E % ng != 0)
         return epxi_fail(err, EPX_ERR_SHAPE,
-                         "num_groups (%d) does not divide the %d experts: use a divisor of %d",
-                         ng, E, E);
+                         "num_groups (%d) does not divide the %d experts: use a divisor of %d", ng,
+                         E, E);
     const bool groups_fit = N > 1 && ng % N == 0;
     epx_node_local mode = opts->node_local;
-    if (mode == EPX_NODE_LOCAL_DEFAULT) mode = groups_fit ? EPX_NODE_LOCAL_RELAXED : EPX_NODE_LOCAL_OFF;
+    if (mode == EPX_NODE_LOCAL_DEFAULT)
+        mode = groups_fit ? EPX_NODE_LOCAL_RELAXED : EPX_NODE_LOCAL_OFF;
     if ((mode == EPX_NODE_LOCAL_STRICT || mode == EPX_NODE_LOCAL_RELAXED) && N > 1 && !groups_fit)
         return epxi_fail(err, EPX_ERR_INVALID_ARG,
                          "node-local %s needs expert groups that divide evenly over the nodes, "
@@ -324,10 +330,10 @@ static epx_status resolve(const epx_counts *counts, const epx_shape *shape,
                          "cross_node_budget (%g) is a share of the redundant slots: use a "
                          "value in [0, 1], or < 0 for the default (%g)",
                          opts->cross_node_budget, k->budget);
-    epx_estimate est = opts->estimate == EPX_ESTIMATE_DEFAULT ? EPXI_ESTIMATE_DEFAULT
-                                                              : opts->estimate;
-    if (est != EPX_ESTIMATE_SUM && est != EPX_ESTIMATE_RECENCY &&
-        est != EPX_ESTIMATE_MEAN_STD && est != EPX_ESTIMATE_MINMAX)
+    epx_estimate est =
+        opts->estimate == EPX_ESTIMATE_DEFAULT ? EPXI_ESTIMATE_DEFAULT : opts->estimate;
+    if (est != EPX_ESTIMATE_SUM && est != EPX_ESTIMATE_RECENCY && est != EPX_ESTIMATE_MEAN_STD &&
+        est != EPX_ESTIMATE_MINMAX)
         return epxi_fail(err, EPX_ERR_INVALID_ARG, "estimate (%d) is not a known estimate",
                          (int)est);
     c->shape = shape;
@@ -345,9 +351,8 @@ static epx_status resolve(const epx_counts *counts, const epx_shape *shape,
 }
 
 epx_status epxi_plan_epx_knobs(const epx_counts *counts, const epx_shape *shape,
-                               const epx_plan_opts *opts, const epxi_knobs *k,
-                               int32_t *map_out, double *share_out, epxi_plan_info *info,
-                               epx_error *err) {
+                               const epx_plan_opts *opts, const epxi_knobs *k, int32_t *map_out,
+                               double *share_out, epxi_plan_info *info, epx_error *err) {
     layer_cfg c;
     memset(&c, 0, sizeof c);
     epx_node_local mode = EPX_NODE_LOCAL_OFF;
@@ -381,7 +386,7 @@ epx_status epxi_plan_epx_knobs(const epx_counts *counts, const epx_shape *shape,
         epxi_deepseek_layer(w.ds, w.load32 + (size_t)l * E, w.ds_map, NULL, NULL);
         if (!(top > 0.0)) { /* a dense layer: nothing to balance */
             memcpy(map, w.ds_map, (size_t)P * sizeof *map);
-            (void)epxi_layer_loads_even(map, w.sum, E, P, G, w.cnt, w.gload);
+            (void)epxi_layer_gpu_loads(map, w.sum, NULL, NULL, NULL, E, P, G, w.cnt, w.gload);
             for (int32_t p = 0; p < P; p++) share[p] = 1.0 / w.cnt[map[p]];
             continue;
         }
@@ -435,8 +440,7 @@ epx_status epxi_plan_epx_knobs(const epx_counts *counts, const epx_shape *shape,
             if (kind == EPX_ESTIMATE_MINMAX) {
                 /* Refine for each estimate; keep the map whose maxima over
                  * the windows sum lowest (phase 1's map competes too). */
-                static const epx_estimate kinds[2] = {EPX_ESTIMATE_RECENCY,
-                                                      EPX_ESTIMATE_MEAN_STD};
+                static const epx_estimate kinds[2] = {EPX_ESTIMATE_RECENCY, EPX_ESTIMATE_MEAN_STD};
                 memcpy(map, w.best, (size_t)P * sizeof *map);
                 memcpy(w.pick, w.best, (size_t)P * sizeof *w.pick);
                 double best_obj = sum_of_maxima(&w, &c, counts, l, w.best);

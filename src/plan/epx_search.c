@@ -73,24 +73,24 @@ struct epxi_search {
     int32_t *stamp;    /* [G] which evaluation delta[g] belongs to */
     int32_t *tlist;    /* [G] GPUs touched by the evaluation */
     int32_t ntouch, cur_stamp;
-    int32_t *fill;     /* [G] slots used while packing */
+    int32_t *fill;      /* [G] slots used while packing */
     int32_t *idx, *tmp; /* [P] sort scratch */
-    double *key;       /* [P] sort keys */
-    int32_t *heap;     /* [E] max-heap for replica counts */
-    int32_t *multi;    /* [P] slots whose expert has >= 2 replicas */
-    int32_t *cand;     /* [E] experts by load per replica (merge targets) */
+    double *key;        /* [P] sort keys */
+    int32_t *heap;      /* [E] max-heap for replica counts */
+    int32_t *multi;     /* [P] slots whose expert has >= 2 replicas */
+    int32_t *cand;      /* [E] experts by load per replica (merge targets) */
     int32_t *cand_mark; /* [E] stamp: expert is on gmax */
-    int32_t *sorted;   /* [P] per GPU, its slots by ascending replica load */
-    int32_t *sorted2;  /* [P] the same by constraint load (only with w2) */
-    double *rl;        /* [P] replica load of each slot, valid where sorted is */
-    double *rl2;       /* [P] the same under the constraint load */
-    int32_t dups;      /* slots sharing their GPU with another replica of their expert */
+    int32_t *sorted;    /* [P] per GPU, its slots by ascending replica load */
+    int32_t *sorted2;   /* [P] the same by constraint load (only with w2) */
+    double *rl;         /* [P] replica load of each slot, valid where sorted is */
+    double *rl2;        /* [P] the same under the constraint load */
+    int32_t dups;       /* slots sharing their GPU with another replica of their expert */
     uint8_t *sorted_ok; /* [G] whether the GPU's entries in sorted/rl are current */
-    int32_t *gorder;   /* [G] GPUs by ascending load (ties: lower id first) */
-    int32_t *gpos;     /* [G] position of each GPU in gorder */
+    int32_t *gorder;    /* [G] GPUs by ascending load (ties: lower id first) */
+    int32_t *gpos;      /* [G] position of each GPU in gorder */
     bool gorder_ok;
-    int32_t *hp;       /* [G] per-node min-heaps of GPUs with room (packing) */
-    int32_t *hsize;    /* [N] */
+    int32_t *hp;    /* [G] per-node min-heaps of GPUs with room (packing) */
+    int32_t *hsize; /* [N] */
 };
 
 epx_status epxi_search_create(int32_t E, int32_t P, int32_t G, int32_t N, epxi_search **out,
@@ -131,9 +131,10 @@ epx_status epxi_search_create(int32_t E, int32_t P, int32_t G, int32_t N, epxi_s
     s->hp = epxi_calloc(g, sizeof(int32_t), "placement search GPU heap", err);
     s->hsize = epxi_calloc((size_t)N, sizeof(int32_t), "placement search GPU heap", err);
     if (!s->slot || !s->gpu || !s->cnt || !s->first || !s->next || !s->home_cnt || !s->load ||
-        !s->delta || !s->load2 || !s->delta2 || !s->stamp || !s->tlist || !s->fill || !s->idx || !s->tmp || !s->key ||
-        !s->heap || !s->multi || !s->cand || !s->cand_mark || !s->sorted || !s->sorted2 || !s->rl || !s->rl2 || !s->sorted_ok ||
-        !s->gorder || !s->gpos || !s->hp || !s->hsize) {
+        !s->delta || !s->load2 || !s->delta2 || !s->stamp || !s->tlist || !s->fill || !s->idx ||
+        !s->tmp || !s->key || !s->heap || !s->multi || !s->cand || !s->cand_mark || !s->sorted ||
+        !s->sorted2 || !s->rl || !s->rl2 || !s->sorted_ok || !s->gorder || !s->gpos || !s->hp ||
+        !s->hsize) {
         epxi_search_destroy(s);
         return EPX_ERR_NOMEM;
     }
@@ -144,10 +145,13 @@ epx_status epxi_search_create(int32_t E, int32_t P, int32_t G, int32_t N, epxi_s
 
 void epxi_search_destroy(epxi_search *s) {
     if (s == NULL) return;
-    free(s->slot), free(s->gpu), free(s->eg), free(s->cnt), free(s->first), free(s->next), free(s->home_cnt);
-    free(s->load), free(s->delta), free(s->load2), free(s->delta2), free(s->stamp), free(s->tlist), free(s->fill);
+    free(s->slot), free(s->gpu), free(s->eg), free(s->cnt), free(s->first), free(s->next),
+        free(s->home_cnt);
+    free(s->load), free(s->delta), free(s->load2), free(s->delta2), free(s->stamp), free(s->tlist),
+        free(s->fill);
     free(s->idx), free(s->tmp), free(s->key), free(s->heap), free(s->multi), free(s->cand);
-    free(s->sorted), free(s->sorted2), free(s->rl), free(s->rl2), free(s->sorted_ok), free(s->cand_mark);
+    free(s->sorted), free(s->sorted2), free(s->rl), free(s->rl2), free(s->sorted_ok),
+        free(s->cand_mark);
     free(s->gorder), free(s->gpos), free(s->hp), free(s->hsize);
     free(s);
 }
@@ -170,13 +174,9 @@ static inline bool at_home(const epxi_search *s, int32_t e, int32_t g) {
     return s->home == NULL || g / s->gpn == s->home[e];
 }
 
-static inline double per_replica(const epxi_search *s, int32_t e) {
-    return s->w[e] / s->cnt[e];
-}
+static inline double per_replica(const epxi_search *s, int32_t e) { return s->w[e] / s->cnt[e]; }
 
-static inline double per_replica2(const epxi_search *s, int32_t e) {
-    return s->w2[e] / s->cnt[e];
-}
+static inline double per_replica2(const epxi_search *s, int32_t e) { return s->w2[e] / s->cnt[e]; }
 
 /* GPU a is lighter than b: by load, then by id. */
 static inline bool lighter(const epxi_search *s, int32_t a, int32_t b) {
@@ -212,6 +212,8 @@ static void eg_clear(epxi_search *s) {
     for (int32_t p = 0; p < s->P; p++) s->eg[(size_t)s->slot[p] * s->G + s->gpu[p]] = 0;
 }
 
+static void recompute_loads(epxi_search *s);
+
 /* Rebuild lists, counts, home counts and loads from s->slot. */
 static void rebuild(epxi_search *s) {
     eg_clear(s);
@@ -221,24 +223,17 @@ static void rebuild(epxi_search *s) {
         int32_t e = s->slot[p];
         s->cnt[e]++;
         list_push(s, e, p);
-        if (at_home(s, e, gpu_of(s, p))) s->home_cnt[e]++;
-        else s->foreign++;
+        if (at_home(s, e, gpu_of(s, p)))
+            s->home_cnt[e]++;
+        else
+            s->foreign++;
     }
     s->dups = 0;
     for (int32_t p = 0; p < s->P; p++)
         for (int32_t q = s->next[p]; q >= 0; q = s->next[q]) /* lists ascend by slot */
             if (q / s->K == p / s->K) s->dups++;
-    for (int32_t g = 0; g < s->G; g++) {
-        double l = 0.0, l2 = 0.0;
-        for (int32_t k = 0; k < s->K; k++) {
-            l += per_replica(s, s->slot[g * s->K + k]);
-            if (s->w2) l2 += per_replica2(s, s->slot[g * s->K + k]);
-        }
-        s->load[g] = l;
-        s->load2[g] = l2;
-        s->sorted_ok[g] = 0;
-    }
-    s->gorder_ok = false;
+    for (int32_t g = 0; g < s->G; g++) s->sorted_ok[g] = 0;
+    recompute_loads(s);
 }
 
 /* Exact GPU loads from the slots; the GPU order must be rebuilt. */
@@ -283,8 +278,6 @@ double epxi_search_max_load2(const epxi_search *s) {
         if (s->load2[g] > mx) mx = s->load2[g];
     return mx;
 }
-
-static void recompute_loads(epxi_search *s);
 
 /* ---- initial solutions ------------------------------------------------------- */
 
@@ -364,8 +357,8 @@ void epxi_search_init_lpt(epxi_search *s) {
     /* Replicas, largest load per replica first (ties: lower expert id). */
     int32_t q = 0;
     for (int32_t e = 0; e < E; e++)
-        for (int32_t r = 0; r < s->cnt[e]; r++) s->idx[q] = q, s->key[q] = per_replica(s, e),
-                                                 s->slot[q++] = e;
+        for (int32_t r = 0; r < s->cnt[e]; r++)
+            s->idx[q] = q, s->key[q] = per_replica(s, e), s->slot[q++] = e;
     epxi_sort_desc(s->key, s->idx, P, s->tmp);
     /* s->slot holds the replica list for now; tmp gets the expert order. */
     for (int32_t i = 0; i < P; i++) s->tmp[i] = s->slot[s->idx[i]];
@@ -402,8 +395,7 @@ void epxi_search_init_lpt(epxi_search *s) {
     rebuild(s);
 }
 
-void epxi_search_retarget(epxi_search *s, const double *w, const int32_t *home,
-                          int32_t budget) {
+void epxi_search_retarget(epxi_search *s, const double *w, const int32_t *home, int32_t budget) {
     s->w = w;
     s->home = home;
     s->budget = home ? budget : 0;
@@ -414,8 +406,10 @@ void epxi_search_retarget(epxi_search *s, const double *w, const int32_t *home,
     s->foreign = 0;
     for (int32_t e = 0; e < s->E; e++) s->home_cnt[e] = 0;
     for (int32_t p = 0; p < s->P; p++) {
-        if (at_home(s, s->slot[p], gpu_of(s, p))) s->home_cnt[s->slot[p]]++;
-        else s->foreign++;
+        if (at_home(s, s->slot[p], gpu_of(s, p)))
+            s->home_cnt[s->slot[p]]++;
+        else
+            s->foreign++;
     }
     for (int32_t g = 0; g < s->G; g++) s->sorted_ok[g] = 0; /* replica loads changed */
     recompute_loads(s);
@@ -555,10 +549,14 @@ static void apply_recount(epxi_search *s, int32_t b, int32_t x) {
         reorder_gpu(s, s->tlist[i]);
     }
     if (s->home) {
-        if (at_home(s, y, gb)) s->home_cnt[y]--;
-        else s->foreign--;
-        if (at_home(s, x, gb)) s->home_cnt[x]++;
-        else s->foreign++;
+        if (at_home(s, y, gb))
+            s->home_cnt[y]--;
+        else
+            s->foreign--;
+        if (at_home(s, x, gb))
+            s->home_cnt[x]++;
+        else
+            s->foreign++;
     }
     list_remove(s, y, b);
     list_push(s, x, b);
@@ -573,8 +571,7 @@ static void apply_recount(epxi_search *s, int32_t b, int32_t x) {
 
 /* Does exchanging slots a (on GPU ga) and b (on gb) keep both GPUs'
  * constraint loads capped? Both GPUs' rl2 entries must be current. */
-static inline bool swap_fits2(const epxi_search *s, int32_t a, int32_t b, int32_t ga,
-                              int32_t gb) {
+static inline bool swap_fits2(const epxi_search *s, int32_t a, int32_t b, int32_t ga, int32_t gb) {
     if (s->w2 == NULL) return true;
     const double d2 = s->rl2[a] - s->rl2[b];
     return s->load2[ga] - d2 <= s->cap2 && s->load2[gb] + d2 <= s->cap2;
@@ -648,13 +645,13 @@ static bool best_swap(epxi_search *s, int32_t gmax, double *best, int32_t *ma, i
     const int32_t K = s->K, G = s->G;
     const double Lmax = s->load[gmax];
     bool found = false;
-    (void)sorted_slots(s, gmax); /* rl[] of gmax's slots */
+    (void)sorted_slots(s, gmax);      /* rl[] of gmax's slots */
     for (int32_t t = 0; t < G; t++) { /* lightest partner first */
         const int32_t h = s->gorder[t];
         if (h == gmax) continue;
         const double Lh = s->load[h];
         if (0.5 * (Lmax + Lh) >= *best) break; /* heavier partners cannot beat it */
-        if (found) break; /* first improving partner: cheaper, and no worse */
+        if (found) break;                      /* first improving partner: cheaper, and no worse */
         const int32_t *ord = sorted_slots(s, h); /* also makes rl[] of h current */
         const double D = Lmax - Lh;
         if (K <= 4) { /* few slots: every pair, no search */
@@ -685,8 +682,10 @@ static bool best_swap(epxi_search *s, int32_t gmax, double *best, int32_t *ma, i
                 int32_t lo = 0, hi = K;
                 while (lo < hi) { /* first r2 >= from */
                     int32_t mid = (lo + hi) / 2;
-                    if (s->rl2[ord2[mid]] < from) lo = mid + 1;
-                    else hi = mid;
+                    if (s->rl2[ord2[mid]] < from)
+                        lo = mid + 1;
+                    else
+                        hi = mid;
                 }
                 for (int32_t j = lo, n = 0; j < K && n < WINDOW_MAX; j++, n++) {
                     const int32_t b = ord2[j];
@@ -707,8 +706,10 @@ static bool best_swap(epxi_search *s, int32_t gmax, double *best, int32_t *ma, i
             int32_t lo = 0, hi = K;
             while (lo < hi) {
                 int32_t mid = (lo + hi) / 2;
-                if (s->rl[ord[mid]] < target) lo = mid + 1;
-                else hi = mid;
+                if (s->rl[ord[mid]] < target)
+                    lo = mid + 1;
+                else
+                    hi = mid;
             }
             for (int32_t dir = 0; dir < 2; dir++) {
                 /* A few refused candidates per direction, then give up: under a
@@ -767,8 +768,7 @@ static int32_t lightest_candidates(epxi_search *s, int32_t g, int32_t want) {
 }
 
 /* Best split or merge centred on gmax that ends below `best`. */
-static bool best_recount(epxi_search *s, int32_t gmax, double *best, int32_t *mb,
-                         int32_t *mx) {
+static bool best_recount(epxi_search *s, int32_t gmax, double *best, int32_t *mb, int32_t *mx) {
     const int32_t K = s->K, P = s->P;
     const double Lmax = s->load[gmax];
     bool found = false;
@@ -900,14 +900,19 @@ int32_t epxi_search_fix_duplicates(epxi_search *s, bool keep_max) {
                 double v = eval_recount(s, a, e, best);
                 if (v <= limit && v < best) best = v, kind = 2, mx = e;
             }
-            if (kind == 1) apply_swap(s, a, mb);
-            else if (kind == 2) apply_recount(s, a, mx);
-            else left++;
+            if (kind == 1)
+                apply_swap(s, a, mb);
+            else if (kind == 2)
+                apply_recount(s, a, mx);
+            else
+                left++;
             changed |= kind != 0;
         }
     }
-    if (changed) rebuild(s); /* exact loads again, and the duplicate count */
-    else s->dups = left;
+    if (changed)
+        rebuild(s); /* exact loads again, and the duplicate count */
+    else
+        s->dups = left;
     return left;
 }
 

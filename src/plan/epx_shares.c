@@ -49,8 +49,8 @@ epx_status epxi_shares_ws_create(int32_t E, int32_t P, int32_t G, epxi_shares_ws
     ws->x = epxi_calloc(p, sizeof(double), "replica share loads", err);
     ws->b = epxi_calloc(p, sizeof(double), "replica share scratch", err);
     ws->load = epxi_calloc(g, sizeof(double), "replica share GPU loads", err);
-    if (!ws->cnt || !ws->ridx || !ws->multi || !ws->start || !ws->ndist || !ws->gpu ||
-        !ws->mult || !ws->x || !ws->b || !ws->load) {
+    if (!ws->cnt || !ws->ridx || !ws->multi || !ws->start || !ws->ndist || !ws->gpu || !ws->mult ||
+        !ws->x || !ws->b || !ws->load) {
         epxi_shares_ws_destroy(ws);
         return EPX_ERR_NOMEM;
     }
@@ -173,5 +173,5 @@ double epxi_shares_compute(epxi_shares_ws *ws, const int32_t *map, const double 
     for (int32_t e = 0; e < E; e++) ws->b[e] = 0.0;
     for (int32_t p = 0; p < P; p++) ws->b[map[p]] += share[p];
     for (int32_t p = 0; p < P; p++) share[p] /= ws->b[map[p]];
-    return epxi_layer_loads_shares(map, share, w, P, G, ws->load);
+    return epxi_layer_gpu_loads(map, w, share, NULL, NULL, 0, P, G, NULL, ws->load);
 }

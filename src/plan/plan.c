@@ -5,7 +5,7 @@
  *
  * Every option is checked here, before any work, so the algorithms can trust
  * their inputs. Planning relative to the layout in service (current,
- * max_moves, move_price) and around failed GPUs is src/migrate's
+ * max_moves, move_price) and around failed GPUs is src/plan/plan_constrained.c's
  * epxi_plan_constrained, which wraps place(); an option the chosen
  * algorithm does not take is an error,
  * unless it asks for what that algorithm does anyway (node_local OFF with
@@ -19,7 +19,8 @@
 #include "plan_hooks.h"
 #include "epx_algo.h"
 #include "plan_internal.h"
-#include "../migrate/migrate_internal.h"
+#include "constrain.h"
+#include "../layout/layout_internal.h"
 
 struct epx_plan {
     epx_layout *layout;
@@ -82,10 +83,10 @@ static epx_algorithm resolve_auto(const epx_plan_opts *o, const epx_shape *s) {
     return EPX_ALGO_DEEPSEEK;
 }
 
-static epx_status check_deepseek_opts(const epx_plan_opts *o, epx_algorithm algo,
-                                      epx_error *err) {
+static epx_status check_deepseek_opts(const epx_plan_opts *o, epx_algorithm algo, epx_error *err) {
     const char *name = epx_algorithm_name(algo);
-    const epx_node_local same = algo == EPX_ALGO_DEEPSEEK ? EPX_NODE_LOCAL_OFF : EPX_NODE_LOCAL_STRICT;
+    const epx_node_local same =
+        algo == EPX_ALGO_DEEPSEEK ? EPX_NODE_LOCAL_OFF : EPX_NODE_LOCAL_STRICT;
     if (o->node_local != EPX_NODE_LOCAL_DEFAULT && o->node_local != same)
         return epxi_fail(err, EPX_ERR_INVALID_ARG,
                          "node_local '%s' does not apply to %s, which is always '%s': the "
@@ -136,11 +137,8 @@ static epx_status check_counts(const epx_counts *c, const epx_shape *s, epx_erro
 static epx_status check_opts(const epx_plan_opts *o, const epx_shape *s, epx_algorithm *algo,
                              epx_error *err) {
     if (o == NULL) return epxi_fail(err, EPX_ERR_INVALID_ARG, "plan options are NULL");
-    if (o->version != EPX_PLAN_OPTS_VERSION)
-        return epxi_fail(err, EPX_ERR_INVALID_ARG,
-                         "plan options version %u is not %u: initialise them with "
-                         "EPX_PLAN_OPTS_INIT",
-                         o->version, EPX_PLAN_OPTS_VERSION);
+    EPX_TRY(epxi_check_version(o->version, EPX_PLAN_OPTS_VERSION, "epx_plan_opts",
+                               "EPX_PLAN_OPTS_INIT", err));
     if ((int)o->algorithm < 0 || (int)o->algorithm >= EPXI_NUM_ALGOS)
         return epxi_fail(err, EPX_ERR_INVALID_ARG,
                          "algorithm %d is unknown: use EPX_ALGO_EPX, EPX_ALGO_DEEPSEEK, "
@@ -169,7 +167,7 @@ static epx_status check_opts(const epx_plan_opts *o, const epx_shape *s, epx_alg
                          "num_groups (%d) must be >= 0 (0 = the model has no expert groups)",
                          o->num_groups);
     EPX_TRY(epx_shape_check(s, err));
-    /* current, max_moves, move_price, failed_gpus: src/migrate. */
+    /* current, max_moves, move_price, failed_gpus: plan_constrained.c. */
     EPX_TRY(epxi_plan_constraints_check(s, o, err));
     const int32_t E = s->num_logical_experts;
     if (o->num_groups > 0 && E % o->num_groups != 0)
@@ -193,33 +191,14 @@ static epx_status check_opts(const epx_plan_opts *o, const epx_shape *s, epx_alg
 
 /* ---- shared helpers ------------------------------------------------------- */
 
-epx_status epxi_plan_load_f32(const epx_counts *c, float *out, epx_error *err) {
-    const size_t le = (size_t)c->num_layers * (size_t)c->num_experts;
-    for (size_t i = 0; i < le; i++) {
-        /* Sum in double: token counts stay exact up to 2^53, as SGLang's
-         * int64 sum, and only the total is rounded to float32. */
-        double x = 0.0;
-        for (int32_t s = 0; s < c->num_windows; s++) x += c->data[(size_t)s * le + i];
-        if (x > FLT_MAX)
-            return epxi_fail(err, EPX_ERR_INVALID_ARG,
-                             "the load of layer %zu, expert %zu summed over windows is %g, "
-                             "beyond float32 (DeepSeek's EPLB computes in float32): scale the "
-                             "counts down",
-                             i / (size_t)c->num_experts, i % (size_t)c->num_experts, x);
-        out[i] = (float)x;
-    }
-    return EPX_OK;
-}
-
 static double now_seconds(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-static epx_status plan_deepseek_all(const epx_counts *c, const epx_shape *s,
-                                    const epx_plan_opts *o, bool hier, int32_t *map,
-                                    epx_error *err) {
+static epx_status plan_deepseek_all(const epx_counts *c, const epx_shape *s, const epx_plan_opts *o,
+                                    bool hier, int32_t *map, epx_error *err) {
     const int32_t L = s->num_layers, E = s->num_logical_experts, P = s->num_physical_experts;
     float *w = epxi_calloc((size_t)L * (size_t)E, sizeof *w, "float32 load", err);
     if (w == NULL) return err ? err->status : EPX_ERR_NOMEM;
@@ -281,16 +260,25 @@ static void planned_load(const epx_counts *counts, epx_algorithm algo, const epx
 
 /* The placement for one shape (epxi_place_fn): the chosen algorithm and its
  * replica weights. The constrained path calls it on the survivors' shape. */
+typedef struct {
+    epx_algorithm algo;
+    const epx_shape *checked; /* the shape check_opts checked */
+} place_ctx;
+
 static epx_status place(void *ctx, const epx_counts *counts, const epx_shape *shape,
                         const epx_plan_opts *opts, int32_t *map, double *share, double *load,
                         epx_error *err) {
-    const epx_algorithm algo = *(const epx_algorithm *)ctx;
+    const place_ctx *pc = ctx;
+    const epx_algorithm algo = pc->algo;
     if (load != NULL) planned_load(counts, algo, opts, load);
     if (algo == EPX_ALGO_EPX) return epxi_plan_epx(counts, shape, opts, map, share, err);
     const bool hier = algo == EPX_ALGO_DEEPSEEK_HIERARCHICAL;
     const int32_t E = shape->num_logical_experts, P = shape->num_physical_experts;
-    EPX_TRY(epxi_deepseek_check(E, P, opts->num_groups > 0 ? opts->num_groups : 1,
-                                shape->num_nodes, shape->num_gpus, hier, err));
+    /* check_opts checked the entry's shape; the survivors' shape of a plan
+     * around failed GPUs (plan_constrained.c) is checked here. */
+    if (shape != pc->checked)
+        EPX_TRY(epxi_deepseek_check(E, P, opts->num_groups > 0 ? opts->num_groups : 1,
+                                    shape->num_nodes, shape->num_gpus, hier, err));
     EPX_TRY(plan_deepseek_all(counts, shape, opts, hier, map, err));
     /* DeepSeek's dispatch splits an expert's tokens evenly. */
     int32_t *nv = epxi_calloc((size_t)E, sizeof *nv, "replica counts", err);
@@ -310,7 +298,8 @@ static epx_status place(void *ctx, const epx_counts *counts, const epx_shape *sh
 epx_status epx_plan_compute(const epx_counts *counts, const epx_shape *shape,
                             const epx_plan_opts *opts, epx_plan **out, epx_error *err) {
     if (shape == NULL || out == NULL)
-        return epxi_fail(err, EPX_ERR_INVALID_ARG, "epx_plan_compute: shape and out must not be NULL");
+        return epxi_fail(err, EPX_ERR_INVALID_ARG,
+                         "epx_plan_compute: shape and out must not be NULL");
     epx_algorithm algo = EPX_ALGO_EPX;
     EPX_TRY(check_opts(opts, shape, &algo, err));
     EPX_TRY(check_counts(counts, shape, err));
@@ -326,12 +315,14 @@ epx_status epx_plan_compute(const epx_counts *counts, const epx_shape *shape,
         return err ? err->status : EPX_ERR_NOMEM;
     }
     plan->algorithm = algo;
+    place_ctx pc = {algo, shape};
     /* Planning around the layout in service or failed GPUs wraps place(). */
-    epx_status st = epxi_plan_is_constrained(opts)
-                        ? epxi_plan_constrained(counts, shape, opts, place, &algo, map,
-                                                plan->weights, err)
-                        : place(&algo, counts, shape, opts, map, plan->weights, NULL, err);
-    if (st == EPX_OK) st = epx_layout_create_from_map(shape, map, &plan->layout, err);
+    epx_status st =
+        epxi_plan_is_constrained(opts)
+            ? epxi_plan_constrained(counts, shape, opts, place, &pc, map, plan->weights, err)
+            : place(&pc, counts, shape, opts, map, plan->weights, NULL, err);
+    /* The map is checked (a guard against planner bugs); the shape was. */
+    if (st == EPX_OK) st = epxi_layout_create_checked(shape, map, &plan->layout, err);
     free(map);
     if (st == EPX_OK) st = check_shares(plan->layout, plan->weights, err);
     if (st != EPX_OK) {

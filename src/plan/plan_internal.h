@@ -16,8 +16,8 @@
  * constraints (it may run epxi_deepseek_layer below as a baseline).
  */
 EPXI_HIDDEN epx_status epxi_plan_epx(const epx_counts *counts, const epx_shape *shape,
-                                     const epx_plan_opts *opts, int32_t *map_out,
-                                     double *share_out, epx_error *err);
+                                     const epx_plan_opts *opts, int32_t *map_out, double *share_out,
+                                     epx_error *err);
 
 /*
  * DeepSeek EPLB (deepseek.c), one layer at a time, for the public entry
@@ -28,9 +28,13 @@ EPXI_HIDDEN epx_status epxi_plan_epx(const epx_counts *counts, const epx_shape *
  */
 typedef struct epxi_deepseek epxi_deepseek;
 
-/* Check the parameters as the reference asserts them, with explanations. */
+/* Check the parameters as the reference asserts them, with explanations:
+ * the groups and nodes of the hierarchical policy. The shape they come from
+ * ({1, E, P, gpus, nodes}) must have passed epx_shape_check: the public entry
+ * points check it once and internal calls trust it. */
 EPXI_HIDDEN epx_status epxi_deepseek_check(int32_t E, int32_t P, int32_t groups, int32_t nodes,
                                            int32_t gpus, bool hierarchical, epx_error *err);
+/* A workspace for parameters that passed epxi_deepseek_check. */
 EPXI_HIDDEN epx_status epxi_deepseek_create(int32_t E, int32_t P, int32_t groups, int32_t nodes,
                                             int32_t gpus, bool hierarchical, epxi_deepseek **out,
                                             epx_error *err);

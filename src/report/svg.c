@@ -33,7 +33,8 @@ static void heat_colour(double t, char out[8]) {
     if (i > 3) i = 3;
     double f = x - i;
     int rgb[3];
-    for (int c = 0; c < 3; c++) rgb[c] = (int)lround(stops[i][c] + f * (stops[i + 1][c] - stops[i][c]));
+    for (int c = 0; c < 3; c++)
+        rgb[c] = (int)lround(stops[i][c] + f * (stops[i + 1][c] - stops[i][c]));
     snprintf(out, 8, "#%02x%02x%02x", rgb[0] & 255, rgb[1] & 255, rgb[2] & 255);
 }
 
@@ -71,10 +72,9 @@ static double shared_rmax(const report_ctx *c) {
     for (int32_t s = 0; s < c->n; s++)
         for (int32_t l = 0; l < c->L; l++) {
             const double *row = c->series[s].gpu_load + (size_t)l * (size_t)c->G;
-            double sum = 0;
-            for (int32_t g = 0; g < c->G; g++) sum += row[g];
-            if (sum <= 0) continue;
-            double mean = sum / c->G;
+            const epxi_gpu_summary gs = epxi_gpu_summarize(row, c->G, NULL);
+            if (gs.total <= 0) continue;
+            const double mean = gs.total / gs.live;
             for (int32_t g = 0; g < c->G; g++)
                 if (row[g] / mean > rmax) rmax = row[g] / mean;
         }
@@ -115,52 +115,64 @@ static epx_status write_body(FILE *f, const void *vctx) {
     for (int32_t s = 0; s < c->n; s++) {
         const epx_report_series *se = &c->series[s];
         double x0 = left + s * (panel_w + gap);
-        fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"13\" font-weight=\"bold\">", x0, top - 24);
+        fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"13\" font-weight=\"bold\">", x0,
+                top - 24);
         put_escaped(f, se->name);
-        fprintf(f, "</text>\n<text x=\"%.1f\" y=\"%.1f\" font-size=\"11\" fill=\"#444\">"
-                   "balancedness %.3f</text>\n", x0, top - 9, se->overall);
+        fprintf(f,
+                "</text>\n<text x=\"%.1f\" y=\"%.1f\" font-size=\"11\" fill=\"#444\">"
+                "balancedness %.3f</text>\n",
+                x0, top - 9, se->overall);
         fprintf(f, "<g shape-rendering=\"crispEdges\">\n");
         for (int32_t l = 0; l < c->L; l++) {
             const double *row = se->gpu_load + (size_t)l * (size_t)c->G;
-            double sum = 0;
-            for (int32_t g = 0; g < c->G; g++) sum += row[g];
-            double mean = sum / c->G;
+            const epxi_gpu_summary gs = epxi_gpu_summarize(row, c->G, NULL);
+            const double mean = gs.total / gs.live;
             for (int32_t g = 0; g < c->G; g++) {
                 char col[8];
-                if (sum <= 0) snprintf(col, sizeof col, "#eeeeee"); /* dense layer */
-                else heat_colour(ratio_to_t(row[g] / mean, rmax), col);
-                fprintf(f, "<rect x=\"%.2f\" y=\"%.2f\" width=\"%.2f\" height=\"%.2f\" fill=\"%s\"/>\n",
-                        x0 + g * cell_w, top + l * cell_h, cell_w, cell_h, col);
+                if (gs.total <= 0)
+                    snprintf(col, sizeof col, "#eeeeee"); /* dense layer */
+                else
+                    heat_colour(ratio_to_t(row[g] / mean, rmax), col);
+                fprintf(
+                    f, "<rect x=\"%.2f\" y=\"%.2f\" width=\"%.2f\" height=\"%.2f\" fill=\"%s\"/>\n",
+                    x0 + g * cell_w, top + l * cell_h, cell_w, cell_h, col);
             }
         }
         fputs("</g>\n", f);
-        fprintf(f, "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" fill=\"none\" stroke=\"#333\"/>\n",
+        fprintf(f,
+                "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" fill=\"none\" "
+                "stroke=\"#333\"/>\n",
                 x0, top, panel_w, panel_h);
         /* Axis labels: GPUs along the bottom, layers down the side. */
         int32_t gstep = c->G <= 16 ? 1 : c->G / 8;
         for (int32_t g = 0; g < c->G; g += gstep)
-            fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"9\" text-anchor=\"middle\">%d</text>\n",
-                    x0 + (g + 0.5) * cell_w, top + panel_h + 12, g);
-        fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"11\" text-anchor=\"middle\">GPU</text>\n",
+            fprintf(
+                f, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"9\" text-anchor=\"middle\">%d</text>\n",
+                x0 + (g + 0.5) * cell_w, top + panel_h + 12, g);
+        fprintf(f,
+                "<text x=\"%.1f\" y=\"%.1f\" font-size=\"11\" text-anchor=\"middle\">GPU</text>\n",
                 x0 + panel_w / 2, top + panel_h + 26);
         int32_t lstep = c->L <= 16 ? 1 : (c->L + 9) / 10;
         for (int32_t l = 0; l < c->L; l += lstep)
-            fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"9\" text-anchor=\"end\">%d</text>\n",
+            fprintf(f,
+                    "<text x=\"%.1f\" y=\"%.1f\" font-size=\"9\" text-anchor=\"end\">%d</text>\n",
                     x0 - 3, top + (l + 0.5) * cell_h + 3, l);
         if (s == 0)
-            fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"11\" text-anchor=\"middle\" "
-                       "transform=\"rotate(-90 %.1f %.1f)\">layer</text>\n",
+            fprintf(f,
+                    "<text x=\"%.1f\" y=\"%.1f\" font-size=\"11\" text-anchor=\"middle\" "
+                    "transform=\"rotate(-90 %.1f %.1f)\">layer</text>\n",
                     left - 32, top + panel_h / 2, left - 32, top + panel_h / 2);
     }
 
     /* Colour bar. */
     const double bar_h = panel_h < 120 ? 120 : panel_h, bar_x = legend_x + 10;
-    fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"11\">load / mean</text>\n", bar_x - 10, top - 10);
+    fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"11\">load / mean</text>\n", bar_x - 10,
+            top - 10);
     for (int i = 0; i < 64; i++) {
         char col[8];
         heat_colour(1.0 - (i + 0.5) / 64.0, col);
-        fprintf(f, "<rect x=\"%.1f\" y=\"%.2f\" width=\"16\" height=\"%.2f\" fill=\"%s\"/>\n", bar_x,
-                top + i * bar_h / 64, bar_h / 64 + 0.3, col);
+        fprintf(f, "<rect x=\"%.1f\" y=\"%.2f\" width=\"16\" height=\"%.2f\" fill=\"%s\"/>\n",
+                bar_x, top + i * bar_h / 64, bar_h / 64 + 0.3, col);
     }
     const double ticks[3] = {0.0, 1.0, rmax};
     for (int i = 0; i < 3; i++) {
@@ -168,14 +180,21 @@ static epx_status write_body(FILE *f, const void *vctx) {
         fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"10\">%.2f%s</text>\n", bar_x + 20,
                 top + (1 - t) * bar_h + 4, ticks[i], i == 1 ? " (mean)" : "");
     }
-    fprintf(f, "<rect x=\"%.1f\" y=\"%.1f\" width=\"10\" height=\"10\" fill=\"#eeeeee\" stroke=\"#999\"/>"
-               "<text x=\"%.1f\" y=\"%.1f\" font-size=\"10\">no load</text>\n",
-            bar_x, top + bar_h + 10, bar_x + 14, top + bar_h + 19);
+    fprintf(
+        f,
+        "<rect x=\"%.1f\" y=\"%.1f\" width=\"10\" height=\"10\" fill=\"#eeeeee\" stroke=\"#999\"/>"
+        "<text x=\"%.1f\" y=\"%.1f\" font-size=\"10\">no load</text>\n",
+        bar_x, top + bar_h + 10, bar_x + 14, top + bar_h + 19);
 
     /* Balancedness per layer. */
-    fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"13\" font-weight=\"bold\">Balancedness per layer "
-               "(mean GPU load / max GPU load; 1.0 is perfect)</text>\n", left, chart_top - 12);
-    fprintf(f, "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" fill=\"none\" stroke=\"#333\"/>\n",
+    fprintf(
+        f,
+        "<text x=\"%.1f\" y=\"%.1f\" font-size=\"13\" font-weight=\"bold\">Balancedness per layer "
+        "(mean GPU load / max GPU load; 1.0 is perfect)</text>\n",
+        left, chart_top - 12);
+    fprintf(f,
+            "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" fill=\"none\" "
+            "stroke=\"#333\"/>\n",
             left, chart_top, chart_w, chart_h);
     /* The y axis starts at the lowest tenth below every series, so close
      * curves near 1.0 stay distinguishable. */
@@ -188,17 +207,19 @@ static epx_status write_body(FILE *f, const void *vctx) {
     ymin = floor(ymin * 10) / 10;
     if (ymin > 0.9) ymin = 0.9;
     if (ymin < 0) ymin = 0;
-#define YPOS(v) (chart_top + chart_h * (1 - ((v) - ymin) / (1 - ymin)))
+#define YPOS(v) (chart_top + chart_h * (1 - ((v)-ymin) / (1 - ymin)))
     for (int i = 0; i <= 4; i++) {
         double v = ymin + (1 - ymin) * i / 4.0, y = YPOS(v);
-        fprintf(f, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#ddd\"/>"
-                   "<text x=\"%.1f\" y=\"%.1f\" font-size=\"10\" text-anchor=\"end\">%.2f</text>\n",
+        fprintf(f,
+                "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#ddd\"/>"
+                "<text x=\"%.1f\" y=\"%.1f\" font-size=\"10\" text-anchor=\"end\">%.2f</text>\n",
                 left, y, left + chart_w, y, left - 4, y + 3, v);
     }
     const double dx = c->L > 1 ? chart_w / (c->L - 1) : 0;
     int32_t lstep = c->L <= 16 ? 1 : (c->L + 9) / 10;
     for (int32_t l = 0; l < c->L; l += lstep)
-        fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"10\" text-anchor=\"middle\">%d</text>\n",
+        fprintf(f,
+                "<text x=\"%.1f\" y=\"%.1f\" font-size=\"10\" text-anchor=\"middle\">%d</text>\n",
                 left + l * dx, chart_top + chart_h + 14, l);
     fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"11\" text-anchor=\"middle\">layer</text>\n",
             left + chart_w / 2, chart_top + chart_h + 30);
@@ -218,7 +239,9 @@ static epx_status write_body(FILE *f, const void *vctx) {
     for (int32_t s = -1; s < c->n; s++) {
         if (s < 0 && c->bound == NULL) continue;
         const char *col = s < 0 ? "#000000" : LINE_COLOURS[s % MAX_SERIES];
-        fprintf(f, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"%s\" stroke-width=\"2\"%s/>",
+        fprintf(f,
+                "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"%s\" "
+                "stroke-width=\"2\"%s/>",
                 lx, ly, lx + 24, ly, col, s < 0 ? " stroke-dasharray=\"4 3\"" : "");
         fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"11\">", lx + 30, ly + 4);
         put_escaped(f, s < 0 ? "bound (best possible)" : c->series[s].name);
@@ -242,7 +265,8 @@ epx_status epx_report_write_svg(const char *path, int32_t L, int32_t G,
                          L, G, n, MAX_SERIES);
     for (int32_t s = 0; s < n; s++)
         if (series[s].gpu_load == NULL || series[s].name == NULL)
-            return epxi_fail(err, EPX_ERR_INVALID_ARG, "report: series %d lacks a name or loads", s);
+            return epxi_fail(err, EPX_ERR_INVALID_ARG, "report: series %d lacks a name or loads",
+                             s);
     report_ctx c = {L, G, n, series, bound, title, subtitle};
     return epxi_write_atomically(path, write_body, &c, err);
 }

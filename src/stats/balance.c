@@ -67,7 +67,8 @@ static epx_status check_shares(const epx_layout *lay, int32_t l, const double *s
     const epx_shape *s = epx_layout_shape(lay);
     const int32_t E = s->num_logical_experts;
     int32_t W = 0;
-    const int32_t *l2p = epx_layout_logical_to_all_physical(lay, &W) + (size_t)l * (size_t)E * (size_t)W;
+    const int32_t *l2p =
+        epx_layout_logical_to_all_physical(lay, &W) + (size_t)l * (size_t)E * (size_t)W;
     const int32_t *nv = epx_layout_num_valid(lay) + (size_t)l * (size_t)E;
     for (int32_t e = 0; e < E; e++) {
         double sum = 0.0;
@@ -95,7 +96,6 @@ static epx_status layer_gpu_loads(const epx_layout *lay, int32_t l, const double
                                   const double *share, double *g, epx_error *err) {
     const epx_shape *s = epx_layout_shape(lay);
     const int32_t E = s->num_logical_experts, P = s->num_physical_experts, G = s->num_gpus;
-    const int32_t spg = P / G;
     EPX_TRY(check_load_row(w, E, l, err));
     const int32_t *p2l = epx_layout_physical_to_logical(lay) + (size_t)l * (size_t)P;
     if (share != NULL) {
@@ -103,14 +103,7 @@ static epx_status layer_gpu_loads(const epx_layout *lay, int32_t l, const double
         EPX_TRY(check_shares(lay, l, share, err));
     }
     const int32_t *nv = epx_layout_num_valid(lay) + (size_t)l * (size_t)E;
-    for (int32_t gpu = 0; gpu < G; gpu++) {
-        double sum = 0.0;
-        for (int32_t p = gpu * spg; p < (gpu + 1) * spg; p++) {
-            const int32_t e = p2l[p];
-            sum += share != NULL ? w[e] * share[p] : w[e] / (double)nv[e];
-        }
-        g[gpu] = sum;
-    }
+    (void)epxi_layer_gpu_loads(p2l, w, share, nv, NULL, E, P, G, NULL, g);
     return EPX_OK;
 }
 
@@ -152,18 +145,12 @@ epx_status epx_balance_compute(const epx_layout *lay, const double *load, const 
         double tot = 0.0;
         for (int32_t e = 0; e < E; e++) tot += w[e];
         b.total = tot;
-        double gs = 0.0;
-        b.max_gpu_load = -1.0;
-        for (int32_t k = 0; k < G; k++) {
-            gs += g[k];
-            if (g[k] > b.max_gpu_load) {
-                b.max_gpu_load = g[k];
-                b.max_gpu = k;
-            }
-        }
-        b.mean_gpu_load = gs / (double)G;
-        b.loaded = tot > 0.0;
-        b.balancedness = b.loaded ? b.mean_gpu_load / b.max_gpu_load : 1.0;
+        const epxi_gpu_summary gsum = epxi_gpu_summarize(g, G, NULL);
+        b.max_gpu_load = gsum.max;
+        b.max_gpu = gsum.max_gpu;
+        b.mean_gpu_load = gsum.total / (double)G;
+        b.loaded = tot > 0.0; /* then some GPU has load: the same as gsum.max > 0 */
+        b.balancedness = epxi_balancedness(&gsum);
         b.balancedness_sglang = (b.mean_gpu_load + 1e-5) / (b.max_gpu_load + 1e-5);
         b.max_per_replica_opt = opt_max_per_replica(w, E, P, ibuf, ratio, ibuf + E);
         b.bound_max_load =
@@ -197,7 +184,8 @@ epx_status epx_balance_compute(const epx_layout *lay, const double *load, const 
 epx_status epx_bound_max_load(const double *load, int32_t E, int32_t P, int32_t G,
                               double *bound_max_load, double *max_per_replica, int32_t *replicas,
                               epx_error *err) {
-    if (load == NULL) return epxi_fail(err, EPX_ERR_INVALID_ARG, "epx_bound_max_load: load is NULL");
+    if (load == NULL)
+        return epxi_fail(err, EPX_ERR_INVALID_ARG, "epx_bound_max_load: load is NULL");
     epx_shape s = {1, E, P, G, 1};
     EPX_TRY(epx_shape_check(&s, err));
     EPX_TRY(check_load_row(load, E, 0, err));
@@ -216,5 +204,26 @@ epx_status epx_bound_max_load(const double *load, int32_t E, int32_t P, int32_t 
     if (replicas) memcpy(replicas, ibuf, (size_t)E * sizeof *replicas);
     free(ratio);
     free(ibuf);
+    return EPX_OK;
+}
+
+epx_status epx_gpu_loads_balance(const double *gpu_load, int32_t num_layers, int32_t num_gpus,
+                                 double *balancedness, int32_t *num_loaded, epx_error *err) {
+    if (gpu_load == NULL || balancedness == NULL)
+        return epxi_fail(err, EPX_ERR_INVALID_ARG,
+                         "epx_gpu_loads_balance: gpu_load and balancedness must not be NULL");
+    if (num_layers < 1 || num_gpus < 1)
+        return epxi_fail(err, EPX_ERR_SHAPE,
+                         "epx_gpu_loads_balance: %d layers of %d GPUs: both must be >= 1",
+                         num_layers, num_gpus);
+    double sum = 0.0;
+    int32_t used = 0;
+    for (int32_t l = 0; l < num_layers; l++) {
+        const epxi_gpu_summary s =
+            epxi_gpu_summarize(gpu_load + (size_t)l * (size_t)num_gpus, num_gpus, NULL);
+        if (s.max > 0.0) sum += epxi_balancedness(&s), used++;
+    }
+    *balancedness = used ? sum / used : 1.0;
+    if (num_loaded != NULL) *num_loaded = used;
     return EPX_OK;
 }

@@ -122,8 +122,8 @@ epx_status epx_load_stats_compute(const epx_layout *layout, const double *load,
                 const int32_t n = nv[(size_t)l * (size_t)E + (size_t)e];
                 const int32_t *reps = l2p + ((size_t)l * (size_t)E + (size_t)e) * (size_t)W;
                 for (int32_t i = 0; i < n; i++) share[i] = rw ? rw[reps[i]] : 1.0 / n;
-                cross += w[e] * cross_node_probability(reps, share, n, spg, gpn, G, N, traffic,
-                                                       node_w);
+                cross +=
+                    w[e] * cross_node_probability(reps, share, n, spg, gpn, G, N, traffic, node_w);
             }
             ls.internode_share = cross / ls.total;
             cross_total += cross;

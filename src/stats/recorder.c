@@ -31,13 +31,13 @@ struct epx_recorder {
     epx_shape shape;
     epx_record_mode mode;
     int32_t capacity;
-    int32_t head;    /* ring index the next pass is written to */
-    int32_t held;    /* passes held */
-    int64_t *pass;   /* [L][P] physical counts of the open pass */
-    uint8_t *dirty;  /* [L] layers of the open pass with counts */
-    int64_t *ring;   /* [capacity][L][E] logical counts */
-    uint32_t *lanes; /* [LANES][P + 1] sub-histograms; bin 0 is the sink */
-    double *gpu;     /* [G] scratch: one layer's GPU counts */
+    int32_t head;                         /* ring index the next pass is written to */
+    int32_t held;                         /* passes held */
+    int64_t *pass;                        /* [L][P] physical counts of the open pass */
+    uint8_t *dirty;                       /* [L] layers of the open pass with counts */
+    int64_t *ring;                        /* [capacity][L][E] logical counts */
+    uint32_t *lanes;                      /* [LANES][P + 1] sub-histograms; bin 0 is the sink */
+    double *gpu;                          /* [G] scratch: one layer's GPU counts */
     double hist[2][EPX_RECORDER_HISTORY]; /* per-pass balancedness, both metrics */
     int32_t hist_head, hist_held;
 };
@@ -51,11 +51,8 @@ typedef struct {
 
 static epx_status check_opts(const epx_recorder_opts *o, epx_error *err) {
     if (o == NULL) return epxi_fail(err, EPX_ERR_INVALID_ARG, "recorder options are NULL");
-    if (o->version != EPX_RECORDER_OPTS_VERSION)
-        return epxi_fail(err, EPX_ERR_INVALID_ARG,
-                         "recorder options version %u is not %u: initialise them with "
-                         "EPX_RECORDER_OPTS_INIT",
-                         o->version, EPX_RECORDER_OPTS_VERSION);
+    EPX_TRY(epxi_check_version(o->version, EPX_RECORDER_OPTS_VERSION, "epx_recorder_opts",
+                               "EPX_RECORDER_OPTS_INIT", err));
     if (o->mode != EPX_RECORD_STAT && o->mode != EPX_RECORD_PER_PASS)
         return epxi_fail(err, EPX_ERR_INVALID_ARG,
                          "recorder mode %d is neither EPX_RECORD_STAT (0) nor "
@@ -89,8 +86,8 @@ static epx_status compute_sizes(const epx_shape *s, const epx_recorder_opts *o, 
     return EPX_OK;
 }
 
-epx_status epx_recorder_memory(const epx_shape *shape, const epx_recorder_opts *opts,
-                               size_t *bytes, epx_error *err) {
+epx_status epx_recorder_memory(const epx_shape *shape, const epx_recorder_opts *opts, size_t *bytes,
+                               epx_error *err) {
     if (bytes == NULL) return epxi_fail(err, EPX_ERR_INVALID_ARG, "NULL argument");
     EPX_TRY(epx_shape_check(shape, err));
     EPX_TRY(check_opts(opts, err));
@@ -136,23 +133,12 @@ epx_status epx_recorder_create(const epx_layout *layout, const epx_recorder_opts
     return EPX_OK;
 }
 
-static bool same_shape(const epx_shape *a, const epx_shape *b) {
-    return a->num_layers == b->num_layers && a->num_logical_experts == b->num_logical_experts &&
-           a->num_physical_experts == b->num_physical_experts && a->num_gpus == b->num_gpus &&
-           a->num_nodes == b->num_nodes;
-}
-
 epx_status epx_recorder_set_layout(epx_recorder *rec, const epx_layout *layout, epx_error *err) {
     if (rec == NULL || layout == NULL) return epxi_fail(err, EPX_ERR_INVALID_ARG, "NULL argument");
     const epx_shape *a = &rec->shape, *b = epx_layout_shape(layout);
-    if (!same_shape(a, b))
-        return epxi_fail(err, EPX_ERR_SHAPE,
-                         "the new layout is L=%d E=%d P=%d G=%d N=%d but the recorder's is "
-                         "L=%d E=%d P=%d G=%d N=%d: a recorder keeps one shape; create a new "
-                         "one for another",
-                         b->num_layers, b->num_logical_experts, b->num_physical_experts,
-                         b->num_gpus, b->num_nodes, a->num_layers, a->num_logical_experts,
-                         a->num_physical_experts, a->num_gpus, a->num_nodes);
+    EPX_TRY(epxi_check_same_shape(b, a, "the new layout is ", " but the recorder's is ",
+                                  ": a recorder keeps one shape; create a new one for another",
+                                  err));
     rec->layout = layout;
     return EPX_OK;
 }
@@ -228,8 +214,8 @@ epx_status epx_recorder_add_topk(epx_recorder *rec, int32_t layer, const int32_t
             count_lanes(topk_ids + start, len, bins, rec->lanes);
             const uint32_t *h = rec->lanes;
             for (int32_t p = 0; p < P; p++)
-                row[p] += (int64_t)h[p + 1] + h[bins + p + 1] + h[2 * bins + p + 1] +
-                          h[3 * bins + p + 1];
+                row[p] +=
+                    (int64_t)h[p + 1] + h[bins + p + 1] + h[2 * bins + p + 1] + h[3 * bins + p + 1];
         }
     }
     rec->dirty[layer] = 1;
@@ -347,8 +333,8 @@ epx_status epx_recorder_dump(const epx_recorder *rec, epx_counts **out, epx_erro
                          "forward pass before dumping");
     const size_t LE = (size_t)rec->shape.num_layers * (size_t)rec->shape.num_logical_experts;
     epx_counts *c = NULL;
-    EPX_TRY(epx_counts_create(rec->held, rec->shape.num_layers, rec->shape.num_logical_experts,
-                              &c, err));
+    EPX_TRY(epx_counts_create(rec->held, rec->shape.num_layers, rec->shape.num_logical_experts, &c,
+                              err));
     int32_t first = (rec->head - rec->held + rec->capacity) % rec->capacity;
     for (int32_t s = 0; s < rec->held; s++) {
         const int64_t *src = rec->ring + (size_t)((first + s) % rec->capacity) * LE;
@@ -369,8 +355,8 @@ epx_status epx_recorder_balancedness(const epx_recorder *rec, int32_t window,
                                      epx_recorder_metric metric, double *out, epx_error *err) {
     if (rec == NULL || out == NULL) return epxi_fail(err, EPX_ERR_INVALID_ARG, "NULL argument");
     if (window < 1 || window > EPX_RECORDER_HISTORY)
-        return epxi_fail(err, EPX_ERR_INVALID_ARG, "window (%d) must be in [1, %d] passes",
-                         window, EPX_RECORDER_HISTORY);
+        return epxi_fail(err, EPX_ERR_INVALID_ARG, "window (%d) must be in [1, %d] passes", window,
+                         EPX_RECORDER_HISTORY);
     if (metric != EPX_RECORDER_BALANCEDNESS && metric != EPX_RECORDER_BALANCEDNESS_SGLANG)
         return epxi_fail(err, EPX_ERR_INVALID_ARG, "unknown recorder metric %d", (int)metric);
     if (rec->hist_held == 0)
@@ -379,7 +365,8 @@ epx_status epx_recorder_balancedness(const epx_recorder *rec, int32_t window,
     int32_t n = window < rec->hist_held ? window : rec->hist_held;
     double sum = 0.0;
     for (int32_t i = 1; i <= n; i++)
-        sum += rec->hist[metric][(rec->hist_head - i + EPX_RECORDER_HISTORY) % EPX_RECORDER_HISTORY];
+        sum +=
+            rec->hist[metric][(rec->hist_head - i + EPX_RECORDER_HISTORY) % EPX_RECORDER_HISTORY];
     *out = sum / n;
     return EPX_OK;
 }

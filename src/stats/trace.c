@@ -1,9 +1,9 @@
 /*
- * trace.c - built-in public model shapes and the synthetic load generator
- * (the model is described in include/epx/trace.h).
+ * trace.c - the synthetic load generator (the model is described in
+ * include/epx/trace.h); the model shapes it draws for are core's
+ * (src/core/models.c).
  *
- * The shapes are copied from shared/models.json so that the library never
- * needs shared/ at run time. The generator's defaults (skew 0.8..1.3,
+ * The generator's defaults (skew 0.8..1.3,
  * drift 0.1) are those of the traces in shared/traces: bench/RESULTS.md
  * records the measured balancedness and skew of both side by side.
  *
@@ -12,71 +12,10 @@
  * nothing depends on the order layers are generated in, and adding windows
  * never changes the earlier ones.
  */
-#include <ctype.h>
 #include <math.h>
 #include <string.h>
 
 #include "internal.h"
-
-/* ---- the model table ----------------------------------------------------- */
-
-static const epx_model MODELS[] = {
-    /* name             L  dense   E  K grp tg sh hidden inter */
-    {"kimi-k2",         61, 1, 384, 8, 1, 1, 1, 7168, 2048},
-    {"kimi-k2.5",       61, 1, 384, 8, 1, 1, 1, 7168, 2048},
-    {"deepseek-v3",     61, 3, 256, 8, 8, 4, 1, 7168, 2048},
-    {"qwen3-235b-a22b", 94, 0, 128, 8, 1, 1, 0, 4096, 1536},
-    {"qwen3-30b-a3b",   48, 0, 128, 8, 1, 1, 0, 2048, 768},
-    {"mixtral-8x7b",    32, 0, 8,   2, 1, 1, 0, 4096, 14336},
-    {"gpt-oss-120b",    36, 0, 128, 4, 1, 1, 0, 2880, 2880},
-    {"glm-4.5",         92, 3, 160, 8, 1, 1, 1, 5120, 1536},
-};
-#define NUM_MODELS ((int32_t)(sizeof MODELS / sizeof MODELS[0]))
-
-static const struct {
-    const char *alias, *name;
-} ALIASES[] = {
-    {"qwen3-235b", "qwen3-235b-a22b"},
-    {"qwen3-30b", "qwen3-30b-a3b"},
-    {"mixtral", "mixtral-8x7b"},
-    {"gpt-oss", "gpt-oss-120b"},
-    {"glm4.5", "glm-4.5"},
-};
-
-const epx_model *epx_model_list(int32_t *count) {
-    if (count != NULL) *count = NUM_MODELS;
-    return MODELS;
-}
-
-/* Compare ignoring case and treating '_' as '-'. */
-static bool same_name(const char *a, const char *b) {
-    for (;; a++, b++) {
-        int x = tolower((unsigned char)*a), y = tolower((unsigned char)*b);
-        if (x == '_') x = '-';
-        if (y == '_') y = '-';
-        if (x != y) return false;
-        if (x == '\0') return true;
-    }
-}
-
-epx_status epx_model_lookup(const char *name, const epx_model **out, epx_error *err) {
-    if (name == NULL || out == NULL) return epxi_fail(err, EPX_ERR_INVALID_ARG, "NULL argument");
-    const char *canon = name;
-    for (size_t i = 0; i < sizeof ALIASES / sizeof ALIASES[0]; i++)
-        if (same_name(name, ALIASES[i].alias)) canon = ALIASES[i].name;
-    for (int32_t i = 0; i < NUM_MODELS; i++)
-        if (same_name(canon, MODELS[i].name)) {
-            *out = &MODELS[i];
-            return EPX_OK;
-        }
-    char known[256];
-    size_t n = 0;
-    known[0] = '\0';
-    for (int32_t i = 0; i < NUM_MODELS && n < sizeof known; i++)
-        n += (size_t)snprintf(known + n, sizeof known - n, "%s%s", i ? ", " : "", MODELS[i].name);
-    return epxi_fail(err, EPX_ERR_INVALID_ARG, "unknown model '%.64s': the built-in models are %s",
-                     name, known);
-}
 
 /* ---- random streams ------------------------------------------------------ */
 
@@ -162,11 +101,8 @@ static int64_t binomial(stream *r, int64_t n, double q) {
 
 static epx_status check_inputs(const epx_model *m, const epx_trace_opts *o, epx_error *err) {
     if (m == NULL || o == NULL) return epxi_fail(err, EPX_ERR_INVALID_ARG, "NULL argument");
-    if (o->version != EPX_TRACE_OPTS_VERSION)
-        return epxi_fail(err, EPX_ERR_INVALID_ARG,
-                         "trace options version %u is not %u: initialise them with "
-                         "EPX_TRACE_OPTS_INIT",
-                         o->version, EPX_TRACE_OPTS_VERSION);
+    EPX_TRY(epxi_check_version(o->version, EPX_TRACE_OPTS_VERSION, "epx_trace_opts",
+                               "EPX_TRACE_OPTS_INIT", err));
     if (m->num_layers < 1 || m->num_layers > EPX_MAX_LAYERS)
         return epxi_fail(err, EPX_ERR_INVALID_ARG, "model num_layers (%d) must be in [1, %d]",
                          m->num_layers, EPX_MAX_LAYERS);
@@ -254,8 +190,10 @@ static void sample_row(stream *r, const double *lam, const uint8_t *capped, int3
             continue;
         }
         int64_t c;
-        if (e == last) c = left;
-        else c = binomial(r, left, suffix[e] > 0.0 ? lam[e] / suffix[e] : 0.0);
+        if (e == last)
+            c = left;
+        else
+            c = binomial(r, left, suffix[e] > 0.0 ? lam[e] / suffix[e] : 0.0);
         if (c > T) c = T; /* the excess stays with the experts after e */
         row[e] = (double)c;
         left -= c;

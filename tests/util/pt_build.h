@@ -205,8 +205,8 @@ static inline uint8_t *ptb_zip_buffer(const ptb_entry *e, size_t n, size_t *len)
 
 /* A torch.save-shaped archive "archive/" around a pickle and storages
  * data/0 .. data/(nstor-1), in memory. */
-static inline uint8_t *ptb_archive(const ptb *pkl, const uint8_t *const *stor, const size_t *stor_len,
-                                   size_t nstor, size_t *len) {
+static inline uint8_t *ptb_archive(const ptb *pkl, const uint8_t *const *stor,
+                                   const size_t *stor_len, size_t nstor, size_t *len) {
     ptb_entry e[3 + 64];
     char names[64][32];
     size_t n = 0;

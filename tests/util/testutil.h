@@ -24,7 +24,9 @@ char *tu_read_file(const char *path, size_t *len);
 /* A small seeded generator (splitmix64) for random test inputs. The seed is
  * taken from EPX_TEST_SEED when set, else the given default; it is printed
  * by tu_seed_report() when a test fails. */
-typedef struct tu_rng { uint64_t s; } tu_rng;
+typedef struct tu_rng {
+    uint64_t s;
+} tu_rng;
 uint64_t tu_seed(uint64_t fallback);
 uint64_t tu_next(tu_rng *r);
 /* Uniform integer in [0, n). */

@@ -65,8 +65,8 @@ int cli_parse(cli_cmd *cmd, int argc, char **argv) {
             continue;
         }
         if (cmd->num_positional >= cmd->max_positional) {
-            fprintf(stderr, "epx %s: unexpected argument '%s'; run 'epx %s --help'\n", cmd->name,
-                    a, cmd->name);
+            fprintf(stderr, "epx %s: unexpected argument '%s'; run 'epx %s --help'\n", cmd->name, a,
+                    cmd->name);
             return CLI_EXIT_USAGE;
         }
         cmd->positional[cmd->num_positional++] = a;
@@ -89,8 +89,8 @@ bool cli_int(const cli_cmd *cmd, const char *name, int64_t lo, int64_t hi, int32
     errno = 0;
     long long x = strtoll(v, &end, 10);
     if (errno != 0 || end == v || *end != '\0' || x < lo || x > hi) {
-        fprintf(stderr, "epx %s: %s '%s' is not an integer in [%lld, %lld]\n", cmd->name, name,
-                v, (long long)lo, (long long)hi);
+        fprintf(stderr, "epx %s: %s '%s' is not an integer in [%lld, %lld]\n", cmd->name, name, v,
+                (long long)lo, (long long)hi);
         return false;
     }
     *out = (int32_t)x;
@@ -114,21 +114,22 @@ bool cli_double(const cli_cmd *cmd, const char *name, double lo, double hi, doub
 
 const char *cli_require(const cli_cmd *cmd, const char *name) {
     const char *v = cli_get(cmd, name);
-    if (v == NULL) fprintf(stderr, "epx %s: %s is required; run 'epx %s --help'\n", cmd->name, name, cmd->name);
+    if (v == NULL)
+        fprintf(stderr, "epx %s: %s is required; run 'epx %s --help'\n", cmd->name, name,
+                cmd->name);
     return v;
 }
 
 int cli_report(const cli_cmd *cmd, const epx_error *err) {
-    fprintf(stderr, "epx %s: %s\n", cmd->name, err->msg[0] ? err->msg : epx_status_str(err->status));
+    fprintf(stderr, "epx %s: %s\n", cmd->name,
+            err->msg[0] ? err->msg : epx_status_str(err->status));
     switch (err->status) {
     case EPX_ERR_NOMEM:
     case EPX_ERR_COMM:
     case EPX_ERR_CUDA:
     case EPX_ERR_TIMEOUT:
-    case EPX_ERR_INTERNAL:
-        return CLI_EXIT_FAIL;
-    default:
-        return CLI_EXIT_USAGE;
+    case EPX_ERR_INTERNAL: return CLI_EXIT_FAIL;
+    default: return CLI_EXIT_USAGE;
     }
 }
 
@@ -173,11 +174,12 @@ void cli_progress(void *user, const char *what, int64_t done, int64_t total) {
     struct timespec now;
     clock_gettime(CLOCK_MONOTONIC, &now);
     if (done <= 1) start = now;
-    double elapsed = (double)(now.tv_sec - start.tv_sec) + 1e-9 * (double)(now.tv_nsec - start.tv_nsec);
+    double elapsed =
+        (double)(now.tv_sec - start.tv_sec) + 1e-9 * (double)(now.tv_nsec - start.tv_nsec);
     /* Work that ends within a quarter second needs no progress line. */
     if (elapsed < 0.25) return;
-    fprintf(stderr, "\repx %s: %s %lld/%lld (%.1f s)", ((const cli_cmd *)user)->name, what, (long long)done,
-            (long long)total, elapsed);
+    fprintf(stderr, "\repx %s: %s %lld/%lld (%.1f s)", ((const cli_cmd *)user)->name, what,
+            (long long)done, (long long)total, elapsed);
     if (done >= total) fputc('\n', stderr);
     fflush(stderr);
 }

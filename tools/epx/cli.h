@@ -21,15 +21,15 @@ typedef struct cli_opt {
     const char *name;    /* "--gpus" */
     const char *metavar; /* "G", or NULL for a flag */
     const char *help;
-    const char *value;   /* filled by cli_parse: the argument, "1" for a set flag, else NULL */
+    const char *value; /* filled by cli_parse: the argument, "1" for a set flag, else NULL */
 } cli_opt;
 
 typedef struct cli_cmd {
-    const char *name;     /* "plan" */
-    const char *usage;    /* "epx plan --counts FILE --gpus G [...]" */
-    const char *summary;  /* one line */
-    cli_opt *opts;        /* terminated by {NULL} */
-    int max_positional;   /* positional arguments allowed */
+    const char *name;    /* "plan" */
+    const char *usage;   /* "epx plan --counts FILE --gpus G [...]" */
+    const char *summary; /* one line */
+    cli_opt *opts;       /* terminated by {NULL} */
+    int max_positional;  /* positional arguments allowed */
     const char *positional[8];
     int num_positional;
 } cli_cmd;

@@ -17,10 +17,10 @@
 
 #include "cli.h"
 
-#define EPX_TRY_CLI(expr)                   \
-    do {                                    \
-        epx_status try_st_ = (expr);        \
-        if (try_st_ != EPX_OK) return try_st_; \
+#define EPX_TRY_CLI(expr)                                                                          \
+    do {                                                                                           \
+        epx_status try_st_ = (expr);                                                               \
+        if (try_st_ != EPX_OK) return try_st_;                                                     \
     } while (0)
 
 static int has_suffix(const char *s, const char *suf) {
@@ -39,25 +39,33 @@ static void json_string(FILE *f, const char *s, size_t n) {
     fputc('"', f);
     for (size_t i = 0; i < n; i++) {
         unsigned char c = (unsigned char)s[i];
-        if (c == '"' || c == '\\') fprintf(f, "\\%c", c);
-        else if (c < 0x20) fprintf(f, "\\u%04x", c);
-        else fputc(c, f);
+        if (c == '"' || c == '\\')
+            fprintf(f, "\\%c", c);
+        else if (c < 0x20)
+            fprintf(f, "\\u%04x", c);
+        else
+            fputc(c, f);
     }
     fputc('"', f);
 }
 
 static void json_double(FILE *f, double x) {
-    if (x != x || x - x != 0) fputs("null", f); /* NaN and infinities have no JSON form */
-    else fprintf(f, "%.17g", x);
+    if (x != x || x - x != 0)
+        fputs("null", f); /* NaN and infinities have no JSON form */
+    else
+        fprintf(f, "%.17g", x);
 }
 
 /* Elements [at, at + count) of dims[d..] of a row-major copy. */
 static void json_tensor_rec(FILE *f, const epx_pt_tensor *t, const double *x, const int64_t *xi,
                             int d, size_t *at) {
     if (d == t->ndim) {
-        if (t->dtype == EPX_PT_DTYPE_BOOL) fputs(xi[*at] ? "true" : "false", f);
-        else if (xi != NULL) fprintf(f, "%lld", (long long)xi[*at]);
-        else json_double(f, x[*at]);
+        if (t->dtype == EPX_PT_DTYPE_BOOL)
+            fputs(xi[*at] ? "true" : "false", f);
+        else if (xi != NULL)
+            fprintf(f, "%lld", (long long)xi[*at]);
+        else
+            json_double(f, x[*at]);
         (*at)++;
         return;
     }
@@ -200,8 +208,8 @@ static int write_tree(const cli_cmd *cmd, const char *in, const char *out) {
 
 /* ---- mapping and counts ------------------------------------------------- */
 
-static int write_mapping(const cli_cmd *cmd, int32_t *map, int32_t L, int32_t P,
-                         const char *dtype, const char *out) {
+static int write_mapping(const cli_cmd *cmd, int32_t *map, int32_t L, int32_t P, const char *dtype,
+                         const char *out) {
     if (dtype != NULL) {
         epx_free(map);
         fprintf(stderr, "epx convert: --dtype is for counts; a mapping is always written as "
@@ -257,18 +265,23 @@ static int parse_dtype(const char *s, epx_pt_dtype *dt) {
 
 int cmd_convert(int argc, char **argv) {
     cli_opt opts[] = {
-        {"--dtype", "T", "counts dtype in a .pt output: auto (int64 when integral, else "
-                         "float64), int64, int32, float32, float64",
+        {"--dtype", "T",
+         "counts dtype in a .pt output: auto (int64 when integral, else "
+         "float64), int64, int32, float32, float64",
          NULL},
         {"--tree", NULL, "write the whole object tree of a .pt file as JSON", NULL},
         {NULL, NULL, NULL, NULL},
     };
-    cli_cmd cmd = {"convert", "epx convert IN OUT [--dtype T] | epx convert --tree IN.pt OUT.json",
+    cli_cmd cmd = {"convert",
+                   "epx convert IN OUT [--dtype T] | epx convert --tree IN.pt OUT.json",
                    "Convert SGLang mapping and counts files between .pt and .json (by "
                    "extension). IN may be a mapping, counts, a stat dump or per_pass dumps "
                    "(several ranks: a comma-separated list or a directory of .pt files), "
                    "which become [S][L][E] counts, one window per forward pass.",
-                   opts, 2, {0}, 0};
+                   opts,
+                   2,
+                   {0},
+                   0};
     int rc = cli_parse(&cmd, argc, argv);
     if (rc >= 0) return rc;
     if (cmd.num_positional != 2) {
@@ -277,8 +290,10 @@ int cmd_convert(int argc, char **argv) {
     }
     const char *in = cmd.positional[0], *out = cmd.positional[1];
     if (!has_suffix(out, ".json") && !has_suffix(out, ".pt")) {
-        fprintf(stderr, "epx convert: OUT '%s' must end in .json or .pt (the format follows the "
-                        "extension)\n", out);
+        fprintf(stderr,
+                "epx convert: OUT '%s' must end in .json or .pt (the format follows the "
+                "extension)\n",
+                out);
         return CLI_EXIT_USAGE;
     }
     epx_pt_dtype dt = EPX_PT_DTYPE_AUTO;
@@ -310,8 +325,10 @@ int cmd_convert(int argc, char **argv) {
             int is_map = epx_pt_dict_get(root, "physical_to_logical_map") != NULL &&
                          epx_pt_dict_get(root, "logical_count") == NULL &&
                          epx_pt_dict_get(root, "records") == NULL;
-            if (is_map) st = epx_mapping_from_pt(pf, &map, &L, &P, &err);
-            else st = epx_counts_from_pt((const epx_pt_file *const *)&pf, 1, &c, &err);
+            if (is_map)
+                st = epx_mapping_from_pt(pf, &map, &L, &P, &err);
+            else
+                st = epx_counts_from_pt((const epx_pt_file *const *)&pf, 1, &c, &err);
             epx_pt_file_destroy(pf);
             if (st != EPX_OK) return cli_report(&cmd, &err);
             if (is_map) return write_mapping(&cmd, map, L, P, dts, out);
@@ -321,10 +338,12 @@ int cmd_convert(int argc, char **argv) {
         return write_counts(&cmd, c, out, dt);
     }
     /* JSON: a mapping, else counts; when neither reads, say both reasons. */
-    if (epx_mapping_read(in, &map, &L, &P, &err) == EPX_OK) return write_mapping(&cmd, map, L, P, dts, out);
+    if (epx_mapping_read(in, &map, &L, &P, &err) == EPX_OK)
+        return write_mapping(&cmd, map, L, P, dts, out);
     if (err.status == EPX_ERR_IO) return cli_report(&cmd, &err);
     epx_error err2 = {0};
-    if (epx_counts_read_progress(in, cli_progress, &cmd, &c, &err2) == EPX_OK) return write_counts(&cmd, c, out, dt);
+    if (epx_counts_read_progress(in, cli_progress, &cmd, &c, &err2) == EPX_OK)
+        return write_counts(&cmd, c, out, dt);
     fprintf(stderr, "epx convert: '%s' is neither a mapping (%s) nor counts (%s)\n", in, err.msg,
             err2.msg);
     return CLI_EXIT_USAGE;

@@ -22,7 +22,7 @@ enum { LAY_TRIVIAL, LAY_DEEPSEEK, LAY_EPX, NUM_LAYOUTS };
 typedef struct demo_result {
     const char *name;
     const epx_layout *layout;
-    const double *weights;   /* replica weights, NULL = even split */
+    const double *weights; /* replica weights, NULL = even split */
     double plan_seconds;
     epx_balance in_sample, next;
     epx_layer_balance *next_layers; /* [L] */
@@ -39,8 +39,8 @@ static epx_status counts_slice(const epx_counts *c, int32_t first, int32_t n, ep
     return EPX_OK;
 }
 
-static epx_status score(demo_result *r, const double *in_load, const double *next_load,
-                        int32_t L, int32_t G, epx_error *err) {
+static epx_status score(demo_result *r, const double *in_load, const double *next_load, int32_t L,
+                        int32_t G, epx_error *err) {
     epx_status st = epx_balance_compute(r->layout, in_load, r->weights, &r->in_sample, NULL, err);
     if (st != EPX_OK) return st;
     r->next_layers = calloc((size_t)L, sizeof *r->next_layers);
@@ -65,12 +65,14 @@ static int write_report_json(const char *path, const epx_model *m, const epx_sha
                              const epx_trace_opts *to, const demo_result *r) {
     FILE *f = fopen(path, "w");
     if (f == NULL) return -1;
-    fprintf(f, "{\n  \"model\": \"%s\",\n  \"shape\": {\"layers\": %d, \"logical_experts\": %d, "
-               "\"physical_slots\": %d, \"gpus\": %d, \"nodes\": %d, \"groups\": %d},\n",
+    fprintf(f,
+            "{\n  \"model\": \"%s\",\n  \"shape\": {\"layers\": %d, \"logical_experts\": %d, "
+            "\"physical_slots\": %d, \"gpus\": %d, \"nodes\": %d, \"groups\": %d},\n",
             m->name, s->num_layers, s->num_logical_experts, s->num_physical_experts, s->num_gpus,
             s->num_nodes, m->num_groups);
-    fprintf(f, "  \"trace\": {\"windows\": %d, \"tokens_per_window\": %lld, \"seed\": %llu, "
-               "\"planned_on_windows\": [0, %d], \"scored_next_window\": %d},\n",
+    fprintf(f,
+            "  \"trace\": {\"windows\": %d, \"tokens_per_window\": %lld, \"seed\": %llu, "
+            "\"planned_on_windows\": [0, %d], \"scored_next_window\": %d},\n",
             to->num_windows, (long long)to->tokens, (unsigned long long)to->seed,
             to->num_windows - 2, to->num_windows - 1);
     fputs("  \"layouts\": [\n", f);
@@ -88,8 +90,8 @@ static int write_report_json(const char *path, const epx_model *m, const epx_sha
     return fclose(f) == 0 ? 0 : -1;
 }
 
-static int write_svg(const char *path, const epx_model *m, const epx_shape *s,
-                     const demo_result *r, epx_error *err) {
+static int write_svg(const char *path, const epx_model *m, const epx_shape *s, const demo_result *r,
+                     epx_error *err) {
     const int32_t L = s->num_layers;
     double *bal = calloc((size_t)NUM_LAYOUTS * (size_t)L, sizeof *bal);
     double *bound = calloc((size_t)L, sizeof *bound);
@@ -116,8 +118,8 @@ static int write_svg(const char *path, const epx_model *m, const epx_shape *s,
              "windows, scored on the held-out one",
              L, s->num_logical_experts, s->num_physical_experts,
              s->num_physical_experts - s->num_logical_experts, s->num_nodes);
-    epx_status st = epx_report_write_svg(path, L, s->num_gpus, series, NUM_LAYOUTS, bound, title,
-                                         sub, err);
+    epx_status st =
+        epx_report_write_svg(path, L, s->num_gpus, series, NUM_LAYOUTS, bound, title, sub, err);
     free(bal);
     free(bound);
     return st == EPX_OK ? 0 : -1;
@@ -125,7 +127,8 @@ static int write_svg(const char *path, const epx_model *m, const epx_shape *s,
 
 int cmd_demo(int argc, char **argv) {
     cli_opt opts[] = {
-        {"--model", "NAME", "built-in model shape (default kimi-k2; see 'epx trace synth --help')", NULL},
+        {"--model", "NAME", "built-in model shape (default kimi-k2; see 'epx trace synth --help')",
+         NULL},
         {"--gpus", "G", "GPUs (default 8)", NULL},
         {"--nodes", "N", "nodes (default 1)", NULL},
         {"--redundant", "R", "redundant expert slots (default 32, rounded so P % G == 0)", NULL},
@@ -140,15 +143,20 @@ int cmd_demo(int argc, char **argv) {
                    "[--tokens T] [--seed N] [--out DIR]",
                    "Plan a synthetic trace with DeepSeek's EPLB and with epx, compare them on the "
                    "held-out next window, and write placement.json, report.json and report.svg.",
-                   opts, 0, {0}, 0};
+                   opts,
+                   0,
+                   {0},
+                   0};
     int rc = cli_parse(&cmd, argc, argv);
     if (rc >= 0) return rc;
     const char *model_name = cli_get(&cmd, "--model") ? cli_get(&cmd, "--model") : "kimi-k2";
     const char *out_dir = cli_get(&cmd, "--out") ? cli_get(&cmd, "--out") : "epx-demo";
     int32_t G = 8, N = 1, R = 32, S = 8, seed = 1, tokens = 65536;
-    if (!cli_int(&cmd, "--gpus", 1, EPX_MAX_GPUS, &G) || !cli_int(&cmd, "--nodes", 1, EPX_MAX_GPUS, &N) ||
+    if (!cli_int(&cmd, "--gpus", 1, EPX_MAX_GPUS, &G) ||
+        !cli_int(&cmd, "--nodes", 1, EPX_MAX_GPUS, &N) ||
         !cli_int(&cmd, "--redundant", 0, EPX_MAX_EXPERTS, &R) ||
-        !cli_int(&cmd, "--windows", 2, 4096, &S) || !cli_int(&cmd, "--tokens", 1, 1 << 30, &tokens) ||
+        !cli_int(&cmd, "--windows", 2, 4096, &S) ||
+        !cli_int(&cmd, "--tokens", 1, 1 << 30, &tokens) ||
         !cli_int(&cmd, "--seed", 0, INT32_MAX, &seed))
         return CLI_EXIT_USAGE;
 
@@ -186,7 +194,8 @@ int cmd_demo(int argc, char **argv) {
         goto done;
     }
     in_load = calloc((size_t)L * (size_t)E, sizeof *in_load);
-    if (in_load == NULL || epx_counts_sum_windows(plan_on, 0, S - 1, in_load, &err) != EPX_OK) goto done;
+    if (in_load == NULL || epx_counts_sum_windows(plan_on, 0, S - 1, in_load, &err) != EPX_OK)
+        goto done;
     const double *next_load = epx_counts_row(trace, S - 1, 0);
 
     const epx_algorithm algos[2] = {EPX_ALGO_AUTO, EPX_ALGO_EPX};
@@ -202,9 +211,11 @@ int cmd_demo(int argc, char **argv) {
         }
     }
     res[LAY_TRIVIAL] = (demo_result){.name = "trivial", .layout = trivial};
-    res[LAY_DEEPSEEK] = (demo_result){.name = "DeepSeek EPLB", .layout = epx_plan_layout(plans[0]),
+    res[LAY_DEEPSEEK] = (demo_result){.name = "DeepSeek EPLB",
+                                      .layout = epx_plan_layout(plans[0]),
                                       .plan_seconds = epx_plan_seconds(plans[0])};
-    res[LAY_EPX] = (demo_result){.name = "epx", .layout = epx_plan_layout(plans[1]),
+    res[LAY_EPX] = (demo_result){.name = "epx",
+                                 .layout = epx_plan_layout(plans[1]),
                                  .weights = epx_plan_replica_weights(plans[1]),
                                  .plan_seconds = epx_plan_seconds(plans[1])};
     for (int i = 0; i < NUM_LAYOUTS; i++)
@@ -244,8 +255,8 @@ int cmd_demo(int argc, char **argv) {
         goto done;
     }
 
-    printf("epx demo: %s, %d layers x %d experts -> %d slots on %d GPU(s), %d node(s)\n", m->name, L,
-           E, P, G, N);
+    printf("epx demo: %s, %d layers x %d experts -> %d slots on %d GPU(s), %d node(s)\n", m->name,
+           L, E, P, G, N);
     printf("synthetic trace: %d windows of %d tokens (seed %d); plans see windows 0-%d, window %d "
            "is held out\n\n",
            S, tokens, seed, S - 2, S - 1);

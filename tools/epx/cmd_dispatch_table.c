@@ -22,8 +22,8 @@ static int fail(const char *msg) {
 }
 
 /* Check that every replica-rank list names slots holding its expert. */
-static int check_replicas(const int32_t *p2l, int32_t P, const int32_t *rep, int32_t L,
-                          int32_t E, int32_t W) {
+static int check_replicas(const int32_t *p2l, int32_t P, const int32_t *rep, int32_t L, int32_t E,
+                          int32_t W) {
     for (int32_t l = 0; l < L; l++)
         for (int32_t e = 0; e < E; e++)
             for (int32_t j = 0; j < W; j++) {
@@ -50,11 +50,16 @@ int cmd_dispatch_table(int argc, char **argv) {
          NULL},
         {"--gpus", "G", "GPUs (EP ranks)", NULL},
         {"--nodes", "N", "nodes (default 1; epx's rule prefers same-node replicas)", NULL},
-        {"--experts", "E", "logical experts (default: from logical_to_physical_map, else max id + 1)", NULL},
+        {"--experts", "E",
+         "logical experts (default: from logical_to_physical_map, else max id + 1)", NULL},
         {"--rank", "R", "write only rank R's [L][E] table", NULL},
-        {"--order", "ORDER", "replica order: ascending (default; as init_by_mapping) or replica-rank (as init_by_eplb)", NULL},
-        {"--algorithm", "ALGO", "sglang (default; bit-exact with SGLang) or epx (deterministic, load-aware)", NULL},
-        {"--counts", "FILE", "epx only: logical_count [L][E] or [S][L][E] (windows summed) as the expected load", NULL},
+        {"--order", "ORDER",
+         "replica order: ascending (default; as init_by_mapping) or replica-rank (as init_by_eplb)",
+         NULL},
+        {"--algorithm", "ALGO",
+         "sglang (default; bit-exact with SGLang) or epx (deterministic, load-aware)", NULL},
+        {"--counts", "FILE",
+         "epx only: logical_count [L][E] or [S][L][E] (windows summed) as the expected load", NULL},
         {"--seed", "S", "sglang only: random.Random seed (default 42, SGLang's)", NULL},
         {"-o", "FILE", "output table (.json)", NULL},
         {NULL, NULL, NULL, NULL},
@@ -67,15 +72,20 @@ int cmd_dispatch_table(int argc, char **argv) {
                    "[G][L][E]} ([L][E] with --rank). From a mapping file the replica order is "
                    "ascending, as SGLang's init_by_mapping builds it; --order replica-rank needs "
                    "a JSON that carries logical_to_physical_map.",
-                   opts, 0, {0}, 0};
+                   opts,
+                   0,
+                   {0},
+                   0};
     int rc = cli_parse(&cmd, argc, argv);
     if (rc >= 0) return rc;
     const char *placement = cli_require(&cmd, "--placement"), *out = cli_require(&cmd, "-o");
     if (placement == NULL || out == NULL || !cli_require(&cmd, "--gpus")) return CLI_EXIT_USAGE;
     int32_t G = 0, N = 1, E = 0, R = -1, seed = 42;
-    if (!cli_int(&cmd, "--gpus", 1, EPX_MAX_GPUS, &G) || !cli_int(&cmd, "--nodes", 1, EPX_MAX_GPUS, &N) ||
+    if (!cli_int(&cmd, "--gpus", 1, EPX_MAX_GPUS, &G) ||
+        !cli_int(&cmd, "--nodes", 1, EPX_MAX_GPUS, &N) ||
         !cli_int(&cmd, "--experts", 1, EPX_MAX_EXPERTS, &E) ||
-        !cli_int(&cmd, "--rank", 0, EPX_MAX_GPUS - 1, &R) || !cli_int(&cmd, "--seed", 0, INT32_MAX, &seed))
+        !cli_int(&cmd, "--rank", 0, EPX_MAX_GPUS - 1, &R) ||
+        !cli_int(&cmd, "--seed", 0, INT32_MAX, &seed))
         return CLI_EXIT_USAGE;
     const char *order = cli_get(&cmd, "--order"), *algo = cli_get(&cmd, "--algorithm");
     bool replica_rank = false;
@@ -92,7 +102,8 @@ int cmd_dispatch_table(int argc, char **argv) {
     if (counts_path && topts.algorithm != EPX_TABLE_EPX)
         return fail("--counts is used by --algorithm epx only (SGLang's table ignores load)");
     if (cli_get(&cmd, "--seed") && topts.algorithm != EPX_TABLE_SGLANG)
-        return fail("--seed is used by --algorithm sglang only (epx's table draws no random numbers)");
+        return fail(
+            "--seed is used by --algorithm sglang only (epx's table draws no random numbers)");
     topts.seed = (uint64_t)seed;
     if (R >= G) {
         fprintf(stderr, "epx dispatch-table: --rank %d is not below --gpus %d\n", R, G);
@@ -109,15 +120,19 @@ int cmd_dispatch_table(int argc, char **argv) {
     if (replica_rank) {
         if (epx_replica_map_read(placement, &rep, &RL, &RE, &RW, &err) != EPX_OK) goto report;
         if (RL != L) {
-            fprintf(stderr, "epx dispatch-table: logical_to_physical_map has %d layers, "
-                            "physical_to_logical_map %d\n", RL, L);
+            fprintf(stderr,
+                    "epx dispatch-table: logical_to_physical_map has %d layers, "
+                    "physical_to_logical_map %d\n",
+                    RL, L);
             ret = CLI_EXIT_USAGE;
             goto done;
         }
         if (E == 0) E = RE;
         if (RE != E) {
-            fprintf(stderr, "epx dispatch-table: logical_to_physical_map has %d experts, "
-                            "--experts says %d\n", RE, E);
+            fprintf(stderr,
+                    "epx dispatch-table: logical_to_physical_map has %d experts, "
+                    "--experts says %d\n",
+                    RE, E);
             ret = CLI_EXIT_USAGE;
             goto done;
         }
@@ -131,14 +146,17 @@ int cmd_dispatch_table(int argc, char **argv) {
     if (counts_path) {
         if (epx_counts_read(counts_path, &counts, &err) != EPX_OK) goto report;
         if (counts->num_layers != L || counts->num_experts != E) {
-            fprintf(stderr, "epx dispatch-table: --counts is [%d][%d] (layers x experts), the "
-                            "placement [%d][%d]\n", counts->num_layers, counts->num_experts, L, E);
+            fprintf(stderr,
+                    "epx dispatch-table: --counts is [%d][%d] (layers x experts), the "
+                    "placement [%d][%d]\n",
+                    counts->num_layers, counts->num_experts, L, E);
             ret = CLI_EXIT_USAGE;
             goto done;
         }
         load = malloc(sizeof *load * (size_t)L * (size_t)E);
         if (load == NULL) goto nomem;
-        if (epx_counts_sum_windows(counts, 0, counts->num_windows, load, &err) != EPX_OK) goto report;
+        if (epx_counts_sum_windows(counts, 0, counts->num_windows, load, &err) != EPX_OK)
+            goto report;
         topts.expected_load = load;
     }
     table = malloc(sizeof *table * (size_t)G * (size_t)L * (size_t)E);
@@ -152,24 +170,18 @@ int cmd_dispatch_table(int argc, char **argv) {
     if (epx_dispatch_table_write_json(out, what, R >= 0 ? 0 : G, L, E, &err) != EPX_OK) goto report;
     printf("wrote %s: %s table (%s order) for %s%d ranks x %d layers x %d experts\n", out,
            topts.algorithm == EPX_TABLE_EPX ? "epx" : "SGLang",
-           replica_rank ? "replica-rank" : "ascending", R >= 0 ? "rank " : "", R >= 0 ? R : G, L, E);
+           replica_rank ? "replica-rank" : "ascending", R >= 0 ? "rank " : "", R >= 0 ? R : G, L,
+           E);
     if (load) {
         /* the balance the table implies for the given load */
         gpu_load = malloc(sizeof *gpu_load * (size_t)L * (size_t)G);
         if (gpu_load == NULL) goto nomem;
         if (epx_dispatch_table_gpu_load(&shape, table, load, gpu_load, &err) != EPX_OK) goto report;
-        double sum = 0.0;
-        int used = 0;
-        for (int32_t l = 0; l < L; l++) {
-            double mx = 0.0, tot = 0.0;
-            for (int32_t g = 0; g < G; g++) {
-                tot += gpu_load[(size_t)l * (size_t)G + (size_t)g];
-                if (gpu_load[(size_t)l * (size_t)G + (size_t)g] > mx) mx = gpu_load[(size_t)l * (size_t)G + (size_t)g];
-            }
-            if (mx > 0.0) sum += tot / G / mx, used++;
-        }
+        double bal = 1.0;
+        int32_t used = 0;
+        if (epx_gpu_loads_balance(gpu_load, L, G, &bal, &used, &err) != EPX_OK) goto report;
         printf("balancedness of the load under this table: %.4f (mean over %d layers with load)\n",
-               used ? sum / used : 1.0, used);
+               bal, used);
     }
     goto done;
 nomem:

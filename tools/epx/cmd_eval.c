@@ -132,24 +132,30 @@ static void print_text(const eval_result *r, const epx_shape *s) {
 
 int cmd_eval(int argc, char **argv) {
     cli_opt opts[] = {
-        {"--placement", "FILE", "placement: {\"physical_to_logical_map\": [L][P]} (.json, .pt, inline)", NULL},
+        {"--placement", "FILE",
+         "placement: {\"physical_to_logical_map\": [L][P]} (.json, .pt, inline)", NULL},
         {"--counts", "FILE", "load: {\"logical_count\": [L][E] | [S][L][E]}", NULL},
         {"--gpus", "G", "GPUs (EP ranks) the placement is for", NULL},
         {"--nodes", "N", "nodes (default 1)", NULL},
         {"--json", NULL, "print one JSON object (balancedness, per_window, bound, ...)", NULL},
         {NULL, NULL, NULL, NULL},
     };
-    cli_cmd cmd = {"eval", "epx eval --placement FILE --counts FILE --gpus G [--nodes N] [--json]",
+    cli_cmd cmd = {"eval",
+                   "epx eval --placement FILE --counts FILE --gpus G [--nodes N] [--json]",
                    "Balancedness of a placement on every window of a load, its mean, the bound "
                    "any placement could reach, and the worst layers.",
-                   opts, 0, {0}, 0};
+                   opts,
+                   0,
+                   {0},
+                   0};
     int rc = cli_parse(&cmd, argc, argv);
     if (rc >= 0) return rc;
     const char *pl = cli_require(&cmd, "--placement");
     const char *cp = pl ? cli_require(&cmd, "--counts") : NULL;
     if (cp == NULL || !cli_require(&cmd, "--gpus")) return CLI_EXIT_USAGE;
     int32_t G = 0, N = 1;
-    if (!cli_int(&cmd, "--gpus", 1, EPX_MAX_GPUS, &G) || !cli_int(&cmd, "--nodes", 1, EPX_MAX_GPUS, &N))
+    if (!cli_int(&cmd, "--gpus", 1, EPX_MAX_GPUS, &G) ||
+        !cli_int(&cmd, "--nodes", 1, EPX_MAX_GPUS, &N))
         return CLI_EXIT_USAGE;
     epx_error err = {0};
     int32_t *map = NULL, L = 0, P = 0;
@@ -188,8 +194,10 @@ int cmd_eval(int argc, char **argv) {
         rc = cli_report(&cmd, &err);
         goto done;
     }
-    if (cli_flag(&cmd, "--json")) print_json(&r, &s);
-    else print_text(&r, &s);
+    if (cli_flag(&cmd, "--json"))
+        print_json(&r, &s);
+    else
+        print_text(&r, &s);
 done:
     result_free(&r);
     epx_layout_destroy(lay);

@@ -64,10 +64,14 @@ int cmd_inspect(int argc, char **argv) {
         {"--experts", "E", "logical experts (default: max id + 1, reported as inferred)", NULL},
         {NULL, NULL, NULL, NULL},
     };
-    cli_cmd cmd = {"inspect", "epx inspect FILE --gpus G [--nodes N] [--experts E]",
+    cli_cmd cmd = {"inspect",
+                   "epx inspect FILE --gpus G [--nodes N] [--experts E]",
                    "Validate a physical_to_logical_map (.json, .pt or inline JSON) and "
                    "summarise it. Exit 0 when valid, 2 when not.",
-                   opts, 1, {0}, 0};
+                   opts,
+                   1,
+                   {0},
+                   0};
     int rc = cli_parse(&cmd, argc, argv);
     if (rc >= 0) return rc;
     if (cmd.num_positional != 1) {

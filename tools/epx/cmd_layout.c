@@ -22,7 +22,10 @@ int cmd_layout(int argc, char **argv) {
                    "[--redundant R] -o FILE",
                    "Write the trivial layout (slot p holds logical expert p % E) as "
                    "{\"physical_to_logical_map\": [L][P]}.",
-                   opts, 1, {0}, 0};
+                   opts,
+                   1,
+                   {0},
+                   0};
     int rc = cli_parse(&cmd, argc, argv);
     if (rc >= 0) return rc;
     if (cmd.num_positional != 1 || strcmp(cmd.positional[0], "trivial") != 0) {
@@ -37,7 +40,8 @@ int cmd_layout(int argc, char **argv) {
         return CLI_EXIT_USAGE;
     if (!cli_int(&cmd, "--layers", 1, EPX_MAX_LAYERS, &L) ||
         !cli_int(&cmd, "--experts", 1, EPX_MAX_EXPERTS, &E) ||
-        !cli_int(&cmd, "--gpus", 1, EPX_MAX_GPUS, &G) || !cli_int(&cmd, "--nodes", 1, EPX_MAX_GPUS, &N) ||
+        !cli_int(&cmd, "--gpus", 1, EPX_MAX_GPUS, &G) ||
+        !cli_int(&cmd, "--nodes", 1, EPX_MAX_GPUS, &N) ||
         !cli_int(&cmd, "--redundant", 0, EPX_MAX_EXPERTS, &R))
         return CLI_EXIT_USAGE;
     epx_shape shape = {L, E, E + R, G, N};
@@ -47,7 +51,7 @@ int cmd_layout(int argc, char **argv) {
     epx_status st = epx_layout_write_json(lay, out, &err);
     epx_layout_destroy(lay);
     if (st != EPX_OK) return cli_report(&cmd, &err);
-    printf("wrote %s: %d layers x %d slots (%d experts + %d redundant), %d slots per GPU\n", out,
-           L, E + R, E, R, (E + R) / G);
+    printf("wrote %s: %d layers x %d slots (%d experts + %d redundant), %d slots per GPU\n", out, L,
+           E + R, E, R, (E + R) / G);
     return CLI_EXIT_OK;
 }

@@ -16,7 +16,8 @@ bool cli_failed_gpus(const char *cmd, const char *list, int32_t G, uint8_t **mas
     if (list == NULL) return true;
     int32_t *ids = NULL, n = 0;
     if (!cli_int_list(list, 0, (int64_t)G - 1, &ids, &n)) {
-        fprintf(stderr, "epx %s: --failed-gpus '%s' is not a list of GPU ids in [0, %d) (e.g. 3 or 1,5)\n",
+        fprintf(stderr,
+                "epx %s: --failed-gpus '%s' is not a list of GPU ids in [0, %d) (e.g. 3 or 1,5)\n",
                 cmd, list, G);
         return false;
     }
@@ -32,8 +33,8 @@ bool cli_failed_gpus(const char *cmd, const char *list, int32_t G, uint8_t **mas
 }
 
 /* A mapping file as a layout; E = 0 infers it as max id + 1. */
-static epx_status read_layout(const char *spec, int32_t G, int32_t N, int32_t E,
-                              epx_layout **out, epx_error *err) {
+static epx_status read_layout(const char *spec, int32_t G, int32_t N, int32_t E, epx_layout **out,
+                              epx_error *err) {
     int32_t *map = NULL, L = 0, P = 0;
     epx_status st = epx_mapping_read(spec, &map, &L, &P, err);
     if (st != EPX_OK) return st;
@@ -52,8 +53,7 @@ static epx_status read_layout(const char *spec, int32_t G, int32_t N, int32_t E,
     return st;
 }
 
-int cli_read_current(const char *cmd, const char *spec, const epx_shape *shape,
-                     epx_layout **out) {
+int cli_read_current(const char *cmd, const char *spec, const epx_shape *shape, epx_layout **out) {
     epx_error err = {0};
     if (read_layout(spec, shape->num_gpus, shape->num_nodes, shape->num_logical_experts, out,
                     &err) != EPX_OK) {
@@ -61,7 +61,8 @@ int cli_read_current(const char *cmd, const char *spec, const epx_shape *shape,
         return CLI_EXIT_USAGE;
     }
     const epx_shape *c = epx_layout_shape(*out);
-    if (c->num_layers != shape->num_layers || c->num_physical_experts != shape->num_physical_experts) {
+    if (c->num_layers != shape->num_layers ||
+        c->num_physical_experts != shape->num_physical_experts) {
         fprintf(stderr,
                 "epx %s: --current %s has %d layers x %d slots, the plan %d x %d: give the "
                 "placement in service for this model and --physical/--redundant\n",
@@ -198,11 +199,15 @@ int cmd_migrate(int argc, char **argv) {
                    "Plan the weight moves from one placement to another: slots kept, local "
                    "copies, bytes over each link, beside the naive plan that moves every slot "
                    "whose expert changed.",
-                   opts, 1, {0}, 0};
+                   opts,
+                   1,
+                   {0},
+                   0};
     int rc = cli_parse(&cmd, argc, argv);
     if (rc >= 0) return rc;
     if (cmd.num_positional != 1 || strcmp(cmd.positional[0], "plan") != 0) {
-        fprintf(stderr, "epx migrate: the only action is 'plan' (epx migrate plan --from A --to B ...)\n");
+        fprintf(stderr,
+                "epx migrate: the only action is 'plan' (epx migrate plan --from A --to B ...)\n");
         return CLI_EXIT_USAGE;
     }
     const char *from = cli_require(&cmd, "--from");
@@ -211,7 +216,8 @@ int cmd_migrate(int argc, char **argv) {
         return CLI_EXIT_USAGE;
     int32_t G = 0, N = 1, E = 0;
     double bytes = 0;
-    if (!cli_int(&cmd, "--gpus", 1, EPX_MAX_GPUS, &G) || !cli_int(&cmd, "--nodes", 1, EPX_MAX_GPUS, &N) ||
+    if (!cli_int(&cmd, "--gpus", 1, EPX_MAX_GPUS, &G) ||
+        !cli_int(&cmd, "--nodes", 1, EPX_MAX_GPUS, &N) ||
         !cli_int(&cmd, "--experts", 1, EPX_MAX_EXPERTS, &E) ||
         !cli_double(&cmd, "--expert-bytes", 1, 1e15, &bytes))
         return CLI_EXIT_USAGE;
@@ -224,7 +230,8 @@ int cmd_migrate(int argc, char **argv) {
     epx_migration *m = NULL;
     uint8_t *failed = NULL;
     rc = CLI_EXIT_OK;
-    if (!cli_failed_gpus("migrate", cli_get(&cmd, "--failed-gpus"), G, &failed)) return CLI_EXIT_USAGE;
+    if (!cli_failed_gpus("migrate", cli_get(&cmd, "--failed-gpus"), G, &failed))
+        return CLI_EXIT_USAGE;
     if (E == 0) {
         /* infer E over both files, so a map missing the last expert still
          * reads as what it is */
@@ -239,7 +246,8 @@ int cmd_migrate(int argc, char **argv) {
             epx_free(map);
         }
     }
-    if (read_layout(from, G, N, E, &a, &err) != EPX_OK || read_layout(to, G, N, E, &b, &err) != EPX_OK) {
+    if (read_layout(from, G, N, E, &a, &err) != EPX_OK ||
+        read_layout(to, G, N, E, &b, &err) != EPX_OK) {
         rc = cli_report(&cmd, &err);
         goto done;
     }
@@ -259,8 +267,10 @@ int cmd_migrate(int argc, char **argv) {
     }
     epx_migration_stats st;
     epx_migration_get_stats(m, &st);
-    if (cli_flag(&cmd, "--json")) print_json(m, &st, G);
-    else print_text(m, &st);
+    if (cli_flag(&cmd, "--json"))
+        print_json(m, &st, G);
+    else
+        print_text(m, &st);
     if (out != NULL && !cli_flag(&cmd, "--json")) printf("wrote %s\n", out);
 done:
     epx_migration_destroy(m);

@@ -19,9 +19,12 @@ static void log_stderr(void *user, epx_log_level level, const char *msg) {
 
 static bool parse_node_local(const char *v, epx_node_local *out) {
     if (v == NULL) return true;
-    if (strcmp(v, "strict") == 0) *out = EPX_NODE_LOCAL_STRICT;
-    else if (strcmp(v, "relaxed") == 0) *out = EPX_NODE_LOCAL_RELAXED;
-    else if (strcmp(v, "off") == 0) *out = EPX_NODE_LOCAL_OFF;
+    if (strcmp(v, "strict") == 0)
+        *out = EPX_NODE_LOCAL_STRICT;
+    else if (strcmp(v, "relaxed") == 0)
+        *out = EPX_NODE_LOCAL_RELAXED;
+    else if (strcmp(v, "off") == 0)
+        *out = EPX_NODE_LOCAL_OFF;
     else {
         fprintf(stderr, "epx plan: --node-local '%s' is not one of strict, relaxed, off\n", v);
         return false;
@@ -33,9 +36,12 @@ static bool parse_node_local(const char *v, epx_node_local *out) {
 static void json_string(FILE *f, const char *s) {
     fputc('"', f);
     for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
-        if (*p == '"' || *p == '\\') fprintf(f, "\\%c", *p);
-        else if (*p < 0x20) fprintf(f, "\\u%04x", *p);
-        else fputc(*p, f);
+        if (*p == '"' || *p == '\\')
+            fprintf(f, "\\%c", *p);
+        else if (*p < 0x20)
+            fprintf(f, "\\u%04x", *p);
+        else
+            fputc(*p, f);
     }
     fputc('"', f);
 }
@@ -46,10 +52,10 @@ typedef struct report_ctx {
     const epx_plan *plan;
     epx_algorithm requested;
     int32_t groups;
-    const epx_balance *bal;       /* with the plan's replica weights */
-    const epx_balance *bal_even;  /* split evenly */
+    const epx_balance *bal;      /* with the plan's replica weights */
+    const epx_balance *bal_even; /* split evenly */
     const epx_layer_balance *layers;
-    double cross_node_share;      /* load served off its group's home node */
+    double cross_node_share; /* load served off its group's home node */
 } report_ctx;
 
 static bool write_report(const char *path, const report_ctx *r) {
@@ -70,8 +76,8 @@ static bool write_report(const char *path, const report_ctx *r) {
             ",\n  \"num_windows\": %d,\n  \"num_layers\": %d,\n  \"num_logical_experts\": %d,"
             "\n  \"num_physical_experts\": %d,\n  \"num_gpus\": %d,\n  \"num_nodes\": %d,"
             "\n  \"num_groups\": %d,\n",
-            r->counts->num_windows, s->num_layers, s->num_logical_experts,
-            s->num_physical_experts, s->num_gpus, s->num_nodes, r->groups);
+            r->counts->num_windows, s->num_layers, s->num_logical_experts, s->num_physical_experts,
+            s->num_gpus, s->num_nodes, r->groups);
     fprintf(f, "  \"plan_seconds\": %.9g,\n", epx_plan_seconds(r->plan));
     fputs("  \"planning_load\": \"the sum of the windows\",\n", f);
     fprintf(f, "  \"balancedness\": %.17g,\n", r->bal->balancedness);
@@ -92,7 +98,8 @@ static bool write_report(const char *path, const report_ctx *r) {
     const int32_t P = s->num_physical_experts;
     for (int32_t l = 0; l < s->num_layers; l++) {
         fputs("    [", f);
-        for (int32_t p = 0; p < P; p++) fprintf(f, "%s%.17g", p ? ", " : "", w[(size_t)l * (size_t)P + (size_t)p]);
+        for (int32_t p = 0; p < P; p++)
+            fprintf(f, "%s%.17g", p ? ", " : "", w[(size_t)l * (size_t)P + (size_t)p]);
         fputs(l + 1 < s->num_layers ? "],\n" : "]\n", f);
     }
     fputs("  ]\n}\n", f);
@@ -104,19 +111,23 @@ static bool write_report(const char *path, const report_ctx *r) {
 
 int cmd_plan(int argc, char **argv) {
     cli_opt opts[] = {
-        {"--counts", "FILE", "load: {\"logical_count\": [L][E] | [S][L][E]} (.json, .pt, inline)", NULL},
+        {"--counts", "FILE", "load: {\"logical_count\": [L][E] | [S][L][E]} (.json, .pt, inline)",
+         NULL},
         {"--gpus", "G", "GPUs (EP ranks)", NULL},
         {"--nodes", "N", "nodes (default 1)", NULL},
         {"--groups", "K", "expert groups of the model (DeepSeek-V3: 8; default none)", NULL},
         {"--redundant", "R", "redundant slots: P = E + R", NULL},
         {"--physical", "P", "physical slots per layer (default E)", NULL},
         {"--algorithm", "A", "epx (default), deepseek, deepseek-hierarchical or auto", NULL},
-        {"--node-local", "MODE", "epx only: strict, relaxed (default with --nodes > 1) or off", NULL},
+        {"--node-local", "MODE", "epx only: strict, relaxed (default with --nodes > 1) or off",
+         NULL},
         {"-o", "FILE", "output: the SGLang mapping {\"physical_to_logical_map\": [L][P]}", NULL},
         {"--report", "FILE", "also write a JSON report (balancedness, bound, weights, time)", NULL},
-        {"--current", "FILE", "the placement in service: keep its slots where it costs no balance", NULL},
+        {"--current", "FILE", "the placement in service: keep its slots where it costs no balance",
+         NULL},
         {"--max-moves", "M", "with --current: at most M slots change, over all layers", NULL},
-        {"--move-price", "X", "with --current: each moved slot must buy X of its layer's balancedness", NULL},
+        {"--move-price", "X",
+         "with --current: each moved slot must buy X of its layer's balancedness", NULL},
         {"--expert-bytes", "B", "with --current: bytes per expert, to report GB moved", NULL},
         {"--failed-gpus", "LIST", "GPUs lost (e.g. 3 or 1,5): plan on the survivors", NULL},
         {NULL, NULL, NULL, NULL},
@@ -128,14 +139,18 @@ int cmd_plan(int argc, char **argv) {
                    "[--move-price X] [--expert-bytes B]] [--failed-gpus LIST]",
                    "Plan a placement for a load and write it as an SGLang mapping file. DeepSeek "
                    "modes plan for the sum of the windows, as SGLang does.",
-                   opts, 0, {0}, 0};
+                   opts,
+                   0,
+                   {0},
+                   0};
     int rc = cli_parse(&cmd, argc, argv);
     if (rc >= 0) return rc;
     const char *counts_path = cli_require(&cmd, "--counts");
     const char *out = counts_path ? cli_require(&cmd, "-o") : NULL;
     if (out == NULL || !cli_require(&cmd, "--gpus")) return CLI_EXIT_USAGE;
     int32_t G = 0, N = 1, K = 0, R = -1, P = -1;
-    if (!cli_int(&cmd, "--gpus", 1, EPX_MAX_GPUS, &G) || !cli_int(&cmd, "--nodes", 1, EPX_MAX_GPUS, &N) ||
+    if (!cli_int(&cmd, "--gpus", 1, EPX_MAX_GPUS, &G) ||
+        !cli_int(&cmd, "--nodes", 1, EPX_MAX_GPUS, &N) ||
         !cli_int(&cmd, "--groups", 1, EPX_MAX_EXPERTS, &K) ||
         !cli_int(&cmd, "--redundant", 0, EPX_MAX_EXPERTS, &R) ||
         !cli_int(&cmd, "--physical", 1, 2 * EPX_MAX_EXPERTS, &P))
@@ -151,11 +166,13 @@ int cmd_plan(int argc, char **argv) {
     o.progress_user = &cmd;
     epx_error err = {0};
     const char *algo = cli_get(&cmd, "--algorithm");
-    if (algo != NULL && epx_algorithm_parse(algo, &o.algorithm, &err) != EPX_OK) return cli_report(&cmd, &err);
+    if (algo != NULL && epx_algorithm_parse(algo, &o.algorithm, &err) != EPX_OK)
+        return cli_report(&cmd, &err);
     if (!parse_node_local(cli_get(&cmd, "--node-local"), &o.node_local)) return CLI_EXIT_USAGE;
 
     epx_counts *counts = NULL;
-    if (epx_counts_read_progress(counts_path, cli_progress, &cmd, &counts, &err) != EPX_OK) return cli_report(&cmd, &err);
+    if (epx_counts_read_progress(counts_path, cli_progress, &cmd, &counts, &err) != EPX_OK)
+        return cli_report(&cmd, &err);
     const int32_t E = counts->num_experts;
     if (P < 0) P = R >= 0 ? E + R : E;
     epx_shape shape = {counts->num_layers, E, P, G, N};
@@ -174,7 +191,8 @@ int cmd_plan(int argc, char **argv) {
         rc = CLI_EXIT_USAGE;
         goto done;
     }
-    if (cur_path != NULL && (rc = cli_read_current("plan", cur_path, &shape, &current)) >= 0) goto done;
+    if (cur_path != NULL && (rc = cli_read_current("plan", cur_path, &shape, &current)) >= 0)
+        goto done;
     rc = CLI_EXIT_OK;
     o.current = current;
     o.move_price = price;
@@ -199,7 +217,8 @@ int cmd_plan(int argc, char **argv) {
     }
     epx_balance bal, even;
     if (epx_counts_sum_windows(counts, 0, counts->num_windows, load, &err) != EPX_OK ||
-        epx_balance_compute(lay, load, epx_plan_replica_weights(plan), &bal, layers, &err) != EPX_OK ||
+        epx_balance_compute(lay, load, epx_plan_replica_weights(plan), &bal, layers, &err) !=
+            EPX_OK ||
         epx_balance_compute(lay, load, NULL, &even, NULL, &err) != EPX_OK) {
         rc = cli_report(&cmd, &err);
         goto done;
@@ -213,8 +232,8 @@ int cmd_plan(int argc, char **argv) {
     /* The traffic price of the placement: load served off its group's home
      * node (0 when everything stays node-local). */
     double xshare = 0.0;
-    if (epx_plan_cross_node_share(lay, epx_plan_replica_weights(plan), counts, K > 0 ? K : 1,
-                                  NULL, &xshare, &err) != EPX_OK) {
+    if (epx_plan_cross_node_share(lay, epx_plan_replica_weights(plan), counts, K > 0 ? K : 1, NULL,
+                                  &xshare, &err) != EPX_OK) {
         rc = cli_report(&cmd, &err);
         goto done;
     }

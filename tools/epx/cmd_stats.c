@@ -51,8 +51,9 @@ static epx_status compute(const epx_layout *lay, const double *load, epx_traffic
 }
 
 static const char *traffic_name(epx_traffic_model t) {
-    return t == EPX_TRAFFIC_UNIFORM ? "uniform" : t == EPX_TRAFFIC_GPU_LOCAL ? "gpu-local"
-                                                                               : "node-local";
+    return t == EPX_TRAFFIC_UNIFORM     ? "uniform"
+           : t == EPX_TRAFFIC_GPU_LOCAL ? "gpu-local"
+                                        : "node-local";
 }
 
 static void print_row(const char *label, const window_figures *w) {
@@ -63,8 +64,8 @@ static void print_row(const char *label, const window_figures *w) {
 
 static void print_worst(const char *label, const window_figures *w, int32_t top, int32_t L) {
     printf("\n%s, worst layers first:\n", label);
-    printf("  %5s %12s %8s %8s %8s %8s %8s %8s %9s\n", "layer", "load", "balanced", "bound",
-           "gap", "max/bnd", "rank-imb", "slot-imb", "internode");
+    printf("  %5s %12s %8s %8s %8s %8s %8s %8s %9s\n", "layer", "load", "balanced", "bound", "gap",
+           "max/bnd", "rank-imb", "slot-imb", "internode");
     int32_t shown = 0;
     for (int32_t i = 0; i < L && (top == 0 || shown < top); i++) {
         const int32_t l = w->order[i];
@@ -83,9 +84,12 @@ static void print_worst(const char *label, const window_figures *w, int32_t top,
 static void json_str(const char *v) {
     putchar('"');
     for (const unsigned char *q = (const unsigned char *)v; *q; q++) {
-        if (*q == '"' || *q == '\\') printf("\\%c", *q);
-        else if (*q < 0x20) printf("\\u%04x", *q);
-        else putchar(*q);
+        if (*q == '"' || *q == '\\')
+            printf("\\%c", *q);
+        else if (*q < 0x20)
+            printf("\\u%04x", *q);
+        else
+            putchar(*q);
     }
     putchar('"');
 }
@@ -167,7 +171,10 @@ int cmd_stats(int argc, char **argv) {
                    "imbalance by rank and by slot ((max - mean) / mean), and the share of "
                    "token-expert assignments that cross nodes (tokens originate uniformly over "
                    "GPUs). Per window, then over all windows summed, worst layers first.",
-                   opts, 1, {0}, 0};
+                   opts,
+                   1,
+                   {0},
+                   0};
     int rc = cli_parse(&cmd, argc, argv);
     if (rc >= 0) return rc;
     if (cmd.num_positional != 1) {
@@ -183,12 +190,15 @@ int cmd_stats(int argc, char **argv) {
     epx_traffic_model traffic = EPX_TRAFFIC_GPU_LOCAL;
     const char *t = cli_get(&cmd, "--traffic");
     if (t != NULL) {
-        if (strcmp(t, "gpu-local") == 0) traffic = EPX_TRAFFIC_GPU_LOCAL;
-        else if (strcmp(t, "node-local") == 0) traffic = EPX_TRAFFIC_NODE_LOCAL;
-        else if (strcmp(t, "uniform") == 0) traffic = EPX_TRAFFIC_UNIFORM;
+        if (strcmp(t, "gpu-local") == 0)
+            traffic = EPX_TRAFFIC_GPU_LOCAL;
+        else if (strcmp(t, "node-local") == 0)
+            traffic = EPX_TRAFFIC_NODE_LOCAL;
+        else if (strcmp(t, "uniform") == 0)
+            traffic = EPX_TRAFFIC_UNIFORM;
         else {
-            fprintf(stderr,
-                    "epx stats: --traffic '%s' is not gpu-local, node-local or uniform\n", t);
+            fprintf(stderr, "epx stats: --traffic '%s' is not gpu-local, node-local or uniform\n",
+                    t);
             return CLI_EXIT_USAGE;
         }
     }
@@ -196,7 +206,8 @@ int cmd_stats(int argc, char **argv) {
 
     epx_error err = {0};
     epx_counts *c = NULL;
-    if (epx_counts_read_progress(cmd.positional[0], cli_progress, &cmd, &c, &err) != EPX_OK) return cli_report(&cmd, &err);
+    if (epx_counts_read_progress(cmd.positional[0], cli_progress, &cmd, &c, &err) != EPX_OK)
+        return cli_report(&cmd, &err);
     epx_layout *lay = NULL;
     rc = make_layout(&cmd, c, G, N, &lay, &err);
     if (rc >= 0) {
@@ -254,8 +265,7 @@ int cmd_stats(int argc, char **argv) {
                cmd.positional[0], S, L, E, w[S].bal.num_loaded_layers);
         printf("placement: %s, P = %d slots on %d GPU(s), %d node(s); inter-node share "
                "assumes tokens start uniformly over GPUs, replica choice %s\n",
-               cli_get(&cmd, "--placement") ? cli_get(&cmd, "--placement")
-                                            : "trivial (P = E)",
+               cli_get(&cmd, "--placement") ? cli_get(&cmd, "--placement") : "trivial (P = E)",
                s->num_physical_experts, s->num_gpus, s->num_nodes, traffic_name(traffic));
         printf("balanced: mean/max GPU load over loaded layers; sglang: SGLang's, with 1e-5 "
                "terms, all layers;\nbound: best balancedness any placement of this shape can "

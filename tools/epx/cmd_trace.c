@@ -35,16 +35,15 @@ static bool parse_range(const char *s, double *lo, double *hi) {
 }
 
 /* A whole number option in [lo, hi]; *out keeps its default when absent. */
-static bool opt_u64(const cli_cmd *cmd, const char *name, uint64_t lo, uint64_t hi,
-                    uint64_t *out) {
+static bool opt_u64(const cli_cmd *cmd, const char *name, uint64_t lo, uint64_t hi, uint64_t *out) {
     const char *v = cli_get(cmd, name);
     if (v == NULL) return true;
     char *end = NULL;
     errno = 0;
     unsigned long long x = strtoull(v, &end, 10);
     if (errno != 0 || end == v || *end != '\0' || v[0] == '-' || x < lo || x > hi) {
-        fprintf(stderr, "epx %s: %s '%s' is not a whole number in [%llu, %llu]\n", cmd->name,
-                name, v, (unsigned long long)lo, (unsigned long long)hi);
+        fprintf(stderr, "epx %s: %s '%s' is not a whole number in [%llu, %llu]\n", cmd->name, name,
+                v, (unsigned long long)lo, (unsigned long long)hi);
         return false;
     }
     *out = x;
@@ -78,7 +77,10 @@ static int trace_synth(int argc, char **argv) {
                    "Synthesize an expert-load trace (SGLang logical_count JSON, [S][L][E]): "
                    "lognormal popularity per layer, drift between windows, multinomial "
                    "sampling noise; dense layers are rows of zeros.",
-                   opts, 0, {0}, 0};
+                   opts,
+                   0,
+                   {0},
+                   0};
     int rc = cli_parse(&cmd, argc, argv);
     if (rc >= 0) {
         if (rc == CLI_EXIT_OK) list_models(stdout);
@@ -114,9 +116,8 @@ static int trace_synth(int argc, char **argv) {
 
 int cmd_trace(int argc, char **argv) {
     if (argc >= 2 && strcmp(argv[1], "synth") == 0) return trace_synth(argc - 1, argv + 1);
-    FILE *f = argc >= 2 && (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0)
-                  ? stdout
-                  : stderr;
+    FILE *f = argc >= 2 && (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0) ? stdout
+                                                                                          : stderr;
     fprintf(f, "usage: epx trace synth --model NAME [--windows S] [--tokens T] [--seed N] "
                "[--skew A..B] [--drift D] -o FILE\n"
                "Run 'epx trace synth --help' for the options.\n");

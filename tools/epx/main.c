@@ -14,7 +14,8 @@ typedef struct {
 } subcommand;
 
 static const subcommand COMMANDS[] = {
-    {"demo", cmd_demo, "the main job: plan a synthetic trace with DeepSeek and epx, compare, report"},
+    {"demo", cmd_demo,
+     "the main job: plan a synthetic trace with DeepSeek and epx, compare, report"},
     {"layout", cmd_layout, "write a layout (trivial) as an SGLang mapping file"},
     {"inspect", cmd_inspect, "validate a mapping file and summarise it"},
     {"convert", cmd_convert, "convert mapping and counts files between .pt and .json"},
@@ -25,11 +26,14 @@ static const subcommand COMMANDS[] = {
     {"bench", cmd_bench, "time EP dispatch/combine against the TP all-reduce (bench comm)"},
     {"advise", cmd_advise, "EP or TP for a model on G GPUs over a link: where EP starts to win"},
     {"migrate", cmd_migrate, "plan the weight moves between two placements, beside the naive plan"},
-    {"dispatch-table", cmd_dispatch_table, "static dispatch tables per rank (SGLang-exact, or epx's load-aware)"},
+    {"dispatch-table", cmd_dispatch_table,
+     "static dispatch tables per rank (SGLang-exact, or epx's load-aware)"},
 };
 
 static void usage(FILE *f) {
-    fprintf(f, "epx %s - expert parallelism for MoE inference\n\nusage: epx COMMAND [options]\n\ncommands:\n",
+    fprintf(f,
+            "epx %s - expert parallelism for MoE inference\n\nusage: epx COMMAND "
+            "[options]\n\ncommands:\n",
             epx_version());
     for (size_t i = 0; i < sizeof COMMANDS / sizeof COMMANDS[0]; i++)
         fprintf(f, "  %-16s %s\n", COMMANDS[i].name, COMMANDS[i].summary);
@@ -41,7 +45,8 @@ int main(int argc, char **argv) {
         usage(stderr);
         return CLI_EXIT_USAGE;
     }
-    if (strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "help") == 0) {
+    if (strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "--help") == 0 ||
+        strcmp(argv[1], "help") == 0) {
         usage(stdout);
         return CLI_EXIT_OK;
     }

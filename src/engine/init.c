@@ -10,15 +10,12 @@
 
 #include "../plan/plan_hooks.h"
 #include "json_tensor.h"
-#include "pt_hooks.h"
+#include "../io/pt_hooks.h"
 
 static epx_status check_opts(const epx_init_opts *o, epx_error *err) {
     if (o == NULL) return epxi_fail(err, EPX_ERR_INVALID_ARG, "init options are NULL");
-    if (o->version != EPX_INIT_OPTS_VERSION)
-        return epxi_fail(err, EPX_ERR_INVALID_ARG,
-                         "init options version %u is not %u: initialise them with "
-                         "EPX_INIT_OPTS_INIT",
-                         o->version, EPX_INIT_OPTS_VERSION);
+    EPX_TRY(epxi_check_version(o->version, EPX_INIT_OPTS_VERSION, "epx_init_opts",
+                               "EPX_INIT_OPTS_INIT", err));
     if (o->num_gpus < 1)
         return epxi_fail(err, EPX_ERR_INVALID_ARG,
                          "num_gpus (%d) must be set: the layout depends on the EP size",
@@ -38,8 +35,8 @@ static int32_t experts_for_map(const epx_init_opts *o, const int32_t *map, size_
     return m + 1;
 }
 
-static epx_status init_from_map(const int32_t *map, int32_t L, int32_t P,
-                                const epx_init_opts *o, epx_layout **out, epx_error *err) {
+static epx_status init_from_map(const int32_t *map, int32_t L, int32_t P, const epx_init_opts *o,
+                                epx_layout **out, epx_error *err) {
     epx_shape s = {L, experts_for_map(o, map, (size_t)L * (size_t)P), P, o->num_gpus,
                    o->num_nodes > 0 ? o->num_nodes : 1};
     if (o->num_layers > 0 && o->num_layers != L)
@@ -62,9 +59,8 @@ static epx_status init_from_counts(const epx_counts *c, const epx_init_opts *o, 
                          "logical_count has %d experts per layer but the model has %d",
                          c->num_experts, o->num_logical_experts);
     if (o->num_layers > 0 && o->num_layers != c->num_layers)
-        return epxi_fail(err, EPX_ERR_SHAPE,
-                         "logical_count has %d layers but the model has %d", c->num_layers,
-                         o->num_layers);
+        return epxi_fail(err, EPX_ERR_SHAPE, "logical_count has %d layers but the model has %d",
+                         c->num_layers, o->num_layers);
     int32_t P = o->num_physical > 0 ? o->num_physical : c->num_experts + o->num_redundant;
     epx_shape s = {c->num_layers, c->num_experts, P, o->num_gpus,
                    o->num_nodes > 0 ? o->num_nodes : 1};
@@ -82,8 +78,8 @@ epx_status epx_layout_init(const char *spec, const epx_init_opts *o, epx_layout 
                              "a trivial layout needs num_layers (%d) and num_logical_experts "
                              "(%d) from the model config",
                              o->num_layers, o->num_logical_experts);
-        int32_t P = o->num_physical > 0 ? o->num_physical
-                                        : o->num_logical_experts + o->num_redundant;
+        int32_t P =
+            o->num_physical > 0 ? o->num_physical : o->num_logical_experts + o->num_redundant;
         epx_shape s = {o->num_layers, o->num_logical_experts, P, o->num_gpus,
                        o->num_nodes > 0 ? o->num_nodes : 1};
         return epx_layout_create_trivial(&s, out, err);

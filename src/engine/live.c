@@ -10,9 +10,8 @@
 
 #include <string.h>
 
-epx_status epx_layout_live_replicas(const epx_layout *layout, const uint8_t *failed,
-                                    int32_t width, int32_t *replicas, int32_t *num_valid,
-                                    epx_error *err) {
+epx_status epx_layout_live_replicas(const epx_layout *layout, const uint8_t *failed, int32_t width,
+                                    int32_t *replicas, int32_t *num_valid, epx_error *err) {
     if (layout == NULL || replicas == NULL)
         return epxi_fail(err, EPX_ERR_INVALID_ARG, "layout and replicas must not be NULL");
     const epx_shape *s = epx_layout_shape(layout);

@@ -30,7 +30,7 @@
  * every subset (tests/test_migrate_limit.c) the pair finds the optimum in
  * about nine cases of ten and averages over 0.98 of it.
  */
-#include "migrate_internal.h"
+#include "constrain.h"
 
 #include <math.h>
 #include <string.h>
@@ -50,19 +50,19 @@ typedef struct {
     int32_t *ostart, *oslot; /* [E + 1], [P]: live slots of each expert in old */
     int32_t *cstart, *cslot; /* the same for cur */
     /* unit building */
-    int32_t *dcnt;           /* [E] tentative replica change, zero between units */
-    uint8_t *inchain;        /* [P] */
-    int32_t *chain;          /* [P] */
-    int32_t *touched;        /* [2P] experts with nonzero dcnt */
-    double *tgpu;            /* [G] */
+    int32_t *dcnt;    /* [E] tentative replica change, zero between units */
+    uint8_t *inchain; /* [P] */
+    int32_t *chain;   /* [P] */
+    int32_t *touched; /* [2P] experts with nonzero dcnt */
+    double *tgpu;     /* [G] */
 } lim_ctx;
 
 typedef struct {
-    double per_move;  /* balance lost per undone slot; +inf when none */
-    double spread;    /* tie-break: rise of the sum of squared GPU loads per slot */
-    int32_t start;    /* first slot of the unit, -1 when none */
-    int32_t stuck;    /* changed slots no chain can undo */
-    int32_t len;      /* slots of the unit */
+    double per_move; /* balance lost per undone slot; +inf when none */
+    double spread;   /* tie-break: rise of the sum of squared GPU loads per slot */
+    int32_t start;   /* first slot of the unit, -1 when none */
+    int32_t stuck;   /* changed slots no chain can undo */
+    int32_t len;     /* slots of the unit */
 } layer_best;
 
 static bool is_live(const lim_ctx *c, int32_t p) {
@@ -243,8 +243,8 @@ static double map_balance(const epx_shape *sh, const int32_t *map, const double 
 }
 
 /* Every expert must keep a live replica in the target. */
-static epx_status check_live_cover(const epx_shape *sh, const int32_t *map,
-                                   const uint8_t *failed, int32_t *cnt, epx_error *err) {
+static epx_status check_live_cover(const epx_shape *sh, const int32_t *map, const uint8_t *failed,
+                                   int32_t *cnt, epx_error *err) {
     const int32_t P = sh->num_physical_experts, E = sh->num_logical_experts;
     const int32_t spg = P / sh->num_gpus;
     for (int32_t l = 0; l < sh->num_layers; l++) {
@@ -276,8 +276,10 @@ static void even_shares(const epx_shape *sh, const int32_t *before, const int32_
         }
         for (int32_t p = 0; p < P; p++) {
             bool live = failed == NULL || !failed[p / spg];
-            if (!live) s[p] = 0.0;
-            else if (dirty[m[p]]) s[p] = 1.0 / cnt[m[p]];
+            if (!live)
+                s[p] = 0.0;
+            else if (dirty[m[p]])
+                s[p] = 1.0 / cnt[m[p]];
         }
     }
 }
@@ -348,8 +350,9 @@ static void greedy_apply(lim_ctx *c, layer_best *best, const int32_t *target, in
         }
         if (lb < 0) break;
         const double gain = -best[lb].per_move;
-        bool worth = bud->move_price > 0.0 ? gain >= bud->move_price
-                                           : gain > 1e-12 || (gain > -1e-12 && best[lb].spread < 0.0);
+        bool worth = bud->move_price > 0.0
+                         ? gain >= bud->move_price
+                         : gain > 1e-12 || (gain > -1e-12 && best[lb].spread < 0.0);
         if (!worth) break;
         const size_t o = (size_t)lb * P;
         bind_layer(c, target + o, work + o, load + (size_t)lb * E);
@@ -419,8 +422,10 @@ epx_status epxi_limit_moves(const epx_shape *sh, const double *load, const int32
     const int32_t L = sh->num_layers, P = sh->num_physical_experts, E = sh->num_logical_experts;
     const int32_t G = sh->num_gpus;
     const size_t cells = (size_t)L * (size_t)P;
-    lim_ctx c = {sh, P, E, G, P / G, bud->failed_gpus, 0, NULL, NULL, NULL, NULL, NULL, 0.0,
-                 NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
+    lim_ctx c = {sh,   P,    E,    G,    P / G, bud->failed_gpus,
+                 0,    NULL, NULL, NULL, NULL,  NULL,
+                 0.0,  NULL, NULL, NULL, NULL,  NULL,
+                 NULL, NULL, NULL, NULL};
     EPX_TRY(epxi_count_live(sh, bud->failed_gpus, &c.live, err));
     epx_status st = EPX_OK;
     layer_best *best = NULL;
@@ -513,24 +518,16 @@ epx_status epx_layout_limit_moves(const epx_counts *counts, const epx_layout *cu
                          "epx_layout_limit_moves: counts, current, target, budget and out must "
                          "not be NULL");
     const epx_shape *sh = epx_layout_shape(current), *ts = epx_layout_shape(target);
-    if (memcmp(sh, ts, sizeof *sh) != 0)
-        return epxi_fail(err, EPX_ERR_SHAPE,
-                         "the current layout (L=%d E=%d P=%d G=%d N=%d) and the target (L=%d "
-                         "E=%d P=%d G=%d N=%d) differ in shape: both must be of one shape",
-                         sh->num_layers, sh->num_logical_experts, sh->num_physical_experts,
-                         sh->num_gpus, sh->num_nodes, ts->num_layers, ts->num_logical_experts,
-                         ts->num_physical_experts, ts->num_gpus, ts->num_nodes);
+    EPX_TRY(epxi_check_same_shape(sh, ts, "the current layout (", ") and the target (",
+                                  ") differ in shape: both must be of one shape", err));
     if (counts->num_layers != sh->num_layers || counts->num_experts != sh->num_logical_experts)
         return epxi_fail(err, EPX_ERR_SHAPE,
                          "counts are [%d][%d][%d] but the layouts have %d layers and %d logical "
                          "experts: give the load of this model",
                          counts->num_windows, counts->num_layers, counts->num_experts,
                          sh->num_layers, sh->num_logical_experts);
-    if (budget->version != EPX_MOVE_BUDGET_VERSION)
-        return epxi_fail(err, EPX_ERR_INVALID_ARG,
-                         "epx_move_budget.version is %u, this library knows %u: initialise it "
-                         "with EPX_MOVE_BUDGET_INIT",
-                         budget->version, EPX_MOVE_BUDGET_VERSION);
+    EPX_TRY(epxi_check_version(budget->version, EPX_MOVE_BUDGET_VERSION, "epx_move_budget",
+                               "EPX_MOVE_BUDGET_INIT", err));
     if (!isfinite(budget->move_price) || budget->move_price < 0.0)
         return epxi_fail(err, EPX_ERR_INVALID_ARG,
                          "move_price (%g) must be a finite balancedness >= 0 (0 = moves are "

@@ -13,9 +13,9 @@
 #define EPXI_JSON_MAX_RANK 4
 
 typedef struct epxi_json_tensor {
-    int rank;                       /* number of dimensions */
+    int rank; /* number of dimensions */
     int64_t dims[EPXI_JSON_MAX_RANK];
-    size_t count;                   /* product of dims */
+    size_t count; /* product of dims */
 } epxi_json_tensor;
 
 /* Which element values are acceptable. */
@@ -31,8 +31,7 @@ typedef enum epxi_json_kind {
  * `key` names the array in messages.
  */
 EPXI_HIDDEN epx_status epxi_json_measure(const json_t *arr, int min_rank, int max_rank,
-                                         const char *key, epxi_json_tensor *out,
-                                         epx_error *err);
+                                         const char *key, epxi_json_tensor *out, epx_error *err);
 
 /* Flatten a measured array row-major into int32 (INDEX kinds) or double
  * (LOAD) storage of t->count elements. */

@@ -35,8 +35,8 @@ epx_status epxi_json_measure(const json_t *arr, int min_rank, int max_rank, cons
     }
     if (rank < min_rank)
         return epxi_fail(err, EPX_ERR_PARSE,
-                         "'%s' must be a nested list of depth %d%s%d, got depth %d", key,
-                         min_rank, min_rank == max_rank ? " (" : " to ", max_rank, rank);
+                         "'%s' must be a nested list of depth %d%s%d, got depth %d", key, min_rank,
+                         min_rank == max_rank ? " (" : " to ", max_rank, rank);
     out->rank = rank;
     size_t count = 1;
     for (int i = 0; i < rank; i++) {
@@ -61,8 +61,8 @@ static epx_status walk(const json_t *a, const epxi_json_tensor *t, int depth, in
     char where[128];
     if (!json_is_array(a)) {
         format_index(where, sizeof where, idx, depth);
-        return epxi_fail(err, EPX_ERR_PARSE, "'%s'%s should be a list of %lld entries", key,
-                         where, (long long)t->dims[depth]);
+        return epxi_fail(err, EPX_ERR_PARSE, "'%s'%s should be a list of %lld entries", key, where,
+                         (long long)t->dims[depth]);
     }
     if ((int64_t)json_array_size(a) != t->dims[depth]) {
         format_index(where, sizeof where, idx, depth);
@@ -92,8 +92,10 @@ static epx_status leaf_number(const json_t *v, const int64_t *idx, int depth, si
     char where[128];
     if (c->kind == EPXI_JSON_LOAD) {
         double x;
-        if (json_is_integer(v)) x = (double)json_integer_value(v);
-        else if (json_is_real(v)) x = json_real_value(v);
+        if (json_is_integer(v))
+            x = (double)json_integer_value(v);
+        else if (json_is_real(v))
+            x = json_real_value(v);
         else {
             format_index(where, sizeof where, idx, depth);
             return epxi_fail(err, EPX_ERR_PARSE, "'%s'%s is not a number", c->key, where);
@@ -101,8 +103,8 @@ static epx_status leaf_number(const json_t *v, const int64_t *idx, int depth, si
         if (!isfinite(x) || x < 0) {
             format_index(where, sizeof where, idx, depth);
             return epxi_fail(err, EPX_ERR_PARSE,
-                             "'%s'%s is %g: loads must be finite and non-negative", c->key,
-                             where, x);
+                             "'%s'%s is %g: loads must be finite and non-negative", c->key, where,
+                             x);
         }
         c->f64[flat] = x;
         return EPX_OK;
@@ -125,9 +127,8 @@ static epx_status leaf_number(const json_t *v, const int64_t *idx, int depth, si
     return EPX_OK;
 }
 
-epx_status epxi_json_flatten_i32(const json_t *arr, const epxi_json_tensor *t,
-                                 epxi_json_kind kind, const char *key, int32_t *out,
-                                 epx_error *err) {
+epx_status epxi_json_flatten_i32(const json_t *arr, const epxi_json_tensor *t, epxi_json_kind kind,
+                                 const char *key, int32_t *out, epx_error *err) {
     leaf_ctx c = {key, kind, out, NULL};
     int64_t idx[EPXI_JSON_MAX_RANK] = {0};
     size_t flat = 0;
@@ -147,8 +148,8 @@ epx_status epxi_json_parse_object(const char *text, size_t len, const char *what
     json_error_t je;
     json_t *root = json_loadb(text, len, JSON_REJECT_DUPLICATES, &je);
     if (root == NULL)
-        return epxi_fail(err, EPX_ERR_PARSE, "%s is not valid JSON (line %d, column %d): %s",
-                         what, je.line, je.column, je.text);
+        return epxi_fail(err, EPX_ERR_PARSE, "%s is not valid JSON (line %d, column %d): %s", what,
+                         je.line, je.column, je.text);
     if (!json_is_object(root)) {
         json_decref(root);
         return epxi_fail(err, EPX_ERR_PARSE, "%s must be a JSON object ({...})", what);

@@ -14,11 +14,8 @@
 
 epx_status epx_moe_config_check(const epx_moe_config *cfg, epx_error *err) {
     if (cfg == NULL) return epxi_fail(err, EPX_ERR_INVALID_ARG, "moe config is NULL");
-    if (cfg->version != EPX_MOE_CONFIG_VERSION)
-        return epxi_fail(err, EPX_ERR_INVALID_ARG,
-                         "moe config version %u is not %u: initialise it from "
-                         "EPX_MOE_CONFIG_INIT or epx_moe_model_config",
-                         cfg->version, EPX_MOE_CONFIG_VERSION);
+    EPX_TRY(epxi_check_version(cfg->version, EPX_MOE_CONFIG_VERSION, "epx_moe_config",
+                               "EPX_MOE_CONFIG_INIT (or fill it with epx_moe_model_config)", err));
     if (cfg->hidden < 1 || cfg->intermediate < 1 || cfg->num_experts < 1)
         return epxi_fail(err, EPX_ERR_SHAPE,
                          "moe hidden (%d), intermediate (%d) and num_experts (%d) must all be "
@@ -39,8 +36,8 @@ epx_status epx_moe_config_check(const epx_moe_config *cfg, epx_error *err) {
                          (int)cfg->scoring);
     if (cfg->n_group < 1 || cfg->num_experts % cfg->n_group != 0)
         return epxi_fail(err, EPX_ERR_SHAPE,
-                         "moe n_group (%d) must be >= 1 and divide num_experts (%d)",
-                         cfg->n_group, cfg->num_experts);
+                         "moe n_group (%d) must be >= 1 and divide num_experts (%d)", cfg->n_group,
+                         cfg->num_experts);
     if (cfg->n_group > 1 && cfg->scoring != EPX_MOE_SCORING_SIGMOID)
         return epxi_fail(err, EPX_ERR_INVALID_ARG,
                          "moe n_group %d > 1 needs SIGMOID scoring (grouped top-k is "
@@ -103,7 +100,7 @@ epx_status epx_moe_model_config(const char *name, epx_moe_config *cfg, epx_error
     if (rule == NULL)
         return epxi_fail(err, EPX_ERR_UNSUPPORTED,
                          "model '%s' has a shape but no routing rule in the MoE table: add it "
-                         "to RULES in src/moe/moe.c",
+                         "to RULES in src/engine/moe.c",
                          m->name);
     epx_moe_config c = EPX_MOE_CONFIG_INIT;
     c.hidden = m->hidden;
@@ -122,10 +119,11 @@ epx_status epx_moe_model_config(const char *name, epx_moe_config *cfg, epx_error
 
 /* ---- router --------------------------------------------------------------- */
 
-epx_status epx_moe_router_logits(const epx_moe_config *cfg, const float *router,
-                                 const float *x, int64_t T, float *logits, epx_error *err) {
+epx_status epx_moe_router_logits(const epx_moe_config *cfg, const float *router, const float *x,
+                                 int64_t T, float *logits, epx_error *err) {
     EPX_TRY(epx_moe_config_check(cfg, err));
-    if (T < 0) return epxi_fail(err, EPX_ERR_INVALID_ARG, "token count %lld is negative", (long long)T);
+    if (T < 0)
+        return epxi_fail(err, EPX_ERR_INVALID_ARG, "token count %lld is negative", (long long)T);
     if (T > 0 && (router == NULL || x == NULL || logits == NULL))
         return epxi_fail(err, EPX_ERR_INVALID_ARG, "router, x and logits must not be NULL");
     const int64_t H = cfg->hidden, E = cfg->num_experts;
@@ -171,13 +169,16 @@ static float sigmoidf(float a) { return 1.0f / (1.0f + expf(-a)); }
 epx_status epx_moe_route(const epx_moe_config *cfg, const float *logits, const float *bias,
                          int64_t T, int32_t *topk_ids, float *topk_weights, epx_error *err) {
     EPX_TRY(epx_moe_config_check(cfg, err));
-    if (T < 0) return epxi_fail(err, EPX_ERR_INVALID_ARG, "token count %lld is negative", (long long)T);
+    if (T < 0)
+        return epxi_fail(err, EPX_ERR_INVALID_ARG, "token count %lld is negative", (long long)T);
     if (T > 0 && (logits == NULL || topk_ids == NULL || topk_weights == NULL))
-        return epxi_fail(err, EPX_ERR_INVALID_ARG, "logits, topk_ids and topk_weights must not be NULL");
+        return epxi_fail(err, EPX_ERR_INVALID_ARG,
+                         "logits, topk_ids and topk_weights must not be NULL");
     const int32_t E = cfg->num_experts, K = cfg->top_k, G = cfg->n_group;
     const int32_t per_group = E / G;
     /* score [E] | choice [E] | group score [G] | keep [E] bytes | group ids [G] */
-    float *score = epxi_calloc((size_t)2 * (size_t)E + (size_t)G, sizeof(float), "router scratch", err);
+    float *score =
+        epxi_calloc((size_t)2 * (size_t)E + (size_t)G, sizeof(float), "router scratch", err);
     uint8_t *keep = epxi_calloc((size_t)E, 1, "router scratch", err);
     int32_t *gids = epxi_calloc((size_t)G, sizeof(int32_t), "router scratch", err);
     if (score == NULL || keep == NULL || gids == NULL) {
@@ -221,7 +222,8 @@ epx_status epx_moe_route(const epx_moe_config *cfg, const float *logits, const f
             if (G > 1) {
                 for (int32_t g = 0; g < G; g++) {
                     int32_t best[2] = {-1, -1};
-                    top_k(choice + (size_t)g * per_group, NULL, per_group, per_group >= 2 ? 2 : 1, best);
+                    top_k(choice + (size_t)g * per_group, NULL, per_group, per_group >= 2 ? 2 : 1,
+                          best);
                     gscore[g] = choice[g * per_group + best[0]];
                     if (per_group >= 2) gscore[g] += choice[g * per_group + best[1]];
                 }
@@ -316,9 +318,9 @@ static epx_status check_tp(const epx_moe_config *cfg, int32_t tp_rank, int32_t t
     return EPX_OK;
 }
 
-epx_status epx_moe_shared_add(const epx_moe_config *cfg, const epx_moe_weights *w,
-                              const float *x, int64_t T, int32_t tp_rank, int32_t tp_ranks,
-                              float *out, epx_error *err) {
+epx_status epx_moe_shared_add(const epx_moe_config *cfg, const epx_moe_weights *w, const float *x,
+                              int64_t T, int32_t tp_rank, int32_t tp_ranks, float *out,
+                              epx_error *err) {
     EPX_TRY(epx_moe_config_check(cfg, err));
     EPX_TRY(check_tp(cfg, tp_rank, tp_ranks, err));
     const int32_t Is = cfg->shared_intermediate, H = cfg->hidden;
@@ -350,7 +352,8 @@ epx_status epx_moe_forward(const epx_moe_config *cfg, const epx_moe_weights *w, 
                            epx_error *err) {
     EPX_TRY(epx_moe_config_check(cfg, err));
     EPX_TRY(check_tp(cfg, tp_rank, tp_ranks, err));
-    if (T < 0) return epxi_fail(err, EPX_ERR_INVALID_ARG, "token count %lld is negative", (long long)T);
+    if (T < 0)
+        return epxi_fail(err, EPX_ERR_INVALID_ARG, "token count %lld is negative", (long long)T);
     if (T == 0) return EPX_OK;
     if (w == NULL || w->gate == NULL || w->up == NULL || w->down == NULL || x == NULL ||
         topk_ids == NULL || topk_weights == NULL || out == NULL)

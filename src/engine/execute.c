@@ -28,7 +28,7 @@
 #include <string.h>
 
 #define CHECK_SEED 0x6570785f6d696772ull /* "epx_migr" */
-#define VOTE_COLS 4                       /* code, layer, slot, source rank */
+#define VOTE_COLS 4                      /* code, layer, slot, source rank */
 
 enum { VOTE_OK = 0, VOTE_INPUT = 1, VOTE_CORRUPT = 2, VOTE_LOAD = 3 };
 
@@ -43,13 +43,13 @@ typedef struct {
     const epx_migrate_exec_opts *opts;
     /* the chunk */
     int32_t l0, l1;
-    int32_t *stage_of;   /* [Lc * spg] own slot -> staging block, -1 = none */
-    int32_t nstage;      /* blocks staged */
+    int32_t *stage_of; /* [Lc * spg] own slot -> staging block, -1 = none */
+    int32_t nstage;    /* blocks staged */
     int32_t nsend_a, nsend_b;
     int64_t *sc, *sd, *rc, *rd; /* [R] */
-    int64_t *rc_b;        /* [R] relay receive counts */
-    int64_t *vote;        /* [R * VOTE_COLS + Lc * P] */
-    uint8_t *have_sum;    /* [Lc * P] */
+    int64_t *rc_b;              /* [R] relay receive counts */
+    int64_t *vote;              /* [R * VOTE_COLS + Lc * P] */
+    uint8_t *have_sum;          /* [Lc * P] */
     epx_migrate_result *res;
 } xctx;
 
@@ -85,8 +85,10 @@ static void layout_chunk(xctx *x) {
     for (int32_t l = x->l0; l < x->l1; l++)
         for (int32_t p = g * spg; p < (g + 1) * spg; p++) {
             const int32_t k = kinds_of(x, l)[p], h = srcs_of(x, l)[p] / spg;
-            if (k == EPX_MOVE_RECV) x->rc[x->rank_of_gpu[h]]++;
-            else if (k == EPX_MOVE_RELAY) x->rc_b[x->rank_of_gpu[h]]++;
+            if (k == EPX_MOVE_RECV)
+                x->rc[x->rank_of_gpu[h]]++;
+            else if (k == EPX_MOVE_RELAY)
+                x->rc_b[x->rank_of_gpu[h]]++;
         }
     int32_t off = 0;
     for (int32_t r = 0; r < R; r++) {
@@ -105,9 +107,12 @@ static void layout_chunk(xctx *x) {
     for (int32_t l = x->l0; l < x->l1; l++)
         for (int32_t p = g * spg; p < (g + 1) * spg; p++) {
             const int32_t k = kinds_of(x, l)[p], h = srcs_of(x, l)[p] / spg;
-            if (k == EPX_MOVE_RECV) *stage_idx(x, l, p) = (int32_t)x->rd[x->rank_of_gpu[h]]++;
-            else if (k == EPX_MOVE_RELAY) *stage_idx(x, l, p) = (int32_t)x->sd[x->rank_of_gpu[h]]++;
-            else if (k != EPX_MOVE_KEEP) *stage_idx(x, l, p) = rest++;
+            if (k == EPX_MOVE_RECV)
+                *stage_idx(x, l, p) = (int32_t)x->rd[x->rank_of_gpu[h]]++;
+            else if (k == EPX_MOVE_RELAY)
+                *stage_idx(x, l, p) = (int32_t)x->sd[x->rank_of_gpu[h]]++;
+            else if (k != EPX_MOVE_KEEP)
+                *stage_idx(x, l, p) = rest++;
         }
     x->nstage = rest;
     /* what this GPU sends in each round */
@@ -116,8 +121,10 @@ static void layout_chunk(xctx *x) {
         const int32_t *src = srcs_of(x, l);
         for (int32_t p = 0; p < x->P; p++) {
             if (p / spg == g || src[p] < 0 || src[p] / spg != g) continue;
-            if (kind[p] == EPX_MOVE_RECV) x->nsend_a++;
-            else if (kind[p] == EPX_MOVE_RELAY) x->nsend_b++;
+            if (kind[p] == EPX_MOVE_RECV)
+                x->nsend_a++;
+            else if (kind[p] == EPX_MOVE_RELAY)
+                x->nsend_b++;
         }
     }
 }
@@ -150,8 +157,8 @@ static void pack(xctx *x, bool relay) {
             for (int32_t p = h * spg; p < (h + 1) * spg; p++) {
                 if (kind[p] != (relay ? EPX_MOVE_RELAY : EPX_MOVE_RECV) || src[p] / spg != g)
                     continue;
-                const unsigned char *from = relay ? stage_ptr(x, *stage_idx(x, l, src[p]))
-                                                  : slot_ptr(x, l, src[p] % spg);
+                const unsigned char *from =
+                    relay ? stage_ptr(x, *stage_idx(x, l, src[p])) : slot_ptr(x, l, src[p] % spg);
                 memcpy(out + (size_t)n * x->B, from, x->B);
                 n++;
                 x->sc[r]++;
@@ -215,8 +222,9 @@ static epx_status precheck(xctx *x, const epx_layout *layout, size_t staging_byt
                                      "GPU holds: pass a loader (opts.load) to read it from the "
                                      "checkpoint",
                                      x->me, l, x->gpu * x->spg + s,
-                                     epx_layout_physical_to_logical(x->m->layout)
-                                         [(size_t)l * (size_t)x->P + (size_t)(x->gpu * x->spg + s)]);
+                                     epx_layout_physical_to_logical(
+                                         x->m->layout)[(size_t)l * (size_t)x->P +
+                                                       (size_t)(x->gpu * x->spg + s)]);
     return EPX_OK;
 }
 
@@ -251,7 +259,8 @@ static epx_status local_work(xctx *x, epx_error *err) {
         for (int32_t l = x->l0; l < x->l1; l++)
             for (int32_t p = g * spg; p < (g + 1) * spg; p++) {
                 const int32_t k = kinds_of(x, l)[p], q = srcs_of(x, l)[p];
-                unsigned char *dst = *stage_idx(x, l, p) >= 0 ? stage_ptr(x, *stage_idx(x, l, p)) : NULL;
+                unsigned char *dst =
+                    *stage_idx(x, l, p) >= 0 ? stage_ptr(x, *stage_idx(x, l, p)) : NULL;
                 if (pass == 0 && k == EPX_MOVE_LOCAL) {
                     memcpy(dst, slot_ptr(x, l, q % spg), x->B);
                 } else if (pass == 0 && k == EPX_MOVE_LOAD) {
@@ -275,12 +284,12 @@ static epx_status local_work(xctx *x, epx_error *err) {
             const int32_t k = kinds_of(x, l)[p];
             if (k == EPX_MOVE_KEEP || k == EPX_MOVE_LOAD) continue;
             const uint64_t want = expected_sum(x, l, p);
-            const uint64_t got = epx_checksum64(stage_ptr(x, *stage_idx(x, l, p)), x->B, CHECK_SEED);
+            const uint64_t got =
+                epx_checksum64(stage_ptr(x, *stage_idx(x, l, p)), x->B, CHECK_SEED);
             if (got == want) continue;
             const int32_t q = srcs_of(x, l)[p];
-            const int32_t from = (k == EPX_MOVE_RECV || k == EPX_MOVE_RELAY)
-                                     ? x->rank_of_gpu[q / spg]
-                                     : x->me;
+            const int32_t from =
+                (k == EPX_MOVE_RECV || k == EPX_MOVE_RELAY) ? x->rank_of_gpu[q / spg] : x->me;
             set_vote(x, VOTE_CORRUPT, l, p, from);
             return epxi_fail(err, EPX_ERR_COMM,
                              "rank %d: layer %d, slot %d (%s of expert %d from rank %d, slot %d) "
@@ -323,9 +332,9 @@ static epx_status exchange(xctx *x, bool relay, epx_error *err) {
     static unsigned char no_send[1], no_recv[1];
     int64_t nsend = 0, nrecv = 0;
     for (int32_t r = 0; r < x->R; r++) nsend += x->sc[r], nrecv += counts[r];
-    epx_status st = epx_comm_alltoallv(x->comm, nsend ? stage_ptr(x, x->nstage) : no_send, x->sc,
-                                       x->sd, nrecv ? x->staging : no_recv, counts, x->rd, x->B,
-                                       err);
+    epx_status st =
+        epx_comm_alltoallv(x->comm, nsend ? stage_ptr(x, x->nstage) : no_send, x->sc, x->sd,
+                           nrecv ? x->staging : no_recv, counts, x->rd, x->B, err);
     if (st != EPX_OK) {
         first_transfer(x, relay);
         epxi_error_prefix(err,
@@ -354,8 +363,8 @@ static epx_status peer_failed(xctx *x, int32_t r, epx_status own, epx_error *err
         x->res->failed_source = (int32_t)row[3];
     }
     if (r == x->me && own != EPX_OK) {
-        epxi_error_prefix(err, "migration not committed (layers %d-%d stay as they were)",
-                          x->l0, x->l1 - 1);
+        epxi_error_prefix(err, "migration not committed (layers %d-%d stay as they were)", x->l0,
+                          x->l1 - 1);
         return own;
     }
     if (row[0] == VOTE_CORRUPT)
@@ -397,8 +406,10 @@ static epx_status run_chunk(xctx *x, epx_layout *layout, size_t staging_bytes, u
     layout_chunk(x);
     epx_error own = {0};
     epx_status ost = precheck(x, layout, staging_bytes, &own);
-    if (ost != EPX_OK) set_vote(x, VOTE_INPUT, -1, -1, -1);
-    else source_sums(x);
+    if (ost != EPX_OK)
+        set_vote(x, VOTE_INPUT, -1, -1, -1);
+    else
+        source_sums(x);
     epx_status st = epx_comm_allreduce_sum(x->comm, x->vote, x->vote, (int64_t)(vcells + tcells),
                                            EPX_DTYPE_I64, err);
     if (st != EPX_OK) {
@@ -443,7 +454,8 @@ static void chunk_need(const epx_migration *m, int32_t g, int32_t l0, int32_t l1
         const uint8_t *kind = m->kinds + (size_t)l * (size_t)P;
         const int32_t *src = m->src + (size_t)l * (size_t)P;
         for (int32_t p = 0; p < P; p++) {
-            if (p / spg == g) staged += kind[p] != EPX_MOVE_KEEP && kind[p] != EPX_MOVE_DEAD;
+            if (p / spg == g)
+                staged += kind[p] != EPX_MOVE_KEEP && kind[p] != EPX_MOVE_DEAD;
             else if (src[p] >= 0 && src[p] / spg == g) {
                 sa += kind[p] == EPX_MOVE_RECV;
                 sb += kind[p] == EPX_MOVE_RELAY;
@@ -510,11 +522,13 @@ epx_status epx_migration_execute(const epx_migration *m, struct epx_comm *comm, 
                          "NULL");
     const epx_migrate_exec_opts defaults = EPX_MIGRATE_EXEC_OPTS_INIT;
     if (opts == NULL) opts = &defaults;
-    if (opts->version != EPX_MIGRATE_EXEC_OPTS_VERSION || opts->chunk_layers < 0)
+    EPX_TRY(epxi_check_version(opts->version, EPX_MIGRATE_EXEC_OPTS_VERSION,
+                               "epx_migrate_exec_opts", "EPX_MIGRATE_EXEC_OPTS_INIT", err));
+    if (opts->chunk_layers < 0)
         return epxi_fail(err, EPX_ERR_INVALID_ARG,
-                         "execution options: version %u (want %u, use EPX_MIGRATE_EXEC_OPTS_INIT) "
-                         "or chunk_layers %d (want >= 0, 0 = all layers at once)",
-                         opts->version, EPX_MIGRATE_EXEC_OPTS_VERSION, opts->chunk_layers);
+                         "execution options: chunk_layers %d (want >= 0, 0 = all layers at "
+                         "once)",
+                         opts->chunk_layers);
     if (epx_comm_memory_kind(comm) != EPX_COMM_MEMORY_HOST)
         return epxi_fail(err, EPX_ERR_UNSUPPORTED,
                          "communicator '%s' moves device buffers; migrations move host buffers "
@@ -522,13 +536,8 @@ epx_status epx_migration_execute(const epx_migration *m, struct epx_comm *comm, 
                          "communicator",
                          epx_comm_name(comm));
     const epx_shape *sh = &m->shape, *ls = epx_layout_shape(layout);
-    if (memcmp(sh, ls, sizeof *sh) != 0)
-        return epxi_fail(err, EPX_ERR_SHAPE,
-                         "the layout (L=%d E=%d P=%d G=%d N=%d) is not of the plan's shape (L=%d "
-                         "E=%d P=%d G=%d N=%d)",
-                         ls->num_layers, ls->num_logical_experts, ls->num_physical_experts,
-                         ls->num_gpus, ls->num_nodes, sh->num_layers, sh->num_logical_experts,
-                         sh->num_physical_experts, sh->num_gpus, sh->num_nodes);
+    EPX_TRY(
+        epxi_check_same_shape(ls, sh, "the layout (", ") is not of the plan's shape (", ")", err));
     const int32_t G = sh->num_gpus, P = sh->num_physical_experts, L = sh->num_layers;
     const int32_t R = epx_comm_size(comm), spg = P / G;
     const size_t B = m->stats.expert_bytes;
@@ -557,7 +566,9 @@ epx_status epx_migration_execute(const epx_migration *m, struct epx_comm *comm, 
     x.res = res;
     int32_t *ranks = epxi_calloc((size_t)R + (size_t)G, sizeof *ranks, "rank map", err);
     int64_t *counts = ranks ? epxi_calloc((size_t)R * 5, sizeof *counts, "counts", err) : NULL;
-    x.stage_of = counts ? epxi_calloc((size_t)step * (size_t)spg, sizeof *x.stage_of, "staging map", err) : NULL;
+    x.stage_of =
+        counts ? epxi_calloc((size_t)step * (size_t)spg, sizeof *x.stage_of, "staging map", err)
+               : NULL;
     x.vote = x.stage_of ? epxi_calloc((size_t)R * VOTE_COLS + (size_t)step * (size_t)P,
                                       sizeof *x.vote, "vote", err)
                         : NULL;

@@ -20,7 +20,7 @@
  *      max_moves slots change or a move buys less than move_price
  *      (limit.c). Replicas whose slot set changed get even weights.
  */
-#include "migrate_internal.h"
+#include "constrain.h"
 
 #include <math.h>
 #include <string.h>
@@ -34,14 +34,11 @@ epx_status epxi_plan_constraints_check(const epx_shape *sh, const epx_plan_opts 
                                        epx_error *err) {
     if (o->current != NULL) {
         const epx_shape *c = epx_layout_shape(o->current);
-        if (memcmp(c, sh, sizeof *c) != 0)
-            return epxi_fail(err, EPX_ERR_SHAPE,
-                             "the current layout is of shape L=%d E=%d P=%d G=%d N=%d but the "
-                             "plan is for L=%d E=%d P=%d G=%d N=%d: plan for the shape in "
-                             "service (moves are counted slot by slot)",
-                             c->num_layers, c->num_logical_experts, c->num_physical_experts,
-                             c->num_gpus, c->num_nodes, sh->num_layers, sh->num_logical_experts,
-                             sh->num_physical_experts, sh->num_gpus, sh->num_nodes);
+        EPX_TRY(epxi_check_same_shape(c, sh, "the current layout is of shape ",
+                                      " but the plan is for ",
+                                      ": plan for the shape in service (moves are counted "
+                                      "slot by slot)",
+                                      err));
     } else if (o->max_moves >= 0 || o->move_price != 0.0) {
         return epxi_fail(err, EPX_ERR_INVALID_ARG,
                          "max_moves (%d) or move_price (%g) is set without a current layout: "
@@ -73,8 +70,8 @@ epx_status epxi_plan_constraints_check(const epx_shape *sh, const epx_plan_opts 
 /* The survivors' shape; live[i] receives the i-th live GPU. */
 static epx_shape survivors(const epx_shape *sh, const uint8_t *failed, int32_t *live,
                            const epx_plan_opts *o) {
-    const int32_t G = sh->num_gpus, N = sh->num_nodes, gpn = G / N, spg =
-                                                                sh->num_physical_experts / G;
+    const int32_t G = sh->num_gpus, N = sh->num_nodes, gpn = G / N,
+                  spg = sh->num_physical_experts / G;
     int32_t n = 0, per_node = -1, nodes = 0;
     bool even = true;
     for (int32_t k = 0; k < N; k++) {
@@ -179,8 +176,7 @@ epx_status epxi_plan_constrained(const epx_counts *counts, const epx_shape *sh,
         goto done;
     }
     EPX_TRY_GOTO(st, epxi_relabel_map(sh, old, map, perm, err), done);
-    for (size_t i = 0; i < cells; i++)
-        tmp[i] = share[i - i % (size_t)P + (size_t)perm[i]];
+    for (size_t i = 0; i < cells; i++) tmp[i] = share[i - i % (size_t)P + (size_t)perm[i]];
     memcpy(share, tmp, cells * sizeof *share);
     epx_move_budget b = EPX_MOVE_BUDGET_INIT;
     b.max_moves = opts->max_moves;

@@ -30,9 +30,7 @@ static inline uint64_t read64(const unsigned char *p) {
     return v;
 }
 
-static inline uint64_t lane(uint64_t acc, uint64_t word) {
-    return rotl(acc + word * K2, 31) * K1;
-}
+static inline uint64_t lane(uint64_t acc, uint64_t word) { return rotl(acc + word * K2, 31) * K1; }
 
 static inline uint64_t fold(uint64_t h, uint64_t acc) {
     h ^= lane(0, acc);

@@ -26,22 +26,12 @@
 
 #include <string.h>
 
-static bool shapes_equal(const epx_shape *a, const epx_shape *b) {
-    return a->num_layers == b->num_layers && a->num_logical_experts == b->num_logical_experts &&
-           a->num_physical_experts == b->num_physical_experts && a->num_gpus == b->num_gpus &&
-           a->num_nodes == b->num_nodes;
-}
-
 static epx_status check_shapes(const epx_layout *cur, const epx_layout *tgt, epx_error *err) {
     const epx_shape *a = epx_layout_shape(cur), *b = epx_layout_shape(tgt);
-    if (shapes_equal(a, b)) return EPX_OK;
-    return epxi_fail(err, EPX_ERR_SHAPE,
-                     "the current layout (L=%d E=%d P=%d G=%d N=%d) and the target (L=%d E=%d "
-                     "P=%d G=%d N=%d) differ in shape: a migration moves weights between slots "
-                     "of one shape; plan the target for the current shape",
-                     a->num_layers, a->num_logical_experts, a->num_physical_experts, a->num_gpus,
-                     a->num_nodes, b->num_layers, b->num_logical_experts,
-                     b->num_physical_experts, b->num_gpus, b->num_nodes);
+    return epxi_check_same_shape(a, b, "the current layout (", ") and the target (",
+                                 ") differ in shape: a migration moves weights between slots "
+                                 "of one shape; plan the target for the current shape",
+                                 err);
 }
 
 const char *epx_move_kind_name(int kind) {
@@ -73,14 +63,14 @@ void epx_migration_destroy(epx_migration *mig) {
 /* Scratch for one layer: live holders of each expert now (CSR), and marks
  * for "this GPU / this node already receives expert e in this layer". */
 typedef struct {
-    int32_t *hstart; /* [E + 1] */
-    int32_t *hslot;  /* [P] */
-    int64_t *gpu_mark, *node_mark; /* [E] stamps */
+    int32_t *hstart;                 /* [E + 1] */
+    int32_t *hslot;                  /* [P] */
+    int64_t *gpu_mark, *node_mark;   /* [E] stamps */
     int32_t *gpu_first, *node_first; /* [E] slots */
 } layer_scratch;
 
-static void build_holders(layer_scratch *s, const int32_t *row, int32_t P, int32_t E,
-                          int32_t spg, const uint8_t *failed) {
+static void build_holders(layer_scratch *s, const int32_t *row, int32_t P, int32_t E, int32_t spg,
+                          const uint8_t *failed) {
     memset(s->hstart, 0, (size_t)(E + 1) * sizeof *s->hstart);
     for (int32_t p = 0; p < P; p++)
         if (failed == NULL || !failed[p / spg]) s->hstart[row[p] + 1]++;
@@ -93,8 +83,8 @@ static void build_holders(layer_scratch *s, const int32_t *row, int32_t P, int32
 }
 
 /* The live holder of `e` that slot p's GPU should receive from, or -1. */
-static int32_t pick_source(const layer_scratch *s, int32_t e, int32_t g, int32_t spg,
-                           int32_t gpn, const uint64_t *sent, bool *same_node) {
+static int32_t pick_source(const layer_scratch *s, int32_t e, int32_t g, int32_t spg, int32_t gpn,
+                           const uint64_t *sent, bool *same_node) {
     int32_t best = -1, best_tier = 2;
     for (int32_t i = s->hstart[e]; i < s->hstart[e + 1]; i++) {
         int32_t q = s->hslot[i], h = q / spg;
@@ -115,8 +105,7 @@ static int32_t local_holder(const layer_scratch *s, int32_t e, int32_t g, int32_
     return -1;
 }
 
-static bool node_holds(const layer_scratch *s, int32_t e, int32_t node, int32_t spg,
-                       int32_t gpn) {
+static bool node_holds(const layer_scratch *s, int32_t e, int32_t node, int32_t spg, int32_t gpn) {
     for (int32_t i = s->hstart[e]; i < s->hstart[e + 1]; i++)
         if (s->hslot[i] / spg / gpn == node) return true;
     return false;
@@ -203,11 +192,8 @@ static void plan_layer(epx_migration *m, int32_t l, const int32_t *old, const in
 }
 
 static epx_status check_opts(const epx_migrate_opts *o, const epx_shape *sh, epx_error *err) {
-    if (o->version != EPX_MIGRATE_OPTS_VERSION)
-        return epxi_fail(err, EPX_ERR_INVALID_ARG,
-                         "epx_migrate_opts.version is %u, this library knows %u: initialise the "
-                         "options with EPX_MIGRATE_OPTS_INIT",
-                         o->version, EPX_MIGRATE_OPTS_VERSION);
+    EPX_TRY(epxi_check_version(o->version, EPX_MIGRATE_OPTS_VERSION, "epx_migrate_opts",
+                               "EPX_MIGRATE_OPTS_INIT", err));
     if (o->expert_bytes == 0)
         return epxi_fail(err, EPX_ERR_INVALID_ARG,
                          "expert_bytes is 0: give the size in bytes of one expert's weights in "

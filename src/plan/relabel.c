@@ -16,7 +16,7 @@
  * and walking them together attains it. tests/test_migrate_plan.c checks it
  * against augmenting-path matching (Kuhn's algorithm) on random layouts.
  */
-#include "migrate_internal.h"
+#include "constrain.h"
 
 #include <string.h>
 
@@ -70,8 +70,8 @@ static void relabel_gpu(size_t n, const int32_t *old, const int32_t *neu, int32_
     }
 }
 
-epx_status epxi_relabel_map(const epx_shape *shape, const int32_t *old, int32_t *map,
-                            int32_t *perm, epx_error *err) {
+epx_status epxi_relabel_map(const epx_shape *shape, const int32_t *old, int32_t *map, int32_t *perm,
+                            epx_error *err) {
     const int32_t P = shape->num_physical_experts, G = shape->num_gpus;
     const int32_t spg = P / G;
     const size_t n = (size_t)(uint32_t)spg; /* spg >= 1 for a valid shape */
@@ -116,35 +116,11 @@ epx_status epxi_count_live(const epx_shape *shape, const uint8_t *failed, int32_
 
 double epxi_layer_balance(const epx_shape *shape, const int32_t *row, const double *load,
                           const uint8_t *failed, double *scratch) {
-    const int32_t P = shape->num_physical_experts, G = shape->num_gpus,
-                  E = shape->num_logical_experts;
-    const int32_t spg = P / G;
-    double *gpu = scratch, *cnt = scratch + G;
-    memset(cnt, 0, (size_t)E * sizeof *cnt);
-    for (int32_t p = 0; p < P; p++)
-        if (failed == NULL || !failed[p / spg]) cnt[row[p]] += 1.0;
-    double total = 0.0, mx = 0.0;
-    int32_t live = 0;
-    for (int32_t g = 0; g < G; g++) {
-        gpu[g] = 0.0;
-        if (failed != NULL && failed[g]) continue;
-        live++;
-        for (int32_t p = g * spg; p < (g + 1) * spg; p++)
-            if (cnt[row[p]] > 0) gpu[g] += load[row[p]] / cnt[row[p]];
-        total += gpu[g];
-        if (gpu[g] > mx) mx = gpu[g];
-    }
-    if (mx <= 0.0 || live == 0) return 1.0;
-    return total / (double)live / mx;
-}
-
-double *epxi_sum_load(const epx_counts *counts, epx_error *err) {
-    const size_t cells = (size_t)counts->num_layers * (size_t)counts->num_experts;
-    double *load = epxi_calloc(cells, sizeof *load, "summed load", err);
-    if (load == NULL) return NULL;
-    for (int32_t s = 0; s < counts->num_windows; s++) {
-        const double *w = counts->data + (size_t)s * cells;
-        for (size_t i = 0; i < cells; i++) load[i] += w[i];
-    }
-    return load;
+    const int32_t G = shape->num_gpus;
+    double *gpu = scratch;
+    int32_t *cnt = (int32_t *)(scratch + G); /* E ints fit in E doubles */
+    (void)epxi_layer_gpu_loads(row, load, NULL, NULL, failed, shape->num_logical_experts,
+                               shape->num_physical_experts, G, cnt, gpu);
+    const epxi_gpu_summary s = epxi_gpu_summarize(gpu, G, failed);
+    return epxi_balancedness(&s);
 }

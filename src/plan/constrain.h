@@ -1,10 +1,15 @@
 /*
- * migrate_internal.h - what the files of src/migrate share and the planner
- * hook (epxi_plan_constrained) that src/plan calls for the options that
- * concern moving: current, max_moves, move_price and failed_gpus. Internal.
+ * constrain.h - what a plan's constraints need, shared by the planner's
+ * entry point (plan.c), the constraint files (plan_constrained.c, relabel.c,
+ * limit.c) and, from the engine room above, migration plans: relabelling
+ * against the layout in service, live GPUs, move limits, and the hook that
+ * serves current, max_moves, move_price and failed_gpus. Internal.
+ *
+ * Constraints are planner inputs, so they live in src/plan; the engine's
+ * migration code uses them, and nothing here calls the engine.
  */
-#ifndef EPX_MIGRATE_INTERNAL_H
-#define EPX_MIGRATE_INTERNAL_H
+#ifndef EPX_PLAN_CONSTRAIN_H
+#define EPX_PLAN_CONSTRAIN_H
 
 #include "internal.h"
 
@@ -16,8 +21,8 @@
  * stays in the lowest old slots holding it; the rest fill the remaining
  * slots in their original order.
  */
-EPXI_HIDDEN epx_status epxi_relabel_map(const epx_shape *shape, const int32_t *old,
-                                        int32_t *map, int32_t *perm, epx_error *err);
+EPXI_HIDDEN epx_status epxi_relabel_map(const epx_shape *shape, const int32_t *old, int32_t *map,
+                                        int32_t *perm, epx_error *err);
 
 /* Check a failed-GPU mask ([G] or NULL) and count live GPUs; fails with
  * EPX_ERR_INVALID_ARG when every GPU is marked failed. */
@@ -28,8 +33,7 @@ EPXI_HIDDEN epx_status epxi_count_live(const epx_shape *shape, const uint8_t *fa
  * split evenly over its live replicas): mean / max over live GPUs. 1.0 for
  * a layer without load. scratch: >= G + E doubles. */
 EPXI_HIDDEN double epxi_layer_balance(const epx_shape *shape, const int32_t *row,
-                                      const double *load, const uint8_t *failed,
-                                      double *scratch);
+                                      const double *load, const uint8_t *failed, double *scratch);
 
 /*
  * Limit moves in place: `map` [L][P] (in/out) is the target, already
@@ -41,23 +45,6 @@ EPXI_HIDDEN epx_status epxi_limit_moves(const epx_shape *shape, const double *lo
                                         const int32_t *old, int32_t *map, double *share,
                                         const epx_move_budget *budget, epx_move_report *report,
                                         epx_error *err);
-
-/* A migration plan (migration.c builds it, execute.c runs it). */
-struct epx_migration {
-    epx_shape shape;
-    epx_layout *layout; /* the relabelled target */
-    int32_t *current;   /* [L][P] the layout it starts from, to check the caller's */
-    uint8_t *failed;    /* [G] nonzero = failed */
-    int32_t *perm;      /* [L][P] */
-    uint8_t *kinds;     /* [L][P] epx_move_kind */
-    int32_t *src;       /* [L][P] */
-    uint64_t *sent;     /* [G] bytes over links */
-    uint64_t *recv;     /* [G] */
-    epx_migration_stats stats;
-};
-
-/* Sum counts' windows into a new [L][E] array (caller frees). */
-EPXI_HIDDEN double *epxi_sum_load(const epx_counts *counts, epx_error *err);
 
 /*
  * The planner hook. The planner proper (`place`) fills map/share [L][P]
