@@ -42,13 +42,8 @@ ROOMS = {
 
 # Known imports that point up, each with who removes it. Keep this short.
 EXCEPTIONS = {
-    # comm/ep.c runs the experts through the MoE reference layer and the GPU
-    # MoE layer checks its config there: removed by the EP engine work.
-    ("comm", "engine", "epx_moe_expert_forward"),
-    ("comm", "engine", "epx_moe_config_check"),
-    # The same check once the GPU MoE layer (comm/nccl/moe_cuda.cu) moves to
-    # src/cuda/, as the EP engine work plans: removed by that work too.
-    ("cuda", "engine", "epx_moe_config_check"),
+    # None: add a (room, room, symbol) triple here, with the reason, only for
+    # a call that must run up for now, and remove it when it is fixed.
 }
 
 SOURCE_EXT = (".c", ".h", ".cu", ".cuh")

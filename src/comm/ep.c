@@ -593,29 +593,6 @@ epx_status epx_ep_combine(epx_ep *ep, float *out, epx_error *err) {
     return st;
 }
 
-epx_status epx_ep_run_experts(epx_ep *ep, const epx_ep_recv *recv, const epx_moe_expert *experts,
-                              float *work, epx_error *err) {
-    if (ep == NULL || recv == NULL || (recv->num_entries > 0 && (experts == NULL || work == NULL)))
-        return epxi_fail(err, EPX_ERR_INVALID_ARG,
-                         "EP run_experts needs the handle, the recv view, %d expert views and "
-                         "scratch",
-                         ep ? ep->g.spr : 0);
-    if (ep->g.cfg.x_dtype != EPX_DTYPE_F32 || ep->g.cfg.y_dtype != EPX_DTYPE_F32)
-        return epxi_fail(err, EPX_ERR_INVALID_ARG,
-                         "EP run_experts runs fp32 experts: x_dtype and y_dtype must be "
-                         "EPX_DTYPE_F32");
-    const int32_t H = ep->g.H;
-    float *y = recv->y;
-    for (int32_t s = 0; s < recv->num_local_slots; s++) {
-        int64_t e0 = recv->slot_offsets[s], n = recv->slot_offsets[s + 1] - e0;
-        if (n == 0) continue;
-        EPX_TRY(epx_moe_expert_forward(&experts[s], H, recv->x,
-                                       (int64_t)(recv->x_stride / sizeof(float)),
-                                       recv->entry_token + e0, n, y + e0 * H, work, err));
-    }
-    return EPX_OK;
-}
-
 epx_status epx_ep_identity_experts(epx_ep *ep, const epx_ep_recv *recv, epx_error *err) {
     if (ep == NULL || recv == NULL)
         return epxi_fail(err, EPX_ERR_INVALID_ARG, "identity experts need the handle and a recv view");
@@ -631,6 +608,8 @@ epx_status epx_ep_identity_experts(epx_ep *ep, const epx_ep_recv *recv, epx_erro
     }
     return EPX_OK;
 }
+
+const epxi_ep_geom *epxi_ep_geom_of(const epx_ep *ep) { return &ep->g; }
 
 void epx_ep_last_bytes(const epx_ep *ep, int64_t *dispatch_bytes, int64_t *combine_bytes) {
     if (dispatch_bytes) *dispatch_bytes = ep ? ep->last_dispatch_bytes : 0;

@@ -56,6 +56,10 @@ typedef struct epxi_ep_geom {
     bool checked_caps; /* the caller set a bound below the worst case */
 } epxi_ep_geom;
 
+/* The checked geometry of a host EP handle (ep.c), for the engine room's
+ * expert runner. */
+EPXI_HIDDEN const epxi_ep_geom *epxi_ep_geom_of(const epx_ep *ep);
+
 /* The one check of an EP config (messages name the value and the fix) and
  * the one derivation of sizes from it. `who` names the caller in messages. */
 EPXI_HIDDEN epx_status epxi_ep_geom_init(const epx_ep_config *cfg, int32_t R, epxi_ep_geom *g,

@@ -22,7 +22,7 @@
 #include <string.h>
 
 #include "epx_comm_nccl.h"
-#include "nccl_internal.h"
+#include "../comm/nccl/nccl_internal.h"
 
 namespace {
 
