@@ -52,6 +52,7 @@ struct Ctl {
     uint32_t bad;       /* a bad slot in the running dispatch (its first index + 1) */
     uint32_t refused;   /* the last dispatch was refused: combine writes zeros */
     uint32_t fault[4];  /* code, phase, peer, epoch */
+    unsigned long long stamp[16]; /* variant 8: block 0's clock at each step */
 };
 
 /* Offsets of one rank's buffer and everything the kernels need. */
@@ -84,7 +85,13 @@ __device__ __forceinline__ unsigned long long now_ns() {
 
 /* Variant bits (bench and tests only, epxi_gpu_ep_variant): 1 = blocks
  * fence at GPU scope before counting in; 2 = flags at GPU scope (one GPU
- * only); 4 = poll without sleeping. */
+ * only); 4 = poll without sleeping; 8 = block 0 stamps the global timer at
+ * each step (Ctl::stamp, read with epxi_gpu_ep_stamps). */
+#define STAMP(a, i)                                                                    \
+    do {                                                                               \
+        if (((a).variant & 8) && blockIdx.x == 0 && threadIdx.x == 0) (a).ctl->stamp[i] = now_ns(); \
+    } while (0)
+
 __device__ __forceinline__ uint64_t ld_acquire(const uint64_t *p, int var) {
     uint64_t v;
     if (var & 2) asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
@@ -180,7 +187,9 @@ template <typename F> __device__ void arrive(uint32_t *counter, int var, F publi
     if (threadIdx.x == 0) {
         if (var & 1) __threadfence();
         else __threadfence_system();
-        if (atomicAdd(counter, 1u) == gridDim.x - 1) {
+        if (gridDim.x == 1) { /* alone: nobody to count */
+            publish();
+        } else if (atomicAdd(counter, 1u) == gridDim.x - 1) {
             *counter = 0;
             if (var & 2) __threadfence();
             else __threadfence_system();
@@ -195,27 +204,37 @@ __device__ uint64_t *dflag_at(const Args &a, unsigned char *buf, int src) {
 
 /* so[0..n] = exclusive prefix sums of v[0..n) (so[n] = the total), by the
  * whole block: each thread sums a contiguous chunk, the chunk sums are
- * scanned in shared memory (Hillis-Steele), then each chunk is written. */
+ * scanned with warp shuffles (lanes, then warp totals), then each chunk is
+ * written. */
 __device__ void block_exclusive_scan(const int32_t *v, int n, int64_t *so) {
-    __shared__ int64_t part[kThreads];
-    const int tid = threadIdx.x, per = (n + blockDim.x - 1) / blockDim.x;
+    __shared__ int64_t warp_total[kThreads / 32];
+    const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, nwarps = blockDim.x / 32;
+    const int per = (n + blockDim.x - 1) / blockDim.x;
     const int lo = tid * per < n ? tid * per : n, hi = lo + per < n ? lo + per : n;
     int64_t sum = 0;
     for (int i = lo; i < hi; i++) sum += v[i];
-    part[tid] = sum;
-    __syncthreads();
-    for (int d = 1; d < (int)blockDim.x; d *= 2) {
-        int64_t add = tid >= d ? part[tid - d] : 0;
-        __syncthreads();
-        part[tid] += add;
-        __syncthreads();
+    int64_t inc = sum; /* inclusive scan within the warp */
+    for (int d = 1; d < 32; d *= 2) {
+        int64_t up = __shfl_up_sync(0xffffffffu, inc, d);
+        if (lane >= d) inc += up;
     }
-    int64_t run = part[tid] - sum; /* exclusive */
+    if (lane == 31) warp_total[warp] = inc;
+    __syncthreads();
+    if (warp == 0) {
+        int64_t wt = lane < nwarps ? warp_total[lane] : 0, winc = wt;
+        for (int d = 1; d < 32; d *= 2) {
+            int64_t up = __shfl_up_sync(0xffffffffu, winc, d);
+            if (lane >= d) winc += up;
+        }
+        if (lane < nwarps) warp_total[lane] = winc - wt; /* exclusive, per warp */
+    }
+    __syncthreads();
+    int64_t run = warp_total[warp] + inc - sum; /* exclusive, this thread */
     for (int i = lo; i < hi; i++) {
         so[i] = run;
         run += v[i];
     }
-    if (tid == blockDim.x - 1) so[n] = part[tid];
+    if (tid == (int)blockDim.x - 1) so[n] = run;
 }
 
 /*
@@ -242,9 +261,13 @@ __device__ void group_entries(const Args &a, const int32_t *rows_of, uint32_t ep
         }
         first_row[a.R] = acc;
     }
-    for (int i = threadIdx.x; i < nw * (spr + 1); i += blockDim.x) hist[i] = 0;
     __syncthreads();
     const int64_t npairs = (int64_t)first_row[a.R] * K;
+    /* No more warps than 32-pair steps: a small batch clears and sums
+     * fewer histograms. */
+    if ((npairs + 31) / 32 < nw) nw = npairs > 0 ? (int)((npairs + 31) / 32) : 1;
+    for (int i = threadIdx.x; i < nw * (spr + 1); i += blockDim.x) hist[i] = 0;
+    __syncthreads();
     const int64_t chunk = (npairs + nw - 1) / nw;
     const unsigned char *recv = a.base + a.off_recv;
     /* The slot of pair q (or -1) and its row in the buffer. */
@@ -309,43 +332,67 @@ __device__ void group_entries(const Args &a, const int32_t *rows_of, uint32_t ep
 __global__ void __launch_bounds__(kThreads) k_dispatch(Args a, int64_t T, const unsigned char *x,
                                                      const int32_t *slots, const float *weights) {
     if (ld_volatile(&a.ctl->fault[0]) != F_NONE) return;
+    STAMP(a, 0);
     uint32_t epoch = a.ctl->epoch + 1;
     if (epoch == 0) epoch = 1; /* 0 marks rows never written */
     const int K = a.K, dmax = K < a.R ? K : a.R;
-    __shared__ int32_t d[kMaxK];
+    __shared__ int32_t d[kMaxK], sk[kMaxK];
+    __shared__ float wk[kMaxK];
     __shared__ int nd;
+    /* The x row is read into registers while the routing is worked out, so
+     * the two reads overlap; rows too large for that are copied directly. */
+    constexpr int kPre = 4;
+    const bool pre = a.xrow % 16 == 0 && a.xrow / 16 <= (size_t)kPre * blockDim.x &&
+                     (uintptr_t)x % 16 == 0;
     /* Send: work item (token, j-th destination). */
     for (int64_t item = blockIdx.x; item < T * dmax; item += gridDim.x) {
         const int64_t t = item / dmax;
         const int j = (int)(item % dmax);
-        const int32_t *s = slots + t * K;
-        if (threadIdx.x == 0) {
-            for (int k = 0; k < K; k++)
-                if (s[k] < -1 || s[k] >= a.P) atomicCAS(&a.ctl->bad, 0u, (uint32_t)(t * K + k) + 1u);
-            nd = epxi_ep_token_dests(s, K, a.spr, d);
+        const unsigned char *xr = x + (size_t)t * a.xrow;
+        int4 v[kPre];
+        if (pre)
+            for (int i = 0; i < kPre; i++) {
+                size_t w = threadIdx.x + (size_t)i * blockDim.x;
+                if (w < a.xrow / 16) v[i] = ((const int4 *)xr)[w];
+            }
+        for (int k = threadIdx.x; k < K; k += blockDim.x) {
+            const int32_t sv = slots[t * K + k];
+            const float wv = weights[t * K + k];
+            if (sv < -1 || sv >= a.P) atomicCAS(&a.ctl->bad, 0u, (uint32_t)(t * K + k) + 1u);
+            sk[k] = sv;
+            wk[k] = wv;
+            if (j == 0) {
+                a.slots[t * K + k] = sv;
+                a.weights[t * K + k] = wv;
+            }
         }
-        if (j == 0 && threadIdx.x < K) {
-            a.slots[t * K + threadIdx.x] = s[threadIdx.x];
-            a.weights[t * K + threadIdx.x] = weights[t * K + threadIdx.x];
-        }
+        __syncthreads();
+        if (threadIdx.x == 0) nd = epxi_ep_token_dests(sk, K, a.spr, d);
         __syncthreads();
         if (j < nd) {
             const int dst = d[j];
             unsigned char *rec = a.peers[dst] + a.off_recv +
                                  ((size_t)a.me * (a.M + 1) + (size_t)t) * a.rec;
-            block_copy(rec, x + (size_t)t * a.xrow, a.xrow);
-            if (threadIdx.x < K) {
-                int k = threadIdx.x;
-                bool here = s[k] >= 0 && s[k] / a.spr == dst;
+            if (pre) {
+                for (int i = 0; i < kPre; i++) {
+                    size_t w = threadIdx.x + (size_t)i * blockDim.x;
+                    if (w < a.xrow / 16) ((int4 *)rec)[w] = v[i];
+                }
+            } else {
+                block_copy(rec, xr, a.xrow);
+            }
+            for (int k = threadIdx.x; k < K; k += blockDim.x) {
+                bool here = sk[k] >= 0 && sk[k] / a.spr == dst;
                 epxi_ep_meta m;
-                m.slot = here ? s[k] - dst * a.spr : -1;
-                m.weight = here ? weights[t * K + k] : 0.0f;
+                m.slot = here ? sk[k] - dst * a.spr : -1;
+                m.weight = here ? wk[k] : 0.0f;
                 ((epxi_ep_meta *)(rec + a.meta_off))[k] = m;
             }
             if (threadIdx.x == 0) *(uint32_t *)(rec + a.tag_off) = epoch;
         }
         __syncthreads();
     }
+    STAMP(a, 1);
     arrive(&a.ctl->arrive_d, a.variant, [&] {
         uint32_t bad = a.ctl->bad;
         a.ctl->bad = 0;
@@ -356,6 +403,7 @@ __global__ void __launch_bounds__(kThreads) k_dispatch(Args a, int64_t T, const 
     });
     /* Receive: block 0 waits for every source and groups. */
     if (blockIdx.x != 0) return;
+    STAMP(a, 2);
     __shared__ int32_t rows_of[kMaxRanks + 1];
     __shared__ int any_bad;
     if (!wait_flags(a, dflag_at(a, a.base, 0), (size_t)(a.M + 1) * a.rec, a.R, epoch,
@@ -363,6 +411,7 @@ __global__ void __launch_bounds__(kThreads) k_dispatch(Args a, int64_t T, const 
         for (int s = threadIdx.x; s <= a.spr; s += blockDim.x) a.so[s] = 0;
         return;
     }
+    STAMP(a, 3);
     if (threadIdx.x == 0) {
         any_bad = -1;
         a.ctl->refused = 0;
@@ -384,6 +433,7 @@ __global__ void __launch_bounds__(kThreads) k_dispatch(Args a, int64_t T, const 
         return;
     }
     group_entries(a, rows_of, epoch);
+    STAMP(a, 4);
 }
 
 __global__ void __launch_bounds__(kThreads) k_identity(Args a) {
@@ -402,8 +452,64 @@ __global__ void __launch_bounds__(kThreads) k_identity(Args a) {
     }
 }
 
+/* Elements a thread reduces in combine: 16 bytes of its rows. */
+template <int BF16> struct Lanes;
+template <> struct Lanes<1> {
+    static constexpr int V = 8;
+    __device__ static void load(const unsigned char *p, float *y) {
+        const int4 v = *(const int4 *)p;
+        const uint32_t u[4] = {(uint32_t)v.x, (uint32_t)v.y, (uint32_t)v.z, (uint32_t)v.w};
+        for (int j = 0; j < 4; j++) {
+            y[2 * j] = epxi_bf16_to_f32((uint16_t)(u[j] & 0xffffu));
+            y[2 * j + 1] = epxi_bf16_to_f32((uint16_t)(u[j] >> 16));
+        }
+    }
+};
+template <> struct Lanes<0> {
+    static constexpr int V = 4;
+    __device__ static void load(const unsigned char *p, float *y) {
+        const float4 v = *(const float4 *)p;
+        y[0] = v.x, y[1] = v.y, y[2] = v.z, y[3] = v.w;
+    }
+};
+
+/*
+ * out[t][h0 .. h0 + V) of one token: the combine formula of ep_common.h
+ * (acc = 0; for k ascending with a slot: acc = acc + w[k] * y_k, rounded
+ * after each step) on V elements at once. rows[k] (NULL: no expert) and
+ * w[k] are staged in shared memory; rows are read four at a time with
+ * 16-byte loads where they allow, so the loads are in flight together.
+ */
+template <int BF16>
+__device__ void reduce_lanes(const Args &a, const unsigned char *const *rows, const float *w,
+                             int64_t h0, float *out) {
+    constexpr int V = Lanes<BF16>::V, B = 4;
+    const int K = a.K;
+    float acc[V];
+    for (int j = 0; j < V; j++) acc[j] = 0.0f;
+    const int n = h0 + V <= a.H ? V : (int)(a.H - h0);
+    const bool vec = n == V && a.yrow % 16 == 0;
+    for (int k0 = 0; k0 < K; k0 += B) {
+        float y[B][V];
+        for (int b = 0; b < B; b++) {
+            const int k = k0 + b;
+            if (k >= K || rows[k] == nullptr) continue;
+            if (vec) Lanes<BF16>::load(rows[k] + (size_t)h0 * (BF16 ? 2 : 4), y[b]);
+            else
+                for (int j = 0; j < n; j++) y[b][j] = epxi_row_load(rows[k], h0 + j, BF16);
+        }
+        for (int b = 0; b < B; b++) {
+            const int k = k0 + b;
+            if (k >= K || rows[k] == nullptr) continue;
+            for (int j = 0; j < n; j++) acc[j] = epxi_madd(acc[j], w[k], y[b][j]);
+        }
+    }
+    for (int j = 0; j < n; j++) out[h0 + j] = acc[j];
+}
+
 __global__ void __launch_bounds__(kThreads) k_combine(Args a, int64_t T, float *out) {
     if (ld_volatile(&a.ctl->fault[0]) != F_NONE) return;
+    STAMP(a, 8);
     const uint32_t epoch = a.ctl->epoch;
     const int K = a.K;
     const int64_t n = a.so[a.spr];
@@ -414,29 +520,40 @@ __global__ void __launch_bounds__(kThreads) k_combine(Args a, int64_t T, float *
         unsigned char *dst = a.peers[src] + a.off_comb + (size_t)(t * K + pair % K) * a.yrow;
         block_copy(dst, a.y + (size_t)e * a.yrow, a.yrow);
     }
+    STAMP(a, 9);
     arrive(&a.ctl->arrive_c, a.variant, [&] {
         for (int r = 0; r < a.R; r++)
             st_release((uint64_t *)(a.peers[r] + a.off_cflag) + a.me, epxi_ll_flag(epoch, 0),
                        a.variant);
     });
-    /* Every block waits for every peer, then reduces its tokens. */
+    STAMP(a, 10);
+    /* Every block waits for every peer, then reduces its share: items of
+     * (token, chunk of V * blockDim elements). */
     if (!wait_flags(a, (const uint64_t *)(a.base + a.off_cflag), sizeof(uint64_t), a.R, epoch,
                     PH_COMBINE))
         return;
-    __shared__ const unsigned char *rows[kMaxK];
+    STAMP(a, 11);
     const bool refused = a.ctl->refused != 0;
     const unsigned char *comb = a.base + a.off_comb;
-    for (int64_t t = blockIdx.x; t < T; t += gridDim.x) {
-        if (threadIdx.x < K)
-            rows[threadIdx.x] = a.slots[t * K + threadIdx.x] >= 0
-                                    ? comb + (size_t)(t * K + threadIdx.x) * a.yrow
-                                    : nullptr;
+    const int V = a.ybf16 ? Lanes<1>::V : Lanes<0>::V;
+    const int64_t per = (int64_t)V * blockDim.x, chunks = (a.H + per - 1) / per;
+    __shared__ const unsigned char *rows[kMaxK];
+    __shared__ float wk[kMaxK];
+    for (int64_t item = blockIdx.x; item < T * chunks; item += gridDim.x) {
+        const int64_t t = item / chunks, h0 = (item % chunks) * per + (int64_t)threadIdx.x * V;
+        for (int k = threadIdx.x; k < K; k += blockDim.x) {
+            rows[k] = a.slots[t * K + k] >= 0 && !refused ? comb + (size_t)(t * K + k) * a.yrow
+                                                           : nullptr;
+            wk[k] = a.weights[t * K + k];
+        }
         __syncthreads();
-        for (int h = threadIdx.x; h < a.H; h += blockDim.x)
-            out[t * a.H + h] =
-                refused ? 0.0f : epxi_ep_combine_elem(rows, a.weights + t * K, K, h, a.ybf16);
+        if (h0 < a.H) {
+            if (a.ybf16) reduce_lanes<1>(a, rows, wk, h0, out + t * a.H);
+            else reduce_lanes<0>(a, rows, wk, h0, out + t * a.H);
+        }
         __syncthreads();
     }
+    STAMP(a, 12);
 }
 
 } // namespace
@@ -790,9 +907,12 @@ extern "C" epx_status epx_gpu_ep_combine(epx_gpu_ep *ep, float *out, epx_error *
         return epxi_fail(err, EPX_ERR_INVALID_ARG, "GPU EP combine of %lld tokens needs out",
                          (long long)ep->T);
     const epxi_ep_geom *g = &ep->g;
-    /* Enough blocks for the entries this rank may hold and its tokens. */
-    k_combine<<<blocks_for(ep, (int64_t)g->R * ep->T * g->K), kThreads, 0, ep->stream>>>(
-        ep->a, ep->T, out);
+    /* Enough blocks for the entries this rank may hold, and for its tokens'
+     * chunks of the reduction. */
+    const int64_t per = (int64_t)(g->cfg.y_dtype == EPX_DTYPE_BF16 ? 8 : 4) * kThreads;
+    const int64_t items = ep->T * ((g->H + per - 1) / per), sends = (int64_t)g->R * ep->T * g->K;
+    k_combine<<<blocks_for(ep, items > sends ? items : sends), kThreads, 0, ep->stream>>>(ep->a, ep->T,
+                                                                                        out);
     EPXI_CUDA_TRY(cudaGetLastError(), "GPU EP combine kernel");
     ep->dispatched = false;
     return EPX_OK;
@@ -809,6 +929,19 @@ extern "C" int32_t epx_gpu_ep_launches(const epx_gpu_ep *ep, const char *phase) 
     (void)ep;
     return phase != NULL && (strcmp(phase, "dispatch") == 0 || strcmp(phase, "combine") == 0) ? 1
                                                                                                : 0;
+}
+
+/* Measuring: the stamps of the last dispatch and combine (variant 8), in
+ * microseconds after each kernel's start: [0..4] dispatch, [8..12]
+ * combine. */
+extern "C" EPXI_HIDDEN int epxi_gpu_ep_stamps(epx_gpu_ep *ep, double *us) {
+    Ctl c;
+    if (ep == NULL || cudaMemcpy(&c, ep->a.ctl, sizeof c, cudaMemcpyDeviceToHost) != cudaSuccess) return -1;
+    for (int i = 0; i < 16; i++) {
+        unsigned long long base = c.stamp[i < 8 ? 0 : 8];
+        us[i] = c.stamp[i] >= base && base ? (double)(c.stamp[i] - base) * 1e-3 : -1.0;
+    }
+    return 0;
 }
 
 /* Measuring: kernel variants (ld_acquire's comment); 0 = the default. */
