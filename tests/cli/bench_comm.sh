@@ -55,6 +55,10 @@ assert {r["phase"] for r in rows} == {"dispatch", "combine", "round-trip", "allr
 assert {r["mode"] for r in rows} == {"low-latency", "tp-allreduce"}
 assert all(r["ranks"] == 2 and r["median_us"] > 0 and r["p99_us"] >= r["median_us"] for r in rows)
 PY
+out=$("$EPX_BIN" advise --model qwen3-30b --gpus 2 --link pcie5 --measured "$tmp/ll.jsonl") ||
+    fail "advise --measured on JSON lines exited $?"
+grep -q "measured by epx bench comm (mpi, 2 rank(s)" <<<"$out" || fail "JSON lines not used: $out"
+grep -q "low-latency dispatch: .* us" <<<"$out" || fail "low-latency fixed cost not fitted: $out"
 "$EPX_BIN" bench comm --backend mpi --mode low-latency --combine rank --model qwen3-30b --tokens 1 2>/dev/null
 [ $? -eq 2 ] || fail "low latency with rank-order combine not a usage error"
 "$EPX_BIN" bench comm --backend mpi --mode low-latency --graph --model qwen3-30b --tokens 1 2>/dev/null

@@ -89,12 +89,89 @@ static int fit_op(json_t *rows, const char *op, fit *f, char *note, size_t note_
     return 0;
 }
 
+/* Most tokens per GPU the low-latency mode serves: its buffers grow with
+ * ranks x tokens x top-k rows. */
+#define LL_MAX_PER_GPU 256
+
+/* EP's time per layer at B tokens per step: the cheaper mode that serves
+ * B (low latency up to ll_max tokens). */
+typedef struct ep_lines {
+    double a, b, al, bl, ll_max;
+} ep_lines;
+static double ep_time(const ep_lines *e, double B, const char **mode) {
+    double tn = e->a + e->b * B, tl = e->al + e->bl * B;
+    bool ll = B <= e->ll_max && tl < tn;
+    if (mode) *mode = ll ? "low-latency" : "normal";
+    return ll ? tl : tn;
+}
+
+/* Least squares t = a + c * bytes over the JSON lines of `epx bench comm
+ * --json` with this mode and phase (graph replays only where `graph`, else
+ * stream launches only); bytes = GB/s x time. Returns the points used. */
+static int fit_lines(json_t *lines, const char *mode, const char *phase, bool graph, fit *f,
+                     char *note, size_t note_n) {
+    double sx = 0, sy = 0, sxx = 0, sxy = 0, ymin = 1e300;
+    int n = 0, npos = 0;
+    size_t i;
+    json_t *r;
+    json_array_foreach(lines, i, r) {
+        const char *m = json_string_value(json_object_get(r, "mode"));
+        const char *ph = json_string_value(json_object_get(r, "phase"));
+        json_t *jt = json_object_get(r, "median_us"), *jg = json_object_get(r, "gbps");
+        if (!m || !ph || strcmp(m, mode) != 0 || strcmp(ph, phase) != 0 || !json_is_number(jt) ||
+            json_is_true(json_object_get(r, "graph")) != graph)
+            continue;
+        double y = json_number_value(jt), x = json_is_number(jg) ? json_number_value(jg) * y * 1e3 : 0;
+        sx += x, sy += y, sxx += x * x, sxy += x * y, n++;
+        npos += x > 0;
+        if (y < ymin) ymin = y;
+    }
+    if (n == 0) return 0;
+    double den = n * sxx - sx * sx, c = npos >= 2 && den > 0 ? (n * sxy - sx * sy) / den : -1;
+    if (c > 0) {
+        double a = (sy - c * sx) / n;
+        f->a_us = a > 0 ? a : 0;
+        f->us_per_byte = c;
+        f->measured = 2;
+    } else {
+        f->a_us = ymin;
+        f->measured = 1;
+    }
+    snprintf(note, note_n, "%s %s%s: %.1f us + %.1f GB/s (%s, %d points)", mode, phase,
+             graph ? " (graph)" : "", f->a_us, 1e-3 / f->us_per_byte,
+             f->measured == 2 ? "both fitted" : "latency measured, bandwidth assumed", n);
+    return n;
+}
+
+/* The JSON lines of a file, as an array, or NULL when it is not one. */
+static json_t *load_lines(const char *path) {
+    FILE *fp = fopen(path, "r");
+    if (fp == NULL) return NULL;
+    json_t *arr = json_array();
+    char line[8192];
+    bool ok = true;
+    while (ok && fgets(line, sizeof line, fp) != NULL) {
+        if (line[0] == '\n' || line[0] == '\0') continue;
+        json_t *o = json_loads(line, 0, NULL);
+        ok = json_is_object(o) && json_object_get(o, "phase") != NULL;
+        if (ok) json_array_append_new(arr, o);
+        else json_decref(o);
+    }
+    fclose(fp);
+    if (!ok || json_array_size(arr) == 0) {
+        json_decref(arr);
+        return NULL;
+    }
+    return arr;
+}
+
 int cmd_advise(int argc, char **argv) {
     cli_opt opts[] = {
         {"--model", "NAME", "model shape (kimi-k2.5, deepseek-v3, qwen3-235b, mixtral, ...)", NULL},
         {"--gpus", "G", "GPUs serving the layer (EP ranks = TP ranks)", NULL},
         {"--link", "LINK", "nvlink3|nvlink4|nvlink5|pcie4|pcie5|ib-ndr", NULL},
-        {"--measured", "FILE", "the summary JSON of 'epx bench comm -o FILE': fit latency and bandwidth", NULL},
+        {"--measured", "FILE", "fit latency and bandwidth to 'epx bench comm' figures: its JSON lines "
+                               "(--json FILE) or its summary (-o FILE)", NULL},
         {"--dtype", "bf16|f32", "element type on the wire (default bf16)", NULL},
         {"--combine", "rank|topk", "EP combine: per (token, rank) partials (default, DeepEP's shape) or "
                                    "per (token, k) rows", NULL},
@@ -156,15 +233,47 @@ int cmd_advise(int argc, char **argv) {
     fit ft = {L->ar_us, 1e-3 / L->ar_gbps, 0};
     char notes[3][256] = {"", "", ""};
     char mnote[512] = "";
-    if (cli_get(&cmd, "--measured") != NULL) {
+    /* Low-latency mode: one in-band exchange per phase, no host sync, top-k
+     * combine rows; served up to LL_MAX_PER_GPU tokens per GPU. */
+    fit ld = {L->a2a_us, 1e-3 / L->a2a_gbps, 0}, lc = ld;
+    char llnotes[2][256] = {"", ""};
+    json_t *lines = cli_get(&cmd, "--measured") ? load_lines(cli_get(&cmd, "--measured")) : NULL;
+    if (lines != NULL) {
+        const char *path = cli_get(&cmd, "--measured");
+        json_t *r0 = json_array_get(lines, 0);
+        bool g = false; /* graph replays where the file has them */
+        size_t i;
+        json_t *r;
+        json_array_foreach(lines, i, r) g |= json_is_true(json_object_get(r, "graph"));
+        int n1 = fit_lines(lines, "low-latency", "dispatch", g, &ld, llnotes[0], sizeof llnotes[0]);
+        int n2 = fit_lines(lines, "low-latency", "combine", g, &lc, llnotes[1], sizeof llnotes[1]);
+        int n3 = fit_lines(lines, "normal", "dispatch", false, &fd, notes[0], sizeof notes[0]);
+        int n4 = fit_lines(lines, "normal", "combine", false, &fc, notes[1], sizeof notes[1]);
+        int n5 = fit_lines(lines, "tp-allreduce", "allreduce", false, &ft, notes[2], sizeof notes[2]);
+        int ranks = (int)json_integer_value(json_object_get(r0, "ranks"));
+        snprintf(mnote, sizeof mnote, "measured by epx bench comm (%s, %d rank(s), %s)%s",
+                 json_string_value(json_object_get(r0, "backend")), ranks,
+                 json_string_value(json_object_get(r0, "device")),
+                 ranks != G ? "; fitted at another rank count than --gpus: latencies and bandwidths "
+                              "carried over as they are"
+                            : "");
+        json_decref(lines);
+        if (n5 == 0 || (n1 == 0 && n3 == 0) || (n1 > 0) != (n2 > 0) || (n3 > 0) != (n4 > 0)) {
+            fprintf(stderr, "epx advise: '%s' lacks the all-reduce, or a mode's dispatch or combine "
+                            "figures: write it with 'epx bench comm ... --json FILE'\n", path);
+            return CLI_EXIT_USAGE;
+        }
+        topk = topk || (n3 == 0); /* only low latency measured: its combine is top-k */
+    } else if (cli_get(&cmd, "--measured") != NULL) {
         const char *path = cli_get(&cmd, "--measured");
         json_error_t je;
         json_t *root = json_load_file(path, 0, &je);
         json_t *rows = root ? json_object_get(root, "rows") : NULL;
         const char *fmt = root ? json_string_value(json_object_get(root, "format")) : NULL;
         if (root == NULL || !json_is_array(rows) || fmt == NULL || strcmp(fmt, "epx-bench-comm-1") != 0) {
-            fprintf(stderr, "epx advise: --measured '%s' is not an epx-bench-comm-1 file (%s): write one "
-                            "with 'epx bench comm ... -o FILE'\n",
+            fprintf(stderr, "epx advise: --measured '%s' is neither JSON lines of 'epx bench comm "
+                            "--json FILE' nor an epx-bench-comm-1 summary (%s): write one with "
+                            "'epx bench comm ... --json FILE'\n",
                     path, root ? "no format/rows" : je.text);
             json_decref(root);
             return CLI_EXIT_USAGE;
@@ -192,36 +301,61 @@ int cmd_advise(int argc, char **argv) {
     }
     const double bc = (topk ? K * (G - 1.0) / G : d) * H * esz / G;
     const double ae = fd.a_us + fc.a_us, be = imb * (bd * fd.us_per_byte + bc * fc.us_per_byte);
+    const double bc_ll = K * (G - 1.0) / G * H * esz / G; /* low latency combines in top-k order */
+    const double al = ld.a_us + lc.a_us, bl = imb * (bd * ld.us_per_byte + bc_ll * lc.us_per_byte);
     const double at = ft.a_us, bt_us = bt * ft.us_per_byte;
-    /* The crossover of two lines. */
+    ep_lines ep = {ae, be, al, bl, (double)G * LL_MAX_PER_GPU};
+    /* The first batch where the winner changes, on a geometric grid, then
+     * bisected to the token. */
     char answer[512];
     double cross = -1;
+    const char *cmode = "normal";
     if (G == 1) {
         snprintf(answer, sizeof answer, "one GPU: neither scheme communicates; nothing to choose");
-    } else if (be < bt_us) {
-        if (ae <= at) {
+    } else {
+        const bool ep_first = ep_time(&ep, 1, NULL) < at + bt_us;
+        double lo = 1, hi = -1;
+        for (double B = 1; B <= 16777216.0; B = ceil(B * 1.09)) {
+            if ((ep_time(&ep, B, NULL) < at + bt_us * B) != ep_first) {
+                hi = B;
+                break;
+            }
+            lo = B;
+        }
+        while (hi > 0 && hi - lo > 1) {
+            double mid = floor((lo + hi) / 2);
+            if ((ep_time(&ep, mid, NULL) < at + bt_us * mid) == ep_first) lo = mid;
+            else hi = mid;
+        }
+        if (hi > 0) {
+            cross = hi;
+            ep_time(&ep, ep_first ? lo : hi, &cmode);
+        }
+        const bool ll_mode = strcmp(cmode, "low-latency") == 0;
+        if (ep_first && hi < 0) {
             snprintf(answer, sizeof answer, "EP wins at every batch size (less latency and fewer bytes)");
             cross = 0;
-        } else {
-            cross = (ae - at) / (bt_us - be);
+        } else if (ep_first) {
+            snprintf(answer, sizeof answer, "EP wins only below %.0f tokens per step (%s mode); above it "
+                     "TP moves fewer bytes",
+                     hi, cmode);
+        } else if (hi > 0) {
             snprintf(answer, sizeof answer,
-                     "EP starts to win at %.0f tokens per step (%.0f per GPU); below that TP's one "
-                     "all-reduce costs less latency than EP's %s",
-                     ceil(cross), ceil(cross / G), "two all-to-alls and a host sync");
+                     "EP starts to win at %.0f tokens per step (%.0f per GPU), in %s mode (%.1f us "
+                     "fixed per layer: %s); below that TP's one all-reduce costs less",
+                     hi, ceil(hi / G), cmode, ll_mode ? al : ae,
+                     ll_mode ? "two in-band exchanges, no host sync" : "two all-to-alls and a host sync");
+        } else {
+            snprintf(answer, sizeof answer, "EP never wins: TP moves fewer bytes per GPU and has less latency");
         }
-    } else if (ae < at) {
-        cross = (at - ae) / (be - bt_us);
-        snprintf(answer, sizeof answer, "EP wins only below %.0f tokens per step; above it TP moves fewer bytes",
-                 floor(cross));
-    } else {
-        snprintf(answer, sizeof answer, "EP never wins: TP moves fewer bytes per GPU and has less latency");
     }
     if (cli_flag(&cmd, "--json")) {
         printf("{\"model\": \"%s\", \"gpus\": %d, \"link\": \"%s\", \"measured\": %s, \"dtype\": \"%s\", "
-               "\"combine\": \"%s\", \"ep_us\": [%.3f, %.6f], \"tp_us\": [%.3f, %.6f], "
-               "\"crossover_tokens\": %.1f, \"answer\": \"%s\"}\n",
+               "\"combine\": \"%s\", \"ep_us\": [%.3f, %.6f], \"ep_low_latency_us\": [%.3f, %.6f], "
+               "\"low_latency_max_tokens\": %.0f, \"tp_us\": [%.3f, %.6f], "
+               "\"crossover_tokens\": %.1f, \"ep_mode\": \"%s\", \"answer\": \"%s\"}\n",
                m->name, G, L->name, cli_get(&cmd, "--measured") ? "true" : "false", esz == 2 ? "bf16" : "f32",
-               topk ? "topk" : "rank", ae, be, at, bt_us, cross, answer);
+               topk ? "topk" : "rank", ae, be, al, bl, ep.ll_max, at, bt_us, cross, cmode, answer);
         return CLI_EXIT_OK;
     }
     printf("epx advise: %s on %d GPUs over %s (%s), %s, combine %s\n", m->name, G, L->name, L->what,
@@ -239,8 +373,15 @@ int cmd_advise(int argc, char **argv) {
            "    combine returns %s of %.0f bytes\n",
            m->top_k, rec, topk ? "one row per (token, k)" : "one row per (token, GPU)", H * esz);
     printf("  - TP: ring all-reduce of the batch, 2(G-1)/G x B x %.0f bytes per GPU\n", H * esz);
+    printf("  - EP in low-latency mode (up to %d tokens per GPU): one in-band exchange per phase,\n"
+           "    no host sync, top-k combine rows; normal mode above that\n",
+           LL_MAX_PER_GPU);
     if (mnote[0]) {
-        printf("  - %s\n    %s\n    %s\n    %s\n", mnote, notes[0], notes[1], notes[2]);
+        printf("  - %s\n", mnote);
+        for (int i = 0; i < 3; i++)
+            if (notes[i][0]) printf("    %s\n", notes[i]);
+        for (int i = 0; i < 2; i++)
+            if (llnotes[i][0]) printf("    %s\n", llnotes[i]);
     } else {
         printf("  - link %s, assumed figures: all-to-all %.0f us + %.0f GB/s per GPU, all-reduce %.0f us +\n"
                "    %.0f GB/s bus bandwidth, EP host sync %.0f us; measure yours with\n"
@@ -248,17 +389,19 @@ int cmd_advise(int argc, char **argv) {
                L->name, L->a2a_us, L->a2a_gbps, L->ar_us, L->ar_gbps, HOST_SYNC_US);
     }
     printf("\nper layer, by batch (tokens per step over all GPUs):\n");
-    printf("%10s %9s %11s %11s %11s  %s\n", "batch", "per GPU", "EP us", "TP us", "EP/TP", "winner");
+    printf("%10s %9s %11s %-12s %11s %11s  %s\n", "batch", "per GPU", "EP us", "EP mode", "TP us", "EP/TP",
+           "winner");
     const double batches[] = {8, 64, 256, 1024, 4096, 16384, 65536};
     for (size_t i = 0; i < sizeof batches / sizeof batches[0]; i++) {
         double B = batches[i];
-        double te = ae + be * B, tt = at + bt_us * B;
-        printf("%10.0f %9.0f %11.1f %11.1f %11.2f  %s\n", B, B / G, te, tt, tt > 0 ? te / tt : 0,
-               G == 1 ? "-" : te < tt ? "EP" : "TP");
+        const char *mode = "normal";
+        double te = ep_time(&ep, B, &mode), tt = at + bt_us * B;
+        printf("%10.0f %9.0f %11.1f %-12s %11.1f %11.2f  %s\n", B, B / G, te, mode, tt,
+               tt > 0 ? te / tt : 0, G == 1 ? "-" : te < tt ? "EP" : "TP");
     }
     double B = 4096;
     printf("\nper forward step (%d MoE layers) at %0.f tokens: EP %.2f ms, TP %.2f ms\n", moe_layers, B,
-           moe_layers * (ae + be * B) * 1e-3, moe_layers * (at + bt_us * B) * 1e-3);
+           moe_layers * ep_time(&ep, B, NULL) * 1e-3, moe_layers * (at + bt_us * B) * 1e-3);
     printf("\nanswer: %s.\n", answer);
     return CLI_EXIT_OK;
 }
