@@ -157,6 +157,19 @@ __device__ void block_scan2(int32_t *a, int32_t *b, int32_t n, int32_t *ws) {
 
 /* Phase A for one token: map its K ids, write phys (and the block's shared
  * copy), is_token_in_rank, and its representative mask. */
+/* Both layout kernels' output pointers, from the caller's layout. */
+template <typename Args> void set_outputs(Args &a, const epx_token_layout *out) {
+    a.tokens_per_rank = out->tokens_per_rank;
+    a.tokens_per_slot = out->tokens_per_slot;
+    a.in_rank = out->is_token_in_rank;
+    a.rank_offsets = out->rank_offsets;
+    a.rank_perm = out->rank_perm;
+    a.pair_rank_pos = out->pair_rank_pos;
+    a.slot_offsets = out->slot_offsets;
+    a.slot_perm = out->slot_perm;
+    a.pair_slot_pos = out->pair_slot_pos;
+}
+
 /* What both layout kernels publish from the block's exclusive sums
  * (sum_s over slots, sum_r over ranks with `per` entries a rank): the slot
  * and rank offsets and the tokens per rank. */
@@ -835,15 +848,7 @@ static epx_status launch_fast(const epx_dispatch_spec *spec, const int32_t *topk
     a.in_rank_words = G % 4 == 0 && ((uintptr_t)out->is_token_in_rank % 4) == 0;
     a.need_pos = out->rank_perm || out->pair_rank_pos || out->slot_perm || out->pair_slot_pos;
     a.phys = phys;
-    a.tokens_per_rank = out->tokens_per_rank;
-    a.tokens_per_slot = out->tokens_per_slot;
-    a.in_rank = out->is_token_in_rank;
-    a.rank_offsets = out->rank_offsets;
-    a.rank_perm = out->rank_perm;
-    a.pair_rank_pos = out->pair_rank_pos;
-    a.slot_offsets = out->slot_offsets;
-    a.slot_perm = out->slot_perm;
-    a.pair_slot_pos = out->pair_slot_pos;
+    set_outputs(a, out);
     void (*kernel)(FastArgs) = f.cl > 1 ? (ballot ? fast_layout_kernel<true, true> : fast_layout_kernel<true, false>)
                                         : (ballot ? fast_layout_kernel<false, true> : fast_layout_kernel<false, false>);
     if (f.smem > 48 * 1024)
@@ -952,16 +957,8 @@ extern "C" epx_status epxi_cuda_dispatch_layout_variant(
                          smem, a.P, a.chunk, optin);
     a.wchunk = (a.chunk + a.nw - 1) / a.nw;
     a.phys = phys;
-    a.tokens_per_rank = out->tokens_per_rank;
-    a.tokens_per_slot = out->tokens_per_slot;
-    a.in_rank = out->is_token_in_rank;
+    set_outputs(a, out);
     a.in_rank_words = a.G % 4 == 0 && ((uintptr_t)out->is_token_in_rank % 4) == 0;
-    a.rank_offsets = out->rank_offsets;
-    a.rank_perm = out->rank_perm;
-    a.pair_rank_pos = out->pair_rank_pos;
-    a.slot_offsets = out->slot_offsets;
-    a.slot_perm = out->slot_perm;
-    a.pair_slot_pos = out->pair_slot_pos;
     a.need_pos = out->rank_perm || out->pair_rank_pos || out->slot_perm || out->pair_slot_pos;
 
     cudaLaunchConfig_t cfg = {};

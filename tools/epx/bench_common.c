@@ -40,6 +40,19 @@ void bench_inputs(const bench_args *a, int32_t me, int32_t P, int64_t Tmax, void
     free(perm);
 }
 
+epx_ep_config bench_ep_config(const bench_args *a, int32_t P, int64_t Tmax, epx_ep_mode mode) {
+    epx_ep_config c = EPX_EP_CONFIG_INIT;
+    c.hidden = a->cfg.hidden;
+    c.top_k = a->cfg.top_k;
+    c.num_slots = P;
+    c.max_tokens = Tmax;
+    c.x_dtype = a->dtype;
+    c.y_dtype = a->dtype;
+    c.combine = a->combine;
+    c.mode = mode;
+    return c;
+}
+
 float bench_xval(const bench_args *a, const void *x, size_t i) {
     return a->dtype == EPX_DTYPE_F32 ? ((const float *)x)[i] : epx_bf16_to_f32(((const uint16_t *)x)[i]);
 }

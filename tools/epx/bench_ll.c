@@ -286,14 +286,7 @@ epx_status bench_ll_gpu(epx_comm *comm, cudaStream_t s, const bench_args *a, FIL
         err->status = st = EPX_ERR_CUDA;
         snprintf(err->msg, sizeof err->msg, "bench: device buffers for the low-latency run failed");
     }
-    epx_ep_config c = EPX_EP_CONFIG_INIT;
-    c.hidden = H;
-    c.top_k = K;
-    c.num_slots = P;
-    c.max_tokens = Tmax;
-    c.x_dtype = a->dtype;
-    c.y_dtype = a->dtype;
-    c.mode = EPX_EP_MODE_LOW_LATENCY;
+    epx_ep_config c = bench_ep_config(a, P, Tmax, EPX_EP_MODE_LOW_LATENCY);
     epx_gpu_ep_opts o = EPX_GPU_EP_OPTS_INIT;
     o.timeout_ms = a->timeout_ms;
     if (st == EPX_OK) st = epx_gpu_ep_create(comm, &c, s, &o, &b.ep, err);

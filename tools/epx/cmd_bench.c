@@ -227,15 +227,7 @@ static epx_status bench_rank(epx_comm *comm, const dev_ops *d, const bench_args 
         goto done;
     }
     bench_inputs(a, me, P, Tmax, x, slots, w);
-    epx_ep_config c = EPX_EP_CONFIG_INIT;
-    c.hidden = H;
-    c.top_k = K;
-    c.num_slots = P;
-    c.max_tokens = Tmax;
-    c.x_dtype = a->dtype;
-    c.y_dtype = a->dtype;
-    c.combine = a->combine;
-    c.mode = a->mode;
+    epx_ep_config c = bench_ep_config(a, P, Tmax, a->mode);
     st = ep_make(comm, d, &c, &ep, err);
     if (st != EPX_OK) goto done;
     if (d->dev) {

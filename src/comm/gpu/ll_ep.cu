@@ -640,8 +640,7 @@ static epx_status plan(epx_gpu_ep *ep, const epx_ep_config *cfg, int32_t R, epx_
 extern "C" epx_status epx_gpu_ep_buffer_bytes(const epx_ep_config *cfg, int32_t num_ranks,
                                               size_t *bytes, epx_error *err) {
     if (bytes == NULL) return epxi_fail(err, EPX_ERR_INVALID_ARG, "bytes must not be NULL");
-    epx_gpu_ep tmp;
-    memset(&tmp, 0, sizeof tmp);
+    epx_gpu_ep tmp{};
     EPX_TRY(plan(&tmp, cfg, num_ranks, err));
     *bytes = tmp.total;
     return EPX_OK;
