@@ -26,21 +26,22 @@
 #include "epx_cuda.h"
 #include "../src/cuda/dispatch_cuda.h"
 
-#define CK(call)                                                                               \
-    do {                                                                                       \
-        cudaError_t e_ = (call);                                                               \
-        if (e_ != cudaSuccess) {                                                               \
+#define CK(call)                                                                                   \
+    do {                                                                                           \
+        cudaError_t e_ = (call);                                                                   \
+        if (e_ != cudaSuccess) {                                                                   \
             fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
-            exit(1);                                                                           \
-        }                                                                                      \
+            exit(1);                                                                               \
+        }                                                                                          \
     } while (0)
-#define EK(call)                                                                               \
-    do {                                                                                       \
-        epx_status s_ = (call);                                                                \
-        if (s_ != EPX_OK) {                                                                    \
-            fprintf(stderr, "%s:%d: %s: %s (%s)\n", __FILE__, __LINE__, #call, epx_status_str(s_), er.msg); \
-            exit(1);                                                                           \
-        }                                                                                      \
+#define EK(call)                                                                                   \
+    do {                                                                                           \
+        epx_status s_ = (call);                                                                    \
+        if (s_ != EPX_OK) {                                                                        \
+            fprintf(stderr, "%s:%d: %s: %s (%s)\n", __FILE__, __LINE__, #call, epx_status_str(s_), \
+                    er.msg);                                                                       \
+            exit(1);                                                                               \
+        }                                                                                          \
     } while (0)
 
 static const int E = 384, P = 416, G = 8, K = 8, H = 7168, ROUNDS = 31;
@@ -113,17 +114,18 @@ static void op_layout(cudaStream_t st, void *v) {
 }
 static void op_layout_cluster(cudaStream_t st, void *v) {
     ctx *c = (ctx *)v;
-    EK(epxi_cuda_dispatch_layout_cluster(&c->spec, c->ids, c->T, K, P, G, c->phys, &c->lay, c->cluster, st, &er));
+    EK(epxi_cuda_dispatch_layout_cluster(&c->spec, c->ids, c->T, K, P, G, c->phys, &c->lay,
+                                         c->cluster, st, &er));
 }
 static void op_layout_variant(cudaStream_t st, void *v) {
     ctx *c = (ctx *)v;
-    EK(epxi_cuda_dispatch_layout_variant(&c->spec, c->ids, c->T, K, P, G, c->phys, &c->lay, c->variant, c->cluster,
-                                         c->ppw, st, &er));
+    EK(epxi_cuda_dispatch_layout_variant(&c->spec, c->ids, c->T, K, P, G, c->phys, &c->lay,
+                                         c->variant, c->cluster, c->ppw, st, &er));
 }
 static void op_layout_variant_counts(cudaStream_t st, void *v) {
     ctx *c = (ctx *)v;
-    EK(epxi_cuda_dispatch_layout_variant(&c->spec, c->ids, c->T, K, P, G, c->phys, &c->counts, c->variant,
-                                         c->cluster, c->ppw, st, &er));
+    EK(epxi_cuda_dispatch_layout_variant(&c->spec, c->ids, c->T, K, P, G, c->phys, &c->counts,
+                                         c->variant, c->cluster, c->ppw, st, &er));
 }
 /* Launch-cost probes: an empty kernel, plain and as a cluster. */
 __global__ void empty_kernel(int *p) {
@@ -154,9 +156,11 @@ static void op_layout_counts(cudaStream_t st, void *v) {
 }
 /* The comparison copy: 16-byte vectors, four loads in flight per thread. */
 __global__ void copy_kernel(const uint4 *__restrict__ s, uint4 *__restrict__ d, size_t n) {
-    size_t stride = (size_t)gridDim.x * blockDim.x, i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+    size_t stride = (size_t)gridDim.x * blockDim.x,
+           i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
     for (; i + 3 * stride < n; i += 4 * stride) {
-        uint4 a = __ldg(s + i), b = __ldg(s + i + stride), c = __ldg(s + i + 2 * stride), e = __ldg(s + i + 3 * stride);
+        uint4 a = __ldg(s + i), b = __ldg(s + i + stride), c = __ldg(s + i + 2 * stride),
+              e = __ldg(s + i + 3 * stride);
         d[i] = a;
         d[i + stride] = b;
         d[i + 2 * stride] = c;
@@ -166,7 +170,8 @@ __global__ void copy_kernel(const uint4 *__restrict__ s, uint4 *__restrict__ d, 
 }
 static void op_copy_kernel(cudaStream_t st, void *v) {
     ctx *c = (ctx *)v;
-    copy_kernel<<<132 * 16, 256, 0, st>>>((const uint4 *)c->src, (uint4 *)c->dst, c->copy_bytes / 16);
+    copy_kernel<<<132 * 16, 256, 0, st>>>((const uint4 *)c->src, (uint4 *)c->dst,
+                                          c->copy_bytes / 16);
     CK(cudaGetLastError());
 }
 static void op_permute(cudaStream_t st, void *v) {
@@ -229,11 +234,16 @@ int main(int argc, char **argv) {
     double kcopy_bw = 2.0 * (double)cc.copy_bytes / (kcopy_us * 1e-6) / 1e9;
     CK(cudaFree(cc.src));
     CK(cudaFree(cc.dst));
-    printf("device: %s, %d SMs, L2 %d MB\n", prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20);
-    printf("copy ceiling: cudaMemcpyAsync D2D 2 GiB: %.1f us, %.0f GB/s (read + write)\n", copy_us, copy_bw);
-    printf("copy kernel (16-byte vectors, 2 GiB): %.1f us, %.0f GB/s (read + write)\n", kcopy_us, kcopy_bw);
+    printf("device: %s, %d SMs, L2 %d MB\n", prop.name, prop.multiProcessorCount,
+           prop.l2CacheSize >> 20);
+    printf("copy ceiling: cudaMemcpyAsync D2D 2 GiB: %.1f us, %.0f GB/s (read + write)\n", copy_us,
+           copy_bw);
+    printf("copy kernel (16-byte vectors, 2 GiB): %.1f us, %.0f GB/s (read + write)\n", kcopy_us,
+           kcopy_bw);
     if (csv) fprintf(csv, "copy_d2d_2GiB,0,%.3f,%.1f,100.0,0\n", copy_us, copy_bw);
-    if (csv) fprintf(csv, "copy_kernel_2GiB,0,%.3f,%.1f,%.1f,0\n", kcopy_us, kcopy_bw, 100.0 * kcopy_bw / copy_bw);
+    if (csv)
+        fprintf(csv, "copy_kernel_2GiB,0,%.3f,%.1f,%.1f,0\n", kcopy_us, kcopy_bw,
+                100.0 * kcopy_bw / copy_bw);
 
     /* launch-cost probes */
     {
@@ -244,9 +254,11 @@ int main(int argc, char **argv) {
             pc.cluster = cls[i];
             pc.ppw = thr[i];
             double us = time_op(op_empty, &pc, 20, st);
-            printf("empty kernel %s %d x %d threads: %.2f us per launch\n", cls[i] ? "cluster" : "plain",
-                   cls[i] ? cls[i] : 1, thr[i], us);
-            if (csv) fprintf(csv, "empty %s%d t%d,0,%.3f,,,\n", cls[i] ? "cluster" : "plain", cls[i], thr[i], us);
+            printf("empty kernel %s %d x %d threads: %.2f us per launch\n",
+                   cls[i] ? "cluster" : "plain", cls[i] ? cls[i] : 1, thr[i], us);
+            if (csv)
+                fprintf(csv, "empty %s%d t%d,0,%.3f,,,\n", cls[i] ? "cluster" : "plain", cls[i],
+                        thr[i], us);
         }
     }
 
@@ -277,7 +289,8 @@ int main(int argc, char **argv) {
     dspec.num_valid = (const int32_t *)dcopy(nv, sizeof(int32_t) * E);
     dspec.thresholds = (const uint32_t *)dcopy(thr, sizeof(uint32_t) * E * W);
 
-    printf("\n%-22s %6s %10s %9s %8s %8s %8s\n", "op", "T", "us", "GB/s", "%memcpy", "%kcopy", "rows");
+    printf("\n%-22s %6s %10s %9s %8s %8s %8s\n", "op", "T", "us", "GB/s", "%memcpy", "%kcopy",
+           "rows");
     static const int Ts[] = {1, 64, 512, 4096, 16384};
     for (size_t ti = 0; ti < sizeof Ts / sizeof Ts[0]; ti++) {
         int T = Ts[ti];
@@ -310,13 +323,16 @@ int main(int argc, char **argv) {
         c.lay.slot_perm = (int32_t *)dalloc(4 * TK);
         c.lay.pair_slot_pos = (int32_t *)dalloc(4 * TK);
         c.counts = c.lay;
-        c.counts.rank_perm = c.counts.pair_rank_pos = c.counts.slot_perm = c.counts.pair_slot_pos = NULL;
+        c.counts.rank_perm = c.counts.pair_rank_pos = c.counts.slot_perm = c.counts.pair_slot_pos =
+            NULL;
 
         /* CPU reference of the dynamic layout, checked before timing */
         int32_t *hphys = (int32_t *)malloc(4 * TK);
-        epx_token_layout h = {(int64_t *)malloc(8 * G), (int64_t *)malloc(8 * P), (uint8_t *)malloc((size_t)T * G),
-                              (int32_t *)malloc(4 * (G + 1)), (int32_t *)malloc(4 * TK), (int32_t *)malloc(4 * TK),
-                              (int32_t *)malloc(4 * (P + 1)), (int32_t *)malloc(4 * TK), (int32_t *)malloc(4 * TK)};
+        epx_token_layout h = {(int64_t *)malloc(8 * G),         (int64_t *)malloc(8 * P),
+                              (uint8_t *)malloc((size_t)T * G), (int32_t *)malloc(4 * (G + 1)),
+                              (int32_t *)malloc(4 * TK),        (int32_t *)malloc(4 * TK),
+                              (int32_t *)malloc(4 * (P + 1)),   (int32_t *)malloc(4 * TK),
+                              (int32_t *)malloc(4 * TK)};
         for (int m = EPX_DISPATCH_STATIC; m <= EPX_DISPATCH_WEIGHTED; m++) {
             hspec.mode = dspec.mode = (epx_dispatch_mode)m;
             c.spec = dspec;
@@ -327,10 +343,13 @@ int main(int argc, char **argv) {
             check_equal(c.phys, hphys, 4 * TK, "phys", T);
             check_equal(c.lay.pair_slot_pos, h.pair_slot_pos, 4 * TK, "pair_slot_pos", T);
             check_equal(c.lay.pair_rank_pos, h.pair_rank_pos, 4 * TK, "pair_rank_pos", T);
-            check_equal(c.lay.slot_perm, h.slot_perm, 4 * (size_t)h.slot_offsets[P], "slot_perm", T);
-            check_equal(c.lay.rank_perm, h.rank_perm, 4 * (size_t)h.rank_offsets[G], "rank_perm", T);
+            check_equal(c.lay.slot_perm, h.slot_perm, 4 * (size_t)h.slot_offsets[P], "slot_perm",
+                        T);
+            check_equal(c.lay.rank_perm, h.rank_perm, 4 * (size_t)h.rank_offsets[G], "rank_perm",
+                        T);
             check_equal(c.lay.tokens_per_slot, h.tokens_per_slot, 8 * P, "tokens_per_slot", T);
-            check_equal(c.lay.is_token_in_rank, h.is_token_in_rank, (size_t)T * G, "is_token_in_rank", T);
+            check_equal(c.lay.is_token_in_rank, h.is_token_in_rank, (size_t)T * G,
+                        "is_token_in_rank", T);
             static const char *mname[] = {"", "static", "dynamic", "weighted"};
             char name[64];
             double us = time_op(op_map, &c, 20, st);
@@ -362,12 +381,19 @@ int main(int argc, char **argv) {
         if (T <= 4096) {
             EK(epx_dispatch_map_ids(&hspec, ids, T, K, hphys, &er));
             EK(epx_token_layout_compute(hphys, T, K, P, G, &h, &er));
-            struct { const char *name; int variant, cluster, ppw, counts; } vs[] = {
+            struct {
+                const char *name;
+                int variant, cluster, ppw, counts;
+            } vs[] = {
                 {"old cluster kernel", EPXI_LAYOUT_CLUSTER, 0, 0, 0},
-                {"match cl1", EPXI_LAYOUT_MATCH, 1, 0, 0},   {"match cl2", EPXI_LAYOUT_MATCH, 2, 0, 0},
-                {"match cl4", EPXI_LAYOUT_MATCH, 4, 0, 0},   {"match cl8", EPXI_LAYOUT_MATCH, 8, 0, 0},
-                {"ballot cl1", EPXI_LAYOUT_BALLOT, 1, 0, 0}, {"ballot cl2", EPXI_LAYOUT_BALLOT, 2, 0, 0},
-                {"ballot cl4", EPXI_LAYOUT_BALLOT, 4, 0, 0}, {"ballot cl8", EPXI_LAYOUT_BALLOT, 8, 0, 0},
+                {"match cl1", EPXI_LAYOUT_MATCH, 1, 0, 0},
+                {"match cl2", EPXI_LAYOUT_MATCH, 2, 0, 0},
+                {"match cl4", EPXI_LAYOUT_MATCH, 4, 0, 0},
+                {"match cl8", EPXI_LAYOUT_MATCH, 8, 0, 0},
+                {"ballot cl1", EPXI_LAYOUT_BALLOT, 1, 0, 0},
+                {"ballot cl2", EPXI_LAYOUT_BALLOT, 2, 0, 0},
+                {"ballot cl4", EPXI_LAYOUT_BALLOT, 4, 0, 0},
+                {"ballot cl8", EPXI_LAYOUT_BALLOT, 8, 0, 0},
                 {"ballot def ppw32", EPXI_LAYOUT_BALLOT, 0, 32, 0},
                 {"ballot def ppw128", EPXI_LAYOUT_BALLOT, 0, 128, 0},
                 {"ballot def ppw256", EPXI_LAYOUT_BALLOT, 0, 256, 0},
@@ -389,12 +415,15 @@ int main(int argc, char **argv) {
                 check_equal(c.lay.tokens_per_rank, h.tokens_per_rank, 8 * G, vs[v].name, T);
                 check_equal(c.lay.slot_offsets, h.slot_offsets, 4 * (P + 1), vs[v].name, T);
                 check_equal(c.lay.rank_offsets, h.rank_offsets, 4 * (G + 1), vs[v].name, T);
-                check_equal(c.lay.is_token_in_rank, h.is_token_in_rank, (size_t)T * G, vs[v].name, T);
+                check_equal(c.lay.is_token_in_rank, h.is_token_in_rank, (size_t)T * G, vs[v].name,
+                            T);
                 if (!vs[v].counts) {
                     check_equal(c.lay.pair_slot_pos, h.pair_slot_pos, 4 * TK, vs[v].name, T);
                     check_equal(c.lay.pair_rank_pos, h.pair_rank_pos, 4 * TK, vs[v].name, T);
-                    check_equal(c.lay.slot_perm, h.slot_perm, 4 * (size_t)h.slot_offsets[P], vs[v].name, T);
-                    check_equal(c.lay.rank_perm, h.rank_perm, 4 * (size_t)h.rank_offsets[G], vs[v].name, T);
+                    check_equal(c.lay.slot_perm, h.slot_perm, 4 * (size_t)h.slot_offsets[P],
+                                vs[v].name, T);
+                    check_equal(c.lay.rank_perm, h.rank_perm, 4 * (size_t)h.rank_offsets[G],
+                                vs[v].name, T);
                 }
                 double a1 = time_op(fn, &c, 20, st), a2 = time_op(fn, &c, 20, st);
                 char name[64];
@@ -412,12 +441,14 @@ int main(int argc, char **argv) {
         /* The variant table left the static reference in h: recompute it. */
         EK(epx_dispatch_map_ids(&hspec, ids, T, K, hphys, &er));
         EK(epx_token_layout_compute(hphys, T, K, P, G, &h, &er));
-        check_equal(c.lay.pair_slot_pos, h.pair_slot_pos, 4 * TK, "pair_slot_pos (weighted, again)", T);
+        check_equal(c.lay.pair_slot_pos, h.pair_slot_pos, 4 * TK, "pair_slot_pos (weighted, again)",
+                    T);
         /* rows, from the weighted layout above (host copy h) */
         int32_t rows_s = h.slot_offsets[P], rows_r = h.rank_offsets[G];
         size_t rowb = (size_t)H * 2;
         uint16_t *hx = (uint16_t *)malloc((size_t)T * rowb);
-        for (size_t i = 0; i < (size_t)T * H; i++) hx[i] = (uint16_t)(0x3c00u + (next64() & 0x3ffu)) ^ (uint16_t)(next64() & 0x8000u);
+        for (size_t i = 0; i < (size_t)T * H; i++)
+            hx[i] = (uint16_t)(0x3c00u + (next64() & 0x3ffu)) ^ (uint16_t)(next64() & 0x8000u);
         float *hw = (float *)malloc(4 * TK);
         for (size_t i = 0; i < TK; i++) hw[i] = (float)(next64() % 1000) / 1000.0f;
         c.x = dcopy(hx, (size_t)T * rowb);
@@ -425,7 +456,8 @@ int main(int argc, char **argv) {
         c.z = dalloc((size_t)T * rowb);
         c.w = (const float *)dcopy(hw, 4 * TK);
         /* check: permute + combine equal the CPU's */
-        uint16_t *hy = (uint16_t *)malloc((size_t)rows_s * rowb + 2), *hz = (uint16_t *)malloc((size_t)T * rowb);
+        uint16_t *hy = (uint16_t *)malloc((size_t)rows_s * rowb + 2),
+                 *hz = (uint16_t *)malloc((size_t)T * rowb);
         EK(epx_permute_rows(hx, EPX_ROW_BF16, T, H, h.pair_slot_pos, K, rows_s, hy, &er));
         EK(epx_combine_rows(hy, EPX_ROW_BF16, rows_s, H, h.pair_slot_pos, hw, T, K, hz, &er));
         c.pos = c.lay.pair_slot_pos;
@@ -435,7 +467,12 @@ int main(int argc, char **argv) {
         check_equal(c.y, hy, (size_t)rows_s * rowb, "permuted rows", T);
         check_equal(c.z, hz, (size_t)T * rowb, "combined rows", T);
         int reps = T >= 4096 ? 5 : 20;
-        struct { const char *name; op_fn fn; const int32_t *pos; int32_t rows; } ops[] = {
+        struct {
+            const char *name;
+            op_fn fn;
+            const int32_t *pos;
+            int32_t rows;
+        } ops[] = {
             {"permute rank-order", op_permute, c.lay.pair_rank_pos, rows_r},
             {"permute slot-order", op_permute, c.lay.pair_slot_pos, rows_s},
             {"combine slot-order", op_combine, c.lay.pair_slot_pos, rows_s},
@@ -445,9 +482,11 @@ int main(int argc, char **argv) {
             us = time_op(ops[o].fn, &c, reps, st);
             double bytes = ((double)T + ops[o].rows) * (double)rowb;
             double bw = bytes / (us * 1e-6) / 1e9;
-            printf("%-22s %6d %10.2f %9.0f %7.1f%% %7.1f%% %8d\n", ops[o].name, T, us, bw, 100.0 * bw / copy_bw,
-                   100.0 * bw / kcopy_bw, ops[o].rows);
-            if (csv) fprintf(csv, "%s,%d,%.3f,%.1f,%.1f,%d\n", ops[o].name, T, us, bw, 100.0 * bw / copy_bw, ops[o].rows);
+            printf("%-22s %6d %10.2f %9.0f %7.1f%% %7.1f%% %8d\n", ops[o].name, T, us, bw,
+                   100.0 * bw / copy_bw, 100.0 * bw / kcopy_bw, ops[o].rows);
+            if (csv)
+                fprintf(csv, "%s,%d,%.3f,%.1f,%.1f,%d\n", ops[o].name, T, us, bw,
+                        100.0 * bw / copy_bw, ops[o].rows);
         }
         CK(cudaFree((void *)c.x));
         CK(cudaFree(c.y));
@@ -455,10 +494,12 @@ int main(int argc, char **argv) {
         CK(cudaFree((void *)c.w));
         CK(cudaFree((void *)c.ids));
         CK(cudaFree(c.phys));
-        void *lp[] = {c.lay.tokens_per_rank, c.lay.tokens_per_slot, c.lay.is_token_in_rank, c.lay.rank_offsets,
-                      c.lay.rank_perm, c.lay.pair_rank_pos, c.lay.slot_offsets, c.lay.slot_perm, c.lay.pair_slot_pos};
-        void *hp[] = {h.tokens_per_rank, h.tokens_per_slot, h.is_token_in_rank, h.rank_offsets,
-                      h.rank_perm, h.pair_rank_pos, h.slot_offsets, h.slot_perm, h.pair_slot_pos};
+        void *lp[] = {c.lay.tokens_per_rank, c.lay.tokens_per_slot, c.lay.is_token_in_rank,
+                      c.lay.rank_offsets,    c.lay.rank_perm,       c.lay.pair_rank_pos,
+                      c.lay.slot_offsets,    c.lay.slot_perm,       c.lay.pair_slot_pos};
+        void *hp[] = {h.tokens_per_rank, h.tokens_per_slot, h.is_token_in_rank,
+                      h.rank_offsets,    h.rank_perm,       h.pair_rank_pos,
+                      h.slot_offsets,    h.slot_perm,       h.pair_slot_pos};
         for (int i = 0; i < 9; i++) {
             CK(cudaFree(lp[i]));
             free(hp[i]);

@@ -47,8 +47,8 @@ extern "C" {
 
 /* Where a communicator's buffers live. */
 typedef enum epx_comm_memory {
-    EPX_COMM_MEMORY_HOST = 0,   /* ordinary host memory (MPI) */
-    EPX_COMM_MEMORY_DEVICE = 1  /* CUDA device memory, work enqueued on a stream (NCCL) */
+    EPX_COMM_MEMORY_HOST = 0,  /* ordinary host memory (MPI) */
+    EPX_COMM_MEMORY_DEVICE = 1 /* CUDA device memory, work enqueued on a stream (NCCL) */
 } epx_comm_memory;
 
 /*
@@ -60,8 +60,8 @@ typedef enum epx_comm_memory {
  * is, with the same timeout rule. Host backends have wait == NULL.
  */
 typedef struct epx_comm_ops {
-    uint32_t version;        /* EPX_COMM_OPS_VERSION */
-    const char *name;        /* "mpi", "nccl", "local", ... */
+    uint32_t version; /* EPX_COMM_OPS_VERSION */
+    const char *name; /* "mpi", "nccl", "local", ... */
     epx_comm_memory memory;
     /*
      * All-to-all with per-peer counts: to peer r send send_counts[r] elements
@@ -102,8 +102,8 @@ typedef struct epx_comm epx_comm;
  *          EPX_ERR_NOMEM.
  * Thread:  any; not collective.
  */
-EPX_API epx_status epx_comm_create(const epx_comm_ops *ops, void *ctx, int32_t rank,
-                                   int32_t size, epx_comm **out, epx_error *err);
+EPX_API epx_status epx_comm_create(const epx_comm_ops *ops, void *ctx, int32_t rank, int32_t size,
+                                   epx_comm **out, epx_error *err);
 
 /* Release a communicator and its backend state. Accepts NULL. Not collective. */
 EPX_API void epx_comm_destroy(epx_comm *comm);
@@ -146,11 +146,10 @@ EPX_API epx_status epx_comm_health(const epx_comm *comm, epx_error *err);
  *          answer within the backend's timeout).
  * Collective: yes (wait: no).
  */
-EPX_API epx_status epx_comm_alltoallv(epx_comm *comm, const void *send,
-                                      const int64_t *send_counts, const int64_t *send_displs,
-                                      void *recv, const int64_t *recv_counts,
-                                      const int64_t *recv_displs, size_t elem_bytes,
-                                      epx_error *err);
+EPX_API epx_status epx_comm_alltoallv(epx_comm *comm, const void *send, const int64_t *send_counts,
+                                      const int64_t *send_displs, void *recv,
+                                      const int64_t *recv_counts, const int64_t *recv_displs,
+                                      size_t elem_bytes, epx_error *err);
 EPX_API epx_status epx_comm_allreduce_sum(epx_comm *comm, const void *send, void *recv,
                                           int64_t count, epx_dtype dtype, epx_error *err);
 EPX_API epx_status epx_comm_barrier(epx_comm *comm, epx_error *err);
@@ -201,20 +200,17 @@ typedef enum epx_ep_combine_mode {
  * space R * S, and on a device backend num_entries stays on the device
  * (-1 on the host; slot_offsets[num_local_slots] holds it).
  */
-typedef enum epx_ep_mode {
-    EPX_EP_MODE_NORMAL = 0,
-    EPX_EP_MODE_LOW_LATENCY = 1
-} epx_ep_mode;
+typedef enum epx_ep_mode { EPX_EP_MODE_NORMAL = 0, EPX_EP_MODE_LOW_LATENCY = 1 } epx_ep_mode;
 
 /* Shape of one EP layer. Initialise from EPX_EP_CONFIG_INIT. */
 typedef struct epx_ep_config {
-    uint32_t version;            /* set by EPX_EP_CONFIG_INIT */
-    int32_t hidden;              /* H >= 1 */
-    int32_t top_k;               /* 1 <= K <= EPX_MOE_MAX_TOP_K */
-    int32_t num_slots;           /* P, a multiple of the communicator's size */
-    int64_t max_tokens;          /* most tokens one rank dispatches in a batch, >= 1 */
-    epx_dtype x_dtype;           /* dispatched rows: F32 or BF16 */
-    epx_dtype y_dtype;           /* expert outputs sent back: F32 or BF16 */
+    uint32_t version;   /* set by EPX_EP_CONFIG_INIT */
+    int32_t hidden;     /* H >= 1 */
+    int32_t top_k;      /* 1 <= K <= EPX_MOE_MAX_TOP_K */
+    int32_t num_slots;  /* P, a multiple of the communicator's size */
+    int64_t max_tokens; /* most tokens one rank dispatches in a batch, >= 1 */
+    epx_dtype x_dtype;  /* dispatched rows: F32 or BF16 */
+    epx_dtype y_dtype;  /* expert outputs sent back: F32 or BF16 */
     epx_ep_combine_mode combine;
     /* Receive capacity. 0 = the worst case, R * max_tokens tokens and
      * R * max_tokens * K entries, which can never overflow. A
@@ -223,13 +219,15 @@ typedef struct epx_ep_config {
      * would receive more. */
     int64_t max_recv_tokens;
     int64_t max_recv_entries;
-    epx_ep_mode mode;            /* NORMAL (default) or LOW_LATENCY */
+    epx_ep_mode mode; /* NORMAL (default) or LOW_LATENCY */
 } epx_ep_config;
 
 #define EPX_EP_CONFIG_VERSION ((uint32_t)sizeof(epx_ep_config))
-#define EPX_EP_CONFIG_INIT \
-    {EPX_EP_CONFIG_VERSION, 0, 0, 0, 0, EPX_DTYPE_F32, EPX_DTYPE_F32, EPX_EP_COMBINE_TOPK, 0, 0, \
-     EPX_EP_MODE_NORMAL}
+#define EPX_EP_CONFIG_INIT                                                                         \
+    {                                                                                              \
+        EPX_EP_CONFIG_VERSION, 0, 0, 0, 0, EPX_DTYPE_F32, EPX_DTYPE_F32, EPX_EP_COMBINE_TOPK, 0,   \
+            0, EPX_EP_MODE_NORMAL                                                                  \
+    }
 
 /*
  * Bytes of workspace an EP handle needs for `cfg` on `num_ranks` ranks (host
@@ -268,9 +266,9 @@ EPX_API void epx_ep_destroy(epx_ep *ep);
  * writes the output into y + e * H (y_dtype).
  */
 typedef struct epx_ep_recv {
-    int64_t num_tokens;          /* rows received */
-    const void *x;               /* first row (x_dtype) */
-    size_t x_stride;             /* bytes from one row to the next (a record) */
+    int64_t num_tokens; /* rows received */
+    const void *x;      /* first row (x_dtype) */
+    size_t x_stride;    /* bytes from one row to the next (a record) */
     int64_t num_entries;
     int32_t first_slot;          /* global slot of local slot 0: rank * P/R */
     int32_t num_local_slots;     /* P / R */
@@ -295,9 +293,8 @@ typedef struct epx_ep_recv {
  *          before a collective call when ranks can disagree.
  * Collective: yes. Allocates nothing.
  */
-EPX_API epx_status epx_ep_dispatch(epx_ep *ep, int64_t T, const void *x,
-                                   const int32_t *topk_slots, const float *topk_weights,
-                                   epx_ep_recv *recv, epx_error *err);
+EPX_API epx_status epx_ep_dispatch(epx_ep *ep, int64_t T, const void *x, const int32_t *topk_slots,
+                                   const float *topk_weights, epx_ep_recv *recv, epx_error *err);
 
 /*
  * Combine the batch of the last dispatch: send recv->y back and reduce each
@@ -322,8 +319,7 @@ EPX_API epx_status epx_ep_combine(epx_ep *ep, float *out, epx_error *err);
  * Returns: EPX_OK, EPX_ERR_INVALID_ARG (dtypes not F32, NULL views).
  */
 EPX_API epx_status epx_ep_run_experts(epx_ep *ep, const epx_ep_recv *recv,
-                                      const epx_moe_expert *experts, float *work,
-                                      epx_error *err);
+                                      const epx_moe_expert *experts, float *work, epx_error *err);
 
 /*
  * Identity experts, for benchmarks and tests of the transport alone: y[e] =

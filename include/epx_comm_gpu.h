@@ -54,7 +54,8 @@ typedef struct epx_gpu_ep_opts {
 } epx_gpu_ep_opts;
 
 #define EPX_GPU_EP_OPTS_VERSION ((uint32_t)sizeof(epx_gpu_ep_opts))
-#define EPX_GPU_EP_OPTS_INIT {EPX_GPU_EP_OPTS_VERSION, 10000, 0}
+#define EPX_GPU_EP_OPTS_INIT                                                                       \
+    { EPX_GPU_EP_OPTS_VERSION, 10000, 0 }
 
 typedef struct epx_gpu_ep epx_gpu_ep;
 

@@ -31,7 +31,8 @@ typedef struct epx_comm_mpi_opts {
 } epx_comm_mpi_opts;
 
 #define EPX_COMM_MPI_OPTS_VERSION ((uint32_t)sizeof(epx_comm_mpi_opts))
-#define EPX_COMM_MPI_OPTS_INIT {EPX_COMM_MPI_OPTS_VERSION, 30000}
+#define EPX_COMM_MPI_OPTS_INIT                                                                     \
+    { EPX_COMM_MPI_OPTS_VERSION, 30000 }
 
 /*
  * Make an epx communicator over `comm` (e.g. MPI_COMM_WORLD).
@@ -45,8 +46,8 @@ typedef struct epx_comm_mpi_opts {
  * Collective: yes, over comm. Thread: MPI must be initialised with a thread
  *          level that allows the calling thread to call MPI.
  */
-EPX_API epx_status epx_comm_mpi_create(MPI_Comm comm, const epx_comm_mpi_opts *opts,
-                                       epx_comm **out, epx_error *err);
+EPX_API epx_status epx_comm_mpi_create(MPI_Comm comm, const epx_comm_mpi_opts *opts, epx_comm **out,
+                                       epx_error *err);
 
 #ifdef __cplusplus
 }

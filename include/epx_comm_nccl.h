@@ -42,7 +42,8 @@ typedef struct epx_comm_nccl_opts {
 } epx_comm_nccl_opts;
 
 #define EPX_COMM_NCCL_OPTS_VERSION ((uint32_t)sizeof(epx_comm_nccl_opts))
-#define EPX_COMM_NCCL_OPTS_INIT {EPX_COMM_NCCL_OPTS_VERSION, 30000}
+#define EPX_COMM_NCCL_OPTS_INIT                                                                    \
+    { EPX_COMM_NCCL_OPTS_VERSION, 30000 }
 
 /*
  * Create an NCCL communicator non-blockingly and wait for it with a timeout.
@@ -142,8 +143,8 @@ typedef struct epx_cuda_moe epx_cuda_moe;
  */
 EPX_API epx_status epx_cuda_moe_create(const epx_moe_config *cfg, const epx_moe_weights *w,
                                        int32_t num_local, const int32_t *slot_expert,
-                                       int64_t max_rows, cudaStream_t stream,
-                                       epx_cuda_moe **out, epx_error *err);
+                                       int64_t max_rows, cudaStream_t stream, epx_cuda_moe **out,
+                                       epx_error *err);
 
 EPX_API void epx_cuda_moe_destroy(epx_cuda_moe *moe);
 
@@ -156,8 +157,7 @@ EPX_API void epx_cuda_moe_destroy(epx_cuda_moe *moe);
  *          with the CPU rule on the same logits).
  */
 EPX_API epx_status epx_cuda_moe_router(epx_cuda_moe *moe, const uint16_t *x, int64_t T,
-                                       float *logits, int32_t *ids, float *weights,
-                                       epx_error *err);
+                                       float *logits, int32_t *ids, float *weights, epx_error *err);
 EPX_API epx_status epx_cuda_moe_route_logits(epx_cuda_moe *moe, const float *logits, int64_t T,
                                              int32_t *ids, float *weights, epx_error *err);
 
@@ -171,8 +171,7 @@ EPX_API epx_status epx_cuda_moe_route_logits(epx_cuda_moe *moe, const float *log
  *          config's.
  */
 EPX_API epx_status epx_cuda_moe_run_experts(epx_cuda_moe *moe, const epx_ep_recv *recv,
-                                            epx_dtype x_dtype, epx_dtype y_dtype,
-                                            epx_error *err);
+                                            epx_dtype x_dtype, epx_dtype y_dtype, epx_error *err);
 
 /* out [T][H] fp32 (device) += shared expert (x [T][H] bf16 device). */
 EPX_API epx_status epx_cuda_moe_shared_add(epx_cuda_moe *moe, const uint16_t *x, int64_t T,

@@ -39,10 +39,9 @@ extern "C" {
  * Returns: EPX_OK (T = 0 launches nothing); EPX_ERR_INVALID_ARG (a missing
  *          pointer or a bad mode); EPX_ERR_SHAPE; EPX_ERR_CUDA.
  */
-EPX_API epx_status epx_cuda_dispatch_map_ids(const epx_dispatch_spec *spec,
-                                             const int32_t *topk_ids, int64_t num_tokens,
-                                             int32_t topk, int32_t *phys, cudaStream_t stream,
-                                             epx_error *err);
+EPX_API epx_status epx_cuda_dispatch_map_ids(const epx_dispatch_spec *spec, const int32_t *topk_ids,
+                                             int64_t num_tokens, int32_t topk, int32_t *phys,
+                                             cudaStream_t stream, epx_error *err);
 
 /*
  * Map, count and lay out a batch in ONE launch: phys [T][K] as
@@ -70,11 +69,11 @@ EPX_API epx_status epx_cuda_dispatch_map_ids(const epx_dispatch_spec *spec,
  * Returns: EPX_OK; EPX_ERR_INVALID_ARG; EPX_ERR_SHAPE; EPX_ERR_UNSUPPORTED;
  *          EPX_ERR_CUDA.
  */
-EPX_API epx_status epx_cuda_dispatch_layout(const epx_dispatch_spec *spec,
-                                            const int32_t *topk_ids, int64_t num_tokens,
-                                            int32_t topk, int32_t num_physical, int32_t num_gpus,
-                                            int32_t *phys, const epx_token_layout *out,
-                                            cudaStream_t stream, epx_error *err);
+EPX_API epx_status epx_cuda_dispatch_layout(const epx_dispatch_spec *spec, const int32_t *topk_ids,
+                                            int64_t num_tokens, int32_t topk, int32_t num_physical,
+                                            int32_t num_gpus, int32_t *phys,
+                                            const epx_token_layout *out, cudaStream_t stream,
+                                            epx_error *err);
 
 /*
  * Scatter rows of x [T][H] into a send order (out[pos[t][k]] = x[t]), as

@@ -86,8 +86,8 @@ static void make_io(tu_rng *r, const mc_layer *L, int64_t T, int32_t rank, rank_
 
 static void ep_random(epx_ep_combine_mode mode, epx_ep_mode ep_mode, int iters) {
     tu_rng rng = {tu_seed(ep_mode == EPX_EP_MODE_LOW_LATENCY ? 7011
-                          : mode == EPX_EP_COMBINE_TOPK  ? 7001
-                                                         : 7002)};
+                          : mode == EPX_EP_COMBINE_TOPK      ? 7001
+                                                             : 7002)};
     for (int it = 0; it < iters; it++) {
         int32_t R = 1 + (int32_t)tu_below(&rng, MAXR);
         mc_layer L;
@@ -100,7 +100,8 @@ static void ep_random(epx_ep_combine_mode mode, epx_ep_mode ep_mode, int iters) 
         job.Tmax = 1 + (int64_t)tu_below(&rng, 12);
         bool concentrate = tu_below(&rng, 4) == 0;
         for (int32_t q = 0; q < R; q++) {
-            int64_t T = tu_below(&rng, 4) == 0 ? 0 : (int64_t)tu_below(&rng, (uint32_t)job.Tmax + 1);
+            int64_t T =
+                tu_below(&rng, 4) == 0 ? 0 : (int64_t)tu_below(&rng, (uint32_t)job.Tmax + 1);
             make_io(&rng, &L, T, q, &job.io[q]);
             if (concentrate) all_to_rank0(&L, &job.io[q]);
         }
@@ -110,9 +111,9 @@ static void ep_random(epx_ep_combine_mode mode, epx_ep_mode ep_mode, int iters) 
             rank_io *io = &job.io[q];
             if (io->st != EPX_OK) fail_msg("iteration %d rank %d: %s", it, q, io->err.msg);
             epx_error err = {0};
-            assert_int_equal(epx_moe_forward(&L.cfg, &L.w, io->x, io->T, io->ids, io->w, 0, 1, 1,
-                                             io->ref, &err),
-                             EPX_OK);
+            assert_int_equal(
+                epx_moe_forward(&L.cfg, &L.w, io->x, io->T, io->ids, io->w, 0, 1, 1, io->ref, &err),
+                EPX_OK);
             if (mode == EPX_EP_COMBINE_TOPK) {
                 for (int64_t i = 0; i < io->T * H; i++)
                     if (memcmp(&io->out[i], &io->ref[i], sizeof(float)) != 0)
@@ -195,8 +196,7 @@ static void id_rank(epx_comm *comm, void *arg) {
         if (j->st[q] != EPX_OK) break;
         for (int64_t e = 0; e < rv.num_entries; e++)
             memcpy((uint16_t *)rv.y + e * j->H,
-                   (const char *)rv.x + (size_t)rv.entry_token[e] * rv.x_stride,
-                   (size_t)j->H * 2);
+                   (const char *)rv.x + (size_t)rv.entry_token[e] * rv.x_stride, (size_t)j->H * 2);
         j->st[q] = epx_ep_combine(ep, j->out[q], &j->err[q]);
     }
     epx_ep_last_bytes(ep, &j->dbytes[q], &j->cbytes[q]);
@@ -228,7 +228,8 @@ static void ep_bf16_identity(void **state) {
             for (int64_t i = 0; i < j.T[q] * j.H; i++)
                 j.x[q][i] = epx_bf16_from_f32((float)(tu_uniform(&rng) * 4 - 2));
             for (int64_t i = 0; i < j.T[q] * j.K; i++) {
-                j.slots[q][i] = tu_below(&rng, 6) == 0 ? -1 : (int32_t)tu_below(&rng, (uint32_t)j.P);
+                j.slots[q][i] =
+                    tu_below(&rng, 6) == 0 ? -1 : (int32_t)tu_below(&rng, (uint32_t)j.P);
                 j.w[q][i] = (float)tu_uniform(&rng);
             }
         }
@@ -298,11 +299,10 @@ typedef struct tp_job {
 static void tp_rank(epx_comm *comm, void *arg) {
     tp_job *j = arg;
     int32_t q = epx_comm_rank(comm), R = epx_comm_size(comm);
-    j->st[q] = epx_moe_forward(&j->L->cfg, &j->L->w, j->io->x, j->io->T, j->io->ids, j->io->w,
-                               q, R, 1, j->out[q], &j->err[q]);
-    epx_status st2 = epx_comm_allreduce_sum(comm, j->out[q], j->out[q],
-                                            j->io->T * j->L->cfg.hidden, EPX_DTYPE_F32,
-                                            &j->err[q]);
+    j->st[q] = epx_moe_forward(&j->L->cfg, &j->L->w, j->io->x, j->io->T, j->io->ids, j->io->w, q, R,
+                               1, j->out[q], &j->err[q]);
+    epx_status st2 = epx_comm_allreduce_sum(comm, j->out[q], j->out[q], j->io->T * j->L->cfg.hidden,
+                                            EPX_DTYPE_F32, &j->err[q]);
     if (j->st[q] == EPX_OK) j->st[q] = st2;
 }
 
@@ -319,10 +319,12 @@ static void tp_within_bound(void **state) {
         memset(&j, 0, sizeof j);
         j.L = &L;
         j.io = &io;
-        for (int32_t q = 0; q < R; q++) j.out[q] = malloc((size_t)io.T * (size_t)L.cfg.hidden * sizeof(float));
+        for (int32_t q = 0; q < R; q++)
+            j.out[q] = malloc((size_t)io.T * (size_t)L.cfg.hidden * sizeof(float));
         tc_run(R, tp_rank, &j);
         epx_error err = {0};
-        assert_int_equal(epx_moe_forward(&L.cfg, &L.w, io.x, io.T, io.ids, io.w, 0, 1, 1, io.ref, &err), EPX_OK);
+        assert_int_equal(
+            epx_moe_forward(&L.cfg, &L.w, io.x, io.T, io.ids, io.w, 0, 1, 1, io.ref, &err), EPX_OK);
         double *S = malloc((size_t)io.T * (size_t)L.cfg.hidden * sizeof(double));
         mc_abs_sums(&L, io.T, io.x, io.ids, io.w, S);
         int32_t n = L.cfg.intermediate + L.cfg.top_k + R + 4;
@@ -331,11 +333,12 @@ static void tp_within_bound(void **state) {
             for (int64_t i = 0; i < io.T * L.cfg.hidden; i++) {
                 double tol = 2.0 * n * FLT_EPSILON * S[i] + 1e-30;
                 if (fabs((double)j.out[q][i] - io.ref[i]) > tol)
-                    fail_msg("iteration %d R=%d rank %d: TP %.9g vs reference %.9g beyond %.3g",
-                             it, R, q, (double)j.out[q][i], (double)io.ref[i], tol);
+                    fail_msg("iteration %d R=%d rank %d: TP %.9g vs reference %.9g beyond %.3g", it,
+                             R, q, (double)j.out[q][i], (double)io.ref[i], tol);
             }
             /* Every rank holds the same all-reduced result. */
-            assert_memory_equal(j.out[q], j.out[0], (size_t)io.T * (size_t)L.cfg.hidden * sizeof(float));
+            assert_memory_equal(j.out[q], j.out[0],
+                                (size_t)io.T * (size_t)L.cfg.hidden * sizeof(float));
         }
         for (int32_t q = 0; q < R; q++) free(j.out[q]);
         free(S);
@@ -358,8 +361,8 @@ static void injected_faults_fail_cleanly(void **state) {
         epx_error err = {0};
         assert_int_equal(epx_comm_create_local(&local, &err), EPX_OK);
         assert_int_equal(epx_comm_create_faulty(local, fail_at, &bad, &err), EPX_OK);
-        epx_status st = mc_ep_forward(bad, &L, 8, io.T, io.x, io.slots, io.w,
-                                      EPX_EP_COMBINE_TOPK, EPX_EP_MODE_NORMAL, io.out, &err);
+        epx_status st = mc_ep_forward(bad, &L, 8, io.T, io.x, io.slots, io.w, EPX_EP_COMBINE_TOPK,
+                                      EPX_EP_MODE_NORMAL, io.out, &err);
         assert_int_equal(st, EPX_ERR_COMM);
         TU_MSG_HAS(err.msg, "injected fault", fail_at == 3 ? "EP combine" : "EP dispatch");
         epx_error e2 = {0};
@@ -561,8 +564,9 @@ static void ll_many_batches(void **state) {
         j.seed = rng.s + (uint64_t)it;
         tc_run(j.R, ll_rank, &j);
         for (int32_t q = 0; q < j.R; q++) {
-            if (j.fails[q]) fail_msg("iteration %d rank %d: %lld mismatches or failures (%s)", it, q,
-                                     (long long)j.fails[q], j.err[q].msg);
+            if (j.fails[q])
+                fail_msg("iteration %d rank %d: %lld mismatches or failures (%s)", it, q,
+                         (long long)j.fails[q], j.err[q].msg);
             if (j.bad_st[q] != EPX_ERR_INVALID_ARG)
                 fail_msg("iteration %d rank %d: a bad slot on rank %d gave %s, not "
                          "EPX_ERR_INVALID_ARG on every rank",

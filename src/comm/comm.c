@@ -18,7 +18,7 @@ struct epx_comm {
     epx_comm_ops ops;
     void *ctx;
     int32_t rank, size;
-    epx_status failed;          /* EPX_OK while healthy */
+    epx_status failed; /* EPX_OK while healthy */
     char failure[EPX_ERRMSG_MAX];
 };
 
@@ -42,8 +42,7 @@ epx_status epx_comm_create(const epx_comm_ops *ops, void *ctx, int32_t rank, int
                        "communicator rank %d of size %d is invalid: need 0 <= rank < size <= %d",
                        rank, size, EPX_MAX_GPUS);
     } else if (ops->memory == EPX_COMM_MEMORY_DEVICE && ops->wait == NULL) {
-        st = epxi_fail(err, EPX_ERR_INVALID_ARG,
-                       "device communicator '%s' needs a wait operation",
+        st = epxi_fail(err, EPX_ERR_INVALID_ARG, "device communicator '%s' needs a wait operation",
                        ops->name ? ops->name : "?");
     }
     epx_comm *c = NULL;
@@ -116,8 +115,8 @@ epx_status epx_comm_alltoallv(epx_comm *comm, const void *send, const int64_t *s
                               const int64_t *send_displs, void *recv, const int64_t *recv_counts,
                               const int64_t *recv_displs, size_t elem_bytes, epx_error *err) {
     EPX_TRY(precheck(comm, "alltoallv", err));
-    if (send_counts == NULL || send_displs == NULL || recv_counts == NULL ||
-        recv_displs == NULL || elem_bytes == 0)
+    if (send_counts == NULL || send_displs == NULL || recv_counts == NULL || recv_displs == NULL ||
+        elem_bytes == 0)
         return epxi_fail(err, EPX_ERR_INVALID_ARG,
                          "alltoallv needs [size] counts and displacements and elem_bytes > 0");
     if (send != NULL && send == recv)
@@ -141,8 +140,8 @@ epx_status epx_comm_alltoallv(epx_comm *comm, const void *send, const int64_t *s
                          "alltoallv: NULL buffer with %lld elements to send, %lld to receive",
                          (long long)nsend, (long long)nrecv);
     return record(comm,
-                  comm->ops.alltoallv(comm->ctx, send, send_counts, send_displs, recv,
-                                      recv_counts, recv_displs, elem_bytes, err),
+                  comm->ops.alltoallv(comm->ctx, send, send_counts, send_displs, recv, recv_counts,
+                                      recv_displs, elem_bytes, err),
                   err);
 }
 
@@ -154,8 +153,8 @@ epx_status epx_comm_allreduce_sum(epx_comm *comm, const void *send, void *recv, 
                          "allreduce: count %lld must be >= 0 with non-NULL buffers",
                          (long long)count);
     if (dtype != EPX_DTYPE_F32 && dtype != EPX_DTYPE_BF16 && dtype != EPX_DTYPE_I64)
-        return epxi_fail(err, EPX_ERR_INVALID_ARG,
-                         "allreduce: dtype %d is not F32, BF16 or I64", (int)dtype);
+        return epxi_fail(err, EPX_ERR_INVALID_ARG, "allreduce: dtype %d is not F32, BF16 or I64",
+                         (int)dtype);
     return record(comm, comm->ops.allreduce_sum(comm->ctx, send, recv, count, dtype, err), err);
 }
 
@@ -213,9 +212,15 @@ static epx_status local_barrier(void *ctx, epx_error *err) {
 }
 
 epx_status epx_comm_create_local(epx_comm **out, epx_error *err) {
-    static const epx_comm_ops ops = {EPX_COMM_OPS_VERSION, "local", EPX_COMM_MEMORY_HOST,
-                                     local_alltoallv, local_allreduce, local_barrier,
-                                     NULL, NULL, NULL};
+    static const epx_comm_ops ops = {EPX_COMM_OPS_VERSION,
+                                     "local",
+                                     EPX_COMM_MEMORY_HOST,
+                                     local_alltoallv,
+                                     local_allreduce,
+                                     local_barrier,
+                                     NULL,
+                                     NULL,
+                                     NULL};
     return epx_comm_create(&ops, NULL, 0, 1, out, err);
 }
 
@@ -276,8 +281,14 @@ epx_status epx_comm_create_faulty(epx_comm *inner, int64_t fail_at, epx_comm **o
     if (f == NULL) return EPX_ERR_NOMEM;
     f->inner = inner;
     f->fail_at = fail_at;
-    epx_comm_ops ops = {EPX_COMM_OPS_VERSION, "faulty", inner->ops.memory,
-                        faulty_alltoallv, faulty_allreduce, faulty_barrier,
-                        inner->ops.wait ? faulty_wait : NULL, NULL, faulty_destroy};
+    epx_comm_ops ops = {EPX_COMM_OPS_VERSION,
+                        "faulty",
+                        inner->ops.memory,
+                        faulty_alltoallv,
+                        faulty_allreduce,
+                        faulty_barrier,
+                        inner->ops.wait ? faulty_wait : NULL,
+                        NULL,
+                        faulty_destroy};
     return epx_comm_create(&ops, f, inner->rank, inner->size, out, err);
 }

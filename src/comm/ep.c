@@ -41,8 +41,20 @@ typedef struct ep_layout {
 /* The per-peer integer arrays: int64 rows of [R]; the counts exchange
  * buffers take two rows each ([R][2]). */
 enum {
-    C_NTOK, C_NENT, C_RTOK, C_RENT, C_STOKOFF, C_RTOKOFF, C_COFF, C_RENTOFF, C_CUR, C_XCNT,
-    C_XDISPL, C_SENDC, C_RECVC = C_SENDC + 2, C_ROWS = C_RECVC + 2
+    C_NTOK,
+    C_NENT,
+    C_RTOK,
+    C_RENT,
+    C_STOKOFF,
+    C_RTOKOFF,
+    C_COFF,
+    C_RENTOFF,
+    C_CUR,
+    C_XCNT,
+    C_XDISPL,
+    C_SENDC,
+    C_RECVC = C_SENDC + 2,
+    C_ROWS = C_RECVC + 2
 };
 
 struct epx_ep {
@@ -72,9 +84,12 @@ static epx_status plan_layout(epx_ep *ep, const epx_ep_config *cfg, int32_t R, e
          * output rows back. */
         const double blk = (double)R * (T + 1);
         epxi_ws_part parts[] = {
-            {&l->send_rec, blk, rec},          {&l->recv_rec, blk, rec},
-            {&l->y, (double)g->cap_ent, yrow}, {&l->csend, R * T * K, yrow},
-            {&l->crecv, R * T * K, yrow},      {&l->weights, T * K, sizeof(float)},
+            {&l->send_rec, blk, rec},
+            {&l->recv_rec, blk, rec},
+            {&l->y, (double)g->cap_ent, yrow},
+            {&l->csend, R * T * K, yrow},
+            {&l->crecv, R * T * K, yrow},
+            {&l->weights, T * K, sizeof(float)},
             {&l->slots, T * K, sizeof(int32_t)},
             {&l->entry_token, (double)g->cap_ent, sizeof(int32_t)},
             {&l->entry_weight, (double)g->cap_ent, sizeof(float)},
@@ -265,8 +280,8 @@ static epx_status dispatch_normal(epx_ep *ep, int64_t T, const void *x, const in
             int64_t pos = cur[d[j]]++;
             unsigned char *rec = epxi_ep_rec(g, send_rec, pos);
             memcpy(rec, (const unsigned char *)x + (size_t)t * g->xrow, g->xrow);
-            epxi_ep_write_meta((epxi_ep_meta *)(void *)(rec + g->meta_off), s,
-                               topk_weights + t * K, K, spr, d[j]);
+            epxi_ep_write_meta((epxi_ep_meta *)(void *)(rec + g->meta_off), s, topk_weights + t * K,
+                               K, spr, d[j]);
             if (!g->topk_mode) tok_dpos[t * g->dmax + j] = (int32_t)pos;
         }
         tok_ndest[t] = nd;
@@ -332,8 +347,8 @@ static epx_status dispatch_normal(epx_ep *ep, int64_t T, const void *x, const in
 
     /* Exchange 2: the records. */
     unsigned char *recv_rec = WS(ep, recv_rec, unsigned char);
-    st = epx_comm_alltoallv(ep->comm, send_rec, ntok, stokoff, recv_rec, rtok, rtokoff, g->rec,
-                            err);
+    st =
+        epx_comm_alltoallv(ep->comm, send_rec, ntok, stokoff, recv_rec, rtok, rtokoff, g->rec, err);
     if (st != EPX_OK) {
         epxi_error_prefix(err, "EP dispatch (records)");
         return st;
@@ -390,8 +405,8 @@ static epx_status dispatch_ll(epx_ep *ep, int64_t T, const void *x, const int32_
         for (int32_t j = 0; j < nd; j++) {
             unsigned char *rec = epxi_ep_rec(g, send_rec, d[j] * S + t);
             memcpy(rec, (const unsigned char *)x + (size_t)t * g->xrow, g->xrow);
-            epxi_ep_write_meta((epxi_ep_meta *)(void *)(rec + g->meta_off), s,
-                               topk_weights + t * K, K, spr, d[j]);
+            epxi_ep_write_meta((epxi_ep_meta *)(void *)(rec + g->meta_off), s, topk_weights + t * K,
+                               K, spr, d[j]);
             *epxi_ep_tag_of(g, rec) = ep->epoch;
             sent += d[j] != ep->me;
         }
@@ -406,8 +421,8 @@ static epx_status dispatch_ll(epx_ep *ep, int64_t T, const void *x, const int32_
         displ[r] = r * S;
     }
     unsigned char *recv_rec = WS(ep, recv_rec, unsigned char);
-    epx_status st = epx_comm_alltoallv(ep->comm, send_rec, cnt, displ, recv_rec, cnt, displ,
-                                       g->rec, err);
+    epx_status st =
+        epx_comm_alltoallv(ep->comm, send_rec, cnt, displ, recv_rec, cnt, displ, g->rec, err);
     if (st != EPX_OK) {
         epxi_error_prefix(err, "EP low-latency dispatch");
         return st;
@@ -491,7 +506,8 @@ static epx_status combine_normal(epx_ep *ep, float *out, epx_error *err) {
         for (int64_t i = 0; i < ep->nrecv_tok; i++)
             for (int32_t k = 0; k < K; k++) {
                 int32_t e = row_entries[i * K + k];
-                if (e >= 0) memcpy(csend + (size_t)(c++) * g->yrow, y + (size_t)e * g->yrow, g->yrow);
+                if (e >= 0)
+                    memcpy(csend + (size_t)(c++) * g->yrow, y + (size_t)e * g->yrow, g->yrow);
             }
         st = epx_comm_alltoallv(ep->comm, csend, rent, rentoff, crecv, nent, coff, g->yrow, err);
         for (int32_t r = 0; r < R; r++)
@@ -551,8 +567,8 @@ static epx_status combine_ll(epx_ep *ep, float *out, epx_error *err) {
     int64_t back = 0;
     for (int64_t e = 0; e < ep->nrecv_ent; e++) {
         int64_t pair = entry_pair[e], row = pair / K, src = row / S, t = row % S;
-        memcpy(csend + (size_t)(src * M * K + t * K + pair % K) * g->yrow,
-               y + (size_t)e * g->yrow, g->yrow);
+        memcpy(csend + (size_t)(src * M * K + t * K + pair % K) * g->yrow, y + (size_t)e * g->yrow,
+               g->yrow);
         back += src != ep->me;
     }
     int64_t *cnt = crow(ep, C_XCNT), *displ = crow(ep, C_XDISPL);
@@ -595,16 +611,20 @@ epx_status epx_ep_combine(epx_ep *ep, float *out, epx_error *err) {
 
 epx_status epx_ep_identity_experts(epx_ep *ep, const epx_ep_recv *recv, epx_error *err) {
     if (ep == NULL || recv == NULL)
-        return epxi_fail(err, EPX_ERR_INVALID_ARG, "identity experts need the handle and a recv view");
+        return epxi_fail(err, EPX_ERR_INVALID_ARG,
+                         "identity experts need the handle and a recv view");
     const epxi_ep_geom *g = &ep->g;
     const int xbf = g->cfg.x_dtype == EPX_DTYPE_BF16, ybf = g->cfg.y_dtype == EPX_DTYPE_BF16;
     unsigned char *y = recv->y;
     for (int64_t e = 0; e < recv->num_entries; e++) {
-        const unsigned char *src = (const unsigned char *)recv->x + (size_t)recv->entry_token[e] * recv->x_stride;
+        const unsigned char *src =
+            (const unsigned char *)recv->x + (size_t)recv->entry_token[e] * recv->x_stride;
         unsigned char *dst = y + (size_t)e * g->yrow;
-        if (xbf == ybf) memcpy(dst, src, g->yrow);
+        if (xbf == ybf)
+            memcpy(dst, src, g->yrow);
         else
-            for (int64_t h = 0; h < g->H; h++) epxi_row_store(dst, h, epxi_row_load(src, h, xbf), ybf);
+            for (int64_t h = 0; h < g->H; h++)
+                epxi_row_store(dst, h, epxi_row_load(src, h, xbf), ybf);
     }
     return EPX_OK;
 }

@@ -32,8 +32,8 @@ static epx_status check_config(const epx_ep_config *cfg, int32_t R, epx_error *e
                          cfg->num_slots, R, up);
     }
     if (cfg->max_tokens < 1 || cfg->max_tokens > ((int64_t)1 << 30))
-        return epxi_fail(err, EPX_ERR_INVALID_ARG,
-                         "EP max_tokens (%lld) must be in [1, 2^30]", (long long)cfg->max_tokens);
+        return epxi_fail(err, EPX_ERR_INVALID_ARG, "EP max_tokens (%lld) must be in [1, 2^30]",
+                         (long long)cfg->max_tokens);
     if ((cfg->x_dtype != EPX_DTYPE_F32 && cfg->x_dtype != EPX_DTYPE_BF16) ||
         (cfg->y_dtype != EPX_DTYPE_F32 && cfg->y_dtype != EPX_DTYPE_BF16))
         return epxi_fail(err, EPX_ERR_INVALID_ARG,
@@ -71,8 +71,7 @@ static epx_status check_config(const epx_ep_config *cfg, int32_t R, epx_error *e
     return EPX_OK;
 }
 
-epx_status epxi_ep_geom_init(const epx_ep_config *cfg, int32_t R, epxi_ep_geom *g,
-                             epx_error *err) {
+epx_status epxi_ep_geom_init(const epx_ep_config *cfg, int32_t R, epxi_ep_geom *g, epx_error *err) {
     EPX_TRY(check_config(cfg, R, err));
     memset(g, 0, sizeof *g);
     const int64_t K = cfg->top_k, M = cfg->max_tokens, H = cfg->hidden;
@@ -129,18 +128,17 @@ epx_status epxi_ws_carve(const epxi_ws_part *parts, size_t nparts, size_t align,
 }
 
 epx_status epxi_ep_group_entries(const epxi_ep_geom *g, const unsigned char *recv, int32_t nruns,
-                                 const int64_t *run_first, const int64_t *run_rows,
-                                 uint32_t epoch, int64_t *so, int32_t *entry_token,
-                                 float *entry_weight, int32_t *entry_pair, int32_t *row_entries,
-                                 int64_t *num_entries, epx_error *err) {
+                                 const int64_t *run_first, const int64_t *run_rows, uint32_t epoch,
+                                 int64_t *so, int32_t *entry_token, float *entry_weight,
+                                 int32_t *entry_pair, int32_t *row_entries, int64_t *num_entries,
+                                 epx_error *err) {
     const int32_t K = g->K, spr = g->spr;
     for (int32_t s = 0; s <= spr; s++) so[s] = 0;
     int64_t seen = 0;
     for (int32_t r = 0; r < nruns; r++)
         for (int64_t i = run_first[r]; i < run_first[r] + run_rows[r]; i++) {
             const unsigned char *rec = epxi_ep_crec(g, recv, i);
-            if (epoch != 0 && epxi_ep_tag(g, rec) != epoch)
-                continue;
+            if (epoch != 0 && epxi_ep_tag(g, rec) != epoch) continue;
             const epxi_ep_meta *m = epxi_ep_meta_of(g, rec);
             for (int32_t k = 0; k < K; k++) {
                 if (m[k].slot < -1 || m[k].slot >= spr)

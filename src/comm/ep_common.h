@@ -144,11 +144,10 @@ EPXI_HD uint32_t epxi_ep_tag(const epxi_ep_geom *g, const unsigned char *rec) {
  */
 EPXI_HIDDEN epx_status epxi_ep_group_entries(const epxi_ep_geom *g, const unsigned char *recv,
                                              int32_t nruns, const int64_t *run_first,
-                                             const int64_t *run_rows, uint32_t epoch,
-                                             int64_t *so, int32_t *entry_token,
-                                             float *entry_weight, int32_t *entry_pair,
-                                             int32_t *row_entries, int64_t *num_entries,
-                                             epx_error *err);
+                                             const int64_t *run_rows, uint32_t epoch, int64_t *so,
+                                             int32_t *entry_token, float *entry_weight,
+                                             int32_t *entry_pair, int32_t *row_entries,
+                                             int64_t *num_entries, epx_error *err);
 
 /*
  * The combine formula, one token: out[h] = sum over k ascending of w[k] *

@@ -20,20 +20,20 @@ static inline epx_status epxi_cuda_fail(cudaError_t e, const char *what, epx_err
 }
 
 /* Return the epx error of a failed CUDA call (needs `err` in scope). */
-#define EPXI_CUDA_TRY(call, what)                                                  \
-    do {                                                                           \
-        cudaError_t epxi_ce_ = (call);                                             \
-        if (epxi_ce_ != cudaSuccess) return epxi_cuda_fail(epxi_ce_, (what), err); \
+#define EPXI_CUDA_TRY(call, what)                                                                  \
+    do {                                                                                           \
+        cudaError_t epxi_ce_ = (call);                                                             \
+        if (epxi_ce_ != cudaSuccess) return epxi_cuda_fail(epxi_ce_, (what), err);                 \
     } while (0)
 
 /* The same, to a cleanup label with the status in `st`. */
-#define EPXI_CUDA_GOTO(st, call, what, label)                \
-    do {                                                     \
-        cudaError_t epxi_ce_ = (call);                       \
-        if (epxi_ce_ != cudaSuccess) {                       \
-            (st) = epxi_cuda_fail(epxi_ce_, (what), err);    \
-            goto label;                                      \
-        }                                                    \
+#define EPXI_CUDA_GOTO(st, call, what, label)                                                      \
+    do {                                                                                           \
+        cudaError_t epxi_ce_ = (call);                                                             \
+        if (epxi_ce_ != cudaSuccess) {                                                             \
+            (st) = epxi_cuda_fail(epxi_ce_, (what), err);                                          \
+            goto label;                                                                            \
+        }                                                                                          \
     } while (0)
 
 /* Wait for `stream` by polling, up to timeout_ms: EPX_ERR_TIMEOUT names
@@ -47,10 +47,12 @@ static inline epx_status epxi_cuda_stream_wait(cudaStream_t stream, int64_t time
         if (q == cudaSuccess) return EPX_OK;
         if (q != cudaErrorNotReady) return epxi_cuda_fail(q, what, err);
         clock_gettime(CLOCK_MONOTONIC, &now);
-        int64_t ms = (int64_t)(now.tv_sec - t0.tv_sec) * 1000 + (now.tv_nsec - t0.tv_nsec) / 1000000;
+        int64_t ms =
+            (int64_t)(now.tv_sec - t0.tv_sec) * 1000 + (now.tv_nsec - t0.tv_nsec) / 1000000;
         if (ms > timeout_ms)
-            return epxi_fail(err, EPX_ERR_TIMEOUT, "%s: the stream's work did not finish within %lld ms",
-                             what, (long long)timeout_ms);
+            return epxi_fail(err, EPX_ERR_TIMEOUT,
+                             "%s: the stream's work did not finish within %lld ms", what,
+                             (long long)timeout_ms);
         struct timespec ts = {0, 20000};
         nanosleep(&ts, NULL);
     }

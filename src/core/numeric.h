@@ -53,8 +53,10 @@ EPXI_HD float epxi_row_load(const void *row, int64_t j, int bf16) {
 
 /* Store v as element j of an fp32 or bf16 row (bf16 rounded as above). */
 EPXI_HD void epxi_row_store(void *row, int64_t j, float v, int bf16) {
-    if (bf16) ((uint16_t *)row)[j] = epxi_f32_to_bf16(v);
-    else ((float *)row)[j] = v;
+    if (bf16)
+        ((uint16_t *)row)[j] = epxi_f32_to_bf16(v);
+    else
+        ((float *)row)[j] = v;
 }
 
 #endif /* EPX_NUMERIC_H */

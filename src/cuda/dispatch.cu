@@ -45,9 +45,8 @@ namespace cg = cooperative_groups;
 
 namespace {
 
-constexpr int kCluster = 8;    /* blocks of the layout cluster        */
-constexpr int kMaxWarps = 16;  /* warps of a layout block, at most    */
-
+constexpr int kCluster = 8;   /* blocks of the layout cluster        */
+constexpr int kMaxWarps = 16; /* warps of a layout block, at most    */
 
 struct MapArgs {
     int mode;
@@ -100,9 +99,9 @@ struct LayoutArgs {
     MapArgs map;
     const int32_t *ids;
     int32_t T, K, P, G, per;
-    int32_t chunk;  /* tokens per block: ceil(T / 8)            */
-    int32_t wchunk; /* tokens per token warp: ceil(chunk / nw)  */
-    int32_t nw;     /* token warps (histograms) per block       */
+    int32_t chunk;     /* tokens per block: ceil(T / 8)            */
+    int32_t wchunk;    /* tokens per token warp: ceil(chunk / nw)  */
+    int32_t nw;        /* token warps (histograms) per block       */
     int in_rank_words; /* is_token_in_rank rows as 32-bit words */
     int phys_smem;     /* keep the block's phys in shared memory for phase C */
     int need_pos;      /* any send-order output wanted (else phase C is skipped) */
@@ -137,7 +136,8 @@ __device__ void block_scan2(int32_t *a, int32_t *b, int32_t n, int32_t *ws) {
         int nwarps = nt >> 5;
         int32_t va = lane < nwarps ? ws[lane] : 0, vb = lane < nwarps ? ws[32 + lane] : 0;
         for (int d = 1; d < 32; d <<= 1) {
-            int32_t xa = __shfl_up_sync(0xffffffffu, va, d), xb = __shfl_up_sync(0xffffffffu, vb, d);
+            int32_t xa = __shfl_up_sync(0xffffffffu, va, d),
+                    xb = __shfl_up_sync(0xffffffffu, vb, d);
             if (lane >= d) va += xa, vb += xb;
         }
         if (lane < nwarps) ws[lane] = va, ws[32 + lane] = vb; /* inclusive */
@@ -180,7 +180,8 @@ __device__ void publish_offsets(const Args &a, const int32_t *sum_s, const int32
         for (int32_t q = tid; q <= P; q += nt) a.slot_offsets[q] = sum_s[q];
     for (int32_t q = tid; q <= a.G; q += nt) {
         if (a.rank_offsets) a.rank_offsets[q] = sum_r[q * per];
-        if (a.tokens_per_rank && q < a.G) a.tokens_per_rank[q] = sum_r[(q + 1) * per] - sum_r[q * per];
+        if (a.tokens_per_rank && q < a.G)
+            a.tokens_per_rank[q] = sum_r[(q + 1) * per] - sum_r[q * per];
     }
 }
 
@@ -192,7 +193,8 @@ __device__ __forceinline__ void map_token(const LayoutArgs &a, int32_t t, int32_
 #pragma unroll
     for (int k = 0; k < KMAX; k++) {
         p[k] = -1;
-        if (k < K) p[k] = map_one(a.map, __ldg(a.ids + (size_t)t * K + k), (uint32_t)t, (uint32_t)k);
+        if (k < K)
+            p[k] = map_one(a.map, __ldg(a.ids + (size_t)t * K + k), (uint32_t)t, (uint32_t)k);
     }
     rep = 0;
     uint64_t present = 0;
@@ -209,7 +211,8 @@ __device__ __forceinline__ void map_token(const LayoutArgs &a, int32_t t, int32_
         bool r = k < K && p[k] >= 0;
 #pragma unroll
         for (int j = 0; j < KMAX; j++)
-            if (j != k && j < K && g[j] == g[k] && (p[j] < p[k] || (p[j] == p[k] && j < k))) r = false;
+            if (j != k && j < K && g[j] == g[k] && (p[j] < p[k] || (p[j] == p[k] && j < k)))
+                r = false;
         if (r) {
             rep |= 1u << k;
             if (g[k] < 64) present |= 1ull << g[k];
@@ -237,7 +240,8 @@ __device__ __forceinline__ void map_token(const LayoutArgs &a, int32_t t, int32_
 
 /* Count one token's pairs (low half) and representatives (high half). */
 template <int KMAX>
-__device__ __forceinline__ void count_token(uint32_t *h, const int32_t *p, uint32_t rep, int32_t K) {
+__device__ __forceinline__ void count_token(uint32_t *h, const int32_t *p, uint32_t rep,
+                                            int32_t K) {
 #pragma unroll
     for (int k = 0; k < KMAX; k++)
         if (k < K && p[k] >= 0) atomicAdd(&h[p[k]], (rep >> k & 1u) ? 0x10001u : 1u);
@@ -250,15 +254,15 @@ __global__ void __launch_bounds__(32 * kMaxWarps, 1) layout_kernel(LayoutArgs a)
     const int32_t P = a.P, K = a.K, per = a.per, nw = a.nw;
     const int rank = (int)cluster.block_rank(), ncl = (int)cluster.num_blocks();
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nt = blockDim.x;
-    uint32_t *hist = smem;                             /* [nw][P] packed     */
-    uint32_t *tot = hist + (size_t)nw * P;             /* [P] packed totals  */
-    int32_t *base_s = (int32_t *)(tot + P);            /* [P]                */
-    int32_t *base_r = base_s + P;                      /* [P]                */
-    int32_t *sum_s = base_r + P;                       /* [P + 1]            */
-    int32_t *sum_r = sum_s + P + 1;                    /* [P + 1]            */
-    uint32_t *repmask = (uint32_t *)(sum_r + P + 1);   /* [chunk]            */
-    int32_t *ws = (int32_t *)(repmask + a.chunk);      /* [64]               */
-    int32_t *sphys = a.phys_smem ? ws + 64 : NULL;     /* [chunk][K]         */
+    uint32_t *hist = smem;                           /* [nw][P] packed     */
+    uint32_t *tot = hist + (size_t)nw * P;           /* [P] packed totals  */
+    int32_t *base_s = (int32_t *)(tot + P);          /* [P]                */
+    int32_t *base_r = base_s + P;                    /* [P]                */
+    int32_t *sum_s = base_r + P;                     /* [P + 1]            */
+    int32_t *sum_r = sum_s + P + 1;                  /* [P + 1]            */
+    uint32_t *repmask = (uint32_t *)(sum_r + P + 1); /* [chunk]            */
+    int32_t *ws = (int32_t *)(repmask + a.chunk);    /* [64]               */
+    int32_t *sphys = a.phys_smem ? ws + 64 : NULL;   /* [chunk][K]         */
 
     const int32_t t0 = rank * a.chunk, t1 = min(a.T, t0 + a.chunk);
     const int32_t wb = min(t1, t0 + warp * a.wchunk), we = min(t1, wb + a.wchunk);
@@ -373,10 +377,10 @@ struct FastArgs {
     MapArgs map;
     const int32_t *ids;
     int32_t T, K, P, G, per;
-    int32_t chunk;       /* tokens per block                      */
-    int32_t nw;          /* ranking warps (histograms) per block  */
-    int32_t wshift;      /* log2 of the pairs per ranking warp    */
-    int32_t nbits;       /* P <= 1 << nbits                       */
+    int32_t chunk;  /* tokens per block                      */
+    int32_t nw;     /* ranking warps (histograms) per block  */
+    int32_t wshift; /* log2 of the pairs per ranking warp    */
+    int32_t nbits;  /* P <= 1 << nbits                       */
     int in_rank_words, need_pos;
     int32_t *phys;
     int64_t *tokens_per_rank, *tokens_per_slot;
@@ -403,7 +407,8 @@ __device__ __forceinline__ void write_in_rank(const FastArgs &a, int32_t t, uint
     if (a.G <= 64 && a.in_rank_words) {
         for (int32_t q = 0; q < a.G / 4; q++) {
             uint32_t m = (uint32_t)(present >> (4 * q)) & 0xfu;
-            ((uint32_t *)out)[q] = (m & 1u) | ((m >> 1 & 1u) << 8) | ((m >> 2 & 1u) << 16) | ((m >> 3 & 1u) << 24);
+            ((uint32_t *)out)[q] =
+                (m & 1u) | ((m >> 1 & 1u) << 8) | ((m >> 2 & 1u) << 16) | ((m >> 3 & 1u) << 24);
         }
     } else if (a.G <= 64) {
         for (int32_t q = 0; q < a.G; q++) out[q] = (uint8_t)(present >> q & 1u);
@@ -418,7 +423,8 @@ template <bool CL, bool BALLOT>
 __global__ void __launch_bounds__(1024, 1) fast_layout_kernel(FastArgs a) {
     extern __shared__ uint32_t smem[];
     const int32_t P = a.P, K = a.K, nw = a.nw, per = a.per;
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nt = blockDim.x, nwarps = nt >> 5;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nt = blockDim.x,
+              nwarps = nt >> 5;
     int rank = 0, ncl = 1;
     if constexpr (CL) {
         cg::cluster_group cluster = cg::this_cluster();
@@ -446,7 +452,8 @@ __global__ void __launch_bounds__(1024, 1) fast_layout_kernel(FastArgs a) {
 #pragma unroll 1
     for (int32_t i = tid; i < n; i += nt) {
         int32_t tl = i / K;
-        int32_t p = map_one(a.map, __ldg(a.ids + g0 + i), (uint32_t)(t0 + tl), (uint32_t)(i - tl * K));
+        int32_t p =
+            map_one(a.map, __ldg(a.ids + g0 + i), (uint32_t)(t0 + tl), (uint32_t)(i - tl * K));
         skey[i] = p;
         a.phys[g0 + i] = p;
     }
@@ -471,7 +478,8 @@ __global__ void __launch_bounds__(1024, 1) fast_layout_kernel(FastArgs a) {
                 bool r = p[k] >= 0;
 #pragma unroll
                 for (int j = 0; j < 8; j++)
-                    if (j != k && g[j] == g[k] && (p[j] < p[k] || (p[j] == p[k] && j < k))) r = false;
+                    if (j != k && g[j] == g[k] && (p[j] < p[k] || (p[j] == p[k] && j < k)))
+                        r = false;
                 if (r) {
                     rep |= 1u << k;
                     if (g[k] < 64) present |= 1ull << g[k];
@@ -596,7 +604,8 @@ __global__ void __launch_bounds__(1024, 1) fast_layout_kernel(FastArgs a) {
         int32_t is = xs, ir = xr;
 #pragma unroll
         for (int d = 1; d < 32; d <<= 1) {
-            int32_t ys = __shfl_up_sync(0xffffffffu, is, d), yr = __shfl_up_sync(0xffffffffu, ir, d);
+            int32_t ys = __shfl_up_sync(0xffffffffu, is, d),
+                    yr = __shfl_up_sync(0xffffffffu, ir, d);
             if (lane >= d) is += ys, ir += yr;
         }
         int32_t es = is - xs, er = ir - xr;
@@ -637,8 +646,8 @@ __global__ void __launch_bounds__(1024, 1) fast_layout_kernel(FastArgs a) {
 /* Row scatter: one block per token, each row read once (read-only path)
  * and stored to every destination. V is the access type (16, 4 or 2 B). */
 template <typename V, int UNROLL>
-__global__ void permute_kernel(const V *__restrict__ x, int64_t nvec, const int32_t *__restrict__ pos,
-                               int32_t K, V *__restrict__ out) {
+__global__ void permute_kernel(const V *__restrict__ x, int64_t nvec,
+                               const int32_t *__restrict__ pos, int32_t K, V *__restrict__ out) {
     const int64_t t = blockIdx.x;
     const int32_t *pt = pos + t * K;
     for (int64_t base = 0; base < nvec; base += (int64_t)blockDim.x * UNROLL) {
@@ -676,7 +685,8 @@ template <> struct Vec<1> {
         uint32_t w[4];
 #pragma unroll
         for (int i = 0; i < 4; i++)
-            w[i] = (uint32_t)epxi_f32_to_bf16(f[2 * i]) | ((uint32_t)epxi_f32_to_bf16(f[2 * i + 1]) << 16);
+            w[i] = (uint32_t)epxi_f32_to_bf16(f[2 * i]) |
+                   ((uint32_t)epxi_f32_to_bf16(f[2 * i + 1]) << 16);
         return make_uint4(w[0], w[1], w[2], w[3]);
     }
 };
@@ -697,8 +707,9 @@ template <> struct Vec<0> {
 /* Combine, 16-byte vectors: one block per token; per vector, acc = 0 then
  * fmaf(w_k, y_k, acc) for k in order -- the CPU's exact sequence. */
 template <int BF16, int UNROLL>
-__global__ void combine_kernel(const uint4 *__restrict__ y, int64_t nvec, const int32_t *__restrict__ pos,
-                               const float *__restrict__ wts, int32_t K, uint4 *__restrict__ out) {
+__global__ void combine_kernel(const uint4 *__restrict__ y, int64_t nvec,
+                               const int32_t *__restrict__ pos, const float *__restrict__ wts,
+                               int32_t K, uint4 *__restrict__ out) {
     using VT = Vec<BF16>;
     const int64_t t = blockIdx.x;
     for (int64_t base = 0; base < nvec; base += (int64_t)blockDim.x * UNROLL) {
@@ -735,8 +746,9 @@ __global__ void combine_kernel(const uint4 *__restrict__ y, int64_t nvec, const 
 
 /* Combine for rows that are not a multiple of 16 bytes: one element at a time. */
 template <int BF16>
-__global__ void combine_scalar_kernel(const void *__restrict__ y, int64_t H, const int32_t *__restrict__ pos,
-                                      const float *__restrict__ wts, int32_t K, void *__restrict__ out) {
+__global__ void
+combine_scalar_kernel(const void *__restrict__ y, int64_t H, const int32_t *__restrict__ pos,
+                      const float *__restrict__ wts, int32_t K, void *__restrict__ out) {
     const int64_t t = blockIdx.x;
     for (int64_t h = threadIdx.x; h < H; h += blockDim.x) {
         float acc = 0.0f;
@@ -755,19 +767,21 @@ __global__ void combine_scalar_kernel(const void *__restrict__ y, int64_t H, con
     }
 }
 
-
 } /* namespace */
 
-extern "C" epx_status epx_cuda_dispatch_map_ids(const epx_dispatch_spec *spec, const int32_t *topk_ids,
-                                                int64_t num_tokens, int32_t topk, int32_t *phys,
-                                                cudaStream_t stream, epx_error *err) {
+extern "C" epx_status epx_cuda_dispatch_map_ids(const epx_dispatch_spec *spec,
+                                                const int32_t *topk_ids, int64_t num_tokens,
+                                                int32_t topk, int32_t *phys, cudaStream_t stream,
+                                                epx_error *err) {
     EPX_TRY(epxi_dispatch_check_spec(spec, "device", err));
     if (num_tokens < 0 || num_tokens > INT32_MAX || topk < 1)
-        return epxi_fail(err, EPX_ERR_SHAPE, "topk_ids is [%lld][%d]: T must be in [0, 2^31), K >= 1",
+        return epxi_fail(err, EPX_ERR_SHAPE,
+                         "topk_ids is [%lld][%d]: T must be in [0, 2^31), K >= 1",
                          (long long)num_tokens, topk);
     if (num_tokens == 0) return EPX_OK;
     if (topk_ids == NULL || phys == NULL)
-        return epxi_fail(err, EPX_ERR_INVALID_ARG, "epx_cuda_dispatch_map_ids: topk_ids and phys are required");
+        return epxi_fail(err, EPX_ERR_INVALID_ARG,
+                         "epx_cuda_dispatch_map_ids: topk_ids and phys are required");
     int64_t n = num_tokens * topk;
     int threads = 256;
     int64_t blocks = (n + threads - 1) / threads;
@@ -795,7 +809,8 @@ struct FastPlan {
     size_t smem;
 };
 
-static bool fast_plan(int32_t T, int32_t K, int32_t P, int cluster, int ppw, int optin, FastPlan *f) {
+static bool fast_plan(int32_t T, int32_t K, int32_t P, int cluster, int ppw, int optin,
+                      FastPlan *f) {
     int cl = cluster;
     for (; cl <= kCluster; cl *= 2) {
         int32_t chunk = (T + cl - 1) / cl;
@@ -807,8 +822,8 @@ static bool fast_plan(int32_t T, int32_t K, int32_t P, int cluster, int ppw, int
         while ((n + (1 << ws) - 1) >> ws > nwarps) ws++;
         int nw = (int)((n + (1 << ws) - 1) >> ws);
         if (nw < 1) nw = 1;
-        size_t words = 2 * (size_t)n + (size_t)nw * P + P + (cl > 1 ? (size_t)cl * P : 0) + 2 * ((size_t)P + 1) +
-                       2 * (size_t)P;
+        size_t words = 2 * (size_t)n + (size_t)nw * P + P + (cl > 1 ? (size_t)cl * P : 0) +
+                       2 * ((size_t)P + 1) + 2 * (size_t)P;
         if (4 * words > (size_t)optin) continue;
         int nb = 0;
         while ((1 << nb) < P) nb++;
@@ -830,9 +845,10 @@ static int fast_default_cluster(int32_t T, int32_t K) {
     return n <= 1024 ? 1 : n <= 4096 ? 2 : n <= 8192 ? 4 : kCluster;
 }
 
-static epx_status launch_fast(const epx_dispatch_spec *spec, const int32_t *topk_ids, int32_t T, int32_t K,
-                              int32_t P, int32_t G, int32_t *phys, const epx_token_layout *out, const FastPlan &f,
-                              bool ballot, cudaStream_t stream, epx_error *err) {
+static epx_status launch_fast(const epx_dispatch_spec *spec, const int32_t *topk_ids, int32_t T,
+                              int32_t K, int32_t P, int32_t G, int32_t *phys,
+                              const epx_token_layout *out, const FastPlan &f, bool ballot,
+                              cudaStream_t stream, epx_error *err) {
     FastArgs a;
     a.map = map_args(spec);
     a.ids = topk_ids;
@@ -849,10 +865,13 @@ static epx_status launch_fast(const epx_dispatch_spec *spec, const int32_t *topk
     a.need_pos = out->rank_perm || out->pair_rank_pos || out->slot_perm || out->pair_slot_pos;
     a.phys = phys;
     set_outputs(a, out);
-    void (*kernel)(FastArgs) = f.cl > 1 ? (ballot ? fast_layout_kernel<true, true> : fast_layout_kernel<true, false>)
-                                        : (ballot ? fast_layout_kernel<false, true> : fast_layout_kernel<false, false>);
+    void (*kernel)(FastArgs) =
+        f.cl > 1 ? (ballot ? fast_layout_kernel<true, true> : fast_layout_kernel<true, false>)
+                 : (ballot ? fast_layout_kernel<false, true> : fast_layout_kernel<false, false>);
     if (f.smem > 48 * 1024)
-        EPXI_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)f.smem), "cudaFuncSetAttribute");
+        EPXI_CUDA_TRY(
+            cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)f.smem),
+            "cudaFuncSetAttribute");
     if (f.cl == 1) {
         kernel<<<1, f.nt, f.smem, stream>>>(a);
     } else {
@@ -874,12 +893,15 @@ static epx_status launch_fast(const epx_dispatch_spec *spec, const int32_t *topk
     return EPX_OK;
 }
 
-extern "C" epx_status epxi_cuda_dispatch_layout_cluster(
-    const epx_dispatch_spec *spec, const int32_t *topk_ids, int64_t num_tokens, int32_t topk,
-    int32_t num_physical, int32_t num_gpus, int32_t *phys, const epx_token_layout *out, int cluster,
-    cudaStream_t stream, epx_error *err) {
-    return epxi_cuda_dispatch_layout_variant(spec, topk_ids, num_tokens, topk, num_physical, num_gpus, phys, out,
-                                             EPXI_LAYOUT_AUTO, cluster, 0, stream, err);
+extern "C" epx_status epxi_cuda_dispatch_layout_cluster(const epx_dispatch_spec *spec,
+                                                        const int32_t *topk_ids, int64_t num_tokens,
+                                                        int32_t topk, int32_t num_physical,
+                                                        int32_t num_gpus, int32_t *phys,
+                                                        const epx_token_layout *out, int cluster,
+                                                        cudaStream_t stream, epx_error *err) {
+    return epxi_cuda_dispatch_layout_variant(spec, topk_ids, num_tokens, topk, num_physical,
+                                             num_gpus, phys, out, EPXI_LAYOUT_AUTO, cluster, 0,
+                                             stream, err);
 }
 
 extern "C" epx_status epxi_cuda_dispatch_layout_variant(
@@ -902,21 +924,24 @@ extern "C" epx_status epxi_cuda_dispatch_layout_variant(
                          "equal spec.num_physical (%d)",
                          num_physical, num_gpus, spec->num_physical);
     if (cluster != 0 && cluster != 1 && cluster != 2 && cluster != 4 && cluster != kCluster)
-        return epxi_fail(err, EPX_ERR_INVALID_ARG, "layout cluster size %d is not 1, 2, 4 or 8", cluster);
+        return epxi_fail(err, EPX_ERR_INVALID_ARG, "layout cluster size %d is not 1, 2, 4 or 8",
+                         cluster);
     if (variant < EPXI_LAYOUT_AUTO || variant > EPXI_LAYOUT_BALLOT)
         return epxi_fail(err, EPX_ERR_INVALID_ARG, "layout variant %d is not 0 .. 3", variant);
     int dev = 0, optin = 0;
     EPXI_CUDA_TRY(cudaGetDevice(&dev), "cudaGetDevice");
-    EPXI_CUDA_TRY(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev), "cudaDeviceGetAttribute");
+    EPXI_CUDA_TRY(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev),
+                  "cudaDeviceGetAttribute");
     if (variant == EPXI_LAYOUT_MATCH || variant == EPXI_LAYOUT_BALLOT ||
         (variant == EPXI_LAYOUT_AUTO &&
          (kAutoCompact || (int64_t)num_tokens * topk <= kAutoCompactPairs))) {
         FastPlan f;
         int cl0 = cluster ? cluster : fast_default_cluster((int32_t)num_tokens, topk);
         if (fast_plan((int32_t)num_tokens, topk, num_physical, cl0, ppw > 0 ? ppw : 64, optin, &f))
-            return launch_fast(spec, topk_ids, (int32_t)num_tokens, topk, num_physical, num_gpus, phys, out, f,
-                               variant == EPXI_LAYOUT_BALLOT || (variant == EPXI_LAYOUT_AUTO && kAutoBallot), stream,
-                               err);
+            return launch_fast(
+                spec, topk_ids, (int32_t)num_tokens, topk, num_physical, num_gpus, phys, out, f,
+                variant == EPXI_LAYOUT_BALLOT || (variant == EPXI_LAYOUT_AUTO && kAutoBallot),
+                stream, err);
     }
     if (cluster == 0) cluster = default_cluster((int32_t)num_tokens);
     LayoutArgs a;
@@ -928,7 +953,8 @@ extern "C" epx_status epxi_cuda_dispatch_layout_variant(
     a.G = num_gpus;
     a.per = num_physical / num_gpus;
     /* the 16-bit counter halves bound the pairs of one block */
-    while (cluster < kCluster && (int64_t)((a.T + cluster - 1) / cluster) * topk > 65535) cluster *= 2;
+    while (cluster < kCluster && (int64_t)((a.T + cluster - 1) / cluster) * topk > 65535)
+        cluster *= 2;
     a.chunk = (a.T + cluster - 1) / cluster;
     if ((int64_t)a.chunk * topk > 65535)
         return epxi_fail(err, EPX_ERR_UNSUPPORTED,
@@ -974,18 +1000,21 @@ extern "C" epx_status epxi_cuda_dispatch_layout_variant(
     cfg.attrs = attr;
     cfg.numAttrs = 1;
     void (*kernel)(LayoutArgs) = topk <= 8 ? layout_kernel<8> : layout_kernel<32>;
-    EPXI_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem), "cudaFuncSetAttribute");
+    EPXI_CUDA_TRY(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
+        "cudaFuncSetAttribute");
     EPXI_CUDA_TRY(cudaLaunchKernelEx(&cfg, kernel, a), "cudaLaunchKernelEx");
     EPXI_CUDA_TRY(cudaGetLastError(), "cudaGetLastError");
     return EPX_OK;
 }
 
-extern "C" epx_status epx_cuda_dispatch_layout(const epx_dispatch_spec *spec, const int32_t *topk_ids,
-                                               int64_t num_tokens, int32_t topk, int32_t num_physical,
-                                               int32_t num_gpus, int32_t *phys, const epx_token_layout *out,
+extern "C" epx_status epx_cuda_dispatch_layout(const epx_dispatch_spec *spec,
+                                               const int32_t *topk_ids, int64_t num_tokens,
+                                               int32_t topk, int32_t num_physical, int32_t num_gpus,
+                                               int32_t *phys, const epx_token_layout *out,
                                                cudaStream_t stream, epx_error *err) {
-    return epxi_cuda_dispatch_layout_cluster(spec, topk_ids, num_tokens, topk, num_physical, num_gpus,
-                                             phys, out, 0, stream, err);
+    return epxi_cuda_dispatch_layout_cluster(spec, topk_ids, num_tokens, topk, num_physical,
+                                             num_gpus, phys, out, 0, stream, err);
 }
 
 namespace {
@@ -993,10 +1022,12 @@ namespace {
 epx_status check_rows(const void *src, const void *dst, epx_row_dtype dtype, int64_t T, int64_t H,
                       const int32_t *pos, int32_t K, const char *fn, epx_error *err) {
     if (dtype != EPX_ROW_F32 && dtype != EPX_ROW_BF16)
-        return epxi_fail(err, EPX_ERR_INVALID_ARG, "%s: dtype %d is not F32 (0) or BF16 (1)", fn, (int)dtype);
+        return epxi_fail(err, EPX_ERR_INVALID_ARG, "%s: dtype %d is not F32 (0) or BF16 (1)", fn,
+                         (int)dtype);
     if (T < 0 || T > INT32_MAX || H < 0 || K < 1)
-        return epxi_fail(err, EPX_ERR_SHAPE, "%s: T = %lld, H = %lld, K = %d: T in [0, 2^31), H >= 0, K >= 1",
-                         fn, (long long)T, (long long)H, K);
+        return epxi_fail(err, EPX_ERR_SHAPE,
+                         "%s: T = %lld, H = %lld, K = %d: T in [0, 2^31), H >= 0, K >= 1", fn,
+                         (long long)T, (long long)H, K);
     if (T > 0 && H > 0 && (src == NULL || dst == NULL || pos == NULL))
         return epxi_fail(err, EPX_ERR_INVALID_ARG, "%s: input, pos and output are required", fn);
     return EPX_OK;
@@ -1007,18 +1038,18 @@ bool aligned(const void *p, size_t a) { return ((uintptr_t)p % a) == 0; }
 } /* namespace */
 
 extern "C" epx_status epx_cuda_permute_rows(const void *x, epx_row_dtype dtype, int64_t num_tokens,
-                                            int64_t hidden, const int32_t *pos, int32_t topk, void *out,
-                                            cudaStream_t stream, epx_error *err) {
+                                            int64_t hidden, const int32_t *pos, int32_t topk,
+                                            void *out, cudaStream_t stream, epx_error *err) {
     EPX_TRY(check_rows(x, out, dtype, num_tokens, hidden, pos, topk, "epx_cuda_permute_rows", err));
     if (num_tokens == 0 || hidden == 0) return EPX_OK;
     size_t bytes = (size_t)hidden * (dtype == EPX_ROW_BF16 ? 2 : 4);
     unsigned grid = (unsigned)num_tokens;
     if (bytes % 16 == 0 && aligned(x, 16) && aligned(out, 16))
-        permute_kernel<uint4, 8><<<grid, 128, 0, stream>>>((const uint4 *)x, (int64_t)(bytes / 16), pos, topk,
-                                                            (uint4 *)out);
+        permute_kernel<uint4, 8><<<grid, 128, 0, stream>>>((const uint4 *)x, (int64_t)(bytes / 16),
+                                                           pos, topk, (uint4 *)out);
     else if (bytes % 4 == 0 && aligned(x, 4) && aligned(out, 4))
-        permute_kernel<uint32_t, 8><<<grid, 128, 0, stream>>>((const uint32_t *)x, (int64_t)(bytes / 4), pos,
-                                                               topk, (uint32_t *)out);
+        permute_kernel<uint32_t, 8><<<grid, 128, 0, stream>>>(
+            (const uint32_t *)x, (int64_t)(bytes / 4), pos, topk, (uint32_t *)out);
     else
         permute_kernel<unsigned short, 8><<<grid, 128, 0, stream>>>(
             (const unsigned short *)x, (int64_t)(bytes / 2), pos, topk, (unsigned short *)out);
@@ -1027,19 +1058,20 @@ extern "C" epx_status epx_cuda_permute_rows(const void *x, epx_row_dtype dtype, 
 }
 
 extern "C" epx_status epx_cuda_combine_rows(const void *y, epx_row_dtype dtype, int64_t hidden,
-                                            const int32_t *pos, const float *weights, int64_t num_tokens,
-                                            int32_t topk, void *out, cudaStream_t stream, epx_error *err) {
+                                            const int32_t *pos, const float *weights,
+                                            int64_t num_tokens, int32_t topk, void *out,
+                                            cudaStream_t stream, epx_error *err) {
     EPX_TRY(check_rows(y, out, dtype, num_tokens, hidden, pos, topk, "epx_cuda_combine_rows", err));
     if (num_tokens == 0 || hidden == 0) return EPX_OK;
     size_t bytes = (size_t)hidden * (dtype == EPX_ROW_BF16 ? 2 : 4);
     unsigned grid = (unsigned)num_tokens;
     bool vec = bytes % 16 == 0 && aligned(y, 16) && aligned(out, 16);
     if (vec && dtype == EPX_ROW_BF16)
-        combine_kernel<1, 8><<<grid, 128, 0, stream>>>((const uint4 *)y, (int64_t)(bytes / 16), pos, weights, topk,
-                                                        (uint4 *)out);
+        combine_kernel<1, 8><<<grid, 128, 0, stream>>>((const uint4 *)y, (int64_t)(bytes / 16), pos,
+                                                       weights, topk, (uint4 *)out);
     else if (vec)
-        combine_kernel<0, 8><<<grid, 128, 0, stream>>>((const uint4 *)y, (int64_t)(bytes / 16), pos, weights, topk,
-                                                        (uint4 *)out);
+        combine_kernel<0, 8><<<grid, 128, 0, stream>>>((const uint4 *)y, (int64_t)(bytes / 16), pos,
+                                                       weights, topk, (uint4 *)out);
     else if (dtype == EPX_ROW_BF16)
         combine_scalar_kernel<1><<<grid, 256, 0, stream>>>(y, hidden, pos, weights, topk, out);
     else

@@ -28,7 +28,12 @@ EPXI_HIDDEN epx_status epxi_cuda_dispatch_layout_cluster(
  * original (layout_kernel); MATCH / BALLOT = the
  * compact kernel ranking equal slots with __match_any_sync or with bit
  * ballots (falling back to CLUSTER where it does not fit). */
-enum { EPXI_LAYOUT_AUTO = 0, EPXI_LAYOUT_CLUSTER = 1, EPXI_LAYOUT_MATCH = 2, EPXI_LAYOUT_BALLOT = 3 };
+enum {
+    EPXI_LAYOUT_AUTO = 0,
+    EPXI_LAYOUT_CLUSTER = 1,
+    EPXI_LAYOUT_MATCH = 2,
+    EPXI_LAYOUT_BALLOT = 3
+};
 
 /* epx_cuda_dispatch_layout with the kernel, the cluster size (0 = the
  * default for T; raised when too small for the 16-bit counters or shared

@@ -12,7 +12,8 @@ epx_status epx_ep_run_experts(epx_ep *ep, const epx_ep_recv *recv, const epx_moe
                          "EP run_experts needs the handle, the recv view, %d expert views and "
                          "scratch",
                          ep ? epxi_ep_geom_of(ep)->spr : 0);
-    if (epxi_ep_geom_of(ep)->cfg.x_dtype != EPX_DTYPE_F32 || epxi_ep_geom_of(ep)->cfg.y_dtype != EPX_DTYPE_F32)
+    if (epxi_ep_geom_of(ep)->cfg.x_dtype != EPX_DTYPE_F32 ||
+        epxi_ep_geom_of(ep)->cfg.y_dtype != EPX_DTYPE_F32)
         return epxi_fail(err, EPX_ERR_INVALID_ARG,
                          "EP run_experts runs fp32 experts: x_dtype and y_dtype must be "
                          "EPX_DTYPE_F32");
@@ -27,4 +28,3 @@ epx_status epx_ep_run_experts(epx_ep *ep, const epx_ep_recv *recv, const epx_moe
     }
     return EPX_OK;
 }
-

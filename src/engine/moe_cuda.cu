@@ -88,7 +88,8 @@ __global__ void k_route(const float *logits, const float *bias, int T, int E, in
                 float bs[2];
                 int hv = 0;
                 for (int e = g * per; e < (g + 1) * per; e++)
-                    offer(e, __fadd_rn(sigm(l[e]), bias ? bias[e] : 0.0f), per >= 2 ? 2 : 1, bi, bs, &hv);
+                    offer(e, __fadd_rn(sigm(l[e]), bias ? bias[e] : 0.0f), per >= 2 ? 2 : 1, bi, bs,
+                          &hv);
                 gs[g] = per >= 2 ? __fadd_rn(bs[0], bs[1]) : bs[0];
             }
             int gi[MAXG];
@@ -120,8 +121,8 @@ __global__ void k_gather(const unsigned char *x, size_t stride, int f32, const i
     if (e >= n) return;
     const unsigned char *src = x + (size_t)rows[e] * stride;
     for (int h = threadIdx.x; h < H; h += blockDim.x)
-        out[e * H + h] = f32 ? __float2bfloat16_rn(((const float *)src)[h])
-                             : ((const __nv_bfloat16 *)src)[h];
+        out[e * H + h] =
+            f32 ? __float2bfloat16_rn(((const float *)src)[h]) : ((const __nv_bfloat16 *)src)[h];
 }
 
 __global__ void k_swiglu(const float *g1, int64_t n, int I, __nv_bfloat16 *h) {
@@ -159,7 +160,8 @@ struct epx_cuda_moe {
     int64_t max_rows;
     cudaStream_t stream;
     cublasHandle_t blas;
-    __nv_bfloat16 *w1, *w2, *router, *sw1, *sw2; /* [L][2I][H], [L][H][I], [E][H], [2Is][H], [H][Is] */
+    __nv_bfloat16 *w1, *w2, *router, *sw1,
+        *sw2; /* [L][2I][H], [L][H][I], [E][H], [2Is][H], [H][Is] */
     float *bias;
     __nv_bfloat16 *xperm, *hbuf; /* [max_rows][H], [max_rows][wmax] */
     float *g1;                   /* [max_rows][2 wmax] */
@@ -181,7 +183,8 @@ static epx_status upload_bf16(const float *src, size_t n, __nv_bfloat16 *dst, cu
                               float *stage, size_t stage_n, epx_error *err) {
     for (size_t off = 0; off < n; off += stage_n) {
         size_t m = n - off < stage_n ? n - off : stage_n;
-        EPXI_CUDA_TRY(cudaMemcpyAsync(stage, src + off, m * 4, cudaMemcpyHostToDevice, s), "weight upload");
+        EPXI_CUDA_TRY(cudaMemcpyAsync(stage, src + off, m * 4, cudaMemcpyHostToDevice, s),
+                      "weight upload");
         k_to_bf16<<<(unsigned)((m + 255) / 256), 256, 0, s>>>(stage, m, dst + off);
         EPXI_CUDA_TRY(cudaGetLastError(), "bf16 conversion kernel");
         EPXI_CUDA_TRY(cudaStreamSynchronize(s), "weight upload");
@@ -193,7 +196,8 @@ extern "C" void epx_cuda_moe_destroy(epx_cuda_moe *m) {
     if (m == NULL) return;
     if (m->stream) cudaStreamSynchronize(m->stream);
     if (m->blas) cublasDestroy(m->blas);
-    void *dev[] = {m->w1, m->w2, m->router, m->sw1, m->sw2, m->bias, m->xperm, m->hbuf, m->g1, m->dptr};
+    void *dev[] = {m->w1,   m->w2,    m->router, m->sw1, m->sw2,
+                   m->bias, m->xperm, m->hbuf,   m->g1,  m->dptr};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
         if (dev[i]) cudaFree(dev[i]);
     if (m->hptr) cudaFreeHost(m->hptr);
@@ -204,8 +208,8 @@ extern "C" void epx_cuda_moe_destroy(epx_cuda_moe *m) {
 
 extern "C" epx_status epx_cuda_moe_create(const epx_moe_config *cfg, const epx_moe_weights *w,
                                           int32_t num_local, const int32_t *slot_expert,
-                                          int64_t max_rows, cudaStream_t stream,
-                                          epx_cuda_moe **out, epx_error *err) {
+                                          int64_t max_rows, cudaStream_t stream, epx_cuda_moe **out,
+                                          epx_error *err) {
     EPX_TRY(epx_moe_config_check(cfg, err));
     if (w == NULL || out == NULL || num_local < 0 || (num_local > 0 && slot_expert == NULL) ||
         max_rows < 1 || w->router == NULL || w->gate == NULL || w->up == NULL || w->down == NULL)
@@ -226,7 +230,8 @@ extern "C" epx_status epx_cuda_moe_create(const epx_moe_config *cfg, const epx_m
     m->max_rows = max_rows;
     m->stream = stream;
     m->path = "none";
-    const size_t H = (size_t)cfg->hidden, I = (size_t)cfg->intermediate, E = (size_t)cfg->num_experts;
+    const size_t H = (size_t)cfg->hidden, I = (size_t)cfg->intermediate,
+                 E = (size_t)cfg->num_experts;
     const size_t Is = (size_t)cfg->shared_intermediate;
     m->wmax = (int32_t)(I > Is ? I : Is);
     const size_t L = (size_t)(num_local > 0 ? num_local : 1);
@@ -244,13 +249,13 @@ extern "C" epx_status epx_cuda_moe_create(const epx_moe_config *cfg, const epx_m
         st = blas_fail(bs, "set stream", err);
         goto fail;
     }
-#define DMALLOC(p, bytes)                                                  \
-    do {                                                                   \
-        ce = cudaMalloc((void **)&(p), (bytes));                           \
-        if (ce != cudaSuccess) {                                           \
-            st = epxi_cuda_fail(ce, "GPU MoE allocation", err);            \
-            goto fail;                                                     \
-        }                                                                  \
+#define DMALLOC(p, bytes)                                                                          \
+    do {                                                                                           \
+        ce = cudaMalloc((void **)&(p), (bytes));                                                   \
+        if (ce != cudaSuccess) {                                                                   \
+            st = epxi_cuda_fail(ce, "GPU MoE allocation", err);                                    \
+            goto fail;                                                                             \
+        }                                                                                          \
     } while (0)
     DMALLOC(m->w1, L * 2 * I * H * 2);
     DMALLOC(m->w2, L * H * I * 2);
@@ -273,7 +278,8 @@ extern "C" epx_status epx_cuda_moe_create(const epx_moe_config *cfg, const epx_m
     }
     /* The per-group argument arrays of the grouped GEMM, in one block. */
     {
-        size_t bytes = L * 7 * sizeof(int) + L * 2 * sizeof(cublasOperation_t) + L * 2 * sizeof(float);
+        size_t bytes =
+            L * 7 * sizeof(int) + L * 2 * sizeof(cublasOperation_t) + L * 2 * sizeof(float);
         void *blk = epxi_calloc(bytes, 1, "GPU MoE group arrays", err);
         if (blk == NULL) {
             st = EPX_ERR_NOMEM;
@@ -301,19 +307,27 @@ extern "C" epx_status epx_cuda_moe_create(const epx_moe_config *cfg, const epx_m
     /* Weights: per local slot, gate rows then up rows as one [2I][H]. */
     for (int32_t s = 0; s < num_local && st == EPX_OK; s++) {
         size_t e = (size_t)slot_expert[s];
-        st = upload_bf16(w->gate + e * I * H, I * H, m->w1 + (size_t)s * 2 * I * H, stream, stage, stage_n, err);
+        st = upload_bf16(w->gate + e * I * H, I * H, m->w1 + (size_t)s * 2 * I * H, stream, stage,
+                         stage_n, err);
         if (st == EPX_OK)
-            st = upload_bf16(w->up + e * I * H, I * H, m->w1 + (size_t)s * 2 * I * H + I * H, stream, stage, stage_n, err);
-        if (st == EPX_OK) st = upload_bf16(w->down + e * H * I, H * I, m->w2 + (size_t)s * H * I, stream, stage, stage_n, err);
+            st = upload_bf16(w->up + e * I * H, I * H, m->w1 + (size_t)s * 2 * I * H + I * H,
+                             stream, stage, stage_n, err);
+        if (st == EPX_OK)
+            st = upload_bf16(w->down + e * H * I, H * I, m->w2 + (size_t)s * H * I, stream, stage,
+                             stage_n, err);
     }
     if (st == EPX_OK) st = upload_bf16(w->router, E * H, m->router, stream, stage, stage_n, err);
     if (st == EPX_OK && Is > 0) {
         if (w->shared_gate == NULL || w->shared_up == NULL || w->shared_down == NULL) {
-            st = epxi_fail(err, EPX_ERR_INVALID_ARG, "shared_intermediate %zu needs shared weights", Is);
+            st = epxi_fail(err, EPX_ERR_INVALID_ARG, "shared_intermediate %zu needs shared weights",
+                           Is);
         } else {
             st = upload_bf16(w->shared_gate, Is * H, m->sw1, stream, stage, stage_n, err);
-            if (st == EPX_OK) st = upload_bf16(w->shared_up, Is * H, m->sw1 + Is * H, stream, stage, stage_n, err);
-            if (st == EPX_OK) st = upload_bf16(w->shared_down, H * Is, m->sw2, stream, stage, stage_n, err);
+            if (st == EPX_OK)
+                st =
+                    upload_bf16(w->shared_up, Is * H, m->sw1 + Is * H, stream, stage, stage_n, err);
+            if (st == EPX_OK)
+                st = upload_bf16(w->shared_down, H * Is, m->sw2, stream, stage, stage_n, err);
         }
     }
     if (st == EPX_OK && m->bias != NULL) {
@@ -341,7 +355,8 @@ static cublasStatus_t gemm(epx_cuda_moe *m, int M, int N, int Kd, const void *W,
                            void *C, cudaDataType_t ctype, float beta) {
     float alpha = 1.0f;
     return cublasGemmEx(m->blas, CUBLAS_OP_T, CUBLAS_OP_N, M, N, Kd, &alpha, W, CUDA_R_16BF, Kd, X,
-                        CUDA_R_16BF, Kd, &beta, C, ctype, M, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+                        CUDA_R_16BF, Kd, &beta, C, ctype, M, CUBLAS_COMPUTE_32F,
+                        CUBLAS_GEMM_DEFAULT);
 }
 
 extern "C" epx_status epx_cuda_moe_route_logits(epx_cuda_moe *m, const float *logits, int64_t T,
@@ -364,8 +379,8 @@ extern "C" epx_status epx_cuda_moe_router(epx_cuda_moe *m, const uint16_t *x, in
     if (m == NULL || T < 0 || (T > 0 && (x == NULL || logits == NULL)))
         return epxi_fail(err, EPX_ERR_INVALID_ARG, "GPU router needs x and logits");
     if (T == 0) return EPX_OK;
-    cublasStatus_t bs = gemm(m, m->cfg.num_experts, (int)T, m->cfg.hidden, m->router, x, logits,
-                             CUDA_R_32F, 0.0f);
+    cublasStatus_t bs =
+        gemm(m, m->cfg.num_experts, (int)T, m->cfg.hidden, m->router, x, logits, CUDA_R_32F, 0.0f);
     if (bs != CUBLAS_STATUS_SUCCESS) return blas_fail(bs, "router GEMM", err);
     return epx_cuda_moe_route_logits(m, logits, T, ids, weights, err);
 }
@@ -384,8 +399,8 @@ static epx_status grouped(epx_cuda_moe *m, int groups, const void *const *A, con
                   "GPU MoE pointer arrays");
     cublasStatus_t bs = cublasGemmGroupedBatchedEx(
         m->blas, m->ta, m->tb, m->gm, m->gn, m->gk, m->alpha, m->dptr, CUDA_R_16BF, m->glda,
-        m->dptr + groups, CUDA_R_16BF, m->gldb, m->beta, (void *const *)(m->dptr + 2 * groups), ctype,
-        m->gldc, groups, m->gsize, CUBLAS_COMPUTE_32F);
+        m->dptr + groups, CUDA_R_16BF, m->gldb, m->beta, (void *const *)(m->dptr + 2 * groups),
+        ctype, m->gldc, groups, m->gsize, CUBLAS_COMPUTE_32F);
     if (bs == CUBLAS_STATUS_SUCCESS) {
         m->path = "grouped";
         /* The pinned pointer arrays are reused by the next call. */
@@ -397,9 +412,9 @@ static epx_status grouped(epx_cuda_moe *m, int groups, const void *const *A, con
     m->path = "loop";
     for (int g = 0; g < groups; g++) {
         float alpha = 1.0f, beta = 0.0f;
-        bs = cublasGemmEx(m->blas, CUBLAS_OP_T, CUBLAS_OP_N, m->gm[g], m->gn[g], m->gk[g], &alpha, A[g],
-                          CUDA_R_16BF, m->glda[g], B[g], CUDA_R_16BF, m->gldb[g], &beta, C[g], ctype,
-                          m->gldc[g], CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+        bs = cublasGemmEx(m->blas, CUBLAS_OP_T, CUBLAS_OP_N, m->gm[g], m->gn[g], m->gk[g], &alpha,
+                          A[g], CUDA_R_16BF, m->glda[g], B[g], CUDA_R_16BF, m->gldb[g], &beta, C[g],
+                          ctype, m->gldc[g], CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
         if (bs != CUBLAS_STATUS_SUCCESS) return blas_fail(bs, "GEMM", err);
     }
     return EPX_OK;
@@ -412,8 +427,8 @@ extern "C" epx_status epx_cuda_moe_run_experts(epx_cuda_moe *m, const epx_ep_rec
         return epxi_fail(err, EPX_ERR_INVALID_ARG, "GPU MoE run needs the handle and a recv view");
     if (recv->num_local_slots != m->num_local)
         return epxi_fail(err, EPX_ERR_INVALID_ARG,
-                         "GPU MoE holds %d local slots but the dispatch delivered %d",
-                         m->num_local, recv->num_local_slots);
+                         "GPU MoE holds %d local slots but the dispatch delivered %d", m->num_local,
+                         recv->num_local_slots);
     const int64_t ne = recv->num_entries;
     if (ne == 0) return EPX_OK;
     if (ne > m->max_rows)
@@ -422,17 +437,19 @@ extern "C" epx_status epx_cuda_moe_run_experts(epx_cuda_moe *m, const epx_ep_rec
                          (long long)m->max_rows, (long long)ne);
     const int H = m->cfg.hidden, I = m->cfg.intermediate, L = m->num_local;
     cudaStream_t s = m->stream;
-    EPXI_CUDA_TRY(cudaMemcpyAsync(m->hso, recv->slot_offsets, (size_t)(L + 1) * 8,
-                                  cudaMemcpyDeviceToHost, s),
-                  "GPU MoE slot offsets");
+    EPXI_CUDA_TRY(
+        cudaMemcpyAsync(m->hso, recv->slot_offsets, (size_t)(L + 1) * 8, cudaMemcpyDeviceToHost, s),
+        "GPU MoE slot offsets");
     k_gather<<<(unsigned)ne, 128, 0, s>>>((const unsigned char *)recv->x, recv->x_stride,
-                                          x_dtype == EPX_DTYPE_F32, recv->entry_token, ne, H, m->xperm);
+                                          x_dtype == EPX_DTYPE_F32, recv->entry_token, ne, H,
+                                          m->xperm);
     EPXI_CUDA_TRY(cudaGetLastError(), "GPU MoE gather kernel");
     EPXI_CUDA_TRY(cudaStreamSynchronize(s), "GPU MoE slot offsets");
     const void *A[1024], *B[1024];
     void *C[1024];
     if (L > 1024)
-        return epxi_fail(err, EPX_ERR_UNSUPPORTED, "GPU MoE runs at most 1024 local slots, got %d", L);
+        return epxi_fail(err, EPX_ERR_UNSUPPORTED, "GPU MoE runs at most 1024 local slots, got %d",
+                         L);
     cudaDataType_t yt = y_dtype == EPX_DTYPE_F32 ? CUDA_R_32F : CUDA_R_16BF;
     size_t ysz = y_dtype == EPX_DTYPE_F32 ? 4 : 2;
     /* gate + up */
@@ -479,8 +496,9 @@ extern "C" epx_status epx_cuda_moe_shared_add(epx_cuda_moe *m, const uint16_t *x
     const int Is = m->cfg.shared_intermediate, H = m->cfg.hidden;
     if (Is == 0 || T == 0) return EPX_OK;
     if (T > m->max_rows)
-        return epxi_fail(err, EPX_ERR_INVALID_ARG, "GPU shared expert: %lld tokens above max_rows %lld",
-                         (long long)T, (long long)m->max_rows);
+        return epxi_fail(err, EPX_ERR_INVALID_ARG,
+                         "GPU shared expert: %lld tokens above max_rows %lld", (long long)T,
+                         (long long)m->max_rows);
     cublasStatus_t bs = gemm(m, 2 * Is, (int)T, H, m->sw1, x, m->g1, CUDA_R_32F, 0.0f);
     if (bs != CUBLAS_STATUS_SUCCESS) return blas_fail(bs, "shared GEMM", err);
     k_swiglu<<<(unsigned)((T * Is + 255) / 256), 256, 0, m->stream>>>(m->g1, T, Is, m->hbuf);
@@ -490,4 +508,6 @@ extern "C" epx_status epx_cuda_moe_shared_add(epx_cuda_moe *m, const uint16_t *x
     return EPX_OK;
 }
 
-extern "C" const char *epx_cuda_moe_gemm_path(const epx_cuda_moe *m) { return m ? m->path : "none"; }
+extern "C" const char *epx_cuda_moe_gemm_path(const epx_cuda_moe *m) {
+    return m ? m->path : "none";
+}

@@ -29,29 +29,28 @@
 
 void epxi_gpu_ep_inject_silence(epx_gpu_ep *ep, int on);
 
-#define CK(call)                                                                       \
-    do {                                                                               \
-        cudaError_t e_ = (call);                                                       \
-        if (e_ != cudaSuccess) {                                                       \
-            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call,              \
-                    cudaGetErrorString(e_));                                           \
-            return 1;                                                                  \
-        }                                                                              \
+#define CK(call)                                                                                   \
+    do {                                                                                           \
+        cudaError_t e_ = (call);                                                                   \
+        if (e_ != cudaSuccess) {                                                                   \
+            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
+            return 1;                                                                              \
+        }                                                                                          \
     } while (0)
-#define EK(call)                                                                       \
-    do {                                                                               \
-        epx_status s_ = (call);                                                        \
-        if (s_ != EPX_OK) {                                                            \
-            fprintf(stderr, "%s:%d: %s: %s: %s\n", __FILE__, __LINE__, #call,          \
-                    epx_status_str(s_), err.msg);                                      \
-            return 1;                                                                  \
-        }                                                                              \
+#define EK(call)                                                                                   \
+    do {                                                                                           \
+        epx_status s_ = (call);                                                                    \
+        if (s_ != EPX_OK) {                                                                        \
+            fprintf(stderr, "%s:%d: %s: %s: %s\n", __FILE__, __LINE__, #call, epx_status_str(s_),  \
+                    err.msg);                                                                      \
+            return 1;                                                                              \
+        }                                                                                          \
     } while (0)
-#define FAILF(...)                                                                     \
-    do {                                                                               \
-        fprintf(stderr, __VA_ARGS__);                                                  \
-        fputc('\n', stderr);                                                           \
-        return 1;                                                                      \
+#define FAILF(...)                                                                                 \
+    do {                                                                                           \
+        fprintf(stderr, __VA_ARGS__);                                                              \
+        fputc('\n', stderr);                                                                       \
+        return 1;                                                                                  \
     } while (0)
 
 static uint64_t g_seed;
@@ -83,7 +82,8 @@ typedef struct batch {
 } batch;
 
 static float xval(const shape *c, const void *x, size_t i) {
-    return c->xd == EPX_DTYPE_BF16 ? epx_bf16_to_f32(((const uint16_t *)x)[i]) : ((const float *)x)[i];
+    return c->xd == EPX_DTYPE_BF16 ? epx_bf16_to_f32(((const uint16_t *)x)[i])
+                                   : ((const float *)x)[i];
 }
 
 /* The value identity experts put in y: x converted to y_dtype. */
@@ -95,7 +95,8 @@ static float yval(const shape *c, const void *x, size_t i) {
 static void make_batch(const shape *c, int b, int32_t r, int64_t fixed_T, batch *o) {
     uint64_t s = g_seed * 1000003u + (uint64_t)b * 7919u + (uint64_t)r * 104729u + 1;
     size_t xs = epx_dtype_size(c->xd);
-    o->T = fixed_T >= 0 ? fixed_T : (below(&s, 5) == 0 ? 0 : (int64_t)below(&s, (uint32_t)c->M + 1));
+    o->T =
+        fixed_T >= 0 ? fixed_T : (below(&s, 5) == 0 ? 0 : (int64_t)below(&s, (uint32_t)c->M + 1));
     size_t n = (size_t)c->M;
     o->x = calloc(n * (size_t)c->H, xs);
     o->s = calloc(n * (size_t)c->K, sizeof(int32_t));
@@ -103,8 +104,10 @@ static void make_batch(const shape *c, int b, int32_t r, int64_t fixed_T, batch 
     bool to_rank0 = below(&s, 4) == 0; /* then other ranks receive nothing from us */
     for (int64_t i = 0; i < o->T * c->H; i++) {
         float v = unif(&s) * 4.0f - 2.0f;
-        if (c->xd == EPX_DTYPE_BF16) ((uint16_t *)o->x)[i] = epx_bf16_from_f32(v);
-        else ((float *)o->x)[i] = v;
+        if (c->xd == EPX_DTYPE_BF16)
+            ((uint16_t *)o->x)[i] = epx_bf16_from_f32(v);
+        else
+            ((float *)o->x)[i] = v;
     }
     int32_t spr = c->P / c->R;
     for (int64_t i = 0; i < o->T * c->K; i++) {
@@ -125,28 +128,35 @@ static int check(const shape *c, int32_t me, const batch *all, const int64_t *so
     const int32_t spr = c->P / c->R, K = c->K;
     int64_t e = 0;
     for (int32_t l = 0; l < spr; l++) {
-        if (so[l] != e) FAILF("rank %d batch %d: slot_offsets[%d] = %lld, expected %lld", me, b, l, (long long)so[l], (long long)e);
+        if (so[l] != e)
+            FAILF("rank %d batch %d: slot_offsets[%d] = %lld, expected %lld", me, b, l,
+                  (long long)so[l], (long long)e);
         for (int32_t src = 0; src < c->R; src++)
             for (int64_t t = 0; t < all[src].T; t++)
                 for (int32_t k = 0; k < K; k++) {
                     if (all[src].s[t * K + k] != me * spr + l) continue;
                     int32_t row = (int32_t)(src * (c->M + 1) + t);
                     if (etok[e] != row || memcmp(&ew[e], &all[src].w[t * K + k], 4) != 0)
-                        FAILF("rank %d batch %d: entry %lld is (row %d, w %g), expected (row %d, w %g)",
-                              me, b, (long long)e, etok[e], (double)ew[e], row, (double)all[src].w[t * K + k]);
+                        FAILF("rank %d batch %d: entry %lld is (row %d, w %g), expected (row %d, w "
+                              "%g)",
+                              me, b, (long long)e, etok[e], (double)ew[e], row,
+                              (double)all[src].w[t * K + k]);
                     e++;
                 }
     }
-    if (so[spr] != e) FAILF("rank %d batch %d: %lld entries, expected %lld", me, b, (long long)so[spr], (long long)e);
+    if (so[spr] != e)
+        FAILF("rank %d batch %d: %lld entries, expected %lld", me, b, (long long)so[spr],
+              (long long)e);
     const batch *mine = &all[me];
     for (int64_t t = 0; t < mine->T; t++)
         for (int32_t h = 0; h < c->H; h++) {
             float acc = 0.0f;
             for (int32_t k = 0; k < K; k++)
-                if (mine->s[t * K + k] >= 0) acc += mine->w[t * K + k] * yval(c, mine->x, (size_t)(t * c->H + h));
+                if (mine->s[t * K + k] >= 0)
+                    acc += mine->w[t * K + k] * yval(c, mine->x, (size_t)(t * c->H + h));
             if (memcmp(&acc, &out[t * c->H + h], 4) != 0)
-                FAILF("rank %d batch %d token %lld h %d: combine %.9g, expected %.9g (bitwise)", me, b,
-                      (long long)t, h, (double)out[t * c->H + h], (double)acc);
+                FAILF("rank %d batch %d token %lld h %d: combine %.9g, expected %.9g (bitwise)", me,
+                      b, (long long)t, h, (double)out[t * c->H + h], (double)acc);
         }
     return 0;
 }
@@ -189,7 +199,8 @@ static int run_rank(epx_comm *boot, const shape *c) {
         for (int32_t r = 0; r < R; r++)
             make_batch(c, b, r, c->graph ? (int64_t)((r * 7 + 3) % (c->M + 1)) : -1, &all[r]);
         const batch *my = &all[me];
-        CK(cudaMemcpyAsync(dx, my->x, (size_t)my->T * (size_t)c->H * xs, cudaMemcpyHostToDevice, st));
+        CK(cudaMemcpyAsync(dx, my->x, (size_t)my->T * (size_t)c->H * xs, cudaMemcpyHostToDevice,
+                           st));
         CK(cudaMemcpyAsync(ds, my->s, (size_t)my->T * (size_t)K * 4, cudaMemcpyHostToDevice, st));
         CK(cudaMemcpyAsync(dw, my->w, (size_t)my->T * (size_t)K * 4, cudaMemcpyHostToDevice, st));
         if (c->graph) {
@@ -207,7 +218,8 @@ static int run_rank(epx_comm *boot, const shape *c) {
             CK(cudaGraphLaunch(exec, st));
         } else {
             EK(epx_gpu_ep_dispatch(ep, my->T, dx, ds, dw, &rv, &err));
-            if (rv.num_entries != -1 || rv.num_local_slots != spr || rv.num_tokens != (int64_t)R * (c->M + 1))
+            if (rv.num_entries != -1 || rv.num_local_slots != spr ||
+                rv.num_tokens != (int64_t)R * (c->M + 1))
                 FAILF("rank %d: the recv view's host fields are off", me);
             EK(epx_gpu_ep_identity_experts(ep, &err));
             EK(epx_gpu_ep_combine(ep, dout, &err));
@@ -255,7 +267,8 @@ static int proc_rank(int32_t rank, int32_t R, pc_world *w, void *arg) {
     (void)R;
     for (int i = 0; i < j->ncases; i++)
         if (run_rank(boot, &j->c[i]) != 0) {
-            fprintf(stderr, "rank %d: case %d failed (seed %llu)\n", rank, i, (unsigned long long)g_seed);
+            fprintf(stderr, "rank %d: case %d failed (seed %llu)\n", rank, i,
+                    (unsigned long long)g_seed);
             return 1;
         }
     epx_comm_destroy(boot);
@@ -273,7 +286,8 @@ static int single_rank_cases(void) {
         shape c;
         random_shape(&s, 1, &c);
         c.graph = i % 4 == 3;
-        if (run_rank(local, &c) != 0) FAILF("one rank, case %d failed (seed %llu)", i, (unsigned long long)g_seed);
+        if (run_rank(local, &c) != 0)
+            FAILF("one rank, case %d failed (seed %llu)", i, (unsigned long long)g_seed);
     }
     /* The shape of the benchmarks: Kimi-K2 on 8 GPUs seen from one rank. */
     shape big = {1, 7168, 8, 48, 32, EPX_DTYPE_BF16, EPX_DTYPE_BF16, 3, false};
@@ -319,11 +333,13 @@ static int fault_cases(void) {
     EK(epx_gpu_ep_dispatch(ep, 4, dx, ds, dw, &rv, &err));
     EK(epx_gpu_ep_identity_experts(ep, &err));
     EK(epx_gpu_ep_combine(ep, dout, &err));
-    if (epx_gpu_ep_sync(ep, &err) != EPX_ERR_INVALID_ARG || strstr(err.msg, "outside [-1, 4)") == NULL)
+    if (epx_gpu_ep_sync(ep, &err) != EPX_ERR_INVALID_ARG ||
+        strstr(err.msg, "outside [-1, 4)") == NULL)
         FAILF("a bad slot: expected EPX_ERR_INVALID_ARG naming the range, got '%s'", err.msg);
     CK(cudaMemcpy(hout, dout, sizeof hout, cudaMemcpyDeviceToHost));
     for (int i = 0; i < 64; i++)
-        if (hout[i] != 0.0f) FAILF("a refused batch must combine to zeros (element %d = %g)", i, (double)hout[i]);
+        if (hout[i] != 0.0f)
+            FAILF("a refused batch must combine to zeros (element %d = %g)", i, (double)hout[i]);
     CK(cudaMemcpy(ds, good, sizeof good, cudaMemcpyHostToDevice));
     EK(epx_gpu_ep_dispatch(ep, 4, dx, ds, dw, &rv, &err));
     EK(epx_gpu_ep_identity_experts(ep, &err));
@@ -331,9 +347,12 @@ static int fault_cases(void) {
     EK(epx_gpu_ep_sync(ep, &err));
     CK(cudaMemcpy(hout, dout, sizeof hout, cudaMemcpyDeviceToHost));
     for (int i = 0; i < 64; i++)
-        if (hout[i] != 2.0f * hx[i]) FAILF("after a refused batch: element %d = %g, expected %g", i, (double)hout[i], 2.0 * hx[i]);
+        if (hout[i] != 2.0f * hx[i])
+            FAILF("after a refused batch: element %d = %g, expected %g", i, (double)hout[i],
+                  2.0 * hx[i]);
     /* Over capacity: refused on the host, nothing launched. */
-    if (epx_gpu_ep_dispatch(ep, 5, dx, ds, dw, &rv, &err) != EPX_ERR_INVALID_ARG || strstr(err.msg, "max_tokens 4") == NULL)
+    if (epx_gpu_ep_dispatch(ep, 5, dx, ds, dw, &rv, &err) != EPX_ERR_INVALID_ARG ||
+        strstr(err.msg, "max_tokens 4") == NULL)
         FAILF("5 tokens on max_tokens 4: '%s'", err.msg);
     /* Silence: our own flag never comes. */
     epxi_gpu_ep_inject_silence(ep, 1);
@@ -343,17 +362,21 @@ static int fault_cases(void) {
     if (epx_gpu_ep_sync(ep, &err) != EPX_ERR_TIMEOUT || strstr(err.msg, "300 ms") == NULL)
         FAILF("a silent rank: expected EPX_ERR_TIMEOUT after 300 ms, got '%s'", err.msg);
     epx_error e2 = {0};
-    if (epx_comm_health(local, &e2) != EPX_ERR_TIMEOUT) FAILF("the bootstrap communicator must report the timeout");
-    if (epx_gpu_ep_dispatch(ep, 4, dx, ds, dw, &rv, &err) != EPX_ERR_TIMEOUT) FAILF("a dispatch after a timeout must refuse");
+    if (epx_comm_health(local, &e2) != EPX_ERR_TIMEOUT)
+        FAILF("the bootstrap communicator must report the timeout");
+    if (epx_gpu_ep_dispatch(ep, 4, dx, ds, dw, &rv, &err) != EPX_ERR_TIMEOUT)
+        FAILF("a dispatch after a timeout must refuse");
     epx_gpu_ep_destroy(ep);
     /* Configs the engine refuses, with the fix in the message. */
     cfg.mode = EPX_EP_MODE_NORMAL;
     size_t bytes;
-    if (epx_gpu_ep_buffer_bytes(&cfg, 1, &bytes, &err) != EPX_ERR_INVALID_ARG || strstr(err.msg, "LOW_LATENCY") == NULL)
+    if (epx_gpu_ep_buffer_bytes(&cfg, 1, &bytes, &err) != EPX_ERR_INVALID_ARG ||
+        strstr(err.msg, "LOW_LATENCY") == NULL)
         FAILF("normal mode must be refused: '%s'", err.msg);
     cfg.mode = EPX_EP_MODE_LOW_LATENCY;
     cfg.combine = EPX_EP_COMBINE_RANK;
-    if (epx_gpu_ep_buffer_bytes(&cfg, 1, &bytes, &err) != EPX_ERR_INVALID_ARG || strstr(err.msg, "TOPK") == NULL)
+    if (epx_gpu_ep_buffer_bytes(&cfg, 1, &bytes, &err) != EPX_ERR_INVALID_ARG ||
+        strstr(err.msg, "TOPK") == NULL)
         FAILF("rank-order combine must be refused: '%s'", err.msg);
     cudaFree(dx), cudaFree(dw), cudaFree(dout), cudaFree(ds);
     cudaStreamDestroy(st);

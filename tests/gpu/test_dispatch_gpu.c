@@ -23,23 +23,23 @@
 
 static int failures;
 
-#define CK(call)                                                                             \
-    do {                                                                                     \
-        cudaError_t e_ = (call);                                                             \
-        if (e_ != cudaSuccess) {                                                             \
+#define CK(call)                                                                                   \
+    do {                                                                                           \
+        cudaError_t e_ = (call);                                                                   \
+        if (e_ != cudaSuccess) {                                                                   \
             fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
-            exit(1);                                                                         \
-        }                                                                                    \
+            exit(1);                                                                               \
+        }                                                                                          \
     } while (0)
-#define EK(call)                                                                             \
-    do {                                                                                     \
-        epx_error er_ = {0};                                                                 \
-        epx_status s_ = (call);                                                              \
-        (void)er_;                                                                           \
-        if (s_ != EPX_OK) {                                                                  \
-            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, epx_status_str(s_)); \
-            exit(1);                                                                         \
-        }                                                                                    \
+#define EK(call)                                                                                   \
+    do {                                                                                           \
+        epx_error er_ = {0};                                                                       \
+        epx_status s_ = (call);                                                                    \
+        (void)er_;                                                                                 \
+        if (s_ != EPX_OK) {                                                                        \
+            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, epx_status_str(s_));     \
+            exit(1);                                                                               \
+        }                                                                                          \
     } while (0)
 
 static uint64_t rng_state;
@@ -186,8 +186,17 @@ static void one_case(int32_t T, int32_t K, int32_t E, int32_t P, int32_t G, epx_
     for (size_t i = 0; i < TK; i++) ids[i] = below(12) == 0 ? -1 : below(E);
 
     int32_t rank = G > 1 ? below(G) : 0;
-    epx_dispatch_spec hs = {mode, E, P, W, table + (size_t)rank * (size_t)E, rep, nv, thr,
-                            next64(), (uint32_t)below(100), (uint32_t)below(61)};
+    epx_dispatch_spec hs = {mode,
+                            E,
+                            P,
+                            W,
+                            table + (size_t)rank * (size_t)E,
+                            rep,
+                            nv,
+                            thr,
+                            next64(),
+                            (uint32_t)below(100),
+                            (uint32_t)below(61)};
     void *d_table = dcopy(hs.table, sizeof(int32_t) * (size_t)E);
     void *d_rep = dcopy(rep, sizeof(int32_t) * (size_t)E * (size_t)W);
     void *d_nv = dcopy(nv, sizeof(int32_t) * (size_t)E);
@@ -201,9 +210,10 @@ static void one_case(int32_t T, int32_t K, int32_t E, int32_t P, int32_t G, epx_
     /* CPU reference */
     int32_t *phys = malloc(sizeof(int32_t) * (TK + 1));
     EK(epx_dispatch_map_ids(&hs, ids, T, K, phys, &er_));
-    epx_token_layout h = {malloc(8 * (size_t)G), malloc(8 * (size_t)P), malloc((size_t)T * (size_t)G + 1),
-                          malloc(4 * ((size_t)G + 1)), malloc(4 * (TK + 1)), malloc(4 * (TK + 1)),
-                          malloc(4 * ((size_t)P + 1)), malloc(4 * (TK + 1)), malloc(4 * (TK + 1))};
+    epx_token_layout h = {
+        malloc(8 * (size_t)G),       malloc(8 * (size_t)P), malloc((size_t)T * (size_t)G + 1),
+        malloc(4 * ((size_t)G + 1)), malloc(4 * (TK + 1)),  malloc(4 * (TK + 1)),
+        malloc(4 * ((size_t)P + 1)), malloc(4 * (TK + 1)),  malloc(4 * (TK + 1))};
     EK(epx_token_layout_compute(phys, T, K, P, G, &h, &er_));
 
     /* GPU: map alone, then the fused kernel */
@@ -215,12 +225,14 @@ static void one_case(int32_t T, int32_t K, int32_t E, int32_t P, int32_t G, epx_
     /* counts only: no send orders asked for, so the kernel skips phase C */
     epx_token_layout lay_arg = dl.d;
     if (counts_only)
-        lay_arg.rank_perm = lay_arg.pair_rank_pos = lay_arg.slot_perm = lay_arg.pair_slot_pos = NULL;
+        lay_arg.rank_perm = lay_arg.pair_rank_pos = lay_arg.slot_perm = lay_arg.pair_slot_pos =
+            NULL;
     if (graph) {
         cudaGraph_t g;
         cudaGraphExec_t ge;
         CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
-        EK(epxi_cuda_dispatch_layout_cluster(&ds, d_ids, T, K, P, G, d_phys, &lay_arg, cl, st, &er_));
+        EK(epxi_cuda_dispatch_layout_cluster(&ds, d_ids, T, K, P, G, d_phys, &lay_arg, cl, st,
+                                             &er_));
         CK(cudaStreamEndCapture(st, &g));
         CK(cudaGraphInstantiate(&ge, g, 0));
         CK(cudaGraphLaunch(ge, st));
@@ -231,7 +243,8 @@ static void one_case(int32_t T, int32_t K, int32_t E, int32_t P, int32_t G, epx_
     } else if (cl == 0) {
         EK(epx_cuda_dispatch_layout(&ds, d_ids, T, K, P, G, d_phys, &lay_arg, st, &er_));
     } else {
-        EK(epxi_cuda_dispatch_layout_cluster(&ds, d_ids, T, K, P, G, d_phys, &lay_arg, cl, st, &er_));
+        EK(epxi_cuda_dispatch_layout_cluster(&ds, d_ids, T, K, P, G, d_phys, &lay_arg, cl, st,
+                                             &er_));
     }
     CK(cudaStreamSynchronize(st));
     CK(cudaGetLastError());
@@ -252,9 +265,11 @@ static void one_case(int32_t T, int32_t K, int32_t E, int32_t P, int32_t G, epx_
         dl = dev_layout_alloc((size_t)T, (size_t)K, (size_t)P, (size_t)G);
         lay_arg = dl.d;
         if (counts_only)
-            lay_arg.rank_perm = lay_arg.pair_rank_pos = lay_arg.slot_perm = lay_arg.pair_slot_pos = NULL;
+            lay_arg.rank_perm = lay_arg.pair_rank_pos = lay_arg.slot_perm = lay_arg.pair_slot_pos =
+                NULL;
         CK(cudaMemset(d_phys, 0xab, TK ? 4 * TK : 1));
-        EK(epxi_cuda_dispatch_layout_variant(&ds, d_ids, T, K, P, G, d_phys, &lay_arg, v, vcl, ppw, st, &er_));
+        EK(epxi_cuda_dispatch_layout_variant(&ds, d_ids, T, K, P, G, d_phys, &lay_arg, v, vcl, ppw,
+                                             st, &er_));
         CK(cudaStreamSynchronize(st));
         CK(cudaGetLastError());
         x = hback(d_phys, 4 * TK);
@@ -285,11 +300,14 @@ static void one_case(int32_t T, int32_t K, int32_t E, int32_t P, int32_t G, epx_
             unsigned char *hy = malloc((size_t)rows * rowb + 1), *hz = malloc((size_t)T * rowb + 1);
             memset(hy, 0xab, (size_t)rows * rowb);
             EK(epx_permute_rows(hx, (epx_row_dtype)dt, T, H, h.pair_slot_pos, K, rows, hy, &er_));
-            EK(epx_combine_rows(hy, (epx_row_dtype)dt, rows, H, h.pair_slot_pos, hw, T, K, hz, &er_));
+            EK(epx_combine_rows(hy, (epx_row_dtype)dt, rows, H, h.pair_slot_pos, hw, T, K, hz,
+                                &er_));
             void *dx = dcopy(hx, (size_t)T * rowb), *dy = dalloc((size_t)rows * rowb),
                  *dz = dalloc((size_t)T * rowb), *dw = dcopy(hw, 4 * TK);
-            EK(epx_cuda_permute_rows(dx, (epx_row_dtype)dt, T, H, dl.d.pair_slot_pos, K, dy, st, &er_));
-            EK(epx_cuda_combine_rows(dy, (epx_row_dtype)dt, H, dl.d.pair_slot_pos, dw, T, K, dz, st, &er_));
+            EK(epx_cuda_permute_rows(dx, (epx_row_dtype)dt, T, H, dl.d.pair_slot_pos, K, dy, st,
+                                     &er_));
+            EK(epx_cuda_combine_rows(dy, (epx_row_dtype)dt, H, dl.d.pair_slot_pos, dw, T, K, dz, st,
+                                     &er_));
             CK(cudaStreamSynchronize(st));
             char c2[220];
             snprintf(c2, sizeof c2, "%s H=%lld %s", ctx, (long long)H, dt ? "bf16" : "fp32");
@@ -305,9 +323,12 @@ static void one_case(int32_t T, int32_t K, int32_t E, int32_t P, int32_t G, epx_
             memset(hy2, 0xab, (size_t)rrows * rowb);
             void *dy2 = dalloc((size_t)rrows * rowb);
             EK(epx_permute_rows(hx, (epx_row_dtype)dt, T, H, h.pair_rank_pos, K, rrows, hy2, &er_));
-            EK(epx_combine_rows(hy2, (epx_row_dtype)dt, rrows, H, h.pair_rank_pos, NULL, T, K, hz, &er_));
-            EK(epx_cuda_permute_rows(dx, (epx_row_dtype)dt, T, H, dl.d.pair_rank_pos, K, dy2, st, &er_));
-            EK(epx_cuda_combine_rows(dy2, (epx_row_dtype)dt, H, dl.d.pair_rank_pos, NULL, T, K, dz, st, &er_));
+            EK(epx_combine_rows(hy2, (epx_row_dtype)dt, rrows, H, h.pair_rank_pos, NULL, T, K, hz,
+                                &er_));
+            EK(epx_cuda_permute_rows(dx, (epx_row_dtype)dt, T, H, dl.d.pair_rank_pos, K, dy2, st,
+                                     &er_));
+            EK(epx_cuda_combine_rows(dy2, (epx_row_dtype)dt, H, dl.d.pair_rank_pos, NULL, T, K, dz,
+                                     st, &er_));
             CK(cudaStreamSynchronize(st));
             x = hback(dy2, (size_t)rrows * rowb);
             same("permuted rows (rank order)", c2, x, hy2, (size_t)rrows * rowb, es);
@@ -364,7 +385,8 @@ static void errors(void) {
         fprintf(stderr, "MISMATCH: K = 33 not refused: %s\n", err.msg);
         failures++;
     }
-    if (epx_cuda_dispatch_layout(&s, dummy, 600000, 8, 4, 2, dummy, &o, 0, &err) != EPX_ERR_UNSUPPORTED ||
+    if (epx_cuda_dispatch_layout(&s, dummy, 600000, 8, 4, 2, dummy, &o, 0, &err) !=
+            EPX_ERR_UNSUPPORTED ||
         strstr(err.msg, "split the batch") == NULL) {
         fprintf(stderr, "MISMATCH: T = 600000 not refused: %s\n", err.msg);
         failures++;
@@ -380,7 +402,8 @@ int main(void) {
     int n = 0;
     cudaError_t e = cudaGetDeviceCount(&n);
     if (e != cudaSuccess || n == 0) {
-        printf("skip: no CUDA device (%s)\n", e != cudaSuccess ? cudaGetErrorString(e) : "0 devices");
+        printf("skip: no CUDA device (%s)\n",
+               e != cudaSuccess ? cudaGetErrorString(e) : "0 devices");
         return 77;
     }
     const char *env = getenv("EPX_TEST_SEED");
@@ -404,7 +427,8 @@ int main(void) {
             cases++;
         }
     /* the benchmark's shape, every mode, one from a graph */
-    for (int m = 0; m < 4 && !quick; m++) one_case(4096, 8, 384, 416, 8, (epx_dispatch_mode)m, m == 1);
+    for (int m = 0; m < 4 && !quick; m++)
+        one_case(4096, 8, 384, 416, 8, (epx_dispatch_mode)m, m == 1);
     if (!quick) {
         one_case(16384, 8, 384, 416, 8, EPX_DISPATCH_DYNAMIC, 1);
         cases += 5;
@@ -415,6 +439,7 @@ int main(void) {
         printf("FAILED: %d mismatches over %d cases\n", failures, cases);
         return 1;
     }
-    printf("ok: %d cases, GPU equal to the CPU reference (integers exactly, combine bitwise)\n", cases);
+    printf("ok: %d cases, GPU equal to the CPU reference (integers exactly, combine bitwise)\n",
+           cases);
     return 0;
 }

@@ -76,8 +76,15 @@ int main(int argc, char **argv) {
     /* Die in batch 2's records: call 5 in normal mode (counts, records,
      * combine per batch), call 3 in low latency (one exchange per phase). */
     dying d = {mpi, 0, ll ? 3 : 5, strcmp(argv[1], "kill") == 0};
-    static const epx_comm_ops ops = {EPX_COMM_OPS_VERSION, "dying", EPX_COMM_MEMORY_HOST,
-                                     d_alltoallv, d_allreduce, d_barrier, NULL, NULL, NULL};
+    static const epx_comm_ops ops = {EPX_COMM_OPS_VERSION,
+                                     "dying",
+                                     EPX_COMM_MEMORY_HOST,
+                                     d_alltoallv,
+                                     d_allreduce,
+                                     d_barrier,
+                                     NULL,
+                                     NULL,
+                                     NULL};
     comm = mpi;
     if (rank == 1 && epx_comm_create(&ops, &d, rank, R, &comm, &err) != EPX_OK) {
         fprintf(stderr, "%s\n", err.msg);
@@ -121,7 +128,7 @@ int main(int argc, char **argv) {
         fprintf(f, "%s %.0f %s\n", epx_status_str(st), ms, err.msg);
         fclose(f);
     }
-    fprintf(stderr, "rank %d: dispatch returned %s after %.0f ms: %s\n", rank,
-            epx_status_str(st), ms, err.msg);
+    fprintf(stderr, "rank %d: dispatch returned %s after %.0f ms: %s\n", rank, epx_status_str(st),
+            ms, err.msg);
     _exit(0);
 }

@@ -28,8 +28,11 @@ static uint64_t g_seed;
 static void all_ok(int64_t bad, const char *what) {
     int64_t total = bad;
     epx_error err = {0};
-    assert_int_equal(epx_comm_allreduce_sum(g_comm, &total, &total, 1, EPX_DTYPE_I64, &err), EPX_OK);
-    if (total != 0) fail_msg("%s: %lld failure(s) over the ranks (this rank: %lld)", what, (long long)total, (long long)bad);
+    assert_int_equal(epx_comm_allreduce_sum(g_comm, &total, &total, 1, EPX_DTYPE_I64, &err),
+                     EPX_OK);
+    if (total != 0)
+        fail_msg("%s: %lld failure(s) over the ranks (this rank: %lld)", what, (long long)total,
+                 (long long)bad);
 }
 
 static void comm_ops(void **state) {
@@ -39,7 +42,8 @@ static void comm_ops(void **state) {
     /* Random counts known to all: counts[s][d] = elements s sends to d. */
     int64_t counts[8][8];
     for (int s = 0; s < g_size; s++)
-        for (int d = 0; d < g_size; d++) counts[s][d] = tu_below(&r, 3) == 0 ? 0 : (int64_t)tu_below(&r, 50);
+        for (int d = 0; d < g_size; d++)
+            counts[s][d] = tu_below(&r, 3) == 0 ? 0 : (int64_t)tu_below(&r, 50);
     int64_t sc[8], sd[8], rc[8], rd[8], ns = 0, nr = 0;
     for (int d = 0; d < g_size; d++) {
         sc[d] = counts[g_rank][d];
@@ -52,13 +56,15 @@ static void comm_ops(void **state) {
     int32_t *send = malloc((size_t)(ns + 1) * 12), *recv = malloc((size_t)(nr + 1) * 12);
     for (int d = 0; d < g_size; d++)
         for (int64_t i = 0; i < sc[d]; i++)
-            for (int q = 0; q < 3; q++) send[(sd[d] + i) * 3 + q] = g_rank * 1000000 + d * 10000 + (int32_t)i * 3 + q;
+            for (int q = 0; q < 3; q++)
+                send[(sd[d] + i) * 3 + q] = g_rank * 1000000 + d * 10000 + (int32_t)i * 3 + q;
     assert_int_equal(epx_comm_alltoallv(g_comm, send, sc, sd, recv, rc, rd, 12, &err), EPX_OK);
     int64_t bad = 0;
     for (int s = 0; s < g_size; s++)
         for (int64_t i = 0; i < rc[s]; i++)
             for (int q = 0; q < 3; q++)
-                bad += recv[(rd[s] + i) * 3 + q] != s * 1000000 + g_rank * 10000 + (int32_t)i * 3 + q;
+                bad +=
+                    recv[(rd[s] + i) * 3 + q] != s * 1000000 + g_rank * 10000 + (int32_t)i * 3 + q;
     all_ok(bad, "alltoallv contents");
     free(send);
     free(recv);
@@ -70,7 +76,8 @@ static void comm_ops(void **state) {
     assert_int_equal(epx_comm_allreduce_sum(g_comm, f, fo, 3, EPX_DTYPE_F32, &err), EPX_OK);
     assert_float_equal(fo[0], 0.5 * g_size, 0);
     assert_int_equal(epx_comm_barrier(g_comm, &err), EPX_OK);
-    assert_int_equal(epx_comm_allreduce_sum(g_comm, f, fo, 1, EPX_DTYPE_BF16, &err), EPX_ERR_UNSUPPORTED);
+    assert_int_equal(epx_comm_allreduce_sum(g_comm, f, fo, 1, EPX_DTYPE_BF16, &err),
+                     EPX_ERR_UNSUPPORTED);
     assert_string_equal(epx_comm_name(g_comm), "mpi");
     assert_int_equal(epx_comm_health(g_comm, NULL), EPX_OK);
 }
@@ -90,17 +97,20 @@ static void injected_fault(void **state) {
 }
 
 static void ep_cases(epx_ep_combine_mode mode, epx_ep_mode ep_mode, int iters) {
-    tu_rng lr = {g_seed + (uint64_t)mode * 7919 + (uint64_t)ep_mode * 104729}; /* the same on all ranks */
+    tu_rng lr = {g_seed + (uint64_t)mode * 7919 +
+                 (uint64_t)ep_mode * 104729}; /* the same on all ranks */
     for (int it = 0; it < iters; it++) {
         mc_layer L;
         mc_layer_random(&lr, g_size, &L);
         int64_t Tmax = 1 + (int64_t)tu_below(&lr, 16);
-        int scenario = (int)tu_below(&lr, 4); /* 0: rank 0 empty, 1: only rank 0's slots, else random */
+        int scenario =
+            (int)tu_below(&lr, 4); /* 0: rank 0 empty, 1: only rank 0's slots, else random */
         tu_rng r = {g_seed * 31 + (uint64_t)it * 1000003 + (uint64_t)g_rank}; /* per rank */
         int64_t T = (scenario == 0 && g_rank == 0) ? 0 : (int64_t)tu_below(&r, (uint32_t)Tmax + 1);
         int32_t H = L.cfg.hidden, K = L.cfg.top_k, spr = L.P / L.R;
         size_t n = (size_t)(T ? T : 1);
-        float *x = malloc(n * H * 4), *w = malloc(n * K * 4), *out = malloc(n * H * 4), *ref = malloc(n * H * 4);
+        float *x = malloc(n * H * 4), *w = malloc(n * K * 4), *out = malloc(n * H * 4),
+              *ref = malloc(n * H * 4);
         int32_t *ids = malloc(n * K * 4), *slots = malloc(n * K * 4);
         mc_batch(&r, &L, T, 1, x, ids, w);
         mc_slots(&L, T, ids, g_rank, slots);
@@ -124,10 +134,13 @@ static void ep_cases(epx_ep_combine_mode mode, epx_ep_mode ep_mode, int iters) {
             double *S = malloc(n * H * sizeof(double));
             mc_abs_sums(&L, T, x, ids, w, S);
             for (int64_t i = 0; i < T * H; i++)
-                bad += fabs((double)out[i] - ref[i]) > 2.0 * (K + g_size + 4) * FLT_EPSILON * S[i] + 1e-30;
+                bad += fabs((double)out[i] - ref[i]) >
+                       2.0 * (K + g_size + 4) * FLT_EPSILON * S[i] + 1e-30;
             free(S);
         }
-        if (bad) fprintf(stderr, "rank %d iteration %d (scenario %d): EP differs from the reference\n", g_rank, it, scenario);
+        if (bad)
+            fprintf(stderr, "rank %d iteration %d (scenario %d): EP differs from the reference\n",
+                    g_rank, it, scenario);
         all_ok(bad, "EP vs the single-rank reference");
         free(x), free(w), free(out), free(ref), free(ids), free(slots);
         mc_layer_free(&L);
@@ -164,8 +177,10 @@ static void tp_baseline(void **state) {
         int32_t *ids = malloc((size_t)T * K * 4);
         mc_batch(&r, &L, T, 1, x, ids, w);
         epx_error err = {0};
-        assert_int_equal(epx_moe_forward(&L.cfg, &L.w, x, T, ids, w, g_rank, g_size, 1, out, &err), EPX_OK);
-        assert_int_equal(epx_comm_allreduce_sum(g_comm, out, out, T * H, EPX_DTYPE_F32, &err), EPX_OK);
+        assert_int_equal(epx_moe_forward(&L.cfg, &L.w, x, T, ids, w, g_rank, g_size, 1, out, &err),
+                         EPX_OK);
+        assert_int_equal(epx_comm_allreduce_sum(g_comm, out, out, T * H, EPX_DTYPE_F32, &err),
+                         EPX_OK);
         assert_int_equal(epx_moe_forward(&L.cfg, &L.w, x, T, ids, w, 0, 1, 1, ref, &err), EPX_OK);
         double *S = malloc((size_t)T * H * sizeof(double));
         mc_abs_sums(&L, T, x, ids, w, S);
@@ -199,12 +214,9 @@ int main(int argc, char **argv) {
     epx_comm_allreduce_sum(g_comm, &seed, &seed, 1, EPX_DTYPE_I64, &err);
     g_seed = (uint64_t)seed;
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(comm_ops),
-        cmocka_unit_test(injected_fault),
-        cmocka_unit_test(ep_topk_bitwise),
-        cmocka_unit_test(ep_rank_mode),
-        cmocka_unit_test(ep_low_latency),
-        cmocka_unit_test(tp_baseline),
+        cmocka_unit_test(comm_ops),        cmocka_unit_test(injected_fault),
+        cmocka_unit_test(ep_topk_bitwise), cmocka_unit_test(ep_rank_mode),
+        cmocka_unit_test(ep_low_latency),  cmocka_unit_test(tp_baseline),
     };
     int failed = cmocka_run_group_tests(tests, NULL, NULL);
     epx_comm_destroy(g_comm);

@@ -26,14 +26,14 @@
 #include "epx_comm_mpi.h"
 
 static int failures = 0;
-#define CHECK(cond, ...)                                                   \
-    do {                                                                   \
-        if (!(cond)) {                                                     \
-            fprintf(stderr, "rank %d: check failed at line %d: ", g_rank, __LINE__); \
-            fprintf(stderr, __VA_ARGS__);                                  \
-            fputc('\n', stderr);                                           \
-            failures++;                                                    \
-        }                                                                  \
+#define CHECK(cond, ...)                                                                           \
+    do {                                                                                           \
+        if (!(cond)) {                                                                             \
+            fprintf(stderr, "rank %d: check failed at line %d: ", g_rank, __LINE__);               \
+            fprintf(stderr, __VA_ARGS__);                                                          \
+            fputc('\n', stderr);                                                                   \
+            failures++;                                                                            \
+        }                                                                                          \
     } while (0)
 static int g_rank = 0;
 
@@ -46,7 +46,8 @@ static uint64_t mix(uint64_t z) {
 static uint32_t below(uint64_t *s, uint32_t n) { return (uint32_t)((*s = mix(*s)) % n); }
 
 static uint8_t byte_of(int32_t layer, int32_t expert, size_t i) {
-    return (uint8_t)(mix(((uint64_t)layer << 40) ^ ((uint64_t)expert << 20) ^ (i / 8)) >> (8 * (i % 8)));
+    return (uint8_t)(mix(((uint64_t)layer << 40) ^ ((uint64_t)expert << 20) ^ (i / 8)) >>
+                     (8 * (i % 8)));
 }
 
 static int32_t *random_map(uint64_t *s, const epx_shape *sh) {
@@ -248,16 +249,24 @@ static int kill_mode(epx_comm *comm, const char *outdir, int32_t chunk) {
     }
     /* rank 1 dies in the exchange of the second chunk (or of the only one) */
     dying d = {comm, 0, chunk > 0 ? 2 : 1};
-    static const epx_comm_ops ops = {EPX_COMM_OPS_VERSION, "dying", EPX_COMM_MEMORY_HOST,
-                                     d_alltoallv, d_allreduce, d_barrier, NULL, NULL, NULL};
+    static const epx_comm_ops ops = {EPX_COMM_OPS_VERSION,
+                                     "dying",
+                                     EPX_COMM_MEMORY_HOST,
+                                     d_alltoallv,
+                                     d_allreduce,
+                                     d_barrier,
+                                     NULL,
+                                     NULL,
+                                     NULL};
     epx_comm *use = comm;
     epx_error err = {0};
-    if (g_rank == 1 && epx_comm_create(&ops, &d, 1, R, &use, &err) != EPX_OK) MPI_Abort(MPI_COMM_WORLD, 1);
+    if (g_rank == 1 && epx_comm_create(&ops, &d, 1, R, &use, &err) != EPX_OK)
+        MPI_Abort(MPI_COMM_WORLD, 1);
     epx_migrate_exec_opts o = EPX_MIGRATE_EXEC_OPTS_INIT;
     o.chunk_layers = chunk;
     epx_migrate_result res;
-    epx_status st = epx_migration_execute(c.mig, use, c.w, c.layout, c.stage, c.stage_bytes, &o,
-                                          &res, &err);
+    epx_status st =
+        epx_migration_execute(c.mig, use, c.w, c.layout, c.stage, c.stage_bytes, &o, &res, &err);
     const bool ok = consistent(&c, res.layers_committed);
     char path[4096];
     snprintf(path, sizeof path, "%s/rank.%d", outdir, g_rank);

@@ -85,13 +85,17 @@ static mc_layer make_layer(tu_rng *r, int32_t H, int32_t I, int32_t E, int32_t K
         round_bf16(L.sup, (size_t)Is * H);
         round_bf16(L.sdown, (size_t)H * Is);
     }
-    epx_moe_weights w = {L.router, sc == EPX_MOE_SCORING_SIGMOID ? L.bias : NULL, L.gate, L.up,
-                         L.down, L.sgate, L.sup, L.sdown};
+    epx_moe_weights w = {L.router, sc == EPX_MOE_SCORING_SIGMOID ? L.bias : NULL,
+                         L.gate,   L.up,
+                         L.down,   L.sgate,
+                         L.sup,    L.sdown};
     L.w = w;
     L.R = 1;
     L.P = E + extra_slots;
     L.p2l = malloc((size_t)L.P * sizeof(int32_t));
-    for (int32_t p = 0; p < L.P; p++) L.p2l[p] = p < E ? (p * 7) % E /* 7 is coprime to E = 32: a permutation */ : (int32_t)tu_below(r, (uint32_t)E);
+    for (int32_t p = 0; p < L.P; p++)
+        L.p2l[p] = p < E ? (p * 7) % E /* 7 is coprime to E = 32: a permutation */
+                         : (int32_t)tu_below(r, (uint32_t)E);
     L.reps = malloc((size_t)E * L.P * sizeof(int32_t));
     L.nrep = calloc((size_t)E, sizeof(int32_t));
     for (int32_t p = 0; p < L.P; p++) L.reps[(size_t)L.p2l[p] * L.P + L.nrep[L.p2l[p]]++] = p;
@@ -113,7 +117,8 @@ static void router_matches_cpu(void **state) {
         assert_int_equal(epx_moe_route(&L.cfg, logits, L.w.router_bias, T, ids, w, &err), EPX_OK);
         int32_t zero = 0;
         epx_cuda_moe *moe = NULL;
-        assert_int_equal(epx_cuda_moe_create(&L.cfg, &L.w, 1, &zero, T, g_stream, &moe, &err), EPX_OK);
+        assert_int_equal(epx_cuda_moe_create(&L.cfg, &L.w, 1, &zero, T, g_stream, &moe, &err),
+                         EPX_OK);
         float *dl = dev_copy(logits, (size_t)T * E * 4), *dw;
         int32_t *di;
         CK(cudaMalloc((void **)&di, (size_t)T * K * 4));
@@ -144,9 +149,11 @@ static void dispatch_combine_match_host(void **state) {
     (void)state;
     tu_rng r = {tu_seed(9102)};
     for (int it = 0; it < 6; it++) {
-        int32_t H = it < 3 ? 7168 : 1 + (int32_t)tu_below(&r, 300), K = 1 + (int32_t)tu_below(&r, 8);
+        int32_t H = it < 3 ? 7168 : 1 + (int32_t)tu_below(&r, 300),
+                K = 1 + (int32_t)tu_below(&r, 8);
         int32_t P = 8 + (int32_t)tu_below(&r, 60);
-        int64_t Tmax = 1 + (int64_t)tu_below(&r, 700), T = (int64_t)tu_below(&r, (uint32_t)Tmax + 1);
+        int64_t Tmax = 1 + (int64_t)tu_below(&r, 700),
+                T = (int64_t)tu_below(&r, (uint32_t)Tmax + 1);
         epx_ep_combine_mode mode = (epx_ep_combine_mode)(it % 2);
         epx_ep_config c = EPX_EP_CONFIG_INIT;
         c.hidden = H;
@@ -160,7 +167,8 @@ static void dispatch_combine_match_host(void **state) {
         uint16_t *x = malloc(n * H * 2);
         int32_t *slots = malloc(n * K * 4);
         float *w = malloc(n * K * 4), *out = malloc(n * H * 4), *gout = malloc(n * H * 4);
-        for (size_t i = 0; i < (size_t)T * H; i++) x[i] = epx_bf16_from_f32((float)(tu_uniform(&r) * 4 - 2));
+        for (size_t i = 0; i < (size_t)T * H; i++)
+            x[i] = epx_bf16_from_f32((float)(tu_uniform(&r) * 4 - 2));
         for (size_t i = 0; i < (size_t)T * K; i++) {
             slots[i] = tu_below(&r, 7) == 0 ? -1 : (int32_t)tu_below(&r, (uint32_t)P);
             w[i] = (float)tu_uniform(&r);
@@ -174,11 +182,13 @@ static void dispatch_combine_match_host(void **state) {
         epx_ep_recv hr;
         assert_int_equal(epx_ep_dispatch(hep, T, x, slots, w, &hr, &err), EPX_OK);
         for (int64_t e = 0; e < hr.num_entries; e++)
-            memcpy((uint16_t *)hr.y + e * H, (const char *)hr.x + (size_t)hr.entry_token[e] * hr.x_stride, (size_t)H * 2);
+            memcpy((uint16_t *)hr.y + e * H,
+                   (const char *)hr.x + (size_t)hr.entry_token[e] * hr.x_stride, (size_t)H * 2);
         /* GPU path */
         epx_nccl_ep *gep = NULL;
         if (epx_nccl_ep_create(g_comm, &c, NULL, 0, &gep, &err) != EPX_OK) fail_msg("%s", err.msg);
-        void *dx = dev_copy(x, n * H * 2), *ds = dev_copy(slots, n * K * 4), *dwt = dev_copy(w, n * K * 4);
+        void *dx = dev_copy(x, n * H * 2), *ds = dev_copy(slots, n * K * 4),
+             *dwt = dev_copy(w, n * K * 4);
         float *dout;
         CK(cudaMalloc((void **)&dout, n * H * 4));
         epx_ep_recv gr;
@@ -197,17 +207,19 @@ static void dispatch_combine_match_host(void **state) {
             assert_memory_equal(ew, hr.entry_weight, (size_t)hr.num_entries * 4);
         }
         for (int64_t e = 0; e < gr.num_entries; e++)
-            CK(cudaMemcpyAsync((uint16_t *)gr.y + e * H, (const char *)gr.x + (size_t)et[e] * gr.x_stride,
-                               (size_t)H * 2, cudaMemcpyDeviceToDevice, g_stream));
+            CK(cudaMemcpyAsync((uint16_t *)gr.y + e * H,
+                               (const char *)gr.x + (size_t)et[e] * gr.x_stride, (size_t)H * 2,
+                               cudaMemcpyDeviceToDevice, g_stream));
         assert_int_equal(epx_ep_combine(hep, out, &err), EPX_OK);
         if (epx_nccl_ep_combine(gep, dout, &err) != EPX_OK) fail_msg("%s", err.msg);
         assert_int_equal(epx_comm_wait(g_comm, &err), EPX_OK);
         host_copy(gout, dout, (size_t)T * H * 4);
         if (T > 0 && memcmp(out, gout, (size_t)T * H * 4) != 0)
-            fail_msg("iteration %d (H %d K %d P %d T %lld mode %d): GPU combine differs from the host bits",
+            fail_msg("iteration %d (H %d K %d P %d T %lld mode %d): GPU combine differs from the "
+                     "host bits",
                      it, H, K, P, (long long)T, (int)mode);
-        printf("identity EP H=%d K=%d P=%d T=%lld mode=%d: %lld entries, host == GPU bitwise\n", H, K, P,
-               (long long)T, (int)mode, (long long)hr.num_entries);
+        printf("identity EP H=%d K=%d P=%d T=%lld mode=%d: %lld entries, host == GPU bitwise\n", H,
+               K, P, (long long)T, (int)mode, (long long)hr.num_entries);
         free(so), free(et), free(ew), free(x), free(slots), free(w), free(out), free(gout);
         cudaFree(dx), cudaFree(ds), cudaFree(dwt), cudaFree(dout);
         epx_nccl_ep_destroy(gep);
@@ -225,7 +237,8 @@ static void dispatch_combine_match_host(void **state) {
     assert_int_equal(epx_nccl_ep_create(g_comm, &c, NULL, 0, &gep, &err), EPX_OK);
     int32_t bad[4] = {0, 1, 9, 2};
     float xz[16] = {0}, wz[4] = {0};
-    void *dx = dev_copy(xz, sizeof xz), *ds = dev_copy(bad, sizeof bad), *dwt = dev_copy(wz, sizeof wz);
+    void *dx = dev_copy(xz, sizeof xz), *ds = dev_copy(bad, sizeof bad),
+         *dwt = dev_copy(wz, sizeof wz);
     epx_ep_recv gr;
     assert_int_equal(epx_nccl_ep_dispatch(gep, 2, dx, ds, dwt, &gr, &err), EPX_ERR_INVALID_ARG);
     TU_MSG_HAS(err.msg, "topk_slots[1][0] = 9");
@@ -295,7 +308,8 @@ static void layer_matches_reference(void **state) {
         assert_true(lmax < 1e-4);
         epx_ep_recv gr;
         if (epx_nccl_ep_dispatch(gep, T, dx, ds, dwt, &gr, &err) != EPX_OK) fail_msg("%s", err.msg);
-        if (epx_cuda_moe_run_experts(moe, &gr, c.x_dtype, c.y_dtype, &err) != EPX_OK) fail_msg("%s", err.msg);
+        if (epx_cuda_moe_run_experts(moe, &gr, c.x_dtype, c.y_dtype, &err) != EPX_OK)
+            fail_msg("%s", err.msg);
         if (epx_nccl_ep_combine(gep, dout, &err) != EPX_OK) fail_msg("%s", err.msg);
         assert_int_equal(epx_cuda_moe_shared_add(moe, dx, T, dout, &err), EPX_OK);
         assert_int_equal(epx_comm_wait(g_comm, &err), EPX_OK);
@@ -313,8 +327,10 @@ static void layer_matches_reference(void **state) {
                "max relative error %.3g\n",
                (int)mode, epx_cuda_moe_gemm_path(moe), maxabs, worst, maxrel);
         assert_true(worst <= 1.0);
-        free(glog), free(xb), free(x), free(w), free(ids), free(slots), free(logits), free(ref), free(gout), free(S);
-        cudaFree(dx), cudaFree(ds), cudaFree(dwt), cudaFree(dout), cudaFree(dlog), cudaFree(dids), cudaFree(dw2);
+        free(glog), free(xb), free(x), free(w), free(ids), free(slots), free(logits), free(ref),
+            free(gout), free(S);
+        cudaFree(dx), cudaFree(ds), cudaFree(dwt), cudaFree(dout), cudaFree(dlog), cudaFree(dids),
+            cudaFree(dw2);
         epx_cuda_moe_destroy(moe);
         epx_nccl_ep_destroy(gep);
         mc_layer_free(&L);
@@ -330,7 +346,8 @@ int main(void) {
     ncclUniqueId id;
     ncclComm_t nc = NULL;
     epx_error err = {0};
-    if (ncclGetUniqueId(&id) != ncclSuccess || epx_nccl_comm_init(1, 0, &id, 30000, &nc, &err) != EPX_OK) {
+    if (ncclGetUniqueId(&id) != ncclSuccess ||
+        epx_nccl_comm_init(1, 0, &id, 30000, &nc, &err) != EPX_OK) {
         fprintf(stderr, "NCCL init failed: %s\n", err.msg);
         return 1;
     }

@@ -67,12 +67,19 @@ static inline epx_status cc_barrier(void *ctx, epx_error *err) {
 /* The wrapping communicator (epx_comm_destroy it; `st` is not freed), or
  * NULL on failure. */
 static inline epx_comm *cc_wrap(cc_state *st) {
-    static const epx_comm_ops ops = {EPX_COMM_OPS_VERSION, "corrupt", EPX_COMM_MEMORY_HOST,
-                                     cc_alltoallv, cc_allreduce, cc_barrier, NULL, NULL, NULL};
+    static const epx_comm_ops ops = {EPX_COMM_OPS_VERSION,
+                                     "corrupt",
+                                     EPX_COMM_MEMORY_HOST,
+                                     cc_alltoallv,
+                                     cc_allreduce,
+                                     cc_barrier,
+                                     NULL,
+                                     NULL,
+                                     NULL};
     epx_comm *out = NULL;
     epx_error err = {0};
-    if (epx_comm_create(&ops, st, epx_comm_rank(st->inner), epx_comm_size(st->inner), &out,
-                        &err) != EPX_OK)
+    if (epx_comm_create(&ops, st, epx_comm_rank(st->inner), epx_comm_size(st->inner), &out, &err) !=
+        EPX_OK)
         return NULL;
     return out;
 }

@@ -67,7 +67,9 @@ static inline void mc_layer_random(tu_rng *r, int32_t R, mc_layer *L) {
     L->sup = Is ? mc_randv(r, Is * H, sx) : NULL;
     L->sdown = Is ? mc_randv(r, H * Is, 1.0f / sqrtf((float)Is)) : NULL;
     epx_moe_weights w = {L->router, c.scoring == EPX_MOE_SCORING_SIGMOID ? L->bias : NULL,
-                         L->gate, L->up, L->down, L->sgate, L->sup, L->sdown};
+                         L->gate,   L->up,
+                         L->down,   L->sgate,
+                         L->sup,    L->sdown};
     L->w = w;
     /* Placement: P a multiple of R, >= E; every expert once, the rest random. */
     int32_t spr = (c.num_experts + R - 1) / R + (int32_t)tu_below(r, 2);
@@ -144,17 +146,17 @@ static inline epx_moe_expert *mc_local_experts(const mc_layer *L, int32_t rank) 
     int32_t spr = L->P / L->R;
     epx_moe_expert *ex = malloc((size_t)spr * sizeof *ex);
     for (int32_t s = 0; s < spr; s++)
-        ex[s] = epx_moe_weights_expert(&L->cfg, &L->w, L->p2l[rank * spr + s], 0,
-                                       L->cfg.intermediate);
+        ex[s] =
+            epx_moe_weights_expert(&L->cfg, &L->w, L->p2l[rank * spr + s], 0, L->cfg.intermediate);
     return ex;
 }
 
 /* EP forward of one batch over comm: dispatch, local experts, combine, and
  * the shared expert on this rank's own tokens. Returns the first failure. */
-static inline epx_status mc_ep_forward(epx_comm *comm, const mc_layer *L, int64_t Tmax,
-                                       int64_t T, const float *x, const int32_t *slots,
-                                       const float *w, epx_ep_combine_mode mode,
-                                       epx_ep_mode ep_mode, float *out, epx_error *err) {
+static inline epx_status mc_ep_forward(epx_comm *comm, const mc_layer *L, int64_t Tmax, int64_t T,
+                                       const float *x, const int32_t *slots, const float *w,
+                                       epx_ep_combine_mode mode, epx_ep_mode ep_mode, float *out,
+                                       epx_error *err) {
     epx_ep_config ec = EPX_EP_CONFIG_INIT;
     ec.mode = ep_mode;
     ec.hidden = L->cfg.hidden;

@@ -105,8 +105,14 @@ static inline pc_world *pc_world_create(int32_t R) {
 
 /* This process's communicator of rank `rank` in w (after fork()). */
 static inline epx_comm *pc_comm(pc_world *w, int32_t rank) {
-    static const epx_comm_ops ops = {EPX_COMM_OPS_VERSION, "proc", EPX_COMM_MEMORY_HOST,
-                                     pc_alltoallv, pc_allreduce, pc_barrier, NULL, NULL,
+    static const epx_comm_ops ops = {EPX_COMM_OPS_VERSION,
+                                     "proc",
+                                     EPX_COMM_MEMORY_HOST,
+                                     pc_alltoallv,
+                                     pc_allreduce,
+                                     pc_barrier,
+                                     NULL,
+                                     NULL,
                                      pc_destroy};
     pc_ctx *c = (pc_ctx *)calloc(1, sizeof *c);
     c->w = w;

@@ -92,9 +92,10 @@ static inline epx_status tc_alltoallv(void *ctx, const void *send, const int64_t
         if (q->counts[c->rank] != recv_counts[s] || q->elem != elem_bytes) {
             if (err) {
                 err->status = EPX_ERR_COMM;
-                snprintf(err->msg, sizeof err->msg, "thread comm: rank %d expects %lld from %d, "
-                         "which sends %lld", c->rank, (long long)recv_counts[s], s,
-                         (long long)q->counts[c->rank]);
+                snprintf(err->msg, sizeof err->msg,
+                         "thread comm: rank %d expects %lld from %d, "
+                         "which sends %lld",
+                         c->rank, (long long)recv_counts[s], s, (long long)q->counts[c->rank]);
             }
             st = EPX_ERR_COMM;
             continue;
@@ -141,8 +142,14 @@ static inline epx_status tc_barrier(void *ctx, epx_error *err) {
 static inline void tc_destroy(void *ctx) { free(ctx); }
 
 static inline epx_comm *tc_comm(tc_world *w, int32_t rank) {
-    static const epx_comm_ops ops = {EPX_COMM_OPS_VERSION, "threads", EPX_COMM_MEMORY_HOST,
-                                     tc_alltoallv, tc_allreduce, tc_barrier, NULL, NULL,
+    static const epx_comm_ops ops = {EPX_COMM_OPS_VERSION,
+                                     "threads",
+                                     EPX_COMM_MEMORY_HOST,
+                                     tc_alltoallv,
+                                     tc_allreduce,
+                                     tc_barrier,
+                                     NULL,
+                                     NULL,
                                      tc_destroy};
     tc_ctx *c = malloc(sizeof *c);
     c->w = w;

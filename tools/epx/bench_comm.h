@@ -25,17 +25,17 @@ typedef struct bench_args {
 } bench_args;
 
 /* Propagate a failed status (the CLI sees only the public API). */
-#define EPX_TRY_CLI(expr)                      \
-    do {                                       \
-        epx_status try_st_ = (expr);           \
-        if (try_st_ != EPX_OK) return try_st_; \
+#define EPX_TRY_CLI(expr)                                                                          \
+    do {                                                                                           \
+        epx_status try_st_ = (expr);                                                               \
+        if (try_st_ != EPX_OK) return try_st_;                                                     \
     } while (0)
 
 /* Rank me's batch of Tmax tokens: K distinct experts per token uniformly
  * at random, the replica by token (slot e + E * j holds expert e), random
  * positive weights and rows in [-2, 2) stored as a->dtype. */
-void bench_inputs(const bench_args *a, int32_t me, int32_t P, int64_t Tmax, void *x,
-                  int32_t *slots, float *w);
+void bench_inputs(const bench_args *a, int32_t me, int32_t P, int64_t Tmax, void *x, int32_t *slots,
+                  float *w);
 
 /* The EP config of the benchmark's layer in `mode`, for Tmax tokens. */
 epx_ep_config bench_ep_config(const bench_args *a, int32_t P, int64_t Tmax, epx_ep_mode mode);

@@ -15,8 +15,8 @@ static uint64_t mix(uint64_t *s) {
     return z ^ (z >> 31);
 }
 
-void bench_inputs(const bench_args *a, int32_t me, int32_t P, int64_t Tmax, void *x,
-                  int32_t *slots, float *w) {
+void bench_inputs(const bench_args *a, int32_t me, int32_t P, int64_t Tmax, void *x, int32_t *slots,
+                  float *w) {
     const int32_t H = a->cfg.hidden, K = a->cfg.top_k, E = a->cfg.num_experts;
     int32_t *perm = malloc((size_t)E * sizeof(int32_t));
     if (perm == NULL) abort();
@@ -33,8 +33,10 @@ void bench_inputs(const bench_args *a, int32_t me, int32_t P, int64_t Tmax, void
         }
         for (int32_t h = 0; h < H; h++) {
             float v = (float)((mix(&rng) >> 11) * 0x1.0p-53 * 4.0 - 2.0);
-            if (a->dtype == EPX_DTYPE_F32) ((float *)x)[t * H + h] = v;
-            else ((uint16_t *)x)[t * H + h] = epx_bf16_from_f32(v);
+            if (a->dtype == EPX_DTYPE_F32)
+                ((float *)x)[t * H + h] = v;
+            else
+                ((uint16_t *)x)[t * H + h] = epx_bf16_from_f32(v);
         }
     }
     free(perm);
@@ -54,7 +56,8 @@ epx_ep_config bench_ep_config(const bench_args *a, int32_t P, int64_t Tmax, epx_
 }
 
 float bench_xval(const bench_args *a, const void *x, size_t i) {
-    return a->dtype == EPX_DTYPE_F32 ? ((const float *)x)[i] : epx_bf16_to_f32(((const uint16_t *)x)[i]);
+    return a->dtype == EPX_DTYPE_F32 ? ((const float *)x)[i]
+                                     : epx_bf16_to_f32(((const uint16_t *)x)[i]);
 }
 
 void bench_expect_token(const bench_args *a, int32_t R, int32_t spr, const void *x,
@@ -95,8 +98,10 @@ void bench_stats(double *t, int n, double *median, double *p99) {
 }
 
 static void num_or_null(FILE *f, const char *key, double v) {
-    if (v < 0) fprintf(f, ", \"%s\": null", key);
-    else fprintf(f, ", \"%s\": %.3f", key, v);
+    if (v < 0)
+        fprintf(f, ", \"%s\": null", key);
+    else
+        fprintf(f, ", \"%s\": %.3f", key, v);
 }
 
 int bench_jsonl_write(FILE *f, const bench_line *l) {
@@ -105,13 +110,16 @@ int bench_jsonl_write(FILE *f, const bench_line *l) {
     struct tm tmv;
     gmtime_r(&now, &tmv);
     strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", &tmv);
-    fprintf(f, "{\"backend\": \"%s\", \"mode\": \"%s\", \"ranks\": %d, \"tokens\": %lld, "
+    fprintf(f,
+            "{\"backend\": \"%s\", \"mode\": \"%s\", \"ranks\": %d, \"tokens\": %lld, "
             "\"hidden\": %d, \"topk\": %d, \"dtype\": \"%s\", \"phase\": \"%s\", "
             "\"median_us\": %.3f, \"p99_us\": %.3f",
             l->backend, l->mode, l->ranks, (long long)l->tokens, l->hidden, l->topk, l->dtype,
             l->phase, l->median_us, l->p99_us);
-    if (l->launches < 0) fprintf(f, ", \"launches\": null");
-    else fprintf(f, ", \"launches\": %d", l->launches);
+    if (l->launches < 0)
+        fprintf(f, ", \"launches\": null");
+    else
+        fprintf(f, ", \"launches\": %d", l->launches);
     fprintf(f, ", \"graph\": %s", l->graph ? "true" : "false");
     num_or_null(f, "gbps", l->gbps);
     num_or_null(f, "copy_pct", l->copy_pct);

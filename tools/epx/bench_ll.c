@@ -41,14 +41,14 @@ typedef struct ll_run {
 
 enum { PH_DISPATCH, PH_COMBINE, PH_ROUND_TRIP, PH_ALLREDUCE, PH_COPY };
 
-#define CUDA_OR(call, what)                                                                \
-    do {                                                                                   \
-        cudaError_t ce_ = (call);                                                          \
-        if (ce_ != cudaSuccess) {                                                          \
-            err->status = EPX_ERR_CUDA;                                                    \
-            snprintf(err->msg, sizeof err->msg, "bench: %s: %s", what, cudaGetErrorString(ce_)); \
-            return EPX_ERR_CUDA;                                                           \
-        }                                                                                  \
+#define CUDA_OR(call, what)                                                                        \
+    do {                                                                                           \
+        cudaError_t ce_ = (call);                                                                  \
+        if (ce_ != cudaSuccess) {                                                                  \
+            err->status = EPX_ERR_CUDA;                                                            \
+            snprintf(err->msg, sizeof err->msg, "bench: %s: %s", what, cudaGetErrorString(ce_));   \
+            return EPX_ERR_CUDA;                                                                   \
+        }                                                                                          \
     } while (0)
 
 /* Sum int64 values over ranks, through the device communicator. */
@@ -134,7 +134,8 @@ static epx_status time_phase(ll_run *b, int phase, int64_t T, bool graph, size_t
             EPX_TRY_CLI(epx_comm_allreduce_sum(b->comm, b->dtp, b->dtp, ne, a->dtype, err));
             break;
         default:
-            CUDA_OR(cudaMemcpyAsync(b->cdst, b->csrc, bytes, cudaMemcpyDeviceToDevice, b->s), "copy");
+            CUDA_OR(cudaMemcpyAsync(b->cdst, b->csrc, bytes, cudaMemcpyDeviceToDevice, b->s),
+                    "copy");
         }
         CUDA_OR(cudaEventRecord(b->e1, b->s), "event");
         if (phase == PH_DISPATCH) { /* finish the batch: peers wait for our combine */
@@ -151,7 +152,8 @@ static epx_status time_phase(ll_run *b, int phase, int64_t T, bool graph, size_t
     const int32_t R = epx_comm_size(b->comm), me = epx_comm_rank(b->comm);
     int64_t *ns = calloc((size_t)R * (size_t)a->iters, sizeof(int64_t));
     if (ns == NULL) return EPX_ERR_NOMEM;
-    for (int it = 0; it < a->iters; it++) ns[(size_t)me * a->iters + it] = (int64_t)(b->t[a->warmup + it] * 1000.0);
+    for (int it = 0; it < a->iters; it++)
+        ns[(size_t)me * a->iters + it] = (int64_t)(b->t[a->warmup + it] * 1000.0);
     epx_status st = R > 1 ? sum_dev(b, ns, (int64_t)R * a->iters, err) : EPX_OK;
     for (int it = 0; it < a->iters && st == EPX_OK; it++) {
         int64_t mx = 0;
@@ -228,13 +230,25 @@ static epx_status bench_T(ll_run *b, int64_t T, const void *x, const int32_t *sl
                 EPX_TRY_CLI(time_phase(b, PH_COPY, T, false, bytes[ph], &cmed, &cp99, err));
             if (me != 0) continue;
             const bool ar = ph == PH_ALLREDUCE;
-            const size_t ar_bytes = R > 1 ? (size_t)(2.0 * (R - 1) / R * (double)R * T * H * esz) : 0;
+            const size_t ar_bytes =
+                R > 1 ? (size_t)(2.0 * (R - 1) / R * (double)R * T * H * esz) : 0;
             const size_t by = ar ? ar_bytes : bytes[ph];
-            bench_line l = {a->backend, ar ? "tp-allreduce" : "low-latency", names[ph], device,
-                            a->dtype == EPX_DTYPE_BF16 ? "bf16" : "f32", R, H, K, T, med, p99,
+            bench_line l = {a->backend,
+                            ar ? "tp-allreduce" : "low-latency",
+                            names[ph],
+                            device,
+                            a->dtype == EPX_DTYPE_BF16 ? "bf16" : "f32",
+                            R,
+                            H,
+                            K,
+                            T,
+                            med,
+                            p99,
                             by > 0 ? (double)by / med * 1e-3 : -1.0,
                             cmed > 0 ? 100.0 * cmed / med : -1.0,
-                            ar ? 1 : ph == PH_ROUND_TRIP ? 2 : epx_gpu_ep_launches(b->ep, names[ph]),
+                            ar                    ? 1
+                            : ph == PH_ROUND_TRIP ? 2
+                                                  : epx_gpu_ep_launches(b->ep, names[ph]),
                             gi == 1};
             char pct[16] = "-";
             if (l.copy_pct > 0) snprintf(pct, sizeof pct, "%.1f%%", l.copy_pct);
@@ -249,7 +263,8 @@ static epx_status bench_T(ll_run *b, int64_t T, const void *x, const int32_t *sl
     return EPX_OK;
 }
 
-epx_status bench_ll_gpu(epx_comm *comm, cudaStream_t s, const bench_args *a, FILE *jl, epx_error *err) {
+epx_status bench_ll_gpu(epx_comm *comm, cudaStream_t s, const bench_args *a, FILE *jl,
+                        epx_error *err) {
     const int32_t R = epx_comm_size(comm), me = epx_comm_rank(comm);
     const int32_t H = a->cfg.hidden, K = a->cfg.top_k, E = a->cfg.num_experts;
     int32_t P = E + a->redundant;
@@ -276,7 +291,8 @@ epx_status bench_ll_gpu(epx_comm *comm, cudaStream_t s, const bench_args *a, FIL
          cudaMalloc((void **)&b.dw, (size_t)Tmax * K * 4) != cudaSuccess ||
          cudaMalloc((void **)&b.dout, (size_t)Tmax * H * 4) != cudaSuccess ||
          cudaMalloc(&b.dtp, (size_t)R * Tmax * H * esz) != cudaSuccess ||
-         cudaMalloc(&b.csrc, copy_max) != cudaSuccess || cudaMalloc(&b.cdst, copy_max) != cudaSuccess ||
+         cudaMalloc(&b.csrc, copy_max) != cudaSuccess ||
+         cudaMalloc(&b.cdst, copy_max) != cudaSuccess ||
          cudaMalloc((void **)&b.dsum, (size_t)R * (a->iters + 1) * 8) != cudaSuccess ||
          cudaMemcpy(b.dx, x, (size_t)Tmax * H * esz, cudaMemcpyHostToDevice) != cudaSuccess ||
          cudaMemcpy(b.ds, slots, (size_t)Tmax * K * 4, cudaMemcpyHostToDevice) != cudaSuccess ||
@@ -298,12 +314,13 @@ epx_status bench_ll_gpu(epx_comm *comm, cudaStream_t s, const bench_args *a, FIL
     cudaGetDevice(&dev);
     const char *device = cudaGetDeviceProperties(&prop, dev) == cudaSuccess ? prop.name : "gpu";
     if (st == EPX_OK && me == 0)
-        printf("epx bench comm: GPU low-latency EP, %d rank(s), model %s (H %d, top-%d, %d slots), %s, "
+        printf("epx bench comm: GPU low-latency EP, %d rank(s), model %s (H %d, top-%d, %d slots), "
+               "%s, "
                "%d iterations (median and p99 of the slowest rank, CUDA events), checked before "
                "timing; copy%% = a device copy of the same bytes over the phase's time\n\n"
                "%8s  %-10s %-6s %9s %9s %10s %8s\n",
-               R, a->model, H, K, P, a->dtype == EPX_DTYPE_BF16 ? "bf16" : "fp32", a->iters, "tokens",
-               "phase", "how", "median us", "p99 us", "GB/s", "copy%");
+               R, a->model, H, K, P, a->dtype == EPX_DTYPE_BF16 ? "bf16" : "fp32", a->iters,
+               "tokens", "phase", "how", "median us", "p99 us", "GB/s", "copy%");
     for (int32_t i = 0; i < a->ntok && st == EPX_OK; i++)
         st = bench_T(&b, a->tokens[i], x, slots, w, P, jl, device, err);
     for (int i = 0; i < 4; i++)

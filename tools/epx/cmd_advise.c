@@ -83,7 +83,8 @@ static int fit_op(json_t *rows, const char *op, fit *f, char *note, size_t note_
     }
     f->a_us = ymin;
     f->measured = 1;
-    snprintf(note, note_n, "%s: %.1f us latency measured (%d points, no bandwidth to fit: "
+    snprintf(note, note_n,
+             "%s: %.1f us latency measured (%d points, no bandwidth to fit: "
              "one rank sends nothing to others), bandwidth assumed %.0f GB/s",
              op, ymin, n, 1e-3 / f->us_per_byte);
     return 0;
@@ -121,7 +122,8 @@ static int fit_lines(json_t *lines, const char *mode, const char *phase, bool gr
         if (!m || !ph || strcmp(m, mode) != 0 || strcmp(ph, phase) != 0 || !json_is_number(jt) ||
             json_is_true(json_object_get(r, "graph")) != graph)
             continue;
-        double y = json_number_value(jt), x = json_is_number(jg) ? json_number_value(jg) * y * 1e3 : 0;
+        double y = json_number_value(jt),
+               x = json_is_number(jg) ? json_number_value(jg) * y * 1e3 : 0;
         sx += x, sy += y, sxx += x * x, sxy += x * y, n++;
         npos += x > 0;
         if (y < ymin) ymin = y;
@@ -154,8 +156,10 @@ static json_t *load_lines(const char *path) {
         if (line[0] == '\n' || line[0] == '\0') continue;
         json_t *o = json_loads(line, 0, NULL);
         ok = json_is_object(o) && json_object_get(o, "phase") != NULL;
-        if (ok) json_array_append_new(arr, o);
-        else json_decref(o);
+        if (ok)
+            json_array_append_new(arr, o);
+        else
+            json_decref(o);
     }
     fclose(fp);
     if (!ok || json_array_size(arr) == 0) {
@@ -170,11 +174,15 @@ int cmd_advise(int argc, char **argv) {
         {"--model", "NAME", "model shape (kimi-k2.5, deepseek-v3, qwen3-235b, mixtral, ...)", NULL},
         {"--gpus", "G", "GPUs serving the layer (EP ranks = TP ranks)", NULL},
         {"--link", "LINK", "nvlink3|nvlink4|nvlink5|pcie4|pcie5|ib-ndr", NULL},
-        {"--measured", "FILE", "fit latency and bandwidth to 'epx bench comm' figures: its JSON lines "
-                               "(--json FILE) or its summary (-o FILE)", NULL},
+        {"--measured", "FILE",
+         "fit latency and bandwidth to 'epx bench comm' figures: its JSON lines "
+         "(--json FILE) or its summary (-o FILE)",
+         NULL},
         {"--dtype", "bf16|f32", "element type on the wire (default bf16)", NULL},
-        {"--combine", "rank|topk", "EP combine: per (token, rank) partials (default, DeepEP's shape) or "
-                                   "per (token, k) rows", NULL},
+        {"--combine", "rank|topk",
+         "EP combine: per (token, rank) partials (default, DeepEP's shape) or "
+         "per (token, k) rows",
+         NULL},
         {"--imbalance", "F", "busiest GPU's EP traffic over the mean, >= 1 (default 1)", NULL},
         {"--json", NULL, "print the answer as JSON", NULL},
         {NULL, NULL, NULL, NULL},
@@ -184,14 +192,18 @@ int cmd_advise(int argc, char **argv) {
                    "[--measured FILE]",
                    "EP or TP for one MoE layer's communication: an alpha-beta model at the model's "
                    "shape, and the batch size where EP starts to win.",
-                   opts, 0, {0}, 0};
+                   opts,
+                   0,
+                   {0},
+                   0};
     int rc = cli_parse(&cmd, argc, argv);
     if (rc >= 0) return rc;
     const char *model = cli_require(&cmd, "--model"), *link = cli_require(&cmd, "--link");
     if (!model || !link || !cli_require(&cmd, "--gpus")) return CLI_EXIT_USAGE;
     int32_t G = 0;
     double imb = 1.0;
-    if (!cli_int(&cmd, "--gpus", 1, EPX_MAX_GPUS, &G) || !cli_double(&cmd, "--imbalance", 1.0, 1000.0, &imb))
+    if (!cli_int(&cmd, "--gpus", 1, EPX_MAX_GPUS, &G) ||
+        !cli_double(&cmd, "--imbalance", 1.0, 1000.0, &imb))
         return CLI_EXIT_USAGE;
     const link_row *L = NULL;
     for (size_t i = 0; i < NLINKS; i++)
@@ -207,13 +219,15 @@ int cmd_advise(int argc, char **argv) {
     if (epx_model_lookup(model, &m, &err) != EPX_OK) return cli_report(&cmd, &err);
     const char *dt = cli_get(&cmd, "--dtype"), *cm = cli_get(&cmd, "--combine");
     double esz = 2;
-    if (dt != NULL && strcmp(dt, "f32") == 0) esz = 4;
+    if (dt != NULL && strcmp(dt, "f32") == 0)
+        esz = 4;
     else if (dt != NULL && strcmp(dt, "bf16") != 0) {
         fprintf(stderr, "epx advise: --dtype must be bf16 or f32, not '%s'\n", dt);
         return CLI_EXIT_USAGE;
     }
     bool topk = false;
-    if (cm != NULL && strcmp(cm, "topk") == 0) topk = true;
+    if (cm != NULL && strcmp(cm, "topk") == 0)
+        topk = true;
     else if (cm != NULL && strcmp(cm, "rank") != 0) {
         fprintf(stderr, "epx advise: --combine must be rank or topk, not '%s'\n", cm);
         return CLI_EXIT_USAGE;
@@ -249,18 +263,22 @@ int cmd_advise(int argc, char **argv) {
         int n2 = fit_lines(lines, "low-latency", "combine", g, &lc, llnotes[1], sizeof llnotes[1]);
         int n3 = fit_lines(lines, "normal", "dispatch", false, &fd, notes[0], sizeof notes[0]);
         int n4 = fit_lines(lines, "normal", "combine", false, &fc, notes[1], sizeof notes[1]);
-        int n5 = fit_lines(lines, "tp-allreduce", "allreduce", false, &ft, notes[2], sizeof notes[2]);
+        int n5 =
+            fit_lines(lines, "tp-allreduce", "allreduce", false, &ft, notes[2], sizeof notes[2]);
         int ranks = (int)json_integer_value(json_object_get(r0, "ranks"));
         snprintf(mnote, sizeof mnote, "measured by epx bench comm (%s, %d rank(s), %s)%s",
                  json_string_value(json_object_get(r0, "backend")), ranks,
                  json_string_value(json_object_get(r0, "device")),
-                 ranks != G ? "; fitted at another rank count than --gpus: latencies and bandwidths "
-                              "carried over as they are"
-                            : "");
+                 ranks != G
+                     ? "; fitted at another rank count than --gpus: latencies and bandwidths "
+                       "carried over as they are"
+                     : "");
         json_decref(lines);
         if (n5 == 0 || (n1 == 0 && n3 == 0) || (n1 > 0) != (n2 > 0) || (n3 > 0) != (n4 > 0)) {
-            fprintf(stderr, "epx advise: '%s' lacks the all-reduce, or a mode's dispatch or combine "
-                            "figures: write it with 'epx bench comm ... --json FILE'\n", path);
+            fprintf(stderr,
+                    "epx advise: '%s' lacks the all-reduce, or a mode's dispatch or combine "
+                    "figures: write it with 'epx bench comm ... --json FILE'\n",
+                    path);
             return CLI_EXIT_USAGE;
         }
         topk = topk || (n3 == 0); /* only low latency measured: its combine is top-k */
@@ -270,10 +288,12 @@ int cmd_advise(int argc, char **argv) {
         json_t *root = json_load_file(path, 0, &je);
         json_t *rows = root ? json_object_get(root, "rows") : NULL;
         const char *fmt = root ? json_string_value(json_object_get(root, "format")) : NULL;
-        if (root == NULL || !json_is_array(rows) || fmt == NULL || strcmp(fmt, "epx-bench-comm-1") != 0) {
-            fprintf(stderr, "epx advise: --measured '%s' is neither JSON lines of 'epx bench comm "
-                            "--json FILE' nor an epx-bench-comm-1 summary (%s): write one with "
-                            "'epx bench comm ... --json FILE'\n",
+        if (root == NULL || !json_is_array(rows) || fmt == NULL ||
+            strcmp(fmt, "epx-bench-comm-1") != 0) {
+            fprintf(stderr,
+                    "epx advise: --measured '%s' is neither JSON lines of 'epx bench comm "
+                    "--json FILE' nor an epx-bench-comm-1 summary (%s): write one with "
+                    "'epx bench comm ... --json FILE'\n",
                     path, root ? "no format/rows" : je.text);
             json_decref(root);
             return CLI_EXIT_USAGE;
@@ -288,14 +308,16 @@ int cmd_advise(int argc, char **argv) {
             const char *fc_mode = json_string_value(json_object_get(root, "combine"));
             if (fc_mode && strcmp(fc_mode, "topk") == 0) topk = true;
         }
-        snprintf(mnote, sizeof mnote, "measured by epx bench comm (%s, %d rank(s), model %s)%s", mb ? mb : "?",
-                 ranks, mm ? mm : "?",
-                 ranks != G ? "; fitted at another rank count than --gpus: latencies and bandwidths "
-                              "carried over as they are"
-                            : "");
+        snprintf(mnote, sizeof mnote, "measured by epx bench comm (%s, %d rank(s), model %s)%s",
+                 mb ? mb : "?", ranks, mm ? mm : "?",
+                 ranks != G
+                     ? "; fitted at another rank count than --gpus: latencies and bandwidths "
+                       "carried over as they are"
+                     : "");
         json_decref(root);
         if (r1 || r2 || r3) {
-            fprintf(stderr, "epx advise: '%s' lacks dispatch, combine or allreduce figures\n", path);
+            fprintf(stderr, "epx advise: '%s' lacks dispatch, combine or allreduce figures\n",
+                    path);
             return CLI_EXIT_USAGE;
         }
     }
@@ -324,8 +346,10 @@ int cmd_advise(int argc, char **argv) {
         }
         while (hi > 0 && hi - lo > 1) {
             double mid = floor((lo + hi) / 2);
-            if ((ep_time(&ep, mid, NULL) < at + bt_us * mid) == ep_first) lo = mid;
-            else hi = mid;
+            if ((ep_time(&ep, mid, NULL) < at + bt_us * mid) == ep_first)
+                lo = mid;
+            else
+                hi = mid;
         }
         if (hi > 0) {
             cross = hi;
@@ -333,10 +357,12 @@ int cmd_advise(int argc, char **argv) {
         }
         const bool ll_mode = strcmp(cmode, "low-latency") == 0;
         if (ep_first && hi < 0) {
-            snprintf(answer, sizeof answer, "EP wins at every batch size (less latency and fewer bytes)");
+            snprintf(answer, sizeof answer,
+                     "EP wins at every batch size (less latency and fewer bytes)");
             cross = 0;
         } else if (ep_first) {
-            snprintf(answer, sizeof answer, "EP wins only below %.0f tokens per step (%s mode); above it "
+            snprintf(answer, sizeof answer,
+                     "EP wins only below %.0f tokens per step (%s mode); above it "
                      "TP moves fewer bytes",
                      hi, cmode);
         } else if (hi > 0) {
@@ -344,18 +370,22 @@ int cmd_advise(int argc, char **argv) {
                      "EP starts to win at %.0f tokens per step (%.0f per GPU), in %s mode (%.1f us "
                      "fixed per layer: %s); below that TP's one all-reduce costs less",
                      hi, ceil(hi / G), cmode, ll_mode ? al : ae,
-                     ll_mode ? "two in-band exchanges, no host sync" : "two all-to-alls and a host sync");
+                     ll_mode ? "two in-band exchanges, no host sync"
+                             : "two all-to-alls and a host sync");
         } else {
-            snprintf(answer, sizeof answer, "EP never wins: TP moves fewer bytes per GPU and has less latency");
+            snprintf(answer, sizeof answer,
+                     "EP never wins: TP moves fewer bytes per GPU and has less latency");
         }
     }
     if (cli_flag(&cmd, "--json")) {
-        printf("{\"model\": \"%s\", \"gpus\": %d, \"link\": \"%s\", \"measured\": %s, \"dtype\": \"%s\", "
+        printf("{\"model\": \"%s\", \"gpus\": %d, \"link\": \"%s\", \"measured\": %s, \"dtype\": "
+               "\"%s\", "
                "\"combine\": \"%s\", \"ep_us\": [%.3f, %.6f], \"ep_low_latency_us\": [%.3f, %.6f], "
                "\"low_latency_max_tokens\": %.0f, \"tp_us\": [%.3f, %.6f], "
                "\"crossover_tokens\": %.1f, \"ep_mode\": \"%s\", \"answer\": \"%s\"}\n",
-               m->name, G, L->name, cli_get(&cmd, "--measured") ? "true" : "false", esz == 2 ? "bf16" : "f32",
-               topk ? "topk" : "rank", ae, be, al, bl, ep.ll_max, at, bt_us, cross, cmode, answer);
+               m->name, G, L->name, cli_get(&cmd, "--measured") ? "true" : "false",
+               esz == 2 ? "bf16" : "f32", topk ? "topk" : "rank", ae, be, al, bl, ep.ll_max, at,
+               bt_us, cross, cmode, answer);
         return CLI_EXIT_OK;
     }
     printf("epx advise: %s on %d GPUs over %s (%s), %s, combine %s\n", m->name, G, L->name, L->what,
@@ -366,10 +396,12 @@ int cmd_advise(int argc, char **argv) {
     printf("  - communication of one MoE layer only: expert GEMMs, attention, and overlap of\n"
            "    communication with compute are not modelled; EP runs attention data-parallel, TP\n"
            "    all-reduces the whole batch after the layer\n");
-    printf("  - routing uniform over experts, a token's %d experts distinct: it reaches %.2f other\n"
-           "    GPUs on average; the busiest GPU carries %.2fx the mean EP traffic (--imbalance)\n",
-           m->top_k, d, imb);
-    printf("  - EP dispatch sends one record per (token, GPU): x row + %d (slot, weight) = %.0f bytes;\n"
+    printf(
+        "  - routing uniform over experts, a token's %d experts distinct: it reaches %.2f other\n"
+        "    GPUs on average; the busiest GPU carries %.2fx the mean EP traffic (--imbalance)\n",
+        m->top_k, d, imb);
+    printf("  - EP dispatch sends one record per (token, GPU): x row + %d (slot, weight) = %.0f "
+           "bytes;\n"
            "    combine returns %s of %.0f bytes\n",
            m->top_k, rec, topk ? "one row per (token, k)" : "one row per (token, GPU)", H * esz);
     printf("  - TP: ring all-reduce of the batch, 2(G-1)/G x B x %.0f bytes per GPU\n", H * esz);
@@ -383,25 +415,30 @@ int cmd_advise(int argc, char **argv) {
         for (int i = 0; i < 2; i++)
             if (llnotes[i][0]) printf("    %s\n", llnotes[i]);
     } else {
-        printf("  - link %s, assumed figures: all-to-all %.0f us + %.0f GB/s per GPU, all-reduce %.0f us +\n"
+        printf("  - link %s, assumed figures: all-to-all %.0f us + %.0f GB/s per GPU, all-reduce "
+               "%.0f us +\n"
                "    %.0f GB/s bus bandwidth, EP host sync %.0f us; measure yours with\n"
                "    'epx bench comm -o FILE' and pass --measured FILE\n",
                L->name, L->a2a_us, L->a2a_gbps, L->ar_us, L->ar_gbps, HOST_SYNC_US);
     }
     printf("\nper layer, by batch (tokens per step over all GPUs):\n");
-    printf("%10s %9s %11s %-12s %11s %11s  %s\n", "batch", "per GPU", "EP us", "EP mode", "TP us", "EP/TP",
-           "winner");
+    printf("%10s %9s %11s %-12s %11s %11s  %s\n", "batch", "per GPU", "EP us", "EP mode", "TP us",
+           "EP/TP", "winner");
     const double batches[] = {8, 64, 256, 1024, 4096, 16384, 65536};
     for (size_t i = 0; i < sizeof batches / sizeof batches[0]; i++) {
         double B = batches[i];
         const char *mode = "normal";
         double te = ep_time(&ep, B, &mode), tt = at + bt_us * B;
         printf("%10.0f %9.0f %11.1f %-12s %11.1f %11.2f  %s\n", B, B / G, te, mode, tt,
-               tt > 0 ? te / tt : 0, G == 1 ? "-" : te < tt ? "EP" : "TP");
+               tt > 0 ? te / tt : 0,
+               G == 1    ? "-"
+               : te < tt ? "EP"
+                         : "TP");
     }
     double B = 4096;
-    printf("\nper forward step (%d MoE layers) at %0.f tokens: EP %.2f ms, TP %.2f ms\n", moe_layers, B,
-           moe_layers * ep_time(&ep, B, NULL) * 1e-3, moe_layers * (at + bt_us * B) * 1e-3);
+    printf("\nper forward step (%d MoE layers) at %0.f tokens: EP %.2f ms, TP %.2f ms\n",
+           moe_layers, B, moe_layers * ep_time(&ep, B, NULL) * 1e-3,
+           moe_layers * (at + bt_us * B) * 1e-3);
     printf("\nanswer: %s.\n", answer);
     return CLI_EXIT_OK;
 }

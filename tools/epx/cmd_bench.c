@@ -44,12 +44,11 @@
 #include "cli.h"
 #include "epx_comm.h"
 
-
 typedef struct bench_row {
     int64_t T;
-    double us[3];     /* dispatch, combine, all-reduce: median of the slowest rank */
-    double p99[3];    /* their 99th percentiles */
-    double bytes[3];  /* to other ranks, mean over ranks */
+    double us[3];      /* dispatch, combine, all-reduce: median of the slowest rank */
+    double p99[3];     /* their 99th percentiles */
+    double bytes[3];   /* to other ranks, mean over ranks */
     double inbytes[3]; /* received including from itself, mean over ranks */
 } bench_row;
 
@@ -156,8 +155,8 @@ static void ep_free(ep_any *ep) {
 #endif
 }
 
-static epx_status ep_dispatch(ep_any *ep, int64_t T, const void *x, const int32_t *s, const float *w,
-                              epx_ep_recv *rv, epx_error *err) {
+static epx_status ep_dispatch(ep_any *ep, int64_t T, const void *x, const int32_t *s,
+                              const float *w, epx_ep_recv *rv, epx_error *err) {
 #if BENCH_NCCL
     if (ep->g) return epx_nccl_ep_dispatch(ep->g, T, x, s, w, rv, err);
 #endif
@@ -273,8 +272,10 @@ static epx_status bench_rank(epx_comm *comm, const dev_ops *d, const bench_args 
         const int64_t ne = (int64_t)R * T * H;
         for (int64_t i = 0; i < ne; i++) {
             float v = (float)((i * 31 + me) % 17 - 8);
-            if (a->dtype == EPX_DTYPE_F32) ((float *)tp_host)[i] = v;
-            else ((uint16_t *)tp_host)[i] = epx_bf16_from_f32(v);
+            if (a->dtype == EPX_DTYPE_F32)
+                ((float *)tp_host)[i] = v;
+            else
+                ((uint16_t *)tp_host)[i] = epx_bf16_from_f32(v);
         }
         if (to_buf(d, dtp, tp_host, (size_t)ne * esz) != 0) st = EPX_ERR_CUDA;
         if (st == EPX_OK) st = epx_comm_allreduce_sum(comm, dtp, dtp, ne, a->dtype, err);
@@ -290,7 +291,8 @@ static epx_status bench_rank(epx_comm *comm, const dev_ops *d, const bench_args 
         if (st != EPX_OK) break;
         if (bad[0] || bad[1]) {
             char m[256];
-            snprintf(m, sizeof m, "check failed at %lld tokens: %lld tokens with a wrong combine, "
+            snprintf(m, sizeof m,
+                     "check failed at %lld tokens: %lld tokens with a wrong combine, "
                      "%lld wrong all-reduce sums (over all ranks); nothing timed",
                      (long long)T, (long long)bad[0], (long long)bad[1]);
             st = fail_msg(err, EPX_ERR_INTERNAL, m);
@@ -335,9 +337,12 @@ static epx_status bench_rank(epx_comm *comm, const dev_ops *d, const bench_args 
                 if (st == EPX_OK) st = epx_comm_barrier(comm, err);
                 if (st != EPX_OK) break;
                 double t0 = now_us();
-                if (op == 0) st = ep_dispatch(&ep, T, dx, ds, dw, &rv, err);
-                else if (op == 1) st = ep_combine(&ep, dout, err);
-                else st = epx_comm_allreduce_sum(comm, dtp, dtp, ne, a->dtype, err);
+                if (op == 0)
+                    st = ep_dispatch(&ep, T, dx, ds, dw, &rv, err);
+                else if (op == 1)
+                    st = ep_combine(&ep, dout, err);
+                else
+                    st = epx_comm_allreduce_sum(comm, dtp, dtp, ne, a->dtype, err);
                 if (st == EPX_OK) st = epx_comm_wait(comm, err);
                 times[it] = now_us() - t0;
             }
@@ -351,7 +356,8 @@ static epx_status bench_rank(epx_comm *comm, const dev_ops *d, const bench_args 
             for (int it = 0; it < a->iters; it++) {
                 int64_t mx = 0;
                 for (int32_t r = 0; r < R; r++)
-                    if (gather[(size_t)r * a->iters + it] > mx) mx = gather[(size_t)r * a->iters + it];
+                    if (gather[(size_t)r * a->iters + it] > mx)
+                        mx = gather[(size_t)r * a->iters + it];
                 times[it] = (double)mx / 1000.0;
             }
             bench_stats(times, a->iters, &row->us[op], &row->p99[op]);
@@ -366,56 +372,68 @@ done:
         buf_free(d, dout);
         buf_free(d, dtp);
     }
-    free(x), free(slots), free(perm), free(w), free(out), free(o), free(tp_host), free(times), free(gather);
+    free(x), free(slots), free(perm), free(w), free(out), free(o), free(tp_host), free(times),
+        free(gather);
     return st;
 }
 
 /* ---- output ----------------------------------------------------------------- */
 
-static double gbps(double bytes, double us) { return us > 0 && bytes > 0 ? bytes / us * 1e-3 : 0.0; }
+static double gbps(double bytes, double us) {
+    return us > 0 && bytes > 0 ? bytes / us * 1e-3 : 0.0;
+}
 
 static void print_table(FILE *f, const bench_args *a, int32_t R, const bench_row *rows) {
-    fprintf(f, "epx bench comm: backend %s, %s mode, %d rank(s), model %s (H %d, top-%d, %d experts), %s, "
-            "combine %s, %d iterations (median of the slowest rank), checked before timing\n",
-            a->backend, a->mode == EPX_EP_MODE_LOW_LATENCY ? "low-latency" : "normal", R, a->model,
-            a->cfg.hidden, a->cfg.top_k, a->cfg.num_experts,
-            a->dtype == EPX_DTYPE_BF16 ? "bf16" : "fp32",
-            a->combine == EPX_EP_COMBINE_TOPK ? "topk-order" : "rank-order", a->iters);
-    fprintf(f, "bytes = sent to other ranks per rank (dispatch records, combine rows, ring "
+    fprintf(
+        f,
+        "epx bench comm: backend %s, %s mode, %d rank(s), model %s (H %d, top-%d, %d experts), %s, "
+        "combine %s, %d iterations (median of the slowest rank), checked before timing\n",
+        a->backend, a->mode == EPX_EP_MODE_LOW_LATENCY ? "low-latency" : "normal", R, a->model,
+        a->cfg.hidden, a->cfg.top_k, a->cfg.num_experts,
+        a->dtype == EPX_DTYPE_BF16 ? "bf16" : "fp32",
+        a->combine == EPX_EP_COMBINE_TOPK ? "topk-order" : "rank-order", a->iters);
+    fprintf(f,
+            "bytes = sent to other ranks per rank (dispatch records, combine rows, ring "
             "all-reduce 2(R-1)/R of R*T rows); busbw = bytes / time; in = received incl. self\n\n");
-    fprintf(f, "%8s  %-9s %10s %12s %9s %12s  %s\n", "tokens", "op", "us", "bytes", "busbw", "in bytes",
-            "");
+    fprintf(f, "%8s  %-9s %10s %12s %9s %12s  %s\n", "tokens", "op", "us", "bytes", "busbw",
+            "in bytes", "");
     for (int32_t i = 0; i < a->ntok; i++) {
         const bench_row *r = &rows[i];
         double ep = r->us[0] + r->us[1], tp = r->us[2];
         for (int op = 0; op < 3; op++) {
             char bw[32];
             double g = gbps(r->bytes[op], r->us[op]);
-            if (g > 0) snprintf(bw, sizeof bw, "%.1f GB/s", g);
-            else snprintf(bw, sizeof bw, "-");
+            if (g > 0)
+                snprintf(bw, sizeof bw, "%.1f GB/s", g);
+            else
+                snprintf(bw, sizeof bw, "-");
             char verdict[64] = "";
             if (op == 2)
                 snprintf(verdict, sizeof verdict, "EP %.1f us vs TP %.1f us: %s", ep, tp,
                          ep < tp ? "EP wins" : "TP wins");
-            fprintf(f, "%8lld  %-9s %10.1f %12.0f %9s %12.0f  %s\n", (long long)r->T, OPS[op], r->us[op],
-                    r->bytes[op], bw, r->inbytes[op], verdict);
+            fprintf(f, "%8lld  %-9s %10.1f %12.0f %9s %12.0f  %s\n", (long long)r->T, OPS[op],
+                    r->us[op], r->bytes[op], bw, r->inbytes[op], verdict);
         }
     }
 }
 
 static int write_json(FILE *f, const bench_args *a, int32_t R, const bench_row *rows) {
-    fprintf(f, "{\"format\": \"epx-bench-comm-1\", \"backend\": \"%s\", \"model\": \"%s\", \"ranks\": %d, "
-            "\"hidden\": %d, \"top_k\": %d, \"experts\": %d, \"dtype\": \"%s\", \"combine\": \"%s\",\n"
-            " \"bytes\": \"sent to other ranks per rank (mean)\", \"time\": \"median over iterations of the "
-            "slowest rank, microseconds\",\n \"rows\": [",
-            a->backend, a->model, R, a->cfg.hidden, a->cfg.top_k, a->cfg.num_experts,
-            a->dtype == EPX_DTYPE_BF16 ? "bf16" : "f32", a->combine == EPX_EP_COMBINE_TOPK ? "topk" : "rank");
+    fprintf(
+        f,
+        "{\"format\": \"epx-bench-comm-1\", \"backend\": \"%s\", \"model\": \"%s\", \"ranks\": %d, "
+        "\"hidden\": %d, \"top_k\": %d, \"experts\": %d, \"dtype\": \"%s\", \"combine\": \"%s\",\n"
+        " \"bytes\": \"sent to other ranks per rank (mean)\", \"time\": \"median over iterations "
+        "of the "
+        "slowest rank, microseconds\",\n \"rows\": [",
+        a->backend, a->model, R, a->cfg.hidden, a->cfg.top_k, a->cfg.num_experts,
+        a->dtype == EPX_DTYPE_BF16 ? "bf16" : "f32",
+        a->combine == EPX_EP_COMBINE_TOPK ? "topk" : "rank");
     for (int32_t i = 0; i < a->ntok; i++) {
         const bench_row *r = &rows[i];
         fprintf(f, "%s\n  {\"tokens\": %lld", i ? "," : "", (long long)r->T);
         for (int op = 0; op < 3; op++)
-            fprintf(f, ", \"%s_us\": %.3f, \"%s_bytes\": %.0f, \"%s_in_bytes\": %.0f", OPS[op], r->us[op],
-                    OPS[op], r->bytes[op], OPS[op], r->inbytes[op]);
+            fprintf(f, ", \"%s_us\": %.3f, \"%s_bytes\": %.0f, \"%s_in_bytes\": %.0f", OPS[op],
+                    r->us[op], OPS[op], r->bytes[op], OPS[op], r->inbytes[op]);
         fputc('}', f);
     }
     fputs("\n]}\n", f);
@@ -423,19 +441,28 @@ static int write_json(FILE *f, const bench_args *a, int32_t R, const bench_row *
 }
 
 /* The rows as JSON lines (one per phase and token count). */
-static int write_jsonl(FILE *f, const bench_args *a, int32_t R, const bench_row *rows, const char *device) {
+static int write_jsonl(FILE *f, const bench_args *a, int32_t R, const bench_row *rows,
+                       const char *device) {
     const char *mode = a->mode == EPX_EP_MODE_LOW_LATENCY ? "low-latency" : "normal";
     for (int32_t i = 0; i < a->ntok; i++) {
         const bench_row *r = &rows[i];
         for (int op = 0; op < 4; op++) {
             /* round trip: the sum of the phases' medians (timed one by one) */
-            bench_line l = {a->backend, op == 2 ? "tp-allreduce" : mode,
-                            op == 3 ? "round-trip" : OPS[op], device,
-                            a->dtype == EPX_DTYPE_BF16 ? "bf16" : "f32", R, a->cfg.hidden,
-                            a->cfg.top_k, r->T,
+            bench_line l = {a->backend,
+                            op == 2 ? "tp-allreduce" : mode,
+                            op == 3 ? "round-trip" : OPS[op],
+                            device,
+                            a->dtype == EPX_DTYPE_BF16 ? "bf16" : "f32",
+                            R,
+                            a->cfg.hidden,
+                            a->cfg.top_k,
+                            r->T,
                             op == 3 ? r->us[0] + r->us[1] : r->us[op],
                             op == 3 ? r->p99[0] + r->p99[1] : r->p99[op],
-                            op == 3 ? -1.0 : gbps(r->bytes[op], r->us[op]), -1.0, -1, false};
+                            op == 3 ? -1.0 : gbps(r->bytes[op], r->us[op]),
+                            -1.0,
+                            -1,
+                            false};
             if (bench_jsonl_write(f, &l) != 0) return -1;
         }
     }
@@ -447,7 +474,8 @@ static FILE *open_jsonl(const bench_args *a) {
     if (a->jsonl == NULL) return NULL;
     if (strcmp(a->jsonl, "-") == 0) return stdout;
     FILE *f = fopen(a->jsonl, "a");
-    if (f == NULL) fprintf(stderr, "epx bench comm: cannot open --json '%s' for appending\n", a->jsonl);
+    if (f == NULL)
+        fprintf(stderr, "epx bench comm: cannot open --json '%s' for appending\n", a->jsonl);
     return f;
 }
 
@@ -460,13 +488,17 @@ static int parse_args(cli_cmd *cmd, bench_args *a) {
     const char *toks = cli_require(cmd, "--tokens");
     if (!a->backend || !a->model || !toks) return CLI_EXIT_USAGE;
     if (strcmp(a->backend, "mpi") != 0 && strcmp(a->backend, "nccl") != 0) {
-        fprintf(stderr, "epx bench comm: --backend must be 'mpi' or 'nccl', not '%s'\n", a->backend);
+        fprintf(stderr, "epx bench comm: --backend must be 'mpi' or 'nccl', not '%s'\n",
+                a->backend);
         return CLI_EXIT_USAGE;
     }
     epx_error err = {0};
     if (epx_moe_model_config(a->model, &a->cfg, &err) != EPX_OK) return cli_report(cmd, &err);
     if (!cli_int_list(toks, 1, 1 << 20, &a->tokens, &a->ntok)) {
-        fprintf(stderr, "epx bench comm: --tokens '%s' is not a list of integers in [1, 2^20] (e.g. 1,64,4096)\n", toks);
+        fprintf(stderr,
+                "epx bench comm: --tokens '%s' is not a list of integers in [1, 2^20] (e.g. "
+                "1,64,4096)\n",
+                toks);
         return CLI_EXIT_USAGE;
     }
     a->iters = 20;
@@ -474,31 +506,38 @@ static int parse_args(cli_cmd *cmd, bench_args *a) {
     a->redundant = 0;
     a->timeout_ms = 60000;
     int32_t seed = 1;
-    if (!cli_int(cmd, "--iters", 1, 100000, &a->iters) || !cli_int(cmd, "--warmup", 0, 100000, &a->warmup) ||
+    if (!cli_int(cmd, "--iters", 1, 100000, &a->iters) ||
+        !cli_int(cmd, "--warmup", 0, 100000, &a->warmup) ||
         !cli_int(cmd, "--redundant", 0, EPX_MAX_EXPERTS, &a->redundant) ||
-        !cli_int(cmd, "--timeout-ms", 1, 3600000, &a->timeout_ms) || !cli_int(cmd, "--seed", 0, INT32_MAX, &seed))
+        !cli_int(cmd, "--timeout-ms", 1, 3600000, &a->timeout_ms) ||
+        !cli_int(cmd, "--seed", 0, INT32_MAX, &seed))
         return CLI_EXIT_USAGE;
     a->seed = (uint64_t)seed;
     const char *dt = cli_get(cmd, "--dtype");
     a->dtype = strcmp(a->backend, "mpi") == 0 ? EPX_DTYPE_F32 : EPX_DTYPE_BF16;
     if (dt != NULL) {
-        if (strcmp(dt, "bf16") == 0) a->dtype = EPX_DTYPE_BF16;
-        else if (strcmp(dt, "f32") == 0) a->dtype = EPX_DTYPE_F32;
+        if (strcmp(dt, "bf16") == 0)
+            a->dtype = EPX_DTYPE_BF16;
+        else if (strcmp(dt, "f32") == 0)
+            a->dtype = EPX_DTYPE_F32;
         else {
             fprintf(stderr, "epx bench comm: --dtype must be bf16 or f32, not '%s'\n", dt);
             return CLI_EXIT_USAGE;
         }
     }
     if (strcmp(a->backend, "mpi") == 0 && a->dtype == EPX_DTYPE_BF16) {
-        fprintf(stderr, "epx bench comm: MPI has no bf16 sum for the TP all-reduce; use --dtype f32 "
-                        "with --backend mpi (the default), so EP and TP move the same element type\n");
+        fprintf(stderr,
+                "epx bench comm: MPI has no bf16 sum for the TP all-reduce; use --dtype f32 "
+                "with --backend mpi (the default), so EP and TP move the same element type\n");
         return CLI_EXIT_USAGE;
     }
     const char *md = cli_get(cmd, "--mode");
     a->mode = EPX_EP_MODE_NORMAL;
     if (md != NULL) {
-        if (strcmp(md, "normal") == 0) a->mode = EPX_EP_MODE_NORMAL;
-        else if (strcmp(md, "low-latency") == 0) a->mode = EPX_EP_MODE_LOW_LATENCY;
+        if (strcmp(md, "normal") == 0)
+            a->mode = EPX_EP_MODE_NORMAL;
+        else if (strcmp(md, "low-latency") == 0)
+            a->mode = EPX_EP_MODE_LOW_LATENCY;
         else {
             fprintf(stderr, "epx bench comm: --mode must be normal or low-latency, not '%s'\n", md);
             return CLI_EXIT_USAGE;
@@ -514,8 +553,10 @@ static int parse_args(cli_cmd *cmd, bench_args *a) {
     const char *cm = cli_get(cmd, "--combine");
     a->combine = EPX_EP_COMBINE_TOPK;
     if (cm != NULL) {
-        if (strcmp(cm, "topk") == 0) a->combine = EPX_EP_COMBINE_TOPK;
-        else if (strcmp(cm, "rank") == 0) a->combine = EPX_EP_COMBINE_RANK;
+        if (strcmp(cm, "topk") == 0)
+            a->combine = EPX_EP_COMBINE_TOPK;
+        else if (strcmp(cm, "rank") == 0)
+            a->combine = EPX_EP_COMBINE_RANK;
         else {
             fprintf(stderr, "epx bench comm: --combine must be topk or rank, not '%s'\n", cm);
             return CLI_EXIT_USAGE;
@@ -536,7 +577,8 @@ static int run_and_report(cli_cmd *cmd, epx_comm *comm, const dev_ops *d, bench_
     epx_status st = rows ? bench_rank(comm, d, a, rows, &err) : EPX_ERR_NOMEM;
     int rc = CLI_EXIT_OK;
     if (st != EPX_OK) {
-        fprintf(stderr, "epx bench comm (rank %d): %s\n", epx_comm_rank(comm), err.msg[0] ? err.msg : epx_status_str(st));
+        fprintf(stderr, "epx bench comm (rank %d): %s\n", epx_comm_rank(comm),
+                err.msg[0] ? err.msg : epx_status_str(st));
         rc = CLI_EXIT_FAIL;
     } else if (epx_comm_rank(comm) == 0) {
         const char *out = cli_get(cmd, "-o");
@@ -586,8 +628,10 @@ static int bench_mpi(cli_cmd *cmd, bench_args *a, int argc, char **argv) {
 #else
     (void)a, (void)argc, (void)argv;
     (void)run_and_report; /* used by whichever backend is built */
-    fprintf(stderr, "epx %s: this epx was built without MPI (Open MPI not found at configure time): "
-                    "install libopenmpi-dev and reconfigure for --backend mpi\n", cmd->name);
+    fprintf(stderr,
+            "epx %s: this epx was built without MPI (Open MPI not found at configure time): "
+            "install libopenmpi-dev and reconfigure for --backend mpi\n",
+            cmd->name);
     return CLI_EXIT_FAIL;
 #endif
 }
@@ -643,7 +687,9 @@ static int bench_nccl(cli_cmd *cmd, bench_args *a, int argc, char **argv) {
                                     ? EPX_ERR_IO
                                     : bench_ll_gpu(comm, s, a, jl, &err);
                 if (jl != NULL && jl != stdout) fclose(jl);
-                rc = st == EPX_OK ? CLI_EXIT_OK : st == EPX_ERR_IO ? CLI_EXIT_FAIL : cli_report(cmd, &err);
+                rc = st == EPX_OK       ? CLI_EXIT_OK
+                     : st == EPX_ERR_IO ? CLI_EXIT_FAIL
+                                        : cli_report(cmd, &err);
             } else {
                 rc = run_and_report(cmd, comm, &d, a);
             }
@@ -659,40 +705,56 @@ static int bench_nccl(cli_cmd *cmd, bench_args *a, int argc, char **argv) {
     return rc;
 #else
     (void)a, (void)argc, (void)argv;
-    fprintf(stderr, "epx %s: this epx was built without NCCL (needs nvcc and nccl.h/libnccl under "
-                    "/usr/local/cuda at configure time): rebuild there for --backend nccl\n", cmd->name);
+    fprintf(stderr,
+            "epx %s: this epx was built without NCCL (needs nvcc and nccl.h/libnccl under "
+            "/usr/local/cuda at configure time): rebuild there for --backend nccl\n",
+            cmd->name);
     return CLI_EXIT_FAIL;
 #endif
 }
 
 int cmd_bench(int argc, char **argv) {
     cli_opt opts[] = {
-        {"--backend", "mpi|nccl", "communicator: MPI on host buffers (run under mpirun) or NCCL on GPUs", NULL},
+        {"--backend", "mpi|nccl",
+         "communicator: MPI on host buffers (run under mpirun) or NCCL on GPUs", NULL},
         {"--model", "NAME", "model shape (kimi-k2.5, deepseek-v3, qwen3-235b, ...)", NULL},
         {"--tokens", "LIST", "tokens per rank, comma-separated (e.g. 1,64,512,4096)", NULL},
         {"--iters", "N", "timed iterations per point (default 20)", NULL},
         {"--warmup", "N", "untimed iterations first (default 3)", NULL},
-        {"--dtype", "bf16|f32", "element type of x, expert outputs and the all-reduce "
-                                "(default: f32 for mpi, bf16 for nccl)", NULL},
-        {"--combine", "topk|rank", "combine order: per (token, k) rows in top-k order (default), "
-                                   "or per-rank partial sums", NULL},
-        {"--redundant", "R", "redundant expert slots, P = E + R rounded up to a multiple of the ranks", NULL},
-        {"--timeout-ms", "MS", "per-operation timeout before a rank gives up (default 60000)", NULL},
+        {"--dtype", "bf16|f32",
+         "element type of x, expert outputs and the all-reduce "
+         "(default: f32 for mpi, bf16 for nccl)",
+         NULL},
+        {"--combine", "topk|rank",
+         "combine order: per (token, k) rows in top-k order (default), "
+         "or per-rank partial sums",
+         NULL},
+        {"--redundant", "R",
+         "redundant expert slots, P = E + R rounded up to a multiple of the ranks", NULL},
+        {"--timeout-ms", "MS", "per-operation timeout before a rank gives up (default 60000)",
+         NULL},
         {"--seed", "S", "routing and data seed (default 1)", NULL},
-        {"--mode", "normal|low-latency", "EP mode: counts first, dense sends (default), or "
-                                         "fixed slots with in-band counts (decode)", NULL},
+        {"--mode", "normal|low-latency",
+         "EP mode: counts first, dense sends (default), or "
+         "fixed slots with in-band counts (decode)",
+         NULL},
         {"--graph", NULL, "also time CUDA-graph replays (--backend nccl --mode low-latency)", NULL},
-        {"--json", "FILE", "append one JSON object per phase and token count to FILE (- = stdout)", NULL},
+        {"--json", "FILE", "append one JSON object per phase and token count to FILE (- = stdout)",
+         NULL},
         {"-o", "FILE", "also write the summary JSON that epx advise --measured reads", NULL},
         {NULL, NULL, NULL, NULL},
     };
-    cli_cmd cmd = {"bench",
-                   "epx bench comm --backend mpi|nccl --model NAME --tokens LIST [--mode normal|low-latency]\n"
-                   "       [--graph] [--json FILE] [-o FILE] [options]\n"
-                   "       (MPI: mpirun -np R epx bench comm --backend mpi ...)",
-                   "Time EP dispatch and combine against the TP all-reduce of the same MoE layer, "
-                   "per token count, after checking their results.",
-                   opts, 1, {0}, 0};
+    cli_cmd cmd = {
+        "bench",
+        "epx bench comm --backend mpi|nccl --model NAME --tokens LIST [--mode normal|low-latency]\n"
+        "       [--graph] [--json FILE] [-o FILE] [options]\n"
+        "       (MPI: mpirun -np R epx bench comm --backend mpi ...)",
+        "Time EP dispatch and combine against the TP all-reduce of the same MoE layer, "
+        "per token count, after checking their results.",
+        opts,
+        1,
+        {0},
+        0};
     int rc = cli_parse(&cmd, argc, argv);
     if (rc >= 0) return rc;
     if (cmd.num_positional != 1 || strcmp(cmd.positional[0], "comm") != 0) {
@@ -705,7 +767,8 @@ int cmd_bench(int argc, char **argv) {
         free(a.tokens);
         return rc;
     }
-    rc = strcmp(a.backend, "mpi") == 0 ? bench_mpi(&cmd, &a, argc, argv) : bench_nccl(&cmd, &a, argc, argv);
+    rc = strcmp(a.backend, "mpi") == 0 ? bench_mpi(&cmd, &a, argc, argv)
+                                       : bench_nccl(&cmd, &a, argc, argv);
     free(a.tokens);
     return rc;
 }

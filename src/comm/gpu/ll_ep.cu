@@ -46,12 +46,12 @@ enum : uint32_t { F_NONE = 0, F_TIMEOUT = 1, F_BAD_SLOT = 2 };
 enum : uint32_t { PH_DISPATCH = 1, PH_COMBINE = 2 };
 
 struct Ctl {
-    uint32_t epoch;     /* the last dispatched batch's */
-    uint32_t arrive_d;  /* blocks of the running dispatch that finished sending */
-    uint32_t arrive_c;  /* same for combine */
-    uint32_t bad;       /* a bad slot in the running dispatch (its first index + 1) */
-    uint32_t refused;   /* the last dispatch was refused: combine writes zeros */
-    uint32_t fault[4];  /* code, phase, peer, epoch */
+    uint32_t epoch;               /* the last dispatched batch's */
+    uint32_t arrive_d;            /* blocks of the running dispatch that finished sending */
+    uint32_t arrive_c;            /* same for combine */
+    uint32_t bad;                 /* a bad slot in the running dispatch (its first index + 1) */
+    uint32_t refused;             /* the last dispatch was refused: combine writes zeros */
+    uint32_t fault[4];            /* code, phase, peer, epoch */
     unsigned long long stamp[16]; /* variant 8: block 0's clock at each step */
 };
 
@@ -61,8 +61,8 @@ struct Args {
     int64_t M;
     size_t rec, xrow, yrow, meta_off, tag_off;
     size_t off_recv, off_comb, off_cflag;
-    unsigned char *base;              /* this rank's buffer */
-    unsigned char *const *peers;      /* [R] device: every rank's buffer, mapped here */
+    unsigned char *base;         /* this rank's buffer */
+    unsigned char *const *peers; /* [R] device: every rank's buffer, mapped here */
     unsigned char *y;
     int32_t *entry_token, *entry_pair;
     float *entry_weight;
@@ -70,11 +70,11 @@ struct Args {
     float *weights;
     int32_t *slots;
     Ctl *ctl;
-    uint32_t *host_fault;             /* host-mapped [8]: ctl->fault, then a refused batch */
+    uint32_t *host_fault; /* host-mapped [8]: ctl->fault, then a refused batch */
     unsigned long long timeout_ns;
     int xbf16, ybf16;
-    int skip_flags;                   /* fault injection: dispatch publishes no flags */
-    int variant;                      /* measurement variants (ld_acquire's comment) */
+    int skip_flags; /* fault injection: dispatch publishes no flags */
+    int variant;    /* measurement variants (ld_acquire's comment) */
 };
 
 __device__ __forceinline__ unsigned long long now_ns() {
@@ -87,21 +87,26 @@ __device__ __forceinline__ unsigned long long now_ns() {
  * fence at GPU scope before counting in; 2 = flags at GPU scope (one GPU
  * only); 4 = poll without sleeping; 8 = block 0 stamps the global timer at
  * each step (Ctl::stamp, read with epxi_gpu_ep_stamps). */
-#define STAMP(a, i)                                                                    \
-    do {                                                                               \
-        if (((a).variant & 8) && blockIdx.x == 0 && threadIdx.x == 0) (a).ctl->stamp[i] = now_ns(); \
+#define STAMP(a, i)                                                                                \
+    do {                                                                                           \
+        if (((a).variant & 8) && blockIdx.x == 0 && threadIdx.x == 0)                              \
+            (a).ctl->stamp[i] = now_ns();                                                          \
     } while (0)
 
 __device__ __forceinline__ uint64_t ld_acquire(const uint64_t *p, int var) {
     uint64_t v;
-    if (var & 2) asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
-    else asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+    if (var & 2)
+        asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+    else
+        asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
     return v;
 }
 
 __device__ __forceinline__ void st_release(uint64_t *p, uint64_t v, int var) {
-    if (var & 2) asm volatile("st.release.gpu.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
-    else asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+    if (var & 2)
+        asm volatile("st.release.gpu.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+    else
+        asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
 }
 
 __device__ __forceinline__ uint32_t ld_volatile(const uint32_t *p) {
@@ -146,11 +151,16 @@ __device__ __forceinline__ void copy_words(unsigned char *dst, const unsigned ch
 __device__ __forceinline__ void block_copy(unsigned char *dst, const unsigned char *src,
                                            size_t bytes) {
     const size_t al = ((uintptr_t)dst | (uintptr_t)src | bytes);
-    if (al % 16 == 0) copy_words<int4>(dst, src, bytes);
-    else if (al % 8 == 0) copy_words<uint2>(dst, src, bytes);
-    else if (al % 4 == 0) copy_words<uint32_t>(dst, src, bytes);
-    else if (al % 2 == 0) copy_words<uint16_t>(dst, src, bytes);
-    else copy_words<unsigned char>(dst, src, bytes);
+    if (al % 16 == 0)
+        copy_words<int4>(dst, src, bytes);
+    else if (al % 8 == 0)
+        copy_words<uint2>(dst, src, bytes);
+    else if (al % 4 == 0)
+        copy_words<uint32_t>(dst, src, bytes);
+    else if (al % 2 == 0)
+        copy_words<uint16_t>(dst, src, bytes);
+    else
+        copy_words<unsigned char>(dst, src, bytes);
 }
 
 /* Spin (threads < n) until flag i reads `epoch` in its high half; false on
@@ -185,14 +195,18 @@ __device__ bool wait_flags(const Args &a, const uint64_t *flag0, size_t stride, 
 template <typename F> __device__ void arrive(uint32_t *counter, int var, F publish) {
     __syncthreads();
     if (threadIdx.x == 0) {
-        if (var & 1) __threadfence();
-        else __threadfence_system();
+        if (var & 1)
+            __threadfence();
+        else
+            __threadfence_system();
         if (gridDim.x == 1) { /* alone: nobody to count */
             publish();
         } else if (atomicAdd(counter, 1u) == gridDim.x - 1) {
             *counter = 0;
-            if (var & 2) __threadfence();
-            else __threadfence_system();
+            if (var & 2)
+                __threadfence();
+            else
+                __threadfence_system();
             publish();
         }
     }
@@ -330,7 +344,7 @@ __device__ void group_entries(const Args &a, const int32_t *rows_of, uint32_t ep
 }
 
 __global__ void __launch_bounds__(kThreads) k_dispatch(Args a, int64_t T, const unsigned char *x,
-                                                     const int32_t *slots, const float *weights) {
+                                                       const int32_t *slots, const float *weights) {
     if (ld_volatile(&a.ctl->fault[0]) != F_NONE) return;
     STAMP(a, 0);
     uint32_t epoch = a.ctl->epoch + 1;
@@ -342,8 +356,8 @@ __global__ void __launch_bounds__(kThreads) k_dispatch(Args a, int64_t T, const 
     /* The x row is read into registers while the routing is worked out, so
      * the two reads overlap; rows too large for that are copied directly. */
     constexpr int kPre = 4;
-    const bool pre = a.xrow % 16 == 0 && a.xrow / 16 <= (size_t)kPre * blockDim.x &&
-                     (uintptr_t)x % 16 == 0;
+    const bool pre =
+        a.xrow % 16 == 0 && a.xrow / 16 <= (size_t)kPre * blockDim.x && (uintptr_t)x % 16 == 0;
     /* Send: work item (token, j-th destination). */
     for (int64_t item = blockIdx.x; item < T * dmax; item += gridDim.x) {
         const int64_t t = item / dmax;
@@ -371,8 +385,8 @@ __global__ void __launch_bounds__(kThreads) k_dispatch(Args a, int64_t T, const 
         __syncthreads();
         if (j < nd) {
             const int dst = d[j];
-            unsigned char *rec = a.peers[dst] + a.off_recv +
-                                 ((size_t)a.me * (a.M + 1) + (size_t)t) * a.rec;
+            unsigned char *rec =
+                a.peers[dst] + a.off_recv + ((size_t)a.me * (a.M + 1) + (size_t)t) * a.rec;
             if (pre) {
                 for (int i = 0; i < kPre; i++) {
                     size_t w = threadIdx.x + (size_t)i * blockDim.x;
@@ -494,7 +508,8 @@ __device__ void reduce_lanes(const Args &a, const unsigned char *const *rows, co
         for (int b = 0; b < B; b++) {
             const int k = k0 + b;
             if (k >= K || rows[k] == nullptr) continue;
-            if (vec) Lanes<BF16>::load(rows[k] + (size_t)h0 * (BF16 ? 2 : 4), y[b]);
+            if (vec)
+                Lanes<BF16>::load(rows[k] + (size_t)h0 * (BF16 ? 2 : 4), y[b]);
             else
                 for (int j = 0; j < n; j++) y[b][j] = epxi_row_load(rows[k], h0 + j, BF16);
         }
@@ -542,14 +557,16 @@ __global__ void __launch_bounds__(kThreads) k_combine(Args a, int64_t T, float *
     for (int64_t item = blockIdx.x; item < T * chunks; item += gridDim.x) {
         const int64_t t = item / chunks, h0 = (item % chunks) * per + (int64_t)threadIdx.x * V;
         for (int k = threadIdx.x; k < K; k += blockDim.x) {
-            rows[k] = a.slots[t * K + k] >= 0 && !refused ? comb + (size_t)(t * K + k) * a.yrow
-                                                           : nullptr;
+            rows[k] =
+                a.slots[t * K + k] >= 0 && !refused ? comb + (size_t)(t * K + k) * a.yrow : nullptr;
             wk[k] = a.weights[t * K + k];
         }
         __syncthreads();
         if (h0 < a.H) {
-            if (a.ybf16) reduce_lanes<1>(a, rows, wk, h0, out + t * a.H);
-            else reduce_lanes<0>(a, rows, wk, h0, out + t * a.H);
+            if (a.ybf16)
+                reduce_lanes<1>(a, rows, wk, h0, out + t * a.H);
+            else
+                reduce_lanes<0>(a, rows, wk, h0, out + t * a.H);
         }
         __syncthreads();
     }
@@ -739,8 +756,9 @@ extern "C" epx_status epx_gpu_ep_create(epx_comm *bootstrap, const epx_ep_config
     EPXI_CUDA_GOTO(st, cudaMalloc((void **)&ep->buf, ep->total), "GPU EP buffer", fail);
     /* Tags and flags start at epoch 0, which no batch uses. */
     EPXI_CUDA_GOTO(st, cudaMemset(ep->buf, 0, ep->total), "GPU EP buffer", fail);
-    EPXI_CUDA_GOTO(st, cudaHostAlloc((void **)&ep->host_fault, 8 * sizeof(uint32_t), cudaHostAllocMapped),
-                   "GPU EP fault word", fail);
+    EPXI_CUDA_GOTO(
+        st, cudaHostAlloc((void **)&ep->host_fault, 8 * sizeof(uint32_t), cudaHostAllocMapped),
+        "GPU EP fault word", fail);
     memset(ep->host_fault, 0, 8 * sizeof(uint32_t));
     EPXI_CUDA_GOTO(st, cudaHostGetDevicePointer((void **)&ep->host_fault_dev, ep->host_fault, 0),
                    "GPU EP fault word", fail);
@@ -782,8 +800,9 @@ extern "C" epx_status epx_gpu_ep_create(epx_comm *bootstrap, const epx_ep_config
         ep->mapped[r] = (unsigned char *)p;
         ep->opened[r] = true;
     }
-    EPXI_CUDA_GOTO(st, cudaMemcpy(ep->buf + ep->off_peers, ep->mapped, (size_t)R * sizeof(void *),
-                                  cudaMemcpyHostToDevice),
+    EPXI_CUDA_GOTO(st,
+                   cudaMemcpy(ep->buf + ep->off_peers, ep->mapped, (size_t)R * sizeof(void *),
+                              cudaMemcpyHostToDevice),
                    "GPU EP peer table", fail);
     {
         Args &a = ep->a;
@@ -801,8 +820,9 @@ extern "C" epx_status epx_gpu_ep_create(epx_comm *bootstrap, const epx_ep_config
         a.timeout_ns = (unsigned long long)ep->timeout_ms * 1000000ull;
     }
     if (ep->hist_bytes > 48 * 1024)
-        EPXI_CUDA_GOTO(st, cudaFuncSetAttribute(k_dispatch, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                (int)ep->hist_bytes),
+        EPXI_CUDA_GOTO(st,
+                       cudaFuncSetAttribute(k_dispatch, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            (int)ep->hist_bytes),
                        "GPU EP shared memory", fail);
     /* Every peer has mapped every buffer before anyone launches. */
     EPX_TRY_GOTO(st, epx_comm_barrier(bootstrap, err), fail);
@@ -858,7 +878,8 @@ extern "C" epx_status epx_gpu_ep_dispatch(epx_gpu_ep *ep, int64_t T, const void 
                                           const int32_t *topk_slots, const float *topk_weights,
                                           epx_ep_recv *recv, epx_error *err) {
     if (ep == NULL || recv == NULL)
-        return epxi_fail(err, EPX_ERR_INVALID_ARG, "GPU EP dispatch needs a handle and a recv view");
+        return epxi_fail(err, EPX_ERR_INVALID_ARG,
+                         "GPU EP dispatch needs a handle and a recv view");
     EPX_TRY(fault_status(ep, false, err));
     const epxi_ep_geom *g = &ep->g;
     if (T < 0 || T > g->M)
@@ -910,8 +931,8 @@ extern "C" epx_status epx_gpu_ep_combine(epx_gpu_ep *ep, float *out, epx_error *
      * chunks of the reduction. */
     const int64_t per = (int64_t)(g->cfg.y_dtype == EPX_DTYPE_BF16 ? 8 : 4) * kThreads;
     const int64_t items = ep->T * ((g->H + per - 1) / per), sends = (int64_t)g->R * ep->T * g->K;
-    k_combine<<<blocks_for(ep, items > sends ? items : sends), kThreads, 0, ep->stream>>>(ep->a, ep->T,
-                                                                                        out);
+    k_combine<<<blocks_for(ep, items > sends ? items : sends), kThreads, 0, ep->stream>>>(
+        ep->a, ep->T, out);
     EPXI_CUDA_TRY(cudaGetLastError(), "GPU EP combine kernel");
     ep->dispatched = false;
     return EPX_OK;
@@ -927,7 +948,7 @@ extern "C" epx_status epx_gpu_ep_sync(epx_gpu_ep *ep, epx_error *err) {
 extern "C" int32_t epx_gpu_ep_launches(const epx_gpu_ep *ep, const char *phase) {
     (void)ep;
     return phase != NULL && (strcmp(phase, "dispatch") == 0 || strcmp(phase, "combine") == 0) ? 1
-                                                                                               : 0;
+                                                                                              : 0;
 }
 
 /* Measuring: the stamps of the last dispatch and combine (variant 8), in
@@ -935,7 +956,8 @@ extern "C" int32_t epx_gpu_ep_launches(const epx_gpu_ep *ep, const char *phase) 
  * combine. */
 extern "C" EPXI_HIDDEN int epxi_gpu_ep_stamps(epx_gpu_ep *ep, double *us) {
     Ctl c;
-    if (ep == NULL || cudaMemcpy(&c, ep->a.ctl, sizeof c, cudaMemcpyDeviceToHost) != cudaSuccess) return -1;
+    if (ep == NULL || cudaMemcpy(&c, ep->a.ctl, sizeof c, cudaMemcpyDeviceToHost) != cudaSuccess)
+        return -1;
     for (int i = 0; i < 16; i++) {
         unsigned long long base = c.stamp[i < 8 ? 0 : 8];
         us[i] = c.stamp[i] >= base && base ? (double)(c.stamp[i] - base) * 1e-3 : -1.0;

@@ -27,13 +27,13 @@
 typedef struct mpi_ctx {
     MPI_Comm comm;
     int32_t rank, size, timeout_ms;
-    bool broken;          /* a request was abandoned: do not free the comm */
+    bool broken; /* a request was abandoned: do not free the comm */
     struct {
         size_t bytes;
         MPI_Datatype type;
     } types[TYPE_CACHE];
     int ntypes;
-    int *ibuf;            /* [4][size] int counts and displacements */
+    int *ibuf; /* [4][size] int counts and displacements */
 } mpi_ctx;
 
 static double now_ms(void) {
@@ -135,8 +135,8 @@ static epx_status mpi_alltoallv(void *ctx, const void *send, const int64_t *send
      * (which then deadlocks), so the two stand-ins must differ. */
     static char dummy_send[16], dummy_recv[16];
     MPI_Request req;
-    int rc = MPI_Ialltoallv(send ? send : dummy_send, sc, sd, t, recv ? recv : dummy_recv, rc_,
-                            rd, t, c->comm, &req);
+    int rc = MPI_Ialltoallv(send ? send : dummy_send, sc, sd, t, recv ? recv : dummy_recv, rc_, rd,
+                            t, c->comm, &req);
     if (rc != MPI_SUCCESS) return mpi_fail(c->rank, rc, "Ialltoallv", err);
     return wait_request(c, &req, "alltoallv", err);
 }
@@ -145,8 +145,10 @@ static epx_status mpi_allreduce(void *ctx, const void *send, void *recv, int64_t
                                 epx_dtype dtype, epx_error *err) {
     mpi_ctx *c = ctx;
     MPI_Datatype t;
-    if (dtype == EPX_DTYPE_F32) t = MPI_FLOAT;
-    else if (dtype == EPX_DTYPE_I64) t = MPI_INT64_T;
+    if (dtype == EPX_DTYPE_F32)
+        t = MPI_FLOAT;
+    else if (dtype == EPX_DTYPE_I64)
+        t = MPI_INT64_T;
     else
         return epxi_fail(err, EPX_ERR_UNSUPPORTED,
                          "MPI allreduce of dtype %d: MPI has no bf16 sum; reduce in F32",
@@ -242,8 +244,8 @@ epx_status epx_comm_mpi_create(MPI_Comm comm, const epx_comm_mpi_opts *opts, epx
         mpi_destroy(c);
         return st;
     }
-    static const epx_comm_ops ops = {EPX_COMM_OPS_VERSION, "mpi", EPX_COMM_MEMORY_HOST,
-                                     mpi_alltoallv, mpi_allreduce, mpi_barrier,
-                                     NULL, mpi_abort_op, mpi_destroy};
+    static const epx_comm_ops ops = {
+        EPX_COMM_OPS_VERSION, "mpi", EPX_COMM_MEMORY_HOST, mpi_alltoallv, mpi_allreduce,
+        mpi_barrier,          NULL,  mpi_abort_op,         mpi_destroy};
     return epx_comm_create(&ops, c, rank, size, out, err);
 }

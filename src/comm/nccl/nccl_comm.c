@@ -132,7 +132,8 @@ static epx_status n_allreduce(void *ctx, const void *send, void *recv, int64_t c
     ncclDataType_t t = dtype == EPX_DTYPE_F32    ? ncclFloat32
                        : dtype == EPX_DTYPE_BF16 ? ncclBfloat16
                                                  : ncclInt64;
-    return epxi_nccl_check(c, ncclAllReduce(send, recv, (size_t)count, t, ncclSum, c->comm, c->stream),
+    return epxi_nccl_check(c,
+                           ncclAllReduce(send, recv, (size_t)count, t, ncclSum, c->comm, c->stream),
                            "allreduce", err);
 }
 
@@ -140,9 +141,9 @@ static epx_status n_wait(void *ctx, epx_error *err) { return epxi_nccl_wait(ctx,
 
 static epx_status n_barrier(void *ctx, epx_error *err) {
     epxi_nccl_ctx *c = ctx;
-    EPX_TRY(epxi_nccl_check(c, ncclAllReduce(c->scratch, c->scratch, 1, ncclInt64, ncclSum,
-                                             c->comm, c->stream),
-                            "barrier", err));
+    EPX_TRY(epxi_nccl_check(
+        c, ncclAllReduce(c->scratch, c->scratch, 1, ncclInt64, ncclSum, c->comm, c->stream),
+        "barrier", err));
     return epxi_nccl_wait(c, "barrier", err);
 }
 
@@ -193,8 +194,14 @@ epx_status epx_comm_nccl_create(ncclComm_t comm, cudaStream_t stream,
         n_destroy(c);
         return epxi_cuda_fail(ce, "NCCL communicator scratch", err);
     }
-    static const epx_comm_ops ops = {EPX_COMM_OPS_VERSION, "nccl", EPX_COMM_MEMORY_DEVICE,
-                                     n_alltoallv, n_allreduce, n_barrier, n_wait, n_abort,
+    static const epx_comm_ops ops = {EPX_COMM_OPS_VERSION,
+                                     "nccl",
+                                     EPX_COMM_MEMORY_DEVICE,
+                                     n_alltoallv,
+                                     n_allreduce,
+                                     n_barrier,
+                                     n_wait,
+                                     n_abort,
                                      n_destroy};
     return epx_comm_create(&ops, c, rank, size, out, err);
 }
@@ -229,17 +236,20 @@ epx_status epx_nccl_comm_init(int32_t nranks, int32_t rank, const ncclUniqueId *
 epx_status epx_nccl_id_exchange_file(const char *path, int32_t rank, int32_t timeout_ms,
                                      ncclUniqueId *id, epx_error *err) {
     if (path == NULL || id == NULL || rank < 0 || timeout_ms < 1)
-        return epxi_fail(err, EPX_ERR_INVALID_ARG, "NCCL id exchange needs a path, an id, rank >= 0 "
-                                                   "and timeout_ms >= 1");
+        return epxi_fail(err, EPX_ERR_INVALID_ARG,
+                         "NCCL id exchange needs a path, an id, rank >= 0 "
+                         "and timeout_ms >= 1");
     if (rank == 0) {
         ncclResult_t r = ncclGetUniqueId(id);
         if (r != ncclSuccess)
-            return epxi_fail(err, EPX_ERR_COMM, "ncclGetUniqueId failed: %s", ncclGetErrorString(r));
+            return epxi_fail(err, EPX_ERR_COMM, "ncclGetUniqueId failed: %s",
+                             ncclGetErrorString(r));
         char tmp[4096];
         snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());
         FILE *f = fopen(tmp, "wb");
         if (f == NULL)
-            return epxi_fail(err, EPX_ERR_IO, "cannot write NCCL id file '%s': %s", tmp, strerror(errno));
+            return epxi_fail(err, EPX_ERR_IO, "cannot write NCCL id file '%s': %s", tmp,
+                             strerror(errno));
         size_t n = fwrite(id, sizeof *id, 1, f);
         if (fclose(f) != 0 || n != 1 || rename(tmp, path) != 0) {
             remove(tmp);

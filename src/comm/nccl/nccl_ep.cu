@@ -31,9 +31,7 @@
 
 namespace {
 
-
 constexpr int MAXK = EPX_MOE_MAX_TOP_K;
-
 
 /* "No bad slot yet": the byte pattern cudaMemsetAsync(0x7f) writes, so the
  * reset is an asynchronous memset rather than a copy from host memory. */
@@ -154,8 +152,10 @@ __global__ void k_slot_offsets(const int32_t *keys, int64_t n, int spr, int64_t 
         int64_t lo = 0, hi = n; /* first index with keys[i] >= s */
         while (lo < hi) {
             int64_t mid = (lo + hi) / 2;
-            if (keys[mid] < s) lo = mid + 1;
-            else hi = mid;
+            if (keys[mid] < s)
+                lo = mid + 1;
+            else
+                hi = mid;
         }
         so[s] = lo;
     }
@@ -185,12 +185,14 @@ __global__ void k_cpack(const int32_t *row_entries, const int32_t *cpos, int K,
 
 /* One block per token (or received row): its K rows and weights in shared
  * memory, then the one combine formula (ep_common.h) per element. */
-__device__ void reduce_row(const unsigned char *const *rows, const float *w, int n, int H,
-                           int bf16, unsigned char *dst, float *out) {
+__device__ void reduce_row(const unsigned char *const *rows, const float *w, int n, int H, int bf16,
+                           unsigned char *dst, float *out) {
     for (int h = threadIdx.x; h < H; h += blockDim.x) {
         float acc = epxi_ep_combine_elem(rows, w, n, h, bf16);
-        if (out) out[h] = acc;
-        else epxi_row_store(dst, h, acc, bf16);
+        if (out)
+            out[h] = acc;
+        else
+            epxi_row_store(dst, h, acc, bf16);
     }
 }
 
@@ -244,9 +246,9 @@ unsigned grid_for(int64_t n, int threads) { return (unsigned)((n + threads - 1) 
 
 /* Device buffers inside the workspace (byte offsets). */
 struct nep_layout {
-    size_t send_rec, recv_rec, y, csend, crecv, weights, ret_pos, tok_ndest, tok_dpos,
-        entry_token, entry_weight, slot_offsets, row_entries, flag, scan, keys_in, keys_out,
-        vals_in, vals_out, counts, bad, temp, total;
+    size_t send_rec, recv_rec, y, csend, crecv, weights, ret_pos, tok_ndest, tok_dpos, entry_token,
+        entry_weight, slot_offsets, row_entries, flag, scan, keys_in, keys_out, vals_in, vals_out,
+        counts, bad, temp, total;
     size_t temp_bytes;
 };
 
@@ -284,7 +286,8 @@ static epx_status plan(epx_nccl_ep *ep, const epx_ep_config *cfg, int32_t R, epx
     int n_flag = (int)(R * g->M), n_ent = (int)(g->cap_tok * g->K);
     cub::DeviceScan::InclusiveSum(nullptr, t1, (uint64_t *)nullptr, (uint64_t *)nullptr, n_flag);
     cub::DeviceRadixSort::SortPairs(nullptr, t2, (int32_t *)nullptr, (int32_t *)nullptr,
-                                    (int32_t *)nullptr, (int32_t *)nullptr, n_ent, 0, ep->sort_bits);
+                                    (int32_t *)nullptr, (int32_t *)nullptr, n_ent, 0,
+                                    ep->sort_bits);
     cub::DeviceScan::ExclusiveSum(nullptr, t3, (int32_t *)nullptr, (int32_t *)nullptr, n_ent);
     ep->lay.temp_bytes = t1 > t2 ? (t1 > t3 ? t1 : t3) : (t2 > t3 ? t2 : t3);
     const double csend_rows = (double)(g->topk_mode ? g->cap_ent : g->cap_tok);
@@ -337,7 +340,8 @@ extern "C" void epx_nccl_ep_destroy(epx_nccl_ep *ep) {
 }
 
 extern "C" epx_status epx_nccl_ep_create(epx_comm *comm, const epx_ep_config *cfg, void *workspace,
-                                         size_t workspace_bytes, epx_nccl_ep **out, epx_error *err) {
+                                         size_t workspace_bytes, epx_nccl_ep **out,
+                                         epx_error *err) {
     epxi_nccl_ctx *nc = epxi_nccl_ctx_of(comm);
     if (nc == NULL || out == NULL)
         return epxi_fail(err, EPX_ERR_INVALID_ARG,
@@ -422,17 +426,18 @@ static epx_status exchange(epx_nccl_ep *ep, const unsigned char *send, const int
     return epxi_nccl_check(c, e, what, err);
 }
 
-#define LAUNCH_CHECK(what)                                          \
-    do {                                                            \
-        cudaError_t le_ = cudaGetLastError();                       \
-        if (le_ != cudaSuccess) return epxi_cuda_fail(le_, (what), err); \
+#define LAUNCH_CHECK(what)                                                                         \
+    do {                                                                                           \
+        cudaError_t le_ = cudaGetLastError();                                                      \
+        if (le_ != cudaSuccess) return epxi_cuda_fail(le_, (what), err);                           \
     } while (0)
 
 extern "C" epx_status epx_nccl_ep_dispatch(epx_nccl_ep *ep, int64_t T, const void *x,
                                            const int32_t *topk_slots, const float *topk_weights,
                                            epx_ep_recv *recv, epx_error *err) {
     if (ep == NULL || recv == NULL)
-        return epxi_fail(err, EPX_ERR_INVALID_ARG, "NCCL EP dispatch needs a handle and a recv view");
+        return epxi_fail(err, EPX_ERR_INVALID_ARG,
+                         "NCCL EP dispatch needs a handle and a recv view");
     EPX_TRY(epx_comm_health(ep->comm, err));
     const int32_t R = ep->g.R, K = ep->g.K, spr = ep->g.spr;
     if (T < 0 || T > ep->g.M)
@@ -440,7 +445,8 @@ extern "C" epx_status epx_nccl_ep_dispatch(epx_nccl_ep *ep, int64_t T, const voi
                          "NCCL EP dispatch of %lld tokens is outside [0, max_tokens %lld]",
                          (long long)T, (long long)ep->g.M);
     if (T > 0 && (x == NULL || topk_slots == NULL || topk_weights == NULL))
-        return epxi_fail(err, EPX_ERR_INVALID_ARG, "NCCL EP dispatch needs x, topk_slots, topk_weights");
+        return epxi_fail(err, EPX_ERR_INVALID_ARG,
+                         "NCCL EP dispatch needs x, topk_slots, topk_weights");
     cudaStream_t s = ep->nc->stream;
     ep->dispatched = false;
     ep->T = T;
@@ -454,20 +460,17 @@ extern "C" epx_status epx_nccl_ep_dispatch(epx_nccl_ep *ep, int64_t T, const voi
                                       (size_t)T * K * 4, cudaMemcpyDeviceToDevice, s),
                       "NCCL EP dispatch: weights");
         EPXI_CUDA_TRY(cudaMemsetAsync(flag, 0, (size_t)R * T * 8, s), "NCCL EP dispatch: flags");
-        k_count<<<grid_for(T, 128), 128, 0, s>>>(topk_slots, (int)T, K, spr, ep->g.P,
-                                                 flag, bad);
+        k_count<<<grid_for(T, 128), 128, 0, s>>>(topk_slots, (int)T, K, spr, ep->g.P, flag, bad);
         LAUNCH_CHECK("NCCL EP count kernel");
         size_t tb = ep->lay.temp_bytes;
-        EPXI_CUDA_TRY(cub::DeviceScan::InclusiveSum(ep->ws + ep->lay.temp, tb, flag, scan,
-                                                    (int)(R * T), s),
-                      "NCCL EP scan");
-        k_pack<<<(unsigned)T, 128, 0, s>>>((const unsigned char *)x, topk_slots, topk_weights,
-                                           (int)T, K, spr, flag, scan,
-                                           dws<unsigned char>(ep, ep->lay.send_rec), ep->g.rec,
-                                           ep->g.meta_off, ep->g.xrow, dws<int32_t>(ep, ep->lay.ret_pos),
-                                           dws<int32_t>(ep, ep->lay.tok_ndest),
-                                           dws<int32_t>(ep, ep->lay.tok_dpos), ep->g.dmax, topk_mode,
-                                           bad);
+        EPXI_CUDA_TRY(
+            cub::DeviceScan::InclusiveSum(ep->ws + ep->lay.temp, tb, flag, scan, (int)(R * T), s),
+            "NCCL EP scan");
+        k_pack<<<(unsigned)T, 128, 0, s>>>(
+            (const unsigned char *)x, topk_slots, topk_weights, (int)T, K, spr, flag, scan,
+            dws<unsigned char>(ep, ep->lay.send_rec), ep->g.rec, ep->g.meta_off, ep->g.xrow,
+            dws<int32_t>(ep, ep->lay.ret_pos), dws<int32_t>(ep, ep->lay.tok_ndest),
+            dws<int32_t>(ep, ep->lay.tok_dpos), ep->g.dmax, topk_mode, bad);
         LAUNCH_CHECK("NCCL EP pack kernel");
     }
     k_totals<<<1, 128, 0, s>>>(scan, (int)T, R, bad, sendc);
@@ -480,7 +483,8 @@ extern "C" epx_status epx_nccl_ep_dispatch(epx_nccl_ep *ep, int64_t T, const voi
         ep->stokoff[r] = 2;
     }
     EPX_TRY(exchange(ep, (const unsigned char *)sendc, ep->stokoff, ep->coff,
-                     (unsigned char *)recvc, ep->stokoff, ep->coff, 8, "EP dispatch (counts)", err));
+                     (unsigned char *)recvc, ep->stokoff, ep->coff, 8, "EP dispatch (counts)",
+                     err));
     EPXI_CUDA_TRY(cudaMemcpyAsync(h, sendc, (size_t)4 * R * 8, cudaMemcpyDeviceToHost, s),
                   "NCCL EP counts to host");
     EPXI_CUDA_TRY(cudaMemcpyAsync(h + 4 * R, bad, 16, cudaMemcpyDeviceToHost, s),
@@ -516,8 +520,8 @@ extern "C" epx_status epx_nccl_ep_dispatch(epx_nccl_ep *ep, int64_t T, const voi
         int64_t *dflag = dws<int64_t>(ep, ep->lay.counts); /* sendc is free again */
         int64_t one = over;
         EPXI_CUDA_TRY(cudaMemcpyAsync(dflag, &one, 8, cudaMemcpyHostToDevice, s), "NCCL EP flag");
-        EPX_TRY(epxi_nccl_check(ep->nc, ncclAllReduce(dflag, dflag, 1, ncclInt64, ncclSum,
-                                                      ep->nc->comm, s),
+        EPX_TRY(epxi_nccl_check(ep->nc,
+                                ncclAllReduce(dflag, dflag, 1, ncclInt64, ncclSum, ep->nc->comm, s),
                                 "EP dispatch (capacity check)", err));
         EPXI_CUDA_TRY(cudaMemcpyAsync(h, dflag, 8, cudaMemcpyDeviceToHost, s), "NCCL EP flag");
         st = epxi_nccl_wait(ep->nc, "EP dispatch (capacity check)", err);
@@ -528,7 +532,8 @@ extern "C" epx_status epx_nccl_ep_dispatch(epx_nccl_ep *ep, int64_t T, const voi
                              "(this one %lld tokens / %lld entries; max_recv_tokens %lld, "
                              "max_recv_entries %lld): raise the bounds or set them to 0",
                              (long long)h[0], (long long)got_tok, (long long)got_ent,
-                             (long long)ep->g.cfg.max_recv_tokens, (long long)ep->g.cfg.max_recv_entries);
+                             (long long)ep->g.cfg.max_recv_tokens,
+                             (long long)ep->g.cfg.max_recv_entries);
     } else if (over) {
         return epxi_fail(err, EPX_ERR_COMM,
                          "NCCL EP dispatch: rank %d would receive %lld tokens, above R * "
@@ -549,14 +554,16 @@ extern "C" epx_status epx_nccl_ep_dispatch(epx_nccl_ep *ep, int64_t T, const voi
     int32_t *row_entries = dws<int32_t>(ep, ep->lay.row_entries);
     if (got_tok > 0) {
         int64_t n = got_tok * K;
-        int32_t *kin = dws<int32_t>(ep, ep->lay.keys_in), *kout = dws<int32_t>(ep, ep->lay.keys_out);
-        int32_t *vin = dws<int32_t>(ep, ep->lay.vals_in), *vout = dws<int32_t>(ep, ep->lay.vals_out);
-        k_keys<<<grid_for(n, 256), 256, 0, s>>>(recv_rec, got_tok, K, spr, ep->g.rec, ep->g.meta_off,
-                                                kin, vin, bad);
+        int32_t *kin = dws<int32_t>(ep, ep->lay.keys_in),
+                *kout = dws<int32_t>(ep, ep->lay.keys_out);
+        int32_t *vin = dws<int32_t>(ep, ep->lay.vals_in),
+                *vout = dws<int32_t>(ep, ep->lay.vals_out);
+        k_keys<<<grid_for(n, 256), 256, 0, s>>>(recv_rec, got_tok, K, spr, ep->g.rec,
+                                                ep->g.meta_off, kin, vin, bad);
         LAUNCH_CHECK("NCCL EP keys kernel");
         size_t tb = ep->lay.temp_bytes;
-        EPXI_CUDA_TRY(cub::DeviceRadixSort::SortPairs(ep->ws + ep->lay.temp, tb, kin, kout, vin, vout,
-                                                      (int)n, 0, ep->sort_bits, s),
+        EPXI_CUDA_TRY(cub::DeviceRadixSort::SortPairs(ep->ws + ep->lay.temp, tb, kin, kout, vin,
+                                                      vout, (int)n, 0, ep->sort_bits, s),
                       "NCCL EP sort");
         EPXI_CUDA_TRY(cudaMemsetAsync(row_entries, 0xff, (size_t)n * 4, s), "NCCL EP row entries");
         if (got_ent > 0) {
@@ -599,7 +606,8 @@ extern "C" epx_status epx_nccl_ep_combine(epx_nccl_ep *ep, float *out, epx_error
     const int32_t R = ep->g.R, K = ep->g.K, H = ep->g.H;
     const int64_t T = ep->T;
     if (T > 0 && out == NULL)
-        return epxi_fail(err, EPX_ERR_INVALID_ARG, "NCCL EP combine of %lld tokens needs out", (long long)T);
+        return epxi_fail(err, EPX_ERR_INVALID_ARG, "NCCL EP combine of %lld tokens needs out",
+                         (long long)T);
     cudaStream_t s = ep->nc->stream;
     const bool topk_mode = ep->g.cfg.combine == EPX_EP_COMBINE_TOPK;
     const int bf16 = ep->g.cfg.y_dtype == EPX_DTYPE_BF16;
@@ -612,12 +620,14 @@ extern "C" epx_status epx_nccl_ep_combine(epx_nccl_ep *ep, float *out, epx_error
         prefix(ep->rent, ep->rentoff, R);
         if (nt > 0 && ep->nrecv_ent > 0) {
             int64_t n = nt * K;
-            int32_t *vf = dws<int32_t>(ep, ep->lay.keys_in), *cpos = dws<int32_t>(ep, ep->lay.keys_out);
+            int32_t *vf = dws<int32_t>(ep, ep->lay.keys_in),
+                    *cpos = dws<int32_t>(ep, ep->lay.keys_out);
             k_valid<<<grid_for(n, 256), 256, 0, s>>>(row_entries, n, vf);
             LAUNCH_CHECK("NCCL EP valid kernel");
             size_t tb = ep->lay.temp_bytes;
-            EPXI_CUDA_TRY(cub::DeviceScan::ExclusiveSum(ep->ws + ep->lay.temp, tb, vf, cpos, (int)n, s),
-                          "NCCL EP combine scan");
+            EPXI_CUDA_TRY(
+                cub::DeviceScan::ExclusiveSum(ep->ws + ep->lay.temp, tb, vf, cpos, (int)n, s),
+                "NCCL EP combine scan");
             k_cpack<<<(unsigned)nt, 128, 0, s>>>(row_entries, cpos, K, y, csend, ep->g.yrow);
             LAUNCH_CHECK("NCCL EP combine pack kernel");
         }
@@ -627,8 +637,9 @@ extern "C" epx_status epx_nccl_ep_combine(epx_nccl_ep *ep, float *out, epx_error
             if (r != ep->me) back += ep->rent[r];
     } else {
         if (nt > 0) {
-            k_partial<<<(unsigned)nt, 256, 0, s>>>(row_entries, dws<float>(ep, ep->lay.entry_weight),
-                                                   K, H, y, csend, ep->g.yrow, bf16);
+            k_partial<<<(unsigned)nt, 256, 0, s>>>(row_entries,
+                                                   dws<float>(ep, ep->lay.entry_weight), K, H, y,
+                                                   csend, ep->g.yrow, bf16);
             LAUNCH_CHECK("NCCL EP partial kernel");
         }
         EPX_TRY(exchange(ep, csend, ep->rtok, ep->rtokoff, crecv, ep->ntok, ep->stokoff, ep->g.yrow,
@@ -644,8 +655,8 @@ extern "C" epx_status epx_nccl_ep_combine(epx_nccl_ep *ep, float *out, epx_error
                                                       ep->g.yrow, bf16, out);
         else
             k_reduce_rank<<<(unsigned)T, 256, 0, s>>>(dws<int32_t>(ep, ep->lay.tok_ndest),
-                                                      dws<int32_t>(ep, ep->lay.tok_dpos), ep->g.dmax, H,
-                                                      crecv, ep->g.yrow, bf16, out);
+                                                      dws<int32_t>(ep, ep->lay.tok_dpos),
+                                                      ep->g.dmax, H, crecv, ep->g.yrow, bf16, out);
         LAUNCH_CHECK("NCCL EP reduce kernel");
     }
     ep->dispatched = false;
@@ -655,7 +666,8 @@ extern "C" epx_status epx_nccl_ep_combine(epx_nccl_ep *ep, float *out, epx_error
 extern "C" epx_status epx_nccl_ep_identity_experts(epx_nccl_ep *ep, const epx_ep_recv *recv,
                                                    epx_error *err) {
     if (ep == NULL || recv == NULL)
-        return epxi_fail(err, EPX_ERR_INVALID_ARG, "identity experts need the handle and a recv view");
+        return epxi_fail(err, EPX_ERR_INVALID_ARG,
+                         "identity experts need the handle and a recv view");
     if (recv->num_entries == 0) return EPX_OK;
     k_identity<<<(unsigned)recv->num_entries, 256, 0, ep->nc->stream>>>(
         (const unsigned char *)recv->x, recv->x_stride, ep->g.cfg.x_dtype == EPX_DTYPE_BF16,

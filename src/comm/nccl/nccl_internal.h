@@ -37,7 +37,6 @@ EPXI_HIDDEN epx_status epxi_nccl_check(epxi_nccl_ctx *c, ncclResult_t r, const c
 /* Wait for the stream, polling NCCL's asynchronous error; abort on timeout. */
 EPXI_HIDDEN epx_status epxi_nccl_wait(epxi_nccl_ctx *c, const char *what, epx_error *err);
 
-
 #ifdef __cplusplus
 }
 #endif
