@@ -31,6 +31,9 @@ for t in test_dispatch_gpu test_nccl_ep; do
     echo "== $t"; (cd tests && timeout 300 "../$BIN/$t") >"$OUT/$t.log" 2>&1
     echo "$t exit $?"; tail -3 "$OUT/$t.log"
 done
+echo "== where the time goes: block 0's global-timer stamps inside each low-latency kernel"
+EPX_LL_VARIANT=8 timeout 120 "$TOOL/epx" bench comm --backend nccl --mode low-latency --model kimi-k2.5 \
+    --tokens 1,8,32,128,512 --iters 3 --warmup 1 2>&1 | grep stamps | tee "$OUT/stamps.log"
 for mode in low-latency normal; do
     extra=""; [ $mode = low-latency ] && extra="--graph"
     echo "== epx bench comm --mode $mode"

@@ -142,11 +142,22 @@ __device__ void raise_refused(const Args &a, uint32_t peer, uint32_t epoch) {
  * words that the addresses and the length allow (rows of an odd number of
  * bf16 values are only 2-byte aligned). */
 template <typename W>
-__device__ __forceinline__ void copy_words(unsigned char *dst, const unsigned char *src,
-                                           size_t bytes) {
-    const W *s = (const W *)src;
-    W *d = (W *)dst;
-    for (size_t i = threadIdx.x; i < bytes / sizeof(W); i += blockDim.x) d[i] = s[i];
+__device__ __forceinline__ void copy_words(unsigned char *__restrict__ dst,
+                                           const unsigned char *__restrict__ src, size_t bytes) {
+    const W *__restrict__ s = (const W *)src;
+    W *__restrict__ d = (W *)dst;
+    const size_t n = bytes / sizeof(W), step = blockDim.x;
+    size_t i = threadIdx.x;
+    /* Four loads in flight per thread before their stores: one row is too
+     * little work to hide the memory latency otherwise. */
+    for (; i + 3 * step < n; i += 4 * step) {
+        const W r0 = s[i], r1 = s[i + step], r2 = s[i + 2 * step], r3 = s[i + 3 * step];
+        d[i] = r0;
+        d[i + step] = r1;
+        d[i + 2 * step] = r2;
+        d[i + 3 * step] = r3;
+    }
+    for (; i < n; i += step) d[i] = s[i];
 }
 __device__ __forceinline__ void block_copy(unsigned char *dst, const unsigned char *src,
                                            size_t bytes) {
@@ -586,7 +597,9 @@ struct epx_gpu_ep {
     epx_comm *boot;
     epxi_ep_geom g;
     cudaStream_t stream;
-    int32_t timeout_ms, sm_blocks;
+    int32_t timeout_ms;
+    int32_t max_blocks;  /* launches whose blocks do not wait for each other */
+    int32_t wait_blocks; /* combine: every block waits, so all must be resident */
     size_t off_y, off_tok, off_w, off_pair, off_so, off_weights, off_slots, off_ctl, off_peers,
         total;
     size_t hist_bytes;
@@ -752,7 +765,18 @@ extern "C" epx_status epx_gpu_ep_create(epx_comm *bootstrap, const epx_ep_config
     EPXI_CUDA_GOTO(st, cudaGetDevice(&dev), "GPU EP: current device", fail);
     EPXI_CUDA_GOTO(st, cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev),
                    "GPU EP: SM count", fail);
-    ep->sm_blocks = o.max_blocks > 0 && o.max_blocks < sms ? o.max_blocks : sms;
+    {
+        /* Blocks that wait for flags must all be resident at once, or the
+         * ones still queued could never publish theirs. */
+        int per_sm = 0;
+        EPXI_CUDA_GOTO(
+            st, cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k_combine, kThreads, 0),
+            "GPU EP: occupancy", fail);
+        const int cap = o.max_blocks > 0 ? o.max_blocks : 4 * sms;
+        ep->max_blocks = cap;
+        ep->wait_blocks = per_sm * sms < cap ? per_sm * sms : cap;
+        if (ep->wait_blocks < 1) ep->wait_blocks = 1;
+    }
     EPXI_CUDA_GOTO(st, cudaMalloc((void **)&ep->buf, ep->total), "GPU EP buffer", fail);
     /* Tags and flags start at epoch 0, which no batch uses. */
     EPXI_CUDA_GOTO(st, cudaMemset(ep->buf, 0, ep->total), "GPU EP buffer", fail);
@@ -869,9 +893,9 @@ extern "C" epx_status epx_gpu_ep_health(epx_gpu_ep *ep, epx_error *err) {
     return fault_status(ep, true, err);
 }
 
-static unsigned blocks_for(const epx_gpu_ep *ep, int64_t items) {
+static unsigned blocks_for(int64_t items, int32_t cap) {
     int64_t b = items < 1 ? 1 : items;
-    return (unsigned)(b < ep->sm_blocks ? b : ep->sm_blocks);
+    return (unsigned)(b < cap ? b : cap);
 }
 
 extern "C" epx_status epx_gpu_ep_dispatch(epx_gpu_ep *ep, int64_t T, const void *x,
@@ -893,8 +917,9 @@ extern "C" epx_status epx_gpu_ep_dispatch(epx_gpu_ep *ep, int64_t T, const void 
                          "GPU EP dispatch of %lld tokens needs x, topk_slots and topk_weights",
                          (long long)T);
     ep->dispatched = false;
-    k_dispatch<<<blocks_for(ep, T * (g->K < g->R ? g->K : g->R)), kThreads, ep->hist_bytes,
-                 ep->stream>>>(ep->a, T, (const unsigned char *)x, topk_slots, topk_weights);
+    k_dispatch<<<blocks_for(T * (g->K < g->R ? g->K : g->R), ep->max_blocks), kThreads,
+                 ep->hist_bytes, ep->stream>>>(ep->a, T, (const unsigned char *)x, topk_slots,
+                                               topk_weights);
     EPXI_CUDA_TRY(cudaGetLastError(), "GPU EP dispatch kernel");
     ep->T = T;
     ep->dispatched = true;
@@ -914,7 +939,7 @@ extern "C" epx_status epx_gpu_ep_dispatch(epx_gpu_ep *ep, int64_t T, const void 
 extern "C" epx_status epx_gpu_ep_identity_experts(epx_gpu_ep *ep, epx_error *err) {
     if (ep == NULL || !ep->dispatched)
         return epxi_fail(err, EPX_ERR_INVALID_ARG, "GPU EP identity experts need a dispatch first");
-    k_identity<<<(unsigned)ep->sm_blocks, kThreads, 0, ep->stream>>>(ep->a);
+    k_identity<<<(unsigned)ep->max_blocks, kThreads, 0, ep->stream>>>(ep->a);
     EPXI_CUDA_TRY(cudaGetLastError(), "GPU EP identity kernel");
     return EPX_OK;
 }
@@ -931,8 +956,8 @@ extern "C" epx_status epx_gpu_ep_combine(epx_gpu_ep *ep, float *out, epx_error *
      * chunks of the reduction. */
     const int64_t per = (int64_t)(g->cfg.y_dtype == EPX_DTYPE_BF16 ? 8 : 4) * kThreads;
     const int64_t items = ep->T * ((g->H + per - 1) / per), sends = (int64_t)g->R * ep->T * g->K;
-    k_combine<<<blocks_for(ep, items > sends ? items : sends), kThreads, 0, ep->stream>>>(
-        ep->a, ep->T, out);
+    k_combine<<<blocks_for(items > sends ? items : sends, ep->wait_blocks), kThreads, 0,
+                ep->stream>>>(ep->a, ep->T, out);
     EPXI_CUDA_TRY(cudaGetLastError(), "GPU EP combine kernel");
     ep->dispatched = false;
     return EPX_OK;
