@@ -21,6 +21,7 @@
  * peer sets after its experts read its rows of batch n; stale rows carry an
  * older epoch tag.
  */
+#include <climits>
 #include <cuda_runtime.h>
 #include <unistd.h>
 
@@ -392,7 +393,27 @@ __global__ void __launch_bounds__(kThreads) k_dispatch(Args a, int64_t T, const 
             }
         }
         __syncthreads();
-        if (threadIdx.x == 0) nd = epxi_ep_token_dests(sk, K, a.spr, d);
+        if (K <= 32) {
+            /* Warp 0: the distinct destination ranks, ascending, without a
+             * serial scan: each first occurrence counts the smaller ones. */
+            if (threadIdx.x < 32) {
+                const int lane = threadIdx.x;
+                const int r = lane < K && sk[lane] >= 0 ? sk[lane] / a.spr : INT_MAX;
+                const unsigned same = __match_any_sync(0xffffffffu, r);
+                const bool first = r != INT_MAX && lane == __ffs(same) - 1;
+                int pos = 0;
+                for (int j = 0; j < K; j++) {
+                    const int rj = __shfl_sync(0xffffffffu, r, j);
+                    const int fj = __shfl_sync(0xffffffffu, (int)first, j);
+                    pos += fj && rj < r;
+                }
+                if (first) d[pos] = r;
+                const unsigned firsts = __ballot_sync(0xffffffffu, first);
+                if (lane == 0) nd = __popc(firsts);
+            }
+        } else if (threadIdx.x == 0) {
+            nd = epxi_ep_token_dests(sk, K, a.spr, d);
+        }
         __syncthreads();
         if (j < nd) {
             const int dst = d[j];
@@ -484,6 +505,7 @@ template <> struct Lanes<1> {
     __device__ static void load(const unsigned char *p, float *y) {
         const int4 v = *(const int4 *)p;
         const uint32_t u[4] = {(uint32_t)v.x, (uint32_t)v.y, (uint32_t)v.z, (uint32_t)v.w};
+#pragma unroll
         for (int j = 0; j < 4; j++) {
             y[2 * j] = epxi_bf16_to_f32((uint16_t)(u[j] & 0xffffu));
             y[2 * j + 1] = epxi_bf16_to_f32((uint16_t)(u[j] >> 16));
@@ -503,34 +525,38 @@ template <> struct Lanes<0> {
  * (acc = 0; for k ascending with a slot: acc = acc + w[k] * y_k, rounded
  * after each step) on V elements at once. rows[k] (NULL: no expert) and
  * w[k] are staged in shared memory; rows are read four at a time with
- * 16-byte loads where they allow, so the loads are in flight together.
+ * 16-byte loads, so the loads are in flight together.
  */
 template <int BF16>
 __device__ void reduce_lanes(const Args &a, const unsigned char *const *rows, const float *w,
                              int64_t h0, float *out) {
     constexpr int V = Lanes<BF16>::V, B = 4;
     const int K = a.K;
-    float acc[V];
-    for (int j = 0; j < V; j++) acc[j] = 0.0f;
-    const int n = h0 + V <= a.H ? V : (int)(a.H - h0);
-    const bool vec = n == V && a.yrow % 16 == 0;
-    for (int k0 = 0; k0 < K; k0 += B) {
-        float y[B][V];
-        for (int b = 0; b < B; b++) {
-            const int k = k0 + b;
-            if (k >= K || rows[k] == nullptr) continue;
-            if (vec)
-                Lanes<BF16>::load(rows[k] + (size_t)h0 * (BF16 ? 2 : 4), y[b]);
-            else
-                for (int j = 0; j < n; j++) y[b][j] = epxi_row_load(rows[k], h0 + j, BF16);
+    if (h0 + V <= a.H && a.yrow % 16 == 0) {
+        /* Every index below is a constant after unrolling, so acc and y
+         * stay in registers. */
+        float acc[V];
+#pragma unroll
+        for (int j = 0; j < V; j++) acc[j] = 0.0f;
+        for (int k0 = 0; k0 < K; k0 += B) {
+            float y[B][V];
+#pragma unroll
+            for (int b = 0; b < B; b++)
+                if (k0 + b < K && rows[k0 + b] != nullptr)
+                    Lanes<BF16>::load(rows[k0 + b] + (size_t)h0 * (BF16 ? 2 : 4), y[b]);
+#pragma unroll
+            for (int b = 0; b < B; b++)
+                if (k0 + b < K && rows[k0 + b] != nullptr)
+#pragma unroll
+                    for (int j = 0; j < V; j++) acc[j] = epxi_madd(acc[j], w[k0 + b], y[b][j]);
         }
-        for (int b = 0; b < B; b++) {
-            const int k = k0 + b;
-            if (k >= K || rows[k] == nullptr) continue;
-            for (int j = 0; j < n; j++) acc[j] = epxi_madd(acc[j], w[k], y[b][j]);
-        }
+#pragma unroll
+        for (int j = 0; j < V; j++) out[h0 + j] = acc[j];
+        return;
     }
-    for (int j = 0; j < n; j++) out[h0 + j] = acc[j];
+    /* The row's tail (or unaligned rows): element by element. */
+    for (int64_t h = h0; h < h0 + V && h < a.H; h++)
+        out[h] = epxi_ep_combine_elem(rows, w, K, h, BF16);
 }
 
 __global__ void __launch_bounds__(kThreads) k_combine(Args a, int64_t T, float *out) {
