@@ -95,6 +95,8 @@ EPX_API void epx_gpu_ep_destroy(epx_gpu_ep *ep);
  *          fp32, all device memory, read by the kernel; recv (out) device
  *          views; num_entries is -1 (the count is slot_offsets[spr] on the
  *          device), num_tokens the row space R * (M + 1).
+ * Dispatch and combine alternate: a dispatch before the last batch's
+ * combine is refused (the peers may still be reading their rows of it).
  * Returns: EPX_OK (enqueued); EPX_ERR_INVALID_ARG; EPX_ERR_CUDA (launch);
  *          EPX_ERR_TIMEOUT / EPX_ERR_INVALID_ARG found by an earlier batch's
  *          kernels (then nothing is launched).

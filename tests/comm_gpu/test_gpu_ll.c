@@ -350,6 +350,14 @@ static int fault_cases(void) {
         if (hout[i] != 2.0f * hx[i])
             FAILF("after a refused batch: element %d = %g, expected %g", i, (double)hout[i],
                   2.0 * hx[i]);
+    /* Dispatch and combine alternate. */
+    EK(epx_gpu_ep_dispatch(ep, 4, dx, ds, dw, &rv, &err));
+    if (epx_gpu_ep_dispatch(ep, 4, dx, ds, dw, &rv, &err) != EPX_ERR_INVALID_ARG ||
+        strstr(err.msg, "epx_gpu_ep_combine first") == NULL)
+        FAILF("a second dispatch before combine must be refused: '%s'", err.msg);
+    EK(epx_gpu_ep_identity_experts(ep, &err));
+    EK(epx_gpu_ep_combine(ep, dout, &err));
+    EK(epx_gpu_ep_sync(ep, &err));
     /* Over capacity: refused on the host, nothing launched. */
     if (epx_gpu_ep_dispatch(ep, 5, dx, ds, dw, &rv, &err) != EPX_ERR_INVALID_ARG ||
         strstr(err.msg, "max_tokens 4") == NULL)

@@ -942,7 +942,10 @@ extern "C" epx_status epx_gpu_ep_dispatch(epx_gpu_ep *ep, int64_t T, const void 
         return epxi_fail(err, EPX_ERR_INVALID_ARG,
                          "GPU EP dispatch of %lld tokens needs x, topk_slots and topk_weights",
                          (long long)T);
-    ep->dispatched = false;
+    if (ep->dispatched)
+        return epxi_fail(err, EPX_ERR_INVALID_ARG,
+                         "GPU EP dispatch before the last batch was combined: peers may still "
+                         "read their rows of it; call epx_gpu_ep_combine first");
     k_dispatch<<<blocks_for(T * (g->K < g->R ? g->K : g->R), ep->max_blocks), kThreads,
                  ep->hist_bytes, ep->stream>>>(ep->a, T, (const unsigned char *)x, topk_slots,
                                                topk_weights);
