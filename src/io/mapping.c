@@ -71,7 +71,8 @@ epx_status epx_mapping_read(const char *spec, int32_t **map, int32_t *L, int32_t
     return st;
 }
 
-static epx_status write_mapping_body(FILE *f, const void *ctx) {
+static epx_status write_mapping_body(FILE *f, const void *ctx, epx_error *err) {
+    (void)err;
     const epx_layout *lay = ctx;
     const epx_shape *s = epx_layout_shape(lay);
     const int32_t *m = epx_layout_physical_to_logical(lay);
@@ -151,7 +152,8 @@ static void write_load(FILE *f, double x) {
         fprintf(f, "%.17g", x);
 }
 
-static epx_status write_counts_body(FILE *f, const void *ctx) {
+static epx_status write_counts_body(FILE *f, const void *ctx, epx_error *err) {
+    (void)err;
     const epx_counts *c = ctx;
     fprintf(f, "{\"%s\": ", COUNT_KEY);
     if (c->num_windows > 1) fputs("[\n", f);
