@@ -60,8 +60,8 @@ EPXI_HIDDEN epx_status epxi_read_file(const char *path, char **data, size_t *len
 /* The one safe-output path (epx_file_write in epx.h): resolve symlinks,
  * refuse non-regular targets, write DIR/.BASE.epx-tmp.PID, rename over the
  * target. epx_file_write is this function. */
-EPXI_HIDDEN epx_status epxi_write_atomically(const char *path, epx_write_fn body,
-                                             const void *ctx, epx_error *err);
+EPXI_HIDDEN epx_status epxi_write_atomically(const char *path, epx_write_fn body, const void *ctx,
+                                             epx_error *err);
 
 /* Case-sensitive suffix test: epxi_has_suffix("a.json", ".json"). */
 EPXI_HIDDEN bool epxi_has_suffix(const char *s, const char *suffix);

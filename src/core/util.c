@@ -94,8 +94,8 @@ epx_status epx_file_output_check(const char *path, char **target, epx_error *err
         struct stat st;
         if (lstat(cur, &st) != 0) {
             if (errno != ENOENT) {
-                epx_status r = epxi_fail(err, EPX_ERR_IO, "cannot use output '%s': %s",
-                                         path, strerror(errno));
+                epx_status r =
+                    epxi_fail(err, EPX_ERR_IO, "cannot use output '%s': %s", path, strerror(errno));
                 free(cur);
                 return r;
             }
@@ -105,7 +105,8 @@ epx_status epx_file_output_check(const char *path, char **target, epx_error *err
             if (hops >= 40) {
                 free(cur);
                 return epxi_fail(err, EPX_ERR_INVALID_ARG,
-                                 "output '%s': too many symlinks (a loop?): give a plain file", path);
+                                 "output '%s': too many symlinks (a loop?): give a plain file",
+                                 path);
             }
             char link[4096];
             ssize_t n = readlink(cur, link, sizeof link - 1);
@@ -148,9 +149,8 @@ epx_status epx_file_output_check(const char *path, char **target, epx_error *err
         snprintf(dir, sizeof dir, "%.*s", slash == cur ? 1 : (int)(slash - cur), cur);
     struct stat ds;
     if (stat(dir, &ds) != 0 || !S_ISDIR(ds.st_mode)) {
-        epx_status r =
-            epxi_fail(err, EPX_ERR_IO, "output '%s': folder '%s' %s: create it first",
-                      path, dir, errno == ENOENT ? "does not exist" : "is not a folder");
+        epx_status r = epxi_fail(err, EPX_ERR_IO, "output '%s': folder '%s' %s: create it first",
+                                 path, dir, errno == ENOENT ? "does not exist" : "is not a folder");
         free(cur);
         return r;
     }
@@ -192,7 +192,8 @@ epx_status epxi_write_atomically(const char *path, epx_write_fn body, const void
     }
     /* Keep the mode of a file we replace; a new file gets 0666 & ~umask. */
     struct stat ts;
-    mode_t mode = stat(target, &ts) == 0 ? (ts.st_mode & 0777) : 0666;
+    const bool replacing = stat(target, &ts) == 0;
+    mode_t mode = replacing ? (ts.st_mode & 0777) : 0666;
     (void)unlink(tmp); /* a leftover of a killed run with our pid */
     int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, mode);
     if (fd < 0) {
@@ -201,7 +202,8 @@ epx_status epxi_write_atomically(const char *path, epx_write_fn body, const void
         free(target);
         return st;
     }
-    if (fchmod(fd, mode) != 0) mode = 0; /* umask may narrow it; best effort */
+    /* open() applied the umask; a replaced file keeps its own mode. */
+    if (replacing && fchmod(fd, mode) != 0) mode = 0; /* best effort */
     FILE *f = fdopen(fd, "w");
     if (f == NULL) {
         st = epxi_fail(err, EPX_ERR_IO, "cannot write '%s': %s", path, strerror(errno));

@@ -64,6 +64,33 @@ void cli_progress(void *user, const char *what, int64_t done, int64_t total);
 /* Parse "a,b,c" into ints (caller frees *out). False on junk. */
 bool cli_int_list(const char *s, int64_t lo, int64_t hi, int32_t **out, int32_t *n);
 
+/* Outputs (out.c). An output: a path to replace (written with
+ * epx_file_write) or, with append, a file opened for appending. */
+typedef struct cli_out {
+    const char *path; /* NULL or "-" (stdout): skipped */
+    bool append;
+} cli_out;
+
+/* Check every output before anything is written: each must resolve to a
+ * regular file or a new name in a writable folder, and be none of the
+ * inputs (same device and inode, whatever the spelling) nor another output.
+ * Registers the temp names for the signal handler. Returns -1 when all can
+ * be written, else CLI_EXIT_USAGE after printing why. NULL inputs are
+ * skipped, and so are inputs that do not exist (the reader reports them). */
+int cli_outputs_check(const cli_cmd *cmd, const char *const *in, int nin, const cli_out *out,
+                      int nout);
+
+/* True when an output path ends in ".pt": the writer follows the extension
+ * (a PyTorch zip), anything else is JSON. */
+bool cli_is_pt(const char *path);
+
+/* Remember a temp file (or folder) that SIGINT/TERM/HUP must remove. */
+void cli_temp_register(const char *path, bool is_dir);
+
+/* Report a failed write after cli_outputs_check passed: an I/O error is a
+ * runtime failure (exit 1, with the system's reason), others as cli_report. */
+int cli_write_failed(const cli_cmd *cmd, const epx_error *err);
+
 /* Every subcommand. */
 int cmd_demo(int argc, char **argv);
 int cmd_layout(int argc, char **argv);

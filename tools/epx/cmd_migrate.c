@@ -214,6 +214,12 @@ int cmd_migrate(int argc, char **argv) {
     const char *to = from ? cli_require(&cmd, "--to") : NULL;
     if (to == NULL || !cli_require(&cmd, "--gpus") || !cli_require(&cmd, "--expert-bytes"))
         return CLI_EXIT_USAGE;
+    const char *out = cli_get(&cmd, "-o");
+    {
+        const char *in[] = {from, to};
+        const cli_out outs[] = {{out, false}};
+        if ((rc = cli_outputs_check(&cmd, in, 2, outs, 1)) >= 0) return rc;
+    }
     int32_t G = 0, N = 1, E = 0;
     double bytes = 0;
     if (!cli_int(&cmd, "--gpus", 1, EPX_MAX_GPUS, &G) ||
@@ -260,9 +266,10 @@ int cmd_migrate(int argc, char **argv) {
         rc = cli_report(&cmd, &err);
         goto done;
     }
-    const char *out = cli_get(&cmd, "-o");
-    if (out != NULL && epx_layout_write_json(epx_migration_layout(m), out, &err) != EPX_OK) {
-        rc = cli_report(&cmd, &err);
+    if (out != NULL &&
+        (cli_is_pt(out) ? epx_layout_write_pt(epx_migration_layout(m), out, &err)
+                        : epx_layout_write_json(epx_migration_layout(m), out, &err)) != EPX_OK) {
+        rc = cli_write_failed(&cmd, &err);
         goto done;
     }
     epx_migration_stats st;

@@ -89,6 +89,8 @@ static int trace_synth(int argc, char **argv) {
     const char *name = cli_require(&cmd, "--model");
     const char *path = cli_require(&cmd, "-o");
     if (name == NULL || path == NULL) return CLI_EXIT_USAGE;
+    const cli_out outs[] = {{path, false}};
+    if ((rc = cli_outputs_check(&cmd, NULL, 0, outs, 1)) >= 0) return rc;
     epx_error err = {0};
     const epx_model *model = NULL;
     if (epx_model_lookup(name, &model, &err) != EPX_OK) return cli_report(&cmd, &err);
@@ -108,9 +110,10 @@ static int trace_synth(int argc, char **argv) {
     }
     epx_counts *c = NULL;
     if (epx_trace_synth(model, &to, &c, &err) != EPX_OK) return cli_report(&cmd, &err);
-    epx_status st = epx_counts_write_json(c, path, &err);
+    epx_status st = cli_is_pt(path) ? epx_counts_write_pt(c, path, EPX_PT_DTYPE_AUTO, &err)
+                                    : epx_counts_write_json(c, path, &err);
     epx_counts_destroy(c);
-    if (st != EPX_OK) return cli_report(&cmd, &err);
+    if (st != EPX_OK) return cli_write_failed(&cmd, &err);
     return CLI_EXIT_OK;
 }
 
