@@ -7,6 +7,7 @@
 #include "cli.h"
 
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -82,15 +83,25 @@ const char *cli_get(const cli_cmd *cmd, const char *name) {
 
 bool cli_flag(const cli_cmd *cmd, const char *name) { return cli_get(cmd, name) != NULL; }
 
+/* Every numeric option is read here, so every one says the same three
+ * things when it refuses a value: the value, the rule, the fix. */
 bool cli_int(const cli_cmd *cmd, const char *name, int64_t lo, int64_t hi, int32_t *out) {
     const char *v = cli_get(cmd, name);
     if (v == NULL) return true;
     char *end = NULL;
     errno = 0;
     long long x = strtoll(v, &end, 10);
-    if (errno != 0 || end == v || *end != '\0' || x < lo || x > hi) {
-        fprintf(stderr, "epx %s: %s '%s' is not an integer in [%lld, %lld]\n", cmd->name, name, v,
-                (long long)lo, (long long)hi);
+    if (end == v || *end != '\0') {
+        fprintf(stderr, "epx %s: %s '%s' is not a whole number: give one from %lld to %lld\n",
+                cmd->name, name, v, (long long)lo, (long long)hi);
+        return false;
+    }
+    if (errno == ERANGE || x < lo || x > hi) {
+        const bool low = errno == ERANGE ? v[0] == '-' : x < lo;
+        fprintf(stderr, "epx %s: %s %s is %s the %s %lld: use %s %lld\n", cmd->name, name, v,
+                low ? "below" : "above", low ? "minimum" : "limit",
+                low ? (long long)lo : (long long)hi, low ? "at least" : "at most",
+                low ? (long long)lo : (long long)hi);
         return false;
     }
     *out = (int32_t)x;
@@ -103,9 +114,21 @@ bool cli_double(const cli_cmd *cmd, const char *name, double lo, double hi, doub
     char *end = NULL;
     errno = 0;
     double x = strtod(v, &end);
-    if (errno != 0 || end == v || *end != '\0' || !(x >= lo && x <= hi)) {
-        fprintf(stderr, "epx %s: %s '%s' is not a number in [%g, %g]\n", cmd->name, name, v, lo,
-                hi);
+    if (end == v || *end != '\0') {
+        fprintf(stderr, "epx %s: %s '%s' is not a number: give one from %g to %g\n", cmd->name,
+                name, v, lo, hi);
+        return false;
+    }
+    if (isnan(x) || isinf(x) || (errno == ERANGE && fabs(x) > 1.0)) {
+        fprintf(stderr, "epx %s: %s '%s' is not a finite number: give one from %g to %g\n",
+                cmd->name, name, v, lo, hi);
+        return false;
+    }
+    if (!(x >= lo && x <= hi)) {
+        const bool low = x < lo;
+        fprintf(stderr, "epx %s: %s %s is %s the %s %g: use %s %g\n", cmd->name, name, v,
+                low ? "below" : "above", low ? "minimum" : "limit", low ? lo : hi,
+                low ? "at least" : "at most", low ? lo : hi);
         return false;
     }
     *out = x;

@@ -42,8 +42,10 @@ static bool opt_u64(const cli_cmd *cmd, const char *name, uint64_t lo, uint64_t 
     errno = 0;
     unsigned long long x = strtoull(v, &end, 10);
     if (errno != 0 || end == v || *end != '\0' || v[0] == '-' || x < lo || x > hi) {
-        fprintf(stderr, "epx %s: %s '%s' is not a whole number in [%llu, %llu]\n", cmd->name, name,
-                v, (unsigned long long)lo, (unsigned long long)hi);
+        fprintf(stderr,
+                "epx %s: %s '%s' is not a whole number from %llu to %llu: give one in that "
+                "range\n",
+                cmd->name, name, v, (unsigned long long)lo, (unsigned long long)hi);
         return false;
     }
     *out = x;
