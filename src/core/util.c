@@ -33,6 +33,9 @@ bool epxi_has_suffix(const char *s, const char *suffix) {
 }
 
 epx_status epxi_read_file(const char *path, char **data, size_t *len, epx_error *err) {
+    struct stat st;
+    if (stat(path, &st) == 0 && S_ISDIR(st.st_mode))
+        return epxi_fail(err, EPX_ERR_IO, "'%s' is a directory: give a file", path);
     FILE *f = fopen(path, "rb");
     if (f == NULL) return epxi_fail(err, EPX_ERR_IO, "cannot open '%s': %s", path, strerror(errno));
     size_t cap = 1 << 16, n = 0;
@@ -61,7 +64,7 @@ epx_status epxi_read_file(const char *path, char **data, size_t *len, epx_error 
     fclose(f);
     if (bad) {
         free(buf);
-        return epxi_fail(err, EPX_ERR_IO, "error reading '%s'", path);
+        return epxi_fail(err, EPX_ERR_IO, "error reading '%s': %s", path, strerror(errno));
     }
     buf[n] = '\0';
     *data = buf;

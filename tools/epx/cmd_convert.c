@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "cli.h"
 
@@ -294,9 +295,12 @@ int cmd_convert(int argc, char **argv) {
                         "only for a .pt OUT\n");
         return CLI_EXIT_USAGE;
     }
-    const int in_pt = has_suffix(in, ".pt") || strchr(in, ',') != NULL || is_dir(in);
+    /* The reader follows the content: a zip is .pt whatever its name. */
+    const int in_file_pt = epx_pt_sniff(in);
+    const int in_pt = in_file_pt || strchr(in, ',') != NULL || is_dir(in) ||
+                      (has_suffix(in, ".pt") && access(in, F_OK) != 0);
     if (cli_flag(&cmd, "--tree")) {
-        if (!has_suffix(in, ".pt") || !has_suffix(out, ".json") || dts != NULL) {
+        if (!in_file_pt || !has_suffix(out, ".json") || dts != NULL) {
             fprintf(stderr, "epx convert: --tree reads one .pt file and writes .json\n");
             return CLI_EXIT_USAGE;
         }
@@ -308,7 +312,7 @@ int cmd_convert(int argc, char **argv) {
     epx_counts *c = NULL;
     if (in_pt) {
         /* One .pt file: its keys say which it is. Several: per-rank dumps. */
-        if (has_suffix(in, ".pt") && strchr(in, ',') == NULL && !is_dir(in)) {
+        if (in_file_pt) {
             epx_pt_file *pf = NULL;
             if (epx_pt_load(in, &pf, &err) != EPX_OK) return cli_report(&cmd, &err);
             const epx_pt_value *root = epx_pt_file_root(pf);

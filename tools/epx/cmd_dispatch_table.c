@@ -80,6 +80,13 @@ int cmd_dispatch_table(int argc, char **argv) {
     if (rc >= 0) return rc;
     const char *placement = cli_require(&cmd, "--placement"), *out = cli_require(&cmd, "-o");
     if (placement == NULL || out == NULL || !cli_require(&cmd, "--gpus")) return CLI_EXIT_USAGE;
+    if (cli_is_pt(out)) {
+        fprintf(stderr,
+                "epx dispatch-table: -o '%s': a dispatch table is written as JSON; name "
+                "it .json\n",
+                out);
+        return CLI_EXIT_USAGE;
+    }
     {
         const char *in[] = {placement, cli_get(&cmd, "--counts")};
         const cli_out outs[] = {{out, false}};
