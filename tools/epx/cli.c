@@ -135,6 +135,37 @@ bool cli_double(const cli_cmd *cmd, const char *name, double lo, double hi, doub
     return true;
 }
 
+bool cli_check_slots(const cli_cmd *cmd, const char *what, int32_t E, int32_t P, int32_t G) {
+    const int64_t limit = (int64_t)CLI_MAX_SLOTS_PER_EXPERT * E + G;
+    if (P <= limit) return true;
+    fprintf(stderr,
+            "epx %s: %s gives %d slots per layer, above the limit %lld (%d x %d experts + %d "
+            "GPUs): use at most %lld redundant slots\n",
+            cmd->name, what, P, (long long)limit, CLI_MAX_SLOTS_PER_EXPERT, E, G,
+            (long long)(limit - E));
+    return false;
+}
+
+bool cli_check_bytes(const cli_cmd *cmd, double bytes, const char *what, const char *fix) {
+    long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    const double ram = pages > 0 && page > 0 ? (double)pages * (double)page : 8.0 * (1 << 30);
+    if (bytes <= ram / 2) return true;
+    fprintf(stderr,
+            "epx %s: %s needs about %.1f GB, above the limit of %.1f GB (half of this machine's "
+            "memory): %s\n",
+            cmd->name, what, bytes / 1e9, ram / 2e9, fix);
+    return false;
+}
+
+bool cli_check_memory(const cli_cmd *cmd, const epx_shape *s, int copies) {
+    const double L = s->num_layers, E = s->num_logical_experts, P = s->num_physical_experts;
+    const double bytes = copies * 4.0 * (L * P + L * E * (P - E + 1) + L * E);
+    char what[160];
+    snprintf(what, sizeof what, "%d layers x %d experts on %d slots and %d GPUs", s->num_layers,
+             s->num_logical_experts, s->num_physical_experts, s->num_gpus);
+    return cli_check_bytes(cmd, bytes, what, "use fewer GPUs or redundant slots");
+}
+
 const char *cli_require(const cli_cmd *cmd, const char *name) {
     const char *v = cli_get(cmd, name);
     if (v == NULL)

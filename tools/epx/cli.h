@@ -61,6 +61,21 @@ int cli_report(const cli_cmd *cmd, const epx_error *err);
  * prints nothing. `user` is the cli_cmd running. */
 void cli_progress(void *user, const char *what, int64_t done, int64_t total);
 
+/* Size limits, checked before any work (README "Limits"). Slots per layer:
+ * P <= CLI_MAX_SLOTS_PER_EXPERT * E + G (so at most 3 redundant replicas
+ * per expert on average, and always room to round P up to a multiple of G).
+ * Memory: the shape's layout maps (L x E x (P - E + 1) replica lists, the
+ * largest) times `copies` (layouts and workspaces the command holds at
+ * once) must fit in half of this machine's memory. Both print the value,
+ * the limit and the fix, and return false. `what` names the option that
+ * set P ("--redundant 12800"). */
+#define CLI_MAX_SLOTS_PER_EXPERT 4
+bool cli_check_slots(const cli_cmd *cmd, const char *what, int32_t E, int32_t P, int32_t G);
+bool cli_check_memory(const cli_cmd *cmd, const epx_shape *s, int copies);
+/* The same budget for any estimate: `what` says what needs `bytes`, `fix`
+ * what to lower ("fewer --windows"). */
+bool cli_check_bytes(const cli_cmd *cmd, double bytes, const char *what, const char *fix);
+
 /* Parse "a,b,c" into ints (caller frees *out). False on junk. */
 bool cli_int_list(const char *s, int64_t lo, int64_t hi, int32_t **out, int32_t *n);
 

@@ -284,6 +284,15 @@ int cmd_demo(int argc, char **argv) {
         P = P2;
     }
     epx_shape shape = {m->num_layers, m->num_experts, P, G, N};
+    {
+        char what[48];
+        snprintf(what, sizeof what, "--redundant %d", R);
+        if (!cli_check_slots(&cmd, what, m->num_experts, P, G) ||
+            !cli_check_memory(&cmd, &shape, 6) ||
+            !cli_check_bytes(&cmd, 8.0 * S * m->num_layers * m->num_experts * 2, "the trace",
+                             "use fewer --windows"))
+            return CLI_EXIT_USAGE;
+    }
     if (epx_shape_check(&shape, &err) != EPX_OK) return cli_report(&cmd, &err);
 
     epx_trace_opts to = EPX_TRACE_OPTS_INIT;

@@ -47,6 +47,10 @@ int cmd_layout(int argc, char **argv) {
     const cli_out outs[] = {{out, false}};
     if ((rc = cli_outputs_check(&cmd, NULL, 0, outs, 1)) >= 0) return rc;
     epx_shape shape = {L, E, E + R, G, N};
+    char what[48];
+    snprintf(what, sizeof what, "--redundant %d", R);
+    if (!cli_check_slots(&cmd, what, E, E + R, G) || !cli_check_memory(&cmd, &shape, 1))
+        return CLI_EXIT_USAGE;
     epx_error err = {0};
     epx_layout *lay = NULL;
     if (epx_layout_create_trivial(&shape, &lay, &err) != EPX_OK) return cli_report(&cmd, &err);

@@ -176,6 +176,21 @@ int cmd_plan(int argc, char **argv) {
     const int32_t E = counts->num_experts;
     if (P < 0) P = R >= 0 ? E + R : E;
     epx_shape shape = {counts->num_layers, E, P, G, N};
+    {
+        /* Limits before any work: slots per layer, then memory. */
+        char what[64];
+        snprintf(what, sizeof what, "%s %s", R >= 0 ? "--redundant" : "--physical",
+                 cli_get(&cmd, R >= 0 ? "--redundant" : "--physical"));
+        if ((cli_get(&cmd, "--redundant") || cli_get(&cmd, "--physical")) &&
+            !cli_check_slots(&cmd, what, E, P, G)) {
+            epx_counts_destroy(counts);
+            return CLI_EXIT_USAGE;
+        }
+        if (!cli_check_memory(&cmd, &shape, 4)) {
+            epx_counts_destroy(counts);
+            return CLI_EXIT_USAGE;
+        }
+    }
     epx_plan *plan = NULL;
     double *load = NULL;
     epx_layer_balance *layers = NULL;

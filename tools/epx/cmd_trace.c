@@ -105,6 +105,9 @@ static int trace_synth(int argc, char **argv) {
         !cli_double(&cmd, "--drift", 0, 5, &to.drift))
         return CLI_EXIT_USAGE;
     to.tokens = (int64_t)tokens;
+    if (!cli_check_bytes(&cmd, 8.0 * to.num_windows * model->num_layers * model->num_experts,
+                         "the trace ([S][L][E] doubles)", "use fewer --windows"))
+        return CLI_EXIT_USAGE;
     const char *skew = cli_get(&cmd, "--skew");
     if (skew != NULL && !parse_range(skew, &to.skew_lo, &to.skew_hi)) {
         fprintf(stderr, "epx trace synth: --skew '%s' is not A..B (e.g. 0.8..1.3)\n", skew);
