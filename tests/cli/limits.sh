@@ -1,7 +1,7 @@
 #!/bin/bash
 # limits.sh - size parameters have documented maxima, checked before any
 # work with the value, the limit and the fix (README "Limits"): slots per
-# layer P <= 4 E + G (at the limit accepted, one over refused), memory
+# layer P <= 4 (E + G) (at the limit accepted, one over refused), memory
 # estimated before allocating (demo --gpus 65536, trace synth with 2^24
 # windows), both refused at once (exit 2) without allocating.
 set -u
@@ -22,12 +22,12 @@ run() { # name, want rc, needle (or ""), command...
   fi
 }
 lay=("$EPX" layout trivial --layers 2 --experts 8 --gpus 2 -o l.json)
-run "layout --redundant at the limit (4 x 8 + 2 - 8 = 26)" 0 "" "${lay[@]}" --redundant 26
-run "layout --redundant one over" 2 "above the limit 34 (4 x 8 experts + 2 GPUs): use at most 26 redundant slots" \
-  "${lay[@]}" --redundant 27
+run "layout --redundant at the limit (4 x (8 + 2) - 8 = 32)" 0 "" "${lay[@]}" --redundant 32
+run "layout --redundant one over" 2 "above the limit 40 (4 x (8 experts + 2 GPUs)): use at most 32 redundant slots" \
+  "${lay[@]}" --redundant 33
 "$EPX" trace synth --model deepseek-v3 --windows 2 --tokens 2000 -o c.json >/dev/null || exit 1
-run "plan --redundant at the limit" 0 "" "$EPX" plan --counts c.json --gpus 8 --redundant 776 -o p.json
-run "plan --redundant 12800 refused" 2 "use at most 776 redundant slots" \
+run "plan --redundant at the limit" 0 "" "$EPX" plan --counts c.json --gpus 8 --redundant 800 -o p.json
+run "plan --redundant 12800 refused" 2 "use at most 800 redundant slots" \
   "$EPX" plan --counts c.json --gpus 8 --redundant 12800 -o p.json
 run "plan --physical over" 2 "--physical 2000" "$EPX" plan --counts c.json --gpus 8 --physical 2000 -o p.json
 run "demo --gpus 65536 refused before allocating" 2 "half of this machine's memory" \

@@ -136,11 +136,11 @@ bool cli_double(const cli_cmd *cmd, const char *name, double lo, double hi, doub
 }
 
 bool cli_check_slots(const cli_cmd *cmd, const char *what, int32_t E, int32_t P, int32_t G) {
-    const int64_t limit = (int64_t)CLI_MAX_SLOTS_PER_EXPERT * E + G;
+    const int64_t limit = (int64_t)CLI_MAX_SLOTS_PER_EXPERT * ((int64_t)E + G);
     if (P <= limit) return true;
     fprintf(stderr,
-            "epx %s: %s gives %d slots per layer, above the limit %lld (%d x %d experts + %d "
-            "GPUs): use at most %lld redundant slots\n",
+            "epx %s: %s gives %d slots per layer, above the limit %lld (%d x (%d experts + %d "
+            "GPUs)): use at most %lld redundant slots\n",
             cmd->name, what, P, (long long)limit, CLI_MAX_SLOTS_PER_EXPERT, E, G,
             (long long)(limit - E));
     return false;

@@ -62,8 +62,9 @@ int cli_report(const cli_cmd *cmd, const epx_error *err);
 void cli_progress(void *user, const char *what, int64_t done, int64_t total);
 
 /* Size limits, checked before any work (README "Limits"). Slots per layer:
- * P <= CLI_MAX_SLOTS_PER_EXPERT * E + G (so at most 3 redundant replicas
- * per expert on average, and always room to round P up to a multiple of G).
+ * P <= CLI_MAX_SLOTS_PER_EXPERT * (E + G): about three redundant replicas
+ * per expert on average, or up to four slots per GPU for models with few
+ * experts, and always room to round P up to a multiple of G.
  * Memory: the shape's layout maps (L x E x (P - E + 1) replica lists, the
  * largest) times `copies` (layouts and workspaces the command holds at
  * once) must fit in half of this machine's memory. Both print the value,
