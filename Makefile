@@ -77,8 +77,27 @@ test-asan: deps
 	@cd $(ASAN_BUILD) && { ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure -j $(JOBS) -LE no-asan \
 	  --output-junit ctest.xml; rc=$$?; python3 $(CURDIR)/scripts/test-summary.py ctest.xml asan; exit $$rc; }
 
+# libFuzzer: every fuzz/fuzz_NAME.c built with clang (ASan+UBSan) into
+# build-fuzz/ and run for FUZZ_SECONDS each on fuzz/corpus/NAME, which keeps
+# what it finds (and crash-* inputs); `make test` replays that corpus.
+FUZZ_BUILD   ?= build-fuzz
+FUZZ_SECONDS ?= 600
+FUZZERS      ?= counts_json mapping_json pt
+fuzz: deps
+	@mkdir -p $(FUZZ_BUILD)
+	@cmake -S . -B $(FUZZ_BUILD) -DCMAKE_C_COMPILER=clang -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+	  -DEPX_FUZZ=ON -DEPX_WITH_CUDA=OFF -DEPX_WITH_MPI=OFF $(CMAKE_ARGS) >/dev/null
+	@cmake --build $(FUZZ_BUILD) -j $(JOBS) --target $(addprefix fuzz_,$(FUZZERS)) >/dev/null
+	@for f in $(FUZZERS); do \
+	  echo "epx: fuzzing $$f for $(FUZZ_SECONDS) s (corpus fuzz/corpus/$$f)"; \
+	  dict=""; [ -f fuzz/$$f.dict ] && dict="-dict=fuzz/$$f.dict"; \
+	  ./$(FUZZ_BUILD)/fuzz_$$f fuzz/corpus/$$f $$dict -max_total_time=$(FUZZ_SECONDS) \
+	    -artifact_prefix=fuzz/corpus/$$f/crash- -print_final_stats=1 >$(FUZZ_BUILD)/$$f.log 2>&1; \
+	  rc=$$?; tail -n 8 $(FUZZ_BUILD)/$$f.log; [ $$rc = 0 ] || { echo "epx: fuzz_$$f failed: $(FUZZ_BUILD)/$$f.log"; exit 1; }; \
+	done
+
 python-test:
 	@if [ -f python/pyproject.toml ]; then ./scripts/python-test.sh; fi
 
 clean:
-	rm -rf $(BUILD) $(ASAN_BUILD)
+	rm -rf $(BUILD) $(ASAN_BUILD) $(FUZZ_BUILD)
