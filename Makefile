@@ -5,22 +5,54 @@ BUILD      ?= build
 ASAN_BUILD ?= build-asan
 JOBS       ?= $(shell nproc 2>/dev/null || echo 2)
 CMAKE_ARGS ?=
+PREFIX     ?= /usr/local
+# V=1 shows the compiler's output; by default it goes to $(BUILD)/build.log
+# and only its tail is shown when something fails.
+V          ?= 0
+ifeq ($(V),1)
+LOG :=
+else
+LOG = >>$(BUILD)/build.log 2>&1 || { tail -n 25 $(BUILD)/build.log; echo "epx: build failed; the whole log is $(BUILD)/build.log"; exit 1; }
+endif
+# Everything: tests, CUDA kernels and MPI when found.
+FULL_ARGS  = -DCMAKE_BUILD_TYPE=Release -DEPX_BUILD_TESTS=ON -DEPX_WITH_CUDA=ON -DEPX_WITH_MPI=ON
 
-.PHONY: all deps build demo test test-fast test-asan python-test format format-check clean
+.PHONY: all deps build demo demo-build install test test-fast test-asan python-test format format-check fuzz clean
 
 all: build
 
 deps:
 	@./scripts/deps.sh
 
-$(BUILD)/CMakeCache.txt: | deps
-	@cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release $(CMAKE_ARGS) >/dev/null
+# `make build` (and `make test`) configure everything; a tree first made by
+# `make demo` is switched to the full set here.
+build: deps
+	@mkdir -p $(BUILD) && : >$(BUILD)/build.log
+	@cmake -S . -B $(BUILD) $(FULL_ARGS) $(CMAKE_ARGS) $(LOG)
+	@cmake --build $(BUILD) -j $(JOBS) $(LOG)
 
-build: deps $(BUILD)/CMakeCache.txt
-	@cmake --build $(BUILD) -j $(JOBS)
+# The first run: only the CLI and its library (no CUDA, no tests, no MPI)
+# on a fresh clone; an existing tree is reused as it is.
+demo-build: deps
+	@mkdir -p $(BUILD) && : >$(BUILD)/build.log
+	@if [ ! -f $(BUILD)/CMakeCache.txt ]; then \
+	  echo "epx: configuring $(BUILD)/ for the CLI only (make test builds the rest)"; \
+	  cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release -DEPX_BUILD_TESTS=OFF \
+	    -DEPX_WITH_CUDA=OFF -DEPX_WITH_MPI=OFF $(CMAKE_ARGS) $(LOG); fi
+	@echo "epx: building ./$(BUILD)/epx (log: $(BUILD)/build.log; V=1 to watch)"
+	@cmake --build $(BUILD) --target epx_cli -j $(JOBS) $(LOG)
 
-demo: build
+demo: demo-build
 	./$(BUILD)/epx demo
+
+# Copy the CLI, the shared library and the headers under PREFIX.
+install: demo-build
+	@cmake --build $(BUILD) --target epx -j $(JOBS) $(LOG)
+	install -d $(PREFIX)/bin $(PREFIX)/lib $(PREFIX)/include/epx
+	install -m 755 $(BUILD)/epx $(PREFIX)/bin/epx
+	install -m 644 $(BUILD)/libepx.so $(PREFIX)/lib/libepx.so
+	install -m 644 include/*.h $(PREFIX)/include/
+	install -m 644 include/epx/*.h $(PREFIX)/include/epx/
 
 # The whole suite (the formatting check first), then once more under ASan+UBSan.
 test: format-check test-fast test-asan python-test
@@ -33,16 +65,39 @@ format:
 format-check:
 	@./scripts/format.sh --check
 
+# Each ctest run ends with every skipped test and its reason, and a count.
 test-fast: build
-	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
+	@cd $(BUILD) && { ctest --output-on-failure -j $(JOBS) --output-junit ctest.xml; rc=$$?; \
+	  python3 $(CURDIR)/scripts/test-summary.py ctest.xml release; exit $$rc; }
 
 test-asan: deps
+	@mkdir -p $(ASAN_BUILD)
 	@cmake -S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=Debug -DEPX_SANITIZE=ON $(CMAKE_ARGS) >/dev/null
-	@cmake --build $(ASAN_BUILD) -j $(JOBS)
-	cd $(ASAN_BUILD) && ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure -j $(JOBS) -LE no-asan
+	@cmake --build $(ASAN_BUILD) -j $(JOBS) $(if $(filter 1,$(V)),,>$(ASAN_BUILD)/build.log 2>&1 || { tail -n 25 $(ASAN_BUILD)/build.log; exit 1; })
+	@cd $(ASAN_BUILD) && { ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure -j $(JOBS) -LE no-asan \
+	  --output-junit ctest.xml; rc=$$?; python3 $(CURDIR)/scripts/test-summary.py ctest.xml asan; exit $$rc; }
+
+# libFuzzer: every fuzz/fuzz_NAME.c built with clang (ASan+UBSan) into
+# build-fuzz/ and run for FUZZ_SECONDS each on fuzz/corpus/NAME, which keeps
+# what it finds (and crash-* inputs); `make test` replays that corpus.
+FUZZ_BUILD   ?= build-fuzz
+FUZZ_SECONDS ?= 600
+FUZZERS      ?= counts_json mapping_json pt
+fuzz: deps
+	@mkdir -p $(FUZZ_BUILD)
+	@cmake -S . -B $(FUZZ_BUILD) -DCMAKE_C_COMPILER=clang -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+	  -DEPX_FUZZ=ON -DEPX_WITH_CUDA=OFF -DEPX_WITH_MPI=OFF $(CMAKE_ARGS) >/dev/null
+	@cmake --build $(FUZZ_BUILD) -j $(JOBS) --target $(addprefix fuzz_,$(FUZZERS)) >/dev/null
+	@for f in $(FUZZERS); do \
+	  echo "epx: fuzzing $$f for $(FUZZ_SECONDS) s (corpus fuzz/corpus/$$f)"; \
+	  dict=""; [ -f fuzz/$$f.dict ] && dict="-dict=fuzz/$$f.dict"; \
+	  ./$(FUZZ_BUILD)/fuzz_$$f fuzz/corpus/$$f $$dict -max_total_time=$(FUZZ_SECONDS) \
+	    -artifact_prefix=fuzz/corpus/$$f/crash- -print_final_stats=1 >$(FUZZ_BUILD)/$$f.log 2>&1; \
+	  rc=$$?; tail -n 8 $(FUZZ_BUILD)/$$f.log; [ $$rc = 0 ] || { echo "epx: fuzz_$$f failed: $(FUZZ_BUILD)/$$f.log"; exit 1; }; \
+	done
 
 python-test:
 	@if [ -f python/pyproject.toml ]; then ./scripts/python-test.sh; fi
 
 clean:
-	rm -rf $(BUILD) $(ASAN_BUILD)
+	rm -rf $(BUILD) $(ASAN_BUILD) $(FUZZ_BUILD)

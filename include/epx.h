@@ -39,6 +39,7 @@
 #define EPX_H
 
 #include <stddef.h>
+#include <stdio.h>
 #include <stdint.h>
 
 #ifdef __cplusplus
@@ -150,6 +151,41 @@ EPX_API epx_status epx_shape_check(const epx_shape *shape, epx_error *err);
 
 /* Slots per GPU, P / G; the shape must be valid. */
 EPX_API int32_t epx_shape_slots_per_gpu(const epx_shape *shape);
+
+/*
+ * Safe output files. Every file epx writes goes through one path: the bytes
+ * go to a temp file in the target's folder (see epx_file_temp_path), which is
+ * renamed over the target only when complete, so readers never see half a
+ * file and a failed write leaves the old one. The target is resolved first: a
+ * symlink is written through to its final target (the link stays); an
+ * existing target that is not a regular file (directory, FIFO, device,
+ * socket) is refused before anything is opened, so a FIFO never blocks.
+ */
+
+/* Resolve an output path: follow symlinks (at most 40) to the file that
+ * would be written and check that it is a regular file or a new name in an
+ * existing folder.
+ * Args:    path (in) the output as given; target (out) malloc'd resolved path,
+ *          free with epx_free; may be NULL to only check.
+ * Returns: EPX_OK; EPX_ERR_INVALID_ARG for a non-regular file or a symlink
+ *          loop; EPX_ERR_IO for a missing folder; each with the value and
+ *          the fix. */
+EPX_API epx_status epx_file_output_check(const char *path, char **target, epx_error *err);
+
+/* The temp name epx writes `path` through: "DIR/.BASE.epx-tmp.PID" beside the
+ * resolved target, so a caller can remove it on a signal. Writes at most cap
+ * bytes (NUL included). Returns: EPX_OK, EPX_ERR_INVALID_ARG as
+ * epx_file_output_check, EPX_ERR_OVERFLOW when cap is too small. */
+EPX_API epx_status epx_file_temp_path(const char *path, char *buf, size_t cap, epx_error *err);
+
+/* Write `path` safely (above) with `body`, which writes the bytes to f and
+ * returns EPX_OK or an error it has recorded in err.
+ * Returns: EPX_OK; EPX_ERR_INVALID_ARG for a path it refuses; EPX_ERR_IO with
+ *          the system's reason (e.g. "No space left on device"); body's
+ *          status. The temp file never outlives a failed call. */
+typedef epx_status (*epx_write_fn)(FILE *f, const void *ctx, epx_error *err);
+EPX_API epx_status epx_file_write(const char *path, epx_write_fn body, const void *ctx,
+                                  epx_error *err);
 
 /* The rooms of the core API, one header each. */
 #include "epx/layout.h"

@@ -4,8 +4,11 @@
  * lengths out of range, deep or recursive nesting, broken zips, and
  * thousands of mutated and truncated copies of the fixtures. Every one must
  * end in an error with a message (or, for a harmless mutation, a valid
- * tree), never a crash: the suite also runs under ASan/UBSan.
+ * tree), never a crash: the suite also runs under ASan/UBSan. A pickle of
+ * a million small values costs at most 64 bytes per value once loaded.
  */
+#include <malloc.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -705,13 +708,46 @@ static void mutated_pickles(void **state) {
     }
 }
 
+/* A list of a million small ints: the loaded tree holds at most 64 bytes
+ * per value (48 for the value in the arena, 8 for the list's slot to it),
+ * measured with glibc's mallinfo2 outside sanitizer builds. */
+static void memory_per_value(void **state) {
+    (void)state;
+    enum { N = 1 << 20 };
+    ptb b = {0};
+    ptb_proto(&b);
+    ptb_op(&b, ']'); /* EMPTY_LIST */
+    ptb_op(&b, '('); /* MARK */
+    for (int i = 0; i < N; i++) ptb_int(&b, i & 255);
+    ptb_op(&b, 'e'); /* APPENDS */
+    ptb_op(&b, '.');
+    epx_error err = {0};
+    epx_pt_file *f = NULL;
+#if defined(__SANITIZE_ADDRESS__)
+    const bool measure = false;
+#else
+    const bool measure = true;
+#endif
+    struct mallinfo2 before = mallinfo2();
+    assert_int_equal(load_pickle(&b, NULL, NULL, 0, &f, &err), EPX_OK);
+    struct mallinfo2 after = mallinfo2();
+    assert_int_equal(epx_pt_value_len(epx_pt_file_root(f)), N);
+    if (measure && after.uordblks > before.uordblks) {
+        double per = (double)(after.uordblks - before.uordblks) / N;
+        print_message("loaded tree: %.1f bytes per value\n", per);
+        assert_true(per <= 64.0);
+    }
+    epx_pt_file_destroy(f);
+    free(b.p);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(refuses_code),          cmocka_unit_test(checks_tensor_sizes),
         cmocka_unit_test(checks_pickle_lengths), cmocka_unit_test(checks_nesting),
         cmocka_unit_test(dict_semantics),        cmocka_unit_test(protocol4_forms),
         cmocka_unit_test(checks_container),      cmocka_unit_test(mutated_files),
-        cmocka_unit_test(mutated_pickles),
+        cmocka_unit_test(mutated_pickles),       cmocka_unit_test(memory_per_value),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

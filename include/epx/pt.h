@@ -115,6 +115,13 @@ typedef struct epx_pt_tensor {
  */
 EPX_API epx_status epx_pt_load(const char *path, epx_pt_file **out, epx_error *err);
 
+/* Whether `path` is a .pt file by its content, whatever its name: a regular
+ * file that starts with a zip signature ("PK\3\4", or "PK\5\6" for an empty
+ * archive). The readers use it to choose between .pt and JSON, so
+ * "dump.pt.bak" reads as .pt and "x.pt" holding JSON reads as JSON.
+ * Returns 1 for a zip, 0 otherwise (missing, unreadable, not a file). */
+EPX_API int epx_pt_sniff(const char *path);
+
 /* The same from `len` bytes in memory (read during the call only; the file
  * keeps its own copies). `name` (may be NULL) names it in messages. */
 EPX_API epx_status epx_pt_load_buffer(const void *data, size_t len, const char *name,

@@ -57,12 +57,11 @@ EPXI_HIDDEN void *epxi_calloc(size_t n, size_t size, const char *what, epx_error
 /* Read a whole file into a NUL-terminated malloc'd buffer. */
 EPXI_HIDDEN epx_status epxi_read_file(const char *path, char **data, size_t *len, epx_error *err);
 
-/* Write a file through `body` into PATH.tmp, then rename it over PATH, so
- * readers never see a half-written file and a failed write loses nothing. */
-#include <stdio.h>
-typedef epx_status (*epxi_write_body_fn)(FILE *f, const void *ctx);
-EPXI_HIDDEN epx_status epxi_write_atomically(const char *path, epxi_write_body_fn body,
-                                             const void *ctx, epx_error *err);
+/* The one safe-output path (epx_file_write in epx.h): resolve symlinks,
+ * refuse non-regular targets, write DIR/.BASE.epx-tmp.PID, rename over the
+ * target. epx_file_write is this function. */
+EPXI_HIDDEN epx_status epxi_write_atomically(const char *path, epx_write_fn body, const void *ctx,
+                                             epx_error *err);
 
 /* Case-sensitive suffix test: epxi_has_suffix("a.json", ".json"). */
 EPXI_HIDDEN bool epxi_has_suffix(const char *s, const char *suffix);

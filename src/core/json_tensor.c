@@ -106,7 +106,9 @@ static epx_status leaf_number(const json_t *v, const int64_t *idx, int depth, si
                              "'%s'%s is %g: loads must be finite and non-negative", c->key, where,
                              x);
         }
-        c->f64[flat] = x;
+        /* -0.0 is a load of zero: store +0.0, so every writer (and a .pt
+         * in int64) gives back exactly what was read. */
+        c->f64[flat] = x == 0.0 ? 0.0 : x;
         return EPX_OK;
     }
     if (!json_is_integer(v)) {

@@ -7,6 +7,8 @@
  */
 #include "internal.h"
 
+#include <stdio.h>
+
 #include <string.h>
 
 epx_status epx_shape_check(const epx_shape *s, epx_error *err) {
@@ -43,15 +45,29 @@ epx_status epx_shape_check(const epx_shape *s, epx_error *err) {
                          "least one slot; use P >= %d or fewer GPUs",
                          P, G, G);
     if (P % G != 0) {
+        /* P often comes from a file (a placement): name the GPU counts that
+         * fit it first (divisors of P, multiples of N, nearest to G), then
+         * the P that fits G. */
+        int32_t below = 0, above = 0;
+        for (int32_t d = G - 1; d >= N && below == 0; d--)
+            if (P % d == 0 && d % N == 0) below = d;
+        for (int32_t d = G + 1; d <= P && d <= EPX_MAX_GPUS && above == 0; d++)
+            if (P % d == 0 && d % N == 0) above = d;
+        char gpus[96];
+        if (below && above)
+            snprintf(gpus, sizeof gpus, "%d or %d GPUs", below, above);
+        else
+            snprintf(gpus, sizeof gpus, "%d GPUs", below ? below : above ? above : 1);
         int32_t lo = (P / G) * G, hi = lo + G;
+        char slots[64];
         if (lo >= E)
-            return epxi_fail(err, EPX_ERR_SHAPE,
-                             "num_physical_experts (%d) is not a multiple of num_gpus (%d): "
-                             "use %d or %d",
-                             P, G, lo, hi);
+            snprintf(slots, sizeof slots, "%d or %d", lo, hi);
+        else
+            snprintf(slots, sizeof slots, "%d", hi);
         return epxi_fail(err, EPX_ERR_SHAPE,
-                         "num_physical_experts (%d) is not a multiple of num_gpus (%d): use %d", P,
-                         G, hi);
+                         "num_physical_experts (%d) is not a multiple of num_gpus (%d): with %d "
+                         "slots use %s (divisors of %d), or use %s slots for %d GPUs",
+                         P, G, P, gpus, P, slots, G);
     }
     /* The largest derived map is logical_to_all_physical, L * E * (P - E + 1). */
     size_t a, b;

@@ -6,6 +6,9 @@
 #include "internal.h"
 
 #include <errno.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -30,6 +33,9 @@ bool epxi_has_suffix(const char *s, const char *suffix) {
 }
 
 epx_status epxi_read_file(const char *path, char **data, size_t *len, epx_error *err) {
+    struct stat st;
+    if (stat(path, &st) == 0 && S_ISDIR(st.st_mode))
+        return epxi_fail(err, EPX_ERR_IO, "'%s' is a directory: give a file", path);
     FILE *f = fopen(path, "rb");
     if (f == NULL) return epxi_fail(err, EPX_ERR_IO, "cannot open '%s': %s", path, strerror(errno));
     size_t cap = 1 << 16, n = 0;
@@ -58,7 +64,7 @@ epx_status epxi_read_file(const char *path, char **data, size_t *len, epx_error 
     fclose(f);
     if (bad) {
         free(buf);
-        return epxi_fail(err, EPX_ERR_IO, "error reading '%s'", path);
+        return epxi_fail(err, EPX_ERR_IO, "error reading '%s': %s", path, strerror(errno));
     }
     buf[n] = '\0';
     *data = buf;
@@ -66,27 +72,164 @@ epx_status epxi_read_file(const char *path, char **data, size_t *len, epx_error 
     return EPX_OK;
 }
 
-/* Write to a temp file beside `path`, then rename, so readers never see a
- * half-written placement and a failed write loses nothing. */
-epx_status epxi_write_atomically(const char *path, epxi_write_body_fn body, const void *ctx,
-                                 epx_error *err) {
-    size_t n = strlen(path) + 16;
-    char *tmp = malloc(n);
-    if (tmp == NULL) return epxi_fail(err, EPX_ERR_NOMEM, "out of memory");
-    snprintf(tmp, n, "%s.tmp", path);
-    FILE *f = fopen(tmp, "w");
-    if (f == NULL) {
-        free(tmp);
-        return epxi_fail(err, EPX_ERR_IO, "cannot create '%s'", path);
+/* ---- safe outputs ----------------------------------------------------
+ * Every output goes through here (epx_file_write). What must stay true: the
+ * target itself is never opened (a FIFO would block, a device would be
+ * written), only a fresh temp file beside it, created with O_EXCL and
+ * O_NOFOLLOW; the rename happens only over a regular file or a new name; a
+ * symlink is resolved so the rename replaces its target, not the link. */
+
+static const char *file_kind(mode_t m) {
+    if (S_ISDIR(m)) return "a directory";
+    if (S_ISFIFO(m)) return "a FIFO";
+    if (S_ISCHR(m)) return "a character device";
+    if (S_ISBLK(m)) return "a block device";
+    if (S_ISSOCK(m)) return "a socket";
+    return "not a regular file";
+}
+
+epx_status epx_file_output_check(const char *path, char **target, epx_error *err) {
+    if (path == NULL || path[0] == '\0')
+        return epxi_fail(err, EPX_ERR_INVALID_ARG, "an output path is empty: give a file name");
+    char *cur = strdup(path);
+    if (cur == NULL) return epxi_fail(err, EPX_ERR_NOMEM, "out of memory");
+    for (int hops = 0;; hops++) {
+        struct stat st;
+        if (lstat(cur, &st) != 0) {
+            if (errno != ENOENT) {
+                epx_status r =
+                    epxi_fail(err, EPX_ERR_IO, "cannot use output '%s': %s", path, strerror(errno));
+                free(cur);
+                return r;
+            }
+            break; /* a new name: the folder is checked below */
+        }
+        if (S_ISLNK(st.st_mode)) {
+            if (hops >= 40) {
+                free(cur);
+                return epxi_fail(err, EPX_ERR_INVALID_ARG,
+                                 "output '%s': too many symlinks (a loop?): give a plain file",
+                                 path);
+            }
+            char link[4096];
+            ssize_t n = readlink(cur, link, sizeof link - 1);
+            if (n < 0 || (size_t)n >= sizeof link - 1) {
+                free(cur);
+                return epxi_fail(err, EPX_ERR_INVALID_ARG, "output '%s': cannot read its symlink",
+                                 path);
+            }
+            link[n] = '\0';
+            char *next;
+            const char *slash = strrchr(cur, '/');
+            if (link[0] == '/' || slash == NULL) {
+                next = strdup(link);
+            } else { /* relative to the link's folder */
+                size_t d = (size_t)(slash - cur) + 1, m = d + (size_t)n + 1;
+                next = malloc(m);
+                if (next != NULL) snprintf(next, m, "%.*s%s", (int)d, cur, link);
+            }
+            free(cur);
+            if (next == NULL) return epxi_fail(err, EPX_ERR_NOMEM, "out of memory");
+            cur = next;
+            continue;
+        }
+        if (!S_ISREG(st.st_mode)) {
+            epx_status r = epxi_fail(err, EPX_ERR_INVALID_ARG,
+                                     "output '%s' is %s; epx writes only regular files: give a "
+                                     "file path",
+                                     path, file_kind(st.st_mode));
+            free(cur);
+            return r;
+        }
+        break;
     }
-    epx_status st = body(f, ctx);
-    if (fclose(f) != 0 && st == EPX_OK) st = EPX_ERR_IO;
-    if (st == EPX_OK && rename(tmp, path) != 0) st = EPX_ERR_IO;
-    if (st != EPX_OK) {
-        remove(tmp);
-        free(tmp);
-        return epxi_fail(err, st, "cannot write '%s'", path);
+    /* The folder must exist and be a folder. */
+    const char *slash = strrchr(cur, '/');
+    char dir[4096];
+    if (slash == NULL)
+        snprintf(dir, sizeof dir, ".");
+    else
+        snprintf(dir, sizeof dir, "%.*s", slash == cur ? 1 : (int)(slash - cur), cur);
+    struct stat ds;
+    if (stat(dir, &ds) != 0 || !S_ISDIR(ds.st_mode)) {
+        epx_status r = epxi_fail(err, EPX_ERR_IO, "output '%s': folder '%s' %s: create it first",
+                                 path, dir, errno == ENOENT ? "does not exist" : "is not a folder");
+        free(cur);
+        return r;
     }
-    free(tmp);
+    if (target != NULL)
+        *target = cur;
+    else
+        free(cur);
     return EPX_OK;
+}
+
+/* DIR/.BASE.epx-tmp.PID for a resolved target. */
+static epx_status temp_name(const char *target, char *buf, size_t cap, epx_error *err) {
+    const char *slash = strrchr(target, '/');
+    const char *base = slash ? slash + 1 : target;
+    int dlen = slash ? (int)(slash - target) + 1 : 0;
+    int n = snprintf(buf, cap, "%.*s.%s.epx-tmp.%ld", dlen, target, base, (long)getpid());
+    if (n < 0 || (size_t)n >= cap)
+        return epxi_fail(err, EPX_ERR_OVERFLOW, "output '%s': path too long", target);
+    return EPX_OK;
+}
+
+epx_status epx_file_temp_path(const char *path, char *buf, size_t cap, epx_error *err) {
+    char *target = NULL;
+    EPX_TRY(epx_file_output_check(path, &target, err));
+    epx_status st = temp_name(target, buf, cap, err);
+    free(target);
+    return st;
+}
+
+epx_status epxi_write_atomically(const char *path, epx_write_fn body, const void *ctx,
+                                 epx_error *err) {
+    char *target = NULL;
+    EPX_TRY(epx_file_output_check(path, &target, err));
+    char tmp[4096 + 64];
+    epx_status st = temp_name(target, tmp, sizeof tmp, err);
+    if (st != EPX_OK) {
+        free(target);
+        return st;
+    }
+    /* Keep the mode of a file we replace; a new file gets 0666 & ~umask. */
+    struct stat ts;
+    const bool replacing = stat(target, &ts) == 0;
+    mode_t mode = replacing ? (ts.st_mode & 0777) : 0666;
+    (void)unlink(tmp); /* a leftover of a killed run with our pid */
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, mode);
+    if (fd < 0) {
+        st = epxi_fail(err, EPX_ERR_IO, "cannot create a temp file beside '%s': %s", path,
+                       strerror(errno));
+        free(target);
+        return st;
+    }
+    /* open() applied the umask; a replaced file keeps its own mode. */
+    if (replacing && fchmod(fd, mode) != 0) mode = 0; /* best effort */
+    FILE *f = fdopen(fd, "w");
+    if (f == NULL) {
+        st = epxi_fail(err, EPX_ERR_IO, "cannot write '%s': %s", path, strerror(errno));
+        close(fd);
+        unlink(tmp);
+        free(target);
+        return st;
+    }
+    st = body(f, ctx, err);
+    int werr = 0;
+    if (fflush(f) != 0 || ferror(f)) werr = errno ? errno : EIO;
+    if (fclose(f) != 0 && werr == 0) werr = errno ? errno : EIO;
+    if (st == EPX_OK && werr != 0)
+        st = epxi_fail(err, EPX_ERR_IO, "cannot write '%s': %s", path, strerror(werr));
+    if (st == EPX_OK && rename(tmp, target) != 0)
+        st = epxi_fail(err, EPX_ERR_IO, "cannot write '%s': rename failed: %s", path,
+                       strerror(errno));
+    if (st != EPX_OK) unlink(tmp);
+    free(target);
+    return st;
+}
+
+epx_status epx_file_write(const char *path, epx_write_fn body, const void *ctx, epx_error *err) {
+    if (body == NULL) return epxi_fail(err, EPX_ERR_INVALID_ARG, "epx_file_write: body is NULL");
+    return epxi_write_atomically(path, body, ctx, err);
 }

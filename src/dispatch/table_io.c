@@ -74,7 +74,8 @@ static epx_status write_le(FILE *f, const int32_t *t, int32_t L, int32_t E) {
     return ferror(f) ? EPX_ERR_IO : EPX_OK;
 }
 
-static epx_status write_table(FILE *f, const void *vctx) {
+static epx_status write_table(FILE *f, const void *vctx, epx_error *err) {
+    (void)err;
     const table_ctx *c = vctx;
     fprintf(f, "{\"%s\": ", TABLE_KEY);
     if (c->ranks == 0) {

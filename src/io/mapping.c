@@ -58,11 +58,20 @@ epx_status epx_mapping_parse_json(const char *text, size_t len, int32_t **map, i
     return st;
 }
 
+/* The reader follows the content (epx_pt_sniff); a name ending in .pt that
+ * is no file (a comma list of ranks, a missing file) goes to the .pt reader,
+ * which says what is wrong with it. */
+static bool path_exists(const char *path) {
+    struct stat st;
+    return stat(path, &st) == 0;
+}
+
 epx_status epx_mapping_read(const char *spec, int32_t **map, int32_t *L, int32_t *P,
                             epx_error *err) {
     if (spec == NULL || map == NULL || L == NULL || P == NULL)
         return epxi_fail(err, EPX_ERR_INVALID_ARG, "NULL argument");
-    if (epxi_has_suffix(spec, ".pt")) return epxi_pt_read_mapping(spec, map, L, P, err);
+    if (epx_pt_sniff(spec) || (epxi_has_suffix(spec, ".pt") && !path_exists(spec)))
+        return epxi_pt_read_mapping(spec, map, L, P, err);
     json_t *root = NULL;
     EPX_TRY(epxi_json_load_spec(spec, &root, err));
     epx_status st = mapping_from_object(root, map, L, P, err);
@@ -71,7 +80,8 @@ epx_status epx_mapping_read(const char *spec, int32_t **map, int32_t *L, int32_t
     return st;
 }
 
-static epx_status write_mapping_body(FILE *f, const void *ctx) {
+static epx_status write_mapping_body(FILE *f, const void *ctx, epx_error *err) {
+    (void)err;
     const epx_layout *lay = ctx;
     const epx_shape *s = epx_layout_shape(lay);
     const int32_t *m = epx_layout_physical_to_logical(lay);
@@ -132,7 +142,8 @@ static bool is_directory(const char *path) {
 epx_status epx_counts_read_progress(const char *spec, epx_progress_fn progress, void *user,
                                     epx_counts **out, epx_error *err) {
     if (spec == NULL || out == NULL) return epxi_fail(err, EPX_ERR_INVALID_ARG, "NULL argument");
-    if (epxi_has_suffix(spec, ".pt") || is_directory(spec))
+    if (epx_pt_sniff(spec) || is_directory(spec) ||
+        (epxi_has_suffix(spec, ".pt") && !path_exists(spec)))
         return epxi_pt_read_counts(spec, progress, user, out, err);
     json_t *root = NULL;
     EPX_TRY(epxi_json_load_spec(spec, &root, err));
@@ -151,7 +162,8 @@ static void write_load(FILE *f, double x) {
         fprintf(f, "%.17g", x);
 }
 
-static epx_status write_counts_body(FILE *f, const void *ctx) {
+static epx_status write_counts_body(FILE *f, const void *ctx, epx_error *err) {
+    (void)err;
     const epx_counts *c = ctx;
     fprintf(f, "{\"%s\": ", COUNT_KEY);
     if (c->num_windows > 1) fputs("[\n", f);

@@ -24,13 +24,19 @@ typedef enum epxi_pt_global {
     EPXI_PT_G_STORAGE = 2            /* torch.<X>Storage; dtype in the value     */
 } epxi_pt_global;
 
+/* A value is 48 bytes, carved from slabs of the file's arena: with the
+ * 8-byte slot a container keeps for it, a pickle of millions of small values
+ * costs at most 64 bytes per value (it was about 330). So the header is
+ * packed, dict sizes are 32-bit (a dict is capped below 2^30 entries) and a
+ * tensor's 288-byte descriptor lives in its own allocation, paid by tensors
+ * only. pt_value.c asserts the size. */
 struct epx_pt_value {
-    int kind;                  /* epx_pt_kind or EPXI_PT_* */
-    uint8_t sealed;            /* inside a container: may no longer be mutated */
-    uint8_t has_internal;      /* an EPXI_PT_* kind is reachable from here */
-    uint16_t depth;            /* 0 for a scalar, 1 + deepest child otherwise */
-    uint64_t nodes;            /* values reachable counting shared ones each time */
-    struct epx_pt_value *next; /* the arena chain of the owning file */
+    uint32_t nodes;           /* values reachable counting shared ones each time
+                                  (<= EPX_PT_MAX_NODES = 2^27) */
+    uint16_t depth;           /* 0 for a scalar, 1 + deepest child otherwise */
+    uint8_t kind;             /* epx_pt_kind or EPXI_PT_* */
+    uint8_t sealed : 1;       /* inside a container: may no longer be mutated */
+    uint8_t has_internal : 1; /* an EPXI_PT_* kind is reachable from here */
     union {
         int64_t i; /* INT, BOOL */
         double f;  /* FLOAT */
@@ -44,12 +50,12 @@ struct epx_pt_value {
         } seq;
         struct { /* DICT */
             struct epx_pt_value **keys, **vals;
-            size_t n, cap;
             uint32_t *index; /* open addressing over entries, slot = entry + 1 */
-            size_t index_cap;
+            uint32_t n, cap;
+            uint32_t index_cap;
         } dict;
-        struct { /* TENSOR: the descriptor is complete and checked */
-            epx_pt_tensor t;
+        struct {              /* TENSOR: the descriptor is complete and checked */
+            epx_pt_tensor *t; /* owned: allocated with the value */
         } tensor;
         struct { /* EPXI_PT_GLOBAL */
             epxi_pt_global which;
@@ -63,9 +69,16 @@ struct epx_pt_value {
     } u;
 };
 
+/* The arena: values are carved from slabs, newest slab first. */
+typedef struct epxi_pt_slab {
+    struct epxi_pt_slab *prev;
+    size_t used, cap;
+    struct epx_pt_value v[];
+} epxi_pt_slab;
+
 struct epx_pt_file {
-    struct epx_pt_value *values; /* arena: every value, newest first */
-    void **blobs;                /* owned buffers (storage bytes) */
+    epxi_pt_slab *slabs; /* arena: every value */
+    void **blobs;        /* owned buffers (storage bytes) */
     size_t num_blobs, cap_blobs;
     const struct epx_pt_value *root;
     char name[256];

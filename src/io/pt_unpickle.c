@@ -471,7 +471,7 @@ static epx_status rebuild_tensor(vm *m, const epx_pt_value *args) {
                          "tensor requires_grad must be a bool and backward_hooks a dict");
     epx_pt_value *v = epxi_pt_new(m->f, EPX_PT_TENSOR, m->err);
     if (v == NULL) return m->err ? m->err->status : EPX_ERR_NOMEM;
-    epx_pt_tensor *t = &v->u.tensor.t;
+    epx_pt_tensor *t = v->u.tensor.t;
     int32_t ns = 0, nst = 0;
     EPX_TRY(int_tuple(m, a[2], "size", t->shape, &ns));
     EPX_TRY(int_tuple(m, a[3], "stride", t->strides, &nst));

@@ -53,6 +53,7 @@ static void free_payload(epx_pt_value *v) {
     case EPX_PT_STRING: free(v->u.str.bytes); break;
     case EPX_PT_LIST:
     case EPX_PT_TUPLE: free(v->u.seq.items); break;
+    case EPX_PT_TENSOR: free(v->u.tensor.t); break;
     case EPX_PT_DICT:
         free(v->u.dict.keys);
         free(v->u.dict.vals);
@@ -64,12 +65,12 @@ static void free_payload(epx_pt_value *v) {
 
 void epx_pt_file_destroy(epx_pt_file *f) {
     if (f == NULL) return;
-    epx_pt_value *v = f->values;
-    while (v != NULL) {
-        epx_pt_value *next = v->next;
-        free_payload(v);
-        free(v);
-        v = next;
+    epxi_pt_slab *s = f->slabs;
+    while (s != NULL) {
+        epxi_pt_slab *prev = s->prev;
+        for (size_t i = 0; i < s->used; i++) free_payload(&s->v[i]);
+        free(s);
+        s = prev;
     }
     for (size_t i = 0; i < f->num_blobs; i++) free(f->blobs[i]);
     free(f->blobs);
@@ -79,14 +80,43 @@ void epx_pt_file_destroy(epx_pt_file *f) {
 const epx_pt_value *epx_pt_file_root(const epx_pt_file *f) { return f ? f->root : NULL; }
 const char *epx_pt_file_name(const epx_pt_file *f) { return f ? f->name : "<null>"; }
 
+_Static_assert(sizeof(struct epx_pt_value) <= 48, "a pickle value must stay within 48 bytes");
+
+/* Slabs double from 64 values up to 65536, so a small file allocates
+ * little and a big one pays one malloc per 65536 values. */
+static epx_pt_value *arena_take(epx_pt_file *f, epx_error *err) {
+    epxi_pt_slab *s = f->slabs;
+    if (s == NULL || s->used == s->cap) {
+        size_t cap = s == NULL ? 64 : s->cap < 65536 ? s->cap * 2 : 65536;
+        s = malloc(sizeof *s + cap * sizeof(epx_pt_value));
+        if (s == NULL) {
+            epxi_fail(err, EPX_ERR_NOMEM, "out of memory growing the pickle's values");
+            return NULL;
+        }
+        s->prev = f->slabs;
+        s->used = 0;
+        s->cap = cap;
+        f->slabs = s;
+    }
+    epx_pt_value *v = &s->v[s->used];
+    memset(v, 0, sizeof *v);
+    return v;
+}
+
 epx_pt_value *epxi_pt_new(epx_pt_file *f, int kind, epx_error *err) {
-    epx_pt_value *v = epxi_calloc(1, sizeof *v, "pickle value", err);
-    if (v == NULL) return NULL;
-    v->kind = kind;
+    epx_pt_tensor *t = NULL;
+    if (kind == EPX_PT_TENSOR && (t = epxi_calloc(1, sizeof *t, "tensor", err)) == NULL)
+        return NULL;
+    epx_pt_value *v = arena_take(f, err);
+    if (v == NULL) {
+        free(t);
+        return NULL;
+    }
+    f->slabs->used++; /* counted only once the value is whole */
+    v->kind = (uint8_t)kind;
+    if (t != NULL) v->u.tensor.t = t;
     v->has_internal = kind >= EPXI_PT_GLOBAL;
     v->nodes = 1;
-    v->next = f->values;
-    f->values = v;
     return v;
 }
 
@@ -260,7 +290,7 @@ static epx_status index_reserve(epx_pt_value *d, size_t n_after, epx_error *err)
     if (idx == NULL) return EPX_ERR_NOMEM;
     free(d->u.dict.index);
     d->u.dict.index = idx;
-    d->u.dict.index_cap = cap;
+    d->u.dict.index_cap = (uint32_t)cap;
     for (size_t i = 0; i < d->u.dict.n; i++) index_insert(d, i, key_hash(d->u.dict.keys[i]));
     return EPX_OK;
 }
@@ -284,13 +314,13 @@ epx_status epxi_pt_dict_set(epx_pt_value *d, epx_pt_value *key, epx_pt_value *va
     size_t kcap = d->u.dict.cap, vcap = d->u.dict.cap;
     EPX_TRY(grow_ptrs(&d->u.dict.keys, &kcap, n + 1, err));
     EPX_TRY(grow_ptrs(&d->u.dict.vals, &vcap, n + 1, err));
-    d->u.dict.cap = kcap < vcap ? kcap : vcap;
+    d->u.dict.cap = (uint32_t)(kcap < vcap ? kcap : vcap);
     EPX_TRY(index_reserve(d, n + 1, err));
     EPX_TRY(adopt(d, key, err));
     EPX_TRY(adopt(d, val, err));
     d->u.dict.keys[n] = key;
     d->u.dict.vals[n] = val;
-    d->u.dict.n = n + 1;
+    d->u.dict.n = (uint32_t)(n + 1);
     if (d->u.dict.index != NULL) index_insert(d, n, h);
     return EPX_OK;
 }
@@ -384,7 +414,7 @@ epx_status epx_pt_value_tensor(const epx_pt_value *v, epx_pt_tensor *out, epx_er
     if (v == NULL || v->kind != EPX_PT_TENSOR)
         return epxi_fail(err, EPX_ERR_PARSE, "expected a tensor, found a %s",
                          epx_pt_kind_str(epx_pt_value_kind(v)));
-    *out = v->u.tensor.t;
+    *out = *v->u.tensor.t;
     return EPX_OK;
 }
 

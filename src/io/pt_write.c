@@ -15,8 +15,8 @@
  *
  * The pickle uses the same opcodes torch.save emits for a dict of one
  * tensor, minus the memo (which the reader never needs for a tree without
- * shared objects). libzip writes to a temporary file and renames it over
- * the target on close, so a failed write leaves the old file in place.
+ * shared objects). The archive is built in memory and written through
+ * core's safe-output path, so a failed write leaves the old file in place.
  */
 #include <math.h>
 #include <string.h>
@@ -175,23 +175,59 @@ static epx_status zip_fail(epx_error *err, zip_t *za, const char *what, const ch
                      za ? zip_strerror(za) : "zip error");
 }
 
+/* The finished archive's bytes, handed to the safe-output body. */
+typedef struct zip_bytes {
+    zip_source_t *src;
+    zip_uint64_t size;
+    const char *path;
+} zip_bytes;
+
+static epx_status copy_zip(FILE *f, const void *vctx, epx_error *err) {
+    const zip_bytes *z = vctx;
+    if (zip_source_open(z->src) != 0)
+        return epxi_fail(err, EPX_ERR_IO, "cannot write '%.256s': cannot reopen the archive",
+                         z->path);
+    char buf[1 << 15];
+    zip_uint64_t left = z->size;
+    epx_status st = EPX_OK;
+    while (left > 0) {
+        zip_int64_t n = zip_source_read(z->src, buf, left < sizeof buf ? left : sizeof buf);
+        if (n <= 0) {
+            st = epxi_fail(err, EPX_ERR_IO, "cannot write '%.256s': archive read failed", z->path);
+            break;
+        }
+        if (fwrite(buf, 1, (size_t)n, f) != (size_t)n) break; /* the caller reports errno */
+        left -= (zip_uint64_t)n;
+    }
+    zip_source_close(z->src);
+    return st;
+}
+
+/* The archive is built in memory, then written through core's safe-output
+ * path (temp file beside the target, rename), like every other output: a
+ * symlink is written through and a FIFO or device is refused. */
 static epx_status write_zip(const char *path, const entry *ents, size_t n, epx_error *err) {
-    int zerr = 0;
-    zip_t *za = zip_open(path, ZIP_CREATE | ZIP_TRUNCATE, &zerr);
+    EPX_TRY(epx_file_output_check(path, NULL, err));
+    zip_error_t ze;
+    zip_error_init(&ze);
+    zip_source_t *mem = zip_source_buffer_create(NULL, 0, 0, &ze);
+    zip_t *za = mem ? zip_open_from_source(mem, ZIP_TRUNCATE, &ze) : NULL;
     if (za == NULL) {
-        zip_error_t ze;
-        zip_error_init_with_code(&ze, zerr);
         epx_status st =
             epxi_fail(err, EPX_ERR_IO, "cannot create '%.256s': %s", path, zip_error_strerror(&ze));
         zip_error_fini(&ze);
+        if (mem) zip_source_free(mem);
         return st;
     }
+    zip_error_fini(&ze);
+    zip_source_keep(mem); /* survive zip_close: it holds the bytes */
     static const uint8_t PAD[ALIGN] = {0};
     uint64_t offset = 0; /* where the next local header starts */
     for (size_t i = 0; i < n; i++) {
         zip_source_t *src = zip_source_buffer(za, ents[i].data, ents[i].len, 0);
         if (src == NULL) {
             zip_discard(za);
+            zip_source_free(mem);
             return zip_fail(err, NULL, "out of memory", path);
         }
         zip_int64_t idx = zip_file_add(za, ents[i].name, src, ZIP_FL_ENC_UTF_8);
@@ -199,6 +235,7 @@ static epx_status write_zip(const char *path, const entry *ents, size_t n, epx_e
             zip_source_free(src);
             epx_status st = zip_fail(err, za, "adding an entry", path);
             zip_discard(za);
+            zip_source_free(mem);
             return st;
         }
         size_t name_len = strlen(ents[i].name);
@@ -210,6 +247,7 @@ static epx_status write_zip(const char *path, const entry *ents, size_t n, epx_e
                                      pad, ZIP_FL_LOCAL) != 0) {
             epx_status st = zip_fail(err, za, "setting entry attributes", path);
             zip_discard(za);
+            zip_source_free(mem);
             return st;
         }
         offset = data_at + pad + ents[i].len;
@@ -217,9 +255,19 @@ static epx_status write_zip(const char *path, const entry *ents, size_t n, epx_e
     if (zip_close(za) != 0) {
         epx_status st = zip_fail(err, za, "closing", path);
         zip_discard(za);
+        zip_source_free(mem);
         return st;
     }
-    return EPX_OK;
+    zip_stat_t zs;
+    zip_stat_init(&zs);
+    if (zip_source_stat(mem, &zs) != 0 || !(zs.valid & ZIP_STAT_SIZE)) {
+        zip_source_free(mem);
+        return epxi_fail(err, EPX_ERR_IO, "cannot write '%.256s': archive size unknown", path);
+    }
+    zip_bytes zb = {mem, zs.size, path};
+    epx_status st = epxi_write_atomically(path, copy_zip, &zb, err);
+    zip_source_free(mem);
+    return st;
 }
 
 static uint64_t fnv1a(uint64_t h, const void *p, size_t n) {

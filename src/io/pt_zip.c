@@ -286,6 +286,18 @@ epx_status epx_pt_load_buffer(const void *data, size_t len, const char *name, ep
     return st;
 }
 
+int epx_pt_sniff(const char *path) {
+    struct stat sb;
+    if (path == NULL || stat(path, &sb) != 0 || !S_ISREG(sb.st_mode)) return 0;
+    FILE *fp = fopen(path, "rb");
+    if (fp == NULL) return 0;
+    uint8_t m[4] = {0};
+    size_t n = fread(m, 1, sizeof m, fp);
+    fclose(fp);
+    return n == 4 && m[0] == 'P' && m[1] == 'K' &&
+           ((m[2] == 3 && m[3] == 4) || (m[2] == 5 && m[3] == 6));
+}
+
 epx_status epx_pt_load(const char *path, epx_pt_file **out, epx_error *err) {
     if (path == NULL || out == NULL) return epxi_fail(err, EPX_ERR_INVALID_ARG, "NULL argument");
     struct stat sb;

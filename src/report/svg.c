@@ -81,7 +81,8 @@ static double shared_rmax(const report_ctx *c) {
     return rmax;
 }
 
-static epx_status write_body(FILE *f, const void *vctx) {
+static epx_status write_body(FILE *f, const void *vctx, epx_error *err) {
+    (void)err;
     const report_ctx *c = vctx;
     const double rmax = shared_rmax(c);
     /* Geometry: panels of fixed width; cell height shrinks with many layers. */

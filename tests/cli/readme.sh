@@ -9,8 +9,9 @@ readme="$EPX_SOURCE/README.md"
 grep -qx 'make demo     # the main job, on an embedded default (no input files needed)' "$readme" || fail "README lost 'make demo'"
 grep -q '^make test ' "$readme" || fail "README lost 'make test'"
 
-mkdir -p "$TMP/bin" "$TMP/work"
+mkdir -p "$TMP/bin" "$TMP/work/build"
 ln -s "$EPX" "$TMP/bin/epx"
+ln -s "$EPX" "$TMP/work/build/epx" # the README says ./build/epx, from the repository root
 python3 - "$readme" >"$TMP/commands.sh" <<'PY'
 import sys
 lines, inside = [], False

@@ -7,6 +7,7 @@
 #include "cli.h"
 
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -82,15 +83,25 @@ const char *cli_get(const cli_cmd *cmd, const char *name) {
 
 bool cli_flag(const cli_cmd *cmd, const char *name) { return cli_get(cmd, name) != NULL; }
 
+/* Every numeric option is read here, so every one says the same three
+ * things when it refuses a value: the value, the rule, the fix. */
 bool cli_int(const cli_cmd *cmd, const char *name, int64_t lo, int64_t hi, int32_t *out) {
     const char *v = cli_get(cmd, name);
     if (v == NULL) return true;
     char *end = NULL;
     errno = 0;
     long long x = strtoll(v, &end, 10);
-    if (errno != 0 || end == v || *end != '\0' || x < lo || x > hi) {
-        fprintf(stderr, "epx %s: %s '%s' is not an integer in [%lld, %lld]\n", cmd->name, name, v,
-                (long long)lo, (long long)hi);
+    if (end == v || *end != '\0') {
+        fprintf(stderr, "epx %s: %s '%s' is not a whole number: give one from %lld to %lld\n",
+                cmd->name, name, v, (long long)lo, (long long)hi);
+        return false;
+    }
+    if (errno == ERANGE || x < lo || x > hi) {
+        const bool low = errno == ERANGE ? v[0] == '-' : x < lo;
+        fprintf(stderr, "epx %s: %s %s is %s the %s %lld: use %s %lld\n", cmd->name, name, v,
+                low ? "below" : "above", low ? "minimum" : "limit",
+                low ? (long long)lo : (long long)hi, low ? "at least" : "at most",
+                low ? (long long)lo : (long long)hi);
         return false;
     }
     *out = (int32_t)x;
@@ -103,13 +114,56 @@ bool cli_double(const cli_cmd *cmd, const char *name, double lo, double hi, doub
     char *end = NULL;
     errno = 0;
     double x = strtod(v, &end);
-    if (errno != 0 || end == v || *end != '\0' || !(x >= lo && x <= hi)) {
-        fprintf(stderr, "epx %s: %s '%s' is not a number in [%g, %g]\n", cmd->name, name, v, lo,
-                hi);
+    if (end == v || *end != '\0') {
+        fprintf(stderr, "epx %s: %s '%s' is not a number: give one from %g to %g\n", cmd->name,
+                name, v, lo, hi);
+        return false;
+    }
+    if (isnan(x) || isinf(x) || (errno == ERANGE && fabs(x) > 1.0)) {
+        fprintf(stderr, "epx %s: %s '%s' is not a finite number: give one from %g to %g\n",
+                cmd->name, name, v, lo, hi);
+        return false;
+    }
+    if (!(x >= lo && x <= hi)) {
+        const bool low = x < lo;
+        fprintf(stderr, "epx %s: %s %s is %s the %s %g: use %s %g\n", cmd->name, name, v,
+                low ? "below" : "above", low ? "minimum" : "limit", low ? lo : hi,
+                low ? "at least" : "at most", low ? lo : hi);
         return false;
     }
     *out = x;
     return true;
+}
+
+bool cli_check_slots(const cli_cmd *cmd, const char *what, int32_t E, int32_t P, int32_t G) {
+    const int64_t limit = (int64_t)CLI_MAX_SLOTS_PER_EXPERT * ((int64_t)E + G);
+    if (P <= limit) return true;
+    fprintf(stderr,
+            "epx %s: %s gives %d slots per layer, above the limit %lld (%d x (%d experts + %d "
+            "GPUs)): use at most %lld redundant slots\n",
+            cmd->name, what, P, (long long)limit, CLI_MAX_SLOTS_PER_EXPERT, E, G,
+            (long long)(limit - E));
+    return false;
+}
+
+bool cli_check_bytes(const cli_cmd *cmd, double bytes, const char *what, const char *fix) {
+    long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    const double ram = pages > 0 && page > 0 ? (double)pages * (double)page : 8.0 * (1 << 30);
+    if (bytes <= ram / 2) return true;
+    fprintf(stderr,
+            "epx %s: %s needs about %.1f GB, above the limit of %.1f GB (half of this machine's "
+            "memory): %s\n",
+            cmd->name, what, bytes / 1e9, ram / 2e9, fix);
+    return false;
+}
+
+bool cli_check_memory(const cli_cmd *cmd, const epx_shape *s, int copies) {
+    const double L = s->num_layers, E = s->num_logical_experts, P = s->num_physical_experts;
+    const double bytes = copies * 4.0 * (L * P + L * E * (P - E + 1) + L * E);
+    char what[160];
+    snprintf(what, sizeof what, "%d layers x %d experts on %d slots and %d GPUs", s->num_layers,
+             s->num_logical_experts, s->num_physical_experts, s->num_gpus);
+    return cli_check_bytes(cmd, bytes, what, "use fewer GPUs or redundant slots");
 }
 
 const char *cli_require(const cli_cmd *cmd, const char *name) {

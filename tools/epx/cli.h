@@ -61,8 +61,51 @@ int cli_report(const cli_cmd *cmd, const epx_error *err);
  * prints nothing. `user` is the cli_cmd running. */
 void cli_progress(void *user, const char *what, int64_t done, int64_t total);
 
+/* Size limits, checked before any work (README "Limits"). Slots per layer:
+ * P <= CLI_MAX_SLOTS_PER_EXPERT * (E + G): about three redundant replicas
+ * per expert on average, or up to four slots per GPU for models with few
+ * experts, and always room to round P up to a multiple of G.
+ * Memory: the shape's layout maps (L x E x (P - E + 1) replica lists, the
+ * largest) times `copies` (layouts and workspaces the command holds at
+ * once) must fit in half of this machine's memory. Both print the value,
+ * the limit and the fix, and return false. `what` names the option that
+ * set P ("--redundant 12800"). */
+#define CLI_MAX_SLOTS_PER_EXPERT 4
+bool cli_check_slots(const cli_cmd *cmd, const char *what, int32_t E, int32_t P, int32_t G);
+bool cli_check_memory(const cli_cmd *cmd, const epx_shape *s, int copies);
+/* The same budget for any estimate: `what` says what needs `bytes`, `fix`
+ * what to lower ("fewer --windows"). */
+bool cli_check_bytes(const cli_cmd *cmd, double bytes, const char *what, const char *fix);
+
 /* Parse "a,b,c" into ints (caller frees *out). False on junk. */
 bool cli_int_list(const char *s, int64_t lo, int64_t hi, int32_t **out, int32_t *n);
+
+/* Outputs (out.c). An output: a path to replace (written with
+ * epx_file_write) or, with append, a file opened for appending. */
+typedef struct cli_out {
+    const char *path; /* NULL or "-" (stdout): skipped */
+    bool append;
+} cli_out;
+
+/* Check every output before anything is written: each must resolve to a
+ * regular file or a new name in a writable folder, and be none of the
+ * inputs (same device and inode, whatever the spelling) nor another output.
+ * Registers the temp names for the signal handler. Returns -1 when all can
+ * be written, else CLI_EXIT_USAGE after printing why. NULL inputs are
+ * skipped, and so are inputs that do not exist (the reader reports them). */
+int cli_outputs_check(const cli_cmd *cmd, const char *const *in, int nin, const cli_out *out,
+                      int nout);
+
+/* True when an output path ends in ".pt": the writer follows the extension
+ * (a PyTorch zip), anything else is JSON. */
+bool cli_is_pt(const char *path);
+
+/* Remember a temp file (or folder) that SIGINT/TERM/HUP must remove. */
+void cli_temp_register(const char *path, bool is_dir);
+
+/* Report a failed write after cli_outputs_check passed: an I/O error is a
+ * runtime failure (exit 1, with the system's reason), others as cli_report. */
+int cli_write_failed(const cli_cmd *cmd, const epx_error *err);
 
 /* Every subcommand. */
 int cmd_demo(int argc, char **argv);

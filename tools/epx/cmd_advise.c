@@ -145,6 +145,74 @@ static int fit_lines(json_t *lines, const char *mode, const char *phase, bool gr
     return n;
 }
 
+/* Most a measured figure may say: a time of 1000 s per layer, 100 TB/s, a
+ * petabyte per rank. Anything beyond is a broken file, not a measurement. */
+#define MAX_FIGURE_US 1e9
+#define MAX_FIGURE_GBPS 1e5
+#define MAX_FIGURE_BYTES 1e15
+
+/* One figure of --measured: absent or null is fine (the record does not
+ * have it); present, it must be a finite number in [0, max]. Returns false
+ * after saying which record, which key, the value, the rule and the fix. */
+static bool check_figure(const char *path, size_t rec, json_t *row, const char *key, double max,
+                         const char *unit) {
+    json_t *v = json_object_get(row, key);
+    if (v == NULL || json_is_null(v)) return true;
+    double x = json_is_number(v) ? json_number_value(v) : NAN;
+    if (json_is_number(v) && isfinite(x) && x >= 0 && x <= max) return true;
+    char shown[64];
+    if (json_is_number(v))
+        snprintf(shown, sizeof shown, "%g", x);
+    else
+        snprintf(shown, sizeof shown, "not a number (a JSON %s)",
+                 json_is_string(v)    ? "string"
+                 : json_is_boolean(v) ? "boolean"
+                                      : "object or array");
+    fprintf(stderr,
+            "epx advise: --measured '%s', record %zu: %s is %s; it must be a finite number "
+            "from 0 to %g %s: re-measure with 'epx bench comm ... --json FILE'\n",
+            path, rec + 1, key, shown, max, unit);
+    return false;
+}
+
+/* Every figure advise fits, in every record, before any fit. */
+static bool check_lines(const char *path, json_t *lines) {
+    size_t i;
+    json_t *r;
+    json_array_foreach(lines, i, r) {
+        if (!check_figure(path, i, r, "median_us", MAX_FIGURE_US, "us") ||
+            !check_figure(path, i, r, "gbps", MAX_FIGURE_GBPS, "GB/s"))
+            return false;
+        json_t *rk = json_object_get(r, "ranks");
+        if (rk != NULL && (!json_is_integer(rk) || json_integer_value(rk) < 1 ||
+                           json_integer_value(rk) > EPX_MAX_GPUS)) {
+            fprintf(stderr,
+                    "epx advise: --measured '%s', record %zu: ranks must be an integer from 1 "
+                    "to %d: re-measure with 'epx bench comm ... --json FILE'\n",
+                    path, i + 1, EPX_MAX_GPUS);
+            return false;
+        }
+    }
+    return true;
+}
+
+static bool check_rows(const char *path, json_t *rows) {
+    static const char *const ops[] = {"dispatch", "combine", "allreduce"};
+    size_t i;
+    json_t *r;
+    json_array_foreach(rows, i, r) {
+        for (int op = 0; op < 3; op++) {
+            char kt[64], kb[64];
+            snprintf(kt, sizeof kt, "%s_us", ops[op]);
+            snprintf(kb, sizeof kb, "%s_bytes", ops[op]);
+            if (!check_figure(path, i, r, kt, MAX_FIGURE_US, "us") ||
+                !check_figure(path, i, r, kb, MAX_FIGURE_BYTES, "bytes"))
+                return false;
+        }
+    }
+    return true;
+}
+
 /* The JSON lines of a file, as an array, or NULL when it is not one. */
 static json_t *load_lines(const char *path) {
     FILE *fp = fopen(path, "r");
@@ -252,6 +320,10 @@ int cmd_advise(int argc, char **argv) {
     fit ld = {L->a2a_us, 1e-3 / L->a2a_gbps, 0}, lc = ld;
     char llnotes[2][256] = {"", ""};
     json_t *lines = cli_get(&cmd, "--measured") ? load_lines(cli_get(&cmd, "--measured")) : NULL;
+    if (lines != NULL && !check_lines(cli_get(&cmd, "--measured"), lines)) {
+        json_decref(lines);
+        return CLI_EXIT_USAGE;
+    }
     if (lines != NULL) {
         const char *path = cli_get(&cmd, "--measured");
         json_t *r0 = json_array_get(lines, 0);
@@ -295,6 +367,10 @@ int cmd_advise(int argc, char **argv) {
                     "--json FILE' nor an epx-bench-comm-1 summary (%s): write one with "
                     "'epx bench comm ... --json FILE'\n",
                     path, root ? "no format/rows" : je.text);
+            json_decref(root);
+            return CLI_EXIT_USAGE;
+        }
+        if (!check_rows(path, rows)) {
             json_decref(root);
             return CLI_EXIT_USAGE;
         }
@@ -360,11 +436,24 @@ int cmd_advise(int argc, char **argv) {
             snprintf(answer, sizeof answer,
                      "EP wins at every batch size (less latency and fewer bytes)");
             cross = 0;
+        } else if (ep_first && hi <= G) {
+            /* EP needs a token per GPU (attention runs data-parallel): a
+             * lead below G tokens is no lead at all. */
+            snprintf(answer, sizeof answer,
+                     "EP never wins at one token per GPU or more: its lead ends at %.0f tokens "
+                     "per step, fewer than one per GPU on %d GPUs; from there TP moves fewer "
+                     "bytes",
+                     hi, G);
         } else if (ep_first) {
             snprintf(answer, sizeof answer,
                      "EP wins only below %.0f tokens per step (%s mode); above it "
                      "TP moves fewer bytes",
                      hi, cmode);
+        } else if (hi > 0 && hi <= G) {
+            snprintf(answer, sizeof answer,
+                     "EP wins at every batch that gives each of the %d GPUs a token, in %s mode: "
+                     "the crossover (%.0f tokens per step) is below one token per GPU",
+                     G, cmode, hi);
         } else if (hi > 0) {
             snprintf(answer, sizeof answer,
                      "EP starts to win at %.0f tokens per step (%.0f per GPU), in %s mode (%.1f us "

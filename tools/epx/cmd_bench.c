@@ -34,6 +34,7 @@
 #define BENCH_NCCL 0
 #endif
 
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -473,10 +474,24 @@ static int write_jsonl(FILE *f, const bench_args *a, int32_t R, const bench_row 
 static FILE *open_jsonl(const bench_args *a) {
     if (a->jsonl == NULL) return NULL;
     if (strcmp(a->jsonl, "-") == 0) return stdout;
-    FILE *f = fopen(a->jsonl, "a");
+    FILE *f = fopen(a->jsonl, "a"); /* checked to be a regular file or a new name */
     if (f == NULL)
-        fprintf(stderr, "epx bench comm: cannot open --json '%s' for appending\n", a->jsonl);
+        fprintf(stderr, "epx bench comm: cannot open --json '%s' for appending: %s\n", a->jsonl,
+                strerror(errno));
     return f;
+}
+
+/* -o goes through the library's safe-output path (temp file, rename). */
+typedef struct summary_ctx {
+    const bench_args *a;
+    int nranks;
+    const bench_row *rows;
+} summary_ctx;
+
+static epx_status summary_body(FILE *f, const void *vctx, epx_error *err) {
+    const summary_ctx *c = vctx;
+    (void)err;
+    return write_json(f, c->a, c->nranks, c->rows) == 0 ? EPX_OK : EPX_ERR_IO;
 }
 
 /* ---- the command ------------------------------------------------------------ */
@@ -550,6 +565,13 @@ static int parse_args(cli_cmd *cmd, bench_args *a) {
         return CLI_EXIT_USAGE;
     }
     a->jsonl = cli_get(cmd, "--json");
+    {
+        /* Both outputs are checked before the run: -o is replaced, --json
+         * appended to; neither may be a FIFO, a device or the other. */
+        const cli_out outs[] = {{cli_get(cmd, "-o"), false}, {a->jsonl, true}};
+        int rc = cli_outputs_check(cmd, NULL, 0, outs, 2);
+        if (rc >= 0) return rc;
+    }
     const char *cm = cli_get(cmd, "--combine");
     a->combine = EPX_EP_COMBINE_TOPK;
     if (cm != NULL) {
@@ -592,12 +614,13 @@ static int run_and_report(cli_cmd *cmd, epx_comm *comm, const dev_ops *d, bench_
         if (jl != stdout) {
             print_table(stdout, a, epx_comm_size(comm), rows);
             if (out != NULL) {
-                FILE *f = fopen(out, "w");
-                if (f == NULL || write_json(f, a, epx_comm_size(comm), rows) != 0) {
-                    fprintf(stderr, "epx bench comm: cannot write '%s'\n", out);
+                summary_ctx sc = {a, epx_comm_size(comm), rows};
+                epx_error werr = {0};
+                if (epx_file_write(out, summary_body, &sc, &werr) != EPX_OK) {
+                    fprintf(stderr, "epx bench comm: cannot write '%s': %s\n", out,
+                            werr.msg[0] ? werr.msg : epx_status_str(werr.status));
                     rc = CLI_EXIT_FAIL;
                 }
-                if (f) fclose(f);
                 if (rc == CLI_EXIT_OK) printf("\nwrote %s (epx advise --measured reads it)\n", out);
             }
         }

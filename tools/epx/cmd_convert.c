@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "cli.h"
 
@@ -176,32 +177,19 @@ static epx_status json_value(FILE *f, const epx_pt_value *v, epx_error *err) {
     return EPX_OK;
 }
 
+static epx_status tree_body(FILE *f, const void *ctx, epx_error *err) {
+    epx_status st = json_value(f, epx_pt_file_root(ctx), err);
+    fputc('\n', f);
+    return st;
+}
+
 static int write_tree(const cli_cmd *cmd, const char *in, const char *out) {
     epx_error err = {0};
     epx_pt_file *pf = NULL;
     if (epx_pt_load(in, &pf, &err) != EPX_OK) return cli_report(cmd, &err);
-    size_t n = strlen(out) + 8;
-    char *tmp = malloc(n);
-    FILE *f = tmp ? (snprintf(tmp, n, "%s.tmp", out), fopen(tmp, "w")) : NULL;
-    if (f == NULL) {
-        fprintf(stderr, "epx convert: cannot create '%s'\n", out);
-        free(tmp);
-        epx_pt_file_destroy(pf);
-        return CLI_EXIT_FAIL;
-    }
-    epx_status st = json_value(f, epx_pt_file_root(pf), &err);
-    fputc('\n', f);
-    int bad = ferror(f);
-    if (fclose(f) != 0) bad = 1;
+    epx_status st = epx_file_write(out, tree_body, pf, &err);
     epx_pt_file_destroy(pf);
-    if (st != EPX_OK || bad || rename(tmp, out) != 0) {
-        remove(tmp);
-        free(tmp);
-        if (st != EPX_OK) return cli_report(cmd, &err);
-        fprintf(stderr, "epx convert: cannot write '%s'\n", out);
-        return CLI_EXIT_FAIL;
-    }
-    free(tmp);
+    if (st != EPX_OK) return cli_write_failed(cmd, &err);
     printf("wrote %s: the object tree of %s\n", out, in);
     return CLI_EXIT_OK;
 }
@@ -230,7 +218,7 @@ static int write_mapping(const cli_cmd *cmd, int32_t *map, int32_t L, int32_t P,
     st = has_suffix(out, ".pt") ? epx_layout_write_pt(lay, out, &err)
                                 : epx_layout_write_json(lay, out, &err);
     epx_layout_destroy(lay);
-    if (st != EPX_OK) return cli_report(cmd, &err);
+    if (st != EPX_OK) return cli_write_failed(cmd, &err);
     printf("wrote %s: physical_to_logical_map [%d][%d] (%d logical experts)\n", out, L, P, E);
     return CLI_EXIT_OK;
 }
@@ -243,7 +231,7 @@ static int write_counts(const cli_cmd *cmd, epx_counts *c, const char *out, epx_
         printf("wrote %s: logical_count [%d][%d][%d]\n", out, c->num_windows, c->num_layers,
                c->num_experts);
     epx_counts_destroy(c);
-    return st == EPX_OK ? CLI_EXIT_OK : cli_report(cmd, &err);
+    return st == EPX_OK ? CLI_EXIT_OK : cli_write_failed(cmd, &err);
 }
 
 static int parse_dtype(const char *s, epx_pt_dtype *dt) {
@@ -296,6 +284,10 @@ int cmd_convert(int argc, char **argv) {
                 out);
         return CLI_EXIT_USAGE;
     }
+    {
+        const cli_out outs[] = {{out, false}};
+        if ((rc = cli_outputs_check(&cmd, &in, 1, outs, 1)) >= 0) return rc;
+    }
     epx_pt_dtype dt = EPX_PT_DTYPE_AUTO;
     const char *dts = cli_get(&cmd, "--dtype");
     if (dts != NULL && (!parse_dtype(dts, &dt) || !has_suffix(out, ".pt"))) {
@@ -303,9 +295,12 @@ int cmd_convert(int argc, char **argv) {
                         "only for a .pt OUT\n");
         return CLI_EXIT_USAGE;
     }
-    const int in_pt = has_suffix(in, ".pt") || strchr(in, ',') != NULL || is_dir(in);
+    /* The reader follows the content: a zip is .pt whatever its name. */
+    const int in_file_pt = epx_pt_sniff(in);
+    const int in_pt = in_file_pt || strchr(in, ',') != NULL || is_dir(in) ||
+                      (has_suffix(in, ".pt") && access(in, F_OK) != 0);
     if (cli_flag(&cmd, "--tree")) {
-        if (!has_suffix(in, ".pt") || !has_suffix(out, ".json") || dts != NULL) {
+        if (!in_file_pt || !has_suffix(out, ".json") || dts != NULL) {
             fprintf(stderr, "epx convert: --tree reads one .pt file and writes .json\n");
             return CLI_EXIT_USAGE;
         }
@@ -317,7 +312,7 @@ int cmd_convert(int argc, char **argv) {
     epx_counts *c = NULL;
     if (in_pt) {
         /* One .pt file: its keys say which it is. Several: per-rank dumps. */
-        if (has_suffix(in, ".pt") && strchr(in, ',') == NULL && !is_dir(in)) {
+        if (in_file_pt) {
             epx_pt_file *pf = NULL;
             if (epx_pt_load(in, &pf, &err) != EPX_OK) return cli_report(&cmd, &err);
             const epx_pt_value *root = epx_pt_file_root(pf);

@@ -13,7 +13,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dirent.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "cli.h"
 
@@ -61,10 +63,20 @@ static void json_balance(FILE *f, const char *key, const epx_balance *b) {
             key, b->balancedness, b->balancedness_sglang, b->bound, b->gap, b->worst_layer);
 }
 
-static int write_report_json(const char *path, const epx_model *m, const epx_shape *s,
-                             const epx_trace_opts *to, const demo_result *r) {
-    FILE *f = fopen(path, "w");
-    if (f == NULL) return -1;
+typedef struct report_ctx {
+    const epx_model *m;
+    const epx_shape *s;
+    const epx_trace_opts *to;
+    const demo_result *r;
+} report_ctx;
+
+static epx_status report_body(FILE *f, const void *vctx, epx_error *err) {
+    const report_ctx *c = vctx;
+    const epx_model *m = c->m;
+    const epx_shape *s = c->s;
+    const epx_trace_opts *to = c->to;
+    const demo_result *r = c->r;
+    (void)err;
     fprintf(f,
             "{\n  \"model\": \"%s\",\n  \"shape\": {\"layers\": %d, \"logical_experts\": %d, "
             "\"physical_slots\": %d, \"gpus\": %d, \"nodes\": %d, \"groups\": %d},\n",
@@ -87,7 +99,74 @@ static int write_report_json(const char *path, const epx_model *m, const epx_sha
         fprintf(f, "]}%s\n", i + 1 < NUM_LAYOUTS ? "," : "");
     }
     fputs("  ]\n}\n", f);
-    return fclose(f) == 0 ? 0 : -1;
+    return EPX_OK;
+}
+
+/* ---- the output folder ----------------------------------------------------
+ * The demo writes its files into DIR/../.NAME.epx-tmp.PID and renames that
+ * folder to NAME when every file is there, so an interrupted or failed demo
+ * never leaves a half-written folder. An existing NAME is replaced only when
+ * it is a folder holding nothing but the demo's own files. */
+static const char *const DEMO_FILES[] = {"placement.json", "placement_deepseek.json", "trace.json",
+                                         "report.json", "report.svg"};
+enum { NUM_DEMO_FILES = sizeof DEMO_FILES / sizeof DEMO_FILES[0] };
+
+static void remove_demo_folder(const char *dir) {
+    char p[4400];
+    for (int i = 0; i < NUM_DEMO_FILES; i++) {
+        snprintf(p, sizeof p, "%s/%s", dir, DEMO_FILES[i]);
+        (void)unlink(p);
+    }
+    (void)rmdir(dir);
+}
+
+/* -1 when `dir` may be (re)placed, else an exit code after saying why. */
+static int check_out_dir(const char *dir) {
+    struct stat st;
+    if (lstat(dir, &st) != 0) return -1;
+    if (!S_ISDIR(st.st_mode)) {
+        fprintf(stderr, "epx demo: --out '%s' exists and is not a folder: give a new name\n", dir);
+        return CLI_EXIT_USAGE;
+    }
+    DIR *d = opendir(dir);
+    if (d == NULL) {
+        fprintf(stderr, "epx demo: cannot read folder '%s': %s\n", dir, strerror(errno));
+        return CLI_EXIT_USAGE;
+    }
+    int rc = -1;
+    for (struct dirent *e; rc < 0 && (e = readdir(d)) != NULL;) {
+        if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0) continue;
+        bool ours = false;
+        for (int i = 0; i < NUM_DEMO_FILES; i++)
+            ours = ours || strcmp(e->d_name, DEMO_FILES[i]) == 0;
+        if (!ours) {
+            fprintf(stderr,
+                    "epx demo: --out '%s' holds '%s', which the demo did not write; give a new "
+                    "folder name\n",
+                    dir, e->d_name);
+            rc = CLI_EXIT_USAGE;
+        }
+    }
+    closedir(d);
+    return rc;
+}
+
+/* Move the finished temp folder to `dir`, replacing an old demo folder. */
+static int publish_dir(const char *tmp, const char *dir, const char *old) {
+    struct stat st;
+    bool had = lstat(dir, &st) == 0;
+    if (had && rename(dir, old) != 0) {
+        fprintf(stderr, "epx demo: cannot move the old '%s' aside: %s\n", dir, strerror(errno));
+        return CLI_EXIT_FAIL;
+    }
+    if (rename(tmp, dir) != 0) {
+        fprintf(stderr, "epx demo: cannot rename the finished folder to '%s': %s\n", dir,
+                strerror(errno));
+        if (had) (void)rename(old, dir);
+        return CLI_EXIT_FAIL;
+    }
+    if (had) remove_demo_folder(old);
+    return -1;
 }
 
 static int write_svg(const char *path, const epx_model *m, const epx_shape *s, const demo_result *r,
@@ -160,6 +239,39 @@ int cmd_demo(int argc, char **argv) {
         !cli_int(&cmd, "--seed", 0, INT32_MAX, &seed))
         return CLI_EXIT_USAGE;
 
+    /* The folder is checked, and its temp names registered for the
+     * signals, before any work. */
+    char out_buf[4096], tmp_dir[4200], old_dir[4200];
+    snprintf(out_buf, sizeof out_buf, "%s", out_dir);
+    for (size_t n = strlen(out_buf); n > 1 && out_buf[n - 1] == '/'; n--) out_buf[n - 1] = '\0';
+    out_dir = out_buf;
+    {
+        const char *slash = strrchr(out_dir, '/');
+        int dlen = slash ? (int)(slash - out_dir) + 1 : 0;
+        const char *base = slash ? slash + 1 : out_dir;
+        snprintf(tmp_dir, sizeof tmp_dir, "%.*s.%s.epx-tmp.%ld", dlen, out_dir, base,
+                 (long)getpid());
+        snprintf(old_dir, sizeof old_dir, "%.*s.%s.epx-old.%ld", dlen, out_dir, base,
+                 (long)getpid());
+        char parent[4096];
+        snprintf(parent, sizeof parent, "%.*s", dlen ? dlen : 1, dlen ? out_dir : ".");
+        if ((rc = check_out_dir(out_dir)) >= 0) return rc;
+        if (access(parent, W_OK | X_OK) != 0) {
+            fprintf(stderr, "epx demo: cannot create '%s' in folder '%s': %s; give another --out\n",
+                    out_dir, parent, strerror(errno));
+            return CLI_EXIT_USAGE;
+        }
+        cli_temp_register(tmp_dir, true);
+        for (int i = 0; i < NUM_DEMO_FILES; i++) {
+            char p[4400];
+            snprintf(p, sizeof p, "%s/%s", tmp_dir, DEMO_FILES[i]);
+            cli_temp_register(p, false);
+            snprintf(p, sizeof p, "%s/.%s.epx-tmp.%ld", tmp_dir, DEMO_FILES[i], (long)getpid());
+            cli_temp_register(p, false);
+        }
+    }
+    bool made_tmp = false;
+
     epx_error err = {0};
     const epx_model *m = NULL;
     if (epx_model_lookup(model_name, &m, &err) != EPX_OK) return cli_report(&cmd, &err);
@@ -172,6 +284,15 @@ int cmd_demo(int argc, char **argv) {
         P = P2;
     }
     epx_shape shape = {m->num_layers, m->num_experts, P, G, N};
+    {
+        char what[48];
+        snprintf(what, sizeof what, "--redundant %d", R);
+        if (!cli_check_slots(&cmd, what, m->num_experts, P, G) ||
+            !cli_check_memory(&cmd, &shape, 6) ||
+            !cli_check_bytes(&cmd, 8.0 * S * m->num_layers * m->num_experts * 2, "the trace",
+                             "use fewer --windows"))
+            return CLI_EXIT_USAGE;
+    }
     if (epx_shape_check(&shape, &err) != EPX_OK) return cli_report(&cmd, &err);
 
     epx_trace_opts to = EPX_TRACE_OPTS_INIT;
@@ -224,36 +345,40 @@ int cmd_demo(int argc, char **argv) {
             goto done;
         }
 
-    if (mkdir(out_dir, 0777) != 0 && errno != EEXIST) {
-        fprintf(stderr, "epx demo: cannot create folder '%s': %s\n", out_dir, strerror(errno));
+    if (mkdir(tmp_dir, 0777) != 0) {
+        fprintf(stderr, "epx demo: cannot create folder '%s': %s\n", tmp_dir, strerror(errno));
         goto done;
     }
-    char path[4096];
-    snprintf(path, sizeof path, "%s/placement.json", out_dir);
+    made_tmp = true;
+    char path[4400];
+    snprintf(path, sizeof path, "%s/placement.json", tmp_dir);
     if (epx_layout_write_json(res[LAY_EPX].layout, path, &err) != EPX_OK) {
-        exit_code = cli_report(&cmd, &err);
+        exit_code = cli_write_failed(&cmd, &err);
         goto done;
     }
-    snprintf(path, sizeof path, "%s/placement_deepseek.json", out_dir);
+    snprintf(path, sizeof path, "%s/placement_deepseek.json", tmp_dir);
     if (epx_layout_write_json(res[LAY_DEEPSEEK].layout, path, &err) != EPX_OK) {
-        exit_code = cli_report(&cmd, &err);
+        exit_code = cli_write_failed(&cmd, &err);
         goto done;
     }
-    snprintf(path, sizeof path, "%s/trace.json", out_dir);
+    snprintf(path, sizeof path, "%s/trace.json", tmp_dir);
     if (epx_counts_write_json(trace, path, &err) != EPX_OK) {
-        exit_code = cli_report(&cmd, &err);
+        exit_code = cli_write_failed(&cmd, &err);
         goto done;
     }
-    snprintf(path, sizeof path, "%s/report.json", out_dir);
-    if (write_report_json(path, m, &shape, &to, res) != 0) {
-        fprintf(stderr, "epx demo: cannot write '%s'\n", path);
+    snprintf(path, sizeof path, "%s/report.json", tmp_dir);
+    report_ctx rctx = {m, &shape, &to, res};
+    if (epx_file_write(path, report_body, &rctx, &err) != EPX_OK) {
+        exit_code = cli_write_failed(&cmd, &err);
         goto done;
     }
-    snprintf(path, sizeof path, "%s/report.svg", out_dir);
+    snprintf(path, sizeof path, "%s/report.svg", tmp_dir);
     if (write_svg(path, m, &shape, res, &err) != 0) {
-        exit_code = cli_report(&cmd, &err);
+        exit_code = cli_write_failed(&cmd, &err);
         goto done;
     }
+    if ((exit_code = publish_dir(tmp_dir, out_dir, old_dir)) >= 0) goto done;
+    made_tmp = false;
 
     printf("epx demo: %s, %d layers x %d experts -> %d slots on %d GPU(s), %d node(s)\n", m->name,
            L, E, P, G, N);
@@ -276,6 +401,7 @@ int cmd_demo(int argc, char **argv) {
     exit_code = CLI_EXIT_OK;
 
 done:
+    if (made_tmp) remove_demo_folder(tmp_dir);
     for (int i = 0; i < NUM_LAYOUTS; i++) {
         free(res[i].next_layers);
         free(res[i].next_gpu_load);

@@ -80,6 +80,18 @@ int cmd_dispatch_table(int argc, char **argv) {
     if (rc >= 0) return rc;
     const char *placement = cli_require(&cmd, "--placement"), *out = cli_require(&cmd, "-o");
     if (placement == NULL || out == NULL || !cli_require(&cmd, "--gpus")) return CLI_EXIT_USAGE;
+    if (cli_is_pt(out)) {
+        fprintf(stderr,
+                "epx dispatch-table: -o '%s': a dispatch table is written as JSON; name "
+                "it .json\n",
+                out);
+        return CLI_EXIT_USAGE;
+    }
+    {
+        const char *in[] = {placement, cli_get(&cmd, "--counts")};
+        const cli_out outs[] = {{out, false}};
+        if ((rc = cli_outputs_check(&cmd, in, 2, outs, 1)) >= 0) return rc;
+    }
     int32_t G = 0, N = 1, E = 0, R = -1, seed = 42;
     if (!cli_int(&cmd, "--gpus", 1, EPX_MAX_GPUS, &G) ||
         !cli_int(&cmd, "--nodes", 1, EPX_MAX_GPUS, &N) ||
@@ -167,7 +179,10 @@ int cmd_dispatch_table(int argc, char **argv) {
         goto report;
     }
     const int32_t *what = R >= 0 ? table + (size_t)R * (size_t)L * (size_t)E : table;
-    if (epx_dispatch_table_write_json(out, what, R >= 0 ? 0 : G, L, E, &err) != EPX_OK) goto report;
+    if (epx_dispatch_table_write_json(out, what, R >= 0 ? 0 : G, L, E, &err) != EPX_OK) {
+        ret = cli_write_failed(&cmd, &err);
+        goto done;
+    }
     printf("wrote %s: %s table (%s order) for %s%d ranks x %d layers x %d experts\n", out,
            topts.algorithm == EPX_TABLE_EPX ? "epx" : "SGLang",
            replica_rank ? "replica-rank" : "ascending", R >= 0 ? "rank " : "", R >= 0 ? R : G, L,

@@ -44,13 +44,20 @@ int cmd_layout(int argc, char **argv) {
         !cli_int(&cmd, "--nodes", 1, EPX_MAX_GPUS, &N) ||
         !cli_int(&cmd, "--redundant", 0, EPX_MAX_EXPERTS, &R))
         return CLI_EXIT_USAGE;
+    const cli_out outs[] = {{out, false}};
+    if ((rc = cli_outputs_check(&cmd, NULL, 0, outs, 1)) >= 0) return rc;
     epx_shape shape = {L, E, E + R, G, N};
+    char what[48];
+    snprintf(what, sizeof what, "--redundant %d", R);
+    if (!cli_check_slots(&cmd, what, E, E + R, G) || !cli_check_memory(&cmd, &shape, 1))
+        return CLI_EXIT_USAGE;
     epx_error err = {0};
     epx_layout *lay = NULL;
     if (epx_layout_create_trivial(&shape, &lay, &err) != EPX_OK) return cli_report(&cmd, &err);
-    epx_status st = epx_layout_write_json(lay, out, &err);
+    epx_status st = cli_is_pt(out) ? epx_layout_write_pt(lay, out, &err)
+                                   : epx_layout_write_json(lay, out, &err);
     epx_layout_destroy(lay);
-    if (st != EPX_OK) return cli_report(&cmd, &err);
+    if (st != EPX_OK) return cli_write_failed(&cmd, &err);
     printf("wrote %s: %d layers x %d slots (%d experts + %d redundant), %d slots per GPU\n", out, L,
            E + R, E, R, (E + R) / G);
     return CLI_EXIT_OK;

@@ -91,9 +91,9 @@ int cli_print_moves(const char *cmd, const epx_counts *counts, const epx_layout 
     epx_move_report rep;
     if (epx_layout_limit_moves(counts, current, planned, &nb, &same, &rep, &err) != EPX_OK ||
         epx_migration_plan(current, planned, &o, &m, &err) != EPX_OK) {
-        fprintf(stderr, "epx %s: %s\n", cmd, err.msg);
         epx_layout_destroy(same);
-        return CLI_EXIT_FAIL;
+        cli_cmd c = {.name = cmd};
+        return cli_report(&c, &err); /* bad input 2, runtime failure 1 */
     }
     epx_layout_destroy(same);
     epx_migration_stats st;
@@ -178,6 +178,22 @@ static void print_text(const epx_migration *m, const epx_migration_stats *st) {
                100.0 * (double)st->bytes_moved / (double)st->naive_bytes_moved);
 }
 
+/* "deepseek-v3 (61 layers, 256 experts)" with every built-in model of that
+ * size ("kimi-k2 or kimi-k2.5 (...)"), else the sizes alone. */
+static void describe_model(int32_t L, int32_t E, char *buf, size_t cap) {
+    int32_t n = 0;
+    const epx_model *m = epx_model_list(&n);
+    size_t k = 0;
+    buf[0] = '\0';
+    for (int32_t i = 0; i < n && k < cap; i++)
+        if (m[i].num_layers == L && m[i].num_experts == E)
+            k += (size_t)snprintf(buf + k, cap - k, "%s%s", k ? " or " : "", m[i].name);
+    if (k > 0 && k < cap)
+        snprintf(buf + k, cap - k, " (%d layers, %d experts)", L, E);
+    else
+        snprintf(buf, cap, "a model of %d layers and %d experts", L, E);
+}
+
 int cmd_migrate(int argc, char **argv) {
     cli_opt opts[] = {
         {"--from", "FILE", "the placement in service (SGLang mapping .json/.pt)", NULL},
@@ -214,6 +230,12 @@ int cmd_migrate(int argc, char **argv) {
     const char *to = from ? cli_require(&cmd, "--to") : NULL;
     if (to == NULL || !cli_require(&cmd, "--gpus") || !cli_require(&cmd, "--expert-bytes"))
         return CLI_EXIT_USAGE;
+    const char *out = cli_get(&cmd, "-o");
+    {
+        const char *in[] = {from, to};
+        const cli_out outs[] = {{out, false}};
+        if ((rc = cli_outputs_check(&cmd, in, 2, outs, 1)) >= 0) return rc;
+    }
     int32_t G = 0, N = 1, E = 0;
     double bytes = 0;
     if (!cli_int(&cmd, "--gpus", 1, EPX_MAX_GPUS, &G) ||
@@ -235,15 +257,30 @@ int cmd_migrate(int argc, char **argv) {
     if (E == 0) {
         /* infer E over both files, so a map missing the last expert still
          * reads as what it is */
-        int32_t *map = NULL, L = 0, P = 0;
+        int32_t *map = NULL, L = 0, P = 0, fl[2] = {0, 0}, fe[2] = {0, 0}, fp[2] = {0, 0};
         for (int f = 0; f < 2; f++) {
             if (epx_mapping_read(f ? to : from, &map, &L, &P, &err) != EPX_OK) {
                 rc = cli_report(&cmd, &err);
                 goto done;
             }
+            fl[f] = L;
+            fp[f] = P;
             for (size_t i = 0; i < (size_t)L * (size_t)P; i++)
-                if (map[i] + 1 > E) E = map[i] + 1;
+                if (map[i] + 1 > fe[f]) fe[f] = map[i] + 1;
+            if (fe[f] > E) E = fe[f];
             epx_free(map);
+        }
+        /* Two models: say so, naming both, rather than blame P < E. */
+        if (fl[0] != fl[1] || fe[0] > fp[1] || fe[1] > fp[0]) {
+            char da[128], db[128];
+            describe_model(fl[0], fe[0], da, sizeof da);
+            describe_model(fl[1], fe[1], db, sizeof db);
+            fprintf(stderr,
+                    "epx migrate: --from '%s' is %s, --to '%s' is %s: a migration moves "
+                    "experts within one model; give two placements of the same model\n",
+                    from, da, to, db);
+            rc = CLI_EXIT_USAGE;
+            goto done;
         }
     }
     if (read_layout(from, G, N, E, &a, &err) != EPX_OK ||
@@ -260,9 +297,10 @@ int cmd_migrate(int argc, char **argv) {
         rc = cli_report(&cmd, &err);
         goto done;
     }
-    const char *out = cli_get(&cmd, "-o");
-    if (out != NULL && epx_layout_write_json(epx_migration_layout(m), out, &err) != EPX_OK) {
-        rc = cli_report(&cmd, &err);
+    if (out != NULL &&
+        (cli_is_pt(out) ? epx_layout_write_pt(epx_migration_layout(m), out, &err)
+                        : epx_layout_write_json(epx_migration_layout(m), out, &err)) != EPX_OK) {
+        rc = cli_write_failed(&cmd, &err);
         goto done;
     }
     epx_migration_stats st;

@@ -58,12 +58,9 @@ typedef struct report_ctx {
     double cross_node_share; /* load served off its group's home node */
 } report_ctx;
 
-static bool write_report(const char *path, const report_ctx *r) {
-    FILE *f = fopen(path, "w");
-    if (f == NULL) {
-        fprintf(stderr, "epx plan: cannot create the report '%s'\n", path);
-        return false;
-    }
+static epx_status report_body(FILE *f, const void *ctx, epx_error *err) {
+    (void)err;
+    const report_ctx *r = ctx;
     const epx_layout *lay = epx_plan_layout(r->plan);
     const epx_shape *s = epx_layout_shape(lay);
     fputs("{\n  \"algorithm\": ", f);
@@ -103,10 +100,7 @@ static bool write_report(const char *path, const report_ctx *r) {
         fputs(l + 1 < s->num_layers ? "],\n" : "]\n", f);
     }
     fputs("  ]\n}\n", f);
-    bool ok = !ferror(f);
-    if (fclose(f) != 0) ok = false;
-    if (!ok) fprintf(stderr, "epx plan: error writing the report '%s'\n", path);
-    return ok;
+    return EPX_OK;
 }
 
 int cmd_plan(int argc, char **argv) {
@@ -148,6 +142,12 @@ int cmd_plan(int argc, char **argv) {
     const char *counts_path = cli_require(&cmd, "--counts");
     const char *out = counts_path ? cli_require(&cmd, "-o") : NULL;
     if (out == NULL || !cli_require(&cmd, "--gpus")) return CLI_EXIT_USAGE;
+    const char *report = cli_get(&cmd, "--report");
+    {
+        const char *in[] = {counts_path, cli_get(&cmd, "--current")};
+        const cli_out outs[] = {{out, false}, {report, false}};
+        if ((rc = cli_outputs_check(&cmd, in, 2, outs, 2)) >= 0) return rc;
+    }
     int32_t G = 0, N = 1, K = 0, R = -1, P = -1;
     if (!cli_int(&cmd, "--gpus", 1, EPX_MAX_GPUS, &G) ||
         !cli_int(&cmd, "--nodes", 1, EPX_MAX_GPUS, &N) ||
@@ -176,6 +176,21 @@ int cmd_plan(int argc, char **argv) {
     const int32_t E = counts->num_experts;
     if (P < 0) P = R >= 0 ? E + R : E;
     epx_shape shape = {counts->num_layers, E, P, G, N};
+    {
+        /* Limits before any work: slots per layer, then memory. */
+        char what[64];
+        snprintf(what, sizeof what, "%s %s", R >= 0 ? "--redundant" : "--physical",
+                 cli_get(&cmd, R >= 0 ? "--redundant" : "--physical"));
+        if ((cli_get(&cmd, "--redundant") || cli_get(&cmd, "--physical")) &&
+            !cli_check_slots(&cmd, what, E, P, G)) {
+            epx_counts_destroy(counts);
+            return CLI_EXIT_USAGE;
+        }
+        if (!cli_check_memory(&cmd, &shape, 4)) {
+            epx_counts_destroy(counts);
+            return CLI_EXIT_USAGE;
+        }
+    }
     epx_plan *plan = NULL;
     double *load = NULL;
     epx_layer_balance *layers = NULL;
@@ -202,10 +217,6 @@ int cmd_plan(int argc, char **argv) {
         goto done;
     }
     const epx_layout *lay = epx_plan_layout(plan);
-    if (epx_layout_write_json(lay, out, &err) != EPX_OK) {
-        rc = cli_report(&cmd, &err);
-        goto done;
-    }
     /* Quality on the planning load: the sum of the windows. */
     const size_t LE = (size_t)shape.num_layers * (size_t)E;
     load = malloc(LE * sizeof *load);
@@ -246,12 +257,17 @@ int cmd_plan(int argc, char **argv) {
             goto done;
         rc = CLI_EXIT_OK;
     }
+    /* Outputs last, once everything they hold is computed. */
+    if ((cli_is_pt(out) ? epx_layout_write_pt(lay, out, &err)
+                        : epx_layout_write_json(lay, out, &err)) != EPX_OK) {
+        rc = cli_write_failed(&cmd, &err);
+        goto done;
+    }
     printf("wrote %s\n", out);
-    const char *report = cli_get(&cmd, "--report");
     if (report != NULL) {
         report_ctx r = {counts_path, counts, plan, o.algorithm, K, &bal, &even, layers, xshare};
-        if (!write_report(report, &r)) {
-            rc = CLI_EXIT_FAIL;
+        if (epx_file_write(report, report_body, &r, &err) != EPX_OK) {
+            rc = cli_write_failed(&cmd, &err);
             goto done;
         }
         printf("wrote %s\n", report);

@@ -6,8 +6,10 @@
  *
  * Balancedness, the bound and the gap come from epx/metrics.h; imbalance
  * and the inter-node share from epx/stats.h. The text table is for people;
- * --json prints the same figures as one object for scripts.
+ * --json prints the same figures as one object for scripts, in strict JSON:
+ * a figure that is not finite (no load to divide by) is null.
  */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -94,23 +96,39 @@ static void json_str(const char *v) {
     putchar('"');
 }
 
+/* `"key": x`: strict JSON has no inf or nan, so a figure that is not finite
+ * (an imbalance over a window with no load) is written as null. */
+static void json_num(const char *sep, const char *key, double x) {
+    if (isfinite(x))
+        printf("%s\"%s\": %.17g", sep, key, x);
+    else
+        printf("%s\"%s\": null", sep, key);
+}
+
 static void json_window(const window_figures *w, int32_t top, int32_t L) {
-    printf("{\"tokens\": %.0f, \"balancedness\": %.17g, \"balancedness_sglang\": %.17g, "
-           "\"bound\": %.17g, \"gap\": %.17g, \"rank_imbalance\": %.17g, "
-           "\"slot_imbalance\": %.17g, \"internode_share\": %.17g, \"worst_layers\": [",
-           w->tokens, w->bal.balancedness, w->bal.balancedness_sglang, w->bal.bound, w->bal.gap,
-           w->st.rank_imbalance, w->st.slot_imbalance, w->st.internode_share);
+    json_num("{", "tokens", w->tokens);
+    json_num(", ", "balancedness", w->bal.balancedness);
+    json_num(", ", "balancedness_sglang", w->bal.balancedness_sglang);
+    json_num(", ", "bound", w->bal.bound);
+    json_num(", ", "gap", w->bal.gap);
+    json_num(", ", "rank_imbalance", w->st.rank_imbalance);
+    json_num(", ", "slot_imbalance", w->st.slot_imbalance);
+    json_num(", ", "internode_share", w->st.internode_share);
+    printf(", \"worst_layers\": [");
     int32_t shown = 0;
     for (int32_t i = 0; i < L && (top == 0 || shown < top); i++) {
         const int32_t l = w->order[i];
         const epx_layer_balance *b = &w->lb[l];
         if (!b->loaded) break;
-        printf("%s{\"layer\": %d, \"load\": %.17g, \"balancedness\": %.17g, \"bound\": %.17g, "
-               "\"gap\": %.17g, \"rank_imbalance\": %.17g, \"slot_imbalance\": %.17g, "
-               "\"internode_share\": %.17g}",
-               shown ? ", " : "", l, b->total, b->balancedness, b->bound,
-               b->bound - b->balancedness, w->ls[l].rank_imbalance, w->ls[l].slot_imbalance,
-               w->ls[l].internode_share);
+        printf("%s{\"layer\": %d", shown ? ", " : "", l);
+        json_num(", ", "load", b->total);
+        json_num(", ", "balancedness", b->balancedness);
+        json_num(", ", "bound", b->bound);
+        json_num(", ", "gap", b->bound - b->balancedness);
+        json_num(", ", "rank_imbalance", w->ls[l].rank_imbalance);
+        json_num(", ", "slot_imbalance", w->ls[l].slot_imbalance);
+        json_num(", ", "internode_share", w->ls[l].internode_share);
+        printf("}");
         shown++;
     }
     printf("]}");
@@ -160,7 +178,8 @@ int cmd_stats(int argc, char **argv) {
          "table), node-local, uniform",
          NULL},
         {"--top", "K", "worst layers shown per window (default 5; 0 = all)", NULL},
-        {"--json", NULL, "print one JSON object instead of tables", NULL},
+        {"--json", NULL, "print one JSON object instead of tables (non-finite figures: null)",
+         NULL},
         {NULL, NULL, NULL, NULL},
     };
     cli_cmd cmd = {"stats",

@@ -42,8 +42,10 @@ static bool opt_u64(const cli_cmd *cmd, const char *name, uint64_t lo, uint64_t 
     errno = 0;
     unsigned long long x = strtoull(v, &end, 10);
     if (errno != 0 || end == v || *end != '\0' || v[0] == '-' || x < lo || x > hi) {
-        fprintf(stderr, "epx %s: %s '%s' is not a whole number in [%llu, %llu]\n", cmd->name, name,
-                v, (unsigned long long)lo, (unsigned long long)hi);
+        fprintf(stderr,
+                "epx %s: %s '%s' is not a whole number from %llu to %llu: give one in that "
+                "range\n",
+                cmd->name, name, v, (unsigned long long)lo, (unsigned long long)hi);
         return false;
     }
     *out = x;
@@ -89,6 +91,8 @@ static int trace_synth(int argc, char **argv) {
     const char *name = cli_require(&cmd, "--model");
     const char *path = cli_require(&cmd, "-o");
     if (name == NULL || path == NULL) return CLI_EXIT_USAGE;
+    const cli_out outs[] = {{path, false}};
+    if ((rc = cli_outputs_check(&cmd, NULL, 0, outs, 1)) >= 0) return rc;
     epx_error err = {0};
     const epx_model *model = NULL;
     if (epx_model_lookup(name, &model, &err) != EPX_OK) return cli_report(&cmd, &err);
@@ -101,6 +105,9 @@ static int trace_synth(int argc, char **argv) {
         !cli_double(&cmd, "--drift", 0, 5, &to.drift))
         return CLI_EXIT_USAGE;
     to.tokens = (int64_t)tokens;
+    if (!cli_check_bytes(&cmd, 8.0 * to.num_windows * model->num_layers * model->num_experts,
+                         "the trace ([S][L][E] doubles)", "use fewer --windows"))
+        return CLI_EXIT_USAGE;
     const char *skew = cli_get(&cmd, "--skew");
     if (skew != NULL && !parse_range(skew, &to.skew_lo, &to.skew_hi)) {
         fprintf(stderr, "epx trace synth: --skew '%s' is not A..B (e.g. 0.8..1.3)\n", skew);
@@ -108,9 +115,10 @@ static int trace_synth(int argc, char **argv) {
     }
     epx_counts *c = NULL;
     if (epx_trace_synth(model, &to, &c, &err) != EPX_OK) return cli_report(&cmd, &err);
-    epx_status st = epx_counts_write_json(c, path, &err);
+    epx_status st = cli_is_pt(path) ? epx_counts_write_pt(c, path, EPX_PT_DTYPE_AUTO, &err)
+                                    : epx_counts_write_json(c, path, &err);
     epx_counts_destroy(c);
-    if (st != EPX_OK) return cli_report(&cmd, &err);
+    if (st != EPX_OK) return cli_write_failed(&cmd, &err);
     return CLI_EXIT_OK;
 }
 

@@ -1,0 +1,37 @@
+#!/bin/bash
+# errors.sh - one exit-code table (0 ok, 1 runtime failure, 2 bad usage or
+# input) and messages that name the value, the rule and the fix: a
+# directory as input, a migration across two models (both named), P that
+# does not divide over G (G's divisors of P first), unknown options.
+set -u
+EPX=${EPX_BIN:?EPX_BIN is not set}
+T=$(mktemp -d /tmp/epx-errors.XXXXXX)
+trap 'cd /; rm -rf "$T"' EXIT
+cd "$T" || exit 1
+fail=0
+# refuse "needle" CMD...: exit 2 and the message holds needle
+refuse() {
+  local name=$1 needle=$2; shift 2
+  timeout 30 "$@" >out 2>err
+  local rc=$?
+  if [ "$rc" = 2 ] && grep -qF -- "$needle" err; then echo "ok   $name"; return; fi
+  echo "FAIL $name (rc $rc)"; cat err; fail=1
+}
+"$EPX" trace synth --model deepseek-v3 --windows 2 --tokens 2000 -o v3.json >/dev/null || exit 1
+"$EPX" trace synth --model kimi-k2 --windows 2 --tokens 2000 -o k2.json >/dev/null || exit 1
+"$EPX" plan --counts v3.json --gpus 8 -o v3p.json >/dev/null || exit 1
+"$EPX" plan --counts k2.json --gpus 8 -o k2p.json >/dev/null || exit 1
+mkdir d
+
+refuse "directory as placement" "'d' is a directory" "$EPX" dispatch-table --placement d --gpus 8 -o t.json
+refuse "directory as mapping" "is a directory" "$EPX" inspect d --gpus 8
+refuse "migrate across models names both" "deepseek-v3 (61 layers, 256 experts)" \
+  "$EPX" migrate plan --from v3p.json --to k2p.json --gpus 8 --expert-bytes 1000
+grep -q "kimi-k2" err && echo "ok   and the other" || { echo "FAIL the other model"; fail=1; }
+refuse "--gpus 3 on P=256 names G's divisors" "use 2 or 4 GPUs (divisors of 256)" \
+  "$EPX" stats v3.json --placement v3p.json --gpus 3
+refuse "--gpus 12 --nodes 2" "use 8 or 16 GPUs" "$EPX" stats v3.json --placement v3p.json --gpus 12 --nodes 2
+refuse "unknown option" "unknown option '--gpu'" "$EPX" plan --counts v3.json --gpu 8 -o x.json
+refuse "unknown command" "unknown command" "$EPX" plann
+refuse "missing file" "cannot open" "$EPX" plan --counts nothere.json --gpus 8 -o x.json
+exit $fail

@@ -1,0 +1,92 @@
+#!/bin/bash
+# numbers.sh - numbers in (issue 17): every numeric option refuses junk,
+# NaN, infinities, negatives and out-of-range values with exit 2 and a
+# message naming the value, the rule and the fix; epx advise --measured
+# refuses negative, huge, non-numeric figures in both of its formats; and
+# advise's verdicts never state an impossible range.
+set -u
+EPX=${EPX_BIN:?EPX_BIN is not set}
+T=$(mktemp -d /tmp/epx-numbers.XXXXXX)
+trap 'cd /; rm -rf "$T"' EXIT
+cd "$T" || exit 1
+fail=0
+check() { # name, command...
+  local name=$1; shift
+  if "$@"; then echo "ok   $name"; else echo "FAIL $name"; fail=1; fi
+}
+# refuse "needle" CMD...: exit 2 and the message holds needle
+refuse() {
+  local needle=$1; shift
+  timeout 20 "$@" >out 2>err
+  local rc=$?
+  [ "$rc" = 2 ] || { echo "  rc $rc, wanted 2: $*"; cat err; return 1; }
+  grep -qF -- "$needle" err || { echo "  message lacks '$needle':"; cat err; return 1; }
+}
+
+lay=("$EPX" layout trivial --experts 8 --gpus 2 -o l.json)
+check "--layers -3" refuse "below the minimum 1: use at least 1" "${lay[@]}" --layers -3
+check "--layers huge" refuse "above the limit 65536: use at most 65536" "${lay[@]}" --layers 99999999999999999999
+check "--layers junk" refuse "not a whole number" "${lay[@]}" --layers 3x
+check "--layers 1.5" refuse "not a whole number" "${lay[@]}" --layers 1.5
+syn=("$EPX" trace synth --model deepseek-v3 -o t.json)
+check "--drift nan" refuse "not a finite number" "${syn[@]}" --drift nan
+check "--drift inf" refuse "not a finite number" "${syn[@]}" --drift inf
+check "--drift -1" refuse "below the minimum 0" "${syn[@]}" --drift -1
+check "--tokens -5" refuse "not a whole number" "${syn[@]}" --tokens -5
+check "--windows 0" refuse "use at least 1" "${syn[@]}" --windows 0
+adv=("$EPX" advise --model kimi-k2 --link nvlink4)
+check "--imbalance 1e999" refuse "not a finite number" "${adv[@]}" --gpus 8 --imbalance 1e999
+check "--imbalance 0.5" refuse "use at least 1" "${adv[@]}" --gpus 8 --imbalance 0.5
+check "--gpus 0" refuse "use at least 1" "${adv[@]}" --gpus 0
+check "no output written" test ! -e l.json -a ! -e t.json
+
+# --measured: JSON lines of epx bench comm --json
+line() { # mode phase median_us gbps
+  printf '{"backend": "mpi", "mode": "%s", "ranks": 8, "tokens": %s, "phase": "%s", "median_us": %s, "graph": false, "gbps": %s, "device": "cpu"}\n' \
+    "$1" "$5" "$2" "$3" "$4"
+}
+good() {
+  line normal dispatch 40 10 64; line normal dispatch 80 20 4096
+  line normal combine 40 10 64; line normal combine 80 20 4096
+  line tp-allreduce allreduce 20 30 64; line tp-allreduce allreduce 90 40 4096
+}
+good > good.jsonl
+check "good --measured reads" sh -c '"$@" >/dev/null' - "${adv[@]}" --gpus 8 --measured good.jsonl
+{ good; line normal dispatch -5 10 128; } > neg.jsonl
+check "negative median_us" refuse "record 7: median_us is -5" "${adv[@]}" --gpus 8 --measured neg.jsonl
+{ good; line normal combine 1e300 10 128; } > huge.jsonl
+check "huge median_us" refuse "median_us is 1e+300" "${adv[@]}" --gpus 8 --measured huge.jsonl
+{ good; line normal combine '"fast"' 10 128; } > str.jsonl
+check "string median_us" refuse "not a number (a JSON string)" "${adv[@]}" --gpus 8 --measured str.jsonl
+{ good; line normal combine 10 -3 128; } > gb.jsonl
+check "negative gbps" refuse "gbps is -3" "${adv[@]}" --gpus 8 --measured gb.jsonl
+{ good; line normal combine NaN 3 128; } > nan.jsonl
+check "NaN median_us refused" refuse "" "${adv[@]}" --gpus 8 --measured nan.jsonl
+
+# --measured: the older epx-bench-comm-1 summary
+summary() { # dispatch_us
+  printf '{"format": "epx-bench-comm-1", "backend": "mpi", "model": "kimi-k2", "ranks": 8, "rows": [\n'
+  printf ' {"tokens": 64, "dispatch_us": %s, "dispatch_bytes": 1000, "combine_us": 30, "combine_bytes": 1000, "allreduce_us": 10, "allreduce_bytes": 500},\n' "$1"
+  printf ' {"tokens": 4096, "dispatch_us": 90, "dispatch_bytes": 64000, "combine_us": 90, "combine_bytes": 64000, "allreduce_us": 80, "allreduce_bytes": 32000}]}\n'
+}
+summary 30 > s.json
+check "good summary reads" sh -c '"$@" >/dev/null' - "${adv[@]}" --gpus 8 --measured s.json
+summary -30 > sneg.json
+check "summary negative" refuse "dispatch_us is -30" "${adv[@]}" --gpus 8 --measured sneg.json
+summary '"x"' > sstr.json
+check "summary string" refuse "dispatch_us is not a number" "${adv[@]}" --gpus 8 --measured sstr.json
+summary 1e12 > shuge.json
+check "summary huge" refuse "from 0 to 1e+09 us" "${adv[@]}" --gpus 8 --measured shuge.json
+
+possible() { ! grep -qE 'below 0 tokens|\((0|1) per GPU\)' <<<"$1"; }
+# verdicts: never "below 0 tokens", never "1 per GPU" below one token per GPU
+for G in 8 64 512 4096; do
+  for link in nvlink4 pcie4 ib-ndr; do
+    a=$("$EPX" advise --model kimi-k2 --gpus $G --link $link | grep '^answer')
+    check "verdict G=$G $link is possible" possible "$a"
+  done
+done
+a=$("$EPX" advise --model kimi-k2 --gpus 4096 --link nvlink4 | grep '^answer')
+check "4096 GPUs: says per GPU" grep -q 'each of the 4096 GPUs a token' <<<"$a"
+
+exit $fail

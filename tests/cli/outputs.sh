@@ -1,0 +1,128 @@
+#!/bin/bash
+# outputs.sh - every output goes through one safe path (issue 17): a symlink
+# is written through (the link stays); a FIFO, a device or a folder is
+# refused with exit 2 and no hang; an output that is an input (another
+# spelling, a hard link) or another output is refused; when one output
+# cannot be written none is; SIGINT leaves no temp file; the demo publishes
+# its folder only when complete; .pt outputs are PyTorch zips.
+set -u
+EPX=${EPX_BIN:?EPX_BIN is not set}
+T=$(mktemp -d /tmp/epx-outputs.XXXXXX)
+trap 'cd /; rm -rf "$T"' EXIT
+cd "$T" || exit 1
+fail=0
+check() { # name, command...
+  local name=$1; shift
+  if "$@"; then echo "ok   $name"; else echo "FAIL $name"; fail=1; fi
+}
+# expect_rc RC CMD...: runs CMD (stderr to err), within 20 s, and wants RC.
+expect_rc() {
+  local want=$1; shift
+  timeout 20 "$@" >out 2>err
+  local rc=$?
+  [ "$rc" = "$want" ] || { echo "  rc $rc, wanted $want: $*"; cat err; return 1; }
+}
+no_temps() { ! ls -a . | grep -q 'epx-tmp'; }
+
+"$EPX" trace synth --model deepseek-v3 --windows 2 --tokens 2000 -o c.json >/dev/null || exit 1
+plan=("$EPX" plan --counts c.json --gpus 8)
+
+# symlinks: written through, the link stays a link
+check "plan -o p.json" expect_rc 0 "${plan[@]}" -o p.json
+ln -s p.json link.json
+check "plan -o through a symlink" expect_rc 0 "${plan[@]}" -o link.json --algorithm deepseek
+check "the symlink stays" test -L link.json
+check "its target was rewritten" grep -q physical_to_logical_map p.json
+mkdir sub && ln -s ../p.json sub/rel.json
+check "relative symlink in a folder" expect_rc 0 "${plan[@]}" -o sub/rel.json
+check "relative symlink stays" test -L sub/rel.json
+
+# non-regular outputs: refused before anything is opened (no hang)
+mkfifo fifo
+check "-o FIFO refused" expect_rc 2 "${plan[@]}" -o fifo
+check "  message names FIFO" grep -q FIFO err
+check "--report FIFO refused, no hang" expect_rc 2 "${plan[@]}" -o q.json --report fifo
+check "  and -o was not written" test ! -e q.json
+check "FIFO still a FIFO" test -p fifo
+check "-o /dev/null refused" expect_rc 2 "${plan[@]}" -o /dev/null
+check "  message names the device" grep -q "device" err
+check "-o folder refused" expect_rc 2 "${plan[@]}" -o sub
+check "trace synth -o FIFO" expect_rc 2 "$EPX" trace synth --model deepseek-v3 -o fifo
+check "layout -o FIFO" expect_rc 2 "$EPX" layout trivial --layers 2 --experts 8 --gpus 2 -o fifo
+mkfifo fifo.json
+check "convert OUT FIFO" expect_rc 2 "$EPX" convert c.json fifo.json
+ln -s fifo sym.json
+check "convert OUT symlink to a FIFO" expect_rc 2 "$EPX" convert c.json sym.json
+check "dispatch-table -o FIFO" expect_rc 2 "$EPX" dispatch-table --placement p.json --gpus 8 -o fifo
+check "migrate -o FIFO" expect_rc 2 "$EPX" migrate plan --from p.json --to p.json --gpus 8 \
+  --expert-bytes 1000 -o fifo
+
+# an output that is an input, or another output
+cp c.json keep.json
+check "-o = --counts refused" expect_rc 2 "${plan[@]}" -o c.json
+check "-o = --counts by another spelling" expect_rc 2 "${plan[@]}" -o ./c.json
+ln c.json hard.json
+check "-o = a hard link of --counts" expect_rc 2 "${plan[@]}" -o hard.json
+check "  the input is untouched" cmp -s c.json keep.json
+check "-o = --report refused" expect_rc 2 "${plan[@]}" -o x.json --report ./x.json
+check "  nothing written" test ! -e x.json
+check "convert IN = OUT refused" expect_rc 2 "$EPX" convert c.json ./c.json
+check "dispatch-table -o = --placement" expect_rc 2 "$EPX" dispatch-table --placement p.json \
+  --gpus 8 -o ./p.json
+check "migrate -o = --to" expect_rc 2 "$EPX" migrate plan --from p.json --to link.json --gpus 8 \
+  --expert-bytes 1000 -o p.json
+
+# if one output cannot be written, none is
+check "--report in a missing folder" expect_rc 2 "${plan[@]}" -o y.json --report nodir/r.json
+check "  -o not written" test ! -e y.json
+if [ "$(id -u)" != 0 ]; then
+  mkdir ro && chmod 555 ro
+  check "--report in a read-only folder" expect_rc 2 "${plan[@]}" -o z.json --report ro/r.json
+  check "  -o not written" test ! -e z.json
+fi
+check "no temp files left" no_temps
+
+# .pt by extension: a PyTorch zip, read back by content
+check "plan -o p.pt" expect_rc 0 "${plan[@]}" -o p.pt
+check "  is a zip" sh -c 'head -c 2 p.pt | grep -q PK'
+
+# SIGINT while writing: the temp file goes, the target never appears
+"$EPX" trace synth --model kimi-k2 --windows 1000 -o big.json >/dev/null 2>&1 &
+pid=$!
+for _ in $(seq 1 400); do ls -a | grep -q 'big.json.epx-tmp' && break; sleep 0.05; done
+if ls -a | grep -q 'big.json.epx-tmp'; then
+  kill -INT $pid; wait $pid
+  check "SIGINT removes the temp file" no_temps
+  check "SIGINT leaves no target" test ! -e big.json
+else
+  wait $pid
+  echo "note: the write ended before it could be interrupted"
+fi
+
+# bench comm: -o replaced, --json appended; both checked before the run
+bench=("$EPX" bench comm --backend mpi --model mixtral-8x7b --tokens 1)
+if timeout 60 "${bench[@]}" --json j.jsonl -o s.json >/dev/null 2>&1; then
+  check "bench --json FIFO refused" expect_rc 2 "${bench[@]}" --json fifo
+  check "bench --json = -o refused" expect_rc 2 "${bench[@]}" --json j.jsonl -o ./j.jsonl
+  check "bench -o /dev/null refused" expect_rc 2 "${bench[@]}" -o /dev/null
+  check "bench --json appends" expect_rc 0 "${bench[@]}" --json j.jsonl
+  check "  two runs, more lines than one" test "$(wc -l < j.jsonl)" -ge 2
+else
+  echo "note: bench comm --backend mpi cannot run here; its output checks skipped"
+fi
+
+# the demo: a folder appears only complete; an old demo folder is replaced
+check "demo" expect_rc 0 "$EPX" demo --out demo1
+check "demo again over it" expect_rc 0 "$EPX" demo --out demo1/
+check "  five files" test "$(ls demo1 | wc -l)" = 5
+touch demo1/mine
+check "demo over a foreign folder refused" expect_rc 2 "$EPX" demo --out demo1
+check "  the foreign file stays" test -e demo1/mine
+check "demo over a file refused" expect_rc 2 "$EPX" demo --out c.json
+"$EPX" demo --out demo2 >/dev/null 2>&1 &
+pid=$!
+kill -INT $pid 2>/dev/null; wait $pid 2>/dev/null
+check "interrupted demo leaves no half folder" sh -c '! ls -a | grep -q "demo2.epx-tmp"'
+check "no temp files at the end" no_temps
+
+exit $fail

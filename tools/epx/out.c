@@ -1,0 +1,163 @@
+/*
+ * out.c - what every command does before and while it writes: all outputs
+ * are checked before the first byte goes out (non-regular targets refused,
+ * an output that is an input or another output refused, the folder
+ * writable), so either every output is written or none is; and a small
+ * signal-safe registry of temp names that SIGINT, SIGTERM and SIGHUP remove
+ * before the process dies. The writing itself is the library's one safe
+ * path (epx_file_write: temp file beside the target, rename).
+ */
+#include "cli.h"
+
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+/* ---- the temp registry ---------------------------------------------------
+ * Fixed storage, filled before the temp exists: the handler only reads it
+ * and calls unlink/rmdir, both async-signal-safe. */
+enum { MAX_TEMPS = 32, TEMP_LEN = 4160 };
+static char temps[MAX_TEMPS][TEMP_LEN];
+static bool temp_is_dir[MAX_TEMPS];
+static volatile sig_atomic_t num_temps;
+
+static void on_signal(int sig) {
+    /* Newest first: a folder's files go before the folder. */
+    for (int i = (int)num_temps - 1; i >= 0; i--) {
+        if (temp_is_dir[i])
+            (void)rmdir(temps[i]);
+        else
+            (void)unlink(temps[i]);
+    }
+    signal(sig, SIG_DFL);
+    raise(sig);
+}
+
+void cli_temp_register(const char *path, bool is_dir) {
+    static bool installed;
+    if (!installed) {
+        struct sigaction sa;
+        memset(&sa, 0, sizeof sa);
+        sa.sa_handler = on_signal;
+        sigemptyset(&sa.sa_mask);
+        sigaction(SIGINT, &sa, NULL);
+        sigaction(SIGTERM, &sa, NULL);
+        sigaction(SIGHUP, &sa, NULL);
+        installed = true;
+    }
+    if (num_temps >= MAX_TEMPS || strlen(path) >= TEMP_LEN) return;
+    snprintf(temps[num_temps], TEMP_LEN, "%s", path);
+    temp_is_dir[num_temps] = is_dir;
+    num_temps = num_temps + 1;
+}
+
+/* ---- checks before writing ---------------------------------------------- */
+
+typedef struct file_id {
+    dev_t dev;
+    ino_t ino;
+    const char *base; /* a new name: (folder's dev+ino, base) identifies it */
+    bool exists;
+} file_id;
+
+static bool same_id(const file_id *a, const file_id *b) {
+    if (a->dev != b->dev || a->ino != b->ino || a->exists != b->exists) return false;
+    return a->exists || strcmp(a->base, b->base) == 0;
+}
+
+/* The folder part of a resolved path ("." when none). */
+static void dir_of(const char *p, char *dir, size_t cap) {
+    const char *slash = strrchr(p, '/');
+    if (slash == NULL)
+        snprintf(dir, cap, ".");
+    else
+        snprintf(dir, cap, "%.*s", slash == p ? 1 : (int)(slash - p), p);
+}
+
+int cli_outputs_check(const cli_cmd *cmd, const char *const *in, int nin, const cli_out *out,
+                      int nout) {
+    char *target[16] = {0};
+    file_id id[16];
+    int rc = -1;
+    if (nout > 16) nout = 16;
+    for (int i = 0; i < nout && rc < 0; i++) {
+        const char *p = out[i].path;
+        if (p == NULL || strcmp(p, "-") == 0) continue;
+        epx_error err = {0};
+        if (epx_file_output_check(p, &target[i], &err) != EPX_OK) {
+            fprintf(stderr, "epx %s: %s\n", cmd->name, err.msg);
+            rc = CLI_EXIT_USAGE;
+            break;
+        }
+        char dir[4096];
+        dir_of(target[i], dir, sizeof dir);
+        struct stat st;
+        if (stat(target[i], &st) == 0) {
+            id[i] = (file_id){st.st_dev, st.st_ino, NULL, true};
+            if (out[i].append && access(target[i], W_OK) != 0) {
+                fprintf(stderr, "epx %s: cannot append to '%s': %s; choose another file\n",
+                        cmd->name, p, strerror(errno));
+                rc = CLI_EXIT_USAGE;
+            }
+        } else {
+            struct stat ds;
+            const char *slash = strrchr(target[i], '/');
+            id[i] = (file_id){0, 0, slash ? slash + 1 : target[i], false};
+            if (stat(dir, &ds) == 0) {
+                id[i].dev = ds.st_dev;
+                id[i].ino = ds.st_ino;
+            }
+        }
+        if (rc < 0 && !out[i].append && access(dir, W_OK | X_OK) != 0) {
+            fprintf(stderr, "epx %s: cannot write '%s': folder '%s': %s; choose another path\n",
+                    cmd->name, p, dir, strerror(errno));
+            rc = CLI_EXIT_USAGE;
+        }
+        for (int j = 0; rc < 0 && j < nin; j++) {
+            struct stat is;
+            if (in[j] == NULL || stat(in[j], &is) != 0) continue;
+            if (id[i].exists && is.st_dev == id[i].dev && is.st_ino == id[i].ino) {
+                fprintf(stderr,
+                        "epx %s: output '%s' is the input '%s' (the same file); write to "
+                        "another path\n",
+                        cmd->name, p, in[j]);
+                rc = CLI_EXIT_USAGE;
+            }
+        }
+        for (int j = 0; rc < 0 && j < i; j++) {
+            if (target[j] == NULL || !same_id(&id[i], &id[j])) continue;
+            fprintf(stderr, "epx %s: outputs '%s' and '%s' are the same file; give two paths\n",
+                    cmd->name, out[j].path, p);
+            rc = CLI_EXIT_USAGE;
+        }
+    }
+    /* Everything can be written: register the temp names for the signals. */
+    for (int i = 0; rc < 0 && i < nout; i++) {
+        if (target[i] == NULL || out[i].append) continue;
+        char tmp[TEMP_LEN];
+        epx_error err = {0};
+        if (epx_file_temp_path(target[i], tmp, sizeof tmp, &err) == EPX_OK)
+            cli_temp_register(tmp, false);
+    }
+    for (int i = 0; i < nout; i++) epx_free(target[i]);
+    return rc;
+}
+
+bool cli_is_pt(const char *path) {
+    size_t n = path ? strlen(path) : 0;
+    return n >= 3 && strcmp(path + n - 3, ".pt") == 0;
+}
+
+int cli_write_failed(const cli_cmd *cmd, const epx_error *err) {
+    /* The outputs were checked first, so an I/O error now (a full disk) is
+     * a runtime failure, not bad input. */
+    if (err->status == EPX_ERR_IO) {
+        fprintf(stderr, "epx %s: %s\n", cmd->name, err->msg);
+        return CLI_EXIT_FAIL;
+    }
+    return cli_report(cmd, err);
+}
