@@ -377,6 +377,7 @@ __global__ void __launch_bounds__(kThreads) k_dispatch(Args a, int64_t T, const 
         const unsigned char *xr = x + (size_t)t * a.xrow;
         int4 v[kPre];
         if (pre)
+#pragma unroll
             for (int i = 0; i < kPre; i++) {
                 size_t w = threadIdx.x + (size_t)i * blockDim.x;
                 if (w < a.xrow / 16) v[i] = ((const int4 *)xr)[w];
@@ -420,6 +421,7 @@ __global__ void __launch_bounds__(kThreads) k_dispatch(Args a, int64_t T, const 
             unsigned char *rec =
                 a.peers[dst] + a.off_recv + ((size_t)a.me * (a.M + 1) + (size_t)t) * a.rec;
             if (pre) {
+#pragma unroll
                 for (int i = 0; i < kPre; i++) {
                     size_t w = threadIdx.x + (size_t)i * blockDim.x;
                     if (w < a.xrow / 16) ((int4 *)rec)[w] = v[i];
