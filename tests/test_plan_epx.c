@@ -320,6 +320,51 @@ static void shares_vs_maxflow(void **state) {
     }
 }
 
+/* An expert whose load rounds to nothing against the GPU loads it is poured
+ * onto (1e-300 against 1e6) once gave 0 / 0 shares; it keeps the even split. */
+static void shares_of_a_vanishing_load(void **state) {
+    (void)state;
+    const int32_t E = 3, P = 4, G = 2;
+    const int32_t map[4] = {0, 2, 1, 2}; /* expert 2 on both GPUs */
+    const double w[3] = {1e6, 1e6, 1e-300};
+    double share[4];
+    epxi_shares_ws *ws = NULL;
+    epx_error err = {0};
+    assert_int_equal(epxi_shares_ws_create(E, P, G, &ws, &err), EPX_OK);
+    double got = epxi_shares_compute(ws, map, w, E, P, G, 100, share);
+    assert_true(isfinite(got));
+    for (int32_t p = 0; p < P; p++) assert_true(isfinite(share[p]) && share[p] >= 0.0);
+    assert_true(fabs(share[1] + share[3] - 1.0) <= 1e-12);
+    epxi_shares_ws_destroy(ws);
+}
+
+/* Sparse per-pass rows, as a recorder dump holds them: thousands of windows
+ * of a few tokens each, many experts (and some whole layers) idle. The
+ * recency weights of old windows underflow toward 0, which once made the
+ * shares NaN; every plan must be valid with finite shares. */
+static void sparse_per_pass_rows(void **state) {
+    (void)state;
+    tu_rng r = {tu_seed(4096)};
+    const int32_t S = 4096;
+    for (int iter = 0; iter < 6; iter++) {
+        rshape rs = random_shape(&r);
+        const int32_t L = rs.s.num_layers, E = rs.s.num_logical_experts;
+        epx_counts *c = NULL;
+        epx_error err = {0};
+        assert_int_equal(epx_counts_create(S, L, E, &c, &err), EPX_OK);
+        for (int32_t s = 0; s < S; s++)
+            for (int32_t l = 1; l < L; l++) { /* layer 0 stays all zero */
+                double *row = epx_counts_row(c, s, l);
+                for (int k = 0; k < 2; k++) /* a couple of tokens per pass */
+                    if (tu_below(&r, 4) == 0) row[tu_below(&r, (uint32_t)E)] += 1.0;
+            }
+        /* one expert seen only in the oldest pass */
+        epx_counts_row(c, 0, L - 1)[E - 1] += 1.0;
+        check_plan(c, &rs.s, rs.groups, EPX_NODE_LOCAL_DEFAULT, iter);
+        epx_counts_destroy(c);
+    }
+}
+
 /* Brute force over every map of a tiny layer (each expert >= 1 replica):
  * the search's result is a real placement, never better than the optimum,
  * never worse than its greedy start, and often optimal. */
@@ -543,10 +588,16 @@ static void backtest_traces(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(random_plans),      cmocka_unit_test(public_api_estimates),
-        cmocka_unit_test(shares_vs_maxflow), cmocka_unit_test(search_vs_brute_force),
-        cmocka_unit_test(estimates_by_hand), cmocka_unit_test(cross_node_by_hand),
-        cmocka_unit_test(bad_options),       cmocka_unit_test(backtest_traces),
+        cmocka_unit_test(random_plans),
+        cmocka_unit_test(public_api_estimates),
+        cmocka_unit_test(shares_vs_maxflow),
+        cmocka_unit_test(search_vs_brute_force),
+        cmocka_unit_test(estimates_by_hand),
+        cmocka_unit_test(cross_node_by_hand),
+        cmocka_unit_test(bad_options),
+        cmocka_unit_test(backtest_traces),
+        cmocka_unit_test(shares_of_a_vanishing_load),
+        cmocka_unit_test(sparse_per_pass_rows),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

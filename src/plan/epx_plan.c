@@ -291,6 +291,20 @@ static void shares_for(plan_ws *w, const layer_cfg *c, const int32_t *map, const
         memcpy(share, w->even_share, (size_t)P * sizeof *share);
 }
 
+/* Every load a layer is planned on must be finite: entries are checked at
+ * the entry point, but a sum over many windows of huge counts can still
+ * overflow. Such a load is an error naming layer and expert, never a plan. */
+static epx_status check_finite(const double *x, int32_t E, int32_t layer, const char *what,
+                               epx_error *err) {
+    for (int32_t e = 0; e < E; e++)
+        if (!isfinite(x[e]))
+            return epxi_fail(err, EPX_ERR_INVALID_ARG,
+                             "the %s of layer %d, expert %d is %g: the counts are too large to "
+                             "sum in double precision; scale them down",
+                             what, layer, e, x[e]);
+    return EPX_OK;
+}
+
 static epx_status resolve(const epx_counts *counts, const epx_shape *shape,
                           const epx_plan_opts *opts, const epxi_knobs *k, layer_cfg *c,
                           epx_node_local *mode_out, epx_estimate *est_out, epx_error *err) {
@@ -379,6 +393,7 @@ epx_status epxi_plan_epx_knobs(const epx_counts *counts, const epx_shape *shape,
         int32_t *map = map_out + (size_t)l * P;
         double *share = share_out + (size_t)l * P;
         epxi_estimate_layer(counts, l, EPX_ESTIMATE_SUM, 0.0, w.sum);
+        if ((st = check_finite(w.sum, E, l, "summed load", err)) != EPX_OK) break;
         double top = 0.0;
         for (int32_t e = 0; e < E; e++)
             if (w.sum[e] > top) top = w.sum[e];
@@ -447,6 +462,7 @@ epx_status epxi_plan_epx_knobs(const epx_counts *counts, const epx_shape *shape,
                 memcpy(w.est, w.sum, (size_t)E * sizeof *w.est);
                 for (int32_t i = 0; i < 2; i++) {
                     epxi_estimate_layer(counts, l, kinds[i], -1.0, w.alt);
+                    if ((st = check_finite(w.alt, E, l, "estimated load", err)) != EPX_OK) break;
                     memcpy(w.best, w.pick, (size_t)P * sizeof *w.best);
                     w.search_holds_best = false;
                     int32_t d = dups;
@@ -458,9 +474,11 @@ epx_status epxi_plan_epx_knobs(const epx_counts *counts, const epx_shape *shape,
                         memcpy(w.est, w.alt, (size_t)E * sizeof *w.est);
                     }
                 }
+                if (st != EPX_OK) break;
                 memcpy(w.best, map, (size_t)P * sizeof *w.best);
             } else {
                 epxi_estimate_layer(counts, l, kind, opts->estimate_param, w.est);
+                if ((st = check_finite(w.est, E, l, "estimated load", err)) != EPX_OK) break;
                 inf.moves += refine_for(&w, &c, w.est, cap, &dups);
             }
             est = w.est;
@@ -468,6 +486,10 @@ epx_status epxi_plan_epx_knobs(const epx_counts *counts, const epx_shape *shape,
         memcpy(map, w.best, (size_t)P * sizeof *map);
         inf.duplicates_left += dups;
         shares_for(&w, &c, map, est, cap, share);
+    }
+    if (st != EPX_OK) {
+        ws_free(&w);
+        return st;
     }
     if (opts->progress) opts->progress(opts->progress_user, "layers planned", L, L);
     if (opts->log)
