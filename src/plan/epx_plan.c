@@ -375,6 +375,29 @@ epx_status epxi_plan_epx_knobs(const epx_counts *counts, const epx_shape *shape,
     const int32_t L = shape->num_layers, E = shape->num_logical_experts;
     const int32_t P = shape->num_physical_experts, G = shape->num_gpus, N = shape->num_nodes;
     const int32_t S = counts->num_windows;
+    double track_h = 0.0;
+    if (k->track > 0 && S > 1 && kind == EPX_ESTIMATE_RECENCY &&
+        opts->estimate == EPX_ESTIMATE_DEFAULT) {
+        /* Where the load moves, the summed history is the wrong target and
+         * its cap holds the plan back: plan for the estimate as if it were
+         * the whole load (DeepSeek's map of the estimate is then the guard). */
+        bool shifted = false;
+        double h = k->track_h > 0.0 ? k->track_h : epxi_choose_half_life(counts, &shifted);
+        if (!shifted && h < k->min_h) h = k->min_h;
+        if (k->track == 2 || (k->track == 1 && h < k->moved_h) || (k->track == 3 && shifted)) {
+            epx_counts *one = NULL;
+            EPX_TRY(epx_counts_create(1, counts->num_layers, counts->num_experts, &one, err));
+            for (int32_t l = 0; l < counts->num_layers; l++)
+                epxi_estimate_layer(counts, l, isinf(h) ? EPX_ESTIMATE_SUM : EPX_ESTIMATE_RECENCY,
+                                    h, epx_counts_row(one, 0, l));
+            epx_status st1 =
+                epxi_plan_epx_knobs(one, shape, opts, k, map_out, share_out, info, err);
+            epx_counts_destroy(one);
+            if (st1 == EPX_OK && info != NULL) info->half_life = h, info->tracked = true;
+            return st1;
+        }
+        track_h = h;
+    }
     plan_ws w;
     epx_status st = ws_alloc(&w, counts, shape, c.node_local ? c.ng : 1, c.node_local ? N : 1,
                              c.node_local, err);
@@ -387,6 +410,7 @@ epx_status epxi_plan_epx_knobs(const epx_counts *counts, const epx_shape *shape,
     inf.node_local = mode;
     inf.estimate = kind;
     inf.budget = c.budget;
+    inf.half_life = track_h;
     for (int32_t l = 0; l < L; l++) {
         /* Progress counts finished layers; the dense-layer path continues early. */
         if (opts->progress && l > 0) opts->progress(opts->progress_user, "layers planned", l, L);
@@ -477,7 +501,11 @@ epx_status epxi_plan_epx_knobs(const epx_counts *counts, const epx_shape *shape,
                 if (st != EPX_OK) break;
                 memcpy(w.best, map, (size_t)P * sizeof *w.best);
             } else {
-                epxi_estimate_layer(counts, l, kind, opts->estimate_param, w.est);
+                epxi_estimate_layer(counts, l, kind,
+                                    k->track == 3 && track_h > 0.0 && !isinf(track_h)
+                                        ? track_h
+                                        : opts->estimate_param,
+                                    w.est);
                 if ((st = check_finite(w.est, E, l, "estimated load", err)) != EPX_OK) break;
                 inf.moves += refine_for(&w, &c, w.est, cap, &dups);
             }
