@@ -97,7 +97,7 @@ double epxi_choose_half_life(const epx_counts *c, bool *shifted) {
      * for it, much farther than the windows before it were from theirs.
      * Then only the newest window speaks for the next one. */
     const int32_t before = S - 1 - first;
-    if (before >= 2) { /* one earlier error is too noisy a yardstick */
+    if (before >= 2) {        /* one earlier error is too noisy a yardstick */
         double lo = HUGE_VAL; /* the smallest ratio over the candidates */
         for (int i = 0; i < NHALF; i++) {
             const double prev = (err[i] - last[i]) / before;
