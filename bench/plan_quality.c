@@ -519,6 +519,26 @@ static double grid_next(const planner *pl, const epx_counts *c, const epx_shape 
     return t / n;
 }
 
+/* Plan once (on windows 0..GRID_FIRST), then only re-fit the shares to each
+ * window w (epx_plan_refit_shares) and score w + 1: no weight moves after
+ * the first plan. */
+static double grid_refit(const planner *pl, const epx_counts *c, const epx_shape *s,
+                         int32_t groups) {
+    epx_counts v = prefix(c, GRID_FIRST + 1);
+    planned p = run_plan(pl, &v, s, groups);
+    double t = 0.0;
+    int n = 0;
+    epx_error e = {0};
+    for (int32_t w = GRID_FIRST; w + 1 < c->num_windows; w++) {
+        if (epx_plan_refit_shares(p.layout, epx_counts_row(c, w, 0), p.weights, &e) != EPX_OK)
+            die("refit", &e);
+        t += balance(&p, epx_counts_row(c, w + 1, 0), true);
+        n++;
+    }
+    planned_free(&p);
+    return t / n;
+}
+
 static epxi_knobs g_grid_knobs[8];
 static planner g_grid_variants[8];
 static int g_grid_nvariants = 0;
@@ -556,10 +576,12 @@ static void grid(int seed_lo, int seed_hi, const char *which) {
     printf("## next-window grid, %s seeds %d-%d: %d windows of %d tokens, plan on 0..w, score "
            "w + 1 for w = %d..%d\n\n",
            which, seed_lo, seed_hi, GRID_WINDOWS, GRID_TOKENS, GRID_FIRST, GRID_WINDOWS - 2);
+    const bool refit = g_grid_nvariants > 1;
     printf("| trace | model | GPUs/nodes/P | epx mode | DS last | DS sum |");
     for (int v = 0; v < g_grid_nvariants; v++) printf(" %s |", g_grid_variants[v].name);
+    if (refit) printf(" epx planned once, shares re-fit each window |");
     printf(" epx - best baseline |\n|---|---|---|---|---|---|");
-    for (int v = 0; v <= g_grid_nvariants; v++) printf("---|");
+    for (int v = 0; v <= g_grid_nvariants + refit; v++) printf("---|");
     printf("\n");
     double worst[8], mean_delta[8];
     int losses[8], cells = 0;
@@ -571,7 +593,7 @@ static void grid(int seed_lo, int seed_hi, const char *which) {
         if (epx_model_lookup(g->model, &m, &e) != EPX_OK) die("model", &e);
         for (int t = 0; t < NGRID_TRACES; t++) {
             const grid_trace *gt = &GRID_TRACES[t];
-            double dl = 0, dsum = 0, x[8] = {0};
+            double dl = 0, dsum = 0, x[8] = {0}, rf = 0;
             for (int seed = seed_lo; seed <= seed_hi; seed++) {
                 epx_trace_opts o = EPX_TRACE_OPTS_INIT;
                 o.num_windows = GRID_WINDOWS;
@@ -589,6 +611,11 @@ static void grid(int seed_lo, int seed_hi, const char *which) {
                     xp.node_local = g->mode;
                     x[v] += grid_next(&xp, c, &s, g->groups, false);
                 }
+                if (refit) {
+                    planner xp = EPX;
+                    xp.node_local = g->mode;
+                    rf += grid_refit(&xp, c, &s, g->groups);
+                }
                 epx_counts_destroy(c);
             }
             const int ns = seed_hi - seed_lo + 1;
@@ -604,6 +631,7 @@ static void grid(int seed_lo, int seed_hi, const char *which) {
                 losses[v] += d < 0.0;
                 printf(" %.4f |", x[v]);
             }
+            if (refit) printf(" %.4f |", rf / ns);
             printf(" %+.4f%s |\n", x[0] - best, x[0] - best < 0.0 ? " LOSS" : "");
             cells++;
             fflush(stdout);

@@ -412,6 +412,69 @@ static void shift_detection(void **state) {
     epx_counts_destroy(c);
 }
 
+/* epx_plan_refit_shares: plan once, re-fit the shares to another window's
+ * counts. The shares are valid, never worse than the even split on that
+ * window, identical to the planner's water-filling layer by layer, and the
+ * even split on a layer without load; bad loads are explained errors. */
+static void refit_shares(void **state) {
+    (void)state;
+    tu_rng r = {tu_seed(1616)};
+    for (int iter = 0; iter < 40; iter++) {
+        rshape rs = random_shape(&r);
+        const epx_shape *s = &rs.s;
+        const int32_t L = s->num_layers, E = s->num_logical_experts;
+        const int32_t P = s->num_physical_experts, G = s->num_gpus;
+        epx_counts *c = random_counts(&r, s, 2);
+        epx_counts first = *c;
+        first.num_windows = 1;
+        epx_plan_opts o = EPX_PLAN_OPTS_INIT;
+        epx_plan *plan = NULL;
+        epx_error err = {0};
+        assert_int_equal(epx_plan_compute(&first, s, &o, &plan, &err), EPX_OK);
+        const epx_layout *lay = epx_plan_layout(plan);
+        const int32_t *map = epx_layout_physical_to_logical(lay);
+        const double *next = epx_counts_row(c, 1, 0); /* [L][E] */
+        double *share = malloc((size_t)L * P * sizeof *share);
+        double *ref = malloc((size_t)P * sizeof *ref);
+        assert_int_equal(epx_plan_refit_shares(lay, next, share, &err), EPX_OK);
+        epxi_shares_ws *ws = NULL;
+        assert_int_equal(epxi_shares_ws_create(E, P, G, &ws, &err), EPX_OK);
+        for (int32_t l = 0; l < L; l++) {
+            const int32_t *m = map + (size_t)l * P;
+            const double *w = next + (size_t)l * E, *sh = share + (size_t)l * P;
+            double *sum = calloc((size_t)E, sizeof *sum);
+            for (int32_t p = 0; p < P; p++) {
+                assert_true(sh[p] >= 0.0 && isfinite(sh[p]));
+                sum[m[p]] += sh[p];
+            }
+            for (int32_t e = 0; e < E; e++) assert_true(fabs(sum[e] - 1.0) <= 1e-9);
+            free(sum);
+            const double even = ref_max_load(m, NULL, w, E, P, G);
+            assert_true(ref_max_load(m, sh, w, E, P, G) <= even * (1 + 1e-12) + 1e-12);
+            (void)epxi_shares_compute(ws, m, w, E, P, G, EPXI_REFIT_SWEEPS, ref);
+            assert_memory_equal(ref, sh, (size_t)P * sizeof *ref);
+        }
+        epxi_shares_ws_destroy(ws);
+        /* a layer without load: the even split */
+        double *zero = calloc((size_t)L * E, sizeof *zero);
+        assert_int_equal(epx_plan_refit_shares(lay, zero, share, &err), EPX_OK);
+        int32_t *cnt = calloc((size_t)E, sizeof *cnt);
+        for (int32_t p = 0; p < P; p++) cnt[map[p]]++;
+        for (int32_t p = 0; p < P; p++) assert_true(share[p] == 1.0 / cnt[map[p]]);
+        free(cnt);
+        /* bad loads */
+        zero[(size_t)(L - 1) * E + (E - 1)] = NAN;
+        assert_int_equal(epx_plan_refit_shares(lay, zero, share, &err), EPX_ERR_INVALID_ARG);
+        char want[64];
+        snprintf(want, sizeof want, "layer %d, expert %d", L - 1, E - 1);
+        assert_non_null(strstr(err.msg, want));
+        assert_int_equal(epx_plan_refit_shares(NULL, zero, share, &err), EPX_ERR_INVALID_ARG);
+        free(zero), free(share), free(ref);
+        epx_plan_destroy(plan);
+        epx_counts_destroy(c);
+    }
+}
+
 /* Brute force over every map of a tiny layer (each expert >= 1 replica):
  * the search's result is a real placement, never better than the optimum,
  * never worse than its greedy start, and often optimal. */
@@ -672,6 +735,7 @@ int main(void) {
         cmocka_unit_test(shares_of_a_vanishing_load),
         cmocka_unit_test(sparse_per_pass_rows),
         cmocka_unit_test(shift_detection),
+        cmocka_unit_test(refit_shares),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

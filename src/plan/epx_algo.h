@@ -190,6 +190,7 @@ typedef struct epxi_knobs {
  * plain sum predicts best (the history looks stationary). */
 EPXI_HIDDEN double epxi_choose_half_life(const epx_counts *counts, bool *shifted);
 #define EPXI_SHIFT_RATIO 2.5 /* newest window's error / the earlier ones' */
+#define EPXI_REFIT_SWEEPS 16 /* water-filling sweeps of epx_plan_refit_shares, as the planner's */
 
 /* Per-run figures, for benchmarks and tests. */
 typedef struct epxi_plan_info {

@@ -182,3 +182,31 @@ double epxi_shares_compute(epxi_shares_ws *ws, const int32_t *map, const double 
     }
     return epxi_layer_gpu_loads(map, w, share, NULL, NULL, 0, P, G, NULL, ws->load);
 }
+
+/* The public re-fit: the same water-filling, one layer at a time, over a
+ * layout in service (issue 16: re-fit every window, re-plan less often). */
+epx_status epx_plan_refit_shares(const epx_layout *layout, const double *load, double *share,
+                                 epx_error *err) {
+    if (layout == NULL || load == NULL || share == NULL)
+        return epxi_fail(err, EPX_ERR_INVALID_ARG, "NULL argument");
+    const epx_shape *s = epx_layout_shape(layout);
+    const int32_t L = s->num_layers, E = s->num_logical_experts;
+    const int32_t P = s->num_physical_experts, G = s->num_gpus;
+    for (int32_t l = 0; l < L; l++)
+        for (int32_t e = 0; e < E; e++) {
+            const double x = load[(size_t)l * (size_t)E + (size_t)e];
+            if (!(x >= 0.0) || !isfinite(x))
+                return epxi_fail(err, EPX_ERR_INVALID_ARG,
+                                 "load of layer %d, expert %d is %g: loads must be finite and "
+                                 ">= 0",
+                                 l, e, x);
+        }
+    epxi_shares_ws *ws = NULL;
+    EPX_TRY(epxi_shares_ws_create(E, P, G, &ws, err));
+    const int32_t *map = epx_layout_physical_to_logical(layout);
+    for (int32_t l = 0; l < L; l++)
+        (void)epxi_shares_compute(ws, map + (size_t)l * (size_t)P, load + (size_t)l * (size_t)E, E,
+                                  P, G, EPXI_REFIT_SWEEPS, share + (size_t)l * (size_t)P);
+    epxi_shares_ws_destroy(ws);
+    return EPX_OK;
+}
