@@ -13,16 +13,21 @@
  * over the nodes), epx with its defaults; epx's balancedness uses its
  * replica weights, DeepSeek's the even split its dispatch does.
  * Results are checked before anything is timed: every plan is a valid
- * layout (epx_plan_compute builds it), and epx must not be below DeepSeek
- * in-sample; a violation is printed and the exit status is 1.
+ * layout (epx_plan_compute builds it; a failure exits 2). epx below DeepSeek
+ * in-sample is marked "(<deepseek)": since issue 16 the default plans for
+ * its estimate alone where the load moves, and the sum is not its target.
  *
  * Extra sections (the measurements behind docs/PLACEMENT.md):
  *   --estimates  next-window balancedness per estimate (the default's choice)
  *   --ablate     each lever of epx's algorithm switched off in turn
  *   --budget     relaxed mode's cross-node budget against balance and traffic
  *   --timing     only the two timing targets of issue 3
+ *   --grid       next-window back-test on synthetic traces (wider skew,
+ *                drift 0.3, shifts) against DeepSeek on the last window and
+ *                on the summed history, tuning seeds then held-out seeds
+ *                (--grid-seeds 1..2,11..13 by default)
  * Usage: bench_plan_quality [--shared DIR] [--estimates] [--ablate] [--budget]
- *                           [--timing]
+ *                           [--timing] [--grid [--grid-seeds A..B,C..D]]
  */
 #include <math.h>
 #include <stdio.h>
@@ -208,12 +213,13 @@ static void main_table(const char *shared) {
             epx_shape s = make_shape(c, SHAPES[k].G, SHAPES[k].N);
             int32_t gr = groups_of(TRACES[t]);
             quality d = measure(&DS, c, &s, gr, 3), x = measure(&EPX, c, &s, gr, 3);
+            /* Below DeepSeek in-sample is allowed since issue 16: where the
+             * load moves, the default plans for the estimate, not the sum. */
             bool bad = x.in_sample < d.in_sample - 1e-12;
-            if (bad) g_failures++;
             printf(
                 "| %s | %d/%d | %d | %.4f | %.4f%s | %.4f | %.4f (%.4f) | %.2f | %.2f | %.3f |\n",
                 TRACES[t], s.num_gpus, s.num_nodes, s.num_physical_experts, d.in_sample,
-                x.in_sample, bad ? " FAIL<deepseek" : "", d.next, x.next, x.next_even,
+                x.in_sample, bad ? " (<deepseek)" : "", d.next, x.next, x.next_even,
                 1e3 * d.seconds, 1e3 * x.seconds, x.cross);
             fflush(stdout);
         }
@@ -239,7 +245,6 @@ static void timing(const char *shared) {
         epx_shape s = {c->num_layers, c->num_experts, cases[i].P, cases[i].G, cases[i].N};
         quality d = measure(&DS, c, &s, cases[i].groups, 5);
         quality x = measure(&EPX, c, &s, cases[i].groups, 5);
-        if (x.in_sample < d.in_sample - 1e-12) g_failures++;
         printf("| %s %d GPUs/%d nodes/%d | %.2f | %.2f | %.4f | %.4f | %.4f | %.4f |\n",
                cases[i].trace, s.num_gpus, s.num_nodes, s.num_physical_experts, 1e3 * d.seconds,
                1e3 * x.seconds, d.in_sample, x.in_sample, d.next, x.next);
@@ -301,6 +306,29 @@ static void estimates(const char *shared) {
           "estimates: mean over 5 traces x 4 shapes (back-test: plan on windows <= w, score "
           "w + 1)",
           false);
+}
+
+/* The default before and after tracking (issue 16) on shared/traces. */
+static void tracking(const char *shared) {
+    static epxi_knobs old;
+    old = K_DEFAULT;
+    old.track = 0;
+    static epxi_knobs t3;
+    t3 = K_DEFAULT;
+    t3.track = 3;
+    static epxi_knobs t6;
+    t6 = K_DEFAULT;
+    t6.min_h = 0.5;
+    static planner p[] = {
+        {"deepseek(auto), sum", EPX_ALGO_AUTO, NULL, 0, 0, -1, -1},
+        {"old default: recency h=0.5 under the summed cap", EPX_ALGO_EPX, &old, 0, 0, -1, -1},
+        {"default: tracking (chosen half-life, no cap when moved)", EPX_ALGO_EPX, NULL, 0, 0, -1,
+         -1},
+        {"track on a shift only, else chosen h under the cap", EPX_ALGO_EPX, &t3, 0, 0, -1, -1},
+        {"tracking, h >= 0.5 unless shifted", EPX_ALGO_EPX, &t6, 0, 0, -1, -1},
+    };
+    sweep(shared, p, (int)(sizeof p / sizeof p[0]),
+          "the default before and after tracking: mean over 5 traces x 4 shapes", false);
 }
 
 /* Replicas that share a GPU with another replica of their expert. */
@@ -427,10 +455,202 @@ static void budget(const char *shared) {
     g_only_shape = -1;
 }
 
+/* ---- the next-window grid (issue 16) ------------------------------------
+ * Synthetic traces the planners were never tuned on: wider skew, stronger
+ * drift, workload shifts. Each cell: plan on windows 0..w, score on w + 1,
+ * for w = GRID_FIRST..S-2, averaged over seeds. Two baselines, both
+ * DeepSeek as SGLang runs it (`auto`): planned on the last window alone,
+ * and on the summed history (what SGLang's rebalance does). Parameters of
+ * epx are chosen on the tuning seeds; the table reports the held-out ones. */
+typedef struct grid_trace {
+    const char *label;
+    double lo, hi, drift;
+    int32_t shift;
+} grid_trace;
+static const grid_trace GRID_TRACES[] = {
+    {"σ 0.8-1.3, drift 0.1", 0.8, 1.3, 0.1, 0},
+    {"σ 0.8-1.3, drift 0.3", 0.8, 1.3, 0.3, 0},
+    {"σ 1.2-1.6, drift 0.1", 1.2, 1.6, 0.1, 0},
+    {"σ 1.2-1.6, drift 0.3", 1.2, 1.6, 0.3, 0},
+    {"σ 0.8-1.3, drift 0.1, shift@5", 0.8, 1.3, 0.1, 5},
+    {"σ 1.2-1.6, drift 0.3, shift@5", 1.2, 1.6, 0.3, 5},
+};
+#define NGRID_TRACES (int)(sizeof GRID_TRACES / sizeof GRID_TRACES[0])
+
+typedef struct grid_shape {
+    const char *model;
+    int32_t G, N, P, groups;
+    epx_node_local mode;
+} grid_shape;
+static const grid_shape GRID_SHAPES[] = {
+    {"kimi-k2", 8, 1, 416, 0, EPX_NODE_LOCAL_OFF},
+    {"kimi-k2", 8, 1, 384, 0, EPX_NODE_LOCAL_OFF},
+    {"qwen3-235b", 16, 2, 160, 0, EPX_NODE_LOCAL_OFF},
+    {"deepseek-v3", 32, 4, 288, 8, EPX_NODE_LOCAL_RELAXED},
+    {"deepseek-v3", 32, 4, 288, 8, EPX_NODE_LOCAL_STRICT},
+    {"deepseek-v3", 64, 8, 320, 8, EPX_NODE_LOCAL_RELAXED},
+    {"deepseek-v3", 64, 8, 320, 8, EPX_NODE_LOCAL_STRICT},
+};
+#define NGRID_SHAPES (int)(sizeof GRID_SHAPES / sizeof GRID_SHAPES[0])
+#define GRID_WINDOWS 8
+#define GRID_FIRST 2
+#define GRID_TOKENS 16384
+
+static const char *mode_name(epx_node_local m) {
+    return m == EPX_NODE_LOCAL_STRICT ? "strict" : m == EPX_NODE_LOCAL_RELAXED ? "relaxed" : "off";
+}
+
+/* Next-window balancedness of one planner on one trace, mean over w. */
+static double grid_next(const planner *pl, const epx_counts *c, const epx_shape *s, int32_t groups,
+                        bool last_only) {
+    double t = 0.0;
+    int n = 0;
+    for (int32_t w = GRID_FIRST; w + 1 < c->num_windows; w++) {
+        epx_counts v = prefix(c, w + 1);
+        if (last_only) { /* the last window alone */
+            v.num_windows = 1;
+            v.data = epx_counts_row(c, w, 0);
+        }
+        planned p = run_plan(pl, &v, s, groups);
+        t += balance(&p, epx_counts_row(c, w + 1, 0), pl->algo == EPX_ALGO_EPX);
+        n++;
+        planned_free(&p);
+    }
+    return t / n;
+}
+
+/* Plan once (on windows 0..GRID_FIRST), then only re-fit the shares to each
+ * window w (epx_plan_refit_shares) and score w + 1: no weight moves after
+ * the first plan. */
+static double grid_refit(const planner *pl, const epx_counts *c, const epx_shape *s,
+                         int32_t groups) {
+    epx_counts v = prefix(c, GRID_FIRST + 1);
+    planned p = run_plan(pl, &v, s, groups);
+    double t = 0.0;
+    int n = 0;
+    epx_error e = {0};
+    for (int32_t w = GRID_FIRST; w + 1 < c->num_windows; w++) {
+        if (epx_plan_refit_shares(p.layout, epx_counts_row(c, w, 0), p.weights, &e) != EPX_OK)
+            die("refit", &e);
+        t += balance(&p, epx_counts_row(c, w + 1, 0), true);
+        n++;
+    }
+    planned_free(&p);
+    return t / n;
+}
+
+static epxi_knobs g_grid_knobs[8];
+static planner g_grid_variants[8];
+static int g_grid_nvariants = 0;
+
+/* The epx variants the grid compares: the default first. */
+static void grid_variants(bool all) {
+    static const epxi_knobs def = EPXI_KNOBS_DEFAULT;
+    static const char *names[] = {"epx",
+                                  "old default (summed cap)",
+                                  "estimate h=0.5",
+                                  "estimate, chosen h",
+                                  "estimate when moved (h<4)",
+                                  "estimate on a shift, else chosen h under the cap",
+                                  "estimate when moved, h >= 0.5 unless shifted"};
+    const int n = all ? 7 : 1;
+    for (int i = 0; i < n; i++) {
+        g_grid_knobs[i] = def;
+        g_grid_variants[i] = EPX;
+        g_grid_variants[i].name = names[i];
+        g_grid_variants[i].knobs = &g_grid_knobs[i];
+    }
+    g_grid_variants[0].knobs = NULL; /* the public default */
+    if (all) {
+        g_grid_knobs[1].track = 0;
+        g_grid_knobs[2].track = 2, g_grid_knobs[2].track_h = 0.5;
+        g_grid_knobs[3].track = 2, g_grid_knobs[3].track_h = 0.0;
+        g_grid_knobs[4].track = 1, g_grid_knobs[4].track_h = 0.0, g_grid_knobs[4].moved_h = 4.0;
+        g_grid_knobs[5].track = 3, g_grid_knobs[5].track_h = 0.0;
+        g_grid_knobs[6].min_h = 0.5;
+    }
+    g_grid_nvariants = n;
+}
+
+static void grid(int seed_lo, int seed_hi, const char *which) {
+    printf("## next-window grid, %s seeds %d-%d: %d windows of %d tokens, plan on 0..w, score "
+           "w + 1 for w = %d..%d\n\n",
+           which, seed_lo, seed_hi, GRID_WINDOWS, GRID_TOKENS, GRID_FIRST, GRID_WINDOWS - 2);
+    const bool refit = g_grid_nvariants > 1;
+    printf("| trace | model | GPUs/nodes/P | epx mode | DS last | DS sum |");
+    for (int v = 0; v < g_grid_nvariants; v++) printf(" %s |", g_grid_variants[v].name);
+    if (refit) printf(" epx planned once, shares re-fit each window |");
+    printf(" epx - best baseline |\n|---|---|---|---|---|---|");
+    for (int v = 0; v <= g_grid_nvariants + refit; v++) printf("---|");
+    printf("\n");
+    double worst[8], mean_delta[8];
+    int losses[8], cells = 0;
+    for (int v = 0; v < 8; v++) worst[v] = HUGE_VAL, mean_delta[v] = 0.0, losses[v] = 0;
+    for (int k = 0; k < NGRID_SHAPES; k++) {
+        const grid_shape *g = &GRID_SHAPES[k];
+        const epx_model *m = NULL;
+        epx_error e = {0};
+        if (epx_model_lookup(g->model, &m, &e) != EPX_OK) die("model", &e);
+        for (int t = 0; t < NGRID_TRACES; t++) {
+            const grid_trace *gt = &GRID_TRACES[t];
+            double dl = 0, dsum = 0, x[8] = {0}, rf = 0;
+            for (int seed = seed_lo; seed <= seed_hi; seed++) {
+                epx_trace_opts o = EPX_TRACE_OPTS_INIT;
+                o.num_windows = GRID_WINDOWS;
+                o.tokens = GRID_TOKENS;
+                o.seed = (uint64_t)seed;
+                o.skew_lo = gt->lo, o.skew_hi = gt->hi, o.drift = gt->drift;
+                o.shift_window = gt->shift;
+                epx_counts *c = NULL;
+                if (epx_trace_synth(m, &o, &c, &e) != EPX_OK) die("trace", &e);
+                epx_shape s = {c->num_layers, c->num_experts, g->P, g->G, g->N};
+                dl += grid_next(&DS, c, &s, g->groups, true);
+                dsum += grid_next(&DS, c, &s, g->groups, false);
+                for (int v = 0; v < g_grid_nvariants; v++) {
+                    planner xp = g_grid_variants[v];
+                    xp.node_local = g->mode;
+                    x[v] += grid_next(&xp, c, &s, g->groups, false);
+                }
+                if (refit) {
+                    planner xp = EPX;
+                    xp.node_local = g->mode;
+                    rf += grid_refit(&xp, c, &s, g->groups);
+                }
+                epx_counts_destroy(c);
+            }
+            const int ns = seed_hi - seed_lo + 1;
+            dl /= ns, dsum /= ns;
+            const double best = dl > dsum ? dl : dsum;
+            printf("| %s | %s | %d/%d/%d | %s | %.4f | %.4f |", gt->label, g->model, g->G, g->N,
+                   g->P, mode_name(g->mode), dl, dsum);
+            for (int v = 0; v < g_grid_nvariants; v++) {
+                x[v] /= ns;
+                const double d = x[v] - best;
+                if (d < worst[v]) worst[v] = d;
+                mean_delta[v] += d;
+                losses[v] += d < 0.0;
+                printf(" %.4f |", x[v]);
+            }
+            if (refit) printf(" %.4f |", rf / ns);
+            printf(" %+.4f%s |\n", x[0] - best, x[0] - best < 0.0 ? " LOSS" : "");
+            cells++;
+            fflush(stdout);
+        }
+    }
+    printf("\n");
+    for (int v = 0; v < g_grid_nvariants; v++)
+        printf("%s: below the better baseline in %d of %d cells; mean - best %+.4f, worst "
+               "%+.4f\n",
+               g_grid_variants[v].name, losses[v], cells, mean_delta[v] / cells, worst[v]);
+    printf("\n");
+}
+
 int main(int argc, char **argv) {
     const char *shared = getenv("EPX_SHARED");
     if (shared == NULL) shared = "../shared";
-    bool est = false, abl = false, bud = false, only_timing = false;
+    bool est = false, abl = false, bud = false, only_timing = false, grd = false, grid_all = false,
+         trk = false;
+    int tune_lo = 1, tune_hi = 2, held_lo = 11, held_hi = 13;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--shared") == 0 && i + 1 < argc)
             shared = argv[++i];
@@ -442,13 +662,28 @@ int main(int argc, char **argv) {
             bud = true;
         else if (strcmp(argv[i], "--timing") == 0)
             only_timing = true;
+        else if (strcmp(argv[i], "--tracking") == 0)
+            trk = true;
+        else if (strcmp(argv[i], "--grid") == 0)
+            grd = true;
+        else if (strcmp(argv[i], "--grid-variants") == 0)
+            grd = grid_all = true;
+        else if (strcmp(argv[i], "--grid-seeds") == 0 && i + 1 < argc &&
+                 sscanf(argv[i + 1], "%d..%d,%d..%d", &tune_lo, &tune_hi, &held_lo, &held_hi) == 4)
+            i++;
         else {
             fprintf(stderr,
                     "usage: %s [--shared DIR] [--estimates] [--ablate] [--budget] "
-                    "[--timing]\n",
+                    "[--timing] [--grid [--grid-seeds A..B,C..D]]\n",
                     argv[0]);
             return 2;
         }
+    }
+    if (grd) { /* synthetic: needs no shared traces */
+        grid_variants(grid_all);
+        grid(tune_lo, tune_hi, "tuning");
+        grid(held_lo, held_hi, "held-out");
+        return g_failures ? 1 : 0;
     }
     char probe[4200];
     snprintf(probe, sizeof probe, "%s/traces/kimi_k2.json", shared);
@@ -459,6 +694,10 @@ int main(int argc, char **argv) {
         return 2;
     }
     fclose(f);
+    if (trk) {
+        tracking(shared);
+        return 0;
+    }
     timing(shared);
     if (!only_timing && !est && !abl && !bud) main_table(shared);
     if (est) estimates(shared);

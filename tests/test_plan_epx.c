@@ -129,7 +129,9 @@ static void check_plan(const epx_counts *c, const epx_shape *s, int32_t groups, 
     int32_t *map = malloc(LP * sizeof *map), *map2 = malloc(LP * sizeof *map2);
     double *share = malloc(LP * sizeof *share), *share2 = malloc(LP * sizeof *share2);
     epx_error err = {0};
-    epx_status st = epxi_plan_epx(c, s, &o, map, share, &err);
+    static const epxi_knobs kd = EPXI_KNOBS_DEFAULT;
+    epxi_plan_info info;
+    epx_status st = epxi_plan_epx_knobs(c, s, &o, &kd, map, share, &info, &err);
     if (st != EPX_OK)
         fprintf(stderr, "iter %d: L%d E%d P%d G%d N%d groups %d mode %d: %s\n", iter, L, E, P, G, N,
                 groups, (int)mode, err.msg);
@@ -147,7 +149,9 @@ static void check_plan(const epx_counts *c, const epx_shape *s, int32_t groups, 
         }
         for (int32_t e = 0; e < E; e++) assert_true(fabs(sum[e] - 1.0) <= 1e-9);
     }
-    /* never worse than DeepSeek under the same constraints */
+    /* never worse than DeepSeek under the same constraints, on the summed
+     * load; unless the history moved (then the plan is made for the
+     * estimate alone, and the sum is not its target) */
     const bool node_local = N > 1 && groups > 0 && groups % N == 0 && mode != EPX_NODE_LOCAL_OFF;
     int32_t *ds = deepseek_map(c, s, groups, node_local);
     double *w = calloc((size_t)E, sizeof *w);
@@ -158,6 +162,7 @@ static void check_plan(const epx_counts *c, const epx_shape *s, int32_t groups, 
         double d = ref_max_load(ds + (size_t)l * P, NULL, w, E, P, G);
         double me = ref_max_load(map + (size_t)l * P, NULL, w, E, P, G);
         double mw = ref_max_load(map + (size_t)l * P, share + (size_t)l * P, w, E, P, G);
+        if (info.tracked) continue;
         if (me > d * (1 + 1e-12) + 1e-12 || mw > d * (1 + 1e-9) + 1e-9)
             fprintf(stderr, "iter %d layer %d: deepseek %.17g, epx even %.17g, shares %.17g\n",
                     iter, l, d, me, mw);
@@ -317,6 +322,156 @@ static void shares_vs_maxflow(void **state) {
         assert_true(fabs(got - hi) <= 1e-6 * (hi + 1e-9));
         epxi_shares_ws_destroy(ws);
         free(map), free(w), free(share);
+    }
+}
+
+/* An expert whose load rounds to nothing against the GPU loads it is poured
+ * onto (1e-300 against 1e6) once gave 0 / 0 shares; it keeps the even split. */
+static void shares_of_a_vanishing_load(void **state) {
+    (void)state;
+    const int32_t E = 3, P = 4, G = 2;
+    const int32_t map[4] = {0, 2, 1, 2}; /* expert 2 on both GPUs */
+    const double w[3] = {1e6, 1e6, 1e-300};
+    double share[4];
+    epxi_shares_ws *ws = NULL;
+    epx_error err = {0};
+    assert_int_equal(epxi_shares_ws_create(E, P, G, &ws, &err), EPX_OK);
+    double got = epxi_shares_compute(ws, map, w, E, P, G, 100, share);
+    assert_true(isfinite(got));
+    for (int32_t p = 0; p < P; p++) assert_true(isfinite(share[p]) && share[p] >= 0.0);
+    assert_true(fabs(share[1] + share[3] - 1.0) <= 1e-12);
+    epxi_shares_ws_destroy(ws);
+}
+
+/* Sparse per-pass rows, as a recorder dump holds them: thousands of windows
+ * of a few tokens each, many experts (and some whole layers) idle. The
+ * recency weights of old windows underflow toward 0, which once made the
+ * shares NaN; every plan must be valid with finite shares. */
+static void sparse_per_pass_rows(void **state) {
+    (void)state;
+    tu_rng r = {tu_seed(4096)};
+    const int32_t S = 4096;
+    for (int iter = 0; iter < 6; iter++) {
+        rshape rs = random_shape(&r);
+        const int32_t L = rs.s.num_layers, E = rs.s.num_logical_experts;
+        epx_counts *c = NULL;
+        epx_error err = {0};
+        assert_int_equal(epx_counts_create(S, L, E, &c, &err), EPX_OK);
+        for (int32_t s = 0; s < S; s++)
+            for (int32_t l = 1; l < L; l++) { /* layer 0 stays all zero */
+                double *row = epx_counts_row(c, s, l);
+                for (int k = 0; k < 2; k++) /* a couple of tokens per pass */
+                    if (tu_below(&r, 4) == 0) row[tu_below(&r, (uint32_t)E)] += 1.0;
+            }
+        /* one expert seen only in the oldest pass */
+        epx_counts_row(c, 0, L - 1)[E - 1] += 1.0;
+        check_plan(c, &rs.s, rs.groups, EPX_NODE_LOCAL_DEFAULT, iter);
+        epx_counts_destroy(c);
+    }
+}
+
+/* Shift detection: a trace whose hot experts move in its last window picks
+ * the shortest half-life and is planned for the estimate alone; a
+ * stationary one picks a long half-life or the sum and keeps the summed
+ * cap (with it the in-sample guarantee against DeepSeek). */
+static void shift_detection(void **state) {
+    (void)state;
+    const epx_model *m = NULL;
+    epx_error err = {0};
+    assert_int_equal(epx_model_lookup("qwen3-30b", &m, &err), EPX_OK);
+    epx_trace_opts o = EPX_TRACE_OPTS_INIT;
+    o.num_windows = 6;
+    o.tokens = 1 << 16;
+    o.drift = 0.0;
+    epx_counts *c = NULL;
+    assert_int_equal(epx_trace_synth(m, &o, &c, &err), EPX_OK);
+    assert_true(epxi_choose_half_life(c, NULL) >= 2.0);
+    epx_counts_destroy(c);
+    o.shift_window = 5;
+    o.shift_layers = 0.5;
+    assert_int_equal(epx_trace_synth(m, &o, &c, &err), EPX_OK);
+    assert_true(epxi_choose_half_life(c, NULL) == 0.25);
+    /* the plan: tracked, valid */
+    epx_shape s = {c->num_layers, c->num_experts, c->num_experts + 32, 8, 1};
+    const size_t LP = (size_t)s.num_layers * (size_t)s.num_physical_experts;
+    int32_t *map = malloc(LP * sizeof *map);
+    double *share = malloc(LP * sizeof *share);
+    epx_plan_opts po = EPX_PLAN_OPTS_INIT;
+    static const epxi_knobs kd = EPXI_KNOBS_DEFAULT;
+    epxi_plan_info info;
+    assert_int_equal(epxi_plan_epx_knobs(c, &s, &po, &kd, map, share, &info, &err), EPX_OK);
+    assert_true(info.tracked && info.half_life == 0.25);
+    epx_layout *lay = NULL;
+    assert_int_equal(epx_layout_create_from_map(&s, map, &lay, &err), EPX_OK);
+    epx_layout_destroy(lay);
+    /* two windows are too few to tell a move from noise */
+    epx_counts v = *c;
+    v.num_windows = 2;
+    assert_true(isinf(epxi_choose_half_life(&v, NULL)));
+    free(map), free(share);
+    epx_counts_destroy(c);
+}
+
+/* epx_plan_refit_shares: plan once, re-fit the shares to another window's
+ * counts. The shares are valid, never worse than the even split on that
+ * window, identical to the planner's water-filling layer by layer, and the
+ * even split on a layer without load; bad loads are explained errors. */
+static void refit_shares(void **state) {
+    (void)state;
+    tu_rng r = {tu_seed(1616)};
+    for (int iter = 0; iter < 40; iter++) {
+        rshape rs = random_shape(&r);
+        const epx_shape *s = &rs.s;
+        const int32_t L = s->num_layers, E = s->num_logical_experts;
+        const int32_t P = s->num_physical_experts, G = s->num_gpus;
+        epx_counts *c = random_counts(&r, s, 2);
+        epx_counts first = *c;
+        first.num_windows = 1;
+        epx_plan_opts o = EPX_PLAN_OPTS_INIT;
+        epx_plan *plan = NULL;
+        epx_error err = {0};
+        assert_int_equal(epx_plan_compute(&first, s, &o, &plan, &err), EPX_OK);
+        const epx_layout *lay = epx_plan_layout(plan);
+        const int32_t *map = epx_layout_physical_to_logical(lay);
+        const double *next = epx_counts_row(c, 1, 0); /* [L][E] */
+        double *share = malloc((size_t)L * P * sizeof *share);
+        double *ref = malloc((size_t)P * sizeof *ref);
+        assert_int_equal(epx_plan_refit_shares(lay, next, share, &err), EPX_OK);
+        epxi_shares_ws *ws = NULL;
+        assert_int_equal(epxi_shares_ws_create(E, P, G, &ws, &err), EPX_OK);
+        for (int32_t l = 0; l < L; l++) {
+            const int32_t *m = map + (size_t)l * P;
+            const double *w = next + (size_t)l * E, *sh = share + (size_t)l * P;
+            double *sum = calloc((size_t)E, sizeof *sum);
+            for (int32_t p = 0; p < P; p++) {
+                assert_true(sh[p] >= 0.0 && isfinite(sh[p]));
+                sum[m[p]] += sh[p];
+            }
+            for (int32_t e = 0; e < E; e++) assert_true(fabs(sum[e] - 1.0) <= 1e-9);
+            free(sum);
+            const double even = ref_max_load(m, NULL, w, E, P, G);
+            assert_true(ref_max_load(m, sh, w, E, P, G) <= even * (1 + 1e-12) + 1e-12);
+            (void)epxi_shares_compute(ws, m, w, E, P, G, EPXI_REFIT_SWEEPS, ref);
+            assert_memory_equal(ref, sh, (size_t)P * sizeof *ref);
+        }
+        epxi_shares_ws_destroy(ws);
+        /* a layer without load: the even split */
+        double *zero = calloc((size_t)L * E, sizeof *zero);
+        assert_int_equal(epx_plan_refit_shares(lay, zero, share, &err), EPX_OK);
+        int32_t *cnt = calloc((size_t)E, sizeof *cnt);
+        for (int32_t p = 0; p < P; p++) cnt[map[p]]++;
+        for (int32_t p = 0; p < P; p++) assert_true(share[p] == 1.0 / cnt[map[p]]);
+        free(cnt);
+        /* bad loads */
+        zero[(size_t)(L - 1) * E + (E - 1)] = NAN;
+        assert_int_equal(epx_plan_refit_shares(lay, zero, share, &err), EPX_ERR_INVALID_ARG);
+        char want[64];
+        snprintf(want, sizeof want, "layer %d, expert %d", L - 1, E - 1);
+        assert_non_null(strstr(err.msg, want));
+        assert_int_equal(epx_plan_refit_shares(NULL, zero, share, &err), EPX_ERR_INVALID_ARG);
+        free(zero), free(share), free(ref);
+        epx_plan_destroy(plan);
+        epx_counts_destroy(c);
     }
 }
 
@@ -510,14 +665,40 @@ static void backtest_traces(void **state) {
         double *share = malloc(LP * sizeof *share);
         double *sum = malloc((size_t)s.num_layers * s.num_logical_experts * sizeof *sum);
         double epx_next = 0, ds_next = 0, epx_in = 0, ds_in = 0;
+        bool tracked = false;
         for (int32_t w = 0; w < S; w++) {
             epx_counts v = *c;
             v.num_windows = w + 1;
             epx_plan_opts o = EPX_PLAN_OPTS_INIT;
             o.num_groups = cases[i].groups;
-            assert_int_equal(epxi_plan_epx(&v, &s, &o, map, share, &err), EPX_OK);
+            static const epxi_knobs kd = EPXI_KNOBS_DEFAULT;
+            epxi_plan_info info;
+            assert_int_equal(epxi_plan_epx_knobs(&v, &s, &o, &kd, map, share, &info, &err), EPX_OK);
             int32_t *ds =
                 deepseek_map(&v, &s, cases[i].groups, cases[i].groups > 0 && cases[i].N > 1);
+            if (w + 1 == S && info.tracked) {
+                /* The history moved: the plan was made for the estimate
+                 * alone, and must beat DeepSeek's plan of that estimate on
+                 * it (the sum is no longer the target). */
+                epx_counts *one = NULL;
+                assert_int_equal(
+                    epx_counts_create(1, s.num_layers, s.num_logical_experts, &one, &err), EPX_OK);
+                for (int32_t l = 0; l < s.num_layers; l++)
+                    epxi_estimate_layer(&v, l, EPX_ESTIMATE_RECENCY, info.half_life,
+                                        epx_counts_row(one, 0, l));
+                int32_t *dse =
+                    deepseek_map(one, &s, cases[i].groups, cases[i].groups > 0 && cases[i].N > 1);
+                const double be = balancedness(map, share, one->data, &s);
+                const double bd = balancedness(dse, NULL, one->data, &s);
+                fprintf(stderr,
+                        "%s: tracked (half-life %g): on the estimate epx %.4f, deepseek "
+                        "%.4f\n",
+                        cases[i].trace, info.half_life, be, bd);
+                assert_true(be >= bd - 1e-12);
+                free(dse);
+                epx_counts_destroy(one);
+                tracked = true;
+            }
             if (w + 1 < S) {
                 const double *next = epx_counts_row(c, w + 1, 0);
                 epx_next += balancedness(map, share, next, &s) / (S - 1);
@@ -534,7 +715,7 @@ static void backtest_traces(void **state) {
                 "window deepseek %.4f epx %.4f\n",
                 cases[i].trace, s.num_gpus, s.num_nodes, s.num_physical_experts, ds_in, epx_in,
                 ds_next, epx_next);
-        assert_true(epx_in >= ds_in - 1e-12);
+        if (!tracked) assert_true(epx_in >= ds_in - 1e-12);
         assert_true(epx_next >= ds_next);
         free(map), free(share), free(sum);
         epx_counts_destroy(c);
@@ -543,10 +724,18 @@ static void backtest_traces(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(random_plans),      cmocka_unit_test(public_api_estimates),
-        cmocka_unit_test(shares_vs_maxflow), cmocka_unit_test(search_vs_brute_force),
-        cmocka_unit_test(estimates_by_hand), cmocka_unit_test(cross_node_by_hand),
-        cmocka_unit_test(bad_options),       cmocka_unit_test(backtest_traces),
+        cmocka_unit_test(random_plans),
+        cmocka_unit_test(public_api_estimates),
+        cmocka_unit_test(shares_vs_maxflow),
+        cmocka_unit_test(search_vs_brute_force),
+        cmocka_unit_test(estimates_by_hand),
+        cmocka_unit_test(cross_node_by_hand),
+        cmocka_unit_test(bad_options),
+        cmocka_unit_test(backtest_traces),
+        cmocka_unit_test(shares_of_a_vanishing_load),
+        cmocka_unit_test(sparse_per_pass_rows),
+        cmocka_unit_test(shift_detection),
+        cmocka_unit_test(refit_shares),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

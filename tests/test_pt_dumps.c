@@ -286,6 +286,147 @@ static void stat_dumps_concatenate(void **state) {
     TU_MSG_HAS(err.msg, "b.pt", "a.pt");
 }
 
+/* A stat dump as SGLang's ring buffer leaves it: wrapped (the newest passes
+ * in the first rows) and with rows never written (zeros). Read for planning
+ * it is one window, the sum of its rows, and it plans exactly like that sum
+ * given as a one-window count; the sentence says how it was read. */
+static void stat_dump_ring_buffer(void **state) {
+    (void)state;
+    enum { B = 6, L = 3, E = 8 };
+    int64_t lc[B * L * E] = {0};
+    tu_rng r = {tu_seed(16)};
+    /* rows 0-1: passes 7-8 (wrapped); rows 2-3: zeros; rows 4-5: passes 5-6;
+     * layer 2 of every row idle */
+    const int rows[4] = {0, 1, 4, 5};
+    for (int k = 0; k < 4; k++)
+        for (int l = 0; l < 2; l++)
+            for (int t = 0; t < 3; t++) lc[(rows[k] * L + l) * E + tu_below(&r, E)] += 1;
+    char dir[] = "/tmp/epx-stat-XXXXXX", path[128];
+    assert_non_null(mkdtemp(dir));
+    snprintf(path, sizeof path, "%s/stat.pt", dir);
+    blob bl = stat_dump(lc, B, L, E);
+    write_blob(bl, path);
+    free(bl.zip);
+    epx_read_opts o = EPX_READ_OPTS_INIT;
+    char how[256];
+    o.how = how;
+    o.how_cap = sizeof how;
+    epx_counts *c = NULL, *sum = NULL, *rows_c = NULL;
+    epx_error err = {0};
+    assert_int_equal(epx_counts_read_with(path, &o, &c, &err), EPX_OK);
+    TU_MSG_HAS(how, "stat dump", "4 of 6 rows non-zero", "summed");
+    assert_int_equal(c->num_windows, 1);
+    assert_int_equal(epx_counts_create(1, L, E, &sum, &err), EPX_OK);
+    for (int b = 0; b < B; b++)
+        for (int i = 0; i < L * E; i++) sum->data[i] += (double)lc[b * L * E + i];
+    assert_memory_equal(c->data, sum->data, sizeof(double) * L * E);
+    /* the rows as windows, on request (and by the old entry points) */
+    o.stat_rows = EPX_STAT_ROWS_WINDOWS;
+    assert_int_equal(epx_counts_read_with(path, &o, &rows_c, &err), EPX_OK);
+    assert_int_equal(rows_c->num_windows, B);
+    TU_MSG_HAS(how, "time-ordered windows");
+    epx_counts_destroy(rows_c);
+    assert_int_equal(epx_counts_read(path, &rows_c, &err), EPX_OK);
+    assert_int_equal(rows_c->num_windows, B);
+    /* plans like the sum: same map, same weights, all finite */
+    const epx_shape shape = {L, E, E + 4, 4, 1};
+    epx_plan *pa = NULL, *pb = NULL;
+    epx_plan_opts po = EPX_PLAN_OPTS_INIT;
+    assert_int_equal(epx_plan_compute(c, &shape, &po, &pa, &err), EPX_OK);
+    assert_int_equal(epx_plan_compute(sum, &shape, &po, &pb, &err), EPX_OK);
+    const size_t LP = (size_t)L * (size_t)(E + 4);
+    assert_memory_equal(epx_layout_physical_to_logical(epx_plan_layout(pa)),
+                        epx_layout_physical_to_logical(epx_plan_layout(pb)), LP * sizeof(int32_t));
+    assert_memory_equal(epx_plan_replica_weights(pa), epx_plan_replica_weights(pb),
+                        LP * sizeof(double));
+    for (size_t i = 0; i < LP; i++) assert_true(isfinite(epx_plan_replica_weights(pa)[i]));
+    epx_plan_destroy(pa);
+    epx_plan_destroy(pb);
+    /* the six sparse rows as windows plan too, without NaN */
+    assert_int_equal(epx_plan_compute(rows_c, &shape, &po, &pa, &err), EPX_OK);
+    for (size_t i = 0; i < LP; i++) assert_true(isfinite(epx_plan_replica_weights(pa)[i]));
+    epx_plan_destroy(pa);
+    epx_counts_destroy(rows_c);
+    /* the same dump in JSON (epx convert --tree keeps every key) */
+    char json[128];
+    snprintf(json, sizeof json, "%s/stat.json", dir);
+    FILE *f = fopen(json, "w");
+    assert_non_null(f);
+    fputs("{\"rank\": 0, \"average_utilization_rate_over_window\": null, \"logical_count\": [", f);
+    for (int b = 0; b < B; b++) {
+        fputs(b ? ", [" : "[", f);
+        for (int l = 0; l < L; l++) {
+            fputs(l ? ", [" : "[", f);
+            for (int e = 0; e < E; e++)
+                fprintf(f, e ? ", %lld" : "%lld", (long long)lc[(b * L + l) * E + e]);
+            fputs("]", f);
+        }
+        fputs("]", f);
+    }
+    fputs("]}\n", f);
+    fclose(f);
+    o.stat_rows = EPX_STAT_ROWS_SUM;
+    assert_int_equal(epx_counts_read_with(json, &o, &rows_c, &err), EPX_OK);
+    assert_int_equal(rows_c->num_windows, 1);
+    assert_memory_equal(rows_c->data, sum->data, sizeof(double) * L * E);
+    TU_MSG_HAS(how, "stat dump", "4 of 6 rows non-zero");
+    epx_counts_destroy(rows_c);
+    /* bad options */
+    o.window_passes = -1;
+    assert_int_equal(epx_counts_read_with(path, &o, &rows_c, &err), EPX_ERR_INVALID_ARG);
+    TU_MSG_HAS(err.msg, "window_passes (-1)");
+    o.window_passes = 0;
+    o.version = 1;
+    assert_int_equal(epx_counts_read_with(path, &o, &rows_c, &err), EPX_ERR_INVALID_ARG);
+    TU_MSG_HAS(err.msg, "EPX_READ_OPTS_INIT");
+    epx_counts_destroy(c);
+    epx_counts_destroy(sum);
+    unlink(path);
+    unlink(json);
+    rmdir(dir);
+}
+
+/* per_pass dumps grouped --window-passes at a time, in forward_pass_id order
+ * whatever the order of the records: each window is the sum of its passes. */
+static void per_pass_windows(void **state) {
+    (void)state;
+    enum { L = 2, E = 3, P = 4, NP = 7 };
+    const int64_t map[L * P] = {0, 1, 2, 0, 2, 1, 0, 1};
+    const int64_t ids[NP] = {40, 12, 30, 11, 50, 13, 20}; /* any order, gaps */
+    int64_t gpc[NP * L * P];
+    for (int i = 0; i < NP * L * P; i++) gpc[i] = (i * 7919) % 13;
+    char dir[] = "/tmp/epx-pass-XXXXXX", path[128];
+    assert_non_null(mkdtemp(dir));
+    snprintf(path, sizeof path, "%s/rank0.pt", dir);
+    blob bl = per_pass_dump(0, ids, NP, gpc, map, L, P, 1);
+    write_blob(bl, path);
+    free(bl.zip);
+    epx_counts *one = NULL, *grp = NULL;
+    epx_error err = {0};
+    assert_int_equal(epx_counts_read_pt(path, &one, &err), EPX_OK); /* a window per pass */
+    assert_int_equal(one->num_windows, NP);
+    epx_read_opts o = EPX_READ_OPTS_INIT;
+    char how[256];
+    o.how = how;
+    o.how_cap = sizeof how;
+    o.window_passes = 3;
+    assert_int_equal(epx_counts_read_with(path, &o, &grp, &err), EPX_OK);
+    assert_int_equal(grp->num_windows, 3); /* 3 + 3 + 1 passes */
+    TU_MSG_HAS(how, "7 forward passes", "ids 11 to 50", "3 passes per window", "3 windows");
+    for (int w = 0; w < 3; w++)
+        for (int l = 0; l < L; l++)
+            for (int e = 0; e < E; e++) {
+                double ref = 0.0;
+                for (int k = 3 * w; k < 3 * w + 3 && k < NP; k++)
+                    ref += epx_counts_row(one, k, l)[e];
+                assert_true(epx_counts_row(grp, w, l)[e] == ref);
+            }
+    epx_counts_destroy(one);
+    epx_counts_destroy(grp);
+    unlink(path);
+    rmdir(dir);
+}
+
 /* A directory is read in name order; a comma list in the order given. */
 static void spec_forms(void **state) {
     (void)state;
@@ -426,7 +567,8 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(per_pass_random),        cmocka_unit_test(per_pass_errors),
         cmocka_unit_test(stat_dumps_concatenate), cmocka_unit_test(spec_forms),
-        cmocka_unit_test(init_file_values),
+        cmocka_unit_test(init_file_values),       cmocka_unit_test(stat_dump_ring_buffer),
+        cmocka_unit_test(per_pass_windows),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -208,6 +208,96 @@ static void skew_and_drift_knobs(void **state) {
     epx_counts_destroy(c);
 }
 
+static int32_t argmax(const double *row, int32_t E) {
+    int32_t best = 0;
+    for (int32_t e = 1; e < E; e++)
+        if (row[e] > row[best]) best = e;
+    return best;
+}
+
+/* --shift W: windows before W are those of the trace without a shift, bit
+ * for bit; at W the hottest expert moves in the layers that shift (all of
+ * them with shift_layers 1, none with 0), and the skew stays. */
+static void shift_moves_hot_experts(void **state) {
+    (void)state;
+    const epx_model *m = model("deepseek-v3");
+    const int32_t E = m->num_experts, L = m->num_layers, W = 3;
+    epx_trace_opts o = EPX_TRACE_OPTS_INIT;
+    o.num_windows = 5;
+    o.tokens = 1 << 20;
+    o.drift = 0.0;
+    o.seed = 5;
+    epx_counts *base = NULL, *sh = NULL, *none = NULL;
+    epx_error err = {0};
+    assert_int_equal(epx_trace_synth(m, &o, &base, &err), EPX_OK);
+    o.shift_window = W;
+    o.shift_layers = 1.0;
+    assert_int_equal(epx_trace_synth(m, &o, &sh, &err), EPX_OK);
+    o.shift_layers = 0.0;
+    assert_int_equal(epx_trace_synth(m, &o, &none, &err), EPX_OK);
+    const size_t le = (size_t)L * (size_t)E;
+    assert_memory_equal(base->data, sh->data, (size_t)W * le * sizeof(double));
+    assert_memory_equal(base->data, none->data, 5 * le * sizeof(double));
+    int32_t moved = 0, loaded = 0;
+    for (int32_t l = m->first_k_dense; l < L; l++) {
+        loaded++;
+        int32_t before = argmax(epx_counts_row(sh, W - 1, l), E);
+        int32_t after = argmax(epx_counts_row(sh, W, l), E);
+        moved += before != after;
+        /* after the shift, no further change without drift */
+        assert_int_equal(after, argmax(epx_counts_row(sh, W + 1, l), E));
+        /* the skew stays: the hottest count is about the same */
+        double a = epx_counts_row(sh, W - 1, l)[before], b = epx_counts_row(sh, W, l)[after];
+        assert_true(fabs(a - b) <= 0.05 * a);
+    }
+    assert_true(moved >= loaded * 9 / 10);
+    epx_counts_destroy(base);
+    epx_counts_destroy(sh);
+    epx_counts_destroy(none);
+}
+
+/* --per-pass N: S * N rows; the N rows of a window sum to that window of the
+ * trace written whole, and they are sparse when T / N is small. */
+static void per_pass_rows(void **state) {
+    (void)state;
+    const epx_model *m = model("qwen3-30b");
+    const int32_t E = m->num_experts, L = m->num_layers, N = 16;
+    epx_trace_opts o = EPX_TRACE_OPTS_INIT;
+    o.num_windows = 3;
+    o.tokens = 64;
+    epx_counts *whole = NULL, *rows = NULL;
+    epx_error err = {0};
+    assert_int_equal(epx_trace_synth(m, &o, &whole, &err), EPX_OK);
+    o.per_pass = N;
+    assert_int_equal(epx_trace_synth(m, &o, &rows, &err), EPX_OK);
+    assert_int_equal(rows->num_windows, 3 * N);
+    size_t zeros = 0, cells = 0;
+    for (int32_t s = 0; s < 3; s++)
+        for (int32_t l = 0; l < L; l++)
+            for (int32_t e = 0; e < E; e++) {
+                double sum = 0.0;
+                for (int32_t j = 0; j < N; j++) {
+                    double x = epx_counts_row(rows, s * N + j, l)[e];
+                    assert_true(x >= 0.0 && x == floor(x));
+                    zeros += x == 0.0;
+                    cells++;
+                    sum += x;
+                }
+                assert_true(sum == epx_counts_row(whole, s, l)[e]);
+            }
+    assert_true(zeros * 10 >= cells * 7); /* 4 tokens x top-8 over 128 experts a pass */
+    epx_counts_destroy(whole);
+    epx_counts_destroy(rows);
+    o = (epx_trace_opts)EPX_TRACE_OPTS_INIT;
+    o.per_pass = 0;
+    assert_int_equal(epx_trace_synth(m, &o, &rows, &err), EPX_ERR_INVALID_ARG);
+    assert_non_null(strstr(err.msg, "per_pass (0)"));
+    o = (epx_trace_opts)EPX_TRACE_OPTS_INIT;
+    o.shift_layers = 1.5;
+    assert_int_equal(epx_trace_synth(m, &o, &rows, &err), EPX_ERR_INVALID_ARG);
+    assert_non_null(strstr(err.msg, "shift_layers"));
+}
+
 static void option_errors(void **state) {
     (void)state;
     const epx_model *m = model("mixtral");
@@ -272,6 +362,8 @@ int main(void) {
         cmocka_unit_test(cap_at_tokens),
         cmocka_unit_test(skew_and_drift_knobs),
         cmocka_unit_test(option_errors),
+        cmocka_unit_test(shift_moves_hot_experts),
+        cmocka_unit_test(per_pass_rows),
         cmocka_unit_test(json_round_trip),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

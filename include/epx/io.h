@@ -54,6 +54,45 @@ EPX_API epx_status epx_counts_read(const char *spec, epx_counts **out, epx_error
 EPX_API epx_status epx_counts_read_progress(const char *spec, epx_progress_fn progress,
                                             void *progress_user, epx_counts **out, epx_error *err);
 
+/* How epx_counts_read_with reads a stat dump's rows. */
+typedef enum epx_stat_rows {
+    EPX_STAT_ROWS_SUM = 0,    /* one window, the sum of the rows (the default) */
+    EPX_STAT_ROWS_WINDOWS = 1 /* each row a window, in row order */
+} epx_stat_rows;
+
+/* What epx_counts_read_with needs besides the spec. */
+typedef struct epx_read_opts {
+    uint32_t version;         /* EPX_READ_OPTS_VERSION */
+    int32_t window_passes;    /* per_pass dumps: forward passes per window, 0 = one */
+    epx_stat_rows stat_rows;  /* stat dumps: EPX_STAT_ROWS_SUM by default */
+    epx_progress_fn progress; /* optional: called after each dump file is read */
+    void *progress_user;
+    char *how;      /* optional, caller-owned: receives one sentence saying how */
+    size_t how_cap; /* the input was read (its kind, rows, passes, windows) */
+} epx_read_opts;
+#define EPX_READ_OPTS_VERSION ((uint32_t)sizeof(epx_read_opts))
+#define EPX_READ_OPTS_INIT                                                                         \
+    { EPX_READ_OPTS_VERSION, 0, EPX_STAT_ROWS_SUM, NULL, NULL, NULL, 0 }
+
+/*
+ * Read counts as SGLang writes them, for planning. Like epx_counts_read, but:
+ *  - a stat dump (logical_count [B][L][E] beside "rank" and
+ *    "average_utilization_rate_over_window", .pt or JSON) is SGLang's ring
+ *    buffer of per-pass rows: not in time order once it wraps, zero rows
+ *    never written. It becomes one window, the sum of its rows (one window
+ *    per dump for several dumps), unless opts->stat_rows says otherwise;
+ *  - per_pass dumps are ordered by forward_pass_id (ranks summed per pass)
+ *    and grouped opts->window_passes passes per window (the last window may
+ *    hold fewer);
+ *  - other logical_count files are time-ordered windows, as before.
+ * opts->how (if given) receives a sentence saying which of these applied.
+ * Returns: those of epx_counts_read; EPX_ERR_INVALID_ARG for bad options
+ *          (negative window_passes, unknown stat_rows, a version that is not
+ *          EPX_READ_OPTS_VERSION).
+ */
+EPX_API epx_status epx_counts_read_with(const char *spec, const epx_read_opts *opts,
+                                        epx_counts **out, epx_error *err);
+
 /* Write counts as {"logical_count": [S][L][E]} ([L][E] when S == 1). */
 EPX_API epx_status epx_counts_write_json(const epx_counts *counts, const char *path,
                                          epx_error *err);

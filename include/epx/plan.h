@@ -110,6 +110,25 @@ EPX_API epx_status epx_algorithm_parse(const char *name, epx_algorithm *out, epx
 EPX_API const char *epx_algorithm_name(epx_algorithm algo);
 
 /*
+ * Re-fit the replica shares of a placement to a window's load, without
+ * moving any weights: per layer, the split of each expert's load over its
+ * replicas that minimises the most loaded GPU under `load` (the water-filling
+ * the planner's own shares use). A dispatcher that takes weights can re-fit
+ * them every window from the recorder's counts and re-plan less often.
+ * Args:    layout (in); load (in) [L][E] of the layout's shape, entries
+ *          finite and >= 0 (e.g. one window of counts, or an estimate);
+ *          share (out) [L][P], caller-owned: per-slot shares, those of one
+ *          expert's replicas summing to 1; an expert without load, and every
+ *          expert of a layer without load, gets the even split.
+ * Returns: EPX_OK; EPX_ERR_INVALID_ARG (NULL, or a load entry that is not
+ *          finite and >= 0: the message names layer and expert);
+ *          EPX_ERR_NOMEM.
+ * Thread:  any thread; no shared state. Deterministic.
+ */
+EPX_API epx_status epx_plan_refit_shares(const epx_layout *layout, const double *load,
+                                         double *share, epx_error *err);
+
+/*
  * The share of the routed load a placement serves off its expert group's
  * home node: the cross-node traffic that relaxing node locality implies
  * (with group-limited routing, a token needs only its groups' nodes while

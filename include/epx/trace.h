@@ -13,11 +13,20 @@
  *    can take more than T tokens a window. Expected counts T * top_k * p_e
  *    (p = w normalised) are capped at T by water-filling, the excess going
  *    to the others in proportion to their weight;
+ *  - shift (shift_window W > 0): at window W, in a share shift_layers of the
+ *    loaded layers (each layer drawn with that probability), the experts'
+ *    log popularities are dealt out again in a random order: the skew
+ *    stays, the hot experts move, as when a deployment's traffic changes;
  *  - sampling noise: the counts of a window are one multinomial draw of
  *    T * top_k assignments over the capped expectations, drawn as a chain
  *    of conditional binomials (exact inversion when a binomial's mean is
  *    below 30, a rounded normal otherwise). Every row of a loaded layer sums
  *    to exactly T * top_k and no entry exceeds T.
+ * With per_pass N > 1 each window is written as N consecutive rows, one per
+ * forward pass, the shape of a recorder's per-pass dump: every expert's
+ * count of the window is split over the N passes by a uniform multinomial,
+ * so the N rows sum to the window exactly and each is sparse when T / N is
+ * small. The counts are then [S * N][L][E].
  * Dense layers (the first first_k_dense) are rows of zeros, as SGLang's
  * logical_count has them. Every random draw comes from a stream keyed by
  * (seed, layer, window, purpose), so the same seed gives the same trace
@@ -29,17 +38,20 @@
 
 /* What epx_trace_synth needs besides the model. */
 typedef struct epx_trace_opts {
-    uint32_t version;    /* EPX_TRACE_OPTS_VERSION */
-    int32_t num_windows; /* S >= 1 (default 8) */
-    int64_t tokens;      /* T, tokens per window, in [1, 2^40] (default 65536) */
-    uint64_t seed;       /* any value (default 0) */
-    double skew_lo;      /* per-layer sigma of log popularity is uniform in */
-    double skew_hi;      /*   [skew_lo, skew_hi]; 0 <= lo <= hi <= 5 (default 0.8..1.3) */
-    double drift;        /* sd of the per-window log step, in [0, 5] (default 0.1) */
+    uint32_t version;     /* EPX_TRACE_OPTS_VERSION */
+    int32_t num_windows;  /* S >= 1 (default 8) */
+    int64_t tokens;       /* T, tokens per window, in [1, 2^40] (default 65536) */
+    uint64_t seed;        /* any value (default 0) */
+    double skew_lo;       /* per-layer sigma of log popularity is uniform in */
+    double skew_hi;       /*   [skew_lo, skew_hi]; 0 <= lo <= hi <= 5 (default 0.8..1.3) */
+    double drift;         /* sd of the per-window log step, in [0, 5] (default 0.1) */
+    int32_t shift_window; /* window at which hot experts move; 0 = never (default) */
+    int32_t per_pass;     /* rows written per window, in [1, 2^16] (default 1) */
+    double shift_layers;  /* share of loaded layers that shift, in [0, 1] (default 0.5) */
 } epx_trace_opts;
 #define EPX_TRACE_OPTS_VERSION ((uint32_t)sizeof(epx_trace_opts))
 #define EPX_TRACE_OPTS_INIT                                                                        \
-    { EPX_TRACE_OPTS_VERSION, 8, 65536, 0, 0.8, 1.3, 0.1 }
+    { EPX_TRACE_OPTS_VERSION, 8, 65536, 0, 0.8, 1.3, 0.1, 0, 1, 0.5 }
 
 /*
  * Synthesize a load trace for a model (see the top of this file).

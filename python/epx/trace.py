@@ -21,7 +21,8 @@ class TraceOpts(Structure):
     """epx_trace_opts (include/epx/trace.h)."""
     _fields_ = [("version", c_uint32), ("num_windows", c_int32), ("tokens", c_int64),
                 ("seed", c_uint64), ("skew_lo", c_double), ("skew_hi", c_double),
-                ("drift", c_double)]
+                ("drift", c_double), ("shift_window", c_int32), ("per_pass", c_int32),
+                ("shift_layers", c_double)]
 
 
 # The options-struct convention (include/epx.h): version = the struct's size.
@@ -57,12 +58,16 @@ def models():
     return [_as_dict(p[i]) for i in range(n.value)]
 
 
-def synth(name, num_windows=8, tokens=65536, seed=0, skew=(0.8, 1.3), drift=0.1):
+def synth(name, num_windows=8, tokens=65536, seed=0, skew=(0.8, 1.3), drift=0.1,
+          shift_window=0, per_pass=1, shift_layers=0.5):
     """A synthetic load trace [S][L][E] (float64 holding integers) for a
-    built-in model; dense layers are rows of zeros, as SGLang records them."""
+    built-in model; dense layers are rows of zeros, as SGLang records them.
+    shift_window: hot experts move there in a share shift_layers of the
+    layers; per_pass: each window as that many sparse per-pass rows."""
     p = _find(name)
     o = TraceOpts(TRACE_OPTS_VERSION, int(num_windows), int(tokens), int(seed),
-                  float(skew[0]), float(skew[1]), float(drift))
+                  float(skew[0]), float(skew[1]), float(drift), int(shift_window),
+                  int(per_pass), float(shift_layers))
     cp = POINTER(Counts)()
     call(_synth, p, ctypes.byref(o), ctypes.byref(cp))
     try:

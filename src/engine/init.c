@@ -93,9 +93,12 @@ epx_status epx_layout_init(const char *spec, const epx_init_opts *o, epx_layout 
         free(map);
         return st;
     }
+    /* A stat dump is planned as the sum of its ring buffer's rows (its row
+     * order carries no time), as SGLang's own init does. */
     epx_counts *c = NULL;
     epx_error probe2 = {0};
-    if (epx_counts_read(spec, &c, &probe2) == EPX_OK) {
+    const epx_read_opts ro = EPX_READ_OPTS_INIT;
+    if (epx_counts_read_with(spec, &ro, &c, &probe2) == EPX_OK) {
         st = init_from_counts(c, o, out, err);
         epx_counts_destroy(c);
         return st;

@@ -102,7 +102,12 @@ epx_status epx_layout_write_json(const epx_layout *lay, const char *path, epx_er
     return epxi_write_atomically(path, write_mapping_body, lay, err);
 }
 
-static epx_status counts_from_object(const json_t *root, epx_counts **out, epx_error *err) {
+/* A stat dump in JSON ("rank" and "average_utilization_rate_over_window"
+ * beside logical_count [B][L][E], e.g. from epx convert --tree): its rows are
+ * a ring buffer in no time order, read as one window, their sum, unless cfg
+ * asks for rows as windows (the .pt reader does the same). */
+static epx_status counts_from_object(const json_t *root, const epxi_read_cfg *cfg, epx_counts **out,
+                                     epx_error *err) {
     const json_t *arr = json_object_get(root, COUNT_KEY);
     if (arr == NULL) {
         if (json_object_get(root, MAP_KEY) != NULL)
@@ -125,6 +130,36 @@ static epx_status counts_from_object(const json_t *root, epx_counts **out, epx_e
         epx_counts_destroy(c);
         return st;
     }
+    const bool stat = t.rank == 3 && (json_object_get(root, "rank") != NULL &&
+                                      json_object_get(root, "average_utilization_rate_over_"
+                                                            "window") != NULL);
+    const size_t le = (size_t)L * (size_t)E;
+    size_t nonzero = 0;
+    for (size_t r = 0; stat && r < (size_t)S; r++) {
+        bool any = false;
+        for (size_t j = 0; j < le && !any; j++) any = c->data[r * le + j] != 0.0;
+        nonzero += any;
+    }
+    if (stat && !cfg->stat_rows_as_windows) {
+        for (size_t r = 1; r < (size_t)S; r++)
+            for (size_t j = 0; j < le; j++) c->data[j] += c->data[r * le + j];
+        c->num_windows = 1;
+    }
+    if (cfg->how != NULL && cfg->how_cap > 0) {
+        if (stat && !cfg->stat_rows_as_windows)
+            snprintf(cfg->how, cfg->how_cap,
+                     "stat dump (SGLang's ring buffer: row order carries no time): %zu of %lld "
+                     "rows non-zero, summed into one window (zero rows were never written)",
+                     nonzero, (long long)S);
+        else if (stat)
+            snprintf(cfg->how, cfg->how_cap,
+                     "stat dump read row by row as time-ordered windows (%zu of %lld rows "
+                     "non-zero): %lld windows",
+                     nonzero, (long long)S, (long long)S);
+        else
+            snprintf(cfg->how, cfg->how_cap, "logical_count: %d time-ordered window%s",
+                     c->num_windows, c->num_windows > 1 ? "s" : "");
+    }
     *out = c;
     return EPX_OK;
 }
@@ -133,21 +168,51 @@ epx_status epx_counts_read(const char *spec, epx_counts **out, epx_error *err) {
     return epx_counts_read_progress(spec, NULL, NULL, out, err);
 }
 
+static epx_status read_counts(const char *spec, const epxi_read_cfg *cfg, epx_counts **out,
+                              epx_error *err);
+
+epx_status epx_counts_read_with(const char *spec, const epx_read_opts *opts, epx_counts **out,
+                                epx_error *err) {
+    if (opts == NULL) return epxi_fail(err, EPX_ERR_INVALID_ARG, "opts is NULL");
+    EPX_TRY(epxi_check_version(opts->version, EPX_READ_OPTS_VERSION, "epx_read_opts",
+                               "EPX_READ_OPTS_INIT", err));
+    if (opts->window_passes < 0)
+        return epxi_fail(err, EPX_ERR_INVALID_ARG,
+                         "window_passes (%d) is negative: use 0 (one window per forward pass) "
+                         "or the number of passes per window",
+                         opts->window_passes);
+    if (opts->stat_rows != EPX_STAT_ROWS_SUM && opts->stat_rows != EPX_STAT_ROWS_WINDOWS)
+        return epxi_fail(err, EPX_ERR_INVALID_ARG, "stat_rows (%d) is not a known mode",
+                         (int)opts->stat_rows);
+    const epxi_read_cfg cfg = {opts->window_passes, opts->stat_rows == EPX_STAT_ROWS_WINDOWS,
+                               opts->progress,      opts->progress_user,
+                               opts->how,           opts->how_cap};
+    if (opts->how != NULL && opts->how_cap > 0) opts->how[0] = '\0';
+    return read_counts(spec, &cfg, out, err);
+}
+
 /* A folder holds one per_pass dump per rank. */
 static bool is_directory(const char *path) {
     struct stat st;
     return stat(path, &st) == 0 && S_ISDIR(st.st_mode);
 }
 
+/* The old entry points read rows as windows, one window per forward pass. */
 epx_status epx_counts_read_progress(const char *spec, epx_progress_fn progress, void *user,
                                     epx_counts **out, epx_error *err) {
+    const epxi_read_cfg raw = {0, true, progress, user, NULL, 0};
+    return read_counts(spec, &raw, out, err);
+}
+
+static epx_status read_counts(const char *spec, const epxi_read_cfg *cfg, epx_counts **out,
+                              epx_error *err) {
     if (spec == NULL || out == NULL) return epxi_fail(err, EPX_ERR_INVALID_ARG, "NULL argument");
     if (epx_pt_sniff(spec) || is_directory(spec) ||
         (epxi_has_suffix(spec, ".pt") && !path_exists(spec)))
-        return epxi_pt_read_counts(spec, progress, user, out, err);
+        return epxi_pt_read_counts(spec, cfg, out, err);
     json_t *root = NULL;
     EPX_TRY(epxi_json_load_spec(spec, &root, err));
-    epx_status st = counts_from_object(root, out, err);
+    epx_status st = counts_from_object(root, cfg, out, err);
     json_decref(root);
     if (st != EPX_OK && spec[0] != '{') epxi_error_prefix(err, "'%.256s'", spec);
     return st;

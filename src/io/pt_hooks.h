@@ -11,9 +11,20 @@
 EPXI_HIDDEN epx_status epxi_pt_read_mapping(const char *path, int32_t **map, int32_t *num_layers,
                                             int32_t *num_physical, epx_error *err);
 
+/* How counts are read: epx_read_opts resolved (the old entry points read a
+ * stat dump's rows as windows and one window per forward pass). */
+typedef struct epxi_read_cfg {
+    int32_t window_passes;     /* per_pass: passes per window, 0 = one */
+    bool stat_rows_as_windows; /* stat dumps: rows as windows, not summed */
+    epx_progress_fn progress;
+    void *progress_user;
+    char *how; /* optional: the sentence saying how the input was read */
+    size_t how_cap;
+} epxi_read_cfg;
+
 /* {"logical_count": [L][E] | [S][L][E]} init files, and SGLang's stat and
  * per_pass dumps, from a torch .pt file. */
-EPXI_HIDDEN epx_status epxi_pt_read_counts(const char *path, epx_progress_fn progress,
-                                           void *progress_user, epx_counts **out, epx_error *err);
+EPXI_HIDDEN epx_status epxi_pt_read_counts(const char *path, const epxi_read_cfg *cfg,
+                                           epx_counts **out, epx_error *err);
 
 #endif

@@ -13,9 +13,17 @@
  * the ranks of each pass and maps physical slots to logical experts with a
  * scatter-add over the map. Both are reproduced here, with the checks its
  * asserts would make turned into messages.
+ *
+ * A stat dump's rows are a ring buffer of per-pass counts, not windows: once
+ * it wraps they are out of time order, and rows never written are zeros. So
+ * for planning (epx_counts_read_with) a stat dump is one window, the sum of
+ * its rows; per_pass dumps are ordered by forward_pass_id and may be grouped
+ * several passes to a window. The older entry points keep reading rows and
+ * passes as windows (epx convert is lossless with them).
  */
 #include <dirent.h>
 #include <math.h>
+#include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
 
@@ -138,6 +146,23 @@ epx_status epx_mapping_from_pt(const epx_pt_file *f, int32_t **map, int32_t *L, 
 
 typedef enum { KIND_LOGICAL, KIND_PER_PASS } file_kind;
 
+/* What a read found, for the sentence that says how the input was read. */
+typedef struct {
+    size_t files, stat_files, stat_rows, stat_nonzero, records;
+    int64_t windows, passes, first_pass, last_pass;
+} read_info;
+
+/* A stat dump, as SGLang's recorder writes it in stat mode: logical_count
+ * [B][L][E] beside "rank" and "average_utilization_rate_over_window". Its B
+ * rows are a ring buffer of per-pass counts: once it wraps they are not in
+ * time order, and rows never written are zeros. An init file's or epx's own
+ * logical_count [S][L][E] lacks those keys and is S time-ordered windows. */
+static bool is_stat_dump(const epx_pt_file *f) {
+    const epx_pt_value *root = epx_pt_file_root(f);
+    return epx_pt_dict_get(root, "rank") != NULL &&
+           epx_pt_dict_get(root, "average_utilization_rate_over_window") != NULL;
+}
+
 static epx_status classify(const epx_pt_file *f, file_kind *kind, epx_error *err) {
     const epx_pt_value *root;
     EPX_TRY(root_dict(f, &root, err));
@@ -175,8 +200,11 @@ static epx_status check_loads(const epx_pt_file *f, const char *key, const doubl
     return EPX_OK;
 }
 
-/* logical_count files: windows concatenated in the order given. */
-static epx_status counts_logical(const epx_pt_file *const *files, size_t nf, epx_counts **out,
+/* logical_count files: windows concatenated in the order given. A stat
+ * dump is one window, the sum of its rows (its row order carries no time,
+ * and zero rows add nothing), unless cfg asks for its rows as windows. */
+static epx_status counts_logical(const epx_pt_file *const *files, size_t nf,
+                                 const epxi_read_cfg *cfg, epx_counts **out, read_info *info,
                                  epx_error *err) {
     int64_t S = 0, L = 0, E = 0;
     for (size_t i = 0; i < nf; i++) {
@@ -184,6 +212,11 @@ static epx_status counts_logical(const epx_pt_file *const *files, size_t nf, epx
         EPX_TRY(get_tensor(files[i], epx_pt_dict_get(epx_pt_file_root(files[i]), COUNT_KEY),
                            COUNT_KEY, 2, 3, &t, err));
         int64_t s = t.ndim == 3 ? t.shape[0] : 1;
+        if (is_stat_dump(files[i])) {
+            info->stat_files++;
+            info->stat_rows += (size_t)s;
+            if (!cfg->stat_rows_as_windows) s = 1;
+        }
         int64_t l = t.shape[t.ndim - 2], e = t.shape[t.ndim - 1];
         if (i == 0)
             L = l, E = e;
@@ -201,6 +234,8 @@ static epx_status counts_logical(const epx_pt_file *const *files, size_t nf, epx
                          EPX_MAX_EXPERTS);
     epx_counts *c = NULL;
     EPX_TRY(epx_counts_create((int32_t)S, (int32_t)L, (int32_t)E, &c, err));
+    const size_t le = (size_t)L * (size_t)E;
+    double *rows = NULL; /* a stat dump's rows, before they are summed */
     size_t at = 0;
     epx_status st = EPX_OK;
     for (size_t i = 0; i < nf && st == EPX_OK; i++) {
@@ -208,17 +243,37 @@ static epx_status counts_logical(const epx_pt_file *const *files, size_t nf, epx
         epx_pt_value_tensor(epx_pt_dict_get(epx_pt_file_root(files[i]), COUNT_KEY), &t, NULL);
         int64_t numel = 0;
         st = epx_pt_tensor_numel(&t, &numel, err);
-        if (st == EPX_OK) st = epx_pt_tensor_to_f64(&t, c->data + at, (size_t)numel, err);
+        const bool sum = is_stat_dump(files[i]) && !cfg->stat_rows_as_windows;
+        double *dst = c->data + at;
+        if (st == EPX_OK && sum) {
+            free(rows);
+            if ((rows = epxi_calloc((size_t)numel, sizeof *rows, COUNT_KEY, err)) == NULL)
+                st = EPX_ERR_NOMEM;
+            dst = rows;
+        }
+        if (st == EPX_OK) st = epx_pt_tensor_to_f64(&t, dst, (size_t)numel, err);
         if (st != EPX_OK)
             epxi_error_prefix(err, "'%s': '%s'", epx_pt_file_name(files[i]), COUNT_KEY);
-        if (st == EPX_OK)
-            st = check_loads(files[i], COUNT_KEY, c->data + at, (size_t)numel, L, E, err);
+        if (st == EPX_OK) st = check_loads(files[i], COUNT_KEY, dst, (size_t)numel, L, E, err);
+        if (st == EPX_OK && is_stat_dump(files[i]))
+            for (size_t r = 0; r < (size_t)numel / le; r++) {
+                bool any = false;
+                for (size_t j = 0; j < le && !any; j++) any = dst[r * le + j] != 0.0;
+                info->stat_nonzero += any;
+            }
+        if (st == EPX_OK && sum) {
+            for (size_t r = 0; r < (size_t)numel / le; r++)
+                for (size_t j = 0; j < le; j++) c->data[at + j] += rows[r * le + j];
+            numel = (int64_t)le;
+        }
         at += (size_t)numel;
     }
+    free(rows);
     if (st != EPX_OK) {
         epx_counts_destroy(c);
         return st;
     }
+    info->windows = S;
     *out = c;
     return EPX_OK;
 }
@@ -369,7 +424,8 @@ static epx_status per_pass_map(const epx_pt_file *const *files, size_t nf, int32
     return EPX_OK;
 }
 
-static epx_status counts_per_pass(const epx_pt_file *const *files, size_t nf, epx_counts **out,
+static epx_status counts_per_pass(const epx_pt_file *const *files, size_t nf,
+                                  const epxi_read_cfg *cfg, epx_counts **out, read_info *info,
                                   epx_error *err) {
     int32_t *map = NULL;
     int64_t L = 0, P = 0;
@@ -385,8 +441,17 @@ static epx_status counts_per_pass(const epx_pt_file *const *files, size_t nf, ep
     int32_t E = 0;
     for (size_t i = 0; i < lp; i++)
         if (map[i] + 1 > E) E = map[i] + 1;
-    size_t S = 1;
-    for (size_t i = 1; i < nrec; i++) S += refs[i].pass != refs[i - 1].pass;
+    size_t passes = 1;
+    for (size_t i = 1; i < nrec; i++) passes += refs[i].pass != refs[i - 1].pass;
+    /* Passes in forward_pass_id order, grouped window_passes at a time (the
+     * last window may hold fewer). */
+    const size_t per = cfg->window_passes > 0 ? (size_t)cfg->window_passes : 1;
+    const size_t S = (passes + per - 1) / per;
+    info->records = nrec;
+    info->passes = (int64_t)passes;
+    info->first_pass = refs[0].pass;
+    info->last_pass = refs[nrec - 1].pass;
+    info->windows = (int64_t)S;
     epx_counts *c = NULL;
     double *gpc = NULL;
     if (S > (1u << 24))
@@ -395,10 +460,12 @@ static epx_status counts_per_pass(const epx_pt_file *const *files, size_t nf, ep
     if (st == EPX_OK) st = epx_counts_create((int32_t)S, (int32_t)L, E, &c, err);
     if (st == EPX_OK && (gpc = epxi_calloc(lp, sizeof *gpc, "global_physical_count", err)) == NULL)
         st = EPX_ERR_NOMEM;
-    /* Sorted by pass: window s collects every rank's record of one pass. */
-    size_t s = 0;
+    /* Sorted by pass: pass k collects every rank's record of one pass, and
+     * goes to window k / per. */
+    size_t k = 0, s = 0;
     for (size_t i = 0; i < nrec && st == EPX_OK; i++) {
-        if (i > 0 && refs[i].pass != refs[i - 1].pass) s++;
+        if (i > 0 && refs[i].pass != refs[i - 1].pass) k++;
+        s = k / per;
         const epx_pt_file *f = files[refs[i].file];
         epx_pt_tensor t;
         epx_pt_value_tensor(refs[i].gpc, &t, NULL);
@@ -433,8 +500,9 @@ static epx_status counts_per_pass(const epx_pt_file *const *files, size_t nf, ep
     return EPX_OK;
 }
 
-epx_status epx_counts_from_pt(const epx_pt_file *const *files, size_t nf, epx_counts **out,
-                              epx_error *err) {
+static epx_status counts_from_pt(const epx_pt_file *const *files, size_t nf,
+                                 const epxi_read_cfg *cfg, epx_counts **out, read_info *info,
+                                 epx_error *err) {
     if (files == NULL || nf == 0 || out == NULL)
         return epxi_fail(err, EPX_ERR_INVALID_ARG, "no files given (files NULL or nfiles 0)");
     file_kind k0 = KIND_LOGICAL;
@@ -452,8 +520,54 @@ epx_status epx_counts_from_pt(const epx_pt_file *const *files, size_t nf, epx_co
                              epx_pt_file_name(files[i]),
                              k == KIND_PER_PASS ? "a per_pass dump" : "a logical_count file");
     }
-    return k0 == KIND_PER_PASS ? counts_per_pass(files, nf, out, err)
-                               : counts_logical(files, nf, out, err);
+    memset(info, 0, sizeof *info);
+    info->files = nf;
+    return k0 == KIND_PER_PASS ? counts_per_pass(files, nf, cfg, out, info, err)
+                               : counts_logical(files, nf, cfg, out, info, err);
+}
+
+/* The public reader keeps its first meaning: rows as windows. */
+epx_status epx_counts_from_pt(const epx_pt_file *const *files, size_t nf, epx_counts **out,
+                              epx_error *err) {
+    const epxi_read_cfg raw = {0, true, NULL, NULL, NULL, 0};
+    read_info info;
+    return counts_from_pt(files, nf, &raw, out, &info, err);
+}
+
+/* One sentence on how the files were read, for epx stats and plan --report. */
+static void describe(const read_info *x, const epxi_read_cfg *cfg, char *buf, size_t cap) {
+    if (buf == NULL || cap == 0) return;
+    const char *s = x->files > 1 ? "s" : "";
+    if (x->records > 0) {
+        char grp[64];
+        if (cfg->window_passes > 0)
+            snprintf(grp, sizeof grp, "%d passes per window", cfg->window_passes);
+        else
+            snprintf(grp, sizeof grp, "one window per pass");
+        snprintf(buf, cap,
+                 "per_pass dump%s (%zu file%s, %zu records): %lld forward passes (ids %lld to "
+                 "%lld) in forward_pass_id order, ranks summed per pass, %s: %lld window%s",
+                 s, x->files, s, x->records, (long long)x->passes, (long long)x->first_pass,
+                 (long long)x->last_pass, grp, (long long)x->windows, x->windows > 1 ? "s" : "");
+    } else if (x->stat_files > 0 && !cfg->stat_rows_as_windows) {
+        snprintf(buf, cap,
+                 "stat dump%s (SGLang's ring buffer: row order carries no time): %zu of %zu "
+                 "rows non-zero, summed into one window%s (zero rows were never "
+                 "written)%s: %lld window%s",
+                 x->stat_files > 1 ? "s" : "", x->stat_nonzero, x->stat_rows,
+                 x->stat_files > 1 ? " per dump" : "",
+                 x->stat_files < x->files ? ", beside logical_count files read as windows" : "",
+                 (long long)x->windows, x->windows > 1 ? "s" : "");
+    } else if (x->stat_files > 0) {
+        snprintf(buf, cap,
+                 "stat dump%s read row by row as time-ordered windows (%zu of %zu rows "
+                 "non-zero): %lld window%s",
+                 x->stat_files > 1 ? "s" : "", x->stat_nonzero, x->stat_rows, (long long)x->windows,
+                 x->windows > 1 ? "s" : "");
+    } else {
+        snprintf(buf, cap, "logical_count file%s: %lld time-ordered window%s in file order", s,
+                 (long long)x->windows, x->windows > 1 ? "s" : "");
+    }
 }
 
 /* ---- specs: a path, a comma list, a directory ---------------------------- */
@@ -530,8 +644,8 @@ static epx_status split_spec(const char *spec, path_list *pl, epx_error *err) {
     return EPX_OK;
 }
 
-static epx_status read_counts_pt(const char *spec, epx_progress_fn progress, void *user,
-                                 epx_counts **out, epx_error *err) {
+static epx_status read_counts_pt(const char *spec, const epxi_read_cfg *cfg, epx_counts **out,
+                                 epx_error *err) {
     if (spec == NULL || out == NULL) return epxi_fail(err, EPX_ERR_INVALID_ARG, "NULL argument");
     path_list pl = {0};
     epx_pt_file **files = NULL;
@@ -541,10 +655,14 @@ static epx_status read_counts_pt(const char *spec, epx_progress_fn progress, voi
         st = EPX_ERR_NOMEM;
     for (; st == EPX_OK && loaded < pl.n; loaded++) {
         st = epx_pt_load(pl.paths[loaded], &files[loaded], err);
-        if (st == EPX_OK && progress != NULL)
-            progress(user, "dump files read", (int64_t)loaded + 1, (int64_t)pl.n);
+        if (st == EPX_OK && cfg->progress != NULL)
+            cfg->progress(cfg->progress_user, "dump files read", (int64_t)loaded + 1,
+                          (int64_t)pl.n);
     }
-    if (st == EPX_OK) st = epx_counts_from_pt((const epx_pt_file *const *)files, pl.n, out, err);
+    read_info info;
+    if (st == EPX_OK)
+        st = counts_from_pt((const epx_pt_file *const *)files, pl.n, cfg, out, &info, err);
+    if (st == EPX_OK) describe(&info, cfg, cfg->how, cfg->how_cap);
     for (size_t i = 0; i < loaded && files; i++) epx_pt_file_destroy(files[i]);
     free(files);
     for (size_t i = 0; i < pl.n; i++) free(pl.paths[i]);
@@ -564,10 +682,11 @@ epx_status epxi_pt_read_mapping(const char *path, int32_t **map, int32_t *L, int
 }
 
 epx_status epx_counts_read_pt(const char *spec, epx_counts **out, epx_error *err) {
-    return read_counts_pt(spec, NULL, NULL, out, err);
+    const epxi_read_cfg raw = {0, true, NULL, NULL, NULL, 0};
+    return read_counts_pt(spec, &raw, out, err);
 }
 
-epx_status epxi_pt_read_counts(const char *path, epx_progress_fn progress, void *user,
-                               epx_counts **out, epx_error *err) {
-    return read_counts_pt(path, progress, user, out, err);
+epx_status epxi_pt_read_counts(const char *path, const epxi_read_cfg *cfg, epx_counts **out,
+                               epx_error *err) {
+    return read_counts_pt(path, cfg, out, err);
 }

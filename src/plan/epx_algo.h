@@ -167,10 +167,30 @@ typedef struct epxi_knobs {
     int64_t max_iters2; /* ... for the estimate (phase 2); < 0: automatic */
     int32_t max_sweeps; /* water-filling sweeps for the shares */
     double budget;      /* relaxed mode default share of redundant slots */
+    int32_t track;      /* default estimate: 0 plan phase 2 under the summed cap;
+                           1 plan for the estimate itself (no summed cap) when
+                           the history says the load moves; 2 always; 3 only
+                           on a shift, else phase 2 with the chosen half-life */
+    double track_h;     /* the estimate's half-life; <= 0: chosen from the
+                           history (epxi_choose_half_life) */
+    double moved_h;     /* track 1: the load moved when the chosen half-life
+                           is below this */
+    double min_h;       /* the chosen half-life is at least this, except on a
+                           shift (against fitting the newest window's noise) */
 } epxi_knobs;
 #define EPXI_DEFAULT_CROSS_NODE_BUDGET 0.5
 #define EPXI_KNOBS_DEFAULT                                                                         \
-    { true, true, true, true, true, 3, -1, -1, 16, EPXI_DEFAULT_CROSS_NODE_BUDGET }
+    {                                                                                              \
+        true, true, true, true, true, 3, -1, -1, 16, EPXI_DEFAULT_CROSS_NODE_BUDGET, 1, 0.0, 4.0,  \
+            0.0                                                                                    \
+    }
+
+/* The recency half-life (windows) that best predicts each of the last few
+ * windows from the ones before it, pooled over the layers; HUGE_VAL when the
+ * plain sum predicts best (the history looks stationary). */
+EPXI_HIDDEN double epxi_choose_half_life(const epx_counts *counts, bool *shifted);
+#define EPXI_SHIFT_RATIO 2.5 /* newest window's error / the earlier ones' */
+#define EPXI_REFIT_SWEEPS 16 /* water-filling sweeps of epx_plan_refit_shares, as the planner's */
 
 /* Per-run figures, for benchmarks and tests. */
 typedef struct epxi_plan_info {
@@ -181,6 +201,9 @@ typedef struct epxi_plan_info {
     epx_node_local node_local;    /* the mode that ran (DEFAULT resolved) */
     epx_estimate estimate;        /* the estimate that ran (DEFAULT resolved) */
     int32_t budget;               /* foreign replicas allowed per layer */
+    double half_life;             /* default estimate: the half-life chosen from the
+                                     history (HUGE_VAL: the sum), 0 if none was */
+    bool tracked;                 /* planned for the estimate alone, without the summed cap */
 } epxi_plan_info;
 
 /* epxi_plan_epx with explicit knobs; info may be NULL. */

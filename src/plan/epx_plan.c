@@ -291,6 +291,20 @@ static void shares_for(plan_ws *w, const layer_cfg *c, const int32_t *map, const
         memcpy(share, w->even_share, (size_t)P * sizeof *share);
 }
 
+/* Every load a layer is planned on must be finite: entries are checked at
+ * the entry point, but a sum over many windows of huge counts can still
+ * overflow. Such a load is an error naming layer and expert, never a plan. */
+static epx_status check_finite(const double *x, int32_t E, int32_t layer, const char *what,
+                               epx_error *err) {
+    for (int32_t e = 0; e < E; e++)
+        if (!isfinite(x[e]))
+            return epxi_fail(err, EPX_ERR_INVALID_ARG,
+                             "the %s of layer %d, expert %d is %g: the counts are too large to "
+                             "sum in double precision; scale them down",
+                             what, layer, e, x[e]);
+    return EPX_OK;
+}
+
 static epx_status resolve(const epx_counts *counts, const epx_shape *shape,
                           const epx_plan_opts *opts, const epxi_knobs *k, layer_cfg *c,
                           epx_node_local *mode_out, epx_estimate *est_out, epx_error *err) {
@@ -361,6 +375,29 @@ epx_status epxi_plan_epx_knobs(const epx_counts *counts, const epx_shape *shape,
     const int32_t L = shape->num_layers, E = shape->num_logical_experts;
     const int32_t P = shape->num_physical_experts, G = shape->num_gpus, N = shape->num_nodes;
     const int32_t S = counts->num_windows;
+    double track_h = 0.0;
+    if (k->track > 0 && S > 1 && kind == EPX_ESTIMATE_RECENCY &&
+        opts->estimate == EPX_ESTIMATE_DEFAULT) {
+        /* Where the load moves, the summed history is the wrong target and
+         * its cap holds the plan back: plan for the estimate as if it were
+         * the whole load (DeepSeek's map of the estimate is then the guard). */
+        bool shifted = false;
+        double h = k->track_h > 0.0 ? k->track_h : epxi_choose_half_life(counts, &shifted);
+        if (!shifted && h < k->min_h) h = k->min_h;
+        if (k->track == 2 || (k->track == 1 && h < k->moved_h) || (k->track == 3 && shifted)) {
+            epx_counts *one = NULL;
+            EPX_TRY(epx_counts_create(1, counts->num_layers, counts->num_experts, &one, err));
+            for (int32_t l = 0; l < counts->num_layers; l++)
+                epxi_estimate_layer(counts, l, isinf(h) ? EPX_ESTIMATE_SUM : EPX_ESTIMATE_RECENCY,
+                                    h, epx_counts_row(one, 0, l));
+            epx_status st1 =
+                epxi_plan_epx_knobs(one, shape, opts, k, map_out, share_out, info, err);
+            epx_counts_destroy(one);
+            if (st1 == EPX_OK && info != NULL) info->half_life = h, info->tracked = true;
+            return st1;
+        }
+        track_h = h;
+    }
     plan_ws w;
     epx_status st = ws_alloc(&w, counts, shape, c.node_local ? c.ng : 1, c.node_local ? N : 1,
                              c.node_local, err);
@@ -373,12 +410,14 @@ epx_status epxi_plan_epx_knobs(const epx_counts *counts, const epx_shape *shape,
     inf.node_local = mode;
     inf.estimate = kind;
     inf.budget = c.budget;
+    inf.half_life = track_h;
     for (int32_t l = 0; l < L; l++) {
         /* Progress counts finished layers; the dense-layer path continues early. */
         if (opts->progress && l > 0) opts->progress(opts->progress_user, "layers planned", l, L);
         int32_t *map = map_out + (size_t)l * P;
         double *share = share_out + (size_t)l * P;
         epxi_estimate_layer(counts, l, EPX_ESTIMATE_SUM, 0.0, w.sum);
+        if ((st = check_finite(w.sum, E, l, "summed load", err)) != EPX_OK) break;
         double top = 0.0;
         for (int32_t e = 0; e < E; e++)
             if (w.sum[e] > top) top = w.sum[e];
@@ -447,6 +486,7 @@ epx_status epxi_plan_epx_knobs(const epx_counts *counts, const epx_shape *shape,
                 memcpy(w.est, w.sum, (size_t)E * sizeof *w.est);
                 for (int32_t i = 0; i < 2; i++) {
                     epxi_estimate_layer(counts, l, kinds[i], -1.0, w.alt);
+                    if ((st = check_finite(w.alt, E, l, "estimated load", err)) != EPX_OK) break;
                     memcpy(w.best, w.pick, (size_t)P * sizeof *w.best);
                     w.search_holds_best = false;
                     int32_t d = dups;
@@ -458,9 +498,15 @@ epx_status epxi_plan_epx_knobs(const epx_counts *counts, const epx_shape *shape,
                         memcpy(w.est, w.alt, (size_t)E * sizeof *w.est);
                     }
                 }
+                if (st != EPX_OK) break;
                 memcpy(w.best, map, (size_t)P * sizeof *w.best);
             } else {
-                epxi_estimate_layer(counts, l, kind, opts->estimate_param, w.est);
+                epxi_estimate_layer(counts, l, kind,
+                                    k->track == 3 && track_h > 0.0 && !isinf(track_h)
+                                        ? track_h
+                                        : opts->estimate_param,
+                                    w.est);
+                if ((st = check_finite(w.est, E, l, "estimated load", err)) != EPX_OK) break;
                 inf.moves += refine_for(&w, &c, w.est, cap, &dups);
             }
             est = w.est;
@@ -468,6 +514,10 @@ epx_status epxi_plan_epx_knobs(const epx_counts *counts, const epx_shape *shape,
         memcpy(map, w.best, (size_t)P * sizeof *map);
         inf.duplicates_left += dups;
         shares_for(&w, &c, map, est, cap, share);
+    }
+    if (st != EPX_OK) {
+        ws_free(&w);
+        return st;
     }
     if (opts->progress) opts->progress(opts->progress_user, "layers planned", L, L);
     if (opts->log)

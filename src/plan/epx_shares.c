@@ -157,21 +157,56 @@ double epxi_shares_compute(epxi_shares_ws *ws, const int32_t *map, const double 
         }
         if (moved <= tol) break;
     }
-    /* Shares per slot; the loads recomputed from them, exactly. */
+    /* Shares per slot, each GPU's part of the expert over what the expert
+     * put down in all (b, P >= E entries, holds those totals). Not over
+     * w[e]: a load far below the GPU loads it is poured onto (an expert
+     * that is nearly idle under a recency estimate, a sparse per-pass row)
+     * can round to nothing on every GPU, and 0 / 0 was the NaN that once
+     * reached epx_plan_compute's share check. Such an expert, with nothing
+     * left to split, keeps the even split. The loads are then recomputed
+     * from the shares, exactly. */
+    for (int32_t i = 0; i < nm; i++) {
+        double put = 0.0;
+        for (int32_t j = 0; j < ws->ndist[i]; j++) put += ws->x[ws->start[i] + j];
+        ws->b[i] = put;
+    }
     for (int32_t p = 0; p < P; p++) {
         int32_t e = map[p], i = ws->ridx[e];
-        if (i < 0) {
+        if (i < 0 || !(ws->b[i] > 0.0) || !isfinite(ws->b[i])) {
             share[p] = 1.0 / ws->cnt[e];
             continue;
         }
         int32_t g = p / K, at = ws->start[i], j = 0;
         while (ws->gpu[at + j] != g) j++;
-        share[p] = ws->x[at + j] / (w[e] * ws->mult[at + j]);
+        share[p] = ws->x[at + j] / (ws->b[i] * ws->mult[at + j]);
     }
-    /* Renormalise so each expert's shares sum to 1 despite rounding
-     * (b, P >= E entries, holds the sums). */
-    for (int32_t e = 0; e < E; e++) ws->b[e] = 0.0;
-    for (int32_t p = 0; p < P; p++) ws->b[map[p]] += share[p];
-    for (int32_t p = 0; p < P; p++) share[p] /= ws->b[map[p]];
     return epxi_layer_gpu_loads(map, w, share, NULL, NULL, 0, P, G, NULL, ws->load);
+}
+
+/* The public re-fit: the same water-filling, one layer at a time, over a
+ * layout in service (issue 16: re-fit every window, re-plan less often). */
+epx_status epx_plan_refit_shares(const epx_layout *layout, const double *load, double *share,
+                                 epx_error *err) {
+    if (layout == NULL || load == NULL || share == NULL)
+        return epxi_fail(err, EPX_ERR_INVALID_ARG, "NULL argument");
+    const epx_shape *s = epx_layout_shape(layout);
+    const int32_t L = s->num_layers, E = s->num_logical_experts;
+    const int32_t P = s->num_physical_experts, G = s->num_gpus;
+    for (int32_t l = 0; l < L; l++)
+        for (int32_t e = 0; e < E; e++) {
+            const double x = load[(size_t)l * (size_t)E + (size_t)e];
+            if (!(x >= 0.0) || !isfinite(x))
+                return epxi_fail(err, EPX_ERR_INVALID_ARG,
+                                 "load of layer %d, expert %d is %g: loads must be finite and "
+                                 ">= 0",
+                                 l, e, x);
+        }
+    epxi_shares_ws *ws = NULL;
+    EPX_TRY(epxi_shares_ws_create(E, P, G, &ws, err));
+    const int32_t *map = epx_layout_physical_to_logical(layout);
+    for (int32_t l = 0; l < L; l++)
+        (void)epxi_shares_compute(ws, map + (size_t)l * (size_t)P, load + (size_t)l * (size_t)E, E,
+                                  P, G, EPXI_REFIT_SWEEPS, share + (size_t)l * (size_t)P);
+    epxi_shares_ws_destroy(ws);
+    return EPX_OK;
 }

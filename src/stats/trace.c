@@ -33,7 +33,13 @@ static uint64_t mix64(uint64_t z) {
 
 /* Purposes of a stream: the layer's skew and first popularity, a drift
  * step, the sampling noise of one window. */
-enum { PURPOSE_POPULARITY = 1, PURPOSE_DRIFT = 2, PURPOSE_SAMPLE = 3 };
+enum {
+    PURPOSE_POPULARITY = 1,
+    PURPOSE_DRIFT = 2,
+    PURPOSE_SAMPLE = 3,
+    PURPOSE_SHIFT = 4,
+    PURPOSE_PASS = 5
+};
 
 static stream stream_for(uint64_t seed, int32_t layer, int32_t window, int purpose) {
     uint64_t h = mix64(seed ^ 0x6570782d74726163ull); /* "epx-trac" */
@@ -135,6 +141,24 @@ static epx_status check_inputs(const epx_model *m, const epx_trace_opts *o, epx_
                          "drift %g must be in [0, 5] (the sd of the per-window log step; "
                          "shared/traces use 0.1)",
                          o->drift);
+    if (o->shift_window < 0 || o->shift_window > (1 << 24))
+        return epxi_fail(err, EPX_ERR_INVALID_ARG,
+                         "shift_window (%d) must be in [0, %d]: the window at which hot experts "
+                         "move, 0 for never",
+                         o->shift_window, 1 << 24);
+    if (!(o->shift_layers >= 0.0 && o->shift_layers <= 1.0))
+        return epxi_fail(err, EPX_ERR_INVALID_ARG,
+                         "shift_layers %g must be in [0, 1] (the share of layers that shift)",
+                         o->shift_layers);
+    if (o->per_pass < 1 || o->per_pass > (1 << 16))
+        return epxi_fail(err, EPX_ERR_INVALID_ARG,
+                         "per_pass (%d) must be in [1, %d]: the rows written per window",
+                         o->per_pass, 1 << 16);
+    if ((int64_t)o->num_windows * o->per_pass > (1 << 24))
+        return epxi_fail(err, EPX_ERR_INVALID_ARG,
+                         "num_windows x per_pass (%d x %d) is above %d rows: fewer windows or "
+                         "passes",
+                         o->num_windows, o->per_pass, 1 << 24);
     return EPX_OK;
 }
 
@@ -212,11 +236,11 @@ epx_status epx_trace_synth(const epx_model *m, const epx_trace_opts *o, epx_coun
                            epx_error *err) {
     if (out == NULL) return epxi_fail(err, EPX_ERR_INVALID_ARG, "NULL argument");
     EPX_TRY(check_inputs(m, o, err));
-    const int32_t S = o->num_windows, L = m->num_layers, E = m->num_experts;
+    const int32_t S = o->num_windows, L = m->num_layers, E = m->num_experts, N = o->per_pass;
     const int64_t T = o->tokens, TK = o->tokens * m->top_k;
 
     epx_counts *c = NULL;
-    EPX_TRY(epx_counts_create(S, L, E, &c, err));
+    EPX_TRY(epx_counts_create(S * N, L, E, &c, err));
     /* Scratch: log popularity, weights, expectations, suffix sums (E
      * doubles each) and the cap flags. */
     double *scratch = epxi_calloc((size_t)E, 4 * sizeof(double) + 1, "trace scratch", err);
@@ -236,6 +260,16 @@ epx_status epx_trace_synth(const epx_model *m, const epx_trace_opts *o, epx_coun
                 stream dr = stream_for(o->seed, l, s, PURPOSE_DRIFT);
                 for (int32_t e = 0; e < E; e++) logw[e] += o->drift * normal(&dr);
             }
+            if (s > 0 && s == o->shift_window) {
+                /* The layer's popularities dealt out again (Fisher-Yates). */
+                stream sh = stream_for(o->seed, l, s, PURPOSE_SHIFT);
+                if (uniform(&sh) < o->shift_layers)
+                    for (int32_t e = E - 1; e > 0; e--) {
+                        int32_t q = (int32_t)(uniform(&sh) * (double)(e + 1));
+                        double t = logw[e];
+                        logw[e] = logw[q], logw[q] = t;
+                    }
+            }
             /* Subtract the max before exp so no weight overflows. */
             double mx = logw[0];
             for (int32_t e = 1; e < E; e++)
@@ -243,7 +277,21 @@ epx_status epx_trace_synth(const epx_model *m, const epx_trace_opts *o, epx_coun
             for (int32_t e = 0; e < E; e++) w[e] = exp(logw[e] - mx);
             int32_t ncap = capped_expectations(w, E, (double)T, (double)TK, lam, capped);
             stream smp = stream_for(o->seed, l, s, PURPOSE_SAMPLE);
-            sample_row(&smp, lam, capped, E, T, TK, ncap, suffix, epx_counts_row(c, s, l));
+            double *row = epx_counts_row(c, s * N, l);
+            sample_row(&smp, lam, capped, E, T, TK, ncap, suffix, row);
+            if (N > 1) {
+                /* Each expert's count over the N passes, uniformly: pass j
+                 * takes Binomial(left, 1 / (N - j)) of what is left. */
+                stream ps = stream_for(o->seed, l, s, PURPOSE_PASS);
+                for (int32_t e = 0; e < E; e++) {
+                    int64_t left = (int64_t)row[e];
+                    for (int32_t j = 0; j < N; j++) {
+                        int64_t k = j + 1 == N ? left : binomial(&ps, left, 1.0 / (N - j));
+                        epx_counts_row(c, s * N + j, l)[e] = (double)k;
+                        left -= k;
+                    }
+                }
+            }
         }
     }
     free(scratch);

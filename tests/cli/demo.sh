@@ -25,9 +25,11 @@ for x in r["layouts"]:
         b = x[k]["balancedness"]
         assert 0 < b <= 1, (x["name"], k, b)
     assert len(x["next_window_per_layer"]) == 61
-# epx must not be worse than DeepSeek, in-sample or on the next window.
-for k in ("in_sample", "next_window"):
-    assert by["epx"][k]["balancedness"] >= by["DeepSeek EPLB"][k]["balancedness"] - 1e-12, k
+# epx must not be worse than DeepSeek on the next window. In-sample (on the
+# sum of the windows it saw) it may be, since issue 16: where the load moves,
+# the default plans for its estimate of the next window, not for the sum.
+assert by["epx"]["next_window"]["balancedness"] >= by["DeepSeek EPLB"]["next_window"]["balancedness"]
+assert by["epx"]["in_sample"]["balancedness"] > by["trivial"]["in_sample"]["balancedness"]
 assert by["trivial"]["next_window"]["balancedness"] < by["DeepSeek EPLB"]["next_window"]["balancedness"]
 PY
 if command -v xmllint >/dev/null; then

@@ -82,16 +82,22 @@ PY
 fi
 
 # SGLang's .pt stat dumps read through the same entry point (once the .pt
-# reader is in the build).
+# reader is in the build): by default the ring buffer's rows are one window,
+# their sum, and the output says so; --stat-rows windows keeps the rows.
 pt="${EPX_SHARED:-}/golden/pt/stat_dump_mixtral.pt"
 if [ -f "$pt" ]; then
-    "$EPX" stats "$pt" --json >"$TMP/out" 2>"$TMP/err"; rc=$?
+    "$EPX" stats "$pt" --json >"$TMP/sum" 2>"$TMP/err" &&
+        "$EPX" stats "$pt" --json --stat-rows windows >"$TMP/out" 2>"$TMP/err"; rc=$?
     if [ $rc -eq 0 ]; then
-        python3 - "$TMP/out" <<'PY' || fail "stats of the mixtral .pt dump look wrong"
+        python3 - "$TMP/out" "$TMP/sum" <<'PY' || fail "stats of the mixtral .pt dump look wrong"
 import json, sys
 d = json.load(open(sys.argv[1]))
 assert d["windows"] == 8 and d["layers"] == 32 and d["experts"] == 8, d
 assert all(0 < w["balancedness"] <= 1 for w in d["per_window"])
+assert "time-ordered windows" in d["input"], d["input"]
+s = json.load(open(sys.argv[2]))
+assert s["windows"] == 1 and "stat dump" in s["input"] and "summed" in s["input"], s["input"]
+assert s["per_window"][0]["tokens"] == d["all_windows"]["tokens"]
 PY
     elif ! grep -q "not supported" "$TMP/err"; then
         cat "$TMP/err" >&2; fail "epx stats on a .pt dump exited $rc"

@@ -237,3 +237,17 @@ void cli_progress(void *user, const char *what, int64_t done, int64_t total) {
     if (done >= total) fputc('\n', stderr);
     fflush(stderr);
 }
+
+bool cli_read_opts(cli_cmd *cmd, epx_read_opts *o) {
+    o->progress = cli_progress;
+    o->progress_user = cmd;
+    if (!cli_int(cmd, "--window-passes", 1, 1 << 24, &o->window_passes)) return false;
+    const char *v = cli_get(cmd, "--stat-rows");
+    if (v == NULL || strcmp(v, "sum") == 0) return true;
+    if (strcmp(v, "windows") == 0) {
+        o->stat_rows = EPX_STAT_ROWS_WINDOWS;
+        return true;
+    }
+    fprintf(stderr, "epx %s: --stat-rows '%s' is not sum or windows\n", cmd->name, v);
+    return false;
+}

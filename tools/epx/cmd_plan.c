@@ -56,6 +56,7 @@ typedef struct report_ctx {
     const epx_balance *bal_even; /* split evenly */
     const epx_layer_balance *layers;
     double cross_node_share; /* load served off its group's home node */
+    const char *input;       /* how the counts were read */
 } report_ctx;
 
 static epx_status report_body(FILE *f, const void *ctx, epx_error *err) {
@@ -69,6 +70,8 @@ static epx_status report_body(FILE *f, const void *ctx, epx_error *err) {
     json_string(f, epx_algorithm_name(r->requested));
     fputs(",\n  \"counts\": ", f);
     json_string(f, r->counts_path);
+    fputs(",\n  \"input\": ", f);
+    json_string(f, r->input);
     fprintf(f,
             ",\n  \"num_windows\": %d,\n  \"num_layers\": %d,\n  \"num_logical_experts\": %d,"
             "\n  \"num_physical_experts\": %d,\n  \"num_gpus\": %d,\n  \"num_nodes\": %d,"
@@ -124,13 +127,15 @@ int cmd_plan(int argc, char **argv) {
          "with --current: each moved slot must buy X of its layer's balancedness", NULL},
         {"--expert-bytes", "B", "with --current: bytes per expert, to report GB moved", NULL},
         {"--failed-gpus", "LIST", "GPUs lost (e.g. 3 or 1,5): plan on the survivors", NULL},
+        CLI_READ_OPTS_HELP,
         {NULL, NULL, NULL, NULL},
     };
     cli_cmd cmd = {"plan",
                    "epx plan --counts FILE --gpus G [--nodes N] [--groups K] "
                    "[--redundant R | --physical P] [--algorithm A] [--node-local MODE] "
                    "-o PLACEMENT.json [--report REPORT.json] [--current FILE [--max-moves M] "
-                   "[--move-price X] [--expert-bytes B]] [--failed-gpus LIST]",
+                   "[--move-price X] [--expert-bytes B]] [--failed-gpus LIST] "
+                   "[--window-passes N] [--stat-rows HOW]",
                    "Plan a placement for a load and write it as an SGLang mapping file. DeepSeek "
                    "modes plan for the sum of the windows, as SGLang does.",
                    opts,
@@ -171,8 +176,14 @@ int cmd_plan(int argc, char **argv) {
     if (!parse_node_local(cli_get(&cmd, "--node-local"), &o.node_local)) return CLI_EXIT_USAGE;
 
     epx_counts *counts = NULL;
-    if (epx_counts_read_progress(counts_path, cli_progress, &cmd, &counts, &err) != EPX_OK)
+    char how[512] = "";
+    epx_read_opts ro = EPX_READ_OPTS_INIT;
+    ro.how = how;
+    ro.how_cap = sizeof how;
+    if (!cli_read_opts(&cmd, &ro)) return CLI_EXIT_USAGE;
+    if (epx_counts_read_with(counts_path, &ro, &counts, &err) != EPX_OK)
         return cli_report(&cmd, &err);
+    printf("input: %s\n", how);
     const int32_t E = counts->num_experts;
     if (P < 0) P = R >= 0 ? E + R : E;
     epx_shape shape = {counts->num_layers, E, P, G, N};
@@ -265,7 +276,8 @@ int cmd_plan(int argc, char **argv) {
     }
     printf("wrote %s\n", out);
     if (report != NULL) {
-        report_ctx r = {counts_path, counts, plan, o.algorithm, K, &bal, &even, layers, xshare};
+        report_ctx r = {counts_path, counts, plan,   o.algorithm, K,
+                        &bal,        &even,  layers, xshare,      how};
         if (epx_file_write(report, report_body, &r, &err) != EPX_OK) {
             rc = cli_write_failed(&cmd, &err);
             goto done;

@@ -180,11 +180,12 @@ int cmd_stats(int argc, char **argv) {
         {"--top", "K", "worst layers shown per window (default 5; 0 = all)", NULL},
         {"--json", NULL, "print one JSON object instead of tables (non-finite figures: null)",
          NULL},
+        CLI_READ_OPTS_HELP,
         {NULL, NULL, NULL, NULL},
     };
     cli_cmd cmd = {"stats",
                    "epx stats FILE [--placement FILE --gpus G [--nodes N]] [--traffic MODEL] "
-                   "[--top K] [--json]",
+                   "[--top K] [--json] [--window-passes N] [--stat-rows HOW]",
                    "Load metrics of a counts file (SGLang logical_count, .json or .pt) under a "
                    "placement: balancedness (epx's and SGLang's), the bound and the gap to it, "
                    "imbalance by rank and by slot ((max - mean) / mean), and the share of "
@@ -225,7 +226,12 @@ int cmd_stats(int argc, char **argv) {
 
     epx_error err = {0};
     epx_counts *c = NULL;
-    if (epx_counts_read_progress(cmd.positional[0], cli_progress, &cmd, &c, &err) != EPX_OK)
+    char how[512] = "";
+    epx_read_opts ro = EPX_READ_OPTS_INIT;
+    ro.how = how;
+    ro.how_cap = sizeof how;
+    if (!cli_read_opts(&cmd, &ro)) return CLI_EXIT_USAGE;
+    if (epx_counts_read_with(cmd.positional[0], &ro, &c, &err) != EPX_OK)
         return cli_report(&cmd, &err);
     epx_layout *lay = NULL;
     rc = make_layout(&cmd, c, G, N, &lay, &err);
@@ -267,6 +273,8 @@ int cmd_stats(int argc, char **argv) {
         const char *pl = cli_get(&cmd, "--placement");
         printf("{\"file\": ");
         json_str(cmd.positional[0]);
+        printf(", \"input\": ");
+        json_str(how);
         printf(", \"windows\": %d, \"layers\": %d, \"experts\": %d, \"physical\": %d, "
                "\"gpus\": %d, \"nodes\": %d, \"placement\": ",
                S, L, E, s->num_physical_experts, s->num_gpus, s->num_nodes);
@@ -282,6 +290,7 @@ int cmd_stats(int argc, char **argv) {
     } else {
         printf("%s: %d window(s) x %d layers x %d experts, %d layer(s) with load\n",
                cmd.positional[0], S, L, E, w[S].bal.num_loaded_layers);
+        printf("input: %s\n", how);
         printf("placement: %s, P = %d slots on %d GPU(s), %d node(s); inter-node share "
                "assumes tokens start uniformly over GPUs, replica choice %s\n",
                cli_get(&cmd, "--placement") ? cli_get(&cmd, "--placement") : "trivial (P = E)",

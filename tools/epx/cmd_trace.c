@@ -70,15 +70,21 @@ static int trace_synth(int argc, char **argv) {
         {"--skew", "A..B", "per-layer sigma of log popularity, uniform in A..B (default 0.8..1.3)",
          NULL},
         {"--drift", "D", "sd of the per-window lognormal drift (default 0.1)", NULL},
+        {"--shift", "W", "hot experts move at window W (in --shift-layers of the layers)", NULL},
+        {"--shift-layers", "F", "share of the layers that shift (default 0.5)", NULL},
+        {"--per-pass", "N",
+         "write each window as N sparse forward-pass rows (S * N rows), as a recorder dump", NULL},
         {"-o", "FILE", "output JSON file (required)", NULL},
         {NULL, NULL, NULL, NULL},
     };
     cli_cmd cmd = {"trace synth",
                    "epx trace synth --model NAME [--windows S] [--tokens T] [--seed N] "
-                   "[--skew A..B] [--drift D] -o FILE",
+                   "[--skew A..B] [--drift D] [--shift W [--shift-layers F]] [--per-pass N] "
+                   "-o FILE",
                    "Synthesize an expert-load trace (SGLang logical_count JSON, [S][L][E]): "
                    "lognormal popularity per layer, drift between windows, multinomial "
-                   "sampling noise; dense layers are rows of zeros.",
+                   "sampling noise, optionally a workload shift; dense layers are rows of "
+                   "zeros.",
                    opts,
                    0,
                    {0},
@@ -102,7 +108,10 @@ static int trace_synth(int argc, char **argv) {
     if (!cli_int(&cmd, "--windows", 1, 1 << 24, &to.num_windows) ||
         !opt_u64(&cmd, "--tokens", 1, (uint64_t)1 << 40, &tokens) ||
         !opt_u64(&cmd, "--seed", 0, UINT64_MAX, &to.seed) ||
-        !cli_double(&cmd, "--drift", 0, 5, &to.drift))
+        !cli_double(&cmd, "--drift", 0, 5, &to.drift) ||
+        !cli_int(&cmd, "--shift", 1, 1 << 24, &to.shift_window) ||
+        !cli_double(&cmd, "--shift-layers", 0, 1, &to.shift_layers) ||
+        !cli_int(&cmd, "--per-pass", 1, 1 << 16, &to.per_pass))
         return CLI_EXIT_USAGE;
     to.tokens = (int64_t)tokens;
     if (!cli_check_bytes(&cmd, 8.0 * to.num_windows * model->num_layers * model->num_experts,
@@ -127,7 +136,7 @@ int cmd_trace(int argc, char **argv) {
     FILE *f = argc >= 2 && (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0) ? stdout
                                                                                           : stderr;
     fprintf(f, "usage: epx trace synth --model NAME [--windows S] [--tokens T] [--seed N] "
-               "[--skew A..B] [--drift D] -o FILE\n"
+               "[--skew A..B] [--drift D] [--shift W] [--per-pass N] -o FILE\n"
                "Run 'epx trace synth --help' for the options.\n");
     return f == stdout ? CLI_EXIT_OK : CLI_EXIT_USAGE;
 }
