@@ -396,7 +396,6 @@ constexpr int32_t kRepFlag = 0x40000000;
  * old cluster kernel wins (9.8 against 12.3 us), and from T = 512 up by
  * 1.4-3x, so larger batches stay on layout_kernel. The threshold of 64 pairs
  * lies between the measured points. Both kernels pass the same GPU test. */
-constexpr bool kAutoCompact = false;
 constexpr int64_t kAutoCompactPairs = 64;
 constexpr bool kAutoBallot = true;
 
@@ -933,8 +932,7 @@ extern "C" epx_status epxi_cuda_dispatch_layout_variant(
     EPXI_CUDA_TRY(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev),
                   "cudaDeviceGetAttribute");
     if (variant == EPXI_LAYOUT_MATCH || variant == EPXI_LAYOUT_BALLOT ||
-        (variant == EPXI_LAYOUT_AUTO &&
-         (kAutoCompact || (int64_t)num_tokens * topk <= kAutoCompactPairs))) {
+        (variant == EPXI_LAYOUT_AUTO && (int64_t)num_tokens * topk <= kAutoCompactPairs)) {
         FastPlan f;
         int cl0 = cluster ? cluster : fast_default_cluster((int32_t)num_tokens, topk);
         if (fast_plan((int32_t)num_tokens, topk, num_physical, cl0, ppw > 0 ? ppw : 64, optin, &f))

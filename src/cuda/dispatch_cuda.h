@@ -22,10 +22,10 @@ EPXI_HIDDEN epx_status epxi_cuda_dispatch_layout_cluster(
     int32_t num_physical, int32_t num_gpus, int32_t *phys, const epx_token_layout *out, int cluster,
     cudaStream_t stream, epx_error *err);
 
-/* Layout kernels: AUTO = what epx_cuda_dispatch_layout uses (for now the
- * original cluster kernel; kAutoCompact in dispatch.cu switches it to the
- * compact kernel once that is proven on a GPU); CLUSTER = always the
- * original (layout_kernel); MATCH / BALLOT = the
+/* Layout kernels: AUTO = what epx_cuda_dispatch_layout uses (the compact
+ * kernel for T * K <= 64 pairs, the cluster kernel above: the H200 variant
+ * table in bench/RESULTS.md); CLUSTER = always the original
+ * (layout_kernel); MATCH / BALLOT = the
  * compact kernel ranking equal slots with __match_any_sync or with bit
  * ballots (falling back to CLUSTER where it does not fit). */
 enum {
