@@ -69,8 +69,8 @@ typedef enum epx_sglang_rule {
  *          MAJOR.MINOR[.PATCH][.postN] (pre-releases are refused: which
  *          rule they carry is not known).
  */
-EPX_API epx_status epx_sglang_table_rule(const char *release, epx_sglang_rule *rule,
-                                         int32_t *newer, epx_error *err);
+EPX_API epx_status epx_sglang_table_rule(const char *release, epx_sglang_rule *rule, int32_t *newer,
+                                         epx_error *err);
 
 typedef struct epx_table_opts {
     uint32_t version; /* EPX_TABLE_OPTS_VERSION */

@@ -338,9 +338,9 @@ epx_status epx_dispatch_table_compute(const epx_shape *shape, const int32_t *rep
                          "SGLang's table ignores load, so pass NULL or choose EPX_TABLE_EPX");
     epx_sglang_rule rule = EPX_SGLANG_RULE_0_5_16;
     if (opts->algorithm == EPX_TABLE_SGLANG)
-        EPX_TRY(epx_sglang_table_rule(
-            opts->sglang_version ? opts->sglang_version : EPX_SGLANG_DEFAULT_VERSION, &rule, NULL,
-            err));
+        EPX_TRY(epx_sglang_table_rule(opts->sglang_version ? opts->sglang_version
+                                                           : EPX_SGLANG_DEFAULT_VERSION,
+                                      &rule, NULL, err));
     int32_t L = shape->num_layers, E = shape->num_logical_experts, G = shape->num_gpus;
     int32_t P = shape->num_physical_experts;
     EPX_TRY(check_replicas(shape, replicas, width, err));
