@@ -84,6 +84,10 @@ static int run_case(const char *path) {
     size_t n = (size_t)G * (size_t)L * (size_t)E;
     int32_t *out = malloc(n * sizeof *out);
     epx_error err = {0};
+    /* these goldens are SGLang <= 0.5.2's (tests/test_sglang_versions.c has
+     * the later releases) */
+    epx_table_opts v052 = EPX_TABLE_OPTS_INIT;
+    v052.sglang_version = "0.5.2";
 
     /* 1. replica-rank order, straight from DeepSeek's map */
     ivec l2p = get(root, "logical_to_physical_map");
@@ -91,7 +95,7 @@ static int run_case(const char *path) {
     assert_int_equal(l2p.dims[0], L);
     assert_int_equal(l2p.dims[1], E);
     ivec want = get(root, "rank_dispatch_from_eplb");
-    epx_status st = epx_dispatch_table_compute(&s, l2p.v, (int32_t)l2p.dims[2], NULL, out, &err);
+    epx_status st = epx_dispatch_table_compute(&s, l2p.v, (int32_t)l2p.dims[2], &v052, out, &err);
     if (st != EPX_OK) fail_msg("%s: %s", name, err.msg);
     expect_table(out, &want, name, "from logical_to_physical_map", G, L, E);
     free(want.v);
@@ -115,12 +119,12 @@ static int run_case(const char *path) {
                          le / (size_t)E, le % (size_t)E, j);
         }
     want = get(root, "rank_dispatch_from_mapping");
-    if (epx_dispatch_table_from_layout(lay, NULL, out, &err) != EPX_OK)
+    if (epx_dispatch_table_from_layout(lay, &v052, out, &err) != EPX_OK)
         fail_msg("%s: %s", name, err.msg);
     expect_table(out, &want, name, "from physical_to_logical_map", G, L, E);
     /* the raw entry point with SGLang's own ascending map gives the same */
     memset(out, 0xff, n * sizeof *out);
-    assert_int_equal(epx_dispatch_table_compute(&s, asc.v, X, NULL, out, &err), EPX_OK);
+    assert_int_equal(epx_dispatch_table_compute(&s, asc.v, X, &v052, out, &err), EPX_OK);
     expect_table(out, &want, name, "from logical_to_all_physical_map_from_mapping", G, L, E);
     free(want.v);
     free(asc.v);

@@ -31,6 +31,47 @@ typedef enum epx_table_algorithm {
     EPX_TABLE_EPX = 1     /* same-GPU, then same-node, then the least-loaded replica */
 } epx_table_algorithm;
 
+/*
+ * SGLang changed its static table rule several times; each rule below is
+ * read from the releases' own compute_logical_to_rank_dispatch_physical_map,
+ * _find_nearest_expert and _compute_logical_to_all_physical_map
+ * (tools/sglang_tables.py runs them; tests/data/sglang_tables holds their
+ * output). "Node of slot p" is p / (P/G * G/N), the node of rank g is g / (G/N).
+ */
+typedef enum epx_sglang_rule {
+    /* <= 0.5.2: a GPU holding replicas takes its first; the others share
+     * the replicas by fair choices. No nodes. */
+    EPX_SGLANG_RULE_0_5_2 = 0,
+    /* 0.5.3 - 0.5.4.post1: a GPU with no replica of its own takes the first
+     * replica on its node before any draw. */
+    EPX_SGLANG_RULE_0_5_3 = 1,
+    /* 0.5.4.post2 - 0.5.15: "nearest replica": a lone replica is taken by
+     * every rank with no draw, then the first on the GPU, then the first on
+     * the node. init_by_mapping also cuts each rank's lists to its nearest
+     * replica, and each rank computes the whole table from its own cut lists
+     * and keeps its row (the cut changes the draws). */
+    EPX_SGLANG_RULE_0_5_4_POST2 = 2,
+    /* 0.5.16 and later: as 0.5.4.post2, but the node's first replica is
+     * taken only when the node holds some, not all, of the replicas.
+     * (0.5.17 cuts only with an a2a backend, which "static" requires.) */
+    EPX_SGLANG_RULE_0_5_16 = 3
+} epx_sglang_rule;
+
+/* The release epx's SGLang tables default to: the newest verified one. */
+#define EPX_SGLANG_DEFAULT_VERSION "0.5.23"
+
+/*
+ * The rule of an SGLang release string: "0.5.2", "v0.5.4.post2", "0.5.16".
+ * Args:    release (in); rule (out); newer (out, optional) 1 when the
+ *          release is newer than EPX_SGLANG_DEFAULT_VERSION (the newest
+ *          verified; its rule is used, but nothing checked it), else 0.
+ * Returns: EPX_OK; EPX_ERR_INVALID_ARG for a string that is not
+ *          MAJOR.MINOR[.PATCH][.postN] (pre-releases are refused: which
+ *          rule they carry is not known).
+ */
+EPX_API epx_status epx_sglang_table_rule(const char *release, epx_sglang_rule *rule, int32_t *newer,
+                                         epx_error *err);
+
 typedef struct epx_table_opts {
     uint32_t version; /* EPX_TABLE_OPTS_VERSION */
     epx_table_algorithm algorithm;
@@ -40,19 +81,33 @@ typedef struct epx_table_opts {
     const double *replica_weights; /* EPX: optional [L][P] share of its expert's tokens
                                       each slot should take (epx_plan_replica_weights);
                                       NULL = an even split over the replicas */
+    const char *sglang_version;    /* SGLANG: the release whose rule applies
+                                      (epx_sglang_table_rule); NULL =
+                                      EPX_SGLANG_DEFAULT_VERSION */
+    int32_t init_by_mapping;       /* SGLANG: nonzero when `replicas` are the
+                                      ascending lists init_by_mapping builds, which
+                                      releases >= 0.5.4.post2 cut per rank;
+                                      epx_dispatch_table_from_layout sets it */
 } epx_table_opts;
 #define EPX_TABLE_OPTS_VERSION ((uint32_t)sizeof(epx_table_opts))
 #define EPX_TABLE_OPTS_INIT                                                                        \
-    { EPX_TABLE_OPTS_VERSION, EPX_TABLE_SGLANG, 42u, NULL, NULL }
+    { EPX_TABLE_OPTS_VERSION, EPX_TABLE_SGLANG, 42u, NULL, NULL, NULL, 0 }
 
 /*
  * Compute the static dispatch table of every rank.
  *
- * EPX_TABLE_SGLANG, exactly as SGLang: one random.Random(seed) for the whole
- * table, layers then experts in order; per (layer, expert) each GPU holding a
- * replica takes the first of them in `replicas` order; the k remaining GPUs,
- * ascending, get q = k / n copies of the n replicas followed by
- * sample(replicas, k % n), shuffled. The replica order therefore matters:
+ * EPX_TABLE_SGLANG, exactly as the SGLang release opts->sglang_version
+ * (epx_sglang_rule says what changed): one random.Random(seed) for the whole
+ * table, layers then experts in order; per (layer, expert) each GPU takes
+ * the replica the release's rule gives it with no draw (<= 0.5.2: the first
+ * on its GPU); the k remaining GPUs, ascending, get q = k / n copies of the
+ * n replicas followed by sample(replicas, k % n), shuffled. With
+ * init_by_mapping set, releases >= 0.5.4.post2 first cut rank r's lists to
+ * its nearest replica and rank r's row comes from a table over its own cut
+ * lists (G passes over the table, as every SGLang rank computes a whole
+ * table: 256 GPUs x 58 layers x 256 experts take ~16 s on one core, where a
+ * table with no cut takes ~0.3 s). shape->num_nodes counts from 0.5.3 on.
+ * The replica order matters:
  * pass DeepSeek's logical_to_physical_map (replica-rank order, as SGLang's
  * init_by_eplb does) or the ascending map of a layout (as init_by_mapping
  * and init_trivial do; see epx_dispatch_table_from_layout).
@@ -89,7 +144,8 @@ EPX_API epx_status epx_dispatch_table_compute(const epx_shape *shape, const int3
                                               int32_t *out, epx_error *err);
 
 /* The same from a layout's ascending logical_to_all_physical map: SGLang's
- * table for a mapping file or the trivial layout. out [G][L][E]. */
+ * table for a mapping file or the trivial layout (init_by_mapping is set
+ * whatever opts says, as SGLang always cuts on that path). out [G][L][E]. */
 EPX_API epx_status epx_dispatch_table_from_layout(const epx_layout *layout,
                                                   const epx_table_opts *opts, int32_t *out,
                                                   epx_error *err);

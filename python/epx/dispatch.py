@@ -18,7 +18,8 @@ DISPATCH_MODES = {"physical": 0, "static": 1, "dynamic": 2, "weighted": 3}
 class TableOpts(Structure):
     """epx_table_opts (include/epx/dispatch.h)."""
     _fields_ = [("version", c_uint32), ("algorithm", c_int), ("seed", c_uint64),
-                ("expected_load", POINTER(c_double)), ("replica_weights", POINTER(c_double))]
+                ("expected_load", POINTER(c_double)), ("replica_weights", POINTER(c_double)),
+                ("sglang_version", ctypes.c_char_p), ("init_by_mapping", c_int32)]
 
 
 class DispatchSpec(Structure):
@@ -44,7 +45,7 @@ _map_ids = fn("epx_dispatch_map_ids", c_int32, POINTER(DispatchSpec), POINTER(c_
               c_int32, POINTER(c_int32), c_void_p)
 
 
-def _opts(algorithm, seed, expected_load, replica_weights, keep):
+def _opts(algorithm, seed, expected_load, replica_weights, keep, sglang_version=None):
     el = rw = None
     if expected_load is not None:
         el = A.as_array(expected_load, np.float64, 2, "expected_load")
@@ -53,24 +54,29 @@ def _opts(algorithm, seed, expected_load, replica_weights, keep):
         rw = A.as_array(replica_weights, np.float64, 2, "replica_weights")
         keep.append(rw)
     return TableOpts(TABLE_OPTS_VERSION, TABLE_ALGORITHMS[algorithm], int(seed),
-                     A.ptr(el, c_double), A.ptr(rw, c_double))
+                     A.ptr(el, c_double), A.ptr(rw, c_double),
+                     None if sglang_version is None else str(sglang_version).encode(), 0)
 
 
 def sglang_static_table(logical_to_all_physical_map, num_gpus, num_physical_experts, ep_rank,
-                        seed=42):
+                        seed=42, sglang_version="0.5.2", num_nodes=1):
     """SGLang's compute_logical_to_rank_dispatch_physical_map: [L][E] for
     ep_rank ([G][L][E] when ep_rank is None), the replica order of the input
     map deciding the choices as in SGLang. Output dtype follows the input's;
-    a torch input gives a tensor on its device."""
+    a torch input gives a tensor on its device. The rule is that of SGLang
+    release sglang_version (default 0.5.2, whose call shape this is; from
+    0.5.3 on num_nodes counts); the lists are used as given (SGLang's
+    per-rank cut of init_by_mapping happens before this function)."""
     src = logical_to_all_physical_map
     torch_in = A.is_torch(src)
     dtype = src.dtype if hasattr(src, "dtype") else np.int64
     m = A.as_array(src, np.int32, 3, "logical_to_all_physical_map")
     L, E, W = m.shape
     G = int(num_gpus)
-    shape = Shape(L, E, int(num_physical_experts), G, 1)
+    shape = Shape(L, E, int(num_physical_experts), G, int(num_nodes))
     out = np.empty((G, L, E), dtype=np.int32)
-    opts = TableOpts(TABLE_OPTS_VERSION, TABLE_ALGORITHMS["sglang"], int(seed), None, None)
+    opts = TableOpts(TABLE_OPTS_VERSION, TABLE_ALGORITHMS["sglang"], int(seed), None, None,
+                     str(sglang_version).encode(), 0)
     call(_table_compute, ctypes.byref(shape), A.ptr(m, c_int32), W, ctypes.byref(opts),
          A.ptr(out, c_int32))
     res = out if ep_rank is None else out[int(ep_rank)]
@@ -81,8 +87,12 @@ def sglang_static_table(logical_to_all_physical_map, num_gpus, num_physical_expe
 
 
 def static_table(layout, algorithm="sglang", seed=42, expected_load=None, replica_weights=None,
-                 replicas=None):
+                 replicas=None, sglang_version=None):
     """Static dispatch tables [G][L][E] int64 for a Layout (or a Plan).
+
+    sglang_version: the SGLang release whose rule "sglang" follows (None =
+    the library's default, EPX_SGLANG_DEFAULT_VERSION, 0.5.23); from a layout
+    the lists are init_by_mapping's, cut per rank from 0.5.4.post2 on.
 
     algorithm="sglang": SGLang's table from the layout's ascending replica map
     (what init_by_mapping / init_trivial build), or from `replicas` [L][E][X]
@@ -95,7 +105,7 @@ def static_table(layout, algorithm="sglang", seed=42, expected_load=None, replic
             replica_weights = layout.replica_weights
         layout = layout.layout
     keep = []
-    opts = _opts(algorithm, seed, expected_load, replica_weights, keep)
+    opts = _opts(algorithm, seed, expected_load, replica_weights, keep, sglang_version)
     s = layout.shape
     out = np.empty((s["num_gpus"], s["num_layers"], s["num_logical_experts"]), dtype=np.int32)
     if replicas is None:

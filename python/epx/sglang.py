@@ -128,7 +128,8 @@ def compute_logical_to_all_physical_map(physical_to_logical_map, num_logical_exp
 
 def compute_logical_to_rank_dispatch_physical_map(logical_to_all_physical_map, num_gpus=None,
                                                   num_physical_experts=None, ep_rank=None,
-                                                  seed=42, *, ep_size=None):
+                                                  seed=42, *, ep_size=None,
+                                                  sglang_version="0.5.2", nnodes=1):
     """SGLang's static dispatch table for rank ep_rank: [L][E], the one replica
     each logical expert's tokens go to from that rank; bit-exact with SGLang's
     rules as shared/golden records them (CPython's random.Random(seed), one
@@ -136,9 +137,12 @@ def compute_logical_to_rank_dispatch_physical_map(logical_to_all_physical_map, n
     ep_size= is accepted for num_gpus (newer SGLang's name for it). The dtype
     (and torch-ness, and device) follows the input, as in SGLang.
 
-    SGLang 0.5.23 changed the rules (single-replica experts skip the
-    generator; ranks prefer a same-node replica): its tables differ from these
-    wherever an expert has one replica (see bench/RESULTS.md)."""
+    The rule is SGLang <= 0.5.2's, whose call shape this is, unless
+    sglang_version= names another release (nnodes= then counts from 0.5.3:
+    same-node preference; from 0.5.4.post2 single-replica experts skip the
+    generator). The lists are used as given: the per-rank cut SGLang's
+    init_by_mapping makes from 0.5.4.post2 comes before this function
+    (epx.static_table(layout, sglang_version=V) does both)."""
     if ep_size is not None:
         if num_gpus is not None and int(num_gpus) != int(ep_size):
             raise TypeError("num_gpus (%s) and ep_size (%s) disagree" % (num_gpus, ep_size))
@@ -148,7 +152,8 @@ def compute_logical_to_rank_dispatch_physical_map(logical_to_all_physical_map, n
                         "(or ep_size) and num_physical_experts")
     from . import dispatch  # the dispatch room's binding
     return dispatch.sglang_static_table(logical_to_all_physical_map, num_gpus,
-                                        num_physical_experts, ep_rank, seed)
+                                        num_physical_experts, ep_rank, seed,
+                                        sglang_version=sglang_version, num_nodes=nnodes)
 
 
 def load_init_expert_location(spec, *, as_torch=None):

@@ -84,8 +84,37 @@ def test_sglang_signature_and_ep_size_alias():
             epx.compute_logical_to_rank_dispatch_physical_map(
                 logical_to_all_physical_map=l2a, ep_size=4, num_physical_experts=8, ep_rank=r),
             full[r])
-    np.testing.assert_array_equal(full, epx.static_table(lay))
+    np.testing.assert_array_equal(full, epx.static_table(lay, sglang_version="0.5.2"))
     assert epx.compute_logical_to_rank_dispatch_physical_map(
         l2a.astype(np.int32), 4, 8, 0).dtype == np.int32
     with pytest.raises(TypeError):
         epx.compute_logical_to_rank_dispatch_physical_map(l2a, 4, 8, 0, ep_size=2)
+
+
+_SGLANG_TABLES = __import__("pathlib").Path(__file__).resolve().parents[2] / "tests" / "data" / \
+    "sglang_tables"
+
+
+@pytest.mark.parametrize("name", ["crafted_101_g8_n2", "crafted_106_g16_n8", "random_054_float_l1"])
+def test_static_table_per_sglang_release(name):
+    """static_table(sglang_version=V) equals what SGLang V's own code computes
+    (tests/data/sglang_tables, from tools/sglang_tables.py), from the mapping
+    (cut per rank from 0.5.4.post2) and from the replica-rank lists."""
+    import json
+    path = _SGLANG_TABLES / (name + ".json")
+    if not path.exists():
+        pytest.skip("tests/data/sglang_tables not found")
+    d = json.loads(path.read_text())
+    lay = epx.Layout.from_map(np.array(d["physical_to_logical_map"]), d["num_gpus"],
+                              d["num_nodes"], d["num_logical_experts"])
+    l2p = np.array(d["logical_to_physical_map"])
+    for v, want in d["sglang"].items():
+        np.testing.assert_array_equal(epx.static_table(lay, sglang_version=v),
+                                      want["rank_dispatch_from_mapping"])
+        np.testing.assert_array_equal(epx.static_table(lay, sglang_version=v, replicas=l2p),
+                                      want["rank_dispatch_from_eplb"])
+        np.testing.assert_array_equal(
+            epx.compute_logical_to_rank_dispatch_physical_map(
+                l2p, d["num_gpus"], d["num_physical_experts"], None, sglang_version=v,
+                nnodes=d["num_nodes"]),
+            want["rank_dispatch_from_eplb"])

@@ -129,7 +129,8 @@ def test_static_dispatch_tables_match_golden(name, golden_case):
     want = np.array(d["rank_dispatch_from_mapping"])
     np.testing.assert_array_equal(
         epx.compute_logical_to_rank_dispatch_physical_map(asc, G, P, None), want)
-    np.testing.assert_array_equal(epx.static_table(epx.Layout.from_map(p2l, G)), want)
+    np.testing.assert_array_equal(
+        epx.static_table(epx.Layout.from_map(p2l, G), sglang_version="0.5.2"), want)
 
 
 @pytest.mark.parametrize("name", ["kimi_k2_8gpu_float", "deepseek_v3_32gpu_4node_sparse",

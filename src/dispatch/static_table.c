@@ -54,37 +54,136 @@ static epx_status check_replicas(const epx_shape *s, const int32_t *replicas, in
     return EPX_OK;
 }
 
-/* SGLang's table. `cand` holds the valid replicas in the given order. */
-static void sglang_table(const epx_shape *s, const int32_t *replicas, int32_t width, uint64_t seed,
-                         int32_t *out, int32_t *cand, int32_t *part, int32_t *ans, void *scratch) {
-    int32_t L = s->num_layers, E = s->num_logical_experts, G = s->num_gpus;
-    int32_t per = s->num_physical_experts / G;
-    size_t LE = (size_t)L * (size_t)E;
-    epxi_pyrandom rng;
-    epxi_pyrandom_seed(&rng, seed);
-    for (int32_t l = 0; l < L; l++)
-        for (int32_t e = 0; e < E; e++) {
-            const int32_t *row = replicas + ((size_t)l * (size_t)E + (size_t)e) * (size_t)width;
-            int32_t n = 0;
-            for (int32_t j = 0; j < width; j++)
-                if (row[j] >= 0) cand[n++] = row[j];
-            for (int32_t g = 0; g < G; g++) part[g] = -1;
-            /* same_gpu_physical_expert_ids[0]: the first replica on each GPU */
-            for (int32_t j = n - 1; j >= 0; j--) part[cand[j] / per] = cand[j];
-            int32_t k = 0;
-            for (int32_t g = 0; g < G; g++) k += part[g] < 0;
-            /* _fair_choices(cand, k): cand * q + sample(cand, r), shuffled */
-            int32_t q = k / n, rem = k % n, m = 0;
-            for (int32_t i = 0; i < q; i++)
-                for (int32_t j = 0; j < n; j++) ans[m++] = cand[j];
-            epxi_pyrandom_sample(&rng, cand, (size_t)n, (size_t)rem, ans + m, scratch);
-            m += rem;
-            epxi_pyrandom_shuffle(&rng, ans, (size_t)m);
-            for (int32_t g = 0, i = 0; g < G; g++) {
-                if (part[g] < 0) part[g] = ans[i++];
-                out[(size_t)g * LE + (size_t)l * (size_t)E + (size_t)e] = part[g];
-            }
+/* Parse MAJOR.MINOR[.PATCH][.postN] (a leading 'v' allowed) into four numbers. */
+static bool parse_release(const char *s, long v[4]) {
+    v[0] = v[1] = v[2] = v[3] = 0;
+    if (*s == 'v') s++;
+    for (int i = 0; i < 3; i++) {
+        if (*s < '0' || *s > '9') return false;
+        char *end = NULL;
+        v[i] = strtol(s, &end, 10);
+        s = end;
+        if (*s == '\0') return i >= 1;
+        if (*s != '.') return false;
+        s++;
+        if (i >= 1 && strncmp(s, "post", 4) == 0) break;
+    }
+    if (strncmp(s, "post", 4) != 0 || s[4] < '0' || s[4] > '9') return false;
+    char *end = NULL;
+    v[3] = strtol(s + 4, &end, 10);
+    return *end == '\0';
+}
+
+static int release_cmp(const long a[4], const long b[4]) {
+    for (int i = 0; i < 4; i++)
+        if (a[i] != b[i]) return a[i] < b[i] ? -1 : 1;
+    return 0;
+}
+
+epx_status epx_sglang_table_rule(const char *release, epx_sglang_rule *rule, int32_t *newer,
+                                 epx_error *err) {
+    long v[4], newest[4];
+    if (release == NULL || rule == NULL)
+        return epxi_fail(err, EPX_ERR_INVALID_ARG,
+                         "epx_sglang_table_rule: release and rule are required");
+    if (!parse_release(release, v))
+        return epxi_fail(err, EPX_ERR_INVALID_ARG,
+                         "SGLang release '%s' is not MAJOR.MINOR[.PATCH][.postN] (e.g. 0.5.2, "
+                         "0.5.4.post2, " EPX_SGLANG_DEFAULT_VERSION
+                         "); pre-releases are refused, as which rule they carry is unknown",
+                         release);
+    static const long r053[4] = {0, 5, 3, 0}, r054p2[4] = {0, 5, 4, 2}, r0516[4] = {0, 5, 16, 0};
+    if (release_cmp(v, r053) < 0)
+        *rule = EPX_SGLANG_RULE_0_5_2;
+    else if (release_cmp(v, r054p2) < 0)
+        *rule = EPX_SGLANG_RULE_0_5_3;
+    else if (release_cmp(v, r0516) < 0)
+        *rule = EPX_SGLANG_RULE_0_5_4_POST2;
+    else
+        *rule = EPX_SGLANG_RULE_0_5_16;
+    parse_release(EPX_SGLANG_DEFAULT_VERSION, newest);
+    if (newer) *newer = release_cmp(v, newest) > 0;
+    return EPX_OK;
+}
+
+/* Where the SGLang table rule looks: slots per GPU and per node, GPUs per node. */
+typedef struct sg_geom {
+    epx_sglang_rule rule;
+    int32_t per_gpu, per_node, gpus_per_node;
+} sg_geom;
+
+/* The replica rank g takes with no draw, or -1 (SGLang's same-GPU check of
+ * <= 0.5.3 and its _find_nearest_expert after). */
+static int32_t sg_nearest(const sg_geom *q, int32_t g, const int32_t *cand, int32_t n) {
+    if (q->rule >= EPX_SGLANG_RULE_0_5_4_POST2 && n == 1) return cand[0];
+    for (int32_t j = 0; j < n; j++)
+        if (cand[j] / q->per_gpu == g) return cand[j];
+    if (q->rule == EPX_SGLANG_RULE_0_5_2) return -1;
+    int32_t node = g / q->gpus_per_node, first = -1, count = 0;
+    for (int32_t j = 0; j < n; j++)
+        if (cand[j] / q->per_node == node) {
+            if (first < 0) first = cand[j];
+            count++;
         }
+    /* 0.5.16: only when the node narrows the choice */
+    if (q->rule == EPX_SGLANG_RULE_0_5_16 && count == n) return -1;
+    return first;
+}
+
+/* One (layer, expert) of SGLang's table over the candidates cand[0..n):
+ * the no-draw choices, then _fair_choices for the rest. part [G] gets every
+ * rank's replica. */
+static void sg_entry(const sg_geom *q, int32_t G, epxi_pyrandom *rng, int32_t *cand, int32_t n,
+                     int32_t *part, int32_t *ans, void *scratch) {
+    int32_t k = 0;
+    for (int32_t g = 0; g < G; g++) k += (part[g] = sg_nearest(q, g, cand, n)) < 0;
+    if (k == 0) return; /* _fair_choices(k = 0) draws nothing */
+    /* _fair_choices(cand, k): cand * q + sample(cand, r), shuffled */
+    int32_t quo = k / n, rem = k % n, m = 0;
+    for (int32_t i = 0; i < quo; i++)
+        for (int32_t j = 0; j < n; j++) ans[m++] = cand[j];
+    epxi_pyrandom_sample(rng, cand, (size_t)n, (size_t)rem, ans + m, scratch);
+    m += rem;
+    epxi_pyrandom_shuffle(rng, ans, (size_t)m);
+    for (int32_t g = 0, i = 0; g < G; g++)
+        if (part[g] < 0) part[g] = ans[i++];
+}
+
+/* SGLang's table. `cand` holds the valid replicas in the given order. With
+ * `cut` (init_by_mapping, >= 0.5.4.post2) rank r's row comes from a table
+ * over rank r's cut lists: one pass over the table per rank. */
+static void sglang_table(const epx_shape *s, const int32_t *replicas, int32_t width, uint64_t seed,
+                         epx_sglang_rule rule, bool cut, int32_t *out, int32_t *cand, int32_t *part,
+                         int32_t *ans, void *scratch) {
+    int32_t L = s->num_layers, E = s->num_logical_experts, G = s->num_gpus;
+    int32_t per = s->num_physical_experts / G, gpn = G / s->num_nodes;
+    sg_geom q = {rule, per, per * gpn, gpn};
+    size_t LE = (size_t)L * (size_t)E;
+    cut = cut && rule >= EPX_SGLANG_RULE_0_5_4_POST2;
+    for (int32_t r = 0; r < (cut ? G : 1); r++) {
+        epxi_pyrandom rng;
+        epxi_pyrandom_seed(&rng, seed);
+        for (int32_t l = 0; l < L; l++)
+            for (int32_t e = 0; e < E; e++) {
+                const int32_t *row = replicas + ((size_t)l * (size_t)E + (size_t)e) * (size_t)width;
+                int32_t n = 0;
+                for (int32_t j = 0; j < width; j++)
+                    if (row[j] >= 0) cand[n++] = row[j];
+                if (cut) { /* _compute_logical_to_all_physical_map's cut for rank r */
+                    int32_t near = sg_nearest(&q, r, cand, n);
+                    if (near >= 0) {
+                        cand[0] = near;
+                        n = 1;
+                    }
+                }
+                sg_entry(&q, G, &rng, cand, n, part, ans, scratch);
+                size_t at = (size_t)l * (size_t)E + (size_t)e;
+                if (cut)
+                    out[(size_t)r * LE + at] = part[r];
+                else
+                    for (int32_t g = 0; g < G; g++) out[(size_t)g * LE + at] = part[g];
+            }
+    }
 }
 
 /* Experts by load, heaviest first, ties by lower id (a total order, so
@@ -237,6 +336,11 @@ epx_status epx_dispatch_table_compute(const epx_shape *shape, const int32_t *rep
         return epxi_fail(err, EPX_ERR_INVALID_ARG,
                          "expected_load and replica_weights are used by EPX_TABLE_EPX only; "
                          "SGLang's table ignores load, so pass NULL or choose EPX_TABLE_EPX");
+    epx_sglang_rule rule = EPX_SGLANG_RULE_0_5_16;
+    if (opts->algorithm == EPX_TABLE_SGLANG)
+        EPX_TRY(epx_sglang_table_rule(opts->sglang_version ? opts->sglang_version
+                                                           : EPX_SGLANG_DEFAULT_VERSION,
+                                      &rule, NULL, err));
     int32_t L = shape->num_layers, E = shape->num_logical_experts, G = shape->num_gpus;
     int32_t P = shape->num_physical_experts;
     EPX_TRY(check_replicas(shape, replicas, width, err));
@@ -258,7 +362,8 @@ epx_status epx_dispatch_table_compute(const epx_shape *shape, const int32_t *rep
     int32_t *ip = (int32_t *)(keys + ne);
     if (opts->algorithm == EPX_TABLE_SGLANG) {
         int32_t *cand = ip, *part = cand + nw, *ans = part + ng;
-        sglang_table(shape, replicas, width, opts->seed, out, cand, part, ans, ans + ng + nw);
+        sglang_table(shape, replicas, width, opts->seed, rule, opts->init_by_mapping != 0, out,
+                     cand, part, ans, ans + ng + nw);
     } else {
         epx_scratch w = {dbl, dbl + ng, keys, ip, ip + nw, dbl + 2 * ng + ne};
         double *unit = dbl + 2 * ng;
@@ -277,7 +382,14 @@ epx_status epx_dispatch_table_from_layout(const epx_layout *layout, const epx_ta
                          "epx_dispatch_table_from_layout: layout is NULL");
     int32_t width = 0;
     const int32_t *l2p = epx_layout_logical_to_all_physical(layout, &width);
-    return epx_dispatch_table_compute(epx_layout_shape(layout), l2p, width, opts, out, err);
+    epx_table_opts o = EPX_TABLE_OPTS_INIT;
+    if (opts) {
+        EPX_TRY(epxi_check_version(opts->version, EPX_TABLE_OPTS_VERSION, "epx_table_opts",
+                                   "EPX_TABLE_OPTS_INIT", err));
+        o = *opts;
+    }
+    o.init_by_mapping = 1; /* SGLang cuts the lists of a mapping */
+    return epx_dispatch_table_compute(epx_layout_shape(layout), l2p, width, &o, out, err);
 }
 
 epx_status epx_dispatch_table_gpu_load(const epx_shape *shape, const int32_t *table,

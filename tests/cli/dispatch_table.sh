@@ -8,10 +8,11 @@ SRC=${EPX_SOURCE:-$(dirname "$0")/../..}
 CASE="$SRC/tests/data/dispatch/mixtral_8gpu_int.json"
 [ -f "$CASE" ] || fail "$CASE missing"
 
-expect_exit 0 "$EPX" dispatch-table --placement "$CASE" --gpus 8 -o "$TMP/asc.json"
-expect_in "$TMP/out" "SGLang table (ascending order) for 8 ranks x 32 layers x 8 experts"
-expect_exit 0 "$EPX" dispatch-table --placement "$CASE" --gpus 8 --order replica-rank -o "$TMP/rr.json"
-expect_exit 0 "$EPX" dispatch-table --placement "$CASE" --gpus 8 --rank 3 -o "$TMP/r3.json"
+# These goldens are SGLang <= 0.5.2's.
+expect_exit 0 "$EPX" dispatch-table --placement "$CASE" --gpus 8 --sglang-version 0.5.2 -o "$TMP/asc.json"
+expect_in "$TMP/out" "SGLang 0.5.2 table (ascending order) for 8 ranks x 32 layers x 8 experts"
+expect_exit 0 "$EPX" dispatch-table --placement "$CASE" --gpus 8 --order replica-rank --sglang-version 0.5.2 -o "$TMP/rr.json"
+expect_exit 0 "$EPX" dispatch-table --placement "$CASE" --gpus 8 --rank 3 --sglang-version 0.5.2 -o "$TMP/r3.json"
 python3 - "$CASE" "$TMP" <<'PY' || fail "tables differ from the golden case"
 import json, sys
 case = json.load(open(sys.argv[1]))
@@ -47,6 +48,47 @@ for g, tl in enumerate(t):
             if any(p2l[l][q] == e and q // per == g for q in range(len(p2l[l]))):
                 assert p // per == g
 PY
+
+# Each release of tests/data/sglang_tables (SGLang's own output), --nodes
+# honoured: a 2-node and an 8-node case, both orders, one rank alone.
+for C in crafted_101_g8_n2 crafted_106_g16_n8; do
+    SC="$SRC/tests/data/sglang_tables/$C.json"
+    G=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["num_gpus"])' "$SC")
+    N=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["num_nodes"])' "$SC")
+    for V in 0.5.2 0.5.3 0.5.4.post2 0.5.15 0.5.16 0.5.23; do
+        expect_exit 0 "$EPX" dispatch-table --placement "$SC" --gpus "$G" --nodes "$N" --sglang-version "$V" -o "$TMP/m.json"
+        expect_in "$TMP/out" "SGLang $V table"
+        expect_exit 0 "$EPX" dispatch-table --placement "$SC" --gpus "$G" --nodes "$N" --sglang-version "$V" --order replica-rank -o "$TMP/e.json"
+        expect_exit 0 "$EPX" dispatch-table --placement "$SC" --gpus "$G" --nodes "$N" --sglang-version "$V" --rank 1 -o "$TMP/m1.json"
+        python3 - "$SC" "$TMP" "$V" <<'PY' || fail "$C: tables differ from SGLang $V's"
+import json, sys
+case, d, v = json.load(open(sys.argv[1])), sys.argv[2], sys.argv[3]
+want = case["sglang"][v]
+get = lambda f: json.load(open(d + f))["logical_to_rank_dispatch_physical_map"]
+assert get("/m.json") == want["rank_dispatch_from_mapping"]
+assert get("/e.json") == want["rank_dispatch_from_eplb"]
+assert get("/m1.json") == want["rank_dispatch_from_mapping"][1]
+PY
+    done
+done
+# The default is the newest verified release, named in the help.
+SC="$SRC/tests/data/sglang_tables/crafted_101_g8_n2.json"
+expect_exit 0 "$EPX" dispatch-table --placement "$SC" --gpus 8 --nodes 2 -o "$TMP/d.json"
+expect_in "$TMP/out" "SGLang 0.5.23 table"
+python3 - "$SC" "$TMP/d.json" <<'PY' || fail "the default table differs from SGLang 0.5.23's"
+import json, sys
+assert json.load(open(sys.argv[2]))["logical_to_rank_dispatch_physical_map"] == \
+    json.load(open(sys.argv[1]))["sglang"]["0.5.23"]["rank_dispatch_from_mapping"]
+PY
+expect_exit 0 "$EPX" dispatch-table --help
+expect_in "$TMP/out" "--sglang-version" "default 0.5.23"
+# A newer release warns and uses the newest rule; a malformed one is refused.
+expect_exit 0 "$EPX" dispatch-table --placement "$SC" --gpus 8 --nodes 2 --sglang-version 0.6.1 -o "$TMP/n.json"
+expect_in "$TMP/err" "newer than the newest verified release (0.5.23)"
+expect_exit 2 "$EPX" dispatch-table --placement "$SC" --gpus 8 --sglang-version 0.5.16rc1 -o "$TMP/x.json"
+expect_in "$TMP/err" "MAJOR.MINOR"
+expect_exit 2 "$EPX" dispatch-table --placement "$SC" --gpus 8 --algorithm epx --sglang-version 0.5.2 -o "$TMP/x.json"
+expect_in "$TMP/err" "--algorithm sglang only"
 
 # A plain mapping file has no replica-rank order.
 python3 -c 'import json; print(json.dumps({"physical_to_logical_map": [[0, 1, 2, 3, 0, 1, 2, 3]]}))' >"$TMP/map.json"

@@ -9,6 +9,11 @@
  * (what init_by_eplb passes on from DeepSeek's planner) needs a file that
  * also carries logical_to_physical_map, such as a golden case or an epx
  * plan report; its replica lists are checked against the mapping.
+ *
+ * --sglang-version V picks the release whose rule applies (default
+ * EPX_SGLANG_DEFAULT_VERSION, the newest verified); --nodes counts from
+ * 0.5.3, and from 0.5.4.post2 the ascending lists are cut per rank as
+ * init_by_mapping cuts them (epx_sglang_rule in epx/dispatch.h).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -49,7 +54,8 @@ int cmd_dispatch_table(int argc, char **argv) {
          "epx plan report)",
          NULL},
         {"--gpus", "G", "GPUs (EP ranks)", NULL},
-        {"--nodes", "N", "nodes (default 1; epx's rule prefers same-node replicas)", NULL},
+        {"--nodes", "N",
+         "nodes (default 1; SGLang >= 0.5.3 and epx's rule prefer same-node replicas)", NULL},
         {"--experts", "E",
          "logical experts (default: from logical_to_physical_map, else max id + 1)", NULL},
         {"--rank", "R", "write only rank R's [L][E] table", NULL},
@@ -61,17 +67,25 @@ int cmd_dispatch_table(int argc, char **argv) {
         {"--counts", "FILE",
          "epx only: logical_count [L][E] or [S][L][E] (windows summed) as the expected load", NULL},
         {"--seed", "S", "sglang only: random.Random seed (default 42, SGLang's)", NULL},
+        {"--sglang-version", "V",
+         "sglang only: the SGLang release whose rule applies (default " EPX_SGLANG_DEFAULT_VERSION
+         "; verified against 0.5.2, 0.5.3, 0.5.4.post1, 0.5.4.post2, 0.5.5, 0.5.15, 0.5.16, "
+         "0.5.17, 0.5.23; rules change at 0.5.3, 0.5.4.post2 and 0.5.16)",
+         NULL},
         {"-o", "FILE", "output table (.json)", NULL},
         {NULL, NULL, NULL, NULL},
     };
     cli_cmd cmd = {"dispatch-table",
                    "epx dispatch-table --placement FILE --gpus G [--nodes N] [--experts E] "
                    "[--rank R] [--order ascending|replica-rank] [--algorithm sglang|epx] "
-                   "[--counts FILE] [--seed S] -o FILE",
+                   "[--counts FILE] [--seed S] [--sglang-version V] -o FILE",
                    "Write the static dispatch table {\"logical_to_rank_dispatch_physical_map\": "
                    "[G][L][E]} ([L][E] with --rank). From a mapping file the replica order is "
-                   "ascending, as SGLang's init_by_mapping builds it; --order replica-rank needs "
-                   "a JSON that carries logical_to_physical_map.",
+                   "ascending, as SGLang's init_by_mapping builds it (and, from SGLang "
+                   "0.5.4.post2, cuts per rank to the nearest replica); --order replica-rank "
+                   "(init_by_eplb, never cut) needs a JSON that carries logical_to_physical_map. "
+                   "The SGLang table is SGLang " EPX_SGLANG_DEFAULT_VERSION
+                   "'s unless --sglang-version names another release.",
                    opts,
                    0,
                    {0},
@@ -117,6 +131,22 @@ int cmd_dispatch_table(int argc, char **argv) {
         return fail(
             "--seed is used by --algorithm sglang only (epx's table draws no random numbers)");
     topts.seed = (uint64_t)seed;
+    const char *sgver = cli_get(&cmd, "--sglang-version");
+    if (sgver && topts.algorithm != EPX_TABLE_SGLANG)
+        return fail("--sglang-version is used by --algorithm sglang only");
+    if (topts.algorithm == EPX_TABLE_SGLANG) {
+        epx_sglang_rule rule;
+        int32_t newer = 0;
+        epx_error verr = {0};
+        if (sgver && epx_sglang_table_rule(sgver, &rule, &newer, &verr) != EPX_OK)
+            return fail(verr.msg);
+        if (newer)
+            fprintf(stderr,
+                    "epx dispatch-table: warning: SGLang %s is newer than the newest verified "
+                    "release (" EPX_SGLANG_DEFAULT_VERSION "); using that release's rule\n",
+                    sgver);
+        topts.sglang_version = sgver;
+    }
     if (R >= G) {
         fprintf(stderr, "epx dispatch-table: --rank %d is not below --gpus %d\n", R, G);
         return CLI_EXIT_USAGE;
@@ -183,8 +213,12 @@ int cmd_dispatch_table(int argc, char **argv) {
         ret = cli_write_failed(&cmd, &err);
         goto done;
     }
-    printf("wrote %s: %s table (%s order) for %s%d ranks x %d layers x %d experts\n", out,
+    printf("wrote %s: %s%s%s table (%s order) for %s%d ranks x %d layers x %d experts\n", out,
            topts.algorithm == EPX_TABLE_EPX ? "epx" : "SGLang",
+           topts.algorithm == EPX_TABLE_EPX ? "" : " ",
+           topts.algorithm == EPX_TABLE_EPX ? ""
+           : sgver                          ? sgver
+                                            : EPX_SGLANG_DEFAULT_VERSION,
            replica_rank ? "replica-rank" : "ascending", R >= 0 ? "rank " : "", R >= 0 ? R : G, L,
            E);
     if (load) {

@@ -1,0 +1,176 @@
+/*
+ * test_sglang_versions.c - SGLang's static dispatch tables, release by
+ * release. tests/data/sglang_tables holds what each release's own code
+ * computes (tools/sglang_tables.py ran compute_logical_to_rank_dispatch_
+ * physical_map and _compute_logical_to_all_physical_map of 0.5.2 ... 0.5.23
+ * on each rank) for placements on 1, 2, 4 and 8 nodes; for every case and
+ * release, epx's tables must equal them entry for entry:
+ *  - from logical_to_physical_map (init_by_eplb, never cut):
+ *    rank_dispatch_from_eplb;
+ *  - from physical_to_logical_map through a layout (init_by_mapping, cut
+ *    per rank from 0.5.4.post2): rank_dispatch_from_mapping.
+ * Also: release strings map to the rules the header names.
+ */
+#include <dirent.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "testutil.h"
+
+/* Flatten a nested integer array; returns the count. */
+static size_t flat(const json_t *a, int32_t *out, size_t at) {
+    if (!json_is_array(a)) {
+        assert_true(json_is_integer(a));
+        out[at] = (int32_t)json_integer_value(a);
+        return at + 1;
+    }
+    size_t i;
+    const json_t *x;
+    json_array_foreach(a, i, x) at = flat(x, out, at);
+    return at;
+}
+
+static int32_t geti(const json_t *root, const char *key) {
+    const json_t *a = json_object_get(root, key);
+    if (!json_is_integer(a)) fail_msg("case has no integer '%s'", key);
+    return (int32_t)json_integer_value(a);
+}
+
+static void expect(const int32_t *got, const json_t *want, size_t n, const char *name,
+                   const char *ver, const char *what) {
+    int32_t *w = malloc(n * sizeof *w);
+    assert_non_null(w);
+    assert_int_equal(flat(want, w, 0), n);
+    for (size_t i = 0; i < n; i++)
+        if (got[i] != w[i])
+            fail_msg("%s, SGLang %s, %s: entry %zu is %d, SGLang's %d", name, ver, what, i, got[i],
+                     w[i]);
+    free(w);
+}
+
+/* Runs every release of one case; returns the number of releases. */
+static int run_case(const char *path, const char *name) {
+    json_error_t je;
+    json_t *root = json_load_file(path, 0, &je);
+    if (root == NULL) fail_msg("%s: %s", path, je.text);
+    epx_shape s = {geti(root, "num_layers"), geti(root, "num_logical_experts"),
+                   geti(root, "num_physical_experts"), geti(root, "num_gpus"),
+                   geti(root, "num_nodes")};
+    int32_t L = s.num_layers, E = s.num_logical_experts, G = s.num_gpus, P = s.num_physical_experts;
+    const json_t *l2pj = json_object_get(root, "logical_to_physical_map");
+    int32_t X = (int32_t)json_array_size(json_array_get(json_array_get(l2pj, 0), 0));
+    int32_t *l2p = malloc(sizeof *l2p * (size_t)L * (size_t)E * (size_t)X);
+    int32_t *p2l = malloc(sizeof *p2l * (size_t)L * (size_t)P);
+    size_t n = (size_t)G * (size_t)L * (size_t)E;
+    int32_t *out = malloc(n * sizeof *out);
+    assert_true(l2p && p2l && out);
+    assert_int_equal(flat(l2pj, l2p, 0), (size_t)L * (size_t)E * (size_t)X);
+    assert_int_equal(flat(json_object_get(root, "physical_to_logical_map"), p2l, 0),
+                     (size_t)L * (size_t)P);
+    epx_layout *lay = NULL;
+    epx_error err = {0};
+    if (epx_layout_create_from_map(&s, p2l, &lay, &err) != EPX_OK) fail_msg("%s", err.msg);
+    json_t *rel = json_object_get(root, "sglang"), *r;
+    const char *ver;
+    int ran = 0;
+    json_object_foreach(rel, ver, r) {
+        epx_table_opts o = EPX_TABLE_OPTS_INIT;
+        o.sglang_version = ver;
+        memset(out, 0xff, n * sizeof *out);
+        if (epx_dispatch_table_compute(&s, l2p, X, &o, out, &err) != EPX_OK)
+            fail_msg("%s %s: %s", name, ver, err.msg);
+        expect(out, json_object_get(r, "rank_dispatch_from_eplb"), n, name, ver,
+               "from logical_to_physical_map");
+        memset(out, 0xff, n * sizeof *out);
+        if (epx_dispatch_table_from_layout(lay, &o, out, &err) != EPX_OK)
+            fail_msg("%s %s: %s", name, ver, err.msg);
+        expect(out, json_object_get(r, "rank_dispatch_from_mapping"), n, name, ver,
+               "from physical_to_logical_map");
+        /* the raw entry point with the ascending lists and init_by_mapping */
+        int32_t W = 0;
+        const int32_t *asc = epx_layout_logical_to_all_physical(lay, &W);
+        o.init_by_mapping = 1;
+        memset(out, 0xff, n * sizeof *out);
+        assert_int_equal(epx_dispatch_table_compute(&s, asc, W, &o, out, &err), EPX_OK);
+        expect(out, json_object_get(r, "rank_dispatch_from_mapping"), n, name, ver,
+               "from the ascending lists with init_by_mapping");
+        ran++;
+    }
+    epx_layout_destroy(lay);
+    free(out);
+    free(p2l);
+    free(l2p);
+    json_decref(root);
+    return ran;
+}
+
+static void release_goldens(void **state) {
+    (void)state;
+    const char *dir = "data/sglang_tables";
+    DIR *d = opendir(dir);
+    if (d == NULL) fail_msg("tests/%s is missing (the test runs from tests/)", dir);
+    struct dirent *de;
+    int cases = 0, runs = 0;
+    while ((de = readdir(d)) != NULL) {
+        size_t n = strlen(de->d_name);
+        if (n < 6 || strcmp(de->d_name + n - 5, ".json") != 0) continue;
+        char path[600];
+        snprintf(path, sizeof path, "%s/%s", dir, de->d_name);
+        runs += run_case(path, de->d_name);
+        cases++;
+    }
+    closedir(d);
+    fprintf(stderr, "%d cases x releases reproduced (%d cases)\n", runs, cases);
+    assert_true(cases >= 13);
+    assert_int_equal(runs, cases * 9);
+}
+
+static void release_strings(void **state) {
+    (void)state;
+    static const struct {
+        const char *s;
+        epx_sglang_rule rule;
+        int32_t newer;
+    } ok[] = {
+        {"0.4.10", EPX_SGLANG_RULE_0_5_2, 0},       {"0.5", EPX_SGLANG_RULE_0_5_2, 0},
+        {"0.5.2", EPX_SGLANG_RULE_0_5_2, 0},        {"0.5.2.post1", EPX_SGLANG_RULE_0_5_2, 0},
+        {"v0.5.3", EPX_SGLANG_RULE_0_5_3, 0},       {"0.5.4", EPX_SGLANG_RULE_0_5_3, 0},
+        {"0.5.4.post1", EPX_SGLANG_RULE_0_5_3, 0},  {"0.5.4.post2", EPX_SGLANG_RULE_0_5_4_POST2, 0},
+        {"0.5.15", EPX_SGLANG_RULE_0_5_4_POST2, 0}, {"0.5.16", EPX_SGLANG_RULE_0_5_16, 0},
+        {"0.5.23", EPX_SGLANG_RULE_0_5_16, 0},      {"0.5.24", EPX_SGLANG_RULE_0_5_16, 1},
+        {"0.6.0", EPX_SGLANG_RULE_0_5_16, 1},       {"1.0", EPX_SGLANG_RULE_0_5_16, 1},
+    };
+    epx_error err = {0};
+    for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) {
+        epx_sglang_rule rule = EPX_SGLANG_RULE_0_5_2;
+        int32_t newer = -1;
+        if (epx_sglang_table_rule(ok[i].s, &rule, &newer, &err) != EPX_OK)
+            fail_msg("%s: %s", ok[i].s, err.msg);
+        if (rule != ok[i].rule || newer != ok[i].newer)
+            fail_msg("%s: rule %d newer %d, want %d %d", ok[i].s, rule, newer, ok[i].rule,
+                     ok[i].newer);
+    }
+    static const char *bad[] = {"", "0", "latest", "0.5.16rc1", "0.5.x", "0.5.4.post", "0..5"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        epx_sglang_rule rule;
+        assert_int_equal(epx_sglang_table_rule(bad[i], &rule, NULL, &err), EPX_ERR_INVALID_ARG);
+        TU_MSG_HAS(err.msg, "MAJOR.MINOR");
+    }
+    /* the options carry it; a bad one is refused there too */
+    epx_shape s = {1, 2, 4, 2, 1};
+    int32_t rep[] = {0, 2, 1, 3}, out[4];
+    epx_table_opts o = EPX_TABLE_OPTS_INIT;
+    o.sglang_version = "next";
+    assert_int_equal(epx_dispatch_table_compute(&s, rep, 2, &o, out, &err), EPX_ERR_INVALID_ARG);
+    TU_MSG_HAS(err.msg, "'next'");
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(release_strings),
+        cmocka_unit_test(release_goldens),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
