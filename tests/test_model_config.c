@@ -59,11 +59,13 @@ static void fixtures_equal_builtin(void **state) {
 static void path_forms(void **state) {
     (void)state;
     const char *forms[] = {"data/hf/deepseek-v3", "data/hf/deepseek-v3/",
-                           "data/hf/deepseek-v3/config.json", "./data/hf//deepseek-v3//config.json"};
+                           "data/hf/deepseek-v3/config.json",
+                           "./data/hf//deepseek-v3//config.json"};
     for (size_t i = 0; i < sizeof forms / sizeof forms[0]; i++) {
         epx_model_info info;
         epx_error err = {0};
-        if (epx_model_resolve(forms[i], &info, &err) != EPX_OK) fail_msg("%s: %s", forms[i], err.msg);
+        if (epx_model_resolve(forms[i], &info, &err) != EPX_OK)
+            fail_msg("%s: %s", forms[i], err.msg);
         assert_string_equal(info.name, "deepseek-v3");
         assert_int_equal(info.model.num_experts, 256);
     }
