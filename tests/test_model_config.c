@@ -175,6 +175,25 @@ static void family_keys(void **state) {
                      EPX_OK);
     assert_string_equal(info.family, "mixtral");
     assert_int_equal(info.norm_topk_prob, 1);
+    assert_int_equal(read_config("arch",
+                                 "{\"architectures\": [\"Qwen2MoeForCausalLM\"], "
+                                 "\"num_hidden_layers\": 4, \"hidden_size\": 64, "
+                                 "\"num_experts\": 8, \"num_experts_per_tok\": 2, "
+                                 "\"moe_intermediate_size\": 32}",
+                                 &info, &err),
+                     EPX_OK);
+    assert_string_equal(info.family, "qwen-moe");
+
+    /* A scoring rule epx lacks: the shape reads, the MoE layer refuses. */
+    dir = write_config("v4", "{\"model_type\": \"deepseek_v3\", \"num_hidden_layers\": 4, "
+                             "\"hidden_size\": 64, \"n_routed_experts\": 16, "
+                             "\"num_experts_per_tok\": 2, \"moe_intermediate_size\": 32, "
+                             "\"scoring_func\": \"sqrtsoftplus\"}");
+    assert_int_equal(epx_model_from_config(dir, &info, &err), EPX_OK);
+    assert_int_equal(info.scoring, -1);
+    assert_int_equal(epx_moe_model_config(dir, &cfg, &err), EPX_ERR_UNSUPPORTED);
+    TU_MSG_HAS(err.msg, "'v4'", "scoring_func");
+    remove_config(dir);
 }
 
 static void refusals(void **state) {
@@ -236,6 +255,11 @@ static void refusals(void **state) {
          EPX_ERR_SHAPE,
          {"4 dense layers of 4", NULL, NULL}},
         {"{\"num_hidden_layers\": 4}", EPX_ERR_PARSE, {"no 'hidden_size'", "model_type", NULL}},
+        {"{\"model_type\": \"deepseek_v3\", \"num_hidden_layers\": 4, \"hidden_size\": 64, "
+         "\"n_routed_experts\": 16, \"num_experts_per_tok\": 2, \"moe_intermediate_size\": 32, "
+         "\"routed_scaling_factor\": \"2.5\"}",
+         EPX_ERR_PARSE,
+         {"'routed_scaling_factor'", "not a number", "2.5"}},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         err = (epx_error){0};

@@ -51,7 +51,8 @@ typedef struct epx_model_info {
     int32_t from_config; /* 1: read from a config.json; 0: the built-in table */
     /* The routing rule stated by the config (from_config only): scoring is
      * an epx_moe_scoring value (epx/moe.h: 0 softmax, 1 sigmoid, 2 softmax
-     * over the top-k) or -1 when epx has no such rule (Llama-4). */
+     * over the top-k) or -1 when epx has no such rule (Llama-4, a
+     * scoring_func other than softmax or sigmoid). */
     int32_t scoring;
     float routed_scaling_factor; /* 1 when the config names none */
     int32_t norm_topk_prob;      /* nonzero: top-k weights renormalised */
@@ -63,12 +64,12 @@ typedef struct epx_model_info {
  * text_config when the top level nests it there (Kimi-K2.5, multimodal
  * releases). The family comes from model_type, then architectures, then the
  * expert-count key present:
- *   deepseek  (deepseek_v2/v3, kimi_k2, glm4_moe): n_routed_experts,
+ *   deepseek  (deepseek_v2/v3, kimi_k2/k25, glm4_moe): n_routed_experts,
  *             num_experts_per_tok, moe_intermediate_size; optional
  *             first_k_dense_replace, moe_layer_freq (must be 1), n_group,
  *             topk_group, n_shared_experts, scoring_func,
  *             routed_scaling_factor, norm_topk_prob;
- *   qwen-moe  (qwen2_moe, qwen3_moe): num_experts, num_experts_per_tok,
+ *   qwen-moe  (qwen2_moe, qwen3_moe, qwen3_next): num_experts, num_experts_per_tok,
  *             moe_intermediate_size; optional decoder_sparse_step (must be
  *             1), mlp_only_layers (must be 0..k-1: the dense lead),
  *             shared_expert_intermediate_size, norm_topk_prob;

@@ -35,33 +35,38 @@ typedef struct family {
 
 static const family FAMILIES[] = {
     {"deepseek",
-     {"deepseek_v2", "deepseek_v3", "kimi_k2", "glm4_moe", NULL},
+     {"deepseek_v2", "deepseek_v3", "kimi_k2", "kimi_k25", "glm4_moe", NULL},
      "Deepseek",
      "n_routed_experts",
      "moe_intermediate_size",
      0,
      0},
     {"qwen-moe",
-     {"qwen2_moe", "qwen3_moe", NULL},
-     "MoeFor",
+     {"qwen2_moe", "qwen3_moe", "qwen3_next", NULL},
+     "Qwen",
      "num_experts",
      "moe_intermediate_size",
      0,
      0},
     {"mixtral", {"mixtral", NULL}, "Mixtral", "num_local_experts", "intermediate_size", 0, 1},
     {"gpt-oss", {"gpt_oss", NULL}, "GptOss", "num_local_experts", "intermediate_size", 2, 0},
-    {"llama4", {"llama4", "llama4_text", NULL}, "Llama4", "num_local_experts", "intermediate_size",
-     -1, 0},
+    {"llama4",
+     {"llama4", "llama4_text", NULL},
+     "Llama4",
+     "num_local_experts",
+     "intermediate_size",
+     -1,
+     0},
 };
 enum { DEEPSEEK, QWEN, MIXTRAL, GPT_OSS, LLAMA4, NUM_FAMILIES };
 
 /* What the messages need to say where a value came from. */
 typedef struct reader {
-    const json_t *obj;    /* the language model's object */
-    const char *path;     /* the file read */
-    const char *where;    /* "" or " (under text_config)" */
-    const family *fam;    /* the family it was read as */
-    const char *how;      /* how the family was chosen: "model_type 'x'" */
+    const json_t *obj; /* the language model's object */
+    const char *path;  /* the file read */
+    const char *where; /* "" or " (under text_config)" */
+    const family *fam; /* the family it was read as */
+    const char *how;   /* how the family was chosen: "model_type 'x'" */
     epx_error *err;
 } reader;
 
@@ -117,7 +122,8 @@ static const family *find_family(const json_t *top, const json_t *lm, char *how,
                 }
     }
     for (int o = 0; o < 2; o++) {
-        const char *a = json_string_value(json_array_get(json_object_get(objs[o], "architectures"), 0));
+        const char *a =
+            json_string_value(json_array_get(json_object_get(objs[o], "architectures"), 0));
         if (a == NULL) continue;
         for (int f = 0; f < NUM_FAMILIES; f++)
             if (strstr(a, FAMILIES[f].arch) != NULL) {
@@ -229,10 +235,20 @@ static epx_status read_shape(const reader *r, epx_model_info *info) {
         EPX_TRY(get_int(r, "n_group", false, 1, &m->num_groups));
         EPX_TRY(get_int(r, "topk_group", false, 1, &m->topk_group));
         EPX_TRY(get_int(r, "n_shared_experts", false, 0, &m->shared_experts));
+        /* Routing keys only matter to the MoE layer (bench comm): a rule epx
+         * lacks is -1 there, not an error for the shape. */
         const char *sf = json_string_value(json_object_get(r->obj, "scoring_func"));
-        if (sf != NULL && strcmp(sf, "sigmoid") == 0) info->scoring = 1;
+        if (sf != NULL)
+            info->scoring = strcmp(sf, "sigmoid") == 0 ? 1 : strcmp(sf, "softmax") == 0 ? 0 : -1;
         const json_t *rs = json_object_get(r->obj, "routed_scaling_factor");
-        if (json_is_number(rs)) info->routed_scaling_factor = (float)json_number_value(rs);
+        if (json_is_number(rs)) {
+            info->routed_scaling_factor = (float)json_number_value(rs);
+        } else if (rs != NULL && !json_is_null(rs)) {
+            return epxi_fail(r->err, EPX_ERR_PARSE,
+                             "'routed_scaling_factor'%s in '%.200s' is not a number (read as a %s "
+                             "config): write it as a JSON number such as 2.5",
+                             r->where, r->path, f->name);
+        }
     } else if (fi == QWEN) {
         EPX_TRY(only_one(r, "decoder_sparse_step"));
         EPX_TRY(qwen_dense(r, m->num_layers, &m->first_k_dense));
@@ -240,7 +256,8 @@ static epx_status read_shape(const reader *r, epx_model_info *info) {
         EPX_TRY(get_int(r, "shared_expert_intermediate_size", false, 0, &shared));
         /* Qwen2-MoE's one shared expert is as wide as n routed ones; the
          * shape counts it that way (rounded up when it does not divide). */
-        m->shared_experts = (shared + m->moe_intermediate - 1) / m->moe_intermediate;
+        m->shared_experts =
+            (int32_t)(((int64_t)shared + m->moe_intermediate - 1) / m->moe_intermediate);
     } else if (fi == LLAMA4) {
         EPX_TRY(only_one(r, "interleave_moe_layer_step"));
     }
@@ -327,8 +344,7 @@ epx_status epx_model_resolve(const char *name_or_path, epx_model_info *info, epx
     const epx_model *m = NULL;
     struct stat st;
     bool path = strchr(name_or_path, '/') != NULL || epxi_has_suffix(name_or_path, ".json");
-    if (!path && epx_model_lookup(name_or_path, &m, NULL) != EPX_OK &&
-        stat(name_or_path, &st) == 0)
+    if (!path && epx_model_lookup(name_or_path, &m, NULL) != EPX_OK && stat(name_or_path, &st) == 0)
         path = true;
     if (path) return epx_model_from_config(name_or_path, info, err);
     epx_status ls = epx_model_lookup(name_or_path, &m, err);

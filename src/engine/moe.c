@@ -102,7 +102,8 @@ epx_status epx_moe_model_config(const char *name, epx_moe_config *cfg, epx_error
         if (info.scoring < 0)
             return epxi_fail(err, EPX_ERR_UNSUPPORTED,
                              "model '%s' (a %s config) routes by a rule epx's MoE layer does not "
-                             "have (sigmoid of the top-k logits): only its shape can be used",
+                             "have (Llama-4's sigmoid of the top-k logits, or a scoring_func "
+                             "other than softmax or sigmoid): only its shape can be used",
                              info.name, info.family);
         rule = &from_config;
     }

@@ -2,8 +2,7 @@
 # names a model wherever a built-in name does. For the five configs under
 # tests/data/hf/ (Kimi-K2.5 nests its language model under text_config),
 # `epx advise`, `epx trace synth` and `epx demo` print and write the same
-# bytes as with the built-in name, and `epx bench comm` reads the same shape;
-# bad paths and bad configs exit 2 with the key, the value and the fix.
+# bytes as with the built-in name; bad paths and bad configs exit 2 with the key, the value and the fix.
 . "$(dirname "$0")/../util/cli_lib.sh"
 HF=${EPX_SOURCE:-$(cd "$(dirname "$0")/../.." && pwd)}/tests/data/hf
 
@@ -37,12 +36,8 @@ for m in deepseek-v3 kimi-k2.5 qwen3-235b-a22b mixtral-8x7b gpt-oss-120b; do
     rm -rf "$TMP/d1" "$TMP/d2"
 done
 
-# bench comm reads the shape from the config (one rank, no mpirun needed).
-if ! "$EPX" bench comm --backend mpi --model qwen3-30b --tokens 1 2>&1 | grep -q "built without MPI"; then
-    expect_exit 0 "$EPX" bench comm --backend mpi --model "$HF/gpt-oss-120b" --tokens 1 --iters 1 --warmup 0
-    expect_in "$TMP/out" "(H 2880, top-4, 128 experts)"
-fi
-
+# (bench comm with a config path runs in bench_comm.sh, kept out of the ASan
+# pass because of Open MPI's own allocations.)
 # Refusals: exit 2, the path or key, the value and the fix.
 expect_exit 2 "$EPX" advise --model "$HF/no-such-model" --gpus 8 --link nvlink4
 expect_in "$TMP/err" "no-such-model" "neither a built-in name nor an existing path"
