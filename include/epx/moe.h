@@ -71,11 +71,14 @@ EPX_API epx_status epx_moe_config_check(const epx_moe_config *cfg, epx_error *er
  * names and aliases: "kimi-k2.5", "deepseek-v3", "qwen3-235b", ...) and its
  * routing rule (scoring, scaling factor, normalisation) from the models'
  * config.json files. Shared experts merge into one SwiGLU of width
- * shared_experts * moe_intermediate.
+ * shared_experts * moe_intermediate. name may also be a config.json path
+ * (epx_model_resolve): the rule is then the config's own (scoring_func,
+ * routed_scaling_factor, norm_topk_prob, the family's default).
  * Args:    name (in); cfg (out).
  * Returns: EPX_OK; EPX_ERR_INVALID_ARG for an unknown name (the message
  *          lists the known ones); EPX_ERR_UNSUPPORTED for a model whose
- *          routing rule is not tabled yet.
+ *          routing rule is not tabled yet (or a config whose rule epx's
+ *          MoE layer lacks: Llama-4); the statuses of epx_model_from_config.
  */
 EPX_API epx_status epx_moe_model_config(const char *name, epx_moe_config *cfg, epx_error *err);
 

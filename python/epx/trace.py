@@ -1,4 +1,5 @@
-"""Built-in MoE shapes of public models and synthetic expert-load traces
+"""Built-in MoE shapes of public models, shapes read from HuggingFace
+config.json files (include/epx/model.h), and synthetic expert-load traces
 (include/epx/trace.h): what `epx trace synth` writes."""
 import ctypes
 
@@ -17,6 +18,13 @@ class Model(Structure):
                 ("moe_intermediate", c_int32)]
 
 
+class ModelInfo(Structure):
+    """epx_model_info (include/epx/model.h): model.name points into name."""
+    _fields_ = [("model", Model), ("name", ctypes.c_char * 64), ("family", ctypes.c_char * 16),
+                ("from_config", c_int32), ("scoring", c_int32),
+                ("routed_scaling_factor", ctypes.c_float), ("norm_topk_prob", c_int32)]
+
+
 class TraceOpts(Structure):
     """epx_trace_opts (include/epx/trace.h)."""
     _fields_ = [("version", c_uint32), ("num_windows", c_int32), ("tokens", c_int64),
@@ -29,6 +37,7 @@ class TraceOpts(Structure):
 TRACE_OPTS_VERSION = ctypes.sizeof(TraceOpts)
 
 _lookup = fn("epx_model_lookup", c_int32, c_char_p, POINTER(POINTER(Model)), c_void_p)
+_resolve = fn("epx_model_resolve", c_int32, c_char_p, POINTER(ModelInfo), c_void_p)
 _list = fn("epx_model_list", POINTER(Model), POINTER(c_int32))
 _synth = fn("epx_trace_synth", c_int32, POINTER(Model), POINTER(TraceOpts),
             POINTER(POINTER(Counts)), c_void_p)
@@ -41,14 +50,21 @@ def _as_dict(m):
 
 
 def _find(name):
-    p = POINTER(Model)()
-    call(_lookup, str(name).encode(), ctypes.byref(p))
-    return p
+    """A built-in name or a config.json path (or its folder), resolved; the
+    returned epx_model_info owns the name its model points at."""
+    info = ModelInfo()
+    call(_resolve, str(name).encode(), ctypes.byref(info))
+    return info
 
 
 def model(name):
-    """The shape of a built-in model ("kimi-k2", "deepseek-v3", ...) as a dict."""
-    return _as_dict(_find(name).contents)
+    """The shape of a model as a dict: a built-in name ("kimi-k2",
+    "deepseek-v3", ...) or a HuggingFace config.json or its folder (the
+    "family" key then says how it was read; "built-in" for a name)."""
+    info = _find(name)
+    d = _as_dict(info.model)
+    d["family"] = info.family.decode()
+    return d
 
 
 def models():
@@ -61,7 +77,7 @@ def models():
 def synth(name, num_windows=8, tokens=65536, seed=0, skew=(0.8, 1.3), drift=0.1,
           shift_window=0, per_pass=1, shift_layers=0.5):
     """A synthetic load trace [S][L][E] (float64 holding integers) for a
-    built-in model; dense layers are rows of zeros, as SGLang records them.
+    model (a built-in name or a config.json path, as model()); dense layers are rows of zeros, as SGLang records them.
     shift_window: hot experts move there in a share shift_layers of the
     layers; per_pass: each window as that many sparse per-pass rows."""
     p = _find(name)
@@ -69,7 +85,7 @@ def synth(name, num_windows=8, tokens=65536, seed=0, skew=(0.8, 1.3), drift=0.1,
                   float(skew[0]), float(skew[1]), float(drift), int(shift_window),
                   int(per_pass), float(shift_layers))
     cp = POINTER(Counts)()
-    call(_synth, p, ctypes.byref(o), ctypes.byref(cp))
+    call(_synth, ctypes.byref(p.model), ctypes.byref(o), ctypes.byref(cp))
     try:
         return counts_from_c(cp)
     finally:

@@ -24,6 +24,7 @@ MIRRORS = {
     "epx_balance": metrics.Balance,
     "epx_pt_tensor": pt.Tensor,
     "epx_model": trace.Model,
+    "epx_model_info": trace.ModelInfo,
     "epx_trace_opts": trace.TraceOpts,
 }
 

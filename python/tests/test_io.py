@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import epx
-from conftest import PT
+from conftest import PT, REPO
 
 
 def test_mapping_roundtrip(tmp_path):
@@ -134,6 +134,15 @@ def test_model_shapes_and_synthetic_trace():
     assert (k2["name"], k2["num_layers"], k2["first_k_dense"], k2["num_experts"],
             k2["top_k"]) == ("kimi-k2", 61, 1, 384, 8)
     assert any(m["name"] == "deepseek-v3" for m in epx.trace.models())
+    # A HuggingFace config.json (or its folder) names the same model.
+    hf = REPO / "tests" / "data" / "hf"
+    k25 = epx.trace.model(hf / "kimi-k2.5")
+    assert k25 == dict(epx.trace.model("kimi-k2.5"), family="deepseek")
+    with pytest.raises(epx.EpxError) as e:
+        epx.trace.model(hf / "no-such-model")
+    assert "no-such-model" in str(e.value)
+    np.testing.assert_array_equal(epx.trace.synth(hf / "mixtral-8x7b", num_windows=1, tokens=64),
+                                  epx.trace.synth("mixtral", num_windows=1, tokens=64))
     c = epx.trace.synth("deepseek-v3", num_windows=2, tokens=1000, seed=4)
     assert c.shape == (2, 61, 256)
     assert (c[:, :3] == 0).all()  # dense layers

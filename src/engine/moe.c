@@ -92,10 +92,22 @@ static const route_rule RULES[] = {
 epx_status epx_moe_model_config(const char *name, epx_moe_config *cfg, epx_error *err) {
     if (name == NULL || cfg == NULL)
         return epxi_fail(err, EPX_ERR_INVALID_ARG, "model name and config must not be NULL");
-    const epx_model *m = NULL;
-    EPX_TRY(epx_model_lookup(name, &m, err));
+    epx_model_info info;
+    EPX_TRY(epx_model_resolve(name, &info, err));
+    const epx_model *m = &info.model;
+    route_rule from_config = {info.name, (epx_moe_scoring)info.scoring, info.routed_scaling_factor,
+                              info.norm_topk_prob};
     const route_rule *rule = NULL;
-    for (size_t i = 0; i < sizeof RULES / sizeof RULES[0]; i++)
+    if (info.from_config) {
+        if (info.scoring < 0)
+            return epxi_fail(err, EPX_ERR_UNSUPPORTED,
+                             "model '%s' (a %s config) routes by a rule epx's MoE layer does not "
+                             "have (Llama-4's sigmoid of the top-k logits, or a scoring_func "
+                             "other than softmax or sigmoid): only its shape can be used",
+                             info.name, info.family);
+        rule = &from_config;
+    }
+    for (size_t i = 0; rule == NULL && i < sizeof RULES / sizeof RULES[0]; i++)
         if (strcmp(RULES[i].name, m->name) == 0) rule = &RULES[i];
     if (rule == NULL)
         return epxi_fail(err, EPX_ERR_UNSUPPORTED,

@@ -25,6 +25,10 @@ if "$EPX_BIN" bench comm --backend mpi --model qwen3-30b --tokens 1 2>&1 | grep 
 fi
 tmp=$(mktemp -d /tmp/epx-bench.XXXXXX)
 trap 'rm -rf "$tmp"' EXIT
+# --model PATH: a HuggingFace config.json's folder names the model (one rank).
+out=$("$EPX_BIN" bench comm --backend mpi --model "$EPX_SOURCE/tests/data/hf/gpt-oss-120b" --tokens 1 \
+    --iters 1 --warmup 0 2>&1) || fail "bench comm --model PATH exited $?: $out"
+grep -qF "(H 2880, top-4, 128 experts)" <<<"$out" || fail "bench comm did not read the config: $out"
 timeout 120 "$MPIRUN" --oversubscribe --allow-run-as-root -np 2 "$EPX_BIN" bench comm --backend mpi \
     --model qwen3-30b --tokens 1,7,32 --iters 3 --warmup 1 -o "$tmp/m.json" >"$tmp/out" 2>&1 ||
     { cat "$tmp/out"; fail "bench comm under mpirun failed"; }

@@ -187,6 +187,12 @@ int cli_report(const cli_cmd *cmd, const epx_error *err) {
     }
 }
 
+int cli_model(const cli_cmd *cmd, const char *arg, epx_model_info *info) {
+    epx_error err = {0};
+    if (epx_model_resolve(arg, info, &err) != EPX_OK) return cli_report(cmd, &err);
+    return -1;
+}
+
 bool cli_int_list(const char *s, int64_t lo, int64_t hi, int32_t **out, int32_t *n) {
     int32_t cap = 8, cnt = 0;
     int32_t *v = malloc((size_t)cap * sizeof *v);

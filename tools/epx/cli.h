@@ -51,6 +51,12 @@ bool cli_double(const cli_cmd *cmd, const char *name, double lo, double hi, doub
  * when absent. */
 const char *cli_require(const cli_cmd *cmd, const char *name);
 
+/* --model NAME|PATH: a built-in name or a HuggingFace config.json (or a
+ * folder holding one), resolved into *info (epx_model_resolve; use
+ * &info->model, which lives as long as info). Returns -1 when resolved,
+ * else the exit code after printing why (2 for a bad name or config). */
+int cli_model(const cli_cmd *cmd, const char *arg, epx_model_info *info);
+
 /* Print "epx: MESSAGE" for a failed library call, return the exit code:
  * CLI_EXIT_USAGE for input errors, CLI_EXIT_FAIL otherwise. */
 int cli_report(const cli_cmd *cmd, const epx_error *err);

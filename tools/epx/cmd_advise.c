@@ -239,7 +239,10 @@ static json_t *load_lines(const char *path) {
 
 int cmd_advise(int argc, char **argv) {
     cli_opt opts[] = {
-        {"--model", "NAME", "model shape (kimi-k2.5, deepseek-v3, qwen3-235b, mixtral, ...)", NULL},
+        {"--model", "NAME|PATH",
+         "model shape: a config.json or its folder, or a name (kimi-k2.5, deepseek-v3, qwen3-235b, "
+         "mixtral, ...)",
+         NULL},
         {"--gpus", "G", "GPUs serving the layer (EP ranks = TP ranks)", NULL},
         {"--link", "LINK", "nvlink3|nvlink4|nvlink5|pcie4|pcie5|ib-ndr", NULL},
         {"--measured", "FILE",
@@ -256,7 +259,7 @@ int cmd_advise(int argc, char **argv) {
         {NULL, NULL, NULL, NULL},
     };
     cli_cmd cmd = {"advise",
-                   "epx advise --model NAME --gpus G --link nvlink4|nvlink5|pcie4|pcie5|... "
+                   "epx advise --model NAME|PATH --gpus G --link nvlink4|nvlink5|pcie4|pcie5|... "
                    "[--measured FILE]",
                    "EP or TP for one MoE layer's communication: an alpha-beta model at the model's "
                    "shape, and the batch size where EP starts to win.",
@@ -282,9 +285,9 @@ int cmd_advise(int argc, char **argv) {
         fputc('\n', stderr);
         return CLI_EXIT_USAGE;
     }
-    epx_error err = {0};
-    const epx_model *m = NULL;
-    if (epx_model_lookup(model, &m, &err) != EPX_OK) return cli_report(&cmd, &err);
+    epx_model_info info;
+    if ((rc = cli_model(&cmd, model, &info)) >= 0) return rc;
+    const epx_model *m = &info.model;
     const char *dt = cli_get(&cmd, "--dtype"), *cm = cli_get(&cmd, "--combine");
     double esz = 2;
     if (dt != NULL && strcmp(dt, "f32") == 0)

@@ -740,7 +740,9 @@ int cmd_bench(int argc, char **argv) {
     cli_opt opts[] = {
         {"--backend", "mpi|nccl",
          "communicator: MPI on host buffers (run under mpirun) or NCCL on GPUs", NULL},
-        {"--model", "NAME", "model shape (kimi-k2.5, deepseek-v3, qwen3-235b, ...)", NULL},
+        {"--model", "NAME|PATH",
+         "model: a config.json or its folder, or a name (kimi-k2.5, deepseek-v3, qwen3-235b, ...)",
+         NULL},
         {"--tokens", "LIST", "tokens per rank, comma-separated (e.g. 1,64,512,4096)", NULL},
         {"--iters", "N", "timed iterations per point (default 20)", NULL},
         {"--warmup", "N", "untimed iterations first (default 3)", NULL},
@@ -767,17 +769,17 @@ int cmd_bench(int argc, char **argv) {
         {"-o", "FILE", "also write the summary JSON that epx advise --measured reads", NULL},
         {NULL, NULL, NULL, NULL},
     };
-    cli_cmd cmd = {
-        "bench",
-        "epx bench comm --backend mpi|nccl --model NAME --tokens LIST [--mode normal|low-latency]\n"
-        "       [--graph] [--json FILE] [-o FILE] [options]\n"
-        "       (MPI: mpirun -np R epx bench comm --backend mpi ...)",
-        "Time EP dispatch and combine against the TP all-reduce of the same MoE layer, "
-        "per token count, after checking their results.",
-        opts,
-        1,
-        {0},
-        0};
+    cli_cmd cmd = {"bench",
+                   "epx bench comm --backend mpi|nccl --model NAME|PATH --tokens LIST [--mode "
+                   "normal|low-latency]\n"
+                   "       [--graph] [--json FILE] [-o FILE] [options]\n"
+                   "       (MPI: mpirun -np R epx bench comm --backend mpi ...)",
+                   "Time EP dispatch and combine against the TP all-reduce of the same MoE layer, "
+                   "per token count, after checking their results.",
+                   opts,
+                   1,
+                   {0},
+                   0};
     int rc = cli_parse(&cmd, argc, argv);
     if (rc >= 0) return rc;
     if (cmd.num_positional != 1 || strcmp(cmd.positional[0], "comm") != 0) {

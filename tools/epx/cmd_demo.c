@@ -206,7 +206,9 @@ static int write_svg(const char *path, const epx_model *m, const epx_shape *s, c
 
 int cmd_demo(int argc, char **argv) {
     cli_opt opts[] = {
-        {"--model", "NAME", "built-in model shape (default kimi-k2; see 'epx trace synth --help')",
+        {"--model", "NAME|PATH",
+         "built-in model or a config.json or its folder (default kimi-k2; see 'epx trace synth "
+         "--help')",
          NULL},
         {"--gpus", "G", "GPUs (default 8)", NULL},
         {"--nodes", "N", "nodes (default 1)", NULL},
@@ -217,15 +219,16 @@ int cmd_demo(int argc, char **argv) {
         {"--out", "DIR", "output folder (default epx-demo)", NULL},
         {NULL, NULL, NULL, NULL},
     };
-    cli_cmd cmd = {"demo",
-                   "epx demo [--model NAME] [--gpus G] [--nodes N] [--redundant R] [--windows S] "
-                   "[--tokens T] [--seed N] [--out DIR]",
-                   "Plan a synthetic trace with DeepSeek's EPLB and with epx, compare them on the "
-                   "held-out next window, and write placement.json, report.json and report.svg.",
-                   opts,
-                   0,
-                   {0},
-                   0};
+    cli_cmd cmd = {
+        "demo",
+        "epx demo [--model NAME|PATH] [--gpus G] [--nodes N] [--redundant R] [--windows S] "
+        "[--tokens T] [--seed N] [--out DIR]",
+        "Plan a synthetic trace with DeepSeek's EPLB and with epx, compare them on the "
+        "held-out next window, and write placement.json, report.json and report.svg.",
+        opts,
+        0,
+        {0},
+        0};
     int rc = cli_parse(&cmd, argc, argv);
     if (rc >= 0) return rc;
     const char *model_name = cli_get(&cmd, "--model") ? cli_get(&cmd, "--model") : "kimi-k2";
@@ -273,8 +276,9 @@ int cmd_demo(int argc, char **argv) {
     bool made_tmp = false;
 
     epx_error err = {0};
-    const epx_model *m = NULL;
-    if (epx_model_lookup(model_name, &m, &err) != EPX_OK) return cli_report(&cmd, &err);
+    epx_model_info info;
+    if ((rc = cli_model(&cmd, model_name, &info)) >= 0) return rc;
+    const epx_model *m = &info.model;
     /* Round P up to a multiple of G, and say so, rather than refuse. */
     int32_t P = m->num_experts + R;
     if (P % G != 0) {

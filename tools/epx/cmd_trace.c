@@ -63,7 +63,8 @@ static void list_models(FILE *f) {
 
 static int trace_synth(int argc, char **argv) {
     cli_opt opts[] = {
-        {"--model", "NAME", "model shape (see the list below)", NULL},
+        {"--model", "NAME|PATH",
+         "model shape: a name from the list below, or a config.json or its folder", NULL},
         {"--windows", "S", "windows (default 8)", NULL},
         {"--tokens", "T", "tokens per window (default 65536)", NULL},
         {"--seed", "N", "random seed (default 0); same seed, same file", NULL},
@@ -78,7 +79,7 @@ static int trace_synth(int argc, char **argv) {
         {NULL, NULL, NULL, NULL},
     };
     cli_cmd cmd = {"trace synth",
-                   "epx trace synth --model NAME [--windows S] [--tokens T] [--seed N] "
+                   "epx trace synth --model NAME|PATH [--windows S] [--tokens T] [--seed N] "
                    "[--skew A..B] [--drift D] [--shift W [--shift-layers F]] [--per-pass N] "
                    "-o FILE",
                    "Synthesize an expert-load trace (SGLang logical_count JSON, [S][L][E]): "
@@ -100,8 +101,9 @@ static int trace_synth(int argc, char **argv) {
     const cli_out outs[] = {{path, false}};
     if ((rc = cli_outputs_check(&cmd, NULL, 0, outs, 1)) >= 0) return rc;
     epx_error err = {0};
-    const epx_model *model = NULL;
-    if (epx_model_lookup(name, &model, &err) != EPX_OK) return cli_report(&cmd, &err);
+    epx_model_info info;
+    if ((rc = cli_model(&cmd, name, &info)) >= 0) return rc;
+    const epx_model *model = &info.model;
 
     epx_trace_opts to = EPX_TRACE_OPTS_INIT;
     uint64_t tokens = (uint64_t)to.tokens;
@@ -135,7 +137,7 @@ int cmd_trace(int argc, char **argv) {
     if (argc >= 2 && strcmp(argv[1], "synth") == 0) return trace_synth(argc - 1, argv + 1);
     FILE *f = argc >= 2 && (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0) ? stdout
                                                                                           : stderr;
-    fprintf(f, "usage: epx trace synth --model NAME [--windows S] [--tokens T] [--seed N] "
+    fprintf(f, "usage: epx trace synth --model NAME|PATH [--windows S] [--tokens T] [--seed N] "
                "[--skew A..B] [--drift D] [--shift W] [--per-pass N] -o FILE\n"
                "Run 'epx trace synth --help' for the options.\n");
     return f == stdout ? CLI_EXIT_OK : CLI_EXIT_USAGE;

@@ -1,0 +1,281 @@
+/*
+ * test_model_config.c - models read from HuggingFace config.json files
+ * (epx_model_from_config, epx_model_resolve): the configs under
+ * tests/data/hf/ give the built-in entries field for field, and the same
+ * MoE routing rule; the three ways to name one (folder, folder/, file);
+ * each family's special keys (text_config, mlp_only_layers, a Qwen2 shared
+ * expert, Llama-4, the fallback on the expert-count key); and every refusal
+ * with the key, the value and the family in its message.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "testutil.h"
+
+static const char *FIXTURES[] = {"deepseek-v3", "kimi-k2.5", "qwen3-235b-a22b", "mixtral-8x7b",
+                                 "gpt-oss-120b"};
+static const char *FAMILY[] = {"deepseek", "deepseek", "qwen-moe", "mixtral", "gpt-oss"};
+
+static void assert_same_model(const epx_model *a, const epx_model *b) {
+    assert_string_equal(a->name, b->name);
+    assert_int_equal(a->num_layers, b->num_layers);
+    assert_int_equal(a->first_k_dense, b->first_k_dense);
+    assert_int_equal(a->num_experts, b->num_experts);
+    assert_int_equal(a->top_k, b->top_k);
+    assert_int_equal(a->num_groups, b->num_groups);
+    assert_int_equal(a->topk_group, b->topk_group);
+    assert_int_equal(a->shared_experts, b->shared_experts);
+    assert_int_equal(a->hidden, b->hidden);
+    assert_int_equal(a->moe_intermediate, b->moe_intermediate);
+}
+
+static void fixtures_equal_builtin(void **state) {
+    (void)state;
+    for (size_t i = 0; i < sizeof FIXTURES / sizeof FIXTURES[0]; i++) {
+        char path[128];
+        snprintf(path, sizeof path, "data/hf/%s", FIXTURES[i]);
+        const epx_model *b = NULL;
+        epx_model_info info;
+        epx_error err = {0};
+        assert_int_equal(epx_model_lookup(FIXTURES[i], &b, &err), EPX_OK);
+        if (epx_model_from_config(path, &info, &err) != EPX_OK) fail_msg("%s: %s", path, err.msg);
+        assert_same_model(&info.model, b);
+        assert_ptr_equal(info.model.name, info.name);
+        assert_string_equal(info.family, FAMILY[i]);
+        assert_int_equal(info.from_config, 1);
+
+        /* The routing rule read from the config is the MoE table's. */
+        epx_moe_config from_name, from_path;
+        assert_int_equal(epx_moe_model_config(FIXTURES[i], &from_name, &err), EPX_OK);
+        if (epx_moe_model_config(path, &from_path, &err) != EPX_OK)
+            fail_msg("%s: %s", path, err.msg);
+        assert_memory_equal(&from_name, &from_path, sizeof from_name);
+    }
+}
+
+static void path_forms(void **state) {
+    (void)state;
+    const char *forms[] = {"data/hf/deepseek-v3", "data/hf/deepseek-v3/",
+                           "data/hf/deepseek-v3/config.json",
+                           "./data/hf//deepseek-v3//config.json"};
+    for (size_t i = 0; i < sizeof forms / sizeof forms[0]; i++) {
+        epx_model_info info;
+        epx_error err = {0};
+        if (epx_model_resolve(forms[i], &info, &err) != EPX_OK)
+            fail_msg("%s: %s", forms[i], err.msg);
+        assert_string_equal(info.name, "deepseek-v3");
+        assert_int_equal(info.model.num_experts, 256);
+    }
+    /* A built-in name stays a name; an alias resolves to the canonical one. */
+    epx_model_info info;
+    epx_error err = {0};
+    assert_int_equal(epx_model_resolve("Qwen3_235B", &info, &err), EPX_OK);
+    assert_string_equal(info.model.name, "qwen3-235b-a22b");
+    assert_string_equal(info.family, "built-in");
+    assert_int_equal(info.from_config, 0);
+    assert_int_equal(epx_model_resolve("no-such-model", &info, &err), EPX_ERR_INVALID_ARG);
+    TU_MSG_HAS(err.msg, "no-such-model", "kimi-k2", "config.json");
+}
+
+/* A folder <tmp>/<name>/ holding config.json with `text`; returns the
+ * folder (caller frees). */
+static char *write_config(const char *name, const char *text) {
+    char *root = tu_tmp_path("-hf");
+    assert_int_equal(mkdir(root, 0700), 0);
+    char *dir = malloc(512), file[600];
+    snprintf(dir, 512, "%s/%s", root, name);
+    assert_int_equal(mkdir(dir, 0700), 0);
+    snprintf(file, sizeof file, "%s/config.json", dir);
+    FILE *f = fopen(file, "w");
+    assert_non_null(f);
+    fputs(text, f);
+    fclose(f);
+    free(root);
+    return dir;
+}
+
+static void remove_config(char *dir) {
+    char file[600];
+    snprintf(file, sizeof file, "%s/config.json", dir);
+    unlink(file);
+    rmdir(dir);
+    char *slash = strrchr(dir, '/');
+    *slash = '\0';
+    rmdir(dir);
+    free(dir);
+}
+
+/* Read `text` as a config; returns the status, fills info and err. */
+static epx_status read_config(const char *name, const char *text, epx_model_info *info,
+                              epx_error *err) {
+    char *dir = write_config(name, text);
+    epx_status st = epx_model_from_config(dir, info, err);
+    remove_config(dir);
+    return st;
+}
+
+static void family_keys(void **state) {
+    (void)state;
+    epx_model_info info;
+    epx_error err = {0};
+    /* Qwen: mlp_only_layers as a dense lead; a shared expert 4x as wide. */
+    assert_int_equal(read_config("Qwen1.5-MoE-A2.7B",
+                                 "{\"model_type\": \"qwen2_moe\", \"num_hidden_layers\": 24, "
+                                 "\"hidden_size\": 2048, \"num_experts\": 60, "
+                                 "\"num_experts_per_tok\": 4, \"moe_intermediate_size\": 1408, "
+                                 "\"shared_expert_intermediate_size\": 5632, "
+                                 "\"decoder_sparse_step\": 1, \"mlp_only_layers\": [0, 1]}",
+                                 &info, &err),
+                     EPX_OK);
+    assert_string_equal(info.name, "qwen1.5-moe-a2.7b");
+    assert_string_equal(info.family, "qwen-moe");
+    assert_int_equal(info.model.first_k_dense, 2);
+    assert_int_equal(info.model.shared_experts, 4);
+    assert_int_equal(info.norm_topk_prob, 0);
+
+    /* Llama-4 nested under text_config: one shared expert, no routing rule
+     * for the MoE layer. */
+    assert_int_equal(read_config("scout",
+                                 "{\"model_type\": \"llama4\", \"text_config\": {\"model_type\": "
+                                 "\"llama4_text\", \"num_hidden_layers\": 48, \"hidden_size\": "
+                                 "5120, \"num_local_experts\": 16, \"num_experts_per_tok\": 1, "
+                                 "\"intermediate_size\": 8192, \"interleave_moe_layer_step\": 1}}",
+                                 &info, &err),
+                     EPX_OK);
+    assert_string_equal(info.family, "llama4");
+    assert_int_equal(info.model.shared_experts, 1);
+    assert_int_equal(info.scoring, -1);
+    char *dir = write_config("scout", "{\"model_type\": \"llama4_text\", \"num_hidden_layers\": 4, "
+                                      "\"hidden_size\": 64, \"num_local_experts\": 4, "
+                                      "\"num_experts_per_tok\": 1, \"intermediate_size\": 32}");
+    epx_moe_config cfg;
+    assert_int_equal(epx_moe_model_config(dir, &cfg, &err), EPX_ERR_UNSUPPORTED);
+    TU_MSG_HAS(err.msg, "llama4", "shape");
+    remove_config(dir);
+
+    /* No model_type, no architectures: the expert-count key decides. */
+    assert_int_equal(read_config("anon",
+                                 "{\"num_hidden_layers\": 4, \"hidden_size\": 64, "
+                                 "\"n_routed_experts\": 16, \"num_experts_per_tok\": 2, "
+                                 "\"moe_intermediate_size\": 32, \"first_k_dense_replace\": 1}",
+                                 &info, &err),
+                     EPX_OK);
+    assert_string_equal(info.family, "deepseek");
+    assert_int_equal(info.model.first_k_dense, 1);
+    /* architectures alone. */
+    assert_int_equal(read_config("arch",
+                                 "{\"architectures\": [\"MixtralForCausalLM\"], "
+                                 "\"num_hidden_layers\": 4, \"hidden_size\": 64, "
+                                 "\"num_local_experts\": 8, \"num_experts_per_tok\": 2, "
+                                 "\"intermediate_size\": 32}",
+                                 &info, &err),
+                     EPX_OK);
+    assert_string_equal(info.family, "mixtral");
+    assert_int_equal(info.norm_topk_prob, 1);
+    assert_int_equal(read_config("arch",
+                                 "{\"architectures\": [\"Qwen2MoeForCausalLM\"], "
+                                 "\"num_hidden_layers\": 4, \"hidden_size\": 64, "
+                                 "\"num_experts\": 8, \"num_experts_per_tok\": 2, "
+                                 "\"moe_intermediate_size\": 32}",
+                                 &info, &err),
+                     EPX_OK);
+    assert_string_equal(info.family, "qwen-moe");
+
+    /* A scoring rule epx lacks: the shape reads, the MoE layer refuses. */
+    dir = write_config("v4", "{\"model_type\": \"deepseek_v3\", \"num_hidden_layers\": 4, "
+                             "\"hidden_size\": 64, \"n_routed_experts\": 16, "
+                             "\"num_experts_per_tok\": 2, \"moe_intermediate_size\": 32, "
+                             "\"scoring_func\": \"sqrtsoftplus\"}");
+    assert_int_equal(epx_model_from_config(dir, &info, &err), EPX_OK);
+    assert_int_equal(info.scoring, -1);
+    assert_int_equal(epx_moe_model_config(dir, &cfg, &err), EPX_ERR_UNSUPPORTED);
+    TU_MSG_HAS(err.msg, "'v4'", "scoring_func");
+    remove_config(dir);
+}
+
+static void refusals(void **state) {
+    (void)state;
+    epx_model_info info;
+    epx_error err = {0};
+    assert_int_equal(epx_model_from_config("data/hf/no-such-model", &info, &err), EPX_ERR_IO);
+    TU_MSG_HAS(err.msg, "data/hf/no-such-model", "config.json");
+    assert_int_equal(epx_model_resolve("data/hf", &info, &err), EPX_ERR_IO);
+    TU_MSG_HAS(err.msg, "'data/hf'", "holds no config.json");
+    assert_int_equal(epx_model_from_config(NULL, &info, &err), EPX_ERR_INVALID_ARG);
+
+    struct {
+        const char *text;
+        epx_status st;
+        const char *needle[3];
+    } cases[] = {
+        {"[1, 2]", EPX_ERR_PARSE, {"must be a JSON object", "config.json", NULL}},
+        {"{\"model_type\": \"deepseek_v3\"", EPX_ERR_PARSE, {"not valid JSON", "line", NULL}},
+        {"{\"model_type\": \"deepseek_v3\", \"num_hidden_layers\": 61, \"hidden_size\": 7168, "
+         "\"num_experts_per_tok\": 8, \"moe_intermediate_size\": 2048}",
+         EPX_ERR_PARSE,
+         {"no 'n_routed_experts'", "deepseek", "model_type 'deepseek_v3'"}},
+        {"{\"model_type\": \"kimi_k25\", \"text_config\": {\"model_type\": \"kimi_k2\", "
+         "\"num_hidden_layers\": 61, \"n_routed_experts\": 384}}",
+         EPX_ERR_PARSE,
+         {"no 'hidden_size' (under text_config)", "deepseek", NULL}},
+        {"{\"model_type\": \"mixtral\", \"num_hidden_layers\": \"32\", \"hidden_size\": 4096}",
+         EPX_ERR_PARSE,
+         {"'num_hidden_layers'", "\"32\"", "plain JSON integer"}},
+        {"{\"model_type\": \"mixtral\", \"num_hidden_layers\": 32, \"hidden_size\": -4096}",
+         EPX_ERR_PARSE,
+         {"'hidden_size'", "-4096", "mixtral"}},
+        {"{\"model_type\": \"mixtral\", \"num_hidden_layers\": 32, \"hidden_size\": 4096.5}",
+         EPX_ERR_PARSE,
+         {"'hidden_size'", "4096.5", NULL}},
+        {"{\"model_type\": \"mixtral\", \"num_hidden_layers\": 32, \"hidden_size\": 4096, "
+         "\"num_local_experts\": 8, \"num_experts_per_tok\": 9, \"intermediate_size\": 1}",
+         EPX_ERR_SHAPE,
+         {"9 experts of 8", NULL, NULL}},
+        {"{\"model_type\": \"deepseek_v2\", \"num_hidden_layers\": 4, \"hidden_size\": 64, "
+         "\"n_routed_experts\": 16, \"num_experts_per_tok\": 2, \"moe_intermediate_size\": 32, "
+         "\"moe_layer_freq\": 2}",
+         EPX_ERR_UNSUPPORTED,
+         {"'moe_layer_freq'", "is 2", NULL}},
+        {"{\"model_type\": \"qwen3_moe\", \"num_hidden_layers\": 4, \"hidden_size\": 64, "
+         "\"num_experts\": 16, \"num_experts_per_tok\": 2, \"moe_intermediate_size\": 32, "
+         "\"mlp_only_layers\": [3]}",
+         EPX_ERR_UNSUPPORTED,
+         {"'mlp_only_layers'", "leading run", NULL}},
+        {"{\"model_type\": \"deepseek_v3\", \"num_hidden_layers\": 4, \"hidden_size\": 64, "
+         "\"n_routed_experts\": 16, \"num_experts_per_tok\": 2, \"moe_intermediate_size\": 32, "
+         "\"n_group\": 3}",
+         EPX_ERR_SHAPE,
+         {"n_group 3", NULL, NULL}},
+        {"{\"model_type\": \"deepseek_v3\", \"num_hidden_layers\": 4, \"hidden_size\": 64, "
+         "\"n_routed_experts\": 16, \"num_experts_per_tok\": 2, \"moe_intermediate_size\": 32, "
+         "\"first_k_dense_replace\": 4}",
+         EPX_ERR_SHAPE,
+         {"4 dense layers of 4", NULL, NULL}},
+        {"{\"num_hidden_layers\": 4}", EPX_ERR_PARSE, {"no 'hidden_size'", "model_type", NULL}},
+        {"{\"model_type\": \"deepseek_v3\", \"num_hidden_layers\": 4, \"hidden_size\": 64, "
+         "\"n_routed_experts\": 16, \"num_experts_per_tok\": 2, \"moe_intermediate_size\": 32, "
+         "\"routed_scaling_factor\": \"2.5\"}",
+         EPX_ERR_PARSE,
+         {"'routed_scaling_factor'", "not a number", "2.5"}},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        err = (epx_error){0};
+        epx_status st = read_config("bad", cases[i].text, &info, &err);
+        if (st != cases[i].st)
+            fail_msg("case %zu: status %d, wanted %d: %s", i, (int)st, (int)cases[i].st, err.msg);
+        for (int k = 0; k < 3 && cases[i].needle[k]; k++) TU_MSG_HAS(err.msg, cases[i].needle[k]);
+    }
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(fixtures_equal_builtin),
+        cmocka_unit_test(path_forms),
+        cmocka_unit_test(family_keys),
+        cmocka_unit_test(refusals),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
