@@ -5,23 +5,8 @@
 # refuses negative, huge, non-numeric figures in both of its formats; and
 # advise's verdicts never state an impossible range.
 set -u
-EPX=${EPX_BIN:?EPX_BIN is not set}
-T=$(mktemp -d /tmp/epx-numbers.XXXXXX)
-trap 'cd /; rm -rf "$T"' EXIT
-cd "$T" || exit 1
-fail=0
-check() { # name, command...
-  local name=$1; shift
-  if "$@"; then echo "ok   $name"; else echo "FAIL $name"; fail=1; fi
-}
-# refuse "needle" CMD...: exit 2 and the message holds needle
-refuse() {
-  local needle=$1; shift
-  timeout 20 "$@" >out 2>err
-  local rc=$?
-  [ "$rc" = 2 ] || { echo "  rc $rc, wanted 2: $*"; cat err; return 1; }
-  grep -qF -- "$needle" err || { echo "  message lacks '$needle':"; cat err; return 1; }
-}
+. "${EPX_SOURCE:?EPX_SOURCE is not set}/tests/util/cli_test.sh"
+cli_scratch numbers
 
 lay=("$EPX" layout trivial --experts 8 --gpus 2 -o l.json)
 check "--layers -3" refuse "below the minimum 1: use at least 1" "${lay[@]}" --layers -3

@@ -6,22 +6,8 @@
 # cannot be written none is; SIGINT leaves no temp file; the demo publishes
 # its folder only when complete; .pt outputs are PyTorch zips.
 set -u
-EPX=${EPX_BIN:?EPX_BIN is not set}
-T=$(mktemp -d /tmp/epx-outputs.XXXXXX)
-trap 'cd /; rm -rf "$T"' EXIT
-cd "$T" || exit 1
-fail=0
-check() { # name, command...
-  local name=$1; shift
-  if "$@"; then echo "ok   $name"; else echo "FAIL $name"; fail=1; fi
-}
-# expect_rc RC CMD...: runs CMD (stderr to err), within 20 s, and wants RC.
-expect_rc() {
-  local want=$1; shift
-  timeout 20 "$@" >out 2>err
-  local rc=$?
-  [ "$rc" = "$want" ] || { echo "  rc $rc, wanted $want: $*"; cat err; return 1; }
-}
+. "${EPX_SOURCE:?EPX_SOURCE is not set}/tests/util/cli_test.sh"
+cli_scratch outputs
 no_temps() { ! ls -a . | grep -q 'epx-tmp'; }
 
 "$EPX" trace synth --model deepseek-v3 --windows 2 --tokens 2000 -o c.json >/dev/null || exit 1
