@@ -158,6 +158,18 @@ static void ep_rank_mode_within_bound(void **state) {
 
 /* ---- bf16 records with identity experts ------------------------------- */
 
+/* A random EP layer for the identity tests: 1..MAXR ranks, H in [1, hmax],
+ * K in [1, kmax], P a multiple of R up to pmul per rank, Tmax in [1, tmax]
+ * (drawn in that order). */
+static void random_shape(tu_rng *rng, uint32_t hmax, uint32_t kmax, uint32_t pmul, uint32_t tmax,
+                         int32_t *R, int32_t *H, int32_t *K, int32_t *P, int64_t *Tmax) {
+    *R = 1 + (int32_t)tu_below(rng, MAXR);
+    *H = 1 + (int32_t)tu_below(rng, hmax);
+    *K = 1 + (int32_t)tu_below(rng, kmax);
+    *P = *R * (1 + (int32_t)tu_below(rng, pmul));
+    *Tmax = 1 + (int64_t)tu_below(rng, tmax);
+}
+
 typedef struct id_job {
     int32_t R, H, K, P;
     int64_t Tmax;
@@ -210,11 +222,7 @@ static void ep_bf16_identity(void **state) {
     for (int it = 0; it < 40; it++) {
         id_job j;
         memset(&j, 0, sizeof j);
-        j.R = 1 + (int32_t)tu_below(&rng, MAXR);
-        j.H = 1 + (int32_t)tu_below(&rng, 40);
-        j.K = 1 + (int32_t)tu_below(&rng, 8);
-        j.P = j.R * (1 + (int32_t)tu_below(&rng, 5));
-        j.Tmax = 1 + (int64_t)tu_below(&rng, 20);
+        random_shape(&rng, 40, 8, 5, 20, &j.R, &j.H, &j.K, &j.P, &j.Tmax);
         j.mode = (epx_ep_combine_mode)tu_below(&rng, 2);
         j.ep_mode = j.mode == EPX_EP_COMBINE_TOPK && tu_below(&rng, 2) ? EPX_EP_MODE_LOW_LATENCY
                                                                        : EPX_EP_MODE_NORMAL;
@@ -556,11 +564,7 @@ static void ll_many_batches(void **state) {
     for (int it = 0; it < 30; it++) {
         ll_job j;
         memset(&j, 0, sizeof j);
-        j.R = 1 + (int32_t)tu_below(&rng, MAXR);
-        j.H = 1 + (int32_t)tu_below(&rng, 24);
-        j.K = 1 + (int32_t)tu_below(&rng, 6);
-        j.P = j.R * (1 + (int32_t)tu_below(&rng, 4));
-        j.Tmax = 1 + (int64_t)tu_below(&rng, 10);
+        random_shape(&rng, 24, 6, 4, 10, &j.R, &j.H, &j.K, &j.P, &j.Tmax);
         j.seed = rng.s + (uint64_t)it;
         tc_run(j.R, ll_rank, &j);
         for (int32_t q = 0; q < j.R; q++) {
