@@ -1,0 +1,118 @@
+"""epx.torch: epx's per-batch dispatch ops on torch tensors.
+
+    import epx.torch as et
+    tpr, tpe, in_rank = et.dispatch_layout(topk_ids, num_experts=256, num_ranks=8)
+    m = et.Mapping.weighted(replicas, slot_weights, num_physical=288).to("cuda")
+    phys = et.map_ids(topk_ids, m, layer=3, pass_id=step)
+    lay = et.token_layout(phys, num_physical=288, num_ranks=8)
+    send = et.permute(x, lay.pair_rank_pos, num_rows=lay.rank_perm.numel())
+    out = et.combine(y, lay.pair_slot_pos, topk_weights)
+
+CUDA tensors run epx's CUDA kernels (libepx_cuda.so, built by `pip install
+./python` where nvcc is present) on the caller's current stream: no copy to
+the host, no synchronisation. CPU tensors run libepx's C references, which
+compute the same numbers (integers equal, floats bit for bit). Every op is a
+torch custom op (torch.ops.epx.*) with a fake implementation, so torch.compile
+traces it and a CUDA graph captures it.
+
+The CUDA kernels trust their inputs where checking would need the host:
+ids outside [-1, E) count as -1, and positions must come from token_layout
+of the same batch. The CPU references check everything and raise EpxError.
+"""
+try:
+    import torch
+except ImportError as e:  # pragma: no cover - exercised only without torch
+    raise ImportError("epx.torch needs PyTorch, which is not installed here: `pip install "
+                      "torch` (any build; CUDA tensors need a CUDA build). `import epx` works "
+                      "without it.") from e
+
+from typing import NamedTuple
+
+from . import _gpu, _ops
+from ._mapping import Mapping
+
+__all__ = ["dispatch_layout", "token_layout", "TokenLayout", "Mapping", "map_ids", "permute",
+           "combine", "gpu_available", "gpu_unavailable_reason"]
+
+
+def gpu_available():
+    """True when this install can serve CUDA tensors (libepx_cuda.so loaded)."""
+    return _gpu.available()
+
+
+def gpu_unavailable_reason():
+    """Why CUDA tensors cannot be served (None when they can)."""
+    return _gpu.reason()
+
+
+def dispatch_layout(topk_ids, num_experts, num_ranks):
+    """DeepEP's get_dispatch_layout: (tokens_per_rank [G] int64, tokens_per_expert
+    [E] int64, is_token_in_rank [T][G] bool) for topk_ids [T][K] (int32 or
+    int64) whose experts are spread evenly, E/G per rank in order. A token
+    counts once per rank it reaches however many of its experts live there;
+    ids of -1 are ignored."""
+    return tuple(torch.ops.epx.dispatch_layout(topk_ids, int(num_experts), int(num_ranks)))
+
+
+class TokenLayout(NamedTuple):
+    """Where a batch goes (epx_token_layout in include/epx/dispatch.h).
+
+    tokens_per_rank [G], tokens_per_slot [P] int64; is_token_in_rank [T][G]
+    bool; rank order: rank_offsets [G+1], rank_perm [T*K] (token ids, -1 past
+    the last), pair_rank_pos [T][K] (row of each token's representative pair,
+    else -1); slot order: slot_offsets [P+1], slot_perm [T*K] (pair ids t*K+k,
+    -1 past the last), pair_slot_pos [T][K]. Offsets and positions int32."""
+    tokens_per_rank: torch.Tensor
+    tokens_per_slot: torch.Tensor
+    is_token_in_rank: torch.Tensor
+    rank_offsets: torch.Tensor
+    rank_perm: torch.Tensor
+    pair_rank_pos: torch.Tensor
+    slot_offsets: torch.Tensor
+    slot_perm: torch.Tensor
+    pair_slot_pos: torch.Tensor
+
+
+def token_layout(phys, num_physical, num_ranks):
+    """The whole layout of a batch of physical slots phys [T][K] (map_ids'
+    output), slot p living on rank p // (P/G): counts, both send orders and
+    their inverse positions, in one kernel launch."""
+    return TokenLayout(*torch.ops.epx.token_layout(phys, int(num_physical), int(num_ranks)))
+
+
+def map_ids(topk_ids, mapping, *, layer=0, pass_id=0, seed=0):
+    """Logical expert ids [T][K] to physical slots [T][K] int32 under `mapping`
+    (an epx.torch.Mapping on the ids' device). Random choices are keyed by
+    (seed, pass_id, layer, token, k): the same on CPU and GPU, new every pass."""
+    if not isinstance(mapping, Mapping):
+        raise TypeError("mapping must be an epx.torch.Mapping (Mapping.static, .dynamic, "
+                        ".weighted or .from_layout), got %s" % type(mapping).__name__)
+    return torch.ops.epx.map_ids(topk_ids, mapping.mode, mapping.num_experts,
+                                 mapping.num_physical, mapping.table, mapping.replicas,
+                                 mapping.num_valid, mapping.thresholds, _signed64(seed),
+                                 int(pass_id), int(layer))
+
+
+def permute(x, pos, num_rows=None):
+    """Scatter rows x [T][H] into a send order: out[pos[t][k]] = x[t] for pos >= 0
+    (pos = pair_rank_pos: once per destination rank; pair_slot_pos: once per
+    slot). num_rows defaults to pos.numel() (T*K, the capacity); rows nothing
+    lands in are zero. float32 or bfloat16."""
+    n = pos.numel() if num_rows is None else int(num_rows)
+    return torch.ops.epx.permute(x, pos, n)
+
+
+def combine(y, pos, weights=None):
+    """The weighted combine back to token order: out[t] = sum over k with
+    pos[t][k] >= 0 of weights[t][k] * y[pos[t][k]], accumulated in float32 by
+    fused multiply-adds in k order (bitwise equal on CPU and GPU), stored in
+    y's dtype. weights [T][K] (any float dtype; None = 1)."""
+    return torch.ops.epx.combine(y, pos, weights)
+
+
+def _signed64(seed):
+    """torch schemas carry int64: a uint64 seed travels as its two's complement."""
+    s = int(seed)
+    if not 0 <= s < 1 << 64:
+        raise ValueError("seed %d is outside [0, 2^64)" % s)
+    return s - (1 << 64) if s >= 1 << 63 else s
