@@ -106,7 +106,7 @@ def main():
         lay = et.token_layout(phys, P, G)
         x = torch.randn(T, H, device=dev).to(torch.bfloat16)
         w = torch.rand(T, K, device=dev)
-        y = et.permute(x, lay.pair_slot_pos)
+        y = et.permute(x, lay, "slot")
         slot_tok = (lay.slot_perm.clamp(min=0) // K).long()
         rank_tok = lay.rank_perm.clamp(min=0).long()
         pos = lay.pair_slot_pos.long()
@@ -121,9 +121,9 @@ def main():
             ("map static", lambda: et.map_ids(ids, smap), lambda: t_static(ids)),
             ("map weighted", lambda: et.map_ids(ids, wmap, pass_id=2), lambda: t_weighted(ids)),
             ("token_layout", lambda: et.token_layout(phys, P, G), lambda: t_token_layout(phys)),
-            ("permute rank-order", lambda: et.permute(x, lay.pair_rank_pos),
+            ("permute rank-order", lambda: et.permute(x, lay, "rank"),
              lambda: x.index_select(0, rank_tok)),
-            ("permute slot-order", lambda: et.permute(x, lay.pair_slot_pos),
+            ("permute slot-order", lambda: et.permute(x, lay, "slot"),
              lambda: x.index_select(0, slot_tok)),
             ("combine slot-order", lambda: et.combine(y, lay.pair_slot_pos, w), t_combine),
         )

@@ -6,7 +6,6 @@ import os
 import subprocess
 import sys
 
-import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -172,8 +171,8 @@ def test_permute_and_combine_are_the_formulas(seed, dtype):
     lay = et.token_layout(phys, c["E"], c["G"])
     H = 1 + int(torch.randint(0, 40, (1,), generator=c["g"]))
     x = torch.randn((c["T"], H), generator=c["g"]).to(dtype)
-    for pos in (lay.pair_rank_pos, lay.pair_slot_pos):
-        out = et.permute(x, pos)
+    for order, pos in (("rank", lay.pair_rank_pos), ("slot", lay.pair_slot_pos)):
+        out = et.permute(x, lay, order)
         want = torch.zeros((pos.numel(), H), dtype=dtype)
         ok = pos >= 0
         want[pos[ok].long()] = x[ok.nonzero()[:, 0]]
@@ -199,10 +198,24 @@ def test_ops_pass_torch_opcheck():
                      (torch.ops.epx.map_ids.default, (c["ids"], m.mode, m.num_experts,
                                                       m.num_physical, m.table, None, None, None,
                                                       0, 0, 0)),
-                     (torch.ops.epx.permute.default, (x, lay.pair_slot_pos, phys.numel())),
-                     (torch.ops.epx.combine.default, (et.permute(x, lay.pair_slot_pos),
+                     (torch.ops.epx.gather_rows.default, (x, lay.slot_perm, c["K"])),
+                     (torch.ops.epx.combine.default, (et.permute(x, lay, "slot"),
                                                       lay.pair_slot_pos, None))):
         torch.library.opcheck(op, args)
+
+
+def test_the_eager_shortcut_equals_the_registered_op():
+    c = _case(11)
+    lay = et.token_layout(c["ids"], c["E"], c["G"])
+    op = torch.ops.epx.token_layout(c["ids"], c["E"], c["G"])
+    assert all(torch.equal(a, b) for a, b in zip(lay, op))
+    x = torch.randn(c["T"], 8)
+    assert torch.equal(et.permute(x, lay, "slot"),
+                       torch.ops.epx.gather_rows(x, lay.slot_perm, c["K"]))
+    x.requires_grad_(True)  # grad or a mode sends the call through the dispatcher
+    assert not et._ops.eager(x) and et._ops.eager(x.detach())
+    with torch._subclasses.fake_tensor.FakeTensorMode():
+        assert not et._ops.eager(torch.empty(2))
 
 
 def test_compiled_graph_equals_eager():
@@ -210,7 +223,7 @@ def test_compiled_graph_equals_eager():
 
     def step(ids, x):
         lay = et.token_layout(ids, c["E"], c["G"])
-        return et.combine(et.permute(x, lay.pair_slot_pos), lay.pair_slot_pos)
+        return et.combine(et.permute(x, lay, "slot"), lay.pair_slot_pos)
 
     x = torch.randn(c["T"], 8)
     eager = step(c["ids"], x)
@@ -225,7 +238,11 @@ def test_errors_name_the_value_and_the_fix():
     with pytest.raises(ValueError, match="multiple of num_ranks"):
         et.dispatch_layout(ids, 9, 2)
     with pytest.raises(ValueError, match="float32 and bfloat16"):
-        et.permute(torch.zeros(1, 4, dtype=torch.float16), torch.zeros(1, 1, dtype=torch.int32))
+        et.permute(torch.zeros(1, 4, dtype=torch.float16),
+                   et.token_layout(torch.zeros(1, 1, dtype=torch.int32), 2, 1))
+    with pytest.raises(ValueError, match="'rank' or 'slot'"):
+        et.permute(torch.zeros(1, 4), et.token_layout(torch.zeros(1, 1, dtype=torch.int32), 2, 1),
+                   "token")
     with pytest.raises(ValueError, match=r"table_row\[1\] is 7"):
         et.Mapping.static([0, 7], 4)
     with pytest.raises(ValueError, match="expert 1 has 0 replicas"):
@@ -268,8 +285,10 @@ def test_cuda_equals_cpu(seed):
     for dtype in (torch.float32, torch.bfloat16):
         x = torch.randn((c["T"], 136), generator=c["g"]).to(dtype)
         w = torch.rand((c["T"], c["K"]), generator=c["g"])
-        s, s_d = et.permute(x, lay.pair_slot_pos), et.permute(x.cuda(), lay_d.pair_slot_pos)
-        assert torch.equal(s_d.cpu(), s), "seed %d" % seed
+        for order in ("rank", "slot"):
+            assert torch.equal(et.permute(x.cuda(), lay_d, order).cpu(), et.permute(x, lay, order)), \
+                "seed %d: %s order" % (seed, order)
+        s, s_d = et.permute(x, lay, "slot"), et.permute(x.cuda(), lay_d, "slot")
         o, o_d = et.combine(s, lay.pair_slot_pos, w), et.combine(s_d, lay_d.pair_slot_pos,
                                                                  w.cuda())
         assert torch.equal(o_d.cpu(), o), "seed %d: combine not bitwise equal" % seed
@@ -284,7 +303,7 @@ def test_cuda_graph_replays_with_new_data():
 
     def step():
         lay = et.token_layout(ids, E, G)
-        return et.combine(et.permute(x, lay.pair_rank_pos), lay.pair_rank_pos)
+        return et.combine(et.permute(x, lay, "rank"), lay.pair_rank_pos)
 
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())

@@ -5,7 +5,7 @@
     m = et.Mapping.weighted(replicas, slot_weights, num_physical=288).to("cuda")
     phys = et.map_ids(topk_ids, m, layer=3, pass_id=step)
     lay = et.token_layout(phys, num_physical=288, num_ranks=8)
-    send = et.permute(x, lay.pair_rank_pos, num_rows=lay.rank_perm.numel())
+    send = et.permute(x, lay, "rank")
     out = et.combine(y, lay.pair_slot_pos, topk_weights)
 
 CUDA tensors run epx's CUDA kernels (libepx_cuda.so, built by `pip install
@@ -13,7 +13,10 @@ CUDA tensors run epx's CUDA kernels (libepx_cuda.so, built by `pip install
 the host, no synchronisation. CPU tensors run libepx's C references, which
 compute the same numbers (integers equal, floats bit for bit). Every op is a
 torch custom op (torch.ops.epx.*) with a fake implementation, so torch.compile
-traces it and a CUDA graph captures it.
+traces it and a CUDA graph captures it. Called eagerly on plain tensors the
+functions here skip torch's dispatcher (~25 us a call) and run the same
+implementation directly; under tracing, fake tensors or any mode they go
+through the op.
 
 The CUDA kernels trust their inputs where checking would need the host:
 ids outside [-1, E) count as -1, and positions must come from token_layout
@@ -51,7 +54,8 @@ def dispatch_layout(topk_ids, num_experts, num_ranks):
     int64) whose experts are spread evenly, E/G per rank in order. A token
     counts once per rank it reaches however many of its experts live there;
     ids of -1 are ignored."""
-    return tuple(torch.ops.epx.dispatch_layout(topk_ids, int(num_experts), int(num_ranks)))
+    op = _ops.impl_dispatch_layout if _ops.eager(topk_ids) else torch.ops.epx.dispatch_layout
+    return tuple(op(topk_ids, int(num_experts), int(num_ranks)))
 
 
 class TokenLayout(NamedTuple):
@@ -77,7 +81,8 @@ def token_layout(phys, num_physical, num_ranks):
     """The whole layout of a batch of physical slots phys [T][K] (map_ids'
     output), slot p living on rank p // (P/G): counts, both send orders and
     their inverse positions, in one kernel launch."""
-    return TokenLayout(*torch.ops.epx.token_layout(phys, int(num_physical), int(num_ranks)))
+    op = _ops.impl_token_layout if _ops.eager(phys) else torch.ops.epx.token_layout
+    return TokenLayout(*op(phys, int(num_physical), int(num_ranks)))
 
 
 def map_ids(topk_ids, mapping, *, layer=0, pass_id=0, seed=0):
@@ -87,19 +92,28 @@ def map_ids(topk_ids, mapping, *, layer=0, pass_id=0, seed=0):
     if not isinstance(mapping, Mapping):
         raise TypeError("mapping must be an epx.torch.Mapping (Mapping.static, .dynamic, "
                         ".weighted or .from_layout), got %s" % type(mapping).__name__)
-    return torch.ops.epx.map_ids(topk_ids, mapping.mode, mapping.num_experts,
-                                 mapping.num_physical, mapping.table, mapping.replicas,
-                                 mapping.num_valid, mapping.thresholds, _signed64(seed),
-                                 int(pass_id), int(layer))
+    m = mapping
+    op = _ops.impl_map_ids if _ops.eager(topk_ids, m.table, m.replicas, m.num_valid,
+                                         m.thresholds) else torch.ops.epx.map_ids
+    return op(topk_ids, m.mode, m.num_experts, m.num_physical, m.table, m.replicas, m.num_valid,
+              m.thresholds, _signed64(seed), int(pass_id), int(layer))
 
 
-def permute(x, pos, num_rows=None):
-    """Scatter rows x [T][H] into a send order: out[pos[t][k]] = x[t] for pos >= 0
-    (pos = pair_rank_pos: once per destination rank; pair_slot_pos: once per
-    slot). num_rows defaults to pos.numel() (T*K, the capacity); rows nothing
-    lands in are zero. float32 or bfloat16."""
-    n = pos.numel() if num_rows is None else int(num_rows)
-    return torch.ops.epx.permute(x, pos, n)
+def permute(x, layout, order="rank"):
+    """Rows x [T][H] in a send order of `layout` (token_layout's output):
+    "rank": each token once per destination rank, rank by rank (rank_perm);
+    "slot": each (token, k) pair once, slot by slot (slot_perm). The result
+    has T*K rows, the capacity; rows past the order's last offset are zero.
+    Every row is written once (a gather), float32 or bfloat16."""
+    if not isinstance(layout, TokenLayout):
+        raise TypeError("layout must be epx.torch.token_layout's output, got %s"
+                        % type(layout).__name__)
+    if order not in ("rank", "slot"):
+        raise ValueError("order must be 'rank' or 'slot', got %r" % (order,))
+    perm, per_token = ((layout.rank_perm, 1) if order == "rank" else
+                       (layout.slot_perm, layout.pair_slot_pos.shape[1]))
+    op = _ops.impl_gather_rows if _ops.eager(x, perm) else torch.ops.epx.gather_rows
+    return op(x, perm, per_token)
 
 
 def combine(y, pos, weights=None):
@@ -107,7 +121,8 @@ def combine(y, pos, weights=None):
     pos[t][k] >= 0 of weights[t][k] * y[pos[t][k]], accumulated in float32 by
     fused multiply-adds in k order (bitwise equal on CPU and GPU), stored in
     y's dtype. weights [T][K] (any float dtype; None = 1)."""
-    return torch.ops.epx.combine(y, pos, weights)
+    op = _ops.impl_combine if _ops.eager(y, pos, weights) else torch.ops.epx.combine
+    return op(y, pos, weights)
 
 
 def _signed64(seed):

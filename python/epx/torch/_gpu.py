@@ -15,7 +15,7 @@ from .._native import EpxError, Error, Status
 from ..dispatch import DispatchSpec, TokenLayout
 
 __all__ = ["available", "reason", "library_path", "call", "dispatch_layout", "map_ids",
-           "permute_rows", "combine_rows", "TokenLayout"]
+           "gather_rows", "combine_rows", "TokenLayout"]
 
 
 def library_path():
@@ -76,7 +76,7 @@ dispatch_layout = _bind("epx_cuda_dispatch_layout", POINTER(DispatchSpec), c_voi
                         c_void_p)
 map_ids = _bind("epx_cuda_dispatch_map_ids", POINTER(DispatchSpec), c_void_p, c_int64, c_int32,
                 c_void_p, c_void_p, c_void_p)
-permute_rows = _bind("epx_cuda_permute_rows", c_void_p, c_int, c_int64, c_int64, c_void_p,
-                     c_int32, c_void_p, c_void_p, c_void_p)
+gather_rows = _bind("epx_cuda_gather_rows", c_void_p, c_int, c_int64, c_int64, c_void_p, c_int64,
+                    c_int32, c_void_p, c_void_p, c_void_p)
 combine_rows = _bind("epx_cuda_combine_rows", c_void_p, c_int, c_int64, c_void_p, c_void_p,
                      c_int64, c_int32, c_void_p, c_void_p, c_void_p)

@@ -63,8 +63,28 @@ def _check_ranks(num_physical, num_ranks):
                          % (num_physical, num_ranks))
 
 
-def _stream(device):
-    return ctypes.c_void_p(torch.cuda.current_stream(device).cuda_stream)
+def _launch(device, entry, *args):
+    """Enqueue GPU entry point `entry` on `device`'s current stream (the
+    stream and error arguments appended), switching devices only when needed."""
+    idx = torch.cuda.current_device() if device.index is None else device.index
+    stream = ctypes.c_void_p(torch.cuda.current_stream(idx).cuda_stream)
+    if idx == torch.cuda.current_device():
+        _gpu.call(entry, *args, stream)
+    else:
+        with torch.cuda.device(idx):
+            _gpu.call(entry, *args, stream)
+
+
+def eager(*tensors):
+    """True when a call may skip torch's dispatcher and run the implementation
+    directly: plain tensors needing no grad, no torch.compile tracing and no
+    dispatch or function mode (fake tensors, make_fx, functionalization)
+    active. The dispatcher costs ~25 us a call; these checks ~1 us. Under any
+    of those the custom op itself runs, so tracing sees the op."""
+    # is_compiling first: dynamo folds it to True and never traces the rest
+    return (not torch.compiler.is_compiling() and torch._C._len_torch_dispatch_stack() == 0 and
+            torch._C._len_torch_function_stack() == 0 and
+            all(t is None or (type(t) is torch.Tensor and not t.requires_grad) for t in tensors))
 
 
 # ---- layout ------------------------------------------------------------------
@@ -98,19 +118,20 @@ def _layout(ids, P, G, full):
     if ids.device.type == "cuda":
         spec = _dispatch.DispatchSpec(PHYSICAL, P, P, 1, None, None, None, None, 0, 0, 0)
         phys = torch.empty((T, K), dtype=torch.int32, device=ids.device)
-        with torch.cuda.device(ids.device):
-            _gpu.call(_gpu.dispatch_layout, ctypes.byref(spec), _addr(ids), T, K, P, G,
-                      _addr(phys), ctypes.byref(lay), _stream(ids.device))
+        _launch(ids.device, _gpu.dispatch_layout, ctypes.byref(spec), _addr(ids), T, K, P, G,
+                _addr(phys), ctypes.byref(lay))
     else:
         _cpu_call(_cpu.token_layout, _addr(ids), T, K, P, G, ctypes.byref(lay))
     return outs
 
 
-@torch.library.custom_op("epx::dispatch_layout", mutates_args=())
-def dispatch_layout(topk_ids: torch.Tensor, num_experts: int,
+def impl_dispatch_layout(topk_ids: torch.Tensor, num_experts: int,
                     num_ranks: int) -> List[torch.Tensor]:
     o = _layout(topk_ids, num_experts, num_ranks, False)
     return [o["tokens_per_rank"], o["tokens_per_slot"], o["is_token_in_rank"]]
+
+
+dispatch_layout = torch.library.custom_op("epx::dispatch_layout", impl_dispatch_layout, mutates_args=())
 
 
 @dispatch_layout.register_fake
@@ -124,10 +145,12 @@ def _(topk_ids, num_experts, num_ranks):
 LAYOUT_FIELDS = ("tokens_per_rank", "tokens_per_slot", "is_token_in_rank") + _FULL
 
 
-@torch.library.custom_op("epx::token_layout", mutates_args=())
-def token_layout(phys: torch.Tensor, num_physical: int, num_ranks: int) -> List[torch.Tensor]:
+def impl_token_layout(phys: torch.Tensor, num_physical: int, num_ranks: int) -> List[torch.Tensor]:
     o = _layout(phys, num_physical, num_ranks, True)
     return [o[k] for k in LAYOUT_FIELDS]
+
+
+token_layout = torch.library.custom_op("epx::token_layout", impl_token_layout, mutates_args=())
 
 
 @token_layout.register_fake
@@ -164,8 +187,7 @@ def _table_arg(name, t, num_experts, ndim):
     return t.contiguous()
 
 
-@torch.library.custom_op("epx::map_ids", mutates_args=())
-def map_ids(topk_ids: torch.Tensor, mode: int, num_experts: int, num_physical: int,
+def impl_map_ids(topk_ids: torch.Tensor, mode: int, num_experts: int, num_physical: int,
             table: Optional[torch.Tensor], replicas: Optional[torch.Tensor],
             num_valid: Optional[torch.Tensor], thresholds: Optional[torch.Tensor], seed: int,
             pass_id: int, layer: int) -> torch.Tensor:
@@ -183,12 +205,13 @@ def map_ids(topk_ids: torch.Tensor, mode: int, num_experts: int, num_physical: i
                      seed, pass_id, layer)
     out = torch.empty((T, K), dtype=torch.int32, device=dev)
     if dev.type == "cuda":
-        with torch.cuda.device(dev):
-            _gpu.call(_gpu.map_ids, ctypes.byref(spec), _addr(ids), T, K, _addr(out),
-                      _stream(dev))
+        _launch(dev, _gpu.map_ids, ctypes.byref(spec), _addr(ids), T, K, _addr(out))
     else:
         _cpu_call(_cpu.map_ids, ctypes.byref(spec), _addr(ids), T, K, _addr(out))
     return out
+
+
+map_ids = torch.library.custom_op("epx::map_ids", impl_map_ids, mutates_args=())
 
 
 @map_ids.register_fake
@@ -200,37 +223,38 @@ def _(topk_ids, mode, num_experts, num_physical, table, replicas, num_valid, thr
 # ---- rows ----------------------------------------------------------------------
 
 
-@torch.library.custom_op("epx::permute", mutates_args=())
-def permute(x: torch.Tensor, pos: torch.Tensor, num_rows: int) -> torch.Tensor:
+def impl_gather_rows(x: torch.Tensor, order: torch.Tensor, per_token: int) -> torch.Tensor:
     x = _rows(x, "x")
-    pos = _ints(pos, "pos", 2)
-    _same_device("pos", pos, x.device)
+    if order.dim() != 1:
+        raise ValueError("order must be 1-D (a send order: rank_perm or slot_perm), got shape %s"
+                         % (tuple(order.shape),))
+    order = _ints(order, "order", 1)
+    _same_device("order", order, x.device)
+    if per_token < 1:
+        raise ValueError("per_token is %d; it must be >= 1 (1 for rank_perm, K for slot_perm)"
+                         % per_token)
     T, H = x.shape
-    if pos.shape[0] != T:
-        raise ValueError("pos has %d rows but x has %d tokens: pos is [T][K] from the same "
-                         "batch" % (pos.shape[0], T))
-    if num_rows < 0:
-        raise ValueError("num_rows is %d; it must be >= 0" % num_rows)
-    K = pos.shape[1]
-    # rows no pair lands in stay zero: a send buffer holds nothing stale
-    out = torch.zeros((num_rows, H), dtype=x.dtype, device=x.device)
+    n = order.shape[0]
+    # every row is written once (zeros for -1): no clearing pass, nothing stale
+    out = torch.empty((n, H), dtype=x.dtype, device=x.device)
     dt = _ROW_DTYPES[x.dtype]
     if x.device.type == "cuda":
-        with torch.cuda.device(x.device):
-            _gpu.call(_gpu.permute_rows, _addr(x), dt, T, H, _addr(pos), K, _addr(out),
-                      _stream(x.device))
+        _launch(x.device, _gpu.gather_rows, _addr(x), dt, T, H, _addr(order), n, per_token,
+                _addr(out))
     else:
-        _cpu_call(_cpu.permute_rows, _addr(x), dt, T, H, _addr(pos), K, num_rows, _addr(out))
+        _cpu_call(_cpu.gather_rows, _addr(x), dt, T, H, _addr(order), n, per_token, _addr(out))
     return out
 
 
-@permute.register_fake
-def _(x, pos, num_rows):
-    return x.new_empty((num_rows, x.shape[1]))
+gather_rows = torch.library.custom_op("epx::gather_rows", impl_gather_rows, mutates_args=())
 
 
-@torch.library.custom_op("epx::combine", mutates_args=())
-def combine(y: torch.Tensor, pos: torch.Tensor, weights: Optional[torch.Tensor]) -> torch.Tensor:
+@gather_rows.register_fake
+def _(x, order, per_token):
+    return x.new_empty((order.shape[0], x.shape[1]))
+
+
+def impl_combine(y: torch.Tensor, pos: torch.Tensor, weights: Optional[torch.Tensor]) -> torch.Tensor:
     y = _rows(y, "y")
     pos = _ints(pos, "pos", 2)
     _same_device("pos", pos, y.device)
@@ -245,13 +269,15 @@ def combine(y: torch.Tensor, pos: torch.Tensor, weights: Optional[torch.Tensor])
     out = torch.empty((T, H), dtype=y.dtype, device=y.device)
     dt = _ROW_DTYPES[y.dtype]
     if y.device.type == "cuda":
-        with torch.cuda.device(y.device):
-            _gpu.call(_gpu.combine_rows, _addr(y), dt, H, _addr(pos), _addr(weights), T, K,
-                      _addr(out), _stream(y.device))
+        _launch(y.device, _gpu.combine_rows, _addr(y), dt, H, _addr(pos), _addr(weights), T, K,
+                _addr(out))
     else:
         _cpu_call(_cpu.combine_rows, _addr(y), dt, y.shape[0], H, _addr(pos), _addr(weights), T,
                   K, _addr(out))
     return out
+
+
+combine = torch.library.custom_op("epx::combine", impl_combine, mutates_args=())
 
 
 @combine.register_fake
