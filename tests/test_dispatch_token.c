@@ -416,9 +416,9 @@ static void gather_is_the_scatter(void **state) {
         for (int order = 0; order < 2; order++) {
             memset(a, 0, TK * rowb);
             memset(b, 0xab, TK * rowb);
-            assert_int_equal(epx_permute_rows(x, dt, T, H, order ? slot_pos : rank_pos, K,
-                                              (int64_t)TK, a, &err),
-                             EPX_OK);
+            assert_int_equal(
+                epx_permute_rows(x, dt, T, H, order ? slot_pos : rank_pos, K, (int64_t)TK, a, &err),
+                EPX_OK);
             assert_int_equal(epx_gather_rows(x, dt, T, H, order ? slot_perm : rank_perm,
                                              (int64_t)TK, order ? K : 1, b, &err),
                              EPX_OK);
@@ -474,10 +474,14 @@ static void bf16_rounding(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(philox_known_answers), cmocka_unit_test(map_modes),
-        cmocka_unit_test(map_errors),           cmocka_unit_test(layout_random),
-        cmocka_unit_test(layout_errors),        cmocka_unit_test(permute_combine),
-        cmocka_unit_test(rows_errors),          cmocka_unit_test(bf16_rounding),
+        cmocka_unit_test(philox_known_answers),
+        cmocka_unit_test(map_modes),
+        cmocka_unit_test(map_errors),
+        cmocka_unit_test(layout_random),
+        cmocka_unit_test(layout_errors),
+        cmocka_unit_test(permute_combine),
+        cmocka_unit_test(rows_errors),
+        cmocka_unit_test(bf16_rounding),
         cmocka_unit_test(gather_is_the_scatter),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

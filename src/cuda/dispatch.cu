@@ -1102,15 +1102,15 @@ extern "C" epx_status epx_cuda_gather_rows(const void *x, epx_row_dtype dtype, i
     unsigned grid = (unsigned)num_rows;
     int64_t limit = num_tokens * per_token;
     if (bytes % 16 == 0 && aligned(x, 16) && aligned(out, 16))
-        gather_kernel<uint4, 4><<<grid, 128, 0, stream>>>(
-            (const uint4 *)x, (int64_t)(bytes / 16), order, per_token, limit, (uint4 *)out);
+        gather_kernel<uint4, 4><<<grid, 128, 0, stream>>>((const uint4 *)x, (int64_t)(bytes / 16),
+                                                          order, per_token, limit, (uint4 *)out);
     else if (bytes % 4 == 0 && aligned(x, 4) && aligned(out, 4))
         gather_kernel<uint32_t, 8><<<grid, 128, 0, stream>>>(
             (const uint32_t *)x, (int64_t)(bytes / 4), order, per_token, limit, (uint32_t *)out);
     else
-        gather_kernel<unsigned short, 8><<<grid, 128, 0, stream>>>(
-            (const unsigned short *)x, (int64_t)(bytes / 2), order, per_token, limit,
-            (unsigned short *)out);
+        gather_kernel<unsigned short, 8>
+            <<<grid, 128, 0, stream>>>((const unsigned short *)x, (int64_t)(bytes / 2), order,
+                                       per_token, limit, (unsigned short *)out);
     EPXI_CUDA_TRY(cudaGetLastError(), "cudaGetLastError");
     return EPX_OK;
 }

@@ -303,8 +303,10 @@ epx_status epx_gather_rows(const void *x, epx_row_dtype dtype, int64_t num_token
                          "epx_gather_rows: T = %lld, H = %lld, rows = %lld, per_token = %d: sizes "
                          "must be >= 0 (per_token >= 1) and T * per_token, rows below 2^31",
                          (long long)num_tokens, (long long)hidden, (long long)num_rows, per_token);
-    if (num_rows > 0 && (order == NULL || (hidden > 0 && (out == NULL || (x == NULL && num_tokens > 0)))))
-        return epxi_fail(err, EPX_ERR_INVALID_ARG, "epx_gather_rows: x, order and out are required");
+    if (num_rows > 0 &&
+        (order == NULL || (hidden > 0 && (out == NULL || (x == NULL && num_tokens > 0)))))
+        return epxi_fail(err, EPX_ERR_INVALID_ARG,
+                         "epx_gather_rows: x, order and out are required");
     int64_t limit = num_tokens * per_token;
     for (int64_t i = 0; i < num_rows; i++)
         if (order[i] < -1 || order[i] >= limit)
