@@ -26,16 +26,23 @@ Ties: where loads tie, vLLM's sorts (torch.sort, np.argsort) are not stable,
 so the order of equal loads is up to the sort; its argmax/argmin (and epx's)
 take the lowest index. For every case and release the script runs the code
 three times: as it is, with its sorts made stable (equal loads in ascending
-index order, epx's order) and with equal loads in descending index order.
-`tie_free` says the three placements are equal (no tie in a sort decided
-anything), `counts_tie_free` that the replica counts are (as (load, count) pairs:
-experts of equal load may trade counts), `max_load_tie_free` that the
-per-GPU max loads are; `phy2log_stable` (and `replica_rank_stable`) is the stable run's
-answer where it differs.
+index order, epx's order) and with equal loads in descending index order:
+  tie_free           the three phy2log are equal (no tie in a sort decided);
+  rank_tie_free      the same of the replica ranks (log2phy's order; 3-tuple
+                     releases: replicas of one expert always tie with each
+                     other in the GPU packing);
+  counts_tie_free    the replica counts are, as (load, count) pairs (experts
+                     of equal load may trade counts);
+  max_load_tie_free  the per-GPU max loads are;
+  phy2log_stable, replica_rank_stable  the stable run's answer, where it
+                     differs from the release's.
+`check N` compares epx.vllm with the releases on N more random cases (needs
+torch and an installed epx) and prints the tallies.
 
 Usage:
   tools/vllm_eplb.py download DIR [0.9.2 0.11.0 ...]   (needs PyPI)
   tools/vllm_eplb.py generate DIR OUT.json             (needs torch)
+  tools/vllm_eplb.py check DIR N                       (needs torch and epx)
 DIR holds DIR/<version>/rebalance_algo.py or DIR/<version>/policy/*.py.
 """
 import argparse
@@ -230,8 +237,9 @@ def run_case(release, case):
     # GPU packing, so their ranks can move where phy2log does not
     ranks = [None if l2p is None else _rank_of_slot(*runs[o][:2])
              for o in (None, "stable", "reversed")]
-    res["tie_free"] = all((m == p2l).all() for m in maps) and \
-        all(r is None or (r == ranks[0]).all() for r in ranks)
+    res["tie_free"] = all((m == p2l).all() for m in maps)
+    if l2p is not None:
+        res["rank_tie_free"] = all((r == ranks[0]).all() for r in ranks)
     res["counts_tie_free"] = all(counts(m) == counts(p2l) for m in maps)
     res["max_load_tie_free"] = all(_max_loads(w, m, G) == _max_loads(w, p2l, G) for m in maps)
     if not (runs["stable"][0] == p2l).all():
@@ -262,6 +270,15 @@ def cases():
                                       (12, 12, 4, 2, 4), (16, 20, 1, 1, 4)]:
         out.append(_case(f"random_e{E}_p{P}_g{groups}_n{nodes}_r{gpus}", ints(3, E), P,
                          groups, nodes, gpus))
+    # loads drawn without replacement from a wide range: ties are unlikely,
+    # so most of these pin the exact placement
+    for E, P, groups, nodes, gpus in [(16, 24, 4, 1, 4), (32, 48, 8, 2, 8), (32, 48, 8, 4, 8),
+                                      (32, 64, 8, 8, 8), (24, 36, 3, 2, 6)]:
+        w = [rng.choice(10 ** 6, size=E, replace=False).tolist() for _ in range(2)]
+        out.append(_case(f"distinct_e{E}_p{P}_n{nodes}", w, P, groups, nodes, gpus))
+        w0 = [rng.choice(10 ** 6, size=E, replace=False).tolist() for _ in range(2)]
+        out.append(_case(f"distinct_old_e{E}_p{P}_n{nodes}", w, P, groups, nodes, gpus,
+                         old={"previous": w0}))
     # float loads (vLLM takes weight.float())
     w = (rng.random((2, 32)) * 100).astype(np.float32).tolist()
     out.append(_case("float_e32_p48_n2", w, 48, 8, 2, 8, dtype="float32"))
@@ -327,6 +344,52 @@ def generate(src, out_path):
         f.write("\n")
 
 
+def check(src, n):
+    """epx.vllm against every release on n random cases: exact against the
+    stable-sort run always, against the release where no tie decided."""
+    import numpy as np
+    import epx
+
+    releases = {v: load_release(os.path.join(src, v)) for v in VERSIONS
+                if os.path.isdir(os.path.join(src, v))}
+    rng = np.random.default_rng(n)
+    shapes = [(16, 24, 4, 1, 4), (32, 48, 8, 2, 8), (32, 48, 8, 4, 8), (32, 64, 8, 8, 8),
+              (64, 80, 8, 2, 8), (24, 36, 3, 2, 6), (20, 24, 5, 2, 4), (16, 16, 4, 4, 4)]
+    tally = {v: [0, 0, 0, 0] for v in releases}  # runs, = stable, tie-free, = released
+    for i in range(n):
+        E, P, g, nodes, G = shapes[i % len(shapes)]
+        hi = [10, 1000, 10 ** 6, None][i % 4]
+        if hi is None:  # float loads, where float32 and float64 sums part most often
+            case = _case("check", (rng.random((2, E)) * 1000).astype(np.float32).tolist(),
+                         P, g, nodes, G, dtype="float32")
+            hi = 1000
+        else:
+            case = _case("check", rng.integers(0, hi, size=(2, E)).tolist(), P, g, nodes, G)
+        if i % 2:
+            prev = rng.integers(0, hi, size=(2, E))
+            case["old"] = epx.vllm.DefaultEplbPolicy.rebalance_experts(prev, P, g, nodes,
+                                                                       G).tolist()
+        w = np.asarray(case["weight"], dtype=case["dtype"])
+        for v, release in releases.items():
+            if case["old"] is not None and (release[0] == "module" or v == "0.13.0"):
+                continue
+            res = run_case(release, case)
+            if release[0] == "module":
+                mine = epx.vllm.rebalance_experts(w, P, g, nodes, G)[0]
+            else:
+                old = None if case["old"] is None else np.asarray(case["old"])
+                mine = epx.vllm.policy_for(v).rebalance_experts(w, P, g, nodes, G, old)
+                mine = mine if isinstance(mine, np.ndarray) else mine[0]
+            t = tally[v]
+            t[0] += 1
+            t[1] += bool((mine == np.asarray(res.get("phy2log_stable", res["phy2log"]))).all())
+            t[2] += res["tie_free"]
+            t[3] += res["tie_free"] and bool((mine == np.asarray(res["phy2log"])).all())
+    for v, (runs, stable, free, same) in tally.items():
+        print(f"{v}: {runs} runs; epx == stable-sort run: {stable}; tie-free: {free}, "
+              f"epx == release there: {same}")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -336,9 +399,14 @@ def main():
     g = sub.add_parser("generate")
     g.add_argument("dir")
     g.add_argument("out")
+    c = sub.add_parser("check")
+    c.add_argument("dir")
+    c.add_argument("n", type=int)
     a = ap.parse_args()
     if a.cmd == "download":
         download(a.dir, a.versions)
+    elif a.cmd == "check":
+        check(a.dir, a.n)
     else:
         generate(a.dir, a.out)
 
