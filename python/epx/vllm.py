@@ -22,7 +22,10 @@ answers):
 Every release runs DeepSeek's EPLB: hierarchical when num_groups % num_nodes
 == 0, else the global policy; log2phy has P - E + 1 columns, each expert's
 slots in replica-rank order. Given the map in service, releases >= 0.14.0
-keep experts that stay on a GPU in their old slots (preserve_intragpu_slots).
+keep experts that stay on a GPU in their old slots (preserve_intragpu_slots,
+mirrored with each release's signature). vLLM's other classmethods
+(balanced_packing, replicate_experts, rebalance_experts_hierarchical) are its
+internals, not the policy API, and are not mirrored.
 
 Where loads tie, vLLM's sorts are not stable and epx's are (lowest index
 first; docs/TIES.md): the placement can then differ, the replica counts and
@@ -51,7 +54,10 @@ def _deepseek(weight, num_replicas, num_groups, num_nodes, num_gpus, algorithm="
               **plan_kw):
     """vLLM's rule for the policy (no flag: groups divisible by nodes), with
     log2phy P - E + 1 wide; numpy int64 triple."""
+    num_replicas, num_gpus = _int(num_replicas, "num_replicas"), _int(num_gpus, "num_gpus")
     hierarchical = _int(num_groups, "num_groups") % _int(num_nodes, "num_nodes") == 0
+    if A.is_torch(weight):
+        weight = weight.detach().float().cpu()  # vLLM's weight.float(): bf16 and ints too
     return _sglang.rebalance_experts(weight, num_replicas, num_groups, num_nodes, num_gpus,
                                      hierarchical, algorithm=algorithm, log2phy_width="full",
                                      as_torch=False, **plan_kw)
@@ -208,6 +214,22 @@ class TupleEplbPolicy(DefaultEplbPolicy):
     """vLLM 0.13.0 - 0.18.1's DefaultEplbPolicy: the same call, returning
     (phy2log [L][P], log2phy [L][E][P-E+1], logcnt [L][E]) int64 on the
     weight's device (torch) or as numpy."""
+
+    @classmethod
+    def preserve_intragpu_slots(cls, phy2log, phy_replicas_idx, num_ranks, old_phy2log):
+        """vLLM 0.14.0 - 0.18.1's post-pass: (phy2log, phy_replicas_idx) with
+        each slot's replica index moved along with its expert."""
+        torch_out = A.want_torch(None, phy2log, phy_replicas_idx, old_phy2log)
+        new = A.as_array(phy2log, np.int64, 2, "phy2log")
+        ridx = A.as_array(phy_replicas_idx, np.int64, 2, "phy_replicas_idx")
+        if ridx.shape != new.shape:
+            raise ValueError("phy_replicas_idx has shape %s, phy2log %s: one replica index "
+                             "per slot" % (ridx.shape, new.shape))
+        num_ranks = _int(num_ranks, "num_ranks")
+        old = _old_map(old_phy2log, new.shape, int(new.max(initial=-1)) + 1)
+        src = _keep_slots(new, num_ranks, old)
+        lay = np.arange(new.shape[0])[:, None]
+        return A.wrap(new[lay, src], torch_out), A.wrap(ridx[lay, src], torch_out)
 
     @staticmethod
     def _result(p2l, l2p, cnt, weight, old):

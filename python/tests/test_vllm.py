@@ -172,6 +172,28 @@ def test_tuple_policy_moves_replica_ranks_with_slots():
             assert (l2p[l, e, cnt[l, e]:] == -1).all()
 
 
+def test_tuple_preserve_signature_of_014():
+    """0.14 - 0.18's preserve_intragpu_slots(phy2log, phy_replicas_idx, num_ranks, old)."""
+    case = CASES["old_shuffled_n2"]
+    w = np.asarray(case["weight"], dtype=np.int64)
+    old = np.asarray(case["old"])
+    pol = epx.vllm.TupleEplbPolicy
+    p2l, l2p, _ = pol.rebalance_experts(w, 24, 4, 2, 4)
+    ridx = np.zeros_like(p2l)
+    for l in range(p2l.shape[0]):
+        for e in range(l2p.shape[1]):
+            for r, p in enumerate(l2p[l, e]):
+                if p >= 0:
+                    ridx[l, p] = r
+    kept, kept_ridx = pol.preserve_intragpu_slots(p2l, ridx, 4, old)
+    want = pol.rebalance_experts(w, 24, 4, 2, 4, old)
+    np.testing.assert_array_equal(kept, want[0])
+    for l in range(p2l.shape[0]):
+        np.testing.assert_array_equal(want[1][l, kept[l], kept_ridx[l]], np.arange(24))
+    with pytest.raises(ValueError, match="phy_replicas_idx"):
+        pol.preserve_intragpu_slots(p2l, ridx[:, :3], 4, old)
+
+
 def test_policy_for_releases():
     assert epx.vllm.policy_for("0.34.0") is epx.vllm.DefaultEplbPolicy
     assert epx.vllm.policy_for("v0.19.1") is epx.vllm.DefaultEplbPolicy
@@ -200,6 +222,8 @@ def test_old_map_errors_name_the_value():
         pol.rebalance_experts(w, 24, 4, 1, 4, np.zeros((1, 24), dtype=np.float32))
     with pytest.raises(TypeError, match="num_groups"):
         pol.rebalance_experts(w, 24, 4.0, 1, 4)
+    with pytest.raises(TypeError, match="num_replicas"):
+        pol.rebalance_experts(w, 24.0, 4, 1, 4)
     with pytest.raises(ValueError, match="num_nodes"):
         pol.rebalance_experts(w, 24, 4, 0, 4)
 
@@ -215,3 +239,6 @@ def test_torch_in_torch_out():
     np.testing.assert_array_equal(out.numpy(), np.asarray(case["vllm"]["0.34.0"]["phy2log"]))
     t = epx.vllm.TupleEplbPolicy.rebalance_experts(w.float(), 48, 8, 4, 8, old)
     assert all(isinstance(x, torch.Tensor) and x.dtype == torch.int64 for x in t)
+    # vLLM takes weight.float(): a bf16 load window works too
+    b = epx.vllm.DefaultEplbPolicy.rebalance_experts(w.bfloat16(), 48, 8, 4, 8)
+    assert b.shape == (w.shape[0], 48) and b.dtype == torch.int64
