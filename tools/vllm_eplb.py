@@ -294,6 +294,12 @@ def cases():
     out.append(_case("tie_quotients_n1", [[12, 6, 4, 3, 12, 6, 4, 3, 2, 2, 1, 1]], 18, 1, 1, 6))
     out.append(_case("tie_zero_layer_n2", [[0] * 16, [3] * 8 + [0] * 8], 24, 4, 2, 4))
     out.append(_case("tie_groups_n8", [[4, 4, 2, 2] * 8], 48, 8, 8, 8))
+    # small integer loads split over three replicas: per-GPU sums that are
+    # equal in float32 (epx, vLLM <= 0.13.0) and not in float64 (vLLM >= 0.14.0);
+    # found by `check 2000` (its cases 656 and 1032)
+    out.append(_case("float64_sums_n1", [[1, 2, 7, 0, 8, 0, 2, 2, 1, 0, 1, 4, 3, 8, 0, 0],
+                                         [0, 7, 8, 0, 0, 6, 2, 1, 1, 3, 6, 2, 6, 3, 2, 0]],
+                     24, 4, 1, 4))
     # with the map in service: vLLM's own previous answer, the identity, a shuffle
     for E, P, groups, nodes, gpus in [(16, 24, 4, 1, 4), (32, 48, 8, 2, 8), (32, 64, 8, 8, 8),
                                       (32, 48, 8, 4, 8)]:
