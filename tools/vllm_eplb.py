@@ -88,8 +88,9 @@ def _exec(path, ns):
 
 
 def load_release(root):
-    """The release's entry point as run(weight, P, groups, nodes, gpus, old)
-    -> (phy2log, log2phy or None, logcnt or None), plus its API name."""
+    """(api, ns, run): api "module" (the function) or "class" (the policy),
+    ns the namespace the release's code runs in (_TieOrder patches its np),
+    run(weight, P, groups, nodes, gpus, old) its entry point as released."""
     algo = os.path.join(root, "rebalance_algo.py")
     if os.path.exists(algo):
         ns = _exec(algo, {"__name__": "vllm_rebalance_algo"})
