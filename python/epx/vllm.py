@@ -28,10 +28,12 @@ mirrored with each release's signature). vLLM's other classmethods
 internals, not the policy API, and are not mirrored.
 
 Where loads tie, vLLM's sorts are not stable and epx's are (lowest index
-first; docs/TIES.md): the placement can then differ, the replica counts and
-per-GPU max load do not. vLLM >= 0.14.0 also divides and sums loads in
-float64 where epx (like DeepSeek and vLLM <= 0.13.0) uses float32, which can
-only decide loads that are equal in float32.
+first; docs/TIES.md): the placement can then differ; the replica counts (as
+(load, count) pairs) differ only where node packing ties groups of equal
+total load made of different experts, and the per-GPU max load differed in
+no case tested. vLLM >= 0.14.0 also divides and sums loads in float64 where
+epx (like DeepSeek and vLLM <= 0.13.0) uses float32, which can only decide
+loads that are equal in float32.
 """
 import re
 import warnings
