@@ -286,8 +286,8 @@ def test_cuda_equals_cpu(seed):
         x = torch.randn((c["T"], 136), generator=c["g"]).to(dtype)
         w = torch.rand((c["T"], c["K"]), generator=c["g"])
         for order in ("rank", "slot"):
-            assert torch.equal(et.permute(x.cuda(), lay_d, order).cpu(), et.permute(x, lay, order)), \
-                "seed %d: %s order" % (seed, order)
+            got = et.permute(x.cuda(), lay_d, order).cpu()
+            assert torch.equal(got, et.permute(x, lay, order)), "seed %d: %s" % (seed, order)
         s, s_d = et.permute(x, lay, "slot"), et.permute(x.cuda(), lay_d, "slot")
         o, o_d = et.combine(s, lay.pair_slot_pos, w), et.combine(s_d, lay_d.pair_slot_pos,
                                                                  w.cuda())

@@ -125,40 +125,34 @@ def _layout(ids, P, G, full):
     return outs
 
 
-def impl_dispatch_layout(topk_ids: torch.Tensor, num_experts: int,
-                    num_ranks: int) -> List[torch.Tensor]:
-    o = _layout(topk_ids, num_experts, num_ranks, False)
-    return [o["tokens_per_rank"], o["tokens_per_slot"], o["is_token_in_rank"]]
-
-
-dispatch_layout = torch.library.custom_op("epx::dispatch_layout", impl_dispatch_layout, mutates_args=())
-
-
-@dispatch_layout.register_fake
-def _(topk_ids, num_experts, num_ranks):
-    _check_ranks(num_experts, num_ranks)
-    T, K = topk_ids.shape
-    o = _layout_outputs(T, K, num_experts, num_ranks, topk_ids.device, False)
-    return [o["tokens_per_rank"], o["tokens_per_slot"], o["is_token_in_rank"]]
-
-
 LAYOUT_FIELDS = ("tokens_per_rank", "tokens_per_slot", "is_token_in_rank") + _FULL
 
 
+def _as_list(outs, full):
+    """The op's outputs in order: DeepEP's three, or every field."""
+    return [outs[k] for k in (LAYOUT_FIELDS if full else LAYOUT_FIELDS[:3])]
+
+
+def _fake_layout(ids, P, G, full):
+    _check_ranks(P, G)
+    T, K = ids.shape
+    return _as_list(_layout_outputs(T, K, P, G, ids.device, full), full)
+
+
+def impl_dispatch_layout(topk_ids: torch.Tensor, num_experts: int,
+                         num_ranks: int) -> List[torch.Tensor]:
+    return _as_list(_layout(topk_ids, num_experts, num_ranks, False), False)
+
+
 def impl_token_layout(phys: torch.Tensor, num_physical: int, num_ranks: int) -> List[torch.Tensor]:
-    o = _layout(phys, num_physical, num_ranks, True)
-    return [o[k] for k in LAYOUT_FIELDS]
+    return _as_list(_layout(phys, num_physical, num_ranks, True), True)
 
 
+dispatch_layout = torch.library.custom_op("epx::dispatch_layout", impl_dispatch_layout,
+                                          mutates_args=())
+dispatch_layout.register_fake(lambda ids, P, G: _fake_layout(ids, P, G, False))
 token_layout = torch.library.custom_op("epx::token_layout", impl_token_layout, mutates_args=())
-
-
-@token_layout.register_fake
-def _(phys, num_physical, num_ranks):
-    _check_ranks(num_physical, num_ranks)
-    T, K = phys.shape
-    o = _layout_outputs(T, K, num_physical, num_ranks, phys.device, True)
-    return [o[k] for k in LAYOUT_FIELDS]
+token_layout.register_fake(lambda ids, P, G: _fake_layout(ids, P, G, True))
 
 
 # ---- logical -> physical ---------------------------------------------------------
@@ -254,7 +248,8 @@ def _(x, order, per_token):
     return x.new_empty((order.shape[0], x.shape[1]))
 
 
-def impl_combine(y: torch.Tensor, pos: torch.Tensor, weights: Optional[torch.Tensor]) -> torch.Tensor:
+def impl_combine(y: torch.Tensor, pos: torch.Tensor,
+                 weights: Optional[torch.Tensor]) -> torch.Tensor:
     y = _rows(y, "y")
     pos = _ints(pos, "pos", 2)
     _same_device("pos", pos, y.device)
