@@ -6,9 +6,10 @@
  * Each family names the same quantities with its own keys (DeepSeek's
  * n_routed_experts is Qwen's num_experts and Mixtral's num_local_experts),
  * so a family is a small table of key names plus the rules for the layers
- * that have no experts. The built-in table (models.c) holds the same
- * numbers; tests/data/hf/ keeps a config per built-in model and the tests
- * check that both give the same epx_model. A key the shape needs and the
+ * that have no experts. The built-in table (models.c) is config.json text
+ * read by this same reader (epxi_model_read); tests/data/hf/ keeps full
+ * configs of built-in models and the tests check that both give the same
+ * epx_model. A key the shape needs and the
  * config lacks is an error naming the key and the family, never a default:
  * a silently wrong expert count would make every plan wrong.
  */
@@ -308,14 +309,27 @@ epx_status epx_model_from_config(const char *path, epx_model_info *info, epx_err
     } else {
         snprintf(file, sizeof file, "%s", path);
     }
-    char *text = NULL, what[300];
+    char *text = NULL;
     size_t len = 0;
     EPX_TRY(epxi_read_file(file, &text, &len, err));
-    snprintf(what, sizeof what, "model config '%.200s'", file);
-    json_t *top = NULL;
-    epx_status ps = epxi_json_parse_object(text, len, what, &top, err);
+    epx_status s = epxi_model_read(text, len, file, info, err);
     free(text);
-    if (ps != EPX_OK) return ps;
+    if (s != EPX_OK) return s;
+    model_name(file, info);
+    info->model.name = info->name;
+    return EPX_OK;
+}
+
+/* The reader proper, for a file and for the built-in table alike (models.c
+ * runs its texts through here, so both give the same numbers by
+ * construction). It leaves the name to the caller: naming a file looks the
+ * name up in the built-in table, which the table's own build must not do. */
+epx_status epxi_model_read(const char *text, size_t len, const char *path, epx_model_info *info,
+                           epx_error *err) {
+    char what[300];
+    snprintf(what, sizeof what, "model config '%.200s'", path);
+    json_t *top = NULL;
+    EPX_TRY(epxi_json_parse_object(text, len, what, &top, err));
 
     memset(info, 0, sizeof *info);
     const json_t *lm = top;
@@ -326,12 +340,10 @@ epx_status epx_model_from_config(const char *path, epx_model_info *info, epx_err
         where = " (under text_config)";
     }
     char how[96];
-    reader r = {lm, file, where, find_family(top, lm, how, sizeof how), how, err};
+    reader r = {lm, path, where, find_family(top, lm, how, sizeof how), how, err};
     epx_status s = read_shape(&r, info);
     if (s == EPX_OK) {
         snprintf(info->family, sizeof info->family, "%s", r.fam->name);
-        model_name(file, info);
-        info->model.name = info->name;
         info->from_config = 1;
     }
     json_decref(top);
