@@ -64,6 +64,7 @@ enum { DEEPSEEK, QWEN, MIXTRAL, GPT_OSS, LLAMA4, NUM_FAMILIES };
 /* What the messages need to say where a value came from. */
 typedef struct reader {
     const json_t *obj; /* the language model's object */
+    const json_t *top; /* the whole config (obj, or holding it as text_config) */
     const char *path;  /* the file read */
     const char *where; /* "" or " (under text_config)" */
     const family *fam; /* the family it was read as */
@@ -210,6 +211,18 @@ static epx_status only_one(const reader *r, const char *key) {
     return EPX_OK;
 }
 
+/* DeepSeek-V3's code and its descendants' (Kimi-K2, GLM-4.5) route by
+ * sigmoid whatever the config says or omits: GLM-4.5's config names no
+ * scoring_func. DeepSeek-V2's default is softmax, the family's. */
+static int32_t deepseek_scoring(const reader *r) {
+    static const char *SIGMOID[] = {"deepseek_v3", "kimi_k2", "kimi_k25", "glm4_moe"};
+    const char *t = json_string_value(json_object_get(r->obj, "model_type"));
+    if (t == NULL) t = json_string_value(json_object_get(r->top, "model_type"));
+    for (size_t i = 0; t != NULL && i < sizeof SIGMOID / sizeof SIGMOID[0]; i++)
+        if (strcmp(t, SIGMOID[i]) == 0) return 1;
+    return r->fam->scoring;
+}
+
 static epx_status read_shape(const reader *r, epx_model_info *info) {
     const family *f = r->fam;
     epx_model *m = &info->model;
@@ -238,6 +251,7 @@ static epx_status read_shape(const reader *r, epx_model_info *info) {
         EPX_TRY(get_int(r, "n_shared_experts", false, 0, &m->shared_experts));
         /* Routing keys only matter to the MoE layer (bench comm): a rule epx
          * lacks is -1 there, not an error for the shape. */
+        info->scoring = deepseek_scoring(r);
         const char *sf = json_string_value(json_object_get(r->obj, "scoring_func"));
         if (sf != NULL)
             info->scoring = strcmp(sf, "sigmoid") == 0 ? 1 : strcmp(sf, "softmax") == 0 ? 0 : -1;
@@ -340,7 +354,7 @@ epx_status epxi_model_read(const char *text, size_t len, const char *path, epx_m
         where = " (under text_config)";
     }
     char how[96];
-    reader r = {lm, path, where, find_family(top, lm, how, sizeof how), how, err};
+    reader r = {lm, top, path, where, find_family(top, lm, how, sizeof how), how, err};
     epx_status s = read_shape(&r, info);
     if (s == EPX_OK) {
         snprintf(info->family, sizeof info->family, "%s", r.fam->name);
