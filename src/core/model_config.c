@@ -1,24 +1,21 @@
 /*
- * model_config.c - a model's MoE shape from a HuggingFace config.json
- * (declared in include/epx/model.h), so that --model takes the file a user
- * already has, not only a built-in name.
+ * model_config.c - the reader of HuggingFace config.json text: a model's
+ * MoE shape (epx_model_info) from the file a user already has. It is the
+ * one reader: epx_model_from_config (models.c, for --model PATH) and the
+ * built-in table (models.c, config.json texts) both go through
+ * epxi_model_read, so a name and its config cannot disagree. It names
+ * nothing and looks nothing up, so the table can be built with it.
  *
  * Each family names the same quantities with its own keys (DeepSeek's
  * n_routed_experts is Qwen's num_experts and Mixtral's num_local_experts),
  * so a family is a small table of key names plus the rules for the layers
- * that have no experts. The built-in table (models.c) is config.json text
- * read by this same reader (epxi_model_read); tests/data/hf/ keeps full
- * configs of built-in models and the tests check that both give the same
- * epx_model. A key the shape needs and the
- * config lacks is an error naming the key and the family, never a default:
- * a silently wrong expert count would make every plan wrong.
+ * that have no experts. A key the shape needs and the config lacks is an
+ * error naming the key and the family, never a default: a silently wrong
+ * expert count would make every plan wrong.
  */
-#define _XOPEN_SOURCE 700 /* realpath */
-#include <ctype.h>
 #include <limits.h>
 #include <stdio.h>
 #include <string.h>
-#include <sys/stat.h>
 
 #include "internal.h"
 #include "json_tensor.h"
@@ -143,34 +140,6 @@ static const family *find_family(const json_t *top, const json_t *lm, char *how,
         }
     snprintf(how, cap, "no model_type, architectures or expert-count key epx knows");
     return &FAMILIES[DEEPSEEK];
-}
-
-/* The name: the folder holding config.json (or the file, less ".json"),
- * lower case, mapped to a built-in name when it is one or an alias. */
-static void model_name(const char *file, epx_model_info *info) {
-    char buf[4096];
-    snprintf(buf, sizeof buf, "%s", file);
-    char *slash = strrchr(buf, '/');
-    char *base = slash ? slash + 1 : buf;
-    if (strcmp(base, "config.json") == 0) {
-        if (slash == NULL) {
-            snprintf(buf, sizeof buf, ".");
-        } else {
-            while (slash > buf && slash[-1] == '/') slash--;
-            *slash = '\0';
-        }
-        char real[4096];
-        if (realpath(buf, real) != NULL) snprintf(buf, sizeof buf, "%s", real);
-        slash = strrchr(buf, '/');
-        base = slash ? slash + 1 : buf;
-    } else if (epxi_has_suffix(base, ".json")) {
-        base[strlen(base) - 5] = '\0';
-    }
-    snprintf(info->name, sizeof info->name, "%.63s", base[0] ? base : "config");
-    for (char *c = info->name; *c; c++) *c = (char)tolower((unsigned char)*c);
-    const epx_model *m = NULL;
-    if (epx_model_lookup(info->name, &m, NULL) == EPX_OK)
-        snprintf(info->name, sizeof info->name, "%s", m->name);
 }
 
 /* Leading dense layers from Qwen's mlp_only_layers: they must be 0..k-1. */
@@ -301,43 +270,8 @@ static epx_status read_shape(const reader *r, epx_model_info *info) {
     return EPX_OK;
 }
 
-epx_status epx_model_from_config(const char *path, epx_model_info *info, epx_error *err) {
-    if (path == NULL || info == NULL)
-        return epxi_fail(err, EPX_ERR_INVALID_ARG, "path and info must not be NULL");
-    struct stat st;
-    if (stat(path, &st) != 0)
-        return epxi_fail(err, EPX_ERR_IO,
-                         "model '%.200s' is neither a built-in name nor an existing path: give a "
-                         "config.json, a folder holding one, or a built-in name (epx trace synth "
-                         "--help lists them)",
-                         path);
-    char file[4096];
-    if (S_ISDIR(st.st_mode)) {
-        size_t n = strlen(path);
-        snprintf(file, sizeof file, "%s%sconfig.json", path, n && path[n - 1] == '/' ? "" : "/");
-        if (stat(file, &st) != 0 || !S_ISREG(st.st_mode))
-            return epxi_fail(err, EPX_ERR_IO,
-                             "folder '%.200s' holds no config.json: give the folder of a "
-                             "HuggingFace model (the one with config.json) or the file itself",
-                             path);
-    } else {
-        snprintf(file, sizeof file, "%s", path);
-    }
-    char *text = NULL;
-    size_t len = 0;
-    EPX_TRY(epxi_read_file(file, &text, &len, err));
-    epx_status s = epxi_model_read(text, len, file, info, err);
-    free(text);
-    if (s != EPX_OK) return s;
-    model_name(file, info);
-    info->model.name = info->name;
-    return EPX_OK;
-}
-
-/* The reader proper, for a file and for the built-in table alike (models.c
- * runs its texts through here, so both give the same numbers by
- * construction). It leaves the name to the caller: naming a file looks the
- * name up in the built-in table, which the table's own build must not do. */
+/* The reader proper (declared in internal.h). The name is the caller's:
+ * naming a file looks it up in the built-in table, which is built here. */
 epx_status epxi_model_read(const char *text, size_t len, const char *path, epx_model_info *info,
                            epx_error *err) {
     char what[300];
@@ -362,32 +296,4 @@ epx_status epxi_model_read(const char *text, size_t len, const char *path, epx_m
     }
     json_decref(top);
     return s;
-}
-
-epx_status epx_model_resolve(const char *name_or_path, epx_model_info *info, epx_error *err) {
-    if (name_or_path == NULL || info == NULL)
-        return epxi_fail(err, EPX_ERR_INVALID_ARG, "name and info must not be NULL");
-    const epx_model *m = NULL;
-    struct stat st;
-    bool path = strchr(name_or_path, '/') != NULL || epxi_has_suffix(name_or_path, ".json");
-    if (!path && epx_model_lookup(name_or_path, &m, NULL) != EPX_OK && stat(name_or_path, &st) == 0)
-        path = true;
-    if (path) return epx_model_from_config(name_or_path, info, err);
-    epx_status ls = epx_model_lookup(name_or_path, &m, err);
-    if (ls != EPX_OK) {
-        /* The same message, with the other way to name a model. */
-        if (err != NULL) {
-            size_t n = strlen(err->msg);
-            if (n + 40 < sizeof err->msg)
-                snprintf(err->msg + n, sizeof err->msg - n, "; or give a path to a config.json");
-        }
-        return ls;
-    }
-    memset(info, 0, sizeof *info);
-    info->model = *m;
-    snprintf(info->name, sizeof info->name, "%s", m->name);
-    snprintf(info->family, sizeof info->family, "built-in");
-    info->scoring = -1;
-    info->routed_scaling_factor = 1.0f;
-    return EPX_OK;
 }

@@ -1,6 +1,8 @@
 /*
- * models.c - the MoE shapes of public models, built in (declared in
- * include/epx/model.h), and their lookup by name.
+ * models.c - the MoE shapes of public models, built in, and a model named
+ * as --model takes it: a built-in name (epx_model_lookup) or a config.json
+ * path (epx_model_from_config, epx_model_resolve); declared in
+ * include/epx/model.h. The reader of config.json text is model_config.c's.
  *
  * Each built-in model is data in the form a user's model is: the text of
  * its published config.json, cut to the keys the reader uses, with the real
@@ -12,10 +14,12 @@
  * every room above may name a model: the trace generator, the MoE reference
  * layer, the CLI.
  */
+#define _XOPEN_SOURCE 700 /* realpath */
 #include <ctype.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "internal.h"
 
@@ -162,4 +166,95 @@ epx_status epx_model_lookup(const char *name, const epx_model **out, epx_error *
         n += (size_t)snprintf(known + n, sizeof known - n, "%s%s", i ? ", " : "", MODELS[i].name);
     return epxi_fail(err, EPX_ERR_INVALID_ARG, "unknown model '%.64s': the built-in models are %s",
                      name, known);
+}
+
+/* ---- a model named by a path --------------------------------------------- */
+
+/* The name: the folder holding config.json (or the file, less ".json"),
+ * lower case, mapped to a built-in name when it is one or an alias. */
+static void model_name(const char *file, epx_model_info *info) {
+    char buf[4096];
+    snprintf(buf, sizeof buf, "%s", file);
+    char *slash = strrchr(buf, '/');
+    char *base = slash ? slash + 1 : buf;
+    if (strcmp(base, "config.json") == 0) {
+        if (slash == NULL) {
+            snprintf(buf, sizeof buf, ".");
+        } else {
+            while (slash > buf && slash[-1] == '/') slash--;
+            *slash = '\0';
+        }
+        char real[4096];
+        if (realpath(buf, real) != NULL) snprintf(buf, sizeof buf, "%s", real);
+        slash = strrchr(buf, '/');
+        base = slash ? slash + 1 : buf;
+    } else if (epxi_has_suffix(base, ".json")) {
+        base[strlen(base) - 5] = '\0';
+    }
+    snprintf(info->name, sizeof info->name, "%.63s", base[0] ? base : "config");
+    for (char *c = info->name; *c; c++) *c = (char)tolower((unsigned char)*c);
+    const epx_model *m = NULL;
+    if (epx_model_lookup(info->name, &m, NULL) == EPX_OK)
+        snprintf(info->name, sizeof info->name, "%s", m->name);
+}
+
+epx_status epx_model_from_config(const char *path, epx_model_info *info, epx_error *err) {
+    if (path == NULL || info == NULL)
+        return epxi_fail(err, EPX_ERR_INVALID_ARG, "path and info must not be NULL");
+    struct stat st;
+    if (stat(path, &st) != 0)
+        return epxi_fail(err, EPX_ERR_IO,
+                         "model '%.200s' is neither a built-in name nor an existing path: give a "
+                         "config.json, a folder holding one, or a built-in name (epx trace synth "
+                         "--help lists them)",
+                         path);
+    char file[4096];
+    if (S_ISDIR(st.st_mode)) {
+        size_t n = strlen(path);
+        snprintf(file, sizeof file, "%s%sconfig.json", path, n && path[n - 1] == '/' ? "" : "/");
+        if (stat(file, &st) != 0 || !S_ISREG(st.st_mode))
+            return epxi_fail(err, EPX_ERR_IO,
+                             "folder '%.200s' holds no config.json: give the folder of a "
+                             "HuggingFace model (the one with config.json) or the file itself",
+                             path);
+    } else {
+        snprintf(file, sizeof file, "%s", path);
+    }
+    char *text = NULL;
+    size_t len = 0;
+    EPX_TRY(epxi_read_file(file, &text, &len, err));
+    epx_status s = epxi_model_read(text, len, file, info, err);
+    free(text);
+    if (s != EPX_OK) return s;
+    model_name(file, info);
+    info->model.name = info->name;
+    return EPX_OK;
+}
+
+epx_status epx_model_resolve(const char *name_or_path, epx_model_info *info, epx_error *err) {
+    if (name_or_path == NULL || info == NULL)
+        return epxi_fail(err, EPX_ERR_INVALID_ARG, "name and info must not be NULL");
+    const epx_model *m = NULL;
+    struct stat st;
+    bool path = strchr(name_or_path, '/') != NULL || epxi_has_suffix(name_or_path, ".json");
+    if (!path && epx_model_lookup(name_or_path, &m, NULL) != EPX_OK && stat(name_or_path, &st) == 0)
+        path = true;
+    if (path) return epx_model_from_config(name_or_path, info, err);
+    epx_status ls = epx_model_lookup(name_or_path, &m, err);
+    if (ls != EPX_OK) {
+        /* The same message, with the other way to name a model. */
+        if (err != NULL) {
+            size_t n = strlen(err->msg);
+            if (n + 40 < sizeof err->msg)
+                snprintf(err->msg + n, sizeof err->msg - n, "; or give a path to a config.json");
+        }
+        return ls;
+    }
+    memset(info, 0, sizeof *info);
+    info->model = *m;
+    snprintf(info->name, sizeof info->name, "%s", m->name);
+    snprintf(info->family, sizeof info->family, "built-in");
+    info->scoring = -1;
+    info->routed_scaling_factor = 1.0f;
+    return EPX_OK;
 }
