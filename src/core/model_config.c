@@ -271,7 +271,7 @@ static epx_status read_shape(const reader *r, epx_model_info *info) {
 }
 
 /* The reader proper (declared in internal.h). The name is the caller's:
- * naming a file looks it up in the built-in table, which is built here. */
+ * naming a file looks it up in the built-in table, itself built with this. */
 epx_status epxi_model_read(const char *text, size_t len, const char *path, epx_model_info *info,
                            epx_error *err) {
     char what[300];
