@@ -78,6 +78,13 @@ EPXI_HIDDEN void epxi_log(epx_log_fn fn, void *user, epx_log_level lvl, const ch
 EPXI_HIDDEN epx_status epxi_check_version(uint32_t version, uint32_t expected, const char *type,
                                           const char *init, epx_error *err);
 
+/* A model's shape from the text of a config.json (model_config.c): the one
+ * reader behind epx_model_from_config and the built-in table (models.c).
+ * path names the text in messages; info->name and info->model.name are left
+ * empty for the caller. */
+EPXI_HIDDEN epx_status epxi_model_read(const char *text, size_t len, const char *path,
+                                       epx_model_info *info, epx_error *err);
+
 /* ---- shapes and loads: one definition each, for every room --------------- */
 
 /* A shape in messages: printf("layout " EPXI_SHAPE_FMT, EPXI_SHAPE_ARGS(s)). */
