@@ -6,6 +6,10 @@
 # JSON lines go to $OUT (or ./gpu-out).
 #   BIN=build TOOL=build-dev scripts/gpu_ll.sh   use binaries built there
 #   LIBS=DIR                                     extra shared libraries
+#   BASE=DIR                                     also time DIR/epx (an older
+#                         build) in low-latency mode, alternating with TOOL's,
+#                         so a change is judged within one run (base_*.jsonl)
+#   ONLY_LL=1                                    skip the normal-mode bench
 set -u
 OUT=${OUT:-gpu-out}
 mkdir -p "$OUT"
@@ -34,7 +38,25 @@ done
 echo "== where the time goes: block 0's global-timer stamps inside each low-latency kernel"
 EPX_LL_VARIANT=8 timeout 120 "$TOOL/epx" bench comm --backend nccl --mode low-latency --model kimi-k2.5 \
     --tokens 1,8,32,128,512 --iters 3 --warmup 1 2>&1 | grep stamps | tee "$OUT/stamps.log"
-for mode in low-latency normal; do
+if [ -n "${BASE:-}" ]; then
+    for round in 1 2; do
+        for who in base new; do
+            bin=$TOOL/epx; [ $who = base ] && bin=$BASE/epx
+            echo "== round $round: $who ($bin) low-latency, graph and launched"
+            for g in --graph; do
+                timeout 200 "$bin" bench comm --backend nccl --mode low-latency $g --model kimi-k2.5 \
+                    --tokens "$TOKENS" --iters ${ITERS:-50} --warmup 10 \
+                    --json "$OUT/${who}_ll.jsonl" >"$OUT/${who}_${round}${g:+_graph}.log" 2>&1; echo "exit $?"
+            done
+        done
+    done
+    EPX_LL_VARIANT=8 timeout 120 "$BASE/epx" bench comm --backend nccl --mode low-latency \
+        --model kimi-k2.5 --tokens 1,8,32,128 --iters 3 --warmup 1 2>&1 | grep stamps |
+        sed 's/^/base /' | tee -a "$OUT/stamps.log"
+fi
+modes="low-latency normal"; [ "${ONLY_LL:-0}" = 1 ] && modes=low-latency
+[ "${ONLY_LL:-0}" = 1 ] && [ -n "${BASE:-}" ] && modes=""  # timed above already
+for mode in $modes; do
     extra=""; [ $mode = low-latency ] && extra="--graph"
     echo "== epx bench comm --mode $mode"
     timeout 300 "$TOOL/epx" bench comm --backend nccl --mode $mode $extra --model kimi-k2.5 \

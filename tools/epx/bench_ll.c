@@ -213,10 +213,12 @@ static epx_status bench_T(ll_run *b, int64_t T, const void *x, const int32_t *sl
     double st_us[16];
     if (me == 0 && getenv("EPX_LL_VARIANT") && (atoi(getenv("EPX_LL_VARIANT")) & 8) &&
         epxi_gpu_ep_stamps(b->ep, st_us) == 0)
-        printf("stamps at %lld tokens (us): dispatch sent %.2f arrived %.2f waited %.2f grouped "
-               "%.2f; combine sent %.2f arrived %.2f waited %.2f reduced %.2f\n",
-               (long long)T, st_us[1], st_us[2], st_us[3], st_us[4], st_us[9], st_us[10], st_us[11],
-               st_us[12]);
+        printf(
+            "stamps at %lld tokens (us): dispatch sent %.2f arrived %.2f waited %.2f counted "
+            "%.2f scanned %.2f grouped %.2f; combine sent %.2f arrived %.2f waited %.2f first rows "
+            "%.2f summed %.2f reduced %.2f\n",
+            (long long)T, st_us[1], st_us[2], st_us[3], st_us[5], st_us[6], st_us[4], st_us[9],
+            st_us[10], st_us[11], st_us[13], st_us[14], st_us[12]);
     if (a->graph) EPX_TRY_CLI(capture(b, T, err));
     /* Payload bytes of this rank's sends: rows, not record padding. */
     const size_t bytes[3] = {(size_t)v[1] * H * esz, (size_t)v[2] * H * esz,

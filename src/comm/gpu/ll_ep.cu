@@ -39,6 +39,7 @@ constexpr int kMaxK = EPX_MOE_MAX_TOP_K;
  * live in shared memory too). */
 constexpr int kHistInts = 6144;
 constexpr int kMaxRanks = 1024;
+static_assert(kMaxK <= kThreads, "a block's threads hold one token's K choices");
 
 /* Fault codes: fault[0] (sticky: the kernels stop) and fault[4] (a refused
  * batch, reported once). */
@@ -50,7 +51,6 @@ struct Ctl {
     uint32_t epoch;               /* the last dispatched batch's */
     uint32_t arrive_d;            /* blocks of the running dispatch that finished sending */
     uint32_t arrive_c;            /* same for combine */
-    uint32_t bad;                 /* a bad slot in the running dispatch (its first index + 1) */
     uint32_t refused;             /* the last dispatch was refused: combine writes zeros */
     uint32_t fault[4];            /* code, phase, peer, epoch */
     unsigned long long stamp[16]; /* variant 8: block 0's clock at each step */
@@ -85,7 +85,7 @@ __device__ __forceinline__ unsigned long long now_ns() {
 }
 
 /* Variant bits (bench and tests only, epxi_gpu_ep_variant): 1 = blocks
- * fence at GPU scope before counting in; 2 = flags at GPU scope (one GPU
+ * count in at GPU scope (arrive); 2 = flags at GPU scope (one GPU
  * only); 4 = poll without sleeping; 8 = block 0 stamps the global timer at
  * each step (Ctl::stamp, read with epxi_gpu_ep_stamps). */
 #define STAMP(a, i)                                                                                \
@@ -178,14 +178,15 @@ __device__ __forceinline__ void block_copy(unsigned char *dst, const unsigned ch
 /* Spin (threads < n) until flag i reads `epoch` in its high half; false on
  * timeout or an earlier fault. Returns with the block synchronised. */
 __device__ bool wait_flags(const Args &a, const uint64_t *flag0, size_t stride, int n,
-                           uint32_t epoch, uint32_t phase) {
+                           uint32_t epoch, uint32_t phase, uint32_t *low = nullptr) {
     __shared__ int ok;
     if (threadIdx.x == 0) ok = 1;
     __syncthreads();
     for (int i = threadIdx.x; i < n; i += blockDim.x) {
         const uint64_t *f = (const uint64_t *)((const unsigned char *)flag0 + (size_t)i * stride);
         unsigned long long t0 = now_ns();
-        while ((uint32_t)(ld_acquire(f, a.variant) >> 32) != epoch) {
+        uint64_t v;
+        while ((uint32_t)((v = ld_acquire(f, a.variant)) >> 32) != epoch) {
             if (ld_volatile(&a.ctl->fault[0]) != F_NONE) {
                 ok = 0;
                 break;
@@ -197,29 +198,47 @@ __device__ bool wait_flags(const Args &a, const uint64_t *flag0, size_t stride, 
             }
             if (!(a.variant & 4)) __nanosleep(64);
         }
+        if (low != nullptr) low[i] = (uint32_t)v; /* spares the caller a second read */
     }
     __syncthreads();
     return ok != 0;
 }
 
-/* Count this block in; the last one runs `publish` with all blocks' writes
- * visible to the system. */
-template <typename F> __device__ void arrive(uint32_t *counter, int var, F publish) {
-    __syncthreads();
+__device__ __forceinline__ uint32_t atom_add_acq_rel(uint32_t *p, uint32_t v, int var) {
+    uint32_t old;
+    if (var & 1)
+        asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], %2;"
+                     : "=r"(old)
+                     : "l"(p), "r"(v)
+                     : "memory");
+    else
+        asm volatile("atom.acq_rel.sys.global.add.u32 %0, [%1], %2;"
+                     : "=r"(old)
+                     : "l"(p), "r"(v)
+                     : "memory");
+    return old;
+}
+
+/* Count this block in, with `mark` (nonzero in any thread) carried along;
+ * the last block runs publish(marked: some block was marked). Ordering
+ * without a separate fence: the block's barrier, then thread 0's
+ * acquire-release atomic, whose release covers the block's writes (through
+ * the barrier) and whose acquire, in the last block, covers every earlier
+ * block's; publish's flags are release stores, so a reader that acquires a
+ * flag sees every block's writes. Blocks count in the low 16 bits of the
+ * counter (grids stay below 2^16: max_blocks), marks above them. */
+template <typename F> __device__ void arrive(uint32_t *counter, int mark, int var, F publish) {
+    const int marked = __syncthreads_or(mark);
     if (threadIdx.x == 0) {
-        if (var & 1)
-            __threadfence();
-        else
-            __threadfence_system();
+        const uint32_t add = 1u + (marked ? 0x10000u : 0u);
         if (gridDim.x == 1) { /* alone: nobody to count */
-            publish();
-        } else if (atomicAdd(counter, 1u) == gridDim.x - 1) {
-            *counter = 0;
-            if (var & 2)
-                __threadfence();
-            else
-                __threadfence_system();
-            publish();
+            publish(marked != 0);
+        } else {
+            const uint32_t total = atom_add_acq_rel(counter, add, var) + add;
+            if ((total & 0xffffu) == gridDim.x) {
+                *counter = 0;
+                publish((total >> 16) != 0);
+            }
         }
     }
 }
@@ -231,8 +250,9 @@ __device__ uint64_t *dflag_at(const Args &a, unsigned char *buf, int src) {
 /* so[0..n] = exclusive prefix sums of v[0..n) (so[n] = the total), by the
  * whole block: each thread sums a contiguous chunk, the chunk sums are
  * scanned with warp shuffles (lanes, then warp totals), then each chunk is
- * written. */
-__device__ void block_exclusive_scan(const int32_t *v, int n, int64_t *so) {
+ * written -- to so (global, for the experts) and over v itself (shared, so
+ * the block reads its starts back without a trip to memory). */
+__device__ void block_exclusive_scan(int32_t *v, int n, int64_t *so) {
     __shared__ int64_t warp_total[kThreads / 32];
     const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, nwarps = blockDim.x / 32;
     const int per = (n + blockDim.x - 1) / blockDim.x;
@@ -257,8 +277,10 @@ __device__ void block_exclusive_scan(const int32_t *v, int n, int64_t *so) {
     __syncthreads();
     int64_t run = warp_total[warp] + inc - sum; /* exclusive, this thread */
     for (int i = lo; i < hi; i++) {
+        const int32_t vi = v[i];
         so[i] = run;
-        run += v[i];
+        v[i] = (int32_t)run;
+        run += vi;
     }
     if (tid == (int)blockDim.x - 1) so[n] = run;
 }
@@ -303,23 +325,32 @@ __device__ void group_entries(const Args &a, const int32_t *rows_of, uint32_t ep
         while (first_row[r + 1] <= v) r++;
         *row = (int64_t)r * (a.M + 1) + (v - first_row[r]);
         const unsigned char *rec = recv + (size_t)*row * a.rec;
+        /* Tag and entry are loaded together (one trip to memory, not two);
+         * the entry of a stale row is read but not used. */
         uint32_t tag;
         memcpy(&tag, rec + a.tag_off, 4);
+        const epxi_ep_meta m = ((const epxi_ep_meta *)(rec + a.meta_off))[q % K];
+        *w = m.weight;
         if (tag != epoch) return -1;
-        const epxi_ep_meta *m = (const epxi_ep_meta *)(rec + a.meta_off) + q % K;
-        *w = m->weight;
-        return m->slot >= 0 && m->slot < spr ? m->slot : -1;
+        return m.slot >= 0 && m.slot < spr ? m.slot : -1;
     };
     int32_t *h = hist + (size_t)warp * (spr + 1);
     const int64_t lo = (int64_t)warp * chunk, hi = lo + chunk < npairs ? lo + chunk : npairs;
+    /* A lane's first pair is kept for the placement pass: at decode sizes
+     * that is every pair, so the records are read once. */
+    int32_t kept_s = -1;
+    int64_t kept_row = 0;
+    float kept_w = 0.0f;
     if (warp < nw)
         for (int64_t q = lo + lane; q < hi; q += 32) {
             int64_t row;
             float w;
             int32_t s = key_of(q, &row, &w);
+            if (q == lo + lane) kept_s = s, kept_row = row, kept_w = w;
             if (s >= 0) atomicAdd(&h[s], 1);
         }
     __syncthreads();
+    STAMP(a, 5);
     /* Start of (warp, slot) = entries of lower slots + this slot's entries
      * in lower warps: one thread per slot sums down the warps, then a
      * block-wide scan over the slots gives so[]. */
@@ -336,15 +367,16 @@ __device__ void group_entries(const Args &a, const int32_t *rows_of, uint32_t ep
     __syncthreads();
     block_exclusive_scan(tot, spr, a.so);
     __syncthreads();
+    STAMP(a, 6);
     if (warp < nw)
         for (int64_t q0 = lo; q0 < hi; q0 += 32) {
-            int64_t q = q0 + lane, row = 0;
-            float w = 0.0f;
-            int32_t s = q < hi ? key_of(q, &row, &w) : -1;
+            int64_t q = q0 + lane, row = kept_row;
+            float w = kept_w;
+            int32_t s = q >= hi ? -1 : q0 == lo ? kept_s : key_of(q, &row, &w);
             unsigned peers = __match_any_sync(0xffffffffu, s);
             if (s >= 0) {
                 int rank = __popc(peers & ((1u << lane) - 1u));
-                int64_t e = a.so[s] + h[s] + rank;
+                int64_t e = (int64_t)tot[s] + h[s] + rank;
                 a.entry_token[e] = (int32_t)row;
                 a.entry_weight[e] = w;
                 a.entry_pair[e] = (int32_t)(row * K + q % K);
@@ -357,10 +389,6 @@ __device__ void group_entries(const Args &a, const int32_t *rows_of, uint32_t ep
 
 __global__ void __launch_bounds__(kThreads) k_dispatch(Args a, int64_t T, const unsigned char *x,
                                                        const int32_t *slots, const float *weights) {
-    if (ld_volatile(&a.ctl->fault[0]) != F_NONE) return;
-    STAMP(a, 0);
-    uint32_t epoch = a.ctl->epoch + 1;
-    if (epoch == 0) epoch = 1; /* 0 marks rows never written */
     const int K = a.K, dmax = K < a.R ? K : a.R;
     __shared__ int32_t d[kMaxK], sk[kMaxK];
     __shared__ float wk[kMaxK];
@@ -370,22 +398,39 @@ __global__ void __launch_bounds__(kThreads) k_dispatch(Args a, int64_t T, const 
     constexpr int kPre = 4;
     const bool pre =
         a.xrow % 16 == 0 && a.xrow / 16 <= (size_t)kPre * blockDim.x && (uintptr_t)x % 16 == 0;
+    int4 v[kPre];
+    int32_t sv = -1; /* this thread's (slot, weight) of the item's token, k = threadIdx.x */
+    float wv = 0.0f;
+    int bad_slot = 0; /* this thread saw a slot outside [-1, P) */
+    auto load_item = [&](int64_t item) {
+        const int64_t t = item / dmax;
+        if (pre)
+#pragma unroll
+            for (int i = 0; i < kPre; i++) {
+                size_t w = threadIdx.x + (size_t)i * blockDim.x;
+                if (w < a.xrow / 16) v[i] = ((const int4 *)(x + (size_t)t * a.xrow))[w];
+            }
+        if (threadIdx.x < K) {
+            sv = slots[t * K + threadIdx.x];
+            wv = weights[t * K + threadIdx.x];
+        }
+    };
+    /* The first item's loads are issued before the fault check, so the
+     * two trips to memory overlap. */
+    if (blockIdx.x < T * dmax) load_item(blockIdx.x);
+    uint32_t epoch = a.ctl->epoch + 1;
+    if (ld_volatile(&a.ctl->fault[0]) != F_NONE) return;
+    STAMP(a, 0);
+    if (epoch == 0) epoch = 1; /* 0 marks rows never written */
     /* Send: work item (token, j-th destination). */
     for (int64_t item = blockIdx.x; item < T * dmax; item += gridDim.x) {
         const int64_t t = item / dmax;
         const int j = (int)(item % dmax);
         const unsigned char *xr = x + (size_t)t * a.xrow;
-        int4 v[kPre];
-        if (pre)
-#pragma unroll
-            for (int i = 0; i < kPre; i++) {
-                size_t w = threadIdx.x + (size_t)i * blockDim.x;
-                if (w < a.xrow / 16) v[i] = ((const int4 *)xr)[w];
-            }
-        for (int k = threadIdx.x; k < K; k += blockDim.x) {
-            const int32_t sv = slots[t * K + k];
-            const float wv = weights[t * K + k];
-            if (sv < -1 || sv >= a.P) atomicCAS(&a.ctl->bad, 0u, (uint32_t)(t * K + k) + 1u);
+        if (item != blockIdx.x) load_item(item);
+        if (threadIdx.x < K) { /* K <= kMaxK < blockDim.x */
+            const int k = threadIdx.x;
+            if (sv < -1 || sv >= a.P) bad_slot = 1;
             sk[k] = sv;
             wk[k] = wv;
             if (j == 0) {
@@ -441,9 +486,7 @@ __global__ void __launch_bounds__(kThreads) k_dispatch(Args a, int64_t T, const 
         __syncthreads();
     }
     STAMP(a, 1);
-    arrive(&a.ctl->arrive_d, a.variant, [&] {
-        uint32_t bad = a.ctl->bad;
-        a.ctl->bad = 0;
+    arrive(&a.ctl->arrive_d, bad_slot, a.variant, [&](bool bad) {
         a.ctl->epoch = epoch;
         if (a.skip_flags) return;
         uint64_t flag = epxi_ll_flag(epoch, bad ? EPXI_LL_BAD : (uint32_t)T);
@@ -454,8 +497,8 @@ __global__ void __launch_bounds__(kThreads) k_dispatch(Args a, int64_t T, const 
     STAMP(a, 2);
     __shared__ int32_t rows_of[kMaxRanks + 1];
     __shared__ int any_bad;
-    if (!wait_flags(a, dflag_at(a, a.base, 0), (size_t)(a.M + 1) * a.rec, a.R, epoch,
-                    PH_DISPATCH)) {
+    if (!wait_flags(a, dflag_at(a, a.base, 0), (size_t)(a.M + 1) * a.rec, a.R, epoch, PH_DISPATCH,
+                    (uint32_t *)rows_of)) {
         for (int s = threadIdx.x; s <= a.spr; s += blockDim.x) a.so[s] = 0;
         return;
     }
@@ -466,7 +509,7 @@ __global__ void __launch_bounds__(kThreads) k_dispatch(Args a, int64_t T, const 
     }
     __syncthreads();
     for (int r = threadIdx.x; r < a.R; r += blockDim.x) {
-        uint32_t c = (uint32_t)*dflag_at(a, a.base, r);
+        const uint32_t c = (uint32_t)rows_of[r]; /* the flag's count, as wait_flags saw it */
         rows_of[r] = c == EPXI_LL_BAD ? 0 : (int32_t)c;
         if (c == EPXI_LL_BAD) atomicCAS(&any_bad, -1, r);
     }
@@ -500,12 +543,12 @@ __global__ void __launch_bounds__(kThreads) k_identity(Args a) {
     }
 }
 
-/* Elements a thread reduces in combine: 16 bytes of its rows. */
+/* Elements a thread reduces in combine: 16 bytes of its rows, loaded raw
+ * and widened to floats only when they are summed. */
 template <int BF16> struct Lanes;
 template <> struct Lanes<1> {
     static constexpr int V = 8;
-    __device__ static void load(const unsigned char *p, float *y) {
-        const int4 v = *(const int4 *)p;
+    __device__ static void widen(const int4 &v, float *y) {
         const uint32_t u[4] = {(uint32_t)v.x, (uint32_t)v.y, (uint32_t)v.z, (uint32_t)v.w};
 #pragma unroll
         for (int j = 0; j < 4; j++) {
@@ -516,9 +559,9 @@ template <> struct Lanes<1> {
 };
 template <> struct Lanes<0> {
     static constexpr int V = 4;
-    __device__ static void load(const unsigned char *p, float *y) {
-        const float4 v = *(const float4 *)p;
-        y[0] = v.x, y[1] = v.y, y[2] = v.z, y[3] = v.w;
+    __device__ static void widen(const int4 &v, float *y) {
+        y[0] = __int_as_float(v.x), y[1] = __int_as_float(v.y), y[2] = __int_as_float(v.z),
+        y[3] = __int_as_float(v.w);
     }
 };
 
@@ -526,32 +569,38 @@ template <> struct Lanes<0> {
  * out[t][h0 .. h0 + V) of one token: the combine formula of ep_common.h
  * (acc = 0; for k ascending with a slot: acc = acc + w[k] * y_k, rounded
  * after each step) on V elements at once. rows[k] (NULL: no expert) and
- * w[k] are staged in shared memory; rows are read four at a time with
- * 16-byte loads, so the loads are in flight together.
+ * w[k] are staged in shared memory; the 16-byte loads of eight rows are
+ * issued before any is summed, so a top-8 token costs one trip to memory
+ * (held raw, 32 registers, and widened as summed).
  */
 template <int BF16>
 __device__ void reduce_lanes(const Args &a, const unsigned char *const *rows, const float *w,
                              int64_t h0, float *out) {
-    constexpr int V = Lanes<BF16>::V, B = 4;
+    constexpr int V = Lanes<BF16>::V, B = 8;
     const int K = a.K;
     if (h0 + V <= a.H && a.yrow % 16 == 0) {
-        /* Every index below is a constant after unrolling, so acc and y
-         * stay in registers. */
+        /* Every index below is a constant after unrolling, so acc and the
+         * raw rows stay in registers. */
         float acc[V];
 #pragma unroll
         for (int j = 0; j < V; j++) acc[j] = 0.0f;
         for (int k0 = 0; k0 < K; k0 += B) {
-            float y[B][V];
+            int4 raw[B];
 #pragma unroll
             for (int b = 0; b < B; b++)
                 if (k0 + b < K && rows[k0 + b] != nullptr)
-                    Lanes<BF16>::load(rows[k0 + b] + (size_t)h0 * (BF16 ? 2 : 4), y[b]);
+                    raw[b] = *(const int4 *)(rows[k0 + b] + (size_t)h0 * (BF16 ? 2 : 4));
 #pragma unroll
             for (int b = 0; b < B; b++)
-                if (k0 + b < K && rows[k0 + b] != nullptr)
+                if (k0 + b < K && rows[k0 + b] != nullptr) {
+                    float y[V];
+                    Lanes<BF16>::widen(raw[b], y);
 #pragma unroll
-                    for (int j = 0; j < V; j++) acc[j] = epxi_madd(acc[j], w[k0 + b], y[b][j]);
+                    for (int j = 0; j < V; j++) acc[j] = epxi_madd(acc[j], w[k0 + b], y[j]);
+                }
+            if (k0 == 0) STAMP(a, 13); /* the first rows arrived */
         }
+        STAMP(a, 14);
 #pragma unroll
         for (int j = 0; j < V; j++) out[h0 + j] = acc[j];
         return;
@@ -562,11 +611,13 @@ __device__ void reduce_lanes(const Args &a, const unsigned char *const *rows, co
 }
 
 __global__ void __launch_bounds__(kThreads) k_combine(Args a, int64_t T, float *out) {
+    /* Loaded before the fault check so the trips to memory overlap. */
+    const uint32_t epoch = a.ctl->epoch;
+    const int64_t n = a.so[a.spr];
+    const bool refused = a.ctl->refused != 0; /* set by this rank's dispatch, before us */
     if (ld_volatile(&a.ctl->fault[0]) != F_NONE) return;
     STAMP(a, 8);
-    const uint32_t epoch = a.ctl->epoch;
     const int K = a.K;
-    const int64_t n = a.so[a.spr];
     /* Send: each entry's output to row t * K + k of its token's rank. */
     for (int64_t e = blockIdx.x; e < n; e += gridDim.x) {
         const int64_t pair = a.entry_pair[e], row = pair / K;
@@ -575,31 +626,37 @@ __global__ void __launch_bounds__(kThreads) k_combine(Args a, int64_t T, float *
         block_copy(dst, a.y + (size_t)e * a.yrow, a.yrow);
     }
     STAMP(a, 9);
-    arrive(&a.ctl->arrive_c, a.variant, [&] {
+    arrive(&a.ctl->arrive_c, 0, a.variant, [&](bool) {
         for (int r = 0; r < a.R; r++)
             st_release((uint64_t *)(a.peers[r] + a.off_cflag) + a.me, epxi_ll_flag(epoch, 0),
                        a.variant);
     });
     STAMP(a, 10);
     /* Every block waits for every peer, then reduces its share: items of
-     * (token, chunk of V * blockDim elements). */
-    if (!wait_flags(a, (const uint64_t *)(a.base + a.off_cflag), sizeof(uint64_t), a.R, epoch,
-                    PH_COMBINE))
-        return;
-    STAMP(a, 11);
-    const bool refused = a.ctl->refused != 0;
+     * (token, chunk of V * blockDim elements). The routing of a block's
+     * first token is this rank's own (written by its dispatch), so it is
+     * staged before the wait and only the rows are read after it. */
     const unsigned char *comb = a.base + a.off_comb;
     const int V = a.ybf16 ? Lanes<1>::V : Lanes<0>::V;
     const int64_t per = (int64_t)V * blockDim.x, chunks = (a.H + per - 1) / per;
     __shared__ const unsigned char *rows[kMaxK];
     __shared__ float wk[kMaxK];
-    for (int64_t item = blockIdx.x; item < T * chunks; item += gridDim.x) {
-        const int64_t t = item / chunks, h0 = (item % chunks) * per + (int64_t)threadIdx.x * V;
+    auto stage = [&](int64_t t) {
         for (int k = threadIdx.x; k < K; k += blockDim.x) {
             rows[k] =
                 a.slots[t * K + k] >= 0 && !refused ? comb + (size_t)(t * K + k) * a.yrow : nullptr;
             wk[k] = a.weights[t * K + k];
         }
+    };
+    const int64_t first_t = blockIdx.x < T * chunks ? (int64_t)blockIdx.x / chunks : -1;
+    if (first_t >= 0) stage(first_t); /* wait_flags synchronises the block */
+    if (!wait_flags(a, (const uint64_t *)(a.base + a.off_cflag), sizeof(uint64_t), a.R, epoch,
+                    PH_COMBINE))
+        return;
+    STAMP(a, 11);
+    for (int64_t item = blockIdx.x; item < T * chunks; item += gridDim.x) {
+        const int64_t t = item / chunks, h0 = (item % chunks) * per + (int64_t)threadIdx.x * V;
+        if (item != blockIdx.x) stage(t);
         __syncthreads();
         if (h0 < a.H) {
             if (a.ybf16)
@@ -1008,8 +1065,9 @@ extern "C" int32_t epx_gpu_ep_launches(const epx_gpu_ep *ep, const char *phase) 
 }
 
 /* Measuring: the stamps of the last dispatch and combine (variant 8), in
- * microseconds after each kernel's start: [0..4] dispatch, [8..12]
- * combine. */
+ * microseconds after each kernel's start: [0..6] dispatch (5, 6: the
+ * grouping's count and scan), [8..14] combine (13, 14: block 0's first rows in,
+ * its sum done). */
 extern "C" EPXI_HIDDEN int epxi_gpu_ep_stamps(epx_gpu_ep *ep, double *us) {
     Ctl c;
     if (ep == NULL || cudaMemcpy(&c, ep->a.ctl, sizeof c, cudaMemcpyDeviceToHost) != cudaSuccess)
