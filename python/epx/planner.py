@@ -5,8 +5,8 @@ import ctypes
 import numpy as np
 
 from . import _arrays as A
-from ._native import (LOG_FN, POINTER, Counts, Shape, Structure, c_double, c_float,
-                      c_int, c_int32, c_uint8, c_uint32, c_void_p, call, fn)
+from ._native import (LOG_FN, POINTER, Counts, Shape, Structure, c_char_p, c_double,
+                      c_float, c_int, c_int32, c_uint8, c_uint32, c_void_p, call, fn)
 from .io import CCounts
 from .layout import Layout
 
@@ -52,7 +52,8 @@ class PlanOpts(Structure):
                 ("node_local", c_int), ("cross_node_budget", c_double), ("estimate", c_int),
                 ("estimate_param", c_double), ("current", c_void_p), ("max_moves", c_int32),
                 ("move_price", c_double), ("failed_gpus", POINTER(c_uint8)), ("log", LOG_FN),
-                ("log_user", c_void_p), ("progress", c_void_p), ("progress_user", c_void_p)]
+                ("log_user", c_void_p), ("progress", c_void_p), ("progress_user", c_void_p),
+                ("sglang_version", c_char_p)]
 
 
 # The options-struct convention (include/epx.h): version = the struct's size.
