@@ -69,7 +69,8 @@ static void run_release(const char *name, const char *ver, const json_t *r, cons
     o.num_groups = geti(root, "num_groups");
     o.sglang_version = ver;
     epx_plan *plan = NULL;
-    if (epx_plan_compute(c, s, &o, &plan, &err) != EPX_OK) fail_msg("%s %s: %s", name, ver, err.msg);
+    if (epx_plan_compute(c, s, &o, &plan, &err) != EPX_OK)
+        fail_msg("%s %s: %s", name, ver, err.msg);
     epx_algorithm want;
     assert_int_equal(
         epx_algorithm_parse(json_string_value(json_object_get(r, "algorithm")), &want, &err),
@@ -196,10 +197,10 @@ static void release_strings(void **state) {
         epx_eplb_rule rule;
         int32_t newer;
     } ok[] = {
-        {"0.4.10", EPX_EPLB_RULE_F32, 0},       {"0.5.2", EPX_EPLB_RULE_F32, 0},
-        {"v0.5.10", EPX_EPLB_RULE_F32, 0},      {"0.5.10.post1", EPX_EPLB_RULE_F32, 0},
-        {"0.5.11", EPX_EPLB_RULE_F64, 0},       {"0.5.23", EPX_EPLB_RULE_F64, 0},
-        {"0.5.24", EPX_EPLB_RULE_F64, 1},       {"1.0", EPX_EPLB_RULE_F64, 1},
+        {"0.4.10", EPX_EPLB_RULE_F32, 0},  {"0.5.2", EPX_EPLB_RULE_F32, 0},
+        {"v0.5.10", EPX_EPLB_RULE_F32, 0}, {"0.5.10.post1", EPX_EPLB_RULE_F32, 0},
+        {"0.5.11", EPX_EPLB_RULE_F64, 0},  {"0.5.23", EPX_EPLB_RULE_F64, 0},
+        {"0.5.24", EPX_EPLB_RULE_F64, 1},  {"1.0", EPX_EPLB_RULE_F64, 1},
     };
     epx_error err = {0};
     for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) {
@@ -259,9 +260,9 @@ static void plan_option(void **state) {
     /* the raw entry point refuses an unknown rule */
     float w[8] = {1, 2, 3, 4, 5, 6, 7, 8};
     int32_t p2l[12];
-    assert_int_equal(epx_plan_deepseek_rule(w, 1, 8, 12, 1, 1, 4, 0, (epx_eplb_rule)7, p2l, NULL,
-                                            NULL, &err),
-                     EPX_ERR_INVALID_ARG);
+    assert_int_equal(
+        epx_plan_deepseek_rule(w, 1, 8, 12, 1, 1, 4, 0, (epx_eplb_rule)7, p2l, NULL, NULL, &err),
+        EPX_ERR_INVALID_ARG);
     TU_MSG_HAS(err.msg, "7", "EPX_EPLB_RULE_F64");
     epx_counts_destroy(c);
 }

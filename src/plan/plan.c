@@ -180,7 +180,8 @@ static epx_status check_opts(const epx_plan_opts *o, const epx_shape *s, epx_alg
     *algo = resolve_auto(o, s);
     if (*algo == EPX_ALGO_EPX && o->sglang_version != NULL)
         return epxi_fail(err, EPX_ERR_INVALID_ARG,
-                         "sglang_version '%.64s' applies to the DeepSeek modes (SGLang's copy of "
+                         "sglang_version (--sglang-version) '%.64s' applies to the DeepSeek modes "
+                         "(SGLang's copy of "
                          "EPLB): use --algorithm deepseek, deepseek-hierarchical or auto, or "
                          "leave it unset for epx's planner",
                          o->sglang_version);
@@ -193,7 +194,8 @@ static epx_status check_opts(const epx_plan_opts *o, const epx_shape *s, epx_alg
         if (newer)
             epxi_log(o->log, o->log_user, EPX_LOG_WARN,
                      "SGLang %.64s is newer than the newest release epx verified "
-                     "(" EPX_SGLANG_DEFAULT_VERSION "); planning with that release's EPLB rule",
+                     "(" EPX_SGLANG_DEFAULT_VERSION "); planning with " EPX_SGLANG_DEFAULT_VERSION
+                     "'s EPLB rule",
                      o->sglang_version);
     }
     const bool hier = *algo == EPX_ALGO_DEEPSEEK_HIERARCHICAL;
