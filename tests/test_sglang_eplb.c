@@ -267,10 +267,47 @@ static void plan_option(void **state) {
     epx_counts_destroy(c);
 }
 
+/* SGLang's --init-expert-location with counts: init_by_eplb's plan. */
+static void init_from_counts(void **state) {
+    (void)state;
+    const char *path = "data/sglang_eplb/parting_2_g8_n2.json";
+    json_error_t je;
+    json_t *root = json_load_file(path, 0, &je);
+    if (root == NULL) fail_msg("%s: %s", path, je.text);
+    epx_init_opts io = EPX_INIT_OPTS_INIT;
+    io.num_gpus = geti(root, "num_gpus");
+    io.num_nodes = geti(root, "num_nodes");
+    io.num_groups = geti(root, "num_groups");
+    io.num_physical = geti(root, "num_physical_experts");
+    io.algorithm = EPX_ALGO_AUTO;
+    const size_t LP = (size_t)geti(root, "num_layers") * (size_t)io.num_physical;
+    int32_t *want = malloc(LP * sizeof *want);
+    assert_non_null(want);
+    static const char *vers[] = {"0.5.10.post1", "0.5.11"};
+    epx_error err = {0};
+    for (int i = 0; i < 2; i++) {
+        io.sglang_version = vers[i];
+        epx_layout *lay = NULL;
+        if (epx_layout_init(path, &io, &lay, &err) != EPX_OK) fail_msg("%s", err.msg);
+        const json_t *r = json_object_get(json_object_get(root, "sglang"), vers[i]);
+        assert_int_equal(flat(json_object_get(r, "physical_to_logical_map"), want, 0, LP), LP);
+        assert_memory_equal(epx_layout_physical_to_logical(lay), want, LP * sizeof *want);
+        epx_layout_destroy(lay);
+    }
+    /* epx's planner takes no release */
+    io.algorithm = EPX_ALGO_EPX;
+    epx_layout *lay = NULL;
+    assert_int_equal(epx_layout_init(path, &io, &lay, &err), EPX_ERR_INVALID_ARG);
+    TU_MSG_HAS(err.msg, "'0.5.11'", "DeepSeek modes");
+    free(want);
+    json_decref(root);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(release_strings),
         cmocka_unit_test(plan_option),
+        cmocka_unit_test(init_from_counts),
         cmocka_unit_test(release_goldens),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -28,6 +28,8 @@ static bool parse_release(const char *s, long v[4]) {
     return *end == '\0';
 }
 
+const char *epx_sglang_newest_verified(void) { return EPX_SGLANG_DEFAULT_VERSION; }
+
 int epxi_release_cmp(const long a[4], const long b[4]) {
     for (int i = 0; i < 4; i++)
         if (a[i] != b[i]) return a[i] < b[i] ? -1 : 1;

@@ -413,13 +413,10 @@ const int32_t *epx_plan_logical_to_physical(const epx_plan *plan, int32_t *width
 
 /* ---- the hook epx_layout_init uses ------------------------------------------ */
 
-epx_status epxi_plan_default(const epx_counts *counts, const epx_shape *shape, int32_t num_groups,
-                             epx_layout **out, epx_error *err) {
-    epx_plan_opts o = EPX_PLAN_OPTS_INIT;
-    /* init passes 1 for "no groups"; the planner's word for that is 0. */
-    o.num_groups = num_groups > 1 ? num_groups : 0;
+epx_status epxi_plan_layout(const epx_counts *counts, const epx_shape *shape,
+                            const epx_plan_opts *opts, epx_layout **out, epx_error *err) {
     epx_plan *plan = NULL;
-    EPX_TRY(epx_plan_compute(counts, shape, &o, &plan, err));
+    EPX_TRY(epx_plan_compute(counts, shape, opts, &plan, err));
     *out = plan->layout;
     plan->layout = NULL;
     epx_plan_destroy(plan);
