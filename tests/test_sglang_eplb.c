@@ -6,10 +6,11 @@
  * 0.5.23 as init_by_eplb calls them) on 1, 2, 4 and 8 nodes, with single
  * replicas, ties, and loads where float32 and float64 pack sums part.
  * For every case and release, epx_plan_compute with sglang_version = V must
- * give the same algorithm, replica counts and per-layer max GPU load; where
- * the case has no ties (the release's order is then a rule, not torch's
- * unstable sort), also the same physical_to_logical_map and replica-rank
- * logical_to_physical_map.
+ * give the same algorithm, physical_to_logical_map and replica-rank
+ * logical_to_physical_map, ties included (the SGLang rules order ties as
+ * torch's sort does). Without a release (DeepSeek's rule, ties to the
+ * lowest index) the replica counts and per-layer max GPU load must equal
+ * the float32 release's everywhere, and the placement where nothing ties.
  */
 #include <dirent.h>
 #include <jansson.h>
@@ -40,8 +41,8 @@ static int32_t geti(const json_t *root, const char *key) {
 }
 
 typedef struct tally {
-    int runs, exact, parted; /* release runs; compared slot for slot; on parting loads */
-    long lists, swapped;     /* replica lists compared; in another order among equal loads */
+    int runs, exact, parted; /* plan runs; compared slot for slot; on parting loads */
+    int ties;                /* release runs on cases with tied loads */
 } tally;
 
 /* The per-layer max GPU loads of a map under load (even split). */
@@ -58,8 +59,11 @@ static void max_loads(const epx_shape *s, const int32_t *p2l, const double *load
     epx_layout_destroy(lay);
 }
 
-static void run_release(const char *name, const char *ver, const json_t *r, const json_t *root,
-                        const epx_counts *c, const epx_shape *s, bool ties, tally *t) {
+/* One release of one case: sglang_version = ver (NULL: DeepSeek's rule,
+ * compared with release `ver`, exactly only where the case has no ties). */
+static void run_release(const char *name, const char *ver, bool with_version, const json_t *r,
+                        const json_t *root, const epx_counts *c, const epx_shape *s, bool ties,
+                        tally *t) {
     const int32_t L = s->num_layers, E = s->num_logical_experts, P = s->num_physical_experts;
     epx_plan_opts o = EPX_PLAN_OPTS_INIT;
     epx_error err = {0};
@@ -67,15 +71,16 @@ static void run_release(const char *name, const char *ver, const json_t *r, cons
                             &err) != EPX_OK)
         fail_msg("%s: %s", name, err.msg);
     o.num_groups = geti(root, "num_groups");
-    o.sglang_version = ver;
+    o.sglang_version = with_version ? ver : NULL;
+    const char *who = with_version ? ver : "none (DeepSeek's rule)";
     epx_plan *plan = NULL;
     if (epx_plan_compute(c, s, &o, &plan, &err) != EPX_OK)
-        fail_msg("%s %s: %s", name, ver, err.msg);
+        fail_msg("%s %s: %s", name, who, err.msg);
     epx_algorithm want;
     assert_int_equal(
         epx_algorithm_parse(json_string_value(json_object_get(r, "algorithm")), &want, &err),
         EPX_OK);
-    if (epx_plan_algorithm(plan) != want) fail_msg("%s %s: algorithm differs", name, ver);
+    if (epx_plan_algorithm(plan) != want) fail_msg("%s %s: algorithm differs", name, who);
     const epx_layout *lay = epx_plan_layout(plan);
     const int32_t *got = epx_layout_physical_to_logical(lay);
     const size_t LP = (size_t)L * (size_t)P, LE = (size_t)L * (size_t)E;
@@ -89,20 +94,25 @@ static void run_release(const char *name, const char *ver, const json_t *r, cons
     for (size_t i = 0; i < LE; i++)
         if (nv[i] != cnt[i])
             fail_msg("%s, SGLang %s: expert %zu of layer %zu has %d replicas, SGLang's %d", name,
-                     ver, i % (size_t)E, i / (size_t)E, nv[i], cnt[i]);
+                     who, i % (size_t)E, i / (size_t)E, nv[i], cnt[i]);
     assert_int_equal(epx_counts_sum_windows(c, 0, c->num_windows, load, &err), EPX_OK);
     max_loads(s, got, load, ml_got);
     max_loads(s, p2l, load, ml_want);
     for (int32_t l = 0; l < L; l++)
         if (ml_got[l] != ml_want[l])
-            fail_msg("%s, SGLang %s: layer %d max GPU load %.17g, SGLang's %.17g", name, ver, l,
+            fail_msg("%s, SGLang %s: layer %d max GPU load %.17g, SGLang's %.17g", name, who, l,
                      ml_got[l], ml_want[l]);
-    if (!ties) {
+    if (with_version || !ties) {
         for (size_t i = 0; i < LP; i++)
             if (got[i] != p2l[i])
-                fail_msg("%s, SGLang %s: slot %zu of layer %zu holds %d, SGLang's %d", name, ver,
+                fail_msg("%s, SGLang %s: slot %zu of layer %zu holds %d, SGLang's %d", name, who,
                          i % (size_t)P, i / (size_t)P, got[i], p2l[i]);
-        /* replica-rank order, as init_by_eplb keeps it */
+        t->exact++;
+        t->parted += json_is_true(json_object_get(root, "releases_differ"));
+    }
+    if (with_version) {
+        /* replica-rank order, as init_by_eplb keeps it, torch's order of
+         * one expert's equally loaded replicas included */
         const json_t *l2pj = json_object_get(r, "logical_to_physical_map");
         const size_t X = json_array_size(json_array_get(json_array_get(l2pj, 0), 0));
         int32_t W = 0, rank = 0;
@@ -111,30 +121,16 @@ static void run_release(const char *name, const char *ver, const json_t *r, cons
         int32_t *want_l2p = malloc(LE * X * sizeof *want_l2p);
         assert_non_null(want_l2p);
         assert_int_equal(flat(l2pj, want_l2p, 0, LE * X), LE * X);
-        /* The same slots per expert, in the same order where the release's
-         * order is a rule. Replicas of one expert carry equal loads in the
-         * GPU packing, so their rank order is the order torch's unstable
-         * sort leaves equal values in (insertion sort up to 16 entries, so
-         * stable there; not beyond): epx keeps DeepSeek's rank order with a
-         * stable sort, and such swaps are counted, not failed. */
-        for (size_t i = 0; i < LE; i++) {
-            bool same = true;
+        for (size_t i = 0; i < LE; i++)
             for (size_t k = 0; k < (size_t)W; k++) {
                 const int32_t w = k < X ? want_l2p[i * X + k] : -1;
-                const int32_t g = l2p[i * (size_t)W + k];
-                same = same && g == w;
-                bool found = g < 0 ? w < 0 : false;
-                for (size_t j = 0; g >= 0 && j < X; j++) found = found || want_l2p[i * X + j] == g;
-                if (!found)
-                    fail_msg("%s, SGLang %s: expert %zu of layer %zu has slot %d, SGLang's not",
-                             name, ver, i % (size_t)E, i / (size_t)E, g);
+                if (l2p[i * (size_t)W + k] != w)
+                    fail_msg("%s, SGLang %s: replica %zu of expert %zu, layer %zu is slot %d, "
+                             "SGLang's %d",
+                             name, who, k, i % (size_t)E, i / (size_t)E, l2p[i * (size_t)W + k], w);
             }
-            t->swapped += !same;
-            t->lists++;
-        }
         free(want_l2p);
-        t->exact++;
-        t->parted += json_is_true(json_object_get(root, "releases_differ"));
+        t->ties += ties;
     }
     t->runs++;
     free(p2l);
@@ -159,7 +155,10 @@ static void run_case(const char *path, const char *name, tally *t) {
     const json_t *r;
     const char *ver;
     json_object_foreach(json_object_get(root, "sglang"), ver, r)
-        run_release(name, ver, r, root, c, &s, ties, t);
+        run_release(name, ver, true, r, root, c, &s, ties, t);
+    const json_t *f32 = json_object_get(json_object_get(root, "sglang"), "0.5.10.post1");
+    if (f32 == NULL) fail_msg("%s: no 0.5.10.post1 output", name);
+    run_release(name, "0.5.10.post1", false, f32, root, c, &s, ties, t);
     epx_counts_destroy(c);
     json_decref(root);
 }
@@ -171,7 +170,7 @@ static void release_goldens(void **state) {
     if (d == NULL) fail_msg("tests/%s is missing (the test runs from tests/)", dir);
     struct dirent *de;
     int cases = 0;
-    tally t = {0, 0, 0, 0, 0};
+    tally t = {0, 0, 0, 0};
     while ((de = readdir(d)) != NULL) {
         size_t n = strlen(de->d_name);
         if (n < 6 || strcmp(de->d_name + n - 5, ".json") != 0) continue;
@@ -182,12 +181,13 @@ static void release_goldens(void **state) {
     }
     closedir(d);
     fprintf(stderr,
-            "%d cases x releases reproduced (%d cases; %d slot for slot, %d of them on loads "
-            "where the releases part; %ld of %ld replica lists in torch's order of equal loads)\n",
-            t.runs, cases, t.exact, t.parted, t.swapped, t.lists);
+            "%d plans of %d cases (4 releases and DeepSeek's rule each): %d slot for slot, %d "
+            "of them on loads where the releases part, %d release runs with tied loads\n",
+            t.runs, cases, t.exact, t.parted, t.ties);
     assert_true(cases >= 30);
-    assert_int_equal(t.runs, cases * 4);
-    assert_true(t.parted >= 4 * 4);
+    assert_int_equal(t.runs, cases * 5);
+    assert_true(t.parted >= 4 * 5);
+    assert_true(t.ties >= 8 * 4);
 }
 
 static void release_strings(void **state) {
@@ -197,14 +197,14 @@ static void release_strings(void **state) {
         epx_eplb_rule rule;
         int32_t newer;
     } ok[] = {
-        {"0.4.10", EPX_EPLB_RULE_F32, 0},  {"0.5.2", EPX_EPLB_RULE_F32, 0},
-        {"v0.5.10", EPX_EPLB_RULE_F32, 0}, {"0.5.10.post1", EPX_EPLB_RULE_F32, 0},
-        {"0.5.11", EPX_EPLB_RULE_F64, 0},  {"0.5.23", EPX_EPLB_RULE_F64, 0},
-        {"0.5.24", EPX_EPLB_RULE_F64, 1},  {"1.0", EPX_EPLB_RULE_F64, 1},
+        {"0.4.10", EPX_EPLB_RULE_SGLANG_F32, 0},  {"0.5.2", EPX_EPLB_RULE_SGLANG_F32, 0},
+        {"v0.5.10", EPX_EPLB_RULE_SGLANG_F32, 0}, {"0.5.10.post1", EPX_EPLB_RULE_SGLANG_F32, 0},
+        {"0.5.11", EPX_EPLB_RULE_SGLANG_F64, 0},  {"0.5.23", EPX_EPLB_RULE_SGLANG_F64, 0},
+        {"0.5.24", EPX_EPLB_RULE_SGLANG_F64, 1},  {"1.0", EPX_EPLB_RULE_SGLANG_F64, 1},
     };
     epx_error err = {0};
     for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) {
-        epx_eplb_rule rule = EPX_EPLB_RULE_F32;
+        epx_eplb_rule rule = EPX_EPLB_RULE_SGLANG_F32;
         int32_t newer = -1;
         if (epx_sglang_eplb_rule(ok[i].s, &rule, &newer, &err) != EPX_OK)
             fail_msg("%s: %s", ok[i].s, err.msg);
@@ -263,7 +263,7 @@ static void plan_option(void **state) {
     assert_int_equal(
         epx_plan_deepseek_rule(w, 1, 8, 12, 1, 1, 4, 0, (epx_eplb_rule)7, p2l, NULL, NULL, &err),
         EPX_ERR_INVALID_ARG);
-    TU_MSG_HAS(err.msg, "7", "EPX_EPLB_RULE_F64");
+    TU_MSG_HAS(err.msg, "7", "EPX_EPLB_RULE_SGLANG_F64");
     epx_counts_destroy(c);
 }
 

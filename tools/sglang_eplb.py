@@ -23,7 +23,8 @@ new release can be placed in a group before it is added.
 Each case records its load, shape and request, a `ties` flag (two equal
 float32 values where an unstable sort or an argmax must choose: equal
 loads, equal group loads, or equal per-replica loads w/k of two experts;
-there the release's order is torch's, not a rule), and per release:
+epx's own DeepSeek rule sends those to the lowest index, its SGLang rules
+take torch's sort order, as the releases do), and per release:
   physical_to_logical_map [L][P], logical_to_physical_map [L][E][X]
   (replica-rank order, X = the largest replica count), logical_count [L][E].
 
@@ -167,6 +168,10 @@ def cases():
                          G, N, P, K, algo))
         out.append(_case(f"near_{i:02d}_g{G}_n{N}", near_load(rng, 4, E, 1e7, 1e5),
                          G, N, P, K, algo))
+        # Ties everywhere: few distinct loads, a layer with all loads equal
+        # and one without load; torch's sort order decides them.
+        few = [[rng.choice([0, 1, 2, 3, 8]) for _ in range(E)] for _ in range(2)]
+        out.append(_case(f"ties_{i:02d}_g{G}_n{N}", few + [[7] * E, [0] * E], G, N, P, K, algo))
     return out
 
 

@@ -42,10 +42,15 @@ typedef enum epx_estimate {
  * DeepSeek's original and SGLang <= 0.5.10.post1 add float32 tensors.
  * Everything else (the float32 loads and per-replica quotients, the sort,
  * the auto rule, replicate_experts) is the same in every release.
+ * Both run torch.sort, which is not stable: where loads tie, the SGLang
+ * rules take the order torch's CPU sort leaves them in (src/plan/
+ * torch_sort.c), so they place as the release does, ties included; epx's
+ * own DeepSeek rule sends ties to the lowest index.
  */
 typedef enum epx_eplb_rule {
-    EPX_EPLB_RULE_F32 = 0, /* DeepSeek's original; SGLang <= 0.5.10.post1 */
-    EPX_EPLB_RULE_F64 = 1  /* SGLang >= 0.5.11: pack loads summed in float64 */
+    EPX_EPLB_RULE_DEEPSEEK = 0,   /* DeepSeek's EPLB: float32, ties to the lowest index */
+    EPX_EPLB_RULE_SGLANG_F32 = 1, /* SGLang <= 0.5.10.post1: float32, torch's tie order */
+    EPX_EPLB_RULE_SGLANG_F64 = 2  /* SGLang >= 0.5.11: float64 pack sums, torch's tie order */
 } epx_eplb_rule;
 
 /*
@@ -80,9 +85,10 @@ typedef struct epx_plan_opts {
     epx_progress_fn progress; /* optional: called once per layer planned */
     void *progress_user;
     const char *sglang_version; /* DeepSeek modes: plan as this SGLang release's copy
-                                    of EPLB does (epx_sglang_eplb_rule); NULL =
-                                    DeepSeek's original (float32, as SGLang <=
-                                    0.5.10.post1). EPX refuses it. */
+                                    of EPLB does, ties included
+                                    (epx_sglang_eplb_rule); NULL = DeepSeek's
+                                    original, ties to the lowest index. EPX
+                                    refuses it. */
 } epx_plan_opts;
 #define EPX_PLAN_OPTS_VERSION ((uint32_t)sizeof(epx_plan_opts))
 #define EPX_PLAN_OPTS_INIT                                                                         \
@@ -223,8 +229,9 @@ EPX_API epx_status epx_plan_deepseek(const float *weight, int32_t num_layers, in
                                      int32_t num_gpus, int hierarchical, int32_t *phys_to_log,
                                      int32_t *log_to_phys, int32_t *logical_count, epx_error *err);
 
-/* The same as a given rule runs it: EPX_EPLB_RULE_F32 is epx_plan_deepseek,
- * EPX_EPLB_RULE_F64 sums pack loads in float64 as SGLang >= 0.5.11 does
+/* The same as a given rule runs it: EPX_EPLB_RULE_DEEPSEEK is
+ * epx_plan_deepseek; the SGLang rules take torch's order of tied loads, and
+ * _F64 sums pack loads in float64 as SGLang >= 0.5.11 does
  * (epx_sglang_eplb_rule maps a release to its rule). EPX_ERR_INVALID_ARG
  * for an unknown rule. */
 EPX_API epx_status epx_plan_deepseek_rule(const float *weight, int32_t num_layers,

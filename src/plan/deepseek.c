@@ -12,9 +12,10 @@
  * Every load, sum and quotient is float32, as torch computes them, and the
  * comparisons are made on those float32 values, so the result depends on the
  * rounding of each step: float32 is kept here on purpose, never widened.
- * The one exception is SGLang's copy from 0.5.11 on (EPX_EPLB_RULE_F64): its
- * packing adds the float32 items as Python floats, so pack loads are
- * float64 there (pack_f64 below).
+ * The one exception is SGLang's copy from 0.5.11 on (EPX_EPLB_RULE_SGLANG_F64):
+ * its packing adds the float32 items as Python floats, so pack loads are
+ * float64 there (pack_f64 below). The SGLang rules also order tied loads
+ * as torch's sort does (torch_sort.c) instead of by index.
  *
  * The reference sorts with an unstable sort and takes argmin/argmax over
  * Python lists; where loads tie it is arbitrary. Here every tie goes to the
@@ -47,7 +48,8 @@ struct epxi_deepseek {
     int32_t slots_per_node;   /* P / nodes                 */
     int32_t slots_per_gpu;    /* P / gpus                  */
     int32_t gpus_per_node;    /* gpus / nodes              */
-    bool pack_f64;            /* EPX_EPLB_RULE_F64: pack loads in float64 */
+    bool pack_f64;            /* EPX_EPLB_RULE_SGLANG_F64: pack loads in float64 */
+    bool torch_order;         /* SGLang rules: ties in torch.sort's order */
     /* Scratch, carved out of one block. */
     float *group_load;                /* [groups] */
     int32_t *group_pack, *group_rank; /* [groups] */
@@ -63,7 +65,7 @@ struct epxi_deepseek {
     uint64_t *node;                   /* [2 * tree] tournament tree, tree = the power of
                                          two >= max(experts_per_node, nodes, gpus_per_node) */
     float *pack_load;                 /* [tree] */
-    double *pack_load64;              /* [tree], EPX_EPLB_RULE_F64 */
+    double *pack_load64;              /* [tree], EPX_EPLB_RULE_SGLANG_F64 */
     int32_t *pack_items;              /* [tree] */
     void *block;
 };
@@ -298,7 +300,8 @@ static void pack_f64(epxi_deepseek *ws, const float *w, const int32_t *order, in
  * balanced_packing: n items of weight w into num_packs packs of n / num_packs
  * items each. Heaviest item first, into the lightest pack with room (lowest
  * index on ties); pack loads accumulate in float32 (float64 for
- * EPX_EPLB_RULE_F64).
+ * EPX_EPLB_RULE_SGLANG_F64). Items of equal weight come in index order, or
+ * in torch's for the SGLang rules.
  */
 static void balanced_packing(epxi_deepseek *ws, const float *w, int32_t n, int32_t num_packs,
                              int32_t *pack, int32_t *rank) {
@@ -313,7 +316,10 @@ static void balanced_packing(epxi_deepseek *ws, const float *w, int32_t n, int32
     int32_t *order = ws->order, *items = ws->pack_items;
     float *load = ws->pack_load;
     uint64_t *node = ws->node;
-    sort_desc(ws, w, n, order);
+    if (ws->torch_order)
+        epxi_sort_desc_torch(w, n, order);
+    else
+        sort_desc(ws, w, n, order);
     if (ws->pack_f64) {
         pack_f64(ws, w, order, n, num_packs, per, pack, rank);
         return;
@@ -511,7 +517,8 @@ epx_status epxi_deepseek_create(int32_t E, int32_t P, int32_t groups, int32_t no
 }
 
 void epxi_deepseek_set_rule(epxi_deepseek *ws, epx_eplb_rule rule) {
-    ws->pack_f64 = rule == EPX_EPLB_RULE_F64;
+    ws->pack_f64 = rule == EPX_EPLB_RULE_SGLANG_F64;
+    ws->torch_order = rule != EPX_EPLB_RULE_DEEPSEEK;
 }
 
 void epxi_deepseek_destroy(epxi_deepseek *ws) {
@@ -527,7 +534,8 @@ epx_status epx_plan_deepseek(const float *weight, int32_t L, int32_t E, int32_t 
                              int hierarchical, int32_t *phys_to_log, int32_t *log_to_phys,
                              int32_t *logical_count, epx_error *err) {
     return epx_plan_deepseek_rule(weight, L, E, P, num_groups, num_nodes, num_gpus, hierarchical,
-                                  EPX_EPLB_RULE_F32, phys_to_log, log_to_phys, logical_count, err);
+                                  EPX_EPLB_RULE_DEEPSEEK, phys_to_log, log_to_phys, logical_count,
+                                  err);
 }
 
 epx_status epx_plan_deepseek_rule(const float *weight, int32_t L, int32_t E, int32_t P,
@@ -537,10 +545,12 @@ epx_status epx_plan_deepseek_rule(const float *weight, int32_t L, int32_t E, int
     if (weight == NULL || phys_to_log == NULL)
         return epxi_fail(err, EPX_ERR_INVALID_ARG,
                          "epx_plan_deepseek: weight and phys_to_log must not be NULL");
-    if (rule != EPX_EPLB_RULE_F32 && rule != EPX_EPLB_RULE_F64)
+    if ((int)rule < EPX_EPLB_RULE_DEEPSEEK || (int)rule > EPX_EPLB_RULE_SGLANG_F64)
         return epxi_fail(err, EPX_ERR_INVALID_ARG,
-                         "EPLB rule %d is unknown: use EPX_EPLB_RULE_F32 (0, DeepSeek's "
-                         "original) or EPX_EPLB_RULE_F64 (1, SGLang >= 0.5.11)",
+                         "EPLB rule %d is unknown: use EPX_EPLB_RULE_DEEPSEEK (0), "
+                         "EPX_EPLB_RULE_SGLANG_F32 (1, SGLang <= 0.5.10.post1) or "
+                         "EPX_EPLB_RULE_SGLANG_F64 (2, SGLang >= 0.5.11); "
+                         "epx_sglang_eplb_rule maps a release to its rule",
                          (int)rule);
     epx_shape s = {L, E, P, num_gpus, hierarchical ? num_nodes : 1};
     EPX_TRY(epx_shape_check(&s, err));
@@ -606,7 +616,7 @@ epx_status epx_sglang_eplb_rule(const char *release, epx_eplb_rule *rule, int32_
         return epxi_fail(err, EPX_ERR_INVALID_ARG, "epx_sglang_eplb_rule: rule is required");
     EPX_TRY(epxi_sglang_release(release, v, &is_newer, err));
     static const long r0511[4] = {0, 5, 11, 0};
-    *rule = epxi_release_cmp(v, r0511) < 0 ? EPX_EPLB_RULE_F32 : EPX_EPLB_RULE_F64;
+    *rule = epxi_release_cmp(v, r0511) < 0 ? EPX_EPLB_RULE_SGLANG_F32 : EPX_EPLB_RULE_SGLANG_F64;
     if (newer) *newer = is_newer;
     return EPX_OK;
 }

@@ -223,7 +223,7 @@ static epx_status plan_deepseek_all(const epx_counts *c, const epx_shape *s, con
                                     bool hier, int32_t *map, int32_t *l2p, epx_error *err) {
     const int32_t L = s->num_layers, E = s->num_logical_experts, P = s->num_physical_experts;
     const size_t X = (size_t)(P - E + 1);
-    epx_eplb_rule rule = EPX_EPLB_RULE_F32;
+    epx_eplb_rule rule = EPX_EPLB_RULE_DEEPSEEK;
     if (o->sglang_version != NULL)
         EPX_TRY(epx_sglang_eplb_rule(o->sglang_version, &rule, NULL, err));
     float *w = epxi_calloc((size_t)L * (size_t)E, sizeof *w, "float32 load", err);
