@@ -13,7 +13,10 @@
  * places as the release does when loads tie too. Each step below is the
  * libstdc++ routine of the same name, on indices, with the comparison
  * "w[a] > w[b]" (loads are finite and >= 0, so torch's NaN rule never
- * applies). tools/sglang_eplb.py's goldens include cases full of ties.
+ * applies). Checked against torch.sort through the goldens (tools/
+ * sglang_eplb.py: cases full of ties, rows up to 128 long) and, once,
+ * against libstdc++'s std::sort and std::partial_sort (the heapsort, which
+ * real loads hardly reach) on 2000 tie-heavy rows.
  */
 #include "plan_internal.h"
 
