@@ -28,9 +28,10 @@ SGLANG_NEWEST_VERIFIED = _newest().decode()
 
 
 def sglang_eplb_rule(sglang_version):
-    """The EPLB rule of an SGLang release: 0 = float32 pack sums (DeepSeek's
-    original, SGLang <= 0.5.10.post1), 1 = float64 (SGLang >= 0.5.11); None
-    gives 0. A release newer than SGLANG_NEWEST_VERIFIED warns (the newest
+    """The EPLB rule (epx_eplb_rule) of an SGLang release: 1 = float32 pack
+    sums (SGLang <= 0.5.10.post1), 2 = float64 (SGLang >= 0.5.11), both with
+    torch's order of tied loads; None gives 0, DeepSeek's own rule (float32,
+    ties to the lowest index). A release newer than SGLANG_NEWEST_VERIFIED warns (the newest
     rule is used); a malformed one raises EpxError naming it."""
     if sglang_version is None:
         return 0
@@ -48,8 +49,9 @@ def deepseek(weight, num_replicas, num_groups, num_nodes, num_gpus, hierarchical
     """DeepSeek's rebalance_experts on float32 weight [L][E], as numpy int32:
     (phys_to_log [L][P], log_to_phys [L][E][P-E+1] in replica-rank order with
     -1 padding, logical_count [L][E]). sglang_version: run it as that SGLang
-    release's copy does (float64 pack sums from 0.5.11); None = DeepSeek's
-    original. The engine-shaped wrappers are in epx.sglang and epx.vllm."""
+    release's copy does (float64 pack sums from 0.5.11; tied loads in torch's
+    sort order); None = DeepSeek's original, ties to the lowest index. The
+    engine-shaped wrappers are in epx.sglang and epx.vllm."""
     rule = sglang_eplb_rule(sglang_version)
     w = A.as_array(weight, np.float32, 2, "weight")
     L, E = w.shape

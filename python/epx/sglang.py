@@ -64,8 +64,9 @@ def rebalance_experts(weight, num_replicas, num_groups, num_nodes, num_gpus,
           replica count over all layers (log2phy_width="full": P - E + 1),
       logical_count [layers, num_logical_experts] int64.
     enable_hierarchical=False is the global policy (groups and nodes ignored).
-    sglang_version: the SGLang release whose copy to follow (float64 pack sums
-    from 0.5.11); None = DeepSeek's original, as SGLang <= 0.5.10.post1.
+    sglang_version: the SGLang release whose copy to follow, ties included
+    (float64 pack sums from 0.5.11; tied loads in torch's sort order); None =
+    DeepSeek's original with ties to the lowest index.
     algorithm="epx" runs epx's own planner instead (extra keywords go to
     epx.plan(...)); its replicas are listed in ascending slot order.
     """
