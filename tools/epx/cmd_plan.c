@@ -171,9 +171,10 @@ int cmd_plan(int argc, char **argv) {
         {"--node-local", "MODE", "epx only: strict, relaxed (default with --nodes > 1) or off",
          NULL},
         {"--sglang-version", "V",
-         "deepseek modes: plan as SGLang release V's copy of EPLB (float64 pack sums from "
-         "0.5.11; default: DeepSeek's original, as SGLang <= 0.5.10.post1). Verified on "
-         "0.5.2 - " EPX_SGLANG_DEFAULT_VERSION "; a newer V warns and uses the newest rule",
+         "deepseek modes: plan as SGLang release V's copy of EPLB does, ties included "
+         "(float64 pack sums from 0.5.11; default: DeepSeek's original, ties to the lowest "
+         "index). Verified on 0.5.2 - " EPX_SGLANG_DEFAULT_VERSION
+         "; a newer V warns and uses the newest rule",
          NULL},
         {"-o", "FILE", "output: the SGLang mapping {\"physical_to_logical_map\": [L][P]}", NULL},
         {"--report", "FILE",
