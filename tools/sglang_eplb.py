@@ -11,14 +11,17 @@ the top and the deepseek algorithms never use). It then calls the release's
 eplb_algorithms.rebalance_experts with compute_algorithm's choice, exactly as
 ExpertLocationMetadata.init_by_eplb does, on each case.
 
-Read from the releases (0.5.2 ... 0.5.23), deepseek.py changed once in a
-way that changes results: from 0.5.11 balanced_packing sums pack loads over
-weight.tolist() (Python floats, float64) where <= 0.5.10.post1 added float32
-tensor elements. (0.5.4.post1 only dropped an unused import; deepseek_vec.py
-is byte-identical in every release; compute_algorithm's auto rule never
-changed.) VERSIONS holds a release on each side of every change, and the
-oldest and newest; `check` prints the sha256 of each release's files, so a
-new release can be placed in a group before it is added.
+Read from the releases (`check` on every 0.5.x from 0.5.2 to 0.5.23 and
+0.5.4.post1, 0.5.4.post2, 0.5.10.post1), deepseek.py has three versions
+and changed once in a way that changes results: from 0.5.11
+balanced_packing sums pack loads over weight.tolist() (Python floats,
+float64) where <= 0.5.10.post1 added float32 tensor elements. (0.5.4 only
+dropped an unused import; deepseek_vec.py is byte-identical in every
+release; compute_algorithm's auto rule never changed; __init__.py changed
+at 0.5.4, 0.5.8 and 0.5.10 for the elasticity_aware algorithms only, which
+epx does not serve.) VERSIONS holds a release on each side of every change,
+and the oldest and newest; `check` prints the sha256 of each release's
+files, so a new release can be placed in a group before it is added.
 
 Each case records its load, shape and request, a `ties` flag (two equal
 float32 values where an unstable sort or an argmax must choose: equal
