@@ -189,7 +189,7 @@ EPX_API epx_status epx_file_write(const char *path, epx_write_fn body, const voi
 
 /* The newest SGLang release epx was checked against, release by release
  * (tools/sglang_tables.py, tools/sglang_eplb.py). Every SGLang rule epx
- * follows (static tables, EPLB pack sums) knows the releases up to this
+ * follows (static tables, EPLB) knows the releases up to this
  * one; a newer release is accepted with a warning and gets this one's rule. */
 #define EPX_SGLANG_DEFAULT_VERSION "0.5.23"
 

@@ -1,6 +1,6 @@
 /*
  * release.c - SGLang release strings. epx follows SGLang release by release
- * in two rooms (dispatch's static table rules, plan's EPLB pack sums); both
+ * in two rooms (dispatch's static table rules, plan's EPLB rules); both
  * read the release here, so they accept and refuse the same strings.
  */
 #include <stdlib.h>
