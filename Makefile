@@ -55,7 +55,9 @@ install: demo-build
 	install -m 644 include/epx/*.h $(PREFIX)/include/epx/
 
 # The whole suite (the formatting check first), then once more under ASan+UBSan.
-test: format-check test-fast test-asan python-test
+# The Python tests come before ctest so their venv (with torch) is there for
+# tests/cli/pt_torch.sh, which checks epx's .pt files against torch itself.
+test: format-check python-test test-fast test-asan
 
 # .clang-format applied (format) or checked (format-check); scripts/format.sh
 # lists the paths it leaves alone.

@@ -89,6 +89,22 @@ EPX_API epx_status epx_cuda_permute_rows(const void *x, epx_row_dtype dtype, int
                                          void *out, cudaStream_t stream, epx_error *err);
 
 /*
+ * The scatter as a gather over a send order, as epx_gather_rows: out[i] =
+ * x[order[i] / per_token], zero rows for -1, every row written once (no
+ * clearing pass), 16 bytes at a time where the rows allow. An entry outside
+ * [-1, T * per_token) cannot be reported from the kernel; it gives a zero
+ * row rather than a read out of bounds.
+ * Args:    x (in, device) [T][H]; order (in, device) [num_rows] (rank_perm
+ *          with per_token 1, slot_perm with per_token K); out (out, device)
+ *          [num_rows][H].
+ * Returns: EPX_OK; EPX_ERR_INVALID_ARG; EPX_ERR_SHAPE; EPX_ERR_CUDA.
+ */
+EPX_API epx_status epx_cuda_gather_rows(const void *x, epx_row_dtype dtype, int64_t num_tokens,
+                                        int64_t hidden, const int32_t *order, int64_t num_rows,
+                                        int32_t per_token, void *out, cudaStream_t stream,
+                                        epx_error *err);
+
+/*
  * The weighted combine back into token order, as epx_combine_rows: fp32
  * accumulation by fmaf in k order, bitwise equal to the CPU.
  * Args:    y (in, device) [rows][H] of dtype; pos (in, device) [T][K];

@@ -10,6 +10,12 @@ Environment knobs:
                        scripts/python-test.sh points it under build/)
   EPX_PREBUILT_LIB     skip CMake and package this libepx.so as it is
   EPX_BUILD_JOBS       parallel build jobs (default: the number of CPUs)
+  EPX_PY_CUDA          auto (default): also build libepx_cuda.so, the CUDA
+                       kernels epx.torch runs on CUDA tensors, when CMake finds
+                       nvcc; 1: require it; 0: skip it
+
+The GPU library is optional: without nvcc the package installs with CPU
+references only and says so (epx.torch.gpu_unavailable_reason()).
 """
 import os
 import shutil
@@ -23,6 +29,7 @@ from setuptools.command.build_py import build_py as _build_py
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 LIB_NAME = "libepx.so"
+CUDA_LIB_NAME = "libepx_cuda.so"
 
 
 def _fail(msg):
@@ -42,28 +49,49 @@ def _run(cmd):
               "packages are installed by scripts/deps.sh)" % (cmd[0], e.returncode))
 
 
+def _cuda_wanted():
+    v = os.environ.get("EPX_PY_CUDA", "auto").strip().lower()
+    if v not in ("auto", "0", "1"):
+        _fail("EPX_PY_CUDA=%s: use auto, 1 (require the GPU library) or 0 (skip it)" % v)
+    return v
+
+
 def build_libepx(build_temp):
-    """Return the path of a freshly built (or prebuilt) libepx.so."""
+    """Return the paths of a freshly built (or prebuilt) libepx.so and of
+    libepx_cuda.so (None when it was not built)."""
     prebuilt = os.environ.get("EPX_PREBUILT_LIB")
     if prebuilt:
         if not Path(prebuilt).is_file():
             _fail("EPX_PREBUILT_LIB=%s is not a file" % prebuilt)
-        return Path(prebuilt)
+        gpu = Path(prebuilt).with_name(CUDA_LIB_NAME)
+        return Path(prebuilt), (gpu if gpu.is_file() else None)
+    cuda = _cuda_wanted()
     if not (REPO / "CMakeLists.txt").is_file() or not (REPO / "include" / "epx.h").is_file():
         _fail("the C sources are not beside python/ (%s has no CMakeLists.txt and include/epx.h): "
               "install from the epx repository (pip install ./python) or set EPX_PREBUILT_LIB"
               % REPO)
     bdir = Path(os.environ.get("EPX_CMAKE_BUILD_DIR") or (Path(build_temp) / "cmake")).resolve()
     bdir.mkdir(parents=True, exist_ok=True)
-    if not (bdir / "CMakeCache.txt").is_file():
-        _run(["cmake", "-S", REPO, "-B", bdir, "-DCMAKE_BUILD_TYPE=Release",
-              "-DEPX_WITH_CUDA=OFF", "-DEPX_WITH_MPI=OFF", "-DEPX_BUILD_TESTS=OFF"])
+    # configured every time: cheap, and a changed EPX_PY_CUDA takes effect
+    _run(["cmake", "-S", REPO, "-B", bdir, "-DCMAKE_BUILD_TYPE=Release",
+          "-DEPX_WITH_CUDA=%s" % ("OFF" if cuda == "0" else "ON"), "-DEPX_WITH_MPI=OFF",
+          "-DEPX_BUILD_TESTS=OFF"])
     jobs = os.environ.get("EPX_BUILD_JOBS") or str(os.cpu_count() or 2)
     _run(["cmake", "--build", bdir, "--target", "epx", "-j", jobs])
     lib = bdir / LIB_NAME
     if not lib.is_file():
         _fail("cmake finished but %s is missing" % lib)
-    return lib
+    gpu = None
+    # CMake defines the target only when it found nvcc (CMakeLists.txt)
+    if cuda != "0" and (bdir / "CMakeFiles" / "epx_cuda_shared.dir").is_dir():
+        _run(["cmake", "--build", bdir, "--target", "epx_cuda_shared", "-j", jobs])
+        gpu = bdir / CUDA_LIB_NAME
+    elif cuda == "1":
+        _fail("EPX_PY_CUDA=1 but CMake found no nvcc: put the CUDA toolkit's bin/ on PATH "
+              "(or install it under /usr/local/cuda)")
+    else:
+        sys.stderr.write("epx build: nvcc not found: epx.torch will serve CPU tensors only\n")
+    return lib, gpu
 
 
 class build_py(_build_py):
@@ -72,10 +100,12 @@ class build_py(_build_py):
     def run(self):
         super().run()
         build = self.get_finalized_command("build")
-        lib = build_libepx(build.build_temp)
+        lib, gpu = build_libepx(build.build_temp)
         dest = Path(self.build_lib) / "epx" / "_lib"
         dest.mkdir(parents=True, exist_ok=True)
         shutil.copy2(str(lib), str(dest / LIB_NAME))
+        if gpu is not None:
+            shutil.copy2(str(gpu), str(dest / CUDA_LIB_NAME))
 
 
 class BinaryDistribution(Distribution):

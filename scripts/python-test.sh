@@ -8,6 +8,9 @@
 #
 #   EPX_PY_BUILD  folder for the venv and the CMake build (default build/python)
 #   PYTHON        the interpreter to make the venv with (default python3)
+#   EPX_PY_TORCH  the torch release installed for epx.torch's tests (default
+#                 2.11.0, the H200 machine's; from PyPI, ~3 GB with its CUDA
+#                 wheels, once per venv); 0 = none (those tests skip)
 #   extra arguments go to pytest, e.g. scripts/python-test.sh -k golden
 set -eu
 cd "$(dirname "$0")/.."
@@ -32,6 +35,12 @@ VPY=$VENV/bin/python
 
 if ! "$VPY" -c "import numpy, pytest, setuptools, wheel" >/dev/null 2>&1; then
     "$VPY" -m pip install -q --disable-pip-version-check numpy pytest setuptools wheel
+fi
+
+TORCH=${EPX_PY_TORCH:-2.11.0}
+if [ "$TORCH" != 0 ] && ! "$VPY" -c "import torch" >/dev/null 2>&1; then
+    echo "epx: installing torch==$TORCH into $VENV for epx.torch's tests (EPX_PY_TORCH=0 skips)"
+    "$VPY" -m pip install -q --disable-pip-version-check "torch==$TORCH"
 fi
 
 # Re-install when any input of the package is newer than the last install.

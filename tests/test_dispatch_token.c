@@ -386,6 +386,64 @@ static void permute_combine(void **state) {
     }
 }
 
+/* The gather over a send order equals the scatter into a zeroed buffer of
+ * the order's full capacity (T*K rows, -1 tail), for both orders. */
+static void gather_is_the_scatter(void **state) {
+    (void)state;
+    tu_rng r = {tu_seed(4242)};
+    for (int iter = 0; iter < 40; iter++) {
+        int32_t G = 1 + (int32_t)tu_below(&r, 4), P = G * (1 + (int32_t)tu_below(&r, 4));
+        int32_t K = 1 + (int32_t)tu_below(&r, 8), T = (int32_t)tu_below(&r, 50);
+        int64_t H = 1 + (int64_t)tu_below(&r, 40);
+        epx_row_dtype dt = iter % 2 ? EPX_ROW_BF16 : EPX_ROW_F32;
+        size_t es = dt == EPX_ROW_BF16 ? 2 : 4, TK = (size_t)T * (size_t)K, rowb = (size_t)H * es;
+        int32_t *phys = malloc(4 * (TK + 1));
+        for (size_t i = 0; i < TK; i++)
+            phys[i] = tu_below(&r, 8) == 0 ? -1 : (int32_t)tu_below(&r, (uint32_t)P);
+        int32_t *rank_perm = malloc(4 * (TK + 1)), *slot_perm = malloc(4 * (TK + 1));
+        int32_t *rank_pos = malloc(4 * (TK + 1)), *slot_pos = malloc(4 * (TK + 1));
+        for (size_t i = 0; i < TK; i++) rank_perm[i] = slot_perm[i] = -1; /* the tails */
+        epx_token_layout o = {0};
+        o.rank_perm = rank_perm;
+        o.slot_perm = slot_perm;
+        o.pair_rank_pos = rank_pos;
+        o.pair_slot_pos = slot_pos;
+        epx_error err = {0};
+        assert_int_equal(epx_token_layout_compute(phys, T, K, P, G, &o, &err), EPX_OK);
+        unsigned char *x = malloc((size_t)T * rowb + 1), *a = malloc(TK * rowb + 1),
+                      *b = malloc(TK * rowb + 1);
+        for (size_t i = 0; i < (size_t)T * rowb; i++) x[i] = (unsigned char)tu_below(&r, 256);
+        for (int order = 0; order < 2; order++) {
+            memset(a, 0, TK * rowb);
+            memset(b, 0xab, TK * rowb);
+            assert_int_equal(
+                epx_permute_rows(x, dt, T, H, order ? slot_pos : rank_pos, K, (int64_t)TK, a, &err),
+                EPX_OK);
+            assert_int_equal(epx_gather_rows(x, dt, T, H, order ? slot_perm : rank_perm,
+                                             (int64_t)TK, order ? K : 1, b, &err),
+                             EPX_OK);
+            if (TK) assert_memory_equal(a, b, TK * rowb);
+        }
+        free(x);
+        free(a);
+        free(b);
+        free(phys);
+        free(rank_perm);
+        free(slot_perm);
+        free(rank_pos);
+        free(slot_pos);
+    }
+    float x[4] = {1, 2, 3, 4}, y[4];
+    int32_t order[2] = {3, 0};
+    epx_error err = {0};
+    assert_int_equal(epx_gather_rows(x, EPX_ROW_F32, 2, 2, order, 2, 1, y, &err),
+                     EPX_ERR_INVALID_ARG);
+    TU_MSG_HAS(err.msg, "order[0] = 3", "[-1, 2)");
+    assert_int_equal(epx_gather_rows(x, EPX_ROW_F32, 2, 2, order, 2, 2, y, &err), EPX_OK);
+    assert_true(y[0] == 3.0f && y[1] == 4.0f && y[2] == 1.0f && y[3] == 2.0f);
+    assert_int_equal(epx_gather_rows(x, EPX_ROW_F32, 2, 2, order, 2, 0, y, &err), EPX_ERR_SHAPE);
+}
+
 static void rows_errors(void **state) {
     (void)state;
     float x[4] = {1, 2, 3, 4}, y[4];
@@ -416,10 +474,15 @@ static void bf16_rounding(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(philox_known_answers), cmocka_unit_test(map_modes),
-        cmocka_unit_test(map_errors),           cmocka_unit_test(layout_random),
-        cmocka_unit_test(layout_errors),        cmocka_unit_test(permute_combine),
-        cmocka_unit_test(rows_errors),          cmocka_unit_test(bf16_rounding),
+        cmocka_unit_test(philox_known_answers),
+        cmocka_unit_test(map_modes),
+        cmocka_unit_test(map_errors),
+        cmocka_unit_test(layout_random),
+        cmocka_unit_test(layout_errors),
+        cmocka_unit_test(permute_combine),
+        cmocka_unit_test(rows_errors),
+        cmocka_unit_test(bf16_rounding),
+        cmocka_unit_test(gather_is_the_scatter),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

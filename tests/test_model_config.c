@@ -1,12 +1,16 @@
 /*
  * test_model_config.c - models read from HuggingFace config.json files
- * (epx_model_from_config, epx_model_resolve): the configs under
- * tests/data/hf/ give the built-in entries field for field, and the same
- * MoE routing rule; the three ways to name one (folder, folder/, file);
+ * (epx_model_from_config, epx_model_resolve): the built-in table, which is
+ * config.json text read by the same reader, gives the numbers it held as a
+ * C table (kept here, and checked against shared/models.json) from any
+ * number of threads at once; the configs under tests/data/hf/ give the
+ * built-in entries field for field, and the same MoE routing rule; the three ways to name one (folder, folder/, file);
  * each family's special keys (text_config, mlp_only_layers, a Qwen2 shared
  * expert, Llama-4, the fallback on the expert-count key); and every refusal
  * with the key, the value and the family in its message.
  */
+#include <jansson.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,9 +19,26 @@
 
 #include "testutil.h"
 
-static const char *FIXTURES[] = {"deepseek-v3", "kimi-k2.5", "qwen3-235b-a22b", "mixtral-8x7b",
-                                 "gpt-oss-120b"};
-static const char *FAMILY[] = {"deepseek", "deepseek", "qwen-moe", "mixtral", "gpt-oss"};
+static const char *FIXTURES[] = {"deepseek-v3",  "kimi-k2",         "kimi-k2.5",
+                                 "glm-4.5",      "qwen3-235b-a22b", "qwen3-30b-a3b",
+                                 "mixtral-8x7b", "gpt-oss-120b"};
+static const char *FAMILY[] = {"deepseek", "deepseek", "deepseek", "deepseek",
+                               "qwen-moe", "qwen-moe", "mixtral",  "gpt-oss"};
+
+/* The oracle: the built-in table as it was a C struct table, before it
+ * became config.json text, in its order. */
+static const epx_model TODAY[] = {
+    /* name             L  dense   E  K grp tg sh hidden inter */
+    {"kimi-k2", 61, 1, 384, 8, 1, 1, 1, 7168, 2048},
+    {"kimi-k2.5", 61, 1, 384, 8, 1, 1, 1, 7168, 2048},
+    {"deepseek-v3", 61, 3, 256, 8, 8, 4, 1, 7168, 2048},
+    {"qwen3-235b-a22b", 94, 0, 128, 8, 1, 1, 0, 4096, 1536},
+    {"qwen3-30b-a3b", 48, 0, 128, 8, 1, 1, 0, 2048, 768},
+    {"mixtral-8x7b", 32, 0, 8, 2, 1, 1, 0, 4096, 14336},
+    {"gpt-oss-120b", 36, 0, 128, 4, 1, 1, 0, 2880, 2880},
+    {"glm-4.5", 92, 3, 160, 8, 1, 1, 1, 5120, 1536},
+};
+#define NUM_TODAY ((int32_t)(sizeof TODAY / sizeof TODAY[0]))
 
 static void assert_same_model(const epx_model *a, const epx_model *b) {
     assert_string_equal(a->name, b->name);
@@ -30,6 +51,108 @@ static void assert_same_model(const epx_model *a, const epx_model *b) {
     assert_int_equal(a->shared_experts, b->shared_experts);
     assert_int_equal(a->hidden, b->hidden);
     assert_int_equal(a->moe_intermediate, b->moe_intermediate);
+}
+
+/* Many threads ask for the table at once, before anything else in this
+ * process has: it is built once and every thread sees the same table. */
+static void *list_in_thread(void *arg) {
+    int32_t n = -1;
+    const epx_model *m = epx_model_list(&n);
+    const epx_model *k = NULL;
+    epx_error err = {0};
+    ((const void **)arg)[0] = epx_model_lookup("glm4.5", &k, &err) == EPX_OK ? k : NULL;
+    ((const void **)arg)[1] = n == NUM_TODAY ? m : NULL;
+    return NULL;
+}
+
+static void builtins_once_from_threads(void **state) {
+    (void)state;
+    enum { THREADS = 8 };
+    pthread_t t[THREADS];
+    const void *seen[THREADS][2];
+    for (int i = 0; i < THREADS; i++)
+        assert_int_equal(pthread_create(&t[i], NULL, list_in_thread, seen[i]), 0);
+    for (int i = 0; i < THREADS; i++) assert_int_equal(pthread_join(t[i], NULL), 0);
+    int32_t n = 0;
+    const epx_model *list = epx_model_list(&n);
+    for (int i = 0; i < THREADS; i++) {
+        assert_ptr_equal(seen[i][0], &list[NUM_TODAY - 1]);
+        assert_ptr_equal(seen[i][1], list);
+    }
+}
+
+/* Every built-in text reads (a refusal would leave the list empty and make
+ * lookups fail with EPX_ERR_INTERNAL), into today's numbers, names and
+ * order; each name and alias finds its entry. */
+static void builtins_read_as_today(void **state) {
+    (void)state;
+    int32_t n = 0;
+    const epx_model *list = epx_model_list(&n);
+    assert_int_equal(n, NUM_TODAY);
+    for (int32_t i = 0; i < n; i++) {
+        assert_same_model(&list[i], &TODAY[i]);
+        const epx_model *m = NULL;
+        epx_error err = {0};
+        if (epx_model_lookup(TODAY[i].name, &m, &err) != EPX_OK) fail_msg("%s", err.msg);
+        assert_ptr_equal(m, &list[i]);
+    }
+    const char *alias[][2] = {{"qwen3-235b", "qwen3-235b-a22b"},
+                              {"QWEN3_30B", "qwen3-30b-a3b"},
+                              {"mixtral", "mixtral-8x7b"},
+                              {"gpt-oss", "gpt-oss-120b"},
+                              {"GLM4.5", "glm-4.5"},
+                              {"Kimi_K2.5", "kimi-k2.5"}};
+    for (size_t i = 0; i < sizeof alias / sizeof alias[0]; i++) {
+        const epx_model *m = NULL;
+        epx_error err = {0};
+        if (epx_model_lookup(alias[i][0], &m, &err) != EPX_OK) fail_msg("%s", err.msg);
+        assert_string_equal(m->name, alias[i][1]);
+    }
+}
+
+/* The integer models.json holds under key, or `null_as` for null. */
+static int32_t shared_int(const json_t *entry, const char *name, const char *key, int32_t null_as) {
+    const json_t *v = json_object_get(entry, key);
+    if (json_is_null(v)) return null_as;
+    if (!json_is_integer(v)) fail_msg("models.json: %s has no integer '%s'", name, key);
+    return (int32_t)json_integer_value(v);
+}
+
+/* The same numbers as shared/models.json, the shapes' source: every model
+ * there is built in and every field agrees (n_group null: no groups, 1). */
+static void builtins_equal_shared(void **state) {
+    (void)state;
+    const char *dir = tu_shared_dir();
+    if (dir == NULL) skip();
+    char path[4200];
+    snprintf(path, sizeof path, "%s/models.json", dir);
+    json_error_t jerr;
+    json_t *root = json_load_file(path, 0, &jerr);
+    if (root == NULL) fail_msg("%s: %s", path, jerr.text);
+    json_t *models = json_object_get(root, "models");
+    assert_true(json_is_object(models));
+    int32_t n = 0;
+    epx_model_list(&n);
+    assert_int_equal((int32_t)json_object_size(models), n);
+    const char *name;
+    json_t *e;
+    json_object_foreach(models, name, e) {
+        const epx_model *m = NULL;
+        epx_error err = {0};
+        if (epx_model_lookup(name, &m, &err) != EPX_OK) fail_msg("%s", err.msg);
+        epx_model want = {name,
+                          shared_int(e, name, "layers", 0),
+                          shared_int(e, name, "first_k_dense", 0),
+                          shared_int(e, name, "routed_experts", 0),
+                          shared_int(e, name, "top_k", 0),
+                          shared_int(e, name, "n_group", 1),
+                          shared_int(e, name, "topk_group", 1),
+                          shared_int(e, name, "shared_experts", 0),
+                          shared_int(e, name, "hidden", 0),
+                          shared_int(e, name, "moe_intermediate", 0)};
+        assert_same_model(m, &want);
+    }
+    json_decref(root);
 }
 
 static void fixtures_equal_builtin(void **state) {
@@ -184,6 +307,20 @@ static void family_keys(void **state) {
                      EPX_OK);
     assert_string_equal(info.family, "qwen-moe");
 
+    /* No scoring_func: DeepSeek-V3's descendants route by sigmoid (GLM-4.5's
+     * config names none), DeepSeek-V2 by softmax. */
+    const char *types[][2] = {{"glm4_moe", "1"}, {"kimi_k2", "1"}, {"deepseek_v2", "0"}};
+    for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
+        char text[300];
+        snprintf(text, sizeof text,
+                 "{\"model_type\": \"%s\", \"num_hidden_layers\": 4, \"hidden_size\": 64, "
+                 "\"n_routed_experts\": 16, \"num_experts_per_tok\": 2, "
+                 "\"moe_intermediate_size\": 32}",
+                 types[i][0]);
+        assert_int_equal(read_config("ds", text, &info, &err), EPX_OK);
+        assert_int_equal(info.scoring, atoi(types[i][1]));
+    }
+
     /* A scoring rule epx lacks: the shape reads, the MoE layer refuses. */
     dir = write_config("v4", "{\"model_type\": \"deepseek_v3\", \"num_hidden_layers\": 4, "
                              "\"hidden_size\": 64, \"n_routed_experts\": 16, "
@@ -272,6 +409,10 @@ static void refusals(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
+        /* First: the table must not have been built yet. */
+        cmocka_unit_test(builtins_once_from_threads),
+        cmocka_unit_test(builtins_read_as_today),
+        cmocka_unit_test(builtins_equal_shared),
         cmocka_unit_test(fixtures_equal_builtin),
         cmocka_unit_test(path_forms),
         cmocka_unit_test(family_keys),

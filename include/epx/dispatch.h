@@ -320,6 +320,22 @@ EPX_API epx_status epx_permute_rows(const void *x, epx_row_dtype dtype, int64_t 
                                     int64_t num_rows, void *out, epx_error *err);
 
 /*
+ * The same scatter written as a gather over a send order, so every output
+ * row is written exactly once and nothing needs clearing first: out[i] =
+ * x[order[i] / per_token] for order[i] >= 0, a zero row for order[i] == -1.
+ * order = rank_perm (token ids) with per_token 1, or slot_perm (pair ids
+ * t*K + k) with per_token K; their -1 tails become zero rows. Equal to
+ * epx_permute_rows into a zeroed buffer of num_rows rows.
+ * Args:    x (in) [T][H] of dtype; order (in) [num_rows], entries in
+ *          [-1, T * per_token); per_token >= 1; out (out) [num_rows][H].
+ * Returns: EPX_OK; EPX_ERR_INVALID_ARG (an entry out of range, named; a bad
+ *          dtype); EPX_ERR_SHAPE (a negative size).
+ */
+EPX_API epx_status epx_gather_rows(const void *x, epx_row_dtype dtype, int64_t num_tokens,
+                                   int64_t hidden, const int32_t *order, int64_t num_rows,
+                                   int32_t per_token, void *out, epx_error *err);
+
+/*
  * The weighted combine back into token order: for every token t and column
  * h, acc = 0.0f, then for k = 0 .. K-1 with pos[t][k] >= 0,
  * acc = fmaf(w[t][k], y[pos[t][k]][h], acc) (w = 1 when weights is NULL);

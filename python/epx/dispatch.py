@@ -30,6 +30,16 @@ class DispatchSpec(Structure):
                 ("seed", c_uint64), ("pass_", c_uint32), ("layer", c_uint32)]
 
 
+class TokenLayout(Structure):
+    """epx_token_layout (include/epx/dispatch.h): addresses of the caller's
+    arrays (host or device), every one optional. Used by epx.torch."""
+    _fields_ = [("tokens_per_rank", c_void_p), ("tokens_per_slot", c_void_p),
+                ("is_token_in_rank", c_void_p), ("rank_offsets", c_void_p),
+                ("rank_perm", c_void_p), ("pair_rank_pos", c_void_p),
+                ("slot_offsets", c_void_p), ("slot_perm", c_void_p),
+                ("pair_slot_pos", c_void_p)]
+
+
 # The options-struct convention (include/epx.h): version = the struct's size.
 TABLE_OPTS_VERSION = ctypes.sizeof(TableOpts)
 

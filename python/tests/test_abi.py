@@ -20,6 +20,7 @@ MIRRORS = {
     "epx_plan_opts": planner.PlanOpts,
     "epx_table_opts": dispatch.TableOpts,
     "epx_dispatch_spec": dispatch.DispatchSpec,
+    "epx_token_layout": dispatch.TokenLayout,
     "epx_layer_balance": metrics.LayerBalance,
     "epx_balance": metrics.Balance,
     "epx_pt_tensor": pt.Tensor,

@@ -89,6 +89,13 @@ EPXI_HIDDEN epx_status epxi_sglang_release(const char *release, long v[4], bool 
 /* <0, 0, >0 as release a is older than, equal to, newer than b. */
 EPXI_HIDDEN int epxi_release_cmp(const long a[4], const long b[4]);
 
+/* A model's shape from the text of a config.json (model_config.c): the one
+ * reader behind epx_model_from_config and the built-in table (models.c).
+ * path names the text in messages; info->name and info->model.name are left
+ * empty for the caller. */
+EPXI_HIDDEN epx_status epxi_model_read(const char *text, size_t len, const char *path,
+                                       epx_model_info *info, epx_error *err);
+
 /* ---- shapes and loads: one definition each, for every room --------------- */
 
 /* A shape in messages: printf("layout " EPXI_SHAPE_FMT, EPXI_SHAPE_ARGS(s)). */

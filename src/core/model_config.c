@@ -1,23 +1,21 @@
 /*
- * model_config.c - a model's MoE shape from a HuggingFace config.json
- * (declared in include/epx/model.h), so that --model takes the file a user
- * already has, not only a built-in name.
+ * model_config.c - the reader of HuggingFace config.json text: a model's
+ * MoE shape (epx_model_info) from the file a user already has. It is the
+ * one reader: epx_model_from_config (models.c, for --model PATH) and the
+ * built-in table (models.c, config.json texts) both go through
+ * epxi_model_read, so a name and its config cannot disagree. It names
+ * nothing and looks nothing up, so the table can be built with it.
  *
  * Each family names the same quantities with its own keys (DeepSeek's
  * n_routed_experts is Qwen's num_experts and Mixtral's num_local_experts),
  * so a family is a small table of key names plus the rules for the layers
- * that have no experts. The built-in table (models.c) holds the same
- * numbers; tests/data/hf/ keeps a config per built-in model and the tests
- * check that both give the same epx_model. A key the shape needs and the
- * config lacks is an error naming the key and the family, never a default:
- * a silently wrong expert count would make every plan wrong.
+ * that have no experts. A key the shape needs and the config lacks is an
+ * error naming the key and the family, never a default: a silently wrong
+ * expert count would make every plan wrong.
  */
-#define _XOPEN_SOURCE 700 /* realpath */
-#include <ctype.h>
 #include <limits.h>
 #include <stdio.h>
 #include <string.h>
-#include <sys/stat.h>
 
 #include "internal.h"
 #include "json_tensor.h"
@@ -63,6 +61,7 @@ enum { DEEPSEEK, QWEN, MIXTRAL, GPT_OSS, LLAMA4, NUM_FAMILIES };
 /* What the messages need to say where a value came from. */
 typedef struct reader {
     const json_t *obj; /* the language model's object */
+    const json_t *top; /* the whole config (obj, or holding it as text_config) */
     const char *path;  /* the file read */
     const char *where; /* "" or " (under text_config)" */
     const family *fam; /* the family it was read as */
@@ -143,34 +142,6 @@ static const family *find_family(const json_t *top, const json_t *lm, char *how,
     return &FAMILIES[DEEPSEEK];
 }
 
-/* The name: the folder holding config.json (or the file, less ".json"),
- * lower case, mapped to a built-in name when it is one or an alias. */
-static void model_name(const char *file, epx_model_info *info) {
-    char buf[4096];
-    snprintf(buf, sizeof buf, "%s", file);
-    char *slash = strrchr(buf, '/');
-    char *base = slash ? slash + 1 : buf;
-    if (strcmp(base, "config.json") == 0) {
-        if (slash == NULL) {
-            snprintf(buf, sizeof buf, ".");
-        } else {
-            while (slash > buf && slash[-1] == '/') slash--;
-            *slash = '\0';
-        }
-        char real[4096];
-        if (realpath(buf, real) != NULL) snprintf(buf, sizeof buf, "%s", real);
-        slash = strrchr(buf, '/');
-        base = slash ? slash + 1 : buf;
-    } else if (epxi_has_suffix(base, ".json")) {
-        base[strlen(base) - 5] = '\0';
-    }
-    snprintf(info->name, sizeof info->name, "%.63s", base[0] ? base : "config");
-    for (char *c = info->name; *c; c++) *c = (char)tolower((unsigned char)*c);
-    const epx_model *m = NULL;
-    if (epx_model_lookup(info->name, &m, NULL) == EPX_OK)
-        snprintf(info->name, sizeof info->name, "%s", m->name);
-}
-
 /* Leading dense layers from Qwen's mlp_only_layers: they must be 0..k-1. */
 static epx_status qwen_dense(const reader *r, int32_t layers, int32_t *first_k_dense) {
     const json_t *a = json_object_get(r->obj, "mlp_only_layers");
@@ -209,6 +180,18 @@ static epx_status only_one(const reader *r, const char *key) {
     return EPX_OK;
 }
 
+/* DeepSeek-V3's code and its descendants' (Kimi-K2, GLM-4.5) route by
+ * sigmoid whatever the config says or omits: GLM-4.5's config names no
+ * scoring_func. DeepSeek-V2's default is softmax, the family's. */
+static int32_t deepseek_scoring(const reader *r) {
+    static const char *SIGMOID[] = {"deepseek_v3", "kimi_k2", "kimi_k25", "glm4_moe"};
+    const char *t = json_string_value(json_object_get(r->obj, "model_type"));
+    if (t == NULL) t = json_string_value(json_object_get(r->top, "model_type"));
+    for (size_t i = 0; t != NULL && i < sizeof SIGMOID / sizeof SIGMOID[0]; i++)
+        if (strcmp(t, SIGMOID[i]) == 0) return 1;
+    return r->fam->scoring;
+}
+
 static epx_status read_shape(const reader *r, epx_model_info *info) {
     const family *f = r->fam;
     epx_model *m = &info->model;
@@ -237,6 +220,7 @@ static epx_status read_shape(const reader *r, epx_model_info *info) {
         EPX_TRY(get_int(r, "n_shared_experts", false, 0, &m->shared_experts));
         /* Routing keys only matter to the MoE layer (bench comm): a rule epx
          * lacks is -1 there, not an error for the shape. */
+        info->scoring = deepseek_scoring(r);
         const char *sf = json_string_value(json_object_get(r->obj, "scoring_func"));
         if (sf != NULL)
             info->scoring = strcmp(sf, "sigmoid") == 0 ? 1 : strcmp(sf, "softmax") == 0 ? 0 : -1;
@@ -286,36 +270,14 @@ static epx_status read_shape(const reader *r, epx_model_info *info) {
     return EPX_OK;
 }
 
-epx_status epx_model_from_config(const char *path, epx_model_info *info, epx_error *err) {
-    if (path == NULL || info == NULL)
-        return epxi_fail(err, EPX_ERR_INVALID_ARG, "path and info must not be NULL");
-    struct stat st;
-    if (stat(path, &st) != 0)
-        return epxi_fail(err, EPX_ERR_IO,
-                         "model '%.200s' is neither a built-in name nor an existing path: give a "
-                         "config.json, a folder holding one, or a built-in name (epx trace synth "
-                         "--help lists them)",
-                         path);
-    char file[4096];
-    if (S_ISDIR(st.st_mode)) {
-        size_t n = strlen(path);
-        snprintf(file, sizeof file, "%s%sconfig.json", path, n && path[n - 1] == '/' ? "" : "/");
-        if (stat(file, &st) != 0 || !S_ISREG(st.st_mode))
-            return epxi_fail(err, EPX_ERR_IO,
-                             "folder '%.200s' holds no config.json: give the folder of a "
-                             "HuggingFace model (the one with config.json) or the file itself",
-                             path);
-    } else {
-        snprintf(file, sizeof file, "%s", path);
-    }
-    char *text = NULL, what[300];
-    size_t len = 0;
-    EPX_TRY(epxi_read_file(file, &text, &len, err));
-    snprintf(what, sizeof what, "model config '%.200s'", file);
+/* The reader proper (declared in internal.h). The name is the caller's:
+ * naming a file looks it up in the built-in table, itself built with this. */
+epx_status epxi_model_read(const char *text, size_t len, const char *path, epx_model_info *info,
+                           epx_error *err) {
+    char what[300];
+    snprintf(what, sizeof what, "model config '%.200s'", path);
     json_t *top = NULL;
-    epx_status ps = epxi_json_parse_object(text, len, what, &top, err);
-    free(text);
-    if (ps != EPX_OK) return ps;
+    EPX_TRY(epxi_json_parse_object(text, len, what, &top, err));
 
     memset(info, 0, sizeof *info);
     const json_t *lm = top;
@@ -326,42 +288,12 @@ epx_status epx_model_from_config(const char *path, epx_model_info *info, epx_err
         where = " (under text_config)";
     }
     char how[96];
-    reader r = {lm, file, where, find_family(top, lm, how, sizeof how), how, err};
+    reader r = {lm, top, path, where, find_family(top, lm, how, sizeof how), how, err};
     epx_status s = read_shape(&r, info);
     if (s == EPX_OK) {
         snprintf(info->family, sizeof info->family, "%s", r.fam->name);
-        model_name(file, info);
-        info->model.name = info->name;
         info->from_config = 1;
     }
     json_decref(top);
     return s;
-}
-
-epx_status epx_model_resolve(const char *name_or_path, epx_model_info *info, epx_error *err) {
-    if (name_or_path == NULL || info == NULL)
-        return epxi_fail(err, EPX_ERR_INVALID_ARG, "name and info must not be NULL");
-    const epx_model *m = NULL;
-    struct stat st;
-    bool path = strchr(name_or_path, '/') != NULL || epxi_has_suffix(name_or_path, ".json");
-    if (!path && epx_model_lookup(name_or_path, &m, NULL) != EPX_OK && stat(name_or_path, &st) == 0)
-        path = true;
-    if (path) return epx_model_from_config(name_or_path, info, err);
-    epx_status ls = epx_model_lookup(name_or_path, &m, err);
-    if (ls != EPX_OK) {
-        /* The same message, with the other way to name a model. */
-        if (err != NULL) {
-            size_t n = strlen(err->msg);
-            if (n + 40 < sizeof err->msg)
-                snprintf(err->msg + n, sizeof err->msg - n, "; or give a path to a config.json");
-        }
-        return ls;
-    }
-    memset(info, 0, sizeof *info);
-    info->model = *m;
-    snprintf(info->name, sizeof info->name, "%s", m->name);
-    snprintf(info->family, sizeof info->family, "built-in");
-    info->scoring = -1;
-    info->routed_scaling_factor = 1.0f;
-    return EPX_OK;
 }

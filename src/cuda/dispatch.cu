@@ -668,6 +668,32 @@ __global__ void permute_kernel(const V *__restrict__ x, int64_t nvec,
     }
 }
 
+/* Row gather: one block per output row, written exactly once (a zero row
+ * for order -1 or an entry out of range, which the host cannot check). */
+template <typename V, int UNROLL>
+__global__ void gather_kernel(const V *__restrict__ x, int64_t nvec,
+                              const int32_t *__restrict__ order, int32_t per_token, int64_t limit,
+                              V *__restrict__ out) {
+    const int64_t i = blockIdx.x;
+    const int32_t o = __ldg(order + i);
+    const bool zero = o < 0 || o >= limit;
+    const V *src = x + (zero ? 0 : (int64_t)(o / per_token)) * nvec;
+    V *dst = out + i * nvec;
+    for (int64_t base = 0; base < nvec; base += (int64_t)blockDim.x * UNROLL) {
+        V v[UNROLL];
+#pragma unroll
+        for (int u = 0; u < UNROLL; u++) {
+            int64_t j = base + (int64_t)u * blockDim.x + threadIdx.x;
+            if (j < nvec) v[u] = zero ? V{} : __ldg(src + j);
+        }
+#pragma unroll
+        for (int u = 0; u < UNROLL; u++) {
+            int64_t j = base + (int64_t)u * blockDim.x + threadIdx.x;
+            if (j < nvec) dst[j] = v[u];
+        }
+    }
+}
+
 /* Elements of one 16-byte vector, as floats, and back. */
 template <int BF16> struct Vec;
 template <> struct Vec<1> {
@@ -1051,6 +1077,40 @@ extern "C" epx_status epx_cuda_permute_rows(const void *x, epx_row_dtype dtype, 
     else
         permute_kernel<unsigned short, 8><<<grid, 128, 0, stream>>>(
             (const unsigned short *)x, (int64_t)(bytes / 2), pos, topk, (unsigned short *)out);
+    EPXI_CUDA_TRY(cudaGetLastError(), "cudaGetLastError");
+    return EPX_OK;
+}
+
+extern "C" epx_status epx_cuda_gather_rows(const void *x, epx_row_dtype dtype, int64_t num_tokens,
+                                           int64_t hidden, const int32_t *order, int64_t num_rows,
+                                           int32_t per_token, void *out, cudaStream_t stream,
+                                           epx_error *err) {
+    if (dtype != EPX_ROW_F32 && dtype != EPX_ROW_BF16)
+        return epxi_fail(err, EPX_ERR_INVALID_ARG,
+                         "epx_cuda_gather_rows: dtype %d is not F32 (0) or BF16 (1)", (int)dtype);
+    if (num_tokens < 0 || hidden < 0 || num_rows < 0 || num_rows > INT32_MAX || per_token < 1 ||
+        num_tokens * per_token > INT32_MAX)
+        return epxi_fail(err, EPX_ERR_SHAPE,
+                         "epx_cuda_gather_rows: T = %lld, H = %lld, rows = %lld, per_token = %d: "
+                         "sizes >= 0 (per_token >= 1), T * per_token and rows below 2^31",
+                         (long long)num_tokens, (long long)hidden, (long long)num_rows, per_token);
+    if (num_rows == 0 || hidden == 0) return EPX_OK;
+    if (order == NULL || out == NULL || (x == NULL && num_tokens > 0))
+        return epxi_fail(err, EPX_ERR_INVALID_ARG,
+                         "epx_cuda_gather_rows: x, order and out are required");
+    size_t bytes = (size_t)hidden * (dtype == EPX_ROW_BF16 ? 2 : 4);
+    unsigned grid = (unsigned)num_rows;
+    int64_t limit = num_tokens * per_token;
+    if (bytes % 16 == 0 && aligned(x, 16) && aligned(out, 16))
+        gather_kernel<uint4, 4><<<grid, 128, 0, stream>>>((const uint4 *)x, (int64_t)(bytes / 16),
+                                                          order, per_token, limit, (uint4 *)out);
+    else if (bytes % 4 == 0 && aligned(x, 4) && aligned(out, 4))
+        gather_kernel<uint32_t, 8><<<grid, 128, 0, stream>>>(
+            (const uint32_t *)x, (int64_t)(bytes / 4), order, per_token, limit, (uint32_t *)out);
+    else
+        gather_kernel<unsigned short, 8>
+            <<<grid, 128, 0, stream>>>((const unsigned short *)x, (int64_t)(bytes / 2), order,
+                                       per_token, limit, (unsigned short *)out);
     EPXI_CUDA_TRY(cudaGetLastError(), "cudaGetLastError");
     return EPX_OK;
 }

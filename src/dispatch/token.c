@@ -291,6 +291,40 @@ epx_status epx_permute_rows(const void *x, epx_row_dtype dtype, int64_t num_toke
     return EPX_OK;
 }
 
+epx_status epx_gather_rows(const void *x, epx_row_dtype dtype, int64_t num_tokens, int64_t hidden,
+                           const int32_t *order, int64_t num_rows, int32_t per_token, void *out,
+                           epx_error *err) {
+    if (dtype != EPX_ROW_F32 && dtype != EPX_ROW_BF16)
+        return epxi_fail(err, EPX_ERR_INVALID_ARG,
+                         "epx_gather_rows: dtype %d is not F32 (0) or BF16 (1)", (int)dtype);
+    if (num_tokens < 0 || hidden < 0 || num_rows < 0 || per_token < 1 ||
+        num_tokens * per_token > INT32_MAX || num_rows > INT32_MAX)
+        return epxi_fail(err, EPX_ERR_SHAPE,
+                         "epx_gather_rows: T = %lld, H = %lld, rows = %lld, per_token = %d: sizes "
+                         "must be >= 0 (per_token >= 1) and T * per_token, rows below 2^31",
+                         (long long)num_tokens, (long long)hidden, (long long)num_rows, per_token);
+    if (num_rows > 0 &&
+        (order == NULL || (hidden > 0 && (out == NULL || (x == NULL && num_tokens > 0)))))
+        return epxi_fail(err, EPX_ERR_INVALID_ARG,
+                         "epx_gather_rows: x, order and out are required");
+    int64_t limit = num_tokens * per_token;
+    for (int64_t i = 0; i < num_rows; i++)
+        if (order[i] < -1 || order[i] >= limit)
+            return epxi_fail(err, EPX_ERR_INVALID_ARG,
+                             "epx_gather_rows: order[%lld] = %d is outside [-1, %lld) (T * "
+                             "per_token)",
+                             (long long)i, order[i], (long long)limit);
+    size_t row = (size_t)hidden * dtype_size(dtype);
+    for (int64_t i = 0; i < num_rows; i++) {
+        unsigned char *dst = (unsigned char *)out + (size_t)i * row;
+        if (order[i] < 0)
+            memset(dst, 0, row);
+        else
+            memcpy(dst, (const unsigned char *)x + (size_t)(order[i] / per_token) * row, row);
+    }
+    return EPX_OK;
+}
+
 epx_status epx_combine_rows(const void *y, epx_row_dtype dtype, int64_t num_rows, int64_t hidden,
                             const int32_t *pos, const float *weights, int64_t num_tokens,
                             int32_t topk, void *out, epx_error *err) {

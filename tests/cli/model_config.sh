@@ -1,12 +1,13 @@
 # model_config.sh - `--model PATH`: a HuggingFace config.json (or its folder)
-# names a model wherever a built-in name does. For the five configs under
-# tests/data/hf/ (Kimi-K2.5 nests its language model under text_config),
-# `epx advise`, `epx trace synth` and `epx demo` print and write the same
-# bytes as with the built-in name; bad paths and bad configs exit 2 with the key, the value and the fix.
+# names a model wherever a built-in name does. For the configs under
+# tests/data/hf/, one per built-in model (Kimi-K2.5 nests its language model
+# under text_config), `epx advise`, `epx trace synth` and `epx demo` print
+# and write the same bytes as with the built-in name; bad paths and bad
+# configs exit 2 with the key, the value and the fix.
 . "$(dirname "$0")/../util/cli_lib.sh"
 HF=${EPX_SOURCE:-$(cd "$(dirname "$0")/../.." && pwd)}/tests/data/hf
 
-for m in deepseek-v3 kimi-k2.5 qwen3-235b-a22b mixtral-8x7b gpt-oss-120b; do
+for m in deepseek-v3 kimi-k2 kimi-k2.5 glm-4.5 qwen3-235b-a22b qwen3-30b-a3b mixtral-8x7b gpt-oss-120b; do
     for form in "$HF/$m" "$HF/$m/" "$HF/$m/config.json"; do
         for j in "" --json; do
             expect_exit 0 "$EPX" advise --model "$m" --gpus 8 --link nvlink4 $j

@@ -1,6 +1,7 @@
 #!/bin/bash
 # pt_torch.sh - epx's .pt files against torch itself, where torch is
-# installed (EPX_PYTHON, else python3; skipped otherwise):
+# installed (EPX_PYTHON, else the venv `make python-test` keeps under
+# build/python with torch in it, else python3; skipped otherwise):
 #  1. what epx writes, torch.load(weights_only=True) reads (also mmap=True),
 #     with the same values;
 #  2. what torch.save writes (every dtype epx knows, strided and offset views,
@@ -10,7 +11,10 @@
 #     legacy format) epx refuses with a message.
 set -u
 EPX=${EPX_BIN:?EPX_BIN is not set}
-PY=${EPX_PYTHON:-python3}
+VENV_PY=${EPX_SOURCE:-.}/build/python/venv/bin/python
+if [ -n "${EPX_PYTHON:-}" ]; then PY=$EPX_PYTHON
+elif [ -x "$VENV_PY" ]; then PY=$VENV_PY
+else PY=python3; fi
 if ! "$PY" -c 'import torch' 2>/dev/null; then
   echo "skipped: torch is not importable by $PY (pip install torch, or set EPX_PYTHON)"
   exit 77

@@ -336,6 +336,30 @@ static void one_case(int32_t T, int32_t K, int32_t E, int32_t P, int32_t G, epx_
             x = hback(dz, (size_t)T * rowb);
             same("combined rows (rank order, no weights)", c2, x, hz, (size_t)T * rowb, es);
             free(x);
+            /* the gather over each send order, at its full T*K capacity */
+            unsigned char *hg = malloc(TK * rowb + 1);
+            void *dg = dalloc(TK * rowb + 1);
+            for (int ord = 0; ord < 2; ord++) {
+                const int32_t *hperm = ord ? h.slot_perm : h.rank_perm;
+                int32_t *tmp = malloc(4 * (TK + 1)); /* the host tail as -1, as the device's */
+                memcpy(tmp, hperm, 4 * TK);
+                int32_t used = ord ? h.slot_offsets[P] : h.rank_offsets[G];
+                for (size_t i = (size_t)used; i < TK; i++) tmp[i] = -1;
+                int32_t *dperm = dcopy(tmp, 4 * TK);
+                EK(epx_gather_rows(hx, (epx_row_dtype)dt, T, H, tmp, (int64_t)TK, ord ? K : 1, hg,
+                                   &er_));
+                EK(epx_cuda_gather_rows(dx, (epx_row_dtype)dt, T, H, dperm, (int64_t)TK,
+                                        ord ? K : 1, dg, st, &er_));
+                CK(cudaStreamSynchronize(st));
+                x = hback(dg, TK * rowb);
+                same(ord ? "gathered rows (slot order)" : "gathered rows (rank order)", c2, x, hg,
+                     TK * rowb, es);
+                free(x);
+                free(tmp);
+                cudaFree(dperm);
+            }
+            free(hg);
+            cudaFree(dg);
             cudaFree(dx);
             cudaFree(dy);
             cudaFree(dz);

@@ -300,7 +300,10 @@ int cmd_convert(int argc, char **argv) {
     const int in_pt = in_file_pt || strchr(in, ',') != NULL || is_dir(in) ||
                       (has_suffix(in, ".pt") && access(in, F_OK) != 0);
     if (cli_flag(&cmd, "--tree")) {
-        if (!in_file_pt || !has_suffix(out, ".json") || dts != NULL) {
+        /* Any one existing file goes to the reader, which names what a
+         * non-zip is (a legacy torch pickle, say); only the shape of the
+         * call is refused here. */
+        if (access(in, F_OK) != 0 || is_dir(in) || !has_suffix(out, ".json") || dts != NULL) {
             fprintf(stderr, "epx convert: --tree reads one .pt file and writes .json\n");
             return CLI_EXIT_USAGE;
         }

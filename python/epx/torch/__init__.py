@@ -1,0 +1,133 @@
+"""epx.torch: epx's per-batch dispatch ops on torch tensors.
+
+    import epx.torch as et
+    tpr, tpe, in_rank = et.dispatch_layout(topk_ids, num_experts=256, num_ranks=8)
+    m = et.Mapping.weighted(replicas, slot_weights, num_physical=288).to("cuda")
+    phys = et.map_ids(topk_ids, m, layer=3, pass_id=step)
+    lay = et.token_layout(phys, num_physical=288, num_ranks=8)
+    send = et.permute(x, lay, "rank")
+    out = et.combine(y, lay.pair_slot_pos, topk_weights)
+
+CUDA tensors run epx's CUDA kernels (libepx_cuda.so, built by `pip install
+./python` where nvcc is present) on the caller's current stream: no copy to
+the host, no synchronisation. CPU tensors run libepx's C references, which
+compute the same numbers (integers equal, floats bit for bit). Every op is a
+torch custom op (torch.ops.epx.*) with a fake implementation, so torch.compile
+traces it and a CUDA graph captures it. Called eagerly on plain tensors the
+functions here skip torch's dispatcher (~25 us a call) and run the same
+implementation directly; under tracing, fake tensors or any mode they go
+through the op.
+
+The CUDA kernels trust their inputs where checking would need the host:
+ids outside [-1, E) count as -1, and positions must come from token_layout
+of the same batch. The CPU references check everything and raise EpxError.
+"""
+try:
+    import torch
+except ImportError as e:  # pragma: no cover - exercised only without torch
+    raise ImportError("epx.torch needs PyTorch, which is not installed here: `pip install "
+                      "torch` (any build; CUDA tensors need a CUDA build). `import epx` works "
+                      "without it.") from e
+
+from typing import NamedTuple
+
+from . import _gpu, _ops
+from ._mapping import Mapping
+
+__all__ = ["dispatch_layout", "token_layout", "TokenLayout", "Mapping", "map_ids", "permute",
+           "combine", "gpu_available", "gpu_unavailable_reason"]
+
+
+def gpu_available():
+    """True when this install can serve CUDA tensors (libepx_cuda.so loaded)."""
+    return _gpu.available()
+
+
+def gpu_unavailable_reason():
+    """Why CUDA tensors cannot be served (None when they can)."""
+    return _gpu.reason()
+
+
+def dispatch_layout(topk_ids, num_experts, num_ranks):
+    """DeepEP's get_dispatch_layout: (tokens_per_rank [G] int64, tokens_per_expert
+    [E] int64, is_token_in_rank [T][G] bool) for topk_ids [T][K] (int32 or
+    int64) whose experts are spread evenly, E/G per rank in order. A token
+    counts once per rank it reaches however many of its experts live there;
+    ids of -1 are ignored."""
+    op = _ops.impl_dispatch_layout if _ops.eager(topk_ids) else torch.ops.epx.dispatch_layout
+    return tuple(op(topk_ids, int(num_experts), int(num_ranks)))
+
+
+class TokenLayout(NamedTuple):
+    """Where a batch goes (epx_token_layout in include/epx/dispatch.h).
+
+    tokens_per_rank [G], tokens_per_slot [P] int64; is_token_in_rank [T][G]
+    bool; rank order: rank_offsets [G+1], rank_perm [T*K] (token ids, -1 past
+    the last), pair_rank_pos [T][K] (row of each token's representative pair,
+    else -1); slot order: slot_offsets [P+1], slot_perm [T*K] (pair ids t*K+k,
+    -1 past the last), pair_slot_pos [T][K]. Offsets and positions int32."""
+    tokens_per_rank: torch.Tensor
+    tokens_per_slot: torch.Tensor
+    is_token_in_rank: torch.Tensor
+    rank_offsets: torch.Tensor
+    rank_perm: torch.Tensor
+    pair_rank_pos: torch.Tensor
+    slot_offsets: torch.Tensor
+    slot_perm: torch.Tensor
+    pair_slot_pos: torch.Tensor
+
+
+def token_layout(phys, num_physical, num_ranks):
+    """The whole layout of a batch of physical slots phys [T][K] (map_ids'
+    output), slot p living on rank p // (P/G): counts, both send orders and
+    their inverse positions, in one kernel launch."""
+    op = _ops.impl_token_layout if _ops.eager(phys) else torch.ops.epx.token_layout
+    return TokenLayout(*op(phys, int(num_physical), int(num_ranks)))
+
+
+def map_ids(topk_ids, mapping, *, layer=0, pass_id=0, seed=0):
+    """Logical expert ids [T][K] to physical slots [T][K] int32 under `mapping`
+    (an epx.torch.Mapping on the ids' device). Random choices are keyed by
+    (seed, pass_id, layer, token, k): the same on CPU and GPU, new every pass."""
+    if not isinstance(mapping, Mapping):
+        raise TypeError("mapping must be an epx.torch.Mapping (Mapping.static, .dynamic, "
+                        ".weighted or .from_layout), got %s" % type(mapping).__name__)
+    m = mapping
+    op = _ops.impl_map_ids if _ops.eager(topk_ids, m.table, m.replicas, m.num_valid,
+                                         m.thresholds) else torch.ops.epx.map_ids
+    return op(topk_ids, m.mode, m.num_experts, m.num_physical, m.table, m.replicas, m.num_valid,
+              m.thresholds, _signed64(seed), int(pass_id), int(layer))
+
+
+def permute(x, layout, order="rank"):
+    """Rows x [T][H] in a send order of `layout` (token_layout's output):
+    "rank": each token once per destination rank, rank by rank (rank_perm);
+    "slot": each (token, k) pair once, slot by slot (slot_perm). The result
+    has T*K rows, the capacity; rows past the order's last offset are zero.
+    Every row is written once (a gather), float32 or bfloat16."""
+    if not isinstance(layout, TokenLayout):
+        raise TypeError("layout must be epx.torch.token_layout's output, got %s"
+                        % type(layout).__name__)
+    if order not in ("rank", "slot"):
+        raise ValueError("order must be 'rank' or 'slot', got %r" % (order,))
+    perm, per_token = ((layout.rank_perm, 1) if order == "rank" else
+                       (layout.slot_perm, layout.pair_slot_pos.shape[1]))
+    op = _ops.impl_gather_rows if _ops.eager(x, perm) else torch.ops.epx.gather_rows
+    return op(x, perm, per_token)
+
+
+def combine(y, pos, weights=None):
+    """The weighted combine back to token order: out[t] = sum over k with
+    pos[t][k] >= 0 of weights[t][k] * y[pos[t][k]], accumulated in float32 by
+    fused multiply-adds in k order (bitwise equal on CPU and GPU), stored in
+    y's dtype. weights [T][K] (any float dtype; None = 1)."""
+    op = _ops.impl_combine if _ops.eager(y, pos, weights) else torch.ops.epx.combine
+    return op(y, pos, weights)
+
+
+def _signed64(seed):
+    """torch schemas carry int64: a uint64 seed travels as its two's complement."""
+    s = int(seed)
+    if not 0 <= s < 1 << 64:
+        raise ValueError("seed %d is outside [0, 2^64)" % s)
+    return s - (1 << 64) if s >= 1 << 63 else s

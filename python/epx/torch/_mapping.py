@@ -1,0 +1,149 @@
+"""Mapping: how one layer's logical expert ids become physical slots, as the
+tensors the kernels read (epx_dispatch_spec in include/epx/dispatch.h).
+
+Built once per layer (and per placement) on the CPU, checked there, then
+moved to the device with .to(); map_ids reads it every batch. The checks
+matter: the CUDA kernels trust the tables they are given.
+"""
+import ctypes
+
+import numpy as np
+import torch
+
+from .. import dispatch as _dispatch
+from .._native import call as _cpu_call
+
+__all__ = ["Mapping"]
+
+
+def _int32(a, name, ndim):
+    if isinstance(a, torch.Tensor):
+        a = a.detach().cpu().numpy()
+    a = np.asarray(a)
+    if a.ndim != ndim or not np.issubdtype(a.dtype, np.integer):
+        raise ValueError("%s must be an integer array with %d dimension(s), got %s %s"
+                         % (name, ndim, a.dtype, a.shape))
+    return np.ascontiguousarray(a, dtype=np.int32)
+
+
+def _check_slots(name, slots, num_physical):
+    bad = np.argwhere((slots < 0) | (slots >= num_physical))
+    if bad.size:
+        idx = tuple(int(i) for i in bad[0])
+        raise ValueError("%s%s is %d: slots are in [0, %d) (num_physical)"
+                         % (name, list(idx), int(slots[idx]), num_physical))
+
+
+def _replica_rows(replicas, num_valid, num_physical):
+    """replicas [E][W] (-1 padding last) and num_valid [E], checked."""
+    reps = _int32(replicas, "replicas", 2)
+    E, W = reps.shape
+    if num_valid is None:
+        nv = (reps >= 0).sum(axis=1).astype(np.int32)
+    else:
+        nv = _int32(num_valid, "num_valid", 1)
+        if nv.shape != (E,):
+            raise ValueError("num_valid has %d entries for %d experts" % (nv.shape[0], E))
+    for e in range(E):
+        n = int(nv[e])
+        if not 1 <= n <= W:
+            raise ValueError("expert %d has %d replicas; each needs 1 to %d (the width of "
+                             "replicas), valid ones first" % (e, n, W))
+        _check_slots("replicas[%d]" % e, reps[e, :n], num_physical)
+    return reps, nv
+
+
+class Mapping:
+    """One layer's logical -> physical mapping. Use the constructors:
+
+    Mapping.static(table_row, num_physical)      slot = table_row[e] (this rank's
+                                                 row of a static dispatch table)
+    Mapping.dynamic(replicas, num_physical)      uniform over expert e's replicas
+    Mapping.weighted(replicas, slot_weights, num_physical)
+                                                 by per-slot shares (a Plan's
+                                                 replica_weights row)
+    Mapping.from_layout(layout, layer, ...)      from an epx.Layout or epx.Plan
+
+    replicas [E][W]: expert e's slots first, -1 padding after (num_valid
+    counts them unless given). Tensors are int32 on .device.
+    """
+
+    def __init__(self, mode, num_experts, num_physical, table=None, replicas=None,
+                 num_valid=None, thresholds=None):
+        self.mode, self.num_experts, self.num_physical = mode, num_experts, num_physical
+        self.table, self.replicas, self.num_valid = table, replicas, num_valid
+        self.thresholds = thresholds
+
+    @property
+    def device(self):
+        return next(t.device for t in (self.table, self.replicas) if t is not None)
+
+    def to(self, device):
+        """This mapping with its tensors on `device`."""
+        move = lambda t: None if t is None else t.to(device)  # noqa: E731
+        return Mapping(self.mode, self.num_experts, self.num_physical, move(self.table),
+                       move(self.replicas), move(self.num_valid), move(self.thresholds))
+
+    def __repr__(self):
+        mode = {v: k for k, v in _dispatch.DISPATCH_MODES.items()}[self.mode]
+        return "Mapping(%s, E=%d, P=%d, device=%s)" % (mode, self.num_experts,
+                                                       self.num_physical, self.device)
+
+    @classmethod
+    def static(cls, table_row, num_physical):
+        t = _int32(table_row, "table_row", 1)
+        _check_slots("table_row", t, int(num_physical))
+        return cls(_dispatch.DISPATCH_MODES["static"], t.shape[0], int(num_physical),
+                   table=torch.from_numpy(t))
+
+    @classmethod
+    def dynamic(cls, replicas, num_physical, num_valid=None):
+        reps, nv = _replica_rows(replicas, num_valid, int(num_physical))
+        return cls(_dispatch.DISPATCH_MODES["dynamic"], reps.shape[0], int(num_physical),
+                   replicas=torch.from_numpy(reps), num_valid=torch.from_numpy(nv))
+
+    @classmethod
+    def weighted(cls, replicas, slot_weights, num_physical, num_valid=None):
+        P = int(num_physical)
+        reps, nv = _replica_rows(replicas, num_valid, P)
+        w = slot_weights.detach().cpu().numpy() if isinstance(slot_weights, torch.Tensor) \
+            else slot_weights
+        w = np.ascontiguousarray(np.asarray(w, dtype=np.float64))
+        if w.shape != (P,):
+            raise ValueError("slot_weights must be [num_physical] = [%d], got %s" % (P, w.shape))
+        E, W = reps.shape
+        th = np.empty((E, W), dtype=np.uint32)
+        ip = lambda a: a.ctypes.data_as(ctypes.POINTER(ctypes.c_int32))  # noqa: E731
+        _cpu_call(_dispatch._thresholds, ip(reps), ip(nv), 1, E, W,
+                  w.ctypes.data_as(ctypes.POINTER(ctypes.c_double)), P,
+                  th.ctypes.data_as(ctypes.POINTER(ctypes.c_uint32)))
+        return cls(_dispatch.DISPATCH_MODES["weighted"], E, P, replicas=torch.from_numpy(reps),
+                   num_valid=torch.from_numpy(nv),
+                   thresholds=torch.from_numpy(th.view(np.int32)))  # the same 32 bits
+
+    @classmethod
+    def from_layout(cls, layout, layer, mode="weighted", table=None, ep_rank=0):
+        """Layer `layer` of an epx.Layout or epx.Plan: "static" takes `table`
+        [G][L][E] (epx.static_table) row ep_rank; "dynamic" the layout's
+        replicas; "weighted" a Plan's replica_weights."""
+        weights = getattr(layout, "replica_weights", None)
+        lay = layout.layout if hasattr(layout, "layout") else layout
+        s = lay.shape
+        L, P = s["num_layers"], s["num_physical_experts"]
+        layer = int(layer)
+        if not 0 <= layer < L:
+            raise ValueError("layer %d is outside [0, %d)" % (layer, L))
+        if mode == "static":
+            if table is None:
+                raise ValueError("mode='static' needs table [G][L][E] (epx.static_table)")
+            return cls.static(np.asarray(table)[int(ep_rank), layer], P)
+        reps = lay.logical_to_all_physical_map(lay.max_replicas)[layer]
+        nv = np.asarray(lay.num_valid)[layer]
+        if mode == "dynamic":
+            return cls.dynamic(reps, P, nv)
+        if mode == "weighted":
+            if weights is None:
+                raise ValueError("mode='weighted' needs a Plan (its replica_weights); a Layout "
+                                 "has none: use mode='dynamic' or Mapping.weighted")
+            return cls.weighted(reps, np.asarray(weights)[layer], P, nv)
+        raise ValueError("mode must be 'static', 'dynamic' or 'weighted', got %r" % (mode,))

@@ -1,0 +1,280 @@
+"""The torch custom ops (namespace "epx"): one C call each, CUDA tensors to
+libepx_cuda.so's kernels on the current stream, CPU tensors to libepx.so's
+references. Registered with torch.library.custom_op plus a fake (meta)
+implementation, so torch.compile traces them and CUDA graphs capture them:
+outputs are allocated by torch, the kernels are only enqueued, nothing waits.
+
+Integer inputs (topk ids, positions) may be int32 or int64; they are narrowed
+to int32 (one conversion kernel for int64) because every kernel works on
+int32 ids. Rows are float32 or bfloat16.
+"""
+import ctypes
+from typing import List, Optional
+
+import torch
+
+from .. import dispatch as _dispatch
+from .._native import call as _cpu_call
+from . import _cpu, _gpu
+
+PHYSICAL, STATIC, DYNAMIC, WEIGHTED = (_dispatch.DISPATCH_MODES[m] for m in
+                                       ("physical", "static", "dynamic", "weighted"))
+_ROW_DTYPES = {torch.float32: 0, torch.bfloat16: 1}
+_U64 = (1 << 64) - 1
+
+
+def _addr(t):
+    return None if t is None else ctypes.c_void_p(t.data_ptr())
+
+
+def _int_ptr(t):
+    return None if t is None else ctypes.cast(t.data_ptr(), ctypes.POINTER(ctypes.c_int32))
+
+
+def _same_device(name, t, device):
+    if t is not None and t.device != device:
+        raise ValueError("%s is on %s but the ids are on %s: put every input of one call on "
+                         "one device" % (name, t.device, device))
+
+
+def _ints(t, name, ndim):
+    """t as a contiguous int32 tensor of ndim dimensions, or a clear error."""
+    if t.dim() != ndim:
+        raise ValueError("%s must have %d dimensions, got shape %s" % (name, ndim,
+                                                                        tuple(t.shape)))
+    if t.dtype not in (torch.int32, torch.int64):
+        raise ValueError("%s must be int32 or int64, got %s" % (name, t.dtype))
+    return t.to(torch.int32).contiguous()
+
+
+def _rows(t, name):
+    if t.dim() != 2:
+        raise ValueError("%s must be [rows][hidden], got shape %s" % (name, tuple(t.shape)))
+    if t.dtype not in _ROW_DTYPES:
+        raise ValueError("%s is %s; epx moves float32 and bfloat16 rows (convert with "
+                         ".to(torch.bfloat16))" % (name, t.dtype))
+    return t.contiguous()
+
+
+def _check_ranks(num_physical, num_ranks):
+    if num_physical < 1 or num_ranks < 1 or num_physical % num_ranks:
+        raise ValueError("num_experts/num_physical (%d) must be a positive multiple of "
+                         "num_ranks (%d): rank r holds slots r*P/G .. (r+1)*P/G - 1"
+                         % (num_physical, num_ranks))
+
+
+def _launch(device, entry, *args):
+    """Enqueue GPU entry point `entry` on `device`'s current stream (the
+    stream and error arguments appended), switching devices only when needed."""
+    idx = torch.cuda.current_device() if device.index is None else device.index
+    stream = ctypes.c_void_p(torch.cuda.current_stream(idx).cuda_stream)
+    if idx == torch.cuda.current_device():
+        _gpu.call(entry, *args, stream)
+    else:
+        with torch.cuda.device(idx):
+            _gpu.call(entry, *args, stream)
+
+
+def eager(*tensors):
+    """True when a call may skip torch's dispatcher and run the implementation
+    directly: plain tensors needing no grad, no torch.compile tracing and no
+    dispatch or function mode (fake tensors, make_fx, functionalization)
+    active. The dispatcher costs ~25 us a call; these checks ~1 us. Under any
+    of those the custom op itself runs, so tracing sees the op."""
+    # is_compiling first: dynamo folds it to True and never traces the rest
+    return (not torch.compiler.is_compiling() and torch._C._len_torch_dispatch_stack() == 0 and
+            torch._C._len_torch_function_stack() == 0 and
+            all(t is None or (type(t) is torch.Tensor and not t.requires_grad) for t in tensors))
+
+
+# ---- layout ------------------------------------------------------------------
+
+_FULL = ("rank_offsets", "rank_perm", "pair_rank_pos", "slot_offsets", "slot_perm",
+         "pair_slot_pos")
+
+
+def _layout_outputs(T, K, P, G, device, full):
+    i64 = dict(dtype=torch.int64, device=device)
+    outs = {"tokens_per_rank": torch.empty(G, **i64), "tokens_per_slot": torch.empty(P, **i64),
+            "is_token_in_rank": torch.empty((T, G), dtype=torch.bool, device=device)}
+    if full:
+        i32 = dict(dtype=torch.int32, device=device)
+        outs.update(rank_offsets=torch.empty(G + 1, **i32),
+                    # capacity T*K; the tail past the last offset is -1, not stale memory
+                    rank_perm=torch.full((T * K,), -1, **i32),
+                    pair_rank_pos=torch.empty((T, K), **i32),
+                    slot_offsets=torch.empty(P + 1, **i32),
+                    slot_perm=torch.full((T * K,), -1, **i32),
+                    pair_slot_pos=torch.empty((T, K), **i32))
+    return outs
+
+
+def _layout(ids, P, G, full):
+    _check_ranks(P, G)
+    ids = _ints(ids, "topk_ids", 2)
+    T, K = ids.shape
+    outs = _layout_outputs(T, K, P, G, ids.device, full)
+    lay = _dispatch.TokenLayout(**{k: v.data_ptr() for k, v in outs.items()})
+    if ids.device.type == "cuda":
+        spec = _dispatch.DispatchSpec(PHYSICAL, P, P, 1, None, None, None, None, 0, 0, 0)
+        phys = torch.empty((T, K), dtype=torch.int32, device=ids.device)
+        _launch(ids.device, _gpu.dispatch_layout, ctypes.byref(spec), _addr(ids), T, K, P, G,
+                _addr(phys), ctypes.byref(lay))
+    else:
+        _cpu_call(_cpu.token_layout, _addr(ids), T, K, P, G, ctypes.byref(lay))
+    return outs
+
+
+LAYOUT_FIELDS = ("tokens_per_rank", "tokens_per_slot", "is_token_in_rank") + _FULL
+
+
+def _as_list(outs, full):
+    """The op's outputs in order: DeepEP's three, or every field."""
+    return [outs[k] for k in (LAYOUT_FIELDS if full else LAYOUT_FIELDS[:3])]
+
+
+def _fake_layout(ids, P, G, full):
+    _check_ranks(P, G)
+    T, K = ids.shape
+    return _as_list(_layout_outputs(T, K, P, G, ids.device, full), full)
+
+
+def impl_dispatch_layout(topk_ids: torch.Tensor, num_experts: int,
+                         num_ranks: int) -> List[torch.Tensor]:
+    return _as_list(_layout(topk_ids, num_experts, num_ranks, False), False)
+
+
+def impl_token_layout(phys: torch.Tensor, num_physical: int, num_ranks: int) -> List[torch.Tensor]:
+    return _as_list(_layout(phys, num_physical, num_ranks, True), True)
+
+
+dispatch_layout = torch.library.custom_op("epx::dispatch_layout", impl_dispatch_layout,
+                                          mutates_args=())
+dispatch_layout.register_fake(lambda ids, P, G: _fake_layout(ids, P, G, False))
+token_layout = torch.library.custom_op("epx::token_layout", impl_token_layout, mutates_args=())
+token_layout.register_fake(lambda ids, P, G: _fake_layout(ids, P, G, True))
+
+
+# ---- logical -> physical ---------------------------------------------------------
+
+
+def _map_spec(mode, E, P, table, replicas, num_valid, thresholds, seed, pass_id, layer):
+    width = 1 if replicas is None else replicas.shape[1]
+    return _dispatch.DispatchSpec(mode, E, P, width, _int_ptr(table), _int_ptr(replicas),
+                                  _int_ptr(num_valid),
+                                  None if thresholds is None else
+                                  ctypes.cast(thresholds.data_ptr(),
+                                              ctypes.POINTER(ctypes.c_uint32)),
+                                  seed & _U64, pass_id & 0xFFFFFFFF, layer & 0xFFFFFFFF)
+
+
+def _table_arg(name, t, num_experts, ndim):
+    """A mapping table as the kernels read it: int32, [E] or [E][W], contiguous.
+    (Mapping builds them so; the op checks because a wrong dtype would be read
+    as other numbers.)"""
+    if t is None:
+        return None
+    if t.dtype != torch.int32 or t.dim() != ndim or t.shape[0] != num_experts:
+        raise ValueError("%s must be int32 with %d dimension(s) and %d rows (one per expert), "
+                         "got %s %s: build it with epx.torch.Mapping"
+                         % (name, ndim, num_experts, t.dtype, tuple(t.shape)))
+    return t.contiguous()
+
+
+def impl_map_ids(topk_ids: torch.Tensor, mode: int, num_experts: int, num_physical: int,
+            table: Optional[torch.Tensor], replicas: Optional[torch.Tensor],
+            num_valid: Optional[torch.Tensor], thresholds: Optional[torch.Tensor], seed: int,
+            pass_id: int, layer: int) -> torch.Tensor:
+    ids = _ints(topk_ids, "topk_ids", 2)
+    dev = ids.device
+    for name, t in (("table", table), ("replicas", replicas), ("num_valid", num_valid),
+                    ("thresholds", thresholds)):
+        _same_device(name, t, dev)
+    table, replicas, num_valid, thresholds = (
+        _table_arg(n, t, num_experts, d) for n, t, d in
+        (("table", table, 1), ("replicas", replicas, 2), ("num_valid", num_valid, 1),
+         ("thresholds", thresholds, 2)))
+    T, K = ids.shape
+    spec = _map_spec(mode, num_experts, num_physical, table, replicas, num_valid, thresholds,
+                     seed, pass_id, layer)
+    out = torch.empty((T, K), dtype=torch.int32, device=dev)
+    if dev.type == "cuda":
+        _launch(dev, _gpu.map_ids, ctypes.byref(spec), _addr(ids), T, K, _addr(out))
+    else:
+        _cpu_call(_cpu.map_ids, ctypes.byref(spec), _addr(ids), T, K, _addr(out))
+    return out
+
+
+map_ids = torch.library.custom_op("epx::map_ids", impl_map_ids, mutates_args=())
+
+
+@map_ids.register_fake
+def _(topk_ids, mode, num_experts, num_physical, table, replicas, num_valid, thresholds, seed,
+      pass_id, layer):
+    return torch.empty(tuple(topk_ids.shape), dtype=torch.int32, device=topk_ids.device)
+
+
+# ---- rows ----------------------------------------------------------------------
+
+
+def impl_gather_rows(x: torch.Tensor, order: torch.Tensor, per_token: int) -> torch.Tensor:
+    x = _rows(x, "x")
+    if order.dim() != 1:
+        raise ValueError("order must be 1-D (a send order: rank_perm or slot_perm), got shape %s"
+                         % (tuple(order.shape),))
+    order = _ints(order, "order", 1)
+    _same_device("order", order, x.device)
+    if per_token < 1:
+        raise ValueError("per_token is %d; it must be >= 1 (1 for rank_perm, K for slot_perm)"
+                         % per_token)
+    T, H = x.shape
+    n = order.shape[0]
+    # every row is written once (zeros for -1): no clearing pass, nothing stale
+    out = torch.empty((n, H), dtype=x.dtype, device=x.device)
+    dt = _ROW_DTYPES[x.dtype]
+    if x.device.type == "cuda":
+        _launch(x.device, _gpu.gather_rows, _addr(x), dt, T, H, _addr(order), n, per_token,
+                _addr(out))
+    else:
+        _cpu_call(_cpu.gather_rows, _addr(x), dt, T, H, _addr(order), n, per_token, _addr(out))
+    return out
+
+
+gather_rows = torch.library.custom_op("epx::gather_rows", impl_gather_rows, mutates_args=())
+
+
+@gather_rows.register_fake
+def _(x, order, per_token):
+    return x.new_empty((order.shape[0], x.shape[1]))
+
+
+def impl_combine(y: torch.Tensor, pos: torch.Tensor,
+                 weights: Optional[torch.Tensor]) -> torch.Tensor:
+    y = _rows(y, "y")
+    pos = _ints(pos, "pos", 2)
+    _same_device("pos", pos, y.device)
+    T, K = pos.shape
+    if weights is not None:
+        _same_device("weights", weights, y.device)
+        if tuple(weights.shape) != (T, K):
+            raise ValueError("weights is %s but pos is %s: one weight per (token, k)"
+                             % (tuple(weights.shape), (T, K)))
+        weights = weights.to(torch.float32).contiguous()
+    H = y.shape[1]
+    out = torch.empty((T, H), dtype=y.dtype, device=y.device)
+    dt = _ROW_DTYPES[y.dtype]
+    if y.device.type == "cuda":
+        _launch(y.device, _gpu.combine_rows, _addr(y), dt, H, _addr(pos), _addr(weights), T, K,
+                _addr(out))
+    else:
+        _cpu_call(_cpu.combine_rows, _addr(y), dt, y.shape[0], H, _addr(pos), _addr(weights), T,
+                  K, _addr(out))
+    return out
+
+
+combine = torch.library.custom_op("epx::combine", impl_combine, mutates_args=())
+
+
+@combine.register_fake
+def _(y, pos, weights):
+    return y.new_empty((pos.shape[0], y.shape[1]))

@@ -1,0 +1,330 @@
+"""epx.torch's ops against plain-torch formulas (CPU, in CI) and the CUDA
+kernels against the CPU references (where a GPU is present), incl. a CUDA
+graph capture and torch.compile. Random cases are seeded; a failure names
+its seed."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+torch = pytest.importorskip("torch")
+import epx  # noqa: E402
+import epx.torch as et  # noqa: E402
+
+SEEDS = range(int(os.environ.get("EPX_TORCH_SEEDS", "12")))
+CUDA = torch.cuda.is_available() and et.gpu_available()
+need_cuda = pytest.mark.skipif(not CUDA, reason="no CUDA device (or no libepx_cuda.so): "
+                               "the GPU half runs on the H200 (scripts/gpu_torch.sh)")
+
+
+def _case(seed, device="cpu"):
+    """A random batch: topk ids with -1 holes, a placement with replicas."""
+    g = torch.Generator().manual_seed(seed)
+    G = int(torch.randint(1, 9, (1,), generator=g))
+    E = G * int(torch.randint(1, 9, (1,), generator=g))
+    P = E + G * int(torch.randint(0, 3, (1,), generator=g))
+    T = int(torch.randint(0, 70, (1,), generator=g))
+    K = min(int(torch.randint(1, 9, (1,), generator=g)), E)
+    ids = torch.stack([torch.randperm(E, generator=g)[:K] for _ in range(T)]) if T else \
+        torch.empty((0, K), dtype=torch.int64)
+    ids[torch.rand(ids.shape, generator=g) < 0.1] = -1
+    return dict(G=G, E=E, P=P, T=T, K=K, ids=ids.to(device), g=g)
+
+
+# ---- plain-torch formulas: the definitions in include/epx/dispatch.h ------------
+
+def ref_dispatch_layout(ids, E, G):
+    valid = ids >= 0
+    per_expert = torch.bincount(ids[valid], minlength=E)
+    rank = torch.where(valid, ids // (E // G), G)
+    in_rank = torch.zeros((ids.shape[0], G + 1), dtype=torch.bool)
+    in_rank.scatter_(1, rank, True)
+    in_rank = in_rank[:, :G]
+    return in_rank.sum(0), per_expert, in_rank
+
+
+def ref_token_layout(phys, P, G):
+    T, K = phys.shape
+    per = P // G
+    pairs = [(int(phys[t, k]), t, k) for t in range(T) for k in range(K) if phys[t, k] >= 0]
+    slot_sorted = sorted(pairs)
+    pair_slot_pos = torch.full((T, K), -1, dtype=torch.int32)
+    for i, (_, t, k) in enumerate(slot_sorted):
+        pair_slot_pos[t, k] = i
+    reps = {}  # (rank, token) -> (lowest slot, its lowest k)
+    for s, t, k in pairs:
+        key = (s // per, t)
+        if key not in reps or (s, k) < reps[key]:
+            reps[key] = (s, k)
+    rank_sorted = sorted(reps.items(), key=lambda kv: (kv[0][0], kv[1][0], kv[0][1]))
+    pair_rank_pos = torch.full((T, K), -1, dtype=torch.int32)
+    for i, ((_, t), (_, k)) in enumerate(rank_sorted):
+        pair_rank_pos[t, k] = i
+    tpr = torch.bincount(torch.tensor([g for (g, _) in reps], dtype=torch.int64), minlength=G)
+    tps = torch.bincount(torch.tensor([s for s, _, _ in pairs], dtype=torch.int64),
+                         minlength=P)
+    return dict(tokens_per_rank=tpr, tokens_per_slot=tps, pair_rank_pos=pair_rank_pos,
+                pair_slot_pos=pair_slot_pos,
+                rank_offsets=torch.cat([torch.zeros(1), tpr.cumsum(0)]).to(torch.int32),
+                slot_offsets=torch.cat([torch.zeros(1), tps.cumsum(0)]).to(torch.int32),
+                rank_perm=torch.tensor([t for ((_, t), _) in rank_sorted] +
+                                       [-1] * (T * K - len(rank_sorted)), dtype=torch.int32),
+                slot_perm=torch.tensor([t * K + k for (_, t, k) in slot_sorted] +
+                                       [-1] * (T * K - len(slot_sorted)), dtype=torch.int32))
+
+
+def ref_combine(y, pos, w):
+    acc = torch.zeros((pos.shape[0], y.shape[1]), dtype=torch.float64)
+    for k in range(pos.shape[1]):
+        ok = pos[:, k] >= 0
+        wk = torch.ones(pos.shape[0], dtype=torch.float64) if w is None else w[:, k].double()
+        acc[ok] += wk[ok, None] * y[pos[ok, k].long()].double()
+    return acc
+
+
+# ---- CPU: against the formulas --------------------------------------------------
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_dispatch_layout_is_deepeps(seed):
+    c = _case(seed)
+    got = et.dispatch_layout(c["ids"], c["E"], c["G"])
+    want = ref_dispatch_layout(c["ids"], c["E"], c["G"])
+    for name, a, b in zip(("tokens_per_rank", "tokens_per_expert", "is_token_in_rank"), got, want):
+        assert torch.equal(a, b), "seed %d: %s differs" % (seed, name)
+    assert got[0].dtype == torch.int64 and got[2].dtype == torch.bool
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_token_layout_matches_its_definition(seed):
+    c = _case(seed)
+    phys = torch.where(c["ids"] >= 0, c["ids"] * (c["P"] // c["E"]) if c["P"] % c["E"] == 0
+                       else c["ids"], -1).to(torch.int32)
+    lay = et.token_layout(phys, c["P"], c["G"])
+    want = ref_token_layout(phys, c["P"], c["G"])
+    for name, ref in want.items():
+        assert torch.equal(getattr(lay, name).to(ref.dtype), ref), "seed %d: %s" % (seed, name)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_static_mapping_is_a_gather(seed):
+    c = _case(seed)
+    table = torch.randint(0, c["P"], (c["E"],), generator=c["g"])
+    phys = et.map_ids(c["ids"], et.Mapping.static(table, c["P"]))
+    want = torch.where(c["ids"] >= 0, table[c["ids"].clamp(min=0)], -1)
+    assert torch.equal(phys.long(), want), "seed %d" % seed
+
+
+def _replicas(c):
+    """Expert e on slot e, the extra P - E slots replicate random experts."""
+    E, P = c["E"], c["P"]
+    extra = torch.randint(0, E, (P - E,), generator=c["g"])
+    cols = [[e] + [E + i for i in range(P - E) if extra[i] == e] for e in range(E)]
+    W = max(len(r) for r in cols)
+    return torch.tensor([r + [-1] * (W - len(r)) for r in cols])
+
+
+@pytest.mark.parametrize("mode", ["dynamic", "weighted"])
+@pytest.mark.parametrize("seed", SEEDS)
+def test_random_mappings_pick_replicas_as_the_reference(seed, mode):
+    c = _case(seed)
+    reps = _replicas(c)
+    w = torch.rand(c["P"], generator=c["g"]) + 0.1
+    m = et.Mapping.dynamic(reps, c["P"]) if mode == "dynamic" else \
+        et.Mapping.weighted(reps, w, c["P"])
+    phys = et.map_ids(c["ids"], m, layer=3, pass_id=seed, seed=2**63 + seed)
+    for t in range(c["T"]):
+        for k in range(c["K"]):
+            e = int(c["ids"][t, k])
+            if e < 0:
+                assert phys[t, k] == -1
+            else:
+                assert int(phys[t, k]) in reps[e].tolist(), "seed %d: (%d, %d)" % (seed, t, k)
+    # the same choices as the numpy binding's dispatch_topk (one C reference) on a Layout
+    # holding these replicas in ascending order, as Layout.logical_to_all_physical_map lists them
+    pl = torch.full((1, c["P"]), -1, dtype=torch.int64)
+    for e in range(c["E"]):
+        pl[0, reps[e][reps[e] >= 0]] = e
+    layout = epx.Layout.from_map(pl.numpy(), num_gpus=c["G"], num_logical_experts=c["E"])
+    if mode == "dynamic":
+        mm = et.Mapping.from_layout(layout, 0, mode="dynamic")
+        ref = epx.dispatch_topk(c["ids"].numpy(), layout, 0, mode="dynamic", seed=2**63 + seed,
+                                pass_id=seed)
+        got = et.map_ids(c["ids"], mm, layer=0, pass_id=seed, seed=2**63 + seed)
+        assert torch.equal(got.long(), torch.as_tensor(ref)), "seed %d" % seed
+
+
+def test_weighted_mapping_follows_the_shares():
+    reps = torch.tensor([[0, 1, 2]])
+    w = torch.tensor([1.0, 2.0, 5.0])
+    ids = torch.zeros((20000, 1), dtype=torch.int64)
+    phys = et.map_ids(ids, et.Mapping.weighted(reps, w, 3), pass_id=1)
+    frac = torch.bincount(phys.flatten().long(), minlength=3).double() / ids.numel()
+    assert torch.allclose(frac, w.double() / w.sum(), atol=0.02), frac
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("seed", SEEDS)
+def test_permute_and_combine_are_the_formulas(seed, dtype):
+    c = _case(seed)
+    phys = torch.where(c["ids"] >= 0, c["ids"], -1)
+    lay = et.token_layout(phys, c["E"], c["G"])
+    H = 1 + int(torch.randint(0, 40, (1,), generator=c["g"]))
+    x = torch.randn((c["T"], H), generator=c["g"]).to(dtype)
+    for order, pos in (("rank", lay.pair_rank_pos), ("slot", lay.pair_slot_pos)):
+        out = et.permute(x, lay, order)
+        want = torch.zeros((pos.numel(), H), dtype=dtype)
+        ok = pos >= 0
+        want[pos[ok].long()] = x[ok.nonzero()[:, 0]]
+        assert torch.equal(out, want), "seed %d" % seed
+    y = torch.randn((lay.slot_perm.numel(), H), generator=c["g"]).to(dtype)
+    w = torch.rand((c["T"], c["K"]), generator=c["g"])
+    for weights in (w, None):
+        got = et.combine(y, lay.pair_slot_pos, weights)
+        assert got.dtype == dtype
+        tol = 1e-5 if dtype == torch.float32 else 1e-2
+        assert torch.allclose(got.double(), ref_combine(y, lay.pair_slot_pos, weights),
+                              rtol=tol, atol=tol), "seed %d" % seed
+
+
+def test_ops_pass_torch_opcheck():
+    c = _case(5)
+    phys = torch.where(c["ids"] >= 0, c["ids"], -1).to(torch.int32)
+    lay = et.token_layout(phys, c["E"], c["G"])
+    x = torch.randn(c["T"], 16)
+    m = et.Mapping.static(torch.arange(c["E"]), c["E"])
+    for op, args in ((torch.ops.epx.dispatch_layout.default, (c["ids"], c["E"], c["G"])),
+                     (torch.ops.epx.token_layout.default, (phys, c["E"], c["G"])),
+                     (torch.ops.epx.map_ids.default, (c["ids"], m.mode, m.num_experts,
+                                                      m.num_physical, m.table, None, None, None,
+                                                      0, 0, 0)),
+                     (torch.ops.epx.gather_rows.default, (x, lay.slot_perm, c["K"])),
+                     (torch.ops.epx.combine.default, (et.permute(x, lay, "slot"),
+                                                      lay.pair_slot_pos, None))):
+        torch.library.opcheck(op, args)
+
+
+def test_the_eager_shortcut_equals_the_registered_op():
+    c = _case(11)
+    lay = et.token_layout(c["ids"], c["E"], c["G"])
+    op = torch.ops.epx.token_layout(c["ids"], c["E"], c["G"])
+    assert all(torch.equal(a, b) for a, b in zip(lay, op))
+    x = torch.randn(c["T"], 8)
+    assert torch.equal(et.permute(x, lay, "slot"),
+                       torch.ops.epx.gather_rows(x, lay.slot_perm, c["K"]))
+    x.requires_grad_(True)  # grad or a mode sends the call through the dispatcher
+    assert not et._ops.eager(x) and et._ops.eager(x.detach())
+    with torch._subclasses.fake_tensor.FakeTensorMode():
+        assert not et._ops.eager(torch.empty(2))
+
+
+def test_compiled_graph_equals_eager():
+    c = _case(7)
+
+    def step(ids, x):
+        lay = et.token_layout(ids, c["E"], c["G"])
+        return et.combine(et.permute(x, lay, "slot"), lay.pair_slot_pos)
+
+    x = torch.randn(c["T"], 8)
+    eager = step(c["ids"], x)
+    compiled = torch.compile(step, backend="aot_eager", fullgraph=True)(c["ids"], x)
+    assert torch.equal(eager, compiled)
+
+
+def test_errors_name_the_value_and_the_fix():
+    ids = torch.tensor([[0, 9]])
+    with pytest.raises(epx.EpxError, match="9"):
+        et.dispatch_layout(ids, 8, 2)  # the CPU reference checks ids
+    with pytest.raises(ValueError, match="multiple of num_ranks"):
+        et.dispatch_layout(ids, 9, 2)
+    with pytest.raises(ValueError, match="float32 and bfloat16"):
+        et.permute(torch.zeros(1, 4, dtype=torch.float16),
+                   et.token_layout(torch.zeros(1, 1, dtype=torch.int32), 2, 1))
+    with pytest.raises(ValueError, match="'rank' or 'slot'"):
+        et.permute(torch.zeros(1, 4), et.token_layout(torch.zeros(1, 1, dtype=torch.int32), 2, 1),
+                   "token")
+    with pytest.raises(ValueError, match=r"table_row\[1\] is 7"):
+        et.Mapping.static([0, 7], 4)
+    with pytest.raises(ValueError, match="expert 1 has 0 replicas"):
+        et.Mapping.dynamic([[0, 1], [-1, -1]], 4)
+    with pytest.raises(ValueError, match="int32"):
+        torch.ops.epx.map_ids(ids, 1, 2, 4, torch.zeros(2, dtype=torch.int64), None, None, None,
+                              0, 0, 0)
+    with pytest.raises(ValueError, match="one weight per"):
+        et.combine(torch.zeros(2, 4), torch.zeros(1, 2, dtype=torch.int32), torch.zeros(1, 3))
+    with pytest.raises(TypeError, match="Mapping"):
+        et.map_ids(ids, [0, 1])
+
+
+def test_import_without_torch_says_how_to_install():
+    code = "import sys; sys.modules['torch'] = None\ntry:\n import epx.torch\nexcept ImportError " \
+           "as e:\n print(e)\nimport epx; print('epx ok')"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert "pip install torch" in out.stdout and "epx ok" in out.stdout, out.stdout + out.stderr
+
+
+# ---- CUDA: the kernels against the CPU references --------------------------------
+
+@need_cuda
+@pytest.mark.parametrize("seed", SEEDS)
+def test_cuda_equals_cpu(seed):
+    c = _case(seed)
+    ids_d = c["ids"].cuda()
+    for a, b in zip(et.dispatch_layout(ids_d, c["E"], c["G"]),
+                    et.dispatch_layout(c["ids"], c["E"], c["G"])):
+        assert torch.equal(a.cpu(), b), "seed %d" % seed
+    reps = _replicas(c)
+    m = et.Mapping.weighted(reps, torch.rand(c["P"], generator=c["g"]) + 0.1, c["P"])
+    phys = et.map_ids(c["ids"], m, layer=2, pass_id=seed, seed=seed)
+    phys_d = et.map_ids(ids_d, m.to("cuda"), layer=2, pass_id=seed, seed=seed)
+    assert torch.equal(phys_d.cpu(), phys), "seed %d" % seed
+    lay, lay_d = et.token_layout(phys, c["P"], c["G"]), et.token_layout(phys_d, c["P"], c["G"])
+    for name in et.TokenLayout._fields:
+        assert torch.equal(getattr(lay_d, name).cpu(), getattr(lay, name)), "seed %d: %s" % (
+            seed, name)
+    for dtype in (torch.float32, torch.bfloat16):
+        x = torch.randn((c["T"], 136), generator=c["g"]).to(dtype)
+        w = torch.rand((c["T"], c["K"]), generator=c["g"])
+        for order in ("rank", "slot"):
+            got = et.permute(x.cuda(), lay_d, order).cpu()
+            assert torch.equal(got, et.permute(x, lay, order)), "seed %d: %s" % (seed, order)
+        s, s_d = et.permute(x, lay, "slot"), et.permute(x.cuda(), lay_d, "slot")
+        o, o_d = et.combine(s, lay.pair_slot_pos, w), et.combine(s_d, lay_d.pair_slot_pos,
+                                                                 w.cuda())
+        assert torch.equal(o_d.cpu(), o), "seed %d: combine not bitwise equal" % seed
+
+
+@need_cuda
+def test_cuda_graph_replays_with_new_data():
+    c = _case(3)
+    E, G = c["E"], c["G"]
+    ids = c["ids"].cuda()
+    x = torch.randn((c["T"], 256), device="cuda", dtype=torch.bfloat16)
+
+    def step():
+        lay = et.token_layout(ids, E, G)
+        return et.combine(et.permute(x, lay, "rank"), lay.pair_rank_pos)
+
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        step()
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = step()
+    for trial in range(3):
+        ids.copy_(torch.where(torch.rand(ids.shape, device="cuda") < 0.2, -1, ids))
+        x.copy_(torch.randn_like(x))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, step()), "trial %d" % trial
+
+
+@need_cuda
+def test_cuda_compile_inductor():
+    c = _case(9)
+    ids = c["ids"].cuda()
+    fn = torch.compile(lambda i: et.dispatch_layout(i, c["E"], c["G"]), fullgraph=True)
+    for a, b in zip(fn(ids), et.dispatch_layout(c["ids"], c["E"], c["G"])):
+        assert torch.equal(a.cpu(), b)
