@@ -187,13 +187,22 @@ typedef epx_status (*epx_write_fn)(FILE *f, const void *ctx, epx_error *err);
 EPX_API epx_status epx_file_write(const char *path, epx_write_fn body, const void *ctx,
                                   epx_error *err);
 
+/* The newest SGLang release epx was checked against, release by release
+ * (tools/sglang_tables.py, tools/sglang_eplb.py). Every SGLang rule epx
+ * follows (static tables, EPLB) knows the releases up to this
+ * one; a newer release is accepted with a warning and gets this one's rule. */
+#define EPX_SGLANG_DEFAULT_VERSION "0.5.23"
+
+/* EPX_SGLANG_DEFAULT_VERSION as the library was built, for bindings. */
+EPX_API const char *epx_sglang_newest_verified(void);
+
 /* The rooms of the core API, one header each. */
 #include "epx/layout.h"
 #include "epx/counts.h"
 #include "epx/model.h"
+#include "epx/plan.h" /* before io.h: epx_init_opts names an epx_algorithm */
 #include "epx/io.h"
 #include "epx/pt.h"
-#include "epx/plan.h"
 #include "epx/metrics.h"
 #include "epx/stats.h"
 #include "epx/trace.h"

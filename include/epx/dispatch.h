@@ -57,8 +57,8 @@ typedef enum epx_sglang_rule {
     EPX_SGLANG_RULE_0_5_16 = 3
 } epx_sglang_rule;
 
-/* The release epx's SGLang tables default to: the newest verified one. */
-#define EPX_SGLANG_DEFAULT_VERSION "0.5.23"
+/* The release epx's SGLang tables default to is EPX_SGLANG_DEFAULT_VERSION
+ * (epx.h): the newest verified one. */
 
 /*
  * The rule of an SGLang release string: "0.5.2", "v0.5.4.post2", "0.5.16".

@@ -109,16 +109,23 @@ typedef struct epx_init_opts {
     int32_t num_groups;          /* expert groups for hierarchical planning; 0 = 1 */
     epx_log_fn log;              /* optional */
     void *log_user;
+    epx_algorithm algorithm;    /* how logical_count is planned: EPX_ALGO_EPX (default),
+                                   or SGLang's choice, EPX_ALGO_AUTO (its
+                                   --eplb-algorithm default), EPX_ALGO_DEEPSEEK... */
+    const char *sglang_version; /* DeepSeek modes: the SGLang release whose EPLB to
+                                   follow (epx_plan_opts.sglang_version); NULL =
+                                   DeepSeek's original */
 } epx_init_opts;
 #define EPX_INIT_OPTS_VERSION ((uint32_t)sizeof(epx_init_opts))
 #define EPX_INIT_OPTS_INIT                                                                         \
-    { EPX_INIT_OPTS_VERSION, 0, 1, 0, 0, 0, 0, 0, NULL, NULL }
+    { EPX_INIT_OPTS_VERSION, 0, 1, 0, 0, 0, 0, 0, NULL, NULL, EPX_ALGO_EPX, NULL }
 
 /*
  * Turn what SGLang's --init-expert-location takes into a layout: "trivial",
  * a .json or .pt path, or an inline JSON string, holding either a
  * physical_to_logical_map (built directly and validated) or logical_count
- * (planned with epx's default algorithm). Never returns EPX_OK without a
+ * (planned with opts->algorithm: epx's by default; EPX_ALGO_AUTO is what
+ * SGLang's init_by_eplb runs). Never returns EPX_OK without a
  * layout: every missing piece is an explained error.
  * Returns: EPX_OK; the statuses of the readers, of epx_layout_create_from_map
  *          and of the planner; EPX_ERR_INVALID_ARG for bad options.

@@ -33,6 +33,38 @@ typedef enum epx_estimate {
     EPX_ESTIMATE_MINMAX = 4    /* minimise the sum of per-window maxima */
 } epx_estimate;
 
+/*
+ * SGLang ships its own copy of DeepSeek's EPLB (sglang/srt/eplb/
+ * eplb_algorithms/deepseek.py). Read release by release from 0.5.2 to
+ * 0.5.23 (tools/sglang_eplb.py runs each side of the change; the goldens
+ * are tests/data/sglang_eplb), it changed once: from 0.5.11 its
+ * balanced_packing adds the pack loads as Python floats (float64) where
+ * DeepSeek's original and SGLang <= 0.5.10.post1 add float32 tensors.
+ * Everything else (the float32 loads and per-replica quotients, the sort,
+ * the auto rule, replicate_experts) is the same in every release.
+ * Both run torch.sort, which is not stable: where loads tie, the SGLang
+ * rules take the order torch's CPU sort leaves them in (src/plan/
+ * torch_sort.c), so they place as the release does, ties included; epx's
+ * own DeepSeek rule sends ties to the lowest index.
+ */
+typedef enum epx_eplb_rule {
+    EPX_EPLB_RULE_DEEPSEEK = 0,   /* DeepSeek's EPLB: float32, ties to the lowest index */
+    EPX_EPLB_RULE_SGLANG_F32 = 1, /* SGLang <= 0.5.10.post1: float32, torch's tie order */
+    EPX_EPLB_RULE_SGLANG_F64 = 2  /* SGLang >= 0.5.11: float64 pack sums, torch's tie order */
+} epx_eplb_rule;
+
+/*
+ * The EPLB rule of an SGLang release string ("0.5.10", "v0.5.11").
+ * Args:    release (in); rule (out); newer (out, optional) 1 when the
+ *          release is newer than EPX_SGLANG_DEFAULT_VERSION (its rule is
+ *          that release's, but nothing checked it), else 0.
+ * Returns: EPX_OK; EPX_ERR_INVALID_ARG for a string that is not
+ *          MAJOR.MINOR[.PATCH][.postN] (the same parser as
+ *          epx_sglang_table_rule).
+ */
+EPX_API epx_status epx_sglang_eplb_rule(const char *release, epx_eplb_rule *rule, int32_t *newer,
+                                        epx_error *err);
+
 typedef struct epx_plan_opts {
     uint32_t version; /* EPX_PLAN_OPTS_VERSION */
     epx_algorithm algorithm;
@@ -52,12 +84,17 @@ typedef struct epx_plan_opts {
     void *log_user;
     epx_progress_fn progress; /* optional: called once per layer planned */
     void *progress_user;
+    const char *sglang_version; /* DeepSeek modes: plan as this SGLang release's copy
+                                    of EPLB does, ties included
+                                    (epx_sglang_eplb_rule); NULL = DeepSeek's
+                                    original, ties to the lowest index. EPX
+                                    refuses it. */
 } epx_plan_opts;
 #define EPX_PLAN_OPTS_VERSION ((uint32_t)sizeof(epx_plan_opts))
 #define EPX_PLAN_OPTS_INIT                                                                         \
     {                                                                                              \
         EPX_PLAN_OPTS_VERSION, EPX_ALGO_EPX, 0, EPX_NODE_LOCAL_DEFAULT, -1.0,                      \
-            EPX_ESTIMATE_DEFAULT, -1.0, NULL, -1, 0.0, NULL, NULL, NULL, NULL, NULL                \
+            EPX_ESTIMATE_DEFAULT, -1.0, NULL, -1, 0.0, NULL, NULL, NULL, NULL, NULL, NULL          \
     }
 
 /* A computed placement: the layout, per-replica dispatch weights, timing. */
@@ -103,6 +140,18 @@ EPX_API double epx_plan_seconds(const epx_plan *plan);
 
 /* The algorithm that ran (AUTO resolved). */
 EPX_API epx_algorithm epx_plan_algorithm(const epx_plan *plan);
+
+/*
+ * Each expert's slots [L][E][width] (-1 padded), in the order SGLang builds
+ * its logical_to_all_physical_map for this plan: a DeepSeek mode without
+ * current or failed_gpus lists them in replica-rank order (DeepSeek's
+ * logical_to_physical_map, what SGLang's init_by_eplb uses when it plans
+ * from the same counts); any other plan in ascending slot order (what
+ * init_by_mapping builds from the written mapping file). *replica_rank
+ * (optional) says which. width (out) = P - E + 1. Owned by the plan.
+ */
+EPX_API const int32_t *epx_plan_logical_to_physical(const epx_plan *plan, int32_t *width,
+                                                    int32_t *replica_rank);
 
 /* Parse / name algorithms as the CLI spells them ("epx", "deepseek",
  * "deepseek-hierarchical", "auto"). */
@@ -179,5 +228,17 @@ EPX_API epx_status epx_plan_deepseek(const float *weight, int32_t num_layers, in
                                      int32_t num_physical, int32_t num_groups, int32_t num_nodes,
                                      int32_t num_gpus, int hierarchical, int32_t *phys_to_log,
                                      int32_t *log_to_phys, int32_t *logical_count, epx_error *err);
+
+/* The same as a given rule runs it: EPX_EPLB_RULE_DEEPSEEK is
+ * epx_plan_deepseek; the SGLang rules take torch's order of tied loads, and
+ * _F64 sums pack loads in float64 as SGLang >= 0.5.11 does
+ * (epx_sglang_eplb_rule maps a release to its rule). EPX_ERR_INVALID_ARG
+ * for an unknown rule. */
+EPX_API epx_status epx_plan_deepseek_rule(const float *weight, int32_t num_layers,
+                                          int32_t num_logical, int32_t num_physical,
+                                          int32_t num_groups, int32_t num_nodes, int32_t num_gpus,
+                                          int hierarchical, epx_eplb_rule rule,
+                                          int32_t *phys_to_log, int32_t *log_to_phys,
+                                          int32_t *logical_count, epx_error *err);
 
 #endif /* EPX_PLAN_H */

@@ -7,7 +7,7 @@ import os
 import numpy as np
 
 from . import _arrays as A
-from ._native import (LOG_FN, POINTER, Counts, Structure, c_char_p, c_int32,
+from ._native import (LOG_FN, POINTER, Counts, Structure, c_char_p, c_int, c_int32,
                       c_uint32, c_void_p, call, epx_free, fn)
 from .layout import Layout
 
@@ -29,7 +29,8 @@ class InitOpts(Structure):
     _fields_ = [("version", c_uint32), ("num_gpus", c_int32), ("num_nodes", c_int32),
                 ("num_logical_experts", c_int32), ("num_layers", c_int32),
                 ("num_physical", c_int32), ("num_redundant", c_int32), ("num_groups", c_int32),
-                ("log", LOG_FN), ("log_user", c_void_p)]
+                ("log", LOG_FN), ("log_user", c_void_p), ("algorithm", c_int),
+                ("sglang_version", c_char_p)]
 
 
 # The options-struct convention (include/epx.h): version = the struct's size.
@@ -114,12 +115,25 @@ def write_counts(path, counts):
 
 
 def init_expert_location(spec, num_gpus, num_nodes=1, num_logical_experts=0, num_layers=0,
-                         num_physical=0, num_redundant=0, num_groups=0):
+                         num_physical=0, num_redundant=0, num_groups=0, *, algorithm="auto",
+                         sglang_version=None):
     """What SGLang's --init-expert-location takes ("trivial", a .json/.pt path, or
-    inline JSON with physical_to_logical_map or logical_count) as a Layout."""
+    inline JSON with physical_to_logical_map or logical_count) as a Layout.
+
+    logical_count is planned as SGLang's init_by_eplb plans it: DeepSeek's EPLB
+    with SGLang's choice (algorithm="auto", its --eplb-algorithm default:
+    hierarchical when num_groups divides over num_nodes; or "deepseek",
+    "deepseek-hierarchical"), as release sglang_version's copy runs it (None =
+    DeepSeek's original, as SGLang <= 0.5.10.post1). algorithm="epx" asks for
+    epx's own planner instead (sglang_version must then be None)."""
+    from .planner import ALGORITHMS, _choice, sglang_eplb_rule  # planner imports this module
+    code = _choice(ALGORITHMS, algorithm, "algorithm")
+    if sglang_version is not None:
+        sglang_eplb_rule(sglang_version)  # a malformed release raises, a newer one warns
     o = InitOpts(INIT_OPTS_VERSION, int(num_gpus), int(num_nodes), int(num_logical_experts),
                  int(num_layers), int(num_physical), int(num_redundant), int(num_groups),
-                 LOG_FN(), None)
+                 LOG_FN(), None, code,
+                 None if sglang_version is None else str(sglang_version).encode())
     h = c_void_p()
     call(_layout_init, _spec(spec), ctypes.byref(o), ctypes.byref(h))
     return Layout(h)

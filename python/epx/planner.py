@@ -1,12 +1,14 @@
-"""Placement (include/epx/plan.h): DeepSeek EPLB reproduced exactly, and epx's
-own planner with its options."""
+"""Placement (include/epx/plan.h): DeepSeek EPLB reproduced exactly (and as
+each SGLang release's copy of it runs), and epx's own planner with its
+options."""
 import ctypes
+import warnings
 
 import numpy as np
 
 from . import _arrays as A
-from ._native import (LOG_FN, POINTER, Counts, Shape, Structure, c_double, c_float,
-                      c_int, c_int32, c_uint8, c_uint32, c_void_p, call, fn)
+from ._native import (LOG_FN, POINTER, Counts, Shape, Structure, c_char_p, c_double,
+                      c_float, c_int, c_int32, c_uint8, c_uint32, c_void_p, call, fn)
 from .io import CCounts
 from .layout import Layout
 
@@ -14,16 +16,43 @@ __all__ = ["deepseek", "plan", "Plan", "ALGORITHMS"]
 
 # ---- DeepSeek EPLB, exact -------------------------------------------------
 
-_plan_deepseek = fn("epx_plan_deepseek", c_int32, POINTER(c_float), c_int32, c_int32, c_int32,
-                    c_int32, c_int32, c_int32, c_int, POINTER(c_int32), POINTER(c_int32),
-                    POINTER(c_int32), c_void_p)
+_plan_deepseek = fn("epx_plan_deepseek_rule", c_int32, POINTER(c_float), c_int32, c_int32,
+                    c_int32, c_int32, c_int32, c_int32, c_int, c_int, POINTER(c_int32),
+                    POINTER(c_int32), POINTER(c_int32), c_void_p)
+_eplb_rule = fn("epx_sglang_eplb_rule", c_int32, c_char_p, POINTER(c_int), POINTER(c_int32),
+                c_void_p)
+
+_newest = fn("epx_sglang_newest_verified", c_char_p)
+# The newest SGLang release epx was checked against (EPX_SGLANG_DEFAULT_VERSION).
+SGLANG_NEWEST_VERIFIED = _newest().decode()
 
 
-def deepseek(weight, num_replicas, num_groups, num_nodes, num_gpus, hierarchical):
+def sglang_eplb_rule(sglang_version):
+    """The EPLB rule (epx_eplb_rule) of an SGLang release: 1 = float32 pack
+    sums (SGLang <= 0.5.10.post1), 2 = float64 (SGLang >= 0.5.11), both with
+    torch's order of tied loads; None gives 0, DeepSeek's own rule (float32,
+    ties to the lowest index). A release newer than SGLANG_NEWEST_VERIFIED warns (the newest
+    rule is used); a malformed one raises EpxError naming it."""
+    if sglang_version is None:
+        return 0
+    rule, newer = c_int(0), c_int32(0)
+    call(_eplb_rule, str(sglang_version).encode(), ctypes.byref(rule), ctypes.byref(newer))
+    if newer.value:
+        warnings.warn("SGLang %s is newer than the newest release epx verified (%s); planning "
+                      "with %s's EPLB rule" % (sglang_version, SGLANG_NEWEST_VERIFIED,
+                                               SGLANG_NEWEST_VERIFIED), stacklevel=3)
+    return rule.value
+
+
+def deepseek(weight, num_replicas, num_groups, num_nodes, num_gpus, hierarchical,
+             sglang_version=None):
     """DeepSeek's rebalance_experts on float32 weight [L][E], as numpy int32:
     (phys_to_log [L][P], log_to_phys [L][E][P-E+1] in replica-rank order with
-    -1 padding, logical_count [L][E]). The engine-shaped wrappers are in
-    epx.sglang and epx.vllm."""
+    -1 padding, logical_count [L][E]). sglang_version: run it as that SGLang
+    release's copy does (float64 pack sums from 0.5.11; tied loads in torch's
+    sort order); None = DeepSeek's original, ties to the lowest index. The
+    engine-shaped wrappers are in epx.sglang and epx.vllm."""
+    rule = sglang_eplb_rule(sglang_version)
     w = A.as_array(weight, np.float32, 2, "weight")
     L, E = w.shape
     P = int(num_replicas)
@@ -33,7 +62,7 @@ def deepseek(weight, num_replicas, num_groups, num_nodes, num_gpus, hierarchical
     cnt = np.empty((L, E), dtype=np.int32)
     groups = 1 if num_groups is None else int(num_groups)
     call(_plan_deepseek, A.ptr(w, c_float), L, E, P, groups, int(num_nodes), int(num_gpus),
-         1 if hierarchical else 0, A.ptr(p2l, c_int32), A.ptr(l2p, c_int32),
+         1 if hierarchical else 0, rule, A.ptr(p2l, c_int32), A.ptr(l2p, c_int32),
          A.ptr(cnt, c_int32))
     return p2l, l2p, cnt
 
@@ -52,7 +81,8 @@ class PlanOpts(Structure):
                 ("node_local", c_int), ("cross_node_budget", c_double), ("estimate", c_int),
                 ("estimate_param", c_double), ("current", c_void_p), ("max_moves", c_int32),
                 ("move_price", c_double), ("failed_gpus", POINTER(c_uint8)), ("log", LOG_FN),
-                ("log_user", c_void_p), ("progress", c_void_p), ("progress_user", c_void_p)]
+                ("log_user", c_void_p), ("progress", c_void_p), ("progress_user", c_void_p),
+                ("sglang_version", c_char_p)]
 
 
 # The options-struct convention (include/epx.h): version = the struct's size.
@@ -65,6 +95,8 @@ _layout = fn("epx_plan_layout", c_void_p, c_void_p)
 _weights = fn("epx_plan_replica_weights", POINTER(c_double), c_void_p)
 _seconds = fn("epx_plan_seconds", c_double, c_void_p)
 _algorithm = fn("epx_plan_algorithm", c_int, c_void_p)
+_l2p = fn("epx_plan_logical_to_physical", POINTER(c_int32), c_void_p, POINTER(c_int32),
+          POINTER(c_int32))
 
 
 def _choice(table, value, what):
@@ -100,6 +132,28 @@ class Plan:
         return np.ctypeslib.as_array(_weights(self._h), shape=(L * P,)).reshape(L, P).copy()
 
     @property
+    def logical_to_physical_map(self):
+        """[L][E][X] int32, -1 padded (X = the largest replica count): each
+        expert's slots in the order SGLang builds them for this plan, DeepSeek's
+        replica-rank order for a DeepSeek plan (init_by_eplb), ascending for
+        others (init_by_mapping); see .replica_rank_order."""
+        return self._l2p()[0]
+
+    @property
+    def replica_rank_order(self):
+        """True when logical_to_physical_map is in DeepSeek's replica-rank order."""
+        return self._l2p()[1]
+
+    def _l2p(self):
+        s = self.layout.shape
+        L, E = s["num_layers"], s["num_logical_experts"]
+        w, rank = c_int32(0), c_int32(0)
+        p = _l2p(self._h, ctypes.byref(w), ctypes.byref(rank))
+        full = np.ctypeslib.as_array(p, shape=(L * E * w.value,)).reshape(L, E, w.value)
+        X = max(int(self.layout.num_valid.max()) if L * E else 1, 1)
+        return full[:, :, :X].copy(), bool(rank.value)
+
+    @property
     def seconds(self):
         return float(_seconds(self._h))
 
@@ -115,13 +169,15 @@ class Plan:
 def plan(counts, num_gpus, num_physical_experts=None, num_redundant=None, num_nodes=1,
          algorithm="epx", num_groups=None, node_local="default", cross_node_budget=-1.0,
          estimate="default", estimate_param=-1.0, current=None, max_moves=-1, move_price=0.0,
-         failed_gpus=None):
+         failed_gpus=None, sglang_version=None):
     """Plan a placement for loads [L][E] or [S][L][E] (numpy, torch or lists).
 
     P is num_physical_experts, or E + num_redundant (default E: no redundancy).
     algorithm: "epx" (default), "deepseek", "deepseek-hierarchical" or "auto"
     (SGLang's rule). current: the Layout in service, to price moves
     (max_moves, move_price). failed_gpus: [G] truthy = lost GPU.
+    sglang_version: DeepSeek modes plan as that SGLang release's copy of EPLB
+    (None = DeepSeek's original; a newer release than epx verified warns).
     Returns a Plan; raises EpxError with libepx's message on bad input.
     """
     c = CCounts(counts)
@@ -135,12 +191,16 @@ def plan(counts, num_gpus, num_physical_experts=None, num_redundant=None, num_no
         if fg.shape != (int(num_gpus),):
             raise ValueError("failed_gpus must have num_gpus (%d) entries, got shape %s"
                              % (num_gpus, fg.shape))
+    sv = None
+    if sglang_version is not None:
+        sglang_eplb_rule(sglang_version)  # the warning for a newer release
+        sv = str(sglang_version).encode()
     o = PlanOpts(PLAN_OPTS_VERSION, _choice(ALGORITHMS, algorithm, "algorithm"),
                  0 if num_groups is None else int(num_groups),
                  _choice(NODE_LOCAL, node_local, "node_local"), float(cross_node_budget),
                  _choice(ESTIMATES, estimate, "estimate"), float(estimate_param),
                  current.handle if current is not None else None, int(max_moves),
-                 float(move_price), A.ptr(fg, c_uint8), LOG_FN(), None)
+                 float(move_price), A.ptr(fg, c_uint8), LOG_FN(), None, None, None, sv)
     h = c_void_p()
     call(_compute, c.ptr, ctypes.byref(shape), ctypes.byref(o), ctypes.byref(h))
     return Plan(h)

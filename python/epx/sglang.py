@@ -53,7 +53,7 @@ def _epx_triple(weight, num_replicas, num_groups, num_nodes, num_gpus, enable_hi
 
 def rebalance_experts(weight, num_replicas, num_groups, num_nodes, num_gpus,
                       enable_hierarchical, *, algorithm="deepseek", log2phy_width="max",
-                      as_torch=None, **plan_kw):
+                      as_torch=None, sglang_version=None, **plan_kw):
     """SGLang's deepseek.rebalance_experts, exactly.
 
     weight [layers, num_logical_experts] (numpy, torch or lists; used as float32,
@@ -64,6 +64,9 @@ def rebalance_experts(weight, num_replicas, num_groups, num_nodes, num_gpus,
           replica count over all layers (log2phy_width="full": P - E + 1),
       logical_count [layers, num_logical_experts] int64.
     enable_hierarchical=False is the global policy (groups and nodes ignored).
+    sglang_version: the SGLang release whose copy to follow, ties included
+    (float64 pack sums from 0.5.11; tied loads in torch's sort order); None =
+    DeepSeek's original with ties to the lowest index.
     algorithm="epx" runs epx's own planner instead (extra keywords go to
     epx.plan(...)); its replicas are listed in ascending slot order.
     """
@@ -73,8 +76,12 @@ def rebalance_experts(weight, num_replicas, num_groups, num_nodes, num_gpus,
             raise TypeError("unexpected keywords for algorithm='deepseek': %s"
                             % ", ".join(sorted(plan_kw)))
         p2l, l2p, cnt = _plan.deepseek(weight, num_replicas, num_groups, num_nodes, num_gpus,
-                                       enable_hierarchical)
+                                       enable_hierarchical, sglang_version=sglang_version)
     elif algorithm == "epx":
+        if sglang_version is not None:
+            raise ValueError("sglang_version=%r applies to algorithm='deepseek' (SGLang's copy "
+                             "of EPLB), not to epx's planner: drop it or use "
+                             "algorithm='deepseek'" % (sglang_version,))
         p2l, l2p, cnt = _epx_triple(weight, num_replicas, num_groups, num_nodes, num_gpus,
                                     enable_hierarchical, **plan_kw)
     else:
@@ -91,19 +98,24 @@ def _algorithm_name(algorithm):
 
 def rebalance_experts_from_windows(tokens_per_expert, num_physical_experts,
                                    num_local_physical_experts, num_groups, num_nodes,
-                                   algorithm, *, as_torch=None, **plan_kw):
+                                   algorithm, *, as_torch=None, sglang_version=None, **plan_kw):
     """SGLang's eplb_algorithms.rebalance_experts: tokens_per_expert [S][L][E]
     (windows), algorithm an EplbAlgorithm member or its name. "deepseek" and
-    "deepseek_hierarchical" sum the windows and run DeepSeek EPLB exactly;
-    "epx" hands all windows to epx's planner (it estimates from them)."""
+    "deepseek_hierarchical" sum the windows and run DeepSeek EPLB exactly, as
+    release sglang_version's copy does (None = DeepSeek's original); "epx"
+    hands all windows to epx's planner (it estimates from them)."""
     name = _algorithm_name(algorithm)
     num_gpus = int(num_physical_experts) // int(num_local_physical_experts)
     torch_out = A.want_torch(as_torch, tokens_per_expert)
     if name in ("deepseek", "deepseek_hierarchical"):
         t = A.as_array(tokens_per_expert, np.float64, 3, "tokens_per_expert")
         return rebalance_experts(t.sum(axis=0), num_physical_experts, num_groups, num_nodes,
-                                 num_gpus, name == "deepseek_hierarchical", as_torch=torch_out)
+                                 num_gpus, name == "deepseek_hierarchical", as_torch=torch_out,
+                                 sglang_version=sglang_version)
     if name in ("epx", "epx_hierarchical"):
+        if sglang_version is not None:
+            raise ValueError("sglang_version=%r applies to the deepseek algorithms, not to "
+                             "epx's planner" % (sglang_version,))
         t = A.as_array(tokens_per_expert, np.float64, 3, "tokens_per_expert")
         p2l, l2p, cnt = _epx_triple(t, num_physical_experts, num_groups, num_nodes, num_gpus,
                                     True, **plan_kw)

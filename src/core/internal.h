@@ -78,6 +78,17 @@ EPXI_HIDDEN void epxi_log(epx_log_fn fn, void *user, epx_log_level lvl, const ch
 EPXI_HIDDEN epx_status epxi_check_version(uint32_t version, uint32_t expected, const char *type,
                                           const char *init, epx_error *err);
 
+/* An SGLang release string, MAJOR.MINOR[.PATCH][.postN] with an optional
+ * leading 'v', as four numbers (release.c). The one parser for every room
+ * that follows SGLang release by release (dispatch's table rules, plan's
+ * EPLB). EPX_ERR_INVALID_ARG names the string and the form, and refuses
+ * pre-releases (which rule they carry is unknown); *newer (optional) is
+ * true when the release is newer than EPX_SGLANG_DEFAULT_VERSION. */
+EPXI_HIDDEN epx_status epxi_sglang_release(const char *release, long v[4], bool *newer,
+                                           epx_error *err);
+/* <0, 0, >0 as release a is older than, equal to, newer than b. */
+EPXI_HIDDEN int epxi_release_cmp(const long a[4], const long b[4]);
+
 /* A model's shape from the text of a config.json (model_config.c): the one
  * reader behind epx_model_from_config and the built-in table (models.c).
  * path names the text in messages; info->name and info->model.name are left

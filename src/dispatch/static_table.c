@@ -54,55 +54,23 @@ static epx_status check_replicas(const epx_shape *s, const int32_t *replicas, in
     return EPX_OK;
 }
 
-/* Parse MAJOR.MINOR[.PATCH][.postN] (a leading 'v' allowed) into four numbers. */
-static bool parse_release(const char *s, long v[4]) {
-    v[0] = v[1] = v[2] = v[3] = 0;
-    if (*s == 'v') s++;
-    for (int i = 0; i < 3; i++) {
-        if (*s < '0' || *s > '9') return false;
-        char *end = NULL;
-        v[i] = strtol(s, &end, 10);
-        s = end;
-        if (*s == '\0') return i >= 1;
-        if (*s != '.') return false;
-        s++;
-        if (i >= 1 && strncmp(s, "post", 4) == 0) break;
-    }
-    if (strncmp(s, "post", 4) != 0 || s[4] < '0' || s[4] > '9') return false;
-    char *end = NULL;
-    v[3] = strtol(s + 4, &end, 10);
-    return *end == '\0';
-}
-
-static int release_cmp(const long a[4], const long b[4]) {
-    for (int i = 0; i < 4; i++)
-        if (a[i] != b[i]) return a[i] < b[i] ? -1 : 1;
-    return 0;
-}
-
 epx_status epx_sglang_table_rule(const char *release, epx_sglang_rule *rule, int32_t *newer,
                                  epx_error *err) {
-    long v[4], newest[4];
-    if (release == NULL || rule == NULL)
-        return epxi_fail(err, EPX_ERR_INVALID_ARG,
-                         "epx_sglang_table_rule: release and rule are required");
-    if (!parse_release(release, v))
-        return epxi_fail(err, EPX_ERR_INVALID_ARG,
-                         "SGLang release '%s' is not MAJOR.MINOR[.PATCH][.postN] (e.g. 0.5.2, "
-                         "0.5.4.post2, " EPX_SGLANG_DEFAULT_VERSION
-                         "); pre-releases are refused, as which rule they carry is unknown",
-                         release);
+    long v[4];
+    bool is_newer = false;
+    if (rule == NULL)
+        return epxi_fail(err, EPX_ERR_INVALID_ARG, "epx_sglang_table_rule: rule is required");
+    EPX_TRY(epxi_sglang_release(release, v, &is_newer, err));
     static const long r053[4] = {0, 5, 3, 0}, r054p2[4] = {0, 5, 4, 2}, r0516[4] = {0, 5, 16, 0};
-    if (release_cmp(v, r053) < 0)
+    if (epxi_release_cmp(v, r053) < 0)
         *rule = EPX_SGLANG_RULE_0_5_2;
-    else if (release_cmp(v, r054p2) < 0)
+    else if (epxi_release_cmp(v, r054p2) < 0)
         *rule = EPX_SGLANG_RULE_0_5_3;
-    else if (release_cmp(v, r0516) < 0)
+    else if (epxi_release_cmp(v, r0516) < 0)
         *rule = EPX_SGLANG_RULE_0_5_4_POST2;
     else
         *rule = EPX_SGLANG_RULE_0_5_16;
-    parse_release(EPX_SGLANG_DEFAULT_VERSION, newest);
-    if (newer) *newer = release_cmp(v, newest) > 0;
+    if (newer) *newer = is_newer;
     return EPX_OK;
 }
 

@@ -65,7 +65,15 @@ static epx_status init_from_counts(const epx_counts *c, const epx_init_opts *o, 
     epx_shape s = {c->num_layers, c->num_experts, P, o->num_gpus,
                    o->num_nodes > 0 ? o->num_nodes : 1};
     EPX_TRY(epx_shape_check(&s, err));
-    return epxi_plan_default(c, &s, o->num_groups > 0 ? o->num_groups : 1, out, err);
+    epx_plan_opts po = EPX_PLAN_OPTS_INIT;
+    po.algorithm = o->algorithm;
+    /* init's 0 and 1 both mean "no groups"; the planner's word for that is 0
+     * (SGLang's None, so its auto rule picks the global policy). */
+    po.num_groups = o->num_groups > 1 ? o->num_groups : 0;
+    po.sglang_version = o->sglang_version;
+    po.log = o->log;
+    po.log_user = o->log_user;
+    return epxi_plan_layout(c, &s, &po, out, err);
 }
 
 epx_status epx_layout_init(const char *spec, const epx_init_opts *o, epx_layout **out,

@@ -12,6 +12,10 @@
  * Every load, sum and quotient is float32, as torch computes them, and the
  * comparisons are made on those float32 values, so the result depends on the
  * rounding of each step: float32 is kept here on purpose, never widened.
+ * The one exception is SGLang's copy from 0.5.11 on (EPX_EPLB_RULE_SGLANG_F64):
+ * its packing adds the float32 items as Python floats, so pack loads are
+ * float64 there (pack_f64 below). The SGLang rules also order tied loads
+ * as torch's sort does (torch_sort.c) instead of by index.
  *
  * The reference sorts with an unstable sort and takes argmin/argmax over
  * Python lists; where loads tie it is arbitrary. Here every tie goes to the
@@ -44,6 +48,8 @@ struct epxi_deepseek {
     int32_t slots_per_node;   /* P / nodes                 */
     int32_t slots_per_gpu;    /* P / gpus                  */
     int32_t gpus_per_node;    /* gpus / nodes              */
+    bool pack_f64;            /* EPX_EPLB_RULE_SGLANG_F64: pack loads in float64 */
+    bool torch_order;         /* SGLang rules: ties in torch.sort's order */
     /* Scratch, carved out of one block. */
     float *group_load;                /* [groups] */
     int32_t *group_pack, *group_rank; /* [groups] */
@@ -59,6 +65,7 @@ struct epxi_deepseek {
     uint64_t *node;                   /* [2 * tree] tournament tree, tree = the power of
                                          two >= max(experts_per_node, nodes, gpus_per_node) */
     float *pack_load;                 /* [tree] */
+    double *pack_load64;              /* [tree], EPX_EPLB_RULE_SGLANG_F64 */
     int32_t *pack_items;              /* [tree] */
     void *block;
 };
@@ -264,9 +271,37 @@ static void pack_scan16(const float *w, const int32_t *order, int32_t n, int32_t
 }
 
 /*
+ * SGLang >= 0.5.11: the same greedy choice, but each pack's load is a Python
+ * float (the float32 items widened, then added in float64). A linear scan:
+ * the lightest pack with room, the lowest index on ties (Python's min over
+ * the packs in order); the trees above key on 32-bit float bits, which a
+ * double does not fit, and this rule is only asked for by name.
+ */
+static void pack_f64(epxi_deepseek *ws, const float *w, const int32_t *order, int32_t n,
+                     int32_t num_packs, int32_t per, int32_t *pack, int32_t *rank) {
+    double *load = ws->pack_load64;
+    int32_t *items = ws->pack_items;
+    for (int32_t p = 0; p < num_packs; p++) {
+        load[p] = 0.0;
+        items[p] = 0;
+    }
+    for (int32_t k = 0; k < n; k++) {
+        const int32_t it = order[k];
+        int32_t best = -1;
+        for (int32_t p = 0; p < num_packs; p++)
+            if (items[p] < per && (best < 0 || load[p] < load[best])) best = p;
+        pack[it] = best;
+        rank[it] = items[best]++;
+        load[best] = load[best] + (double)w[it];
+    }
+}
+
+/*
  * balanced_packing: n items of weight w into num_packs packs of n / num_packs
  * items each. Heaviest item first, into the lightest pack with room (lowest
- * index on ties); pack loads accumulate in float32.
+ * index on ties); pack loads accumulate in float32 (float64 for
+ * EPX_EPLB_RULE_SGLANG_F64). Items of equal weight come in index order, or
+ * in torch's for the SGLang rules.
  */
 static void balanced_packing(epxi_deepseek *ws, const float *w, int32_t n, int32_t num_packs,
                              int32_t *pack, int32_t *rank) {
@@ -281,7 +316,14 @@ static void balanced_packing(epxi_deepseek *ws, const float *w, int32_t n, int32
     int32_t *order = ws->order, *items = ws->pack_items;
     float *load = ws->pack_load;
     uint64_t *node = ws->node;
-    sort_desc(ws, w, n, order);
+    if (ws->torch_order)
+        epxi_sort_desc_torch(w, n, order);
+    else
+        sort_desc(ws, w, n, order);
+    if (ws->pack_f64) {
+        pack_f64(ws, w, order, n, num_packs, per, pack, rank);
+        return;
+    }
     if (num_packs <= 8) {
         pack_scan8(w, order, n, num_packs, per, pack, rank);
         return;
@@ -439,8 +481,8 @@ epx_status epxi_deepseek_create(int32_t E, int32_t P, int32_t groups, int32_t no
     const size_t tree = (size_t)tree_width(max3(ws->experts_per_node, nodes, ws->gpus_per_node));
     /* Every array is 4-byte elements: count them, allocate once, carve. */
     /* 8-byte arrays first, so every carve stays aligned. */
-    const size_t words =
-        2 * 2 * tree + 2 * 2 * items + G * 3 + Ex * 3 + epn * 2 + ppn * 3 + items * 3 + tree * 2;
+    const size_t words = 2 * 2 * tree + 2 * 2 * items + 2 * tree + G * 3 + Ex * 3 + epn * 2 +
+                         ppn * 3 + items * 3 + tree * 2;
     uint32_t *block = epxi_calloc(words, sizeof(uint32_t), "DeepSeek workspace", err);
     if (block == NULL) {
         free(ws);
@@ -452,6 +494,7 @@ epx_status epxi_deepseek_create(int32_t E, int32_t P, int32_t groups, int32_t no
     EPXI_CARVE(node, uint64_t, 2 * 2 * tree);
     EPXI_CARVE(sort_a, uint64_t, 2 * items);
     EPXI_CARVE(sort_b, uint64_t, 2 * items);
+    EPXI_CARVE(pack_load64, double, 2 * tree);
     EPXI_CARVE(group_load, float, G);
     EPXI_CARVE(group_pack, int32_t, G);
     EPXI_CARVE(group_rank, int32_t, G);
@@ -473,6 +516,11 @@ epx_status epxi_deepseek_create(int32_t E, int32_t P, int32_t groups, int32_t no
     return EPX_OK;
 }
 
+void epxi_deepseek_set_rule(epxi_deepseek *ws, epx_eplb_rule rule) {
+    ws->pack_f64 = rule == EPX_EPLB_RULE_SGLANG_F64;
+    ws->torch_order = rule != EPX_EPLB_RULE_DEEPSEEK;
+}
+
 void epxi_deepseek_destroy(epxi_deepseek *ws) {
     if (ws == NULL) return;
     free(ws->block);
@@ -485,9 +533,25 @@ epx_status epx_plan_deepseek(const float *weight, int32_t L, int32_t E, int32_t 
                              int32_t num_groups, int32_t num_nodes, int32_t num_gpus,
                              int hierarchical, int32_t *phys_to_log, int32_t *log_to_phys,
                              int32_t *logical_count, epx_error *err) {
+    return epx_plan_deepseek_rule(weight, L, E, P, num_groups, num_nodes, num_gpus, hierarchical,
+                                  EPX_EPLB_RULE_DEEPSEEK, phys_to_log, log_to_phys, logical_count,
+                                  err);
+}
+
+epx_status epx_plan_deepseek_rule(const float *weight, int32_t L, int32_t E, int32_t P,
+                                  int32_t num_groups, int32_t num_nodes, int32_t num_gpus,
+                                  int hierarchical, epx_eplb_rule rule, int32_t *phys_to_log,
+                                  int32_t *log_to_phys, int32_t *logical_count, epx_error *err) {
     if (weight == NULL || phys_to_log == NULL)
         return epxi_fail(err, EPX_ERR_INVALID_ARG,
                          "epx_plan_deepseek: weight and phys_to_log must not be NULL");
+    if ((int)rule < EPX_EPLB_RULE_DEEPSEEK || (int)rule > EPX_EPLB_RULE_SGLANG_F64)
+        return epxi_fail(err, EPX_ERR_INVALID_ARG,
+                         "EPLB rule %d is unknown: use EPX_EPLB_RULE_DEEPSEEK (0), "
+                         "EPX_EPLB_RULE_SGLANG_F32 (1, SGLang <= 0.5.10.post1) or "
+                         "EPX_EPLB_RULE_SGLANG_F64 (2, SGLang >= 0.5.11); "
+                         "epx_sglang_eplb_rule maps a release to its rule",
+                         (int)rule);
     epx_shape s = {L, E, P, num_gpus, hierarchical ? num_nodes : 1};
     EPX_TRY(epx_shape_check(&s, err));
     const size_t le = (size_t)L * (size_t)E;
@@ -501,6 +565,7 @@ epx_status epx_plan_deepseek(const float *weight, int32_t L, int32_t E, int32_t 
     epxi_deepseek *ws = NULL;
     EPX_TRY(
         epxi_deepseek_create(E, P, num_groups, num_nodes, num_gpus, hierarchical != 0, &ws, err));
+    epxi_deepseek_set_rule(ws, rule);
     const int32_t X = P - E + 1;
     int32_t *rank = epxi_calloc((size_t)P, sizeof *rank, "replica ranks", err);
     if (rank == NULL) {
@@ -539,5 +604,19 @@ epx_status epxi_plan_load_f32(const epx_counts *c, float *out, epx_error *err) {
                              i / (size_t)c->num_experts, i % (size_t)c->num_experts, x);
         out[i] = (float)x;
     }
+    return EPX_OK;
+}
+
+/* SGLang's EPLB copy changed once, at 0.5.11 (epx_eplb_rule in plan.h). */
+epx_status epx_sglang_eplb_rule(const char *release, epx_eplb_rule *rule, int32_t *newer,
+                                epx_error *err) {
+    long v[4];
+    bool is_newer = false;
+    if (rule == NULL)
+        return epxi_fail(err, EPX_ERR_INVALID_ARG, "epx_sglang_eplb_rule: rule is required");
+    EPX_TRY(epxi_sglang_release(release, v, &is_newer, err));
+    static const long r0511[4] = {0, 5, 11, 0};
+    *rule = epxi_release_cmp(v, r0511) < 0 ? EPX_EPLB_RULE_SGLANG_F32 : EPX_EPLB_RULE_SGLANG_F64;
+    if (newer) *newer = is_newer;
     return EPX_OK;
 }

@@ -25,6 +25,8 @@
 struct epx_plan {
     epx_layout *layout;
     double *weights; /* [L][P] */
+    int32_t *l2p;    /* [L][E][P - E + 1]: SGLang's replica order for this plan */
+    bool l2p_rank;   /* l2p is in DeepSeek's replica-rank order */
     double seconds;
     epx_algorithm algorithm;
 };
@@ -176,8 +178,26 @@ static epx_status check_opts(const epx_plan_opts *o, const epx_shape *s, epx_alg
                          "the expert count (use the model's n_group, or 0 for none)",
                          E, o->num_groups);
     *algo = resolve_auto(o, s);
+    if (*algo == EPX_ALGO_EPX && o->sglang_version != NULL)
+        return epxi_fail(err, EPX_ERR_INVALID_ARG,
+                         "sglang_version (--sglang-version) '%.64s' applies to the DeepSeek modes "
+                         "(SGLang's copy of "
+                         "EPLB): use --algorithm deepseek, deepseek-hierarchical or auto, or "
+                         "leave it unset for epx's planner",
+                         o->sglang_version);
     if (*algo == EPX_ALGO_EPX) return EPX_OK;
     EPX_TRY(check_deepseek_opts(o, *algo, err));
+    if (o->sglang_version != NULL) {
+        epx_eplb_rule rule;
+        int32_t newer = 0;
+        EPX_TRY(epx_sglang_eplb_rule(o->sglang_version, &rule, &newer, err));
+        if (newer)
+            epxi_log(o->log, o->log_user, EPX_LOG_WARN,
+                     "SGLang %.64s is newer than the newest release epx verified "
+                     "(" EPX_SGLANG_DEFAULT_VERSION "); planning with " EPX_SGLANG_DEFAULT_VERSION
+                     "'s EPLB rule",
+                     o->sglang_version);
+    }
     const bool hier = *algo == EPX_ALGO_DEEPSEEK_HIERARCHICAL;
     if (hier && s->num_nodes > 1 && o->num_groups == 0)
         return epxi_fail(err, EPX_ERR_INVALID_ARG,
@@ -197,23 +217,40 @@ static double now_seconds(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+/* DeepSeek's placement of every layer into map [L][P]; with l2p (may be
+ * NULL) also each expert's slots in replica-rank order, [L][E][P - E + 1]. */
 static epx_status plan_deepseek_all(const epx_counts *c, const epx_shape *s, const epx_plan_opts *o,
-                                    bool hier, int32_t *map, epx_error *err) {
+                                    bool hier, int32_t *map, int32_t *l2p, epx_error *err) {
     const int32_t L = s->num_layers, E = s->num_logical_experts, P = s->num_physical_experts;
+    const size_t X = (size_t)(P - E + 1);
+    epx_eplb_rule rule = EPX_EPLB_RULE_DEEPSEEK;
+    if (o->sglang_version != NULL)
+        EPX_TRY(epx_sglang_eplb_rule(o->sglang_version, &rule, NULL, err));
     float *w = epxi_calloc((size_t)L * (size_t)E, sizeof *w, "float32 load", err);
-    if (w == NULL) return err ? err->status : EPX_ERR_NOMEM;
+    int32_t *rank = w ? epxi_calloc((size_t)P, sizeof *rank, "replica ranks", err) : NULL;
+    if (rank == NULL) {
+        free(w);
+        return err ? err->status : EPX_ERR_NOMEM;
+    }
     epxi_deepseek *ws = NULL;
     epx_status st = epxi_plan_load_f32(c, w, err);
     if (st == EPX_OK)
         st = epxi_deepseek_create(E, P, o->num_groups > 0 ? o->num_groups : 1, s->num_nodes,
                                   s->num_gpus, hier, &ws, err);
+    if (st == EPX_OK) epxi_deepseek_set_rule(ws, rule);
     if (st == EPX_OK)
         for (int32_t l = 0; l < L; l++) {
-            epxi_deepseek_layer(ws, w + (size_t)l * (size_t)E, map + (size_t)l * (size_t)P, NULL,
-                                NULL);
+            int32_t *row = map + (size_t)l * (size_t)P;
+            epxi_deepseek_layer(ws, w + (size_t)l * (size_t)E, row, rank, NULL);
+            if (l2p != NULL) {
+                int32_t *out = l2p + (size_t)l * (size_t)E * X;
+                for (size_t i = 0; i < (size_t)E * X; i++) out[i] = -1;
+                for (int32_t p = 0; p < P; p++) out[(size_t)row[p] * X + (size_t)rank[p]] = p;
+            }
             if (o->progress) o->progress(o->progress_user, "layers planned", l + 1, L);
         }
     epxi_deepseek_destroy(ws);
+    free(rank);
     free(w);
     return st;
 }
@@ -263,6 +300,7 @@ static void planned_load(const epx_counts *counts, epx_algorithm algo, const epx
 typedef struct {
     epx_algorithm algo;
     const epx_shape *checked; /* the shape check_opts checked */
+    int32_t *l2p;             /* optional: DeepSeek's replica-rank lists, [L][E][P - E + 1] */
 } place_ctx;
 
 static epx_status place(void *ctx, const epx_counts *counts, const epx_shape *shape,
@@ -279,7 +317,7 @@ static epx_status place(void *ctx, const epx_counts *counts, const epx_shape *sh
     if (shape != pc->checked)
         EPX_TRY(epxi_deepseek_check(E, P, opts->num_groups > 0 ? opts->num_groups : 1,
                                     shape->num_nodes, shape->num_gpus, hier, err));
-    EPX_TRY(plan_deepseek_all(counts, shape, opts, hier, map, err));
+    EPX_TRY(plan_deepseek_all(counts, shape, opts, hier, map, pc->l2p, err));
     /* DeepSeek's dispatch splits an expert's tokens evenly. */
     int32_t *nv = epxi_calloc((size_t)E, sizeof *nv, "replica counts", err);
     if (nv == NULL) return EPX_ERR_NOMEM;
@@ -315,15 +353,33 @@ epx_status epx_plan_compute(const epx_counts *counts, const epx_shape *shape,
         return err ? err->status : EPX_ERR_NOMEM;
     }
     plan->algorithm = algo;
-    place_ctx pc = {algo, shape};
+    const bool constrained = epxi_plan_is_constrained(opts);
+    const size_t LEX = (size_t)shape->num_layers * (size_t)shape->num_logical_experts *
+                       (size_t)(shape->num_physical_experts - shape->num_logical_experts + 1);
+    plan->l2p = epxi_calloc(LEX, sizeof *plan->l2p, "logical_to_physical map", err);
+    if (plan->l2p == NULL) {
+        free(map);
+        epx_plan_destroy(plan);
+        return err ? err->status : EPX_ERR_NOMEM;
+    }
+    /* Replica ranks survive only an unconstrained DeepSeek plan: the
+     * constrained path relabels slots inside each GPU. */
+    plan->l2p_rank = algo != EPX_ALGO_EPX && !constrained;
+    place_ctx pc = {algo, shape, plan->l2p_rank ? plan->l2p : NULL};
     /* Planning around the layout in service or failed GPUs wraps place(). */
-    epx_status st =
-        epxi_plan_is_constrained(opts)
-            ? epxi_plan_constrained(counts, shape, opts, place, &pc, map, plan->weights, err)
-            : place(&pc, counts, shape, opts, map, plan->weights, NULL, err);
+    epx_status st = constrained ? epxi_plan_constrained(counts, shape, opts, place, &pc, map,
+                                                        plan->weights, err)
+                                : place(&pc, counts, shape, opts, map, plan->weights, NULL, err);
     /* The map is checked (a guard against planner bugs); the shape was. */
     if (st == EPX_OK) st = epxi_layout_create_checked(shape, map, &plan->layout, err);
     free(map);
+    if (st == EPX_OK && !plan->l2p_rank) {
+        /* Ascending, as init_by_mapping builds it: the layout's own lists
+         * (W = P - E + 1 wide, the same width). */
+        int32_t W = 0;
+        const int32_t *asc = epx_layout_logical_to_all_physical(plan->layout, &W);
+        memcpy(plan->l2p, asc, LEX * sizeof *plan->l2p);
+    }
     if (st == EPX_OK) st = check_shares(plan->layout, plan->weights, err);
     if (st != EPX_OK) {
         epx_plan_destroy(plan);
@@ -338,6 +394,7 @@ void epx_plan_destroy(epx_plan *plan) {
     if (plan == NULL) return;
     epx_layout_destroy(plan->layout);
     free(plan->weights);
+    free(plan->l2p);
     free(plan);
 }
 
@@ -346,15 +403,20 @@ const double *epx_plan_replica_weights(const epx_plan *plan) { return plan->weig
 double epx_plan_seconds(const epx_plan *plan) { return plan->seconds; }
 epx_algorithm epx_plan_algorithm(const epx_plan *plan) { return plan->algorithm; }
 
+const int32_t *epx_plan_logical_to_physical(const epx_plan *plan, int32_t *width,
+                                            int32_t *replica_rank) {
+    const epx_shape *s = epx_layout_shape(plan->layout);
+    if (width) *width = s->num_physical_experts - s->num_logical_experts + 1;
+    if (replica_rank) *replica_rank = plan->l2p_rank;
+    return plan->l2p;
+}
+
 /* ---- the hook epx_layout_init uses ------------------------------------------ */
 
-epx_status epxi_plan_default(const epx_counts *counts, const epx_shape *shape, int32_t num_groups,
-                             epx_layout **out, epx_error *err) {
-    epx_plan_opts o = EPX_PLAN_OPTS_INIT;
-    /* init passes 1 for "no groups"; the planner's word for that is 0. */
-    o.num_groups = num_groups > 1 ? num_groups : 0;
+epx_status epxi_plan_layout(const epx_counts *counts, const epx_shape *shape,
+                            const epx_plan_opts *opts, epx_layout **out, epx_error *err) {
     epx_plan *plan = NULL;
-    EPX_TRY(epx_plan_compute(counts, shape, &o, &plan, err));
+    EPX_TRY(epx_plan_compute(counts, shape, opts, &plan, err));
     *out = plan->layout;
     plan->layout = NULL;
     epx_plan_destroy(plan);

@@ -39,6 +39,14 @@ EPXI_HIDDEN epx_status epxi_deepseek_create(int32_t E, int32_t P, int32_t groups
                                             int32_t gpus, bool hierarchical, epxi_deepseek **out,
                                             epx_error *err);
 EPXI_HIDDEN void epxi_deepseek_destroy(epxi_deepseek *ws);
+/* Follow a rule other than DeepSeek's original (the default of a new
+ * workspace): the SGLang rules order ties as torch.sort does, and
+ * EPX_EPLB_RULE_SGLANG_F64 packs with float64 loads. */
+EPXI_HIDDEN void epxi_deepseek_set_rule(epxi_deepseek *ws, epx_eplb_rule rule);
+
+/* order[0..n) = the indices of w [n] (finite, >= 0) in the order
+ * torch.sort(descending=True) returns them on the CPU (torch_sort.c). */
+EPXI_HIDDEN void epxi_sort_desc_torch(const float *w, int32_t n, int32_t *order);
 
 /*
  * Plan one layer. weight [E] float32, finite, >= 0 (not checked here).

@@ -3,7 +3,12 @@
  * as the SGLang mapping file (`--init-expert-location` takes it as it is),
  * optionally with a JSON report: the algorithm that ran, balancedness on the
  * planning load (the windows' sum), the bound and the gap, the per-replica
- * dispatch weights, and the seconds the placement computation took.
+ * dispatch weights, the seconds the placement computation took, and the
+ * placement in both of SGLang's forms: physical_to_logical_map and
+ * logical_to_physical_map in the order SGLang builds for it (replica-rank
+ * order for a DeepSeek plan, as init_by_eplb; ascending otherwise, as
+ * init_by_mapping reads the mapping file), so `epx dispatch-table
+ * --placement REPORT --order replica-rank` gives init_by_eplb's table.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -57,7 +62,50 @@ typedef struct report_ctx {
     const epx_layer_balance *layers;
     double cross_node_share; /* load served off its group's home node */
     const char *input;       /* how the counts were read */
+    const char *sglang;      /* --sglang-version, or NULL */
 } report_ctx;
+
+/* A JSON value or null. */
+static void json_string_or_null(FILE *f, const char *s) {
+    if (s == NULL)
+        fputs("null", f);
+    else
+        json_string(f, s);
+}
+
+/* physical_to_logical_map [L][P] and logical_to_physical_map [L][E][X]:
+ * X is the largest replica count of any expert, as SGLang's
+ * rebalance_experts returns it; -1 pads. */
+static void report_maps(FILE *f, const epx_plan *plan) {
+    const epx_layout *lay = epx_plan_layout(plan);
+    const epx_shape *s = epx_layout_shape(lay);
+    const int32_t L = s->num_layers, E = s->num_logical_experts, P = s->num_physical_experts;
+    const int32_t *p2l = epx_layout_physical_to_logical(lay), *nv = epx_layout_num_valid(lay);
+    int32_t W = 0, rank = 0, X = 1;
+    const int32_t *l2p = epx_plan_logical_to_physical(plan, &W, &rank);
+    for (size_t i = 0; i < (size_t)L * (size_t)E; i++) X = nv[i] > X ? nv[i] : X;
+    fputs("  \"physical_to_logical_map\": [\n", f);
+    for (int32_t l = 0; l < L; l++) {
+        fputs("    [", f);
+        for (int32_t p = 0; p < P; p++)
+            fprintf(f, "%s%d", p ? ", " : "", p2l[(size_t)l * (size_t)P + (size_t)p]);
+        fputs(l + 1 < L ? "],\n" : "]\n", f);
+    }
+    fprintf(f, "  ],\n  \"logical_to_physical_order\": \"%s\",\n",
+            rank ? "replica-rank" : "ascending");
+    fputs("  \"logical_to_physical_map\": [\n", f);
+    for (int32_t l = 0; l < L; l++) {
+        fputs("    [", f);
+        for (int32_t e = 0; e < E; e++) {
+            const int32_t *row = l2p + ((size_t)l * (size_t)E + (size_t)e) * (size_t)W;
+            fputs(e ? ", [" : "[", f);
+            for (int32_t k = 0; k < X; k++) fprintf(f, "%s%d", k ? ", " : "", row[k]);
+            fputc(']', f);
+        }
+        fputs(l + 1 < L ? "],\n" : "]\n", f);
+    }
+    fputs("  ],\n", f);
+}
 
 static epx_status report_body(FILE *f, const void *ctx, epx_error *err) {
     (void)err;
@@ -68,6 +116,8 @@ static epx_status report_body(FILE *f, const void *ctx, epx_error *err) {
     json_string(f, epx_algorithm_name(epx_plan_algorithm(r->plan)));
     fputs(",\n  \"algorithm_requested\": ", f);
     json_string(f, epx_algorithm_name(r->requested));
+    fputs(",\n  \"sglang_version\": ", f);
+    json_string_or_null(f, r->sglang);
     fputs(",\n  \"counts\": ", f);
     json_string(f, r->counts_path);
     fputs(",\n  \"input\": ", f);
@@ -93,7 +143,9 @@ static epx_status report_body(FILE *f, const void *ctx, epx_error *err) {
     fputs("],\n  \"per_layer_bound\": [", f);
     for (int32_t l = 0; l < s->num_layers; l++)
         fprintf(f, "%s%.17g", l ? ", " : "", r->layers[l].bound);
-    fputs("],\n  \"replica_weights\": [\n", f);
+    fputs("],\n", f);
+    report_maps(f, r->plan);
+    fputs("  \"replica_weights\": [\n", f);
     const double *w = epx_plan_replica_weights(r->plan);
     const int32_t P = s->num_physical_experts;
     for (int32_t l = 0; l < s->num_layers; l++) {
@@ -118,8 +170,17 @@ int cmd_plan(int argc, char **argv) {
         {"--algorithm", "A", "epx (default), deepseek, deepseek-hierarchical or auto", NULL},
         {"--node-local", "MODE", "epx only: strict, relaxed (default with --nodes > 1) or off",
          NULL},
+        {"--sglang-version", "V",
+         "deepseek modes: plan as SGLang release V's copy of EPLB does, ties included "
+         "(float64 pack sums from 0.5.11; default: DeepSeek's original, ties to the lowest "
+         "index). Verified on 0.5.2 - " EPX_SGLANG_DEFAULT_VERSION
+         "; a newer V warns and uses the newest rule",
+         NULL},
         {"-o", "FILE", "output: the SGLang mapping {\"physical_to_logical_map\": [L][P]}", NULL},
-        {"--report", "FILE", "also write a JSON report (balancedness, bound, weights, time)", NULL},
+        {"--report", "FILE",
+         "also write a JSON report (balancedness, bound, weights, time, and the placement with "
+         "logical_to_physical_map in the order SGLang builds)",
+         NULL},
         {"--current", "FILE", "the placement in service: keep its slots where it costs no balance",
          NULL},
         {"--max-moves", "M", "with --current: at most M slots change, over all layers", NULL},
@@ -130,18 +191,19 @@ int cmd_plan(int argc, char **argv) {
         CLI_READ_OPTS_HELP,
         {NULL, NULL, NULL, NULL},
     };
-    cli_cmd cmd = {"plan",
-                   "epx plan --counts FILE --gpus G [--nodes N] [--groups K] "
-                   "[--redundant R | --physical P] [--algorithm A] [--node-local MODE] "
-                   "-o PLACEMENT.json [--report REPORT.json] [--current FILE [--max-moves M] "
-                   "[--move-price X] [--expert-bytes B]] [--failed-gpus LIST] "
-                   "[--window-passes N] [--stat-rows HOW]",
-                   "Plan a placement for a load and write it as an SGLang mapping file. DeepSeek "
-                   "modes plan for the sum of the windows, as SGLang does.",
-                   opts,
-                   0,
-                   {0},
-                   0};
+    cli_cmd cmd = {
+        "plan",
+        "epx plan --counts FILE --gpus G [--nodes N] [--groups K] "
+        "[--redundant R | --physical P] [--algorithm A] [--node-local MODE] [--sglang-version V] "
+        "-o PLACEMENT.json [--report REPORT.json] [--current FILE [--max-moves M] "
+        "[--move-price X] [--expert-bytes B]] [--failed-gpus LIST] "
+        "[--window-passes N] [--stat-rows HOW]",
+        "Plan a placement for a load and write it as an SGLang mapping file. DeepSeek "
+        "modes plan for the sum of the windows, as SGLang does.",
+        opts,
+        0,
+        {0},
+        0};
     int rc = cli_parse(&cmd, argc, argv);
     if (rc >= 0) return rc;
     const char *counts_path = cli_require(&cmd, "--counts");
@@ -174,6 +236,12 @@ int cmd_plan(int argc, char **argv) {
     if (algo != NULL && epx_algorithm_parse(algo, &o.algorithm, &err) != EPX_OK)
         return cli_report(&cmd, &err);
     if (!parse_node_local(cli_get(&cmd, "--node-local"), &o.node_local)) return CLI_EXIT_USAGE;
+    /* A newer release is warned about by the planner, through o.log; a
+     * malformed one is refused here, before the counts are read. */
+    o.sglang_version = cli_get(&cmd, "--sglang-version");
+    epx_eplb_rule rule;
+    if (o.sglang_version && epx_sglang_eplb_rule(o.sglang_version, &rule, NULL, &err) != EPX_OK)
+        return cli_report(&cmd, &err);
 
     epx_counts *counts = NULL;
     char how[512] = "";
@@ -276,8 +344,8 @@ int cmd_plan(int argc, char **argv) {
     }
     printf("wrote %s\n", out);
     if (report != NULL) {
-        report_ctx r = {counts_path, counts, plan,   o.algorithm, K,
-                        &bal,        &even,  layers, xshare,      how};
+        report_ctx r = {counts_path, counts, plan, o.algorithm,     K, &bal, &even,
+                        layers,      xshare, how,  o.sglang_version};
         if (epx_file_write(report, report_body, &r, &err) != EPX_OK) {
             rc = cli_write_failed(&cmd, &err);
             goto done;

@@ -1,0 +1,71 @@
+#!/bin/bash
+# plan_sglang.sh - `epx plan --sglang-version V` (issue 18): the mapping
+# equals what SGLang release V's own EPLB placed (tests/data/sglang_eplb,
+# from tools/sglang_eplb.py) on both sides of its change at 0.5.11, the
+# default is DeepSeek's original (= SGLang <= 0.5.10.post1), the report
+# always carries logical_to_physical_map in the order SGLang builds
+# (replica-rank for DeepSeek plans, ascending for epx's), dispatch-table
+# reads it, and bad or newer releases are refused or warned about.
+set -u
+. "${EPX_SOURCE:?EPX_SOURCE is not set}/tests/util/cli_test.sh"
+cli_scratch plan_sglang
+command -v python3 >/dev/null || { echo "skip: python3 not installed"; exit 77; }
+CASE=$EPX_SOURCE/tests/data/sglang_eplb/parting_2_g8_n2.json # 8 GPUs, 2 nodes, 8 groups, P 96
+plan=("$EPX" plan --counts "$CASE" --gpus 8 --nodes 2 --groups 8 --physical 96 --algorithm auto)
+
+same() { # MAPPING REPORT VERSION: the release's placement, and the report agrees
+    python3 - "$CASE" "$@" <<'PY'
+import json, sys
+case, m, r, v = json.load(open(sys.argv[1])), json.load(open(sys.argv[2])), json.load(open(sys.argv[3])), sys.argv[4]
+want = case["sglang"][v]
+assert m["physical_to_logical_map"] == want["physical_to_logical_map"], "placement differs"
+assert r["physical_to_logical_map"] == m["physical_to_logical_map"]
+assert r["logical_to_physical_order"] == "replica-rank"
+l2p, w = r["logical_to_physical_map"], want["logical_to_physical_map"]
+assert len(l2p[0][0]) == len(w[0][0]), "width is not the largest replica count"
+assert l2p == w, "replica-rank lists differ"
+PY
+}
+for v in 0.5.10.post1 0.5.11; do
+    check "plan $v" expect_rc 0 "${plan[@]}" --sglang-version "$v" -o "m$v.json" --report "r$v.json"
+    check "equals SGLang $v" same "m$v.json" "r$v.json" "$v"
+done
+check "the releases part on this load" bash -c '! cmp -s m0.5.10.post1.json m0.5.11.json'
+check "default: DeepSeek's original" expect_rc 0 "${plan[@]}" -o m.json --report r.json
+check "default = 0.5.10.post1" cmp -s m.json m0.5.10.post1.json
+check "report: no release" python3 -c 'import json,sys; assert json.load(open("r.json"))["sglang_version"] is None'
+check "report: the release" python3 -c 'import json,sys; assert json.load(open("r0.5.11.json"))["sglang_version"] == "0.5.11"'
+
+# epx's plan: SGLang reads the mapping file, so its lists are ascending.
+check "plan epx" expect_rc 0 "$EPX" plan --counts "$CASE" --gpus 8 --physical 96 -o e.json --report re.json
+check "epx report: ascending lists" python3 - re.json <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))
+assert r["logical_to_physical_order"] == "ascending"
+for row, lists in zip(r["physical_to_logical_map"], r["logical_to_physical_map"]):
+    for e, slots in enumerate(lists):
+        s = [p for p in slots if p >= 0]
+        assert s == sorted(p for p in range(len(row)) if row[p] == e), (e, slots)
+        assert slots[len(s):] == [-1] * (len(slots) - len(s))
+PY
+
+# The report is a placement dispatch-table reads in replica-rank order.
+check "dispatch-table from the report" expect_rc 0 "$EPX" dispatch-table --placement r0.5.11.json \
+    --gpus 8 --nodes 2 --order replica-rank -o t.json
+check "table names replicas of the right experts" python3 - r0.5.11.json t.json <<'PY'
+import json, sys
+r, t = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))["logical_to_rank_dispatch_physical_map"]
+p2l = r["physical_to_logical_map"]
+assert all(p2l[l][slot] == e for rank in t for l, row in enumerate(rank) for e, slot in enumerate(row))
+PY
+
+check "junk release" refuse "SGLang release '0.5.x' is not MAJOR.MINOR" "${plan[@]}" --sglang-version 0.5.x -o x.json
+check "pre-release" refuse "'0.5.11rc1'" "${plan[@]}" --sglang-version 0.5.11rc1 -o x.json
+check "epx refuses it" refuse "--sglang-version) '0.5.11' applies to the DeepSeek modes" \
+    "$EPX" plan --counts "$CASE" --gpus 8 --physical 96 --sglang-version 0.5.11 -o x.json
+check "nothing written on refusal" test ! -e x.json
+check "newer release warns" expect_rc 0 "${plan[@]}" --sglang-version 0.7.0 -o n.json
+check "  the warning" grep -qF "SGLang 0.7.0 is newer than the newest release epx verified (0.5.23)" err
+check "  with the newest rule" cmp -s n.json m0.5.11.json
+check "help names the releases" bash -c '"$0" plan --help 2>&1 | grep -q "0.5.2 - 0.5.23"' "$EPX"
+exit $fail
