@@ -44,11 +44,10 @@ import importlib
 import json
 import os
 import random
-import subprocess
 import sys
-import tempfile
 import types
-import zipfile
+
+from wheel_files import extract
 
 VERSIONS = ["0.5.2", "0.5.10.post1", "0.5.11", "0.5.23"]
 PKG = "sglang/srt/eplb/eplb_algorithms/"
@@ -56,18 +55,8 @@ PKG = "sglang/srt/eplb/eplb_algorithms/"
 
 def download(dest, versions):
     for v in versions:
-        with tempfile.TemporaryDirectory() as tmp:
-            subprocess.run(
-                [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet",
-                 f"sglang=={v}", "-d", tmp], check=True)
-            (whl,) = glob.glob(os.path.join(tmp, "*.whl"))
-            with zipfile.ZipFile(whl) as z:
-                for name in z.namelist():
-                    if name.startswith(PKG) and name.endswith(".py"):
-                        out = os.path.join(dest, v, name)
-                        os.makedirs(os.path.dirname(out), exist_ok=True)
-                        with open(out, "wb") as f:
-                            f.write(z.read(name))
+        extract("sglang", v, dest,
+                lambda name: name if name.startswith(PKG) and name.endswith(".py") else None)
 
 
 def load_release(root):

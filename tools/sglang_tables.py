@@ -28,16 +28,14 @@ DIR holds DIR/<version>/expert_location.py (download writes that layout).
 """
 import argparse
 import ast
-import glob
 import inspect
 import json
 import os
 import random
-import subprocess
 import sys
-import tempfile
 import types
-import zipfile
+
+from wheel_files import extract
 
 VERSIONS = [
     "0.5.2", "0.5.3", "0.5.4.post1", "0.5.4.post2", "0.5.5", "0.5.15", "0.5.16",
@@ -57,17 +55,9 @@ NEEDED = [
 
 
 def download(dest, versions):
+    src = "sglang/srt/eplb/expert_location.py"
     for v in versions:
-        with tempfile.TemporaryDirectory() as tmp:
-            subprocess.run(
-                [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet",
-                 f"sglang=={v}", "-d", tmp], check=True)
-            (whl,) = glob.glob(os.path.join(tmp, "*.whl"))
-            with zipfile.ZipFile(whl) as z:
-                src = z.read("sglang/srt/eplb/expert_location.py")
-        os.makedirs(os.path.join(dest, v), exist_ok=True)
-        with open(os.path.join(dest, v, "expert_location.py"), "wb") as f:
-            f.write(src)
+        extract("sglang", v, dest, lambda name: "expert_location.py" if name == src else None)
 
 
 class _NS(types.SimpleNamespace):
