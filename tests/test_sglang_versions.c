@@ -127,6 +127,17 @@ static void release_goldens(void **state) {
     assert_int_equal(runs, cases * 9);
 }
 
+/* The per-rank passes of a cut table run on threads: the goldens again with
+ * one thread, and with three (a count that divides no rank count here). */
+static void release_goldens_any_threads(void **state) {
+    static const char *counts[] = {"1", "3"};
+    for (size_t i = 0; i < sizeof counts / sizeof counts[0]; i++) {
+        setenv("EPX_THREADS", counts[i], 1);
+        release_goldens(state);
+    }
+    unsetenv("EPX_THREADS");
+}
+
 static void release_strings(void **state) {
     (void)state;
     static const struct {
@@ -171,6 +182,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(release_strings),
         cmocka_unit_test(release_goldens),
+        cmocka_unit_test(release_goldens_any_threads),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

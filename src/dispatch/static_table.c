@@ -24,8 +24,10 @@
  * experts onto one replica. bench/RESULTS.md has both.)
  */
 #include <math.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "pyrandom.h"
 
@@ -117,41 +119,142 @@ static void sg_entry(const sg_geom *q, int32_t G, epxi_pyrandom *rng, int32_t *c
         if (part[g] < 0) part[g] = ans[i++];
 }
 
-/* SGLang's table. `cand` holds the valid replicas in the given order. With
- * `cut` (init_by_mapping, >= 0.5.4.post2) rank r's row comes from a table
- * over rank r's cut lists: one pass over the table per rank. */
-static void sglang_table(const epx_shape *s, const int32_t *replicas, int32_t width, uint64_t seed,
-                         epx_sglang_rule rule, bool cut, int32_t *out, int32_t *cand, int32_t *part,
-                         int32_t *ans, void *scratch) {
+/* Scratch of one pass over SGLang's table: the candidates, every rank's
+ * choice, the fair choices and sample()'s own. */
+typedef struct sg_scratch {
+    int32_t *cand, *part, *ans;
+    void *sample;
+} sg_scratch;
+
+static size_t sg_scratch_bytes(int32_t G, int32_t width) {
+    return (2 * (size_t)width + 2 * (size_t)G) * sizeof(int32_t) +
+           epxi_pyrandom_sample_scratch_bytes((size_t)width);
+}
+
+static sg_scratch sg_scratch_at(void *mem, int32_t G, int32_t width) {
+    sg_scratch w;
+    w.cand = mem;
+    w.part = w.cand + width;
+    w.ans = w.part + G;
+    w.sample = w.ans + G + width;
+    return w;
+}
+
+/* One pass over SGLang's table, one generator from `seed`. cut_rank < 0:
+ * the lists as given, every rank's row written. cut_rank = r
+ * (init_by_mapping from 0.5.4.post2): rank r's lists cut to its nearest
+ * replica, and only its row kept, as every SGLang rank computes the whole
+ * table from its own lists. A lone candidate (from 0.5.4.post2) is every
+ * rank's choice and draws nothing, so it skips the per-rank scan: with the
+ * cut that is most entries. */
+static void sglang_pass(const epx_shape *s, const int32_t *replicas, int32_t width, uint64_t seed,
+                        epx_sglang_rule rule, int32_t cut_rank, int32_t *out, const sg_scratch *w) {
     int32_t L = s->num_layers, E = s->num_logical_experts, G = s->num_gpus;
     int32_t per = s->num_physical_experts / G, gpn = G / s->num_nodes;
     sg_geom q = {rule, per, per * gpn, gpn};
     size_t LE = (size_t)L * (size_t)E;
-    cut = cut && rule >= EPX_SGLANG_RULE_0_5_4_POST2;
-    for (int32_t r = 0; r < (cut ? G : 1); r++) {
-        epxi_pyrandom rng;
-        epxi_pyrandom_seed(&rng, seed);
-        for (int32_t l = 0; l < L; l++)
-            for (int32_t e = 0; e < E; e++) {
-                const int32_t *row = replicas + ((size_t)l * (size_t)E + (size_t)e) * (size_t)width;
-                int32_t n = 0;
-                for (int32_t j = 0; j < width; j++)
-                    if (row[j] >= 0) cand[n++] = row[j];
-                if (cut) { /* _compute_logical_to_all_physical_map's cut for rank r */
-                    int32_t near = sg_nearest(&q, r, cand, n);
-                    if (near >= 0) {
-                        cand[0] = near;
-                        n = 1;
-                    }
-                }
-                sg_entry(&q, G, &rng, cand, n, part, ans, scratch);
-                size_t at = (size_t)l * (size_t)E + (size_t)e;
-                if (cut)
-                    out[(size_t)r * LE + at] = part[r];
-                else
-                    for (int32_t g = 0; g < G; g++) out[(size_t)g * LE + at] = part[g];
+    const bool lone_free = rule >= EPX_SGLANG_RULE_0_5_4_POST2;
+    epxi_pyrandom rng;
+    epxi_pyrandom_seed(&rng, seed);
+    for (int32_t l = 0; l < L; l++)
+        for (int32_t e = 0; e < E; e++) {
+            const int32_t *row = replicas + ((size_t)l * (size_t)E + (size_t)e) * (size_t)width;
+            int32_t n = 0;
+            for (int32_t j = 0; j < width; j++)
+                if (row[j] >= 0) w->cand[n++] = row[j];
+            if (cut_rank >= 0) { /* _compute_logical_to_all_physical_map's cut */
+                int32_t near = sg_nearest(&q, cut_rank, w->cand, n);
+                if (near >= 0) w->cand[0] = near, n = 1;
             }
+            size_t at = (size_t)l * (size_t)E + (size_t)e;
+            if (lone_free && n == 1) {
+                if (cut_rank >= 0)
+                    out[(size_t)cut_rank * LE + at] = w->cand[0];
+                else
+                    for (int32_t g = 0; g < G; g++) out[(size_t)g * LE + at] = w->cand[0];
+                continue;
+            }
+            sg_entry(&q, G, &rng, w->cand, n, w->part, w->ans, w->sample);
+            if (cut_rank >= 0)
+                out[(size_t)cut_rank * LE + at] = w->part[cut_rank];
+            else
+                for (int32_t g = 0; g < G; g++) out[(size_t)g * LE + at] = w->part[g];
+        }
+}
+
+/* The per-rank passes of a cut table, ranks first, first + step, ...: one
+ * thread's share. Rows of different ranks never overlap, so threads write
+ * `out` without locks. */
+typedef struct sg_job {
+    const epx_shape *s;
+    const int32_t *replicas;
+    int32_t width, first, step;
+    uint64_t seed;
+    epx_sglang_rule rule;
+    int32_t *out;
+    int failed; /* out of memory for its scratch */
+} sg_job;
+
+static void *sg_run(void *arg) {
+    sg_job *j = arg;
+    void *mem = calloc(1, sg_scratch_bytes(j->s->num_gpus, j->width));
+    if (mem == NULL) {
+        j->failed = 1;
+        return NULL;
     }
+    sg_scratch w = sg_scratch_at(mem, j->s->num_gpus, j->width);
+    for (int32_t r = j->first; r < j->s->num_gpus; r += j->step)
+        sglang_pass(j->s, j->replicas, j->width, j->seed, j->rule, r, j->out, &w);
+    free(mem);
+    return NULL;
+}
+
+/* Threads for the G passes of a cut table: EPX_THREADS if set (1 = none),
+ * else one per online CPU, at most G and 64. */
+static int32_t sg_threads(int32_t G) {
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    const char *env = getenv("EPX_THREADS");
+    if (env != NULL && *env != '\0') n = strtol(env, NULL, 10);
+    if (n < 1) n = 1;
+    if (n > 64) n = 64;
+    return n < G ? (int32_t)n : G;
+}
+
+/* SGLang's table. With `cut` (init_by_mapping, >= 0.5.4.post2) rank r's row
+ * comes from a pass over rank r's cut lists: G passes, spread over threads
+ * (~16 s on one core at 256 GPUs x 58 layers x 256 experts; a table with no
+ * cut takes one pass). */
+static epx_status sglang_table(const epx_shape *s, const int32_t *replicas, int32_t width,
+                               uint64_t seed, epx_sglang_rule rule, bool cut, int32_t *out,
+                               const sg_scratch *w, epx_error *err) {
+    int32_t G = s->num_gpus;
+    if (!(cut && rule >= EPX_SGLANG_RULE_0_5_4_POST2)) {
+        sglang_pass(s, replicas, width, seed, rule, -1, out, w);
+        return EPX_OK;
+    }
+    int32_t nt = sg_threads(G);
+    sg_job jobs[64];
+    pthread_t tid[64];
+    int32_t started = 0;
+    for (int32_t t = 0; t < nt; t++)
+        jobs[t] = (sg_job){s, replicas, width, t, nt, seed, rule, out, 0};
+    /* Thread 0's share runs here; a thread that cannot start leaves its
+     * share to this one. */
+    for (int32_t t = 1; t < nt; t++) {
+        if (pthread_create(&tid[t], NULL, sg_run, &jobs[t]) != 0) break;
+        started = t;
+    }
+    for (int32_t t = started + 1; t < nt; t++) sg_run(&jobs[t]);
+    sg_run(&jobs[0]);
+    int failed = jobs[0].failed;
+    for (int32_t t = 1; t < nt; t++) {
+        if (t <= started) pthread_join(tid[t], NULL);
+        failed |= jobs[t].failed;
+    }
+    if (failed)
+        return epxi_fail(err, EPX_ERR_NOMEM,
+                         "out of memory for the per-rank passes of SGLang's cut dispatch table");
+    return EPX_OK;
 }
 
 /* Experts by load, heaviest first, ties by lower id (a total order, so
@@ -321,17 +424,19 @@ epx_status epx_dispatch_table_compute(const epx_shape *shape, const int32_t *rep
      * expert keys first (8-byte aligned), then the int32 arrays. SGLang's
      * fair choices need at most G entries (k <= G), sample() its own. */
     size_t nw = (size_t)width, ng = (size_t)G, ne = (size_t)E;
-    size_t bytes = (2 * ng + ne + nw) * sizeof(double) + ne * sizeof(expert_key) +
-                   (2 * nw + 2 * ng) * sizeof(int32_t) + epxi_pyrandom_sample_scratch_bytes(nw);
+    size_t bytes =
+        (2 * ng + ne + nw) * sizeof(double) + ne * sizeof(expert_key) + sg_scratch_bytes(G, width);
     unsigned char *mem = epxi_calloc(bytes, 1, "dispatch table scratch", err);
     if (mem == NULL) return err ? err->status : EPX_ERR_NOMEM;
     double *dbl = (double *)mem;
     expert_key *keys = (expert_key *)(dbl + 2 * ng + ne + nw);
     int32_t *ip = (int32_t *)(keys + ne);
     if (opts->algorithm == EPX_TABLE_SGLANG) {
-        int32_t *cand = ip, *part = cand + nw, *ans = part + ng;
-        sglang_table(shape, replicas, width, opts->seed, rule, opts->init_by_mapping != 0, out,
-                     cand, part, ans, ans + ng + nw);
+        sg_scratch w = sg_scratch_at(ip, G, width);
+        epx_status st = sglang_table(shape, replicas, width, opts->seed, rule,
+                                     opts->init_by_mapping != 0, out, &w, err);
+        free(mem);
+        return st;
     } else {
         epx_scratch w = {dbl, dbl + ng, keys, ip, ip + nw, dbl + 2 * ng + ne};
         double *unit = dbl + 2 * ng;
