@@ -50,7 +50,7 @@ extern "C" {
 typedef struct epx_gpu_ep_opts {
     uint32_t version;   /* EPX_GPU_EP_OPTS_VERSION */
     int32_t timeout_ms; /* a peer's flag not seen within this fails the batch (>= 1) */
-    int32_t max_blocks; /* blocks per launch at most; 0 = one per SM */
+    int32_t max_blocks; /* blocks per launch at most (capped at 65535); 0 = four per SM */
 } epx_gpu_ep_opts;
 
 #define EPX_GPU_EP_OPTS_VERSION ((uint32_t)sizeof(epx_gpu_ep_opts))

@@ -8,7 +8,8 @@ installs them); nothing is downloaded besides setuptools itself.
 Environment knobs:
   EPX_CMAKE_BUILD_DIR  reuse this CMake build folder (incremental re-builds;
                        scripts/python-test.sh points it under build/)
-  EPX_PREBUILT_LIB     skip CMake and package this libepx.so as it is
+  EPX_PREBUILT_LIB     skip CMake and package this libepx.so as it is (and the
+                       libepx_cuda.so beside it, as EPX_PY_CUDA says)
   EPX_BUILD_JOBS       parallel build jobs (default: the number of CPUs)
   EPX_PY_CUDA          auto (default): also build libepx_cuda.so, the CUDA
                        kernels epx.torch runs on CUDA tensors, when CMake finds
@@ -59,13 +60,16 @@ def _cuda_wanted():
 def build_libepx(build_temp):
     """Return the paths of a freshly built (or prebuilt) libepx.so and of
     libepx_cuda.so (None when it was not built)."""
+    cuda = _cuda_wanted()
     prebuilt = os.environ.get("EPX_PREBUILT_LIB")
     if prebuilt:
         if not Path(prebuilt).is_file():
             _fail("EPX_PREBUILT_LIB=%s is not a file" % prebuilt)
         gpu = Path(prebuilt).with_name(CUDA_LIB_NAME)
-        return Path(prebuilt), (gpu if gpu.is_file() else None)
-    cuda = _cuda_wanted()
+        if cuda == "1" and not gpu.is_file():
+            _fail("EPX_PY_CUDA=1 but %s is missing beside EPX_PREBUILT_LIB (build it with "
+                  "cmake --build BUILD --target epx_cuda_shared)" % gpu)
+        return Path(prebuilt), (gpu if cuda != "0" and gpu.is_file() else None)
     if not (REPO / "CMakeLists.txt").is_file() or not (REPO / "include" / "epx.h").is_file():
         _fail("the C sources are not beside python/ (%s has no CMakeLists.txt and include/epx.h): "
               "install from the epx repository (pip install ./python) or set EPX_PREBUILT_LIB"

@@ -124,8 +124,11 @@ def init_expert_location(spec, num_gpus, num_nodes=1, num_logical_experts=0, num
     with SGLang's choice (algorithm="auto", its --eplb-algorithm default:
     hierarchical when num_groups divides over num_nodes; or "deepseek",
     "deepseek-hierarchical"), as release sglang_version's copy runs it (None =
-    DeepSeek's original, as SGLang <= 0.5.10.post1). algorithm="epx" asks for
-    epx's own planner instead (sglang_version must then be None)."""
+    DeepSeek's original: float32 sums like SGLang <= 0.5.10.post1, but ties to
+    the lowest index where those releases follow torch's sort). Pass the
+    model's num_groups (n_group: 8 for DeepSeek-V3) as SGLang does; 0 plans
+    with the global policy. algorithm="epx" asks for epx's own planner instead
+    (sglang_version must then be None)."""
     from .planner import ALGORITHMS, _choice, sglang_eplb_rule  # planner imports this module
     code = _choice(ALGORITHMS, algorithm, "algorithm")
     if sglang_version is not None:

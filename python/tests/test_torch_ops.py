@@ -256,6 +256,36 @@ def test_errors_name_the_value_and_the_fix():
         et.map_ids(ids, [0, 1])
 
 
+def test_int64_values_outside_int32_are_refused_not_wrapped():
+    ids = torch.tensor([[0, 2**32 + 3]])
+    with pytest.raises(ValueError, match=r"topk_ids\[0, 1\] = 4294967299"):
+        et.dispatch_layout(ids, 8, 2)
+    with pytest.raises(ValueError, match=r"table_row\[0\] = 4294967297"):
+        et.Mapping.static([2**32 + 1] * 8, 8)
+    with pytest.raises(ValueError, match="does not fit in int32"):
+        et.combine(torch.zeros(2, 4), torch.tensor([[-2**40]]))
+
+
+def test_empty_batches_and_nothing_routed():
+    empty = torch.empty((0, 4), dtype=torch.int64)
+    tpr, tpe, in_rank = et.dispatch_layout(empty, 8, 2)
+    assert tpr.tolist() == [0, 0] and tpe.tolist() == [0] * 8 and in_rank.shape == (0, 2)
+    lay = et.token_layout(empty, 8, 2)
+    assert lay.rank_offsets.tolist() == [0, 0, 0] and lay.slot_perm.numel() == 0
+    assert et.permute(torch.empty((0, 16)), lay, "slot").shape == (0, 16)
+    # every id -1: the send order is empty and the combine is zeros
+    pos = torch.full((3, 2), -1, dtype=torch.int32)
+    out = et.combine(torch.empty((0, 8)), pos, torch.ones(3, 2))
+    assert torch.equal(out, torch.zeros(3, 8))
+    with pytest.raises(ValueError, match="y has none"):
+        et.combine(torch.empty((0, 8)), torch.tensor([[0, -1]]))
+
+
+def test_other_devices_are_refused():
+    with pytest.raises(ValueError, match="CPU and CUDA tensors, not meta"):
+        et.dispatch_layout(torch.zeros((2, 2), dtype=torch.int32, device="meta"), 8, 2)
+
+
 def test_import_without_torch_says_how_to_install():
     code = "import sys; sys.modules['torch'] = None\ntry:\n import epx.torch\nexcept ImportError " \
            "as e:\n print(e)\nimport epx; print('epx ok')"
@@ -292,6 +322,19 @@ def test_cuda_equals_cpu(seed):
         o, o_d = et.combine(s, lay.pair_slot_pos, w), et.combine(s_d, lay_d.pair_slot_pos,
                                                                  w.cuda())
         assert torch.equal(o_d.cpu(), o), "seed %d: combine not bitwise equal" % seed
+
+
+@need_cuda
+def test_cuda_empty_batch_and_wide_ids():
+    empty = torch.empty((0, 4), dtype=torch.int64, device="cuda")
+    for a, b in zip(et.token_layout(empty, 8, 2), et.token_layout(empty.cpu(), 8, 2)):
+        assert torch.equal(a.cpu(), b)
+    tpr, tpe, _ = et.dispatch_layout(empty, 8, 2)
+    assert tpr.tolist() == [0, 0] and tpe.tolist() == [0] * 8
+    # an int64 id past int32 counts as out of range (-1) on the GPU, never as another expert
+    ids = torch.tensor([[0, 2**32 + 3]], device="cuda")
+    tpr, tpe, _ = et.dispatch_layout(ids, 8, 2)
+    assert tpe.tolist() == [1, 0, 0, 0, 0, 0, 0, 0]
 
 
 @need_cuda

@@ -8,8 +8,10 @@
  * its published config.json, cut to the keys the reader uses, with the real
  * values (shared/models.json lists the same numbers). The table is that
  * text run once through the reader behind --model PATH (epxi_model_read),
- * so a built-in name and its config.json cannot disagree and a new model is
- * a few lines of JSON. The texts live here, not in files, so the library
+ * so a built-in name and its config.json give the same shape and a new
+ * model is a few lines of JSON. (The routing rule of a built-in name --
+ * scoring, scaling -- still comes from src/engine/moe.c's table; the texts
+ * carry the real values for when that table goes.) The texts live here, not in files, so the library
  * never needs anything beside itself at run time. They are core's because
  * every room above may name a model: the trace generator, the MoE reference
  * layer, the CLI.

@@ -934,7 +934,7 @@ extern "C" epx_status epxi_cuda_dispatch_layout_variant(
     int32_t num_physical, int32_t num_gpus, int32_t *phys, const epx_token_layout *out, int variant,
     int cluster, int ppw, cudaStream_t stream, epx_error *err) {
     EPX_TRY(epxi_dispatch_check_spec(spec, "device", err));
-    if (out == NULL || phys == NULL || (num_tokens > 0 && topk_ids == NULL))
+    if (out == NULL || (num_tokens > 0 && (topk_ids == NULL || phys == NULL)))
         return epxi_fail(err, EPX_ERR_INVALID_ARG,
                          "epx_cuda_dispatch_layout: topk_ids, phys and out are required");
     if (num_tokens < 0 || num_tokens > INT32_MAX || topk < 1 || topk > 32 ||
@@ -948,6 +948,22 @@ extern "C" epx_status epxi_cuda_dispatch_layout_variant(
                          "num_physical (%d) must be a positive multiple of num_gpus (%d) and "
                          "equal spec.num_physical (%d)",
                          num_physical, num_gpus, spec->num_physical);
+    if (num_tokens == 0) {
+        /* An empty batch (a rank with no tokens this step): zero counts and
+         * offsets, nothing else to write; no kernel needed. */
+        const struct {
+            void *p;
+            size_t bytes;
+        } zero[] = {{out->tokens_per_rank, 8 * (size_t)num_gpus},
+                    {out->tokens_per_slot, 8 * (size_t)num_physical},
+                    {out->rank_offsets, 4 * ((size_t)num_gpus + 1)},
+                    {out->slot_offsets, 4 * ((size_t)num_physical + 1)}};
+        for (size_t i = 0; i < sizeof zero / sizeof zero[0]; i++)
+            if (zero[i].p != NULL)
+                EPXI_CUDA_TRY(cudaMemsetAsync(zero[i].p, 0, zero[i].bytes, stream),
+                              "cudaMemsetAsync");
+        return EPX_OK;
+    }
     if (cluster != 0 && cluster != 1 && cluster != 2 && cluster != 4 && cluster != kCluster)
         return epxi_fail(err, EPX_ERR_INVALID_ARG, "layout cluster size %d is not 1, 2, 4 or 8",
                          cluster);
@@ -1088,8 +1104,8 @@ extern "C" epx_status epx_cuda_gather_rows(const void *x, epx_row_dtype dtype, i
     if (dtype != EPX_ROW_F32 && dtype != EPX_ROW_BF16)
         return epxi_fail(err, EPX_ERR_INVALID_ARG,
                          "epx_cuda_gather_rows: dtype %d is not F32 (0) or BF16 (1)", (int)dtype);
-    if (num_tokens < 0 || hidden < 0 || num_rows < 0 || num_rows > INT32_MAX || per_token < 1 ||
-        num_tokens * per_token > INT32_MAX)
+    if (num_tokens < 0 || num_tokens > INT32_MAX || hidden < 0 || num_rows < 0 ||
+        num_rows > INT32_MAX || per_token < 1 || num_tokens * per_token > INT32_MAX)
         return epxi_fail(err, EPX_ERR_SHAPE,
                          "epx_cuda_gather_rows: T = %lld, H = %lld, rows = %lld, per_token = %d: "
                          "sizes >= 0 (per_token >= 1), T * per_token and rows below 2^31",

@@ -297,7 +297,7 @@ epx_status epx_gather_rows(const void *x, epx_row_dtype dtype, int64_t num_token
     if (dtype != EPX_ROW_F32 && dtype != EPX_ROW_BF16)
         return epxi_fail(err, EPX_ERR_INVALID_ARG,
                          "epx_gather_rows: dtype %d is not F32 (0) or BF16 (1)", (int)dtype);
-    if (num_tokens < 0 || hidden < 0 || num_rows < 0 || per_token < 1 ||
+    if (num_tokens < 0 || num_tokens > INT32_MAX || hidden < 0 || num_rows < 0 || per_token < 1 ||
         num_tokens * per_token > INT32_MAX || num_rows > INT32_MAX)
         return epxi_fail(err, EPX_ERR_SHAPE,
                          "epx_gather_rows: T = %lld, H = %lld, rows = %lld, per_token = %d: sizes "

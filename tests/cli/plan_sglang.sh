@@ -2,7 +2,8 @@
 # plan_sglang.sh - `epx plan --sglang-version V` (issue 18): the mapping
 # equals what SGLang release V's own EPLB placed (tests/data/sglang_eplb,
 # from tools/sglang_eplb.py) on both sides of its change at 0.5.11, the
-# default is DeepSeek's original (= SGLang <= 0.5.10.post1), the report
+# default is DeepSeek's original (equal to SGLang <= 0.5.10.post1 where no
+# loads tie: those releases order ties as torch's sort does), the report
 # always carries logical_to_physical_map in the order SGLang builds
 # (replica-rank for DeepSeek plans, ascending for epx's), dispatch-table
 # reads it, and bad or newer releases are refused or warned about.
@@ -32,7 +33,7 @@ for v in 0.5.10.post1 0.5.11; do
 done
 check "the releases part on this load" bash -c '! cmp -s m0.5.10.post1.json m0.5.11.json'
 check "default: DeepSeek's original" expect_rc 0 "${plan[@]}" -o m.json --report r.json
-check "default = 0.5.10.post1" cmp -s m.json m0.5.10.post1.json
+check "default = 0.5.10.post1 on this tie-free load" cmp -s m.json m0.5.10.post1.json
 check "report: no release" python3 -c 'import json,sys; assert json.load(open("r.json"))["sglang_version"] is None'
 check "report: the release" python3 -c 'import json,sys; assert json.load(open("r0.5.11.json"))["sglang_version"] == "0.5.11"'
 

@@ -42,14 +42,39 @@ def _load():
 _lib, _reason = _load()
 
 
+# The kernels are built for sm_90 (CMakeLists.txt: cubin and PTX of compute
+# 9.0), so they run on Hopper and later; an older GPU gets a sentence, not
+# CUDA's "no kernel image".
+MIN_CAPABILITY = (9, 0)
+_arch_checked = {}
+
+
+def arch_problem(index):
+    """None when device `index` can run the kernels, else why not (cached)."""
+    if index not in _arch_checked:
+        import torch
+        cap = torch.cuda.get_device_capability(index)
+        _arch_checked[index] = None if cap >= MIN_CAPABILITY else (
+            "libepx_cuda.so is built for sm_90 (Hopper) and later; cuda:%d (%s) is sm_%d%d. "
+            "Rebuild with CMAKE_CUDA_ARCHITECTURES naming it, or use CPU tensors"
+            % (index, torch.cuda.get_device_name(index), cap[0], cap[1]))
+    return _arch_checked[index]
+
+
 def available():
-    """True when CUDA tensors can be served (the GPU library loaded)."""
-    return _lib is not None
+    """True when CUDA tensors can be served: the GPU library loaded and, when
+    a GPU is visible, the current one is new enough."""
+    return reason() is None
 
 
 def reason():
     """Why CUDA tensors cannot be served, or None when they can."""
-    return _reason
+    if _lib is None:
+        return _reason
+    import torch
+    if torch.cuda.is_available():
+        return arch_problem(torch.cuda.current_device())
+    return None
 
 
 def _bind(name, *argtypes):
@@ -64,7 +89,7 @@ def _bind(name, *argtypes):
 def call(f, *args):
     """Call a GPU entry point (last argument epx_error*); raise EpxError on failure."""
     if f is None:
-        raise EpxError(Status.UNSUPPORTED, "epx.torch got a CUDA tensor, but " + _reason)
+        raise EpxError(Status.UNSUPPORTED, "epx.torch got a CUDA tensor, but " + str(_reason))
     err = Error()
     st = f(*args, ctypes.byref(err))
     if st != 0:

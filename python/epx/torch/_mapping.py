@@ -23,6 +23,10 @@ def _int32(a, name, ndim):
     if a.ndim != ndim or not np.issubdtype(a.dtype, np.integer):
         raise ValueError("%s must be an integer array with %d dimension(s), got %s %s"
                          % (name, ndim, a.dtype, a.shape))
+    bad = np.argwhere((a < -(1 << 31)) | (a > (1 << 31) - 1)) if a.size else []
+    if len(bad):
+        idx = tuple(int(i) for i in bad[0])
+        raise ValueError("%s%s = %d does not fit in int32" % (name, list(idx), int(a[idx])))
     return np.ascontiguousarray(a, dtype=np.int32)
 
 

@@ -14,6 +14,7 @@ from typing import List, Optional
 import torch
 
 from .. import dispatch as _dispatch
+from .._native import EpxError, Status
 from .._native import call as _cpu_call
 from . import _cpu, _gpu
 
@@ -37,13 +38,37 @@ def _same_device(name, t, device):
                          "one device" % (name, t.device, device))
 
 
+_I32_MIN, _I32_MAX = -(1 << 31), (1 << 31) - 1
+
+
+def _device(t):
+    """The device of an op's first tensor: CPU or CUDA, nothing else (the C
+    references would read another device's pointers as host memory)."""
+    if t.device.type not in ("cpu", "cuda"):
+        raise ValueError("epx.torch serves CPU and CUDA tensors, not %s: move the inputs with "
+                         ".cpu() or .cuda()" % t.device)
+    return t.device
+
+
 def _ints(t, name, ndim):
-    """t as a contiguous int32 tensor of ndim dimensions, or a clear error."""
+    """t as a contiguous int32 tensor of ndim dimensions, or a clear error.
+    int64 values outside int32 must not wrap into valid ids: on the CPU they
+    are refused by name; on CUDA (no host sync) they become INT32_MAX, an id
+    the kernels treat as out of range."""
     if t.dim() != ndim:
         raise ValueError("%s must have %d dimensions, got shape %s" % (name, ndim,
                                                                         tuple(t.shape)))
     if t.dtype not in (torch.int32, torch.int64):
         raise ValueError("%s must be int32 or int64, got %s" % (name, t.dtype))
+    if t.dtype == torch.int64:
+        if t.device.type == "cpu":
+            bad = (t < _I32_MIN) | (t > _I32_MAX)
+            if bool(bad.any()):
+                idx = tuple(int(i) for i in bad.nonzero()[0])
+                raise ValueError("%s%s = %d does not fit in int32: ids and positions are "
+                                 "int32" % (name, list(idx), int(t[idx])))
+        else:
+            t = t.clamp(min=_I32_MIN, max=_I32_MAX)
     return t.to(torch.int32).contiguous()
 
 
@@ -67,6 +92,9 @@ def _launch(device, entry, *args):
     """Enqueue GPU entry point `entry` on `device`'s current stream (the
     stream and error arguments appended), switching devices only when needed."""
     idx = torch.cuda.current_device() if device.index is None else device.index
+    problem = _gpu.arch_problem(idx)
+    if problem is not None:
+        raise EpxError(Status.UNSUPPORTED, problem)
     stream = ctypes.c_void_p(torch.cuda.current_stream(idx).cuda_stream)
     if idx == torch.cuda.current_device():
         _gpu.call(entry, *args, stream)
@@ -111,6 +139,7 @@ def _layout_outputs(T, K, P, G, device, full):
 
 def _layout(ids, P, G, full):
     _check_ranks(P, G)
+    _device(ids)
     ids = _ints(ids, "topk_ids", 2)
     T, K = ids.shape
     outs = _layout_outputs(T, K, P, G, ids.device, full)
@@ -185,8 +214,8 @@ def impl_map_ids(topk_ids: torch.Tensor, mode: int, num_experts: int, num_physic
             table: Optional[torch.Tensor], replicas: Optional[torch.Tensor],
             num_valid: Optional[torch.Tensor], thresholds: Optional[torch.Tensor], seed: int,
             pass_id: int, layer: int) -> torch.Tensor:
+    dev = _device(topk_ids)
     ids = _ints(topk_ids, "topk_ids", 2)
-    dev = ids.device
     for name, t in (("table", table), ("replicas", replicas), ("num_valid", num_valid),
                     ("thresholds", thresholds)):
         _same_device(name, t, dev)
@@ -218,6 +247,7 @@ def _(topk_ids, mode, num_experts, num_physical, table, replicas, num_valid, thr
 
 
 def impl_gather_rows(x: torch.Tensor, order: torch.Tensor, per_token: int) -> torch.Tensor:
+    _device(x)
     x = _rows(x, "x")
     if order.dim() != 1:
         raise ValueError("order must be 1-D (a send order: rank_perm or slot_perm), got shape %s"
@@ -250,6 +280,7 @@ def _(x, order, per_token):
 
 def impl_combine(y: torch.Tensor, pos: torch.Tensor,
                  weights: Optional[torch.Tensor]) -> torch.Tensor:
+    _device(y)
     y = _rows(y, "y")
     pos = _ints(pos, "pos", 2)
     _same_device("pos", pos, y.device)
@@ -261,6 +292,13 @@ def impl_combine(y: torch.Tensor, pos: torch.Tensor,
                              % (tuple(weights.shape), (T, K)))
         weights = weights.to(torch.float32).contiguous()
     H = y.shape[1]
+    if y.shape[0] == 0:
+        # nothing was routed (every id -1): zero rows, as the formula gives;
+        # a position that points anywhere is refused on the CPU
+        if y.device.type == "cpu" and bool((pos >= 0).any()):
+            raise ValueError("pos holds rows but y has none: y is [rows][hidden] of the send "
+                             "order pos indexes")
+        return torch.zeros((T, H), dtype=y.dtype, device=y.device)
     out = torch.empty((T, H), dtype=y.dtype, device=y.device)
     dt = _ROW_DTYPES[y.dtype]
     if y.device.type == "cuda":

@@ -857,7 +857,9 @@ extern "C" epx_status epx_gpu_ep_create(epx_comm *bootstrap, const epx_ep_config
         EPXI_CUDA_GOTO(
             st, cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k_combine, kThreads, 0),
             "GPU EP: occupancy", fail);
-        const int cap = o.max_blocks > 0 ? o.max_blocks : 4 * sms;
+        /* at most 65535: blocks count in on 16 bits (arrive) */
+        int cap = o.max_blocks > 0 ? o.max_blocks : 4 * sms;
+        if (cap > 0xffff) cap = 0xffff;
         ep->max_blocks = cap;
         ep->wait_blocks = per_sm * sms < cap ? per_sm * sms : cap;
         if (ep->wait_blocks < 1) ep->wait_blocks = 1;
