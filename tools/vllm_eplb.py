@@ -13,7 +13,8 @@ wheels 0.9.2 - 0.34.0 (only vllm/distributed/eplb/ differs in what matters):
                    last argument num_ranks), the same 3-tuple.
   0.14.0 - 0.18.1  + old_global_expert_indices=None (the map in service:
                    experts that stay on a GPU keep their old slots); all
-                   numpy, quotients and pack loads in float64.
+                   numpy: group loads numpy's float32 sums, quotients
+                   (float32 / int64) and pack loads in float64.
   0.19.0 - 0.34.0  returns phy2log alone, a CPU int64 tensor.
 
 The script takes those files out of each release's wheel (`pip download
@@ -384,12 +385,16 @@ def check(src, n):
             if release[0] == "module":
                 mine = epx.vllm.rebalance_experts(w, P, g, nodes, G)[0]
             else:
-                old = None if case["old"] is None else np.asarray(case["old"])
-                mine = epx.vllm.policy_for(v).rebalance_experts(w, P, g, nodes, G, old)
+                old = () if case["old"] is None else (np.asarray(case["old"]),)
+                mine = epx.vllm.policy_for(v).rebalance_experts(w, P, g, nodes, G, *old)
                 mine = mine if isinstance(mine, np.ndarray) else mine[0]
             t = tally[v]
             t[0] += 1
-            t[1] += bool((mine == np.asarray(res.get("phy2log_stable", res["phy2log"]))).all())
+            same = bool((mine == np.asarray(res.get("phy2log_stable", res["phy2log"]))).all())
+            t[1] += same
+            if not same:
+                print(f"case {i} (E={E} P={P} groups={g} nodes={nodes} gpus={G}), vLLM {v}: "
+                      f"epx differs from the stable-sort run")
             t[2] += res["tie_free"]
             t[3] += res["tie_free"] and bool((mine == np.asarray(res["phy2log"])).all())
     for v, (runs, stable, free, same) in tally.items():
