@@ -302,6 +302,9 @@ def cases():
     out.append(_case("float64_sums_n1", [[1, 2, 7, 0, 8, 0, 2, 2, 1, 0, 1, 4, 3, 8, 0, 0],
                                          [0, 7, 8, 0, 0, 6, 2, 1, 1, 3, 6, 2, 6, 3, 2, 0]],
                      24, 4, 1, 4))
+    # numpy's float32 group sums (vLLM >= 0.14.0): groups of 16 float loads
+    out.append(_case("numpy_group_sums_n2", _group_sum_weights(), 80, 4, 2, 8,
+                     dtype="float32"))
     # with the map in service: vLLM's own previous answer, the identity, a shuffle
     for E, P, groups, nodes, gpus in [(16, 24, 4, 1, 4), (32, 48, 8, 2, 8), (32, 64, 8, 8, 8),
                                       (32, 48, 8, 4, 8)]:
@@ -317,6 +320,30 @@ def cases():
     out.append(_case("old_ties_n2", [[5] * 16] * 2, 24, 4, 2, 4,
                      old=[[(p * 7) % 16 for p in range(24)]] * 2))
     return out
+
+
+def _group_sum_weights():
+    """One layer of 4 groups of 16 float32 loads: groups 0 and 1 hold the same
+    loads in two orders, drawn until numpy's pairwise sums (vLLM >= 0.14.0's
+    weight.reshape(...).sum(-1)) and running float32 sums (DeepSeek, epx's
+    float32 rule) order the two groups oppositely; groups 2 and 3 lighter.
+    No two sort keys tie, so vLLM's answer is the same in every tie order."""
+    np = _np()
+    rng = np.random.default_rng(5)  # its own stream: the other cases keep theirs
+
+    def running(a):
+        s = np.float32(0)
+        for x in a:
+            s = np.float32(s + x)
+        return s
+
+    while True:
+        a = (rng.random(16) * 1000).astype(np.float32)
+        b = rng.permutation(a)
+        pa, pb, sa, sb = a.sum(), b.sum(), running(a), running(b)
+        if pa != pb and sa != sb and (pa < pb) != (sa < sb):
+            c, d = ((rng.random(16) * 900).astype(np.float32) for _ in range(2))
+            return [np.concatenate([a, b, c, d]).tolist()]
 
 
 def generate(src, out_path):
