@@ -35,7 +35,9 @@ and pack loads are float64 sums; DefaultEplbPolicy and TupleEplbPolicy
 follow that (libepx's EPX_EPLB_RULE_VLLM_F64, the class attribute
 EPLB_RULE). So epx returns, slot for slot, what each verified release
 returns with its sorts made stable, on every golden and on every random case
-of `tools/vllm_eplb.py check`.
+of `tools/vllm_eplb.py check`, but one: vLLM <= 0.13.0 adds a group's float
+loads with torch's blocked sum, epx one by one, and the golden
+numpy_group_sums_n2 rounds them apart (same replica counts and max load).
 
 Where loads tie, vLLM's sorts (torch.sort up to 0.11.0, np.argsort after) are
 not stable and epx's are (lowest index first; docs/TIES.md): the placement
@@ -274,8 +276,15 @@ class TupleEplbPolicy013(TupleEplbPolicy):
     EPLB_RULE = "deepseek"
 
     @classmethod
-    def rebalance_experts(cls, weight, num_replicas, num_groups, num_nodes, num_ranks):
-        """weight [layers, num_logical_experts] -> (phy2log, log2phy, logcnt)."""
+    def rebalance_experts(cls, weight, num_replicas, num_groups, num_nodes, num_ranks,
+                          old_global_expert_indices=None):
+        """weight [layers, num_logical_experts] -> (phy2log, log2phy, logcnt).
+        vLLM 0.13.0 takes no map in service: old_global_expert_indices must
+        be None."""
+        if old_global_expert_indices is not None:
+            raise TypeError("vLLM 0.13.0's rebalance_experts takes no "
+                            "old_global_expert_indices (the map in service arrived in "
+                            "0.14.0): use TupleEplbPolicy for 0.14.0 - 0.18.1")
         p2l, l2p, cnt = cls._triple(weight, num_replicas, num_groups, num_nodes, num_ranks, None)
         return cls._result(p2l, l2p, cnt, weight, None)
 

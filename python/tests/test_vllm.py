@@ -317,11 +317,14 @@ def test_torch_in_torch_out():
 
 
 def test_policy_013_has_no_old_map():
-    """0.13.0's rebalance_experts takes five arguments, as vLLM's."""
+    """0.13.0's rebalance_experts takes no map in service, as vLLM's."""
     case = CASES["float64_sums_n1"]
     w = np.asarray(case["weight"], dtype=np.int64)
     pol = epx.vllm.TupleEplbPolicy013
-    with pytest.raises(TypeError):
-        pol.rebalance_experts(w, 24, 4, 1, 4, np.asarray(case["vllm"]["0.13.0"]["phy2log"]))
+    old = np.asarray(case["vllm"]["0.13.0"]["phy2log"])
+    with pytest.raises(TypeError, match="0.14.0"):
+        pol.rebalance_experts(w, 24, 4, 1, 4, old)
+    with pytest.raises(TypeError, match="TupleEplbPolicy"):
+        pol.rebalance_experts(w, 24, 4, 1, 4, old_global_expert_indices=old)
     p2l, l2p, cnt = pol.rebalance_experts(w, 24, 4, 1, 4)
     assert l2p.shape == (2, 16, 9) and cnt.shape == (2, 16)

@@ -12,14 +12,15 @@
  * Every load, sum and quotient is float32, as torch computes them, and the
  * comparisons are made on those float32 values, so the result depends on the
  * rounding of each step: float32 is kept here on purpose, never widened.
- * The one exception is SGLang's copy from 0.5.11 on (EPX_EPLB_RULE_SGLANG_F64):
- * its packing adds the float32 items as Python floats, so pack loads are
- * float64 there (pack_f64 below). The SGLang rules also order tied loads
- * as torch's sort does (torch_sort.c) instead of by index. vLLM's copy from
- * 0.14.0 on (EPX_EPLB_RULE_VLLM_F64) runs in numpy: group loads are numpy's
- * pairwise float32 sums (sum_numpy), per-replica loads float64 quotients
- * and pack loads float64 sums (replicate_f64, balanced_packing_f64); its
- * ties go to the lowest index, as here.
+ * Two engine copies are the exceptions, each asked for by its rule. SGLang
+ * from 0.5.11 (EPX_EPLB_RULE_SGLANG_F64) adds the float32 items of its
+ * packing as Python floats, so pack loads are float64 there (pack_f64
+ * below); the SGLang rules also order tied loads as torch's sort does
+ * (torch_sort.c) instead of by index. vLLM from 0.14.0
+ * (EPX_EPLB_RULE_VLLM_F64) runs in numpy: group loads are numpy's pairwise
+ * float32 sums (sum_numpy_pairwise), per-replica loads float64 quotients and
+ * pack loads float64 sums (replicate_f64, balanced_packing_f64); its ties
+ * go to the lowest index, as here.
  *
  * The reference sorts with an unstable sort and takes argmin/argmax over
  * Python lists; where loads tie it is arbitrary. Here every tie goes to the
