@@ -13,7 +13,8 @@ wheels 0.9.2 - 0.34.0 (only vllm/distributed/eplb/ differs in what matters):
                    last argument num_ranks), the same 3-tuple.
   0.14.0 - 0.18.1  + old_global_expert_indices=None (the map in service:
                    experts that stay on a GPU keep their old slots); all
-                   numpy, quotients and pack loads in float64.
+                   numpy: group loads numpy's float32 sums, quotients
+                   (float32 / int64) and pack loads in float64.
   0.19.0 - 0.34.0  returns phy2log alone, a CPU int64 tensor.
 
 The script takes those files out of each release's wheel (`pip download
@@ -301,6 +302,9 @@ def cases():
     out.append(_case("float64_sums_n1", [[1, 2, 7, 0, 8, 0, 2, 2, 1, 0, 1, 4, 3, 8, 0, 0],
                                          [0, 7, 8, 0, 0, 6, 2, 1, 1, 3, 6, 2, 6, 3, 2, 0]],
                      24, 4, 1, 4))
+    # numpy's float32 group sums (vLLM >= 0.14.0): groups of 16 float loads
+    out.append(_case("numpy_group_sums_n2", _group_sum_weights(), 80, 4, 2, 8,
+                     dtype="float32"))
     # with the map in service: vLLM's own previous answer, the identity, a shuffle
     for E, P, groups, nodes, gpus in [(16, 24, 4, 1, 4), (32, 48, 8, 2, 8), (32, 64, 8, 8, 8),
                                       (32, 48, 8, 4, 8)]:
@@ -316,6 +320,30 @@ def cases():
     out.append(_case("old_ties_n2", [[5] * 16] * 2, 24, 4, 2, 4,
                      old=[[(p * 7) % 16 for p in range(24)]] * 2))
     return out
+
+
+def _group_sum_weights():
+    """One layer of 4 groups of 16 float32 loads: groups 0 and 1 hold the same
+    loads in two orders, drawn until numpy's pairwise sums (vLLM >= 0.14.0's
+    weight.reshape(...).sum(-1)) and running float32 sums (DeepSeek, epx's
+    float32 rule) order the two groups oppositely; groups 2 and 3 lighter.
+    No two sort keys tie, so vLLM's answer is the same in every tie order."""
+    np = _np()
+    rng = np.random.default_rng(5)  # its own stream: the other cases keep theirs
+
+    def running(a):
+        s = np.float32(0)
+        for x in a:
+            s = np.float32(s + x)
+        return s
+
+    while True:
+        a = (rng.random(16) * 1000).astype(np.float32)
+        b = rng.permutation(a)
+        pa, pb, sa, sb = a.sum(), b.sum(), running(a), running(b)
+        if pa != pb and sa != sb and (pa < pb) != (sa < sb):
+            c, d = ((rng.random(16) * 900).astype(np.float32) for _ in range(2))
+            return [np.concatenate([a, b, c, d]).tolist()]
 
 
 def generate(src, out_path):
@@ -362,11 +390,15 @@ def check(src, n):
     rng = np.random.default_rng(n)
     shapes = [(16, 24, 4, 1, 4), (32, 48, 8, 2, 8), (32, 48, 8, 4, 8), (32, 64, 8, 8, 8),
               (64, 80, 8, 2, 8), (24, 36, 3, 2, 6), (20, 24, 5, 2, 4), (16, 16, 4, 4, 4)]
+    float_shapes = [(64, 80, 4, 2, 8), (128, 144, 4, 2, 8), (64, 72, 2, 1, 8)]
     tally = {v: [0, 0, 0, 0] for v in releases}  # runs, = stable, tie-free, = released
     for i in range(n):
         E, P, g, nodes, G = shapes[i % len(shapes)]
         hi = [10, 1000, 10 ** 6, None][i % 4]
         if hi is None:  # float loads, where float32 and float64 sums part most often
+            # half of them in groups of 16 and 32: numpy's and torch's blocked sums
+            if i % 8 == 3:
+                E, P, g, nodes, G = float_shapes[(i // 8) % len(float_shapes)]
             case = _case("check", (rng.random((2, E)) * 1000).astype(np.float32).tolist(),
                          P, g, nodes, G, dtype="float32")
             hi = 1000
@@ -384,12 +416,16 @@ def check(src, n):
             if release[0] == "module":
                 mine = epx.vllm.rebalance_experts(w, P, g, nodes, G)[0]
             else:
-                old = None if case["old"] is None else np.asarray(case["old"])
-                mine = epx.vllm.policy_for(v).rebalance_experts(w, P, g, nodes, G, old)
+                old = () if case["old"] is None else (np.asarray(case["old"]),)
+                mine = epx.vllm.policy_for(v).rebalance_experts(w, P, g, nodes, G, *old)
                 mine = mine if isinstance(mine, np.ndarray) else mine[0]
             t = tally[v]
             t[0] += 1
-            t[1] += bool((mine == np.asarray(res.get("phy2log_stable", res["phy2log"]))).all())
+            same = bool((mine == np.asarray(res.get("phy2log_stable", res["phy2log"]))).all())
+            t[1] += same
+            if not same:
+                print(f"case {i} (E={E} P={P} groups={g} nodes={nodes} gpus={G}), vLLM {v}: "
+                      f"epx differs from the stable-sort run")
             t[2] += res["tie_free"]
             t[3] += res["tie_free"] and bool((mine == np.asarray(res["phy2log"])).all())
     for v, (runs, stable, free, same) in tally.items():

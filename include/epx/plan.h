@@ -50,8 +50,24 @@ typedef enum epx_estimate {
 typedef enum epx_eplb_rule {
     EPX_EPLB_RULE_DEEPSEEK = 0,   /* DeepSeek's EPLB: float32, ties to the lowest index */
     EPX_EPLB_RULE_SGLANG_F32 = 1, /* SGLang <= 0.5.10.post1: float32, torch's tie order */
-    EPX_EPLB_RULE_SGLANG_F64 = 2  /* SGLang >= 0.5.11: float64 pack sums, torch's tie order */
+    EPX_EPLB_RULE_SGLANG_F64 = 2, /* SGLang >= 0.5.11: float64 pack sums, torch's tie order */
+    EPX_EPLB_RULE_VLLM_F64 = 3    /* vLLM >= 0.14.0: float64 quotients and pack sums (below) */
 } epx_eplb_rule;
+
+/*
+ * vLLM's copy (vllm/distributed/eplb/policy/default.py, read from 0.14.0 to
+ * 0.34.0; the arithmetic is the same in every release of that span) runs
+ * DeepSeek's EPLB in numpy on the float32 load (weight.float()):
+ *   - a group's load is numpy's float32 sum (pairwise: eight running sums
+ *     over blocks of up to 128 items, rounded in float32);
+ *   - the per-replica load, load / replicas, is float64 (float32 / int64),
+ *     both where the redundant slots are handed out (argmax) and as the
+ *     item weights of the GPU packing;
+ *   - pack loads are float64 sums (groups onto nodes and replicas onto GPUs).
+ * Its sorts are np.argsort (not torch's), not stable; EPX_EPLB_RULE_VLLM_F64
+ * sends ties to the lowest index (a stable sort), as the DeepSeek rule does.
+ * vLLM <= 0.13.0 computes in float32: EPX_EPLB_RULE_DEEPSEEK.
+ */
 
 /*
  * The EPLB rule of an SGLang release string ("0.5.10", "v0.5.11").
@@ -232,8 +248,10 @@ EPX_API epx_status epx_plan_deepseek(const float *weight, int32_t num_layers, in
 /* The same as a given rule runs it: EPX_EPLB_RULE_DEEPSEEK is
  * epx_plan_deepseek; the SGLang rules take torch's order of tied loads, and
  * _F64 sums pack loads in float64 as SGLang >= 0.5.11 does
- * (epx_sglang_eplb_rule maps a release to its rule). EPX_ERR_INVALID_ARG
- * for an unknown rule. */
+ * (epx_sglang_eplb_rule maps a release to its rule); EPX_EPLB_RULE_VLLM_F64
+ * is vLLM >= 0.14.0's arithmetic (float64 quotients and pack sums, numpy's
+ * group sums) with ties to the lowest index. EPX_ERR_INVALID_ARG for an
+ * unknown rule. */
 EPX_API epx_status epx_plan_deepseek_rule(const float *weight, int32_t num_layers,
                                           int32_t num_logical, int32_t num_physical,
                                           int32_t num_groups, int32_t num_nodes, int32_t num_gpus,

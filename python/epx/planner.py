@@ -12,7 +12,7 @@ from ._native import (LOG_FN, POINTER, Counts, Shape, Structure, c_char_p, c_dou
 from .io import CCounts
 from .layout import Layout
 
-__all__ = ["deepseek", "plan", "Plan", "ALGORITHMS"]
+__all__ = ["deepseek", "plan", "Plan", "ALGORITHMS", "EPLB_RULES"]
 
 # ---- DeepSeek EPLB, exact -------------------------------------------------
 
@@ -44,15 +44,34 @@ def sglang_eplb_rule(sglang_version):
     return rule.value
 
 
+# epx_eplb_rule (include/epx/plan.h) by name.
+EPLB_RULES = {"deepseek": 0, "sglang-f32": 1, "sglang-f64": 2, "vllm-f64": 3}
+
+
+def _rule_number(rule, sglang_version):
+    if rule is None:
+        return sglang_eplb_rule(sglang_version)
+    if sglang_version is not None:
+        raise ValueError("pass sglang_version=%r or rule=%r, not both: the release names its "
+                         "rule" % (sglang_version, rule))
+    if not isinstance(rule, str) or rule not in EPLB_RULES:
+        raise ValueError("rule must be one of %s, got %r"
+                         % (", ".join(repr(k) for k in EPLB_RULES), rule))
+    return EPLB_RULES[rule]
+
+
 def deepseek(weight, num_replicas, num_groups, num_nodes, num_gpus, hierarchical,
-             sglang_version=None):
+             sglang_version=None, rule=None):
     """DeepSeek's rebalance_experts on float32 weight [L][E], as numpy int32:
     (phys_to_log [L][P], log_to_phys [L][E][P-E+1] in replica-rank order with
     -1 padding, logical_count [L][E]). sglang_version: run it as that SGLang
     release's copy does (float64 pack sums from 0.5.11; tied loads in torch's
-    sort order); None = DeepSeek's original, ties to the lowest index. The
-    engine-shaped wrappers are in epx.sglang and epx.vllm."""
-    rule = sglang_eplb_rule(sglang_version)
+    sort order); None = DeepSeek's original, ties to the lowest index.
+    rule: an EPLB rule by name instead (EPLB_RULES; "vllm-f64" is vLLM >=
+    0.14.0's arithmetic: numpy's float32 group sums, float64 quotients and
+    pack sums, ties to the lowest index). The engine-shaped wrappers are in
+    epx.sglang and epx.vllm."""
+    rule = _rule_number(rule, sglang_version)
     w = A.as_array(weight, np.float32, 2, "weight")
     L, E = w.shape
     P = int(num_replicas)

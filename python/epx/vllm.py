@@ -10,9 +10,10 @@ answers):
                          num_nodes, num_ranks, old_global_expert_indices=None)
                          -> phy2log [layers, num_replicas] int64 (a CPU tensor
                          when a tensor went in, as vLLM returns it).
-  TupleEplbPolicy        the same class of 0.13.0 - 0.18.1, which returns
-                         (phy2log, log2phy, logcnt); 0.13.0 has no
-                         old_global_expert_indices (passing none is its call).
+  TupleEplbPolicy        the same class of 0.14.0 - 0.18.1, which returns
+                         (phy2log, log2phy, logcnt).
+  TupleEplbPolicy013     0.13.0's: the same 3-tuple, no
+                         old_global_expert_indices, float32 arithmetic.
   rebalance_experts(...) vllm.distributed.eplb.rebalance_algo.rebalance_experts
                          of 0.9.2 - 0.12.0: (weight, num_replicas, num_groups,
                          num_nodes, num_gpus) -> the same 3-tuple, on the
@@ -27,13 +28,23 @@ mirrored with each release's signature). vLLM's other classmethods
 (balanced_packing, replicate_experts, rebalance_experts_hierarchical) are its
 internals, not the policy API, and are not mirrored.
 
-Where loads tie, vLLM's sorts are not stable and epx's are (lowest index
-first; docs/TIES.md): the placement can then differ; the replica counts (as
-(load, count) pairs) differ only where node packing ties groups of equal
-total load made of different experts, and the per-GPU max load differed in
-no case tested. vLLM >= 0.14.0 also divides and sums loads in float64 where
-epx (like DeepSeek and vLLM <= 0.13.0) uses float32, which can only decide
-loads that are equal in float32.
+Arithmetic: each class computes as its releases do. vLLM <= 0.13.0 works in
+float32 (DeepSeek's rule); from 0.14.0 vLLM runs in numpy: a group's load is
+numpy's (pairwise) float32 sum, the per-replica load is a float64 quotient
+and pack loads are float64 sums; DefaultEplbPolicy and TupleEplbPolicy
+follow that (libepx's EPX_EPLB_RULE_VLLM_F64, the class attribute
+EPLB_RULE). So epx returns, slot for slot, what each verified release
+returns with its sorts made stable, on every golden and on every random case
+of `tools/vllm_eplb.py check`, but one: vLLM <= 0.13.0 adds a group's float
+loads with torch's blocked sum, epx one by one, and the golden
+numpy_group_sums_n2 rounds them apart (same replica counts and max load).
+
+Where loads tie, vLLM's sorts (torch.sort up to 0.11.0, np.argsort after) are
+not stable and epx's are (lowest index first; docs/TIES.md): the placement
+can then differ; the replica counts (as (load, count) pairs) differ only
+where node packing ties groups of equal total load made of different
+experts, and the per-GPU max load differed in no case tested. Where no sort
+key ties, epx equals the release as released.
 """
 import re
 import warnings
@@ -41,10 +52,11 @@ import warnings
 import numpy as np
 
 from . import _arrays as A
+from . import planner as _plan
 from . import sglang as _sglang
 
-__all__ = ["DefaultEplbPolicy", "TupleEplbPolicy", "rebalance_experts", "policy_for",
-           "VERIFIED_VERSIONS"]
+__all__ = ["DefaultEplbPolicy", "TupleEplbPolicy", "TupleEplbPolicy013", "rebalance_experts",
+           "policy_for", "VERIFIED_VERSIONS"]
 
 # The releases whose own code produced tests/data/vllm/eplb.json: each side of
 # every change, and the newest read.
@@ -53,13 +65,22 @@ VERIFIED_VERSIONS = ("0.9.2", "0.11.0", "0.11.1", "0.12.0", "0.13.0", "0.14.0", 
 
 
 def _deepseek(weight, num_replicas, num_groups, num_nodes, num_gpus, algorithm="deepseek",
-              **plan_kw):
+              rule="deepseek", **plan_kw):
     """vLLM's rule for the policy (no flag: groups divisible by nodes), with
-    log2phy P - E + 1 wide; numpy int64 triple."""
+    log2phy P - E + 1 wide; numpy int64 triple. rule: the release's
+    arithmetic (epx.planner.EPLB_RULES: "deepseek" = float32, vLLM <= 0.13.0;
+    "vllm-f64" = vLLM >= 0.14.0)."""
     num_replicas, num_gpus = _int(num_replicas, "num_replicas"), _int(num_gpus, "num_gpus")
     hierarchical = _int(num_groups, "num_groups") % _int(num_nodes, "num_nodes") == 0
     if A.is_torch(weight):
         weight = weight.detach().float().cpu()  # vLLM's weight.float(): bf16 and ints too
+    if algorithm == "deepseek":
+        if plan_kw:
+            raise TypeError("unexpected keywords for algorithm='deepseek': %s"
+                            % ", ".join(sorted(plan_kw)))
+        out = _plan.deepseek(weight, num_replicas, num_groups, num_nodes, num_gpus,
+                             hierarchical, rule=rule)
+        return tuple(np.ascontiguousarray(a, dtype=np.int64) for a in out)
     return _sglang.rebalance_experts(weight, num_replicas, num_groups, num_nodes, num_gpus,
                                      hierarchical, algorithm=algorithm, log2phy_width="full",
                                      as_torch=False, **plan_kw)
@@ -77,8 +98,9 @@ def rebalance_experts(weight, num_replicas, num_groups, num_nodes, num_gpus, *,
                       algorithm="deepseek", as_torch=None, **plan_kw):
     """vLLM 0.9.2 - 0.12.0's rebalance_algo.rebalance_experts(weight,
     num_replicas, num_groups, num_nodes, num_gpus) -> (phy2log [L][P],
-    log2phy [L][E][P-E+1], logcnt [L][E]), int64, on the input's device.
-    algorithm="epx" runs epx's own planner (its replicas in slot order)."""
+    log2phy [L][E][P-E+1], logcnt [L][E]), int64, on the input's device;
+    float32 arithmetic, as those releases. algorithm="epx" runs epx's own
+    planner (its replicas in slot order)."""
     torch_out = A.want_torch(as_torch, weight)
     out = _deepseek(weight, num_replicas, num_groups, num_nodes, num_gpus, algorithm, **plan_kw)
     device = weight.device if A.is_torch(weight) else None
@@ -173,7 +195,11 @@ def _triple_after(phy2log, log2phy, src):
 class DefaultEplbPolicy:
     """vLLM 0.19.0 - 0.34.0's DefaultEplbPolicy (vllm.distributed.eplb.policy):
     vllm.distributed.eplb.policy.EPLB_POLICIES["default"] = DefaultEplbPolicy
-    swaps it in. Accepts torch tensors or numpy arrays."""
+    swaps it in. Accepts torch tensors or numpy arrays. Computes as those
+    releases do (float64 quotients and pack sums: EPLB_RULE)."""
+
+    # the arithmetic, an epx.planner.EPLB_RULES name
+    EPLB_RULE = "vllm-f64"
 
     @classmethod
     def rebalance_experts(cls, weight, num_replicas, num_groups, num_nodes, num_ranks,
@@ -200,7 +226,8 @@ class DefaultEplbPolicy:
 
     @classmethod
     def _triple(cls, weight, num_replicas, num_groups, num_nodes, num_ranks, old):
-        p2l, l2p, cnt = _deepseek(weight, num_replicas, num_groups, num_nodes, num_ranks)
+        p2l, l2p, cnt = _deepseek(weight, num_replicas, num_groups, num_nodes, num_ranks,
+                                  rule=cls.EPLB_RULE)
         if old is None:
             return p2l, l2p, cnt
         old = _old_map(old, p2l.shape, l2p.shape[1])
@@ -213,9 +240,9 @@ class DefaultEplbPolicy:
 
 
 class TupleEplbPolicy(DefaultEplbPolicy):
-    """vLLM 0.13.0 - 0.18.1's DefaultEplbPolicy: the same call, returning
-    (phy2log [L][P], log2phy [L][E][P-E+1], logcnt [L][E]) int64 on the
-    weight's device (torch) or as numpy."""
+    """vLLM 0.14.0 - 0.18.1's DefaultEplbPolicy: the same call and
+    arithmetic, returning (phy2log [L][P], log2phy [L][E][P-E+1], logcnt
+    [L][E]) int64 on the weight's device (torch) or as numpy."""
 
     @classmethod
     def preserve_intragpu_slots(cls, phy2log, phy_replicas_idx, num_ranks, old_phy2log):
@@ -240,6 +267,28 @@ class TupleEplbPolicy(DefaultEplbPolicy):
         return tuple(A.wrap(np.ascontiguousarray(a), torch_out, device) for a in (p2l, l2p, cnt))
 
 
+class TupleEplbPolicy013(TupleEplbPolicy):
+    """vLLM 0.13.0's DefaultEplbPolicy: the 3-tuple of TupleEplbPolicy, but
+    no old_global_expert_indices (the map in service arrived in 0.14.0) and
+    float32 arithmetic (torch: quotients and pack loads in float32, as
+    DeepSeek's EPLB)."""
+
+    EPLB_RULE = "deepseek"
+
+    @classmethod
+    def rebalance_experts(cls, weight, num_replicas, num_groups, num_nodes, num_ranks,
+                          old_global_expert_indices=None):
+        """weight [layers, num_logical_experts] -> (phy2log, log2phy, logcnt).
+        vLLM 0.13.0 takes no map in service: old_global_expert_indices must
+        be None."""
+        if old_global_expert_indices is not None:
+            raise TypeError("vLLM 0.13.0's rebalance_experts takes no "
+                            "old_global_expert_indices (the map in service arrived in "
+                            "0.14.0): use TupleEplbPolicy for 0.14.0 - 0.18.1")
+        p2l, l2p, cnt = cls._triple(weight, num_replicas, num_groups, num_nodes, num_ranks, None)
+        return cls._result(p2l, l2p, cnt, weight, None)
+
+
 def _release(version):
     m = re.match(r"^v?(\d+)\.(\d+)(?:\.(\d+))?(?:[.+-]?[A-Za-z0-9.+-]*)$", str(version))
     if not m:
@@ -250,7 +299,8 @@ def _release(version):
 
 def policy_for(version):
     """The drop-in matching vLLM release `version` ("0.34.0", "v0.15.1"):
-    DefaultEplbPolicy from 0.19.0, TupleEplbPolicy for 0.13.0 - 0.18.x. Older
+    DefaultEplbPolicy from 0.19.0, TupleEplbPolicy for 0.14.0 - 0.18.x,
+    TupleEplbPolicy013 for 0.13.x. Older
     releases have no policy class (use epx.vllm.rebalance_experts); a release
     newer than the newest verified one warns and gets the newest API."""
     v = _release(version)
@@ -264,4 +314,6 @@ def policy_for(version):
         warnings.warn("vLLM %s is newer than the newest release epx was checked against "
                       "(%s); using that release's policy API" % (version, VERIFIED_VERSIONS[-1]),
                       stacklevel=2)
-    return DefaultEplbPolicy if v >= (0, 19, 0) else TupleEplbPolicy
+    if v >= (0, 19, 0):
+        return DefaultEplbPolicy
+    return TupleEplbPolicy if v >= (0, 14, 0) else TupleEplbPolicy013

@@ -86,6 +86,13 @@ def test_status_codes_match_header():
     assert codes == {s.name: s.value for s in epx.Status}
 
 
+def test_eplb_rules_match_header():
+    text = _headers()
+    body = re.search(r"typedef enum epx_eplb_rule \{(.*?)\} epx_eplb_rule;", text, re.S).group(1)
+    rules = dict((n, int(v)) for n, v in re.findall(r"EPX_EPLB_RULE_(\w+)\s*=\s*(\d+)", body))
+    assert rules == {k.upper().replace("-", "_"): v for k, v in epx.planner.EPLB_RULES.items()}
+
+
 def test_bound_symbols_are_declared_and_exported():
     """Every C function the binding binds is declared in a header; those the
     foundation rooms provide must be exported by this libepx."""

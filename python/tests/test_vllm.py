@@ -6,6 +6,9 @@ every case three times: as released, with its sorts stable (equal loads in
 ascending index order: epx's order) and with equal loads in descending index
 order. So each case says whether a tie in vLLM's unstable sorts could change
 the placement (`tie_free`), the replica counts or the per-GPU max load.
+epx must equal the stable run slot for slot on every case and release
+(float32 up to 0.13.0, float64 quotients and pack sums from 0.14.0), and
+the release as released wherever no tie decided.
 """
 import json
 
@@ -22,6 +25,14 @@ CASES = {c["name"]: c for c in GOLD["cases"]}
 
 def _version(v):
     return tuple(int(x) for x in v.split("."))
+
+
+# The one known departure (docs/TIES.md, Arithmetic): vLLM <= 0.13.0 adds a
+# group's loads with torch's blocked CPU reduction, epx's float32 rule (as
+# DeepSeek's own code is read) one by one; on float loads in groups of 16
+# the two round apart. vLLM >= 0.14.0 sums with numpy, which epx reproduces.
+def _torch_group_sums(name, version):
+    return name == "numpy_group_sums_n2" and _version(version) < (0, 14, 0)
 
 
 def call(case, version, weight=None, old=None):
@@ -75,12 +86,13 @@ def test_vllm_release_matches_its_own_code(name, version):
     p2l, l2p, cnt = call(case, version)
     assert p2l.dtype == np.int64 and p2l.shape == (w.shape[0], case["num_replicas"])
     want = np.asarray(gold["phy2log"])
-    # vLLM's code with stable sorts is epx's tie order: equal on every case but
-    # those whose float64 sums (vLLM >= 0.14.0) decide what float32's tie
-    f64 = name.startswith("float64_") and _version(version) >= (0, 14, 0)
-    if not f64:
+    # vLLM's code with stable sorts is epx's tie order, in the release's
+    # arithmetic: equal on every case, slot for slot (but torch's group sums)
+    exact = not _torch_group_sums(name, version)
+    if exact:
         np.testing.assert_array_equal(p2l, np.asarray(gold.get("phy2log_stable", want)))
-    if gold["tie_free"] and not f64:
+    if gold["tie_free"]:
+        assert exact
         np.testing.assert_array_equal(p2l, want)
     if gold["counts_tie_free"]:
         assert load_pairs(w, p2l) == load_pairs(w, want)
@@ -90,9 +102,9 @@ def test_vllm_release_matches_its_own_code(name, version):
         assert l2p.shape == (w.shape[0], E, case["num_replicas"] - E + 1)
         np.testing.assert_array_equal(cnt, np.stack([np.bincount(r, minlength=E) for r in p2l]))
         stable = gold.get("replica_rank_stable", gold["replica_rank"])
-        if not f64:
+        if exact:
             np.testing.assert_array_equal(l2p, log2phy(p2l, stable, E))
-        if gold["tie_free"] and gold["rank_tie_free"] and not f64:
+        if gold["tie_free"] and gold["rank_tie_free"]:
             np.testing.assert_array_equal(l2p, log2phy(want, gold["replica_rank"], E))
 
 
@@ -109,14 +121,54 @@ TIE_CASES = [n for n in CASES if n.startswith(("tie_", "float64_"))]
 
 
 def test_float64_sums_part_from_float32():
-    """docs/TIES.md, Arithmetic: the one place epx and vLLM >= 0.14.0 part
-    where no sort tie is involved; vLLM 0.13.0 (float32) agrees with epx."""
+    """docs/TIES.md, Arithmetic: on float64_sums_n1 vLLM 0.13.0 (float32) and
+    vLLM >= 0.14.0 (float64 quotients and pack sums) place differently, and
+    epx follows each release's arithmetic."""
     case = CASES["float64_sums_n1"]
-    p2l = call(case, "0.34.0")[0]
-    new = case["vllm"]["0.34.0"]
-    assert not (p2l == np.asarray(new.get("phy2log_stable", new["phy2log"]))).all()
-    old = case["vllm"]["0.13.0"]
-    np.testing.assert_array_equal(p2l, np.asarray(old.get("phy2log_stable", old["phy2log"])))
+    stable = {v: np.asarray(g.get("phy2log_stable", g["phy2log"]))
+              for v, g in case["vllm"].items()}
+    assert not (stable["0.13.0"] == stable["0.14.0"]).all()
+    for version in ("0.13.0", "0.14.0", "0.18.1", "0.19.0", "0.34.0"):
+        np.testing.assert_array_equal(call(case, version)[0], stable[version])
+    # the rule by name, through epx.planner.deepseek
+    w = np.asarray(case["weight"], dtype=np.float32)
+    f32 = epx.planner.deepseek(w, 24, 4, 1, 4, True)[0]
+    f64 = epx.planner.deepseek(w, 24, 4, 1, 4, True, rule="vllm-f64")[0]
+    np.testing.assert_array_equal(f32, stable["0.13.0"])
+    np.testing.assert_array_equal(f64, stable["0.34.0"])
+    np.testing.assert_array_equal(epx.planner.deepseek(w, 24, 4, 1, 4, True, rule="deepseek")[0],
+                                  f32)
+
+
+def test_numpy_group_sums():
+    """vLLM >= 0.14.0 adds a group's loads as numpy does (pairwise blocks of
+    eight); on numpy_group_sums_n2 that orders groups 0 and 1 against a
+    running float32 sum, no sort key ties, and epx equals the releases as
+    released. The float32 releases sum with torch, whose blocked reduction
+    makes the two groups tie: there epx (one by one) parts from them, with
+    the same replica counts and max load (the parametrized test)."""
+    case = CASES["numpy_group_sums_n2"]
+    w = np.asarray(case["weight"], dtype=np.float32)
+    for version in ("0.14.0", "0.18.1", "0.19.0", "0.34.0"):
+        gold = case["vllm"][version]
+        assert gold["tie_free"], version
+        np.testing.assert_array_equal(call(case, version)[0], np.asarray(gold["phy2log"]))
+    f32 = epx.planner.deepseek(w, 80, 4, 2, 8, True)[0]
+    assert not (f32 == np.asarray(case["vllm"]["0.34.0"]["phy2log"])).all()
+    for version in ("0.9.2", "0.13.0"):
+        assert not case["vllm"][version]["tie_free"]
+        assert not (call(case, version)[0] == np.asarray(case["vllm"][version]["phy2log"])).all()
+
+
+def test_rule_argument_errors():
+    w = np.arange(1, 17, dtype=np.float32)[None, :]
+    with pytest.raises(ValueError, match="'vllm-f64'"):
+        epx.planner.deepseek(w, 24, 4, 1, 4, True, rule="vllm")
+    with pytest.raises(ValueError, match="rule must be one of"):
+        epx.planner.deepseek(w, 24, 4, 1, 4, True, rule=3)
+    with pytest.raises(ValueError, match="not both"):
+        epx.planner.deepseek(w, 24, 4, 1, 4, True, sglang_version="0.5.11", rule="vllm-f64")
+    assert epx.planner.EPLB_RULES["vllm-f64"] == 3
 
 
 @pytest.mark.parametrize("name", TIE_CASES)
@@ -213,7 +265,12 @@ def test_policy_for_releases():
     assert epx.vllm.policy_for("0.34.0") is epx.vllm.DefaultEplbPolicy
     assert epx.vllm.policy_for("v0.19.1") is epx.vllm.DefaultEplbPolicy
     assert epx.vllm.policy_for("0.18.1") is epx.vllm.TupleEplbPolicy
-    assert epx.vllm.policy_for("0.13.0") is epx.vllm.TupleEplbPolicy
+    assert epx.vllm.policy_for("0.14.0") is epx.vllm.TupleEplbPolicy
+    assert epx.vllm.policy_for("0.13.0") is epx.vllm.TupleEplbPolicy013
+    assert epx.vllm.policy_for("v0.13.1") is epx.vllm.TupleEplbPolicy013
+    assert epx.vllm.DefaultEplbPolicy.EPLB_RULE == "vllm-f64"
+    assert epx.vllm.TupleEplbPolicy.EPLB_RULE == "vllm-f64"
+    assert epx.vllm.TupleEplbPolicy013.EPLB_RULE == "deepseek"
     with pytest.raises(ValueError, match="rebalance_experts"):
         epx.vllm.policy_for("0.12.0")
     with pytest.raises(ValueError, match="0.9.2"):
@@ -257,3 +314,17 @@ def test_torch_in_torch_out():
     # vLLM takes weight.float(): a bf16 load window works too
     b = epx.vllm.DefaultEplbPolicy.rebalance_experts(w.bfloat16(), 48, 8, 4, 8)
     assert b.shape == (w.shape[0], 48) and b.dtype == torch.int64
+
+
+def test_policy_013_has_no_old_map():
+    """0.13.0's rebalance_experts takes no map in service, as vLLM's."""
+    case = CASES["float64_sums_n1"]
+    w = np.asarray(case["weight"], dtype=np.int64)
+    pol = epx.vllm.TupleEplbPolicy013
+    old = np.asarray(case["vllm"]["0.13.0"]["phy2log"])
+    with pytest.raises(TypeError, match="0.14.0"):
+        pol.rebalance_experts(w, 24, 4, 1, 4, old)
+    with pytest.raises(TypeError, match="TupleEplbPolicy"):
+        pol.rebalance_experts(w, 24, 4, 1, 4, old_global_expert_indices=old)
+    p2l, l2p, cnt = pol.rebalance_experts(w, 24, 4, 1, 4)
+    assert l2p.shape == (2, 16, 9) and cnt.shape == (2, 16)

@@ -12,10 +12,15 @@
  * Every load, sum and quotient is float32, as torch computes them, and the
  * comparisons are made on those float32 values, so the result depends on the
  * rounding of each step: float32 is kept here on purpose, never widened.
- * The one exception is SGLang's copy from 0.5.11 on (EPX_EPLB_RULE_SGLANG_F64):
- * its packing adds the float32 items as Python floats, so pack loads are
- * float64 there (pack_f64 below). The SGLang rules also order tied loads
- * as torch's sort does (torch_sort.c) instead of by index.
+ * Two engine copies are the exceptions, each asked for by its rule. SGLang
+ * from 0.5.11 (EPX_EPLB_RULE_SGLANG_F64) adds the float32 items of its
+ * packing as Python floats, so pack loads are float64 there (pack_f64
+ * below); the SGLang rules also order tied loads as torch's sort does
+ * (torch_sort.c) instead of by index. vLLM from 0.14.0
+ * (EPX_EPLB_RULE_VLLM_F64) runs in numpy: group loads are numpy's pairwise
+ * float32 sums (sum_numpy_pairwise), per-replica loads float64 quotients and
+ * pack loads float64 sums (replicate_f64, balanced_packing_f64); its ties
+ * go to the lowest index, as here.
  *
  * The reference sorts with an unstable sort and takes argmin/argmax over
  * Python lists; where loads tie it is arbitrary. Here every tie goes to the
@@ -50,6 +55,7 @@ struct epxi_deepseek {
     int32_t gpus_per_node;    /* gpus / nodes              */
     bool pack_f64;            /* EPX_EPLB_RULE_SGLANG_F64: pack loads in float64 */
     bool torch_order;         /* SGLang rules: ties in torch.sort's order */
+    bool vllm_f64;            /* EPX_EPLB_RULE_VLLM_F64: numpy sums, float64 quotients */
     /* Scratch, carved out of one block. */
     float *group_load;                /* [groups] */
     int32_t *group_pack, *group_rank; /* [groups] */
@@ -65,7 +71,9 @@ struct epxi_deepseek {
     uint64_t *node;                   /* [2 * tree] tournament tree, tree = the power of
                                          two >= max(experts_per_node, nodes, gpus_per_node) */
     float *pack_load;                 /* [tree] */
-    double *pack_load64;              /* [tree], EPX_EPLB_RULE_SGLANG_F64 */
+    double *pack_load64;              /* [tree], the _F64 rules */
+    double *item64;                   /* [max(...)] float64 item weights, the _F64 rules */
+    double *ratio64;                  /* [experts_per_node] load / replicas, VLLM_F64 */
     int32_t *pack_items;              /* [tree] */
     void *block;
 };
@@ -271,13 +279,15 @@ static void pack_scan16(const float *w, const int32_t *order, int32_t n, int32_t
 }
 
 /*
- * SGLang >= 0.5.11: the same greedy choice, but each pack's load is a Python
- * float (the float32 items widened, then added in float64). A linear scan:
- * the lightest pack with room, the lowest index on ties (Python's min over
- * the packs in order); the trees above key on 32-bit float bits, which a
- * double does not fit, and this rule is only asked for by name.
+ * SGLang >= 0.5.11 and vLLM >= 0.14.0: the same greedy choice, but each
+ * pack's load is float64 (SGLang: a Python float; vLLM: a float64 array;
+ * items are the float32 loads widened, or vLLM's float64 quotients). A
+ * linear scan: the lightest pack with room, the lowest index on ties
+ * (Python's min, np.argmin with full packs at inf); the trees above key on
+ * 32-bit float bits, which a double does not fit, and these rules are only
+ * asked for by name.
  */
-static void pack_f64(epxi_deepseek *ws, const float *w, const int32_t *order, int32_t n,
+static void pack_f64(epxi_deepseek *ws, const double *w, const int32_t *order, int32_t n,
                      int32_t num_packs, int32_t per, int32_t *pack, int32_t *rank) {
     double *load = ws->pack_load64;
     int32_t *items = ws->pack_items;
@@ -292,8 +302,58 @@ static void pack_f64(epxi_deepseek *ws, const float *w, const int32_t *order, in
             if (items[p] < per && (best < 0 || load[p] < load[best])) best = p;
         pack[it] = best;
         rank[it] = items[best]++;
-        load[best] = load[best] + (double)w[it];
+        load[best] = load[best] + w[it];
     }
+}
+
+/* order[0..n) = indices of the float64 w by descending value, equal values
+ * by ascending index: insertion sort for short rows, else a bottom-up merge
+ * sort (through sort_a) that takes from the right run only when strictly
+ * larger. */
+static void sort_desc_f64(epxi_deepseek *ws, const double *w, int32_t n, int32_t *order) {
+    if (n <= 48) {
+        for (int32_t i = 0; i < n; i++) {
+            int32_t j = i;
+            while (j > 0 && w[order[j - 1]] < w[i]) {
+                order[j] = order[j - 1];
+                j--;
+            }
+            order[j] = i;
+        }
+        return;
+    }
+    int32_t *a = order, *b = (int32_t *)(void *)ws->sort_a; /* sort_a holds 2 * items int32 */
+    for (int32_t i = 0; i < n; i++) a[i] = i;
+    for (int32_t width = 1; width < n; width *= 2) {
+        for (int32_t lo = 0; lo < n; lo += 2 * width) {
+            const int32_t mid = lo + width < n ? lo + width : n;
+            const int32_t hi = lo + 2 * width < n ? lo + 2 * width : n;
+            int32_t i = lo, j = mid, k = lo;
+            while (i < mid && j < hi) b[k++] = w[a[j]] > w[a[i]] ? a[j++] : a[i++];
+            while (i < mid) b[k++] = a[i++];
+            while (j < hi) b[k++] = a[j++];
+        }
+        int32_t *t = a;
+        a = b;
+        b = t;
+    }
+    if (a != order) memcpy(order, a, (size_t)n * sizeof *order);
+}
+
+/* balanced_packing of vLLM >= 0.14.0's GPU step: float64 items (the
+ * quotients), sorted stably, packed with float64 loads. */
+static void balanced_packing_f64(epxi_deepseek *ws, const double *w, int32_t n, int32_t num_packs,
+                                 int32_t *pack, int32_t *rank) {
+    const int32_t per = n / num_packs;
+    if (per == 1) {
+        for (int32_t i = 0; i < n; i++) {
+            pack[i] = i;
+            rank[i] = 0;
+        }
+        return;
+    }
+    sort_desc_f64(ws, w, n, ws->order);
+    pack_f64(ws, w, ws->order, n, num_packs, per, pack, rank);
 }
 
 /*
@@ -321,7 +381,8 @@ static void balanced_packing(epxi_deepseek *ws, const float *w, int32_t n, int32
     else
         sort_desc(ws, w, n, order);
     if (ws->pack_f64) {
-        pack_f64(ws, w, order, n, num_packs, per, pack, rank);
+        for (int32_t i = 0; i < n; i++) ws->item64[i] = (double)w[i];
+        pack_f64(ws, ws->item64, order, n, num_packs, per, pack, rank);
         return;
     }
     if (num_packs <= 8) {
@@ -376,6 +437,61 @@ static void replicate(epxi_deepseek *ws, const float *w, int32_t n, int32_t num_
     }
 }
 
+/*
+ * vLLM >= 0.14.0's replicate_experts: the quotient load / replicas is
+ * float64 (numpy's float32 / int64), recomputed for the chosen expert; the
+ * first largest wins (np.argmax). A linear scan, as in pack_f64. Leaves
+ * ratio64[e] = w[e] / cnt[e] for every expert, the GPU step's item weights.
+ */
+static void replicate_f64(epxi_deepseek *ws, const float *w, int32_t n, int32_t num_phy,
+                          int32_t *phy2log, int32_t *phyrank, int32_t *cnt) {
+    double *q = ws->ratio64;
+    for (int32_t e = 0; e < n; e++) {
+        phy2log[e] = e;
+        phyrank[e] = 0;
+        cnt[e] = 1;
+        q[e] = (double)w[e];
+    }
+    for (int32_t i = n; i < num_phy; i++) {
+        int32_t best = 0;
+        for (int32_t e = 1; e < n; e++)
+            if (q[e] > q[best]) best = e;
+        phy2log[i] = best;
+        phyrank[i] = cnt[best]++;
+        q[best] = (double)w[best] / (double)cnt[best];
+    }
+}
+
+/*
+ * numpy's float32 sum of a[0..n) (pairwise_sum, numpy/_core/src/umath/
+ * loops_utils.h.src), as vLLM's weight.reshape(...).sum(axis=-1) adds a
+ * group: under 8 items one running sum; up to 128, eight running sums over
+ * items i, i + 8, ..., combined pairwise, then the items past the last full
+ * eight one by one; above 128, the two halves (the first a multiple of 8
+ * long) apart. All in float32. The reduction starts from 0 (numpy's
+ * identity), which turns a -0 sum into +0.
+ */
+static float sum_numpy_pairwise(const float *a, int32_t n) {
+    if (n < 8) {
+        float s = 0.0f;
+        for (int32_t i = 0; i < n; i++) s = s + a[i];
+        return s;
+    }
+    if (n <= 128) {
+        float r[8];
+        for (int j = 0; j < 8; j++) r[j] = a[j];
+        int32_t i;
+        for (i = 8; i < n - (n % 8); i += 8)
+            for (int j = 0; j < 8; j++) r[j] = r[j] + a[i + j];
+        float s = ((r[0] + r[1]) + (r[2] + r[3])) + ((r[4] + r[5]) + (r[6] + r[7]));
+        for (; i < n; i++) s = s + a[i];
+        return s;
+    }
+    int32_t n2 = n / 2;
+    n2 -= n2 % 8;
+    return sum_numpy_pairwise(a, n2) + sum_numpy_pairwise(a + n2, n - n2);
+}
+
 void epxi_deepseek_layer(epxi_deepseek *ws, const float *w, int32_t *p2l, int32_t *prank,
                          int32_t *logcnt) {
     const int32_t E = ws->E, gs = ws->group_size, gpn = ws->groups_per_node;
@@ -388,7 +504,10 @@ void epxi_deepseek_layer(epxi_deepseek *ws, const float *w, int32_t *p2l, int32_
     } else {
         for (int32_t g = 0; g < ws->groups; g++) {
             float s = 0.0f;
-            for (int32_t e = g * gs; e < (g + 1) * gs; e++) s = s + w[e];
+            if (ws->vllm_f64)
+                s = s + sum_numpy_pairwise(w + (size_t)g * (size_t)gs, gs);
+            else
+                for (int32_t e = g * gs; e < (g + 1) * gs; e++) s = s + w[e];
             ws->group_load[g] = s;
         }
         balanced_packing(ws, ws->group_load, ws->groups, ws->nodes, ws->group_pack, ws->group_rank);
@@ -403,6 +522,20 @@ void epxi_deepseek_layer(epxi_deepseek *ws, const float *w, int32_t *p2l, int32_
         const int32_t *m2l = ws->mlog2log + (size_t)n * (size_t)epn;
         int32_t *cnt = ws->mlogcnt + (size_t)n * (size_t)epn;
         for (int32_t j = 0; j < epn; j++) ws->row[j] = w[m2l[j]] + 0.0f;
+        int32_t *out = p2l + (size_t)n * (size_t)ppn;
+        int32_t *out_rank = prank ? prank + (size_t)n * (size_t)ppn : NULL;
+        if (ws->vllm_f64) {
+            /* Steps 2 and 3 with float64 quotients and pack loads. */
+            replicate_f64(ws, ws->row, epn, ppn, ws->phy2mlog, ws->phyrank, cnt);
+            for (int32_t p = 0; p < ppn; p++) ws->item64[p] = ws->ratio64[ws->phy2mlog[p]];
+            balanced_packing_f64(ws, ws->item64, ppn, ws->gpus_per_node, ws->pack, ws->rank);
+            for (int32_t p = 0; p < ppn; p++) {
+                const int32_t q = ws->pack[p] * ppg + ws->rank[p];
+                out[q] = m2l[ws->phy2mlog[p]];
+                if (out_rank) out_rank[q] = ws->phyrank[p];
+            }
+            continue;
+        }
         /* Step 2: replicas within the node. */
         replicate(ws, ws->row, epn, ppn, ws->phy2mlog, ws->phyrank, cnt);
         /* Step 3: replicas to the node's GPUs. */
@@ -417,8 +550,6 @@ void epxi_deepseek_layer(epxi_deepseek *ws, const float *w, int32_t *p2l, int32_
         for (int32_t p = 0; p < epn; p++) ws->slot_load[p] = ratio[p];
         for (int32_t p = epn; p < ppn; p++) ws->slot_load[p] = ratio[ws->phy2mlog[p]];
         balanced_packing(ws, ws->slot_load, ppn, ws->gpus_per_node, ws->pack, ws->rank);
-        int32_t *out = p2l + (size_t)n * (size_t)ppn;
-        int32_t *out_rank = prank ? prank + (size_t)n * (size_t)ppn : NULL;
         for (int32_t p = 0; p < ppn; p++) {
             const int32_t q = ws->pack[p] * ppg + ws->rank[p];
             out[q] = m2l[ws->phy2mlog[p]];
@@ -481,8 +612,8 @@ epx_status epxi_deepseek_create(int32_t E, int32_t P, int32_t groups, int32_t no
     const size_t tree = (size_t)tree_width(max3(ws->experts_per_node, nodes, ws->gpus_per_node));
     /* Every array is 4-byte elements: count them, allocate once, carve. */
     /* 8-byte arrays first, so every carve stays aligned. */
-    const size_t words = 2 * 2 * tree + 2 * 2 * items + 2 * tree + G * 3 + Ex * 3 + epn * 2 +
-                         ppn * 3 + items * 3 + tree * 2;
+    const size_t words = 2 * 2 * tree + 2 * 2 * items + 2 * tree + 2 * items + 2 * epn + G * 3 +
+                         Ex * 3 + epn * 2 + ppn * 3 + items * 3 + tree * 2;
     uint32_t *block = epxi_calloc(words, sizeof(uint32_t), "DeepSeek workspace", err);
     if (block == NULL) {
         free(ws);
@@ -495,6 +626,8 @@ epx_status epxi_deepseek_create(int32_t E, int32_t P, int32_t groups, int32_t no
     EPXI_CARVE(sort_a, uint64_t, 2 * items);
     EPXI_CARVE(sort_b, uint64_t, 2 * items);
     EPXI_CARVE(pack_load64, double, 2 * tree);
+    EPXI_CARVE(item64, double, 2 * items);
+    EPXI_CARVE(ratio64, double, 2 * epn);
     EPXI_CARVE(group_load, float, G);
     EPXI_CARVE(group_pack, int32_t, G);
     EPXI_CARVE(group_rank, int32_t, G);
@@ -517,8 +650,9 @@ epx_status epxi_deepseek_create(int32_t E, int32_t P, int32_t groups, int32_t no
 }
 
 void epxi_deepseek_set_rule(epxi_deepseek *ws, epx_eplb_rule rule) {
-    ws->pack_f64 = rule == EPX_EPLB_RULE_SGLANG_F64;
-    ws->torch_order = rule != EPX_EPLB_RULE_DEEPSEEK;
+    ws->pack_f64 = rule == EPX_EPLB_RULE_SGLANG_F64 || rule == EPX_EPLB_RULE_VLLM_F64;
+    ws->torch_order = rule == EPX_EPLB_RULE_SGLANG_F32 || rule == EPX_EPLB_RULE_SGLANG_F64;
+    ws->vllm_f64 = rule == EPX_EPLB_RULE_VLLM_F64;
 }
 
 void epxi_deepseek_destroy(epxi_deepseek *ws) {
@@ -545,12 +679,13 @@ epx_status epx_plan_deepseek_rule(const float *weight, int32_t L, int32_t E, int
     if (weight == NULL || phys_to_log == NULL)
         return epxi_fail(err, EPX_ERR_INVALID_ARG,
                          "epx_plan_deepseek: weight and phys_to_log must not be NULL");
-    if ((int)rule < EPX_EPLB_RULE_DEEPSEEK || (int)rule > EPX_EPLB_RULE_SGLANG_F64)
+    if ((int)rule < EPX_EPLB_RULE_DEEPSEEK || (int)rule > EPX_EPLB_RULE_VLLM_F64)
         return epxi_fail(err, EPX_ERR_INVALID_ARG,
-                         "EPLB rule %d is unknown: use EPX_EPLB_RULE_DEEPSEEK (0), "
-                         "EPX_EPLB_RULE_SGLANG_F32 (1, SGLang <= 0.5.10.post1) or "
-                         "EPX_EPLB_RULE_SGLANG_F64 (2, SGLang >= 0.5.11); "
-                         "epx_sglang_eplb_rule maps a release to its rule",
+                         "EPLB rule %d is unknown: use EPX_EPLB_RULE_DEEPSEEK (0; also vLLM "
+                         "<= 0.13.0), EPX_EPLB_RULE_SGLANG_F32 (1, SGLang <= 0.5.10.post1), "
+                         "EPX_EPLB_RULE_SGLANG_F64 (2, SGLang >= 0.5.11) or "
+                         "EPX_EPLB_RULE_VLLM_F64 (3, vLLM >= 0.14.0); "
+                         "epx_sglang_eplb_rule maps an SGLang release to its rule",
                          (int)rule);
     epx_shape s = {L, E, P, num_gpus, hierarchical ? num_nodes : 1};
     EPX_TRY(epx_shape_check(&s, err));

@@ -41,7 +41,8 @@ EPXI_HIDDEN epx_status epxi_deepseek_create(int32_t E, int32_t P, int32_t groups
 EPXI_HIDDEN void epxi_deepseek_destroy(epxi_deepseek *ws);
 /* Follow a rule other than DeepSeek's original (the default of a new
  * workspace): the SGLang rules order ties as torch.sort does, and
- * EPX_EPLB_RULE_SGLANG_F64 packs with float64 loads. */
+ * EPX_EPLB_RULE_SGLANG_F64 packs with float64 loads; EPX_EPLB_RULE_VLLM_F64
+ * adds groups as numpy does and divides and packs in float64. */
 EPXI_HIDDEN void epxi_deepseek_set_rule(epxi_deepseek *ws, epx_eplb_rule rule);
 
 /* order[0..n) = the indices of w [n] (finite, >= 0) in the order
