@@ -48,13 +48,10 @@ DIR holds DIR/<version>/rebalance_algo.py or DIR/<version>/policy/*.py.
 """
 import argparse
 import ast
-import glob
 import json
 import os
-import subprocess
-import sys
-import tempfile
-import zipfile
+
+from wheel_files import extract
 
 # Each side of every change above, and the newest release read.
 VERSIONS = ["0.9.2", "0.11.0", "0.11.1", "0.12.0", "0.13.0", "0.14.0", "0.18.1", "0.19.0",
@@ -64,18 +61,9 @@ FILES = ["rebalance_algo.py", "policy/abstract.py", "policy/default.py"]
 
 
 def download(dest, versions):
+    wanted = {EPLB + f: f for f in FILES}
     for v in versions:
-        with tempfile.TemporaryDirectory() as tmp:
-            subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--quiet",
-                            f"vllm=={v}", "-d", tmp], check=True)
-            (whl,) = glob.glob(os.path.join(tmp, "*.whl"))
-            with zipfile.ZipFile(whl) as z:
-                names = set(z.namelist())
-                for f in FILES:
-                    if EPLB + f in names:
-                        os.makedirs(os.path.dirname(os.path.join(dest, v, f)), exist_ok=True)
-                        with open(os.path.join(dest, v, f), "wb") as out:
-                            out.write(z.read(EPLB + f))
+        extract("vllm", v, dest, wanted.get)
         print("downloaded", v)
 
 
