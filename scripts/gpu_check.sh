@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# gpu_check.sh - every GPU test in one call, no benchmarks: the dispatch
+# kernels, the low-latency EP engine (1-4 ranks, graphs, faults; also under
+# compute-sanitizer memcheck) and epx.torch's CUDA tests. What a change to
+# GPU code is checked with before it lands; the timing scripts are
+# gpu_dispatch.sh, gpu_ll.sh and gpu_torch.sh.
+#   BIN=build   where test_dispatch_gpu, test_gpu_ll, libepx.so and
+#               libepx_cuda.so were built; libjansson/libzip from ./.devlibs
+#               and pytest from ./.devpy where the machine lacks them.
+set -u
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+BIN=$ROOT/${BIN:-build}
+export LD_LIBRARY_PATH=$ROOT/.devlibs:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
+fail=0
+run() { # name, command...
+    echo "== $1"; shift
+    "$@" >/tmp/gpu_check.log 2>&1; rc=$?
+    tail -4 /tmp/gpu_check.log
+    [ $rc = 0 ] || { echo "FAILED (exit $rc)"; fail=1; }
+}
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+run "dispatch kernels" bash -c "cd '$ROOT/tests' && '$BIN/test_dispatch_gpu'"
+run "low-latency EP engine" "$BIN/test_gpu_ll"
+if command -v compute-sanitizer >/dev/null; then
+    run "low-latency EP engine under memcheck" compute-sanitizer --tool memcheck \
+        --error-exitcode 9 --target-processes all "$BIN/test_gpu_ll"
+    run "dispatch kernels under memcheck (quick cases)" bash -c "cd '$ROOT/tests' && \
+        EPX_GPU_TEST_QUICK=1 compute-sanitizer --tool memcheck --error-exitcode 9 '$BIN/test_dispatch_gpu'"
+fi
+run "epx.torch on CUDA" env EPX_LIBRARY="$BIN/libepx.so" EPX_CUDA_LIBRARY="$BIN/libepx_cuda.so" \
+    PYTHONPATH="$ROOT/python:$ROOT/.devpy" bash -c "cd /tmp && python3 -m pytest -p no:cacheprovider \
+    -q -rs '$ROOT/python/tests/test_torch_ops.py' '$ROOT/python/tests/test_torch.py'"
+[ $fail = 0 ] && echo "gpu_check: all passed" || echo "gpu_check: FAILURES above"
+exit $fail
