@@ -14,7 +14,7 @@ the host, no synchronisation. CPU tensors run libepx's C references, which
 compute the same numbers (integers equal, floats bit for bit). Every op is a
 torch custom op (torch.ops.epx.*) with a fake implementation, so torch.compile
 traces it and a CUDA graph captures it. Called eagerly on plain tensors the
-functions here skip torch's dispatcher (~25 us a call) and run the same
+functions here skip torch's dispatcher (11-20 us a call, bench/RESULTS.md) and run the same
 implementation directly; under tracing, fake tensors or any mode they go
 through the op.
 
@@ -54,8 +54,8 @@ def dispatch_layout(topk_ids, num_experts, num_ranks):
     int64) whose experts are spread evenly, E/G per rank in order. A token
     counts once per rank it reaches however many of its experts live there;
     ids of -1 are ignored."""
-    op = _ops.impl_dispatch_layout if _ops.eager(topk_ids) else torch.ops.epx.dispatch_layout
-    return tuple(op(topk_ids, int(num_experts), int(num_ranks)))
+    return tuple(_ops.run("dispatch_layout", (topk_ids,), topk_ids, int(num_experts),
+                          int(num_ranks)))
 
 
 class TokenLayout(NamedTuple):
@@ -81,8 +81,8 @@ def token_layout(phys, num_physical, num_ranks):
     """The whole layout of a batch of physical slots phys [T][K] (map_ids'
     output), slot p living on rank p // (P/G): counts, both send orders and
     their inverse positions, in one kernel launch."""
-    op = _ops.impl_token_layout if _ops.eager(phys) else torch.ops.epx.token_layout
-    return TokenLayout(*op(phys, int(num_physical), int(num_ranks)))
+    return TokenLayout(*_ops.run("token_layout", (phys,), phys, int(num_physical),
+                                 int(num_ranks)))
 
 
 def map_ids(topk_ids, mapping, *, layer=0, pass_id=0, seed=0):
@@ -93,10 +93,9 @@ def map_ids(topk_ids, mapping, *, layer=0, pass_id=0, seed=0):
         raise TypeError("mapping must be an epx.torch.Mapping (Mapping.static, .dynamic, "
                         ".weighted or .from_layout), got %s" % type(mapping).__name__)
     m = mapping
-    op = _ops.impl_map_ids if _ops.eager(topk_ids, m.table, m.replicas, m.num_valid,
-                                         m.thresholds) else torch.ops.epx.map_ids
-    return op(topk_ids, m.mode, m.num_experts, m.num_physical, m.table, m.replicas, m.num_valid,
-              m.thresholds, _signed64(seed), int(pass_id), int(layer))
+    tables = (m.table, m.replicas, m.num_valid, m.thresholds)
+    return _ops.run("map_ids", (topk_ids,) + tables, topk_ids, m.mode, m.num_experts,
+                    m.num_physical, *tables, _signed64(seed), int(pass_id), int(layer))
 
 
 def permute(x, layout, order="rank"):
@@ -112,8 +111,7 @@ def permute(x, layout, order="rank"):
         raise ValueError("order must be 'rank' or 'slot', got %r" % (order,))
     perm, per_token = ((layout.rank_perm, 1) if order == "rank" else
                        (layout.slot_perm, layout.pair_slot_pos.shape[1]))
-    op = _ops.impl_gather_rows if _ops.eager(x, perm) else torch.ops.epx.gather_rows
-    return op(x, perm, per_token)
+    return _ops.run("gather_rows", (x, perm), x, perm, per_token)
 
 
 def combine(y, pos, weights=None):
@@ -121,8 +119,7 @@ def combine(y, pos, weights=None):
     pos[t][k] >= 0 of weights[t][k] * y[pos[t][k]], accumulated in float32 by
     fused multiply-adds in k order (bitwise equal on CPU and GPU), stored in
     y's dtype. weights [T][K] (any float dtype; None = 1)."""
-    op = _ops.impl_combine if _ops.eager(y, pos, weights) else torch.ops.epx.combine
-    return op(y, pos, weights)
+    return _ops.run("combine", (y, pos, weights), y, pos, weights)
 
 
 def _signed64(seed):

@@ -11,7 +11,8 @@ import os
 from ctypes import POINTER, c_int, c_int32, c_int64, c_void_p
 from pathlib import Path
 
-from .._native import EpxError, Error, Status
+from .. import _native
+from .._native import EpxError, Status
 from ..dispatch import DispatchSpec, TokenLayout
 
 __all__ = ["available", "reason", "library_path", "call", "dispatch_layout", "map_ids",
@@ -90,10 +91,7 @@ def call(f, *args):
     """Call a GPU entry point (last argument epx_error*); raise EpxError on failure."""
     if f is None:
         raise EpxError(Status.UNSUPPORTED, "epx.torch got a CUDA tensor, but " + str(_reason))
-    err = Error()
-    st = f(*args, ctypes.byref(err))
-    if st != 0:
-        raise EpxError(st, err.msg.decode("utf-8", "replace") or "(no message)")
+    return _native.call(f, *args)
 
 
 dispatch_layout = _bind("epx_cuda_dispatch_layout", POINTER(DispatchSpec), c_void_p, c_int64,

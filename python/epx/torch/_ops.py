@@ -103,11 +103,19 @@ def _launch(device, entry, *args):
             _gpu.call(entry, *args, stream)
 
 
+def run(name, tensors, *args):
+    """Op `name` on args: its implementation directly when eager(*tensors),
+    else through torch's dispatcher (torch.ops.epx.<name>)."""
+    op = globals()["impl_" + name] if eager(*tensors) else getattr(torch.ops.epx, name)
+    return op(*args)
+
+
 def eager(*tensors):
     """True when a call may skip torch's dispatcher and run the implementation
     directly: plain tensors needing no grad, no torch.compile tracing and no
     dispatch or function mode (fake tensors, make_fx, functionalization)
-    active. The dispatcher costs ~25 us a call; these checks ~1 us. Under any
+    active. The dispatcher costs 11-20 us a call (bench/RESULTS.md); these
+    checks ~1 us. Under any
     of those the custom op itself runs, so tracing sees the op."""
     # is_compiling first: dynamo folds it to True and never traces the rest
     return (not torch.compiler.is_compiling() and torch._C._len_torch_dispatch_stack() == 0 and
@@ -230,7 +238,7 @@ def impl_map_ids(topk_ids: torch.Tensor, mode: int, num_experts: int, num_physic
     if dev.type == "cuda":
         _launch(dev, _gpu.map_ids, ctypes.byref(spec), _addr(ids), T, K, _addr(out))
     else:
-        _cpu_call(_cpu.map_ids, ctypes.byref(spec), _addr(ids), T, K, _addr(out))
+        _cpu_call(_dispatch._map_ids, ctypes.byref(spec), _int_ptr(ids), T, K, _int_ptr(out))
     return out
 
 
