@@ -194,11 +194,12 @@ typedef enum epx_ep_combine_mode {
  * carrying the batch's epoch), so there is no count exchange, no host
  * synchronisation and no allocation per batch: on the GPU a whole
  * dispatch -> experts -> combine step can be captured in a CUDA graph.
- * Combine is EPX_EP_COMBINE_TOPK; max_recv_* must be 0. The receive view's
- * rows are sparse: with S = max_tokens + 1, row i is token i % S of rank
- * i / S (row S - 1 of each rank carries its flag), num_tokens is the row
- * space R * S, and on a device backend num_entries stays on the device
- * (-1 on the host; slot_offsets[num_local_slots] holds it).
+ * Combine is EPX_EP_COMBINE_TOPK; max_recv_* must be 0. On host
+ * communicators the receive view's rows are sparse: with S = max_tokens +
+ * 1, row i is token i % S of rank i / S (row S - 1 of each rank carries its
+ * flag) and num_tokens is the row space R * S. The GPU engine
+ * (epx_comm_gpu.h) delivers the expert-major view instead (slot_stride,
+ * slot_counts below), with the same entries in the same order.
  */
 typedef enum epx_ep_mode { EPX_EP_MODE_NORMAL = 0, EPX_EP_MODE_LOW_LATENCY = 1 } epx_ep_mode;
 
@@ -276,6 +277,17 @@ typedef struct epx_ep_recv {
     const int32_t *entry_token;  /* [num_entries] received row of each entry */
     const float *entry_weight;   /* [num_entries] its router weight */
     void *y;                     /* [num_entries][H] y_dtype: the expert outputs */
+    /*
+     * Expert-major views (the GPU low-latency engine, DeepEP's receive
+     * layout): local slot s owns rows s * slot_stride .. + slot_counts[s] of
+     * x (one copy of the token's row per entry, so a grouped GEMM reads it
+     * as it is) and of y, and entry e is row e: entry_token[e] = e is not
+     * stored (NULL), entry_weight is indexed by row, slot_offsets is NULL
+     * and num_entries -1. slot_stride = R * max_tokens; slot_counts is
+     * device memory [num_local_slots]. 0 / NULL for the other paths.
+     */
+    int64_t slot_stride;
+    const int32_t *slot_counts;
 } epx_ep_recv;
 
 /*

@@ -12,29 +12,33 @@
  * several processes sharing one GPU also work, which is how the protocol is
  * tested on one GPU); peers in the same process use their pointers directly.
  *
- * The protocol is the low-latency mode of epx_comm.h (EPX_EP_MODE_LOW_LATENCY),
- * the same layout and order as the CPU path epx_ep_* uses on host
- * communicators, so the two agree bit for bit:
- *   dispatch: rank s writes token t into row s * (M + 1) + t of each
- *     destination (M = max_tokens), tagged with the batch's epoch; after a
- *     system-scope fence the last block writes the flag (epoch, T) into row
- *     s * (M + 1) + M. One block of each receiver waits for every source's
- *     flag and groups the tagged rows' entries by local slot, in (source,
- *     token, k) order.
+ * The protocol is the low-latency mode of epx_comm.h (EPX_EP_MODE_LOW_LATENCY)
+ * and gives the entries of the CPU path in the same order, bit for bit,
+ * laid out as DeepEP's low-latency receive (expert-major):
+ *   dispatch: rank s writes its token t once into row s * M + t of each
+ *     destination rank (M = max_tokens), with the token's (local slot,
+ *     weight, position) per k, where the position of (t, k) is its rank
+ *     among rank s's entries of that slot in (token, k) order; it also
+ *     writes its entry count per slot of the destination, and after the
+ *     rows a flag (epoch, T) published with a release store. Every block
+ *     of the receiver waits for the R flags and copies each received row
+ *     straight to its entries' places: local slot l's entries are rows
+ *     l * R * M + (entries of l from sources below s) + position of x_out,
+ *     in (source, token, k) order -- no grouping pass, no global scan.
  *   combine: the output of entry (s, t, k) goes to row t * K + k of rank s,
  *     then a flag per peer; every block waits for all flags and reduces its
  *     tokens in fp32 in k order (the formula of the host path).
- * The epoch lives in device memory and advances inside the kernels, so a
- * captured graph replays correctly.
+ * Counters and flags live in device memory and advance inside the kernels,
+ * so a captured graph replays correctly.
  *
  * Faults. A wait that sees no flag within timeout_ms gives up: the kernel
  * records the failure (which peer, which phase) in device and host-mapped
  * memory, skips its remaining work, and every later launch of the handle
  * returns at once. The host learns it without a synchronisation at the next
  * call (EPX_ERR_TIMEOUT), or from epx_gpu_ep_sync / epx_gpu_ep_health; the
- * bootstrap communicator is then marked failed (epx_comm_health reports it).
- * A slot outside [-1, P) on any rank travels in band: every rank's receiver
- * sees it, runs no expert for that batch and reports EPX_ERR_INVALID_ARG.
+ * bootstrap communicator (when there is one) is then marked failed. A slot
+ * outside [-1, P) on any rank travels in band: every rank's receiver sees
+ * it, runs no expert for that batch and reports EPX_ERR_INVALID_ARG.
  */
 #ifndef EPX_COMM_GPU_H
 #define EPX_COMM_GPU_H
@@ -61,7 +65,7 @@ typedef struct epx_gpu_ep epx_gpu_ep;
 
 /*
  * Device bytes one rank's buffer takes for cfg on num_ranks ranks (the
- * peer-visible rows plus the receiver's own grouping and outputs).
+ * peer-visible rows plus the expert-major receive and output rows).
  * Returns: EPX_OK, EPX_ERR_INVALID_ARG / EPX_ERR_SHAPE (config: mode must be
  *          EPX_EP_MODE_LOW_LATENCY), EPX_ERR_OVERFLOW.
  */
@@ -74,29 +78,51 @@ EPX_API epx_status epx_gpu_ep_buffer_bytes(const epx_ep_config *cfg, int32_t num
  *          the EP ranks; used to exchange buffer handles here and in
  *          destroy, never per batch. cfg (in) with mode LOW_LATENCY;
  *          stream (in) borrowed, every launch goes there; opts (in) or NULL.
- * Returns: EPX_OK; EPX_ERR_INVALID_ARG (config, opts); EPX_ERR_SHAPE;
- *          EPX_ERR_CUDA (allocation, IPC mapping: a peer GPU this one cannot
- *          reach by load/store); the bootstrap's EPX_ERR_COMM/_TIMEOUT.
+ * Returns: EPX_OK; EPX_ERR_INVALID_ARG (config, opts, ranks whose configs
+ *          differ); EPX_ERR_SHAPE; EPX_ERR_CUDA (allocation, IPC mapping: a
+ *          peer GPU this one cannot reach by load/store); the bootstrap's
+ *          EPX_ERR_COMM/_TIMEOUT.
  * Collective: yes, over bootstrap.
  */
 EPX_API epx_status epx_gpu_ep_create(epx_comm *bootstrap, const epx_ep_config *cfg,
                                      cudaStream_t stream, const epx_gpu_ep_opts *opts,
                                      epx_gpu_ep **out, epx_error *err);
 
-/* Release: waits for the stream, then (collectively, when the bootstrap is
- * healthy) makes sure no peer still maps this rank's buffer before freeing
- * it. Accepts NULL. */
+/*
+ * The same in three steps, for callers that exchange the ranks' handles
+ * themselves (torch.distributed, a launcher's key-value store):
+ *   epx_gpu_ep_open     allocate this rank's buffer (not collective);
+ *   epx_gpu_ep_info     its EPX_GPU_EP_INFO_BYTES bytes for the peers
+ *                       (an IPC handle, the process and GPU, the config);
+ *   epx_gpu_ep_connect  given every rank's info in rank order, map the
+ *                       peers' buffers. A rank whose config or rank count
+ *                       differs is refused here, naming both configs.
+ * The caller makes sure every rank connected before any launches, and that
+ * every rank stopped launching before any destroys (a barrier each).
+ */
+#define EPX_GPU_EP_INFO_BYTES 256
+EPX_API epx_status epx_gpu_ep_open(const epx_ep_config *cfg, int32_t rank, int32_t num_ranks,
+                                   cudaStream_t stream, const epx_gpu_ep_opts *opts,
+                                   epx_gpu_ep **out, epx_error *err);
+EPX_API epx_status epx_gpu_ep_info(const epx_gpu_ep *ep, void *info, epx_error *err);
+EPX_API epx_status epx_gpu_ep_connect(epx_gpu_ep *ep, const void *infos, epx_error *err);
+
+/* Release: waits for the stream, then (collectively, when created over a
+ * healthy bootstrap) makes sure no peer still maps this rank's buffer
+ * before freeing it. Accepts NULL. */
 EPX_API void epx_gpu_ep_destroy(epx_gpu_ep *ep);
 
 /*
  * Dispatch a batch: one kernel launch on the stream, nothing else.
  * Args:    T: 0 <= T <= max_tokens (checked here, before any launch);
- *          x [T][H] x_dtype, topk_slots [T][K] int32, topk_weights [T][K]
- *          fp32, all device memory, read by the kernel; recv (out) device
- *          views; num_entries is -1 (the count is slot_offsets[spr] on the
- *          device), num_tokens the row space R * (M + 1).
- * Dispatch and combine alternate: a dispatch before the last batch's
- * combine is refused (the peers may still be reading their rows of it).
+ *          x [T][H] x_dtype, topk_slots [T][K] int32 in [-1, P),
+ *          topk_weights [T][K] fp32 or NULL (then entry_weight holds zeros
+ *          and combine needs weights), all device memory, read by the
+ *          kernel; recv (out) the expert-major views (epx_ep_recv:
+ *          slot_stride, slot_counts), valid until the next dispatch.
+ * A dispatch may follow a combine or another dispatch (the peer-written
+ * areas are double-buffered, as DeepEP's); a combine needs a whole
+ * dispatch before it.
  * Returns: EPX_OK (enqueued); EPX_ERR_INVALID_ARG; EPX_ERR_CUDA (launch);
  *          EPX_ERR_TIMEOUT / EPX_ERR_INVALID_ARG found by an earlier batch's
  *          kernels (then nothing is launched).
@@ -106,16 +132,68 @@ EPX_API epx_status epx_gpu_ep_dispatch(epx_gpu_ep *ep, int64_t T, const void *x,
                                        const int32_t *topk_slots, const float *topk_weights,
                                        epx_ep_recv *recv, epx_error *err);
 
+/*
+ * The same in two halves, for overlapping other work with the exchange
+ * (DeepEP's return_recv_hook): parts = EPX_GPU_EP_SEND launches the sending
+ * half now, a later call with parts = EPX_GPU_EP_RECV (other arguments
+ * ignored) the receiving half; SEND | RECV is epx_gpu_ep_dispatch. Between
+ * the halves this handle takes no other call. recv may be NULL.
+ */
+#define EPX_GPU_EP_SEND 1
+#define EPX_GPU_EP_RECV 2
+/* Or'ed into dispatch parts: topk_slots points at int64 ids, where every
+ * negative id means no expert (DeepEP's topk_idx). */
+#define EPX_GPU_EP_IDS64 4
+EPX_API epx_status epx_gpu_ep_dispatch_parts(epx_gpu_ep *ep, int parts, int64_t T, const void *x,
+                                             const int32_t *topk_slots, const float *topk_weights,
+                                             epx_ep_recv *recv, epx_error *err);
+
 /* Identity experts (y[e] = x of entry e, converted to y_dtype): one launch
- * over the device-side entry count. For tests and benchmarks. */
+ * over the device-side counts. For tests and benchmarks. */
 EPX_API epx_status epx_gpu_ep_identity_experts(epx_gpu_ep *ep, epx_error *err);
 
 /*
  * Combine the last dispatch: one kernel launch; out [T][H] fp32 device
  * (that dispatch's T), bitwise the host path's result for the same expert
- * outputs. Collective: yes. Capturable.
+ * outputs (the handle's own y, the dispatch's weights). Collective: yes.
+ * Capturable.
  */
 EPX_API epx_status epx_gpu_ep_combine(epx_gpu_ep *ep, float *out, epx_error *err);
+
+/*
+ * Combine with the caller's tensors (DeepEP's low_latency_combine): y (NULL:
+ * the handle's own) [num_local_slots][slot_stride][H] y_dtype in the
+ * dispatch's expert-major layout; topk_weights [T][K] fp32 (NULL: the
+ * dispatch's); out [T][H] of out_dtype (F32, or BF16: the fp32 sum rounded
+ * once). Same formula and order as epx_gpu_ep_combine.
+ */
+EPX_API epx_status epx_gpu_ep_combine_ex(epx_gpu_ep *ep, const void *y, const float *topk_weights,
+                                         void *out, epx_dtype out_dtype, epx_error *err);
+
+/* epx_gpu_ep_combine_ex in two halves (as epx_gpu_ep_dispatch_parts): the
+ * receiving half writes the out given to the sending half. */
+EPX_API epx_status epx_gpu_ep_combine_parts(epx_gpu_ep *ep, int parts, const void *y,
+                                            const float *topk_weights, void *out,
+                                            epx_dtype out_dtype, epx_error *err);
+
+/* Device views beside the recv view, for bindings (epx.torch.Buffer): all
+ * [num_local_slots] x [slot_stride] expert-major, valid for the handle's
+ * life; contents belong to the last dispatch. */
+typedef struct epx_gpu_ep_views {
+    void *x;               /* received rows, x_dtype */
+    void *y;               /* the expert outputs combine sends by default, y_dtype */
+    int32_t *counts;       /* [num_local_slots] entries per local slot */
+    int32_t *src_token;    /* token index on its source rank, per entry row */
+    int64_t *layout_range; /* [num_local_slots][R]: (first row << 32) | entries, per source */
+    float *entry_weight;   /* router weight per entry row */
+    int64_t slot_stride;   /* R * max_tokens */
+    int32_t num_local_slots;
+} epx_gpu_ep_views;
+EPX_API epx_status epx_gpu_ep_get_views(const epx_gpu_ep *ep, epx_gpu_ep_views *v, epx_error *err);
+
+/* Launch on `stream` from now on (bindings follow the caller's current
+ * stream, as under CUDA-graph capture). Not collective. */
+EPX_API epx_status epx_gpu_ep_set_stream(epx_gpu_ep *ep, cudaStream_t stream, epx_error *err);
 
 /* Wait for the stream (polling, up to the timeout), then report any fault
  * the kernels recorded. Returns EPX_OK, EPX_ERR_TIMEOUT, EPX_ERR_INVALID_ARG

@@ -17,6 +17,9 @@ export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
 export LD_LIBRARY_PATH=${LIBS:+$LIBS:}/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 BIN=${BIN:-build} TOOL=${TOOL:-build}
 TOKENS=${TOKENS:-1,2,4,8,16,32,64,128,512,4096}
+# Low latency keeps an expert-major receive of num_local_slots * R * max_tokens
+# rows (DeepEP's layout), so its token counts stop at decode sizes.
+TOKENS_LL=${TOKENS_LL:-1,2,4,8,16,32,64,128,512}
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
 ldd "$BIN/test_gpu_ll" "$TOOL/epx" | grep "not found" && echo "MISSING LIBRARIES"
 
@@ -37,7 +40,7 @@ for t in test_dispatch_gpu test_nccl_ep; do
 done
 echo "== where the time goes: block 0's global-timer stamps inside each low-latency kernel"
 EPX_LL_VARIANT=8 timeout 120 "$TOOL/epx" bench comm --backend nccl --mode low-latency --model kimi-k2.5 \
-    --tokens 1,8,32,128,512 --iters 3 --warmup 1 2>&1 | grep stamps | tee "$OUT/stamps.log"
+    --tokens 1,8,32,128 --iters 3 --warmup 1 2>&1 | grep stamps | tee "$OUT/stamps.log"
 if [ -n "${BASE:-}" ]; then
     for round in 1 2; do
         for who in base new; do
@@ -45,7 +48,7 @@ if [ -n "${BASE:-}" ]; then
             echo "== round $round: $who ($bin) low-latency, graph and launched"
             for g in --graph; do
                 timeout 200 "$bin" bench comm --backend nccl --mode low-latency $g --model kimi-k2.5 \
-                    --tokens "$TOKENS" --iters ${ITERS:-50} --warmup 10 \
+                    --tokens "$TOKENS_LL" --iters ${ITERS:-50} --warmup 10 \
                     --json "$OUT/${who}_ll.jsonl" >"$OUT/${who}_${round}${g:+_graph}.log" 2>&1; echo "exit $?"
             done
         done
@@ -57,9 +60,9 @@ fi
 modes="low-latency normal"; [ "${ONLY_LL:-0}" = 1 ] && modes=low-latency
 [ "${ONLY_LL:-0}" = 1 ] && [ -n "${BASE:-}" ] && modes=""  # timed above already
 for mode in $modes; do
-    extra=""; [ $mode = low-latency ] && extra="--graph"
+    extra=""; toks=$TOKENS; [ $mode = low-latency ] && extra="--graph" && toks=$TOKENS_LL
     echo "== epx bench comm --mode $mode"
     timeout 300 "$TOOL/epx" bench comm --backend nccl --mode $mode $extra --model kimi-k2.5 \
-        --tokens "$TOKENS" --iters ${ITERS:-50} --warmup 10 --json "$OUT/ep_h200.jsonl" 2>&1 |
+        --tokens "$toks" --iters ${ITERS:-50} --warmup 10 --json "$OUT/ep_h200.jsonl" 2>&1 |
         tee "$OUT/bench_$mode.log"
 done

@@ -430,6 +430,12 @@ extern "C" epx_status epx_cuda_moe_run_experts(epx_cuda_moe *m, const epx_ep_rec
                          "GPU MoE holds %d local slots but the dispatch delivered %d", m->num_local,
                          recv->num_local_slots);
     const int64_t ne = recv->num_entries;
+    if (ne < 0 || recv->slot_offsets == NULL)
+        return epxi_fail(err, EPX_ERR_INVALID_ARG,
+                         "GPU MoE runs on the grouped entries of a normal-mode dispatch; this "
+                         "recv view is the low-latency engine's expert-major one (num_entries "
+                         "%lld, slot_stride %lld): run the experts on its per-slot rows instead",
+                         (long long)ne, (long long)recv->slot_stride);
     if (ne == 0) return EPX_OK;
     if (ne > m->max_rows)
         return epxi_fail(err, EPX_ERR_INVALID_ARG,

@@ -122,31 +122,56 @@ static void free_batch(batch *o) {
     free(o->w);
 }
 
-/* Check rank me's received view and combined output for batch b. */
-static int check(const shape *c, int32_t me, const batch *all, const int64_t *so,
-                 const int32_t *etok, const float *ew, const float *out, int b) {
+/* What rank me's views hold after a dispatch (host copies). */
+typedef struct got {
+    int32_t *count, *srctok;
+    int64_t *range;
+    float *ew;
+    unsigned char *rx;
+} got;
+
+/* Check rank me's expert-major view and combined output for batch b: local
+ * slot l's rows are its entries in (source, token, k) order, each a copy of
+ * the token's row, with its weight (when dispatched with weights), source
+ * token and each source's range; the combine is the fixed-order sum over k
+ * of w * y(x) in fp32 (rounded once to bf16 when out_bf16), bit for bit. */
+static int check(const shape *c, int32_t me, const batch *all, const got *g, const void *out,
+                 bool weighted, bool out_bf16, int b) {
     const int32_t spr = c->P / c->R, K = c->K;
-    int64_t e = 0;
+    const int64_t RM = (int64_t)c->R * c->M;
+    const size_t xrow = (size_t)c->H * epx_dtype_size(c->xd);
     for (int32_t l = 0; l < spr; l++) {
-        if (so[l] != e)
-            FAILF("rank %d batch %d: slot_offsets[%d] = %lld, expected %lld", me, b, l,
-                  (long long)so[l], (long long)e);
-        for (int32_t src = 0; src < c->R; src++)
+        int64_t i = 0;
+        for (int32_t src = 0; src < c->R; src++) {
+            const int64_t begin = i;
             for (int64_t t = 0; t < all[src].T; t++)
                 for (int32_t k = 0; k < K; k++) {
                     if (all[src].s[t * K + k] != me * spr + l) continue;
-                    int32_t row = (int32_t)(src * (c->M + 1) + t);
-                    if (etok[e] != row || memcmp(&ew[e], &all[src].w[t * K + k], 4) != 0)
-                        FAILF("rank %d batch %d: entry %lld is (row %d, w %g), expected (row %d, w "
-                              "%g)",
-                              me, b, (long long)e, etok[e], (double)ew[e], row,
-                              (double)all[src].w[t * K + k]);
-                    e++;
+                    const int64_t e = l * RM + i;
+                    if (i >= RM || g->srctok[e] != t ||
+                        (weighted && memcmp(&g->ew[e], &all[src].w[t * K + k], 4) != 0))
+                        FAILF("rank %d batch %d: slot %d row %lld is (token %d, w %g), expected "
+                              "(token %lld of rank %d, w %g)",
+                              me, b, l, (long long)i, g->srctok[e], (double)g->ew[e], (long long)t,
+                              src, (double)all[src].w[t * K + k]);
+                    if (memcmp(g->rx + (size_t)e * xrow,
+                               (const unsigned char *)all[src].x + t * xrow, xrow) != 0)
+                        FAILF("rank %d batch %d: slot %d row %lld does not hold token %lld of "
+                              "rank %d",
+                              me, b, l, (long long)i, (long long)t, src);
+                    i++;
                 }
+            const int64_t lr = g->range[(size_t)l * c->R + src];
+            if ((lr >> 32) != begin || (lr & 0xffffffff) != i - begin)
+                FAILF("rank %d batch %d: layout_range[%d][%d] = (%lld, %lld), expected (%lld, "
+                      "%lld)",
+                      me, b, l, src, (long long)(lr >> 32), (long long)(lr & 0xffffffff),
+                      (long long)begin, (long long)(i - begin));
+        }
+        if (g->count[l] != i)
+            FAILF("rank %d batch %d: slot %d counts %d entries, expected %lld", me, b, l,
+                  g->count[l], (long long)i);
     }
-    if (so[spr] != e)
-        FAILF("rank %d batch %d: %lld entries, expected %lld", me, b, (long long)so[spr],
-              (long long)e);
     const batch *mine = &all[me];
     for (int64_t t = 0; t < mine->T; t++)
         for (int32_t h = 0; h < c->H; h++) {
@@ -154,14 +179,26 @@ static int check(const shape *c, int32_t me, const batch *all, const int64_t *so
             for (int32_t k = 0; k < K; k++)
                 if (mine->s[t * K + k] >= 0)
                     acc += mine->w[t * K + k] * yval(c, mine->x, (size_t)(t * c->H + h));
-            if (memcmp(&acc, &out[t * c->H + h], 4) != 0)
-                FAILF("rank %d batch %d token %lld h %d: combine %.9g, expected %.9g (bitwise)", me,
-                      b, (long long)t, h, (double)out[t * c->H + h], (double)acc);
+            float o;
+            if (out_bf16) {
+                uint16_t want = epx_bf16_from_f32(acc),
+                         have = ((const uint16_t *)out)[t * c->H + h];
+                if (want == have) continue;
+                o = epx_bf16_to_f32(have);
+            } else {
+                o = ((const float *)out)[t * c->H + h];
+                if (memcmp(&acc, &o, 4) == 0) continue;
+            }
+            FAILF("rank %d batch %d token %lld h %d: combine %.9g, expected %.9g (bitwise%s)", me,
+                  b, (long long)t, h, (double)o, (double)acc, out_bf16 ? ", bf16" : "");
         }
     return 0;
 }
 
-/* Run c's batches on one rank of `boot`. */
+/* Run c's batches on one rank of `boot`. Batches cycle through three ways
+ * to combine (plain graphs use the first): the handle's y and weights; no
+ * weights at dispatch, the caller's at combine, bf16 output; the caller's
+ * own copy of y. */
 static int run_rank(epx_comm *boot, const shape *c) {
     epx_error err = {0};
     const int32_t me = epx_comm_rank(boot), R = c->R, spr = c->P / R, K = c->K;
@@ -179,23 +216,35 @@ static int run_rank(epx_comm *boot, const shape *c) {
     o.timeout_ms = 60000; /* processes time-slice the GPU */
     epx_gpu_ep *ep = NULL;
     EK(epx_gpu_ep_create(boot, &cfg, st, &o, &ep, &err));
+    epx_gpu_ep_views vw;
+    EK(epx_gpu_ep_get_views(ep, &vw, &err));
     const size_t xs = epx_dtype_size(c->xd), M = (size_t)c->M;
-    void *dx;
+    const size_t rows = (size_t)spr * (size_t)vw.slot_stride;
+    const size_t xrow = (size_t)c->H * xs, yrow = (size_t)c->H * epx_dtype_size(c->yd);
+    if (vw.slot_stride != (int64_t)R * c->M || vw.num_local_slots != spr)
+        FAILF("rank %d: views of stride %lld and %d slots, expected %lld and %d", me,
+              (long long)vw.slot_stride, vw.num_local_slots, (long long)R * c->M, spr);
+    void *dx, *dy2;
     int32_t *ds;
     float *dw, *dout;
     CK(cudaMalloc(&dx, M * (size_t)c->H * xs));
+    CK(cudaMalloc(&dy2, rows * yrow + 1));
     CK(cudaMalloc((void **)&ds, M * (size_t)K * 4));
     CK(cudaMalloc((void **)&dw, M * (size_t)K * 4));
     CK(cudaMalloc((void **)&dout, M * (size_t)c->H * 4));
-    int64_t *so = malloc((size_t)(spr + 1) * 8);
-    size_t cap = (size_t)R * M * (size_t)K + 1;
-    int32_t *etok = malloc(cap * 4);
-    float *ew = malloc(cap * 4), *out = malloc(M * (size_t)c->H * 4 + 4);
+    got g;
+    g.count = malloc((size_t)spr * 4);
+    g.srctok = malloc(rows * 4 + 4);
+    g.range = malloc((size_t)spr * (size_t)R * 8);
+    g.ew = malloc(rows * 4 + 4);
+    g.rx = malloc(rows * xrow + 1);
+    void *out = malloc(M * (size_t)c->H * 4 + 4);
     batch all[PC_MAX_RANKS];
     cudaGraphExec_t exec = NULL;
     epx_ep_recv rv;
     int rc = 0;
     for (int b = 0; b < c->batches && rc == 0; b++) {
+        const int how = c->graph ? 0 : b % 3;
         for (int32_t r = 0; r < R; r++)
             make_batch(c, b, r, c->graph ? (int64_t)((r * 7 + 3) % (c->M + 1)) : -1, &all[r]);
         const batch *my = &all[me];
@@ -205,38 +254,48 @@ static int run_rank(epx_comm *boot, const shape *c) {
         CK(cudaMemcpyAsync(dw, my->w, (size_t)my->T * (size_t)K * 4, cudaMemcpyHostToDevice, st));
         if (c->graph) {
             if (exec == NULL) {
-                cudaGraph_t g;
+                cudaGraph_t gr;
                 CK(cudaStreamSynchronize(st));
                 CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
                 EK(epx_gpu_ep_dispatch(ep, my->T, dx, ds, dw, &rv, &err));
                 EK(epx_gpu_ep_identity_experts(ep, &err));
                 EK(epx_gpu_ep_combine(ep, dout, &err));
-                CK(cudaStreamEndCapture(st, &g));
-                CK(cudaGraphInstantiate(&exec, g, 0));
-                CK(cudaGraphDestroy(g));
+                CK(cudaStreamEndCapture(st, &gr));
+                CK(cudaGraphInstantiate(&exec, gr, 0));
+                CK(cudaGraphDestroy(gr));
             }
             CK(cudaGraphLaunch(exec, st));
         } else {
-            EK(epx_gpu_ep_dispatch(ep, my->T, dx, ds, dw, &rv, &err));
+            EK(epx_gpu_ep_dispatch(ep, my->T, dx, ds, how == 1 ? NULL : dw, &rv, &err));
             if (rv.num_entries != -1 || rv.num_local_slots != spr ||
-                rv.num_tokens != (int64_t)R * (c->M + 1))
+                rv.slot_stride != (int64_t)R * c->M || rv.slot_counts != vw.counts ||
+                rv.x != vw.x || rv.slot_offsets != NULL)
                 FAILF("rank %d: the recv view's host fields are off", me);
             EK(epx_gpu_ep_identity_experts(ep, &err));
-            EK(epx_gpu_ep_combine(ep, dout, &err));
+            if (how == 0) {
+                EK(epx_gpu_ep_combine(ep, dout, &err));
+            } else if (how == 1) {
+                EK(epx_gpu_ep_combine_ex(ep, NULL, dw, dout, EPX_DTYPE_BF16, &err));
+            } else {
+                CK(cudaMemcpyAsync(dy2, vw.y, rows * yrow, cudaMemcpyDeviceToDevice, st));
+                CK(cudaMemsetAsync(vw.y, 0xff, rows * yrow, st)); /* must not be read */
+                EK(epx_gpu_ep_combine_ex(ep, dy2, NULL, dout, EPX_DTYPE_F32, &err));
+            }
         }
         EK(epx_gpu_ep_sync(ep, &err));
-        CK(cudaMemcpy(so, rv.slot_offsets, (size_t)(spr + 1) * 8, cudaMemcpyDeviceToHost));
-        int64_t n = so[spr] >= 0 && (size_t)so[spr] < cap ? so[spr] : 0;
-        CK(cudaMemcpy(etok, rv.entry_token, (size_t)n * 4 + 4, cudaMemcpyDeviceToHost));
-        CK(cudaMemcpy(ew, rv.entry_weight, (size_t)n * 4 + 4, cudaMemcpyDeviceToHost));
+        CK(cudaMemcpy(g.count, vw.counts, (size_t)spr * 4, cudaMemcpyDeviceToHost));
+        CK(cudaMemcpy(g.srctok, vw.src_token, rows * 4, cudaMemcpyDeviceToHost));
+        CK(cudaMemcpy(g.range, vw.layout_range, (size_t)spr * R * 8, cudaMemcpyDeviceToHost));
+        CK(cudaMemcpy(g.ew, vw.entry_weight, rows * 4, cudaMemcpyDeviceToHost));
+        CK(cudaMemcpy(g.rx, vw.x, rows * xrow, cudaMemcpyDeviceToHost));
         CK(cudaMemcpy(out, dout, (size_t)my->T * (size_t)c->H * 4, cudaMemcpyDeviceToHost));
-        rc = check(c, me, all, so, etok, ew, out, b);
+        rc = check(c, me, all, &g, out, how != 1, how == 1, b);
         for (int32_t r = 0; r < R; r++) free_batch(&all[r]);
     }
     if (exec) cudaGraphExecDestroy(exec);
     epx_gpu_ep_destroy(ep);
-    cudaFree(dx), cudaFree(ds), cudaFree(dw), cudaFree(dout);
-    free(so), free(etok), free(ew), free(out);
+    cudaFree(dx), cudaFree(dy2), cudaFree(ds), cudaFree(dw), cudaFree(dout);
+    free(g.count), free(g.srctok), free(g.range), free(g.ew), free(g.rx), free(out);
     cudaStreamDestroy(st);
     return rc;
 }
@@ -249,7 +308,7 @@ static void random_shape(uint64_t *s, int32_t R, shape *c) {
     c->M = 1 + (int64_t)below(s, 24);
     c->xd = below(s, 2) ? EPX_DTYPE_BF16 : EPX_DTYPE_F32;
     c->yd = below(s, 2) ? EPX_DTYPE_BF16 : EPX_DTYPE_F32;
-    c->batches = 4;
+    c->batches = 5;
     c->graph = false;
 }
 
@@ -350,14 +409,43 @@ static int fault_cases(void) {
         if (hout[i] != 2.0f * hx[i])
             FAILF("after a refused batch: element %d = %g, expected %g", i, (double)hout[i],
                   2.0 * hx[i]);
-    /* Dispatch and combine alternate. */
+    /* Two dispatches in a row (double-buffered): the combine serves the
+     * second, here with weights 2 where the first had 1. */
+    float hw2[8] = {2, 2, 2, 2, 2, 2, 2, 2};
+    float *dw2;
+    CK(cudaMalloc((void **)&dw2, sizeof hw2));
+    CK(cudaMemcpy(dw2, hw2, sizeof hw2, cudaMemcpyHostToDevice));
     EK(epx_gpu_ep_dispatch(ep, 4, dx, ds, dw, &rv, &err));
-    if (epx_gpu_ep_dispatch(ep, 4, dx, ds, dw, &rv, &err) != EPX_ERR_INVALID_ARG ||
-        strstr(err.msg, "epx_gpu_ep_combine first") == NULL)
-        FAILF("a second dispatch before combine must be refused: '%s'", err.msg);
+    EK(epx_gpu_ep_dispatch(ep, 4, dx, ds, dw2, &rv, &err));
     EK(epx_gpu_ep_identity_experts(ep, &err));
     EK(epx_gpu_ep_combine(ep, dout, &err));
     EK(epx_gpu_ep_sync(ep, &err));
+    CK(cudaMemcpy(hout, dout, sizeof hout, cudaMemcpyDeviceToHost));
+    for (int i = 0; i < 64; i++)
+        if (hout[i] != 4.0f * hx[i])
+            FAILF("dispatch, dispatch, combine: element %d = %g, expected %g", i, (double)hout[i],
+                  4.0 * hx[i]);
+    /* In halves (DeepEP's receive hook): nothing else between the halves;
+     * a combine needs a whole dispatch. */
+    if (epx_gpu_ep_combine(ep, dout, &err) != EPX_ERR_INVALID_ARG ||
+        strstr(err.msg, "whole dispatch") == NULL)
+        FAILF("a second combine must be refused: '%s'", err.msg);
+    EK(epx_gpu_ep_dispatch_parts(ep, EPX_GPU_EP_SEND, 4, dx, ds, dw, NULL, &err));
+    if (epx_gpu_ep_dispatch(ep, 4, dx, ds, dw, &rv, &err) != EPX_ERR_INVALID_ARG ||
+        strstr(err.msg, "receive half") == NULL)
+        FAILF("a dispatch between the halves must be refused: '%s'", err.msg);
+    EK(epx_gpu_ep_dispatch_parts(ep, EPX_GPU_EP_RECV, 0, NULL, NULL, NULL, &rv, &err));
+    EK(epx_gpu_ep_identity_experts(ep, &err));
+    EK(epx_gpu_ep_combine_parts(ep, EPX_GPU_EP_SEND, NULL, dw2, dout, EPX_DTYPE_F32, &err));
+    if (epx_gpu_ep_dispatch(ep, 4, dx, ds, dw, &rv, &err) != EPX_ERR_INVALID_ARG)
+        FAILF("a dispatch between a combine's halves must be refused");
+    EK(epx_gpu_ep_combine_parts(ep, EPX_GPU_EP_RECV, NULL, NULL, NULL, EPX_DTYPE_F32, &err));
+    EK(epx_gpu_ep_sync(ep, &err));
+    CK(cudaMemcpy(hout, dout, sizeof hout, cudaMemcpyDeviceToHost));
+    for (int i = 0; i < 64; i++)
+        if (hout[i] != 4.0f * hx[i])
+            FAILF("in halves: element %d = %g, expected %g", i, (double)hout[i], 4.0 * hx[i]);
+    cudaFree(dw2);
     /* Over capacity: refused on the host, nothing launched. */
     if (epx_gpu_ep_dispatch(ep, 5, dx, ds, dw, &rv, &err) != EPX_ERR_INVALID_ARG ||
         strstr(err.msg, "max_tokens 4") == NULL)
@@ -389,6 +477,88 @@ static int fault_cases(void) {
     cudaFree(dx), cudaFree(dw), cudaFree(dout), cudaFree(ds);
     cudaStreamDestroy(st);
     epx_comm_destroy(local);
+    return 0;
+}
+
+/* The three-step creation (open, info, connect) that bindings use: two
+ * ranks in this process, a launch before connect refused, a rank whose
+ * config differs refused at connect naming both, infos out of order
+ * refused; then the pair works as one two-rank engine. */
+static int connect_cases(void) {
+    epx_error err = {0};
+    cudaStream_t st;
+    CK(cudaStreamCreate(&st));
+    epx_ep_config cfg = EPX_EP_CONFIG_INIT;
+    cfg.hidden = 64;
+    cfg.top_k = 2;
+    cfg.num_slots = 4;
+    cfg.max_tokens = 4;
+    cfg.x_dtype = cfg.y_dtype = EPX_DTYPE_BF16;
+    cfg.mode = EPX_EP_MODE_LOW_LATENCY;
+    /* Each rank's kernels wait for the other's flags: two streams. */
+    cudaStream_t st1;
+    CK(cudaStreamCreate(&st1));
+    epx_gpu_ep *e0 = NULL, *e1 = NULL, *odd = NULL;
+    EK(epx_gpu_ep_open(&cfg, 0, 2, st, NULL, &e0, &err));
+    EK(epx_gpu_ep_open(&cfg, 1, 2, st1, NULL, &e1, &err));
+    epx_ep_config other = cfg;
+    other.hidden = 128;
+    EK(epx_gpu_ep_open(&other, 1, 2, st, NULL, &odd, &err));
+    unsigned char infos[2 * EPX_GPU_EP_INFO_BYTES], swapped[2 * EPX_GPU_EP_INFO_BYTES];
+    EK(epx_gpu_ep_info(e0, infos, &err));
+    EK(epx_gpu_ep_info(odd, infos + EPX_GPU_EP_INFO_BYTES, &err));
+    epx_ep_recv rv;
+    if (epx_gpu_ep_dispatch(e0, 0, NULL, NULL, NULL, &rv, &err) != EPX_ERR_INVALID_ARG ||
+        strstr(err.msg, "before epx_gpu_ep_connect") == NULL)
+        FAILF("a dispatch before connect must be refused: '%s'", err.msg);
+    if (epx_gpu_ep_connect(e0, infos, &err) != EPX_ERR_INVALID_ARG ||
+        strstr(err.msg, "hidden 64") == NULL || strstr(err.msg, "hidden 128") == NULL)
+        FAILF("a rank with another config must be refused naming both: '%s'", err.msg);
+    EK(epx_gpu_ep_info(e1, infos + EPX_GPU_EP_INFO_BYTES, &err));
+    memcpy(swapped, infos + EPX_GPU_EP_INFO_BYTES, EPX_GPU_EP_INFO_BYTES);
+    memcpy(swapped + EPX_GPU_EP_INFO_BYTES, infos, EPX_GPU_EP_INFO_BYTES);
+    if (epx_gpu_ep_connect(e0, swapped, &err) != EPX_ERR_INVALID_ARG ||
+        strstr(err.msg, "rank order") == NULL)
+        FAILF("infos out of rank order must be refused: '%s'", err.msg);
+    if (epx_gpu_ep_open(&cfg, 2, 2, st, NULL, &odd, &err) != EPX_ERR_INVALID_ARG)
+        FAILF("rank 2 of 2 must be refused");
+    EK(epx_gpu_ep_connect(e0, infos, &err));
+    EK(epx_gpu_ep_connect(e1, infos, &err));
+    /* Rank 1 sends nothing; rank 0 one token to slot 3 (rank 1's) and 0. */
+    uint16_t hx[64];
+    for (int i = 0; i < 64; i++) hx[i] = epx_bf16_from_f32((float)i);
+    int32_t hs[2] = {3, 0};
+    float hw[2] = {0.5f, 0.25f}, hout[64];
+    void *dx;
+    int32_t *ds;
+    float *dw, *dout0, *dout1;
+    CK(cudaMalloc(&dx, sizeof hx));
+    CK(cudaMalloc((void **)&ds, sizeof hs));
+    CK(cudaMalloc((void **)&dw, sizeof hw));
+    CK(cudaMalloc((void **)&dout0, sizeof hout));
+    CK(cudaMalloc((void **)&dout1, sizeof hout));
+    CK(cudaMemcpy(dx, hx, sizeof hx, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(ds, hs, sizeof hs, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(dw, hw, sizeof hw, cudaMemcpyHostToDevice));
+    epx_gpu_ep_destroy(odd);
+    EK(epx_gpu_ep_dispatch(e0, 1, dx, ds, dw, &rv, &err));
+    EK(epx_gpu_ep_dispatch(e1, 0, NULL, NULL, NULL, &rv, &err));
+    EK(epx_gpu_ep_identity_experts(e0, &err));
+    EK(epx_gpu_ep_identity_experts(e1, &err));
+    EK(epx_gpu_ep_combine(e0, dout0, &err));
+    EK(epx_gpu_ep_combine(e1, dout1, &err));
+    EK(epx_gpu_ep_sync(e0, &err));
+    EK(epx_gpu_ep_sync(e1, &err));
+    CK(cudaMemcpy(hout, dout0, sizeof hout, cudaMemcpyDeviceToHost));
+    for (int i = 0; i < 64; i++)
+        if (hout[i] != 0.75f * (float)i)
+            FAILF("two ranks in one process: element %d = %g, expected %g", i, (double)hout[i],
+                  0.75 * i);
+    epx_gpu_ep_destroy(e0);
+    epx_gpu_ep_destroy(e1);
+    cudaFree(dx), cudaFree(ds), cudaFree(dw), cudaFree(dout0), cudaFree(dout1);
+    cudaStreamDestroy(st);
+    cudaStreamDestroy(st1);
     return 0;
 }
 
@@ -430,5 +600,7 @@ int main(void) {
     printf("one rank: ok\n");
     if (fault_cases() != 0) return 1;
     printf("faults: ok\n");
+    if (connect_cases() != 0) return 1;
+    printf("open, info, connect: ok\n");
     return 0;
 }

@@ -59,6 +59,7 @@ typedef struct bench_line {
     double median_us, p99_us, gbps, copy_pct;
     int32_t launches;
     bool graph;
+    const char *floor; /* mode "floor": which probe ("bare", "flag"); NULL otherwise */
 } bench_line;
 int bench_jsonl_write(FILE *f, const bench_line *l);
 

@@ -121,6 +121,7 @@ int bench_jsonl_write(FILE *f, const bench_line *l) {
     else
         fprintf(f, ", \"launches\": %d", l->launches);
     fprintf(f, ", \"graph\": %s", l->graph ? "true" : "false");
+    if (l->floor != NULL) fprintf(f, ", \"floor\": \"%s\"", l->floor);
     num_or_null(f, "gbps", l->gbps);
     num_or_null(f, "copy_pct", l->copy_pct);
     fprintf(f, ", \"device\": \"%s\", \"date\": \"%s\"}\n", l->device, date);

@@ -13,6 +13,11 @@
  * ceiling (copy_pct); NCCL's all-reduce of the TP layer (R * T rows) is
  * timed the same way. Figures are the slowest rank's per iteration, then
  * the median and 99th percentile over iterations.
+ *
+ * Beside them, the floor (issue 24, ll_floor.cu): two bare kernels that
+ * move the same round trip's bytes on this GPU, and the same two with a
+ * minimal flag protocol, launched and as graphs (mode "floor"); the table
+ * ends each token count with the engine's round trip as multiples of both.
  */
 #include "bench_comm.h"
 
@@ -24,6 +29,11 @@
 
 void epxi_gpu_ep_variant(epx_gpu_ep *ep, int bits);
 int epxi_gpu_ep_stamps(epx_gpu_ep *ep, double *us);
+typedef struct epxi_ll_floor epxi_ll_floor;
+int epxi_ll_floor_create(int32_t H, int32_t K, int64_t M, cudaStream_t s, epxi_ll_floor **out);
+int epxi_ll_floor_run(epxi_ll_floor *fl, int phase, int flag, int64_t T);
+int epxi_ll_floor_fault(epxi_ll_floor *fl);
+void epxi_ll_floor_destroy(epxi_ll_floor *fl);
 
 typedef struct ll_run {
     epx_comm *comm;
@@ -37,6 +47,8 @@ typedef struct ll_run {
     int64_t *dsum;
     double *t;
     cudaGraphExec_t g[4]; /* dispatch, identity, combine, round trip */
+    epxi_ll_floor *fl;
+    cudaGraphExec_t fg[2][3]; /* floor [bare, flag][dispatch, combine, round trip] */
 } ll_run;
 
 enum { PH_DISPATCH, PH_COMBINE, PH_ROUND_TRIP, PH_ALLREDUCE, PH_COPY };
@@ -166,6 +178,114 @@ static epx_status time_phase(ll_run *b, int phase, int64_t T, bool graph, size_t
     return st;
 }
 
+/* One floor probe's phase (0 dispatch, 1 combine, 2 both) on the stream. */
+static epx_status floor_launch(ll_run *b, int flag, int phase, int64_t T, bool graph,
+                               epx_error *err) {
+    if (graph) {
+        CUDA_OR(cudaGraphLaunch(b->fg[flag][phase], b->s), "floor graph launch");
+        return EPX_OK;
+    }
+    int rc = 0;
+    if (phase != 1) rc |= epxi_ll_floor_run(b->fl, 0, flag, T);
+    if (phase != 0) rc |= epxi_ll_floor_run(b->fl, 1, flag, T);
+    if (rc != 0) {
+        err->status = EPX_ERR_CUDA;
+        snprintf(err->msg, sizeof err->msg, "bench: a floor probe failed to launch");
+        return EPX_ERR_CUDA;
+    }
+    return EPX_OK;
+}
+
+/* Time a floor probe like time_phase times the engine (this rank alone:
+ * the probes do not communicate). */
+static epx_status time_floor(ll_run *b, int flag, int phase, int64_t T, bool graph, double *median,
+                             double *p99, epx_error *err) {
+    const bench_args *a = b->a;
+    if (graph && b->fg[flag][phase] == NULL) {
+        cudaGraph_t g;
+        CUDA_OR(cudaStreamBeginCapture(b->s, cudaStreamCaptureModeThreadLocal), "floor capture");
+        epx_status st = floor_launch(b, flag, phase, T, false, err);
+        cudaError_t ce = cudaStreamEndCapture(b->s, &g);
+        if (st != EPX_OK) return st;
+        CUDA_OR(ce, "floor end capture");
+        CUDA_OR(cudaGraphInstantiate(&b->fg[flag][phase], g, 0), "floor graph instantiate");
+        cudaGraphDestroy(g);
+    }
+    for (int it = 0; it < a->warmup + a->iters; it++) {
+        CUDA_OR(cudaEventRecord(b->e0, b->s), "event");
+        EPX_TRY_CLI(floor_launch(b, flag, phase, T, graph, err));
+        CUDA_OR(cudaEventRecord(b->e1, b->s), "event");
+        CUDA_OR(cudaEventSynchronize(b->e1), "event");
+        float ms = 0.0f;
+        CUDA_OR(cudaEventElapsedTime(&ms, b->e0, b->e1), "event time");
+        b->t[it] = (double)ms * 1000.0;
+    }
+    if (epxi_ll_floor_fault(b->fl)) {
+        err->status = EPX_ERR_INTERNAL;
+        snprintf(err->msg, sizeof err->msg, "bench: a flag floor probe timed out at %lld tokens",
+                 (long long)T);
+        return EPX_ERR_INTERNAL;
+    }
+    memmove(b->t, b->t + a->warmup, (size_t)a->iters * sizeof(double));
+    bench_stats(b->t, a->iters, median, p99);
+    return EPX_OK;
+}
+
+/* The floor rows of T tokens (JSON mode "floor") and the engine's round
+ * trip as multiples of them; eng[g] is the engine's round trip median,
+ * launched (g = 0) and as a graph (g = 1). */
+static epx_status bench_floor(ll_run *b, int64_t T, const size_t *bytes, const double *eng,
+                              FILE *jl, const char *device, epx_error *err) {
+    const bench_args *a = b->a;
+    const char *names[3] = {"dispatch", "combine", "round-trip"}, *fname[2] = {"bare", "flag"};
+    double rt[2][2] = {{0, 0}, {0, 0}};
+    for (int i = 0; i < 2; i++)
+        for (int j = 0; j < 3; j++) {
+            if (b->fg[i][j]) cudaGraphExecDestroy(b->fg[i][j]);
+            b->fg[i][j] = NULL;
+        }
+    for (int flag = 0; flag < 2; flag++)
+        for (int ph = 0; ph < 3; ph++)
+            for (int gi = 0; gi < (a->graph ? 2 : 1); gi++) {
+                double med = 0, p99 = 0;
+                EPX_TRY_CLI(time_floor(b, flag, ph, T, gi == 1, &med, &p99, err));
+                if (ph == 2) rt[flag][gi] = med;
+                if (epx_comm_rank(b->comm) != 0) continue;
+                printf("%8lld  %-10s %-6s %9.2f %9.2f %10.1f %8s  floor (%s)\n", (long long)T,
+                       names[ph], gi ? "graph" : "launch", med, p99,
+                       bytes[ph] > 0 ? (double)bytes[ph] / med * 1e-3 : 0.0, "-", fname[flag]);
+                bench_line l = {a->backend,
+                                "floor",
+                                names[ph],
+                                device,
+                                "bf16",
+                                1,
+                                a->cfg.hidden,
+                                a->cfg.top_k,
+                                T,
+                                med,
+                                p99,
+                                bytes[ph] > 0 ? (double)bytes[ph] / med * 1e-3 : -1.0,
+                                -1.0,
+                                ph == 2 ? 2 : 1,
+                                gi == 1,
+                                fname[flag]};
+                if (jl != NULL && bench_jsonl_write(jl, &l) != 0) {
+                    err->status = EPX_ERR_IO;
+                    snprintf(err->msg, sizeof err->msg, "bench: writing the JSON lines failed");
+                    return EPX_ERR_IO;
+                }
+            }
+    if (epx_comm_rank(b->comm) == 0)
+        for (int gi = 0; gi < (a->graph ? 2 : 1); gi++)
+            if (eng[gi] > 0 && rt[0][gi] > 0 && rt[1][gi] > 0)
+                printf("%8lld  round trip %-6s engine %.2f us = %.2fx the bare kernels, %.2fx the "
+                       "flag protocol\n",
+                       (long long)T, gi ? "graph" : "launch", eng[gi], eng[gi] / rt[0][gi],
+                       eng[gi] / rt[1][gi]);
+    return EPX_OK;
+}
+
 static epx_status bench_T(ll_run *b, int64_t T, const void *x, const int32_t *slots, const float *w,
                           int32_t P, FILE *jl, const char *device, epx_error *err) {
     const bench_args *a = b->a;
@@ -214,20 +334,22 @@ static epx_status bench_T(ll_run *b, int64_t T, const void *x, const int32_t *sl
     if (me == 0 && getenv("EPX_LL_VARIANT") && (atoi(getenv("EPX_LL_VARIANT")) & 8) &&
         epxi_gpu_ep_stamps(b->ep, st_us) == 0)
         printf(
-            "stamps at %lld tokens (us): dispatch sent %.2f arrived %.2f waited %.2f counted "
-            "%.2f scanned %.2f grouped %.2f; combine sent %.2f arrived %.2f waited %.2f first rows "
-            "%.2f summed %.2f reduced %.2f\n",
-            (long long)T, st_us[1], st_us[2], st_us[3], st_us[5], st_us[6], st_us[4], st_us[9],
-            st_us[10], st_us[11], st_us[13], st_us[14], st_us[12]);
+            "stamps at %lld tokens (us): dispatch sent and counted %.2f arrived %.2f waited %.2f "
+            "placed %.2f; combine sent %.2f arrived %.2f waited %.2f first rows %.2f summed %.2f "
+            "reduced %.2f\n",
+            (long long)T, st_us[1], st_us[2], st_us[3], st_us[4], st_us[9], st_us[10], st_us[11],
+            st_us[13], st_us[14], st_us[12]);
     if (a->graph) EPX_TRY_CLI(capture(b, T, err));
     /* Payload bytes of this rank's sends: rows, not record padding. */
     const size_t bytes[3] = {(size_t)v[1] * H * esz, (size_t)v[2] * H * esz,
                              (size_t)(v[1] + v[2]) * H * esz};
     const char *names[4] = {"dispatch", "combine", "round-trip", "allreduce"};
+    double eng_rt[2] = {-1.0, -1.0};
     for (int ph = PH_DISPATCH; ph <= PH_ALLREDUCE; ph++)
         for (int gi = 0; gi < (ph == PH_ALLREDUCE || !a->graph ? 1 : 2); gi++) {
             double med = 0, p99 = 0, cmed = -1, cp99 = 0;
             EPX_TRY_CLI(time_phase(b, ph, T, gi == 1, 0, &med, &p99, err));
+            if (ph == PH_ROUND_TRIP) eng_rt[gi] = med;
             if (ph != PH_ALLREDUCE && bytes[ph] > 0)
                 EPX_TRY_CLI(time_phase(b, PH_COPY, T, false, bytes[ph], &cmed, &cp99, err));
             if (me != 0) continue;
@@ -251,7 +373,8 @@ static epx_status bench_T(ll_run *b, int64_t T, const void *x, const int32_t *sl
                             ar                    ? 1
                             : ph == PH_ROUND_TRIP ? 2
                                                   : epx_gpu_ep_launches(b->ep, names[ph]),
-                            gi == 1};
+                            gi == 1,
+                            NULL};
             char pct[16] = "-";
             if (l.copy_pct > 0) snprintf(pct, sizeof pct, "%.1f%%", l.copy_pct);
             printf("%8lld  %-10s %-6s %9.2f %9.2f %10.1f %8s\n", (long long)T, names[ph],
@@ -262,7 +385,7 @@ static epx_status bench_T(ll_run *b, int64_t T, const void *x, const int32_t *sl
                 return EPX_ERR_IO;
             }
         }
-    return EPX_OK;
+    return b->fl != NULL ? bench_floor(b, T, bytes, eng_rt, jl, device, err) : EPX_OK;
 }
 
 epx_status bench_ll_gpu(epx_comm *comm, cudaStream_t s, const bench_args *a, FILE *jl,
@@ -308,6 +431,12 @@ epx_status bench_ll_gpu(epx_comm *comm, cudaStream_t s, const bench_args *a, FIL
     epx_gpu_ep_opts o = EPX_GPU_EP_OPTS_INIT;
     o.timeout_ms = a->timeout_ms;
     if (st == EPX_OK) st = epx_gpu_ep_create(comm, &c, s, &o, &b.ep, err);
+    /* The floor probes move bf16 rows, the engine's benchmark dtype. */
+    if (st == EPX_OK && a->dtype == EPX_DTYPE_BF16 &&
+        epxi_ll_floor_create(H, K, Tmax, s, &b.fl) != 0) {
+        err->status = st = EPX_ERR_CUDA;
+        snprintf(err->msg, sizeof err->msg, "bench: the floor probes' buffers failed");
+    }
     /* Kernel variants for measurements (an internal hook; see ll_ep.cu). */
     const char *var = getenv("EPX_LL_VARIANT");
     if (st == EPX_OK && var != NULL) epxi_gpu_ep_variant(b.ep, atoi(var));
@@ -327,6 +456,9 @@ epx_status bench_ll_gpu(epx_comm *comm, cudaStream_t s, const bench_args *a, FIL
         st = bench_T(&b, a->tokens[i], x, slots, w, P, jl, device, err);
     for (int i = 0; i < 4; i++)
         if (b.g[i]) cudaGraphExecDestroy(b.g[i]);
+    for (int i = 0; i < 6; i++)
+        if (b.fg[i / 3][i % 3]) cudaGraphExecDestroy(b.fg[i / 3][i % 3]);
+    epxi_ll_floor_destroy(b.fl);
     epx_gpu_ep_destroy(b.ep);
     cudaFree(b.dx), cudaFree(b.ds), cudaFree(b.dw), cudaFree(b.dout), cudaFree(b.dtp);
     cudaFree(b.csrc), cudaFree(b.cdst), cudaFree(b.dsum);

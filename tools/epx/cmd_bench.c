@@ -463,7 +463,8 @@ static int write_jsonl(FILE *f, const bench_args *a, int32_t R, const bench_row 
                             op == 3 ? -1.0 : gbps(r->bytes[op], r->us[op]),
                             -1.0,
                             -1,
-                            false};
+                            false,
+                            NULL};
             if (bench_jsonl_write(f, &l) != 0) return -1;
         }
     }

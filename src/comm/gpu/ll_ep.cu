@@ -1,25 +1,45 @@
 /*
  * ll_ep.cu - the low-latency EP engine (epx_comm_gpu.h): one kernel per
- * phase over peer pointers, the protocol and layout of ep_common.h.
+ * phase over peer pointers, DeepEP's expert-major receive layout, the
+ * entries and combine formula of ep_common.h.
  *
  * One device buffer per rank, carved as:
- *   recv   R * (M + 1) records    peers write token rows and flags here
- *   comb   M * K rows + R flags   peers write expert outputs and flags here
+ *   rows    2 x R * M records  peers write their token rows here, once per
+ *                              destination rank: [x row | K x Meta]
+ *   cnt     2 x R * spr int32  peers' entry counts per local slot
+ *   dflag   2 x R flags        (epoch, T) per source
+ *           (twice: by the parity of the epoch, so a rank may dispatch
+ *           again before combining, as DeepEP's double buffer allows)
+ *   comb    M * K rows         expert outputs of this rank's (t, k)
+ *   cflag   R flags
  *   ------------------------------ (above: written by peers)
- *   y, entry_token/_weight/_pair   the grouped entries and their outputs
- *   slot_offsets, weights, slots   the receiver's view; this batch's routing
- *   ctl                            epoch, arrival counters, the fault record
+ *   rx, y   spr * R * M rows   expert-major received rows and outputs
+ *   count, pair, srctok, ew, range   per slot / per entry row
+ *   weights, slots             this rank's routing of the running batch
+ *   ctl                        epochs, arrival counters, the fault record
  * The peer table (R base pointers, this rank's own among them) sits at the
  * end. Only the kernels touch the buffer per batch.
  *
- * Ordering: a block writes its rows with plain stores, fences at system
- * scope and counts itself in; the last block to arrive fences again and
+ * Why this layout (issue 24): the first engine grouped the received rows
+ * in one block after the exchange (~3.5 us at any batch size). Here the
+ * sender computes each entry's position among its own entries of a slot,
+ * which needs nothing from other ranks, and sends its counts per slot; so
+ * every receiving block can place its rows as soon as the flags are in:
+ * row (s, t, k) goes to l * R * M + (entries of l from sources < s) +
+ * position. That is (source, token, k) order, the CPU path's, with no
+ * grouping pass and no scan across blocks; a token crosses the wire once
+ * per destination rank and is copied per entry on the receiver only.
+ *
+ * Ordering: a block writes its rows and counts with plain stores, then
+ * counts itself in with an acquire-release atomic; the last block to arrive
  * publishes the flags with release stores; a waiter reads flags with
  * acquire loads, so the rows are visible once the flag is. Buffers are
- * reused safely without clearing: a rank starts batch n + 1's dispatch only
- * after its combine of batch n saw every peer's combine flag, which each
- * peer sets after its experts read its rows of batch n; stale rows carry an
- * older epoch tag.
+ * reused without clearing: a rank starts batch n + 1's dispatch only after
+ * its combine of batch n saw every peer's combine flag, which each peer
+ * sets after its dispatch of batch n read its rows and counts. The epoch
+ * of a batch is read at the start of each kernel from a word the kernel
+ * does not write (dispatch reads the last combined epoch, combine the last
+ * dispatched), so blocks that start late never see the next batch's.
  */
 #include <climits>
 #include <cuda_runtime.h>
@@ -34,11 +54,12 @@ namespace {
 
 constexpr int kThreads = 512;
 constexpr int kMaxK = EPX_MOE_MAX_TOP_K;
-/* Shared-memory ints for the per-warp slot histograms of the grouping (the
- * slot totals take one more row), and the most ranks (per-source counts
- * live in shared memory too). */
-constexpr int kHistInts = 6144;
+/* Shared-memory ints of one pass of the per-slot counts a sender writes. */
+constexpr int kCountInts = 4096;
+/* Most ranks (per-source counts live in shared memory) and local slots
+ * (the combine's scan of the counts lives there too). */
 constexpr int kMaxRanks = 1024;
+constexpr int kMaxLocal = 2048;
 static_assert(kMaxK <= kThreads, "a block's threads hold one token's K choices");
 
 /* Fault codes: fault[0] (sticky: the kernels stop) and fault[4] (a refused
@@ -48,7 +69,8 @@ enum : uint32_t { F_NONE = 0, F_TIMEOUT = 1, F_BAD_SLOT = 2 };
 enum : uint32_t { PH_DISPATCH = 1, PH_COMBINE = 2 };
 
 struct Ctl {
-    uint32_t epoch;               /* the last dispatched batch's */
+    uint32_t de;                  /* epoch of the last dispatch (advanced at its end) */
+    uint32_t started;             /* blocks of the running dispatch that read de */
     uint32_t arrive_d;            /* blocks of the running dispatch that finished sending */
     uint32_t arrive_c;            /* same for combine */
     uint32_t refused;             /* the last dispatch was refused: combine writes zeros */
@@ -56,20 +78,31 @@ struct Ctl {
     unsigned long long stamp[16]; /* variant 8: block 0's clock at each step */
 };
 
+/* What a sender says about one (token, k) on the receiving rank: 16 bytes,
+ * loaded as one word. A sender writes only the rows of tokens that reach
+ * the receiver, so the others hold an older batch's: the tag tells them
+ * apart (the receiver reads every row t < T of each source). */
+struct Meta {
+    int32_t slot; /* local slot on the receiver, or -1 */
+    float weight;
+    int32_t pos;  /* rank among the sender's entries of that slot, (token, k) order */
+    uint32_t tag; /* the epoch of the batch that wrote it */
+};
+
 /* Offsets of one rank's buffer and everything the kernels need. */
 struct Args {
     int32_t R, me, K, H, spr, P;
-    int64_t M;
-    size_t rec, xrow, yrow, meta_off, tag_off;
-    size_t off_recv, off_comb, off_cflag;
+    int64_t M, RM; /* max_tokens; R * M, the rows of one local slot */
+    size_t rec, xrow, yrow, meta_off;
+    size_t off_rows, off_cnt, off_dflag, off_comb, off_cflag;
     unsigned char *base;         /* this rank's buffer */
     unsigned char *const *peers; /* [R] device: every rank's buffer, mapped here */
-    unsigned char *y;
-    int32_t *entry_token, *entry_pair;
-    float *entry_weight;
-    int64_t *so;
-    float *weights;
-    int32_t *slots;
+    unsigned char *rx, *y;       /* [spr][RM] rows */
+    int32_t *count, *pair, *srctok;
+    int64_t *range;
+    float *ew;
+    float *weights; /* [M][K] this rank's batch: weights given to dispatch */
+    int32_t *slots; /* [M][K] and slots */
     Ctl *ctl;
     uint32_t *host_fault; /* host-mapped [8]: ctl->fault, then a refused batch */
     unsigned long long timeout_ns;
@@ -219,23 +252,25 @@ __device__ __forceinline__ uint32_t atom_add_acq_rel(uint32_t *p, uint32_t v, in
     return old;
 }
 
-/* Count this block in, with `mark` (nonzero in any thread) carried along;
- * the last block runs publish(marked: some block was marked). Ordering
+/* Count this block in, one of n that do, with `mark` (nonzero in any
+ * thread) carried along; the last block runs publish(marked: some block
+ * was marked). Ordering
  * without a separate fence: the block's barrier, then thread 0's
  * acquire-release atomic, whose release covers the block's writes (through
  * the barrier) and whose acquire, in the last block, covers every earlier
  * block's; publish's flags are release stores, so a reader that acquires a
  * flag sees every block's writes. Blocks count in the low 16 bits of the
  * counter (grids stay below 2^16: max_blocks), marks above them. */
-template <typename F> __device__ void arrive(uint32_t *counter, int mark, int var, F publish) {
+template <typename F>
+__device__ void arrive(uint32_t *counter, uint32_t n, int mark, int var, F publish) {
     const int marked = __syncthreads_or(mark);
     if (threadIdx.x == 0) {
         const uint32_t add = 1u + (marked ? 0x10000u : 0u);
-        if (gridDim.x == 1) { /* alone: nobody to count */
+        if (n == 1) { /* alone: nobody to count */
             publish(marked != 0);
         } else {
             const uint32_t total = atom_add_acq_rel(counter, add, var) + add;
-            if ((total & 0xffffu) == gridDim.x) {
+            if ((total & 0xffffu) == n) {
                 *counter = 0;
                 publish((total >> 16) != 0);
             }
@@ -243,154 +278,128 @@ template <typename F> __device__ void arrive(uint32_t *counter, int mark, int va
     }
 }
 
-__device__ uint64_t *dflag_at(const Args &a, unsigned char *buf, int src) {
-    return (uint64_t *)(buf + a.off_recv + ((size_t)src * (a.M + 1) + a.M) * a.rec);
+/* The peer-written dispatch areas come twice, by the parity of the epoch,
+ * so a rank may dispatch again before combining (DeepEP's double buffer):
+ * its batch n + 2 reuses batch n's area only after batch n + 1 saw every
+ * peer's flag, i.e. after every peer finished reading batch n. */
+__device__ uint64_t *dflag_at(const Args &a, unsigned char *buf, uint32_t epoch, int src) {
+    return (uint64_t *)(buf + a.off_dflag) + (size_t)(epoch & 1) * a.R + src;
+}
+__device__ int32_t *cnt_at(const Args &a, unsigned char *buf, uint32_t epoch, int src, int32_t l) {
+    return (int32_t *)(buf + a.off_cnt) + ((size_t)(epoch & 1) * a.R + src) * a.spr + l;
+}
+__device__ unsigned char *rec_at(const Args &a, unsigned char *buf, uint32_t epoch, int src,
+                                 int64_t t) {
+    return buf + a.off_rows + (((size_t)(epoch & 1) * a.R + src) * a.M + (size_t)t) * a.rec;
 }
 
-/* so[0..n] = exclusive prefix sums of v[0..n) (so[n] = the total), by the
- * whole block: each thread sums a contiguous chunk, the chunk sums are
- * scanned with warp shuffles (lanes, then warp totals), then each chunk is
- * written -- to so (global, for the experts) and over v itself (shared, so
- * the block reads its starts back without a trip to memory). */
-__device__ void block_exclusive_scan(int32_t *v, int n, int64_t *so) {
-    __shared__ int64_t warp_total[kThreads / 32];
+/* The epoch a dispatch sends with: the one after the last dispatch's (0
+ * marks flags never written). */
+__device__ __forceinline__ uint32_t next_epoch(uint32_t last) {
+    return last + 1 == 0 ? 1 : last + 1;
+}
+
+__device__ __forceinline__ uint32_t ld_acquire_u32(const uint32_t *p) {
+    uint32_t v;
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+
+/* v[0..n) -> exclusive prefix sums in place, v[n] = the total, by the whole
+ * block (n <= blockDim.x * per thread, any n): each thread sums a
+ * contiguous chunk, chunk sums are scanned with warp shuffles. */
+__device__ void block_scan_smem(int32_t *v, int n) {
+    __shared__ int32_t warp_total[kThreads / 32];
     const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, nwarps = blockDim.x / 32;
     const int per = (n + blockDim.x - 1) / blockDim.x;
     const int lo = tid * per < n ? tid * per : n, hi = lo + per < n ? lo + per : n;
-    int64_t sum = 0;
+    int32_t sum = 0;
     for (int i = lo; i < hi; i++) sum += v[i];
-    int64_t inc = sum; /* inclusive scan within the warp */
+    int32_t inc = sum;
     for (int d = 1; d < 32; d *= 2) {
-        int64_t up = __shfl_up_sync(0xffffffffu, inc, d);
+        int32_t up = __shfl_up_sync(0xffffffffu, inc, d);
         if (lane >= d) inc += up;
     }
     if (lane == 31) warp_total[warp] = inc;
     __syncthreads();
     if (warp == 0) {
-        int64_t wt = lane < nwarps ? warp_total[lane] : 0, winc = wt;
+        int32_t wt = lane < nwarps ? warp_total[lane] : 0, winc = wt;
         for (int d = 1; d < 32; d *= 2) {
-            int64_t up = __shfl_up_sync(0xffffffffu, winc, d);
+            int32_t up = __shfl_up_sync(0xffffffffu, winc, d);
             if (lane >= d) winc += up;
         }
-        if (lane < nwarps) warp_total[lane] = winc - wt; /* exclusive, per warp */
+        if (lane < nwarps) warp_total[lane] = winc - wt;
     }
     __syncthreads();
-    int64_t run = warp_total[warp] + inc - sum; /* exclusive, this thread */
+    int32_t run = warp_total[warp] + inc - sum;
     for (int i = lo; i < hi; i++) {
         const int32_t vi = v[i];
-        so[i] = run;
-        v[i] = (int32_t)run;
+        v[i] = run;
         run += vi;
     }
-    if (tid == (int)blockDim.x - 1) so[n] = run;
+    if (tid == (int)blockDim.x - 1) v[n] = run;
+    __syncthreads();
+}
+
+/* Slot q of a batch's ids: int32, or int64 (ids64) where every negative
+ * id means "none" (DeepEP's rule) and ids past int32 stay out of range. */
+__device__ __forceinline__ int32_t slot_at(const void *slots, int64_t q, int ids64) {
+    if (!ids64) return ((const int32_t *)slots)[q];
+    const int64_t v = ((const int64_t *)slots)[q];
+    return v < 0 ? -1 : v > INT_MAX ? INT_MAX : (int32_t)v;
+}
+
+/* The largest i in [0, n) with so[i] <= j (so ascending, so[0] = 0). */
+__device__ __forceinline__ int upper_index(const int32_t *so, int n, int64_t j) {
+    int lo = 0, hi = n - 1;
+    while (lo < hi) {
+        int mid = (lo + hi + 1) / 2;
+        if (so[mid] <= j)
+            lo = mid;
+        else
+            hi = mid - 1;
+    }
+    return lo;
 }
 
 /*
- * The receiver's grouping, one block: entries of every tagged row of
- * sources 0..R-1 (rows t < T_src), by local slot, in (source, token, k)
- * order. Warps own contiguous ranges of (row, k) pairs; each counts its
- * range into its own histogram, one scan turns the histograms into start
- * positions, and each warp places its range in order, ranking equal slots
- * among its lanes with __match_any_sync.
+ * Sender: this rank's entry counts per slot [lo, hi) of the global slots,
+ * written into each destination's cnt[me][local slot], in passes of
+ * kCountInts slots through shared memory.
  */
-__device__ void group_entries(const Args &a, const int32_t *rows_of, uint32_t epoch) {
-    __shared__ int32_t first_row[kMaxRanks + 1]; /* prefix of T_src over sources */
-    extern __shared__ int32_t hist[];            /* [nw][spr + 1] */
-    const int K = a.K, spr = a.spr;
-    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-    const int nwarps = blockDim.x / 32;
-    int nw = kHistInts / (spr + 1) - 1;
-    nw = nw < 1 ? 1 : (nw > nwarps ? nwarps : nw);
-    if (threadIdx.x == 0) {
-        int32_t acc = 0;
-        for (int r = 0; r < a.R; r++) {
-            first_row[r] = acc;
-            acc += rows_of[r];
+__device__ void send_counts(const Args &a, uint32_t epoch, const void *slots, int ids64,
+                            int64_t nent, int64_t lo, int64_t hi) {
+    __shared__ int32_t hist[kCountInts];
+    for (int64_t c0 = lo; c0 < hi; c0 += kCountInts) {
+        const int64_t c1 = c0 + kCountInts < hi ? c0 + kCountInts : hi;
+        for (int64_t i = threadIdx.x; i < c1 - c0; i += blockDim.x) hist[i] = 0;
+        __syncthreads();
+        for (int64_t j = threadIdx.x; j < nent; j += blockDim.x) {
+            const int32_t s = slot_at(slots, j, ids64);
+            if (s >= c0 && s < c1) atomicAdd(&hist[s - c0], 1);
         }
-        first_row[a.R] = acc;
+        __syncthreads();
+        for (int64_t sl = c0 + threadIdx.x; sl < c1; sl += blockDim.x) {
+            const int32_t dst = (int32_t)(sl / a.spr), l = (int32_t)(sl % a.spr);
+            *cnt_at(a, a.peers[dst], epoch, a.me, l) = hist[sl - c0];
+        }
+        __syncthreads();
     }
-    __syncthreads();
-    const int64_t npairs = (int64_t)first_row[a.R] * K;
-    /* No more warps than 32-pair steps: a small batch clears and sums
-     * fewer histograms. */
-    if ((npairs + 31) / 32 < nw) nw = npairs > 0 ? (int)((npairs + 31) / 32) : 1;
-    for (int i = threadIdx.x; i < nw * (spr + 1); i += blockDim.x) hist[i] = 0;
-    __syncthreads();
-    const int64_t chunk = (npairs + nw - 1) / nw;
-    const unsigned char *recv = a.base + a.off_recv;
-    /* The slot of pair q (or -1) and its row in the buffer. */
-    auto key_of = [&](int64_t q, int64_t *row, float *w) -> int32_t {
-        int64_t v = q / K;
-        int r = 0;
-        while (first_row[r + 1] <= v) r++;
-        *row = (int64_t)r * (a.M + 1) + (v - first_row[r]);
-        const unsigned char *rec = recv + (size_t)*row * a.rec;
-        /* Tag and entry are loaded together (one trip to memory, not two);
-         * the entry of a stale row is read but not used. */
-        uint32_t tag;
-        memcpy(&tag, rec + a.tag_off, 4);
-        const epxi_ep_meta m = ((const epxi_ep_meta *)(rec + a.meta_off))[q % K];
-        *w = m.weight;
-        if (tag != epoch) return -1;
-        return m.slot >= 0 && m.slot < spr ? m.slot : -1;
-    };
-    int32_t *h = hist + (size_t)warp * (spr + 1);
-    const int64_t lo = (int64_t)warp * chunk, hi = lo + chunk < npairs ? lo + chunk : npairs;
-    /* A lane's first pair is kept for the placement pass: at decode sizes
-     * that is every pair, so the records are read once. */
-    int32_t kept_s = -1;
-    int64_t kept_row = 0;
-    float kept_w = 0.0f;
-    if (warp < nw)
-        for (int64_t q = lo + lane; q < hi; q += 32) {
-            int64_t row;
-            float w;
-            int32_t s = key_of(q, &row, &w);
-            if (q == lo + lane) kept_s = s, kept_row = row, kept_w = w;
-            if (s >= 0) atomicAdd(&h[s], 1);
-        }
-    __syncthreads();
-    STAMP(a, 5);
-    /* Start of (warp, slot) = entries of lower slots + this slot's entries
-     * in lower warps: one thread per slot sums down the warps, then a
-     * block-wide scan over the slots gives so[]. */
-    int32_t *tot = hist + (size_t)nw * (spr + 1); /* [spr + 1] */
-    for (int s = threadIdx.x; s < spr; s += blockDim.x) {
-        int32_t acc = 0;
-        for (int w = 0; w < nw; w++) {
-            int32_t c = hist[(size_t)w * (spr + 1) + s];
-            hist[(size_t)w * (spr + 1) + s] = acc;
-            acc += c;
-        }
-        tot[s] = acc;
-    }
-    __syncthreads();
-    block_exclusive_scan(tot, spr, a.so);
-    __syncthreads();
-    STAMP(a, 6);
-    if (warp < nw)
-        for (int64_t q0 = lo; q0 < hi; q0 += 32) {
-            int64_t q = q0 + lane, row = kept_row;
-            float w = kept_w;
-            int32_t s = q >= hi ? -1 : q0 == lo ? kept_s : key_of(q, &row, &w);
-            unsigned peers = __match_any_sync(0xffffffffu, s);
-            if (s >= 0) {
-                int rank = __popc(peers & ((1u << lane) - 1u));
-                int64_t e = (int64_t)tot[s] + h[s] + rank;
-                a.entry_token[e] = (int32_t)row;
-                a.entry_weight[e] = w;
-                a.entry_pair[e] = (int32_t)(row * K + q % K);
-            }
-            __syncwarp();
-            if (s >= 0 && lane == __ffs(peers) - 1) h[s] += __popc(peers);
-            __syncwarp();
-        }
 }
 
-__global__ void __launch_bounds__(kThreads) k_dispatch(Args a, int64_t T, const unsigned char *x,
-                                                       const int32_t *slots, const float *weights) {
+/*
+ * Dispatch, one launch. parts: 1 = send, 2 = receive (both: 3). Send work
+ * items are (token, j-th destination rank); the first `nwork` blocks also
+ * write the counts, count in, and the last of them publishes the flags.
+ * Receive: every block waits for the R flags, then places received rows
+ * by (row, k) items. Blocks must all be resident (the launch caps them).
+ */
+__global__ void __launch_bounds__(kThreads)
+    k_dispatch(Args a, int64_t T, const unsigned char *x, const void *slots, const float *weights,
+               uint32_t nwork, int parts) {
+    const int ids64 = (parts & 4) != 0;
     const int K = a.K, dmax = K < a.R ? K : a.R;
-    __shared__ int32_t d[kMaxK], sk[kMaxK];
+    __shared__ int32_t d[kMaxK], sk[kMaxK], pk[kMaxK];
     __shared__ float wk[kMaxK];
     __shared__ int nd;
     /* The x row is read into registers while the routing is worked out, so
@@ -411,27 +420,45 @@ __global__ void __launch_bounds__(kThreads) k_dispatch(Args a, int64_t T, const 
                 if (w < a.xrow / 16) v[i] = ((const int4 *)(x + (size_t)t * a.xrow))[w];
             }
         if (threadIdx.x < K) {
-            sv = slots[t * K + threadIdx.x];
-            wv = weights[t * K + threadIdx.x];
+            sv = slot_at(slots, t * K + threadIdx.x, ids64);
+            wv = weights ? weights[t * K + threadIdx.x] : 0.0f;
         }
     };
+    const bool sending = (parts & 1) != 0;
     /* The first item's loads are issued before the fault check, so the
      * two trips to memory overlap. */
-    if (blockIdx.x < T * dmax) load_item(blockIdx.x);
-    uint32_t epoch = a.ctl->epoch + 1;
+    if (sending && blockIdx.x < T * dmax) load_item(blockIdx.x);
+    /* The epoch: a sending launch takes the next one and advances Ctl::de
+     * at its end, once every block has read it (Ctl::started); a
+     * receive-only launch (the second half of a split dispatch) reads it. */
+    __shared__ uint32_t s_epoch;
+    if (threadIdx.x == 0) {
+        const uint32_t de = ld_acquire_u32(&a.ctl->de);
+        s_epoch = sending ? next_epoch(de) : de;
+        if (sending) atomicAdd(&a.ctl->started, 1u);
+    }
+    __syncthreads();
+    const uint32_t epoch = s_epoch;
+    /* Block 0 of a sending launch advances the epoch when every block has
+     * read it (the blocks are all resident, so they all get there). */
+    auto advance = [&]() {
+        if (!sending || blockIdx.x != 0 || threadIdx.x != 0) return;
+        while (ld_volatile(&a.ctl->started) < gridDim.x) {
+        }
+        a.ctl->started = 0;
+        __threadfence();
+        a.ctl->de = epoch;
+    };
     if (ld_volatile(&a.ctl->fault[0]) != F_NONE) return;
     STAMP(a, 0);
-    if (epoch == 0) epoch = 1; /* 0 marks rows never written */
-    /* Send: work item (token, j-th destination). */
-    for (int64_t item = blockIdx.x; item < T * dmax; item += gridDim.x) {
+    for (int64_t item = blockIdx.x; sending && item < T * dmax; item += gridDim.x) {
         const int64_t t = item / dmax;
         const int j = (int)(item % dmax);
-        const unsigned char *xr = x + (size_t)t * a.xrow;
         if (item != blockIdx.x) load_item(item);
         if (threadIdx.x < K) { /* K <= kMaxK < blockDim.x */
             const int k = threadIdx.x;
             if (sv < -1 || sv >= a.P) bad_slot = 1;
-            sk[k] = sv;
+            sk[k] = sv >= 0 && sv < a.P ? sv : -1;
             wk[k] = wv;
             if (j == 0) {
                 a.slots[t * K + k] = sv;
@@ -448,9 +475,9 @@ __global__ void __launch_bounds__(kThreads) k_dispatch(Args a, int64_t T, const 
                 const unsigned same = __match_any_sync(0xffffffffu, r);
                 const bool first = r != INT_MAX && lane == __ffs(same) - 1;
                 int pos = 0;
-                for (int j = 0; j < K; j++) {
-                    const int rj = __shfl_sync(0xffffffffu, r, j);
-                    const int fj = __shfl_sync(0xffffffffu, (int)first, j);
+                for (int jj = 0; jj < K; jj++) {
+                    const int rj = __shfl_sync(0xffffffffu, r, jj);
+                    const int fj = __shfl_sync(0xffffffffu, (int)first, jj);
                     pos += fj && rj < r;
                 }
                 if (first) d[pos] = r;
@@ -460,11 +487,24 @@ __global__ void __launch_bounds__(kThreads) k_dispatch(Args a, int64_t T, const 
         } else if (threadIdx.x == 0) {
             nd = epxi_ep_token_dests(sk, K, a.spr, d);
         }
+        /* Position of (t, k) among this rank's entries of its slot: the
+         * earlier k of the token with that slot, then every earlier token's
+         * entries, counted by the whole block. */
+        if (threadIdx.x < K) {
+            int32_t p = 0;
+            for (int k2 = 0; k2 < (int)threadIdx.x; k2++) p += sk[k2] == sv && sv >= 0;
+            pk[threadIdx.x] = p;
+        }
         __syncthreads();
         if (j < nd) {
+            for (int64_t q = threadIdx.x; q < t * K; q += blockDim.x) {
+                const int32_t s = slot_at(slots, q, ids64);
+                for (int k = 0; k < K; k++)
+                    if (s == sk[k] && s >= 0) atomicAdd(&pk[k], 1);
+            }
+            __syncthreads();
             const int dst = d[j];
-            unsigned char *rec =
-                a.peers[dst] + a.off_recv + ((size_t)a.me * (a.M + 1) + (size_t)t) * a.rec;
+            unsigned char *rec = rec_at(a, a.peers[dst], epoch, a.me, t);
             if (pre) {
 #pragma unroll
                 for (int i = 0; i < kPre; i++) {
@@ -472,67 +512,148 @@ __global__ void __launch_bounds__(kThreads) k_dispatch(Args a, int64_t T, const 
                     if (w < a.xrow / 16) ((int4 *)rec)[w] = v[i];
                 }
             } else {
-                block_copy(rec, xr, a.xrow);
+                block_copy(rec, x + (size_t)t * a.xrow, a.xrow);
             }
             for (int k = threadIdx.x; k < K; k += blockDim.x) {
-                bool here = sk[k] >= 0 && sk[k] / a.spr == dst;
-                epxi_ep_meta m;
+                const bool here = sk[k] >= 0 && sk[k] / a.spr == dst;
+                Meta m;
                 m.slot = here ? sk[k] - dst * a.spr : -1;
                 m.weight = here ? wk[k] : 0.0f;
-                ((epxi_ep_meta *)(rec + a.meta_off))[k] = m;
+                m.pos = here ? pk[k] : 0;
+                m.tag = epoch;
+                ((Meta *)(rec + a.meta_off))[k] = m;
             }
-            if (threadIdx.x == 0) *(uint32_t *)(rec + a.tag_off) = epoch;
         }
         __syncthreads();
     }
-    STAMP(a, 1);
-    arrive(&a.ctl->arrive_d, bad_slot, a.variant, [&](bool bad) {
-        a.ctl->epoch = epoch;
-        if (a.skip_flags) return;
-        uint64_t flag = epxi_ll_flag(epoch, bad ? EPXI_LL_BAD : (uint32_t)T);
-        for (int r = 0; r < a.R; r++) st_release(dflag_at(a, a.peers[r], a.me), flag, a.variant);
-    });
-    /* Receive: block 0 waits for every source and groups. */
-    if (blockIdx.x != 0) return;
-    STAMP(a, 2);
-    __shared__ int32_t rows_of[kMaxRanks + 1];
-    __shared__ int any_bad;
-    if (!wait_flags(a, dflag_at(a, a.base, 0), (size_t)(a.M + 1) * a.rec, a.R, epoch, PH_DISPATCH,
-                    (uint32_t *)rows_of)) {
-        for (int s = threadIdx.x; s <= a.spr; s += blockDim.x) a.so[s] = 0;
+    if (sending && blockIdx.x < nwork) {
+        /* This block's share of the per-slot counts, then count in. */
+        const int64_t P = a.P;
+        send_counts(a, epoch, slots, ids64, T * K, P * blockIdx.x / nwork,
+                    P * (blockIdx.x + 1) / nwork);
+        STAMP(a, 1);
+        arrive(&a.ctl->arrive_d, nwork, bad_slot, a.variant, [&](bool bad) {
+            if (a.skip_flags) return;
+            uint64_t flag = epxi_ll_flag(epoch, bad ? EPXI_LL_BAD : (uint32_t)T);
+            for (int r = 0; r < a.R; r++)
+                st_release(dflag_at(a, a.peers[r], epoch, a.me), flag, a.variant);
+        });
+    }
+    if (!(parts & 2)) {
+        advance();
         return;
     }
+    /* Receive: every block waits for every source. */
+    STAMP(a, 2);
+    __shared__ int32_t first_row[kMaxRanks + 1]; /* rows of sources below s, then the total */
+    __shared__ int any_bad;
+    if (!wait_flags(a, dflag_at(a, a.base, epoch, 0), sizeof(uint64_t), a.R, epoch, PH_DISPATCH,
+                    (uint32_t *)first_row))
+        return;
     STAMP(a, 3);
     if (threadIdx.x == 0) {
         any_bad = -1;
+        int32_t acc = 0;
+        for (int r = 0; r < a.R; r++) { /* the flags' counts, as wait_flags saw them */
+            const uint32_t c = (uint32_t)first_row[r];
+            if (c == EPXI_LL_BAD && any_bad < 0) any_bad = r;
+            first_row[r] = acc;
+            acc += c == EPXI_LL_BAD ? 0 : (int32_t)c;
+        }
+        first_row[a.R] = acc;
+    }
+    __syncthreads();
+    const bool refused = any_bad >= 0;
+    if (refused && blockIdx.x == 0 && threadIdx.x == 0) {
+        /* Nobody runs an expert on a refused batch; combine yields zeros. */
+        a.ctl->refused = 1;
+        raise_refused(a, (uint32_t)any_bad, epoch);
+    } else if (!refused && blockIdx.x == 0 && threadIdx.x == 0) {
         a.ctl->refused = 0;
     }
-    __syncthreads();
-    for (int r = threadIdx.x; r < a.R; r += blockDim.x) {
-        const uint32_t c = (uint32_t)rows_of[r]; /* the flag's count, as wait_flags saw it */
-        rows_of[r] = c == EPXI_LL_BAD ? 0 : (int32_t)c;
-        if (c == EPXI_LL_BAD) atomicCAS(&any_bad, -1, r);
-    }
-    __syncthreads();
-    if (any_bad >= 0) {
-        /* Nobody runs an expert on a refused batch; combine yields zeros. */
-        if (threadIdx.x == 0) {
-            a.ctl->refused = 1;
-            raise_refused(a, (uint32_t)any_bad, epoch);
+    /* Per local slot: its count and each source's range of rows. */
+    for (int64_t l = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; l < a.spr;
+         l += (int64_t)gridDim.x * blockDim.x) {
+        int64_t acc = 0;
+        for (int s = 0; s < a.R; s++) {
+            const int64_t c = refused ? 0 : *cnt_at(a, a.base, epoch, s, (int32_t)l);
+            a.range[l * a.R + s] = (acc << 32) | c;
+            acc += c;
         }
-        for (int s = threadIdx.x; s <= a.spr; s += blockDim.x) a.so[s] = 0;
+        a.count[l] = (int32_t)acc;
+    }
+    if (refused) {
+        advance();
         return;
     }
-    group_entries(a, rows_of, epoch);
+    /* Place: items (received row, k). */
+    __shared__ int64_t dst_row;
+    const int64_t items = (int64_t)first_row[a.R] * K;
+    for (int64_t item = blockIdx.x; item < items; item += gridDim.x) {
+        const int64_t vrow = item / K;
+        const int k = (int)(item % K);
+        int s = 0;
+        while (first_row[s + 1] <= vrow) s++;
+        const int64_t t = vrow - first_row[s];
+        const unsigned char *rec = rec_at(a, a.base, epoch, s, t);
+        if (pre)
+#pragma unroll
+            for (int i = 0; i < kPre; i++) {
+                size_t w = threadIdx.x + (size_t)i * blockDim.x;
+                if (w < a.xrow / 16) v[i] = ((const int4 *)rec)[w];
+            }
+        if (threadIdx.x == 0) {
+            const Meta m = ((const Meta *)(rec + a.meta_off))[k];
+            int64_t e = -1;
+            if (m.tag == epoch && m.slot >= 0 && m.slot < a.spr) {
+                int64_t off = 0;
+                for (int s2 = 0; s2 < s; s2++) off += *cnt_at(a, a.base, epoch, s2, m.slot);
+                if (m.pos >= 0 && off + m.pos < a.RM) e = (int64_t)m.slot * a.RM + off + m.pos;
+            }
+            if (e >= 0) {
+                a.ew[e] = m.weight;
+                a.pair[e] = (int32_t)(((int64_t)s * a.M + t) * K + k);
+                a.srctok[e] = (int32_t)t;
+            }
+            dst_row = e;
+        }
+        __syncthreads();
+        const int64_t e = dst_row;
+        if (e >= 0) {
+            unsigned char *out = a.rx + (size_t)e * a.xrow;
+            if (pre) {
+#pragma unroll
+                for (int i = 0; i < kPre; i++) {
+                    size_t w = threadIdx.x + (size_t)i * blockDim.x;
+                    if (w < a.xrow / 16) ((int4 *)out)[w] = v[i];
+                }
+            } else {
+                block_copy(out, rec, a.xrow);
+            }
+        }
+        __syncthreads();
+    }
     STAMP(a, 4);
+    advance();
+}
+
+/* The entries of this rank, by the whole block: so[0..spr] in shared
+ * memory, the exclusive prefix of the per-slot counts. */
+__device__ void entry_starts(const Args &a, int32_t *so) {
+    for (int l = threadIdx.x; l < a.spr; l += blockDim.x) so[l] = a.count[l];
+    __syncthreads();
+    block_scan_smem(so, a.spr);
 }
 
 __global__ void __launch_bounds__(kThreads) k_identity(Args a) {
+    __shared__ int32_t so[kMaxLocal + 1];
     if (ld_volatile(&a.ctl->fault[0]) != F_NONE) return;
-    const int64_t n = a.so[a.spr];
-    const unsigned char *recv = a.base + a.off_recv;
-    for (int64_t e = blockIdx.x; e < n; e += gridDim.x) {
-        const unsigned char *src = recv + (size_t)a.entry_token[e] * a.rec;
+    entry_starts(a, so);
+    const int64_t n = so[a.spr];
+    for (int64_t j = blockIdx.x; j < n; j += gridDim.x) {
+        const int l = upper_index(so, a.spr, j);
+        const int64_t e = (int64_t)l * a.RM + (j - so[l]);
+        const unsigned char *src = a.rx + (size_t)e * a.xrow;
         unsigned char *dst = a.y + (size_t)e * a.yrow;
         if (a.xbf16 == a.ybf16) {
             block_copy(dst, src, a.yrow);
@@ -569,13 +690,13 @@ template <> struct Lanes<0> {
  * out[t][h0 .. h0 + V) of one token: the combine formula of ep_common.h
  * (acc = 0; for k ascending with a slot: acc = acc + w[k] * y_k, rounded
  * after each step) on V elements at once. rows[k] (NULL: no expert) and
- * w[k] are staged in shared memory; the 16-byte loads of eight rows are
+ * w[k] are staged in shared memory; out is fp32 or bf16 (rounded once); the 16-byte loads of eight rows are
  * issued before any is summed, so a top-8 token costs one trip to memory
  * (held raw, 32 registers, and widened as summed).
  */
 template <int BF16>
 __device__ void reduce_lanes(const Args &a, const unsigned char *const *rows, const float *w,
-                             int64_t h0, float *out) {
+                             int64_t h0, void *out, int out_bf16) {
     constexpr int V = Lanes<BF16>::V, B = 8;
     const int K = a.K;
     if (h0 + V <= a.H && a.yrow % 16 == 0) {
@@ -602,50 +723,69 @@ __device__ void reduce_lanes(const Args &a, const unsigned char *const *rows, co
         }
         STAMP(a, 14);
 #pragma unroll
-        for (int j = 0; j < V; j++) out[h0 + j] = acc[j];
+        for (int j = 0; j < V; j++) epxi_row_store(out, h0 + j, acc[j], out_bf16);
         return;
     }
     /* The row's tail (or unaligned rows): element by element. */
     for (int64_t h = h0; h < h0 + V && h < a.H; h++)
-        out[h] = epxi_ep_combine_elem(rows, w, K, h, BF16);
+        epxi_row_store(out, h, epxi_ep_combine_elem(rows, w, K, h, BF16), out_bf16);
 }
 
-__global__ void __launch_bounds__(kThreads) k_combine(Args a, int64_t T, float *out) {
+/*
+ * Combine. parts & 1 (send): every block finds this rank's entries from the
+ * per-slot counts, sends its share of them (entry (s, t, k)'s output row to
+ * row t * K + k of rank s) and counts in; the last block publishes the
+ * flags. parts & 2 (receive): every block waits for all flags and reduces
+ * its share of this rank's tokens. ysrc [spr][RM] rows and wsrc [T][K] are
+ * the caller's or the handle's own. The epoch is the last dispatch's.
+ */
+__global__ void __launch_bounds__(kThreads)
+    k_combine(Args a, int64_t T, const unsigned char *ysrc, const float *wsrc, void *out,
+              int out_bf16, int parts) {
+    __shared__ int32_t so[kMaxLocal + 1];
     /* Loaded before the fault check so the trips to memory overlap. */
-    const uint32_t epoch = a.ctl->epoch;
-    const int64_t n = a.so[a.spr];
+    const uint32_t epoch = a.ctl->de;
     const bool refused = a.ctl->refused != 0; /* set by this rank's dispatch, before us */
     if (ld_volatile(&a.ctl->fault[0]) != F_NONE) return;
     STAMP(a, 8);
     const int K = a.K;
-    /* Send: each entry's output to row t * K + k of its token's rank. */
-    for (int64_t e = blockIdx.x; e < n; e += gridDim.x) {
-        const int64_t pair = a.entry_pair[e], row = pair / K;
-        const int64_t src = row / (a.M + 1), t = row % (a.M + 1);
-        unsigned char *dst = a.peers[src] + a.off_comb + (size_t)(t * K + pair % K) * a.yrow;
-        block_copy(dst, a.y + (size_t)e * a.yrow, a.yrow);
+    if (parts & 1) {
+        entry_starts(a, so);
+        const int64_t n = so[a.spr];
+        const int64_t MK = a.M * K;
+        for (int64_t j = blockIdx.x; j < n; j += gridDim.x) {
+            const int l = upper_index(so, a.spr, j);
+            const int64_t e = (int64_t)l * a.RM + (j - so[l]);
+            const int64_t pr = a.pair[e], src = pr / MK, tk = pr % MK;
+            unsigned char *dst = a.peers[src] + a.off_comb + (size_t)tk * a.yrow;
+            block_copy(dst, ysrc + (size_t)e * a.yrow, a.yrow);
+        }
+        STAMP(a, 9);
+        const uint32_t nwork = (uint32_t)(n < 1 ? 1 : n < gridDim.x ? n : gridDim.x);
+        if (blockIdx.x < nwork)
+            arrive(&a.ctl->arrive_c, nwork, 0, a.variant, [&](bool) {
+                for (int r = 0; r < a.R; r++)
+                    st_release((uint64_t *)(a.peers[r] + a.off_cflag) + a.me,
+                               epxi_ll_flag(epoch, 0), a.variant);
+            });
     }
-    STAMP(a, 9);
-    arrive(&a.ctl->arrive_c, 0, a.variant, [&](bool) {
-        for (int r = 0; r < a.R; r++)
-            st_release((uint64_t *)(a.peers[r] + a.off_cflag) + a.me, epxi_ll_flag(epoch, 0),
-                       a.variant);
-    });
+    if (!(parts & 2)) return;
     STAMP(a, 10);
     /* Every block waits for every peer, then reduces its share: items of
      * (token, chunk of V * blockDim elements). The routing of a block's
-     * first token is this rank's own (written by its dispatch), so it is
-     * staged before the wait and only the rows are read after it. */
+     * first token is this rank's own, so it is staged before the wait and
+     * only the rows are read after it. */
     const unsigned char *comb = a.base + a.off_comb;
     const int V = a.ybf16 ? Lanes<1>::V : Lanes<0>::V;
     const int64_t per = (int64_t)V * blockDim.x, chunks = (a.H + per - 1) / per;
+    const size_t orow = (size_t)a.H * (out_bf16 ? 2 : 4);
     __shared__ const unsigned char *rows[kMaxK];
     __shared__ float wk[kMaxK];
     auto stage = [&](int64_t t) {
         for (int k = threadIdx.x; k < K; k += blockDim.x) {
             rows[k] =
                 a.slots[t * K + k] >= 0 && !refused ? comb + (size_t)(t * K + k) * a.yrow : nullptr;
-            wk[k] = a.weights[t * K + k];
+            wk[k] = wsrc[t * K + k];
         }
     };
     const int64_t first_t = blockIdx.x < T * chunks ? (int64_t)blockIdx.x / chunks : -1;
@@ -658,11 +798,12 @@ __global__ void __launch_bounds__(kThreads) k_combine(Args a, int64_t T, float *
         const int64_t t = item / chunks, h0 = (item % chunks) * per + (int64_t)threadIdx.x * V;
         if (item != blockIdx.x) stage(t);
         __syncthreads();
+        unsigned char *o = (unsigned char *)out + (size_t)t * orow;
         if (h0 < a.H) {
             if (a.ybf16)
-                reduce_lanes<1>(a, rows, wk, h0, out + t * a.H);
+                reduce_lanes<1>(a, rows, wk, h0, o, out_bf16);
             else
-                reduce_lanes<0>(a, rows, wk, h0, out + t * a.H);
+                reduce_lanes<0>(a, rows, wk, h0, o, out_bf16);
         }
         __syncthreads();
     }
@@ -671,30 +812,43 @@ __global__ void __launch_bounds__(kThreads) k_combine(Args a, int64_t T, float *
 
 } // namespace
 
-/* What ranks tell each other at creation. */
+/* What ranks tell each other at creation (EPX_GPU_EP_INFO_BYTES). */
 struct PeerInfo {
-    int32_t pid, device;
+    char magic[8]; /* "epx-ll1" */
+    int32_t rank, num_ranks, pid, device;
     uint64_t ptr;
+    /* the config every rank must share */
+    int32_t hidden, top_k, num_slots, x_dtype, y_dtype;
+    int64_t max_tokens;
     cudaIpcMemHandle_t handle;
 };
+static_assert(sizeof(PeerInfo) <= EPX_GPU_EP_INFO_BYTES, "PeerInfo fits its bytes");
+static const char kMagic[8] = "epx-ll1";
 
 struct epx_gpu_ep {
-    epx_comm *boot;
+    epx_comm *boot; /* NULL when opened without one (epx_gpu_ep_open) */
     epxi_ep_geom g;
     cudaStream_t stream;
     int32_t timeout_ms;
-    int32_t max_blocks;  /* launches whose blocks do not wait for each other */
-    int32_t wait_blocks; /* combine: every block waits, so all must be resident */
-    size_t off_y, off_tok, off_w, off_pair, off_so, off_weights, off_slots, off_ctl, off_peers,
-        total;
-    size_t hist_bytes;
+    int32_t wait_blocks; /* blocks that wait for flags must all be resident */
+    size_t off_rx, off_y, off_count, off_pair, off_srctok, off_ew, off_range, off_weights,
+        off_slots, off_ctl, off_peers, total;
     unsigned char *buf;
     unsigned char **mapped; /* host [R]: peers' buffers as mapped here (own included) */
     bool *opened;           /* host [R]: mapped by cudaIpcOpenMemHandle */
+    bool connected;
     uint32_t *host_fault, *host_fault_dev;
     Args a;
     int64_t T;
-    bool dispatched, reported;
+    /* Where the calls stand: a dispatch may follow a dispatch or a combine
+     * (double-buffered), a combine only a whole dispatch; a half sent must
+     * be received before anything else. */
+    enum { IDLE, D_SENT, DISPATCHED, C_SENT } state;
+    /* a split combine's receive reuses its send's arguments */
+    const float *c_w;
+    void *c_out;
+    int c_bf16;
+    bool reported;
 };
 
 /* The buffer layout, shared by the size query and creation. */
@@ -706,17 +860,33 @@ static epx_status plan(epx_gpu_ep *ep, const epx_ep_config *cfg, int32_t R, epx_
                          "its config (normal mode on the GPU is epx_nccl_ep_create)");
     EPX_TRY(epxi_ep_geom_init(cfg, R, &ep->g, err));
     const epxi_ep_geom *g = &ep->g;
-    const double M = (double)g->M, K = g->K;
-    size_t off_recv = 0, off_comb = 0, off_cflag = 0;
+    if (R > kMaxRanks - 1)
+        return epxi_fail(err, EPX_ERR_SHAPE,
+                         "the GPU low-latency engine serves at most %d ranks, not %d",
+                         kMaxRanks - 1, R);
+    const double M = (double)g->M, K = g->K, RM = (double)R * M, spr = g->spr;
+    /* Entry rows are int32 (pair = (source * M + token) * K + k). */
+    if (RM * K >= 2147483647.0 || RM * spr >= 9.0e15)
+        return epxi_fail(err, EPX_ERR_OVERFLOW,
+                         "the GPU low-latency engine indexes R * max_tokens * top_k = %.0f "
+                         "entries in int32: lower max_tokens (%lld)",
+                         RM * K, (long long)g->M);
+    const size_t meta_off = (g->xrow + 15) / 16 * 16, rec = meta_off + (size_t)K * sizeof(Meta);
+    size_t off_rows = 0, off_cnt = 0, off_dflag = 0, off_comb = 0, off_cflag = 0;
     epxi_ws_part parts[] = {
-        {&off_recv, R * (M + 1), (double)g->rec},
+        /* the dispatch areas twice: by the parity of the epoch (dflag_at) */
+        {&off_rows, 2 * RM, (double)rec},
+        {&off_cnt, 2.0 * R * spr, sizeof(int32_t)},
+        {&off_dflag, 2.0 * R, sizeof(uint64_t)},
         {&off_comb, M * K, (double)g->yrow},
         {&off_cflag, (double)R, sizeof(uint64_t)},
-        {&ep->off_y, (double)g->cap_ent, (double)g->yrow},
-        {&ep->off_tok, (double)g->cap_ent, sizeof(int32_t)},
-        {&ep->off_w, (double)g->cap_ent, sizeof(float)},
-        {&ep->off_pair, (double)g->cap_ent, sizeof(int32_t)},
-        {&ep->off_so, (double)g->spr + 1, sizeof(int64_t)},
+        {&ep->off_rx, spr * RM, (double)g->xrow},
+        {&ep->off_y, spr * RM, (double)g->yrow},
+        {&ep->off_count, spr, sizeof(int32_t)},
+        {&ep->off_pair, spr * RM, sizeof(int32_t)},
+        {&ep->off_srctok, spr * RM, sizeof(int32_t)},
+        {&ep->off_ew, spr * RM, sizeof(float)},
+        {&ep->off_range, spr * R, sizeof(int64_t)},
         {&ep->off_weights, M * K, sizeof(float)},
         {&ep->off_slots, M * K, sizeof(int32_t)},
         {&ep->off_ctl, 1, sizeof(Ctl)},
@@ -724,10 +894,6 @@ static epx_status plan(epx_gpu_ep *ep, const epx_ep_config *cfg, int32_t R, epx_
     };
     EPX_TRY(epxi_ws_carve(parts, sizeof parts / sizeof parts[0], 256, &ep->total,
                           "GPU low-latency EP", err));
-    if (R > kMaxRanks - 1)
-        return epxi_fail(err, EPX_ERR_SHAPE,
-                         "the GPU low-latency engine serves at most %d ranks, not %d",
-                         kMaxRanks - 1, R);
     Args &a = ep->a;
     a.R = R;
     a.K = g->K;
@@ -735,20 +901,18 @@ static epx_status plan(epx_gpu_ep *ep, const epx_ep_config *cfg, int32_t R, epx_
     a.spr = g->spr;
     a.P = g->P;
     a.M = g->M;
-    a.rec = g->rec;
+    a.RM = (int64_t)R * g->M;
+    a.rec = rec;
     a.xrow = g->xrow;
     a.yrow = g->yrow;
-    a.meta_off = g->meta_off;
-    a.tag_off = g->tag_off;
-    a.off_recv = off_recv;
+    a.meta_off = meta_off;
+    a.off_rows = off_rows;
+    a.off_cnt = off_cnt;
+    a.off_dflag = off_dflag;
     a.off_comb = off_comb;
     a.off_cflag = off_cflag;
     a.xbf16 = g->cfg.x_dtype == EPX_DTYPE_BF16;
     a.ybf16 = g->cfg.y_dtype == EPX_DTYPE_BF16;
-    int nw = kHistInts / (g->spr + 1) - 1;
-    nw = nw < 1 ? 1 : (nw > kThreads / 32 ? kThreads / 32 : nw);
-    /* per-warp histograms, then the slot totals */
-    ep->hist_bytes = (size_t)(nw + 1) * (size_t)(g->spr + 1) * sizeof(int32_t);
     return EPX_OK;
 }
 
@@ -761,20 +925,19 @@ extern "C" epx_status epx_gpu_ep_buffer_bytes(const epx_ep_config *cfg, int32_t 
     return EPX_OK;
 }
 
-/* Every rank's PeerInfo, over the bootstrap communicator (host or device
+/* Every rank's info, over the bootstrap communicator (host or device
  * memory). */
-static epx_status allgather_info(epx_comm *comm, cudaStream_t stream, const PeerInfo *mine,
-                                 PeerInfo *all, epx_error *err) {
+static epx_status allgather_info(epx_comm *comm, const void *mine, void *all, epx_error *err) {
     const int32_t R = epx_comm_size(comm);
-    const size_t n = sizeof(PeerInfo);
+    const size_t n = EPX_GPU_EP_INFO_BYTES;
     int64_t *cnt = (int64_t *)epxi_calloc((size_t)2 * R, sizeof(int64_t), "EP bootstrap", err);
-    PeerInfo *send = (PeerInfo *)epxi_calloc((size_t)R, n, "EP bootstrap", err);
+    unsigned char *send = (unsigned char *)epxi_calloc((size_t)R, n, "EP bootstrap", err);
     epx_status st = cnt && send ? EPX_OK : EPX_ERR_NOMEM;
     void *dsend = NULL, *drecv = NULL;
     for (int32_t r = 0; st == EPX_OK && r < R; r++) {
         cnt[r] = 1;
         cnt[R + r] = r;
-        send[r] = *mine;
+        memcpy(send + (size_t)r * n, mine, n);
     }
     if (st == EPX_OK && epx_comm_memory_kind(comm) == EPX_COMM_MEMORY_DEVICE) {
         EPXI_CUDA_GOTO(st, cudaMalloc(&dsend, (size_t)R * n), "EP bootstrap buffer", done);
@@ -790,7 +953,6 @@ static epx_status allgather_info(epx_comm *comm, cudaStream_t stream, const Peer
         st = epx_comm_alltoallv(comm, send, cnt, cnt + R, all, cnt, cnt + R, n, err);
     }
 done:
-    (void)stream;
     cudaFree(dsend);
     cudaFree(drecv);
     free(cnt);
@@ -815,12 +977,17 @@ extern "C" void epx_gpu_ep_destroy(epx_gpu_ep *ep) {
     free(ep);
 }
 
-extern "C" epx_status epx_gpu_ep_create(epx_comm *bootstrap, const epx_ep_config *cfg,
-                                        cudaStream_t stream, const epx_gpu_ep_opts *opts,
-                                        epx_gpu_ep **out, epx_error *err) {
-    if (bootstrap == NULL || out == NULL)
+extern "C" epx_status epx_gpu_ep_open(const epx_ep_config *cfg, int32_t rank, int32_t num_ranks,
+                                      cudaStream_t stream, const epx_gpu_ep_opts *opts,
+                                      epx_gpu_ep **out, epx_error *err) {
+    if (out == NULL)
+        return epxi_fail(err, EPX_ERR_INVALID_ARG, "epx_gpu_ep_open needs an out pointer");
+    *out = NULL;
+    if (num_ranks < 1 || rank < 0 || rank >= num_ranks)
         return epxi_fail(err, EPX_ERR_INVALID_ARG,
-                         "epx_gpu_ep_create needs a bootstrap communicator and an out pointer");
+                         "GPU EP rank %d of %d ranks: need 0 <= rank < num_ranks and num_ranks "
+                         ">= 1",
+                         rank, num_ranks);
     epx_gpu_ep_opts o = EPX_GPU_EP_OPTS_INIT;
     if (opts != NULL) {
         if (opts->version != EPX_GPU_EP_OPTS_VERSION)
@@ -832,40 +999,40 @@ extern "C" epx_status epx_gpu_ep_create(epx_comm *bootstrap, const epx_ep_config
     }
     if (o.timeout_ms < 1 || o.max_blocks < 0)
         return epxi_fail(err, EPX_ERR_INVALID_ARG,
-                         "GPU EP timeout_ms (%d) must be >= 1 and max_blocks (%d) >= 0 (0 = one "
-                         "per SM)",
+                         "GPU EP timeout_ms (%d) must be >= 1 and max_blocks (%d) >= 0 (0 = as "
+                         "many as fit on the GPU at once)",
                          o.timeout_ms, o.max_blocks);
     epx_gpu_ep *ep = (epx_gpu_ep *)epxi_calloc(1, sizeof *ep, "GPU EP handle", err);
     if (ep == NULL) return EPX_ERR_NOMEM;
-    ep->boot = bootstrap;
     ep->stream = stream;
     ep->timeout_ms = o.timeout_ms;
-    epx_status st = plan(ep, cfg, epx_comm_size(bootstrap), err);
-    const int32_t R = ep->a.R;
+    epx_status st = plan(ep, cfg, num_ranks, err);
+    const int32_t R = num_ranks;
     int dev = 0, sms = 0;
-    PeerInfo mine, *all = NULL;
-    memset(&mine, 0, sizeof mine);
     if (st != EPX_OK) goto fail;
-    ep->a.me = epx_comm_rank(bootstrap);
+    ep->a.me = rank;
     EPXI_CUDA_GOTO(st, cudaGetDevice(&dev), "GPU EP: current device", fail);
     EPXI_CUDA_GOTO(st, cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev),
                    "GPU EP: SM count", fail);
     {
-        /* Blocks that wait for flags must all be resident at once, or the
-         * ones still queued could never publish theirs. */
-        int per_sm = 0;
+        /* Every block of both kernels waits for flags, so all must be
+         * resident at once, or the ones still queued could never publish
+         * theirs. At most 65535: blocks count in on 16 bits (arrive). */
+        int per_sm_c = 0, per_sm_d = 0;
         EPXI_CUDA_GOTO(
-            st, cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k_combine, kThreads, 0),
+            st, cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm_c, k_combine, kThreads, 0),
             "GPU EP: occupancy", fail);
-        /* at most 65535: blocks count in on 16 bits (arrive) */
-        int cap = o.max_blocks > 0 ? o.max_blocks : 4 * sms;
+        EPXI_CUDA_GOTO(
+            st, cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm_d, k_dispatch, kThreads, 0),
+            "GPU EP: occupancy", fail);
+        int per_sm = per_sm_c < per_sm_d ? per_sm_c : per_sm_d;
+        int cap = per_sm * sms;
+        if (o.max_blocks > 0 && o.max_blocks < cap) cap = o.max_blocks;
         if (cap > 0xffff) cap = 0xffff;
-        ep->max_blocks = cap;
-        ep->wait_blocks = per_sm * sms < cap ? per_sm * sms : cap;
-        if (ep->wait_blocks < 1) ep->wait_blocks = 1;
+        ep->wait_blocks = cap < 1 ? 1 : cap;
     }
     EPXI_CUDA_GOTO(st, cudaMalloc((void **)&ep->buf, ep->total), "GPU EP buffer", fail);
-    /* Tags and flags start at epoch 0, which no batch uses. */
+    /* Flags start at epoch 0, which no batch uses. */
     EPXI_CUDA_GOTO(st, cudaMemset(ep->buf, 0, ep->total), "GPU EP buffer", fail);
     EPXI_CUDA_GOTO(
         st, cudaHostAlloc((void **)&ep->host_fault, 8 * sizeof(uint32_t), cudaHostAllocMapped),
@@ -873,78 +1040,170 @@ extern "C" epx_status epx_gpu_ep_create(epx_comm *bootstrap, const epx_ep_config
     memset(ep->host_fault, 0, 8 * sizeof(uint32_t));
     EPXI_CUDA_GOTO(st, cudaHostGetDevicePointer((void **)&ep->host_fault_dev, ep->host_fault, 0),
                    "GPU EP fault word", fail);
-    mine.pid = (int32_t)getpid();
-    mine.device = dev;
-    mine.ptr = (uint64_t)(uintptr_t)ep->buf;
-    EPXI_CUDA_GOTO(st, cudaIpcGetMemHandle(&mine.handle, ep->buf), "GPU EP: IPC handle", fail);
-    all = (PeerInfo *)epxi_calloc((size_t)R, sizeof *all, "GPU EP peers", err);
     ep->mapped = (unsigned char **)epxi_calloc((size_t)R, sizeof(void *), "GPU EP peers", err);
     ep->opened = (bool *)epxi_calloc((size_t)R, sizeof(bool), "GPU EP peers", err);
-    if (all == NULL || ep->mapped == NULL || ep->opened == NULL) {
+    if (ep->mapped == NULL || ep->opened == NULL) {
         st = EPX_ERR_NOMEM;
         goto fail;
     }
-    EPX_TRY_GOTO(st, allgather_info(bootstrap, stream, &mine, all, err), fail);
-    for (int32_t r = 0; r < R; r++) {
-        if (all[r].pid == mine.pid) {
-            ep->mapped[r] = (unsigned char *)(uintptr_t)all[r].ptr;
-            if (all[r].device != dev) {
-                cudaError_t pe = cudaDeviceEnablePeerAccess(all[r].device, 0);
-                if (pe != cudaSuccess && pe != cudaErrorPeerAccessAlreadyEnabled) {
-                    st = epxi_cuda_fail(pe, "GPU EP: peer access to a GPU of this process", err);
-                    goto fail;
-                }
-                (void)cudaGetLastError();
-            }
-            continue;
-        }
-        void *p = NULL;
-        cudaError_t ie = cudaIpcOpenMemHandle(&p, all[r].handle, cudaIpcMemLazyEnablePeerAccess);
-        if (ie != cudaSuccess) {
-            st = epxi_fail(err, EPX_ERR_CUDA,
-                           "GPU EP: cannot map rank %d's buffer (process %d, GPU %d) here: %s. "
-                           "The low-latency engine needs GPUs that reach each other by "
-                           "load/store (NVLink, or PCIe with P2P); use normal mode otherwise",
-                           r, all[r].pid, all[r].device, cudaGetErrorString(ie));
-            goto fail;
-        }
-        ep->mapped[r] = (unsigned char *)p;
-        ep->opened[r] = true;
-    }
-    EPXI_CUDA_GOTO(st,
-                   cudaMemcpy(ep->buf + ep->off_peers, ep->mapped, (size_t)R * sizeof(void *),
-                              cudaMemcpyHostToDevice),
-                   "GPU EP peer table", fail);
     {
         Args &a = ep->a;
         a.base = ep->buf;
         a.peers = (unsigned char *const *)(ep->buf + ep->off_peers);
+        a.rx = ep->buf + ep->off_rx;
         a.y = ep->buf + ep->off_y;
-        a.entry_token = (int32_t *)(ep->buf + ep->off_tok);
-        a.entry_weight = (float *)(ep->buf + ep->off_w);
-        a.entry_pair = (int32_t *)(ep->buf + ep->off_pair);
-        a.so = (int64_t *)(ep->buf + ep->off_so);
+        a.count = (int32_t *)(ep->buf + ep->off_count);
+        a.pair = (int32_t *)(ep->buf + ep->off_pair);
+        a.srctok = (int32_t *)(ep->buf + ep->off_srctok);
+        a.ew = (float *)(ep->buf + ep->off_ew);
+        a.range = (int64_t *)(ep->buf + ep->off_range);
         a.weights = (float *)(ep->buf + ep->off_weights);
         a.slots = (int32_t *)(ep->buf + ep->off_slots);
         a.ctl = (Ctl *)(ep->buf + ep->off_ctl);
         a.host_fault = ep->host_fault_dev;
         a.timeout_ns = (unsigned long long)ep->timeout_ms * 1000000ull;
     }
-    if (ep->hist_bytes > 48 * 1024)
-        EPXI_CUDA_GOTO(st,
-                       cudaFuncSetAttribute(k_dispatch, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                            (int)ep->hist_bytes),
-                       "GPU EP shared memory", fail);
-    /* Every peer has mapped every buffer before anyone launches. */
-    EPX_TRY_GOTO(st, epx_comm_barrier(bootstrap, err), fail);
-    free(all);
     *out = ep;
     return EPX_OK;
 fail:
-    free(all);
-    ep->boot = NULL; /* no collective teardown after a failed collective setup */
     epx_gpu_ep_destroy(ep);
     return st;
+}
+
+extern "C" epx_status epx_gpu_ep_info(const epx_gpu_ep *ep, void *info, epx_error *err) {
+    if (ep == NULL || info == NULL)
+        return epxi_fail(err, EPX_ERR_INVALID_ARG, "GPU EP info needs a handle and a buffer");
+    PeerInfo p;
+    memset(&p, 0, sizeof p);
+    memcpy(p.magic, kMagic, sizeof p.magic);
+    p.rank = ep->a.me;
+    p.num_ranks = ep->a.R;
+    p.pid = (int32_t)getpid();
+    cudaPointerAttributes at;
+    EPXI_CUDA_TRY(cudaPointerGetAttributes(&at, ep->buf), "GPU EP: the buffer's device");
+    p.device = at.device;
+    p.ptr = (uint64_t)(uintptr_t)ep->buf;
+    const epx_ep_config *c = &ep->g.cfg;
+    p.hidden = c->hidden;
+    p.top_k = c->top_k;
+    p.num_slots = c->num_slots;
+    p.x_dtype = (int32_t)c->x_dtype;
+    p.y_dtype = (int32_t)c->y_dtype;
+    p.max_tokens = c->max_tokens;
+    EPXI_CUDA_TRY(cudaIpcGetMemHandle(&p.handle, ep->buf), "GPU EP: IPC handle");
+    memset(info, 0, EPX_GPU_EP_INFO_BYTES);
+    memcpy(info, &p, sizeof p);
+    return EPX_OK;
+}
+
+static void describe(const PeerInfo *p, char *out, size_t n) {
+    snprintf(out, n, "hidden %d, top_k %d, num_slots %d, max_tokens %lld, dtypes %d/%d, %d ranks",
+             p->hidden, p->top_k, p->num_slots, (long long)p->max_tokens, p->x_dtype, p->y_dtype,
+             p->num_ranks);
+}
+
+extern "C" epx_status epx_gpu_ep_connect(epx_gpu_ep *ep, const void *infos, epx_error *err) {
+    if (ep == NULL || infos == NULL)
+        return epxi_fail(err, EPX_ERR_INVALID_ARG, "GPU EP connect needs a handle and the infos");
+    if (ep->connected)
+        return epxi_fail(err, EPX_ERR_INVALID_ARG, "GPU EP connect: this handle is connected");
+    const int32_t R = ep->a.R;
+    unsigned char mine_b[EPX_GPU_EP_INFO_BYTES];
+    EPX_TRY(epx_gpu_ep_info(ep, mine_b, err));
+    PeerInfo mine, p;
+    memcpy(&mine, mine_b, sizeof mine);
+    int dev = 0;
+    EPXI_CUDA_TRY(cudaGetDevice(&dev), "GPU EP: current device");
+    for (int32_t r = 0; r < R; r++) {
+        memcpy(&p, (const unsigned char *)infos + (size_t)r * EPX_GPU_EP_INFO_BYTES, sizeof p);
+        char a_s[160], b_s[160];
+        if (memcmp(p.magic, kMagic, sizeof p.magic) != 0 || p.rank != r)
+            return epxi_fail(err, EPX_ERR_INVALID_ARG,
+                             "GPU EP connect: entry %d of the infos is not rank %d's "
+                             "epx_gpu_ep_info (pass every rank's info in rank order)",
+                             r, r);
+        describe(&mine, a_s, sizeof a_s);
+        describe(&p, b_s, sizeof b_s);
+        if (strcmp(a_s, b_s) != 0)
+            return epxi_fail(err, EPX_ERR_INVALID_ARG,
+                             "GPU EP connect: rank %d has %s but rank %d has %s; every rank "
+                             "must create the engine with the same config",
+                             ep->a.me, a_s, r, b_s);
+    }
+    epx_status st = EPX_OK;
+    for (int32_t r = 0; r < R && st == EPX_OK; r++) {
+        memcpy(&p, (const unsigned char *)infos + (size_t)r * EPX_GPU_EP_INFO_BYTES, sizeof p);
+        if (p.pid == mine.pid) {
+            ep->mapped[r] = (unsigned char *)(uintptr_t)p.ptr;
+            if (p.device != dev) {
+                cudaError_t pe = cudaDeviceEnablePeerAccess(p.device, 0);
+                if (pe != cudaSuccess && pe != cudaErrorPeerAccessAlreadyEnabled)
+                    st = epxi_fail(err, EPX_ERR_CUDA,
+                                   "GPU EP: GPU %d cannot reach GPU %d (rank %d) by load/store: "
+                                   "%s. The low-latency engine needs peer access (NVLink, or "
+                                   "PCIe with P2P); use normal mode otherwise",
+                                   dev, p.device, r, cudaGetErrorString(pe));
+                (void)cudaGetLastError();
+            }
+            continue;
+        }
+        void *q = NULL;
+        cudaError_t ie = cudaIpcOpenMemHandle(&q, p.handle, cudaIpcMemLazyEnablePeerAccess);
+        if (ie != cudaSuccess) {
+            st = epxi_fail(err, EPX_ERR_CUDA,
+                           "GPU EP: cannot map rank %d's buffer (process %d, GPU %d) here: %s. "
+                           "The low-latency engine needs GPUs that reach each other by "
+                           "load/store (NVLink, or PCIe with P2P); use normal mode otherwise",
+                           r, p.pid, p.device, cudaGetErrorString(ie));
+            break;
+        }
+        ep->mapped[r] = (unsigned char *)q;
+        ep->opened[r] = true;
+    }
+    if (st == EPX_OK)
+        EPXI_CUDA_GOTO(st,
+                       cudaMemcpy(ep->buf + ep->off_peers, ep->mapped, (size_t)R * sizeof(void *),
+                                  cudaMemcpyHostToDevice),
+                       "GPU EP peer table", undo);
+    if (st == EPX_OK) {
+        ep->connected = true;
+        return EPX_OK;
+    }
+undo:
+    for (int32_t r = 0; r < R; r++) {
+        if (ep->opened[r]) cudaIpcCloseMemHandle(ep->mapped[r]);
+        ep->opened[r] = false;
+        ep->mapped[r] = NULL;
+    }
+    return st;
+}
+
+extern "C" epx_status epx_gpu_ep_create(epx_comm *bootstrap, const epx_ep_config *cfg,
+                                        cudaStream_t stream, const epx_gpu_ep_opts *opts,
+                                        epx_gpu_ep **out, epx_error *err) {
+    if (bootstrap == NULL || out == NULL)
+        return epxi_fail(err, EPX_ERR_INVALID_ARG,
+                         "epx_gpu_ep_create needs a bootstrap communicator and an out pointer");
+    epx_gpu_ep *ep = NULL;
+    const int32_t R = epx_comm_size(bootstrap);
+    EPX_TRY(epx_gpu_ep_open(cfg, epx_comm_rank(bootstrap), R, stream, opts, &ep, err));
+    unsigned char mine[EPX_GPU_EP_INFO_BYTES];
+    unsigned char *all =
+        (unsigned char *)epxi_calloc((size_t)R, EPX_GPU_EP_INFO_BYTES, "GPU EP peers", err);
+    epx_status st = all ? EPX_OK : EPX_ERR_NOMEM;
+    if (st == EPX_OK) st = epx_gpu_ep_info(ep, mine, err);
+    if (st == EPX_OK) st = allgather_info(bootstrap, mine, all, err);
+    if (st == EPX_OK) st = epx_gpu_ep_connect(ep, all, err);
+    /* Every peer has mapped every buffer before anyone launches. */
+    if (st == EPX_OK) st = epx_comm_barrier(bootstrap, err);
+    free(all);
+    if (st != EPX_OK) {
+        epx_gpu_ep_destroy(ep); /* no collective teardown after a failed collective setup */
+        return st;
+    }
+    ep->boot = bootstrap;
+    *out = ep;
+    return EPX_OK;
 }
 
 /* The first fault the kernels recorded, as a status and message; poisons
@@ -968,7 +1227,7 @@ static epx_status fault_status(epx_gpu_ep *ep, bool report_refused, epx_error *e
                               "ms (a peer died, stopped, or made different calls); the kernels "
                               "gave up and the handle refuses later batches",
                               phase, f[3], f[2], ep->timeout_ms);
-    if (!ep->reported) {
+    if (!ep->reported && ep->boot != NULL) {
         epxi_comm_poison(ep->boot, EPX_ERR_TIMEOUT, err ? err->msg : "GPU EP timeout");
         ep->reported = true;
     }
@@ -985,71 +1244,167 @@ static unsigned blocks_for(int64_t items, int32_t cap) {
     return (unsigned)(b < cap ? b : cap);
 }
 
-extern "C" epx_status epx_gpu_ep_dispatch(epx_gpu_ep *ep, int64_t T, const void *x,
-                                          const int32_t *topk_slots, const float *topk_weights,
-                                          epx_ep_recv *recv, epx_error *err) {
-    if (ep == NULL || recv == NULL)
+static epx_status ready(epx_gpu_ep *ep, const char *what, epx_error *err) {
+    if (ep == NULL) return epxi_fail(err, EPX_ERR_INVALID_ARG, "GPU EP %s needs a handle", what);
+    if (!ep->connected)
         return epxi_fail(err, EPX_ERR_INVALID_ARG,
-                         "GPU EP dispatch needs a handle and a recv view");
-    EPX_TRY(fault_status(ep, false, err));
+                         "GPU EP %s before epx_gpu_ep_connect: the peers are not mapped yet", what);
+    return fault_status(ep, false, err);
+}
+
+static const char *state_name(int st) {
+    return st == epx_gpu_ep::D_SENT       ? "a dispatch whose receive half has not run"
+           : st == epx_gpu_ep::C_SENT     ? "a combine whose receive half has not run"
+           : st == epx_gpu_ep::DISPATCHED ? "a dispatch"
+                                          : "nothing (or a combine)";
+}
+
+static epx_status bad_order(epx_gpu_ep *ep, const char *what, const char *fix, epx_error *err) {
+    return epxi_fail(err, EPX_ERR_INVALID_ARG, "GPU EP %s after %s: %s", what,
+                     state_name(ep->state), fix);
+}
+
+extern "C" epx_status epx_gpu_ep_dispatch_parts(epx_gpu_ep *ep, int parts, int64_t T, const void *x,
+                                                const int32_t *topk_slots,
+                                                const float *topk_weights, epx_ep_recv *recv,
+                                                epx_error *err) {
+    EPX_TRY(ready(ep, "dispatch", err));
+    const int ids64 = parts & EPX_GPU_EP_IDS64;
+    parts &= ~EPX_GPU_EP_IDS64;
+    if (parts < EPX_GPU_EP_SEND || parts > (EPX_GPU_EP_SEND | EPX_GPU_EP_RECV))
+        return epxi_fail(err, EPX_ERR_INVALID_ARG,
+                         "GPU EP dispatch parts %d: give EPX_GPU_EP_SEND, EPX_GPU_EP_RECV or both "
+                         "(and EPX_GPU_EP_IDS64 for int64 ids)",
+                         parts);
     const epxi_ep_geom *g = &ep->g;
-    if (T < 0 || T > g->M)
-        return epxi_fail(err, EPX_ERR_INVALID_ARG,
-                         "GPU EP dispatch of %lld tokens is outside [0, max_tokens %lld]: the "
-                         "low-latency buffers hold max_tokens per rank; raise it when creating "
-                         "the handle",
-                         (long long)T, (long long)g->M);
-    if (T > 0 && (x == NULL || topk_slots == NULL || topk_weights == NULL))
-        return epxi_fail(err, EPX_ERR_INVALID_ARG,
-                         "GPU EP dispatch of %lld tokens needs x, topk_slots and topk_weights",
-                         (long long)T);
-    if (ep->dispatched)
-        return epxi_fail(err, EPX_ERR_INVALID_ARG,
-                         "GPU EP dispatch before the last batch was combined: peers may still "
-                         "read their rows of it; call epx_gpu_ep_combine first");
-    k_dispatch<<<blocks_for(T * (g->K < g->R ? g->K : g->R), ep->max_blocks), kThreads,
-                 ep->hist_bytes, ep->stream>>>(ep->a, T, (const unsigned char *)x, topk_slots,
-                                               topk_weights);
+    if (parts & EPX_GPU_EP_SEND) {
+        if (ep->state == epx_gpu_ep::D_SENT || ep->state == epx_gpu_ep::C_SENT)
+            return bad_order(ep, "dispatch", "run its receive half first", err);
+        if (T < 0 || T > g->M)
+            return epxi_fail(err, EPX_ERR_INVALID_ARG,
+                             "GPU EP dispatch of %lld tokens is outside [0, max_tokens %lld]: the "
+                             "low-latency buffers hold max_tokens per rank; raise it when "
+                             "creating the handle",
+                             (long long)T, (long long)g->M);
+        if (T > 0 && (x == NULL || topk_slots == NULL))
+            return epxi_fail(err, EPX_ERR_INVALID_ARG,
+                             "GPU EP dispatch of %lld tokens needs x and topk_slots", (long long)T);
+        ep->T = T;
+    } else if (ep->state != epx_gpu_ep::D_SENT) {
+        return bad_order(ep, "dispatch receive", "send a dispatch first", err);
+    }
+    /* Blocks: this rank's (token, destination) items, and as many as the
+     * rows (and k) a receiver is likely to place: R * T * K. */
+    const int64_t dmax = g->K < g->R ? g->K : g->R, sends = (parts & 1) ? ep->T * dmax : 0;
+    const int64_t places = (parts & 2) ? (int64_t)g->R * ep->T * g->K : 0;
+    const unsigned grid = blocks_for(sends > places ? sends : places, ep->wait_blocks);
+    const uint32_t nwork = (uint32_t)(sends < 1 ? 1 : sends < grid ? sends : grid);
+    k_dispatch<<<grid, kThreads, 0, ep->stream>>>(ep->a, ep->T, (const unsigned char *)x,
+                                                  topk_slots, topk_weights, nwork,
+                                                  parts | (ids64 ? 4 : 0));
     EPXI_CUDA_TRY(cudaGetLastError(), "GPU EP dispatch kernel");
-    ep->T = T;
-    ep->dispatched = true;
-    recv->num_tokens = (int64_t)g->R * (g->M + 1);
-    recv->x = ep->buf + ep->a.off_recv;
-    recv->x_stride = g->rec;
-    recv->num_entries = -1;
-    recv->first_slot = ep->a.me * g->spr;
-    recv->num_local_slots = g->spr;
-    recv->slot_offsets = ep->a.so;
-    recv->entry_token = ep->a.entry_token;
-    recv->entry_weight = ep->a.entry_weight;
-    recv->y = ep->a.y;
+    ep->state = (parts & EPX_GPU_EP_RECV) ? epx_gpu_ep::DISPATCHED : epx_gpu_ep::D_SENT;
+    if (recv != NULL) {
+        memset(recv, 0, sizeof *recv);
+        recv->num_tokens = (int64_t)g->spr * ep->a.RM;
+        recv->x = ep->a.rx;
+        recv->x_stride = g->xrow;
+        recv->num_entries = -1;
+        recv->first_slot = ep->a.me * g->spr;
+        recv->num_local_slots = g->spr;
+        recv->entry_weight = ep->a.ew;
+        recv->y = ep->a.y;
+        recv->slot_stride = ep->a.RM;
+        recv->slot_counts = ep->a.count;
+    }
     return EPX_OK;
 }
 
+extern "C" epx_status epx_gpu_ep_dispatch(epx_gpu_ep *ep, int64_t T, const void *x,
+                                          const int32_t *topk_slots, const float *topk_weights,
+                                          epx_ep_recv *recv, epx_error *err) {
+    if (recv == NULL)
+        return epxi_fail(err, EPX_ERR_INVALID_ARG, "GPU EP dispatch needs a recv view");
+    return epx_gpu_ep_dispatch_parts(ep, EPX_GPU_EP_SEND | EPX_GPU_EP_RECV, T, x, topk_slots,
+                                     topk_weights, recv, err);
+}
+
 extern "C" epx_status epx_gpu_ep_identity_experts(epx_gpu_ep *ep, epx_error *err) {
-    if (ep == NULL || !ep->dispatched)
-        return epxi_fail(err, EPX_ERR_INVALID_ARG, "GPU EP identity experts need a dispatch first");
-    k_identity<<<(unsigned)ep->max_blocks, kThreads, 0, ep->stream>>>(ep->a);
+    if (ep == NULL || ep->state != epx_gpu_ep::DISPATCHED)
+        return epxi_fail(err, EPX_ERR_INVALID_ARG,
+                         "GPU EP identity experts need a whole dispatch first");
+    k_identity<<<(unsigned)ep->wait_blocks, kThreads, 0, ep->stream>>>(ep->a);
     EPXI_CUDA_TRY(cudaGetLastError(), "GPU EP identity kernel");
     return EPX_OK;
 }
 
-extern "C" epx_status epx_gpu_ep_combine(epx_gpu_ep *ep, float *out, epx_error *err) {
-    if (ep == NULL || !ep->dispatched)
-        return epxi_fail(err, EPX_ERR_INVALID_ARG, "GPU EP combine without a dispatch before it");
-    EPX_TRY(fault_status(ep, false, err));
-    if (ep->T > 0 && out == NULL)
-        return epxi_fail(err, EPX_ERR_INVALID_ARG, "GPU EP combine of %lld tokens needs out",
-                         (long long)ep->T);
+extern "C" epx_status epx_gpu_ep_combine_parts(epx_gpu_ep *ep, int parts, const void *y,
+                                               const float *topk_weights, void *out,
+                                               epx_dtype out_dtype, epx_error *err) {
+    EPX_TRY(ready(ep, "combine", err));
+    if (parts < EPX_GPU_EP_SEND || parts > (EPX_GPU_EP_SEND | EPX_GPU_EP_RECV))
+        return epxi_fail(err, EPX_ERR_INVALID_ARG,
+                         "GPU EP combine parts %d: give EPX_GPU_EP_SEND, EPX_GPU_EP_RECV or both",
+                         parts);
     const epxi_ep_geom *g = &ep->g;
+    if (parts & EPX_GPU_EP_SEND) {
+        if (ep->state != epx_gpu_ep::DISPATCHED)
+            return bad_order(ep, "combine", "combine follows a whole dispatch", err);
+        if (out_dtype != EPX_DTYPE_F32 && out_dtype != EPX_DTYPE_BF16)
+            return epxi_fail(err, EPX_ERR_INVALID_ARG,
+                             "GPU EP combine writes F32 or BF16 output, not dtype %d",
+                             (int)out_dtype);
+        if (ep->T > 0 && out == NULL)
+            return epxi_fail(err, EPX_ERR_INVALID_ARG, "GPU EP combine of %lld tokens needs out",
+                             (long long)ep->T);
+        ep->c_w = topk_weights ? topk_weights : ep->a.weights;
+        ep->c_out = out;
+        ep->c_bf16 = out_dtype == EPX_DTYPE_BF16;
+    } else if (ep->state != epx_gpu_ep::C_SENT) {
+        return bad_order(ep, "combine receive", "send a combine first", err);
+    }
     /* Enough blocks for the entries this rank may hold, and for its tokens'
      * chunks of the reduction. */
     const int64_t per = (int64_t)(g->cfg.y_dtype == EPX_DTYPE_BF16 ? 8 : 4) * kThreads;
-    const int64_t items = ep->T * ((g->H + per - 1) / per), sends = (int64_t)g->R * ep->T * g->K;
+    const int64_t items = (parts & 2) ? ep->T * ((g->H + per - 1) / per) : 0;
+    const int64_t sends = (parts & 1) ? (int64_t)g->R * ep->T * g->K : 0;
     k_combine<<<blocks_for(items > sends ? items : sends, ep->wait_blocks), kThreads, 0,
-                ep->stream>>>(ep->a, ep->T, out);
+                ep->stream>>>(ep->a, ep->T, y ? (const unsigned char *)y : ep->a.y, ep->c_w,
+                              ep->c_out, ep->c_bf16, parts);
     EPXI_CUDA_TRY(cudaGetLastError(), "GPU EP combine kernel");
-    ep->dispatched = false;
+    ep->state = (parts & EPX_GPU_EP_RECV) ? epx_gpu_ep::IDLE : epx_gpu_ep::C_SENT;
+    return EPX_OK;
+}
+
+extern "C" epx_status epx_gpu_ep_combine_ex(epx_gpu_ep *ep, const void *y,
+                                            const float *topk_weights, void *out,
+                                            epx_dtype out_dtype, epx_error *err) {
+    return epx_gpu_ep_combine_parts(ep, EPX_GPU_EP_SEND | EPX_GPU_EP_RECV, y, topk_weights, out,
+                                    out_dtype, err);
+}
+
+extern "C" epx_status epx_gpu_ep_combine(epx_gpu_ep *ep, float *out, epx_error *err) {
+    return epx_gpu_ep_combine_ex(ep, NULL, NULL, out, EPX_DTYPE_F32, err);
+}
+
+extern "C" epx_status epx_gpu_ep_set_stream(epx_gpu_ep *ep, cudaStream_t stream, epx_error *err) {
+    if (ep == NULL) return epxi_fail(err, EPX_ERR_INVALID_ARG, "GPU EP set_stream needs a handle");
+    ep->stream = stream;
+    return EPX_OK;
+}
+
+extern "C" epx_status epx_gpu_ep_get_views(const epx_gpu_ep *ep, epx_gpu_ep_views *v,
+                                           epx_error *err) {
+    if (ep == NULL || v == NULL)
+        return epxi_fail(err, EPX_ERR_INVALID_ARG, "GPU EP views need a handle and an out struct");
+    v->x = ep->a.rx;
+    v->y = ep->a.y;
+    v->counts = ep->a.count;
+    v->src_token = ep->a.srctok;
+    v->layout_range = ep->a.range;
+    v->entry_weight = ep->a.ew;
+    v->slot_stride = ep->a.RM;
+    v->num_local_slots = ep->a.spr;
     return EPX_OK;
 }
 
@@ -1067,9 +1422,9 @@ extern "C" int32_t epx_gpu_ep_launches(const epx_gpu_ep *ep, const char *phase) 
 }
 
 /* Measuring: the stamps of the last dispatch and combine (variant 8), in
- * microseconds after each kernel's start: [0..6] dispatch (5, 6: the
- * grouping's count and scan), [8..14] combine (13, 14: block 0's first rows in,
- * its sum done). */
+ * microseconds after each kernel's start: [0..4] dispatch (1 sent and
+ * counted, 2 arrived, 3 waited, 4 placed), [8..14] combine (13, 14: block
+ * 0's first rows in, its sum done). */
 extern "C" EPXI_HIDDEN int epxi_gpu_ep_stamps(epx_gpu_ep *ep, double *us) {
     Ctl c;
     if (ep == NULL || cudaMemcpy(&c, ep->a.ctl, sizeof c, cudaMemcpyDeviceToHost) != cudaSuccess)

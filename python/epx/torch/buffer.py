@@ -1,0 +1,426 @@
+"""epx.torch.Buffer: epx's low-latency EP engine behind DeepEP's calling
+convention (DeepEP V1's `deep_ep.Buffer` low-latency methods), so code
+written for DeepEP switches by changing its import:
+
+    from epx.torch import Buffer            # was: from deep_ep import Buffer
+    buf = Buffer(group, num_rdma_bytes=Buffer.get_low_latency_rdma_size_hint(
+        num_max_dispatch_tokens_per_rank, hidden, group.size(), num_experts),
+        low_latency_mode=True, num_qps_per_rank=num_experts // group.size())
+    recv_x, recv_count, handle, event, hook = buf.low_latency_dispatch(
+        x, topk_idx, num_max_dispatch_tokens_per_rank, num_experts, use_fp8=False)
+    # recv_x [local experts, ranks * max tokens, hidden]: a grouped GEMM reads it as it is
+    combined_x, event, hook = buf.low_latency_combine(y, topk_idx, topk_weights, handle)
+
+The group carries only the exchange of buffer handles at the first call of a
+shape and at destroy; any torch.distributed backend works (gloo too, so
+several processes can share one GPU). Every call runs on the caller's current
+stream, allocates nothing on the device in dispatch, and can be captured in a
+CUDA graph once the shape's first call has run outside the capture.
+
+Where epx differs from DeepEP, and why (docs/EP_TORCH.md has the list):
+- rows are in a fixed order: each local expert's rows come by source rank,
+  then by token, then by k (DeepEP's order depends on arrival), so results
+  are reproducible bit for bit;
+- recv_x, recv_count and the handle's tensors are views of the engine's
+  memory, valid until the next dispatch of the same shape (DeepEP allocates
+  new tensors, and reuses its own buffers after two calls);
+- use_fp8 quantises after the exchange, with DeepEP's per-128-value scales,
+  so the bytes on the wire are bf16 (the values delivered are the same);
+  use_logfmt is accepted and sends bf16 (no precision lost);
+- the engine is created at the first call of each (hidden, top-k, experts,
+  max tokens), which is collective: every rank's first call of a shape must
+  come outside CUDA-graph capture;
+- shrink mode (masking a failed rank) and the wait-cycle statistics are not
+  implemented yet and refuse with a message.
+"""
+import torch
+
+from .._native import EpxError, Status
+from . import _gpu, _ll
+
+__all__ = ["Buffer", "EventOverlap"]
+
+# DeepEP's per-token quantisation constants (e4m3's largest finite value).
+_FP8_MAX = 448.0
+
+
+class EventOverlap:
+    """DeepEP's EventOverlap: an event (or None) and tensors kept alive until
+    the caller waits on it."""
+
+    def __init__(self, event=None, extra_tensors=None):
+        self.event = event
+        self.extra_tensors = extra_tensors
+        self.hook_after_wait = None
+        self._release = False
+
+    def current_stream_wait(self, release_handle=False):
+        assert self.event is not None, "this EventOverlap holds no event (async_finish was False)"
+        torch.cuda.current_stream().wait_event(self.event)
+        if self.hook_after_wait is not None:
+            hook, self.hook_after_wait = self.hook_after_wait, None
+            hook()
+        if release_handle:
+            self.event = None
+
+    def register_hook_after_wait(self, fn):
+        assert self.hook_after_wait is None, "a hook is already registered"
+        self.hook_after_wait = fn
+
+    def __call__(self, release_handle=False):
+        self._release = release_handle
+        return self
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        if self.event is not None:
+            self.current_stream_wait(self._release)
+        self._release = False
+
+
+def _fail(msg):
+    raise ValueError(msg)
+
+
+def _check_cuda(name, t, dtype, ndim, device):
+    if not isinstance(t, torch.Tensor):
+        _fail("%s must be a torch.Tensor, not %s" % (name, type(t).__name__))
+    if t.device.type != "cuda" or t.device.index != device:
+        _fail("%s is on %s, but this Buffer's GPU is cuda:%d: move it there" % (name, t.device,
+                                                                                 device))
+    if dtype is not None and t.dtype not in (dtype if isinstance(dtype, tuple) else (dtype,)):
+        _fail("%s has dtype %s; DeepEP's low-latency API takes %s" % (
+            name, t.dtype, " or ".join(str(d) for d in (dtype if isinstance(dtype, tuple)
+                                                         else (dtype,)))))
+    if t.dim() != ndim:
+        _fail("%s must have %d dimensions, not shape %s" % (name, ndim, tuple(t.shape)))
+    if not t.is_contiguous():
+        _fail("%s must be contiguous (call .contiguous())" % name)
+
+
+def _int(name, v, lo=None):
+    if isinstance(v, bool) or not isinstance(v, int):
+        _fail("%s must be an int, not %r" % (name, v))
+    if lo is not None and v < lo:
+        _fail("%s must be >= %d, not %d" % (name, lo, v))
+    if v >= 2**31:
+        _fail("%s (%d) must be below 2**31" % (name, v))
+    return v
+
+
+def per_token_cast_fp8(x, round_scale=False, use_ue8m0=False):
+    """DeepEP's fp8 form of bf16 rows [..., H]: e4m3 values and one scale per
+    128 values (amax / 448, amax at least 1e-4; round_scale: the next power of
+    two; use_ue8m0: that power's exponent byte, four packed in an int32), the
+    scales column-major in the last two dimensions as DeepEP returns them."""
+    if use_ue8m0 and not round_scale:
+        _fail("use_ue8m0 needs round_scale=True (DeepEP's rule)")
+    *lead, H = x.shape
+    if H % 128:
+        _fail("fp8 dispatch needs hidden divisible by 128, not %d" % H)
+    g = x.float().reshape(*lead, H // 128, 128)
+    amax = g.abs().amax(dim=-1).clamp_min(1e-4)
+    scale = amax / _FP8_MAX
+    if round_scale:
+        scale = torch.exp2(torch.ceil(torch.log2(scale)))
+    data = (g / scale.unsqueeze(-1)).clamp(-_FP8_MAX, _FP8_MAX).to(torch.float8_e4m3fn)
+    data = data.reshape(*lead, H)
+    if use_ue8m0:
+        if H % 512:
+            _fail("UE8M0 scales need hidden divisible by 512, not %d" % H)
+        exp = (scale.view(torch.int32) >> 23).to(torch.int32) & 0xff
+        exp = exp.reshape(*lead, H // 512, 4)
+        packed = exp[..., 0] | (exp[..., 1] << 8) | (exp[..., 2] << 16) | (exp[..., 3] << 24)
+        scale = packed
+    # column-major in the last two dims: allocated [.., S, rows] then transposed
+    sc = scale.transpose(-1, -2).contiguous().transpose(-1, -2)
+    return data, sc
+
+
+class Buffer:
+    """DeepEP's Buffer, low-latency methods, on epx's engine. Constructor
+    arguments as DeepEP's; the sizes are lower bounds that are checked when
+    a shape's engine is created."""
+
+    num_sms = 20
+
+    def __init__(self, group, num_nvl_bytes=0, num_rdma_bytes=0, low_latency_mode=False,
+                 num_qps_per_rank=24, allow_nvlink_for_low_latency_mode=True, allow_mnnvl=False,
+                 explicitly_destroy=False, enable_shrink=False, comm=None, *,
+                 timeout_ms=100000):
+        import torch.distributed as dist
+        reason = _gpu.reason()
+        if reason is not None or _ll._open is None:
+            raise EpxError(Status.UNSUPPORTED, "epx.torch.Buffer needs libepx_cuda.so with the "
+                           "low-latency engine: " + str(reason or "this build lacks it"))
+        if not torch.cuda.is_available():
+            raise EpxError(Status.UNSUPPORTED, "epx.torch.Buffer needs a CUDA GPU; none is "
+                           "visible")
+        if group is None and comm is None:
+            _fail("Buffer needs a torch.distributed group (or DeepEP's mpi4py comm)")
+        if comm is not None:
+            _fail("epx.torch.Buffer exchanges handles over a torch.distributed group; pass "
+                  "group= (mpi4py communicators are not supported)")
+        if enable_shrink:
+            raise NotImplementedError("epx.torch.Buffer: enable_shrink (masking a failed rank) "
+                                      "is not implemented yet; a rank that stops makes every "
+                                      "call raise EpxError(TIMEOUT) instead of hanging")
+        for name, v in (("num_nvl_bytes", num_nvl_bytes), ("num_rdma_bytes", num_rdma_bytes),
+                        ("num_qps_per_rank", num_qps_per_rank), ("timeout_ms", timeout_ms)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                _fail("%s must be a non-negative int, not %r" % (name, v))
+        self.group = group
+        self.rank = dist.get_rank(group)
+        self.group_size = dist.get_world_size(group)
+        self.num_nvl_bytes = num_nvl_bytes
+        self.num_rdma_bytes = num_rdma_bytes
+        self.low_latency_mode = bool(low_latency_mode)
+        self.explicitly_destroy = bool(explicitly_destroy)
+        self.enable_shrink = False
+        self.timeout_ms = timeout_ms
+        self.device = torch.cuda.current_device()
+        self._engines = {}
+        self._last = None  # the engine of the last dispatch
+        self._destroyed = False
+
+    # ---- sizes ------------------------------------------------------------
+
+    @staticmethod
+    def get_low_latency_rdma_size_hint(num_max_dispatch_tokens_per_rank, hidden, num_ranks,
+                                       num_experts):
+        """Bytes of one rank's engine for this shape (at top-k 11, DeepEP's
+        largest), rounded up to 128 as DeepEP's hint is."""
+        cfg = _ll.config(_int("hidden", hidden, 1), 11,
+                         _int("num_experts", num_experts, 1),
+                         _int("num_max_dispatch_tokens_per_rank",
+                              num_max_dispatch_tokens_per_rank, 1))
+        n = _ll.buffer_bytes(cfg, _int("num_ranks", num_ranks, 1))
+        return (n + 127) // 128 * 128
+
+    def clean_low_latency_buffer(self, num_max_dispatch_tokens_per_rank, hidden, num_experts):
+        """A no-op: epx's buffers need no cleaning (each batch's rows carry
+        its epoch, so stale ones are told apart)."""
+        self._alive()
+
+    def get_next_low_latency_combine_buffer(self, handle):
+        """The expert-output tensor [local experts, ranks * max tokens,
+        hidden] bf16 that combine reads with zero_copy=True (the engine's
+        own, contiguous)."""
+        return self._engine_of(handle).y
+
+    @staticmethod
+    def capture():
+        ev = torch.cuda.Event()
+        ev.record()
+        return EventOverlap(ev)
+
+    # ---- the engine of a shape ----------------------------------------------
+
+    def _alive(self):
+        if self._destroyed:
+            _fail("this Buffer was destroyed")
+        if not self.low_latency_mode:
+            _fail("the low-latency methods need Buffer(..., low_latency_mode=True)")
+
+    def _engine(self, hidden, top_k, num_experts, max_tokens):
+        key = (hidden, top_k, num_experts, max_tokens)
+        eng = self._engines.get(key)
+        if eng is not None:
+            return eng
+        import torch.distributed as dist
+        if torch.cuda.is_current_stream_capturing():
+            _fail("the first call of a shape (hidden %d, top-k %d, %d experts, %d tokens) "
+                  "creates its engine, which a CUDA-graph capture cannot hold: run one call "
+                  "before capturing" % key)
+        if num_experts % self.group_size:
+            _fail("num_experts (%d) must be a multiple of the group's %d ranks"
+                  % (num_experts, self.group_size))
+        cfg = _ll.config(hidden, top_k, num_experts, max_tokens)
+        need = _ll.buffer_bytes(cfg, self.group_size)
+        if self.num_rdma_bytes and self.num_rdma_bytes < need:
+            _fail("num_rdma_bytes (%d) is below the %d bytes this shape needs (hidden %d, "
+                  "top-k %d, %d experts, %d tokens per rank): size it with "
+                  "Buffer.get_low_latency_rdma_size_hint" % ((self.num_rdma_bytes, need) + key))
+        # Create, exchange infos, connect; every rank learns whether all did.
+        eng, err = None, None
+        try:
+            eng = _ll.Engine(cfg, self.rank, self.group_size, self.timeout_ms)
+            info = eng.info()
+        except EpxError as e:
+            err, info = str(e), b""
+        infos = [None] * self.group_size
+        dist.all_gather_object(infos, info, group=self.group)
+        if err is None:
+            try:
+                eng.connect(infos)
+            except EpxError as e:
+                err = str(e)
+        errs = [None] * self.group_size
+        dist.all_gather_object(errs, err, group=self.group)
+        bad = [(r, e) for r, e in enumerate(errs) if e is not None]
+        if bad:
+            if eng is not None:
+                eng.destroy()
+            raise EpxError(Status.INVALID_ARG, "epx.torch.Buffer: creating the engine failed on "
+                           "rank %d: %s" % bad[0])
+        dist.barrier(group=self.group)  # every peer mapped before anyone launches
+        self._engines[key] = eng
+        return eng
+
+    def _engine_of(self, handle):
+        self._alive()
+        if not isinstance(handle, tuple) or len(handle) != 5:
+            _fail("handle must be the 5-tuple low_latency_dispatch returned")
+        eng = getattr(handle, "_epx_engine", None) or self._last
+        if eng is None or handle[0] is not eng.src_info:
+            for e in self._engines.values():
+                if handle[0] is e.src_info:
+                    return e
+            _fail("this handle does not come from a dispatch of this Buffer: combine needs its "
+                  "dispatch's handle")
+        return eng
+
+    # ---- DeepEP's low-latency calls ------------------------------------------
+
+    def low_latency_dispatch(self, x, topk_idx, num_max_dispatch_tokens_per_rank, num_experts,
+                             cumulative_local_expert_recv_stats=None,
+                             dispatch_wait_recv_cost_stats=None, use_fp8=True, round_scale=False,
+                             use_ue8m0=False, async_finish=False, return_recv_hook=False):
+        """Send each token to the ranks of its experts; returns (recv_x,
+        recv_count, handle, event, hook) in DeepEP's shapes and dtypes: recv_x
+        [local experts, ranks * max tokens, hidden] bf16 (with use_fp8 a
+        tuple (e4m3 data, fp32 scales [.., hidden / 128]) or int32 UE8M0
+        scales), recv_count [local experts] int32, handle (src_info,
+        layout_range, max tokens, hidden, num_experts)."""
+        self._alive()
+        M = _int("num_max_dispatch_tokens_per_rank", num_max_dispatch_tokens_per_rank, 1)
+        E = _int("num_experts", num_experts, 1)
+        _check_cuda("x", x, torch.bfloat16, 2, self.device)
+        _check_cuda("topk_idx", topk_idx, (torch.int64, torch.int32), 2, self.device)
+        T, H = x.shape
+        if topk_idx.shape[0] != T:
+            _fail("topk_idx has %d rows but x has %d tokens" % (topk_idx.shape[0], T))
+        K = topk_idx.shape[1]
+        if not 1 <= K <= 64:
+            _fail("topk_idx has %d columns; epx serves top-k 1..64" % K)
+        if T > M:
+            _fail("x has %d tokens, above num_max_dispatch_tokens_per_rank (%d)" % (T, M))
+        if async_finish and return_recv_hook:
+            _fail("async_finish and return_recv_hook cannot both be True (DeepEP's rule)")
+        if use_ue8m0 and not round_scale:
+            _fail("use_ue8m0 needs round_scale=True (DeepEP's rule)")
+        if dispatch_wait_recv_cost_stats is not None:
+            raise NotImplementedError("dispatch_wait_recv_cost_stats: epx does not count wait "
+                                      "cycles per rank yet; pass None")
+        if cumulative_local_expert_recv_stats is not None:
+            s = cumulative_local_expert_recv_stats
+            _check_cuda("cumulative_local_expert_recv_stats", s, torch.int32, 1, self.device)
+            if s.shape[0] != E // max(self.group_size, 1):
+                _fail("cumulative_local_expert_recv_stats has %d entries, not the %d local "
+                      "experts" % (s.shape[0], E // self.group_size))
+        eng = self._engine(H, K, E, M)
+        handle = (eng.src_info, eng.layout_range, M, H, E)
+
+        def receive():
+            eng.dispatch(_ll.RECV, None, None)
+            return finish()
+
+        def finish():
+            if cumulative_local_expert_recv_stats is not None:
+                cumulative_local_expert_recv_stats.add_(eng.recv_count)
+            if use_fp8:
+                return per_token_cast_fp8(eng.recv_x, round_scale, use_ue8m0)
+            return eng.recv_x
+
+        self._last = eng
+        if return_recv_hook:
+            eng.dispatch(_ll.SEND, x, topk_idx)
+            box = {}
+
+            def hook():
+                box["x"] = receive()
+                if use_fp8:  # the tuple's tensors were handed out already: fill them in place
+                    data, scales = box["x"]
+                    out[0].copy_(data)
+                    out[1].copy_(scales)
+
+            if use_fp8:
+                # DeepEP hands out the tensors before the hook fills them.
+                L, S = eng.num_local, eng.recv_x.shape[1]
+                sdim = H // 512 if use_ue8m0 else H // 128
+                data = torch.empty((L, S, H), dtype=torch.float8_e4m3fn, device=x.device)
+                sc = torch.empty((L, sdim, S), dtype=torch.int32 if use_ue8m0 else torch.float32,
+                                 device=x.device).transpose(1, 2)
+                out = (data, sc)
+                return out, eng.recv_count, handle, EventOverlap(None), hook
+            return eng.recv_x, eng.recv_count, handle, EventOverlap(None), hook
+        eng.dispatch(_ll.SEND | _ll.RECV, x, topk_idx)
+        recv_x = finish()
+        event = EventOverlap(self.capture().event, (x, topk_idx)) if async_finish else \
+            EventOverlap(None)
+        return recv_x, eng.recv_count, handle, event, None
+
+    def low_latency_combine(self, x, topk_idx, topk_weights, handle, use_logfmt=False,
+                            zero_copy=False, async_finish=False, return_recv_hook=False, out=None,
+                            combine_wait_recv_cost_stats=None):
+        """Send the expert outputs x [local experts, ranks * max tokens,
+        hidden] bf16 back and reduce each token's in fp32, k ascending,
+        rounded once to bf16: returns (combined_x [tokens, hidden] bf16,
+        event, hook)."""
+        eng = self._engine_of(handle)
+        if combine_wait_recv_cost_stats is not None:
+            raise NotImplementedError("combine_wait_recv_cost_stats: epx does not count wait "
+                                      "cycles per rank yet; pass None")
+        if use_logfmt and zero_copy:
+            _fail("use_logfmt and zero_copy cannot both be True (DeepEP's rule)")
+        if async_finish and return_recv_hook:
+            _fail("async_finish and return_recv_hook cannot both be True (DeepEP's rule)")
+        L, S, H = eng.recv_x.shape
+        if not zero_copy:
+            _check_cuda("x", x, torch.bfloat16, 3, self.device)
+            if tuple(x.shape) != (L, S, H):
+                _fail("x has shape %s; combine takes the dispatch's layout (%d, %d, %d)"
+                      % (tuple(x.shape), L, S, H))
+        _check_cuda("topk_idx", topk_idx, (torch.int64, torch.int32), 2, self.device)
+        _check_cuda("topk_weights", topk_weights, torch.float32, 2, self.device)
+        T, K = topk_idx.shape
+        if tuple(topk_weights.shape) != (T, K) or K != eng.cfg.top_k:
+            _fail("topk_idx %s and topk_weights %s must both be [tokens, %d] as at dispatch"
+                  % (tuple(topk_idx.shape), tuple(topk_weights.shape), eng.cfg.top_k))
+        if out is None:
+            out = torch.empty((T, H), dtype=torch.bfloat16, device=topk_weights.device)
+        else:
+            _check_cuda("out", out, torch.bfloat16, 2, self.device)
+            if tuple(out.shape) != (T, H):
+                _fail("out has shape %s, not (%d, %d)" % (tuple(out.shape), T, H))
+        y = None if zero_copy or x.data_ptr() == eng.y.data_ptr() else x
+        if return_recv_hook:
+            eng.combine(_ll.SEND, y, topk_weights, out)
+            return out, EventOverlap(None), lambda: eng.combine(_ll.RECV, None, None, None)
+        eng.combine(_ll.SEND | _ll.RECV, y, topk_weights, out)
+        event = EventOverlap(self.capture().event, (x, topk_weights, out)) if async_finish else \
+            EventOverlap(None)
+        return out, event, None
+
+    # ---- lifetime -------------------------------------------------------------
+
+    def destroy(self):
+        """Collective: every rank stops launching, then frees its engines."""
+        import torch.distributed as dist
+        assert self.explicitly_destroy, "destroy() is for Buffer(..., explicitly_destroy=True)"
+        if self._destroyed:
+            return
+        torch.cuda.synchronize()
+        dist.barrier(group=self.group)
+        for eng in self._engines.values():
+            eng.destroy()
+        dist.barrier(group=self.group)
+        self._engines.clear()
+        self._destroyed = True
+
+    def __del__(self):
+        # Not collective (DeepEP's explicitly_destroy=False): the engines are
+        # freed with the process when no one called destroy().
+        pass
