@@ -110,8 +110,15 @@ static void make_batch(const shape *c, int b, int32_t r, int64_t fixed_T, batch 
             ((float *)o->x)[i] = v;
     }
     int32_t spr = c->P / c->R;
+    /* Distinct slots per token (the engine refuses a repeated one). */
     for (int64_t i = 0; i < o->T * c->K; i++) {
-        o->s[i] = below(&s, 6) == 0 ? -1 : (int32_t)below(&s, (uint32_t)(to_rank0 ? spr : c->P));
+        int32_t v = -1;
+        for (int tries = 0; below(&s, 6) != 0 && tries < 8 && v < 0; tries++) {
+            v = (int32_t)below(&s, (uint32_t)(to_rank0 ? spr : c->P));
+            for (int64_t j = i - i % c->K; j < i; j++)
+                if (o->s[j] == v) v = -1;
+        }
+        o->s[i] = v;
         o->w[i] = unif(&s);
     }
 }
@@ -399,6 +406,14 @@ static int fault_cases(void) {
     for (int i = 0; i < 64; i++)
         if (hout[i] != 0.0f)
             FAILF("a refused batch must combine to zeros (element %d = %g)", i, (double)hout[i]);
+    /* A token naming one slot twice: refused the same way. */
+    int32_t dup[8] = {0, 1, 2, 3, 1, 1, 2, 3};
+    CK(cudaMemcpy(ds, dup, sizeof dup, cudaMemcpyHostToDevice));
+    EK(epx_gpu_ep_dispatch(ep, 4, dx, ds, dw, &rv, &err));
+    EK(epx_gpu_ep_identity_experts(ep, &err));
+    EK(epx_gpu_ep_combine(ep, dout, &err));
+    if (epx_gpu_ep_sync(ep, &err) != EPX_ERR_INVALID_ARG || strstr(err.msg, "twice") == NULL)
+        FAILF("a repeated slot: expected EPX_ERR_INVALID_ARG saying so, got '%s'", err.msg);
     CK(cudaMemcpy(ds, good, sizeof good, cudaMemcpyHostToDevice));
     EK(epx_gpu_ep_dispatch(ep, 4, dx, ds, dw, &rv, &err));
     EK(epx_gpu_ep_identity_experts(ep, &err));

@@ -33,9 +33,10 @@ from typing import NamedTuple
 
 from . import _gpu, _ops
 from ._mapping import Mapping
+from .buffer import Buffer, EventOverlap
 
 __all__ = ["dispatch_layout", "token_layout", "TokenLayout", "Mapping", "map_ids", "permute",
-           "combine", "gpu_available", "gpu_unavailable_reason"]
+           "combine", "gpu_available", "gpu_unavailable_reason", "Buffer", "EventOverlap"]
 
 
 def gpu_available():

@@ -38,7 +38,8 @@ import torch
 from .._native import EpxError, Status
 from . import _gpu, _ll
 
-__all__ = ["Buffer", "EventOverlap"]
+__all__ = ["Buffer", "EventOverlap", "per_token_cast_fp8", "reference_dispatch",
+           "reference_combine"]
 
 # DeepEP's per-token quantisation constants (e4m3's largest finite value).
 _FP8_MAX = 448.0
@@ -424,3 +425,58 @@ class Buffer:
         # Not collective (DeepEP's explicitly_destroy=False): the engines are
         # freed with the process when no one called destroy().
         pass
+
+
+# ---- the plain-torch definition the engine is tested against ------------------
+
+def reference_dispatch(xs, topk_idxs, rank, num_experts, num_max_dispatch_tokens_per_rank):
+    """What rank `rank` receives, by definition: for each of its local
+    experts e (global id rank * L + e), the rows of every source rank s, every
+    token t and every k with topk_idxs[s][t][k] == that id, in (s, t, k)
+    order. xs[s] [T_s][H] and topk_idxs[s] [T_s][K] are every rank's inputs
+    (any device; negative ids mean no expert). Returns (recv_x [L][R*M][H],
+    recv_count [L] int32, src_info [L][R*M] int32, layout_range [L][R]
+    int64); rows past recv_count are zeros."""
+    R, M, E = len(xs), int(num_max_dispatch_tokens_per_rank), int(num_experts)
+    L, H = E // R, xs[0].shape[1]
+    recv_x = torch.zeros((L, R * M, H), dtype=xs[0].dtype)
+    src_info = torch.zeros((L, R * M), dtype=torch.int32)
+    count = torch.zeros(L, dtype=torch.int32)
+    layout = torch.zeros((L, R), dtype=torch.int64)
+    for e in range(L):
+        gid, n = rank * L + e, 0
+        for s in range(R):
+            ids = topk_idxs[s].cpu().to(torch.int64)
+            t_idx, _ = (ids == gid).nonzero(as_tuple=True)  # row-major: (t, k) order
+            begin = n
+            for t in t_idx.tolist():
+                recv_x[e, n] = xs[s][t].cpu()
+                src_info[e, n] = t
+                n += 1
+            layout[e, s] = (begin << 32) | (n - begin)
+        count[e] = n
+    return recv_x, count, src_info, layout
+
+
+def reference_combine(expert_out, topk_idx, topk_weights):
+    """The combine of one rank's tokens, by definition: out[t] = bf16(sum
+    over k ascending with topk_idx[t][k] >= 0 of w[t][k] * y_k), in fp32,
+    each product and sum rounded (no fused multiply-add). expert_out(t, k)
+    gives y_k [H] (the output of token t's k-th expert for it)."""
+    T, K = topk_idx.shape
+    rows = []
+    for t in range(T):
+        acc = None
+        for k in range(K):
+            if int(topk_idx[t, k]) < 0:
+                continue
+            y = expert_out(t, k).float().cpu()
+            term = topk_weights[t, k].float().cpu() * y
+            acc = term + 0.0 if acc is None else acc + term
+        rows.append(acc if acc is not None else None)
+    H = next((r.shape[0] for r in rows if r is not None), 0)
+    out = torch.zeros((T, H), dtype=torch.float32)
+    for t, r in enumerate(rows):
+        if r is not None:
+            out[t] = r
+    return out.to(torch.bfloat16)

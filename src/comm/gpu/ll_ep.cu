@@ -56,6 +56,8 @@ constexpr int kThreads = 512;
 constexpr int kMaxK = EPX_MOE_MAX_TOP_K;
 /* Shared-memory ints of one pass of the per-slot counts a sender writes. */
 constexpr int kCountInts = 4096;
+/* A batch's ids are staged in shared memory up to this many (T * K). */
+constexpr int kSmemIds = 4096;
 /* Most ranks (per-source counts live in shared memory) and local slots
  * (the combine's scan of the counts lives there too). */
 constexpr int kMaxRanks = 1024;
@@ -64,16 +66,22 @@ static_assert(kMaxK <= kThreads, "a block's threads hold one token's K choices")
 
 /* Fault codes: fault[0] (sticky: the kernels stop) and fault[4] (a refused
  * batch, reported once). */
-enum : uint32_t { F_NONE = 0, F_TIMEOUT = 1, F_BAD_SLOT = 2 };
+enum : uint32_t { F_NONE = 0, F_TIMEOUT = 1, F_BAD_SLOT = 2, F_DUP_SLOT = 3 };
+/* A flag's count for a batch refused because a token names one slot twice:
+ * the expert-major receive holds one row per (token, slot), DeepEP's rule. */
+constexpr uint32_t kLLDup = EPXI_LL_BAD - 1;
 /* Phases in Ctl::fault[1]. */
 enum : uint32_t { PH_DISPATCH = 1, PH_COMBINE = 2 };
 
 struct Ctl {
-    uint32_t de;                  /* epoch of the last dispatch (advanced at its end) */
-    uint32_t started;             /* blocks of the running dispatch that read de */
+    /* The epoch of the last dispatch (high half, advanced at its end) and
+     * how many blocks of the running dispatch read it (low half): one
+     * atomic per block reads the one and counts the other. */
+    unsigned long long de_started;
     uint32_t arrive_d;            /* blocks of the running dispatch that finished sending */
     uint32_t arrive_c;            /* same for combine */
     uint32_t refused;             /* the last dispatch was refused: combine writes zeros */
+    uint32_t dup;                 /* a block of the running dispatch saw a slot twice in a token */
     uint32_t fault[4];            /* code, phase, peer, epoch */
     unsigned long long stamp[16]; /* variant 8: block 0's clock at each step */
 };
@@ -162,14 +170,14 @@ __device__ void raise_fault(const Args &a, uint32_t code, uint32_t phase, uint32
     }
 }
 
-/* A refused batch (a bad slot on rank `peer`): reported once by the host,
- * not sticky. */
-__device__ void raise_refused(const Args &a, uint32_t peer, uint32_t epoch) {
+/* A refused batch (a bad or repeated slot on rank `peer`): reported once
+ * by the host, not sticky. */
+__device__ void raise_refused(const Args &a, uint32_t code, uint32_t peer, uint32_t epoch) {
     a.host_fault[5] = PH_DISPATCH;
     a.host_fault[6] = peer;
     a.host_fault[7] = epoch;
     __threadfence_system();
-    *(volatile uint32_t *)&a.host_fault[4] = F_BAD_SLOT;
+    *(volatile uint32_t *)&a.host_fault[4] = code;
 }
 
 /* Copy `bytes` from src to dst with the block's threads, in the widest
@@ -299,12 +307,6 @@ __device__ __forceinline__ uint32_t next_epoch(uint32_t last) {
     return last + 1 == 0 ? 1 : last + 1;
 }
 
-__device__ __forceinline__ uint32_t ld_acquire_u32(const uint32_t *p) {
-    uint32_t v;
-    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-    return v;
-}
-
 /* v[0..n) -> exclusive prefix sums in place, v[n] = the total, by the whole
  * block (n <= blockDim.x * per thread, any n): each thread sums a
  * contiguous chunk, chunk sums are scanned with warp shuffles. */
@@ -432,22 +434,26 @@ __global__ void __launch_bounds__(kThreads)
      * at its end, once every block has read it (Ctl::started); a
      * receive-only launch (the second half of a split dispatch) reads it. */
     __shared__ uint32_t s_epoch;
+    __shared__ int32_t ids[kSmemIds]; /* the batch's slots, when T * K fits */
+    const bool staged = sending && T * K <= kSmemIds;
     if (threadIdx.x == 0) {
-        const uint32_t de = ld_acquire_u32(&a.ctl->de);
-        s_epoch = sending ? next_epoch(de) : de;
-        if (sending) atomicAdd(&a.ctl->started, 1u);
+        const unsigned long long ds = sending ? atomicAdd(&a.ctl->de_started, 1ull)
+                                              : *(volatile unsigned long long *)&a.ctl->de_started;
+        s_epoch = sending ? next_epoch((uint32_t)(ds >> 32)) : (uint32_t)(ds >> 32);
     }
+    if (staged)
+        for (int64_t q = threadIdx.x; q < T * K; q += blockDim.x) ids[q] = slot_at(slots, q, ids64);
     __syncthreads();
     const uint32_t epoch = s_epoch;
+    auto id_at = [&](int64_t q) { return staged ? ids[q] : slot_at(slots, q, ids64); };
     /* Block 0 of a sending launch advances the epoch when every block has
      * read it (the blocks are all resident, so they all get there). */
     auto advance = [&]() {
         if (!sending || blockIdx.x != 0 || threadIdx.x != 0) return;
-        while (ld_volatile(&a.ctl->started) < gridDim.x) {
+        volatile unsigned long long *p = (volatile unsigned long long *)&a.ctl->de_started;
+        while ((uint32_t)*p < gridDim.x) {
         }
-        a.ctl->started = 0;
-        __threadfence();
-        a.ctl->de = epoch;
+        *p = (unsigned long long)epoch << 32;
     };
     if (ld_volatile(&a.ctl->fault[0]) != F_NONE) return;
     STAMP(a, 0);
@@ -494,11 +500,12 @@ __global__ void __launch_bounds__(kThreads)
             int32_t p = 0;
             for (int k2 = 0; k2 < (int)threadIdx.x; k2++) p += sk[k2] == sv && sv >= 0;
             pk[threadIdx.x] = p;
+            if (p > 0) a.ctl->dup = 1; /* read by the last block, after the counters */
         }
         __syncthreads();
         if (j < nd) {
             for (int64_t q = threadIdx.x; q < t * K; q += blockDim.x) {
-                const int32_t s = slot_at(slots, q, ids64);
+                const int32_t s = id_at(q);
                 for (int k = 0; k < K; k++)
                     if (s == sk[k] && s >= 0) atomicAdd(&pk[k], 1);
             }
@@ -529,12 +536,15 @@ __global__ void __launch_bounds__(kThreads)
     if (sending && blockIdx.x < nwork) {
         /* This block's share of the per-slot counts, then count in. */
         const int64_t P = a.P;
-        send_counts(a, epoch, slots, ids64, T * K, P * blockIdx.x / nwork,
-                    P * (blockIdx.x + 1) / nwork);
+        send_counts(a, epoch, staged ? (const void *)ids : slots, staged ? 0 : ids64, T * K,
+                    P * blockIdx.x / nwork, P * (blockIdx.x + 1) / nwork);
         STAMP(a, 1);
         arrive(&a.ctl->arrive_d, nwork, bad_slot, a.variant, [&](bool bad) {
+            const bool dup = ld_volatile(&a.ctl->dup) != 0;
+            if (dup) a.ctl->dup = 0;
             if (a.skip_flags) return;
-            uint64_t flag = epxi_ll_flag(epoch, bad ? EPXI_LL_BAD : (uint32_t)T);
+            const uint32_t c = bad ? EPXI_LL_BAD : dup ? kLLDup : (uint32_t)T;
+            uint64_t flag = epxi_ll_flag(epoch, c);
             for (int r = 0; r < a.R; r++)
                 st_release(dflag_at(a, a.peers[r], epoch, a.me), flag, a.variant);
         });
@@ -547,6 +557,7 @@ __global__ void __launch_bounds__(kThreads)
     STAMP(a, 2);
     __shared__ int32_t first_row[kMaxRanks + 1]; /* rows of sources below s, then the total */
     __shared__ int any_bad;
+    __shared__ uint32_t bad_code;
     if (!wait_flags(a, dflag_at(a, a.base, epoch, 0), sizeof(uint64_t), a.R, epoch, PH_DISPATCH,
                     (uint32_t *)first_row))
         return;
@@ -556,9 +567,13 @@ __global__ void __launch_bounds__(kThreads)
         int32_t acc = 0;
         for (int r = 0; r < a.R; r++) { /* the flags' counts, as wait_flags saw them */
             const uint32_t c = (uint32_t)first_row[r];
-            if (c == EPXI_LL_BAD && any_bad < 0) any_bad = r;
+            const bool refuse = c == EPXI_LL_BAD || c == kLLDup;
+            if (refuse && any_bad < 0) {
+                any_bad = r;
+                bad_code = c == kLLDup ? F_DUP_SLOT : F_BAD_SLOT;
+            }
             first_row[r] = acc;
-            acc += c == EPXI_LL_BAD ? 0 : (int32_t)c;
+            acc += refuse ? 0 : (int32_t)c;
         }
         first_row[a.R] = acc;
     }
@@ -567,7 +582,7 @@ __global__ void __launch_bounds__(kThreads)
     if (refused && blockIdx.x == 0 && threadIdx.x == 0) {
         /* Nobody runs an expert on a refused batch; combine yields zeros. */
         a.ctl->refused = 1;
-        raise_refused(a, (uint32_t)any_bad, epoch);
+        raise_refused(a, bad_code, (uint32_t)any_bad, epoch);
     } else if (!refused && blockIdx.x == 0 && threadIdx.x == 0) {
         a.ctl->refused = 0;
     }
@@ -744,8 +759,10 @@ __global__ void __launch_bounds__(kThreads)
               int out_bf16, int parts) {
     __shared__ int32_t so[kMaxLocal + 1];
     /* Loaded before the fault check so the trips to memory overlap. */
-    const uint32_t epoch = a.ctl->de;
-    const bool refused = a.ctl->refused != 0; /* set by this rank's dispatch, before us */
+    const uint32_t epoch = (uint32_t)(a.ctl->de_started >> 32);
+    const bool refused = a.ctl->refused != 0;  /* set by this rank's dispatch, before us */
+    __shared__ unsigned char *peer[kMaxRanks]; /* the peer table, read once */
+    for (int r = threadIdx.x; r < a.R; r += blockDim.x) peer[r] = a.peers[r];
     if (ld_volatile(&a.ctl->fault[0]) != F_NONE) return;
     STAMP(a, 8);
     const int K = a.K;
@@ -757,7 +774,7 @@ __global__ void __launch_bounds__(kThreads)
             const int l = upper_index(so, a.spr, j);
             const int64_t e = (int64_t)l * a.RM + (j - so[l]);
             const int64_t pr = a.pair[e], src = pr / MK, tk = pr % MK;
-            unsigned char *dst = a.peers[src] + a.off_comb + (size_t)tk * a.yrow;
+            unsigned char *dst = peer[src] + a.off_comb + (size_t)tk * a.yrow;
             block_copy(dst, ysrc + (size_t)e * a.yrow, a.yrow);
         }
         STAMP(a, 9);
@@ -765,8 +782,8 @@ __global__ void __launch_bounds__(kThreads)
         if (blockIdx.x < nwork)
             arrive(&a.ctl->arrive_c, nwork, 0, a.variant, [&](bool) {
                 for (int r = 0; r < a.R; r++)
-                    st_release((uint64_t *)(a.peers[r] + a.off_cflag) + a.me,
-                               epxi_ll_flag(epoch, 0), a.variant);
+                    st_release((uint64_t *)(peer[r] + a.off_cflag) + a.me, epxi_ll_flag(epoch, 0),
+                               a.variant);
             });
     }
     if (!(parts & 2)) return;
@@ -1212,6 +1229,15 @@ extern "C" epx_status epx_gpu_ep_create(epx_comm *bootstrap, const epx_ep_config
  * launch whenever the peers do, or they would wait for us in vain. */
 static epx_status fault_status(epx_gpu_ep *ep, bool report_refused, epx_error *err) {
     volatile uint32_t *f = ep->host_fault;
+    if (report_refused && f[0] == F_NONE && f[4] == F_DUP_SLOT) {
+        f[4] = F_NONE;
+        return epxi_fail(err, EPX_ERR_INVALID_ARG,
+                         "GPU EP dispatch of batch %u: a token of rank %u names one slot twice; "
+                         "the expert-major receive holds one row per token and slot (DeepEP's "
+                         "rule: distinct experts per token), so every rank refused that batch "
+                         "(no expert ran, combine wrote zeros)",
+                         f[7], f[6]);
+    }
     if (report_refused && f[0] == F_NONE && f[4] == F_BAD_SLOT) {
         f[4] = F_NONE;
         return epxi_fail(err, EPX_ERR_INVALID_ARG,

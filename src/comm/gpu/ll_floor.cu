@@ -158,8 +158,8 @@ extern "C" EPXI_HIDDEN int epxi_ll_floor_create(int32_t H, int32_t K, int64_t M,
     const size_t row = (size_t)H * 2, rows = (size_t)M * (size_t)(2 + 2 * K + 1);
     const size_t bytes = rows * row + (size_t)M * K * 4 + sizeof(FloorCtl) + 1024;
     int dev = 0, sms = 0, per_sm = 0;
-    if (cudaMalloc(&fl->mem, bytes) != cudaSuccess || cudaMemset(fl->mem, 0, bytes) != cudaSuccess ||
-        cudaGetDevice(&dev) != cudaSuccess ||
+    if (cudaMalloc(&fl->mem, bytes) != cudaSuccess ||
+        cudaMemset(fl->mem, 0, bytes) != cudaSuccess || cudaGetDevice(&dev) != cudaSuccess ||
         cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
         cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k_floor_combine, kThreads, 0) !=
             cudaSuccess) {
