@@ -1,0 +1,242 @@
+#!/usr/bin/env python3
+# Copyright the epx authors. Licensed under the Apache License, Version 2.0;
+# you may use this file only in compliance with that license, a copy of which
+# is at http://www.apache.org/licenses/LICENSE-2.0. It is distributed "AS IS",
+# without warranties or conditions of any kind.
+"""Run DeepEP's own low-latency test (tests/legacy/test_low_latency.py)
+against epx.torch.Buffer, with N processes sharing one GPU.
+
+    python3 tools/deepep_ll_check.py [--deepep DIR] --num-processes N [--timeout S] [-- TEST ARGS]
+
+DIR (default .deepep, written by tools/stage_deepep.sh, never committed) holds
+DeepEP's test and deep_ep/utils/ as plain files. A temporary package named
+deep_ep is built from them: our __init__ exports epx.torch's Buffer and
+EventOverlap and topk_idx_t = torch.int64, our _C is a placeholder for
+DeepEP's extension (its utils import EventHandle from it), and DeepEP's
+utils/*.py are copied unchanged. Importing it, as every spawned process does,
+changes only what sharing one GPU needs, nothing in the test's checks:
+  - utils.envs.init_dist runs as DeepEP wrote it, with backend "gloo" (no
+    device_id) and torch.cuda.set_device(0) in every process;
+  - torch.distributed's all_reduce, all_gather, all_gather_into_tensor and
+    broadcast run on CPU copies of CUDA tensors under gloo, copied back.
+"""
+import os
+import re
+import runpy
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+
+TOOL = os.path.abspath(__file__)
+TEST = os.path.join("tests", "legacy", "test_low_latency.py")
+
+# ---- the patches, installed by the shim's __init__ in every process ---------
+
+
+class _Done:  # the Work of an async_op collective that already finished
+    def wait(self, *_):
+        return True
+
+
+def _on_device(t):  # a seam for the CPU dry-check
+    return t.is_cuda
+
+
+def _via_host(args):
+    import torch
+    import torch.distributed as dist
+    flat = [t for a in args for t in (a if isinstance(a, (list, tuple)) else (a,))
+            if isinstance(t, torch.Tensor)]
+    return dist.is_initialized() and dist.get_backend() == "gloo" and any(map(_on_device, flat))
+
+
+def _host_copy(t, moved):
+    import torch
+    if isinstance(t, list):
+        return [_host_copy(x, moved) for x in t]
+    if isinstance(t, torch.Tensor) and _on_device(t):
+        moved.append((t, torch.empty(t.shape, dtype=t.dtype, device="cpu").copy_(t)))
+        return moved[-1][1]
+    return t
+
+
+def _in_place(orig):
+    def collective(*args, **kwargs):
+        if not _via_host(list(args) + list(kwargs.values())):
+            return orig(*args, **kwargs)
+        moved = []
+        work = orig(*[_host_copy(a, moved) for a in args],
+                    **{k: _host_copy(v, moved) for k, v in kwargs.items()})
+        if work is not None:
+            work.wait()
+        for dev, host in moved:
+            dev.copy_(host)
+        return work
+    return collective
+
+
+def _gather_into(orig_all_gather, orig):
+    # Gloo takes only a [world * n, ...] output; the test's [world, n, ...]
+    # is one NCCL accepts. Gather a list, then fill the output in rank order.
+    def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op=False):
+        import torch
+        import torch.distributed as dist
+        if not _via_host([output_tensor, input_tensor]):
+            return orig(output_tensor, input_tensor, group=group, async_op=async_op)
+        src = _host_copy(input_tensor, [])
+        parts = [torch.empty_like(src) for _ in range(dist.get_world_size(group))]
+        orig_all_gather(parts, src, group=group)
+        output_tensor.copy_(torch.cat([p.reshape(-1) for p in parts]).view(output_tensor.shape))
+        return _Done() if async_op else None
+    return all_gather_into_tensor
+
+
+def _one_gpu(orig_init_dist):
+    def init_dist(*args, **kwargs):
+        import torch
+        import torch.distributed as dist
+        real_init, real_set = dist.init_process_group, torch.cuda.set_device
+
+        def init_gloo(*a, **kw):
+            kw.pop("device_id", None)
+            kw["backend"] = "gloo"
+            return real_init(*a[1:], **kw)  # a[0], if given, was the backend
+        dist.init_process_group, torch.cuda.set_device = init_gloo, lambda _dev: real_set(0)
+        try:
+            return orig_init_dist(*args, **kwargs)
+        finally:
+            dist.init_process_group, torch.cuda.set_device = real_init, real_set
+    return init_dist
+
+
+def install(envs):
+    """Patch torch.distributed and DeepEP's utils.envs, once a process."""
+    import torch.distributed as dist
+    if not getattr(dist, "_epx_one_gpu", False):
+        dist.all_gather_into_tensor = _gather_into(dist.all_gather, dist.all_gather_into_tensor)
+        for name in ("all_reduce", "all_gather", "broadcast"):
+            setattr(dist, name, _in_place(getattr(dist, name)))
+        envs.init_dist, dist._epx_one_gpu = _one_gpu(envs.init_dist), True
+
+
+# ---- the shim package ----------------------------------------------------------
+
+SHIM_INIT = '''# Written by epx's tools/deepep_ll_check.py: DeepEP's tests on epx.torch.Buffer.
+import importlib.util as _iu, sys as _sys, torch as _torch
+from epx.torch import Buffer, EventOverlap
+topk_idx_t = _torch.int64
+if "_epx_ll_check" not in _sys.modules:
+    _spec = _iu.spec_from_file_location("_epx_ll_check", %r)
+    _sys.modules["_epx_ll_check"] = _iu.module_from_spec(_spec)
+    _spec.loader.exec_module(_sys.modules["_epx_ll_check"])
+from .utils import envs as _envs
+_sys.modules["_epx_ll_check"].install(_envs)
+'''
+SHIM_C = '''# Written by epx's tools/deepep_ll_check.py: no DeepEP C++ extension here.
+class EventHandle:
+    def __init__(self, *_a, **_k):
+        raise NotImplementedError("deep_ep._C.EventHandle: not in the epx shim")
+def __getattr__(name):
+    raise AttributeError("deep_ep._C.%s: DeepEP's extension is not in the epx shim" % name)
+'''
+
+
+def build_shim(deepep, dest):
+    pkg = os.path.join(dest, "deep_ep")
+    shutil.copytree(os.path.join(deepep, "deep_ep", "utils"), os.path.join(pkg, "utils"),
+                    ignore=lambda d, names: [n for n in names if not n.endswith(".py")])
+    for name, text in (("__init__.py", SHIM_INIT % TOOL), ("_C.py", SHIM_C)):
+        with open(os.path.join(pkg, name), "w") as f:
+            f.write(text)
+
+
+# ---- running the test and reading its output -----------------------------------
+
+# What each rank prints once a part of the test is through: the first line
+# comes after every dispatch/combine check of test_main and the bench() run.
+STAGES = (("checks+bench", "] Dispatch + combine bandwidth"),
+          ("kineto", "] Dispatch bandwidth:"), ("kineto-hook", "] Dispatch send/recv time"))
+
+
+def summarise(lines, rc, n, extra):
+    done = {r: [s for s, key in STAGES if any(l.startswith("[rank %d]" % r) and key in l
+                                               for l in lines)] for r in range(n)}
+    errors = [l for l in lines if re.match(r"^[\w.]*(Error|Exception)\b", l)]
+    where = [(l.strip(), lines[i + 1].strip() if i + 1 < len(lines) else "")
+             for i, l in enumerate(lines) if "test_low_latency.py\", line" in l]
+    failed = sorted({m.group(1) for l in lines for m in [re.search(r"-- Process (\d+) term", l)]
+                     if m})
+    print("\n==== DeepEP test_low_latency.py on epx.torch.Buffer: %d processes on one GPU%s"
+          % (n, ", test args: " + " ".join(extra) if extra else ""))
+    print("all dispatch/combine checks passed on ranks: %s"
+          % ([r for r in range(n) if STAGES[0][0] in done[r]] or "none"))
+    for r in range(n):
+        print("  rank %d finished: %s" % (r, ", ".join(done[r]) or "nothing"))
+    seeds = sum("Testing with seed" in l for l in lines)
+    if seeds:
+        print("pressure test: %d seed(s) started" % seeds)
+    if failed:
+        print("failed process(es): %s" % ", ".join(failed))
+    if where:
+        print("last test line in a traceback: %s\n    %s" % where[-1])
+    if errors:
+        print("error: %s" % errors[-1])
+    print("RESULT: %s (exit code %d)" % ("PASS" if rc == 0 else "TIMEOUT" if rc == 124 else
+                                          "FAIL", rc))
+
+
+def main(argv):
+    if argv[:1] == ["--inner"]:  # the test's own process: it runs as __main__
+        sys.path[:] = [d for d in sys.path if os.path.abspath(d) != os.path.dirname(TOOL)]
+        sys.argv = argv[1:]
+        runpy.run_path(argv[1], run_name="__main__")
+        return 0
+    cut = argv.index("--") if "--" in argv else len(argv)
+    argv, extra = argv[:cut], argv[cut + 1:]
+    import argparse
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--deepep", default=os.path.join(os.path.dirname(os.path.dirname(TOOL)),
+                                                    ".deepep"), help="DeepEP files (.deepep)")
+    p.add_argument("--num-processes", type=int, required=True, help="processes on the GPU")
+    p.add_argument("--timeout", type=int, default=0, help="stop the run after S seconds")
+    a = p.parse_args(argv)
+    test = os.path.join(a.deepep, TEST)
+    if not os.path.isfile(test) or not os.path.isdir(os.path.join(a.deepep, "deep_ep", "utils")):
+        p.error("%s lacks %s or deep_ep/utils/: run tools/stage_deepep.sh" % (a.deepep, TEST))
+    if a.num_processes < 1 or "--num-processes" in extra:
+        p.error("give --num-processes N (N >= 1) to this tool, not after --")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with tempfile.TemporaryDirectory(prefix="epx-deepep-") as tmp:
+        build_shim(a.deepep, tmp)
+        path = [tmp] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else [])
+        env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE="1",
+                   RANK="0", NCCL_NVLS_ENABLE="0", PYTHONUNBUFFERED="1",
+                   PYTHONPATH=os.pathsep.join(path))
+        env.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
+        env.setdefault("NVSHMEM_DISABLE_NVLS", "1")
+        if "lo" in [name for _, name in socket.if_nameindex()]:
+            env.setdefault("GLOO_SOCKET_IFNAME", "lo")  # every process is on this host
+        cmd = [sys.executable, TOOL, "--inner", test, "--num-processes", str(a.num_processes)]
+        proc = subprocess.Popen(cmd + extra, env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        if a.timeout:  # the spawned ranks share the runner's process group
+            signal.signal(signal.SIGALRM, lambda *_: os.killpg(proc.pid, signal.SIGKILL))
+            signal.alarm(a.timeout)
+        lines = []
+        for line in proc.stdout:
+            sys.stdout.write(line)
+            lines.append(line.rstrip("\n"))
+        rc = proc.wait()
+        signal.alarm(0)
+    rc = 124 if rc == -signal.SIGKILL and a.timeout else rc if rc >= 0 else 128 - rc
+    summarise(lines, rc, a.num_processes, extra)
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
