@@ -113,9 +113,10 @@ def _int(name, v, lo=None):
 
 def per_token_cast_fp8(x, round_scale=False, use_ue8m0=False):
     """DeepEP's fp8 form of bf16 rows [..., H]: e4m3 values and one scale per
-    128 values (amax / 448, amax at least 1e-4; round_scale: the next power of
-    two; use_ue8m0: that power's exponent byte, four packed in an int32), the
-    scales column-major in the last two dimensions as DeepEP returns them."""
+    128 values (amax * (1 / 448), amax at least 1e-4; round_scale: the next
+    power of two; use_ue8m0: that power's exponent byte, four packed in an
+    int32), the scales column-major in the last two dimensions as DeepEP
+    returns them. The same bits on the CPU and on CUDA."""
     if use_ue8m0 and not round_scale:
         _fail("use_ue8m0 needs round_scale=True (DeepEP's rule)")
     *lead, H = x.shape
@@ -123,10 +124,15 @@ def per_token_cast_fp8(x, round_scale=False, use_ue8m0=False):
         _fail("fp8 dispatch needs hidden divisible by 128, not %d" % H)
     g = x.float().reshape(*lead, H // 128, 128)
     amax = g.abs().amax(dim=-1).clamp_min(1e-4)
-    scale = amax / _FP8_MAX
+    # DeepEP's kernel arithmetic, in float32 on every device: the scale is
+    # amax * (float)(1 / 448) and the values are x * (448 / amax), a true
+    # division (tensor by tensor: torch's scalar / tensor takes a reciprocal).
+    scale = amax * (1.0 / _FP8_MAX)
+    factor = torch.full_like(amax, _FP8_MAX) / amax
     if round_scale:
         scale = torch.exp2(torch.ceil(torch.log2(scale)))
-    data = (g / scale.unsqueeze(-1)).clamp(-_FP8_MAX, _FP8_MAX).to(torch.float8_e4m3fn)
+        factor = torch.ones_like(scale) / scale  # a power of two: exact
+    data = (g * factor.unsqueeze(-1)).clamp(-_FP8_MAX, _FP8_MAX).to(torch.float8_e4m3fn)
     data = data.reshape(*lead, H)
     if use_ue8m0:
         if H % 512:

@@ -117,6 +117,7 @@ struct Args {
     int xbf16, ybf16;
     int skip_flags; /* fault injection: dispatch publishes no flags */
     int variant;    /* measurement variants (ld_acquire's comment) */
+    int one_gpu;    /* every rank on this GPU: flags at GPU scope (scope()) */
 };
 
 __device__ __forceinline__ unsigned long long now_ns() {
@@ -127,13 +128,23 @@ __device__ __forceinline__ unsigned long long now_ns() {
 
 /* Variant bits (bench and tests only, epxi_gpu_ep_variant): 1 = blocks
  * count in at GPU scope (arrive); 2 = flags at GPU scope (one GPU
- * only); 4 = poll without sleeping; 8 = block 0 stamps the global timer at
- * each step (Ctl::stamp, read with epxi_gpu_ep_stamps). */
+ * only; both are the default when every rank is on this GPU, scope());
+ * 4 = poll without sleeping; 8 = block 0 stamps the global timer at each
+ * step (Ctl::stamp, read with epxi_gpu_ep_stamps); 16 = system scope even
+ * on one GPU. */
 #define STAMP(a, i)                                                                                \
     do {                                                                                           \
         if (((a).variant & 8) && blockIdx.x == 0 && threadIdx.x == 0)                              \
             (a).ctl->stamp[i] = now_ns();                                                          \
     } while (0)
+
+/* The variant bits the flags use: GPU scope (1 | 2) when every rank runs on
+ * this GPU, where the system scope orders nothing more (variant 16 forces
+ * the system scope, for measuring); system scope otherwise (NVLink, PCIe,
+ * host memory). */
+__device__ __forceinline__ int scope(const Args &a) {
+    return a.variant | (a.one_gpu && !(a.variant & 16) ? 3 : 0);
+}
 
 __device__ __forceinline__ uint64_t ld_acquire(const uint64_t *p, int var) {
     uint64_t v;
@@ -227,7 +238,7 @@ __device__ bool wait_flags(const Args &a, const uint64_t *flag0, size_t stride, 
         const uint64_t *f = (const uint64_t *)((const unsigned char *)flag0 + (size_t)i * stride);
         unsigned long long t0 = now_ns();
         uint64_t v;
-        while ((uint32_t)((v = ld_acquire(f, a.variant)) >> 32) != epoch) {
+        while ((uint32_t)((v = ld_acquire(f, scope(a))) >> 32) != epoch) {
             if (ld_volatile(&a.ctl->fault[0]) != F_NONE) {
                 ok = 0;
                 break;
@@ -390,15 +401,16 @@ __device__ void send_counts(const Args &a, uint32_t epoch, const void *slots, in
 }
 
 /*
- * Dispatch, one launch. parts: 1 = send, 2 = receive (both: 3). Send work
+ * Dispatch, one launch (named so profilers' "::dispatch" finds it, as
+ * DeepEP's benchmark does). parts: 1 = send, 2 = receive (both: 3). Send work
  * items are (token, j-th destination rank); the first `nwork` blocks also
  * write the counts, count in, and the last of them publishes the flags.
  * Receive: every block waits for the R flags, then places received rows
  * by (row, k) items. Blocks must all be resident (the launch caps them).
  */
-__global__ void __launch_bounds__(kThreads)
-    k_dispatch(Args a, int64_t T, const unsigned char *x, const void *slots, const float *weights,
-               uint32_t nwork, int parts) {
+__global__ void __launch_bounds__(kThreads, 2)
+    dispatch_kernel(Args a, int64_t T, const unsigned char *x, const void *slots,
+                    const float *weights, uint32_t nwork, int parts) {
     const int ids64 = (parts & 4) != 0;
     const int K = a.K, dmax = K < a.R ? K : a.R;
     __shared__ int32_t d[kMaxK], sk[kMaxK], pk[kMaxK];
@@ -539,14 +551,14 @@ __global__ void __launch_bounds__(kThreads)
         send_counts(a, epoch, staged ? (const void *)ids : slots, staged ? 0 : ids64, T * K,
                     P * blockIdx.x / nwork, P * (blockIdx.x + 1) / nwork);
         STAMP(a, 1);
-        arrive(&a.ctl->arrive_d, nwork, bad_slot, a.variant, [&](bool bad) {
+        arrive(&a.ctl->arrive_d, nwork, bad_slot, scope(a), [&](bool bad) {
             const bool dup = ld_volatile(&a.ctl->dup) != 0;
             if (dup) a.ctl->dup = 0;
             if (a.skip_flags) return;
             const uint32_t c = bad ? EPXI_LL_BAD : dup ? kLLDup : (uint32_t)T;
             uint64_t flag = epxi_ll_flag(epoch, c);
             for (int r = 0; r < a.R; r++)
-                st_release(dflag_at(a, a.peers[r], epoch, a.me), flag, a.variant);
+                st_release(dflag_at(a, a.peers[r], epoch, a.me), flag, scope(a));
         });
     }
     if (!(parts & 2)) {
@@ -579,6 +591,24 @@ __global__ void __launch_bounds__(kThreads)
     }
     __syncthreads();
     const bool refused = any_bad >= 0;
+    /* The meta of this block's first item is loaded before the counts are
+     * summed, so the two trips to memory overlap. */
+    const int64_t items = refused ? 0 : (int64_t)first_row[a.R] * K;
+    auto item_rec = [&](int64_t item, int *s_out, int64_t *t_out) {
+        const int64_t vrow = item / K;
+        int s = 0;
+        while (first_row[s + 1] <= vrow) s++;
+        *s_out = s;
+        *t_out = vrow - first_row[s];
+        return rec_at(a, a.base, epoch, s, *t_out);
+    };
+    Meta first_meta = {-1, 0.0f, 0, 0};
+    if (threadIdx.x == 0 && blockIdx.x < items) {
+        int s0;
+        int64_t t0;
+        const unsigned char *rec = item_rec(blockIdx.x, &s0, &t0);
+        first_meta = ((const Meta *)(rec + a.meta_off))[blockIdx.x % K];
+    }
     if (refused && blockIdx.x == 0 && threadIdx.x == 0) {
         /* Nobody runs an expert on a refused batch; combine yields zeros. */
         a.ctl->refused = 1;
@@ -603,14 +633,11 @@ __global__ void __launch_bounds__(kThreads)
     }
     /* Place: items (received row, k). */
     __shared__ int64_t dst_row;
-    const int64_t items = (int64_t)first_row[a.R] * K;
     for (int64_t item = blockIdx.x; item < items; item += gridDim.x) {
-        const int64_t vrow = item / K;
         const int k = (int)(item % K);
-        int s = 0;
-        while (first_row[s + 1] <= vrow) s++;
-        const int64_t t = vrow - first_row[s];
-        const unsigned char *rec = rec_at(a, a.base, epoch, s, t);
+        int s;
+        int64_t t;
+        const unsigned char *rec = item_rec(item, &s, &t);
         if (pre)
 #pragma unroll
             for (int i = 0; i < kPre; i++) {
@@ -618,7 +645,7 @@ __global__ void __launch_bounds__(kThreads)
                 if (w < a.xrow / 16) v[i] = ((const int4 *)rec)[w];
             }
         if (threadIdx.x == 0) {
-            const Meta m = ((const Meta *)(rec + a.meta_off))[k];
+            const Meta m = item == blockIdx.x ? first_meta : ((const Meta *)(rec + a.meta_off))[k];
             int64_t e = -1;
             if (m.tag == epoch && m.slot >= 0 && m.slot < a.spr) {
                 int64_t off = 0;
@@ -660,7 +687,7 @@ __device__ void entry_starts(const Args &a, int32_t *so) {
     block_scan_smem(so, a.spr);
 }
 
-__global__ void __launch_bounds__(kThreads) k_identity(Args a) {
+__global__ void __launch_bounds__(kThreads) identity_kernel(Args a) {
     __shared__ int32_t so[kMaxLocal + 1];
     if (ld_volatile(&a.ctl->fault[0]) != F_NONE) return;
     entry_starts(a, so);
@@ -754,9 +781,9 @@ __device__ void reduce_lanes(const Args &a, const unsigned char *const *rows, co
  * its share of this rank's tokens. ysrc [spr][RM] rows and wsrc [T][K] are
  * the caller's or the handle's own. The epoch is the last dispatch's.
  */
-__global__ void __launch_bounds__(kThreads)
-    k_combine(Args a, int64_t T, const unsigned char *ysrc, const float *wsrc, void *out,
-              int out_bf16, int parts) {
+__global__ void __launch_bounds__(kThreads, 2)
+    combine_kernel(Args a, int64_t T, const unsigned char *ysrc, const float *wsrc, void *out,
+                   int out_bf16, int parts) {
     __shared__ int32_t so[kMaxLocal + 1];
     /* Loaded before the fault check so the trips to memory overlap. */
     const uint32_t epoch = (uint32_t)(a.ctl->de_started >> 32);
@@ -780,10 +807,10 @@ __global__ void __launch_bounds__(kThreads)
         STAMP(a, 9);
         const uint32_t nwork = (uint32_t)(n < 1 ? 1 : n < gridDim.x ? n : gridDim.x);
         if (blockIdx.x < nwork)
-            arrive(&a.ctl->arrive_c, nwork, 0, a.variant, [&](bool) {
+            arrive(&a.ctl->arrive_c, nwork, 0, scope(a), [&](bool) {
                 for (int r = 0; r < a.R; r++)
                     st_release((uint64_t *)(peer[r] + a.off_cflag) + a.me, epxi_ll_flag(epoch, 0),
-                               a.variant);
+                               scope(a));
             });
     }
     if (!(parts & 2)) return;
@@ -838,6 +865,7 @@ struct PeerInfo {
     int32_t hidden, top_k, num_slots, x_dtype, y_dtype;
     int64_t max_tokens;
     cudaIpcMemHandle_t handle;
+    unsigned char uuid[16]; /* the GPU's, the same in every process that sees it */
 };
 static_assert(sizeof(PeerInfo) <= EPX_GPU_EP_INFO_BYTES, "PeerInfo fits its bytes");
 static const char kMagic[8] = "epx-ll1";
@@ -1037,10 +1065,12 @@ extern "C" epx_status epx_gpu_ep_open(const epx_ep_config *cfg, int32_t rank, in
          * theirs. At most 65535: blocks count in on 16 bits (arrive). */
         int per_sm_c = 0, per_sm_d = 0;
         EPXI_CUDA_GOTO(
-            st, cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm_c, k_combine, kThreads, 0),
+            st,
+            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm_c, combine_kernel, kThreads, 0),
             "GPU EP: occupancy", fail);
         EPXI_CUDA_GOTO(
-            st, cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm_d, k_dispatch, kThreads, 0),
+            st,
+            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm_d, dispatch_kernel, kThreads, 0),
             "GPU EP: occupancy", fail);
         int per_sm = per_sm_c < per_sm_d ? per_sm_c : per_sm_d;
         int cap = per_sm * sms;
@@ -1099,6 +1129,9 @@ extern "C" epx_status epx_gpu_ep_info(const epx_gpu_ep *ep, void *info, epx_erro
     cudaPointerAttributes at;
     EPXI_CUDA_TRY(cudaPointerGetAttributes(&at, ep->buf), "GPU EP: the buffer's device");
     p.device = at.device;
+    cudaDeviceProp prop;
+    EPXI_CUDA_TRY(cudaGetDeviceProperties(&prop, at.device), "GPU EP: the GPU's UUID");
+    memcpy(p.uuid, prop.uuid.bytes, sizeof p.uuid);
     p.ptr = (uint64_t)(uintptr_t)ep->buf;
     const epx_ep_config *c = &ep->g.cfg;
     p.hidden = c->hidden;
@@ -1183,6 +1216,12 @@ extern "C" epx_status epx_gpu_ep_connect(epx_gpu_ep *ep, const void *infos, epx_
                                   cudaMemcpyHostToDevice),
                        "GPU EP peer table", undo);
     if (st == EPX_OK) {
+        bool one = true;
+        for (int32_t r = 0; r < R; r++) {
+            memcpy(&p, (const unsigned char *)infos + (size_t)r * EPX_GPU_EP_INFO_BYTES, sizeof p);
+            one = one && memcmp(p.uuid, mine.uuid, sizeof p.uuid) == 0;
+        }
+        ep->a.one_gpu = one;
         ep->connected = true;
         return EPX_OK;
     }
@@ -1325,9 +1364,9 @@ extern "C" epx_status epx_gpu_ep_dispatch_parts(epx_gpu_ep *ep, int parts, int64
     const int64_t places = (parts & 2) ? (int64_t)g->R * ep->T * g->K : 0;
     const unsigned grid = blocks_for(sends > places ? sends : places, ep->wait_blocks);
     const uint32_t nwork = (uint32_t)(sends < 1 ? 1 : sends < grid ? sends : grid);
-    k_dispatch<<<grid, kThreads, 0, ep->stream>>>(ep->a, ep->T, (const unsigned char *)x,
-                                                  topk_slots, topk_weights, nwork,
-                                                  parts | (ids64 ? 4 : 0));
+    dispatch_kernel<<<grid, kThreads, 0, ep->stream>>>(ep->a, ep->T, (const unsigned char *)x,
+                                                       topk_slots, topk_weights, nwork,
+                                                       parts | (ids64 ? 4 : 0));
     EPXI_CUDA_TRY(cudaGetLastError(), "GPU EP dispatch kernel");
     ep->state = (parts & EPX_GPU_EP_RECV) ? epx_gpu_ep::DISPATCHED : epx_gpu_ep::D_SENT;
     if (recv != NULL) {
@@ -1359,7 +1398,7 @@ extern "C" epx_status epx_gpu_ep_identity_experts(epx_gpu_ep *ep, epx_error *err
     if (ep == NULL || ep->state != epx_gpu_ep::DISPATCHED)
         return epxi_fail(err, EPX_ERR_INVALID_ARG,
                          "GPU EP identity experts need a whole dispatch first");
-    k_identity<<<(unsigned)ep->wait_blocks, kThreads, 0, ep->stream>>>(ep->a);
+    identity_kernel<<<(unsigned)ep->wait_blocks, kThreads, 0, ep->stream>>>(ep->a);
     EPXI_CUDA_TRY(cudaGetLastError(), "GPU EP identity kernel");
     return EPX_OK;
 }
@@ -1394,9 +1433,9 @@ extern "C" epx_status epx_gpu_ep_combine_parts(epx_gpu_ep *ep, int parts, const 
     const int64_t per = (int64_t)(g->cfg.y_dtype == EPX_DTYPE_BF16 ? 8 : 4) * kThreads;
     const int64_t items = (parts & 2) ? ep->T * ((g->H + per - 1) / per) : 0;
     const int64_t sends = (parts & 1) ? (int64_t)g->R * ep->T * g->K : 0;
-    k_combine<<<blocks_for(items > sends ? items : sends, ep->wait_blocks), kThreads, 0,
-                ep->stream>>>(ep->a, ep->T, y ? (const unsigned char *)y : ep->a.y, ep->c_w,
-                              ep->c_out, ep->c_bf16, parts);
+    combine_kernel<<<blocks_for(items > sends ? items : sends, ep->wait_blocks), kThreads, 0,
+                     ep->stream>>>(ep->a, ep->T, y ? (const unsigned char *)y : ep->a.y, ep->c_w,
+                                   ep->c_out, ep->c_bf16, parts);
     EPXI_CUDA_TRY(cudaGetLastError(), "GPU EP combine kernel");
     ep->state = (parts & EPX_GPU_EP_RECV) ? epx_gpu_ep::IDLE : epx_gpu_ep::C_SENT;
     return EPX_OK;

@@ -3,7 +3,9 @@
  * 24), timed by `epx bench comm` beside every engine figure: two kernels
  * that move a round trip's bytes on one GPU and nothing else.
  *
- *   dispatch: copy T rows of H bf16 into a receive buffer, write a count;
+ *   dispatch: copy T rows of H bf16 into a receive buffer K times each (the
+ *             bytes of an expert-major receive, one row per (token, expert)),
+ *             write a count;
  *   combine:  out[t] = bf16(sum over k of w[t][k] * y[t * K + k]) in fp32.
  *
  * "bare" is exactly that; "flag" adds the minimal protocol an exchange
@@ -82,8 +84,10 @@ __device__ void count_in_and_wait(FloorCtl *c, unsigned long long *flag, uint32_
 
 __global__ void __launch_bounds__(kThreads) k_floor_dispatch(F f, int64_t T, int flag) {
     const uint32_t epoch = f.ctl->epoch_d + 1;
-    for (int64_t t = blockIdx.x; t < T; t += gridDim.x)
-        copy_row(f.recv + (size_t)t * f.H, f.xin + (size_t)t * f.H, f.H);
+    /* Each token lands K times, once per expert, as in the expert-major
+     * receive: the bytes a receiver writes (DeepEP's layout). */
+    for (int64_t j = blockIdx.x; j < T * f.K; j += gridDim.x)
+        copy_row(f.recv + (size_t)j * f.H, f.xin + (size_t)(j / f.K) * f.H, f.H);
     if (flag) count_in_and_wait(f.ctl, &f.ctl->flag_d, epoch, T);
     if (blockIdx.x == 0 && threadIdx.x == 0) {
         f.ctl->count = T;
@@ -155,7 +159,7 @@ extern "C" EPXI_HIDDEN int epxi_ll_floor_create(int32_t H, int32_t K, int64_t M,
         free(fl);
         return -1;
     }
-    const size_t row = (size_t)H * 2, rows = (size_t)M * (size_t)(2 + 2 * K + 1);
+    const size_t row = (size_t)H * 2, rows = (size_t)M * (size_t)(2 + 3 * K);
     const size_t bytes = rows * row + (size_t)M * K * 4 + sizeof(FloorCtl) + 1024;
     int dev = 0, sms = 0, per_sm = 0;
     if (cudaMalloc(&fl->mem, bytes) != cudaSuccess ||
@@ -173,7 +177,7 @@ extern "C" EPXI_HIDDEN int epxi_ll_floor_create(int32_t H, int32_t K, int64_t M,
     f.ctl = (FloorCtl *)p;
     p += 256;
     f.xin = (uint16_t *)p, p += (size_t)M * row;
-    f.recv = (uint16_t *)p, p += (size_t)M * row;
+    f.recv = (uint16_t *)p, p += (size_t)M * K * row;
     f.yk = (uint16_t *)p, p += (size_t)M * K * row;
     f.comb = (uint16_t *)p, p += (size_t)M * K * row;
     f.out = (uint16_t *)p, p += (size_t)M * row;
@@ -190,7 +194,7 @@ extern "C" EPXI_HIDDEN int epxi_ll_floor_create(int32_t H, int32_t K, int64_t M,
 extern "C" EPXI_HIDDEN int epxi_ll_floor_run(epxi_ll_floor *fl, int phase, int flag, int64_t T) {
     if (fl == NULL || T < 0 || T > fl->M) return -1;
     const int64_t per = 8 * kThreads, chunks = (fl->f.H + per - 1) / per;
-    int64_t items = phase == 0 ? T : T * chunks;
+    int64_t items = phase == 0 ? T * fl->f.K : T * chunks;
     if (phase == 1 && flag && T * fl->f.K > items) items = T * fl->f.K;
     if (items < 1) items = 1;
     /* The flag variants wait for each other: every block resident. */
