@@ -122,7 +122,8 @@ EPX_API void epx_gpu_ep_destroy(epx_gpu_ep *ep);
  *          slot_stride, slot_counts), valid until the next dispatch.
  * A dispatch may follow a combine or another dispatch (the peer-written
  * areas are double-buffered, as DeepEP's); a combine needs a whole
- * dispatch before it.
+ * dispatch before it, and may combine that dispatch again (every rank the
+ * same number of times).
  * Returns: EPX_OK (enqueued); EPX_ERR_INVALID_ARG; EPX_ERR_CUDA (launch);
  *          EPX_ERR_TIMEOUT / EPX_ERR_INVALID_ARG found by an earlier batch's
  *          kernels (then nothing is launched).

@@ -10,8 +10,8 @@
  *   dflag   2 x R flags        (epoch, T) per source
  *           (twice: by the parity of the epoch, so a rank may dispatch
  *           again before combining, as DeepEP's double buffer allows)
- *   comb    M * K rows         expert outputs of this rank's (t, k)
- *   cflag   R flags
+ *   comb    2 x M * K rows     expert outputs of this rank's (t, k)
+ *   cflag   2 x R flags        (twice: by the parity of the combine's epoch)
  *   ------------------------------ (above: written by peers)
  *   rx, y   spr * R * M rows   expert-major received rows and outputs
  *   count, pair, srctok, ew, range   per slot / per entry row
@@ -78,12 +78,13 @@ struct Ctl {
      * how many blocks of the running dispatch read it (low half): one
      * atomic per block reads the one and counts the other. */
     unsigned long long de_started;
-    uint32_t arrive_d;            /* blocks of the running dispatch that finished sending */
-    uint32_t arrive_c;            /* same for combine */
-    uint32_t refused;             /* the last dispatch was refused: combine writes zeros */
-    uint32_t dup;                 /* a block of the running dispatch saw a slot twice in a token */
-    uint32_t fault[4];            /* code, phase, peer, epoch */
-    unsigned long long stamp[16]; /* variant 8: block 0's clock at each step */
+    unsigned long long ce_started; /* the same for combines (one dispatch may have several) */
+    uint32_t arrive_d;             /* blocks of the running dispatch that finished sending */
+    uint32_t arrive_c;             /* same for combine */
+    uint32_t refused;              /* the last dispatch was refused: combine writes zeros */
+    uint32_t dup;                  /* a block of the running dispatch saw a slot twice in a token */
+    uint32_t fault[4];             /* code, phase, peer, epoch */
+    unsigned long long stamp[16];  /* variant 8: block 0's clock at each step */
 };
 
 /* What a sender says about one (token, k) on the receiving rank: 16 bytes,
@@ -318,6 +319,36 @@ __device__ __forceinline__ uint32_t next_epoch(uint32_t last) {
     return last + 1 == 0 ? 1 : last + 1;
 }
 
+/* A launch's epoch from a word (epoch << 32 | blocks started), by thread 0
+ * of each block: a sending launch takes the next epoch and counts its block
+ * (one atomic); a receive-only launch (a split phase's second half) reads
+ * the epoch its sending half advanced. */
+__device__ uint32_t take_epoch(unsigned long long *word, bool sending) {
+    const unsigned long long w =
+        sending ? atomicAdd(word, 1ull) : *(volatile unsigned long long *)word;
+    return sending ? next_epoch((uint32_t)(w >> 32)) : (uint32_t)(w >> 32);
+}
+
+/* Block 0 of a sending launch advances the epoch once every block has read
+ * it (the blocks are all resident, so they all get there). */
+__device__ void advance_epoch(unsigned long long *word, uint32_t epoch) {
+    if (blockIdx.x != 0 || threadIdx.x != 0) return;
+    volatile unsigned long long *p = (volatile unsigned long long *)word;
+    while ((uint32_t)*p < gridDim.x) {
+    }
+    *p = (unsigned long long)epoch << 32;
+}
+
+/* The combine areas, twice by the parity of the combine's epoch: a rank
+ * may combine one dispatch again (DeepEP allows it) only after its last
+ * combine saw every peer's flag, i.e. after every peer started it. */
+__device__ unsigned char *comb_at(const Args &a, unsigned char *buf, uint32_t ce) {
+    return buf + a.off_comb + (size_t)(ce & 1) * (size_t)a.M * a.K * a.yrow;
+}
+__device__ uint64_t *cflag_at(const Args &a, unsigned char *buf, uint32_t ce, int src) {
+    return (uint64_t *)(buf + a.off_cflag) + (size_t)(ce & 1) * a.R + src;
+}
+
 /* v[0..n) -> exclusive prefix sums in place, v[n] = the total, by the whole
  * block (n <= blockDim.x * per thread, any n): each thread sums a
  * contiguous chunk, chunk sums are scanned with warp shuffles. */
@@ -448,24 +479,14 @@ __global__ void __launch_bounds__(kThreads, 2)
     __shared__ uint32_t s_epoch;
     __shared__ int32_t ids[kSmemIds]; /* the batch's slots, when T * K fits */
     const bool staged = sending && T * K <= kSmemIds;
-    if (threadIdx.x == 0) {
-        const unsigned long long ds = sending ? atomicAdd(&a.ctl->de_started, 1ull)
-                                              : *(volatile unsigned long long *)&a.ctl->de_started;
-        s_epoch = sending ? next_epoch((uint32_t)(ds >> 32)) : (uint32_t)(ds >> 32);
-    }
+    if (threadIdx.x == 0) s_epoch = take_epoch(&a.ctl->de_started, sending);
     if (staged)
         for (int64_t q = threadIdx.x; q < T * K; q += blockDim.x) ids[q] = slot_at(slots, q, ids64);
     __syncthreads();
     const uint32_t epoch = s_epoch;
     auto id_at = [&](int64_t q) { return staged ? ids[q] : slot_at(slots, q, ids64); };
-    /* Block 0 of a sending launch advances the epoch when every block has
-     * read it (the blocks are all resident, so they all get there). */
     auto advance = [&]() {
-        if (!sending || blockIdx.x != 0 || threadIdx.x != 0) return;
-        volatile unsigned long long *p = (volatile unsigned long long *)&a.ctl->de_started;
-        while ((uint32_t)*p < gridDim.x) {
-        }
-        *p = (unsigned long long)epoch << 32;
+        if (sending) advance_epoch(&a.ctl->de_started, epoch);
     };
     if (ld_volatile(&a.ctl->fault[0]) != F_NONE) return;
     STAMP(a, 0);
@@ -779,17 +800,20 @@ __device__ void reduce_lanes(const Args &a, const unsigned char *const *rows, co
  * row t * K + k of rank s) and counts in; the last block publishes the
  * flags. parts & 2 (receive): every block waits for all flags and reduces
  * its share of this rank's tokens. ysrc [spr][RM] rows and wsrc [T][K] are
- * the caller's or the handle's own. The epoch is the last dispatch's.
+ * the caller's or the handle's own. Combines count their own epochs.
  */
 __global__ void __launch_bounds__(kThreads, 2)
     combine_kernel(Args a, int64_t T, const unsigned char *ysrc, const float *wsrc, void *out,
                    int out_bf16, int parts) {
     __shared__ int32_t so[kMaxLocal + 1];
     /* Loaded before the fault check so the trips to memory overlap. */
-    const uint32_t epoch = (uint32_t)(a.ctl->de_started >> 32);
+    __shared__ uint32_t s_epoch;
+    if (threadIdx.x == 0) s_epoch = take_epoch(&a.ctl->ce_started, (parts & 1) != 0);
     const bool refused = a.ctl->refused != 0;  /* set by this rank's dispatch, before us */
     __shared__ unsigned char *peer[kMaxRanks]; /* the peer table, read once */
     for (int r = threadIdx.x; r < a.R; r += blockDim.x) peer[r] = a.peers[r];
+    __syncthreads();
+    const uint32_t epoch = s_epoch;
     if (ld_volatile(&a.ctl->fault[0]) != F_NONE) return;
     STAMP(a, 8);
     const int K = a.K;
@@ -801,7 +825,7 @@ __global__ void __launch_bounds__(kThreads, 2)
             const int l = upper_index(so, a.spr, j);
             const int64_t e = (int64_t)l * a.RM + (j - so[l]);
             const int64_t pr = a.pair[e], src = pr / MK, tk = pr % MK;
-            unsigned char *dst = peer[src] + a.off_comb + (size_t)tk * a.yrow;
+            unsigned char *dst = comb_at(a, peer[src], epoch) + (size_t)tk * a.yrow;
             block_copy(dst, ysrc + (size_t)e * a.yrow, a.yrow);
         }
         STAMP(a, 9);
@@ -809,17 +833,19 @@ __global__ void __launch_bounds__(kThreads, 2)
         if (blockIdx.x < nwork)
             arrive(&a.ctl->arrive_c, nwork, 0, scope(a), [&](bool) {
                 for (int r = 0; r < a.R; r++)
-                    st_release((uint64_t *)(peer[r] + a.off_cflag) + a.me, epxi_ll_flag(epoch, 0),
-                               scope(a));
+                    st_release(cflag_at(a, peer[r], epoch, a.me), epxi_ll_flag(epoch, 0), scope(a));
             });
     }
-    if (!(parts & 2)) return;
+    if (!(parts & 2)) {
+        if (parts & 1) advance_epoch(&a.ctl->ce_started, epoch);
+        return;
+    }
     STAMP(a, 10);
     /* Every block waits for every peer, then reduces its share: items of
      * (token, chunk of V * blockDim elements). The routing of a block's
      * first token is this rank's own, so it is staged before the wait and
      * only the rows are read after it. */
-    const unsigned char *comb = a.base + a.off_comb;
+    const unsigned char *comb = comb_at(a, a.base, epoch);
     const int V = a.ybf16 ? Lanes<1>::V : Lanes<0>::V;
     const int64_t per = (int64_t)V * blockDim.x, chunks = (a.H + per - 1) / per;
     const size_t orow = (size_t)a.H * (out_bf16 ? 2 : 4);
@@ -834,8 +860,7 @@ __global__ void __launch_bounds__(kThreads, 2)
     };
     const int64_t first_t = blockIdx.x < T * chunks ? (int64_t)blockIdx.x / chunks : -1;
     if (first_t >= 0) stage(first_t); /* wait_flags synchronises the block */
-    if (!wait_flags(a, (const uint64_t *)(a.base + a.off_cflag), sizeof(uint64_t), a.R, epoch,
-                    PH_COMBINE))
+    if (!wait_flags(a, cflag_at(a, a.base, epoch, 0), sizeof(uint64_t), a.R, epoch, PH_COMBINE))
         return;
     STAMP(a, 11);
     for (int64_t item = blockIdx.x; item < T * chunks; item += gridDim.x) {
@@ -852,6 +877,7 @@ __global__ void __launch_bounds__(kThreads, 2)
         __syncthreads();
     }
     STAMP(a, 12);
+    if (parts & 1) advance_epoch(&a.ctl->ce_started, epoch);
 }
 
 } // namespace
@@ -923,8 +949,9 @@ static epx_status plan(epx_gpu_ep *ep, const epx_ep_config *cfg, int32_t R, epx_
         {&off_rows, 2 * RM, (double)rec},
         {&off_cnt, 2.0 * R * spr, sizeof(int32_t)},
         {&off_dflag, 2.0 * R, sizeof(uint64_t)},
-        {&off_comb, M * K, (double)g->yrow},
-        {&off_cflag, (double)R, sizeof(uint64_t)},
+        /* the combine areas twice: by the parity of the combine's epoch */
+        {&off_comb, 2 * M * K, (double)g->yrow},
+        {&off_cflag, 2.0 * R, sizeof(uint64_t)},
         {&ep->off_rx, spr * RM, (double)g->xrow},
         {&ep->off_y, spr * RM, (double)g->yrow},
         {&ep->off_count, spr, sizeof(int32_t)},
@@ -1321,7 +1348,7 @@ static const char *state_name(int st) {
     return st == epx_gpu_ep::D_SENT       ? "a dispatch whose receive half has not run"
            : st == epx_gpu_ep::C_SENT     ? "a combine whose receive half has not run"
            : st == epx_gpu_ep::DISPATCHED ? "a dispatch"
-                                          : "nothing (or a combine)";
+                                          : "no dispatch yet";
 }
 
 static epx_status bad_order(epx_gpu_ep *ep, const char *what, const char *fix, epx_error *err) {
@@ -1437,7 +1464,8 @@ extern "C" epx_status epx_gpu_ep_combine_parts(epx_gpu_ep *ep, int parts, const 
                      ep->stream>>>(ep->a, ep->T, y ? (const unsigned char *)y : ep->a.y, ep->c_w,
                                    ep->c_out, ep->c_bf16, parts);
     EPXI_CUDA_TRY(cudaGetLastError(), "GPU EP combine kernel");
-    ep->state = (parts & EPX_GPU_EP_RECV) ? epx_gpu_ep::IDLE : epx_gpu_ep::C_SENT;
+    /* the dispatch stays valid: it may be combined again (DeepEP allows it) */
+    ep->state = (parts & EPX_GPU_EP_RECV) ? epx_gpu_ep::DISPATCHED : epx_gpu_ep::C_SENT;
     return EPX_OK;
 }
 
