@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # gpu_check.sh - every GPU test in one call, no benchmarks: the dispatch
 # kernels, the low-latency EP engine (1-4 ranks, graphs, faults; also under
-# compute-sanitizer memcheck) and epx.torch's CUDA tests. What a change to
+# compute-sanitizer memcheck), epx.torch's CUDA tests (the ops and the
+# DeepEP-style Buffer), and DeepEP's own low-latency test on that Buffer when
+# .deepep/ was staged (tools/stage_deepep.sh). What a change to
 # GPU code is checked with before it lands; the timing scripts are
 # gpu_dispatch.sh, gpu_ll.sh and gpu_torch.sh.
 #   BIN=build   where test_dispatch_gpu, test_gpu_ll, libepx.so and
@@ -30,6 +32,17 @@ if command -v compute-sanitizer >/dev/null; then
 fi
 run "epx.torch on CUDA" env EPX_LIBRARY="$BIN/libepx.so" EPX_CUDA_LIBRARY="$BIN/libepx_cuda.so" \
     PYTHONPATH="$ROOT/python:$ROOT/.devpy" bash -c "cd /tmp && python3 -m pytest -p no:cacheprovider \
-    -q -rs '$ROOT/python/tests/test_torch_ops.py' '$ROOT/python/tests/test_torch.py'"
+    -q -rs '$ROOT/python/tests/test_torch_ops.py' '$ROOT/python/tests/test_torch.py' \
+    '$ROOT/python/tests/test_torch_buffer.py' '$ROOT/python/tests/test_torch_buffer_gpu.py'"
+# DeepEP's own low-latency test on epx.torch.Buffer, where its files were
+# staged (tools/stage_deepep.sh; never committed) and carried as .deepep.
+if [ -d "$ROOT/.deepep" ]; then
+    for n in 2 3 4; do
+        run "DeepEP's test_low_latency.py on epx.torch.Buffer, $n processes" env \
+            EPX_LIBRARY="$BIN/libepx.so" EPX_CUDA_LIBRARY="$BIN/libepx_cuda.so" \
+            PYTHONPATH="$ROOT/python" python3 "$ROOT/tools/deepep_ll_check.py" \
+            --deepep "$ROOT/.deepep" --num-processes $n --timeout 400
+    done
+fi
 [ $fail = 0 ] && echo "gpu_check: all passed" || echo "gpu_check: FAILURES above"
 exit $fail

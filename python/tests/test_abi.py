@@ -106,3 +106,27 @@ def test_bound_symbols_are_declared_and_exported():
     for n in ("epx_version", "epx_layout_create_from_map", "epx_mapping_read",
               "epx_counts_read", "epx_layout_init"):
         assert epx.has(n), n
+
+
+def test_ll_engine_mirrors_match_headers():
+    """epx.torch._ll's mirrors of the GPU engine's structs and constants
+    (include/epx_comm.h, include/epx_comm_gpu.h, outside the MIRRORS' headers)."""
+    pytest.importorskip("torch")
+    from epx.torch import _ll
+    paths = [INCLUDE / h for h in ("epx.h", "epx_comm.h", "epx_comm_gpu.h")]
+    if not all(p.is_file() for p in paths):
+        pytest.skip("include/ not beside python/ (installed without the sources)")
+    text = "\n".join(p.read_text() for p in paths)
+    text = re.sub(r"/\*.*?\*/", " ", text, flags=re.S)
+    text = re.sub(r"//[^\n]*", " ", text)
+    for cname, mirror in (("epx_ep_config", _ll.EpConfig), ("epx_gpu_ep_opts", _ll.GpuEpOpts),
+                          ("epx_gpu_ep_views", _ll.GpuEpViews)):
+        assert [f for f, _ in mirror._fields_] == struct_fields(text, cname), cname
+    for macro, value in (("EPX_GPU_EP_INFO_BYTES", _ll.INFO_BYTES), ("EPX_GPU_EP_SEND", _ll.SEND),
+                         ("EPX_GPU_EP_RECV", _ll.RECV), ("EPX_GPU_EP_IDS64", _ll.IDS64)):
+        m = re.search(r"#define\s+%s\s+(\d+)" % macro, text)
+        assert m and int(m.group(1)) == value, macro
+    for name, value in (("EPX_DTYPE_F32", _ll.DTYPE_F32), ("EPX_DTYPE_BF16", _ll.DTYPE_BF16),
+                        ("EPX_EP_MODE_LOW_LATENCY", _ll.MODE_LOW_LATENCY)):
+        m = re.search(r"\b%s\s*=\s*(\d+)" % name, text)
+        assert m and int(m.group(1)) == value, name

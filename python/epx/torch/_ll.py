@@ -126,6 +126,9 @@ class Engine:
         return buf.raw
 
     def connect(self, infos):
+        if len(infos) != self.num_ranks or any(len(i) != INFO_BYTES for i in infos):
+            raise ValueError("connect needs %d infos of %d bytes, one per rank in rank order"
+                             % (self.num_ranks, INFO_BYTES))
         blob = b"".join(infos)
         _gpu.call(_connect, self.h, ctypes.create_string_buffer(blob, len(blob)))
 

@@ -130,7 +130,11 @@ def per_token_cast_fp8(x, round_scale=False, use_ue8m0=False):
     scale = amax * (1.0 / _FP8_MAX)
     factor = torch.full_like(amax, _FP8_MAX) / amax
     if round_scale:
-        scale = torch.exp2(torch.ceil(torch.log2(scale)))
+        # the next power of two from the bits, as DeepEP's kernel (log2 in
+        # float32 can round a scale just above a power of two down to it)
+        b = scale.view(torch.int32)
+        e = ((b >> 23) & 0xff) - 127 + ((b & 0x7fffff) != 0).to(torch.int32)
+        scale = torch.ldexp(torch.ones_like(scale), e)
         factor = torch.ones_like(scale) / scale  # a power of two: exact
     data = (g * factor.unsqueeze(-1)).clamp(-_FP8_MAX, _FP8_MAX).to(torch.float8_e4m3fn)
     data = data.reshape(*lead, H)
@@ -256,22 +260,24 @@ class Buffer:
             eng = _ll.Engine(cfg, self.rank, self.group_size, self.timeout_ms)
             info = eng.info()
         except EpxError as e:
-            err, info = str(e), b""
+            err, info = (int(e.status), str(e)), b""
         infos = [None] * self.group_size
         dist.all_gather_object(infos, info, group=self.group)
-        if err is None:
+        # Connect only when every rank opened (a failed one sent no info).
+        if err is None and all(len(i) == _ll.INFO_BYTES for i in infos):
             try:
                 eng.connect(infos)
             except EpxError as e:
-                err = str(e)
+                err = (int(e.status), str(e))
         errs = [None] * self.group_size
         dist.all_gather_object(errs, err, group=self.group)
         bad = [(r, e) for r, e in enumerate(errs) if e is not None]
         if bad:
             if eng is not None:
                 eng.destroy()
-            raise EpxError(Status.INVALID_ARG, "epx.torch.Buffer: creating the engine failed on "
-                           "rank %d: %s" % bad[0])
+            rank, (status, msg) = bad[0]
+            raise EpxError(status, "epx.torch.Buffer: creating the engine failed on rank %d: %s"
+                           % (rank, msg))
         dist.barrier(group=self.group)  # every peer mapped before anyone launches
         self._engines[key] = eng
         return eng
@@ -341,6 +347,7 @@ class Buffer:
                 return per_token_cast_fp8(eng.recv_x, round_scale, use_ue8m0)
             return eng.recv_x
 
+        eng.num_tokens = T  # what combine must be given back
         self._last = eng
         if return_recv_hook:
             eng.dispatch(_ll.SEND, x, topk_idx)
@@ -396,6 +403,9 @@ class Buffer:
         if tuple(topk_weights.shape) != (T, K) or K != eng.cfg.top_k:
             _fail("topk_idx %s and topk_weights %s must both be [tokens, %d] as at dispatch"
                   % (tuple(topk_idx.shape), tuple(topk_weights.shape), eng.cfg.top_k))
+        if T != getattr(eng, "num_tokens", T):
+            _fail("topk_idx has %d tokens but this handle's dispatch sent %d: combine takes "
+                  "the dispatch's tokens" % (T, eng.num_tokens))
         if out is None:
             out = torch.empty((T, H), dtype=torch.bfloat16, device=topk_weights.device)
         else:
@@ -464,11 +474,12 @@ def reference_dispatch(xs, topk_idxs, rank, num_experts, num_max_dispatch_tokens
     return recv_x, count, src_info, layout
 
 
-def reference_combine(expert_out, topk_idx, topk_weights):
+def reference_combine(expert_out, topk_idx, topk_weights, hidden=None):
     """The combine of one rank's tokens, by definition: out[t] = bf16(sum
     over k ascending with topk_idx[t][k] >= 0 of w[t][k] * y_k), in fp32,
     each product and sum rounded (no fused multiply-add). expert_out(t, k)
-    gives y_k [H] (the output of token t's k-th expert for it)."""
+    gives y_k [H] (the output of token t's k-th expert for it); hidden sets H
+    when no token has an expert."""
     T, K = topk_idx.shape
     rows = []
     for t in range(T):
@@ -480,7 +491,7 @@ def reference_combine(expert_out, topk_idx, topk_weights):
             term = topk_weights[t, k].float().cpu() * y
             acc = term + 0.0 if acc is None else acc + term
         rows.append(acc if acc is not None else None)
-    H = next((r.shape[0] for r in rows if r is not None), 0)
+    H = hidden if hidden is not None else next((r.shape[0] for r in rows if r is not None), 0)
     out = torch.zeros((T, H), dtype=torch.float32)
     for t, r in enumerate(rows):
         if r is not None:
