@@ -228,6 +228,25 @@ __device__ __forceinline__ void block_copy(unsigned char *dst, const unsigned ch
         copy_words<unsigned char>(dst, src, bytes);
 }
 
+/* A row of `bytes` (16-byte aligned, at most kPre * 16 * blockDim) held in
+ * the block's registers: loaded once, stored to one or several places. */
+template <int N>
+__device__ __forceinline__ void regs_load(int4 (&v)[N], const unsigned char *src, size_t bytes) {
+#pragma unroll
+    for (int i = 0; i < N; i++) {
+        const size_t w = threadIdx.x + (size_t)i * blockDim.x;
+        if (w < bytes / 16) v[i] = ((const int4 *)src)[w];
+    }
+}
+template <int N>
+__device__ __forceinline__ void regs_store(unsigned char *dst, const int4 (&v)[N], size_t bytes) {
+#pragma unroll
+    for (int i = 0; i < N; i++) {
+        const size_t w = threadIdx.x + (size_t)i * blockDim.x;
+        if (w < bytes / 16) ((int4 *)dst)[w] = v[i];
+    }
+}
+
 /* Spin (threads < n) until flag i reads `epoch` in its high half; false on
  * timeout or an earlier fault. Returns with the block synchronised. */
 __device__ bool wait_flags(const Args &a, const uint64_t *flag0, size_t stride, int n,
@@ -458,12 +477,7 @@ __global__ void __launch_bounds__(kThreads, 2)
     int bad_slot = 0; /* this thread saw a slot outside [-1, P) */
     auto load_item = [&](int64_t item) {
         const int64_t t = item / dmax;
-        if (pre)
-#pragma unroll
-            for (int i = 0; i < kPre; i++) {
-                size_t w = threadIdx.x + (size_t)i * blockDim.x;
-                if (w < a.xrow / 16) v[i] = ((const int4 *)(x + (size_t)t * a.xrow))[w];
-            }
+        if (pre) regs_load(v, x + (size_t)t * a.xrow, a.xrow);
         if (threadIdx.x < K) {
             sv = slot_at(slots, t * K + threadIdx.x, ids64);
             wv = weights ? weights[t * K + threadIdx.x] : 0.0f;
@@ -545,15 +559,10 @@ __global__ void __launch_bounds__(kThreads, 2)
             __syncthreads();
             const int dst = d[j];
             unsigned char *rec = rec_at(a, a.peers[dst], epoch, a.me, t);
-            if (pre) {
-#pragma unroll
-                for (int i = 0; i < kPre; i++) {
-                    size_t w = threadIdx.x + (size_t)i * blockDim.x;
-                    if (w < a.xrow / 16) ((int4 *)rec)[w] = v[i];
-                }
-            } else {
+            if (pre)
+                regs_store(rec, v, a.xrow);
+            else
                 block_copy(rec, x + (size_t)t * a.xrow, a.xrow);
-            }
             for (int k = threadIdx.x; k < K; k += blockDim.x) {
                 const bool here = sk[k] >= 0 && sk[k] / a.spr == dst;
                 Meta m;
@@ -659,12 +668,7 @@ __global__ void __launch_bounds__(kThreads, 2)
         int s;
         int64_t t;
         const unsigned char *rec = item_rec(item, &s, &t);
-        if (pre)
-#pragma unroll
-            for (int i = 0; i < kPre; i++) {
-                size_t w = threadIdx.x + (size_t)i * blockDim.x;
-                if (w < a.xrow / 16) v[i] = ((const int4 *)rec)[w];
-            }
+        if (pre) regs_load(v, rec, a.xrow);
         if (threadIdx.x == 0) {
             const Meta m = item == blockIdx.x ? first_meta : ((const Meta *)(rec + a.meta_off))[k];
             int64_t e = -1;
@@ -684,15 +688,10 @@ __global__ void __launch_bounds__(kThreads, 2)
         const int64_t e = dst_row;
         if (e >= 0) {
             unsigned char *out = a.rx + (size_t)e * a.xrow;
-            if (pre) {
-#pragma unroll
-                for (int i = 0; i < kPre; i++) {
-                    size_t w = threadIdx.x + (size_t)i * blockDim.x;
-                    if (w < a.xrow / 16) ((int4 *)out)[w] = v[i];
-                }
-            } else {
+            if (pre)
+                regs_store(out, v, a.xrow);
+            else
                 block_copy(out, rec, a.xrow);
-            }
         }
         __syncthreads();
     }
