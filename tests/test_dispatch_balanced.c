@@ -337,6 +337,39 @@ static void deepseek_v3_layer(void **state) {
     large_certificate(256, 32, 9, 2704);
 }
 
+/* One balancer serves every layer: alternating placements give what a
+ * fresh balancer gives, bit for bit. */
+static void one_balancer_many_layers(void **state) {
+    (void)state;
+    tu_rng r = {tu_seed(2706)};
+    epx_error err = {0};
+    int32_t E = 40, G = 8, per = 6;
+    place p[3];
+    for (int i = 0; i < 3; i++) p[i] = random_place(&r, E, G, per);
+    epx_balancer *shared = NULL;
+    assert_int_equal(epx_dispatch_balanced_create(E, p[0].W, p[0].P, G, &shared, &err), EPX_OK);
+    outs a = make_outs(&p[0]), f = make_outs(&p[0]);
+    int64_t c[40];
+    for (int it = 0; it < 30; it++) {
+        const place *q = &p[it % 3];
+        random_counts(&r, c, E, it % 2 ? 5 : 300);
+        epx_balancer *fresh = NULL;
+        assert_int_equal(epx_dispatch_balanced_create(E, q->W, q->P, G, &fresh, &err), EPX_OK);
+        assert_int_equal(epx_dispatch_balanced_solve(shared, q->rep, q->nv, c, &a.o, &err), EPX_OK);
+        assert_int_equal(epx_dispatch_balanced_solve(fresh, q->rep, q->nv, c, &f.o, &err), EPX_OK);
+        assert_memory_equal(a.shares, f.shares, sizeof(double) * (size_t)(E * q->W));
+        assert_memory_equal(a.rc, f.rc, sizeof(int64_t) * (size_t)(E * q->W));
+        assert_memory_equal(a.gpu_load, f.gpu_load, sizeof(double) * (size_t)G);
+        assert_true(a.o.max_load_num == f.o.max_load_num && a.o.num_levels == f.o.num_levels);
+        check_out(q, c, &a.o, NULL, NULL);
+        epx_dispatch_balanced_destroy(fresh);
+    }
+    free_outs(&a);
+    free_outs(&f);
+    for (int i = 0; i < 3; i++) free_place(&p[i]);
+    epx_dispatch_balanced_destroy(shared);
+}
+
 static void edge_cases(void **state) {
     (void)state;
     epx_error err = {0};
@@ -359,9 +392,9 @@ static void edge_cases(void **state) {
     epx_balanced_out bare = {0};
     int64_t one[6] = {5, 0, 0, 0, 0, 0};
     assert_int_equal(epx_dispatch_balanced_solve(b, p.rep, p.nv, one, &bare, &err), EPX_OK);
-    int64_t want = 5 * 1; /* expert 0's replicas: on nv distinct GPUs at most */
-    (void)want;
-    assert_true(bare.max_load_num > 0 && bare.num_levels == 1);
+    /* one loaded expert: its 5 tokens spread evenly over its GPUs */
+    int64_t k = __builtin_popcount(gpu_mask(&p, 0));
+    assert_true(bare.max_load_num * k == 5 * bare.max_load_den && bare.num_levels == 1);
     free_outs(&o);
     free_place(&p);
     epx_dispatch_balanced_destroy(b);
@@ -427,6 +460,7 @@ int main(void) {
         cmocka_unit_test(tiny_integer_optimum),
         cmocka_unit_test(kimi_k25_layer),
         cmocka_unit_test(deepseek_v3_layer),
+        cmocka_unit_test(one_balancer_many_layers),
         cmocka_unit_test(edge_cases),
         cmocka_unit_test(errors),
     };
