@@ -382,7 +382,7 @@ EPX_API epx_status epx_combine_rows(const void *y, epx_row_dtype dtype, int64_t 
 typedef struct epx_balancer epx_balancer;
 
 /* Size a balancer for E experts, replica lists of width W, P slots on G
- * GPUs (P % G == 0). Returns EPX_OK; EPX_ERR_SHAPE; EPX_ERR_NOMEM. */
+ * GPUs (P % G == 0, G <= 4096). Returns EPX_OK; EPX_ERR_SHAPE; EPX_ERR_NOMEM. */
 EPX_API epx_status epx_dispatch_balanced_create(int32_t num_experts, int32_t width,
                                                 int32_t num_physical, int32_t num_gpus,
                                                 epx_balancer **out, epx_error *err);

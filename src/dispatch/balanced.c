@@ -76,11 +76,11 @@ epx_status epx_dispatch_balanced_create(int32_t num_experts, int32_t width, int3
     if (out == NULL)
         return epxi_fail(err, EPX_ERR_INVALID_ARG, "epx_dispatch_balanced_create: out is NULL");
     *out = NULL;
-    if (num_experts < 1 || width < 1 || num_physical < 1 || num_gpus < 1 || num_gpus > (1 << 16) ||
+    if (num_experts < 1 || width < 1 || num_physical < 1 || num_gpus < 1 || num_gpus > 4096 ||
         num_physical % num_gpus != 0)
         return epxi_fail(err, EPX_ERR_SHAPE,
                          "epx_dispatch_balanced_create: E = %d, W = %d, P = %d, G = %d: all must "
-                         "be >= 1, G at most 65536 and P a multiple of G",
+                         "be >= 1, G at most 4096 and P a multiple of G",
                          num_experts, width, num_physical, num_gpus);
     if (num_experts > (1 << 24) || width > (1 << 16) || num_physical > (1 << 24))
         return epxi_fail(err, EPX_ERR_SHAPE,

@@ -81,7 +81,9 @@ static int bfs(epxi_flow *f, int32_t s, int32_t t) {
     return f->level[t] >= 0;
 }
 
-/* Depth is at most the BFS distance to t, i.e. below the node count. */
+/* Depth is the BFS distance to t. In balanced.c's bipartite graphs a
+ * shortest path visits each GPU at most once, so it stays below 2 G + 4
+ * (G <= 4096 there). */
 static int64_t dfs(epxi_flow *f, int32_t u, int32_t t, int64_t limit) {
     if (u == t) return limit;
     for (int32_t *e = &f->iter[u]; *e >= 0; *e = f->next[*e]) {
