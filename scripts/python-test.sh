@@ -1,10 +1,10 @@
 #!/bin/sh
 # The Python binding's tests, as `make python-test` (part of `make test`) runs
-# them: a venv under build/, numpy + pytest from the package index, the epx
-# package installed from ./python (which builds libepx with CMake), then
-# pytest python/tests. Quick on re-runs: the venv, the packages and the CMake
-# build folder are kept, and the package is re-installed only when a source
-# file changed since the last install.
+# them: a venv under build/, numpy + pytest (and scipy, optional) from the
+# package index, the epx package installed from ./python (which builds libepx
+# with CMake), then pytest python/tests. Quick on re-runs: the venv, the
+# packages and the CMake build folder are kept, and the package is re-installed
+# only when a source file changed since the last install.
 #
 #   EPX_PY_BUILD  folder for the venv and the CMake build (default build/python)
 #   PYTHON        the interpreter to make the venv with (default python3)
@@ -35,6 +35,12 @@ VPY=$VENV/bin/python
 
 if ! "$VPY" -c "import numpy, pytest, setuptools, wheel" >/dev/null 2>&1; then
     "$VPY" -m pip install -q --disable-pip-version-check numpy pytest setuptools wheel
+fi
+
+# scipy's linprog checks balanced dispatch against the LP; its tests skip without it.
+if ! "$VPY" -c "import scipy.optimize" >/dev/null 2>&1; then
+    "$VPY" -m pip install -q --disable-pip-version-check scipy ||
+        echo "epx: scipy could not be installed; the linprog tests will skip" >&2
 fi
 
 TORCH=${EPX_PY_TORCH:-2.11.0}
