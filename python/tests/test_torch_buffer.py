@@ -784,3 +784,13 @@ def test_combine_refuses_a_token_count_other_than_the_dispatchs(buf):
     with pytest.raises(ValueError, match="3"):
         buf.low_latency_combine(y, ids[:2], cu(torch.rand(2, 4)), handle,
                                 out=cu(torch.empty(2, 256, dtype=torch.bfloat16)))
+
+
+def test_health_asks_every_engine(buf, world1):
+    x, ids = _inputs(T=3, H=256, K=4, E=8)
+    buf.low_latency_dispatch(x, ids, 8, 8, use_fp8=False)
+    eng, = FakeEngine.made
+    asked = []
+    eng.health = lambda: asked.append(True)
+    buf.low_latency_health()
+    assert asked == [True]

@@ -449,6 +449,16 @@ class Buffer:
             EventOverlap(None)
         return out, event, None
 
+    def low_latency_health(self):
+        """epx's own: raise the EpxError the kernels recorded since the last
+        check (a batch refused on every rank for an id outside [-1, experts)
+        or one expert twice in a token: INVALID_ARG, reported once; a peer
+        that stopped: TIMEOUT, for good). Does not wait for the GPU; call it
+        where the ranks are in step, e.g. after a synchronisation."""
+        self._alive()
+        for eng in self._engines.values():
+            eng.health()
+
     # ---- lifetime -------------------------------------------------------------
 
     def destroy(self):
