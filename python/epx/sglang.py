@@ -15,7 +15,7 @@ import numpy as np
 
 from . import _arrays as A
 from . import planner as _plan
-from ._native import EpxError, Status
+from ._native import EpxError, Status, as_assertion
 from .io import read_counts, read_mapping
 from .layout import Layout
 
@@ -69,14 +69,18 @@ def rebalance_experts(weight, num_replicas, num_groups, num_nodes, num_gpus,
     DeepSeek's original with ties to the lowest index.
     algorithm="epx" runs epx's own planner instead (extra keywords go to
     epx.plan(...)); its replicas are listed in ascending slot order.
+    A shape SGLang's copy asserts on raises epx.EpxAssertionError (an
+    EpxError and an AssertionError) with libepx's sentence.
     """
     torch_out = A.want_torch(as_torch, weight)
     if algorithm == "deepseek":
         if plan_kw:
             raise TypeError("unexpected keywords for algorithm='deepseek': %s"
                             % ", ".join(sorted(plan_kw)))
-        p2l, l2p, cnt = _plan.deepseek(weight, num_replicas, num_groups, num_nodes, num_gpus,
-                                       enable_hierarchical, sglang_version=sglang_version)
+        with as_assertion():  # SGLang's copy asserts on these shapes
+            p2l, l2p, cnt = _plan.deepseek(weight, num_replicas, num_groups, num_nodes,
+                                           num_gpus, enable_hierarchical,
+                                           sglang_version=sglang_version)
     elif algorithm == "epx":
         if sglang_version is not None:
             raise ValueError("sglang_version=%r applies to algorithm='deepseek' (SGLang's copy "
