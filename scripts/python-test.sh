@@ -11,6 +11,8 @@
 #   EPX_PY_TORCH  the torch release installed for epx.torch's tests (default
 #                 2.11.0, the H200 machine's; from PyPI, ~3 GB with its CUDA
 #                 wheels, once per venv); 0 = none (those tests skip)
+#   EPX_PY_SETUP_ONLY  1 = make the venv and install epx, run no tests (what
+#                 `make peer-test` needs)
 #   extra arguments go to pytest, e.g. scripts/python-test.sh -k golden
 set -eu
 cd "$(dirname "$0")/.."
@@ -59,6 +61,8 @@ if [ ! -f "$STAMP" ] || ! "$VPY" -c "import epx" >/dev/null 2>&1 ||
         --no-build-isolation --no-deps --force-reinstall ./python
     touch "$STAMP"
 fi
+
+[ "${EPX_PY_SETUP_ONLY:-0}" = 1 ] && exit 0
 
 # Run from a neutral folder so `import epx` is the installed package, not python/epx.
 cd "$PYBUILD"

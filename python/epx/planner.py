@@ -9,8 +9,8 @@ import numpy as np
 from . import _arrays as A
 from ._native import (LOG_FN, POINTER, Counts, Shape, Structure, c_char_p, c_double,
                       c_float, c_int, c_int32, c_uint8, c_uint32, c_void_p, call, fn)
+from ._counts import CCounts
 from ._native import EpxError, Status
-from .io import CCounts
 from .layout import Layout
 
 __all__ = ["deepseek", "plan", "Plan", "ALGORITHMS", "EPLB_RULES"]

@@ -231,6 +231,18 @@ class Buffer:
         own, contiguous)."""
         return self._engine_of(handle).y
 
+    def get_dispatch_layout(self, topk_idx, num_experts, previous_event=None,
+                            async_finish=False, allocate_on_comm_stream=False):
+        """DeepEP's get_dispatch_layout for this Buffer's ranks:
+        (num_tokens_per_rank int32, None (no RDMA ranks), num_tokens_per_expert
+        int32, is_token_in_rank bool, EventOverlap); see
+        epx.torch.get_dispatch_layout."""
+        if self._destroyed:
+            _fail("this Buffer was destroyed")
+        from . import get_dispatch_layout
+        return get_dispatch_layout(topk_idx, num_experts, previous_event, async_finish,
+                                   allocate_on_comm_stream, num_ranks=self.group_size)
+
     @staticmethod
     def capture():
         ev = torch.cuda.Event()
