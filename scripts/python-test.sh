@@ -11,7 +11,8 @@
 #   EPX_PY_TORCH  the torch release installed for epx.torch's tests (default
 #                 2.11.0, the H200 machine's; from PyPI, ~3 GB with its CUDA
 #                 wheels, once per venv); 0 = none (those tests skip)
-#   extra arguments go to pytest, e.g. scripts/python-test.sh -k golden
+#   extra arguments go to pytest, e.g. scripts/python-test.sh -k golden; -rs
+#   prints every skip with its reason
 set -eu
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
@@ -56,4 +57,4 @@ fi
 
 # Run from a neutral folder so `import epx` is the installed package, not python/epx.
 cd "$PYBUILD"
-exec "$VPY" -m pytest -p no:cacheprovider -q "$ROOT/python/tests" "$@"
+exec "$VPY" -m pytest -p no:cacheprovider -q -rs "$ROOT/python/tests" "$@"
