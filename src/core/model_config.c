@@ -270,12 +270,60 @@ static epx_status read_shape(const reader *r, epx_model_info *info) {
     return EPX_OK;
 }
 
+/* The bounds of a config.json, counted on the text before jansson builds a
+ * tree of it: EPX_MAX_CONFIG_BYTES, EPX_MAX_CONFIG_DEPTH levels of nesting,
+ * EPX_MAX_CONFIG_VALUES values (array elements, keys, containers), so a
+ * padded config is refused in one pass over at most 1 MiB. */
+static epx_status config_bounds(const char *text, size_t len, const char *path, epx_error *err) {
+    if (len > EPX_MAX_CONFIG_BYTES)
+        return epxi_fail(err, EPX_ERR_INVALID_ARG,
+                         "'%.200s' is larger than %u bytes, the limit for a config.json "
+                         "(EPX_MAX_CONFIG_BYTES): give the model's own config.json",
+                         path, (unsigned)EPX_MAX_CONFIG_BYTES);
+    size_t values = 0;
+    int depth = 0;
+    bool in_str = false;
+    for (size_t i = 0; i < len; i++) {
+        const char c = text[i];
+        if (in_str) {
+            if (c == '\\')
+                i++;
+            else if (c == '"')
+                in_str = false;
+            continue;
+        }
+        if (c == '"') {
+            in_str = true;
+        } else if (c == '[' || c == '{') {
+            if (++depth > EPX_MAX_CONFIG_DEPTH)
+                return epxi_fail(err, EPX_ERR_PARSE,
+                                 "'%.200s' nests JSON deeper than %d levels, the limit for a "
+                                 "config.json (EPX_MAX_CONFIG_DEPTH): give the model's own "
+                                 "config.json",
+                                 path, EPX_MAX_CONFIG_DEPTH);
+            values++;
+        } else if (c == ']' || c == '}') {
+            depth--;
+        } else if (c == ',' || c == ':') {
+            values++;
+        }
+        if (values > EPX_MAX_CONFIG_VALUES)
+            return epxi_fail(err, EPX_ERR_PARSE,
+                             "'%.200s' holds more than %u JSON values (elements and keys), the "
+                             "limit for a config.json (EPX_MAX_CONFIG_VALUES): give the model's "
+                             "own config.json",
+                             path, (unsigned)EPX_MAX_CONFIG_VALUES);
+    }
+    return EPX_OK;
+}
+
 /* The reader proper (declared in internal.h). The name is the caller's:
  * naming a file looks it up in the built-in table, itself built with this. */
 epx_status epxi_model_read(const char *text, size_t len, const char *path, epx_model_info *info,
                            epx_error *err) {
     char what[300];
     snprintf(what, sizeof what, "model config '%.200s'", path);
+    EPX_TRY(config_bounds(text, len, path, err));
     json_t *top = NULL;
     EPX_TRY(epxi_json_parse_object(text, len, what, &top, err));
 
