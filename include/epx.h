@@ -224,6 +224,14 @@ EPX_API epx_status epx_file_input_check(const char *path, epx_error *err);
 /* EPX_SGLANG_DEFAULT_VERSION as the library was built, for bindings. */
 EPX_API const char *epx_sglang_newest_verified(void);
 
+/* The oldest SGLang release epx reproduces; an older release, and any string
+ * that is not MAJOR.MINOR.PATCH[.postN], is refused by every rule that takes
+ * a release (epx_sglang_table_rule, epx_sglang_eplb_rule). */
+#define EPX_SGLANG_OLDEST_VERSION "0.5.2"
+
+/* EPX_SGLANG_OLDEST_VERSION as the library was built, for bindings. */
+EPX_API const char *epx_sglang_oldest_verified(void);
+
 /* The rooms of the core API, one header each. */
 #include "epx/layout.h"
 #include "epx/counts.h"

@@ -6,7 +6,7 @@ import numpy as np
 
 from . import _arrays as A
 from ._native import (POINTER, Shape, Structure, c_double, c_int, c_int32, c_int64, c_uint32,
-                      c_uint64, c_void_p, call, fn)
+                      c_uint64, c_void_p, call, fn, sglang_release)
 
 __all__ = ["sglang_static_table", "static_table", "table_gpu_load", "dispatch_topk",
            "TABLE_ALGORITHMS", "DISPATCH_MODES"]
@@ -65,7 +65,8 @@ def _opts(algorithm, seed, expected_load, replica_weights, keep, sglang_version=
         keep.append(rw)
     return TableOpts(TABLE_OPTS_VERSION, TABLE_ALGORITHMS[algorithm], int(seed),
                      A.ptr(el, c_double), A.ptr(rw, c_double),
-                     None if sglang_version is None else str(sglang_version).encode(), 0)
+                     None if sglang_version is None else
+                     sglang_release(sglang_version, "table", stacklevel=5)[0], 0)
 
 
 def sglang_static_table(logical_to_all_physical_map, num_gpus, num_physical_experts, ep_rank,
@@ -86,7 +87,7 @@ def sglang_static_table(logical_to_all_physical_map, num_gpus, num_physical_expe
     shape = Shape(L, E, int(num_physical_experts), G, int(num_nodes))
     out = np.empty((G, L, E), dtype=np.int32)
     opts = TableOpts(TABLE_OPTS_VERSION, TABLE_ALGORITHMS["sglang"], int(seed), None, None,
-                     str(sglang_version).encode(), 0)
+                     sglang_release(sglang_version, "table")[0], 0)
     call(_table_compute, ctypes.byref(shape), A.ptr(m, c_int32), W, ctypes.byref(opts),
          A.ptr(out, c_int32))
     res = out if ep_rank is None else out[int(ep_rank)]

@@ -8,7 +8,7 @@ import numpy as np
 
 from . import _arrays as A
 from ._native import (LOG_FN, POINTER, Counts, Structure, c_char_p, c_int, c_int32,
-                      c_uint32, c_void_p, call, epx_free, fn)
+                      c_uint32, c_void_p, call, epx_free, fn, sglang_release)
 from .layout import Layout
 
 __all__ = ["read_mapping", "read_counts", "write_mapping", "write_counts",
@@ -129,14 +129,15 @@ def init_expert_location(spec, num_gpus, num_nodes=1, num_logical_experts=0, num
     model's num_groups (n_group: 8 for DeepSeek-V3) as SGLang does; 0 plans
     with the global policy. algorithm="epx" asks for epx's own planner instead
     (sglang_version must then be None)."""
-    from .planner import ALGORITHMS, _choice, sglang_eplb_rule  # planner imports this module
+    from .planner import ALGORITHMS, _choice  # planner imports this module
     code = _choice(ALGORITHMS, algorithm, "algorithm")
-    if sglang_version is not None:
-        sglang_eplb_rule(sglang_version)  # a malformed release raises, a newer one warns
+    sv = None
+    if sglang_version is not None:  # a malformed release raises, a newer one warns
+        sv = sglang_release(sglang_version, "eplb")[0]
     o = InitOpts(INIT_OPTS_VERSION, int(num_gpus), int(num_nodes), int(num_logical_experts),
                  int(num_layers), int(num_physical), int(num_redundant), int(num_groups),
                  LOG_FN(), None, code,
-                 None if sglang_version is None else str(sglang_version).encode())
+                 sv)
     h = c_void_p()
     call(_layout_init, _spec(spec), ctypes.byref(o), ctypes.byref(h))
     return Layout(h)

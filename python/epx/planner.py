@@ -2,13 +2,13 @@
 each SGLang release's copy of it runs), and epx's own planner with its
 options."""
 import ctypes
-import warnings
 
 import numpy as np
 
 from . import _arrays as A
 from ._native import (LOG_FN, POINTER, Counts, Shape, Structure, c_char_p, c_double,
-                      c_float, c_int, c_int32, c_uint8, c_uint32, c_void_p, call, fn)
+                      c_float, c_int, c_int32, c_uint8, c_uint32, c_void_p, call, fn,
+                      sglang_release)
 from .io import CCounts
 from .layout import Layout
 
@@ -19,8 +19,6 @@ __all__ = ["deepseek", "plan", "Plan", "ALGORITHMS", "EPLB_RULES"]
 _plan_deepseek = fn("epx_plan_deepseek_rule", c_int32, POINTER(c_float), c_int32, c_int32,
                     c_int32, c_int32, c_int32, c_int32, c_int, c_int, POINTER(c_int32),
                     POINTER(c_int32), POINTER(c_int32), c_void_p)
-_eplb_rule = fn("epx_sglang_eplb_rule", c_int32, c_char_p, POINTER(c_int), POINTER(c_int32),
-                c_void_p)
 
 _newest = fn("epx_sglang_newest_verified", c_char_p)
 # The newest SGLang release epx was checked against (EPX_SGLANG_DEFAULT_VERSION).
@@ -35,13 +33,7 @@ def sglang_eplb_rule(sglang_version):
     rule is used); a malformed one raises EpxError naming it."""
     if sglang_version is None:
         return 0
-    rule, newer = c_int(0), c_int32(0)
-    call(_eplb_rule, str(sglang_version).encode(), ctypes.byref(rule), ctypes.byref(newer))
-    if newer.value:
-        warnings.warn("SGLang %s is newer than the newest release epx verified (%s); planning "
-                      "with %s's EPLB rule" % (sglang_version, SGLANG_NEWEST_VERIFIED,
-                                               SGLANG_NEWEST_VERIFIED), stacklevel=3)
-    return rule.value
+    return sglang_release(sglang_version, "eplb", stacklevel=4)[1]
 
 
 # epx_eplb_rule (include/epx/plan.h) by name.
@@ -212,8 +204,7 @@ def plan(counts, num_gpus, num_physical_experts=None, num_redundant=None, num_no
                              % (num_gpus, fg.shape))
     sv = None
     if sglang_version is not None:
-        sglang_eplb_rule(sglang_version)  # the warning for a newer release
-        sv = str(sglang_version).encode()
+        sv = sglang_release(sglang_version, "eplb")[0]  # checked; a newer release warns
     o = PlanOpts(PLAN_OPTS_VERSION, _choice(ALGORITHMS, algorithm, "algorithm"),
                  0 if num_groups is None else int(num_groups),
                  _choice(NODE_LOCAL, node_local, "node_local"), float(cross_node_budget),
