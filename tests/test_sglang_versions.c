@@ -163,10 +163,10 @@ static void release_strings(void **state) {
             fail_msg("%s: rule %d newer %d, want %d %d", ok[i].s, rule, newer, ok[i].rule,
                      ok[i].newer);
     }
-    static const char *bad[] = {"",          "0",           "latest",   "0.5.16rc1", "0.5.x",
-                                "0.5.4.post", "0..5",        "0.5",      "0.5.post1", "1.0",
-                                "0.5.2 ",     "0.5.2junk",   "0.05.2",   "+0.5.2",    " 0.5.2",
-                                "0.5.2.post", "0.5.2.post-1", "0.5.1234567"};
+    static const char *bad[] = {
+        "",       "0",      "latest",    "0.5.16rc1",  "0.5.x",        "0.5.4.post",
+        "0..5",   "0.5",    "0.5.post1", "1.0",        "0.5.2 ",       "0.5.2junk",
+        "0.05.2", "+0.5.2", " 0.5.2",    "0.5.2.post", "0.5.2.post-1", "0.5.1234567"};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         epx_sglang_rule rule;
         assert_int_equal(epx_sglang_table_rule(bad[i], &rule, NULL, &err), EPX_ERR_INVALID_ARG);

@@ -50,8 +50,9 @@ const char *epx_sglang_oldest_verified(void) { return EPX_SGLANG_OLDEST_VERSION;
 epx_status epxi_sglang_release(const char *release, long v[4], bool *newer, epx_error *err) {
     if (release == NULL || !parse_release(release, v))
         return epxi_fail(err, EPX_ERR_INVALID_ARG,
-                         "SGLang release '%.64s' is not MAJOR.MINOR.PATCH[.postN] (e.g. "
-                         EPX_SGLANG_OLDEST_VERSION ", 0.5.4.post2, " EPX_SGLANG_DEFAULT_VERSION
+                         "SGLang release '%.64s' is not MAJOR.MINOR.PATCH[.postN] "
+                         "(e.g. " EPX_SGLANG_OLDEST_VERSION
+                         ", 0.5.4.post2, " EPX_SGLANG_DEFAULT_VERSION
                          "); pre-releases and shortened or suffixed releases are refused, as "
                          "which rule they carry is unknown",
                          release ? release : "(null)");
