@@ -281,12 +281,23 @@ epx_status epxi_write_atomically(const char *path, epx_write_fn body, const void
         free(target);
         return st;
     }
+    errno = 0;
     st = body(f, ctx, err);
-    int werr = 0;
-    if (fflush(f) != 0 || ferror(f)) werr = errno ? errno : EIO;
+    const int body_errno = errno;
+    const bool ferror_seen = ferror(f) != 0;
+    int werr = ferror_seen && body_errno != 0 ? body_errno : 0;
+    if ((fflush(f) != 0 || ferror(f)) && werr == 0) werr = errno ? errno : EIO;
     if (fclose(f) != 0 && werr == 0) werr = errno ? errno : EIO;
-    if (st == EPX_OK && werr != 0)
-        st = epxi_fail(err, EPX_ERR_IO, "cannot write '%s': %s", path, strerror(werr));
+    if (st != EPX_OK && werr == 0 && ferror_seen) werr = EIO;
+    /* A body that failed without a word (a writer that only saw ferror)
+     * and a failed flush or close both become one message naming the file. */
+    if ((st == EPX_OK && werr != 0) ||
+        (st != EPX_OK && (err == NULL || err->status == EPX_OK || err->msg[0] == '\0')))
+        st = epxi_fail(err, werr != 0 || st == EPX_ERR_IO ? EPX_ERR_IO : st,
+                       "cannot write '%s': %s", path,
+                       strerror(werr != 0          ? werr
+                                : st == EPX_ERR_IO ? EIO
+                                                   : EINVAL));
     if (st == EPX_OK && rename(tmp, target) != 0)
         st = epxi_fail(err, EPX_ERR_IO, "cannot write '%s': rename failed: %s", path,
                        strerror(errno));

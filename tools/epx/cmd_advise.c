@@ -482,14 +482,38 @@ int cmd_advise(int argc, char **argv) {
         }
     }
     if (cli_flag(&cmd, "--json")) {
-        printf("{\"model\": \"%s\", \"gpus\": %d, \"link\": \"%s\", \"measured\": %s, \"dtype\": "
-               "\"%s\", "
-               "\"combine\": \"%s\", \"ep_us\": [%.3f, %.6f], \"ep_low_latency_us\": [%.3f, %.6f], "
-               "\"low_latency_max_tokens\": %.0f, \"tp_us\": [%.3f, %.6f], "
-               "\"crossover_tokens\": %.1f, \"ep_mode\": \"%s\", \"answer\": \"%s\"}\n",
-               m->name, G, L->name, cli_get(&cmd, "--measured") ? "true" : "false",
-               esz == 2 ? "bf16" : "f32", topk ? "topk" : "rank", ae, be, al, bl, ep.ll_max, at,
-               bt_us, cross, cmode, answer);
+        /* Strings escaped (a model folder may be named with any byte) and
+         * figures that are not finite as null: always valid JSON. */
+        FILE *o = stdout;
+        fputs("{\"model\": ", o);
+        cli_json_str(o, m->name);
+        fprintf(o, ", \"gpus\": %d, \"link\": ", G);
+        cli_json_str(o, L->name);
+        fprintf(o, ", \"measured\": %s, \"dtype\": \"%s\", \"combine\": \"%s\"",
+                cli_get(&cmd, "--measured") ? "true" : "false", esz == 2 ? "bf16" : "f32",
+                topk ? "topk" : "rank");
+        const struct {
+            const char *key;
+            double a, b;
+        } pairs[] = {{"ep_us", ae, be}, {"ep_low_latency_us", al, bl}, {"tp_us", at, bt_us}};
+        for (int i = 0; i < 3; i++) {
+            if (i == 2) {
+                fputs(", \"low_latency_max_tokens\": ", o);
+                cli_json_num(o, "%.0f", ep.ll_max);
+            }
+            fprintf(o, ", \"%s\": [", pairs[i].key);
+            cli_json_num(o, "%.3f", pairs[i].a);
+            fputs(", ", o);
+            cli_json_num(o, "%.6f", pairs[i].b);
+            fputc(']', o);
+        }
+        fputs(", \"crossover_tokens\": ", o);
+        cli_json_num(o, "%.1f", cross);
+        fputs(", \"ep_mode\": ", o);
+        cli_json_str(o, cmode);
+        fputs(", \"answer\": ", o);
+        cli_json_str(o, answer);
+        fputs("}\n", o);
         return CLI_EXIT_OK;
     }
     printf("epx advise: %s on %d GPUs over %s (%s), %s, combine %s\n", m->name, G, L->name, L->what,
