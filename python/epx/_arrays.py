@@ -54,12 +54,30 @@ def as_array(x, dtype, ndim=None, name="array"):
     reference functions do with .cpu().
     """
     if is_torch(x):
-        x = x.detach().cpu().numpy()
+        x = x.detach()
+        if x.is_floating_point() and x.dtype not in _NUMPY_FLOATS(x):
+            x = x.float()  # bf16 (no numpy dtype): widened exactly, as weight.float()
+        x = x.cpu().numpy()
     a = np.ascontiguousarray(np.asarray(x), dtype=dtype)
     if ndim is not None and a.ndim not in (ndim if isinstance(ndim, tuple) else (ndim,)):
         want = " or ".join("%d" % d for d in (ndim if isinstance(ndim, tuple) else (ndim,)))
         raise ValueError("%s must have %s dimensions, got shape %s" % (name, want, a.shape))
     return a
+
+
+def _NUMPY_FLOATS(t):
+    """torch's floating dtypes numpy can hold."""
+    import torch
+    return (torch.float16, torch.float32, torch.float64)
+
+
+def py_seed(seed, name="seed"):
+    """A seed as CPython's random.Random(seed) reads an int: its absolute
+    value (so -1 is 1). epx's generator takes 64 bits, so |seed| >= 2**64 is
+    refused, not folded into another seed; a float is refused."""
+    v = integer(seed, name, -(2 ** 64 - 1), 2 ** 64 - 1,
+                "|seed| < 2**64, the seeds epx's random.Random takes")
+    return abs(v)
 
 
 def ptr(a, ctype):

@@ -63,7 +63,7 @@ def _opts(algorithm, seed, expected_load, replica_weights, keep, sglang_version=
     if replica_weights is not None:
         rw = A.as_array(replica_weights, np.float64, 2, "replica_weights")
         keep.append(rw)
-    return TableOpts(TABLE_OPTS_VERSION, TABLE_ALGORITHMS[algorithm], int(seed),
+    return TableOpts(TABLE_OPTS_VERSION, TABLE_ALGORITHMS[algorithm], A.py_seed(seed),
                      A.ptr(el, c_double), A.ptr(rw, c_double),
                      None if sglang_version is None else
                      sglang_release(sglang_version, "table", stacklevel=5)[0], 0)
@@ -90,7 +90,7 @@ def sglang_static_table(logical_to_all_physical_map, num_gpus, num_physical_expe
     if ep_rank is not None:  # a rank, not a Python index: -1 is not rank G - 1
         ep_rank = A.integer(ep_rank, "ep_rank", 0, G - 1, "num_gpus - 1")
     out = np.empty((G, L, E), dtype=np.int32)
-    opts = TableOpts(TABLE_OPTS_VERSION, TABLE_ALGORITHMS["sglang"], int(seed), None, None,
+    opts = TableOpts(TABLE_OPTS_VERSION, TABLE_ALGORITHMS["sglang"], A.py_seed(seed), None, None,
                      sglang_release(sglang_version, "table")[0], 0)
     call(_table_compute, ctypes.byref(shape), A.ptr(m, c_int32), W, ctypes.byref(opts),
          A.ptr(out, c_int32))
@@ -159,8 +159,9 @@ def dispatch_topk(topk_ids, layout, layer, mode="dynamic", table=None, replica_w
     L, E, P = s["num_layers"], s["num_logical_experts"], s["num_physical_experts"]
     layer = A.integer(layer, "layer", 0, L - 1, "num_layers - 1")
     keep = []
-    spec = DispatchSpec(DISPATCH_MODES[mode], E, P, 1, None, None, None, None, int(seed),
-                        int(pass_id), layer)
+    spec = DispatchSpec(DISPATCH_MODES[mode], E, P, 1, None, None, None, None,
+                        A.integer(seed, "seed", 0, 2 ** 64 - 1, "a uint64"),
+                        A.integer(pass_id, "pass_id", 0, 2 ** 64 - 1) & 0xFFFFFFFF, layer)
     if mode == "static":
         if table is None:
             raise ValueError("mode='static' needs table [G][L][E] (epx.dispatch.static_table)")

@@ -105,7 +105,14 @@ def rebalance_experts_from_windows(tokens_per_expert, num_physical_experts,
     release sglang_version's copy does (None = DeepSeek's original); "epx"
     hands all windows to epx's planner (it estimates from them)."""
     name = _algorithm_name(algorithm)
-    num_gpus = int(num_physical_experts) // int(num_local_physical_experts)
+    P = A.integer(num_physical_experts, "num_physical_experts", 1, A.MAX_PHYSICAL,
+                  "4 (E + G) slots at most")
+    local = A.integer(num_local_physical_experts, "num_local_physical_experts", 1, P,
+                      "num_physical_experts")
+    if P % local:
+        raise ValueError("num_physical_experts (%d) is not a multiple of "
+                         "num_local_physical_experts (%d): every GPU holds as many slots" % (P, local))
+    num_gpus = P // local
     torch_out = A.want_torch(as_torch, tokens_per_expert)
     if name in ("deepseek", "deepseek_hierarchical"):
         t = A.as_array(tokens_per_expert, np.float64, 3, "tokens_per_expert")

@@ -167,3 +167,34 @@ def test_python_limits_match_the_header():
         assert m and eval(m.group(1)) == value, name
     assert epx._native._newest_verified().decode() == "0.5.23"
     assert re.search(r'#define EPX_SGLANG_OLDEST_VERSION "0\.5\.2"', h)
+
+
+def test_table_seeds_follow_cpython_random():
+    lay = _layout()
+    # random.Random(-1) is random.Random(1): CPython seeds with abs(n)
+    np.testing.assert_array_equal(epx.static_table(lay, seed=-42), epx.static_table(lay, seed=42))
+    for bad in (2 ** 64 + 42, 2 ** 100, -(2 ** 64)):
+        with pytest.raises(ValueError, match=r"seed = .* is outside .*\|seed\| < 2\*\*64"):
+            epx.static_table(lay, seed=bad)
+    with pytest.raises(TypeError, match="seed must be an integer, not float"):
+        epx.static_table(lay, seed=42.0)
+    l2p = np.array([[[0, 4, 5], [1, 6, -1], [2, 7, -1], [3, -1, -1]]] * 2)
+    f = epx.sglang.compute_logical_to_rank_dispatch_physical_map
+    np.testing.assert_array_equal(f(l2p, 4, 8, 0, seed=-7), f(l2p, 4, 8, 0, seed=7))
+
+
+def test_from_windows_counts_checked():
+    t = np.ones((2, 2, 8))
+    f = epx.sglang.rebalance_experts_from_windows
+    with pytest.raises(ValueError, match=r"num_local_physical_experts = 0 is outside \[1, 12\]"):
+        f(t, 12, 0, 1, 1, "deepseek")
+    with pytest.raises(ValueError, match="not a multiple"):
+        f(t, 12, 5, 1, 1, "deepseek")
+
+
+def test_bf16_weights_accepted_like_the_vllm_wrappers():
+    torch = pytest.importorskip("torch", reason="torch is not installed (EPX_PY_TORCH=0)")
+    w = torch.arange(1, 17, dtype=torch.float32).reshape(2, 8)
+    a = epx.sglang.rebalance_experts(w.to(torch.bfloat16), 12, 1, 1, 4, False)
+    b = epx.sglang.rebalance_experts(w, 12, 1, 1, 4, False)
+    assert all(torch.equal(x, y) for x, y in zip(a, b))
