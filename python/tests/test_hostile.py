@@ -198,3 +198,14 @@ def test_bf16_weights_accepted_like_the_vllm_wrappers():
     a = epx.sglang.rebalance_experts(w.to(torch.bfloat16), 12, 1, 1, 4, False)
     b = epx.sglang.rebalance_experts(w, 12, 1, 1, 4, False)
     assert all(torch.equal(x, y) for x, y in zip(a, b))
+
+
+def test_torch_ids_shapes_named():
+    torch = pytest.importorskip("torch", reason="torch is not installed (EPX_PY_TORCH=0)")
+    import epx.torch as et
+    with pytest.raises(ValueError, match=r"topk_ids has shape \(64, 0\): each token needs at "
+                                         r"least one expert"):
+        et.dispatch_layout(torch.zeros((64, 0), dtype=torch.int64), 8, 4)
+    sparse = torch.tensor([[0, 1], [2, 3]]).to_sparse()
+    with pytest.raises(ValueError, match="topk_ids must be a dense tensor"):
+        et.dispatch_layout(sparse, 8, 4)
