@@ -556,6 +556,20 @@ static int parse_args(cli_cmd *cmd, bench_args *a) {
                 "with --backend mpi (the default), so EP and TP move the same element type\n");
         return CLI_EXIT_USAGE;
     }
+    /* The host buffers of the largest token count, estimated before any is
+     * allocated: inputs and outputs (T x H), the routed copies both ways
+     * (T x K x H each, the worst case of every token on one rank). */
+    int64_t Tmax = 1;
+    for (int32_t i = 0; i < a->ntok; i++)
+        if (a->tokens[i] > Tmax) Tmax = a->tokens[i];
+    const double esz = a->dtype == EPX_DTYPE_BF16 ? 2.0 : 4.0;
+    const double H = a->cfg.hidden, K = a->cfg.top_k;
+    char what[160];
+    snprintf(what, sizeof what, "--tokens %lld at hidden %d, top-%d", (long long)Tmax,
+             a->cfg.hidden, a->cfg.top_k);
+    if (!cli_check_bytes(cmd, (double)Tmax * H * (2.0 * esz + 4.0 + 2.0 * K * esz), what,
+                         "give fewer tokens per rank"))
+        return CLI_EXIT_USAGE;
     const char *md = cli_get(cmd, "--mode");
     a->mode = EPX_EP_MODE_NORMAL;
     if (md != NULL) {
