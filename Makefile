@@ -17,7 +17,7 @@ endif
 # Everything: tests, CUDA kernels and MPI when found.
 FULL_ARGS  = -DCMAKE_BUILD_TYPE=Release -DEPX_BUILD_TESTS=ON -DEPX_WITH_CUDA=ON -DEPX_WITH_MPI=ON
 
-.PHONY: all deps build demo demo-build install test test-fast test-asan python-test format format-check fuzz clean
+.PHONY: all deps build demo demo-build install test test-fast test-asan python-test peer-test format format-check fuzz clean bench-plan
 
 all: build
 
@@ -44,6 +44,12 @@ demo-build: deps
 
 demo: demo-build
 	./$(BUILD)/epx demo
+
+# Planning time of HEAD beside BASE's, alternating, same inputs (issue 30):
+# make bench-plan BASE=eb82a5a [RUNS=15]
+bench-plan: demo-build
+	@test -n "$(BASE)" || { echo "make bench-plan needs BASE=<commit>"; exit 2; }
+	@python3 scripts/bench_plan.py --base $(BASE) --runs $(or $(RUNS),15) --head $(BUILD)/epx
 
 # Copy the CLI, the shared library and the headers under PREFIX.
 install: demo-build
@@ -100,6 +106,17 @@ fuzz: deps
 
 python-test:
 	@if [ -f python/pyproject.toml ]; then ./scripts/python-test.sh; fi
+
+# The engines' own unit tests (vLLM's test_eplb_algo.py of five releases,
+# SGLang's dispatch-table test) run unchanged against epx and against the
+# engines' own code (tools/peer_test.py); downloads into $(BUILD)/peer-test,
+# skips with the reason when PyPI is unreachable. SGLANG_TEST=FILE names
+# SGLang 0.5.16's unit test, which PyPI does not carry.
+SGLANG_TEST ?=
+peer-test:
+	@EPX_PY_BUILD=$(BUILD)/python EPX_PY_SETUP_ONLY=1 ./scripts/python-test.sh
+	@python3 tools/peer_test.py --cache $(BUILD)/peer-test --python $(BUILD)/python/venv/bin/python \
+	  $(if $(SGLANG_TEST),--sglang-test $(SGLANG_TEST))
 
 clean:
 	rm -rf $(BUILD) $(ASAN_BUILD) $(FUZZ_BUILD)

@@ -37,8 +37,19 @@
  * returns at once. The host learns it without a synchronisation at the next
  * call (EPX_ERR_TIMEOUT), or from epx_gpu_ep_sync / epx_gpu_ep_health; the
  * bootstrap communicator (when there is one) is then marked failed. A slot
- * outside [-1, P) on any rank travels in band: every rank's receiver sees
- * it, runs no expert for that batch and reports EPX_ERR_INVALID_ARG.
+ * outside [-1, P), or a token naming one slot twice (the expert-major rows
+ * hold one per token and slot; the CPU path allows it), on any rank travels
+ * in band: every rank's receiver sees it, runs no expert for that batch,
+ * combine writes zeros, and epx_gpu_ep_sync / epx_gpu_ep_health report
+ * EPX_ERR_INVALID_ARG (dispatch and combine do not: they must launch
+ * whenever the peers do).
+ *
+ * Residency. Every block of a launch may wait for flags, so all of a
+ * launch's blocks must run at once: a launch takes up to max_blocks (default:
+ * as many as fit on the GPU). Kernels running beside it on the same GPU
+ * (another stream, other ranks' processes under MPS, several ranks of one
+ * process) can keep some of its blocks from starting until the timeout;
+ * give those setups a max_blocks that leaves room.
  */
 #ifndef EPX_COMM_GPU_H
 #define EPX_COMM_GPU_H
@@ -54,7 +65,7 @@ extern "C" {
 typedef struct epx_gpu_ep_opts {
     uint32_t version;   /* EPX_GPU_EP_OPTS_VERSION */
     int32_t timeout_ms; /* a peer's flag not seen within this fails the batch (>= 1) */
-    int32_t max_blocks; /* blocks per launch at most (capped at 65535); 0 = four per SM */
+    int32_t max_blocks; /* blocks per launch at most; 0 = as many as fit on the GPU at once */
 } epx_gpu_ep_opts;
 
 #define EPX_GPU_EP_OPTS_VERSION ((uint32_t)sizeof(epx_gpu_ep_opts))
@@ -97,8 +108,9 @@ EPX_API epx_status epx_gpu_ep_create(epx_comm *bootstrap, const epx_ep_config *c
  *   epx_gpu_ep_connect  given every rank's info in rank order, map the
  *                       peers' buffers. A rank whose config or rank count
  *                       differs is refused here, naming both configs.
- * The caller makes sure every rank connected before any launches, and that
- * every rank stopped launching before any destroys (a barrier each).
+ * The caller makes sure every rank connected before any launches; to tear
+ * down, every rank disconnects (waits for its stream and unmaps the peers),
+ * then after a barrier destroys (frees its buffer, which no peer maps then).
  */
 #define EPX_GPU_EP_INFO_BYTES 256
 EPX_API epx_status epx_gpu_ep_open(const epx_ep_config *cfg, int32_t rank, int32_t num_ranks,
@@ -106,6 +118,7 @@ EPX_API epx_status epx_gpu_ep_open(const epx_ep_config *cfg, int32_t rank, int32
                                    epx_gpu_ep **out, epx_error *err);
 EPX_API epx_status epx_gpu_ep_info(const epx_gpu_ep *ep, void *info, epx_error *err);
 EPX_API epx_status epx_gpu_ep_connect(epx_gpu_ep *ep, const void *infos, epx_error *err);
+EPX_API epx_status epx_gpu_ep_disconnect(epx_gpu_ep *ep, epx_error *err);
 
 /* Release: waits for the stream, then (collectively, when created over a
  * healthy bootstrap) makes sure no peer still maps this rank's buffer
@@ -125,8 +138,8 @@ EPX_API void epx_gpu_ep_destroy(epx_gpu_ep *ep);
  * dispatch before it, and may combine that dispatch again (every rank the
  * same number of times).
  * Returns: EPX_OK (enqueued); EPX_ERR_INVALID_ARG; EPX_ERR_CUDA (launch);
- *          EPX_ERR_TIMEOUT / EPX_ERR_INVALID_ARG found by an earlier batch's
- *          kernels (then nothing is launched).
+ *          EPX_ERR_TIMEOUT found by an earlier batch's kernels (then nothing
+ *          is launched).
  * Collective: yes. Capturable in a CUDA graph.
  */
 EPX_API epx_status epx_gpu_ep_dispatch(epx_gpu_ep *ep, int64_t T, const void *x,
@@ -193,7 +206,10 @@ typedef struct epx_gpu_ep_views {
 EPX_API epx_status epx_gpu_ep_get_views(const epx_gpu_ep *ep, epx_gpu_ep_views *v, epx_error *err);
 
 /* Launch on `stream` from now on (bindings follow the caller's current
- * stream, as under CUDA-graph capture). Not collective. */
+ * stream, as under CUDA-graph capture). The handle's launches stay in order:
+ * the new stream first waits for the old one's work (not where either is
+ * being captured: there the caller orders them, as torch's capture does).
+ * Not collective. */
 EPX_API epx_status epx_gpu_ep_set_stream(epx_gpu_ep *ep, cudaStream_t stream, epx_error *err);
 
 /* Wait for the stream (polling, up to the timeout), then report any fault

@@ -352,4 +352,110 @@ EPX_API epx_status epx_combine_rows(const void *y, epx_row_dtype dtype, int64_t 
                                     int64_t hidden, const int32_t *pos, const float *weights,
                                     int64_t num_tokens, int32_t topk, void *out, epx_error *err);
 
+/* ---- 4. balanced per-batch dispatch --------------------------------------- */
+
+/*
+ * "Balanced" routing looks at the batch: given one layer's placement and the
+ * batch's tokens per logical expert c_e, it splits each expert's tokens over
+ * its replicas so that the largest GPU load of the batch (tokens routed to a
+ * GPU's slots; slot p is on GPU p / (P/G)) is the least any split can reach:
+ * the optimum of SGLang 0.5.23's `--ep-dispatch-algorithm lp`, computed
+ * exactly with max-flows instead of an LP solver (balanced.c states the
+ * algorithm). Beyond the largest load, the GPU loads are lexicographically
+ * minimal (the second largest is as small as the largest allows, and so
+ * on), which makes the GPU load vector unique.
+ *
+ * Guarantees of epx_dispatch_balanced_solve, for counts c_e >= 0:
+ *  - max_load_num / max_load_den is the optimum max GPU load, exactly (a
+ *    reduced fraction; den <= G); the shares realise it up to double
+ *    rounding.
+ *  - replica_counts n_ej are integers with sum_j n_ej = c_e and
+ *    |n_ej - c_e * share_ej| < 1 (the fractional count rounded down or up),
+ *    and every GPU's integer load is its fractional load rounded down or up;
+ *    so the largest integer GPU load is ceil(optimum), which no integer
+ *    split beats.
+ *  - deterministic: the same inputs give the same outputs, bit for bit.
+ *
+ * The solver keeps its workspace in a handle sized once for (E, W, P, G), so
+ * the per-batch calls allocate nothing; one handle serves every layer (the
+ * replica lists are arguments), one thread at a time.
+ */
+typedef struct epx_balancer epx_balancer;
+
+/* Size a balancer for E experts, replica lists of width W, P slots on G
+ * GPUs (P % G == 0, G <= 4096). Returns EPX_OK; EPX_ERR_SHAPE; EPX_ERR_NOMEM. */
+EPX_API epx_status epx_dispatch_balanced_create(int32_t num_experts, int32_t width,
+                                                int32_t num_physical, int32_t num_gpus,
+                                                epx_balancer **out, epx_error *err);
+EPX_API void epx_dispatch_balanced_destroy(epx_balancer *b);
+
+/* What a solve gives; every array is caller-owned and optional (NULL = not
+ * wanted); the scalars are always written. */
+typedef struct epx_balanced_out {
+    double *shares;          /* [E][W] share of expert e's tokens for replica column j:
+                                SGLang's log2phy_prob row for these replica lists; 0 past
+                                num_valid; an expert with no tokens splits evenly   */
+    int64_t *replica_counts; /* [E][W] integer tokens per replica column (0 past
+                                num_valid): what epx_dispatch_balanced_map_ids takes */
+    int64_t *slot_counts;    /* [P] integer tokens per slot                         */
+    double *gpu_load;        /* [G] fractional tokens per GPU under the shares      */
+    int64_t max_load_num;    /* the optimum max GPU load is num / den, exactly       */
+    int64_t max_load_den;
+    int64_t max_load_int; /* the largest integer GPU load: ceil(num / den)       */
+    int32_t num_levels;   /* distinct GPU load levels of the lexicographic optimum */
+} epx_balanced_out;
+
+/*
+ * Tokens per logical expert of one layer's batch: counts[e] = number of
+ * pairs (t, k) with topk_ids[t][k] == e; ids of -1 are skipped.
+ * Returns: EPX_OK; EPX_ERR_SHAPE; EPX_ERR_INVALID_ARG for an id outside
+ * [-1, E), naming token, k and id.
+ */
+EPX_API epx_status epx_dispatch_count_ids(const int32_t *topk_ids, int64_t num_tokens, int32_t topk,
+                                          int32_t num_experts, int64_t *counts, epx_error *err);
+
+/*
+ * The balanced split of one layer's batch (see the guarantees above).
+ * Args:    b (in/out) the balancer; replicas (in) [E][W] slots, the valid ones
+ *            first (a layout's logical_to_all_physical row for the layer, or
+ *            SGLang's logical_to_all_physical_map[layer], any order); a slot
+ *            may appear once in the whole table; num_valid (in) [E] in
+ *            [1, W]; counts (in) [E] tokens per logical expert, >= 0, at most
+ *            2^40 in all; out (out) the results wanted.
+ * Returns: EPX_OK; EPX_ERR_INVALID_ARG (a negative count or a total above
+ *          2^40, a num_valid outside [1, W]: names the expert);
+ *          EPX_ERR_INVALID_MAP (a slot outside [0, P), or a slot listed
+ *          twice: names expert, column and slot).
+ */
+EPX_API epx_status epx_dispatch_balanced_solve(epx_balancer *b, const int32_t *replicas,
+                                               const int32_t *num_valid, const int64_t *counts,
+                                               epx_balanced_out *out, epx_error *err);
+
+/*
+ * Route topk_ids [T][K] to slots phys [T][K] by integer replica counts:
+ * expert e's pairs, in (t, k) order, fill its replica columns in order,
+ * n_e0 pairs to column 0, the next n_e1 to column 1, and so on; -1 stays -1.
+ * So slot p receives exactly its count.
+ * Args:    replica_counts (in) [E][W] from epx_dispatch_balanced_solve for
+ *            these ids' counts; the other arguments as in solve and map_ids.
+ * Returns: EPX_OK; EPX_ERR_SHAPE; EPX_ERR_INVALID_ARG (an id outside
+ *          [-1, E); counts that do not sum to expert e's pairs: names e and
+ *          both numbers); EPX_ERR_INVALID_MAP as solve.
+ */
+EPX_API epx_status epx_dispatch_balanced_map_ids(epx_balancer *b, const int32_t *replicas,
+                                                 const int32_t *num_valid,
+                                                 const int64_t *replica_counts,
+                                                 const int32_t *topk_ids, int64_t num_tokens,
+                                                 int32_t topk, int32_t *phys, epx_error *err);
+
+/*
+ * Count, solve and route in one call: phys [T][K] as map_ids gives it for
+ * the balanced counts of topk_ids. out (optional) receives the solve's
+ * results; its replica_counts may be NULL (the balancer keeps its own).
+ */
+EPX_API epx_status epx_dispatch_balanced_topk(epx_balancer *b, const int32_t *replicas,
+                                              const int32_t *num_valid, const int32_t *topk_ids,
+                                              int64_t num_tokens, int32_t topk, int32_t *phys,
+                                              epx_balanced_out *out, epx_error *err);
+
 #endif /* EPX_DISPATCH_H */

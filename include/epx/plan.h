@@ -165,7 +165,9 @@ EPX_API epx_algorithm epx_plan_algorithm(const epx_plan *plan);
  * logical_to_physical_map, what SGLang's init_by_eplb uses when it plans
  * from the same counts); any other plan in ascending slot order (what
  * init_by_mapping builds from the written mapping file). *replica_rank
- * (optional) says which. width (out) = P - E + 1. Owned by the plan.
+ * (optional) says which. width (out) = P - E + 1. Owned by the plan; the
+ * replica-rank lists are built at the first call (safe from any thread), so
+ * that call may return NULL when memory runs out.
  */
 EPX_API const int32_t *epx_plan_logical_to_physical(const epx_plan *plan, int32_t *width,
                                                     int32_t *replica_rank);

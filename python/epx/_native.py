@@ -13,7 +13,7 @@ from ctypes import (POINTER, Structure, c_char, c_char_p, c_double, c_float, c_i
                     c_int64, c_size_t, c_uint8, c_uint32, c_uint64, c_void_p)
 from pathlib import Path
 
-__all__ = ["EpxError", "Status", "lib", "fn", "has", "call", "library_path"]
+__all__ = ["EpxError", "EpxAssertionError", "Status", "lib", "fn", "has", "call", "library_path"]
 
 
 class Status(enum.IntEnum):
@@ -55,6 +55,36 @@ class EpxError(Exception):
                              else "EPX_ERR_UNKNOWN")
         self.message = message
         super().__init__("%s: %s" % (self.name, message))
+
+
+class EpxAssertionError(EpxError, AssertionError):
+    """An EpxError that is also an AssertionError: what the engine drop-ins
+    (epx.vllm, epx.sglang's DeepSeek EPLB) raise where the engine's own code
+    asserts on an impossible shape (slots not a multiple of the GPUs, experts
+    not a multiple of the groups, GPUs not a multiple of the nodes, fewer
+    slots than experts). Code written against the engine, which catches
+    AssertionError, catches it; code written against epx catches EpxError.
+    The message is libepx's sentence, as for any EpxError."""
+
+
+# The statuses the drop-ins raise as EpxAssertionError: a shape or argument the
+# engine's code rejects with `assert`.
+ASSERTED = (Status.SHAPE, Status.INVALID_ARG)
+
+
+class as_assertion:
+    """Context manager: re-raise an EpxError whose status is in ASSERTED as
+    EpxAssertionError (same status, name and message); others pass as they
+    are."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, err, tb):
+        if (kind is not None and issubclass(kind, EpxError)
+                and not isinstance(err, EpxAssertionError) and err.status in ASSERTED):
+            raise EpxAssertionError(err.status, err.message, err.name) from None
+        return False
 
 
 def library_path():
@@ -143,7 +173,7 @@ _release_rule = {
 _newest_verified = fn("epx_sglang_newest_verified", c_char_p)
 
 
-def sglang_release(sglang_version, kind, name="sglang_version", stacklevel=3):
+def sglang_release(sglang_version, kind, name="sglang_version", stacklevel=3, warn=True):
     """The one check of an SGLang release from Python, before anything uses it:
     a str (not a float such as 0.5, nor bytes), no NUL (C would read up to it),
     then the library's one parser (core's release.c, as the CLI's
@@ -162,7 +192,7 @@ def sglang_release(sglang_version, kind, name="sglang_version", stacklevel=3):
     raw = sglang_version.encode("ascii")
     rule, newer = c_int(0), c_int32(0)
     call(_release_rule[kind], raw, ctypes.byref(rule), ctypes.byref(newer))
-    if newer.value:
+    if newer.value and warn:
         import warnings
         newest = _newest_verified().decode()
         warnings.warn("SGLang %s is newer than the newest release epx verified (%s); using %s's "
@@ -189,6 +219,6 @@ class Counts(Structure):
 
 LOG_FN = ctypes.CFUNCTYPE(None, c_void_p, c_int, c_char_p)
 
-__all__ += ["Error", "Shape", "Counts", "LOG_FN", "epx_free", "version",
+__all__ += ["ASSERTED", "as_assertion", "Error", "Shape", "Counts", "LOG_FN", "epx_free", "version",
             "POINTER", "c_char_p", "c_double", "c_float", "c_int", "c_int32", "c_int64",
             "c_size_t", "c_uint8", "c_uint32", "c_uint64", "c_void_p"]

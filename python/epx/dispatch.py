@@ -9,6 +9,7 @@ from ._native import (POINTER, Shape, Structure, c_double, c_int, c_int32, c_int
                       c_uint64, c_void_p, call, fn, sglang_release)
 
 __all__ = ["sglang_static_table", "static_table", "table_gpu_load", "dispatch_topk",
+           "Balancer", "BalancedSplit", "balanced_split", "balanced_topk", "count_ids",
            "TABLE_ALGORITHMS", "DISPATCH_MODES"]
 
 TABLE_ALGORITHMS = {"sglang": 0, "epx": 1}
@@ -38,6 +39,14 @@ class TokenLayout(Structure):
                 ("rank_perm", c_void_p), ("pair_rank_pos", c_void_p),
                 ("slot_offsets", c_void_p), ("slot_perm", c_void_p),
                 ("pair_slot_pos", c_void_p)]
+
+
+class BalancedOut(Structure):
+    """epx_balanced_out (include/epx/dispatch.h)."""
+    _fields_ = [("shares", POINTER(c_double)), ("replica_counts", POINTER(c_int64)),
+                ("slot_counts", POINTER(c_int64)), ("gpu_load", POINTER(c_double)),
+                ("max_load_num", c_int64), ("max_load_den", c_int64),
+                ("max_load_int", c_int64), ("num_levels", c_int32)]
 
 
 # The options-struct convention (include/epx.h): version = the struct's size.
@@ -150,8 +159,11 @@ def dispatch_topk(topk_ids, layout, layer, mode="dynamic", table=None, replica_w
                   seed=0, pass_id=0, ep_rank=0):
     """Map one layer's logical topk_ids [T][K] to physical slots [T][K] (int64,
     -1 stays -1): "static" takes `table` [G][L][E] row ep_rank; "dynamic" picks
-    uniformly over the replicas; "weighted" by replica_weights [L][P]. Choices
+    uniformly over the replicas; "weighted" by replica_weights [L][P];
+    "balanced" splits this batch exactly (balanced_topk). Choices
     are keyed by (seed, pass_id, layer, token, k), as the CUDA kernels' are."""
+    if mode == "balanced":
+        return balanced_topk(topk_ids, layout, layer)[0]
     torch_in = A.is_torch(topk_ids)
     ids = A.as_array(topk_ids, np.int32, 2, "topk_ids")
     T, K = ids.shape
@@ -196,3 +208,8 @@ def dispatch_topk(topk_ids, layout, layer, mode="dynamic", table=None, replica_w
     out = np.empty((T, K), dtype=np.int32)
     call(_map_ids, ctypes.byref(spec), A.ptr(ids, c_int32), T, K, A.ptr(out, c_int32))
     return A.wrap(out.astype(np.int64), torch_in, topk_ids.device if torch_in else None)
+
+
+# ---- balanced per-batch dispatch (epx/dispatch.h part 4; _balanced.py) ----
+from ._balanced import (Balancer, BalancedSplit, balanced_split, balanced_topk,  # noqa: E402
+                        count_ids)

@@ -6,10 +6,11 @@ import os
 
 import numpy as np
 
-from . import _arrays as A
 from ._native import (LOG_FN, POINTER, Counts, Structure, c_char_p, c_int, c_int32,
                       c_uint32, c_void_p, call, epx_free, fn, sglang_release)
+from ._counts import CCounts, counts_destroy, counts_from_c, counts_to_c
 from .layout import Layout
+from .planner import ALGORITHMS, _choice
 
 __all__ = ["read_mapping", "read_counts", "write_mapping", "write_counts",
            "init_expert_location", "counts_to_c", "counts_from_c"]
@@ -18,9 +19,6 @@ _mapping_read = fn("epx_mapping_read", c_int32, c_char_p, POINTER(POINTER(c_int3
                    POINTER(c_int32), POINTER(c_int32), c_void_p)
 _counts_read = fn("epx_counts_read", c_int32, c_char_p, POINTER(POINTER(Counts)), c_void_p)
 _counts_write = fn("epx_counts_write_json", c_int32, POINTER(Counts), c_char_p, c_void_p)
-_counts_create = fn("epx_counts_create", c_int32, c_int32, c_int32, c_int32,
-                    POINTER(POINTER(Counts)), c_void_p)
-_counts_destroy = fn("epx_counts_destroy", None, POINTER(Counts))
 _layout_init = fn("epx_layout_init", c_int32, c_char_p, c_void_p, POINTER(c_void_p), c_void_p)
 
 
@@ -57,38 +55,6 @@ def read_mapping(spec):
         epx_free(ctypes.cast(p, c_void_p))
 
 
-def counts_from_c(cp):
-    """Copy an epx_counts* into a float64 numpy array [S][L][E] (does not free it)."""
-    c = cp.contents
-    shape = (c.num_windows, c.num_layers, c.num_experts)
-    n = shape[0] * shape[1] * shape[2]
-    return np.ctypeslib.as_array(c.data, shape=(n,)).reshape(shape).copy()
-
-
-class CCounts:
-    """An owned epx_counts* filled from a numpy array; freed with the object."""
-
-    def __init__(self, counts):
-        a = A.as_array(counts, np.float64, (2, 3), "counts")
-        if a.ndim == 2:
-            a = a[None]
-        S, L, E = a.shape
-        self.ptr = POINTER(Counts)()
-        call(_counts_create, S, L, E, ctypes.byref(self.ptr))
-        ctypes.memmove(self.ptr.contents.data, a.ctypes.data, a.nbytes)
-        self.shape = a.shape
-
-    def __del__(self):
-        if getattr(self, "ptr", None):
-            _counts_destroy(self.ptr)
-            self.ptr = None
-
-
-def counts_to_c(counts):
-    """An owned epx_counts (CCounts) from [L][E] or [S][L][E] loads."""
-    return CCounts(counts)
-
-
 def read_counts(spec, squeeze=False):
     """logical_count from an init file or inline JSON ({"logical_count": [L][E] |
     [S][L][E]}): float64 [S][L][E] ([L][E] reads as S = 1; squeeze=True drops S
@@ -98,7 +64,7 @@ def read_counts(spec, squeeze=False):
     try:
         a = counts_from_c(cp)
     finally:
-        _counts_destroy(cp)
+        counts_destroy(cp)
     return a[0] if squeeze and a.shape[0] == 1 else a
 
 
@@ -129,7 +95,6 @@ def init_expert_location(spec, num_gpus, num_nodes=1, num_logical_experts=0, num
     model's num_groups (n_group: 8 for DeepSeek-V3) as SGLang does; 0 plans
     with the global policy. algorithm="epx" asks for epx's own planner instead
     (sglang_version must then be None)."""
-    from .planner import ALGORITHMS, _choice  # planner imports this module
     code = _choice(ALGORITHMS, algorithm, "algorithm")
     sv = None
     if sglang_version is not None:  # a malformed release raises, a newer one warns

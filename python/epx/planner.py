@@ -9,7 +9,8 @@ from . import _arrays as A
 from ._native import (LOG_FN, POINTER, Counts, Shape, Structure, c_char_p, c_double,
                       c_float, c_int, c_int32, c_uint8, c_uint32, c_void_p, call, fn,
                       sglang_release)
-from .io import CCounts
+from ._counts import CCounts
+from ._native import EpxError, Status
 from .layout import Layout
 
 __all__ = ["deepseek", "plan", "Plan", "ALGORITHMS", "EPLB_RULES"]
@@ -165,6 +166,9 @@ class Plan:
         L, E = s["num_layers"], s["num_logical_experts"]
         w, rank = c_int32(0), c_int32(0)
         p = _l2p(self._h, ctypes.byref(w), ctypes.byref(rank))
+        if not p:  # built at the first call; NULL when memory ran out
+            raise EpxError(Status.NOMEM, "out of memory building the plan's "
+                           "logical_to_physical_map")
         full = np.ctypeslib.as_array(p, shape=(L * E * w.value,)).reshape(L, E, w.value)
         X = max(int(self.layout.num_valid.max()) if L * E else 1, 1)
         return full[:, :, :X].copy(), bool(rank.value)

@@ -15,7 +15,7 @@ import numpy as np
 from . import _arrays as A
 from ._native import (POINTER, Counts, EpxError, Status, Structure, c_char_p, c_double, c_int,
                       c_int32, c_int64, c_size_t, c_void_p, call, fn)
-from .io import CCounts, counts_from_c
+from ._counts import CCounts, counts_from_c
 from .layout import Layout
 
 __all__ = ["load", "read_dump", "write_mapping_pt", "write_counts_pt"]

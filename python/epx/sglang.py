@@ -4,7 +4,8 @@ values, computed by libepx.
   rebalance_experts(...)             sglang.srt.eplb.eplb_algorithms.deepseek
   rebalance_experts_from_windows(...) sglang.srt.eplb.eplb_algorithms.rebalance_experts
   compute_logical_to_rank_dispatch_physical_map(...)
-                                     sglang.srt.eplb.expert_location
+                                     sglang.srt.eplb.expert_location, in each
+                                     release's call shape (dispatch_map_for(V))
   compute_logical_to_all_physical_map(...)   (its _compute_logical_to_all_physical_map)
   load_init_expert_location(spec)    the data_dict of compute_initial_expert_location_metadata
 
@@ -15,12 +16,13 @@ import numpy as np
 
 from . import _arrays as A
 from . import planner as _plan
-from ._native import EpxError, Status
+from ._native import EpxError, Status, as_assertion, sglang_release
 from .io import read_counts, read_mapping
 from .layout import Layout
 
 __all__ = ["rebalance_experts", "rebalance_experts_from_windows",
-           "compute_logical_to_rank_dispatch_physical_map", "compute_logical_to_all_physical_map",
+           "compute_logical_to_rank_dispatch_physical_map", "dispatch_map_for",
+           "compute_logical_to_all_physical_map",
            "load_init_expert_location"]
 
 
@@ -69,14 +71,18 @@ def rebalance_experts(weight, num_replicas, num_groups, num_nodes, num_gpus,
     DeepSeek's original with ties to the lowest index.
     algorithm="epx" runs epx's own planner instead (extra keywords go to
     epx.plan(...)); its replicas are listed in ascending slot order.
+    A shape SGLang's copy asserts on raises epx.EpxAssertionError (an
+    EpxError and an AssertionError) with libepx's sentence.
     """
     torch_out = A.want_torch(as_torch, weight)
     if algorithm == "deepseek":
         if plan_kw:
             raise TypeError("unexpected keywords for algorithm='deepseek': %s"
                             % ", ".join(sorted(plan_kw)))
-        p2l, l2p, cnt = _plan.deepseek(weight, num_replicas, num_groups, num_nodes, num_gpus,
-                                       enable_hierarchical, sglang_version=sglang_version)
+        with as_assertion():  # SGLang's copy asserts on these shapes
+            p2l, l2p, cnt = _plan.deepseek(weight, num_replicas, num_groups, num_nodes,
+                                           num_gpus, enable_hierarchical,
+                                           sglang_version=sglang_version)
     elif algorithm == "epx":
         if sglang_version is not None:
             raise ValueError("sglang_version=%r applies to algorithm='deepseek' (SGLang's copy "
@@ -145,34 +151,210 @@ def compute_logical_to_all_physical_map(physical_to_logical_map, num_logical_exp
     return A.wrap(lay.logical_to_all_physical_map(), torch_out)
 
 
-def compute_logical_to_rank_dispatch_physical_map(logical_to_all_physical_map, num_gpus=None,
-                                                  num_physical_experts=None, ep_rank=None,
-                                                  seed=42, *, ep_size=None,
-                                                  sglang_version="0.5.2", nnodes=1):
+# ---- the static dispatch table, in each release's call shape ----------------
+#
+# SGLang's compute_logical_to_rank_dispatch_physical_map changed how it is
+# called (read from each release's wheel):
+#   <= 0.5.2          (logical_to_all_physical_map, num_gpus, num_physical_experts,
+#                     ep_rank, seed=42); no node preference.
+#   0.5.3 - 0.5.16    (server_args, logical_to_all_physical_map, num_gpus | ep_size,
+#                     num_physical_experts, ep_rank, seed=42); GPUs per node =
+#                     server_args.ep_size // server_args.nnodes, no node
+#                     preference when server_args.ep_join_mode == "scale".
+#   >= 0.5.17         (logical_to_all_physical_map, ep_size, num_physical_experts,
+#                     ep_rank, seed=42); the same two values read from SGLang's
+#                     runtime context: get_parallel().ep_size // .nnodes and
+#                     get_exec().moe.ep_join_mode (sglang.srt.runtime_context).
+# SERVER_ARGS_SINCE and RUNTIME_CONTEXT_SINCE mark the changes.
+SERVER_ARGS_SINCE = (0, 5, 3, 0)
+RUNTIME_CONTEXT_SINCE = (0, 5, 17, 0)
+
+
+def _sglang_release(version):
+    """(major, minor, patch, post) of an SGLang release string ("0.5.4.post2"),
+    read by libepx's one parser, as every other release epx takes (issue 29):
+    MAJOR.MINOR.PATCH[.postN] from the oldest release epx reproduces, else
+    EpxError naming the value; a newer release warns when its table is made."""
+    raw = sglang_release(version, "table", warn=False)[0].decode()
+    parts = raw.lstrip("v").split(".")
+    post = int(parts[3][len("post"):]) if len(parts) == 4 else 0
+    return (int(parts[0]), int(parts[1]), int(parts[2]), post)
+
+
+def _call_shape(version):
+    """"plain" (<= 0.5.2), "server_args" (0.5.3 - 0.5.16) or "runtime" (>= 0.5.17)."""
+    v = _sglang_release(version)
+    if v < SERVER_ARGS_SINCE:
+        return "plain"
+    return "server_args" if v < RUNTIME_CONTEXT_SINCE else "runtime"
+
+
+def _nodes_from(ep_size, gpus_per_node_ep_size, nnodes, join_mode, where):
+    """The node count epx plans with for ep_size GPUs, from the engine's
+    (ep_size, nnodes, ep_join_mode): 1 (no same-node preference) when SGLang
+    would not prefer same-node replicas, else ep_size / GPUs per node."""
+    if join_mode == "scale":
+        return 1  # SGLang skips the same-node preference for a scale joiner
+    nnodes = int(nnodes)
+    if nnodes <= 0 or int(gpus_per_node_ep_size) % nnodes:
+        raise EpxError(Status.SHAPE, "%s: ep_size (%s) is not a multiple of nnodes (%s): every "
+                       "node must hold the same number of GPUs" % (where, gpus_per_node_ep_size,
+                                                                    nnodes))
+    per_node = int(gpus_per_node_ep_size) // nnodes
+    if per_node <= 0 or int(ep_size) % per_node:
+        raise EpxError(Status.SHAPE, "%s: ep_size (%s) is not a multiple of the %d GPUs per node "
+                       "(%s GPUs on %d nodes)" % (where, ep_size, per_node,
+                                                  gpus_per_node_ep_size, nnodes))
+    return int(ep_size) // per_node
+
+
+def _server_args_nodes(server_args, ep_size):
+    """SGLang 0.5.3 - 0.5.16: the node count from server_args (ep_size,
+    nnodes, ep_join_mode), as those releases read it."""
+    nnodes = getattr(server_args, "nnodes", 1)
+    sa_ep = getattr(server_args, "ep_size", None) or ep_size
+    return _nodes_from(ep_size, sa_ep, nnodes, getattr(server_args, "ep_join_mode", None),
+                       "server_args")
+
+
+def _runtime_nodes(ep_size):
+    """SGLang >= 0.5.17: the node count from SGLang's runtime context
+    (sglang.srt.runtime_context.get_parallel() and get_exec().moe), read as
+    those releases read it; None where SGLang is not importable (no runtime
+    context: then one node). Errors of an unpublished context pass through,
+    as they would from SGLang's own function."""
+    try:
+        from sglang.srt.runtime_context import get_exec, get_parallel
+    except ImportError:
+        return None
+    join_mode = get_exec().moe.ep_join_mode
+    try:
+        from sglang.srt.elastic_ep.elastic_ep import elastic_expanded_world_enabled
+    except ImportError:
+        elastic_expanded_world_enabled = None
+    if elastic_expanded_world_enabled is not None and elastic_expanded_world_enabled():
+        join_mode = "scale"  # an expanded elastic world: no same-node preference either
+    par = get_parallel()
+    return _nodes_from(ep_size, par.ep_size, par.nnodes, join_mode, "SGLang's runtime context")
+
+
+def _looks_like_server_args(x):
+    return (x is not None and not hasattr(x, "shape") and not isinstance(x, (list, tuple))
+            and (hasattr(x, "nnodes") or hasattr(x, "ep_size")))
+
+
+def compute_logical_to_rank_dispatch_physical_map(*args, sglang_version=None, nnodes=None,
+                                                  **kwargs):
     """SGLang's static dispatch table for rank ep_rank: [L][E], the one replica
     each logical expert's tokens go to from that rank; bit-exact with SGLang's
     rules as shared/golden records them (CPython's random.Random(seed), one
     generator for the whole table). ep_rank=None returns all ranks [G][L][E].
-    ep_size= is accepted for num_gpus (newer SGLang's name for it). The dtype
-    (and torch-ness, and device) follows the input, as in SGLang.
+    The dtype (and torch-ness, and device) follows the input, as in SGLang.
 
-    The rule is SGLang <= 0.5.2's, whose call shape this is, unless
-    sglang_version= names another release (nnodes= then counts from 0.5.3:
-    same-node preference; from 0.5.4.post2 single-replica experts skip the
-    generator). The lists are used as given: the per-rank cut SGLang's
-    init_by_mapping makes from 0.5.4.post2 comes before this function
+    Called in the shape of the release sglang_version names (see the table
+    above; dispatch_map_for(V) gives a function with exactly that signature):
+      <= 0.5.2 (the default, sglang_version=None):
+        (logical_to_all_physical_map, num_gpus, num_physical_experts,
+         ep_rank=None, seed=42)
+      0.5.3 - 0.5.16, or any call that passes server_args (by keyword or
+      first): (server_args, logical_to_all_physical_map, num_gpus | ep_size,
+        num_physical_experts, ep_rank, seed=42); the node count comes from
+        server_args (ep_size // nnodes GPUs per node; one node when
+        ep_join_mode == "scale"); with no sglang_version the rule is 0.5.16's.
+      >= 0.5.17: (logical_to_all_physical_map, ep_size, num_physical_experts,
+        ep_rank, seed=42); the node count from SGLang's runtime context where
+        sglang is importable, else one node.
+    ep_size= and num_gpus= name the same argument in every shape. nnodes=
+    (epx's keyword) overrides the node count in any shape. The rule is that
+    of sglang_version (0.5.2 when None and no server_args): from 0.5.3 the
+    node count counts (same-node preference), from 0.5.4.post2 single-replica
+    experts skip the generator. The lists are used as given: the per-rank cut
+    SGLang's init_by_mapping makes from 0.5.4.post2 comes before this function
     (epx.static_table(layout, sglang_version=V) does both)."""
-    if ep_size is not None:
-        if num_gpus is not None and int(num_gpus) != int(ep_size):
-            raise TypeError("num_gpus (%s) and ep_size (%s) disagree" % (num_gpus, ep_size))
-        num_gpus = ep_size
-    if num_gpus is None or num_physical_experts is None:
-        raise TypeError("compute_logical_to_rank_dispatch_physical_map needs num_gpus "
-                        "(or ep_size) and num_physical_experts")
+    args = list(args)
+    server_args = kwargs.pop("server_args", None)
+    if server_args is None and args and _looks_like_server_args(args[0]):
+        server_args = args.pop(0)
+    shape = "plain" if sglang_version is None else _call_shape(sglang_version)
+    if server_args is not None:
+        if sglang_version is None:
+            sglang_version, shape = "0.5.16", "server_args"
+        elif shape != "server_args":
+            raise TypeError("SGLang %s's compute_logical_to_rank_dispatch_physical_map takes no "
+                            "server_args (only 0.5.3 - 0.5.16 do; %s)"
+                            % (sglang_version, "it reads SGLang's runtime context"
+                               if shape == "runtime" else "it has no node preference"))
+    if sglang_version is None:
+        sglang_version = "0.5.2"
+    names = ["logical_to_all_physical_map", "num_gpus", "num_physical_experts", "ep_rank",
+             "seed"]
+    if len(args) > len(names):
+        raise TypeError("compute_logical_to_rank_dispatch_physical_map takes at most %d "
+                        "positional arguments (%d given)" % (len(names), len(args)))
+    bound = dict(zip(names, args))
+    if "ep_size" in kwargs:
+        ep_size = kwargs.pop("ep_size")
+        if "num_gpus" in kwargs or "num_gpus" in bound:
+            num_gpus = kwargs.pop("num_gpus", bound.get("num_gpus"))
+            if num_gpus is not None and ep_size is not None and int(num_gpus) != int(ep_size):
+                raise TypeError("num_gpus (%s) and ep_size (%s) disagree" % (num_gpus, ep_size))
+        bound["num_gpus"] = ep_size
+    for k in list(kwargs):
+        if k not in names:
+            raise TypeError("compute_logical_to_rank_dispatch_physical_map got an unexpected "
+                            "keyword argument %r" % k)
+        if k in bound:
+            raise TypeError("compute_logical_to_rank_dispatch_physical_map got multiple values "
+                            "for argument %r" % k)
+        bound[k] = kwargs.pop(k)
+    l2a = bound.get("logical_to_all_physical_map")
+    num_gpus, num_physical = bound.get("num_gpus"), bound.get("num_physical_experts")
+    if l2a is None or num_gpus is None or num_physical is None:
+        raise TypeError("compute_logical_to_rank_dispatch_physical_map needs "
+                        "logical_to_all_physical_map, num_gpus (or ep_size) and "
+                        "num_physical_experts")
+    if nnodes is None:
+        if shape == "server_args" and server_args is not None:
+            nnodes = _server_args_nodes(server_args, num_gpus)
+        elif shape == "runtime":
+            nnodes = _runtime_nodes(num_gpus)
     from . import dispatch  # the dispatch room's binding
-    return dispatch.sglang_static_table(logical_to_all_physical_map, num_gpus,
-                                        num_physical_experts, ep_rank, seed,
-                                        sglang_version=sglang_version, num_nodes=nnodes)
+    return dispatch.sglang_static_table(l2a, num_gpus, num_physical, bound.get("ep_rank"),
+                                        bound.get("seed", 42), sglang_version=sglang_version,
+                                        num_nodes=1 if nnodes is None else nnodes)
+
+
+def dispatch_map_for(sglang_version):
+    """compute_logical_to_rank_dispatch_physical_map with exactly the call
+    shape and rule of SGLang release sglang_version ("0.5.2", "0.5.16",
+    "0.5.23"), to put where that release's function was:
+
+        expert_location.compute_logical_to_rank_dispatch_physical_map = \
+            epx.sglang.dispatch_map_for("0.5.16")
+    """
+    version = sglang_version  # a str: the release parser refuses anything else
+    shape = _call_shape(version)
+    run = compute_logical_to_rank_dispatch_physical_map
+    if shape == "plain":
+        def table(logical_to_all_physical_map, num_gpus, num_physical_experts, ep_rank,
+                  seed=42):
+            return run(logical_to_all_physical_map, num_gpus, num_physical_experts, ep_rank,
+                       seed, sglang_version=version)
+    elif shape == "server_args":
+        def table(server_args, logical_to_all_physical_map, ep_size, num_physical_experts,
+                  ep_rank, seed=42):
+            return run(logical_to_all_physical_map, ep_size, num_physical_experts, ep_rank,
+                       seed, server_args=server_args, sglang_version=version)
+    else:
+        def table(logical_to_all_physical_map, ep_size, num_physical_experts, ep_rank,
+                  seed=42):
+            return run(logical_to_all_physical_map, ep_size, num_physical_experts, ep_rank,
+                       seed, sglang_version=version)
+    table.__name__ = "compute_logical_to_rank_dispatch_physical_map"
+    table.__qualname__ = table.__name__
+    table.__doc__ = ("SGLang %s's compute_logical_to_rank_dispatch_physical_map (%s call "
+                     "shape), computed by epx." % (version, shape))
+    return table
 
 
 def load_init_expert_location(spec, *, as_torch=None):

@@ -5,7 +5,7 @@ import ctypes
 
 from ._native import (POINTER, Counts, Structure, c_char_p, c_double, c_int32, c_int64,
                       c_uint32, c_uint64, c_void_p, call, fn)
-from .io import counts_from_c
+from ._counts import counts_from_c
 
 __all__ = ["model", "models", "synth"]
 

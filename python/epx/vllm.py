@@ -20,6 +20,12 @@ answers):
                          input's device.
   policy_for(version)    the class that matches a release string.
 
+Errors: where vLLM's code asserts on an impossible shape (num_replicas not a
+multiple of the GPUs, experts not a multiple of the groups, GPUs not a
+multiple of the nodes, fewer replicas than experts) the drop-ins raise
+EpxAssertionError, both an epx.EpxError (status, libepx's sentence naming the
+value and the fix) and an AssertionError, as vLLM's callers catch it.
+
 Every release runs DeepSeek's EPLB: hierarchical when num_groups % num_nodes
 == 0, else the global policy; log2phy has P - E + 1 columns, each expert's
 slots in replica-rank order. Given the map in service, releases >= 0.14.0
@@ -54,8 +60,9 @@ import numpy as np
 from . import _arrays as A
 from . import planner as _plan
 from . import sglang as _sglang
+from ._native import EpxAssertionError, as_assertion
 
-__all__ = ["DefaultEplbPolicy", "TupleEplbPolicy", "TupleEplbPolicy013", "rebalance_experts",
+__all__ = ["EpxAssertionError", "DefaultEplbPolicy", "TupleEplbPolicy", "TupleEplbPolicy013", "rebalance_experts",
            "policy_for", "VERIFIED_VERSIONS"]
 
 # The releases whose own code produced tests/data/vllm/eplb.json: each side of
@@ -69,7 +76,15 @@ def _deepseek(weight, num_replicas, num_groups, num_nodes, num_gpus, algorithm="
     """vLLM's rule for the policy (no flag: groups divisible by nodes), with
     log2phy P - E + 1 wide; numpy int64 triple. rule: the release's
     arithmetic (epx.planner.EPLB_RULES: "deepseek" = float32, vLLM <= 0.13.0;
-    "vllm-f64" = vLLM >= 0.14.0)."""
+    "vllm-f64" = vLLM >= 0.14.0). A shape vLLM asserts on raises
+    EpxAssertionError (an EpxError and an AssertionError)."""
+    with as_assertion():
+        return _deepseek_checked(weight, num_replicas, num_groups, num_nodes, num_gpus,
+                                 algorithm, rule, **plan_kw)
+
+
+def _deepseek_checked(weight, num_replicas, num_groups, num_nodes, num_gpus, algorithm, rule,
+                      **plan_kw):
     num_replicas, num_gpus = _int(num_replicas, "num_replicas"), _int(num_gpus, "num_gpus")
     hierarchical = _int(num_groups, "num_groups") % _int(num_nodes, "num_nodes") == 0
     if A.is_torch(weight):

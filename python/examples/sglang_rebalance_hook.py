@@ -7,6 +7,7 @@ calls, through module attributes:
       num_groups, num_nodes, num_gpus, enable_hierarchical)
   sglang.srt.eplb.expert_location.compute_logical_to_rank_dispatch_physical_map(
       logical_to_all_physical_map, num_gpus, num_physical_experts, ep_rank, seed=42)
+  (server_args first from 0.5.3; the installed release's call shape is used)
 vLLM calls vllm.distributed.eplb.rebalance_algo.rebalance_experts(weight,
 num_replicas, num_groups, num_nodes, num_gpus). install() replaces whichever of
 these is importable with epx's drop-in (same arguments, same return values), so
@@ -59,7 +60,25 @@ def _replacement(kind, algorithm):
             return epx.vllm.rebalance_experts(weight, num_replicas, num_groups, num_nodes,
                                               num_gpus, algorithm=algorithm)
         return rebalance_experts
-    return epx.sglang.compute_logical_to_rank_dispatch_physical_map
+    return _dispatch_table_for(installed_sglang_version())
+
+
+def installed_sglang_version():
+    """The installed SGLang's release, or None (no SGLang: the demo's stand-in)."""
+    try:
+        from importlib.metadata import PackageNotFoundError, version
+        return version("sglang")
+    except (ImportError, PackageNotFoundError):
+        return None
+
+
+def _dispatch_table_for(sglang_version):
+    """SGLang's dispatch-table function in the installed release's call shape
+    (server_args from 0.5.3, the runtime context from 0.5.17) and rule; the
+    <= 0.5.2 shape without SGLang."""
+    if sglang_version is None:
+        return epx.sglang.compute_logical_to_rank_dispatch_physical_map
+    return epx.sglang.dispatch_map_for(sglang_version)
 
 
 def install(modules=None, algorithm=None, verbose=True):

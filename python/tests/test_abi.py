@@ -21,6 +21,7 @@ MIRRORS = {
     "epx_table_opts": dispatch.TableOpts,
     "epx_dispatch_spec": dispatch.DispatchSpec,
     "epx_token_layout": dispatch.TokenLayout,
+    "epx_balanced_out": dispatch.BalancedOut,
     "epx_layer_balance": metrics.LayerBalance,
     "epx_balance": metrics.Balance,
     "epx_pt_tensor": pt.Tensor,

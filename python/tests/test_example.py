@@ -79,3 +79,21 @@ def test_demo_runs_standalone(hook, capsys):
     assert hook.main(["--demo", "--model", "mixtral", "--gpus", "4", "--redundant", "4"]) == 0
     out = capsys.readouterr().out
     assert "after the hook" in out and "balancedness" in out
+
+
+def test_dispatch_table_in_the_installed_releases_shape(hook, fake_sglang, monkeypatch):
+    """The hook installs the dispatch-table function in the call shape of the
+    SGLang release installed: 0.5.16's takes server_args first."""
+    import inspect
+    mods, _ = fake_sglang
+    monkeypatch.setattr(hook, "installed_sglang_version", lambda: "0.5.16")
+    replaced = hook.install(verbose=False)
+    fn = mods["sglang.srt.eplb.expert_location"].compute_logical_to_rank_dispatch_physical_map
+    assert list(inspect.signature(fn).parameters)[0] == "server_args"
+    hook.uninstall(replaced)
+    monkeypatch.setattr(hook, "installed_sglang_version", lambda: "0.5.23")
+    replaced = hook.install(verbose=False)
+    fn = mods["sglang.srt.eplb.expert_location"].compute_logical_to_rank_dispatch_physical_map
+    assert list(inspect.signature(fn).parameters)[:2] == ["logical_to_all_physical_map",
+                                                         "ep_size"]
+    hook.uninstall(replaced)

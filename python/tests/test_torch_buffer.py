@@ -9,6 +9,7 @@ import math
 import os
 import socket
 import struct
+import types
 
 import numpy as np
 import pytest
@@ -392,6 +393,7 @@ class FakeEngine:
         self.src_info = torch.zeros((L, S), dtype=torch.int32)
         self.layout_range = torch.zeros((L, num_ranks), dtype=torch.int64)
         self.calls, self.infos, self.destroyed = [], None, False
+        self.generation = 0
         FakeEngine.made.append(self)
 
     def info(self):
@@ -413,13 +415,16 @@ class FakeEngine:
                 raise EpxError(Status.INVALID_ARG, "fake connect: rank 0 has hidden %d, rank %d "
                                "has %d" % (self.cfg.hidden, r, h))
 
-    def dispatch(self, parts, x, ids):
+    def dispatch(self, parts, x, ids, stream=None):
         self.calls.append(("dispatch", parts, None if x is None else tuple(x.shape),
                            None if ids is None else ids.dtype))
 
-    def combine(self, parts, y, weights, out):
+    def combine(self, parts, y, weights, out, stream=None):
         self.calls.append(("combine", parts, y, None if weights is None else
                            tuple(weights.shape), None if out is None else tuple(out.shape)))
+
+    def disconnect(self):
+        self.calls.append("disconnect")
 
     def destroy(self):
         self.destroyed = True
@@ -436,6 +441,7 @@ def _fake_gpu(set_attr, engine=FakeEngine, need=1000):
     set_attr(_ll, "buffer_bytes", lambda cfg, n: need)
     set_attr(_ll, "Engine", engine)
     set_attr(torch.cuda, "synchronize", lambda *a: None)  # destroy() waits for the GPU
+    set_attr(torch.cuda, "current_stream", lambda *a: types.SimpleNamespace(cuda_stream=0))
     FakeEngine.made = []
     FakeEngine.fail_open_rank = None
 
@@ -694,20 +700,24 @@ def test_dispatch_and_combine_drive_the_engine_as_deepep(buf):
     _, _, h2, _, hook = buf.low_latency_dispatch(
         x, ids.int(), 8, 8, cumulative_local_expert_recv_stats=stats, use_fp8=False,
         return_recv_hook=True)
-    assert eng.calls[-1] == ("dispatch", _ll.SEND, (3, 256), torch.int32)
+    # int32 ids go as int64: every negative id means none, as DeepEP's
+    assert eng.calls[-1] == ("dispatch", _ll.SEND, (3, 256), torch.int64)
     assert stats.tolist() == list(range(1, 9))
     hook()
     assert eng.calls[-1] == ("dispatch", _ll.RECV, None, None)
     assert stats.tolist() == [2 * i for i in range(1, 9)]
     # use_fp8: DeepEP's cast of the received rows
     eng.recv_x.copy_(torch.randn(eng.recv_x.shape).to(torch.bfloat16))
-    (d, s), *_ = buf.low_latency_dispatch(x, ids, 8, 8, round_scale=True)
+    (d, s), _, handle, _, _ = buf.low_latency_dispatch(x, ids, 8, 8, round_scale=True)
     want_d, want_s = B.per_token_cast_fp8(eng.recv_x, True)
     assert torch.equal(_bits(d), _bits(want_d)) and torch.equal(s, want_s)
     # combine: y is the caller's unless it is the engine's own (or zero_copy)
     w = cu(torch.rand(3, 4))
     out = cu(torch.empty(3, 256, dtype=torch.bfloat16))
     y = cu(torch.zeros(8, 8, 256, dtype=torch.bfloat16))
+    # an earlier dispatch's handle: its rows were replaced (one dispatch per shape)
+    with pytest.raises(ValueError, match="followed by another dispatch"):
+        buf.low_latency_combine(y, ids, w, h2, out=out)
     got, ev, hook = buf.low_latency_combine(y, ids, w, handle, out=out)
     assert got is out and ev.event is None and hook is None
     assert eng.calls[-1] == ("combine", _ll.SEND | _ll.RECV, y, (3, 4), (3, 256))
@@ -722,7 +732,7 @@ def test_dispatch_and_combine_drive_the_engine_as_deepep(buf):
     assert eng.calls[-1] == ("combine", _ll.RECV, None, None, None)
     assert buf.get_next_low_latency_combine_buffer(handle) is eng.y
     buf.destroy()
-    assert eng.destroyed
+    assert eng.destroyed and "disconnect" in eng.calls
 
 
 def test_combine_argument_checks(buf, world1):
@@ -774,3 +784,13 @@ def test_combine_refuses_a_token_count_other_than_the_dispatchs(buf):
     with pytest.raises(ValueError, match="3"):
         buf.low_latency_combine(y, ids[:2], cu(torch.rand(2, 4)), handle,
                                 out=cu(torch.empty(2, 256, dtype=torch.bfloat16)))
+
+
+def test_health_asks_every_engine(buf, world1):
+    x, ids = _inputs(T=3, H=256, K=4, E=8)
+    buf.low_latency_dispatch(x, ids, 8, 8, use_fp8=False)
+    eng, = FakeEngine.made
+    asked = []
+    eng.health = lambda: asked.append(True)
+    buf.low_latency_health()
+    assert asked == [True]

@@ -371,3 +371,103 @@ def test_cuda_compile_inductor():
     fn = torch.compile(lambda i: et.dispatch_layout(i, c["E"], c["G"]), fullgraph=True)
     for a, b in zip(fn(ids), et.dispatch_layout(c["ids"], c["E"], c["G"])):
         assert torch.equal(a.cpu(), b)
+
+
+# ---- DeepEP's get_dispatch_layout: its call and its five outputs -----------------
+
+def _deepep_style_reference(ids, E, G):
+    """The counts as DeepEP's tests build theirs: torch.int (int32) tensors,
+    one count per expert and per rank; a token counts once per rank."""
+    per_expert = torch.zeros((E,), dtype=torch.int)
+    for i in range(E):
+        per_expert[i] = (ids == i).sum()
+    rank_of = torch.where(ids >= 0, ids // (E // G), -1)
+    in_rank = torch.zeros((ids.shape[0], G), dtype=torch.bool)
+    per_rank = torch.empty((G,), dtype=torch.int)
+    for r in range(G):
+        in_rank[:, r] = (rank_of == r).any(dim=1)
+        per_rank[r] = in_rank[:, r].sum()
+    return per_rank, per_expert, in_rank
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_get_dispatch_layout_is_deepeps_call(seed):
+    """Five outputs as DeepEP returns them, compared the way DeepEP's own
+    test compares them (torch.allclose, which refuses int64 against int32)."""
+    c = _case(seed)
+    for ids in (c["ids"], c["ids"].to(torch.int32)):
+        tpr, rdma, tpe, in_rank, event = et.get_dispatch_layout(ids, c["E"], num_ranks=c["G"])
+        ref_tpr, ref_tpe, ref_in_rank = _deepep_style_reference(c["ids"], c["E"], c["G"])
+        assert torch.allclose(tpr, ref_tpr)
+        assert torch.allclose(tpe, ref_tpe)
+        assert torch.allclose(in_rank, ref_in_rank)
+        assert tpr.dtype == torch.int32 and tpe.dtype == torch.int32
+        assert in_rank.dtype == torch.bool and in_rank.shape == (c["T"], c["G"])
+        assert rdma is None  # no RDMA ranks
+        assert isinstance(event, et.EventOverlap) and event.event is None
+        # epx's own dispatch_layout: the same numbers, int64
+        own = et.dispatch_layout(ids, c["E"], c["G"])
+        assert torch.equal(own[0], tpr.long()) and torch.equal(own[1], tpe.long())
+        assert torch.equal(own[2], in_rank)
+
+
+def test_int64_counts_are_what_deepeps_test_refuses():
+    """Why the int32: DeepEP's comparison raises on epx's int64 counts."""
+    c = _case(3)
+    own = et.dispatch_layout(c["ids"], c["E"], c["G"])[0]
+    with pytest.raises(RuntimeError):
+        torch.allclose(own, _deepep_style_reference(c["ids"], c["E"], c["G"])[0])
+
+
+def test_get_dispatch_layout_signature_is_deepeps():
+    """DeepEP's Buffer.get_dispatch_layout(self, topk_idx, num_experts,
+    previous_event=None, async_finish=False, allocate_on_comm_stream=False)
+    (deep_ep/buffers/legacy.py); the function form adds keyword num_ranks."""
+    import inspect
+    want = [("topk_idx", inspect.Parameter.empty), ("num_experts", inspect.Parameter.empty),
+            ("previous_event", None), ("async_finish", False),
+            ("allocate_on_comm_stream", False)]
+    meth = inspect.signature(et.Buffer.get_dispatch_layout).parameters
+    assert [(n, p.default) for n, p in meth.items()] == [("self", inspect.Parameter.empty)] + want
+    fn = inspect.signature(et.get_dispatch_layout).parameters
+    assert [(n, p.default) for n, p in fn.items()][:5] == want
+    assert fn["num_ranks"].kind == inspect.Parameter.KEYWORD_ONLY
+
+
+def test_buffer_get_dispatch_layout_uses_its_ranks():
+    """The Buffer's method passes its group size (no GPU needed here: a
+    Buffer object without an engine)."""
+    buf = object.__new__(et.Buffer)
+    buf.group_size, buf._destroyed = 4, False
+    ids = torch.tensor([[0, 5], [7, -1], [2, 3]])
+    tpr, rdma, tpe, in_rank, _ = buf.get_dispatch_layout(ids, 8)
+    assert tpr.tolist() == [1, 1, 1, 1] and rdma is None and tpe.sum() == 5
+    buf._destroyed = True
+    with pytest.raises(ValueError, match="destroyed"):
+        buf.get_dispatch_layout(ids, 8)
+
+
+def test_get_dispatch_layout_arguments_refused_with_a_reason():
+    ids = torch.tensor([[0, 1]])
+    with pytest.raises(ValueError, match="previous_event and async_finish"):
+        et.get_dispatch_layout(ids, 4, allocate_on_comm_stream=True, num_ranks=2)
+    with pytest.raises(ValueError, match="CUDA"):
+        et.get_dispatch_layout(ids, 4, async_finish=True, num_ranks=2)
+    with pytest.raises(TypeError, match="torch.cuda.Event"):
+        et.get_dispatch_layout(ids, 4, previous_event=et.EventOverlap(object()), num_ranks=2)
+    with pytest.raises(TypeError):
+        et.get_dispatch_layout(ids, 4)  # num_ranks is needed
+
+
+@need_cuda
+def test_get_dispatch_layout_events_on_cuda():
+    c = _case(5, "cuda")
+    before = et.Buffer.capture()
+    tpr, rdma, tpe, in_rank, event = et.get_dispatch_layout(
+        c["ids"], c["E"], previous_event=before, async_finish=True,
+        allocate_on_comm_stream=True, num_ranks=c["G"])
+    assert isinstance(event.event, torch.cuda.Event)
+    event.current_stream_wait()
+    ref = _deepep_style_reference(c["ids"].cpu(), c["E"], c["G"])
+    assert torch.allclose(tpr.cpu(), ref[0]) and torch.allclose(tpe.cpu(), ref[1])
+    assert torch.equal(in_rank.cpu(), ref[2]) and tpr.device.type == "cuda"

@@ -328,3 +328,53 @@ def test_policy_013_has_no_old_map():
         pol.rebalance_experts(w, 24, 4, 1, 4, old_global_expert_indices=old)
     p2l, l2p, cnt = pol.rebalance_experts(w, 24, 4, 1, 4)
     assert l2p.shape == (2, 16, 9) and cnt.shape == (2, 16)
+
+
+# Each impossible shape vLLM's own code asserts on (weight 4 experts): the
+# arguments (num_replicas, num_groups, num_nodes, num_gpus) and a word the
+# message must hold.
+_ASSERTED_SHAPES = [
+    ((7, 2, 2, 4), "7"),  # 7 replicas on 4 GPUs
+    ((8, 3, 1, 4), "3"),  # 4 experts, 3 groups (hierarchical: 3 % 1 == 0)
+    ((8, 2, 2, 3), "3"),  # 3 GPUs on 2 nodes (hierarchical: 2 % 2 == 0)
+    ((2, 1, 1, 2), "2"),  # 2 replicas for 4 experts
+]
+
+
+@pytest.mark.parametrize("args,word", _ASSERTED_SHAPES)
+@pytest.mark.parametrize("entry", ["function", "0.13.0", "0.18.1", "0.34.0"])
+def test_impossible_shape_is_an_assertion_error_too(args, word, entry):
+    """Where vLLM asserts, the drop-ins raise an EpxError that is also an
+    AssertionError, so `except AssertionError` (and pytest.raises(AssertionError)
+    in vLLM's own tests) catches it; the message still names the value."""
+    w = np.array([[10, 20, 30, 40]], dtype=np.float32)
+    if entry == "function":
+        run = epx.vllm.rebalance_experts
+    else:
+        run = epx.vllm.policy_for(entry).rebalance_experts
+    with pytest.raises(AssertionError) as ei:
+        run(w, *args)
+    e = ei.value
+    assert isinstance(e, epx.EpxError) and isinstance(e, epx.EpxAssertionError)
+    assert e.status == epx.Status.SHAPE and e.name == "EPX_ERR_SHAPE"
+    assert word in e.message and str(e).startswith("EPX_ERR_SHAPE: ")
+
+
+def test_possible_shapes_and_other_errors_are_not_assertions():
+    w = np.array([[10, 20, 30, 40]], dtype=np.float32)
+    # groups not divisible by nodes: vLLM falls back to the global policy
+    assert epx.vllm.rebalance_experts(w, 8, 3, 2, 4)[0].shape == (1, 8)
+    with pytest.raises(ValueError) as ei:  # a bad map in service stays a ValueError
+        epx.vllm.DefaultEplbPolicy.rebalance_experts(w, 8, 1, 1, 4,
+                                                     np.zeros((2, 8), dtype=np.int64))
+    assert not isinstance(ei.value, AssertionError)
+    with pytest.raises(epx.EpxError) as ei:  # epx's own planner is not vLLM's
+        epx.plan(np.ones((1, 4)), num_gpus=4, num_physical_experts=7)
+    assert not isinstance(ei.value, AssertionError)
+
+
+def test_sglang_deepseek_asserts_too():
+    w = np.array([[10, 20, 30, 40]], dtype=np.float32)
+    with pytest.raises(AssertionError) as ei:
+        epx.sglang.rebalance_experts(w, 7, 1, 1, 4, False)
+    assert isinstance(ei.value, epx.EpxError) and "7" in ei.value.message

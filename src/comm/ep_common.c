@@ -12,7 +12,6 @@ static size_t align_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
 
 /* Most local slots a low-latency receiver groups in one pass of its
  * kernel (a shared-memory histogram). */
-#define EPXI_LL_MAX_LOCAL_SLOTS 2048
 
 static epx_status check_config(const epx_ep_config *cfg, int32_t R, epx_error *err) {
     if (cfg == NULL) return epxi_fail(err, EPX_ERR_INVALID_ARG, "EP config is NULL");

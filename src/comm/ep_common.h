@@ -74,6 +74,10 @@ typedef struct epxi_ws_part {
 EPXI_HIDDEN epx_status epxi_ws_carve(const epxi_ws_part *parts, size_t nparts, size_t align,
                                      size_t *total, const char *who, epx_error *err);
 
+/* Local slots a rank may hold in low-latency mode (the GPU engine keeps a
+ * scan of them in shared memory). */
+#define EPXI_LL_MAX_LOCAL_SLOTS 2048
+
 /* The low-latency flag word: epoch in the high half, the sender's token
  * count (or EPXI_LL_BAD for a refused batch) in the low half. */
 #define EPXI_LL_BAD 0xffffffffu

@@ -157,4 +157,16 @@ static inline double epxi_balancedness(const epxi_gpu_summary *s) {
     return s->total / (double)s->live / s->max;
 }
 
+/* Threads for `items` independent pieces of work: EPX_THREADS if set (1 =
+ * none), else one per online CPU; at most `items` and 64. The library's only
+ * threads come from epxi_parallel (today: SGLang's cut dispatch table;
+ * DeepSeek's layers on threads were measured slower on the 2-core VM at the
+ * planning shapes, bench/RESULTS.md, and are not used). */
+EPXI_HIDDEN int32_t epxi_threads(int64_t items);
+
+/* Run fn(ctx, t, n) for t = 0 .. n - 1, each on its own thread, t = 0 on
+ * the calling thread; returns when all are done. A thread that cannot
+ * start leaves its share to the caller, which runs it after its own. */
+EPXI_HIDDEN void epxi_parallel(int32_t n, void (*fn)(void *ctx, int32_t t, int32_t n), void *ctx);
+
 #endif /* EPX_INTERNAL_H */

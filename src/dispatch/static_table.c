@@ -24,10 +24,8 @@
  * experts onto one replica. bench/RESULTS.md has both.)
  */
 #include <math.h>
-#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "pyrandom.h"
 
@@ -182,42 +180,31 @@ static void sglang_pass(const epx_shape *s, const int32_t *replicas, int32_t wid
         }
 }
 
-/* The per-rank passes of a cut table, ranks first, first + step, ...: one
- * thread's share. Rows of different ranks never overlap, so threads write
- * `out` without locks. */
+/* The per-rank passes of a cut table, shared by the threads (epxi_parallel):
+ * thread t runs ranks t, t + n, ...; rows of different ranks never overlap,
+ * so threads write `out` without locks. */
 typedef struct sg_job {
     const epx_shape *s;
     const int32_t *replicas;
-    int32_t width, first, step;
+    int32_t width;
     uint64_t seed;
     epx_sglang_rule rule;
     int32_t *out;
-    int failed; /* out of memory for its scratch */
+    uint8_t *failed; /* [threads]: out of memory for its scratch */
 } sg_job;
 
-static void *sg_run(void *arg) {
+/* Passes first, first + step, ... of a cut table, with their own scratch. */
+static void sg_run(void *arg, int32_t first, int32_t step) {
     sg_job *j = arg;
     void *mem = calloc(1, sg_scratch_bytes(j->s->num_gpus, j->width));
     if (mem == NULL) {
-        j->failed = 1;
-        return NULL;
+        j->failed[first] = 1;
+        return;
     }
     sg_scratch w = sg_scratch_at(mem, j->s->num_gpus, j->width);
-    for (int32_t r = j->first; r < j->s->num_gpus; r += j->step)
+    for (int32_t r = first; r < j->s->num_gpus; r += step)
         sglang_pass(j->s, j->replicas, j->width, j->seed, j->rule, r, j->out, &w);
     free(mem);
-    return NULL;
-}
-
-/* Threads for the G passes of a cut table: EPX_THREADS if set (1 = none),
- * else one per online CPU, at most G and 64. */
-static int32_t sg_threads(int32_t G) {
-    long n = sysconf(_SC_NPROCESSORS_ONLN);
-    const char *env = getenv("EPX_THREADS");
-    if (env != NULL && *env != '\0') n = strtol(env, NULL, 10);
-    if (n < 1) n = 1;
-    if (n > 64) n = 64;
-    return n < G ? (int32_t)n : G;
 }
 
 /* SGLang's table. With `cut` (init_by_mapping, >= 0.5.4.post2) rank r's row
@@ -232,25 +219,12 @@ static epx_status sglang_table(const epx_shape *s, const int32_t *replicas, int3
         sglang_pass(s, replicas, width, seed, rule, -1, out, w);
         return EPX_OK;
     }
-    int32_t nt = sg_threads(G);
-    sg_job jobs[64];
-    pthread_t tid[64];
-    int32_t started = 0;
-    for (int32_t t = 0; t < nt; t++)
-        jobs[t] = (sg_job){s, replicas, width, t, nt, seed, rule, out, 0};
-    /* Thread 0's share runs here; a thread that cannot start leaves its
-     * share to this one. */
-    for (int32_t t = 1; t < nt; t++) {
-        if (pthread_create(&tid[t], NULL, sg_run, &jobs[t]) != 0) break;
-        started = t;
-    }
-    for (int32_t t = started + 1; t < nt; t++) sg_run(&jobs[t]);
-    sg_run(&jobs[0]);
-    int failed = jobs[0].failed;
-    for (int32_t t = 1; t < nt; t++) {
-        if (t <= started) pthread_join(tid[t], NULL);
-        failed |= jobs[t].failed;
-    }
+    int32_t nt = epxi_threads(G);
+    uint8_t failed_of[64] = {0};
+    sg_job job = {s, replicas, width, seed, rule, out, failed_of};
+    epxi_parallel(nt, sg_run, &job);
+    int failed = 0;
+    for (int32_t t = 0; t < nt; t++) failed |= failed_of[t];
     if (failed)
         return epxi_fail(err, EPX_ERR_NOMEM,
                          "out of memory for the per-rank passes of SGLang's cut dispatch table");

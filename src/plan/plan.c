@@ -13,6 +13,7 @@
  */
 #include <float.h>
 #include <math.h>
+#include <stdatomic.h>
 #include <string.h>
 #include <time.h>
 
@@ -25,8 +26,15 @@
 struct epx_plan {
     epx_layout *layout;
     double *weights; /* [L][P] */
-    int32_t *l2p;    /* [L][E][P - E + 1]: SGLang's replica order for this plan */
-    bool l2p_rank;   /* l2p is in DeepSeek's replica-rank order */
+    /* A DeepSeek plan's replica rank of every slot [L][P] (NULL for the
+     * others); the [L][E][P - E + 1] lists in that order are built from it
+     * on the first epx_plan_logical_to_physical call, not while planning:
+     * at Kimi-K2's shape they are 3 MB that every plan zeroed and filled (a
+     * third of parity mode's time, issue 30). */
+    int32_t *rank;
+    struct lazy_lists {
+        _Atomic(int32_t *) l2p;
+    } * lists; /* beside the plan, so a const plan can fill it */
     double seconds;
     epx_algorithm algorithm;
 };
@@ -217,12 +225,11 @@ static double now_seconds(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-/* DeepSeek's placement of every layer into map [L][P]; with l2p (may be
- * NULL) also each expert's slots in replica-rank order, [L][E][P - E + 1]. */
+/* DeepSeek's placement of every layer into map [L][P]; with ranks (may be
+ * NULL) also each slot's replica rank, [L][P]. */
 static epx_status plan_deepseek_all(const epx_counts *c, const epx_shape *s, const epx_plan_opts *o,
-                                    bool hier, int32_t *map, int32_t *l2p, epx_error *err) {
+                                    bool hier, int32_t *map, int32_t *ranks, epx_error *err) {
     const int32_t L = s->num_layers, E = s->num_logical_experts, P = s->num_physical_experts;
-    const size_t X = (size_t)(P - E + 1);
     epx_eplb_rule rule = EPX_EPLB_RULE_DEEPSEEK;
     if (o->sglang_version != NULL)
         EPX_TRY(epx_sglang_eplb_rule(o->sglang_version, &rule, NULL, err));
@@ -242,11 +249,8 @@ static epx_status plan_deepseek_all(const epx_counts *c, const epx_shape *s, con
         for (int32_t l = 0; l < L; l++) {
             int32_t *row = map + (size_t)l * (size_t)P;
             epxi_deepseek_layer(ws, w + (size_t)l * (size_t)E, row, rank, NULL);
-            if (l2p != NULL) {
-                int32_t *out = l2p + (size_t)l * (size_t)E * X;
-                for (size_t i = 0; i < (size_t)E * X; i++) out[i] = -1;
-                for (int32_t p = 0; p < P; p++) out[(size_t)row[p] * X + (size_t)rank[p]] = p;
-            }
+            if (ranks != NULL)
+                memcpy(ranks + (size_t)l * (size_t)P, rank, (size_t)P * sizeof *rank);
             if (o->progress) o->progress(o->progress_user, "layers planned", l + 1, L);
         }
     epxi_deepseek_destroy(ws);
@@ -300,7 +304,7 @@ static void planned_load(const epx_counts *counts, epx_algorithm algo, const epx
 typedef struct {
     epx_algorithm algo;
     const epx_shape *checked; /* the shape check_opts checked */
-    int32_t *l2p;             /* optional: DeepSeek's replica-rank lists, [L][E][P - E + 1] */
+    int32_t *ranks;           /* optional: DeepSeek's replica rank of every slot, [L][P] */
 } place_ctx;
 
 static epx_status place(void *ctx, const epx_counts *counts, const epx_shape *shape,
@@ -317,7 +321,7 @@ static epx_status place(void *ctx, const epx_counts *counts, const epx_shape *sh
     if (shape != pc->checked)
         EPX_TRY(epxi_deepseek_check(E, P, opts->num_groups > 0 ? opts->num_groups : 1,
                                     shape->num_nodes, shape->num_gpus, hier, err));
-    EPX_TRY(plan_deepseek_all(counts, shape, opts, hier, map, pc->l2p, err));
+    EPX_TRY(plan_deepseek_all(counts, shape, opts, hier, map, pc->ranks, err));
     /* DeepSeek's dispatch splits an expert's tokens evenly. */
     int32_t *nv = epxi_calloc((size_t)E, sizeof *nv, "replica counts", err);
     if (nv == NULL) return EPX_ERR_NOMEM;
@@ -354,18 +358,18 @@ epx_status epx_plan_compute(const epx_counts *counts, const epx_shape *shape,
     }
     plan->algorithm = algo;
     const bool constrained = epxi_plan_is_constrained(opts);
-    const size_t LEX = (size_t)shape->num_layers * (size_t)shape->num_logical_experts *
-                       (size_t)(shape->num_physical_experts - shape->num_logical_experts + 1);
-    plan->l2p = epxi_calloc(LEX, sizeof *plan->l2p, "logical_to_physical map", err);
-    if (plan->l2p == NULL) {
-        free(map);
-        epx_plan_destroy(plan);
-        return err ? err->status : EPX_ERR_NOMEM;
-    }
     /* Replica ranks survive only an unconstrained DeepSeek plan: the
      * constrained path relabels slots inside each GPU. */
-    plan->l2p_rank = algo != EPX_ALGO_EPX && !constrained;
-    place_ctx pc = {algo, shape, plan->l2p_rank ? plan->l2p : NULL};
+    if (algo != EPX_ALGO_EPX && !constrained) {
+        plan->rank = epxi_calloc(LP, sizeof *plan->rank, "replica ranks", err);
+        plan->lists = epxi_calloc(1, sizeof *plan->lists, "replica lists", err);
+        if (plan->rank == NULL || plan->lists == NULL) {
+            free(map);
+            epx_plan_destroy(plan);
+            return err ? err->status : EPX_ERR_NOMEM;
+        }
+    }
+    place_ctx pc = {algo, shape, plan->rank};
     /* Planning around the layout in service or failed GPUs wraps place(). */
     epx_status st = constrained ? epxi_plan_constrained(counts, shape, opts, place, &pc, map,
                                                         plan->weights, err)
@@ -373,13 +377,6 @@ epx_status epx_plan_compute(const epx_counts *counts, const epx_shape *shape,
     /* The map is checked (a guard against planner bugs); the shape was. */
     if (st == EPX_OK) st = epxi_layout_create_checked(shape, map, &plan->layout, err);
     free(map);
-    if (st == EPX_OK && !plan->l2p_rank) {
-        /* Ascending, as init_by_mapping builds it: the layout's own lists
-         * (W = P - E + 1 wide, the same width). */
-        int32_t W = 0;
-        const int32_t *asc = epx_layout_logical_to_all_physical(plan->layout, &W);
-        memcpy(plan->l2p, asc, LEX * sizeof *plan->l2p);
-    }
     if (st == EPX_OK) st = check_shares(plan->layout, plan->weights, err);
     if (st != EPX_OK) {
         epx_plan_destroy(plan);
@@ -394,7 +391,9 @@ void epx_plan_destroy(epx_plan *plan) {
     if (plan == NULL) return;
     epx_layout_destroy(plan->layout);
     free(plan->weights);
-    free(plan->l2p);
+    free(plan->rank);
+    if (plan->lists != NULL) free(atomic_load(&plan->lists->l2p));
+    free(plan->lists);
     free(plan);
 }
 
@@ -406,9 +405,31 @@ epx_algorithm epx_plan_algorithm(const epx_plan *plan) { return plan->algorithm;
 const int32_t *epx_plan_logical_to_physical(const epx_plan *plan, int32_t *width,
                                             int32_t *replica_rank) {
     const epx_shape *s = epx_layout_shape(plan->layout);
-    if (width) *width = s->num_physical_experts - s->num_logical_experts + 1;
-    if (replica_rank) *replica_rank = plan->l2p_rank;
-    return plan->l2p;
+    const int32_t L = s->num_layers, E = s->num_logical_experts, P = s->num_physical_experts;
+    const size_t X = (size_t)(P - E + 1);
+    if (width) *width = (int32_t)X;
+    if (replica_rank) *replica_rank = plan->rank != NULL;
+    /* Ascending, as init_by_mapping builds it: the layout's own lists (the
+     * same width). */
+    if (plan->rank == NULL) return epx_layout_logical_to_all_physical(plan->layout, NULL);
+    int32_t *l2p = atomic_load(&plan->lists->l2p);
+    if (l2p != NULL) return l2p;
+    /* Built once; a thread that loses the race frees its copy. */
+    l2p = malloc((size_t)L * (size_t)E * X * sizeof *l2p);
+    if (l2p == NULL) return NULL;
+    const int32_t *p2l = epx_layout_physical_to_logical(plan->layout);
+    for (int32_t l = 0; l < L; l++) {
+        int32_t *out = l2p + (size_t)l * (size_t)E * X;
+        const int32_t *row = p2l + (size_t)l * (size_t)P, *rk = plan->rank + (size_t)l * (size_t)P;
+        for (size_t i = 0; i < (size_t)E * X; i++) out[i] = -1;
+        for (int32_t p = 0; p < P; p++) out[(size_t)row[p] * X + (size_t)rk[p]] = p;
+    }
+    int32_t *none = NULL;
+    if (!atomic_compare_exchange_strong(&plan->lists->l2p, &none, l2p)) {
+        free(l2p);
+        return none;
+    }
+    return l2p;
 }
 
 /* ---- the hook epx_layout_init uses ------------------------------------------ */

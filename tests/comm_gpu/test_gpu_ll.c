@@ -55,6 +55,20 @@ void epxi_gpu_ep_inject_silence(epx_gpu_ep *ep, int on);
 
 static uint64_t g_seed;
 
+/* A low-latency layer's config. */
+static epx_ep_config ll_config(int32_t H, int32_t K, int32_t P, int64_t M, epx_dtype xd,
+                               epx_dtype yd) {
+    epx_ep_config cfg = EPX_EP_CONFIG_INIT;
+    cfg.hidden = H;
+    cfg.top_k = K;
+    cfg.num_slots = P;
+    cfg.max_tokens = M;
+    cfg.x_dtype = xd;
+    cfg.y_dtype = yd;
+    cfg.mode = EPX_EP_MODE_LOW_LATENCY;
+    return cfg;
+}
+
 static uint64_t mix(uint64_t *s) {
     uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
     z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
@@ -211,14 +225,7 @@ static int run_rank(epx_comm *boot, const shape *c) {
     const int32_t me = epx_comm_rank(boot), R = c->R, spr = c->P / R, K = c->K;
     cudaStream_t st;
     CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
-    epx_ep_config cfg = EPX_EP_CONFIG_INIT;
-    cfg.hidden = c->H;
-    cfg.top_k = K;
-    cfg.num_slots = c->P;
-    cfg.max_tokens = c->M;
-    cfg.x_dtype = c->xd;
-    cfg.y_dtype = c->yd;
-    cfg.mode = EPX_EP_MODE_LOW_LATENCY;
+    epx_ep_config cfg = ll_config(c->H, K, c->P, c->M, c->xd, c->yd);
     epx_gpu_ep_opts o = EPX_GPU_EP_OPTS_INIT;
     o.timeout_ms = 60000; /* processes time-slice the GPU */
     epx_gpu_ep *ep = NULL;
@@ -373,12 +380,7 @@ static int fault_cases(void) {
     EK(epx_comm_create_local(&local, &err));
     cudaStream_t st;
     CK(cudaStreamCreate(&st));
-    epx_ep_config cfg = EPX_EP_CONFIG_INIT;
-    cfg.hidden = 16;
-    cfg.top_k = 2;
-    cfg.num_slots = 4;
-    cfg.max_tokens = 4;
-    cfg.mode = EPX_EP_MODE_LOW_LATENCY;
+    epx_ep_config cfg = ll_config(16, 2, 4, 4, EPX_DTYPE_F32, EPX_DTYPE_F32);
     epx_gpu_ep_opts o = EPX_GPU_EP_OPTS_INIT;
     o.timeout_ms = 300;
     epx_gpu_ep *ep = NULL;
@@ -508,13 +510,7 @@ static int connect_cases(void) {
     epx_error err = {0};
     cudaStream_t st;
     CK(cudaStreamCreate(&st));
-    epx_ep_config cfg = EPX_EP_CONFIG_INIT;
-    cfg.hidden = 64;
-    cfg.top_k = 2;
-    cfg.num_slots = 4;
-    cfg.max_tokens = 4;
-    cfg.x_dtype = cfg.y_dtype = EPX_DTYPE_BF16;
-    cfg.mode = EPX_EP_MODE_LOW_LATENCY;
+    epx_ep_config cfg = ll_config(64, 2, 4, 4, EPX_DTYPE_BF16, EPX_DTYPE_BF16);
     /* Each rank's kernels wait for the other's flags: two streams. */
     cudaStream_t st1;
     CK(cudaStreamCreate(&st1));

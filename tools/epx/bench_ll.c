@@ -208,8 +208,9 @@ static epx_status time_floor(ll_run *b, int flag, int phase, int64_t T, bool gra
         cudaError_t ce = cudaStreamEndCapture(b->s, &g);
         if (st != EPX_OK) return st;
         CUDA_OR(ce, "floor end capture");
-        CUDA_OR(cudaGraphInstantiate(&b->fg[flag][phase], g, 0), "floor graph instantiate");
+        ce = cudaGraphInstantiate(&b->fg[flag][phase], g, 0);
         cudaGraphDestroy(g);
+        CUDA_OR(ce, "floor graph instantiate");
     }
     for (int it = 0; it < a->warmup + a->iters; it++) {
         CUDA_OR(cudaEventRecord(b->e0, b->s), "event");
@@ -385,7 +386,20 @@ static epx_status bench_T(ll_run *b, int64_t T, const void *x, const int32_t *sl
                 return EPX_ERR_IO;
             }
         }
-    return b->fl != NULL ? bench_floor(b, T, bytes, eng_rt, jl, device, err) : EPX_OK;
+    if (b->fl == NULL) return EPX_OK;
+    /* Every rank probes its own GPU; the barriers keep the ranks in step (a
+     * probe's fault on one rank must not leave the others in a collective). */
+    EPX_TRY_CLI(epx_comm_barrier(b->comm, err));
+    epx_status fst = bench_floor(b, T, bytes, eng_rt, jl, device, err);
+    int64_t fbad = fst != EPX_OK;
+    if (R > 1) EPX_TRY_CLI(sum_dev(b, &fbad, 1, err));
+    if (fst != EPX_OK) return fst;
+    if (fbad != 0) {
+        err->status = EPX_ERR_INTERNAL;
+        snprintf(err->msg, sizeof err->msg, "bench: a floor probe failed on another rank");
+        return EPX_ERR_INTERNAL;
+    }
+    return EPX_OK;
 }
 
 epx_status bench_ll_gpu(epx_comm *comm, cudaStream_t s, const bench_args *a, FILE *jl,

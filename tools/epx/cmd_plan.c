@@ -62,13 +62,19 @@ static void json_string_or_null(FILE *f, const char *s) {
 /* physical_to_logical_map [L][P] and logical_to_physical_map [L][E][X]:
  * X is the largest replica count of any expert, as SGLang's
  * rebalance_experts returns it; -1 pads. */
-static void report_maps(FILE *f, const epx_plan *plan) {
+static epx_status report_maps(FILE *f, const epx_plan *plan, epx_error *err) {
     const epx_layout *lay = epx_plan_layout(plan);
     const epx_shape *s = epx_layout_shape(lay);
     const int32_t L = s->num_layers, E = s->num_logical_experts, P = s->num_physical_experts;
     const int32_t *p2l = epx_layout_physical_to_logical(lay), *nv = epx_layout_num_valid(lay);
     int32_t W = 0, rank = 0, X = 1;
     const int32_t *l2p = epx_plan_logical_to_physical(plan, &W, &rank);
+    if (l2p == NULL) {
+        err->status = EPX_ERR_NOMEM;
+        snprintf(err->msg, sizeof err->msg,
+                 "plan --report: out of memory building the logical_to_physical_map");
+        return EPX_ERR_NOMEM;
+    }
     for (size_t i = 0; i < (size_t)L * (size_t)E; i++) X = nv[i] > X ? nv[i] : X;
     fputs("  \"physical_to_logical_map\": [\n", f);
     for (int32_t l = 0; l < L; l++) {
@@ -91,6 +97,7 @@ static void report_maps(FILE *f, const epx_plan *plan) {
         fputs(l + 1 < L ? "],\n" : "]\n", f);
     }
     fputs("  ],\n", f);
+    return EPX_OK;
 }
 
 /* `  "key": x,` with x null when not finite (strict JSON). */
@@ -101,7 +108,6 @@ static void num_line(FILE *f, const char *key, const char *fmt, double x) {
 }
 
 static epx_status report_body(FILE *f, const void *ctx, epx_error *err) {
-    (void)err;
     const report_ctx *r = ctx;
     const epx_layout *lay = epx_plan_layout(r->plan);
     const epx_shape *s = epx_layout_shape(lay);
@@ -142,7 +148,8 @@ static epx_status report_body(FILE *f, const void *ctx, epx_error *err) {
         cli_json_num(f, "%.17g", r->layers[l].bound);
     }
     fputs("],\n", f);
-    report_maps(f, r->plan);
+    epx_status st = report_maps(f, r->plan, err);
+    if (st != EPX_OK) return st;
     fputs("  \"replica_weights\": [\n", f);
     const double *w = epx_plan_replica_weights(r->plan);
     const int32_t P = s->num_physical_experts;

@@ -2,6 +2,7 @@
 
     import epx.torch as et
     tpr, tpe, in_rank = et.dispatch_layout(topk_ids, num_experts=256, num_ranks=8)
+    tpr, _, tpe, in_rank, ev = et.get_dispatch_layout(topk_idx, 256, num_ranks=8)  # DeepEP's
     m = et.Mapping.weighted(replicas, slot_weights, num_physical=288).to("cuda")
     phys = et.map_ids(topk_ids, m, layer=3, pass_id=step)
     lay = et.token_layout(phys, num_physical=288, num_ranks=8)
@@ -36,7 +37,7 @@ from . import _gpu, _ops
 from ._mapping import Mapping
 from .buffer import Buffer, EventOverlap
 
-__all__ = ["dispatch_layout", "token_layout", "TokenLayout", "Mapping", "map_ids", "permute",
+__all__ = ["dispatch_layout", "get_dispatch_layout", "token_layout", "TokenLayout", "Mapping", "map_ids", "permute",
            "combine", "gpu_available", "gpu_unavailable_reason", "Buffer", "EventOverlap"]
 
 
@@ -59,6 +60,55 @@ def dispatch_layout(topk_ids, num_experts, num_ranks):
     E = _A.integer(num_experts, "num_experts", 1, _A.MAX_EXPERTS, "EPX_MAX_EXPERTS")
     G = _A.integer(num_ranks, "num_ranks", 1, _A.MAX_GPUS, "EPX_MAX_GPUS")
     return tuple(_ops.run("dispatch_layout", (topk_ids,), topk_ids, E, G))
+
+
+def get_dispatch_layout(topk_idx, num_experts, previous_event=None, async_finish=False,
+                        allocate_on_comm_stream=False, *, num_ranks):
+    """DeepEP's Buffer.get_dispatch_layout, its arguments, defaults and five
+    outputs, for num_ranks ranks (DeepEP's Buffer knows it from its group;
+    epx.torch.Buffer.get_dispatch_layout passes its own):
+
+      num_tokens_per_rank       [num_ranks] torch.int (int32)
+      num_tokens_per_rdma_rank  None: epx has no RDMA ranks (DeepEP's value
+                                for intranode settings)
+      num_tokens_per_expert     [num_experts] torch.int
+      is_token_in_rank          [num_tokens][num_ranks] torch.bool
+      event                     EventOverlap: holding a CUDA event recorded
+                                after the work when async_finish, else none
+                                (event None), as DeepEP returns it
+
+    topk_idx [num_tokens][num_topk] int64 (DeepEP's topk_idx_t) or int32, -1
+    = no expert; experts are spread evenly, num_experts / num_ranks per rank
+    in order. epx computes on the caller's current stream (it has no
+    communication stream): previous_event, when it holds a CUDA event, is
+    waited on by that stream first; allocate_on_comm_stream is accepted
+    under DeepEP's condition (previous_event given and async_finish) and
+    changes nothing, the tensors belonging to the current stream.
+    dispatch_layout is the same computation with int64 counts and three
+    outputs."""
+    if allocate_on_comm_stream and (previous_event is None or not async_finish):
+        raise ValueError("allocate_on_comm_stream needs previous_event and async_finish=True "
+                         "(DeepEP's condition)")
+    cuda = isinstance(topk_idx, torch.Tensor) and topk_idx.is_cuda
+    if async_finish and not cuda:
+        raise ValueError("async_finish=True needs CUDA tensors (an event on the GPU stream); "
+                         "topk_idx is on %s" % getattr(topk_idx, "device", type(topk_idx)))
+    if previous_event is not None:
+        ev = getattr(previous_event, "event", previous_event)
+        if ev is not None:
+            if not isinstance(ev, torch.cuda.Event):
+                raise TypeError("previous_event must be an EventOverlap (or torch.cuda.Event) "
+                                "holding a torch.cuda.Event, not %s" % type(ev).__name__)
+            torch.cuda.current_stream().wait_event(ev)
+    tpr, tpe, in_rank = dispatch_layout(topk_idx, num_experts, num_ranks)
+    tpr, tpe = tpr.to(torch.int32), tpe.to(torch.int32)
+    if async_finish:
+        done = torch.cuda.Event()
+        done.record()
+        event = EventOverlap(done, (topk_idx, tpr, tpe, in_rank))
+    else:
+        event = EventOverlap(None)
+    return tpr, None, tpe, in_rank, event
 
 
 class TokenLayout(NamedTuple):

@@ -62,6 +62,7 @@ _dispatch = _bind("epx_gpu_ep_dispatch_parts", c_void_p, c_int, c_int64, c_void_
 _combine = _bind("epx_gpu_ep_combine_parts", c_void_p, c_int, c_void_p, c_void_p, c_void_p, c_int,
                  c_void_p)
 _health = _bind("epx_gpu_ep_health", c_void_p, c_void_p)
+_disconnect = _bind("epx_gpu_ep_disconnect", c_void_p, c_void_p)
 _destroy = None
 if _gpu._lib is not None and hasattr(_gpu._lib, "epx_gpu_ep_destroy"):
     _destroy = _gpu._lib.epx_gpu_ep_destroy
@@ -106,8 +107,13 @@ class Engine:
         _gpu.call(_open, ctypes.byref(cfg), self.rank, self.num_ranks, c_void_p(stream),
                   ctypes.byref(opts), ctypes.byref(h))
         self.h = h
+        self.generation = 0  # dispatches so far: a handle names the one it came from
         v = GpuEpViews()
-        _gpu.call(_views, self.h, ctypes.byref(v))
+        try:
+            _gpu.call(_views, self.h, ctypes.byref(v))
+        except BaseException:
+            self.destroy()
+            raise
         L, S, H, R = v.num_local_slots, v.slot_stride, cfg.hidden, self.num_ranks
 
         def view(ptr, shape, typestr):
@@ -132,24 +138,27 @@ class Engine:
         blob = b"".join(infos)
         _gpu.call(_connect, self.h, ctypes.create_string_buffer(blob, len(blob)))
 
-    def _on_current_stream(self):
+    def _on_stream(self, stream):
         import torch
-        _gpu.call(_set_stream, self.h, c_void_p(torch.cuda.current_stream().cuda_stream))
+        s = stream if stream is not None else torch.cuda.current_stream()
+        _gpu.call(_set_stream, self.h, c_void_p(s.cuda_stream))
 
-    def dispatch(self, parts, x, ids):
-        """Launch dispatch parts (SEND, RECV or both) on the current stream;
-        ids int64 or int32 [T][K], x bf16 [T][H] (both ignored for RECV)."""
-        self._on_current_stream()
+    def dispatch(self, parts, x, ids, stream=None):
+        """Launch dispatch parts (SEND, RECV or both) on `stream` (default:
+        the current one); ids int64 or int32 [T][K], x bf16 [T][H] (both
+        ignored for RECV)."""
+        self._on_stream(stream)
         T = 0 if x is None else x.shape[0]
         if ids is not None and ids.dtype.itemsize == 8:
             parts |= IDS64
         _gpu.call(_dispatch, self.h, parts, T, c_void_p(x.data_ptr() if x is not None else 0),
                   c_void_p(ids.data_ptr() if ids is not None else 0), None, None)
 
-    def combine(self, parts, y, weights, out):
-        """Launch combine parts on the current stream: y (None: the engine's
-        own) [L][S][H] bf16, weights [T][K] fp32, out [T][H] bf16."""
-        self._on_current_stream()
+    def combine(self, parts, y, weights, out, stream=None):
+        """Launch combine parts on `stream` (default: the current one): y
+        (None: the engine's own) [L][S][H] bf16, weights [T][K] fp32, out
+        [T][H] bf16."""
+        self._on_stream(stream)
         _gpu.call(_combine, self.h, parts, c_void_p(y.data_ptr() if y is not None else 0),
                   c_void_p(weights.data_ptr() if weights is not None else 0),
                   c_void_p(out.data_ptr() if out is not None else 0), DTYPE_BF16)
@@ -157,6 +166,12 @@ class Engine:
     def health(self):
         """Raise the EpxError a fault recorded by the kernels, if any."""
         _gpu.call(_health, self.h)
+
+    def disconnect(self):
+        """Wait for the stream and unmap the peers (the first half of a
+        collective teardown: every rank, then a barrier, then destroy)."""
+        if self.h is not None:
+            _gpu.call(_disconnect, self.h)
 
     def destroy(self):
         if self.h is not None and _destroy is not None:

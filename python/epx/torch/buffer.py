@@ -85,6 +85,17 @@ def _fail(msg):
     raise ValueError(msg)
 
 
+class _Handle(tuple):
+    """DeepEP's handle tuple (src_info, layout_range, max tokens, hidden,
+    num_experts), also naming the engine and the dispatch it came from: the
+    engine keeps one dispatch per shape, so a combine must use the latest."""
+
+    def __new__(cls, items, engine, generation):
+        h = super().__new__(cls, items)
+        h._epx_engine, h._epx_generation = engine, generation
+        return h
+
+
 def _check_cuda(name, t, dtype, ndim, device):
     if not isinstance(t, torch.Tensor):
         _fail("%s must be a torch.Tensor, not %s" % (name, type(t).__name__))
@@ -193,7 +204,6 @@ class Buffer:
         self.timeout_ms = timeout_ms
         self.device = torch.cuda.current_device()
         self._engines = {}
-        self._last = None  # the engine of the last dispatch
         self._destroyed = False
 
     # ---- sizes ------------------------------------------------------------
@@ -221,6 +231,18 @@ class Buffer:
         own, contiguous)."""
         return self._engine_of(handle).y
 
+    def get_dispatch_layout(self, topk_idx, num_experts, previous_event=None,
+                            async_finish=False, allocate_on_comm_stream=False):
+        """DeepEP's get_dispatch_layout for this Buffer's ranks:
+        (num_tokens_per_rank int32, None (no RDMA ranks), num_tokens_per_expert
+        int32, is_token_in_rank bool, EventOverlap); see
+        epx.torch.get_dispatch_layout."""
+        if self._destroyed:
+            _fail("this Buffer was destroyed")
+        from . import get_dispatch_layout
+        return get_dispatch_layout(topk_idx, num_experts, previous_event, async_finish,
+                                   allocate_on_comm_stream, num_ranks=self.group_size)
+
     @staticmethod
     def capture():
         ev = torch.cuda.Event()
@@ -241,26 +263,32 @@ class Buffer:
         if eng is not None:
             return eng
         import torch.distributed as dist
-        if torch.cuda.is_current_stream_capturing():
-            _fail("the first call of a shape (hidden %d, top-k %d, %d experts, %d tokens) "
-                  "creates its engine, which a CUDA-graph capture cannot hold: run one call "
-                  "before capturing" % key)
-        if num_experts % self.group_size:
-            _fail("num_experts (%d) must be a multiple of the group's %d ranks"
-                  % (num_experts, self.group_size))
-        cfg = _ll.config(hidden, top_k, num_experts, max_tokens)
-        need = _ll.buffer_bytes(cfg, self.group_size)
-        if self.num_rdma_bytes and self.num_rdma_bytes < need:
-            _fail("num_rdma_bytes (%d) is below the %d bytes this shape needs (hidden %d, "
-                  "top-k %d, %d experts, %d tokens per rank): size it with "
-                  "Buffer.get_low_latency_rdma_size_hint" % ((self.num_rdma_bytes, need) + key))
-        # Create, exchange infos, connect; every rank learns whether all did.
-        eng, err = None, None
+        # Every rank reaches the gathers below whatever happens here, so a
+        # rank that fails does not leave its peers waiting.
+        eng, err, info, local = None, None, b"", None
         try:
+            if torch.cuda.is_current_stream_capturing():
+                _fail("the first call of a shape (hidden %d, top-k %d, %d experts, %d tokens) "
+                      "creates its engine, which a CUDA-graph capture cannot hold: run one call "
+                      "before capturing" % key)
+            if num_experts % self.group_size:
+                _fail("num_experts (%d) must be a multiple of the group's %d ranks"
+                      % (num_experts, self.group_size))
+            cfg = _ll.config(hidden, top_k, num_experts, max_tokens)
+            need = _ll.buffer_bytes(cfg, self.group_size)
+            if self.num_rdma_bytes and self.num_rdma_bytes < need:
+                _fail("num_rdma_bytes (%d) is below the %d bytes this shape needs (hidden %d, "
+                      "top-k %d, %d experts, %d tokens per rank): size it with "
+                      "Buffer.get_low_latency_rdma_size_hint"
+                      % ((self.num_rdma_bytes, need) + key))
             eng = _ll.Engine(cfg, self.rank, self.group_size, self.timeout_ms)
             info = eng.info()
         except EpxError as e:
-            err, info = (int(e.status), str(e)), b""
+            err = (int(e.status), str(e))
+        except ValueError as e:
+            err, local = (int(Status.INVALID_ARG), str(e)), e
+        except Exception as e:  # noqa: BLE001 - reported on every rank below
+            err = (int(Status.INTERNAL), "%s: %s" % (type(e).__name__, e))
         infos = [None] * self.group_size
         dist.all_gather_object(infos, info, group=self.group)
         # Connect only when every rank opened (a failed one sent no info).
@@ -275,7 +303,9 @@ class Buffer:
         if bad:
             if eng is not None:
                 eng.destroy()
-            rank, (status, msg) = bad[0]
+            if local is not None:
+                raise local  # this rank's own argument error, as DeepEP would raise it
+            rank, (status, msg) = next((b for b in bad if b[0] == self.rank), bad[0])
             raise EpxError(status, "epx.torch.Buffer: creating the engine failed on rank %d: %s"
                            % (rank, msg))
         dist.barrier(group=self.group)  # every peer mapped before anyone launches
@@ -286,13 +316,14 @@ class Buffer:
         self._alive()
         if not isinstance(handle, tuple) or len(handle) != 5:
             _fail("handle must be the 5-tuple low_latency_dispatch returned")
-        eng = getattr(handle, "_epx_engine", None) or self._last
-        if eng is None or handle[0] is not eng.src_info:
-            for e in self._engines.values():
-                if handle[0] is e.src_info:
-                    return e
+        eng = getattr(handle, "_epx_engine", None)
+        if eng is None or all(eng is not e for e in self._engines.values()):
             _fail("this handle does not come from a dispatch of this Buffer: combine needs its "
                   "dispatch's handle")
+        if handle._epx_generation != eng.generation:
+            _fail("this handle's dispatch was followed by another dispatch of the same shape, "
+                  "whose rows replaced its own: epx keeps one dispatch per shape, so combine "
+                  "the latest dispatch (DeepEP keeps two)")
         return eng
 
     # ---- DeepEP's low-latency calls ------------------------------------------
@@ -333,11 +364,13 @@ class Buffer:
             if s.shape[0] != E // max(self.group_size, 1):
                 _fail("cumulative_local_expert_recv_stats has %d entries, not the %d local "
                       "experts" % (s.shape[0], E // self.group_size))
+        if topk_idx.dtype != torch.int64:
+            topk_idx = topk_idx.to(torch.int64)  # every negative id means none, as DeepEP's
         eng = self._engine(H, K, E, M)
-        handle = (eng.src_info, eng.layout_range, M, H, E)
+        send_stream = torch.cuda.current_stream() if return_recv_hook else None
 
         def receive():
-            eng.dispatch(_ll.RECV, None, None)
+            eng.dispatch(_ll.RECV, None, None, stream=send_stream)  # DeepEP: the send's stream
             return finish()
 
         def finish():
@@ -347,10 +380,14 @@ class Buffer:
                 return per_token_cast_fp8(eng.recv_x, round_scale, use_ue8m0)
             return eng.recv_x
 
-        eng.num_tokens = T  # what combine must be given back
-        self._last = eng
+        def launched():
+            eng.num_tokens = T  # what combine must be given back
+            eng.generation += 1
+            return _Handle((eng.src_info, eng.layout_range, M, H, E), eng, eng.generation)
+
         if return_recv_hook:
             eng.dispatch(_ll.SEND, x, topk_idx)
+            handle = launched()
             box = {}
 
             def hook():
@@ -371,6 +408,7 @@ class Buffer:
                 return out, eng.recv_count, handle, EventOverlap(None), hook
             return eng.recv_x, eng.recv_count, handle, EventOverlap(None), hook
         eng.dispatch(_ll.SEND | _ll.RECV, x, topk_idx)
+        handle = launched()
         recv_x = finish()
         event = EventOverlap(self.capture().event, (x, topk_idx)) if async_finish else \
             EventOverlap(None)
@@ -415,11 +453,23 @@ class Buffer:
         y = None if zero_copy or x.data_ptr() == eng.y.data_ptr() else x
         if return_recv_hook:
             eng.combine(_ll.SEND, y, topk_weights, out)
-            return out, EventOverlap(None), lambda: eng.combine(_ll.RECV, None, None, None)
+            send_stream = torch.cuda.current_stream()
+            return out, EventOverlap(None), lambda: eng.combine(_ll.RECV, None, None, None,
+                                                                stream=send_stream)
         eng.combine(_ll.SEND | _ll.RECV, y, topk_weights, out)
         event = EventOverlap(self.capture().event, (x, topk_weights, out)) if async_finish else \
             EventOverlap(None)
         return out, event, None
+
+    def low_latency_health(self):
+        """epx's own: raise the EpxError the kernels recorded since the last
+        check (a batch refused on every rank for an id outside [-1, experts)
+        or one expert twice in a token: INVALID_ARG, reported once; a peer
+        that stopped: TIMEOUT, for good). Does not wait for the GPU; call it
+        where the ranks are in step, e.g. after a synchronisation."""
+        self._alive()
+        for eng in self._engines.values():
+            eng.health()
 
     # ---- lifetime -------------------------------------------------------------
 
@@ -430,10 +480,12 @@ class Buffer:
         if self._destroyed:
             return
         torch.cuda.synchronize()
-        dist.barrier(group=self.group)
+        dist.barrier(group=self.group)  # nobody launches any more
+        for eng in self._engines.values():
+            eng.disconnect()  # unmap the peers
+        dist.barrier(group=self.group)  # nobody maps our buffers any more
         for eng in self._engines.values():
             eng.destroy()
-        dist.barrier(group=self.group)
         self._engines.clear()
         self._destroyed = True
 

@@ -34,15 +34,19 @@
  * counts itself in with an acquire-release atomic; the last block to arrive
  * publishes the flags with release stores; a waiter reads flags with
  * acquire loads, so the rows are visible once the flag is. Buffers are
- * reused without clearing: a rank starts batch n + 1's dispatch only after
- * its combine of batch n saw every peer's combine flag, which each peer
- * sets after its dispatch of batch n read its rows and counts. The epoch
- * of a batch is read at the start of each kernel from a word the kernel
- * does not write (dispatch reads the last combined epoch, combine the last
- * dispatched), so blocks that start late never see the next batch's.
+ * reused without clearing, by parity: a rank's dispatch n + 2 writes the
+ * areas of dispatch n only after its dispatch n + 1 saw every peer's flag of
+ * n + 1, i.e. after every peer's dispatch n finished reading them (one
+ * stream per handle keeps a rank's launches in order); combines likewise by
+ * their own epochs. Rows a sender did not write this time carry an older
+ * tag. A launch's epoch is taken by one atomic per block and advanced by
+ * block 0 only once every block has taken it (take_epoch, advance_epoch).
  */
 #include <climits>
+#include <cstdio>
+#include <ctime>
 #include <cuda_runtime.h>
+#include <pthread.h>
 #include <unistd.h>
 
 #include "comm_internal.h"
@@ -61,7 +65,7 @@ constexpr int kSmemIds = 4096;
 /* Most ranks (per-source counts live in shared memory) and local slots
  * (the combine's scan of the counts lives there too). */
 constexpr int kMaxRanks = 1024;
-constexpr int kMaxLocal = 2048;
+constexpr int kMaxLocal = EPXI_LL_MAX_LOCAL_SLOTS;
 static_assert(kMaxK <= kThreads, "a block's threads hold one token's K choices");
 
 /* Fault codes: fault[0] (sticky: the kernels stop) and fault[4] (a refused
@@ -87,8 +91,8 @@ struct Ctl {
     unsigned long long stamp[16];  /* variant 8: block 0's clock at each step */
 };
 
-/* What a sender says about one (token, k) on the receiving rank: 16 bytes,
- * loaded as one word. A sender writes only the rows of tokens that reach
+/* What a sender says about one (token, k) on the receiving rank: 16 bytes.
+ * A sender writes only the rows of tokens that reach
  * the receiver, so the others hold an older batch's: the tag tells them
  * apart (the receiver reads every row t < T of each source). */
 struct Meta {
@@ -228,6 +232,25 @@ __device__ __forceinline__ void block_copy(unsigned char *dst, const unsigned ch
         copy_words<unsigned char>(dst, src, bytes);
 }
 
+/* A row of `bytes` (16-byte aligned, at most kPre * 16 * blockDim) held in
+ * the block's registers: loaded once, stored to one or several places. */
+template <int N>
+__device__ __forceinline__ void regs_load(int4 (&v)[N], const unsigned char *src, size_t bytes) {
+#pragma unroll
+    for (int i = 0; i < N; i++) {
+        const size_t w = threadIdx.x + (size_t)i * blockDim.x;
+        if (w < bytes / 16) v[i] = ((const int4 *)src)[w];
+    }
+}
+template <int N>
+__device__ __forceinline__ void regs_store(unsigned char *dst, const int4 (&v)[N], size_t bytes) {
+#pragma unroll
+    for (int i = 0; i < N; i++) {
+        const size_t w = threadIdx.x + (size_t)i * blockDim.x;
+        if (w < bytes / 16) ((int4 *)dst)[w] = v[i];
+    }
+}
+
 /* Spin (threads < n) until flag i reads `epoch` in its high half; false on
  * timeout or an earlier fault. Returns with the block synchronised. */
 __device__ bool wait_flags(const Args &a, const uint64_t *flag0, size_t stride, int n,
@@ -313,6 +336,17 @@ __device__ unsigned char *rec_at(const Args &a, unsigned char *buf, uint32_t epo
     return buf + a.off_rows + (((size_t)(epoch & 1) * a.R + src) * a.M + (size_t)t) * a.rec;
 }
 
+/* Whether the handle is dead, read by thread 0 and shared, so every thread
+ * of the block takes the same branch (threads reading it each could split
+ * a block at a later barrier when another block raises a fault meanwhile).
+ * Synchronises the block. */
+__device__ bool block_faulted(const Args &a) {
+    __shared__ int faulted;
+    if (threadIdx.x == 0) faulted = ld_volatile(&a.ctl->fault[0]) != F_NONE;
+    __syncthreads();
+    return faulted != 0;
+}
+
 /* The epoch a dispatch sends with: the one after the last dispatch's (0
  * marks flags never written). */
 __device__ __forceinline__ uint32_t next_epoch(uint32_t last) {
@@ -330,11 +364,19 @@ __device__ uint32_t take_epoch(unsigned long long *word, bool sending) {
 }
 
 /* Block 0 of a sending launch advances the epoch once every block has read
- * it (the blocks are all resident, so they all get there). */
-__device__ void advance_epoch(unsigned long long *word, uint32_t epoch) {
+ * it (the blocks are all resident, so they all get there; a launch that
+ * shares the word with another in flight, which the host's stream chaining
+ * prevents, would be stuck: it gives up after the timeout as a wait does). */
+__device__ void advance_epoch(const Args &a, unsigned long long *word, uint32_t epoch,
+                              uint32_t phase) {
     if (blockIdx.x != 0 || threadIdx.x != 0) return;
     volatile unsigned long long *p = (volatile unsigned long long *)word;
+    const unsigned long long t0 = now_ns();
     while ((uint32_t)*p < gridDim.x) {
+        if (now_ns() - t0 > a.timeout_ns) {
+            raise_fault(a, F_TIMEOUT, phase, (uint32_t)a.me, epoch);
+            return;
+        }
     }
     *p = (unsigned long long)epoch << 32;
 }
@@ -458,12 +500,7 @@ __global__ void __launch_bounds__(kThreads, 2)
     int bad_slot = 0; /* this thread saw a slot outside [-1, P) */
     auto load_item = [&](int64_t item) {
         const int64_t t = item / dmax;
-        if (pre)
-#pragma unroll
-            for (int i = 0; i < kPre; i++) {
-                size_t w = threadIdx.x + (size_t)i * blockDim.x;
-                if (w < a.xrow / 16) v[i] = ((const int4 *)(x + (size_t)t * a.xrow))[w];
-            }
+        if (pre) regs_load(v, x + (size_t)t * a.xrow, a.xrow);
         if (threadIdx.x < K) {
             sv = slot_at(slots, t * K + threadIdx.x, ids64);
             wv = weights ? weights[t * K + threadIdx.x] : 0.0f;
@@ -485,10 +522,11 @@ __global__ void __launch_bounds__(kThreads, 2)
     __syncthreads();
     const uint32_t epoch = s_epoch;
     auto id_at = [&](int64_t q) { return staged ? ids[q] : slot_at(slots, q, ids64); };
+    const bool dead = block_faulted(a);
     auto advance = [&]() {
-        if (sending) advance_epoch(&a.ctl->de_started, epoch);
+        if (sending) advance_epoch(a, &a.ctl->de_started, epoch, PH_DISPATCH);
     };
-    if (ld_volatile(&a.ctl->fault[0]) != F_NONE) return;
+    if (dead) return;
     STAMP(a, 0);
     for (int64_t item = blockIdx.x; sending && item < T * dmax; item += gridDim.x) {
         const int64_t t = item / dmax;
@@ -545,15 +583,10 @@ __global__ void __launch_bounds__(kThreads, 2)
             __syncthreads();
             const int dst = d[j];
             unsigned char *rec = rec_at(a, a.peers[dst], epoch, a.me, t);
-            if (pre) {
-#pragma unroll
-                for (int i = 0; i < kPre; i++) {
-                    size_t w = threadIdx.x + (size_t)i * blockDim.x;
-                    if (w < a.xrow / 16) ((int4 *)rec)[w] = v[i];
-                }
-            } else {
+            if (pre)
+                regs_store(rec, v, a.xrow);
+            else
                 block_copy(rec, x + (size_t)t * a.xrow, a.xrow);
-            }
             for (int k = threadIdx.x; k < K; k += blockDim.x) {
                 const bool here = sk[k] >= 0 && sk[k] / a.spr == dst;
                 Meta m;
@@ -659,12 +692,7 @@ __global__ void __launch_bounds__(kThreads, 2)
         int s;
         int64_t t;
         const unsigned char *rec = item_rec(item, &s, &t);
-        if (pre)
-#pragma unroll
-            for (int i = 0; i < kPre; i++) {
-                size_t w = threadIdx.x + (size_t)i * blockDim.x;
-                if (w < a.xrow / 16) v[i] = ((const int4 *)rec)[w];
-            }
+        if (pre) regs_load(v, rec, a.xrow);
         if (threadIdx.x == 0) {
             const Meta m = item == blockIdx.x ? first_meta : ((const Meta *)(rec + a.meta_off))[k];
             int64_t e = -1;
@@ -684,15 +712,10 @@ __global__ void __launch_bounds__(kThreads, 2)
         const int64_t e = dst_row;
         if (e >= 0) {
             unsigned char *out = a.rx + (size_t)e * a.xrow;
-            if (pre) {
-#pragma unroll
-                for (int i = 0; i < kPre; i++) {
-                    size_t w = threadIdx.x + (size_t)i * blockDim.x;
-                    if (w < a.xrow / 16) ((int4 *)out)[w] = v[i];
-                }
-            } else {
+            if (pre)
+                regs_store(out, v, a.xrow);
+            else
                 block_copy(out, rec, a.xrow);
-            }
         }
         __syncthreads();
     }
@@ -710,7 +733,7 @@ __device__ void entry_starts(const Args &a, int32_t *so) {
 
 __global__ void __launch_bounds__(kThreads) identity_kernel(Args a) {
     __shared__ int32_t so[kMaxLocal + 1];
-    if (ld_volatile(&a.ctl->fault[0]) != F_NONE) return;
+    if (block_faulted(a)) return;
     entry_starts(a, so);
     const int64_t n = so[a.spr];
     for (int64_t j = blockIdx.x; j < n; j += gridDim.x) {
@@ -814,7 +837,7 @@ __global__ void __launch_bounds__(kThreads, 2)
     for (int r = threadIdx.x; r < a.R; r += blockDim.x) peer[r] = a.peers[r];
     __syncthreads();
     const uint32_t epoch = s_epoch;
-    if (ld_volatile(&a.ctl->fault[0]) != F_NONE) return;
+    if (block_faulted(a)) return;
     STAMP(a, 8);
     const int K = a.K;
     if (parts & 1) {
@@ -837,7 +860,7 @@ __global__ void __launch_bounds__(kThreads, 2)
             });
     }
     if (!(parts & 2)) {
-        if (parts & 1) advance_epoch(&a.ctl->ce_started, epoch);
+        if (parts & 1) advance_epoch(a, &a.ctl->ce_started, epoch, PH_COMBINE);
         return;
     }
     STAMP(a, 10);
@@ -877,7 +900,7 @@ __global__ void __launch_bounds__(kThreads, 2)
         __syncthreads();
     }
     STAMP(a, 12);
-    if (parts & 1) advance_epoch(&a.ctl->ce_started, epoch);
+    if (parts & 1) advance_epoch(a, &a.ctl->ce_started, epoch, PH_COMBINE);
 }
 
 } // namespace
@@ -892,9 +915,30 @@ struct PeerInfo {
     int64_t max_tokens;
     cudaIpcMemHandle_t handle;
     unsigned char uuid[16]; /* the GPU's, the same in every process that sees it */
+    uint64_t process;       /* this process's random id: pids repeat across hosts and containers */
 };
 static_assert(sizeof(PeerInfo) <= EPX_GPU_EP_INFO_BYTES, "PeerInfo fits its bytes");
-static const char kMagic[8] = "epx-ll1";
+static const char kMagic[8] = "epx-ll2"; /* bump when PeerInfo changes */
+
+/* A random id for this process, drawn once: ranks with the same id share an
+ * address space (their pointers work as they are). */
+static uint64_t g_process_id;
+static void draw_process_id(void) {
+    uint64_t v = 0;
+    FILE *f = fopen("/dev/urandom", "rb");
+    if (f == NULL || fread(&v, sizeof v, 1, f) != 1) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        v = ((uint64_t)getpid() << 32) ^ (uint64_t)ts.tv_nsec ^ ((uint64_t)ts.tv_sec << 20);
+    }
+    if (f != NULL) fclose(f);
+    g_process_id = v | 1; /* never 0 */
+}
+static uint64_t process_id(void) {
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    pthread_once(&once, draw_process_id);
+    return g_process_id;
+}
 
 struct epx_gpu_ep {
     epx_comm *boot; /* NULL when opened without one (epx_gpu_ep_open) */
@@ -908,6 +952,7 @@ struct epx_gpu_ep {
     unsigned char **mapped; /* host [R]: peers' buffers as mapped here (own included) */
     bool *opened;           /* host [R]: mapped by cudaIpcOpenMemHandle */
     bool connected;
+    cudaEvent_t chain; /* orders launches across a change of stream (set_stream) */
     uint32_t *host_fault, *host_fault_dev;
     Args a;
     int64_t T;
@@ -1042,6 +1087,7 @@ extern "C" void epx_gpu_ep_destroy(epx_gpu_ep *ep) {
     for (int32_t r = 0; ep->mapped && r < ep->a.R; r++)
         if (ep->opened[r]) cudaIpcCloseMemHandle(ep->mapped[r]);
     if (healthy) epx_comm_barrier(ep->boot, &err);
+    if (ep->chain) cudaEventDestroy(ep->chain);
     cudaFree(ep->buf);
     if (ep->host_fault) cudaFreeHost(ep->host_fault);
     free(ep->mapped);
@@ -1105,6 +1151,8 @@ extern "C" epx_status epx_gpu_ep_open(const epx_ep_config *cfg, int32_t rank, in
         if (cap > 0xffff) cap = 0xffff;
         ep->wait_blocks = cap < 1 ? 1 : cap;
     }
+    EPXI_CUDA_GOTO(st, cudaEventCreateWithFlags(&ep->chain, cudaEventDisableTiming), "GPU EP event",
+                   fail);
     EPXI_CUDA_GOTO(st, cudaMalloc((void **)&ep->buf, ep->total), "GPU EP buffer", fail);
     /* Flags start at epoch 0, which no batch uses. */
     EPXI_CUDA_GOTO(st, cudaMemset(ep->buf, 0, ep->total), "GPU EP buffer", fail);
@@ -1153,6 +1201,7 @@ extern "C" epx_status epx_gpu_ep_info(const epx_gpu_ep *ep, void *info, epx_erro
     p.rank = ep->a.me;
     p.num_ranks = ep->a.R;
     p.pid = (int32_t)getpid();
+    p.process = process_id();
     cudaPointerAttributes at;
     EPXI_CUDA_TRY(cudaPointerGetAttributes(&at, ep->buf), "GPU EP: the buffer's device");
     p.device = at.device;
@@ -1197,7 +1246,13 @@ extern "C" epx_status epx_gpu_ep_connect(epx_gpu_ep *ep, const void *infos, epx_
         if (memcmp(p.magic, kMagic, sizeof p.magic) != 0 || p.rank != r)
             return epxi_fail(err, EPX_ERR_INVALID_ARG,
                              "GPU EP connect: entry %d of the infos is not rank %d's "
-                             "epx_gpu_ep_info (pass every rank's info in rank order)",
+                             "epx_gpu_ep_info of this epx version (pass every rank's info in "
+                             "rank order)",
+                             r, r);
+        if (r == ep->a.me && (p.process != mine.process || p.ptr != mine.ptr))
+            return epxi_fail(err, EPX_ERR_INVALID_ARG,
+                             "GPU EP connect: entry %d of the infos is not this handle's own "
+                             "(rank %d): pass every rank's info in rank order",
                              r, r);
         describe(&mine, a_s, sizeof a_s);
         describe(&p, b_s, sizeof b_s);
@@ -1210,7 +1265,7 @@ extern "C" epx_status epx_gpu_ep_connect(epx_gpu_ep *ep, const void *infos, epx_
     epx_status st = EPX_OK;
     for (int32_t r = 0; r < R && st == EPX_OK; r++) {
         memcpy(&p, (const unsigned char *)infos + (size_t)r * EPX_GPU_EP_INFO_BYTES, sizeof p);
-        if (p.pid == mine.pid) {
+        if (p.process == mine.process) {
             ep->mapped[r] = (unsigned char *)(uintptr_t)p.ptr;
             if (p.device != dev) {
                 cudaError_t pe = cudaDeviceEnablePeerAccess(p.device, 0);
@@ -1482,7 +1537,31 @@ extern "C" epx_status epx_gpu_ep_combine(epx_gpu_ep *ep, float *out, epx_error *
 
 extern "C" epx_status epx_gpu_ep_set_stream(epx_gpu_ep *ep, cudaStream_t stream, epx_error *err) {
     if (ep == NULL) return epxi_fail(err, EPX_ERR_INVALID_ARG, "GPU EP set_stream needs a handle");
+    if (stream == ep->stream) return EPX_OK;
+    /* The handle's launches stay in order across streams: the new stream
+     * waits for what the old one holds. Not where either stream is being
+     * captured (a capture must not depend on outside work; torch's capture
+     * stream already waits for the stream it was entered from). */
+    cudaStreamCaptureStatus a = cudaStreamCaptureStatusNone, b = cudaStreamCaptureStatusNone;
+    EPXI_CUDA_TRY(cudaStreamIsCapturing(ep->stream, &a), "GPU EP: the old stream's capture");
+    EPXI_CUDA_TRY(cudaStreamIsCapturing(stream, &b), "GPU EP: the new stream's capture");
+    if (a == cudaStreamCaptureStatusNone && b == cudaStreamCaptureStatusNone) {
+        EPXI_CUDA_TRY(cudaEventRecord(ep->chain, ep->stream), "GPU EP: stream change");
+        EPXI_CUDA_TRY(cudaStreamWaitEvent(stream, ep->chain, 0), "GPU EP: stream change");
+    }
     ep->stream = stream;
+    return EPX_OK;
+}
+
+extern "C" epx_status epx_gpu_ep_disconnect(epx_gpu_ep *ep, epx_error *err) {
+    if (ep == NULL) return epxi_fail(err, EPX_ERR_INVALID_ARG, "GPU EP disconnect needs a handle");
+    EPX_TRY(epxi_cuda_stream_wait(ep->stream, 2 * (int64_t)ep->timeout_ms + 1000, "GPU EP", err));
+    for (int32_t r = 0; ep->mapped && r < ep->a.R; r++) {
+        if (ep->opened[r]) cudaIpcCloseMemHandle(ep->mapped[r]);
+        ep->opened[r] = false;
+        ep->mapped[r] = NULL;
+    }
+    ep->connected = false;
     return EPX_OK;
 }
 

@@ -161,11 +161,13 @@ extern "C" EPXI_HIDDEN int epxi_ll_floor_create(int32_t H, int32_t K, int64_t M,
     }
     const size_t row = (size_t)H * 2, rows = (size_t)M * (size_t)(2 + 3 * K);
     const size_t bytes = rows * row + (size_t)M * K * 4 + sizeof(FloorCtl) + 1024;
-    int dev = 0, sms = 0, per_sm = 0;
+    int dev = 0, sms = 0, per_sm = 0, per_sm_d = 0;
     if (cudaMalloc(&fl->mem, bytes) != cudaSuccess ||
         cudaMemset(fl->mem, 0, bytes) != cudaSuccess || cudaGetDevice(&dev) != cudaSuccess ||
         cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
         cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k_floor_combine, kThreads, 0) !=
+            cudaSuccess ||
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm_d, k_floor_dispatch, kThreads, 0) !=
             cudaSuccess) {
         epxi_ll_floor_destroy(fl);
         return -1;
@@ -184,6 +186,7 @@ extern "C" EPXI_HIDDEN int epxi_ll_floor_create(int32_t H, int32_t K, int64_t M,
     f.w = (float *)p;
     fl->M = M;
     fl->s = s;
+    if (per_sm_d < per_sm) per_sm = per_sm_d; /* both kinds of block wait: all resident */
     fl->max_blocks = per_sm * sms > 0 ? per_sm * sms : 1;
     *out = fl;
     return 0;

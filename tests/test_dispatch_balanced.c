@@ -1,0 +1,468 @@
+/*
+ * test_dispatch_balanced.c - balanced per-batch dispatch (epx/dispatch.h,
+ * part 4) on random placements and batches (seeded; the seed is printed):
+ * the optimum max GPU load against a brute force over expert subsets (max
+ * C(S) / |N(S)|, Hall's condition) and the whole lexicographic load vector
+ * against a brute-force water-filling; the integer optimum against an
+ * exhaustive search over integer splits on tiny cases; an optimality
+ * certificate on Kimi-K2.5 and DeepSeek-V3 sized layers; the shares and
+ * integer counts within the stated bounds; routing that realises the
+ * counts; determinism; and the error messages.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "testutil.h"
+
+typedef struct place {
+    int32_t E, P, G, W, per;
+    int32_t *rep; /* [E][W] */
+    int32_t *nv;  /* [E] */
+} place;
+
+/* Every expert one slot, the others to random experts (two on one GPU
+ * allowed), slots shuffled, each expert's list in random order. */
+static place random_place(tu_rng *r, int32_t E, int32_t G, int32_t per) {
+    place p = {E, G * per, G, G * per - E + 1, per, NULL, NULL};
+    int32_t *p2l = malloc(sizeof(int32_t) * (size_t)p.P);
+    for (int32_t s = 0; s < p.P; s++) p2l[s] = s < E ? s : (int32_t)tu_below(r, (uint32_t)E);
+    for (int32_t s = p.P - 1; s > 0; s--) {
+        int32_t j = (int32_t)tu_below(r, (uint32_t)s + 1), t = p2l[s];
+        p2l[s] = p2l[j];
+        p2l[j] = t;
+    }
+    p.rep = malloc(sizeof(int32_t) * (size_t)(E * p.W));
+    p.nv = calloc((size_t)E, sizeof(int32_t));
+    for (int32_t i = 0; i < E * p.W; i++) p.rep[i] = -1;
+    for (int32_t s = 0; s < p.P; s++) {
+        int32_t e = p2l[s];
+        p.rep[e * p.W + p.nv[e]++] = s;
+    }
+    for (int32_t e = 0; e < E; e++)
+        for (int32_t j = p.nv[e] - 1; j > 0; j--) {
+            int32_t k = (int32_t)tu_below(r, (uint32_t)j + 1), t = p.rep[e * p.W + j];
+            p.rep[e * p.W + j] = p.rep[e * p.W + k];
+            p.rep[e * p.W + k] = t;
+        }
+    free(p2l);
+    return p;
+}
+
+static void free_place(place *p) {
+    free(p->rep);
+    free(p->nv);
+}
+
+/* Skewed counts: some zero, a few heavy. */
+static void random_counts(tu_rng *r, int64_t *c, int32_t E, uint32_t scale) {
+    for (int32_t e = 0; e < E; e++) {
+        uint32_t k = tu_below(r, 8);
+        c[e] = k == 0 ? 0 : k == 7 ? (int64_t)tu_below(r, 8 * scale + 1) : tu_below(r, scale + 1);
+    }
+}
+
+static uint32_t gpu_mask(const place *p, int32_t e) {
+    uint32_t m = 0;
+    for (int32_t j = 0; j < p->nv[e]; j++) m |= 1u << (p->rep[e * p->W + j] / p->per);
+    return m;
+}
+
+/* Brute-force water-filling: the largest max-ratio set of the remaining
+ * experts over the remaining GPUs, fixed at its ratio, repeated. Gives each
+ * GPU's load as num[g] / den[g]. Needs E <= 16, G <= 32. */
+static void brute_levels(const place *p, const int64_t *c, int64_t *num, int64_t *den) {
+    uint32_t left = 0, gfree = p->G == 32 ? 0xffffffffu : (1u << p->G) - 1;
+    for (int32_t e = 0; e < p->E; e++)
+        if (c[e] > 0) left |= 1u << e;
+    for (int32_t g = 0; g < p->G; g++) num[g] = 0, den[g] = 1;
+    while (left) {
+        int64_t bn = -1, bd = 1;
+        uint32_t best = 0;
+        for (uint32_t S = left; S; S = (S - 1) & left) {
+            int64_t cs = 0;
+            uint32_t n = 0;
+            for (int32_t e = 0; e < p->E; e++)
+                if (S >> e & 1) cs += c[e], n |= gpu_mask(p, e);
+            int64_t d = __builtin_popcount(n & gfree);
+            assert_true(d > 0);
+            /* larger ratio, or the same ratio and a larger set (the union of tight sets) */
+            if (cs * bd > bn * d ||
+                (cs * bd == bn * d && __builtin_popcount(S) > __builtin_popcount(best)))
+                bn = cs, bd = d, best = S;
+        }
+        uint32_t n = 0;
+        for (int32_t e = 0; e < p->E; e++)
+            if (best >> e & 1) n |= gpu_mask(p, e);
+        n &= gfree;
+        for (int32_t g = 0; g < p->G; g++)
+            if (n >> g & 1) num[g] = bn, den[g] = bd;
+        gfree &= ~n;
+        left &= ~best;
+    }
+}
+
+/* The shares, counts and loads obey the header's guarantees; num / den per
+ * GPU is the expected fractional load (NULL: use out.gpu_load). */
+static void check_out(const place *p, const int64_t *c, const epx_balanced_out *o,
+                      const int64_t *num, const int64_t *den) {
+    int32_t E = p->E, W = p->W, G = p->G;
+    double *frac = calloc((size_t)G, sizeof(double));
+    int64_t *ig = calloc((size_t)G, sizeof(int64_t));
+    for (int32_t e = 0; e < E; e++) {
+        double sum = 0.0;
+        int64_t isum = 0;
+        for (int32_t j = 0; j < W; j++) {
+            double s = o->shares[e * W + j];
+            int64_t n = o->replica_counts[e * W + j];
+            if (j >= p->nv[e]) {
+                assert_true(s == 0.0 && n == 0);
+                continue;
+            }
+            int32_t slot = p->rep[e * W + j];
+            assert_true(s >= 0.0 && s <= 1.0 + 1e-12);
+            assert_int_equal(o->slot_counts[slot], n);
+            sum += s;
+            isum += n;
+            frac[slot / p->per] += s * (double)c[e];
+            ig[slot / p->per] += n;
+            /* |n - c * share| < 1 */
+            assert_true(fabs((double)n - s * (double)c[e]) < 1.0 + 1e-9 * (double)(c[e] + 1));
+        }
+        assert_true(fabs(sum - 1.0) < 1e-12);
+        assert_int_equal(isum, c[e]);
+    }
+    int64_t imax = 0;
+    for (int32_t g = 0; g < G; g++) {
+        double want = num ? (double)num[g] / (double)den[g] : o->gpu_load[g];
+        assert_true(fabs(o->gpu_load[g] - want) <= 1e-12 * (want + 1));
+        assert_true(fabs(frac[g] - want) <= 1e-9 * (want + 1));
+        if (num) {
+            /* integer load is the fractional one rounded down or up */
+            int64_t lo = num[g] / den[g], hi = lo + (num[g] % den[g] != 0);
+            assert_true(ig[g] >= lo && ig[g] <= hi);
+        } else {
+            assert_true((double)ig[g] > want - 1.0 - 1e-9 && (double)ig[g] < want + 1.0 + 1e-9);
+        }
+        if (ig[g] > imax) imax = ig[g];
+    }
+    assert_int_equal(imax, o->max_load_int);
+    free(frac);
+    free(ig);
+}
+
+typedef struct outs {
+    double *shares, *gpu_load;
+    int64_t *rc, *slots;
+    epx_balanced_out o;
+} outs;
+
+static outs make_outs(const place *p) {
+    outs r;
+    r.shares = calloc((size_t)(p->E * p->W), sizeof(double));
+    r.rc = calloc((size_t)(p->E * p->W), sizeof(int64_t));
+    r.slots = calloc((size_t)p->P, sizeof(int64_t));
+    r.gpu_load = calloc((size_t)p->G, sizeof(double));
+    r.o = (epx_balanced_out){r.shares, r.rc, r.slots, r.gpu_load, 0, 0, 0, 0};
+    return r;
+}
+
+static void free_outs(outs *r) {
+    free(r->shares);
+    free(r->rc);
+    free(r->slots);
+    free(r->gpu_load);
+}
+
+static void small_against_brute_force(void **state) {
+    (void)state;
+    tu_rng r = {tu_seed(2701)};
+    epx_error err = {0};
+    for (int it = 0; it < 400; it++) {
+        int32_t G = 1 + (int32_t)tu_below(&r, 6), per = 1 + (int32_t)tu_below(&r, 3);
+        int32_t E = 1 + (int32_t)tu_below(&r, (uint32_t)(G * per < 12 ? G * per : 12));
+        place p = random_place(&r, E, G, per);
+        int64_t c[16], num[32], den[32];
+        random_counts(&r, c, E, it % 3 == 0 ? 3 : 50);
+        epx_balancer *b = NULL;
+        assert_int_equal(epx_dispatch_balanced_create(E, p.W, p.P, G, &b, &err), EPX_OK);
+        outs o = make_outs(&p);
+        assert_int_equal(epx_dispatch_balanced_solve(b, p.rep, p.nv, c, &o.o, &err), EPX_OK);
+        brute_levels(&p, c, num, den);
+        int64_t mn = 0, md = 1;
+        for (int32_t g = 0; g < G; g++)
+            if (num[g] * md > mn * den[g]) mn = num[g], md = den[g];
+        /* the optimum, exactly */
+        assert_true(o.o.max_load_num * md == mn * o.o.max_load_den);
+        check_out(&p, c, &o.o, num, den);
+        free_outs(&o);
+        free_place(&p);
+        epx_dispatch_balanced_destroy(b);
+    }
+}
+
+/* The least max integer load over every integer split, by enumeration. */
+static int64_t brute_int(const place *p, const int64_t *c, int32_t e, int64_t *load) {
+    if (e == p->E) {
+        int64_t m = 0;
+        for (int32_t g = 0; g < p->G; g++) m = load[g] > m ? load[g] : m;
+        return m;
+    }
+    int32_t gs[8], n = 0;
+    uint32_t mask = gpu_mask(p, e);
+    for (int32_t g = 0; g < p->G; g++)
+        if (mask >> g & 1) gs[n++] = g;
+    int64_t best = INT64_MAX;
+    /* compositions of c[e] over n GPUs */
+    int64_t part[8] = {0};
+    part[n - 1] = c[e];
+    for (;;) {
+        for (int32_t i = 0; i < n; i++) load[gs[i]] += part[i];
+        int64_t v = brute_int(p, c, e + 1, load);
+        best = v < best ? v : best;
+        for (int32_t i = 0; i < n; i++) load[gs[i]] -= part[i];
+        /* next composition: move one unit from the last nonzero (not the first) leftwards */
+        int32_t i = n - 1;
+        while (i > 0 && part[i] == 0) i--;
+        if (i == 0) break;
+        part[i - 1]++;
+        int64_t rest = part[i] - 1;
+        part[i] = 0;
+        part[n - 1] = rest;
+    }
+    return best;
+}
+
+static void tiny_integer_optimum(void **state) {
+    (void)state;
+    tu_rng r = {tu_seed(2702)};
+    epx_error err = {0};
+    for (int it = 0; it < 300; it++) {
+        int32_t G = 1 + (int32_t)tu_below(&r, 4), per = 1 + (int32_t)tu_below(&r, 2);
+        int32_t E = 1 + (int32_t)tu_below(&r, (uint32_t)(G * per < 4 ? G * per : 4));
+        place p = random_place(&r, E, G, per);
+        int64_t c[16] = {0}, load[8] = {0};
+        for (int32_t e = 0; e < E; e++) c[e] = tu_below(&r, 7);
+        epx_balancer *b = NULL;
+        assert_int_equal(epx_dispatch_balanced_create(E, p.W, p.P, G, &b, &err), EPX_OK);
+        outs o = make_outs(&p);
+        assert_int_equal(epx_dispatch_balanced_solve(b, p.rep, p.nv, c, &o.o, &err), EPX_OK);
+        assert_int_equal(o.o.max_load_int, brute_int(&p, c, 0, load));
+        check_out(&p, c, &o.o, NULL, NULL);
+        free_outs(&o);
+        free_place(&p);
+        epx_dispatch_balanced_destroy(b);
+    }
+}
+
+/* Large layers: no brute force, but a certificate. The experts whose GPUs
+ * all carry the max form a set S with C(S) / |N(S)| = the max: no split
+ * can do better (S's tokens must land on N(S)), and the shares reach it. */
+static void large_certificate(int32_t E, int32_t G, int32_t per, uint64_t seed) {
+    tu_rng r = {tu_seed(seed)};
+    epx_error err = {0};
+    place p = random_place(&r, E, G, per);
+    int64_t *c = calloc((size_t)E, sizeof(int64_t));
+    epx_balancer *b = NULL;
+    assert_int_equal(epx_dispatch_balanced_create(E, p.W, p.P, G, &b, &err), EPX_OK);
+    outs o = make_outs(&p), o2 = make_outs(&p);
+    uint8_t *top = calloc((size_t)G, 1);
+    int32_t T = 4096, K = 8;
+    int32_t *ids = malloc(sizeof(int32_t) * (size_t)(T * K)),
+            *phys = malloc(sizeof(int32_t) * (size_t)(T * K));
+    int64_t *got = calloc((size_t)p.P, sizeof(int64_t));
+    for (int it = 0; it < 30; it++) {
+        /* a batch of Zipf-ish ids: hot experts draw more */
+        int32_t t_n = 1 + (int32_t)tu_below(&r, (uint32_t)T);
+        for (int32_t i = 0; i < t_n * K; i++) {
+            double u = tu_uniform(&r);
+            ids[i] = tu_below(&r, 10) == 0 ? -1 : (int32_t)((double)E * u * u * u);
+        }
+        assert_int_equal(epx_dispatch_balanced_topk(b, p.rep, p.nv, ids, t_n, K, phys, &o.o, &err),
+                         EPX_OK);
+        assert_int_equal(epx_dispatch_count_ids(ids, t_n, K, E, c, &err), EPX_OK);
+        check_out(&p, c, &o.o, NULL, NULL);
+        double mx = (double)o.o.max_load_num / (double)o.o.max_load_den;
+        for (int32_t g = 0; g < G; g++) top[g] = o.o.gpu_load[g] == mx;
+        int64_t cs = 0;
+        uint8_t *n = calloc((size_t)G, 1);
+        for (int32_t e = 0; e < E; e++) {
+            if (c[e] == 0) continue;
+            int all = 1;
+            for (int32_t j = 0; j < p.nv[e]; j++) all &= top[p.rep[e * p.W + j] / per];
+            if (!all) continue;
+            cs += c[e];
+            for (int32_t j = 0; j < p.nv[e]; j++) n[p.rep[e * p.W + j] / per] = 1;
+        }
+        int64_t d = 0;
+        for (int32_t g = 0; g < G; g++) d += n[g];
+        free(n);
+        assert_true(d > 0 && cs * o.o.max_load_den == o.o.max_load_num * d);
+        /* routing realises the counts */
+        memset(got, 0, sizeof(int64_t) * (size_t)p.P);
+        for (int32_t i = 0; i < t_n * K; i++) {
+            if (ids[i] < 0) {
+                assert_int_equal(phys[i], -1);
+                continue;
+            }
+            int32_t s = phys[i], ok = 0;
+            for (int32_t j = 0; j < p.nv[ids[i]]; j++) ok |= p.rep[ids[i] * p.W + j] == s;
+            assert_true(ok);
+            got[s]++;
+        }
+        assert_memory_equal(got, o.slots, sizeof(int64_t) * (size_t)p.P);
+        /* deterministic, and solve alone gives the same as the one call */
+        assert_int_equal(epx_dispatch_balanced_solve(b, p.rep, p.nv, c, &o2.o, &err), EPX_OK);
+        assert_memory_equal(o.shares, o2.shares, sizeof(double) * (size_t)(E * p.W));
+        assert_memory_equal(o.rc, o2.rc, sizeof(int64_t) * (size_t)(E * p.W));
+    }
+    free(top);
+    free(ids);
+    free(phys);
+    free(got);
+    free(c);
+    free_outs(&o);
+    free_outs(&o2);
+    free_place(&p);
+    epx_dispatch_balanced_destroy(b);
+}
+
+static void kimi_k25_layer(void **state) {
+    (void)state;
+    large_certificate(384, 8, 52, 2703);
+}
+
+static void deepseek_v3_layer(void **state) {
+    (void)state;
+    large_certificate(256, 32, 9, 2704);
+}
+
+/* One balancer serves every layer: alternating placements give what a
+ * fresh balancer gives, bit for bit. */
+static void one_balancer_many_layers(void **state) {
+    (void)state;
+    tu_rng r = {tu_seed(2706)};
+    epx_error err = {0};
+    int32_t E = 40, G = 8, per = 6;
+    place p[3];
+    for (int i = 0; i < 3; i++) p[i] = random_place(&r, E, G, per);
+    epx_balancer *shared = NULL;
+    assert_int_equal(epx_dispatch_balanced_create(E, p[0].W, p[0].P, G, &shared, &err), EPX_OK);
+    outs a = make_outs(&p[0]), f = make_outs(&p[0]);
+    int64_t c[40];
+    for (int it = 0; it < 30; it++) {
+        const place *q = &p[it % 3];
+        random_counts(&r, c, E, it % 2 ? 5 : 300);
+        epx_balancer *fresh = NULL;
+        assert_int_equal(epx_dispatch_balanced_create(E, q->W, q->P, G, &fresh, &err), EPX_OK);
+        assert_int_equal(epx_dispatch_balanced_solve(shared, q->rep, q->nv, c, &a.o, &err), EPX_OK);
+        assert_int_equal(epx_dispatch_balanced_solve(fresh, q->rep, q->nv, c, &f.o, &err), EPX_OK);
+        assert_memory_equal(a.shares, f.shares, sizeof(double) * (size_t)(E * q->W));
+        assert_memory_equal(a.rc, f.rc, sizeof(int64_t) * (size_t)(E * q->W));
+        assert_memory_equal(a.gpu_load, f.gpu_load, sizeof(double) * (size_t)G);
+        assert_true(a.o.max_load_num == f.o.max_load_num && a.o.num_levels == f.o.num_levels);
+        check_out(q, c, &a.o, NULL, NULL);
+        epx_dispatch_balanced_destroy(fresh);
+    }
+    free_outs(&a);
+    free_outs(&f);
+    for (int i = 0; i < 3; i++) free_place(&p[i]);
+    epx_dispatch_balanced_destroy(shared);
+}
+
+static void edge_cases(void **state) {
+    (void)state;
+    epx_error err = {0};
+    tu_rng r = {tu_seed(2705)};
+    place p = random_place(&r, 6, 3, 3);
+    epx_balancer *b = NULL;
+    assert_int_equal(epx_dispatch_balanced_create(6, p.W, p.P, 3, &b, &err), EPX_OK);
+    outs o = make_outs(&p);
+    int64_t zero[6] = {0};
+    assert_int_equal(epx_dispatch_balanced_solve(b, p.rep, p.nv, zero, &o.o, &err), EPX_OK);
+    assert_int_equal(o.o.max_load_num, 0);
+    assert_int_equal(o.o.max_load_den, 1);
+    assert_int_equal(o.o.max_load_int, 0);
+    assert_int_equal(o.o.num_levels, 0);
+    for (int32_t e = 0; e < 6; e++) assert_true(fabs(o.shares[e * p.W] - 1.0 / p.nv[e]) < 1e-15);
+    /* T = 0 through the one call; the out struct is optional */
+    assert_int_equal(epx_dispatch_balanced_topk(b, p.rep, p.nv, NULL, 0, 8, NULL, NULL, &err),
+                     EPX_OK);
+    /* only the scalars wanted */
+    epx_balanced_out bare = {0};
+    int64_t one[6] = {5, 0, 0, 0, 0, 0};
+    assert_int_equal(epx_dispatch_balanced_solve(b, p.rep, p.nv, one, &bare, &err), EPX_OK);
+    /* one loaded expert: its 5 tokens spread evenly over its GPUs */
+    int64_t k = __builtin_popcount(gpu_mask(&p, 0));
+    assert_true(bare.max_load_num * k == 5 * bare.max_load_den && bare.num_levels == 1);
+    free_outs(&o);
+    free_place(&p);
+    epx_dispatch_balanced_destroy(b);
+}
+
+static void errors(void **state) {
+    (void)state;
+    epx_error err = {0};
+    epx_balancer *b = NULL;
+    assert_int_equal(epx_dispatch_balanced_create(4, 2, 6, 4, &b, &err), EPX_ERR_SHAPE);
+    TU_MSG_HAS(err.msg, "P a multiple of G");
+    assert_null(b);
+    assert_int_equal(epx_dispatch_balanced_create(4, 2, 6, 3, NULL, &err), EPX_ERR_INVALID_ARG);
+    assert_int_equal(epx_dispatch_balanced_create(4, 3, 6, 3, &b, &err), EPX_OK);
+    int32_t rep[12] = {0, 1, -1, 2, -1, -1, 3, -1, -1, 4, 5, -1};
+    int32_t nv[4] = {2, 1, 1, 2};
+    int64_t c[4] = {3, 1, 4, 1};
+    epx_balanced_out o = {0};
+    assert_int_equal(epx_dispatch_balanced_solve(b, rep, nv, c, &o, &err), EPX_OK);
+    nv[1] = 0;
+    assert_int_equal(epx_dispatch_balanced_solve(b, rep, nv, c, &o, &err), EPX_ERR_INVALID_ARG);
+    TU_MSG_HAS(err.msg, "num_valid[1] = 0");
+    nv[1] = 1;
+    rep[3] = 6;
+    assert_int_equal(epx_dispatch_balanced_solve(b, rep, nv, c, &o, &err), EPX_ERR_INVALID_MAP);
+    TU_MSG_HAS(err.msg, "replicas[1][0] = 6", "outside [0, 6)");
+    rep[3] = 1;
+    assert_int_equal(epx_dispatch_balanced_solve(b, rep, nv, c, &o, &err), EPX_ERR_INVALID_MAP);
+    TU_MSG_HAS(err.msg, "slot 1 is listed twice", "expert 0", "expert 1");
+    rep[3] = 2;
+    c[2] = -4;
+    assert_int_equal(epx_dispatch_balanced_solve(b, rep, nv, c, &o, &err), EPX_ERR_INVALID_ARG);
+    TU_MSG_HAS(err.msg, "counts[2] = -4");
+    c[2] = (int64_t)1 << 40;
+    assert_int_equal(epx_dispatch_balanced_solve(b, rep, nv, c, &o, &err), EPX_ERR_INVALID_ARG);
+    TU_MSG_HAS(err.msg, "2^40");
+    c[2] = 4;
+    assert_int_equal(epx_dispatch_balanced_solve(b, rep, nv, c, NULL, &err), EPX_ERR_INVALID_ARG);
+    /* ids */
+    int32_t ids[4] = {0, 1, 4, -1};
+    int64_t cnt[4];
+    assert_int_equal(epx_dispatch_count_ids(ids, 2, 2, 4, cnt, &err), EPX_ERR_INVALID_ARG);
+    TU_MSG_HAS(err.msg, "topk_ids[1][0] = 4", "[-1, 4)");
+    assert_int_equal(epx_dispatch_count_ids(ids, -1, 2, 4, cnt, &err), EPX_ERR_SHAPE);
+    ids[2] = 3;
+    int64_t rc[12] = {1, 0, 0, 1, 0, 0, 0, 0, 0, 0, 1, 0};
+    int32_t phys[4];
+    assert_int_equal(epx_dispatch_balanced_map_ids(b, rep, nv, rc, ids, 2, 2, phys, &err), EPX_OK);
+    assert_int_equal(phys[0], 1 - 1);
+    assert_int_equal(phys[1], 2);
+    assert_int_equal(phys[2], 5);
+    assert_int_equal(phys[3], -1);
+    rc[0] = 2;
+    assert_int_equal(epx_dispatch_balanced_map_ids(b, rep, nv, rc, ids, 2, 2, phys, &err),
+                     EPX_ERR_INVALID_ARG);
+    TU_MSG_HAS(err.msg, "expert 0 sum to 2", "hold 1");
+    epx_dispatch_balanced_destroy(b);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(small_against_brute_force),
+        cmocka_unit_test(tiny_integer_optimum),
+        cmocka_unit_test(kimi_k25_layer),
+        cmocka_unit_test(deepseek_v3_layer),
+        cmocka_unit_test(one_balancer_many_layers),
+        cmocka_unit_test(edge_cases),
+        cmocka_unit_test(errors),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
