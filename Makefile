@@ -90,7 +90,7 @@ test-asan: deps
 # what it finds (and crash-* inputs); `make test` replays that corpus.
 FUZZ_BUILD   ?= build-fuzz
 FUZZ_SECONDS ?= 600
-FUZZERS      ?= counts_json mapping_json pt
+FUZZERS      ?= counts_json mapping_json pt model_config sglang_release
 fuzz: deps
 	@mkdir -p $(FUZZ_BUILD)
 	@cmake -S . -B $(FUZZ_BUILD) -DCMAKE_C_COMPILER=clang -DCMAKE_BUILD_TYPE=RelWithDebInfo \

@@ -187,6 +187,34 @@ typedef epx_status (*epx_write_fn)(FILE *f, const void *ctx, epx_error *err);
 EPX_API epx_status epx_file_write(const char *path, epx_write_fn body, const void *ctx,
                                   epx_error *err);
 
+/*
+ * Safe input files. Every file epx reads as text (config.json, JSON counts
+ * and maps, epx advise --measured) goes through epx_file_read: the path is
+ * stat()ed first and anything but a regular file (FIFO, device, socket,
+ * directory) is refused before it is opened, so `--model /dev/zero` or a FIFO
+ * never blocks or runs away; a file above the caller's byte limit is refused
+ * from its size before a byte is read, and at most limit + 1 bytes are read.
+ */
+#define EPX_MAX_CONFIG_BYTES (1u << 20)       /* a HuggingFace config.json: 1 MiB */
+#define EPX_MAX_CONFIG_DEPTH 64               /* its JSON nesting */
+#define EPX_MAX_CONFIG_VALUES (1u << 18)      /* its JSON values (elements + keys) */
+#define EPX_MAX_INPUT_BYTES ((size_t)1 << 30) /* a JSON counts/map/measured file: 1 GiB */
+
+/* Read a whole regular file into a malloc'd, NUL-terminated buffer.
+ * Args:    path (in); max_bytes the most bytes accepted; what (in, may be
+ *          NULL) names the limit in the message ("a config.json"); data
+ *          (out) free with epx_free; len (out) bytes read (NUL excluded).
+ * Returns: EPX_OK; EPX_ERR_IO for a missing or unreadable file or a folder;
+ *          EPX_ERR_INVALID_ARG for a FIFO, device or socket, or a file above
+ *          max_bytes, each naming the path (and the limit); EPX_ERR_NOMEM. */
+EPX_API epx_status epx_file_read(const char *path, size_t max_bytes, const char *what, char **data,
+                                 size_t *len, epx_error *err);
+
+/* The check epx_file_read makes before opening: path names an existing
+ * regular file (symlinks followed). Returns: EPX_OK, EPX_ERR_IO (missing, a
+ * folder) or EPX_ERR_INVALID_ARG (FIFO, device, socket), naming the path. */
+EPX_API epx_status epx_file_input_check(const char *path, epx_error *err);
+
 /* The newest SGLang release epx was checked against, release by release
  * (tools/sglang_tables.py, tools/sglang_eplb.py). Every SGLang rule epx
  * follows (static tables, EPLB) knows the releases up to this
@@ -195,6 +223,14 @@ EPX_API epx_status epx_file_write(const char *path, epx_write_fn body, const voi
 
 /* EPX_SGLANG_DEFAULT_VERSION as the library was built, for bindings. */
 EPX_API const char *epx_sglang_newest_verified(void);
+
+/* The oldest SGLang release epx reproduces; an older release, and any string
+ * that is not MAJOR.MINOR.PATCH[.postN], is refused by every rule that takes
+ * a release (epx_sglang_table_rule, epx_sglang_eplb_rule). */
+#define EPX_SGLANG_OLDEST_VERSION "0.5.2"
+
+/* EPX_SGLANG_OLDEST_VERSION as the library was built, for bindings. */
+EPX_API const char *epx_sglang_oldest_verified(void);
 
 /* The rooms of the core API, one header each. */
 #include "epx/layout.h"

@@ -13,7 +13,8 @@
 #                 wheels, once per venv); 0 = none (those tests skip)
 #   EPX_PY_SETUP_ONLY  1 = make the venv and install epx, run no tests (what
 #                 `make peer-test` needs)
-#   extra arguments go to pytest, e.g. scripts/python-test.sh -k golden
+#   extra arguments go to pytest, e.g. scripts/python-test.sh -k golden; -rs
+#   prints every skip with its reason
 set -eu
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
@@ -66,4 +67,4 @@ fi
 
 # Run from a neutral folder so `import epx` is the installed package, not python/epx.
 cd "$PYBUILD"
-exec "$VPY" -m pytest -p no:cacheprovider -q "$ROOT/python/tests" "$@"
+exec "$VPY" -m pytest -p no:cacheprovider -q -rs "$ROOT/python/tests" "$@"

@@ -397,6 +397,46 @@ static void refusals(void **state) {
          "\"routed_scaling_factor\": \"2.5\"}",
          EPX_ERR_PARSE,
          {"'routed_scaling_factor'", "not a number", "2.5"}},
+        /* issue 29: values checked as what they are, against the README's limits */
+        {"{\"model_type\": \"deepseek_v3\", \"num_hidden_layers\": 4, \"hidden_size\": 64, "
+         "\"n_routed_experts\": 16, \"num_experts_per_tok\": 2, \"moe_intermediate_size\": 32, "
+         "\"routed_scaling_factor\": 1e39}",
+         EPX_ERR_PARSE,
+         {"'routed_scaling_factor'", "1e+39", "positive float32"}},
+        {"{\"model_type\": \"deepseek_v3\", \"num_hidden_layers\": 4, \"hidden_size\": 64, "
+         "\"n_routed_experts\": 16, \"num_experts_per_tok\": 2, \"moe_intermediate_size\": 32, "
+         "\"routed_scaling_factor\": 1e-50}",
+         EPX_ERR_PARSE,
+         {"'routed_scaling_factor'", "1e-50", "positive float32"}},
+        {"{\"model_type\": \"deepseek_v3\", \"num_hidden_layers\": 65537, \"hidden_size\": 64, "
+         "\"n_routed_experts\": 16, \"num_experts_per_tok\": 2, \"moe_intermediate_size\": 32}",
+         EPX_ERR_PARSE,
+         {"'num_hidden_layers'", "65537", "[1, 65536] (EPX_MAX_LAYERS)"}},
+        {"{\"model_type\": \"deepseek_v3\", \"num_hidden_layers\": 4, \"hidden_size\": 64, "
+         "\"n_routed_experts\": 1048577, \"num_experts_per_tok\": 2, \"moe_intermediate_size\": "
+         "32}",
+         EPX_ERR_PARSE,
+         {"'n_routed_experts'", "1048577", "(EPX_MAX_EXPERTS)"}},
+        {"{\"model_type\": \"gpt_oss\", \"num_hidden_layers\": 4, \"hidden_size\": 64, "
+         "\"num_local_experts\": 16, \"experts_per_token\": 2147483647, "
+         "\"num_experts_per_tok\": 2, \"intermediate_size\": 32}",
+         EPX_ERR_PARSE,
+         {"'experts_per_token' 2147483647", "'num_experts_per_tok' 2", "disagree"}},
+        {"{\"model_type\": \"qwen3_moe\", \"num_hidden_layers\": 4, \"hidden_size\": 64, "
+         "\"num_experts\": 16, \"num_experts_per_tok\": 2, \"moe_intermediate_size\": 32, "
+         "\"mlp_only_layers\": [\"0\"]}",
+         EPX_ERR_PARSE,
+         {"'mlp_only_layers'", "\"0\" at index 0", "not a layer index"}},
+        {"{\"model_type\": \"deepseek_v3\", \"num_hidden_layers\": 4, \"hidden_size\": 64, "
+         "\"n_routed_experts\": 16, \"num_experts_per_tok\": 2, \"moe_intermediate_size\": 32, "
+         "\"norm_topk_prob\": \"yes\"}",
+         EPX_ERR_PARSE,
+         {"'norm_topk_prob'", "not a boolean", "true or false"}},
+        {"{\"model_type\": \"deepseek_v3\", \"num_hidden_layers\": 4, \"hidden_size\": 64, "
+         "\"n_routed_experts\": 16, \"num_experts_per_tok\": 2, \"moe_intermediate_size\": 32, "
+         "\"n_group\": true}",
+         EPX_ERR_PARSE,
+         {"'n_group'", "is true (a boolean)", NULL}},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         err = (epx_error){0};

@@ -197,10 +197,10 @@ static void release_strings(void **state) {
         epx_eplb_rule rule;
         int32_t newer;
     } ok[] = {
-        {"0.4.10", EPX_EPLB_RULE_SGLANG_F32, 0},  {"0.5.2", EPX_EPLB_RULE_SGLANG_F32, 0},
-        {"v0.5.10", EPX_EPLB_RULE_SGLANG_F32, 0}, {"0.5.10.post1", EPX_EPLB_RULE_SGLANG_F32, 0},
-        {"0.5.11", EPX_EPLB_RULE_SGLANG_F64, 0},  {"0.5.23", EPX_EPLB_RULE_SGLANG_F64, 0},
-        {"0.5.24", EPX_EPLB_RULE_SGLANG_F64, 1},  {"1.0", EPX_EPLB_RULE_SGLANG_F64, 1},
+        {"0.5.2.post1", EPX_EPLB_RULE_SGLANG_F32, 0}, {"0.5.2", EPX_EPLB_RULE_SGLANG_F32, 0},
+        {"v0.5.10", EPX_EPLB_RULE_SGLANG_F32, 0},     {"0.5.10.post1", EPX_EPLB_RULE_SGLANG_F32, 0},
+        {"0.5.11", EPX_EPLB_RULE_SGLANG_F64, 0},      {"0.5.23", EPX_EPLB_RULE_SGLANG_F64, 0},
+        {"0.5.24", EPX_EPLB_RULE_SGLANG_F64, 1},      {"1.0.0", EPX_EPLB_RULE_SGLANG_F64, 1},
     };
     epx_error err = {0};
     for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) {

@@ -145,13 +145,13 @@ static void release_strings(void **state) {
         epx_sglang_rule rule;
         int32_t newer;
     } ok[] = {
-        {"0.4.10", EPX_SGLANG_RULE_0_5_2, 0},       {"0.5", EPX_SGLANG_RULE_0_5_2, 0},
+        {"0.5.2.post3", EPX_SGLANG_RULE_0_5_2, 0},  {"v0.5.2", EPX_SGLANG_RULE_0_5_2, 0},
         {"0.5.2", EPX_SGLANG_RULE_0_5_2, 0},        {"0.5.2.post1", EPX_SGLANG_RULE_0_5_2, 0},
         {"v0.5.3", EPX_SGLANG_RULE_0_5_3, 0},       {"0.5.4", EPX_SGLANG_RULE_0_5_3, 0},
         {"0.5.4.post1", EPX_SGLANG_RULE_0_5_3, 0},  {"0.5.4.post2", EPX_SGLANG_RULE_0_5_4_POST2, 0},
         {"0.5.15", EPX_SGLANG_RULE_0_5_4_POST2, 0}, {"0.5.16", EPX_SGLANG_RULE_0_5_16, 0},
         {"0.5.23", EPX_SGLANG_RULE_0_5_16, 0},      {"0.5.24", EPX_SGLANG_RULE_0_5_16, 1},
-        {"0.6.0", EPX_SGLANG_RULE_0_5_16, 1},       {"1.0", EPX_SGLANG_RULE_0_5_16, 1},
+        {"0.6.0", EPX_SGLANG_RULE_0_5_16, 1},       {"1.0.0", EPX_SGLANG_RULE_0_5_16, 1},
     };
     epx_error err = {0};
     for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) {
@@ -163,11 +163,24 @@ static void release_strings(void **state) {
             fail_msg("%s: rule %d newer %d, want %d %d", ok[i].s, rule, newer, ok[i].rule,
                      ok[i].newer);
     }
-    static const char *bad[] = {"", "0", "latest", "0.5.16rc1", "0.5.x", "0.5.4.post", "0..5"};
+    static const char *bad[] = {
+        "",       "0",      "latest",    "0.5.16rc1",  "0.5.x",        "0.5.4.post",
+        "0..5",   "0.5",    "0.5.post1", "1.0",        "0.5.2 ",       "0.5.2junk",
+        "0.05.2", "+0.5.2", " 0.5.2",    "0.5.2.post", "0.5.2.post-1", "0.5.1234567"};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         epx_sglang_rule rule;
         assert_int_equal(epx_sglang_table_rule(bad[i], &rule, NULL, &err), EPX_ERR_INVALID_ARG);
         TU_MSG_HAS(err.msg, "MAJOR.MINOR");
+    }
+    /* older than the oldest release epx reproduces: refused, naming it */
+    static const char *old[] = {"0.4.0", "0.0.0", "0.5.1", "0.5.1.post9", "v0.4.10"};
+    for (size_t i = 0; i < sizeof old / sizeof old[0]; i++) {
+        epx_sglang_rule rule;
+        assert_int_equal(epx_sglang_table_rule(old[i], &rule, NULL, &err), EPX_ERR_INVALID_ARG);
+        TU_MSG_HAS(err.msg, "older than " EPX_SGLANG_OLDEST_VERSION, "oldest release");
+        epx_eplb_rule erule;
+        assert_int_equal(epx_sglang_eplb_rule(old[i], &erule, NULL, &err), EPX_ERR_INVALID_ARG);
+        TU_MSG_HAS(err.msg, "older than " EPX_SGLANG_OLDEST_VERSION);
     }
     /* the options carry it; a bad one is refused there too */
     epx_shape s = {1, 2, 4, 2, 1};

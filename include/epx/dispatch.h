@@ -66,8 +66,9 @@ typedef enum epx_sglang_rule {
  *          release is newer than EPX_SGLANG_DEFAULT_VERSION (the newest
  *          verified; its rule is used, but nothing checked it), else 0.
  * Returns: EPX_OK; EPX_ERR_INVALID_ARG for a string that is not
- *          MAJOR.MINOR[.PATCH][.postN] (pre-releases are refused: which
- *          rule they carry is not known).
+ *          MAJOR.MINOR.PATCH[.postN] (pre-releases, "0.5" and suffixes are
+ *          refused: which rule they carry is not known) or a release older
+ *          than EPX_SGLANG_OLDEST_VERSION (named in the message).
  */
 EPX_API epx_status epx_sglang_table_rule(const char *release, epx_sglang_rule *rule, int32_t *newer,
                                          epx_error *err);

@@ -75,7 +75,8 @@ typedef enum epx_eplb_rule {
  *          release is newer than EPX_SGLANG_DEFAULT_VERSION (its rule is
  *          that release's, but nothing checked it), else 0.
  * Returns: EPX_OK; EPX_ERR_INVALID_ARG for a string that is not
- *          MAJOR.MINOR[.PATCH][.postN] (the same parser as
+ *          MAJOR.MINOR.PATCH[.postN] or a release older than
+ *          EPX_SGLANG_OLDEST_VERSION (the same parser as
  *          epx_sglang_table_rule).
  */
 EPX_API epx_status epx_sglang_eplb_rule(const char *release, epx_eplb_rule *rule, int32_t *newer,

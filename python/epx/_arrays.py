@@ -4,11 +4,41 @@ torch is never imported here unless the caller passed a tensor (or asked for
 tensors), so the package works without it.
 """
 import ctypes
+import operator
 import sys
 
 import numpy as np
 
-__all__ = ["is_torch", "as_array", "ptr", "wrap", "want_torch"]
+__all__ = ["is_torch", "as_array", "ptr", "wrap", "want_torch", "integer", "INT32_MAX",
+           "MAX_LAYERS", "MAX_EXPERTS", "MAX_GPUS", "MAX_PHYSICAL"]
+
+# The C types' and include/epx.h's limits (tests/test_abi.py checks the
+# header still says so): every Python integer bound for C is checked against
+# them before the call, so nothing wraps to int32 and nothing is sized from a
+# huge value before libepx sees it.
+INT32_MAX = 2 ** 31 - 1
+MAX_LAYERS = 65536  # EPX_MAX_LAYERS
+MAX_EXPERTS = 1 << 20  # EPX_MAX_EXPERTS
+MAX_GPUS = 1 << 16  # EPX_MAX_GPUS
+MAX_PHYSICAL = 4 * (MAX_EXPERTS + MAX_GPUS)  # P <= 4 (E + G), README's limits
+
+
+def integer(x, name, lo=0, hi=INT32_MAX, limit=None):
+    """x as a Python int for a C integer argument, checked before the call:
+    an integer (int, numpy or 0-d torch integer; not bool, not a float even
+    8.0, not a str) in [lo, hi]. TypeError or ValueError naming the argument,
+    the value and the range (limit: where hi comes from, e.g. "EPX_MAX_GPUS")."""
+    if isinstance(x, (bool, np.bool_)):
+        raise TypeError("%s must be an integer, not bool %r" % (name, x))
+    try:
+        v = operator.index(x)
+    except TypeError:
+        raise TypeError("%s must be an integer, not %s %r" % (name, type(x).__name__, x)) from None
+    if not lo <= v <= hi:
+        raise ValueError("%s = %d is outside [%d, %d]%s" % (
+            name, v, lo, hi, " (%s)" % limit if limit else
+            " (the C int32 range)" if hi == INT32_MAX else ""))
+    return v
 
 
 def is_torch(x):
@@ -24,12 +54,30 @@ def as_array(x, dtype, ndim=None, name="array"):
     reference functions do with .cpu().
     """
     if is_torch(x):
-        x = x.detach().cpu().numpy()
+        x = x.detach()
+        if x.is_floating_point() and x.dtype not in _NUMPY_FLOATS(x):
+            x = x.float()  # bf16 (no numpy dtype): widened exactly, as weight.float()
+        x = x.cpu().numpy()
     a = np.ascontiguousarray(np.asarray(x), dtype=dtype)
     if ndim is not None and a.ndim not in (ndim if isinstance(ndim, tuple) else (ndim,)):
         want = " or ".join("%d" % d for d in (ndim if isinstance(ndim, tuple) else (ndim,)))
         raise ValueError("%s must have %s dimensions, got shape %s" % (name, want, a.shape))
     return a
+
+
+def _NUMPY_FLOATS(t):
+    """torch's floating dtypes numpy can hold."""
+    import torch
+    return (torch.float16, torch.float32, torch.float64)
+
+
+def py_seed(seed, name="seed"):
+    """A seed as CPython's random.Random(seed) reads an int: its absolute
+    value (so -1 is 1). epx's generator takes 64 bits, so |seed| >= 2**64 is
+    refused, not folded into another seed; a float is refused."""
+    v = integer(seed, name, -(2 ** 64 - 1), 2 ** 64 - 1,
+                "|seed| < 2**64, the seeds epx's random.Random takes")
+    return abs(v)
 
 
 def ptr(a, ctype):

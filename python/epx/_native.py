@@ -162,6 +162,46 @@ def call(f, *args):
     return st
 
 
+# ---- SGLang release strings ---------------------------------------------
+
+_release_rule = {
+    "eplb": fn("epx_sglang_eplb_rule", c_int32, c_char_p, POINTER(c_int), POINTER(c_int32),
+               c_void_p),
+    "table": fn("epx_sglang_table_rule", c_int32, c_char_p, POINTER(c_int), POINTER(c_int32),
+                c_void_p),
+}
+_newest_verified = fn("epx_sglang_newest_verified", c_char_p)
+
+
+def sglang_release(sglang_version, kind, name="sglang_version", stacklevel=3, warn=True):
+    """The one check of an SGLang release from Python, before anything uses it:
+    a str (not a float such as 0.5, nor bytes), no NUL (C would read up to it),
+    then the library's one parser (core's release.c, as the CLI's
+    --sglang-version): MAJOR.MINOR.PATCH[.postN] from the oldest release epx
+    reproduces, else EpxError naming the value; a release newer than the
+    newest verified one warns (that one's rule is used). kind: "eplb" or
+    "table". Returns (the release as bytes for C, the rule number)."""
+    if not isinstance(sglang_version, str):
+        raise TypeError("%s must be a str such as '%s' (MAJOR.MINOR.PATCH[.postN]), not %s %r"
+                        % (name, _newest_verified().decode(), type(sglang_version).__name__,
+                           sglang_version))
+    if "\x00" in sglang_version or not sglang_version.isascii():
+        raise EpxError(Status.INVALID_ARG,
+                       "%s %r is not MAJOR.MINOR.PATCH[.postN]: it holds a NUL or non-ASCII "
+                       "character" % (name, sglang_version))
+    raw = sglang_version.encode("ascii")
+    rule, newer = c_int(0), c_int32(0)
+    call(_release_rule[kind], raw, ctypes.byref(rule), ctypes.byref(newer))
+    if newer.value and warn:
+        import warnings
+        newest = _newest_verified().decode()
+        warnings.warn("SGLang %s is newer than the newest release epx verified (%s); using %s's "
+                      "%s rule" % (sglang_version, newest, newest,
+                                   "EPLB" if kind == "eplb" else "dispatch table"),
+                      stacklevel=stacklevel)
+    return raw, rule.value
+
+
 # ---- structs mirrored from the headers (tests/test_abi.py checks the field lists) ----
 
 class Shape(Structure):

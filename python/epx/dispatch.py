@@ -6,7 +6,7 @@ import numpy as np
 
 from . import _arrays as A
 from ._native import (POINTER, Shape, Structure, c_double, c_int, c_int32, c_int64, c_uint32,
-                      c_uint64, c_void_p, call, fn)
+                      c_uint64, c_void_p, call, fn, sglang_release)
 
 __all__ = ["sglang_static_table", "static_table", "table_gpu_load", "dispatch_topk",
            "Balancer", "BalancedSplit", "balanced_split", "balanced_topk", "count_ids",
@@ -72,9 +72,10 @@ def _opts(algorithm, seed, expected_load, replica_weights, keep, sglang_version=
     if replica_weights is not None:
         rw = A.as_array(replica_weights, np.float64, 2, "replica_weights")
         keep.append(rw)
-    return TableOpts(TABLE_OPTS_VERSION, TABLE_ALGORITHMS[algorithm], int(seed),
+    return TableOpts(TABLE_OPTS_VERSION, TABLE_ALGORITHMS[algorithm], A.py_seed(seed),
                      A.ptr(el, c_double), A.ptr(rw, c_double),
-                     None if sglang_version is None else str(sglang_version).encode(), 0)
+                     None if sglang_version is None else
+                     sglang_release(sglang_version, "table", stacklevel=5)[0], 0)
 
 
 def sglang_static_table(logical_to_all_physical_map, num_gpus, num_physical_experts, ep_rank,
@@ -91,14 +92,18 @@ def sglang_static_table(logical_to_all_physical_map, num_gpus, num_physical_expe
     dtype = src.dtype if hasattr(src, "dtype") else np.int64
     m = A.as_array(src, np.int32, 3, "logical_to_all_physical_map")
     L, E, W = m.shape
-    G = int(num_gpus)
-    shape = Shape(L, E, int(num_physical_experts), G, int(num_nodes))
+    G = A.integer(num_gpus, "num_gpus", 1, A.MAX_GPUS, "EPX_MAX_GPUS")
+    shape = Shape(L, E, A.integer(num_physical_experts, "num_physical_experts", 1,
+                                  A.MAX_PHYSICAL, "4 (E + G) slots at most"), G,
+                  A.integer(num_nodes, "num_nodes", 1, A.MAX_GPUS, "EPX_MAX_GPUS"))
+    if ep_rank is not None:  # a rank, not a Python index: -1 is not rank G - 1
+        ep_rank = A.integer(ep_rank, "ep_rank", 0, G - 1, "num_gpus - 1")
     out = np.empty((G, L, E), dtype=np.int32)
-    opts = TableOpts(TABLE_OPTS_VERSION, TABLE_ALGORITHMS["sglang"], int(seed), None, None,
-                     str(sglang_version).encode(), 0)
+    opts = TableOpts(TABLE_OPTS_VERSION, TABLE_ALGORITHMS["sglang"], A.py_seed(seed), None, None,
+                     sglang_release(sglang_version, "table")[0], 0)
     call(_table_compute, ctypes.byref(shape), A.ptr(m, c_int32), W, ctypes.byref(opts),
          A.ptr(out, c_int32))
-    res = out if ep_rank is None else out[int(ep_rank)]
+    res = out if ep_rank is None else out[ep_rank]
     if torch_in:
         t = A.wrap(np.ascontiguousarray(res, dtype=np.int64), True, src.device)
         return t.to(dtype)
@@ -164,16 +169,17 @@ def dispatch_topk(topk_ids, layout, layer, mode="dynamic", table=None, replica_w
     T, K = ids.shape
     s = layout.shape
     L, E, P = s["num_layers"], s["num_logical_experts"], s["num_physical_experts"]
-    layer = int(layer)
-    if not 0 <= layer < L:
-        raise ValueError("layer %d is outside [0, %d)" % (layer, L))
+    layer = A.integer(layer, "layer", 0, L - 1, "num_layers - 1")
     keep = []
-    spec = DispatchSpec(DISPATCH_MODES[mode], E, P, 1, None, None, None, None, int(seed),
-                        int(pass_id), layer)
+    spec = DispatchSpec(DISPATCH_MODES[mode], E, P, 1, None, None, None, None,
+                        A.integer(seed, "seed", 0, 2 ** 64 - 1, "a uint64"),
+                        A.integer(pass_id, "pass_id", 0, 2 ** 64 - 1) & 0xFFFFFFFF, layer)
     if mode == "static":
         if table is None:
             raise ValueError("mode='static' needs table [G][L][E] (epx.dispatch.static_table)")
-        row = np.ascontiguousarray(A.as_array(table, np.int32, 3, "table")[int(ep_rank), layer])
+        tab = A.as_array(table, np.int32, 3, "table")
+        rank = A.integer(ep_rank, "ep_rank", 0, tab.shape[0] - 1, "the table's ranks - 1")
+        row = np.ascontiguousarray(tab[rank, layer])
         keep.append(row)
         spec.table = A.ptr(row, c_int32)
     elif mode in ("dynamic", "weighted"):

@@ -7,10 +7,10 @@ import os
 import numpy as np
 
 from ._native import (LOG_FN, POINTER, Counts, Structure, c_char_p, c_int, c_int32,
-                      c_uint32, c_void_p, call, epx_free, fn)
+                      c_uint32, c_void_p, call, epx_free, fn, sglang_release)
 from ._counts import CCounts, counts_destroy, counts_from_c, counts_to_c
 from .layout import Layout
-from .planner import ALGORITHMS, _choice, sglang_eplb_rule
+from .planner import ALGORITHMS, _choice
 
 __all__ = ["read_mapping", "read_counts", "write_mapping", "write_counts",
            "init_expert_location", "counts_to_c", "counts_from_c"]
@@ -96,12 +96,13 @@ def init_expert_location(spec, num_gpus, num_nodes=1, num_logical_experts=0, num
     with the global policy. algorithm="epx" asks for epx's own planner instead
     (sglang_version must then be None)."""
     code = _choice(ALGORITHMS, algorithm, "algorithm")
-    if sglang_version is not None:
-        sglang_eplb_rule(sglang_version)  # a malformed release raises, a newer one warns
+    sv = None
+    if sglang_version is not None:  # a malformed release raises, a newer one warns
+        sv = sglang_release(sglang_version, "eplb")[0]
     o = InitOpts(INIT_OPTS_VERSION, int(num_gpus), int(num_nodes), int(num_logical_experts),
                  int(num_layers), int(num_physical), int(num_redundant), int(num_groups),
                  LOG_FN(), None, code,
-                 None if sglang_version is None else str(sglang_version).encode())
+                 sv)
     h = c_void_p()
     call(_layout_init, _spec(spec), ctypes.byref(o), ctypes.byref(h))
     return Layout(h)

@@ -2,13 +2,13 @@
 each SGLang release's copy of it runs), and epx's own planner with its
 options."""
 import ctypes
-import warnings
 
 import numpy as np
 
 from . import _arrays as A
 from ._native import (LOG_FN, POINTER, Counts, Shape, Structure, c_char_p, c_double,
-                      c_float, c_int, c_int32, c_uint8, c_uint32, c_void_p, call, fn)
+                      c_float, c_int, c_int32, c_uint8, c_uint32, c_void_p, call, fn,
+                      sglang_release)
 from ._counts import CCounts
 from ._native import EpxError, Status
 from .layout import Layout
@@ -20,8 +20,6 @@ __all__ = ["deepseek", "plan", "Plan", "ALGORITHMS", "EPLB_RULES"]
 _plan_deepseek = fn("epx_plan_deepseek_rule", c_int32, POINTER(c_float), c_int32, c_int32,
                     c_int32, c_int32, c_int32, c_int32, c_int, c_int, POINTER(c_int32),
                     POINTER(c_int32), POINTER(c_int32), c_void_p)
-_eplb_rule = fn("epx_sglang_eplb_rule", c_int32, c_char_p, POINTER(c_int), POINTER(c_int32),
-                c_void_p)
 
 _newest = fn("epx_sglang_newest_verified", c_char_p)
 # The newest SGLang release epx was checked against (EPX_SGLANG_DEFAULT_VERSION).
@@ -36,13 +34,7 @@ def sglang_eplb_rule(sglang_version):
     rule is used); a malformed one raises EpxError naming it."""
     if sglang_version is None:
         return 0
-    rule, newer = c_int(0), c_int32(0)
-    call(_eplb_rule, str(sglang_version).encode(), ctypes.byref(rule), ctypes.byref(newer))
-    if newer.value:
-        warnings.warn("SGLang %s is newer than the newest release epx verified (%s); planning "
-                      "with %s's EPLB rule" % (sglang_version, SGLANG_NEWEST_VERIFIED,
-                                               SGLANG_NEWEST_VERIFIED), stacklevel=3)
-    return rule.value
+    return sglang_release(sglang_version, "eplb", stacklevel=4)[1]
 
 
 # epx_eplb_rule (include/epx/plan.h) by name.
@@ -75,13 +67,18 @@ def deepseek(weight, num_replicas, num_groups, num_nodes, num_gpus, hierarchical
     rule = _rule_number(rule, sglang_version)
     w = A.as_array(weight, np.float32, 2, "weight")
     L, E = w.shape
-    P = int(num_replicas)
+    # Checked before anything is sized from them (no int32 wrap, no huge buffers).
+    G = A.integer(num_gpus, "num_gpus", 1, A.MAX_GPUS, "EPX_MAX_GPUS")
+    nodes = A.integer(num_nodes, "num_nodes", 1, A.MAX_GPUS, "EPX_MAX_GPUS")
+    P = A.integer(num_replicas, "num_replicas", 1, 4 * (E + G),
+                  "4 (E + G) slots at most, E = %d, G = %d" % (E, G))
     X = max(P - E + 1, 1)
     p2l = np.empty((L, P), dtype=np.int32)
     l2p = np.empty((L, E, X), dtype=np.int32)
     cnt = np.empty((L, E), dtype=np.int32)
-    groups = 1 if num_groups is None else int(num_groups)
-    call(_plan_deepseek, A.ptr(w, c_float), L, E, P, groups, int(num_nodes), int(num_gpus),
+    groups = 1 if num_groups is None else A.integer(num_groups, "num_groups", 0, A.MAX_EXPERTS,
+                                                     "EPX_MAX_EXPERTS")
+    call(_plan_deepseek, A.ptr(w, c_float), L, E, P, groups, nodes, G,
          1 if hierarchical else 0, rule, A.ptr(p2l, c_int32), A.ptr(l2p, c_int32),
          A.ptr(cnt, c_int32))
     return p2l, l2p, cnt
@@ -205,24 +202,30 @@ def plan(counts, num_gpus, num_physical_experts=None, num_redundant=None, num_no
     """
     c = CCounts(counts)
     S, L, E = c.shape
+    G = A.integer(num_gpus, "num_gpus", 1, A.MAX_GPUS, "EPX_MAX_GPUS")
     if num_physical_experts is None:
-        num_physical_experts = E + (int(num_redundant) if num_redundant else 0)
-    shape = Shape(L, E, int(num_physical_experts), int(num_gpus), int(num_nodes))
+        R = 0 if num_redundant is None else A.integer(num_redundant, "num_redundant", 0,
+                                                       A.MAX_PHYSICAL, "4 (E + G) slots at most")
+        num_physical_experts = E + R
+    P = A.integer(num_physical_experts, "num_physical_experts", 1, A.MAX_PHYSICAL,
+                  "4 (E + G) slots at most")
+    shape = Shape(L, E, P, G, A.integer(num_nodes, "num_nodes", 1, A.MAX_GPUS, "EPX_MAX_GPUS"))
     fg = None
     if failed_gpus is not None:
         fg = np.ascontiguousarray(np.asarray(failed_gpus, dtype=bool), dtype=np.uint8)
-        if fg.shape != (int(num_gpus),):
+        if fg.shape != (G,):
             raise ValueError("failed_gpus must have num_gpus (%d) entries, got shape %s"
                              % (num_gpus, fg.shape))
     sv = None
     if sglang_version is not None:
-        sglang_eplb_rule(sglang_version)  # the warning for a newer release
-        sv = str(sglang_version).encode()
+        sv = sglang_release(sglang_version, "eplb")[0]  # checked; a newer release warns
     o = PlanOpts(PLAN_OPTS_VERSION, _choice(ALGORITHMS, algorithm, "algorithm"),
-                 0 if num_groups is None else int(num_groups),
+                 0 if num_groups is None else A.integer(num_groups, "num_groups", 0,
+                                                         A.MAX_EXPERTS, "EPX_MAX_EXPERTS"),
                  _choice(NODE_LOCAL, node_local, "node_local"), float(cross_node_budget),
                  _choice(ESTIMATES, estimate, "estimate"), float(estimate_param),
-                 current.handle if current is not None else None, int(max_moves),
+                 current.handle if current is not None else None,
+                 A.integer(max_moves, "max_moves", -1),
                  float(move_price), A.ptr(fg, c_uint8), LOG_FN(), None, None, None, sv)
     h = c_void_p()
     call(_compute, c.ptr, ctypes.byref(shape), ctypes.byref(o), ctypes.byref(h))

@@ -16,7 +16,7 @@ import numpy as np
 
 from . import _arrays as A
 from . import planner as _plan
-from ._native import EpxError, Status, as_assertion
+from ._native import EpxError, Status, as_assertion, sglang_release
 from .io import read_counts, read_mapping
 from .layout import Layout
 
@@ -111,7 +111,14 @@ def rebalance_experts_from_windows(tokens_per_expert, num_physical_experts,
     release sglang_version's copy does (None = DeepSeek's original); "epx"
     hands all windows to epx's planner (it estimates from them)."""
     name = _algorithm_name(algorithm)
-    num_gpus = int(num_physical_experts) // int(num_local_physical_experts)
+    P = A.integer(num_physical_experts, "num_physical_experts", 1, A.MAX_PHYSICAL,
+                  "4 (E + G) slots at most")
+    local = A.integer(num_local_physical_experts, "num_local_physical_experts", 1, P,
+                      "num_physical_experts")
+    if P % local:
+        raise ValueError("num_physical_experts (%d) is not a multiple of "
+                         "num_local_physical_experts (%d): every GPU holds as many slots" % (P, local))
+    num_gpus = P // local
     torch_out = A.want_torch(as_torch, tokens_per_expert)
     if name in ("deepseek", "deepseek_hierarchical"):
         t = A.as_array(tokens_per_expert, np.float64, 3, "tokens_per_expert")
@@ -164,14 +171,14 @@ RUNTIME_CONTEXT_SINCE = (0, 5, 17, 0)
 
 
 def _sglang_release(version):
-    """(major, minor, patch, post) of an SGLang release string ("0.5.4.post2")."""
-    import re
-    m = re.match(r"^v?(\d+)\.(\d+)(?:\.(\d+))?(?:\.?post(\d+))?(?:[.+-]?[A-Za-z0-9.+-]*)$",
-                 str(version))
-    if not m:
-        raise ValueError("SGLang version must look like 0.5.16 or 0.5.4.post2, got %r"
-                         % (version,))
-    return tuple(int(x or 0) for x in m.groups())
+    """(major, minor, patch, post) of an SGLang release string ("0.5.4.post2"),
+    read by libepx's one parser, as every other release epx takes (issue 29):
+    MAJOR.MINOR.PATCH[.postN] from the oldest release epx reproduces, else
+    EpxError naming the value; a newer release warns when its table is made."""
+    raw = sglang_release(version, "table", warn=False)[0].decode()
+    parts = raw.lstrip("v").split(".")
+    post = int(parts[3][len("post"):]) if len(parts) == 4 else 0
+    return (int(parts[0]), int(parts[1]), int(parts[2]), post)
 
 
 def _call_shape(version):
@@ -325,7 +332,7 @@ def dispatch_map_for(sglang_version):
         expert_location.compute_logical_to_rank_dispatch_physical_map = \
             epx.sglang.dispatch_map_for("0.5.16")
     """
-    version = str(sglang_version)
+    version = sglang_version  # a str: the release parser refuses anything else
     shape = _call_shape(version)
     run = compute_logical_to_rank_dispatch_physical_map
     if shape == "plain":

@@ -101,12 +101,17 @@ def _deepseek_checked(weight, num_replicas, num_groups, num_nodes, num_gpus, alg
                                      as_torch=False, **plan_kw)
 
 
+# The largest value each argument may take (include/epx.h's limits): checked
+# before the call, so 2**32 + 8 ranks is refused, not wrapped to 8.
+_LIMITS = {"num_replicas": (A.MAX_PHYSICAL, "4 (E + G) slots at most"),
+           "num_groups": (A.MAX_EXPERTS, "EPX_MAX_EXPERTS"),
+           "num_nodes": (A.MAX_GPUS, "EPX_MAX_GPUS"), "num_gpus": (A.MAX_GPUS, "EPX_MAX_GPUS"),
+           "num_ranks": (A.MAX_GPUS, "EPX_MAX_GPUS")}
+
+
 def _int(x, name):
-    if isinstance(x, (bool, np.bool_)) or not isinstance(x, (int, np.integer)):
-        raise TypeError("%s must be an int, got %r" % (name, x))
-    if x <= 0:
-        raise ValueError("%s must be positive, got %d" % (name, x))
-    return int(x)
+    hi, limit = _LIMITS.get(name, (A.INT32_MAX, None))
+    return A.integer(x, name, 1, hi, limit)
 
 
 def rebalance_experts(weight, num_replicas, num_groups, num_nodes, num_gpus, *,
@@ -241,6 +246,7 @@ class DefaultEplbPolicy:
 
     @classmethod
     def _triple(cls, weight, num_replicas, num_groups, num_nodes, num_ranks, old):
+        num_ranks = _int(num_ranks, "num_ranks")  # vLLM's name, in the message
         p2l, l2p, cnt = _deepseek(weight, num_replicas, num_groups, num_nodes, num_ranks,
                                   rule=cls.EPLB_RULE)
         if old is None:

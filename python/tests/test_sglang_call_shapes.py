@@ -174,5 +174,9 @@ def test_call_shape_errors():
         run(l2p, G)
     with pytest.raises(epx.EpxError, match="nnodes"):
         run(l2p, G, P, 0, server_args=_server_args(G, 3))
-    with pytest.raises(ValueError, match="0.5.16"):
-        epx.sglang.dispatch_map_for("five")
+    # one release parser for the CLI and Python (issue 29): the library's
+    for bad in ("five", "0.5", "0.5.16rc1", "0.5.16+local"):
+        with pytest.raises(epx.EpxError, match="is not MAJOR.MINOR.PATCH"):
+            epx.sglang.dispatch_map_for(bad)
+    with pytest.raises(epx.EpxError, match="older than 0.5.2"):
+        epx.sglang.dispatch_map_for("0.4.0")

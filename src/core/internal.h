@@ -54,9 +54,6 @@ static inline bool epxi_mul_size(size_t n, size_t size, size_t *out) {
  * `what` names the buffer in the message. */
 EPXI_HIDDEN void *epxi_calloc(size_t n, size_t size, const char *what, epx_error *err);
 
-/* Read a whole file into a NUL-terminated malloc'd buffer. */
-EPXI_HIDDEN epx_status epxi_read_file(const char *path, char **data, size_t *len, epx_error *err);
-
 /* The one safe-output path (epx_file_write in epx.h): resolve symlinks,
  * refuse non-regular targets, write DIR/.BASE.epx-tmp.PID, rename over the
  * target. epx_file_write is this function. */

@@ -166,7 +166,8 @@ epx_status epxi_json_load_spec(const char *spec, json_t **out, epx_error *err) {
     if (*p == '{') return epxi_json_parse_object(spec, strlen(spec), "inline JSON", out, err);
     char *text = NULL;
     size_t len = 0;
-    EPX_TRY(epxi_read_file(spec, &text, &len, err));
+    EPX_TRY(epx_file_read(spec, EPX_MAX_INPUT_BYTES, "a JSON input (EPX_MAX_INPUT_BYTES)", &text,
+                          &len, err));
     char what[300];
     snprintf(what, sizeof what, "'%.256s'", spec);
     epx_status st = epxi_json_parse_object(text, len, what, out, err);

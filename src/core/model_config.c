@@ -13,6 +13,7 @@
  * error naming the key and the family, never a default: a silently wrong
  * expert count would make every plan wrong.
  */
+#include <float.h>
 #include <limits.h>
 #include <stdio.h>
 #include <string.h>
@@ -76,26 +77,40 @@ static epx_status missing(const reader *r, const char *key) {
                      r->path, key, r->where, r->fam->name, r->how);
 }
 
-/* An integer field in [lo, INT32_MAX]. Absent: *out keeps its default
- * unless required. JSON true/false count as 1/0 for the boolean flags. */
-static epx_status get_int(const reader *r, const char *key, bool required, int32_t lo,
-                          int32_t *out) {
+/* An integer field in [lo, hi] (limit names where hi comes from, or NULL).
+ * Absent: *out keeps its default unless required. The message says what
+ * the value is (a string, a boolean, a fraction, or an integer out of range)
+ * and the range. */
+static epx_status get_int_in(const reader *r, const char *key, bool required, int32_t lo,
+                             int32_t hi, const char *limit, int32_t *out) {
     const json_t *v = json_object_get(r->obj, key);
     if (v == NULL || json_is_null(v)) return required ? missing(r, key) : EPX_OK;
-    if (json_is_integer(v) && json_integer_value(v) >= lo && json_integer_value(v) <= INT32_MAX) {
+    if (json_is_integer(v) && json_integer_value(v) >= lo && json_integer_value(v) <= hi) {
         *out = (int32_t)json_integer_value(v);
         return EPX_OK;
     }
     char *text = json_dumps(v, JSON_ENCODE_ANY | JSON_COMPACT);
-    epx_status st = epxi_fail(r->err, EPX_ERR_PARSE,
-                              "'%s'%s in '%.200s' is %.60s, not an integer in [%d, %d] (read as a "
-                              "%s config): write it as a plain JSON integer such as 8",
-                              key, r->where, r->path, text ? text : "(unprintable)", lo, INT32_MAX,
-                              r->fam->name);
+    const char *kind = json_is_integer(v)   ? "an integer out of range"
+                       : json_is_boolean(v) ? "a boolean"
+                       : json_is_real(v)    ? "a fraction"
+                       : json_is_string(v)  ? "a string"
+                                            : "not a number";
+    epx_status st =
+        epxi_fail(r->err, EPX_ERR_PARSE,
+                  "'%s'%s in '%.200s' is %.60s (%s), not an integer in [%d, %d]%s%s%s "
+                  "(read as a %s config): write a plain JSON integer in that range",
+                  key, r->where, r->path, text ? text : "(unprintable)", kind, lo, hi,
+                  limit ? " (" : "", limit ? limit : "", limit ? ")" : "", r->fam->name);
     free(text);
     return st;
 }
 
+static epx_status get_int(const reader *r, const char *key, bool required, int32_t lo,
+                          int32_t *out) {
+    return get_int_in(r, key, required, lo, INT32_MAX, NULL, out);
+}
+
+/* A boolean flag: true/false, or 0/1 as some configs write it. */
 static epx_status get_bool(const reader *r, const char *key, int32_t *out) {
     const json_t *v = json_object_get(r->obj, key);
     if (v == NULL || json_is_null(v)) return EPX_OK;
@@ -103,7 +118,17 @@ static epx_status get_bool(const reader *r, const char *key, int32_t *out) {
         *out = json_is_true(v) ? 1 : 0;
         return EPX_OK;
     }
-    return get_int(r, key, false, 0, out);
+    if (json_is_integer(v) && (json_integer_value(v) == 0 || json_integer_value(v) == 1)) {
+        *out = (int32_t)json_integer_value(v);
+        return EPX_OK;
+    }
+    char *text = json_dumps(v, JSON_ENCODE_ANY | JSON_COMPACT);
+    epx_status st = epxi_fail(r->err, EPX_ERR_PARSE,
+                              "'%s'%s in '%.200s' is %.60s, not a boolean (read as a %s config): "
+                              "write true or false",
+                              key, r->where, r->path, text ? text : "(unprintable)", r->fam->name);
+    free(text);
+    return st;
 }
 
 /* The family: model_type of the language model, then of the top level,
@@ -154,15 +179,23 @@ static epx_status qwen_dense(const reader *r, int32_t layers, int32_t *first_k_d
     size_t n = json_array_size(a);
     for (size_t i = 0; i < n; i++) {
         const json_t *v = json_array_get(a, i);
-        if (!json_is_integer(v) || json_integer_value(v) != (json_int_t)i ||
-            (json_int_t)i >= layers)
+        if (!json_is_integer(v)) {
+            char *text = json_dumps(v, JSON_ENCODE_ANY | JSON_COMPACT);
+            epx_status st =
+                epxi_fail(r->err, EPX_ERR_PARSE,
+                          "'mlp_only_layers'%s in '%.200s' has %.60s at index %zu, "
+                          "not a layer index (read as a %s config): write plain JSON "
+                          "integers such as [0, 1]",
+                          r->where, r->path, text ? text : "(unprintable)", i, r->fam->name);
+            free(text);
+            return st;
+        }
+        if (json_integer_value(v) != (json_int_t)i || (json_int_t)i >= layers)
             return epxi_fail(r->err, EPX_ERR_UNSUPPORTED,
                              "'mlp_only_layers'%s in '%.200s' has %lld at index %zu: epx "
                              "describes dense layers only as a leading run 0..k-1 (read as a %s "
                              "config)",
-                             r->where, r->path,
-                             json_is_integer(v) ? (long long)json_integer_value(v) : -1LL, i,
-                             r->fam->name);
+                             r->where, r->path, (long long)json_integer_value(v), i, r->fam->name);
     }
     *first_k_dense = (int32_t)n;
     return EPX_OK;
@@ -200,12 +233,22 @@ static epx_status read_shape(const reader *r, epx_model_info *info) {
     m->num_groups = 1;
     m->topk_group = 1;
     m->shared_experts = fi == LLAMA4 ? 1 : 0;
-    EPX_TRY(get_int(r, "num_hidden_layers", true, 1, &m->num_layers));
+    /* The README's limits, checked here, before anything is sized from them. */
+    EPX_TRY(get_int_in(r, "num_hidden_layers", true, 1, EPX_MAX_LAYERS, "EPX_MAX_LAYERS",
+                       &m->num_layers));
     EPX_TRY(get_int(r, "hidden_size", true, 1, &m->hidden));
-    EPX_TRY(get_int(r, f->experts, true, 1, &m->num_experts));
+    EPX_TRY(
+        get_int_in(r, f->experts, true, 1, EPX_MAX_EXPERTS, "EPX_MAX_EXPERTS", &m->num_experts));
     m->top_k = 0;
     if (fi == GPT_OSS) EPX_TRY(get_int(r, "experts_per_token", false, 1, &m->top_k));
-    EPX_TRY(get_int(r, "num_experts_per_tok", m->top_k == 0, 1, &m->top_k));
+    int32_t per_tok = 0;
+    EPX_TRY(get_int(r, "num_experts_per_tok", m->top_k == 0, 1, &per_tok));
+    if (m->top_k != 0 && per_tok != 0 && per_tok != m->top_k)
+        return epxi_fail(r->err, EPX_ERR_PARSE,
+                         "'%.200s' has 'experts_per_token' %d and 'num_experts_per_tok' %d%s: "
+                         "they name the same top-k and disagree (read as a %s config): keep one",
+                         r->path, m->top_k, per_tok, r->where, f->name);
+    if (per_tok != 0) m->top_k = per_tok;
     EPX_TRY(get_int(r, f->inter, true, 1, &m->moe_intermediate));
 
     info->scoring = f->scoring;
@@ -226,7 +269,14 @@ static epx_status read_shape(const reader *r, epx_model_info *info) {
             info->scoring = strcmp(sf, "sigmoid") == 0 ? 1 : strcmp(sf, "softmax") == 0 ? 0 : -1;
         const json_t *rs = json_object_get(r->obj, "routed_scaling_factor");
         if (json_is_number(rs)) {
-            info->routed_scaling_factor = (float)json_number_value(rs);
+            /* checked as the double it is: 1e39 is not +inf, 1e-50 is not 0 */
+            const double x = json_number_value(rs);
+            if (!(x >= FLT_MIN && x <= FLT_MAX))
+                return epxi_fail(r->err, EPX_ERR_PARSE,
+                                 "'routed_scaling_factor'%s in '%.200s' is %g: it must be in "
+                                 "[%g, %g], a positive float32 (read as a %s config)",
+                                 r->where, r->path, x, (double)FLT_MIN, (double)FLT_MAX, f->name);
+            info->routed_scaling_factor = (float)x;
         } else if (rs != NULL && !json_is_null(rs)) {
             return epxi_fail(r->err, EPX_ERR_PARSE,
                              "'routed_scaling_factor'%s in '%.200s' is not a number (read as a %s "
@@ -270,12 +320,60 @@ static epx_status read_shape(const reader *r, epx_model_info *info) {
     return EPX_OK;
 }
 
+/* The bounds of a config.json, counted on the text before jansson builds a
+ * tree of it: EPX_MAX_CONFIG_BYTES, EPX_MAX_CONFIG_DEPTH levels of nesting,
+ * EPX_MAX_CONFIG_VALUES values (array elements, keys, containers), so a
+ * padded config is refused in one pass over at most 1 MiB. */
+static epx_status config_bounds(const char *text, size_t len, const char *path, epx_error *err) {
+    if (len > EPX_MAX_CONFIG_BYTES)
+        return epxi_fail(err, EPX_ERR_INVALID_ARG,
+                         "'%.200s' is larger than %u bytes, the limit for a config.json "
+                         "(EPX_MAX_CONFIG_BYTES): give the model's own config.json",
+                         path, (unsigned)EPX_MAX_CONFIG_BYTES);
+    size_t values = 0;
+    int depth = 0;
+    bool in_str = false;
+    for (size_t i = 0; i < len; i++) {
+        const char c = text[i];
+        if (in_str) {
+            if (c == '\\')
+                i++;
+            else if (c == '"')
+                in_str = false;
+            continue;
+        }
+        if (c == '"') {
+            in_str = true;
+        } else if (c == '[' || c == '{') {
+            if (++depth > EPX_MAX_CONFIG_DEPTH)
+                return epxi_fail(err, EPX_ERR_PARSE,
+                                 "'%.200s' nests JSON deeper than %d levels, the limit for a "
+                                 "config.json (EPX_MAX_CONFIG_DEPTH): give the model's own "
+                                 "config.json",
+                                 path, EPX_MAX_CONFIG_DEPTH);
+            values++;
+        } else if (c == ']' || c == '}') {
+            depth--;
+        } else if (c == ',' || c == ':') {
+            values++;
+        }
+        if (values > EPX_MAX_CONFIG_VALUES)
+            return epxi_fail(err, EPX_ERR_PARSE,
+                             "'%.200s' holds more than %u JSON values (elements and keys), the "
+                             "limit for a config.json (EPX_MAX_CONFIG_VALUES): give the model's "
+                             "own config.json",
+                             path, (unsigned)EPX_MAX_CONFIG_VALUES);
+    }
+    return EPX_OK;
+}
+
 /* The reader proper (declared in internal.h). The name is the caller's:
  * naming a file looks it up in the built-in table, itself built with this. */
 epx_status epxi_model_read(const char *text, size_t len, const char *path, epx_model_info *info,
                            epx_error *err) {
     char what[300];
     snprintf(what, sizeof what, "model config '%.200s'", path);
+    EPX_TRY(config_bounds(text, len, path, err));
     json_t *top = NULL;
     EPX_TRY(epxi_json_parse_object(text, len, what, &top, err));
 

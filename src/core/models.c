@@ -224,7 +224,8 @@ epx_status epx_model_from_config(const char *path, epx_model_info *info, epx_err
     }
     char *text = NULL;
     size_t len = 0;
-    EPX_TRY(epxi_read_file(file, &text, &len, err));
+    EPX_TRY(epx_file_read(file, EPX_MAX_CONFIG_BYTES, "a config.json (EPX_MAX_CONFIG_BYTES)", &text,
+                          &len, err));
     epx_status s = epxi_model_read(text, len, file, info, err);
     free(text);
     if (s != EPX_OK) return s;

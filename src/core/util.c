@@ -10,6 +10,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 #include <stdio.h>
+#include <stdint.h>
 #include <string.h>
 
 void *epxi_calloc(size_t n, size_t size, const char *what, epx_error *err) {
@@ -32,43 +33,108 @@ bool epxi_has_suffix(const char *s, const char *suffix) {
     return n >= m && memcmp(s + n - m, suffix, m) == 0;
 }
 
-epx_status epxi_read_file(const char *path, char **data, size_t *len, epx_error *err) {
+/* ---- safe inputs -----------------------------------------------------
+ * Every file epx reads as text goes through here (epx_file_read). What must
+ * stay true: a FIFO, device or socket is refused from stat() before it is
+ * opened (a FIFO would block, /dev/zero would never end); the open is
+ * non-blocking, and the opened file is checked again (a name swapped for a
+ * FIFO in between cannot block); a regular file above the limit is refused
+ * from its size, before a byte is read; and at most limit + 1 bytes are ever
+ * read (a file that grows while read). */
+
+static const char *file_kind(mode_t m);
+
+static epx_status too_big(const char *path, size_t max, const char *what, epx_error *err) {
+    return epxi_fail(err, EPX_ERR_INVALID_ARG,
+                     "'%.256s' is larger than %zu bytes, the limit for %s: give the file "
+                     "itself, not something padded or generated",
+                     path, max, what ? what : "an input file");
+}
+
+epx_status epx_file_read(const char *path, size_t max_bytes, const char *what, char **data,
+                         size_t *len, epx_error *err) {
+    if (path == NULL || data == NULL || len == NULL)
+        return epxi_fail(err, EPX_ERR_INVALID_ARG, "epx_file_read: NULL argument");
+    if (path[0] == '\0')
+        return epxi_fail(err, EPX_ERR_INVALID_ARG, "an input path is empty: give a file name");
     struct stat st;
-    if (stat(path, &st) == 0 && S_ISDIR(st.st_mode))
-        return epxi_fail(err, EPX_ERR_IO, "'%s' is a directory: give a file", path);
-    FILE *f = fopen(path, "rb");
-    if (f == NULL) return epxi_fail(err, EPX_ERR_IO, "cannot open '%s': %s", path, strerror(errno));
-    size_t cap = 1 << 16, n = 0;
+    if (stat(path, &st) != 0)
+        return epxi_fail(err, EPX_ERR_IO, "cannot open '%.256s': %s", path, strerror(errno));
+    if (S_ISDIR(st.st_mode))
+        return epxi_fail(err, EPX_ERR_IO, "'%.256s' is a directory: give a file", path);
+    if (!S_ISREG(st.st_mode))
+        return epxi_fail(err, EPX_ERR_INVALID_ARG,
+                         "input '%.256s' is %s; epx reads only regular files: give a file path",
+                         path, file_kind(st.st_mode));
+    if (max_bytes >= ((size_t)-1) / 2) max_bytes = ((size_t)-1) / 2 - 1;
+    if ((uint64_t)st.st_size > (uint64_t)max_bytes) return too_big(path, max_bytes, what, err);
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
+    if (fd < 0)
+        return epxi_fail(err, EPX_ERR_IO, "cannot open '%.256s': %s", path, strerror(errno));
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        close(fd);
+        return epxi_fail(err, EPX_ERR_INVALID_ARG,
+                         "input '%.256s' changed into %s while opened; epx reads only regular "
+                         "files: give a file path",
+                         path, file_kind(st.st_mode));
+    }
+    size_t cap = (size_t)st.st_size + 2, n = 0;
+    if (cap < 4096) cap = 4096;
+    if (cap > max_bytes + 2) cap = max_bytes + 2;
     char *buf = malloc(cap);
     if (buf == NULL) {
-        fclose(f);
-        return epxi_fail(err, EPX_ERR_NOMEM, "out of memory reading '%s'", path);
+        close(fd);
+        return epxi_fail(err, EPX_ERR_NOMEM, "out of memory reading '%.256s' (%zu bytes)", path,
+                         cap);
     }
     for (;;) {
-        if (n + 1 >= cap) {
-            if (cap > ((size_t)-1) / 2) break;
-            char *nb = realloc(buf, cap * 2);
+        if (n + 1 >= cap) { /* full: grow, up to the limit + 1 byte */
+            size_t ncap = cap * 2 > max_bytes + 2 ? max_bytes + 2 : cap * 2;
+            if (ncap <= cap) break;
+            char *nb = realloc(buf, ncap);
             if (nb == NULL) {
                 free(buf);
-                fclose(f);
-                return epxi_fail(err, EPX_ERR_NOMEM, "out of memory reading '%s'", path);
+                close(fd);
+                return epxi_fail(err, EPX_ERR_NOMEM, "out of memory reading '%.256s'", path);
             }
             buf = nb;
-            cap *= 2;
+            cap = ncap;
         }
-        size_t got = fread(buf + n, 1, cap - 1 - n, f);
-        n += got;
+        ssize_t got = read(fd, buf + n, cap - 1 - n);
+        if (got < 0 && errno == EINTR) continue;
+        if (got < 0) {
+            int e = errno;
+            free(buf);
+            close(fd);
+            return epxi_fail(err, EPX_ERR_IO, "error reading '%.256s': %s", path, strerror(e));
+        }
         if (got == 0) break;
+        n += (size_t)got;
+        if (n > max_bytes) break;
     }
-    int bad = ferror(f);
-    fclose(f);
-    if (bad) {
+    close(fd);
+    if (n > max_bytes) {
         free(buf);
-        return epxi_fail(err, EPX_ERR_IO, "error reading '%s': %s", path, strerror(errno));
+        return too_big(path, max_bytes, what, err);
     }
     buf[n] = '\0';
     *data = buf;
     *len = n;
+    return EPX_OK;
+}
+
+epx_status epx_file_input_check(const char *path, epx_error *err) {
+    struct stat st;
+    if (path == NULL || path[0] == '\0')
+        return epxi_fail(err, EPX_ERR_INVALID_ARG, "an input path is empty: give a file name");
+    if (stat(path, &st) != 0)
+        return epxi_fail(err, EPX_ERR_IO, "cannot open '%.256s': %s", path, strerror(errno));
+    if (S_ISDIR(st.st_mode))
+        return epxi_fail(err, EPX_ERR_IO, "'%.256s' is a directory: give a file", path);
+    if (!S_ISREG(st.st_mode))
+        return epxi_fail(err, EPX_ERR_INVALID_ARG,
+                         "input '%.256s' is %s; epx reads only regular files: give a file path",
+                         path, file_kind(st.st_mode));
     return EPX_OK;
 }
 
@@ -215,12 +281,23 @@ epx_status epxi_write_atomically(const char *path, epx_write_fn body, const void
         free(target);
         return st;
     }
+    errno = 0;
     st = body(f, ctx, err);
-    int werr = 0;
-    if (fflush(f) != 0 || ferror(f)) werr = errno ? errno : EIO;
+    const int body_errno = errno;
+    const bool ferror_seen = ferror(f) != 0;
+    int werr = ferror_seen && body_errno != 0 ? body_errno : 0;
+    if ((fflush(f) != 0 || ferror(f)) && werr == 0) werr = errno ? errno : EIO;
     if (fclose(f) != 0 && werr == 0) werr = errno ? errno : EIO;
-    if (st == EPX_OK && werr != 0)
-        st = epxi_fail(err, EPX_ERR_IO, "cannot write '%s': %s", path, strerror(werr));
+    if (st != EPX_OK && werr == 0 && ferror_seen) werr = EIO;
+    /* A body that failed without a word (a writer that only saw ferror)
+     * and a failed flush or close both become one message naming the file. */
+    if ((st == EPX_OK && werr != 0) ||
+        (st != EPX_OK && (err == NULL || err->status == EPX_OK || err->msg[0] == '\0')))
+        st = epxi_fail(err, werr != 0 || st == EPX_ERR_IO ? EPX_ERR_IO : st,
+                       "cannot write '%s': %s", path,
+                       strerror(werr != 0          ? werr
+                                : st == EPX_ERR_IO ? EIO
+                                                   : EINVAL));
     if (st == EPX_OK && rename(tmp, target) != 0)
         st = epxi_fail(err, EPX_ERR_IO, "cannot write '%s': rename failed: %s", path,
                        strerror(errno));

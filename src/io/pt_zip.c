@@ -16,6 +16,8 @@
  * does. Storages are read lazily, only when the pickle refers to them, and
  * once each.
  */
+#include <fcntl.h>
+#include <unistd.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <zip.h>
@@ -301,7 +303,12 @@ int epx_pt_sniff(const char *path) {
 epx_status epx_pt_load(const char *path, epx_pt_file **out, epx_error *err) {
     if (path == NULL || out == NULL) return epxi_fail(err, EPX_ERR_INVALID_ARG, "NULL argument");
     struct stat sb;
-    FILE *fp = fopen(path, "rb");
+    /* A FIFO, device or socket is refused before it is opened (it would
+     * block or never end), and the open cannot block (epx_file_read). */
+    EPX_TRY(epx_file_input_check(path, err));
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
+    FILE *fp = fd < 0 ? NULL : fdopen(fd, "rb");
+    if (fp == NULL && fd >= 0) close(fd);
     if (fp == NULL || fstat(fileno(fp), &sb) != 0) {
         if (fp) fclose(fp);
         return epxi_fail(err, EPX_ERR_IO, "cannot open '%.256s'", path);

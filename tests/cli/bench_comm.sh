@@ -29,6 +29,20 @@ trap 'rm -rf "$tmp"' EXIT
 out=$("$EPX_BIN" bench comm --backend mpi --model "$EPX_SOURCE/tests/data/hf/gpt-oss-120b" --tokens 1 \
     --iters 1 --warmup 0 2>&1) || fail "bench comm --model PATH exited $?: $out"
 grep -qF "(H 2880, top-4, 128 experts)" <<<"$out" || fail "bench comm did not read the config: $out"
+# -o writes valid JSON whatever the model folder is named (issue 29): '"', a
+# newline, ESC and byte 0xff are escaped, and advise --measured reads it back.
+for name in 'q"uote' $'new\nline\x1b[0m' $'byte\xff'; do
+    mkdir -p "$tmp/$name"
+    cp "$EPX_SOURCE/tests/data/hf/gpt-oss-120b/config.json" "$tmp/$name/"
+    "$EPX_BIN" bench comm --backend mpi --model "$tmp/$name" --tokens 1 --iters 1 --warmup 0 \
+        -o "$tmp/h.json" >/dev/null 2>&1 || fail "bench comm -o, model folder '$name': exit $?"
+    python3 - "$tmp/h.json" <<'PY' || fail "bench comm -o, model folder '$name': not strict JSON"
+import json, sys
+json.loads(open(sys.argv[1], "rb").read().decode("utf-8"), parse_constant=lambda c: 1 / 0)
+PY
+    "$EPX_BIN" advise --model "$tmp/$name" --gpus 1 --link pcie5 --measured "$tmp/h.json" \
+        --json >/dev/null 2>&1 || true
+done
 timeout 120 "$MPIRUN" --oversubscribe --allow-run-as-root -np 2 "$EPX_BIN" bench comm --backend mpi \
     --model qwen3-30b --tokens 1,7,32 --iters 3 --warmup 1 -o "$tmp/m.json" >"$tmp/out" 2>&1 ||
     { cat "$tmp/out"; fail "bench comm under mpirun failed"; }

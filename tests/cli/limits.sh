@@ -43,4 +43,7 @@ run "trace synth --windows 16777216 refused" 2 "use fewer --windows" \
   "$EPX" trace synth --model kimi-k2 --windows 16777216 -o t.json
 check_none() { [ ! -e d ] && [ ! -e t.json ]; }
 check_none && echo "ok   nothing written" || { echo "FAIL something written"; fail=1; }
+# bench comm's buffers for the largest --tokens, estimated before any is allocated (issue 29)
+run "bench comm --tokens 1048576 refused before allocating" 2 "--tokens 1048576 at hidden 2048, top-8 needs about" \
+  "$EPX" bench comm --backend mpi --model qwen3-30b --tokens 1,1048576 --iters 1 --warmup 0
 exit $fail

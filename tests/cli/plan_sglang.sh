@@ -62,6 +62,22 @@ PY
 
 check "junk release" refuse "SGLang release '0.5.x' is not MAJOR.MINOR" "${plan[@]}" --sglang-version 0.5.x -o x.json
 check "pre-release" refuse "'0.5.11rc1'" "${plan[@]}" --sglang-version 0.5.11rc1 -o x.json
+# one parser for every release string (issue 29): MAJOR.MINOR.PATCH[.postN] from the oldest
+# release epx reproduces (0.5.2); shortened, suffixed or older ones are refused
+for v in 0.5 0.5.post1 0.5.2junk 0.05.2 " 0.5.2" "0.5.2 " ""; do
+    check "release '$v' refused" refuse "is not MAJOR.MINOR.PATCH[.postN]" "${plan[@]}" \
+        --sglang-version "$v" -o x.json
+done
+for v in 0.4.0 0.0.0 0.5.1 0.5.1.post2; do
+    check "release $v refused as too old" refuse "older than 0.5.2, the oldest release epx reproduces" \
+        "${plan[@]}" --sglang-version "$v" -o x.json
+    check "  dispatch-table too" refuse "older than 0.5.2" "$EPX" dispatch-table --placement \
+        m0.5.11.json --gpus 8 --nodes 2 --sglang-version "$v" -o x.json
+done
+check "dispatch-table refuses 0.5" refuse "is not MAJOR.MINOR.PATCH" "$EPX" dispatch-table \
+    --placement m0.5.11.json --gpus 8 --nodes 2 --sglang-version 0.5 -o x.json
+check "the oldest is accepted" expect_rc 0 "${plan[@]}" --sglang-version 0.5.2 -o o.json
+check "  and its .postN" expect_rc 0 "${plan[@]}" --sglang-version 0.5.2.post1 -o o.json
 check "epx refuses it" refuse "--sglang-version) '0.5.11' applies to the DeepSeek modes" \
     "$EPX" plan --counts "$CASE" --gpus 8 --physical 96 --sglang-version 0.5.11 -o x.json
 check "nothing written on refusal" test ! -e x.json

@@ -3,7 +3,9 @@
  * shares (bench_comm.h).
  */
 #include "bench_comm.h"
+#include "cli.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -98,10 +100,8 @@ void bench_stats(double *t, int n, double *median, double *p99) {
 }
 
 static void num_or_null(FILE *f, const char *key, double v) {
-    if (v < 0)
-        fprintf(f, ", \"%s\": null", key);
-    else
-        fprintf(f, ", \"%s\": %.3f", key, v);
+    fprintf(f, ", \"%s\": ", key);
+    cli_json_num(f, "%.3f", v < 0 ? NAN : v);
 }
 
 int bench_jsonl_write(FILE *f, const bench_line *l) {
@@ -112,18 +112,26 @@ int bench_jsonl_write(FILE *f, const bench_line *l) {
     strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", &tmv);
     fprintf(f,
             "{\"backend\": \"%s\", \"mode\": \"%s\", \"ranks\": %d, \"tokens\": %lld, "
-            "\"hidden\": %d, \"topk\": %d, \"dtype\": \"%s\", \"phase\": \"%s\", "
-            "\"median_us\": %.3f, \"p99_us\": %.3f",
+            "\"hidden\": %d, \"topk\": %d, \"dtype\": \"%s\", \"phase\": \"%s\"",
             l->backend, l->mode, l->ranks, (long long)l->tokens, l->hidden, l->topk, l->dtype,
-            l->phase, l->median_us, l->p99_us);
+            l->phase);
+    fputs(", \"median_us\": ", f);
+    cli_json_num(f, "%.3f", l->median_us);
+    fputs(", \"p99_us\": ", f);
+    cli_json_num(f, "%.3f", l->p99_us);
     if (l->launches < 0)
         fprintf(f, ", \"launches\": null");
     else
         fprintf(f, ", \"launches\": %d", l->launches);
     fprintf(f, ", \"graph\": %s", l->graph ? "true" : "false");
-    if (l->floor != NULL) fprintf(f, ", \"floor\": \"%s\"", l->floor);
+    if (l->floor != NULL) {
+        fputs(", \"floor\": ", f);
+        cli_json_str(f, l->floor);
+    }
     num_or_null(f, "gbps", l->gbps);
     num_or_null(f, "copy_pct", l->copy_pct);
-    fprintf(f, ", \"device\": \"%s\", \"date\": \"%s\"}\n", l->device, date);
+    fputs(", \"device\": ", f);
+    cli_json_str(f, l->device);
+    fprintf(f, ", \"date\": \"%s\"}\n", date);
     return ferror(f) ? -1 : 0;
 }

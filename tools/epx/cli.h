@@ -106,6 +106,14 @@ int cli_outputs_check(const cli_cmd *cmd, const char *const *in, int nin, const 
  * (a PyTorch zip), anything else is JSON. */
 bool cli_is_pt(const char *path);
 
+/* JSON output (json_out.c), the one writer of strings and numbers into every
+ * JSON the CLI writes: a string quoted and escaped ('"', '\\', control bytes;
+ * a byte that is not valid UTF-8 as U+FFFD), so any name gives valid JSON;
+ * a number with printf format fmt, or null when it is not finite. */
+void cli_json_str(FILE *f, const char *s);
+void cli_json_strn(FILE *f, const char *s, size_t n);
+void cli_json_num(FILE *f, const char *fmt, double x);
+
 /* Remember a temp file (or folder) that SIGINT/TERM/HUP must remove. */
 void cli_temp_register(const char *path, bool is_dir);
 

@@ -213,23 +213,23 @@ static bool check_rows(const char *path, json_t *rows) {
     return true;
 }
 
-/* The JSON lines of a file, as an array, or NULL when it is not one. */
-static json_t *load_lines(const char *path) {
-    FILE *fp = fopen(path, "r");
-    if (fp == NULL) return NULL;
+/* The JSON lines of a file's text, as an array, or NULL when it is not one. */
+static json_t *load_lines(const char *text, size_t len) {
     json_t *arr = json_array();
-    char line[8192];
     bool ok = true;
-    while (ok && fgets(line, sizeof line, fp) != NULL) {
-        if (line[0] == '\n' || line[0] == '\0') continue;
-        json_t *o = json_loads(line, 0, NULL);
-        ok = json_is_object(o) && json_object_get(o, "phase") != NULL;
-        if (ok)
-            json_array_append_new(arr, o);
-        else
-            json_decref(o);
+    for (size_t at = 0; ok && at < len;) {
+        const char *nl = memchr(text + at, '\n', len - at);
+        size_t n = nl ? (size_t)(nl - (text + at)) : len - at;
+        if (n > 0 && !(n == 1 && text[at] == '\r')) {
+            json_t *o = json_loadb(text + at, n, 0, NULL);
+            ok = json_is_object(o) && json_object_get(o, "phase") != NULL;
+            if (ok)
+                json_array_append_new(arr, o);
+            else
+                json_decref(o);
+        }
+        at += n + 1;
     }
-    fclose(fp);
     if (!ok || json_array_size(arr) == 0) {
         json_decref(arr);
         return NULL;
@@ -322,7 +322,20 @@ int cmd_advise(int argc, char **argv) {
      * combine rows; served up to LL_MAX_PER_GPU tokens per GPU. */
     fit ld = {L->a2a_us, 1e-3 / L->a2a_gbps, 0}, lc = ld;
     char llnotes[2][256] = {"", ""};
-    json_t *lines = cli_get(&cmd, "--measured") ? load_lines(cli_get(&cmd, "--measured")) : NULL;
+    /* --measured is read once, through the one safe reader (regular files
+     * only, at most EPX_MAX_INPUT_BYTES). */
+    char *mtext = NULL;
+    size_t mlen = 0;
+    if (cli_get(&cmd, "--measured") != NULL) {
+        epx_error rerr = {0};
+        if (epx_file_read(cli_get(&cmd, "--measured"), EPX_MAX_INPUT_BYTES,
+                          "--measured (EPX_MAX_INPUT_BYTES)", &mtext, &mlen, &rerr) != EPX_OK)
+            return cli_report(&cmd, &rerr);
+    }
+    json_t *lines = mtext ? load_lines(mtext, mlen) : NULL;
+    json_error_t je;
+    json_t *root = mtext && lines == NULL ? json_loadb(mtext, mlen, 0, &je) : NULL;
+    epx_free(mtext);
     if (lines != NULL && !check_lines(cli_get(&cmd, "--measured"), lines)) {
         json_decref(lines);
         return CLI_EXIT_USAGE;
@@ -359,8 +372,7 @@ int cmd_advise(int argc, char **argv) {
         topk = topk || (n3 == 0); /* only low latency measured: its combine is top-k */
     } else if (cli_get(&cmd, "--measured") != NULL) {
         const char *path = cli_get(&cmd, "--measured");
-        json_error_t je;
-        json_t *root = json_load_file(path, 0, &je);
+
         json_t *rows = root ? json_object_get(root, "rows") : NULL;
         const char *fmt = root ? json_string_value(json_object_get(root, "format")) : NULL;
         if (root == NULL || !json_is_array(rows) || fmt == NULL ||
@@ -470,14 +482,38 @@ int cmd_advise(int argc, char **argv) {
         }
     }
     if (cli_flag(&cmd, "--json")) {
-        printf("{\"model\": \"%s\", \"gpus\": %d, \"link\": \"%s\", \"measured\": %s, \"dtype\": "
-               "\"%s\", "
-               "\"combine\": \"%s\", \"ep_us\": [%.3f, %.6f], \"ep_low_latency_us\": [%.3f, %.6f], "
-               "\"low_latency_max_tokens\": %.0f, \"tp_us\": [%.3f, %.6f], "
-               "\"crossover_tokens\": %.1f, \"ep_mode\": \"%s\", \"answer\": \"%s\"}\n",
-               m->name, G, L->name, cli_get(&cmd, "--measured") ? "true" : "false",
-               esz == 2 ? "bf16" : "f32", topk ? "topk" : "rank", ae, be, al, bl, ep.ll_max, at,
-               bt_us, cross, cmode, answer);
+        /* Strings escaped (a model folder may be named with any byte) and
+         * figures that are not finite as null: always valid JSON. */
+        FILE *o = stdout;
+        fputs("{\"model\": ", o);
+        cli_json_str(o, m->name);
+        fprintf(o, ", \"gpus\": %d, \"link\": ", G);
+        cli_json_str(o, L->name);
+        fprintf(o, ", \"measured\": %s, \"dtype\": \"%s\", \"combine\": \"%s\"",
+                cli_get(&cmd, "--measured") ? "true" : "false", esz == 2 ? "bf16" : "f32",
+                topk ? "topk" : "rank");
+        const struct {
+            const char *key;
+            double a, b;
+        } pairs[] = {{"ep_us", ae, be}, {"ep_low_latency_us", al, bl}, {"tp_us", at, bt_us}};
+        for (int i = 0; i < 3; i++) {
+            if (i == 2) {
+                fputs(", \"low_latency_max_tokens\": ", o);
+                cli_json_num(o, "%.0f", ep.ll_max);
+            }
+            fprintf(o, ", \"%s\": [", pairs[i].key);
+            cli_json_num(o, "%.3f", pairs[i].a);
+            fputs(", ", o);
+            cli_json_num(o, "%.6f", pairs[i].b);
+            fputc(']', o);
+        }
+        fputs(", \"crossover_tokens\": ", o);
+        cli_json_num(o, "%.1f", cross);
+        fputs(", \"ep_mode\": ", o);
+        cli_json_str(o, cmode);
+        fputs(", \"answer\": ", o);
+        cli_json_str(o, answer);
+        fputs("}\n", o);
         return CLI_EXIT_OK;
     }
     printf("epx advise: %s on %d GPUs over %s (%s), %s, combine %s\n", m->name, G, L->name, L->what,

@@ -419,22 +419,31 @@ static void print_table(FILE *f, const bench_args *a, int32_t R, const bench_row
 }
 
 static int write_json(FILE *f, const bench_args *a, int32_t R, const bench_row *rows) {
+    fputs("{\"format\": \"epx-bench-comm-1\", \"backend\": ", f);
+    cli_json_str(f, a->backend);
+    fputs(", \"model\": ", f); /* a folder's name: any byte, escaped */
+    cli_json_str(f, a->model);
     fprintf(
         f,
-        "{\"format\": \"epx-bench-comm-1\", \"backend\": \"%s\", \"model\": \"%s\", \"ranks\": %d, "
+        ", \"ranks\": %d, "
         "\"hidden\": %d, \"top_k\": %d, \"experts\": %d, \"dtype\": \"%s\", \"combine\": \"%s\",\n"
         " \"bytes\": \"sent to other ranks per rank (mean)\", \"time\": \"median over iterations "
         "of the "
         "slowest rank, microseconds\",\n \"rows\": [",
-        a->backend, a->model, R, a->cfg.hidden, a->cfg.top_k, a->cfg.num_experts,
+        R, a->cfg.hidden, a->cfg.top_k, a->cfg.num_experts,
         a->dtype == EPX_DTYPE_BF16 ? "bf16" : "f32",
         a->combine == EPX_EP_COMBINE_TOPK ? "topk" : "rank");
     for (int32_t i = 0; i < a->ntok; i++) {
         const bench_row *r = &rows[i];
         fprintf(f, "%s\n  {\"tokens\": %lld", i ? "," : "", (long long)r->T);
-        for (int op = 0; op < 3; op++)
-            fprintf(f, ", \"%s_us\": %.3f, \"%s_bytes\": %.0f, \"%s_in_bytes\": %.0f", OPS[op],
-                    r->us[op], OPS[op], r->bytes[op], OPS[op], r->inbytes[op]);
+        for (int op = 0; op < 3; op++) {
+            fprintf(f, ", \"%s_us\": ", OPS[op]);
+            cli_json_num(f, "%.3f", r->us[op]);
+            fprintf(f, ", \"%s_bytes\": ", OPS[op]);
+            cli_json_num(f, "%.0f", r->bytes[op]);
+            fprintf(f, ", \"%s_in_bytes\": ", OPS[op]);
+            cli_json_num(f, "%.0f", r->inbytes[op]);
+        }
         fputc('}', f);
     }
     fputs("\n]}\n", f);
@@ -547,6 +556,20 @@ static int parse_args(cli_cmd *cmd, bench_args *a) {
                 "with --backend mpi (the default), so EP and TP move the same element type\n");
         return CLI_EXIT_USAGE;
     }
+    /* The host buffers of the largest token count, estimated before any is
+     * allocated: inputs and outputs (T x H), the routed copies both ways
+     * (T x K x H each, the worst case of every token on one rank). */
+    int64_t Tmax = 1;
+    for (int32_t i = 0; i < a->ntok; i++)
+        if (a->tokens[i] > Tmax) Tmax = a->tokens[i];
+    const double esz = a->dtype == EPX_DTYPE_BF16 ? 2.0 : 4.0;
+    const double H = a->cfg.hidden, K = a->cfg.top_k;
+    char what[160];
+    snprintf(what, sizeof what, "--tokens %lld at hidden %d, top-%d", (long long)Tmax,
+             a->cfg.hidden, a->cfg.top_k);
+    if (!cli_check_bytes(cmd, (double)Tmax * H * (2.0 * esz + 4.0 + 2.0 * K * esz), what,
+                         "give fewer tokens per rank"))
+        return CLI_EXIT_USAGE;
     const char *md = cli_get(cmd, "--mode");
     a->mode = EPX_EP_MODE_NORMAL;
     if (md != NULL) {

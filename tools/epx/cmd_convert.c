@@ -36,19 +36,8 @@ static int is_dir(const char *p) {
 
 /* ---- --tree: a .pt object tree as JSON ----------------------------------- */
 
-static void json_string(FILE *f, const char *s, size_t n) {
-    fputc('"', f);
-    for (size_t i = 0; i < n; i++) {
-        unsigned char c = (unsigned char)s[i];
-        if (c == '"' || c == '\\')
-            fprintf(f, "\\%c", c);
-        else if (c < 0x20)
-            fprintf(f, "\\u%04x", c);
-        else
-            fputc(c, f);
-    }
-    fputc('"', f);
-}
+/* A JSON string literal, escaped (json_out.c). */
+static void json_string(FILE *f, const char *s, size_t n) { cli_json_strn(f, s, n); }
 
 static void json_double(FILE *f, double x) {
     if (x != x || x - x != 0)

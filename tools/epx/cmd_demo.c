@@ -57,10 +57,15 @@ static epx_status score(demo_result *r, const double *in_load, const double *nex
 }
 
 static void json_balance(FILE *f, const char *key, const epx_balance *b) {
-    fprintf(f,
-            "\"%s\": {\"balancedness\": %.6f, \"balancedness_sglang\": %.6f, \"bound\": %.6f, "
-            "\"gap\": %.6f, \"worst_layer\": %d}",
-            key, b->balancedness, b->balancedness_sglang, b->bound, b->gap, b->worst_layer);
+    fprintf(f, "\"%s\": {\"balancedness\": ", key);
+    cli_json_num(f, "%.6f", b->balancedness);
+    fputs(", \"balancedness_sglang\": ", f);
+    cli_json_num(f, "%.6f", b->balancedness_sglang);
+    fputs(", \"bound\": ", f);
+    cli_json_num(f, "%.6f", b->bound);
+    fputs(", \"gap\": ", f);
+    cli_json_num(f, "%.6f", b->gap);
+    fprintf(f, ", \"worst_layer\": %d}", b->worst_layer);
 }
 
 typedef struct report_ctx {
@@ -77,10 +82,12 @@ static epx_status report_body(FILE *f, const void *vctx, epx_error *err) {
     const epx_trace_opts *to = c->to;
     const demo_result *r = c->r;
     (void)err;
+    fprintf(f, "{\n  \"model\": ");
+    cli_json_str(f, m->name);
     fprintf(f,
-            "{\n  \"model\": \"%s\",\n  \"shape\": {\"layers\": %d, \"logical_experts\": %d, "
+            ",\n  \"shape\": {\"layers\": %d, \"logical_experts\": %d, "
             "\"physical_slots\": %d, \"gpus\": %d, \"nodes\": %d, \"groups\": %d},\n",
-            m->name, s->num_layers, s->num_logical_experts, s->num_physical_experts, s->num_gpus,
+            s->num_layers, s->num_logical_experts, s->num_physical_experts, s->num_gpus,
             s->num_nodes, m->num_groups);
     fprintf(f,
             "  \"trace\": {\"windows\": %d, \"tokens_per_window\": %lld, \"seed\": %llu, "
@@ -89,17 +96,23 @@ static epx_status report_body(FILE *f, const void *vctx, epx_error *err) {
             to->num_windows - 2, to->num_windows - 1);
     fputs("  \"layouts\": [\n", f);
     for (int i = 0; i < NUM_LAYOUTS; i++) {
-        fprintf(f, "    {\"name\": \"%s\", \"plan_seconds\": %.6f, ", r[i].name, r[i].plan_seconds);
+        fputs("    {\"name\": ", f);
+        cli_json_str(f, r[i].name);
+        fputs(", \"plan_seconds\": ", f);
+        cli_json_num(f, "%.6f", r[i].plan_seconds);
+        fputs(", ", f);
         json_balance(f, "in_sample", &r[i].in_sample);
         fputs(", ", f);
         json_balance(f, "next_window", &r[i].next);
         fputs(",\n     \"next_window_per_layer\": [", f);
-        for (int32_t l = 0; l < s->num_layers; l++)
-            fprintf(f, "%s%.6f", l ? ", " : "", r[i].next_layers[l].balancedness);
+        for (int32_t l = 0; l < s->num_layers; l++) {
+            if (l) fputs(", ", f);
+            cli_json_num(f, "%.6f", r[i].next_layers[l].balancedness);
+        }
         fprintf(f, "]}%s\n", i + 1 < NUM_LAYOUTS ? "," : "");
     }
     fputs("  ]\n}\n", f);
-    return EPX_OK;
+    return ferror(f) ? EPX_ERR_IO : EPX_OK;
 }
 
 /* ---- the output folder ----------------------------------------------------

@@ -94,23 +94,37 @@ out:
 
 static void print_array(const double *v, int32_t n) {
     putchar('[');
-    for (int32_t i = 0; i < n; i++) printf("%s%.17g", i ? ", " : "", v[i]);
+    for (int32_t i = 0; i < n; i++) {
+        if (i) fputs(", ", stdout);
+        cli_json_num(stdout, "%.17g", v[i]);
+    }
     putchar(']');
 }
 
 static void print_json(const eval_result *r, const epx_shape *s) {
-    printf("{\"balancedness\": %.17g, \"per_window\": ", r->mean);
+    /* Strict JSON: a figure that is not finite (loads near DBL_MAX) is null. */
+    fputs("{\"balancedness\": ", stdout);
+    cli_json_num(stdout, "%.17g", r->mean);
+    fputs(", \"per_window\": ", stdout);
     print_array(r->per_window, r->S);
-    printf(", \"bound\": %.17g, \"per_window_bound\": ", r->bound);
+    fputs(", \"bound\": ", stdout);
+    cli_json_num(stdout, "%.17g", r->bound);
+    fputs(", \"per_window_bound\": ", stdout);
     print_array(r->per_window_bound, r->S);
-    printf(", \"gap\": %.17g, \"balancedness_sglang\": %.17g, \"balancedness_of_sum\": %.17g",
-           r->bound - r->mean > 0 ? r->bound - r->mean : 0.0, r->sglang, r->of_sum);
+    fputs(", \"gap\": ", stdout);
+    cli_json_num(stdout, "%.17g", r->bound - r->mean > 0 ? r->bound - r->mean : 0.0);
+    fputs(", \"balancedness_sglang\": ", stdout);
+    cli_json_num(stdout, "%.17g", r->sglang);
+    fputs(", \"balancedness_of_sum\": ", stdout);
+    cli_json_num(stdout, "%.17g", r->of_sum);
     printf(", \"num_windows\": %d, \"num_layers\": %d, \"num_logical_experts\": %d, "
            "\"num_physical_experts\": %d, \"num_gpus\": %d, \"worst_layers\": [",
            r->S, s->num_layers, s->num_logical_experts, s->num_physical_experts, s->num_gpus);
-    for (int32_t k = 0; k < r->num_worst; k++)
-        printf("%s{\"layer\": %d, \"balancedness\": %.17g}", k ? ", " : "", r->worst[k],
-               r->layer_mean[r->worst[k]]);
+    for (int32_t k = 0; k < r->num_worst; k++) {
+        printf("%s{\"layer\": %d, \"balancedness\": ", k ? ", " : "", r->worst[k]);
+        cli_json_num(stdout, "%.17g", r->layer_mean[r->worst[k]]);
+        putchar('}');
+    }
     printf("]}\n");
 }
 

@@ -37,20 +37,6 @@ static bool parse_node_local(const char *v, epx_node_local *out) {
     return true;
 }
 
-/* A JSON string literal (paths may hold quotes or backslashes). */
-static void json_string(FILE *f, const char *s) {
-    fputc('"', f);
-    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
-        if (*p == '"' || *p == '\\')
-            fprintf(f, "\\%c", *p);
-        else if (*p < 0x20)
-            fprintf(f, "\\u%04x", *p);
-        else
-            fputc(*p, f);
-    }
-    fputc('"', f);
-}
-
 typedef struct report_ctx {
     const char *counts_path;
     const epx_counts *counts;
@@ -70,7 +56,7 @@ static void json_string_or_null(FILE *f, const char *s) {
     if (s == NULL)
         fputs("null", f);
     else
-        json_string(f, s);
+        cli_json_str(f, s);
 }
 
 /* physical_to_logical_map [L][P] and logical_to_physical_map [L][E][X]:
@@ -114,41 +100,53 @@ static epx_status report_maps(FILE *f, const epx_plan *plan, epx_error *err) {
     return EPX_OK;
 }
 
+/* `  "key": x,` with x null when not finite (strict JSON). */
+static void num_line(FILE *f, const char *key, const char *fmt, double x) {
+    fprintf(f, "  \"%s\": ", key);
+    cli_json_num(f, fmt, x);
+    fputs(",\n", f);
+}
+
 static epx_status report_body(FILE *f, const void *ctx, epx_error *err) {
     const report_ctx *r = ctx;
     const epx_layout *lay = epx_plan_layout(r->plan);
     const epx_shape *s = epx_layout_shape(lay);
     fputs("{\n  \"algorithm\": ", f);
-    json_string(f, epx_algorithm_name(epx_plan_algorithm(r->plan)));
+    cli_json_str(f, epx_algorithm_name(epx_plan_algorithm(r->plan)));
     fputs(",\n  \"algorithm_requested\": ", f);
-    json_string(f, epx_algorithm_name(r->requested));
+    cli_json_str(f, epx_algorithm_name(r->requested));
     fputs(",\n  \"sglang_version\": ", f);
     json_string_or_null(f, r->sglang);
     fputs(",\n  \"counts\": ", f);
-    json_string(f, r->counts_path);
+    cli_json_str(f, r->counts_path);
     fputs(",\n  \"input\": ", f);
-    json_string(f, r->input);
+    cli_json_str(f, r->input);
     fprintf(f,
             ",\n  \"num_windows\": %d,\n  \"num_layers\": %d,\n  \"num_logical_experts\": %d,"
             "\n  \"num_physical_experts\": %d,\n  \"num_gpus\": %d,\n  \"num_nodes\": %d,"
             "\n  \"num_groups\": %d,\n",
             r->counts->num_windows, s->num_layers, s->num_logical_experts, s->num_physical_experts,
             s->num_gpus, s->num_nodes, r->groups);
-    fprintf(f, "  \"plan_seconds\": %.9g,\n", epx_plan_seconds(r->plan));
+    num_line(f, "plan_seconds", "%.9g", epx_plan_seconds(r->plan));
     fputs("  \"planning_load\": \"the sum of the windows\",\n", f);
-    fprintf(f, "  \"balancedness\": %.17g,\n", r->bal->balancedness);
-    fprintf(f, "  \"balancedness_even_split\": %.17g,\n", r->bal_even->balancedness);
-    fprintf(f, "  \"balancedness_sglang\": %.17g,\n", r->bal->balancedness_sglang);
-    fprintf(f, "  \"bound\": %.17g,\n  \"gap\": %.17g,\n", r->bal->bound, r->bal->gap);
-    fprintf(f, "  \"cross_node_share\": %.17g,\n", r->cross_node_share);
+    num_line(f, "balancedness", "%.17g", r->bal->balancedness);
+    num_line(f, "balancedness_even_split", "%.17g", r->bal_even->balancedness);
+    num_line(f, "balancedness_sglang", "%.17g", r->bal->balancedness_sglang);
+    num_line(f, "bound", "%.17g", r->bal->bound);
+    num_line(f, "gap", "%.17g", r->bal->gap);
+    num_line(f, "cross_node_share", "%.17g", r->cross_node_share);
     fprintf(f, "  \"num_loaded_layers\": %d,\n  \"worst_layer\": %d,\n", r->bal->num_loaded_layers,
             r->bal->worst_layer);
     fputs("  \"per_layer_balancedness\": [", f);
-    for (int32_t l = 0; l < s->num_layers; l++)
-        fprintf(f, "%s%.17g", l ? ", " : "", r->layers[l].balancedness);
+    for (int32_t l = 0; l < s->num_layers; l++) {
+        if (l) fputs(", ", f);
+        cli_json_num(f, "%.17g", r->layers[l].balancedness);
+    }
     fputs("],\n  \"per_layer_bound\": [", f);
-    for (int32_t l = 0; l < s->num_layers; l++)
-        fprintf(f, "%s%.17g", l ? ", " : "", r->layers[l].bound);
+    for (int32_t l = 0; l < s->num_layers; l++) {
+        if (l) fputs(", ", f);
+        cli_json_num(f, "%.17g", r->layers[l].bound);
+    }
     fputs("],\n", f);
     epx_status st = report_maps(f, r->plan, err);
     if (st != EPX_OK) return st;
@@ -157,12 +155,14 @@ static epx_status report_body(FILE *f, const void *ctx, epx_error *err) {
     const int32_t P = s->num_physical_experts;
     for (int32_t l = 0; l < s->num_layers; l++) {
         fputs("    [", f);
-        for (int32_t p = 0; p < P; p++)
-            fprintf(f, "%s%.17g", p ? ", " : "", w[(size_t)l * (size_t)P + (size_t)p]);
+        for (int32_t p = 0; p < P; p++) {
+            if (p) fputs(", ", f);
+            cli_json_num(f, "%.17g", w[(size_t)l * (size_t)P + (size_t)p]);
+        }
         fputs(l + 1 < s->num_layers ? "],\n" : "]\n", f);
     }
     fputs("  ]\n}\n", f);
-    return EPX_OK;
+    return ferror(f) ? EPX_ERR_IO : EPX_OK;
 }
 
 int cmd_plan(int argc, char **argv) {

@@ -82,19 +82,8 @@ static void print_worst(const char *label, const window_figures *w, int32_t top,
     if (shown == 0) printf("  (no layer carries load)\n");
 }
 
-/* A JSON string literal: quotes, backslashes and control bytes escaped. */
-static void json_str(const char *v) {
-    putchar('"');
-    for (const unsigned char *q = (const unsigned char *)v; *q; q++) {
-        if (*q == '"' || *q == '\\')
-            printf("\\%c", *q);
-        else if (*q < 0x20)
-            printf("\\u%04x", *q);
-        else
-            putchar(*q);
-    }
-    putchar('"');
-}
+/* A JSON string literal, escaped (json_out.c). */
+static void json_str(const char *v) { cli_json_str(stdout, v); }
 
 /* `"key": x`: strict JSON has no inf or nan, so a figure that is not finite
  * (an imbalance over a window with no load) is written as null. */

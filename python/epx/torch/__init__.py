@@ -32,6 +32,7 @@ except ImportError as e:  # pragma: no cover - exercised only without torch
 
 from typing import NamedTuple
 
+from .. import _arrays as _A
 from . import _gpu, _ops
 from ._mapping import Mapping
 from .buffer import Buffer, EventOverlap
@@ -56,8 +57,9 @@ def dispatch_layout(topk_ids, num_experts, num_ranks):
     int64) whose experts are spread evenly, E/G per rank in order. A token
     counts once per rank it reaches however many of its experts live there;
     ids of -1 are ignored."""
-    return tuple(_ops.run("dispatch_layout", (topk_ids,), topk_ids, int(num_experts),
-                          int(num_ranks)))
+    E = _A.integer(num_experts, "num_experts", 1, _A.MAX_EXPERTS, "EPX_MAX_EXPERTS")
+    G = _A.integer(num_ranks, "num_ranks", 1, _A.MAX_GPUS, "EPX_MAX_GPUS")
+    return tuple(_ops.run("dispatch_layout", (topk_ids,), topk_ids, E, G))
 
 
 def get_dispatch_layout(topk_idx, num_experts, previous_event=None, async_finish=False,
@@ -132,8 +134,9 @@ def token_layout(phys, num_physical, num_ranks):
     """The whole layout of a batch of physical slots phys [T][K] (map_ids'
     output), slot p living on rank p // (P/G): counts, both send orders and
     their inverse positions, in one kernel launch."""
-    return TokenLayout(*_ops.run("token_layout", (phys,), phys, int(num_physical),
-                                 int(num_ranks)))
+    P = _A.integer(num_physical, "num_physical", 1, _A.MAX_PHYSICAL, "4 (E + G) slots at most")
+    G = _A.integer(num_ranks, "num_ranks", 1, _A.MAX_GPUS, "EPX_MAX_GPUS")
+    return TokenLayout(*_ops.run("token_layout", (phys,), phys, P, G))
 
 
 def map_ids(topk_ids, mapping, *, layer=0, pass_id=0, seed=0):
@@ -145,8 +148,12 @@ def map_ids(topk_ids, mapping, *, layer=0, pass_id=0, seed=0):
                         ".weighted or .from_layout), got %s" % type(mapping).__name__)
     m = mapping
     tables = (m.table, m.replicas, m.num_valid, m.thresholds)
+    # layer is a uint32 in the C spec: checked, never taken modulo 2^32;
+    # pass_id counts passes and is keyed modulo 2^32
+    layer = _A.integer(layer, "layer", 0, 2 ** 32 - 1, "a uint32")
+    pass_id = _A.integer(pass_id, "pass_id", 0, 2 ** 64 - 1)
     return _ops.run("map_ids", (topk_ids,) + tables, topk_ids, m.mode, m.num_experts,
-                    m.num_physical, *tables, _signed64(seed), int(pass_id), int(layer))
+                    m.num_physical, *tables, _signed64(seed), pass_id & 0xFFFFFFFF, layer)
 
 
 def permute(x, layout, order="rank"):
@@ -175,7 +182,5 @@ def combine(y, pos, weights=None):
 
 def _signed64(seed):
     """torch schemas carry int64: a uint64 seed travels as its two's complement."""
-    s = int(seed)
-    if not 0 <= s < 1 << 64:
-        raise ValueError("seed %d is outside [0, 2^64)" % s)
+    s = _A.integer(seed, "seed", 0, 2 ** 64 - 1, "a uint64")
     return s - (1 << 64) if s >= 1 << 63 else s

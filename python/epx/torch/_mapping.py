@@ -10,6 +10,7 @@ import ctypes
 import numpy as np
 import torch
 
+from .. import _arrays as _A
 from .. import dispatch as _dispatch
 from .._native import call as _cpu_call
 
@@ -28,6 +29,11 @@ def _int32(a, name, ndim):
         idx = tuple(int(i) for i in bad[0])
         raise ValueError("%s%s = %d does not fit in int32" % (name, list(idx), int(a[idx])))
     return np.ascontiguousarray(a, dtype=np.int32)
+
+
+def _num_physical(num_physical):
+    """num_physical checked before anything is sized from it (no int32 wrap)."""
+    return _A.integer(num_physical, "num_physical", 1, _A.MAX_PHYSICAL, "4 (E + G) slots at most")
 
 
 def _check_slots(name, slots, num_physical):
@@ -95,20 +101,22 @@ class Mapping:
 
     @classmethod
     def static(cls, table_row, num_physical):
+        P = _num_physical(num_physical)
         t = _int32(table_row, "table_row", 1)
-        _check_slots("table_row", t, int(num_physical))
-        return cls(_dispatch.DISPATCH_MODES["static"], t.shape[0], int(num_physical),
+        _check_slots("table_row", t, P)
+        return cls(_dispatch.DISPATCH_MODES["static"], t.shape[0], P,
                    table=torch.from_numpy(t))
 
     @classmethod
     def dynamic(cls, replicas, num_physical, num_valid=None):
-        reps, nv = _replica_rows(replicas, num_valid, int(num_physical))
-        return cls(_dispatch.DISPATCH_MODES["dynamic"], reps.shape[0], int(num_physical),
+        P = _num_physical(num_physical)
+        reps, nv = _replica_rows(replicas, num_valid, P)
+        return cls(_dispatch.DISPATCH_MODES["dynamic"], reps.shape[0], P,
                    replicas=torch.from_numpy(reps), num_valid=torch.from_numpy(nv))
 
     @classmethod
     def weighted(cls, replicas, slot_weights, num_physical, num_valid=None):
-        P = int(num_physical)
+        P = _num_physical(num_physical)
         reps, nv = _replica_rows(replicas, num_valid, P)
         w = slot_weights.detach().cpu().numpy() if isinstance(slot_weights, torch.Tensor) \
             else slot_weights
@@ -134,13 +142,16 @@ class Mapping:
         lay = layout.layout if hasattr(layout, "layout") else layout
         s = lay.shape
         L, P = s["num_layers"], s["num_physical_experts"]
-        layer = int(layer)
-        if not 0 <= layer < L:
-            raise ValueError("layer %d is outside [0, %d)" % (layer, L))
+        layer = _A.integer(layer, "layer", 0, L - 1, "num_layers - 1")
         if mode == "static":
             if table is None:
                 raise ValueError("mode='static' needs table [G][L][E] (epx.static_table)")
-            return cls.static(np.asarray(table)[int(ep_rank), layer], P)
+            tab = np.asarray(table)
+            if tab.ndim != 3:
+                raise ValueError("table must be [G][L][E] (epx.static_table), got shape %s"
+                                 % (tab.shape,))
+            rank = _A.integer(ep_rank, "ep_rank", 0, tab.shape[0] - 1, "the table's ranks - 1")
+            return cls.static(tab[rank, layer], P)
         reps = lay.logical_to_all_physical_map(lay.max_replicas)[layer]
         nv = np.asarray(lay.num_valid)[layer]
         if mode == "dynamic":

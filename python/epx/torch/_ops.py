@@ -55,9 +55,15 @@ def _ints(t, name, ndim):
     int64 values outside int32 must not wrap into valid ids: on the CPU they
     are refused by name; on CUDA (no host sync) they become INT32_MAX, an id
     the kernels treat as out of range."""
+    if t.layout != torch.strided:
+        raise ValueError("%s must be a dense tensor, got layout %s: pass t.to_dense()"
+                         % (name, t.layout))
     if t.dim() != ndim:
         raise ValueError("%s must have %d dimensions, got shape %s" % (name, ndim,
                                                                         tuple(t.shape)))
+    if ndim == 2 and t.shape[1] == 0 and t.shape[0] > 0:
+        raise ValueError("%s has shape %s: each token needs at least one expert (top-k >= 1)"
+                         % (name, tuple(t.shape)))
     if t.dtype not in (torch.int32, torch.int64):
         raise ValueError("%s must be int32 or int64, got %s" % (name, t.dtype))
     if t.dtype == torch.int64:
