@@ -10,8 +10,15 @@ from fractions import Fraction
 import numpy as np
 
 from . import _arrays as A
-from ._native import POINTER, c_double, c_int32, c_int64, c_void_p, call, fn
-from .dispatch import BalancedOut
+from ._native import POINTER, Structure, c_double, c_int32, c_int64, c_void_p, call, fn
+
+
+class BalancedOut(Structure):
+    """epx_balanced_out (include/epx/dispatch.h)."""
+    _fields_ = [("shares", POINTER(c_double)), ("replica_counts", POINTER(c_int64)),
+                ("slot_counts", POINTER(c_int64)), ("gpu_load", POINTER(c_double)),
+                ("max_load_num", c_int64), ("max_load_den", c_int64),
+                ("max_load_int", c_int64), ("num_levels", c_int32)]
 
 _create = fn("epx_dispatch_balanced_create", c_int32, c_int32, c_int32, c_int32, c_int32,
              POINTER(c_void_p), c_void_p)

@@ -41,14 +41,6 @@ class TokenLayout(Structure):
                 ("pair_slot_pos", c_void_p)]
 
 
-class BalancedOut(Structure):
-    """epx_balanced_out (include/epx/dispatch.h)."""
-    _fields_ = [("shares", POINTER(c_double)), ("replica_counts", POINTER(c_int64)),
-                ("slot_counts", POINTER(c_int64)), ("gpu_load", POINTER(c_double)),
-                ("max_load_num", c_int64), ("max_load_den", c_int64),
-                ("max_load_int", c_int64), ("num_levels", c_int32)]
-
-
 # The options-struct convention (include/epx.h): version = the struct's size.
 TABLE_OPTS_VERSION = ctypes.sizeof(TableOpts)
 
@@ -211,5 +203,5 @@ def dispatch_topk(topk_ids, layout, layer, mode="dynamic", table=None, replica_w
 
 
 # ---- balanced per-batch dispatch (epx/dispatch.h part 4; _balanced.py) ----
-from ._balanced import (Balancer, BalancedSplit, balanced_split, balanced_topk,  # noqa: E402
-                        count_ids)
+from ._balanced import (BalancedOut, Balancer, BalancedSplit, balanced_split,  # noqa: E402
+                        balanced_topk, count_ids)
