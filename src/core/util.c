@@ -51,21 +51,28 @@ static epx_status too_big(const char *path, size_t max, const char *what, epx_er
                      path, max, what ? what : "an input file");
 }
 
+/* path names a regular file (stat in *st): not empty, not missing, not a
+ * directory, FIFO, device or socket (which could block or never end). */
+static epx_status regular_input(const char *path, struct stat *st, epx_error *err) {
+    if (path[0] == '\0')
+        return epxi_fail(err, EPX_ERR_INVALID_ARG, "an input path is empty: give a file name");
+    if (stat(path, st) != 0)
+        return epxi_fail(err, EPX_ERR_IO, "cannot open '%.256s': %s", path, strerror(errno));
+    if (S_ISDIR(st->st_mode))
+        return epxi_fail(err, EPX_ERR_IO, "'%.256s' is a directory: give a file", path);
+    if (!S_ISREG(st->st_mode))
+        return epxi_fail(err, EPX_ERR_INVALID_ARG,
+                         "input '%.256s' is %s; epx reads only regular files: give a file path",
+                         path, file_kind(st->st_mode));
+    return EPX_OK;
+}
+
 epx_status epx_file_read(const char *path, size_t max_bytes, const char *what, char **data,
                          size_t *len, epx_error *err) {
     if (path == NULL || data == NULL || len == NULL)
         return epxi_fail(err, EPX_ERR_INVALID_ARG, "epx_file_read: NULL argument");
-    if (path[0] == '\0')
-        return epxi_fail(err, EPX_ERR_INVALID_ARG, "an input path is empty: give a file name");
     struct stat st;
-    if (stat(path, &st) != 0)
-        return epxi_fail(err, EPX_ERR_IO, "cannot open '%.256s': %s", path, strerror(errno));
-    if (S_ISDIR(st.st_mode))
-        return epxi_fail(err, EPX_ERR_IO, "'%.256s' is a directory: give a file", path);
-    if (!S_ISREG(st.st_mode))
-        return epxi_fail(err, EPX_ERR_INVALID_ARG,
-                         "input '%.256s' is %s; epx reads only regular files: give a file path",
-                         path, file_kind(st.st_mode));
+    EPX_TRY(regular_input(path, &st, err));
     if (max_bytes >= ((size_t)-1) / 2) max_bytes = ((size_t)-1) / 2 - 1;
     if ((uint64_t)st.st_size > (uint64_t)max_bytes) return too_big(path, max_bytes, what, err);
     int fd = open(path, O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
@@ -125,17 +132,8 @@ epx_status epx_file_read(const char *path, size_t max_bytes, const char *what, c
 
 epx_status epx_file_input_check(const char *path, epx_error *err) {
     struct stat st;
-    if (path == NULL || path[0] == '\0')
-        return epxi_fail(err, EPX_ERR_INVALID_ARG, "an input path is empty: give a file name");
-    if (stat(path, &st) != 0)
-        return epxi_fail(err, EPX_ERR_IO, "cannot open '%.256s': %s", path, strerror(errno));
-    if (S_ISDIR(st.st_mode))
-        return epxi_fail(err, EPX_ERR_IO, "'%.256s' is a directory: give a file", path);
-    if (!S_ISREG(st.st_mode))
-        return epxi_fail(err, EPX_ERR_INVALID_ARG,
-                         "input '%.256s' is %s; epx reads only regular files: give a file path",
-                         path, file_kind(st.st_mode));
-    return EPX_OK;
+    if (path == NULL) return epxi_fail(err, EPX_ERR_INVALID_ARG, "epx_file_input_check: NULL path");
+    return regular_input(path, &st, err);
 }
 
 /* ---- safe outputs ----------------------------------------------------
