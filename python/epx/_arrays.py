@@ -58,11 +58,39 @@ def as_array(x, dtype, ndim=None, name="array"):
         if x.is_floating_point() and x.dtype not in _NUMPY_FLOATS(x):
             x = x.float()  # bf16 (no numpy dtype): widened exactly, as weight.float()
         x = x.cpu().numpy()
-    a = np.ascontiguousarray(np.asarray(x), dtype=dtype)
+    src = np.asarray(x)
+    if np.issubdtype(np.dtype(dtype), np.integer) and src.size:
+        _check_integral(src, np.dtype(dtype), name)
+    a = np.ascontiguousarray(src, dtype=dtype)
     if ndim is not None and a.ndim not in (ndim if isinstance(ndim, tuple) else (ndim,)):
         want = " or ".join("%d" % d for d in (ndim if isinstance(ndim, tuple) else (ndim,)))
         raise ValueError("%s must have %s dimensions, got shape %s" % (name, want, a.shape))
     return a
+
+
+def _check_integral(src, dtype, name):
+    """Values going into an integer array must be whole and fit: a fraction
+    would be truncated and a large value wrapped, silently."""
+    info = np.iinfo(dtype)
+    if src.dtype.kind == "b":
+        raise ValueError("%s must hold integers, not booleans" % name)
+    if src.dtype.kind == "O":
+        try:
+            src = src.astype(np.float64) if any(isinstance(v, float) for v in src.flat) \
+                else np.array([int(v) for v in src.flat], dtype=object).reshape(src.shape)
+        except (TypeError, ValueError) as e:
+            raise ValueError("%s must hold integers: %s" % (name, e)) from None
+    if src.dtype.kind == "f":
+        bad = np.argwhere(~np.isfinite(src) | (src != np.trunc(src)))
+        if len(bad):
+            idx = tuple(int(i) for i in bad[0])
+            raise ValueError("%s%s = %r is not a whole number: give integers (a fraction would "
+                             "be cut off)" % (name, list(idx), float(src[idx])))
+    lo, hi = src.min(), src.max()
+    if lo < info.min or hi > info.max:
+        v = lo if lo < info.min else hi
+        raise ValueError("%s holds %d, outside %s's range [%d, %d]"
+                         % (name, int(v), dtype.name, info.min, info.max))
 
 
 def _NUMPY_FLOATS(t):

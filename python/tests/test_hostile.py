@@ -209,3 +209,20 @@ def test_torch_ids_shapes_named():
     sparse = torch.tensor([[0, 1], [2, 3]]).to_sparse()
     with pytest.raises(ValueError, match="topk_ids must be a dense tensor"):
         et.dispatch_layout(sparse, 8, 4)
+
+
+def test_integer_arrays_refuse_fractions_wraps_and_booleans():
+    """Every integer array the binding hands to C goes through one check: a
+    float map with fractions is refused (it used to be truncated), as are
+    values past the C type and booleans."""
+    import numpy as np
+    import epx._arrays as A
+    assert A.as_array(np.array([[1.0, 2.0]]), np.int32, 2).tolist() == [[1, 2]]
+    with pytest.raises(ValueError, match=r"table\[0, 1\] = 2.5 is not a whole number"):
+        A.as_array(np.array([[1.0, 2.5]]), np.int32, 2, "table")
+    with pytest.raises(ValueError, match="outside int32's range"):
+        A.as_array([2 ** 31], np.int32, 1, "ids")
+    with pytest.raises(ValueError, match="not booleans"):
+        A.as_array([True, False], np.int32, 1, "ids")
+    with pytest.raises(ValueError, match="not a whole number"):
+        A.as_array([float("inf")], np.int64, 1, "ids")
