@@ -235,9 +235,12 @@ static epx_status time_floor(ll_run *b, int flag, int phase, int64_t T, bool gra
 /* The floor rows of T tokens (JSON mode "floor") and the engine's round
  * trip as multiples of them; eng[g] is the engine's round trip median,
  * launched (g = 0) and as a graph (g = 1). */
-static epx_status bench_floor(ll_run *b, int64_t T, const size_t *bytes, const double *eng,
-                              FILE *jl, const char *device, epx_error *err) {
+static epx_status bench_floor(ll_run *b, int64_t T, const double *eng, FILE *jl, const char *device,
+                              epx_error *err) {
     const bench_args *a = b->a;
+    /* The probes' own bytes: T * K bf16 rows written (dispatch), read (combine). */
+    const size_t moved = (size_t)T * (size_t)a->cfg.top_k * (size_t)a->cfg.hidden * 2;
+    const size_t bytes[3] = {moved, moved, 2 * moved};
     const char *names[3] = {"dispatch", "combine", "round-trip"}, *fname[2] = {"bare", "flag"};
     double rt[2][2] = {{0, 0}, {0, 0}};
     for (int i = 0; i < 2; i++)
@@ -390,7 +393,7 @@ static epx_status bench_T(ll_run *b, int64_t T, const void *x, const int32_t *sl
     /* Every rank probes its own GPU; the barriers keep the ranks in step (a
      * probe's fault on one rank must not leave the others in a collective). */
     EPX_TRY_CLI(epx_comm_barrier(b->comm, err));
-    epx_status fst = bench_floor(b, T, bytes, eng_rt, jl, device, err);
+    epx_status fst = bench_floor(b, T, eng_rt, jl, device, err);
     int64_t fbad = fst != EPX_OK;
     if (R > 1) EPX_TRY_CLI(sum_dev(b, &fbad, 1, err));
     if (fst != EPX_OK) return fst;

@@ -40,13 +40,11 @@ class GpuEpViews(Structure):
 
 
 def _bind(name, *argtypes):
-    lib = _gpu._lib
-    if lib is None or not hasattr(lib, name):
+    """_gpu's binding, or None where the loaded library lacks the engine (an
+    older libepx_cuda.so), so importing epx.torch never fails on it."""
+    if _gpu._lib is None or not hasattr(_gpu._lib, name):
         return None
-    f = getattr(lib, name)
-    f.restype = ctypes.c_int32
-    f.argtypes = list(argtypes)
-    return f
+    return _gpu._bind(name, *argtypes)
 
 
 _buffer_bytes = _bind("epx_gpu_ep_buffer_bytes", POINTER(EpConfig), c_int32, POINTER(c_size_t),
