@@ -6,11 +6,13 @@
  * built when CUDA is found).
  *
  * The kernels write straight into the peers' buffers through pointers: each
- * rank allocates one buffer at creation, and the ranks exchange handles to
- * them over a bootstrap communicator (any epx_comm: MPI, local, NCCL). Peers
- * in other processes are mapped with CUDA IPC (NVLink, or PCIe with P2P;
- * several processes sharing one GPU also work, which is how the protocol is
- * tested on one GPU); peers in the same process use their pointers directly.
+ * rank allocates its buffers at creation, and the ranks exchange handles to
+ * them over a bootstrap communicator (any epx_comm: MPI, local, NCCL). The
+ * peer-written part lives where the transport puts it (epx_gpu_ep_transport
+ * below): device memory used directly within a process or mapped with CUDA
+ * IPC across processes (NVLink, or PCIe with P2P; several processes sharing
+ * one GPU also work, which is how the protocol is tested on one GPU), or
+ * pinned host memory shared between the processes of one host.
  *
  * The protocol is the low-latency mode of epx_comm.h (EPX_EP_MODE_LOW_LATENCY)
  * and gives the entries of the CPU path in the same order, bit for bit,
@@ -62,15 +64,40 @@
 extern "C" {
 #endif
 
+/*
+ * Transports: where each rank's peer-written rows and flags live and how the
+ * peers reach them. The kernels are the same for all; only the memory moves.
+ *   PEER  device memory: the peers' pointers within one process, CUDA IPC
+ *         across processes (NVLink, or PCIe with P2P; processes sharing a
+ *         GPU). Fastest where the GPUs reach each other by load/store.
+ *   HOST  pinned host memory shared between the processes of one host
+ *         (POSIX shared memory registered with CUDA): for GPUs that cannot
+ *         map each other (PCIe without P2P, different sockets, VMs). Every
+ *         byte crosses the host link twice. Needs a shared /dev/shm.
+ *   NCCL  ranks on several hosts: not built yet (EPX_ERR_UNSUPPORTED).
+ *   AUTO  the environment's EPX_GPU_EP_TRANSPORT (auto|peer|ipc|host|nccl)
+ *         when set, else HOST when this process sees a GPU its own cannot
+ *         reach by peer access (cudaDeviceCanAccessPeer), else PEER. Every
+ *         rank must end with the same transport: connect refuses a mix,
+ *         and an explicit choice that cannot work, naming both GPUs.
+ */
+typedef enum epx_gpu_ep_transport {
+    EPX_GPU_EP_TRANSPORT_AUTO = 0,
+    EPX_GPU_EP_TRANSPORT_PEER = 1,
+    EPX_GPU_EP_TRANSPORT_HOST = 2,
+    EPX_GPU_EP_TRANSPORT_NCCL = 3
+} epx_gpu_ep_transport;
+
 typedef struct epx_gpu_ep_opts {
     uint32_t version;   /* EPX_GPU_EP_OPTS_VERSION */
     int32_t timeout_ms; /* a peer's flag not seen within this fails the batch (>= 1) */
     int32_t max_blocks; /* blocks per launch at most; 0 = as many as fit on the GPU at once */
+    int32_t transport;  /* epx_gpu_ep_transport; AUTO by default */
 } epx_gpu_ep_opts;
 
 #define EPX_GPU_EP_OPTS_VERSION ((uint32_t)sizeof(epx_gpu_ep_opts))
 #define EPX_GPU_EP_OPTS_INIT                                                                       \
-    { EPX_GPU_EP_OPTS_VERSION, 10000, 0 }
+    { EPX_GPU_EP_OPTS_VERSION, 10000, 0, EPX_GPU_EP_TRANSPORT_AUTO }
 
 typedef struct epx_gpu_ep epx_gpu_ep;
 
@@ -220,6 +247,9 @@ EPX_API epx_status epx_gpu_ep_sync(epx_gpu_ep *ep, epx_error *err);
 /* The first fault the kernels recorded so far, without waiting. */
 EPX_API epx_status epx_gpu_ep_health(epx_gpu_ep *ep, epx_error *err);
 
+/* The transport this handle uses: "pointers" (PEER, every rank in this
+ * process), "ipc" (PEER across processes), "host"; "none" before connect. */
+EPX_API const char *epx_gpu_ep_transport_name(const epx_gpu_ep *ep);
 /* Kernel launches of one phase: dispatch, combine (1 each). */
 EPX_API int32_t epx_gpu_ep_launches(const epx_gpu_ep *ep, const char *phase);
 

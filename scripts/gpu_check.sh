@@ -24,8 +24,14 @@ run() { # name, command...
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 run "dispatch kernels" bash -c "cd '$ROOT/tests' && '$BIN/test_dispatch_gpu'"
 run "low-latency EP engine" "$BIN/test_gpu_ll"
+# The same cases over the host-memory transport (pinned shared memory), which
+# also checks that no segment is left in /dev/shm.
+run "low-latency EP engine, host-memory transport" env EPX_GPU_EP_TRANSPORT=host "$BIN/test_gpu_ll"
 if command -v compute-sanitizer >/dev/null; then
     run "low-latency EP engine under memcheck" compute-sanitizer --tool memcheck \
+        --error-exitcode 9 --target-processes all "$BIN/test_gpu_ll"
+    run "low-latency EP engine under memcheck, host-memory transport" env \
+        EPX_GPU_EP_TRANSPORT=host compute-sanitizer --tool memcheck \
         --error-exitcode 9 --target-processes all "$BIN/test_gpu_ll"
     run "dispatch kernels under memcheck (quick cases)" bash -c "cd '$ROOT/tests' && \
         EPX_GPU_TEST_QUICK=1 compute-sanitizer --tool memcheck --error-exitcode 9 '$BIN/test_dispatch_gpu'"
@@ -47,6 +53,10 @@ if [ -d "$ROOT/.deepep" ]; then
             PYTHONPATH="$ROOT/python" python3 "$ROOT/tools/deepep_ll_check.py" \
             --deepep "$ROOT/.deepep" --num-processes $n --timeout 400
     done
+    run "DeepEP's test_low_latency.py on epx.torch.Buffer, 2 processes, host-memory transport" \
+        env EPX_GPU_EP_TRANSPORT=host EPX_LIBRARY="$BIN/libepx.so" \
+        EPX_CUDA_LIBRARY="$BIN/libepx_cuda.so" PYTHONPATH="$ROOT/python" python3 \
+        "$ROOT/tools/deepep_ll_check.py" --deepep "$ROOT/.deepep" --num-processes 2 --timeout 400
 fi
 [ $fail = 0 ] && echo "gpu_check: all passed" || echo "gpu_check: FAILURES above"
 exit $fail

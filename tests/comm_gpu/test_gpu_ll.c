@@ -220,6 +220,13 @@ static int check(const shape *c, int32_t me, const batch *all, const got *g, con
  * to combine (plain graphs use the first): the handle's y and weights; no
  * weights at dispatch, the caller's at combine, bf16 output; the caller's
  * own copy of y. */
+/* The transport under test: EPX_GPU_EP_TRANSPORT=host runs every case over
+ * host memory (scripts/gpu_check.sh runs this binary both ways). */
+static bool transport_is_host(void) {
+    const char *t = getenv("EPX_GPU_EP_TRANSPORT");
+    return t != NULL && strcmp(t, "host") == 0;
+}
+
 static int run_rank(epx_comm *boot, const shape *c) {
     epx_error err = {0};
     const int32_t me = epx_comm_rank(boot), R = c->R, spr = c->P / R, K = c->K;
@@ -230,6 +237,9 @@ static int run_rank(epx_comm *boot, const shape *c) {
     o.timeout_ms = 60000; /* processes time-slice the GPU */
     epx_gpu_ep *ep = NULL;
     EK(epx_gpu_ep_create(boot, &cfg, st, &o, &ep, &err));
+    if ((strcmp(epx_gpu_ep_transport_name(ep), "host") == 0) != transport_is_host())
+        FAILF("rank %d: transport %s, but EPX_GPU_EP_TRANSPORT is %s", me,
+              epx_gpu_ep_transport_name(ep), transport_is_host() ? "host" : "not host");
     epx_gpu_ep_views vw;
     EK(epx_gpu_ep_get_views(ep, &vw, &err));
     const size_t xs = epx_dtype_size(c->xd), M = (size_t)c->M;
@@ -538,8 +548,29 @@ static int connect_cases(void) {
         FAILF("infos out of rank order must be refused: '%s'", err.msg);
     if (epx_gpu_ep_open(&cfg, 2, 2, st, NULL, &odd, &err) != EPX_ERR_INVALID_ARG)
         FAILF("rank 2 of 2 must be refused");
+    /* A rank that opened with the other transport is refused, naming both. */
+    const bool host = transport_is_host();
+    epx_gpu_ep_opts mix_o = EPX_GPU_EP_OPTS_INIT;
+    mix_o.transport = host ? EPX_GPU_EP_TRANSPORT_PEER : EPX_GPU_EP_TRANSPORT_HOST;
+    epx_gpu_ep *mix = NULL;
+    unsigned char mixed[2 * EPX_GPU_EP_INFO_BYTES];
+    EK(epx_gpu_ep_open(&cfg, 1, 2, st, &mix_o, &mix, &err));
+    memcpy(mixed, infos, EPX_GPU_EP_INFO_BYTES);
+    EK(epx_gpu_ep_info(mix, mixed + EPX_GPU_EP_INFO_BYTES, &err));
+    if (epx_gpu_ep_connect(e0, mixed, &err) != EPX_ERR_INVALID_ARG ||
+        strstr(err.msg, "opened with the") == NULL || strstr(err.msg, "rank 1 with") == NULL)
+        FAILF("ranks of different transports must be refused: '%s'", err.msg);
+    epx_gpu_ep_destroy(mix);
+    mix_o.transport = 9;
+    if (epx_gpu_ep_open(&cfg, 1, 2, st, &mix_o, &mix, &err) != EPX_ERR_INVALID_ARG ||
+        strstr(err.msg, "transport 9") == NULL)
+        FAILF("transport 9 must be refused naming it: '%s'", err.msg);
+    if (strcmp(epx_gpu_ep_transport_name(e0), "none") != 0)
+        FAILF("before connect the transport is 'none', not '%s'", epx_gpu_ep_transport_name(e0));
     EK(epx_gpu_ep_connect(e0, infos, &err));
     EK(epx_gpu_ep_connect(e1, infos, &err));
+    if (strcmp(epx_gpu_ep_transport_name(e0), host ? "host" : "pointers") != 0)
+        FAILF("two ranks of one process use '%s'", epx_gpu_ep_transport_name(e0));
     /* Rank 1 sends nothing; rank 0 one token to slot 3 (rank 1's) and 0. */
     uint16_t hx[64];
     for (int i = 0; i < 64; i++) hx[i] = epx_bf16_from_f32((float)i);
@@ -609,7 +640,8 @@ int main(void) {
             j.c[i].graph = i == 3;
         }
         int failed = pc_run(R, proc_rank, &j, 240);
-        printf("%d ranks as processes over CUDA IPC: %s\n", R, failed ? "FAILED" : "ok");
+        printf("%d ranks as processes over %s: %s\n", R,
+               transport_is_host() ? "host memory" : "CUDA IPC", failed ? "FAILED" : "ok");
         if (failed) return 1;
     }
     if (single_rank_cases() != 0) return 1;
@@ -618,5 +650,10 @@ int main(void) {
     printf("faults: ok\n");
     if (connect_cases() != 0) return 1;
     printf("open, info, connect: ok\n");
+    /* Every segment's name went once all ranks counted in, or at destroy. */
+    if (system("ls /dev/shm 2>/dev/null | grep -q '^epx-ll-'") == 0) {
+        printf("FAILED: shared memory left in /dev/shm (epx-ll-*)\n");
+        return 1;
+    }
     return 0;
 }

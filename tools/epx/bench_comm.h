@@ -12,6 +12,9 @@
 
 #include "epx_comm.h"
 
+/* epx_gpu_ep_transport's values, without its CUDA header (checked in bench_ll.c). */
+enum { EPX_BENCH_TRANSPORT_AUTO = 0, EPX_BENCH_TRANSPORT_PEER = 1, EPX_BENCH_TRANSPORT_HOST = 2 };
+
 typedef struct bench_args {
     const char *backend, *model;
     epx_moe_config cfg;
@@ -20,6 +23,7 @@ typedef struct bench_args {
     epx_ep_combine_mode combine;
     epx_ep_mode mode;
     bool graph;        /* also time CUDA-graph replays (GPU low latency) */
+    int32_t transport; /* GPU low latency: EPX_BENCH_TRANSPORT_* (--transport) */
     const char *jsonl; /* --json FILE ("-" = stdout), or NULL */
     uint64_t seed;
 } bench_args;
@@ -60,6 +64,11 @@ typedef struct bench_line {
     int32_t launches;
     bool graph;
     const char *floor; /* mode "floor": which probe ("bare", "flag"); NULL otherwise */
+    /* GPU low latency: the engine's transport (NULL: neither is written) and,
+     * for the host transport, two pinned copies of the phase's bytes (device
+     * to host, host to device) over the phase's time (< 0: null) */
+    const char *transport;
+    double link_pct;
 } bench_line;
 int bench_jsonl_write(FILE *f, const bench_line *l);
 

@@ -130,6 +130,11 @@ int bench_jsonl_write(FILE *f, const bench_line *l) {
     }
     num_or_null(f, "gbps", l->gbps);
     num_or_null(f, "copy_pct", l->copy_pct);
+    if (l->transport != NULL) {
+        fputs(", \"transport\": ", f);
+        cli_json_str(f, l->transport);
+        num_or_null(f, "link_pct", l->link_pct);
+    }
     fputs(", \"device\": ", f);
     cli_json_str(f, l->device);
     fprintf(f, ", \"date\": \"%s\"}\n", date);

@@ -27,6 +27,11 @@
 
 #include "epx_comm_gpu.h"
 
+_Static_assert((int)EPX_BENCH_TRANSPORT_AUTO == (int)EPX_GPU_EP_TRANSPORT_AUTO &&
+                   (int)EPX_BENCH_TRANSPORT_PEER == (int)EPX_GPU_EP_TRANSPORT_PEER &&
+                   (int)EPX_BENCH_TRANSPORT_HOST == (int)EPX_GPU_EP_TRANSPORT_HOST,
+               "bench_comm.h's transports are epx_gpu_ep_transport's");
+
 void epxi_gpu_ep_variant(epx_gpu_ep *ep, int bits);
 int epxi_gpu_ep_stamps(epx_gpu_ep *ep, double *us);
 typedef struct epxi_ll_floor epxi_ll_floor;
@@ -42,6 +47,8 @@ typedef struct ll_run {
     epx_gpu_ep *ep;
     cudaEvent_t e0, e1;
     void *dx, *dtp, *csrc, *cdst;
+    void *hpin;            /* pinned host bytes: the host transport's link ceiling (PH_LINK) */
+    const char *transport; /* epx_gpu_ep_transport_name */
     int32_t *ds;
     float *dw, *dout;
     int64_t *dsum;
@@ -51,7 +58,7 @@ typedef struct ll_run {
     cudaGraphExec_t fg[2][3]; /* floor [bare, flag][dispatch, combine, round trip] */
 } ll_run;
 
-enum { PH_DISPATCH, PH_COMBINE, PH_ROUND_TRIP, PH_ALLREDUCE, PH_COPY };
+enum { PH_DISPATCH, PH_COMBINE, PH_ROUND_TRIP, PH_ALLREDUCE, PH_COPY, PH_LINK };
 
 #define CUDA_OR(call, what)                                                                        \
     do {                                                                                           \
@@ -144,6 +151,12 @@ static epx_status time_phase(ll_run *b, int phase, int64_t T, bool graph, size_t
             break;
         case PH_ALLREDUCE:
             EPX_TRY_CLI(epx_comm_allreduce_sum(b->comm, b->dtp, b->dtp, ne, a->dtype, err));
+            break;
+        case PH_LINK: /* the host transport's two crossings, as pinned copies */
+            CUDA_OR(cudaMemcpyAsync(b->hpin, b->csrc, bytes, cudaMemcpyDeviceToHost, b->s),
+                    "pinned copy");
+            CUDA_OR(cudaMemcpyAsync(b->cdst, b->hpin, bytes, cudaMemcpyHostToDevice, b->s),
+                    "pinned copy");
             break;
         default:
             CUDA_OR(cudaMemcpyAsync(b->cdst, b->csrc, bytes, cudaMemcpyDeviceToDevice, b->s),
@@ -273,7 +286,9 @@ static epx_status bench_floor(ll_run *b, int64_t T, const double *eng, FILE *jl,
                                 -1.0,
                                 ph == 2 ? 2 : 1,
                                 gi == 1,
-                                fname[flag]};
+                                fname[flag],
+                                NULL,
+                                -1.0};
                 if (jl != NULL && bench_jsonl_write(jl, &l) != 0) {
                     err->status = EPX_ERR_IO;
                     snprintf(err->msg, sizeof err->msg, "bench: writing the JSON lines failed");
@@ -351,11 +366,13 @@ static epx_status bench_T(ll_run *b, int64_t T, const void *x, const int32_t *sl
     double eng_rt[2] = {-1.0, -1.0};
     for (int ph = PH_DISPATCH; ph <= PH_ALLREDUCE; ph++)
         for (int gi = 0; gi < (ph == PH_ALLREDUCE || !a->graph ? 1 : 2); gi++) {
-            double med = 0, p99 = 0, cmed = -1, cp99 = 0;
+            double med = 0, p99 = 0, cmed = -1, cp99 = 0, lmed = -1, lp99 = 0;
             EPX_TRY_CLI(time_phase(b, ph, T, gi == 1, 0, &med, &p99, err));
             if (ph == PH_ROUND_TRIP) eng_rt[gi] = med;
             if (ph != PH_ALLREDUCE && bytes[ph] > 0)
                 EPX_TRY_CLI(time_phase(b, PH_COPY, T, false, bytes[ph], &cmed, &cp99, err));
+            if (ph != PH_ALLREDUCE && bytes[ph] > 0 && b->hpin != NULL)
+                EPX_TRY_CLI(time_phase(b, PH_LINK, T, false, bytes[ph], &lmed, &lp99, err));
             if (me != 0) continue;
             const bool ar = ph == PH_ALLREDUCE;
             const size_t ar_bytes =
@@ -378,11 +395,14 @@ static epx_status bench_T(ll_run *b, int64_t T, const void *x, const int32_t *sl
                             : ph == PH_ROUND_TRIP ? 2
                                                   : epx_gpu_ep_launches(b->ep, names[ph]),
                             gi == 1,
-                            NULL};
-            char pct[16] = "-";
+                            NULL,
+                            ar ? NULL : b->transport,
+                            lmed > 0 ? 100.0 * lmed / med : -1.0};
+            char pct[16] = "-", lpct[16] = "-";
             if (l.copy_pct > 0) snprintf(pct, sizeof pct, "%.1f%%", l.copy_pct);
-            printf("%8lld  %-10s %-6s %9.2f %9.2f %10.1f %8s\n", (long long)T, names[ph],
-                   gi ? "graph" : "launch", med, p99, l.gbps > 0 ? l.gbps : 0.0, pct);
+            if (l.link_pct > 0) snprintf(lpct, sizeof lpct, "%.1f%%", l.link_pct);
+            printf("%8lld  %-10s %-6s %9.2f %9.2f %10.1f %8s %8s\n", (long long)T, names[ph],
+                   gi ? "graph" : "launch", med, p99, l.gbps > 0 ? l.gbps : 0.0, pct, lpct);
             if (jl != NULL && bench_jsonl_write(jl, &l) != 0) {
                 err->status = EPX_ERR_IO;
                 snprintf(err->msg, sizeof err->msg, "bench: writing the JSON lines failed");
@@ -447,7 +467,14 @@ epx_status bench_ll_gpu(epx_comm *comm, cudaStream_t s, const bench_args *a, FIL
     epx_ep_config c = bench_ep_config(a, P, Tmax, EPX_EP_MODE_LOW_LATENCY);
     epx_gpu_ep_opts o = EPX_GPU_EP_OPTS_INIT;
     o.timeout_ms = a->timeout_ms;
+    o.transport = a->transport;
     if (st == EPX_OK) st = epx_gpu_ep_create(comm, &c, s, &o, &b.ep, err);
+    if (st == EPX_OK) b.transport = epx_gpu_ep_transport_name(b.ep);
+    if (st == EPX_OK && strcmp(b.transport, "host") == 0 &&
+        cudaHostAlloc(&b.hpin, copy_max, cudaHostAllocDefault) != cudaSuccess) {
+        err->status = st = EPX_ERR_CUDA;
+        snprintf(err->msg, sizeof err->msg, "bench: pinned host bytes for the link ceiling failed");
+    }
     /* The floor probes move bf16 rows, the engine's benchmark dtype. */
     if (st == EPX_OK && a->dtype == EPX_DTYPE_BF16 &&
         epxi_ll_floor_create(H, K, Tmax, s, &b.fl) != 0) {
@@ -462,13 +489,14 @@ epx_status bench_ll_gpu(epx_comm *comm, cudaStream_t s, const bench_args *a, FIL
     cudaGetDevice(&dev);
     const char *device = cudaGetDeviceProperties(&prop, dev) == cudaSuccess ? prop.name : "gpu";
     if (st == EPX_OK && me == 0)
-        printf("epx bench comm: GPU low-latency EP, %d rank(s), model %s (H %d, top-%d, %d slots), "
-               "%s, "
-               "%d iterations (median and p99 of the slowest rank, CUDA events), checked before "
-               "timing; copy%% = a device copy of the same bytes over the phase's time\n\n"
-               "%8s  %-10s %-6s %9s %9s %10s %8s\n",
-               R, a->model, H, K, P, a->dtype == EPX_DTYPE_BF16 ? "bf16" : "fp32", a->iters,
-               "tokens", "phase", "how", "median us", "p99 us", "GB/s", "copy%");
+        printf("epx bench comm: GPU low-latency EP, %d rank(s), transport %s, model %s (H %d, "
+               "top-%d, %d slots), %s, %d iterations (median and p99 of the slowest rank, CUDA "
+               "events), checked before timing; copy%% = a device copy of the same bytes over the "
+               "phase's time; link%% (host transport) = the same bytes copied device to pinned "
+               "host and back over the phase's time\n\n"
+               "%8s  %-10s %-6s %9s %9s %10s %8s %8s\n",
+               R, b.transport, a->model, H, K, P, a->dtype == EPX_DTYPE_BF16 ? "bf16" : "fp32",
+               a->iters, "tokens", "phase", "how", "median us", "p99 us", "GB/s", "copy%", "link%");
     for (int32_t i = 0; i < a->ntok && st == EPX_OK; i++)
         st = bench_T(&b, a->tokens[i], x, slots, w, P, jl, device, err);
     for (int i = 0; i < 4; i++)
@@ -479,6 +507,7 @@ epx_status bench_ll_gpu(epx_comm *comm, cudaStream_t s, const bench_args *a, FIL
     epx_gpu_ep_destroy(b.ep);
     cudaFree(b.dx), cudaFree(b.ds), cudaFree(b.dw), cudaFree(b.dout), cudaFree(b.dtp);
     cudaFree(b.csrc), cudaFree(b.cdst), cudaFree(b.dsum);
+    if (b.hpin) cudaFreeHost(b.hpin);
     if (b.e0) cudaEventDestroy(b.e0);
     if (b.e1) cudaEventDestroy(b.e1);
     free(x), free(slots), free(w), free(b.t);

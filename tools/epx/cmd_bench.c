@@ -473,7 +473,9 @@ static int write_jsonl(FILE *f, const bench_args *a, int32_t R, const bench_row 
                             -1.0,
                             -1,
                             false,
-                            NULL};
+                            NULL,
+                            NULL,
+                            -1.0};
             if (bench_jsonl_write(f, &l) != 0) return -1;
         }
     }
@@ -587,6 +589,27 @@ static int parse_args(cli_cmd *cmd, bench_args *a) {
         fprintf(stderr, "epx bench comm: --graph times CUDA-graph replays of the GPU low-latency "
                         "engine: use it with --backend nccl --mode low-latency\n");
         return CLI_EXIT_USAGE;
+    }
+    const char *tr = cli_get(cmd, "--transport");
+    a->transport = EPX_BENCH_TRANSPORT_AUTO;
+    if (tr != NULL) {
+        if (a->mode != EPX_EP_MODE_LOW_LATENCY || strcmp(a->backend, "nccl") != 0) {
+            fprintf(stderr, "epx bench comm: --transport picks the GPU low-latency engine's "
+                            "transport: use it with --backend nccl --mode low-latency\n");
+            return CLI_EXIT_USAGE;
+        }
+        if (strcmp(tr, "auto") == 0)
+            a->transport = EPX_BENCH_TRANSPORT_AUTO;
+        else if (strcmp(tr, "peer") == 0 || strcmp(tr, "ipc") == 0)
+            a->transport = EPX_BENCH_TRANSPORT_PEER;
+        else if (strcmp(tr, "host") == 0)
+            a->transport = EPX_BENCH_TRANSPORT_HOST;
+        else {
+            fprintf(stderr,
+                    "epx bench comm: --transport must be auto, peer (or ipc) or host, not '%s'\n",
+                    tr);
+            return CLI_EXIT_USAGE;
+        }
     }
     a->jsonl = cli_get(cmd, "--json");
     {
@@ -788,6 +811,11 @@ int cmd_bench(int argc, char **argv) {
          "fixed slots with in-band counts (decode)",
          NULL},
         {"--graph", NULL, "also time CUDA-graph replays (--backend nccl --mode low-latency)", NULL},
+        {"--transport", "auto|peer|host",
+         "the low-latency engine's transport: device memory (peer: pointers or CUDA IPC), pinned "
+         "host memory (host, for GPUs without peer access), or auto (EPX_GPU_EP_TRANSPORT, else "
+         "by peer access)",
+         NULL},
         {"--json", "FILE", "append one JSON object per phase and token count to FILE (- = stdout)",
          NULL},
         {"-o", "FILE", "also write the summary JSON that epx advise --measured reads", NULL},

@@ -29,7 +29,8 @@ class EpConfig(Structure):
 
 class GpuEpOpts(Structure):
     """epx_gpu_ep_opts (include/epx_comm_gpu.h)."""
-    _fields_ = [("version", c_uint32), ("timeout_ms", c_int32), ("max_blocks", c_int32)]
+    _fields_ = [("version", c_uint32), ("timeout_ms", c_int32), ("max_blocks", c_int32),
+                ("transport", c_int32)]
 
 
 class GpuEpViews(Structure):
@@ -60,6 +61,11 @@ _dispatch = _bind("epx_gpu_ep_dispatch_parts", c_void_p, c_int, c_int64, c_void_
 _combine = _bind("epx_gpu_ep_combine_parts", c_void_p, c_int, c_void_p, c_void_p, c_void_p, c_int,
                  c_void_p)
 _health = _bind("epx_gpu_ep_health", c_void_p, c_void_p)
+_transport = None
+if _gpu._lib is not None and hasattr(_gpu._lib, "epx_gpu_ep_transport_name"):
+    _transport = _gpu._lib.epx_gpu_ep_transport_name
+    _transport.restype = ctypes.c_char_p
+    _transport.argtypes = [c_void_p]
 _disconnect = _bind("epx_gpu_ep_disconnect", c_void_p, c_void_p)
 _destroy = None
 if _gpu._lib is not None and hasattr(_gpu._lib, "epx_gpu_ep_destroy"):
@@ -100,7 +106,9 @@ class Engine:
         self.rank, self.num_ranks = int(rank), int(num_ranks)
         self.device = torch.cuda.current_device()
         h = c_void_p()
-        opts = GpuEpOpts(ctypes.sizeof(GpuEpOpts), int(timeout_ms), 0)
+        # transport 0 = AUTO: EPX_GPU_EP_TRANSPORT in the environment, else
+        # peer memory where the GPUs reach each other, host memory otherwise
+        opts = GpuEpOpts(ctypes.sizeof(GpuEpOpts), int(timeout_ms), 0, 0)
         stream = torch.cuda.current_stream().cuda_stream
         _gpu.call(_open, ctypes.byref(cfg), self.rank, self.num_ranks, c_void_p(stream),
                   ctypes.byref(opts), ctypes.byref(h))
@@ -135,6 +143,10 @@ class Engine:
                              % (self.num_ranks, INFO_BYTES))
         blob = b"".join(infos)
         _gpu.call(_connect, self.h, ctypes.create_string_buffer(blob, len(blob)))
+
+    def transport(self):
+        """"pointers", "ipc" or "host" once connected ("none" before)."""
+        return _transport(self.h).decode() if _transport is not None else "ipc"
 
     def _on_stream(self, stream):
         import torch

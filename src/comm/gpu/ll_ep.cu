@@ -53,6 +53,7 @@
 #include "ep_common.h"
 #include "epx_comm_gpu.h"
 #include "cuda_check.h"
+#include "transport.h"
 
 namespace {
 
@@ -907,18 +908,25 @@ __global__ void __launch_bounds__(kThreads, 2)
 
 /* What ranks tell each other at creation (EPX_GPU_EP_INFO_BYTES). */
 struct PeerInfo {
-    char magic[8]; /* "epx-ll1" */
+    char magic[8]; /* kMagic */
     int32_t rank, num_ranks, pid, device;
-    uint64_t ptr;
+    uint64_t ptr; /* the peer-written area as its own process's kernels see it */
     /* the config every rank must share */
     int32_t hidden, top_k, num_slots, x_dtype, y_dtype;
     int64_t max_tokens;
-    cudaIpcMemHandle_t handle;
+    int32_t transport;                          /* EPX_GPU_EP_TRANSPORT_PEER or _HOST */
+    unsigned char handle[EPXI_TR_HANDLE_BYTES]; /* the transport's (transport.h) */
     unsigned char uuid[16]; /* the GPU's, the same in every process that sees it */
     uint64_t process;       /* this process's random id: pids repeat across hosts and containers */
+    uint64_t host;          /* this machine's id (epxi_host_id) */
 };
 static_assert(sizeof(PeerInfo) <= EPX_GPU_EP_INFO_BYTES, "PeerInfo fits its bytes");
-static const char kMagic[8] = "epx-ll2"; /* bump when PeerInfo changes */
+static const char kMagic[8] = "epx-ll3"; /* bump when PeerInfo changes */
+static_assert((int)EPXI_TR_AUTO == (int)EPX_GPU_EP_TRANSPORT_AUTO &&
+                  (int)EPXI_TR_PEER == (int)EPX_GPU_EP_TRANSPORT_PEER &&
+                  (int)EPXI_TR_HOST == (int)EPX_GPU_EP_TRANSPORT_HOST &&
+                  (int)EPXI_TR_NCCL == (int)EPX_GPU_EP_TRANSPORT_NCCL,
+              "transport.h's values are epx_gpu_ep_transport's");
 
 /* A random id for this process, drawn once: ranks with the same id share an
  * address space (their pointers work as they are). */
@@ -947,10 +955,16 @@ struct epx_gpu_ep {
     int32_t timeout_ms;
     int32_t wait_blocks; /* blocks that wait for flags must all be resident */
     size_t off_rx, off_y, off_count, off_pair, off_srctok, off_ew, off_range, off_weights,
-        off_slots, off_ctl, off_peers, total;
-    unsigned char *buf;
-    unsigned char **mapped; /* host [R]: peers' buffers as mapped here (own included) */
-    bool *opened;           /* host [R]: mapped by cudaIpcOpenMemHandle */
+        off_slots, off_ctl, off_peers, total, inbox_total;
+    unsigned char *buf; /* this rank's work area (device memory) */
+    /* The peer-written areas (transport.h): this rank's, and the peers' as
+     * mapped here (ranks of this process are used through their pointers). */
+    const epxi_transport_ops *tr;
+    int32_t kind;           /* EPX_GPU_EP_TRANSPORT_PEER or _HOST */
+    epxi_area inbox;        /* this rank's */
+    epxi_area *areas;       /* host [R]: peers' areas mapped here (none for this process's) */
+    unsigned char **mapped; /* host [R]: every rank's area as the kernels here see it */
+    bool one_process;       /* every rank in this process (the peer transport's "pointers") */
     bool connected;
     cudaEvent_t chain; /* orders launches across a change of stream (set_stream) */
     uint32_t *host_fault, *host_fault_dev;
@@ -989,7 +1003,8 @@ static epx_status plan(epx_gpu_ep *ep, const epx_ep_config *cfg, int32_t R, epx_
                          RM * K, (long long)g->M);
     const size_t meta_off = (g->xrow + 15) / 16 * 16, rec = meta_off + (size_t)K * sizeof(Meta);
     size_t off_rows = 0, off_cnt = 0, off_dflag = 0, off_comb = 0, off_cflag = 0;
-    epxi_ws_part parts[] = {
+    /* What peers write, where the transport puts it (a.base). */
+    epxi_ws_part inbox[] = {
         /* the dispatch areas twice: by the parity of the epoch (dflag_at) */
         {&off_rows, 2 * RM, (double)rec},
         {&off_cnt, 2.0 * R * spr, sizeof(int32_t)},
@@ -997,16 +1012,16 @@ static epx_status plan(epx_gpu_ep *ep, const epx_ep_config *cfg, int32_t R, epx_
         /* the combine areas twice: by the parity of the combine's epoch */
         {&off_comb, 2 * M * K, (double)g->yrow},
         {&off_cflag, 2.0 * R, sizeof(uint64_t)},
-        {&ep->off_rx, spr * RM, (double)g->xrow},
-        {&ep->off_y, spr * RM, (double)g->yrow},
-        {&ep->off_count, spr, sizeof(int32_t)},
-        {&ep->off_pair, spr * RM, sizeof(int32_t)},
-        {&ep->off_srctok, spr * RM, sizeof(int32_t)},
-        {&ep->off_ew, spr * RM, sizeof(float)},
-        {&ep->off_range, spr * R, sizeof(int64_t)},
-        {&ep->off_weights, M * K, sizeof(float)},
-        {&ep->off_slots, M * K, sizeof(int32_t)},
-        {&ep->off_ctl, 1, sizeof(Ctl)},
+    };
+    EPX_TRY(epxi_ws_carve(inbox, sizeof inbox / sizeof inbox[0], 256, &ep->inbox_total,
+                          "GPU low-latency EP", err));
+    /* What only this rank's kernels touch: always device memory. */
+    epxi_ws_part parts[] = {
+        {&ep->off_rx, spr * RM, (double)g->xrow},     {&ep->off_y, spr * RM, (double)g->yrow},
+        {&ep->off_count, spr, sizeof(int32_t)},       {&ep->off_pair, spr * RM, sizeof(int32_t)},
+        {&ep->off_srctok, spr * RM, sizeof(int32_t)}, {&ep->off_ew, spr * RM, sizeof(float)},
+        {&ep->off_range, spr * R, sizeof(int64_t)},   {&ep->off_weights, M * K, sizeof(float)},
+        {&ep->off_slots, M * K, sizeof(int32_t)},     {&ep->off_ctl, 1, sizeof(Ctl)},
         {&ep->off_peers, (double)R, sizeof(void *)},
     };
     EPX_TRY(epxi_ws_carve(parts, sizeof parts / sizeof parts[0], 256, &ep->total,
@@ -1038,7 +1053,7 @@ extern "C" epx_status epx_gpu_ep_buffer_bytes(const epx_ep_config *cfg, int32_t 
     if (bytes == NULL) return epxi_fail(err, EPX_ERR_INVALID_ARG, "bytes must not be NULL");
     epx_gpu_ep tmp{};
     EPX_TRY(plan(&tmp, cfg, num_ranks, err));
-    *bytes = tmp.total;
+    *bytes = tmp.total + tmp.inbox_total;
     return EPX_OK;
 }
 
@@ -1077,6 +1092,14 @@ done:
     return st;
 }
 
+/* Release the peers' areas mapped here (connect undone). */
+static void unmap_peers(epx_gpu_ep *ep) {
+    for (int32_t r = 0; ep->areas != NULL && r < ep->a.R; r++) {
+        if (ep->areas[r].dev != NULL) ep->tr->release(&ep->areas[r]);
+        ep->mapped[r] = NULL;
+    }
+}
+
 extern "C" void epx_gpu_ep_destroy(epx_gpu_ep *ep) {
     if (ep == NULL) return;
     cudaStreamSynchronize(ep->stream);
@@ -1084,15 +1107,28 @@ extern "C" void epx_gpu_ep_destroy(epx_gpu_ep *ep) {
     /* No peer may write into, or still map, a buffer that is freed. */
     bool healthy = ep->boot != NULL && epx_comm_health(ep->boot, NULL) == EPX_OK;
     if (healthy) healthy = epx_comm_barrier(ep->boot, &err) == EPX_OK;
-    for (int32_t r = 0; ep->mapped && r < ep->a.R; r++)
-        if (ep->opened[r]) cudaIpcCloseMemHandle(ep->mapped[r]);
+    unmap_peers(ep);
     if (healthy) epx_comm_barrier(ep->boot, &err);
     if (ep->chain) cudaEventDestroy(ep->chain);
+    if (ep->tr != NULL) ep->tr->release(&ep->inbox);
     cudaFree(ep->buf);
     if (ep->host_fault) cudaFreeHost(ep->host_fault);
     free(ep->mapped);
-    free(ep->opened);
+    free(ep->areas);
     free(ep);
+}
+
+/* A GPU this process sees that `dev` cannot reach by peer access, or -1:
+ * AUTO then picks host memory (epxi_transport_resolve). */
+static int unreachable_gpu(int dev) {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) n = 0;
+    for (int d = 0; d < n; d++) {
+        int can = 1;
+        if (d != dev && cudaDeviceCanAccessPeer(&can, dev, d) == cudaSuccess && !can) return d;
+    }
+    (void)cudaGetLastError();
+    return -1;
 }
 
 extern "C" epx_status epx_gpu_ep_open(const epx_ep_config *cfg, int32_t rank, int32_t num_ranks,
@@ -1153,8 +1189,13 @@ extern "C" epx_status epx_gpu_ep_open(const epx_ep_config *cfg, int32_t rank, in
     }
     EPXI_CUDA_GOTO(st, cudaEventCreateWithFlags(&ep->chain, cudaEventDisableTiming), "GPU EP event",
                    fail);
+    st = epxi_transport_resolve(o.transport, getenv("EPX_GPU_EP_TRANSPORT"), unreachable_gpu(dev),
+                                &ep->kind, err);
+    if (st != EPX_OK) goto fail;
+    ep->tr = ep->kind == EPX_GPU_EP_TRANSPORT_HOST ? &epxi_transport_host : &epxi_transport_peer;
+    st = ep->tr->alloc(ep->inbox_total, R, &ep->inbox, err);
+    if (st != EPX_OK) goto fail;
     EPXI_CUDA_GOTO(st, cudaMalloc((void **)&ep->buf, ep->total), "GPU EP buffer", fail);
-    /* Flags start at epoch 0, which no batch uses. */
     EPXI_CUDA_GOTO(st, cudaMemset(ep->buf, 0, ep->total), "GPU EP buffer", fail);
     EPXI_CUDA_GOTO(
         st, cudaHostAlloc((void **)&ep->host_fault, 8 * sizeof(uint32_t), cudaHostAllocMapped),
@@ -1163,14 +1204,14 @@ extern "C" epx_status epx_gpu_ep_open(const epx_ep_config *cfg, int32_t rank, in
     EPXI_CUDA_GOTO(st, cudaHostGetDevicePointer((void **)&ep->host_fault_dev, ep->host_fault, 0),
                    "GPU EP fault word", fail);
     ep->mapped = (unsigned char **)epxi_calloc((size_t)R, sizeof(void *), "GPU EP peers", err);
-    ep->opened = (bool *)epxi_calloc((size_t)R, sizeof(bool), "GPU EP peers", err);
-    if (ep->mapped == NULL || ep->opened == NULL) {
+    ep->areas = (epxi_area *)epxi_calloc((size_t)R, sizeof(epxi_area), "GPU EP peers", err);
+    if (ep->mapped == NULL || ep->areas == NULL) {
         st = EPX_ERR_NOMEM;
         goto fail;
     }
     {
         Args &a = ep->a;
-        a.base = ep->buf;
+        a.base = ep->inbox.dev;
         a.peers = (unsigned char *const *)(ep->buf + ep->off_peers);
         a.rx = ep->buf + ep->off_rx;
         a.y = ep->buf + ep->off_y;
@@ -1208,7 +1249,9 @@ extern "C" epx_status epx_gpu_ep_info(const epx_gpu_ep *ep, void *info, epx_erro
     cudaDeviceProp prop;
     EPXI_CUDA_TRY(cudaGetDeviceProperties(&prop, at.device), "GPU EP: the GPU's UUID");
     memcpy(p.uuid, prop.uuid.bytes, sizeof p.uuid);
-    p.ptr = (uint64_t)(uintptr_t)ep->buf;
+    p.ptr = (uint64_t)(uintptr_t)ep->inbox.dev;
+    p.transport = ep->kind;
+    p.host = epxi_host_id();
     const epx_ep_config *c = &ep->g.cfg;
     p.hidden = c->hidden;
     p.top_k = c->top_k;
@@ -1216,10 +1259,42 @@ extern "C" epx_status epx_gpu_ep_info(const epx_gpu_ep *ep, void *info, epx_erro
     p.x_dtype = (int32_t)c->x_dtype;
     p.y_dtype = (int32_t)c->y_dtype;
     p.max_tokens = c->max_tokens;
-    EPXI_CUDA_TRY(cudaIpcGetMemHandle(&p.handle, ep->buf), "GPU EP: IPC handle");
+    EPX_TRY(ep->tr->handle(&ep->inbox, p.handle, err));
     memset(info, 0, EPX_GPU_EP_INFO_BYTES);
     memcpy(info, &p, sizeof p);
     return EPX_OK;
+}
+
+/* Every rank opened with this rank's transport, and it reaches them all. */
+static epx_status check_transport(const epx_gpu_ep *ep, const void *infos, const PeerInfo *mine,
+                                  int dev, epx_error *err) {
+    const int32_t R = ep->a.R;
+    epxi_tr_rank *t = (epxi_tr_rank *)epxi_calloc((size_t)R, sizeof *t, "GPU EP peers", err);
+    if (t == NULL) return EPX_ERR_NOMEM;
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) n = 0;
+    for (int32_t r = 0; r < R; r++) {
+        PeerInfo p;
+        memcpy(&p, (const unsigned char *)infos + (size_t)r * EPX_GPU_EP_INFO_BYTES, sizeof p);
+        t[r].kind = p.transport;
+        t[r].host = p.host;
+        t[r].process = p.process;
+        t[r].device = p.device;
+        t[r].same_gpu = memcmp(p.uuid, mine->uuid, sizeof p.uuid) == 0;
+        t[r].reach = -1; /* a GPU this process does not see */
+        for (int d = 0; d < n && !t[r].same_gpu; d++) {
+            cudaDeviceProp prop;
+            int can = 0;
+            if (cudaGetDeviceProperties(&prop, d) == cudaSuccess &&
+                memcmp(prop.uuid.bytes, p.uuid, sizeof p.uuid) == 0 &&
+                cudaDeviceCanAccessPeer(&can, dev, d) == cudaSuccess)
+                t[r].reach = (int8_t)(can != 0);
+        }
+    }
+    (void)cudaGetLastError();
+    epx_status st = epxi_transport_check(R, ep->a.me, t, err);
+    free(t);
+    return st;
 }
 
 static void describe(const PeerInfo *p, char *out, size_t n) {
@@ -1262,35 +1337,29 @@ extern "C" epx_status epx_gpu_ep_connect(epx_gpu_ep *ep, const void *infos, epx_
                              "must create the engine with the same config",
                              ep->a.me, a_s, r, b_s);
     }
+    EPX_TRY(check_transport(ep, infos, &mine, dev, err));
     epx_status st = EPX_OK;
+    bool one_process = true;
     for (int32_t r = 0; r < R && st == EPX_OK; r++) {
         memcpy(&p, (const unsigned char *)infos + (size_t)r * EPX_GPU_EP_INFO_BYTES, sizeof p);
         if (p.process == mine.process) {
+            /* this process: the pointer as it is (peer access for another GPU) */
             ep->mapped[r] = (unsigned char *)(uintptr_t)p.ptr;
-            if (p.device != dev) {
+            if (p.device != dev && ep->kind == EPX_GPU_EP_TRANSPORT_PEER) {
                 cudaError_t pe = cudaDeviceEnablePeerAccess(p.device, 0);
                 if (pe != cudaSuccess && pe != cudaErrorPeerAccessAlreadyEnabled)
                     st = epxi_fail(err, EPX_ERR_CUDA,
                                    "GPU EP: GPU %d cannot reach GPU %d (rank %d) by load/store: "
-                                   "%s. The low-latency engine needs peer access (NVLink, or "
-                                   "PCIe with P2P); use normal mode otherwise",
+                                   "%s. The peer transport needs peer access (NVLink, or PCIe "
+                                   "with P2P): set EPX_GPU_EP_TRANSPORT=host otherwise",
                                    dev, p.device, r, cudaGetErrorString(pe));
                 (void)cudaGetLastError();
             }
             continue;
         }
-        void *q = NULL;
-        cudaError_t ie = cudaIpcOpenMemHandle(&q, p.handle, cudaIpcMemLazyEnablePeerAccess);
-        if (ie != cudaSuccess) {
-            st = epxi_fail(err, EPX_ERR_CUDA,
-                           "GPU EP: cannot map rank %d's buffer (process %d, GPU %d) here: %s. "
-                           "The low-latency engine needs GPUs that reach each other by "
-                           "load/store (NVLink, or PCIe with P2P); use normal mode otherwise",
-                           r, p.pid, p.device, cudaGetErrorString(ie));
-            break;
-        }
-        ep->mapped[r] = (unsigned char *)q;
-        ep->opened[r] = true;
+        one_process = false;
+        st = ep->tr->map(p.handle, ep->inbox_total, r, &ep->areas[r], err);
+        if (st == EPX_OK) ep->mapped[r] = ep->areas[r].dev;
     }
     if (st == EPX_OK)
         EPXI_CUDA_GOTO(st,
@@ -1302,17 +1371,23 @@ extern "C" epx_status epx_gpu_ep_connect(epx_gpu_ep *ep, const void *infos, epx_
         for (int32_t r = 0; r < R; r++) {
             memcpy(&p, (const unsigned char *)infos + (size_t)r * EPX_GPU_EP_INFO_BYTES, sizeof p);
             one = one && memcmp(p.uuid, mine.uuid, sizeof p.uuid) == 0;
+            /* Every rank counts in once on every area (the host transport
+             * removes a segment's name when all have: nothing is left in
+             * /dev/shm whoever crashes later). */
+            ep->tr->count_in(ep->areas[r].dev != NULL ? &ep->areas[r]
+                             : r == ep->a.me          ? &ep->inbox
+                                                      : NULL,
+                             p.handle);
         }
-        ep->a.one_gpu = one;
+        /* Flags at GPU scope only where device memory and every rank share
+         * this GPU; host memory keeps the system scope a PCIe box needs. */
+        ep->a.one_gpu = one && ep->kind == EPX_GPU_EP_TRANSPORT_PEER;
+        ep->one_process = one_process;
         ep->connected = true;
         return EPX_OK;
     }
 undo:
-    for (int32_t r = 0; r < R; r++) {
-        if (ep->opened[r]) cudaIpcCloseMemHandle(ep->mapped[r]);
-        ep->opened[r] = false;
-        ep->mapped[r] = NULL;
-    }
+    unmap_peers(ep);
     return st;
 }
 
@@ -1556,11 +1631,7 @@ extern "C" epx_status epx_gpu_ep_set_stream(epx_gpu_ep *ep, cudaStream_t stream,
 extern "C" epx_status epx_gpu_ep_disconnect(epx_gpu_ep *ep, epx_error *err) {
     if (ep == NULL) return epxi_fail(err, EPX_ERR_INVALID_ARG, "GPU EP disconnect needs a handle");
     EPX_TRY(epxi_cuda_stream_wait(ep->stream, 2 * (int64_t)ep->timeout_ms + 1000, "GPU EP", err));
-    for (int32_t r = 0; ep->mapped && r < ep->a.R; r++) {
-        if (ep->opened[r]) cudaIpcCloseMemHandle(ep->mapped[r]);
-        ep->opened[r] = false;
-        ep->mapped[r] = NULL;
-    }
+    unmap_peers(ep);
     ep->connected = false;
     return EPX_OK;
 }
@@ -1585,6 +1656,12 @@ extern "C" epx_status epx_gpu_ep_sync(epx_gpu_ep *ep, epx_error *err) {
     /* The kernels give up after timeout_ms per wait; allow a margin. */
     EPX_TRY(epxi_cuda_stream_wait(ep->stream, 2 * (int64_t)ep->timeout_ms + 1000, "GPU EP", err));
     return fault_status(ep, true, err);
+}
+
+extern "C" const char *epx_gpu_ep_transport_name(const epx_gpu_ep *ep) {
+    if (ep == NULL || !ep->connected) return "none";
+    if (ep->kind == EPX_GPU_EP_TRANSPORT_HOST) return "host";
+    return ep->one_process ? "pointers" : "ipc";
 }
 
 extern "C" int32_t epx_gpu_ep_launches(const epx_gpu_ep *ep, const char *phase) {

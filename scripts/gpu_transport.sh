@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# gpu_transport.sh - the low-latency engine's transports on a GPU machine in
+# one call: the engine's test over each transport (host memory also under
+# compute-sanitizer memcheck), then `epx bench comm` at one rank for each
+# transport in the same run (graph replays and launches; the host rows
+# carry link_pct against pinned copies timed beside them). JSON lines to
+# $OUT/ep_transport.jsonl (or ./gpu-out).
+#   BIN=build   where test_gpu_ll and epx were built
+#   TOKENS=1,8,32,128  ITERS=50
+set -u
+OUT=${OUT:-gpu-out}
+mkdir -p "$OUT"
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+BIN=$ROOT/${BIN:-build}
+export LD_LIBRARY_PATH=$ROOT/.devlibs:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+export NCCL_NVLS_ENABLE=0
+fail=0
+for t in peer host; do
+    echo "== engine test, transport $t"
+    EPX_GPU_EP_TRANSPORT=$t timeout 400 "$BIN/test_gpu_ll" >"$OUT/test_gpu_ll_$t.log" 2>&1 || fail=1
+    tail -5 "$OUT/test_gpu_ll_$t.log"
+done
+if command -v compute-sanitizer >/dev/null && [ "${SANITIZE:-1}" = 1 ]; then
+    echo "== memcheck, transport host"
+    EPX_GPU_EP_TRANSPORT=host timeout 400 compute-sanitizer --tool memcheck --error-exitcode 9 \
+        --target-processes all "$BIN/test_gpu_ll" >"$OUT/memcheck_host.log" 2>&1 || fail=1
+    tail -3 "$OUT/memcheck_host.log"
+fi
+for t in peer host; do
+    echo "== bench, transport $t"
+    timeout 200 "$BIN/epx" bench comm --backend nccl --mode low-latency --graph --transport $t \
+        --model kimi-k2.5 --tokens "${TOKENS:-1,8,32,128}" --iters "${ITERS:-50}" --warmup 10 \
+        --json "$OUT/ep_transport.jsonl" 2>&1 | grep -v "floor\|bare kernels" || fail=1
+done
+ls /dev/shm | grep epx-ll && { echo "LEFT IN /dev/shm"; fail=1; }
+[ $fail = 0 ] && echo "gpu_transport: all passed" || echo "gpu_transport: FAILURES above"
+exit $fail
