@@ -32,11 +32,9 @@ static void resolve_rules(void **state) {
     epx_error err = {0};
     int32_t kind = -1;
     /* an explicit option wins over the environment */
-    assert_int_equal(epxi_transport_resolve(EPXI_TR_HOST, "peer", -1, &kind, &err),
-                     EPX_OK);
+    assert_int_equal(epxi_transport_resolve(EPXI_TR_HOST, "peer", -1, &kind, &err), EPX_OK);
     assert_int_equal(kind, EPXI_TR_HOST);
-    assert_int_equal(epxi_transport_resolve(EPXI_TR_PEER, NULL, 3, &kind, &err),
-                     EPX_OK);
+    assert_int_equal(epxi_transport_resolve(EPXI_TR_PEER, NULL, 3, &kind, &err), EPX_OK);
     assert_int_equal(kind, EPXI_TR_PEER);
     /* AUTO: the environment, in any case, then the peer-access rule */
     const struct {
@@ -44,16 +42,15 @@ static void resolve_rules(void **state) {
         int unreachable;
         int32_t want;
     } ok[] = {
-        {"host", -1, EPXI_TR_HOST}, {"HOST", -1, EPXI_TR_HOST},
-        {"ipc", 2, EPXI_TR_PEER},   {"peer", 2, EPXI_TR_PEER},
-        {"auto", 1, EPXI_TR_HOST},  {"", -1, EPXI_TR_PEER},
+        {"host", -1, EPXI_TR_HOST}, {"HOST", -1, EPXI_TR_HOST}, {"ipc", 2, EPXI_TR_PEER},
+        {"peer", 2, EPXI_TR_PEER},  {"auto", 1, EPXI_TR_HOST},  {"", -1, EPXI_TR_PEER},
         {NULL, -1, EPXI_TR_PEER},   {NULL, 0, EPXI_TR_HOST},
     };
     for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) {
         kind = -1;
-        assert_int_equal(epxi_transport_resolve(EPXI_TR_AUTO, ok[i].env,
-                                                ok[i].unreachable, &kind, &err),
-                         EPX_OK);
+        assert_int_equal(
+            epxi_transport_resolve(EPXI_TR_AUTO, ok[i].env, ok[i].unreachable, &kind, &err),
+            EPX_OK);
         assert_int_equal(kind, ok[i].want);
     }
     assert_int_equal(epxi_transport_resolve(0, "nvlink", -1, &kind, &err), EPX_ERR_INVALID_ARG);

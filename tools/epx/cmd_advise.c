@@ -106,11 +106,20 @@ static double ep_time(const ep_lines *e, double B, const char **mode) {
     return ll ? tl : tn;
 }
 
+/* The GPU low-latency engine's transport a JSON line was measured over:
+ * "host", or "peer" (device memory: "pointers", "ipc", and lines written
+ * before the engine had transports). */
+static const char *line_transport(json_t *r) {
+    const char *t = json_string_value(json_object_get(r, "transport"));
+    return t != NULL && strcmp(t, "host") == 0 ? "host" : "peer";
+}
+
 /* Least squares t = a + c * bytes over the JSON lines of `epx bench comm
  * --json` with this mode and phase (graph replays only where `graph`, else
- * stream launches only); bytes = GB/s x time. Returns the points used. */
-static int fit_lines(json_t *lines, const char *mode, const char *phase, bool graph, fit *f,
-                     char *note, size_t note_n) {
+ * stream launches only; low-latency lines of `transport` only, when not
+ * NULL); bytes = GB/s x time. Returns the points used. */
+static int fit_lines(json_t *lines, const char *mode, const char *phase, bool graph,
+                     const char *transport, fit *f, char *note, size_t note_n) {
     double sx = 0, sy = 0, sxx = 0, sxy = 0, ymin = 1e300;
     int n = 0, npos = 0;
     size_t i;
@@ -120,7 +129,8 @@ static int fit_lines(json_t *lines, const char *mode, const char *phase, bool gr
         const char *ph = json_string_value(json_object_get(r, "phase"));
         json_t *jt = json_object_get(r, "median_us"), *jg = json_object_get(r, "gbps");
         if (!m || !ph || strcmp(m, mode) != 0 || strcmp(ph, phase) != 0 || !json_is_number(jt) ||
-            json_is_true(json_object_get(r, "graph")) != graph)
+            json_is_true(json_object_get(r, "graph")) != graph ||
+            (transport != NULL && strcmp(line_transport(r), transport) != 0))
             continue;
         double y = json_number_value(jt),
                x = json_is_number(jg) ? json_number_value(jg) * y * 1e3 : 0;
@@ -255,6 +265,11 @@ int cmd_advise(int argc, char **argv) {
          "per (token, k) rows",
          NULL},
         {"--imbalance", "F", "busiest GPU's EP traffic over the mean, >= 1 (default 1)", NULL},
+        {"--transport", "peer|host",
+         "the low-latency engine's transport: peer (device memory over NVLink or PCIe P2P, the "
+         "default) or host (pinned host memory, for GPUs without peer access: every byte "
+         "crosses the link twice); --measured then uses that transport's figures",
+         NULL},
         {"--json", NULL, "print the answer as JSON", NULL},
         {NULL, NULL, NULL, NULL},
     };
@@ -288,6 +303,14 @@ int cmd_advise(int argc, char **argv) {
     epx_model_info info;
     if ((rc = cli_model(&cmd, model, &info)) >= 0) return rc;
     const epx_model *m = &info.model;
+    const char *tr = cli_get(&cmd, "--transport");
+    if (tr == NULL) tr = "peer";
+    if (strcmp(tr, "ipc") == 0) tr = "peer";
+    if (strcmp(tr, "peer") != 0 && strcmp(tr, "host") != 0) {
+        fprintf(stderr, "epx advise: --transport must be peer (or ipc) or host, not '%s'\n", tr);
+        return CLI_EXIT_USAGE;
+    }
+    const bool host_tr = strcmp(tr, "host") == 0;
     const char *dt = cli_get(&cmd, "--dtype"), *cm = cli_get(&cmd, "--combine");
     double esz = 2;
     if (dt != NULL && strcmp(dt, "f32") == 0)
@@ -320,7 +343,9 @@ int cmd_advise(int argc, char **argv) {
     char mnote[512] = "";
     /* Low-latency mode: one in-band exchange per phase, no host sync, top-k
      * combine rows; served up to LL_MAX_PER_GPU tokens per GPU. */
-    fit ld = {L->a2a_us, 1e-3 / L->a2a_gbps, 0}, lc = ld;
+    /* The host transport stores into host memory and the receiver loads it
+     * back: twice the bytes on the link. */
+    fit ld = {L->a2a_us, 1e-3 / L->a2a_gbps * (host_tr ? 2.0 : 1.0), 0}, lc = ld;
     char llnotes[2][256] = {"", ""};
     /* --measured is read once, through the one safe reader (regular files
      * only, at most EPX_MAX_INPUT_BYTES). */
@@ -347,12 +372,31 @@ int cmd_advise(int argc, char **argv) {
         size_t i;
         json_t *r;
         json_array_foreach(lines, i, r) g |= json_is_true(json_object_get(r, "graph"));
-        int n1 = fit_lines(lines, "low-latency", "dispatch", g, &ld, llnotes[0], sizeof llnotes[0]);
-        int n2 = fit_lines(lines, "low-latency", "combine", g, &lc, llnotes[1], sizeof llnotes[1]);
-        int n3 = fit_lines(lines, "normal", "dispatch", false, &fd, notes[0], sizeof notes[0]);
-        int n4 = fit_lines(lines, "normal", "combine", false, &fc, notes[1], sizeof notes[1]);
-        int n5 =
-            fit_lines(lines, "tp-allreduce", "allreduce", false, &ft, notes[2], sizeof notes[2]);
+        int n1 =
+            fit_lines(lines, "low-latency", "dispatch", g, tr, &ld, llnotes[0], sizeof llnotes[0]);
+        int n2 =
+            fit_lines(lines, "low-latency", "combine", g, tr, &lc, llnotes[1], sizeof llnotes[1]);
+        int n3 =
+            fit_lines(lines, "normal", "dispatch", false, NULL, &fd, notes[0], sizeof notes[0]);
+        int n4 = fit_lines(lines, "normal", "combine", false, NULL, &fc, notes[1], sizeof notes[1]);
+        int n5 = fit_lines(lines, "tp-allreduce", "allreduce", false, NULL, &ft, notes[2],
+                           sizeof notes[2]);
+        /* Low-latency lines of another transport only: say which to ask for. */
+        const char *other = NULL;
+        json_array_foreach(lines, i, r) {
+            const char *md = json_string_value(json_object_get(r, "mode"));
+            if (md != NULL && strcmp(md, "low-latency") == 0 && strcmp(line_transport(r), tr) != 0)
+                other = line_transport(r);
+        }
+        if (n1 == 0 && other != NULL) {
+            fprintf(stderr,
+                    "epx advise: '%s' has low-latency figures of the %s transport only, not of "
+                    "%s: pass --transport %s, or measure %s with 'epx bench comm --backend nccl "
+                    "--mode low-latency --transport %s --json FILE'\n",
+                    path, other, tr, other, tr, tr);
+            json_decref(lines);
+            return CLI_EXIT_USAGE;
+        }
         int ranks = (int)json_integer_value(json_object_get(r0, "ranks"));
         snprintf(mnote, sizeof mnote, "measured by epx bench comm (%s, %d rank(s), %s)%s",
                  json_string_value(json_object_get(r0, "backend")), ranks,
@@ -489,9 +533,11 @@ int cmd_advise(int argc, char **argv) {
         cli_json_str(o, m->name);
         fprintf(o, ", \"gpus\": %d, \"link\": ", G);
         cli_json_str(o, L->name);
-        fprintf(o, ", \"measured\": %s, \"dtype\": \"%s\", \"combine\": \"%s\"",
+        fprintf(o,
+                ", \"measured\": %s, \"dtype\": \"%s\", \"combine\": \"%s\", \"transport\": "
+                "\"%s\"",
                 cli_get(&cmd, "--measured") ? "true" : "false", esz == 2 ? "bf16" : "f32",
-                topk ? "topk" : "rank");
+                topk ? "topk" : "rank", tr);
         const struct {
             const char *key;
             double a, b;
@@ -536,6 +582,14 @@ int cmd_advise(int argc, char **argv) {
     printf("  - EP in low-latency mode (up to %d tokens per GPU): one in-band exchange per phase,\n"
            "    no host sync, top-k combine rows; normal mode above that\n",
            LL_MAX_PER_GPU);
+    printf("  - low-latency transport %s: %s\n", tr,
+           strcmp(L->name, "ib-ndr") == 0
+               ? "across nodes epx's low-latency engine needs its NCCL\n"
+                 "    transport, not built yet: the low-latency figures are a model only"
+           : host_tr ? "pinned host memory the ranks share (GPUs without\n"
+                       "    peer access); every byte crosses the link twice (bandwidth halved)"
+                     : "device memory the peers store into (NVLink, or PCIe\n"
+                       "    with P2P); GPUs without peer access need --transport host");
     if (mnote[0]) {
         printf("  - %s\n", mnote);
         for (int i = 0; i < 3; i++)

@@ -122,8 +122,7 @@ epx_status epxi_shm_attach(const char *name, size_t bytes, epxi_shm *s, epx_erro
     if (name == NULL || strncmp(name, "/" PREFIX, strlen(PREFIX) + 1) != 0 ||
         strlen(name) >= sizeof s->name || strchr(name + 1, '/') != NULL)
         return epxi_fail(err, EPX_ERR_INVALID_ARG,
-                         "host-memory EP: '%s' is not the name of an epx segment (/" PREFIX
-                         "...)",
+                         "host-memory EP: '%s' is not the name of an epx segment (/" PREFIX "...)",
                          name == NULL ? "(null)" : name);
     int fd = shm_open(name, O_RDWR, 0);
     if (fd < 0)

@@ -18,7 +18,6 @@
 #include <stddef.h>
 #include <stdint.h>
 
-
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -49,8 +48,7 @@ EPXI_HIDDEN epx_status epxi_shm_create(size_t bytes, int32_t users, epxi_shm *s,
 /* Map another process's segment by name and check its size. Returns EPX_OK,
  * EPX_ERR_IO (missing: the ranks must share /dev/shm), EPX_ERR_INVALID_ARG
  * (not an epx segment, or of another size). */
-EPXI_HIDDEN epx_status epxi_shm_attach(const char *name, size_t bytes, epxi_shm *s,
-                                       epx_error *err);
+EPXI_HIDDEN epx_status epxi_shm_attach(const char *name, size_t bytes, epxi_shm *s, epx_error *err);
 /* Count one user in on the segment whose mapping starts at `map` (mapped
  * here, or the owner's own mapping in this process); the last one removes
  * the name. Returns true when this call removed it. */

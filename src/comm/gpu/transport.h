@@ -34,10 +34,10 @@ enum { EPXI_TR_AUTO = 0, EPXI_TR_PEER = 1, EPXI_TR_HOST = 2, EPXI_TR_NCCL = 3 };
 typedef struct epxi_area {
     unsigned char *dev; /* what the kernels here use */
     size_t bytes;
-    void *host;     /* the host mapping (HOST), else NULL */
-    epxi_shm shm;   /* HOST: the segment */
-    bool ipc_open;  /* PEER: mapped here with cudaIpcOpenMemHandle */
-    bool own;       /* allocated by this rank (else a peer's, mapped) */
+    void *host;    /* the host mapping (HOST), else NULL */
+    epxi_shm shm;  /* HOST: the segment */
+    bool ipc_open; /* PEER: mapped here with cudaIpcOpenMemHandle */
+    bool own;      /* allocated by this rank (else a peer's, mapped) */
 } epxi_area;
 
 typedef struct epxi_transport_ops {
@@ -45,8 +45,7 @@ typedef struct epxi_transport_ops {
     /* this rank's area, zeroed; `users` ranks will map it */
     epx_status (*alloc)(size_t bytes, int32_t users, epxi_area *a, epx_error *err);
     /* the handle peers in other processes map it by */
-    epx_status (*handle)(const epxi_area *a, unsigned char h[EPXI_TR_HANDLE_BYTES],
-                         epx_error *err);
+    epx_status (*handle)(const epxi_area *a, unsigned char h[EPXI_TR_HANDLE_BYTES], epx_error *err);
     /* count in on an area: its own rank and every peer does it once at
      * connect, through its mapping here (NULL: one in this process; HOST
      * removes the segment's name when all have) */
@@ -77,12 +76,12 @@ EPXI_HIDDEN epx_status epxi_transport_resolve(int32_t requested, const char *env
 
 /* What connect knows of each rank for the check. */
 typedef struct epxi_tr_rank {
-    int32_t kind;      /* the transport the rank opened with */
-    uint64_t host;     /* the machine (boot id), equal for ranks of one host */
-    uint64_t process;  /* the process (a random id), equal for ranks of one */
-    int32_t device;    /* the GPU's ordinal in its process, for messages */
-    uint8_t same_gpu;  /* runs on the checking rank's GPU (by UUID) */
-    int8_t reach;      /* checking rank's GPU -> this one: 1 peer access, 0 none, -1 unknown
+    int32_t kind;     /* the transport the rank opened with */
+    uint64_t host;    /* the machine (boot id), equal for ranks of one host */
+    uint64_t process; /* the process (a random id), equal for ranks of one */
+    int32_t device;   /* the GPU's ordinal in its process, for messages */
+    uint8_t same_gpu; /* runs on the checking rank's GPU (by UUID) */
+    int8_t reach;     /* checking rank's GPU -> this one: 1 peer access, 0 none, -1 unknown
                           (not visible in this process) */
 } epxi_tr_rank;
 

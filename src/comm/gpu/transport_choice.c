@@ -10,7 +10,6 @@
 #include <strings.h>
 #include <unistd.h>
 
-
 const char *epxi_transport_kind_name(int32_t kind) {
     switch (kind) {
     case EPXI_TR_AUTO: return "auto";
@@ -54,8 +53,8 @@ epx_status epxi_transport_resolve(int32_t requested, const char *env, int unreac
         if (strcasecmp(env, "nccl") == 0) return unsupported_nccl("EPX_GPU_EP_TRANSPORT", err);
         if (strcasecmp(env, "auto") != 0)
             return epxi_fail(err, EPX_ERR_INVALID_ARG,
-                             "EPX_GPU_EP_TRANSPORT='%.64s' names no transport: use one of %s",
-                             env, kChoices);
+                             "EPX_GPU_EP_TRANSPORT='%.64s' names no transport: use one of %s", env,
+                             kChoices);
     }
     /* GPUs that cannot map each other: device memory would fail at connect
      * (or the first IPC mapping), host memory works. */
@@ -63,8 +62,7 @@ epx_status epxi_transport_resolve(int32_t requested, const char *env, int unreac
     return EPX_OK;
 }
 
-epx_status epxi_transport_check(int32_t R, int32_t me, const epxi_tr_rank *ranks,
-                                epx_error *err) {
+epx_status epxi_transport_check(int32_t R, int32_t me, const epxi_tr_rank *ranks, epx_error *err) {
     const epxi_tr_rank *m = &ranks[me];
     for (int32_t r = 0; r < R; r++) {
         const epxi_tr_rank *p = &ranks[r];

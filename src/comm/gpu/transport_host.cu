@@ -24,7 +24,8 @@ static_assert(sizeof(HostHandle) <= EPXI_TR_HANDLE_BYTES, "a host handle fits");
 /* Register the mapped segment's data with CUDA and find its device address. */
 static epx_status register_data(epxi_area *a, epx_error *err) {
     void *data = epxi_shm_data(&a->shm);
-    cudaError_t e = cudaHostRegister(data, a->bytes, cudaHostRegisterMapped | cudaHostRegisterPortable);
+    cudaError_t e =
+        cudaHostRegister(data, a->bytes, cudaHostRegisterMapped | cudaHostRegisterPortable);
     if (e != cudaSuccess) {
         (void)cudaGetLastError();
         return epxi_fail(err, EPX_ERR_CUDA,
@@ -92,5 +93,5 @@ static epx_status host_map(const unsigned char h[EPXI_TR_HANDLE_BYTES], size_t b
     return st;
 }
 
-const epxi_transport_ops epxi_transport_host = {"host",   host_alloc, host_handle, host_count_in,
-                                                host_map, host_release};
+const epxi_transport_ops epxi_transport_host = {"host",        host_alloc, host_handle,
+                                                host_count_in, host_map,   host_release};

@@ -38,8 +38,8 @@ static void peer_count_in(const epxi_area *mapped, const unsigned char h[EPXI_TR
     (void)h;
 }
 
-static epx_status peer_map(const unsigned char h[EPXI_TR_HANDLE_BYTES], size_t bytes,
-                           int32_t rank, epxi_area *peer, epx_error *err) {
+static epx_status peer_map(const unsigned char h[EPXI_TR_HANDLE_BYTES], size_t bytes, int32_t rank,
+                           epxi_area *peer, epx_error *err) {
     memset(peer, 0, sizeof *peer);
     cudaIpcMemHandle_t ih;
     memcpy(&ih, h, sizeof ih);
@@ -65,5 +65,5 @@ static void peer_release(epxi_area *a) {
     memset(a, 0, sizeof *a);
 }
 
-const epxi_transport_ops epxi_transport_peer = {"peer",   peer_alloc, peer_handle, peer_count_in,
-                                                peer_map, peer_release};
+const epxi_transport_ops epxi_transport_peer = {"peer",        peer_alloc, peer_handle,
+                                                peer_count_in, peer_map,   peer_release};
