@@ -966,7 +966,8 @@ struct epx_gpu_ep {
     unsigned char **mapped; /* host [R]: every rank's area as the kernels here see it */
     bool one_process;       /* every rank in this process (the peer transport's "pointers") */
     bool connected;
-    cudaEvent_t chain; /* orders launches across a change of stream (set_stream) */
+    bool was_connected; /* once: the host transport's segment names are gone after it */
+    cudaEvent_t chain;  /* orders launches across a change of stream (set_stream) */
     uint32_t *host_fault, *host_fault_dev;
     Args a;
     int64_t T;
@@ -1308,6 +1309,11 @@ extern "C" epx_status epx_gpu_ep_connect(epx_gpu_ep *ep, const void *infos, epx_
         return epxi_fail(err, EPX_ERR_INVALID_ARG, "GPU EP connect needs a handle and the infos");
     if (ep->connected)
         return epxi_fail(err, EPX_ERR_INVALID_ARG, "GPU EP connect: this handle is connected");
+    if (ep->was_connected && ep->kind == EPX_GPU_EP_TRANSPORT_HOST)
+        return epxi_fail(err, EPX_ERR_INVALID_ARG,
+                         "GPU EP connect: under the host transport a handle connects once (the "
+                         "shared segments' names went once every rank had mapped them): destroy "
+                         "it and open a new one");
     const int32_t R = ep->a.R;
     unsigned char mine_b[EPX_GPU_EP_INFO_BYTES];
     EPX_TRY(epx_gpu_ep_info(ep, mine_b, err));
@@ -1383,7 +1389,7 @@ extern "C" epx_status epx_gpu_ep_connect(epx_gpu_ep *ep, const void *infos, epx_
          * this GPU; host memory keeps the system scope a PCIe box needs. */
         ep->a.one_gpu = one && ep->kind == EPX_GPU_EP_TRANSPORT_PEER;
         ep->one_process = one_process;
-        ep->connected = true;
+        ep->connected = ep->was_connected = true;
         return EPX_OK;
     }
 undo:

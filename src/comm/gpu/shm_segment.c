@@ -31,6 +31,14 @@ typedef struct header {
 
 static uint64_t g_instance; /* segments this process created (atomic) */
 
+/* This process's pid namespace (the inode of /proc/self/ns/pid), 0 where
+ * unknown: a pid means something only within its namespace, and containers
+ * that share /dev/shm (docker --ipc=host) often have namespaces of their own. */
+static unsigned long long pid_namespace(void) {
+    struct stat sb;
+    return stat("/proc/self/ns/pid", &sb) == 0 ? (unsigned long long)sb.st_ino : 0ull;
+}
+
 static size_t total_bytes(size_t bytes) {
     const size_t page = EPXI_SHM_HEADER;
     return EPXI_SHM_HEADER + (bytes + page - 1) / page * page;
@@ -40,11 +48,15 @@ int epxi_shm_sweep(void) {
     DIR *d = opendir("/dev/shm");
     if (d == NULL) return 0;
     int removed = 0;
+    const unsigned long long ns = pid_namespace();
     struct dirent *e;
     while ((e = readdir(d)) != NULL) {
         if (strncmp(e->d_name, PREFIX, strlen(PREFIX)) != 0) continue;
+        /* "<pid namespace>-<pid>-...": only our namespace's pids can be asked */
         char *end = NULL;
-        long pid = strtol(e->d_name + strlen(PREFIX), &end, 10);
+        unsigned long long owner_ns = strtoull(e->d_name + strlen(PREFIX), &end, 10);
+        if (end == NULL || *end != '-' || owner_ns != ns || ns == 0) continue;
+        long pid = strtol(end + 1, &end, 10);
         if (end == NULL || *end != '-' || pid <= 0 || pid > INT32_MAX) continue;
         /* Only a process that no longer exists gives up its names: a live
          * owner (or a pid we may not signal) keeps them. */
@@ -83,8 +95,8 @@ epx_status epxi_shm_create(size_t bytes, int32_t users, epxi_shm *s, epx_error *
         fclose(f);
     }
     const uint64_t n = __atomic_fetch_add(&g_instance, 1, __ATOMIC_RELAXED);
-    snprintf(s->name, sizeof s->name, "/" PREFIX "%d-%08x-%llu", (int)getpid(),
-             (unsigned)(rnd & 0xffffffffu), (unsigned long long)n);
+    snprintf(s->name, sizeof s->name, "/" PREFIX "%llu-%d-%08x-%llu", pid_namespace(),
+             (int)getpid(), (unsigned)(rnd & 0xffffffffu), (unsigned long long)n);
     const size_t total = total_bytes(bytes);
     int fd = shm_open(s->name, O_RDWR | O_CREAT | O_EXCL, 0600);
     if (fd < 0)

@@ -8,8 +8,9 @@
  *     removes the name, so from then on the memory lives exactly as long as
  *     its mappings, and a crash of any rank leaves no name behind;
  *   - a segment whose owner died before every user counted in is removed by
- *     the next creation on this machine (epxi_shm_sweep: its name carries
- *     the owner's pid), and the owner removes it when it is destroyed.
+ *     the next creation in the owner's pid namespace (epxi_shm_sweep: its
+ *     name carries the namespace and the pid), and the owner removes it when
+ *     it is destroyed.
  * Pure C and no CUDA, so CI tests the lifetime on a machine without GPU.
  */
 #ifndef EPX_SHM_SEGMENT_H
@@ -29,7 +30,7 @@ extern "C" {
 #define EPXI_SHM_HEADER 4096
 
 typedef struct epxi_shm {
-    char name[EPXI_SHM_NAME_BYTES]; /* "/epx-ll-<pid>-<process>-<n>" */
+    char name[EPXI_SHM_NAME_BYTES]; /* "/epx-ll-<pid namespace>-<pid>-<random>-<n>" */
     void *map;                      /* the whole mapping (header first), NULL when closed */
     size_t bytes;                   /* data bytes (after the header) */
     bool owner;
