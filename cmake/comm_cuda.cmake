@@ -16,11 +16,12 @@ endif()
 message(STATUS "epx: NCCL communicator enabled (${EPX_NCCL_LIB})")
 
 file(GLOB EPX_NCCL_SOURCES CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/src/comm/nccl/*.c
-     ${CMAKE_SOURCE_DIR}/src/comm/nccl/*.cu ${CMAKE_SOURCE_DIR}/src/engine/*.cu)
+     ${CMAKE_SOURCE_DIR}/src/comm/nccl/*.cu ${CMAKE_SOURCE_DIR}/src/engine/*.cu
+     ${CMAKE_SOURCE_DIR}/src/comm/gpu/transport_nccl.cu)
 add_library(epx_nccl STATIC ${EPX_NCCL_SOURCES} $<TARGET_OBJECTS:epx_llgpu_objs>)
 target_include_directories(epx_nccl PUBLIC ${CMAKE_SOURCE_DIR}/include
                            PRIVATE ${CMAKE_SOURCE_DIR}/src/core ${CMAKE_SOURCE_DIR}/src/comm
-                                   ${CMAKE_SOURCE_DIR}/src/comm/nccl)
+                                   ${CMAKE_SOURCE_DIR}/src/comm/nccl ${CMAKE_SOURCE_DIR}/src/comm/gpu)
 target_include_directories(epx_nccl SYSTEM PUBLIC ${EPX_NCCL_INCLUDE})
 target_compile_options(epx_nccl PRIVATE $<$<COMPILE_LANGUAGE:C>:${EPX_WARNINGS} -fvisibility=hidden>
                        $<$<COMPILE_LANGUAGE:CUDA>:-Werror=all-warnings -lineinfo -Xcompiler=-fvisibility=hidden>)

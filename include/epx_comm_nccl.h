@@ -31,6 +31,7 @@
 #include <nccl.h>
 
 #include "epx_comm.h"
+#include "epx_comm_gpu.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -74,6 +75,30 @@ EPX_API epx_status epx_nccl_id_exchange_file(const char *path, int32_t rank, int
 EPX_API epx_status epx_comm_nccl_create(ncclComm_t comm, cudaStream_t stream,
                                         const epx_comm_nccl_opts *opts, epx_comm **out,
                                         epx_error *err);
+
+/* ---- the low-latency engine over NCCL ---------------------------------- */
+
+/*
+ * The GPU low-latency engine (epx_comm_gpu.h) with the NCCL transport, for
+ * ranks that cannot map each other's memory at all (other hosts, or any
+ * topology NCCL handles): each phase's sends are filed in this rank's
+ * outbox by destination as fixed-size blocks (max_tokens rows per peer for
+ * dispatch, max_tokens x top_k rows for combine, counts and flags in band),
+ * moved with ncclSend/ncclRecv in one group on the stream, then received by
+ * the same kernels. No host synchronisation; capturable in a CUDA graph
+ * (NCCL's capture); every rank makes the same calls in the same order, as
+ * with every transport. Same results, bit for bit, as the other transports.
+ * Args:    comm (in) borrowed, one rank per GPU, must outlive the handle;
+ *          cfg, stream, opts (opts->transport ignored) as epx_gpu_ep_create.
+ * Returns: EPX_OK; EPX_ERR_INVALID_ARG (config, ranks whose configs differ,
+ *          named); EPX_ERR_SHAPE; EPX_ERR_CUDA; EPX_ERR_COMM (NCCL's words).
+ * Collective: yes, over comm (the configs are compared once, here).
+ * The handle takes every epx_gpu_ep_* call but info and connect (it maps no
+ * peers); epx_gpu_ep_transport_name says "nccl".
+ */
+EPX_API epx_status epx_gpu_ep_create_nccl(ncclComm_t comm, const epx_ep_config *cfg,
+                                          cudaStream_t stream, const epx_gpu_ep_opts *opts,
+                                          epx_gpu_ep **out, epx_error *err);
 
 /* ---- EP on the GPU ------------------------------------------------------ */
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # gpu_transport.sh - the low-latency engine's transports on a GPU machine in
-# one call: the engine's test over each transport (host memory also under
-# compute-sanitizer memcheck), then `epx bench comm` at one rank for each
+# one call: the engine's test over each transport (host memory and NCCL also
+# under compute-sanitizer memcheck), then `epx bench comm` at one rank for each
 # transport in the same run (graph replays and launches; the host rows
 # carry link_pct against pinned copies timed beside them). JSON lines to
 # $OUT/ep_transport.jsonl (or ./gpu-out).
@@ -15,18 +15,20 @@ BIN=$ROOT/${BIN:-build}
 export LD_LIBRARY_PATH=$ROOT/.devlibs:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 export NCCL_NVLS_ENABLE=0
 fail=0
-for t in peer host; do
+for t in peer host nccl; do
     echo "== engine test, transport $t"
     EPX_GPU_EP_TRANSPORT=$t timeout 400 "$BIN/test_gpu_ll" >"$OUT/test_gpu_ll_$t.log" 2>&1 || fail=1
     tail -5 "$OUT/test_gpu_ll_$t.log"
 done
 if command -v compute-sanitizer >/dev/null && [ "${SANITIZE:-1}" = 1 ]; then
-    echo "== memcheck, transport host"
-    EPX_GPU_EP_TRANSPORT=host timeout 400 compute-sanitizer --tool memcheck --error-exitcode 9 \
-        --target-processes all "$BIN/test_gpu_ll" >"$OUT/memcheck_host.log" 2>&1 || fail=1
-    tail -3 "$OUT/memcheck_host.log"
+    for t in host nccl; do
+        echo "== memcheck, transport $t"
+        EPX_GPU_EP_TRANSPORT=$t timeout 400 compute-sanitizer --tool memcheck --error-exitcode 9 \
+            --target-processes all "$BIN/test_gpu_ll" >"$OUT/memcheck_$t.log" 2>&1 || fail=1
+        tail -3 "$OUT/memcheck_$t.log"
+    done
 fi
-for t in peer host; do
+for t in peer host nccl; do
     echo "== bench, transport $t"
     timeout 200 "$BIN/epx" bench comm --backend nccl --mode low-latency --graph --transport $t \
         --model kimi-k2.5 --tokens "${TOKENS:-1,8,32,128}" --iters "${ITERS:-50}" --warmup 10 \

@@ -25,6 +25,7 @@
 #include <unistd.h>
 
 #include "epx_comm_gpu.h"
+#include "epx_comm_nccl.h"
 #include "proc_comm.h"
 
 void epxi_gpu_ep_inject_silence(epx_gpu_ep *ep, int on);
@@ -221,10 +222,30 @@ static int check(const shape *c, int32_t me, const batch *all, const got *g, con
  * weights at dispatch, the caller's at combine, bf16 output; the caller's
  * own copy of y. */
 /* The transport under test: EPX_GPU_EP_TRANSPORT=host runs every case over
- * host memory (scripts/gpu_check.sh runs this binary both ways). */
-static bool transport_is_host(void) {
+ * host memory, =nccl the one-rank cases over NCCL send/receive to itself
+ * (NCCL takes one rank per GPU; scripts/gpu_check.sh runs all three). */
+static bool transport_is(const char *name) {
     const char *t = getenv("EPX_GPU_EP_TRANSPORT");
-    return t != NULL && strcmp(t, "host") == 0;
+    return t != NULL && strcmp(t, name) == 0;
+}
+static bool transport_is_host(void) { return transport_is("host"); }
+
+/* This process's one-rank NCCL communicator, made once. */
+static ncclComm_t one_rank_nccl(void) {
+    static ncclComm_t c = NULL;
+    if (c == NULL) {
+        ncclUniqueId id;
+        if (ncclGetUniqueId(&id) != ncclSuccess || ncclCommInitRank(&c, 1, id, 0) != ncclSuccess)
+            c = NULL;
+    }
+    return c;
+}
+
+/* The engine of the transport under test, on `boot`'s ranks. */
+static epx_status make_engine(epx_comm *boot, const epx_ep_config *cfg, cudaStream_t st,
+                              const epx_gpu_ep_opts *o, epx_gpu_ep **ep, epx_error *err) {
+    if (transport_is("nccl")) return epx_gpu_ep_create_nccl(one_rank_nccl(), cfg, st, o, ep, err);
+    return epx_gpu_ep_create(boot, cfg, st, o, ep, err);
 }
 
 static int run_rank(epx_comm *boot, const shape *c) {
@@ -236,10 +257,12 @@ static int run_rank(epx_comm *boot, const shape *c) {
     epx_gpu_ep_opts o = EPX_GPU_EP_OPTS_INIT;
     o.timeout_ms = 60000; /* processes time-slice the GPU */
     epx_gpu_ep *ep = NULL;
-    EK(epx_gpu_ep_create(boot, &cfg, st, &o, &ep, &err));
-    if ((strcmp(epx_gpu_ep_transport_name(ep), "host") == 0) != transport_is_host())
-        FAILF("rank %d: transport %s, but EPX_GPU_EP_TRANSPORT is %s", me,
-              epx_gpu_ep_transport_name(ep), transport_is_host() ? "host" : "not host");
+    EK(make_engine(boot, &cfg, st, &o, &ep, &err));
+    const char *tn = epx_gpu_ep_transport_name(ep);
+    if ((strcmp(tn, "host") == 0) != transport_is_host() ||
+        (strcmp(tn, "nccl") == 0) != transport_is("nccl"))
+        FAILF("rank %d: transport %s, but EPX_GPU_EP_TRANSPORT is %s", me, tn,
+              getenv("EPX_GPU_EP_TRANSPORT") ? getenv("EPX_GPU_EP_TRANSPORT") : "unset");
     epx_gpu_ep_views vw;
     EK(epx_gpu_ep_get_views(ep, &vw, &err));
     const size_t xs = epx_dtype_size(c->xd), M = (size_t)c->M;
@@ -394,7 +417,7 @@ static int fault_cases(void) {
     epx_gpu_ep_opts o = EPX_GPU_EP_OPTS_INIT;
     o.timeout_ms = 300;
     epx_gpu_ep *ep = NULL;
-    EK(epx_gpu_ep_create(local, &cfg, st, &o, &ep, &err));
+    EK(make_engine(local, &cfg, st, &o, &ep, &err));
     float hx[64], hw[8] = {1, 1, 1, 1, 1, 1, 1, 1}, hout[64];
     int32_t bad[8] = {0, 1, 2, 9, 0, 1, 2, 3}, good[8] = {0, 1, 2, 3, 0, 1, 2, 3};
     for (int i = 0; i < 64; i++) hx[i] = (float)i;
@@ -490,7 +513,7 @@ static int fault_cases(void) {
     if (epx_gpu_ep_sync(ep, &err) != EPX_ERR_TIMEOUT || strstr(err.msg, "300 ms") == NULL)
         FAILF("a silent rank: expected EPX_ERR_TIMEOUT after 300 ms, got '%s'", err.msg);
     epx_error e2 = {0};
-    if (epx_comm_health(local, &e2) != EPX_ERR_TIMEOUT)
+    if (!transport_is("nccl") && epx_comm_health(local, &e2) != EPX_ERR_TIMEOUT)
         FAILF("the bootstrap communicator must report the timeout");
     if (epx_gpu_ep_dispatch(ep, 4, dx, ds, dw, &rv, &err) != EPX_ERR_TIMEOUT)
         FAILF("a dispatch after a timeout must refuse");
@@ -629,9 +652,10 @@ int main(void) {
         printf("skipped: no CUDA GPU visible\n");
         return 77;
     }
-    /* Ranks as processes first: they must fork before this process uses CUDA. */
+    /* Ranks as processes first: they must fork before this process uses CUDA.
+     * (Not over NCCL, which takes one rank per GPU: its cases are one rank's.) */
     uint64_t s = g_seed * 17 + 3;
-    for (int32_t R = 2; R <= 4; R++) {
+    for (int32_t R = 2; R <= 4 && !transport_is("nccl"); R++) {
         proc_job j;
         memset(&j, 0, sizeof j);
         j.ncases = 4;
@@ -648,6 +672,25 @@ int main(void) {
     printf("one rank: ok\n");
     if (fault_cases() != 0) return 1;
     printf("faults: ok\n");
+    if (transport_is("nccl")) {
+        /* the engine over NCCL maps nothing: info and connect refuse */
+        epx_error err = {0};
+        epx_gpu_ep *ep = NULL;
+        cudaStream_t st;
+        CK(cudaStreamCreate(&st));
+        epx_ep_config cfg = ll_config(64, 2, 4, 4, EPX_DTYPE_BF16, EPX_DTYPE_BF16);
+        EK(make_engine(NULL, &cfg, st, NULL, &ep, &err));
+        unsigned char info[EPX_GPU_EP_INFO_BYTES];
+        if (epx_gpu_ep_info(ep, info, &err) != EPX_ERR_INVALID_ARG ||
+            strstr(err.msg, "maps no peers") == NULL)
+            FAILF("info of an nccl engine: '%s'", err.msg);
+        if (epx_gpu_ep_launches(ep, "dispatch") != 2)
+            FAILF("an nccl engine launches twice a phase");
+        epx_gpu_ep_destroy(ep);
+        cudaStreamDestroy(st);
+        printf("nccl transport, info refused: ok\n");
+        return 0;
+    }
     if (connect_cases() != 0) return 1;
     printf("open, info, connect: ok\n");
     /* Every segment's name went once all ranks counted in, or at destroy. */

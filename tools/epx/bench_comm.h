@@ -13,7 +13,12 @@
 #include "epx_comm.h"
 
 /* epx_gpu_ep_transport's values, without its CUDA header (checked in bench_ll.c). */
-enum { EPX_BENCH_TRANSPORT_AUTO = 0, EPX_BENCH_TRANSPORT_PEER = 1, EPX_BENCH_TRANSPORT_HOST = 2 };
+enum {
+    EPX_BENCH_TRANSPORT_AUTO = 0,
+    EPX_BENCH_TRANSPORT_PEER = 1,
+    EPX_BENCH_TRANSPORT_HOST = 2,
+    EPX_BENCH_TRANSPORT_NCCL = 3
+};
 
 typedef struct bench_args {
     const char *backend, *model;
@@ -74,13 +79,14 @@ int bench_jsonl_write(FILE *f, const bench_line *l);
 
 #if defined(EPX_CLI_HAVE_NCCL) && EPX_CLI_HAVE_NCCL
 #include <cuda_runtime.h>
+#include <nccl.h>
 /* The GPU low-latency engine on `comm` (an NCCL communicator on stream s,
  * the engine's bootstrap): check, then time dispatch, combine and the
  * round trip launched (and as graph replays with a->graph), the device copy
  * of the same bytes, and the TP all-reduce of the same layer; a table on
  * rank 0's stdout and JSON lines to `jl` (rank 0, may be NULL). */
-epx_status bench_ll_gpu(epx_comm *comm, cudaStream_t s, const bench_args *a, FILE *jl,
-                        epx_error *err);
+epx_status bench_ll_gpu(epx_comm *comm, ncclComm_t nc, cudaStream_t s, const bench_args *a,
+                        FILE *jl, epx_error *err);
 #endif
 
 #endif /* EPX_BENCH_COMM_H */

@@ -26,10 +26,12 @@
 #include <string.h>
 
 #include "epx_comm_gpu.h"
+#include "epx_comm_nccl.h"
 
 _Static_assert((int)EPX_BENCH_TRANSPORT_AUTO == (int)EPX_GPU_EP_TRANSPORT_AUTO &&
                    (int)EPX_BENCH_TRANSPORT_PEER == (int)EPX_GPU_EP_TRANSPORT_PEER &&
-                   (int)EPX_BENCH_TRANSPORT_HOST == (int)EPX_GPU_EP_TRANSPORT_HOST,
+                   (int)EPX_BENCH_TRANSPORT_HOST == (int)EPX_GPU_EP_TRANSPORT_HOST &&
+                   (int)EPX_BENCH_TRANSPORT_NCCL == (int)EPX_GPU_EP_TRANSPORT_NCCL,
                "bench_comm.h's transports are epx_gpu_ep_transport's");
 
 void epxi_gpu_ep_variant(epx_gpu_ep *ep, int bits);
@@ -425,8 +427,8 @@ static epx_status bench_T(ll_run *b, int64_t T, const void *x, const int32_t *sl
     return EPX_OK;
 }
 
-epx_status bench_ll_gpu(epx_comm *comm, cudaStream_t s, const bench_args *a, FILE *jl,
-                        epx_error *err) {
+epx_status bench_ll_gpu(epx_comm *comm, ncclComm_t nc, cudaStream_t s, const bench_args *a,
+                        FILE *jl, epx_error *err) {
     const int32_t R = epx_comm_size(comm), me = epx_comm_rank(comm);
     const int32_t H = a->cfg.hidden, K = a->cfg.top_k, E = a->cfg.num_experts;
     int32_t P = E + a->redundant;
@@ -468,7 +470,10 @@ epx_status bench_ll_gpu(epx_comm *comm, cudaStream_t s, const bench_args *a, FIL
     epx_gpu_ep_opts o = EPX_GPU_EP_OPTS_INIT;
     o.timeout_ms = a->timeout_ms;
     o.transport = a->transport;
-    if (st == EPX_OK) st = epx_gpu_ep_create(comm, &c, s, &o, &b.ep, err);
+    if (st == EPX_OK && a->transport == EPX_BENCH_TRANSPORT_NCCL)
+        st = epx_gpu_ep_create_nccl(nc, &c, s, &o, &b.ep, err);
+    else if (st == EPX_OK)
+        st = epx_gpu_ep_create(comm, &c, s, &o, &b.ep, err);
     if (st == EPX_OK) b.transport = epx_gpu_ep_transport_name(b.ep);
     if (st == EPX_OK && strcmp(b.transport, "host") == 0 &&
         cudaHostAlloc(&b.hpin, copy_max, cudaHostAllocDefault) != cudaSuccess) {

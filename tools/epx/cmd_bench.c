@@ -604,9 +604,12 @@ static int parse_args(cli_cmd *cmd, bench_args *a) {
             a->transport = EPX_BENCH_TRANSPORT_PEER;
         else if (strcmp(tr, "host") == 0)
             a->transport = EPX_BENCH_TRANSPORT_HOST;
+        else if (strcmp(tr, "nccl") == 0)
+            a->transport = EPX_BENCH_TRANSPORT_NCCL;
         else {
             fprintf(stderr,
-                    "epx bench comm: --transport must be auto, peer (or ipc) or host, not '%s'\n",
+                    "epx bench comm: --transport must be auto, peer (or ipc), host or nccl, not "
+                    "'%s'\n",
                     tr);
             return CLI_EXIT_USAGE;
         }
@@ -755,7 +758,7 @@ static int bench_nccl(cli_cmd *cmd, bench_args *a, int argc, char **argv) {
                 FILE *jl = rank == 0 ? open_jsonl(a) : NULL;
                 epx_status st = rank == 0 && a->jsonl != NULL && jl == NULL
                                     ? EPX_ERR_IO
-                                    : bench_ll_gpu(comm, s, a, jl, &err);
+                                    : bench_ll_gpu(comm, nc, s, a, jl, &err);
                 if (jl != NULL && jl != stdout) fclose(jl);
                 rc = st == EPX_OK       ? CLI_EXIT_OK
                      : st == EPX_ERR_IO ? CLI_EXIT_FAIL
@@ -811,10 +814,10 @@ int cmd_bench(int argc, char **argv) {
          "fixed slots with in-band counts (decode)",
          NULL},
         {"--graph", NULL, "also time CUDA-graph replays (--backend nccl --mode low-latency)", NULL},
-        {"--transport", "auto|peer|host",
+        {"--transport", "auto|peer|host|nccl",
          "the low-latency engine's transport: device memory (peer: pointers or CUDA IPC), pinned "
-         "host memory (host, for GPUs without peer access), or auto (EPX_GPU_EP_TRANSPORT, else "
-         "by peer access)",
+         "host memory (host, for GPUs without peer access), NCCL send/recv (nccl, any topology), "
+         "or auto (EPX_GPU_EP_TRANSPORT, else by peer access)",
          NULL},
         {"--json", "FILE", "append one JSON object per phase and token count to FILE (- = stdout)",
          NULL},

@@ -124,6 +124,11 @@ struct Args {
     int skip_flags; /* fault injection: dispatch publishes no flags */
     int variant;    /* measurement variants (ld_acquire's comment) */
     int one_gpu;    /* every rank on this GPU: flags at GPU scope (scope()) */
+    /* A staging transport (NCCL): every peer pointer is this rank's outbox,
+     * sends are filed by destination there and the transport moves each
+     * phase's blocks between the kernels; one buffer, no parity (nothing
+     * writes into the inbox but this rank's own stream). */
+    int staging;
 };
 
 __device__ __forceinline__ unsigned long long now_ns() {
@@ -326,15 +331,21 @@ __device__ void arrive(uint32_t *counter, uint32_t n, int mark, int var, F publi
  * so a rank may dispatch again before combining (DeepEP's double buffer):
  * its batch n + 2 reuses batch n's area only after batch n + 1 saw every
  * peer's flag, i.e. after every peer finished reading batch n. */
+__device__ __forceinline__ size_t parity(const Args &a, uint32_t epoch) {
+    return a.staging ? 0 : (size_t)(epoch & 1);
+}
+/* Where a send to rank dst is filed: under this rank's index in dst's
+ * inbox, or under dst's in this rank's outbox (staging). */
+__device__ __forceinline__ int filed_as(const Args &a, int dst) { return a.staging ? dst : a.me; }
 __device__ uint64_t *dflag_at(const Args &a, unsigned char *buf, uint32_t epoch, int src) {
-    return (uint64_t *)(buf + a.off_dflag) + (size_t)(epoch & 1) * a.R + src;
+    return (uint64_t *)(buf + a.off_dflag) + parity(a, epoch) * a.R + src;
 }
 __device__ int32_t *cnt_at(const Args &a, unsigned char *buf, uint32_t epoch, int src, int32_t l) {
-    return (int32_t *)(buf + a.off_cnt) + ((size_t)(epoch & 1) * a.R + src) * a.spr + l;
+    return (int32_t *)(buf + a.off_cnt) + (parity(a, epoch) * a.R + src) * a.spr + l;
 }
 __device__ unsigned char *rec_at(const Args &a, unsigned char *buf, uint32_t epoch, int src,
                                  int64_t t) {
-    return buf + a.off_rows + (((size_t)(epoch & 1) * a.R + src) * a.M + (size_t)t) * a.rec;
+    return buf + a.off_rows + ((parity(a, epoch) * a.R + src) * a.M + (size_t)t) * a.rec;
 }
 
 /* Whether the handle is dead, read by thread 0 and shared, so every thread
@@ -384,12 +395,16 @@ __device__ void advance_epoch(const Args &a, unsigned long long *word, uint32_t 
 
 /* The combine areas, twice by the parity of the combine's epoch: a rank
  * may combine one dispatch again (DeepEP allows it) only after its last
- * combine saw every peer's flag, i.e. after every peer started it. */
-__device__ unsigned char *comb_at(const Args &a, unsigned char *buf, uint32_t ce) {
-    return buf + a.off_comb + (size_t)(ce & 1) * (size_t)a.M * a.K * a.yrow;
+ * combine saw every peer's flag, i.e. after every peer started it. Staging
+ * keeps one area per peer instead (`peer`: the rank whose experts wrote
+ * the rows on the receiving side, the destination on the sending side):
+ * the transport moves whole blocks, so the senders' rows cannot share one. */
+__device__ unsigned char *comb_at(const Args &a, unsigned char *buf, uint32_t ce, int peer) {
+    const size_t block = a.staging ? (size_t)peer : (size_t)(ce & 1);
+    return buf + a.off_comb + block * (size_t)a.M * a.K * a.yrow;
 }
 __device__ uint64_t *cflag_at(const Args &a, unsigned char *buf, uint32_t ce, int src) {
-    return (uint64_t *)(buf + a.off_cflag) + (size_t)(ce & 1) * a.R + src;
+    return (uint64_t *)(buf + a.off_cflag) + parity(a, ce) * a.R + src;
 }
 
 /* v[0..n) -> exclusive prefix sums in place, v[n] = the total, by the whole
@@ -468,7 +483,7 @@ __device__ void send_counts(const Args &a, uint32_t epoch, const void *slots, in
         __syncthreads();
         for (int64_t sl = c0 + threadIdx.x; sl < c1; sl += blockDim.x) {
             const int32_t dst = (int32_t)(sl / a.spr), l = (int32_t)(sl % a.spr);
-            *cnt_at(a, a.peers[dst], epoch, a.me, l) = hist[sl - c0];
+            *cnt_at(a, a.peers[dst], epoch, filed_as(a, dst), l) = hist[sl - c0];
         }
         __syncthreads();
     }
@@ -583,7 +598,7 @@ __global__ void __launch_bounds__(kThreads, 2)
             }
             __syncthreads();
             const int dst = d[j];
-            unsigned char *rec = rec_at(a, a.peers[dst], epoch, a.me, t);
+            unsigned char *rec = rec_at(a, a.peers[dst], epoch, filed_as(a, dst), t);
             if (pre)
                 regs_store(rec, v, a.xrow);
             else
@@ -613,7 +628,7 @@ __global__ void __launch_bounds__(kThreads, 2)
             const uint32_t c = bad ? EPXI_LL_BAD : dup ? kLLDup : (uint32_t)T;
             uint64_t flag = epxi_ll_flag(epoch, c);
             for (int r = 0; r < a.R; r++)
-                st_release(dflag_at(a, a.peers[r], epoch, a.me), flag, scope(a));
+                st_release(dflag_at(a, a.peers[r], epoch, filed_as(a, r)), flag, scope(a));
         });
     }
     if (!(parts & 2)) {
@@ -849,7 +864,7 @@ __global__ void __launch_bounds__(kThreads, 2)
             const int l = upper_index(so, a.spr, j);
             const int64_t e = (int64_t)l * a.RM + (j - so[l]);
             const int64_t pr = a.pair[e], src = pr / MK, tk = pr % MK;
-            unsigned char *dst = comb_at(a, peer[src], epoch) + (size_t)tk * a.yrow;
+            unsigned char *dst = comb_at(a, peer[src], epoch, (int)src) + (size_t)tk * a.yrow;
             block_copy(dst, ysrc + (size_t)e * a.yrow, a.yrow);
         }
         STAMP(a, 9);
@@ -857,7 +872,8 @@ __global__ void __launch_bounds__(kThreads, 2)
         if (blockIdx.x < nwork)
             arrive(&a.ctl->arrive_c, nwork, 0, scope(a), [&](bool) {
                 for (int r = 0; r < a.R; r++)
-                    st_release(cflag_at(a, peer[r], epoch, a.me), epxi_ll_flag(epoch, 0), scope(a));
+                    st_release(cflag_at(a, peer[r], epoch, filed_as(a, r)), epxi_ll_flag(epoch, 0),
+                               scope(a));
             });
     }
     if (!(parts & 2)) {
@@ -869,7 +885,6 @@ __global__ void __launch_bounds__(kThreads, 2)
      * (token, chunk of V * blockDim elements). The routing of a block's
      * first token is this rank's own, so it is staged before the wait and
      * only the rows are read after it. */
-    const unsigned char *comb = comb_at(a, a.base, epoch);
     const int V = a.ybf16 ? Lanes<1>::V : Lanes<0>::V;
     const int64_t per = (int64_t)V * blockDim.x, chunks = (a.H + per - 1) / per;
     const size_t orow = (size_t)a.H * (out_bf16 ? 2 : 4);
@@ -877,8 +892,10 @@ __global__ void __launch_bounds__(kThreads, 2)
     __shared__ float wk[kMaxK];
     auto stage = [&](int64_t t) {
         for (int k = threadIdx.x; k < K; k += blockDim.x) {
-            rows[k] =
-                a.slots[t * K + k] >= 0 && !refused ? comb + (size_t)(t * K + k) * a.yrow : nullptr;
+            const int32_t sl = a.slots[t * K + k];
+            rows[k] = sl >= 0 && !refused
+                          ? comb_at(a, a.base, epoch, sl / a.spr) + (size_t)(t * K + k) * a.yrow
+                          : nullptr;
             wk[k] = wsrc[t * K + k];
         }
     };
@@ -967,7 +984,13 @@ struct epx_gpu_ep {
     bool one_process;       /* every rank in this process (the peer transport's "pointers") */
     bool connected;
     bool was_connected; /* once: the host transport's segment names are gone after it */
-    cudaEvent_t chain;  /* orders launches across a change of stream (set_stream) */
+    /* staging transports (NCCL): the outbox, the blocks of each phase and
+     * the function that moves them (its context is owned here) */
+    unsigned char *outbox;
+    epxi_ll_phase_blocks wire[2];
+    epxi_ll_exchange_fn exchange;
+    void *exchange_ctx;
+    cudaEvent_t chain; /* orders launches across a change of stream (set_stream) */
     uint32_t *host_fault, *host_fault_dev;
     Args a;
     int64_t T;
@@ -983,7 +1006,8 @@ struct epx_gpu_ep {
 };
 
 /* The buffer layout, shared by the size query and creation. */
-static epx_status plan(epx_gpu_ep *ep, const epx_ep_config *cfg, int32_t R, epx_error *err) {
+static epx_status plan(epx_gpu_ep *ep, const epx_ep_config *cfg, int32_t R, bool staging,
+                       epx_error *err) {
     if (cfg != NULL && cfg->version == EPX_EP_CONFIG_VERSION &&
         cfg->mode != EPX_EP_MODE_LOW_LATENCY)
         return epxi_fail(err, EPX_ERR_INVALID_ARG,
@@ -1010,8 +1034,9 @@ static epx_status plan(epx_gpu_ep *ep, const epx_ep_config *cfg, int32_t R, epx_
         {&off_rows, 2 * RM, (double)rec},
         {&off_cnt, 2.0 * R * spr, sizeof(int32_t)},
         {&off_dflag, 2.0 * R, sizeof(uint64_t)},
-        /* the combine areas twice: by the parity of the combine's epoch */
-        {&off_comb, 2 * M * K, (double)g->yrow},
+        /* the combine areas twice: by the parity of the combine's epoch;
+         * staging: one per peer (comb_at) */
+        {&off_comb, (staging ? (double)R : 2.0) * M * K, (double)g->yrow},
         {&off_cflag, 2.0 * R, sizeof(uint64_t)},
     };
     EPX_TRY(epxi_ws_carve(inbox, sizeof inbox / sizeof inbox[0], 256, &ep->inbox_total,
@@ -1046,6 +1071,17 @@ static epx_status plan(epx_gpu_ep *ep, const epx_ep_config *cfg, int32_t R, epx_
     a.off_cflag = off_cflag;
     a.xbf16 = g->cfg.x_dtype == EPX_DTYPE_BF16;
     a.ybf16 = g->cfg.y_dtype == EPX_DTYPE_BF16;
+    a.staging = staging;
+    /* A staging transport's blocks per phase, peer r at off + r * stride. */
+    epxi_ll_phase_blocks *d = &ep->wire[0], *c = &ep->wire[1];
+    d->R = c->R = R;
+    d->nparts = 3;
+    d->off[0] = off_rows, d->stride[0] = d->bytes[0] = (size_t)g->M * rec;
+    d->off[1] = off_cnt, d->stride[1] = d->bytes[1] = (size_t)g->spr * sizeof(int32_t);
+    d->off[2] = off_dflag, d->stride[2] = d->bytes[2] = sizeof(uint64_t);
+    c->nparts = 2;
+    c->off[0] = off_comb, c->stride[0] = c->bytes[0] = (size_t)g->M * g->K * g->yrow;
+    c->off[1] = off_cflag, c->stride[1] = c->bytes[1] = sizeof(uint64_t);
     return EPX_OK;
 }
 
@@ -1053,7 +1089,7 @@ extern "C" epx_status epx_gpu_ep_buffer_bytes(const epx_ep_config *cfg, int32_t 
                                               size_t *bytes, epx_error *err) {
     if (bytes == NULL) return epxi_fail(err, EPX_ERR_INVALID_ARG, "bytes must not be NULL");
     epx_gpu_ep tmp{};
-    EPX_TRY(plan(&tmp, cfg, num_ranks, err));
+    EPX_TRY(plan(&tmp, cfg, num_ranks, false, err));
     *bytes = tmp.total + tmp.inbox_total;
     return EPX_OK;
 }
@@ -1112,6 +1148,8 @@ extern "C" void epx_gpu_ep_destroy(epx_gpu_ep *ep) {
     if (healthy) epx_comm_barrier(ep->boot, &err);
     if (ep->chain) cudaEventDestroy(ep->chain);
     if (ep->tr != NULL) ep->tr->release(&ep->inbox);
+    cudaFree(ep->outbox);
+    free(ep->exchange_ctx);
     cudaFree(ep->buf);
     if (ep->host_fault) cudaFreeHost(ep->host_fault);
     free(ep->mapped);
@@ -1132,9 +1170,10 @@ static int unreachable_gpu(int dev) {
     return -1;
 }
 
-extern "C" epx_status epx_gpu_ep_open(const epx_ep_config *cfg, int32_t rank, int32_t num_ranks,
-                                      cudaStream_t stream, const epx_gpu_ep_opts *opts,
-                                      epx_gpu_ep **out, epx_error *err) {
+/* epx_gpu_ep_open, or with `exchange` a staging transport's engine. */
+static epx_status open_engine(const epx_ep_config *cfg, int32_t rank, int32_t num_ranks,
+                              cudaStream_t stream, const epx_gpu_ep_opts *opts,
+                              epxi_ll_exchange_fn exchange, epx_gpu_ep **out, epx_error *err) {
     if (out == NULL)
         return epxi_fail(err, EPX_ERR_INVALID_ARG, "epx_gpu_ep_open needs an out pointer");
     *out = NULL;
@@ -1161,7 +1200,7 @@ extern "C" epx_status epx_gpu_ep_open(const epx_ep_config *cfg, int32_t rank, in
     if (ep == NULL) return EPX_ERR_NOMEM;
     ep->stream = stream;
     ep->timeout_ms = o.timeout_ms;
-    epx_status st = plan(ep, cfg, num_ranks, err);
+    epx_status st = plan(ep, cfg, num_ranks, exchange != NULL, err);
     const int32_t R = num_ranks;
     int dev = 0, sms = 0;
     if (st != EPX_OK) goto fail;
@@ -1190,12 +1229,26 @@ extern "C" epx_status epx_gpu_ep_open(const epx_ep_config *cfg, int32_t rank, in
     }
     EPXI_CUDA_GOTO(st, cudaEventCreateWithFlags(&ep->chain, cudaEventDisableTiming), "GPU EP event",
                    fail);
-    st = epxi_transport_resolve(o.transport, getenv("EPX_GPU_EP_TRANSPORT"), unreachable_gpu(dev),
-                                &ep->kind, err);
+    if (exchange != NULL)
+        ep->kind = EPX_GPU_EP_TRANSPORT_NCCL;
+    else
+        st = epxi_transport_resolve(o.transport, getenv("EPX_GPU_EP_TRANSPORT"),
+                                    unreachable_gpu(dev), &ep->kind, err);
     if (st != EPX_OK) goto fail;
     ep->tr = ep->kind == EPX_GPU_EP_TRANSPORT_HOST ? &epxi_transport_host : &epxi_transport_peer;
     st = ep->tr->alloc(ep->inbox_total, R, &ep->inbox, err);
     if (st != EPX_OK) goto fail;
+    if (exchange != NULL) {
+        /* sends filed by destination, then moved by the transport */
+        EPXI_CUDA_GOTO(st, cudaMalloc((void **)&ep->outbox, ep->inbox_total), "GPU EP outbox",
+                       fail);
+        EPXI_CUDA_GOTO(st, cudaMemset(ep->outbox, 0, ep->inbox_total), "GPU EP outbox", fail);
+        ep->exchange = exchange;
+        for (int i = 0; i < 2; i++) {
+            ep->wire[i].outbox = ep->outbox;
+            ep->wire[i].inbox = ep->inbox.dev;
+        }
+    }
     EPXI_CUDA_GOTO(st, cudaMalloc((void **)&ep->buf, ep->total), "GPU EP buffer", fail);
     EPXI_CUDA_GOTO(st, cudaMemset(ep->buf, 0, ep->total), "GPU EP buffer", fail);
     EPXI_CUDA_GOTO(
@@ -1234,9 +1287,55 @@ fail:
     return st;
 }
 
+extern "C" epx_status epx_gpu_ep_open(const epx_ep_config *cfg, int32_t rank, int32_t num_ranks,
+                                      cudaStream_t stream, const epx_gpu_ep_opts *opts,
+                                      epx_gpu_ep **out, epx_error *err) {
+    return open_engine(cfg, rank, num_ranks, stream, opts, NULL, out, err);
+}
+
+/* A staging transport's engine, connected at once: every peer pointer is
+ * the outbox, and `exchange(ctx, ...)` moves each phase's blocks (ctx is
+ * freed with the handle). GPU scope suffices: the flags are read only after
+ * the transport's copy, in stream order. For transport_nccl.cu. */
+extern "C" EPXI_HIDDEN epx_status epxi_gpu_ep_open_staging(const epx_ep_config *cfg, int32_t rank,
+                                                           int32_t num_ranks, cudaStream_t stream,
+                                                           const epx_gpu_ep_opts *opts,
+                                                           epxi_ll_exchange_fn exchange, void *ctx,
+                                                           epx_gpu_ep **out, epx_error *err) {
+    epx_gpu_ep *ep = NULL;
+    epx_status st = open_engine(cfg, rank, num_ranks, stream, opts, exchange, &ep, err);
+    if (st != EPX_OK) {
+        free(ctx);
+        return st;
+    }
+    ep->exchange_ctx = ctx;
+    for (int32_t r = 0; r < num_ranks; r++) ep->mapped[r] = ep->outbox;
+    const cudaError_t ce = cudaMemcpy(ep->buf + ep->off_peers, ep->mapped,
+                                      (size_t)num_ranks * sizeof(void *), cudaMemcpyHostToDevice);
+    if (ce != cudaSuccess) {
+        st = epxi_cuda_fail(ce, "GPU EP peer table", err);
+        epx_gpu_ep_destroy(ep);
+        return st;
+    }
+    ep->a.one_gpu = 1;
+    ep->connected = ep->was_connected = true;
+    *out = ep;
+    return EPX_OK;
+}
+
+/* Move a phase's staged blocks (staging transports), between its kernels. */
+static epx_status exchange_phase(epx_gpu_ep *ep, int phase, epx_error *err) {
+    if (ep->exchange == NULL) return EPX_OK;
+    return ep->exchange(ep->exchange_ctx, &ep->wire[phase], (void *)ep->stream, err);
+}
+
 extern "C" epx_status epx_gpu_ep_info(const epx_gpu_ep *ep, void *info, epx_error *err) {
     if (ep == NULL || info == NULL)
         return epxi_fail(err, EPX_ERR_INVALID_ARG, "GPU EP info needs a handle and a buffer");
+    if (ep->exchange != NULL)
+        return epxi_fail(err, EPX_ERR_INVALID_ARG,
+                         "GPU EP info: an engine of the nccl transport maps no peers (it was "
+                         "connected when epx_gpu_ep_create_nccl created it)");
     PeerInfo p;
     memset(&p, 0, sizeof p);
     memcpy(p.magic, kMagic, sizeof p.magic);
@@ -1308,7 +1407,9 @@ extern "C" epx_status epx_gpu_ep_connect(epx_gpu_ep *ep, const void *infos, epx_
     if (ep == NULL || infos == NULL)
         return epxi_fail(err, EPX_ERR_INVALID_ARG, "GPU EP connect needs a handle and the infos");
     if (ep->connected)
-        return epxi_fail(err, EPX_ERR_INVALID_ARG, "GPU EP connect: this handle is connected");
+        return epxi_fail(err, EPX_ERR_INVALID_ARG,
+                         "GPU EP connect: this handle is connected (engines of the nccl "
+                         "transport are, from their creation)");
     if (ep->was_connected && ep->kind == EPX_GPU_EP_TRANSPORT_HOST)
         return epxi_fail(err, EPX_ERR_INVALID_ARG,
                          "GPU EP connect: under the host transport a handle connects once (the "
@@ -1525,12 +1626,20 @@ extern "C" epx_status epx_gpu_ep_dispatch_parts(epx_gpu_ep *ep, int parts, int64
      * rows (and k) a receiver is likely to place: R * T * K. */
     const int64_t dmax = g->K < g->R ? g->K : g->R, sends = (parts & 1) ? ep->T * dmax : 0;
     const int64_t places = (parts & 2) ? (int64_t)g->R * ep->T * g->K : 0;
+    if (ep->exchange != NULL && parts == (EPX_GPU_EP_SEND | EPX_GPU_EP_RECV)) {
+        /* staging: the halves as two launches, the transport between them */
+        EPX_TRY(epx_gpu_ep_dispatch_parts(ep, EPX_GPU_EP_SEND | ids64, T, x, topk_slots,
+                                          topk_weights, NULL, err));
+        return epx_gpu_ep_dispatch_parts(ep, EPX_GPU_EP_RECV, T, x, topk_slots, topk_weights, recv,
+                                         err);
+    }
     const unsigned grid = blocks_for(sends > places ? sends : places, ep->wait_blocks);
     const uint32_t nwork = (uint32_t)(sends < 1 ? 1 : sends < grid ? sends : grid);
     dispatch_kernel<<<grid, kThreads, 0, ep->stream>>>(ep->a, ep->T, (const unsigned char *)x,
                                                        topk_slots, topk_weights, nwork,
                                                        parts | (ids64 ? 4 : 0));
     EPXI_CUDA_TRY(cudaGetLastError(), "GPU EP dispatch kernel");
+    if (parts & EPX_GPU_EP_SEND) EPX_TRY(exchange_phase(ep, 0, err));
     ep->state = (parts & EPX_GPU_EP_RECV) ? epx_gpu_ep::DISPATCHED : epx_gpu_ep::D_SENT;
     if (recv != NULL) {
         memset(recv, 0, sizeof *recv);
@@ -1596,10 +1705,16 @@ extern "C" epx_status epx_gpu_ep_combine_parts(epx_gpu_ep *ep, int parts, const 
     const int64_t per = (int64_t)(g->cfg.y_dtype == EPX_DTYPE_BF16 ? 8 : 4) * kThreads;
     const int64_t items = (parts & 2) ? ep->T * ((g->H + per - 1) / per) : 0;
     const int64_t sends = (parts & 1) ? (int64_t)g->R * ep->T * g->K : 0;
+    if (ep->exchange != NULL && parts == (EPX_GPU_EP_SEND | EPX_GPU_EP_RECV)) {
+        EPX_TRY(
+            epx_gpu_ep_combine_parts(ep, EPX_GPU_EP_SEND, y, topk_weights, out, out_dtype, err));
+        return epx_gpu_ep_combine_parts(ep, EPX_GPU_EP_RECV, y, topk_weights, out, out_dtype, err);
+    }
     combine_kernel<<<blocks_for(items > sends ? items : sends, ep->wait_blocks), kThreads, 0,
                      ep->stream>>>(ep->a, ep->T, y ? (const unsigned char *)y : ep->a.y, ep->c_w,
                                    ep->c_out, ep->c_bf16, parts);
     EPXI_CUDA_TRY(cudaGetLastError(), "GPU EP combine kernel");
+    if (parts & EPX_GPU_EP_SEND) EPX_TRY(exchange_phase(ep, 1, err));
     /* the dispatch stays valid: it may be combined again (DeepEP allows it) */
     ep->state = (parts & EPX_GPU_EP_RECV) ? epx_gpu_ep::DISPATCHED : epx_gpu_ep::C_SENT;
     return EPX_OK;
@@ -1667,13 +1782,15 @@ extern "C" epx_status epx_gpu_ep_sync(epx_gpu_ep *ep, epx_error *err) {
 extern "C" const char *epx_gpu_ep_transport_name(const epx_gpu_ep *ep) {
     if (ep == NULL || !ep->connected) return "none";
     if (ep->kind == EPX_GPU_EP_TRANSPORT_HOST) return "host";
+    if (ep->kind == EPX_GPU_EP_TRANSPORT_NCCL) return "nccl";
     return ep->one_process ? "pointers" : "ipc";
 }
 
 extern "C" int32_t epx_gpu_ep_launches(const epx_gpu_ep *ep, const char *phase) {
-    (void)ep;
-    return phase != NULL && (strcmp(phase, "dispatch") == 0 || strcmp(phase, "combine") == 0) ? 1
-                                                                                              : 0;
+    const bool known =
+        phase != NULL && (strcmp(phase, "dispatch") == 0 || strcmp(phase, "combine") == 0);
+    /* a staging transport runs each phase as two kernels around its copy */
+    return !known ? 0 : ep != NULL && ep->exchange != NULL ? 2 : 1;
 }
 
 /* Measuring: the stamps of the last dispatch and combine (variant 8), in

@@ -24,8 +24,9 @@ static const char kChoices[] = "auto, peer (or ipc), host, nccl";
 
 static epx_status unsupported_nccl(const char *where, epx_error *err) {
     return epxi_fail(err, EPX_ERR_UNSUPPORTED,
-                     "GPU EP transport nccl (%s): the NCCL transport for ranks on several hosts "
-                     "is not built yet; on one host use peer or host",
+                     "GPU EP transport nccl (%s): the NCCL transport needs an ncclComm_t, so it "
+                     "is created by epx_gpu_ep_create_nccl (epx_comm_nccl.h; epx bench comm "
+                     "--transport nccl), not by epx_gpu_ep_open/create",
                      where);
 }
 
@@ -77,8 +78,8 @@ epx_status epxi_transport_check(int32_t R, int32_t me, const epxi_tr_rank *ranks
         if (p->host != m->host)
             return epxi_fail(err, EPX_ERR_INVALID_ARG,
                              "GPU EP connect: rank %d runs on another host than rank %d: the %s "
-                             "transport reaches only ranks of one host, and the NCCL transport "
-                             "for several hosts is not built yet",
+                             "transport reaches only ranks of one host; across hosts create the "
+                             "engine with the NCCL transport (epx_gpu_ep_create_nccl)",
                              r, me, epxi_transport_kind_name(m->kind));
         if (m->kind == EPXI_TR_PEER && !p->same_gpu && p->reach == 0)
             return epxi_fail(err, EPX_ERR_INVALID_ARG,

@@ -1,0 +1,134 @@
+/*
+ * transport_nccl.cu - the NCCL transport (transport.h, staging): the
+ * engine files each phase's sends in its outbox by destination, and this
+ * file moves the blocks with ncclSend/ncclRecv in one group on the stream,
+ * between the phase's sending and receiving kernels. Fixed-size blocks (the
+ * counts travel in band, so the sizes are known on the host without a
+ * synchronisation), so a captured graph replays the same calls. Built into
+ * epx_nccl only (it needs NCCL); the engine itself stays NCCL-free.
+ */
+#include <cstdio>
+#include <cstring>
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+/* first: it declares the core functions with C linkage */
+#include "transport.h"
+#include "cuda_check.h"
+#include "epx_comm_nccl.h"
+
+extern "C" epx_status epxi_gpu_ep_open_staging(const epx_ep_config *cfg, int32_t rank,
+                                               int32_t num_ranks, cudaStream_t stream,
+                                               const epx_gpu_ep_opts *opts,
+                                               epxi_ll_exchange_fn exchange, void *ctx,
+                                               epx_gpu_ep **out, epx_error *err);
+
+namespace {
+
+struct Ctx {
+    ncclComm_t comm;
+};
+
+epx_status nccl_fail(ncclResult_t r, const char *what, epx_error *err) {
+    return epxi_fail(err, EPX_ERR_COMM, "GPU EP nccl transport: %s failed: %s", what,
+                     ncclGetErrorString(r));
+}
+
+epx_status exchange(void *ctx, const epxi_ll_phase_blocks *b, void *stream, epx_error *err) {
+    const Ctx *c = (const Ctx *)ctx;
+    cudaStream_t s = (cudaStream_t)stream;
+    ncclResult_t r = ncclGroupStart();
+    if (r != ncclSuccess) return nccl_fail(r, "ncclGroupStart", err);
+    for (int32_t p = 0; p < b->R && r == ncclSuccess; p++)
+        for (int32_t i = 0; i < b->nparts && r == ncclSuccess; i++) {
+            const size_t at = b->off[i] + (size_t)p * b->stride[i];
+            r = ncclSend(b->outbox + at, b->bytes[i], ncclUint8, p, c->comm, s);
+            if (r == ncclSuccess) r = ncclRecv(b->inbox + at, b->bytes[i], ncclUint8, p, c->comm, s);
+        }
+    const ncclResult_t e = ncclGroupEnd();
+    if (r != ncclSuccess) return nccl_fail(r, "ncclSend/ncclRecv", err);
+    if (e != ncclSuccess) return nccl_fail(e, "ncclGroupEnd", err);
+    return EPX_OK;
+}
+
+/* What every rank must share, compared once at creation. */
+struct Shape {
+    int32_t ranks, hidden, top_k, num_slots, x_dtype, y_dtype;
+    int64_t max_tokens;
+};
+
+void describe(const Shape *p, char *out, size_t n) {
+    snprintf(out, n, "hidden %d, top_k %d, num_slots %d, max_tokens %lld, dtypes %d/%d, %d ranks",
+             p->hidden, p->top_k, p->num_slots, (long long)p->max_tokens, p->x_dtype, p->y_dtype,
+             p->ranks);
+}
+
+/* Every rank's shape through the communicator: a rank with another config
+ * would post sends of other sizes, which NCCL cannot tell from a hang. */
+epx_status same_config(ncclComm_t comm, int32_t R, int32_t me, const epx_ep_config *cfg,
+                       cudaStream_t s, epx_error *err) {
+    Shape mine;
+    memset(&mine, 0, sizeof mine);
+    mine.ranks = R;
+    mine.hidden = cfg->hidden;
+    mine.top_k = cfg->top_k;
+    mine.num_slots = cfg->num_slots;
+    mine.x_dtype = (int32_t)cfg->x_dtype;
+    mine.y_dtype = (int32_t)cfg->y_dtype;
+    mine.max_tokens = cfg->max_tokens;
+    Shape *all = (Shape *)epxi_calloc((size_t)R, sizeof(Shape), "GPU EP nccl configs", err);
+    if (all == NULL) return EPX_ERR_NOMEM;
+    void *d = NULL;
+    epx_status st = EPX_OK;
+    EPXI_CUDA_GOTO(st, cudaMalloc(&d, (size_t)(R + 1) * sizeof(Shape)), "GPU EP nccl configs",
+                   done);
+    EPXI_CUDA_GOTO(st, cudaMemcpy(d, &mine, sizeof mine, cudaMemcpyHostToDevice),
+                   "GPU EP nccl configs", done);
+    {
+        ncclResult_t r = ncclAllGather(d, (Shape *)d + 1, sizeof(Shape), ncclUint8, comm, s);
+        if (r != ncclSuccess) {
+            st = nccl_fail(r, "ncclAllGather of the configs", err);
+            goto done;
+        }
+    }
+    EPX_TRY_GOTO(st, epxi_cuda_stream_wait(s, 60000, "GPU EP nccl configs", err), done);
+    EPXI_CUDA_GOTO(st,
+                   cudaMemcpy(all, (Shape *)d + 1, (size_t)R * sizeof(Shape),
+                              cudaMemcpyDeviceToHost),
+                   "GPU EP nccl configs", done);
+    for (int32_t r = 0; r < R && st == EPX_OK; r++) {
+        char a_s[160], b_s[160];
+        describe(&mine, a_s, sizeof a_s);
+        describe(&all[r], b_s, sizeof b_s);
+        if (strcmp(a_s, b_s) != 0)
+            st = epxi_fail(err, EPX_ERR_INVALID_ARG,
+                           "GPU EP over nccl: rank %d has %s but rank %d has %s; every rank "
+                           "must create the engine with the same config",
+                           me, a_s, r, b_s);
+    }
+done:
+    cudaFree(d);
+    free(all);
+    return st;
+}
+
+} // namespace
+
+extern "C" epx_status epx_gpu_ep_create_nccl(ncclComm_t comm, const epx_ep_config *cfg,
+                                             cudaStream_t stream, const epx_gpu_ep_opts *opts,
+                                             epx_gpu_ep **out, epx_error *err) {
+    if (comm == NULL || cfg == NULL || out == NULL)
+        return epxi_fail(err, EPX_ERR_INVALID_ARG,
+                         "epx_gpu_ep_create_nccl needs a communicator, a config and an out "
+                         "pointer");
+    *out = NULL;
+    int R = 0, me = 0;
+    ncclResult_t r = ncclCommCount(comm, &R);
+    if (r == ncclSuccess) r = ncclCommUserRank(comm, &me);
+    if (r != ncclSuccess) return nccl_fail(r, "ncclCommCount/UserRank", err);
+    EPX_TRY(same_config(comm, R, me, cfg, stream, err));
+    Ctx *c = (Ctx *)epxi_calloc(1, sizeof(Ctx), "GPU EP nccl transport", err);
+    if (c == NULL) return EPX_ERR_NOMEM;
+    c->comm = comm;
+    return epxi_gpu_ep_open_staging(cfg, me, R, stream, opts, exchange, c, out, err);
+}
