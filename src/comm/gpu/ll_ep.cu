@@ -926,12 +926,10 @@ __global__ void __launch_bounds__(kThreads, 2)
 /* What ranks tell each other at creation (EPX_GPU_EP_INFO_BYTES). */
 struct PeerInfo {
     char magic[8]; /* kMagic */
-    int32_t rank, num_ranks, pid, device;
-    uint64_t ptr; /* the peer-written area as its own process's kernels see it */
-    /* the config every rank must share */
-    int32_t hidden, top_k, num_slots, x_dtype, y_dtype;
-    int64_t max_tokens;
-    int32_t transport;                          /* EPX_GPU_EP_TRANSPORT_PEER or _HOST */
+    int32_t rank, pid, device;
+    uint64_t ptr;        /* the peer-written area as its own process's kernels see it */
+    epxi_ll_shape shape; /* the config every rank must share */
+    int32_t transport;   /* EPX_GPU_EP_TRANSPORT_PEER or _HOST */
     unsigned char handle[EPXI_TR_HANDLE_BYTES]; /* the transport's (transport.h) */
     unsigned char uuid[16]; /* the GPU's, the same in every process that sees it */
     uint64_t process;       /* this process's random id: pids repeat across hosts and containers */
@@ -1340,7 +1338,6 @@ extern "C" epx_status epx_gpu_ep_info(const epx_gpu_ep *ep, void *info, epx_erro
     memset(&p, 0, sizeof p);
     memcpy(p.magic, kMagic, sizeof p.magic);
     p.rank = ep->a.me;
-    p.num_ranks = ep->a.R;
     p.pid = (int32_t)getpid();
     p.process = process_id();
     cudaPointerAttributes at;
@@ -1352,13 +1349,7 @@ extern "C" epx_status epx_gpu_ep_info(const epx_gpu_ep *ep, void *info, epx_erro
     p.ptr = (uint64_t)(uintptr_t)ep->inbox.dev;
     p.transport = ep->kind;
     p.host = epxi_host_id();
-    const epx_ep_config *c = &ep->g.cfg;
-    p.hidden = c->hidden;
-    p.top_k = c->top_k;
-    p.num_slots = c->num_slots;
-    p.x_dtype = (int32_t)c->x_dtype;
-    p.y_dtype = (int32_t)c->y_dtype;
-    p.max_tokens = c->max_tokens;
+    p.shape = epxi_ll_shape_of(&ep->g.cfg, ep->a.R);
     EPX_TRY(ep->tr->handle(&ep->inbox, p.handle, err));
     memset(info, 0, EPX_GPU_EP_INFO_BYTES);
     memcpy(info, &p, sizeof p);
@@ -1397,12 +1388,6 @@ static epx_status check_transport(const epx_gpu_ep *ep, const void *infos, const
     return st;
 }
 
-static void describe(const PeerInfo *p, char *out, size_t n) {
-    snprintf(out, n, "hidden %d, top_k %d, num_slots %d, max_tokens %lld, dtypes %d/%d, %d ranks",
-             p->hidden, p->top_k, p->num_slots, (long long)p->max_tokens, p->x_dtype, p->y_dtype,
-             p->num_ranks);
-}
-
 extern "C" epx_status epx_gpu_ep_connect(epx_gpu_ep *ep, const void *infos, epx_error *err) {
     if (ep == NULL || infos == NULL)
         return epxi_fail(err, EPX_ERR_INVALID_ARG, "GPU EP connect needs a handle and the infos");
@@ -1436,8 +1421,8 @@ extern "C" epx_status epx_gpu_ep_connect(epx_gpu_ep *ep, const void *infos, epx_
                              "GPU EP connect: entry %d of the infos is not this handle's own "
                              "(rank %d): pass every rank's info in rank order",
                              r, r);
-        describe(&mine, a_s, sizeof a_s);
-        describe(&p, b_s, sizeof b_s);
+        epxi_ll_shape_describe(&mine.shape, a_s, sizeof a_s);
+        epxi_ll_shape_describe(&p.shape, b_s, sizeof b_s);
         if (strcmp(a_s, b_s) != 0)
             return epxi_fail(err, EPX_ERR_INVALID_ARG,
                              "GPU EP connect: rank %d has %s but rank %d has %s; every rank "

@@ -76,6 +76,16 @@ typedef struct epxi_ll_phase_blocks {
 typedef epx_status (*epxi_ll_exchange_fn)(void *ctx, const epxi_ll_phase_blocks *b, void *stream,
                                           epx_error *err);
 
+/* What every rank of one engine must share, as the ranks compare it. */
+typedef struct epxi_ll_shape {
+    int32_t ranks, hidden, top_k, num_slots, x_dtype, y_dtype;
+    int64_t max_tokens;
+} epxi_ll_shape;
+/* cfg's shape on R ranks (cfg: an epx_ep_config). */
+EPXI_HIDDEN epxi_ll_shape epxi_ll_shape_of(const void *cfg, int32_t R);
+/* "hidden H, top_k K, ..." for messages that name both ranks' shapes. */
+EPXI_HIDDEN void epxi_ll_shape_describe(const epxi_ll_shape *p, char *out, size_t n);
+
 /* The name a transport is written as in EPX_GPU_EP_TRANSPORT and reports. */
 EPXI_HIDDEN const char *epxi_transport_kind_name(int32_t kind);
 

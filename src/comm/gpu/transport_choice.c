@@ -10,6 +10,8 @@
 #include <strings.h>
 #include <unistd.h>
 
+#include "epx_comm.h"
+
 const char *epxi_transport_kind_name(int32_t kind) {
     switch (kind) {
     case EPXI_TR_AUTO: return "auto";
@@ -106,4 +108,24 @@ uint64_t epxi_host_id(void) {
     for (const unsigned char *c = (const unsigned char *)buf; *c; c++)
         h = (h ^ *c) * 1099511628211ull;
     return h;
+}
+
+epxi_ll_shape epxi_ll_shape_of(const void *cfg, int32_t R) {
+    const epx_ep_config *c = (const epx_ep_config *)cfg;
+    epxi_ll_shape p;
+    memset(&p, 0, sizeof p); /* padding too: shapes travel as bytes */
+    p.ranks = R;
+    p.hidden = c->hidden;
+    p.top_k = c->top_k;
+    p.num_slots = c->num_slots;
+    p.x_dtype = (int32_t)c->x_dtype;
+    p.y_dtype = (int32_t)c->y_dtype;
+    p.max_tokens = c->max_tokens;
+    return p;
+}
+
+void epxi_ll_shape_describe(const epxi_ll_shape *p, char *out, size_t n) {
+    snprintf(out, n, "hidden %d, top_k %d, num_slots %d, max_tokens %lld, dtypes %d/%d, %d ranks",
+             p->hidden, p->top_k, p->num_slots, (long long)p->max_tokens, p->x_dtype, p->y_dtype,
+             p->ranks);
 }

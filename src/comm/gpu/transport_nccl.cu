@@ -43,7 +43,8 @@ epx_status exchange(void *ctx, const epxi_ll_phase_blocks *b, void *stream, epx_
         for (int32_t i = 0; i < b->nparts && r == ncclSuccess; i++) {
             const size_t at = b->off[i] + (size_t)p * b->stride[i];
             r = ncclSend(b->outbox + at, b->bytes[i], ncclUint8, p, c->comm, s);
-            if (r == ncclSuccess) r = ncclRecv(b->inbox + at, b->bytes[i], ncclUint8, p, c->comm, s);
+            if (r == ncclSuccess)
+                r = ncclRecv(b->inbox + at, b->bytes[i], ncclUint8, p, c->comm, s);
         }
     const ncclResult_t e = ncclGroupEnd();
     if (r != ncclSuccess) return nccl_fail(r, "ncclSend/ncclRecv", err);
@@ -51,41 +52,23 @@ epx_status exchange(void *ctx, const epxi_ll_phase_blocks *b, void *stream, epx_
     return EPX_OK;
 }
 
-/* What every rank must share, compared once at creation. */
-struct Shape {
-    int32_t ranks, hidden, top_k, num_slots, x_dtype, y_dtype;
-    int64_t max_tokens;
-};
-
-void describe(const Shape *p, char *out, size_t n) {
-    snprintf(out, n, "hidden %d, top_k %d, num_slots %d, max_tokens %lld, dtypes %d/%d, %d ranks",
-             p->hidden, p->top_k, p->num_slots, (long long)p->max_tokens, p->x_dtype, p->y_dtype,
-             p->ranks);
-}
-
 /* Every rank's shape through the communicator: a rank with another config
  * would post sends of other sizes, which NCCL cannot tell from a hang. */
 epx_status same_config(ncclComm_t comm, int32_t R, int32_t me, const epx_ep_config *cfg,
                        cudaStream_t s, epx_error *err) {
-    Shape mine;
-    memset(&mine, 0, sizeof mine);
-    mine.ranks = R;
-    mine.hidden = cfg->hidden;
-    mine.top_k = cfg->top_k;
-    mine.num_slots = cfg->num_slots;
-    mine.x_dtype = (int32_t)cfg->x_dtype;
-    mine.y_dtype = (int32_t)cfg->y_dtype;
-    mine.max_tokens = cfg->max_tokens;
-    Shape *all = (Shape *)epxi_calloc((size_t)R, sizeof(Shape), "GPU EP nccl configs", err);
+    const epxi_ll_shape mine = epxi_ll_shape_of(cfg, R);
+    epxi_ll_shape *all =
+        (epxi_ll_shape *)epxi_calloc((size_t)R, sizeof(epxi_ll_shape), "GPU EP nccl configs", err);
     if (all == NULL) return EPX_ERR_NOMEM;
     void *d = NULL;
     epx_status st = EPX_OK;
-    EPXI_CUDA_GOTO(st, cudaMalloc(&d, (size_t)(R + 1) * sizeof(Shape)), "GPU EP nccl configs",
-                   done);
+    EPXI_CUDA_GOTO(st, cudaMalloc(&d, (size_t)(R + 1) * sizeof(epxi_ll_shape)),
+                   "GPU EP nccl configs", done);
     EPXI_CUDA_GOTO(st, cudaMemcpy(d, &mine, sizeof mine, cudaMemcpyHostToDevice),
                    "GPU EP nccl configs", done);
     {
-        ncclResult_t r = ncclAllGather(d, (Shape *)d + 1, sizeof(Shape), ncclUint8, comm, s);
+        ncclResult_t r =
+            ncclAllGather(d, (epxi_ll_shape *)d + 1, sizeof(epxi_ll_shape), ncclUint8, comm, s);
         if (r != ncclSuccess) {
             st = nccl_fail(r, "ncclAllGather of the configs", err);
             goto done;
@@ -93,13 +76,13 @@ epx_status same_config(ncclComm_t comm, int32_t R, int32_t me, const epx_ep_conf
     }
     EPX_TRY_GOTO(st, epxi_cuda_stream_wait(s, 60000, "GPU EP nccl configs", err), done);
     EPXI_CUDA_GOTO(st,
-                   cudaMemcpy(all, (Shape *)d + 1, (size_t)R * sizeof(Shape),
+                   cudaMemcpy(all, (epxi_ll_shape *)d + 1, (size_t)R * sizeof(epxi_ll_shape),
                               cudaMemcpyDeviceToHost),
                    "GPU EP nccl configs", done);
     for (int32_t r = 0; r < R && st == EPX_OK; r++) {
         char a_s[160], b_s[160];
-        describe(&mine, a_s, sizeof a_s);
-        describe(&all[r], b_s, sizeof b_s);
+        epxi_ll_shape_describe(&mine, a_s, sizeof a_s);
+        epxi_ll_shape_describe(&all[r], b_s, sizeof b_s);
         if (strcmp(a_s, b_s) != 0)
             st = epxi_fail(err, EPX_ERR_INVALID_ARG,
                            "GPU EP over nccl: rank %d has %s but rank %d has %s; every rank "
