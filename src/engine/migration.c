@@ -204,8 +204,10 @@ static epx_status check_opts(const epx_migrate_opts *o, const epx_shape *sh, epx
     uint64_t slots = (uint64_t)sh->num_layers * (uint64_t)sh->num_physical_experts;
     if ((uint64_t)o->expert_bytes > UINT64_MAX / slots)
         return epxi_fail(err, EPX_ERR_OVERFLOW,
-                         "expert_bytes (%zu) times %llu slots overflows a 64-bit byte count",
-                         o->expert_bytes, (unsigned long long)slots);
+                         "expert_bytes (%zu) times %llu slots overflows a 64-bit byte count: "
+                         "use at most %llu bytes per expert",
+                         o->expert_bytes, (unsigned long long)slots,
+                         (unsigned long long)(UINT64_MAX / slots));
     int32_t live = 0;
     return epxi_count_live(sh, o->failed_gpus, &live, err);
 }
