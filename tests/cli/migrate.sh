@@ -37,7 +37,7 @@ echo '{"physical_to_logical_map": [[5, 0, 1, 4, 2, 3]]}' >"$TMP/c.json"
 expect_exit 2 "$EPX" migrate plan --from "$TMP/a.json" --to "$TMP/c.json" --gpus 2 --expert-bytes 1
 expect_in "$TMP/err" "differ in shape"
 expect_exit 2 "$EPX" migrate plan --from "$TMP/a.json" --to "$TMP/b.json" --gpus 4 --expert-bytes 1 --failed-gpus 7
-expect_in "$TMP/err" "--failed-gpus '7'"
+expect_in "$TMP/err" "--failed-gpus '7': item 1 (7) is above the limit 3"
 expect_exit 2 "$EPX" migrate apply --from "$TMP/a.json" --to "$TMP/b.json" --gpus 4 --expert-bytes 1
 expect_in "$TMP/err" "only action is 'plan'"
 
@@ -65,7 +65,7 @@ moved_p = sum(x != y for ra, rc in zip(a, c) for x, y in zip(ra, rc))
 assert moved_p < sum(len(r) for r in a) // 2, moved_p
 PY
 expect_exit 2 "$EPX" plan --counts "$TMP/w1.json" --gpus 8 --redundant 16 -o "$TMP/x.json" --max-moves 5
-expect_in "$TMP/err" "max_moves (5)" "--current"
+expect_in "$TMP/err" "--max-moves counts moves from the placement in service" "--current FILE"
 # Losing GPU 2 of 8 (144 slots, 18 per GPU, 126 live: too few for 128 experts).
 expect_exit 2 "$EPX" plan --counts "$TMP/w1.json" --gpus 8 --redundant 16 -o "$TMP/x.json" --failed-gpus 2
 expect_in "$TMP/err" "do not fit" "7 surviving GPUs" "P >= 152"

@@ -17,7 +17,7 @@ syn=("$EPX" trace synth --model deepseek-v3 -o t.json)
 check "--drift nan" refuse "not a finite number" "${syn[@]}" --drift nan
 check "--drift inf" refuse "not a finite number" "${syn[@]}" --drift inf
 check "--drift -1" refuse "below the minimum 0" "${syn[@]}" --drift -1
-check "--tokens -5" refuse "not a whole number" "${syn[@]}" --tokens -5
+check "--tokens -5" refuse "--tokens -5 is below the minimum 1: use at least 1" "${syn[@]}" --tokens -5
 check "--windows 0" refuse "use at least 1" "${syn[@]}" --windows 0
 adv=("$EPX" advise --model kimi-k2 --link nvlink4)
 check "--imbalance 1e999" refuse "not a finite number" "${adv[@]}" --gpus 8 --imbalance 1e999

@@ -110,7 +110,7 @@ expect_in "$TMP/err" "unknown model 'llama-moe'" "kimi-k2"
 expect_exit 2 "$EPX" trace synth --model mixtral --skew 1..x -o "$TMP/x.json"
 expect_in "$TMP/err" "--skew"
 expect_exit 2 "$EPX" trace synth --model mixtral --skew 2..1 -o "$TMP/x.json"
-expect_in "$TMP/err" "lo <= hi"
+expect_in "$TMP/err" "--skew 2..1 runs backwards: write the smaller first (1..2)"
 expect_exit 2 "$EPX" trace synth --model mixtral --tokens 0 -o "$TMP/x.json"
 expect_exit 2 "$EPX" trace synth --model mixtral
 expect_in "$TMP/err" "-o is required"

@@ -6,11 +6,13 @@
  */
 #include "cli.h"
 
+#include <assert.h>
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -83,55 +85,191 @@ const char *cli_get(const cli_cmd *cmd, const char *name) {
 
 bool cli_flag(const cli_cmd *cmd, const char *name) { return cli_get(cmd, name) != NULL; }
 
-/* Every numeric option is read here, so every one says the same three
- * things when it refuses a value: the value, the rule, the fix. */
+/*
+ * Numbers. Every numeric option of every subcommand is read by one of the
+ * functions below, all built on two recognisers (a whole number; a decimal
+ * number), so every option accepts the same spellings and refuses a value
+ * with the same three things: the option, the value, and the range to use.
+ * Accepted: an optional sign and decimal digits ("+8", "0012"), and for
+ * real numbers a fraction and an exponent ("0.5", "1e-3"). Refused: an
+ * empty value, spaces, hex ("0x10", also hex floats), trailing junk ("8x",
+ * "1.5" for a whole number), NaN and infinities; a value past the range,
+ * including one past 64 bits, is "above the limit", never wrapped.
+ */
+
+/* [+-]digits, nothing else. */
+static bool whole_text(const char *v) {
+    const char *p = v + (*v == '+' || *v == '-');
+    if (*p == '\0') return false;
+    for (; *p; p++)
+        if (*p < '0' || *p > '9') return false;
+    return true;
+}
+
+/* [+-](digits[.digits]|.digits)[(e|E)[+-]digits], nothing else. */
+static bool real_text(const char *v) {
+    const char *p = v + (*v == '+' || *v == '-');
+    size_t digits = 0;
+    for (; *p >= '0' && *p <= '9'; p++) digits++;
+    if (*p == '.')
+        for (p++; *p >= '0' && *p <= '9'; p++) digits++;
+    if (digits == 0) return false;
+    if (*p == 'e' || *p == 'E') {
+        p++;
+        p += *p == '+' || *p == '-';
+        if (*p < '0' || *p > '9') return false;
+        while (*p >= '0' && *p <= '9') p++;
+    }
+    return *p == '\0';
+}
+
+/* "nan", "-inf", "Infinity": what strtod reads as non-finite. */
+static bool nonfinite_text(const char *v) {
+    const char *p = v + (*v == '+' || *v == '-');
+    return strncasecmp(p, "nan", 3) == 0 || strncasecmp(p, "inf", 3) == 0;
+}
+
+/* The messages, shared by every kind; lo and hi come formatted. */
+static void say_junk(const cli_cmd *cmd, const char *name, const char *v, const char *kind,
+                     const char *lo, const char *hi) {
+    fprintf(stderr, "epx %s: %s '%s' is not a %s: give one from %s to %s\n", cmd->name, name, v,
+            kind, lo, hi);
+}
+
+static void say_range(const cli_cmd *cmd, const char *name, const char *v, bool low, const char *lo,
+                      const char *hi) {
+    fprintf(stderr, "epx %s: %s %s is %s the %s %s: use %s %s\n", cmd->name, name, v,
+            low ? "below" : "above", low ? "minimum" : "limit", low ? lo : hi,
+            low ? "at least" : "at most", low ? lo : hi);
+}
+
+/* A whole number in [lo, hi] (lo >= 0 when hi > INT64_MAX). 0 ok, 1 junk,
+ * 2 below, 3 above. */
+static int read_whole(const char *v, uint64_t lo_u, uint64_t hi_u, bool is_signed, int64_t lo_s,
+                      int64_t hi_s, uint64_t *out_u, int64_t *out_s) {
+    if (!whole_text(v)) return 1;
+    errno = 0;
+    if (v[0] == '-') {
+        long long x = strtoll(v, NULL, 10);
+        if (errno == ERANGE) return 2;
+        if (!is_signed) {
+            if (x == 0 && lo_u == 0) return *out_u = 0, 0;
+            return 2;
+        }
+        if (x < lo_s) return 2;
+        if (x > hi_s) return 3;
+        return *out_s = x, 0;
+    }
+    unsigned long long x = strtoull(v, NULL, 10);
+    if (errno == ERANGE) return 3;
+    if (is_signed) {
+        if (x > (unsigned long long)INT64_MAX || (int64_t)x > hi_s) return 3;
+        if ((int64_t)x < lo_s) return 2;
+        return *out_s = (int64_t)x, 0;
+    }
+    if (x < lo_u) return 2;
+    if (x > hi_u) return 3;
+    return *out_u = x, 0;
+}
+
+static bool parse_int(const cli_cmd *cmd, const char *name, const char *v, int64_t lo, int64_t hi,
+                      int64_t *out) {
+    char los[24], his[24];
+    snprintf(los, sizeof los, "%lld", (long long)lo);
+    snprintf(his, sizeof his, "%lld", (long long)hi);
+    uint64_t unused = 0;
+    int r = read_whole(v, 0, 0, true, lo, hi, &unused, out);
+    if (r == 1) say_junk(cmd, name, v, "whole number", los, his);
+    if (r >= 2) say_range(cmd, name, v, r == 2, los, his);
+    return r == 0;
+}
+
 bool cli_int(const cli_cmd *cmd, const char *name, int64_t lo, int64_t hi, int32_t *out) {
+    /* The result is an int32_t: a wider range would wrap. */
+    assert(lo >= INT32_MIN && hi <= INT32_MAX && lo <= hi);
+    const char *v = cli_get(cmd, name);
+    int64_t x = 0;
+    if (v == NULL) return true;
+    if (!parse_int(cmd, name, v, lo, hi, &x)) return false;
+    *out = (int32_t)x;
+    return true;
+}
+
+bool cli_u64(const cli_cmd *cmd, const char *name, uint64_t lo, uint64_t hi, uint64_t *out) {
     const char *v = cli_get(cmd, name);
     if (v == NULL) return true;
-    char *end = NULL;
+    char los[24], his[24];
+    snprintf(los, sizeof los, "%llu", (unsigned long long)lo);
+    snprintf(his, sizeof his, "%llu", (unsigned long long)hi);
+    int64_t unused = 0;
+    int r = read_whole(v, lo, hi, false, 0, 0, out, &unused);
+    if (r == 1) say_junk(cmd, name, v, "whole number", los, his);
+    if (r >= 2) say_range(cmd, name, v, r == 2, los, his);
+    return r == 0;
+}
+
+/* A decimal number in [lo, hi]; `name` and `v` as the message shows them. */
+static bool read_real(const cli_cmd *cmd, const char *name, const char *v, double lo, double hi,
+                      double *out) {
+    char los[32], his[32];
+    snprintf(los, sizeof los, "%g", lo);
+    snprintf(his, sizeof his, "%g", hi);
+    if (nonfinite_text(v)) {
+        say_junk(cmd, name, v, "finite number", los, his);
+        return false;
+    }
+    if (!real_text(v)) {
+        say_junk(cmd, name, v, "number", los, his);
+        return false;
+    }
     errno = 0;
-    long long x = strtoll(v, &end, 10);
-    if (end == v || *end != '\0') {
-        fprintf(stderr, "epx %s: %s '%s' is not a whole number: give one from %lld to %lld\n",
-                cmd->name, name, v, (long long)lo, (long long)hi);
+    double x = strtod(v, NULL);
+    /* Past DBL_MAX is past any limit; below DBL_MIN rounds towards 0. */
+    if (isinf(x)) {
+        say_junk(cmd, name, v, "finite number", los, his);
         return false;
     }
-    if (errno == ERANGE || x < lo || x > hi) {
-        const bool low = errno == ERANGE ? v[0] == '-' : x < lo;
-        fprintf(stderr, "epx %s: %s %s is %s the %s %lld: use %s %lld\n", cmd->name, name, v,
-                low ? "below" : "above", low ? "minimum" : "limit",
-                low ? (long long)lo : (long long)hi, low ? "at least" : "at most",
-                low ? (long long)lo : (long long)hi);
+    if (!(x >= lo && x <= hi)) {
+        say_range(cmd, name, v, x < lo, los, his);
         return false;
     }
-    *out = (int32_t)x;
+    *out = x;
     return true;
 }
 
 bool cli_double(const cli_cmd *cmd, const char *name, double lo, double hi, double *out) {
     const char *v = cli_get(cmd, name);
+    return v == NULL || read_real(cmd, name, v, lo, hi, out);
+}
+
+bool cli_range(const cli_cmd *cmd, const char *name, double lo, double hi, double *a, double *b) {
+    const char *v = cli_get(cmd, name);
     if (v == NULL) return true;
-    char *end = NULL;
-    errno = 0;
-    double x = strtod(v, &end);
-    if (end == v || *end != '\0') {
-        fprintf(stderr, "epx %s: %s '%s' is not a number: give one from %g to %g\n", cmd->name,
-                name, v, lo, hi);
-        return false;
+    /* The split comes first: strtod would read "2." out of "2..1". */
+    const char *dots = strstr(v, "..");
+    char first[64], label[80];
+    if (dots == NULL) {
+        snprintf(label, sizeof label, "%s (A..B or A)", name);
+        if (!read_real(cmd, label, v, lo, hi, a)) return false;
+        *b = *a;
+        return true;
     }
-    if (isnan(x) || isinf(x) || (errno == ERANGE && fabs(x) > 1.0)) {
-        fprintf(stderr, "epx %s: %s '%s' is not a finite number: give one from %g to %g\n",
+    if ((size_t)(dots - v) >= sizeof first) {
+        fprintf(stderr, "epx %s: %s '%.40s...' is not A..B: give two numbers from %g to %g\n",
                 cmd->name, name, v, lo, hi);
         return false;
     }
-    if (!(x >= lo && x <= hi)) {
-        const bool low = x < lo;
-        fprintf(stderr, "epx %s: %s %s is %s the %s %g: use %s %g\n", cmd->name, name, v,
-                low ? "below" : "above", low ? "minimum" : "limit", low ? lo : hi,
-                low ? "at least" : "at most", low ? lo : hi);
+    memcpy(first, v, (size_t)(dots - v));
+    first[dots - v] = '\0';
+    snprintf(label, sizeof label, "%s (A of A..B)", name);
+    if (!read_real(cmd, label, first, lo, hi, a)) return false;
+    snprintf(label, sizeof label, "%s (B of A..B)", name);
+    if (!read_real(cmd, label, dots + 2, lo, hi, b)) return false;
+    if (*a > *b) {
+        fprintf(stderr, "epx %s: %s %s runs backwards: write the smaller first (%s..%.*s)\n",
+                cmd->name, name, v, dots + 2, (int)(dots - v), v);
         return false;
     }
-    *out = x;
     return true;
 }
 
@@ -157,13 +295,30 @@ bool cli_check_bytes(const cli_cmd *cmd, double bytes, const char *what, const c
     return false;
 }
 
-bool cli_check_memory(const cli_cmd *cmd, const epx_shape *s, int copies) {
+bool cli_check_memory(const cli_cmd *cmd, const epx_shape *s, int copies, const char *fix) {
     const double L = s->num_layers, E = s->num_logical_experts, P = s->num_physical_experts;
     const double bytes = copies * 4.0 * (L * P + L * E * (P - E + 1) + L * E);
     char what[160];
     snprintf(what, sizeof what, "%d layers x %d experts on %d slots and %d GPUs", s->num_layers,
              s->num_logical_experts, s->num_physical_experts, s->num_gpus);
-    return cli_check_bytes(cmd, bytes, what, "use fewer GPUs or redundant slots");
+    return cli_check_bytes(cmd, bytes, what, fix);
+}
+
+double cli_json_width(double x) {
+    double digits = 1;
+    for (x = fabs(x); x >= 10 && digits < 20; x /= 10) digits++;
+    return digits + 2;
+}
+
+bool cli_check_json_size(const cli_cmd *cmd, const char *path, double numbers, double width,
+                         const char *fix) {
+    const double bytes = numbers * width, limit = (double)EPX_MAX_INPUT_BYTES;
+    if (cli_is_pt(path) || bytes <= limit) return true;
+    fprintf(stderr,
+            "epx %s: %s would be about %.1f GB of JSON (%.0f numbers), above the %.0f GiB that "
+            "epx reads back (EPX_MAX_INPUT_BYTES): %s\n",
+            cmd->name, path, bytes / 1e9, numbers, limit / (1 << 30), fix);
+    return false;
 }
 
 const char *cli_require(const cli_cmd *cmd, const char *name) {
@@ -193,33 +348,55 @@ int cli_model(const cli_cmd *cmd, const char *arg, epx_model_info *info) {
     return -1;
 }
 
-bool cli_int_list(const char *s, int64_t lo, int64_t hi, int32_t **out, int32_t *n) {
-    int32_t cap = 8, cnt = 0;
-    int32_t *v = malloc((size_t)cap * sizeof *v);
-    if (v == NULL) return false;
-    const char *p = s;
-    while (*p) {
-        char *end = NULL;
-        errno = 0;
-        long long x = strtoll(p, &end, 10);
-        if (errno != 0 || end == p || x < lo || x > hi || (*end != ',' && *end != '\0')) {
+bool cli_int_list(const cli_cmd *cmd, const char *name, int64_t lo, int64_t hi, const char *example,
+                  int32_t **out, int32_t *n) {
+    assert(lo >= INT32_MIN && hi <= INT32_MAX && lo <= hi);
+    *out = NULL;
+    *n = 0;
+    const char *s = cli_get(cmd, name);
+    if (s == NULL) return true;
+    /* At most one element per two characters, so this bounds the list. */
+    const size_t len = strlen(s), cap = len / 2 + 1;
+    int32_t *v = malloc(cap * sizeof *v), cnt = 0;
+    char item[256];
+    if (v == NULL) {
+        fprintf(stderr, "epx %s: out of memory\n", cmd->name);
+        return false;
+    }
+    for (const char *p = s;; p++) {
+        const char *comma = strchr(p, ',');
+        const size_t ilen = comma ? (size_t)(comma - p) : strlen(p);
+        if (ilen == 0 || ilen >= sizeof item) {
+            fprintf(stderr,
+                    "epx %s: %s '%.64s%s' is not a comma-separated list of whole numbers from %lld "
+                    "to %lld (e.g. %s)\n",
+                    cmd->name, name, s, len > 64 ? "..." : "", (long long)lo, (long long)hi,
+                    example);
             free(v);
             return false;
         }
-        if (cnt == cap) {
-            int32_t *nv = realloc(v, (size_t)(cap *= 2) * sizeof *v);
-            if (nv == NULL) {
-                free(v);
-                return false;
-            }
-            v = nv;
+        memcpy(item, p, ilen);
+        item[ilen] = '\0';
+        int64_t x = 0;
+        uint64_t unused = 0;
+        const int r = read_whole(item, 0, 0, true, lo, hi, &unused, &x);
+        if (r != 0) {
+            fprintf(stderr, "epx %s: %s '%.64s%s': item %d ", cmd->name, name, s,
+                    len > 64 ? "..." : "", cnt + 1);
+            if (r == 1)
+                fprintf(stderr, "'%s' is not a whole number: give numbers from %lld to %lld\n",
+                        item, (long long)lo, (long long)hi);
+            else
+                fprintf(stderr, "(%s) is %s the %s %lld: use %s %lld\n", item,
+                        r == 2 ? "below" : "above", r == 2 ? "minimum" : "limit",
+                        (long long)(r == 2 ? lo : hi), r == 2 ? "at least" : "at most",
+                        (long long)(r == 2 ? lo : hi));
+            free(v);
+            return false;
         }
         v[cnt++] = (int32_t)x;
-        p = *end == ',' ? end + 1 : end;
-    }
-    if (cnt == 0) {
-        free(v);
-        return false;
+        if (comma == NULL) break;
+        p = comma;
     }
     *out = v;
     *n = cnt;

@@ -42,10 +42,23 @@ int cli_parse(cli_cmd *cmd, int argc, char **argv);
 const char *cli_get(const cli_cmd *cmd, const char *name);
 bool cli_flag(const cli_cmd *cmd, const char *name);
 
-/* Integer options: *out keeps its default when absent. Return false (after
- * printing why) when present but not an integer in [lo, hi]. */
+/* Numbers (cli.c): every numeric option of every subcommand goes through
+ * one of these, so all accept the same spellings (decimal digits with an
+ * optional sign; for real numbers a fraction and an exponent) and refuse
+ * junk, spaces, hex, NaN, infinities, and values out of [lo, hi] or past
+ * 64 bits with one message naming the option, the value and the range.
+ * *out keeps its default when the option is absent; false after the
+ * message. */
 bool cli_int(const cli_cmd *cmd, const char *name, int64_t lo, int64_t hi, int32_t *out);
+bool cli_u64(const cli_cmd *cmd, const char *name, uint64_t lo, uint64_t hi, uint64_t *out);
 bool cli_double(const cli_cmd *cmd, const char *name, double lo, double hi, double *out);
+/* "A..B" (or "A", meaning A..A), both in [lo, hi] and A <= B. */
+bool cli_range(const cli_cmd *cmd, const char *name, double lo, double hi, double *a, double *b);
+/* "a,b,c", each a whole number in [lo, hi], into a malloc'd array (caller
+ * frees; NULL and 0 when the option is absent); a bad item is named by its
+ * position. `example` is shown for a malformed list ("1,64,4096"). */
+bool cli_int_list(const cli_cmd *cmd, const char *name, int64_t lo, int64_t hi, const char *example,
+                  int32_t **out, int32_t *n);
 
 /* A required option: prints "epx NAME: --opt is required" and returns NULL
  * when absent. */
@@ -77,14 +90,25 @@ void cli_progress(void *user, const char *what, int64_t done, int64_t total);
  * the limit and the fix, and return false. `what` names the option that
  * set P ("--redundant 12800"). */
 #define CLI_MAX_SLOTS_PER_EXPERT 4
+/* --expert-bytes: up to 10^15 bytes (a PB) per expert and layer. */
+#define CLI_MAX_EXPERT_BYTES 1000000000000000ull
 bool cli_check_slots(const cli_cmd *cmd, const char *what, int32_t E, int32_t P, int32_t G);
-bool cli_check_memory(const cli_cmd *cmd, const epx_shape *s, int copies);
+/* `fix` says what to lower for this command ("use fewer --layers or
+ * --experts"). */
+bool cli_check_memory(const cli_cmd *cmd, const epx_shape *s, int copies, const char *fix);
 /* The same budget for any estimate: `what` says what needs `bytes`, `fix`
  * what to lower ("fewer --windows"). */
 bool cli_check_bytes(const cli_cmd *cmd, double bytes, const char *what, const char *fix);
-
-/* Parse "a,b,c" into ints (caller frees *out). False on junk. */
-bool cli_int_list(const char *s, int64_t lo, int64_t hi, int32_t **out, int32_t *n);
+/* A JSON output must be one epx can read back: at most EPX_MAX_INPUT_BYTES,
+ * the limit of its JSON readers. Estimated before any work from `numbers`
+ * values of `width` bytes each (digits and the ", " after them; see
+ * cli_json_width); above the limit, prints the bytes, the limit and `fix`
+ * ("use fewer --windows, or write a .pt file") and returns false. A .pt path (binary, read
+ * without that limit) passes: memory bounds it. */
+bool cli_check_json_size(const cli_cmd *cmd, const char *path, double numbers, double width,
+                         const char *fix);
+/* Bytes a whole number near x takes in a JSON list: its digits and ", ". */
+double cli_json_width(double x);
 
 /* Outputs (out.c). An output: a path to replace (written with
  * epx_file_write) or, with append, a file opened for appending. */
@@ -136,10 +160,10 @@ int cmd_advise(int argc, char **argv);
 int cmd_migrate(int argc, char **argv);
 
 /* cmd_migrate.c, for `epx plan --current/--failed-gpus`: a [G] mask from
- * "1,5" (NULL list: *mask = NULL); the layout in service checked against
+ * --failed-gpus "1,5" (absent: *mask = NULL); the layout in service checked against
  * the plan's shape (-1 = ok, else an exit code); the moves it takes to the
  * planned layout (-1 = ok, else an exit code). */
-bool cli_failed_gpus(const char *cmd, const char *list, int32_t G, uint8_t **mask);
+bool cli_failed_gpus(const cli_cmd *cmd, int32_t G, uint8_t **mask);
 int cli_read_current(const char *cmd, const char *spec, const epx_shape *shape, epx_layout **out);
 int cli_print_moves(const char *cmd, const epx_counts *counts, const epx_layout *current,
                     const epx_layout *planned, const uint8_t *failed, size_t expert_bytes);

@@ -521,13 +521,8 @@ static int parse_args(cli_cmd *cmd, bench_args *a) {
     }
     epx_error err = {0};
     if (epx_moe_model_config(a->model, &a->cfg, &err) != EPX_OK) return cli_report(cmd, &err);
-    if (!cli_int_list(toks, 1, 1 << 20, &a->tokens, &a->ntok)) {
-        fprintf(stderr,
-                "epx bench comm: --tokens '%s' is not a list of integers in [1, 2^20] (e.g. "
-                "1,64,4096)\n",
-                toks);
+    if (!cli_int_list(cmd, "--tokens", 1, 1 << 20, "1,64,4096", &a->tokens, &a->ntok))
         return CLI_EXIT_USAGE;
-    }
     a->iters = 20;
     a->warmup = 3;
     a->redundant = 0;
@@ -841,6 +836,7 @@ int cmd_bench(int argc, char **argv) {
         fprintf(stderr, "epx bench: the benchmark to run is 'comm' (epx bench comm ...)\n");
         return CLI_EXIT_USAGE;
     }
+    cmd.name = "bench comm"; /* what every later message names */
     bench_args a;
     rc = parse_args(&cmd, &a);
     if (rc >= 0) {

@@ -292,24 +292,28 @@ int cmd_demo(int argc, char **argv) {
     epx_model_info info;
     if ((rc = cli_model(&cmd, model_name, &info)) >= 0) return rc;
     const epx_model *m = &info.model;
-    /* Round P up to a multiple of G, and say so, rather than refuse. */
-    int32_t P = m->num_experts + R;
-    if (P % G != 0) {
-        int32_t P2 = (P / G + 1) * G;
-        fprintf(stderr, "epx demo: %d + %d slots do not divide over %d GPUs; using %d redundant\n",
-                m->num_experts, R, G, P2 - m->num_experts);
-        P = P2;
-    }
+    /* Round P up to a multiple of G, and say so, rather than refuse; but
+     * only once the rounded shape is within the limits. E and R are at most
+     * 2^20 each and G at most 2^16, so P + G fits an int32_t. */
+    const int32_t P0 = m->num_experts + R;
+    const int32_t P = P0 % G == 0 ? P0 : (P0 / G + 1) * G;
     epx_shape shape = {m->num_layers, m->num_experts, P, G, N};
     {
         char what[48];
         snprintf(what, sizeof what, "--redundant %d", R);
         if (!cli_check_slots(&cmd, what, m->num_experts, P, G) ||
-            !cli_check_memory(&cmd, &shape, 6) ||
+            !cli_check_memory(&cmd, &shape, 6,
+                              "use fewer --gpus or --redundant, or a smaller --model") ||
             !cli_check_bytes(&cmd, 8.0 * S * m->num_layers * m->num_experts * 2, "the trace",
-                             "use fewer --windows"))
+                             "use fewer --windows, or a smaller --model") ||
+            !cli_check_json_size(&cmd, "trace.json", (double)S * m->num_layers * m->num_experts,
+                                 cli_json_width((double)tokens * m->top_k / m->num_experts),
+                                 "use fewer --windows or --tokens, or a smaller --model"))
             return CLI_EXIT_USAGE;
     }
+    if (P != P0)
+        fprintf(stderr, "epx demo: %d + %d slots do not divide over %d GPUs; using %d redundant\n",
+                m->num_experts, R, G, P - m->num_experts);
     if (epx_shape_check(&shape, &err) != EPX_OK) return cli_report(&cmd, &err);
 
     epx_trace_opts to = EPX_TRACE_OPTS_INIT;

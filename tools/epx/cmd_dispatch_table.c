@@ -201,6 +201,19 @@ int cmd_dispatch_table(int argc, char **argv) {
             goto report;
         topts.expected_load = load;
     }
+    {
+        /* The table is [G][L][E] ids whatever --rank writes: memory and the
+         * file are checked before it is computed. */
+        char what[96];
+        snprintf(what, sizeof what, "the table (%d ranks x %d layers x %d experts)", G, L, E);
+        const double cells = (double)L * E;
+        if (!cli_check_bytes(&cmd, 4.0 * G * cells, what, "use fewer --gpus") ||
+            !cli_check_json_size(&cmd, out, (R >= 0 ? 1 : G) * cells, cli_json_width(P - 1),
+                                 R >= 0 ? "use a smaller placement" : "write one --rank")) {
+            ret = CLI_EXIT_USAGE;
+            goto done;
+        }
+    }
     table = malloc(sizeof *table * (size_t)G * (size_t)L * (size_t)E);
     if (table == NULL) goto nomem;
     if (rep) {

@@ -33,6 +33,7 @@ int cmd_layout(int argc, char **argv) {
                         "plan others with 'epx plan'\n");
         return CLI_EXIT_USAGE;
     }
+    cmd.name = "layout trivial"; /* what every later message names */
     int32_t L = 0, E = 0, G = 0, N = 1, R = 0;
     const char *out = cli_require(&cmd, "-o");
     if (!cli_require(&cmd, "--layers") || !cli_require(&cmd, "--experts") ||
@@ -49,7 +50,10 @@ int cmd_layout(int argc, char **argv) {
     epx_shape shape = {L, E, E + R, G, N};
     char what[48];
     snprintf(what, sizeof what, "--redundant %d", R);
-    if (!cli_check_slots(&cmd, what, E, E + R, G) || !cli_check_memory(&cmd, &shape, 1))
+    const char *fix = "use fewer --layers, --experts or --redundant";
+    if (!cli_check_slots(&cmd, what, E, E + R, G) || !cli_check_memory(&cmd, &shape, 1, fix) ||
+        !cli_check_json_size(&cmd, out, (double)L * (E + R), cli_json_width(E - 1),
+                             "use fewer --layers or --experts, or write a .pt file"))
         return CLI_EXIT_USAGE;
     epx_error err = {0};
     epx_layout *lay = NULL;

@@ -11,20 +11,15 @@
 
 #include "cli.h"
 
-bool cli_failed_gpus(const char *cmd, const char *list, int32_t G, uint8_t **mask) {
+bool cli_failed_gpus(const cli_cmd *cmd, int32_t G, uint8_t **mask) {
     *mask = NULL;
-    if (list == NULL) return true;
     int32_t *ids = NULL, n = 0;
-    if (!cli_int_list(list, 0, (int64_t)G - 1, &ids, &n)) {
-        fprintf(stderr,
-                "epx %s: --failed-gpus '%s' is not a list of GPU ids in [0, %d) (e.g. 3 or 1,5)\n",
-                cmd, list, G);
-        return false;
-    }
+    if (!cli_int_list(cmd, "--failed-gpus", 0, (int64_t)G - 1, "3 or 1,5", &ids, &n)) return false;
+    if (ids == NULL) return true;
     *mask = calloc((size_t)G, 1);
     if (*mask == NULL) {
         free(ids);
-        fprintf(stderr, "epx %s: out of memory\n", cmd);
+        fprintf(stderr, "epx %s: out of memory\n", cmd->name);
         return false;
     }
     for (int32_t i = 0; i < n; i++) (*mask)[ids[i]] = 1;
@@ -226,6 +221,7 @@ int cmd_migrate(int argc, char **argv) {
                 "epx migrate: the only action is 'plan' (epx migrate plan --from A --to B ...)\n");
         return CLI_EXIT_USAGE;
     }
+    cmd.name = "migrate plan"; /* what every later message names */
     const char *from = cli_require(&cmd, "--from");
     const char *to = from ? cli_require(&cmd, "--to") : NULL;
     if (to == NULL || !cli_require(&cmd, "--gpus") || !cli_require(&cmd, "--expert-bytes"))
@@ -237,23 +233,18 @@ int cmd_migrate(int argc, char **argv) {
         if ((rc = cli_outputs_check(&cmd, in, 2, outs, 1)) >= 0) return rc;
     }
     int32_t G = 0, N = 1, E = 0;
-    double bytes = 0;
+    uint64_t bytes = 0;
     if (!cli_int(&cmd, "--gpus", 1, EPX_MAX_GPUS, &G) ||
         !cli_int(&cmd, "--nodes", 1, EPX_MAX_GPUS, &N) ||
         !cli_int(&cmd, "--experts", 1, EPX_MAX_EXPERTS, &E) ||
-        !cli_double(&cmd, "--expert-bytes", 1, 1e15, &bytes))
+        !cli_u64(&cmd, "--expert-bytes", 1, CLI_MAX_EXPERT_BYTES, &bytes))
         return CLI_EXIT_USAGE;
-    if (bytes != (double)(uint64_t)bytes) {
-        fprintf(stderr, "epx migrate: --expert-bytes must be a whole number of bytes\n");
-        return CLI_EXIT_USAGE;
-    }
     epx_error err = {0};
     epx_layout *a = NULL, *b = NULL;
     epx_migration *m = NULL;
     uint8_t *failed = NULL;
     rc = CLI_EXIT_OK;
-    if (!cli_failed_gpus("migrate", cli_get(&cmd, "--failed-gpus"), G, &failed))
-        return CLI_EXIT_USAGE;
+    if (!cli_failed_gpus(&cmd, G, &failed)) return CLI_EXIT_USAGE;
     if (E == 0) {
         /* infer E over both files, so a map missing the last expert still
          * reads as what it is */
@@ -276,7 +267,7 @@ int cmd_migrate(int argc, char **argv) {
             describe_model(fl[0], fe[0], da, sizeof da);
             describe_model(fl[1], fe[1], db, sizeof db);
             fprintf(stderr,
-                    "epx migrate: --from '%s' is %s, --to '%s' is %s: a migration moves "
+                    "epx migrate plan: --from '%s' is %s, --to '%s' is %s: a migration moves "
                     "experts within one model; give two placements of the same model\n",
                     from, da, to, db);
             rc = CLI_EXIT_USAGE;

@@ -250,14 +250,35 @@ int cmd_plan(int argc, char **argv) {
     if (o.sglang_version && epx_sglang_eplb_rule(o.sglang_version, &rule, NULL, &err) != EPX_OK)
         return cli_report(&cmd, &err);
 
+    /* Every number before the counts are read. The move options price moves
+     * away from the layout in service, so they need it. */
+    uint8_t *failed = NULL; /* --failed-gpus: cmd_migrate.c */
+    double price = 0.0;
+    uint64_t ebytes = 0;
+    const char *cur_path = cli_get(&cmd, "--current");
+    if (!cli_int(&cmd, "--max-moves", 0, INT32_MAX, &o.max_moves) ||
+        !cli_double(&cmd, "--move-price", 0.0, 1.0, &price) ||
+        !cli_u64(&cmd, "--expert-bytes", 1, CLI_MAX_EXPERT_BYTES, &ebytes))
+        return CLI_EXIT_USAGE;
+    static const char *const with_current[] = {"--max-moves", "--move-price", "--expert-bytes"};
+    for (int i = 0; i < 3 && cur_path == NULL; i++)
+        if (cli_get(&cmd, with_current[i]) != NULL) {
+            fprintf(stderr,
+                    "epx plan: %s counts moves from the placement in service: give it with "
+                    "--current FILE\n",
+                    with_current[i]);
+            return CLI_EXIT_USAGE;
+        }
     epx_counts *counts = NULL;
     char how[512] = "";
     epx_read_opts ro = EPX_READ_OPTS_INIT;
     ro.how = how;
     ro.how_cap = sizeof how;
-    if (!cli_read_opts(&cmd, &ro)) return CLI_EXIT_USAGE;
-    if (epx_counts_read_with(counts_path, &ro, &counts, &err) != EPX_OK)
+    if (!cli_read_opts(&cmd, &ro) || !cli_failed_gpus(&cmd, G, &failed)) return CLI_EXIT_USAGE;
+    if (epx_counts_read_with(counts_path, &ro, &counts, &err) != EPX_OK) {
+        free(failed);
         return cli_report(&cmd, &err);
+    }
     printf("input: %s\n", how);
     const int32_t E = counts->num_experts;
     if (P < 0) P = R >= 0 ? E + R : E;
@@ -270,28 +291,22 @@ int cmd_plan(int argc, char **argv) {
         if ((cli_get(&cmd, "--redundant") || cli_get(&cmd, "--physical")) &&
             !cli_check_slots(&cmd, what, E, P, G)) {
             epx_counts_destroy(counts);
+            free(failed);
             return CLI_EXIT_USAGE;
         }
-        if (!cli_check_memory(&cmd, &shape, 4)) {
+        if (!cli_check_memory(&cmd, &shape, 4, "use fewer GPUs or redundant slots") ||
+            !cli_check_json_size(&cmd, out, (double)shape.num_layers * P, cli_json_width(E - 1),
+                                 "use fewer redundant slots, or write a .pt file")) {
             epx_counts_destroy(counts);
+            free(failed);
             return CLI_EXIT_USAGE;
         }
     }
     epx_plan *plan = NULL;
     double *load = NULL;
     epx_layer_balance *layers = NULL;
-    epx_layout *current = NULL; /* --current, --failed-gpus: cmd_migrate.c */
-    uint8_t *failed = NULL;
-    double price = 0.0, ebytes = 0.0;
+    epx_layout *current = NULL; /* --current: cmd_migrate.c */
     rc = CLI_EXIT_OK;
-    const char *cur_path = cli_get(&cmd, "--current");
-    if (!cli_int(&cmd, "--max-moves", 0, INT32_MAX, &o.max_moves) ||
-        !cli_double(&cmd, "--move-price", 0.0, 1.0, &price) ||
-        !cli_double(&cmd, "--expert-bytes", 1.0, 1e15, &ebytes) ||
-        !cli_failed_gpus("plan", cli_get(&cmd, "--failed-gpus"), G, &failed)) {
-        rc = CLI_EXIT_USAGE;
-        goto done;
-    }
     if (cur_path != NULL && (rc = cli_read_current("plan", cur_path, &shape, &current)) >= 0)
         goto done;
     rc = CLI_EXIT_OK;

@@ -3,54 +3,11 @@
  * built-in model shape as SGLang logical_count JSON [S][L][E]. The file is a
  * pure function of the options: the same seed writes the same bytes.
  */
-#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "cli.h"
-
-/* One number filling all of s[0, len); false on junk. */
-static bool parse_number(const char *s, size_t len, double *out) {
-    char buf[64];
-    if (len == 0 || len >= sizeof buf) return false;
-    memcpy(buf, s, len);
-    buf[len] = '\0';
-    char *end = NULL;
-    errno = 0;
-    *out = strtod(buf, &end);
-    return errno == 0 && end == buf + len;
-}
-
-/* "A..B" or "A" (meaning A..A) into two numbers; false on junk. The split
- * comes first: strtod would read "2." out of "2..1". */
-static bool parse_range(const char *s, double *lo, double *hi) {
-    const char *dots = strstr(s, "..");
-    if (dots == NULL) {
-        if (!parse_number(s, strlen(s), lo)) return false;
-        *hi = *lo;
-        return true;
-    }
-    return parse_number(s, (size_t)(dots - s), lo) && parse_number(dots + 2, strlen(dots + 2), hi);
-}
-
-/* A whole number option in [lo, hi]; *out keeps its default when absent. */
-static bool opt_u64(const cli_cmd *cmd, const char *name, uint64_t lo, uint64_t hi, uint64_t *out) {
-    const char *v = cli_get(cmd, name);
-    if (v == NULL) return true;
-    char *end = NULL;
-    errno = 0;
-    unsigned long long x = strtoull(v, &end, 10);
-    if (errno != 0 || end == v || *end != '\0' || v[0] == '-' || x < lo || x > hi) {
-        fprintf(stderr,
-                "epx %s: %s '%s' is not a whole number from %llu to %llu: give one in that "
-                "range\n",
-                cmd->name, name, v, (unsigned long long)lo, (unsigned long long)hi);
-        return false;
-    }
-    *out = x;
-    return true;
-}
 
 static void list_models(FILE *f) {
     int32_t n = 0;
@@ -108,22 +65,55 @@ static int trace_synth(int argc, char **argv) {
     epx_trace_opts to = EPX_TRACE_OPTS_INIT;
     uint64_t tokens = (uint64_t)to.tokens;
     if (!cli_int(&cmd, "--windows", 1, 1 << 24, &to.num_windows) ||
-        !opt_u64(&cmd, "--tokens", 1, (uint64_t)1 << 40, &tokens) ||
-        !opt_u64(&cmd, "--seed", 0, UINT64_MAX, &to.seed) ||
+        !cli_u64(&cmd, "--tokens", 1, (uint64_t)1 << 40, &tokens) ||
+        !cli_u64(&cmd, "--seed", 0, UINT64_MAX, &to.seed) ||
+        !cli_range(&cmd, "--skew", 0, 5, &to.skew_lo, &to.skew_hi) ||
         !cli_double(&cmd, "--drift", 0, 5, &to.drift) ||
         !cli_int(&cmd, "--shift", 1, 1 << 24, &to.shift_window) ||
         !cli_double(&cmd, "--shift-layers", 0, 1, &to.shift_layers) ||
         !cli_int(&cmd, "--per-pass", 1, 1 << 16, &to.per_pass))
         return CLI_EXIT_USAGE;
     to.tokens = (int64_t)tokens;
-    if (!cli_check_bytes(&cmd, 8.0 * to.num_windows * model->num_layers * model->num_experts,
-                         "the trace ([S][L][E] doubles)", "use fewer --windows"))
-        return CLI_EXIT_USAGE;
-    const char *skew = cli_get(&cmd, "--skew");
-    if (skew != NULL && !parse_range(skew, &to.skew_lo, &to.skew_hi)) {
-        fprintf(stderr, "epx trace synth: --skew '%s' is not A..B (e.g. 0.8..1.3)\n", skew);
+    const int32_t S = to.num_windows, N = to.per_pass;
+    /* A shift at or after the last window, or a share of shifting layers
+     * with no shift, would be accepted and do nothing. */
+    if (to.shift_window >= S) {
+        if (S < 2)
+            fprintf(stderr, "epx trace synth: --shift %d needs at least 2 windows (--windows %d)\n",
+                    to.shift_window, S);
+        else
+            fprintf(stderr,
+                    "epx trace synth: --shift %d is not below --windows %d: the shift would come "
+                    "after the last window; use --shift 1 to %d, or more --windows\n",
+                    to.shift_window, S, S - 1);
         return CLI_EXIT_USAGE;
     }
+    if (cli_get(&cmd, "--shift-layers") != NULL && cli_get(&cmd, "--shift") == NULL) {
+        fprintf(stderr, "epx trace synth: --shift-layers applies to a shift: give --shift W too\n");
+        return CLI_EXIT_USAGE;
+    }
+    if ((int64_t)S * N > (1 << 24)) {
+        fprintf(stderr,
+                "epx trace synth: --windows %d x --per-pass %d is %lld rows, above the limit %d: "
+                "use fewer --windows or --per-pass\n",
+                S, N, (long long)S * N, 1 << 24);
+        return CLI_EXIT_USAGE;
+    }
+    /* The file and memory ([S * N][L][E] doubles; a .pt output holds a
+     * second copy as it is written), both before any work. A row's typical
+     * figure is T * top_k / E tokens over N passes. */
+    const double rows = (double)S * N, cells = rows * model->num_layers * model->num_experts;
+    const char *fix = N > 1 ? "use fewer --windows or --per-pass" : "use fewer --windows";
+    const char *jfix = N > 1 ? "use fewer --windows or --per-pass, or write a .pt file"
+                             : "use fewer --windows, or write a .pt file";
+    const double loaded = (double)(model->num_layers - model->first_k_dense) / model->num_layers;
+    const double mean = (double)to.tokens * model->top_k / model->num_experts / N;
+    if (!cli_check_json_size(&cmd, path, cells,
+                             loaded * cli_json_width(mean) + (1 - loaded) * cli_json_width(0),
+                             jfix) ||
+        !cli_check_bytes(&cmd, (cli_is_pt(path) ? 16.0 : 8.0) * cells,
+                         "the trace ([S x per-pass][L][E] doubles)", fix))
+        return CLI_EXIT_USAGE;
     epx_counts *c = NULL;
     if (epx_trace_synth(model, &to, &c, &err) != EPX_OK) return cli_report(&cmd, &err);
     epx_status st = cli_is_pt(path) ? epx_counts_write_pt(c, path, EPX_PT_DTYPE_AUTO, &err)
