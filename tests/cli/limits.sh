@@ -3,7 +3,9 @@
 # work with the value, the limit and the fix (README "Limits"): slots per
 # layer P <= 4 (E + G) (at the limit accepted, one over refused), memory
 # estimated before allocating (demo --gpus 65536, trace synth with 2^24
-# windows), both refused at once (exit 2) without allocating.
+# windows), both refused at once (exit 2) without allocating; a JSON output
+# above the 1 GiB epx reads back refused before any work, naming its bytes
+# and the option to lower (issue 29).
 set -u
 EPX=${EPX_BIN:?EPX_BIN is not set}
 T=$(mktemp -d /tmp/epx-limits.XXXXXX)
@@ -46,4 +48,40 @@ check_none && echo "ok   nothing written" || { echo "FAIL something written"; fa
 # bench comm's buffers for the largest --tokens, estimated before any is allocated (issue 29)
 run "bench comm --tokens 1048576 refused before allocating" 2 "--tokens 1048576 at hidden 2048, top-8 needs about" \
   "$EPX" bench comm --backend mpi --model qwen3-30b --tokens 1,1048576 --iters 1 --warmup 0
+# Outputs and shapes that would be huge (issue 29): refused at once, naming
+# the bytes or the shape and what to lower; never a crash or a long run.
+run "trace synth --per-pass 4096: the JSON's bytes and the options" 2 \
+  "t.json would be about 2.3 GB of JSON (767557632 numbers), above the 1 GiB that epx reads back (EPX_MAX_INPUT_BYTES): use fewer --windows or --per-pass, or write a .pt file" \
+  "$EPX" trace synth --model kimi-k2 --windows 8 --per-pass 4096 -o t.json
+run "trace synth 4096 windows of 2^40 tokens: long numbers counted" 2 "above the 1 GiB that epx reads back" \
+  "$EPX" trace synth --model kimi-k2 --windows 4096 --tokens 1099511627776 -o t.json
+run "trace synth .pt: memory for 2^24 rows" 2 "use fewer --windows or --per-pass" \
+  "$EPX" trace synth --model kimi-k2 --windows 256 --per-pass 65536 -o t.pt
+run "trace synth --windows x --per-pass past 2^24 rows" 2 "--windows 512 x --per-pass 65536 is 33554432 rows, above the limit 16777216" \
+  "$EPX" trace synth --model kimi-k2 --windows 512 --per-pass 65536 -o t.json
+run "layout trivial --layers 65536 (JSON above 1 GiB)" 2 \
+  "bl.json would be about 1.6 GB of JSON (268435456 numbers), above the 1 GiB that epx reads back (EPX_MAX_INPUT_BYTES): use fewer --layers or --experts, or write a .pt file" \
+  "$EPX" layout trivial --layers 65536 --experts 4096 --gpus 8 -o bl.json
+run "layout trivial at every limit at once" 2 "layout trivial: " \
+  "$EPX" layout trivial --layers 65536 --experts 1048576 --gpus 65536 --redundant 1048576 -o bl.pt
+run "layout trivial .pt: memory names the options" 2 "use fewer --layers, --experts or --redundant" \
+  "$EPX" layout trivial --layers 65536 --experts 1048576 --gpus 8 -o bl.pt
+"$EPX" layout trivial --layers 1 --experts 65536 --gpus 65536 -o wide.json >/dev/null || exit 1
+run "dispatch-table for 65536 ranks refused before the [G][L][E] table" 2 "dispatch-table: " \
+  "$EPX" dispatch-table --placement wide.json --gpus 65536 -o dt.json
+"$EPX" layout trivial --layers 65536 --experts 8 --gpus 8 -o tall.json >/dev/null || exit 1
+run "migrate --expert-bytes times slots past 64 bits names the most that fits" 2 \
+  "overflows a 64-bit byte count: use at most 35184372088831 bytes per expert" \
+  "$EPX" migrate plan --from tall.json --to tall.json --gpus 8 --expert-bytes 1000000000000000
+# demo: a model at the limits is refused naming --model, and the rounding of
+# P is only announced for a shape that runs
+sed -e 's/"num_hidden_layers": 61/"num_hidden_layers": 65536/' -e 's/"first_k_dense_replace": 3/"first_k_dense_replace": 0/' \
+  -e 's/"n_routed_experts": 256/"n_routed_experts": 1048576/' "${EPX_SOURCE:?}/tests/data/hf/deepseek-v3/config.json" >huge.json
+run "demo on a 65536-layer, 2^20-expert config" 2 "or a smaller --model" "$EPX" demo --model huge.json --out d
+run "demo --gpus 3 --redundant 1048576" 2 "--redundant 1048576 gives 1048962 slots per layer" \
+  "$EPX" demo --gpus 3 --redundant 1048576 --out d
+grep -q "do not divide" err && { echo "FAIL demo announced a rounding it then refused"; fail=1; }
+check_none && echo "ok   nothing written" || { echo "FAIL something written"; fail=1; }
+[ ! -e bl.json ] && [ ! -e bl.pt ] && [ ! -e dt.json ] && [ ! -e t.pt ] && echo "ok   no big output" ||
+  { echo "FAIL a big output was written"; fail=1; }
 exit $fail

@@ -207,9 +207,9 @@ int cmd_dispatch_table(int argc, char **argv) {
         char what[96];
         snprintf(what, sizeof what, "the table (%d ranks x %d layers x %d experts)", G, L, E);
         const double cells = (double)L * E;
-        if (!cli_check_bytes(&cmd, 4.0 * G * cells, what, "use fewer --gpus") ||
-            !cli_check_json_size(&cmd, out, (R >= 0 ? 1 : G) * cells, cli_json_width(P - 1),
-                                 R >= 0 ? "use a smaller placement" : "write one --rank")) {
+        if (!cli_check_json_size(&cmd, out, (R >= 0 ? 1 : G) * cells, cli_json_width(P - 1),
+                                 R >= 0 ? "use a smaller placement" : "write one --rank") ||
+            !cli_check_bytes(&cmd, 4.0 * G * cells, what, "use fewer --gpus")) {
             ret = CLI_EXIT_USAGE;
             goto done;
         }

@@ -51,9 +51,10 @@ int cmd_layout(int argc, char **argv) {
     char what[48];
     snprintf(what, sizeof what, "--redundant %d", R);
     const char *fix = "use fewer --layers, --experts or --redundant";
-    if (!cli_check_slots(&cmd, what, E, E + R, G) || !cli_check_memory(&cmd, &shape, 1, fix) ||
+    if (!cli_check_slots(&cmd, what, E, E + R, G) ||
         !cli_check_json_size(&cmd, out, (double)L * (E + R), cli_json_width(E - 1),
-                             "use fewer --layers or --experts, or write a .pt file"))
+                             "use fewer --layers or --experts, or write a .pt file") ||
+        !cli_check_memory(&cmd, &shape, 1, fix))
         return CLI_EXIT_USAGE;
     epx_error err = {0};
     epx_layout *lay = NULL;

@@ -294,9 +294,9 @@ int cmd_plan(int argc, char **argv) {
             free(failed);
             return CLI_EXIT_USAGE;
         }
-        if (!cli_check_memory(&cmd, &shape, 4, "use fewer GPUs or redundant slots") ||
-            !cli_check_json_size(&cmd, out, (double)shape.num_layers * P, cli_json_width(E - 1),
-                                 "use fewer redundant slots, or write a .pt file")) {
+        if (!cli_check_json_size(&cmd, out, (double)shape.num_layers * P, cli_json_width(E - 1),
+                                 "use fewer redundant slots, or write a .pt file") ||
+            !cli_check_memory(&cmd, &shape, 4, "use fewer GPUs or redundant slots")) {
             epx_counts_destroy(counts);
             free(failed);
             return CLI_EXIT_USAGE;
