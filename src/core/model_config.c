@@ -15,6 +15,7 @@
  */
 #include <float.h>
 #include <limits.h>
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -79,7 +80,8 @@ static epx_status missing(const reader *r, const char *key) {
 
 /* An integer field in [lo, hi] (limit names where hi comes from, or NULL).
  * Absent: *out keeps its default unless required. The message says what
- * the value is (a string, a boolean, a fraction, or an integer out of range)
+ * the value is (a string, a boolean, a fraction, a whole number written as a
+ * real such as 8.0 or 1e10, or an integer out of range)
  * and the range. */
 static epx_status get_int_in(const reader *r, const char *key, bool required, int32_t lo,
                              int32_t hi, const char *limit, int32_t *out) {
@@ -92,7 +94,9 @@ static epx_status get_int_in(const reader *r, const char *key, bool required, in
     char *text = json_dumps(v, JSON_ENCODE_ANY | JSON_COMPACT);
     const char *kind = json_is_integer(v)   ? "an integer out of range"
                        : json_is_boolean(v) ? "a boolean"
-                       : json_is_real(v)    ? "a fraction"
+                       : json_is_real(v)    ? (fmod(json_real_value(v), 1.0) == 0.0
+                                                   ? "a real number, with a point or an exponent"
+                                                   : "a fraction")
                        : json_is_string(v)  ? "a string"
                                             : "not a number";
     epx_status st =

@@ -57,6 +57,13 @@ expect_in "$TMP/err" "no 'num_experts'" "qwen-moe" "model_type 'qwen3_moe'"
 echo '{"model_type": "mixtral", "num_hidden_layers": 32, "hidden_size": -1}' >"$TMP/bad/config.json"
 expect_exit 2 "$EPX" demo --model "$TMP/bad" --out "$TMP/d4"
 expect_in "$TMP/err" "'hidden_size'" "is -1" "plain JSON integer"
+# a whole number written as a real is named as such, not as a fraction (issue 29)
+echo '{"model_type": "deepseek_v3", "num_hidden_layers": 61, "hidden_size": 7168, "n_routed_experts": 256, "num_experts_per_tok": 1e1}' >"$TMP/bad/config.json"
+expect_exit 2 "$EPX" trace synth --model "$TMP/bad" -o "$TMP/x.json"
+expect_in "$TMP/err" "'num_experts_per_tok'" "is 10.0 (a real number, with a point or an exponent)"
+echo '{"model_type": "deepseek_v3", "num_hidden_layers": 61, "hidden_size": 7168, "n_routed_experts": 256, "num_experts_per_tok": 8.5}' >"$TMP/bad/config.json"
+expect_exit 2 "$EPX" trace synth --model "$TMP/bad" -o "$TMP/x.json"
+expect_in "$TMP/err" "is 8.5 (a fraction)"
 echo '{"model_type": "mixtral", "num_hidden_layers": 32, "hidden_size": "4096"}' >"$TMP/bad/config.json"
 expect_exit 2 "$EPX" bench comm --backend mpi --model "$TMP/bad" --tokens 1
 expect_in "$TMP/err" "'hidden_size'" '"4096"'
