@@ -56,5 +56,9 @@ expect_exit 2 "$EPX" demo --model nosuchmodel --out demo5
 expect_in "$TMP/err" "nosuchmodel"
 expect_exit 2 "$EPX" demo --gpus 0
 expect_exit 2 "$EPX" demo --windows 1
+# an --out longer than a path can be is refused, not cut short into another folder's name
+long=$(printf 'd%.0s' $(seq 200)); long=$(printf "$long/%.0s" $(seq 25))
+expect_exit 2 "$EPX" demo --out "$long"
+expect_in "$TMP/err" "--out is 5025 bytes long, above the limit of 4095: give a shorter path"
 expect_exit 2 "$EPX" demo --gpus 8 --nodes 3
 echo "demo: ok"

@@ -258,6 +258,14 @@ int cmd_demo(int argc, char **argv) {
     /* The folder is checked, and its temp names registered for the
      * signals, before any work. */
     char out_buf[4096], tmp_dir[4200], old_dir[4200];
+    if (strlen(out_dir) >= sizeof out_buf) {
+        /* Cut short, the name would be another folder's. */
+        fprintf(stderr,
+                "epx demo: --out is %zu bytes long, above the limit of %zu: give a "
+                "shorter path\n",
+                strlen(out_dir), sizeof out_buf - 1);
+        return CLI_EXIT_USAGE;
+    }
     snprintf(out_buf, sizeof out_buf, "%s", out_dir);
     for (size_t n = strlen(out_buf); n > 1 && out_buf[n - 1] == '/'; n--) out_buf[n - 1] = '\0';
     out_dir = out_buf;
