@@ -122,6 +122,7 @@ bench comm|--model|text
 bench comm|--dtype|text
 bench comm|--combine|text
 bench comm|--mode|text
+bench comm|--transport|text
 bench comm|--json|text
 bench comm|-o|text
 advise|--gpus|int|1|65536
@@ -131,6 +132,7 @@ advise|--link|text
 advise|--measured|text
 advise|--dtype|text
 advise|--combine|text
+advise|--transport|text
 "
 
 # try CMD OPT VALUE NEEDLE...: the subcommand's base with OPT VALUE exits 2
