@@ -235,10 +235,14 @@ for c in "${!base[@]}"; do
 done
 
 # The bases themselves run (so each refusal above is the value's doing).
+# bench comm's runs Open MPI, whose own allocations LeakSanitizer reports
+# (cmake/mpi.cmake); its leaks are not looked for here.
 for c in "${!base[@]}"; do
   rm -rf o.json dd
+  leaks=1
+  [ "$c" = "bench comm" ] && leaks=0
   # shellcheck disable=SC2086
-  timeout 60 "$EPX" ${base[$c]} >out 2>err
+  ASAN_OPTIONS=${ASAN_OPTIONS:-}:detect_leaks=$leaks timeout 60 "$EPX" ${base[$c]} >out 2>err
   rc=$?
   if [ "$rc" = 0 ]; then
     echo "ok   base of $c runs"
