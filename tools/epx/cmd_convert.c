@@ -10,6 +10,7 @@
  * the whole object tree of a .pt file as JSON (tensors as nested lists),
  * for looking inside any torch.save file without running its pickle.
  */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -198,6 +199,10 @@ static int write_mapping(const cli_cmd *cmd, int32_t *map, int32_t L, int32_t P,
         if (map[i] + 1 > E) E = map[i] + 1;
     /* A layout validates the map (every expert has a slot); one GPU, since
      * the file does not say how many the map was made for. */
+    if (!cli_check_json_size(cmd, out, (double)L * P, cli_json_width(E - 1), "write a .pt file")) {
+        epx_free(map);
+        return CLI_EXIT_USAGE;
+    }
     epx_shape shape = {L, E, P, 1, 1};
     epx_error err = {0};
     epx_layout *lay = NULL;
@@ -213,6 +218,21 @@ static int write_mapping(const cli_cmd *cmd, int32_t *map, int32_t L, int32_t P,
 }
 
 static int write_counts(const cli_cmd *cmd, epx_counts *c, const char *out, epx_pt_dtype dt) {
+    /* A .pt can hold more than the 1 GiB of JSON epx reads back: the JSON
+     * is sized from the mean figure (and 20 bytes a figure with fractions)
+     * before it is written. */
+    const size_t n = (size_t)c->num_windows * (size_t)c->num_layers * (size_t)c->num_experts;
+    double sum = 0;
+    bool whole = true;
+    for (size_t i = 0; i < n; i++) {
+        sum += c->data[i];
+        whole = whole && c->data[i] == floor(c->data[i]);
+    }
+    if (!cli_check_json_size(cmd, out, (double)n, whole ? cli_json_width(sum / (double)n) : 20,
+                             "convert to .pt, or cut the windows")) {
+        epx_counts_destroy(c);
+        return CLI_EXIT_USAGE;
+    }
     epx_error err = {0};
     epx_status st = has_suffix(out, ".pt") ? epx_counts_write_pt(c, out, dt, &err)
                                            : epx_counts_write_json(c, out, &err);
