@@ -720,8 +720,15 @@ static int bench_nccl(cli_cmd *cmd, bench_args *a, int argc, char **argv) {
         MPI_Init(&argc, &argv);
         MPI_Comm_rank(MPI_COMM_WORLD, &rank);
         MPI_Comm_size(MPI_COMM_WORLD, &size);
+        /* The launcher's local rank picks the GPU; anything but a whole
+         * number >= 0 (never atoi's wrap or a negative device) falls back
+         * to the rank. */
         const char *lr = getenv("OMPI_COMM_WORLD_LOCAL_RANK");
-        local = lr ? atoi(lr) : rank;
+        char *end = NULL;
+        errno = 0;
+        long v = lr ? strtol(lr, &end, 10) : -1;
+        local = lr && errno == 0 && end != lr && *end == '\0' && v >= 0 && v <= INT32_MAX ? (int)v
+                                                                                          : rank;
         if (rank == 0) ncclGetUniqueId(&id);
         MPI_Bcast(&id, (int)sizeof id, MPI_BYTE, 0, MPI_COMM_WORLD);
     } else
