@@ -381,6 +381,27 @@ static int proc_rank(int32_t rank, int32_t R, pc_world *w, void *arg) {
     return 0;
 }
 
+/* One rank fails to open (its opts are refused): every rank's create must
+ * return an error naming it, none may wait at a collective in vain. */
+static int proc_open_fails(int32_t rank, int32_t R, pc_world *w, void *arg) {
+    (void)R, (void)arg;
+    epx_comm *boot = pc_comm(w, rank);
+    if (boot == NULL) return 1;
+    epx_error err = {0};
+    cudaStream_t st;
+    CK(cudaStreamCreate(&st));
+    epx_ep_config cfg = ll_config(64, 2, 4, 4, EPX_DTYPE_BF16, EPX_DTYPE_BF16);
+    epx_gpu_ep_opts o = EPX_GPU_EP_OPTS_INIT;
+    if (rank == 1) o.timeout_ms = 0; /* refused by open, on this rank only */
+    epx_gpu_ep *ep = NULL;
+    epx_status rc = epx_gpu_ep_create(boot, &cfg, st, &o, &ep, &err);
+    epx_comm_destroy(boot);
+    if (rc == EPX_OK || ep != NULL) FAILF("rank %d: create succeeded beside a failed rank", rank);
+    if (rank != 1 && strstr(err.msg, "rank 1 could not open") == NULL)
+        FAILF("rank %d: the failed rank is not named: '%s'", rank, err.msg);
+    return 0;
+}
+
 /* ---- one rank in this process --------------------------------------------- */
 
 static int single_rank_cases(void) {
@@ -666,6 +687,11 @@ int main(void) {
         int failed = pc_run(R, proc_rank, &j, 240);
         printf("%d ranks as processes over %s: %s\n", R,
                transport_is_host() ? "host memory" : "CUDA IPC", failed ? "FAILED" : "ok");
+        if (failed) return 1;
+    }
+    if (!transport_is("nccl")) {
+        int failed = pc_run(3, proc_open_fails, NULL, 120);
+        printf("one rank of 3 fails to open: %s\n", failed ? "FAILED" : "ok (every rank told)");
         if (failed) return 1;
     }
     if (single_rank_cases() != 0) return 1;

@@ -1491,14 +1491,42 @@ extern "C" epx_status epx_gpu_ep_create(epx_comm *bootstrap, const epx_ep_config
                          "epx_gpu_ep_create needs a bootstrap communicator and an out pointer");
     epx_gpu_ep *ep = NULL;
     const int32_t R = epx_comm_size(bootstrap);
-    EPX_TRY(epx_gpu_ep_open(cfg, epx_comm_rank(bootstrap), R, stream, opts, &ep, err));
-    unsigned char mine[EPX_GPU_EP_INFO_BYTES];
     unsigned char *all =
         (unsigned char *)epxi_calloc((size_t)R, EPX_GPU_EP_INFO_BYTES, "GPU EP peers", err);
-    epx_status st = all ? EPX_OK : EPX_ERR_NOMEM;
+    if (all == NULL) return EPX_ERR_NOMEM;
+    /* Each step that one rank alone may fail (open, connect) is followed by
+     * an exchange every rank reaches, so a failure anywhere becomes an error
+     * everywhere, never peers waiting at the next collective in vain. A rank
+     * that failed sends zeros (no magic). */
+    unsigned char mine[EPX_GPU_EP_INFO_BYTES] = {0};
+    epx_status st = epx_gpu_ep_open(cfg, epx_comm_rank(bootstrap), R, stream, opts, &ep, err);
     if (st == EPX_OK) st = epx_gpu_ep_info(ep, mine, err);
-    if (st == EPX_OK) st = allgather_info(bootstrap, mine, all, err);
-    if (st == EPX_OK) st = epx_gpu_ep_connect(ep, all, err);
+    if (st != EPX_OK) memset(mine, 0, sizeof mine);
+    epx_error gerr = {};
+    epx_status gst = allgather_info(bootstrap, mine, all, &gerr);
+    for (int32_t r = 0; gst == EPX_OK && st == EPX_OK && r < R; r++)
+        if (memcmp(all + (size_t)r * EPX_GPU_EP_INFO_BYTES, kMagic, sizeof kMagic) != 0)
+            st = epxi_fail(err, EPX_ERR_INVALID_ARG,
+                           "GPU EP create: rank %d could not open its engine (its own error says "
+                           "why), so no rank connects",
+                           r);
+    if (gst == EPX_OK && st == EPX_OK) st = epx_gpu_ep_connect(ep, all, err);
+    if (gst == EPX_OK) {
+        /* did every rank connect? */
+        memset(mine, 0, sizeof mine);
+        mine[0] = st == EPX_OK;
+        gst = allgather_info(bootstrap, mine, all, &gerr);
+        for (int32_t r = 0; gst == EPX_OK && st == EPX_OK && r < R; r++)
+            if (all[(size_t)r * EPX_GPU_EP_INFO_BYTES] != 1)
+                st = epxi_fail(err, EPX_ERR_INVALID_ARG,
+                               "GPU EP create: rank %d could not connect to its peers (its own "
+                               "error says why)",
+                               r);
+    }
+    if (gst != EPX_OK && st == EPX_OK) {
+        st = gst;
+        if (err != NULL) *err = gerr;
+    }
     /* Every peer has mapped every buffer before anyone launches. */
     if (st == EPX_OK) st = epx_comm_barrier(bootstrap, err);
     free(all);
