@@ -74,7 +74,10 @@ extern "C" {
  *         (POSIX shared memory registered with CUDA): for GPUs that cannot
  *         map each other (PCIe without P2P, different sockets, VMs). Every
  *         byte crosses the host link twice. Needs a shared /dev/shm.
- *   NCCL  ranks on several hosts: not built yet (EPX_ERR_UNSUPPORTED).
+ *   NCCL  ranks on several hosts, any topology NCCL handles: fixed-size
+ *         blocks moved by ncclSend/ncclRecv between each phase's kernels;
+ *         created by epx_gpu_ep_create_nccl (epx_comm_nccl.h) from an
+ *         ncclComm_t (epx_gpu_ep_open/create refuse it: EPX_ERR_UNSUPPORTED).
  *   AUTO  the environment's EPX_GPU_EP_TRANSPORT (auto|peer|ipc|host|nccl)
  *         when set, else HOST when this process sees a GPU its own cannot
  *         reach by peer access (cudaDeviceCanAccessPeer), else PEER. Every
@@ -248,7 +251,8 @@ EPX_API epx_status epx_gpu_ep_sync(epx_gpu_ep *ep, epx_error *err);
 EPX_API epx_status epx_gpu_ep_health(epx_gpu_ep *ep, epx_error *err);
 
 /* The transport this handle uses: "pointers" (PEER, every rank in this
- * process), "ipc" (PEER across processes), "host"; "none" before connect. */
+ * process), "ipc" (PEER across processes), "host", "nccl"; "none" before
+ * connect. */
 EPX_API const char *epx_gpu_ep_transport_name(const epx_gpu_ep *ep);
 /* Kernel launches of one phase: dispatch, combine (1 each). */
 EPX_API int32_t epx_gpu_ep_launches(const epx_gpu_ep *ep, const char *phase);

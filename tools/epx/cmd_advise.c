@@ -584,8 +584,8 @@ int cmd_advise(int argc, char **argv) {
            LL_MAX_PER_GPU);
     printf("  - low-latency transport %s: %s\n", tr,
            strcmp(L->name, "ib-ndr") == 0
-               ? "across nodes epx's low-latency engine needs its NCCL\n"
-                 "    transport, not built yet: the low-latency figures are a model only"
+               ? "across nodes epx's low-latency engine runs over NCCL\n"
+                 "    (--transport nccl in epx bench comm): measure it, these figures are a model"
            : host_tr ? "pinned host memory the ranks share (GPUs without\n"
                        "    peer access); every byte crosses the link twice (bandwidth halved)"
                      : "device memory the peers store into (NVLink, or PCIe\n"
