@@ -107,11 +107,12 @@ static double ep_time(const ep_lines *e, double B, const char **mode) {
 }
 
 /* The GPU low-latency engine's transport a JSON line was measured over:
- * "host", or "peer" (device memory: "pointers", "ipc", and lines written
- * before the engine had transports). */
+ * "host", "nccl", or "peer" (device memory: "pointers", "ipc", and lines
+ * written before the engine had transports). */
 static const char *line_transport(json_t *r) {
     const char *t = json_string_value(json_object_get(r, "transport"));
-    return t != NULL && strcmp(t, "host") == 0 ? "host" : "peer";
+    if (t != NULL && strcmp(t, "host") == 0) return "host";
+    return t != NULL && strcmp(t, "nccl") == 0 ? "nccl" : "peer";
 }
 
 /* Least squares t = a + c * bytes over the JSON lines of `epx bench comm
@@ -265,10 +266,11 @@ int cmd_advise(int argc, char **argv) {
          "per (token, k) rows",
          NULL},
         {"--imbalance", "F", "busiest GPU's EP traffic over the mean, >= 1 (default 1)", NULL},
-        {"--transport", "peer|host",
+        {"--transport", "peer|host|nccl",
          "the low-latency engine's transport: peer (device memory over NVLink or PCIe P2P, the "
-         "default) or host (pinned host memory, for GPUs without peer access: every byte "
-         "crosses the link twice); --measured then uses that transport's figures",
+         "default), host (pinned host memory, for GPUs without peer access: every byte "
+         "crosses the link twice) or nccl (NCCL send/recv, across hosts); --measured then uses "
+         "that transport's figures",
          NULL},
         {"--json", NULL, "print the answer as JSON", NULL},
         {NULL, NULL, NULL, NULL},
@@ -306,8 +308,9 @@ int cmd_advise(int argc, char **argv) {
     const char *tr = cli_get(&cmd, "--transport");
     if (tr == NULL) tr = "peer";
     if (strcmp(tr, "ipc") == 0) tr = "peer";
-    if (strcmp(tr, "peer") != 0 && strcmp(tr, "host") != 0) {
-        fprintf(stderr, "epx advise: --transport must be peer (or ipc) or host, not '%s'\n", tr);
+    if (strcmp(tr, "peer") != 0 && strcmp(tr, "host") != 0 && strcmp(tr, "nccl") != 0) {
+        fprintf(stderr, "epx advise: --transport must be peer (or ipc), host or nccl, not '%s'\n",
+                tr);
         return CLI_EXIT_USAGE;
     }
     const bool host_tr = strcmp(tr, "host") == 0;
@@ -583,7 +586,10 @@ int cmd_advise(int argc, char **argv) {
            "    no host sync, top-k combine rows; normal mode above that\n",
            LL_MAX_PER_GPU);
     printf("  - low-latency transport %s: %s\n", tr,
-           strcmp(L->name, "ib-ndr") == 0
+           strcmp(tr, "nccl") == 0
+               ? "NCCL send/recv of fixed-size blocks between the phase's\n"
+                 "    kernels (any topology); the assumed figures are the link's, padding aside"
+           : strcmp(L->name, "ib-ndr") == 0
                ? "across nodes epx's low-latency engine runs over NCCL\n"
                  "    (--transport nccl in epx bench comm): measure it, these figures are a model"
            : host_tr ? "pinned host memory the ranks share (GPUs without\n"
