@@ -8,7 +8,11 @@
  *  - from logical_to_physical_map (init_by_eplb, never cut):
  *    rank_dispatch_from_eplb;
  *  - from physical_to_logical_map through a layout (init_by_mapping, cut
- *    per rank from 0.5.4.post2): rank_dispatch_from_mapping.
+ *    per rank from 0.5.4.post2): rank_dispatch_from_mapping;
+ *  - each rank's replica lists from that layout (epx_dispatch_rank_lists_*):
+ *    logical_to_all_physical_map_from_mapping, [G][L][E][X], X the widest
+ *    list of any rank; from logical_to_physical_map every rank keeps the
+ *    lists as given (init_by_eplb cuts nothing).
  * Also: release strings map to the rules the header names.
  */
 #include <dirent.h>
@@ -48,6 +52,58 @@ static void expect(const int32_t *got, const json_t *want, size_t n, const char 
             fail_msg("%s, SGLang %s, %s: entry %zu is %d, SGLang's %d", name, ver, what, i, got[i],
                      w[i]);
     free(w);
+}
+
+/* The per-rank lists of one release: from the layout (cut as init_by_mapping)
+ * equal to SGLang's, the size query first; from DeepSeek's lists (no cut)
+ * every rank holds the valid entries as given, in order. */
+static void check_rank_lists(const epx_shape *s, const epx_layout *lay, const int32_t *l2p,
+                             int32_t X, const epx_table_opts *o, const json_t *want,
+                             const char *name, const char *ver) {
+    int32_t L = s->num_layers, E = s->num_logical_experts, G = s->num_gpus;
+    int32_t WX =
+        (int32_t)json_array_size(json_array_get(json_array_get(json_array_get(want, 0), 0), 0));
+    epx_error err = {0};
+    int32_t need = -1;
+    if (epx_dispatch_rank_lists_from_layout(lay, o, 0, NULL, &need, &err) != EPX_OK)
+        fail_msg("%s %s: %s", name, ver, err.msg);
+    if (need != WX) fail_msg("%s, SGLang %s: widest list %d, SGLang's %d", name, ver, need, WX);
+    size_t n = (size_t)G * (size_t)L * (size_t)E * (size_t)WX;
+    int32_t *got = malloc(n * sizeof *got);
+    assert_non_null(got);
+    memset(got, 0x7f, n * sizeof *got);
+    if (epx_dispatch_rank_lists_from_layout(lay, o, WX, got, NULL, &err) != EPX_OK)
+        fail_msg("%s %s: %s", name, ver, err.msg);
+    expect(got, want, n, name, ver, "per-rank replica lists");
+    /* one column short is refused, naming both widths, and writes nothing */
+    if (WX > 1) {
+        memset(got, 0x7f, n * sizeof *got);
+        assert_int_equal(epx_dispatch_rank_lists_from_layout(lay, o, WX - 1, got, NULL, &err),
+                         EPX_ERR_INVALID_ARG);
+        char w1[32], w2[32];
+        snprintf(w1, sizeof w1, "out_width is %d", WX - 1);
+        snprintf(w2, sizeof w2, "[G][L][E][%d]", WX);
+        TU_MSG_HAS(err.msg, w1, w2);
+        assert_int_equal(got[0], 0x7f7f7f7f);
+    }
+    free(got);
+    /* replica-rank order (init_by_eplb): nothing is cut, on any rank */
+    need = -1;
+    assert_int_equal(epx_dispatch_rank_lists_compute(s, l2p, X, o, 0, NULL, &need, &err), EPX_OK);
+    size_t m = (size_t)G * (size_t)L * (size_t)E * (size_t)need;
+    got = malloc(m * sizeof *got);
+    assert_non_null(got);
+    assert_int_equal(epx_dispatch_rank_lists_compute(s, l2p, X, o, need, got, NULL, &err), EPX_OK);
+    for (int32_t g = 0; g < G; g++)
+        for (size_t le = 0; le < (size_t)L * (size_t)E; le++) {
+            const int32_t *row = l2p + le * (size_t)X;
+            const int32_t *mine = got + ((size_t)g * (size_t)L * (size_t)E + le) * (size_t)need;
+            int32_t k = 0;
+            for (int32_t j = 0; j < X; j++)
+                if (row[j] >= 0) assert_int_equal(mine[k++], row[j]);
+            for (; k < need; k++) assert_int_equal(mine[k], -1);
+        }
+    free(got);
 }
 
 /* Runs every release of one case; returns the number of releases. */
@@ -96,6 +152,11 @@ static int run_case(const char *path, const char *name) {
         assert_int_equal(epx_dispatch_table_compute(&s, asc, W, &o, out, &err), EPX_OK);
         expect(out, json_object_get(r, "rank_dispatch_from_mapping"), n, name, ver,
                "from the ascending lists with init_by_mapping");
+        o.init_by_mapping = 0;
+        check_rank_lists(&s, lay, l2p, X, &o,
+                         json_object_get(r, "logical_to_all_physical_map_"
+                                            "from_mapping"),
+                         name, ver);
         ran++;
     }
     epx_layout_destroy(lay);
@@ -191,9 +252,57 @@ static void release_strings(void **state) {
     TU_MSG_HAS(err.msg, "'next'");
 }
 
+/* The lists' options and sizes are checked before anything is written. */
+static void rank_lists_refusals(void **state) {
+    (void)state;
+    epx_shape s = {1, 2, 4, 2, 1};
+    int32_t rep[] = {0, 2, 1, 3}, out[16], need = 0;
+    epx_error err = {0};
+    epx_table_opts o = EPX_TABLE_OPTS_INIT;
+    o.algorithm = EPX_TABLE_EPX;
+    assert_int_equal(epx_dispatch_rank_lists_compute(&s, rep, 2, &o, 2, out, NULL, &err),
+                     EPX_ERR_INVALID_ARG);
+    TU_MSG_HAS(err.msg, "EPX_TABLE_SGLANG");
+    o = (epx_table_opts)EPX_TABLE_OPTS_INIT;
+    o.sglang_version = "0.5.16rc1";
+    assert_int_equal(epx_dispatch_rank_lists_compute(&s, rep, 2, &o, 2, out, NULL, &err),
+                     EPX_ERR_INVALID_ARG);
+    TU_MSG_HAS(err.msg, "'0.5.16rc1'");
+    o = (epx_table_opts)EPX_TABLE_OPTS_INIT;
+    double load[2] = {1, 1};
+    o.expected_load = load;
+    assert_int_equal(epx_dispatch_rank_lists_compute(&s, rep, 2, &o, 2, out, NULL, &err),
+                     EPX_ERR_INVALID_ARG);
+    TU_MSG_HAS(err.msg, "expected_load");
+    int32_t bad[] = {0, 4, 1, 3};
+    assert_int_equal(epx_dispatch_rank_lists_compute(&s, bad, 2, NULL, 2, out, NULL, &err),
+                     EPX_ERR_INVALID_MAP);
+    TU_MSG_HAS(err.msg, "slot 4");
+    /* NULL opts: no cut, both rows whole on both ranks */
+    assert_int_equal(epx_dispatch_rank_lists_compute(&s, rep, 2, NULL, 0, NULL, &need, &err),
+                     EPX_OK);
+    assert_int_equal(need, 2);
+    assert_int_equal(epx_dispatch_rank_lists_compute(&s, rep, 2, NULL, 3, out, NULL, &err), EPX_OK);
+    static const int32_t want[] = {0, 2, -1, 1, 3, -1, 0, 2, -1, 1, 3, -1};
+    for (size_t i = 0; i < 12; i++) assert_int_equal(out[i], want[i]);
+    /* init_by_mapping from 0.5.4.post2: each rank keeps its own GPU's replica */
+    o = (epx_table_opts)EPX_TABLE_OPTS_INIT;
+    o.init_by_mapping = 1;
+    assert_int_equal(epx_dispatch_rank_lists_compute(&s, rep, 2, &o, 1, out, &need, &err), EPX_OK);
+    assert_int_equal(need, 1);
+    static const int32_t cut[] = {0, 1, 2, 3};
+    for (size_t i = 0; i < 4; i++) assert_int_equal(out[i], cut[i]);
+    o.sglang_version = "0.5.4.post1"; /* before the cut */
+    assert_int_equal(epx_dispatch_rank_lists_compute(&s, rep, 2, &o, 0, NULL, &need, &err), EPX_OK);
+    assert_int_equal(need, 2);
+    assert_int_equal(epx_dispatch_rank_lists_from_layout(NULL, NULL, 0, NULL, &need, &err),
+                     EPX_ERR_INVALID_ARG);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(release_strings),
+        cmocka_unit_test(rank_lists_refusals),
         cmocka_unit_test(release_goldens),
         cmocka_unit_test(release_goldens_any_threads),
     };

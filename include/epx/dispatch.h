@@ -153,6 +153,72 @@ EPX_API epx_status epx_dispatch_table_from_layout(const epx_layout *layout,
                                                   epx_error *err);
 
 /*
+ * The replica lists SGLang keeps on each rank: ExpertLocationMetadata's
+ * logical_to_all_physical_map on rank r, for r = 0 .. G-1, [G][L][E][X].
+ * It is what that rank's static table is computed from, and what SGLang's
+ * dynamic dispatch and rank_invariant rule draw replicas from.
+ *
+ * With opts->init_by_mapping (a mapping file or the trivial layout: the
+ * ascending lists; epx_dispatch_rank_lists_from_layout sets it), releases
+ * from 0.5.4.post2 cut rank r's list of each (layer, expert) to the one
+ * replica the release's nearest rule gives r (epx_sglang_rule: a lone
+ * replica, else the first on r's GPU, else the first on r's node -- from
+ * 0.5.16 only where the node holds some, not all, of them), and keep the
+ * whole list where the rule gives none; older releases cut nothing.
+ * Without init_by_mapping (init_by_eplb: DeepSeek's replica-rank lists) no
+ * release cuts, and every rank holds the lists as given. These are the
+ * lists of a rank with an all-to-all backend (which "static" dispatch
+ * runs on; 0.5.17 and later cut only with one) and ep_join_mode "normal"
+ * (releases that know "scale" drop the node step of the rule for it).
+ *
+ * Each list keeps the order of `replicas` with the -1 entries dropped, and
+ * is -1 padded to out_width. SGLang pads each rank's tensor to that rank's
+ * widest list, then to P columns; needed_width is the widest list of any
+ * rank, so out_width = needed_width gives the narrowest [G][L][E][X] and
+ * out_width = P SGLang's padded tensors.
+ *
+ * Args:    shape (in) L, E, P, G, N; replicas (in) [L][E][width] slot ids,
+ *            -1 padding anywhere, as for epx_dispatch_table_compute;
+ *          width (in) >= 1;
+ *          opts (in) EPX_TABLE_OPTS_INIT plus sglang_version and
+ *            init_by_mapping, or NULL (SGLang EPX_SGLANG_DEFAULT_VERSION, no
+ *            cut); algorithm must be EPX_TABLE_SGLANG and the loads NULL;
+ *            the seed is not used (the lists draw nothing);
+ *          out_width (in) columns of out, >= needed width (ignored when out
+ *            is NULL);
+ *          out (out, optional) [G][L][E][out_width] int32, caller-owned; rank
+ *            r's lists start at out + r * L * E * out_width; NULL = only the
+ *            size query;
+ *          needed_width (out, optional) the widest list of any rank, 1 .. width.
+ * Returns: EPX_OK; EPX_ERR_SHAPE; EPX_ERR_INVALID_ARG (bad options; an
+ *          out_width below the needed width, both named); EPX_ERR_INVALID_MAP
+ *          (as epx_dispatch_table_compute: names layer, expert and slot).
+ * Thread:  any thread; no shared state; allocates nothing.
+ */
+EPX_API epx_status epx_dispatch_rank_lists_compute(const epx_shape *shape, const int32_t *replicas,
+                                                   int32_t width, const epx_table_opts *opts,
+                                                   int32_t out_width, int32_t *out,
+                                                   int32_t *needed_width, epx_error *err);
+
+/* The same from a layout's ascending logical_to_all_physical map, as
+ * SGLang's init_by_mapping builds them (init_by_mapping is set whatever opts
+ * says): the lists that go with epx_dispatch_table_from_layout's tables. */
+EPX_API epx_status epx_dispatch_rank_lists_from_layout(const epx_layout *layout,
+                                                       const epx_table_opts *opts,
+                                                       int32_t out_width, int32_t *out,
+                                                       int32_t *needed_width, epx_error *err);
+
+/*
+ * Write {"logical_to_all_physical_map": lists} atomically: [num_ranks][L][E][X]
+ * with num_ranks >= 1, or one rank's [L][E][X] with num_ranks == 0.
+ * Returns: EPX_OK, EPX_ERR_INVALID_ARG (sizes), EPX_ERR_IO.
+ */
+EPX_API epx_status epx_dispatch_rank_lists_write_json(const char *path, const int32_t *lists,
+                                                      int32_t num_ranks, int32_t num_layers,
+                                                      int32_t num_experts, int32_t width,
+                                                      epx_error *err);
+
+/*
  * The token load each GPU receives under a static table when every rank
  * sends 1/G of each expert's tokens: gpu_load[l][g] = sum over ranks r and
  * experts e with table[r][l][e] on GPU g of load[l][e] / G.

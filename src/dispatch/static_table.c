@@ -28,10 +28,10 @@
 #include <string.h>
 
 #include "pyrandom.h"
+#include "table_common.h"
 
-/* Validate the replica lists and count the valid entries of each. */
-static epx_status check_replicas(const epx_shape *s, const int32_t *replicas, int32_t width,
-                                 epx_error *err) {
+epx_status epxi_table_check_replicas(const epx_shape *s, const int32_t *replicas, int32_t width,
+                                     epx_error *err) {
     int32_t L = s->num_layers, E = s->num_logical_experts, P = s->num_physical_experts;
     for (int32_t l = 0; l < L; l++)
         for (int32_t e = 0; e < E; e++) {
@@ -74,37 +74,13 @@ epx_status epx_sglang_table_rule(const char *release, epx_sglang_rule *rule, int
     return EPX_OK;
 }
 
-/* Where the SGLang table rule looks: slots per GPU and per node, GPUs per node. */
-typedef struct sg_geom {
-    epx_sglang_rule rule;
-    int32_t per_gpu, per_node, gpus_per_node;
-} sg_geom;
-
-/* The replica rank g takes with no draw, or -1 (SGLang's same-GPU check of
- * <= 0.5.3 and its _find_nearest_expert after). */
-static int32_t sg_nearest(const sg_geom *q, int32_t g, const int32_t *cand, int32_t n) {
-    if (q->rule >= EPX_SGLANG_RULE_0_5_4_POST2 && n == 1) return cand[0];
-    for (int32_t j = 0; j < n; j++)
-        if (cand[j] / q->per_gpu == g) return cand[j];
-    if (q->rule == EPX_SGLANG_RULE_0_5_2) return -1;
-    int32_t node = g / q->gpus_per_node, first = -1, count = 0;
-    for (int32_t j = 0; j < n; j++)
-        if (cand[j] / q->per_node == node) {
-            if (first < 0) first = cand[j];
-            count++;
-        }
-    /* 0.5.16: only when the node narrows the choice */
-    if (q->rule == EPX_SGLANG_RULE_0_5_16 && count == n) return -1;
-    return first;
-}
-
 /* One (layer, expert) of SGLang's table over the candidates cand[0..n):
  * the no-draw choices, then _fair_choices for the rest. part [G] gets every
  * rank's replica. */
-static void sg_entry(const sg_geom *q, int32_t G, epxi_pyrandom *rng, int32_t *cand, int32_t n,
+static void sg_entry(const epxi_sg_geom *q, int32_t G, epxi_pyrandom *rng, int32_t *cand, int32_t n,
                      int32_t *part, int32_t *ans, void *scratch) {
     int32_t k = 0;
-    for (int32_t g = 0; g < G; g++) k += (part[g] = sg_nearest(q, g, cand, n)) < 0;
+    for (int32_t g = 0; g < G; g++) k += (part[g] = epxi_sg_nearest(q, g, cand, n)) < 0;
     if (k == 0) return; /* _fair_choices(k = 0) draws nothing */
     /* _fair_choices(cand, k): cand * q + sample(cand, r), shuffled */
     int32_t quo = k / n, rem = k % n, m = 0;
@@ -148,8 +124,7 @@ static sg_scratch sg_scratch_at(void *mem, int32_t G, int32_t width) {
 static void sglang_pass(const epx_shape *s, const int32_t *replicas, int32_t width, uint64_t seed,
                         epx_sglang_rule rule, int32_t cut_rank, int32_t *out, const sg_scratch *w) {
     int32_t L = s->num_layers, E = s->num_logical_experts, G = s->num_gpus;
-    int32_t per = s->num_physical_experts / G, gpn = G / s->num_nodes;
-    sg_geom q = {rule, per, per * gpn, gpn};
+    epxi_sg_geom q = epxi_sg_geom_of(s, rule);
     size_t LE = (size_t)L * (size_t)E;
     const bool lone_free = rule >= EPX_SGLANG_RULE_0_5_4_POST2;
     epxi_pyrandom rng;
@@ -161,7 +136,7 @@ static void sglang_pass(const epx_shape *s, const int32_t *replicas, int32_t wid
             for (int32_t j = 0; j < width; j++)
                 if (row[j] >= 0) w->cand[n++] = row[j];
             if (cut_rank >= 0) { /* _compute_logical_to_all_physical_map's cut */
-                int32_t near = sg_nearest(&q, cut_rank, w->cand, n);
+                int32_t near = epxi_sg_nearest(&q, cut_rank, w->cand, n);
                 if (near >= 0) w->cand[0] = near, n = 1;
             }
             size_t at = (size_t)l * (size_t)E + (size_t)e;
@@ -388,7 +363,7 @@ epx_status epx_dispatch_table_compute(const epx_shape *shape, const int32_t *rep
                                       &rule, NULL, err));
     int32_t L = shape->num_layers, E = shape->num_logical_experts, G = shape->num_gpus;
     int32_t P = shape->num_physical_experts;
-    EPX_TRY(check_replicas(shape, replicas, width, err));
+    EPX_TRY(epxi_table_check_replicas(shape, replicas, width, err));
     if (opts->expected_load)
         EPX_TRY(check_nonneg(opts->expected_load, (size_t)L * (size_t)E, "expected_load", err));
     if (opts->replica_weights)

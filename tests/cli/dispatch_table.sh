@@ -50,16 +50,17 @@ for g, tl in enumerate(t):
 PY
 
 # Each release of tests/data/sglang_tables (SGLang's own output), --nodes
-# honoured: a 2-node and an 8-node case, both orders, one rank alone.
+# honoured: a 2-node and an 8-node case, both orders, one rank alone; with
+# --rank-lists, each rank's replica lists as the release keeps them.
 for C in crafted_101_g8_n2 crafted_106_g16_n8; do
     SC="$SRC/tests/data/sglang_tables/$C.json"
     G=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["num_gpus"])' "$SC")
     N=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["num_nodes"])' "$SC")
     for V in 0.5.2 0.5.3 0.5.4.post2 0.5.15 0.5.16 0.5.23; do
-        expect_exit 0 "$EPX" dispatch-table --placement "$SC" --gpus "$G" --nodes "$N" --sglang-version "$V" -o "$TMP/m.json"
-        expect_in "$TMP/out" "SGLang $V table"
-        expect_exit 0 "$EPX" dispatch-table --placement "$SC" --gpus "$G" --nodes "$N" --sglang-version "$V" --order replica-rank -o "$TMP/e.json"
-        expect_exit 0 "$EPX" dispatch-table --placement "$SC" --gpus "$G" --nodes "$N" --sglang-version "$V" --rank 1 -o "$TMP/m1.json"
+        expect_exit 0 "$EPX" dispatch-table --placement "$SC" --gpus "$G" --nodes "$N" --sglang-version "$V" -o "$TMP/m.json" --rank-lists "$TMP/ml.json"
+        expect_in "$TMP/out" "SGLang $V table" "replica lists of ranks 0 to $((G - 1)) (ascending, cut as init_by_mapping)"
+        expect_exit 0 "$EPX" dispatch-table --placement "$SC" --gpus "$G" --nodes "$N" --sglang-version "$V" --order replica-rank -o "$TMP/e.json" --rank-lists "$TMP/el.json"
+        expect_exit 0 "$EPX" dispatch-table --placement "$SC" --gpus "$G" --nodes "$N" --sglang-version "$V" --rank 1 -o "$TMP/m1.json" --rank-lists "$TMP/ml1.json"
         python3 - "$SC" "$TMP" "$V" <<'PY' || fail "$C: tables differ from SGLang $V's"
 import json, sys
 case, d, v = json.load(open(sys.argv[1])), sys.argv[2], sys.argv[3]
@@ -68,6 +69,15 @@ get = lambda f: json.load(open(d + f))["logical_to_rank_dispatch_physical_map"]
 assert get("/m.json") == want["rank_dispatch_from_mapping"]
 assert get("/e.json") == want["rank_dispatch_from_eplb"]
 assert get("/m1.json") == want["rank_dispatch_from_mapping"][1]
+lists = lambda f: json.load(open(d + f))["logical_to_all_physical_map"]
+assert lists("/ml.json") == want["logical_to_all_physical_map_from_mapping"]
+# one rank alone: its lists, padded to its own widest
+mine = [[[p for p in x if p >= 0] for x in lay] for lay in lists("/ml1.json")]
+assert mine == [[[p for p in x if p >= 0] for x in lay]
+                for lay in want["logical_to_all_physical_map_from_mapping"][1]]
+# replica-rank order: DeepSeek's lists on every rank, never cut
+l2p = [[[p for p in x if p >= 0] for x in lay] for lay in case["logical_to_physical_map"]]
+assert all([[[p for p in x if p >= 0] for x in lay] for lay in rk] == l2p for rk in lists("/el.json"))
 PY
     done
 done
@@ -89,6 +99,16 @@ expect_exit 2 "$EPX" dispatch-table --placement "$SC" --gpus 8 --sglang-version 
 expect_in "$TMP/err" "MAJOR.MINOR"
 expect_exit 2 "$EPX" dispatch-table --placement "$SC" --gpus 8 --algorithm epx --sglang-version 0.5.2 -o "$TMP/x.json"
 expect_in "$TMP/err" "--algorithm sglang only"
+# --rank-lists: SGLang's only, JSON, never the table's own path; in the help.
+expect_exit 2 "$EPX" dispatch-table --placement "$SC" --gpus 8 --algorithm epx -o "$TMP/x.json" --rank-lists "$TMP/xl.json"
+expect_in "$TMP/err" "--rank-lists is used by --algorithm sglang only"
+expect_exit 2 "$EPX" dispatch-table --placement "$SC" --gpus 8 -o "$TMP/x.json" --rank-lists "$TMP/xl.pt"
+expect_in "$TMP/err" "--rank-lists" "name it .json"
+expect_exit 2 "$EPX" dispatch-table --placement "$SC" --gpus 8 -o "$TMP/x.json" --rank-lists "$TMP/x.json"
+expect_in "$TMP/err" "same file"
+[ ! -e "$TMP/x.json" ] && [ ! -e "$TMP/xl.json" ] || fail "a refused --rank-lists run wrote a file"
+expect_exit 0 "$EPX" dispatch-table --help
+expect_in "$TMP/out" "--rank-lists FILE" "logical_to_all_physical_map [G][L][E][X]"
 
 # A plain mapping file has no replica-rank order.
 python3 -c 'import json; print(json.dumps({"physical_to_logical_map": [[0, 1, 2, 3, 0, 1, 2, 3]]}))' >"$TMP/map.json"

@@ -14,6 +14,9 @@
  * EPX_SGLANG_DEFAULT_VERSION, the newest verified); --nodes counts from
  * 0.5.3, and from 0.5.4.post2 the ascending lists are cut per rank as
  * init_by_mapping cuts them (epx_sglang_rule in epx/dispatch.h).
+ * --rank-lists FILE also writes those per-rank lists,
+ * {"logical_to_all_physical_map": [G][L][E][X]} ([L][E][X] with --rank),
+ * -1 padded to the widest list of any rank.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -73,19 +76,28 @@ int cmd_dispatch_table(int argc, char **argv) {
          "0.5.17, 0.5.23; rules change at 0.5.3, 0.5.4.post2 and 0.5.16)",
          NULL},
         {"-o", "FILE", "output table (.json)", NULL},
+        {"--rank-lists", "FILE",
+         "sglang only: also write each rank's replica lists as SGLang keeps them "
+         "(logical_to_all_physical_map [G][L][E][X], [L][E][X] with --rank; cut to the nearest "
+         "replica from 0.5.4.post2 in ascending order, never in replica-rank order; -1 padded "
+         "to the widest list) (.json)",
+         NULL},
         {NULL, NULL, NULL, NULL},
     };
     cli_cmd cmd = {"dispatch-table",
                    "epx dispatch-table --placement FILE --gpus G [--nodes N] [--experts E] "
                    "[--rank R] [--order ascending|replica-rank] [--algorithm sglang|epx] "
-                   "[--counts FILE] [--seed S] [--sglang-version V] -o FILE",
+                   "[--counts FILE] [--seed S] [--sglang-version V] [--rank-lists FILE] -o FILE",
                    "Write the static dispatch table {\"logical_to_rank_dispatch_physical_map\": "
                    "[G][L][E]} ([L][E] with --rank). From a mapping file the replica order is "
                    "ascending, as SGLang's init_by_mapping builds it (and, from SGLang "
                    "0.5.4.post2, cuts per rank to the nearest replica); --order replica-rank "
                    "(init_by_eplb, never cut) needs a JSON that carries logical_to_physical_map. "
                    "The SGLang table is SGLang " EPX_SGLANG_DEFAULT_VERSION
-                   "'s unless --sglang-version names another release.",
+                   "'s unless --sglang-version names another release. --rank-lists FILE also "
+                   "writes the replica lists each rank keeps beside its table "
+                   "{\"logical_to_all_physical_map\": [G][L][E][X]}, what SGLang's dynamic "
+                   "dispatch draws from.",
                    opts,
                    0,
                    {0},
@@ -93,6 +105,7 @@ int cmd_dispatch_table(int argc, char **argv) {
     int rc = cli_parse(&cmd, argc, argv);
     if (rc >= 0) return rc;
     const char *placement = cli_require(&cmd, "--placement"), *out = cli_require(&cmd, "-o");
+    const char *lists_out = cli_get(&cmd, "--rank-lists");
     if (placement == NULL || out == NULL || !cli_require(&cmd, "--gpus")) return CLI_EXIT_USAGE;
     if (cli_is_pt(out)) {
         fprintf(stderr,
@@ -101,10 +114,17 @@ int cmd_dispatch_table(int argc, char **argv) {
                 out);
         return CLI_EXIT_USAGE;
     }
+    if (lists_out && cli_is_pt(lists_out)) {
+        fprintf(stderr,
+                "epx dispatch-table: --rank-lists '%s': the replica lists are written as JSON; "
+                "name it .json\n",
+                lists_out);
+        return CLI_EXIT_USAGE;
+    }
     {
         const char *in[] = {placement, cli_get(&cmd, "--counts")};
-        const cli_out outs[] = {{out, false}};
-        if ((rc = cli_outputs_check(&cmd, in, 2, outs, 1)) >= 0) return rc;
+        const cli_out outs[] = {{out, false}, {lists_out, false}};
+        if ((rc = cli_outputs_check(&cmd, in, 2, outs, lists_out ? 2 : 1)) >= 0) return rc;
     }
     int32_t G = 0, N = 1, E = 0, R = -1, seed = 42;
     if (!cli_int(&cmd, "--gpus", 1, EPX_MAX_GPUS, &G) ||
@@ -134,6 +154,9 @@ int cmd_dispatch_table(int argc, char **argv) {
     const char *sgver = cli_get(&cmd, "--sglang-version");
     if (sgver && topts.algorithm != EPX_TABLE_SGLANG)
         return fail("--sglang-version is used by --algorithm sglang only");
+    if (lists_out && topts.algorithm != EPX_TABLE_SGLANG)
+        return fail("--rank-lists is used by --algorithm sglang only (epx's table cuts no "
+                    "list: every rank uses the placement's lists as they are)");
     if (topts.algorithm == EPX_TABLE_SGLANG) {
         epx_sglang_rule rule;
         int32_t newer = 0;
@@ -153,7 +176,8 @@ int cmd_dispatch_table(int argc, char **argv) {
     }
 
     epx_error err = {0};
-    int32_t *p2l = NULL, *rep = NULL, *table = NULL, L = 0, P = 0, RL = 0, RE = 0, RW = 0;
+    int32_t *p2l = NULL, *rep = NULL, *table = NULL, *lists = NULL, L = 0, P = 0, RL = 0, RE = 0,
+            RW = 0, X = 0;
     double *load = NULL, *gpu_load = NULL;
     epx_layout *lay = NULL;
     epx_counts *counts = NULL;
@@ -221,6 +245,16 @@ int cmd_dispatch_table(int argc, char **argv) {
     } else if (epx_dispatch_table_from_layout(lay, &topts, table, &err) != EPX_OK) {
         goto report;
     }
+    if (lists_out) { /* sized by the query, then filled: [G][L][E][X] */
+        if (rep ? epx_dispatch_rank_lists_compute(&shape, rep, RW, &topts, 0, NULL, &X, &err)
+                : epx_dispatch_rank_lists_from_layout(lay, &topts, 0, NULL, &X, &err))
+            goto report;
+        lists = malloc(sizeof *lists * (size_t)G * (size_t)L * (size_t)E * (size_t)X);
+        if (lists == NULL) goto nomem;
+        if (rep ? epx_dispatch_rank_lists_compute(&shape, rep, RW, &topts, X, lists, NULL, &err)
+                : epx_dispatch_rank_lists_from_layout(lay, &topts, X, lists, NULL, &err))
+            goto report;
+    }
     const int32_t *what = R >= 0 ? table + (size_t)R * (size_t)L * (size_t)E : table;
     if (epx_dispatch_table_write_json(out, what, R >= 0 ? 0 : G, L, E, &err) != EPX_OK) {
         ret = cli_write_failed(&cmd, &err);
@@ -234,6 +268,18 @@ int cmd_dispatch_table(int argc, char **argv) {
                                             : EPX_SGLANG_DEFAULT_VERSION,
            replica_rank ? "replica-rank" : "ascending", R >= 0 ? "rank " : "", R >= 0 ? R : G, L,
            E);
+    if (lists_out) {
+        const int32_t *mine =
+            R >= 0 ? lists + (size_t)R * (size_t)L * (size_t)E * (size_t)X : lists;
+        if (epx_dispatch_rank_lists_write_json(lists_out, mine, R >= 0 ? 0 : G, L, E, X, &err) !=
+            EPX_OK) {
+            ret = cli_write_failed(&cmd, &err);
+            goto done;
+        }
+        printf("wrote %s: SGLang's replica lists of %s %d (%s), at most %d slots each\n", lists_out,
+               R >= 0 ? "rank" : "ranks 0 to", R >= 0 ? R : G - 1,
+               rep ? "replica-rank order, never cut" : "ascending, cut as init_by_mapping", X);
+    }
     if (load) {
         /* the balance the table implies for the given load */
         gpu_load = malloc(sizeof *gpu_load * (size_t)L * (size_t)G);
@@ -254,6 +300,7 @@ report:
     ret = cli_report(&cmd, &err);
 done:
     free(gpu_load);
+    free(lists);
     free(table);
     free(load);
     epx_counts_destroy(counts);
