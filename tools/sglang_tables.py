@@ -19,7 +19,13 @@ For every case and release it records what SGLang computes on each rank r:
                              where the release cuts them; row r of rank r's
                              own table;
   logical_to_all_physical_map_from_mapping [G][L][E][X]  rank r's (cut)
-                             lists, -1 padded to the widest of all ranks.
+                             lists, -1 padded to the widest of all ranks:
+                             what `epx dispatch-table --rank-lists` and
+                             epx.sglang_rank_lists must equal. The cut
+                             (_compute_logical_to_all_physical_map) changed
+                             in 0.5.4.post2 (it starts), 0.5.16 (the node
+                             step only where it narrows) and 0.5.17 (only
+                             with an a2a backend); VERSIONS holds each side.
 
 Usage:
   tools/sglang_tables.py download DIR 0.5.2 0.5.3 ...   (needs PyPI)

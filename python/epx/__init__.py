@@ -16,14 +16,15 @@ from .planner import Plan, plan
 from .sglang import (compute_logical_to_all_physical_map,
                      compute_logical_to_rank_dispatch_physical_map, load_init_expert_location,
                      rebalance_experts, rebalance_experts_from_windows)
-from .dispatch import dispatch_topk, static_table
+from .dispatch import dispatch_topk, sglang_rank_lists, static_table
 from .pt import read_dump as read_expert_distribution_dump
 from . import dispatch, metrics, pt, sglang, trace, vllm  # noqa: F401  (namespaces)
 
 __version__ = "0.1.0"
 
 __all__ = ["EpxError", "EpxAssertionError", "Status", "Layout", "Plan", "plan", "evaluate", "Evaluation",
-           "gpu_loads", "static_table", "dispatch_topk", "has", "library_path", "version",
+           "gpu_loads", "static_table", "sglang_rank_lists", "dispatch_topk",
+           "has", "library_path", "version",
            "read_mapping", "read_counts", "write_mapping", "write_counts",
            "init_expert_location", "load_init_expert_location", "read_expert_distribution_dump", "rebalance_experts",
            "rebalance_experts_from_windows", "compute_logical_to_rank_dispatch_physical_map",

@@ -8,7 +8,8 @@ from . import _arrays as A
 from ._native import (POINTER, Shape, Structure, c_double, c_int, c_int32, c_int64, c_uint32,
                       c_uint64, c_void_p, call, fn, sglang_release)
 
-__all__ = ["sglang_static_table", "static_table", "table_gpu_load", "dispatch_topk",
+__all__ = ["sglang_static_table", "static_table", "sglang_rank_lists", "table_gpu_load",
+           "dispatch_topk",
            "Balancer", "BalancedSplit", "balanced_split", "balanced_topk", "count_ids",
            "TABLE_ALGORITHMS", "DISPATCH_MODES"]
 
@@ -48,6 +49,11 @@ _table_compute = fn("epx_dispatch_table_compute", c_int32, POINTER(Shape), POINT
                     c_int32, POINTER(TableOpts), POINTER(c_int32), c_void_p)
 _table_from_layout = fn("epx_dispatch_table_from_layout", c_int32, c_void_p,
                         POINTER(TableOpts), POINTER(c_int32), c_void_p)
+_lists_compute = fn("epx_dispatch_rank_lists_compute", c_int32, POINTER(Shape), POINTER(c_int32),
+                    c_int32, POINTER(TableOpts), c_int32, POINTER(c_int32), POINTER(c_int32),
+                    c_void_p)
+_lists_from_layout = fn("epx_dispatch_rank_lists_from_layout", c_int32, c_void_p,
+                        POINTER(TableOpts), c_int32, POINTER(c_int32), POINTER(c_int32), c_void_p)
 _table_gpu_load = fn("epx_dispatch_table_gpu_load", c_int32, POINTER(Shape), POINTER(c_int32),
                      POINTER(c_double), POINTER(c_double), c_void_p)
 _thresholds = fn("epx_dispatch_thresholds", c_int32, POINTER(c_int32), POINTER(c_int32), c_int32,
@@ -131,6 +137,47 @@ def static_table(layout, algorithm="sglang", seed=42, expected_load=None, replic
         shape = Shape(*[s[f] for f, _ in Shape._fields_])
         call(_table_compute, ctypes.byref(shape), A.ptr(m, c_int32), m.shape[2],
              ctypes.byref(opts), A.ptr(out, c_int32))
+    return out.astype(np.int64)
+
+
+def sglang_rank_lists(layout, sglang_version=None, replicas=None, width=None):
+    """The replica lists SGLang keeps on each rank [G][L][E][X] int64, -1
+    padded: ExpertLocationMetadata.logical_to_all_physical_map of rank r at
+    [r], the lists that rank's static table (static_table) is computed from
+    and its dynamic dispatch draws from.
+
+    From a Layout (or a Plan) the lists are init_by_mapping's: ascending, and
+    from SGLang 0.5.4.post2 on cut on rank r to the one replica nearest r
+    (a lone replica, else the first on r's GPU, else the first on its node)
+    where there is one. With `replicas` [L][E][X] (DeepSeek's replica-rank
+    lists, as init_by_eplb passes them) no release cuts: every rank holds
+    them as given, -1 entries dropped. sglang_version: the release (None =
+    the library's default, EPX_SGLANG_DEFAULT_VERSION). width: the columns of
+    the result; None = the widest list of any rank, the number of physical
+    slots P gives SGLang's own padding (its tensors are P wide, the most
+    taken); a width below the widest list raises EpxError naming both. As a rank with an all-to-all
+    backend and ep_join_mode "normal" computes them (libepx's
+    epx_dispatch_rank_lists_compute)."""
+    if hasattr(layout, "replica_weights") and hasattr(layout, "layout"):
+        layout = layout.layout
+    keep = []
+    opts = _opts("sglang", 42, None, None, keep, sglang_version)
+    s = layout.shape
+    need = c_int32(0)
+    if replicas is None:
+        args = (layout.handle, ctypes.byref(opts))
+        run = _lists_from_layout
+    else:
+        m = A.as_array(replicas, np.int32, 3, "replicas")
+        shape = Shape(*[s[f] for f, _ in Shape._fields_])
+        args = (ctypes.byref(shape), A.ptr(m, c_int32), m.shape[2], ctypes.byref(opts))
+        run = _lists_compute
+    call(run, *args, 0, None, ctypes.byref(need))
+    P = s["num_physical_experts"]
+    X = need.value if width is None else \
+        A.integer(width, "width", 1, max(P, need.value), "num_physical_experts, SGLang's padding")
+    out = np.empty((s["num_gpus"], s["num_layers"], s["num_logical_experts"], X), dtype=np.int32)
+    call(run, *args, X, A.ptr(out, c_int32), None)
     return out.astype(np.int64)
 
 

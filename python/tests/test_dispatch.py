@@ -118,3 +118,48 @@ def test_static_table_per_sglang_release(name):
                 l2p, d["num_gpus"], d["num_physical_experts"], None, sglang_version=v,
                 nnodes=d["num_nodes"]),
             want["rank_dispatch_from_eplb"])
+
+
+@pytest.mark.parametrize("name", sorted(p.stem for p in _SGLANG_TABLES.glob("*.json")))
+def test_sglang_rank_lists_per_release(name):
+    """sglang_rank_lists(sglang_version=V) equals the lists each rank of SGLang
+    V keeps (logical_to_all_physical_map_from_mapping, from the release's own
+    _compute_logical_to_all_physical_map on every rank: cut from 0.5.4.post2),
+    from a Layout and from a Plan's layout alike; P wide it is SGLang's own
+    padding; from replica-rank lists nothing is cut."""
+    import json
+    d = json.loads((_SGLANG_TABLES / (name + ".json")).read_text())
+    G, P = d["num_gpus"], d["num_physical_experts"]
+    lay = epx.Layout.from_map(np.array(d["physical_to_logical_map"]), G, d["num_nodes"],
+                              d["num_logical_experts"])
+    l2p = np.array(d["logical_to_physical_map"])
+    valid = [[[p for p in x if p >= 0] for x in layer] for layer in l2p.tolist()]
+    for v, want in d["sglang"].items():
+        want = np.array(want["logical_to_all_physical_map_from_mapping"])
+        got = epx.sglang_rank_lists(lay, sglang_version=v)
+        assert got.dtype == np.int64
+        np.testing.assert_array_equal(got, want)
+        wide = epx.dispatch.sglang_rank_lists(lay, sglang_version=v, width=P)
+        assert wide.shape == want.shape[:3] + (P,)
+        np.testing.assert_array_equal(wide[..., :want.shape[3]], want)
+        assert (wide[..., want.shape[3]:] == -1).all()
+        eplb = epx.sglang_rank_lists(lay, sglang_version=v, replicas=l2p)
+        for rank in eplb.tolist():
+            assert [[[p for p in x if p >= 0] for x in layer] for layer in rank] == valid
+
+
+def test_sglang_rank_lists_refusals():
+    p2l = np.array([[0, 1, 2, 3, 0, 1, 2, 3]])
+    lay = epx.Layout.from_map(p2l, 4)
+    assert epx.sglang_rank_lists(lay, sglang_version="0.5.4.post1").shape == (4, 1, 4, 2)
+    cut = epx.sglang_rank_lists(lay)  # 0.5.23: every rank keeps its own GPU's replica
+    assert cut.shape == (4, 1, 4, 2)
+    assert cut[0, 0, 0].tolist() == [0, -1] and cut[2, 0, 0].tolist() == [4, -1]
+    with pytest.raises(epx.EpxError, match="out_width is 1 but the widest"):
+        epx.sglang_rank_lists(lay, width=1)
+    with pytest.raises(ValueError, match="width = 9 is outside"):
+        epx.sglang_rank_lists(lay, width=9)
+    with pytest.raises(TypeError, match="width must be an integer"):
+        epx.sglang_rank_lists(lay, width=2.0)
+    with pytest.raises(epx.EpxError, match="0.5.16rc1"):
+        epx.sglang_rank_lists(lay, sglang_version="0.5.16rc1")
