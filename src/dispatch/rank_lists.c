@@ -105,10 +105,9 @@ epx_status epx_dispatch_rank_lists_compute(const epx_shape *shape, const int32_t
     return st;
 }
 
-epx_status epx_dispatch_rank_lists_from_layout(const epx_layout *layout,
-                                               const epx_table_opts *opts, int32_t out_width,
-                                               int32_t *out, int32_t *needed_width,
-                                               epx_error *err) {
+epx_status epx_dispatch_rank_lists_from_layout(const epx_layout *layout, const epx_table_opts *opts,
+                                               int32_t out_width, int32_t *out,
+                                               int32_t *needed_width, epx_error *err) {
     if (layout == NULL)
         return epxi_fail(err, EPX_ERR_INVALID_ARG,
                          "epx_dispatch_rank_lists_from_layout: layout is NULL");
@@ -121,6 +120,6 @@ epx_status epx_dispatch_rank_lists_from_layout(const epx_layout *layout,
     o.init_by_mapping = 1; /* SGLang cuts the lists of a mapping */
     int32_t width = 0;
     const int32_t *l2p = epx_layout_logical_to_all_physical(layout, &width);
-    return epx_dispatch_rank_lists_compute(epx_layout_shape(layout), l2p, width, &o, out_width,
-                                           out, needed_width, err);
+    return epx_dispatch_rank_lists_compute(epx_layout_shape(layout), l2p, width, &o, out_width, out,
+                                           needed_width, err);
 }
