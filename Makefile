@@ -109,7 +109,8 @@ python-test:
 
 # The engines' own unit tests (vLLM's test_eplb_algo.py of five releases,
 # SGLang's dispatch-table test) run unchanged against epx and against the
-# engines' own code (tools/peer_test.py); downloads into $(BUILD)/peer-test,
+# engines' own code, and epx's vLLM plugin runs through vLLM's own plugin
+# loader and policy table (tools/peer_test.py); downloads into $(BUILD)/peer-test,
 # skips with the reason when PyPI is unreachable. SGLANG_TEST=FILE names
 # SGLang 0.5.16's unit test, which PyPI does not carry.
 SGLANG_TEST ?=

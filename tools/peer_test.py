@@ -15,6 +15,14 @@ nothing of the engines is kept in the repository.
       it (installing vLLM's build requirements, torch included), so the sdist
       is fetched from the package index's simple API, which pip reads too,
       and checked against the index's sha256.
+  vLLM 0.13.0 0.18.1 0.34.0 (the plugin)
+      tools/peer_tests/test_vllm_plugin.py, epx's own test of its vLLM
+      plugin (epx.vllm_plugin, the vllm.general_plugins entry point of the
+      installed epx package) through the release's own plugin loader
+      (vllm/plugins/__init__.py, vllm/envs.py) and policy table
+      (vllm/distributed/eplb/policy/__init__.py), from the same sdist. It
+      runs in mode "engine" only: the release's code throughout, epx coming
+      in by the plugin alone.
   SGLang 0.5.16
       test/registered/unit/eplb/test_compute_logical_to_rank_dispatch_
       physical_map.py (the one that runs without a server), in 0.5.16's call
@@ -59,7 +67,13 @@ OWN_TESTS = ROOT / "tools" / "peer_tests"
 VLLM_VERSIONS = ["0.9.2", "0.12.0", "0.13.0", "0.18.1", "0.34.0"]
 VLLM_TEST = "tests/distributed/test_eplb_algo.py"
 VLLM_CODE = ["vllm/distributed/eplb/rebalance_algo.py", "vllm/distributed/eplb/eplb_state.py",
-             "vllm/distributed/eplb/policy/abstract.py", "vllm/distributed/eplb/policy/default.py"]
+             "vllm/distributed/eplb/policy/abstract.py", "vllm/distributed/eplb/policy/default.py",
+             "vllm/distributed/eplb/policy/__init__.py", "vllm/config/parallel.py",
+             "vllm/plugins/__init__.py", "vllm/envs.py"]
+# The releases whose plugin loader and policy table epx's plugin is run
+# through (the table arrived in 0.13.0), and the test that does it.
+VLLM_PLUGIN_VERSIONS = ["0.13.0", "0.18.1", "0.34.0"]
+VLLM_PLUGIN_TEST = OWN_TESTS / "test_vllm_plugin.py"
 
 SGLANG_TEST_NAME = "test_compute_logical_to_rank_dispatch_physical_map.py"
 SGLANG_CODE = ["sglang/srt/eplb/expert_location.py"]
@@ -161,6 +175,17 @@ def extract_sdist(archive, members, dest):
             out.write_bytes(data.read())
 
 
+def extract_sdist_once(archive, members, dest):
+    """extract_sdist, skipped when dest already holds these members (a stamp
+    lists them, so a longer list re-extracts from the cached archive)."""
+    stamp = dest / ".epx-members"
+    want = "\n".join(members)
+    if stamp.exists() and stamp.read_text() == want:
+        return
+    extract_sdist(archive, members, dest)
+    stamp.write_text(want)
+
+
 def extract_wheel(archive, members, dest):
     with zipfile.ZipFile(archive) as z:
         for m in members:
@@ -240,16 +265,25 @@ def main():
     work.mkdir(parents=True, exist_ok=True)
     sglang_test = Path(a.sglang_test) if a.sglang_test else cache / "sglang" / SGLANG_TEST_NAME
 
-    plan = []  # (engine, version, fetch-and-extract -> (test file, src))
+    plan = []  # (engine, version, fetch-and-extract -> (test file, src), modes, test name)
+    both = ("engine", "epx")
+
+    def vllm_src(v):
+        src = cache / "vllm" / v
+        archive = fetch_sdist("vllm", v, cache / "downloads")  # cached after the first
+        extract_sdist_once(archive, [VLLM_TEST] + VLLM_CODE, src)
+        return src
+
     if a.only in (None, "vllm"):
         for v in VLLM_VERSIONS:
             def prep(v=v):
-                src = cache / "vllm" / v
-                if not (src / VLLM_TEST).exists():
-                    archive = fetch_sdist("vllm", v, cache / "downloads")
-                    extract_sdist(archive, [VLLM_TEST] + VLLM_CODE, src)
+                src = vllm_src(v)
                 return src / VLLM_TEST, src
-            plan.append(("vllm", v, prep))
+            plan.append(("vllm", v, prep, both, Path(VLLM_TEST).name))
+        for v in VLLM_PLUGIN_VERSIONS:
+            def prep(v=v):
+                return VLLM_PLUGIN_TEST, vllm_src(v)
+            plan.append(("vllm", v, prep, ("engine",), VLLM_PLUGIN_TEST.name))
     if a.only in (None, "sglang"):
         for v, own in SGLANG_RUNS.items():
             def prep(v=v, own=own):
@@ -264,23 +298,23 @@ def main():
                     archive = fetch_wheel("sglang", v, cache / "downloads", python)
                     extract_wheel(archive, SGLANG_CODE, src)
                 return test, src
-            plan.append(("sglang", v, prep))
+            plan.append(("sglang", v, prep, both, (own or sglang_test).name))
     if a.versions:
         plan = [p for p in plan if p[1] in a.versions]
 
     rows, failed = [], False
-    for engine, v, prep in plan:
+    for engine, v, prep, modes, name in plan:
         try:
             test, src = prep()
         except Unreachable as e:
-            _say("peer-test: SKIP %s %s: PyPI unreachable (%s)" % (engine, v, e))
-            rows.append((engine, v, "-", "skipped: PyPI unreachable"))
+            _say("peer-test: SKIP %s %s %s: PyPI unreachable (%s)" % (engine, v, name, e))
+            rows.append((engine, v, "-", "skipped: PyPI unreachable  [%s]" % name))
             continue
         except FileNotFoundError as e:
-            _say("peer-test: SKIP %s %s: %s" % (engine, v, e))
-            rows.append((engine, v, "-", "skipped: test file absent"))
+            _say("peer-test: SKIP %s %s %s: %s" % (engine, v, name, e))
+            rows.append((engine, v, "-", "skipped: test file absent  [%s]" % name))
             continue
-        for mode in ("engine", "epx"):
+        for mode in modes:
             r = run_pytest(python, test, src, v, mode, work)
             line = "%d passed, %d failed, %d skipped" % (r["passed"], r["failed"], r["skipped"])
             rows.append((engine, v, mode, line + ("  [%s]" % test.name)))

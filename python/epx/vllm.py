@@ -18,7 +18,13 @@ answers):
                          of 0.9.2 - 0.12.0: (weight, num_replicas, num_groups,
                          num_nodes, num_gpus) -> the same 3-tuple, on the
                          input's device.
-  policy_for(version)    the class that matches a release string.
+  policy_for(version)    the class that matches a release string;
+                         policy_for(version, "epx") the same call shape
+                         running epx's own planner (EpxEplbPolicy,
+                         EpxTupleEplbPolicy, EpxTupleEplbPolicy013).
+
+epx.vllm_plugin puts one of these into vLLM's policy table without a patch
+(the vllm.general_plugins entry point, EPX_VLLM_ALGORITHM=deepseek|epx).
 
 Errors: where vLLM's code asserts on an impossible shape (num_replicas not a
 multiple of the GPUs, experts not a multiple of the groups, GPUs not a
@@ -62,8 +68,9 @@ from . import planner as _plan
 from . import sglang as _sglang
 from ._native import EpxAssertionError, as_assertion
 
-__all__ = ["EpxAssertionError", "DefaultEplbPolicy", "TupleEplbPolicy", "TupleEplbPolicy013", "rebalance_experts",
-           "policy_for", "VERIFIED_VERSIONS"]
+__all__ = ["EpxAssertionError", "DefaultEplbPolicy", "TupleEplbPolicy", "TupleEplbPolicy013",
+           "EpxEplbPolicy", "EpxTupleEplbPolicy", "EpxTupleEplbPolicy013", "rebalance_experts",
+           "policy_for", "ALGORITHMS", "VERIFIED_VERSIONS"]
 
 # The releases whose own code produced tests/data/vllm/eplb.json: each side of
 # every change, and the newest read.
@@ -220,6 +227,8 @@ class DefaultEplbPolicy:
 
     # the arithmetic, an epx.planner.EPLB_RULES name
     EPLB_RULE = "vllm-f64"
+    # the planner: "deepseek" (DeepSeek's EPLB, as vLLM computes it) or "epx"
+    ALGORITHM = "deepseek"
 
     @classmethod
     def rebalance_experts(cls, weight, num_replicas, num_groups, num_nodes, num_ranks,
@@ -247,8 +256,12 @@ class DefaultEplbPolicy:
     @classmethod
     def _triple(cls, weight, num_replicas, num_groups, num_nodes, num_ranks, old):
         num_ranks = _int(num_ranks, "num_ranks")  # vLLM's name, in the message
-        p2l, l2p, cnt = _deepseek(weight, num_replicas, num_groups, num_nodes, num_ranks,
-                                  rule=cls.EPLB_RULE)
+        if cls.ALGORITHM == "deepseek":
+            p2l, l2p, cnt = _deepseek(weight, num_replicas, num_groups, num_nodes, num_ranks,
+                                      rule=cls.EPLB_RULE)
+        else:
+            p2l, l2p, cnt = _deepseek(weight, num_replicas, num_groups, num_nodes, num_ranks,
+                                      algorithm=cls.ALGORITHM)
         if old is None:
             return p2l, l2p, cnt
         old = _old_map(old, p2l.shape, l2p.shape[1])
@@ -310,6 +323,35 @@ class TupleEplbPolicy013(TupleEplbPolicy):
         return cls._result(p2l, l2p, cnt, weight, None)
 
 
+class EpxEplbPolicy(DefaultEplbPolicy):
+    """DefaultEplbPolicy's call and result (vLLM 0.19.0 - 0.34.0), planned by
+    epx's own planner instead of DeepSeek's EPLB; with the map in service,
+    experts that stay on a GPU keep their slots, as vLLM keeps them."""
+
+    ALGORITHM = "epx"
+
+
+class EpxTupleEplbPolicy(TupleEplbPolicy):
+    """TupleEplbPolicy's call and 3-tuple (vLLM 0.14.0 - 0.18.1), planned by epx."""
+
+    ALGORITHM = "epx"
+
+
+class EpxTupleEplbPolicy013(TupleEplbPolicy013):
+    """TupleEplbPolicy013's call and 3-tuple (vLLM 0.13.0), planned by epx."""
+
+    ALGORITHM = "epx"
+
+
+# policy_for's algorithms: the class of each call shape that runs each planner
+ALGORITHMS = {
+    "deepseek": {DefaultEplbPolicy: DefaultEplbPolicy, TupleEplbPolicy: TupleEplbPolicy,
+                 TupleEplbPolicy013: TupleEplbPolicy013},
+    "epx": {DefaultEplbPolicy: EpxEplbPolicy, TupleEplbPolicy: EpxTupleEplbPolicy,
+            TupleEplbPolicy013: EpxTupleEplbPolicy013},
+}
+
+
 def _release(version):
     m = re.match(r"^v?(\d+)\.(\d+)(?:\.(\d+))?(?:[.+-]?[A-Za-z0-9.+-]*)$", str(version))
     if not m:
@@ -318,12 +360,20 @@ def _release(version):
     return tuple(int(x or 0) for x in m.groups())
 
 
-def policy_for(version):
+def policy_for(version, algorithm="deepseek"):
     """The drop-in matching vLLM release `version` ("0.34.0", "v0.15.1"):
     DefaultEplbPolicy from 0.19.0, TupleEplbPolicy for 0.14.0 - 0.18.x,
     TupleEplbPolicy013 for 0.13.x. Older
     releases have no policy class (use epx.vllm.rebalance_experts); a release
-    newer than the newest verified one warns and gets the newest API."""
+    newer than the newest verified one warns and gets the newest API.
+    algorithm: "deepseek" (DeepSeek's EPLB, as the release computes it) or
+    "epx" (epx's own planner in the release's call shape)."""
+    if algorithm not in ALGORITHMS:
+        raise ValueError("algorithm %r is not one of %s" % (algorithm, ", ".join(ALGORITHMS)))
+    return ALGORITHMS[algorithm][_shape_for(version)]
+
+
+def _shape_for(version):
     v = _release(version)
     if v < (0, 9, 2):
         raise ValueError("vLLM %s has no EPLB (it arrived in 0.9.2)" % (version,))
@@ -334,7 +384,7 @@ def policy_for(version):
     if v > _release(VERIFIED_VERSIONS[-1]):
         warnings.warn("vLLM %s is newer than the newest release epx was checked against "
                       "(%s); using that release's policy API" % (version, VERIFIED_VERSIONS[-1]),
-                      stacklevel=2)
+                      stacklevel=3)
     if v >= (0, 19, 0):
         return DefaultEplbPolicy
     return TupleEplbPolicy if v >= (0, 14, 0) else TupleEplbPolicy013

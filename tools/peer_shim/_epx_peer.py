@@ -19,6 +19,16 @@ What comes from where, per module the tests import:
                                           bookkeeping the tests read results
                                           with: the release's in both modes
   vllm.platforms                         current_platform: no XPU here
+  vllm.distributed.eplb.policy           the release's policy table
+                                          (EPLB_POLICIES) where it has one
+                                          (>= 0.13.0), over the two stand-ins
+                                          above; else an empty package
+  vllm.config.parallel                   EPLBPolicyOption, lifted from the
+                                          release's config/parallel.py
+  vllm.envs, vllm.plugins                the release's own files, whole: its
+                                          plugin loader (load_general_plugins)
+                                          and the VLLM_PLUGINS it reads
+  vllm (__version__)                     the release string
   sglang.srt.eplb.expert_location        the release's functions; in mode epx
                                           compute_logical_to_rank_dispatch_
                                           physical_map is epx.sglang.
@@ -89,6 +99,34 @@ def vllm_policy_default(ns):
         from vllm.distributed.eplb.policy.abstract import AbstractEplbPolicy
         ns["AbstractEplbPolicy"] = AbstractEplbPolicy
         exec_source(_VLLM_EPLB / "policy" / "default.py", ns)
+
+
+def vllm_policy_table(ns):
+    path = _VLLM_EPLB / "policy" / "__init__.py"
+    if not path.exists():
+        return  # before 0.13.0: no table; the package holds the two modules only
+    from vllm.distributed.eplb.policy.abstract import AbstractEplbPolicy
+    from vllm.distributed.eplb.policy.default import DefaultEplbPolicy
+    ns.update(AbstractEplbPolicy=AbstractEplbPolicy, DefaultEplbPolicy=DefaultEplbPolicy)
+    exec_source(path, ns)
+
+
+def vllm_config_parallel(ns):
+    """EPLBPolicyOption, the Literal the policy table is checked against,
+    lifted from the release's config/parallel.py (the rest of that module
+    pulls in the whole of vLLM's configuration)."""
+    path = SRC / "vllm" / "config" / "parallel.py"
+    tree = ast.parse(path.read_text(), str(path))
+    keep = [n for n in tree.body if isinstance(n, ast.Assign)
+            and any(isinstance(t, ast.Name) and t.id == "EPLBPolicyOption" for t in n.targets)]
+    ns["Literal"] = typing.Literal
+    exec(compile(ast.Module(body=keep, type_ignores=[]), str(path), "exec"), ns)
+
+
+def vllm_whole(rel):
+    def fill_it(ns):
+        exec_source(SRC / rel, ns)
+    return fill_it
 
 
 def vllm_eplb_state(ns):
@@ -193,6 +231,10 @@ FILL = {
     "vllm.distributed.eplb.policy.abstract": vllm_policy_abstract,
     "vllm.distributed.eplb.policy.default": vllm_policy_default,
     "vllm.distributed.eplb.eplb_state": vllm_eplb_state,
+    "vllm.distributed.eplb.policy": vllm_policy_table,
+    "vllm.config.parallel": vllm_config_parallel,
+    "vllm.envs": vllm_whole("vllm/envs.py"),
+    "vllm.plugins": vllm_whole("vllm/plugins/__init__.py"),
     "vllm.platforms": vllm_platforms,
     "sglang.srt.runtime_context": sglang_runtime_context,
     "sglang.srt.elastic_ep.elastic_ep": sglang_elastic_ep,

@@ -1,1 +1,5 @@
-"""Stand-in package for tools/peer_test.py (tools/peer_shim/_epx_peer.py)."""
+"""Stand-in for vllm.distributed.eplb.policy (tools/peer_shim/_epx_peer.py says
+what fills it)."""
+import _epx_peer
+
+_epx_peer.fill(__name__, globals())
