@@ -103,6 +103,7 @@ dispatch-table|--algorithm|text
 dispatch-table|--counts|text
 dispatch-table|--sglang-version|text
 dispatch-table|-o|text
+dispatch-table|--rank-lists|text
 migrate plan|--gpus|int|1|65536
 migrate plan|--nodes|int|1|65536
 migrate plan|--experts|int|1|1048576
