@@ -390,7 +390,7 @@ static int proc_open_fails(int32_t rank, int32_t R, pc_world *w, void *arg) {
     epx_error err = {0};
     cudaStream_t st;
     CK(cudaStreamCreate(&st));
-    epx_ep_config cfg = ll_config(64, 2, 4, 4, EPX_DTYPE_BF16, EPX_DTYPE_BF16);
+    epx_ep_config cfg = ll_config(64, 2, 6, 4, EPX_DTYPE_BF16, EPX_DTYPE_BF16);
     epx_gpu_ep_opts o = EPX_GPU_EP_OPTS_INIT;
     if (rank == 1) o.timeout_ms = 0; /* refused by open, on this rank only */
     epx_gpu_ep *ep = NULL;

@@ -9,6 +9,7 @@
  */
 #include <cstdio>
 #include <cstring>
+#include <ctime>
 #include <cuda_runtime.h>
 #include <nccl.h>
 
@@ -34,6 +35,20 @@ epx_status nccl_fail(ncclResult_t r, const char *what, epx_error *err) {
                      ncclGetErrorString(r));
 }
 
+/* A communicator made non-blocking (epx_nccl_comm_init) answers a group
+ * or collective with ncclInProgress while it is still being enqueued: wait
+ * for that (not for the transfer) against a deadline. */
+ncclResult_t settle(ncclComm_t comm, ncclResult_t r) {
+    struct timespec t0, now;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    while (r == ncclInProgress) {
+        if (ncclCommGetAsyncError(comm, &r) != ncclSuccess) return ncclInternalError;
+        clock_gettime(CLOCK_MONOTONIC, &now);
+        if (r == ncclInProgress && now.tv_sec - t0.tv_sec > 60) return ncclInternalError;
+    }
+    return r;
+}
+
 epx_status exchange(void *ctx, const epxi_ll_phase_blocks *b, void *stream, epx_error *err) {
     const Ctx *c = (const Ctx *)ctx;
     cudaStream_t s = (cudaStream_t)stream;
@@ -46,7 +61,7 @@ epx_status exchange(void *ctx, const epxi_ll_phase_blocks *b, void *stream, epx_
             if (r == ncclSuccess)
                 r = ncclRecv(b->inbox + at, b->bytes[i], ncclUint8, p, c->comm, s);
         }
-    const ncclResult_t e = ncclGroupEnd();
+    const ncclResult_t e = settle(c->comm, ncclGroupEnd());
     if (r != ncclSuccess) return nccl_fail(r, "ncclSend/ncclRecv", err);
     if (e != ncclSuccess) return nccl_fail(e, "ncclGroupEnd", err);
     return EPX_OK;
@@ -67,8 +82,8 @@ epx_status same_config(ncclComm_t comm, int32_t R, int32_t me, const epx_ep_conf
     EPXI_CUDA_GOTO(st, cudaMemcpy(d, &mine, sizeof mine, cudaMemcpyHostToDevice),
                    "GPU EP nccl configs", done);
     {
-        ncclResult_t r =
-            ncclAllGather(d, (epxi_ll_shape *)d + 1, sizeof(epxi_ll_shape), ncclUint8, comm, s);
+        ncclResult_t r = settle(comm, ncclAllGather(d, (epxi_ll_shape *)d + 1,
+                                                    sizeof(epxi_ll_shape), ncclUint8, comm, s));
         if (r != ncclSuccess) {
             st = nccl_fail(r, "ncclAllGather of the configs", err);
             goto done;
