@@ -6,6 +6,8 @@
 # .deepep/ was staged (tools/stage_deepep.sh). What a change to
 # GPU code is checked with before it lands; the timing scripts are
 # gpu_dispatch.sh, gpu_ll.sh and gpu_torch.sh.
+#   QUICK=1     skip what the EP engine does not touch (the dispatch kernels)
+#               and DeepEP's test beyond 2 processes, when device time is short.
 #   BIN=build   where test_dispatch_gpu, test_gpu_ll, libepx.so and
 #               libepx_cuda.so were built; libjansson/libzip from ./.devlibs
 #               and pytest from ./.devpy where the machine lacks them.
@@ -22,7 +24,7 @@ run() { # name, command...
     [ $rc = 0 ] || { echo "FAILED (exit $rc)"; fail=1; }
 }
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
-run "dispatch kernels" bash -c "cd '$ROOT/tests' && '$BIN/test_dispatch_gpu'"
+[ "${QUICK:-0}" = 1 ] || run "dispatch kernels" bash -c "cd '$ROOT/tests' && '$BIN/test_dispatch_gpu'"
 run "low-latency EP engine" "$BIN/test_gpu_ll"
 # The same cases over the host-memory transport (pinned shared memory), which
 # also checks that no segment is left in /dev/shm.
@@ -34,7 +36,7 @@ if command -v compute-sanitizer >/dev/null; then
     run "low-latency EP engine under memcheck, host-memory transport" env \
         EPX_GPU_EP_TRANSPORT=host compute-sanitizer --tool memcheck \
         --error-exitcode 9 --target-processes all "$BIN/test_gpu_ll"
-    run "dispatch kernels under memcheck (quick cases)" bash -c "cd '$ROOT/tests' && \
+    [ "${QUICK:-0}" = 1 ] || run "dispatch kernels under memcheck (quick cases)" bash -c "cd '$ROOT/tests' && \
         EPX_GPU_TEST_QUICK=1 compute-sanitizer --tool memcheck --error-exitcode 9 '$BIN/test_dispatch_gpu'"
 fi
 run "epx.torch on CUDA" env EPX_LIBRARY="$BIN/libepx.so" EPX_CUDA_LIBRARY="$BIN/libepx_cuda.so" \
@@ -48,7 +50,7 @@ run "the MoE layer example on epx.torch.Buffer, 2 and 3 processes" env \
 # DeepEP's own low-latency test on epx.torch.Buffer, where its files were
 # staged (tools/stage_deepep.sh; never committed) and carried as .deepep.
 if [ -d "$ROOT/.deepep" ]; then
-    for n in 2 3 4; do
+    for n in 2 $([ "${QUICK:-0}" = 1 ] || echo 3 4); do
         run "DeepEP's test_low_latency.py on epx.torch.Buffer, $n processes" env \
             EPX_LIBRARY="$BIN/libepx.so" EPX_CUDA_LIBRARY="$BIN/libepx_cuda.so" \
             PYTHONPATH="$ROOT/python" python3 "$ROOT/tools/deepep_ll_check.py" \
