@@ -190,6 +190,115 @@ static void release_goldens(void **state) {
     assert_true(t.ties >= 8 * 4);
 }
 
+/* One case of SGLang 0.5.23's deepseek_vec / elasticity_aware
+ * (tests/data/sglang_eplb_0523): the same algorithm, physical_to_logical_map,
+ * replica counts and replica-rank lists. counts [S][L][E] are the steps. */
+static void run_case_0523(const char *path, const char *name, int *per_algo) {
+    json_error_t je;
+    json_t *root = json_load_file(path, 0, &je);
+    if (root == NULL) fail_msg("%s: %s", path, je.text);
+    epx_shape s = {geti(root, "num_layers"), geti(root, "num_logical_experts"),
+                   geti(root, "num_physical_experts"), geti(root, "num_gpus"),
+                   geti(root, "num_nodes")};
+    const int32_t L = s.num_layers, E = s.num_logical_experts, P = s.num_physical_experts;
+    epx_counts *c = NULL;
+    epx_error err = {0};
+    if (epx_counts_read(path, &c, &err) != EPX_OK) fail_msg("%s: %s", path, err.msg);
+    assert_int_equal(c->num_windows, geti(root, "num_steps"));
+    epx_plan_opts o = EPX_PLAN_OPTS_INIT;
+    if (epx_algorithm_parse(json_string_value(json_object_get(root, "algorithm")), &o.algorithm,
+                            &err) != EPX_OK)
+        fail_msg("%s: %s", name, err.msg);
+    o.num_groups = geti(root, "num_groups");
+    o.sglang_version = "0.5.23";
+    uint8_t failed[64] = {0};
+    const json_t *active = json_object_get(root, "active_ranks");
+    if (active != NULL) {
+        assert_true(s.num_gpus <= 64 && json_array_size(active) == (size_t)s.num_gpus);
+        for (int32_t g = 0; g < s.num_gpus; g++)
+            failed[g] = json_integer_value(json_array_get(active, (size_t)g)) == 0;
+        o.failed_gpus = failed;
+    }
+    const json_t *r = json_object_get(json_object_get(root, "sglang"), "0.5.23");
+    epx_plan *plan = NULL;
+    if (epx_plan_compute(c, &s, &o, &plan, &err) != EPX_OK) fail_msg("%s: %s", name, err.msg);
+    epx_algorithm want;
+    assert_int_equal(
+        epx_algorithm_parse(json_string_value(json_object_get(r, "algorithm")), &want, &err),
+        EPX_OK);
+    if (epx_plan_algorithm(plan) != want) fail_msg("%s: algorithm differs", name);
+    per_algo[want]++;
+    const size_t LP = (size_t)L * (size_t)P, LE = (size_t)L * (size_t)E;
+    int32_t *p2l = malloc(LP * sizeof *p2l), *cnt = malloc(LE * sizeof *cnt);
+    assert_true(p2l && cnt);
+    assert_int_equal(flat(json_object_get(r, "physical_to_logical_map"), p2l, 0, LP), LP);
+    assert_int_equal(flat(json_object_get(r, "logical_count"), cnt, 0, LE), LE);
+    const int32_t *got = epx_layout_physical_to_logical(epx_plan_layout(plan));
+    for (size_t i = 0; i < LP; i++)
+        if (got[i] != p2l[i])
+            fail_msg("%s: slot %zu of layer %zu holds %d, SGLang's %d", name, i % (size_t)P,
+                     i / (size_t)P, got[i], p2l[i]);
+    const json_t *l2pj = json_object_get(r, "logical_to_physical_map");
+    const size_t X = json_array_size(json_array_get(json_array_get(l2pj, 0), 0));
+    int32_t W = 0, rank = 0;
+    const int32_t *l2p = epx_plan_logical_to_physical(plan, &W, &rank);
+    assert_int_equal(rank, 1);
+    assert_true(X <= (size_t)W);
+    int32_t *want_l2p = malloc(LE * X * sizeof *want_l2p);
+    assert_non_null(want_l2p);
+    assert_int_equal(flat(l2pj, want_l2p, 0, LE * X), LE * X);
+    const double *share = epx_plan_replica_weights(plan);
+    for (size_t i = 0; i < LE; i++) {
+        int32_t n = 0;
+        for (size_t k = 0; k < (size_t)W; k++) {
+            const int32_t w = k < X ? want_l2p[i * X + k] : -1;
+            const int32_t g = l2p[i * (size_t)W + k];
+            if (g != w)
+                fail_msg("%s: replica %zu of expert %zu, layer %zu is slot %d, SGLang's %d", name,
+                         k, i % (size_t)E, i / (size_t)E, g, w);
+            if (g >= 0) {
+                n++;
+                /* the listed replicas share the expert's tokens evenly */
+                assert_true(share[(i / (size_t)E) * (size_t)P + (size_t)g] * cnt[i] == 1.0);
+            }
+        }
+        if (n != cnt[i])
+            fail_msg("%s: expert %zu of layer %zu lists %d replicas, SGLang counts %d", name,
+                     i % (size_t)E, i / (size_t)E, n, cnt[i]);
+    }
+    free(want_l2p);
+    free(p2l);
+    free(cnt);
+    epx_plan_destroy(plan);
+    epx_counts_destroy(c);
+    json_decref(root);
+}
+
+static void release_0523_goldens(void **state) {
+    (void)state;
+    const char *dir = "data/sglang_eplb_0523";
+    DIR *d = opendir(dir);
+    if (d == NULL) fail_msg("tests/%s is missing (the test runs from tests/)", dir);
+    struct dirent *de;
+    int cases = 0, per_algo[8] = {0};
+    while ((de = readdir(d)) != NULL) {
+        size_t n = strlen(de->d_name);
+        if (n < 6 || strcmp(de->d_name + n - 5, ".json") != 0) continue;
+        char path[600];
+        snprintf(path, sizeof path, "%s/%s", dir, de->d_name);
+        run_case_0523(path, de->d_name, per_algo);
+        cases++;
+    }
+    closedir(d);
+    fprintf(stderr,
+            "SGLang 0.5.23: %d cases slot for slot: deepseek_vec %d, deepseek_vec_hierarchical "
+            "%d, elasticity_aware %d, elasticity_aware_hierarchical %d\n",
+            cases, per_algo[EPX_ALGO_DEEPSEEK_VEC], per_algo[EPX_ALGO_DEEPSEEK_VEC_HIERARCHICAL],
+            per_algo[EPX_ALGO_ELASTICITY_AWARE], per_algo[EPX_ALGO_ELASTICITY_AWARE_HIERARCHICAL]);
+    for (int a = EPX_ALGO_DEEPSEEK_VEC; a <= EPX_ALGO_ELASTICITY_AWARE_HIERARCHICAL; a++)
+        assert_true(per_algo[a] >= 10);
+}
+
 static void release_strings(void **state) {
     (void)state;
     static const struct {
@@ -305,10 +414,9 @@ static void init_from_counts(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(release_strings),
-        cmocka_unit_test(plan_option),
-        cmocka_unit_test(init_from_counts),
-        cmocka_unit_test(release_goldens),
+        cmocka_unit_test(release_strings),      cmocka_unit_test(plan_option),
+        cmocka_unit_test(init_from_counts),     cmocka_unit_test(release_goldens),
+        cmocka_unit_test(release_0523_goldens),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -31,10 +31,23 @@ take torch's sort order, as the releases do), and per release:
   physical_to_logical_map [L][P], logical_to_physical_map [L][E][X]
   (replica-rank order, X = the largest replica count), logical_count [L][E].
 
+SGLang 0.5.23's other algorithms (`generate-0523`, into its own OUTDIR:
+tests/data/sglang_eplb_0523) are run from 0.5.23 alone, through the same
+rebalance_experts and compute_algorithm: deepseek_vec and
+deepseek_vec_hierarchical on the per-step series (int32 counts, as stat
+mode records them, and float32 ones, as torch.tensor makes of JSON reals;
+1 to 40 steps, so torch's sums over steps take both their forms), and
+elasticity_aware(_hierarchical) with active-rank masks (all active, one,
+several and most ranks down), the mask given as ElasticEPStateManager's
+instance().active_ranks. torch runs single-threaded (its sums over steps
+are split across threads from 32768 elements). Each case adds "dtype"
+(the tensor's) and, for elasticity_aware, "active_ranks" [G] (1 = active).
+
 Usage (torch needed: e.g. a venv with torch and numpy):
   tools/sglang_eplb.py download DIR [VERSIONS...]   (needs PyPI)
   tools/sglang_eplb.py check DIR
   tools/sglang_eplb.py generate DIR OUTDIR
+  tools/sglang_eplb.py generate-0523 DIR OUTDIR
 DIR holds DIR/<version>/sglang/srt/eplb/eplb_algorithms/*.py.
 """
 import argparse
@@ -92,6 +105,147 @@ def run_case(algos, case):
         num_groups=groups, num_nodes=case["num_nodes"], algorithm=algo)
     return {"algorithm": algo.name, "physical_to_logical_map": p2l.tolist(),
             "logical_to_physical_map": l2p.tolist(), "logical_count": cnt.tolist()}
+
+
+def run_case_0523(algos, case):
+    """One case of 0.5.23's deepseek_vec / elasticity_aware, as init_by_eplb
+    calls rebalance_experts (the active ranks through the state manager)."""
+    import torch
+
+    dtype = {"int32": torch.int32, "float32": torch.float32, "float64": torch.float64}
+    t = torch.tensor(case["logical_count"], dtype=dtype[case["dtype"]])
+    if t.dim() == 2:
+        t = t.unsqueeze(0)
+    P, G = case["num_physical_experts"], case["num_gpus"]
+    groups = case["num_groups"] or None
+    active = torch.tensor(case.get("active_ranks", [1] * G), dtype=torch.int32)
+
+    class State:
+        active_ranks = active
+
+    class Manager:
+        @staticmethod
+        def instance():
+            return State
+
+    sys.modules["sglang.srt.elastic_ep.elastic_ep"].ElasticEPStateManager = Manager
+    algo = algos.compute_algorithm(raw_algorithm=case["algorithm"], num_groups=groups,
+                                   num_nodes=case["num_nodes"])
+    p2l, l2p, cnt = algos.rebalance_experts(
+        tokens_per_expert=t, num_physical_experts=P, num_local_physical_experts=P // G,
+        num_groups=groups, num_nodes=case["num_nodes"], algorithm=algo)
+    return {"algorithm": algo.name, "physical_to_logical_map": p2l.tolist(),
+            "logical_to_physical_map": l2p.tolist(), "logical_count": cnt.tolist()}
+
+
+def cases_0523():
+    """Seeded cases for deepseek_vec(_hierarchical) and
+    elasticity_aware(_hierarchical)."""
+    import numpy as np
+
+    rng = random.Random(27)
+    out = []
+
+    def add(name, load, G, N, P, K, algo, dtype, active=None):
+        S, L, E = len(load), len(load[0]), len(load[0][0])
+        c = {"name": name, "num_layers": L, "num_logical_experts": E, "num_physical_experts": P,
+             "num_gpus": G, "num_nodes": N, "num_groups": K, "algorithm": algo, "dtype": dtype,
+             "num_steps": S, "logical_count": load}
+        if active is not None:
+            c["active_ranks"] = active
+        out.append(c)
+
+    def series(kind, S, L, E):
+        if kind == "int":  # int32 counts, ties likely
+            return [[[rng.randrange(0, 300) for _ in range(E)] for _ in range(L)]
+                    for _ in range(S)]
+        if kind == "ties":  # few values, a layer without load, large equal ones
+            big = [[[rng.choice([0, 1, 2, 5]) for _ in range(E)] for _ in range(L)]
+                   for _ in range(S)]
+            for s in range(S):
+                big[s][0] = [0] * E
+                if L > 2:
+                    big[s][2] = [10_000_000 + rng.choice([0, 1]) for _ in range(E)]
+            return big
+        # float32 values, spread over magnitudes
+        return [[[float(np.float32(rng.lognormvariate(4, 1.5))) for _ in range(E)]
+                 for _ in range(L)] for _ in range(S)]
+
+    # (G, N, E, P, groups, L): one slot per GPU and several; L * E below 8,
+    # below 32, between blocks of 32 and past them (torch's column forms).
+    vec = [(4, 1, 4, 8, 0, 1), (4, 1, 16, 20, 0, 2), (4, 1, 24, 32, 0, 3), (8, 1, 24, 32, 4, 3),
+           (2, 1, 6, 6, 0, 2), (8, 2, 32, 48, 4, 2), (4, 1, 48, 64, 0, 2)]
+    hvec = [(4, 1, 16, 24, 4, 2), (8, 2, 32, 48, 4, 3), (8, 2, 32, 40, 8, 2),
+            (16, 4, 32, 64, 8, 2), (8, 4, 24, 32, 4, 3), (4, 2, 8, 8, 2, 2)]
+    steps = [1, 3, 8, 20, 40]
+    for i, (G, N, E, P, K, L) in enumerate(vec):
+        for j, kind in enumerate(["int", "float", "ties"]):
+            S = steps[(i + j) % len(steps)]
+            add(f"vec_{kind}_{i:02d}_s{S}", series(kind, S, L, E), G, N, P, K, "deepseek_vec",
+                "float32" if kind == "float" else "int32")
+    for i, (G, N, E, P, K, L) in enumerate(hvec):
+        for j, kind in enumerate(["int", "float", "ties"]):
+            S = steps[(i + j + 2) % len(steps)]
+            add(f"hvec_{kind}_{i:02d}_s{S}", series(kind, S, L, E), G, N, P, K,
+                "deepseek_vec_hierarchical", "float32" if kind == "float" else "int32")
+    # Sums that only torch's order tells apart: in layer 2 every expert
+    # carries the same large load per step (the 1e-4 tie-breaker lost in
+    # float32), so every candidate's sum over steps is the same in exact
+    # arithmetic, and the experts whose column takes the other form of
+    # torch's sum (columns 64..71 of 72) must round lower than the others.
+    import torch
+
+    for n, (G, N, E, P, K, algo) in enumerate([(4, 1, 24, 32, 0, "deepseek_vec"),
+                                               (8, 1, 24, 32, 0, "deepseek_vec"),
+                                               (8, 2, 24, 32, 4, "deepseek_vec_hierarchical")]):
+        S, L = 40, 3
+        while True:
+            v = [rng.randrange(10_000_000, 16_000_000) for _ in range(S)]
+            col = torch.tensor(v, dtype=torch.float32)[:, None].expand(S, L * E).contiguous()
+            sums = col.sum(0)
+            if sums[64] < sums[48]:
+                break
+        load = series("int", S, L, E)
+        for s_ in range(S):
+            load[s_][2] = [v[s_]] * E
+        add(f"form_{n}_{algo}", load, G, N, P, K, algo, "int32")
+    # elasticity_aware: (G, N, E, P, groups, masks)
+    el = [(4, 1, 16, 24, 0, [[1, 1, 1, 1], [1, 0, 1, 1], [0, 1, 1, 1], [1, 1, 0, 1]]),
+          (8, 2, 32, 48, 4, [[1] * 8, [1, 1, 1, 0, 1, 1, 1, 1], [0, 1, 1, 1, 1, 1, 1, 0],
+                             [1, 1, 1, 1, 1, 1, 1, 0]]),
+          (8, 1, 16, 24, 0, [[1] * 8, [1, 1, 1, 1, 1, 1, 0, 1]]),
+          (16, 4, 64, 96, 8, [[1] * 16, [1] * 15 + [0], [0, 1, 1, 1] * 4])]
+    for i, (G, N, E, P, K, masks) in enumerate(el):
+        for m, mask in enumerate(masks):
+            for algo in ["elasticity_aware", "elasticity_aware_hierarchical"]:
+                if algo.endswith("hierarchical") and K == 0 and all(mask):
+                    continue  # the release needs groups there
+                for kind in ["int", "float"]:
+                    load = [[[rng.randrange(0, 5000) if kind == "int" else
+                              float(rng.lognormvariate(6, 1.5)) for _ in range(E)]
+                             for _ in range(2)] for _ in range(3)]
+                    if m == 1 and kind == "int":
+                        load[0][1] = [3] * E  # ties
+                    h = "h" if algo.endswith("hierarchical") else ""
+                    add(f"el{h}_{kind}_{i}_m{m}", load, G, N, P, K, algo,
+                        "int32" if kind == "int" else "float64", mask)
+    return out
+
+
+def generate_0523(src, outdir):
+    import torch
+
+    torch.set_num_threads(1)
+    os.makedirs(outdir, exist_ok=True)
+    algos = load_release(os.path.join(src, "0.5.23"))
+    source = sha(os.path.join(src, "0.5.23"))
+    for case in cases_0523():
+        case["sglang_source_sha256"] = {"0.5.23": source}
+        case["sglang"] = {"0.5.23": run_case_0523(algos, case)}
+        with open(os.path.join(outdir, case["name"] + ".json"), "w") as f:
+            json.dump(case, f, separators=(",", ":"))
+            f.write("\n")
+        print(case["name"], case["sglang"]["0.5.23"]["algorithm"])
 
 
 def has_ties(case):
@@ -244,11 +398,16 @@ def main():
     g = sub.add_parser("generate")
     g.add_argument("dir")
     g.add_argument("outdir")
+    n = sub.add_parser("generate-0523")
+    n.add_argument("dir")
+    n.add_argument("outdir")
     a = ap.parse_args()
     if a.cmd == "download":
         download(a.dir, a.versions)
     elif a.cmd == "check":
         check(a.dir)
+    elif a.cmd == "generate-0523":
+        generate_0523(a.dir, a.outdir)
     else:
         generate(a.dir, a.outdir)
 

@@ -11,8 +11,36 @@ typedef enum epx_algorithm {
     EPX_ALGO_EPX = 0,                   /* epx's own placement (default)      */
     EPX_ALGO_DEEPSEEK = 1,              /* DeepSeek EPLB, global policy       */
     EPX_ALGO_DEEPSEEK_HIERARCHICAL = 2, /* DeepSeek EPLB, hierarchical policy */
-    EPX_ALGO_AUTO = 3                   /* SGLang's rule: hierarchical when groups % nodes == 0 */
+    EPX_ALGO_AUTO = 3,                  /* SGLang's rule: hierarchical when groups % nodes == 0 */
+    /* SGLang's other EPLB algorithms, as release sglang_version runs them
+     * (NULL: EPX_SGLANG_DEFAULT_VERSION): */
+    EPX_ALGO_DEEPSEEK_VEC = 4,                 /* deepseek_vec: on the per-step series      */
+    EPX_ALGO_DEEPSEEK_VEC_HIERARCHICAL = 5,    /* deepseek_vec_hierarchical (needs groups)  */
+    EPX_ALGO_ELASTICITY_AWARE = 6,             /* elasticity_aware: over the active ranks   */
+    EPX_ALGO_ELASTICITY_AWARE_HIERARCHICAL = 7 /* elasticity_aware_hierarchical          */
 } epx_algorithm;
+
+/*
+ * SGLang's deepseek_vec (EPX_ALGO_DEEPSEEK_VEC[_HIERARCHICAL]) plans on the
+ * series, not its sum: each window of the counts is one step (a stat
+ * dump's ring rows, or a trace's windows). Each redundant slot goes to the
+ * expert that most lowers the sum over steps of the step's largest
+ * per-replica load; the slots are then dealt to GPUs by per-replica load
+ * in a snake. Reproduced as torch computes it on the CPU in float32 (sums
+ * over steps in torch's own order, single-threaded; whole-number counts as
+ * SGLang's integer dump, others as a float32 tensor), ties as torch orders
+ * them. The release runs the global form on the tensor's device; on a GPU
+ * its sums may round apart from these.
+ *
+ * SGLang's elasticity_aware (EPX_ALGO_ELASTICITY_AWARE[_HIERARCHICAL])
+ * takes the active ranks as the complement of failed_gpus (NULL: all
+ * active). All active: DeepSeek's EPLB under the release's rule (global or
+ * hierarchical). Some failed: the global policy on the active ranks' slots,
+ * the k-th active GPU taking the k-th planned GPU's slots; a failed GPU's
+ * slots hold expert 0 with replica weight 0 and are in no replica list, as
+ * the release leaves them. It takes neither current, max_moves nor
+ * move_price (the release plans from scratch).
+ */
 
 /* How strictly epx's algorithm keeps an expert's replicas inside the node
  * that holds its group (only meaningful with nodes > 1). */
@@ -96,7 +124,8 @@ typedef struct epx_plan_opts {
     const epx_layout *current;  /* optional: the layout in service (cost of moving) */
     int32_t max_moves;          /* with current: most slots that may change; < 0 = no cap */
     double move_price;          /* with current: balance a moved expert must buy; 0 = free */
-    const uint8_t *failed_gpus; /* optional [G]: nonzero = GPU lost, gets no experts */
+    const uint8_t *failed_gpus; /* optional [G]: nonzero = GPU lost, gets no experts
+                                    (elasticity-aware: the ranks not active) */
     epx_log_fn log;             /* optional diagnostics */
     void *log_user;
     epx_progress_fn progress; /* optional: called once per layer planned */
@@ -105,7 +134,10 @@ typedef struct epx_plan_opts {
                                     of EPLB does, ties included
                                     (epx_sglang_eplb_rule); NULL = DeepSeek's
                                     original, ties to the lowest index. EPX
-                                    refuses it. */
+                                    refuses it. deepseek-vec and
+                                    elasticity-aware: NULL = the newest
+                                    release verified; elasticity-aware takes
+                                    0.5.23 or newer. */
 } epx_plan_opts;
 #define EPX_PLAN_OPTS_VERSION ((uint32_t)sizeof(epx_plan_opts))
 #define EPX_PLAN_OPTS_INIT                                                                         \
@@ -173,7 +205,9 @@ EPX_API const int32_t *epx_plan_logical_to_physical(const epx_plan *plan, int32_
                                                     int32_t *replica_rank);
 
 /* Parse / name algorithms as the CLI spells them ("epx", "deepseek",
- * "deepseek-hierarchical", "auto"). */
+ * "deepseek-hierarchical", "auto", "deepseek-vec", "deepseek-vec-hierarchical",
+ * "elasticity-aware", "elasticity-aware-hierarchical"; parse also takes
+ * SGLang's spelling with underscores). */
 EPX_API epx_status epx_algorithm_parse(const char *name, epx_algorithm *out, epx_error *err);
 EPX_API const char *epx_algorithm_name(epx_algorithm algo);
 

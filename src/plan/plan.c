@@ -46,6 +46,10 @@ static const char *const ALGO_NAMES[] = {
     [EPX_ALGO_DEEPSEEK] = "deepseek",
     [EPX_ALGO_DEEPSEEK_HIERARCHICAL] = "deepseek-hierarchical",
     [EPX_ALGO_AUTO] = "auto",
+    [EPX_ALGO_DEEPSEEK_VEC] = "deepseek-vec",
+    [EPX_ALGO_DEEPSEEK_VEC_HIERARCHICAL] = "deepseek-vec-hierarchical",
+    [EPX_ALGO_ELASTICITY_AWARE] = "elasticity-aware",
+    [EPX_ALGO_ELASTICITY_AWARE_HIERARCHICAL] = "elasticity-aware-hierarchical",
 };
 #define EPXI_NUM_ALGOS ((int)(sizeof ALGO_NAMES / sizeof ALGO_NAMES[0]))
 
@@ -62,13 +66,19 @@ epx_status epx_algorithm_parse(const char *name, epx_algorithm *out, epx_error *
             return EPX_OK;
         }
     /* SGLang spells them with underscores. */
-    if (strcmp(name, "deepseek_hierarchical") == 0) {
-        *out = EPX_ALGO_DEEPSEEK_HIERARCHICAL;
-        return EPX_OK;
+    for (int a = 0; a < EPXI_NUM_ALGOS; a++) {
+        const char *n = ALGO_NAMES[a];
+        size_t i = 0;
+        while (n[i] != '\0' && (name[i] == n[i] || (n[i] == '-' && name[i] == '_'))) i++;
+        if (n[i] == '\0' && name[i] == '\0') {
+            *out = (epx_algorithm)a;
+            return EPX_OK;
+        }
     }
     return epxi_fail(err, EPX_ERR_INVALID_ARG,
-                     "unknown algorithm '%.64s': use epx, deepseek, deepseek-hierarchical or "
-                     "auto",
+                     "unknown algorithm '%.64s': use epx, deepseek, deepseek-hierarchical, auto, "
+                     "deepseek-vec, deepseek-vec-hierarchical, elasticity-aware or "
+                     "elasticity-aware-hierarchical",
                      name);
 }
 
@@ -84,6 +94,39 @@ static const char *node_local_name(epx_node_local n) {
 
 /* ---- option checks -------------------------------------------------------- */
 
+static bool is_vec(epx_algorithm a) {
+    return a == EPX_ALGO_DEEPSEEK_VEC || a == EPX_ALGO_DEEPSEEK_VEC_HIERARCHICAL;
+}
+static bool is_elastic(epx_algorithm a) {
+    return a == EPX_ALGO_ELASTICITY_AWARE || a == EPX_ALGO_ELASTICITY_AWARE_HIERARCHICAL;
+}
+/* DeepSeek's own modes, which take a missing group count as one group. */
+static bool is_deepseek_only(epx_algorithm a) {
+    return a == EPX_ALGO_DEEPSEEK || a == EPX_ALGO_DEEPSEEK_HIERARCHICAL;
+}
+static bool is_hierarchical(epx_algorithm a) {
+    return a == EPX_ALGO_DEEPSEEK_HIERARCHICAL || a == EPX_ALGO_DEEPSEEK_VEC_HIERARCHICAL ||
+           a == EPX_ALGO_ELASTICITY_AWARE_HIERARCHICAL;
+}
+
+/* The release an SGLang-only algorithm plans as, and its EPLB rule. */
+static epx_status sglang_rule(const epx_plan_opts *o, epx_algorithm algo, epx_eplb_rule *rule,
+                              epx_error *err) {
+    if (!is_vec(algo) && !is_elastic(algo) && o->sglang_version == NULL) {
+        *rule = EPX_EPLB_RULE_DEEPSEEK;
+        return EPX_OK;
+    }
+    return epx_sglang_eplb_rule(o->sglang_version ? o->sglang_version : EPX_SGLANG_DEFAULT_VERSION,
+                                rule, NULL, err);
+}
+
+/* The active ranks of an elasticity-aware plan: the live GPUs. */
+static int32_t active_ranks(const epx_shape *s, const epx_plan_opts *o) {
+    int32_t a = 0;
+    for (int32_t g = 0; g < s->num_gpus; g++) a += o->failed_gpus == NULL || !o->failed_gpus[g];
+    return a;
+}
+
 /* SGLang's compute_algorithm: hierarchical when the groups divide evenly over
  * the nodes; num_groups == 0 is SGLang's None (no groups), hence global. */
 static epx_algorithm resolve_auto(const epx_plan_opts *o, const epx_shape *s) {
@@ -95,8 +138,7 @@ static epx_algorithm resolve_auto(const epx_plan_opts *o, const epx_shape *s) {
 
 static epx_status check_deepseek_opts(const epx_plan_opts *o, epx_algorithm algo, epx_error *err) {
     const char *name = epx_algorithm_name(algo);
-    const epx_node_local same =
-        algo == EPX_ALGO_DEEPSEEK ? EPX_NODE_LOCAL_OFF : EPX_NODE_LOCAL_STRICT;
+    const epx_node_local same = is_hierarchical(algo) ? EPX_NODE_LOCAL_STRICT : EPX_NODE_LOCAL_OFF;
     if (o->node_local != EPX_NODE_LOCAL_DEFAULT && o->node_local != same)
         return epxi_fail(err, EPX_ERR_INVALID_ARG,
                          "node_local '%s' does not apply to %s, which is always '%s': the "
@@ -152,7 +194,8 @@ static epx_status check_opts(const epx_plan_opts *o, const epx_shape *s, epx_alg
     if ((int)o->algorithm < 0 || (int)o->algorithm >= EPXI_NUM_ALGOS)
         return epxi_fail(err, EPX_ERR_INVALID_ARG,
                          "algorithm %d is unknown: use EPX_ALGO_EPX, EPX_ALGO_DEEPSEEK, "
-                         "EPX_ALGO_DEEPSEEK_HIERARCHICAL or EPX_ALGO_AUTO",
+                         "EPX_ALGO_DEEPSEEK_HIERARCHICAL, EPX_ALGO_AUTO, EPX_ALGO_DEEPSEEK_VEC(_"
+                         "HIERARCHICAL) or EPX_ALGO_ELASTICITY_AWARE(_HIERARCHICAL)",
                          (int)o->algorithm);
     if ((int)o->node_local < EPX_NODE_LOCAL_DEFAULT || (int)o->node_local > EPX_NODE_LOCAL_OFF)
         return epxi_fail(err, EPX_ERR_INVALID_ARG,
@@ -195,6 +238,7 @@ static epx_status check_opts(const epx_plan_opts *o, const epx_shape *s, epx_alg
                          o->sglang_version);
     if (*algo == EPX_ALGO_EPX) return EPX_OK;
     EPX_TRY(check_deepseek_opts(o, *algo, err));
+    const char *name = epx_algorithm_name(*algo);
     if (o->sglang_version != NULL) {
         epx_eplb_rule rule;
         int32_t newer = 0;
@@ -205,14 +249,33 @@ static epx_status check_opts(const epx_plan_opts *o, const epx_shape *s, epx_alg
                      "(" EPX_SGLANG_DEFAULT_VERSION "); planning with " EPX_SGLANG_DEFAULT_VERSION
                      "'s EPLB rule",
                      o->sglang_version);
+        long v[4], v0523[4] = {0, 5, 23, 0};
+        EPX_TRY(epxi_sglang_release(o->sglang_version, v, NULL, err));
+        if (is_elastic(*algo) && epxi_release_cmp(v, v0523) < 0)
+            return epxi_fail(err, EPX_ERR_INVALID_ARG,
+                             "%s is reproduced as SGLang 0.5.23 has it, and SGLang '%.64s' is "
+                             "older: give --sglang-version 0.5.23 (or newer), or leave it unset",
+                             name, o->sglang_version);
     }
-    const bool hier = *algo == EPX_ALGO_DEEPSEEK_HIERARCHICAL;
-    if (hier && s->num_nodes > 1 && o->num_groups == 0)
+    bool hier = is_hierarchical(*algo);
+    if (is_elastic(*algo)) {
+        if (o->current != NULL || o->max_moves >= 0 || o->move_price != 0.0)
+            return epxi_fail(err, EPX_ERR_INVALID_ARG,
+                             "%s plans from scratch over the active ranks, as SGLang does: it "
+                             "takes no current layout, max_moves or move_price (leave them "
+                             "unset, or use --algorithm epx to plan around the layout in service)",
+                             name);
+        /* With a rank down the release falls back to the global policy on
+         * the active ranks: A GPUs, one node, P/G slots each. */
+        const int32_t A = active_ranks(s, o), nloc = s->num_physical_experts / s->num_gpus;
+        if (A < s->num_gpus) return epxi_deepseek_check(E, nloc * A, 1, 1, A, false, err);
+    }
+    if (hier && o->num_groups == 0 && (s->num_nodes > 1 || !is_deepseek_only(*algo)))
         return epxi_fail(err, EPX_ERR_INVALID_ARG,
-                         "deepseek-hierarchical packs expert groups onto %d nodes, but no "
-                         "groups were given: pass the model's n_group (a multiple of %d that "
-                         "divides %d), or use --algorithm deepseek",
-                         s->num_nodes, s->num_nodes, E);
+                         "%s packs expert groups onto %d node(s), but no groups were given: "
+                         "pass the model's n_group (a multiple of %d that divides %d), or use "
+                         "the global form (drop -hierarchical)",
+                         name, s->num_nodes, s->num_nodes, E);
     return epxi_deepseek_check(E, s->num_physical_experts, o->num_groups > 0 ? o->num_groups : 1,
                                s->num_nodes, s->num_gpus, hier, err);
 }
@@ -307,6 +370,54 @@ typedef struct {
     int32_t *ranks;           /* optional: DeepSeek's replica rank of every slot, [L][P] */
 } place_ctx;
 
+/* SGLang's deepseek_vec and elasticity_aware (deepseek_vec.c, elastic.c):
+ * the map, each slot's place in its expert's list (into pc->ranks when the
+ * plan keeps them), and even shares over the listed replicas (a failed
+ * rank's slots, listed nowhere, get 0). */
+static epx_status place_sglang(const place_ctx *pc, const epx_counts *counts,
+                               const epx_shape *shape, const epx_plan_opts *opts, int32_t *map,
+                               double *share, epx_error *err) {
+    const int32_t L = shape->num_layers, E = shape->num_logical_experts,
+                  P = shape->num_physical_experts;
+    const int32_t groups = opts->num_groups > 0 ? opts->num_groups : 1;
+    const bool hier = is_hierarchical(pc->algo);
+    const size_t LP = (size_t)L * (size_t)P, LE = (size_t)L * (size_t)E;
+    /* a constrained deepseek-vec plan (elasticity-aware is never) runs on
+     * the survivors' shape, checked here */
+    if (shape != pc->checked)
+        EPX_TRY(epxi_deepseek_check(E, P, groups, shape->num_nodes, shape->num_gpus, hier, err));
+    int32_t *rank = pc->ranks ? pc->ranks : epxi_calloc(LP, sizeof *rank, "replica ranks", err);
+    int32_t *nv = rank ? epxi_calloc((size_t)E, sizeof *nv, "replica counts", err) : NULL;
+    float *w = NULL;
+    epx_status st = EPX_ERR_NOMEM;
+    if (nv == NULL) goto done;
+    if (is_vec(pc->algo)) {
+        st = epxi_deepseek_vec(counts, shape, groups, hier, map, rank, err);
+    } else {
+        epx_eplb_rule rule;
+        w = epxi_calloc(LE, sizeof *w, "float32 load", err);
+        st = w ? sglang_rule(opts, pc->algo, &rule, err) : EPX_ERR_NOMEM;
+        if (st == EPX_OK) st = epxi_plan_load_f32(counts, w, err);
+        if (st == EPX_OK)
+            st = epxi_elasticity_aware(w, shape, groups, hier, opts->failed_gpus, rule, map, rank,
+                                       err);
+    }
+    if (st != EPX_OK) goto done;
+    for (int32_t l = 0; l < L; l++) {
+        const int32_t *row = map + (size_t)l * (size_t)P, *rk = rank + (size_t)l * (size_t)P;
+        memset(nv, 0, (size_t)E * sizeof *nv);
+        for (int32_t p = 0; p < P; p++) nv[row[p]] += rk[p] >= 0;
+        for (int32_t p = 0; p < P; p++)
+            share[(size_t)l * (size_t)P + (size_t)p] = rk[p] >= 0 ? 1.0 / nv[row[p]] : 0.0;
+        if (opts->progress) opts->progress(opts->progress_user, "layers planned", l + 1, L);
+    }
+done:
+    free(w);
+    free(nv);
+    if (rank != pc->ranks) free(rank);
+    return st;
+}
+
 static epx_status place(void *ctx, const epx_counts *counts, const epx_shape *shape,
                         const epx_plan_opts *opts, int32_t *map, double *share, double *load,
                         epx_error *err) {
@@ -314,6 +425,8 @@ static epx_status place(void *ctx, const epx_counts *counts, const epx_shape *sh
     const epx_algorithm algo = pc->algo;
     if (load != NULL) planned_load(counts, algo, opts, load);
     if (algo == EPX_ALGO_EPX) return epxi_plan_epx(counts, shape, opts, map, share, err);
+    if (is_vec(algo) || is_elastic(algo))
+        return place_sglang(pc, counts, shape, opts, map, share, err);
     const bool hier = algo == EPX_ALGO_DEEPSEEK_HIERARCHICAL;
     const int32_t E = shape->num_logical_experts, P = shape->num_physical_experts;
     /* check_opts checked the entry's shape; the survivors' shape of a plan
@@ -357,7 +470,8 @@ epx_status epx_plan_compute(const epx_counts *counts, const epx_shape *shape,
         return err ? err->status : EPX_ERR_NOMEM;
     }
     plan->algorithm = algo;
-    const bool constrained = epxi_plan_is_constrained(opts);
+    /* elasticity-aware takes failed_gpus as its active ranks, itself */
+    const bool constrained = !is_elastic(algo) && epxi_plan_is_constrained(opts);
     /* Replica ranks survive only an unconstrained DeepSeek plan: the
      * constrained path relabels slots inside each GPU. */
     if (algo != EPX_ALGO_EPX && !constrained) {
@@ -422,7 +536,8 @@ const int32_t *epx_plan_logical_to_physical(const epx_plan *plan, int32_t *width
         int32_t *out = l2p + (size_t)l * (size_t)E * X;
         const int32_t *row = p2l + (size_t)l * (size_t)P, *rk = plan->rank + (size_t)l * (size_t)P;
         for (size_t i = 0; i < (size_t)E * X; i++) out[i] = -1;
-        for (int32_t p = 0; p < P; p++) out[(size_t)row[p] * X + (size_t)rk[p]] = p;
+        for (int32_t p = 0; p < P; p++)
+            if (rk[p] >= 0) out[(size_t)row[p] * X + (size_t)rk[p]] = p;
     }
     int32_t *none = NULL;
     if (!atomic_compare_exchange_strong(&plan->lists->l2p, &none, l2p)) {

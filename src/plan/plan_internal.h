@@ -65,4 +65,47 @@ EPXI_HIDDEN void epxi_deepseek_layer(epxi_deepseek *ws, const float *weight, int
  * beyond float32. Counts must have been checked (finite, >= 0). */
 EPXI_HIDDEN epx_status epxi_plan_load_f32(const epx_counts *counts, float *out, epx_error *err);
 
+/* torch's CPU float32 sums (torch_sum.c), as SGLang's deepseek_vec gets
+ * them. An outer reduction (tensor.sum(0) of a contiguous [rows][cols])
+ * adds column `col` in the form epxi_torch_sum_outer_kind names;
+ * epxi_torch_sum adds n items a[0], a[stride], .. in that form (INNER:
+ * contiguous items, stride ignored). epxi_torch_sum_rows is sum(-1) of a
+ * contiguous [rows][n] into out [rows]. */
+typedef enum {
+    EPXI_TORCH_SUM_CASCADE,
+    EPXI_TORCH_SUM_ROW,
+    EPXI_TORCH_SUM_INNER
+} epxi_torch_sum_kind;
+EPXI_HIDDEN epxi_torch_sum_kind epxi_torch_sum_outer_kind(int64_t col, int64_t cols);
+EPXI_HIDDEN float epxi_torch_sum(const float *a, int64_t n, int64_t stride,
+                                 epxi_torch_sum_kind kind);
+EPXI_HIDDEN void epxi_torch_sum_rows(const float *a, int64_t rows, int64_t n, float *out);
+
+/*
+ * SGLang's deepseek_vec (deepseek_vec.c): plans on the per-step series
+ * counts [S][L][E] (the windows are the steps), global (hier false: one
+ * chunk of all P slots) or hierarchical (groups onto nodes first; groups
+ * >= 1 must divide E and be a multiple of the nodes, checked by the
+ * caller). map [L][P] (out) physical_to_logical; rank [L][P] (out) each
+ * slot's position in its expert's logical_to_physical list. Counts must be
+ * checked (finite, >= 0). EPX_ERR_INVALID_ARG for a count beyond float32;
+ * EPX_ERR_NOMEM.
+ */
+EPXI_HIDDEN epx_status epxi_deepseek_vec(const epx_counts *counts, const epx_shape *shape,
+                                         int32_t groups, bool hier, int32_t *map, int32_t *rank,
+                                         epx_error *err);
+
+/*
+ * SGLang's elasticity_aware (elastic.c) on the float32 load w [L][E]: with
+ * every rank active (failed NULL or all zero) DeepSeek's EPLB under `rule`
+ * (global, or hierarchical when hier); with failed ranks, the global policy
+ * on the active ranks' slots, each failed rank's slots then holding expert
+ * 0 with rank -1 (listed nowhere). groups as epxi_deepseek_check takes
+ * them; the caller checked the shape, the mask and that the active slots
+ * hold every expert. map, rank [L][P] (out) as for epxi_deepseek_vec.
+ */
+EPXI_HIDDEN epx_status epxi_elasticity_aware(const float *w, const epx_shape *shape, int32_t groups,
+                                             bool hier, const uint8_t *failed, epx_eplb_rule rule,
+                                             int32_t *map, int32_t *rank, epx_error *err);
+
 #endif
