@@ -86,7 +86,9 @@ def deepseek(weight, num_replicas, num_groups, num_nodes, num_gpus, hierarchical
 
 # ---- the full planner -----------------------------------------------------
 
-ALGORITHMS = {"epx": 0, "deepseek": 1, "deepseek-hierarchical": 2, "auto": 3}
+ALGORITHMS = {"epx": 0, "deepseek": 1, "deepseek-hierarchical": 2, "auto": 3,
+              "deepseek-vec": 4, "deepseek-vec-hierarchical": 5, "elasticity-aware": 6,
+              "elasticity-aware-hierarchical": 7}
 _ALGO_NAMES = {v: k for k, v in ALGORITHMS.items()}
 NODE_LOCAL = {"default": 0, "strict": 1, "relaxed": 2, "off": 3}
 ESTIMATES = {"default": 0, "sum": 1, "recency": 2, "mean-std": 3, "minmax": 4}
@@ -161,7 +163,14 @@ class Plan:
         """True when logical_to_physical_map is in DeepSeek's replica-rank order."""
         return self._l2p()[1]
 
-    def _l2p(self):
+    @property
+    def replica_lists(self):
+        """[L][E][P - E + 1] int32, -1 padded: logical_to_physical_map at
+        full width. A slot listed nowhere (a failed rank's, in an
+        elasticity-aware plan) is in no list."""
+        return self._l2p(full=True)[0]
+
+    def _l2p(self, full=False):
         s = self.layout.shape
         L, E = s["num_layers"], s["num_logical_experts"]
         w, rank = c_int32(0), c_int32(0)
@@ -169,9 +178,9 @@ class Plan:
         if not p:  # built at the first call; NULL when memory ran out
             raise EpxError(Status.NOMEM, "out of memory building the plan's "
                            "logical_to_physical_map")
-        full = np.ctypeslib.as_array(p, shape=(L * E * w.value,)).reshape(L, E, w.value)
-        X = max(int(self.layout.num_valid.max()) if L * E else 1, 1)
-        return full[:, :, :X].copy(), bool(rank.value)
+        lists = np.ctypeslib.as_array(p, shape=(L * E * w.value,)).reshape(L, E, w.value)
+        X = w.value if full else max(int(self.layout.num_valid.max()) if L * E else 1, 1)
+        return lists[:, :, :X].copy(), bool(rank.value)
 
     @property
     def seconds(self):
@@ -194,8 +203,10 @@ def plan(counts, num_gpus, num_physical_experts=None, num_redundant=None, num_no
 
     P is num_physical_experts, or E + num_redundant (default E: no redundancy).
     algorithm: "epx" (default), "deepseek", "deepseek-hierarchical" or "auto"
-    (SGLang's rule). current: the Layout in service, to price moves
-    (max_moves, move_price). failed_gpus: [G] truthy = lost GPU.
+    (SGLang's rule); SGLang's "deepseek-vec", "deepseek-vec-hierarchical" (on
+    the windows as steps), "elasticity-aware" and "elasticity-aware-hierarchical"
+    (the active ranks: not failed_gpus). current: the Layout in service, to
+    price moves (max_moves, move_price). failed_gpus: [G] truthy = lost GPU.
     sglang_version: DeepSeek modes plan as that SGLang release's copy of EPLB
     (None = DeepSeek's original; a newer release than epx verified warns).
     Returns a Plan; raises EpxError with libepx's message on bad input.

@@ -102,14 +102,55 @@ def _algorithm_name(algorithm):
     return str(name).lower().replace("-", "_")
 
 
+_SGLANG_ONLY = ("deepseek_vec", "deepseek_vec_hierarchical", "elasticity_aware",
+                "elasticity_aware_hierarchical")
+
+
+def _sglang_only(t, P, num_gpus, num_groups, num_nodes, name, active_ranks, sglang_version,
+                 torch_out):
+    """deepseek_vec(_hierarchical) and elasticity_aware(_hierarchical), as
+    release sglang_version (None: the newest verified) runs them."""
+    failed = None
+    if name.startswith("elasticity"):
+        if active_ranks is not None:
+            act = active_ranks.cpu() if hasattr(active_ranks, "cpu") else active_ranks
+            act = np.asarray(act)
+            if act.shape != (num_gpus,):
+                raise ValueError("active_ranks must have one entry per EP rank (%d), got shape "
+                                 "%s" % (num_gpus, act.shape))
+            failed = act == 0
+    elif active_ranks is not None:
+        raise ValueError("active_ranks applies to the elasticity_aware algorithms, not to %r"
+                         % (name,))
+    with as_assertion():  # where SGLang's code asserts
+        p = _plan.plan(t, num_gpus=num_gpus, num_physical_experts=P, num_nodes=num_nodes,
+                       algorithm=name, num_groups=num_groups, failed_gpus=failed,
+                       sglang_version=sglang_version)
+    lists = p.replica_lists
+    cnt = (lists >= 0).sum(axis=2)
+    if name.startswith("elasticity"):  # the largest count wide, as the release
+        lists = lists[:, :, :max(int(cnt.max()), 1)]
+    out = (p.physical_to_logical_map, lists, cnt)
+    return tuple(A.wrap(np.ascontiguousarray(a, dtype=np.int64), torch_out) for a in out)
+
+
 def rebalance_experts_from_windows(tokens_per_expert, num_physical_experts,
                                    num_local_physical_experts, num_groups, num_nodes,
-                                   algorithm, *, as_torch=None, sglang_version=None, **plan_kw):
+                                   algorithm, *, as_torch=None, sglang_version=None,
+                                   active_ranks=None, **plan_kw):
     """SGLang's eplb_algorithms.rebalance_experts: tokens_per_expert [S][L][E]
     (windows), algorithm an EplbAlgorithm member or its name. "deepseek" and
     "deepseek_hierarchical" sum the windows and run DeepSeek EPLB exactly, as
     release sglang_version's copy does (None = DeepSeek's original); "epx"
-    hands all windows to epx's planner (it estimates from them)."""
+    hands all windows to epx's planner (it estimates from them).
+    SGLang 0.5.23's others, exactly as that release runs them on the CPU
+    (sglang_version None = the newest verified): "deepseek_vec" and
+    "deepseek_vec_hierarchical" plan on the windows as steps (the replica
+    lists P - E + 1 wide, as theirs); "elasticity_aware" and
+    "elasticity_aware_hierarchical" over active_ranks ([ep_size], nonzero =
+    active; None = all, as ElasticEPStateManager.healthy_rank_state), where
+    the release reads ElasticEPStateManager; a failed rank's slots hold
+    expert 0 and are in no list, as there."""
     name = _algorithm_name(algorithm)
     P = A.integer(num_physical_experts, "num_physical_experts", 1, A.MAX_PHYSICAL,
                   "4 (E + G) slots at most")
@@ -125,6 +166,16 @@ def rebalance_experts_from_windows(tokens_per_expert, num_physical_experts,
         return rebalance_experts(t.sum(axis=0), num_physical_experts, num_groups, num_nodes,
                                  num_gpus, name == "deepseek_hierarchical", as_torch=torch_out,
                                  sglang_version=sglang_version)
+    if name in _SGLANG_ONLY:
+        if plan_kw:
+            raise TypeError("unexpected keywords for algorithm %r: %s"
+                            % (name, ", ".join(sorted(plan_kw))))
+        t = A.as_array(tokens_per_expert, np.float64, 3, "tokens_per_expert")
+        return _sglang_only(t, P, num_gpus, num_groups, num_nodes, name, active_ranks,
+                            sglang_version, torch_out)
+    if active_ranks is not None:
+        raise ValueError("active_ranks applies to the elasticity_aware algorithms, not to %r"
+                         % (name,))
     if name in ("epx", "epx_hierarchical"):
         if sglang_version is not None:
             raise ValueError("sglang_version=%r applies to the deepseek algorithms, not to "
@@ -137,7 +188,8 @@ def rebalance_experts_from_windows(tokens_per_expert, num_physical_experts,
                      for a in (p2l, l2p, cnt))
     raise EpxError(Status.UNSUPPORTED,
                    "EPLB algorithm %r is not served by epx: use deepseek, "
-                   "deepseek_hierarchical or epx" % (name,))
+                   "deepseek_hierarchical, deepseek_vec, deepseek_vec_hierarchical, "
+                   "elasticity_aware, elasticity_aware_hierarchical or epx" % (name,))
 
 
 def compute_logical_to_all_physical_map(physical_to_logical_map, num_logical_experts,

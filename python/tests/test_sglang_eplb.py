@@ -107,3 +107,38 @@ def test_release_strings():
         warnings.simplefilter("error")
         b = epx.sglang.rebalance_experts(w, 12, 1, 1, 4, False, sglang_version=newest)
     assert all(np.array_equal(x, y) for x, y in zip(a, b))
+
+
+# SGLang 0.5.23's deepseek_vec(_hierarchical) and elasticity_aware(_hierarchical)
+# (tests/data/sglang_eplb_0523), in 0.5.23's call shape of rebalance_experts:
+# the tensor as the release got it (int32 or float32 steps), the active ranks
+# as a tensor where its state manager keeps them.
+CASES_0523 = sorted((REPO / "tests" / "data" / "sglang_eplb_0523").glob("*.json"))
+
+
+@pytest.mark.parametrize("path", CASES_0523, ids=[p.stem for p in CASES_0523])
+def test_rebalance_experts_0523(path):
+    case = load(path)
+    G, N, P = case["num_gpus"], case["num_nodes"], case["num_physical_experts"]
+    want = case["sglang"]["0.5.23"]
+    t = np.asarray(case["logical_count"], dtype={"int32": np.int32, "float32": np.float32,
+                                                 "float64": np.float64}[case["dtype"]])
+    active = case.get("active_ranks")
+    kw = {} if active is None else {"active_ranks": np.asarray(active, dtype=np.int32)}
+    p2l, l2p, cnt = epx.sglang.rebalance_experts_from_windows(
+        t if t.ndim == 3 else t[None], P, P // G, case["num_groups"] or None, N,
+        case["algorithm"], sglang_version="0.5.23", **kw)
+    assert cnt.tolist() == want["logical_count"]
+    assert l2p.tolist() == want["logical_to_physical_map"]
+    assert p2l.tolist() == want["physical_to_logical_map"]
+
+
+def test_active_ranks_errors():
+    t = np.ones((2, 1, 8))
+    f = epx.sglang.rebalance_experts_from_windows
+    with pytest.raises(ValueError, match="one entry per EP rank"):
+        f(t, 8, 2, None, 1, "elasticity_aware", active_ranks=[1, 1])
+    with pytest.raises(ValueError, match="elasticity_aware"):
+        f(t, 8, 2, None, 1, "deepseek_vec", active_ranks=[1, 1, 1, 1])
+    with pytest.raises(epx.EpxError, match="slots"):
+        f(t, 8, 2, None, 1, "elasticity_aware", active_ranks=[1, 0, 0, 0])

@@ -52,6 +52,7 @@ plan|--max-moves|int|0|2147483647
 plan|--move-price|real|0|1
 plan|--expert-bytes|int|1|1000000000000000
 plan|--failed-gpus|list|0|7
+plan|--active-ranks|list|0|7
 plan|--window-passes|int|1|16777216
 plan|--counts|text
 plan|--algorithm|text

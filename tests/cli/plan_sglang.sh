@@ -84,5 +84,50 @@ check "nothing written on refusal" test ! -e x.json
 check "newer release warns" expect_rc 0 "${plan[@]}" --sglang-version 0.7.0 -o n.json
 check "  the warning" grep -qF "SGLang 0.7.0 is newer than the newest release epx verified (0.5.23)" err
 check "  with the newest rule" cmp -s n.json m0.5.11.json
+# SGLang 0.5.23's deepseek_vec and elasticity_aware (issue 27): the mapping and
+# the report's replica-rank lists equal the release's (tests/data/sglang_eplb_0523);
+# deepseek-vec reads the windows as steps, elasticity-aware the active ranks.
+D=$EPX_SOURCE/tests/data/sglang_eplb_0523
+same0523() { # CASE MAPPING REPORT
+    python3 - "$@" <<'PY'
+import json, sys
+case, m, r = (json.load(open(a)) for a in sys.argv[1:4])
+want = case["sglang"]["0.5.23"]
+assert m["physical_to_logical_map"] == want["physical_to_logical_map"], "placement differs"
+assert r["sglang_version"] == "0.5.23" and r["logical_to_physical_order"] == "replica-rank"
+w, X = want["logical_to_physical_map"], len(want["logical_to_physical_map"][0][0])
+# the report is as wide as the largest replica count; deepseek_vec's lists P - E + 1
+l2p = [[(lst + [-1] * X)[:X] for lst in layer] for layer in r["logical_to_physical_map"]]
+assert l2p == w, "replica-rank lists differ"
+PY
+}
+for c in form_1_deepseek_vec hvec_float_01_s40 elh_int_1_m2 el_int_3_m2; do
+    f=$D/$c.json
+    args=$(python3 - "$f" <<'PY'
+import json, sys
+c = json.load(open(sys.argv[1]))
+a = ["--gpus", c["num_gpus"], "--nodes", c["num_nodes"], "--physical", c["num_physical_experts"],
+     "--algorithm", c["algorithm"].replace("_", "-")]
+if c["num_groups"]:
+    a += ["--groups", c["num_groups"]]
+if "active_ranks" in c:
+    a += ["--active-ranks", ",".join(str(g) for g, x in enumerate(c["active_ranks"]) if x)]
+print(" ".join(map(str, a)))
+PY
+)
+    # shellcheck disable=SC2086
+    check "plan $c" expect_rc 0 "$EPX" plan --counts "$f" $args -o "v$c.json" --report "rv$c.json"
+    check "  equals SGLang 0.5.23" same0523 "$f" "v$c.json" "rv$c.json"
+done
+el=("$EPX" plan --counts "$D/el_int_0_m0.json" --gpus 4 --physical 24 --algorithm elasticity-aware)
+check "active ranks: empty" refuse "--active-ranks '' is not a comma-separated list" "${el[@]}" --active-ranks "" -o x.json
+check "active ranks: twice" refuse "names rank 2 twice" "${el[@]}" --active-ranks 0,2,2 -o x.json
+check "active ranks: out of range" refuse "item 2 (4) is above the limit 3" "${el[@]}" --active-ranks 0,4 -o x.json
+check "active ranks: too few" refuse "leaves 2 rank(s) with 6 slots each, 12 slots for 16 experts" "${el[@]}" --active-ranks 0,3 -o x.json
+check "  names the fix" grep -qF "give at least 3 active ranks" err
+check "active ranks: epx refuses them" refuse "use it with --algorithm elasticity-aware" "$EPX" plan --counts "$D/el_int_0_m0.json" --gpus 4 --physical 24 --active-ranks 0,1 -o x.json
+check "active ranks: not with --failed-gpus" refuse "not both" "${el[@]}" --active-ranks 0,1,2 --failed-gpus 3 -o x.json
+check "elasticity-aware before 0.5.23 refused" refuse "give --sglang-version 0.5.23" "${el[@]}" --sglang-version 0.5.11 -o x.json
+check "nothing written on refusal" test ! -e x.json
 check "help names the releases" bash -c '"$0" plan --help 2>&1 | grep -q "0.5.2 - 0.5.23"' "$EPX"
 exit $fail

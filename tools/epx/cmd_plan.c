@@ -165,6 +165,48 @@ static epx_status report_body(FILE *f, const void *ctx, epx_error *err) {
     return ferror(f) ? EPX_ERR_IO : EPX_OK;
 }
 
+/* --active-ranks LIST into the failed mask (its complement), refusing an
+ * empty list, a rank named twice or out of range, and the option without
+ * elasticity-aware or beside --failed-gpus. */
+static bool active_ranks(const cli_cmd *cmd, int32_t G, bool elastic, uint8_t **failed) {
+    const char *s = cli_get(cmd, "--active-ranks");
+    int32_t *ids = NULL, n = 0;
+    if (!cli_int_list(cmd, "--active-ranks", 0, (int64_t)G - 1, "0,1,2,4", &ids, &n)) return false;
+    if (!elastic || *failed != NULL) {
+        if (!elastic)
+            fprintf(stderr,
+                    "epx plan: --active-ranks '%.64s' is SGLang's elasticity_aware input: use it "
+                    "with --algorithm elasticity-aware or elasticity-aware-hierarchical (for "
+                    "epx's own planner give the lost GPUs with --failed-gpus)\n",
+                    s);
+        else
+            fprintf(stderr, "epx plan: give --active-ranks or --failed-gpus, not both (one is "
+                            "the other's complement)\n");
+        free(ids);
+        return false;
+    }
+    *failed = malloc((size_t)G);
+    if (*failed == NULL) {
+        free(ids);
+        fprintf(stderr, "epx plan: out of memory\n");
+        return false;
+    }
+    memset(*failed, 1, (size_t)G);
+    for (int32_t i = 0; i < n; i++) {
+        if ((*failed)[ids[i]] == 0) {
+            fprintf(stderr,
+                    "epx plan: --active-ranks '%.64s' names rank %d twice (item %d repeats it): "
+                    "list each active rank once\n",
+                    s, ids[i], i + 1);
+            free(ids);
+            return false;
+        }
+        (*failed)[ids[i]] = 0;
+    }
+    free(ids);
+    return true;
+}
+
 int cmd_plan(int argc, char **argv) {
     cli_opt opts[] = {
         {"--counts", "FILE", "load: {\"logical_count\": [L][E] | [S][L][E]} (.json, .pt, inline)",
@@ -174,13 +216,18 @@ int cmd_plan(int argc, char **argv) {
         {"--groups", "K", "expert groups of the model (DeepSeek-V3: 8; default none)", NULL},
         {"--redundant", "R", "redundant slots: P = E + R", NULL},
         {"--physical", "P", "physical slots per layer (default E)", NULL},
-        {"--algorithm", "A", "epx (default), deepseek, deepseek-hierarchical or auto", NULL},
+        {"--algorithm", "A",
+         "epx (default), deepseek, deepseek-hierarchical or auto; SGLang's deepseek-vec, "
+         "deepseek-vec-hierarchical (on the per-step series: the windows, a stat dump's rows), "
+         "elasticity-aware or elasticity-aware-hierarchical (with --active-ranks)",
+         NULL},
         {"--node-local", "MODE", "epx only: strict, relaxed (default with --nodes > 1) or off",
          NULL},
         {"--sglang-version", "V",
          "deepseek modes: plan as SGLang release V's copy of EPLB does, ties included "
          "(float64 pack sums from 0.5.11; default: DeepSeek's original, ties to the lowest "
-         "index). Verified on 0.5.2 - " EPX_SGLANG_DEFAULT_VERSION
+         "index); deepseek-vec and elasticity-aware: as release V (default the newest; "
+         "elasticity-aware from 0.5.23). Verified on 0.5.2 - " EPX_SGLANG_DEFAULT_VERSION
          "; a newer V warns and uses the newest rule",
          NULL},
         {"-o", "FILE", "output: the SGLang mapping {\"physical_to_logical_map\": [L][P]}", NULL},
@@ -195,6 +242,10 @@ int cmd_plan(int argc, char **argv) {
          "with --current: each moved slot must buy X of its layer's balancedness", NULL},
         {"--expert-bytes", "B", "with --current: bytes per expert, to report GB moved", NULL},
         {"--failed-gpus", "LIST", "GPUs lost (e.g. 3 or 1,5): plan on the survivors", NULL},
+        {"--active-ranks", "LIST",
+         "elasticity-aware: the EP ranks still serving (e.g. 0,1,2,4; default all), as SGLang's "
+         "active_ranks",
+         NULL},
         CLI_READ_OPTS_HELP,
         {NULL, NULL, NULL, NULL},
     };
@@ -204,7 +255,7 @@ int cmd_plan(int argc, char **argv) {
         "[--redundant R | --physical P] [--algorithm A] [--node-local MODE] [--sglang-version V] "
         "-o PLACEMENT.json [--report REPORT.json] [--current FILE [--max-moves M] "
         "[--move-price X] [--expert-bytes B]] [--failed-gpus LIST] "
-        "[--window-passes N] [--stat-rows HOW]",
+        "[--active-ranks LIST] [--window-passes N] [--stat-rows HOW]",
         "Plan a placement for a load and write it as an SGLang mapping file. DeepSeek "
         "modes plan for the sum of the windows, as SGLang does.",
         opts,
@@ -275,6 +326,23 @@ int cmd_plan(int argc, char **argv) {
     ro.how = how;
     ro.how_cap = sizeof how;
     if (!cli_read_opts(&cmd, &ro) || !cli_failed_gpus(&cmd, G, &failed)) return CLI_EXIT_USAGE;
+    const bool elastic = o.algorithm == EPX_ALGO_ELASTICITY_AWARE ||
+                         o.algorithm == EPX_ALGO_ELASTICITY_AWARE_HIERARCHICAL;
+    if (cli_get(&cmd, "--active-ranks") != NULL && !active_ranks(&cmd, G, elastic, &failed)) {
+        free(failed);
+        return CLI_EXIT_USAGE;
+    }
+    /* SGLang's own algorithms plan as a release: the newest verified
+     * unless --sglang-version names one (the report says which) */
+    const bool sglang_only = elastic || o.algorithm == EPX_ALGO_DEEPSEEK_VEC ||
+                             o.algorithm == EPX_ALGO_DEEPSEEK_VEC_HIERARCHICAL;
+    if (sglang_only && o.sglang_version == NULL) o.sglang_version = epx_sglang_newest_verified();
+    /* deepseek-vec plans on the series: a stat dump's ring rows unless
+     * --stat-rows says otherwise */
+    if ((o.algorithm == EPX_ALGO_DEEPSEEK_VEC ||
+         o.algorithm == EPX_ALGO_DEEPSEEK_VEC_HIERARCHICAL) &&
+        cli_get(&cmd, "--stat-rows") == NULL)
+        ro.stat_rows = EPX_STAT_ROWS_WINDOWS;
     if (epx_counts_read_with(counts_path, &ro, &counts, &err) != EPX_OK) {
         free(failed);
         return cli_report(&cmd, &err);
@@ -282,6 +350,21 @@ int cmd_plan(int argc, char **argv) {
     printf("input: %s\n", how);
     const int32_t E = counts->num_experts;
     if (P < 0) P = R >= 0 ? E + R : E;
+    if (cli_get(&cmd, "--active-ranks") != NULL && P % G == 0) {
+        int32_t A = 0;
+        for (int32_t g = 0; g < G; g++) A += !failed[g];
+        const int32_t spg = P / G;
+        if ((int64_t)A * spg < E) {
+            fprintf(stderr,
+                    "epx plan: --active-ranks '%.64s' leaves %d rank(s) with %d slots each, %d "
+                    "slots for %d experts: every expert needs a slot on an active rank; give at "
+                    "least %d active ranks, or more slots per GPU (--redundant)\n",
+                    cli_get(&cmd, "--active-ranks"), A, spg, A * spg, E, (E + spg - 1) / spg);
+            epx_counts_destroy(counts);
+            free(failed);
+            return CLI_EXIT_USAGE;
+        }
+    }
     epx_shape shape = {counts->num_layers, E, P, G, N};
     {
         /* Limits before any work: slots per layer, then memory. */
