@@ -19,7 +19,7 @@ float64) where <= 0.5.10.post1 added float32 tensor elements. (0.5.4 only
 dropped an unused import; deepseek_vec.py is byte-identical in every
 release; compute_algorithm's auto rule never changed; __init__.py changed
 at 0.5.4, 0.5.8 and 0.5.10 for the elasticity_aware algorithms only, which
-epx does not serve.) VERSIONS holds a release on each side of every change,
+epx serves as 0.5.23 has them: generate-0523 below.) VERSIONS holds a release on each side of every change,
 and the oldest and newest; `check` prints the sha256 of each release's
 files, so a new release can be placed in a group before it is added.
 
