@@ -28,14 +28,22 @@ static epx_status plan(const epx_counts *c, epx_shape s, const epx_plan_opts *o,
 static void algorithm_names(void **state) {
     (void)state;
     epx_error err = {0};
-    const epx_algorithm all[] = {EPX_ALGO_EPX, EPX_ALGO_DEEPSEEK, EPX_ALGO_DEEPSEEK_HIERARCHICAL,
-                                 EPX_ALGO_AUTO};
-    for (size_t i = 0; i < 4; i++) {
+    const epx_algorithm all[] = {EPX_ALGO_EPX,
+                                 EPX_ALGO_DEEPSEEK,
+                                 EPX_ALGO_DEEPSEEK_HIERARCHICAL,
+                                 EPX_ALGO_AUTO,
+                                 EPX_ALGO_DEEPSEEK_VEC,
+                                 EPX_ALGO_DEEPSEEK_VEC_HIERARCHICAL,
+                                 EPX_ALGO_ELASTICITY_AWARE,
+                                 EPX_ALGO_ELASTICITY_AWARE_HIERARCHICAL};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
         epx_algorithm a;
         assert_int_equal(epx_algorithm_parse(epx_algorithm_name(all[i]), &a, &err), EPX_OK);
         assert_int_equal(a, all[i]);
     }
     epx_algorithm a;
+    assert_int_equal(epx_algorithm_parse("elasticity_aware_hierarchical", &a, &err), EPX_OK);
+    assert_int_equal(a, EPX_ALGO_ELASTICITY_AWARE_HIERARCHICAL);
     assert_int_equal(epx_algorithm_parse("deepseek_hierarchical", &a, &err), EPX_OK);
     assert_int_equal(a, EPX_ALGO_DEEPSEEK_HIERARCHICAL);
     assert_int_equal(epx_algorithm_parse("greedy", &a, &err), EPX_ERR_INVALID_ARG);
@@ -56,9 +64,9 @@ static void option_errors(void **state) {
     assert_int_equal(plan(c, s, &o, &p, &err), EPX_ERR_INVALID_ARG);
     TU_MSG_HAS(err.msg, "99", "EPX_PLAN_OPTS_INIT");
     o = (epx_plan_opts)EPX_PLAN_OPTS_INIT;
-    o.algorithm = (epx_algorithm)7;
+    o.algorithm = (epx_algorithm)8;
     assert_int_equal(plan(c, s, &o, &p, &err), EPX_ERR_INVALID_ARG);
-    TU_MSG_HAS(err.msg, "algorithm 7");
+    TU_MSG_HAS(err.msg, "algorithm 8");
     o = (epx_plan_opts)EPX_PLAN_OPTS_INIT;
     o.node_local = (epx_node_local)9;
     assert_int_equal(plan(c, s, &o, &p, &err), EPX_ERR_INVALID_ARG);
