@@ -494,6 +494,28 @@ __device__ void send_counts(const Args &a, uint32_t epoch, const void *slots, in
 }
 
 /*
+ * Where entry (source s, token t, k) of meta m goes in the expert-major
+ * receive (its slot's offset for sources below s, from their counts, plus
+ * its position), with its weight, source pair and token recorded there; -1
+ * for a meta of an older batch or out of range.
+ */
+__device__ int64_t place_entry(const Args &a, uint32_t epoch, const Meta &m, int s, int64_t t,
+                               int k) {
+    int64_t e = -1;
+    if (m.tag == epoch && m.slot >= 0 && m.slot < a.spr) {
+        int64_t off = 0;
+        for (int s2 = 0; s2 < s; s2++) off += *cnt_at(a, a.base, epoch, s2, m.slot);
+        if (m.pos >= 0 && off + m.pos < a.RM) e = (int64_t)m.slot * a.RM + off + m.pos;
+    }
+    if (e >= 0) {
+        a.ew[e] = m.weight;
+        a.pair[e] = (int32_t)(((int64_t)s * a.M + t) * a.K + k);
+        a.srctok[e] = (int32_t)t;
+    }
+    return e;
+}
+
+/*
  * Receive for a host-memory inbox: items are received rows; thread k reads
  * the row's meta k and finds its place (its source's offset summed from the
  * counts), then the block reads the row once, in 16-byte words where the
@@ -514,19 +536,8 @@ __device__ void place_rows(const Args &a, uint32_t epoch, const int32_t *first_r
         __syncthreads();
         if (threadIdx.x < K) {
             const int k = threadIdx.x;
-            const Meta m = ((const Meta *)(rec + a.meta_off))[k];
-            int64_t e = -1;
-            if (m.tag == epoch && m.slot >= 0 && m.slot < a.spr) {
-                int64_t off = 0;
-                for (int s2 = 0; s2 < s; s2++) off += *cnt_at(a, a.base, epoch, s2, m.slot);
-                if (m.pos >= 0 && off + m.pos < a.RM) e = (int64_t)m.slot * a.RM + off + m.pos;
-            }
-            if (e >= 0) {
-                a.ew[e] = m.weight;
-                a.pair[e] = (int32_t)(((int64_t)s * a.M + t) * K + k);
-                a.srctok[e] = (int32_t)t;
-                place[atomicAdd(&nplace, 1)] = e;
-            }
+            const int64_t e = place_entry(a, epoch, ((const Meta *)(rec + a.meta_off))[k], s, t, k);
+            if (e >= 0) place[atomicAdd(&nplace, 1)] = e;
         }
         __syncthreads();
         const int n = nplace;
@@ -771,18 +782,7 @@ __global__ void __launch_bounds__(kThreads, 2)
         if (pre) regs_load(v, rec, a.xrow);
         if (threadIdx.x == 0) {
             const Meta m = item == blockIdx.x ? first_meta : ((const Meta *)(rec + a.meta_off))[k];
-            int64_t e = -1;
-            if (m.tag == epoch && m.slot >= 0 && m.slot < a.spr) {
-                int64_t off = 0;
-                for (int s2 = 0; s2 < s; s2++) off += *cnt_at(a, a.base, epoch, s2, m.slot);
-                if (m.pos >= 0 && off + m.pos < a.RM) e = (int64_t)m.slot * a.RM + off + m.pos;
-            }
-            if (e >= 0) {
-                a.ew[e] = m.weight;
-                a.pair[e] = (int32_t)(((int64_t)s * a.M + t) * K + k);
-                a.srctok[e] = (int32_t)t;
-            }
-            dst_row = e;
+            dst_row = place_entry(a, epoch, m, s, t, k);
         }
         __syncthreads();
         const int64_t e = dst_row;
