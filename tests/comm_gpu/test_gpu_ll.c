@@ -590,7 +590,11 @@ static int connect_cases(void) {
     if (epx_gpu_ep_connect(e0, swapped, &err) != EPX_ERR_INVALID_ARG ||
         strstr(err.msg, "rank order") == NULL)
         FAILF("infos out of rank order must be refused: '%s'", err.msg);
-    if (epx_gpu_ep_open(&cfg, 2, 2, st, NULL, &odd, &err) != EPX_ERR_INVALID_ARG)
+    /* (into its own pointer: a refused open clears it, and odd still holds a
+     * handle whose host-memory segment only its destroy removes) */
+    epx_gpu_ep *refused = NULL;
+    if (epx_gpu_ep_open(&cfg, 2, 2, st, NULL, &refused, &err) != EPX_ERR_INVALID_ARG ||
+        refused != NULL)
         FAILF("rank 2 of 2 must be refused");
     /* A rank that opened with the other transport is refused, naming both. */
     const bool host = transport_is_host();
@@ -606,7 +610,7 @@ static int connect_cases(void) {
         FAILF("ranks of different transports must be refused: '%s'", err.msg);
     epx_gpu_ep_destroy(mix);
     mix_o.transport = 9;
-    if (epx_gpu_ep_open(&cfg, 1, 2, st, &mix_o, &mix, &err) != EPX_ERR_INVALID_ARG ||
+    if (epx_gpu_ep_open(&cfg, 1, 2, st, &mix_o, &refused, &err) != EPX_ERR_INVALID_ARG ||
         strstr(err.msg, "transport 9") == NULL)
         FAILF("transport 9 must be refused naming it: '%s'", err.msg);
     if (strcmp(epx_gpu_ep_transport_name(e0), "none") != 0)
