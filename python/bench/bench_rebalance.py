@@ -15,7 +15,13 @@ Results are checked before anything is timed: epx's placement against the
 reference's (logical_count identical, balancedness identical to 1e-9, as
 shared/golden/README.md defines parity); dispatch tables entry by entry.
 
+--epx-default also times epx's own planner through the same drop-in
+(rebalance_experts(..., algorithm="epx"), torch in and out, the shape's groups
+and nodes) against the reference, the two calls alternating; its placement is
+validated, not compared (it is another placement), and its balancedness shown.
+
   python bench_rebalance.py [--repeat 5] [--threads 1] [--ref-path DIR] [--json FILE]
+                            [--epx-default] [--shapes SUBSTR,...]
 """
 import argparse
 import importlib
@@ -124,6 +130,20 @@ def timeit(f, repeat):
     return min(ts), statistics.median(ts)
 
 
+def timeit_alternating(fs, repeat):
+    """Each of fs once per round, in turn, so that a busy machine slows all
+    alike: -> [(best, median)] in fs's order."""
+    for f in fs:
+        f()  # warm
+    ts = [[] for _ in fs]
+    for _ in range(repeat):
+        for f, t in zip(fs, ts):
+            t0 = time.perf_counter()
+            f()
+            t.append(time.perf_counter() - t0)
+    return [(min(t), statistics.median(t)) for t in ts]
+
+
 def balancedness(weight, p2l, G):
     w = np.asarray(weight, dtype=np.float32).astype(np.float64)
     L, E = w.shape
@@ -152,7 +172,10 @@ def run(args):
     if torch is not None:
         torch.set_num_threads(args.threads)
     rows = []
+    pick = [s.strip() for s in args.shapes.split(",")] if args.shapes else None
     for label, model, G, N, P in SHAPES:
+        if pick and not any(s in label for s in pick):
+            continue
         m = epx.trace.model(model)
         groups = m["num_groups"]
         hier = groups % N == 0
@@ -176,6 +199,18 @@ def run(args):
             np.testing.assert_array_equal(lay.num_valid, mine[2])
             row["balancedness"] = float(balancedness(weight, mine[0], G).mean())
         row["epx_s"] = timeit(call, args.repeat)
+        if args.epx_default:
+            default = lambda w: epx.rebalance_experts(  # noqa: E731
+                w, P, groups, N, G, hier, algorithm="epx")
+            dp = np.asarray(default(weight)[0])
+            epx.Layout.from_map(dp, G)  # validates the placement
+            row["default_balancedness"] = float(balancedness(weight, dp, G).mean())
+            if ref_reb is not None:
+                row["default_s"], row["default_ref_s"] = timeit_alternating(
+                    [lambda: default(tw), lambda: ref_reb(tw, P, groups, N, G, hier)],
+                    args.repeat)
+            else:
+                row["default_s"] = timeit(lambda: default(weight), args.repeat)
 
         l2p = mine[1]
         table = epx.compute_logical_to_rank_dispatch_physical_map(l2p, G, P, 0)
@@ -190,6 +225,8 @@ def run(args):
             row["ref_table_s"] = timeit(lambda: ref_disp(tl2p, G, P, 0), max(1, args.repeat // 2))
         rows.append(row)
         print(_fmt(row), flush=True)
+        if args.epx_default:
+            print(_fmt_default(row), flush=True)
     env = dict(python=platform.python_version(), numpy=np.__version__,
                torch=getattr(torch, "__version__", None), threads=args.threads,
                machine=platform.machine(), cpus=os.cpu_count(), libepx=epx.version(),
@@ -212,6 +249,17 @@ def _fmt(r):
     return s
 
 
+def _fmt_default(r):
+    ms = lambda x: "%8.2f ms" % (x * 1e3)  # noqa: E731
+    s = "  epx default, medians: epx %s (balancedness %.4f)" % (
+        ms(r["default_s"][1]), r["default_balancedness"])
+    if "default_ref_s" in r:
+        s += " | reference %s (%.4f) | x%.1f" % (
+            ms(r["default_ref_s"][1]), r["balancedness"],
+            r["default_ref_s"][1] / r["default_s"][1])
+    return s
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--repeat", type=int, default=5)
@@ -219,6 +267,12 @@ def main(argv=None):
     ap.add_argument("--ref-path", default=None,
                     help="folder holding an unpacked sglang/ package (no install needed)")
     ap.add_argument("--json", default=None, help="also write the results here")
+    ap.add_argument("--epx-default", action="store_true",
+                    help="also time epx's own planner (algorithm='epx') against the "
+                    "reference, alternating, medians")
+    ap.add_argument("--shapes", default=None,
+                    help="only the shapes whose label contains one of these "
+                    "comma-separated strings")
     args = ap.parse_args(argv)
     print("best of %d calls after a warm-up; epx = numpy in/out" % args.repeat)
     env, rows = run(args)
