@@ -78,6 +78,26 @@ def _stub_runtime_context():
     return par
 
 
+def reference_version(ref_path):
+    """The SGLang release the reference is (its dist-info, or the installed
+    package), so epx's table is asked for by that release's rule; None where
+    unknown (then both sides' rules may differ and the table is not compared)."""
+    import glob
+    import re
+    for d in glob.glob(os.path.join(ref_path or "", "sglang-*.dist-info")):
+        return os.path.basename(d)[len("sglang-"):-len(".dist-info")]
+    vf = os.path.join(ref_path or "", "sglang", "version.py")
+    if os.path.isfile(vf):
+        m = re.search(r"__version__\s*=\s*['\"]([^'\"]+)", open(vf).read())
+        if m:
+            return m.group(1)
+    try:
+        from importlib.metadata import version
+        return version("sglang")
+    except Exception:  # noqa: BLE001 - not installed
+        return None
+
+
 def find_reference(ref_path):
     """-> (torch, rebalance_experts, dispatch_fn, set_parallel, notes)."""
     notes = []
@@ -169,6 +189,11 @@ def check_parity(weight, G, mine, ref):
 
 def run(args):
     torch, ref_reb, ref_disp, set_par, notes = find_reference(args.ref_path)
+    ref_ver = args.ref_version or (reference_version(args.ref_path) if ref_disp is not None
+                                   else None)
+    if ref_disp is not None:
+        notes.append("epx's table by SGLang %s's rule" % ref_ver if ref_ver else
+                     "reference release unknown (give --ref-version): tables not compared")
     if torch is not None:
         torch.set_num_threads(args.threads)
     rows = []
@@ -213,11 +238,14 @@ def run(args):
                 row["default_s"] = timeit(lambda: default(weight), args.repeat)
 
         l2p = mine[1]
-        table = epx.compute_logical_to_rank_dispatch_physical_map(l2p, G, P, 0)
+        # the reference release's rule and node count (its call shape for the
+        # first four arguments is the same in every release without server_args)
+        rule = dict(sglang_version=ref_ver, nnodes=N) if ref_ver else {}
+        table = epx.compute_logical_to_rank_dispatch_physical_map(l2p, G, P, 0, **rule)
         row["epx_table_s"] = timeit(
-            lambda: epx.compute_logical_to_rank_dispatch_physical_map(l2p, G, P, 0),
+            lambda: epx.compute_logical_to_rank_dispatch_physical_map(l2p, G, P, 0, **rule),
             args.repeat)
-        if ref_disp is not None:
+        if ref_disp is not None and ref_ver:
             set_par(G, N)
             tl2p = torch.from_numpy(l2p)
             rt = ref_disp(tl2p, G, P, 0).numpy()
@@ -267,6 +295,9 @@ def main(argv=None):
     ap.add_argument("--ref-path", default=None,
                     help="folder holding an unpacked sglang/ package (no install needed)")
     ap.add_argument("--json", default=None, help="also write the results here")
+    ap.add_argument("--ref-version", default=None,
+                    help="the reference's SGLang release (found from its dist-info or "
+                         "sglang/version.py when not given): epx's table follows its rule")
     ap.add_argument("--epx-default", action="store_true",
                     help="also time epx's own planner (algorithm='epx') against the "
                     "reference, alternating, medians")
