@@ -1,7 +1,8 @@
 /*
  * test_dispatch_token.c - the per-batch CPU path: Philox known answers;
- * static, dynamic and weighted mapping (valid replicas only, frequencies
- * that follow the weights, reproducible per (seed, pass, layer, token, k));
+ * static, dynamic, weighted and row mapping (valid replicas only, frequencies
+ * that follow the weights, reproducible per (seed, pass, layer, token, k);
+ * row: replica t mod num_valid);
  * the token layout against a naive sort-based construction on random
  * batches of many shapes (T = 0, K = 1, one-replica experts, -1 ids); the
  * row scatter and the weighted combine (round trip, fixed order, bf16
@@ -133,6 +134,24 @@ static void map_modes(void **state) {
             assert_true(fabs((double)hits[row[j]] - want) <= 6.0 * sqrt(want) + 1.0);
         }
     }
+    /* row (SGLang 0.5.23's rank_invariant): replica t mod num_valid, no
+     * draw, so seed, pass and layer change nothing */
+    s.mode = EPX_DISPATCH_ROW;
+    s.thresholds = NULL;
+    assert_int_equal(epx_dispatch_map_ids(&s, ids, T, K, a, &err), EPX_OK);
+    s.seed = 1234;
+    s.pass = 7;
+    assert_int_equal(epx_dispatch_map_ids(&s, ids, T, K, b, &err), EPX_OK);
+    assert_memory_equal(a, b, sizeof(int32_t) * (size_t)(T * K));
+    for (int32_t i = 0; i < T * K; i++) {
+        int32_t t = i / K, e = ids[i];
+        if (e < 0) {
+            assert_int_equal(a[i], -1);
+            continue;
+        }
+        int32_t j = t % nv[l * E + e];
+        assert_int_equal(a[i], rep[((size_t)l * (size_t)E + (size_t)e) * (size_t)W + (size_t)j]);
+    }
     free(wts);
     free(thr);
     free(hits);
@@ -163,6 +182,23 @@ static void map_errors(void **state) {
     s.mode = EPX_DISPATCH_WEIGHTED;
     assert_int_equal(epx_dispatch_map_ids(&s, ids, 1, 2, out, &err), EPX_ERR_INVALID_ARG);
     TU_MSG_HAS(err.msg, "thresholds");
+    s.mode = EPX_DISPATCH_ROW;
+    assert_int_equal(epx_dispatch_map_ids(&s, ids, 1, 2, out, &err), EPX_ERR_INVALID_ARG);
+    TU_MSG_HAS(err.msg, "row dispatch need spec.replicas");
+    {
+        /* expert 2's list is {-1, 3} with num_valid 2: row 0 lands on the -1 */
+        int32_t r3[3 * 2] = {0, 1, 2, -1, -1, 3}, n3[3] = {2, 1, 2}, ids2[2] = {2, 1}, o2[2];
+        epx_dispatch_spec row = {EPX_DISPATCH_ROW, 3, 4, 2, NULL, r3, n3, NULL, 0, 0, 0};
+        assert_int_equal(epx_dispatch_map_ids(&row, ids2, 1, 2, o2, &err), EPX_ERR_INVALID_MAP);
+        TU_MSG_HAS(err.msg, "replicas[2][0] is -1 but num_valid[2] = 2", "tail");
+        n3[2] = 3;
+        assert_int_equal(epx_dispatch_map_ids(&row, ids2, 1, 2, o2, &err), EPX_ERR_INVALID_MAP);
+        TU_MSG_HAS(err.msg, "num_valid[2] = 3 is outside [1, 2]");
+        r3[4] = 3, r3[5] = -1, n3[2] = 1;
+        assert_int_equal(epx_dispatch_map_ids(&row, ids2, 1, 2, o2, &err), EPX_OK);
+        assert_int_equal(o2[0], 3);
+        assert_int_equal(o2[1], 2);
+    }
     s.mode = (epx_dispatch_mode)9;
     assert_int_equal(epx_dispatch_map_ids(&s, ids, 1, 2, out, &err), EPX_ERR_INVALID_ARG);
     /* thresholds: a negative weight and a bad num_valid are named */

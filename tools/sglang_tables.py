@@ -27,10 +27,23 @@ For every case and release it records what SGLang computes on each rank r:
                              step only where it narrows) and 0.5.17 (only
                              with an a2a backend); VERSIONS holds each side.
 
+The rank-invariant command records the per-token dispatch of releases whose
+expert_location_dispatch.py has the `rank_invariant` rule (0.5.23: the
+"dynamic" algorithm without an a2a backend picks replica token row mod
+num_valid). It lifts _topk_ids_logical_to_physical_dynamic from the release,
+builds the lists as the release does without an a2a backend (no cut:
+_compute_logical_to_all_physical_map with moe_a2a_backend "none", padded to
+P as _init_raw does; num_valid = entries != -1) from a mapping
+(init_by_mapping) and from DeepSeek's logical_to_physical_map
+(init_by_eplb), and runs it on seeded topk_ids [T][K] for every layer
+(torch needed: the function calls torch.arange and advanced indexing).
+
 Usage:
   tools/sglang_tables.py download DIR 0.5.2 0.5.3 ...   (needs PyPI)
   tools/sglang_tables.py generate DIR OUTDIR [--shared ../shared/golden/eplb]
-DIR holds DIR/<version>/expert_location.py (download writes that layout).
+  tools/sglang_tables.py rank-invariant DIR OUTDIR
+DIR holds DIR/<version>/expert_location.py and, from 0.5.23,
+expert_location_dispatch.py (download writes that layout).
 """
 import argparse
 import ast
@@ -61,9 +74,10 @@ NEEDED = [
 
 
 def download(dest, versions):
-    src = "sglang/srt/eplb/expert_location.py"
+    want = {"sglang/srt/eplb/expert_location.py": "expert_location.py",
+            "sglang/srt/eplb/expert_location_dispatch.py": "expert_location_dispatch.py"}
     for v in versions:
-        extract("sglang", v, dest, lambda name: "expert_location.py" if name == src else None)
+        extract("sglang", v, dest, lambda name: want.get(name))
 
 
 class _NS(types.SimpleNamespace):
@@ -239,6 +253,98 @@ def generate(src, outdir, shared):
         print(case["name"], "releases:", " ".join(releases))
 
 
+def _install_a2a_none():
+    """Stubs for a server with no a2a backend (rank_invariant's condition)."""
+    _install_stubs(1, 1)
+    moe = _NS(ep_join_mode="normal", moe_a2a_backend="none", ep_dispatch_algorithm="dynamic")
+    rc = sys.modules["sglang.srt.runtime_context"]
+    par = rc.get_parallel()
+    rc.get_exec = lambda: _NS(moe=moe)
+    return rc, par
+
+
+def load_dispatch(path):
+    """_topk_ids_logical_to_physical_dynamic of a release, unedited."""
+    import torch
+    from typing import Optional
+
+    src = open(path).read()
+    if "rank_invariant" not in src:
+        return None
+    tree = ast.parse(src)
+    keep = [n for n in tree.body if isinstance(n, ast.FunctionDef)
+            and n.name == "_topk_ids_logical_to_physical_dynamic"]
+    ns = {"torch": torch, "Optional": Optional, "ExpertLocationDispatchInfo": object,
+          "__name__": "sglang_lifted_dispatch"}
+    exec(compile(ast.Module(body=keep, type_ignores=[]), path, "exec"), ns)
+    return ns["_topk_ids_logical_to_physical_dynamic"]
+
+
+def run_rank_invariant(ns, dyn, case, batches):
+    """Chosen slots [B][L][T][K] from the mapping's and DeepSeek's lists."""
+    import torch
+
+    G, N = case["num_gpus"], case["num_nodes"]
+    E, P = case["num_logical_experts"], case["num_physical_experts"]
+    rc, par = _install_a2a_none()
+    par.ep_size, par.nnodes = G, N
+    ns.update(get_exec=rc.get_exec, get_parallel=rc.get_parallel)
+    l2a_fn = ns["_compute_logical_to_all_physical_map"]
+    p2l = torch.tensor(case["physical_to_logical_map"])
+    lists = {}
+    for r in range(G):  # no a2a backend: no cut, every rank alike
+        m = _call(l2a_fn, physical_to_logical_map=p2l, num_logical_experts=E, ep_size=G,
+                  moe_ep_rank=r)
+        assert r == 0 or torch.equal(m, lists["mapping"]), "lists differ across ranks"
+        lists["mapping"] = m
+    lists["eplb"] = torch.tensor(case["logical_to_physical_map"])
+    out = {}
+    for key, m in lists.items():
+        m = torch.nn.functional.pad(m, (0, P - m.shape[-1]), value=-1)  # as _init_raw
+        nv = torch.count_nonzero(m != -1, dim=-1)
+        rows = []
+        for ids in batches:
+            per_layer = []
+            for layer in range(case["num_layers"]):
+                info = _NS(rank_invariant=True, partial_logical_to_all_physical_map=m[layer],
+                           partial_logical_to_all_physical_map_num_valid=nv[layer])
+                per_layer.append(dyn(torch.tensor(ids[layer], dtype=torch.int32), info).tolist())
+            rows.append(per_layer)
+        out["chosen_from_" + key] = rows
+        out["logical_to_all_physical_map_from_" + key] = m.tolist()
+    return out
+
+
+def generate_rank_invariant(src, outdir):
+    os.makedirs(outdir, exist_ok=True)
+    rels = {}
+    for v in VERSIONS:
+        d = os.path.join(src, v)
+        if os.path.exists(os.path.join(d, "expert_location_dispatch.py")):
+            dyn = load_dispatch(os.path.join(d, "expert_location_dispatch.py"))
+            if dyn is not None:
+                rels[v] = (load_release(os.path.join(d, "expert_location.py")), dyn)
+    if not rels:
+        sys.exit("no release under %s has the rank_invariant rule" % src)
+    for i, (G, N, per, E) in enumerate([(8, 1, 2, 12), (8, 2, 3, 14), (4, 2, 3, 5),
+                                          (16, 4, 2, 20)]):
+        case = crafted(200 + i, 2, E, G, N, per)
+        rng = random.Random(300 + i)
+        batches = []
+        for T, K in [(1, 4), (7, 2), (64, 4), (33, 1)]:
+            K = min(K, E)
+            batches.append([[rng.sample(range(E), K) for _ in range(T)]
+                            for _ in range(case["num_layers"])])
+        case["topk_ids"] = batches
+        case["sglang"] = {v: run_rank_invariant(ns, dyn, case, batches)
+                          for v, (ns, dyn) in rels.items()}
+        name = case["name"].replace("crafted", "rank_invariant")
+        with open(os.path.join(outdir, name + ".json"), "w") as f:
+            json.dump(case, f, separators=(",", ":"))
+            f.write("\n")
+        print(name, "releases:", " ".join(rels))
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -249,9 +355,14 @@ def main():
     g.add_argument("dir")
     g.add_argument("outdir")
     g.add_argument("--shared", default=None)
+    ri = sub.add_parser("rank-invariant")
+    ri.add_argument("dir")
+    ri.add_argument("outdir")
     a = ap.parse_args()
     if a.cmd == "download":
         download(a.dir, a.versions)
+    elif a.cmd == "rank-invariant":
+        generate_rank_invariant(a.dir, a.outdir)
     else:
         generate(a.dir, a.outdir, a.shared)
 

@@ -258,7 +258,9 @@ typedef enum epx_dispatch_mode {
     EPX_DISPATCH_PHYSICAL = 0, /* ids are already physical slots: nothing to map */
     EPX_DISPATCH_STATIC = 1,   /* slot = table[e]                                */
     EPX_DISPATCH_DYNAMIC = 2,  /* uniform over the expert's replicas             */
-    EPX_DISPATCH_WEIGHTED = 3  /* by per-replica weights (thresholds)            */
+    EPX_DISPATCH_WEIGHTED = 3, /* by per-replica weights (thresholds)            */
+    EPX_DISPATCH_ROW = 4       /* replica (token row mod num_valid): SGLang's
+                                  rank_invariant dynamic rule (see below)       */
 } epx_dispatch_mode;
 
 /*
@@ -273,9 +275,11 @@ typedef struct epx_dispatch_spec {
     int32_t width;              /* W: columns of replicas and thresholds           */
     const int32_t *table;       /* STATIC: [E], this rank's row of a static table
                                      for this layer (table + (r*L + l)*E)           */
-    const int32_t *replicas;    /* DYNAMIC, WEIGHTED: [E][W] slots, the valid ones
-                                     first (a layout's logical_to_all_physical row)  */
-    const int32_t *num_valid;   /* DYNAMIC, WEIGHTED: [E] replicas per expert, 1..W */
+    const int32_t *replicas;    /* DYNAMIC, WEIGHTED, ROW: [E][W] slots, the valid
+                                     ones first (a layout's logical_to_all_physical
+                                     row)                                           */
+    const int32_t *num_valid;   /* DYNAMIC, WEIGHTED, ROW: [E] replicas per expert,
+                                     1..W                                          */
     const uint32_t *thresholds; /* WEIGHTED: [E][W] from epx_dispatch_thresholds    */
     uint64_t seed;              /* the generator's key                            */
     uint32_t pass;              /* forward-pass counter: new draws every pass      */
@@ -313,6 +317,16 @@ EPX_API epx_status epx_dispatch_thresholds(const int32_t *replicas, const int32_
  * Map topk_ids [T][K] of one layer to slots phys [T][K] (CPU reference).
  * Ids of -1 give -1. Token t's k-th choice uses epx_dispatch_random(seed,
  * pass, layer, t, k).
+ *
+ * EPX_DISPATCH_ROW draws nothing: token t's choice of expert e is
+ * replicas[e][t % num_valid[e]], t being the row of topk_ids in this batch
+ * (0 .. T-1, every k of a row alike). That is SGLang 0.5.23's "dynamic"
+ * dispatch with rank_invariant set (no all-to-all backend: every EP rank
+ * runs the same tokens and must pick the same replica). SGLang then keeps
+ * the whole, uncut lists on every rank: pass a layout's ascending
+ * logical_to_all_physical row (init_by_mapping, init_trivial) or DeepSeek's
+ * logical_to_physical_map row (init_by_eplb), -1 padding at the tail, with
+ * num_valid the count of entries != -1. Seed, pass and layer are not read.
  * Args:    spec (in) host pointers; topk_ids (in) [T][K] int32;
  *          T >= 0 (below 2^31), K >= 1; phys (out) [T][K] int32.
  * Returns: EPX_OK; EPX_ERR_INVALID_ARG for an id outside [-1, E) (PHYSICAL:

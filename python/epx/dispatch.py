@@ -14,7 +14,7 @@ __all__ = ["sglang_static_table", "static_table", "sglang_rank_lists", "table_gp
            "TABLE_ALGORITHMS", "DISPATCH_MODES"]
 
 TABLE_ALGORITHMS = {"sglang": 0, "epx": 1}
-DISPATCH_MODES = {"physical": 0, "static": 1, "dynamic": 2, "weighted": 3}
+DISPATCH_MODES = {"physical": 0, "static": 1, "dynamic": 2, "weighted": 3, "rank_invariant": 4}
 
 
 class TableOpts(Structure):
@@ -195,14 +195,24 @@ def table_gpu_load(layout, table, load):
 
 
 def dispatch_topk(topk_ids, layout, layer, mode="dynamic", table=None, replica_weights=None,
-                  seed=0, pass_id=0, ep_rank=0):
+                  seed=0, pass_id=0, ep_rank=0, replicas=None):
     """Map one layer's logical topk_ids [T][K] to physical slots [T][K] (int64,
     -1 stays -1): "static" takes `table` [G][L][E] row ep_rank; "dynamic" picks
     uniformly over the replicas; "weighted" by replica_weights [L][P];
     "balanced" splits this batch exactly (balanced_topk). Choices
-    are keyed by (seed, pass_id, layer, token, k), as the CUDA kernels' are."""
+    are keyed by (seed, pass_id, layer, token, k), as the CUDA kernels' are.
+    "rank_invariant" is SGLang 0.5.23's dynamic rule without an all-to-all
+    backend: token row t takes replica t % num_valid of the expert's list,
+    no draw. Its lists are the layout's ascending ones (init_by_mapping), or
+    `replicas` [L][E][X] when given (DeepSeek's logical_to_physical_map, as
+    init_by_eplb passes it; -1 padding at the tail of each list)."""
     if mode == "balanced":
         return balanced_topk(topk_ids, layout, layer)[0]
+    if mode not in DISPATCH_MODES:
+        raise ValueError("mode must be one of %s, got %r"
+                         % (", ".join(list(DISPATCH_MODES) + ["balanced"]), mode))
+    if replicas is not None and mode != "rank_invariant":
+        raise ValueError("replicas= is for mode='rank_invariant' only, not %r" % mode)
     torch_in = A.is_torch(topk_ids)
     ids = A.as_array(topk_ids, np.int32, 2, "topk_ids")
     T, K = ids.shape
@@ -221,10 +231,14 @@ def dispatch_topk(topk_ids, layout, layer, mode="dynamic", table=None, replica_w
         row = np.ascontiguousarray(tab[rank, layer])
         keep.append(row)
         spec.table = A.ptr(row, c_int32)
-    elif mode in ("dynamic", "weighted"):
-        W = layout.max_replicas
-        reps = np.ascontiguousarray(layout.logical_to_all_physical_map(W), dtype=np.int32)
-        nv = np.ascontiguousarray(layout.num_valid, dtype=np.int32)
+    elif mode in ("dynamic", "weighted", "rank_invariant"):
+        if replicas is None:
+            W = layout.max_replicas
+            reps = np.ascontiguousarray(layout.logical_to_all_physical_map(W), dtype=np.int32)
+            nv = np.ascontiguousarray(layout.num_valid, dtype=np.int32)
+        else:
+            reps, nv = _replica_lists(replicas, L, E, P)
+            W = reps.shape[2]
         keep += [reps, nv]
         spec.width = W
         r_layer = np.ascontiguousarray(reps[layer])
@@ -247,6 +261,32 @@ def dispatch_topk(topk_ids, layout, layer, mode="dynamic", table=None, replica_w
     out = np.empty((T, K), dtype=np.int32)
     call(_map_ids, ctypes.byref(spec), A.ptr(ids, c_int32), T, K, A.ptr(out, c_int32))
     return A.wrap(out.astype(np.int64), torch_in, topk_ids.device if torch_in else None)
+
+
+def _replica_lists(replicas, L, E, P):
+    """[L][E][X] lists with -1 padding at each tail, and their lengths."""
+    reps = np.ascontiguousarray(A.as_array(replicas, np.int32, 3, "replicas"))
+    if reps.shape[0] != L or reps.shape[1] != E or reps.shape[2] < 1:
+        raise ValueError("replicas is %s; the layout needs [%d][%d][X] with X >= 1"
+                         % (list(reps.shape), L, E))
+    bad = np.argwhere((reps < -1) | (reps >= P))
+    if len(bad):
+        l, e, j = (int(v) for v in bad[0])
+        raise ValueError("replicas[%d][%d][%d] = %d is outside [-1, %d) (P)"
+                         % (l, e, j, int(reps[l, e, j]), P))
+    valid = reps >= 0
+    nv = valid.sum(axis=2).astype(np.int32)
+    gap = np.argwhere(valid[:, :, 1:] & ~valid[:, :, :-1])
+    if len(gap):
+        l, e, j = (int(v) for v in gap[0])
+        raise ValueError("replicas[%d][%d] has a -1 before slot %d: each list must hold its "
+                         "valid slots first, -1 padding only at the tail"
+                         % (l, e, int(reps[l, e, j + 1])))
+    empty = np.argwhere(nv == 0)
+    if len(empty):
+        l, e = (int(v) for v in empty[0])
+        raise ValueError("replicas[%d][%d] has no slot: every expert needs a replica" % (l, e))
+    return reps, np.ascontiguousarray(nv)
 
 
 # ---- balanced per-batch dispatch (epx/dispatch.h part 4; _balanced.py) ----

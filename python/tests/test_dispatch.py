@@ -163,3 +163,63 @@ def test_sglang_rank_lists_refusals():
         epx.sglang_rank_lists(lay, width=2.0)
     with pytest.raises(epx.EpxError, match="0.5.16rc1"):
         epx.sglang_rank_lists(lay, sglang_version="0.5.16rc1")
+
+
+_SGLANG_DISPATCH = _SGLANG_TABLES.parent / "sglang_dispatch"
+
+
+@pytest.mark.parametrize("name", sorted(p.stem for p in _SGLANG_DISPATCH.glob("*.json")))
+def test_rank_invariant_per_release(name):
+    """dispatch_topk(mode="rank_invariant") picks the replicas SGLang V's own
+    _topk_ids_logical_to_physical_dynamic picks with rank_invariant set
+    (tests/data/sglang_dispatch, from tools/sglang_tables.py rank-invariant),
+    from a mapping's lists and from DeepSeek's logical_to_physical_map."""
+    import json
+    d = json.loads((_SGLANG_DISPATCH / (name + ".json")).read_text())
+    lay = epx.Layout.from_map(np.array(d["physical_to_logical_map"]), d["num_gpus"],
+                              d["num_nodes"], d["num_logical_experts"])
+    l2p = np.array(d["logical_to_physical_map"])
+    assert d["sglang"]
+    for v, want in d["sglang"].items():
+        # the release's uncut lists are the layout's ascending ones
+        m = np.array(want["logical_to_all_physical_map_from_mapping"])
+        np.testing.assert_array_equal(lay.logical_to_all_physical_map(m.shape[2]), m)
+        for b, batch in enumerate(d["topk_ids"]):
+            for layer, ids in enumerate(batch):
+                ids = np.array(ids)
+                got = epx.dispatch_topk(ids, lay, layer, mode="rank_invariant", seed=5)
+                np.testing.assert_array_equal(got, want["chosen_from_mapping"][b][layer])
+                got = epx.dispatch_topk(ids, lay, layer, mode="rank_invariant", replicas=l2p)
+                np.testing.assert_array_equal(got, want["chosen_from_eplb"][b][layer])
+                # SGLang's P-wide padding changes nothing
+                wide = np.array(want["logical_to_all_physical_map_from_eplb"])
+                got = epx.dispatch_topk(ids, lay, layer, mode="rank_invariant", replicas=wide)
+                np.testing.assert_array_equal(got, want["chosen_from_eplb"][b][layer])
+
+
+def test_rank_invariant_rule_and_refusals():
+    lay, _ = _layout()
+    ids = np.array([[0, 1], [0, 2], [0, 3], [1, 0], [-1, 0]])
+    reps = lay.logical_to_all_physical_map(lay.max_replicas)
+    nv = lay.num_valid
+    got = epx.dispatch_topk(ids, lay, 0, mode="rank_invariant")
+    for t in range(ids.shape[0]):
+        for k in range(ids.shape[1]):
+            e = ids[t, k]
+            assert got[t, k] == (-1 if e < 0 else reps[0, e, t % nv[0, e]])
+    l2p = np.array(reps)
+    l2p[0, 0, 0] = -1
+    if nv[0, 0] > 1:
+        with pytest.raises(ValueError, match=r"replicas\[0\]\[0\] has a -1 before slot"):
+            epx.dispatch_topk(ids, lay, 0, mode="rank_invariant", replicas=l2p)
+    l2p[0, 0, :] = -1
+    with pytest.raises(ValueError, match="has no slot"):
+        epx.dispatch_topk(ids, lay, 0, mode="rank_invariant", replicas=l2p)
+    with pytest.raises(ValueError, match="is outside"):
+        epx.dispatch_topk(ids, lay, 0, mode="rank_invariant", replicas=l2p + 99)
+    with pytest.raises(ValueError, match="the layout needs"):
+        epx.dispatch_topk(ids, lay, 0, mode="rank_invariant", replicas=l2p[:, :1])
+    with pytest.raises(ValueError, match="for mode='rank_invariant' only"):
+        epx.dispatch_topk(ids, lay, 0, mode="dynamic", replicas=reps)
+    with pytest.raises(ValueError, match="mode must be one of"):
+        epx.dispatch_topk(ids, lay, 0, mode="row")

@@ -79,6 +79,8 @@ __device__ __forceinline__ int32_t map_one(const MapArgs &a, int32_t e, uint32_t
     if (e < 0 || e >= a.E) return -1;
     if (a.mode == EPX_DISPATCH_STATIC) return __ldg(a.table + e);
     int32_t n = __ldg(a.num_valid + e);
+    if (a.mode == EPX_DISPATCH_ROW) /* SGLang's rank_invariant: the token's row */
+        return __ldg(a.replicas + (size_t)e * (size_t)a.W + (size_t)(t % (uint32_t)n));
     uint32_t word = epxi_dispatch_word(a.seed, a.pass, a.layer, t, k);
     int32_t j = a.mode == EPX_DISPATCH_DYNAMIC
                     ? epxi_uniform_index(word, n)

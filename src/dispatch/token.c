@@ -94,15 +94,17 @@ epx_status epxi_dispatch_check_spec(const epx_dispatch_spec *s, const char *memo
                              memory);
         /* fall through */
     case EPX_DISPATCH_DYNAMIC:
+    case EPX_DISPATCH_ROW:
         if (s->replicas == NULL || s->num_valid == NULL || s->width < 1)
             return epxi_fail(err, EPX_ERR_INVALID_ARG,
-                             "dynamic and weighted dispatch need spec.replicas [E][W] and "
+                             "dynamic, weighted and row dispatch need spec.replicas [E][W] and "
                              "spec.num_valid [E] in %s memory, and width >= 1 (width is %d)",
                              memory, s->width);
         return EPX_OK;
     }
     return epxi_fail(err, EPX_ERR_INVALID_ARG,
-                     "dispatch mode %d is not PHYSICAL, STATIC, DYNAMIC or WEIGHTED", (int)s->mode);
+                     "dispatch mode %d is not PHYSICAL, STATIC, DYNAMIC, WEIGHTED or ROW",
+                     (int)s->mode);
 }
 
 epx_status epx_dispatch_map_ids(const epx_dispatch_spec *spec, const int32_t *topk_ids,
@@ -137,13 +139,24 @@ epx_status epx_dispatch_map_ids(const epx_dispatch_spec *spec, const int32_t *to
                         return epxi_fail(err, EPX_ERR_INVALID_MAP,
                                          "num_valid[%d] = %d is outside [1, %d] (the width)", e, n,
                                          W);
-                    uint32_t word = epxi_dispatch_word(spec->seed, spec->pass, spec->layer,
-                                                       (uint32_t)t, (uint32_t)k);
-                    int32_t j = spec->mode == EPX_DISPATCH_DYNAMIC
-                                    ? epxi_uniform_index(word, n)
-                                    : epxi_weighted_index(
-                                          word, spec->thresholds + (size_t)e * (size_t)W, n);
+                    int32_t j;
+                    if (spec->mode == EPX_DISPATCH_ROW) {
+                        j = (int32_t)(t % n);
+                    } else {
+                        uint32_t word = epxi_dispatch_word(spec->seed, spec->pass, spec->layer,
+                                                           (uint32_t)t, (uint32_t)k);
+                        j = spec->mode == EPX_DISPATCH_DYNAMIC
+                                ? epxi_uniform_index(word, n)
+                                : epxi_weighted_index(word,
+                                                      spec->thresholds + (size_t)e * (size_t)W, n);
+                    }
                     p = spec->replicas[(size_t)e * (size_t)W + (size_t)j];
+                    if (p < 0 && spec->mode == EPX_DISPATCH_ROW)
+                        return epxi_fail(err, EPX_ERR_INVALID_MAP,
+                                         "replicas[%d][%d] is -1 but num_valid[%d] = %d: row "
+                                         "dispatch needs the valid replicas first, -1 padding "
+                                         "only at the tail",
+                                         e, j, e, n);
                 }
                 if (p < 0 || p >= P)
                     return epxi_fail(err, EPX_ERR_INVALID_MAP,
