@@ -68,16 +68,15 @@ static void resolve_rules(void **state) {
     assert_string_equal(epxi_transport_kind_name(42), "unknown");
 }
 
-/* Four ranks of one host: two processes, two GPUs each seen by the checker. */
+/* Four ranks of one host on two GPUs, each seen by the checker. */
 static void four_ranks(epxi_tr_rank t[4], int32_t kind) {
     memset(t, 0, 4 * sizeof *t);
     for (int r = 0; r < 4; r++) {
         t[r].kind = kind;
         t[r].host = 77;
-        t[r].process = r < 2 ? 1 : 2;
         t[r].device = r % 2;
         t[r].same_gpu = r % 2 == 0;
-        t[r].reach = r % 2 == 0 ? 1 : 1;
+        t[r].reach = 1;
     }
 }
 

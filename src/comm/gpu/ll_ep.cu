@@ -1430,7 +1430,6 @@ static epx_status check_transport(const epx_gpu_ep *ep, const void *infos, const
         memcpy(&p, (const unsigned char *)infos + (size_t)r * EPX_GPU_EP_INFO_BYTES, sizeof p);
         t[r].kind = p.transport;
         t[r].host = p.host;
-        t[r].process = p.process;
         t[r].device = p.device;
         t[r].same_gpu = memcmp(p.uuid, mine->uuid, sizeof p.uuid) == 0;
         t[r].reach = -1; /* a GPU this process does not see */

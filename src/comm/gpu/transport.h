@@ -23,6 +23,7 @@ extern "C" {
 #endif
 
 #include "internal.h"
+#include "epx_comm.h"
 
 #define EPXI_TR_HANDLE_BYTES 96
 
@@ -81,8 +82,8 @@ typedef struct epxi_ll_shape {
     int32_t ranks, hidden, top_k, num_slots, x_dtype, y_dtype;
     int64_t max_tokens;
 } epxi_ll_shape;
-/* cfg's shape on R ranks (cfg: an epx_ep_config). */
-EPXI_HIDDEN epxi_ll_shape epxi_ll_shape_of(const void *cfg, int32_t R);
+/* cfg's shape on R ranks. */
+EPXI_HIDDEN epxi_ll_shape epxi_ll_shape_of(const epx_ep_config *cfg, int32_t R);
 /* "hidden H, top_k K, ..." for messages that name both ranks' shapes. */
 EPXI_HIDDEN void epxi_ll_shape_describe(const epxi_ll_shape *p, char *out, size_t n);
 
@@ -104,7 +105,6 @@ EPXI_HIDDEN epx_status epxi_transport_resolve(int32_t requested, const char *env
 typedef struct epxi_tr_rank {
     int32_t kind;     /* the transport the rank opened with */
     uint64_t host;    /* the machine (boot id), equal for ranks of one host */
-    uint64_t process; /* the process (a random id), equal for ranks of one */
     int32_t device;   /* the GPU's ordinal in its process, for messages */
     uint8_t same_gpu; /* runs on the checking rank's GPU (by UUID) */
     int8_t reach;     /* checking rank's GPU -> this one: 1 peer access, 0 none, -1 unknown

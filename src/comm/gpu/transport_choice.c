@@ -10,8 +10,6 @@
 #include <strings.h>
 #include <unistd.h>
 
-#include "epx_comm.h"
-
 const char *epxi_transport_kind_name(int32_t kind) {
     switch (kind) {
     case EPXI_TR_AUTO: return "auto";
@@ -110,8 +108,7 @@ uint64_t epxi_host_id(void) {
     return h;
 }
 
-epxi_ll_shape epxi_ll_shape_of(const void *cfg, int32_t R) {
-    const epx_ep_config *c = (const epx_ep_config *)cfg;
+epxi_ll_shape epxi_ll_shape_of(const epx_ep_config *c, int32_t R) {
     epxi_ll_shape p;
     memset(&p, 0, sizeof p); /* padding too: shapes travel as bytes */
     p.ranks = R;
