@@ -446,19 +446,20 @@ int main(void) {
             if (T >= 4096 && K > 8) K = 8;
             int32_t per = 1 + below(G >= 64 ? 3 : 13), P = G * per;
             int32_t E = rep == 3 ? P : 1 + below(P); /* rep 3: every expert one replica */
-            epx_dispatch_mode mode = (epx_dispatch_mode)(rep == 0 ? below(4) : rep);
+            epx_dispatch_mode mode = (epx_dispatch_mode)(rep == 0 ? below(5) : rep);
             one_case(T, K, E, P, G, mode, 0);
             cases++;
         }
-    /* the benchmark's shape, every mode, one from a graph */
-    for (int m = 0; m < 4 && !quick; m++)
+    /* the benchmark's shape, every mode (EPX_DISPATCH_ROW too), one from a graph */
+    for (int m = 0; m <= EPX_DISPATCH_ROW && !quick; m++)
         one_case(4096, 8, 384, 416, 8, (epx_dispatch_mode)m, m == 1);
     if (!quick) {
         one_case(16384, 8, 384, 416, 8, EPX_DISPATCH_DYNAMIC, 1);
-        cases += 5;
+        cases += EPX_DISPATCH_ROW + 2;
     }
     one_case(512, 8, 384, 416, 8, EPX_DISPATCH_WEIGHTED, 0);
-    cases++;
+    one_case(300, 8, 384, 416, 8, EPX_DISPATCH_ROW, 0); /* quick runs see SGLang's row rule */
+    cases += 2;
     if (failures) {
         printf("FAILED: %d mismatches over %d cases\n", failures, cases);
         return 1;
