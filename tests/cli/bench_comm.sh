@@ -17,6 +17,17 @@ msg=$("$EPX_BIN" advise --model kimi-k2.5 --gpus 8 --link pcie9 2>&1)
 grep -q "known: nvlink3" <<<"$msg" || fail "unknown link message: $msg"
 "$EPX_BIN" bench comm --backend gloo --model kimi-k2.5 --tokens 1 2>/dev/null; [ $? -eq 2 ] || fail "bad backend not a usage error"
 "$EPX_BIN" bench comm --backend mpi --model kimi-k2.5 --tokens 1,x 2>/dev/null; [ $? -eq 2 ] || fail "bad token list not a usage error"
+# --gpus N: ranks as threads of one process, over NCCL only; more GPUs than
+# visible is a usage error naming both numbers (where a GPU is visible)
+msg=$("$EPX_BIN" bench comm --backend mpi --model kimi-k2.5 --tokens 1 --gpus 2 2>&1); rc=$?
+[ $rc -eq 2 ] && grep -q "use it with --backend nccl" <<<"$msg" || fail "--gpus with mpi: exit $rc: $msg"
+msg=$("$EPX_BIN" bench comm --backend nccl --model kimi-k2.5 --tokens 1 --gpus 1024 2>&1); rc=$?
+if grep -q "built without NCCL\|none is visible" <<<"$msg"; then
+    [ $rc -eq 1 ] || fail "--gpus without a GPU: exit $rc: $msg"
+else
+    [ $rc -eq 2 ] && grep -q -- "--gpus 1024 asks for more GPUs than the [0-9]* this process sees" \
+        <<<"$msg" || fail "--gpus past the visible GPUs: exit $rc: $msg"
+fi
 
 MPIRUN=$(command -v mpirun || true)
 if [ -z "$MPIRUN" ]; then echo "mpirun not found: MPI part skipped"; exit 77; fi

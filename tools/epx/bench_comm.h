@@ -29,6 +29,7 @@ typedef struct bench_args {
     epx_ep_mode mode;
     bool graph;        /* also time CUDA-graph replays (GPU low latency) */
     int32_t transport; /* GPU low latency: EPX_BENCH_TRANSPORT_* (--transport) */
+    int32_t gpus;      /* --gpus N: N ranks as threads of this process (0: not given) */
     const char *jsonl; /* --json FILE ("-" = stdout), or NULL */
     uint64_t seed;
 } bench_args;

@@ -2,8 +2,8 @@
  * cmd_bench.c - `epx bench comm`: EP dispatch, EP combine and the TP
  * all-reduce of one MoE layer, timed side by side over MPI (host buffers,
  * run under mpirun, one rank per process) or NCCL (device buffers; one
- * process and GPU, or one process per GPU under mpirun, which then only
- * carries NCCL's unique id).
+ * process and GPU, one thread per GPU with --gpus N, or one process per GPU
+ * under mpirun, which then only carries NCCL's unique id).
  *
  * What is compared, per token count T (tokens per rank):
  *  - EP dispatch of T tokens per rank, top-k routed uniformly at random over
@@ -36,6 +36,7 @@
 
 #include <errno.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -609,6 +610,15 @@ static int parse_args(cli_cmd *cmd, bench_args *a) {
             return CLI_EXIT_USAGE;
         }
     }
+    a->gpus = 0;
+    if (!cli_int(cmd, "--gpus", 1, 1024, &a->gpus)) return CLI_EXIT_USAGE;
+    if (a->gpus > 0 && strcmp(a->backend, "nccl") != 0) {
+        fprintf(stderr,
+                "epx bench comm: --gpus %d drives GPUs from one process over NCCL: use it "
+                "with --backend nccl (MPI ranks are processes: mpirun -np %d)\n",
+                a->gpus, a->gpus);
+        return CLI_EXIT_USAGE;
+    }
     a->jsonl = cli_get(cmd, "--json");
     {
         /* Both outputs are checked before the run: -o is replaced, --json
@@ -638,7 +648,7 @@ static int parse_args(cli_cmd *cmd, bench_args *a) {
 }
 
 /* Run on one rank, print on rank 0. */
-static int run_and_report(cli_cmd *cmd, epx_comm *comm, const dev_ops *d, bench_args *a) {
+static int run_and_report(cli_cmd *cmd, epx_comm *comm, const dev_ops *d, const bench_args *a) {
     bench_row *rows = calloc((size_t)a->ntok, sizeof *rows);
     epx_error err = {0};
     epx_status st = rows ? bench_rank(comm, d, a, rows, &err) : EPX_ERR_NOMEM;
@@ -704,69 +714,53 @@ static int bench_mpi(cli_cmd *cmd, bench_args *a, int argc, char **argv) {
 #endif
 }
 
-static int bench_nccl(cli_cmd *cmd, bench_args *a, int argc, char **argv) {
 #if BENCH_NCCL
-    int ndev = 0;
-    if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev < 1) {
-        fprintf(stderr, "epx bench comm: --backend nccl needs a CUDA GPU, and none is visible\n");
-        return CLI_EXIT_FAIL;
-    }
-    int rank = 0, size = 1, local = 0;
+/* One rank of the NCCL benchmark: its GPU, its communicator from the job's
+ * unique id, the run, the teardown. Called once per process, or from one
+ * thread per GPU with --gpus. */
+typedef struct nccl_rank_job {
+    cli_cmd *cmd;
+    const bench_args *a;
+    int size, rank, device;
     ncclUniqueId id;
-#if BENCH_MPI
-    /* Under mpirun, MPI carries the unique id and nothing else. */
-    bool use_mpi = getenv("OMPI_COMM_WORLD_SIZE") != NULL || getenv("PMI_SIZE") != NULL;
-    if (use_mpi) {
-        MPI_Init(&argc, &argv);
-        MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-        MPI_Comm_size(MPI_COMM_WORLD, &size);
-        /* The launcher's local rank picks the GPU; anything but a whole
-         * number >= 0 (never atoi's wrap or a negative device) falls back
-         * to the rank. */
-        const char *lr = getenv("OMPI_COMM_WORLD_LOCAL_RANK");
-        char *end = NULL;
-        errno = 0;
-        long v = lr ? strtol(lr, &end, 10) : -1;
-        local = lr && errno == 0 && end != lr && *end == '\0' && v >= 0 && v <= INT32_MAX ? (int)v
-                                                                                          : rank;
-        if (rank == 0) ncclGetUniqueId(&id);
-        MPI_Bcast(&id, (int)sizeof id, MPI_BYTE, 0, MPI_COMM_WORLD);
-    } else
-#endif
-    {
-        (void)argc, (void)argv;
-        ncclGetUniqueId(&id);
+    int rc;
+} nccl_rank_job;
+
+static void *nccl_rank(void *vjob) {
+    nccl_rank_job *j = vjob;
+    const bench_args *a = j->a;
+    j->rc = CLI_EXIT_FAIL;
+    if (cudaSetDevice(j->device) != cudaSuccess) {
+        fprintf(stderr, "epx bench comm (rank %d): cannot use GPU %d\n", j->rank, j->device);
+        return NULL;
     }
-    cudaSetDevice(local % ndev);
     ncclComm_t nc = NULL;
     epx_error err = {0};
-    int rc = CLI_EXIT_FAIL;
     cudaStream_t s = NULL;
     epx_comm *comm = NULL;
-    if (epx_nccl_comm_init(size, rank, &id, a->timeout_ms, &nc, &err) != EPX_OK) {
-        rc = cli_report(cmd, &err);
+    if (epx_nccl_comm_init(j->size, j->rank, &j->id, a->timeout_ms, &nc, &err) != EPX_OK) {
+        j->rc = cli_report(j->cmd, &err);
     } else {
         epx_comm_nccl_opts o = EPX_COMM_NCCL_OPTS_INIT;
         o.timeout_ms = a->timeout_ms;
         cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
         if (epx_comm_nccl_create(nc, s, &o, &comm, &err) != EPX_OK) {
-            rc = cli_report(cmd, &err);
+            j->rc = cli_report(j->cmd, &err);
         } else {
             struct cudaDeviceProp prop;
-            int dev = 0;
-            cudaGetDevice(&dev);
-            dev_ops d = {1, cudaGetDeviceProperties(&prop, dev) == cudaSuccess ? prop.name : "gpu"};
+            dev_ops d = {1, cudaGetDeviceProperties(&prop, j->device) == cudaSuccess ? prop.name
+                                                                                     : "gpu"};
             if (a->mode == EPX_EP_MODE_LOW_LATENCY) {
-                FILE *jl = rank == 0 ? open_jsonl(a) : NULL;
-                epx_status st = rank == 0 && a->jsonl != NULL && jl == NULL
+                FILE *jl = j->rank == 0 ? open_jsonl(a) : NULL;
+                epx_status st = j->rank == 0 && a->jsonl != NULL && jl == NULL
                                     ? EPX_ERR_IO
                                     : bench_ll_gpu(comm, nc, s, a, jl, &err);
                 if (jl != NULL && jl != stdout) fclose(jl);
-                rc = st == EPX_OK       ? CLI_EXIT_OK
-                     : st == EPX_ERR_IO ? CLI_EXIT_FAIL
-                                        : cli_report(cmd, &err);
+                j->rc = st == EPX_OK       ? CLI_EXIT_OK
+                        : st == EPX_ERR_IO ? CLI_EXIT_FAIL
+                                           : cli_report(j->cmd, &err);
             } else {
-                rc = run_and_report(cmd, comm, &d, a);
+                j->rc = run_and_report(j->cmd, comm, &d, a);
             }
         }
     }
@@ -774,6 +768,94 @@ static int bench_nccl(cli_cmd *cmd, bench_args *a, int argc, char **argv) {
     epx_comm_destroy(comm);
     if (nc != NULL && healthy) ncclCommDestroy(nc);
     if (s) cudaStreamDestroy(s);
+    return NULL;
+}
+
+/* --gpus N: every rank a thread of this process on its own GPU (0..N-1 of
+ * the visible ones), so the measurement needs no MPI; same-process ranks
+ * reach each other's buffers by pointer. */
+static int nccl_threads(cli_cmd *cmd, const bench_args *a, const ncclUniqueId *id) {
+    nccl_rank_job *jobs = calloc((size_t)a->gpus, sizeof *jobs);
+    pthread_t *th = calloc((size_t)a->gpus, sizeof *th);
+    int rc = CLI_EXIT_OK;
+    if (jobs == NULL || th == NULL) {
+        fprintf(stderr, "epx bench comm: out of memory for %d ranks\n", a->gpus);
+        rc = CLI_EXIT_FAIL;
+    }
+    int32_t started = 0;
+    for (; rc == CLI_EXIT_OK && started < a->gpus; started++) {
+        jobs[started] = (nccl_rank_job){cmd, a, a->gpus, started, started, *id, CLI_EXIT_FAIL};
+        if (pthread_create(&th[started], NULL, nccl_rank, &jobs[started]) != 0) {
+            /* the ranks already started wait for this one in NCCL's init:
+             * nothing can end them cleanly, so the process ends */
+            fprintf(stderr, "epx bench comm: cannot start the thread of rank %d of %d\n", started,
+                    a->gpus);
+            exit(CLI_EXIT_FAIL);
+        }
+    }
+    for (int32_t r = 0; r < started; r++) {
+        pthread_join(th[r], NULL);
+        if (jobs[r].rc != CLI_EXIT_OK && rc == CLI_EXIT_OK) rc = jobs[r].rc;
+    }
+    free(jobs);
+    free(th);
+    return rc;
+}
+#endif
+
+static int bench_nccl(cli_cmd *cmd, bench_args *a, int argc, char **argv) {
+#if BENCH_NCCL
+    int ndev = 0;
+    if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev < 1) {
+        fprintf(stderr, "epx bench comm: --backend nccl needs a CUDA GPU, and none is visible\n");
+        return CLI_EXIT_FAIL;
+    }
+    if (a->gpus > ndev) {
+        fprintf(stderr,
+                "epx bench comm: --gpus %d asks for more GPUs than the %d this process sees "
+                "(CUDA_VISIBLE_DEVICES selects them): give --gpus %d or fewer\n",
+                a->gpus, ndev, ndev);
+        return CLI_EXIT_USAGE;
+    }
+    nccl_rank_job one = {cmd, a, 1, 0, 0, {{0}}, CLI_EXIT_FAIL};
+#if BENCH_MPI
+    /* Under mpirun, MPI carries the unique id and nothing else. */
+    bool use_mpi = getenv("OMPI_COMM_WORLD_SIZE") != NULL || getenv("PMI_SIZE") != NULL;
+    if (use_mpi && a->gpus > 0) {
+        fprintf(stderr, "epx bench comm: --gpus runs every rank in this one process; under "
+                        "mpirun each process is one rank already: drop --gpus or mpirun\n");
+        return CLI_EXIT_USAGE;
+    }
+    if (use_mpi) {
+        MPI_Init(&argc, &argv);
+        MPI_Comm_rank(MPI_COMM_WORLD, &one.rank);
+        MPI_Comm_size(MPI_COMM_WORLD, &one.size);
+        /* The launcher's local rank picks the GPU; anything but a whole
+         * number >= 0 (never atoi's wrap or a negative device) falls back
+         * to the rank. */
+        const char *lr = getenv("OMPI_COMM_WORLD_LOCAL_RANK");
+        char *end = NULL;
+        errno = 0;
+        long v = lr ? strtol(lr, &end, 10) : -1;
+        int local = lr && errno == 0 && end != lr && *end == '\0' && v >= 0 && v <= INT32_MAX
+                        ? (int)v
+                        : one.rank;
+        one.device = local % ndev;
+        if (one.rank == 0) ncclGetUniqueId(&one.id);
+        MPI_Bcast(&one.id, (int)sizeof one.id, MPI_BYTE, 0, MPI_COMM_WORLD);
+    } else
+#endif
+    {
+        (void)argc, (void)argv;
+        ncclGetUniqueId(&one.id);
+    }
+    int rc;
+    if (a->gpus > 0) {
+        rc = nccl_threads(cmd, a, &one.id);
+    } else {
+        nccl_rank(&one);
+        rc = one.rc;
+    }
 #if BENCH_MPI
     if (use_mpi) MPI_Finalize();
 #endif
@@ -821,6 +903,8 @@ int cmd_bench(int argc, char **argv) {
          "host memory (host, for GPUs without peer access), NCCL send/recv (nccl, any topology), "
          "or auto (EPX_GPU_EP_TRANSPORT, else by peer access)",
          NULL},
+        {"--gpus", "N",
+         "NCCL: run N ranks as threads of this one process, one per visible GPU (no mpirun)", NULL},
         {"--json", "FILE", "append one JSON object per phase and token count to FILE (- = stdout)",
          NULL},
         {"-o", "FILE", "also write the summary JSON that epx advise --measured reads", NULL},
@@ -830,7 +914,8 @@ int cmd_bench(int argc, char **argv) {
                    "epx bench comm --backend mpi|nccl --model NAME|PATH --tokens LIST [--mode "
                    "normal|low-latency]\n"
                    "       [--graph] [--json FILE] [-o FILE] [options]\n"
-                   "       (MPI: mpirun -np R epx bench comm --backend mpi ...)",
+                   "       (MPI: mpirun -np R epx bench comm --backend mpi ...;\n"
+                   "        NCCL: epx bench comm --backend nccl --gpus N ..., or under mpirun)",
                    "Time EP dispatch and combine against the TP all-reduce of the same MoE layer, "
                    "per token count, after checking their results.",
                    opts,
