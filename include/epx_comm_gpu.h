@@ -91,16 +91,34 @@ typedef enum epx_gpu_ep_transport {
     EPX_GPU_EP_TRANSPORT_NCCL = 3
 } epx_gpu_ep_transport;
 
+/*
+ * Shrink mode (DeepEP's enable_shrink): a peer whose flag does not arrive
+ * within timeout_ms is masked instead of failing the handle, and the
+ * survivors go on. A masked rank is neither sent to nor waited for; on the
+ * receiving side its rows count as absent (dispatch: no entries from it;
+ * combine: the shares of its experts are dropped from each token's sum, as
+ * if those top-k ids were -1). Every block of a launch takes the same
+ * decision about a rank, and every survivor reaches it within a timeout of
+ * the rank's silence. The mask is an int32 per rank in device memory,
+ * nonzero = masked: the caller's (`mask`, which several handles of the same
+ * ranks may share, so a rank masked by one is skipped by all) or the
+ * handle's own; epx_gpu_ep_mask_update/_query/_clean reach it in stream
+ * order. A masked rank that comes back must be unmasked by every rank at
+ * the same point of the call sequence (DeepEP's rule too). Peer and host
+ * transports only: NCCL's send/receive cannot skip a dead peer.
+ */
 typedef struct epx_gpu_ep_opts {
     uint32_t version;   /* EPX_GPU_EP_OPTS_VERSION */
     int32_t timeout_ms; /* a peer's flag not seen within this fails the batch (>= 1) */
     int32_t max_blocks; /* blocks per launch at most; 0 = as many as fit on the GPU at once */
     int32_t transport;  /* epx_gpu_ep_transport; AUTO by default */
+    int32_t shrink;     /* 1: shrink mode (above); 0: a timeout is a fault for good */
+    int32_t *mask;      /* shrink mode: device int32 [num_ranks], or NULL for the handle's own */
 } epx_gpu_ep_opts;
 
 #define EPX_GPU_EP_OPTS_VERSION ((uint32_t)sizeof(epx_gpu_ep_opts))
 #define EPX_GPU_EP_OPTS_INIT                                                                       \
-    { EPX_GPU_EP_OPTS_VERSION, 10000, 0, EPX_GPU_EP_TRANSPORT_AUTO }
+    { EPX_GPU_EP_OPTS_VERSION, 10000, 0, EPX_GPU_EP_TRANSPORT_AUTO, 0, NULL }
 
 typedef struct epx_gpu_ep epx_gpu_ep;
 
@@ -249,6 +267,18 @@ EPX_API epx_status epx_gpu_ep_sync(epx_gpu_ep *ep, epx_error *err);
 
 /* The first fault the kernels recorded so far, without waiting. */
 EPX_API epx_status epx_gpu_ep_health(epx_gpu_ep *ep, epx_error *err);
+
+/*
+ * Shrink mode's mask (see epx_gpu_ep_opts), on the handle's stream, so
+ * they order with the launches and can be captured in a CUDA graph:
+ * update sets rank's entry (masked != 0: masked), query copies all
+ * num_ranks entries to `out` (device int32), clean unmasks every rank.
+ * Returns EPX_ERR_INVALID_ARG for a handle opened without shrink, a rank
+ * outside [0, num_ranks) or a NULL out.
+ */
+EPX_API epx_status epx_gpu_ep_mask_update(epx_gpu_ep *ep, int32_t rank, int masked, epx_error *err);
+EPX_API epx_status epx_gpu_ep_mask_query(epx_gpu_ep *ep, int32_t *out, epx_error *err);
+EPX_API epx_status epx_gpu_ep_mask_clean(epx_gpu_ep *ep, epx_error *err);
 
 /* The transport this handle uses: "pointers" (PEER, every rank in this
  * process), "ipc" (PEER across processes), "host", "nccl"; "none" before

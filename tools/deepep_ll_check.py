@@ -175,6 +175,9 @@ def summarise(lines, rc, n, extra):
           % ([r for r in range(n) if STAGES[0][0] in done[r]] or "none"))
     for r in range(n):
         print("  rank %d finished: %s" % (r, ", ".join(done[r]) or "nothing"))
+    stopped = [l.strip() for l in lines if "failed when first calling" in l]
+    if stopped:  # --shrink-test: the ranks the test stops on purpose
+        print("simulated failures: %s" % "; ".join(stopped))
     seeds = sum("Testing with seed" in l for l in lines)
     if seeds:
         print("pressure test: %d seed(s) started" % seeds)

@@ -382,10 +382,11 @@ class FakeEngine:
     made = []
     fail_open_rank = None
 
-    def __init__(self, cfg, rank, num_ranks, timeout_ms):
+    def __init__(self, cfg, rank, num_ranks, timeout_ms, mask=None):
         if rank == FakeEngine.fail_open_rank:
             raise EpxError(Status.CUDA, "fake open failed on rank %d" % rank)
         self.cfg, self.rank, self.num_ranks, self.timeout_ms = cfg, rank, num_ranks, timeout_ms
+        self.mask = mask
         L, S, H = cfg.num_slots // num_ranks, num_ranks * cfg.max_tokens, cfg.hidden
         self.num_local = L
         self.recv_x = torch.zeros((L, S, H), dtype=torch.bfloat16)
@@ -441,6 +442,7 @@ def _fake_gpu(set_attr, engine=FakeEngine, need=1000):
     set_attr(torch.cuda, "is_current_stream_capturing", lambda: False)
     set_attr(_ll, "buffer_bytes", lambda cfg, n: need)
     set_attr(_ll, "Engine", engine)
+    set_attr(B, "_new_mask", lambda n: torch.zeros((n,), dtype=torch.int32))
     set_attr(torch.cuda, "synchronize", lambda *a: None)  # destroy() waits for the GPU
     set_attr(torch.cuda, "current_stream", lambda *a: types.SimpleNamespace(cuda_stream=0))
     FakeEngine.made = []
@@ -647,8 +649,6 @@ def test_first_call_of_a_shape_under_capture_is_refused(buf, monkeypatch):
 
 def test_constructor_checks(world1, monkeypatch):
     _fake_gpu(monkeypatch.setattr)
-    with pytest.raises(NotImplementedError, match="enable_shrink"):
-        B.Buffer(world1, low_latency_mode=True, enable_shrink=True)
     with pytest.raises(ValueError, match="torch.distributed group"):
         B.Buffer(None, low_latency_mode=True)
     with pytest.raises(ValueError, match="mpi4py"):
@@ -802,3 +802,39 @@ def test_health_asks_every_engine(buf, world1):
     eng.health = lambda: asked.append(True)
     buf.low_latency_health()
     assert asked == [True]
+
+
+def test_shrink_mode_mask(world1, monkeypatch):
+    """Shrink mode: the mask is shared with every engine of the Buffer;
+    update/clean act on it, clean_low_latency_buffer runs an empty dispatch
+    and combine on every engine (the barrier that masks an absent rank);
+    without enable_shrink the mask calls refuse."""
+    _fake_gpu(monkeypatch.setattr)
+    buf = B.Buffer(world1, low_latency_mode=True, enable_shrink=True)
+    assert buf.enable_shrink and buf.timeout_ms == 100000
+    eng = buf._engine(64, 4, 8, 16)
+    assert eng.mask is buf._mask and eng.mask.dtype == torch.int32 and eng.mask.shape == (1,)
+    buf.low_latency_update_mask_buffer(0, True)
+    assert eng.mask.tolist() == [1]
+    buf.low_latency_clean_mask_buffer()
+    assert eng.mask.tolist() == [0]
+    with pytest.raises(ValueError, match="rank_to_mask 1 is outside the group's 1 ranks"):
+        buf.low_latency_update_mask_buffer(1, True)
+    with pytest.raises(ValueError, match="mask_status is on cpu"):
+        buf.low_latency_query_mask_buffer(torch.zeros(1, dtype=torch.int32))
+    gen = eng.generation
+    eng.calls.clear()
+    buf.clean_low_latency_buffer(16, 64, 8)
+    assert [c[0] for c in eng.calls] == ["dispatch", "combine"] and eng.generation == gen + 1
+    plain = B.Buffer(world1, low_latency_mode=True)
+    assert plain._engine(64, 4, 8, 16).mask is None
+    for call in (lambda: plain.low_latency_update_mask_buffer(0, True),
+                 lambda: plain.low_latency_clean_mask_buffer(),
+                 lambda: plain.low_latency_query_mask_buffer(torch.zeros(1, dtype=torch.int32))):
+        with pytest.raises(ValueError, match="enable_shrink=True"):
+            call()
+    monkeypatch.setenv("EPX_GPU_EP_TIMEOUT_MS", "2500")
+    assert B.Buffer(world1, low_latency_mode=True).timeout_ms == 2500
+    monkeypatch.setenv("EPX_GPU_EP_TIMEOUT_MS", "soon")
+    with pytest.raises(ValueError, match="EPX_GPU_EP_TIMEOUT_MS is 'soon'"):
+        B.Buffer(world1, low_latency_mode=True)

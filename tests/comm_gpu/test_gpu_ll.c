@@ -158,7 +158,7 @@ typedef struct got {
  * token and each source's range; the combine is the fixed-order sum over k
  * of w * y(x) in fp32 (rounded once to bf16 when out_bf16), bit for bit. */
 static int check(const shape *c, int32_t me, const batch *all, const got *g, const void *out,
-                 bool weighted, bool out_bf16, int b) {
+                 bool weighted, bool out_bf16, int b, uint32_t drop) {
     const int32_t spr = c->P / c->R, K = c->K;
     const int64_t RM = (int64_t)c->R * c->M;
     const size_t xrow = (size_t)c->H * epx_dtype_size(c->xd);
@@ -198,9 +198,11 @@ static int check(const shape *c, int32_t me, const batch *all, const got *g, con
     for (int64_t t = 0; t < mine->T; t++)
         for (int32_t h = 0; h < c->H; h++) {
             float acc = 0.0f;
-            for (int32_t k = 0; k < K; k++)
-                if (mine->s[t * K + k] >= 0)
+            for (int32_t k = 0; k < K; k++) {
+                const int32_t sl = mine->s[t * K + k];
+                if (sl >= 0 && !((drop >> (sl / spr)) & 1u)) /* drop: masked ranks' experts */
                     acc += mine->w[t * K + k] * yval(c, mine->x, (size_t)(t * c->H + h));
+            }
             float o;
             if (out_bf16) {
                 uint16_t want = epx_bf16_from_f32(acc),
@@ -336,7 +338,7 @@ static int run_rank(epx_comm *boot, const shape *c) {
         CK(cudaMemcpy(g.ew, vw.entry_weight, rows * 4, cudaMemcpyDeviceToHost));
         CK(cudaMemcpy(g.rx, vw.x, rows * xrow, cudaMemcpyDeviceToHost));
         CK(cudaMemcpy(out, dout, (size_t)my->T * (size_t)c->H * 4, cudaMemcpyDeviceToHost));
-        rc = check(c, me, all, &g, out, how != 1, how == 1, b);
+        rc = check(c, me, all, &g, out, how != 1, how == 1, b, 0);
         for (int32_t r = 0; r < R; r++) free_batch(&all[r]);
     }
     if (exec) cudaGraphExecDestroy(exec);
@@ -400,6 +402,105 @@ static int proc_open_fails(int32_t rank, int32_t R, pc_world *w, void *arg) {
     if (rank != 1 && strstr(err.msg, "rank 1 could not open") == NULL)
         FAILF("rank %d: the failed rank is not named: '%s'", rank, err.msg);
     return 0;
+}
+
+/*
+ * Shrink mode on 3 processes: rank 1 stops before batch 1's dispatch, rank
+ * 2 after batch 2's dispatch (before its combine). The survivors mask each
+ * within the timeout and go on: a dispatch has no entries from a masked
+ * source, a combine drops the shares of a masked rank's experts, the mask
+ * reads {1} then {1, 2}; rank 0 runs batch 3 alone. Stopped ranks wait in
+ * destroy (collective), as a failed process would be reaped.
+ */
+static int proc_shrink(int32_t rank, int32_t R, pc_world *w, void *arg) {
+    (void)arg;
+    epx_comm *boot = pc_comm(w, rank);
+    if (boot == NULL) return 1;
+    epx_error err = {0};
+    shape c = {R, 64, 4, 2 * R, 8, EPX_DTYPE_BF16, EPX_DTYPE_BF16, 4, false};
+    const int32_t spr = c.P / R, K = c.K;
+    const size_t rows = (size_t)spr * (size_t)R * (size_t)c.M, xrow = (size_t)c.H * 2;
+    cudaStream_t st;
+    CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    epx_ep_config cfg = ll_config(c.H, K, c.P, c.M, c.xd, c.yd);
+    epx_gpu_ep_opts o = EPX_GPU_EP_OPTS_INIT;
+    o.timeout_ms = 4000; /* long enough for processes time-slicing the GPU */
+    o.shrink = 1;
+    epx_gpu_ep *ep = NULL;
+    EK(make_engine(boot, &cfg, st, &o, &ep, &err));
+    epx_gpu_ep_views vw;
+    EK(epx_gpu_ep_get_views(ep, &vw, &err));
+    void *dx;
+    int32_t *ds, *dmask;
+    float *dw, *dout;
+    CK(cudaMalloc(&dx, (size_t)c.M * xrow));
+    CK(cudaMalloc((void **)&ds, (size_t)c.M * K * 4));
+    CK(cudaMalloc((void **)&dw, (size_t)c.M * K * 4));
+    CK(cudaMalloc((void **)&dout, (size_t)c.M * c.H * 4));
+    CK(cudaMalloc((void **)&dmask, (size_t)R * 4));
+    got g = {malloc((size_t)spr * 4), malloc(rows * 4), malloc((size_t)spr * R * 8),
+             malloc(rows * 4), malloc(rows * xrow)};
+    void *out = malloc((size_t)c.M * c.H * 4);
+    batch all[PC_MAX_RANKS];
+    int rc = 0;
+    epx_ep_recv rv;
+    for (int b = 0; b < c.batches && rc == 0; b++) {
+        if ((rank == 1 && b >= 1) || (rank == 2 && b >= 3)) break; /* stopped */
+        /* masked at this batch's dispatch, and at its combine */
+        const uint32_t at_d = b == 0 ? 0u : b <= 2 ? 2u : 6u, at_c = b <= 1 ? at_d : 6u;
+        for (int32_t r = 0; r < R; r++) {
+            make_batch(&c, b, r, -1, &all[r]);
+            if ((at_d >> r) & 1u) all[r].T = 0; /* a masked source sends nothing */
+        }
+        const batch *my = &all[rank];
+        CK(cudaMemcpyAsync(dx, my->x, (size_t)my->T * xrow, cudaMemcpyHostToDevice, st));
+        CK(cudaMemcpyAsync(ds, my->s, (size_t)my->T * K * 4, cudaMemcpyHostToDevice, st));
+        CK(cudaMemcpyAsync(dw, my->w, (size_t)my->T * K * 4, cudaMemcpyHostToDevice, st));
+        EK(epx_gpu_ep_dispatch(ep, my->T, dx, ds, dw, &rv, &err));
+        if (rank == 2 && b == 2) { /* dispatched, stops before combining */
+            EK(epx_gpu_ep_sync(ep, &err));
+            break;
+        }
+        EK(epx_gpu_ep_identity_experts(ep, &err));
+        EK(epx_gpu_ep_combine(ep, dout, &err));
+        EK(epx_gpu_ep_mask_query(ep, dmask, &err));
+        EK(epx_gpu_ep_sync(ep, &err));
+        CK(cudaMemcpy(g.count, vw.counts, (size_t)spr * 4, cudaMemcpyDeviceToHost));
+        CK(cudaMemcpy(g.srctok, vw.src_token, rows * 4, cudaMemcpyDeviceToHost));
+        CK(cudaMemcpy(g.range, vw.layout_range, (size_t)spr * R * 8, cudaMemcpyDeviceToHost));
+        CK(cudaMemcpy(g.ew, vw.entry_weight, rows * 4, cudaMemcpyDeviceToHost));
+        CK(cudaMemcpy(g.rx, vw.x, rows * xrow, cudaMemcpyDeviceToHost));
+        CK(cudaMemcpy(out, dout, (size_t)my->T * c.H * 4, cudaMemcpyDeviceToHost));
+        int32_t hmask[PC_MAX_RANKS];
+        CK(cudaMemcpy(hmask, dmask, (size_t)R * 4, cudaMemcpyDeviceToHost));
+        for (int32_t r = 0; r < R && rc == 0; r++)
+            if ((hmask[r] != 0) != ((at_c >> r) & 1u)) {
+                fprintf(stderr, "rank %d batch %d: mask[%d] = %d, expected %u\n", rank, b, r,
+                        hmask[r], (at_c >> r) & 1u);
+                rc = 1;
+            }
+        if (rc == 0) rc = check(&c, rank, all, &g, out, true, false, b, at_c);
+        for (int32_t r = 0; r < R; r++) free_batch(&all[r]);
+    }
+    if (rc == 0 && rank == 0) { /* clean unmasks; update masks in stream order */
+        int32_t hmask[PC_MAX_RANKS];
+        EK(epx_gpu_ep_mask_clean(ep, &err));
+        EK(epx_gpu_ep_mask_update(ep, 2, 1, &err));
+        EK(epx_gpu_ep_mask_query(ep, dmask, &err));
+        EK(epx_gpu_ep_sync(ep, &err));
+        CK(cudaMemcpy(hmask, dmask, (size_t)R * 4, cudaMemcpyDeviceToHost));
+        if (hmask[0] != 0 || hmask[1] != 0 || hmask[2] != 1)
+            FAILF("after clean and update(2): mask (%d, %d, %d)", hmask[0], hmask[1], hmask[2]);
+        if (epx_gpu_ep_mask_update(ep, 3, 1, &err) != EPX_ERR_INVALID_ARG ||
+            strstr(err.msg, "rank 3 is outside [0, 3)") == NULL)
+            FAILF("mask_update of rank 3 of 3: '%s'", err.msg);
+    }
+    epx_gpu_ep_destroy(ep);
+    epx_comm_destroy(boot);
+    cudaFree(dx), cudaFree(ds), cudaFree(dw), cudaFree(dout), cudaFree(dmask);
+    free(g.count), free(g.srctok), free(g.range), free(g.ew), free(g.rx), free(out);
+    cudaStreamDestroy(st);
+    return rc;
 }
 
 /* ---- one rank in this process --------------------------------------------- */
@@ -696,6 +797,10 @@ int main(void) {
     if (!transport_is("nccl")) {
         int failed = pc_run(3, proc_open_fails, NULL, 120);
         printf("one rank of 3 fails to open: %s\n", failed ? "FAILED" : "ok (every rank told)");
+        if (failed) return 1;
+        failed = pc_run(3, proc_shrink, NULL, 120);
+        printf("shrink mode, 3 processes, ranks 1 and 2 stop: %s\n",
+               failed ? "FAILED" : "ok (masked, survivors exact)");
         if (failed) return 1;
     }
     if (single_rank_cases() != 0) return 1;

@@ -30,7 +30,7 @@ class EpConfig(Structure):
 class GpuEpOpts(Structure):
     """epx_gpu_ep_opts (include/epx_comm_gpu.h)."""
     _fields_ = [("version", c_uint32), ("timeout_ms", c_int32), ("max_blocks", c_int32),
-                ("transport", c_int32)]
+                ("transport", c_int32), ("shrink", c_int32), ("mask", c_void_p)]
 
 
 class GpuEpViews(Structure):
@@ -100,7 +100,7 @@ class _Dev:
 class Engine:
     """One rank's handle for one (hidden, top_k, experts, max_tokens) shape."""
 
-    def __init__(self, cfg, rank, num_ranks, timeout_ms):
+    def __init__(self, cfg, rank, num_ranks, timeout_ms, mask=None):
         import torch
         self.cfg = cfg
         self.rank, self.num_ranks = int(rank), int(num_ranks)
@@ -108,7 +108,11 @@ class Engine:
         h = c_void_p()
         # transport 0 = AUTO: EPX_GPU_EP_TRANSPORT in the environment, else
         # peer memory where the GPUs reach each other, host memory otherwise
-        opts = GpuEpOpts(ctypes.sizeof(GpuEpOpts), int(timeout_ms), 0, 0)
+        # mask: shrink mode's int32 [num_ranks] device tensor, shared by every
+        # engine of one Buffer (a rank masked by one is skipped by all)
+        opts = GpuEpOpts(ctypes.sizeof(GpuEpOpts), int(timeout_ms), 0, 0,
+                         1 if mask is not None else 0,
+                         c_void_p(mask.data_ptr()) if mask is not None else None)
         stream = torch.cuda.current_stream().cuda_stream
         _gpu.call(_open, ctypes.byref(cfg), self.rank, self.num_ranks, c_void_p(stream),
                   ctypes.byref(opts), ctypes.byref(h))

@@ -30,8 +30,11 @@ Where epx differs from DeepEP, and why (docs/EP_TORCH.md has the list):
 - the engine is created at the first call of each (hidden, top-k, experts,
   max tokens), which is collective: every rank's first call of a shape must
   come outside CUDA-graph capture;
-- shrink mode (masking a failed rank) and the wait-cycle statistics are not
-  implemented yet and refuse with a message.
+- shrink mode masks a rank whose flag does not come within timeout_ms
+  (default 100 s as DeepEP's, or EPX_GPU_EP_TIMEOUT_MS); a masked rank's
+  tokens and experts are dropped as DeepEP's test defines; clean_low_latency_buffer
+  is a barrier only in shrink mode (epx's buffers need no zeroing);
+- the wait-cycle statistics are not implemented and refuse with a message.
 """
 import torch
 
@@ -122,6 +125,22 @@ def _int(name, v, lo=None):
     return v
 
 
+def _env_timeout_ms():
+    """Buffer's default timeout: EPX_GPU_EP_TIMEOUT_MS, else DeepEP's 100 s."""
+    import os
+    v = os.environ.get("EPX_GPU_EP_TIMEOUT_MS", "")
+    if v == "":
+        return 100000
+    if not v.isdigit() or not 1 <= int(v) <= 2**31 - 1:
+        _fail("EPX_GPU_EP_TIMEOUT_MS is %r: give milliseconds, a whole number from 1" % v)
+    return int(v)
+
+
+def _new_mask(n):
+    """Shrink mode's mask: int32 [n] on the current GPU, all ranks unmasked."""
+    return torch.zeros((n,), dtype=torch.int32, device="cuda")
+
+
 def per_token_cast_fp8(x, round_scale=False, use_ue8m0=False):
     """DeepEP's fp8 form of bf16 rows [..., H]: e4m3 values and one scale per
     128 values (amax * (1 / 448), amax at least 1e-4; round_scale: the next
@@ -171,7 +190,7 @@ class Buffer:
     def __init__(self, group, num_nvl_bytes=0, num_rdma_bytes=0, low_latency_mode=False,
                  num_qps_per_rank=24, allow_nvlink_for_low_latency_mode=True, allow_mnnvl=False,
                  explicitly_destroy=False, enable_shrink=False, comm=None, *,
-                 timeout_ms=100000):
+                 timeout_ms=None):
         import torch.distributed as dist
         reason = _gpu.reason()
         if reason is not None or _ll._open is None:
@@ -185,10 +204,8 @@ class Buffer:
         if comm is not None:
             _fail("epx.torch.Buffer exchanges handles over a torch.distributed group; pass "
                   "group= (mpi4py communicators are not supported)")
-        if enable_shrink:
-            raise NotImplementedError("epx.torch.Buffer: enable_shrink (masking a failed rank) "
-                                      "is not implemented yet; a rank that stops makes every "
-                                      "call raise EpxError(TIMEOUT) instead of hanging")
+        if timeout_ms is None:
+            timeout_ms = _env_timeout_ms()
         for name, v in (("num_nvl_bytes", num_nvl_bytes), ("num_rdma_bytes", num_rdma_bytes),
                         ("num_qps_per_rank", num_qps_per_rank), ("timeout_ms", timeout_ms)):
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
@@ -200,8 +217,11 @@ class Buffer:
         self.num_rdma_bytes = num_rdma_bytes
         self.low_latency_mode = bool(low_latency_mode)
         self.explicitly_destroy = bool(explicitly_destroy)
-        self.enable_shrink = False
+        self.enable_shrink = bool(enable_shrink)
         self.timeout_ms = timeout_ms
+        # shrink mode's mask, one int32 per rank (1 = masked), read by every
+        # engine of this Buffer in its kernels
+        self._mask = _new_mask(self.group_size) if self.enable_shrink else None
         self.device = torch.cuda.current_device()
         self._engines = {}
         self._destroyed = False
@@ -221,9 +241,50 @@ class Buffer:
         return (n + 127) // 128 * 128
 
     def clean_low_latency_buffer(self, num_max_dispatch_tokens_per_rank, hidden, num_experts):
-        """A no-op: epx's buffers need no cleaning (each batch's rows carry
-        its epoch, so stale ones are told apart)."""
+        """epx's buffers need no cleaning (each batch's rows carry its
+        epoch, so stale ones are told apart). In shrink mode it is DeepEP's
+        barrier among the ranks still unmasked: every engine runs an empty
+        dispatch and combine, which masks a rank that does not take part
+        within the timeout. Handles of earlier dispatches are spent."""
         self._alive()
+        if not self.enable_shrink:
+            return
+        for eng in self._engines.values():
+            eng.dispatch(_ll.SEND | _ll.RECV, None, None)  # no tokens: only the flags
+            eng.generation += 1
+            eng.num_tokens = 0
+            eng.combine(_ll.SEND | _ll.RECV, None, None, None)
+
+    # ---- shrink mode's mask (DeepEP's names) ------------------------------------
+
+    def _shrink(self, what):
+        self._alive()
+        if not self.enable_shrink:
+            _fail("%s needs Buffer(..., enable_shrink=True)" % what)
+
+    def low_latency_update_mask_buffer(self, rank_to_mask, mask=False):
+        """Mask (mask=True) or unmask a rank for dispatch, combine and clean,
+        in stream order. Every rank must do the same at the same point."""
+        self._shrink("low_latency_update_mask_buffer")
+        r = _int("rank_to_mask", rank_to_mask, 0)
+        if r >= self.group_size:
+            _fail("rank_to_mask %d is outside the group's %d ranks" % (r, self.group_size))
+        self._mask[r] = 1 if mask else 0
+
+    def low_latency_query_mask_buffer(self, mask_status):
+        """Copy the mask into mask_status ([num_ranks] int32 on this GPU;
+        1 = masked), in stream order."""
+        self._shrink("low_latency_query_mask_buffer")
+        _check_cuda("mask_status", mask_status, torch.int32, 1, self.device)
+        if mask_status.shape[0] != self.group_size:
+            _fail("mask_status has %d entries, not the group's %d ranks"
+                  % (mask_status.shape[0], self.group_size))
+        mask_status.copy_(self._mask)
+
+    def low_latency_clean_mask_buffer(self):
+        """Unmask every rank, in stream order."""
+        self._shrink("low_latency_clean_mask_buffer")
+        self._mask.zero_()
 
     def get_next_low_latency_combine_buffer(self, handle):
         """The expert-output tensor [local experts, ranks * max tokens,
@@ -281,7 +342,7 @@ class Buffer:
                       "top-k %d, %d experts, %d tokens per rank): size it with "
                       "Buffer.get_low_latency_rdma_size_hint"
                       % ((self.num_rdma_bytes, need) + key))
-            eng = _ll.Engine(cfg, self.rank, self.group_size, self.timeout_ms)
+            eng = _ll.Engine(cfg, self.rank, self.group_size, self.timeout_ms, self._mask)
             info = eng.info()
         except EpxError as e:
             err = (int(e.status), str(e))

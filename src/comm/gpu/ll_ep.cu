@@ -133,6 +133,15 @@ struct Args {
      * it crosses the link, so each received row is read once and stored to
      * all its K places (place_rows), not once per (row, k). */
     int host_inbox;
+    /* Shrink mode (DeepEP's): a peer whose flag does not come within the
+     * timeout is masked, not a fault; masked ranks are neither sent to nor
+     * waited for, and their rows count as absent. mask [R]: nonzero =
+     * masked (the caller's, shareable between handles, or the handle's
+     * own); decided [2][R]: per source, (epoch << 1 | masked) of the last
+     * launch that decided it, dispatch then combine (decide_live). */
+    int shrink;
+    int32_t *mask;
+    unsigned long long *decided;
 };
 
 __device__ __forceinline__ unsigned long long now_ns() {
@@ -261,28 +270,82 @@ __device__ __forceinline__ void regs_store(unsigned char *dst, const int4 (&v)[N
     }
 }
 
+/* Shrink mode: source r's fate in one launch, the same in every block.
+ * The first block to decide (it saw r's flag, or gave up on r, or found r
+ * masked) records (epoch, outcome) with a CAS; every later block takes the
+ * recorded outcome, so no two blocks place rows by different counts. */
+__device__ bool decide_live(unsigned long long *w, uint32_t epoch, bool live) {
+    const unsigned long long mine = ((unsigned long long)epoch << 1) | (live ? 0ull : 1ull);
+    unsigned long long cur = *(volatile unsigned long long *)w;
+    while ((uint32_t)(cur >> 1) != epoch) {
+        const unsigned long long prev = atomicCAS(w, cur, mine);
+        if (prev == cur) return live;
+        cur = prev;
+    }
+    return (cur & 1ull) == 0;
+}
+
+/* Whether rank r is masked now (shrink mode; never otherwise). */
+__device__ __forceinline__ bool masked(const Args &a, int r) {
+    return a.shrink && *(const volatile int32_t *)&a.mask[r] != 0;
+}
+
+/* The ranks this launch sends to: live[r] = 0 for a masked rank (shrink
+ * mode), by the whole block; synchronises it. */
+__device__ void live_ranks(const Args &a, uint8_t *live) {
+    for (int r = threadIdx.x; r < a.R; r += blockDim.x) live[r] = !masked(a, r);
+    __syncthreads();
+}
+
 /* Spin (threads < n) until flag i reads `epoch` in its high half; false on
- * timeout or an earlier fault. Returns with the block synchronised. */
+ * timeout or an earlier fault. Returns with the block synchronised.
+ * Shrink mode (`decided`: the phase's [R] decisions): a source that is
+ * masked, or whose flag does not come in time, is masked and given up on,
+ * with live[i] = 0 and low[i] = 0 (no rows); live[i] = 1 otherwise. */
 __device__ bool wait_flags(const Args &a, const uint64_t *flag0, size_t stride, int n,
-                           uint32_t epoch, uint32_t phase, uint32_t *low = nullptr) {
+                           uint32_t epoch, uint32_t phase, uint8_t *live,
+                           unsigned long long *decided, uint32_t *low = nullptr) {
     __shared__ int ok;
     if (threadIdx.x == 0) ok = 1;
     __syncthreads();
     for (int i = threadIdx.x; i < n; i += blockDim.x) {
         const uint64_t *f = (const uint64_t *)((const unsigned char *)flag0 + (size_t)i * stride);
         unsigned long long t0 = now_ns();
-        uint64_t v;
-        while ((uint32_t)((v = ld_acquire(f, scope(a))) >> 32) != epoch) {
+        uint64_t v = 0;
+        bool came = !masked(a, i);
+        while (came && (uint32_t)((v = ld_acquire(f, scope(a))) >> 32) != epoch) {
             if (ld_volatile(&a.ctl->fault[0]) != F_NONE) {
                 ok = 0;
                 break;
             }
+            if (masked(a, i)) { /* another block gave up on it, or the host masked it */
+                came = false;
+                break;
+            }
             if (now_ns() - t0 > a.timeout_ns) {
+                if (a.shrink) {
+                    came = false;
+                    break;
+                }
                 raise_fault(a, F_TIMEOUT, phase, (uint32_t)i, epoch);
                 ok = 0;
                 break;
             }
             if (!(a.variant & 4)) __nanosleep(64);
+        }
+        if (a.shrink && ok) {
+            const bool keep = decide_live(&decided[i], epoch, came);
+            if (keep && !came) /* another block saw the flag: it is there to be read */
+                while ((uint32_t)((v = ld_acquire(f, scope(a))) >> 32) != epoch &&
+                       ld_volatile(&a.ctl->fault[0]) == F_NONE) {
+                }
+            if (!keep) {
+                atomicExch(&a.mask[i], 1);
+                v = 0;
+            }
+            live[i] = keep;
+        } else {
+            live[i] = 1;
         }
         if (low != nullptr) low[i] = (uint32_t)v; /* spares the caller a second read */
     }
@@ -474,7 +537,7 @@ __device__ __forceinline__ int upper_index(const int32_t *so, int n, int64_t j) 
  * kCountInts slots through shared memory.
  */
 __device__ void send_counts(const Args &a, uint32_t epoch, const void *slots, int ids64,
-                            int64_t nent, int64_t lo, int64_t hi) {
+                            int64_t nent, int64_t lo, int64_t hi, const uint8_t *live) {
     __shared__ int32_t hist[kCountInts];
     for (int64_t c0 = lo; c0 < hi; c0 += kCountInts) {
         const int64_t c1 = c0 + kCountInts < hi ? c0 + kCountInts : hi;
@@ -487,7 +550,7 @@ __device__ void send_counts(const Args &a, uint32_t epoch, const void *slots, in
         __syncthreads();
         for (int64_t sl = c0 + threadIdx.x; sl < c1; sl += blockDim.x) {
             const int32_t dst = (int32_t)(sl / a.spr), l = (int32_t)(sl % a.spr);
-            *cnt_at(a, a.peers[dst], epoch, filed_as(a, dst), l) = hist[sl - c0];
+            if (live[dst]) *cnt_at(a, a.peers[dst], epoch, filed_as(a, dst), l) = hist[sl - c0];
         }
         __syncthreads();
     }
@@ -497,14 +560,16 @@ __device__ void send_counts(const Args &a, uint32_t epoch, const void *slots, in
  * Where entry (source s, token t, k) of meta m goes in the expert-major
  * receive (its slot's offset for sources below s, from their counts, plus
  * its position), with its weight, source pair and token recorded there; -1
- * for a meta of an older batch or out of range.
+ * for a meta of an older batch or out of range. live [R]: the sources that
+ * count (shrink mode gives up on some).
  */
 __device__ int64_t place_entry(const Args &a, uint32_t epoch, const Meta &m, int s, int64_t t,
-                               int k) {
+                               int k, const uint8_t *live) {
     int64_t e = -1;
     if (m.tag == epoch && m.slot >= 0 && m.slot < a.spr) {
         int64_t off = 0;
-        for (int s2 = 0; s2 < s; s2++) off += *cnt_at(a, a.base, epoch, s2, m.slot);
+        for (int s2 = 0; s2 < s; s2++)
+            if (live[s2]) off += *cnt_at(a, a.base, epoch, s2, m.slot);
         if (m.pos >= 0 && off + m.pos < a.RM) e = (int64_t)m.slot * a.RM + off + m.pos;
     }
     if (e >= 0) {
@@ -522,7 +587,8 @@ __device__ int64_t place_entry(const Args &a, uint32_t epoch, const Meta &m, int
  * rows allow, and stores each word to every place. first_row [R + 1]: rows
  * of the sources below s (shared memory).
  */
-__device__ void place_rows(const Args &a, uint32_t epoch, const int32_t *first_row, int64_t rows) {
+__device__ void place_rows(const Args &a, uint32_t epoch, const int32_t *first_row, int64_t rows,
+                           const uint8_t *live) {
     __shared__ int64_t place[kMaxK];
     __shared__ int nplace;
     const int K = a.K;
@@ -536,7 +602,8 @@ __device__ void place_rows(const Args &a, uint32_t epoch, const int32_t *first_r
         __syncthreads();
         if (threadIdx.x < K) {
             const int k = threadIdx.x;
-            const int64_t e = place_entry(a, epoch, ((const Meta *)(rec + a.meta_off))[k], s, t, k);
+            const int64_t e =
+                place_entry(a, epoch, ((const Meta *)(rec + a.meta_off))[k], s, t, k, live);
             if (e >= 0) place[atomicAdd(&nplace, 1)] = e;
         }
         __syncthreads();
@@ -595,7 +662,8 @@ __global__ void __launch_bounds__(kThreads, 2)
      * at its end, once every block has read it (Ctl::started); a
      * receive-only launch (the second half of a split dispatch) reads it. */
     __shared__ uint32_t s_epoch;
-    __shared__ int32_t ids[kSmemIds]; /* the batch's slots, when T * K fits */
+    __shared__ int32_t ids[kSmemIds];   /* the batch's slots, when T * K fits */
+    __shared__ uint8_t live[kMaxRanks]; /* ranks sent to, then sources received from */
     const bool staged = sending && T * K <= kSmemIds;
     if (threadIdx.x == 0) s_epoch = take_epoch(&a.ctl->de_started, sending);
     if (staged)
@@ -608,6 +676,7 @@ __global__ void __launch_bounds__(kThreads, 2)
         if (sending) advance_epoch(a, &a.ctl->de_started, epoch, PH_DISPATCH);
     };
     if (dead) return;
+    live_ranks(a, live);
     STAMP(a, 0);
     for (int64_t item = blockIdx.x; sending && item < T * dmax; item += gridDim.x) {
         const int64_t t = item / dmax;
@@ -655,7 +724,7 @@ __global__ void __launch_bounds__(kThreads, 2)
             if (p > 0) a.ctl->dup = 1; /* read by the last block, after the counters */
         }
         __syncthreads();
-        if (j < nd) {
+        if (j < nd && live[d[j]]) {
             for (int64_t q = threadIdx.x; q < t * K; q += blockDim.x) {
                 const int32_t s = id_at(q);
                 for (int k = 0; k < K; k++)
@@ -684,7 +753,7 @@ __global__ void __launch_bounds__(kThreads, 2)
         /* This block's share of the per-slot counts, then count in. */
         const int64_t P = a.P;
         send_counts(a, epoch, staged ? (const void *)ids : slots, staged ? 0 : ids64, T * K,
-                    P * blockIdx.x / nwork, P * (blockIdx.x + 1) / nwork);
+                    P * blockIdx.x / nwork, P * (blockIdx.x + 1) / nwork, live);
         STAMP(a, 1);
         arrive(&a.ctl->arrive_d, nwork, bad_slot, scope(a), [&](bool bad) {
             const bool dup = ld_volatile(&a.ctl->dup) != 0;
@@ -693,7 +762,8 @@ __global__ void __launch_bounds__(kThreads, 2)
             const uint32_t c = bad ? EPXI_LL_BAD : dup ? kLLDup : (uint32_t)T;
             uint64_t flag = epxi_ll_flag(epoch, c);
             for (int r = 0; r < a.R; r++)
-                st_release(dflag_at(a, a.peers[r], epoch, filed_as(a, r)), flag, scope(a));
+                if (live[r])
+                    st_release(dflag_at(a, a.peers[r], epoch, filed_as(a, r)), flag, scope(a));
         });
     }
     if (!(parts & 2)) {
@@ -706,7 +776,7 @@ __global__ void __launch_bounds__(kThreads, 2)
     __shared__ int any_bad;
     __shared__ uint32_t bad_code;
     if (!wait_flags(a, dflag_at(a, a.base, epoch, 0), sizeof(uint64_t), a.R, epoch, PH_DISPATCH,
-                    (uint32_t *)first_row))
+                    live, a.decided, (uint32_t *)first_row))
         return;
     STAMP(a, 3);
     if (threadIdx.x == 0) {
@@ -756,7 +826,7 @@ __global__ void __launch_bounds__(kThreads, 2)
          l += (int64_t)gridDim.x * blockDim.x) {
         int64_t acc = 0;
         for (int s = 0; s < a.R; s++) {
-            const int64_t c = refused ? 0 : *cnt_at(a, a.base, epoch, s, (int32_t)l);
+            const int64_t c = refused || !live[s] ? 0 : *cnt_at(a, a.base, epoch, s, (int32_t)l);
             a.range[l * a.R + s] = (acc << 32) | c;
             acc += c;
         }
@@ -767,7 +837,7 @@ __global__ void __launch_bounds__(kThreads, 2)
         return;
     }
     if (a.host_inbox) {
-        place_rows(a, epoch, first_row, (int64_t)first_row[a.R]);
+        place_rows(a, epoch, first_row, (int64_t)first_row[a.R], live);
         STAMP(a, 4);
         advance();
         return;
@@ -782,7 +852,7 @@ __global__ void __launch_bounds__(kThreads, 2)
         if (pre) regs_load(v, rec, a.xrow);
         if (threadIdx.x == 0) {
             const Meta m = item == blockIdx.x ? first_meta : ((const Meta *)(rec + a.meta_off))[k];
-            dst_row = place_entry(a, epoch, m, s, t, k);
+            dst_row = place_entry(a, epoch, m, s, t, k, live);
         }
         __syncthreads();
         const int64_t e = dst_row;
@@ -910,10 +980,12 @@ __global__ void __launch_bounds__(kThreads, 2)
     if (threadIdx.x == 0) s_epoch = take_epoch(&a.ctl->ce_started, (parts & 1) != 0);
     const bool refused = a.ctl->refused != 0;  /* set by this rank's dispatch, before us */
     __shared__ unsigned char *peer[kMaxRanks]; /* the peer table, read once */
+    __shared__ uint8_t live[kMaxRanks];        /* ranks sent to, then sources received from */
     for (int r = threadIdx.x; r < a.R; r += blockDim.x) peer[r] = a.peers[r];
     __syncthreads();
     const uint32_t epoch = s_epoch;
     if (block_faulted(a)) return;
+    live_ranks(a, live);
     STAMP(a, 8);
     const int K = a.K;
     if (parts & 1) {
@@ -924,6 +996,7 @@ __global__ void __launch_bounds__(kThreads, 2)
             const int l = upper_index(so, a.spr, j);
             const int64_t e = (int64_t)l * a.RM + (j - so[l]);
             const int64_t pr = a.pair[e], src = pr / MK, tk = pr % MK;
+            if (!live[src]) continue;
             unsigned char *dst = comb_at(a, peer[src], epoch, (int)src) + (size_t)tk * a.yrow;
             block_copy(dst, ysrc + (size_t)e * a.yrow, a.yrow);
         }
@@ -932,8 +1005,9 @@ __global__ void __launch_bounds__(kThreads, 2)
         if (blockIdx.x < nwork)
             arrive(&a.ctl->arrive_c, nwork, 0, scope(a), [&](bool) {
                 for (int r = 0; r < a.R; r++)
-                    st_release(cflag_at(a, peer[r], epoch, filed_as(a, r)), epxi_ll_flag(epoch, 0),
-                               scope(a));
+                    if (live[r])
+                        st_release(cflag_at(a, peer[r], epoch, filed_as(a, r)),
+                                   epxi_ll_flag(epoch, 0), scope(a));
             });
     }
     if (!(parts & 2)) {
@@ -953,7 +1027,8 @@ __global__ void __launch_bounds__(kThreads, 2)
     auto stage = [&](int64_t t) {
         for (int k = threadIdx.x; k < K; k += blockDim.x) {
             const int32_t sl = a.slots[t * K + k];
-            rows[k] = sl >= 0 && !refused
+            /* no row from a rank given up on (shrink mode): its experts' share is dropped */
+            rows[k] = sl >= 0 && !refused && live[sl / a.spr]
                           ? comb_at(a, a.base, epoch, sl / a.spr) + (size_t)(t * K + k) * a.yrow
                           : nullptr;
             wk[k] = wsrc[t * K + k];
@@ -961,8 +1036,13 @@ __global__ void __launch_bounds__(kThreads, 2)
     };
     const int64_t first_t = blockIdx.x < T * chunks ? (int64_t)blockIdx.x / chunks : -1;
     if (first_t >= 0) stage(first_t); /* wait_flags synchronises the block */
-    if (!wait_flags(a, cflag_at(a, a.base, epoch, 0), sizeof(uint64_t), a.R, epoch, PH_COMBINE))
+    if (!wait_flags(a, cflag_at(a, a.base, epoch, 0), sizeof(uint64_t), a.R, epoch, PH_COMBINE,
+                    live, a.decided ? a.decided + a.R : nullptr))
         return;
+    if (a.shrink && first_t >= 0) { /* live[] may have lost a rank while waiting */
+        stage(first_t);
+        __syncthreads();
+    }
     STAMP(a, 11);
     for (int64_t item = blockIdx.x; item < T * chunks; item += gridDim.x) {
         const int64_t t = item / chunks, h0 = (item % chunks) * per + (int64_t)threadIdx.x * V;
@@ -1030,7 +1110,7 @@ struct epx_gpu_ep {
     int32_t timeout_ms;
     int32_t wait_blocks; /* blocks that wait for flags must all be resident */
     size_t off_rx, off_y, off_count, off_pair, off_srctok, off_ew, off_range, off_weights,
-        off_slots, off_ctl, off_peers, total, inbox_total;
+        off_slots, off_ctl, off_peers, off_mask, off_decided, total, inbox_total;
     unsigned char *buf; /* this rank's work area (device memory) */
     /* The peer-written areas (transport.h): this rank's, and the peers' as
      * mapped here (ranks of this process are used through their pointers). */
@@ -1101,12 +1181,20 @@ static epx_status plan(epx_gpu_ep *ep, const epx_ep_config *cfg, int32_t R, bool
                           "GPU low-latency EP", err));
     /* What only this rank's kernels touch: always device memory. */
     epxi_ws_part parts[] = {
-        {&ep->off_rx, spr * RM, (double)g->xrow},     {&ep->off_y, spr * RM, (double)g->yrow},
-        {&ep->off_count, spr, sizeof(int32_t)},       {&ep->off_pair, spr * RM, sizeof(int32_t)},
-        {&ep->off_srctok, spr * RM, sizeof(int32_t)}, {&ep->off_ew, spr * RM, sizeof(float)},
-        {&ep->off_range, spr * R, sizeof(int64_t)},   {&ep->off_weights, M * K, sizeof(float)},
-        {&ep->off_slots, M * K, sizeof(int32_t)},     {&ep->off_ctl, 1, sizeof(Ctl)},
+        {&ep->off_rx, spr * RM, (double)g->xrow},
+        {&ep->off_y, spr * RM, (double)g->yrow},
+        {&ep->off_count, spr, sizeof(int32_t)},
+        {&ep->off_pair, spr * RM, sizeof(int32_t)},
+        {&ep->off_srctok, spr * RM, sizeof(int32_t)},
+        {&ep->off_ew, spr * RM, sizeof(float)},
+        {&ep->off_range, spr * R, sizeof(int64_t)},
+        {&ep->off_weights, M * K, sizeof(float)},
+        {&ep->off_slots, M * K, sizeof(int32_t)},
+        {&ep->off_ctl, 1, sizeof(Ctl)},
         {&ep->off_peers, (double)R, sizeof(void *)},
+        /* shrink mode: the handle's own mask, and its decisions per phase */
+        {&ep->off_mask, (double)R, sizeof(int32_t)},
+        {&ep->off_decided, 2.0 * R, sizeof(unsigned long long)},
     };
     EPX_TRY(epxi_ws_carve(parts, sizeof parts / sizeof parts[0], 256, &ep->total,
                           "GPU low-latency EP", err));
@@ -1254,6 +1342,18 @@ static epx_status open_engine(const epx_ep_config *cfg, int32_t rank, int32_t nu
                          "GPU EP timeout_ms (%d) must be >= 1 and max_blocks (%d) >= 0 (0 = as "
                          "many as fit on the GPU at once)",
                          o.timeout_ms, o.max_blocks);
+    if (o.shrink != 0 && o.shrink != 1)
+        return epxi_fail(err, EPX_ERR_INVALID_ARG,
+                         "GPU EP shrink is %d: give 1 (mask a peer that times out and go on) or 0",
+                         o.shrink);
+    if (!o.shrink && o.mask != NULL)
+        return epxi_fail(err, EPX_ERR_INVALID_ARG,
+                         "GPU EP mask is given but shrink is 0: the mask is shrink mode's; set "
+                         "shrink = 1 or drop the mask");
+    if (o.shrink && exchange != NULL)
+        return epxi_fail(err, EPX_ERR_UNSUPPORTED,
+                         "GPU EP shrink mode needs the peer or host transport: the nccl "
+                         "transport's send/receive cannot skip a peer that stopped");
     epx_gpu_ep *ep = (epx_gpu_ep *)epxi_calloc(1, sizeof *ep, "GPU EP handle", err);
     if (ep == NULL) return EPX_ERR_NOMEM;
     ep->stream = stream;
@@ -1338,6 +1438,9 @@ static epx_status open_engine(const epx_ep_config *cfg, int32_t rank, int32_t nu
         a.ctl = (Ctl *)(ep->buf + ep->off_ctl);
         a.host_fault = ep->host_fault_dev;
         a.timeout_ns = (unsigned long long)ep->timeout_ms * 1000000ull;
+        a.shrink = o.shrink;
+        a.mask = o.mask != NULL ? o.mask : (int32_t *)(ep->buf + ep->off_mask);
+        a.decided = (unsigned long long *)(ep->buf + ep->off_decided);
     }
     *out = ep;
     return EPX_OK;
@@ -1639,6 +1742,52 @@ static epx_status fault_status(epx_gpu_ep *ep, bool report_refused, epx_error *e
 extern "C" epx_status epx_gpu_ep_health(epx_gpu_ep *ep, epx_error *err) {
     if (ep == NULL) return epxi_fail(err, EPX_ERR_INVALID_ARG, "GPU EP health needs a handle");
     return fault_status(ep, true, err);
+}
+
+/* ---- shrink mode's mask ---------------------------------------------------- */
+
+namespace {
+__global__ void set_mask_kernel(int32_t *mask, int32_t rank, int32_t v) { mask[rank] = v; }
+} // namespace
+
+static epx_status shrink_handle(const epx_gpu_ep *ep, const char *what, epx_error *err) {
+    if (ep == NULL) return epxi_fail(err, EPX_ERR_INVALID_ARG, "GPU EP %s needs a handle", what);
+    if (!ep->a.shrink)
+        return epxi_fail(err, EPX_ERR_INVALID_ARG,
+                         "GPU EP %s: this handle was opened without shrink mode (set "
+                         "epx_gpu_ep_opts.shrink = 1)",
+                         what);
+    return EPX_OK;
+}
+
+extern "C" epx_status epx_gpu_ep_mask_update(epx_gpu_ep *ep, int32_t rank, int masked,
+                                             epx_error *err) {
+    EPX_TRY(shrink_handle(ep, "mask_update", err));
+    if (rank < 0 || rank >= ep->a.R)
+        return epxi_fail(err, EPX_ERR_INVALID_ARG, "GPU EP mask_update: rank %d is outside [0, %d)",
+                         rank, ep->a.R);
+    /* a kernel, not a copy from host memory: it is captured by value */
+    set_mask_kernel<<<1, 1, 0, ep->stream>>>(ep->a.mask, rank, masked != 0);
+    EPXI_CUDA_TRY(cudaGetLastError(), "GPU EP mask_update");
+    return EPX_OK;
+}
+
+extern "C" epx_status epx_gpu_ep_mask_query(epx_gpu_ep *ep, int32_t *out, epx_error *err) {
+    EPX_TRY(shrink_handle(ep, "mask_query", err));
+    if (out == NULL)
+        return epxi_fail(err, EPX_ERR_INVALID_ARG, "GPU EP mask_query needs a device int32[%d]",
+                         ep->a.R);
+    EPXI_CUDA_TRY(cudaMemcpyAsync(out, ep->a.mask, (size_t)ep->a.R * sizeof(int32_t),
+                                  cudaMemcpyDeviceToDevice, ep->stream),
+                  "GPU EP mask_query");
+    return EPX_OK;
+}
+
+extern "C" epx_status epx_gpu_ep_mask_clean(epx_gpu_ep *ep, epx_error *err) {
+    EPX_TRY(shrink_handle(ep, "mask_clean", err));
+    EPXI_CUDA_TRY(cudaMemsetAsync(ep->a.mask, 0, (size_t)ep->a.R * sizeof(int32_t), ep->stream),
+                  "GPU EP mask_clean");
+    return EPX_OK;
 }
 
 static unsigned blocks_for(int64_t items, int32_t cap) {
