@@ -161,8 +161,11 @@ typedef struct epx_plan epx_plan;
  *          algorithm does not take, negative or non-finite loads; max_moves
  *          or move_price without current; a max_moves below what failed
  *          GPUs force, naming the least that works); EPX_ERR_NOMEM.
- *          With current: the plan is relabelled inside each GPU to keep
- *          what the current layout holds, then its least valuable moves are
+ *          With current: each planned GPU's set of experts goes to the GPU
+ *          of its node (of the survivors, with failed_gpus) that keeps the
+ *          most slots (an exact assignment per layer; a plan that fits
+ *          already stays as it is), the plan is relabelled inside each GPU to
+ *          keep what the current layout holds, then its least valuable moves are
  *          undone under max_moves (over all layers) and move_price (the
  *          balancedness of its layer a moved slot must buy); see
  *          epx_layout_limit_moves. With failed_gpus: planned on the

@@ -1,7 +1,8 @@
 /*
  * epx/report.h - the visual report: one self-contained SVG that shows, for
- * several layouts side by side, a heatmap of load per GPU per layer on one
- * colour scale, and balancedness per layer with the bound. Include epx.h,
+ * several layouts side by side, a heatmap of load per GPU per layer (each
+ * on its own colour scale, with a max-load strip on one shared scale), and
+ * balancedness per layer with the bound. Include epx.h,
  * not this file.
  */
 #ifndef EPX_REPORT_H
@@ -22,7 +23,11 @@ typedef struct epx_report_series {
  *          reach per layer (mean load / lower bound on max load), < 0 where
  *          undefined; title (in) the headline; subtitle (in, optional).
  * Heatmap cells are a GPU's load divided by the layer's mean GPU load, so
- * 1.0 is perfect balance and every panel shares one scale.
+ * 1.0 is perfect balance. Each panel has a scale of its own (0 .. its
+ * hottest cell, drawn under it), so a nearly balanced layout still shows
+ * where its load sits; beside each panel a max-load strip (per layer, the
+ * hottest GPU / mean) is on one scale shared by every strip, so the strips
+ * compare the layouts.
  * Returns: EPX_OK, EPX_ERR_INVALID_ARG, EPX_ERR_IO, EPX_ERR_NOMEM.
  */
 EPX_API epx_status epx_report_write_svg(const char *path, int32_t num_layers, int32_t num_gpus,

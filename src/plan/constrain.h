@@ -24,6 +24,20 @@
 EPXI_HIDDEN epx_status epxi_relabel_map(const epx_shape *shape, const int32_t *old, int32_t *map,
                                         int32_t *perm, epx_error *err);
 
+/*
+ * Hand each GPU's planned set of experts, in every layer, to the GPU of its
+ * group that keeps the most slots against `old` ([L][P]): per group and
+ * layer an exact assignment (Hungarian method, O(n^3) for n GPUs), ties
+ * to the planned GPU. Balance is unchanged when the GPUs of a group are
+ * interchangeable (one node's). group (in) [G]: a group id in [0, G), or
+ * -1 for a GPU left as it is (a failed one). map (in/out) [L][P]; share
+ * (in/out, may be NULL) [L][P] moves with its slots. Slot order inside a
+ * GPU is kept: relabel afterwards.
+ */
+EPXI_HIDDEN epx_status epxi_match_gpus(const epx_shape *shape, const int32_t *old,
+                                       const int32_t *group, int32_t *map, double *share,
+                                       epx_error *err);
+
 /* Check a failed-GPU mask ([G] or NULL) and count live GPUs; fails with
  * EPX_ERR_INVALID_ARG when every GPU is marked failed. */
 EPXI_HIDDEN epx_status epxi_count_live(const epx_shape *shape, const uint8_t *failed,

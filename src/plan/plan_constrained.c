@@ -14,8 +14,11 @@
  *      weighted dispatch never picks them and static tables must skip dead
  *      ranks. Every logical expert keeps a replica on a live GPU because the
  *      survivors' plan covers every expert;
- *   2. with `current`, relabels the plan inside each GPU against it (no
- *      balance changes), carrying the replica weights along, and
+ *   2. with `current`, hands each planned GPU's set of experts to the GPU
+ *      of its node (of the survivors, after a failure) that keeps the most
+ *      slots (an exact assignment per layer, relabel.c), then relabels
+ *      inside each GPU against it (neither changes balance), carrying the
+ *      replica weights along, and
  *   3. undoes the moves that buy the least balance while more than
  *      max_moves slots change or a move buys less than move_price
  *      (limit.c). Replicas whose slot set changed get even weights.
@@ -65,6 +68,25 @@ epx_status epxi_plan_constraints_check(const epx_shape *sh, const epx_plan_opts 
                              (sh->num_logical_experts + live - 1) / live * sh->num_gpus);
     }
     return EPX_OK;
+}
+
+/* Which GPUs may trade their planned sets (epxi_match_gpus): the live GPUs
+ * of one node where the plan kept the nodes (no failure, or as many
+ * survivors on every node that has any, as survivors() plans them), else
+ * every live GPU; -1 for a failed GPU. */
+static void trade_groups(const epx_shape *sh, const uint8_t *failed, int32_t *group) {
+    const int32_t G = sh->num_gpus, gpn = G / sh->num_nodes;
+    int32_t per_node = -1;
+    bool even = true;
+    for (int32_t k = 0; k < sh->num_nodes; k++) {
+        int32_t c = 0;
+        for (int32_t g = k * gpn; g < (k + 1) * gpn; g++) c += failed == NULL || !failed[g];
+        if (c == 0) continue;
+        if (per_node >= 0 && c != per_node) even = false;
+        per_node = c;
+    }
+    for (int32_t g = 0; g < G; g++)
+        group[g] = failed != NULL && failed[g] ? -1 : even ? g / gpn : 0;
 }
 
 /* The survivors' shape; live[i] receives the i-th live GPU. */
@@ -169,12 +191,15 @@ epx_status epxi_plan_constrained(const epx_counts *counts, const epx_shape *sh,
     if (st != EPX_OK || opts->current == NULL) goto done;
 
     const int32_t *old = epx_layout_physical_to_logical(opts->current);
-    perm = epxi_calloc(cells, sizeof *perm, "relabelling", err);
+    perm = epxi_calloc(cells > (size_t)sh->num_gpus ? cells : (size_t)sh->num_gpus, sizeof *perm,
+                       "relabelling", err);
     tmp = perm ? epxi_calloc(cells, sizeof *tmp, "relabelled weights", err) : NULL;
     if (tmp == NULL) {
         st = EPX_ERR_NOMEM;
         goto done;
     }
+    trade_groups(sh, any_failed ? opts->failed_gpus : NULL, perm); /* perm: the groups, first */
+    EPX_TRY_GOTO(st, epxi_match_gpus(sh, old, perm, map, share, err), done);
     EPX_TRY_GOTO(st, epxi_relabel_map(sh, old, map, perm, err), done);
     for (size_t i = 0; i < cells; i++) tmp[i] = share[i - i % (size_t)P + (size_t)perm[i]];
     memcpy(share, tmp, cells * sizeof *share);

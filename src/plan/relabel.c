@@ -124,3 +124,126 @@ double epxi_layer_balance(const epx_shape *shape, const int32_t *row, const doub
     const epxi_gpu_summary s = epxi_gpu_summarize(gpu, G, failed);
     return epxi_balancedness(&s);
 }
+
+/* ---- GPUs as a whole ---------------------------------------------------------
+ * A plan's GPU numbering is as arbitrary as its slot order: the planner (or
+ * the survivors' plan after a failure, spread onto the live GPUs in order)
+ * could hand any GPU's set of experts to any other GPU of the same node at
+ * no change in balance. Which GPU takes which set decides how many slots
+ * stay put, so it is an assignment problem: maximise, over the one-to-one
+ * maps of planned sets to GPUs, the sum of the slots relabel_gpu keeps
+ * (sum_e min(old count, new count) per pair). The Hungarian method solves
+ * it exactly in O(n^3) for the n GPUs of a group; among assignments that
+ * keep as many slots, the one leaving the most GPUs their planned set wins
+ * (so a plan that already fits is left as it is). tests/test_plan_elastic.c
+ * checks the kept slots against every permutation on small shapes. */
+
+/* Minimum-cost perfect assignment of an n x n cost matrix (row i to column
+ * col[i]); the potentials method (Kuhn-Munkres, shortest augmenting paths).
+ * u, v, minv: n + 1 int64; p, way: n + 1 int32; used: n + 1 bytes. */
+static void hungarian(int32_t n, const int64_t *cost, int32_t *col, int64_t *u, int64_t *v,
+                      int64_t *minv, int32_t *p, int32_t *way, uint8_t *used) {
+    const int64_t inf = INT64_MAX / 4;
+    for (int32_t j = 0; j <= n; j++) u[j] = v[j] = 0, p[j] = 0, way[j] = 0;
+    for (int32_t i = 1; i <= n; i++) {
+        p[0] = i;
+        int32_t j0 = 0;
+        for (int32_t j = 0; j <= n; j++) minv[j] = inf, used[j] = 0;
+        do {
+            used[j0] = 1;
+            const int32_t i0 = p[j0];
+            int64_t delta = inf;
+            int32_t j1 = 0;
+            for (int32_t j = 1; j <= n; j++) {
+                if (used[j]) continue;
+                const int64_t cur =
+                    cost[(size_t)(i0 - 1) * (size_t)n + (size_t)(j - 1)] - u[i0] - v[j];
+                if (cur < minv[j]) minv[j] = cur, way[j] = j0;
+                if (minv[j] < delta) delta = minv[j], j1 = j;
+            }
+            for (int32_t j = 0; j <= n; j++)
+                if (used[j])
+                    u[p[j]] += delta, v[j] -= delta;
+                else
+                    minv[j] -= delta;
+            j0 = j1;
+        } while (p[j0] != 0);
+        do {
+            const int32_t j1 = way[j0];
+            p[j0] = p[j1];
+            j0 = j1;
+        } while (j0 != 0);
+    }
+    for (int32_t j = 1; j <= n; j++) col[p[j] - 1] = j - 1;
+}
+
+epx_status epxi_match_gpus(const epx_shape *shape, const int32_t *old, const int32_t *group,
+                           int32_t *map, double *share, epx_error *err) {
+    const int32_t P = shape->num_physical_experts, G = shape->num_gpus,
+                  E = shape->num_logical_experts;
+    const size_t spg = (size_t)(P / G), ug = (size_t)G;
+    epx_status st = EPX_OK;
+    int32_t *ibuf = epxi_calloc((size_t)E + 5 * ug + 3, sizeof *ibuf, "GPU matching", err);
+    int64_t *lbuf =
+        ibuf ? epxi_calloc(ug * ug + 3 * (ug + 1), sizeof *lbuf, "GPU matching", err) : NULL;
+    uint8_t *used = lbuf ? epxi_calloc(ug + 1 + spg, 1, "GPU matching", err) : NULL;
+    int32_t *mrow = used ? epxi_calloc(spg * ug, sizeof *mrow, "GPU matching", err) : NULL;
+    double *srow = mrow && share ? epxi_calloc(spg * ug, sizeof *srow, "GPU matching", err) : NULL;
+    if (mrow == NULL || (share != NULL && srow == NULL)) {
+        st = EPX_ERR_NOMEM;
+        goto done;
+    }
+    int32_t *cnt = ibuf, *members = cnt + E, *col = members + G, *p = col + G, *way = p + G + 1;
+    uint8_t *taken = used + ug + 1;
+    int64_t *cost = lbuf, *u = cost + ug * ug, *v = u + ug + 1, *minv = v + ug + 1;
+    for (int32_t grp = 0; grp < G; grp++) {
+        int32_t n = 0;
+        for (int32_t g = 0; g < G; g++)
+            if (group[g] == grp) members[n++] = g;
+        if (n < 2) continue;
+        for (int32_t l = 0; l < shape->num_layers; l++) {
+            const size_t o = (size_t)l * (size_t)P;
+            /* cost[i][j] = -(slots kept if GPU members[j] takes planned set i),
+             * scaled so that a tie prefers the planned GPU itself */
+            for (int32_t j = 0; j < n; j++) {
+                const int32_t *orow = old + o + (size_t)members[j] * spg;
+                for (size_t s = 0; s < spg; s++) cnt[orow[s]]++;
+                for (int32_t i = 0; i < n; i++) {
+                    const int32_t *nrow = map + o + (size_t)members[i] * spg;
+                    int64_t kept = 0;
+                    for (size_t s = 0; s < spg; s++) {
+                        taken[s] = cnt[nrow[s]] > 0;
+                        cnt[nrow[s]] -= taken[s];
+                        kept += taken[s];
+                    }
+                    for (size_t s = 0; s < spg; s++) cnt[nrow[s]] += taken[s];
+                    cost[(size_t)i * (size_t)n + (size_t)j] = -(kept * (n + 1) + (i == j));
+                }
+                for (size_t s = 0; s < spg; s++) cnt[orow[s]] = 0;
+            }
+            hungarian(n, cost, col, u, v, minv, p, way, used);
+            /* planned set i goes to GPU members[col[i]] */
+            for (int32_t i = 0; i < n; i++) {
+                memcpy(mrow + (size_t)col[i] * spg, map + o + (size_t)members[i] * spg,
+                       spg * sizeof *mrow);
+                if (share != NULL)
+                    memcpy(srow + (size_t)col[i] * spg, share + o + (size_t)members[i] * spg,
+                           spg * sizeof *srow);
+            }
+            for (int32_t j = 0; j < n; j++) {
+                memcpy(map + o + (size_t)members[j] * spg, mrow + (size_t)j * spg,
+                       spg * sizeof *mrow);
+                if (share != NULL)
+                    memcpy(share + o + (size_t)members[j] * spg, srow + (size_t)j * spg,
+                           spg * sizeof *srow);
+            }
+        }
+    }
+done:
+    free(ibuf);
+    free(lbuf);
+    free(used);
+    free(mrow);
+    free(srow);
+    return st;
+}

@@ -1,13 +1,19 @@
 /*
  * svg.c - the visual report as one self-contained SVG.
  *
- * A person should see at a glance which layout is balanced: one heatmap
- * panel per layout (rows = layers, columns = GPUs) coloured by load relative
- * to the layer's mean GPU load on a single shared scale, so a hot GPU in one
- * panel reads the same in every other; below them, balancedness per layer
- * for each layout with the bound as a dashed line. Plain SVG 1.1 with no
- * script or external reference, so browsers, rsvg-convert and GitHub render
- * it alike.
+ * A person should see at a glance which layout is balanced and what each
+ * step changed: one heatmap panel per layout (rows = layers, columns = GPUs)
+ * coloured by load relative to the layer's mean GPU load. On one shared
+ * scale the worst layout (the trivial one, up to 1.8x the mean) would wash
+ * the better ones out to the pale middle, so each panel has its own scale,
+ * stretched to its own hottest cell and drawn under it. Beside each panel a
+ * max-load strip shows, per layer, what the step from the panel to its left
+ * changed in the layer's hottest GPU / mean: blue where it fell, red where
+ * it rose, on a scale of the panel's largest change (the first panel's
+ * strip holds its own maxima, on its own scale).
+ * Below them, balancedness per layer for each layout with the bound as a
+ * dashed line. Plain SVG 1.1 with no script or external reference, so
+ * browsers, rsvg-convert and GitHub render it alike.
  */
 #include <math.h>
 #include <stdio.h>
@@ -65,35 +71,55 @@ typedef struct report_ctx {
     const char *title, *subtitle;
 } report_ctx;
 
-/* Largest load ratio over all panels (at least 1.5, so a near-perfect
- * layout does not stretch noise over the whole ramp). */
-static double shared_rmax(const report_ctx *c) {
-    double rmax = 1.5;
-    for (int32_t s = 0; s < c->n; s++)
-        for (int32_t l = 0; l < c->L; l++) {
-            const double *row = c->series[s].gpu_load + (size_t)l * (size_t)c->G;
-            const epxi_gpu_summary gs = epxi_gpu_summarize(row, c->G, NULL);
-            if (gs.total <= 0) continue;
-            const double mean = gs.total / gs.live;
-            for (int32_t g = 0; g < c->G; g++)
-                if (row[g] / mean > rmax) rmax = row[g] / mean;
-        }
+/* Largest load ratio of one panel: the top of its own scale (at least
+ * 1.01, so a perfect layout still has a ramp). */
+static double panel_rmax(const report_ctx *c, int32_t s) {
+    double rmax = 1.01;
+    for (int32_t l = 0; l < c->L; l++) {
+        const double *row = c->series[s].gpu_load + (size_t)l * (size_t)c->G;
+        const epxi_gpu_summary gs = epxi_gpu_summarize(row, c->G, NULL);
+        if (gs.total <= 0) continue;
+        const double mean = gs.total / gs.live;
+        for (int32_t g = 0; g < c->G; g++)
+            if (row[g] / mean > rmax) rmax = row[g] / mean;
+    }
     return rmax;
+}
+
+/* A layer's hottest GPU / mean GPU load in panel s; -1 without load. */
+static double layer_max(const report_ctx *c, int32_t s, int32_t l) {
+    const double *row = c->series[s].gpu_load + (size_t)l * (size_t)c->G;
+    const epxi_gpu_summary gs = epxi_gpu_summarize(row, c->G, NULL);
+    if (gs.total <= 0) return -1;
+    double mx = 0;
+    for (int32_t g = 0; g < c->G; g++) mx = row[g] > mx ? row[g] : mx;
+    return mx / (gs.total / gs.live);
+}
+
+/* The largest change of a layer's max from panel s - 1 to s (at least
+ * 0.001, so equal panels still have a scale). */
+static double panel_dmax(const report_ctx *c, int32_t s) {
+    double d = 0.001;
+    for (int32_t l = 0; l < c->L; l++) {
+        const double a = layer_max(c, s - 1, l), b = layer_max(c, s, l);
+        if (a >= 0 && b >= 0 && fabs(b - a) > d) d = fabs(b - a);
+    }
+    return d;
 }
 
 static epx_status write_body(FILE *f, const void *vctx, epx_error *err) {
     (void)err;
     const report_ctx *c = vctx;
-    const double rmax = shared_rmax(c);
-    /* Geometry: panels of fixed width; cell height shrinks with many layers. */
-    const double panel_w = 260, left = 60, top = 96, gap = 40;
+    /* Geometry: panels of fixed width with their max-load strip beside them;
+     * cell height shrinks with many layers. */
+    const double panel_w = 260, left = 60, top = 96, gap = 60, strip_x = 6, strip_w = 12;
     const double cell_w = panel_w / c->G;
     double cell_h = c->L <= 64 ? 6 : 384.0 / c->L;
     if (cell_h < 1) cell_h = 1;
     const double panel_h = cell_h * c->L;
     const double legend_x = left + c->n * (panel_w + gap);
-    const double width = legend_x + 110;
-    const double chart_top = top + panel_h + 70, chart_h = 220;
+    const double width = legend_x + 130;
+    const double chart_top = top + panel_h + 110, chart_h = 220;
     const double chart_w = width - left - 40;
     const double height = chart_top + chart_h + 80;
 
@@ -119,27 +145,80 @@ static epx_status write_body(FILE *f, const void *vctx, epx_error *err) {
         fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"13\" font-weight=\"bold\">", x0,
                 top - 24);
         put_escaped(f, se->name);
+        const double prmax = panel_rmax(c, s), dmax = s > 0 ? panel_dmax(c, s) : 0;
         fprintf(f,
                 "</text>\n<text x=\"%.1f\" y=\"%.1f\" font-size=\"11\" fill=\"#444\">"
-                "balancedness %.3f</text>\n",
-                x0, top - 9, se->overall);
+                "balancedness %.3f; hottest GPU %.2fx mean</text>\n",
+                x0, top - 9, se->overall, prmax);
+        fprintf(f,
+                "<text x=\"%.1f\" y=\"%.1f\" font-size=\"9\" text-anchor=\"middle\">max"
+                "</text>\n",
+                x0 + panel_w + strip_x + strip_w / 2, top - 3);
         fprintf(f, "<g shape-rendering=\"crispEdges\">\n");
         for (int32_t l = 0; l < c->L; l++) {
             const double *row = se->gpu_load + (size_t)l * (size_t)c->G;
             const epxi_gpu_summary gs = epxi_gpu_summarize(row, c->G, NULL);
             const double mean = gs.total / gs.live;
+            double mx = 0;
             for (int32_t g = 0; g < c->G; g++) {
                 char col[8];
                 if (gs.total <= 0)
                     snprintf(col, sizeof col, "#eeeeee"); /* dense layer */
                 else
-                    heat_colour(ratio_to_t(row[g] / mean, rmax), col);
+                    heat_colour(ratio_to_t(row[g] / mean, prmax), col);
+                if (gs.total > 0 && row[g] / mean > mx) mx = row[g] / mean;
                 fprintf(
                     f, "<rect x=\"%.2f\" y=\"%.2f\" width=\"%.2f\" height=\"%.2f\" fill=\"%s\"/>\n",
                     x0 + g * cell_w, top + l * cell_h, cell_w, cell_h, col);
             }
+            /* the max-load strip: the change from the panel to the left */
+            char col[8];
+            const double before = s > 0 ? layer_max(c, s - 1, l) : -1;
+            if (gs.total <= 0 || (s > 0 && before < 0))
+                snprintf(col, sizeof col, "#eeeeee");
+            else if (s == 0)
+                heat_colour(ratio_to_t(mx, prmax), col);
+            else
+                heat_colour(0.5 + 0.5 * (mx - before) / dmax, col);
+            fprintf(f, "<rect x=\"%.2f\" y=\"%.2f\" width=\"%.2f\" height=\"%.2f\" fill=\"%s\"/>\n",
+                    x0 + panel_w + strip_x, top + l * cell_h, strip_w, cell_h, col);
         }
         fputs("</g>\n", f);
+        fprintf(f,
+                "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" fill=\"none\" "
+                "stroke=\"#333\"/>\n",
+                x0 + panel_w + strip_x, top, strip_w, panel_h);
+        /* This panel's own scale, under it: 0, the mean, its hottest cell. */
+        const double sy = top + panel_h + 34;
+        for (int i = 0; i < 64; i++) {
+            char bc[8];
+            heat_colour((i + 0.5) / 64.0, bc);
+            fprintf(f, "<rect x=\"%.2f\" y=\"%.1f\" width=\"%.2f\" height=\"8\" fill=\"%s\"/>\n",
+                    x0 + i * panel_w / 64, sy, panel_w / 64 + 0.3, bc);
+        }
+        const double pticks[3] = {0.0, 1.0, prmax};
+        for (int i = 0; i < 3; i++)
+            fprintf(f,
+                    "<text x=\"%.1f\" y=\"%.1f\" font-size=\"9\" text-anchor=\"%s\">%.2f%s"
+                    "</text>\n",
+                    x0 + ratio_to_t(pticks[i], prmax) * panel_w, sy + 18,
+                    i == 0   ? "start"
+                    : i == 1 ? "middle"
+                             : "end",
+                    pticks[i], i == 1 ? " (mean)" : "");
+        fprintf(f,
+                "<text x=\"%.1f\" y=\"%.1f\" font-size=\"9\" fill=\"#444\">this panel's "
+                "scale: load / mean</text>\n<text x=\"%.1f\" y=\"%.1f\" font-size=\"9\" "
+                "fill=\"#444\">",
+                x0, sy + 30, x0, sy + 41);
+        if (s == 0) {
+            fputs("max strip: each layer's hottest GPU, this scale", f);
+        } else {
+            fputs("max strip: change vs ", f);
+            put_escaped(f, c->series[s - 1].name);
+            fprintf(f, ", \xc2\xb1%.3f", dmax);
+        }
+        fputs("</text>\n", f);
         fprintf(f,
                 "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" fill=\"none\" "
                 "stroke=\"#333\"/>\n",
@@ -165,22 +244,28 @@ static epx_status write_body(FILE *f, const void *vctx, epx_error *err) {
                     left - 32, top + panel_h / 2, left - 32, top + panel_h / 2);
     }
 
-    /* Colour bar. */
+    /* The strips' legend: the diverging ramp, lower (better) to higher. */
     const double bar_h = panel_h < 120 ? 120 : panel_h, bar_x = legend_x + 10;
-    fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"11\">load / mean</text>\n", bar_x - 10,
-            top - 10);
+    fprintf(f,
+            "<text x=\"%.1f\" y=\"%.1f\" font-size=\"11\">max strips</text>"
+            "<text x=\"%.1f\" y=\"%.1f\" font-size=\"9\" fill=\"#444\">change from the "
+            "panel</text><text x=\"%.1f\" y=\"%.1f\" font-size=\"9\" fill=\"#444\">to the "
+            "left</text>\n",
+            bar_x - 10, top - 26, bar_x - 10, top - 15, bar_x - 10, top - 5);
     for (int i = 0; i < 64; i++) {
         char col[8];
         heat_colour(1.0 - (i + 0.5) / 64.0, col);
         fprintf(f, "<rect x=\"%.1f\" y=\"%.2f\" width=\"16\" height=\"%.2f\" fill=\"%s\"/>\n",
                 bar_x, top + i * bar_h / 64, bar_h / 64 + 0.3, col);
     }
-    const double ticks[3] = {0.0, 1.0, rmax};
-    for (int i = 0; i < 3; i++) {
-        double t = ratio_to_t(ticks[i], rmax);
-        fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"10\">%.2f%s</text>\n", bar_x + 20,
-                top + (1 - t) * bar_h + 4, ticks[i], i == 1 ? " (mean)" : "");
-    }
+    static const char *const marks[3] = {"higher (worse)", "same", "lower (better)"};
+    for (int i = 0; i < 3; i++)
+        fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"10\">%s</text>\n", bar_x + 20,
+                top + i * bar_h / 2 +
+                    (i == 0   ? 8
+                     : i == 1 ? 4
+                              : 0),
+                marks[i]);
     fprintf(
         f,
         "<rect x=\"%.1f\" y=\"%.1f\" width=\"10\" height=\"10\" fill=\"#eeeeee\" stroke=\"#999\"/>"

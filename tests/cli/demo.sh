@@ -6,6 +6,7 @@
 cd "$TMP"
 expect_exit 0 "$EPX" demo --out demo1
 expect_in "$TMP/out" "layout" "in-sample" "next window" "trivial" "DeepSeek EPLB" "epx" "placement.json"
+expect_in "$TMP/out" "per batch, on the next window" "T=1" "T=4096" "balanced" "static"
 for f in placement.json report.json report.svg placement_deepseek.json trace.json; do
     [ -s "demo1/$f" ] || fail "demo left no $f"
 done
@@ -31,7 +32,19 @@ for x in r["layouts"]:
 assert by["epx"]["next_window"]["balancedness"] >= by["DeepSeek EPLB"]["next_window"]["balancedness"]
 assert by["epx"]["in_sample"]["balancedness"] > by["trivial"]["in_sample"]["balancedness"]
 assert by["trivial"]["next_window"]["balancedness"] < by["DeepSeek EPLB"]["next_window"]["balancedness"]
+# Per-batch balancedness (issue 27): the same batches routed statically and
+# balanced; balanced routing's largest GPU load is the least any routing of
+# the batch reaches, so it is never below static, batch by batch.
+pb = r["per_batch"]
+assert pb["tokens"] == [1, 32, 512, 4096] and pb["top_k"] == 8 and pb["drawn_from_window"] == 7, pb
+for x in r["layouts"]:
+    st, ba = x["per_batch_static"], x["per_batch_balanced"]
+    assert len(st) == len(ba) == 4, x["name"]
+    assert all(0 < a <= 1 and 0 < b <= 1 and b >= a - 1e-12 for a, b in zip(st, ba)), (x["name"], st, ba)
+    assert st[0] < st[-1], (x["name"], st)  # small batches are lumpier
+assert by["epx"]["per_batch_balanced"][-1] > 0.99, by["epx"]
 PY
+grep -q "max strip: change vs DeepSeek EPLB" demo1/report.svg || fail "report.svg lacks epx's max strip"
 if command -v xmllint >/dev/null; then
     xmllint --noout demo1/report.svg || fail "report.svg is not valid XML"
 else

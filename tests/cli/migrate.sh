@@ -30,6 +30,61 @@ expect_exit 0 "$EPX" migrate plan --from "$TMP/a.json" --to "$TMP/b.json" --gpus
 python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); assert d["slots"] == 6 and d["per_gpu"][1] == {"sent": 0, "received": 0}, d' "$TMP/out" \
     || fail "failed GPU still moves"
 
+# The repair after losing GPU 1 (issue 27 item 3): expert 1 was held only
+# there, so it takes one spare slot (a second 2) on a survivor and is loaded;
+# nothing else moves.
+expect_exit 0 "$EPX" migrate plan --from "$TMP/a.json" --gpus 4 --nodes 2 --expert-bytes 100 \
+    --failed-gpus 1 --json -o "$TMP/rep.json"
+python3 - "$TMP/out" "$TMP/a.json" "$TMP/rep.json" <<'PY' || fail "migrate plan --failed-gpus (repair)"
+import json, sys
+d = json.load(open(sys.argv[1]))
+assert d["repair_forced_moves"] == 1 and d["changed"] == 1 and d["loaded"] == 1, d
+assert d["bytes_moved"] == 0 and d["bytes_loaded"] == 100 and d["kept"] == 5, d
+a = json.load(open(sys.argv[2]))["physical_to_logical_map"][0]
+r = json.load(open(sys.argv[3]))["physical_to_logical_map"][0]
+live = [p for p in range(8) if p // 2 != 1]
+assert sorted(r[p] for p in live) == [0, 1, 2, 3, 4, 5], r
+assert sum(a[p] != r[p] for p in live) == 1 and a[2:4] == r[2:4], (a, r)
+PY
+expect_exit 0 "$EPX" migrate plan --from "$TMP/a.json" --gpus 4 --expert-bytes 100 --failed-gpus 1 \
+    --counts '{"logical_count": [[1, 1, 9, 1, 1, 1]]}'
+expect_in "$TMP/out" "repair after losing GPU(s) 1: 1 (layer, expert) pairs" "nothing else moves" \
+    "balancedness on the live GPUs (--counts load)"
+# Lists that cannot be: a GPU twice, every GPU, too few slots left.
+expect_exit 2 "$EPX" migrate plan --from "$TMP/a.json" --gpus 4 --expert-bytes 1 --failed-gpus 1,1
+expect_in "$TMP/err" "--failed-gpus '1,1' names GPU 1 twice (item 2 repeats it): list each GPU once"
+expect_exit 2 "$EPX" migrate plan --from "$TMP/a.json" --gpus 4 --expert-bytes 1 --failed-gpus 3,0,1,2
+expect_in "$TMP/err" "--failed-gpus '3,0,1,2' marks all 4 GPUs failed" "list only the GPUs that were lost"
+expect_exit 2 "$EPX" migrate plan --from "$TMP/a.json" --gpus 4 --expert-bytes 1 --failed-gpus 1,2
+expect_in "$TMP/err" "--failed-gpus '1,2' leaves 2 surviving GPU(s) with 2 slots each, 4 slots for 6 experts" \
+    "give at least 3 surviving GPUs, or more slots per GPU (P >= 12: 3 per GPU)"
+expect_exit 2 "$EPX" migrate plan --from "$TMP/a.json" --gpus 4 --expert-bytes 1
+expect_in "$TMP/err" "--to is required (or give --failed-gpus LIST alone"
+expect_exit 2 "$EPX" migrate plan --from "$TMP/a.json" --to "$TMP/b.json" --gpus 4 --expert-bytes 1 \
+    --counts '{"logical_count": [[1, 1, 1, 1, 1, 1]]}'
+expect_in "$TMP/err" "--counts chooses the repair's spare replicas"
+expect_exit 2 "$EPX" migrate plan --from "$TMP/a.json" --gpus 4 --expert-bytes 1 --failed-gpus 1 \
+    --counts '{"logical_count": [[1, 1, 1, 1, 1]]}'
+expect_in "$TMP/err" "holds 1 layers x 5 experts, the placement 1 x 6"
+# epx plan on the survivors with the layout in service and GPU 1 lost: the
+# planned sets go to the survivors that keep the most; a move price undoes
+# every move that buys no balance, down to the one the loss forces.
+expect_exit 0 "$EPX" plan --counts '{"logical_count": [[1, 1, 1, 1, 1, 1]]}' --gpus 4 --physical 8 \
+    --current "$TMP/a.json" --failed-gpus 1 -o "$TMP/el.json" --report "$TMP/el_r.json"
+expect_in "$TMP/out" "balancedness on the 3 live GPUs 1.0000" "the lost GPUs force 1 of these moves" \
+    "--max-moves 1 moves those alone"
+python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); assert r["live_gpus"] == [0, 2, 3] and r["balancedness_live_gpus"] == 1.0, r' \
+    "$TMP/el_r.json" || fail "plan --failed-gpus report: live GPUs"
+expect_exit 0 "$EPX" plan --counts '{"logical_count": [[1, 1, 1, 1, 1, 1]]}' --gpus 4 --physical 8 \
+    --current "$TMP/a.json" --failed-gpus 1 --move-price 0.000001 -o "$TMP/el.json"
+expect_in "$TMP/out" "moves from --current: 1 of 6 live slots change" "planned 1.0000"
+expect_exit 2 "$EPX" plan --counts '{"logical_count": [[1, 1, 1, 1, 1, 1]]}' --gpus 4 --physical 8 \
+    -o "$TMP/x.json" --failed-gpus 2,2
+expect_in "$TMP/err" "--failed-gpus '2,2' names GPU 2 twice"
+expect_exit 2 "$EPX" plan --counts '{"logical_count": [[1, 1, 1, 1, 1, 1]]}' --gpus 4 --physical 8 \
+    -o "$TMP/x.json" --failed-gpus 0,1,2,3
+expect_in "$TMP/err" "marks all 4 GPUs failed"
+
 # Bad input: exit 2 with the reason.
 expect_exit 2 "$EPX" migrate plan --from "$TMP/a.json" --to "$TMP/b.json" --gpus 4
 expect_in "$TMP/err" "--expert-bytes is required"
@@ -68,7 +123,8 @@ expect_exit 2 "$EPX" plan --counts "$TMP/w1.json" --gpus 8 --redundant 16 -o "$T
 expect_in "$TMP/err" "--max-moves counts moves from the placement in service" "--current FILE"
 # Losing GPU 2 of 8 (144 slots, 18 per GPU, 126 live: too few for 128 experts).
 expect_exit 2 "$EPX" plan --counts "$TMP/w1.json" --gpus 8 --redundant 16 -o "$TMP/x.json" --failed-gpus 2
-expect_in "$TMP/err" "do not fit" "7 surviving GPUs" "P >= 152"
+expect_in "$TMP/err" "--failed-gpus '2' leaves 7 surviving GPU(s) with 18 slots each, 126 slots for 128 experts" \
+    "give at least 8 surviving GPUs, or more slots per GPU (P >= 152: 19 per GPU)"
 expect_exit 0 "$EPX" plan --counts "$TMP/w1.json" --gpus 8 --redundant 24 -o "$TMP/f.json" \
     --failed-gpus 2 --report "$TMP/f_report.json"
 python3 - "$TMP/f.json" "$TMP/f_report.json" <<'PY' || fail "plan --failed-gpus"

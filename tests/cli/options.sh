@@ -112,6 +112,7 @@ migrate plan|--expert-bytes|int|1|1000000000000000
 migrate plan|--failed-gpus|list|0|7
 migrate plan|--from|text
 migrate plan|--to|text
+migrate plan|--counts|text
 migrate plan|-o|text
 bench comm|--tokens|list|1|1048576
 bench comm|--iters|int|1|100000

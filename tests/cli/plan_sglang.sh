@@ -125,7 +125,19 @@ check "active ranks: twice" refuse "names rank 2 twice" "${el[@]}" --active-rank
 check "active ranks: out of range" refuse "item 2 (4) is above the limit 3" "${el[@]}" --active-ranks 0,4 -o x.json
 check "active ranks: too few" refuse "leaves 2 rank(s) with 6 slots each, 12 slots for 16 experts" "${el[@]}" --active-ranks 0,3 -o x.json
 check "  names the fix" grep -qF "give at least 3 active ranks" err
-check "active ranks: epx refuses them" refuse "use it with --algorithm elasticity-aware" "$EPX" plan --counts "$D/el_int_0_m0.json" --gpus 4 --physical 24 --active-ranks 0,1 -o x.json
+# epx's own planner takes them too: the ranks left out hold nothing (issue 27 item 3)
+check "active ranks: epx plans on them" expect_rc 0 "$EPX" plan --counts "$D/el_int_0_m0.json" --gpus 4 --physical 24 --active-ranks 0,1,3 -o ea.json --report rea.json
+check "  rank 2 is served by nobody" python3 - rea.json <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))
+assert r["live_gpus"] == [0, 1, 3], r["live_gpus"]
+spg = 6
+for w, row in zip(r["replica_weights"], r["physical_to_logical_map"]):
+    assert all(x == 0 for x in w[2 * spg:3 * spg]), w
+    assert set(row[:2 * spg] + row[3 * spg:]) == set(range(16)), row
+assert 0 < r["balancedness_live_gpus"] <= 1
+PY
+check "active ranks: epx, too few" refuse "leaves 2 rank(s) with 6 slots each" "$EPX" plan --counts "$D/el_int_0_m0.json" --gpus 4 --physical 24 --active-ranks 0,1 -o x.json
 check "active ranks: not with --failed-gpus" refuse "not both" "${el[@]}" --active-ranks 0,1,2 --failed-gpus 3 -o x.json
 check "elasticity-aware before 0.5.23 refused" refuse "give --sglang-version 0.5.23" "${el[@]}" --sglang-version 0.5.11 -o x.json
 check "nothing written on refusal" test ! -e x.json

@@ -160,10 +160,16 @@ int cmd_advise(int argc, char **argv);
 int cmd_migrate(int argc, char **argv);
 
 /* cmd_migrate.c, for `epx plan --current/--failed-gpus`: a [G] mask from
- * --failed-gpus "1,5" (absent: *mask = NULL); the layout in service checked against
- * the plan's shape (-1 = ok, else an exit code); the moves it takes to the
- * planned layout (-1 = ok, else an exit code). */
+ * --failed-gpus "1,5" or its complement --active-ranks "0,2,3" where the
+ * command has that option (neither: *mask = NULL; both, a GPU named twice
+ * or none left: false after a message); whether the survivors of a mask
+ * have the E experts' slots (false after a message naming the list and the
+ * fix); the layout in service checked against the plan's shape (-1 = ok,
+ * else an exit code); the moves it takes to the planned layout (-1 = ok,
+ * else an exit code). */
 bool cli_failed_gpus(const cli_cmd *cmd, int32_t G, uint8_t **mask);
+bool cli_check_survivors(const cli_cmd *cmd, const uint8_t *failed, int32_t G, int32_t E,
+                         int32_t P);
 int cli_read_current(const char *cmd, const char *spec, const epx_shape *shape, epx_layout **out);
 int cli_print_moves(const char *cmd, const epx_counts *counts, const epx_layout *current,
                     const epx_layout *planned, const uint8_t *failed, size_t expert_bytes);

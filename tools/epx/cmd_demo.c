@@ -8,6 +8,15 @@
  *
  * The last window is held out: plans see windows 0..S-2, and "next window"
  * scores them on window S-1, which is how a placement is used in serving.
+ *
+ * A window's figure is balance on average; a batch at decode is small and
+ * lumpy. So beside it the demo draws batches from the held-out window's
+ * load (T tokens, each choosing top-k distinct experts in proportion to
+ * that layer's counts; T = 1, 32, 512, 4096; a few per layer) and routes
+ * each on every layout two ways: static (SGLang's dispatch table, token t
+ * sent from rank t mod G) and balanced (epx_dispatch_balanced_topk, the
+ * exact per-batch min-max split). Per-batch balancedness = mean / max GPU
+ * load of the batch in (token, expert) pairs, averaged over the batches.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -21,6 +30,10 @@
 
 enum { LAY_TRIVIAL, LAY_DEEPSEEK, LAY_EPX, NUM_LAYOUTS };
 
+/* Per-batch balancedness: batch sizes, and batches drawn per layer and size. */
+static const int32_t BATCH_TOKENS[] = {1, 32, 512, 4096};
+enum { NUM_BATCH_SIZES = sizeof BATCH_TOKENS / sizeof BATCH_TOKENS[0], BATCHES_PER_LAYER = 4 };
+
 typedef struct demo_result {
     const char *name;
     const epx_layout *layout;
@@ -29,7 +42,131 @@ typedef struct demo_result {
     epx_balance in_sample, next;
     epx_layer_balance *next_layers; /* [L] */
     double *next_gpu_load;          /* [L][G] */
+    double batch_static[NUM_BATCH_SIZES], batch_balanced[NUM_BATCH_SIZES];
 } demo_result;
+
+/* ---- per-batch balancedness -------------------------------------------------- */
+
+static uint64_t splitmix(uint64_t *s) {
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+/* T tokens, each choosing k distinct experts with probability proportional
+ * to cdf's increments (cdf [E], running sums; k at most the experts with
+ * load). A draw that repeats an expert is drawn again, a few times, then
+ * the token takes the next unused expert with load. */
+static void draw_batch(uint64_t *rng, const double *cdf, int32_t E, int32_t T, int32_t k,
+                       int32_t *ids) {
+    for (int32_t t = 0; t < T; t++)
+        for (int32_t j = 0; j < k; j++) {
+            int32_t e = -1;
+            for (int tries = 0; tries < 32 && e < 0; tries++) {
+                const double u = (double)(splitmix(rng) >> 11) * 0x1p-53 * cdf[E - 1];
+                int32_t lo = 0, hi = E - 1;
+                while (lo < hi) {
+                    const int32_t mid = (lo + hi) / 2;
+                    if (cdf[mid] > u)
+                        hi = mid;
+                    else
+                        lo = mid + 1;
+                }
+                e = lo;
+                for (int32_t i = 0; i < j && e >= 0; i++)
+                    if (ids[t * k + i] == e) e = -1;
+            }
+            for (int32_t c = 0; e < 0 && c < E; c++) {
+                bool used = (c ? cdf[c] - cdf[c - 1] : cdf[0]) <= 0;
+                for (int32_t i = 0; i < j && !used; i++) used = ids[t * k + i] == c;
+                if (!used) e = c;
+            }
+            ids[t * k + j] = e;
+        }
+}
+
+/* mean / max GPU load of one routed batch (pairs). */
+static double batch_balance(const int32_t *phys, int32_t n, int32_t spg, int32_t G, int64_t *load) {
+    memset(load, 0, (size_t)G * sizeof *load);
+    int64_t sum = 0, mx = 0;
+    for (int32_t i = 0; i < n; i++)
+        if (phys[i] >= 0) load[phys[i] / spg]++, sum++;
+    for (int32_t g = 0; g < G; g++) mx = load[g] > mx ? load[g] : mx;
+    return mx ? (double)sum / G / (double)mx : 1.0;
+}
+
+/* Fill every result's batch_static / batch_balanced: the same batches for
+ * every layout, drawn from `load` [L][E] with top-k `K`. */
+static epx_status per_batch(const epx_shape *s, int32_t K, const double *load, uint64_t seed,
+                            demo_result *res, epx_error *err) {
+    const int32_t L = s->num_layers, E = s->num_logical_experts, P = s->num_physical_experts,
+                  G = s->num_gpus, spg = P / G;
+    const int32_t TMAX = BATCH_TOKENS[NUM_BATCH_SIZES - 1];
+    const size_t LE = (size_t)L * (size_t)E;
+    epx_status st = EPX_OK;
+    epx_balancer *b = NULL;
+    int32_t W = 0;
+    (void)epx_layout_logical_to_all_physical(res[0].layout, &W);
+    int32_t *tables = malloc((size_t)NUM_LAYOUTS * (size_t)G * LE * sizeof *tables);
+    int32_t *ids = malloc((size_t)TMAX * (size_t)K * sizeof *ids);
+    int32_t *phys = malloc((size_t)TMAX * (size_t)K * sizeof *phys);
+    int64_t *gl = malloc((size_t)G * sizeof *gl);
+    double *cdf = malloc((size_t)E * sizeof *cdf);
+    if (tables == NULL || ids == NULL || phys == NULL || gl == NULL || cdf == NULL) {
+        snprintf(err->msg, sizeof err->msg, "out of memory for the per-batch figures");
+        st = err->status = EPX_ERR_NOMEM;
+        goto done;
+    }
+    for (int i = 0; i < NUM_LAYOUTS && st == EPX_OK; i++)
+        st = epx_dispatch_table_from_layout(res[i].layout, NULL, tables + (size_t)i * G * LE, err);
+    if (st == EPX_OK) st = epx_dispatch_balanced_create(E, W, P, G, &b, err);
+    for (int32_t ti = 0; st == EPX_OK && ti < NUM_BATCH_SIZES; ti++) {
+        const int32_t T = BATCH_TOKENS[ti];
+        uint64_t rng = seed * 0x100000001b3ull + (uint64_t)ti;
+        double sum_s[NUM_LAYOUTS] = {0}, sum_b[NUM_LAYOUTS] = {0};
+        int64_t n = 0;
+        for (int32_t l = 0; st == EPX_OK && l < L; l++) {
+            double acc = 0.0;
+            int32_t loaded = 0;
+            for (int32_t e = 0; e < E; e++) {
+                const double x = load[(size_t)l * (size_t)E + (size_t)e];
+                cdf[e] = acc += x;
+                loaded += x > 0;
+            }
+            if (loaded == 0) continue; /* a dense layer */
+            const int32_t k = K < loaded ? K : loaded;
+            for (int r = 0; st == EPX_OK && r < BATCHES_PER_LAYER; r++) {
+                draw_batch(&rng, cdf, E, T, k, ids);
+                for (int i = 0; st == EPX_OK && i < NUM_LAYOUTS; i++) {
+                    const int32_t *tab = tables + (size_t)i * G * LE;
+                    for (int32_t x = 0; x < T * k; x++)
+                        phys[x] = tab[((size_t)((x / k) % G) * (size_t)L + (size_t)l) * (size_t)E +
+                                      (size_t)ids[x]];
+                    sum_s[i] += batch_balance(phys, T * k, spg, G, gl);
+                    const int32_t *rep = epx_layout_logical_to_all_physical(res[i].layout, &W) +
+                                         (size_t)l * (size_t)E * (size_t)W;
+                    const int32_t *nv = epx_layout_num_valid(res[i].layout) + (size_t)l * E;
+                    st = epx_dispatch_balanced_topk(b, rep, nv, ids, T, k, phys, NULL, err);
+                    sum_b[i] += batch_balance(phys, T * k, spg, G, gl);
+                }
+                n++;
+            }
+        }
+        for (int i = 0; i < NUM_LAYOUTS; i++) {
+            res[i].batch_static[ti] = n ? sum_s[i] / (double)n : 1.0;
+            res[i].batch_balanced[ti] = n ? sum_b[i] / (double)n : 1.0;
+        }
+    }
+done:
+    epx_dispatch_balanced_destroy(b);
+    free(tables);
+    free(ids);
+    free(phys);
+    free(gl);
+    free(cdf);
+    return st;
+}
 
 /* Copy windows [first, first + n) into a new counts tensor. */
 static epx_status counts_slice(const epx_counts *c, int32_t first, int32_t n, epx_counts **out,
@@ -94,6 +231,14 @@ static epx_status report_body(FILE *f, const void *vctx, epx_error *err) {
             "\"planned_on_windows\": [0, %d], \"scored_next_window\": %d},\n",
             to->num_windows, (long long)to->tokens, (unsigned long long)to->seed,
             to->num_windows - 2, to->num_windows - 1);
+    fprintf(f,
+            "  \"per_batch\": {\"drawn_from_window\": %d, \"top_k\": %d, "
+            "\"batches_per_layer\": %d, \"tokens\": [",
+            to->num_windows - 1, m->top_k, BATCHES_PER_LAYER);
+    for (int i = 0; i < NUM_BATCH_SIZES; i++) fprintf(f, "%s%d", i ? ", " : "", BATCH_TOKENS[i]);
+    fputs("], \"routing\": {\"static\": \"SGLang's dispatch table, token t from rank t mod G\", "
+          "\"balanced\": \"epx_dispatch_balanced_topk\"}},\n",
+          f);
     fputs("  \"layouts\": [\n", f);
     for (int i = 0; i < NUM_LAYOUTS; i++) {
         fputs("    {\"name\": ", f);
@@ -104,7 +249,17 @@ static epx_status report_body(FILE *f, const void *vctx, epx_error *err) {
         json_balance(f, "in_sample", &r[i].in_sample);
         fputs(", ", f);
         json_balance(f, "next_window", &r[i].next);
-        fputs(",\n     \"next_window_per_layer\": [", f);
+        fputs(",\n     \"per_batch_static\": [", f);
+        for (int t = 0; t < NUM_BATCH_SIZES; t++) {
+            if (t) fputs(", ", f);
+            cli_json_num(f, "%.6f", r[i].batch_static[t]);
+        }
+        fputs("], \"per_batch_balanced\": [", f);
+        for (int t = 0; t < NUM_BATCH_SIZES; t++) {
+            if (t) fputs(", ", f);
+            cli_json_num(f, "%.6f", r[i].batch_balanced[t]);
+        }
+        fputs("],\n     \"next_window_per_layer\": [", f);
         for (int32_t l = 0; l < s->num_layers; l++) {
             if (l) fputs(", ", f);
             cli_json_num(f, "%.6f", r[i].next_layers[l].balancedness);
@@ -373,6 +528,10 @@ int cmd_demo(int argc, char **argv) {
             exit_code = cli_report(&cmd, &err);
             goto done;
         }
+    if (per_batch(&shape, m->top_k, next_load, (uint64_t)seed, res, &err) != EPX_OK) {
+        exit_code = cli_report(&cmd, &err);
+        goto done;
+    }
 
     if (mkdir(tmp_dir, 0777) != 0) {
         fprintf(stderr, "epx demo: cannot create folder '%s': %s\n", tmp_dir, strerror(errno));
@@ -423,6 +582,24 @@ int cmd_demo(int argc, char **argv) {
     printf("epx vs DeepSeek on the next window: %+.4f (max GPU load %.1f%% lower)\n",
            res[LAY_EPX].next.balancedness - res[LAY_DEEPSEEK].next.balancedness,
            100.0 * (1.0 - res[LAY_DEEPSEEK].next.balancedness / res[LAY_EPX].next.balancedness));
+    printf("\nper batch, on the next window: batches of T tokens x top-%d drawn from its load "
+           "(%d per layer),\nrouted by SGLang's static table or balanced (epx's exact per-batch "
+           "min-max split):\n",
+           m->top_k, BATCHES_PER_LAYER);
+    printf("%-15s %-9s", "layout", "routing");
+    for (int t = 0; t < NUM_BATCH_SIZES; t++) {
+        char h[24];
+        snprintf(h, sizeof h, "T=%d", BATCH_TOKENS[t]);
+        printf(" %8s", h);
+    }
+    printf(" %12s\n", "next window");
+    for (int i = 0; i < NUM_LAYOUTS; i++)
+        for (int k = 0; k < 2; k++) {
+            printf("%-15s %-9s", k ? "" : res[i].name, k ? "balanced" : "static");
+            for (int t = 0; t < NUM_BATCH_SIZES; t++)
+                printf(" %8.4f", k ? res[i].batch_balanced[t] : res[i].batch_static[t]);
+            printf(" %12.4f\n", res[i].next.balancedness);
+        }
     printf("\nwrote %s/placement.json (SGLang: --init-expert-location %s/placement.json "
            "--ep-num-redundant-experts %d)\n      %s/report.json, %s/report.svg, "
            "%s/placement_deepseek.json, %s/trace.json\n",

@@ -11,20 +11,79 @@
 
 #include "cli.h"
 
-bool cli_failed_gpus(const cli_cmd *cmd, int32_t G, uint8_t **mask) {
-    *mask = NULL;
+/* One list option into the failed mask: --failed-gpus names the lost GPUs,
+ * --active-ranks the ones still serving (its complement). A rank named
+ * twice, or a list that leaves no GPU, is refused naming the value. */
+static bool read_mask(const cli_cmd *cmd, const char *opt, int32_t G, bool active, uint8_t **mask) {
+    const char *s = cli_get(cmd, opt);
+    const char *noun = active ? "rank" : "GPU";
     int32_t *ids = NULL, n = 0;
-    if (!cli_int_list(cmd, "--failed-gpus", 0, (int64_t)G - 1, "3 or 1,5", &ids, &n)) return false;
-    if (ids == NULL) return true;
-    *mask = calloc((size_t)G, 1);
+    if (!cli_int_list(cmd, opt, 0, (int64_t)G - 1, active ? "0,1,2,4" : "3 or 1,5", &ids, &n))
+        return false;
+    *mask = malloc((size_t)G);
     if (*mask == NULL) {
         free(ids);
         fprintf(stderr, "epx %s: out of memory\n", cmd->name);
         return false;
     }
-    for (int32_t i = 0; i < n; i++) (*mask)[ids[i]] = 1;
+    memset(*mask, active ? 1 : 0, (size_t)G);
+    for (int32_t i = 0; i < n; i++) {
+        if ((*mask)[ids[i]] == (active ? 0 : 1)) {
+            fprintf(stderr,
+                    "epx %s: %s '%.64s' names %s %d twice (item %d repeats it): list each %s "
+                    "once\n",
+                    cmd->name, opt, s, noun, ids[i], i + 1, noun);
+            free(ids);
+            free(*mask);
+            *mask = NULL;
+            return false;
+        }
+        (*mask)[ids[i]] = active ? 0 : 1;
+    }
     free(ids);
+    if (!active && n == G) {
+        fprintf(stderr,
+                "epx %s: --failed-gpus '%.64s' marks all %d GPUs failed: at least one must "
+                "survive to hold the experts; list only the GPUs that were lost\n",
+                cmd->name, s, G);
+        free(*mask);
+        *mask = NULL;
+        return false;
+    }
     return true;
+}
+
+bool cli_failed_gpus(const cli_cmd *cmd, int32_t G, uint8_t **mask) {
+    *mask = NULL;
+    const char *failed = cli_get(cmd, "--failed-gpus"), *active = cli_get(cmd, "--active-ranks");
+    if (failed != NULL && active != NULL) {
+        fprintf(stderr,
+                "epx %s: give --active-ranks or --failed-gpus, not both (one is the "
+                "other's complement)\n",
+                cmd->name);
+        return false;
+    }
+    if (failed == NULL && active == NULL) return true;
+    return read_mask(cmd, failed ? "--failed-gpus" : "--active-ranks", G, active != NULL, mask);
+}
+
+bool cli_check_survivors(const cli_cmd *cmd, const uint8_t *failed, int32_t G, int32_t E,
+                         int32_t P) {
+    if (failed == NULL || P % G != 0) return true; /* no list; or the shape check speaks */
+    const bool active = cli_get(cmd, "--active-ranks") != NULL;
+    const char *opt = active ? "--active-ranks" : "--failed-gpus";
+    int32_t A = 0;
+    for (int32_t g = 0; g < G; g++) A += !failed[g];
+    const int32_t spg = P / G, need = (E + spg - 1) / spg;
+    if ((int64_t)A * spg >= E) return true;
+    const int32_t per = (E + A - 1) / A;
+    fprintf(stderr,
+            "epx %s: %s '%.64s' leaves %d %s with %d slots each, %d slots for %d experts: every "
+            "expert needs a slot on a live GPU; give at least %d %s, or more slots per GPU "
+            "(P >= %lld: %d per GPU)\n",
+            cmd->name, opt, cli_get(cmd, opt), A, active ? "rank(s)" : "surviving GPU(s)", spg,
+            A * spg, E, need, active ? "active ranks" : "surviving GPUs", (long long)per * G, per);
+    return false;
 }
 
 /* A mapping file as a layout; E = 0 infers it as max id + 1. */
@@ -99,6 +158,11 @@ int cli_print_moves(const char *cmd, const epx_counts *counts, const epx_layout 
            st.changed, st.slots, st.received, st.relayed, st.local_copies, st.loaded);
     printf("balancedness (live GPUs, even split) in service %.4f -> planned %.4f\n",
            rep.balance_current, rep.balance_made);
+    if (rep.moves_required > 0)
+        printf("the lost GPUs force %" PRId64 " of these moves (one per layer and expert only "
+               "they held); --max-moves %" PRId64 " moves those alone, 'epx migrate plan "
+               "--failed-gpus' without --to plans that repair\n",
+               rep.moves_required, rep.moves_required);
     if (expert_bytes > 0) {
         printf("moving it: %.3f GB over links, %.3f GB of them between nodes, %.3f GB loaded\n",
                gb(st.bytes_moved), gb(st.bytes_inter_node), gb(st.bytes_loaded));
@@ -114,7 +178,8 @@ static void json_u64(FILE *f, const char *key, uint64_t v, bool comma) {
     fprintf(f, "  \"%s\": %" PRIu64 "%s\n", key, v, comma ? "," : "");
 }
 
-static void print_json(const epx_migration *m, const epx_migration_stats *st, int32_t G) {
+static void print_json(const epx_migration *m, const epx_migration_stats *st, int32_t G,
+                       int64_t forced) {
     uint64_t *sent = calloc((size_t)G, sizeof *sent), *recv = calloc((size_t)G, sizeof *recv);
     if (sent != NULL && recv != NULL) epx_migration_rank_bytes(m, sent, recv);
     printf("{\n");
@@ -136,6 +201,7 @@ static void print_json(const epx_migration *m, const epx_migration_stats *st, in
     json_u64(stdout, "naive_changed", (uint64_t)st->naive_changed, true);
     json_u64(stdout, "naive_bytes_moved", st->naive_bytes_moved, true);
     json_u64(stdout, "naive_bytes_inter_node", st->naive_bytes_inter_node, true);
+    if (forced >= 0) json_u64(stdout, "repair_forced_moves", (uint64_t)forced, true);
     printf("  \"per_gpu\": [");
     for (int32_t g = 0; sent != NULL && recv != NULL && g < G; g++)
         printf("%s{\"sent\": %" PRIu64 ", \"received\": %" PRIu64 "}", g ? ", " : "", sent[g],
@@ -189,15 +255,77 @@ static void describe_model(int32_t L, int32_t E, char *buf, size_t cap) {
         snprintf(buf, cap, "a model of %d layers and %d experts", L, E);
 }
 
+/*
+ * The repair after a failure, with the fewest bytes: from the layout in
+ * service, each (layer, expert) that only lost GPUs held takes one slot of
+ * a spare replica on a survivor (one load each; nothing else moves). Which
+ * spares give way is the planner's choice under a move budget of exactly
+ * those forced moves: epx plans the survivors for `counts` with `current`,
+ * epx_layout_limit_moves counts the forced moves, and a second call keeps
+ * only as many, the ones that buy the most balance on `counts`.
+ */
+static epx_status repair_target(const epx_layout *cur, const epx_counts *counts,
+                                const uint8_t *failed, epx_layout **out, epx_move_report *made,
+                                epx_error *err) {
+    epx_plan_opts po = EPX_PLAN_OPTS_INIT;
+    po.current = cur;
+    po.failed_gpus = failed;
+    epx_plan *plan = NULL;
+    epx_status st = epx_plan_compute(counts, epx_layout_shape(cur), &po, &plan, err);
+    if (st != EPX_OK) return st;
+    epx_move_budget b = EPX_MOVE_BUDGET_INIT;
+    b.failed_gpus = failed;
+    epx_move_report rep;
+    epx_layout *all = NULL;
+    st = epx_layout_limit_moves(counts, cur, epx_plan_layout(plan), &b, &all, &rep, err);
+    epx_layout_destroy(all);
+    if (st == EPX_OK) {
+        b.max_moves = rep.moves_required > INT32_MAX ? INT32_MAX : (int32_t)rep.moves_required;
+        st = epx_layout_limit_moves(counts, cur, epx_plan_layout(plan), &b, out, made, err);
+    }
+    epx_plan_destroy(plan);
+    return st;
+}
+
+/* --counts for the repair, or an even load (one window of ones). */
+static epx_status repair_counts(const char *path, const epx_shape *s, epx_counts **out,
+                                epx_error *err) {
+    if (path != NULL) {
+        epx_status st = epx_counts_read(path, out, err);
+        if (st == EPX_OK && ((*out)->num_layers != s->num_layers ||
+                             (*out)->num_experts != s->num_logical_experts)) {
+            snprintf(err->msg, sizeof err->msg,
+                     "--counts %.200s holds %d layers x %d experts, the placement %d x %d: give "
+                     "the load of the model in service",
+                     path, (*out)->num_layers, (*out)->num_experts, s->num_layers,
+                     s->num_logical_experts);
+            epx_counts_destroy(*out);
+            *out = NULL;
+            return err->status = EPX_ERR_SHAPE;
+        }
+        return st;
+    }
+    epx_status st = epx_counts_create(1, s->num_layers, s->num_logical_experts, out, err);
+    if (st != EPX_OK) return st;
+    for (size_t i = 0; i < (size_t)s->num_layers * (size_t)s->num_logical_experts; i++)
+        (*out)->data[i] = 1.0;
+    return EPX_OK;
+}
+
 int cmd_migrate(int argc, char **argv) {
     cli_opt opts[] = {
         {"--from", "FILE", "the placement in service (SGLang mapping .json/.pt)", NULL},
-        {"--to", "FILE", "the placement wanted", NULL},
+        {"--to", "FILE",
+         "the placement wanted; without it (and with --failed-gpus) the repair: each expert "
+         "only lost GPUs held takes one spare slot on a survivor, nothing else moves",
+         NULL},
         {"--gpus", "G", "GPUs (EP ranks)", NULL},
         {"--nodes", "N", "nodes (default 1)", NULL},
         {"--experts", "E", "logical experts (default: max id + 1 over both files)", NULL},
         {"--expert-bytes", "B", "bytes of one expert's weights in one layer", NULL},
         {"--failed-gpus", "LIST", "GPUs lost (e.g. 3 or 1,5): they send and receive nothing", NULL},
+        {"--counts", "FILE",
+         "repair only: the load that decides which spare replicas give way (default: even)", NULL},
         {"--no-relabel", NULL, "keep the target's slot order (what SGLang and vLLM do)", NULL},
         {"--no-relay", NULL, "every GPU pulls its experts itself, no relays inside a node", NULL},
         {"-o", "FILE", "write the relabelled target: the mapping to put in service", NULL},
@@ -205,11 +333,13 @@ int cmd_migrate(int argc, char **argv) {
         {NULL, NULL, NULL, NULL},
     };
     cli_cmd cmd = {"migrate",
-                   "epx migrate plan --from A.json --to B.json --gpus G [--nodes N] "
-                   "--expert-bytes B [--failed-gpus LIST] [-o FILE] [--json]",
+                   "epx migrate plan --from A.json (--to B.json | --failed-gpus LIST [--counts "
+                   "FILE]) --gpus G [--nodes N] --expert-bytes B [--failed-gpus LIST] "
+                   "[-o FILE] [--json]",
                    "Plan the weight moves from one placement to another: slots kept, local "
                    "copies, bytes over each link, beside the naive plan that moves every slot "
-                   "whose expert changed.",
+                   "whose expert changed. Without --to, after a failure: the repair with the "
+                   "fewest bytes.",
                    opts,
                    1,
                    {0},
@@ -223,14 +353,25 @@ int cmd_migrate(int argc, char **argv) {
     }
     cmd.name = "migrate plan"; /* what every later message names */
     const char *from = cli_require(&cmd, "--from");
-    const char *to = from ? cli_require(&cmd, "--to") : NULL;
-    if (to == NULL || !cli_require(&cmd, "--gpus") || !cli_require(&cmd, "--expert-bytes"))
+    if (from == NULL) return CLI_EXIT_USAGE;
+    const char *to = cli_get(&cmd, "--to"), *counts_path = cli_get(&cmd, "--counts");
+    const bool repair = to == NULL;
+    if (repair && cli_get(&cmd, "--failed-gpus") == NULL) {
+        fprintf(stderr, "epx migrate plan: --to is required (or give --failed-gpus LIST "
+                        "alone to plan the repair after a failure)\n");
         return CLI_EXIT_USAGE;
+    }
+    if (!repair && counts_path != NULL) {
+        fprintf(stderr, "epx migrate plan: --counts chooses the repair's spare replicas: "
+                        "leave out --to for the repair, or --counts for a given target\n");
+        return CLI_EXIT_USAGE;
+    }
+    if (!cli_require(&cmd, "--gpus") || !cli_require(&cmd, "--expert-bytes")) return CLI_EXIT_USAGE;
     const char *out = cli_get(&cmd, "-o");
     {
-        const char *in[] = {from, to};
+        const char *in[] = {from, repair ? counts_path : to};
         const cli_out outs[] = {{out, false}};
-        if ((rc = cli_outputs_check(&cmd, in, 2, outs, 1)) >= 0) return rc;
+        if ((rc = cli_outputs_check(&cmd, in, in[1] ? 2 : 1, outs, 1)) >= 0) return rc;
     }
     int32_t G = 0, N = 1, E = 0;
     uint64_t bytes = 0;
@@ -242,10 +383,29 @@ int cmd_migrate(int argc, char **argv) {
     epx_error err = {0};
     epx_layout *a = NULL, *b = NULL;
     epx_migration *m = NULL;
+    epx_counts *counts = NULL;
     uint8_t *failed = NULL;
+    epx_move_report made = {0, 0, -1, 0.0, 0.0, 0.0};
     rc = CLI_EXIT_OK;
     if (!cli_failed_gpus(&cmd, G, &failed)) return CLI_EXIT_USAGE;
-    if (E == 0) {
+    if (repair) {
+        if (read_layout(from, G, N, E, &a, &err) != EPX_OK) {
+            rc = cli_report(&cmd, &err);
+            goto done;
+        }
+        const epx_shape *sa = epx_layout_shape(a);
+        if (!cli_check_survivors(&cmd, failed, G, sa->num_logical_experts,
+                                 sa->num_physical_experts)) {
+            rc = CLI_EXIT_USAGE;
+            goto done;
+        }
+        if (repair_counts(counts_path, sa, &counts, &err) != EPX_OK ||
+            repair_target(a, counts, failed, &b, &made, &err) != EPX_OK) {
+            rc = cli_report(&cmd, &err);
+            goto done;
+        }
+    }
+    if (E == 0 && !repair) {
         /* infer E over both files, so a map missing the last expert still
          * reads as what it is */
         int32_t *map = NULL, L = 0, P = 0, fl[2] = {0, 0}, fe[2] = {0, 0}, fp[2] = {0, 0};
@@ -274,8 +434,8 @@ int cmd_migrate(int argc, char **argv) {
             goto done;
         }
     }
-    if (read_layout(from, G, N, E, &a, &err) != EPX_OK ||
-        read_layout(to, G, N, E, &b, &err) != EPX_OK) {
+    if (!repair && (read_layout(from, G, N, E, &a, &err) != EPX_OK ||
+                    read_layout(to, G, N, E, &b, &err) != EPX_OK)) {
         rc = cli_report(&cmd, &err);
         goto done;
     }
@@ -296,15 +456,24 @@ int cmd_migrate(int argc, char **argv) {
     }
     epx_migration_stats st;
     epx_migration_get_stats(m, &st);
-    if (cli_flag(&cmd, "--json"))
-        print_json(m, &st, G);
-    else
+    if (cli_flag(&cmd, "--json")) {
+        print_json(m, &st, G, made.moves_required);
+    } else {
+        if (repair)
+            printf(
+                "repair after losing GPU(s) %s: %" PRId64 " (layer, expert) pairs were held "
+                "only there and take one spare slot each on a survivor; nothing else "
+                "moves; balancedness on the live GPUs (%s load): in service %.4f, repaired %.4f\n",
+                cli_get(&cmd, "--failed-gpus"), made.moves_required,
+                counts_path ? "--counts" : "even", made.balance_current, made.balance_made);
         print_text(m, &st);
+    }
     if (out != NULL && !cli_flag(&cmd, "--json")) printf("wrote %s\n", out);
 done:
     epx_migration_destroy(m);
     epx_layout_destroy(a);
     epx_layout_destroy(b);
+    epx_counts_destroy(counts);
     free(failed);
     return rc;
 }

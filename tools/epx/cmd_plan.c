@@ -47,6 +47,8 @@ typedef struct report_ctx {
     const epx_balance *bal_even; /* split evenly */
     const epx_layer_balance *layers;
     double cross_node_share; /* load served off its group's home node */
+    const uint8_t *failed;   /* --failed-gpus / --active-ranks, or NULL */
+    double live_bal;         /* balancedness on the live GPUs (with failed) */
     const char *input;       /* how the counts were read */
     const char *sglang;      /* --sglang-version, or NULL */
 } report_ctx;
@@ -135,6 +137,19 @@ static epx_status report_body(FILE *f, const void *ctx, epx_error *err) {
     num_line(f, "bound", "%.17g", r->bal->bound);
     num_line(f, "gap", "%.17g", r->bal->gap);
     num_line(f, "cross_node_share", "%.17g", r->cross_node_share);
+    /* With lost GPUs: which GPUs serve, and the balancedness among them. */
+    fputs("  \"live_gpus\": ", f);
+    if (r->failed == NULL) {
+        fputs("null,\n", f);
+    } else {
+        fputc('[', f);
+        for (int32_t g = 0, n = 0; g < s->num_gpus; g++)
+            if (!r->failed[g]) fprintf(f, "%s%d", n++ ? ", " : "", g);
+        fputs("],\n", f);
+    }
+    fputs("  \"balancedness_live_gpus\": ", f);
+    cli_json_num(f, "%.17g", r->failed ? r->live_bal : r->bal->balancedness);
+    fputs(",\n", f);
     fprintf(f, "  \"num_loaded_layers\": %d,\n  \"worst_layer\": %d,\n", r->bal->num_loaded_layers,
             r->bal->worst_layer);
     fputs("  \"per_layer_balancedness\": [", f);
@@ -165,46 +180,31 @@ static epx_status report_body(FILE *f, const void *ctx, epx_error *err) {
     return ferror(f) ? EPX_ERR_IO : EPX_OK;
 }
 
-/* --active-ranks LIST into the failed mask (its complement), refusing an
- * empty list, a rank named twice or out of range, and the option without
- * elasticity-aware or beside --failed-gpus. */
-static bool active_ranks(const cli_cmd *cmd, int32_t G, bool elastic, uint8_t **failed) {
-    const char *s = cli_get(cmd, "--active-ranks");
-    int32_t *ids = NULL, n = 0;
-    if (!cli_int_list(cmd, "--active-ranks", 0, (int64_t)G - 1, "0,1,2,4", &ids, &n)) return false;
-    if (!elastic || *failed != NULL) {
-        if (!elastic)
-            fprintf(stderr,
-                    "epx plan: --active-ranks '%.64s' is SGLang's elasticity_aware input: use it "
-                    "with --algorithm elasticity-aware or elasticity-aware-hierarchical (for "
-                    "epx's own planner give the lost GPUs with --failed-gpus)\n",
-                    s);
-        else
-            fprintf(stderr, "epx plan: give --active-ranks or --failed-gpus, not both (one is "
-                            "the other's complement)\n");
-        free(ids);
-        return false;
+/* Balancedness on the live GPUs alone (a lost GPU's zero load would pull
+ * the mean down): the plan's GPU loads with the failed columns left out. */
+static epx_status live_balance(const epx_layout *lay, const double *load, const double *w,
+                               const uint8_t *failed, double *out, epx_error *err) {
+    const epx_shape *s = epx_layout_shape(lay);
+    const int32_t L = s->num_layers, G = s->num_gpus;
+    double *gl = malloc((size_t)L * (size_t)G * sizeof *gl);
+    if (gl == NULL) {
+        snprintf(err->msg, sizeof err->msg, "out of memory");
+        return err->status = EPX_ERR_NOMEM;
     }
-    *failed = malloc((size_t)G);
-    if (*failed == NULL) {
-        free(ids);
-        fprintf(stderr, "epx plan: out of memory\n");
-        return false;
+    epx_status st = epx_gpu_loads(lay, load, w, gl, err);
+    int32_t A = 0;
+    for (int32_t l = 0; st == EPX_OK && l < L; l++) {
+        A = 0;
+        for (int32_t g = 0; g < G; g++)
+            if (!failed[g])
+                gl[(size_t)l * (size_t)G + (size_t)A++] = gl[(size_t)l * (size_t)G + (size_t)g];
     }
-    memset(*failed, 1, (size_t)G);
-    for (int32_t i = 0; i < n; i++) {
-        if ((*failed)[ids[i]] == 0) {
-            fprintf(stderr,
-                    "epx plan: --active-ranks '%.64s' names rank %d twice (item %d repeats it): "
-                    "list each active rank once\n",
-                    s, ids[i], i + 1);
-            free(ids);
-            return false;
-        }
-        (*failed)[ids[i]] = 0;
-    }
-    free(ids);
-    return true;
+    /* rows of A live loads, packed */
+    for (int32_t l = 1; st == EPX_OK && l < L; l++)
+        memmove(gl + (size_t)l * (size_t)A, gl + (size_t)l * (size_t)G, (size_t)A * sizeof *gl);
+    if (st == EPX_OK) st = epx_gpu_loads_balance(gl, L, A, out, NULL, err);
+    free(gl);
+    return st;
 }
 
 int cmd_plan(int argc, char **argv) {
@@ -241,10 +241,13 @@ int cmd_plan(int argc, char **argv) {
         {"--move-price", "X",
          "with --current: each moved slot must buy X of its layer's balancedness", NULL},
         {"--expert-bytes", "B", "with --current: bytes per expert, to report GB moved", NULL},
-        {"--failed-gpus", "LIST", "GPUs lost (e.g. 3 or 1,5): plan on the survivors", NULL},
+        {"--failed-gpus", "LIST",
+         "GPUs lost (e.g. 3 or 1,5): plan on the survivors, the lost GPUs hold nothing (with "
+         "--current: keep what the survivors hold where it costs no balance)",
+         NULL},
         {"--active-ranks", "LIST",
-         "elasticity-aware: the EP ranks still serving (e.g. 0,1,2,4; default all), as SGLang's "
-         "active_ranks",
+         "the EP ranks still serving (e.g. 0,1,2,4; default all): every other GPU is lost, as "
+         "--failed-gpus; elasticity-aware takes it as SGLang's active_ranks",
          NULL},
         CLI_READ_OPTS_HELP,
         {NULL, NULL, NULL, NULL},
@@ -328,10 +331,6 @@ int cmd_plan(int argc, char **argv) {
     if (!cli_read_opts(&cmd, &ro) || !cli_failed_gpus(&cmd, G, &failed)) return CLI_EXIT_USAGE;
     const bool elastic = o.algorithm == EPX_ALGO_ELASTICITY_AWARE ||
                          o.algorithm == EPX_ALGO_ELASTICITY_AWARE_HIERARCHICAL;
-    if (cli_get(&cmd, "--active-ranks") != NULL && !active_ranks(&cmd, G, elastic, &failed)) {
-        free(failed);
-        return CLI_EXIT_USAGE;
-    }
     /* SGLang's own algorithms plan as a release: the newest verified
      * unless --sglang-version names one (the report says which) */
     const bool sglang_only = elastic || o.algorithm == EPX_ALGO_DEEPSEEK_VEC ||
@@ -350,20 +349,10 @@ int cmd_plan(int argc, char **argv) {
     printf("input: %s\n", how);
     const int32_t E = counts->num_experts;
     if (P < 0) P = R >= 0 ? E + R : E;
-    if (cli_get(&cmd, "--active-ranks") != NULL && P % G == 0) {
-        int32_t A = 0;
-        for (int32_t g = 0; g < G; g++) A += !failed[g];
-        const int32_t spg = P / G;
-        if ((int64_t)A * spg < E) {
-            fprintf(stderr,
-                    "epx plan: --active-ranks '%.64s' leaves %d rank(s) with %d slots each, %d "
-                    "slots for %d experts: every expert needs a slot on an active rank; give at "
-                    "least %d active ranks, or more slots per GPU (--redundant)\n",
-                    cli_get(&cmd, "--active-ranks"), A, spg, A * spg, E, (E + spg - 1) / spg);
-            epx_counts_destroy(counts);
-            free(failed);
-            return CLI_EXIT_USAGE;
-        }
+    if (!cli_check_survivors(&cmd, failed, G, E, P)) {
+        epx_counts_destroy(counts);
+        free(failed);
+        return CLI_EXIT_USAGE;
     }
     epx_shape shape = {counts->num_layers, E, P, G, N};
     {
@@ -424,6 +413,19 @@ int cmd_plan(int argc, char **argv) {
            1e3 * epx_plan_seconds(plan));
     printf("balancedness %.4f (bound %.4f, gap %.4f) on the sum of %d window(s); worst layer %d\n",
            bal.balancedness, bal.bound, bal.gap, counts->num_windows, bal.worst_layer);
+    double live_bal = -1.0;
+    if (failed != NULL) {
+        int32_t A = 0;
+        for (int32_t g = 0; g < G; g++) A += !failed[g];
+        if (live_balance(lay, load, epx_plan_replica_weights(plan), failed, &live_bal, &err) !=
+            EPX_OK) {
+            rc = cli_report(&cmd, &err);
+            goto done;
+        }
+        printf("balancedness on the %d live GPUs %.4f (the figures above also count the %d lost "
+               "GPU(s), which hold nothing)\n",
+               A, live_bal, G - A);
+    }
     /* The traffic price of the placement: load served off its group's home
      * node (0 when everything stays node-local). */
     double xshare = 0.0;
@@ -449,8 +451,9 @@ int cmd_plan(int argc, char **argv) {
     }
     printf("wrote %s\n", out);
     if (report != NULL) {
-        report_ctx r = {counts_path, counts, plan, o.algorithm,     K, &bal, &even,
-                        layers,      xshare, how,  o.sglang_version};
+        report_ctx r = {counts_path,     counts, plan,   o.algorithm, K,        &bal,
+                        &even,           layers, xshare, failed,      live_bal, how,
+                        o.sglang_version};
         if (epx_file_write(report, report_body, &r, &err) != EPX_OK) {
             rc = cli_write_failed(&cmd, &err);
             goto done;
