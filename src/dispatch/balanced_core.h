@@ -71,11 +71,11 @@ typedef struct epxi_bal {
     /* [maxM]: the flexible experts (count > 0 on >= 2 GPUs), ascending */
     int32_t *flex, *f_level;
     uint8_t *f_in;
-    int32_t *f_edge;          /* [maxM][D] edge of the current graph, -1 none */
-    int64_t *f_flow, *f_int;  /* [maxM][D] flow times the level's den; rounded */
+    int32_t *f_edge;         /* [maxM][D] edge of the current graph, -1 none */
+    int64_t *f_flow, *f_int; /* [maxM][D] flow times the level's den; rounded */
     /* [G] */
-    int64_t *base;            /* tokens of one-GPU experts                    */
-    int32_t *g_level;         /* -1: not (yet) at a level                     */
+    int64_t *base;                   /* tokens of one-GPU experts                    */
+    int32_t *g_level;                /* -1: not (yet) at a level                     */
     uint8_t *g_in, *g_graph, *g_sin; /* in N(S); in the graph; base in S      */
     int64_t *lv_num, *lv_den, *gex;  /* level loads (not reduced); excess     */
     /* the flow graph */
@@ -557,8 +557,8 @@ EPXI_BAL void epxi_bal_write_expert(const epxi_bal *b, const int32_t *replicas,
                     x = b->cnt[e];
                 } else {
                     size_t f = (size_t)i * (size_t)D + (size_t)k;
-                    share = (double)b->f_flow[f] / ((double)b->lv_den[b->f_level[i]] *
-                                                    (double)b->cnt[e] * (double)mult);
+                    share = (double)b->f_flow[f] /
+                            ((double)b->lv_den[b->f_level[i]] * (double)b->cnt[e] * (double)mult);
                     x = b->f_int[f];
                 }
                 cnt = x / mult + (nth < x % mult);
