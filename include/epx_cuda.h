@@ -116,6 +116,81 @@ EPX_API epx_status epx_cuda_combine_rows(const void *y, epx_row_dtype dtype, int
                                          int64_t num_tokens, int32_t topk, void *out,
                                          cudaStream_t stream, epx_error *err);
 
+/* ---- balanced per-batch dispatch (the CPU reference: epx/dispatch.h part 4) */
+
+/*
+ * The GPU twin of epx_balancer: a device workspace sized once for (E, W, P,
+ * G), so the per-batch calls below allocate nothing. One launch of one
+ * thread block per call computes exactly what epx_dispatch_balanced_solve
+ * and epx_dispatch_balanced_topk compute: the same integer replica counts,
+ * slot counts and slots, and bitwise the same shares and GPU loads (the
+ * solver is one source for both, src/dispatch/balanced_core.h). Inputs
+ * the CPU reference rejects are not reported: ids outside [-1, E) are
+ * skipped and map to -1, negative counts count as 0, and the tables are
+ * trusted (a slot listed twice gives an unspecified but in-bounds result).
+ * A handle serves every layer (the tables are arguments) but one stream at
+ * a time: calls on one stream are ordered, calls on two would share the
+ * workspace.
+ */
+typedef struct epx_cuda_balancer epx_cuda_balancer;
+
+/* Size a GPU balancer on the current device (cudaMalloc of the workspace:
+ * a few hundred kB at E = 384); E, W, P, G as epx_dispatch_balanced_create.
+ * Returns: EPX_OK; EPX_ERR_SHAPE; EPX_ERR_NOMEM; EPX_ERR_CUDA. */
+EPX_API epx_status epx_cuda_dispatch_balanced_create(int32_t num_experts, int32_t width,
+                                                     int32_t num_physical, int32_t num_gpus,
+                                                     epx_cuda_balancer **out, epx_error *err);
+/* Free the workspace (cudaFree: after the work that uses it). NULL is fine. */
+EPX_API void epx_cuda_dispatch_balanced_destroy(epx_cuda_balancer *b);
+
+/* What a GPU solve writes: device pointers, each optional (NULL = not
+ * wanted); the fields as epx_balanced_out's arrays. summary [5] int64:
+ * max_load_num, max_load_den, max_load_int, num_levels, and a status that
+ * is 0 unless the solver met a broken invariant (never on valid input;
+ * the CPU reference names it as EPX_ERR_INTERNAL). */
+typedef struct epx_cuda_balanced_out {
+    double *shares;          /* [E][W] */
+    int64_t *replica_counts; /* [E][W] */
+    int64_t *slot_counts;    /* [P]    */
+    double *gpu_load;        /* [G]    */
+    int64_t *summary;        /* [5]    */
+} epx_cuda_balanced_out;
+
+/*
+ * The balanced split from tokens per logical expert (e.g. all-reduced
+ * across ranks, as SGLang's lp dispatch does): epx_dispatch_balanced_solve
+ * on the device. One launch, 1024 threads.
+ * Args:    b (in/out) the GPU balancer; replicas (in, device) [E][W] int32;
+ *          num_valid (in, device) [E] int32; counts (in, device) [E] int64
+ *          (at most 2^40 in all); out (in) host struct of device pointers.
+ * Returns: EPX_OK; EPX_ERR_INVALID_ARG (a missing pointer); EPX_ERR_CUDA.
+ */
+EPX_API epx_status epx_cuda_dispatch_balanced_solve(epx_cuda_balancer *b, const int32_t *replicas,
+                                                    const int32_t *num_valid, const int64_t *counts,
+                                                    const epx_cuda_balanced_out *out,
+                                                    cudaStream_t stream, epx_error *err);
+
+/*
+ * Count, solve and route one layer's batch in one launch: phys [T][K] as
+ * epx_dispatch_balanced_topk gives it (expert e's pairs in (t, k) order
+ * fill its replica columns in order by the integer counts), and `out`'s
+ * fields as the solve above.
+ * Args:    topk_ids (in, device) [T][K] int32, T * K below 2^31; phys (out,
+ *          device) [T][K] int32; out (in, optional) host struct of device
+ *          pointers; the rest as epx_cuda_dispatch_balanced_solve.
+ * Limits:  the block keeps one row of E counters per warp in shared
+ *          memory (up to 32 warps): E up to about 58000 on an H200, else
+ *          EPX_ERR_UNSUPPORTED.
+ * Returns: EPX_OK (T = 0 still writes the outputs); EPX_ERR_INVALID_ARG;
+ *          EPX_ERR_SHAPE; EPX_ERR_UNSUPPORTED; EPX_ERR_CUDA.
+ */
+EPX_API epx_status epx_cuda_dispatch_balanced_topk(epx_cuda_balancer *b, const int32_t *replicas,
+                                                   const int32_t *num_valid,
+                                                   const int32_t *topk_ids, int64_t num_tokens,
+                                                   int32_t topk, int32_t *phys,
+                                                   const epx_cuda_balanced_out *out,
+                                                   cudaStream_t stream, epx_error *err);
+
 #ifdef __cplusplus
 }
 #endif

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # gpu_check.sh - every GPU test in one call, no benchmarks: the dispatch
-# kernels, the low-latency EP engine (1-4 ranks, graphs, faults; also under
+# kernels (and balanced dispatch's), the low-latency EP engine (1-4 ranks, graphs, faults; also under
 # compute-sanitizer memcheck), epx.torch's CUDA tests (the ops and the
 # DeepEP-style Buffer), and DeepEP's own low-latency test on that Buffer when
 # .deepep/ was staged (tools/stage_deepep.sh). What a change to
@@ -25,6 +25,7 @@ run() { # name, command...
 }
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 [ "${QUICK:-0}" = 1 ] || run "dispatch kernels" bash -c "cd '$ROOT/tests' && '$BIN/test_dispatch_gpu'"
+[ "${QUICK:-0}" = 1 ] || run "balanced dispatch kernel" "$BIN/test_balanced_gpu"
 run "low-latency EP engine" "$BIN/test_gpu_ll"
 # The same cases over the host-memory transport (pinned shared memory), which
 # also checks that no segment is left in /dev/shm.
@@ -38,6 +39,8 @@ if command -v compute-sanitizer >/dev/null; then
         --error-exitcode 9 --target-processes all "$BIN/test_gpu_ll"
     [ "${QUICK:-0}" = 1 ] || run "dispatch kernels under memcheck (quick cases)" bash -c "cd '$ROOT/tests' && \
         EPX_GPU_TEST_QUICK=1 compute-sanitizer --tool memcheck --error-exitcode 9 '$BIN/test_dispatch_gpu'"
+    [ "${QUICK:-0}" = 1 ] || run "balanced dispatch kernel under memcheck (quick cases)" env \
+        EPX_GPU_TEST_QUICK=1 compute-sanitizer --tool memcheck --error-exitcode 9 "$BIN/test_balanced_gpu"
 fi
 run "epx.torch on CUDA" env EPX_LIBRARY="$BIN/libepx.so" EPX_CUDA_LIBRARY="$BIN/libepx_cuda.so" \
     PYTHONPATH="$ROOT/python:$ROOT/.devpy" bash -c "cd /tmp && python3 -m pytest -p no:cacheprovider \

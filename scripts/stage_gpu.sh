@@ -10,7 +10,8 @@ BIN=${BIN:-build}
 grep -qx '/.devbin/' .git/info/exclude 2>/dev/null || echo '/.devbin/' >>.git/info/exclude
 grep -qx '/.devlibs/' .git/info/exclude 2>/dev/null || echo '/.devlibs/' >>.git/info/exclude
 rm -rf .devbin && mkdir -p .devbin .devlibs
-for f in epx libepx.so libepx_cuda.so test_gpu_ll test_dispatch_gpu test_nccl_ep; do
+for f in epx libepx.so libepx_cuda.so test_gpu_ll test_dispatch_gpu test_balanced_gpu test_nccl_ep \
+    bench/bench_balanced; do
     [ -e "$BIN/$f" ] && cp -L "$BIN/$f" .devbin/
 done
 for l in libjansson.so.4 libzip.so.4; do

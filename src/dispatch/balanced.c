@@ -34,36 +34,24 @@
  * reduction of lower bounds to a super source and sink, s and t merged).
  * A GPU's k replicas of one expert split n_eg as n/k, the first n % k
  * columns taking one more; each stays within one token of its share.
+ *
+ * Which optimal split. The levels (the GPU loads) are unique, the flows
+ * that realise them are not: the result is defined as what
+ * balanced_core.h computes, the one source this file and the CUDA kernel
+ * (src/cuda/balanced.cu) share. It folds the experts that sit on one GPU
+ * into that GPU's base load and runs the max-flows above on the rest, so
+ * the kernel can run the same statements in one thread. This file checks
+ * the inputs, which the kernel trusts, and calls the core in order.
  */
-#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "balanced_internal.h"
 
-#define ENODE(e) (4 + (e))
-#define GNODE(b, g) (4 + (b)->E + (g))
-
 void epx_dispatch_balanced_destroy(epx_balancer *b) {
     if (b == NULL) return;
-    epxi_flow_free(&b->flow);
-    free(b->mark);
-    free(b->in_s);
-    free(b->g_in);
-    free(b->g_graph);
+    free(b->mem);
     free(b->owner);
-    free(b->eg_gpu);
-    free(b->eg_mult);
-    free(b->eg_n);
-    free(b->eg_edge);
-    free(b->seen);
-    free(b->eg_flow);
-    free(b->eg_int);
-    free(b->e_level);
-    free(b->g_level);
-    free(b->lv_num);
-    free(b->lv_den);
-    free(b->gex);
     free(b->cnt);
     free(b->rc);
     free(b->left);
@@ -88,64 +76,37 @@ epx_status epx_dispatch_balanced_create(int32_t num_experts, int32_t width, int3
                          num_experts, width, num_physical);
     epx_balancer *b = epxi_calloc(1, sizeof *b, "balancer", err);
     if (b == NULL) return EPX_ERR_NOMEM;
-    size_t E = (size_t)num_experts, G = (size_t)num_gpus, P = (size_t)num_physical;
-    int32_t D = width < num_gpus ? width : num_gpus;
+    size_t E = (size_t)num_experts, P = (size_t)num_physical;
     b->E = num_experts;
     b->W = width;
     b->P = num_physical;
     b->G = num_gpus;
     b->per = num_physical / num_gpus;
-    b->D = D;
-    int32_t nodes = 4 + num_experts + num_gpus;
-    /* levels: s->e, e->g, g->t; rounding: S'->e, e->g, g->ts, S'->g or g->T', ts->T' */
-    int64_t edges = 2 * (int64_t)E + (int64_t)E * D + 3 * (int64_t)G + 1;
-    if (edges > INT32_MAX / 2) {
+    epxi_bal_shape(&b->core, num_experts, width, num_physical, num_gpus);
+    if ((int64_t)b->core.maxM * (1 + (int64_t)b->core.D) > INT32_MAX / 4) {
         free(b);
         return epxi_fail(err, EPX_ERR_SHAPE, "epx_dispatch_balanced_create: graph too large");
     }
-    epx_status st = epxi_flow_init(&b->flow, nodes, (int32_t)edges, err);
-    if (st != EPX_OK) {
-        free(b);
-        return st;
-    }
-    size_t ED = E * (size_t)D;
-    b->mark = epxi_calloc((size_t)nodes, 1, "balancer marks", err);
-    b->in_s = epxi_calloc(E, 1, "balancer set", err);
-    b->g_in = epxi_calloc(G, 1, "balancer set", err);
-    b->g_graph = epxi_calloc(G, 1, "balancer set", err);
+    size_t bytes = epxi_bal_carve(&b->core, NULL);
+    b->mem = epxi_calloc(1, bytes, "balancer workspace", err);
     b->owner = epxi_calloc(P, sizeof *b->owner, "balancer slots", err);
-    b->eg_gpu = epxi_calloc(ED, sizeof *b->eg_gpu, "balancer lists", err);
-    b->eg_mult = epxi_calloc(ED, sizeof *b->eg_mult, "balancer lists", err);
-    b->eg_n = epxi_calloc(E, sizeof *b->eg_n, "balancer lists", err);
-    b->eg_edge = epxi_calloc(ED, sizeof *b->eg_edge, "balancer lists", err);
-    b->seen = epxi_calloc((size_t)D, sizeof *b->seen, "balancer lists", err);
-    b->eg_flow = epxi_calloc(ED, sizeof *b->eg_flow, "balancer flows", err);
-    b->eg_int = epxi_calloc(ED, sizeof *b->eg_int, "balancer flows", err);
-    b->e_level = epxi_calloc(E, sizeof *b->e_level, "balancer levels", err);
-    b->g_level = epxi_calloc(G, sizeof *b->g_level, "balancer levels", err);
-    b->lv_num = epxi_calloc(G, sizeof *b->lv_num, "balancer levels", err);
-    b->lv_den = epxi_calloc(G, sizeof *b->lv_den, "balancer levels", err);
-    b->gex = epxi_calloc(G, sizeof *b->gex, "balancer excess", err);
     b->cnt = epxi_calloc(E, sizeof *b->cnt, "balancer counts", err);
     b->rc = epxi_calloc(E * (size_t)width, sizeof *b->rc, "balancer counts", err);
     b->left = epxi_calloc(E, sizeof *b->left, "balancer cursors", err);
     b->col = epxi_calloc(E, sizeof *b->col, "balancer cursors", err);
-    if (!b->mark || !b->in_s || !b->g_in || !b->g_graph || !b->owner || !b->eg_gpu || !b->eg_mult ||
-        !b->eg_n || !b->eg_edge || !b->seen || !b->eg_flow || !b->eg_int || !b->e_level ||
-        !b->g_level || !b->lv_num || !b->lv_den || !b->gex || !b->cnt || !b->rc || !b->left ||
-        !b->col) {
+    if (!b->mem || !b->owner || !b->cnt || !b->rc || !b->left || !b->col) {
         epx_dispatch_balanced_destroy(b);
         return EPX_ERR_NOMEM;
     }
+    epxi_bal_carve(&b->core, b->mem);
     *out = b;
     return EPX_OK;
 }
 
-/* Check the lists and counts; group each expert's replicas by GPU. */
-static epx_status check_and_group(epx_balancer *b, const int32_t *replicas,
-                                  const int32_t *num_valid, const int64_t *counts, int64_t *total,
-                                  epx_error *err) {
-    int32_t E = b->E, W = b->W, P = b->P, D = b->D;
+/* Check the lists and counts (the kernel trusts them); copy the counts. */
+static epx_status check_inputs(epx_balancer *b, const int32_t *replicas, const int32_t *num_valid,
+                               const int64_t *counts, epx_error *err) {
+    int32_t E = b->E, W = b->W, P = b->P;
     for (int32_t p = 0; p < P; p++) b->owner[p] = -1;
     int64_t sum = 0;
     for (int32_t e = 0; e < E; e++) {
@@ -159,8 +120,7 @@ static epx_status check_and_group(epx_balancer *b, const int32_t *replicas,
                              "counts[%d] = %lld: counts must be >= 0 and sum to at most 2^40", e,
                              (long long)c);
         sum += c;
-        int32_t *gl = b->eg_gpu + (size_t)e * (size_t)D, *ml = b->eg_mult + (size_t)e * (size_t)D;
-        int32_t m = 0;
+        b->core.cnt[e] = c;
         for (int32_t j = 0; j < n; j++) {
             int32_t s = replicas[(size_t)e * (size_t)W + (size_t)j];
             if (s < 0 || s >= P)
@@ -174,236 +134,19 @@ static epx_status check_and_group(epx_balancer *b, const int32_t *replicas,
                                  "%d)",
                                  s, b->owner[s], e, j);
             b->owner[s] = e;
-            int32_t g = s / b->per, i = 0;
-            while (i < m && gl[i] < g) i++;
-            if (i < m && gl[i] == g) {
-                ml[i]++;
-                continue;
-            }
-            memmove(gl + i + 1, gl + i, (size_t)(m - i) * sizeof *gl);
-            memmove(ml + i + 1, ml + i, (size_t)(m - i) * sizeof *ml);
-            gl[i] = g;
-            ml[i] = 1;
-            m++;
-        }
-        b->eg_n[e] = m;
-    }
-    *total = sum;
-    return EPX_OK;
-}
-
-/* The graph of the unfixed experts R at lambda = a / den: s -> e (den c_e),
- * e -> g (unbounded), g -> t (a) over the unfixed GPUs next to R. Returns
- * den * C(R), the flow that means feasible. */
-static int64_t build_level_graph(epx_balancer *b, const int64_t *counts, int64_t a, int64_t den) {
-    epxi_flow *f = &b->flow;
-    int32_t E = b->E, G = b->G, D = b->D;
-    epxi_flow_reset(f, 4 + E + G);
-    memset(b->g_graph, 0, (size_t)G);
-    int64_t need = 0;
-    for (int32_t e = 0; e < E; e++) {
-        if (b->e_level[e] != -1) continue;
-        epxi_flow_add(f, 0, ENODE(e), den * counts[e]);
-        need += den * counts[e];
-        const int32_t *gl = b->eg_gpu + (size_t)e * (size_t)D;
-        int32_t *ed = b->eg_edge + (size_t)e * (size_t)D;
-        for (int32_t i = 0; i < b->eg_n[e]; i++) {
-            ed[i] = -1;
-            if (b->g_level[gl[i]] != -1) continue;
-            ed[i] = epxi_flow_add(f, ENODE(e), GNODE(b, gl[i]), BAL_INF);
-            b->g_graph[gl[i]] = 1;
-        }
-    }
-    for (int32_t g = 0; g < G; g++)
-        if (b->g_graph[g]) epxi_flow_add(f, GNODE(b, g), 1, a);
-    return need;
-}
-
-/* C(S) and |N(S)| over unfixed GPUs for the experts with in_s set. */
-static void set_ratio(epx_balancer *b, const int64_t *counts, int64_t *a, int64_t *den) {
-    int64_t c = 0, n = 0;
-    memset(b->g_in, 0, (size_t)b->G);
-    for (int32_t e = 0; e < b->E; e++) {
-        if (!b->in_s[e]) continue;
-        c += counts[e];
-        const int32_t *gl = b->eg_gpu + (size_t)e * (size_t)b->D;
-        for (int32_t i = 0; i < b->eg_n[e]; i++)
-            if (b->g_level[gl[i]] == -1 && !b->g_in[gl[i]]) {
-                b->g_in[gl[i]] = 1;
-                n++;
-            }
-    }
-    *a = c;
-    *den = n;
-}
-
-/* One level: find lambda of the unfixed experts and fix their tight set. */
-static epx_status solve_level(epx_balancer *b, const int64_t *counts, int32_t lv, epx_error *err) {
-    int32_t E = b->E, G = b->G, D = b->D;
-    epxi_flow *f = &b->flow;
-    for (int32_t e = 0; e < E; e++) b->in_s[e] = b->e_level[e] == -1;
-    int64_t a, den, a_prev = 0, den_prev = 1;
-    for (int32_t step = 0;; step++) {
-        set_ratio(b, counts, &a, &den);
-        /* each step must raise the ratio; |N(S)| > 0 as every expert has an unfixed GPU */
-        if (den == 0 || step > G + 1 || (step > 0 && a * den_prev <= a_prev * den))
-            return epxi_fail(err, EPX_ERR_INTERNAL,
-                             "balanced dispatch: the ratio search did not advance at level %d "
-                             "(step %d, %lld / %lld)",
-                             lv, step, (long long)a, (long long)den);
-        int64_t need = build_level_graph(b, counts, a, den);
-        if (epxi_flow_max(f, 0, 1) == need) break;
-        /* the min cut's source side: the experts the last BFS reached */
-        for (int32_t e = 0; e < E; e++) b->in_s[e] = b->e_level[e] == -1 && f->level[ENODE(e)] >= 0;
-        a_prev = a;
-        den_prev = den;
-    }
-    epxi_flow_reaches(f, 1, b->mark);
-    for (int32_t e = 0; e < E; e++) {
-        if (b->e_level[e] != -1 || b->mark[ENODE(e)]) continue;
-        b->e_level[e] = lv;
-        const int32_t *ed = b->eg_edge + (size_t)e * (size_t)D;
-        for (int32_t i = 0; i < b->eg_n[e]; i++)
-            b->eg_flow[(size_t)e * (size_t)D + (size_t)i] = ed[i] >= 0 ? epxi_flow_on(f, ed[i]) : 0;
-    }
-    int32_t fixed = 0;
-    for (int32_t g = 0; g < G; g++)
-        if (b->g_graph[g] && !b->mark[GNODE(b, g)]) {
-            b->g_level[g] = lv;
-            fixed++;
-        }
-    /* the tight set sends only to its own GPUs, which carry exactly a each */
-    for (int32_t e = 0; e < E; e++) {
-        if (b->e_level[e] != lv) continue;
-        for (int32_t i = 0; i < b->eg_n[e]; i++) {
-            size_t k = (size_t)e * (size_t)D + (size_t)i;
-            if (b->eg_flow[k] > 0 && b->g_level[b->eg_gpu[k]] != lv) fixed = 0;
-        }
-    }
-    if (fixed == 0)
-        return epxi_fail(err, EPX_ERR_INTERNAL,
-                         "balanced dispatch: level %d found no consistent tight set", lv);
-    b->lv_num[lv] = a;
-    b->lv_den[lv] = den;
-    return EPX_OK;
-}
-
-static int64_t floor_div(int64_t a, int64_t d) { return a / d; } /* a, d >= 0 */
-
-/* Integer n_eg within one of x_eg, GPU loads within one of L_g (see top). */
-static epx_status round_counts(epx_balancer *b, const int64_t *counts, int64_t total,
-                               epx_error *err) {
-    int32_t E = b->E, G = b->G, D = b->D;
-    epxi_flow *f = &b->flow;
-    epxi_flow_reset(f, 4 + E + G); /* 0 = S', 1 = T', 2 = s and t merged */
-    int64_t need = 0, sum_lo = 0;
-    for (int32_t g = 0; g < G; g++) b->gex[g] = 0;
-    for (int32_t e = 0; e < E; e++) {
-        int32_t lv = b->e_level[e];
-        if (lv < 0) continue;
-        int64_t den = b->lv_den[lv], r = counts[e];
-        for (int32_t i = 0; i < b->eg_n[e]; i++) {
-            size_t k = (size_t)e * (size_t)D + (size_t)i;
-            int64_t lo = floor_div(b->eg_flow[k], den);
-            r -= lo;
-            b->gex[b->eg_gpu[k]] += lo;
-            b->eg_edge[k] =
-                b->eg_flow[k] % den ? epxi_flow_add(f, ENODE(e), GNODE(b, b->eg_gpu[k]), 1) : -1;
-        }
-        if (r > 0) {
-            epxi_flow_add(f, 0, ENODE(e), r);
-            need += r;
-        }
-    }
-    for (int32_t g = 0; g < G; g++) {
-        int32_t lv = b->g_level[g];
-        int64_t lo = 0;
-        if (lv >= 0) {
-            lo = floor_div(b->lv_num[lv], b->lv_den[lv]);
-            if (b->lv_num[lv] % b->lv_den[lv]) epxi_flow_add(f, GNODE(b, g), 2, 1);
-        }
-        sum_lo += lo;
-        int64_t x = b->gex[g] - lo;
-        if (x > 0) {
-            epxi_flow_add(f, 0, GNODE(b, g), x);
-            need += x;
-        } else if (x < 0) {
-            epxi_flow_add(f, GNODE(b, g), 1, -x);
-        }
-    }
-    if (total - sum_lo > 0) epxi_flow_add(f, 2, 1, total - sum_lo);
-    int64_t got = epxi_flow_max(f, 0, 1);
-    if (got != need)
-        return epxi_fail(err, EPX_ERR_INTERNAL,
-                         "balanced dispatch: rounding found %lld of %lld tokens", (long long)got,
-                         (long long)need);
-    for (int32_t e = 0; e < E; e++) {
-        if (b->e_level[e] < 0) continue;
-        int64_t den = b->lv_den[b->e_level[e]];
-        for (int32_t i = 0; i < b->eg_n[e]; i++) {
-            size_t k = (size_t)e * (size_t)D + (size_t)i;
-            b->eg_int[k] = floor_div(b->eg_flow[k], den) +
-                           (b->eg_edge[k] >= 0 ? epxi_flow_on(f, b->eg_edge[k]) : 0);
         }
     }
     return EPX_OK;
 }
 
-static int64_t gcd64(int64_t a, int64_t b) {
-    while (b) {
-        int64_t t = a % b;
-        a = b;
-        b = t;
+static const char *core_failure(int rc) {
+    switch (rc) {
+    case EPXI_BAL_NO_ADVANCE: return "the ratio search did not advance";
+    case EPXI_BAL_NO_TIGHT: return "a level found no consistent tight set";
+    case EPXI_BAL_LEVELS: return "more than G levels";
+    case EPXI_BAL_ROUNDING: return "the rounding flow fell short";
+    default: return "more flexible experts than P - E";
     }
-    return a;
-}
-
-static void write_outputs(epx_balancer *b, const int32_t *replicas, const int32_t *num_valid,
-                          const int64_t *counts, int32_t levels, epx_balanced_out *out) {
-    int32_t E = b->E, W = b->W, D = b->D;
-    if (out->slot_counts) memset(out->slot_counts, 0, (size_t)b->P * sizeof *out->slot_counts);
-    for (int32_t e = 0; e < E; e++) {
-        int32_t n = num_valid[e], lv = b->e_level[e];
-        const int32_t *gl = b->eg_gpu + (size_t)e * (size_t)D;
-        for (int32_t i = 0; i < b->eg_n[e]; i++) b->seen[i] = 0;
-        for (int32_t j = 0; j < W; j++) {
-            size_t o = (size_t)e * (size_t)W + (size_t)j;
-            double share = 0.0;
-            int64_t cnt = 0;
-            if (j < n) {
-                int32_t s = replicas[o], g = s / b->per, i = 0;
-                while (gl[i] != g) i++;
-                size_t k = (size_t)e * (size_t)D + (size_t)i;
-                int64_t mult = b->eg_mult[k], nth = b->seen[i]++;
-                if (lv < 0) {
-                    share = 1.0 / (double)n;
-                } else {
-                    share = (double)b->eg_flow[k] /
-                            ((double)b->lv_den[lv] * (double)counts[e] * (double)mult);
-                    cnt = b->eg_int[k] / mult + (nth < b->eg_int[k] % mult);
-                }
-                if (out->slot_counts) out->slot_counts[s] = cnt;
-            }
-            if (out->shares) out->shares[o] = share;
-            if (out->replica_counts) out->replica_counts[o] = cnt;
-        }
-    }
-    if (out->gpu_load)
-        for (int32_t g = 0; g < b->G; g++) {
-            int32_t lv = b->g_level[g];
-            out->gpu_load[g] = lv < 0 ? 0.0 : (double)b->lv_num[lv] / (double)b->lv_den[lv];
-        }
-    out->num_levels = levels;
-    if (levels == 0) {
-        out->max_load_num = 0;
-        out->max_load_den = 1;
-        out->max_load_int = 0;
-        return;
-    }
-    int64_t a = b->lv_num[0], d = b->lv_den[0], q = gcd64(a, d);
-    out->max_load_num = a / q;
-    out->max_load_den = d / q;
-    out->max_load_int = (a + d - 1) / d;
 }
 
 epx_status epx_dispatch_balanced_solve(epx_balancer *b, const int32_t *replicas,
@@ -413,23 +156,25 @@ epx_status epx_dispatch_balanced_solve(epx_balancer *b, const int32_t *replicas,
         return epxi_fail(err, EPX_ERR_INVALID_ARG,
                          "epx_dispatch_balanced_solve: the balancer, replicas, num_valid, counts "
                          "and out are required");
-    int64_t total = 0;
-    EPX_TRY(check_and_group(b, replicas, num_valid, counts, &total, err));
-    int32_t left = 0, levels = 0;
-    for (int32_t e = 0; e < b->E; e++) {
-        b->e_level[e] = counts[e] > 0 ? -1 : -2;
-        left += counts[e] > 0;
-    }
-    for (int32_t g = 0; g < b->G; g++) b->g_level[g] = -1;
-    while (left > 0) {
-        if (levels >= b->G)
-            return epxi_fail(err, EPX_ERR_INTERNAL, "balanced dispatch: more than G levels");
-        EPX_TRY(solve_level(b, counts, levels, err));
-        left = 0;
-        for (int32_t e = 0; e < b->E; e++) left += b->e_level[e] == -1;
-        levels++;
-    }
-    EPX_TRY(round_counts(b, counts, total, err));
-    write_outputs(b, replicas, num_valid, counts, levels, out);
+    EPX_TRY(check_inputs(b, replicas, num_valid, counts, err));
+    epxi_bal *c = &b->core;
+    for (int32_t e = 0; e < b->E; e++) epxi_bal_group(c, replicas, num_valid, e);
+    int rc = epxi_bal_classify(c);
+    if (rc == EPXI_BAL_OK) rc = epxi_bal_solve(c);
+    if (rc != EPXI_BAL_OK)
+        return epxi_fail(err, EPX_ERR_INTERNAL, "balanced dispatch: %s (level %d)",
+                         core_failure(rc), c->levels);
+    if (out->slot_counts) memset(out->slot_counts, 0, (size_t)b->P * sizeof *out->slot_counts);
+    for (int32_t e = 0; e < b->E; e++)
+        epxi_bal_write_expert(c, replicas, num_valid, e, out->shares, out->replica_counts,
+                              out->slot_counts);
+    if (out->gpu_load)
+        for (int32_t g = 0; g < b->G; g++) out->gpu_load[g] = epxi_bal_gpu_load(c, g);
+    int64_t sum[4];
+    epxi_bal_summary(c, sum);
+    out->max_load_num = sum[0];
+    out->max_load_den = sum[1];
+    out->max_load_int = sum[2];
+    out->num_levels = (int32_t)sum[3];
     return EPX_OK;
 }

@@ -1,0 +1,349 @@
+/*
+ * balanced.cu - balanced per-batch dispatch on the GPU (epx_cuda.h): from a
+ * batch's topk ids, or the all-reduced tokens per logical expert, to the
+ * exact min-max split, integer replica counts and per-token slots, in ONE
+ * launch of ONE thread block. Nothing is allocated per call (the workspace
+ * is sized by epx_cuda_dispatch_balanced_create), nothing waits for the
+ * host, so the launch can be captured in a CUDA graph.
+ *
+ * The result equals the CPU reference (balanced.c) exactly because the
+ * solver is the same source, balanced_core.h, whose functions are
+ * __host__ __device__. The block splits the work as that header does:
+ *   0. counts: from ids, each warp counts a contiguous chunk of the (t, k)
+ *      pairs into its own shared-memory row (shared atomics: integer sums,
+ *      so the order does not matter); the rows become per-warp exclusive
+ *      prefixes, the column totals the counts;
+ *   1. every thread groups some experts' replicas by GPU
+ *      (epxi_bal_group), then the experts are classified: one-GPU experts'
+ *      counts summed into their GPU's base (64-bit atomics, integers again)
+ *      and the flexible experts compacted in ascending order (a ballot scan
+ *      tile by tile), which is exactly the list epxi_bal_classify builds;
+ *   2. thread 0 runs epxi_bal_solve on the reduced graph (the flexible
+ *      experts and the GPUs; a few dozen nodes on the Kimi-K2.5 and
+ *      DeepSeek-V3 shapes) while the other threads wait at the barrier;
+ *   3. every thread writes some experts' shares and counts
+ *      (epxi_bal_write_expert) and some GPUs' loads;
+ *   4. from ids, each warp walks its chunk again, 32 pairs a round, and
+ *      ranks the pairs of one expert with __match_any_sync on top of its
+ *      row's prefix: the rank of a pair among its expert's pairs in (t, k)
+ *      order, which picks its replica column from the cumulative counts,
+ *      as epx_dispatch_balanced_map_ids fills the columns in order.
+ * Ordering rules: every phase ends with __syncthreads, which also makes the
+ * workspace's global-memory writes of one phase visible to the block in the
+ * next; in phase 4 a warp reads its row before its group leaders advance it
+ * (__syncwarp between).
+ */
+#include <cuda_runtime.h>
+
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "epx.h"
+extern "C" {
+#include "internal.h" /* C linkage: epxi_fail lives in the C library */
+}
+#include "cuda_check.h"
+#include "epx_cuda.h"
+#include "../dispatch/balanced_core.h"
+
+struct epx_cuda_balancer {
+    epxi_bal bal; /* shape and device pointers into mem */
+    void *mem;
+    int threads;  /* block size for the ids entry point: 32 * warps */
+    size_t smem;  /* its shared memory: warps * E * 4 bytes */
+};
+
+namespace {
+
+constexpr int kMaxThreads = 1024;
+
+struct BalArgs {
+    epxi_bal bal;
+    const int32_t *replicas, *num_valid;
+    const int64_t *counts; /* counts entry point */
+    const int32_t *ids;    /* ids entry point: T * K pairs */
+    int64_t pairs;
+    int from_ids;
+    int32_t *phys;
+    double *shares, *gpu_load;
+    int64_t *rcounts, *slot_counts, *summary;
+};
+
+__device__ __forceinline__ uint32_t lanemask_lt() {
+    uint32_t m;
+    asm("mov.u32 %0, %%lanemask_lt;" : "=r"(m));
+    return m;
+}
+
+__global__ void __launch_bounds__(kMaxThreads, 1) balanced_kernel(BalArgs a) {
+    extern __shared__ int32_t hist[]; /* [warps][E], ids entry point only */
+    __shared__ int32_t warp_off[32];
+    __shared__ int32_t s_total, s_status;
+    epxi_bal b = a.bal;
+    const int tid = threadIdx.x, nt = blockDim.x, lane = tid & 31, warp = tid >> 5;
+    const int nwarps = nt >> 5;
+    const int32_t E = b.E;
+    /* the warp's chunk of pairs, for phases 0 and 4 */
+    const int64_t chunk = (a.pairs + nwarps - 1) / nwarps;
+    const int64_t lo = (int64_t)warp * chunk;
+    const int64_t hi = lo + chunk < a.pairs ? lo + chunk : a.pairs;
+
+    /* 0. clear, then count */
+    if (tid == 0) {
+        s_total = 0;
+        s_status = EPXI_BAL_OK;
+    }
+    for (int32_t g = tid; g < b.G; g += nt) b.base[g] = 0;
+    if (a.slot_counts)
+        for (int32_t p = tid; p < b.P; p += nt) a.slot_counts[p] = 0;
+    if (a.from_ids) {
+        for (int32_t i = tid; i < nwarps * E; i += nt) hist[i] = 0;
+        __syncthreads();
+        for (int64_t i = lo + lane; i < hi; i += 32) {
+            int32_t e = __ldg(a.ids + i);
+            if (e >= 0 && e < E) atomicAdd(hist + (size_t)warp * (size_t)E + (size_t)e, 1);
+        }
+        __syncthreads();
+        for (int32_t e = tid; e < E; e += nt) {
+            int32_t run = 0;
+            for (int w = 0; w < nwarps; w++) {
+                int32_t h = hist[(size_t)w * (size_t)E + (size_t)e];
+                hist[(size_t)w * (size_t)E + (size_t)e] = run;
+                run += h;
+            }
+            b.cnt[e] = run;
+        }
+    } else {
+        for (int32_t e = tid; e < E; e += nt) {
+            int64_t c = __ldg(a.counts + e);
+            b.cnt[e] = c < 0 ? 0 : c;
+        }
+    }
+    __syncthreads();
+
+    /* 1. group, then classify: base sums and the ascending flexible list */
+    for (int32_t e = tid; e < E; e += nt) epxi_bal_group(&b, a.replicas, a.num_valid, e);
+    __syncthreads();
+    for (int32_t t0 = 0; t0 < E; t0 += nt) {
+        int32_t e = t0 + tid;
+        int kind = e < E ? epxi_bal_kind(&b, e) : 0;
+        if (kind == 1)
+            atomicAdd((unsigned long long *)(b.base + b.eg_gpu[(size_t)e * (size_t)b.D]),
+                      (unsigned long long)b.cnt[e]);
+        uint32_t vote = __ballot_sync(0xffffffffu, kind == 2);
+        if (lane == 0) warp_off[warp] = __popc(vote);
+        __syncthreads();
+        if (tid == 0) {
+            int32_t run = s_total;
+            for (int w = 0; w < nwarps; w++) {
+                int32_t c = warp_off[w];
+                warp_off[w] = run;
+                run += c;
+            }
+            s_total = run;
+        }
+        __syncthreads();
+        if (e < E) {
+            int32_t idx = warp_off[warp] + __popc(vote & lanemask_lt());
+            b.fidx[e] = -1;
+            if (kind == 2 && idx < b.maxM) {
+                b.fidx[e] = idx;
+                b.flex[idx] = e;
+            } else if (kind == 2) {
+                s_status = EPXI_BAL_TOO_MANY;
+            }
+        }
+        __syncthreads(); /* warp_off is rewritten by the next tile */
+    }
+    b.M = s_total < b.maxM ? s_total : b.maxM;
+
+    /* 2. the sequential solve */
+    if (tid == 0) {
+        int rc = s_status;
+        if (rc == EPXI_BAL_OK) rc = epxi_bal_solve(&b);
+        int64_t sum[4];
+        epxi_bal_summary(&b, sum);
+        if (a.summary) {
+            for (int k = 0; k < 4; k++) a.summary[k] = sum[k];
+            a.summary[4] = rc;
+        }
+        s_status = rc;
+    }
+    __syncthreads();
+
+    /* 3. outputs */
+    int64_t *rcounts = a.rcounts ? a.rcounts : b.rc;
+    for (int32_t e = tid; e < E; e += nt)
+        epxi_bal_write_expert(&b, a.replicas, a.num_valid, e, a.shares, rcounts, a.slot_counts);
+    if (a.gpu_load)
+        for (int32_t g = tid; g < b.G; g += nt) a.gpu_load[g] = epxi_bal_gpu_load(&b, g);
+    if (!a.from_ids) return;
+    __syncthreads();
+
+    /* 4. per-pair slots: rank among the expert's pairs in (t, k) order */
+    const uint32_t lt = lanemask_lt();
+    int32_t *row = hist + (size_t)warp * (size_t)E;
+    for (int64_t base = lo; base < hi; base += 32) {
+        int64_t i = base + lane;
+        int32_t e = i < hi ? __ldg(a.ids + i) : -1;
+        bool ok = e >= 0 && e < E;
+        uint32_t peers = __match_any_sync(0xffffffffu, ok ? e : -1);
+        int32_t slot = -1, rank = 0;
+        if (ok) {
+            rank = row[e] + __popc(peers & lt);
+            const int64_t *rc = rcounts + (size_t)e * (size_t)b.W;
+            const int32_t *rep = a.replicas + (size_t)e * (size_t)b.W;
+            int32_t n = epxi_bal_nvalid(&b, a.num_valid, e);
+            int64_t cum = 0;
+            for (int32_t j = 0; j < n; j++) {
+                cum += rc[j];
+                if (rank < cum) {
+                    slot = __ldg(rep + j);
+                    break;
+                }
+            }
+        }
+        __syncwarp();
+        /* the group's highest lane advances the row by the group's size */
+        if (ok && (peers >> lane) == 1u) row[e] += __popc(peers);
+        __syncwarp();
+        if (i < hi) a.phys[i] = slot;
+    }
+}
+
+epx_status check_tables(const epx_cuda_balancer *b, const int32_t *replicas,
+                        const int32_t *num_valid, const char *fn, epx_error *err) {
+    if (b == NULL || replicas == NULL || num_valid == NULL)
+        return epxi_fail(err, EPX_ERR_INVALID_ARG, "%s: the balancer, replicas and num_valid are "
+                                                   "required",
+                         fn);
+    return EPX_OK;
+}
+
+void set_outputs(BalArgs &a, const epx_cuda_balanced_out *out) {
+    a.shares = out ? out->shares : NULL;
+    a.rcounts = out ? out->replica_counts : NULL;
+    a.slot_counts = out ? out->slot_counts : NULL;
+    a.gpu_load = out ? out->gpu_load : NULL;
+    a.summary = out ? out->summary : NULL;
+}
+
+} /* namespace */
+
+extern "C" void epx_cuda_dispatch_balanced_destroy(epx_cuda_balancer *b) {
+    if (b == NULL) return;
+    cudaFree(b->mem);
+    free(b);
+}
+
+extern "C" epx_status epx_cuda_dispatch_balanced_create(int32_t num_experts, int32_t width,
+                                                        int32_t num_physical, int32_t num_gpus,
+                                                        epx_cuda_balancer **out, epx_error *err) {
+    if (out == NULL)
+        return epxi_fail(err, EPX_ERR_INVALID_ARG,
+                         "epx_cuda_dispatch_balanced_create: out is NULL");
+    *out = NULL;
+    if (num_experts < 1 || width < 1 || num_physical < 1 || num_gpus < 1 || num_gpus > 4096 ||
+        num_physical % num_gpus != 0)
+        return epxi_fail(err, EPX_ERR_SHAPE,
+                         "epx_cuda_dispatch_balanced_create: E = %d, W = %d, P = %d, G = %d: all "
+                         "must be >= 1, G at most 4096 and P a multiple of G",
+                         num_experts, width, num_physical, num_gpus);
+    if (num_experts > (1 << 24) || width > (1 << 16) || num_physical > (1 << 24))
+        return epxi_fail(err, EPX_ERR_SHAPE,
+                         "epx_cuda_dispatch_balanced_create: E = %d, W = %d or P = %d is too "
+                         "large",
+                         num_experts, width, num_physical);
+    epx_cuda_balancer *b = (epx_cuda_balancer *)calloc(1, sizeof *b);
+    if (b == NULL)
+        return epxi_fail(err, EPX_ERR_NOMEM, "epx_cuda_dispatch_balanced_create: out of memory");
+    epxi_bal_shape(&b->bal, num_experts, width, num_physical, num_gpus);
+    if ((int64_t)b->bal.maxM * (1 + (int64_t)b->bal.D) > INT32_MAX / 4) {
+        free(b);
+        return epxi_fail(err, EPX_ERR_SHAPE, "epx_cuda_dispatch_balanced_create: graph too large");
+    }
+    epx_status st = EPX_OK;
+    int dev = 0, optin = 0;
+    size_t bytes = epxi_bal_carve(&b->bal, NULL);
+    EPXI_CUDA_GOTO(st, cudaGetDevice(&dev), "cudaGetDevice", fail);
+    EPXI_CUDA_GOTO(st, cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev),
+                   "cudaDeviceGetAttribute", fail);
+    EPXI_CUDA_GOTO(st, cudaMalloc(&b->mem, bytes), "cudaMalloc (balancer workspace)", fail);
+    epxi_bal_carve(&b->bal, b->mem);
+    {
+        /* warps for the ids entry point: one shared row of E counters each */
+        int64_t warps = (int64_t)(optin - 1024) / (4 * (int64_t)num_experts);
+        if (warps > kMaxThreads / 32) warps = kMaxThreads / 32;
+        b->threads = warps >= 1 ? (int)warps * 32 : 0;
+        b->smem = (size_t)(warps >= 1 ? warps : 0) * 4 * (size_t)num_experts;
+        if (b->smem > 48 * 1024)
+            EPXI_CUDA_GOTO(st,
+                           cudaFuncSetAttribute(balanced_kernel,
+                                                cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                (int)b->smem),
+                           "cudaFuncSetAttribute", fail);
+    }
+    *out = b;
+    return EPX_OK;
+fail:
+    epx_cuda_dispatch_balanced_destroy(b);
+    return st;
+}
+
+extern "C" epx_status epx_cuda_dispatch_balanced_solve(epx_cuda_balancer *b,
+                                                       const int32_t *replicas,
+                                                       const int32_t *num_valid,
+                                                       const int64_t *counts,
+                                                       const epx_cuda_balanced_out *out,
+                                                       cudaStream_t stream, epx_error *err) {
+    EPX_TRY(check_tables(b, replicas, num_valid, "epx_cuda_dispatch_balanced_solve", err));
+    if (counts == NULL || out == NULL)
+        return epxi_fail(err, EPX_ERR_INVALID_ARG,
+                         "epx_cuda_dispatch_balanced_solve: counts and out are required");
+    BalArgs a = {};
+    a.bal = b->bal;
+    a.replicas = replicas;
+    a.num_valid = num_valid;
+    a.counts = counts;
+    set_outputs(a, out);
+    balanced_kernel<<<1, kMaxThreads, 0, stream>>>(a);
+    EPXI_CUDA_TRY(cudaGetLastError(), "cudaGetLastError");
+    return EPX_OK;
+}
+
+extern "C" epx_status epx_cuda_dispatch_balanced_topk(epx_cuda_balancer *b,
+                                                      const int32_t *replicas,
+                                                      const int32_t *num_valid,
+                                                      const int32_t *topk_ids, int64_t num_tokens,
+                                                      int32_t topk, int32_t *phys,
+                                                      const epx_cuda_balanced_out *out,
+                                                      cudaStream_t stream, epx_error *err) {
+    EPX_TRY(check_tables(b, replicas, num_valid, "epx_cuda_dispatch_balanced_topk", err));
+    if (num_tokens < 0 || num_tokens > INT32_MAX || topk < 1 ||
+        num_tokens * (int64_t)topk > INT32_MAX)
+        return epxi_fail(err, EPX_ERR_SHAPE,
+                         "epx_cuda_dispatch_balanced_topk: topk_ids is [%lld][%d]: T >= 0, K >= 1 "
+                         "and T*K must stay below 2^31",
+                         (long long)num_tokens, topk);
+    if (num_tokens > 0 && (topk_ids == NULL || phys == NULL))
+        return epxi_fail(err, EPX_ERR_INVALID_ARG,
+                         "epx_cuda_dispatch_balanced_topk: topk_ids and phys are required");
+    if (b->threads == 0)
+        return epxi_fail(err, EPX_ERR_UNSUPPORTED,
+                         "epx_cuda_dispatch_balanced_topk: E = %d needs %lld bytes of shared "
+                         "memory per warp, more than this device gives a block",
+                         b->bal.E, 4 * (long long)b->bal.E);
+    BalArgs a = {};
+    a.bal = b->bal;
+    a.replicas = replicas;
+    a.num_valid = num_valid;
+    a.ids = topk_ids;
+    a.pairs = num_tokens * topk;
+    a.from_ids = 1;
+    a.phys = phys;
+    set_outputs(a, out);
+    balanced_kernel<<<1, b->threads, b->smem, stream>>>(a);
+    EPXI_CUDA_TRY(cudaGetLastError(), "cudaGetLastError");
+    return EPX_OK;
+}
