@@ -96,8 +96,8 @@ int main(int argc, char **argv) {
     cudaDeviceProp prop;
     CK(cudaGetDeviceProperties(&prop, 0));
     printf("device: %s, %d SMs\n", prop.name, prop.multiProcessorCount);
-    printf("%-10s %5s %5s %5s %6s %12s %12s %12s %8s\n", "shape", "E", "P", "G", "T",
-           "ids us/lay", "counts us/lay", "cpu us/lay", "levels");
+    printf("%-10s %5s %5s %5s %6s %12s %12s %12s %8s\n", "shape", "E", "P", "G", "T", "ids us/lay",
+           "counts us/lay", "cpu us/lay", "levels");
     if (csv) fprintf(csv, "shape,E,P,G,T,ids_us,counts_us,cpu_us,levels\n");
     static const struct {
         const char *name;
@@ -137,8 +137,7 @@ int main(int argc, char **argv) {
                 ids[i] = (int32_t)((double)E * u * u);
             }
             for (int l = 0; l < LAYERS; l++)
-                EK(epx_dispatch_count_ids(ids + (size_t)l * n, T, K, E, cnt + (size_t)l * E,
-                                          &er));
+                EK(epx_dispatch_count_ids(ids + (size_t)l * n, T, K, E, cnt + (size_t)l * E, &er));
             int32_t *d_ids, *d_phys;
             int64_t *d_cnt, *d_rc, *d_sum;
             CK(cudaMalloc(&d_ids, 4 * n * LAYERS));
@@ -152,8 +151,7 @@ int main(int argc, char **argv) {
             double cpu[LAYERS];
             int32_t levels = 0;
             for (int l = 0; l < LAYERS; l++) {
-                epx_cuda_balanced_out go = {NULL, d_rc + (size_t)l * EW, NULL, NULL,
-                                            d_sum + 5 * l};
+                epx_cuda_balanced_out go = {NULL, d_rc + (size_t)l * EW, NULL, NULL, d_sum + 5 * l};
                 EK(epx_cuda_dispatch_balanced_topk(gb, d_rep, d_nv, d_ids + (size_t)l * n, T, K,
                                                    d_phys + (size_t)l * n, &go, st, &er));
                 CK(cudaStreamSynchronize(st));
@@ -182,12 +180,12 @@ int main(int argc, char **argv) {
                     epx_cuda_balanced_out go = {NULL, d_rc + (size_t)l * EW, NULL, NULL,
                                                 d_sum + 5 * l};
                     if (mode == 0)
-                        EK(epx_cuda_dispatch_balanced_topk(gb, d_rep, d_nv,
-                                                           d_ids + (size_t)l * n, T, K,
-                                                           d_phys + (size_t)l * n, &go, st, &er));
+                        EK(epx_cuda_dispatch_balanced_topk(gb, d_rep, d_nv, d_ids + (size_t)l * n,
+                                                           T, K, d_phys + (size_t)l * n, &go, st,
+                                                           &er));
                     else
-                        EK(epx_cuda_dispatch_balanced_solve(gb, d_rep, d_nv,
-                                                            d_cnt + (size_t)l * E, &go, st, &er));
+                        EK(epx_cuda_dispatch_balanced_solve(gb, d_rep, d_nv, d_cnt + (size_t)l * E,
+                                                            &go, st, &er));
                 }
                 CK(cudaStreamEndCapture(st, &g));
                 CK(cudaGraphInstantiate(&ge, g, 0));
@@ -205,8 +203,8 @@ int main(int argc, char **argv) {
                 CK(cudaGraphExecDestroy(ge));
                 CK(cudaGraphDestroy(g));
             }
-            printf("%-10s %5d %5d %5d %6d %12.2f %12.2f %12.2f %8d\n", shapes[si].name, E, P, G,
-                   T, us[0], us[1], cpu[LAYERS / 2], levels);
+            printf("%-10s %5d %5d %5d %6d %12.2f %12.2f %12.2f %8d\n", shapes[si].name, E, P, G, T,
+                   us[0], us[1], cpu[LAYERS / 2], levels);
             if (csv)
                 fprintf(csv, "%s,%d,%d,%d,%d,%.3f,%.3f,%.3f,%d\n", shapes[si].name, E, P, G, T,
                         us[0], us[1], cpu[LAYERS / 2], levels);

@@ -50,8 +50,8 @@ extern "C" {
 struct epx_cuda_balancer {
     epxi_bal bal; /* shape and device pointers into mem */
     void *mem;
-    int threads;  /* block size for the ids entry point: 32 * warps */
-    size_t smem;  /* its shared memory: warps * E * 4 bytes */
+    int threads; /* block size for the ids entry point: 32 * warps */
+    size_t smem; /* its shared memory: warps * E * 4 bytes */
 };
 
 namespace {
@@ -215,8 +215,9 @@ __global__ void __launch_bounds__(kMaxThreads, 1) balanced_kernel(BalArgs a) {
 epx_status check_tables(const epx_cuda_balancer *b, const int32_t *replicas,
                         const int32_t *num_valid, const char *fn, epx_error *err) {
     if (b == NULL || replicas == NULL || num_valid == NULL)
-        return epxi_fail(err, EPX_ERR_INVALID_ARG, "%s: the balancer, replicas and num_valid are "
-                                                   "required",
+        return epxi_fail(err, EPX_ERR_INVALID_ARG,
+                         "%s: the balancer, replicas and num_valid are "
+                         "required",
                          fn);
     return EPX_OK;
 }
@@ -291,12 +292,9 @@ fail:
     return st;
 }
 
-extern "C" epx_status epx_cuda_dispatch_balanced_solve(epx_cuda_balancer *b,
-                                                       const int32_t *replicas,
-                                                       const int32_t *num_valid,
-                                                       const int64_t *counts,
-                                                       const epx_cuda_balanced_out *out,
-                                                       cudaStream_t stream, epx_error *err) {
+extern "C" epx_status epx_cuda_dispatch_balanced_solve(
+    epx_cuda_balancer *b, const int32_t *replicas, const int32_t *num_valid, const int64_t *counts,
+    const epx_cuda_balanced_out *out, cudaStream_t stream, epx_error *err) {
     EPX_TRY(check_tables(b, replicas, num_valid, "epx_cuda_dispatch_balanced_solve", err));
     if (counts == NULL || out == NULL)
         return epxi_fail(err, EPX_ERR_INVALID_ARG,
@@ -312,8 +310,7 @@ extern "C" epx_status epx_cuda_dispatch_balanced_solve(epx_cuda_balancer *b,
     return EPX_OK;
 }
 
-extern "C" epx_status epx_cuda_dispatch_balanced_topk(epx_cuda_balancer *b,
-                                                      const int32_t *replicas,
+extern "C" epx_status epx_cuda_dispatch_balanced_topk(epx_cuda_balancer *b, const int32_t *replicas,
                                                       const int32_t *num_valid,
                                                       const int32_t *topk_ids, int64_t num_tokens,
                                                       int32_t topk, int32_t *phys,

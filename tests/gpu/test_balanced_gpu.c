@@ -39,8 +39,8 @@ static int failures;
     do {                                                                                           \
         epx_status s_ = (call);                                                                    \
         if (s_ != EPX_OK) {                                                                        \
-            fprintf(stderr, "%s:%d: %s: %s: %s\n", __FILE__, __LINE__, #call,                      \
-                    epx_status_str(s_), er.msg);                                               \
+            fprintf(stderr, "%s:%d: %s: %s: %s\n", __FILE__, __LINE__, #call, epx_status_str(s_),  \
+                    er.msg);                                                                       \
             exit(1);                                                                               \
         }                                                                                          \
     } while (0)
@@ -72,8 +72,7 @@ static void same(const char *what, const char *ctx, const void *d, const void *h
     if (memcmp(x, h, bytes) != 0) {
         size_t i = 0;
         while (((const unsigned char *)x)[i] == ((const unsigned char *)h)[i]) i++;
-        fprintf(stderr, "MISMATCH %s (%s): first difference at element %zu\n", what, ctx,
-                i / elem);
+        fprintf(stderr, "MISMATCH %s (%s): first difference at element %zu\n", what, ctx, i / elem);
         failures++;
     }
     free(x);
@@ -91,8 +90,7 @@ static place random_place(int32_t E, int32_t G, int32_t per) {
     place p = {E, G * per, G, G * per - E + 1, NULL, NULL};
     int32_t *p2l = malloc(sizeof(int32_t) * (size_t)p.P);
     int32_t hot = 1 + below(E < 8 ? E : 8); /* extra replicas favour a few experts */
-    for (int32_t s = 0; s < p.P; s++)
-        p2l[s] = s < E ? s : below(3) ? below(E) : below(hot);
+    for (int32_t s = 0; s < p.P; s++) p2l[s] = s < E ? s : below(3) ? below(E) : below(hot);
     for (int32_t s = p.P - 1; s > 0; s--) {
         int32_t j = below(s + 1), t = p2l[s];
         p2l[s] = p2l[j];
