@@ -206,6 +206,19 @@ EPX_API epx_status epx_gpu_ep_dispatch(epx_gpu_ep *ep, int64_t T, const void *x,
 /* Or'ed into dispatch parts: topk_slots points at int64 ids, where every
  * negative id means no expert (DeepEP's topk_idx). */
 #define EPX_GPU_EP_IDS64 4
+/* Or'ed into dispatch parts (with SEND): fp8 dispatch in DeepEP's form, for
+ * bf16 x with hidden a multiple of 128: each row crosses the wire as e4m3
+ * values and one fp32 scale per 128 values (amax / 448; ROUND_SCALE: the
+ * next power of two; UE8M0, with ROUND_SCALE and hidden a multiple of 512:
+ * the scales' exponent bytes, four packed in an int32). The receive then
+ * holds, at views.x, the e4m3 rows [local slots][R * max_tokens][hidden]
+ * (hidden bytes each) and at views.x_scales the scales column-major, fp32
+ * [local slots][hidden / 128][R * max_tokens] (UE8M0: int32 [local
+ * slots][hidden / 512][R * max_tokens]). Combine stays in y_dtype; the
+ * identity experts dequantise. */
+#define EPX_GPU_EP_FP8 8
+#define EPX_GPU_EP_ROUND_SCALE 16
+#define EPX_GPU_EP_UE8M0 32
 EPX_API epx_status epx_gpu_ep_dispatch_parts(epx_gpu_ep *ep, int parts, int64_t T, const void *x,
                                              const int32_t *topk_slots, const float *topk_weights,
                                              epx_ep_recv *recv, epx_error *err);
@@ -242,7 +255,7 @@ EPX_API epx_status epx_gpu_ep_combine_parts(epx_gpu_ep *ep, int parts, const voi
  * [num_local_slots] x [slot_stride] expert-major, valid for the handle's
  * life; contents belong to the last dispatch. */
 typedef struct epx_gpu_ep_views {
-    void *x;               /* received rows, x_dtype */
+    void *x;               /* received rows, x_dtype (after an fp8 dispatch: e4m3, see above) */
     void *y;               /* the expert outputs combine sends by default, y_dtype */
     int32_t *counts;       /* [num_local_slots] entries per local slot */
     int32_t *src_token;    /* token index on its source rank, per entry row */
@@ -250,6 +263,7 @@ typedef struct epx_gpu_ep_views {
     float *entry_weight;   /* router weight per entry row */
     int64_t slot_stride;   /* R * max_tokens */
     int32_t num_local_slots;
+    void *x_scales; /* an fp8 dispatch's scales (NULL where hidden % 128 != 0) */
 } epx_gpu_ep_views;
 EPX_API epx_status epx_gpu_ep_get_views(const epx_gpu_ep *ep, epx_gpu_ep_views *v, epx_error *err);
 

@@ -508,6 +508,59 @@ static void bf16_rounding(void **state) {
     assert_true(epxi_bf16_to_f32(0xc040) == -3.0f);
 }
 
+/* numeric.h's e4m3 against a search over all 256 codes (ties to the even
+ * code), on every code's value, the midpoints between neighbours and a
+ * dense sweep of [-448, 448]; and the scale rules on known values. */
+static float e4m3_ref_value(int c) {
+    const int e = (c >> 3) & 15, m = c & 7;
+    const float a = e == 0 ? ldexpf((float)m, -9) : ldexpf((float)(8 + m), e - 10);
+    return (c & 0x80) ? -a : a;
+}
+static int e4m3_ref(float v) {
+    int best = 0;
+    for (int c = 0; c < 256; c++) {
+        if ((c & 0x7f) == 0x7f) continue;
+        const float d = fabsf(e4m3_ref_value(c) - v), bd = fabsf(e4m3_ref_value(best) - v);
+        if (d < bd || (d == bd && (c & 1) == 0 && e4m3_ref_value(c) != e4m3_ref_value(best)))
+            best = c;
+    }
+    if (e4m3_ref_value(best) == 0.0f) best = signbit(v) ? 0x80 : 0;
+    return best;
+}
+static void fp8_e4m3(void **state) {
+    (void)state;
+    for (int c = 0; c < 256; c++) {
+        if ((c & 0x7f) == 0x7f) continue;
+        const float v = e4m3_ref_value(c);
+        assert_true(epxi_e4m3_to_f32((uint8_t)c) == v);
+        assert_int_equal(epxi_f32_to_e4m3(v), c == 0x80 ? 0x80 : c);
+        if ((c & 0x7f) < 0x7e) { /* the midpoint to the next code up: ties to even */
+            const float mid = 0.5f * (v + e4m3_ref_value(c + 1));
+            assert_int_equal(epxi_f32_to_e4m3(mid), e4m3_ref(mid));
+        }
+    }
+    uint64_t rng = 12345;
+    for (int i = 0; i < 200000; i++) {
+        rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+        const float v = ((float)(rng >> 40) / 16777216.0f * 2.0f - 1.0f) *
+                        ldexpf(448.0f, -(int)((rng >> 20) % 14));
+        if (epxi_f32_to_e4m3(v) != e4m3_ref(v))
+            fail_msg("e4m3 of %.9g: %d, expected %d (seed 12345, draw %d)", (double)v,
+                     epxi_f32_to_e4m3(v), e4m3_ref(v), i);
+    }
+    float scale, factor;
+    epxi_fp8_scale(448.0f, 0, &scale, &factor);
+    assert_true(scale == 448.0f * (float)(1.0 / 448.0) && factor == 1.0f);
+    epxi_fp8_scale(0.0f, 0, &scale, &factor); /* amax at least 1e-4 */
+    assert_true(factor == 448.0f / 1e-4f);
+    epxi_fp8_scale(3.0f, 1, &scale, &factor); /* 3/448 -> 2^-7 */
+    assert_true(scale == 0.0078125f && factor == 128.0f);
+    epxi_fp8_scale(448.0f * 0.0078125f, 1, &scale, &factor); /* exactly 2^-7 stays */
+    assert_true(scale == 0.0078125f);
+    assert_int_equal(epxi_fp8_quantize(1000.0f, 1.0f), 0x7e); /* clamped to 448 */
+    assert_int_equal(epxi_fp8_quantize(-1000.0f, 1.0f), 0xfe);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(philox_known_answers),
@@ -518,6 +571,7 @@ int main(void) {
         cmocka_unit_test(permute_combine),
         cmocka_unit_test(rows_errors),
         cmocka_unit_test(bf16_rounding),
+        cmocka_unit_test(fp8_e4m3),
         cmocka_unit_test(gather_is_the_scatter),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -394,6 +394,13 @@ class FakeEngine:
         self.recv_count = torch.arange(1, L + 1, dtype=torch.int32)
         self.src_info = torch.zeros((L, S), dtype=torch.int32)
         self.layout_range = torch.zeros((L, num_ranks), dtype=torch.int64)
+        if H % 128 == 0:  # the engine's fp8 receive views
+            self.recv_fp8 = torch.zeros((L, S, H), dtype=torch.float8_e4m3fn)
+            self.recv_scales = torch.zeros((L, H // 128, S)).transpose(1, 2)
+            self.recv_scales_ue8m0 = torch.zeros((L, H // 512, S), dtype=torch.int32) \
+                .transpose(1, 2) if H % 512 == 0 else None
+        else:
+            self.recv_fp8 = None
         self.calls, self.infos, self.destroyed = [], None, False
         self.generation = 0
         FakeEngine.made.append(self)
@@ -714,11 +721,22 @@ def test_dispatch_and_combine_drive_the_engine_as_deepep(buf):
     hook()
     assert eng.calls[-1] == ("dispatch", _ll.RECV, None, None)
     assert stats.tolist() == [2 * i for i in range(1, 9)]
-    # use_fp8: DeepEP's cast of the received rows
-    eng.recv_x.copy_(torch.randn(eng.recv_x.shape).to(torch.bfloat16))
+    # use_fp8: quantised by the engine's sending kernel, DeepEP's flags passed
+    # on; the engine's fp8 views returned (the GPU test checks their bits
+    # against per_token_cast_fp8)
     (d, s), _, handle, _, _ = buf.low_latency_dispatch(x, ids, 8, 8, round_scale=True)
-    want_d, want_s = B.per_token_cast_fp8(eng.recv_x, True)
-    assert torch.equal(_bits(d), _bits(want_d)) and torch.equal(s, want_s)
+    assert eng.calls[-1][:2] == ("dispatch", _ll.SEND | _ll.RECV | _ll.FP8 | _ll.ROUND_SCALE)
+    assert d is eng.recv_fp8 and s is eng.recv_scales
+    with pytest.raises(ValueError, match="hidden divisible by 512, not 256"):
+        buf.low_latency_dispatch(x, ids, 8, 8, round_scale=True, use_ue8m0=True)
+    (d, s), _, handle, _, hook = buf.low_latency_dispatch(
+        x, ids, 8, 8, round_scale=True, return_recv_hook=True)
+    assert eng.calls[-1][:2] == ("dispatch", _ll.SEND | _ll.FP8 | _ll.ROUND_SCALE)
+    assert d is eng.recv_fp8 and s is eng.recv_scales  # handed out before the hook fills them
+    hook()
+    assert eng.calls[-1][:2] == ("dispatch", _ll.RECV)
+    (d, s), _, handle, _, _ = buf.low_latency_dispatch(x, ids, 8, 8)  # DeepEP's default: fp8
+    assert eng.calls[-1][:2] == ("dispatch", _ll.SEND | _ll.RECV | _ll.FP8)
     # combine: y is the caller's unless it is the engine's own (or zero_copy)
     w = cu(torch.rand(3, 4))
     out = cu(torch.empty(3, 256, dtype=torch.bfloat16))

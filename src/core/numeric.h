@@ -7,6 +7,7 @@
 #ifndef EPX_NUMERIC_H
 #define EPX_NUMERIC_H
 
+#include <math.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -57,6 +58,59 @@ EPXI_HD void epxi_row_store(void *row, int64_t j, float v, int bf16) {
         ((uint16_t *)row)[j] = epxi_f32_to_bf16(v);
     else
         ((float *)row)[j] = v;
+}
+
+/* ---- DeepEP's fp8 dispatch form: e4m3 values (the "fn" kind: no
+ * infinities, 448 the largest) with one fp32 scale per 128 values, the
+ * arithmetic of its kernels and of python/epx/torch/buffer.py's
+ * per_token_cast_fp8, so host, device and torch agree bit for bit. ---- */
+#define EPXI_FP8_MAX 448.0f
+#define EPXI_FP8_GROUP 128
+
+/* v with |v| <= 448 (the caller clamps) -> e4m3 bits, rounded to nearest
+ * even, as torch's float8_e4m3fn cast rounds values in range. */
+EPXI_HD uint8_t epxi_f32_to_e4m3(float v) {
+    uint32_t b;
+    memcpy(&b, &v, sizeof b);
+    const uint8_t sign = (uint8_t)((b >> 24) & 0x80u);
+    const float a = fabsf(v);
+    if (a < 0.015625f) /* below 2^-6: subnormal steps of 2^-9; 8 steps is 2^-6's code */
+        return (uint8_t)(sign | (uint8_t)rintf(a * 512.0f));
+    int32_t e = (int32_t)((b >> 23) & 0xffu) - 127;
+    uint32_t keep = (b & 0x7fffffu) >> 20, rest = b & 0xfffffu;
+    if (rest > 0x80000u || (rest == 0x80000u && (keep & 1u))) keep++;
+    if (keep == 8u) keep = 0, e++;
+    return (uint8_t)(sign | (uint8_t)((uint32_t)(e + 7) << 3) | (uint8_t)keep);
+}
+
+EPXI_HD float epxi_e4m3_to_f32(uint8_t c) {
+    const int32_t e = (c >> 3) & 15, m = c & 7;
+    const float a = e == 0 ? (float)m * 0.001953125f : ldexpf((float)(8 + m), e - 10);
+    return (c & 0x80u) ? -a : a;
+}
+
+/* A group's scale and the factor its values are multiplied by, from its
+ * largest |value|: scale = amax * (float)(1 / 448), factor = 448 / amax
+ * (amax at least 1e-4); round_scale: the scale raised to a power of two
+ * (from its bits: log2 in float32 can round a scale just above a power of
+ * two down to it), the factor its exact inverse. */
+EPXI_HD void epxi_fp8_scale(float amax, int round_scale, float *scale, float *factor) {
+    if (!(amax >= 1e-4f)) amax = 1e-4f;
+    float s = amax * (float)(1.0 / 448.0), f = EPXI_FP8_MAX / amax;
+    if (round_scale) {
+        uint32_t b;
+        memcpy(&b, &s, sizeof b);
+        const int32_t e = (int32_t)((b >> 23) & 0xffu) - 127 + ((b & 0x7fffffu) != 0u);
+        s = ldexpf(1.0f, e);
+        f = 1.0f / s;
+    }
+    *scale = s;
+    *factor = f;
+}
+
+/* One value's e4m3 bits at a group's factor (clamped to +-448 first). */
+EPXI_HD uint8_t epxi_fp8_quantize(float x, float factor) {
+    return epxi_f32_to_e4m3(fminf(fmaxf(x * factor, -EPXI_FP8_MAX), EPXI_FP8_MAX));
 }
 
 #endif /* EPX_NUMERIC_H */

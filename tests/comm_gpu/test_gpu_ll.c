@@ -16,6 +16,7 @@
  */
 #define _DEFAULT_SOURCE /* MAP_ANONYMOUS, for proc_comm.h */
 #include <cuda_runtime.h>
+#include <math.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -86,6 +87,7 @@ typedef struct shape {
     epx_dtype xd, yd;
     int batches;
     bool graph; /* every batch replays one captured graph (fixed T per rank) */
+    int fp8;    /* EPX_GPU_EP_FP8 [| _ROUND_SCALE [| _UE8M0]]: dispatch in fp8 (bf16 x) */
 } shape;
 
 /* One rank's batch: x as stored (fp32 or bf16 bits), slots, weights. */
@@ -101,10 +103,57 @@ static float xval(const shape *c, const void *x, size_t i) {
                                    : ((const float *)x)[i];
 }
 
-/* The value identity experts put in y: x converted to y_dtype. */
-static float yval(const shape *c, const void *x, size_t i) {
-    float v = xval(c, x, i);
-    return c->yd == EPX_DTYPE_BF16 ? epx_bf16_to_f32(epx_bf16_from_f32(v)) : v;
+/* ---- the fp8 oracle: DeepEP's definition, written out independently of
+ * the library (the e4m3 value by searching all 256 codes) ---- */
+static float e4m3_value(int c) {
+    const int e = (c >> 3) & 15, m = c & 7;
+    const float a = e == 0 ? ldexpf((float)m, -9) : ldexpf((float)(8 + m), e - 10);
+    return (c & 0x80) ? -a : a;
+}
+static uint8_t e4m3_nearest(float v) { /* v in [-448, 448]; ties to the even code */
+    static float val[256];
+    if (val[1] == 0.0f)
+        for (int c = 0; c < 256; c++) val[c] = e4m3_value(c);
+    int best = 0;
+    for (int c = 0; c < 256; c++) {
+        if ((c & 0x7f) == 0x7f) continue; /* NaN */
+        const float d = fabsf(val[c] - v), bd = fabsf(val[best] - v);
+        if (d < bd || (d == bd && (c & 1) == 0 && val[c] != val[best])) best = c;
+    }
+    if (val[best] == 0.0f) best = signbit(v) ? 0x80 : 0;
+    return (uint8_t)best;
+}
+/* Group g of row x (bf16): its e4m3 bytes (128) and scale. */
+static float fp8_group(const shape *c, const void *x, int64_t t, int g, uint8_t *q) {
+    float amax = 0.0f;
+    for (int i = 0; i < 128; i++)
+        amax = fmaxf(amax, fabsf(xval(c, x, (size_t)(t * c->H + g * 128 + i))));
+    if (amax < 1e-4f) amax = 1e-4f;
+    float scale = amax * (float)(1.0 / 448.0), factor = 448.0f / amax;
+    if (c->fp8 & EPX_GPU_EP_ROUND_SCALE) {
+        int e;
+        const float fr = frexpf(scale, &e); /* scale = fr * 2^e, fr in [0.5, 1) */
+        scale = ldexpf(1.0f, fr == 0.5f ? e - 1 : e);
+        factor = 1.0f / scale;
+    }
+    for (int i = 0; q != NULL && i < 128; i++) {
+        const float v = xval(c, x, (size_t)(t * c->H + g * 128 + i)) * factor;
+        q[i] = e4m3_nearest(fminf(fmaxf(v, -448.0f), 448.0f));
+    }
+    return scale;
+}
+
+/* The values identity experts put in y for token t: x converted to
+ * y_dtype (fp8: the dequantised values, data * scale). */
+static void yvals(const shape *c, const void *x, int64_t t, float *y) {
+    for (int h = 0; h < c->H; h += 128) {
+        uint8_t q[128];
+        const float scale = c->fp8 ? fp8_group(c, x, t, h / 128, q) : 0.0f;
+        for (int i = h; i < c->H && i < h + 128; i++) {
+            float v = c->fp8 ? e4m3_value(q[i - h]) * scale : xval(c, x, (size_t)(t * c->H + i));
+            y[i] = c->yd == EPX_DTYPE_BF16 ? epx_bf16_to_f32(epx_bf16_from_f32(v)) : v;
+        }
+    }
 }
 
 static void make_batch(const shape *c, int b, int32_t r, int64_t fixed_T, batch *o) {
@@ -152,6 +201,31 @@ typedef struct got {
     unsigned char *rx;
 } got;
 
+/* Entry row e of an fp8 receive (g->rx: data, then the column-major scales)
+ * against token t of batch src: every byte and scale. */
+static int check_fp8_row(const shape *c, const got *g, int64_t e, const batch *src, int64_t t) {
+    const int64_t RM = (int64_t)c->R * c->M, spr = c->P / c->R, l = e / RM, s = e % RM;
+    const int G = c->H / 128;
+    const unsigned char *sc = g->rx + (size_t)(spr * RM) * (size_t)c->H;
+    for (int gi = 0; gi < G; gi++) {
+        uint8_t q[128];
+        const float scale = fp8_group(c, src->x, t, gi, q);
+        if (memcmp(g->rx + (size_t)e * (size_t)c->H + (size_t)gi * 128, q, 128) != 0) return 1;
+        if (c->fp8 & EPX_GPU_EP_UE8M0) {
+            uint32_t w;
+            memcpy(&w, sc + 4 * ((size_t)(l * (G / 4) + gi / 4) * (size_t)RM + (size_t)s), 4);
+            uint32_t sb;
+            memcpy(&sb, &scale, 4);
+            if (((w >> (8 * (gi % 4))) & 0xffu) != ((sb >> 23) & 0xffu)) return 1;
+        } else {
+            float have;
+            memcpy(&have, sc + 4 * ((size_t)(l * G + gi) * (size_t)RM + (size_t)s), 4);
+            if (memcmp(&have, &scale, 4) != 0) return 1;
+        }
+    }
+    return 0;
+}
+
 /* Check rank me's expert-major view and combined output for batch b: local
  * slot l's rows are its entries in (source, token, k) order, each a copy of
  * the token's row, with its weight (when dispatched with weights), source
@@ -176,8 +250,13 @@ static int check(const shape *c, int32_t me, const batch *all, const got *g, con
                               "(token %lld of rank %d, w %g)",
                               me, b, l, (long long)i, g->srctok[e], (double)g->ew[e], (long long)t,
                               src, (double)all[src].w[t * K + k]);
-                    if (memcmp(g->rx + (size_t)e * xrow,
-                               (const unsigned char *)all[src].x + t * xrow, xrow) != 0)
+                    if (c->fp8) {
+                        if (check_fp8_row(c, g, e, &all[src], t) != 0)
+                            FAILF("rank %d batch %d: slot %d row %lld is not token %lld of rank "
+                                  "%d in fp8 (flags %d)",
+                                  me, b, l, (long long)i, (long long)t, src, c->fp8);
+                    } else if (memcmp(g->rx + (size_t)e * xrow,
+                                      (const unsigned char *)all[src].x + t * xrow, xrow) != 0)
                         FAILF("rank %d batch %d: slot %d row %lld does not hold token %lld of "
                               "rank %d",
                               me, b, l, (long long)i, (long long)t, src);
@@ -195,13 +274,15 @@ static int check(const shape *c, int32_t me, const batch *all, const got *g, con
                   g->count[l], (long long)i);
     }
     const batch *mine = &all[me];
-    for (int64_t t = 0; t < mine->T; t++)
+    float *yv = malloc(sizeof(float) * (size_t)c->H);
+    for (int64_t t = 0; t < mine->T; t++) {
+        yvals(c, mine->x, t, yv);
         for (int32_t h = 0; h < c->H; h++) {
             float acc = 0.0f;
             for (int32_t k = 0; k < K; k++) {
                 const int32_t sl = mine->s[t * K + k];
                 if (sl >= 0 && !((drop >> (sl / spr)) & 1u)) /* drop: masked ranks' experts */
-                    acc += mine->w[t * K + k] * yval(c, mine->x, (size_t)(t * c->H + h));
+                    acc += mine->w[t * K + k] * yv[h];
             }
             float o;
             if (out_bf16) {
@@ -213,9 +294,12 @@ static int check(const shape *c, int32_t me, const batch *all, const got *g, con
                 o = ((const float *)out)[t * c->H + h];
                 if (memcmp(&acc, &o, 4) == 0) continue;
             }
+            free(yv);
             FAILF("rank %d batch %d token %lld h %d: combine %.9g, expected %.9g (bitwise%s)", me,
                   b, (long long)t, h, (double)o, (double)acc, out_bf16 ? ", bf16" : "");
         }
+    }
+    free(yv);
     return 0;
 }
 
@@ -306,7 +390,8 @@ static int run_rank(epx_comm *boot, const shape *c) {
                 cudaGraph_t gr;
                 CK(cudaStreamSynchronize(st));
                 CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
-                EK(epx_gpu_ep_dispatch(ep, my->T, dx, ds, dw, &rv, &err));
+                EK(epx_gpu_ep_dispatch_parts(ep, EPX_GPU_EP_SEND | EPX_GPU_EP_RECV | c->fp8, my->T,
+                                             dx, ds, dw, &rv, &err));
                 EK(epx_gpu_ep_identity_experts(ep, &err));
                 EK(epx_gpu_ep_combine(ep, dout, &err));
                 CK(cudaStreamEndCapture(st, &gr));
@@ -315,7 +400,8 @@ static int run_rank(epx_comm *boot, const shape *c) {
             }
             CK(cudaGraphLaunch(exec, st));
         } else {
-            EK(epx_gpu_ep_dispatch(ep, my->T, dx, ds, how == 1 ? NULL : dw, &rv, &err));
+            EK(epx_gpu_ep_dispatch_parts(ep, EPX_GPU_EP_SEND | EPX_GPU_EP_RECV | c->fp8, my->T, dx,
+                                         ds, how == 1 ? NULL : dw, &rv, &err));
             if (rv.num_entries != -1 || rv.num_local_slots != spr ||
                 rv.slot_stride != (int64_t)R * c->M || rv.slot_counts != vw.counts ||
                 rv.x != vw.x || rv.slot_offsets != NULL)
@@ -359,6 +445,16 @@ static void random_shape(uint64_t *s, int32_t R, shape *c) {
     c->yd = below(s, 2) ? EPX_DTYPE_BF16 : EPX_DTYPE_F32;
     c->batches = 5;
     c->graph = false;
+    c->fp8 = 0;
+}
+
+/* An fp8 dispatch of c (bf16 x, hidden a multiple of 512): flags by `pick`. */
+static void make_fp8(shape *c, int pick) {
+    static const int flags[3] = {EPX_GPU_EP_FP8, EPX_GPU_EP_FP8 | EPX_GPU_EP_ROUND_SCALE,
+                                 EPX_GPU_EP_FP8 | EPX_GPU_EP_ROUND_SCALE | EPX_GPU_EP_UE8M0};
+    c->xd = EPX_DTYPE_BF16;
+    c->H = 512 * (1 + c->H % 2);
+    c->fp8 = flags[pick % 3];
 }
 
 /* ---- processes: R ranks on the one GPU ------------------------------------ */
@@ -417,7 +513,7 @@ static int proc_shrink(int32_t rank, int32_t R, pc_world *w, void *arg) {
     epx_comm *boot = pc_comm(w, rank);
     if (boot == NULL) return 1;
     epx_error err = {0};
-    shape c = {R, 64, 4, 2 * R, 8, EPX_DTYPE_BF16, EPX_DTYPE_BF16, 4, false};
+    shape c = {R, 64, 4, 2 * R, 8, EPX_DTYPE_BF16, EPX_DTYPE_BF16, 4, false, 0};
     const int32_t spr = c.P / R, K = c.K;
     const size_t rows = (size_t)spr * (size_t)R * (size_t)c.M, xrow = (size_t)c.H * 2;
     cudaStream_t st;
@@ -518,10 +614,24 @@ static int single_rank_cases(void) {
             FAILF("one rank, case %d failed (seed %llu)", i, (unsigned long long)g_seed);
     }
     /* The shape of the benchmarks: Kimi-K2 on 8 GPUs seen from one rank. */
-    shape big = {1, 7168, 8, 48, 32, EPX_DTYPE_BF16, EPX_DTYPE_BF16, 3, false};
+    for (int i = 0; i < 6; i++) { /* fp8 dispatch, every form, launched and as graphs */
+        shape c;
+        random_shape(&s, 1, &c);
+        make_fp8(&c, i);
+        c.graph = i >= 3;
+        if (run_rank(local, &c) != 0)
+            FAILF("one rank, fp8 case %d (flags %d) failed (seed %llu)", i, c.fp8,
+                  (unsigned long long)g_seed);
+    }
+    shape big = {1, 7168, 8, 48, 32, EPX_DTYPE_BF16, EPX_DTYPE_BF16, 3, false, 0};
     if (run_rank(local, &big) != 0) FAILF("one rank, H=7168 failed");
     big.graph = true;
     if (run_rank(local, &big) != 0) FAILF("one rank, H=7168 graph failed");
+    big.fp8 = EPX_GPU_EP_FP8; /* the benchmark's shape in DeepEP's two fp8 forms */
+    if (run_rank(local, &big) != 0) FAILF("one rank, H=7168 fp8 graph failed");
+    big.graph = false;
+    big.fp8 = EPX_GPU_EP_FP8 | EPX_GPU_EP_ROUND_SCALE | EPX_GPU_EP_UE8M0;
+    if (run_rank(local, &big) != 0) FAILF("one rank, H=7168 fp8 UE8M0 failed");
     epx_comm_destroy(local);
     return 0;
 }
@@ -788,6 +898,7 @@ int main(void) {
         for (int i = 0; i < j.ncases; i++) {
             random_shape(&s, R, &j.c[i]);
             j.c[i].graph = i == 3;
+            if (i == 1) make_fp8(&j.c[i], R); /* one fp8 case on every rank count */
         }
         int failed = pc_run(R, proc_rank, &j, 240);
         printf("%d ranks as processes over %s: %s\n", R,

@@ -16,6 +16,7 @@ from . import _gpu
 DTYPE_F32, DTYPE_BF16 = 0, 1
 MODE_LOW_LATENCY = 1
 SEND, RECV, IDS64 = 1, 2, 4
+FP8, ROUND_SCALE, UE8M0 = 8, 16, 32  # fp8 dispatch in DeepEP's form
 INFO_BYTES = 256
 
 
@@ -37,7 +38,7 @@ class GpuEpViews(Structure):
     """epx_gpu_ep_views (include/epx_comm_gpu.h)."""
     _fields_ = [("x", c_void_p), ("y", c_void_p), ("counts", c_void_p), ("src_token", c_void_p),
                 ("layout_range", c_void_p), ("entry_weight", c_void_p),
-                ("slot_stride", c_int64), ("num_local_slots", c_int32)]
+                ("slot_stride", c_int64), ("num_local_slots", c_int32), ("x_scales", c_void_p)]
 
 
 def _bind(name, *argtypes):
@@ -135,6 +136,14 @@ class Engine:
         self.src_info = view(v.src_token, (L, S), "<i4")
         self.layout_range = view(v.layout_range, (L, R), "<i8")
         self.num_local = L
+        # after an fp8 dispatch: e4m3 rows [L][S][H] at the receive, and the
+        # scales after them column-major, as DeepEP returns them ([L][S][G]
+        # views of [L][G][S] memory: fp32 per 128 values, or UE8M0 int32)
+        if v.x_scales:
+            self.recv_fp8 = view(v.x, (L, S, H), "|u1").view(torch.float8_e4m3fn)
+            self.recv_scales = view(v.x_scales, (L, H // 128, S), "<f4").transpose(1, 2)
+            self.recv_scales_ue8m0 = view(v.x_scales, (L, H // 512, S), "<i4").transpose(1, 2) \
+                if H % 512 == 0 else None
 
     def info(self):
         buf = ctypes.create_string_buffer(INFO_BYTES)

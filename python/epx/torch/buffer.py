@@ -24,8 +24,9 @@ Where epx differs from DeepEP, and why (docs/EP_TORCH.md has the list):
 - recv_x, recv_count and the handle's tensors are views of the engine's
   memory, valid until the next dispatch of the same shape (DeepEP allocates
   new tensors, and reuses its own buffers after two calls);
-- use_fp8 quantises after the exchange, with DeepEP's per-128-value scales,
-  so the bytes on the wire are bf16 (the values delivered are the same);
+- use_fp8 quantises in the sending kernel, DeepEP's format on the wire (e4m3
+  and one fp32 scale per 128 values: H + H / 32 bytes a row); the tensors
+  returned are views of the engine's receive, as with bf16;
   use_logfmt is accepted and sends bf16 (no precision lost);
 - the engine is created at the first call of each (hidden, top-k, experts,
   max tokens), which is collective: every rank's first call of a shape must
@@ -430,6 +431,12 @@ class Buffer:
         eng = self._engine(H, K, E, M)
         send_stream = torch.cuda.current_stream() if return_recv_hook else None
 
+        fp8 = (_ll.FP8 | (_ll.ROUND_SCALE if round_scale else 0) |
+               (_ll.UE8M0 if use_ue8m0 else 0)) if use_fp8 else 0
+        if use_fp8 and (H % (512 if use_ue8m0 else 128) or eng.recv_fp8 is None):
+            _fail("fp8 dispatch needs hidden divisible by %d, not %d"
+                  % (512 if use_ue8m0 else 128, H))
+
         def receive():
             eng.dispatch(_ll.RECV, None, None, stream=send_stream)  # DeepEP: the send's stream
             return finish()
@@ -437,9 +444,12 @@ class Buffer:
         def finish():
             if cumulative_local_expert_recv_stats is not None:
                 cumulative_local_expert_recv_stats.add_(eng.recv_count)
-            if use_fp8:
-                return per_token_cast_fp8(eng.recv_x, round_scale, use_ue8m0)
-            return eng.recv_x
+            return recv_out
+
+        # what the receive fills: views of the engine's memory, handed out
+        # at once (with a hook, before it has run, as DeepEP does)
+        recv_out = eng.recv_x if not use_fp8 else \
+            (eng.recv_fp8, eng.recv_scales_ue8m0 if use_ue8m0 else eng.recv_scales)
 
         def launched():
             eng.num_tokens = T  # what combine must be given back
@@ -447,28 +457,10 @@ class Buffer:
             return _Handle((eng.src_info, eng.layout_range, M, H, E), eng, eng.generation)
 
         if return_recv_hook:
-            eng.dispatch(_ll.SEND, x, topk_idx)
+            eng.dispatch(_ll.SEND | fp8, x, topk_idx)
             handle = launched()
-            box = {}
-
-            def hook():
-                box["x"] = receive()
-                if use_fp8:  # the tuple's tensors were handed out already: fill them in place
-                    data, scales = box["x"]
-                    out[0].copy_(data)
-                    out[1].copy_(scales)
-
-            if use_fp8:
-                # DeepEP hands out the tensors before the hook fills them.
-                L, S = eng.num_local, eng.recv_x.shape[1]
-                sdim = H // 512 if use_ue8m0 else H // 128
-                data = torch.empty((L, S, H), dtype=torch.float8_e4m3fn, device=x.device)
-                sc = torch.empty((L, sdim, S), dtype=torch.int32 if use_ue8m0 else torch.float32,
-                                 device=x.device).transpose(1, 2)
-                out = (data, sc)
-                return out, eng.recv_count, handle, EventOverlap(None), hook
-            return eng.recv_x, eng.recv_count, handle, EventOverlap(None), hook
-        eng.dispatch(_ll.SEND | _ll.RECV, x, topk_idx)
+            return recv_out, eng.recv_count, handle, EventOverlap(None), receive
+        eng.dispatch(_ll.SEND | _ll.RECV | fp8, x, topk_idx)
         handle = launched()
         recv_x = finish()
         event = EventOverlap(self.capture().event, (x, topk_idx)) if async_finish else \

@@ -556,6 +556,79 @@ __device__ void send_counts(const Args &a, uint32_t epoch, const void *slots, in
     }
 }
 
+/* ---- fp8 dispatch (DeepEP's form; numeric.h holds the arithmetic) ------------
+ * Kernel parts bits, as the public EPX_GPU_EP_FP8 / _ROUND_SCALE / _UE8M0. A
+ * record's x part then holds the row's H e4m3 bytes and its H / 128 fp32
+ * scales; the receive holds the data [spr][RM][H] at rx and the scales
+ * after it, column-major as DeepEP returns them: fp32 [spr][H / 128][RM],
+ * or with UE8M0 the scales' exponent bytes four to an int32 [spr][H / 512][RM]. */
+constexpr int kFP8 = 8, kRoundScale = 16, kUE8M0 = 32;
+
+/* The bf16 row src (16-byte aligned, H % 128 == 0) quantised into rec by
+ * the block: 16 threads hold a group's 128 values, 8 each, and agree on
+ * its largest |value| over shuffles (every lane of a warp takes part). */
+__device__ void quantize_row(const Args &a, unsigned char *rec, const unsigned char *src,
+                             int round_scale) {
+    const int nw = a.H / 8, span = (nw + 31) / 32 * 32;
+    for (int base = 0; base < span; base += blockDim.x) {
+        const int w = base + (int)threadIdx.x;
+        const bool ok = w < nw;
+        float f[8], m = 0.0f;
+        if (ok) {
+            const int4 raw = ((const int4 *)src)[w];
+            const uint32_t u[4] = {(uint32_t)raw.x, (uint32_t)raw.y, (uint32_t)raw.z,
+                                   (uint32_t)raw.w};
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                f[2 * j] = epxi_bf16_to_f32((uint16_t)(u[j] & 0xffffu));
+                f[2 * j + 1] = epxi_bf16_to_f32((uint16_t)(u[j] >> 16));
+            }
+#pragma unroll
+            for (int j = 0; j < 8; j++) m = fmaxf(m, fabsf(f[j]));
+        }
+        for (int o = 8; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o, 16));
+        if (ok) {
+            float scale, factor;
+            epxi_fp8_scale(m, round_scale, &scale, &factor);
+            uint32_t lo = 0, hi = 0;
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                lo |= (uint32_t)epxi_fp8_quantize(f[j], factor) << (8 * j);
+                hi |= (uint32_t)epxi_fp8_quantize(f[4 + j], factor) << (8 * j);
+            }
+            ((uint2 *)rec)[w] = make_uint2(lo, hi);
+            if (w % 16 == 0) ((float *)(rec + a.H))[w / 16] = scale;
+        }
+    }
+}
+
+/* The fp8 receive's scales (after the data of every entry row). */
+__device__ __forceinline__ unsigned char *fp8_scales(const Args &a) {
+    return a.rx + (size_t)a.spr * (size_t)a.RM * (size_t)a.H;
+}
+
+/* Entry e's fp8 row from its record, by the block: the data, then its
+ * scales into the column-major scale tensor (UE8M0: exponent bytes packed). */
+__device__ void place_fp8(const Args &a, const unsigned char *rec, int64_t e, int ue8m0) {
+    block_copy(a.rx + (size_t)e * (size_t)a.H, rec, (size_t)a.H);
+    const int G = a.H / EPXI_FP8_GROUP;
+    const int64_t l = e / a.RM, s = e - l * a.RM;
+    const float *sc = (const float *)(rec + a.H);
+    if (!ue8m0) {
+        float *out = (float *)fp8_scales(a);
+        for (int g = threadIdx.x; g < G; g += blockDim.x)
+            out[((size_t)l * G + g) * (size_t)a.RM + (size_t)s] = sc[g];
+        return;
+    }
+    int32_t *out = (int32_t *)fp8_scales(a);
+    for (int q = threadIdx.x; q < G / 4; q += blockDim.x) {
+        uint32_t packed = 0;
+        for (int j = 0; j < 4; j++)
+            packed |= ((__float_as_uint(sc[4 * q + j]) >> 23) & 0xffu) << (8 * j);
+        out[((size_t)l * (G / 4) + q) * (size_t)a.RM + (size_t)s] = (int32_t)packed;
+    }
+}
+
 /*
  * Where entry (source s, token t, k) of meta m goes in the expert-major
  * receive (its slot's offset for sources below s, from their counts, plus
@@ -588,7 +661,7 @@ __device__ int64_t place_entry(const Args &a, uint32_t epoch, const Meta &m, int
  * of the sources below s (shared memory).
  */
 __device__ void place_rows(const Args &a, uint32_t epoch, const int32_t *first_row, int64_t rows,
-                           const uint8_t *live) {
+                           const uint8_t *live, int fp8) {
     __shared__ int64_t place[kMaxK];
     __shared__ int nplace;
     const int K = a.K;
@@ -608,7 +681,9 @@ __device__ void place_rows(const Args &a, uint32_t epoch, const int32_t *first_r
         }
         __syncthreads();
         const int n = nplace;
-        if (wide) {
+        if (fp8) {
+            for (int i = 0; i < n; i++) place_fp8(a, rec, place[i], fp8 & kUE8M0);
+        } else if (wide) {
             const int4 *src = (const int4 *)rec;
             for (size_t w = threadIdx.x; w < a.xrow / 16; w += blockDim.x) {
                 const int4 word = src[w];
@@ -632,7 +707,7 @@ __device__ void place_rows(const Args &a, uint32_t epoch, const int32_t *first_r
 __global__ void __launch_bounds__(kThreads, 2)
     dispatch_kernel(Args a, int64_t T, const unsigned char *x, const void *slots,
                     const float *weights, uint32_t nwork, int parts) {
-    const int ids64 = (parts & 4) != 0;
+    const int ids64 = (parts & 4) != 0, fp8 = parts & (kFP8 | kRoundScale | kUE8M0);
     const int K = a.K, dmax = K < a.R ? K : a.R;
     __shared__ int32_t d[kMaxK], sk[kMaxK], pk[kMaxK];
     __shared__ float wk[kMaxK];
@@ -640,8 +715,8 @@ __global__ void __launch_bounds__(kThreads, 2)
     /* The x row is read into registers while the routing is worked out, so
      * the two reads overlap; rows too large for that are copied directly. */
     constexpr int kPre = 4;
-    const bool pre =
-        a.xrow % 16 == 0 && a.xrow / 16 <= (size_t)kPre * blockDim.x && (uintptr_t)x % 16 == 0;
+    const bool pre = !fp8 && a.xrow % 16 == 0 && a.xrow / 16 <= (size_t)kPre * blockDim.x &&
+                     (uintptr_t)x % 16 == 0;
     int4 v[kPre];
     int32_t sv = -1; /* this thread's (slot, weight) of the item's token, k = threadIdx.x */
     float wv = 0.0f;
@@ -733,7 +808,9 @@ __global__ void __launch_bounds__(kThreads, 2)
             __syncthreads();
             const int dst = d[j];
             unsigned char *rec = rec_at(a, a.peers[dst], epoch, filed_as(a, dst), t);
-            if (pre)
+            if (fp8)
+                quantize_row(a, rec, x + (size_t)t * a.xrow, fp8 & kRoundScale);
+            else if (pre)
                 regs_store(rec, v, a.xrow);
             else
                 block_copy(rec, x + (size_t)t * a.xrow, a.xrow);
@@ -837,7 +914,7 @@ __global__ void __launch_bounds__(kThreads, 2)
         return;
     }
     if (a.host_inbox) {
-        place_rows(a, epoch, first_row, (int64_t)first_row[a.R], live);
+        place_rows(a, epoch, first_row, (int64_t)first_row[a.R], live, fp8);
         STAMP(a, 4);
         advance();
         return;
@@ -856,7 +933,9 @@ __global__ void __launch_bounds__(kThreads, 2)
         }
         __syncthreads();
         const int64_t e = dst_row;
-        if (e >= 0) {
+        if (e >= 0 && fp8) {
+            place_fp8(a, rec, e, fp8 & kUE8M0);
+        } else if (e >= 0) {
             unsigned char *out = a.rx + (size_t)e * a.xrow;
             if (pre)
                 regs_store(out, v, a.xrow);
@@ -877,17 +956,37 @@ __device__ void entry_starts(const Args &a, int32_t *so) {
     block_scan_smem(so, a.spr);
 }
 
-__global__ void __launch_bounds__(kThreads) identity_kernel(Args a) {
+/* Identity experts: y = x of each entry row, in y's dtype; after an fp8
+ * dispatch (fp8: its kernel bits) the dequantised row, data * scale as
+ * DeepEP's per_token_cast_back. */
+__global__ void __launch_bounds__(kThreads) identity_kernel(Args a, int fp8) {
     __shared__ int32_t so[kMaxLocal + 1];
     if (block_faulted(a)) return;
     entry_starts(a, so);
     const int64_t n = so[a.spr];
+    const int G = a.H / EPXI_FP8_GROUP;
     for (int64_t j = blockIdx.x; j < n; j += gridDim.x) {
         const int l = upper_index(so, a.spr, j);
         const int64_t e = (int64_t)l * a.RM + (j - so[l]);
         const unsigned char *src = a.rx + (size_t)e * a.xrow;
         unsigned char *dst = a.y + (size_t)e * a.yrow;
-        if (a.xbf16 == a.ybf16) {
+        if (fp8) {
+            const int64_t s = e - (int64_t)l * a.RM;
+            const unsigned char *data = a.rx + (size_t)e * (size_t)a.H;
+            for (int h = threadIdx.x; h < a.H; h += blockDim.x) {
+                const int g = h / EPXI_FP8_GROUP;
+                float scale;
+                if (fp8 & kUE8M0) {
+                    const uint32_t w = ((const uint32_t *)fp8_scales(
+                        a))[((size_t)l * (G / 4) + g / 4) * (size_t)a.RM + (size_t)s];
+                    scale = __uint_as_float(((w >> (8 * (g % 4))) & 0xffu) << 23);
+                } else {
+                    scale = ((const float *)fp8_scales(
+                        a))[((size_t)l * G + g) * (size_t)a.RM + (size_t)s];
+                }
+                epxi_row_store(dst, h, epxi_e4m3_to_f32(data[h]) * scale, a.ybf16);
+            }
+        } else if (a.xbf16 == a.ybf16) {
             block_copy(dst, src, a.yrow);
         } else {
             for (int h = threadIdx.x; h < a.H; h += blockDim.x)
@@ -1136,6 +1235,7 @@ struct epx_gpu_ep {
      * (double-buffered), a combine only a whole dispatch; a half sent must
      * be received before anything else. */
     enum { IDLE, D_SENT, DISPATCHED, C_SENT } state;
+    int fp8; /* the last dispatch's fp8 bits (kFP8 | ...), for its receive and the experts */
     /* a split combine's receive reuses its send's arguments */
     const float *c_w;
     void *c_out;
@@ -1815,13 +1915,48 @@ static epx_status bad_order(epx_gpu_ep *ep, const char *what, const char *fix, e
                      state_name(ep->state), fix);
 }
 
+static_assert(EPX_GPU_EP_FP8 == kFP8 && EPX_GPU_EP_ROUND_SCALE == kRoundScale &&
+                  EPX_GPU_EP_UE8M0 == kUE8M0,
+              "the kernels take the public fp8 bits as they are");
+
+/* An fp8 dispatch's preconditions (DeepEP's, and the kernel's alignment). */
+static epx_status check_fp8(const epx_gpu_ep *ep, int fp8, const void *x, epx_error *err) {
+    if (fp8 == 0) return EPX_OK;
+    const epxi_ep_geom *g = &ep->g;
+    if (!(fp8 & EPX_GPU_EP_FP8))
+        return epxi_fail(err, EPX_ERR_INVALID_ARG,
+                         "GPU EP dispatch: EPX_GPU_EP_ROUND_SCALE / _UE8M0 shape an fp8 dispatch: "
+                         "add EPX_GPU_EP_FP8");
+    if ((fp8 & EPX_GPU_EP_UE8M0) && !(fp8 & EPX_GPU_EP_ROUND_SCALE))
+        return epxi_fail(err, EPX_ERR_INVALID_ARG,
+                         "GPU EP dispatch: UE8M0 scales are powers of two: add "
+                         "EPX_GPU_EP_ROUND_SCALE (DeepEP's rule)");
+    if (g->cfg.x_dtype != EPX_DTYPE_BF16)
+        return epxi_fail(err, EPX_ERR_INVALID_ARG,
+                         "GPU EP fp8 dispatch quantises bf16 rows: create the handle with x_dtype "
+                         "EPX_DTYPE_BF16");
+    const int32_t unit = (fp8 & EPX_GPU_EP_UE8M0) ? 4 * EPXI_FP8_GROUP : EPXI_FP8_GROUP;
+    if (g->H % unit != 0)
+        return epxi_fail(err, EPX_ERR_INVALID_ARG,
+                         "GPU EP fp8 dispatch: hidden %d is not a multiple of %d (one scale per "
+                         "128 values%s)",
+                         g->H, unit, unit > EPXI_FP8_GROUP ? ", four packed per int32" : "");
+    if ((uintptr_t)x % 16 != 0)
+        return epxi_fail(err, EPX_ERR_INVALID_ARG,
+                         "GPU EP fp8 dispatch reads x in 16-byte words: x (%p) must be 16-byte "
+                         "aligned",
+                         x);
+    return EPX_OK;
+}
+
 extern "C" epx_status epx_gpu_ep_dispatch_parts(epx_gpu_ep *ep, int parts, int64_t T, const void *x,
                                                 const int32_t *topk_slots,
                                                 const float *topk_weights, epx_ep_recv *recv,
                                                 epx_error *err) {
     EPX_TRY(ready(ep, "dispatch", err));
     const int ids64 = parts & EPX_GPU_EP_IDS64;
-    parts &= ~EPX_GPU_EP_IDS64;
+    const int fp8 = parts & (EPX_GPU_EP_FP8 | EPX_GPU_EP_ROUND_SCALE | EPX_GPU_EP_UE8M0);
+    parts &= ~(EPX_GPU_EP_IDS64 | EPX_GPU_EP_FP8 | EPX_GPU_EP_ROUND_SCALE | EPX_GPU_EP_UE8M0);
     if (parts < EPX_GPU_EP_SEND || parts > (EPX_GPU_EP_SEND | EPX_GPU_EP_RECV))
         return epxi_fail(err, EPX_ERR_INVALID_ARG,
                          "GPU EP dispatch parts %d: give EPX_GPU_EP_SEND, EPX_GPU_EP_RECV or both "
@@ -1840,7 +1975,9 @@ extern "C" epx_status epx_gpu_ep_dispatch_parts(epx_gpu_ep *ep, int parts, int64
         if (T > 0 && (x == NULL || topk_slots == NULL))
             return epxi_fail(err, EPX_ERR_INVALID_ARG,
                              "GPU EP dispatch of %lld tokens needs x and topk_slots", (long long)T);
+        EPX_TRY(check_fp8(ep, fp8, x, err));
         ep->T = T;
+        ep->fp8 = fp8;
     } else if (ep->state != epx_gpu_ep::D_SENT) {
         return bad_order(ep, "dispatch receive", "send a dispatch first", err);
     }
@@ -1850,7 +1987,7 @@ extern "C" epx_status epx_gpu_ep_dispatch_parts(epx_gpu_ep *ep, int parts, int64
     const int64_t places = (parts & 2) ? (int64_t)g->R * ep->T * g->K : 0;
     if (ep->exchange != NULL && parts == (EPX_GPU_EP_SEND | EPX_GPU_EP_RECV)) {
         /* staging: the halves as two launches, the transport between them */
-        EPX_TRY(epx_gpu_ep_dispatch_parts(ep, EPX_GPU_EP_SEND | ids64, T, x, topk_slots,
+        EPX_TRY(epx_gpu_ep_dispatch_parts(ep, EPX_GPU_EP_SEND | ids64 | fp8, T, x, topk_slots,
                                           topk_weights, NULL, err));
         return epx_gpu_ep_dispatch_parts(ep, EPX_GPU_EP_RECV, T, x, topk_slots, topk_weights, recv,
                                          err);
@@ -1859,7 +1996,7 @@ extern "C" epx_status epx_gpu_ep_dispatch_parts(epx_gpu_ep *ep, int parts, int64
     const uint32_t nwork = (uint32_t)(sends < 1 ? 1 : sends < grid ? sends : grid);
     dispatch_kernel<<<grid, kThreads, 0, ep->stream>>>(ep->a, ep->T, (const unsigned char *)x,
                                                        topk_slots, topk_weights, nwork,
-                                                       parts | (ids64 ? 4 : 0));
+                                                       parts | (ids64 ? 4 : 0) | ep->fp8);
     EPXI_CUDA_TRY(cudaGetLastError(), "GPU EP dispatch kernel");
     if (parts & EPX_GPU_EP_SEND) EPX_TRY(exchange_phase(ep, 0, err));
     ep->state = (parts & EPX_GPU_EP_RECV) ? epx_gpu_ep::DISPATCHED : epx_gpu_ep::D_SENT;
@@ -1892,7 +2029,7 @@ extern "C" epx_status epx_gpu_ep_identity_experts(epx_gpu_ep *ep, epx_error *err
     if (ep == NULL || ep->state != epx_gpu_ep::DISPATCHED)
         return epxi_fail(err, EPX_ERR_INVALID_ARG,
                          "GPU EP identity experts need a whole dispatch first");
-    identity_kernel<<<(unsigned)ep->wait_blocks, kThreads, 0, ep->stream>>>(ep->a);
+    identity_kernel<<<(unsigned)ep->wait_blocks, kThreads, 0, ep->stream>>>(ep->a, ep->fp8);
     EPXI_CUDA_TRY(cudaGetLastError(), "GPU EP identity kernel");
     return EPX_OK;
 }
@@ -1984,6 +2121,8 @@ extern "C" epx_status epx_gpu_ep_get_views(const epx_gpu_ep *ep, epx_gpu_ep_view
     if (ep == NULL || v == NULL)
         return epxi_fail(err, EPX_ERR_INVALID_ARG, "GPU EP views need a handle and an out struct");
     v->x = ep->a.rx;
+    v->x_scales =
+        ep->g.H % EPXI_FP8_GROUP == 0 ? ep->a.rx + (size_t)ep->a.spr * ep->a.RM * ep->g.H : NULL;
     v->y = ep->a.y;
     v->counts = ep->a.count;
     v->src_token = ep->a.srctok;
