@@ -561,6 +561,63 @@ static void fp8_e4m3(void **state) {
     assert_int_equal(epxi_fp8_quantize(-1000.0f, 1.0f), 0xfe);
 }
 
+/* epx_fp8_cast_rows / _back_rows: the bits of the oracle above, and the
+ * error against the fp32 row bounded: within half an e4m3 step of each
+ * value (|x| / 16) or, below the normal range, half a subnormal step
+ * (scale / 1024). */
+static void fp8_rows(void **state) {
+    (void)state;
+    const int64_t R = 5, H = 384, G = H / 128;
+    uint16_t *x = malloc(sizeof(uint16_t) * (size_t)(R * H));
+    uint8_t *d = malloc((size_t)(R * H));
+    float *sc = malloc(sizeof(float) * (size_t)(R * G)),
+          *back = malloc(sizeof(float) * (size_t)(R * H));
+    const uint64_t seed = tu_seed(20261203);
+    uint64_t rng = seed;
+    for (int round = 0; round < 2; round++) {
+        for (int64_t i = 0; i < R * H; i++) {
+            rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+            const float mag = ldexpf(1.0f, (int)((rng >> 50) % 24) - 12); /* wide spread */
+            x[i] = epxi_f32_to_bf16(((float)(rng >> 40) / 16777216.0f - 0.5f) * mag);
+        }
+        epx_error err = {0};
+        assert_int_equal(epx_fp8_cast_rows(x, R, H, round, d, sc, &err), EPX_OK);
+        assert_int_equal(epx_fp8_cast_back_rows(d, sc, R, H, back, &err), EPX_OK);
+        double worst = 0.0;
+        for (int64_t r = 0; r < R; r++)
+            for (int64_t g = 0; g < G; g++) {
+                float amax = 0.0f;
+                for (int i = 0; i < 128; i++)
+                    amax = fmaxf(amax, fabsf(epxi_bf16_to_f32(x[r * H + g * 128 + i])));
+                const float scale = sc[r * G + g],
+                            factor = round ? 1.0f / scale : 448.0f / fmaxf(amax, 1e-4f);
+                for (int i = 0; i < 128; i++) {
+                    const int64_t at = r * H + g * 128 + i;
+                    const float v = epxi_bf16_to_f32(x[at]);
+                    const float q = fminf(fmaxf(v * factor, -448.0f), 448.0f);
+                    if (d[at] != e4m3_ref(q))
+                        fail_msg("row %lld value %lld: e4m3 %d, expected %d (seed %llu)",
+                                 (long long)r, (long long)(g * 128 + i), d[at], e4m3_ref(q),
+                                 (unsigned long long)seed);
+                    const double e = fabs((double)back[at] - v);
+                    const double bound = fmax(fabs(v) / 16.0, scale / 1024.0) * (1 + 1e-6);
+                    if (e > bound)
+                        fail_msg("row %lld value %lld: |%.9g - %.9g| above %.3g (seed %llu)",
+                                 (long long)r, (long long)(g * 128 + i), (double)back[at],
+                                 (double)v, bound, (unsigned long long)seed);
+                    if (e / fmax(fabs(v), 1e-30) > worst && fabs(v) * factor >= 0.015625)
+                        worst = e / fabs(v);
+                }
+            }
+        print_message("fp8 rows (round_scale %d): worst relative error on normal values %.4f\n",
+                      round, worst);
+    }
+    epx_error err = {0};
+    assert_int_equal(epx_fp8_cast_rows(x, R, 200, 0, d, sc, &err), EPX_ERR_INVALID_ARG);
+    assert_non_null(strstr(err.msg, "hidden 200"));
+    free(x), free(d), free(sc), free(back);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(philox_known_answers),
@@ -572,6 +629,7 @@ int main(void) {
         cmocka_unit_test(rows_errors),
         cmocka_unit_test(bf16_rounding),
         cmocka_unit_test(fp8_e4m3),
+        cmocka_unit_test(fp8_rows),
         cmocka_unit_test(gather_is_the_scatter),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -432,6 +432,24 @@ EPX_API epx_status epx_combine_rows(const void *y, epx_row_dtype dtype, int64_t 
                                     int64_t hidden, const int32_t *pos, const float *weights,
                                     int64_t num_tokens, int32_t topk, void *out, epx_error *err);
 
+/*
+ * DeepEP's fp8 form of bf16 rows (the GPU engine's EPX_GPU_EP_FP8 dispatch;
+ * python/epx/torch's per_token_cast_fp8): per group of 128 values, scale =
+ * amax * (float)(1 / 448) with amax at least 1e-4 (round_scale: raised to
+ * the next power of two), data = e4m3(clamp(x * (448 / amax), +-448)),
+ * rounded to nearest even; the same bits as the kernels. cast_back gives
+ * data * scale in fp32 (DeepEP's per_token_cast_back).
+ * Args:    x (in) [rows][hidden] bf16 bits, hidden a multiple of 128;
+ *          data (out) [rows][hidden] e4m3 bits; scales (out)
+ *          [rows][hidden / 128] fp32, row-major; out (out) [rows][hidden].
+ * Returns: EPX_OK; EPX_ERR_INVALID_ARG (NULL pointers, hidden not a
+ *          multiple of 128, rows < 0).
+ */
+EPX_API epx_status epx_fp8_cast_rows(const uint16_t *x, int64_t rows, int64_t hidden,
+                                     int round_scale, uint8_t *data, float *scales, epx_error *err);
+EPX_API epx_status epx_fp8_cast_back_rows(const uint8_t *data, const float *scales, int64_t rows,
+                                          int64_t hidden, float *out, epx_error *err);
+
 /* ---- 4. balanced per-batch dispatch --------------------------------------- */
 
 /*

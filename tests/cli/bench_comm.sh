@@ -21,6 +21,8 @@ grep -q "known: nvlink3" <<<"$msg" || fail "unknown link message: $msg"
 # visible is a usage error naming both numbers (where a GPU is visible)
 msg=$("$EPX_BIN" bench comm --backend mpi --model kimi-k2.5 --tokens 1 --gpus 2 2>&1); rc=$?
 [ $rc -eq 2 ] && grep -q "use it with --backend nccl" <<<"$msg" || fail "--gpus with mpi: exit $rc: $msg"
+msg=$("$EPX_BIN" bench comm --backend mpi --model kimi-k2.5 --tokens 1 --fp8 2>&1); rc=$?
+[ $rc -eq 2 ] && grep -q "use it with --backend nccl --mode low-latency" <<<"$msg" || fail "--fp8 with mpi: exit $rc: $msg"
 msg=$("$EPX_BIN" bench comm --backend nccl --model kimi-k2.5 --tokens 1 --gpus 1024 2>&1); rc=$?
 if grep -q "built without NCCL\|none is visible" <<<"$msg"; then
     [ $rc -eq 1 ] || fail "--gpus without a GPU: exit $rc: $msg"

@@ -30,6 +30,7 @@ typedef struct bench_args {
     bool graph;        /* also time CUDA-graph replays (GPU low latency) */
     int32_t transport; /* GPU low latency: EPX_BENCH_TRANSPORT_* (--transport) */
     int32_t gpus;      /* --gpus N: N ranks as threads of this process (0: not given) */
+    bool fp8;          /* GPU low latency: dispatch in DeepEP's fp8 form (--fp8) */
     const char *jsonl; /* --json FILE ("-" = stdout), or NULL */
     uint64_t seed;
 } bench_args;
@@ -75,6 +76,7 @@ typedef struct bench_line {
      * to host, host to device) over the phase's time (< 0: null) */
     const char *transport;
     double link_pct;
+    int64_t row_bytes; /* bytes one row takes on the wire in this phase (<= 0: not written) */
 } bench_line;
 int bench_jsonl_write(FILE *f, const bench_line *l);
 

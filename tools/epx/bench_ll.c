@@ -27,6 +27,7 @@
 
 #include "epx_comm_gpu.h"
 #include "epx_comm_nccl.h"
+#include "epx/dispatch.h"
 
 _Static_assert((int)EPX_BENCH_TRANSPORT_AUTO == (int)EPX_GPU_EP_TRANSPORT_AUTO &&
                    (int)EPX_BENCH_TRANSPORT_PEER == (int)EPX_GPU_EP_TRANSPORT_PEER &&
@@ -88,7 +89,9 @@ static epx_status run_dispatch(ll_run *b, int64_t T, bool graph, epx_error *err)
         CUDA_OR(cudaGraphLaunch(b->g[0], b->s), "graph launch");
         return EPX_OK;
     }
-    return epx_gpu_ep_dispatch(b->ep, T, b->dx, b->ds, b->dw, &rv, err);
+    const int fp8 = b->a->fp8 ? EPX_GPU_EP_FP8 : 0;
+    return epx_gpu_ep_dispatch_parts(b->ep, EPX_GPU_EP_SEND | EPX_GPU_EP_RECV | fp8, T, b->dx,
+                                     b->ds, b->dw, &rv, err);
 }
 static epx_status run_identity(ll_run *b, bool graph, epx_error *err) {
     if (graph) {
@@ -290,7 +293,8 @@ static epx_status bench_floor(ll_run *b, int64_t T, const double *eng, FILE *jl,
                                 gi == 1,
                                 fname[flag],
                                 NULL,
-                                -1.0};
+                                -1.0,
+                                0};
                 if (jl != NULL && bench_jsonl_write(jl, &l) != 0) {
                     err->status = EPX_ERR_IO;
                     snprintf(err->msg, sizeof err->msg, "bench: writing the JSON lines failed");
@@ -305,6 +309,25 @@ static epx_status bench_floor(ll_run *b, int64_t T, const double *eng, FILE *jl,
                        (long long)T, gi ? "graph" : "launch", eng[gi], eng[gi] / rt[0][gi],
                        eng[gi] / rt[1][gi]);
     return EPX_OK;
+}
+
+/* x's first T rows (bf16) through DeepEP's fp8 cast and back, rounded to
+ * bf16: what the identity experts of an fp8 dispatch return. NULL: no memory. */
+static uint16_t *fp8_round_trip(const void *x, int64_t T, int32_t H) {
+    const size_t n = (size_t)(T > 0 ? T : 1) * (size_t)H;
+    uint8_t *d = malloc(n);
+    float *sc = malloc(n / 128 * sizeof(float) + 4), *back = malloc(n * sizeof(float));
+    uint16_t *q = malloc(n * sizeof(uint16_t));
+    epx_error e = {0};
+    if (d && sc && back && q && epx_fp8_cast_rows(x, T, H, 0, d, sc, &e) == EPX_OK &&
+        epx_fp8_cast_back_rows(d, sc, T, H, back, &e) == EPX_OK) {
+        for (size_t i = 0; i < (size_t)T * (size_t)H; i++) q[i] = epx_bf16_from_f32(back[i]);
+    } else {
+        free(q);
+        q = NULL;
+    }
+    free(d), free(sc), free(back);
+    return q;
 }
 
 static epx_status bench_T(ll_run *b, int64_t T, const void *x, const int32_t *slots, const float *w,
@@ -324,9 +347,12 @@ static epx_status bench_T(ll_run *b, int64_t T, const void *x, const int32_t *sl
         return EPX_ERR_NOMEM;
     }
     cudaError_t ce = cudaMemcpy(out, b->dout, (size_t)T * H * 4, cudaMemcpyDeviceToHost);
+    /* fp8: the experts saw the dequantised rows (bf16, as y) */
+    uint16_t *xq = a->fp8 ? fp8_round_trip(x, T, H) : NULL;
+    if (a->fp8 && xq == NULL) ce = cudaErrorMemoryAllocation;
     int64_t v[3] = {0, 0, 0}; /* wrong tokens; (token, rank) pairs; entries */
     for (int64_t t = 0; t < T && ce == cudaSuccess; t++) {
-        bench_expect_token(a, R, spr, x, slots, w, t, o);
+        bench_expect_token(a, R, spr, xq != NULL ? (const void *)xq : x, slots, w, t, o);
         v[0] += memcmp(o, out + t * H, (size_t)H * 4) != 0;
         int32_t seen[64], nd = 0;
         for (int32_t k = 0; k < K; k++) {
@@ -339,7 +365,7 @@ static epx_status bench_T(ll_run *b, int64_t T, const void *x, const int32_t *sl
         }
         v[1] += nd;
     }
-    free(out), free(o);
+    free(out), free(o), free(xq);
     CUDA_OR(ce, "combine result download");
     int64_t bad = v[0];
     if (R > 1) EPX_TRY_CLI(sum_dev(b, &bad, 1, err));
@@ -361,9 +387,11 @@ static epx_status bench_T(ll_run *b, int64_t T, const void *x, const int32_t *sl
             (long long)T, st_us[1], st_us[2], st_us[3], st_us[4], st_us[9], st_us[10], st_us[11],
             st_us[13], st_us[14], st_us[12]);
     if (a->graph) EPX_TRY_CLI(capture(b, T, err));
-    /* Payload bytes of this rank's sends: rows, not record padding. */
-    const size_t bytes[3] = {(size_t)v[1] * H * esz, (size_t)v[2] * H * esz,
-                             (size_t)(v[1] + v[2]) * H * esz};
+    /* Payload bytes of this rank's sends: rows, not record padding (fp8: the
+     * e4m3 values and a 4-byte scale per 128). */
+    const size_t drow = a->fp8 ? (size_t)H + (size_t)H / 32 : (size_t)H * esz;
+    const size_t bytes[3] = {(size_t)v[1] * drow, (size_t)v[2] * H * esz,
+                             (size_t)v[1] * drow + (size_t)v[2] * H * esz};
     const char *names[4] = {"dispatch", "combine", "round-trip", "allreduce"};
     double eng_rt[2] = {-1.0, -1.0};
     for (int ph = PH_DISPATCH; ph <= PH_ALLREDUCE; ph++)
@@ -384,7 +412,9 @@ static epx_status bench_T(ll_run *b, int64_t T, const void *x, const int32_t *sl
                             ar ? "tp-allreduce" : "low-latency",
                             names[ph],
                             device,
-                            a->dtype == EPX_DTYPE_BF16 ? "bf16" : "f32",
+                            a->fp8 && ph != PH_COMBINE && !ar ? "fp8-e4m3"
+                            : a->dtype == EPX_DTYPE_BF16      ? "bf16"
+                                                              : "f32",
                             R,
                             H,
                             K,
@@ -399,7 +429,10 @@ static epx_status bench_T(ll_run *b, int64_t T, const void *x, const int32_t *sl
                             gi == 1,
                             NULL,
                             ar ? NULL : b->transport,
-                            lmed > 0 ? 100.0 * lmed / med : -1.0};
+                            lmed > 0 ? 100.0 * lmed / med : -1.0,
+                            ar                 ? 0
+                            : ph == PH_COMBINE ? (int64_t)((size_t)H * esz)
+                                               : (int64_t)drow};
             char pct[16] = "-", lpct[16] = "-";
             if (l.copy_pct > 0) snprintf(pct, sizeof pct, "%.1f%%", l.copy_pct);
             if (l.link_pct > 0) snprintf(lpct, sizeof lpct, "%.1f%%", l.link_pct);

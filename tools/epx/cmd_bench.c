@@ -476,7 +476,8 @@ static int write_jsonl(FILE *f, const bench_args *a, int32_t R, const bench_row 
                             false,
                             NULL,
                             NULL,
-                            -1.0};
+                            -1.0,
+                            0};
             if (bench_jsonl_write(f, &l) != 0) return -1;
         }
     }
@@ -612,6 +613,16 @@ static int parse_args(cli_cmd *cmd, bench_args *a) {
     }
     a->gpus = 0;
     if (!cli_int(cmd, "--gpus", 1, 1024, &a->gpus)) return CLI_EXIT_USAGE;
+    a->fp8 = cli_flag(cmd, "--fp8");
+    if (a->fp8 && (a->mode != EPX_EP_MODE_LOW_LATENCY || strcmp(a->backend, "nccl") != 0 ||
+                   a->dtype != EPX_DTYPE_BF16 || a->cfg.hidden % 128 != 0)) {
+        fprintf(stderr,
+                "epx bench comm: --fp8 sends the GPU low-latency engine's dispatch as e4m3 with a "
+                "scale per 128 values: use it with --backend nccl --mode low-latency, bf16 rows "
+                "and a hidden size that is a multiple of 128 (this model's is %d)\n",
+                a->cfg.hidden);
+        return CLI_EXIT_USAGE;
+    }
     if (a->gpus > 0 && strcmp(a->backend, "nccl") != 0) {
         fprintf(stderr,
                 "epx bench comm: --gpus %d drives GPUs from one process over NCCL: use it "
@@ -898,6 +909,10 @@ int cmd_bench(int argc, char **argv) {
          "fixed slots with in-band counts (decode)",
          NULL},
         {"--graph", NULL, "also time CUDA-graph replays (--backend nccl --mode low-latency)", NULL},
+        {"--fp8", NULL,
+         "dispatch in DeepEP's fp8 form: e4m3 values and one fp32 scale per 128 (--backend nccl "
+         "--mode low-latency); combine stays bf16",
+         NULL},
         {"--transport", "auto|peer|host|nccl",
          "the low-latency engine's transport: device memory (peer: pointers or CUDA IPC), pinned "
          "host memory (host, for GPUs without peer access), NCCL send/recv (nccl, any topology), "
