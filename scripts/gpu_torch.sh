@@ -21,7 +21,7 @@ torch.cuda.is_available(), 'epx gpu', et.gpu_available(), et.gpu_unavailable_rea
 
 echo "== tests"
 (cd /tmp && python3 -m pytest -p no:cacheprovider -q -rs "$ROOT/python/tests/test_torch_ops.py" \
-    "$ROOT/python/tests/test_torch.py") 2>&1 | tee "$OUT/torch_test.log"
+    "$ROOT/python/tests/test_torch.py" "$ROOT/python/tests/test_torch_balanced.py") 2>&1 | tee "$OUT/torch_test.log"
 echo "tests exit ${PIPESTATUS[0]}"
 echo "== bench"
 python3 "$ROOT/bench/torch_ops.py" --json "$OUT/torch_ops.jsonl" 2>&1 | tee "$OUT/torch_bench.log"

@@ -29,6 +29,8 @@ _solve = fn("epx_dispatch_balanced_solve", c_int32, c_void_p, POINTER(c_int32), 
             POINTER(c_int64), POINTER(BalancedOut), c_void_p)
 _map = fn("epx_dispatch_balanced_map_ids", c_int32, c_void_p, POINTER(c_int32), POINTER(c_int32),
           POINTER(c_int64), POINTER(c_int32), c_int64, c_int32, POINTER(c_int32), c_void_p)
+_topk = fn("epx_dispatch_balanced_topk", c_int32, c_void_p, POINTER(c_int32), POINTER(c_int32),
+           POINTER(c_int32), c_int64, c_int32, POINTER(c_int32), POINTER(BalancedOut), c_void_p)
 
 BalancedSplit = namedtuple("BalancedSplit", [
     "shares",          # [E][W] float64: share of each replica column (log2phy_prob's form)

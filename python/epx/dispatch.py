@@ -11,6 +11,7 @@ from ._native import (POINTER, Shape, Structure, c_double, c_int, c_int32, c_int
 __all__ = ["sglang_static_table", "static_table", "sglang_rank_lists", "table_gpu_load",
            "dispatch_topk",
            "Balancer", "BalancedSplit", "balanced_split", "balanced_topk", "count_ids",
+           "balanced_log2phy_prob",
            "TABLE_ALGORITHMS", "DISPATCH_MODES"]
 
 TABLE_ALGORITHMS = {"sglang": 0, "epx": 1}
@@ -292,3 +293,4 @@ def _replica_lists(replicas, L, E, P):
 # ---- balanced per-batch dispatch (epx/dispatch.h part 4; _balanced.py) ----
 from ._balanced import (BalancedOut, Balancer, BalancedSplit, balanced_split,  # noqa: E402
                         balanced_topk, count_ids)
+from ._lp import balanced_log2phy_prob  # noqa: E402  (SGLang's LP form)

@@ -8,6 +8,9 @@ values, computed by libepx.
                                      release's call shape (dispatch_map_for(V))
   compute_logical_to_all_physical_map(...)   (its _compute_logical_to_all_physical_map)
   load_init_expert_location(spec)    the data_dict of compute_initial_expert_location_metadata
+  LPLBSolver(phy2log, log2phy, num_gpus, ep_group)
+                                     sglang.srt.eplb.lplb_solver (0.5.23, --ep-dispatch-algorithm
+                                     lp): solve(topk_ids) -> log2phy_prob, the LP's exact optimum
 
 Arrays come back as numpy unless a torch tensor went in (or as_torch=True):
 then as CPU torch tensors, as the reference returns them.
@@ -16,6 +19,7 @@ import numpy as np
 
 from . import _arrays as A
 from . import planner as _plan
+from ._lp import LPLBSolver
 from ._native import EpxError, Status, as_assertion, sglang_release
 from .io import read_counts, read_mapping
 from .layout import Layout
@@ -23,7 +27,7 @@ from .layout import Layout
 __all__ = ["rebalance_experts", "rebalance_experts_from_windows",
            "compute_logical_to_rank_dispatch_physical_map", "dispatch_map_for",
            "compute_logical_to_all_physical_map",
-           "load_init_expert_location"]
+           "load_init_expert_location", "LPLBSolver"]
 
 
 def _trim_log2phy(l2p, cnt, width):

@@ -19,7 +19,7 @@ cli_scratch options
 declare -A base=(
   [demo]="demo --windows 2 --tokens 1000 --out dd"
   [plan]="plan --counts c.json --gpus 8 -o o.json"
-  [eval]="eval --placement p.json --counts c.json --gpus 8"
+  [eval]="eval --placement p.json --counts c.json --gpus 8 --routing balanced"
   [inspect]="inspect p.json --gpus 8"
   [layout trivial]="layout trivial --layers 2 --experts 8 --gpus 2 -o o.json"
   [stats]="stats c.json"
@@ -66,6 +66,12 @@ eval|--gpus|int|1|65536
 eval|--nodes|int|1|65536
 eval|--placement|text
 eval|--counts|text
+eval|--top-k|int|1|1024
+eval|--batches|int|1|1024
+eval|--seed|int|0|2147483647
+eval|--batch-tokens|list|1|65536
+eval|--routing|text
+eval|--weights|text
 inspect|--gpus|int|1|65536
 inspect|--nodes|int|1|65536
 inspect|--experts|int|1|1048576

@@ -145,6 +145,49 @@ void cli_temp_register(const char *path, bool is_dir);
  * runtime failure (exit 1, with the system's reason), others as cli_report. */
 int cli_write_failed(const cli_cmd *cmd, const epx_error *err);
 
+/* Per-batch balancedness (batches.c), shared by demo and eval: batches of
+ * T tokens drawn from a load, routed by a per-token rule, scored by mean /
+ * max GPU load in (token, expert) pairs and averaged. */
+typedef enum cli_routing {
+    CLI_ROUTE_STATIC,         /* SGLang's dispatch table, token t from rank t mod G */
+    CLI_ROUTE_DYNAMIC,        /* uniform over the replicas (Philox)                 */
+    CLI_ROUTE_WEIGHTED,       /* by replica weights (Philox, thresholds)            */
+    CLI_ROUTE_BALANCED,       /* the exact per-batch min-max split                  */
+    CLI_ROUTE_RANK_INVARIANT, /* SGLang 0.5.23's row rule                          */
+    CLI_NUM_ROUTES
+} cli_routing;
+/* The option spellings, by cli_routing: "static" .. "rank-invariant". */
+extern const char *const cli_routing_names[CLI_NUM_ROUTES];
+/* Option `name` as a routing into *out (kept when absent); false after
+ * printing a message that names the value and the choices. */
+bool cli_routing_get(const cli_cmd *cmd, const char *name, cli_routing *out);
+
+typedef struct cli_batch_case {
+    const epx_layout *layout; /* every case of one call has the same shape */
+    cli_routing routing;
+    const double *weights; /* CLI_ROUTE_WEIGHTED: [L][P] replica weights */
+    double *balancedness;  /* out: [num_sizes], the mean over the batches */
+} cli_batch_case;
+
+typedef struct cli_batch_opts {
+    int32_t top_k;         /* experts per token (fewer where fewer carry load) */
+    const int32_t *tokens; /* [num_sizes] tokens per batch */
+    int32_t num_sizes;
+    int32_t batches; /* batches per layer and size */
+    uint64_t seed;   /* the draws, and dynamic/weighted routing's key */
+} cli_batch_opts;
+
+/* Fill every case's balancedness from load [S][L][E] (num_windows S): each
+ * batch is drawn from one window (chosen at random when S > 1), the same
+ * batches for every case. */
+epx_status cli_per_batch(const double *load, int32_t num_windows, const cli_batch_opts *o,
+                         cli_batch_case *cases, int num_cases, epx_error *err);
+
+/* --weights FILE (weights_in.c): "replica_weights" [L][P], finite and >= 0,
+ * into a malloc'd *out (caller frees). Returns -1 when read, else the exit
+ * code after a message naming the file and the bad entry. */
+int cli_read_weights(const cli_cmd *cmd, const char *path, int32_t L, int32_t P, double **out);
+
 /* Every subcommand. */
 int cmd_demo(int argc, char **argv);
 int cmd_layout(int argc, char **argv);

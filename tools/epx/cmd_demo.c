@@ -47,125 +47,18 @@ typedef struct demo_result {
 
 /* ---- per-batch balancedness -------------------------------------------------- */
 
-static uint64_t splitmix(uint64_t *s) {
-    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
-/* T tokens, each choosing k distinct experts with probability proportional
- * to cdf's increments (cdf [E], running sums; k at most the experts with
- * load). A draw that repeats an expert is drawn again, a few times, then
- * the token takes the next unused expert with load. */
-static void draw_batch(uint64_t *rng, const double *cdf, int32_t E, int32_t T, int32_t k,
-                       int32_t *ids) {
-    for (int32_t t = 0; t < T; t++)
-        for (int32_t j = 0; j < k; j++) {
-            int32_t e = -1;
-            for (int tries = 0; tries < 32 && e < 0; tries++) {
-                const double u = (double)(splitmix(rng) >> 11) * 0x1p-53 * cdf[E - 1];
-                int32_t lo = 0, hi = E - 1;
-                while (lo < hi) {
-                    const int32_t mid = (lo + hi) / 2;
-                    if (cdf[mid] > u)
-                        hi = mid;
-                    else
-                        lo = mid + 1;
-                }
-                e = lo;
-                for (int32_t i = 0; i < j && e >= 0; i++)
-                    if (ids[t * k + i] == e) e = -1;
-            }
-            for (int32_t c = 0; e < 0 && c < E; c++) {
-                bool used = (c ? cdf[c] - cdf[c - 1] : cdf[0]) <= 0;
-                for (int32_t i = 0; i < j && !used; i++) used = ids[t * k + i] == c;
-                if (!used) e = c;
-            }
-            ids[t * k + j] = e;
-        }
-}
-
-/* mean / max GPU load of one routed batch (pairs). */
-static double batch_balance(const int32_t *phys, int32_t n, int32_t spg, int32_t G, int64_t *load) {
-    memset(load, 0, (size_t)G * sizeof *load);
-    int64_t sum = 0, mx = 0;
-    for (int32_t i = 0; i < n; i++)
-        if (phys[i] >= 0) load[phys[i] / spg]++, sum++;
-    for (int32_t g = 0; g < G; g++) mx = load[g] > mx ? load[g] : mx;
-    return mx ? (double)sum / G / (double)mx : 1.0;
-}
-
-/* Fill every result's batch_static / batch_balanced: the same batches for
- * every layout, drawn from `load` [L][E] with top-k `K`. */
-static epx_status per_batch(const epx_shape *s, int32_t K, const double *load, uint64_t seed,
-                            demo_result *res, epx_error *err) {
-    const int32_t L = s->num_layers, E = s->num_logical_experts, P = s->num_physical_experts,
-                  G = s->num_gpus, spg = P / G;
-    const int32_t TMAX = BATCH_TOKENS[NUM_BATCH_SIZES - 1];
-    const size_t LE = (size_t)L * (size_t)E;
-    epx_status st = EPX_OK;
-    epx_balancer *b = NULL;
-    int32_t W = 0;
-    (void)epx_layout_logical_to_all_physical(res[0].layout, &W);
-    int32_t *tables = malloc((size_t)NUM_LAYOUTS * (size_t)G * LE * sizeof *tables);
-    int32_t *ids = malloc((size_t)TMAX * (size_t)K * sizeof *ids);
-    int32_t *phys = malloc((size_t)TMAX * (size_t)K * sizeof *phys);
-    int64_t *gl = malloc((size_t)G * sizeof *gl);
-    double *cdf = malloc((size_t)E * sizeof *cdf);
-    if (tables == NULL || ids == NULL || phys == NULL || gl == NULL || cdf == NULL) {
-        snprintf(err->msg, sizeof err->msg, "out of memory for the per-batch figures");
-        st = err->status = EPX_ERR_NOMEM;
-        goto done;
+/* Fill every result's batch_static / batch_balanced (batches.c): the same
+ * batches for every layout, drawn from `load` [L][E] with top-k `K`. */
+static epx_status per_batch(int32_t K, const double *load, uint64_t seed, demo_result *res,
+                            epx_error *err) {
+    cli_batch_case cases[2 * NUM_LAYOUTS];
+    for (int i = 0; i < NUM_LAYOUTS; i++) {
+        cases[2 * i] = (cli_batch_case){res[i].layout, CLI_ROUTE_STATIC, NULL, res[i].batch_static};
+        cases[2 * i + 1] =
+            (cli_batch_case){res[i].layout, CLI_ROUTE_BALANCED, NULL, res[i].batch_balanced};
     }
-    for (int i = 0; i < NUM_LAYOUTS && st == EPX_OK; i++)
-        st = epx_dispatch_table_from_layout(res[i].layout, NULL, tables + (size_t)i * G * LE, err);
-    if (st == EPX_OK) st = epx_dispatch_balanced_create(E, W, P, G, &b, err);
-    for (int32_t ti = 0; st == EPX_OK && ti < NUM_BATCH_SIZES; ti++) {
-        const int32_t T = BATCH_TOKENS[ti];
-        uint64_t rng = seed * 0x100000001b3ull + (uint64_t)ti;
-        double sum_s[NUM_LAYOUTS] = {0}, sum_b[NUM_LAYOUTS] = {0};
-        int64_t n = 0;
-        for (int32_t l = 0; st == EPX_OK && l < L; l++) {
-            double acc = 0.0;
-            int32_t loaded = 0;
-            for (int32_t e = 0; e < E; e++) {
-                const double x = load[(size_t)l * (size_t)E + (size_t)e];
-                cdf[e] = acc += x;
-                loaded += x > 0;
-            }
-            if (loaded == 0) continue; /* a dense layer */
-            const int32_t k = K < loaded ? K : loaded;
-            for (int r = 0; st == EPX_OK && r < BATCHES_PER_LAYER; r++) {
-                draw_batch(&rng, cdf, E, T, k, ids);
-                for (int i = 0; st == EPX_OK && i < NUM_LAYOUTS; i++) {
-                    const int32_t *tab = tables + (size_t)i * G * LE;
-                    for (int32_t x = 0; x < T * k; x++)
-                        phys[x] = tab[((size_t)((x / k) % G) * (size_t)L + (size_t)l) * (size_t)E +
-                                      (size_t)ids[x]];
-                    sum_s[i] += batch_balance(phys, T * k, spg, G, gl);
-                    const int32_t *rep = epx_layout_logical_to_all_physical(res[i].layout, &W) +
-                                         (size_t)l * (size_t)E * (size_t)W;
-                    const int32_t *nv = epx_layout_num_valid(res[i].layout) + (size_t)l * E;
-                    st = epx_dispatch_balanced_topk(b, rep, nv, ids, T, k, phys, NULL, err);
-                    sum_b[i] += batch_balance(phys, T * k, spg, G, gl);
-                }
-                n++;
-            }
-        }
-        for (int i = 0; i < NUM_LAYOUTS; i++) {
-            res[i].batch_static[ti] = n ? sum_s[i] / (double)n : 1.0;
-            res[i].batch_balanced[ti] = n ? sum_b[i] / (double)n : 1.0;
-        }
-    }
-done:
-    epx_dispatch_balanced_destroy(b);
-    free(tables);
-    free(ids);
-    free(phys);
-    free(gl);
-    free(cdf);
-    return st;
+    const cli_batch_opts o = {K, BATCH_TOKENS, NUM_BATCH_SIZES, BATCHES_PER_LAYER, seed};
+    return cli_per_batch(load, 1, &o, cases, 2 * NUM_LAYOUTS, err);
 }
 
 /* Copy windows [first, first + n) into a new counts tensor. */
@@ -528,7 +421,7 @@ int cmd_demo(int argc, char **argv) {
             exit_code = cli_report(&cmd, &err);
             goto done;
         }
-    if (per_batch(&shape, m->top_k, next_load, (uint64_t)seed, res, &err) != EPX_OK) {
+    if (per_batch(m->top_k, next_load, (uint64_t)seed, res, &err) != EPX_OK) {
         exit_code = cli_report(&cmd, &err);
         goto done;
     }

@@ -5,6 +5,8 @@
  * the bound (the best balancedness any placement of the shape could reach);
  * their means; SGLang's variant; and the worst layers. --json prints one
  * object with keys balancedness, per_window, bound (and a few more).
+ * With --routing, per-batch balancedness too (batches.c): batches of
+ * --batch-tokens tokens drawn from the windows' loads, routed by that rule.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,6 +15,20 @@
 #include "cli.h"
 
 #define WORST_SHOWN 5
+#define MAX_BATCH_TOKENS 65536
+#define MAX_TOP_K 1024
+#define MAX_BATCHES 1024
+
+static const int32_t DEFAULT_TOKENS[] = {1, 32, 512, 4096};
+
+/* --routing's per-batch figures. */
+typedef struct batch_result {
+    bool on;
+    cli_routing routing;
+    cli_batch_opts o;
+    double *balancedness; /* [o.num_sizes] */
+    int32_t *tokens;      /* --batch-tokens, when given (o.tokens points here) */
+} batch_result;
 
 typedef struct eval_result {
     int32_t S, L;
@@ -101,7 +117,7 @@ static void print_array(const double *v, int32_t n) {
     putchar(']');
 }
 
-static void print_json(const eval_result *r, const epx_shape *s) {
+static void print_json(const eval_result *r, const epx_shape *s, const batch_result *b) {
     /* Strict JSON: a figure that is not finite (loads near DBL_MAX) is null. */
     fputs("{\"balancedness\": ", stdout);
     cli_json_num(stdout, "%.17g", r->mean);
@@ -125,10 +141,21 @@ static void print_json(const eval_result *r, const epx_shape *s) {
         cli_json_num(stdout, "%.17g", r->layer_mean[r->worst[k]]);
         putchar('}');
     }
-    printf("]}\n");
+    putchar(']');
+    if (b->on) {
+        fputs(", \"per_batch\": {\"routing\": ", stdout);
+        cli_json_str(stdout, cli_routing_names[b->routing]);
+        printf(", \"top_k\": %d, \"batches_per_layer\": %d, \"seed\": %llu, \"tokens\": [",
+               b->o.top_k, b->o.batches, (unsigned long long)b->o.seed);
+        for (int32_t i = 0; i < b->o.num_sizes; i++) printf("%s%d", i ? ", " : "", b->o.tokens[i]);
+        fputs("], \"balancedness\": ", stdout);
+        print_array(b->balancedness, b->o.num_sizes);
+        putchar('}');
+    }
+    printf("}\n");
 }
 
-static void print_text(const eval_result *r, const epx_shape *s) {
+static void print_text(const eval_result *r, const epx_shape *s, const batch_result *b) {
     printf("placement: %d layers x %d slots, %d logical experts, %d GPUs (%d slots each)\n",
            s->num_layers, s->num_physical_experts, s->num_logical_experts, s->num_gpus,
            s->num_physical_experts / s->num_gpus);
@@ -142,6 +169,53 @@ static void print_text(const eval_result *r, const epx_shape *s) {
     for (int32_t k = 0; k < r->num_worst; k++)
         printf(" %d (%.4f)", r->worst[k], r->layer_mean[r->worst[k]]);
     printf(r->num_worst ? "\n" : " none carries load\n");
+    if (!b->on) return;
+    printf("per batch, routing %s: batches of T tokens x top-%d drawn from the windows' loads "
+           "(%d per layer and size), mean of mean/max GPU load:\n",
+           cli_routing_names[b->routing], b->o.top_k, b->o.batches);
+    for (int32_t i = 0; i < b->o.num_sizes; i++)
+        printf("  T=%-7d %.4f\n", b->o.tokens[i], b->balancedness[i]);
+}
+
+/* Read --routing and its options into *b; -1 to go on, else the exit code.
+ * Options of the per-batch figures without --routing are refused: they
+ * would change nothing. */
+static int batch_options(const cli_cmd *cmd, batch_result *b) {
+    static const char *const needs[] = {"--top-k", "--batch-tokens", "--batches", "--seed",
+                                        "--weights"};
+    b->on = cli_get(cmd, "--routing") != NULL;
+    for (size_t i = 0; !b->on && i < sizeof needs / sizeof needs[0]; i++)
+        if (cli_get(cmd, needs[i])) {
+            fprintf(stderr,
+                    "epx eval: %s is for the per-batch figures: add --routing "
+                    "static|dynamic|weighted|balanced|rank-invariant\n",
+                    needs[i]);
+            return CLI_EXIT_USAGE;
+        }
+    if (!b->on) return -1;
+    int32_t seed = 0, n = 0;
+    b->o = (cli_batch_opts){8, DEFAULT_TOKENS, 4, 4, 0};
+    if (!cli_routing_get(cmd, "--routing", &b->routing) ||
+        !cli_int(cmd, "--top-k", 1, MAX_TOP_K, &b->o.top_k) ||
+        !cli_int(cmd, "--batches", 1, MAX_BATCHES, &b->o.batches) ||
+        !cli_int(cmd, "--seed", 0, INT32_MAX, &seed) ||
+        !cli_int_list(cmd, "--batch-tokens", 1, MAX_BATCH_TOKENS, "1,32,512,4096", &b->tokens, &n))
+        return CLI_EXIT_USAGE;
+    b->o.seed = (uint64_t)seed;
+    if (b->tokens) b->o.tokens = b->tokens, b->o.num_sizes = n;
+    if ((b->routing == CLI_ROUTE_WEIGHTED) != (cli_get(cmd, "--weights") != NULL)) {
+        fprintf(stderr, b->routing == CLI_ROUTE_WEIGHTED
+                            ? "epx eval: --routing weighted needs --weights FILE (the "
+                              "\"replica_weights\" [L][P] of epx plan --report)\n"
+                            : "epx eval: --weights is for --routing weighted only\n");
+        return CLI_EXIT_USAGE;
+    }
+    b->balancedness = calloc((size_t)b->o.num_sizes, sizeof *b->balancedness);
+    if (b->balancedness == NULL) {
+        fprintf(stderr, "epx eval: out of memory\n");
+        return CLI_EXIT_FAIL;
+    }
+    return -1;
 }
 
 int cmd_eval(int argc, char **argv) {
@@ -152,10 +226,27 @@ int cmd_eval(int argc, char **argv) {
         {"--gpus", "G", "GPUs (EP ranks) the placement is for", NULL},
         {"--nodes", "N", "nodes (default 1)", NULL},
         {"--json", NULL, "print one JSON object (balancedness, per_window, bound, ...)", NULL},
+        {"--routing", "static|dynamic|weighted|balanced|rank-invariant",
+         "also per-batch balancedness of batches drawn from the windows, routed by this rule "
+         "(static: SGLang's table; balanced: epx's exact per-batch split; rank-invariant: "
+         "SGLang 0.5.23's row rule)",
+         NULL},
+        {"--top-k", "K", "with --routing: experts per token (default 8)", NULL},
+        {"--batch-tokens", "LIST", "with --routing: tokens per batch (default 1,32,512,4096)",
+         NULL},
+        {"--batches", "N", "with --routing: batches per layer and size (default 4)", NULL},
+        {"--seed", "S", "with --routing: seed of the draws and of dynamic/weighted (default 0)",
+         NULL},
+        {"--weights", "FILE",
+         "with --routing weighted: \"replica_weights\" [L][P] (epx plan "
+         "--report)",
+         NULL},
         {NULL, NULL, NULL, NULL},
     };
     cli_cmd cmd = {"eval",
-                   "epx eval --placement FILE --counts FILE --gpus G [--nodes N] [--json]",
+                   "epx eval --placement FILE --counts FILE --gpus G [--nodes N] [--json] "
+                   "[--routing R [--top-k K] [--batch-tokens LIST] [--batches N] [--seed S] "
+                   "[--weights FILE]]",
                    "Balancedness of a placement on every window of a load, its mean, the bound "
                    "any placement could reach, and the worst layers.",
                    opts,
@@ -171,13 +262,20 @@ int cmd_eval(int argc, char **argv) {
     if (!cli_int(&cmd, "--gpus", 1, EPX_MAX_GPUS, &G) ||
         !cli_int(&cmd, "--nodes", 1, EPX_MAX_GPUS, &N))
         return CLI_EXIT_USAGE;
+    batch_result br = {0};
+    if ((rc = batch_options(&cmd, &br)) >= 0) goto early;
+    double *weights = NULL;
     epx_error err = {0};
     int32_t *map = NULL, L = 0, P = 0;
-    if (epx_mapping_read(pl, &map, &L, &P, &err) != EPX_OK) return cli_report(&cmd, &err);
     epx_counts *c = NULL;
+    if (epx_mapping_read(pl, &map, &L, &P, &err) != EPX_OK) {
+        rc = cli_report(&cmd, &err);
+        goto early;
+    }
     if (epx_counts_read(cp, &c, &err) != EPX_OK) {
         epx_free(map);
-        return cli_report(&cmd, &err);
+        rc = cli_report(&cmd, &err);
+        goto early;
     }
     epx_layout *lay = NULL;
     eval_result r;
@@ -203,19 +301,32 @@ int cmd_eval(int argc, char **argv) {
         goto done;
     }
     epx_shape s = {L, c->num_experts, P, G, N};
+    if (br.routing == CLI_ROUTE_WEIGHTED &&
+        (rc = cli_read_weights(&cmd, cli_get(&cmd, "--weights"), L, P, &weights)) >= 0)
+        goto done;
+    rc = CLI_EXIT_OK;
     if (epx_layout_create_from_map(&s, map, &lay, &err) != EPX_OK ||
         evaluate(lay, c, &r, &err) != EPX_OK) {
         rc = cli_report(&cmd, &err);
         goto done;
     }
+    cli_batch_case bc = {lay, br.routing, weights, br.balancedness};
+    if (br.on && cli_per_batch(c->data, c->num_windows, &br.o, &bc, 1, &err) != EPX_OK) {
+        rc = cli_report(&cmd, &err);
+        goto done;
+    }
     if (cli_flag(&cmd, "--json"))
-        print_json(&r, &s);
+        print_json(&r, &s, &br);
     else
-        print_text(&r, &s);
+        print_text(&r, &s, &br);
 done:
     result_free(&r);
     epx_layout_destroy(lay);
     epx_counts_destroy(c);
     epx_free(map);
+    free(weights);
+early:
+    free(br.tokens);
+    free(br.balancedness);
     return rc;
 }

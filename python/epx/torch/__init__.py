@@ -5,6 +5,7 @@
     tpr, _, tpe, in_rank, ev = et.get_dispatch_layout(topk_idx, 256, num_ranks=8)  # DeepEP's
     m = et.Mapping.weighted(replicas, slot_weights, num_physical=288).to("cuda")
     phys = et.map_ids(topk_ids, m, layer=3, pass_id=step)
+    phys, per_slot = et.balanced_topk(topk_ids, et.Mapping.balanced(replicas, 288, 8))
     lay = et.token_layout(phys, num_physical=288, num_ranks=8)
     send = et.permute(x, lay, "rank")
     out = et.combine(y, lay.pair_slot_pos, topk_weights)
@@ -33,12 +34,12 @@ except ImportError as e:  # pragma: no cover - exercised only without torch
 from typing import NamedTuple
 
 from .. import _arrays as _A
-from . import _gpu, _ops
-from ._mapping import Mapping
+from . import _balanced_op, _gpu, _ops
+from ._mapping import BALANCED, Mapping
 from .buffer import Buffer, EventOverlap
 
-__all__ = ["dispatch_layout", "get_dispatch_layout", "token_layout", "TokenLayout", "Mapping", "map_ids", "permute",
-           "combine", "gpu_available", "gpu_unavailable_reason", "Buffer", "EventOverlap"]
+__all__ = ["dispatch_layout", "get_dispatch_layout", "token_layout", "TokenLayout", "Mapping",
+           "map_ids", "balanced_topk", "permute", "combine", "gpu_available", "gpu_unavailable_reason", "Buffer", "EventOverlap"]
 
 
 def gpu_available():
@@ -142,11 +143,11 @@ def token_layout(phys, num_physical, num_ranks):
 def map_ids(topk_ids, mapping, *, layer=0, pass_id=0, seed=0):
     """Logical expert ids [T][K] to physical slots [T][K] int32 under `mapping`
     (an epx.torch.Mapping on the ids' device). Random choices are keyed by
-    (seed, pass_id, layer, token, k): the same on CPU and GPU, new every pass."""
-    if not isinstance(mapping, Mapping):
-        raise TypeError("mapping must be an epx.torch.Mapping (Mapping.static, .dynamic, "
-                        ".weighted or .from_layout), got %s" % type(mapping).__name__)
-    m = mapping
+    (seed, pass_id, layer, token, k): the same on CPU and GPU, new every pass.
+    A balanced mapping draws nothing (balanced_topk's slots)."""
+    m = _mapping_arg(mapping)
+    if m.mode == BALANCED:
+        return balanced_topk(topk_ids, m)[0]
     tables = (m.table, m.replicas, m.num_valid, m.thresholds)
     # layer is a uint32 in the C spec: checked, never taken modulo 2^32;
     # pass_id counts passes and is keyed modulo 2^32
@@ -154,6 +155,29 @@ def map_ids(topk_ids, mapping, *, layer=0, pass_id=0, seed=0):
     pass_id = _A.integer(pass_id, "pass_id", 0, 2 ** 64 - 1)
     return _ops.run("map_ids", (topk_ids,) + tables, topk_ids, m.mode, m.num_experts,
                     m.num_physical, *tables, _signed64(seed), pass_id & 0xFFFFFFFF, layer)
+
+
+def _mapping_arg(mapping):
+    if not isinstance(mapping, Mapping):
+        raise TypeError("mapping must be an epx.torch.Mapping (Mapping.static, .dynamic, "
+                        ".weighted, .balanced or .from_layout), got %s" % type(mapping).__name__)
+    return mapping
+
+
+def balanced_topk(topk_ids, mapping):
+    """Balanced per-batch dispatch of one layer's topk_ids [T][K] (int32 or
+    int64, -1 = none) under a Mapping.balanced on the ids' device: each
+    expert's tokens split over its replicas so the largest GPU load is the
+    least any split reaches (SGLang 0.5.23's LP optimum, exactly), integer
+    loads within one token per replica of it, expert e's (t, k) pairs in
+    order filling its replicas. Returns (phys [T][K] int32, tokens_per_slot
+    [P] int64). CPU and CUDA give the same slots."""
+    m = _mapping_arg(mapping)
+    if m.mode != BALANCED:
+        raise ValueError("balanced_topk needs a Mapping.balanced (or from_layout(..., "
+                         "mode='balanced')), got %r" % (m,))
+    return tuple(_balanced_op.run(topk_ids, m.replicas, m.num_valid, m.num_physical,
+                                  m.num_ranks))
 
 
 def permute(x, layout, order="rank"):

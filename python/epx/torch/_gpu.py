@@ -8,7 +8,7 @@ says so; CPU tensors are still served by libepx.so's references.
 """
 import ctypes
 import os
-from ctypes import POINTER, c_int, c_int32, c_int64, c_void_p
+from ctypes import POINTER, Structure, c_double, c_int, c_int32, c_int64, c_void_p
 from pathlib import Path
 
 from .. import _native
@@ -16,7 +16,8 @@ from .._native import EpxError, Status
 from ..dispatch import DispatchSpec, TokenLayout
 
 __all__ = ["available", "reason", "library_path", "call", "dispatch_layout", "map_ids",
-           "gather_rows", "combine_rows", "TokenLayout"]
+           "gather_rows", "combine_rows", "TokenLayout", "BalancedOut", "balanced_create",
+           "balanced_topk"]
 
 
 def library_path():
@@ -103,3 +104,16 @@ gather_rows = _bind("epx_cuda_gather_rows", c_void_p, c_int, c_int64, c_int64, c
                     c_int32, c_void_p, c_void_p, c_void_p)
 combine_rows = _bind("epx_cuda_combine_rows", c_void_p, c_int, c_int64, c_void_p, c_void_p,
                      c_int64, c_int32, c_void_p, c_void_p, c_void_p)
+
+
+class BalancedOut(Structure):
+    """epx_cuda_balanced_out (include/epx_cuda.h): device pointers, each optional."""
+    _fields_ = [("shares", POINTER(c_double)), ("replica_counts", POINTER(c_int64)),
+                ("slot_counts", c_void_p), ("gpu_load", POINTER(c_double)),
+                ("summary", POINTER(c_int64))]
+
+
+balanced_create = _bind("epx_cuda_dispatch_balanced_create", c_int32, c_int32, c_int32, c_int32,
+                        POINTER(c_void_p), c_void_p)
+balanced_topk = _bind("epx_cuda_dispatch_balanced_topk", c_void_p, c_void_p, c_void_p, c_void_p,
+                      c_int64, c_int32, c_void_p, POINTER(BalancedOut), c_void_p, c_void_p)

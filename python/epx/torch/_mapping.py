@@ -14,7 +14,11 @@ from .. import _arrays as _A
 from .. import dispatch as _dispatch
 from .._native import call as _cpu_call
 
-__all__ = ["Mapping"]
+__all__ = ["Mapping", "BALANCED"]
+
+# Balanced dispatch is no epx_dispatch_spec mode: it reads the whole batch
+# (epx.torch.balanced_topk), so its Mapping carries this marker instead.
+BALANCED = "balanced"
 
 
 def _int32(a, name, ndim):
@@ -72,6 +76,9 @@ class Mapping:
     Mapping.weighted(replicas, slot_weights, num_physical)
                                                  by per-slot shares (a Plan's
                                                  replica_weights row)
+    Mapping.balanced(replicas, num_physical, num_ranks)
+                                                 each batch split exactly: the
+                                                 least max GPU load (balanced_topk)
     Mapping.from_layout(layout, layer, ...)      from an epx.Layout or epx.Plan
 
     replicas [E][W]: expert e's slots first, -1 padding after (num_valid
@@ -79,8 +86,9 @@ class Mapping:
     """
 
     def __init__(self, mode, num_experts, num_physical, table=None, replicas=None,
-                 num_valid=None, thresholds=None):
+                 num_valid=None, thresholds=None, num_ranks=None):
         self.mode, self.num_experts, self.num_physical = mode, num_experts, num_physical
+        self.num_ranks = num_ranks  # balanced only: GPU g holds slots g*P/G .. (g+1)*P/G - 1
         self.table, self.replicas, self.num_valid = table, replicas, num_valid
         self.thresholds = thresholds
 
@@ -92,10 +100,11 @@ class Mapping:
         """This mapping with its tensors on `device`."""
         move = lambda t: None if t is None else t.to(device)  # noqa: E731
         return Mapping(self.mode, self.num_experts, self.num_physical, move(self.table),
-                       move(self.replicas), move(self.num_valid), move(self.thresholds))
+                       move(self.replicas), move(self.num_valid), move(self.thresholds),
+                       self.num_ranks)
 
     def __repr__(self):
-        mode = {v: k for k, v in _dispatch.DISPATCH_MODES.items()}[self.mode]
+        mode = {v: k for k, v in _dispatch.DISPATCH_MODES.items()}.get(self.mode, self.mode)
         return "Mapping(%s, E=%d, P=%d, device=%s)" % (mode, self.num_experts,
                                                        self.num_physical, self.device)
 
@@ -113,6 +122,17 @@ class Mapping:
         reps, nv = _replica_rows(replicas, num_valid, P)
         return cls(_dispatch.DISPATCH_MODES["dynamic"], reps.shape[0], P,
                    replicas=torch.from_numpy(reps), num_valid=torch.from_numpy(nv))
+
+    @classmethod
+    def balanced(cls, replicas, num_physical, num_ranks, num_valid=None):
+        P = _num_physical(num_physical)
+        G = _A.integer(num_ranks, "num_ranks", 1, _A.MAX_GPUS, "EPX_MAX_GPUS")
+        if P % G:
+            raise ValueError("num_physical (%d) is not a multiple of num_ranks (%d): rank r "
+                             "holds slots r*P/G .. (r+1)*P/G - 1" % (P, G))
+        reps, nv = _replica_rows(replicas, num_valid, P)
+        return cls(BALANCED, reps.shape[0], P, replicas=torch.from_numpy(reps),
+                   num_valid=torch.from_numpy(nv), num_ranks=G)
 
     @classmethod
     def weighted(cls, replicas, slot_weights, num_physical, num_valid=None):
@@ -137,7 +157,8 @@ class Mapping:
     def from_layout(cls, layout, layer, mode="weighted", table=None, ep_rank=0):
         """Layer `layer` of an epx.Layout or epx.Plan: "static" takes `table`
         [G][L][E] (epx.static_table) row ep_rank; "dynamic" the layout's
-        replicas; "weighted" a Plan's replica_weights."""
+        replicas; "weighted" a Plan's replica_weights; "balanced" the
+        layout's replicas, split per batch over its GPUs."""
         weights = getattr(layout, "replica_weights", None)
         lay = layout.layout if hasattr(layout, "layout") else layout
         s = lay.shape
@@ -156,9 +177,12 @@ class Mapping:
         nv = np.asarray(lay.num_valid)[layer]
         if mode == "dynamic":
             return cls.dynamic(reps, P, nv)
+        if mode == BALANCED:
+            return cls.balanced(reps, P, s["num_gpus"], nv)
         if mode == "weighted":
             if weights is None:
                 raise ValueError("mode='weighted' needs a Plan (its replica_weights); a Layout "
                                  "has none: use mode='dynamic' or Mapping.weighted")
             return cls.weighted(reps, np.asarray(weights)[layer], P, nv)
-        raise ValueError("mode must be 'static', 'dynamic' or 'weighted', got %r" % (mode,))
+        raise ValueError("mode must be 'static', 'dynamic', 'weighted' or 'balanced', got %r"
+                         % (mode,))
