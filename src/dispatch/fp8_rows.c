@@ -31,7 +31,8 @@ epx_status epx_fp8_cast_rows(const uint16_t *x, int64_t rows, int64_t hidden, in
             float scale, factor;
             epxi_fp8_scale(amax, round_scale != 0, &scale, &factor);
             for (int i = 0; i < EPXI_FP8_GROUP; i++)
-                data[at + (size_t)i] = epxi_fp8_quantize(epxi_bf16_to_f32(x[at + (size_t)i]), factor);
+                data[at + (size_t)i] =
+                    epxi_fp8_quantize(epxi_bf16_to_f32(x[at + (size_t)i]), factor);
             scales[r * G + g] = scale;
         }
     return EPX_OK;
