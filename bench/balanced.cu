@@ -23,23 +23,7 @@
 #include "epx.h"
 #include "epx_cuda.h"
 
-#define CK(call)                                                                                   \
-    do {                                                                                           \
-        cudaError_t e_ = (call);                                                                   \
-        if (e_ != cudaSuccess) {                                                                   \
-            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
-            exit(1);                                                                               \
-        }                                                                                          \
-    } while (0)
-#define EK(call)                                                                                   \
-    do {                                                                                           \
-        epx_status s_ = (call);                                                                    \
-        if (s_ != EPX_OK) {                                                                        \
-            fprintf(stderr, "%s:%d: %s: %s (%s)\n", __FILE__, __LINE__, #call, epx_status_str(s_), \
-                    er.msg);                                                                       \
-            exit(1);                                                                               \
-        }                                                                                          \
-    } while (0)
+#include "cuda_exit.h"
 
 enum { LAYERS = 16, ROUNDS = 51, K = 8 };
 

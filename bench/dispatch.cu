@@ -26,23 +26,7 @@
 #include "epx_cuda.h"
 #include "../src/cuda/dispatch_cuda.h"
 
-#define CK(call)                                                                                   \
-    do {                                                                                           \
-        cudaError_t e_ = (call);                                                                   \
-        if (e_ != cudaSuccess) {                                                                   \
-            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
-            exit(1);                                                                               \
-        }                                                                                          \
-    } while (0)
-#define EK(call)                                                                                   \
-    do {                                                                                           \
-        epx_status s_ = (call);                                                                    \
-        if (s_ != EPX_OK) {                                                                        \
-            fprintf(stderr, "%s:%d: %s: %s (%s)\n", __FILE__, __LINE__, #call, epx_status_str(s_), \
-                    er.msg);                                                                       \
-            exit(1);                                                                               \
-        }                                                                                          \
-    } while (0)
+#include "cuda_exit.h"
 
 static const int E = 384, P = 416, G = 8, K = 8, H = 7168, ROUNDS = 31;
 static epx_error er;
