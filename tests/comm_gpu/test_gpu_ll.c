@@ -226,6 +226,18 @@ static int check_fp8_row(const shape *c, const got *g, int64_t e, const batch *s
     return 0;
 }
 
+/* Rank's views after a batch, copied to the host (spr local slots, R
+ * ranks, rows entry rows of xrow bytes). */
+static int fetch_views(const epx_gpu_ep_views *vw, int32_t spr, int32_t R, size_t rows,
+                       size_t xrow, got *g) {
+    CK(cudaMemcpy(g->count, vw->counts, (size_t)spr * 4, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(g->srctok, vw->src_token, rows * 4, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(g->range, vw->layout_range, (size_t)spr * R * 8, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(g->ew, vw->entry_weight, rows * 4, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(g->rx, vw->x, rows * xrow, cudaMemcpyDeviceToHost));
+    return 0;
+}
+
 /* Check rank me's expert-major view and combined output for batch b: local
  * slot l's rows are its entries in (source, token, k) order, each a copy of
  * the token's row, with its weight (when dispatched with weights), source
@@ -418,11 +430,7 @@ static int run_rank(epx_comm *boot, const shape *c) {
             }
         }
         EK(epx_gpu_ep_sync(ep, &err));
-        CK(cudaMemcpy(g.count, vw.counts, (size_t)spr * 4, cudaMemcpyDeviceToHost));
-        CK(cudaMemcpy(g.srctok, vw.src_token, rows * 4, cudaMemcpyDeviceToHost));
-        CK(cudaMemcpy(g.range, vw.layout_range, (size_t)spr * R * 8, cudaMemcpyDeviceToHost));
-        CK(cudaMemcpy(g.ew, vw.entry_weight, rows * 4, cudaMemcpyDeviceToHost));
-        CK(cudaMemcpy(g.rx, vw.x, rows * xrow, cudaMemcpyDeviceToHost));
+        if (fetch_views(&vw, spr, R, rows, xrow, &g) != 0) return 1;
         CK(cudaMemcpy(out, dout, (size_t)my->T * (size_t)c->H * 4, cudaMemcpyDeviceToHost));
         rc = check(c, me, all, &g, out, how != 1, how == 1, b, 0);
         for (int32_t r = 0; r < R; r++) free_batch(&all[r]);
@@ -561,11 +569,7 @@ static int proc_shrink(int32_t rank, int32_t R, pc_world *w, void *arg) {
         EK(epx_gpu_ep_combine(ep, dout, &err));
         EK(epx_gpu_ep_mask_query(ep, dmask, &err));
         EK(epx_gpu_ep_sync(ep, &err));
-        CK(cudaMemcpy(g.count, vw.counts, (size_t)spr * 4, cudaMemcpyDeviceToHost));
-        CK(cudaMemcpy(g.srctok, vw.src_token, rows * 4, cudaMemcpyDeviceToHost));
-        CK(cudaMemcpy(g.range, vw.layout_range, (size_t)spr * R * 8, cudaMemcpyDeviceToHost));
-        CK(cudaMemcpy(g.ew, vw.entry_weight, rows * 4, cudaMemcpyDeviceToHost));
-        CK(cudaMemcpy(g.rx, vw.x, rows * xrow, cudaMemcpyDeviceToHost));
+        if (fetch_views(&vw, spr, R, rows, xrow, &g) != 0) return 1;
         CK(cudaMemcpy(out, dout, (size_t)my->T * c.H * 4, cudaMemcpyDeviceToHost));
         int32_t hmask[PC_MAX_RANKS];
         CK(cudaMemcpy(hmask, dmask, (size_t)R * 4, cudaMemcpyDeviceToHost));
