@@ -278,7 +278,9 @@ extern "C" epx_status epx_cuda_dispatch_balanced_create(int32_t num_experts, int
         if (warps > kMaxThreads / 32) warps = kMaxThreads / 32;
         b->threads = warps >= 1 ? (int)warps * 32 : 0;
         b->smem = (size_t)(warps >= 1 ? warps : 0) * 4 * (size_t)num_experts;
-        if (b->smem > 48 * 1024)
+        /* always: the default 48 KiB covers static and dynamic shared
+         * memory together, so 48 KiB of counters alone is already too much */
+        if (b->smem > 0)
             EPXI_CUDA_GOTO(st,
                            cudaFuncSetAttribute(balanced_kernel,
                                                 cudaFuncAttributeMaxDynamicSharedMemorySize,
