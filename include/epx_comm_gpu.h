@@ -156,6 +156,9 @@ EPX_API epx_status epx_gpu_ep_create(epx_comm *bootstrap, const epx_ep_config *c
  *   epx_gpu_ep_connect  given every rank's info in rank order, map the
  *                       peers' buffers. A rank whose config or rank count
  *                       differs is refused here, naming both configs.
+ *                       In shrink mode an info of EPX_GPU_EP_INFO_BYTES
+ *                       zero bytes stands for a rank that never opened
+ *                       (it stopped first): it is masked from the start.
  * The caller makes sure every rank connected before any launches; to tear
  * down, every rank disconnects (waits for its stream and unmaps the peers),
  * then after a barrier destroys (frees its buffer, which no peer maps then).

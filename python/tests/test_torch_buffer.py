@@ -418,7 +418,12 @@ class FakeEngine:
         self.infos = list(infos)
         peers = [struct.unpack("<ii", blob[i * _ll.INFO_BYTES:i * _ll.INFO_BYTES + 8])
                  for i in range(self.num_ranks)]
-        assert [r for r, _ in peers] == list(range(self.num_ranks)), peers
+        # shrink mode: an all-zero info is a rank that never opened (the C
+        # engine masks it)
+        absent = [self.mask is not None and i == bytes(_ll.INFO_BYTES) for i in infos]
+        assert [r for i, (r, _) in enumerate(peers) if not absent[i]] == \
+            [r for r in range(self.num_ranks) if not absent[r]], peers
+        peers = [p for i, p in enumerate(peers) if not absent[i]]
         for r, h in peers:
             if h != self.cfg.hidden and self.rank == 0:
                 raise EpxError(Status.INVALID_ARG, "fake connect: rank 0 has hidden %d, rank %d "
@@ -856,3 +861,33 @@ def test_shrink_mode_mask(world1, monkeypatch):
     monkeypatch.setenv("EPX_GPU_EP_TIMEOUT_MS", "soon")
     with pytest.raises(ValueError, match="EPX_GPU_EP_TIMEOUT_MS is 'soon'"):
         B.Buffer(world1, low_latency_mode=True)
+
+
+def _worker_shrink_absent_rank(rank, world):
+    """Shrink mode: rank 2 stops before the first call of a shape (DeepEP's
+    --shrink-test stops rank 1 there); ranks 0 and 1 still create the engine
+    within the timeout, with rank 2's info all zeros (the engine masks it), and
+    a second shape sees rank 2 absent again; rank 2 makes its Buffer (as DeepEP's
+    test does) and goes on to the end."""
+    import time
+    import torch.distributed as dist
+
+    def set_attr(obj, name, value):
+        setattr(obj, name, value)
+
+    _fake_gpu(set_attr)
+    buf = B.Buffer(dist.group.WORLD, low_latency_mode=True, enable_shrink=True,
+                   explicitly_destroy=True, timeout_ms=1500)
+    if rank == 2:
+        return  # stopped: never calls the engine
+    t0 = time.monotonic()
+    eng = buf._engine(64, 4, 6, 16)
+    assert 1.4 < time.monotonic() - t0 < 30, "the absent rank was not waited for, or too long"
+    assert eng.infos == [_blob(0, 64), _blob(1, 64), bytes(_ll.INFO_BYTES)], eng.infos
+    assert eng.calls == ["info", "connect"] and eng.mask is buf._mask
+    other = buf._engine(64, 4, 6, 8)  # another shape: rank 2 absent again
+    assert other.infos[2] == bytes(_ll.INFO_BYTES) and other is not eng
+
+
+def test_shrink_mode_creation_leaves_out_a_stopped_rank():
+    _spawn(_worker_shrink_absent_rank, 3)

@@ -228,8 +228,8 @@ static int check_fp8_row(const shape *c, const got *g, int64_t e, const batch *s
 
 /* Rank's views after a batch, copied to the host (spr local slots, R
  * ranks, rows entry rows of xrow bytes). */
-static int fetch_views(const epx_gpu_ep_views *vw, int32_t spr, int32_t R, size_t rows,
-                       size_t xrow, got *g) {
+static int fetch_views(const epx_gpu_ep_views *vw, int32_t spr, int32_t R, size_t rows, size_t xrow,
+                       got *g) {
     CK(cudaMemcpy(g->count, vw->counts, (size_t)spr * 4, cudaMemcpyDeviceToHost));
     CK(cudaMemcpy(g->srctok, vw->src_token, rows * 4, cudaMemcpyDeviceToHost));
     CK(cudaMemcpy(g->range, vw->layout_range, (size_t)spr * R * 8, cudaMemcpyDeviceToHost));
@@ -866,6 +866,40 @@ static int connect_cases(void) {
                   0.75 * i);
     epx_gpu_ep_destroy(e0);
     epx_gpu_ep_destroy(e1);
+    /* Shrink mode: a rank that never opened is an all-zero info, masked at
+     * connect; rank 0 goes on alone (its token's share on rank 1 dropped).
+     * Without shrink mode the zeros are refused. */
+    epx_gpu_ep_opts so = EPX_GPU_EP_OPTS_INIT;
+    so.shrink = 1;
+    so.timeout_ms = 2000;
+    epx_gpu_ep *alone = NULL, *strict = NULL;
+    EK(epx_gpu_ep_open(&cfg, 0, 2, st, &so, &alone, &err));
+    EK(epx_gpu_ep_open(&cfg, 0, 2, st, NULL, &strict, &err));
+    unsigned char part[2 * EPX_GPU_EP_INFO_BYTES] = {0};
+    EK(epx_gpu_ep_info(strict, part, &err));
+    if (epx_gpu_ep_connect(strict, part, &err) != EPX_ERR_INVALID_ARG ||
+        strstr(err.msg, "entry 1 of the infos") == NULL)
+        FAILF("an all-zero info outside shrink mode must be refused: '%s'", err.msg);
+    epx_gpu_ep_destroy(strict);
+    EK(epx_gpu_ep_info(alone, part, &err));
+    EK(epx_gpu_ep_connect(alone, part, &err));
+    int32_t *dmask, hmask[2];
+    CK(cudaMalloc((void **)&dmask, sizeof hmask));
+    EK(epx_gpu_ep_dispatch(alone, 1, dx, ds, dw, &rv, &err));
+    EK(epx_gpu_ep_identity_experts(alone, &err));
+    EK(epx_gpu_ep_combine(alone, dout0, &err));
+    EK(epx_gpu_ep_mask_query(alone, dmask, &err));
+    EK(epx_gpu_ep_sync(alone, &err));
+    CK(cudaMemcpy(hmask, dmask, sizeof hmask, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(hout, dout0, sizeof hout, cudaMemcpyDeviceToHost));
+    if (hmask[0] != 0 || hmask[1] != 1)
+        FAILF("an absent rank 1: mask (%d, %d), expected (0, 1)", hmask[0], hmask[1]);
+    for (int i = 0; i < 64; i++)
+        if (hout[i] != 0.25f * (float)i)
+            FAILF("rank 0 alone: element %d = %g, expected %g (slot 0's share only)", i,
+                  (double)hout[i], 0.25 * i);
+    epx_gpu_ep_destroy(alone);
+    cudaFree(dmask);
     cudaFree(dx), cudaFree(ds), cudaFree(dw), cudaFree(dout0), cudaFree(dout1);
     cudaStreamDestroy(st);
     cudaStreamDestroy(st1);

@@ -137,6 +137,45 @@ def _env_timeout_ms():
     return int(v)
 
 
+class _ShrinkExchange:
+    """Shrink mode's exchange at a shape's engine creation: every rank's value
+    through torch.distributed's key-value store, each waited for until a
+    deadline of the Buffer's timeout; a rank not there by then is absent
+    (None) in this and every later gather of the same creation. DeepEP
+    allocates in its constructor, so a rank that stops before its first
+    dispatch holds nobody; epx creates engines per shape at their first
+    call, and this keeps that from waiting for a stopped rank."""
+    made = 0  # Buffers of this process: every rank makes them in one order
+
+    def __init__(self, buf, key):
+        import torch.distributed as dist
+        from torch.distributed import distributed_c10d as c10d
+        self.store = c10d._get_default_store()
+        self.rank, self.n, self.timeout_ms = buf.rank, buf.group_size, buf.timeout_ms
+        ranks = dist.get_process_group_ranks(buf.group)
+        self.prefix = "epx-shrink/%s/%d/%s" % (",".join(map(str, ranks)), buf._uid,
+                                               "-".join(map(str, key)))
+        self.present = list(range(self.n))
+
+    def gather(self, name, value):
+        import datetime
+        import pickle
+        import time
+        self.store.set("%s/%s/%d" % (self.prefix, name, self.rank), pickle.dumps(value))
+        out = [None] * self.n
+        deadline = time.monotonic() + self.timeout_ms / 1000.0
+        for r in list(self.present):
+            k = "%s/%s/%d" % (self.prefix, name, r)
+            left = max(deadline - time.monotonic(), 0.001)
+            try:
+                self.store.wait([k], datetime.timedelta(seconds=left))
+            except RuntimeError:  # not there by the deadline: that rank stopped
+                self.present.remove(r)
+                continue
+            out[r] = pickle.loads(self.store.get(k))
+        return out
+
+
 def _new_mask(n):
     """Shrink mode's mask: int32 [n] on the current GPU, all ranks unmasked."""
     return torch.zeros((n,), dtype=torch.int32, device="cuda")
@@ -223,6 +262,8 @@ class Buffer:
         # shrink mode's mask, one int32 per rank (1 = masked), read by every
         # engine of this Buffer in its kernels
         self._mask = _new_mask(self.group_size) if self.enable_shrink else None
+        self._uid = _ShrinkExchange.made  # names this Buffer's keys in the store
+        _ShrinkExchange.made += 1
         self.device = torch.cuda.current_device()
         self._engines = {}
         self._destroyed = False
@@ -351,16 +392,26 @@ class Buffer:
             err, local = (int(Status.INVALID_ARG), str(e)), e
         except Exception as e:  # noqa: BLE001 - reported on every rank below
             err = (int(Status.INTERNAL), "%s: %s" % (type(e).__name__, e))
-        infos = [None] * self.group_size
-        dist.all_gather_object(infos, info, group=self.group)
+        # Shrink mode gathers over the job's store with a deadline, so a rank
+        # that stopped before this call is left out (its info all zeros:
+        # the engine masks it) instead of holding the others in a collective.
+        ex = _ShrinkExchange(self, key) if self.enable_shrink else None
+        if ex is not None:
+            infos = [bytes(_ll.INFO_BYTES) if i is None else i for i in ex.gather("info", info)]
+        else:
+            infos = [None] * self.group_size
+            dist.all_gather_object(infos, info, group=self.group)
         # Connect only when every rank opened (a failed one sent no info).
         if err is None and all(len(i) == _ll.INFO_BYTES for i in infos):
             try:
                 eng.connect(infos)
             except EpxError as e:
                 err = (int(e.status), str(e))
-        errs = [None] * self.group_size
-        dist.all_gather_object(errs, err, group=self.group)
+        if ex is not None:
+            errs = ex.gather("error", err)
+        else:
+            errs = [None] * self.group_size
+            dist.all_gather_object(errs, err, group=self.group)
         bad = [(r, e) for r, e in enumerate(errs) if e is not None]
         if bad:
             if eng is not None:
@@ -370,7 +421,10 @@ class Buffer:
             rank, (status, msg) = next((b for b in bad if b[0] == self.rank), bad[0])
             raise EpxError(status, "epx.torch.Buffer: creating the engine failed on rank %d: %s"
                            % (rank, msg))
-        dist.barrier(group=self.group)  # every peer mapped before anyone launches
+        if ex is not None:
+            ex.gather("mapped", True)  # every peer still here mapped before anyone launches
+        else:
+            dist.barrier(group=self.group)  # every peer mapped before anyone launches
         self._engines[key] = eng
         return eng
 

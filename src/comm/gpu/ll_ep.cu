@@ -1621,6 +1621,16 @@ extern "C" epx_status epx_gpu_ep_info(const epx_gpu_ep *ep, void *info, epx_erro
 }
 
 /* Every rank opened with this rank's transport, and it reaches them all. */
+/* Shrink mode: an info of all zero bytes stands for a rank that never
+ * opened (it stopped before creating the engine); it is masked at connect. */
+static bool absent_info(const epx_gpu_ep *ep, const void *infos, int32_t r) {
+    const unsigned char *b = (const unsigned char *)infos + (size_t)r * EPX_GPU_EP_INFO_BYTES;
+    if (!ep->a.shrink || r == ep->a.me) return false;
+    for (size_t i = 0; i < EPX_GPU_EP_INFO_BYTES; i++)
+        if (b[i] != 0) return false;
+    return true;
+}
+
 static epx_status check_transport(const epx_gpu_ep *ep, const void *infos, const PeerInfo *mine,
                                   int dev, epx_error *err) {
     const int32_t R = ep->a.R;
@@ -1630,7 +1640,12 @@ static epx_status check_transport(const epx_gpu_ep *ep, const void *infos, const
     if (cudaGetDeviceCount(&n) != cudaSuccess) n = 0;
     for (int32_t r = 0; r < R; r++) {
         PeerInfo p;
-        memcpy(&p, (const unsigned char *)infos + (size_t)r * EPX_GPU_EP_INFO_BYTES, sizeof p);
+        /* an absent rank is checked as this one (nothing of it is mapped) */
+        memcpy(&p,
+               absent_info(ep, infos, r)
+                   ? (const void *)mine
+                   : (const unsigned char *)infos + (size_t)r * EPX_GPU_EP_INFO_BYTES,
+               sizeof p);
         t[r].kind = p.transport;
         t[r].host = p.host;
         t[r].device = p.device;
@@ -1671,6 +1686,7 @@ extern "C" epx_status epx_gpu_ep_connect(epx_gpu_ep *ep, const void *infos, epx_
     int dev = 0;
     EPXI_CUDA_TRY(cudaGetDevice(&dev), "GPU EP: current device");
     for (int32_t r = 0; r < R; r++) {
+        if (absent_info(ep, infos, r)) continue;
         memcpy(&p, (const unsigned char *)infos + (size_t)r * EPX_GPU_EP_INFO_BYTES, sizeof p);
         char a_s[160], b_s[160];
         if (memcmp(p.magic, kMagic, sizeof p.magic) != 0 || p.rank != r)
@@ -1696,6 +1712,13 @@ extern "C" epx_status epx_gpu_ep_connect(epx_gpu_ep *ep, const void *infos, epx_
     epx_status st = EPX_OK;
     bool one_process = true;
     for (int32_t r = 0; r < R && st == EPX_OK; r++) {
+        if (absent_info(ep, infos, r)) { /* masked from the start: never sent to or waited for */
+            const int32_t one = 1;
+            ep->mapped[r] = NULL;
+            EPXI_CUDA_GOTO(st, cudaMemcpy(ep->a.mask + r, &one, sizeof one, cudaMemcpyHostToDevice),
+                           "GPU EP mask", undo);
+            continue;
+        }
         memcpy(&p, (const unsigned char *)infos + (size_t)r * EPX_GPU_EP_INFO_BYTES, sizeof p);
         if (p.process == mine.process) {
             /* this process: the pointer as it is (peer access for another GPU) */
@@ -1724,6 +1747,7 @@ extern "C" epx_status epx_gpu_ep_connect(epx_gpu_ep *ep, const void *infos, epx_
     if (st == EPX_OK) {
         bool one = true;
         for (int32_t r = 0; r < R; r++) {
+            if (absent_info(ep, infos, r)) continue;
             memcpy(&p, (const unsigned char *)infos + (size_t)r * EPX_GPU_EP_INFO_BYTES, sizeof p);
             one = one && memcmp(p.uuid, mine.uuid, sizeof p.uuid) == 0;
             /* Every rank counts in once on every area (the host transport
