@@ -45,6 +45,25 @@ grep -q "pass --transport host" <<<"$msg" || fail "the fix is not named: $msg"
 out=$("${A[@]}" --measured "$tmp/host.jsonl" --transport host) || fail "advise --measured --transport host exited $?"
 grep -q "low-latency dispatch: .* (both fitted, 2 points)" <<<"$out" || fail "host lines not fitted: $out"
 
+# fp8 (epx bench comm --fp8): --dtype fp8 prices the low-latency dispatch at
+# H + H/32 bytes a row and fits only the fp8 dispatch lines; a file without
+# them names the command that measures them; bf16 questions ignore them.
+fp8=$("${A[@]}" --dtype fp8 --json) || fail "advise --dtype fp8 exited $?"
+grep -q '"dtype": "fp8"' <<<"$fp8" || fail "--dtype fp8 not reported: $fp8"
+awk -v p="$(slope "$peer")" -v f="$(slope "$fp8")" 'BEGIN { exit !(f < 0.9 * p && f > 0.6 * p) }' ||
+    fail "fp8's per-token cost $(slope "$fp8") is not below bf16's $(slope "$peer")"
+msg=$("${A[@]}" --transport host --dtype fp8 --measured "$tmp/host.jsonl" 2>&1); rc=$?
+[ $rc -eq 2 ] && grep -q "no fp8 low-latency dispatch figures" <<<"$msg" && grep -q -- "--fp8 --json FILE" <<<"$msg" ||
+    fail "--dtype fp8 without fp8 lines: exit $rc: $msg"
+sed 's/"dtype": "bf16", "phase": "dispatch", "median_us": \([0-9.]*\)/"dtype": "fp8-e4m3", "phase": "dispatch", "median_us": 1\1/' \
+    "$tmp/host.jsonl" >"$tmp/fp8.jsonl"
+cat "$tmp/host.jsonl" >>"$tmp/fp8.jsonl" # beside the bf16 lines, as one file may hold both
+out=$("${A[@]}" --transport host --dtype fp8 --measured "$tmp/fp8.jsonl") || fail "advise --dtype fp8 --measured exited $?"
+grep -q "low-latency dispatch: 1[0-9][0-9]\.[0-9] us" <<<"$out" || fail "fp8 lines not the ones fitted: $out"
+grep -q "fp8 low-latency dispatch: 7456 bytes" <<<"$out" || fail "fp8 record size not stated: $out"
+out=$("${A[@]}" --transport host --measured "$tmp/fp8.jsonl") || fail "advise bf16 --measured exited $?"
+grep -q "low-latency dispatch: [0-9]\{1,2\}\.[0-9] us" <<<"$out" || fail "bf16 fit took fp8 lines: $out"
+
 "$EPX_BIN" bench comm --backend mpi --model kimi-k2.5 --tokens 1 --transport host 2>"$tmp/e"; rc=$?
 [ $rc -eq 2 ] || fail "bench comm --transport with mpi exited $rc"
 grep -q "use it with --backend nccl --mode low-latency" "$tmp/e" || fail "message: $(cat "$tmp/e")"

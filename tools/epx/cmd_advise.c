@@ -120,7 +120,7 @@ static const char *line_transport(json_t *r) {
  * stream launches only; low-latency lines of `transport` only, when not
  * NULL); bytes = GB/s x time. Returns the points used. */
 static int fit_lines(json_t *lines, const char *mode, const char *phase, bool graph,
-                     const char *transport, fit *f, char *note, size_t note_n) {
+                     const char *transport, bool fp8, fit *f, char *note, size_t note_n) {
     double sx = 0, sy = 0, sxx = 0, sxy = 0, ymin = 1e300;
     int n = 0, npos = 0;
     size_t i;
@@ -129,7 +129,10 @@ static int fit_lines(json_t *lines, const char *mode, const char *phase, bool gr
         const char *m = json_string_value(json_object_get(r, "mode"));
         const char *ph = json_string_value(json_object_get(r, "phase"));
         json_t *jt = json_object_get(r, "median_us"), *jg = json_object_get(r, "gbps");
+        /* fp8 dispatch lines (epx bench comm --fp8) fit only an fp8 question */
+        const char *dt = json_string_value(json_object_get(r, "dtype"));
         if (!m || !ph || strcmp(m, mode) != 0 || strcmp(ph, phase) != 0 || !json_is_number(jt) ||
+            (dt != NULL && strcmp(dt, "fp8-e4m3") == 0) != fp8 ||
             json_is_true(json_object_get(r, "graph")) != graph ||
             (transport != NULL && strcmp(line_transport(r), transport) != 0))
             continue;
@@ -260,7 +263,10 @@ int cmd_advise(int argc, char **argv) {
          "fit latency and bandwidth to 'epx bench comm' figures: its JSON lines "
          "(--json FILE) or its summary (-o FILE)",
          NULL},
-        {"--dtype", "bf16|f32", "element type on the wire (default bf16)", NULL},
+        {"--dtype", "bf16|f32|fp8",
+         "element type on the wire (default bf16); fp8: the low-latency dispatch as DeepEP's e4m3 "
+         "with a scale per 128 values (--measured: from 'epx bench comm --fp8'), the rest bf16",
+         NULL},
         {"--combine", "rank|topk",
          "EP combine: per (token, rank) partials (default, DeepEP's shape) or "
          "per (token, k) rows",
@@ -316,10 +322,11 @@ int cmd_advise(int argc, char **argv) {
     const bool host_tr = strcmp(tr, "host") == 0;
     const char *dt = cli_get(&cmd, "--dtype"), *cm = cli_get(&cmd, "--combine");
     double esz = 2;
+    const bool fp8 = dt != NULL && strcmp(dt, "fp8") == 0;
     if (dt != NULL && strcmp(dt, "f32") == 0)
         esz = 4;
-    else if (dt != NULL && strcmp(dt, "bf16") != 0) {
-        fprintf(stderr, "epx advise: --dtype must be bf16 or f32, not '%s'\n", dt);
+    else if (dt != NULL && strcmp(dt, "bf16") != 0 && !fp8) {
+        fprintf(stderr, "epx advise: --dtype must be bf16, f32 or fp8, not '%s'\n", dt);
         return CLI_EXIT_USAGE;
     }
     bool topk = false;
@@ -336,9 +343,12 @@ int cmd_advise(int argc, char **argv) {
     for (int i = 0; i < m->top_k; i++) miss *= (E - per - i) > 0 ? (E - per - i) / (E - i) : 0.0;
     const double d = G > 1 ? (G - 1) * (1.0 - miss) : 0.0;
     const double rec = ceil(H * esz / 16) * 16 + ceil(K * 8 / 16) * 16;
+    /* fp8: the low-latency dispatch's rows as e4m3 and a scale per 128 values */
+    const double rec_ll = fp8 ? ceil((H + H / 32) / 16) * 16 + ceil(K * 8 / 16) * 16 : rec;
     /* bytes per GPU per global token (combine's once --measured has said
      * which order it measured) */
     const double bd = d * rec / G, bt = G > 1 ? 2.0 * (G - 1) / G * H * esz : 0.0;
+    const double bd_ll = d * rec_ll / G;
     fit fd = {2 * L->a2a_us + HOST_SYNC_US, 1e-3 / L->a2a_gbps, 0};
     fit fc = {L->a2a_us, 1e-3 / L->a2a_gbps, 0};
     fit ft = {L->ar_us, 1e-3 / L->ar_gbps, 0};
@@ -375,14 +385,15 @@ int cmd_advise(int argc, char **argv) {
         size_t i;
         json_t *r;
         json_array_foreach(lines, i, r) g |= json_is_true(json_object_get(r, "graph"));
-        int n1 =
-            fit_lines(lines, "low-latency", "dispatch", g, tr, &ld, llnotes[0], sizeof llnotes[0]);
-        int n2 =
-            fit_lines(lines, "low-latency", "combine", g, tr, &lc, llnotes[1], sizeof llnotes[1]);
-        int n3 =
-            fit_lines(lines, "normal", "dispatch", false, NULL, &fd, notes[0], sizeof notes[0]);
-        int n4 = fit_lines(lines, "normal", "combine", false, NULL, &fc, notes[1], sizeof notes[1]);
-        int n5 = fit_lines(lines, "tp-allreduce", "allreduce", false, NULL, &ft, notes[2],
+        int n1 = fit_lines(lines, "low-latency", "dispatch", g, tr, fp8, &ld, llnotes[0],
+                           sizeof llnotes[0]);
+        int n2 = fit_lines(lines, "low-latency", "combine", g, tr, false, &lc, llnotes[1],
+                           sizeof llnotes[1]);
+        int n3 = fit_lines(lines, "normal", "dispatch", false, NULL, false, &fd, notes[0],
+                           sizeof notes[0]);
+        int n4 = fit_lines(lines, "normal", "combine", false, NULL, false, &fc, notes[1],
+                           sizeof notes[1]);
+        int n5 = fit_lines(lines, "tp-allreduce", "allreduce", false, NULL, false, &ft, notes[2],
                            sizeof notes[2]);
         /* Low-latency lines of another transport only: say which to ask for. */
         const char *other = NULL;
@@ -390,6 +401,15 @@ int cmd_advise(int argc, char **argv) {
             const char *md = json_string_value(json_object_get(r, "mode"));
             if (md != NULL && strcmp(md, "low-latency") == 0 && strcmp(line_transport(r), tr) != 0)
                 other = line_transport(r);
+        }
+        if (n1 == 0 && fp8 && n2 > 0) {
+            fprintf(stderr,
+                    "epx advise: '%s' has no fp8 low-latency dispatch figures for --dtype fp8: "
+                    "measure them with 'epx bench comm --backend nccl --mode low-latency --fp8 "
+                    "--json FILE'\n",
+                    path);
+            json_decref(lines);
+            return CLI_EXIT_USAGE;
         }
         if (n1 == 0 && other != NULL) {
             fprintf(stderr,
@@ -462,7 +482,8 @@ int cmd_advise(int argc, char **argv) {
     const double bc = (topk ? K * (G - 1.0) / G : d) * H * esz / G;
     const double ae = fd.a_us + fc.a_us, be = imb * (bd * fd.us_per_byte + bc * fc.us_per_byte);
     const double bc_ll = K * (G - 1.0) / G * H * esz / G; /* low latency combines in top-k order */
-    const double al = ld.a_us + lc.a_us, bl = imb * (bd * ld.us_per_byte + bc_ll * lc.us_per_byte);
+    const double al = ld.a_us + lc.a_us,
+                 bl = imb * (bd_ll * ld.us_per_byte + bc_ll * lc.us_per_byte);
     const double at = ft.a_us, bt_us = bt * ft.us_per_byte;
     ep_lines ep = {ae, be, al, bl, (double)G * LL_MAX_PER_GPU};
     /* The first batch where the winner changes, on a geometric grid, then
@@ -539,7 +560,10 @@ int cmd_advise(int argc, char **argv) {
         fprintf(o,
                 ", \"measured\": %s, \"dtype\": \"%s\", \"combine\": \"%s\", \"transport\": "
                 "\"%s\"",
-                cli_get(&cmd, "--measured") ? "true" : "false", esz == 2 ? "bf16" : "f32",
+                cli_get(&cmd, "--measured") ? "true" : "false",
+                fp8        ? "fp8"
+                : esz == 2 ? "bf16"
+                           : "f32",
                 topk ? "topk" : "rank", tr);
         const struct {
             const char *key;
@@ -566,7 +590,10 @@ int cmd_advise(int argc, char **argv) {
         return CLI_EXIT_OK;
     }
     printf("epx advise: %s on %d GPUs over %s (%s), %s, combine %s\n", m->name, G, L->name, L->what,
-           esz == 2 ? "bf16" : "fp32", topk ? "top-k order" : "per-rank partials");
+           fp8        ? "fp8 low-latency dispatch, bf16 otherwise"
+           : esz == 2 ? "bf16"
+                      : "fp32",
+           topk ? "top-k order" : "per-rank partials");
     printf("model: hidden %d, top-%d of %d routed experts, %d MoE layers\n\n", m->hidden, m->top_k,
            m->num_experts, moe_layers);
     printf("assumptions:\n");
@@ -581,6 +608,11 @@ int cmd_advise(int argc, char **argv) {
            "bytes;\n"
            "    combine returns %s of %.0f bytes\n",
            m->top_k, rec, topk ? "one row per (token, k)" : "one row per (token, GPU)", H * esz);
+    if (fp8)
+        printf(
+            "  - fp8 low-latency dispatch: %.0f bytes a record (e4m3 row, a 4-byte scale per 128 "
+            "values, the same (slot, weight) pairs)\n",
+            rec_ll);
     printf("  - TP: ring all-reduce of the batch, 2(G-1)/G x B x %.0f bytes per GPU\n", H * esz);
     printf("  - EP in low-latency mode (up to %d tokens per GPU): one in-band exchange per phase,\n"
            "    no host sync, top-k combine rows; normal mode above that\n",
