@@ -58,6 +58,8 @@ struct epxi_search {
     double target;     /* improve stops once the max GPU load is <= target */
     int32_t *slot;     /* [P] expert in each slot */
     int32_t *gpu;      /* [P] GPU of each slot, p / K (a load, not a division) */
+    int32_t *gnode;    /* [G] node of each GPU, g / gpn (likewise) */
+    uint8_t *pinned;   /* [K] best_swap's scratch: gmax's slot i cannot leave its node */
     int32_t *cnt;      /* [E] replica count */
     int32_t *first;    /* [E] first slot of each expert's list, -1 */
     int32_t *next;     /* [P] next slot of the same expert, -1 */
@@ -101,6 +103,8 @@ epx_status epxi_search_create(int32_t E, int32_t P, int32_t G, int32_t N, epxi_s
     size_t e = (size_t)E, p = (size_t)P, g = (size_t)G;
     s->slot = epxi_calloc(p, sizeof(int32_t), "placement search slots", err);
     s->gpu = epxi_calloc(p, sizeof(int32_t), "placement search slot GPUs", err);
+    s->gnode = epxi_calloc(g, sizeof(int32_t), "placement search GPU nodes", err);
+    s->pinned = epxi_calloc((size_t)s->K, sizeof(uint8_t), "placement search pinned slots", err);
     s->cnt = epxi_calloc(e, sizeof(int32_t), "placement search counts", err);
     s->first = epxi_calloc(e, sizeof(int32_t), "placement search lists", err);
     s->next = epxi_calloc(p, sizeof(int32_t), "placement search lists", err);
@@ -130,23 +134,24 @@ epx_status epxi_search_create(int32_t E, int32_t P, int32_t G, int32_t N, epxi_s
     s->gpos = epxi_calloc(g, sizeof(int32_t), "placement search GPU order", err);
     s->hp = epxi_calloc(g, sizeof(int32_t), "placement search GPU heap", err);
     s->hsize = epxi_calloc((size_t)N, sizeof(int32_t), "placement search GPU heap", err);
-    if (!s->slot || !s->gpu || !s->cnt || !s->first || !s->next || !s->home_cnt || !s->load ||
-        !s->delta || !s->load2 || !s->delta2 || !s->stamp || !s->tlist || !s->fill || !s->idx ||
-        !s->tmp || !s->key || !s->heap || !s->multi || !s->cand || !s->cand_mark || !s->sorted ||
-        !s->sorted2 || !s->rl || !s->rl2 || !s->sorted_ok || !s->gorder || !s->gpos || !s->hp ||
-        !s->hsize) {
+    if (!s->slot || !s->gpu || !s->gnode || !s->pinned || !s->cnt || !s->first || !s->next ||
+        !s->home_cnt || !s->load || !s->delta || !s->load2 || !s->delta2 || !s->stamp ||
+        !s->tlist || !s->fill || !s->idx || !s->tmp || !s->key || !s->heap || !s->multi ||
+        !s->cand || !s->cand_mark || !s->sorted || !s->sorted2 || !s->rl || !s->rl2 ||
+        !s->sorted_ok || !s->gorder || !s->gpos || !s->hp || !s->hsize) {
         epxi_search_destroy(s);
         return EPX_ERR_NOMEM;
     }
     for (int32_t q = 0; q < P; q++) s->gpu[q] = q / s->K;
+    for (int32_t q = 0; q < G; q++) s->gnode[q] = q / s->gpn;
     *out = s;
     return EPX_OK;
 }
 
 void epxi_search_destroy(epxi_search *s) {
     if (s == NULL) return;
-    free(s->slot), free(s->gpu), free(s->eg), free(s->cnt), free(s->first), free(s->next),
-        free(s->home_cnt);
+    free(s->slot), free(s->gpu), free(s->gnode), free(s->pinned), free(s->eg), free(s->cnt),
+        free(s->first), free(s->next), free(s->home_cnt);
     free(s->load), free(s->delta), free(s->load2), free(s->delta2), free(s->stamp), free(s->tlist),
         free(s->fill);
     free(s->idx), free(s->tmp), free(s->key), free(s->heap), free(s->multi), free(s->cand);
@@ -171,7 +176,7 @@ void epxi_search_begin(epxi_search *s, const double *w, const int32_t *home, int
 static inline int32_t gpu_of(const epxi_search *s, int32_t slot) { return s->gpu[slot]; }
 
 static inline bool at_home(const epxi_search *s, int32_t e, int32_t g) {
-    return s->home == NULL || g / s->gpn == s->home[e];
+    return s->home == NULL || s->gnode[g] == s->home[e];
 }
 
 static inline double per_replica(const epxi_search *s, int32_t e) { return s->w[e] / s->cnt[e]; }
@@ -645,7 +650,21 @@ static bool best_swap(epxi_search *s, int32_t gmax, double *best, int32_t *ma, i
     const int32_t K = s->K, G = s->G;
     const double Lmax = s->load[gmax];
     bool found = false;
-    (void)sorted_slots(s, gmax);      /* rl[] of gmax's slots */
+    (void)sorted_slots(s, gmax); /* rl[] of gmax's slots */
+    /* A replica that is its expert's only one at home cannot go to another
+     * node (swap_ok refuses every such pair): with a cross-node partner its
+     * candidates are not looked at. Skipping them changes nothing else, as
+     * the walk of one x touches no state until a pair is accepted. */
+    const int32_t node = s->gnode[gmax];
+    int32_t mobile = K; /* slots of gmax free to leave the node */
+    if (s->home) {
+        mobile = 0;
+        for (int32_t i = 0; i < K; i++) {
+            const int32_t x = s->slot[gmax * K + i];
+            s->pinned[i] = s->home[x] == node && s->home_cnt[x] < 2;
+            mobile += !s->pinned[i];
+        }
+    }
     for (int32_t t = 0; t < G; t++) { /* lightest partner first */
         const int32_t h = s->gorder[t];
         if (h == gmax) continue;
@@ -653,9 +672,12 @@ static bool best_swap(epxi_search *s, int32_t gmax, double *best, int32_t *ma, i
         if (0.5 * (Lmax + Lh) >= *best) break; /* heavier partners cannot beat it */
         if (found) break;                      /* first improving partner: cheaper, and no worse */
         const int32_t *ord = sorted_slots(s, h); /* also makes rl[] of h current */
+        const bool away = s->home && s->gnode[h] != node;
+        if (away && mobile == 0) continue;
         const double D = Lmax - Lh;
         if (K <= 4) { /* few slots: every pair, no search */
             for (int32_t i = 0; i < K; i++) {
+                if (away && s->pinned[i]) continue;
                 const int32_t a = gmax * K + i;
                 const double rx = s->rl[a];
                 for (int32_t j = 0; j < K; j++) {
@@ -676,6 +698,7 @@ static bool best_swap(epxi_search *s, int32_t gmax, double *best, int32_t *ma, i
             const int32_t *ord2 = s->sorted2 + (size_t)h * K;
             const double lo2 = s->load2[gmax] - s->cap2, hi2 = s->cap2 - s->load2[h];
             for (int32_t i = 0; i < K; i++) {
+                if (away && s->pinned[i]) continue;
                 const int32_t a = gmax * K + i;
                 const double rx = s->rl[a], r2x = s->rl2[a];
                 const double from = r2x - hi2, to = r2x - lo2;
@@ -700,6 +723,7 @@ static bool best_swap(epxi_search *s, int32_t gmax, double *best, int32_t *ma, i
             continue;
         }
         for (int32_t i = 0; i < K; i++) {
+            if (away && s->pinned[i]) continue;
             const int32_t a = gmax * K + i;
             const double rx = s->rl[a], target = rx - 0.5 * D;
             /* first position with r >= target */
@@ -748,7 +772,7 @@ static int32_t lightest_candidates(epxi_search *s, int32_t g, int32_t want) {
         for (int32_t i = 0; i < K; i++) s->cand_mark[s->slot[g * K + i]] = s->cur_stamp;
     for (int32_t e = 0; e < s->E; e++) {
         if (s->cand_mark[e] == s->cur_stamp) continue;
-        if (g >= 0 && s->home && s->home[e] != g / s->gpn) continue;
+        if (g >= 0 && s->home && s->home[e] != s->gnode[g]) continue;
         const double v = s->w[e] / (s->cnt[e] + 1);
         int32_t pos;
         if (ncand < want) {
@@ -895,7 +919,7 @@ int32_t epxi_search_fix_duplicates(epxi_search *s, bool keep_max) {
             if (nc < 0) nc = lightest_candidates(s, -1, DUP_CANDIDATES);
             for (int32_t c = 0; c < nc; c++) {
                 const int32_t e = s->cand[c];
-                if (s->home && s->home[e] != g / s->gpn) continue;
+                if (s->home && s->home[e] != s->gnode[g]) continue;
                 if (!recount_ok(s, a, e)) continue;
                 double v = eval_recount(s, a, e, best);
                 if (v <= limit && v < best) best = v, kind = 2, mx = e;
