@@ -89,7 +89,6 @@ struct epxi_search {
     int32_t dups;       /* slots sharing their GPU with another replica of their expert */
     uint8_t *sorted_ok; /* [G] whether the GPU's entries in sorted/rl are current */
     int32_t *gorder;    /* [G] GPUs by ascending load (ties: lower id first) */
-    int32_t *gpos;      /* [G] position of each GPU in gorder */
     bool gorder_ok;
     int32_t *hp;    /* [G] per-node min-heaps of GPUs with room (packing) */
     int32_t *hsize; /* [N] */
@@ -131,14 +130,13 @@ epx_status epxi_search_create(int32_t E, int32_t P, int32_t G, int32_t N, epxi_s
     s->rl2 = epxi_calloc(p, sizeof(double), "placement search replica loads", err);
     s->sorted_ok = epxi_calloc(g, sizeof(uint8_t), "placement search order flags", err);
     s->gorder = epxi_calloc(g, sizeof(int32_t), "placement search GPU order", err);
-    s->gpos = epxi_calloc(g, sizeof(int32_t), "placement search GPU order", err);
     s->hp = epxi_calloc(g, sizeof(int32_t), "placement search GPU heap", err);
     s->hsize = epxi_calloc((size_t)N, sizeof(int32_t), "placement search GPU heap", err);
     if (!s->slot || !s->gpu || !s->gnode || !s->pinned || !s->cnt || !s->first || !s->next ||
         !s->home_cnt || !s->load || !s->delta || !s->load2 || !s->delta2 || !s->stamp ||
         !s->tlist || !s->fill || !s->idx || !s->tmp || !s->key || !s->heap || !s->multi ||
         !s->cand || !s->cand_mark || !s->sorted || !s->sorted2 || !s->rl || !s->rl2 ||
-        !s->sorted_ok || !s->gorder || !s->gpos || !s->hp || !s->hsize) {
+        !s->sorted_ok || !s->gorder || !s->hp || !s->hsize) {
         epxi_search_destroy(s);
         return EPX_ERR_NOMEM;
     }
@@ -157,7 +155,7 @@ void epxi_search_destroy(epxi_search *s) {
     free(s->idx), free(s->tmp), free(s->key), free(s->heap), free(s->multi), free(s->cand);
     free(s->sorted), free(s->sorted2), free(s->rl), free(s->rl2), free(s->sorted_ok),
         free(s->cand_mark);
-    free(s->gorder), free(s->gpos), free(s->hp), free(s->hsize);
+    free(s->gorder), free(s->hp), free(s->hsize);
     free(s);
 }
 
@@ -432,26 +430,55 @@ void epxi_search_init_map(epxi_search *s, const int32_t *map) {
 static void order_gpus(epxi_search *s) {
     for (int32_t g = 0; g < s->G; g++) s->gorder[g] = g, s->key[g] = -s->load[g];
     epxi_sort_desc(s->key, s->gorder, s->G, s->tmp); /* ties keep the lower id first */
-    for (int32_t i = 0; i < s->G; i++) s->gpos[s->gorder[i]] = i;
     s->gorder_ok = true;
 }
 
-/* GPU g's load changed: move it to its place in gorder. */
-static void reorder_gpu(epxi_search *s, int32_t g) {
+/* Add delta to GPU g's load and move g to its place in gorder. The others
+ * are in order, so g's place before and after is unique: both are found by
+ * bisection (with hundreds of GPUs a swap moves one far, and a table of
+ * positions would cost as much to keep as the shift), and the GPUs between
+ * shift by one. */
+static void add_load(epxi_search *s, int32_t g, double delta) {
+    const double old = s->load[g];
+    s->load[g] += delta;
     if (!s->gorder_ok) return;
-    int32_t i = s->gpos[g];
-    while (i > 0 && lighter(s, g, s->gorder[i - 1])) {
-        s->gorder[i] = s->gorder[i - 1];
-        s->gpos[s->gorder[i]] = i;
-        i--;
+    int32_t *o = s->gorder;
+    int32_t lo = 0, hi = s->G - 1;
+    while (lo < hi) { /* g's place: the first GPU not lighter than (old, g) */
+        const int32_t mid = lo + (hi - lo) / 2, m = o[mid];
+        if (m == g) {
+            lo = mid;
+            break;
+        }
+        if (s->load[m] < old || (s->load[m] == old && m < g))
+            lo = mid + 1;
+        else
+            hi = mid;
     }
-    while (i + 1 < s->G && lighter(s, s->gorder[i + 1], g)) {
-        s->gorder[i] = s->gorder[i + 1];
-        s->gpos[s->gorder[i]] = i;
-        i++;
+    const int32_t i = lo;
+    if (i > 0 && lighter(s, g, o[i - 1])) {
+        lo = 0, hi = i - 1; /* the first GPU that g is lighter than */
+        while (lo < hi) {
+            const int32_t mid = lo + (hi - lo) / 2;
+            if (lighter(s, g, o[mid]))
+                hi = mid;
+            else
+                lo = mid + 1;
+        }
+        memmove(o + lo + 1, o + lo, (size_t)(i - lo) * sizeof *o);
+        o[lo] = g;
+    } else if (i + 1 < s->G && lighter(s, o[i + 1], g)) {
+        lo = i + 1, hi = s->G - 1; /* the last GPU lighter than g */
+        while (lo < hi) {
+            const int32_t mid = hi - (hi - lo) / 2;
+            if (lighter(s, o[mid], g))
+                lo = mid;
+            else
+                hi = mid - 1;
+        }
+        memmove(o + i, o + i + 1, (size_t)(lo - i) * sizeof *o);
+        o[lo] = g;
     }
-    s->gorder[i] = g;
-    s->gpos[g] = i;
 }
 
 /* ---- moves ------------------------------------------------------------------- */
@@ -472,11 +499,9 @@ static bool swap_ok(const epxi_search *s, int32_t a, int32_t b) {
 static void apply_swap(epxi_search *s, int32_t a, int32_t b) {
     const int32_t x = s->slot[a], y = s->slot[b], ga = gpu_of(s, a), gb = gpu_of(s, b);
     const double rx = per_replica(s, x), ry = per_replica(s, y);
-    /* One GPU at a time: reorder_gpu assumes every other GPU is in place. */
-    s->load[ga] += ry - rx;
-    reorder_gpu(s, ga);
-    s->load[gb] += rx - ry;
-    reorder_gpu(s, gb);
+    /* One GPU at a time: add_load assumes every other GPU is in place. */
+    add_load(s, ga, ry - rx);
+    add_load(s, gb, rx - ry);
     if (s->w2) {
         const double d2 = per_replica2(s, x) - per_replica2(s, y);
         s->load2[ga] -= d2;
@@ -549,9 +574,8 @@ static void apply_recount(epxi_search *s, int32_t b, int32_t x) {
     const int32_t y = s->slot[b], gb = gpu_of(s, b);
     (void)eval_recount(s, b, x, HUGE_VAL);
     for (int32_t i = 0; i < s->ntouch; i++) {
-        s->load[s->tlist[i]] += s->delta[s->tlist[i]];
+        add_load(s, s->tlist[i], s->delta[s->tlist[i]]);
         s->load2[s->tlist[i]] += s->delta2[s->tlist[i]];
-        reorder_gpu(s, s->tlist[i]);
     }
     if (s->home) {
         if (at_home(s, y, gb))
@@ -645,9 +669,85 @@ static void reposition(epxi_search *s, int32_t p) {
  * for each x the search starts at r_y = r_x - D / 2 and walks outward in
  * both directions only until the first admissible pair or until the value
  * can no longer beat `best`. */
-enum { WALK_MAX = 4, WINDOW_MAX = 16 };
+enum { WALK_MAX = 4, WINDOW_MAX = 16, FEW = 4 };
+
+/* best_swap with at most FEW slots per GPU: every pair, no search. With
+ * hundreds of GPUs and loads that are close, most partners have no pair
+ * that could improve (DeepSeek-V3 on 256 GPUs: 89 partners looked at per
+ * move), and the scan over them is where the time goes. So the scan
+ * (scan_few) puts each partner's pairs through two of the tests a pair must
+ * pass, d > 0 and L_h + d < best, computed as below and without branches or
+ * lookups; only a partner with a pair that passes both is looked at pair by
+ * pair as before. Same partners, same pairs, same order: the same move. */
+
+/* The first position >= t in gorder whose GPU has a pair that passes the
+ * two tests with gmax's replica loads xr, or G where the scan stops (the
+ * partners from there on are too heavy). Inlined with a constant K at each
+ * call, so the pair loops unroll. */
+static inline int32_t scan_few(epxi_search *s, int32_t gmax, int32_t t, const double *xr,
+                               const int32_t K, double Lmax, double start) {
+    const int32_t G = s->G;
+    for (; t < G; t++) {
+        const int32_t h = s->gorder[t];
+        if (h == gmax) continue;
+        const double Lh = s->load[h];
+        if (0.5 * (Lmax + Lh) >= start) return G; /* heavier partners cannot beat it */
+        if (!s->sorted_ok[h]) sorted_build(s, h); /* rl[] of h current */
+        const double *yr = s->rl + (size_t)h * K;
+        int any = 0;
+        for (int32_t i = 0; i < K; i++)
+            for (int32_t j = 0; j < K; j++) {
+                const double d = xr[i] - yr[j];
+                any |= (d > 0.0) & (Lh + d < start);
+            }
+        if (any) return t;
+    }
+    return G;
+}
+
+static bool best_swap_few(epxi_search *s, int32_t gmax, double *best, int32_t *ma, int32_t *mb) {
+    const int32_t K = s->K, G = s->G, node = s->gnode[gmax];
+    const double Lmax = s->load[gmax], start = *best;
+    double xr[FEW];
+    bool pinned[FEW];
+    if (!s->sorted_ok[gmax]) sorted_build(s, gmax); /* rl[] of gmax current */
+    for (int32_t i = 0; i < K; i++) {
+        const int32_t x = s->slot[gmax * K + i];
+        xr[i] = s->rl[gmax * K + i];
+        pinned[i] = s->home && s->home[x] == node && s->home_cnt[x] < 2;
+    }
+    for (int32_t t = 0;; t++) { /* lightest partner first */
+        switch (K) {
+        case 1: t = scan_few(s, gmax, t, xr, 1, Lmax, start); break;
+        case 2: t = scan_few(s, gmax, t, xr, 2, Lmax, start); break;
+        case 3: t = scan_few(s, gmax, t, xr, 3, Lmax, start); break;
+        default: t = scan_few(s, gmax, t, xr, FEW, Lmax, start); break;
+        }
+        if (t >= G) return false;
+        const int32_t h = s->gorder[t];
+        const double Lh = s->load[h], D = Lmax - Lh;
+        const double *yr = s->rl + (size_t)h * K;
+        const bool away = s->home && s->gnode[h] != node;
+        bool found = false;
+        for (int32_t i = 0; i < K; i++) {
+            if (away && pinned[i]) continue;
+            const int32_t a = gmax * K + i;
+            for (int32_t j = 0; j < K; j++) {
+                const int32_t b = h * K + j;
+                const double d = xr[i] - yr[j];
+                if (d <= 0.0 || d >= D) continue;
+                const double v = Lmax - d > Lh + d ? Lmax - d : Lh + d;
+                if (v >= *best || !swap_fits2(s, a, b, gmax, h) || !swap_ok(s, a, b)) continue;
+                *best = v, *ma = a, *mb = b, found = true;
+            }
+        }
+        if (found) return true; /* first improving partner: cheaper, and no worse */
+    }
+}
+
 static bool best_swap(epxi_search *s, int32_t gmax, double *best, int32_t *ma, int32_t *mb) {
     const int32_t K = s->K, G = s->G;
+    if (K <= FEW) return best_swap_few(s, gmax, best, ma, mb);
     const double Lmax = s->load[gmax];
     bool found = false;
     (void)sorted_slots(s, gmax); /* rl[] of gmax's slots */
@@ -675,22 +775,6 @@ static bool best_swap(epxi_search *s, int32_t gmax, double *best, int32_t *ma, i
         const bool away = s->home && s->gnode[h] != node;
         if (away && mobile == 0) continue;
         const double D = Lmax - Lh;
-        if (K <= 4) { /* few slots: every pair, no search */
-            for (int32_t i = 0; i < K; i++) {
-                if (away && s->pinned[i]) continue;
-                const int32_t a = gmax * K + i;
-                const double rx = s->rl[a];
-                for (int32_t j = 0; j < K; j++) {
-                    const int32_t b = h * K + j;
-                    const double d = rx - s->rl[b];
-                    if (d <= 0.0 || d >= D) continue;
-                    const double v = Lmax - d > Lh + d ? Lmax - d : Lh + d;
-                    if (v >= *best || !swap_fits2(s, a, b, gmax, h) || !swap_ok(s, a, b)) continue;
-                    *best = v, *ma = a, *mb = b, found = true;
-                }
-            }
-            continue;
-        }
         if (s->w2) {
             /* Under a constraint the binding condition is usually the
              * constraint load: r2_y must lie in a narrow window around r2_x
