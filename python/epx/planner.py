@@ -133,12 +133,19 @@ class Plan:
 
     def __init__(self, handle):
         self._h = handle
-        self.layout = Layout(c_void_p(_layout(handle)), owner=self)
 
     def __del__(self):
         if getattr(self, "_h", None):
             _destroy(self._h)
             self._h = None
+
+    @property
+    def layout(self):
+        """The plan's Layout (it keeps the plan alive). A new view per access:
+        a Plan that held its Layout, which holds the Plan, would be a cycle,
+        freed only when the cyclic collector runs (a plan's layout is 16 MB
+        at DeepSeek-V3's 256-GPU shape, and plans piled up between runs)."""
+        return Layout(c_void_p(_layout(self._h)), owner=self)
 
     @property
     def physical_to_logical_map(self):

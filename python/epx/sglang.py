@@ -30,22 +30,28 @@ __all__ = ["rebalance_experts", "rebalance_experts_from_windows",
            "load_init_expert_location", "LPLBSolver"]
 
 
+def _check_width(width):
+    if width not in ("max", "full"):
+        raise ValueError("log2phy_width must be 'max' (SGLang) or 'full' (P - E + 1, vLLM), "
+                         "got %r" % (width,))
+
+
 def _trim_log2phy(l2p, cnt, width):
     """Cut or keep the replica columns: "max" = the largest count over the whole
     tensor (SGLang's and DeepSeek's current EPLB), "full" = P - E + 1 (vLLM)."""
+    _check_width(width)
     if width == "full":
         return l2p
-    if width != "max":
-        raise ValueError("log2phy_width must be 'max' (SGLang) or 'full' (P - E + 1, vLLM), "
-                         "got %r" % (width,))
     x = int(cnt.max()) if cnt.size else 1
     return l2p[:, :, :x]
 
 
 def _epx_triple(weight, num_replicas, num_groups, num_nodes, num_gpus, enable_hierarchical,
-                **plan_kw):
+                log2phy_width, **plan_kw):
     """epx's own planner, returned in the reference's triple: replicas of an
-    expert in ascending slot order (epx has no replica ranks)."""
+    expert in ascending slot order (epx has no replica ranks). The replica
+    lists come at the width asked for ("max": the largest count, what
+    _trim_log2phy would cut P - E + 1 columns down to)."""
     plan_kw.setdefault("node_local", "default" if enable_hierarchical else "off")
     p = _plan.plan(weight, num_gpus=num_gpus, num_physical_experts=num_replicas,
                    num_nodes=num_nodes if enable_hierarchical else 1,
@@ -53,8 +59,10 @@ def _epx_triple(weight, num_replicas, num_groups, num_nodes, num_gpus, enable_hi
     lay = p.layout
     p2l = lay.physical_to_logical_map
     E, P = lay.num_logical_experts, lay.num_physical_experts
-    l2p = lay.logical_to_all_physical_map(width=max(P - E + 1, 1))
-    return p2l, l2p, lay.num_valid
+    cnt = lay.num_valid
+    width = max(int(cnt.max()) if cnt.size else 1, 1) if log2phy_width == "max" else P - E + 1
+    l2p = lay.logical_to_all_physical_map(width=max(width, 1))
+    return p2l, l2p, cnt
 
 
 def rebalance_experts(weight, num_replicas, num_groups, num_nodes, num_gpus,
@@ -92,8 +100,9 @@ def rebalance_experts(weight, num_replicas, num_groups, num_nodes, num_gpus,
             raise ValueError("sglang_version=%r applies to algorithm='deepseek' (SGLang's copy "
                              "of EPLB), not to epx's planner: drop it or use "
                              "algorithm='deepseek'" % (sglang_version,))
+        _check_width(log2phy_width)  # before any work
         p2l, l2p, cnt = _epx_triple(weight, num_replicas, num_groups, num_nodes, num_gpus,
-                                    enable_hierarchical, **plan_kw)
+                                    enable_hierarchical, log2phy_width, **plan_kw)
     else:
         raise ValueError("algorithm must be 'deepseek' or 'epx', got %r" % (algorithm,))
     l2p = _trim_log2phy(l2p, cnt, log2phy_width)
@@ -186,8 +195,7 @@ def rebalance_experts_from_windows(tokens_per_expert, num_physical_experts,
                              "epx's planner" % (sglang_version,))
         t = A.as_array(tokens_per_expert, np.float64, 3, "tokens_per_expert")
         p2l, l2p, cnt = _epx_triple(t, num_physical_experts, num_groups, num_nodes, num_gpus,
-                                    True, **plan_kw)
-        l2p = _trim_log2phy(l2p, cnt, "max")
+                                    True, "max", **plan_kw)
         return tuple(A.wrap(np.ascontiguousarray(a, dtype=np.int64), torch_out)
                      for a in (p2l, l2p, cnt))
     raise EpxError(Status.UNSUPPORTED,

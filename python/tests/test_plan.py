@@ -69,6 +69,36 @@ def test_drop_in_with_epx_algorithm():
             assert (l2p[l, e, k:] == -1).all()
     out = epx.rebalance_experts_from_windows(c, 80, 10, None, 1, "epx")
     assert out[0].shape == (4, 80)
+    full = epx.rebalance_experts(c.sum(axis=0), 80, 1, 1, 8, False, algorithm="epx",
+                                 log2phy_width="full")
+    assert full[1].shape == (4, 64, 17)
+    np.testing.assert_array_equal(full[1][:, :, :cnt.max()], l2p)
+    assert (full[1][:, :, cnt.max():] == -1).all()
+    with pytest.raises(ValueError, match="log2phy_width"):
+        epx.rebalance_experts(c.sum(axis=0), 80, 1, 1, 8, False, algorithm="epx",
+                              log2phy_width="wide")
+
+
+def test_plan_is_freed_without_the_cycle_collector():
+    """A Plan and its Layout form no reference cycle: the plan (16 MB of
+    replica lists at DeepSeek-V3's 256-GPU shape) goes when its last user
+    does, not when gc next runs; a Layout taken from it keeps it alive."""
+    import gc
+    import weakref
+    _needs("epx_plan_compute")
+    gc.disable()
+    try:
+        p = epx.plan(_counts(), num_gpus=8, num_redundant=16)
+        ref = weakref.ref(p)
+        lay = p.layout
+        want = p.physical_to_logical_map
+        del p
+        assert ref() is not None  # the layout holds it
+        np.testing.assert_array_equal(lay.physical_to_logical_map, want)
+        del lay
+        assert ref() is None
+    finally:
+        gc.enable()
 
 
 def test_plan_option_errors():
