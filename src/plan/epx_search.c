@@ -59,7 +59,8 @@ struct epxi_search {
     int32_t *slot;     /* [P] expert in each slot */
     int32_t *gpu;      /* [P] GPU of each slot, p / K (a load, not a division) */
     int32_t *gnode;    /* [G] node of each GPU, g / gpn (likewise) */
-    uint8_t *pinned;   /* [K] best_swap's scratch: gmax's slot i cannot leave its node */
+    int32_t *xs;       /* [2 K] best_swap's lists of gmax's slots: 0..K-1, then those
+                          free to leave the node */
     int32_t *cnt;      /* [E] replica count */
     int32_t *first;    /* [E] first slot of each expert's list, -1 */
     int32_t *next;     /* [P] next slot of the same expert, -1 */
@@ -103,7 +104,7 @@ epx_status epxi_search_create(int32_t E, int32_t P, int32_t G, int32_t N, epxi_s
     s->slot = epxi_calloc(p, sizeof(int32_t), "placement search slots", err);
     s->gpu = epxi_calloc(p, sizeof(int32_t), "placement search slot GPUs", err);
     s->gnode = epxi_calloc(g, sizeof(int32_t), "placement search GPU nodes", err);
-    s->pinned = epxi_calloc((size_t)s->K, sizeof(uint8_t), "placement search pinned slots", err);
+    s->xs = epxi_calloc(2 * (size_t)s->K, sizeof(int32_t), "placement search slot lists", err);
     s->cnt = epxi_calloc(e, sizeof(int32_t), "placement search counts", err);
     s->first = epxi_calloc(e, sizeof(int32_t), "placement search lists", err);
     s->next = epxi_calloc(p, sizeof(int32_t), "placement search lists", err);
@@ -132,7 +133,7 @@ epx_status epxi_search_create(int32_t E, int32_t P, int32_t G, int32_t N, epxi_s
     s->gorder = epxi_calloc(g, sizeof(int32_t), "placement search GPU order", err);
     s->hp = epxi_calloc(g, sizeof(int32_t), "placement search GPU heap", err);
     s->hsize = epxi_calloc((size_t)N, sizeof(int32_t), "placement search GPU heap", err);
-    if (!s->slot || !s->gpu || !s->gnode || !s->pinned || !s->cnt || !s->first || !s->next ||
+    if (!s->slot || !s->gpu || !s->gnode || !s->xs || !s->cnt || !s->first || !s->next ||
         !s->home_cnt || !s->load || !s->delta || !s->load2 || !s->delta2 || !s->stamp ||
         !s->tlist || !s->fill || !s->idx || !s->tmp || !s->key || !s->heap || !s->multi ||
         !s->cand || !s->cand_mark || !s->sorted || !s->sorted2 || !s->rl || !s->rl2 ||
@@ -142,13 +143,14 @@ epx_status epxi_search_create(int32_t E, int32_t P, int32_t G, int32_t N, epxi_s
     }
     for (int32_t q = 0; q < P; q++) s->gpu[q] = q / s->K;
     for (int32_t q = 0; q < G; q++) s->gnode[q] = q / s->gpn;
+    for (int32_t i = 0; i < s->K; i++) s->xs[i] = i;
     *out = s;
     return EPX_OK;
 }
 
 void epxi_search_destroy(epxi_search *s) {
     if (s == NULL) return;
-    free(s->slot), free(s->gpu), free(s->gnode), free(s->pinned), free(s->eg), free(s->cnt),
+    free(s->slot), free(s->gpu), free(s->gnode), free(s->xs), free(s->eg), free(s->cnt),
         free(s->first), free(s->next), free(s->home_cnt);
     free(s->load), free(s->delta), free(s->load2), free(s->delta2), free(s->stamp), free(s->tlist),
         free(s->fill);
@@ -754,15 +756,15 @@ static bool best_swap(epxi_search *s, int32_t gmax, double *best, int32_t *ma, i
     /* A replica that is its expert's only one at home cannot go to another
      * node (swap_ok refuses every such pair): with a cross-node partner its
      * candidates are not looked at. Skipping them changes nothing else, as
-     * the walk of one x touches no state until a pair is accepted. */
+     * the walk of one x touches no state until a pair is accepted. The
+     * slots tried with a partner, ascending: all K, or (xs + K) the mobile. */
     const int32_t node = s->gnode[gmax];
-    int32_t mobile = K; /* slots of gmax free to leave the node */
+    int32_t mobile = K;
     if (s->home) {
         mobile = 0;
         for (int32_t i = 0; i < K; i++) {
             const int32_t x = s->slot[gmax * K + i];
-            s->pinned[i] = s->home[x] == node && s->home_cnt[x] < 2;
-            mobile += !s->pinned[i];
+            if (!(s->home[x] == node && s->home_cnt[x] < 2)) s->xs[K + mobile++] = i;
         }
     }
     for (int32_t t = 0; t < G; t++) { /* lightest partner first */
@@ -773,7 +775,8 @@ static bool best_swap(epxi_search *s, int32_t gmax, double *best, int32_t *ma, i
         if (found) break;                      /* first improving partner: cheaper, and no worse */
         const int32_t *ord = sorted_slots(s, h); /* also makes rl[] of h current */
         const bool away = s->home && s->gnode[h] != node;
-        if (away && mobile == 0) continue;
+        const int32_t *xs = away ? s->xs + K : s->xs, nx = away ? mobile : K;
+        if (nx == 0) continue;
         const double D = Lmax - Lh;
         if (s->w2) {
             /* Under a constraint the binding condition is usually the
@@ -781,9 +784,8 @@ static bool best_swap(epxi_search *s, int32_t gmax, double *best, int32_t *ma, i
              * (both GPUs stay <= cap2), so search h's replicas by r2. */
             const int32_t *ord2 = s->sorted2 + (size_t)h * K;
             const double lo2 = s->load2[gmax] - s->cap2, hi2 = s->cap2 - s->load2[h];
-            for (int32_t i = 0; i < K; i++) {
-                if (away && s->pinned[i]) continue;
-                const int32_t a = gmax * K + i;
+            for (int32_t u = 0; u < nx; u++) {
+                const int32_t a = gmax * K + xs[u];
                 const double rx = s->rl[a], r2x = s->rl2[a];
                 const double from = r2x - hi2, to = r2x - lo2;
                 int32_t lo = 0, hi = K;
@@ -806,9 +808,8 @@ static bool best_swap(epxi_search *s, int32_t gmax, double *best, int32_t *ma, i
             }
             continue;
         }
-        for (int32_t i = 0; i < K; i++) {
-            if (away && s->pinned[i]) continue;
-            const int32_t a = gmax * K + i;
+        for (int32_t u = 0; u < nx; u++) {
+            const int32_t a = gmax * K + xs[u];
             const double rx = s->rl[a], target = rx - 0.5 * D;
             /* first position with r >= target */
             int32_t lo = 0, hi = K;
