@@ -20,6 +20,7 @@ _shape = fn("epx_layout_shape", POINTER(Shape), c_void_p)
 _p2l = fn("epx_layout_physical_to_logical", POINTER(c_int32), c_void_p)
 _num_valid = fn("epx_layout_num_valid", POINTER(c_int32), c_void_p)
 _max_replicas = fn("epx_layout_max_replicas", c_int32, c_void_p)
+_l2all = fn("epx_layout_logical_to_all_physical", POINTER(c_int32), c_void_p, POINTER(c_int32))
 _export_l2all = fn("epx_layout_export_logical_to_all_physical", c_int32, c_void_p, c_int32,
                    POINTER(c_int32), c_void_p)
 _write_json = fn("epx_layout_write_json", c_int32, c_void_p, ctypes.c_char_p, c_void_p)
@@ -135,8 +136,16 @@ class Layout:
             width = self.max_replicas
         elif width == "sglang":
             width = P
-        out = np.empty((L, E, int(width)), dtype=np.int32)
-        call(_export_l2all, self._h, int(width), A.ptr(out, c_int32))
+        width = int(width)
+        have = c_int32()
+        lists = _l2all(self._h, ctypes.byref(have))
+        if L * E > 0 and self.max_replicas <= width <= have.value:
+            # the layout's own lists, cut to width and widened in one copy
+            # (an int32 export first would double the bytes touched)
+            view = np.ctypeslib.as_array(lists, shape=(L * E * have.value,))
+            return view.reshape(L, E, have.value)[:, :, :width].astype(np.int64)
+        out = np.empty((L, E, width), dtype=np.int32)
+        call(_export_l2all, self._h, width, A.ptr(out, c_int32))
         return out.astype(np.int64)
 
     def write_json(self, path):
