@@ -722,19 +722,60 @@ static void backtest_traces(void **state) {
     }
 }
 
+/* epxi_sort_desc (radix from 64 keys, merge sort below) against a plain
+ * stable insertion sort: descending, ties in input order, with many ties,
+ * both zeros (equal), negatives and infinities, at sizes on both sides of
+ * the switch; a NaN key falls back to the merge sort (a permutation). */
+static void sort_desc_vs_insertion(void **state) {
+    (void)state;
+    tu_rng r = {tu_seed(6464)};
+    static const double pool[] = {0.0,    -0.0,      1.0,      -1.0,      2.5,   1e-300,
+                                  -1e300, 7.0 / 3.0, HUGE_VAL, -HUGE_VAL, 1e300, 0.5};
+    enum { NMAX = 700 };
+    double *key = malloc(NMAX * sizeof *key);
+    int32_t *idx = malloc(NMAX * sizeof *idx), *tmp = malloc(NMAX * sizeof *tmp);
+    int32_t *ref = malloc(NMAX * sizeof *ref);
+    assert_non_null(key), assert_non_null(idx), assert_non_null(tmp), assert_non_null(ref);
+    for (int round = 0; round < 300; round++) {
+        const int32_t n = 1 + (int32_t)tu_below(&r, round < 150 ? 130 : NMAX);
+        const uint32_t spread = 1 + tu_below(&r, 3);
+        for (int32_t i = 0; i < n; i++) {
+            const uint32_t k = tu_below(&r, 3 * spread);
+            key[i] = k < 2 * spread ? pool[tu_below(&r, sizeof pool / sizeof *pool)]
+                                    : tu_uniform(&r) * (k == 2 * spread ? -1e6 : 1e-3);
+            idx[i] = (int32_t)(n - 1 - i); /* not ascending: ties keep this order */
+            ref[i] = idx[i];
+        }
+        for (int32_t i = 1; i < n; i++) {
+            const int32_t v = ref[i];
+            int32_t j = i;
+            while (j > 0 && key[ref[j - 1]] < key[v]) ref[j] = ref[j - 1], j--;
+            ref[j] = v;
+        }
+        epxi_sort_desc(key, idx, n, tmp);
+        assert_memory_equal(idx, ref, (size_t)n * sizeof *idx);
+    }
+    const int32_t n = 100;
+    for (int32_t i = 0; i < n; i++) key[i] = (double)(i % 7), idx[i] = i;
+    key[37] = NAN;
+    epxi_sort_desc(key, idx, n, tmp);
+    int32_t seen = 0;
+    for (int32_t i = 0; i < n; i++) seen += idx[i] >= 0 && idx[i] < n;
+    memset(ref, 0, (size_t)n * sizeof *ref);
+    for (int32_t i = 0; i < n; i++) ref[idx[i]]++;
+    for (int32_t i = 0; i < n; i++) assert_int_equal(ref[i], 1);
+    assert_int_equal(seen, n);
+    free(key), free(idx), free(tmp), free(ref);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(random_plans),
-        cmocka_unit_test(public_api_estimates),
-        cmocka_unit_test(shares_vs_maxflow),
-        cmocka_unit_test(search_vs_brute_force),
-        cmocka_unit_test(estimates_by_hand),
-        cmocka_unit_test(cross_node_by_hand),
-        cmocka_unit_test(bad_options),
-        cmocka_unit_test(backtest_traces),
-        cmocka_unit_test(shares_of_a_vanishing_load),
-        cmocka_unit_test(sparse_per_pass_rows),
-        cmocka_unit_test(shift_detection),
+        cmocka_unit_test(sort_desc_vs_insertion), cmocka_unit_test(random_plans),
+        cmocka_unit_test(public_api_estimates),   cmocka_unit_test(shares_vs_maxflow),
+        cmocka_unit_test(search_vs_brute_force),  cmocka_unit_test(estimates_by_hand),
+        cmocka_unit_test(cross_node_by_hand),     cmocka_unit_test(bad_options),
+        cmocka_unit_test(backtest_traces),        cmocka_unit_test(shares_of_a_vanishing_load),
+        cmocka_unit_test(sparse_per_pass_rows),   cmocka_unit_test(shift_detection),
         cmocka_unit_test(refit_shares),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
