@@ -673,6 +673,20 @@ static void reposition(epxi_search *s, int32_t p) {
  * can no longer beat `best`. */
 enum { WALK_MAX = 4, WINDOW_MAX = 16, FEW = 4 };
 
+/* The first position i in ord[0..n) (n >= 1, sorted by r ascending) with
+ * r[ord[i]] >= x, n if none. Without branches on the data: the halving
+ * steps are conditional moves (a bisection's branches are coin flips, and
+ * were a quarter of the search's time). */
+static inline int32_t lower_bound(const double *r, const int32_t *ord, int32_t n, double x) {
+    int32_t base = 0;
+    while (n > 1) { /* the answer lies in [base, base + n] */
+        const int32_t half = n / 2;
+        base += r[ord[base + half - 1]] < x ? half : 0;
+        n -= half;
+    }
+    return base + (r[ord[base]] < x);
+}
+
 /* best_swap with at most FEW slots per GPU: every pair, no search. With
  * hundreds of GPUs and loads that are close, most partners have no pair
  * that could improve (DeepSeek-V3 on 256 GPUs: 89 partners looked at per
@@ -788,14 +802,7 @@ static bool best_swap(epxi_search *s, int32_t gmax, double *best, int32_t *ma, i
                 const int32_t a = gmax * K + xs[u];
                 const double rx = s->rl[a], r2x = s->rl2[a];
                 const double from = r2x - hi2, to = r2x - lo2;
-                int32_t lo = 0, hi = K;
-                while (lo < hi) { /* first r2 >= from */
-                    int32_t mid = (lo + hi) / 2;
-                    if (s->rl2[ord2[mid]] < from)
-                        lo = mid + 1;
-                    else
-                        hi = mid;
-                }
+                const int32_t lo = lower_bound(s->rl2, ord2, K, from); /* first r2 >= from */
                 for (int32_t j = lo, n = 0; j < K && n < WINDOW_MAX; j++, n++) {
                     const int32_t b = ord2[j];
                     if (s->rl2[b] > to) break;
@@ -812,14 +819,7 @@ static bool best_swap(epxi_search *s, int32_t gmax, double *best, int32_t *ma, i
             const int32_t a = gmax * K + xs[u];
             const double rx = s->rl[a], target = rx - 0.5 * D;
             /* first position with r >= target */
-            int32_t lo = 0, hi = K;
-            while (lo < hi) {
-                int32_t mid = (lo + hi) / 2;
-                if (s->rl[ord[mid]] < target)
-                    lo = mid + 1;
-                else
-                    hi = mid;
-            }
+            const int32_t lo = lower_bound(s->rl, ord, K, target);
             for (int32_t dir = 0; dir < 2; dir++) {
                 /* A few refused candidates per direction, then give up: under a
                  * tight constraint most are refused and the walk would be long. */
