@@ -185,7 +185,8 @@ static inline double per_replica2(const epxi_search *s, int32_t e) { return s->w
 
 /* GPU a is lighter than b: by load, then by id. */
 static inline bool lighter(const epxi_search *s, int32_t a, int32_t b) {
-    return s->load[a] < s->load[b] || (s->load[a] == s->load[b] && a < b);
+    const double la = s->load[a], lb = s->load[b];
+    return (la < lb) | ((la == lb) & (a < b)); /* no branches of its own */
 }
 
 /* Replicas of e on GPU g. */
@@ -333,9 +334,9 @@ static int32_t heap_pop_gpu(const epxi_search *s, int32_t *h, int32_t *n) {
     const int32_t top = h[0], last = h[--(*n)];
     int32_t i = 0;
     for (;;) {
-        int32_t l = 2 * i + 1, r = l + 1, m = l;
+        const int32_t l = 2 * i + 1;
         if (l >= *n) break;
-        if (r < *n && lighter(s, h[r], h[l])) m = r;
+        const int32_t m = l + ((l + 1 < *n) && lighter(s, h[l + 1], h[l]));
         if (!lighter(s, h[m], last)) break;
         h[i] = h[m], i = m;
     }
