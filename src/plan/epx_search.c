@@ -290,17 +290,19 @@ double epxi_search_max_load2(const epxi_search *s) {
 /* Max-heap of experts keyed by load per replica (v[e], cached), ties to
  * the lower id. */
 static inline bool heap_above(const double *v, int32_t a, int32_t b) {
-    return v[a] > v[b] || (v[a] == v[b] && a < b);
+    const double va = v[a], vb = v[b];
+    return (va > vb) | ((va == vb) & (a < b));
 }
 
 static void heap_down(const double *v, int32_t *h, int32_t n, int32_t i) {
     for (;;) {
-        int32_t l = 2 * i + 1, r = l + 1, m = i;
-        if (l < n && heap_above(v, h[l], h[m])) m = l;
-        if (r < n && heap_above(v, h[r], h[m])) m = r;
-        if (m == i) return;
-        int32_t t = h[i];
-        h[i] = h[m], h[m] = t, i = m;
+        const int32_t l = 2 * i + 1;
+        if (l >= n) return;
+        /* the larger child (the left on a tie, as before), then the test */
+        const int32_t c = l + ((l + 1 < n) && heap_above(v, h[l + 1], h[l]));
+        if (!heap_above(v, h[c], h[i])) return;
+        const int32_t t = h[i];
+        h[i] = h[c], h[c] = t, i = c;
     }
 }
 
