@@ -439,15 +439,35 @@ static void order_gpus(epxi_search *s) {
 }
 
 /* Add delta to GPU g's load and move g to its place in gorder. The others
- * are in order, so g's place before and after is unique: both are found by
- * bisection (with hundreds of GPUs a swap moves one far, and a table of
- * positions would cost as much to keep as the shift), and the GPUs between
- * shift by one. */
+ * are in order, so g's place before and after is unique: both are counted
+ * (up to 64 GPUs) or found by bisection (with hundreds of GPUs a swap moves
+ * one far, and a table of positions would cost as much to keep as the
+ * shift), and the GPUs between shift by one. */
 static void add_load(epxi_search *s, int32_t g, double delta) {
     const double old = s->load[g];
     s->load[g] += delta;
     if (!s->gorder_ok) return;
     int32_t *o = s->gorder;
+    if (s->G <= 64) {
+        /* Few GPUs: a place in the order is the count of GPUs before it,
+         * (load, id) below g's; counted over the loads, without branches
+         * or bisection (g's own term, now < old, is taken out). */
+        const double now = s->load[g];
+        int32_t from = 0, to = 0;
+        for (int32_t m = 0; m < s->G; m++) {
+            const double l = s->load[m];
+            const int32_t first = m < g;
+            from += (l < old) | ((l == old) & first);
+            to += (l < now) | ((l == now) & first);
+        }
+        from -= now < old;
+        if (to > from)
+            memmove(o + from, o + from + 1, (size_t)(to - from) * sizeof *o);
+        else if (to < from)
+            memmove(o + to + 1, o + to, (size_t)(from - to) * sizeof *o);
+        o[to] = g;
+        return;
+    }
     int32_t lo = 0, hi = s->G - 1;
     while (lo < hi) { /* g's place: the first GPU not lighter than (old, g) */
         const int32_t mid = lo + (hi - lo) / 2, m = o[mid];
