@@ -792,6 +792,21 @@ static bool best_swap_few(epxi_search *s, int32_t gmax, double *best, int32_t *m
     }
 }
 
+/* One step of best_swap's walk from x (slot a, load rx) to slot b: stop
+ * (farther candidates only get worse), refused by swap_ok, or taken as the
+ * new best. */
+enum { WALK_STOP, WALK_REFUSED, WALK_TAKEN };
+static inline int32_t walk_step(const epxi_search *s, int32_t a, int32_t b, double rx, double Lmax,
+                                double Lh, double *best, int32_t *ma, int32_t *mb) {
+    const double d = rx - s->rl[b];
+    if (d <= 0.0) return WALK_STOP; /* larger r_y only gets worse */
+    const double v = Lmax - d > Lh + d ? Lmax - d : Lh + d;
+    if (v >= *best) return WALK_STOP;
+    if (!swap_ok(s, a, b)) return WALK_REFUSED;
+    *best = v, *ma = a, *mb = b;
+    return WALK_TAKEN;
+}
+
 static bool best_swap(epxi_search *s, int32_t gmax, double *best, int32_t *ma, int32_t *mb) {
     const int32_t K = s->K, G = s->G;
     if (K <= FEW) return best_swap_few(s, gmax, best, ma, mb);
@@ -851,24 +866,26 @@ static bool best_swap(epxi_search *s, int32_t gmax, double *best, int32_t *ma, i
             const double rx = s->rl[a], target = rx - 0.5 * D;
             /* first position with r >= target */
             const int32_t lo = lower_bound(s->rl, ord, K, target);
-            for (int32_t dir = 0; dir < 2; dir++) {
-                /* A few refused candidates per direction, then give up: under a
-                 * tight constraint most are refused and the walk would be long. */
-                int32_t refused = 0;
-                for (int32_t j = dir ? lo : lo - 1; j >= 0 && j < K && refused < WALK_MAX;
-                     j += dir ? 1 : -1) {
-                    const int32_t b = ord[j];
-                    const double d = rx - s->rl[b];
-                    if (d <= 0.0) break; /* larger r_y only gets worse */
-                    const double v = Lmax - d > Lh + d ? Lmax - d : Lh + d;
-                    if (v >= *best) break;
-                    if (!swap_ok(s, a, b)) {
-                        refused++;
-                        continue;
-                    }
-                    *best = v, *ma = a, *mb = b, found = true;
+            /* Down from lo, then up from it; a few refused candidates per
+             * direction, then give up: under a tight constraint most are
+             * refused and the walk would be long. */
+            for (int32_t j = lo - 1, refused = 0; j >= 0 && refused < WALK_MAX; j--) {
+                const int32_t step = walk_step(s, a, ord[j], rx, Lmax, Lh, best, ma, mb);
+                if (step == WALK_STOP) break;
+                if (step == WALK_TAKEN) {
+                    found = true;
                     break;
                 }
+                refused++;
+            }
+            for (int32_t j = lo, refused = 0; j < K && refused < WALK_MAX; j++) {
+                const int32_t step = walk_step(s, a, ord[j], rx, Lmax, Lh, best, ma, mb);
+                if (step == WALK_STOP) break;
+                if (step == WALK_TAKEN) {
+                    found = true;
+                    break;
+                }
+                refused++;
             }
         }
     }
