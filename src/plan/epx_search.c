@@ -76,20 +76,25 @@ struct epxi_search {
     int32_t *stamp;    /* [G] which evaluation delta[g] belongs to */
     int32_t *tlist;    /* [G] GPUs touched by the evaluation */
     int32_t ntouch, cur_stamp;
-    int32_t *fill;      /* [G] slots used while packing */
-    int32_t *idx, *tmp; /* [P] sort scratch */
-    double *key;        /* [P] sort keys */
-    int32_t *heap;      /* [E] max-heap for replica counts */
-    int32_t *multi;     /* [P] slots whose expert has >= 2 replicas */
-    int32_t *cand;      /* [E] experts by load per replica (merge targets) */
-    int32_t *cand_mark; /* [E] stamp: expert is on gmax */
-    int32_t *sorted;    /* [P] per GPU, its slots by ascending replica load */
-    int32_t *sorted2;   /* [P] the same by constraint load (only with w2) */
-    double *rl;         /* [P] replica load of each slot, valid where sorted is */
-    double *rl2;        /* [P] the same under the constraint load */
-    int32_t dups;       /* slots sharing their GPU with another replica of their expert */
-    uint8_t *sorted_ok; /* [G] whether the GPU's entries in sorted/rl are current */
-    int32_t *gorder;    /* [G] GPUs by ascending load (ties: lower id first) */
+    int32_t *fill;           /* [G] slots used while packing */
+    int32_t *idx, *tmp;      /* [P] sort scratch */
+    double *key;             /* [P] sort keys */
+    int32_t *heap;           /* [E] max-heap for replica counts */
+    int32_t *multi;          /* [P] slots whose expert has >= 2 replicas */
+    int32_t *cand;           /* [E] experts by load per replica (merge targets) */
+    int32_t *cand_mark;      /* [E] stamp: expert is on gmax */
+    int32_t *top_mark;       /* [E] stamp: best_recount's top1/top2 of the expert are current */
+    int32_t *top_slot;       /* [E] the slot on the GPU of top1 (and of top1_2) */
+    double *top1, *top2;     /* [E] the largest two loads of the expert's GPUs (a multiset) */
+    int32_t *top_slot2;      /* [E] */
+    double *top1_2, *top2_2; /* [E] the same under the constraint load */
+    int32_t *sorted;         /* [P] per GPU, its slots by ascending replica load */
+    int32_t *sorted2;        /* [P] the same by constraint load (only with w2) */
+    double *rl;              /* [P] replica load of each slot, valid where sorted is */
+    double *rl2;             /* [P] the same under the constraint load */
+    int32_t dups;            /* slots sharing their GPU with another replica of their expert */
+    uint8_t *sorted_ok;      /* [G] whether the GPU's entries in sorted/rl are current */
+    int32_t *gorder;         /* [G] GPUs by ascending load (ties: lower id first) */
     bool gorder_ok;
     int32_t *hp;    /* [G] per-node min-heaps of GPUs with room (packing) */
     int32_t *hsize; /* [N] */
@@ -125,6 +130,13 @@ epx_status epxi_search_create(int32_t E, int32_t P, int32_t G, int32_t N, epxi_s
     s->multi = epxi_calloc(p, sizeof(int32_t), "placement search multi-replica slots", err);
     s->cand = epxi_calloc(e, sizeof(int32_t), "placement search candidates", err);
     s->cand_mark = epxi_calloc(e, sizeof(int32_t), "placement search candidates", err);
+    s->top_mark = epxi_calloc(e, sizeof(int32_t), "placement search expert maxima", err);
+    s->top_slot = epxi_calloc(e, sizeof(int32_t), "placement search expert maxima", err);
+    s->top_slot2 = epxi_calloc(e, sizeof(int32_t), "placement search expert maxima", err);
+    s->top1 = epxi_calloc(e, sizeof(double), "placement search expert maxima", err);
+    s->top2 = epxi_calloc(e, sizeof(double), "placement search expert maxima", err);
+    s->top1_2 = epxi_calloc(e, sizeof(double), "placement search expert maxima", err);
+    s->top2_2 = epxi_calloc(e, sizeof(double), "placement search expert maxima", err);
     s->sorted = epxi_calloc(p, sizeof(int32_t), "placement search order", err);
     s->sorted2 = epxi_calloc(p, sizeof(int32_t), "placement search order", err);
     s->rl = epxi_calloc(p, sizeof(double), "placement search replica loads", err);
@@ -136,7 +148,8 @@ epx_status epxi_search_create(int32_t E, int32_t P, int32_t G, int32_t N, epxi_s
     if (!s->slot || !s->gpu || !s->gnode || !s->xs || !s->cnt || !s->first || !s->next ||
         !s->home_cnt || !s->load || !s->delta || !s->load2 || !s->delta2 || !s->stamp ||
         !s->tlist || !s->fill || !s->idx || !s->tmp || !s->key || !s->heap || !s->multi ||
-        !s->cand || !s->cand_mark || !s->sorted || !s->sorted2 || !s->rl || !s->rl2 ||
+        !s->cand || !s->cand_mark || !s->top_mark || !s->top_slot || !s->top_slot2 || !s->top1 ||
+        !s->top2 || !s->top1_2 || !s->top2_2 || !s->sorted || !s->sorted2 || !s->rl || !s->rl2 ||
         !s->sorted_ok || !s->gorder || !s->hp || !s->hsize) {
         epxi_search_destroy(s);
         return EPX_ERR_NOMEM;
@@ -157,6 +170,8 @@ void epxi_search_destroy(epxi_search *s) {
     free(s->idx), free(s->tmp), free(s->key), free(s->heap), free(s->multi), free(s->cand);
     free(s->sorted), free(s->sorted2), free(s->rl), free(s->rl2), free(s->sorted_ok),
         free(s->cand_mark);
+    free(s->top_mark), free(s->top_slot), free(s->top_slot2), free(s->top1), free(s->top2),
+        free(s->top1_2), free(s->top2_2);
     free(s->gorder), free(s->hp), free(s->hsize);
     free(s);
 }
@@ -932,21 +947,41 @@ static bool best_recount(epxi_search *s, int32_t gmax, double *best, int32_t *mb
     /* Slots that can give up their replica, with what that costs the other
      * replicas' GPUs regardless of who takes the slot: their largest load
      * afterwards (key), or a skip when a constraint load would break. */
+    /* The largest load over the other replicas' GPUs is the largest of the
+     * expert's two largest (top1 unless p is where it is); as rounding is
+     * monotone, that load + up is the largest of the sums, the key. The
+     * two are found once per expert, at its first slot. */
     int32_t nmulti = 0;
+    s->cur_stamp++;
     for (int32_t p = 0; p < P; p++) {
         const int32_t y = s->slot[p];
         if (s->cnt[y] < 2 || gpu_of(s, p) == gmax) continue;
-        const double up = s->w[y] / (s->cnt[y] - 1) - per_replica(s, y);
-        const double up2 = s->w2 ? s->w2[y] / (s->cnt[y] - 1) - per_replica2(s, y) : 0.0;
-        double worst = -HUGE_VAL;
-        bool fits = true;
-        for (int32_t q = s->first[y]; q >= 0; q = s->next[q]) {
-            if (q == p) continue;
-            const int32_t g = gpu_of(s, q);
-            if (s->load[g] + up > worst) worst = s->load[g] + up;
-            if (s->w2 && s->load2[g] + up2 > s->cap2) fits = false;
+        if (s->top_mark[y] != s->cur_stamp) {
+            s->top_mark[y] = s->cur_stamp;
+            double a1 = -HUGE_VAL, a2 = -HUGE_VAL, b1 = -HUGE_VAL, b2 = -HUGE_VAL;
+            int32_t qa = -1, qb = -1;
+            for (int32_t q = s->first[y]; q >= 0; q = s->next[q]) {
+                const int32_t g = gpu_of(s, q);
+                const double l = s->load[g], l2 = s->w2 ? s->load2[g] : 0.0;
+                if (l > a1)
+                    a2 = a1, a1 = l, qa = q;
+                else if (l > a2)
+                    a2 = l;
+                if (l2 > b1)
+                    b2 = b1, b1 = l2, qb = q;
+                else if (l2 > b2)
+                    b2 = l2;
+            }
+            s->top1[y] = a1, s->top2[y] = a2, s->top_slot[y] = qa;
+            s->top1_2[y] = b1, s->top2_2[y] = b2, s->top_slot2[y] = qb;
         }
-        if (!fits || worst >= *best) continue;
+        const double up = s->w[y] / (s->cnt[y] - 1) - per_replica(s, y);
+        const double worst = (p == s->top_slot[y] ? s->top2[y] : s->top1[y]) + up;
+        if (s->w2) {
+            const double up2 = s->w2[y] / (s->cnt[y] - 1) - per_replica2(s, y);
+            if ((p == s->top_slot2[y] ? s->top2_2[y] : s->top1_2[y]) + up2 > s->cap2) continue;
+        }
+        if (worst >= *best) continue;
         s->key[nmulti] = worst;
         s->multi[nmulti++] = p;
     }
