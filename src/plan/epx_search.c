@@ -46,6 +46,7 @@
  */
 #include "epx_algo.h"
 
+#include <assert.h>
 #include <math.h>
 #include <string.h>
 
@@ -453,72 +454,81 @@ static void order_gpus(epxi_search *s) {
     s->gorder_ok = true;
 }
 
-/* Add delta to GPU g's load and move g to its place in gorder. The others
- * are in order, so g's place before and after is unique: both are counted
- * (up to 64 GPUs) or found by bisection (with hundreds of GPUs a swap moves
- * one far, and a table of positions would cost as much to keep as the
- * shift), and the GPUs between shift by one. */
-static void add_load(epxi_search *s, int32_t g, double delta) {
+/* Add delta to GPU g's load and move g to its place in gorder; returns
+ * that place (-1 while there is no order). at: g's place now, when the
+ * caller knows it (the search does: gmax is last, the partner where the
+ * scan found it), else -1. The others are in order, so g's place before
+ * and after is unique: counted over the loads up to 64 GPUs (no branches),
+ * else found by bisection (with hundreds of GPUs a swap moves one far, and
+ * a table of positions would cost as much to keep as the shift); the GPUs
+ * between shift by one. */
+static int32_t add_load(epxi_search *s, int32_t g, double delta, int32_t at) {
     const double old = s->load[g];
     s->load[g] += delta;
-    if (!s->gorder_ok) return;
+    if (!s->gorder_ok) return -1;
     int32_t *o = s->gorder;
+    const double now = s->load[g];
+    int32_t from = at, to;
     if (s->G <= 64) {
-        /* Few GPUs: a place in the order is the count of GPUs before it,
-         * (load, id) below g's; counted over the loads, without branches
-         * or bisection (g's own term, now < old, is taken out). */
-        const double now = s->load[g];
-        int32_t from = 0, to = 0;
+        /* a place is the count of GPUs before it, (load, id) below g's
+         * (g's own term in the old count, now < old, is taken out) */
+        int32_t before_old = 0, before_now = 0;
         for (int32_t m = 0; m < s->G; m++) {
             const double l = s->load[m];
             const int32_t first = m < g;
-            from += (l < old) | ((l == old) & first);
-            to += (l < now) | ((l == now) & first);
+            before_old += (l < old) | ((l == old) & first);
+            before_now += (l < now) | ((l == now) & first);
         }
-        from -= now < old;
-        if (to > from)
-            memmove(o + from, o + from + 1, (size_t)(to - from) * sizeof *o);
-        else if (to < from)
-            memmove(o + to + 1, o + to, (size_t)(from - to) * sizeof *o);
-        o[to] = g;
-        return;
+        if (from < 0) from = before_old - (now < old);
+        to = before_now;
+    } else {
+        if (from < 0) {
+            int32_t lo = 0, hi = s->G - 1;
+            while (lo < hi) { /* the first GPU not lighter than (old, g) */
+                const int32_t mid = lo + (hi - lo) / 2, m = o[mid];
+                if (m == g) {
+                    lo = mid;
+                    break;
+                }
+                if (s->load[m] < old || (s->load[m] == old && m < g))
+                    lo = mid + 1;
+                else
+                    hi = mid;
+            }
+            from = lo;
+        }
+        int32_t lo, hi;
+        if (from > 0 && lighter(s, g, o[from - 1])) {
+            lo = 0, hi = from - 1; /* the first GPU that g is lighter than */
+            while (lo < hi) {
+                const int32_t mid = lo + (hi - lo) / 2;
+                if (lighter(s, g, o[mid]))
+                    hi = mid;
+                else
+                    lo = mid + 1;
+            }
+            to = lo;
+        } else if (from + 1 < s->G && lighter(s, o[from + 1], g)) {
+            lo = from + 1, hi = s->G - 1; /* the last GPU lighter than g */
+            while (lo < hi) {
+                const int32_t mid = hi - (hi - lo) / 2;
+                if (lighter(s, o[mid], g))
+                    lo = mid;
+                else
+                    hi = mid - 1;
+            }
+            to = lo;
+        } else {
+            to = from;
+        }
     }
-    int32_t lo = 0, hi = s->G - 1;
-    while (lo < hi) { /* g's place: the first GPU not lighter than (old, g) */
-        const int32_t mid = lo + (hi - lo) / 2, m = o[mid];
-        if (m == g) {
-            lo = mid;
-            break;
-        }
-        if (s->load[m] < old || (s->load[m] == old && m < g))
-            lo = mid + 1;
-        else
-            hi = mid;
-    }
-    const int32_t i = lo;
-    if (i > 0 && lighter(s, g, o[i - 1])) {
-        lo = 0, hi = i - 1; /* the first GPU that g is lighter than */
-        while (lo < hi) {
-            const int32_t mid = lo + (hi - lo) / 2;
-            if (lighter(s, g, o[mid]))
-                hi = mid;
-            else
-                lo = mid + 1;
-        }
-        memmove(o + lo + 1, o + lo, (size_t)(i - lo) * sizeof *o);
-        o[lo] = g;
-    } else if (i + 1 < s->G && lighter(s, o[i + 1], g)) {
-        lo = i + 1, hi = s->G - 1; /* the last GPU lighter than g */
-        while (lo < hi) {
-            const int32_t mid = hi - (hi - lo) / 2;
-            if (lighter(s, o[mid], g))
-                lo = mid;
-            else
-                hi = mid - 1;
-        }
-        memmove(o + i, o + i + 1, (size_t)(lo - i) * sizeof *o);
-        o[lo] = g;
-    }
+    assert(o[from] == g);
+    if (to > from)
+        memmove(o + from, o + from + 1, (size_t)(to - from) * sizeof *o);
+    else if (to < from)
+        memmove(o + to + 1, o + to, (size_t)(from - to) * sizeof *o);
+    o[to] = g;
+    return to;
 }
 
 /* ---- moves ------------------------------------------------------------------- */
@@ -536,12 +546,16 @@ static bool swap_ok(const epxi_search *s, int32_t a, int32_t b) {
     return s->foreign - hx - hy <= s->budget;
 }
 
-static void apply_swap(epxi_search *s, int32_t a, int32_t b) {
+/* Exchange slots a and b. pa, pb: their GPUs' places in gorder where the
+ * caller knows them, else -1. */
+static void apply_swap(epxi_search *s, int32_t a, int32_t b, int32_t pa, int32_t pb) {
     const int32_t x = s->slot[a], y = s->slot[b], ga = gpu_of(s, a), gb = gpu_of(s, b);
     const double rx = per_replica(s, x), ry = per_replica(s, y);
-    /* One GPU at a time: add_load assumes every other GPU is in place. */
-    add_load(s, ga, ry - rx);
-    add_load(s, gb, rx - ry);
+    /* One GPU at a time: add_load assumes every other GPU is in place; the
+     * GPUs between ga's two places shifted by one, gb among them maybe. */
+    const int32_t na = add_load(s, ga, ry - rx, pa);
+    if (pa >= 0 && pb >= 0) pb += (na <= pb && pb < pa) - (pa < pb && pb <= na);
+    add_load(s, gb, rx - ry, pb);
     if (s->w2) {
         const double d2 = per_replica2(s, x) - per_replica2(s, y);
         s->load2[ga] -= d2;
@@ -614,7 +628,7 @@ static void apply_recount(epxi_search *s, int32_t b, int32_t x) {
     const int32_t y = s->slot[b], gb = gpu_of(s, b);
     (void)eval_recount(s, b, x, HUGE_VAL);
     for (int32_t i = 0; i < s->ntouch; i++) {
-        add_load(s, s->tlist[i], s->delta[s->tlist[i]]);
+        (void)add_load(s, s->tlist[i], s->delta[s->tlist[i]], -1);
         s->load2[s->tlist[i]] += s->delta2[s->tlist[i]];
     }
     if (s->home) {
@@ -767,7 +781,8 @@ static inline int32_t scan_few(epxi_search *s, int32_t gmax, int32_t t, const do
     return G;
 }
 
-static bool best_swap_few(epxi_search *s, int32_t gmax, double *best, int32_t *ma, int32_t *mb) {
+static bool best_swap_few(epxi_search *s, int32_t gmax, double *best, int32_t *ma, int32_t *mb,
+                          int32_t *at) {
     const int32_t K = s->K, G = s->G, node = s->gnode[gmax];
     const double Lmax = s->load[gmax], start = *best;
     double xr[FEW];
@@ -803,7 +818,10 @@ static bool best_swap_few(epxi_search *s, int32_t gmax, double *best, int32_t *m
                 *best = v, *ma = a, *mb = b, found = true;
             }
         }
-        if (found) return true; /* first improving partner: cheaper, and no worse */
+        if (found) { /* first improving partner: cheaper, and no worse */
+            *at = t;
+            return true;
+        }
     }
 }
 
@@ -822,9 +840,11 @@ static inline int32_t walk_step(const epxi_search *s, int32_t a, int32_t b, doub
     return WALK_TAKEN;
 }
 
-static bool best_swap(epxi_search *s, int32_t gmax, double *best, int32_t *ma, int32_t *mb) {
+/* at: the partner's place in gorder, when one is found. */
+static bool best_swap(epxi_search *s, int32_t gmax, double *best, int32_t *ma, int32_t *mb,
+                      int32_t *at) {
     const int32_t K = s->K, G = s->G;
-    if (K <= FEW) return best_swap_few(s, gmax, best, ma, mb);
+    if (K <= FEW) return best_swap_few(s, gmax, best, ma, mb, at);
     const double Lmax = s->load[gmax];
     bool found = false;
     (void)sorted_slots(s, gmax); /* rl[] of gmax's slots */
@@ -871,7 +891,7 @@ static bool best_swap(epxi_search *s, int32_t gmax, double *best, int32_t *ma, i
                     if (d <= 0.0 || d >= D) continue;
                     const double v = Lmax - d > Lh + d ? Lmax - d : Lh + d;
                     if (v >= *best || !swap_ok(s, a, b)) continue;
-                    *best = v, *ma = a, *mb = b, found = true;
+                    *best = v, *ma = a, *mb = b, *at = t, found = true;
                 }
             }
             continue;
@@ -888,7 +908,7 @@ static bool best_swap(epxi_search *s, int32_t gmax, double *best, int32_t *ma, i
                 const int32_t step = walk_step(s, a, ord[j], rx, Lmax, Lh, best, ma, mb);
                 if (step == WALK_STOP) break;
                 if (step == WALK_TAKEN) {
-                    found = true;
+                    found = true, *at = t;
                     break;
                 }
                 refused++;
@@ -897,7 +917,7 @@ static bool best_swap(epxi_search *s, int32_t gmax, double *best, int32_t *ma, i
                 const int32_t step = walk_step(s, a, ord[j], rx, Lmax, Lh, best, ma, mb);
                 if (step == WALK_STOP) break;
                 if (step == WALK_TAKEN) {
-                    found = true;
+                    found = true, *at = t;
                     break;
                 }
                 refused++;
@@ -1035,8 +1055,9 @@ int64_t epxi_search_improve(epxi_search *s, int64_t max_iters) {
         int32_t a = -1, b = -1, x = -1;
         /* Swaps first: they are cheap to find and keep the counts; a
          * re-count is looked for only when no swap helps. */
-        if (best_swap(s, gmax, &best, &a, &b)) {
-            apply_swap(s, a, b);
+        int32_t at = -1;
+        if (best_swap(s, gmax, &best, &a, &b, &at)) {
+            apply_swap(s, a, b, s->G - 1, at);
             continue;
         }
         if (s->recount && best_recount(s, gmax, &best, &b, &x)) {
@@ -1093,7 +1114,7 @@ int32_t epxi_search_fix_duplicates(epxi_search *s, bool keep_max) {
                 if (v <= limit && v < best) best = v, kind = 2, mx = e;
             }
             if (kind == 1)
-                apply_swap(s, a, mb);
+                apply_swap(s, a, mb, -1, -1);
             else if (kind == 2)
                 apply_recount(s, a, mx);
             else
