@@ -323,29 +323,37 @@ static epx_status plan_deepseek_all(const epx_counts *c, const epx_shape *s, con
 }
 
 /* Replica weights must be shares: finite, >= 0, summing to 1 per expert. The
- * DeepSeek modes make them so by construction; this guards epx's algorithm. */
+ * DeepSeek modes make them so by construction; this guards epx's algorithm.
+ * Each expert's shares are summed in ascending slot order (its replica
+ * list's order) by one pass over the map: the lists themselves, [L][E][W],
+ * are megabytes at a few hundred GPUs and would be read only for this. */
 static epx_status check_shares(const epx_layout *lay, const double *share, epx_error *err) {
     const epx_shape *s = epx_layout_shape(lay);
     const int32_t E = s->num_logical_experts, P = s->num_physical_experts;
-    int32_t W = 0;
-    const int32_t *l2p = epx_layout_logical_to_all_physical(lay, &W);
-    const int32_t *nv = epx_layout_num_valid(lay);
-    for (int32_t l = 0; l < s->num_layers; l++)
-        for (int32_t e = 0; e < E; e++) {
-            const size_t c = (size_t)l * (size_t)E + (size_t)e;
-            double sum = 0.0;
-            for (int32_t k = 0; k < nv[c]; k++) {
-                double x = share[(size_t)l * (size_t)P + (size_t)l2p[c * (size_t)W + (size_t)k]];
-                if (!(x >= 0.0) || !isfinite(x)) sum = NAN;
-                sum += x;
-            }
-            if (!(fabs(sum - 1.0) <= 1e-9))
-                return epxi_fail(err, EPX_ERR_INTERNAL,
-                                 "the planner gave layer %d, expert %d replica weights that sum "
-                                 "to %.17g, not 1: this is a bug in epx, please report it",
-                                 l, e, sum);
+    const int32_t *map = epx_layout_physical_to_logical(lay);
+    double *sum = epxi_calloc((size_t)E, sizeof *sum, "share sums", err);
+    if (sum == NULL) return EPX_ERR_NOMEM;
+    epx_status st = EPX_OK;
+    for (int32_t l = 0; l < s->num_layers && st == EPX_OK; l++) {
+        const int32_t *row = map + (size_t)l * (size_t)P;
+        const double *sh = share + (size_t)l * (size_t)P;
+        memset(sum, 0, (size_t)E * sizeof *sum);
+        for (int32_t p = 0; p < P; p++) {
+            const double x = sh[p];
+            if (!(x >= 0.0) || !isfinite(x)) sum[row[p]] = NAN;
+            sum[row[p]] += x;
         }
-    return EPX_OK;
+        for (int32_t e = 0; e < E; e++)
+            if (!(fabs(sum[e] - 1.0) <= 1e-9)) {
+                st = epxi_fail(err, EPX_ERR_INTERNAL,
+                               "the planner gave layer %d, expert %d replica weights that sum "
+                               "to %.17g, not 1: this is a bug in epx, please report it",
+                               l, e, sum[e]);
+                break;
+            }
+    }
+    free(sum);
+    return st;
 }
 
 /* The load a placement of `algo` is made for, [L][E]: what the planner's
