@@ -31,6 +31,10 @@ CASES = [
     ("DeepSeek-V3, 256 GPUs / 32 nodes, deepseek (global)", "deepseek-v3",
      ["--gpus", "256", "--nodes", "32", "--physical", "512", "--algorithm", "deepseek"]),
     ("Kimi-K2, 8 GPUs, epx (default)", "kimi-k2", ["--gpus", "8", "--redundant", "32"]),
+    ("DeepSeek-V3, 32 GPUs / 4 nodes, epx (default)", "deepseek-v3",
+     ["--gpus", "32", "--nodes", "4", "--groups", "8", "--physical", "288"]),
+    ("DeepSeek-V3, 256 GPUs / 32 nodes, epx (default)", "deepseek-v3",
+     ["--gpus", "256", "--nodes", "32", "--groups", "8", "--physical", "512"]),
 ]
 
 
