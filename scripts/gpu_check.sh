@@ -20,7 +20,8 @@ fail=0
 run() { # name, command...
     echo "== $1"; shift
     "$@" >/tmp/gpu_check.log 2>&1; rc=$?
-    tail -4 /tmp/gpu_check.log
+    # A failure shows enough of its log to act on; a pass, its summary.
+    if [ $rc = 0 ]; then tail -4 /tmp/gpu_check.log; else tail -40 /tmp/gpu_check.log; fi
     [ $rc = 0 ] || { echo "FAILED (exit $rc)"; fail=1; }
 }
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader

@@ -112,7 +112,37 @@ def _one_gpu(orig_init_dist):
     return init_dist
 
 
-def install(envs):
+# The Buffer calls each rank made, printed when the test destroys its buffer:
+# --shrink-test checks without printing, so this line is what shows that a
+# survivor went through its loops (and a stopped rank did not).
+COUNTED = ("low_latency_dispatch", "low_latency_combine", "clean_low_latency_buffer",
+           "low_latency_query_mask_buffer")
+CALLS_LINE = "epx-shim calls:"
+
+
+def _count_calls(buffer_cls):
+    import torch.distributed as dist
+    calls = dict.fromkeys(COUNTED, 0)
+
+    def counted(name, orig):
+        def call(self, *args, **kwargs):
+            calls[name] += 1
+            return orig(self, *args, **kwargs)
+        return call
+
+    for name in COUNTED:
+        setattr(buffer_cls, name, counted(name, getattr(buffer_cls, name)))
+    orig_destroy = buffer_cls.destroy
+
+    def destroy(self, *args, **kwargs):
+        print("[rank %d] %s %s" % (dist.get_rank(), CALLS_LINE,
+                                   " ".join("%s=%d" % kv for kv in calls.items())), flush=True)
+        return orig_destroy(self, *args, **kwargs)
+
+    buffer_cls.destroy = destroy
+
+
+def install(envs, buffer_cls=None):
     """Patch torch.distributed and DeepEP's utils.envs, once a process."""
     import torch.distributed as dist
     if not getattr(dist, "_epx_one_gpu", False):
@@ -120,6 +150,8 @@ def install(envs):
         for name in ("all_reduce", "all_gather", "broadcast"):
             setattr(dist, name, _in_place(getattr(dist, name)))
         envs.init_dist, dist._epx_one_gpu = _one_gpu(envs.init_dist), True
+        if buffer_cls is not None:
+            _count_calls(buffer_cls)
 
 
 # ---- the shim package ----------------------------------------------------------
@@ -133,7 +165,7 @@ if "_epx_ll_check" not in _sys.modules:
     _sys.modules["_epx_ll_check"] = _iu.module_from_spec(_spec)
     _spec.loader.exec_module(_sys.modules["_epx_ll_check"])
 from .utils import envs as _envs
-_sys.modules["_epx_ll_check"].install(_envs)
+_sys.modules["_epx_ll_check"].install(_envs, Buffer)
 '''
 SHIM_C = '''# Written by epx's tools/deepep_ll_check.py: no DeepEP C++ extension here.
 class EventHandle:
@@ -161,9 +193,39 @@ STAGES = (("checks+bench", "] Dispatch + combine bandwidth"),
           ("kineto", "] Dispatch bandwidth:"), ("kineto-hook", "] Dispatch send/recv time"))
 
 
+def calls_of(lines, r):
+    """Rank r's counted Buffer calls, or None where it printed none."""
+    for l in lines:
+        if l.startswith("[rank %d] %s" % (r, CALLS_LINE)):
+            return dict((k, int(v)) for k, v in
+                        (kv.split("=") for kv in l.split(CALLS_LINE, 1)[1].split()))
+    return None
+
+
+def verdict(rc, n, done, calls, stopped):
+    """PASS only when the run exited 0 AND showed its work: without
+    --shrink-test every rank printed its bench line (which comes after all
+    its checks); with it every survivor reported the same calls, mask
+    queries among them, and every stopped rank fewer dispatches."""
+    if rc != 0:
+        return "TIMEOUT" if rc == 124 else "FAIL"
+    if not stopped:
+        return "PASS" if all(STAGES[0][0] in done[r] for r in range(n)) else "FAIL (no checks ran)"
+    survivors = [r for r in range(n) if r not in stopped]
+    seen = [calls[r] for r in survivors]
+    if not survivors or None in seen or seen[0]["low_latency_query_mask_buffer"] == 0 \
+            or any(c != seen[0] for c in seen):
+        return "FAIL (survivors did not all run the shrink checks)"
+    if any(calls[r] is None or calls[r]["low_latency_dispatch"] >= seen[0]["low_latency_dispatch"]
+           for r in stopped):
+        return "FAIL (a stopped rank went on)"
+    return "PASS"
+
+
 def summarise(lines, rc, n, extra):
     done = {r: [s for s, key in STAGES if any(l.startswith("[rank %d]" % r) and key in l
                                                for l in lines)] for r in range(n)}
+    calls = {r: calls_of(lines, r) for r in range(n)}
     errors = [l for l in lines if re.match(r"^[\w.]*(Error|Exception)\b", l)]
     where = [(l.strip(), lines[i + 1].strip() if i + 1 < len(lines) else "")
              for i, l in enumerate(lines) if "test_low_latency.py\", line" in l]
@@ -176,8 +238,13 @@ def summarise(lines, rc, n, extra):
     for r in range(n):
         print("  rank %d finished: %s" % (r, ", ".join(done[r]) or "nothing"))
     stopped = [l.strip() for l in lines if "failed when first calling" in l]
+    stopped_ranks = {int(m.group(1)) for l in stopped for m in [re.match(r"Rank (\d+) ", l)] if m}
     if stopped:  # --shrink-test: the ranks the test stops on purpose
         print("simulated failures: %s" % "; ".join(stopped))
+        for r in range(n):
+            print("  rank %d %s: %s" % (r, "(stopped)" if r in stopped_ranks else "(survivor)",
+                                       " ".join("%s=%d" % kv for kv in calls[r].items())
+                                       if calls[r] else "no calls reported"))
     seeds = sum("Testing with seed" in l for l in lines)
     if seeds:
         print("pressure test: %d seed(s) started" % seeds)
@@ -187,8 +254,9 @@ def summarise(lines, rc, n, extra):
         print("last test line in a traceback: %s\n    %s" % where[-1])
     if errors:
         print("error: %s" % errors[-1])
-    print("RESULT: %s (exit code %d)" % ("PASS" if rc == 0 else "TIMEOUT" if rc == 124 else
-                                          "FAIL", rc))
+    result = verdict(rc, n, done, calls, stopped_ranks)
+    print("RESULT: %s (exit code %d)" % (result, rc))
+    return result
 
 
 def main(argv):
@@ -237,8 +305,8 @@ def main(argv):
         rc = proc.wait()
         signal.alarm(0)
     rc = 124 if rc == -signal.SIGKILL and a.timeout else rc if rc >= 0 else 128 - rc
-    summarise(lines, rc, a.num_processes, extra)
-    return rc
+    result = summarise(lines, rc, a.num_processes, extra)
+    return rc if rc != 0 or result == "PASS" else 1
 
 
 if __name__ == "__main__":

@@ -1,0 +1,58 @@
+# Copyright the epx authors. Licensed under the Apache License, Version 2.0;
+# you may use this file only in compliance with that license, a copy of which
+# is at http://www.apache.org/licenses/LICENSE-2.0. It is distributed "AS IS",
+# without warranties or conditions of any kind.
+"""tools/deepep_ll_check.py's verdict: a run that exits 0 but shows no
+checks must not read PASS (DeepEP's --shrink-test prints nothing of its
+own, so the shim's per-rank call counts are the evidence)."""
+import importlib.util
+import os
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+_spec = importlib.util.spec_from_file_location(
+    "deepep_ll_check", os.path.join(ROOT, "tools", "deepep_ll_check.py"))
+check = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(check)
+
+
+def calls_line(r, d, c, k, q):
+    return "[rank %d] %s low_latency_dispatch=%d low_latency_combine=%d " \
+           "clean_low_latency_buffer=%d low_latency_query_mask_buffer=%d" % (
+               r, check.CALLS_LINE, d, c, k, q)
+
+
+SHRINK_STOPS = ["Rank 1 failed when first calling dispatch communication API, exit...",
+                "Rank 3 failed when first calling combine communication API, exit..."]
+
+
+def test_shrink_pass_needs_survivors_calls():
+    lines = SHRINK_STOPS + [calls_line(0, 30, 20, 10, 40), calls_line(2, 30, 20, 10, 40),
+                            calls_line(1, 0, 0, 0, 0), calls_line(3, 2, 0, 0, 1)]
+    assert check.summarise(lines, 0, 4, ["--shrink-test"]) == "PASS"
+
+
+def test_shrink_without_counts_fails():
+    # the run before the counts existed: exit 0, nothing shown
+    assert check.summarise(SHRINK_STOPS, 0, 4, ["--shrink-test"]).startswith("FAIL")
+
+
+def test_shrink_survivors_disagree_or_skip_masks():
+    lines = SHRINK_STOPS + [calls_line(0, 30, 20, 10, 40), calls_line(2, 29, 20, 10, 40),
+                            calls_line(1, 0, 0, 0, 0), calls_line(3, 2, 0, 0, 1)]
+    assert check.summarise(lines, 0, 4, ["--shrink-test"]).startswith("FAIL")
+    lines = SHRINK_STOPS + [calls_line(r, 30, 20, 10, 0) for r in (0, 2)] + \
+        [calls_line(1, 0, 0, 0, 0), calls_line(3, 2, 0, 0, 1)]
+    assert check.summarise(lines, 0, 4, ["--shrink-test"]).startswith("FAIL")
+
+
+def test_stopped_rank_that_went_on_fails():
+    lines = SHRINK_STOPS + [calls_line(r, 30, 20, 10, 40) for r in range(4)]
+    assert check.summarise(lines, 0, 4, ["--shrink-test"]) == "FAIL (a stopped rank went on)"
+
+
+def test_plain_run_needs_every_bench_line():
+    bench = "[rank %d] Dispatch + combine bandwidth: 1.00 GB/s, avg_t=1.00 us"
+    assert check.summarise([bench % 0, bench % 1], 0, 2, []) == "PASS"
+    assert check.summarise([bench % 0], 0, 2, []).startswith("FAIL")
+    assert check.summarise([bench % 0, bench % 1], 124, 2, []) == "TIMEOUT"
+    assert check.summarise([bench % 0, bench % 1], 1, 2, []) == "FAIL"
