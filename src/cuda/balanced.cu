@@ -18,9 +18,12 @@
  *      counts summed into their GPU's base (64-bit atomics, integers again)
  *      and the flexible experts compacted in ascending order (a ballot scan
  *      tile by tile), which is exactly the list epxi_bal_classify builds;
- *   2. thread 0 runs epxi_bal_solve on the reduced graph (the flexible
- *      experts and the GPUs; a few dozen nodes on the Kimi-K2.5 and
- *      DeepSeek-V3 shapes) while the other threads wait at the barrier;
+ *   2. thread 0 splits the reduced graph into its components
+ *      (epxi_bal_components), then lane 0 of each warp solves components
+ *      (epxi_bal_solve_part: levels and rounding on the component's own
+ *      graph) while the other lanes wait; the distinct levels are counted
+ *      in parallel. With the workspace in shared memory (when it fits),
+ *      the solves' dependent loads cost shared-memory latency, not L2's;
  *   3. every thread writes some experts' shares and counts
  *      (epxi_bal_write_expert) and some GPUs' loads;
  *   4. from ids, each warp walks its chunk again, 32 pairs a round, and
@@ -50,8 +53,10 @@ extern "C" {
 struct epx_cuda_balancer {
     epxi_bal bal; /* shape and device pointers into mem */
     void *mem;
-    int threads; /* block size for the ids entry point: 32 * warps */
-    size_t smem; /* its shared memory: warps * E * 4 bytes */
+    int threads;   /* block size for the ids entry point: 32 * warps */
+    size_t hist;   /* its counters: warps * E * 4 bytes of shared memory */
+    size_t ws;     /* the workspace's bytes (epxi_bal_carve) */
+    int ws_shared; /* 1: the workspace lives in shared memory, after hist */
 };
 
 namespace {
@@ -65,6 +70,8 @@ struct BalArgs {
     const int32_t *ids;    /* ids entry point: T * K pairs */
     int64_t pairs;
     int from_ids;
+    int ws_shared;  /* carve the workspace from shared memory at ws_at */
+    uint32_t ws_at; /* its offset in dynamic shared memory */
     int32_t *phys;
     double *shares, *gpu_load;
     int64_t *rcounts, *slot_counts, *summary;
@@ -77,10 +84,14 @@ __device__ __forceinline__ uint32_t lanemask_lt() {
 }
 
 __global__ void __launch_bounds__(kMaxThreads, 1) balanced_kernel(BalArgs a) {
-    extern __shared__ int32_t hist[]; /* [warps][E], ids entry point only */
+    /* [warps][E] counters (ids entry point only), then the workspace when
+     * it fits: the solve's dependent loads at shared-memory latency */
+    extern __shared__ __align__(16) unsigned char dyn[];
+    int32_t *hist = (int32_t *)dyn;
     __shared__ int32_t warp_off[32];
-    __shared__ int32_t s_total, s_status;
+    __shared__ int32_t s_total, s_status, s_comps, s_distinct;
     epxi_bal b = a.bal;
+    if (a.ws_shared) epxi_bal_carve(&b, dyn + a.ws_at);
     const int tid = threadIdx.x, nt = blockDim.x, lane = tid & 31, warp = tid >> 5;
     const int nwarps = nt >> 5;
     const int32_t E = b.E;
@@ -158,12 +169,29 @@ __global__ void __launch_bounds__(kMaxThreads, 1) balanced_kernel(BalArgs a) {
     }
     b.M = s_total < b.maxM ? s_total : b.maxM;
 
-    /* 2. the sequential solve */
+    /* 2. the components (one thread), then each solved by one warp's lane 0:
+     * a component's solve is sequential, and lanes of one warp would run
+     * theirs one after the other anyway */
+    if (tid == 0) {
+        epxi_bal_unfix(&b);
+        b.C = 0;
+        if (s_status == EPXI_BAL_OK) epxi_bal_components(&b);
+        s_comps = b.C;
+        s_distinct = 0;
+    }
+    __syncthreads();
+    b.C = s_comps;
+    if (lane == 0)
+        for (int32_t c = warp; c < b.C; c += nwarps) epxi_bal_solve_part(&b, c);
+    __syncthreads();
+    for (int32_t lid = tid; lid < b.G; lid += nt)
+        if (epxi_bal_level_new(&b, lid)) atomicAdd(&s_distinct, 1);
+    __syncthreads();
     if (tid == 0) {
         int rc = s_status;
-        if (rc == EPXI_BAL_OK) rc = epxi_bal_solve(&b);
+        for (int32_t c = 0; c < b.C && rc == EPXI_BAL_OK; c++) rc = b.c_rc[c];
         int64_t sum[4];
-        epxi_bal_summary(&b, sum);
+        epxi_bal_summary(&b, s_distinct, sum);
         if (a.summary) {
             for (int k = 0; k < 4; k++) a.summary[k] = sum[k];
             a.summary[4] = rc;
@@ -273,18 +301,26 @@ extern "C" epx_status epx_cuda_dispatch_balanced_create(int32_t num_experts, int
     EPXI_CUDA_GOTO(st, cudaMalloc(&b->mem, bytes), "cudaMalloc (balancer workspace)", fail);
     epxi_bal_carve(&b->bal, b->mem);
     {
-        /* warps for the ids entry point: one shared row of E counters each */
-        int64_t warps = (int64_t)(optin - 1024) / (4 * (int64_t)num_experts);
+        /* The workspace goes to shared memory when it fits beside at least
+         * one warp's counters; then warps for the ids entry point, one
+         * shared row of E counters each, in what is left. */
+        int64_t room = (int64_t)optin - 1024, row = 4 * (int64_t)num_experts;
+        b->ws = bytes;
+        b->ws_shared = (int64_t)bytes + ((row + 15) & ~(int64_t)15) <= room;
+        if (b->ws_shared) room -= (int64_t)bytes;
+        int64_t warps = room / row;
+        while (warps > 0 && (((warps * row) + 15) & ~(int64_t)15) > room) warps--;
         if (warps > kMaxThreads / 32) warps = kMaxThreads / 32;
         b->threads = warps >= 1 ? (int)warps * 32 : 0;
-        b->smem = (size_t)(warps >= 1 ? warps : 0) * 4 * (size_t)num_experts;
+        b->hist = warps >= 1 ? (size_t)((warps * row + 15) & ~(int64_t)15) : 0;
+        size_t most = b->hist + (b->ws_shared ? b->ws : 0);
         /* always: the default 48 KiB covers static and dynamic shared
          * memory together, so 48 KiB of counters alone is already too much */
-        if (b->smem > 0)
+        if (most > 0)
             EPXI_CUDA_GOTO(st,
                            cudaFuncSetAttribute(balanced_kernel,
                                                 cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                (int)b->smem),
+                                                (int)most),
                            "cudaFuncSetAttribute", fail);
     }
     *out = b;
@@ -307,7 +343,9 @@ extern "C" epx_status epx_cuda_dispatch_balanced_solve(
     a.num_valid = num_valid;
     a.counts = counts;
     set_outputs(a, out);
-    balanced_kernel<<<1, kMaxThreads, 0, stream>>>(a);
+    a.ws_shared = b->ws_shared;
+    a.ws_at = 0;
+    balanced_kernel<<<1, kMaxThreads, b->ws_shared ? b->ws : 0, stream>>>(a);
     EPXI_CUDA_TRY(cudaGetLastError(), "cudaGetLastError");
     return EPX_OK;
 }
@@ -342,7 +380,9 @@ extern "C" epx_status epx_cuda_dispatch_balanced_topk(epx_cuda_balancer *b, cons
     a.from_ids = 1;
     a.phys = phys;
     set_outputs(a, out);
-    balanced_kernel<<<1, b->threads, b->smem, stream>>>(a);
+    a.ws_shared = b->ws_shared;
+    a.ws_at = (uint32_t)b->hist;
+    balanced_kernel<<<1, b->threads, b->hist + (b->ws_shared ? b->ws : 0), stream>>>(a);
     EPXI_CUDA_TRY(cudaGetLastError(), "cudaGetLastError");
     return EPX_OK;
 }

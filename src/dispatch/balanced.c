@@ -171,7 +171,7 @@ epx_status epx_dispatch_balanced_solve(epx_balancer *b, const int32_t *replicas,
     if (out->gpu_load)
         for (int32_t g = 0; g < b->G; g++) out->gpu_load[g] = epxi_bal_gpu_load(c, g);
     int64_t sum[4];
-    epxi_bal_summary(c, sum);
+    epxi_bal_summary(c, -1, sum);
     out->max_load_num = sum[0];
     out->max_load_den = sum[1];
     out->max_load_int = sum[2];

@@ -13,19 +13,26 @@
  * all its tokens go there. Such experts are folded into their GPU's base
  * load (an edge s -> g of den * base_g, the parallel paths s -> e -> g
  * merged; a max-flow and its min cut are the same on both graphs, see
- * bal_level), so the flow graph holds only the "flexible" experts (tokens on
- * two GPUs or more; at most P - E of them) and the GPUs: 4 + M + G nodes.
- * On a Kimi-K2.5 or DeepSeek-V3 layer that is tens of nodes instead of
- * hundreds, which is what makes one GPU thread able to solve it.
+ * epxi_bal_level), so the flow graphs hold only the "flexible" experts
+ * (tokens on two GPUs or more; at most P - E of them) and the GPUs.
+ *
+ * Components. No flexible expert joins two components of the graph "GPUs
+ * linked by a flexible expert", so the lexicographic optimum is each
+ * component's optimum side by side: each is solved alone (its levels, its
+ * rounding) on a graph of its own, carved at offsets no other component
+ * uses. A GPU with no flexible expert is its own level with no flow at all.
+ * This is what keeps the flows small (tens of nodes instead of hundreds)
+ * and lets the kernel solve components in parallel, one warp each, with the
+ * same result as the CPU's loop over them.
  *
  * The split of the work. Per expert and independent: grouping an expert's
  * replicas by GPU (epxi_bal_group) and writing its outputs
- * (epxi_bal_write_expert); the kernel runs these on all threads. Per batch
- * and sequential: the levels and the rounding (epxi_bal_solve), on the
- * reduced graph, in one thread. In between, classifying experts (base loads
- * and the ascending list of flexible experts) is a sum and a compaction:
- * epxi_bal_classify does it in order on the CPU; the kernel does it in
- * parallel to the same result (integer sums, the list kept ascending).
+ * (epxi_bal_write_expert); the kernel runs these on all threads. Per batch:
+ * classifying experts (base loads and the ascending list of flexible
+ * experts: epxi_bal_classify in order on the CPU, a sum and a compaction to
+ * the same result in the kernel), then the components (epxi_bal_components,
+ * sequential), then each component's levels and rounding
+ * (epxi_bal_solve_part, sequential within a component).
  *
  * Max-flow: Dinic's algorithm (BFS level graph, then augmenting paths found
  * by an iterative DFS with current-arc pointers, each path from s again),
@@ -62,7 +69,7 @@ enum {
 typedef struct epxi_bal {
     int32_t E, W, P, G, per, D, maxM; /* D = min(W, G); maxM = min(E, P - E) */
     int32_t max_nodes, max_edges;     /* max_edges counts both directions    */
-    int32_t M, levels, n, m;          /* per solve: flexible experts, levels; the graph */
+    int32_t M, C, levels;             /* per solve: flexible experts, components, levels */
     /* [E] */
     int64_t *cnt;              /* tokens per logical expert                     */
     int32_t *eg_n;             /* distinct GPUs of the expert (0: no valid slot) */
@@ -78,7 +85,12 @@ typedef struct epxi_bal {
     int32_t *g_level;                /* -1: not (yet) at a level                     */
     uint8_t *g_in, *g_graph, *g_sin; /* in N(S); in the graph; base in S      */
     int64_t *lv_num, *lv_den, *gex;  /* level loads (not reduced); excess     */
-    /* the flow graph */
+    /* the components (epxi_bal_components) */
+    int32_t *g_par, *g_comp, *g_loc; /* [G] union-find; component or -1; index in it */
+    int32_t *c_goff, *c_foff;        /* [G + 1] offsets into c_gpus and c_flex      */
+    int32_t *c_gpus, *c_flex;        /* [G], [maxM] the lists, component by component */
+    int32_t *c_levels, *c_rc;        /* [G] per component: levels, status           */
+    /* the flow graphs, each component's at its own offsets (epxi_bal_view) */
     int32_t *head, *lvl, *iter, *queue, *path; /* [max_nodes] */
     uint8_t *mark;                             /* [max_nodes] */
     int32_t *next, *to;                        /* [max_edges] */
@@ -96,14 +108,16 @@ EPXI_BAL void epxi_bal_shape(epxi_bal *b, int32_t E, int32_t W, int32_t P, int32
     b->D = W < G ? W : G;
     int32_t extra = P > E ? P - E : 0;
     b->maxM = extra < E ? extra : E;
-    b->max_nodes = 4 + b->maxM + G;
-    /* level graph: s->e, e->g, s->g, g->t; rounding: s->e, e->g, two per GPU, one more */
-    int64_t fwd = (int64_t)b->maxM * (1 + (int64_t)b->D) + 2 * (int64_t)G + 1;
+    /* at most G components, each 4 + its experts + its GPUs nodes */
+    b->max_nodes = 5 * G + b->maxM;
+    /* level graph: s->e, e->g, s->g, g->t; rounding: s->e, e->g, two per GPU,
+     * one more per component */
+    int64_t fwd = (int64_t)b->maxM * (1 + (int64_t)b->D) + 3 * (int64_t)G;
     b->max_edges = (int32_t)(2 * fwd);
 }
 
 /* Carve the arrays out of mem (NULL: only measure); returns the bytes. */
-static inline size_t epxi_bal_carve(epxi_bal *b, void *mem) {
+EPXI_BAL size_t epxi_bal_carve(epxi_bal *b, void *mem) {
     size_t off = 0, E = (size_t)b->E, G = (size_t)b->G, M = (size_t)b->maxM;
     size_t ED = E * (size_t)b->D, MD = M * (size_t)b->D, N = (size_t)b->max_nodes;
     size_t X = (size_t)b->max_edges;
@@ -133,6 +147,15 @@ static inline size_t epxi_bal_carve(epxi_bal *b, void *mem) {
     EPXI_BAL_ARR(lv_num, int64_t, G);
     EPXI_BAL_ARR(lv_den, int64_t, G);
     EPXI_BAL_ARR(gex, int64_t, G);
+    EPXI_BAL_ARR(g_par, int32_t, G);
+    EPXI_BAL_ARR(g_comp, int32_t, G);
+    EPXI_BAL_ARR(g_loc, int32_t, G);
+    EPXI_BAL_ARR(c_goff, int32_t, G + 1);
+    EPXI_BAL_ARR(c_foff, int32_t, G + 1);
+    EPXI_BAL_ARR(c_gpus, int32_t, G);
+    EPXI_BAL_ARR(c_flex, int32_t, M + 1);
+    EPXI_BAL_ARR(c_levels, int32_t, G);
+    EPXI_BAL_ARR(c_rc, int32_t, G);
     EPXI_BAL_ARR(head, int32_t, N);
     EPXI_BAL_ARR(lvl, int32_t, N);
     EPXI_BAL_ARR(iter, int32_t, N);
@@ -211,68 +234,188 @@ EPXI_BAL int epxi_bal_classify(epxi_bal *b) {
     return rc;
 }
 
-/* ---- the max-flow ----------------------------------------------------------- */
+/* ---- components ------------------------------------------------------------- */
 
-EPXI_BAL void epxi_bal_reset(epxi_bal *b, int32_t n) {
-    b->n = n;
-    b->m = 0;
-    for (int32_t v = 0; v < n; v++) b->head[v] = -1;
+/* GPU g's root in the union-find of the flexible experts' GPU sets (path
+ * halving; roots are the smallest GPU of their set, so the result does not
+ * depend on the order of the unions). */
+EPXI_BAL int32_t epxi_bal_find(epxi_bal *b, int32_t g) {
+    while (b->g_par[g] != g) {
+        b->g_par[g] = b->g_par[b->g_par[g]];
+        g = b->g_par[g];
+    }
+    return g;
+}
+
+/* Split the reduced problem into its connected components: GPUs joined
+ * when a flexible expert has replicas on both. The lexicographic optimum of
+ * the whole is the union of the components' (no expert crosses two), so
+ * each is solved alone, on a graph of its own, which is what lets the
+ * kernel solve them side by side. A GPU is in play when it has a base or a
+ * flexible expert; the others carry nothing and are in no component.
+ * Components come in the order of their smallest GPU, their GPUs and
+ * experts ascending; component c owns level ids [c_goff[c], c_goff[c+1]). */
+EPXI_BAL void epxi_bal_components(epxi_bal *b) {
+    int32_t G = b->G, D = b->D, C = 0;
+    for (int32_t g = 0; g < G; g++) {
+        b->g_par[g] = g;
+        b->g_comp[g] = b->base[g] > 0 ? 0 : -1; /* in play, for now */
+    }
+    for (int32_t i = 0; i < b->M; i++) {
+        int32_t e = b->flex[i];
+        const int32_t *gl = b->eg_gpu + (size_t)e * (size_t)D;
+        int32_t r0 = epxi_bal_find(b, gl[0]);
+        b->g_comp[gl[0]] = 0;
+        for (int32_t k = 1; k < b->eg_n[e]; k++) {
+            int32_t r = epxi_bal_find(b, gl[k]);
+            b->g_comp[gl[k]] = 0;
+            if (r < r0) {
+                b->g_par[r0] = r;
+                r0 = r;
+            } else if (r > r0) {
+                b->g_par[r] = r0;
+            }
+        }
+    }
+    for (int32_t g = 0; g < G; g++) /* roots first: a root is its set's smallest GPU */
+        if (b->g_comp[g] == 0 && epxi_bal_find(b, g) == g) b->g_comp[g] = ++C;
+    for (int32_t c = 0; c <= C; c++) b->c_goff[c] = b->c_foff[c] = 0;
+    for (int32_t g = 0; g < G; g++) /* every GPU reads its root's number first... */
+        if (b->g_comp[g] >= 0) b->g_loc[g] = b->g_comp[epxi_bal_find(b, g)] - 1;
+    for (int32_t g = 0; g < G; g++) /* ...then takes it, 0-based */
+        if (b->g_comp[g] >= 0) {
+            b->g_comp[g] = b->g_loc[g];
+            b->c_goff[b->g_loc[g] + 1]++;
+        }
+    for (int32_t i = 0; i < b->M; i++)
+        b->c_foff[b->g_comp[b->eg_gpu[(size_t)b->flex[i] * (size_t)D]] + 1]++;
+    for (int32_t c = 0; c < C; c++) {
+        b->c_goff[c + 1] += b->c_goff[c];
+        b->c_foff[c + 1] += b->c_foff[c];
+        b->c_levels[c] = 0;
+    }
+    for (int32_t c = 0; c < C; c++) b->c_rc[c] = 0; /* fill cursors */
+    for (int32_t g = 0; g < G; g++) {
+        int32_t c = b->g_comp[g];
+        if (c < 0) continue;
+        b->g_loc[g] = b->c_rc[c]++;
+        b->c_gpus[b->c_goff[c] + b->g_loc[g]] = g;
+    }
+    for (int32_t c = 0; c < C; c++) b->c_rc[c] = 0;
+    for (int32_t i = 0; i < b->M; i++) {
+        int32_t c = b->g_comp[b->eg_gpu[(size_t)b->flex[i] * (size_t)D]];
+        b->c_flex[b->c_foff[c] + b->c_rc[c]++] = i;
+    }
+    for (int32_t c = 0; c < C; c++) b->c_rc[c] = EPXI_BAL_OK;
+    b->C = C;
+}
+
+/* ---- one component's max-flow graph ------------------------------------------ */
+
+/* A component's view: its experts (indices into flex) and GPUs, the level
+ * ids it owns, and its graph's nodes and edges, carved from the shared
+ * arrays at offsets no other component uses. Nodes: 0 = s (S' while
+ * rounding), 1 = t (T'), 2 = s and t merged while rounding, 3 unused, then
+ * its experts, then its GPUs. */
+typedef struct epxi_bal_part {
+    int32_t nf, ng, lv0;
+    const int32_t *fl, *gl;
+    int32_t n, m, max_edges;
+    int32_t *head, *lvl, *iter, *queue, *path;
+    uint8_t *mark;
+    int32_t *next, *to;
+    int64_t *cap;
+} epxi_bal_part;
+
+#define EPXI_BAL_FN(j) (4 + (j))
+#define EPXI_BAL_GN(p, gi) (4 + (p)->nf + (gi))
+
+EPXI_BAL epxi_bal_part epxi_bal_view(const epxi_bal *b, int32_t c) {
+    epxi_bal_part p;
+    int32_t f0 = b->c_foff[c], g0 = b->c_goff[c];
+    p.nf = b->c_foff[c + 1] - f0;
+    p.ng = b->c_goff[c + 1] - g0;
+    p.lv0 = g0;
+    p.fl = b->c_flex + f0;
+    p.gl = b->c_gpus + g0;
+    size_t node0 = 4 * (size_t)c + (size_t)f0 + (size_t)g0;
+    size_t edge0 = 2 * ((size_t)f0 * (1 + (size_t)b->D) + 2 * (size_t)g0 + (size_t)c);
+    p.n = p.m = 0;
+    p.max_edges = 2 * (p.nf * (1 + b->D) + 2 * p.ng + 1);
+    p.head = b->head + node0;
+    p.lvl = b->lvl + node0;
+    p.iter = b->iter + node0;
+    p.queue = b->queue + node0;
+    p.path = b->path + node0;
+    p.mark = b->mark + node0;
+    p.next = b->next + edge0;
+    p.to = b->to + edge0;
+    p.cap = b->cap + edge0;
+    return p;
+}
+
+EPXI_BAL void epxi_bal_reset(epxi_bal_part *p) {
+    p->n = 4 + p->nf + p->ng;
+    p->m = 0;
+    for (int32_t v = 0; v < p->n; v++) p->head[v] = -1;
 }
 
 /* Add u -> v (capacity c) and its reverse (e ^ 1); returns e. Sized at
  * carve time: -1 only if that sizing is wrong. */
-EPXI_BAL int32_t epxi_bal_add(epxi_bal *b, int32_t u, int32_t v, int64_t c) {
-    if (b->m + 2 > b->max_edges) return -1;
-    int32_t e = b->m;
-    b->to[e] = v;
-    b->cap[e] = c;
-    b->next[e] = b->head[u];
-    b->head[u] = e;
-    b->to[e + 1] = u;
-    b->cap[e + 1] = 0;
-    b->next[e + 1] = b->head[v];
-    b->head[v] = e + 1;
-    b->m += 2;
+EPXI_BAL int32_t epxi_bal_add(epxi_bal_part *p, int32_t u, int32_t v, int64_t c) {
+    if (p->m + 2 > p->max_edges) return -1;
+    int32_t e = p->m;
+    p->to[e] = v;
+    p->cap[e] = c;
+    p->next[e] = p->head[u];
+    p->head[u] = e;
+    p->to[e + 1] = u;
+    p->cap[e + 1] = 0;
+    p->next[e + 1] = p->head[v];
+    p->head[v] = e + 1;
+    p->m += 2;
     return e;
 }
 
 /* The flow on forward edge e (its reverse's residual); 0 for e = -1. */
-EPXI_BAL int64_t epxi_bal_on(const epxi_bal *b, int32_t e) { return e >= 0 ? b->cap[e ^ 1] : 0; }
+EPXI_BAL int64_t epxi_bal_on(const epxi_bal_part *p, int32_t e) {
+    return e >= 0 ? p->cap[e ^ 1] : 0;
+}
 
-EPXI_BAL int epxi_bal_bfs(epxi_bal *b, int32_t s, int32_t t) {
-    for (int32_t v = 0; v < b->n; v++) b->lvl[v] = -1;
+EPXI_BAL int epxi_bal_bfs(epxi_bal_part *p, int32_t s, int32_t t) {
+    for (int32_t v = 0; v < p->n; v++) p->lvl[v] = -1;
     int32_t qh = 0, qt = 0;
-    b->lvl[s] = 0;
-    b->queue[qt++] = s;
+    p->lvl[s] = 0;
+    p->queue[qt++] = s;
     while (qh < qt) {
-        int32_t u = b->queue[qh++];
-        for (int32_t e = b->head[u]; e >= 0; e = b->next[e]) {
-            int32_t v = b->to[e];
-            if (b->cap[e] > 0 && b->lvl[v] < 0) {
-                b->lvl[v] = b->lvl[u] + 1;
-                b->queue[qt++] = v;
+        int32_t u = p->queue[qh++];
+        for (int32_t e = p->head[u]; e >= 0; e = p->next[e]) {
+            int32_t v = p->to[e];
+            if (p->cap[e] > 0 && p->lvl[v] < 0) {
+                p->lvl[v] = p->lvl[u] + 1;
+                p->queue[qt++] = v;
             }
         }
     }
-    return b->lvl[t] >= 0;
+    return p->lvl[t] >= 0;
 }
 
 /* Dinic: push a maximum flow from s to t; returns the amount. Afterwards lvl
  * marks (>= 0) what s reaches in the residual graph: the min cut's source side. */
-EPXI_BAL int64_t epxi_bal_maxflow(epxi_bal *b, int32_t s, int32_t t) {
+EPXI_BAL int64_t epxi_bal_maxflow(epxi_bal_part *p, int32_t s, int32_t t) {
     int64_t total = 0;
-    while (epxi_bal_bfs(b, s, t)) {
-        for (int32_t v = 0; v < b->n; v++) b->iter[v] = b->head[v];
+    while (epxi_bal_bfs(p, s, t)) {
+        for (int32_t v = 0; v < p->n; v++) p->iter[v] = p->head[v];
         for (;;) {
             int32_t u = s, d = 0, stuck = 0;
             while (u != t) {
-                int32_t e = b->iter[u];
-                while (e >= 0 && (b->cap[e] <= 0 || b->lvl[b->to[e]] != b->lvl[u] + 1))
-                    e = b->next[e];
-                b->iter[u] = e;
+                int32_t e = p->iter[u];
+                while (e >= 0 && (p->cap[e] <= 0 || p->lvl[p->to[e]] != p->lvl[u] + 1))
+                    e = p->next[e];
+                p->iter[u] = e;
                 if (e >= 0) {
-                    b->path[d++] = e;
-                    u = b->to[e];
+                    p->path[d++] = e;
+                    u = p->to[e];
                     continue;
                 }
                 if (u == s) {
@@ -280,17 +423,17 @@ EPXI_BAL int64_t epxi_bal_maxflow(epxi_bal *b, int32_t s, int32_t t) {
                     break;
                 }
                 /* u is a dead end: retreat and move the parent past the edge */
-                int32_t back = b->path[--d];
-                u = b->to[back ^ 1];
-                b->iter[u] = b->next[b->iter[u]];
+                int32_t back = p->path[--d];
+                u = p->to[back ^ 1];
+                p->iter[u] = p->next[p->iter[u]];
             }
             if (stuck) break;
             int64_t f = INT64_MAX;
             for (int32_t k = 0; k < d; k++)
-                if (b->cap[b->path[k]] < f) f = b->cap[b->path[k]];
+                if (p->cap[p->path[k]] < f) f = p->cap[p->path[k]];
             for (int32_t k = 0; k < d; k++) {
-                b->cap[b->path[k]] -= f;
-                b->cap[b->path[k] ^ 1] += f;
+                p->cap[p->path[k]] -= f;
+                p->cap[p->path[k] ^ 1] += f;
             }
             total += f;
         }
@@ -299,37 +442,33 @@ EPXI_BAL int64_t epxi_bal_maxflow(epxi_bal *b, int32_t s, int32_t t) {
 }
 
 /* mark[v] = 1 for every node that reaches t in the residual graph. */
-EPXI_BAL void epxi_bal_reaches(epxi_bal *b, int32_t t) {
-    for (int32_t v = 0; v < b->n; v++) b->mark[v] = 0;
+EPXI_BAL void epxi_bal_reaches(epxi_bal_part *p, int32_t t) {
+    for (int32_t v = 0; v < p->n; v++) p->mark[v] = 0;
     int32_t qh = 0, qt = 0;
-    b->mark[t] = 1;
-    b->queue[qt++] = t;
+    p->mark[t] = 1;
+    p->queue[qt++] = t;
     while (qh < qt) {
-        int32_t v = b->queue[qh++];
-        for (int32_t e = b->head[v]; e >= 0; e = b->next[e]) {
-            int32_t w = b->to[e];
-            if (!b->mark[w] && b->cap[e ^ 1] > 0) {
-                b->mark[w] = 1;
-                b->queue[qt++] = w;
+        int32_t v = p->queue[qh++];
+        for (int32_t e = p->head[v]; e >= 0; e = p->next[e]) {
+            int32_t w = p->to[e];
+            if (!p->mark[w] && p->cap[e ^ 1] > 0) {
+                p->mark[w] = 1;
+                p->queue[qt++] = w;
             }
         }
     }
 }
 
-/* ---- the levels --------------------------------------------------------------- */
+/* ---- one component's levels ------------------------------------------------------ */
 
-/* Nodes: 0 = s (S' while rounding), 1 = t (T'), 2 = s and t merged while
- * rounding, 3 unused, then the flexible experts, then the GPUs. */
-#define EPXI_BAL_FN(i) (4 + (i))
-#define EPXI_BAL_GN(b, g) (4 + (b)->M + (g))
-
-/* C(S) and |N(S)| over unfixed GPUs, S = the flexible experts with f_in and
- * the bases of the GPUs with g_sin. */
-EPXI_BAL void epxi_bal_ratio(epxi_bal *b, int64_t *a, int64_t *den) {
+/* C(S) and |N(S)| over the component's unfixed GPUs, S = its flexible
+ * experts with f_in and the bases of its GPUs with g_sin. */
+EPXI_BAL void epxi_bal_ratio(epxi_bal *b, const epxi_bal_part *p, int64_t *a, int64_t *den) {
     int64_t c = 0, n = 0;
     int32_t D = b->D;
-    for (int32_t g = 0; g < b->G; g++) b->g_in[g] = 0;
-    for (int32_t i = 0; i < b->M; i++) {
+    for (int32_t gi = 0; gi < p->ng; gi++) b->g_in[p->gl[gi]] = 0;
+    for (int32_t j = 0; j < p->nf; j++) {
+        int32_t i = p->fl[j];
         if (!b->f_in[i]) continue;
         int32_t e = b->flex[i];
         c += b->cnt[e];
@@ -341,7 +480,8 @@ EPXI_BAL void epxi_bal_ratio(epxi_bal *b, int64_t *a, int64_t *den) {
             }
         }
     }
-    for (int32_t g = 0; g < b->G; g++) {
+    for (int32_t gi = 0; gi < p->ng; gi++) {
+        int32_t g = p->gl[gi];
         if (!b->g_sin[g]) continue;
         c += b->base[g];
         if (!b->g_in[g]) {
@@ -353,36 +493,39 @@ EPXI_BAL void epxi_bal_ratio(epxi_bal *b, int64_t *a, int64_t *den) {
     *den = n;
 }
 
-/* The graph of the unfixed part at lambda = a / den: s -> e (den c_e),
- * e -> g (unbounded) to unfixed GPUs, s -> g (den base_g), g -> t (a).
- * Returns the flow that means feasible. */
-EPXI_BAL int64_t epxi_bal_build(epxi_bal *b, int64_t a, int64_t den) {
-    int32_t G = b->G, D = b->D;
-    epxi_bal_reset(b, 4 + b->M + G);
-    for (int32_t g = 0; g < G; g++) b->g_graph[g] = 0;
+/* The graph of the component's unfixed part at lambda = a / den: s -> e
+ * (den c_e), e -> g (unbounded) to unfixed GPUs, s -> g (den base_g),
+ * g -> t (a). Returns the flow that means feasible. */
+EPXI_BAL int64_t epxi_bal_build(epxi_bal *b, epxi_bal_part *p, int64_t a, int64_t den) {
+    int32_t D = b->D;
+    epxi_bal_reset(p);
+    for (int32_t gi = 0; gi < p->ng; gi++) b->g_graph[p->gl[gi]] = 0;
     int64_t need = 0;
-    for (int32_t i = 0; i < b->M; i++) {
+    for (int32_t j = 0; j < p->nf; j++) {
+        int32_t i = p->fl[j];
         if (b->f_level[i] != -1) continue;
         int32_t e = b->flex[i];
-        epxi_bal_add(b, 0, EPXI_BAL_FN(i), den * b->cnt[e]);
+        epxi_bal_add(p, 0, EPXI_BAL_FN(j), den * b->cnt[e]);
         need += den * b->cnt[e];
         for (int32_t k = 0; k < b->eg_n[e]; k++) {
             int32_t g = b->eg_gpu[(size_t)e * (size_t)D + (size_t)k];
             int32_t *ed = b->f_edge + (size_t)i * (size_t)D + (size_t)k;
             *ed = -1;
             if (b->g_level[g] != -1) continue;
-            *ed = epxi_bal_add(b, EPXI_BAL_FN(i), EPXI_BAL_GN(b, g), EPXI_BAL_INF);
+            *ed = epxi_bal_add(p, EPXI_BAL_FN(j), EPXI_BAL_GN(p, b->g_loc[g]), EPXI_BAL_INF);
             b->g_graph[g] = 1;
         }
     }
-    for (int32_t g = 0; g < G; g++)
+    for (int32_t gi = 0; gi < p->ng; gi++) {
+        int32_t g = p->gl[gi];
         if (b->g_level[g] == -1 && b->base[g] > 0) {
-            epxi_bal_add(b, 0, EPXI_BAL_GN(b, g), den * b->base[g]);
+            epxi_bal_add(p, 0, EPXI_BAL_GN(p, gi), den * b->base[g]);
             need += den * b->base[g];
             b->g_graph[g] = 1;
         }
-    for (int32_t g = 0; g < G; g++)
-        if (b->g_graph[g]) epxi_bal_add(b, EPXI_BAL_GN(b, g), 1, a);
+    }
+    for (int32_t gi = 0; gi < p->ng; gi++)
+        if (b->g_graph[p->gl[gi]]) epxi_bal_add(p, EPXI_BAL_GN(p, gi), 1, a);
     return need;
 }
 
@@ -392,47 +535,58 @@ EPXI_BAL int64_t epxi_bal_build(epxi_bal *b, int64_t a, int64_t den) {
  * (its edge to g is unbounded; a saturated s -> e carries flow, whose
  * reverse leads back from g), so the cut's set S' takes g's base exactly
  * when s reaches g; and such experts reach t exactly when g does. */
-EPXI_BAL int epxi_bal_level(epxi_bal *b, int32_t lv) {
-    int32_t G = b->G, D = b->D;
-    for (int32_t i = 0; i < b->M; i++) b->f_in[i] = b->f_level[i] == -1;
-    for (int32_t g = 0; g < G; g++) b->g_sin[g] = b->g_level[g] == -1 && b->base[g] > 0;
+EPXI_BAL int epxi_bal_level(epxi_bal *b, epxi_bal_part *p, int32_t lv) {
+    int32_t D = b->D;
+    for (int32_t j = 0; j < p->nf; j++) b->f_in[p->fl[j]] = b->f_level[p->fl[j]] == -1;
+    for (int32_t gi = 0; gi < p->ng; gi++) {
+        int32_t g = p->gl[gi];
+        b->g_sin[g] = b->g_level[g] == -1 && b->base[g] > 0;
+    }
     int64_t a, den, a_prev = 0, den_prev = 1;
     for (int32_t step = 0;; step++) {
-        epxi_bal_ratio(b, &a, &den);
-        if (den == 0 || step > G + 1 || (step > 0 && a * den_prev <= a_prev * den))
+        epxi_bal_ratio(b, p, &a, &den);
+        if (den == 0 || step > p->ng + 1 || (step > 0 && a * den_prev <= a_prev * den))
             return EPXI_BAL_NO_ADVANCE;
-        int64_t need = epxi_bal_build(b, a, den);
-        if (epxi_bal_maxflow(b, 0, 1) == need) break;
-        for (int32_t i = 0; i < b->M; i++)
-            b->f_in[i] = b->f_level[i] == -1 && b->lvl[EPXI_BAL_FN(i)] >= 0;
-        for (int32_t g = 0; g < G; g++)
-            b->g_sin[g] = b->g_level[g] == -1 && b->base[g] > 0 && b->lvl[EPXI_BAL_GN(b, g)] >= 0;
+        int64_t need = epxi_bal_build(b, p, a, den);
+        if (epxi_bal_maxflow(p, 0, 1) == need) break;
+        for (int32_t j = 0; j < p->nf; j++) {
+            int32_t i = p->fl[j];
+            b->f_in[i] = b->f_level[i] == -1 && p->lvl[EPXI_BAL_FN(j)] >= 0;
+        }
+        for (int32_t gi = 0; gi < p->ng; gi++) {
+            int32_t g = p->gl[gi];
+            b->g_sin[g] = b->g_level[g] == -1 && b->base[g] > 0 && p->lvl[EPXI_BAL_GN(p, gi)] >= 0;
+        }
         a_prev = a;
         den_prev = den;
     }
-    epxi_bal_reaches(b, 1);
-    for (int32_t i = 0; i < b->M; i++) {
-        if (b->f_level[i] != -1 || b->mark[EPXI_BAL_FN(i)]) continue;
+    epxi_bal_reaches(p, 1);
+    for (int32_t j = 0; j < p->nf; j++) {
+        int32_t i = p->fl[j];
+        if (b->f_level[i] != -1 || p->mark[EPXI_BAL_FN(j)]) continue;
         b->f_level[i] = lv;
         int32_t e = b->flex[i];
         for (int32_t k = 0; k < b->eg_n[e]; k++) {
-            size_t j = (size_t)i * (size_t)D + (size_t)k;
-            b->f_flow[j] = epxi_bal_on(b, b->f_edge[j]);
+            size_t x = (size_t)i * (size_t)D + (size_t)k;
+            b->f_flow[x] = epxi_bal_on(p, b->f_edge[x]);
         }
     }
     int32_t fixed = 0;
-    for (int32_t g = 0; g < G; g++)
-        if (b->g_graph[g] && !b->mark[EPXI_BAL_GN(b, g)]) {
+    for (int32_t gi = 0; gi < p->ng; gi++) {
+        int32_t g = p->gl[gi];
+        if (b->g_graph[g] && !p->mark[EPXI_BAL_GN(p, gi)]) {
             b->g_level[g] = lv;
             fixed++;
         }
+    }
     /* the tight set sends only to its own GPUs, which carry exactly a each */
-    for (int32_t i = 0; i < b->M; i++) {
+    for (int32_t j = 0; j < p->nf; j++) {
+        int32_t i = p->fl[j];
         if (b->f_level[i] != lv) continue;
         int32_t e = b->flex[i];
         for (int32_t k = 0; k < b->eg_n[e]; k++) {
-            size_t j = (size_t)i * (size_t)D + (size_t)k;
-            if (b->f_flow[j] > 0 && b->g_level[b->eg_gpu[(size_t)e * (size_t)D + (size_t)k]] != lv)
+            size_t x = (size_t)i * (size_t)D + (size_t)k;
+            if (b->f_flow[x] > 0 && b->g_level[b->eg_gpu[(size_t)e * (size_t)D + (size_t)k]] != lv)
                 fixed = 0;
         }
     }
@@ -443,82 +597,121 @@ EPXI_BAL int epxi_bal_level(epxi_bal *b, int32_t lv) {
 }
 
 /* Integer flows within one token of the fractional ones, GPU loads within
- * one of theirs: a max-flow with lower bounds (balanced.c). */
-EPXI_BAL int epxi_bal_round(epxi_bal *b) {
-    int32_t G = b->G, D = b->D;
-    epxi_bal_reset(b, 4 + b->M + G);
+ * one of theirs: a max-flow with lower bounds (balanced.c), per component. */
+EPXI_BAL int epxi_bal_round(epxi_bal *b, epxi_bal_part *p) {
+    int32_t D = b->D;
+    epxi_bal_reset(p);
     int64_t need = 0, sum_lo = 0, total = 0;
-    for (int32_t g = 0; g < G; g++) {
+    for (int32_t gi = 0; gi < p->ng; gi++) {
+        int32_t g = p->gl[gi];
         b->gex[g] = b->base[g];
         total += b->base[g];
     }
-    for (int32_t i = 0; i < b->M; i++) {
-        int32_t e = b->flex[i];
+    for (int32_t j = 0; j < p->nf; j++) {
+        int32_t i = p->fl[j], e = b->flex[i];
         int64_t den = b->lv_den[b->f_level[i]], r = b->cnt[e];
         total += r;
         for (int32_t k = 0; k < b->eg_n[e]; k++) {
-            size_t j = (size_t)i * (size_t)D + (size_t)k;
+            size_t x = (size_t)i * (size_t)D + (size_t)k;
             int32_t g = b->eg_gpu[(size_t)e * (size_t)D + (size_t)k];
-            int64_t lo = b->f_flow[j] / den;
+            int64_t lo = b->f_flow[x] / den;
             r -= lo;
             b->gex[g] += lo;
-            b->f_edge[j] =
-                b->f_flow[j] % den ? epxi_bal_add(b, EPXI_BAL_FN(i), EPXI_BAL_GN(b, g), 1) : -1;
+            b->f_edge[x] = b->f_flow[x] % den
+                               ? epxi_bal_add(p, EPXI_BAL_FN(j), EPXI_BAL_GN(p, b->g_loc[g]), 1)
+                               : -1;
         }
         if (r > 0) {
-            epxi_bal_add(b, 0, EPXI_BAL_FN(i), r);
+            epxi_bal_add(p, 0, EPXI_BAL_FN(j), r);
             need += r;
         }
     }
-    for (int32_t g = 0; g < G; g++) {
-        int32_t lv = b->g_level[g];
+    for (int32_t gi = 0; gi < p->ng; gi++) {
+        int32_t g = p->gl[gi], lv = b->g_level[g];
         int64_t lo = 0;
         if (lv >= 0) {
             lo = b->lv_num[lv] / b->lv_den[lv];
-            if (b->lv_num[lv] % b->lv_den[lv]) epxi_bal_add(b, EPXI_BAL_GN(b, g), 2, 1);
+            if (b->lv_num[lv] % b->lv_den[lv]) epxi_bal_add(p, EPXI_BAL_GN(p, gi), 2, 1);
         }
         sum_lo += lo;
         int64_t x = b->gex[g] - lo;
         if (x > 0) {
-            epxi_bal_add(b, 0, EPXI_BAL_GN(b, g), x);
+            epxi_bal_add(p, 0, EPXI_BAL_GN(p, gi), x);
             need += x;
         } else if (x < 0) {
-            epxi_bal_add(b, EPXI_BAL_GN(b, g), 1, -x);
+            epxi_bal_add(p, EPXI_BAL_GN(p, gi), 1, -x);
         }
     }
-    if (total - sum_lo > 0) epxi_bal_add(b, 2, 1, total - sum_lo);
-    if (epxi_bal_maxflow(b, 0, 1) != need) return EPXI_BAL_ROUNDING;
-    for (int32_t i = 0; i < b->M; i++) {
+    if (total - sum_lo > 0) epxi_bal_add(p, 2, 1, total - sum_lo);
+    if (epxi_bal_maxflow(p, 0, 1) != need) return EPXI_BAL_ROUNDING;
+    for (int32_t j = 0; j < p->nf; j++) {
+        int32_t i = p->fl[j], e = b->flex[i];
         int64_t den = b->lv_den[b->f_level[i]];
-        int32_t e = b->flex[i];
         for (int32_t k = 0; k < b->eg_n[e]; k++) {
-            size_t j = (size_t)i * (size_t)D + (size_t)k;
-            b->f_int[j] = b->f_flow[j] / den + epxi_bal_on(b, b->f_edge[j]);
+            size_t x = (size_t)i * (size_t)D + (size_t)k;
+            b->f_int[x] = b->f_flow[x] / den + epxi_bal_on(p, b->f_edge[x]);
         }
     }
     return EPXI_BAL_OK;
 }
 
-/* The sequential part, once grouped and classified: every level, then the
- * rounding. Returns EPXI_BAL_OK or the broken invariant. */
-EPXI_BAL int epxi_bal_solve(epxi_bal *b) {
-    int32_t left = b->M;
-    for (int32_t i = 0; i < b->M; i++) b->f_level[i] = -1;
-    for (int32_t g = 0; g < b->G; g++) {
-        b->g_level[g] = -1;
-        left += b->base[g] > 0;
+/* Component c: every level, then the rounding; sets c_levels[c] and
+ * c_rc[c] and returns the latter. A lone GPU is its own level, no flow. */
+EPXI_BAL int epxi_bal_solve_part(epxi_bal *b, int32_t c) {
+    epxi_bal_part p = epxi_bal_view(b, c);
+    int32_t left = p.nf, levels = 0, rc = EPXI_BAL_OK;
+    for (int32_t j = 0; j < p.nf; j++) b->f_level[p.fl[j]] = -1;
+    for (int32_t gi = 0; gi < p.ng; gi++) {
+        b->g_level[p.gl[gi]] = -1;
+        left += b->base[p.gl[gi]] > 0;
     }
-    b->levels = 0;
-    while (left > 0) {
-        if (b->levels >= b->G) return EPXI_BAL_LEVELS;
-        int rc = epxi_bal_level(b, b->levels);
-        if (rc != EPXI_BAL_OK) return rc;
-        b->levels++;
+    if (p.nf == 0) { /* one GPU with a base */
+        b->g_level[p.gl[0]] = p.lv0;
+        b->lv_num[p.lv0] = b->base[p.gl[0]];
+        b->lv_den[p.lv0] = 1;
+        b->c_levels[c] = 1;
+        return b->c_rc[c] = EPXI_BAL_OK;
+    }
+    while (left > 0 && rc == EPXI_BAL_OK) {
+        if (levels >= p.ng) {
+            rc = EPXI_BAL_LEVELS;
+            break;
+        }
+        rc = epxi_bal_level(b, &p, p.lv0 + levels);
+        if (rc != EPXI_BAL_OK) break;
+        levels++;
         left = 0;
-        for (int32_t i = 0; i < b->M; i++) left += b->f_level[i] == -1;
-        for (int32_t g = 0; g < b->G; g++) left += b->g_level[g] == -1 && b->base[g] > 0;
+        for (int32_t j = 0; j < p.nf; j++) left += b->f_level[p.fl[j]] == -1;
+        for (int32_t gi = 0; gi < p.ng; gi++) {
+            int32_t g = p.gl[gi];
+            left += b->g_level[g] == -1 && b->base[g] > 0;
+        }
     }
-    return epxi_bal_round(b);
+    if (rc == EPXI_BAL_OK) rc = epxi_bal_round(b, &p);
+    b->c_levels[c] = levels;
+    return b->c_rc[c] = rc;
+}
+
+/* Before the components: every GPU and expert unfixed (a GPU in no
+ * component keeps -1: load 0). */
+EPXI_BAL void epxi_bal_unfix(epxi_bal *b) {
+    for (int32_t i = 0; i < b->M; i++) b->f_level[i] = -1;
+    for (int32_t g = 0; g < b->G; g++) b->g_level[g] = -1;
+}
+
+/* The sequential part, once grouped and classified: every component's
+ * levels and rounding, in order. Returns EPXI_BAL_OK or the first broken
+ * invariant; b->levels counts the levels of all components. */
+EPXI_BAL int epxi_bal_solve(epxi_bal *b) {
+    epxi_bal_unfix(b);
+    epxi_bal_components(b);
+    int rc = EPXI_BAL_OK;
+    b->levels = 0;
+    for (int32_t c = 0; c < b->C && rc == EPXI_BAL_OK; c++) {
+        rc = epxi_bal_solve_part(b, c);
+        b->levels += b->c_levels[c];
+    }
+    return rc;
 }
 
 /* ---- outputs -------------------------------------------------------------------- */
@@ -576,17 +769,41 @@ EPXI_BAL double epxi_bal_gpu_load(const epxi_bal *b, int32_t g) {
     return lv < 0 ? 0.0 : (double)b->lv_num[lv] / (double)b->lv_den[lv];
 }
 
-/* The optimum as a reduced fraction, its ceiling, and the level count:
- * out[0..3] = num, den, ceil, levels. */
-EPXI_BAL void epxi_bal_summary(const epxi_bal *b, int64_t out[4]) {
-    if (b->levels == 0) {
-        out[0] = 0;
-        out[1] = 1;
-        out[2] = 0;
-        out[3] = 0;
-        return;
+/* Level id lid (a position in c_gpus) is in use when it is among its
+ * component's first c_levels ids; 0 if not. */
+EPXI_BAL int epxi_bal_level_used(const epxi_bal *b, int32_t lid) {
+    if (lid < 0 || b->C == 0 || lid >= b->c_goff[b->C]) return 0;
+    int32_t c = b->g_comp[b->c_gpus[lid]];
+    return lid - b->c_goff[c] < b->c_levels[c];
+}
+
+/* 1 when level lid is in use and no used level before it has the same
+ * load: the count of such ids is the number of distinct load levels (two
+ * components at one load are one level of the whole). */
+EPXI_BAL int epxi_bal_level_new(const epxi_bal *b, int32_t lid) {
+    if (!epxi_bal_level_used(b, lid)) return 0;
+    for (int32_t k = 0; k < lid; k++)
+        if (epxi_bal_level_used(b, k) &&
+            b->lv_num[k] * b->lv_den[lid] == b->lv_num[lid] * b->lv_den[k])
+            return 0;
+    return 1;
+}
+
+/* The optimum as a reduced fraction, its ceiling and the number of
+ * distinct levels: out[0..3] = num, den, ceil, levels. distinct < 0: count
+ * them here (the kernel passes the count it made in parallel). */
+EPXI_BAL void epxi_bal_summary(const epxi_bal *b, int64_t distinct, int64_t out[4]) {
+    int64_t a = 0, d = 1, n = 0;
+    int32_t L = b->C > 0 ? b->c_goff[b->C] : 0;
+    for (int32_t lid = 0; lid < L; lid++) {
+        if (!epxi_bal_level_used(b, lid)) continue;
+        if (distinct < 0) n += epxi_bal_level_new(b, lid);
+        if (b->lv_num[lid] * d > a * b->lv_den[lid]) {
+            a = b->lv_num[lid];
+            d = b->lv_den[lid];
+        }
     }
-    int64_t a = b->lv_num[0], d = b->lv_den[0], x = a, y = d;
+    int64_t x = a, y = d;
     while (y) {
         int64_t t = x % y;
         x = y;
@@ -595,7 +812,7 @@ EPXI_BAL void epxi_bal_summary(const epxi_bal *b, int64_t out[4]) {
     out[0] = a / x;
     out[1] = d / x;
     out[2] = (a + d - 1) / d;
-    out[3] = b->levels;
+    out[3] = distinct < 0 ? n : distinct;
 }
 
 #endif /* EPX_DISPATCH_BALANCED_CORE_H */

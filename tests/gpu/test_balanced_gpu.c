@@ -283,6 +283,10 @@ int main(void) {
         one_case(256, 32, 9, Tb[i], 8, quick ? 2 : 6, (i + 1) % 2);
         cases += 2;
     }
+    /* a workspace too large for shared memory: the kernel keeps it in
+     * global memory (and the ids entry point runs with fewer warps) */
+    one_case(20000, 8, 2600, 1000, 8, 1, 0);
+    cases++;
     if (failures) {
         printf("FAILED: %d mismatches over %d cases\n", failures, cases);
         return 1;
