@@ -22,7 +22,11 @@ E, P, G, K, H = 384, 416, 8, 8, 7168
 PER = P // G
 
 
-def timed(fn, reps, rounds=31, graph=True):
+def timed(fn, reps, rounds=31, graph=True, hold=False):
+    """Median us per call of fn over `rounds` rounds of `reps` calls, CUDA
+    events around each round. hold: each round is queued behind a ~100 us
+    torch.cuda._sleep, so the events time the GPU's work alone and not the
+    host's launch (as `epx bench comm --graph` times its replays)."""
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
@@ -45,6 +49,8 @@ def timed(fn, reps, rounds=31, graph=True):
     times = []
     for _ in range(rounds):
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        if hold:
+            torch.cuda._sleep(200_000)  # cycles: ~100 us at the H200's clock
         a.record()
         run()
         b.record()

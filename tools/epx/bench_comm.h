@@ -76,7 +76,8 @@ typedef struct bench_line {
      * to host, host to device) over the phase's time (< 0: null) */
     const char *transport;
     double link_pct;
-    int64_t row_bytes; /* bytes one row takes on the wire in this phase (<= 0: not written) */
+    int64_t row_bytes;  /* bytes one row takes on the wire in this phase (<= 0: not written) */
+    int32_t graph_reps; /* graph figures: iterations per timed replay (0: not written) */
 } bench_line;
 int bench_jsonl_write(FILE *f, const bench_line *l);
 

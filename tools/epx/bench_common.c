@@ -124,6 +124,7 @@ int bench_jsonl_write(FILE *f, const bench_line *l) {
     else
         fprintf(f, ", \"launches\": %d", l->launches);
     fprintf(f, ", \"graph\": %s", l->graph ? "true" : "false");
+    if (l->graph && l->graph_reps > 0) fprintf(f, ", \"graph_reps\": %d", l->graph_reps);
     if (l->floor != NULL) {
         fputs(", \"floor\": ", f);
         cli_json_str(f, l->floor);

@@ -477,6 +477,7 @@ static int write_jsonl(FILE *f, const bench_args *a, int32_t R, const bench_row 
                             NULL,
                             NULL,
                             -1.0,
+                            0,
                             0};
             if (bench_jsonl_write(f, &l) != 0) return -1;
         }

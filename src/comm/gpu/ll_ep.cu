@@ -88,6 +88,7 @@ struct Ctl {
     uint32_t arrive_c;             /* same for combine */
     uint32_t refused;              /* the last dispatch was refused: combine writes zeros */
     uint32_t dup;                  /* a block of the running dispatch saw a slot twice in a token */
+    uint32_t bad;                  /* ... or a slot outside [-1, P) (both read only when marked) */
     uint32_t fault[4];             /* code, phase, peer, epoch */
     unsigned long long stamp[16];  /* variant 8: block 0's clock at each step */
 };
@@ -160,6 +161,12 @@ __device__ __forceinline__ unsigned long long now_ns() {
     do {                                                                                           \
         if (((a).variant & 8) && blockIdx.x == 0 && threadIdx.x == 0)                              \
             (a).ctl->stamp[i] = now_ns();                                                          \
+    } while (0)
+/* The SM's cycle counter beside them (stamps 6 and 7: the clock rate). */
+#define STAMP_CLOCK(a, i)                                                                          \
+    do {                                                                                           \
+        if (((a).variant & 8) && blockIdx.x == 0 && threadIdx.x == 0)                              \
+            (a).ctl->stamp[i] = (unsigned long long)clock64();                                     \
     } while (0)
 
 /* The variant bits the flags use: GPU scope (1 | 2) when every rank runs on
@@ -415,13 +422,17 @@ __device__ unsigned char *rec_at(const Args &a, unsigned char *buf, uint32_t epo
     return buf + a.off_rows + ((parity(a, epoch) * a.R + src) * a.M + (size_t)t) * a.rec;
 }
 
-/* Whether the handle is dead, read by thread 0 and shared, so every thread
- * of the block takes the same branch (threads reading it each could split
- * a block at a later barrier when another block raises a fault meanwhile).
- * Synchronises the block. */
+/* Whether the handle is dead, read by thread 0 into *faulted and shared, so
+ * every thread of the block takes the same branch (threads reading it each
+ * could split a block at a later barrier when another block raises a fault
+ * meanwhile). The kernels read it beside their epoch, in one trip to memory,
+ * before their first barrier. */
+__device__ __forceinline__ void read_fault(const Args &a, int *faulted) {
+    *faulted = ld_volatile(&a.ctl->fault[0]) != F_NONE;
+}
 __device__ bool block_faulted(const Args &a) {
     __shared__ int faulted;
-    if (threadIdx.x == 0) faulted = ld_volatile(&a.ctl->fault[0]) != F_NONE;
+    if (threadIdx.x == 0) read_fault(a, &faulted);
     __syncthreads();
     return faulted != 0;
 }
@@ -447,9 +458,16 @@ __device__ uint32_t take_epoch(unsigned long long *word, bool sending) {
  * shares the word with another in flight, which the host's stream chaining
  * prevents, would be stuck: it gives up after the timeout as a wait does). */
 __device__ void advance_epoch(const Args &a, unsigned long long *word, uint32_t epoch,
-                              uint32_t phase) {
+                              uint32_t phase, unsigned long long seen = 0) {
     if (blockIdx.x != 0 || threadIdx.x != 0) return;
     volatile unsigned long long *p = (volatile unsigned long long *)word;
+    /* seen: the word as block 0 read it earlier (prefetch_started), so in
+     * the usual case, every block long started, no trip to memory is left
+     * at the kernel's end. */
+    if (next_epoch((uint32_t)(seen >> 32)) == epoch && (uint32_t)seen >= gridDim.x) {
+        *p = (unsigned long long)epoch << 32;
+        return;
+    }
     const unsigned long long t0 = now_ns();
     while ((uint32_t)*p < gridDim.x) {
         if (now_ns() - t0 > a.timeout_ns) {
@@ -458,6 +476,13 @@ __device__ void advance_epoch(const Args &a, unsigned long long *word, uint32_t 
         }
     }
     *p = (unsigned long long)epoch << 32;
+}
+
+/* Block 0's early read of a launch's epoch word, for advance_epoch (0
+ * elsewhere: nothing read). The load is issued here and waited for only
+ * where the value is used. */
+__device__ __forceinline__ unsigned long long prefetch_started(const unsigned long long *word) {
+    return blockIdx.x == 0 && threadIdx.x == 0 ? *(const volatile unsigned long long *)word : 0ull;
 }
 
 /* The combine areas, twice by the parity of the combine's epoch: a rank
@@ -519,7 +544,7 @@ __device__ __forceinline__ int32_t slot_at(const void *slots, int64_t q, int ids
 }
 
 /* The largest i in [0, n) with so[i] <= j (so ascending, so[0] = 0). */
-__device__ __forceinline__ int upper_index(const int32_t *so, int n, int64_t j) {
+__device__ __forceinline__ int upper_index(const int32_t *so, int n, int32_t j) {
     int lo = 0, hi = n - 1;
     while (lo < hi) {
         int mid = (lo + hi + 1) / 2;
@@ -536,21 +561,24 @@ __device__ __forceinline__ int upper_index(const int32_t *so, int n, int64_t j) 
  * written into each destination's cnt[me][local slot], in passes of
  * kCountInts slots through shared memory.
  */
-__device__ void send_counts(const Args &a, uint32_t epoch, const void *slots, int ids64,
-                            int64_t nent, int64_t lo, int64_t hi, const uint8_t *live) {
+__device__ void send_counts(const Args &a, unsigned char *const *peer, uint32_t epoch,
+                            const void *slots, int ids64, int32_t nent, int32_t lo, int32_t hi,
+                            const uint8_t *live) {
     __shared__ int32_t hist[kCountInts];
-    for (int64_t c0 = lo; c0 < hi; c0 += kCountInts) {
-        const int64_t c1 = c0 + kCountInts < hi ? c0 + kCountInts : hi;
-        for (int64_t i = threadIdx.x; i < c1 - c0; i += blockDim.x) hist[i] = 0;
+    /* int32 throughout: slots < P and entries < 2^31 (int64 division is a
+     * subroutine on the GPU) */
+    for (int32_t c0 = lo; c0 < hi; c0 += kCountInts) {
+        const int32_t c1 = c0 + kCountInts < hi ? c0 + kCountInts : hi;
+        for (int32_t i = threadIdx.x; i < c1 - c0; i += blockDim.x) hist[i] = 0;
         __syncthreads();
-        for (int64_t j = threadIdx.x; j < nent; j += blockDim.x) {
+        for (int32_t j = threadIdx.x; j < nent; j += blockDim.x) {
             const int32_t s = slot_at(slots, j, ids64);
             if (s >= c0 && s < c1) atomicAdd(&hist[s - c0], 1);
         }
         __syncthreads();
-        for (int64_t sl = c0 + threadIdx.x; sl < c1; sl += blockDim.x) {
-            const int32_t dst = (int32_t)(sl / a.spr), l = (int32_t)(sl % a.spr);
-            if (live[dst]) *cnt_at(a, a.peers[dst], epoch, filed_as(a, dst), l) = hist[sl - c0];
+        for (int32_t sl = c0 + threadIdx.x; sl < c1; sl += blockDim.x) {
+            const int32_t dst = sl / a.spr, l = sl - dst * a.spr;
+            if (live[dst]) *cnt_at(a, peer[dst], epoch, filed_as(a, dst), l) = hist[sl - c0];
         }
         __syncthreads();
     }
@@ -721,8 +749,12 @@ __global__ void __launch_bounds__(kThreads, 2)
     int32_t sv = -1; /* this thread's (slot, weight) of the item's token, k = threadIdx.x */
     float wv = 0.0f;
     int bad_slot = 0; /* this thread saw a slot outside [-1, P) */
-    auto load_item = [&](int64_t item) {
-        const int64_t t = item / dmax;
+    /* Token and item counters are int32 (T * K <= R * max_tokens * top_k <
+     * 2^31, checked at creation): a 64-bit division costs a subroutine of
+     * ~70 dependent instructions, on every block's critical path. */
+    const int32_t Tn = (int32_t)T;
+    auto load_item = [&](int32_t item) {
+        const int32_t t = item / dmax;
         if (pre) regs_load(v, x + (size_t)t * a.xrow, a.xrow);
         if (threadIdx.x < K) {
             sv = slot_at(slots, t * K + threadIdx.x, ids64);
@@ -732,34 +764,46 @@ __global__ void __launch_bounds__(kThreads, 2)
     const bool sending = (parts & 1) != 0;
     /* The first item's loads are issued before the fault check, so the
      * two trips to memory overlap. */
-    if (sending && blockIdx.x < T * dmax) load_item(blockIdx.x);
+    if (sending && (int32_t)blockIdx.x < Tn * dmax) load_item(blockIdx.x);
     /* The epoch: a sending launch takes the next one and advances Ctl::de
      * at its end, once every block has read it (Ctl::started); a
      * receive-only launch (the second half of a split dispatch) reads it. */
     __shared__ uint32_t s_epoch;
     __shared__ int32_t ids[kSmemIds];   /* the batch's slots, when T * K fits */
     __shared__ uint8_t live[kMaxRanks]; /* ranks sent to, then sources received from */
-    const bool staged = sending && T * K <= kSmemIds;
-    if (threadIdx.x == 0) s_epoch = take_epoch(&a.ctl->de_started, sending);
+    const bool staged = sending && Tn * K <= kSmemIds;
+    __shared__ int s_dead;
+    __shared__ unsigned char *peer[kMaxRanks]; /* the peer table, read once */
+    STAMP(a, 5);
+    STAMP_CLOCK(a, 6);
+    if (threadIdx.x == 0) {
+        s_epoch = take_epoch(&a.ctl->de_started, sending);
+        read_fault(a, &s_dead);
+    }
     if (staged)
-        for (int64_t q = threadIdx.x; q < T * K; q += blockDim.x) ids[q] = slot_at(slots, q, ids64);
+        for (int32_t q = threadIdx.x; q < Tn * K; q += blockDim.x)
+            ids[q] = slot_at(slots, q, ids64);
+    for (int r = threadIdx.x; r < a.R; r += blockDim.x) peer[r] = a.peers[r];
     __syncthreads();
     const uint32_t epoch = s_epoch;
-    auto id_at = [&](int64_t q) { return staged ? ids[q] : slot_at(slots, q, ids64); };
-    const bool dead = block_faulted(a);
+    auto id_at = [&](int32_t q) { return staged ? ids[q] : slot_at(slots, q, ids64); };
+    unsigned long long started = 0; /* block 0: the epoch word, read early (advance_epoch) */
     auto advance = [&]() {
-        if (sending) advance_epoch(a, &a.ctl->de_started, epoch, PH_DISPATCH);
+        if (sending) advance_epoch(a, &a.ctl->de_started, epoch, PH_DISPATCH, started);
     };
-    if (dead) return;
+    if (s_dead) return;
     live_ranks(a, live);
     STAMP(a, 0);
-    for (int64_t item = blockIdx.x; sending && item < T * dmax; item += gridDim.x) {
-        const int64_t t = item / dmax;
-        const int j = (int)(item % dmax);
-        if (item != blockIdx.x) load_item(item);
+    for (int32_t item = blockIdx.x; sending && item < Tn * dmax; item += gridDim.x) {
+        const int32_t t = item / dmax;
+        const int j = item - t * dmax;
+        if (item != (int32_t)blockIdx.x) load_item(item);
         if (threadIdx.x < K) { /* K <= kMaxK < blockDim.x */
             const int k = threadIdx.x;
-            if (sv < -1 || sv >= a.P) bad_slot = 1;
+            if (sv < -1 || sv >= a.P) {
+                bad_slot = 1;
+                a.ctl->bad = 1; /* read by the last block, after the counters */
+            }
             sk[k] = sv >= 0 && sv < a.P ? sv : -1;
             wk[k] = wv;
             if (j == 0) {
@@ -796,18 +840,21 @@ __global__ void __launch_bounds__(kThreads, 2)
             int32_t p = 0;
             for (int k2 = 0; k2 < (int)threadIdx.x; k2++) p += sk[k2] == sv && sv >= 0;
             pk[threadIdx.x] = p;
-            if (p > 0) a.ctl->dup = 1; /* read by the last block, after the counters */
+            if (p > 0) {
+                a.ctl->dup = 1; /* read by the last block, after the counters */
+                bad_slot = 1;   /* marks the block: the last one reads dup and bad */
+            }
         }
         __syncthreads();
         if (j < nd && live[d[j]]) {
-            for (int64_t q = threadIdx.x; q < t * K; q += blockDim.x) {
+            for (int32_t q = threadIdx.x; q < t * K; q += blockDim.x) {
                 const int32_t s = id_at(q);
                 for (int k = 0; k < K; k++)
                     if (s == sk[k] && s >= 0) atomicAdd(&pk[k], 1);
             }
             __syncthreads();
             const int dst = d[j];
-            unsigned char *rec = rec_at(a, a.peers[dst], epoch, filed_as(a, dst), t);
+            unsigned char *rec = rec_at(a, peer[dst], epoch, filed_as(a, dst), t);
             if (fp8)
                 quantize_row(a, rec, x + (size_t)t * a.xrow, fp8 & kRoundScale);
             else if (pre)
@@ -828,19 +875,27 @@ __global__ void __launch_bounds__(kThreads, 2)
     }
     if (sending && blockIdx.x < nwork) {
         /* This block's share of the per-slot counts, then count in. */
-        const int64_t P = a.P;
-        send_counts(a, epoch, staged ? (const void *)ids : slots, staged ? 0 : ids64, T * K,
-                    P * blockIdx.x / nwork, P * (blockIdx.x + 1) / nwork, live);
+        /* P * blocks is below 2^32 when P < 2^16 (grids stay below 2^16) */
+        const uint32_t b = blockIdx.x;
+        const int32_t lo = a.P < 65536 ? (int32_t)((uint32_t)a.P * b / nwork)
+                                       : (int32_t)((int64_t)a.P * b / nwork);
+        const int32_t hi = a.P < 65536 ? (int32_t)((uint32_t)a.P * (b + 1) / nwork)
+                                       : (int32_t)((int64_t)a.P * (b + 1) / nwork);
+        send_counts(a, peer, epoch, staged ? (const void *)ids : slots, staged ? 0 : ids64, Tn * K,
+                    lo, hi, live);
         STAMP(a, 1);
-        arrive(&a.ctl->arrive_d, nwork, bad_slot, scope(a), [&](bool bad) {
-            const bool dup = ld_volatile(&a.ctl->dup) != 0;
-            if (dup) a.ctl->dup = 0;
+        arrive(&a.ctl->arrive_d, nwork, bad_slot, scope(a), [&](bool marked) {
+            /* Only a marked batch (a bad or repeated slot somewhere) reads the
+             * words that say which; the usual one goes straight to its flags. */
+            const bool bad = marked && ld_volatile(&a.ctl->bad) != 0;
+            const bool dup = marked && ld_volatile(&a.ctl->dup) != 0;
+            if (marked) a.ctl->bad = a.ctl->dup = 0;
             if (a.skip_flags) return;
             const uint32_t c = bad ? EPXI_LL_BAD : dup ? kLLDup : (uint32_t)T;
             uint64_t flag = epxi_ll_flag(epoch, c);
             for (int r = 0; r < a.R; r++)
                 if (live[r])
-                    st_release(dflag_at(a, a.peers[r], epoch, filed_as(a, r)), flag, scope(a));
+                    st_release(dflag_at(a, peer[r], epoch, filed_as(a, r)), flag, scope(a));
         });
     }
     if (!(parts & 2)) {
@@ -873,23 +928,28 @@ __global__ void __launch_bounds__(kThreads, 2)
     }
     __syncthreads();
     const bool refused = any_bad >= 0;
-    /* The meta of this block's first item is loaded before the counts are
-     * summed, so the two trips to memory overlap. */
-    const int64_t items = refused ? 0 : (int64_t)first_row[a.R] * K;
-    auto item_rec = [&](int64_t item, int *s_out, int64_t *t_out) {
-        const int64_t vrow = item / K;
+    if (sending) started = prefetch_started(&a.ctl->de_started);
+    /* The meta and the row of this block's first item are loaded before the
+     * counts are summed, so the trips to memory overlap. */
+    /* items: (received row, k), int32 (rows * K <= R * max_tokens * top_k) */
+    const int32_t items = refused ? 0 : first_row[a.R] * K;
+    auto item_rec = [&](int32_t item, int *s_out, int32_t *t_out, int *k_out) {
+        const int32_t vrow = item / K;
         int s = 0;
         while (first_row[s + 1] <= vrow) s++;
         *s_out = s;
         *t_out = vrow - first_row[s];
+        *k_out = item - vrow * K;
         return rec_at(a, a.base, epoch, s, *t_out);
     };
     Meta first_meta = {-1, 0.0f, 0, 0};
-    if (threadIdx.x == 0 && blockIdx.x < items) {
-        int s0;
-        int64_t t0;
-        const unsigned char *rec = item_rec(blockIdx.x, &s0, &t0);
-        first_meta = ((const Meta *)(rec + a.meta_off))[blockIdx.x % K];
+    int s0 = 0, k0 = 0;
+    int32_t t0 = 0;
+    const unsigned char *rec0 = nullptr;
+    if ((int32_t)blockIdx.x < items && !a.host_inbox) {
+        rec0 = item_rec(blockIdx.x, &s0, &t0, &k0);
+        if (threadIdx.x == 0) first_meta = ((const Meta *)(rec0 + a.meta_off))[k0];
+        if (pre) regs_load(v, rec0, a.xrow);
     }
     if (refused && blockIdx.x == 0 && threadIdx.x == 0) {
         /* Nobody runs an expert on a refused batch; combine yields zeros. */
@@ -916,19 +976,20 @@ __global__ void __launch_bounds__(kThreads, 2)
     if (a.host_inbox) {
         place_rows(a, epoch, first_row, (int64_t)first_row[a.R], live, fp8);
         STAMP(a, 4);
+        STAMP_CLOCK(a, 7);
         advance();
         return;
     }
     /* Place: items (received row, k). */
     __shared__ int64_t dst_row;
-    for (int64_t item = blockIdx.x; item < items; item += gridDim.x) {
-        const int k = (int)(item % K);
-        int s;
-        int64_t t;
-        const unsigned char *rec = item_rec(item, &s, &t);
-        if (pre) regs_load(v, rec, a.xrow);
+    for (int32_t item = blockIdx.x; item < items; item += gridDim.x) {
+        const bool first = item == (int32_t)blockIdx.x;
+        int s = s0, k = k0;
+        int32_t t = t0;
+        const unsigned char *rec = first ? rec0 : item_rec(item, &s, &t, &k);
+        if (pre && !first) regs_load(v, rec, a.xrow);
         if (threadIdx.x == 0) {
-            const Meta m = item == blockIdx.x ? first_meta : ((const Meta *)(rec + a.meta_off))[k];
+            const Meta m = first ? first_meta : ((const Meta *)(rec + a.meta_off))[k];
             dst_row = place_entry(a, epoch, m, s, t, k, live);
         }
         __syncthreads();
@@ -945,6 +1006,7 @@ __global__ void __launch_bounds__(kThreads, 2)
         __syncthreads();
     }
     STAMP(a, 4);
+    STAMP_CLOCK(a, 7);
     advance();
 }
 
@@ -963,9 +1025,9 @@ __global__ void __launch_bounds__(kThreads) identity_kernel(Args a, int fp8) {
     __shared__ int32_t so[kMaxLocal + 1];
     if (block_faulted(a)) return;
     entry_starts(a, so);
-    const int64_t n = so[a.spr];
+    const int32_t n = so[a.spr];
     const int G = a.H / EPXI_FP8_GROUP;
-    for (int64_t j = blockIdx.x; j < n; j += gridDim.x) {
+    for (int32_t j = blockIdx.x; j < n; j += gridDim.x) {
         const int l = upper_index(so, a.spr, j);
         const int64_t e = (int64_t)l * a.RM + (j - so[l]);
         const unsigned char *src = a.rx + (size_t)e * a.xrow;
@@ -1074,27 +1136,37 @@ __global__ void __launch_bounds__(kThreads, 2)
     combine_kernel(Args a, int64_t T, const unsigned char *ysrc, const float *wsrc, void *out,
                    int out_bf16, int parts) {
     __shared__ int32_t so[kMaxLocal + 1];
-    /* Loaded before the fault check so the trips to memory overlap. */
+    /* The epoch, the fault word, the peer table and the entry counts are
+     * loaded before the first barrier, so the trips to memory overlap. */
     __shared__ uint32_t s_epoch;
-    if (threadIdx.x == 0) s_epoch = take_epoch(&a.ctl->ce_started, (parts & 1) != 0);
+    __shared__ int s_dead;
+    STAMP(a, 15);
+    if (threadIdx.x == 0) {
+        s_epoch = take_epoch(&a.ctl->ce_started, (parts & 1) != 0);
+        read_fault(a, &s_dead);
+    }
     const bool refused = a.ctl->refused != 0;  /* set by this rank's dispatch, before us */
     __shared__ unsigned char *peer[kMaxRanks]; /* the peer table, read once */
     __shared__ uint8_t live[kMaxRanks];        /* ranks sent to, then sources received from */
     for (int r = threadIdx.x; r < a.R; r += blockDim.x) peer[r] = a.peers[r];
+    if (parts & 1)
+        for (int l = threadIdx.x; l < a.spr; l += blockDim.x) so[l] = a.count[l];
     __syncthreads();
     const uint32_t epoch = s_epoch;
-    if (block_faulted(a)) return;
+    if (s_dead) return;
     live_ranks(a, live);
     STAMP(a, 8);
     const int K = a.K;
     if (parts & 1) {
-        entry_starts(a, so);
-        const int64_t n = so[a.spr];
-        const int64_t MK = a.M * K;
-        for (int64_t j = blockIdx.x; j < n; j += gridDim.x) {
+        block_scan_smem(so, a.spr); /* entry_starts, its loads done above */
+        /* int32 counters (entries and pairs < R * max_tokens * top_k < 2^31):
+         * int64 division is a subroutine on the GPU */
+        const int32_t n = so[a.spr];
+        const int32_t MK = (int32_t)a.M * K;
+        for (int32_t j = blockIdx.x; j < n; j += gridDim.x) {
             const int l = upper_index(so, a.spr, j);
             const int64_t e = (int64_t)l * a.RM + (j - so[l]);
-            const int64_t pr = a.pair[e], src = pr / MK, tk = pr % MK;
+            const int32_t pr = a.pair[e], src = pr / MK, tk = pr - src * MK;
             if (!live[src]) continue;
             unsigned char *dst = comb_at(a, peer[src], epoch, (int)src) + (size_t)tk * a.yrow;
             block_copy(dst, ysrc + (size_t)e * a.yrow, a.yrow);
@@ -1119,11 +1191,11 @@ __global__ void __launch_bounds__(kThreads, 2)
      * first token is this rank's own, so it is staged before the wait and
      * only the rows are read after it. */
     const int V = a.ybf16 ? Lanes<1>::V : Lanes<0>::V;
-    const int64_t per = (int64_t)V * blockDim.x, chunks = (a.H + per - 1) / per;
+    const int32_t Tn = (int32_t)T, per = V * (int32_t)blockDim.x, chunks = (a.H + per - 1) / per;
     const size_t orow = (size_t)a.H * (out_bf16 ? 2 : 4);
     __shared__ const unsigned char *rows[kMaxK];
     __shared__ float wk[kMaxK];
-    auto stage = [&](int64_t t) {
+    auto stage = [&](int32_t t) {
         for (int k = threadIdx.x; k < K; k += blockDim.x) {
             const int32_t sl = a.slots[t * K + k];
             /* no row from a rank given up on (shrink mode): its experts' share is dropped */
@@ -1133,18 +1205,19 @@ __global__ void __launch_bounds__(kThreads, 2)
             wk[k] = wsrc[t * K + k];
         }
     };
-    const int64_t first_t = blockIdx.x < T * chunks ? (int64_t)blockIdx.x / chunks : -1;
+    const int32_t first_t = (int32_t)blockIdx.x < Tn * chunks ? (int32_t)blockIdx.x / chunks : -1;
     if (first_t >= 0) stage(first_t); /* wait_flags synchronises the block */
     if (!wait_flags(a, cflag_at(a, a.base, epoch, 0), sizeof(uint64_t), a.R, epoch, PH_COMBINE,
                     live, a.decided ? a.decided + a.R : nullptr))
         return;
+    const unsigned long long started = (parts & 1) ? prefetch_started(&a.ctl->ce_started) : 0;
     if (a.shrink && first_t >= 0) { /* live[] may have lost a rank while waiting */
         stage(first_t);
         __syncthreads();
     }
     STAMP(a, 11);
-    for (int64_t item = blockIdx.x; item < T * chunks; item += gridDim.x) {
-        const int64_t t = item / chunks, h0 = (item % chunks) * per + (int64_t)threadIdx.x * V;
+    for (int32_t item = blockIdx.x; item < Tn * chunks; item += gridDim.x) {
+        const int32_t t = item / chunks, h0 = (item - t * chunks) * per + (int32_t)threadIdx.x * V;
         if (item != blockIdx.x) stage(t);
         __syncthreads();
         unsigned char *o = (unsigned char *)out + (size_t)t * orow;
@@ -1157,7 +1230,7 @@ __global__ void __launch_bounds__(kThreads, 2)
         __syncthreads();
     }
     STAMP(a, 12);
-    if (parts & 1) advance_epoch(a, &a.ctl->ce_started, epoch, PH_COMBINE);
+    if (parts & 1) advance_epoch(a, &a.ctl->ce_started, epoch, PH_COMBINE, started);
 }
 
 } // namespace
@@ -2186,10 +2259,14 @@ extern "C" EPXI_HIDDEN int epxi_gpu_ep_stamps(epx_gpu_ep *ep, double *us) {
     Ctl c;
     if (ep == NULL || cudaMemcpy(&c, ep->a.ctl, sizeof c, cudaMemcpyDeviceToHost) != cudaSuccess)
         return -1;
+    /* From block 0's entry into each kernel (stamps 5 and 15); us[6] is the
+     * SM clock in MHz over the dispatch (cycles 6 -> 7 over ns 5 -> 4). */
     for (int i = 0; i < 16; i++) {
-        unsigned long long base = c.stamp[i < 8 ? 0 : 8];
+        unsigned long long base = c.stamp[i < 8 ? 5 : 15];
         us[i] = c.stamp[i] >= base && base ? (double)(c.stamp[i] - base) * 1e-3 : -1.0;
     }
+    const double ns = (double)(c.stamp[4] - c.stamp[5]);
+    us[6] = c.stamp[7] > c.stamp[6] && ns > 0 ? (double)(c.stamp[7] - c.stamp[6]) / ns * 1e3 : -1;
     return 0;
 }
 
