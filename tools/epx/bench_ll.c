@@ -414,7 +414,7 @@ static epx_status bench_T(ll_run *b, int64_t T, const void *x, const int32_t *sl
                  (long long)T, (long long)bad);
         return EPX_ERR_INTERNAL;
     }
-    double st_us[16];
+    double st_us[48];
     if (me == 0 && getenv("EPX_LL_VARIANT") && (atoi(getenv("EPX_LL_VARIANT")) & 8) &&
         epxi_gpu_ep_stamps(b->ep, st_us) == 0)
         printf("stamps at %lld tokens (us from block 0's entry; SM clock %.0f MHz): dispatch "
@@ -423,6 +423,12 @@ static epx_status bench_T(ll_run *b, int64_t T, const void *x, const int32_t *sl
                "reduced %.2f\n",
                (long long)T, st_us[6], st_us[0], st_us[1], st_us[2], st_us[3], st_us[4], st_us[8],
                st_us[9], st_us[10], st_us[11], st_us[13], st_us[14], st_us[12]);
+    if (me == 0 && getenv("EPX_LL_VARIANT") && (atoi(getenv("EPX_LL_VARIANT")) & 8)) {
+        printf("  finer stamps:");
+        for (int i = 16; i < 48; i++)
+            if (st_us[i] >= 0) printf(" %d=%.2f", i, st_us[i]);
+        printf("\n");
+    }
     if (a->graph) EPX_TRY_CLI(capture(b, T, err));
     /* Payload bytes of this rank's sends: rows, not record padding (fp8: the
      * e4m3 values and a 4-byte scale per 128). */

@@ -90,7 +90,10 @@ struct Ctl {
     uint32_t dup;                  /* a block of the running dispatch saw a slot twice in a token */
     uint32_t bad;                  /* ... or a slot outside [-1, P) (both read only when marked) */
     uint32_t fault[4];             /* code, phase, peer, epoch */
-    unsigned long long stamp[16];  /* variant 8: block 0's clock at each step */
+    /* variant 8: block 0's clock at each step: 0-7 dispatch, 8-15 combine,
+     * 16-23 and 24-31 finer steps of each, 32-47 each warp's end of the
+     * combine's reduction */
+    unsigned long long stamp[48];
 };
 
 /* What a sender says about one (token, k) on the receiving rank: 16 bytes.
@@ -724,6 +727,9 @@ __device__ void place_rows(const Args &a, uint32_t epoch, const int32_t *first_r
     }
 }
 
+/* Rows held in registers: up to kPre 16-byte words per thread. */
+constexpr int kPre = 4;
+
 /*
  * Dispatch, one launch (named so profilers' "::dispatch" finds it, as
  * DeepEP's benchmark does). parts: 1 = send, 2 = receive (both: 3). Send work
@@ -731,20 +737,29 @@ __device__ void place_rows(const Args &a, uint32_t epoch, const int32_t *first_r
  * write the counts, count in, and the last of them publishes the flags.
  * Receive: every block waits for the R flags, then places received rows
  * by (row, k) items. Blocks must all be resident (the launch caps them).
+ *
+ * kLean: the instance for the usual case, bf16 or fp32 rows that fit the
+ * registers, 16-byte aligned, no fp8, a device-memory inbox (lean_dispatch
+ * decides on the host). It holds none of the other paths' code: the whole
+ * kernel is ~4,000 instructions and a launch runs on SMs whose instruction
+ * cache the combine just filled, so every cold stretch of code is a trip to
+ * memory on the critical path (ncu: "no instruction" is the first stall
+ * after the barriers).
  */
+template <bool kLean>
 __global__ void __launch_bounds__(kThreads, 2)
     dispatch_kernel(Args a, int64_t T, const unsigned char *x, const void *slots,
                     const float *weights, uint32_t nwork, int parts) {
-    const int ids64 = (parts & 4) != 0, fp8 = parts & (kFP8 | kRoundScale | kUE8M0);
+    const int ids64 = (parts & 4) != 0;
+    const int fp8 = kLean ? 0 : parts & (kFP8 | kRoundScale | kUE8M0);
     const int K = a.K, dmax = K < a.R ? K : a.R;
     __shared__ int32_t d[kMaxK], sk[kMaxK], pk[kMaxK];
     __shared__ float wk[kMaxK];
     __shared__ int nd;
     /* The x row is read into registers while the routing is worked out, so
      * the two reads overlap; rows too large for that are copied directly. */
-    constexpr int kPre = 4;
-    const bool pre = !fp8 && a.xrow % 16 == 0 && a.xrow / 16 <= (size_t)kPre * blockDim.x &&
-                     (uintptr_t)x % 16 == 0;
+    const bool pre = kLean || (!fp8 && a.xrow % 16 == 0 &&
+                               a.xrow / 16 <= (size_t)kPre * blockDim.x && (uintptr_t)x % 16 == 0);
     int4 v[kPre];
     int32_t sv = -1; /* this thread's (slot, weight) of the item's token, k = threadIdx.x */
     float wv = 0.0f;
@@ -812,6 +827,7 @@ __global__ void __launch_bounds__(kThreads, 2)
             }
         }
         __syncthreads();
+        STAMP(a, 16);
         if (K <= 32) {
             /* Warp 0: the distinct destination ranks, ascending, without a
              * serial scan: each first occurrence counts the smaller ones. */
@@ -846,6 +862,7 @@ __global__ void __launch_bounds__(kThreads, 2)
             }
         }
         __syncthreads();
+        STAMP(a, 17);
         if (j < nd && live[d[j]]) {
             for (int32_t q = threadIdx.x; q < t * K; q += blockDim.x) {
                 const int32_t s = id_at(q);
@@ -872,6 +889,7 @@ __global__ void __launch_bounds__(kThreads, 2)
             }
         }
         __syncthreads();
+        STAMP(a, 18);
     }
     if (sending && blockIdx.x < nwork) {
         /* This block's share of the per-slot counts, then count in. */
@@ -942,11 +960,12 @@ __global__ void __launch_bounds__(kThreads, 2)
         *k_out = item - vrow * K;
         return rec_at(a, a.base, epoch, s, *t_out);
     };
+    STAMP(a, 19);
     Meta first_meta = {-1, 0.0f, 0, 0};
     int s0 = 0, k0 = 0;
     int32_t t0 = 0;
     const unsigned char *rec0 = nullptr;
-    if ((int32_t)blockIdx.x < items && !a.host_inbox) {
+    if ((int32_t)blockIdx.x < items && (kLean || !a.host_inbox)) {
         rec0 = item_rec(blockIdx.x, &s0, &t0, &k0);
         if (threadIdx.x == 0) first_meta = ((const Meta *)(rec0 + a.meta_off))[k0];
         if (pre) regs_load(v, rec0, a.xrow);
@@ -969,11 +988,12 @@ __global__ void __launch_bounds__(kThreads, 2)
         }
         a.count[l] = (int32_t)acc;
     }
+    STAMP(a, 20);
     if (refused) {
         advance();
         return;
     }
-    if (a.host_inbox) {
+    if (!kLean && a.host_inbox) {
         place_rows(a, epoch, first_row, (int64_t)first_row[a.R], live, fp8);
         STAMP(a, 4);
         STAMP_CLOCK(a, 7);
@@ -993,6 +1013,7 @@ __global__ void __launch_bounds__(kThreads, 2)
             dst_row = place_entry(a, epoch, m, s, t, k, live);
         }
         __syncthreads();
+        STAMP(a, 21);
         const int64_t e = dst_row;
         if (e >= 0 && fp8) {
             place_fp8(a, rec, e, fp8 & kUE8M0);
@@ -1087,12 +1108,19 @@ template <> struct Lanes<0> {
  * issued before any is summed, so a top-8 token costs one trip to memory
  * (held raw, 32 registers, and widened as summed).
  */
-template <int BF16>
+template <int BF16, bool kWhole = false>
 __device__ void reduce_lanes(const Args &a, const unsigned char *const *rows, const float *w,
                              int64_t h0, void *out, int out_bf16) {
     constexpr int V = Lanes<BF16>::V, B = 8;
     const int K = a.K;
-    if (h0 + V <= a.H && a.yrow % 16 == 0) {
+    /* The row's tail (or unaligned rows): element by element. kWhole: the
+     * caller knows every lane is whole (H % V == 0, aligned rows). */
+    if (!kWhole && !(h0 + V <= a.H && a.yrow % 16 == 0)) {
+        for (int64_t h = h0; h < h0 + V && h < a.H; h++)
+            epxi_row_store(out, h, epxi_ep_combine_elem(rows, w, K, h, BF16), out_bf16);
+        return;
+    }
+    {
         /* Every index below is a constant after unrolling, so acc and the
          * raw rows stay in registers. */
         float acc[V];
@@ -1117,11 +1145,7 @@ __device__ void reduce_lanes(const Args &a, const unsigned char *const *rows, co
         STAMP(a, 14);
 #pragma unroll
         for (int j = 0; j < V; j++) epxi_row_store(out, h0 + j, acc[j], out_bf16);
-        return;
     }
-    /* The row's tail (or unaligned rows): element by element. */
-    for (int64_t h = h0; h < h0 + V && h < a.H; h++)
-        epxi_row_store(out, h, epxi_ep_combine_elem(rows, w, K, h, BF16), out_bf16);
 }
 
 /*
@@ -1131,7 +1155,10 @@ __device__ void reduce_lanes(const Args &a, const unsigned char *const *rows, co
  * flags. parts & 2 (receive): every block waits for all flags and reduces
  * its share of this rank's tokens. ysrc [spr][RM] rows and wsrc [T][K] are
  * the caller's or the handle's own. Combines count their own epochs.
+ * kLean: bf16 outputs, H % 8 == 0, 16-byte aligned rows (lean_combine): the
+ * instance without the other widths' code (dispatch_kernel says why).
  */
+template <bool kLean>
 __global__ void __launch_bounds__(kThreads, 2)
     combine_kernel(Args a, int64_t T, const unsigned char *ysrc, const float *wsrc, void *out,
                    int out_bf16, int parts) {
@@ -1159,6 +1186,7 @@ __global__ void __launch_bounds__(kThreads, 2)
     const int K = a.K;
     if (parts & 1) {
         block_scan_smem(so, a.spr); /* entry_starts, its loads done above */
+        STAMP(a, 24);
         /* int32 counters (entries and pairs < R * max_tokens * top_k < 2^31):
          * int64 division is a subroutine on the GPU */
         const int32_t n = so[a.spr];
@@ -1169,7 +1197,11 @@ __global__ void __launch_bounds__(kThreads, 2)
             const int32_t pr = a.pair[e], src = pr / MK, tk = pr - src * MK;
             if (!live[src]) continue;
             unsigned char *dst = comb_at(a, peer[src], epoch, (int)src) + (size_t)tk * a.yrow;
-            block_copy(dst, ysrc + (size_t)e * a.yrow, a.yrow);
+            if (kLean)
+                copy_words<int4>(dst, ysrc + (size_t)e * a.yrow, a.yrow);
+            else
+                block_copy(dst, ysrc + (size_t)e * a.yrow, a.yrow);
+            STAMP(a, 25);
         }
         STAMP(a, 9);
         const uint32_t nwork = (uint32_t)(n < 1 ? 1 : n < gridDim.x ? n : gridDim.x);
@@ -1190,7 +1222,7 @@ __global__ void __launch_bounds__(kThreads, 2)
      * (token, chunk of V * blockDim elements). The routing of a block's
      * first token is this rank's own, so it is staged before the wait and
      * only the rows are read after it. */
-    const int V = a.ybf16 ? Lanes<1>::V : Lanes<0>::V;
+    const int V = kLean || a.ybf16 ? Lanes<1>::V : Lanes<0>::V;
     const int32_t Tn = (int32_t)T, per = V * (int32_t)blockDim.x, chunks = (a.H + per - 1) / per;
     const size_t orow = (size_t)a.H * (out_bf16 ? 2 : 4);
     __shared__ const unsigned char *rows[kMaxK];
@@ -1222,11 +1254,15 @@ __global__ void __launch_bounds__(kThreads, 2)
         __syncthreads();
         unsigned char *o = (unsigned char *)out + (size_t)t * orow;
         if (h0 < a.H) {
-            if (a.ybf16)
+            if (kLean)
+                reduce_lanes<1, true>(a, rows, wk, h0, o, out_bf16);
+            else if (a.ybf16)
                 reduce_lanes<1>(a, rows, wk, h0, o, out_bf16);
             else
                 reduce_lanes<0>(a, rows, wk, h0, o, out_bf16);
         }
+        if ((a.variant & 8) && blockIdx.x == 0 && threadIdx.x % 32 == 0 && threadIdx.x < 512)
+            a.ctl->stamp[32 + threadIdx.x / 32] = now_ns();
         __syncthreads();
     }
     STAMP(a, 12);
@@ -1543,16 +1579,16 @@ static epx_status open_engine(const epx_ep_config *cfg, int32_t rank, int32_t nu
         /* Every block of both kernels waits for flags, so all must be
          * resident at once, or the ones still queued could never publish
          * theirs. At most 65535: blocks count in on 16 bits (arrive). */
-        int per_sm_c = 0, per_sm_d = 0;
-        EPXI_CUDA_GOTO(
-            st,
-            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm_c, combine_kernel, kThreads, 0),
-            "GPU EP: occupancy", fail);
-        EPXI_CUDA_GOTO(
-            st,
-            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm_d, dispatch_kernel, kThreads, 0),
-            "GPU EP: occupancy", fail);
-        int per_sm = per_sm_c < per_sm_d ? per_sm_c : per_sm_d;
+        const void *kernels[4] = {
+            (const void *)combine_kernel<false>, (const void *)combine_kernel<true>,
+            (const void *)dispatch_kernel<false>, (const void *)dispatch_kernel<true>};
+        int per_sm = INT_MAX;
+        for (const void *k : kernels) {
+            int n = 0;
+            EPXI_CUDA_GOTO(st, cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, k, kThreads, 0),
+                           "GPU EP: occupancy", fail);
+            if (n < per_sm) per_sm = n;
+        }
         int cap = per_sm * sms;
         if (o.max_blocks > 0 && o.max_blocks < cap) cap = o.max_blocks;
         if (cap > 0xffff) cap = 0xffff;
@@ -2091,9 +2127,12 @@ extern "C" epx_status epx_gpu_ep_dispatch_parts(epx_gpu_ep *ep, int parts, int64
     }
     const unsigned grid = blocks_for(sends > places ? sends : places, ep->wait_blocks);
     const uint32_t nwork = (uint32_t)(sends < 1 ? 1 : sends < grid ? sends : grid);
-    dispatch_kernel<<<grid, kThreads, 0, ep->stream>>>(ep->a, ep->T, (const unsigned char *)x,
-                                                       topk_slots, topk_weights, nwork,
-                                                       parts | (ids64 ? 4 : 0) | ep->fp8);
+    /* The lean instance when nothing needs the others' paths (dispatch_kernel). */
+    const bool lean = ep->fp8 == 0 && !ep->a.host_inbox && g->xrow % 16 == 0 &&
+                      g->xrow / 16 <= (size_t)kPre * kThreads && (uintptr_t)x % 16 == 0;
+    auto kern = lean ? dispatch_kernel<true> : dispatch_kernel<false>;
+    kern<<<grid, kThreads, 0, ep->stream>>>(ep->a, ep->T, (const unsigned char *)x, topk_slots,
+                                            topk_weights, nwork, parts | (ids64 ? 4 : 0) | ep->fp8);
     EPXI_CUDA_TRY(cudaGetLastError(), "GPU EP dispatch kernel");
     if (parts & EPX_GPU_EP_SEND) EPX_TRY(exchange_phase(ep, 0, err));
     ep->state = (parts & EPX_GPU_EP_RECV) ? epx_gpu_ep::DISPATCHED : epx_gpu_ep::D_SENT;
@@ -2166,9 +2205,13 @@ extern "C" epx_status epx_gpu_ep_combine_parts(epx_gpu_ep *ep, int parts, const 
             epx_gpu_ep_combine_parts(ep, EPX_GPU_EP_SEND, y, topk_weights, out, out_dtype, err));
         return epx_gpu_ep_combine_parts(ep, EPX_GPU_EP_RECV, y, topk_weights, out, out_dtype, err);
     }
-    combine_kernel<<<blocks_for(items > sends ? items : sends, ep->wait_blocks), kThreads, 0,
-                     ep->stream>>>(ep->a, ep->T, y ? (const unsigned char *)y : ep->a.y, ep->c_w,
-                                   ep->c_out, ep->c_bf16, parts);
+    const unsigned char *ysrc = y ? (const unsigned char *)y : ep->a.y;
+    /* The lean instance for bf16 outputs in whole 16-byte lanes (combine_kernel). */
+    const bool lean = g->cfg.y_dtype == EPX_DTYPE_BF16 && g->H % 8 == 0 && g->yrow % 16 == 0 &&
+                      (uintptr_t)ysrc % 16 == 0;
+    auto kern = lean ? combine_kernel<true> : combine_kernel<false>;
+    kern<<<blocks_for(items > sends ? items : sends, ep->wait_blocks), kThreads, 0, ep->stream>>>(
+        ep->a, ep->T, ysrc, ep->c_w, ep->c_out, ep->c_bf16, parts);
     EPXI_CUDA_TRY(cudaGetLastError(), "GPU EP combine kernel");
     if (parts & EPX_GPU_EP_SEND) EPX_TRY(exchange_phase(ep, 1, err));
     /* the dispatch stays valid: it may be combined again (DeepEP allows it) */
@@ -2261,8 +2304,9 @@ extern "C" EPXI_HIDDEN int epxi_gpu_ep_stamps(epx_gpu_ep *ep, double *us) {
         return -1;
     /* From block 0's entry into each kernel (stamps 5 and 15); us[6] is the
      * SM clock in MHz over the dispatch (cycles 6 -> 7 over ns 5 -> 4). */
-    for (int i = 0; i < 16; i++) {
-        unsigned long long base = c.stamp[i < 8 ? 5 : 15];
+    for (int i = 0; i < 48; i++) {
+        const bool disp = i < 8 || (i >= 16 && i < 24);
+        unsigned long long base = c.stamp[disp ? 5 : 15];
         us[i] = c.stamp[i] >= base && base ? (double)(c.stamp[i] - base) * 1e-3 : -1.0;
     }
     const double ns = (double)(c.stamp[4] - c.stamp[5]);

@@ -118,20 +118,35 @@ __global__ void __launch_bounds__(kThreads) k_floor_combine(F f, int64_t T, int 
         if (h0 >= f.H) continue;
         float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
         const bool vec = h0 + 8 <= f.H && f.H % 8 == 0;
-        for (int k = 0; k < K; k++) {
-            const float w = f.w[t * K + k];
-            const uint16_t *row = src + (size_t)(t * K + k) * f.H;
-            if (vec) {
-                const int4 v = *(const int4 *)(row + h0);
-                const uint32_t u[4] = {(uint32_t)v.x, (uint32_t)v.y, (uint32_t)v.z, (uint32_t)v.w};
+        /* Eight rows' loads issued before any is summed: one trip to memory
+         * per eight rows, not one per row (a floor must be the best case). */
+        for (int k0 = 0; k0 < K; k0 += 8) {
+            int4 raw[8];
+            float w[8];
 #pragma unroll
-                for (int j = 0; j < 4; j++) {
-                    acc[2 * j] = epxi_madd(acc[2 * j], w, epxi_bf16_to_f32(u[j] & 0xffffu));
-                    acc[2 * j + 1] = epxi_madd(acc[2 * j + 1], w, epxi_bf16_to_f32(u[j] >> 16));
+            for (int b = 0; b < 8; b++)
+                if (vec && k0 + b < K) {
+                    raw[b] = *(const int4 *)(src + (size_t)(t * K + k0 + b) * f.H + h0);
+                    w[b] = f.w[t * K + k0 + b];
                 }
-            } else {
-                for (int j = 0; j < 8 && h0 + j < f.H; j++)
-                    acc[j] = epxi_madd(acc[j], w, epxi_bf16_to_f32(row[h0 + j]));
+#pragma unroll
+            for (int b = 0; b < 8; b++) {
+                if (k0 + b >= K) break;
+                const uint16_t *row = src + (size_t)(t * K + k0 + b) * f.H;
+                const float wb = vec ? w[b] : f.w[t * K + k0 + b];
+                if (vec) {
+                    const uint32_t u[4] = {(uint32_t)raw[b].x, (uint32_t)raw[b].y,
+                                           (uint32_t)raw[b].z, (uint32_t)raw[b].w};
+#pragma unroll
+                    for (int j = 0; j < 4; j++) {
+                        acc[2 * j] = epxi_madd(acc[2 * j], wb, epxi_bf16_to_f32(u[j] & 0xffffu));
+                        acc[2 * j + 1] =
+                            epxi_madd(acc[2 * j + 1], wb, epxi_bf16_to_f32(u[j] >> 16));
+                    }
+                } else {
+                    for (int j = 0; j < 8 && h0 + j < f.H; j++)
+                        acc[j] = epxi_madd(acc[j], wb, epxi_bf16_to_f32(row[h0 + j]));
+                }
             }
         }
         for (int j = 0; j < 8 && h0 + j < f.H; j++)
