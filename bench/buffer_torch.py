@@ -7,9 +7,9 @@ One rank on the one GPU (a gloo group of one process), the Kimi-K2.5 layer:
 H = 7168 bf16, top-8 of E = 384 experts, num_max_dispatch_tokens_per_rank =
 the largest T. Timed per T, median of 31 rounds of CUDA events
 (bench/dispatch_torch.py's `timed`):
-  graph   one dispatch + zero-copy combine captured in a CUDA graph, one
-          round trip per replay, queued behind a hold so the events time the
-          GPU alone (as `epx bench comm --graph` times its own)
+  graph   eight round trips (dispatch + zero-copy combine) captured in one
+          CUDA graph, queued behind a hold so the events time the GPU alone,
+          per round trip (as `epx bench comm --graph` times its own)
   eager   the same two calls from Python, 10 back to back per round: what
           the custom-op layer, the argument checks and ctypes add
   fp8     the graph again with use_fp8=True (fp8 on the wire)
@@ -81,9 +81,9 @@ def main():
         r = dict(api="torch", backend="nccl", mode="low-latency", phase="round-trip", ranks=1,
                  tokens=T, hidden=H, topk=K, dtype="bf16", device=torch.cuda.get_device_name(),
                  date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"))
-        graph = timed(round_trip, 1, hold=True)
+        graph = timed(round_trip, 8, hold=True)
         eager = timed(round_trip, 10, graph=False)
-        fp8 = timed(lambda: round_trip(True), 1, hold=True)
+        fp8 = timed(lambda: round_trip(True), 8, hold=True)
         for g, us, dt in ((True, graph, "bf16"), (False, eager, "bf16"), (True, fp8, "fp8-e4m3")):
             line = dict(r, graph=g, median_us=round(us, 3), dtype=dt,
                         c_engine_us=c.get((T, g)) if dt == "bf16" else None)

@@ -739,8 +739,8 @@ constexpr int kPre = 4;
  * by (row, k) items. Blocks must all be resident (the launch caps them).
  *
  * kLean: the instance for the usual case, bf16 or fp32 rows that fit the
- * registers, 16-byte aligned, no fp8, a device-memory inbox (lean_dispatch
- * decides on the host). It holds none of the other paths' code: the whole
+ * registers, 16-byte aligned, no fp8, a device-memory inbox, top-k <= 32
+ * (epx_gpu_ep_dispatch_parts decides on the host). It holds none of the other paths' code: the whole
  * kernel is ~4,000 instructions and a launch runs on SMs whose instruction
  * cache the combine just filled, so every cold stretch of code is a trip to
  * memory on the critical path (ncu: "no instruction" is the first stall
@@ -828,7 +828,7 @@ __global__ void __launch_bounds__(kThreads, 2)
         }
         __syncthreads();
         STAMP(a, 16);
-        if (K <= 32) {
+        if (kLean || K <= 32) { /* lean: K <= 32 */
             /* Warp 0: the distinct destination ranks, ascending, without a
              * serial scan: each first occurrence counts the smaller ones. */
             if (threadIdx.x < 32) {
@@ -1155,7 +1155,8 @@ __device__ void reduce_lanes(const Args &a, const unsigned char *const *rows, co
  * flags. parts & 2 (receive): every block waits for all flags and reduces
  * its share of this rank's tokens. ysrc [spr][RM] rows and wsrc [T][K] are
  * the caller's or the handle's own. Combines count their own epochs.
- * kLean: bf16 outputs, H % 8 == 0, 16-byte aligned rows (lean_combine): the
+ * kLean: bf16 outputs, H % 8 == 0, 16-byte aligned rows (epx_gpu_ep_combine_parts
+ * decides on the host): the
  * instance without the other widths' code (dispatch_kernel says why).
  */
 template <bool kLean>
@@ -2128,7 +2129,7 @@ extern "C" epx_status epx_gpu_ep_dispatch_parts(epx_gpu_ep *ep, int parts, int64
     const unsigned grid = blocks_for(sends > places ? sends : places, ep->wait_blocks);
     const uint32_t nwork = (uint32_t)(sends < 1 ? 1 : sends < grid ? sends : grid);
     /* The lean instance when nothing needs the others' paths (dispatch_kernel). */
-    const bool lean = ep->fp8 == 0 && !ep->a.host_inbox && g->xrow % 16 == 0 &&
+    const bool lean = ep->fp8 == 0 && !ep->a.host_inbox && g->K <= 32 && g->xrow % 16 == 0 &&
                       g->xrow / 16 <= (size_t)kPre * kThreads && (uintptr_t)x % 16 == 0;
     auto kern = lean ? dispatch_kernel<true> : dispatch_kernel<false>;
     kern<<<grid, kThreads, 0, ep->stream>>>(ep->a, ep->T, (const unsigned char *)x, topk_slots,
