@@ -1,0 +1,98 @@
+# Copyright the epx authors. Licensed under the Apache License, Version 2.0;
+# you may use this file only in compliance with that license, a copy of which
+# is at http://www.apache.org/licenses/LICENSE-2.0. It is distributed "AS IS",
+# without warranties or conditions of any kind.
+"""scripts/readme_figures.py: the README's EP figures are the JSON lines'
+(issue 24: no engine figure typed by hand). The real README against the
+committed bench/results/ep_h200.jsonl, then the script's rules on small
+made-up files: one run per block, a drifted figure caught, a missing block
+named."""
+import json
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SCRIPT = os.path.join(ROOT, "scripts", "readme_figures.py")
+
+
+def run(*args):
+    return subprocess.run([sys.executable, SCRIPT, *args], capture_output=True, text=True)
+
+
+def test_readme_matches_the_committed_json_lines():
+    r = run("--check")
+    assert r.returncode == 0, r.stderr
+
+
+def row(date, tokens, us, mode="low-latency", transport="pointers", floor=None, reps=8):
+    r = {"backend": "nccl", "mode": mode, "ranks": 1, "tokens": tokens, "hidden": 7168,
+         "topk": 8, "dtype": "bf16", "phase": "round-trip", "median_us": us, "graph": True,
+         "date": date}
+    if reps:
+        r["graph_reps"] = reps
+    if floor:
+        r["floor"] = floor
+    else:
+        r["transport"] = transport
+    return r
+
+
+def one_run(date, base):
+    """Engine, flag floor and the host transport at 1/8/32/128 tokens."""
+    rows = []
+    for i, t in enumerate((1, 8, 32, 128)):
+        rows.append(row(date, t, base + i))
+        rows.append(row(date, t, base / 2 + i, mode="floor", floor="flag"))
+        rows.append(row(date, t, 10 * base + i, transport="host"))
+        rows.append(row(date, t, 2 * base + i, transport="nccl"))
+    return rows
+
+
+def write(tmp_path, rows, readme):
+    j = tmp_path / "ep.jsonl"
+    j.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    m = tmp_path / "README.md"
+    m.write_text(readme)
+    return str(j), str(m)
+
+
+README = ("# t\n- bullet:\n  <!-- figures: ll-engine -->\n  <!-- /figures -->\n"
+          "  <!-- figures: ll-host -->\n  <!-- /figures -->\n"
+          "  <!-- figures: ll-nccl -->\n  <!-- /figures -->\nend\n")
+
+
+def test_write_then_check_takes_the_newest_run(tmp_path):
+    # two runs an hour apart: the figures must all come from the second
+    rows = one_run("2026-12-04T01:00:00Z", 20.0) + one_run("2026-12-04T02:00:00Z", 30.0)
+    j, m = write(tmp_path, rows, README)
+    assert run("--check", "--jsonl", j, "--readme", m).returncode == 1
+    assert run("--write", "--jsonl", j, "--readme", m).returncode == 0
+    text = open(m).read()
+    assert "30.0 / 31.0 / 32.0 / 33.0 µs at 1 / 8 / 32 / 128 tokens" in text
+    assert "15.0 / 16.0 / 17.0 / 18.0 µs for two bare kernels" in text
+    assert "20.0 / 21.0" not in text  # nothing of the older run
+    assert "300.0 / 301.0 / 302.0 / 303.0" in text and "60.0 / 61.0 / 62.0 / 63.0" in text
+    assert text.startswith("# t\n") and text.endswith("end\n")  # the rest untouched
+    assert run("--check", "--jsonl", j, "--readme", m).returncode == 0
+
+
+def test_a_figure_edited_by_hand_is_caught(tmp_path):
+    j, m = write(tmp_path, one_run("2026-12-04T02:00:00Z", 30.0), README)
+    assert run("--write", "--jsonl", j, "--readme", m).returncode == 0
+    text = open(m).read()
+    open(m, "w").write(text.replace("31.0", "29.0", 1))
+    r = run("--check", "--jsonl", j, "--readme", m)
+    assert r.returncode == 1 and "ll-engine" in r.stderr and "--write" in r.stderr
+
+
+def test_a_missing_block_or_run_is_named(tmp_path):
+    j, m = write(tmp_path, one_run("2026-12-04T02:00:00Z", 30.0),
+                 README.replace("  <!-- figures: ll-nccl -->\n  <!-- /figures -->\n", ""))
+    r = run("--check", "--jsonl", j, "--readme", m)
+    assert r.returncode == 1 and "ll-nccl: no block" in r.stderr
+    # a run without the floor rows gives the engine block nothing to stand on
+    rows = [r_ for r_ in one_run("2026-12-04T02:00:00Z", 30.0) if r_["mode"] != "floor"]
+    j, m = write(tmp_path, rows, README)
+    r = run("--write", "--jsonl", j, "--readme", m)
+    assert r.returncode == 1 and "ll-engine" in r.stderr and "no run" in r.stderr
