@@ -891,3 +891,17 @@ def _worker_shrink_absent_rank(rank, world):
 
 def test_shrink_mode_creation_leaves_out_a_stopped_rank():
     _spawn(_worker_shrink_absent_rank, 3)
+
+
+def test_engine_sizes_past_int32_are_refused():
+    # The kernels count entries and the combine's items in int32 (a 64-bit
+    # division is a subroutine on the GPU): creation refuses sizes past that,
+    # naming the product and what to lower, on any machine (no GPU needed).
+    if _ll._buffer_bytes is None:
+        pytest.skip("this libepx_cuda.so has no GPU EP engine")
+    assert _ll.buffer_bytes(_ll.config(7168, 8, 8, 128), 1) > 0
+    with pytest.raises(EpxError, match=r"max_tokens \* ceil\(hidden / 2048\) = 2147483648 .*"
+                                       r"lower max_tokens \(16777216\) or hidden \(262144\)"):
+        _ll.buffer_bytes(_ll.config(262144, 1, 8, 1 << 24), 1)
+    with pytest.raises(EpxError, match=r"exceed int32 indices: lower max_tokens \(268435456\)"):
+        _ll.buffer_bytes(_ll.config(256, 8, 8, 1 << 28), 1)

@@ -1374,6 +1374,13 @@ static epx_status plan(epx_gpu_ep *ep, const epx_ep_config *cfg, int32_t R, bool
                          "the GPU low-latency engine indexes R * max_tokens * top_k = %.0f "
                          "entries in int32: lower max_tokens (%lld)",
                          RM * K, (long long)g->M);
+    /* The combine's items (token, chunk of 4 * kThreads values or more) are int32 too. */
+    const double chunks = (double)((g->H + 4 * kThreads - 1) / (4 * kThreads));
+    if (M * chunks >= 2147483647.0)
+        return epxi_fail(err, EPX_ERR_OVERFLOW,
+                         "the GPU low-latency engine counts max_tokens * ceil(hidden / %d) = "
+                         "%.0f combine items in int32: lower max_tokens (%lld) or hidden (%d)",
+                         4 * kThreads, M * chunks, (long long)g->M, g->H);
     const size_t meta_off = (g->xrow + 15) / 16 * 16, rec = meta_off + (size_t)K * sizeof(Meta);
     size_t off_rows = 0, off_cnt = 0, off_dflag = 0, off_comb = 0, off_cflag = 0;
     /* What peers write, where the transport puts it (a.base). */
