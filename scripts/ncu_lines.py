@@ -158,6 +158,9 @@ def main():
     m.add_argument("--top", type=int, default=30)
     args = ap.parse_args()
     if args.cmd == "filter":
+        if os.path.exists(args.out_csv) and os.path.samefile(args.source_csv, args.out_csv):
+            sys.exit("ncu_lines: filter would write over its input %s: name another output"
+                     % args.out_csv)
         with open(args.source_csv, newline="") as src, open(args.out_csv, "w", newline="") as dst:
             w = csv.writer(dst)
             for row in filter_rows(csv.reader(src)):

@@ -176,8 +176,11 @@ def main():
         if any("differ" not in b for b in bad):
             print("\n".join("readme_figures: " + b for b in bad), file=sys.stderr)
             return 1
-        with open(args.readme, "w", encoding="utf-8") as f:
+        # beside the README, then renamed over it: a failed write leaves it whole
+        tmp = args.readme + ".tmp"
+        with open(tmp, "w", encoding="utf-8") as f:
             f.write(new)
+        os.replace(tmp, args.readme)
         return 0
     for name, body in want.items():
         print("%s<!-- figures: %s -->\n%s%s<!-- /figures -->"

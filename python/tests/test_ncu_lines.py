@@ -69,3 +69,14 @@ def test_a_launch_from_other_code_is_not_counted():
         agg, n = nl.by_line(groups, nl.line_table(DISASM), "dispatch")
         assert n == 0 and agg == {}
     assert nl.opcode("@!P0 BRA 0x120") == "BRA" and nl.opcode("") == ""
+
+
+def test_filter_refuses_to_write_over_its_input(tmp_path):
+    import subprocess
+    import sys
+    f = tmp_path / "page.csv"
+    f.write_text("Kernel Name,k\n")
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "ncu_lines.py"), "filter",
+                        str(f), str(f)], capture_output=True, text=True)
+    assert r.returncode != 0 and "over its input" in r.stderr
+    assert f.read_text() == "Kernel Name,k\n"  # untouched
