@@ -564,26 +564,33 @@ __device__ __forceinline__ int upper_index(const int32_t *so, int n, int32_t j) 
  * written into each destination's cnt[me][local slot], in passes of
  * kCountInts slots through shared memory.
  */
-__device__ void send_counts(const Args &a, unsigned char *const *peer, uint32_t epoch,
-                            const void *slots, int ids64, int32_t nent, int32_t lo, int32_t hi,
-                            const uint8_t *live) {
-    __shared__ int32_t hist[kCountInts];
-    /* int32 throughout: slots < P and entries < 2^31 (int64 division is a
-     * subroutine on the GPU) */
+__device__ void count_pass(int32_t *hist, const void *slots, int ids64, int32_t nent, int32_t c0,
+                           int32_t c1) {
+    for (int32_t j = threadIdx.x; j < nent; j += blockDim.x) {
+        const int32_t s = slot_at(slots, j, ids64);
+        if (s >= c0 && s < c1) atomicAdd(&hist[s - c0], 1);
+    }
+}
+/* hist [kCountInts] (shared): with `first_counted` its first pass [lo, lo +
+ * kCountInts) was zeroed and counted already, early in the kernel (the
+ * block's barriers since then order it), so the usual single pass costs no
+ * barrier of its own. int32 throughout: slots < P and entries < 2^31. */
+__device__ void send_counts(const Args &a, unsigned char *const *peer, int32_t *hist,
+                            uint32_t epoch, const void *slots, int ids64, int32_t nent, int32_t lo,
+                            int32_t hi, const uint8_t *live, bool first_counted) {
     for (int32_t c0 = lo; c0 < hi; c0 += kCountInts) {
         const int32_t c1 = c0 + kCountInts < hi ? c0 + kCountInts : hi;
-        for (int32_t i = threadIdx.x; i < c1 - c0; i += blockDim.x) hist[i] = 0;
-        __syncthreads();
-        for (int32_t j = threadIdx.x; j < nent; j += blockDim.x) {
-            const int32_t s = slot_at(slots, j, ids64);
-            if (s >= c0 && s < c1) atomicAdd(&hist[s - c0], 1);
+        if (!(first_counted && c0 == lo)) {
+            for (int32_t i = threadIdx.x; i < c1 - c0; i += blockDim.x) hist[i] = 0;
+            __syncthreads();
+            count_pass(hist, slots, ids64, nent, c0, c1);
+            __syncthreads();
         }
-        __syncthreads();
         for (int32_t sl = c0 + threadIdx.x; sl < c1; sl += blockDim.x) {
             const int32_t dst = sl / a.spr, l = sl - dst * a.spr;
             if (live[dst]) *cnt_at(a, peer[dst], epoch, filed_as(a, dst), l) = hist[sl - c0];
         }
-        __syncthreads();
+        if (c1 < hi) __syncthreads(); /* the next pass reuses hist */
     }
 }
 
@@ -789,7 +796,22 @@ __global__ void __launch_bounds__(kThreads, 2)
     const bool staged = sending && Tn * K <= kSmemIds;
     __shared__ int s_dead;
     __shared__ unsigned char *peer[kMaxRanks]; /* the peer table, read once */
+    __shared__ int32_t hist[kCountInts];       /* this block's per-slot counts (send_counts) */
     STAMP(a, 5);
+    /* The first nwork blocks send this rank's counts of the slots [clo, chi):
+     * the first pass's histogram is zeroed here and counted after the first
+     * barrier, off the send's own path. P * blocks is below 2^32 when P <
+     * 2^16 (grids stay below 2^16). */
+    const bool counting = sending && blockIdx.x < nwork;
+    const uint32_t cb = blockIdx.x;
+    const int32_t clo = !counting     ? 0
+                        : a.P < 65536 ? (int32_t)((uint32_t)a.P * cb / nwork)
+                                      : (int32_t)((int64_t)a.P * cb / nwork);
+    const int32_t chi = !counting     ? 0
+                        : a.P < 65536 ? (int32_t)((uint32_t)a.P * (cb + 1) / nwork)
+                                      : (int32_t)((int64_t)a.P * (cb + 1) / nwork);
+    const int32_t c1 = chi - clo < kCountInts ? chi : clo + kCountInts;
+    for (int32_t i = threadIdx.x; i < c1 - clo; i += blockDim.x) hist[i] = 0;
     STAMP_CLOCK(a, 6);
     if (threadIdx.x == 0) {
         s_epoch = take_epoch(&a.ctl->de_started, sending);
@@ -807,33 +829,39 @@ __global__ void __launch_bounds__(kThreads, 2)
         if (sending) advance_epoch(a, &a.ctl->de_started, epoch, PH_DISPATCH, started);
     };
     if (s_dead) return;
-    live_ranks(a, live);
+    if (counting)
+        count_pass(hist, staged ? (const void *)ids : slots, staged ? 0 : ids64, Tn * K, clo, c1);
+    live_ranks(a, live); /* its barrier orders the counts before send_counts reads them */
     STAMP(a, 0);
     for (int32_t item = blockIdx.x; sending && item < Tn * dmax; item += gridDim.x) {
         const int32_t t = item / dmax;
         const int j = item - t * dmax;
         if (item != (int32_t)blockIdx.x) load_item(item);
-        if (threadIdx.x < K) { /* K <= kMaxK < blockDim.x */
-            const int k = threadIdx.x;
-            if (sv < -1 || sv >= a.P) {
-                bad_slot = 1;
-                a.ctl->bad = 1; /* read by the last block, after the counters */
-            }
-            sk[k] = sv >= 0 && sv < a.P ? sv : -1;
-            wk[k] = wv;
-            if (j == 0) {
-                a.slots[t * K + k] = sv;
-                a.weights[t * K + k] = wv;
-            }
-        }
-        __syncthreads();
-        STAMP(a, 16);
-        if (kLean || K <= 32) { /* lean: K <= 32 */
-            /* Warp 0: the distinct destination ranks, ascending, without a
-             * serial scan: each first occurrence counts the smaller ones. */
+        if (kLean || K <= 32) {
+            /* Warp 0 alone (lane k holds choice k of the token): the slots
+             * kept, the distinct destination ranks and each k's position
+             * among the token's earlier k with its slot, from warp votes, so
+             * the block meets one barrier here, not two. */
             if (threadIdx.x < 32) {
                 const int lane = threadIdx.x;
-                const int r = lane < K && sk[lane] >= 0 ? sk[lane] / a.spr : INT_MAX;
+                const bool in = lane < K;
+                int32_t kept = -1;
+                if (in) {
+                    if (sv < -1 || sv >= a.P) {
+                        bad_slot = 1;
+                        a.ctl->bad = 1; /* read by the last block, after the counters */
+                    }
+                    kept = sv >= 0 && sv < a.P ? sv : -1;
+                    sk[lane] = kept;
+                    wk[lane] = wv;
+                    if (j == 0) {
+                        a.slots[t * K + lane] = sv;
+                        a.weights[t * K + lane] = wv;
+                    }
+                }
+                /* Destinations ascending, without a serial scan: each first
+                 * occurrence counts the smaller ones. */
+                const int r = kept >= 0 ? kept / a.spr : INT_MAX;
                 const unsigned same = __match_any_sync(0xffffffffu, r);
                 const bool first = r != INT_MAX && lane == __ffs(same) - 1;
                 int pos = 0;
@@ -845,31 +873,58 @@ __global__ void __launch_bounds__(kThreads, 2)
                 if (first) d[pos] = r;
                 const unsigned firsts = __ballot_sync(0xffffffffu, first);
                 if (lane == 0) nd = __popc(firsts);
+                /* Position among the token's earlier k of the same slot (a
+                 * lane without a slot matches no other: its key is unique). */
+                const unsigned twins = __match_any_sync(0xffffffffu, kept >= 0 ? kept : -2 - lane);
+                const int32_t p = __popc(twins & ((1u << lane) - 1u));
+                if (in) {
+                    pk[lane] = p;
+                    if (p > 0) {
+                        a.ctl->dup = 1; /* read by the last block, after the counters */
+                        bad_slot = 1;   /* marks the block: the last one reads dup and bad */
+                    }
+                }
             }
-        } else if (threadIdx.x == 0) {
-            nd = epxi_ep_token_dests(sk, K, a.spr, d);
-        }
-        /* Position of (t, k) among this rank's entries of its slot: the
-         * earlier k of the token with that slot, then every earlier token's
-         * entries, counted by the whole block. */
-        if (threadIdx.x < K) {
-            int32_t p = 0;
-            for (int k2 = 0; k2 < (int)threadIdx.x; k2++) p += sk[k2] == sv && sv >= 0;
-            pk[threadIdx.x] = p;
-            if (p > 0) {
-                a.ctl->dup = 1; /* read by the last block, after the counters */
-                bad_slot = 1;   /* marks the block: the last one reads dup and bad */
+        } else {
+            if (threadIdx.x < K) { /* K <= kMaxK < blockDim.x */
+                const int k = threadIdx.x;
+                if (sv < -1 || sv >= a.P) {
+                    bad_slot = 1;
+                    a.ctl->bad = 1; /* read by the last block, after the counters */
+                }
+                sk[k] = sv >= 0 && sv < a.P ? sv : -1;
+                wk[k] = wv;
+                if (j == 0) {
+                    a.slots[t * K + k] = sv;
+                    a.weights[t * K + k] = wv;
+                }
+            }
+            __syncthreads();
+            if (threadIdx.x == 0) nd = epxi_ep_token_dests(sk, K, a.spr, d);
+            /* Position of (t, k) among the token's earlier k with that slot. */
+            if (threadIdx.x < K) {
+                int32_t p = 0;
+                for (int k2 = 0; k2 < (int)threadIdx.x; k2++) p += sk[k2] == sv && sv >= 0;
+                pk[threadIdx.x] = p;
+                if (p > 0) {
+                    a.ctl->dup = 1; /* read by the last block, after the counters */
+                    bad_slot = 1;   /* marks the block: the last one reads dup and bad */
+                }
             }
         }
         __syncthreads();
         STAMP(a, 17);
         if (j < nd && live[d[j]]) {
-            for (int32_t q = threadIdx.x; q < t * K; q += blockDim.x) {
-                const int32_t s = id_at(q);
-                for (int k = 0; k < K; k++)
-                    if (s == sk[k] && s >= 0) atomicAdd(&pk[k], 1);
+            /* Then every earlier token's entries of the slot, counted by the
+             * whole block (none before the first token: no barrier). */
+            if (t > 0) {
+                for (int32_t q = threadIdx.x; q < t * K; q += blockDim.x) {
+                    const int32_t s = id_at(q);
+                    for (int k = 0; k < K; k++)
+                        if (s == sk[k] && s >= 0) atomicAdd(&pk[k], 1);
+                }
+                __syncthreads();
             }
-            __syncthreads();
             const int dst = d[j];
             unsigned char *rec = rec_at(a, peer[dst], epoch, filed_as(a, dst), t);
             if (fp8)
@@ -891,16 +946,10 @@ __global__ void __launch_bounds__(kThreads, 2)
         __syncthreads();
         STAMP(a, 18);
     }
-    if (sending && blockIdx.x < nwork) {
+    if (counting) {
         /* This block's share of the per-slot counts, then count in. */
-        /* P * blocks is below 2^32 when P < 2^16 (grids stay below 2^16) */
-        const uint32_t b = blockIdx.x;
-        const int32_t lo = a.P < 65536 ? (int32_t)((uint32_t)a.P * b / nwork)
-                                       : (int32_t)((int64_t)a.P * b / nwork);
-        const int32_t hi = a.P < 65536 ? (int32_t)((uint32_t)a.P * (b + 1) / nwork)
-                                       : (int32_t)((int64_t)a.P * (b + 1) / nwork);
-        send_counts(a, peer, epoch, staged ? (const void *)ids : slots, staged ? 0 : ids64, Tn * K,
-                    lo, hi, live);
+        send_counts(a, peer, hist, epoch, staged ? (const void *)ids : slots, staged ? 0 : ids64,
+                    Tn * K, clo, chi, live, true);
         STAMP(a, 1);
         arrive(&a.ctl->arrive_d, nwork, bad_slot, scope(a), [&](bool marked) {
             /* Only a marked batch (a bad or repeated slot somewhere) reads the
