@@ -15,6 +15,8 @@
  *   ------------------------------ (above: written by peers)
  *   rx, y   spr * R * M rows   expert-major received rows and outputs
  *   count, pair, srctok, ew, range   per slot / per entry row
+ *   work                       the dispatch's items (row, k): entry and pair,
+ *                              the combine's list of rows to send
  *   weights, slots             this rank's routing of the running batch
  *   ctl                        epochs, arrival counters, the fault record
  * The peer table (R base pointers, this rank's own among them) sits at the
@@ -87,6 +89,7 @@ struct Ctl {
     uint32_t arrive_d;             /* blocks of the running dispatch that finished sending */
     uint32_t arrive_c;             /* same for combine */
     uint32_t refused;              /* the last dispatch was refused: combine writes zeros */
+    int32_t ditems;                /* its receive's items (rows * K): Args::work's length */
     uint32_t dup;                  /* a block of the running dispatch saw a slot twice in a token */
     uint32_t bad;                  /* ... or a slot outside [-1, P) (both read only when marked) */
     uint32_t fault[4];             /* code, phase, peer, epoch */
@@ -107,6 +110,17 @@ struct Meta {
     uint32_t tag; /* the epoch of the batch that wrote it */
 };
 
+/* What the dispatch's receive did with item (row, k) of the running batch,
+ * for the combine: the entry row (-1: none here) and its (source, token, k)
+ * pair. The combine's blocks read their items from this list instead of
+ * scanning the per-slot counts and searching them (a scan, a binary search
+ * and a dependent load of pair[e] before the first row could move). */
+struct Work {
+    int64_t e;
+    int32_t pair;
+    int32_t pad;
+};
+
 /* Offsets of one rank's buffer and everything the kernels need. */
 struct Args {
     int32_t R, me, K, H, spr, P;
@@ -117,6 +131,7 @@ struct Args {
     unsigned char *const *peers; /* [R] device: every rank's buffer, mapped here */
     unsigned char *rx, *y;       /* [spr][RM] rows */
     int32_t *count, *pair, *srctok;
+    Work *work; /* [R * M * K]: the dispatch's items (Work) */
     int64_t *range;
     float *ew;
     float *weights; /* [M][K] this rank's batch: weights given to dispatch */
@@ -675,7 +690,7 @@ __device__ void place_fp8(const Args &a, const unsigned char *rec, int64_t e, in
  * count (shrink mode gives up on some).
  */
 __device__ int64_t place_entry(const Args &a, uint32_t epoch, const Meta &m, int s, int64_t t,
-                               int k, const uint8_t *live) {
+                               int k, const uint8_t *live, int32_t item) {
     int64_t e = -1;
     if (m.tag == epoch && m.slot >= 0 && m.slot < a.spr) {
         int64_t off = 0;
@@ -683,11 +698,17 @@ __device__ int64_t place_entry(const Args &a, uint32_t epoch, const Meta &m, int
             if (live[s2]) off += *cnt_at(a, a.base, epoch, s2, m.slot);
         if (m.pos >= 0 && off + m.pos < a.RM) e = (int64_t)m.slot * a.RM + off + m.pos;
     }
+    const int32_t pair = (int32_t)(((int64_t)s * a.M + t) * a.K + k);
     if (e >= 0) {
         a.ew[e] = m.weight;
-        a.pair[e] = (int32_t)(((int64_t)s * a.M + t) * a.K + k);
+        a.pair[e] = pair;
         a.srctok[e] = (int32_t)t;
     }
+    Work w;
+    w.e = e;
+    w.pair = pair;
+    w.pad = 0;
+    a.work[item] = w;
     return e;
 }
 
@@ -713,8 +734,8 @@ __device__ void place_rows(const Args &a, uint32_t epoch, const int32_t *first_r
         __syncthreads();
         if (threadIdx.x < K) {
             const int k = threadIdx.x;
-            const int64_t e =
-                place_entry(a, epoch, ((const Meta *)(rec + a.meta_off))[k], s, t, k, live);
+            const int64_t e = place_entry(a, epoch, ((const Meta *)(rec + a.meta_off))[k], s, t, k,
+                                          live, (int32_t)(row * K + k));
             if (e >= 0) place[atomicAdd(&nplace, 1)] = e;
         }
         __syncthreads();
@@ -1026,6 +1047,7 @@ __global__ void __launch_bounds__(kThreads, 2)
     } else if (!refused && blockIdx.x == 0 && threadIdx.x == 0) {
         a.ctl->refused = 0;
     }
+    if (blockIdx.x == 0 && threadIdx.x == 0) a.ctl->ditems = items; /* the combine's work list */
     /* Per local slot: its count and each source's range of rows. */
     for (int64_t l = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; l < a.spr;
          l += (int64_t)gridDim.x * blockDim.x) {
@@ -1059,7 +1081,7 @@ __global__ void __launch_bounds__(kThreads, 2)
         if (pre && !first) regs_load(v, rec, a.xrow);
         if (threadIdx.x == 0) {
             const Meta m = first ? first_meta : ((const Meta *)(rec + a.meta_off))[k];
-            dst_row = place_entry(a, epoch, m, s, t, k, live);
+            dst_row = place_entry(a, epoch, m, s, t, k, live, item);
         }
         __syncthreads();
         STAMP(a, 21);
@@ -1212,22 +1234,24 @@ template <bool kLean>
 __global__ void __launch_bounds__(kThreads, 2)
     combine_kernel(Args a, int64_t T, const unsigned char *ysrc, const float *wsrc, void *out,
                    int out_bf16, int parts) {
-    __shared__ int32_t so[kMaxLocal + 1];
-    /* The epoch, the fault word, the peer table and the entry counts are
-     * loaded before the first barrier, so the trips to memory overlap. */
+    /* The epoch, the fault word, the peer table, the dispatch's item count
+     * and this block's first item are loaded before the first barrier, so
+     * the trips to memory overlap. */
     __shared__ uint32_t s_epoch;
     __shared__ int s_dead;
+    __shared__ int32_t s_items;
+    __shared__ Work s_first;
     STAMP(a, 15);
     if (threadIdx.x == 0) {
         s_epoch = take_epoch(&a.ctl->ce_started, (parts & 1) != 0);
         read_fault(a, &s_dead);
+        s_items = (parts & 1) ? a.ctl->ditems : 0;
+        if ((parts & 1) && (int64_t)blockIdx.x < a.RM * a.K) s_first = a.work[blockIdx.x];
     }
     const bool refused = a.ctl->refused != 0;  /* set by this rank's dispatch, before us */
     __shared__ unsigned char *peer[kMaxRanks]; /* the peer table, read once */
     __shared__ uint8_t live[kMaxRanks];        /* ranks sent to, then sources received from */
     for (int r = threadIdx.x; r < a.R; r += blockDim.x) peer[r] = a.peers[r];
-    if (parts & 1)
-        for (int l = threadIdx.x; l < a.spr; l += blockDim.x) so[l] = a.count[l];
     __syncthreads();
     const uint32_t epoch = s_epoch;
     if (s_dead) return;
@@ -1235,16 +1259,15 @@ __global__ void __launch_bounds__(kThreads, 2)
     STAMP(a, 8);
     const int K = a.K;
     if (parts & 1) {
-        block_scan_smem(so, a.spr); /* entry_starts, its loads done above */
-        STAMP(a, 24);
-        /* int32 counters (entries and pairs < R * max_tokens * top_k < 2^31):
-         * int64 division is a subroutine on the GPU */
-        const int32_t n = so[a.spr];
+        /* The dispatch's items (Work), a block's share by stride; int32
+         * counters (items and pairs < R * max_tokens * top_k < 2^31). */
+        const int32_t n = s_items;
         const int32_t MK = (int32_t)a.M * K;
-        for (int32_t j = blockIdx.x; j < n; j += gridDim.x) {
-            const int l = upper_index(so, a.spr, j);
-            const int64_t e = (int64_t)l * a.RM + (j - so[l]);
-            const int32_t pr = a.pair[e], src = pr / MK, tk = pr - src * MK;
+        for (int32_t item = blockIdx.x; item < n; item += gridDim.x) {
+            const Work w = item == (int32_t)blockIdx.x ? s_first : a.work[item];
+            if (w.e < 0) continue; /* no entry here (another rank's k, or none) */
+            const int64_t e = w.e;
+            const int32_t src = w.pair / MK, tk = w.pair - src * MK;
             if (!live[src]) continue;
             unsigned char *dst = comb_at(a, peer[src], epoch, (int)src) + (size_t)tk * a.yrow;
             if (kLean)
@@ -1367,7 +1390,7 @@ struct epx_gpu_ep {
     cudaStream_t stream;
     int32_t timeout_ms;
     int32_t wait_blocks; /* blocks that wait for flags must all be resident */
-    size_t off_rx, off_y, off_count, off_pair, off_srctok, off_ew, off_range, off_weights,
+    size_t off_rx, off_y, off_count, off_pair, off_work, off_srctok, off_ew, off_range, off_weights,
         off_slots, off_ctl, off_peers, off_mask, off_decided, total, inbox_total;
     unsigned char *buf; /* this rank's work area (device memory) */
     /* The peer-written areas (transport.h): this rank's, and the peers' as
@@ -1451,6 +1474,7 @@ static epx_status plan(epx_gpu_ep *ep, const epx_ep_config *cfg, int32_t R, bool
         {&ep->off_y, spr * RM, (double)g->yrow},
         {&ep->off_count, spr, sizeof(int32_t)},
         {&ep->off_pair, spr * RM, sizeof(int32_t)},
+        {&ep->off_work, RM * K, sizeof(Work)}, /* the dispatch's items, for the combine */
         {&ep->off_srctok, spr * RM, sizeof(int32_t)},
         {&ep->off_ew, spr * RM, sizeof(float)},
         {&ep->off_range, spr * R, sizeof(int64_t)},
@@ -1696,6 +1720,7 @@ static epx_status open_engine(const epx_ep_config *cfg, int32_t rank, int32_t nu
         a.y = ep->buf + ep->off_y;
         a.count = (int32_t *)(ep->buf + ep->off_count);
         a.pair = (int32_t *)(ep->buf + ep->off_pair);
+        a.work = (Work *)(ep->buf + ep->off_work);
         a.srctok = (int32_t *)(ep->buf + ep->off_srctok);
         a.ew = (float *)(ep->buf + ep->off_ew);
         a.range = (int64_t *)(ep->buf + ep->off_range);
