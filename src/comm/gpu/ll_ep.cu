@@ -1019,8 +1019,12 @@ __global__ void __launch_bounds__(kThreads, 2)
     if (sending) started = prefetch_started(&a.ctl->de_started);
     /* The meta and the row of this block's first item are loaded before the
      * counts are summed, so the trips to memory overlap. */
-    /* items: (received row, k), int32 (rows * K <= R * max_tokens * top_k) */
+    /* items: (received row, k), int32 (rows * K <= R * max_tokens * top_k).
+     * The last block is the range block (the slot ranges below) and the
+     * others place; a grid of one does both. */
     const int32_t items = refused ? 0 : first_row[a.R] * K;
+    const int32_t placing = gridDim.x > 1 ? (int32_t)gridDim.x - 1 : 1;
+    const bool range_block = blockIdx.x == gridDim.x - 1;
     auto item_rec = [&](int32_t item, int *s_out, int32_t *t_out, int *k_out) {
         const int32_t vrow = item / K;
         int s = 0;
@@ -1035,7 +1039,7 @@ __global__ void __launch_bounds__(kThreads, 2)
     int s0 = 0, k0 = 0;
     int32_t t0 = 0;
     const unsigned char *rec0 = nullptr;
-    if ((int32_t)blockIdx.x < items && (kLean || !a.host_inbox)) {
+    if ((int32_t)blockIdx.x < items && (int32_t)blockIdx.x < placing && (kLean || !a.host_inbox)) {
         rec0 = item_rec(blockIdx.x, &s0, &t0, &k0);
         if (threadIdx.x == 0) first_meta = ((const Meta *)(rec0 + a.meta_off))[k0];
         if (pre) regs_load(v, rec0, a.xrow);
@@ -1048,9 +1052,10 @@ __global__ void __launch_bounds__(kThreads, 2)
         a.ctl->refused = 0;
     }
     if (blockIdx.x == 0 && threadIdx.x == 0) a.ctl->ditems = items; /* the combine's work list */
-    /* Per local slot: its count and each source's range of rows. */
-    for (int64_t l = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; l < a.spr;
-         l += (int64_t)gridDim.x * blockDim.x) {
+    /* Per local slot: its count and each source's range of rows, by the
+     * range block alone (the host launches one block more than the items
+     * need), so no placing block carries this trip to memory. */
+    for (int64_t l = range_block ? threadIdx.x : a.spr; l < a.spr; l += blockDim.x) {
         int64_t acc = 0;
         for (int s = 0; s < a.R; s++) {
             const int64_t c = refused || !live[s] ? 0 : *cnt_at(a, a.base, epoch, s, (int32_t)l);
@@ -1071,9 +1076,10 @@ __global__ void __launch_bounds__(kThreads, 2)
         advance();
         return;
     }
-    /* Place: items (received row, k). */
+    /* Place: items (received row, k), over the placing blocks. */
     __shared__ int64_t dst_row;
-    for (int32_t item = blockIdx.x; item < items; item += gridDim.x) {
+    for (int32_t item = blockIdx.x; item < items && (int32_t)blockIdx.x < placing;
+         item += placing) {
         const bool first = item == (int32_t)blockIdx.x;
         int s = s0, k = k0;
         int32_t t = t0;
@@ -2208,7 +2214,9 @@ extern "C" epx_status epx_gpu_ep_dispatch_parts(epx_gpu_ep *ep, int parts, int64
         return epx_gpu_ep_dispatch_parts(ep, EPX_GPU_EP_RECV, T, x, topk_slots, topk_weights, recv,
                                          err);
     }
-    const unsigned grid = blocks_for(sends > places ? sends : places, ep->wait_blocks);
+    /* ... and one more for the slot ranges (dispatch_kernel's range block) */
+    const unsigned grid =
+        blocks_for((sends > places ? sends : places) + ((parts & 2) ? 1 : 0), ep->wait_blocks);
     const uint32_t nwork = (uint32_t)(sends < 1 ? 1 : sends < grid ? sends : grid);
     /* The lean instance when nothing needs the others' paths (dispatch_kernel). */
     const bool lean = ep->fp8 == 0 && !ep->a.host_inbox && g->K <= 32 && g->xrow % 16 == 0 &&
