@@ -254,17 +254,8 @@ static void one_case(int32_t E, int32_t G, int32_t per, int64_t T, int32_t K, in
 }
 
 int main(void) {
-    int n = 0;
-    cudaError_t e = cudaGetDeviceCount(&n);
-    if (e != cudaSuccess || n == 0) {
-        printf("skip: no CUDA device (%s)\n",
-               e != cudaSuccess ? cudaGetErrorString(e) : "0 devices");
-        return 77;
-    }
-    const char *env = getenv("EPX_TEST_SEED");
-    uint64_t seed = env ? strtoull(env, NULL, 0) : 20270127ull;
-    printf("test seed: %llu (set EPX_TEST_SEED to reproduce)\n", (unsigned long long)seed);
-    rng_state = seed;
+    if (cx_no_gpu()) return 77;
+    rng_state = cx_seed(20270127ull);
     int quick = getenv("EPX_GPU_TEST_QUICK") != NULL, cases = 0;
     static const int32_t Ts[] = {0, 1, 2, 31, 33, 100, 257, 1000, 4096, 8192};
     static const int32_t Ks[] = {1, 2, 4, 8, 9};

@@ -21,16 +21,12 @@
 #include "epx_cuda.h"
 #include "../../src/cuda/dispatch_cuda.h"
 
+/* EK below: these calls take no `epx_error er` of the caller's */
+#define EPX_CUDA_EXIT_OWN_EK
+#include "cuda_exit.h"
+
 static int failures;
 
-#define CK(call)                                                                                   \
-    do {                                                                                           \
-        cudaError_t e_ = (call);                                                                   \
-        if (e_ != cudaSuccess) {                                                                   \
-            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
-            exit(1);                                                                               \
-        }                                                                                          \
-    } while (0)
 #define EK(call)                                                                                   \
     do {                                                                                           \
         epx_error er_ = {0};                                                                       \
@@ -423,17 +419,8 @@ static void errors(void) {
 }
 
 int main(void) {
-    int n = 0;
-    cudaError_t e = cudaGetDeviceCount(&n);
-    if (e != cudaSuccess || n == 0) {
-        printf("skip: no CUDA device (%s)\n",
-               e != cudaSuccess ? cudaGetErrorString(e) : "0 devices");
-        return 77;
-    }
-    const char *env = getenv("EPX_TEST_SEED");
-    uint64_t seed = env ? strtoull(env, NULL, 0) : 20261202ull;
-    printf("test seed: %llu (set EPX_TEST_SEED to reproduce)\n", (unsigned long long)seed);
-    rng_state = seed;
+    if (cx_no_gpu()) return 77;
+    rng_state = cx_seed(20261202ull);
     errors();
     static const int32_t Ts[] = {0, 1, 2, 31, 32, 33, 100, 257, 1000, 4096, 4099, 16384};
     static const int32_t Ks[] = {1, 2, 3, 8, 9, 16, 32};

@@ -1,0 +1,71 @@
+# Copyright the epx authors. Licensed under the Apache License, Version 2.0;
+# you may use this file only in compliance with that license, a copy of which
+# is at http://www.apache.org/licenses/LICENSE-2.0. It is distributed "AS IS",
+# without warranties or conditions of any kind.
+"""scripts/ncu_lines.py on canned input: Nsight Compute's source page (two
+launches of one kernel, one of another) and nvdisasm's line table; the
+samples land on the right source lines, per launch."""
+import importlib.util
+import os
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+_spec = importlib.util.spec_from_file_location("ncu_lines",
+                                               os.path.join(ROOT, "scripts", "ncu_lines.py"))
+nl = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(nl)
+
+HDR = ["Address", "Source", nl.SAMPLES, nl.NOT_ISSUED, "# Samples", nl.EXECUTED]
+
+
+def page(kernel, base, rows):
+    out = [["Kernel Name", kernel], HDR]
+    for off, sass, s, n, e in rows:
+        out.append([hex(base + off), sass, str(s), str(n), str(s), "{:,}".format(e)])
+    return out
+
+
+DISASM = """
+\t.text._Z8dispatchv:
+        //## File "/src/comm/gpu/ll_ep.cu", line 10
+        /*0000*/                   LDC R1, c[0x0][0x28] ;
+        /*0010*/                   S2R R0, SR_TID.X ;
+        //## File "/src/core/numeric.h", line 43
+        /*0020*/                   BAR.SYNC.DEFER_BLOCKING 0x0 ;
+\t.text._Z7combinev:
+        //## File "/src/comm/gpu/ll_ep.cu", line 99
+        /*0000*/                   LDC R1, c[0x0][0x28] ;
+"""
+
+
+def test_samples_land_on_source_lines_per_launch():
+    csv_rows = (page("dispatch(Args)", 0x7f0000001000,
+                     [(0x00, "LDC R1, c[0x0][0x28]", 0, 0, 512), (0x10, "S2R R0, SR_TID.X", 2, 1, 512),
+                      (0x20, "BAR.SYNC.DEFER_BLOCKING 0x0", 40, 40, 16),
+                      (0x30, "EXIT", 0, 0, 0)])
+                + page("dispatch(Args)", 0x7f0000001000,
+                       [(0x00, "LDC R1, c[0x0][0x28]", 0, 0, 512),
+                        (0x20, "BAR.SYNC.DEFER_BLOCKING 0x0", 20, 18, 16)])
+                + page("combine(Args)", 0x7f0000009000, [(0x00, "LDC R1, c[0x0][0x28]", 5, 5, 8)]))
+    hot = list(nl.filter_rows(csv_rows))
+    # the unexecuted, unsampled EXIT is dropped; the thousands separator read
+    assert len(hot) == 6 and all(h[5] in (512, 16, 8) for h in hot)
+    groups = nl.launches(hot)
+    assert [k for k, _ in groups] == ["dispatch(Args)", "dispatch(Args)", "combine(Args)"]
+    agg, n = nl.by_line(groups, nl.line_table(DISASM), "dispatch")
+    assert n == 2
+    # LDC + S2R, then LDC alone: (1024 + 512) / 2 executed, (2 + 0) / 2 sampled
+    assert agg[("ll_ep.cu", 10)] == [1.0, 0.5, 768.0]
+    assert agg[("numeric.h", 43)] == [30.0, 29.0, 16.0]
+    agg_c, n_c = nl.by_line(groups, nl.line_table(DISASM), "combine")
+    assert n_c == 1 and agg_c[("ll_ep.cu", 99)] == [5.0, 5.0, 8.0]
+
+
+def test_a_launch_from_other_code_is_not_counted():
+    # another build's launches: an offset the kernel does not have, or
+    # another instruction at one it has
+    for rows in ([(0x00, "LDC R1, c[0x0][0x28]", 1, 1, 1), (0x40, "EXIT", 1, 1, 1)],
+                 [(0x00, "LDC R1, c[0x0][0x28]", 1, 1, 1), (0x10, "IMAD R2, R0, R1", 1, 1, 1)]):
+        groups = nl.launches(list(nl.filter_rows(page("dispatch(Args)", 0x1000, rows))))
+        agg, n = nl.by_line(groups, nl.line_table(DISASM), "dispatch")
+        assert n == 0 and agg == {}
+    assert nl.opcode("@!P0 BRA 0x120") == "BRA" and nl.opcode("") == ""

@@ -1,0 +1,180 @@
+#!/usr/bin/env python3
+"""Where a kernel's time goes, by source line, from Nsight Compute's samples.
+
+`ncu --page source --print-source sass --csv` lists every SASS instruction of
+every profiled launch with its warp-stall samples and executed count, by
+absolute address and without source lines (the CLI does not correlate them),
+and is tens of MB. Two steps:
+
+  on the GPU machine (python3 alone):
+    ncu --section WarpStateStats --section SourceCounters --warp-sampling-interval 0 \\
+        --cache-control none --clock-control none -k regex:dispatch_kernel -o rep CMD...
+    ncu -i rep.ncu-rep --page source --csv --print-source sass > /tmp/all.csv
+    scripts/ncu_lines.py filter /tmp/all.csv $OUT/hot.csv       (rows with samples or executions)
+
+  here, with the same binary (its cubin's line table, read by nvdisasm -g):
+    scripts/ncu_lines.py map hot.csv build/epx --kernel dispatch_kernel
+
+`map` sums each source line's samples (all and not issued) and executed
+warp-instructions over the launches of the kernel, per launch, and prints the
+top lines. A launch is a run of rows of one kernel whose addresses ascend; an
+instruction's offset is its address minus its launch's first row's (the
+first instruction always executes).
+"""
+import argparse
+import collections
+import csv
+import glob
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SAMPLES = "Warp Stall Sampling (All Samples)"
+NOT_ISSUED = "Warp Stall Sampling (Not-issued Samples)"
+EXECUTED = "Instructions Executed"
+
+
+def to_int(v):
+    try:
+        return int(str(v).replace(",", "") or 0)
+    except ValueError:
+        return 0
+
+
+def filter_rows(lines):
+    """(kernel, address, sass, samples, not issued, executed) of the rows of
+    an ncu source page (csv rows) that were sampled or executed."""
+    kernel, cols = None, None
+    for r in lines:
+        if not r:
+            continue
+        if r[0] == "Kernel Name":
+            kernel = r[1]
+        elif r[0] == "Address":
+            cols = (r.index(SAMPLES), r.index(NOT_ISSUED), r.index(EXECUTED))
+        elif cols is not None and kernel is not None and len(r) > max(cols):
+            s, n, e = (to_int(r[c]) for c in cols)
+            if s or e:
+                yield kernel, r[0], r[1], s, n, e
+
+
+def launches(rows):
+    """Rows grouped into launches: [(kernel, [(offset, sass, s, n, e)])]."""
+    out, prev = [], None
+    for kernel, addr, sass, s, n, e in rows:
+        a = int(addr, 16)
+        if prev is None or kernel != prev[0] or a < prev[1]:
+            out.append((kernel, a, []))
+        out[-1][2].append((a - out[-1][1], sass, s, n, e))
+        prev = (kernel, a)
+    return [(k, rows_) for k, _, rows_ in out]
+
+
+def opcode(sass):
+    """The instruction's mnemonic without modifiers or predicate: 'BAR' of
+    '@P0 BAR.SYNC.DEFER_BLOCKING 0x0'."""
+    words = sass.split()
+    if words and words[0].startswith("@"):
+        words = words[1:]
+    return words[0].split(".")[0] if words else ""
+
+
+def line_table(disasm_text):
+    """{function: {offset: ((file, line), mnemonic)}} from `nvdisasm -g -c`."""
+    table, fn, loc = {}, None, None
+    for l in disasm_text.splitlines():
+        m = re.match(r"\s*\.text\.(\S+):", l)
+        if m:
+            fn = m.group(1)
+            table[fn] = {}
+            continue
+        m = re.search(r'//## File "([^"]+)", line (\d+)', l)
+        if m:
+            loc = (os.path.basename(m.group(1)), int(m.group(2)))
+            continue
+        m = re.match(r"\s+/\*([0-9a-f]{4,})\*/\s+(\S.*)", l)
+        if fn and m:
+            table[fn][int(m.group(1), 16)] = (loc, opcode(m.group(2)))
+    return table
+
+
+def tool(name):
+    """cuobjdump / nvdisasm: CUDA's, else the ones the triton wheel ships."""
+    for d in ["/usr/local/cuda/bin"] + glob.glob(os.path.join(
+            ROOT, "build", "python", "venv", "lib", "python3*", "site-packages", "triton",
+            "backends", "nvidia", "bin")):
+        p = os.path.join(d, name)
+        if os.access(p, os.X_OK):
+            return p
+    sys.exit("ncu_lines: no %s (CUDA's bin/, or triton's in build/python/venv)" % name)
+
+
+def disassemble(binary):
+    with tempfile.TemporaryDirectory() as d:
+        subprocess.run([tool("cuobjdump"), "-xelf", "all", os.path.abspath(binary)], cwd=d,
+                       check=True, capture_output=True)
+        text = []
+        for cubin in sorted(glob.glob(os.path.join(d, "*.cubin"))):
+            text.append(subprocess.run([tool("nvdisasm"), "-g", "-c", cubin],
+                                       capture_output=True, text=True).stdout)
+    return "\n".join(text)
+
+
+def by_line(groups, table, kernel):
+    """Per source line, summed over the launches of `kernel` and divided by
+    their number: [samples, not issued, executed]; and the launch count."""
+    fns = [f for f in table if kernel in f]
+    agg, n = collections.defaultdict(lambda: [0, 0, 0]), 0
+    for k, rows in groups:
+        if kernel not in k:
+            continue
+        # the function whose instruction at each offset is the sampled one
+        fn = next((f for f in fns if all(o in table[f] and table[f][o][1] == opcode(sass)
+                                         for o, sass, *_ in rows)), None)
+        if fn is None:
+            continue
+        n += 1
+        for off, _, s, ni, e in rows:
+            v = agg[table[fn][off][0]]
+            v[0] += s
+            v[1] += ni
+            v[2] += e
+    return {loc: [x / max(n, 1) for x in v] for loc, v in agg.items()}, n
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    f = sub.add_parser("filter")
+    f.add_argument("source_csv")
+    f.add_argument("out_csv")
+    m = sub.add_parser("map")
+    m.add_argument("hot_csv")
+    m.add_argument("binary")
+    m.add_argument("--kernel", required=True)
+    m.add_argument("--top", type=int, default=30)
+    args = ap.parse_args()
+    if args.cmd == "filter":
+        with open(args.source_csv, newline="") as src, open(args.out_csv, "w", newline="") as dst:
+            w = csv.writer(dst)
+            for row in filter_rows(csv.reader(src)):
+                w.writerow(row)
+        return 0
+    rows = [(r[0], r[1], r[2], to_int(r[3]), to_int(r[4]), to_int(r[5]))
+            for r in csv.reader(open(args.hot_csv, newline=""))]
+    agg, n = by_line(launches(rows), line_table(disassemble(args.binary)), args.kernel)
+    if n == 0:
+        sys.exit("ncu_lines: no launch of a kernel named like '%s' matches %s's code"
+                 % (args.kernel, args.binary))
+    print("%s: %d launches; per launch: samples, not issued, warp-instructions executed"
+          % (args.kernel, n))
+    for loc, v in sorted(agg.items(), key=lambda x: -x[1][0])[:args.top]:
+        print("%8.1f %8.1f %10.0f  %s" % (v[0], v[1], v[2], "%s:%d" % loc if loc else "?"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
