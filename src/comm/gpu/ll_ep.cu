@@ -993,28 +993,66 @@ __global__ void __launch_bounds__(kThreads, 2)
     /* Receive: every block waits for every source. */
     STAMP(a, 2);
     __shared__ int32_t first_row[kMaxRanks + 1]; /* rows of sources below s, then the total */
-    __shared__ int any_bad;
-    __shared__ uint32_t bad_code;
+    /* the flags' counts, as wait_flags saw them, where the send's histogram
+     * was (done with: the send counted in behind a barrier) */
+    static_assert(kMaxRanks <= kCountInts, "the flags' counts fit the histogram's room");
+    uint32_t *flag_cnt = (uint32_t *)hist;
+    __shared__ int s_any_bad;
+    __shared__ uint32_t s_bad_code;
     if (!wait_flags(a, dflag_at(a, a.base, epoch, 0), sizeof(uint64_t), a.R, epoch, PH_DISPATCH,
-                    live, a.decided, (uint32_t *)first_row))
+                    live, a.decided, flag_cnt))
         return;
     STAMP(a, 3);
-    if (threadIdx.x == 0) {
-        any_bad = -1;
-        int32_t acc = 0;
-        for (int r = 0; r < a.R; r++) { /* the flags' counts, as wait_flags saw them */
-            const uint32_t c = (uint32_t)first_row[r];
-            const bool refuse = c == EPXI_LL_BAD || c == kLLDup;
-            if (refuse && any_bad < 0) {
-                any_bad = r;
-                bad_code = c == kLLDup ? F_DUP_SLOT : F_BAD_SLOT;
-            }
-            first_row[r] = acc;
-            acc += refuse ? 0 : (int32_t)c;
+    /* The sources' rows: which flag refused the batch, and the prefix of the
+     * rows. Lean with R <= 32: every warp works them out in registers from
+     * its lanes (lane r: source r), with no barrier and no shared result
+     * (item_rec reads them by shuffles); otherwise thread 0 writes
+     * first_row for the block. */
+    const bool warp_rows = kLean && a.R <= 32;
+    const int lane = threadIdx.x % 32;
+    int any_bad = -1;
+    uint32_t bad_code = 0;
+    int32_t row_incl = 0, row_excl = 0, rows_total = 0; /* warp_rows: lane r's, and the sum */
+    if (warp_rows) {
+        const uint32_t c = lane < a.R ? flag_cnt[lane] : 0;
+        const bool refuse = lane < a.R && (c == EPXI_LL_BAD || c == kLLDup);
+        const unsigned bad = __ballot_sync(0xffffffffu, refuse);
+        if (bad != 0) {
+            any_bad = __ffs(bad) - 1;
+            bad_code = __shfl_sync(0xffffffffu, c, any_bad) == kLLDup ? F_DUP_SLOT : F_BAD_SLOT;
         }
-        first_row[a.R] = acc;
+        const int32_t own = refuse || lane >= a.R ? 0 : (int32_t)c;
+        row_incl = own;
+        for (int d = 1; d < 32; d *= 2) {
+            const int32_t up = __shfl_up_sync(0xffffffffu, row_incl, d);
+            if (lane >= d) row_incl += up;
+        }
+        row_excl = row_incl - own;
+        rows_total = __shfl_sync(0xffffffffu, row_incl, 31);
+    } else {
+        if (threadIdx.x == 0) {
+            int bad_r = -1;
+            uint32_t code = 0;
+            int32_t acc = 0;
+            for (int r = 0; r < a.R; r++) {
+                const uint32_t c = flag_cnt[r];
+                const bool refuse = c == EPXI_LL_BAD || c == kLLDup;
+                if (refuse && bad_r < 0) {
+                    bad_r = r;
+                    code = c == kLLDup ? F_DUP_SLOT : F_BAD_SLOT;
+                }
+                first_row[r] = acc;
+                acc += refuse ? 0 : (int32_t)c;
+            }
+            first_row[a.R] = acc;
+            s_any_bad = bad_r;
+            s_bad_code = code;
+        }
+        __syncthreads();
+        any_bad = s_any_bad;
+        bad_code = s_bad_code;
+        rows_total = first_row[a.R];
     }
-    __syncthreads();
     const bool refused = any_bad >= 0;
     if (sending) started = prefetch_started(&a.ctl->de_started);
     /* The meta and the row of this block's first item are loaded before the
@@ -1022,15 +1060,24 @@ __global__ void __launch_bounds__(kThreads, 2)
     /* items: (received row, k), int32 (rows * K <= R * max_tokens * top_k).
      * The last block is the range block (the slot ranges below) and the
      * others place; a grid of one does both. */
-    const int32_t items = refused ? 0 : first_row[a.R] * K;
+    const int32_t items = refused ? 0 : rows_total * K;
     const int32_t placing = gridDim.x > 1 ? (int32_t)gridDim.x - 1 : 1;
     const bool range_block = blockIdx.x == gridDim.x - 1;
+    /* Item (row, k)'s source, token and k; called by whole warps alike (the
+     * warp_rows form votes over the lanes). */
     auto item_rec = [&](int32_t item, int *s_out, int32_t *t_out, int *k_out) {
         const int32_t vrow = item / K;
         int s = 0;
-        while (first_row[s + 1] <= vrow) s++;
+        int32_t below = 0; /* rows of the sources below s */
+        if (warp_rows) {
+            s = __popc(__ballot_sync(0xffffffffu, lane < a.R && row_incl <= vrow));
+            below = __shfl_sync(0xffffffffu, row_excl, s);
+        } else {
+            while (first_row[s + 1] <= vrow) s++;
+            below = first_row[s];
+        }
         *s_out = s;
-        *t_out = vrow - first_row[s];
+        *t_out = vrow - below;
         *k_out = item - vrow * K;
         return rec_at(a, a.base, epoch, s, *t_out);
     };
