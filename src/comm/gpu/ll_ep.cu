@@ -132,6 +132,10 @@ struct Args {
     unsigned char *rx, *y;       /* [spr][RM] rows */
     int32_t *count, *pair, *srctok;
     Work *work; /* [R * M * K]: the dispatch's items (Work) */
+    /* [M][K]: the entry row of this rank's own (t, k) where its slot is
+     * here: the combine reads those rows from y where they are, and copies
+     * only the other ranks' */
+    int64_t *self_e;
     int64_t *range;
     float *ew;
     float *weights; /* [M][K] this rank's batch: weights given to dispatch */
@@ -704,6 +708,7 @@ __device__ int64_t place_entry(const Args &a, uint32_t epoch, const Meta &m, int
         a.pair[e] = pair;
         a.srctok[e] = (int32_t)t;
     }
+    if (s == a.me && m.tag == epoch) a.self_e[t * a.K + k] = e;
     Work w;
     w.e = e;
     w.pair = pair;
@@ -1322,7 +1327,7 @@ __global__ void __launch_bounds__(kThreads, 2)
             if (w.e < 0) continue; /* no entry here (another rank's k, or none) */
             const int64_t e = w.e;
             const int32_t src = w.pair / MK, tk = w.pair - src * MK;
-            if (!live[src]) continue;
+            if (!live[src] || src == a.me) continue; /* own rows: read where they are */
             unsigned char *dst = comb_at(a, peer[src], epoch, (int)src) + (size_t)tk * a.yrow;
             if (kLean)
                 copy_words<int4>(dst, ysrc + (size_t)e * a.yrow, a.yrow);
@@ -1357,10 +1362,14 @@ __global__ void __launch_bounds__(kThreads, 2)
     auto stage = [&](int32_t t) {
         for (int k = threadIdx.x; k < K; k += blockDim.x) {
             const int32_t sl = a.slots[t * K + k];
-            /* no row from a rank given up on (shrink mode): its experts' share is dropped */
-            rows[k] = sl >= 0 && !refused && live[sl / a.spr]
-                          ? comb_at(a, a.base, epoch, sl / a.spr) + (size_t)(t * K + k) * a.yrow
-                          : nullptr;
+            const int r = sl >= 0 ? sl / a.spr : -1;
+            /* no row from a rank given up on (shrink mode): its experts' share
+             * is dropped; this rank's own experts' rows are read from y */
+            const int64_t e = r == a.me ? a.self_e[t * K + k] : -1;
+            rows[k] = sl < 0 || refused || !live[r] ? nullptr
+                      : r != a.me ? comb_at(a, a.base, epoch, r) + (size_t)(t * K + k) * a.yrow
+                      : e >= 0    ? ysrc + (size_t)e * a.yrow
+                                  : nullptr;
             wk[k] = wsrc[t * K + k];
         }
     };
@@ -1444,8 +1453,8 @@ struct epx_gpu_ep {
     cudaStream_t stream;
     int32_t timeout_ms;
     int32_t wait_blocks; /* blocks that wait for flags must all be resident */
-    size_t off_rx, off_y, off_count, off_pair, off_work, off_srctok, off_ew, off_range, off_weights,
-        off_slots, off_ctl, off_peers, off_mask, off_decided, total, inbox_total;
+    size_t off_rx, off_y, off_count, off_pair, off_work, off_self, off_srctok, off_ew, off_range,
+        off_weights, off_slots, off_ctl, off_peers, off_mask, off_decided, total, inbox_total;
     unsigned char *buf; /* this rank's work area (device memory) */
     /* The peer-written areas (transport.h): this rank's, and the peers' as
      * mapped here (ranks of this process are used through their pointers). */
@@ -1528,7 +1537,8 @@ static epx_status plan(epx_gpu_ep *ep, const epx_ep_config *cfg, int32_t R, bool
         {&ep->off_y, spr * RM, (double)g->yrow},
         {&ep->off_count, spr, sizeof(int32_t)},
         {&ep->off_pair, spr * RM, sizeof(int32_t)},
-        {&ep->off_work, RM * K, sizeof(Work)}, /* the dispatch's items, for the combine */
+        {&ep->off_work, RM * K, sizeof(Work)},   /* the dispatch's items, for the combine */
+        {&ep->off_self, M * K, sizeof(int64_t)}, /* own entries' rows, for the combine */
         {&ep->off_srctok, spr * RM, sizeof(int32_t)},
         {&ep->off_ew, spr * RM, sizeof(float)},
         {&ep->off_range, spr * R, sizeof(int64_t)},
@@ -1775,6 +1785,7 @@ static epx_status open_engine(const epx_ep_config *cfg, int32_t rank, int32_t nu
         a.count = (int32_t *)(ep->buf + ep->off_count);
         a.pair = (int32_t *)(ep->buf + ep->off_pair);
         a.work = (Work *)(ep->buf + ep->off_work);
+        a.self_e = (int64_t *)(ep->buf + ep->off_self);
         a.srctok = (int32_t *)(ep->buf + ep->off_srctok);
         a.ew = (float *)(ep->buf + ep->off_ew);
         a.range = (int64_t *)(ep->buf + ep->off_range);
