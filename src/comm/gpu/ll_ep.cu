@@ -15,6 +15,8 @@
  *   ------------------------------ (above: written by peers)
  *   rx, y   spr * R * M rows   expert-major received rows and outputs
  *   count, pair, srctok, ew, range   per slot / per entry row
+ *   work                       the dispatch's items (row, k): entry and pair,
+ *                              the combine's list of rows to send
  *   weights, slots             this rank's routing of the running batch
  *   ctl                        epochs, arrival counters, the fault record
  * The peer table (R base pointers, this rank's own among them) sits at the
@@ -87,6 +89,7 @@ struct Ctl {
     uint32_t arrive_d;             /* blocks of the running dispatch that finished sending */
     uint32_t arrive_c;             /* same for combine */
     uint32_t refused;              /* the last dispatch was refused: combine writes zeros */
+    int32_t ditems;                /* its receive's items (rows * K): Args::work's length */
     uint32_t dup;                  /* a block of the running dispatch saw a slot twice in a token */
     uint32_t bad;                  /* ... or a slot outside [-1, P) (both read only when marked) */
     uint32_t fault[4];             /* code, phase, peer, epoch */
@@ -107,6 +110,17 @@ struct Meta {
     uint32_t tag; /* the epoch of the batch that wrote it */
 };
 
+/* What the dispatch's receive did with item (row, k) of the running batch,
+ * for the combine: the entry row (-1: none here) and its (source, token, k)
+ * pair. The combine's blocks read their items from this list instead of
+ * scanning the per-slot counts and searching them (a scan, a binary search
+ * and a dependent load of pair[e] before the first row could move). */
+struct Work {
+    int64_t e;
+    int32_t pair;
+    int32_t pad;
+};
+
 /* Offsets of one rank's buffer and everything the kernels need. */
 struct Args {
     int32_t R, me, K, H, spr, P;
@@ -117,6 +131,11 @@ struct Args {
     unsigned char *const *peers; /* [R] device: every rank's buffer, mapped here */
     unsigned char *rx, *y;       /* [spr][RM] rows */
     int32_t *count, *pair, *srctok;
+    Work *work; /* [R * M * K]: the dispatch's items (Work) */
+    /* [M][K]: the entry row of this rank's own (t, k) where its slot is
+     * here: the combine reads those rows from y where they are, and copies
+     * only the other ranks' */
+    int64_t *self_e;
     int64_t *range;
     float *ew;
     float *weights; /* [M][K] this rank's batch: weights given to dispatch */
@@ -564,26 +583,33 @@ __device__ __forceinline__ int upper_index(const int32_t *so, int n, int32_t j) 
  * written into each destination's cnt[me][local slot], in passes of
  * kCountInts slots through shared memory.
  */
-__device__ void send_counts(const Args &a, unsigned char *const *peer, uint32_t epoch,
-                            const void *slots, int ids64, int32_t nent, int32_t lo, int32_t hi,
-                            const uint8_t *live) {
-    __shared__ int32_t hist[kCountInts];
-    /* int32 throughout: slots < P and entries < 2^31 (int64 division is a
-     * subroutine on the GPU) */
+__device__ void count_pass(int32_t *hist, const void *slots, int ids64, int32_t nent, int32_t c0,
+                           int32_t c1) {
+    for (int32_t j = threadIdx.x; j < nent; j += blockDim.x) {
+        const int32_t s = slot_at(slots, j, ids64);
+        if (s >= c0 && s < c1) atomicAdd(&hist[s - c0], 1);
+    }
+}
+/* hist [kCountInts] (shared): with `first_counted` its first pass [lo, lo +
+ * kCountInts) was zeroed and counted already, early in the kernel (the
+ * block's barriers since then order it), so the usual single pass costs no
+ * barrier of its own. int32 throughout: slots < P and entries < 2^31. */
+__device__ void send_counts(const Args &a, unsigned char *const *peer, int32_t *hist,
+                            uint32_t epoch, const void *slots, int ids64, int32_t nent, int32_t lo,
+                            int32_t hi, const uint8_t *live, bool first_counted) {
     for (int32_t c0 = lo; c0 < hi; c0 += kCountInts) {
         const int32_t c1 = c0 + kCountInts < hi ? c0 + kCountInts : hi;
-        for (int32_t i = threadIdx.x; i < c1 - c0; i += blockDim.x) hist[i] = 0;
-        __syncthreads();
-        for (int32_t j = threadIdx.x; j < nent; j += blockDim.x) {
-            const int32_t s = slot_at(slots, j, ids64);
-            if (s >= c0 && s < c1) atomicAdd(&hist[s - c0], 1);
+        if (!(first_counted && c0 == lo)) {
+            for (int32_t i = threadIdx.x; i < c1 - c0; i += blockDim.x) hist[i] = 0;
+            __syncthreads();
+            count_pass(hist, slots, ids64, nent, c0, c1);
+            __syncthreads();
         }
-        __syncthreads();
         for (int32_t sl = c0 + threadIdx.x; sl < c1; sl += blockDim.x) {
             const int32_t dst = sl / a.spr, l = sl - dst * a.spr;
             if (live[dst]) *cnt_at(a, peer[dst], epoch, filed_as(a, dst), l) = hist[sl - c0];
         }
-        __syncthreads();
+        if (c1 < hi) __syncthreads(); /* the next pass reuses hist */
     }
 }
 
@@ -668,7 +694,7 @@ __device__ void place_fp8(const Args &a, const unsigned char *rec, int64_t e, in
  * count (shrink mode gives up on some).
  */
 __device__ int64_t place_entry(const Args &a, uint32_t epoch, const Meta &m, int s, int64_t t,
-                               int k, const uint8_t *live) {
+                               int k, const uint8_t *live, int32_t item) {
     int64_t e = -1;
     if (m.tag == epoch && m.slot >= 0 && m.slot < a.spr) {
         int64_t off = 0;
@@ -676,11 +702,18 @@ __device__ int64_t place_entry(const Args &a, uint32_t epoch, const Meta &m, int
             if (live[s2]) off += *cnt_at(a, a.base, epoch, s2, m.slot);
         if (m.pos >= 0 && off + m.pos < a.RM) e = (int64_t)m.slot * a.RM + off + m.pos;
     }
+    const int32_t pair = (int32_t)(((int64_t)s * a.M + t) * a.K + k);
     if (e >= 0) {
         a.ew[e] = m.weight;
-        a.pair[e] = (int32_t)(((int64_t)s * a.M + t) * a.K + k);
+        a.pair[e] = pair;
         a.srctok[e] = (int32_t)t;
     }
+    if (s == a.me && m.tag == epoch) a.self_e[t * a.K + k] = e;
+    Work w;
+    w.e = e;
+    w.pair = pair;
+    w.pad = 0;
+    a.work[item] = w;
     return e;
 }
 
@@ -706,8 +739,8 @@ __device__ void place_rows(const Args &a, uint32_t epoch, const int32_t *first_r
         __syncthreads();
         if (threadIdx.x < K) {
             const int k = threadIdx.x;
-            const int64_t e =
-                place_entry(a, epoch, ((const Meta *)(rec + a.meta_off))[k], s, t, k, live);
+            const int64_t e = place_entry(a, epoch, ((const Meta *)(rec + a.meta_off))[k], s, t, k,
+                                          live, (int32_t)(row * K + k));
             if (e >= 0) place[atomicAdd(&nplace, 1)] = e;
         }
         __syncthreads();
@@ -789,7 +822,22 @@ __global__ void __launch_bounds__(kThreads, 2)
     const bool staged = sending && Tn * K <= kSmemIds;
     __shared__ int s_dead;
     __shared__ unsigned char *peer[kMaxRanks]; /* the peer table, read once */
+    __shared__ int32_t hist[kCountInts];       /* this block's per-slot counts (send_counts) */
     STAMP(a, 5);
+    /* The first nwork blocks send this rank's counts of the slots [clo, chi):
+     * the first pass's histogram is zeroed here and counted after the first
+     * barrier, off the send's own path. P * blocks is below 2^32 when P <
+     * 2^16 (grids stay below 2^16). */
+    const bool counting = sending && blockIdx.x < nwork;
+    const uint32_t cb = blockIdx.x;
+    const int32_t clo = !counting     ? 0
+                        : a.P < 65536 ? (int32_t)((uint32_t)a.P * cb / nwork)
+                                      : (int32_t)((int64_t)a.P * cb / nwork);
+    const int32_t chi = !counting     ? 0
+                        : a.P < 65536 ? (int32_t)((uint32_t)a.P * (cb + 1) / nwork)
+                                      : (int32_t)((int64_t)a.P * (cb + 1) / nwork);
+    const int32_t c1 = chi - clo < kCountInts ? chi : clo + kCountInts;
+    for (int32_t i = threadIdx.x; i < c1 - clo; i += blockDim.x) hist[i] = 0;
     STAMP_CLOCK(a, 6);
     if (threadIdx.x == 0) {
         s_epoch = take_epoch(&a.ctl->de_started, sending);
@@ -807,33 +855,39 @@ __global__ void __launch_bounds__(kThreads, 2)
         if (sending) advance_epoch(a, &a.ctl->de_started, epoch, PH_DISPATCH, started);
     };
     if (s_dead) return;
-    live_ranks(a, live);
+    if (counting)
+        count_pass(hist, staged ? (const void *)ids : slots, staged ? 0 : ids64, Tn * K, clo, c1);
+    live_ranks(a, live); /* its barrier orders the counts before send_counts reads them */
     STAMP(a, 0);
     for (int32_t item = blockIdx.x; sending && item < Tn * dmax; item += gridDim.x) {
         const int32_t t = item / dmax;
         const int j = item - t * dmax;
         if (item != (int32_t)blockIdx.x) load_item(item);
-        if (threadIdx.x < K) { /* K <= kMaxK < blockDim.x */
-            const int k = threadIdx.x;
-            if (sv < -1 || sv >= a.P) {
-                bad_slot = 1;
-                a.ctl->bad = 1; /* read by the last block, after the counters */
-            }
-            sk[k] = sv >= 0 && sv < a.P ? sv : -1;
-            wk[k] = wv;
-            if (j == 0) {
-                a.slots[t * K + k] = sv;
-                a.weights[t * K + k] = wv;
-            }
-        }
-        __syncthreads();
-        STAMP(a, 16);
-        if (kLean || K <= 32) { /* lean: K <= 32 */
-            /* Warp 0: the distinct destination ranks, ascending, without a
-             * serial scan: each first occurrence counts the smaller ones. */
+        if (kLean || K <= 32) {
+            /* Warp 0 alone (lane k holds choice k of the token): the slots
+             * kept, the distinct destination ranks and each k's position
+             * among the token's earlier k with its slot, from warp votes, so
+             * the block meets one barrier here, not two. */
             if (threadIdx.x < 32) {
                 const int lane = threadIdx.x;
-                const int r = lane < K && sk[lane] >= 0 ? sk[lane] / a.spr : INT_MAX;
+                const bool in = lane < K;
+                int32_t kept = -1;
+                if (in) {
+                    if (sv < -1 || sv >= a.P) {
+                        bad_slot = 1;
+                        a.ctl->bad = 1; /* read by the last block, after the counters */
+                    }
+                    kept = sv >= 0 && sv < a.P ? sv : -1;
+                    sk[lane] = kept;
+                    wk[lane] = wv;
+                    if (j == 0) {
+                        a.slots[t * K + lane] = sv;
+                        a.weights[t * K + lane] = wv;
+                    }
+                }
+                /* Destinations ascending, without a serial scan: each first
+                 * occurrence counts the smaller ones. */
+                const int r = kept >= 0 ? kept / a.spr : INT_MAX;
                 const unsigned same = __match_any_sync(0xffffffffu, r);
                 const bool first = r != INT_MAX && lane == __ffs(same) - 1;
                 int pos = 0;
@@ -845,31 +899,58 @@ __global__ void __launch_bounds__(kThreads, 2)
                 if (first) d[pos] = r;
                 const unsigned firsts = __ballot_sync(0xffffffffu, first);
                 if (lane == 0) nd = __popc(firsts);
+                /* Position among the token's earlier k of the same slot (a
+                 * lane without a slot matches no other: its key is unique). */
+                const unsigned twins = __match_any_sync(0xffffffffu, kept >= 0 ? kept : -2 - lane);
+                const int32_t p = __popc(twins & ((1u << lane) - 1u));
+                if (in) {
+                    pk[lane] = p;
+                    if (p > 0) {
+                        a.ctl->dup = 1; /* read by the last block, after the counters */
+                        bad_slot = 1;   /* marks the block: the last one reads dup and bad */
+                    }
+                }
             }
-        } else if (threadIdx.x == 0) {
-            nd = epxi_ep_token_dests(sk, K, a.spr, d);
-        }
-        /* Position of (t, k) among this rank's entries of its slot: the
-         * earlier k of the token with that slot, then every earlier token's
-         * entries, counted by the whole block. */
-        if (threadIdx.x < K) {
-            int32_t p = 0;
-            for (int k2 = 0; k2 < (int)threadIdx.x; k2++) p += sk[k2] == sv && sv >= 0;
-            pk[threadIdx.x] = p;
-            if (p > 0) {
-                a.ctl->dup = 1; /* read by the last block, after the counters */
-                bad_slot = 1;   /* marks the block: the last one reads dup and bad */
+        } else {
+            if (threadIdx.x < K) { /* K <= kMaxK < blockDim.x */
+                const int k = threadIdx.x;
+                if (sv < -1 || sv >= a.P) {
+                    bad_slot = 1;
+                    a.ctl->bad = 1; /* read by the last block, after the counters */
+                }
+                sk[k] = sv >= 0 && sv < a.P ? sv : -1;
+                wk[k] = wv;
+                if (j == 0) {
+                    a.slots[t * K + k] = sv;
+                    a.weights[t * K + k] = wv;
+                }
+            }
+            __syncthreads();
+            if (threadIdx.x == 0) nd = epxi_ep_token_dests(sk, K, a.spr, d);
+            /* Position of (t, k) among the token's earlier k with that slot. */
+            if (threadIdx.x < K) {
+                int32_t p = 0;
+                for (int k2 = 0; k2 < (int)threadIdx.x; k2++) p += sk[k2] == sv && sv >= 0;
+                pk[threadIdx.x] = p;
+                if (p > 0) {
+                    a.ctl->dup = 1; /* read by the last block, after the counters */
+                    bad_slot = 1;   /* marks the block: the last one reads dup and bad */
+                }
             }
         }
         __syncthreads();
         STAMP(a, 17);
         if (j < nd && live[d[j]]) {
-            for (int32_t q = threadIdx.x; q < t * K; q += blockDim.x) {
-                const int32_t s = id_at(q);
-                for (int k = 0; k < K; k++)
-                    if (s == sk[k] && s >= 0) atomicAdd(&pk[k], 1);
+            /* Then every earlier token's entries of the slot, counted by the
+             * whole block (none before the first token: no barrier). */
+            if (t > 0) {
+                for (int32_t q = threadIdx.x; q < t * K; q += blockDim.x) {
+                    const int32_t s = id_at(q);
+                    for (int k = 0; k < K; k++)
+                        if (s == sk[k] && s >= 0) atomicAdd(&pk[k], 1);
+                }
+                __syncthreads();
             }
-            __syncthreads();
             const int dst = d[j];
             unsigned char *rec = rec_at(a, peer[dst], epoch, filed_as(a, dst), t);
             if (fp8)
@@ -891,16 +972,10 @@ __global__ void __launch_bounds__(kThreads, 2)
         __syncthreads();
         STAMP(a, 18);
     }
-    if (sending && blockIdx.x < nwork) {
+    if (counting) {
         /* This block's share of the per-slot counts, then count in. */
-        /* P * blocks is below 2^32 when P < 2^16 (grids stay below 2^16) */
-        const uint32_t b = blockIdx.x;
-        const int32_t lo = a.P < 65536 ? (int32_t)((uint32_t)a.P * b / nwork)
-                                       : (int32_t)((int64_t)a.P * b / nwork);
-        const int32_t hi = a.P < 65536 ? (int32_t)((uint32_t)a.P * (b + 1) / nwork)
-                                       : (int32_t)((int64_t)a.P * (b + 1) / nwork);
-        send_counts(a, peer, epoch, staged ? (const void *)ids : slots, staged ? 0 : ids64, Tn * K,
-                    lo, hi, live);
+        send_counts(a, peer, hist, epoch, staged ? (const void *)ids : slots, staged ? 0 : ids64,
+                    Tn * K, clo, chi, live, true);
         STAMP(a, 1);
         arrive(&a.ctl->arrive_d, nwork, bad_slot, scope(a), [&](bool marked) {
             /* Only a marked batch (a bad or repeated slot somewhere) reads the
@@ -923,40 +998,91 @@ __global__ void __launch_bounds__(kThreads, 2)
     /* Receive: every block waits for every source. */
     STAMP(a, 2);
     __shared__ int32_t first_row[kMaxRanks + 1]; /* rows of sources below s, then the total */
-    __shared__ int any_bad;
-    __shared__ uint32_t bad_code;
+    /* the flags' counts, as wait_flags saw them, where the send's histogram
+     * was (done with: the send counted in behind a barrier) */
+    static_assert(kMaxRanks <= kCountInts, "the flags' counts fit the histogram's room");
+    uint32_t *flag_cnt = (uint32_t *)hist;
+    __shared__ int s_any_bad;
+    __shared__ uint32_t s_bad_code;
     if (!wait_flags(a, dflag_at(a, a.base, epoch, 0), sizeof(uint64_t), a.R, epoch, PH_DISPATCH,
-                    live, a.decided, (uint32_t *)first_row))
+                    live, a.decided, flag_cnt))
         return;
     STAMP(a, 3);
-    if (threadIdx.x == 0) {
-        any_bad = -1;
-        int32_t acc = 0;
-        for (int r = 0; r < a.R; r++) { /* the flags' counts, as wait_flags saw them */
-            const uint32_t c = (uint32_t)first_row[r];
-            const bool refuse = c == EPXI_LL_BAD || c == kLLDup;
-            if (refuse && any_bad < 0) {
-                any_bad = r;
-                bad_code = c == kLLDup ? F_DUP_SLOT : F_BAD_SLOT;
-            }
-            first_row[r] = acc;
-            acc += refuse ? 0 : (int32_t)c;
+    /* The sources' rows: which flag refused the batch, and the prefix of the
+     * rows. Lean with R <= 32: every warp works them out in registers from
+     * its lanes (lane r: source r), with no barrier and no shared result
+     * (item_rec reads them by shuffles); otherwise thread 0 writes
+     * first_row for the block. */
+    const bool warp_rows = kLean && a.R <= 32;
+    const int lane = threadIdx.x % 32;
+    int any_bad = -1;
+    uint32_t bad_code = 0;
+    int32_t row_incl = 0, row_excl = 0, rows_total = 0; /* warp_rows: lane r's, and the sum */
+    if (warp_rows) {
+        const uint32_t c = lane < a.R ? flag_cnt[lane] : 0;
+        const bool refuse = lane < a.R && (c == EPXI_LL_BAD || c == kLLDup);
+        const unsigned bad = __ballot_sync(0xffffffffu, refuse);
+        if (bad != 0) {
+            any_bad = __ffs(bad) - 1;
+            bad_code = __shfl_sync(0xffffffffu, c, any_bad) == kLLDup ? F_DUP_SLOT : F_BAD_SLOT;
         }
-        first_row[a.R] = acc;
+        const int32_t own = refuse || lane >= a.R ? 0 : (int32_t)c;
+        row_incl = own;
+        for (int d = 1; d < 32; d *= 2) {
+            const int32_t up = __shfl_up_sync(0xffffffffu, row_incl, d);
+            if (lane >= d) row_incl += up;
+        }
+        row_excl = row_incl - own;
+        rows_total = __shfl_sync(0xffffffffu, row_incl, 31);
+    } else {
+        if (threadIdx.x == 0) {
+            int bad_r = -1;
+            uint32_t code = 0;
+            int32_t acc = 0;
+            for (int r = 0; r < a.R; r++) {
+                const uint32_t c = flag_cnt[r];
+                const bool refuse = c == EPXI_LL_BAD || c == kLLDup;
+                if (refuse && bad_r < 0) {
+                    bad_r = r;
+                    code = c == kLLDup ? F_DUP_SLOT : F_BAD_SLOT;
+                }
+                first_row[r] = acc;
+                acc += refuse ? 0 : (int32_t)c;
+            }
+            first_row[a.R] = acc;
+            s_any_bad = bad_r;
+            s_bad_code = code;
+        }
+        __syncthreads();
+        any_bad = s_any_bad;
+        bad_code = s_bad_code;
+        rows_total = first_row[a.R];
     }
-    __syncthreads();
     const bool refused = any_bad >= 0;
     if (sending) started = prefetch_started(&a.ctl->de_started);
     /* The meta and the row of this block's first item are loaded before the
      * counts are summed, so the trips to memory overlap. */
-    /* items: (received row, k), int32 (rows * K <= R * max_tokens * top_k) */
-    const int32_t items = refused ? 0 : first_row[a.R] * K;
+    /* items: (received row, k), int32 (rows * K <= R * max_tokens * top_k).
+     * The last block is the range block (the slot ranges below) and the
+     * others place; a grid of one does both. */
+    const int32_t items = refused ? 0 : rows_total * K;
+    const int32_t placing = gridDim.x > 1 ? (int32_t)gridDim.x - 1 : 1;
+    const bool range_block = blockIdx.x == gridDim.x - 1;
+    /* Item (row, k)'s source, token and k; called by whole warps alike (the
+     * warp_rows form votes over the lanes). */
     auto item_rec = [&](int32_t item, int *s_out, int32_t *t_out, int *k_out) {
         const int32_t vrow = item / K;
         int s = 0;
-        while (first_row[s + 1] <= vrow) s++;
+        int32_t below = 0; /* rows of the sources below s */
+        if (warp_rows) {
+            s = __popc(__ballot_sync(0xffffffffu, lane < a.R && row_incl <= vrow));
+            below = __shfl_sync(0xffffffffu, row_excl, s);
+        } else {
+            while (first_row[s + 1] <= vrow) s++;
+            below = first_row[s];
+        }
         *s_out = s;
-        *t_out = vrow - first_row[s];
+        *t_out = vrow - below;
         *k_out = item - vrow * K;
         return rec_at(a, a.base, epoch, s, *t_out);
     };
@@ -965,7 +1091,7 @@ __global__ void __launch_bounds__(kThreads, 2)
     int s0 = 0, k0 = 0;
     int32_t t0 = 0;
     const unsigned char *rec0 = nullptr;
-    if ((int32_t)blockIdx.x < items && (kLean || !a.host_inbox)) {
+    if ((int32_t)blockIdx.x < items && (int32_t)blockIdx.x < placing && (kLean || !a.host_inbox)) {
         rec0 = item_rec(blockIdx.x, &s0, &t0, &k0);
         if (threadIdx.x == 0) first_meta = ((const Meta *)(rec0 + a.meta_off))[k0];
         if (pre) regs_load(v, rec0, a.xrow);
@@ -977,9 +1103,11 @@ __global__ void __launch_bounds__(kThreads, 2)
     } else if (!refused && blockIdx.x == 0 && threadIdx.x == 0) {
         a.ctl->refused = 0;
     }
-    /* Per local slot: its count and each source's range of rows. */
-    for (int64_t l = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; l < a.spr;
-         l += (int64_t)gridDim.x * blockDim.x) {
+    if (blockIdx.x == 0 && threadIdx.x == 0) a.ctl->ditems = items; /* the combine's work list */
+    /* Per local slot: its count and each source's range of rows, by the
+     * range block alone (the host launches one block more than the items
+     * need), so no placing block carries this trip to memory. */
+    for (int64_t l = range_block ? threadIdx.x : a.spr; l < a.spr; l += blockDim.x) {
         int64_t acc = 0;
         for (int s = 0; s < a.R; s++) {
             const int64_t c = refused || !live[s] ? 0 : *cnt_at(a, a.base, epoch, s, (int32_t)l);
@@ -1000,9 +1128,10 @@ __global__ void __launch_bounds__(kThreads, 2)
         advance();
         return;
     }
-    /* Place: items (received row, k). */
+    /* Place: items (received row, k), over the placing blocks. */
     __shared__ int64_t dst_row;
-    for (int32_t item = blockIdx.x; item < items; item += gridDim.x) {
+    for (int32_t item = blockIdx.x; item < items && (int32_t)blockIdx.x < placing;
+         item += placing) {
         const bool first = item == (int32_t)blockIdx.x;
         int s = s0, k = k0;
         int32_t t = t0;
@@ -1010,7 +1139,7 @@ __global__ void __launch_bounds__(kThreads, 2)
         if (pre && !first) regs_load(v, rec, a.xrow);
         if (threadIdx.x == 0) {
             const Meta m = first ? first_meta : ((const Meta *)(rec + a.meta_off))[k];
-            dst_row = place_entry(a, epoch, m, s, t, k, live);
+            dst_row = place_entry(a, epoch, m, s, t, k, live, item);
         }
         __syncthreads();
         STAMP(a, 21);
@@ -1164,22 +1293,24 @@ template <bool kLean>
 __global__ void __launch_bounds__(kThreads, 2)
     combine_kernel(Args a, int64_t T, const unsigned char *ysrc, const float *wsrc, void *out,
                    int out_bf16, int parts) {
-    __shared__ int32_t so[kMaxLocal + 1];
-    /* The epoch, the fault word, the peer table and the entry counts are
-     * loaded before the first barrier, so the trips to memory overlap. */
+    /* The epoch, the fault word, the peer table, the dispatch's item count
+     * and this block's first item are loaded before the first barrier, so
+     * the trips to memory overlap. */
     __shared__ uint32_t s_epoch;
     __shared__ int s_dead;
+    __shared__ int32_t s_items;
+    __shared__ Work s_first;
     STAMP(a, 15);
     if (threadIdx.x == 0) {
         s_epoch = take_epoch(&a.ctl->ce_started, (parts & 1) != 0);
         read_fault(a, &s_dead);
+        s_items = (parts & 1) ? a.ctl->ditems : 0;
+        if ((parts & 1) && (int64_t)blockIdx.x < a.RM * a.K) s_first = a.work[blockIdx.x];
     }
     const bool refused = a.ctl->refused != 0;  /* set by this rank's dispatch, before us */
     __shared__ unsigned char *peer[kMaxRanks]; /* the peer table, read once */
     __shared__ uint8_t live[kMaxRanks];        /* ranks sent to, then sources received from */
     for (int r = threadIdx.x; r < a.R; r += blockDim.x) peer[r] = a.peers[r];
-    if (parts & 1)
-        for (int l = threadIdx.x; l < a.spr; l += blockDim.x) so[l] = a.count[l];
     __syncthreads();
     const uint32_t epoch = s_epoch;
     if (s_dead) return;
@@ -1187,17 +1318,16 @@ __global__ void __launch_bounds__(kThreads, 2)
     STAMP(a, 8);
     const int K = a.K;
     if (parts & 1) {
-        block_scan_smem(so, a.spr); /* entry_starts, its loads done above */
-        STAMP(a, 24);
-        /* int32 counters (entries and pairs < R * max_tokens * top_k < 2^31):
-         * int64 division is a subroutine on the GPU */
-        const int32_t n = so[a.spr];
+        /* The dispatch's items (Work), a block's share by stride; int32
+         * counters (items and pairs < R * max_tokens * top_k < 2^31). */
+        const int32_t n = s_items;
         const int32_t MK = (int32_t)a.M * K;
-        for (int32_t j = blockIdx.x; j < n; j += gridDim.x) {
-            const int l = upper_index(so, a.spr, j);
-            const int64_t e = (int64_t)l * a.RM + (j - so[l]);
-            const int32_t pr = a.pair[e], src = pr / MK, tk = pr - src * MK;
-            if (!live[src]) continue;
+        for (int32_t item = blockIdx.x; item < n; item += gridDim.x) {
+            const Work w = item == (int32_t)blockIdx.x ? s_first : a.work[item];
+            if (w.e < 0) continue; /* no entry here (another rank's k, or none) */
+            const int64_t e = w.e;
+            const int32_t src = w.pair / MK, tk = w.pair - src * MK;
+            if (!live[src] || src == a.me) continue; /* own rows: read where they are */
             unsigned char *dst = comb_at(a, peer[src], epoch, (int)src) + (size_t)tk * a.yrow;
             if (kLean)
                 copy_words<int4>(dst, ysrc + (size_t)e * a.yrow, a.yrow);
@@ -1232,10 +1362,14 @@ __global__ void __launch_bounds__(kThreads, 2)
     auto stage = [&](int32_t t) {
         for (int k = threadIdx.x; k < K; k += blockDim.x) {
             const int32_t sl = a.slots[t * K + k];
-            /* no row from a rank given up on (shrink mode): its experts' share is dropped */
-            rows[k] = sl >= 0 && !refused && live[sl / a.spr]
-                          ? comb_at(a, a.base, epoch, sl / a.spr) + (size_t)(t * K + k) * a.yrow
-                          : nullptr;
+            const int r = sl >= 0 ? sl / a.spr : -1;
+            /* no row from a rank given up on (shrink mode): its experts' share
+             * is dropped; this rank's own experts' rows are read from y */
+            const int64_t e = r == a.me ? a.self_e[t * K + k] : -1;
+            rows[k] = sl < 0 || refused || !live[r] ? nullptr
+                      : r != a.me ? comb_at(a, a.base, epoch, r) + (size_t)(t * K + k) * a.yrow
+                      : e >= 0    ? ysrc + (size_t)e * a.yrow
+                                  : nullptr;
             wk[k] = wsrc[t * K + k];
         }
     };
@@ -1319,8 +1453,8 @@ struct epx_gpu_ep {
     cudaStream_t stream;
     int32_t timeout_ms;
     int32_t wait_blocks; /* blocks that wait for flags must all be resident */
-    size_t off_rx, off_y, off_count, off_pair, off_srctok, off_ew, off_range, off_weights,
-        off_slots, off_ctl, off_peers, off_mask, off_decided, total, inbox_total;
+    size_t off_rx, off_y, off_count, off_pair, off_work, off_self, off_srctok, off_ew, off_range,
+        off_weights, off_slots, off_ctl, off_peers, off_mask, off_decided, total, inbox_total;
     unsigned char *buf; /* this rank's work area (device memory) */
     /* The peer-written areas (transport.h): this rank's, and the peers' as
      * mapped here (ranks of this process are used through their pointers). */
@@ -1403,6 +1537,8 @@ static epx_status plan(epx_gpu_ep *ep, const epx_ep_config *cfg, int32_t R, bool
         {&ep->off_y, spr * RM, (double)g->yrow},
         {&ep->off_count, spr, sizeof(int32_t)},
         {&ep->off_pair, spr * RM, sizeof(int32_t)},
+        {&ep->off_work, RM * K, sizeof(Work)},   /* the dispatch's items, for the combine */
+        {&ep->off_self, M * K, sizeof(int64_t)}, /* own entries' rows, for the combine */
         {&ep->off_srctok, spr * RM, sizeof(int32_t)},
         {&ep->off_ew, spr * RM, sizeof(float)},
         {&ep->off_range, spr * R, sizeof(int64_t)},
@@ -1648,6 +1784,8 @@ static epx_status open_engine(const epx_ep_config *cfg, int32_t rank, int32_t nu
         a.y = ep->buf + ep->off_y;
         a.count = (int32_t *)(ep->buf + ep->off_count);
         a.pair = (int32_t *)(ep->buf + ep->off_pair);
+        a.work = (Work *)(ep->buf + ep->off_work);
+        a.self_e = (int64_t *)(ep->buf + ep->off_self);
         a.srctok = (int32_t *)(ep->buf + ep->off_srctok);
         a.ew = (float *)(ep->buf + ep->off_ew);
         a.range = (int64_t *)(ep->buf + ep->off_range);
@@ -2134,7 +2272,9 @@ extern "C" epx_status epx_gpu_ep_dispatch_parts(epx_gpu_ep *ep, int parts, int64
         return epx_gpu_ep_dispatch_parts(ep, EPX_GPU_EP_RECV, T, x, topk_slots, topk_weights, recv,
                                          err);
     }
-    const unsigned grid = blocks_for(sends > places ? sends : places, ep->wait_blocks);
+    /* ... and one more for the slot ranges (dispatch_kernel's range block) */
+    const unsigned grid =
+        blocks_for((sends > places ? sends : places) + ((parts & 2) ? 1 : 0), ep->wait_blocks);
     const uint32_t nwork = (uint32_t)(sends < 1 ? 1 : sends < grid ? sends : grid);
     /* The lean instance when nothing needs the others' paths (dispatch_kernel). */
     const bool lean = ep->fp8 == 0 && !ep->a.host_inbox && g->K <= 32 && g->xrow % 16 == 0 &&
