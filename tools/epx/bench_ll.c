@@ -100,6 +100,25 @@ static epx_status hold(ll_run *b, epx_error *err) {
     return EPX_OK;
 }
 
+/* A timed iteration starts: the hold (graph replays only) and the start
+ * event. The caller queues the work and records b->e1 after it. */
+static epx_status timed_begin(ll_run *b, bool graph, epx_error *err) {
+    if (graph) EPX_TRY_CLI(hold(b, err));
+    CUDA_OR(cudaEventRecord(b->e0, b->s), "event");
+    return EPX_OK;
+}
+
+/* ... and ends: open the gate, wait for b->e1, µs per iteration (a graph
+ * holds kGraphReps iterations). */
+static epx_status timed_end(ll_run *b, bool graph, double *us, epx_error *err) {
+    *b->gate = 1; /* everything is queued: the replay starts as the hold ends */
+    CUDA_OR(cudaEventSynchronize(b->e1), "event");
+    float ms = 0.0f;
+    CUDA_OR(cudaEventElapsedTime(&ms, b->e0, b->e1), "event time");
+    *us = (double)ms * 1000.0 / (graph ? kGraphReps : 1);
+    return EPX_OK;
+}
+
 /* Sum int64 values over ranks, through the device communicator. */
 static epx_status sum_dev(ll_run *b, int64_t *v, int64_t n, epx_error *err) {
     CUDA_OR(cudaMemcpy(b->dsum, v, (size_t)n * 8, cudaMemcpyHostToDevice), "sum upload");
@@ -172,8 +191,7 @@ static epx_status time_phase(ll_run *b, int phase, int64_t T, bool graph, size_t
             EPX_TRY_CLI(epx_gpu_ep_sync(b->ep, err));
             EPX_TRY_CLI(epx_comm_barrier(b->comm, err));
         }
-        if (graph) EPX_TRY_CLI(hold(b, err));
-        CUDA_OR(cudaEventRecord(b->e0, b->s), "event");
+        EPX_TRY_CLI(timed_begin(b, graph, err));
         switch (phase) {
         case PH_DISPATCH: EPX_TRY_CLI(run_dispatch(b, T, graph, err)); break;
         case PH_COMBINE: EPX_TRY_CLI(run_combine(b, graph, err)); break;
@@ -203,12 +221,8 @@ static epx_status time_phase(ll_run *b, int phase, int64_t T, bool graph, size_t
             EPX_TRY_CLI(run_identity(b, graph, err));
             EPX_TRY_CLI(run_combine(b, graph, err));
         }
-        *b->gate = 1; /* everything is queued: the replay starts as the hold ends */
+        EPX_TRY_CLI(timed_end(b, graph, &b->t[it], err));
         EPX_TRY_CLI(epx_gpu_ep_sync(b->ep, err));
-        CUDA_OR(cudaEventSynchronize(b->e1), "event");
-        float ms = 0.0f;
-        CUDA_OR(cudaEventElapsedTime(&ms, b->e0, b->e1), "event time");
-        b->t[it] = (double)ms * 1000.0 / (graph ? kGraphReps : 1);
     }
     /* The slowest rank per iteration. */
     const int32_t R = epx_comm_size(b->comm), me = epx_comm_rank(b->comm);
@@ -265,15 +279,10 @@ static epx_status time_floor(ll_run *b, int flag, int phase, int64_t T, bool gra
         CUDA_OR(ce, "floor graph instantiate");
     }
     for (int it = 0; it < a->warmup + a->iters; it++) {
-        if (graph) EPX_TRY_CLI(hold(b, err));
-        CUDA_OR(cudaEventRecord(b->e0, b->s), "event");
+        EPX_TRY_CLI(timed_begin(b, graph, err));
         EPX_TRY_CLI(floor_launch(b, flag, phase, T, graph, err));
         CUDA_OR(cudaEventRecord(b->e1, b->s), "event");
-        *b->gate = 1;
-        CUDA_OR(cudaEventSynchronize(b->e1), "event");
-        float ms = 0.0f;
-        CUDA_OR(cudaEventElapsedTime(&ms, b->e0, b->e1), "event time");
-        b->t[it] = (double)ms * 1000.0 / (graph ? kGraphReps : 1);
+        EPX_TRY_CLI(timed_end(b, graph, &b->t[it], err));
     }
     if (epxi_ll_floor_fault(b->fl)) {
         err->status = EPX_ERR_INTERNAL;

@@ -763,6 +763,13 @@ __device__ void place_rows(const Args &a, uint32_t epoch, const int32_t *first_r
 /* Rows held in registers: up to kPre 16-byte words per thread. */
 constexpr int kPre = 4;
 
+/* Whether a row of `xrow` bytes at x is read into registers (regs_load):
+ * whole 16-byte words, aligned, at most kPre per thread. The kernel asks it
+ * for its `pre` path and the host for the lean instance, which assumes it. */
+__host__ __device__ inline bool row_fits_registers(size_t xrow, const void *x, unsigned threads) {
+    return xrow % 16 == 0 && xrow / 16 <= (size_t)kPre * threads && (uintptr_t)x % 16 == 0;
+}
+
 /*
  * Dispatch, one launch (named so profilers' "::dispatch" finds it, as
  * DeepEP's benchmark does). parts: 1 = send, 2 = receive (both: 3). Send work
@@ -791,8 +798,7 @@ __global__ void __launch_bounds__(kThreads, 2)
     __shared__ int nd;
     /* The x row is read into registers while the routing is worked out, so
      * the two reads overlap; rows too large for that are copied directly. */
-    const bool pre = kLean || (!fp8 && a.xrow % 16 == 0 &&
-                               a.xrow / 16 <= (size_t)kPre * blockDim.x && (uintptr_t)x % 16 == 0);
+    const bool pre = kLean || (!fp8 && row_fits_registers(a.xrow, x, blockDim.x));
     int4 v[kPre];
     int32_t sv = -1; /* this thread's (slot, weight) of the item's token, k = threadIdx.x */
     float wv = 0.0f;
@@ -2277,8 +2283,8 @@ extern "C" epx_status epx_gpu_ep_dispatch_parts(epx_gpu_ep *ep, int parts, int64
         blocks_for((sends > places ? sends : places) + ((parts & 2) ? 1 : 0), ep->wait_blocks);
     const uint32_t nwork = (uint32_t)(sends < 1 ? 1 : sends < grid ? sends : grid);
     /* The lean instance when nothing needs the others' paths (dispatch_kernel). */
-    const bool lean = ep->fp8 == 0 && !ep->a.host_inbox && g->K <= 32 && g->xrow % 16 == 0 &&
-                      g->xrow / 16 <= (size_t)kPre * kThreads && (uintptr_t)x % 16 == 0;
+    const bool lean =
+        ep->fp8 == 0 && !ep->a.host_inbox && g->K <= 32 && row_fits_registers(g->xrow, x, kThreads);
     auto kern = lean ? dispatch_kernel<true> : dispatch_kernel<false>;
     kern<<<grid, kThreads, 0, ep->stream>>>(ep->a, ep->T, (const unsigned char *)x, topk_slots,
                                             topk_weights, nwork, parts | (ids64 ? 4 : 0) | ep->fp8);
