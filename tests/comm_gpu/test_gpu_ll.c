@@ -315,10 +315,11 @@ static int check(const shape *c, int32_t me, const batch *all, const got *g, con
     return 0;
 }
 
-/* Run c's batches on one rank of `boot`. Batches cycle through three ways
+/* Run c's batches on one rank of `boot`. Batches cycle through four ways
  * to combine (plain graphs use the first): the handle's y and weights; no
  * weights at dispatch, the caller's at combine, bf16 output; the caller's
- * own copy of y. */
+ * own copy of y; that copy in two halves, overwritten between them (a
+ * receive hook's caller may reuse y once the send has run). */
 /* The transport under test: EPX_GPU_EP_TRANSPORT=host runs every case over
  * host memory, =nccl the one-rank cases over NCCL send/receive to itself
  * (NCCL takes one rank per GPU; scripts/gpu_check.sh runs all three). */
@@ -389,7 +390,7 @@ static int run_rank(epx_comm *boot, const shape *c) {
     epx_ep_recv rv;
     int rc = 0;
     for (int b = 0; b < c->batches && rc == 0; b++) {
-        const int how = c->graph ? 0 : b % 3;
+        const int how = c->graph ? 0 : b % 4;
         for (int32_t r = 0; r < R; r++)
             make_batch(c, b, r, c->graph ? (int64_t)((r * 7 + 3) % (c->M + 1)) : -1, &all[r]);
         const batch *my = &all[me];
@@ -426,7 +427,15 @@ static int run_rank(epx_comm *boot, const shape *c) {
             } else {
                 CK(cudaMemcpyAsync(dy2, vw.y, rows * yrow, cudaMemcpyDeviceToDevice, st));
                 CK(cudaMemsetAsync(vw.y, 0xff, rows * yrow, st)); /* must not be read */
-                EK(epx_gpu_ep_combine_ex(ep, dy2, NULL, dout, EPX_DTYPE_F32, &err));
+                if (how == 2) {
+                    EK(epx_gpu_ep_combine_ex(ep, dy2, NULL, dout, EPX_DTYPE_F32, &err));
+                } else { /* in halves, y reused once sent (DeepEP's receive hook allows it) */
+                    EK(epx_gpu_ep_combine_parts(ep, EPX_GPU_EP_SEND, dy2, NULL, dout, EPX_DTYPE_F32,
+                                                &err));
+                    CK(cudaMemsetAsync(dy2, 0xff, rows * yrow, st));
+                    EK(epx_gpu_ep_combine_parts(ep, EPX_GPU_EP_RECV, NULL, NULL, NULL,
+                                                EPX_DTYPE_F32, &err));
+                }
             }
         }
         EK(epx_gpu_ep_sync(ep, &err));

@@ -97,6 +97,9 @@ struct Ctl {
      * 16-23 and 24-31 finer steps of each, 32-47 each warp's end of the
      * combine's reduction */
     unsigned long long stamp[48];
+    /* Host-memory inbox: the flags as block 0 saw them, [dispatch,
+     * combine][source], for the other blocks to poll here (wait_flags) */
+    uint64_t relay[2][kMaxRanks];
 };
 
 /* What a sender says about one (token, k) on the receiving rank: 16 bytes.
@@ -133,8 +136,8 @@ struct Args {
     int32_t *count, *pair, *srctok;
     Work *work; /* [R * M * K]: the dispatch's items (Work) */
     /* [M][K]: the entry row of this rank's own (t, k) where its slot is
-     * here: the combine reads those rows from y where they are, and copies
-     * only the other ranks' */
+     * here: a combine sent and received in one launch reads those rows from
+     * y where they are, and copies only the other ranks' */
     int64_t *self_e;
     int64_t *range;
     float *ew;
@@ -330,19 +333,30 @@ __device__ void live_ranks(const Args &a, uint8_t *live) {
  * timeout or an earlier fault. Returns with the block synchronised.
  * Shrink mode (`decided`: the phase's [R] decisions): a source that is
  * masked, or whose flag does not come in time, is masked and given up on,
- * with live[i] = 0 and low[i] = 0 (no rows); live[i] = 1 otherwise. */
+ * with live[i] = 0 and low[i] = 0 (no rows); live[i] = 1 otherwise.
+ * relay [n] (device memory; nullptr: every block polls the flags): block 0
+ * alone polls the flags and stores each value it saw there, the other
+ * blocks poll relay. For flags in host memory: every poll there is a read
+ * across the host link, and with every block of a launch polling, the
+ * launch took ~3.7 us per polling block (stamps and ncu, H200, 1-32
+ * tokens). Ordering: the writer's system-scope release, block 0's acquire,
+ * its GPU-scope release of relay[i] and a block's acquire of it form one
+ * causality chain, so that block sees the writer's rows. */
 __device__ bool wait_flags(const Args &a, const uint64_t *flag0, size_t stride, int n,
                            uint32_t epoch, uint32_t phase, uint8_t *live,
-                           unsigned long long *decided, uint32_t *low = nullptr) {
+                           unsigned long long *decided, uint64_t *relay, uint32_t *low = nullptr) {
     __shared__ int ok;
     if (threadIdx.x == 0) ok = 1;
     __syncthreads();
     for (int i = threadIdx.x; i < n; i += blockDim.x) {
         const uint64_t *f = (const uint64_t *)((const unsigned char *)flag0 + (size_t)i * stride);
+        const bool relayed = relay != nullptr && blockIdx.x != 0;
+        const uint64_t *poll = relayed ? relay + i : f;
+        const int var = relayed ? 3 : scope(a); /* the relay: GPU scope */
         unsigned long long t0 = now_ns();
         uint64_t v = 0;
         bool came = !masked(a, i);
-        while (came && (uint32_t)((v = ld_acquire(f, scope(a))) >> 32) != epoch) {
+        while (came && (uint32_t)((v = ld_acquire(poll, var)) >> 32) != epoch) {
             if (ld_volatile(&a.ctl->fault[0]) != F_NONE) {
                 ok = 0;
                 break;
@@ -362,6 +376,7 @@ __device__ bool wait_flags(const Args &a, const uint64_t *flag0, size_t stride, 
             }
             if (!(a.variant & 4)) __nanosleep(64);
         }
+        if (relay != nullptr && blockIdx.x == 0 && came) st_release(relay + i, v, 3);
         if (a.shrink && ok) {
             const bool keep = decide_live(&decided[i], epoch, came);
             if (keep && !came) /* another block saw the flag: it is there to be read */
@@ -1011,7 +1026,7 @@ __global__ void __launch_bounds__(kThreads, 2)
     __shared__ int s_any_bad;
     __shared__ uint32_t s_bad_code;
     if (!wait_flags(a, dflag_at(a, a.base, epoch, 0), sizeof(uint64_t), a.R, epoch, PH_DISPATCH,
-                    live, a.decided, flag_cnt))
+                    live, a.decided, a.host_inbox ? a.ctl->relay[0] : nullptr, flag_cnt))
         return;
     STAMP(a, 3);
     /* The sources' rows: which flag refused the batch, and the prefix of the
@@ -1323,6 +1338,11 @@ __global__ void __launch_bounds__(kThreads, 2)
     live_ranks(a, live);
     STAMP(a, 8);
     const int K = a.K;
+    /* Sent and received in one launch, this rank's own rows are read from
+     * ysrc where they are. Split in two (a receive hook, a staging
+     * transport), they are copied like the others': the caller may reuse y
+     * once the send has run, as DeepEP's hook allows. */
+    const bool own_direct = (parts & 3) == 3;
     if (parts & 1) {
         /* The dispatch's items (Work), a block's share by stride; int32
          * counters (items and pairs < R * max_tokens * top_k < 2^31). */
@@ -1333,7 +1353,7 @@ __global__ void __launch_bounds__(kThreads, 2)
             if (w.e < 0) continue; /* no entry here (another rank's k, or none) */
             const int64_t e = w.e;
             const int32_t src = w.pair / MK, tk = w.pair - src * MK;
-            if (!live[src] || src == a.me) continue; /* own rows: read where they are */
+            if (!live[src] || (own_direct && src == a.me)) continue;
             unsigned char *dst = comb_at(a, peer[src], epoch, (int)src) + (size_t)tk * a.yrow;
             if (kLean)
                 copy_words<int4>(dst, ysrc + (size_t)e * a.yrow, a.yrow);
@@ -1370,19 +1390,22 @@ __global__ void __launch_bounds__(kThreads, 2)
             const int32_t sl = a.slots[t * K + k];
             const int r = sl >= 0 ? sl / a.spr : -1;
             /* no row from a rank given up on (shrink mode): its experts' share
-             * is dropped; this rank's own experts' rows are read from y */
-            const int64_t e = r == a.me ? a.self_e[t * K + k] : -1;
+             * is dropped; this rank's own experts' rows are read from y
+             * when the send ran in this launch (own_direct) */
+            const bool direct = own_direct && r == a.me;
+            const int64_t e = direct ? a.self_e[t * K + k] : -1;
             rows[k] = sl < 0 || refused || !live[r] ? nullptr
-                      : r != a.me ? comb_at(a, a.base, epoch, r) + (size_t)(t * K + k) * a.yrow
-                      : e >= 0    ? ysrc + (size_t)e * a.yrow
-                                  : nullptr;
+                      : !direct ? comb_at(a, a.base, epoch, r) + (size_t)(t * K + k) * a.yrow
+                      : e >= 0  ? ysrc + (size_t)e * a.yrow
+                                : nullptr;
             wk[k] = wsrc[t * K + k];
         }
     };
     const int32_t first_t = (int32_t)blockIdx.x < Tn * chunks ? (int32_t)blockIdx.x / chunks : -1;
     if (first_t >= 0) stage(first_t); /* wait_flags synchronises the block */
     if (!wait_flags(a, cflag_at(a, a.base, epoch, 0), sizeof(uint64_t), a.R, epoch, PH_COMBINE,
-                    live, a.decided ? a.decided + a.R : nullptr))
+                    live, a.decided ? a.decided + a.R : nullptr,
+                    a.host_inbox ? a.ctl->relay[1] : nullptr))
         return;
     const unsigned long long started = (parts & 1) ? prefetch_started(&a.ctl->ce_started) : 0;
     if (a.shrink && first_t >= 0) { /* live[] may have lost a rank while waiting */
