@@ -20,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <stdint.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -29,7 +30,7 @@
     do {                                                                                           \
         cudaError_t e_ = (call);                                                                   \
         if (e_ != cudaSuccess) {                                                                   \
-            fprintf(stderr, "host_link: %s: %s (%s:%d)\n", #call, cudaGetErrorString(e_),         \
+            fprintf(stderr, "host_link: %s: %s (%s:%d)\n", #call, cudaGetErrorString(e_),          \
                     __FILE__, __LINE__);                                                           \
             exit(1);                                                                               \
         }                                                                                          \
@@ -42,6 +43,17 @@ __global__ void store_words(int4 *__restrict__ dst, const int4 *__restrict__ src
         dst[i] = src[i];
     /* what the transport does before its flag: the stores reach the host */
     __threadfence_system();
+}
+
+/* Whether `bytes` at host (or at dev, a device pointer) equal those at ref. */
+static bool same_bytes(const void *host, const void *dev, const void *ref, size_t bytes) {
+    std::vector<unsigned char> a(bytes), b(bytes);
+    CK(cudaMemcpy(a.data(), ref, bytes, cudaMemcpyDeviceToHost));
+    if (dev != nullptr)
+        CK(cudaMemcpy(b.data(), dev, bytes, cudaMemcpyDeviceToHost));
+    else
+        memcpy(b.data(), host, bytes);
+    return memcmp(a.data(), b.data(), bytes) == 0;
 }
 
 static double median(std::vector<double> v) {
@@ -67,7 +79,12 @@ int main(int argc, char **argv) {
     void *dev_a, *dev_b;
     CK(cudaMalloc(&dev_a, maxb));
     CK(cudaMalloc(&dev_b, maxb));
-    CK(cudaMemset(dev_a, 1, maxb));
+    { /* a pattern that tells every 4-byte word from its neighbours */
+        std::vector<uint32_t> pat(maxb / 4);
+        for (size_t i = 0; i < pat.size(); i++) pat[i] = (uint32_t)i * 2654435761u;
+        CK(cudaMemcpy(dev_a, pat.data(), maxb, cudaMemcpyHostToDevice));
+    }
+    CK(cudaMemset(dev_b, 0, maxb));
     void *alloc_h;
     CK(cudaHostAlloc(&alloc_h, maxb, cudaHostAllocMapped | cudaHostAllocPortable));
     /* shared memory as transport_host.cu pins it */
@@ -118,14 +135,26 @@ int main(int argc, char **argv) {
                             store_words<<<blocks[bi], 512, 0, s>>>((int4 *)mdev,
                                                                    (const int4 *)dev_a, bytes / 16);
                         else
-                            store_words<<<blocks[bi], 512, 0, s>>>(
-                                (int4 *)dev_b, (const int4 *)mdev, bytes / 16);
+                            store_words<<<blocks[bi], 512, 0, s>>>((int4 *)dev_b,
+                                                                   (const int4 *)mdev, bytes / 16);
                         CK(cudaGetLastError());
                         CK(cudaEventRecord(e1, s));
                         CK(cudaEventSynchronize(e1));
                         float ms = 0.0f;
                         CK(cudaEventElapsedTime(&ms, e0, e1));
                         if (it >= 2) us.push_back(ms * 1000.0);
+                    }
+                    /* checked before it counts: the destination holds dev_a's bytes
+                     * (the host side was last written from dev_a too) */
+                    if (!same_bytes(means == 0 || means == 2 ? m.host : nullptr,
+                                    means == 1 || means == 3 ? dev_b : nullptr, dev_a, bytes)) {
+                        fprintf(stderr, "host_link: %s %d bytes into %s: wrong bytes\n",
+                                means == 0   ? "d2h"
+                                : means == 1 ? "h2d"
+                                : means == 2 ? "store"
+                                             : "load",
+                                (int)bytes, m.name);
+                        return 1;
                     }
                     const double med = median(us);
                     static const char *names[] = {"d2h", "h2d", "store", "load"};
