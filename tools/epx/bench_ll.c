@@ -396,7 +396,8 @@ static epx_status bench_T(ll_run *b, int64_t T, const void *x, const int32_t *sl
     /* fp8: the experts saw the dequantised rows (bf16, as y) */
     uint16_t *xq = a->fp8 ? fp8_round_trip(x, T, H) : NULL;
     if (a->fp8 && xq == NULL) ce = cudaErrorMemoryAllocation;
-    int64_t v[3] = {0, 0, 0}; /* wrong tokens; (token, rank) pairs; entries */
+    /* wrong tokens; (token, rank) pairs; entries; entries on other ranks */
+    int64_t v[4] = {0, 0, 0, 0};
     for (int64_t t = 0; t < T && ce == cudaSuccess; t++) {
         bench_expect_token(a, R, spr, xq != NULL ? (const void *)xq : x, slots, w, t, o);
         v[0] += memcmp(o, out + t * H, (size_t)H * 4) != 0;
@@ -408,6 +409,7 @@ static epx_status bench_T(ll_run *b, int64_t T, const void *x, const int32_t *sl
             for (int32_t j = 0; j < nd; j++) dup |= seen[j] == r;
             if (!dup && nd < 64) seen[nd++] = r;
             v[2]++;
+            v[3] += r != me;
         }
         v[1] += nd;
     }
@@ -444,6 +446,11 @@ static epx_status bench_T(ll_run *b, int64_t T, const void *x, const int32_t *sl
     const size_t drow = a->fp8 ? (size_t)H + (size_t)H / 32 : (size_t)H * esz;
     const size_t bytes[3] = {(size_t)v[1] * drow, (size_t)v[2] * H * esz,
                              (size_t)v[1] * drow + (size_t)v[2] * H * esz};
+    /* What crosses the host link (host transport): every dispatched row, twice
+     * (into the receiver's host inbox, then out); of the combine's rows only
+     * the other ranks' (a combine in one launch reads this rank's own where
+     * they are), so at one rank the combine has no link figure. */
+    const size_t cross[3] = {bytes[0], (size_t)v[3] * H * esz, bytes[0] + (size_t)v[3] * H * esz};
     const char *names[4] = {"dispatch", "combine", "round-trip", "allreduce"};
     double eng_rt[2] = {-1.0, -1.0};
     for (int ph = PH_DISPATCH; ph <= PH_ALLREDUCE; ph++)
@@ -453,8 +460,8 @@ static epx_status bench_T(ll_run *b, int64_t T, const void *x, const int32_t *sl
             if (ph == PH_ROUND_TRIP) eng_rt[gi] = med;
             if (ph != PH_ALLREDUCE && bytes[ph] > 0)
                 EPX_TRY_CLI(time_phase(b, PH_COPY, T, false, bytes[ph], &cmed, &cp99, err));
-            if (ph != PH_ALLREDUCE && bytes[ph] > 0 && b->hpin != NULL)
-                EPX_TRY_CLI(time_phase(b, PH_LINK, T, false, bytes[ph], &lmed, &lp99, err));
+            if (ph != PH_ALLREDUCE && cross[ph] > 0 && b->hpin != NULL)
+                EPX_TRY_CLI(time_phase(b, PH_LINK, T, false, cross[ph], &lmed, &lp99, err));
             if (me != 0) continue;
             const bool ar = ph == PH_ALLREDUCE;
             const size_t ar_bytes =
@@ -593,8 +600,9 @@ epx_status bench_ll_gpu(epx_comm *comm, ncclComm_t nc, cudaStream_t s, const ben
             "top-%d, %d slots), %s, %d iterations (median and p99 of the slowest rank, CUDA "
             "events; graph = %d iterations captured in one graph, queued behind a hold, per "
             "iteration), checked before timing; copy%% = a device copy of the same bytes over the "
-            "phase's time; link%% (host transport) = the same bytes copied device to pinned "
-            "host and back over the phase's time\n\n"
+            "phase's time; link%% (host transport) = the bytes that cross the host link (every "
+            "dispatched row; the other ranks' combine rows) copied device to pinned host and "
+            "back over the phase's time\n\n"
             "%8s  %-10s %-6s %9s %9s %10s %8s %8s\n",
             R, b.transport, a->model, H, K, P, a->dtype == EPX_DTYPE_BF16 ? "bf16" : "fp32",
             a->iters, (int)kGraphReps, "tokens", "phase", "how", "median us", "p99 us", "GB/s",
