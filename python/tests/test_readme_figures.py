@@ -96,3 +96,24 @@ def test_a_missing_block_or_run_is_named(tmp_path):
     j, m = write(tmp_path, rows, README)
     r = run("--write", "--jsonl", j, "--readme", m)
     assert r.returncode == 1 and "ll-engine" in r.stderr and "no run" in r.stderr
+
+
+def test_the_buffer_sentence_comes_from_its_own_run(tmp_path):
+    # the Buffer's rows carry the C engine's figure of their own run, an hour
+    # after the engine's: the sentence uses the largest gap within that run
+    torch_rows = []
+    for t, (us, c) in zip((1, 8, 32, 128), ((15.8, 15.7), (17.5, 18.1), (19.3, 20.4),
+                                             (29.0, 28.6))):
+        r = row("2026-12-04T03:00:00Z", t, us)
+        r.update(api="torch", c_engine_us=c)
+        torch_rows.append(r)
+    rows = one_run("2026-12-04T02:00:00Z", 30.0) + torch_rows
+    j, m = write(tmp_path, rows, README)
+    assert run("--write", "--jsonl", j, "--readme", m).returncode == 0
+    text = " ".join(open(m).read().split())
+    assert "30.0 / 31.0 / 32.0 / 33.0 µs" in text  # the engine's run, not the Buffer's
+    assert "within 1.1 µs of the C engine's figure measured beside it" in text
+    # without Buffer rows there is no such sentence
+    j, m = write(tmp_path, one_run("2026-12-04T02:00:00Z", 30.0), README)
+    assert run("--write", "--jsonl", j, "--readme", m).returncode == 0
+    assert "PyTorch" not in open(m).read()
