@@ -84,11 +84,12 @@ int bench_jsonl_write(FILE *f, const bench_line *l);
 #if defined(EPX_CLI_HAVE_NCCL) && EPX_CLI_HAVE_NCCL
 #include <cuda_runtime.h>
 #include <nccl.h>
-/* The GPU low-latency engine on `comm` (an NCCL communicator on stream s,
- * the engine's bootstrap): check, then time dispatch, combine and the
- * round trip launched (and as graph replays with a->graph), the device copy
- * of the same bytes, and the TP all-reduce of the same layer; a table on
- * rank 0's stdout and JSON lines to `jl` (rank 0, may be NULL). */
+/* The GPU low-latency engine on `comm` (the engine's bootstrap: an NCCL
+ * communicator on stream s, or an MPI one where ranks share a GPU, nc
+ * NULL): check, then time dispatch, combine and the round trip launched
+ * (and as graph replays with a->graph), the device copy of the same bytes,
+ * and, over NCCL, the TP all-reduce of the same layer; a table on rank 0's
+ * stdout and JSON lines to `jl` (rank 0, may be NULL). */
 epx_status bench_ll_gpu(epx_comm *comm, ncclComm_t nc, cudaStream_t s, const bench_args *a,
                         FILE *jl, epx_error *err);
 #endif

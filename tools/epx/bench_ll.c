@@ -119,8 +119,11 @@ static epx_status timed_end(ll_run *b, bool graph, double *us, epx_error *err) {
     return EPX_OK;
 }
 
-/* Sum int64 values over ranks, through the device communicator. */
+/* Sum int64 values over ranks, through the communicator: on the device for
+ * NCCL's, in place for MPI's (ranks sharing a GPU, bench_ll_gpu). */
 static epx_status sum_dev(ll_run *b, int64_t *v, int64_t n, epx_error *err) {
+    if (epx_comm_memory_kind(b->comm) == EPX_COMM_MEMORY_HOST)
+        return epx_comm_allreduce_sum(b->comm, v, v, n, EPX_DTYPE_I64, err);
     CUDA_OR(cudaMemcpy(b->dsum, v, (size_t)n * 8, cudaMemcpyHostToDevice), "sum upload");
     EPX_TRY_CLI(epx_comm_allreduce_sum(b->comm, b->dsum, b->dsum, n, EPX_DTYPE_I64, err));
     EPX_TRY_CLI(epx_comm_wait(b->comm, err));
@@ -453,7 +456,11 @@ static epx_status bench_T(ll_run *b, int64_t T, const void *x, const int32_t *sl
     const size_t cross[3] = {bytes[0], (size_t)v[3] * H * esz, bytes[0] + (size_t)v[3] * H * esz};
     const char *names[4] = {"dispatch", "combine", "round-trip", "allreduce"};
     double eng_rt[2] = {-1.0, -1.0};
-    for (int ph = PH_DISPATCH; ph <= PH_ALLREDUCE; ph++)
+    /* No TP all-reduce where the ranks share GPUs (an MPI communicator): its
+     * time there says nothing of separate GPUs. */
+    const int last =
+        epx_comm_memory_kind(b->comm) == EPX_COMM_MEMORY_HOST ? PH_ROUND_TRIP : PH_ALLREDUCE;
+    for (int ph = PH_DISPATCH; ph <= last; ph++)
         for (int gi = 0; gi < (ph == PH_ALLREDUCE || !a->graph ? 1 : 2); gi++) {
             double med = 0, p99 = 0, cmed = -1, cp99 = 0, lmed = -1, lp99 = 0;
             EPX_TRY_CLI(time_phase(b, ph, T, gi == 1, 0, &med, &p99, err));

@@ -727,6 +727,20 @@ static int bench_mpi(cli_cmd *cmd, bench_args *a, int argc, char **argv) {
 }
 
 #if BENCH_NCCL
+/* One rank's run of the GPU low-latency engine (bench_ll_gpu), its JSON
+ * lines written by rank 0. */
+static int ll_rank(cli_cmd *cmd, epx_comm *comm, ncclComm_t nc, cudaStream_t s,
+                   const bench_args *a) {
+    epx_error err = {0};
+    const bool first = epx_comm_rank(comm) == 0;
+    FILE *jl = first ? open_jsonl(a) : NULL;
+    epx_status st = first && a->jsonl != NULL && jl == NULL
+                        ? EPX_ERR_IO
+                        : bench_ll_gpu(comm, nc, s, a, jl, &err);
+    if (jl != NULL && jl != stdout) fclose(jl);
+    return st == EPX_OK ? CLI_EXIT_OK : st == EPX_ERR_IO ? CLI_EXIT_FAIL : cli_report(cmd, &err);
+}
+
 /* One rank of the NCCL benchmark: its GPU, its communicator from the job's
  * unique id, the run, the teardown. Called once per process, or from one
  * thread per GPU with --gpus. */
@@ -763,14 +777,7 @@ static void *nccl_rank(void *vjob) {
             dev_ops d = {1, cudaGetDeviceProperties(&prop, j->device) == cudaSuccess ? prop.name
                                                                                      : "gpu"};
             if (a->mode == EPX_EP_MODE_LOW_LATENCY) {
-                FILE *jl = j->rank == 0 ? open_jsonl(a) : NULL;
-                epx_status st = j->rank == 0 && a->jsonl != NULL && jl == NULL
-                                    ? EPX_ERR_IO
-                                    : bench_ll_gpu(comm, nc, s, a, jl, &err);
-                if (jl != NULL && jl != stdout) fclose(jl);
-                j->rc = st == EPX_OK       ? CLI_EXIT_OK
-                        : st == EPX_ERR_IO ? CLI_EXIT_FAIL
-                                           : cli_report(j->cmd, &err);
+                j->rc = ll_rank(j->cmd, comm, nc, s, a);
             } else {
                 j->rc = run_and_report(j->cmd, comm, &d, a);
             }
@@ -815,6 +822,58 @@ static int nccl_threads(cli_cmd *cmd, const bench_args *a, const ncclUniqueId *i
 }
 #endif
 
+#if BENCH_NCCL && BENCH_MPI
+/* A launcher's count as a whole number >= 0, or `dflt`. */
+static long env_count(const char *name, long dflt) {
+    const char *v = getenv(name);
+    char *end = NULL;
+    errno = 0;
+    long n = v ? strtol(v, &end, 10) : -1;
+    return v && errno == 0 && end != v && *end == '\0' && n >= 0 && n <= INT32_MAX ? n : dflt;
+}
+
+/* One rank under mpirun where this host runs more ranks than it has GPUs:
+ * NCCL takes one rank per GPU, so the low-latency engine bootstraps over
+ * MPI instead and the ranks share GPUs as the engine's own tests do (CUDA
+ * IPC or host memory). Its figures show the protocol and, over host
+ * memory, the link with 2-4 ranks; not separate GPUs, and no TP figure. */
+static int shared_gpu_rank(cli_cmd *cmd, const bench_args *a, int rank, int device, int local_size,
+                           int ndev) {
+    if (a->mode != EPX_EP_MODE_LOW_LATENCY || a->transport == EPX_BENCH_TRANSPORT_NCCL) {
+        if (rank == 0)
+            fprintf(stderr,
+                    "epx bench comm: a host runs more ranks than it has GPUs (this one: %d ranks, "
+                    "%d GPU(s)), and NCCL takes one rank per GPU: then only --mode low-latency "
+                    "runs, over --transport peer, host or auto (its engine bootstraps over MPI); "
+                    "run at most one rank per GPU for the rest\n",
+                    local_size, ndev);
+        return CLI_EXIT_USAGE;
+    }
+    if (cudaSetDevice(device) != cudaSuccess) {
+        fprintf(stderr, "epx bench comm: cannot use GPU %d\n", device);
+        return CLI_EXIT_FAIL;
+    }
+    epx_comm_mpi_opts o = EPX_COMM_MPI_OPTS_INIT;
+    o.timeout_ms = a->timeout_ms;
+    epx_comm *comm = NULL;
+    epx_error err = {0};
+    cudaStream_t s = NULL;
+    int rc = CLI_EXIT_FAIL;
+    if (epx_comm_mpi_create(MPI_COMM_WORLD, &o, &comm, &err) != EPX_OK) {
+        rc = cli_report(cmd, &err);
+    } else if (cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) != cudaSuccess) {
+        fprintf(stderr, "epx bench comm: cannot create a CUDA stream on GPU %d\n", device);
+    } else {
+        rc = ll_rank(cmd, comm, NULL, s, a);
+    }
+    bool healthy = comm != NULL && epx_comm_health(comm, NULL) == EPX_OK;
+    epx_comm_destroy(comm);
+    if (s) cudaStreamDestroy(s);
+    if (!healthy) MPI_Abort(MPI_COMM_WORLD, rc ? rc : 1); /* a peer is gone: end the job */
+    return rc;
+}
+#endif
+
 static int bench_nccl(cli_cmd *cmd, bench_args *a, int argc, char **argv) {
 #if BENCH_NCCL
     int ndev = 0;
@@ -845,14 +904,25 @@ static int bench_nccl(cli_cmd *cmd, bench_args *a, int argc, char **argv) {
         /* The launcher's local rank picks the GPU; anything but a whole
          * number >= 0 (never atoi's wrap or a negative device) falls back
          * to the rank. */
-        const char *lr = getenv("OMPI_COMM_WORLD_LOCAL_RANK");
-        char *end = NULL;
-        errno = 0;
-        long v = lr ? strtol(lr, &end, 10) : -1;
-        int local = lr && errno == 0 && end != lr && *end == '\0' && v >= 0 && v <= INT32_MAX
-                        ? (int)v
-                        : one.rank;
+        const int local = (int)env_count("OMPI_COMM_WORLD_LOCAL_RANK", one.rank);
         one.device = local % ndev;
+        /* Ranks on this host (any launcher), and whether some host has more
+         * than GPUs: then every rank takes the shared path, or some would
+         * wait in NCCL for ranks that never come. */
+        MPI_Comm node;
+        int local_size = 1, shared = 0, any_shared = 0;
+        if (MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node) ==
+            MPI_SUCCESS) {
+            MPI_Comm_size(node, &local_size);
+            MPI_Comm_free(&node);
+        }
+        shared = local_size > ndev;
+        MPI_Allreduce(&shared, &any_shared, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+        if (any_shared) {
+            int rc = shared_gpu_rank(cmd, a, one.rank, one.device, local_size, ndev);
+            MPI_Finalize();
+            return rc;
+        }
         if (one.rank == 0) ncclGetUniqueId(&one.id);
         MPI_Bcast(&one.id, (int)sizeof one.id, MPI_BYTE, 0, MPI_COMM_WORLD);
     } else
@@ -931,7 +1001,9 @@ int cmd_bench(int argc, char **argv) {
                    "normal|low-latency]\n"
                    "       [--graph] [--json FILE] [-o FILE] [options]\n"
                    "       (MPI: mpirun -np R epx bench comm --backend mpi ...;\n"
-                   "        NCCL: epx bench comm --backend nccl --gpus N ..., or under mpirun)",
+                   "        NCCL: epx bench comm --backend nccl --gpus N ..., or under mpirun;\n"
+                   "        more ranks than GPUs under mpirun: the low-latency engine alone,\n"
+                   "        its ranks sharing the GPUs, bootstrapped over MPI)",
                    "Time EP dispatch and combine against the TP all-reduce of the same MoE layer, "
                    "per token count, after checking their results.",
                    opts,
