@@ -3,10 +3,12 @@
 # one call: the engine's test over each transport (host memory and NCCL also
 # under compute-sanitizer memcheck), then `epx bench comm` at one rank for each
 # transport in the same run (graph replays and launches; the host rows
-# carry link_pct against pinned copies timed beside them). JSON lines to
+# carry link_pct against pinned copies timed beside them), and with 2 and 4
+# processes sharing the GPU under mpirun. JSON lines to
 # $OUT/ep_transport.jsonl (or ./gpu-out).
 #   BIN=build   where test_gpu_ll and epx were built
 #   TOKENS=1,8,32,128  ITERS=50
+#   RANKS="2 4" processes sharing the GPU under mpirun, peer and host (0: none)
 set -u
 OUT=${OUT:-gpu-out}
 mkdir -p "$OUT"
@@ -37,6 +39,20 @@ for t in peer host nccl; do
         --model kimi-k2.5 --tokens "${TOKENS:-1,8,32,128}" --iters "${ITERS:-50}" --warmup 10 \
         --json "$OUT/ep_transport.jsonl" 2>&1 | grep -v "floor\|bare kernels" || fail=1
 done
+# Several processes sharing the GPU (the engine bootstraps over MPI when a host
+# runs more ranks than GPUs): what crosses the host link between ranks.
+if command -v mpirun >/dev/null && [ "${RANKS:-2 4}" != 0 ]; then
+    for n in ${RANKS:-2 4}; do
+        for t in peer host; do
+            echo "== bench, transport $t, $n processes on the GPU"
+            timeout 300 mpirun --allow-run-as-root --oversubscribe -np "$n" \
+                -x LD_LIBRARY_PATH -x NCCL_NVLS_ENABLE "$BIN/epx" bench comm --backend nccl \
+                --mode low-latency --graph --transport $t --model kimi-k2.5 \
+                --tokens "${TOKENS:-1,8,32,128}" --iters "${ITERS:-50}" --warmup 10 \
+                --json "$OUT/ep_transport.jsonl" 2>&1 | grep -v "floor\|bare kernels" || fail=1
+        done
+    done
+fi
 ls /dev/shm | grep epx-ll && { echo "LEFT IN /dev/shm"; fail=1; }
 [ $fail = 0 ] && echo "gpu_transport: all passed" || echo "gpu_transport: FAILURES above"
 exit $fail
