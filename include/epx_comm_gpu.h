@@ -277,6 +277,25 @@ EPX_API epx_status epx_gpu_ep_get_views(const epx_gpu_ep *ep, epx_gpu_ep_views *
  * Not collective. */
 EPX_API epx_status epx_gpu_ep_set_stream(epx_gpu_ep *ep, cudaStream_t stream, epx_error *err);
 
+/*
+ * Promise that no rank dispatches more than `bound` tokens per call from now
+ * on (DeepEP's num_max_dispatch_tokens_per_rank, which every rank passes
+ * alike): the nccl transport then moves blocks of `bound` tokens instead of
+ * max_tokens, so a small batch stops paying for the largest (the other
+ * transports move only what a batch holds and just check the promise). A
+ * dispatch of more tokens is refused, naming both. Set it before capturing a
+ * graph: a captured exchange keeps the size it was captured with. After it
+ * a combine needs a new dispatch (the last one's rows may not fit).
+ * Args:    1 <= bound <= max_tokens; not between a phase's two halves.
+ * Returns: EPX_OK; EPX_ERR_INVALID_ARG (the bound, the order, or, over nccl,
+ *          ranks that set different bounds: every rank gets the error);
+ *          EPX_ERR_TIMEOUT/_COMM/_CUDA (nccl: the ranks' check).
+ * Collective: over nccl, every rank at the same point of its calls (the
+ *          bounds are compared there, on the stream, which this waits for);
+ *          otherwise not.
+ */
+EPX_API epx_status epx_gpu_ep_set_token_bound(epx_gpu_ep *ep, int64_t bound, epx_error *err);
+
 /* Wait for the stream (polling, up to the timeout), then report any fault
  * the kernels recorded. Returns EPX_OK, EPX_ERR_TIMEOUT, EPX_ERR_INVALID_ARG
  * (a bad slot on some rank), EPX_ERR_CUDA. Not collective. */

@@ -133,6 +133,7 @@ bench comm|--dtype|text
 bench comm|--combine|text
 bench comm|--mode|text
 bench comm|--transport|text
+bench comm|--token-bound|text
 bench comm|--json|text
 bench comm|-o|text
 advise|--gpus|int|1|65536

@@ -86,8 +86,9 @@ typedef struct shape {
     int64_t M;
     epx_dtype xd, yd;
     int batches;
-    bool graph; /* every batch replays one captured graph (fixed T per rank) */
-    int fp8;    /* EPX_GPU_EP_FP8 [| _ROUND_SCALE [| _UE8M0]]: dispatch in fp8 (bf16 x) */
+    bool graph;    /* every batch replays one captured graph (fixed T per rank) */
+    int fp8;       /* EPX_GPU_EP_FP8 [| _ROUND_SCALE [| _UE8M0]]: dispatch in fp8 (bf16 x) */
+    int64_t bound; /* > 0: epx_gpu_ep_set_token_bound(bound), every batch at most that */
 } shape;
 
 /* One rank's batch: x as stored (fp32 or bf16 bits), slots, weights. */
@@ -159,8 +160,9 @@ static void yvals(const shape *c, const void *x, int64_t t, float *y) {
 static void make_batch(const shape *c, int b, int32_t r, int64_t fixed_T, batch *o) {
     uint64_t s = g_seed * 1000003u + (uint64_t)b * 7919u + (uint64_t)r * 104729u + 1;
     size_t xs = epx_dtype_size(c->xd);
+    const int64_t most = c->bound > 0 ? c->bound : c->M;
     o->T =
-        fixed_T >= 0 ? fixed_T : (below(&s, 5) == 0 ? 0 : (int64_t)below(&s, (uint32_t)c->M + 1));
+        fixed_T >= 0 ? fixed_T : (below(&s, 5) == 0 ? 0 : (int64_t)below(&s, (uint32_t)most + 1));
     size_t n = (size_t)c->M;
     o->x = calloc(n * (size_t)c->H, xs);
     o->s = calloc(n * (size_t)c->K, sizeof(int32_t));
@@ -357,6 +359,7 @@ static int run_rank(epx_comm *boot, const shape *c) {
     o.timeout_ms = 60000; /* processes time-slice the GPU */
     epx_gpu_ep *ep = NULL;
     EK(make_engine(boot, &cfg, st, &o, &ep, &err));
+    if (c->bound > 0) EK(epx_gpu_ep_set_token_bound(ep, c->bound, &err));
     const char *tn = epx_gpu_ep_transport_name(ep);
     if ((strcmp(tn, "host") == 0) != transport_is_host() ||
         (strcmp(tn, "nccl") == 0) != transport_is("nccl"))
@@ -392,7 +395,10 @@ static int run_rank(epx_comm *boot, const shape *c) {
     for (int b = 0; b < c->batches && rc == 0; b++) {
         const int how = c->graph ? 0 : b % 4;
         for (int32_t r = 0; r < R; r++)
-            make_batch(c, b, r, c->graph ? (int64_t)((r * 7 + 3) % (c->M + 1)) : -1, &all[r]);
+            make_batch(c, b, r,
+                       c->graph ? (int64_t)((r * 7 + 3) % ((c->bound > 0 ? c->bound : c->M) + 1))
+                                : -1,
+                       &all[r]);
         const batch *my = &all[me];
         CK(cudaMemcpyAsync(dx, my->x, (size_t)my->T * (size_t)c->H * xs, cudaMemcpyHostToDevice,
                            st));
@@ -463,6 +469,7 @@ static void random_shape(uint64_t *s, int32_t R, shape *c) {
     c->batches = 5;
     c->graph = false;
     c->fp8 = 0;
+    c->bound = 0;
 }
 
 /* An fp8 dispatch of c (bf16 x, hidden a multiple of 512): flags by `pick`. */
@@ -530,7 +537,7 @@ static int proc_shrink(int32_t rank, int32_t R, pc_world *w, void *arg) {
     epx_comm *boot = pc_comm(w, rank);
     if (boot == NULL) return 1;
     epx_error err = {0};
-    shape c = {R, 64, 4, 2 * R, 8, EPX_DTYPE_BF16, EPX_DTYPE_BF16, 4, false, 0};
+    shape c = {R, 64, 4, 2 * R, 8, EPX_DTYPE_BF16, EPX_DTYPE_BF16, 4, false, 0, 0};
     const int32_t spr = c.P / R, K = c.K;
     const size_t rows = (size_t)spr * (size_t)R * (size_t)c.M, xrow = (size_t)c.H * 2;
     cudaStream_t st;
@@ -636,7 +643,16 @@ static int single_rank_cases(void) {
             FAILF("one rank, fp8 case %d (flags %d) failed (seed %llu)", i, c.fp8,
                   (unsigned long long)g_seed);
     }
-    shape big = {1, 7168, 8, 48, 32, EPX_DTYPE_BF16, EPX_DTYPE_BF16, 3, false, 0};
+    for (int i = 0; i < 8; i++) { /* a token bound below max_tokens: the blocks shrink */
+        shape c;
+        random_shape(&s, 1, &c);
+        c.bound = 1 + (int64_t)below(&s, (uint32_t)c.M);
+        c.graph = i % 2 == 1;
+        if (run_rank(local, &c) != 0)
+            FAILF("one rank, token bound case %d (bound %lld of %lld) failed (seed %llu)", i,
+                  (long long)c.bound, (long long)c.M, (unsigned long long)g_seed);
+    }
+    shape big = {1, 7168, 8, 48, 32, EPX_DTYPE_BF16, EPX_DTYPE_BF16, 3, false, 0, 0};
     if (run_rank(local, &big) != 0) FAILF("one rank, H=7168 failed");
     big.graph = true;
     if (run_rank(local, &big) != 0) FAILF("one rank, H=7168 graph failed");
@@ -645,6 +661,71 @@ static int single_rank_cases(void) {
     big.graph = false;
     big.fp8 = EPX_GPU_EP_FP8 | EPX_GPU_EP_ROUND_SCALE | EPX_GPU_EP_UE8M0;
     if (run_rank(local, &big) != 0) FAILF("one rank, H=7168 fp8 UE8M0 failed");
+    big.fp8 = 0;
+    big.graph = true;
+    big.bound = 5; /* the benchmark's shape at a small batch, as the bench runs it */
+    if (run_rank(local, &big) != 0) FAILF("one rank, H=7168 graph, token bound 5 failed");
+    epx_comm_destroy(local);
+    return 0;
+}
+
+/* The token bound's refusals: out of range, a dispatch above it, between a
+ * phase's halves, and a combine across a new bound (a fresh dispatch needed). */
+static int bound_cases(void) {
+    epx_error err = {0};
+    epx_comm *local = NULL;
+    EK(epx_comm_create_local(&local, &err));
+    cudaStream_t st;
+    CK(cudaStreamCreate(&st));
+    epx_ep_config cfg = ll_config(64, 2, 4, 8, EPX_DTYPE_BF16, EPX_DTYPE_BF16);
+    epx_gpu_ep *ep = NULL;
+    EK(make_engine(local, &cfg, st, NULL, &ep, &err));
+    int32_t hs[16];
+    float hw[16];
+    for (int i = 0; i < 16; i++) {
+        hs[i] = i % 2; /* slots 0 and 1: distinct within each token */
+        hw[i] = 0.5f;
+    }
+    void *dx;
+    int32_t *ds;
+    float *dw, *dout;
+    CK(cudaMalloc(&dx, 8 * 64 * 2));
+    CK(cudaMemset(dx, 0, 8 * 64 * 2));
+    CK(cudaMalloc((void **)&ds, sizeof hs));
+    CK(cudaMalloc((void **)&dw, sizeof hw));
+    CK(cudaMalloc((void **)&dout, 8 * 64 * 4));
+    CK(cudaMemcpy(ds, hs, sizeof hs, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(dw, hw, sizeof hw, cudaMemcpyHostToDevice));
+    const int both = EPX_GPU_EP_SEND | EPX_GPU_EP_RECV;
+    epx_ep_recv rv;
+    if (epx_gpu_ep_set_token_bound(ep, 0, &err) != EPX_ERR_INVALID_ARG ||
+        strstr(err.msg, "token bound 0 is outside [1, max_tokens 8]") == NULL)
+        FAILF("token bound 0: '%s'", err.msg);
+    if (epx_gpu_ep_set_token_bound(ep, 9, &err) != EPX_ERR_INVALID_ARG ||
+        strstr(err.msg, "token bound 9 is outside") == NULL)
+        FAILF("token bound 9 of max_tokens 8: '%s'", err.msg);
+    EK(epx_gpu_ep_set_token_bound(ep, 3, &err));
+    if (epx_gpu_ep_dispatch_parts(ep, both, 4, dx, ds, dw, &rv, &err) != EPX_ERR_INVALID_ARG ||
+        strstr(err.msg, "4 tokens is above the token bound 3") == NULL)
+        FAILF("a dispatch above the bound: '%s'", err.msg);
+    EK(epx_gpu_ep_dispatch_parts(ep, both, 3, dx, ds, dw, &rv, &err));
+    EK(epx_gpu_ep_identity_experts(ep, &err));
+    EK(epx_gpu_ep_combine(ep, dout, &err));
+    EK(epx_gpu_ep_set_token_bound(ep, 2, &err));
+    if (epx_gpu_ep_combine(ep, dout, &err) != EPX_ERR_INVALID_ARG ||
+        strstr(err.msg, "token bound set") == NULL)
+        FAILF("a combine across a new bound: '%s'", err.msg);
+    EK(epx_gpu_ep_dispatch_parts(ep, EPX_GPU_EP_SEND, 2, dx, ds, dw, NULL, &err));
+    if (epx_gpu_ep_set_token_bound(ep, 8, &err) != EPX_ERR_INVALID_ARG ||
+        strstr(err.msg, "receive half") == NULL)
+        FAILF("a bound between a dispatch's halves: '%s'", err.msg);
+    EK(epx_gpu_ep_dispatch_parts(ep, EPX_GPU_EP_RECV, 2, dx, ds, dw, &rv, &err));
+    EK(epx_gpu_ep_identity_experts(ep, &err));
+    EK(epx_gpu_ep_combine(ep, dout, &err));
+    EK(epx_gpu_ep_sync(ep, &err));
+    epx_gpu_ep_destroy(ep);
+    cudaFree(dx), cudaFree(ds), cudaFree(dw), cudaFree(dout);
+    cudaStreamDestroy(st);
     epx_comm_destroy(local);
     return 0;
 }
@@ -946,6 +1027,7 @@ int main(void) {
             random_shape(&s, R, &j.c[i]);
             j.c[i].graph = i == 3;
             if (i == 1) make_fp8(&j.c[i], R); /* one fp8 case on every rank count */
+            if (i == 2) j.c[i].bound = 1 + j.c[i].M / 2;
         }
         int failed = pc_run(R, proc_rank, &j, 240);
         printf("%d ranks as processes over %s: %s\n", R,
@@ -963,6 +1045,8 @@ int main(void) {
     }
     if (single_rank_cases() != 0) return 1;
     printf("one rank: ok\n");
+    if (bound_cases() != 0) return 1;
+    printf("token bound refusals: ok\n");
     if (fault_cases() != 0) return 1;
     printf("faults: ok\n");
     if (transport_is("nccl")) {

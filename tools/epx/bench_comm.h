@@ -31,6 +31,7 @@ typedef struct bench_args {
     int32_t transport; /* GPU low latency: EPX_BENCH_TRANSPORT_* (--transport) */
     int32_t gpus;      /* --gpus N: N ranks as threads of this process (0: not given) */
     bool fp8;          /* GPU low latency: dispatch in DeepEP's fp8 form (--fp8) */
+    bool bound_max;    /* GPU low latency: token bound stays max_tokens (--token-bound max) */
     const char *jsonl; /* --json FILE ("-" = stdout), or NULL */
     uint64_t seed;
 } bench_args;
@@ -78,6 +79,8 @@ typedef struct bench_line {
     double link_pct;
     int64_t row_bytes;  /* bytes one row takes on the wire in this phase (<= 0: not written) */
     int32_t graph_reps; /* graph figures: iterations per timed replay (0: not written) */
+    int64_t
+        token_bound; /* the engine's token bound (epx_gpu_ep_set_token_bound; <= 0: not written) */
 } bench_line;
 int bench_jsonl_write(FILE *f, const bench_line *l);
 

@@ -70,6 +70,8 @@ typedef struct ll_run {
     cudaGraphExec_t fg[2][3]; /* floor [bare, flag][dispatch, combine, round trip] */
     volatile int *gate;       /* host-mapped: opens the hold before a timed replay */
     const int *gate_dev;
+    int64_t Tmax;  /* the engine's max_tokens: the largest --tokens */
+    int64_t bound; /* its token bound for the batch size being timed */
 } ll_run;
 
 enum { PH_DISPATCH, PH_COMBINE, PH_ROUND_TRIP, PH_ALLREDUCE, PH_COPY, PH_LINK };
@@ -343,7 +345,8 @@ static epx_status bench_floor(ll_run *b, int64_t T, const double *eng, FILE *jl,
                                 NULL,
                                 -1.0,
                                 0,
-                                gi == 1 ? kGraphReps : 0};
+                                gi == 1 ? kGraphReps : 0,
+                                0};
                 if (jl != NULL && bench_jsonl_write(jl, &l) != 0) {
                     err->status = EPX_ERR_IO;
                     snprintf(err->msg, sizeof err->msg, "bench: writing the JSON lines failed");
@@ -385,6 +388,10 @@ static epx_status bench_T(ll_run *b, int64_t T, const void *x, const int32_t *sl
     const int32_t R = epx_comm_size(b->comm), me = epx_comm_rank(b->comm);
     const int32_t H = a->cfg.hidden, K = a->cfg.top_k, spr = P / R;
     const size_t esz = epx_dtype_size(a->dtype);
+    /* Every rank times the same T, so each batch's count is a bound all share
+     * (DeepEP's num_max_dispatch_tokens_per_rank); before any capture. */
+    b->bound = a->bound_max ? b->Tmax : T > 0 ? T : 1;
+    EPX_TRY_CLI(epx_gpu_ep_set_token_bound(b->ep, b->bound, err));
     /* Check: identity experts give the fixed-order weighted sums. */
     EPX_TRY_CLI(run_dispatch(b, T, false, err));
     EPX_TRY_CLI(run_identity(b, false, err));
@@ -499,7 +506,8 @@ static epx_status bench_T(ll_run *b, int64_t T, const void *x, const int32_t *sl
                             ar                 ? 0
                             : ph == PH_COMBINE ? (int64_t)((size_t)H * esz)
                                                : (int64_t)drow,
-                            gi == 1 ? kGraphReps : 0};
+                            gi == 1 ? kGraphReps : 0,
+                            ar ? 0 : b->bound};
             char pct[16] = "-", lpct[16] = "-";
             if (l.copy_pct > 0) snprintf(pct, sizeof pct, "%.1f%%", l.copy_pct);
             if (l.link_pct > 0) snprintf(lpct, sizeof lpct, "%.1f%%", l.link_pct);
@@ -542,6 +550,7 @@ epx_status bench_ll_gpu(epx_comm *comm, ncclComm_t nc, cudaStream_t s, const ben
     b.comm = comm;
     b.s = s;
     b.a = a;
+    b.Tmax = Tmax;
     void *x = malloc((size_t)Tmax * H * esz);
     int32_t *slots = malloc((size_t)Tmax * K * 4);
     float *w = malloc((size_t)Tmax * K * 4);
@@ -603,17 +612,19 @@ epx_status bench_ll_gpu(epx_comm *comm, ncclComm_t nc, cudaStream_t s, const ben
     const char *device = cudaGetDeviceProperties(&prop, dev) == cudaSuccess ? prop.name : "gpu";
     if (st == EPX_OK && me == 0)
         printf(
-            "epx bench comm: GPU low-latency EP, %d rank(s), transport %s, model %s (H %d, "
-            "top-%d, %d slots), %s, %d iterations (median and p99 of the slowest rank, CUDA "
+            "epx bench comm: GPU low-latency EP, %d rank(s), transport %s, token bound %s, "
+            "model %s (H %d, top-%d, %d slots), %s, %d iterations (median and p99 of the slowest "
+            "rank, CUDA "
             "events; graph = %d iterations captured in one graph, queued behind a hold, per "
             "iteration), checked before timing; copy%% = a device copy of the same bytes over the "
             "phase's time; link%% (host transport) = the bytes that cross the host link (every "
             "dispatched row; the other ranks' combine rows) copied device to pinned host and "
             "back over the phase's time\n\n"
             "%8s  %-10s %-6s %9s %9s %10s %8s %8s\n",
-            R, b.transport, a->model, H, K, P, a->dtype == EPX_DTYPE_BF16 ? "bf16" : "fp32",
-            a->iters, (int)kGraphReps, "tokens", "phase", "how", "median us", "p99 us", "GB/s",
-            "copy%", "link%");
+            R, b.transport,
+            a->bound_max ? "max_tokens (the largest --tokens)" : "each batch's tokens", a->model, H,
+            K, P, a->dtype == EPX_DTYPE_BF16 ? "bf16" : "fp32", a->iters, (int)kGraphReps, "tokens",
+            "phase", "how", "median us", "p99 us", "GB/s", "copy%", "link%");
     for (int32_t i = 0; i < a->ntok && st == EPX_OK; i++)
         st = bench_T(&b, a->tokens[i], x, slots, w, P, jl, device, err);
     for (int i = 0; i < 4; i++)

@@ -478,6 +478,7 @@ static int write_jsonl(FILE *f, const bench_args *a, int32_t R, const bench_row 
                             NULL,
                             -1.0,
                             0,
+                            0,
                             0};
             if (bench_jsonl_write(f, &l) != 0) return -1;
         }
@@ -611,6 +612,17 @@ static int parse_args(cli_cmd *cmd, bench_args *a) {
                     tr);
             return CLI_EXIT_USAGE;
         }
+    }
+    const char *tb = cli_get(cmd, "--token-bound");
+    a->bound_max = tb != NULL && strcmp(tb, "max") == 0;
+    if (tb != NULL && ((strcmp(tb, "max") != 0 && strcmp(tb, "tokens") != 0) ||
+                       a->mode != EPX_EP_MODE_LOW_LATENCY || strcmp(a->backend, "nccl") != 0)) {
+        fprintf(stderr,
+                "epx bench comm: --token-bound is tokens (each batch's count, the default) or "
+                "max (the largest --tokens), not '%s', and sets the GPU low-latency engine's "
+                "bound: use it with --backend nccl --mode low-latency\n",
+                tb);
+        return CLI_EXIT_USAGE;
     }
     a->gpus = 0;
     if (!cli_int(cmd, "--gpus", 1, 1024, &a->gpus)) return CLI_EXIT_USAGE;
@@ -988,6 +1000,11 @@ int cmd_bench(int argc, char **argv) {
          "the low-latency engine's transport: device memory (peer: pointers or CUDA IPC), pinned "
          "host memory (host, for GPUs without peer access), NCCL send/recv (nccl, any topology), "
          "or auto (EPX_GPU_EP_TRANSPORT, else by peer access)",
+         NULL},
+        {"--token-bound", "tokens|max",
+         "the low-latency engine's promise of tokens per rank per call "
+         "(epx_gpu_ep_set_token_bound): each batch's own count (default) or the largest "
+         "--tokens; the nccl transport moves blocks of that many tokens",
          NULL},
         {"--gpus", "N",
          "NCCL: run N ranks as threads of this one process, one per visible GPU (no mpirun)", NULL},

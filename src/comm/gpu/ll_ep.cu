@@ -1500,7 +1500,11 @@ struct epx_gpu_ep {
     unsigned char *outbox;
     epxi_ll_phase_blocks wire[2];
     epxi_ll_exchange_fn exchange;
+    epxi_ll_agree_fn agree;
     void *exchange_ctx;
+    /* tokens per rank a dispatch carries at most (epx_gpu_ep_set_token_bound;
+     * max_tokens until set): what a staged block holds, the rest unsent */
+    int64_t bound;
     cudaEvent_t chain; /* orders launches across a change of stream (set_stream) */
     uint32_t *host_fault, *host_fault_dev;
     Args a;
@@ -1518,6 +1522,15 @@ struct epx_gpu_ep {
 };
 
 /* The buffer layout, shared by the size query and creation. */
+/* Tokens per rank at most from now on, and so the staged blocks' bytes: a
+ * source's records are filed at its token index t (rec_at) and the rows it
+ * gets back at t * K + k (comb_at), so `bound` of each cover every rank's. */
+static void set_bound(epx_gpu_ep *ep, int64_t bound) {
+    ep->bound = bound;
+    ep->wire[0].bytes[0] = (size_t)bound * ep->a.rec;
+    ep->wire[1].bytes[0] = (size_t)bound * ep->g.K * ep->g.yrow;
+}
+
 static epx_status plan(epx_gpu_ep *ep, const epx_ep_config *cfg, int32_t R, bool staging,
                        epx_error *err) {
     if (cfg != NULL && cfg->version == EPX_EP_CONFIG_VERSION &&
@@ -1605,12 +1618,13 @@ static epx_status plan(epx_gpu_ep *ep, const epx_ep_config *cfg, int32_t R, bool
     epxi_ll_phase_blocks *d = &ep->wire[0], *c = &ep->wire[1];
     d->R = c->R = R;
     d->nparts = 3;
-    d->off[0] = off_rows, d->stride[0] = d->bytes[0] = (size_t)g->M * rec;
+    d->off[0] = off_rows, d->stride[0] = (size_t)g->M * rec;
     d->off[1] = off_cnt, d->stride[1] = d->bytes[1] = (size_t)g->spr * sizeof(int32_t);
     d->off[2] = off_dflag, d->stride[2] = d->bytes[2] = sizeof(uint64_t);
     c->nparts = 2;
-    c->off[0] = off_comb, c->stride[0] = c->bytes[0] = (size_t)g->M * g->K * g->yrow;
+    c->off[0] = off_comb, c->stride[0] = (size_t)g->M * g->K * g->yrow;
     c->off[1] = off_cflag, c->stride[1] = c->bytes[1] = sizeof(uint64_t);
+    set_bound(ep, g->M);
     return EPX_OK;
 }
 
@@ -1841,21 +1855,22 @@ extern "C" epx_status epx_gpu_ep_open(const epx_ep_config *cfg, int32_t rank, in
 }
 
 /* A staging transport's engine, connected at once: every peer pointer is
- * the outbox, and `exchange(ctx, ...)` moves each phase's blocks (ctx is
- * freed with the handle). GPU scope suffices: the flags are read only after
+ * the outbox, and `ops->exchange(ctx, ...)` moves each phase's blocks (ctx
+ * is freed with the handle). GPU scope suffices: the flags are read only after
  * the transport's copy, in stream order. For transport_nccl.cu. */
 extern "C" EPXI_HIDDEN epx_status epxi_gpu_ep_open_staging(const epx_ep_config *cfg, int32_t rank,
                                                            int32_t num_ranks, cudaStream_t stream,
                                                            const epx_gpu_ep_opts *opts,
-                                                           epxi_ll_exchange_fn exchange, void *ctx,
+                                                           const epxi_ll_staging *ops,
                                                            epx_gpu_ep **out, epx_error *err) {
     epx_gpu_ep *ep = NULL;
-    epx_status st = open_engine(cfg, rank, num_ranks, stream, opts, exchange, &ep, err);
+    epx_status st = open_engine(cfg, rank, num_ranks, stream, opts, ops->exchange, &ep, err);
     if (st != EPX_OK) {
-        free(ctx);
+        free(ops->ctx);
         return st;
     }
-    ep->exchange_ctx = ctx;
+    ep->exchange_ctx = ops->ctx;
+    ep->agree = ops->agree;
     for (int32_t r = 0; r < num_ranks; r++) ep->mapped[r] = ep->outbox;
     const cudaError_t ce = cudaMemcpy(ep->buf + ep->off_peers, ep->mapped,
                                       (size_t)num_ranks * sizeof(void *), cudaMemcpyHostToDevice);
@@ -2216,7 +2231,8 @@ static const char *state_name(int st) {
     return st == epx_gpu_ep::D_SENT       ? "a dispatch whose receive half has not run"
            : st == epx_gpu_ep::C_SENT     ? "a combine whose receive half has not run"
            : st == epx_gpu_ep::DISPATCHED ? "a dispatch"
-                                          : "no dispatch yet";
+                                          : "no dispatch since the handle was made or its token "
+                                            "bound set";
 }
 
 static epx_status bad_order(epx_gpu_ep *ep, const char *what, const char *fix, epx_error *err) {
@@ -2281,6 +2297,12 @@ extern "C" epx_status epx_gpu_ep_dispatch_parts(epx_gpu_ep *ep, int parts, int64
                              "low-latency buffers hold max_tokens per rank; raise it when "
                              "creating the handle",
                              (long long)T, (long long)g->M);
+        if (T > ep->bound)
+            return epxi_fail(err, EPX_ERR_INVALID_ARG,
+                             "GPU EP dispatch of %lld tokens is above the token bound %lld that "
+                             "epx_gpu_ep_set_token_bound set: every rank raises it together "
+                             "(at most max_tokens %lld)",
+                             (long long)T, (long long)ep->bound, (long long)g->M);
         if (T > 0 && (x == NULL || topk_slots == NULL))
             return epxi_fail(err, EPX_ERR_INVALID_ARG,
                              "GPU EP dispatch of %lld tokens needs x and topk_slots", (long long)T);
@@ -2423,6 +2445,25 @@ extern "C" epx_status epx_gpu_ep_set_stream(epx_gpu_ep *ep, cudaStream_t stream,
         EPXI_CUDA_TRY(cudaStreamWaitEvent(stream, ep->chain, 0), "GPU EP: stream change");
     }
     ep->stream = stream;
+    return EPX_OK;
+}
+
+extern "C" epx_status epx_gpu_ep_set_token_bound(epx_gpu_ep *ep, int64_t bound, epx_error *err) {
+    EPX_TRY(ready(ep, "set_token_bound", err));
+    const epxi_ep_geom *g = &ep->g;
+    if (bound < 1 || bound > g->M)
+        return epxi_fail(err, EPX_ERR_INVALID_ARG,
+                         "GPU EP token bound %lld is outside [1, max_tokens %lld]: give the most "
+                         "tokens any rank dispatches per call",
+                         (long long)bound, (long long)g->M);
+    if (ep->state == epx_gpu_ep::D_SENT || ep->state == epx_gpu_ep::C_SENT)
+        return bad_order(ep, "set_token_bound", "run its receive half first", err);
+    if (ep->agree != NULL)
+        EPX_TRY(ep->agree(ep->exchange_ctx, bound, "epx_gpu_ep_set_token_bound", ep->stream, err));
+    set_bound(ep, bound);
+    /* A combine may return the last dispatch again, but not across a new
+     * bound (its rows may not fit the blocks): every rank starts afresh. */
+    if (ep->state == epx_gpu_ep::DISPATCHED) ep->state = epx_gpu_ep::IDLE;
     return EPX_OK;
 }
 

@@ -76,6 +76,17 @@ typedef struct epxi_ll_phase_blocks {
 /* Move one phase's blocks, enqueued on `stream` (a cudaStream_t). */
 typedef epx_status (*epxi_ll_exchange_fn)(void *ctx, const epxi_ll_phase_blocks *b, void *stream,
                                           epx_error *err);
+/* Collective: EPX_OK when every rank passed the same `value`, else an
+ * EPX_ERR_INVALID_ARG naming two ranks that differ and their values (`what`
+ * names the value). Waits for the answer on `stream`. */
+typedef epx_status (*epxi_ll_agree_fn)(void *ctx, int64_t value, const char *what, void *stream,
+                                       epx_error *err);
+/* A staging transport's operations and their context (freed with the handle). */
+typedef struct epxi_ll_staging {
+    epxi_ll_exchange_fn exchange;
+    epxi_ll_agree_fn agree;
+    void *ctx;
+} epxi_ll_staging;
 
 /* What every rank of one engine must share, as the ranks compare it. */
 typedef struct epxi_ll_shape {

@@ -21,8 +21,8 @@
 extern "C" epx_status epxi_gpu_ep_open_staging(const epx_ep_config *cfg, int32_t rank,
                                                int32_t num_ranks, cudaStream_t stream,
                                                const epx_gpu_ep_opts *opts,
-                                               epxi_ll_exchange_fn exchange, void *ctx,
-                                               epx_gpu_ep **out, epx_error *err);
+                                               const epxi_ll_staging *ops, epx_gpu_ep **out,
+                                               epx_error *err);
 
 namespace {
 
@@ -67,6 +67,31 @@ epx_status exchange(void *ctx, const epxi_ll_phase_blocks *b, void *stream, epx_
     return EPX_OK;
 }
 
+/* Every rank's `bytes` of `mine` through the communicator into `all` (host,
+ * R * bytes, rank order), waited for on s. */
+epx_status gather(ncclComm_t comm, int32_t R, const void *mine, size_t bytes, void *all,
+                  const char *what, cudaStream_t s, epx_error *err) {
+    void *d = NULL;
+    epx_status st = EPX_OK;
+    EPXI_CUDA_GOTO(st, cudaMalloc(&d, (size_t)(R + 1) * bytes), what, done);
+    EPXI_CUDA_GOTO(st, cudaMemcpy(d, mine, bytes, cudaMemcpyHostToDevice), what, done);
+    {
+        ncclResult_t r =
+            settle(comm, ncclAllGather(d, (unsigned char *)d + bytes, bytes, ncclUint8, comm, s));
+        if (r != ncclSuccess) {
+            st = nccl_fail(r, what, err);
+            goto done;
+        }
+    }
+    EPX_TRY_GOTO(st, epxi_cuda_stream_wait(s, 60000, what, err), done);
+    EPXI_CUDA_GOTO(
+        st, cudaMemcpy(all, (unsigned char *)d + bytes, (size_t)R * bytes, cudaMemcpyDeviceToHost),
+        what, done);
+done:
+    cudaFree(d);
+    return st;
+}
+
 /* Every rank's shape through the communicator: a rank with another config
  * would post sends of other sizes, which NCCL cannot tell from a hang. */
 epx_status same_config(ncclComm_t comm, int32_t R, int32_t me, const epx_ep_config *cfg,
@@ -75,25 +100,7 @@ epx_status same_config(ncclComm_t comm, int32_t R, int32_t me, const epx_ep_conf
     epxi_ll_shape *all =
         (epxi_ll_shape *)epxi_calloc((size_t)R, sizeof(epxi_ll_shape), "GPU EP nccl configs", err);
     if (all == NULL) return EPX_ERR_NOMEM;
-    void *d = NULL;
-    epx_status st = EPX_OK;
-    EPXI_CUDA_GOTO(st, cudaMalloc(&d, (size_t)(R + 1) * sizeof(epxi_ll_shape)),
-                   "GPU EP nccl configs", done);
-    EPXI_CUDA_GOTO(st, cudaMemcpy(d, &mine, sizeof mine, cudaMemcpyHostToDevice),
-                   "GPU EP nccl configs", done);
-    {
-        ncclResult_t r = settle(comm, ncclAllGather(d, (epxi_ll_shape *)d + 1,
-                                                    sizeof(epxi_ll_shape), ncclUint8, comm, s));
-        if (r != ncclSuccess) {
-            st = nccl_fail(r, "ncclAllGather of the configs", err);
-            goto done;
-        }
-    }
-    EPX_TRY_GOTO(st, epxi_cuda_stream_wait(s, 60000, "GPU EP nccl configs", err), done);
-    EPXI_CUDA_GOTO(st,
-                   cudaMemcpy(all, (epxi_ll_shape *)d + 1, (size_t)R * sizeof(epxi_ll_shape),
-                              cudaMemcpyDeviceToHost),
-                   "GPU EP nccl configs", done);
+    epx_status st = gather(comm, R, &mine, sizeof mine, all, "GPU EP nccl configs", s, err);
     for (int32_t r = 0; r < R && st == EPX_OK; r++) {
         char a_s[160], b_s[160];
         epxi_ll_shape_describe(&mine, a_s, sizeof a_s);
@@ -104,8 +111,27 @@ epx_status same_config(ncclComm_t comm, int32_t R, int32_t me, const epx_ep_conf
                            "must create the engine with the same config",
                            me, a_s, r, b_s);
     }
-done:
-    cudaFree(d);
+    free(all);
+    return st;
+}
+
+/* The staged blocks' size must be one on every rank, or a send would meet
+ * a receive of another length (a hang NCCL cannot report). */
+epx_status agree(void *ctx, int64_t value, const char *what, void *stream, epx_error *err) {
+    const Ctx *c = (const Ctx *)ctx;
+    int R = 0, me = 0;
+    ncclResult_t r = ncclCommCount(c->comm, &R);
+    if (r == ncclSuccess) r = ncclCommUserRank(c->comm, &me);
+    if (r != ncclSuccess) return nccl_fail(r, "ncclCommCount/UserRank", err);
+    int64_t *all = (int64_t *)epxi_calloc((size_t)R, sizeof(int64_t), what, err);
+    if (all == NULL) return EPX_ERR_NOMEM;
+    epx_status st = gather(c->comm, R, &value, sizeof value, all, what, (cudaStream_t)stream, err);
+    for (int32_t p = 0; p < R && st == EPX_OK; p++)
+        if (all[p] != value)
+            st = epxi_fail(err, EPX_ERR_INVALID_ARG,
+                           "GPU EP over nccl: %s got %lld on rank %d but %lld on rank %d; every "
+                           "rank must pass the same value",
+                           what, (long long)value, me, (long long)all[p], p);
     free(all);
     return st;
 }
@@ -128,5 +154,6 @@ extern "C" epx_status epx_gpu_ep_create_nccl(ncclComm_t comm, const epx_ep_confi
     Ctx *c = (Ctx *)epxi_calloc(1, sizeof(Ctx), "GPU EP nccl transport", err);
     if (c == NULL) return EPX_ERR_NOMEM;
     c->comm = comm;
-    return epxi_gpu_ep_open_staging(cfg, me, R, stream, opts, exchange, c, out, err);
+    const epxi_ll_staging ops = {exchange, agree, c};
+    return epxi_gpu_ep_open_staging(cfg, me, R, stream, opts, &ops, out, err);
 }
