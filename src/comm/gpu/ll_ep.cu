@@ -732,11 +732,22 @@ __device__ int64_t place_entry(const Args &a, uint32_t epoch, const Meta &m, int
     return e;
 }
 
+/* Rows held in registers: up to kPre 16-byte words per thread. */
+constexpr int kPre = 4;
+
+/* Whether a row of `xrow` bytes at x is read into registers (regs_load):
+ * whole 16-byte words, aligned, at most kPre per thread. The kernel asks it
+ * for its `pre` path and the host for the lean instance, which assumes it. */
+__host__ __device__ inline bool row_fits_registers(size_t xrow, const void *x, unsigned threads) {
+    return xrow % 16 == 0 && xrow / 16 <= (size_t)kPre * threads && (uintptr_t)x % 16 == 0;
+}
+
 /*
  * Receive for a host-memory inbox: items are received rows; thread k reads
  * the row's meta k and finds its place (its source's offset summed from the
- * counts), then the block reads the row once, in 16-byte words where the
- * rows allow, and stores each word to every place. first_row [R + 1]: rows
+ * counts), then the block reads the row once (into registers, asked for
+ * with the meta, where it fits; else in 16-byte words where the rows allow)
+ * and stores it to every place. first_row [R + 1]: rows
  * of the sources below s (shared memory).
  */
 __device__ void place_rows(const Args &a, uint32_t epoch, const int32_t *first_row, int64_t rows,
@@ -750,6 +761,11 @@ __device__ void place_rows(const Args &a, uint32_t epoch, const int32_t *first_r
         while (first_row[s + 1] <= row) s++;
         const int64_t t = row - first_row[s];
         const unsigned char *rec = rec_at(a, a.base, epoch, s, t);
+        /* The whole row is asked for with the meta, so over the host link the
+         * block waits for one round trip, not one per word sweep after it. */
+        const bool pre = !fp8 && row_fits_registers(a.xrow, rec, blockDim.x);
+        int4 v[kPre];
+        if (pre) regs_load(v, rec, a.xrow);
         if (threadIdx.x == 0) nplace = 0;
         __syncthreads();
         if (threadIdx.x < K) {
@@ -762,6 +778,8 @@ __device__ void place_rows(const Args &a, uint32_t epoch, const int32_t *first_r
         const int n = nplace;
         if (fp8) {
             for (int i = 0; i < n; i++) place_fp8(a, rec, place[i], fp8 & kUE8M0);
+        } else if (pre) {
+            for (int i = 0; i < n; i++) regs_store(a.rx + (size_t)place[i] * a.xrow, v, a.xrow);
         } else if (wide) {
             const int4 *src = (const int4 *)rec;
             for (size_t w = threadIdx.x; w < a.xrow / 16; w += blockDim.x) {
@@ -773,16 +791,6 @@ __device__ void place_rows(const Args &a, uint32_t epoch, const int32_t *first_r
         }
         __syncthreads();
     }
-}
-
-/* Rows held in registers: up to kPre 16-byte words per thread. */
-constexpr int kPre = 4;
-
-/* Whether a row of `xrow` bytes at x is read into registers (regs_load):
- * whole 16-byte words, aligned, at most kPre per thread. The kernel asks it
- * for its `pre` path and the host for the lean instance, which assumes it. */
-__host__ __device__ inline bool row_fits_registers(size_t xrow, const void *x, unsigned threads) {
-    return xrow % 16 == 0 && xrow / 16 <= (size_t)kPre * threads && (uintptr_t)x % 16 == 0;
 }
 
 /*
