@@ -48,12 +48,15 @@ def runs(rows):
 
 def round_trips(run, mode="low-latency", transport="pointers", api=None, floor=None, reps=True):
     """{tokens: median us} of the graph-replayed round trips of one kind in a run
-    (reps: only rows timed as several iterations per graph, `graph_reps`)."""
+    (reps: only rows timed as several iterations per graph, `graph_reps`). Rows
+    of an engine whose token bound was not the batch's own (`--token-bound
+    max`, a before/after beside the default) are not the default's figures."""
     got = {}
     for r in run:
         if (r.get("mode") == mode and r.get("phase") == "round-trip" and r.get("graph")
                 and r.get("ranks") == 1 and r.get("dtype") == "bf16" and r.get("api") == api
                 and r.get("floor") == floor
+                and r.get("token_bound", r.get("tokens")) == r.get("tokens")
                 and (mode == "floor" or api is not None or r.get("transport") == transport)
                 and (not reps or api is not None or r.get("graph_reps"))):
             got[r["tokens"]] = r["median_us"]

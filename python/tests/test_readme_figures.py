@@ -77,6 +77,22 @@ def test_write_then_check_takes_the_newest_run(tmp_path):
     assert run("--check", "--jsonl", j, "--readme", m).returncode == 0
 
 
+def test_rows_of_another_token_bound_are_not_the_default_figures(tmp_path):
+    # `--token-bound max` beside the default in one run, written after it: the
+    # NCCL figures stay the default's (each batch's own bound)
+    rows = one_run("2026-12-04T02:00:00Z", 30.0)
+    for r in rows:
+        if r.get("transport") == "nccl":
+            r["token_bound"] = r["tokens"]
+    # (at 128 tokens the largest batch's bound is its own: the same setting)
+    padded = [dict(r, median_us=r["median_us"] + 500.0, token_bound=128)
+              for r in rows if r.get("transport") == "nccl" and r["tokens"] < 128]
+    j, m = write(tmp_path, rows + padded, README)
+    assert run("--write", "--jsonl", j, "--readme", m).returncode == 0
+    text = open(m).read()
+    assert "60.0 / 61.0 / 62.0 / 63.0" in text and "560.0" not in text
+
+
 def test_a_figure_edited_by_hand_is_caught(tmp_path):
     j, m = write(tmp_path, one_run("2026-12-04T02:00:00Z", 30.0), README)
     assert run("--write", "--jsonl", j, "--readme", m).returncode == 0
