@@ -702,25 +702,21 @@ __device__ void place_fp8(const Args &a, const unsigned char *rec, int64_t e, in
 }
 
 /*
- * Where an entry from source s with meta m goes in the expert-major receive
- * (its slot's offset for sources below s, from their counts, plus its
- * position); -1 for a meta of an older batch or out of range. live [R]: the
- * sources that count (shrink mode gives up on some).
+ * Where entry (source s, token t, k) of meta m goes in the expert-major
+ * receive (its slot's offset for sources below s, from their counts, plus
+ * its position), with its weight, source pair and token recorded there; -1
+ * for a meta of an older batch or out of range. live [R]: the sources that
+ * count (shrink mode gives up on some).
  */
-__device__ int64_t entry_of(const Args &a, uint32_t epoch, const Meta &m, int s,
-                            const uint8_t *live) {
-    if (m.tag != epoch || m.slot < 0 || m.slot >= a.spr) return -1;
-    int64_t off = 0;
-    for (int s2 = 0; s2 < s; s2++)
-        if (live[s2]) off += *cnt_at(a, a.base, epoch, s2, m.slot);
-    return m.pos >= 0 && off + m.pos < a.RM ? (int64_t)m.slot * a.RM + off + m.pos : -1;
-}
-
-/* entry_of for entry (source s, token t, k), with its weight, source pair
- * and token recorded there and in the combine's work list (item). */
 __device__ int64_t place_entry(const Args &a, uint32_t epoch, const Meta &m, int s, int64_t t,
                                int k, const uint8_t *live, int32_t item) {
-    const int64_t e = entry_of(a, epoch, m, s, live);
+    int64_t e = -1;
+    if (m.tag == epoch && m.slot >= 0 && m.slot < a.spr) {
+        int64_t off = 0;
+        for (int s2 = 0; s2 < s; s2++)
+            if (live[s2]) off += *cnt_at(a, a.base, epoch, s2, m.slot);
+        if (m.pos >= 0 && off + m.pos < a.RM) e = (int64_t)m.slot * a.RM + off + m.pos;
+    }
     const int32_t pair = (int32_t)(((int64_t)s * a.M + t) * a.K + k);
     if (e >= 0) {
         a.ew[e] = m.weight;
@@ -746,19 +742,13 @@ __host__ __device__ inline bool row_fits_registers(size_t xrow, const void *x, u
     return xrow % 16 == 0 && xrow / 16 <= (size_t)kPre * threads && (uintptr_t)x % 16 == 0;
 }
 
-/* A received row over the host link in up to this many blocks' shares. */
-constexpr int kRowParts = 16;
-
 /*
- * Receive for a host-memory inbox: items are (received row, part). One SM
- * keeps few reads in flight across the link (bench/host_link.cu: the link's
- * rate needs 8 blocks or more), so when the rows are fewer than the blocks
- * each row is read in parts by several blocks. Per item, thread k reads the
- * row's meta k and finds its place (part 0 also records the entry:
- * place_entry), while the block asks for its part of the row (into
- * registers where it fits: one round trip) and then stores it to every
- * place. fp8 rows and rows not in 16-byte words go whole. first_row [R + 1]:
- * rows of the sources below s (shared memory).
+ * Receive for a host-memory inbox: items are received rows; thread k reads
+ * the row's meta k and finds its place (its source's offset summed from the
+ * counts), then the block reads the row once (into registers, asked for
+ * with the meta, where it fits; else in 16-byte words where the rows allow)
+ * and stores it to every place. first_row [R + 1]: rows
+ * of the sources below s (shared memory).
  */
 __device__ void place_rows(const Args &a, uint32_t epoch, const int32_t *first_row, int64_t rows,
                            const uint8_t *live, int fp8) {
@@ -766,36 +756,22 @@ __device__ void place_rows(const Args &a, uint32_t epoch, const int32_t *first_r
     __shared__ int nplace;
     const int K = a.K;
     const bool wide = a.xrow % 16 == 0;
-    const int64_t fit = rows > 0 ? (int64_t)gridDim.x / rows : 1;
-    const int64_t parts = fp8 || !wide ? 1 : fit < 1 ? 1 : fit > kRowParts ? kRowParts : fit;
-    const size_t words = a.xrow / 16, per = (words + (size_t)parts - 1) / (size_t)parts;
-    for (int64_t item = blockIdx.x; item < rows * parts; item += gridDim.x) {
-        const int64_t row = item / parts;
-        const int part = (int)(item - row * parts);
+    for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
         int s = 0;
         while (first_row[s + 1] <= row) s++;
         const int64_t t = row - first_row[s];
         const unsigned char *rec = rec_at(a, a.base, epoch, s, t);
-        const size_t w0 = (size_t)part * per, w1 = w0 + per < words ? w0 + per : words;
-        const int4 *src = (const int4 *)rec;
-        const bool pre = !fp8 && wide && w1 - w0 <= (size_t)kPre * blockDim.x &&
-                         (uintptr_t)rec % 16 == 0;
+        /* The whole row is asked for with the meta, so over the host link the
+         * block waits for one round trip, not one per word sweep after it. */
+        const bool pre = !fp8 && row_fits_registers(a.xrow, rec, blockDim.x);
         int4 v[kPre];
-        if (pre) {
-#pragma unroll
-            for (int i = 0; i < kPre; i++) {
-                const size_t w = w0 + threadIdx.x + (size_t)i * blockDim.x;
-                if (w < w1) v[i] = src[w];
-            }
-        }
+        if (pre) regs_load(v, rec, a.xrow);
         if (threadIdx.x == 0) nplace = 0;
         __syncthreads();
         if (threadIdx.x < K) {
             const int k = threadIdx.x;
-            const Meta m = ((const Meta *)(rec + a.meta_off))[k];
-            const int64_t e = part == 0 ? place_entry(a, epoch, m, s, t, k, live,
-                                                      (int32_t)(row * K + k))
-                                        : entry_of(a, epoch, m, s, live);
+            const int64_t e = place_entry(a, epoch, ((const Meta *)(rec + a.meta_off))[k], s, t, k,
+                                          live, (int32_t)(row * K + k));
             if (e >= 0) place[atomicAdd(&nplace, 1)] = e;
         }
         __syncthreads();
@@ -803,16 +779,10 @@ __device__ void place_rows(const Args &a, uint32_t epoch, const int32_t *first_r
         if (fp8) {
             for (int i = 0; i < n; i++) place_fp8(a, rec, place[i], fp8 & kUE8M0);
         } else if (pre) {
-            for (int p = 0; p < n; p++) {
-                int4 *dst = (int4 *)(a.rx + (size_t)place[p] * a.xrow);
-#pragma unroll
-                for (int i = 0; i < kPre; i++) {
-                    const size_t w = w0 + threadIdx.x + (size_t)i * blockDim.x;
-                    if (w < w1) dst[w] = v[i];
-                }
-            }
+            for (int i = 0; i < n; i++) regs_store(a.rx + (size_t)place[i] * a.xrow, v, a.xrow);
         } else if (wide) {
-            for (size_t w = w0 + threadIdx.x; w < w1; w += blockDim.x) {
+            const int4 *src = (const int4 *)rec;
+            for (size_t w = threadIdx.x; w < a.xrow / 16; w += blockDim.x) {
                 const int4 word = src[w];
                 for (int i = 0; i < n; i++) ((int4 *)(a.rx + (size_t)place[i] * a.xrow))[w] = word;
             }
