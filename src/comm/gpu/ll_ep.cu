@@ -181,7 +181,8 @@ __device__ __forceinline__ unsigned long long now_ns() {
  * only; both are the default when every rank is on this GPU, scope());
  * 4 = poll without sleeping; 8 = block 0 stamps the global timer at each
  * step (Ctl::stamp, read with epxi_gpu_ep_stamps); 16 = system scope even
- * on one GPU. */
+ * on one GPU; 32 = a host inbox received by the lean dispatch (each row read
+ * once per entry, not once: place_rows). */
 #define STAMP(a, i)                                                                                \
     do {                                                                                           \
         if (((a).variant & 8) && blockIdx.x == 0 && threadIdx.x == 0)                              \
@@ -2336,8 +2337,8 @@ extern "C" epx_status epx_gpu_ep_dispatch_parts(epx_gpu_ep *ep, int parts, int64
         blocks_for((sends > places ? sends : places) + ((parts & 2) ? 1 : 0), ep->wait_blocks);
     const uint32_t nwork = (uint32_t)(sends < 1 ? 1 : sends < grid ? sends : grid);
     /* The lean instance when nothing needs the others' paths (dispatch_kernel). */
-    const bool lean =
-        ep->fp8 == 0 && !ep->a.host_inbox && g->K <= 32 && row_fits_registers(g->xrow, x, kThreads);
+    const bool lean = ep->fp8 == 0 && (!ep->a.host_inbox || (ep->a.variant & 32)) && g->K <= 32 &&
+                      row_fits_registers(g->xrow, x, kThreads);
     auto kern = lean ? dispatch_kernel<true> : dispatch_kernel<false>;
     kern<<<grid, kThreads, 0, ep->stream>>>(ep->a, ep->T, (const unsigned char *)x, topk_slots,
                                             topk_weights, nwork, parts | (ids64 ? 4 : 0) | ep->fp8);
