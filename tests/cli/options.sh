@@ -127,6 +127,7 @@ bench comm|--redundant|int|0|1048576
 bench comm|--timeout-ms|int|1|3600000
 bench comm|--seed|int|0|2147483647
 bench comm|--gpus|int|1|1024
+bench comm|--max-blocks|int|1|65535
 bench comm|--backend|text
 bench comm|--model|text
 bench comm|--dtype|text

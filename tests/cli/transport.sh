@@ -67,7 +67,10 @@ grep -q "low-latency dispatch: [0-9]\{1,2\}\.[0-9] us" <<<"$out" || fail "bf16 f
 "$EPX_BIN" bench comm --backend mpi --model kimi-k2.5 --tokens 1 --transport host 2>"$tmp/e"; rc=$?
 [ $rc -eq 2 ] || fail "bench comm --transport with mpi exited $rc"
 grep -q "use it with --backend nccl --mode low-latency" "$tmp/e" || fail "message: $(cat "$tmp/e")"
-# --token-bound: tokens or max, and only where the GPU engine runs
+# --max-blocks and --token-bound: only where the GPU engine runs; a bound is tokens or max
+"$EPX_BIN" bench comm --backend mpi --model kimi-k2.5 --tokens 1 --max-blocks 8 2>"$tmp/e"; rc=$?
+[ $rc -eq 2 ] || fail "bench comm --max-blocks with mpi exited $rc"
+grep -q "use it with --backend nccl --mode low-latency" "$tmp/e" || fail "message: $(cat "$tmp/e")"
 "$EPX_BIN" bench comm --backend nccl --mode low-latency --model kimi-k2.5 --tokens 1 \
     --token-bound most 2>"$tmp/e"; rc=$?
 [ $rc -eq 2 ] || fail "bench comm --token-bound most exited $rc"

@@ -27,12 +27,13 @@ typedef struct bench_args {
     epx_dtype dtype;
     epx_ep_combine_mode combine;
     epx_ep_mode mode;
-    bool graph;        /* also time CUDA-graph replays (GPU low latency) */
-    int32_t transport; /* GPU low latency: EPX_BENCH_TRANSPORT_* (--transport) */
-    int32_t gpus;      /* --gpus N: N ranks as threads of this process (0: not given) */
-    bool fp8;          /* GPU low latency: dispatch in DeepEP's fp8 form (--fp8) */
-    bool bound_max;    /* GPU low latency: token bound stays max_tokens (--token-bound max) */
-    const char *jsonl; /* --json FILE ("-" = stdout), or NULL */
+    bool graph;         /* also time CUDA-graph replays (GPU low latency) */
+    int32_t transport;  /* GPU low latency: EPX_BENCH_TRANSPORT_* (--transport) */
+    int32_t gpus;       /* --gpus N: N ranks as threads of this process (0: not given) */
+    bool fp8;           /* GPU low latency: dispatch in DeepEP's fp8 form (--fp8) */
+    bool bound_max;     /* GPU low latency: token bound stays max_tokens (--token-bound max) */
+    int32_t max_blocks; /* GPU low latency: blocks per launch at most (--max-blocks; 0: fill) */
+    const char *jsonl;  /* --json FILE ("-" = stdout), or NULL */
     uint64_t seed;
 } bench_args;
 

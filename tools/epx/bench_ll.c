@@ -587,6 +587,7 @@ epx_status bench_ll_gpu(epx_comm *comm, ncclComm_t nc, cudaStream_t s, const ben
     epx_gpu_ep_opts o = EPX_GPU_EP_OPTS_INIT;
     o.timeout_ms = a->timeout_ms;
     o.transport = a->transport;
+    o.max_blocks = a->max_blocks;
     if (st == EPX_OK && a->transport == EPX_BENCH_TRANSPORT_NCCL)
         st = epx_gpu_ep_create_nccl(nc, &c, s, &o, &b.ep, err);
     else if (st == EPX_OK)

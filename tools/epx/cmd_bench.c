@@ -624,6 +624,14 @@ static int parse_args(cli_cmd *cmd, bench_args *a) {
                 tb);
         return CLI_EXIT_USAGE;
     }
+    a->max_blocks = 0;
+    if (!cli_int(cmd, "--max-blocks", 1, 65535, &a->max_blocks)) return CLI_EXIT_USAGE;
+    if (a->max_blocks > 0 &&
+        (a->mode != EPX_EP_MODE_LOW_LATENCY || strcmp(a->backend, "nccl") != 0)) {
+        fprintf(stderr, "epx bench comm: --max-blocks caps the GPU low-latency engine's launches: "
+                        "use it with --backend nccl --mode low-latency\n");
+        return CLI_EXIT_USAGE;
+    }
     a->gpus = 0;
     if (!cli_int(cmd, "--gpus", 1, 1024, &a->gpus)) return CLI_EXIT_USAGE;
     a->fp8 = cli_flag(cmd, "--fp8");
@@ -1005,6 +1013,10 @@ int cmd_bench(int argc, char **argv) {
          "the low-latency engine's promise of tokens per rank per call "
          "(epx_gpu_ep_set_token_bound): each batch's own count (default) or the largest "
          "--tokens; the nccl transport moves blocks of that many tokens",
+         NULL},
+        {"--max-blocks", "N",
+         "the low-latency engine's blocks per launch at most (default: as many as fit on the "
+         "GPU); processes sharing one GPU under MPS need their launches to fit side by side",
          NULL},
         {"--gpus", "N",
          "NCCL: run N ranks as threads of this one process, one per visible GPU (no mpirun)", NULL},
