@@ -748,8 +748,8 @@ __host__ __device__ inline bool row_fits_registers(size_t xrow, const void *x, u
  * the row's meta k and finds its place (its source's offset summed from the
  * counts), then the block reads the row once (into registers, asked for
  * with the meta, where it fits; else in 16-byte words where the rows allow)
- * and stores it to every place. first_row [R + 1]: rows
- * of the sources below s (shared memory).
+ * and stores it to every place. first_row [R + 1]: rows of the sources
+ * below s (shared memory).
  */
 __device__ void place_rows(const Args &a, uint32_t epoch, const int32_t *first_row, int64_t rows,
                            const uint8_t *live, int fp8) {
@@ -1530,7 +1530,6 @@ struct epx_gpu_ep {
     bool reported;
 };
 
-/* The buffer layout, shared by the size query and creation. */
 /* Tokens per rank at most from now on, and so the staged blocks' bytes: a
  * source's records are filed at its token index t (rec_at) and the rows it
  * gets back at t * K + k (comb_at), so `bound` of each cover every rank's. */
@@ -1540,6 +1539,7 @@ static void set_bound(epx_gpu_ep *ep, int64_t bound) {
     ep->wire[1].bytes[0] = (size_t)bound * ep->g.K * ep->g.yrow;
 }
 
+/* The buffer layout, shared by the size query and creation. */
 static epx_status plan(epx_gpu_ep *ep, const epx_ep_config *cfg, int32_t R, bool staging,
                        epx_error *err) {
     if (cfg != NULL && cfg->version == EPX_EP_CONFIG_VERSION &&
