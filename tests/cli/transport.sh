@@ -45,6 +45,20 @@ grep -q "pass --transport host" <<<"$msg" || fail "the fix is not named: $msg"
 out=$("${A[@]}" --measured "$tmp/host.jsonl" --transport host) || fail "advise --measured --transport host exited $?"
 grep -q "low-latency dispatch: .* (both fitted, 2 points)" <<<"$out" || fail "host lines not fitted: $out"
 
+# Lines of another rank count (processes sharing a GPU, another machine) are
+# not fitted with the rest, and the fit says so; nor are lines timed with
+# another token bound than the batch's own (--token-bound max).
+{
+    cat "$tmp/host.jsonl"
+    sed 's/"ranks": 1/"ranks": 2/; s/"median_us": \([0-9.]*\)/"median_us": 9\1/' "$tmp/host.jsonl"
+    grep '"low-latency"' "$tmp/host.jsonl" | grep '"tokens": 1,' |
+        sed 's/"median_us": \([0-9.]*\)/"median_us": 7\1/; s/}$/, "token_bound": 32}/'
+} >"$tmp/mixed.jsonl"
+out=$("${A[@]}" --measured "$tmp/mixed.jsonl" --transport host) || fail "advise on mixed lines exited $?"
+grep -q "6 line(s) of other rank counts left out" <<<"$out" || fail "other rank counts not named: $out"
+grep -q "low-latency dispatch: .* (both fitted, 2 points)" <<<"$out" ||
+    fail "other ranks' or another bound's lines fitted: $out"
+
 # fp8 (epx bench comm --fp8): --dtype fp8 prices the low-latency dispatch at
 # H + H/32 bytes a row and fits only the fp8 dispatch lines; a file without
 # them names the command that measures them; bf16 questions ignore them.

@@ -115,6 +115,42 @@ static const char *line_transport(json_t *r) {
     return t != NULL && strcmp(t, "nccl") == 0 ? "nccl" : "peer";
 }
 
+/* The lines of one rank count, as one fit needs: --gpus's where the file
+ * has them, else the first line's that names one (a file may gather runs
+ * on several machines, or processes sharing a GPU); lines without a count
+ * go with any. Takes `lines`; *others counts the
+ * lines left out. */
+static json_t *one_rank_count(json_t *lines, int G, size_t *others) {
+    json_int_t want = 0; /* the first line's that says, unless --gpus's is there */
+    size_t i;
+    json_t *r;
+    json_array_foreach(lines, i, r) {
+        json_int_t n = json_integer_value(json_object_get(r, "ranks"));
+        if (n == G || (want == 0 && n > 0)) want = n;
+    }
+    json_t *kept = json_array();
+    *others = 0;
+    json_array_foreach(lines, i, r) {
+        json_t *rk = json_object_get(r, "ranks");
+        if (rk == NULL || json_integer_value(rk) == want)
+            json_array_append(kept, r);
+        else
+            (*others)++;
+    }
+    json_decref(lines);
+    return kept;
+}
+
+/* Whether a line was timed with the engine's token bound at the batch's own
+ * size, the default (`epx bench comm --token-bound max` pads every batch to
+ * the largest: another setting, not fitted with it). Lines without one
+ * predate the bound. */
+static bool own_bound(json_t *r) {
+    json_t *b = json_object_get(r, "token_bound"), *t = json_object_get(r, "tokens");
+    return b == NULL || !json_is_integer(b) || !json_is_integer(t) ||
+           json_integer_value(b) == json_integer_value(t);
+}
+
 /* Least squares t = a + c * bytes over the JSON lines of `epx bench comm
  * --json` with this mode and phase (graph replays only where `graph`, else
  * stream launches only; low-latency lines of `transport` only, when not
@@ -134,7 +170,8 @@ static int fit_lines(json_t *lines, const char *mode, const char *phase, bool gr
         if (!m || !ph || strcmp(m, mode) != 0 || strcmp(ph, phase) != 0 || !json_is_number(jt) ||
             (dt != NULL && strcmp(dt, "fp8-e4m3") == 0) != fp8 ||
             json_is_true(json_object_get(r, "graph")) != graph ||
-            (transport != NULL && strcmp(line_transport(r), transport) != 0))
+            (transport != NULL && strcmp(line_transport(r), transport) != 0) ||
+            !own_bound(r))
             continue;
         double y = json_number_value(jt),
                x = json_is_number(jg) ? json_number_value(jg) * y * 1e3 : 0;
@@ -378,6 +415,8 @@ int cmd_advise(int argc, char **argv) {
         json_decref(lines);
         return CLI_EXIT_USAGE;
     }
+    size_t others = 0; /* lines of other rank counts, left out */
+    if (lines != NULL) lines = one_rank_count(lines, G, &others);
     if (lines != NULL) {
         const char *path = cli_get(&cmd, "--measured");
         json_t *r0 = json_array_get(lines, 0);
@@ -421,19 +460,24 @@ int cmd_advise(int argc, char **argv) {
             return CLI_EXIT_USAGE;
         }
         int ranks = (int)json_integer_value(json_object_get(r0, "ranks"));
-        snprintf(mnote, sizeof mnote, "measured by epx bench comm (%s, %d rank(s), %s)%s",
+        char left[96] = "";
+        if (others > 0)
+            snprintf(left, sizeof left, "; %zu line(s) of other rank counts left out", others);
+        snprintf(mnote, sizeof mnote, "measured by epx bench comm (%s, %d rank(s), %s)%s%s",
                  json_string_value(json_object_get(r0, "backend")), ranks,
                  json_string_value(json_object_get(r0, "device")),
                  ranks != G
                      ? "; fitted at another rank count than --gpus: latencies and bandwidths "
                        "carried over as they are"
-                     : "");
+                     : "",
+                 left);
         json_decref(lines);
         if (n5 == 0 || (n1 == 0 && n3 == 0) || (n1 > 0) != (n2 > 0) || (n3 > 0) != (n4 > 0)) {
             fprintf(stderr,
                     "epx advise: '%s' lacks the all-reduce, or a mode's dispatch or combine "
-                    "figures: write it with 'epx bench comm ... --json FILE'\n",
-                    path);
+                    "figures, among its lines of %d rank(s): write it with 'epx bench comm ... "
+                    "--json FILE'\n",
+                    path, ranks);
             return CLI_EXIT_USAGE;
         }
         topk = topk || (n3 == 0); /* only low latency measured: its combine is top-k */
