@@ -170,8 +170,7 @@ static int fit_lines(json_t *lines, const char *mode, const char *phase, bool gr
         if (!m || !ph || strcmp(m, mode) != 0 || strcmp(ph, phase) != 0 || !json_is_number(jt) ||
             (dt != NULL && strcmp(dt, "fp8-e4m3") == 0) != fp8 ||
             json_is_true(json_object_get(r, "graph")) != graph ||
-            (transport != NULL && strcmp(line_transport(r), transport) != 0) ||
-            !own_bound(r))
+            (transport != NULL && strcmp(line_transport(r), transport) != 0) || !own_bound(r))
             continue;
         double y = json_number_value(jt),
                x = json_is_number(jg) ? json_number_value(jg) * y * 1e3 : 0;

@@ -20,7 +20,10 @@
  *   weights, slots             this rank's routing of the running batch
  *   ctl                        epochs, arrival counters, the fault record
  * The peer table (R base pointers, this rank's own among them) sits at the
- * end. Only the kernels touch the buffer per batch.
+ * end. Only the kernels touch the buffer per batch. A staging transport
+ * (NCCL) lays the peer-written part out by peer instead, one buffer and a
+ * block per peer and phase ([flag | counts | rows], [flag | comb rows]:
+ * Args::dblk), so each phase moves one piece per peer.
  *
  * Why this layout (issue 24): the first engine grouped the received rows
  * in one block after the exchange (~3.5 us at any batch size). Here the
@@ -70,6 +73,8 @@ constexpr int kSmemIds = 4096;
 constexpr int kMaxRanks = 1024;
 constexpr int kMaxLocal = EPXI_LL_MAX_LOCAL_SLOTS;
 static_assert(kMaxK <= kThreads, "a block's threads hold one token's K choices");
+/* A staged block's flag, padded so what follows stays 16-byte aligned. */
+constexpr size_t kFlagBytes = 16;
 
 /* Fault codes: fault[0] (sticky: the kernels stop) and fault[4] (a refused
  * batch, reported once). */
@@ -130,6 +135,11 @@ struct Args {
     int64_t M, RM; /* max_tokens; R * M, the rows of one local slot */
     size_t rec, xrow, yrow, meta_off;
     size_t off_rows, off_cnt, off_dflag, off_comb, off_cflag;
+    /* Staging: one block per peer and phase, so the transport moves one piece
+     * per peer (stage_blocks): dispatch [flag | counts | rows] of dblk bytes
+     * from off_dflag, the rows at drows; combine [flag | rows] of cblk bytes
+     * from off_cflag, the rows at kFlagBytes. */
+    size_t dblk, drows, cblk;
     unsigned char *base;         /* this rank's buffer */
     unsigned char *const *peers; /* [R] device: every rank's buffer, mapped here */
     unsigned char *rx, *y;       /* [spr][RM] rows */
@@ -450,13 +460,16 @@ __device__ __forceinline__ size_t parity(const Args &a, uint32_t epoch) {
  * inbox, or under dst's in this rank's outbox (staging). */
 __device__ __forceinline__ int filed_as(const Args &a, int dst) { return a.staging ? dst : a.me; }
 __device__ uint64_t *dflag_at(const Args &a, unsigned char *buf, uint32_t epoch, int src) {
+    if (a.staging) return (uint64_t *)(buf + a.off_dflag + (size_t)src * a.dblk);
     return (uint64_t *)(buf + a.off_dflag) + parity(a, epoch) * a.R + src;
 }
 __device__ int32_t *cnt_at(const Args &a, unsigned char *buf, uint32_t epoch, int src, int32_t l) {
+    if (a.staging) return (int32_t *)(buf + a.off_dflag + (size_t)src * a.dblk + kFlagBytes) + l;
     return (int32_t *)(buf + a.off_cnt) + (parity(a, epoch) * a.R + src) * a.spr + l;
 }
 __device__ unsigned char *rec_at(const Args &a, unsigned char *buf, uint32_t epoch, int src,
                                  int64_t t) {
+    if (a.staging) return buf + a.off_dflag + (size_t)src * a.dblk + a.drows + (size_t)t * a.rec;
     return buf + a.off_rows + ((parity(a, epoch) * a.R + src) * a.M + (size_t)t) * a.rec;
 }
 
@@ -530,10 +543,11 @@ __device__ __forceinline__ unsigned long long prefetch_started(const unsigned lo
  * the rows on the receiving side, the destination on the sending side):
  * the transport moves whole blocks, so the senders' rows cannot share one. */
 __device__ unsigned char *comb_at(const Args &a, unsigned char *buf, uint32_t ce, int peer) {
-    const size_t block = a.staging ? (size_t)peer : (size_t)(ce & 1);
-    return buf + a.off_comb + block * (size_t)a.M * a.K * a.yrow;
+    if (a.staging) return buf + a.off_cflag + (size_t)peer * a.cblk + kFlagBytes;
+    return buf + a.off_comb + (size_t)(ce & 1) * (size_t)a.M * a.K * a.yrow;
 }
 __device__ uint64_t *cflag_at(const Args &a, unsigned char *buf, uint32_t ce, int src) {
+    if (a.staging) return (uint64_t *)(buf + a.off_cflag + (size_t)src * a.cblk);
     return (uint64_t *)(buf + a.off_cflag) + parity(a, ce) * a.R + src;
 }
 
@@ -1532,11 +1546,12 @@ struct epx_gpu_ep {
 
 /* Tokens per rank at most from now on, and so the staged blocks' bytes: a
  * source's records are filed at its token index t (rec_at) and the rows it
- * gets back at t * K + k (comb_at), so `bound` of each cover every rank's. */
+ * gets back at t * K + k (comb_at), after the flag and counts, so a block's
+ * first bytes up to `bound` of each cover every rank's. */
 static void set_bound(epx_gpu_ep *ep, int64_t bound) {
     ep->bound = bound;
-    ep->wire[0].bytes[0] = (size_t)bound * ep->a.rec;
-    ep->wire[1].bytes[0] = (size_t)bound * ep->g.K * ep->g.yrow;
+    ep->wire[0].bytes[0] = ep->a.drows + (size_t)bound * ep->a.rec;
+    ep->wire[1].bytes[0] = kFlagBytes + (size_t)bound * ep->g.K * ep->g.yrow;
 }
 
 /* The buffer layout, shared by the size query and creation. */
@@ -1569,19 +1584,30 @@ static epx_status plan(epx_gpu_ep *ep, const epx_ep_config *cfg, int32_t R, bool
                          4 * kThreads, M * chunks, (long long)g->M, g->H);
     const size_t meta_off = (g->xrow + 15) / 16 * 16, rec = meta_off + (size_t)K * sizeof(Meta);
     size_t off_rows = 0, off_cnt = 0, off_dflag = 0, off_comb = 0, off_cflag = 0;
+    /* A staging transport's blocks per peer (Args::dblk), 256-byte aligned. */
+    const size_t drows = kFlagBytes + ((size_t)g->spr * sizeof(int32_t) + 15) / 16 * 16;
+    const size_t dblk = (drows + (size_t)g->M * rec + 255) / 256 * 256;
+    const size_t cblk = (kFlagBytes + (size_t)g->M * g->K * g->yrow + 255) / 256 * 256;
     /* What peers write, where the transport puts it (a.base). */
     epxi_ws_part inbox[] = {
         /* the dispatch areas twice: by the parity of the epoch (dflag_at) */
         {&off_rows, 2 * RM, (double)rec},
         {&off_cnt, 2.0 * R * spr, sizeof(int32_t)},
         {&off_dflag, 2.0 * R, sizeof(uint64_t)},
-        /* the combine areas twice: by the parity of the combine's epoch;
-         * staging: one per peer (comb_at) */
-        {&off_comb, (staging ? (double)R : 2.0) * M * K, (double)g->yrow},
+        /* the combine areas twice: by the parity of the combine's epoch */
+        {&off_comb, 2.0 * M * K, (double)g->yrow},
         {&off_cflag, 2.0 * R, sizeof(uint64_t)},
     };
-    EPX_TRY(epxi_ws_carve(inbox, sizeof inbox / sizeof inbox[0], 256, &ep->inbox_total,
-                          "GPU low-latency EP", err));
+    /* Staging: one buffer (no parity), a block per peer and phase. */
+    epxi_ws_part staged[] = {
+        {&off_dflag, (double)R, (double)dblk},
+        {&off_cflag, (double)R, (double)cblk},
+    };
+    if (staging)
+        EPX_TRY(epxi_ws_carve(staged, 2, 256, &ep->inbox_total, "GPU low-latency EP", err));
+    else
+        EPX_TRY(epxi_ws_carve(inbox, sizeof inbox / sizeof inbox[0], 256, &ep->inbox_total,
+                              "GPU low-latency EP", err));
     /* What only this rank's kernels touch: always device memory. */
     epxi_ws_part parts[] = {
         {&ep->off_rx, spr * RM, (double)g->xrow},
@@ -1620,19 +1646,19 @@ static epx_status plan(epx_gpu_ep *ep, const epx_ep_config *cfg, int32_t R, bool
     a.off_dflag = off_dflag;
     a.off_comb = off_comb;
     a.off_cflag = off_cflag;
+    a.dblk = dblk;
+    a.drows = drows;
+    a.cblk = cblk;
     a.xbf16 = g->cfg.x_dtype == EPX_DTYPE_BF16;
     a.ybf16 = g->cfg.y_dtype == EPX_DTYPE_BF16;
     a.staging = staging;
-    /* A staging transport's blocks per phase, peer r at off + r * stride. */
+    /* A staging transport's block per peer and phase, peer r at off + r *
+     * stride: one send and one receive per peer (bytes: set_bound). */
     epxi_ll_phase_blocks *d = &ep->wire[0], *c = &ep->wire[1];
     d->R = c->R = R;
-    d->nparts = 3;
-    d->off[0] = off_rows, d->stride[0] = (size_t)g->M * rec;
-    d->off[1] = off_cnt, d->stride[1] = d->bytes[1] = (size_t)g->spr * sizeof(int32_t);
-    d->off[2] = off_dflag, d->stride[2] = d->bytes[2] = sizeof(uint64_t);
-    c->nparts = 2;
-    c->off[0] = off_comb, c->stride[0] = (size_t)g->M * g->K * g->yrow;
-    c->off[1] = off_cflag, c->stride[1] = c->bytes[1] = sizeof(uint64_t);
+    d->nparts = c->nparts = 1;
+    d->off[0] = off_dflag, d->stride[0] = dblk;
+    c->off[0] = off_cflag, c->stride[0] = cblk;
     set_bound(ep, g->M);
     return EPX_OK;
 }
