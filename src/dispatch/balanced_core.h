@@ -441,6 +441,54 @@ EPXI_BAL int64_t epxi_bal_maxflow(epxi_bal_part *p, int32_t s, int32_t t) {
     return total;
 }
 
+/* Push f along u's forward edge e (its reverse is e ^ 1). */
+EPXI_BAL void epxi_bal_push(epxi_bal_part *p, int32_t e, int64_t f) {
+    p->cap[e] -= f;
+    p->cap[e ^ 1] += f;
+}
+
+/* t's forward edge out of node v (g -> t), or -1. */
+EPXI_BAL int32_t epxi_bal_to_sink(const epxi_bal_part *p, int32_t v, int32_t t) {
+    for (int32_t e = p->head[v]; e >= 0; e = p->next[e])
+        if (!(e & 1) && p->to[e] == t) return e;
+    return -1;
+}
+
+/* A flow to start the max-flow from, on a level graph (epxi_bal_build):
+ * every source edge in s's list order sends what the sink edges behind it
+ * still take, bases straight to their GPU and experts over their GPUs in
+ * list order. Any flow is a start the augmenting paths complete, so the
+ * maximum is the same; this one leaves them little to do (most batches fit
+ * greedily), which is what the kernel's one thread per component needs.
+ * Returns the flow pushed. Deterministic: the same on CPU and GPU. */
+EPXI_BAL int64_t epxi_bal_greedy(epxi_bal_part *p, int32_t s, int32_t t) {
+    int64_t total = 0;
+    for (int32_t e = p->head[s]; e >= 0; e = p->next[e]) {
+        if (e & 1) continue;
+        const int32_t v = p->to[e];
+        const int32_t vt = epxi_bal_to_sink(p, v, t);
+        if (vt >= 0) { /* a base: s -> g -> t */
+            const int64_t f = p->cap[e] < p->cap[vt] ? p->cap[e] : p->cap[vt];
+            epxi_bal_push(p, e, f);
+            epxi_bal_push(p, vt, f);
+            total += f;
+            continue;
+        }
+        for (int32_t x = p->head[v]; x >= 0 && p->cap[e] > 0; x = p->next[x]) {
+            if (x & 1) continue;
+            const int32_t gt = epxi_bal_to_sink(p, p->to[x], t);
+            if (gt < 0) continue;
+            const int64_t f = p->cap[e] < p->cap[gt] ? p->cap[e] : p->cap[gt];
+            if (f <= 0) continue;
+            epxi_bal_push(p, e, f);
+            epxi_bal_push(p, x, f);
+            epxi_bal_push(p, gt, f);
+            total += f;
+        }
+    }
+    return total;
+}
+
 /* mark[v] = 1 for every node that reaches t in the residual graph. */
 EPXI_BAL void epxi_bal_reaches(epxi_bal_part *p, int32_t t) {
     for (int32_t v = 0; v < p->n; v++) p->mark[v] = 0;
@@ -548,7 +596,8 @@ EPXI_BAL int epxi_bal_level(epxi_bal *b, epxi_bal_part *p, int32_t lv) {
         if (den == 0 || step > p->ng + 1 || (step > 0 && a * den_prev <= a_prev * den))
             return EPXI_BAL_NO_ADVANCE;
         int64_t need = epxi_bal_build(b, p, a, den);
-        if (epxi_bal_maxflow(p, 0, 1) == need) break;
+        const int64_t start = epxi_bal_greedy(p, 0, 1);
+        if (start + epxi_bal_maxflow(p, 0, 1) == need) break;
         for (int32_t j = 0; j < p->nf; j++) {
             int32_t i = p->fl[j];
             b->f_in[i] = b->f_level[i] == -1 && p->lvl[EPXI_BAL_FN(j)] >= 0;
