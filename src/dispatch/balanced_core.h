@@ -34,9 +34,10 @@
  * sequential), then each component's levels and rounding
  * (epxi_bal_solve_part, sequential within a component).
  *
- * Max-flow: Dinic's algorithm (BFS level graph, then augmenting paths found
- * by an iterative DFS with current-arc pointers, each path from s again),
- * edges tried in the reverse order of their addition. Deterministic.
+ * Max-flow: a level's starts from a greedy flow (epxi_bal_greedy), then
+ * Dinic's algorithm (BFS level graph, then augmenting paths found by an
+ * iterative DFS with current-arc pointers, each path from s again), edges
+ * tried in the reverse order of their addition. Deterministic.
  */
 #ifndef EPX_DISPATCH_BALANCED_CORE_H
 #define EPX_DISPATCH_BALANCED_CORE_H
