@@ -704,6 +704,15 @@ static int bound_cases(void) {
     if (epx_gpu_ep_set_token_bound(ep, 9, &err) != EPX_ERR_INVALID_ARG ||
         strstr(err.msg, "token bound 9 is outside") == NULL)
         FAILF("token bound 9 of max_tokens 8: '%s'", err.msg);
+    if (transport_is("nccl")) { /* the ranks' bounds are compared: not inside a capture */
+        cudaGraph_t gr = NULL;
+        CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+        const epx_status cst = epx_gpu_ep_set_token_bound(ep, 3, &err);
+        CK(cudaStreamEndCapture(st, &gr));
+        if (gr) cudaGraphDestroy(gr);
+        if (cst != EPX_ERR_INVALID_ARG || strstr(err.msg, "being captured") == NULL)
+            FAILF("a token bound set inside a capture over nccl: '%s'", err.msg);
+    }
     EK(epx_gpu_ep_set_token_bound(ep, 3, &err));
     if (epx_gpu_ep_dispatch_parts(ep, both, 4, dx, ds, dw, &rv, &err) != EPX_ERR_INVALID_ARG ||
         strstr(err.msg, "4 tokens is above the token bound 3") == NULL)

@@ -2493,8 +2493,17 @@ extern "C" epx_status epx_gpu_ep_set_token_bound(epx_gpu_ep *ep, int64_t bound, 
                          (long long)bound, (long long)g->M);
     if (ep->state == epx_gpu_ep::D_SENT || ep->state == epx_gpu_ep::C_SENT)
         return bad_order(ep, "set_token_bound", "run its receive half first", err);
-    if (ep->agree != NULL)
+    if (ep->agree != NULL) {
+        /* the ranks' bounds are compared on the stream and waited for */
+        cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+        EPXI_CUDA_TRY(cudaStreamIsCapturing(ep->stream, &cs), "GPU EP set_token_bound");
+        if (cs != cudaStreamCaptureStatusNone)
+            return epxi_fail(err, EPX_ERR_INVALID_ARG,
+                             "GPU EP set_token_bound while its stream is being captured: over "
+                             "nccl the ranks compare their bounds and wait for the answer; set "
+                             "it before the capture");
         EPX_TRY(ep->agree(ep->exchange_ctx, bound, "epx_gpu_ep_set_token_bound", ep->stream, err));
+    }
     set_bound(ep, bound);
     /* A combine may return the last dispatch again, but not across a new
      * bound (its rows may not fit the blocks): every rank starts afresh. */
