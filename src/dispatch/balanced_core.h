@@ -383,6 +383,12 @@ EPXI_BAL int64_t epxi_bal_on(const epxi_bal_part *p, int32_t e) {
     return e >= 0 ? p->cap[e ^ 1] : 0;
 }
 
+/* Push f along edge e (its reverse is e ^ 1). */
+EPXI_BAL void epxi_bal_push(epxi_bal_part *p, int32_t e, int64_t f) {
+    p->cap[e] -= f;
+    p->cap[e ^ 1] += f;
+}
+
 EPXI_BAL int epxi_bal_bfs(epxi_bal_part *p, int32_t s, int32_t t) {
     for (int32_t v = 0; v < p->n; v++) p->lvl[v] = -1;
     int32_t qh = 0, qt = 0;
@@ -432,20 +438,11 @@ EPXI_BAL int64_t epxi_bal_maxflow(epxi_bal_part *p, int32_t s, int32_t t) {
             int64_t f = INT64_MAX;
             for (int32_t k = 0; k < d; k++)
                 if (p->cap[p->path[k]] < f) f = p->cap[p->path[k]];
-            for (int32_t k = 0; k < d; k++) {
-                p->cap[p->path[k]] -= f;
-                p->cap[p->path[k] ^ 1] += f;
-            }
+            for (int32_t k = 0; k < d; k++) epxi_bal_push(p, p->path[k], f);
             total += f;
         }
     }
     return total;
-}
-
-/* Push f along u's forward edge e (its reverse is e ^ 1). */
-EPXI_BAL void epxi_bal_push(epxi_bal_part *p, int32_t e, int64_t f) {
-    p->cap[e] -= f;
-    p->cap[e ^ 1] += f;
 }
 
 /* t's forward edge out of node v (g -> t), or -1. */

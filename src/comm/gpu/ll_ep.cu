@@ -136,7 +136,7 @@ struct Args {
     size_t rec, xrow, yrow, meta_off;
     size_t off_rows, off_cnt, off_dflag, off_comb, off_cflag;
     /* Staging: one block per peer and phase, so the transport moves one piece
-     * per peer (stage_blocks): dispatch [flag | counts | rows] of dblk bytes
+     * per peer (plan, set_bound): dispatch [flag | counts | rows] of dblk bytes
      * from off_dflag, the rows at drows; combine [flag | rows] of cblk bytes
      * from off_cflag, the rows at kFlagBytes. */
     size_t dblk, drows, cblk;
