@@ -284,7 +284,11 @@ typedef struct epx_ep_recv {
      * as it is) and of y, and entry e is row e: entry_token[e] = e is not
      * stored (NULL), entry_weight is indexed by row, slot_offsets is NULL
      * and num_entries -1. slot_stride = R * max_tokens; slot_counts is
-     * device memory [num_local_slots]. 0 / NULL for the other paths.
+     * device memory [num_local_slots]. 0 / NULL for the other paths. The
+     * GPU engine's normal mode is compact as above, with its counts on the
+     * device: slot_offsets, entry_token, entry_weight and slot_counts are
+     * device memory, num_entries -1 (slot_offsets[num_local_slots]) and
+     * slot_stride 0 (epx_comm_gpu.h).
      */
     int64_t slot_stride;
     const int32_t *slot_counts;

@@ -1,5 +1,5 @@
 /*
- * epx_comm_gpu.h - the low-latency EP engine on GPUs: dispatch and combine
+ * epx_comm_gpu.h - the EP engine on GPUs: dispatch and combine
  * of one MoE layer as one kernel launch each, with no host synchronisation
  * and no allocation per batch, so a whole dispatch -> experts -> combine
  * step can be captured in a CUDA graph and replayed (library epx_nccl,
@@ -32,6 +32,20 @@
  *     tokens in fp32 in k order (the formula of the host path).
  * Counters and flags live in device memory and advance inside the kernels,
  * so a captured graph replays correctly.
+ *
+ * Normal mode (EPX_EP_MODE_NORMAL: prefill, large batches) is the same
+ * protocol with a compact receive: no row is copied on the receiver. The
+ * experts read each row where its sender wrote it (recv.x, rows of
+ * recv.x_stride bytes: the inbox, both buffers of the double-buffered
+ * areas, so one view serves every dispatch, also inside a graph); entry e,
+ * e-th in (local slot, source, token, k) order -- the CPU path's -- reads row
+ * recv.entry_token[e] and writes its output to y + e * H. Slot l's entries
+ * are recv.slot_offsets[l] .. [l + 1] (device memory, int64; [num_local_slots]
+ * is the total), and y holds the most a rank can receive, R * max_tokens *
+ * min(top_k, local slots) rows. Nothing comes to the host, so normal mode is
+ * capturable too. What it does not do yet, refused by name: a bounded
+ * receive (max_recv_*), per-rank partials (combine RANK), fp8, shrink mode,
+ * and transports other than PEER (epx_nccl_ep_create does those).
  *
  * Faults. A wait that sees no flag within timeout_ms gives up: the kernel
  * records the failure (which peer, which phase) in device and host-mapped
@@ -124,9 +138,10 @@ typedef struct epx_gpu_ep epx_gpu_ep;
 
 /*
  * Device bytes one rank's buffer takes for cfg on num_ranks ranks (the
- * peer-visible rows plus the expert-major receive and output rows).
- * Returns: EPX_OK, EPX_ERR_INVALID_ARG / EPX_ERR_SHAPE (config: mode must be
- *          EPX_EP_MODE_LOW_LATENCY), EPX_ERR_OVERFLOW.
+ * peer-visible rows plus the expert-major receive and output rows; in
+ * normal mode the entries and their output rows).
+ * Returns: EPX_OK, EPX_ERR_INVALID_ARG / EPX_ERR_SHAPE (config; normal
+ *          mode's refusals above), EPX_ERR_OVERFLOW.
  */
 EPX_API epx_status epx_gpu_ep_buffer_bytes(const epx_ep_config *cfg, int32_t num_ranks,
                                            size_t *bytes, epx_error *err);
@@ -135,7 +150,7 @@ EPX_API epx_status epx_gpu_ep_buffer_bytes(const epx_ep_config *cfg, int32_t num
  * Create the engine on the calling thread's current device.
  * Args:    bootstrap (in) borrowed for the handle's lifetime; its ranks are
  *          the EP ranks; used to exchange buffer handles here and in
- *          destroy, never per batch. cfg (in) with mode LOW_LATENCY;
+ *          destroy, never per batch. cfg (in), either mode;
  *          stream (in) borrowed, every launch goes there; opts (in) or NULL.
  * Returns: EPX_OK; EPX_ERR_INVALID_ARG (config, opts, ranks whose configs
  *          differ); EPX_ERR_SHAPE; EPX_ERR_CUDA (allocation, IPC mapping: a
@@ -183,7 +198,8 @@ EPX_API void epx_gpu_ep_destroy(epx_gpu_ep *ep);
  *          topk_weights [T][K] fp32 or NULL (then entry_weight holds zeros
  *          and combine needs weights), all device memory, read by the
  *          kernel; recv (out) the expert-major views (epx_ep_recv:
- *          slot_stride, slot_counts), valid until the next dispatch.
+ *          slot_stride, slot_counts), or in normal mode the compact ones
+ *          (slot_offsets, entry_token), valid until the next dispatch.
  * A dispatch may follow a combine or another dispatch (the peer-written
  * areas are double-buffered, as DeepEP's); a combine needs a whole
  * dispatch before it, and may combine that dispatch again (every rank the
@@ -256,7 +272,9 @@ EPX_API epx_status epx_gpu_ep_combine_parts(epx_gpu_ep *ep, int parts, const voi
 
 /* Device views beside the recv view, for bindings (epx.torch.Buffer): all
  * [num_local_slots] x [slot_stride] expert-major, valid for the handle's
- * life; contents belong to the last dispatch. */
+ * life; contents belong to the last dispatch. Normal mode: x is the inbox
+ * (recv.entry_token indexes it), the per-entry views are compact and
+ * slot_stride is 0. */
 typedef struct epx_gpu_ep_views {
     void *x;               /* received rows, x_dtype (after an fp8 dispatch: e4m3, see above) */
     void *y;               /* the expert outputs combine sends by default, y_dtype */

@@ -89,6 +89,7 @@ typedef struct shape {
     bool graph;    /* every batch replays one captured graph (fixed T per rank) */
     int fp8;       /* EPX_GPU_EP_FP8 [| _ROUND_SCALE [| _UE8M0]]: dispatch in fp8 (bf16 x) */
     int64_t bound; /* > 0: epx_gpu_ep_set_token_bound(bound), every batch at most that */
+    bool normal;   /* EPX_EP_MODE_NORMAL: the compact receive (rows stay in the inbox) */
 } shape;
 
 /* One rank's batch: x as stored (fp32 or bf16 bits), slots, weights. */
@@ -195,12 +196,15 @@ static void free_batch(batch *o) {
     free(o->w);
 }
 
-/* What rank me's views hold after a dispatch (host copies). */
+/* What rank me's views hold after a dispatch (host copies). Normal mode:
+ * rx is the inbox (rows of xstride bytes), etok each entry's row there and
+ * offs [spr + 1] the slots' first entries. */
 typedef struct got {
-    int32_t *count, *srctok;
-    int64_t *range;
+    int32_t *count, *srctok, *etok;
+    int64_t *range, *offs;
     float *ew;
     unsigned char *rx;
+    size_t xstride;
 } got;
 
 /* Entry row e of an fp8 receive (g->rx: data, then the column-major scales)
@@ -230,13 +234,17 @@ static int check_fp8_row(const shape *c, const got *g, int64_t e, const batch *s
 
 /* Rank's views after a batch, copied to the host (spr local slots, R
  * ranks, rows entry rows of xrow bytes). */
-static int fetch_views(const epx_gpu_ep_views *vw, int32_t spr, int32_t R, size_t rows, size_t xrow,
-                       got *g) {
+static int fetch_views(const epx_gpu_ep_views *vw, const epx_ep_recv *rv, int32_t spr, int32_t R,
+                       size_t rows, size_t xbytes, got *g) {
     CK(cudaMemcpy(g->count, vw->counts, (size_t)spr * 4, cudaMemcpyDeviceToHost));
     CK(cudaMemcpy(g->srctok, vw->src_token, rows * 4, cudaMemcpyDeviceToHost));
     CK(cudaMemcpy(g->range, vw->layout_range, (size_t)spr * R * 8, cudaMemcpyDeviceToHost));
     CK(cudaMemcpy(g->ew, vw->entry_weight, rows * 4, cudaMemcpyDeviceToHost));
-    CK(cudaMemcpy(g->rx, vw->x, rows * xrow, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(g->rx, vw->x, xbytes, cudaMemcpyDeviceToHost));
+    if (rv->slot_offsets != NULL) {
+        CK(cudaMemcpy(g->etok, rv->entry_token, rows * 4, cudaMemcpyDeviceToHost));
+        CK(cudaMemcpy(g->offs, rv->slot_offsets, (size_t)(spr + 1) * 8, cudaMemcpyDeviceToHost));
+    }
     return 0;
 }
 
@@ -250,15 +258,24 @@ static int check(const shape *c, int32_t me, const batch *all, const got *g, con
     const int32_t spr = c->P / c->R, K = c->K;
     const int64_t RM = (int64_t)c->R * c->M;
     const size_t xrow = (size_t)c->H * epx_dtype_size(c->xd);
+    int64_t total = 0; /* normal mode: entries before slot l */
     for (int32_t l = 0; l < spr; l++) {
         int64_t i = 0;
+        if (c->normal && g->offs[l] != total)
+            FAILF("rank %d batch %d: slot %d starts at entry %lld, expected %lld", me, b, l,
+                  (long long)g->offs[l], (long long)total);
+        /* normal mode: entry e's row is where its sender wrote it */
+        const int64_t room = c->normal ? g->offs[l + 1] - g->offs[l] : RM;
         for (int32_t src = 0; src < c->R; src++) {
             const int64_t begin = i;
             for (int64_t t = 0; t < all[src].T; t++)
                 for (int32_t k = 0; k < K; k++) {
                     if (all[src].s[t * K + k] != me * spr + l) continue;
-                    const int64_t e = l * RM + i;
-                    if (i >= RM || g->srctok[e] != t ||
+                    const int64_t e = c->normal ? g->offs[l] + i : l * RM + i;
+                    const unsigned char *row = c->normal && i < room
+                                                   ? g->rx + (size_t)g->etok[e] * g->xstride
+                                                   : g->rx + (size_t)e * xrow;
+                    if (i >= room || g->srctok[e] != t ||
                         (weighted && memcmp(&g->ew[e], &all[src].w[t * K + k], 4) != 0))
                         FAILF("rank %d batch %d: slot %d row %lld is (token %d, w %g), expected "
                               "(token %lld of rank %d, w %g)",
@@ -269,8 +286,7 @@ static int check(const shape *c, int32_t me, const batch *all, const got *g, con
                             FAILF("rank %d batch %d: slot %d row %lld is not token %lld of rank "
                                   "%d in fp8 (flags %d)",
                                   me, b, l, (long long)i, (long long)t, src, c->fp8);
-                    } else if (memcmp(g->rx + (size_t)e * xrow,
-                                      (const unsigned char *)all[src].x + t * xrow, xrow) != 0)
+                    } else if (memcmp(row, (const unsigned char *)all[src].x + t * xrow, xrow) != 0)
                         FAILF("rank %d batch %d: slot %d row %lld does not hold token %lld of "
                               "rank %d",
                               me, b, l, (long long)i, (long long)t, src);
@@ -283,10 +299,15 @@ static int check(const shape *c, int32_t me, const batch *all, const got *g, con
                       me, b, l, src, (long long)(lr >> 32), (long long)(lr & 0xffffffff),
                       (long long)begin, (long long)(i - begin));
         }
-        if (g->count[l] != i)
-            FAILF("rank %d batch %d: slot %d counts %d entries, expected %lld", me, b, l,
-                  g->count[l], (long long)i);
+        if (g->count[l] != i || (c->normal && room != i))
+            FAILF("rank %d batch %d: slot %d counts %d entries (%lld between its offsets), "
+                  "expected %lld",
+                  me, b, l, g->count[l], (long long)room, (long long)i);
+        total += i;
     }
+    if (c->normal && g->offs[spr] != total)
+        FAILF("rank %d batch %d: slot_offsets ends at %lld, expected %lld entries", me, b,
+              (long long)g->offs[spr], (long long)total);
     const batch *mine = &all[me];
     float *yv = malloc(sizeof(float) * (size_t)c->H);
     for (int64_t t = 0; t < mine->T; t++) {
@@ -355,6 +376,7 @@ static int run_rank(epx_comm *boot, const shape *c) {
     cudaStream_t st;
     CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
     epx_ep_config cfg = ll_config(c->H, K, c->P, c->M, c->xd, c->yd);
+    if (c->normal) cfg.mode = EPX_EP_MODE_NORMAL;
     epx_gpu_ep_opts o = EPX_GPU_EP_OPTS_INIT;
     o.timeout_ms = 60000; /* processes time-slice the GPU */
     epx_gpu_ep *ep = NULL;
@@ -368,11 +390,19 @@ static int run_rank(epx_comm *boot, const shape *c) {
     epx_gpu_ep_views vw;
     EK(epx_gpu_ep_get_views(ep, &vw, &err));
     const size_t xs = epx_dtype_size(c->xd), M = (size_t)c->M;
-    const size_t rows = (size_t)spr * (size_t)vw.slot_stride;
+    /* entry rows: expert-major, or normal mode's most entries (R * M tokens
+     * of min(K, spr) entries each) */
+    const size_t rows =
+        c->normal ? (size_t)R * M * (size_t)(K < spr ? K : spr) : (size_t)spr * (size_t)R * M;
     const size_t xrow = (size_t)c->H * xs, yrow = (size_t)c->H * epx_dtype_size(c->yd);
-    if (vw.slot_stride != (int64_t)R * c->M || vw.num_local_slots != spr)
+    const int64_t stride = c->normal ? 0 : (int64_t)R * c->M;
+    if (vw.slot_stride != stride || vw.num_local_slots != spr)
         FAILF("rank %d: views of stride %lld and %d slots, expected %lld and %d", me,
-              (long long)vw.slot_stride, vw.num_local_slots, (long long)R * c->M, spr);
+              (long long)vw.slot_stride, vw.num_local_slots, (long long)stride, spr);
+    /* normal mode's x: the inbox, both parities of R * M records (a row, then
+     * K 16-byte metas) */
+    const size_t rec = (xrow + 15) / 16 * 16 + (size_t)K * 16;
+    const size_t xbytes = c->normal ? 2 * (size_t)R * M * rec : rows * xrow;
     void *dx, *dy2;
     int32_t *ds;
     float *dw, *dout;
@@ -384,9 +414,12 @@ static int run_rank(epx_comm *boot, const shape *c) {
     got g;
     g.count = malloc((size_t)spr * 4);
     g.srctok = malloc(rows * 4 + 4);
+    g.etok = malloc(rows * 4 + 4);
+    g.offs = malloc((size_t)(spr + 1) * 8);
     g.range = malloc((size_t)spr * (size_t)R * 8);
     g.ew = malloc(rows * 4 + 4);
-    g.rx = malloc(rows * xrow + 1);
+    g.rx = malloc(xbytes + 1);
+    g.xstride = rec;
     void *out = malloc(M * (size_t)c->H * 4 + 4);
     batch all[PC_MAX_RANKS];
     cudaGraphExec_t exec = NULL;
@@ -421,9 +454,10 @@ static int run_rank(epx_comm *boot, const shape *c) {
         } else {
             EK(epx_gpu_ep_dispatch_parts(ep, EPX_GPU_EP_SEND | EPX_GPU_EP_RECV | c->fp8, my->T, dx,
                                          ds, how == 1 ? NULL : dw, &rv, &err));
-            if (rv.num_entries != -1 || rv.num_local_slots != spr ||
-                rv.slot_stride != (int64_t)R * c->M || rv.slot_counts != vw.counts ||
-                rv.x != vw.x || rv.slot_offsets != NULL)
+            if (rv.num_entries != -1 || rv.num_local_slots != spr || rv.slot_stride != stride ||
+                rv.slot_counts != vw.counts || rv.x != vw.x ||
+                (rv.slot_offsets != NULL) != c->normal || (rv.entry_token != NULL) != c->normal ||
+                rv.x_stride != (c->normal ? rec : xrow))
                 FAILF("rank %d: the recv view's host fields are off", me);
             EK(epx_gpu_ep_identity_experts(ep, &err));
             if (how == 0) {
@@ -445,7 +479,7 @@ static int run_rank(epx_comm *boot, const shape *c) {
             }
         }
         EK(epx_gpu_ep_sync(ep, &err));
-        if (fetch_views(&vw, spr, R, rows, xrow, &g) != 0) return 1;
+        if (fetch_views(&vw, &rv, spr, R, rows, xbytes, &g) != 0) return 1;
         CK(cudaMemcpy(out, dout, (size_t)my->T * (size_t)c->H * 4, cudaMemcpyDeviceToHost));
         rc = check(c, me, all, &g, out, how != 1, how == 1, b, 0);
         for (int32_t r = 0; r < R; r++) free_batch(&all[r]);
@@ -453,7 +487,8 @@ static int run_rank(epx_comm *boot, const shape *c) {
     if (exec) cudaGraphExecDestroy(exec);
     epx_gpu_ep_destroy(ep);
     cudaFree(dx), cudaFree(dy2), cudaFree(ds), cudaFree(dw), cudaFree(dout);
-    free(g.count), free(g.srctok), free(g.range), free(g.ew), free(g.rx), free(out);
+    free(g.count), free(g.srctok), free(g.etok), free(g.offs), free(g.range), free(g.ew);
+    free(g.rx), free(out);
     cudaStreamDestroy(st);
     return rc;
 }
@@ -537,7 +572,7 @@ static int proc_shrink(int32_t rank, int32_t R, pc_world *w, void *arg) {
     epx_comm *boot = pc_comm(w, rank);
     if (boot == NULL) return 1;
     epx_error err = {0};
-    shape c = {R, 64, 4, 2 * R, 8, EPX_DTYPE_BF16, EPX_DTYPE_BF16, 4, false, 0, 0};
+    shape c = {R, 64, 4, 2 * R, 8, EPX_DTYPE_BF16, EPX_DTYPE_BF16, 4, false, 0, 0, false};
     const int32_t spr = c.P / R, K = c.K;
     const size_t rows = (size_t)spr * (size_t)R * (size_t)c.M, xrow = (size_t)c.H * 2;
     cudaStream_t st;
@@ -558,8 +593,11 @@ static int proc_shrink(int32_t rank, int32_t R, pc_world *w, void *arg) {
     CK(cudaMalloc((void **)&dw, (size_t)c.M * K * 4));
     CK(cudaMalloc((void **)&dout, (size_t)c.M * c.H * 4));
     CK(cudaMalloc((void **)&dmask, (size_t)R * 4));
-    got g = {malloc((size_t)spr * 4), malloc(rows * 4), malloc((size_t)spr * R * 8),
-             malloc(rows * 4), malloc(rows * xrow)};
+    got g = {.count = malloc((size_t)spr * 4),
+             .srctok = malloc(rows * 4),
+             .range = malloc((size_t)spr * R * 8),
+             .ew = malloc(rows * 4),
+             .rx = malloc(rows * xrow)};
     void *out = malloc((size_t)c.M * c.H * 4);
     batch all[PC_MAX_RANKS];
     int rc = 0;
@@ -585,7 +623,7 @@ static int proc_shrink(int32_t rank, int32_t R, pc_world *w, void *arg) {
         EK(epx_gpu_ep_combine(ep, dout, &err));
         EK(epx_gpu_ep_mask_query(ep, dmask, &err));
         EK(epx_gpu_ep_sync(ep, &err));
-        if (fetch_views(&vw, spr, R, rows, xrow, &g) != 0) return 1;
+        if (fetch_views(&vw, &rv, spr, R, rows, rows * xrow, &g) != 0) return 1;
         CK(cudaMemcpy(out, dout, (size_t)my->T * c.H * 4, cudaMemcpyDeviceToHost));
         int32_t hmask[PC_MAX_RANKS];
         CK(cudaMemcpy(hmask, dmask, (size_t)R * 4, cudaMemcpyDeviceToHost));
@@ -652,7 +690,16 @@ static int single_rank_cases(void) {
             FAILF("one rank, token bound case %d (bound %lld of %lld) failed (seed %llu)", i,
                   (long long)c.bound, (long long)c.M, (unsigned long long)g_seed);
     }
-    shape big = {1, 7168, 8, 48, 32, EPX_DTYPE_BF16, EPX_DTYPE_BF16, 3, false, 0, 0};
+    for (int i = 0; i < 12 && !transport_is("nccl") && !transport_is_host(); i++) {
+        shape c; /* normal mode: the compact receive, launched and as graphs */
+        random_shape(&s, 1, &c);
+        c.normal = true;
+        c.graph = i % 3 == 2;
+        if (run_rank(local, &c) != 0)
+            FAILF("one rank, normal mode case %d failed (seed %llu)", i,
+                  (unsigned long long)g_seed);
+    }
+    shape big = {1, 7168, 8, 48, 32, EPX_DTYPE_BF16, EPX_DTYPE_BF16, 3, false, 0, 0, false};
     if (run_rank(local, &big) != 0) FAILF("one rank, H=7168 failed");
     big.graph = true;
     if (run_rank(local, &big) != 0) FAILF("one rank, H=7168 graph failed");
@@ -665,6 +712,10 @@ static int single_rank_cases(void) {
     big.graph = true;
     big.bound = 5; /* the benchmark's shape at a small batch, as the bench runs it */
     if (run_rank(local, &big) != 0) FAILF("one rank, H=7168 graph, token bound 5 failed");
+    big.bound = 0;
+    big.normal = true;
+    if (!transport_is("nccl") && !transport_is_host() && run_rank(local, &big) != 0)
+        FAILF("one rank, H=7168 normal mode graph failed");
     epx_comm_destroy(local);
     return 0;
 }
@@ -742,6 +793,8 @@ static int bound_cases(void) {
 /* A bad slot: the batch is refused (sync says so, output zeros), the next
  * one goes through. Then a silent rank: sync times out, health and the
  * bootstrap communicator report it, later calls refuse at once. */
+static int normal_refusals(epx_ep_config *cfg);
+
 static int fault_cases(void) {
     epx_error err = {0};
     epx_comm *local = NULL;
@@ -854,12 +907,8 @@ static int fault_cases(void) {
         FAILF("a dispatch after a timeout must refuse");
     epx_gpu_ep_destroy(ep);
     /* Configs the engine refuses, with the fix in the message. */
-    cfg.mode = EPX_EP_MODE_NORMAL;
     size_t bytes;
-    if (epx_gpu_ep_buffer_bytes(&cfg, 1, &bytes, &err) != EPX_ERR_INVALID_ARG ||
-        strstr(err.msg, "LOW_LATENCY") == NULL)
-        FAILF("normal mode must be refused: '%s'", err.msg);
-    cfg.mode = EPX_EP_MODE_LOW_LATENCY;
+    if (normal_refusals(&cfg) != 0) return 1;
     cfg.combine = EPX_EP_COMBINE_RANK;
     if (epx_gpu_ep_buffer_bytes(&cfg, 1, &bytes, &err) != EPX_ERR_INVALID_ARG ||
         strstr(err.msg, "TOPK") == NULL)
@@ -867,6 +916,57 @@ static int fault_cases(void) {
     cudaFree(dx), cudaFree(dw), cudaFree(dout), cudaFree(ds);
     cudaStreamDestroy(st);
     epx_comm_destroy(local);
+    return 0;
+}
+
+/* What normal mode refuses, each naming the fix: a bounded receive, per-rank
+ * partials, shrink mode, fp8; the host and nccl transports (where the test
+ * runs over them, the case itself is refused). cfg comes back unchanged. */
+static int normal_refusals(epx_ep_config *cfg) {
+    epx_error err = {0};
+    const epx_ep_config keep = *cfg;
+    size_t bytes;
+    cfg->mode = EPX_EP_MODE_NORMAL;
+    cfg->max_recv_entries = 8;
+    if (epx_gpu_ep_buffer_bytes(cfg, 1, &bytes, &err) != EPX_ERR_INVALID_ARG ||
+        strstr(err.msg, "max_recv_entries (8)") == NULL)
+        FAILF("normal mode with a bounded receive must be refused: '%s'", err.msg);
+    cfg->max_recv_entries = 0;
+    cfg->combine = EPX_EP_COMBINE_RANK;
+    if (epx_gpu_ep_buffer_bytes(cfg, 1, &bytes, &err) != EPX_ERR_INVALID_ARG ||
+        strstr(err.msg, "EPX_EP_COMBINE_TOPK") == NULL)
+        FAILF("normal mode with per-rank partials must be refused: '%s'", err.msg);
+    cfg->combine = EPX_EP_COMBINE_TOPK;
+    EK(epx_gpu_ep_buffer_bytes(cfg, 1, &bytes, &err));
+    cudaStream_t st;
+    CK(cudaStreamCreate(&st));
+    epx_comm *local = NULL;
+    EK(epx_comm_create_local(&local, &err));
+    epx_gpu_ep_opts o = EPX_GPU_EP_OPTS_INIT;
+    o.shrink = 1;
+    epx_gpu_ep *ep = NULL;
+    if (!transport_is("nccl") &&
+        (make_engine(local, cfg, st, &o, &ep, &err) == EPX_OK || strstr(err.msg, "shrink") == NULL))
+        FAILF("normal mode in shrink mode must be refused: '%s'", err.msg);
+    const epx_status made = make_engine(local, cfg, st, NULL, &ep, &err);
+    if (transport_is("nccl") || transport_is_host()) {
+        if (made == EPX_OK || strstr(err.msg, transport_is("nccl") ? "nccl" : "host") == NULL)
+            FAILF("normal mode over this transport must be refused: '%s'", err.msg);
+    } else {
+        EK(made);
+        void *dx;
+        CK(cudaMalloc(&dx, 16 * (size_t)cfg->hidden * 4));
+        epx_ep_recv rv;
+        if (epx_gpu_ep_dispatch_parts(ep, EPX_GPU_EP_SEND | EPX_GPU_EP_RECV | EPX_GPU_EP_FP8, 0, dx,
+                                      NULL, NULL, &rv, &err) != EPX_ERR_UNSUPPORTED ||
+            strstr(err.msg, "normal mode") == NULL)
+            FAILF("an fp8 dispatch in normal mode must be refused: '%s'", err.msg);
+        cudaFree(dx);
+        epx_gpu_ep_destroy(ep);
+    }
+    epx_comm_destroy(local);
+    cudaStreamDestroy(st);
+    *cfg = keep;
     return 0;
 }
 
@@ -1031,12 +1131,13 @@ int main(void) {
     for (int32_t R = 2; R <= 4 && !transport_is("nccl"); R++) {
         proc_job j;
         memset(&j, 0, sizeof j);
-        j.ncases = 4;
+        j.ncases = transport_is_host() ? 4 : 6; /* normal mode: over CUDA IPC only */
         for (int i = 0; i < j.ncases; i++) {
             random_shape(&s, R, &j.c[i]);
-            j.c[i].graph = i == 3;
+            j.c[i].graph = i == 3 || i == 5;
             if (i == 1) make_fp8(&j.c[i], R); /* one fp8 case on every rank count */
             if (i == 2) j.c[i].bound = 1 + j.c[i].M / 2;
+            j.c[i].normal = i >= 4;
         }
         int failed = pc_run(R, proc_rank, &j, 240);
         printf("%d ranks as processes over %s: %s\n", R,

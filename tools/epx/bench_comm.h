@@ -27,6 +27,7 @@ typedef struct bench_args {
     epx_dtype dtype;
     epx_ep_combine_mode combine;
     epx_ep_mode mode;
+    bool gpu_engine;    /* --backend nccl in low latency, or normal mode's --engine gpu */
     bool graph;         /* also time CUDA-graph replays (GPU low latency) */
     int32_t transport;  /* GPU low latency: EPX_BENCH_TRANSPORT_* (--transport) */
     int32_t gpus;       /* --gpus N: N ranks as threads of this process (0: not given) */

@@ -1,6 +1,8 @@
 /*
- * bench_ll.c - `epx bench comm --backend nccl --mode low-latency`: the GPU
- * low-latency engine (epx_comm_gpu.h) timed on the stream with CUDA events.
+ * bench_ll.c - `epx bench comm --backend nccl` with the GPU engine
+ * (epx_comm_gpu.h) in either mode: low latency (the expert-major receive)
+ * or normal (the compact receive, --mode normal), timed on the stream with
+ * CUDA events.
  *
  * Per token count T: check first (identity experts must give the fixed-order
  * weighted sum bit for bit on every rank), then time, each iteration after
@@ -382,6 +384,11 @@ static uint16_t *fp8_round_trip(const void *x, int64_t T, int32_t H) {
     return q;
 }
 
+/* The JSON lines' and messages' name of the engine's mode. */
+static const char *mode_name(const bench_args *a) {
+    return a->mode == EPX_EP_MODE_LOW_LATENCY ? "low-latency" : "normal";
+}
+
 static epx_status bench_T(ll_run *b, int64_t T, const void *x, const int32_t *slots, const float *w,
                           int32_t P, FILE *jl, const char *device, epx_error *err) {
     const bench_args *a = b->a;
@@ -430,9 +437,9 @@ static epx_status bench_T(ll_run *b, int64_t T, const void *x, const int32_t *sl
     if (bad != 0) {
         err->status = EPX_ERR_INTERNAL;
         snprintf(err->msg, sizeof err->msg,
-                 "low-latency check failed at %lld tokens: %lld tokens with a wrong combine over "
-                 "all ranks; nothing timed",
-                 (long long)T, (long long)bad);
+                 "%s check failed at %lld tokens: %lld tokens with a wrong combine over all "
+                 "ranks; nothing timed",
+                 mode_name(a), (long long)T, (long long)bad);
         return EPX_ERR_INTERNAL;
     }
     double st_us[48];
@@ -482,7 +489,7 @@ static epx_status bench_T(ll_run *b, int64_t T, const void *x, const int32_t *sl
                 R > 1 ? (size_t)(2.0 * (R - 1) / R * (double)R * T * H * esz) : 0;
             const size_t by = ar ? ar_bytes : bytes[ph];
             bench_line l = {a->backend,
-                            ar ? "tp-allreduce" : "low-latency",
+                            ar ? "tp-allreduce" : mode_name(a),
                             names[ph],
                             device,
                             a->fp8 && ph != PH_COMBINE && !ar ? "fp8-e4m3"
@@ -573,7 +580,8 @@ epx_status bench_ll_gpu(epx_comm *comm, ncclComm_t nc, cudaStream_t s, const ben
          cudaMemset(b.dtp, 0, (size_t)R * Tmax * H * esz) != cudaSuccess ||
          cudaEventCreate(&b.e0) != cudaSuccess || cudaEventCreate(&b.e1) != cudaSuccess)) {
         err->status = st = EPX_ERR_CUDA;
-        snprintf(err->msg, sizeof err->msg, "bench: device buffers for the low-latency run failed");
+        snprintf(err->msg, sizeof err->msg,
+                 "bench: device buffers for the GPU engine's run failed");
     }
     void *gate = NULL, *gate_dev = NULL;
     if (st == EPX_OK && (cudaHostAlloc(&gate, sizeof(int), cudaHostAllocMapped) != cudaSuccess ||
@@ -583,7 +591,7 @@ epx_status bench_ll_gpu(epx_comm *comm, ncclComm_t nc, cudaStream_t s, const ben
     }
     b.gate = (volatile int *)gate;
     b.gate_dev = (const int *)gate_dev;
-    epx_ep_config c = bench_ep_config(a, P, Tmax, EPX_EP_MODE_LOW_LATENCY);
+    epx_ep_config c = bench_ep_config(a, P, Tmax, a->mode);
     epx_gpu_ep_opts o = EPX_GPU_EP_OPTS_INIT;
     o.timeout_ms = a->timeout_ms;
     o.transport = a->transport;
@@ -613,7 +621,7 @@ epx_status bench_ll_gpu(epx_comm *comm, ncclComm_t nc, cudaStream_t s, const ben
     const char *device = cudaGetDeviceProperties(&prop, dev) == cudaSuccess ? prop.name : "gpu";
     if (st == EPX_OK && me == 0)
         printf(
-            "epx bench comm: GPU low-latency EP, %d rank(s), transport %s, token bound %s, "
+            "epx bench comm: GPU EP engine in %s mode, %d rank(s), transport %s, token bound %s, "
             "model %s (H %d, top-%d, %d slots), %s, %d iterations (median and p99 of the slowest "
             "rank, CUDA "
             "events; graph = %d iterations captured in one graph, queued behind a hold, per "
@@ -622,7 +630,7 @@ epx_status bench_ll_gpu(epx_comm *comm, ncclComm_t nc, cudaStream_t s, const ben
             "dispatched row; the other ranks' combine rows) copied device to pinned host and "
             "back over the phase's time\n\n"
             "%8s  %-10s %-6s %9s %9s %10s %8s %8s\n",
-            R, b.transport,
+            mode_name(a), R, b.transport,
             a->bound_max ? "max_tokens (the largest --tokens)" : "each batch's tokens", a->model, H,
             K, P, a->dtype == EPX_DTYPE_BF16 ? "bf16" : "fp32", a->iters, (int)kGraphReps, "tokens",
             "phase", "how", "median us", "p99 us", "GB/s", "copy%", "link%");

@@ -583,18 +583,40 @@ static int parse_args(cli_cmd *cmd, bench_args *a) {
             return CLI_EXIT_USAGE;
         }
     }
+    /* The GPU engine runs both modes over NCCL (normal mode's compact
+     * receive unless --engine nccl or per-rank partials ask for the older
+     * NCCL path, nccl_ep). */
+    const char *en = cli_get(cmd, "--engine"), *cm_arg = cli_get(cmd, "--combine");
+    const bool partials = cm_arg != NULL && strcmp(cm_arg, "rank") == 0;
+    if (en != NULL && strcmp(en, "gpu") != 0 && strcmp(en, "nccl") != 0) {
+        fprintf(stderr, "epx bench comm: --engine must be gpu or nccl, not '%s'\n", en);
+        return CLI_EXIT_USAGE;
+    }
+    if (en != NULL && (a->mode != EPX_EP_MODE_NORMAL || strcmp(a->backend, "nccl") != 0)) {
+        fprintf(stderr, "epx bench comm: --engine picks normal mode's GPU path: use it with "
+                        "--backend nccl --mode normal\n");
+        return CLI_EXIT_USAGE;
+    }
+    if (en != NULL && strcmp(en, "gpu") == 0 && partials) {
+        fprintf(stderr, "epx bench comm: --engine gpu combines in top-k order: drop --combine "
+                        "rank, or give --engine nccl\n");
+        return CLI_EXIT_USAGE;
+    }
+    a->gpu_engine =
+        strcmp(a->backend, "nccl") == 0 &&
+        (a->mode == EPX_EP_MODE_LOW_LATENCY || (en != NULL ? strcmp(en, "gpu") == 0 : !partials));
     a->graph = cli_flag(cmd, "--graph");
-    if (a->graph && (a->mode != EPX_EP_MODE_LOW_LATENCY || strcmp(a->backend, "nccl") != 0)) {
-        fprintf(stderr, "epx bench comm: --graph times CUDA-graph replays of the GPU low-latency "
-                        "engine: use it with --backend nccl --mode low-latency\n");
+    if (a->graph && !a->gpu_engine) {
+        fprintf(stderr, "epx bench comm: --graph times CUDA-graph replays of the GPU engine: use "
+                        "it with --backend nccl (not --engine nccl)\n");
         return CLI_EXIT_USAGE;
     }
     const char *tr = cli_get(cmd, "--transport");
     a->transport = EPX_BENCH_TRANSPORT_AUTO;
     if (tr != NULL) {
-        if (a->mode != EPX_EP_MODE_LOW_LATENCY || strcmp(a->backend, "nccl") != 0) {
-            fprintf(stderr, "epx bench comm: --transport picks the GPU low-latency engine's "
-                            "transport: use it with --backend nccl --mode low-latency\n");
+        if (!a->gpu_engine) {
+            fprintf(stderr, "epx bench comm: --transport picks the GPU engine's transport: use "
+                            "it with --backend nccl (not --engine nccl)\n");
             return CLI_EXIT_USAGE;
         }
         if (strcmp(tr, "auto") == 0)
@@ -615,21 +637,19 @@ static int parse_args(cli_cmd *cmd, bench_args *a) {
     }
     const char *tb = cli_get(cmd, "--token-bound");
     a->bound_max = tb != NULL && strcmp(tb, "max") == 0;
-    if (tb != NULL && ((strcmp(tb, "max") != 0 && strcmp(tb, "tokens") != 0) ||
-                       a->mode != EPX_EP_MODE_LOW_LATENCY || strcmp(a->backend, "nccl") != 0)) {
+    if (tb != NULL && ((strcmp(tb, "max") != 0 && strcmp(tb, "tokens") != 0) || !a->gpu_engine)) {
         fprintf(stderr,
                 "epx bench comm: --token-bound is tokens (each batch's count, the default) or "
-                "max (the largest --tokens), not '%s', and sets the GPU low-latency engine's "
-                "bound: use it with --backend nccl --mode low-latency\n",
+                "max (the largest --tokens), not '%s', and sets the GPU engine's bound: use it "
+                "with --backend nccl (not --engine nccl)\n",
                 tb);
         return CLI_EXIT_USAGE;
     }
     a->max_blocks = 0;
     if (!cli_int(cmd, "--max-blocks", 1, 65535, &a->max_blocks)) return CLI_EXIT_USAGE;
-    if (a->max_blocks > 0 &&
-        (a->mode != EPX_EP_MODE_LOW_LATENCY || strcmp(a->backend, "nccl") != 0)) {
-        fprintf(stderr, "epx bench comm: --max-blocks caps the GPU low-latency engine's launches: "
-                        "use it with --backend nccl --mode low-latency\n");
+    if (a->max_blocks > 0 && !a->gpu_engine) {
+        fprintf(stderr, "epx bench comm: --max-blocks caps the GPU engine's launches: use it "
+                        "with --backend nccl (not --engine nccl)\n");
         return CLI_EXIT_USAGE;
     }
     a->gpus = 0;
@@ -796,7 +816,7 @@ static void *nccl_rank(void *vjob) {
             struct cudaDeviceProp prop;
             dev_ops d = {1, cudaGetDeviceProperties(&prop, j->device) == cudaSuccess ? prop.name
                                                                                      : "gpu"};
-            if (a->mode == EPX_EP_MODE_LOW_LATENCY) {
+            if (a->gpu_engine) {
                 j->rc = ll_rank(j->cmd, comm, nc, s, a);
             } else {
                 j->rc = run_and_report(j->cmd, comm, &d, a);
@@ -859,13 +879,13 @@ static long env_count(const char *name, long dflt) {
  * memory, the link with 2-4 ranks; not separate GPUs, and no TP figure. */
 static int shared_gpu_rank(cli_cmd *cmd, const bench_args *a, int rank, int device, int local_size,
                            int ndev) {
-    if (a->mode != EPX_EP_MODE_LOW_LATENCY || a->transport == EPX_BENCH_TRANSPORT_NCCL) {
+    if (!a->gpu_engine || a->transport == EPX_BENCH_TRANSPORT_NCCL) {
         if (rank == 0)
             fprintf(stderr,
                     "epx bench comm: a host runs more ranks than it has GPUs (this one: %d ranks, "
-                    "%d GPU(s)), and NCCL takes one rank per GPU: then only --mode low-latency "
-                    "runs, over --transport peer, host or auto (its engine bootstraps over MPI); "
-                    "run at most one rank per GPU for the rest\n",
+                    "%d GPU(s)), and NCCL takes one rank per GPU: then only the GPU engine runs "
+                    "(not --engine nccl), over --transport peer, host or auto (it bootstraps over "
+                    "MPI); run at most one rank per GPU for the rest\n",
                     local_size, ndev);
         return CLI_EXIT_USAGE;
     }
@@ -999,23 +1019,27 @@ int cmd_bench(int argc, char **argv) {
          "EP mode: counts first, dense sends (default), or "
          "fixed slots with in-band counts (decode)",
          NULL},
-        {"--graph", NULL, "also time CUDA-graph replays (--backend nccl --mode low-latency)", NULL},
+        {"--engine", "gpu|nccl",
+         "normal mode over NCCL: the GPU engine's compact receive (gpu, the default with "
+         "top-k combine) or the older NCCL send/recv path (nccl; also --combine rank)",
+         NULL},
+        {"--graph", NULL, "also time CUDA-graph replays (the GPU engine: --backend nccl)", NULL},
         {"--fp8", NULL,
          "dispatch in DeepEP's fp8 form: e4m3 values and one fp32 scale per 128 (--backend nccl "
          "--mode low-latency); combine stays bf16",
          NULL},
         {"--transport", "auto|peer|host|nccl",
-         "the low-latency engine's transport: device memory (peer: pointers or CUDA IPC), pinned "
+         "the GPU engine's transport: device memory (peer: pointers or CUDA IPC), pinned "
          "host memory (host, for GPUs without peer access), NCCL send/recv (nccl, any topology), "
          "or auto (EPX_GPU_EP_TRANSPORT, else by peer access)",
          NULL},
         {"--token-bound", "tokens|max",
-         "the low-latency engine's promise of tokens per rank per call "
+         "the GPU engine's promise of tokens per rank per call "
          "(epx_gpu_ep_set_token_bound): each batch's own count (default) or the largest "
          "--tokens; the nccl transport moves blocks of that many tokens",
          NULL},
         {"--max-blocks", "N",
-         "the low-latency engine's blocks per launch at most (default: as many as fit on the "
+         "the GPU engine's blocks per launch at most (default: as many as fit on the "
          "GPU); processes sharing one GPU under MPS need their launches to fit side by side",
          NULL},
         {"--gpus", "N",
@@ -1031,7 +1055,7 @@ int cmd_bench(int argc, char **argv) {
                    "       [--graph] [--json FILE] [-o FILE] [options]\n"
                    "       (MPI: mpirun -np R epx bench comm --backend mpi ...;\n"
                    "        NCCL: epx bench comm --backend nccl --gpus N ..., or under mpirun;\n"
-                   "        more ranks than GPUs under mpirun: the low-latency engine alone,\n"
+                   "        more ranks than GPUs under mpirun: the GPU engine alone,\n"
                    "        its ranks sharing the GPUs, bootstrapped over MPI)",
                    "Time EP dispatch and combine against the TP all-reduce of the same MoE layer, "
                    "per token count, after checking their results.",

@@ -178,6 +178,17 @@ struct Args {
     int shrink;
     int32_t *mask;
     unsigned long long *decided;
+    /* Normal mode (a compact receive, EPX_EP_MODE_NORMAL): rows stay in the
+     * inbox and entry e, the e-th of this rank's entries in (local slot,
+     * source, token, k) order, is its row's index there (etok [NE], rows of
+     * rec bytes from off_rows, both parities: (parity * R + source) * M +
+     * token); y, ew, pair and srctok hold NE entry rows, and offs [spr + 1]
+     * the slots' first entries (offs[spr]: the total). Expert-major
+     * otherwise: entry rows are l * RM + position, NE = spr * RM. */
+    int compact;
+    int64_t NE;
+    int32_t *etok;
+    int64_t *offs;
 };
 
 __device__ __forceinline__ unsigned long long now_ns() {
@@ -718,19 +729,24 @@ __device__ void place_fp8(const Args &a, const unsigned char *rec, int64_t e, in
 
 /*
  * Where entry (source s, token t, k) of meta m goes in the expert-major
- * receive (its slot's offset for sources below s, from their counts, plus
- * its position), with its weight, source pair and token recorded there; -1
+ * receive, or with so in the compact one (its slot's offset for sources
+ * below s, from their counts, plus its position), with its weight, source
+ * pair and token recorded there; -1
  * for a meta of an older batch or out of range. live [R]: the sources that
  * count (shrink mode gives up on some).
  */
 __device__ int64_t place_entry(const Args &a, uint32_t epoch, const Meta &m, int s, int64_t t,
-                               int k, const uint8_t *live, int32_t item) {
+                               int k, const uint8_t *live, int32_t item,
+                               const int32_t *so = nullptr) {
     int64_t e = -1;
     if (m.tag == epoch && m.slot >= 0 && m.slot < a.spr) {
         int64_t off = 0;
         for (int s2 = 0; s2 < s; s2++)
             if (live[s2]) off += *cnt_at(a, a.base, epoch, s2, m.slot);
-        if (m.pos >= 0 && off + m.pos < a.RM) e = (int64_t)m.slot * a.RM + off + m.pos;
+        /* so (normal mode): the slots' first entries in the compact receive */
+        const int64_t first = so ? so[m.slot] : (int64_t)m.slot * a.RM;
+        const int64_t room = so ? so[m.slot + 1] - so[m.slot] : a.RM;
+        if (m.pos >= 0 && off + m.pos < room) e = first + off + m.pos;
     }
     const int32_t pair = (int32_t)(((int64_t)s * a.M + t) * a.K + k);
     if (e >= 0) {
@@ -809,6 +825,42 @@ __device__ void place_rows(const Args &a, uint32_t epoch, const int32_t *first_r
 }
 
 /*
+ * Normal mode's receive (Args::compact), by every block once the flags are
+ * in: the slots' first entries (each block sums the sources' counts and
+ * scans them in `so`, shared memory of spr + 1 ints; the range block also
+ * stores them in offs), then one (row, k) item per thread: its entry's
+ * index, weight, pair and token, and its row's place in the inbox. No row
+ * is copied: the experts read them where the senders wrote them.
+ */
+__device__ void receive_compact(const Args &a, uint32_t epoch, const int32_t *first_row,
+                                int32_t items, const uint8_t *live, int32_t *so, bool range_block) {
+    for (int l = threadIdx.x; l < a.spr; l += blockDim.x) {
+        int32_t c = 0;
+        for (int s = 0; s < a.R; s++)
+            if (live[s]) c += *cnt_at(a, a.base, epoch, s, l);
+        so[l] = c;
+    }
+    __syncthreads();
+    block_scan_smem(so, a.spr);
+    if (range_block)
+        for (int l = threadIdx.x; l <= a.spr; l += blockDim.x) a.offs[l] = so[l];
+    const int K = a.K;
+    const int64_t area = (int64_t)parity(a, epoch) * a.R; /* this dispatch's rows in the inbox */
+    const int32_t stride = (int32_t)(gridDim.x * blockDim.x);
+    for (int32_t item = (int32_t)(blockIdx.x * blockDim.x + threadIdx.x); item < items;
+         item += stride) {
+        const int32_t vrow = item / K;
+        int s = 0;
+        while (first_row[s + 1] <= vrow) s++;
+        const int32_t t = vrow - first_row[s];
+        const int k = item - vrow * K;
+        const Meta m = ((const Meta *)(rec_at(a, a.base, epoch, s, t) + a.meta_off))[k];
+        const int64_t e = place_entry(a, epoch, m, s, t, k, live, item, so);
+        if (e >= 0) a.etok[e] = (int32_t)((area + s) * a.M + t);
+    }
+}
+
+/*
  * Dispatch, one launch (named so profilers' "::dispatch" finds it, as
  * DeepEP's benchmark does). parts: 1 = send, 2 = receive (both: 3). Send work
  * items are (token, j-th destination rank); the first `nwork` blocks also
@@ -861,7 +913,9 @@ __global__ void __launch_bounds__(kThreads, 2)
      * at its end, once every block has read it (Ctl::started); a
      * receive-only launch (the second half of a split dispatch) reads it. */
     __shared__ uint32_t s_epoch;
-    __shared__ int32_t ids[kSmemIds];   /* the batch's slots, when T * K fits */
+    /* the batch's slots, when T * K fits; normal mode's slot starts after the send */
+    __shared__ int32_t ids[kSmemIds];
+    static_assert(kMaxLocal + 1 <= kSmemIds, "normal mode's slot starts fit the ids' room");
     __shared__ uint8_t live[kMaxRanks]; /* ranks sent to, then sources received from */
     const bool staged = sending && Tn * K <= kSmemIds;
     __shared__ int s_dead;
@@ -1057,7 +1111,7 @@ __global__ void __launch_bounds__(kThreads, 2)
      * its lanes (lane r: source r), with no barrier and no shared result
      * (item_rec reads them by shuffles); otherwise thread 0 writes
      * first_row for the block. */
-    const bool warp_rows = kLean && a.R <= 32;
+    const bool warp_rows = kLean && a.R <= 32 && !a.compact;
     const int lane = threadIdx.x % 32;
     int any_bad = -1;
     uint32_t bad_code = 0;
@@ -1135,7 +1189,8 @@ __global__ void __launch_bounds__(kThreads, 2)
     int s0 = 0, k0 = 0;
     int32_t t0 = 0;
     const unsigned char *rec0 = nullptr;
-    if ((int32_t)blockIdx.x < items && (int32_t)blockIdx.x < placing && (kLean || !a.host_inbox)) {
+    if ((int32_t)blockIdx.x < items && (int32_t)blockIdx.x < placing && (kLean || !a.host_inbox) &&
+        !a.compact) {
         rec0 = item_rec(blockIdx.x, &s0, &t0, &k0);
         if (threadIdx.x == 0) first_meta = ((const Meta *)(rec0 + a.meta_off))[k0];
         if (pre) regs_load(v, rec0, a.xrow);
@@ -1162,6 +1217,12 @@ __global__ void __launch_bounds__(kThreads, 2)
     }
     STAMP(a, 20);
     if (refused) {
+        advance();
+        return;
+    }
+    if (a.compact) {
+        receive_compact(a, epoch, first_row, items, live, ids, range_block);
+        STAMP(a, 4);
         advance();
         return;
     }
@@ -1212,7 +1273,8 @@ __device__ void entry_starts(const Args &a, int32_t *so) {
     block_scan_smem(so, a.spr);
 }
 
-/* Identity experts: y = x of each entry row, in y's dtype; after an fp8
+/* Identity experts: y = x of each entry row, in y's dtype (normal mode: of
+ * each entry's inbox row); after an fp8
  * dispatch (fp8: its kernel bits) the dequantised row, data * scale as
  * DeepEP's per_token_cast_back. */
 __global__ void __launch_bounds__(kThreads) identity_kernel(Args a, int fp8) {
@@ -1223,8 +1285,10 @@ __global__ void __launch_bounds__(kThreads) identity_kernel(Args a, int fp8) {
     const int G = a.H / EPXI_FP8_GROUP;
     for (int32_t j = blockIdx.x; j < n; j += gridDim.x) {
         const int l = upper_index(so, a.spr, j);
-        const int64_t e = (int64_t)l * a.RM + (j - so[l]);
-        const unsigned char *src = a.rx + (size_t)e * a.xrow;
+        /* normal mode: entry j is row j, its x where its sender wrote it */
+        const int64_t e = a.compact ? j : (int64_t)l * a.RM + (j - so[l]);
+        const unsigned char *src =
+            a.compact ? a.base + a.off_rows + (size_t)a.etok[j] * a.rec : a.rx + (size_t)e * a.xrow;
         unsigned char *dst = a.y + (size_t)e * a.yrow;
         if (fp8) {
             const int64_t s = e - (int64_t)l * a.RM;
@@ -1472,7 +1536,7 @@ struct PeerInfo {
     uint64_t host;          /* this machine's id (epxi_host_id) */
 };
 static_assert(sizeof(PeerInfo) <= EPX_GPU_EP_INFO_BYTES, "PeerInfo fits its bytes");
-static const char kMagic[8] = "epx-ll3"; /* bump when PeerInfo changes */
+static const char kMagic[8] = "epx-ll4"; /* bump when PeerInfo changes */
 static_assert((int)EPXI_TR_AUTO == (int)EPX_GPU_EP_TRANSPORT_AUTO &&
                   (int)EPXI_TR_PEER == (int)EPX_GPU_EP_TRANSPORT_PEER &&
                   (int)EPXI_TR_HOST == (int)EPX_GPU_EP_TRANSPORT_HOST &&
@@ -1505,8 +1569,9 @@ struct epx_gpu_ep {
     cudaStream_t stream;
     int32_t timeout_ms;
     int32_t wait_blocks; /* blocks that wait for flags must all be resident */
-    size_t off_rx, off_y, off_count, off_pair, off_work, off_self, off_srctok, off_ew, off_range,
-        off_weights, off_slots, off_ctl, off_peers, off_mask, off_decided, total, inbox_total;
+    size_t off_rx, off_y, off_count, off_pair, off_work, off_self, off_srctok, off_ew, off_etok,
+        off_offs, off_range, off_weights, off_slots, off_ctl, off_peers, off_mask, off_decided,
+        total, inbox_total;
     unsigned char *buf; /* this rank's work area (device memory) */
     /* The peer-written areas (transport.h): this rank's, and the peers' as
      * mapped here (ranks of this process are used through their pointers). */
@@ -1554,21 +1619,55 @@ static void set_bound(epx_gpu_ep *ep, int64_t bound) {
     ep->wire[1].bytes[0] = kFlagBytes + (size_t)bound * ep->g.K * ep->g.yrow;
 }
 
+/* What normal mode (EPX_EP_MODE_NORMAL: the compact receive) does not do
+ * yet, refused by name: a bounded receive, per-rank partial sums, more
+ * local slots than a block scans in shared memory, and the staging (nccl)
+ * transport, whose blocks do not keep the rows at one stride. */
+static epx_status check_normal(const epxi_ep_geom *g, bool staging, epx_error *err) {
+    const epx_ep_config *c = &g->cfg;
+    if (c->max_recv_tokens != 0 || c->max_recv_entries != 0)
+        return epxi_fail(err, EPX_ERR_INVALID_ARG,
+                         "the GPU engine's normal mode holds the worst case (R * max_tokens "
+                         "tokens): set max_recv_tokens (%lld) and max_recv_entries (%lld) to 0, "
+                         "or use epx_nccl_ep_create for a bounded receive",
+                         (long long)c->max_recv_tokens, (long long)c->max_recv_entries);
+    if (c->combine != EPX_EP_COMBINE_TOPK)
+        return epxi_fail(err, EPX_ERR_INVALID_ARG,
+                         "the GPU engine's normal mode combines in top-k order: set combine to "
+                         "EPX_EP_COMBINE_TOPK, or use epx_nccl_ep_create for per-rank partials");
+    if (g->spr > kMaxLocal)
+        return epxi_fail(err, EPX_ERR_SHAPE,
+                         "the GPU engine's normal mode groups at most %d local slots per rank, "
+                         "not %d (num_slots %d / %d ranks): use more ranks or epx_nccl_ep_create",
+                         kMaxLocal, g->spr, g->P, g->R);
+    if (staging)
+        return epxi_fail(err, EPX_ERR_UNSUPPORTED,
+                         "the GPU engine's normal mode runs over the peer transport only, not "
+                         "nccl: use epx_nccl_ep_create across nodes");
+    return EPX_OK;
+}
+
 /* The buffer layout, shared by the size query and creation. */
 static epx_status plan(epx_gpu_ep *ep, const epx_ep_config *cfg, int32_t R, bool staging,
                        epx_error *err) {
-    if (cfg != NULL && cfg->version == EPX_EP_CONFIG_VERSION &&
-        cfg->mode != EPX_EP_MODE_LOW_LATENCY)
-        return epxi_fail(err, EPX_ERR_INVALID_ARG,
-                         "the GPU low-latency engine needs mode = EPX_EP_MODE_LOW_LATENCY in "
-                         "its config (normal mode on the GPU is epx_nccl_ep_create)");
     EPX_TRY(epxi_ep_geom_init(cfg, R, &ep->g, err));
     const epxi_ep_geom *g = &ep->g;
     if (R > kMaxRanks - 1)
         return epxi_fail(err, EPX_ERR_SHAPE,
                          "the GPU low-latency engine serves at most %d ranks, not %d",
                          kMaxRanks - 1, R);
+    /* Normal mode: the same protocol with a compact receive (Args::compact). */
+    const bool compact = !g->low_latency;
+    if (compact) EPX_TRY(check_normal(g, staging, err));
     const double M = (double)g->M, K = g->K, RM = (double)R * M, spr = g->spr;
+    /* Entry rows: normal mode holds the most this rank can receive, R *
+     * max_tokens tokens of min(top_k, local slots) entries each. */
+    const double NE = compact ? RM * (K < spr ? K : spr) : spr * RM;
+    if (compact && 2.0 * RM >= 2147483647.0)
+        return epxi_fail(err, EPX_ERR_OVERFLOW,
+                         "the GPU engine's normal mode indexes 2 * R * max_tokens = %.0f inbox "
+                         "rows in int32: lower max_tokens (%lld)",
+                         2.0 * RM, (long long)g->M);
     /* Entry rows are int32 (pair = (source * M + token) * K + k). */
     if (RM * K >= 2147483647.0 || RM * spr >= 9.0e15)
         return epxi_fail(err, EPX_ERR_OVERFLOW,
@@ -1610,14 +1709,16 @@ static epx_status plan(epx_gpu_ep *ep, const epx_ep_config *cfg, int32_t R, bool
                               "GPU low-latency EP", err));
     /* What only this rank's kernels touch: always device memory. */
     epxi_ws_part parts[] = {
-        {&ep->off_rx, spr * RM, (double)g->xrow},
-        {&ep->off_y, spr * RM, (double)g->yrow},
+        {&ep->off_rx, compact ? 0.0 : spr * RM, (double)g->xrow}, /* normal mode: none */
+        {&ep->off_y, NE, (double)g->yrow},
         {&ep->off_count, spr, sizeof(int32_t)},
-        {&ep->off_pair, spr * RM, sizeof(int32_t)},
+        {&ep->off_pair, NE, sizeof(int32_t)},
         {&ep->off_work, RM * K, sizeof(Work)},   /* the dispatch's items, for the combine */
         {&ep->off_self, M * K, sizeof(int64_t)}, /* own entries' rows, for the combine */
-        {&ep->off_srctok, spr * RM, sizeof(int32_t)},
-        {&ep->off_ew, spr * RM, sizeof(float)},
+        {&ep->off_srctok, NE, sizeof(int32_t)},
+        {&ep->off_ew, NE, sizeof(float)},
+        {&ep->off_etok, compact ? NE : 0.0, sizeof(int32_t)}, /* normal mode's entry rows */
+        {&ep->off_offs, spr + 1, sizeof(int64_t)},
         {&ep->off_range, spr * R, sizeof(int64_t)},
         {&ep->off_weights, M * K, sizeof(float)},
         {&ep->off_slots, M * K, sizeof(int32_t)},
@@ -1637,6 +1738,8 @@ static epx_status plan(epx_gpu_ep *ep, const epx_ep_config *cfg, int32_t R, bool
     a.P = g->P;
     a.M = g->M;
     a.RM = (int64_t)R * g->M;
+    a.compact = compact;
+    a.NE = (int64_t)NE;
     a.rec = rec;
     a.xrow = g->xrow;
     a.yrow = g->yrow;
@@ -1825,6 +1928,13 @@ static epx_status open_engine(const epx_ep_config *cfg, int32_t rank, int32_t nu
         st = epxi_transport_resolve(o.transport, getenv("EPX_GPU_EP_TRANSPORT"),
                                     unreachable_gpu(dev), &ep->kind, err);
     if (st != EPX_OK) goto fail;
+    if (ep->a.compact && (ep->kind == EPX_GPU_EP_TRANSPORT_HOST || o.shrink)) {
+        st = epxi_fail(err, EPX_ERR_UNSUPPORTED,
+                       "the GPU engine's normal mode runs over the peer transport without shrink "
+                       "mode only (%s asked for): use low-latency mode, or epx_nccl_ep_create",
+                       o.shrink ? "shrink" : "the host transport");
+        goto fail;
+    }
     ep->tr = ep->kind == EPX_GPU_EP_TRANSPORT_HOST ? &epxi_transport_host : &epxi_transport_peer;
     ep->a.host_inbox = ep->kind == EPX_GPU_EP_TRANSPORT_HOST;
     st = ep->tr->alloc(ep->inbox_total, R, &ep->inbox, err);
@@ -1866,6 +1976,8 @@ static epx_status open_engine(const epx_ep_config *cfg, int32_t rank, int32_t nu
         a.self_e = (int64_t *)(ep->buf + ep->off_self);
         a.srctok = (int32_t *)(ep->buf + ep->off_srctok);
         a.ew = (float *)(ep->buf + ep->off_ew);
+        a.etok = (int32_t *)(ep->buf + ep->off_etok);
+        a.offs = (int64_t *)(ep->buf + ep->off_offs);
         a.range = (int64_t *)(ep->buf + ep->off_range);
         a.weights = (float *)(ep->buf + ep->off_weights);
         a.slots = (int32_t *)(ep->buf + ep->off_slots);
@@ -2283,6 +2395,10 @@ static_assert(EPX_GPU_EP_FP8 == kFP8 && EPX_GPU_EP_ROUND_SCALE == kRoundScale &&
 static epx_status check_fp8(const epx_gpu_ep *ep, int fp8, const void *x, epx_error *err) {
     if (fp8 == 0) return EPX_OK;
     const epxi_ep_geom *g = &ep->g;
+    if (ep->a.compact)
+        return epxi_fail(err, EPX_ERR_UNSUPPORTED,
+                         "GPU EP fp8 dispatch is low-latency mode's: the handle is in normal mode "
+                         "(its experts read the rows where the senders wrote them, bf16 or fp32)");
     if (!(fp8 & EPX_GPU_EP_FP8))
         return epxi_fail(err, EPX_ERR_INVALID_ARG,
                          "GPU EP dispatch: EPX_GPU_EP_ROUND_SCALE / _UE8M0 shape an fp8 dispatch: "
@@ -2307,6 +2423,33 @@ static epx_status check_fp8(const epx_gpu_ep *ep, int fp8, const void *x, epx_er
                          "aligned",
                          x);
     return EPX_OK;
+}
+
+/* The recv view of a dispatch: expert-major (low latency) or compact
+ * (normal mode: entries in slot order at slot_offsets, their rows in the
+ * inbox, both parities, so one view serves every dispatch of a graph). */
+static void fill_recv(const epx_gpu_ep *ep, epx_ep_recv *recv) {
+    const epxi_ep_geom *g = &ep->g;
+    const Args &a = ep->a;
+    memset(recv, 0, sizeof *recv);
+    recv->num_entries = -1; /* on the device: counts, or slot_offsets[num_local_slots] */
+    recv->first_slot = a.me * g->spr;
+    recv->num_local_slots = g->spr;
+    recv->entry_weight = a.ew;
+    recv->y = a.y;
+    recv->slot_counts = a.count;
+    if (a.compact) {
+        recv->num_tokens = 2 * a.RM;
+        recv->x = a.base + a.off_rows;
+        recv->x_stride = a.rec;
+        recv->slot_offsets = a.offs;
+        recv->entry_token = a.etok;
+    } else {
+        recv->num_tokens = (int64_t)g->spr * a.RM;
+        recv->x = a.rx;
+        recv->x_stride = g->xrow;
+        recv->slot_stride = a.RM;
+    }
 }
 
 extern "C" epx_status epx_gpu_ep_dispatch_parts(epx_gpu_ep *ep, int parts, int64_t T, const void *x,
@@ -2350,7 +2493,8 @@ extern "C" epx_status epx_gpu_ep_dispatch_parts(epx_gpu_ep *ep, int parts, int64
     /* Blocks: this rank's (token, destination) items, and as many as the
      * rows (and k) a receiver is likely to place: R * T * K. */
     const int64_t dmax = g->K < g->R ? g->K : g->R, sends = (parts & 1) ? ep->T * dmax : 0;
-    const int64_t places = (parts & 2) ? (int64_t)g->R * ep->T * g->K : 0;
+    int64_t places = (parts & 2) ? (int64_t)g->R * ep->T * g->K : 0;
+    if (ep->a.compact) places = (places + kThreads - 1) / kThreads; /* a thread per (row, k) */
     if (ep->exchange != NULL && parts == (EPX_GPU_EP_SEND | EPX_GPU_EP_RECV)) {
         /* staging: the halves as two launches, the transport between them */
         EPX_TRY(epx_gpu_ep_dispatch_parts(ep, EPX_GPU_EP_SEND | ids64 | fp8, T, x, topk_slots,
@@ -2371,19 +2515,7 @@ extern "C" epx_status epx_gpu_ep_dispatch_parts(epx_gpu_ep *ep, int parts, int64
     EPXI_CUDA_TRY(cudaGetLastError(), "GPU EP dispatch kernel");
     if (parts & EPX_GPU_EP_SEND) EPX_TRY(exchange_phase(ep, 0, err));
     ep->state = (parts & EPX_GPU_EP_RECV) ? epx_gpu_ep::DISPATCHED : epx_gpu_ep::D_SENT;
-    if (recv != NULL) {
-        memset(recv, 0, sizeof *recv);
-        recv->num_tokens = (int64_t)g->spr * ep->a.RM;
-        recv->x = ep->a.rx;
-        recv->x_stride = g->xrow;
-        recv->num_entries = -1;
-        recv->first_slot = ep->a.me * g->spr;
-        recv->num_local_slots = g->spr;
-        recv->entry_weight = ep->a.ew;
-        recv->y = ep->a.y;
-        recv->slot_stride = ep->a.RM;
-        recv->slot_counts = ep->a.count;
-    }
+    if (recv != NULL) fill_recv(ep, recv);
     return EPX_OK;
 }
 
@@ -2523,15 +2655,17 @@ extern "C" epx_status epx_gpu_ep_get_views(const epx_gpu_ep *ep, epx_gpu_ep_view
                                            epx_error *err) {
     if (ep == NULL || v == NULL)
         return epxi_fail(err, EPX_ERR_INVALID_ARG, "GPU EP views need a handle and an out struct");
-    v->x = ep->a.rx;
-    v->x_scales =
-        ep->g.H % EPXI_FP8_GROUP == 0 ? ep->a.rx + (size_t)ep->a.spr * ep->a.RM * ep->g.H : NULL;
+    /* normal mode: the inbox's rows (entry_token of the recv view indexes them) */
+    v->x = ep->a.compact ? ep->a.base + ep->a.off_rows : ep->a.rx;
+    v->x_scales = ep->g.H % EPXI_FP8_GROUP == 0 && !ep->a.compact
+                      ? ep->a.rx + (size_t)ep->a.spr * ep->a.RM * ep->g.H
+                      : NULL;
     v->y = ep->a.y;
     v->counts = ep->a.count;
     v->src_token = ep->a.srctok;
     v->layout_range = ep->a.range;
     v->entry_weight = ep->a.ew;
-    v->slot_stride = ep->a.RM;
+    v->slot_stride = ep->a.compact ? 0 : ep->a.RM;
     v->num_local_slots = ep->a.spr;
     return EPX_OK;
 }

@@ -92,6 +92,7 @@ typedef struct epxi_ll_staging {
 typedef struct epxi_ll_shape {
     int32_t ranks, hidden, top_k, num_slots, x_dtype, y_dtype;
     int64_t max_tokens;
+    int32_t mode, pad; /* epx_ep_mode: normal mode's receive differs */
 } epxi_ll_shape;
 /* cfg's shape on R ranks. */
 EPXI_HIDDEN epxi_ll_shape epxi_ll_shape_of(const epx_ep_config *cfg, int32_t R);

@@ -118,11 +118,13 @@ epxi_ll_shape epxi_ll_shape_of(const epx_ep_config *c, int32_t R) {
     p.x_dtype = (int32_t)c->x_dtype;
     p.y_dtype = (int32_t)c->y_dtype;
     p.max_tokens = c->max_tokens;
+    p.mode = (int32_t)c->mode;
     return p;
 }
 
 void epxi_ll_shape_describe(const epxi_ll_shape *p, char *out, size_t n) {
-    snprintf(out, n, "hidden %d, top_k %d, num_slots %d, max_tokens %lld, dtypes %d/%d, %d ranks",
+    snprintf(out, n,
+             "hidden %d, top_k %d, num_slots %d, max_tokens %lld, dtypes %d/%d, %d ranks, %s mode",
              p->hidden, p->top_k, p->num_slots, (long long)p->max_tokens, p->x_dtype, p->y_dtype,
-             p->ranks);
+             p->ranks, p->mode == EPX_EP_MODE_LOW_LATENCY ? "low-latency" : "normal");
 }
