@@ -164,6 +164,8 @@ static void make_batch(const shape *c, int b, int32_t r, int64_t fixed_T, batch 
     const int64_t most = c->bound > 0 ? c->bound : c->M;
     o->T =
         fixed_T >= 0 ? fixed_T : (below(&s, 5) == 0 ? 0 : (int64_t)below(&s, (uint32_t)most + 1));
+    /* a large shape is there for its large batches (past the staged ids) */
+    if (fixed_T < 0 && most > 512) o->T = most - (int64_t)below(&s, (uint32_t)(most / 8));
     size_t n = (size_t)c->M;
     o->x = calloc(n * (size_t)c->H, xs);
     o->s = calloc(n * (size_t)c->K, sizeof(int32_t));
@@ -699,6 +701,16 @@ static int single_rank_cases(void) {
             FAILF("one rank, normal mode case %d failed (seed %llu)", i,
                   (unsigned long long)g_seed);
     }
+    /* Batches past the staged ids (T * K > 4096): positions from the per-slot
+     * table, each block's run of items crossing tokens; both modes. */
+    for (int i = 0; i < 4; i++) {
+        shape c = {1, 40, 8, 48, 700, EPX_DTYPE_BF16, EPX_DTYPE_F32, 3, i % 2 == 1, 0, 0, i >= 2};
+        if (c.normal && (transport_is("nccl") || transport_is_host())) continue;
+        if (run_rank(local, &c) != 0)
+            FAILF("one rank, %d tokens of top-8 (%s mode%s) failed (seed %llu)", (int)c.M,
+                  c.normal ? "normal" : "low-latency", c.graph ? ", graph" : "",
+                  (unsigned long long)g_seed);
+    }
     shape big = {1, 7168, 8, 48, 32, EPX_DTYPE_BF16, EPX_DTYPE_BF16, 3, false, 0, 0, false};
     if (run_rank(local, &big) != 0) FAILF("one rank, H=7168 failed");
     big.graph = true;
@@ -1131,13 +1143,19 @@ int main(void) {
     for (int32_t R = 2; R <= 4 && !transport_is("nccl"); R++) {
         proc_job j;
         memset(&j, 0, sizeof j);
-        j.ncases = transport_is_host() ? 4 : 6; /* normal mode: over CUDA IPC only */
+        j.ncases = transport_is_host() ? 5 : 7; /* normal mode: over CUDA IPC only */
         for (int i = 0; i < j.ncases; i++) {
             random_shape(&s, R, &j.c[i]);
-            j.c[i].graph = i == 3 || i == 5;
+            j.c[i].graph = i == 3 || i == 6;
             if (i == 1) make_fp8(&j.c[i], R); /* one fp8 case on every rank count */
             if (i == 2) j.c[i].bound = 1 + j.c[i].M / 2;
-            j.c[i].normal = i >= 4;
+            if (i == 4) { /* past the staged ids: the per-slot table, runs across tokens */
+                j.c[i].M = 640;
+                j.c[i].K = 7;
+                j.c[i].H = 24;
+                j.c[i].batches = 2;
+            }
+            j.c[i].normal = i >= 5 || (i == 4 && !transport_is_host());
         }
         int failed = pc_run(R, proc_rank, &j, 240);
         printf("%d ranks as processes over %s: %s\n", R,

@@ -875,8 +875,13 @@ __device__ void receive_compact(const Args &a, uint32_t epoch, const int32_t *fi
  * SMs whose instruction cache the combine just filled, so every cold
  * stretch of code is a trip to memory on the critical path (ncu: "no
  * instruction" is the first stall after the barriers).
+ *
+ * kBig: a batch past the staged ids (T * K > kSmemIds, P <= kSmemIds):
+ * positions from the per-slot table, the next item's loads issued early.
+ * Its own instance, since that code cost the small batches 0.2-0.6 us in
+ * the lean one (H200, bench/RESULTS.md).
  */
-template <bool kLean>
+template <bool kLean, bool kBig>
 __global__ void __launch_bounds__(kThreads, 2)
     dispatch_kernel(Args a, int64_t T, const unsigned char *x, const void *slots,
                     const float *weights, uint32_t nwork, int parts) {
@@ -906,9 +911,17 @@ __global__ void __launch_bounds__(kThreads, 2)
         }
     };
     const bool sending = (parts & 1) != 0;
+    /* A block's send items (token, j-th destination): every gridDim-th one
+     * from its index, or (kBig) one contiguous run [i_lo, i_hi), so a large
+     * batch's positions carry from one token to the next (tabled below). */
+    const int32_t nitems = sending ? Tn * dmax : 0;
+    const int32_t per_block = kBig ? (nitems + (int32_t)gridDim.x - 1) / (int32_t)gridDim.x : 1;
+    const int32_t i_lo = kBig ? min((int32_t)blockIdx.x * per_block, nitems) : (int32_t)blockIdx.x;
+    const int32_t i_hi = kBig ? min(i_lo + per_block, nitems) : nitems;
+    const int32_t i_step = kBig ? 1 : (int32_t)gridDim.x;
     /* The first item's loads are issued before the fault check, so the
      * two trips to memory overlap. */
-    if (sending && (int32_t)blockIdx.x < Tn * dmax) load_item(blockIdx.x);
+    if (i_lo < i_hi) load_item(i_lo);
     /* The epoch: a sending launch takes the next one and advances Ctl::de
      * at its end, once every block has read it (Ctl::started); a
      * receive-only launch (the second half of a split dispatch) reads it. */
@@ -918,6 +931,16 @@ __global__ void __launch_bounds__(kThreads, 2)
     static_assert(kMaxLocal + 1 <= kSmemIds, "normal mode's slot starts fit the ids' room");
     __shared__ uint8_t live[kMaxRanks]; /* ranks sent to, then sources received from */
     const bool staged = sending && Tn * K <= kSmemIds;
+    /* A batch too large to stage keeps per-slot counts of the tokens before
+     * the current one there instead (P <= kSmemIds): counted once over the
+     * tokens before the block's run, then a token at a time, so an entry's
+     * position costs a lookup, not a pass over every earlier token. */
+    const bool tabled = kBig && sending && !staged && a.P <= kSmemIds;
+    int32_t *const tab = ids;
+    /* ... and the block of the last item ends with every token in its table:
+     * it alone sends the per-slot counts, so no block makes a pass over the
+     * whole batch for them (the others count in with an empty range). */
+    const bool all_counts = tabled && (int32_t)blockIdx.x == (nitems - 1) / per_block;
     __shared__ int s_dead;
     __shared__ unsigned char *peer[kMaxRanks]; /* the peer table, read once */
     __shared__ int32_t hist[kCountInts];       /* this block's per-slot counts (send_counts) */
@@ -928,14 +951,16 @@ __global__ void __launch_bounds__(kThreads, 2)
      * 2^16 (grids stay below 2^16). */
     const bool counting = sending && blockIdx.x < nwork;
     const uint32_t cb = blockIdx.x;
-    const int32_t clo = !counting     ? 0
-                        : a.P < 65536 ? (int32_t)((uint32_t)a.P * cb / nwork)
-                                      : (int32_t)((int64_t)a.P * cb / nwork);
-    const int32_t chi = !counting     ? 0
-                        : a.P < 65536 ? (int32_t)((uint32_t)a.P * (cb + 1) / nwork)
-                                      : (int32_t)((int64_t)a.P * (cb + 1) / nwork);
+    const int32_t clo = !counting || tabled ? 0
+                        : a.P < 65536       ? (int32_t)((uint32_t)a.P * cb / nwork)
+                                            : (int32_t)((int64_t)a.P * cb / nwork);
+    const int32_t chi = !counting || tabled ? (all_counts ? a.P : 0)
+                        : a.P < 65536       ? (int32_t)((uint32_t)a.P * (cb + 1) / nwork)
+                                            : (int32_t)((int64_t)a.P * (cb + 1) / nwork);
     const int32_t c1 = chi - clo < kCountInts ? chi : clo + kCountInts;
     for (int32_t i = threadIdx.x; i < c1 - clo; i += blockDim.x) hist[i] = 0;
+    if (tabled)
+        for (int32_t i = threadIdx.x; i < a.P; i += blockDim.x) tab[i] = 0;
     STAMP_CLOCK(a, 6);
     if (threadIdx.x == 0) {
         s_epoch = take_epoch(&a.ctl->de_started, sending);
@@ -953,14 +978,20 @@ __global__ void __launch_bounds__(kThreads, 2)
         if (sending) advance_epoch(a, &a.ctl->de_started, epoch, PH_DISPATCH, started);
     };
     if (s_dead) return;
-    if (counting)
+    if (counting && !tabled)
         count_pass(hist, staged ? (const void *)ids : slots, staged ? 0 : ids64, Tn * K, clo, c1);
+    if (tabled) /* the entries of the tokens before this block's run, per slot */
+        for (int32_t q = threadIdx.x; q < i_lo / dmax * K; q += blockDim.x) {
+            const int32_t sl = slot_at(slots, q, ids64);
+            if (sl >= 0 && sl < a.P) atomicAdd(&tab[sl], 1);
+        }
     live_ranks(a, live); /* its barrier orders the counts before send_counts reads them */
     STAMP(a, 0);
-    for (int32_t item = blockIdx.x; sending && item < Tn * dmax; item += gridDim.x) {
+    int32_t fetched = -1; /* the item whose loads were issued early (below) */
+    for (int32_t item = i_lo; item < i_hi; item += i_step) {
         const int32_t t = item / dmax;
         const int j = item - t * dmax;
-        if (item != (int32_t)blockIdx.x) load_item(item);
+        if (item != i_lo && (!kBig || item != fetched)) load_item(item);
         if (kLean || K <= 32) {
             /* Warp 0 alone (lane k holds choice k of the token): the slots
              * kept, the distinct destination ranks and each k's position
@@ -1039,9 +1070,13 @@ __global__ void __launch_bounds__(kThreads, 2)
         __syncthreads();
         STAMP(a, 17);
         if (j < nd && live[d[j]]) {
-            /* Then every earlier token's entries of the slot, counted by the
-             * whole block (none before the first token: no barrier). */
-            if (t > 0) {
+            /* Then every earlier token's entries of the slot: from the table
+             * (thread k reads and then writes pk[k] itself: no barrier), or
+             * counted by the whole block (none before the first token). */
+            if (tabled) {
+                if (threadIdx.x < K && sk[threadIdx.x] >= 0)
+                    pk[threadIdx.x] += tab[sk[threadIdx.x]];
+            } else if (t > 0) {
                 for (int32_t q = threadIdx.x; q < t * K; q += blockDim.x) {
                     const int32_t s = id_at(q);
                     for (int k = 0; k < K; k++)
@@ -1057,6 +1092,13 @@ __global__ void __launch_bounds__(kThreads, 2)
                 regs_store(rec, v, a.xrow);
             else
                 block_copy(rec, x + (size_t)t * a.xrow, a.xrow);
+            /* The registers are free again (the routing read its slots before
+             * the barrier): the next item's loads go out now, under the
+             * metadata stores and the barrier. */
+            if (kBig && pre && !fp8 && item + 1 < i_hi) {
+                load_item(item + 1);
+                fetched = item + 1;
+            }
             for (int k = threadIdx.x; k < K; k += blockDim.x) {
                 const bool here = sk[k] >= 0 && sk[k] / a.spr == dst;
                 Meta m;
@@ -1069,11 +1111,19 @@ __global__ void __launch_bounds__(kThreads, 2)
         }
         __syncthreads();
         STAMP(a, 18);
+        /* The token is done: its entries join the table (thread k owns sk[k]
+         * until warp 0 rewrites it for the next token; the barrier at the
+         * next item's routing orders these before any read). */
+        if (tabled && j == dmax - 1 && threadIdx.x < K && sk[threadIdx.x] >= 0)
+            atomicAdd(&tab[sk[threadIdx.x]], 1);
     }
     if (counting) {
-        /* This block's share of the per-slot counts, then count in. */
-        send_counts(a, peer, hist, epoch, staged ? (const void *)ids : slots, staged ? 0 : ids64,
-                    Tn * K, clo, chi, live, true);
+        /* This block's share of the per-slot counts, then count in (tabled:
+         * the last item's block sends all of them from its table, whose last
+         * token's entries the barrier makes visible). */
+        if (tabled) __syncthreads();
+        send_counts(a, peer, all_counts ? tab : hist, epoch, staged ? (const void *)ids : slots,
+                    staged ? 0 : ids64, Tn * K, clo, chi, live, true);
         STAMP(a, 1);
         arrive(&a.ctl->arrive_d, nwork, bad_slot, scope(a), [&](bool marked) {
             /* Only a marked batch (a bad or repeated slot somewhere) reads the
@@ -1905,9 +1955,10 @@ static epx_status open_engine(const epx_ep_config *cfg, int32_t rank, int32_t nu
         /* Every block of both kernels waits for flags, so all must be
          * resident at once, or the ones still queued could never publish
          * theirs. At most 65535: blocks count in on 16 bits (arrive). */
-        const void *kernels[4] = {
-            (const void *)combine_kernel<false>, (const void *)combine_kernel<true>,
-            (const void *)dispatch_kernel<false>, (const void *)dispatch_kernel<true>};
+        const void *kernels[6] = {
+            (const void *)combine_kernel<false>,         (const void *)combine_kernel<true>,
+            (const void *)dispatch_kernel<false, false>, (const void *)dispatch_kernel<true, false>,
+            (const void *)dispatch_kernel<false, true>,  (const void *)dispatch_kernel<true, true>};
         int per_sm = INT_MAX;
         for (const void *k : kernels) {
             int n = 0;
@@ -2509,7 +2560,10 @@ extern "C" epx_status epx_gpu_ep_dispatch_parts(epx_gpu_ep *ep, int parts, int64
     /* The lean instance when nothing needs the others' paths (dispatch_kernel). */
     const bool lean = ep->fp8 == 0 && (!ep->a.host_inbox || (ep->a.variant & 32)) && g->K <= 32 &&
                       row_fits_registers(g->xrow, x, kThreads);
-    auto kern = lean ? dispatch_kernel<true> : dispatch_kernel<false>;
+    /* Positions from the per-slot table where the ids are past staging. */
+    const bool big = (parts & EPX_GPU_EP_SEND) && ep->T * g->K > kSmemIds && g->P <= kSmemIds;
+    auto kern = lean ? (big ? dispatch_kernel<true, true> : dispatch_kernel<true, false>)
+                     : (big ? dispatch_kernel<false, true> : dispatch_kernel<false, false>);
     kern<<<grid, kThreads, 0, ep->stream>>>(ep->a, ep->T, (const unsigned char *)x, topk_slots,
                                             topk_weights, nwork, parts | (ids64 ? 4 : 0) | ep->fp8);
     EPXI_CUDA_TRY(cudaGetLastError(), "GPU EP dispatch kernel");
