@@ -703,8 +703,11 @@ static int single_rank_cases(void) {
     }
     /* Batches past the staged ids (T * K > 4096): positions from the per-slot
      * table, each block's run of items crossing tokens; both modes. */
-    for (int i = 0; i < 4; i++) {
-        shape c = {1, 40, 8, 48, 700, EPX_DTYPE_BF16, EPX_DTYPE_F32, 3, i % 2 == 1, 0, 0, i >= 2};
+    for (int i = 0; i < 6; i++) {
+        shape c = {1, 40, 8, 48, 700, EPX_DTYPE_BF16, EPX_DTYPE_F32, 3, false, 0, 0, false};
+        c.graph = i % 2 == 1;
+        c.normal = i == 2 || i == 3 || i == 5;
+        if (i >= 4) c.H = 37; /* rows off 16 bytes: the general instance's block send */
         if (c.normal && (transport_is("nccl") || transport_is_host())) continue;
         if (run_rank(local, &c) != 0)
             FAILF("one rank, %d tokens of top-8 (%s mode%s) failed (seed %llu)", (int)c.M,

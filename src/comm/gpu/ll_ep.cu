@@ -274,11 +274,12 @@ __device__ void raise_refused(const Args &a, uint32_t code, uint32_t peer, uint3
  * bf16 values are only 2-byte aligned). */
 template <typename W>
 __device__ __forceinline__ void copy_words(unsigned char *__restrict__ dst,
-                                           const unsigned char *__restrict__ src, size_t bytes) {
+                                           const unsigned char *__restrict__ src, size_t bytes,
+                                           size_t first, size_t step) {
     const W *__restrict__ s = (const W *)src;
     W *__restrict__ d = (W *)dst;
-    const size_t n = bytes / sizeof(W), step = blockDim.x;
-    size_t i = threadIdx.x;
+    const size_t n = bytes / sizeof(W);
+    size_t i = first;
     /* Four loads in flight per thread before their stores: one row is too
      * little work to hide the memory latency otherwise. */
     for (; i + 3 * step < n; i += 4 * step) {
@@ -289,6 +290,12 @@ __device__ __forceinline__ void copy_words(unsigned char *__restrict__ dst,
         d[i + 3 * step] = r3;
     }
     for (; i < n; i += step) d[i] = s[i];
+}
+/* The same by the block's threads. */
+template <typename W>
+__device__ __forceinline__ void copy_words(unsigned char *__restrict__ dst,
+                                           const unsigned char *__restrict__ src, size_t bytes) {
+    copy_words<W>(dst, src, bytes, threadIdx.x, blockDim.x);
 }
 __device__ __forceinline__ void block_copy(unsigned char *dst, const unsigned char *src,
                                            size_t bytes) {
@@ -631,6 +638,29 @@ __device__ void count_pass(int32_t *hist, const void *slots, int ids64, int32_t 
         if (s >= c0 && s < c1) atomicAdd(&hist[s - c0], 1);
     }
 }
+/* tab[s] += the entries of slot s among ids [q0, q1) (slots in [0, P); tab
+ * in shared memory), by the block. Eight ids per thread are loaded before
+ * any is counted: one trip to memory per eight, not one per id (the
+ * dependent form cost a 4,096-token batch ~20 us per block, ncu). */
+__device__ void count_ids(int32_t *tab, const void *slots, int ids64, int32_t q0, int32_t q1,
+                          int32_t P) {
+    constexpr int U = 8;
+    const int32_t step = (int32_t)blockDim.x;
+    int32_t q = q0 + (int32_t)threadIdx.x;
+    for (; q + (U - 1) * step < q1; q += U * step) {
+        int32_t sl[U];
+#pragma unroll
+        for (int u = 0; u < U; u++) sl[u] = slot_at(slots, q + u * step, ids64);
+#pragma unroll
+        for (int u = 0; u < U; u++)
+            if (sl[u] >= 0 && sl[u] < P) atomicAdd(&tab[sl[u]], 1);
+    }
+    for (; q < q1; q += step) {
+        const int32_t sl = slot_at(slots, q, ids64);
+        if (sl >= 0 && sl < P) atomicAdd(&tab[sl], 1);
+    }
+}
+
 /* hist [kCountInts] (shared): with `first_counted` its first pass [lo, lo +
  * kCountInts) was zeroed and counted already, early in the kernel (the
  * block's barriers since then order it), so the usual single pass costs no
@@ -824,6 +854,120 @@ __device__ void place_rows(const Args &a, uint32_t epoch, const int32_t *first_r
     }
 }
 
+/* One token's routing by a warp, lane k holding choice k (K <= 32): its slot
+ * as given and as kept (-1: none or out of range), its weight, its
+ * destination rank (INT_MAX: none), its place among the token's ascending
+ * destinations where it is the first lane of its rank (-1 otherwise), and
+ * how many of the token's earlier k name its slot. */
+struct WarpRoute {
+    int32_t sv, kept;
+    float wv;
+    int r, place, twin;
+};
+__device__ WarpRoute warp_route(const Args &a, const void *slots, int ids64, const float *weights,
+                                int32_t t) {
+    const int lane = threadIdx.x % 32, K = a.K;
+    const bool in = lane < K;
+    WarpRoute w;
+    w.sv = in ? slot_at(slots, t * K + lane, ids64) : -1;
+    w.wv = in && weights ? weights[t * K + lane] : 0.0f;
+    w.kept = in && w.sv >= 0 && w.sv < a.P ? w.sv : -1;
+    w.r = w.kept >= 0 ? w.kept / a.spr : INT_MAX;
+    const unsigned same = __match_any_sync(0xffffffffu, w.r);
+    const bool first = w.r != INT_MAX && lane == __ffs(same) - 1;
+    const unsigned firsts = __ballot_sync(0xffffffffu, first);
+    int place = 0;
+    for (int jj = 0; jj < K; jj++) {
+        const int rj = __shfl_sync(0xffffffffu, w.r, jj);
+        place += ((firsts >> jj) & 1u) && rj < w.r;
+    }
+    w.place = first ? place : -1;
+    const unsigned twins = __match_any_sync(0xffffffffu, w.kept >= 0 ? w.kept : -2 - lane);
+    w.twin = __popc(twins & ((1u << lane) - 1u));
+    return w;
+}
+
+/*
+ * The lean send of a batch past the staged ids (kBig, K <= 32): the
+ * block's run of items [i_lo, i_hi) spread over its warps, one (token,
+ * destination) item per warp at a time, so a block has as many rows in
+ * flight as warps. First every row goes out; then tab gets the per-slot
+ * counts of the tokens before the run; then each warp writes its items'
+ * metas, a position being that count plus the run's earlier tokens'
+ * entries of the slot (ballots over their ids) plus the token's earlier k.
+ * No barrier between items. With all_counts (the run ends the batch) tab
+ * ends holding every token's counts, for send_counts.
+ */
+__device__ void send_run_warps(const Args &a, unsigned char *const *peer, uint32_t epoch,
+                               int32_t i_lo, int32_t i_hi, int dmax, int32_t Tn,
+                               const unsigned char *x, const void *slots, int ids64,
+                               const float *weights, int32_t *tab, const uint8_t *live,
+                               bool all_counts, int &bad_slot) {
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, nw = blockDim.x / 32;
+    const int K = a.K;
+    const int32_t run0 = i_lo / dmax * K; /* the ids before the run's first token */
+    auto dest = [&](const WarpRoute &w,
+                    int j) { /* item j's rank, or -1: none or masked */
+                             const unsigned hit = __ballot_sync(0xffffffffu, w.place == j);
+                             const int d = hit ? __shfl_sync(0xffffffffu, w.r, __ffs(hit) - 1) : -1;
+                             return d >= 0 && live[d] ? d : -1;
+    };
+    for (int32_t item = i_lo + warp; item < i_hi; item += nw) {
+        const int32_t t = item / dmax;
+        const WarpRoute w = warp_route(a, slots, ids64, weights, t);
+        const int dst = dest(w, item - t * dmax);
+        if (dst >= 0)
+            copy_words<int4>(rec_at(a, peer[dst], epoch, filed_as(a, dst), t),
+                             x + (size_t)t * a.xrow, a.xrow, lane, 32);
+    }
+    count_ids(tab, slots, ids64, 0, run0, a.P);
+    __syncthreads();
+    for (int32_t item = i_lo + warp; item < i_hi; item += nw) {
+        const int32_t t = item / dmax;
+        const int j = item - t * dmax;
+        const WarpRoute w = warp_route(a, slots, ids64, weights, t);
+        const bool in = lane < K;
+        if (in && (w.sv < -1 || w.sv >= a.P)) {
+            bad_slot = 1;
+            a.ctl->bad = 1; /* read by the last block, after the counters */
+        }
+        if (in && w.twin > 0) {
+            bad_slot = 1;
+            a.ctl->dup = 1;
+        }
+        if (in && j == 0) {
+            a.slots[t * K + lane] = w.sv;
+            a.weights[t * K + lane] = w.wv;
+        }
+        const int dst = dest(w, j);
+        if (dst < 0) continue;
+        int32_t pos = w.twin + (w.kept >= 0 ? tab[w.kept] : 0);
+        for (int32_t q0 = run0; q0 < t * K; q0 += 32) {
+            const int32_t q = q0 + lane;
+            const int32_t s2 = q < t * K ? slot_at(slots, q, ids64) : -1;
+            for (int kk = 0; kk < K; kk++) {
+                const int32_t want = __shfl_sync(0xffffffffu, w.kept, kk);
+                const int c = __popc(__ballot_sync(0xffffffffu, want >= 0 && s2 == want));
+                if (lane == kk) pos += c;
+            }
+        }
+        if (in) {
+            unsigned char *rec = rec_at(a, peer[dst], epoch, filed_as(a, dst), t);
+            const bool here = w.kept >= 0 && w.r == dst;
+            Meta m;
+            m.slot = here ? w.kept - dst * a.spr : -1;
+            m.weight = here ? w.wv : 0.0f;
+            m.pos = here ? pos : 0;
+            m.tag = epoch;
+            ((Meta *)(rec + a.meta_off))[lane] = m;
+        }
+    }
+    if (all_counts) { /* the run's own tokens join the table: every token's counts */
+        __syncthreads();
+        count_ids(tab, slots, ids64, run0, Tn * K, a.P);
+    }
+}
+
 /*
  * Normal mode's receive (Args::compact), by every block once the flags are
  * in: the slots' first entries (each block sums the sources' counts and
@@ -980,15 +1124,17 @@ __global__ void __launch_bounds__(kThreads, 2)
     if (s_dead) return;
     if (counting && !tabled)
         count_pass(hist, staged ? (const void *)ids : slots, staged ? 0 : ids64, Tn * K, clo, c1);
-    if (tabled) /* the entries of the tokens before this block's run, per slot */
-        for (int32_t q = threadIdx.x; q < i_lo / dmax * K; q += blockDim.x) {
-            const int32_t sl = slot_at(slots, q, ids64);
-            if (sl >= 0 && sl < a.P) atomicAdd(&tab[sl], 1);
-        }
+    /* The lean instance sends a large batch a warp per item (send_run_warps). */
+    const bool warp_send = kLean && tabled;
+    if (tabled && !warp_send) /* the entries of the tokens before this block's run, per slot */
+        count_ids(tab, slots, ids64, 0, i_lo / dmax * K, a.P);
     live_ranks(a, live); /* its barrier orders the counts before send_counts reads them */
     STAMP(a, 0);
+    if (warp_send)
+        send_run_warps(a, peer, epoch, i_lo, i_hi, dmax, Tn, x, slots, ids64, weights, tab, live,
+                       all_counts, bad_slot);
     int32_t fetched = -1; /* the item whose loads were issued early (below) */
-    for (int32_t item = i_lo; item < i_hi; item += i_step) {
+    for (int32_t item = i_lo; !warp_send && item < i_hi; item += i_step) {
         const int32_t t = item / dmax;
         const int j = item - t * dmax;
         if (item != i_lo && (!kBig || item != fetched)) load_item(item);
