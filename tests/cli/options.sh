@@ -135,6 +135,7 @@ bench comm|--combine|text
 bench comm|--mode|text
 bench comm|--transport|text
 bench comm|--token-bound|text
+bench comm|--engine|text
 bench comm|--json|text
 bench comm|-o|text
 advise|--gpus|int|1|65536

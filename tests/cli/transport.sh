@@ -80,16 +80,47 @@ grep -q "low-latency dispatch: [0-9]\{1,2\}\.[0-9] us" <<<"$out" || fail "bf16 f
 
 "$EPX_BIN" bench comm --backend mpi --model kimi-k2.5 --tokens 1 --transport host 2>"$tmp/e"; rc=$?
 [ $rc -eq 2 ] || fail "bench comm --transport with mpi exited $rc"
-grep -q "use it with --backend nccl --mode low-latency" "$tmp/e" || fail "message: $(cat "$tmp/e")"
+grep -q "use it with --backend nccl (not --engine nccl)" "$tmp/e" || fail "message: $(cat "$tmp/e")"
 # --max-blocks and --token-bound: only where the GPU engine runs; a bound is tokens or max
 "$EPX_BIN" bench comm --backend mpi --model kimi-k2.5 --tokens 1 --max-blocks 8 2>"$tmp/e"; rc=$?
 [ $rc -eq 2 ] || fail "bench comm --max-blocks with mpi exited $rc"
-grep -q "use it with --backend nccl --mode low-latency" "$tmp/e" || fail "message: $(cat "$tmp/e")"
+grep -q "use it with --backend nccl (not --engine nccl)" "$tmp/e" || fail "message: $(cat "$tmp/e")"
 "$EPX_BIN" bench comm --backend nccl --mode low-latency --model kimi-k2.5 --tokens 1 \
     --token-bound most 2>"$tmp/e"; rc=$?
 [ $rc -eq 2 ] || fail "bench comm --token-bound most exited $rc"
 grep -q "not 'most'" "$tmp/e" || fail "bad token bound not named: $(cat "$tmp/e")"
 "$EPX_BIN" bench comm --backend mpi --model kimi-k2.5 --tokens 1 --token-bound max 2>"$tmp/e"; rc=$?
 [ $rc -eq 2 ] || fail "bench comm --token-bound with mpi exited $rc"
-grep -q "use it with --backend nccl --mode low-latency" "$tmp/e" || fail "message: $(cat "$tmp/e")"
+grep -q "use it with --backend nccl (not --engine nccl)" "$tmp/e" || fail "message: $(cat "$tmp/e")"
+# --engine picks normal mode's GPU path (the GPU engine, or the older NCCL
+# one): only there, only gpu or nccl, and per-rank partials are the older's.
+"$EPX_BIN" bench comm --backend mpi --model kimi-k2.5 --tokens 1 --engine gpu 2>"$tmp/e"; rc=$?
+[ $rc -eq 2 ] && grep -q "use it with --backend nccl --mode normal" "$tmp/e" ||
+    fail "bench comm --engine with mpi: exit $rc: $(cat "$tmp/e")"
+"$EPX_BIN" bench comm --backend nccl --model kimi-k2.5 --tokens 1 --engine cuda 2>"$tmp/e"; rc=$?
+[ $rc -eq 2 ] && grep -q "not 'cuda'" "$tmp/e" || fail "bench comm --engine cuda: exit $rc: $(cat "$tmp/e")"
+"$EPX_BIN" bench comm --backend nccl --model kimi-k2.5 --tokens 1 --engine gpu --combine rank \
+    2>"$tmp/e"; rc=$?
+[ $rc -eq 2 ] && grep -q "drop --combine rank, or give --engine nccl" "$tmp/e" ||
+    fail "bench comm --engine gpu --combine rank: exit $rc: $(cat "$tmp/e")"
+
+# Normal-mode lines of the GPU engine (they name a transport) are fitted
+# without the older NCCL path's lines when a file holds both.
+{
+    line normal dispatch 1 9.0 1.0 pointers
+    line normal dispatch 4096 50.0 1000.0 pointers
+    line normal dispatch 1 190.0 1.0 ""
+    line normal dispatch 4096 230.0 250.0 ""
+    line normal combine 1 9.0 1.0 pointers
+    line normal combine 4096 250.0 1900.0 pointers
+    line normal combine 1 100.0 1.0 ""
+    line normal combine 4096 800.0 580.0 ""
+    line tp-allreduce allreduce 1 10.0 1.0 ""
+    line tp-allreduce allreduce 32 12.0 40.0 ""
+} >"$tmp/normal.jsonl"
+out=$("${A[@]}" --measured "$tmp/normal.jsonl") || fail "advise on normal lines exited $?"
+grep -q "normal dispatch: [0-9]\.[0-9] us .*(both fitted, 2 points)" <<<"$out" ||
+    fail "the GPU engine's normal lines not the ones fitted: $out"
+grep -q "4 normal-mode line(s) of the older NCCL path left out" <<<"$out" ||
+    fail "the older path's lines left out unsaid: $out"
 echo "ok"

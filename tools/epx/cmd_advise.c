@@ -115,6 +115,32 @@ static const char *line_transport(json_t *r) {
     return t != NULL && strcmp(t, "nccl") == 0 ? "nccl" : "peer";
 }
 
+/* Normal mode's lines of one engine: the GPU engine's (they name their
+ * transport; no host sync, rows read where they landed) where the file has
+ * any, else the older NCCL path's (epx bench comm --engine nccl). Takes
+ * `lines`; *older counts the older path's lines left out, *gpu says which. */
+static json_t *one_normal_engine(json_t *lines, size_t *older, bool *gpu_out) {
+    bool gpu = false;
+    size_t i;
+    json_t *r;
+    json_array_foreach(lines, i, r) {
+        const char *m = json_string_value(json_object_get(r, "mode"));
+        gpu |= m != NULL && strcmp(m, "normal") == 0 && json_object_get(r, "transport") != NULL;
+    }
+    json_t *kept = json_array();
+    *older = 0;
+    json_array_foreach(lines, i, r) {
+        const char *m = json_string_value(json_object_get(r, "mode"));
+        if (gpu && m != NULL && strcmp(m, "normal") == 0 && json_object_get(r, "transport") == NULL)
+            (*older)++;
+        else
+            json_array_append(kept, r);
+    }
+    json_decref(lines);
+    *gpu_out = gpu;
+    return kept;
+}
+
 /* The lines of one rank count, as one fit needs: --gpus's where the file
  * has them, else the first line's that names one (a file may gather runs
  * on several machines, or processes sharing a GPU); lines without a count
@@ -414,8 +440,10 @@ int cmd_advise(int argc, char **argv) {
         json_decref(lines);
         return CLI_EXIT_USAGE;
     }
-    size_t others = 0; /* lines of other rank counts, left out */
+    size_t others = 0, older = 0; /* lines of other rank counts, of the older normal path */
     if (lines != NULL) lines = one_rank_count(lines, G, &others);
+    bool gpu_normal = false; /* the normal mode fitted is the GPU engine's: no host sync */
+    if (lines != NULL) lines = one_normal_engine(lines, &older, &gpu_normal);
     if (lines != NULL) {
         const char *path = cli_get(&cmd, "--measured");
         json_t *r0 = json_array_get(lines, 0);
@@ -459,9 +487,12 @@ int cmd_advise(int argc, char **argv) {
             return CLI_EXIT_USAGE;
         }
         int ranks = (int)json_integer_value(json_object_get(r0, "ranks"));
-        char left[96] = "";
+        char left[160] = "";
         if (others > 0)
             snprintf(left, sizeof left, "; %zu line(s) of other rank counts left out", others);
+        if (older > 0)
+            snprintf(left + strlen(left), sizeof left - strlen(left),
+                     "; %zu normal-mode line(s) of the older NCCL path left out", older);
         snprintf(mnote, sizeof mnote, "measured by epx bench comm (%s, %d rank(s), %s)%s%s",
                  json_string_value(json_object_get(r0, "backend")), ranks,
                  json_string_value(json_object_get(r0, "device")),
@@ -585,8 +616,8 @@ int cmd_advise(int argc, char **argv) {
                      "EP starts to win at %.0f tokens per step (%.0f per GPU), in %s mode (%.1f us "
                      "fixed per layer: %s); below that TP's one all-reduce costs less",
                      hi, ceil(hi / G), cmode, ll_mode ? al : ae,
-                     ll_mode ? "two in-band exchanges, no host sync"
-                             : "two all-to-alls and a host sync");
+                     ll_mode || gpu_normal ? "two in-band exchanges, no host sync"
+                                           : "two all-to-alls and a host sync");
         } else {
             snprintf(answer, sizeof answer,
                      "EP never wins: TP moves fewer bytes per GPU and has less latency");
