@@ -194,11 +194,16 @@ STAGES = (("checks+bench", "] Dispatch + combine bandwidth"),
 
 
 def calls_of(lines, r):
-    """Rank r's counted Buffer calls, or None where it printed none."""
+    """Rank r's counted Buffer calls, or None where it printed none. The
+    ranks print at once, so another rank's line may run into this one's (seen
+    on the H200: '...=0[rank 0] epx-shim calls: ...'): the report is found
+    anywhere in a line and ends where the next rank's begins."""
+    tag = "[rank %d] %s" % (r, CALLS_LINE)
     for l in lines:
-        if l.startswith("[rank %d] %s" % (r, CALLS_LINE)):
-            return dict((k, int(v)) for k, v in
-                        (kv.split("=") for kv in l.split(CALLS_LINE, 1)[1].split()))
+        at = l.find(tag)
+        if at >= 0:
+            rest = l[at + len(tag):].split("[rank ", 1)[0]
+            return {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", rest)}
     return None
 
 

@@ -56,3 +56,15 @@ def test_plain_run_needs_every_bench_line():
     assert check.summarise([bench % 0], 0, 2, []).startswith("FAIL")
     assert check.summarise([bench % 0, bench % 1], 124, 2, []) == "TIMEOUT"
     assert check.summarise([bench % 0, bench % 1], 1, 2, []) == "FAIL"
+
+
+def test_ranks_printing_at_once():
+    # Seen on the H200: one rank's call counts ran into the other's line.
+    joined = calls_line(1, 246, 254, 0, 0) + calls_line(0, 246, 254, 0, 0)
+    assert check.calls_of([joined], 0)["low_latency_dispatch"] == 246
+    assert check.calls_of([joined], 1) == {"low_latency_dispatch": 246,
+                                           "low_latency_combine": 254,
+                                           "clean_low_latency_buffer": 0,
+                                           "low_latency_query_mask_buffer": 0}
+    bench = "[rank %d] Dispatch + combine bandwidth: 4.89 GB/s, avg_t=4505.29 us"
+    assert check.summarise([bench % 0, bench % 1, joined], 0, 2, []) == "PASS"
