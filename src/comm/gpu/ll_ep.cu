@@ -906,11 +906,11 @@ __device__ void send_run_warps(const Args &a, unsigned char *const *peer, uint32
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, nw = blockDim.x / 32;
     const int K = a.K;
     const int32_t run0 = i_lo / dmax * K; /* the ids before the run's first token */
-    auto dest = [&](const WarpRoute &w,
-                    int j) { /* item j's rank, or -1: none or masked */
-                             const unsigned hit = __ballot_sync(0xffffffffu, w.place == j);
-                             const int d = hit ? __shfl_sync(0xffffffffu, w.r, __ffs(hit) - 1) : -1;
-                             return d >= 0 && live[d] ? d : -1;
+    /* The rank of the token's j-th destination, or -1: none, or masked. */
+    auto dest = [&](const WarpRoute &w, int j) {
+        const unsigned hit = __ballot_sync(0xffffffffu, w.place == j);
+        const int d = hit ? __shfl_sync(0xffffffffu, w.r, __ffs(hit) - 1) : -1;
+        return d >= 0 && live[d] ? d : -1;
     };
     for (int32_t item = i_lo + warp; item < i_hi; item += nw) {
         const int32_t t = item / dmax;
@@ -1020,10 +1020,12 @@ __device__ void receive_compact(const Args &a, uint32_t epoch, const int32_t *fi
  * stretch of code is a trip to memory on the critical path (ncu: "no
  * instruction" is the first stall after the barriers).
  *
- * kBig: a batch past the staged ids (T * K > kSmemIds, P <= kSmemIds):
- * positions from the per-slot table, the next item's loads issued early.
- * Its own instance, since that code cost the small batches 0.2-0.6 us in
- * the lean one (H200, bench/RESULTS.md).
+ * kBig: a batch past the staged ids (T * K > kSmemIds): positions from a
+ * per-slot table of earlier tokens (P <= kSmemIds), sent a warp per item
+ * by the lean instance (send_run_warps), a block per item with the next
+ * item's loads issued early by the general one. Its own instance, since
+ * that code cost small batches 0.2-0.5 us in the lean one (H200,
+ * bench/RESULTS.md).
  */
 template <bool kLean, bool kBig>
 __global__ void __launch_bounds__(kThreads, 2)
