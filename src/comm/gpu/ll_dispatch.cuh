@@ -1,0 +1,850 @@
+/*
+ * ll_dispatch.cuh - the GPU engine's dispatch (part of ll_ep.cu's one
+ * translation unit, after ll_device.cuh): the sender's per-slot counts and
+ * positions (a block per item, or for a batch past the staged ids a table of
+ * earlier tokens and a warp per item), DeepEP's fp8 form, and the receiver:
+ * expert-major rows placed where their counts say, a host inbox read once
+ * per row, or normal mode's compact receive (entries name their inbox row).
+ */
+#pragma once
+
+namespace {
+
+/*
+ * Sender: this rank's entry counts per slot [lo, hi) of the global slots,
+ * written into each destination's cnt[me][local slot], in passes of
+ * kCountInts slots through shared memory.
+ */
+__device__ void count_pass(int32_t *hist, const void *slots, int ids64, int32_t nent, int32_t c0,
+                           int32_t c1) {
+    for (int32_t j = threadIdx.x; j < nent; j += blockDim.x) {
+        const int32_t s = slot_at(slots, j, ids64);
+        if (s >= c0 && s < c1) atomicAdd(&hist[s - c0], 1);
+    }
+}
+/* tab[s] += the entries of slot s among ids [q0, q1) (slots in [0, P); tab
+ * in shared memory), by the block. Eight ids per thread are loaded before
+ * any is counted: one trip to memory per eight, not one per id (the
+ * dependent form cost a 4,096-token batch ~20 us per block, ncu). */
+__device__ void count_ids(int32_t *tab, const void *slots, int ids64, int32_t q0, int32_t q1,
+                          int32_t P) {
+    constexpr int U = 8;
+    const int32_t step = (int32_t)blockDim.x;
+    int32_t q = q0 + (int32_t)threadIdx.x;
+    for (; q + (U - 1) * step < q1; q += U * step) {
+        int32_t sl[U];
+#pragma unroll
+        for (int u = 0; u < U; u++) sl[u] = slot_at(slots, q + u * step, ids64);
+#pragma unroll
+        for (int u = 0; u < U; u++)
+            if (sl[u] >= 0 && sl[u] < P) atomicAdd(&tab[sl[u]], 1);
+    }
+    for (; q < q1; q += step) {
+        const int32_t sl = slot_at(slots, q, ids64);
+        if (sl >= 0 && sl < P) atomicAdd(&tab[sl], 1);
+    }
+}
+
+/* hist [kCountInts] (shared): with `first_counted` its first pass [lo, lo +
+ * kCountInts) was zeroed and counted already, early in the kernel (the
+ * block's barriers since then order it), so the usual single pass costs no
+ * barrier of its own. int32 throughout: slots < P and entries < 2^31. */
+__device__ void send_counts(const Args &a, unsigned char *const *peer, int32_t *hist,
+                            uint32_t epoch, const void *slots, int ids64, int32_t nent, int32_t lo,
+                            int32_t hi, const uint8_t *live, bool first_counted) {
+    for (int32_t c0 = lo; c0 < hi; c0 += kCountInts) {
+        const int32_t c1 = c0 + kCountInts < hi ? c0 + kCountInts : hi;
+        if (!(first_counted && c0 == lo)) {
+            for (int32_t i = threadIdx.x; i < c1 - c0; i += blockDim.x) hist[i] = 0;
+            __syncthreads();
+            count_pass(hist, slots, ids64, nent, c0, c1);
+            __syncthreads();
+        }
+        for (int32_t sl = c0 + threadIdx.x; sl < c1; sl += blockDim.x) {
+            const int32_t dst = sl / a.spr, l = sl - dst * a.spr;
+            if (live[dst]) *cnt_at(a, peer[dst], epoch, filed_as(a, dst), l) = hist[sl - c0];
+        }
+        if (c1 < hi) __syncthreads(); /* the next pass reuses hist */
+    }
+}
+
+/* ---- fp8 dispatch (DeepEP's form; numeric.h holds the arithmetic) ------------
+ * Kernel parts bits, as the public EPX_GPU_EP_FP8 / _ROUND_SCALE / _UE8M0. A
+ * record's x part then holds the row's H e4m3 bytes and its H / 128 fp32
+ * scales; the receive holds the data [spr][RM][H] at rx and the scales
+ * after it, column-major as DeepEP returns them: fp32 [spr][H / 128][RM],
+ * or with UE8M0 the scales' exponent bytes four to an int32 [spr][H / 512][RM]. */
+constexpr int kFP8 = 8, kRoundScale = 16, kUE8M0 = 32;
+
+/* The bf16 row src (16-byte aligned, H % 128 == 0) quantised into rec by
+ * the block: 16 threads hold a group's 128 values, 8 each, and agree on
+ * its largest |value| over shuffles (every lane of a warp takes part). */
+__device__ void quantize_row(const Args &a, unsigned char *rec, const unsigned char *src,
+                             int round_scale) {
+    const int nw = a.H / 8, span = (nw + 31) / 32 * 32;
+    for (int base = 0; base < span; base += blockDim.x) {
+        const int w = base + (int)threadIdx.x;
+        const bool ok = w < nw;
+        float f[8], m = 0.0f;
+        if (ok) {
+            const int4 raw = ((const int4 *)src)[w];
+            const uint32_t u[4] = {(uint32_t)raw.x, (uint32_t)raw.y, (uint32_t)raw.z,
+                                   (uint32_t)raw.w};
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                f[2 * j] = epxi_bf16_to_f32((uint16_t)(u[j] & 0xffffu));
+                f[2 * j + 1] = epxi_bf16_to_f32((uint16_t)(u[j] >> 16));
+            }
+#pragma unroll
+            for (int j = 0; j < 8; j++) m = fmaxf(m, fabsf(f[j]));
+        }
+        for (int o = 8; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o, 16));
+        if (ok) {
+            float scale, factor;
+            epxi_fp8_scale(m, round_scale, &scale, &factor);
+            uint32_t lo = 0, hi = 0;
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                lo |= (uint32_t)epxi_fp8_quantize(f[j], factor) << (8 * j);
+                hi |= (uint32_t)epxi_fp8_quantize(f[4 + j], factor) << (8 * j);
+            }
+            ((uint2 *)rec)[w] = make_uint2(lo, hi);
+            if (w % 16 == 0) ((float *)(rec + a.H))[w / 16] = scale;
+        }
+    }
+}
+
+/* The fp8 receive's scales (after the data of every entry row). */
+__device__ __forceinline__ unsigned char *fp8_scales(const Args &a) {
+    return a.rx + (size_t)a.spr * (size_t)a.RM * (size_t)a.H;
+}
+
+/* Entry e's fp8 row from its record, by the block: the data, then its
+ * scales into the column-major scale tensor (UE8M0: exponent bytes packed). */
+__device__ void place_fp8(const Args &a, const unsigned char *rec, int64_t e, int ue8m0) {
+    block_copy(a.rx + (size_t)e * (size_t)a.H, rec, (size_t)a.H);
+    const int G = a.H / EPXI_FP8_GROUP;
+    const int64_t l = e / a.RM, s = e - l * a.RM;
+    const float *sc = (const float *)(rec + a.H);
+    if (!ue8m0) {
+        float *out = (float *)fp8_scales(a);
+        for (int g = threadIdx.x; g < G; g += blockDim.x)
+            out[((size_t)l * G + g) * (size_t)a.RM + (size_t)s] = sc[g];
+        return;
+    }
+    int32_t *out = (int32_t *)fp8_scales(a);
+    for (int q = threadIdx.x; q < G / 4; q += blockDim.x) {
+        uint32_t packed = 0;
+        for (int j = 0; j < 4; j++)
+            packed |= ((__float_as_uint(sc[4 * q + j]) >> 23) & 0xffu) << (8 * j);
+        out[((size_t)l * (G / 4) + q) * (size_t)a.RM + (size_t)s] = (int32_t)packed;
+    }
+}
+
+/*
+ * Where entry (source s, token t, k) of meta m goes in the expert-major
+ * receive, or with so in the compact one (its slot's offset for sources
+ * below s, from their counts, plus its position), with its weight, source
+ * pair and token recorded there; -1
+ * for a meta of an older batch or out of range. live [R]: the sources that
+ * count (shrink mode gives up on some).
+ */
+__device__ int64_t place_entry(const Args &a, uint32_t epoch, const Meta &m, int s, int64_t t,
+                               int k, const uint8_t *live, int32_t item,
+                               const int32_t *so = nullptr) {
+    int64_t e = -1;
+    if (m.tag == epoch && m.slot >= 0 && m.slot < a.spr) {
+        int64_t off = 0;
+        for (int s2 = 0; s2 < s; s2++)
+            if (live[s2]) off += *cnt_at(a, a.base, epoch, s2, m.slot);
+        /* so (normal mode): the slots' first entries in the compact receive */
+        const int64_t first = so ? so[m.slot] : (int64_t)m.slot * a.RM;
+        const int64_t room = so ? so[m.slot + 1] - so[m.slot] : a.RM;
+        if (m.pos >= 0 && off + m.pos < room) e = first + off + m.pos;
+    }
+    const int32_t pair = (int32_t)(((int64_t)s * a.M + t) * a.K + k);
+    if (e >= 0) {
+        a.ew[e] = m.weight;
+        a.pair[e] = pair;
+        a.srctok[e] = (int32_t)t;
+    }
+    if (s == a.me && m.tag == epoch) a.self_e[t * a.K + k] = e;
+    Work w;
+    w.e = e;
+    w.pair = pair;
+    w.pad = 0;
+    a.work[item] = w;
+    return e;
+}
+
+/* Rows held in registers: up to kPre 16-byte words per thread. */
+constexpr int kPre = 4;
+
+/* Whether a row of `xrow` bytes at x is read into registers (regs_load):
+ * whole 16-byte words, aligned, at most kPre per thread. The kernel asks it
+ * for its `pre` path and the host for the lean instance, which assumes it. */
+__host__ __device__ inline bool row_fits_registers(size_t xrow, const void *x, unsigned threads) {
+    return xrow % 16 == 0 && xrow / 16 <= (size_t)kPre * threads && (uintptr_t)x % 16 == 0;
+}
+
+/*
+ * Receive for a host-memory inbox: items are received rows; thread k reads
+ * the row's meta k and finds its place (its source's offset summed from the
+ * counts), then the block reads the row once (into registers, asked for
+ * with the meta, where it fits; else in 16-byte words where the rows allow)
+ * and stores it to every place. first_row [R + 1]: rows of the sources
+ * below s (shared memory).
+ */
+__device__ void place_rows(const Args &a, uint32_t epoch, const int32_t *first_row, int64_t rows,
+                           const uint8_t *live, int fp8) {
+    __shared__ int64_t place[kMaxK];
+    __shared__ int nplace;
+    const int K = a.K;
+    const bool wide = a.xrow % 16 == 0;
+    for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+        int s = 0;
+        while (first_row[s + 1] <= row) s++;
+        const int64_t t = row - first_row[s];
+        const unsigned char *rec = rec_at(a, a.base, epoch, s, t);
+        /* The whole row is asked for with the meta, so over the host link the
+         * block waits for one round trip, not one per word sweep after it. */
+        const bool pre = !fp8 && row_fits_registers(a.xrow, rec, blockDim.x);
+        int4 v[kPre];
+        if (pre) regs_load(v, rec, a.xrow);
+        if (threadIdx.x == 0) nplace = 0;
+        __syncthreads();
+        if (threadIdx.x < K) {
+            const int k = threadIdx.x;
+            const int64_t e = place_entry(a, epoch, ((const Meta *)(rec + a.meta_off))[k], s, t, k,
+                                          live, (int32_t)(row * K + k));
+            if (e >= 0) place[atomicAdd(&nplace, 1)] = e;
+        }
+        __syncthreads();
+        const int n = nplace;
+        if (fp8) {
+            for (int i = 0; i < n; i++) place_fp8(a, rec, place[i], fp8 & kUE8M0);
+        } else if (pre) {
+            for (int i = 0; i < n; i++) regs_store(a.rx + (size_t)place[i] * a.xrow, v, a.xrow);
+        } else if (wide) {
+            const int4 *src = (const int4 *)rec;
+            for (size_t w = threadIdx.x; w < a.xrow / 16; w += blockDim.x) {
+                const int4 word = src[w];
+                for (int i = 0; i < n; i++) ((int4 *)(a.rx + (size_t)place[i] * a.xrow))[w] = word;
+            }
+        } else {
+            for (int i = 0; i < n; i++) block_copy(a.rx + (size_t)place[i] * a.xrow, rec, a.xrow);
+        }
+        __syncthreads();
+    }
+}
+
+/* One token's routing by a warp, lane k holding choice k (K <= 32): its slot
+ * as given and as kept (-1: none or out of range), its weight, its
+ * destination rank (INT_MAX: none), its place among the token's ascending
+ * destinations where it is the first lane of its rank (-1 otherwise), and
+ * how many of the token's earlier k name its slot. */
+struct WarpRoute {
+    int32_t sv, kept;
+    float wv;
+    int r, place, twin;
+};
+__device__ WarpRoute warp_route(const Args &a, const void *slots, int ids64, const float *weights,
+                                int32_t t) {
+    const int lane = threadIdx.x % 32, K = a.K;
+    const bool in = lane < K;
+    WarpRoute w;
+    w.sv = in ? slot_at(slots, t * K + lane, ids64) : -1;
+    w.wv = in && weights ? weights[t * K + lane] : 0.0f;
+    w.kept = in && w.sv >= 0 && w.sv < a.P ? w.sv : -1;
+    w.r = w.kept >= 0 ? w.kept / a.spr : INT_MAX;
+    const unsigned same = __match_any_sync(0xffffffffu, w.r);
+    const bool first = w.r != INT_MAX && lane == __ffs(same) - 1;
+    const unsigned firsts = __ballot_sync(0xffffffffu, first);
+    int place = 0;
+    for (int jj = 0; jj < K; jj++) {
+        const int rj = __shfl_sync(0xffffffffu, w.r, jj);
+        place += ((firsts >> jj) & 1u) && rj < w.r;
+    }
+    w.place = first ? place : -1;
+    const unsigned twins = __match_any_sync(0xffffffffu, w.kept >= 0 ? w.kept : -2 - lane);
+    w.twin = __popc(twins & ((1u << lane) - 1u));
+    return w;
+}
+
+/*
+ * The lean send of a batch past the staged ids (kBig, K <= 32): the
+ * block's run of items [i_lo, i_hi) spread over its warps, one (token,
+ * destination) item per warp at a time, so a block has as many rows in
+ * flight as warps. First every row goes out; then tab gets the per-slot
+ * counts of the tokens before the run; then each warp writes its items'
+ * metas, a position being that count plus the run's earlier tokens'
+ * entries of the slot (ballots over their ids) plus the token's earlier k.
+ * No barrier between items. With all_counts (the run ends the batch) tab
+ * ends holding every token's counts, for send_counts.
+ */
+__device__ void send_run_warps(const Args &a, unsigned char *const *peer, uint32_t epoch,
+                               int32_t i_lo, int32_t i_hi, int dmax, int32_t Tn,
+                               const unsigned char *x, const void *slots, int ids64,
+                               const float *weights, int32_t *tab, const uint8_t *live,
+                               bool all_counts, int &bad_slot) {
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, nw = blockDim.x / 32;
+    const int K = a.K;
+    const int32_t run0 = i_lo / dmax * K; /* the ids before the run's first token */
+    /* The rank of the token's j-th destination, or -1: none, or masked. */
+    auto dest = [&](const WarpRoute &w, int j) {
+        const unsigned hit = __ballot_sync(0xffffffffu, w.place == j);
+        const int d = hit ? __shfl_sync(0xffffffffu, w.r, __ffs(hit) - 1) : -1;
+        return d >= 0 && live[d] ? d : -1;
+    };
+    for (int32_t item = i_lo + warp; item < i_hi; item += nw) {
+        const int32_t t = item / dmax;
+        const WarpRoute w = warp_route(a, slots, ids64, weights, t);
+        const int dst = dest(w, item - t * dmax);
+        if (dst >= 0)
+            copy_words<int4>(rec_at(a, peer[dst], epoch, filed_as(a, dst), t),
+                             x + (size_t)t * a.xrow, a.xrow, lane, 32);
+    }
+    count_ids(tab, slots, ids64, 0, run0, a.P);
+    __syncthreads();
+    for (int32_t item = i_lo + warp; item < i_hi; item += nw) {
+        const int32_t t = item / dmax;
+        const int j = item - t * dmax;
+        const WarpRoute w = warp_route(a, slots, ids64, weights, t);
+        const bool in = lane < K;
+        if (in && (w.sv < -1 || w.sv >= a.P)) {
+            bad_slot = 1;
+            a.ctl->bad = 1; /* read by the last block, after the counters */
+        }
+        if (in && w.twin > 0) {
+            bad_slot = 1;
+            a.ctl->dup = 1;
+        }
+        if (in && j == 0) {
+            a.slots[t * K + lane] = w.sv;
+            a.weights[t * K + lane] = w.wv;
+        }
+        const int dst = dest(w, j);
+        if (dst < 0) continue;
+        int32_t pos = w.twin + (w.kept >= 0 ? tab[w.kept] : 0);
+        for (int32_t q0 = run0; q0 < t * K; q0 += 32) {
+            const int32_t q = q0 + lane;
+            const int32_t s2 = q < t * K ? slot_at(slots, q, ids64) : -1;
+            for (int kk = 0; kk < K; kk++) {
+                const int32_t want = __shfl_sync(0xffffffffu, w.kept, kk);
+                const int c = __popc(__ballot_sync(0xffffffffu, want >= 0 && s2 == want));
+                if (lane == kk) pos += c;
+            }
+        }
+        if (in) {
+            unsigned char *rec = rec_at(a, peer[dst], epoch, filed_as(a, dst), t);
+            const bool here = w.kept >= 0 && w.r == dst;
+            Meta m;
+            m.slot = here ? w.kept - dst * a.spr : -1;
+            m.weight = here ? w.wv : 0.0f;
+            m.pos = here ? pos : 0;
+            m.tag = epoch;
+            ((Meta *)(rec + a.meta_off))[lane] = m;
+        }
+    }
+    if (all_counts) { /* the run's own tokens join the table: every token's counts */
+        __syncthreads();
+        count_ids(tab, slots, ids64, run0, Tn * K, a.P);
+    }
+}
+
+/*
+ * Normal mode's receive (Args::compact), by every block once the flags are
+ * in: the slots' first entries (each block sums the sources' counts and
+ * scans them in `so`, shared memory of spr + 1 ints; the range block also
+ * stores them in offs), then one (row, k) item per thread: its entry's
+ * index, weight, pair and token, and its row's place in the inbox. No row
+ * is copied: the experts read them where the senders wrote them.
+ */
+__device__ void receive_compact(const Args &a, uint32_t epoch, const int32_t *first_row,
+                                int32_t items, const uint8_t *live, int32_t *so, bool range_block) {
+    for (int l = threadIdx.x; l < a.spr; l += blockDim.x) {
+        int32_t c = 0;
+        for (int s = 0; s < a.R; s++)
+            if (live[s]) c += *cnt_at(a, a.base, epoch, s, l);
+        so[l] = c;
+    }
+    __syncthreads();
+    block_scan_smem(so, a.spr);
+    if (range_block)
+        for (int l = threadIdx.x; l <= a.spr; l += blockDim.x) a.offs[l] = so[l];
+    const int K = a.K;
+    const int64_t area = (int64_t)parity(a, epoch) * a.R; /* this dispatch's rows in the inbox */
+    const int32_t stride = (int32_t)(gridDim.x * blockDim.x);
+    for (int32_t item = (int32_t)(blockIdx.x * blockDim.x + threadIdx.x); item < items;
+         item += stride) {
+        const int32_t vrow = item / K;
+        int s = 0;
+        while (first_row[s + 1] <= vrow) s++;
+        const int32_t t = vrow - first_row[s];
+        const int k = item - vrow * K;
+        const Meta m = ((const Meta *)(rec_at(a, a.base, epoch, s, t) + a.meta_off))[k];
+        const int64_t e = place_entry(a, epoch, m, s, t, k, live, item, so);
+        if (e >= 0) a.etok[e] = (int32_t)((area + s) * a.M + t);
+    }
+}
+
+/*
+ * Dispatch, one launch (named so profilers' "::dispatch" finds it, as
+ * DeepEP's benchmark does). parts: 1 = send, 2 = receive (both: 3). Send work
+ * items are (token, j-th destination rank); the first `nwork` blocks also
+ * write the counts, count in, and the last of them publishes the flags.
+ * Receive: every block waits for the R flags, then places received rows
+ * by (row, k) items. Blocks must all be resident (the launch caps them).
+ *
+ * kLean: the instance for the usual case, bf16 or fp32 rows that fit the
+ * registers, 16-byte aligned, no fp8, a device-memory inbox, top-k <= 32
+ * (epx_gpu_ep_dispatch_parts decides on the host). It holds none of the
+ * other paths' code: 3,704 instructions instead of 7,504. A launch runs on
+ * SMs whose instruction cache the combine just filled, so every cold
+ * stretch of code is a trip to memory on the critical path (ncu: "no
+ * instruction" is the first stall after the barriers).
+ *
+ * kBig: a batch past the staged ids (T * K > kSmemIds): positions from a
+ * per-slot table of earlier tokens (P <= kSmemIds), sent a warp per item
+ * by the lean instance (send_run_warps), a block per item with the next
+ * item's loads issued early by the general one. Its own instance, since
+ * that code cost small batches 0.2-0.5 us in the lean one (H200,
+ * bench/RESULTS.md).
+ */
+template <bool kLean, bool kBig>
+__global__ void __launch_bounds__(kThreads, 2)
+    dispatch_kernel(Args a, int64_t T, const unsigned char *x, const void *slots,
+                    const float *weights, uint32_t nwork, int parts) {
+    const int ids64 = (parts & 4) != 0;
+    const int fp8 = kLean ? 0 : parts & (kFP8 | kRoundScale | kUE8M0);
+    const int K = a.K, dmax = K < a.R ? K : a.R;
+    __shared__ int32_t d[kMaxK], sk[kMaxK], pk[kMaxK];
+    __shared__ float wk[kMaxK];
+    __shared__ int nd;
+    /* The x row is read into registers while the routing is worked out, so
+     * the two reads overlap; rows too large for that are copied directly. */
+    const bool pre = kLean || (!fp8 && row_fits_registers(a.xrow, x, blockDim.x));
+    int4 v[kPre];
+    int32_t sv = -1; /* this thread's (slot, weight) of the item's token, k = threadIdx.x */
+    float wv = 0.0f;
+    int bad_slot = 0; /* this thread saw a slot outside [-1, P) */
+    /* Token and item counters are int32 (T * K <= R * max_tokens * top_k <
+     * 2^31, checked at creation): a 64-bit division costs a subroutine of
+     * ~70 dependent instructions, on every block's critical path. */
+    const int32_t Tn = (int32_t)T;
+    auto load_item = [&](int32_t item) {
+        const int32_t t = item / dmax;
+        if (pre) regs_load(v, x + (size_t)t * a.xrow, a.xrow);
+        if (threadIdx.x < K) {
+            sv = slot_at(slots, t * K + threadIdx.x, ids64);
+            wv = weights ? weights[t * K + threadIdx.x] : 0.0f;
+        }
+    };
+    const bool sending = (parts & 1) != 0;
+    /* A block's send items (token, j-th destination): every gridDim-th one
+     * from its index, or (kBig) one contiguous run [i_lo, i_hi), so a large
+     * batch's positions carry from one token to the next (tabled below). */
+    const int32_t nitems = sending ? Tn * dmax : 0;
+    const int32_t per_block = kBig ? (nitems + (int32_t)gridDim.x - 1) / (int32_t)gridDim.x : 1;
+    const int32_t i_lo = kBig ? min((int32_t)blockIdx.x * per_block, nitems) : (int32_t)blockIdx.x;
+    const int32_t i_hi = kBig ? min(i_lo + per_block, nitems) : nitems;
+    const int32_t i_step = kBig ? 1 : (int32_t)gridDim.x;
+    /* The first item's loads are issued before the fault check, so the
+     * two trips to memory overlap. */
+    if (i_lo < i_hi) load_item(i_lo);
+    /* The epoch: a sending launch takes the next one and advances Ctl::de
+     * at its end, once every block has read it (Ctl::started); a
+     * receive-only launch (the second half of a split dispatch) reads it. */
+    __shared__ uint32_t s_epoch;
+    /* the batch's slots, when T * K fits; normal mode's slot starts after the send */
+    __shared__ int32_t ids[kSmemIds];
+    static_assert(kMaxLocal + 1 <= kSmemIds, "normal mode's slot starts fit the ids' room");
+    __shared__ uint8_t live[kMaxRanks]; /* ranks sent to, then sources received from */
+    const bool staged = sending && Tn * K <= kSmemIds;
+    /* A batch too large to stage keeps per-slot counts of the tokens before
+     * the current one there instead (P <= kSmemIds): counted once over the
+     * tokens before the block's run, then a token at a time, so an entry's
+     * position costs a lookup, not a pass over every earlier token. */
+    const bool tabled = kBig && sending && !staged && a.P <= kSmemIds;
+    int32_t *const tab = ids;
+    /* ... and the block of the last item ends with every token in its table:
+     * it alone sends the per-slot counts, so no block makes a pass over the
+     * whole batch for them (the others count in with an empty range). */
+    const bool all_counts = tabled && (int32_t)blockIdx.x == (nitems - 1) / per_block;
+    __shared__ int s_dead;
+    __shared__ unsigned char *peer[kMaxRanks]; /* the peer table, read once */
+    __shared__ int32_t hist[kCountInts];       /* this block's per-slot counts (send_counts) */
+    STAMP(a, 5);
+    /* The first nwork blocks send this rank's counts of the slots [clo, chi):
+     * the first pass's histogram is zeroed here and counted after the first
+     * barrier, off the send's own path. P * blocks is below 2^32 when P <
+     * 2^16 (grids stay below 2^16). */
+    const bool counting = sending && blockIdx.x < nwork;
+    const uint32_t cb = blockIdx.x;
+    const int32_t clo = !counting || tabled ? 0
+                        : a.P < 65536       ? (int32_t)((uint32_t)a.P * cb / nwork)
+                                            : (int32_t)((int64_t)a.P * cb / nwork);
+    const int32_t chi = !counting || tabled ? (all_counts ? a.P : 0)
+                        : a.P < 65536       ? (int32_t)((uint32_t)a.P * (cb + 1) / nwork)
+                                            : (int32_t)((int64_t)a.P * (cb + 1) / nwork);
+    const int32_t c1 = chi - clo < kCountInts ? chi : clo + kCountInts;
+    for (int32_t i = threadIdx.x; i < c1 - clo; i += blockDim.x) hist[i] = 0;
+    if (tabled)
+        for (int32_t i = threadIdx.x; i < a.P; i += blockDim.x) tab[i] = 0;
+    STAMP_CLOCK(a, 6);
+    if (threadIdx.x == 0) {
+        s_epoch = take_epoch(&a.ctl->de_started, sending);
+        read_fault(a, &s_dead);
+    }
+    if (staged)
+        for (int32_t q = threadIdx.x; q < Tn * K; q += blockDim.x)
+            ids[q] = slot_at(slots, q, ids64);
+    for (int r = threadIdx.x; r < a.R; r += blockDim.x) peer[r] = a.peers[r];
+    __syncthreads();
+    const uint32_t epoch = s_epoch;
+    auto id_at = [&](int32_t q) { return staged ? ids[q] : slot_at(slots, q, ids64); };
+    unsigned long long started = 0; /* block 0: the epoch word, read early (advance_epoch) */
+    auto advance = [&]() {
+        if (sending) advance_epoch(a, &a.ctl->de_started, epoch, PH_DISPATCH, started);
+    };
+    if (s_dead) return;
+    if (counting && !tabled)
+        count_pass(hist, staged ? (const void *)ids : slots, staged ? 0 : ids64, Tn * K, clo, c1);
+    /* The lean instance sends a large batch a warp per item (send_run_warps). */
+    const bool warp_send = kLean && tabled;
+    if (tabled && !warp_send) /* the entries of the tokens before this block's run, per slot */
+        count_ids(tab, slots, ids64, 0, i_lo / dmax * K, a.P);
+    live_ranks(a, live); /* its barrier orders the counts before send_counts reads them */
+    STAMP(a, 0);
+    if (warp_send)
+        send_run_warps(a, peer, epoch, i_lo, i_hi, dmax, Tn, x, slots, ids64, weights, tab, live,
+                       all_counts, bad_slot);
+    int32_t fetched = -1; /* the item whose loads were issued early (below) */
+    for (int32_t item = i_lo; !warp_send && item < i_hi; item += i_step) {
+        const int32_t t = item / dmax;
+        const int j = item - t * dmax;
+        if (item != i_lo && (!kBig || item != fetched)) load_item(item);
+        if (kLean || K <= 32) {
+            /* Warp 0 alone (lane k holds choice k of the token): the slots
+             * kept, the distinct destination ranks and each k's position
+             * among the token's earlier k with its slot, from warp votes, so
+             * the block meets one barrier here, not two. */
+            if (threadIdx.x < 32) {
+                const int lane = threadIdx.x;
+                const bool in = lane < K;
+                int32_t kept = -1;
+                if (in) {
+                    if (sv < -1 || sv >= a.P) {
+                        bad_slot = 1;
+                        a.ctl->bad = 1; /* read by the last block, after the counters */
+                    }
+                    kept = sv >= 0 && sv < a.P ? sv : -1;
+                    sk[lane] = kept;
+                    wk[lane] = wv;
+                    if (j == 0) {
+                        a.slots[t * K + lane] = sv;
+                        a.weights[t * K + lane] = wv;
+                    }
+                }
+                /* Destinations ascending, without a serial scan: each first
+                 * occurrence counts the smaller ones. */
+                const int r = kept >= 0 ? kept / a.spr : INT_MAX;
+                const unsigned same = __match_any_sync(0xffffffffu, r);
+                const bool first = r != INT_MAX && lane == __ffs(same) - 1;
+                int pos = 0;
+                for (int jj = 0; jj < K; jj++) {
+                    const int rj = __shfl_sync(0xffffffffu, r, jj);
+                    const int fj = __shfl_sync(0xffffffffu, (int)first, jj);
+                    pos += fj && rj < r;
+                }
+                if (first) d[pos] = r;
+                const unsigned firsts = __ballot_sync(0xffffffffu, first);
+                if (lane == 0) nd = __popc(firsts);
+                /* Position among the token's earlier k of the same slot (a
+                 * lane without a slot matches no other: its key is unique). */
+                const unsigned twins = __match_any_sync(0xffffffffu, kept >= 0 ? kept : -2 - lane);
+                const int32_t p = __popc(twins & ((1u << lane) - 1u));
+                if (in) {
+                    pk[lane] = p;
+                    if (p > 0) {
+                        a.ctl->dup = 1; /* read by the last block, after the counters */
+                        bad_slot = 1;   /* marks the block: the last one reads dup and bad */
+                    }
+                }
+            }
+        } else {
+            if (threadIdx.x < K) { /* K <= kMaxK < blockDim.x */
+                const int k = threadIdx.x;
+                if (sv < -1 || sv >= a.P) {
+                    bad_slot = 1;
+                    a.ctl->bad = 1; /* read by the last block, after the counters */
+                }
+                sk[k] = sv >= 0 && sv < a.P ? sv : -1;
+                wk[k] = wv;
+                if (j == 0) {
+                    a.slots[t * K + k] = sv;
+                    a.weights[t * K + k] = wv;
+                }
+            }
+            __syncthreads();
+            if (threadIdx.x == 0) nd = epxi_ep_token_dests(sk, K, a.spr, d);
+            /* Position of (t, k) among the token's earlier k with that slot. */
+            if (threadIdx.x < K) {
+                int32_t p = 0;
+                for (int k2 = 0; k2 < (int)threadIdx.x; k2++) p += sk[k2] == sv && sv >= 0;
+                pk[threadIdx.x] = p;
+                if (p > 0) {
+                    a.ctl->dup = 1; /* read by the last block, after the counters */
+                    bad_slot = 1;   /* marks the block: the last one reads dup and bad */
+                }
+            }
+        }
+        __syncthreads();
+        STAMP(a, 17);
+        if (j < nd && live[d[j]]) {
+            /* Then every earlier token's entries of the slot: from the table
+             * (thread k reads and then writes pk[k] itself: no barrier), or
+             * counted by the whole block (none before the first token). */
+            if (tabled) {
+                if (threadIdx.x < K && sk[threadIdx.x] >= 0)
+                    pk[threadIdx.x] += tab[sk[threadIdx.x]];
+            } else if (t > 0) {
+                for (int32_t q = threadIdx.x; q < t * K; q += blockDim.x) {
+                    const int32_t s = id_at(q);
+                    for (int k = 0; k < K; k++)
+                        if (s == sk[k] && s >= 0) atomicAdd(&pk[k], 1);
+                }
+                __syncthreads();
+            }
+            const int dst = d[j];
+            unsigned char *rec = rec_at(a, peer[dst], epoch, filed_as(a, dst), t);
+            if (fp8)
+                quantize_row(a, rec, x + (size_t)t * a.xrow, fp8 & kRoundScale);
+            else if (pre)
+                regs_store(rec, v, a.xrow);
+            else
+                block_copy(rec, x + (size_t)t * a.xrow, a.xrow);
+            /* The registers are free again (the routing read its slots before
+             * the barrier): the next item's loads go out now, under the
+             * metadata stores and the barrier. */
+            if (kBig && pre && !fp8 && item + 1 < i_hi) {
+                load_item(item + 1);
+                fetched = item + 1;
+            }
+            for (int k = threadIdx.x; k < K; k += blockDim.x) {
+                const bool here = sk[k] >= 0 && sk[k] / a.spr == dst;
+                Meta m;
+                m.slot = here ? sk[k] - dst * a.spr : -1;
+                m.weight = here ? wk[k] : 0.0f;
+                m.pos = here ? pk[k] : 0;
+                m.tag = epoch;
+                ((Meta *)(rec + a.meta_off))[k] = m;
+            }
+        }
+        __syncthreads();
+        STAMP(a, 18);
+        /* The token is done: its entries join the table (thread k owns sk[k]
+         * until warp 0 rewrites it for the next token; the barrier at the
+         * next item's routing orders these before any read). */
+        if (tabled && j == dmax - 1 && threadIdx.x < K && sk[threadIdx.x] >= 0)
+            atomicAdd(&tab[sk[threadIdx.x]], 1);
+    }
+    if (counting) {
+        /* This block's share of the per-slot counts, then count in (tabled:
+         * the last item's block sends all of them from its table, whose last
+         * token's entries the barrier makes visible). */
+        if (tabled) __syncthreads();
+        send_counts(a, peer, all_counts ? tab : hist, epoch, staged ? (const void *)ids : slots,
+                    staged ? 0 : ids64, Tn * K, clo, chi, live, true);
+        STAMP(a, 1);
+        arrive(&a.ctl->arrive_d, nwork, bad_slot, scope(a), [&](bool marked) {
+            /* Only a marked batch (a bad or repeated slot somewhere) reads the
+             * words that say which; the usual one goes straight to its flags. */
+            const bool bad = marked && ld_volatile(&a.ctl->bad) != 0;
+            const bool dup = marked && ld_volatile(&a.ctl->dup) != 0;
+            if (marked) a.ctl->bad = a.ctl->dup = 0;
+            if (a.skip_flags) return;
+            const uint32_t c = bad ? EPXI_LL_BAD : dup ? kLLDup : (uint32_t)T;
+            uint64_t flag = epxi_ll_flag(epoch, c);
+            for (int r = 0; r < a.R; r++)
+                if (live[r])
+                    st_release(dflag_at(a, peer[r], epoch, filed_as(a, r)), flag, scope(a));
+        });
+    }
+    if (!(parts & 2)) {
+        advance();
+        return;
+    }
+    /* Receive: every block waits for every source. */
+    STAMP(a, 2);
+    __shared__ int32_t first_row[kMaxRanks + 1]; /* rows of sources below s, then the total */
+    /* the flags' counts, as wait_flags saw them, where the send's histogram
+     * was (done with: the send counted in behind a barrier) */
+    static_assert(kMaxRanks <= kCountInts, "the flags' counts fit the histogram's room");
+    uint32_t *flag_cnt = (uint32_t *)hist;
+    __shared__ int s_any_bad;
+    __shared__ uint32_t s_bad_code;
+    if (!wait_flags(a, dflag_at(a, a.base, epoch, 0), sizeof(uint64_t), a.R, epoch, PH_DISPATCH,
+                    live, a.decided, a.host_inbox ? a.ctl->relay[0] : nullptr, flag_cnt))
+        return;
+    STAMP(a, 3);
+    /* The sources' rows: which flag refused the batch, and the prefix of the
+     * rows. Lean with R <= 32: every warp works them out in registers from
+     * its lanes (lane r: source r), with no barrier and no shared result
+     * (item_rec reads them by shuffles); otherwise thread 0 writes
+     * first_row for the block. */
+    const bool warp_rows = kLean && a.R <= 32 && !a.compact;
+    const int lane = threadIdx.x % 32;
+    int any_bad = -1;
+    uint32_t bad_code = 0;
+    int32_t row_incl = 0, row_excl = 0, rows_total = 0; /* warp_rows: lane r's, and the sum */
+    if (warp_rows) {
+        const uint32_t c = lane < a.R ? flag_cnt[lane] : 0;
+        const bool refuse = lane < a.R && (c == EPXI_LL_BAD || c == kLLDup);
+        const unsigned bad = __ballot_sync(0xffffffffu, refuse);
+        if (bad != 0) {
+            any_bad = __ffs(bad) - 1;
+            bad_code = __shfl_sync(0xffffffffu, c, any_bad) == kLLDup ? F_DUP_SLOT : F_BAD_SLOT;
+        }
+        const int32_t own = refuse || lane >= a.R ? 0 : (int32_t)c;
+        row_incl = own;
+        for (int d = 1; d < 32; d *= 2) {
+            const int32_t up = __shfl_up_sync(0xffffffffu, row_incl, d);
+            if (lane >= d) row_incl += up;
+        }
+        row_excl = row_incl - own;
+        rows_total = __shfl_sync(0xffffffffu, row_incl, 31);
+    } else {
+        if (threadIdx.x == 0) {
+            int bad_r = -1;
+            uint32_t code = 0;
+            int32_t acc = 0;
+            for (int r = 0; r < a.R; r++) {
+                const uint32_t c = flag_cnt[r];
+                const bool refuse = c == EPXI_LL_BAD || c == kLLDup;
+                if (refuse && bad_r < 0) {
+                    bad_r = r;
+                    code = c == kLLDup ? F_DUP_SLOT : F_BAD_SLOT;
+                }
+                first_row[r] = acc;
+                acc += refuse ? 0 : (int32_t)c;
+            }
+            first_row[a.R] = acc;
+            s_any_bad = bad_r;
+            s_bad_code = code;
+        }
+        __syncthreads();
+        any_bad = s_any_bad;
+        bad_code = s_bad_code;
+        rows_total = first_row[a.R];
+    }
+    const bool refused = any_bad >= 0;
+    if (sending) started = prefetch_started(&a.ctl->de_started);
+    /* The meta and the row of this block's first item are loaded before the
+     * counts are summed, so the trips to memory overlap. */
+    /* items: (received row, k), int32 (rows * K <= R * max_tokens * top_k).
+     * The last block is the range block (the slot ranges below) and the
+     * others place; a grid of one does both. */
+    const int32_t items = refused ? 0 : rows_total * K;
+    const int32_t placing = gridDim.x > 1 ? (int32_t)gridDim.x - 1 : 1;
+    const bool range_block = blockIdx.x == gridDim.x - 1;
+    /* Item (row, k)'s source, token and k; called by whole warps alike (the
+     * warp_rows form votes over the lanes). */
+    auto item_rec = [&](int32_t item, int *s_out, int32_t *t_out, int *k_out) {
+        const int32_t vrow = item / K;
+        int s = 0;
+        int32_t below = 0; /* rows of the sources below s */
+        if (warp_rows) {
+            s = __popc(__ballot_sync(0xffffffffu, lane < a.R && row_incl <= vrow));
+            below = __shfl_sync(0xffffffffu, row_excl, s);
+        } else {
+            while (first_row[s + 1] <= vrow) s++;
+            below = first_row[s];
+        }
+        *s_out = s;
+        *t_out = vrow - below;
+        *k_out = item - vrow * K;
+        return rec_at(a, a.base, epoch, s, *t_out);
+    };
+    STAMP(a, 19);
+    Meta first_meta = {-1, 0.0f, 0, 0};
+    int s0 = 0, k0 = 0;
+    int32_t t0 = 0;
+    const unsigned char *rec0 = nullptr;
+    if ((int32_t)blockIdx.x < items && (int32_t)blockIdx.x < placing && (kLean || !a.host_inbox) &&
+        !a.compact) {
+        rec0 = item_rec(blockIdx.x, &s0, &t0, &k0);
+        if (threadIdx.x == 0) first_meta = ((const Meta *)(rec0 + a.meta_off))[k0];
+        if (pre) regs_load(v, rec0, a.xrow);
+    }
+    if (refused && blockIdx.x == 0 && threadIdx.x == 0) {
+        /* Nobody runs an expert on a refused batch; combine yields zeros. */
+        a.ctl->refused = 1;
+        raise_refused(a, bad_code, (uint32_t)any_bad, epoch);
+    } else if (!refused && blockIdx.x == 0 && threadIdx.x == 0) {
+        a.ctl->refused = 0;
+    }
+    if (blockIdx.x == 0 && threadIdx.x == 0) a.ctl->ditems = items; /* the combine's work list */
+    /* Per local slot: its count and each source's range of rows, by the
+     * range block alone (the host launches one block more than the items
+     * need), so no placing block carries this trip to memory. */
+    for (int64_t l = range_block ? threadIdx.x : a.spr; l < a.spr; l += blockDim.x) {
+        int64_t acc = 0;
+        for (int s = 0; s < a.R; s++) {
+            const int64_t c = refused || !live[s] ? 0 : *cnt_at(a, a.base, epoch, s, (int32_t)l);
+            a.range[l * a.R + s] = (acc << 32) | c;
+            acc += c;
+        }
+        a.count[l] = (int32_t)acc;
+    }
+    STAMP(a, 20);
+    if (refused) {
+        advance();
+        return;
+    }
+    if (a.compact) {
+        receive_compact(a, epoch, first_row, items, live, ids, range_block);
+        STAMP(a, 4);
+        advance();
+        return;
+    }
+    if (!kLean && a.host_inbox) {
+        place_rows(a, epoch, first_row, (int64_t)first_row[a.R], live, fp8);
+        STAMP(a, 4);
+        STAMP_CLOCK(a, 7);
+        advance();
+        return;
+    }
+    /* Place: items (received row, k), over the placing blocks. */
+    __shared__ int64_t dst_row;
+    for (int32_t item = blockIdx.x; item < items && (int32_t)blockIdx.x < placing;
+         item += placing) {
+        const bool first = item == (int32_t)blockIdx.x;
+        int s = s0, k = k0;
+        int32_t t = t0;
+        const unsigned char *rec = first ? rec0 : item_rec(item, &s, &t, &k);
+        if (pre && !first) regs_load(v, rec, a.xrow);
+        if (threadIdx.x == 0) {
+            const Meta m = first ? first_meta : ((const Meta *)(rec + a.meta_off))[k];
+            dst_row = place_entry(a, epoch, m, s, t, k, live, item);
+        }
+        __syncthreads();
+        STAMP(a, 21);
+        const int64_t e = dst_row;
+        if (e >= 0 && fp8) {
+            place_fp8(a, rec, e, fp8 & kUE8M0);
+        } else if (e >= 0) {
+            unsigned char *out = a.rx + (size_t)e * a.xrow;
+            if (pre)
+                regs_store(out, v, a.xrow);
+            else
+                block_copy(out, rec, a.xrow);
+        }
+        __syncthreads();
+    }
+    STAMP(a, 4);
+    STAMP_CLOCK(a, 7);
+    advance();
+}
+
+} // namespace
