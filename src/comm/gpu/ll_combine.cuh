@@ -257,7 +257,7 @@ __global__ void __launch_bounds__(kThreads, 2)
                 reduce_lanes<0>(a, rows, wk, h0, o, out_bf16);
         }
         if ((a.variant & 8) && blockIdx.x == 0 && threadIdx.x % 32 == 0 && threadIdx.x < 512)
-            a.ctl->stamp[32 + threadIdx.x / 32] = now_ns();
+            a.ctl->stamp[32 + threadIdx.x / 32] = global_ns();
         __syncthreads();
     }
     STAMP(a, 12);

@@ -10,6 +10,8 @@
  */
 #pragma once
 
+#include "global_timer.cuh"
+
 namespace {
 
 constexpr int kThreads = 512;
@@ -141,12 +143,6 @@ struct Args {
     int64_t *offs;
 };
 
-__device__ __forceinline__ unsigned long long now_ns() {
-    unsigned long long t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    return t;
-}
-
 /* Variant bits (bench and tests only, epxi_gpu_ep_variant): 1 = blocks
  * count in at GPU scope (arrive); 2 = flags at GPU scope (one GPU
  * only; both are the default when every rank is on this GPU, scope());
@@ -157,7 +153,7 @@ __device__ __forceinline__ unsigned long long now_ns() {
 #define STAMP(a, i)                                                                                \
     do {                                                                                           \
         if (((a).variant & 8) && blockIdx.x == 0 && threadIdx.x == 0)                              \
-            (a).ctl->stamp[i] = now_ns();                                                          \
+            (a).ctl->stamp[i] = global_ns();                                                       \
     } while (0)
 /* The SM's cycle counter beside them (stamps 6 and 7: the clock rate). */
 #define STAMP_CLOCK(a, i)                                                                          \
@@ -332,7 +328,7 @@ __device__ bool wait_flags(const Args &a, const uint64_t *flag0, size_t stride, 
         const bool relayed = relay != nullptr && blockIdx.x != 0;
         const uint64_t *poll = relayed ? relay + i : f;
         const int var = relayed ? 3 : scope(a); /* the relay: GPU scope */
-        unsigned long long t0 = now_ns();
+        unsigned long long t0 = global_ns();
         uint64_t v = 0;
         bool came = !masked(a, i);
         while (came && (uint32_t)((v = ld_acquire(poll, var)) >> 32) != epoch) {
@@ -344,7 +340,7 @@ __device__ bool wait_flags(const Args &a, const uint64_t *flag0, size_t stride, 
                 came = false;
                 break;
             }
-            if (now_ns() - t0 > a.timeout_ns) {
+            if (global_ns() - t0 > a.timeout_ns) {
                 if (a.shrink) {
                     came = false;
                     break;
@@ -487,9 +483,9 @@ __device__ void advance_epoch(const Args &a, unsigned long long *word, uint32_t 
         *p = (unsigned long long)epoch << 32;
         return;
     }
-    const unsigned long long t0 = now_ns();
+    const unsigned long long t0 = global_ns();
     while ((uint32_t)*p < gridDim.x) {
-        if (now_ns() - t0 > a.timeout_ns) {
+        if (global_ns() - t0 > a.timeout_ns) {
             raise_fault(a, F_TIMEOUT, phase, (uint32_t)a.me, epoch);
             return;
         }

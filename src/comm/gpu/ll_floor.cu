@@ -26,6 +26,7 @@
 
 #include "internal.h"
 #include "numeric.h"
+#include "global_timer.cuh"
 
 namespace {
 
@@ -45,12 +46,6 @@ struct F {
     float *w;
     FloorCtl *ctl;
 };
-
-__device__ __forceinline__ unsigned long long gtime() {
-    unsigned long long t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    return t;
-}
 
 __device__ void copy_row(uint16_t *dst, const uint16_t *src, int H) {
     if (H % 8 == 0) {
@@ -74,12 +69,12 @@ __device__ void count_in_and_wait(FloorCtl *c, unsigned long long *flag, uint32_
             const unsigned long long v = ((unsigned long long)epoch << 32) | (uint32_t)T;
             asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(flag), "l"(v) : "memory");
         }
-        const unsigned long long t0 = gtime();
+        const unsigned long long t0 = global_ns();
         for (;;) {
             unsigned long long v;
             asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(flag) : "memory");
             if ((uint32_t)(v >> 32) == epoch) break;
-            if (gtime() - t0 > 1000000000ull) {
+            if (global_ns() - t0 > 1000000000ull) {
                 c->fault = 1;
                 break;
             }
@@ -158,8 +153,8 @@ __global__ void __launch_bounds__(kThreads) k_floor_combine(F f, int64_t T, int 
 /* Spin until the host writes a nonzero *gate (host-mapped), for at most
  * limit_ns (a host that never opens it costs a timed-out figure, not a hang). */
 __global__ void k_hold(const volatile int *gate, unsigned long long limit_ns) {
-    const unsigned long long t0 = gtime();
-    while (*gate == 0 && gtime() - t0 < limit_ns) __nanosleep(256);
+    const unsigned long long t0 = global_ns();
+    while (*gate == 0 && global_ns() - t0 < limit_ns) __nanosleep(256);
 }
 
 } // namespace
