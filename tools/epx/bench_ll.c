@@ -600,6 +600,13 @@ epx_status bench_ll_gpu(epx_comm *comm, ncclComm_t nc, cudaStream_t s, const ben
         st = epx_gpu_ep_create_nccl(nc, &c, s, &o, &b.ep, err);
     else if (st == EPX_OK)
         st = epx_gpu_ep_create(comm, &c, s, &o, &b.ep, err);
+    /* Normal mode over a transport the GPU engine's compact receive does not
+     * take (a PCIe box without peer access picks host): name the bench's fix. */
+    if (st == EPX_ERR_UNSUPPORTED && a->mode == EPX_EP_MODE_NORMAL) {
+        const size_t n = strlen(err->msg);
+        snprintf(err->msg + n, sizeof err->msg - n,
+                 " (epx bench comm: --engine nccl runs normal mode on the older NCCL path)");
+    }
     if (st == EPX_OK) b.transport = epx_gpu_ep_transport_name(b.ep);
     if (st == EPX_OK && strcmp(b.transport, "host") == 0 &&
         cudaHostAlloc(&b.hpin, copy_max, cudaHostAllocDefault) != cudaSuccess) {
