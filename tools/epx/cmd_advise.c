@@ -115,6 +115,33 @@ static const char *line_transport(json_t *r) {
     return t != NULL && strcmp(t, "nccl") == 0 ? "nccl" : "peer";
 }
 
+/* The lines `keep` accepts (with ctx); takes `lines`, *left counts the rest. */
+static json_t *keep_lines(json_t *lines, bool (*keep)(json_t *r, const void *ctx), const void *ctx,
+                          size_t *left) {
+    json_t *kept = json_array();
+    size_t i;
+    json_t *r;
+    *left = 0;
+    json_array_foreach(lines, i, r) {
+        if (keep(r, ctx))
+            json_array_append(kept, r);
+        else
+            (*left)++;
+    }
+    json_decref(lines);
+    return kept;
+}
+
+/* A normal-mode line of the older NCCL path: it names no transport. */
+static bool older_normal(json_t *r) {
+    const char *m = json_string_value(json_object_get(r, "mode"));
+    return m != NULL && strcmp(m, "normal") == 0 && json_object_get(r, "transport") == NULL;
+}
+static bool not_older_normal(json_t *r, const void *ctx) {
+    (void)ctx;
+    return !older_normal(r);
+}
+
 /* Normal mode's lines of one engine: the GPU engine's (they name their
  * transport; no host sync, rows read where they landed) where the file has
  * any, else the older NCCL path's (epx bench comm --engine nccl). Takes
@@ -125,20 +152,17 @@ static json_t *one_normal_engine(json_t *lines, size_t *older, bool *gpu_out) {
     json_t *r;
     json_array_foreach(lines, i, r) {
         const char *m = json_string_value(json_object_get(r, "mode"));
-        gpu |= m != NULL && strcmp(m, "normal") == 0 && json_object_get(r, "transport") != NULL;
+        gpu |= m != NULL && strcmp(m, "normal") == 0 && !older_normal(r);
     }
-    json_t *kept = json_array();
-    *older = 0;
-    json_array_foreach(lines, i, r) {
-        const char *m = json_string_value(json_object_get(r, "mode"));
-        if (gpu && m != NULL && strcmp(m, "normal") == 0 && json_object_get(r, "transport") == NULL)
-            (*older)++;
-        else
-            json_array_append(kept, r);
-    }
-    json_decref(lines);
     *gpu_out = gpu;
-    return kept;
+    *older = 0;
+    return gpu ? keep_lines(lines, not_older_normal, NULL, older) : lines;
+}
+
+/* A line of rank count *ctx, or one that names none. */
+static bool of_ranks(json_t *r, const void *ctx) {
+    json_t *rk = json_object_get(r, "ranks");
+    return rk == NULL || json_integer_value(rk) == *(const json_int_t *)ctx;
 }
 
 /* The lines of one rank count, as one fit needs: --gpus's where the file
@@ -154,17 +178,7 @@ static json_t *one_rank_count(json_t *lines, int G, size_t *others) {
         json_int_t n = json_integer_value(json_object_get(r, "ranks"));
         if (n == G || (want == 0 && n > 0)) want = n;
     }
-    json_t *kept = json_array();
-    *others = 0;
-    json_array_foreach(lines, i, r) {
-        json_t *rk = json_object_get(r, "ranks");
-        if (rk == NULL || json_integer_value(rk) == want)
-            json_array_append(kept, r);
-        else
-            (*others)++;
-    }
-    json_decref(lines);
-    return kept;
+    return keep_lines(lines, of_ranks, &want, others);
 }
 
 /* Whether a line was timed with the engine's token bound at the batch's own
