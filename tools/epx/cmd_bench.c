@@ -583,11 +583,28 @@ static int parse_args(cli_cmd *cmd, bench_args *a) {
             return CLI_EXIT_USAGE;
         }
     }
+    const char *cm = cli_get(cmd, "--combine");
+    a->combine = EPX_EP_COMBINE_TOPK;
+    if (cm != NULL) {
+        if (strcmp(cm, "topk") == 0)
+            a->combine = EPX_EP_COMBINE_TOPK;
+        else if (strcmp(cm, "rank") == 0)
+            a->combine = EPX_EP_COMBINE_RANK;
+        else {
+            fprintf(stderr, "epx bench comm: --combine must be topk or rank, not '%s'\n", cm);
+            return CLI_EXIT_USAGE;
+        }
+    }
+    if (a->mode == EPX_EP_MODE_LOW_LATENCY && a->combine != EPX_EP_COMBINE_TOPK) {
+        fprintf(stderr, "epx bench comm: --mode low-latency combines in top-k order: drop "
+                        "--combine rank\n");
+        return CLI_EXIT_USAGE;
+    }
     /* The GPU engine runs both modes over NCCL (normal mode's compact
      * receive unless --engine nccl or per-rank partials ask for the older
      * NCCL path, nccl_ep). */
-    const char *en = cli_get(cmd, "--engine"), *cm_arg = cli_get(cmd, "--combine");
-    const bool partials = cm_arg != NULL && strcmp(cm_arg, "rank") == 0;
+    const char *en = cli_get(cmd, "--engine");
+    const bool partials = a->combine == EPX_EP_COMBINE_RANK;
     if (en != NULL && strcmp(en, "gpu") != 0 && strcmp(en, "nccl") != 0) {
         fprintf(stderr, "epx bench comm: --engine must be gpu or nccl, not '%s'\n", en);
         return CLI_EXIT_USAGE;
@@ -678,23 +695,6 @@ static int parse_args(cli_cmd *cmd, bench_args *a) {
         const cli_out outs[] = {{cli_get(cmd, "-o"), false}, {a->jsonl, true}};
         int rc = cli_outputs_check(cmd, NULL, 0, outs, 2);
         if (rc >= 0) return rc;
-    }
-    const char *cm = cli_get(cmd, "--combine");
-    a->combine = EPX_EP_COMBINE_TOPK;
-    if (cm != NULL) {
-        if (strcmp(cm, "topk") == 0)
-            a->combine = EPX_EP_COMBINE_TOPK;
-        else if (strcmp(cm, "rank") == 0)
-            a->combine = EPX_EP_COMBINE_RANK;
-        else {
-            fprintf(stderr, "epx bench comm: --combine must be topk or rank, not '%s'\n", cm);
-            return CLI_EXIT_USAGE;
-        }
-    }
-    if (a->mode == EPX_EP_MODE_LOW_LATENCY && a->combine != EPX_EP_COMBINE_TOPK) {
-        fprintf(stderr, "epx bench comm: --mode low-latency combines in top-k order: drop "
-                        "--combine rank\n");
-        return CLI_EXIT_USAGE;
     }
     return -1;
 }
