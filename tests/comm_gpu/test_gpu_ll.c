@@ -805,11 +805,11 @@ static int bound_cases(void) {
     return 0;
 }
 
+static int normal_refusals(epx_ep_config *cfg);
+
 /* A bad slot: the batch is refused (sync says so, output zeros), the next
  * one goes through. Then a silent rank: sync times out, health and the
  * bootstrap communicator report it, later calls refuse at once. */
-static int normal_refusals(epx_ep_config *cfg);
-
 static int fault_cases(void) {
     epx_error err = {0};
     epx_comm *local = NULL;
