@@ -3,10 +3,12 @@
 # you may use this file only in compliance with that license, a copy of which
 # is at http://www.apache.org/licenses/LICENSE-2.0. It is distributed "AS IS",
 # without warranties or conditions of any kind.
-"""Run DeepEP's own low-latency test (tests/legacy/test_low_latency.py)
+"""Run DeepEP's own low-latency test (tests/legacy/test_low_latency.py) or
+its normal-mode test (tests/legacy/test_intranode.py, --test intranode)
 against epx.torch.Buffer, with N processes sharing one GPU.
 
-    python3 tools/deepep_ll_check.py [--deepep DIR] --num-processes N [--timeout S] [-- TEST ARGS]
+    python3 tools/deepep_ll_check.py [--deepep DIR] [--test low_latency|intranode]
+        --num-processes N [--timeout S] [-- TEST ARGS]
 
 DIR (default .deepep, written by tools/stage_deepep.sh, never committed) holds
 DeepEP's test and deep_ep/utils/ as plain files. A temporary package named
@@ -31,7 +33,8 @@ import sys
 import tempfile
 
 TOOL = os.path.abspath(__file__)
-TEST = os.path.join("tests", "legacy", "test_low_latency.py")
+TESTS = {name: os.path.join("tests", "legacy", "test_%s.py" % name)
+         for name in ("low_latency", "intranode")}
 
 # ---- the patches, installed by the shim's __init__ in every process ---------
 
@@ -158,7 +161,7 @@ def install(envs, buffer_cls=None):
 
 SHIM_INIT = '''# Written by epx's tools/deepep_ll_check.py: DeepEP's tests on epx.torch.Buffer.
 import importlib.util as _iu, sys as _sys, torch as _torch
-from epx.torch import Buffer, EventOverlap
+from epx.torch import Buffer, Config, EventOverlap
 topk_idx_t = _torch.int64
 if "_epx_ll_check" not in _sys.modules:
     _spec = _iu.spec_from_file_location("_epx_ll_check", %r)
@@ -227,6 +230,28 @@ def verdict(rc, n, done, calls, stopped):
     return "PASS"
 
 
+def summarise_intranode(lines, rc, n, extra):
+    """test_intranode.py prints from rank 0 only: a '[testing] ... passed'
+    line per checked combination, then its tuning, whose last line ('Best
+    combine') comes after every check of every rank (each check asserts)."""
+    passed = [l for l in lines if l.startswith("[testing]") and l.endswith(" passed")]
+    errors = [l for l in lines if re.match(r"^[\w.]*(Error|Exception)\b", l)]
+    where = [(l.strip(), lines[i + 1].strip() if i + 1 < len(lines) else "")
+             for i, l in enumerate(lines) if "test_intranode.py\", line" in l]
+    print("\n==== DeepEP test_intranode.py on epx.torch.Buffer: %d processes on one GPU%s"
+          % (n, ", test args: " + " ".join(extra) if extra else ""))
+    print("checked combinations passed (rank 0's lines): %d" % len(passed))
+    if where:
+        print("last test line in a traceback: %s\n    %s" % where[-1])
+    if errors:
+        print("error: %s" % errors[-1])
+    done = passed and any("[tuning] Best combine" in l for l in lines)
+    result = ("TIMEOUT" if rc == 124 else "FAIL") if rc else \
+        "PASS" if done else "FAIL (the checks or the tuning did not run)"
+    print("RESULT: %s (exit code %d)" % (result, rc))
+    return result
+
+
 def summarise(lines, rc, n, extra):
     done = {r: [s for s, key in STAGES if any(l.startswith("[rank %d]" % r) and key in l
                                                for l in lines)] for r in range(n)}
@@ -276,12 +301,15 @@ def main(argv):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--deepep", default=os.path.join(os.path.dirname(os.path.dirname(TOOL)),
                                                     ".deepep"), help="DeepEP files (.deepep)")
+    p.add_argument("--test", choices=sorted(TESTS), default="low_latency",
+                   help="which DeepEP test (default low_latency)")
     p.add_argument("--num-processes", type=int, required=True, help="processes on the GPU")
     p.add_argument("--timeout", type=int, default=0, help="stop the run after S seconds")
     a = p.parse_args(argv)
-    test = os.path.join(a.deepep, TEST)
+    test = os.path.join(a.deepep, TESTS[a.test])
     if not os.path.isfile(test) or not os.path.isdir(os.path.join(a.deepep, "deep_ep", "utils")):
-        p.error("%s lacks %s or deep_ep/utils/: run tools/stage_deepep.sh" % (a.deepep, TEST))
+        p.error("%s lacks %s or deep_ep/utils/: run tools/stage_deepep.sh"
+                % (a.deepep, TESTS[a.test]))
     if a.num_processes < 1 or "--num-processes" in extra:
         p.error("give --num-processes N (N >= 1) to this tool, not after --")
     with socket.socket() as s:
@@ -310,7 +338,8 @@ def main(argv):
         rc = proc.wait()
         signal.alarm(0)
     rc = 124 if rc == -signal.SIGKILL and a.timeout else rc if rc >= 0 else 128 - rc
-    result = summarise(lines, rc, a.num_processes, extra)
+    result = (summarise_intranode if a.test == "intranode" else summarise)(
+        lines, rc, a.num_processes, extra)
     return rc if rc != 0 or result == "PASS" else 1
 
 

@@ -21,7 +21,7 @@ g() { git --git-dir="$git_dir" "$@"; }
 commit=$(g rev-parse --verify "$rev^{commit}")
 
 # The test, DeepEP's license, and every Python file of deep_ep/utils/.
-files="tests/legacy/test_low_latency.py LICENSE $(g ls-tree --name-only "$commit" deep_ep/utils/ |
+files="tests/legacy/test_low_latency.py tests/legacy/test_intranode.py LICENSE $(g ls-tree --name-only "$commit" deep_ep/utils/ |
     grep '\.py$' | tr '\n' ' ')"
 g cat-file -e "$commit:tests/legacy/test_low_latency.py" || {
     echo "stage_deepep.sh: $commit has no tests/legacy/test_low_latency.py" >&2

@@ -68,3 +68,13 @@ def test_ranks_printing_at_once():
                                            "low_latency_query_mask_buffer": 0}
     bench = "[rank %d] Dispatch + combine bandwidth: 4.89 GB/s, avg_t=4505.29 us"
     assert check.summarise([bench % 0, bench % 1, joined], 0, 2, []) == "PASS"
+
+
+def test_intranode_pass_needs_checks_and_the_tuning_after_them():
+    passed = "[testing] Running with BF16, with top-k (async=False, previous=False) ... passed"
+    best = "[tuning] Best combine: SMs 24, NVL chunk 1: 10.00 GB/s (NVL), t: 100.00 us"
+    assert check.summarise_intranode([passed, best], 0, 2, []) == "PASS"
+    assert check.summarise_intranode([passed], 0, 2, []).startswith("FAIL")  # stopped early
+    assert check.summarise_intranode([best], 0, 2, []).startswith("FAIL")  # no check ran
+    assert check.summarise_intranode([passed, best], 1, 2, []) == "FAIL"
+    assert check.summarise_intranode([], 124, 2, []) == "TIMEOUT"

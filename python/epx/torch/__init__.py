@@ -36,10 +36,10 @@ from typing import NamedTuple
 from .. import _arrays as _A
 from . import _balanced_op, _gpu, _ops
 from ._mapping import BALANCED, Mapping
-from .buffer import Buffer, EventOverlap
+from .buffer import Buffer, Config, EventOverlap
 
 __all__ = ["dispatch_layout", "get_dispatch_layout", "token_layout", "TokenLayout", "Mapping",
-           "map_ids", "balanced_topk", "permute", "combine", "gpu_available", "gpu_unavailable_reason", "Buffer", "EventOverlap"]
+           "map_ids", "balanced_topk", "permute", "combine", "gpu_available", "gpu_unavailable_reason", "Buffer", "Config", "EventOverlap"]
 
 
 def gpu_available():

@@ -177,14 +177,14 @@ class Engine:
         _gpu.call(_dispatch, self.h, parts, T, c_void_p(x.data_ptr() if x is not None else 0),
                   c_void_p(ids.data_ptr() if ids is not None else 0), None, None)
 
-    def combine(self, parts, y, weights, out, stream=None):
+    def combine(self, parts, y, weights, out, stream=None, out_dtype=DTYPE_BF16):
         """Launch combine parts on `stream` (default: the current one): y
         (None: the engine's own) [L][S][H] bf16, weights [T][K] fp32, out
-        [T][H] bf16."""
+        [T][H] bf16 (or fp32 with out_dtype DTYPE_F32: the sums unrounded)."""
         self._on_stream(stream)
         _gpu.call(_combine, self.h, parts, c_void_p(y.data_ptr() if y is not None else 0),
                   c_void_p(weights.data_ptr() if weights is not None else 0),
-                  c_void_p(out.data_ptr() if out is not None else 0), DTYPE_BF16)
+                  c_void_p(out.data_ptr() if out is not None else 0), out_dtype)
 
     def health(self):
         """Raise the EpxError a fault recorded by the kernels, if any."""

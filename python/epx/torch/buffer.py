@@ -40,9 +40,9 @@ Where epx differs from DeepEP, and why (docs/EP_TORCH.md has the list):
 import torch
 
 from .._native import EpxError, Status
-from . import _gpu, _ll
+from . import _gpu, _ll, _normal
 
-__all__ = ["Buffer", "EventOverlap", "per_token_cast_fp8", "reference_dispatch",
+__all__ = ["Buffer", "Config", "EventOverlap", "per_token_cast_fp8", "reference_dispatch",
            "reference_combine"]
 
 # DeepEP's per-token quantisation constants (e4m3's largest finite value).
@@ -100,19 +100,84 @@ class _Handle(tuple):
         return h
 
 
-def _check_cuda(name, t, dtype, ndim, device):
+class _NormalHandle(tuple):
+    """DeepEP's normal-mode handle, six items as DeepEP's: (rank_prefix_matrix
+    int32 [R][R], the engine rows of the received tokens int64, which of them
+    are real (bool), recv_src_idx int32 (-1 past the real ones),
+    is_token_in_rank, None); it also names its engine and layout."""
+
+    def __new__(cls, items, engine, layout):
+        h = super().__new__(cls, items)
+        h._epx_engine, h._epx_layout = engine, layout
+        return h
+
+
+class Config:
+    """DeepEP's Config (SMs and chunk sizes of its normal-mode kernels):
+    accepted everywhere DeepEP takes one; epx's engine sizes its own grid."""
+
+    def __init__(self, num_sms=20, num_max_nvl_chunked_send_tokens=6,
+                 num_max_nvl_chunked_recv_tokens=256, num_max_rdma_chunked_send_tokens=6,
+                 num_max_rdma_chunked_recv_tokens=256):
+        self.num_sms = num_sms
+        self.num_max_nvl_chunked_send_tokens = num_max_nvl_chunked_send_tokens
+        self.num_max_nvl_chunked_recv_tokens = num_max_nvl_chunked_recv_tokens
+        self.num_max_rdma_chunked_send_tokens = num_max_rdma_chunked_send_tokens
+        self.num_max_rdma_chunked_recv_tokens = num_max_rdma_chunked_recv_tokens
+
+    def get_nvl_buffer_size_hint(self, hidden_bytes, num_ranks):
+        """Bytes for NORMAL_HINT_TOKENS tokens per rank of hidden_bytes / 2
+        bf16 values (at 256 experts, DeepEP's largest in its tests)."""
+        hidden = max(1, int(hidden_bytes) // 2)
+        cfg = _ll.config(_normal.row_width(hidden, 256, num_ranks), num_ranks, num_ranks,
+                         NORMAL_HINT_TOKENS + 1)
+        return _ll.buffer_bytes(cfg, num_ranks)
+
+    def get_rdma_buffer_size_hint(self, hidden_bytes, num_ranks):
+        """0: epx's normal mode uses no RDMA buffer."""
+        return 0
+
+
+# Tokens per rank and call Config.get_nvl_buffer_size_hint sizes for (a
+# prefill chunk of 8192 tokens spread over 2+ ranks).
+NORMAL_HINT_TOKENS = 4096
+# The most tokens per rank and call a normal-mode engine is sized for,
+# however large num_nvl_bytes is (a prefill chunk; more is refused by name).
+NORMAL_MAX_TOKENS = 1 << 16
+
+
+def _normal_tokens(width, num_ranks, nbytes):
+    """The most tokens per rank (count row included) an engine of rows of
+    `width` columns over num_ranks ranks takes within nbytes (0 if none)."""
+    lo, hi = 0, NORMAL_MAX_TOKENS
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if _ll.buffer_bytes(_ll.config(width, num_ranks, num_ranks, mid), num_ranks) <= nbytes:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def _wait(previous_event):
+    ev = getattr(previous_event, "event", previous_event)
+    if ev is not None:
+        torch.cuda.current_stream().wait_event(ev)
+
+
+def _check_cuda(name, t, dtype, ndim, device, contiguous=True):
     if not isinstance(t, torch.Tensor):
         _fail("%s must be a torch.Tensor, not %s" % (name, type(t).__name__))
     if t.device.type != "cuda" or t.device.index != device:
         _fail("%s is on %s, but this Buffer's GPU is cuda:%d: move it there" % (name, t.device,
                                                                                  device))
     if dtype is not None and t.dtype not in (dtype if isinstance(dtype, tuple) else (dtype,)):
-        _fail("%s has dtype %s; DeepEP's low-latency API takes %s" % (
+        _fail("%s has dtype %s; DeepEP's API takes %s" % (
             name, t.dtype, " or ".join(str(d) for d in (dtype if isinstance(dtype, tuple)
                                                          else (dtype,)))))
     if t.dim() != ndim:
         _fail("%s must have %d dimensions, not shape %s" % (name, ndim, tuple(t.shape)))
-    if not t.is_contiguous():
+    if contiguous and not t.is_contiguous():
         _fail("%s must be contiguous (call .contiguous())" % name)
 
 
@@ -266,6 +331,7 @@ class Buffer:
         _ShrinkExchange.made += 1
         self.device = torch.cuda.current_device()
         self._engines = {}
+        self._layouts = 0  # normal-mode dispatches so far: names each one's layout
         self._destroyed = False
 
     # ---- sizes ------------------------------------------------------------
@@ -362,18 +428,8 @@ class Buffer:
 
     def _engine(self, hidden, top_k, num_experts, max_tokens):
         key = (hidden, top_k, num_experts, max_tokens)
-        eng = self._engines.get(key)
-        if eng is not None:
-            return eng
-        import torch.distributed as dist
-        # Every rank reaches the gathers below whatever happens here, so a
-        # rank that fails does not leave its peers waiting.
-        eng, err, info, local = None, None, b"", None
-        try:
-            if torch.cuda.is_current_stream_capturing():
-                _fail("the first call of a shape (hidden %d, top-k %d, %d experts, %d tokens) "
-                      "creates its engine, which a CUDA-graph capture cannot hold: run one call "
-                      "before capturing" % key)
+
+        def make():
             if num_experts % self.group_size:
                 _fail("num_experts (%d) must be a multiple of the group's %d ranks"
                       % (num_experts, self.group_size))
@@ -384,6 +440,24 @@ class Buffer:
                       "top-k %d, %d experts, %d tokens per rank): size it with "
                       "Buffer.get_low_latency_rdma_size_hint"
                       % ((self.num_rdma_bytes, need) + key))
+            return cfg
+        return self._open_engine(key, "hidden %d, top-k %d, %d experts, %d tokens" % key, make)
+
+    def _open_engine(self, key, shape, make):
+        """The engine of `key`, created collectively at its first call:
+        make() returns its config or raises the reason it cannot be made."""
+        eng = self._engines.get(key)
+        if eng is not None:
+            return eng
+        import torch.distributed as dist
+        # Every rank reaches the gathers below whatever happens here, so a
+        # rank that fails does not leave its peers waiting.
+        eng, err, info, local = None, None, b"", None
+        try:
+            if torch.cuda.is_current_stream_capturing():
+                _fail("the first call of a shape (%s) creates its engine, which a CUDA-graph "
+                      "capture cannot hold: run one call before capturing" % shape)
+            cfg = make()
             eng = _ll.Engine(cfg, self.rank, self.group_size, self.timeout_ms, self._mask)
             info = eng.info()
         except EpxError as e:
@@ -577,6 +651,243 @@ class Buffer:
         self._alive()
         for eng in self._engines.values():
             eng.health()
+
+    # ---- DeepEP's normal (high-throughput) calls ------------------------------------
+
+    @staticmethod
+    def is_sm90_compiled():
+        """True: dispatch takes DeepEP's fp8 input (e4m3 rows and fp32 scales
+        per 128 values) on any GPU epx runs on."""
+        return True
+
+    @staticmethod
+    def set_num_sms(new_num_sms):
+        """DeepEP's knob for its normal-mode kernels; kept in Buffer.num_sms
+        and the configs below, which epx's engine does not need (it sizes its
+        own grid)."""
+        if isinstance(new_num_sms, bool) or not isinstance(new_num_sms, int) or \
+                new_num_sms <= 0 or new_num_sms % 2:
+            _fail("set_num_sms takes a positive even int (DeepEP's rule), not %r" % (new_num_sms,))
+        Buffer.num_sms = new_num_sms
+
+    @staticmethod
+    def get_dispatch_config(num_ranks):
+        """A Config as DeepEP's call returns one; epx reads none of it."""
+        return Config(Buffer.num_sms, 6, 256, 6, 128)
+
+    @staticmethod
+    def get_combine_config(num_ranks):
+        """A Config as DeepEP's call returns one; epx reads none of it."""
+        return Config(Buffer.num_sms, 6, 256, 6, 128)
+
+    def _normal_engine(self, hidden, num_experts):
+        """The engine of DeepEP's normal mode for (hidden, experts): one slot
+        per rank, a row of _normal.row_width columns, as many tokens per
+        rank as num_nvl_bytes holds."""
+        R = self.group_size
+        key = ("normal", hidden, num_experts)
+        width = _normal.row_width(hidden, num_experts, R)
+
+        def make():
+            if self.num_nvl_bytes == 0:
+                _fail("dispatch and combine (DeepEP's normal mode) need Buffer(group, "
+                      "num_nvl_bytes=...) above 0: it bounds the tokens a rank sends per call")
+            if self.enable_shrink:
+                _fail("DeepEP's normal mode has no shrink mode: use a Buffer without "
+                      "enable_shrink for dispatch and combine")
+            M = _normal_tokens(width, R, self.num_nvl_bytes)
+            if M < 2:
+                _fail("num_nvl_bytes (%d) holds no token of hidden %d over %d ranks: give it at "
+                      "least %d" % (self.num_nvl_bytes, hidden, R,
+                                    _ll.buffer_bytes(_ll.config(width, R, R, 2), R)))
+            return _ll.config(width, R, R, M)
+        eng = self._open_engine(key, "normal mode, hidden %d, %d experts" % (hidden, num_experts),
+                                make)
+        if not hasattr(eng, "stage"):
+            M = eng.cfg.max_tokens
+            dev = eng.recv_x.device  # the engine's GPU
+            eng.stage = torch.zeros((M, width), dtype=torch.bfloat16, device=dev)
+            eng.columns = torch.full((M, R), -1, dtype=torch.int32, device=dev)
+            eng.ones = torch.ones((M, R), dtype=torch.float32, device=dev)
+            eng.layout = None  # which dispatch's layout the engine holds
+            eng.hidden, eng.num_experts = hidden, num_experts
+        return eng
+
+    def _normal_check(self, name, t, dtype, ndim, rows=None):
+        _check_cuda(name, t, dtype, ndim, self.device)
+        if rows is not None and t.shape[0] != rows:
+            _fail("%s has %d rows; x has %d tokens" % (name, t.shape[0], rows))
+
+    def dispatch(self, x, handle=None, num_tokens_per_rank=None, num_tokens_per_rdma_rank=None,
+                 is_token_in_rank=None, num_tokens_per_expert=None, topk_idx=None,
+                 topk_weights=None, expert_alignment=1, num_worst_tokens=0, config=None,
+                 previous_event=None, async_finish=False, allocate_on_comm_stream=False):
+        """DeepEP's normal-mode dispatch: each token goes once to every rank
+        in its is_token_in_rank row. Returns (recv_x, recv_topk_idx,
+        recv_topk_weights, num_recv_tokens_per_expert_list, handle, event) in
+        DeepEP's shapes and dtypes; the received tokens come in (source rank,
+        token) order and are fresh tensors. Without num_worst_tokens the
+        host waits for the counts (as DeepEP's does)."""
+        if self._destroyed:
+            _fail("this Buffer was destroyed")
+        fp8 = isinstance(x, tuple)
+        x, scales = x if fp8 else (x, None)
+        if fp8:
+            self._normal_check("x[0]", x, torch.float8_e4m3fn, 2)
+            T, H = x.shape
+            if H % 128:
+                _fail("fp8 x has hidden %d; DeepEP's fp8 rows need a multiple of 128" % H)
+            _check_cuda("x[1]", scales, torch.float32, 2, self.device, contiguous=False)
+            if tuple(scales.shape) != (T, H // 128):
+                _fail("x[1] (the scales) has shape %s, not (%d, %d)" % (tuple(scales.shape), T,
+                                                                        H // 128))
+        else:
+            self._normal_check("x", x, torch.bfloat16, 2)
+            T, H = x.shape
+        R, cached = self.group_size, handle is not None
+        alignment = _int("expert_alignment", expert_alignment, 1)
+        worst = _int("num_worst_tokens", num_worst_tokens, 0)
+        if num_tokens_per_rdma_rank is not None:
+            _fail("num_tokens_per_rdma_rank: epx's Buffer has no RDMA ranks; pass None")
+        if allocate_on_comm_stream and (previous_event is None or not async_finish):
+            _fail("allocate_on_comm_stream needs previous_event and async_finish=True "
+                  "(DeepEP's condition)")
+        if cached:
+            if topk_idx is not None or topk_weights is not None:
+                _fail("a cached dispatch (handle given) takes no topk_idx or topk_weights "
+                      "(DeepEP's rule)")
+            eng, layout = self._normal_handle(handle)
+            in_rank, E = handle[4], eng.num_experts
+            if in_rank.shape[0] != T or eng.hidden != H:
+                _fail("x is [%d, %d] but the handle's dispatch sent [%d, %d]: a cached dispatch "
+                      "sends the same tokens" % (T, H, in_rank.shape[0], eng.hidden))
+            rows, valid = handle[1], handle[2]
+        else:
+            if num_tokens_per_rank is None or is_token_in_rank is None or \
+                    num_tokens_per_expert is None:
+                _fail("dispatch without a handle needs num_tokens_per_rank, is_token_in_rank and "
+                      "num_tokens_per_expert (get_dispatch_layout gives them)")
+            self._normal_check("num_tokens_per_rank", num_tokens_per_rank, torch.int32, 1)
+            self._normal_check("is_token_in_rank", is_token_in_rank, torch.bool, 2, T)
+            self._normal_check("num_tokens_per_expert", num_tokens_per_expert, torch.int32, 1)
+            E = num_tokens_per_expert.shape[0]
+            if num_tokens_per_rank.shape[0] != R or is_token_in_rank.shape[1] != R:
+                _fail("num_tokens_per_rank %s and is_token_in_rank %s must have the group's %d "
+                      "ranks" % (tuple(num_tokens_per_rank.shape),
+                                 tuple(is_token_in_rank.shape), R))
+            if E % R:
+                _fail("num_tokens_per_expert has %d experts, not a multiple of the group's %d "
+                      "ranks" % (E, R))
+            if topk_idx is not None:
+                self._normal_check("topk_idx", topk_idx, (torch.int64, torch.int32), 2, T)
+                if not 1 <= topk_idx.shape[1] <= _normal.KCAP:
+                    _fail("topk_idx has %d columns; epx's normal mode carries top-k 1..%d"
+                          % (topk_idx.shape[1], _normal.KCAP))
+                if topk_weights is not None:
+                    self._normal_check("topk_weights", topk_weights, torch.float32, 2, T)
+                    if topk_weights.shape[1] != topk_idx.shape[1]:
+                        _fail("topk_weights has %d columns, topk_idx %d"
+                              % (topk_weights.shape[1], topk_idx.shape[1]))
+            elif topk_weights is not None:
+                _fail("topk_weights needs topk_idx")
+            in_rank = is_token_in_rank
+            eng, layout = self._normal_engine(H, E), None
+        if T + 1 > eng.cfg.max_tokens:
+            _fail("x has %d tokens; this Buffer's num_nvl_bytes (%d) holds %d per rank at hidden "
+                  "%d over %d ranks: give it more bytes" % (T, self.num_nvl_bytes,
+                                                           eng.cfg.max_tokens - 1, H, R))
+        _wait(previous_event)
+        _normal.pack(eng.stage, eng.columns, x, scales, topk_idx, topk_weights, in_rank,
+                     None if cached else num_tokens_per_rank, num_tokens_per_expert)
+        eng.dispatch(_ll.SEND | _ll.RECV, eng.stage[:T + 1], eng.columns[:T + 1])
+        eng.num_tokens = T
+        recv = eng.recv_x[0]
+        L = E // R
+        per_expert_list = []
+        if not cached:
+            self._layouts += 1
+            layout = self._layouts
+            rows, valid, real, count_rows = _normal.row_map(eng.layout_range[0],
+                                                            worst if worst else None)
+            per_rank, per_expert = _normal.counts_of(recv, count_rows, R, E)
+            prefix = torch.cumsum(per_rank, 0, dtype=torch.int32)
+            if not worst:
+                got = per_expert.sum(0, dtype=torch.int32)[self.rank * L:(self.rank + 1) * L]
+                per_expert_list = ((got + alignment - 1) // alignment * alignment).tolist()
+        eng.layout = layout
+        recv_x, recv_ids, recv_w = _normal.unpack(recv, rows, valid, H, fp8,
+                                                  None if topk_idx is None else topk_idx.shape[1],
+                                                  self.rank, L)
+        if not cached:
+            src = torch.where(valid, eng.src_info[0].index_select(0, rows), -1)
+            handle = _NormalHandle((prefix, rows, valid, src, in_rank, None), eng, layout)
+        event = EventOverlap(self.capture().event, (x, in_rank)) if async_finish else \
+            EventOverlap(None)
+        if cached:
+            return recv_x, None, None, None, None, event  # DeepEP's cached-dispatch outputs
+        return recv_x, recv_ids, recv_w, per_expert_list, handle, event
+
+    def combine(self, x, handle, topk_weights=None, bias=None, config=None, previous_event=None,
+                async_finish=False, allocate_on_comm_stream=False):
+        """DeepEP's normal-mode combine: each token's rows summed over the
+        ranks it went to (no weights applied), in fp32, rounded once to bf16,
+        bias terms added before the rounding; with topk_weights their fp32
+        sums too. Returns (combined_x [tokens, hidden] bf16, combined_topk_weights
+        or None, event)."""
+        if self._destroyed:
+            _fail("this Buffer was destroyed")
+        eng, layout = self._normal_handle(handle)
+        rows = handle[1]
+        self._normal_check("x", x, torch.bfloat16, 2)
+        if x.shape[0] != rows.shape[0]:
+            _fail("x has %d rows; the handle's dispatch received %d tokens: combine takes one "
+                  "row per received token" % (x.shape[0], rows.shape[0]))
+        T, H = handle[4].shape[0], eng.hidden
+        if x.shape[1] != H:
+            _fail("x has hidden %d; the handle's dispatch sent %d" % (x.shape[1], H))
+        K = None
+        if topk_weights is not None:
+            self._normal_check("topk_weights", topk_weights, torch.float32, 2)
+            K = topk_weights.shape[1]
+            if topk_weights.shape[0] != rows.shape[0]:
+                _fail("topk_weights has %d rows; the handle's dispatch received %d tokens"
+                      % (topk_weights.shape[0], rows.shape[0]))
+            if not 1 <= K <= _normal.KCAP:
+                _fail("topk_weights has %d columns; epx's normal mode carries top-k 1..%d"
+                      % (K, _normal.KCAP))
+        bias = bias if isinstance(bias, tuple) else (bias,)
+        if len(bias) > 2:
+            _fail("bias is one tensor or a tuple of two (DeepEP's rule), not %d" % len(bias))
+        for b in bias:
+            if b is not None:
+                self._normal_check("bias", b, torch.bfloat16, 2, T)
+        if allocate_on_comm_stream and (previous_event is None or not async_finish):
+            _fail("allocate_on_comm_stream needs previous_event and async_finish=True "
+                  "(DeepEP's condition)")
+        _wait(previous_event)
+        if eng.layout != layout:
+            # A dispatch of another layout came between: send this one's
+            # columns again (rows unread) so the engine routes the combine as
+            # this handle's dispatch did. Every rank decides alike: the
+            # layouts follow the calls, which every rank makes in one order.
+            _normal.route(eng.columns, handle[4])
+            eng.dispatch(_ll.SEND | _ll.RECV, eng.stage[:T + 1], eng.columns[:T + 1])
+            eng.layout = layout
+        _normal.fill_combine(eng.y[0], rows, x, topk_weights)
+        out = torch.empty((T + 1, eng.cfg.hidden), dtype=torch.float32, device=eng.y.device)
+        eng.combine(_ll.SEND | _ll.RECV, None, eng.ones[:T + 1], out, out_dtype=_ll.DTYPE_F32)
+        combined_x, combined_w = _normal.combined(out, T, H, K, bias)
+        event = EventOverlap(self.capture().event, (x, out)) if async_finish else \
+            EventOverlap(None)
+        return combined_x, combined_w, event
+
+    def _normal_handle(self, handle):
+        if not isinstance(handle, _NormalHandle):
+            _fail("handle must be the handle a dispatch of this Buffer returned")
+        eng = handle._epx_engine
+        if all(eng is not e for e in self._engines.values()):
+            _fail("this handle does not come from a dispatch of this Buffer")
+        return eng, handle._epx_layout
 
     # ---- lifetime -------------------------------------------------------------
 
