@@ -292,6 +292,9 @@ def summarise(lines, rc, n, extra):
 def main(argv):
     if argv[:1] == ["--inner"]:  # the test's own process: it runs as __main__
         sys.path[:] = [d for d in sys.path if os.path.abspath(d) != os.path.dirname(TOOL)]
+        # the test's own folder, as `python3 tests/legacy/test_X.py` has it
+        # (test_intranode.py imports test_low_latency from there)
+        sys.path.insert(0, os.path.dirname(os.path.abspath(argv[1])))
         sys.argv = argv[1:]
         runpy.run_path(argv[1], run_name="__main__")
         return 0

@@ -46,7 +46,7 @@ def inputs(seed, R, H, K, E, M):
 
 
 def check_shape(buf, rank, R, si, H, K, LPR, M):
-    E = LPR * R
+    E = max(LPR, -(-K // R)) * R  # room for K distinct experts
     allb = inputs(SEED * 100 + si, R, H, K, E, M)
     mine = {k: v.cuda() for k, v in allb[rank].items()}
     ins = [b["in_rank"] for b in allb]
