@@ -2,8 +2,8 @@
 # gpu_check.sh - every GPU test in one call, no benchmarks: the dispatch
 # kernels (and balanced dispatch's), the low-latency EP engine (1-4 ranks, graphs, faults; also under
 # compute-sanitizer memcheck), epx.torch's CUDA tests (the ops and the
-# DeepEP-style Buffer), and DeepEP's own low-latency test on that Buffer when
-# .deepep/ was staged (tools/stage_deepep.sh). What a change to
+# DeepEP-style Buffer, both modes), and DeepEP's own low-latency and normal-mode
+# (test_intranode.py) tests on that Buffer when .deepep/ was staged (tools/stage_deepep.sh). What a change to
 # GPU code is checked with before it lands; the timing scripts are
 # gpu_dispatch.sh, gpu_ll.sh and gpu_torch.sh.
 #   QUICK=1     skip what the EP engine does not touch (the dispatch kernels)
@@ -47,7 +47,8 @@ fi
 run "epx.torch on CUDA" env EPX_LIBRARY="$BIN/libepx.so" EPX_CUDA_LIBRARY="$BIN/libepx_cuda.so" \
     PYTHONPATH="$ROOT/python:$ROOT/.devpy" bash -c "cd /tmp && python3 -m pytest -p no:cacheprovider \
     -q -rs '$ROOT/python/tests/test_torch_ops.py' '$ROOT/python/tests/test_torch.py' \
-    '$ROOT/python/tests/test_torch_buffer.py' '$ROOT/python/tests/test_torch_buffer_gpu.py'"
+    '$ROOT/python/tests/test_torch_buffer.py' '$ROOT/python/tests/test_torch_buffer_gpu.py' \
+    '$ROOT/python/tests/test_torch_normal.py' '$ROOT/python/tests/test_torch_normal_gpu.py'"
 run "the MoE layer example on epx.torch.Buffer, 2 and 3 processes" env \
     EPX_LIBRARY="$BIN/libepx.so" EPX_CUDA_LIBRARY="$BIN/libepx_cuda.so" PYTHONPATH="$ROOT/python" \
     bash -c "python3 '$ROOT/python/examples/moe_layer_ep.py' --ranks 2 && \
@@ -60,6 +61,13 @@ if [ -d "$ROOT/.deepep" ]; then
             EPX_LIBRARY="$BIN/libepx.so" EPX_CUDA_LIBRARY="$BIN/libepx_cuda.so" \
             PYTHONPATH="$ROOT/python" python3 "$ROOT/tools/deepep_ll_check.py" \
             --deepep "$ROOT/.deepep" --num-processes $n --timeout 400
+    done
+    # its normal-mode test (dispatch/combine): 256 experts need 2 or 4 ranks
+    for n in 2 $([ "${QUICK:-0}" = 1 ] || echo 4); do
+        run "DeepEP's test_intranode.py on epx.torch.Buffer, $n processes" env \
+            EPX_LIBRARY="$BIN/libepx.so" EPX_CUDA_LIBRARY="$BIN/libepx_cuda.so" \
+            PYTHONPATH="$ROOT/python" python3 "$ROOT/tools/deepep_ll_check.py" \
+            --deepep "$ROOT/.deepep" --test intranode --num-processes $n --timeout 400
     done
     run "DeepEP's test_low_latency.py on epx.torch.Buffer, 2 processes, host-memory transport" \
         env EPX_GPU_EP_TRANSPORT=host EPX_LIBRARY="$BIN/libepx.so" \

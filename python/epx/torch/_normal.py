@@ -59,12 +59,15 @@ def pack(stage, ids, x, x_scales, topk_idx, topk_weights, in_rank, per_rank, per
         stage[:T, H // 2:H // 2 + H // 64].copy_(
             x_scales.to(torch.float32).contiguous().view(torch.bfloat16))
     if topk_idx is not None:
+        # written in place through an int32 view of the tail; the columns past
+        # K are never read
         K = topk_idx.shape[1]
-        meta = torch.full((T, 2 * KCAP), -1, dtype=torch.int32, device=stage.device)
-        meta[:, :K] = topk_idx.to(torch.int32)
-        meta[:, KCAP:KCAP + K] = topk_weights.to(torch.float32).view(torch.int32) \
-            if topk_weights is not None else 0
-        stage[:T, H:H + META_COLS].copy_(meta.view(torch.bfloat16))
+        meta = stage[:T, H:H + META_COLS].view(torch.int32)
+        meta[:, :K].copy_(topk_idx)
+        if topk_weights is None:
+            meta[:, KCAP:KCAP + K].zero_()
+        else:
+            meta[:, KCAP:KCAP + K].copy_(topk_weights.view(torch.int32))
     route(ids, in_rank)
     if per_rank is not None:
         counts = torch.cat([per_rank.to(torch.int32), per_expert.to(torch.int32)])
@@ -76,8 +79,13 @@ def route(ids, in_rank):
     where in_rank[t][r], else -1; the count row (T) goes to every rank."""
     T, R = in_rank.shape
     ranks = torch.arange(R, dtype=torch.int32, device=ids.device)
-    ids[:T].copy_(torch.where(in_rank, ranks, torch.full_like(ranks, -1)))
+    torch.where(in_rank, ranks, torch.full_like(ranks[:1], -1), out=ids[:T])
     ids[T].copy_(ranks)
+
+
+def count_rows(layout_range):
+    """Each source's count row (its last row here) among the engine's rows."""
+    return (layout_range >> 32) + (layout_range & 0xFFFFFFFF) - 1
 
 
 def row_map(layout_range, n_out=None):
@@ -93,15 +101,14 @@ def row_map(layout_range, n_out=None):
     n = layout_range & 0xFFFFFFFF
     real = (n - 1).clamp(min=0)
     cum = torch.cumsum(real, 0)
-    count_rows = first + n - 1
     if n_out is None:
         n_out = int(cum[-1])
     i = torch.arange(n_out, dtype=torch.int64, device=layout_range.device)
     src = torch.searchsorted(cum, i, right=True)
     valid = i < cum[-1]
     src = src.clamp(max=layout_range.numel() - 1)
-    rows = torch.where(valid, first[src] + i - (cum[src] - real[src]), count_rows[-1])
-    return rows, valid, real, count_rows
+    rows = torch.where(valid, first[src] + i - (cum[src] - real[src]), first[-1] + n[-1] - 1)
+    return rows, valid, real, count_rows(layout_range)
 
 
 def counts_of(recv, count_rows, num_ranks, num_experts):
@@ -115,27 +122,32 @@ def unpack(recv, rows, valid, hidden, fp8, topk, rank, local_experts):
     """DeepEP's received tensors, fresh: (x bf16 [n, H] or (e4m3 [n, H], fp32
     scales [n, H / 128])), and with topk = K the local top-k ids int64 [n, K]
     (-1 where the expert is not on this rank, or past the real tokens) and
-    weights fp32 [n, K] (0 there). Rows past the real ones are zeros."""
+    weights fp32 [n, K] (0 there). Rows past the real ones (valid False;
+    valid None: every row is real) are zeros."""
     H = hidden
-    keep = valid.unsqueeze(1)
+    keep = None if valid is None else valid.unsqueeze(1)
     if fp8:
         # masked as int16: the e4m3 bytes are not bf16 values
         data = recv[:, :H // 2].index_select(0, rows).view(torch.int16)
-        data = torch.where(keep, data, torch.zeros((), dtype=data.dtype, device=data.device))
         scales = recv[:, H // 2:H // 2 + H // 64].index_select(0, rows).view(torch.float32)
-        x = (data.view(torch.float8_e4m3fn), torch.where(keep, scales, 0.0))
+        if keep is not None:
+            data = torch.where(keep, data, 0)
+            scales = torch.where(keep, scales, 0.0)
+        x = (data.view(torch.float8_e4m3fn), scales)
     else:
         x = recv[:, :H].index_select(0, rows)
-        x = torch.where(keep, x, torch.zeros((), dtype=x.dtype, device=x.device))
+        if keep is not None:
+            x = torch.where(keep, x, 0.0)
     if topk is None:
         return x, None, None
     meta = recv[:, H:H + META_COLS].index_select(0, rows).view(torch.int32)
-    gid = meta[:, :topk].to(torch.int64)
-    w = meta[:, KCAP:KCAP + topk].view(torch.float32)
-    local = gid - rank * local_experts
-    mine = (gid >= 0) & (local >= 0) & (local < local_experts) & keep
-    ids = torch.where(mine, local, torch.full_like(local, -1))
-    return x, ids, torch.where(mine, w, torch.zeros_like(w))
+    local = meta[:, :topk].to(torch.int64) - rank * local_experts
+    # negative ids stay negative: an id is local when it falls in [0, L)
+    mine = (local >= 0) & (local < local_experts)
+    if keep is not None:
+        mine &= keep
+    return x, torch.where(mine, local, -1), \
+        torch.where(mine, meta[:, KCAP:KCAP + topk].view(torch.float32), 0.0)
 
 
 def split3(w):

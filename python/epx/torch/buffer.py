@@ -103,7 +103,8 @@ class _Handle(tuple):
 class _NormalHandle(tuple):
     """DeepEP's normal-mode handle, six items as DeepEP's: (rank_prefix_matrix
     int32 [R][R], the engine rows of the received tokens int64, which of them
-    are real (bool), recv_src_idx int32 (-1 past the real ones),
+    are real (bool; None without num_worst_tokens: all), recv_src_idx int32
+    (-1 past the real ones),
     is_token_in_rank, None); it also names its engine and layout."""
 
     def __new__(cls, items, engine, layout):
@@ -807,19 +808,24 @@ class Buffer:
         if not cached:
             self._layouts += 1
             layout = self._layouts
-            rows, valid, real, count_rows = _normal.row_map(eng.layout_range[0],
-                                                            worst if worst else None)
-            per_rank, per_expert = _normal.counts_of(recv, count_rows, R, E)
+            lr = eng.layout_range[0]
+            per_rank, per_expert = _normal.counts_of(recv, _normal.count_rows(lr), R, E)
             prefix = torch.cumsum(per_rank, 0, dtype=torch.int32)
-            if not worst:
+            n = worst
+            if not worst:  # the host learns the count and the list in one wait
                 got = per_expert.sum(0, dtype=torch.int32)[self.rank * L:(self.rank + 1) * L]
-                per_expert_list = ((got + alignment - 1) // alignment * alignment).tolist()
+                n, *per_expert_list = torch.cat([prefix[-1:, self.rank], (
+                    got + alignment - 1) // alignment * alignment]).tolist()
+            rows, valid, _, _ = _normal.row_map(lr, n)
+            valid = valid if worst else None  # without padding every row is real
         eng.layout = layout
         recv_x, recv_ids, recv_w = _normal.unpack(recv, rows, valid, H, fp8,
                                                   None if topk_idx is None else topk_idx.shape[1],
                                                   self.rank, L)
         if not cached:
-            src = torch.where(valid, eng.src_info[0].index_select(0, rows), -1)
+            src = eng.src_info[0].index_select(0, rows)
+            if valid is not None:
+                src = torch.where(valid, src, -1)
             handle = _NormalHandle((prefix, rows, valid, src, in_rank, None), eng, layout)
         event = EventOverlap(self.capture().event, (x, in_rank)) if async_finish else \
             EventOverlap(None)
