@@ -187,11 +187,13 @@ class LoopEngine(TB.FakeEngine):
         self.sel = sel
 
     def combine(self, parts, y, weights, out, stream=None, out_dtype=_ll.DTYPE_BF16):
-        assert out_dtype == _ll.DTYPE_F32 and y is None
-        self.calls.append(("combine", parts))
-        out.zero_()
+        assert y is None and out.dtype == (torch.float32 if out_dtype == _ll.DTYPE_F32
+                                           else torch.bfloat16)
+        self.calls.append(("combine", parts, out.dtype))
+        sums = torch.zeros(out.shape)
         n = self.sel.numel()
-        out[self.sel] = weights[self.sel, :1] * self.y[0, :n].float()
+        sums[self.sel] = weights[self.sel, :1] * self.y[0, :n].float()
+        out.copy_(sums)  # bf16: the fp32 sum rounded once
 
 
 @pytest.fixture
@@ -258,7 +260,7 @@ def test_a_combine_after_another_dispatch_resends_its_columns(nbuf):
     assert torch.equal(out, torch.where(a[5][:, :1], a[0], torch.zeros((), dtype=a[0].dtype)))
     eng.calls.clear()
     nbuf.combine(TB.cu(ra[0]), ra[4])  # the engine holds its layout now: no resend
-    assert [c[0] for c in eng.calls] == ["combine"]
+    assert eng.calls == [("combine", 3, torch.bfloat16)]  # no weights: bf16 sums
     nbuf.dispatch(a[0], handle=ra[4])  # a cached dispatch keeps the layout too
     eng.calls.clear()
     nbuf.combine(TB.cu(ra[0]), ra[4])
@@ -306,3 +308,15 @@ def test_config_and_the_static_calls():
     assert isinstance(c, et.Config) and c.num_sms == B.Buffer.num_sms
     assert B.Buffer.is_sm90_compiled() is True
     assert c.get_rdma_buffer_size_hint(14336, 8) == 0
+
+
+@pytest.mark.parametrize("shape", [(3, 16), (5, 12), (2, 6)])
+def test_word_copies_keep_every_bit(shape):
+    g = torch.Generator().manual_seed(shape[1])
+    src = torch.randint(-2**15, 2**15, shape, generator=g, dtype=torch.int16).view(torch.bfloat16)
+    wide = torch.zeros((shape[0], shape[1] + 8), dtype=torch.bfloat16)
+    N.copy_rows(wide[:, :shape[1]], src)  # NaN patterns included: bits, not values
+    assert torch.equal(wide[:, :shape[1]].view(torch.int16), src.view(torch.int16))
+    assert N.words(src).dtype == (torch.int64 if shape[1] % 4 == 0 else torch.bfloat16)
+    odd = torch.zeros(40, dtype=torch.bfloat16)[1:33].view(2, 16)  # offset of 2 bytes
+    assert N.words(odd).dtype == torch.bfloat16

@@ -880,8 +880,13 @@ class Buffer:
             eng.dispatch(_ll.SEND | _ll.RECV, eng.stage[:T + 1], eng.columns[:T + 1])
             eng.layout = layout
         _normal.fill_combine(eng.y[0], rows, x, topk_weights)
-        out = torch.empty((T + 1, eng.cfg.hidden), dtype=torch.float32, device=eng.y.device)
-        eng.combine(_ll.SEND | _ll.RECV, None, eng.ones[:T + 1], out, out_dtype=_ll.DTYPE_F32)
+        # fp32 sums where the weights or a bias need them; else the engine
+        # rounds to bf16 itself (half the bytes written and read back)
+        exact = K is not None or any(b is not None for b in bias)
+        out = torch.empty((T + 1, eng.cfg.hidden), dtype=torch.float32 if exact else
+                          torch.bfloat16, device=eng.y.device)
+        eng.combine(_ll.SEND | _ll.RECV, None, eng.ones[:T + 1], out,
+                    out_dtype=_ll.DTYPE_F32 if exact else _ll.DTYPE_BF16)
         combined_x, combined_w = _normal.combined(out, T, H, K, bias)
         event = EventOverlap(self.capture().event, (x, out)) if async_finish else \
             EventOverlap(None)
