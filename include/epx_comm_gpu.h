@@ -341,6 +341,81 @@ EPX_API const char *epx_gpu_ep_transport_name(const epx_gpu_ep *ep);
 /* Kernel launches of one phase: dispatch, combine (1 each). */
 EPX_API int32_t epx_gpu_ep_launches(const epx_gpu_ep *ep, const char *phase);
 
+/*
+ * DeepEP's normal mode over the engine (epx.torch.Buffer.dispatch/combine):
+ * an engine with one slot per rank and top-k = R columns (column r names
+ * rank r where the token goes there, else -1) sends each token once to
+ * every rank it reaches, and what DeepEP sends beside a token travels in
+ * its row's tail. Rows of `width` bf16 columns (python/epx/torch/_normal.py
+ * holds the same format in plain torch, the reference these kernels are
+ * tested against):
+ *   [0, H)  x bf16; fp8: the e4m3 bytes in [0, H/2), fp32 scales per 128
+ *           values in [H/2, H/2 + H/64)
+ *   [H, H + 2 KCAP)  top-k ids as int32     [H + 2 KCAP, H + 4 KCAP)  weights fp32
+ * and after a source's T tokens one count row, sent to every rank:
+ * num_tokens_per_rank [R] then num_tokens_per_expert [E], int32.
+ * Each call is one launch on `stream`, no host synchronisation.
+ */
+#define EPX_NORMAL_KCAP 32
+typedef struct epx_normal_rows {
+    int32_t hidden;      /* H: bf16 values of a token (fp8: its bytes) */
+    int32_t width;       /* bf16 columns a row: epx_normal_row_width */
+    int32_t num_ranks;   /* R */
+    int32_t num_experts; /* E, a multiple of R */
+} epx_normal_rows;
+
+/* max(H + 4 KCAP, 2 (R + E)) rounded up to a multiple of 8. */
+EPX_API int32_t epx_normal_row_width(int32_t hidden, int32_t num_experts, int32_t num_ranks);
+
+/* The sender: rows stage[0 .. T] and columns[0 .. T][R] from x [T] rows of
+ * x_stride elements (bf16; fp8: bytes, with scales[t * s_t + g * s_g]),
+ * topk ids [T][K] (int64 when ids64, else int32; NULL: none) and weights
+ * [T][K] (NULL: zeros), in_rank [T][R] bool, and per_rank / per_expert
+ * for the count row (NULL: left as it is, a cached dispatch). */
+EPX_API epx_status epx_normal_pack(const epx_normal_rows *f, int64_t T, int fp8, const void *x,
+                                   int64_t x_stride, const float *scales, int64_t s_t,
+                                   int64_t s_g, const void *topk_idx, int ids64, int32_t K,
+                                   const float *topk_weights, const uint8_t *in_rank,
+                                   const int32_t *per_rank, const int32_t *per_expert, void *stage,
+                                   int32_t *columns, cudaStream_t stream, epx_error *err);
+
+/* The receiver's counts, from the engine's receive `recv` [rows][width] and
+ * layout_range [R] ((first row << 32) | rows, per source, its count row
+ * last): prefix [R][R] int32 (DeepEP's rank_prefix_matrix) and counts
+ * [1 + E / R] int32: the tokens received, then per local expert the tokens
+ * its sources count for it, rounded up to `alignment`. One block. */
+EPX_API epx_status epx_normal_counts(const epx_normal_rows *f, const void *recv,
+                                     const int64_t *layout_range, int32_t rank, int32_t alignment,
+                                     int32_t *prefix, int32_t *counts, cudaStream_t stream,
+                                     epx_error *err);
+
+/* The receiver's tensors for n rows (DeepEP's outputs, (source, token)
+ * order): x [n][H] bf16 (fp8: bytes, and scales [n][H / 128] fp32), with
+ * K > 0 ids [n][K] int64 (local expert, or -1) and weights [n][K] fp32 (0
+ * where not local), src [n] int32 (token on its source, from src_info),
+ * rows [n] int64 (each token's engine row). Past the tokens received (n
+ * above them: DeepEP's num_worst_tokens) rows are zeros, ids -1, src -1,
+ * and rows name the last count row. */
+EPX_API epx_status epx_normal_unpack(const epx_normal_rows *f, int fp8, const void *recv,
+                                     const int64_t *layout_range, const int32_t *src_info,
+                                     int32_t rank, int64_t n, int32_t K, void *x, float *scales,
+                                     int64_t *ids, float *weights, int32_t *src, int64_t *rows,
+                                     cudaStream_t stream, epx_error *err);
+
+/* The combine's rows: y[rows[i]] gets x[i] ([n][H] bf16) and, with weights
+ * [n][K] fp32, each weight as three bf16 parts (hi, mid, lo: their fp32 sum
+ * (hi + mid) + lo is the weight) in columns H + j K + k. */
+EPX_API epx_status epx_normal_fill(const epx_normal_rows *f, void *y, const int64_t *rows,
+                                   int64_t n, const void *x, const float *weights, int32_t K,
+                                   cudaStream_t stream, epx_error *err);
+
+/* DeepEP's combine outputs from the engine's fp32 sums out [T + 1][width]:
+ * x [T][H] bf16 = the sum plus bias0 and bias1 ([T][H] bf16 or NULL) in
+ * fp32, rounded once; with K > 0 weights [T][K] fp32 = (hi + mid) + lo. */
+EPX_API epx_status epx_normal_combined(const epx_normal_rows *f, const float *out, int64_t T,
+                                       const void *bias0, const void *bias1, int32_t K, void *x,
+                                       float *weights, cudaStream_t stream, epx_error *err);
+
 #ifdef __cplusplus
 }
 #endif

@@ -5,7 +5,8 @@ epx.torch._normal: received tokens, local top-k ids and weights, source
 indices, rank_prefix_matrix and per-expert counts bit for bit, in bf16 and
 fp8, with and without top-k, cached and worst-case dispatches, async
 events, and the combine (x and weights summed over ranks) also after another
-dispatch came between. Skipped without a CUDA GPU or the engine (CI); run on
+dispatch came between; through the epx_normal_* kernels and through the
+plain-torch steps (EPX_TORCH_NORMAL_KERNELS=0). Skipped without a CUDA GPU or the engine (CI); run on
 the H200 (scripts/gpu_check.sh). Every rank builds every rank's inputs from
 the seed; a failure names its rank and seed."""
 import datetime
@@ -93,6 +94,14 @@ def check_shape(buf, rank, R, si, H, K, LPR, M):
         out, ow, _ = buf.combine(ys[rank].cuda(), handle, topk_weights=wss[rank].cuda())
         assert torch.equal(out.cpu(), want_x), tag + ": combine x"
         assert torch.equal(ow.cpu(), want_w), tag + ": combine weights"
+        # bias terms join the fp32 sum before its one rounding
+        g = torch.Generator().manual_seed(SEED * 31 + si)
+        T = ins[rank].shape[0]
+        b0, b1 = (torch.randn((T, H), generator=g).to(torch.bfloat16) for _ in range(2))
+        outb, _, _ = buf.combine(ys[rank].cuda(), handle, bias=(b0.cuda(), b1.cuda()))
+        sums, _ = N.reference_combine(ys, None, ins, rank, rounded=False)
+        assert torch.equal(outb.cpu(), ((sums + b0.float()) + b1.float()).to(torch.bfloat16)), \
+            tag + ": combine with bias"
         # another layout in between: combine still routes as its own dispatch
         other = inputs(SEED * 100 + si + 50, R, H, K, E, M)[rank]
         buf.dispatch(other["x"].cuda(), num_tokens_per_rank=other["per_rank"].cuda(),
@@ -102,31 +111,35 @@ def check_shape(buf, rank, R, si, H, K, LPR, M):
         assert torch.equal(out2.cpu(), want_x), tag + ": combine after another dispatch"
 
 
-def run_rank(rank, R, group):
+def run_rank(rank, R, group, kernels):
+    os.environ["EPX_TORCH_NORMAL_KERNELS"] = str(kernels)
     buf = B.Buffer(group, num_nvl_bytes=int(1e9), explicitly_destroy=True,
                    timeout_ms=G.TIMEOUT_MS)
     for si, (H, K, LPR, M) in enumerate(SHAPES):
         check_shape(buf, rank, R, si, H, K, LPR, M)
+    # the path asked for is the path taken
+    assert all((e.rows is not None) == bool(kernels) for e in buf._engines.values()), kernels
     torch.cuda.synchronize()
     buf.destroy()
 
 
-def _worker(rank, R, port):
+def _worker(rank, R, port, kernels):
     import torch.distributed as dist
     torch.cuda.set_device(0)
     dist.init_process_group("gloo", init_method="tcp://127.0.0.1:%d" % port, rank=rank,
                             world_size=R, timeout=datetime.timedelta(seconds=300))
     try:
-        run_rank(rank, R, dist.group.WORLD)
+        run_rank(rank, R, dist.group.WORLD, kernels)
     except BaseException:
-        raise AssertionError("rank %d of %d failed (EPX_TORCH_SEED=%d):\n%s" % (
-            rank, R, SEED, traceback.format_exc()))
+        raise AssertionError("rank %d of %d failed (EPX_TORCH_SEED=%d, kernels %d):\n%s" % (
+            rank, R, SEED, kernels, traceback.format_exc()))
     finally:
         dist.destroy_process_group()
 
 
+@pytest.mark.parametrize("kernels", [1, 0], ids=["kernels", "torch-steps"])
 @pytest.mark.parametrize("R", [1, 2, 3])
-def test_normal_mode_matches_the_definition(R):
+def test_normal_mode_matches_the_definition(R, kernels):
     import torch.multiprocessing as mp
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
-    mp.spawn(_worker, args=(R, G._free_port()), nprocs=R, join=True)
+    mp.spawn(_worker, args=(R, G._free_port(), kernels), nprocs=R, join=True)

@@ -258,12 +258,13 @@ def reference_dispatch(xs, in_ranks, topk_idxs, topk_ws, per_experts, rank):
     return x, ids, w, src, prefix, [int(v) for v in got]
 
 
-def reference_combine(ys, ws, in_ranks, source):
+def reference_combine(ys, ws, in_ranks, source, rounded=True):
     """What source rank `source` gets back in DeepEP's normal combine, by
     definition: for each of its tokens t, the rows every rank r received for
     it (ys[r] [n_r, H] bf16 in r's receive order, (s, t) ascending) summed in
     fp32 over r ascending, rounded once to bf16; with ws (each rank's [n_r, K]
-    fp32 weights) their fp32 sums in the same order."""
+    fp32 weights) their fp32 sums in the same order. rounded=False: x's fp32
+    sums, before the rounding."""
     R = len(ys)
     T = in_ranks[source].shape[0]
     H = ys[0].shape[1]
@@ -276,4 +277,4 @@ def reference_combine(ys, ws, in_ranks, source):
             out[t] += ys[r][before + i].cpu().float()
             if ws is not None:
                 wout[t] += ws[r][before + i].cpu().float()
-    return out.to(torch.bfloat16), wout
+    return out.to(torch.bfloat16) if rounded else out, wout

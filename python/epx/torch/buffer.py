@@ -37,10 +37,12 @@ Where epx differs from DeepEP, and why (docs/EP_TORCH.md has the list):
   is a barrier only in shrink mode (epx's buffers need no zeroing);
 - the wait-cycle statistics are not implemented and refuse with a message.
 """
+import os
+
 import torch
 
 from .._native import EpxError, Status
-from . import _gpu, _ll, _normal
+from . import _gpu, _ll, _normal, _normal_gpu
 
 __all__ = ["Buffer", "Config", "EventOverlap", "per_token_cast_fp8", "reference_dispatch",
            "reference_combine"]
@@ -712,6 +714,11 @@ class Buffer:
             eng.ones = torch.ones((M, R), dtype=torch.float32, device=dev)
             eng.layout = None  # which dispatch's layout the engine holds
             eng.hidden, eng.num_experts = hidden, num_experts
+            # the kernels where the library has them (EPX_TORCH_NORMAL_KERNELS=0:
+            # the plain-torch steps, as the tests compare both)
+            use = eng.stage.is_cuda and _normal_gpu.available() and \
+                os.environ.get("EPX_TORCH_NORMAL_KERNELS", "1") != "0"
+            eng.rows = _normal_gpu.Rows(hidden, width, R, num_experts) if use else None
         return eng
 
     def _normal_check(self, name, t, dtype, ndim, rows=None):
@@ -798,35 +805,21 @@ class Buffer:
                   "%d over %d ranks: give it more bytes" % (T, self.num_nvl_bytes,
                                                            eng.cfg.max_tokens - 1, H, R))
         _wait(previous_event)
-        _normal.pack(eng.stage, eng.columns, x, scales, topk_idx, topk_weights, in_rank,
-                     None if cached else num_tokens_per_rank, num_tokens_per_expert)
+        K = None if topk_idx is None else topk_idx.shape[1]
+        counted = (None, None) if cached else (num_tokens_per_rank, num_tokens_per_expert)
+        (eng.rows or _normal).pack(eng.stage, eng.columns, x, scales, topk_idx, topk_weights,
+                                   in_rank, *counted)
         eng.dispatch(_ll.SEND | _ll.RECV, eng.stage[:T + 1], eng.columns[:T + 1])
         eng.num_tokens = T
-        recv = eng.recv_x[0]
-        L = E // R
-        per_expert_list = []
         if not cached:
             self._layouts += 1
             layout = self._layouts
-            lr = eng.layout_range[0]
-            per_rank, per_expert = _normal.counts_of(recv, _normal.count_rows(lr), R, E)
-            prefix = torch.cumsum(per_rank, 0, dtype=torch.int32)
-            n = worst
-            if not worst:  # the host learns the count and the list in one wait
-                got = per_expert.sum(0, dtype=torch.int32)[self.rank * L:(self.rank + 1) * L]
-                n, *per_expert_list = torch.cat([prefix[-1:, self.rank], (
-                    got + alignment - 1) // alignment * alignment]).tolist()
-            rows, valid, _, _ = _normal.row_map(lr, n)
-            valid = valid if worst else None  # without padding every row is real
         eng.layout = layout
-        recv_x, recv_ids, recv_w = _normal.unpack(recv, rows, valid, H, fp8,
-                                                  None if topk_idx is None else topk_idx.shape[1],
-                                                  self.rank, L)
+        recv_x, recv_ids, recv_w, per_expert_list, got = (
+            self._receive_kernels if eng.rows is not None else self._receive_torch)(
+                eng, E, fp8, K, alignment, worst, handle if cached else None)
         if not cached:
-            src = eng.src_info[0].index_select(0, rows)
-            if valid is not None:
-                src = torch.where(valid, src, -1)
-            handle = _NormalHandle((prefix, rows, valid, src, in_rank, None), eng, layout)
+            handle = _NormalHandle(got + (in_rank, None), eng, layout)
         event = EventOverlap(self.capture().event, (x, in_rank)) if async_finish else \
             EventOverlap(None)
         if cached:
@@ -879,7 +872,10 @@ class Buffer:
             _normal.route(eng.columns, handle[4])
             eng.dispatch(_ll.SEND | _ll.RECV, eng.stage[:T + 1], eng.columns[:T + 1])
             eng.layout = layout
-        _normal.fill_combine(eng.y[0], rows, x, topk_weights)
+        if eng.rows is not None:
+            eng.rows.fill(eng.y[0], rows, x, topk_weights)
+        else:
+            _normal.fill_combine(eng.y[0], rows, x, topk_weights)
         # fp32 sums where the weights or a bias need them; else the engine
         # rounds to bf16 itself (half the bytes written and read back)
         exact = K is not None or any(b is not None for b in bias)
@@ -887,10 +883,55 @@ class Buffer:
                           torch.bfloat16, device=eng.y.device)
         eng.combine(_ll.SEND | _ll.RECV, None, eng.ones[:T + 1], out,
                     out_dtype=_ll.DTYPE_F32 if exact else _ll.DTYPE_BF16)
-        combined_x, combined_w = _normal.combined(out, T, H, K, bias)
+        if exact and eng.rows is not None:
+            combined_x, combined_w = eng.rows.combined(out, T, K or 0, bias)
+        else:
+            combined_x, combined_w = _normal.combined(out, T, H, K, bias)
         event = EventOverlap(self.capture().event, (x, out)) if async_finish else \
             EventOverlap(None)
         return combined_x, combined_w, event
+
+    def _receive_kernels(self, eng, E, fp8, K, alignment, worst, handle):
+        """The receive as DeepEP's tensors, by epx_normal_counts/unpack: (x,
+        ids, weights, per-expert list, (rank_prefix_matrix, rows, None, src))."""
+        recv, lr = eng.recv_x[0], eng.layout_range[0]
+        per_expert_list, prefix = [], None
+        if handle is not None:
+            n = handle[1].shape[0]
+        else:
+            prefix, counts = eng.rows.counts(recv, lr, self.rank, alignment)
+            n = worst
+            if not worst:  # the host learns the count and the list in one wait
+                n, *per_expert_list = counts.tolist()
+        x, ids, w, src, rows = eng.rows.unpack(recv, lr, eng.src_info[0], self.rank, n, fp8,
+                                               K or 0)
+        return x, ids, w, per_expert_list, (prefix, rows, None, src)
+
+    def _receive_torch(self, eng, E, fp8, K, alignment, worst, handle):
+        """The same in plain torch steps (epx.torch._normal): where the
+        library lacks the kernels."""
+        R, L = self.group_size, E // self.group_size
+        recv, lr = eng.recv_x[0], eng.layout_range[0]
+        per_expert_list, got = [], None
+        if handle is not None:
+            rows, valid = handle[1], handle[2]
+        else:
+            per_rank, per_expert = _normal.counts_of(recv, _normal.count_rows(lr), R, E)
+            prefix = torch.cumsum(per_rank, 0, dtype=torch.int32)
+            n = worst
+            if not worst:  # the host learns the count and the list in one wait
+                real = ((lr & 0xFFFFFFFF) - 1).clamp(min=0).sum().view(1)
+                aligned = (per_expert.sum(0, dtype=torch.int32)[self.rank * L:(self.rank + 1) * L]
+                           + alignment - 1) // alignment * alignment
+                n, *per_expert_list = torch.cat([real, aligned.to(torch.int64)]).tolist()
+            rows, valid, _, _ = _normal.row_map(lr, n)
+            valid = valid if worst else None  # without padding every row is real
+            src = eng.src_info[0].index_select(0, rows)
+            if valid is not None:
+                src = torch.where(valid, src, -1)
+            got = (prefix, rows, valid, src)
+        x, ids, w = _normal.unpack(recv, rows, valid, eng.hidden, fp8, K, self.rank, L)
+        return x, ids, w, per_expert_list, got
 
     def _normal_handle(self, handle):
         if not isinstance(handle, _NormalHandle):
