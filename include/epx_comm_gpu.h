@@ -373,8 +373,8 @@ EPX_API int32_t epx_normal_row_width(int32_t hidden, int32_t num_experts, int32_
  * [T][K] (NULL: zeros), in_rank [T][R] bool, and per_rank / per_expert
  * for the count row (NULL: left as it is, a cached dispatch). */
 EPX_API epx_status epx_normal_pack(const epx_normal_rows *f, int64_t T, int fp8, const void *x,
-                                   int64_t x_stride, const float *scales, int64_t s_t,
-                                   int64_t s_g, const void *topk_idx, int ids64, int32_t K,
+                                   int64_t x_stride, const float *scales, int64_t s_t, int64_t s_g,
+                                   const void *topk_idx, int ids64, int32_t K,
                                    const float *topk_weights, const uint8_t *in_rank,
                                    const int32_t *per_rank, const int32_t *per_expert, void *stage,
                                    int32_t *columns, cudaStream_t stream, epx_error *err);
@@ -404,10 +404,14 @@ EPX_API epx_status epx_normal_unpack(const epx_normal_rows *f, int fp8, const vo
 
 /* The combine's rows: y[rows[i]] gets x[i] ([n][H] bf16) and, with weights
  * [n][K] fp32, each weight as three bf16 parts (hi, mid, lo: their fp32 sum
- * (hi + mid) + lo is the weight) in columns H + j K + k. */
+ * (hi + mid) + lo is the weight) in columns H + j K + k. With layout_range
+ * (the dispatch's, still the engine's), the rows of tokens received past
+ * the n returned (num_worst_tokens too small) are zeroed, so their combine
+ * is zeros rather than an earlier batch's rows. */
 EPX_API epx_status epx_normal_fill(const epx_normal_rows *f, void *y, const int64_t *rows,
                                    int64_t n, const void *x, const float *weights, int32_t K,
-                                   cudaStream_t stream, epx_error *err);
+                                   const int64_t *layout_range, cudaStream_t stream,
+                                   epx_error *err);
 
 /* DeepEP's combine outputs from the engine's fp32 sums out [T + 1][width]:
  * x [T][H] bf16 = the sum plus bias0 and bias1 ([T][H] bf16 or NULL) in

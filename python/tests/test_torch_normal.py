@@ -320,3 +320,17 @@ def test_word_copies_keep_every_bit(shape):
     assert N.words(src).dtype == (torch.int64 if shape[1] % 4 == 0 else torch.bfloat16)
     odd = torch.zeros(40, dtype=torch.bfloat16)[1:33].view(2, 16)  # offset of 2 bytes
     assert N.words(odd).dtype == torch.bfloat16
+
+
+def test_tokens_past_num_worst_tokens_are_reported_once(nbuf):
+    from epx._native import EpxError
+    x, ids, w, per_rank, per_expert, in_rank = _one_rank(3, T=6)
+    came = int(in_rank.sum())
+    assert came >= 2
+    out = _dispatch(nbuf, x, ids, w, per_rank, per_expert, in_rank, num_worst_tokens=came - 1)
+    assert out[0].shape[0] == came - 1
+    with pytest.raises(EpxError, match="1 received token\\(s\\) did not fit num_worst_tokens"):
+        nbuf.normal_health()
+    nbuf.normal_health()  # reported once
+    _dispatch(nbuf, x, ids, w, per_rank, per_expert, in_rank, num_worst_tokens=came)
+    nbuf.normal_health()  # all fit

@@ -17,6 +17,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 import epx.torch as et  # noqa: E402
+from epx._native import EpxError  # noqa: E402
 from epx.torch import _normal as N  # noqa: E402
 from epx.torch import buffer as B  # noqa: E402
 
@@ -102,6 +103,23 @@ def check_shape(buf, rank, R, si, H, K, LPR, M):
         sums, _ = N.reference_combine(ys, None, ins, rank, rounded=False)
         assert torch.equal(outb.cpu(), ((sums + b0.float()) + b1.float()).to(torch.bfloat16)), \
             tag + ": combine with bias"
+        # num_worst_tokens one below what came (where 2+ came): the last token
+        # is left out, normal_health says so once, and with the kernels the
+        # combine sums zeros for it (not an earlier batch's rows)
+        came = [sum(int(ins[s][:, r].sum()) for s in range(R)) for r in range(R)]
+        fit = [max(c - 1, 1) for c in came]
+        dx, _, _, _, dh, _ = buf.dispatch(x, num_worst_tokens=fit[rank], **args)
+        assert (dx[0] if fp8 else dx).shape[0] == fit[rank], tag
+        assert dropped_reported(buf) == (came[rank] > fit[rank]), tag + ": normal_health"
+        assert not dropped_reported(buf), tag + ": reported twice"
+        if next(iter(buf._engines.values())).rows is not None:
+            y_in = torch.zeros((fit[rank], H), dtype=torch.bfloat16)
+            y_in[:min(came[rank], fit[rank])] = ys[rank][:fit[rank]]
+            kept = [torch.cat([ys[r][:fit[r]], torch.zeros_like(ys[r][fit[r]:])])
+                    for r in range(R)]
+            dout, _, _ = buf.combine(y_in.cuda(), dh)
+            assert torch.equal(dout.cpu(), N.reference_combine(kept, None, ins, rank)[0]), \
+                tag + ": combine after tokens were left out"
         # another layout in between: combine still routes as its own dispatch
         other = inputs(SEED * 100 + si + 50, R, H, K, E, M)[rank]
         buf.dispatch(other["x"].cuda(), num_tokens_per_rank=other["per_rank"].cuda(),
@@ -109,6 +127,15 @@ def check_shape(buf, rank, R, si, H, K, LPR, M):
                      num_tokens_per_expert=other["per_expert"].cuda())
         out2, _, _ = buf.combine(ys[rank].cuda(), handle)
         assert torch.equal(out2.cpu(), want_x), tag + ": combine after another dispatch"
+
+
+def dropped_reported(buf):
+    try:
+        buf.normal_health()
+    except EpxError as e:
+        assert "did not fit num_worst_tokens" in str(e), e
+        return True
+    return False
 
 
 def run_rank(rank, R, group, kernels):

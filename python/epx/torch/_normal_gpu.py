@@ -26,7 +26,7 @@ _unpack = _bind("epx_normal_unpack", POINTER(NormalRows), c_int, c_void_p, c_voi
                 c_int32, c_int64, c_int32, c_void_p, c_void_p, c_void_p, c_void_p, c_void_p,
                 c_void_p, c_void_p, c_void_p)
 _fill = _bind("epx_normal_fill", POINTER(NormalRows), c_void_p, c_void_p, c_int64, c_void_p,
-              c_void_p, c_int32, c_void_p, c_void_p)
+              c_void_p, c_int32, c_void_p, c_void_p, c_void_p)
 _combined = _bind("epx_normal_combined", POINTER(NormalRows), c_void_p, c_int64, c_void_p,
                   c_void_p, c_int32, c_void_p, c_void_p, c_void_p, c_void_p)
 
@@ -86,10 +86,12 @@ class Rows:
                   _stream(), None)
         return (x, scales) if fp8 else x, ids, w, src, rows
 
-    def fill(self, y, rows, x, topk_weights):
+    def fill(self, y, rows, x, topk_weights, layout_range=None):
+        """layout_range (a num_worst_tokens dispatch's): also zero the rows
+        of tokens received past the ones returned."""
         K = 0 if topk_weights is None else topk_weights.shape[1]
         _gpu.call(_fill, ctypes.byref(self.f), _p(y), _p(rows), rows.shape[0], _p(x),
-                  _p(topk_weights), K, _stream(), None)
+                  _p(topk_weights), K, _p(layout_range), _stream(), None)
 
     def combined(self, out, T, K, bias):
         x = torch.empty((T, self.H), dtype=torch.bfloat16, device=out.device)

@@ -109,9 +109,9 @@ class _NormalHandle(tuple):
     (-1 past the real ones),
     is_token_in_rank, None); it also names its engine and layout."""
 
-    def __new__(cls, items, engine, layout):
+    def __new__(cls, items, engine, layout, worst=False):
         h = super().__new__(cls, items)
-        h._epx_engine, h._epx_layout = engine, layout
+        h._epx_engine, h._epx_layout, h._epx_worst = engine, layout, worst
         return h
 
 
@@ -335,6 +335,7 @@ class Buffer:
         self.device = torch.cuda.current_device()
         self._engines = {}
         self._layouts = 0  # normal-mode dispatches so far: names each one's layout
+        self._dropped = None  # tokens num_worst_tokens left out (normal_health)
         self._destroyed = False
 
     # ---- sizes ------------------------------------------------------------
@@ -819,7 +820,7 @@ class Buffer:
             self._receive_kernels if eng.rows is not None else self._receive_torch)(
                 eng, E, fp8, K, alignment, worst, handle if cached else None)
         if not cached:
-            handle = _NormalHandle(got + (in_rank, None), eng, layout)
+            handle = _NormalHandle(got + (in_rank, None), eng, layout, worst > 0)
         event = EventOverlap(self.capture().event, (x, in_rank)) if async_finish else \
             EventOverlap(None)
         if cached:
@@ -873,7 +874,8 @@ class Buffer:
             eng.dispatch(_ll.SEND | _ll.RECV, eng.stage[:T + 1], eng.columns[:T + 1])
             eng.layout = layout
         if eng.rows is not None:
-            eng.rows.fill(eng.y[0], rows, x, topk_weights)
+            eng.rows.fill(eng.y[0], rows, x, topk_weights,
+                          eng.layout_range[0] if handle._epx_worst else None)
         else:
             _normal.fill_combine(eng.y[0], rows, x, topk_weights)
         # fp32 sums where the weights or a bias need them; else the engine
@@ -901,7 +903,9 @@ class Buffer:
         else:
             prefix, counts = eng.rows.counts(recv, lr, self.rank, alignment)
             n = worst
-            if not worst:  # the host learns the count and the list in one wait
+            if worst:
+                self._count_dropped(counts[:1], worst)
+            else:  # the host learns the count and the list in one wait
                 n, *per_expert_list = counts.tolist()
         x, ids, w, src, rows = eng.rows.unpack(recv, lr, eng.src_info[0], self.rank, n, fp8,
                                                K or 0)
@@ -924,14 +928,37 @@ class Buffer:
                 aligned = (per_expert.sum(0, dtype=torch.int32)[self.rank * L:(self.rank + 1) * L]
                            + alignment - 1) // alignment * alignment
                 n, *per_expert_list = torch.cat([real, aligned.to(torch.int64)]).tolist()
-            rows, valid, _, _ = _normal.row_map(lr, n)
+            rows, valid, real, _ = _normal.row_map(lr, n)
             valid = valid if worst else None  # without padding every row is real
+            if worst:
+                self._count_dropped(real.sum().view(1), worst)
             src = eng.src_info[0].index_select(0, rows)
             if valid is not None:
                 src = torch.where(valid, src, -1)
             got = (prefix, rows, valid, src)
         x, ids, w = _normal.unpack(recv, rows, valid, eng.hidden, fp8, K, self.rank, L)
         return x, ids, w, per_expert_list, got
+
+    def _count_dropped(self, received, worst):
+        """Tokens past num_worst_tokens are not returned: count them on the
+        device (no host wait) for normal_health to report."""
+        if self._dropped is None:
+            self._dropped = torch.zeros(1, dtype=torch.int64, device=received.device)
+        self._dropped += (received.to(torch.int64) - worst).clamp(min=0)
+
+    def normal_health(self):
+        """epx's own: raise EpxError(INVALID_ARG) when a dispatch with
+        num_worst_tokens received more tokens than that since the last check
+        (those past it were not returned, and their combine rows are zeros).
+        Waits for the GPU."""
+        if self._dropped is None:
+            return
+        n = int(self._dropped.item())
+        if n:
+            self._dropped.zero_()
+            raise EpxError(Status.INVALID_ARG, "dispatch: %d received token(s) did not fit "
+                           "num_worst_tokens and were left out: pass a larger num_worst_tokens "
+                           "(at most the ranks' tokens, num_ranks * num_tokens)" % n)
 
     def _normal_handle(self, handle):
         if not isinstance(handle, _NormalHandle):

@@ -48,7 +48,7 @@ __device__ void zero_bytes(void *dst, int64_t n) {
 struct Rows {
     int32_t H, W, R, E;
     __device__ int64_t row_bytes() const { return (int64_t)W * 2; }
-    __device__ int64_t ids_at() const { return (int64_t)H * 2; }                 /* bytes */
+    __device__ int64_t ids_at() const { return (int64_t)H * 2; }                     /* bytes */
     __device__ int64_t w_at() const { return (int64_t)H * 2 + 4 * EPX_NORMAL_KCAP; } /* bytes */
 };
 
@@ -96,6 +96,18 @@ __device__ int64_t real_of(const int64_t *lr, int s) {
     return n > 0 ? n - 1 : 0;
 }
 
+/* The engine row of the i-th token received from sources in order, or -1
+ * past them. */
+__device__ int64_t row_of(const int64_t *lr, int R, int64_t i) {
+    int64_t before = 0;
+    for (int s = 0; s < R; s++) {
+        int64_t n = real_of(lr, s);
+        if (i < before + n) return first_of(lr, s) + (i - before);
+        before += n;
+    }
+    return -1;
+}
+
 __global__ void counts_kernel(Rows f, const uint8_t *recv, const int64_t *lr, int32_t rank,
                               int32_t alignment, int32_t *prefix, int32_t *counts) {
     int L = f.E / f.R;
@@ -119,7 +131,8 @@ __global__ void counts_kernel(Rows f, const uint8_t *recv, const int64_t *lr, in
                 (const int32_t *)(recv + (first_of(lr, s) + rows_of(lr, s) - 1) * f.row_bytes());
             acc += c[f.R + rank * L + l - 1];
         }
-        counts[l] = l == 0 ? (int32_t)acc : (int32_t)((acc + alignment - 1) / alignment * alignment);
+        counts[l] =
+            l == 0 ? (int32_t)acc : (int32_t)((acc + alignment - 1) / alignment * alignment);
     }
 }
 
@@ -131,19 +144,9 @@ __global__ void unpack_kernel(Rows f, int fp8, const uint8_t *recv, const int64_
     __shared__ int valid_s;
     int64_t i = blockIdx.x;
     if (threadIdx.x == 0) {
-        int64_t before = 0, row = first_of(lr, f.R - 1) + rows_of(lr, f.R - 1) - 1;
-        int valid = 0;
-        for (int s = 0; s < f.R; s++) {
-            int64_t n = real_of(lr, s);
-            if (i < before + n) {
-                row = first_of(lr, s) + (i - before);
-                valid = 1;
-                break;
-            }
-            before += n;
-        }
-        row_s = row;
-        valid_s = valid;
+        int64_t row = row_of(lr, f.R, i);
+        valid_s = row >= 0;
+        row_s = row >= 0 ? row : first_of(lr, f.R - 1) + rows_of(lr, f.R - 1) - 1;
     }
     __syncthreads();
     int64_t row = row_s;
@@ -176,8 +179,21 @@ __global__ void unpack_kernel(Rows f, int fp8, const uint8_t *recv, const int64_
     }
 }
 
-__global__ void fill_kernel(Rows f, uint8_t *y, const int64_t *rows, const uint8_t *x,
-                            const float *weights, int32_t K) {
+/* Blocks past the n rows given: zero the rows of the tokens received past
+ * them (num_worst_tokens too small), so their combine sums zeros and not
+ * an earlier batch's rows. */
+constexpr int kSweepBlocks = 32;
+
+__global__ void fill_kernel(Rows f, uint8_t *y, const int64_t *rows, int64_t n, const uint8_t *x,
+                            const float *weights, int32_t K, const int64_t *lr) {
+    if (blockIdx.x >= n) {
+        for (int64_t i = n + (blockIdx.x - n); lr != NULL; i += gridDim.x - n) {
+            int64_t row = row_of(lr, f.R, i);
+            if (row < 0) return;
+            zero_bytes(y + row * f.row_bytes(), ((int64_t)f.H + 3 * K) * 2);
+        }
+        return;
+    }
     int64_t i = blockIdx.x;
     uint8_t *out = y + rows[i] * f.row_bytes();
     copy_bytes(out, x + i * (int64_t)f.H * 2, (int64_t)f.H * 2);
@@ -294,9 +310,9 @@ extern "C" epx_status epx_normal_counts(const epx_normal_rows *f, const void *re
 
 extern "C" epx_status epx_normal_unpack(const epx_normal_rows *f, int fp8, const void *recv,
                                         const int64_t *layout_range, const int32_t *src_info,
-                                        int32_t rank, int64_t n, int32_t K, void *x,
-                                        float *scales, int64_t *ids, float *weights, int32_t *src,
-                                        int64_t *rows, cudaStream_t stream, epx_error *err) {
+                                        int32_t rank, int64_t n, int32_t K, void *x, float *scales,
+                                        int64_t *ids, float *weights, int32_t *src, int64_t *rows,
+                                        cudaStream_t stream, epx_error *err) {
     const char *who = "epx_normal_unpack";
     EPX_TRY(check_rows(f, who, err));
     EPX_TRY(check_k(K, who, err));
@@ -321,26 +337,27 @@ extern "C" epx_status epx_normal_unpack(const epx_normal_rows *f, int fp8, const
 
 extern "C" epx_status epx_normal_fill(const epx_normal_rows *f, void *y, const int64_t *rows,
                                       int64_t n, const void *x, const float *weights, int32_t K,
-                                      cudaStream_t stream, epx_error *err) {
+                                      const int64_t *layout_range, cudaStream_t stream,
+                                      epx_error *err) {
     const char *who = "epx_normal_fill";
     EPX_TRY(check_rows(f, who, err));
     EPX_TRY(check_k(weights != NULL ? K : 0, who, err));
     if (n < 0 || n >= INT32_MAX)
         return epxi_fail(err, EPX_ERR_INVALID_ARG, "%s: n = %lld outside [0, 2^31 - 1)", who,
                          (long long)n);
-    if (n == 0) return EPX_OK;
-    if (y == NULL || rows == NULL || x == NULL)
+    if (n == 0 && layout_range == NULL) return EPX_OK;
+    if (y == NULL || (n > 0 && (rows == NULL || x == NULL)))
         return epxi_fail(err, EPX_ERR_INVALID_ARG, "%s: y, rows and x are required", who);
-    fill_kernel<<<(unsigned)n, kThreads, 0, stream>>>(rows_of_format(f), (uint8_t *)y, rows,
-                                                      (const uint8_t *)x, weights, K);
+    unsigned grid = (unsigned)n + (layout_range != NULL ? kSweepBlocks : 0);
+    fill_kernel<<<grid, kThreads, 0, stream>>>(rows_of_format(f), (uint8_t *)y, rows, n,
+                                               (const uint8_t *)x, weights, K, layout_range);
     EPXI_CUDA_TRY(cudaGetLastError(), "epx_normal_fill's launch");
     return EPX_OK;
 }
 
 extern "C" epx_status epx_normal_combined(const epx_normal_rows *f, const float *out, int64_t T,
-                                          const void *bias0, const void *bias1, int32_t K,
-                                          void *x, float *weights, cudaStream_t stream,
-                                          epx_error *err) {
+                                          const void *bias0, const void *bias1, int32_t K, void *x,
+                                          float *weights, cudaStream_t stream, epx_error *err) {
     const char *who = "epx_normal_combined";
     EPX_TRY(check_rows(f, who, err));
     EPX_TRY(check_k(K, who, err));
