@@ -196,6 +196,13 @@ STAGES = (("checks+bench", "] Dispatch + combine bandwidth"),
           ("kineto", "] Dispatch bandwidth:"), ("kineto-hook", "] Dispatch send/recv time"))
 
 
+def rank_segments(lines):
+    """Each '[rank N] ...' report as a line of its own: the ranks print at
+    once, so one rank's report can run into another's line (seen on the
+    H200: '...max_t=4515.23 us[rank 0] Dispatch + combine bandwidth: ...')."""
+    return [seg for l in lines for seg in re.split(r"(?=\[rank \d+\] )", l) if seg]
+
+
 def calls_of(lines, r):
     """Rank r's counted Buffer calls, or None where it printed none. The
     ranks print at once, so another rank's line may run into this one's (seen
@@ -253,8 +260,9 @@ def summarise_intranode(lines, rc, n, extra):
 
 
 def summarise(lines, rc, n, extra):
+    said = rank_segments(lines)
     done = {r: [s for s, key in STAGES if any(l.startswith("[rank %d]" % r) and key in l
-                                               for l in lines)] for r in range(n)}
+                                               for l in said)] for r in range(n)}
     calls = {r: calls_of(lines, r) for r in range(n)}
     errors = [l for l in lines if re.match(r"^[\w.]*(Error|Exception)\b", l)]
     where = [(l.strip(), lines[i + 1].strip() if i + 1 < len(lines) else "")

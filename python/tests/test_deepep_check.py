@@ -78,3 +78,11 @@ def test_intranode_pass_needs_checks_and_the_tuning_after_them():
     assert check.summarise_intranode([best], 0, 2, []).startswith("FAIL")  # no check ran
     assert check.summarise_intranode([passed, best], 1, 2, []) == "FAIL"
     assert check.summarise_intranode([], 124, 2, []) == "TIMEOUT"
+
+
+def test_a_report_run_into_another_ranks_line_counts():
+    # seen on the H200: rank 0's bench line printed into rank 1's
+    lines = ["[rank 1] Dispatch + combine bandwidth: 4.94 GB/s, max_t=4515.23 us"
+             "[rank 0] Dispatch + combine bandwidth: 4.89 GB/s, avg_t=4507.64 us"]
+    assert check.summarise(lines, 0, 2, []) == "PASS"
+    assert check.summarise(lines[:1][0].split("[rank 0]")[:1], 0, 2, []).startswith("FAIL")
