@@ -1,6 +1,7 @@
-"""epx.torch.Buffer: epx's low-latency EP engine behind DeepEP's calling
-convention (DeepEP V1's `deep_ep.Buffer` low-latency methods), so code
-written for DeepEP switches by changing its import:
+"""epx.torch.Buffer: epx's EP engine behind DeepEP's calling convention
+(DeepEP V1's `deep_ep.Buffer`: the low-latency methods, and the normal-mode
+dispatch/combine at the end of this file, docs/EP_TORCH.md's last section),
+so code written for DeepEP switches by changing its import:
 
     from epx.torch import Buffer            # was: from deep_ep import Buffer
     buf = Buffer(group, num_rdma_bytes=Buffer.get_low_latency_rdma_size_hint(
