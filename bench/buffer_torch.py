@@ -30,7 +30,7 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from dispatch_torch import timed  # noqa: E402  (one timing method for the benches)
+from dispatch_torch import append_jsonl, timed  # noqa: E402  (one timing method for the benches)
 
 from epx.torch import Buffer  # noqa: E402
 
@@ -95,9 +95,7 @@ def main():
     dist.destroy_process_group()
     os.unlink(store.name)
     if args.json:
-        with open(args.json, "a") as f:
-            for line in rows:
-                f.write(json.dumps(line) + "\n")
+        append_jsonl(args.json, rows)
 
 
 if __name__ == "__main__":

@@ -59,6 +59,14 @@ def timed(fn, reps, rounds=31, graph=True, hold=False):
     return statistics.median(times)
 
 
+def append_jsonl(path, rows):
+    """Append rows (dicts) to the JSON-lines file at path, one a line."""
+    import json
+    with open(path, "a") as f:
+        for line in rows:
+            f.write(json.dumps(line) + "\n")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--csv")

@@ -16,7 +16,6 @@ median us per call over 31 rounds of CUDA events (bench/dispatch_torch.py's
 """
 import argparse
 import datetime
-import json
 import os
 import sys
 import tempfile
@@ -25,9 +24,8 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from dispatch_torch import timed  # noqa: E402  (one timing method for the benches)
+from dispatch_torch import append_jsonl, timed  # noqa: E402  (one method for the benches)
 
-import epx.torch as et  # noqa: E402
 from epx.torch import Buffer  # noqa: E402
 
 H, K, E = 7168, 8, 384
@@ -76,11 +74,8 @@ def main():
     dist.destroy_process_group()
     os.unlink(store.name)
     if args.json:
-        with open(args.json, "a") as f:
-            for line in rows:
-                f.write(json.dumps(line) + "\n")
+        append_jsonl(args.json, rows)
 
 
 if __name__ == "__main__":
-    et.Buffer  # noqa: B018 - epx.torch loaded (its error names a missing library)
     main()

@@ -106,9 +106,10 @@ class _Handle(tuple):
 class _NormalHandle(tuple):
     """DeepEP's normal-mode handle, six items as DeepEP's: (rank_prefix_matrix
     int32 [R][R], the engine rows of the received tokens int64, which of them
-    are real (bool; None without num_worst_tokens: all), recv_src_idx int32
-    (-1 past the real ones),
-    is_token_in_rank, None); it also names its engine and layout."""
+    are real (the plain-torch steps with num_worst_tokens: bool; else None),
+    recv_src_idx int32 (-1 past the real ones), is_token_in_rank, None); it
+    also names its engine, its layout and whether it was a num_worst_tokens
+    dispatch."""
 
     def __new__(cls, items, engine, layout, worst=False):
         h = super().__new__(cls, items)
@@ -130,8 +131,9 @@ class Config:
         self.num_max_rdma_chunked_recv_tokens = num_max_rdma_chunked_recv_tokens
 
     def get_nvl_buffer_size_hint(self, hidden_bytes, num_ranks):
-        """Bytes for NORMAL_HINT_TOKENS tokens per rank of hidden_bytes / 2
-        bf16 values (at 256 experts, DeepEP's largest in its tests)."""
+        """The num_nvl_bytes for NORMAL_HINT_TOKENS tokens per rank and call
+        of hidden_bytes / 2 bf16 values (experts only widen the rows of a tiny
+        hidden; 256 are assumed)."""
         hidden = max(1, int(hidden_bytes) // 2)
         cfg = _ll.config(_normal.row_width(hidden, 256, num_ranks), num_ranks, num_ranks,
                          NORMAL_HINT_TOKENS + 1)
