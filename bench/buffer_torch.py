@@ -27,10 +27,9 @@ import sys
 import tempfile
 
 import torch
-import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from dispatch_torch import append_jsonl, timed  # noqa: E402  (one timing method for the benches)
+from dispatch_torch import append_jsonl, one_rank_group, timed  # noqa: E402  (one timing method for the benches)
 
 from epx.torch import Buffer  # noqa: E402
 
@@ -59,11 +58,18 @@ def main():
     tokens = [int(t) for t in args.tokens.split(",")]
     M = max(tokens)
     c = c_engine(args.epx, tokens) if args.epx else {}
-    store = tempfile.NamedTemporaryFile(delete=False)
-    dist.init_process_group("gloo", init_method="file://" + store.name, rank=0, world_size=1)
+    with one_rank_group() as group:
+        rows = run(tokens, M, c, group)
+    if args.json:
+        append_jsonl(args.json, rows)
+
+
+def run(tokens, M, c, group):
+    """The rows of every T (M tokens per rank at most; c: the C engine's
+    figures), on a Buffer over `group`."""
     torch.manual_seed(0)
     dev = torch.device("cuda")
-    buf = Buffer(dist.group.WORLD, low_latency_mode=True, explicitly_destroy=True,
+    buf = Buffer(group, low_latency_mode=True, explicitly_destroy=True,
                  num_rdma_bytes=Buffer.get_low_latency_rdma_size_hint(M, H, 1, E))
     rows = []
     print("%6s %12s %12s %12s %12s %14s" % ("tokens", "torch graph", "C graph", "torch eager",
@@ -92,10 +98,7 @@ def main():
         print("%6d %s %s %s %s %14.2f" % (T, fmt(graph), fmt(c.get((T, True))), fmt(eager),
                                            fmt(c.get((T, False))), fp8))
     buf.destroy()
-    dist.destroy_process_group()
-    os.unlink(store.name)
-    if args.json:
-        append_jsonl(args.json, rows)
+    return rows
 
 
 if __name__ == "__main__":

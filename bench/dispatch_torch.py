@@ -59,6 +59,28 @@ def timed(fn, reps, rounds=31, graph=True, hold=False):
     return statistics.median(times)
 
 
+def one_rank_group():
+    """A gloo group of this one process (met through a temporary file), for
+    the benches that time epx.torch.Buffer on one GPU; a context manager that
+    tears the group down."""
+    import contextlib
+    import os
+    import tempfile
+
+    import torch.distributed as dist
+
+    @contextlib.contextmanager
+    def group():
+        with tempfile.TemporaryDirectory() as d:
+            dist.init_process_group("gloo", init_method="file://" + os.path.join(d, "store"),
+                                    rank=0, world_size=1)
+            try:
+                yield dist.group.WORLD
+            finally:
+                dist.destroy_process_group()
+    return group()
+
+
 def append_jsonl(path, rows):
     """Append rows (dicts) to the JSON-lines file at path, one a line."""
     import json

@@ -18,13 +18,11 @@ import argparse
 import datetime
 import os
 import sys
-import tempfile
 
 import torch
-import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from dispatch_torch import append_jsonl, timed  # noqa: E402  (one method for the benches)
+from dispatch_torch import append_jsonl, one_rank_group, timed  # noqa: E402  (one method for the benches)
 
 from epx.torch import Buffer  # noqa: E402
 
@@ -37,11 +35,17 @@ def main():
     ap.add_argument("--json", help="append JSON lines here")
     args = ap.parse_args()
     tokens = [int(t) for t in args.tokens.split(",")]
-    store = tempfile.NamedTemporaryFile(delete=False)
-    dist.init_process_group("gloo", init_method="file://" + store.name, rank=0, world_size=1)
+    with one_rank_group() as group:
+        rows = run(tokens, group)
+    if args.json:
+        append_jsonl(args.json, rows)
+
+
+def run(tokens, group):
+    """The rows of every T, on a Buffer over `group`."""
     torch.manual_seed(0)
     dev = torch.device("cuda")
-    buf = Buffer(dist.group.WORLD, num_nvl_bytes=int(4e9), explicitly_destroy=True)
+    buf = Buffer(group, num_nvl_bytes=int(4e9), explicitly_destroy=True)
     rows = []
     cols = ("dispatch", "worst", "worst graph", "cached", "combine", "combine graph", "copy")
     print("%6s" % "tokens" + "".join("%15s" % c for c in cols) + "   (us per call)")
@@ -71,10 +75,7 @@ def main():
                              topk=K, experts=E, dtype="bf16", median_us=round(got[c], 3),
                              device=torch.cuda.get_device_name(), date=date))
     buf.destroy()
-    dist.destroy_process_group()
-    os.unlink(store.name)
-    if args.json:
-        append_jsonl(args.json, rows)
+    return rows
 
 
 if __name__ == "__main__":

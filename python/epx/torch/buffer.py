@@ -773,7 +773,6 @@ class Buffer:
             if in_rank.shape[0] != T or eng.hidden != H:
                 _fail("x is [%d, %d] but the handle's dispatch sent [%d, %d]: a cached dispatch "
                       "sends the same tokens" % (T, H, in_rank.shape[0], eng.hidden))
-            rows, valid = handle[1], handle[2]
         else:
             if num_tokens_per_rank is None or is_token_in_rank is None or \
                     num_tokens_per_expert is None:
