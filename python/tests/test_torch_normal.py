@@ -7,6 +7,7 @@ Buffer's own logic on one rank with a loopback engine (handles, cached and
 worst-case dispatches, a combine after another dispatch, the refusals). The
 GPU half is test_torch_buffer_gpu.py and DeepEP's own test_intranode.py
 (tools/deepep_ll_check.py --test intranode). A failure names its seed."""
+import ctypes
 import os
 
 import pytest
@@ -350,3 +351,65 @@ def test_nvl_size_hint_is_the_engine_for_the_hint_tokens(monkeypatch):
     monkeypatch.setattr(_ll, "buffer_bytes", lambda cfg, n: 1000 * cfg.max_tokens)
     assert B._normal_tokens(100, 2, 1000 * (B.NORMAL_HINT_TOKENS + 1)) == \
         B.NORMAL_HINT_TOKENS + 1
+
+
+# ---- the epx_normal_* kernels' host side (no GPU needed: checks come before launches) ----
+
+from epx.torch import _gpu, _normal_gpu as NG  # noqa: E402
+
+KERNELS = pytest.mark.skipif(not NG.available(), reason="libepx_cuda.so with epx_normal_* is "
+                             "not built here (no nvcc at install)")
+
+
+@KERNELS
+def test_kernels_and_torch_agree_on_the_row_width():
+    width = _gpu._lib.epx_normal_row_width
+    width.restype, width.argtypes = ctypes.c_int32, [ctypes.c_int32] * 3
+    for H in (1, 7, 64, 100, 128, 2048, 7168):
+        for E, R in ((8, 1), (256, 8), (384, 8), (4096, 64)):
+            assert width(H, E, R) == N.row_width(H, E, R), (H, E, R)
+
+
+@KERNELS
+def test_kernels_refuse_bad_arguments_by_name():
+    from epx._native import EpxError
+    null = ctypes.c_void_p(0)
+    stream = ctypes.c_void_p(0)
+
+    def call(f, *args):
+        with pytest.raises(EpxError) as ei:
+            _gpu.call(f, *args, stream)
+        return str(ei.value)
+
+    good = NG.NormalRows(256, N.row_width(256, 8, 2), 2, 8)
+    bad_width = NG.NormalRows(256, 300, 2, 8)
+    bad_experts = NG.NormalRows(256, N.row_width(256, 9, 2), 2, 9)
+    many = NG.NormalRows(256, N.row_width(256, 65, 65), 65, 65)
+    for f in (bad_width, bad_experts, many):
+        msg = call(NG._counts, ctypes.byref(f), null, null, 0, 1, null, null)
+        assert "epx_normal_counts: rows of hidden 256" in msg and "width" in msg, msg
+    msg = call(NG._pack, ctypes.byref(good), -1, 0, null, 0, null, 0, 0, null, 0, 0, null, null,
+               null, null, null, null)
+    assert "epx_normal_pack: T = -1" in msg, msg
+    msg = call(NG._pack, ctypes.byref(good), 4, 1, ctypes.c_void_p(8), 256, null, 0, 0, null, 0,
+               0, null, ctypes.c_void_p(8), null, null, ctypes.c_void_p(8), ctypes.c_void_p(8))
+    assert "scales for fp8" in msg, msg  # fp8 without scales
+    msg = call(NG._pack, ctypes.byref(good), 1, 0, ctypes.c_void_p(8), 256, null, 0, 0,
+               ctypes.c_void_p(8), 1, 33, null, ctypes.c_void_p(8), null, null,
+               ctypes.c_void_p(8), ctypes.c_void_p(8))
+    assert "top-k 33 outside 0..32" in msg, msg
+    msg = call(NG._counts, ctypes.byref(good), ctypes.c_void_p(8), ctypes.c_void_p(8), 2, 1,
+               ctypes.c_void_p(8), ctypes.c_void_p(8))
+    assert "rank 2 of 2" in msg, msg
+    msg = call(NG._unpack, ctypes.byref(good), 0, null, null, null, 0, 3, 0, null, null, null,
+               null, null, null)
+    assert "are required" in msg, msg
+    msg = call(NG._fill, ctypes.byref(good), null, null, 2, null, null, 0, null)
+    assert "y, rows and x are required" in msg, msg
+    msg = call(NG._combined, ctypes.byref(good), null, 2, null, null, 4, null, null)
+    assert "out and x (and weights for top-k) required" in msg, msg
+    # nothing to do is no error, and launches nothing
+    _gpu.call(NG._unpack, ctypes.byref(good), 0, null, null, null, 0, 0, 0, null, null, null,
+              null, null, null, stream)
+    _gpu.call(NG._fill, ctypes.byref(good), null, null, 0, null, null, 0, null, stream)
+    _gpu.call(NG._combined, ctypes.byref(good), null, 0, null, null, 0, null, null, stream)

@@ -61,7 +61,7 @@ class Rows:
                   scales.stride(0) if fp8 else 0, scales.stride(1) if fp8 else 0, _p(topk_idx),
                   int(topk_idx is not None and topk_idx.dtype == torch.int64), K,
                   _p(topk_weights), _p(in_rank), _p(per_rank), _p(per_expert), _p(stage),
-                  _p(columns), _stream(), None)
+                  _p(columns), _stream())
 
     def counts(self, recv, layout_range, rank, alignment):
         """(rank_prefix_matrix [R][R] int32, counts [1 + L] int32: tokens
@@ -69,7 +69,7 @@ class Rows:
         prefix = torch.empty((self.R, self.R), dtype=torch.int32, device=recv.device)
         counts = torch.empty(1 + self.L, dtype=torch.int32, device=recv.device)
         _gpu.call(_counts, ctypes.byref(self.f), _p(recv), _p(layout_range), rank, alignment,
-                  _p(prefix), _p(counts), _stream(), None)
+                  _p(prefix), _p(counts), _stream())
         return prefix, counts
 
     def unpack(self, recv, layout_range, src_info, rank, n, fp8, K):
@@ -83,7 +83,7 @@ class Rows:
         rows = torch.empty(n, dtype=torch.int64, device=dev)
         _gpu.call(_unpack, ctypes.byref(self.f), int(fp8), _p(recv), _p(layout_range),
                   _p(src_info), rank, n, K, _p(x), _p(scales), _p(ids), _p(w), _p(src), _p(rows),
-                  _stream(), None)
+                  _stream())
         return (x, scales) if fp8 else x, ids, w, src, rows
 
     def fill(self, y, rows, x, topk_weights, layout_range=None):
@@ -91,12 +91,12 @@ class Rows:
         of tokens received past the ones returned."""
         K = 0 if topk_weights is None else topk_weights.shape[1]
         _gpu.call(_fill, ctypes.byref(self.f), _p(y), _p(rows), rows.shape[0], _p(x),
-                  _p(topk_weights), K, _p(layout_range), _stream(), None)
+                  _p(topk_weights), K, _p(layout_range), _stream())
 
     def combined(self, out, T, K, bias):
         x = torch.empty((T, self.H), dtype=torch.bfloat16, device=out.device)
         w = torch.empty((T, K), dtype=torch.float32, device=out.device) if K else None
         b0, b1 = (tuple(bias) + (None, None))[:2]
         _gpu.call(_combined, ctypes.byref(self.f), _p(out), T, _p(b0), _p(b1), K, _p(x), _p(w),
-                  _stream(), None)
+                  _stream())
         return x, w
