@@ -413,3 +413,20 @@ def test_kernels_refuse_bad_arguments_by_name():
               null, null, null, stream)
     _gpu.call(NG._fill, ctypes.byref(good), null, null, 0, null, null, 0, null, stream)
     _gpu.call(NG._combined, ctypes.byref(good), null, 0, null, null, 0, null, null, stream)
+
+
+def test_combine_refusals_name_the_handle(nbuf):
+    x, ids, w, per_rank, per_expert, in_rank = _one_rank(5)
+    rx, _, rw, _, h, _ = _dispatch(nbuf, x, ids, w, per_rank, per_expert, in_rank)
+    rx, rw = TB.cu(rx), TB.cu(rw)
+    T = x.shape[0]
+    with pytest.raises(ValueError, match=r"bias has 2 rows; the handle's dispatch sent %d" % T):
+        nbuf.combine(rx, h, bias=TB.cu(torch.zeros((2, x.shape[1]), dtype=torch.bfloat16)))
+    with pytest.raises(ValueError, match="bias is one tensor or a tuple of two"):
+        nbuf.combine(rx, h, bias=(None, None, None))
+    with pytest.raises(ValueError, match="topk_weights has 0 rows; the handle's dispatch"):
+        nbuf.combine(rx, h, topk_weights=rw[:0])
+    with pytest.raises(ValueError, match="x has hidden 128; the handle's dispatch sent 256"):
+        nbuf.combine(TB.cu(torch.zeros((rx.shape[0], 128), dtype=torch.bfloat16)), h)
+    with pytest.raises(ValueError, match="allocate_on_comm_stream needs previous_event"):
+        nbuf.combine(rx, h, allocate_on_comm_stream=True)

@@ -725,10 +725,10 @@ class Buffer:
             eng.rows = _normal_gpu.Rows(hidden, width, R, num_experts) if use else None
         return eng
 
-    def _normal_check(self, name, t, dtype, ndim, rows=None):
+    def _normal_check(self, name, t, dtype, ndim, rows=None, whose="x has %d tokens"):
         _check_cuda(name, t, dtype, ndim, self.device)
         if rows is not None and t.shape[0] != rows:
-            _fail("%s has %d rows; x has %d tokens" % (name, t.shape[0], rows))
+            _fail("%s has %d rows; %s" % (name, t.shape[0], whose % rows))
 
     def dispatch(self, x, handle=None, num_tokens_per_rank=None, num_tokens_per_rdma_rank=None,
                  is_token_in_rank=None, num_tokens_per_expert=None, topk_idx=None,
@@ -862,7 +862,8 @@ class Buffer:
             _fail("bias is one tensor or a tuple of two (DeepEP's rule), not %d" % len(bias))
         for b in bias:
             if b is not None:
-                self._normal_check("bias", b, torch.bfloat16, 2, T)
+                self._normal_check("bias", b, torch.bfloat16, 2, T,
+                                   "the handle's dispatch sent %d tokens")
         if allocate_on_comm_stream and (previous_event is None or not async_finish):
             _fail("allocate_on_comm_stream needs previous_event and async_finish=True "
                   "(DeepEP's condition)")
