@@ -690,14 +690,21 @@ def test_constructor_checks(world1, monkeypatch):
         B.Buffer(world1, low_latency_mode=True)
 
 
-def test_size_hint_rounds_the_engines_bytes_up_at_top_k_11(monkeypatch):
+def record_engine_bytes(monkeypatch, value):
+    """_ll.buffer_bytes answering `value`; returns the list of (hidden,
+    top-k, slots, max tokens, ranks) it was asked for."""
     seen = []
 
     def bytes_of(cfg, n):
         seen.append((cfg.hidden, cfg.top_k, cfg.num_slots, cfg.max_tokens, n))
-        return 1000
+        return value
 
     monkeypatch.setattr(_ll, "buffer_bytes", bytes_of)
+    return seen
+
+
+def test_size_hint_rounds_the_engines_bytes_up_at_top_k_11(monkeypatch):
+    seen = record_engine_bytes(monkeypatch, 1000)
     assert B.Buffer.get_low_latency_rdma_size_hint(128, 7168, 8, 256) == 1024
     assert seen == [(7168, 11, 256, 128, 8)]
     with pytest.raises(ValueError, match="hidden must be >= 1"):

@@ -338,13 +338,7 @@ def test_tokens_past_num_worst_tokens_are_reported_once(nbuf):
 
 
 def test_nvl_size_hint_is_the_engine_for_the_hint_tokens(monkeypatch):
-    seen = []
-
-    def bytes_of(cfg, n):
-        seen.append((cfg.hidden, cfg.top_k, cfg.num_slots, cfg.max_tokens, n))
-        return 12345
-
-    monkeypatch.setattr(_ll, "buffer_bytes", bytes_of)
+    seen = TB.record_engine_bytes(monkeypatch, 12345)
     assert B.Buffer.get_dispatch_config(8).get_nvl_buffer_size_hint(7168 * 2, 8) == 12345
     assert seen == [(N.row_width(7168, 256, 8), 8, 8, B.NORMAL_HINT_TOKENS + 1, 8)]
     # an engine sized by num_nvl_bytes = the hint holds the hint's tokens
