@@ -424,3 +424,38 @@ def test_combine_refusals_name_the_handle(nbuf):
         nbuf.combine(TB.cu(torch.zeros((rx.shape[0], 128), dtype=torch.bfloat16)), h)
     with pytest.raises(ValueError, match="allocate_on_comm_stream needs previous_event"):
         nbuf.combine(rx, h, allocate_on_comm_stream=True)
+
+
+def test_combine_resends_where_a_cuda_graph_leaves_the_engine_unknown(nbuf, monkeypatch):
+    a = _one_rank(1)
+    ra = _dispatch(nbuf, *a)
+    eng = LoopEngine.made[-1]
+    kinds = []
+
+    def combine_kinds(h, capturing):
+        monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: capturing)
+        eng.calls.clear()
+        nbuf.combine(TB.cu(ra[0]), h)
+        kinds.append([c[0] for c in eng.calls])
+
+    combine_kinds(ra[4], False)  # eager, no graph yet: the engine holds ra's dispatch
+    combine_kinds(ra[4], True)  # captured apart from its dispatch: resend inside the graph
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    rb = _dispatch(nbuf, *a)  # a dispatch captured: replays now move the engine
+    combine_kinds(rb[4], True)  # captured with its dispatch: routed as captured
+    combine_kinds(ra[4], False)  # eager after a capture: always resend
+    combine_kinds(ra[4], False)
+    assert kinds == [["combine"], ["dispatch", "combine"], ["combine"],
+                     ["dispatch", "combine"], ["dispatch", "combine"]]
+
+
+def test_dispatch_follows_deepeps_shapes_and_dtypes(nbuf):
+    x, ids, w, per_rank, per_expert, in_rank = _one_rank(6)
+    out = _dispatch(nbuf, x, TB.cu(ids.to(torch.int32)), w, per_rank, per_expert, in_rank)
+    assert out[1].dtype == torch.int32  # recv_topk_idx in topk_idx's dtype
+    with pytest.raises(ValueError, match="x has hidden 12; DeepEP's rows need a multiple of 8"):
+        _dispatch(nbuf, TB.cu(torch.zeros((5, 12), dtype=torch.bfloat16)), ids, w, per_rank,
+                  per_expert, in_rank)
+    h = out[4]
+    with pytest.raises(ValueError, match="bias has hidden 128, not the dispatch's 256"):
+        nbuf.combine(TB.cu(out[0]), h, bias=TB.cu(torch.zeros((5, 128), dtype=torch.bfloat16)))

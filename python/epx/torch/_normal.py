@@ -21,9 +21,11 @@ fp32. What DeepEP sends beside the row travels in the row's tail:
   per-expert counts without another exchange.
 
   columns of a combine row: [0, H) x; [H, H + 3K) the top-k weights split in
-  three bf16 parts (hi, mid, lo: their fp32 sum is the weight exactly), so
-  the engine's fp32 sum over ranks, read back as fp32, is DeepEP's fp32 sum
-  of the weights.
+  three bf16 parts (hi, mid, lo: their fp32 sum is the weight exactly). The
+  engine sums each part over the ranks in fp32: where one rank holds a
+  token's weight for a k (what dispatch hands out: 0 on the others) that is
+  the weight exactly; where several do, each part's sum is rounded on its
+  own, so the result is within fp32 rounding of DeepEP's single sum.
 
 Everything here is plain torch on any device (the CPU tests drive it with a
 receive built by hand); epx.torch.Buffer runs it on the engine's views."""

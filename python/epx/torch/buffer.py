@@ -111,9 +111,10 @@ class _NormalHandle(tuple):
     also names its engine, its layout and whether it was a num_worst_tokens
     dispatch."""
 
-    def __new__(cls, items, engine, layout, worst=False):
+    def __new__(cls, items, engine, layout, worst=False, captured=False):
         h = super().__new__(cls, items)
         h._epx_engine, h._epx_layout, h._epx_worst = engine, layout, worst
+        h._epx_captured = captured  # dispatched inside a CUDA-graph capture
         return h
 
 
@@ -756,6 +757,8 @@ class Buffer:
         else:
             self._normal_check("x", x, torch.bfloat16, 2)
             T, H = x.shape
+            if H % 8:
+                _fail("x has hidden %d; DeepEP's rows need a multiple of 8 (16 bytes)" % H)
         R, cached = self.group_size, handle is not None
         alignment = _int("expert_alignment", expert_alignment, 1)
         worst = _int("num_worst_tokens", num_worst_tokens, 0)
@@ -814,6 +817,8 @@ class Buffer:
                                    in_rank, *counted)
         eng.dispatch(_ll.SEND | _ll.RECV, eng.stage[:T + 1], eng.columns[:T + 1])
         eng.num_tokens = T
+        if torch.cuda.is_current_stream_capturing():
+            eng.graphed = True  # replays now change the engine behind the host's back
         if not cached:
             self._layouts += 1
             layout = self._layouts
@@ -821,8 +826,11 @@ class Buffer:
         recv_x, recv_ids, recv_w, per_expert_list, got = (
             self._receive_kernels if eng.rows is not None else self._receive_torch)(
                 eng, E, fp8, K, alignment, worst, handle if cached else None)
+        if recv_ids is not None and topk_idx.dtype != recv_ids.dtype:
+            recv_ids = recv_ids.to(topk_idx.dtype)  # DeepEP returns topk_idx's dtype
         if not cached:
-            handle = _NormalHandle(got + (in_rank, None), eng, layout, worst > 0)
+            handle = _NormalHandle(got + (in_rank, None), eng, layout, worst > 0,
+                                   torch.cuda.is_current_stream_capturing())
         event = EventOverlap(self.capture().event, (x, in_rank)) if async_finish else \
             EventOverlap(None)
         if cached:
@@ -864,15 +872,24 @@ class Buffer:
             if b is not None:
                 self._normal_check("bias", b, torch.bfloat16, 2, T,
                                    "the handle's dispatch sent %d tokens")
+                if b.shape[1] != H:
+                    _fail("bias has hidden %d, not the dispatch's %d" % (b.shape[1], H))
         if allocate_on_comm_stream and (previous_event is None or not async_finish):
             _fail("allocate_on_comm_stream needs previous_event and async_finish=True "
                   "(DeepEP's condition)")
         _wait(previous_event)
-        if eng.layout != layout:
-            # A dispatch of another layout came between: send this one's
-            # columns again (rows unread) so the engine routes the combine as
-            # this handle's dispatch did. Every rank decides alike: the
-            # layouts follow the calls, which every rank makes in one order.
+        capturing = torch.cuda.is_current_stream_capturing()
+        # The engine routes a combine by its latest dispatch. The host knows
+        # which one that is while no CUDA graph is involved; once one was
+        # captured, a replay can have changed it (eager calls then always
+        # resend), and a combine captured apart from its dispatch cannot know
+        # what the engine will hold at replay (it resends too).
+        unknown = not handle._epx_captured if capturing else getattr(eng, "graphed", False)
+        if eng.layout != layout or unknown:
+            # Send this handle's columns again (rows unread) so the engine
+            # routes the combine as its dispatch did. Every rank decides
+            # alike: the layouts follow the calls, which every rank makes in
+            # one order.
             _normal.route(eng.columns, handle[4])
             eng.dispatch(_ll.SEND | _ll.RECV, eng.stage[:T + 1], eng.columns[:T + 1])
             eng.layout = layout
