@@ -8,10 +8,14 @@ median us per call over 31 rounds of CUDA events (bench/dispatch_torch.py's
 `timed`):
   dispatch        with top-k and weights, as DeepEP's test calls it: the
                   host waits for the counts (DeepEP's does too)
-  dispatch worst  num_worst_tokens = T: no host wait; also as a CUDA graph
+  worst           num_worst_tokens = T: no host wait; also as a CUDA graph
   cached          a dispatch with the handle (no top-k)
-  combine         with the weights; also as a CUDA graph
+  combine         with the weights
+  round trip graph  a worst-case dispatch and its combine, captured together
   copy            x.clone(): the bytes of one phase once through memory
+The graphs run on a second Buffer: once a dispatch of a shape was captured,
+that Buffer's eager combines re-send their columns (docs/EP_TORCH.md), which
+the eager columns must not time.
 --json FILE appends JSON lines ("api": "torch", "mode": "normal").
 """
 import argparse
@@ -46,9 +50,10 @@ def run(tokens, group):
     torch.manual_seed(0)
     dev = torch.device("cuda")
     buf = Buffer(group, num_nvl_bytes=int(4e9), explicitly_destroy=True)
+    gbuf = Buffer(group, num_nvl_bytes=int(4e9), explicitly_destroy=True)  # for the graphs
     rows = []
-    cols = ("dispatch", "worst", "worst graph", "cached", "combine", "combine graph", "copy")
-    print("%6s" % "tokens" + "".join("%15s" % c for c in cols) + "   (us per call)")
+    cols = ("dispatch", "worst", "cached", "combine", "worst graph", "round trip graph", "copy")
+    print("%6s" % "tokens" + "".join("%17s" % c for c in cols) + "   (us per call)")
     for T in tokens:
         x = torch.randn(T, H, device=dev).to(torch.bfloat16)
         ids = torch.stack([torch.randperm(E, device=dev)[:K] for _ in range(T)])
@@ -57,24 +62,29 @@ def run(tokens, group):
         args_ = dict(num_tokens_per_rank=per_rank, is_token_in_rank=in_rank,
                      num_tokens_per_expert=per_expert, topk_idx=ids, topk_weights=w)
         rx, _, rw, _, handle, _ = buf.dispatch(x, **args_)
+
+        def round_trip():
+            r = gbuf.dispatch(x, num_worst_tokens=T, **args_)
+            gbuf.combine(r[0], r[4], topk_weights=r[2])
+
         got = {
             "dispatch": timed(lambda: buf.dispatch(x, **args_), 1, graph=False),
             "worst": timed(lambda: buf.dispatch(x, num_worst_tokens=T, **args_), 5, graph=False),
-            "worst graph": timed(lambda: buf.dispatch(x, num_worst_tokens=T, **args_), 5,
-                                 hold=True),
             "cached": timed(lambda: buf.dispatch(x, handle=handle), 5, graph=False),
             "combine": timed(lambda: buf.combine(rx, handle, topk_weights=rw), 5, graph=False),
-            "combine graph": timed(lambda: buf.combine(rx, handle, topk_weights=rw), 5,
-                                   hold=True),
+            "worst graph": timed(lambda: gbuf.dispatch(x, num_worst_tokens=T, **args_), 5,
+                                 hold=True),
+            "round trip graph": timed(round_trip, 5, hold=True),
             "copy": timed(lambda: x.clone(), 5, hold=True),
         }
-        print("%6d" % T + "".join("%15.2f" % got[c] for c in cols))
+        print("%6d" % T + "".join("%17.2f" % got[c] for c in cols))
         date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
         for c in cols:
             rows.append(dict(api="torch", mode="normal", call=c, ranks=1, tokens=T, hidden=H,
                              topk=K, experts=E, dtype="bf16", median_us=round(got[c], 3),
                              device=torch.cuda.get_device_name(), date=date))
     buf.destroy()
+    gbuf.destroy()
     return rows
 
 
