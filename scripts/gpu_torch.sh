@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # gpu_torch.sh - epx.torch on a GPU machine, in one call: the op tests (CUDA
 # kernels against the CPU references, a CUDA graph replay, torch.compile with
-# inductor) and bench/torch_ops.py (each op against its plain-torch
-# formulation, same run). Logs and JSON lines go to $OUT (or ./gpu-out).
+# inductor), bench/torch_ops.py (each op against its plain-torch
+# formulation, same run) and bench/normal_torch.py (DeepEP's normal mode on
+# epx.torch.Buffer beside a copy of the same bytes). Logs and JSON lines go to $OUT (or ./gpu-out).
 #   BIN=build      where libepx.so and libepx_cuda.so were built (cmake
 #                  --build build --target epx epx_cuda_shared); they need
 #                  libjansson and libzip, taken from ./.devlibs when the
@@ -25,3 +26,5 @@ echo "== tests"
 echo "tests exit ${PIPESTATUS[0]}"
 echo "== bench"
 python3 "$ROOT/bench/torch_ops.py" --json "$OUT/torch_ops.jsonl" 2>&1 | tee "$OUT/torch_bench.log"
+echo "== DeepEP's normal mode on epx.torch.Buffer (one rank, beside a copy)"
+python3 "$ROOT/bench/normal_torch.py" --json "$OUT/torch_normal.jsonl" 2>&1 | tee "$OUT/normal_bench.log"
