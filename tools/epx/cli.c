@@ -85,6 +85,21 @@ const char *cli_get(const cli_cmd *cmd, const char *name) {
 
 bool cli_flag(const cli_cmd *cmd, const char *name) { return cli_get(cmd, name) != NULL; }
 
+bool cli_choice(const cli_cmd *cmd, const char *name, const char *const *choices, int n, int *out) {
+    const char *v = cli_get(cmd, name);
+    if (v == NULL) return true;
+    for (int i = 0; i < n; i++)
+        if (strcmp(v, choices[i]) == 0) {
+            *out = i;
+            return true;
+        }
+    fprintf(stderr, "epx %s: %s must be ", cmd->name, name);
+    for (int i = 0; i < n; i++)
+        fprintf(stderr, "%s%s", choices[i], i + 2 < n ? ", " : i + 2 == n ? " or " : "");
+    fprintf(stderr, ", not '%s'\n", v);
+    return false;
+}
+
 /*
  * Numbers. Every numeric option of every subcommand is read by one of the
  * functions below, all built on two recognisers (a whole number; a decimal

@@ -42,6 +42,11 @@ int cli_parse(cli_cmd *cmd, int argc, char **argv);
 const char *cli_get(const cli_cmd *cmd, const char *name);
 bool cli_flag(const cli_cmd *cmd, const char *name);
 
+/* Option `name` as the index of its value among choices[0 .. n) into *out
+ * (kept when absent); false after printing "epx CMD: NAME must be A, B or
+ * C, not 'VALUE'". */
+bool cli_choice(const cli_cmd *cmd, const char *name, const char *const *choices, int n, int *out);
+
 /* Numbers (cli.c): every numeric option of every subcommand goes through
  * one of these, so all accept the same spellings (decimal digits with an
  * optional sign; for real numbers a fraction and an exponent) and refuse

@@ -396,22 +396,15 @@ int cmd_advise(int argc, char **argv) {
         return CLI_EXIT_USAGE;
     }
     const bool host_tr = strcmp(tr, "host") == 0;
-    const char *dt = cli_get(&cmd, "--dtype"), *cm = cli_get(&cmd, "--combine");
-    double esz = 2;
-    const bool fp8 = dt != NULL && strcmp(dt, "fp8") == 0;
-    if (dt != NULL && strcmp(dt, "f32") == 0)
-        esz = 4;
-    else if (dt != NULL && strcmp(dt, "bf16") != 0 && !fp8) {
-        fprintf(stderr, "epx advise: --dtype must be bf16, f32 or fp8, not '%s'\n", dt);
+    static const char *const dtypes[] = {"bf16", "f32", "fp8"};
+    static const char *const combines[] = {"rank", "topk"};
+    int dti = 0, ci = 0;
+    if (!cli_choice(&cmd, "--dtype", dtypes, 3, &dti) ||
+        !cli_choice(&cmd, "--combine", combines, 2, &ci))
         return CLI_EXIT_USAGE;
-    }
-    bool topk = false;
-    if (cm != NULL && strcmp(cm, "topk") == 0)
-        topk = true;
-    else if (cm != NULL && strcmp(cm, "rank") != 0) {
-        fprintf(stderr, "epx advise: --combine must be rank or topk, not '%s'\n", cm);
-        return CLI_EXIT_USAGE;
-    }
+    const double esz = dti == 1 ? 4 : 2;
+    const bool fp8 = dti == 2;
+    bool topk = ci == 1; /* absent: the measured file's, below */
     const double H = m->hidden, K = m->top_k, E = m->num_experts;
     const int moe_layers = m->num_layers - m->first_k_dense;
     /* Expected other GPUs a token reaches: K distinct uniform experts, E/G per GPU. */
@@ -550,7 +543,7 @@ int cmd_advise(int argc, char **argv) {
         int ranks = (int)json_integer_value(json_object_get(root, "ranks"));
         const char *mm = json_string_value(json_object_get(root, "model"));
         const char *mb = json_string_value(json_object_get(root, "backend"));
-        if (cm == NULL) {
+        if (cli_get(&cmd, "--combine") == NULL) {
             const char *fc_mode = json_string_value(json_object_get(root, "combine"));
             if (fc_mode && strcmp(fc_mode, "topk") == 0) topk = true;
         }

@@ -539,18 +539,10 @@ static int parse_args(cli_cmd *cmd, bench_args *a) {
         !cli_int(cmd, "--seed", 0, INT32_MAX, &seed))
         return CLI_EXIT_USAGE;
     a->seed = (uint64_t)seed;
-    const char *dt = cli_get(cmd, "--dtype");
-    a->dtype = strcmp(a->backend, "mpi") == 0 ? EPX_DTYPE_F32 : EPX_DTYPE_BF16;
-    if (dt != NULL) {
-        if (strcmp(dt, "bf16") == 0)
-            a->dtype = EPX_DTYPE_BF16;
-        else if (strcmp(dt, "f32") == 0)
-            a->dtype = EPX_DTYPE_F32;
-        else {
-            fprintf(stderr, "epx bench comm: --dtype must be bf16 or f32, not '%s'\n", dt);
-            return CLI_EXIT_USAGE;
-        }
-    }
+    static const char *const dtypes[] = {"bf16", "f32"};
+    int dti = strcmp(a->backend, "mpi") == 0 ? 1 : 0;
+    if (!cli_choice(cmd, "--dtype", dtypes, 2, &dti)) return CLI_EXIT_USAGE;
+    a->dtype = dti == 0 ? EPX_DTYPE_BF16 : EPX_DTYPE_F32;
     if (strcmp(a->backend, "mpi") == 0 && a->dtype == EPX_DTYPE_BF16) {
         fprintf(stderr,
                 "epx bench comm: MPI has no bf16 sum for the TP all-reduce; use --dtype f32 "
@@ -571,30 +563,14 @@ static int parse_args(cli_cmd *cmd, bench_args *a) {
     if (!cli_check_bytes(cmd, (double)Tmax * H * (2.0 * esz + 4.0 + 2.0 * K * esz), what,
                          "give fewer tokens per rank"))
         return CLI_EXIT_USAGE;
-    const char *md = cli_get(cmd, "--mode");
-    a->mode = EPX_EP_MODE_NORMAL;
-    if (md != NULL) {
-        if (strcmp(md, "normal") == 0)
-            a->mode = EPX_EP_MODE_NORMAL;
-        else if (strcmp(md, "low-latency") == 0)
-            a->mode = EPX_EP_MODE_LOW_LATENCY;
-        else {
-            fprintf(stderr, "epx bench comm: --mode must be normal or low-latency, not '%s'\n", md);
-            return CLI_EXIT_USAGE;
-        }
-    }
-    const char *cm = cli_get(cmd, "--combine");
-    a->combine = EPX_EP_COMBINE_TOPK;
-    if (cm != NULL) {
-        if (strcmp(cm, "topk") == 0)
-            a->combine = EPX_EP_COMBINE_TOPK;
-        else if (strcmp(cm, "rank") == 0)
-            a->combine = EPX_EP_COMBINE_RANK;
-        else {
-            fprintf(stderr, "epx bench comm: --combine must be topk or rank, not '%s'\n", cm);
-            return CLI_EXIT_USAGE;
-        }
-    }
+    static const char *const modes[] = {"normal", "low-latency"};
+    static const char *const combines[] = {"topk", "rank"};
+    int mi = 0, ci = 0;
+    if (!cli_choice(cmd, "--mode", modes, 2, &mi) ||
+        !cli_choice(cmd, "--combine", combines, 2, &ci))
+        return CLI_EXIT_USAGE;
+    a->mode = mi == 0 ? EPX_EP_MODE_NORMAL : EPX_EP_MODE_LOW_LATENCY;
+    a->combine = ci == 0 ? EPX_EP_COMBINE_TOPK : EPX_EP_COMBINE_RANK;
     if (a->mode == EPX_EP_MODE_LOW_LATENCY && a->combine != EPX_EP_COMBINE_TOPK) {
         fprintf(stderr, "epx bench comm: --mode low-latency combines in top-k order: drop "
                         "--combine rank\n");
@@ -603,12 +579,11 @@ static int parse_args(cli_cmd *cmd, bench_args *a) {
     /* The GPU engine runs both modes over NCCL (normal mode's compact
      * receive unless --engine nccl or per-rank partials ask for the older
      * NCCL path, nccl_ep). */
+    static const char *const engines[] = {"gpu", "nccl"};
+    int ei = 0;
+    if (!cli_choice(cmd, "--engine", engines, 2, &ei)) return CLI_EXIT_USAGE;
     const char *en = cli_get(cmd, "--engine");
     const bool partials = a->combine == EPX_EP_COMBINE_RANK;
-    if (en != NULL && strcmp(en, "gpu") != 0 && strcmp(en, "nccl") != 0) {
-        fprintf(stderr, "epx bench comm: --engine must be gpu or nccl, not '%s'\n", en);
-        return CLI_EXIT_USAGE;
-    }
     if (en != NULL && (a->mode != EPX_EP_MODE_NORMAL || strcmp(a->backend, "nccl") != 0)) {
         fprintf(stderr, "epx bench comm: --engine picks normal mode's GPU path: use it with "
                         "--backend nccl --mode normal\n");
