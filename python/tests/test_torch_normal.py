@@ -100,8 +100,9 @@ def test_dispatch_and_combine_rows_are_deepeps_definition(seed):
     g, E, M, Ts, srcs, W, stages, columns, xs = _world(seed, R, H, K, LPR, fp8)
     L = E // R
     rows_of, ys, ws, ins = [], [], [], [s[5] for s in srcs]
+    received = [engine_receive(stages, columns, Ts, r, M) for r in range(R)]
     for r in range(R):
-        recv, layout, src_info = engine_receive(stages, columns, Ts, r, M)
+        recv, layout, src_info = received[r]
         rows, valid, real, count_rows = N.row_map(layout)
         per_rank, per_expert = N.counts_of(recv, count_rows, R, E)
         x, ids, w = N.unpack(recv, rows, valid, H, fp8, K, r, L)
@@ -138,7 +139,7 @@ def test_dispatch_and_combine_rows_are_deepeps_definition(seed):
         # where each rank keeps (s, t): its receive's rows, count rows included
         where = []
         for r in range(R):
-            _, layout, src_info = engine_receive(stages, columns, Ts, r, M)
+            _, layout, src_info = received[r]
             first, cnt = int(layout[s]) >> 32, int(layout[s]) & 0xFFFFFFFF
             where.append({(s, int(src_info[first + i])): first + i for i in range(cnt)})
         out = engine_combine(rows_of, columns, where, s, T, W)
