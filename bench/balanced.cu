@@ -3,9 +3,12 @@
  * (epx_cuda_dispatch_balanced_topk: ids -> counts -> exact split -> integer
  * counts -> per-token slots, one launch; and _solve from counts per logical
  * expert), at the issue's two shapes: Kimi-K2.5 on 8 GPUs (E = 384, P =
- * 416) and DeepSeek-V3 on 32 GPUs (E = 256, P = 288), K = 8, T in {1, 16,
- * 128, 512, 1024, 4096} tokens drawn skewed toward a few experts, with
- * placements whose extra replicas favour hot experts.
+ * 416) and DeepSeek-V3 on 32 GPUs (E = 256, P = 288; its replicas on any
+ * GPU, and "ds-v3-node": each expert's replicas on one of 4 nodes, as
+ * hierarchical EPLB places them), K = 8, T in {1, 16, 128, 512, 1024, 4096}
+ * tokens drawn skewed toward a few experts, with placements whose extra
+ * replicas favour hot experts. EPX_BALANCED_SUBSET_GPUS=0 times the
+ * max-flow solve alone (the subset solve takes components of <= 10 GPUs).
  * Every layer's result is compared with the CPU reference before timing.
  * Times: CUDA events around replays of a CUDA graph holding LAYERS launches
  * (one per layer, each with its own batch); the median over ROUNDS replays
@@ -51,17 +54,32 @@ static double now_us(void) {
     return (double)t.tv_sec * 1e6 + (double)t.tv_nsec / 1e3;
 }
 
-/* Replicas [E][W] of a placement: expert e on slot e, the extra slots to
- * hot experts (the first 2 (P - E) by the batches' skew), slots shuffled. */
-static void make_place(int32_t E, int32_t P, int32_t W, int32_t *rep, int32_t *nv) {
+/* Replicas [E][W] of a placement: every expert one slot, the extra slots
+ * to hot experts (the first 2 (P - E) by the batches' skew). nodes = 1:
+ * slots shuffled over all GPUs, so an expert's replicas land anywhere.
+ * nodes > 1: as DeepSeek's hierarchical EPLB keeps them, every replica of
+ * an expert on one node (expert e on node e % nodes, slots shuffled within
+ * the node), so no component of the routing graph spans two nodes. */
+static void make_place(int32_t E, int32_t P, int32_t W, int32_t nodes, int32_t *rep, int32_t *nv) {
     int32_t *p2l = (int32_t *)malloc(sizeof(int32_t) * (size_t)P);
-    int32_t hot = 2 * (P - E) < E ? 2 * (P - E) : E;
-    for (int32_t s = 0; s < P; s++) p2l[s] = s < E ? s : below(hot > 0 ? hot : 1);
-    for (int32_t s = P - 1; s > 0; s--) {
-        int32_t j = below(s + 1), t = p2l[s];
-        p2l[s] = p2l[j];
-        p2l[j] = t;
+    int32_t hot = 2 * (P - E) < E ? 2 * (P - E) : E, per_node = P / nodes;
+    int32_t *fill = (int32_t *)calloc((size_t)nodes, sizeof(int32_t));
+    for (int32_t e = 0; e < E; e++) { /* one slot each, on its node */
+        int32_t nd = e % nodes;
+        p2l[nd * per_node + fill[nd]++] = e;
     }
+    for (int32_t nd = 0; nd < nodes; nd++)
+        while (fill[nd] < per_node) { /* the node's extras: its own hot experts */
+            int32_t h = below(hot > nodes ? hot / nodes : 1) * nodes + nd;
+            p2l[nd * per_node + fill[nd]++] = h < E ? h : nd;
+        }
+    for (int32_t nd = 0; nd < nodes; nd++)
+        for (int32_t s = per_node - 1; s > 0; s--) {
+            int32_t j = below(s + 1), t = p2l[nd * per_node + s];
+            p2l[nd * per_node + s] = p2l[nd * per_node + j];
+            p2l[nd * per_node + j] = t;
+        }
+    free(fill);
     for (int32_t i = 0; i < E * W; i++) rep[i] = -1;
     memset(nv, 0, sizeof(int32_t) * (size_t)E);
     for (int32_t s = 0; s < P; s++) rep[p2l[s] * W + nv[p2l[s]]++] = s;
@@ -85,19 +103,21 @@ int main(int argc, char **argv) {
     if (csv) fprintf(csv, "shape,E,P,G,T,ids_us,counts_us,cpu_us,levels\n");
     static const struct {
         const char *name;
-        int32_t E, P, G;
-    } shapes[] = {{"kimi-k2.5", 384, 416, 8}, {"deepseek-v3", 256, 288, 32}};
+        int32_t E, P, G, nodes;
+    } shapes[] = {{"kimi-k2.5", 384, 416, 8, 1},
+                  {"deepseek-v3", 256, 288, 32, 1},
+                  {"ds-v3-node", 256, 288, 32, 4}};
     static const int32_t Ts[] = {1, 16, 128, 512, 1024, 4096};
     cudaStream_t st;
     CK(cudaStreamCreate(&st));
     cudaEvent_t e0, e1;
     CK(cudaEventCreate(&e0));
     CK(cudaEventCreate(&e1));
-    for (size_t si = 0; si < 2; si++) {
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
         int32_t E = shapes[si].E, P = shapes[si].P, G = shapes[si].G, W = P - E + 1;
         size_t EW = (size_t)E * (size_t)W;
         int32_t *rep = (int32_t *)malloc(4 * EW), *nv = (int32_t *)malloc(4 * (size_t)E);
-        make_place(E, P, W, rep, nv);
+        make_place(E, P, W, shapes[si].nodes, rep, nv);
         epx_error er;
         memset(&er, 0, sizeof er);
         epx_balancer *cb = NULL;

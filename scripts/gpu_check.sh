@@ -28,6 +28,8 @@ run() { # name, command...
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 [ "${QUICK:-0}" = 1 ] || run "dispatch kernels" bash -c "cd '$ROOT/tests' && '$BIN/test_dispatch_gpu'"
 [ "${QUICK:-0}" = 1 ] || run "balanced dispatch kernel" "$BIN/test_balanced_gpu"
+[ "${QUICK:-0}" = 1 ] || run "balanced dispatch kernel, max-flows only" env \
+    EPX_BALANCED_SUBSET_GPUS=0 "$BIN/test_balanced_gpu"
 run "low-latency EP engine" "$BIN/test_gpu_ll"
 # The same cases over the host-memory transport (pinned shared memory), which
 # also checks that no segment is left in /dev/shm.

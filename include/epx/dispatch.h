@@ -458,7 +458,8 @@ EPX_API epx_status epx_fp8_cast_back_rows(const uint8_t *data, const float *scal
  * its replicas so that the largest GPU load of the batch (tokens routed to a
  * GPU's slots; slot p is on GPU p / (P/G)) is the least any split can reach:
  * the optimum of SGLang 0.5.23's `--ep-dispatch-algorithm lp`, computed
- * exactly with max-flows instead of an LP solver (balanced.c states the
+ * exactly (over GPU subsets, or with max-flows for groups of more than 10
+ * linked GPUs) instead of with an LP solver (balanced.c states the
  * algorithm). Beyond the largest load, the GPU loads are lexicographically
  * minimal (the second largest is as small as the largest allows, and so
  * on), which makes the GPU load vector unique.

@@ -19,9 +19,11 @@
  *      and the flexible experts compacted in ascending order (a ballot scan
  *      tile by tile), which is exactly the list epxi_bal_classify builds;
  *   2. thread 0 splits the reduced graph into its components
- *      (epxi_bal_components), then lane 0 of each warp solves components
- *      (epxi_bal_solve_part: levels and rounding on the component's own
- *      graph) while the other lanes wait; the distinct levels are counted
+ *      (epxi_bal_components), then each warp solves components
+ *      (epxi_bal_solve_comp): one of at most sub_max GPUs by its subsets,
+ *      its 32 lanes sharing the subsets and reducing with shuffles; a
+ *      larger one by max-flows on lane 0 while the other lanes wait; the
+ *      rounding's max-flow on lane 0. The distinct levels are counted
  *      in parallel. With the workspace in shared memory (when it fits),
  *      the solves' dependent loads cost shared-memory latency, not L2's;
  *   3. every thread writes some experts' shares and counts
@@ -61,7 +63,11 @@ struct epx_cuda_balancer {
 
 namespace {
 
-constexpr int kMaxThreads = 1024;
+/* 256 threads: the solve's sequential parts (components, max-flows, the
+ * rounding) keep the workspace's pointers in registers (0 bytes spilled);
+ * at 1024 threads (64 registers) they spilled 2.8 KB and every step of
+ * those chains went through local memory (bench/RESULTS.md). */
+constexpr int kMaxThreads = 256;
 
 struct BalArgs {
     epxi_bal bal;
@@ -83,6 +89,34 @@ __device__ __forceinline__ uint32_t lanemask_lt() {
     return m;
 }
 
+/* Built with -DEPX_BAL_PROFILE, thread 0 reads the global timer at the
+ * phases' ends and prints them per launch ("balprof ..." lines, ns): where
+ * a launch's time goes, for bench_balanced. Off in every normal build. */
+#ifdef EPX_BAL_PROFILE
+__device__ __forceinline__ unsigned long long bal_ns() {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+#define BAL_STAMP(i)                                                                               \
+    do {                                                                                           \
+        if (threadIdx.x == 0) stamp[i] = bal_ns();                                                 \
+    } while (0)
+#define BAL_REPORT(n)                                                                              \
+    do {                                                                                           \
+        if (threadIdx.x == 0) {                                                                    \
+            BAL_STAMP(n);                                                                          \
+            printf("balprof %d %d %d %llu %llu %llu %llu %llu %llu %llu\n", a.from_ids, b.M, b.C,  \
+                   stamp[1] - stamp[0], stamp[2] - stamp[1], stamp[3] - stamp[2],                  \
+                   stamp[4] - stamp[3], stamp[5] - stamp[4], stamp[6] - stamp[5],                  \
+                   (n) == 7 ? stamp[7] - stamp[6] : 0ull);                                         \
+        }                                                                                          \
+    } while (0)
+#else
+#define BAL_STAMP(i) ((void)0)
+#define BAL_REPORT(n) ((void)0)
+#endif
+
 __global__ void __launch_bounds__(kMaxThreads, 1) balanced_kernel(BalArgs a) {
     /* [warps][E] counters (ids entry point only), then the workspace when
      * it fits: the solve's dependent loads at shared-memory latency */
@@ -90,6 +124,10 @@ __global__ void __launch_bounds__(kMaxThreads, 1) balanced_kernel(BalArgs a) {
     int32_t *hist = (int32_t *)dyn;
     __shared__ int32_t warp_off[32];
     __shared__ int32_t s_total, s_status, s_comps, s_distinct;
+#ifdef EPX_BAL_PROFILE
+    __shared__ unsigned long long stamp[8];
+#endif
+    BAL_STAMP(0);
     epxi_bal b = a.bal;
     if (a.ws_shared) epxi_bal_carve(&b, dyn + a.ws_at);
     const int tid = threadIdx.x, nt = blockDim.x, lane = tid & 31, warp = tid >> 5;
@@ -132,6 +170,7 @@ __global__ void __launch_bounds__(kMaxThreads, 1) balanced_kernel(BalArgs a) {
         }
     }
     __syncthreads();
+    BAL_STAMP(1);
 
     /* 1. group, then classify: base sums and the ascending flexible list */
     for (int32_t e = tid; e < E; e += nt) epxi_bal_group(&b, a.replicas, a.num_valid, e);
@@ -168,10 +207,11 @@ __global__ void __launch_bounds__(kMaxThreads, 1) balanced_kernel(BalArgs a) {
         __syncthreads(); /* warp_off is rewritten by the next tile */
     }
     b.M = s_total < b.maxM ? s_total : b.maxM;
+    BAL_STAMP(2);
 
-    /* 2. the components (one thread), then each solved by one warp's lane 0:
-     * a component's solve is sequential, and lanes of one warp would run
-     * theirs one after the other anyway */
+    /* 2. the components (one thread), then each solved by one warp: the
+     * subset solve on all its lanes, the max-flows of a larger component on
+     * lane 0 (a max-flow is sequential) */
     if (tid == 0) {
         epxi_bal_unfix(&b);
         b.C = 0;
@@ -180,10 +220,11 @@ __global__ void __launch_bounds__(kMaxThreads, 1) balanced_kernel(BalArgs a) {
         s_distinct = 0;
     }
     __syncthreads();
+    BAL_STAMP(3);
     b.C = s_comps;
-    if (lane == 0)
-        for (int32_t c = warp; c < b.C; c += nwarps) epxi_bal_solve_part(&b, c);
+    for (int32_t c = warp; c < b.C; c += nwarps) epxi_bal_solve_comp(&b, c, lane, 32);
     __syncthreads();
+    BAL_STAMP(4);
     for (int32_t lid = tid; lid < b.G; lid += nt)
         if (epxi_bal_level_new(&b, lid)) atomicAdd(&s_distinct, 1);
     __syncthreads();
@@ -199,22 +240,37 @@ __global__ void __launch_bounds__(kMaxThreads, 1) balanced_kernel(BalArgs a) {
         s_status = rc;
     }
     __syncthreads();
+    BAL_STAMP(5);
 
     /* 3. outputs */
-    int64_t *rcounts = a.rcounts ? a.rcounts : b.rc;
+    /* the counts into the workspace (shared memory when it fits), which
+     * phase 4 reads, then copied out in order (coalesced) */
+    const int64_t *rcounts = b.rc;
     for (int32_t e = tid; e < E; e += nt)
-        epxi_bal_write_expert(&b, a.replicas, a.num_valid, e, a.shares, rcounts, a.slot_counts);
+        epxi_bal_write_expert(&b, a.replicas, a.num_valid, e, a.shares, b.rc, a.slot_counts);
+    if (a.rcounts) {
+        __syncthreads();
+        for (int64_t i = tid; i < (int64_t)E * b.W; i += nt) a.rcounts[i] = b.rc[i];
+    }
     if (a.gpu_load)
         for (int32_t g = tid; g < b.G; g += nt) a.gpu_load[g] = epxi_bal_gpu_load(&b, g);
-    if (!a.from_ids) return;
+    if (!a.from_ids) {
+        BAL_REPORT(6);
+        return;
+    }
     __syncthreads();
+    BAL_STAMP(6);
 
     /* 4. per-pair slots: rank among the expert's pairs in (t, k) order */
     const uint32_t lt = lanemask_lt();
     int32_t *row = hist + (size_t)warp * (size_t)E;
+    /* the next round's id is loaded a round ahead: the global load's
+     * latency leaves the chain of each round (shared memory only) */
+    int32_t e_next = lo + lane < hi ? __ldg(a.ids + lo + lane) : -1;
     for (int64_t base = lo; base < hi; base += 32) {
         int64_t i = base + lane;
-        int32_t e = i < hi ? __ldg(a.ids + i) : -1;
+        int32_t e = e_next;
+        e_next = i + 32 < hi ? __ldg(a.ids + i + 32) : -1;
         bool ok = e >= 0 && e < E;
         uint32_t peers = __match_any_sync(0xffffffffu, ok ? e : -1);
         int32_t slot = -1, rank = 0;
@@ -238,6 +294,10 @@ __global__ void __launch_bounds__(kMaxThreads, 1) balanced_kernel(BalArgs a) {
         __syncwarp();
         if (i < hi) a.phys[i] = slot;
     }
+#ifdef EPX_BAL_PROFILE
+    __syncthreads();
+    BAL_REPORT(7);
+#endif
 }
 
 epx_status check_tables(const epx_cuda_balancer *b, const int32_t *replicas,
@@ -288,6 +348,7 @@ extern "C" epx_status epx_cuda_dispatch_balanced_create(int32_t num_experts, int
     if (b == NULL)
         return epxi_fail(err, EPX_ERR_NOMEM, "epx_cuda_dispatch_balanced_create: out of memory");
     epxi_bal_shape(&b->bal, num_experts, width, num_physical, num_gpus);
+    epxi_bal_subsets_from_env(&b->bal);
     if ((int64_t)b->bal.maxM * (1 + (int64_t)b->bal.D) > INT32_MAX / 4) {
         free(b);
         return epxi_fail(err, EPX_ERR_SHAPE, "epx_cuda_dispatch_balanced_create: graph too large");

@@ -19,6 +19,24 @@
  * lambda = C(S') / |N(S')| and test again. |N(S)| falls at every step, so
  * there are at most G + 1 max-flows.
  *
+ * The subset solve (components of at most sub_max GPUs, default 10: every
+ * component of the benchmarks' 8-GPU nodes). The same optimum, read off all
+ * 2^n subsets V of the component's n GPUs at once: d[V] = the tokens that
+ * must land inside V (bases of V's GPUs, experts with every GPU in V), a
+ * sum over subsets. By Hall's condition loads <= lambda are feasible iff
+ * d[V] <= lambda |V| for every V, so lambda* = max d[V] / |V|, and the
+ * union of the maximisers is the largest tight set (the maximisers of a
+ * supermodular minus a modular function are closed under union). Later
+ * levels are the same over supersets of the GPUs fixed so far, X:
+ * (d[V] - d[X]) / |V \ X|. Within a level a greedy splits its experts in
+ * order, keeping every subset's slack s[W] = lambda |W| - load confined to
+ * W nonnegative (Hall again, so the rest stays feasible): an expert puts
+ * on its next GPU g the most it can, min(what is left, min s[W] over W
+ * holding g but not all its other GPUs), which takes that much from those
+ * slacks and the remainder from the slacks of the W holding its other GPUs
+ * but not g. Every step is a reduction over subsets: the kernel runs them
+ * on a warp's 32 lanes, where the max-flows below run on one thread.
+ *
  * Water-filling on top (the lexicographic optimum). At lambda* the experts
  * that cannot reach the sink in the residual graph form the largest tight
  * set T (C(T) = lambda* |N(T)|); their GPUs N(T) are full at lambda* and
@@ -39,8 +57,9 @@
  * that realise them are not: the result is defined as what
  * balanced_core.h computes, the one source this file and the CUDA kernel
  * (src/cuda/balanced.cu) share. It folds the experts that sit on one GPU
- * into that GPU's base load and runs the max-flows above on the rest, so
- * the kernel can run the same statements in one thread. This file checks
+ * into that GPU's base load and solves the rest component by component,
+ * by subsets or max-flows as above, so the kernel runs the same statements
+ * (a warp per component). This file checks
  * the inputs, which the kernel trusts, and calls the core in order.
  */
 #include <stdlib.h>
@@ -83,6 +102,7 @@ epx_status epx_dispatch_balanced_create(int32_t num_experts, int32_t width, int3
     b->G = num_gpus;
     b->per = num_physical / num_gpus;
     epxi_bal_shape(&b->core, num_experts, width, num_physical, num_gpus);
+    epxi_bal_subsets_from_env(&b->core);
     if ((int64_t)b->core.maxM * (1 + (int64_t)b->core.D) > INT32_MAX / 4) {
         free(b);
         return epxi_fail(err, EPX_ERR_SHAPE, "epx_dispatch_balanced_create: graph too large");

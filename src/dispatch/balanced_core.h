@@ -23,7 +23,10 @@
  * uses. A GPU with no flexible expert is its own level with no flow at all.
  * This is what keeps the flows small (tens of nodes instead of hundreds)
  * and lets the kernel solve components in parallel, one warp each, with the
- * same result as the CPU's loop over them.
+ * same result as the CPU's loop over them. A component of at most sub_max
+ * GPUs is solved over its subsets (epxi_bal_subset_levels, all lanes of
+ * the warp), a larger one by the max-flows (epxi_bal_level, lane 0); both
+ * round with epxi_bal_round (lane 0).
  *
  * The split of the work. Per expert and independent: grouping an expert's
  * replicas by GPU (epxi_bal_group) and writing its outputs
@@ -44,6 +47,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 
 #ifdef __CUDACC__
 #define EPXI_BAL __host__ __device__ static inline
@@ -52,6 +56,10 @@
 #endif
 
 #define EPXI_BAL_INF ((int64_t)1 << 62)
+/* The subset solve's default and largest component (GPUs): 2^10 entries a
+ * table, 32 per lane of a warp; at most 2^12 (at G = 4096, 22 MB of tables). */
+#define EPXI_BAL_SUBSET_GPUS 10
+#define EPXI_BAL_SUBSET_MAX 12
 #define EPXI_BAL_MAX_TOTAL ((int64_t)1 << 40)
 
 /* epxi_bal_solve's failures: none can happen on valid input; each names a
@@ -71,6 +79,8 @@ typedef struct epxi_bal {
     int32_t E, W, P, G, per, D, maxM; /* D = min(W, G); maxM = min(E, P - E) */
     int32_t max_nodes, max_edges;     /* max_edges counts both directions    */
     int32_t M, C, levels;             /* per solve: flexible experts, components, levels */
+    int32_t sub_max;                  /* components of 2..sub_max GPUs: the subset solve */
+    int64_t sub_size;                 /* entries of sub_d / sub_s: every such table fits */
     /* [E] */
     int64_t *cnt;              /* tokens per logical expert                     */
     int32_t *eg_n;             /* distinct GPUs of the expert (0: no valid slot) */
@@ -91,6 +101,9 @@ typedef struct epxi_bal {
     int32_t *c_goff, *c_foff;        /* [G + 1] offsets into c_gpus and c_flex      */
     int32_t *c_gpus, *c_flex;        /* [G], [maxM] the lists, component by component */
     int32_t *c_levels, *c_rc;        /* [G] per component: levels, status           */
+    int32_t *c_soff;                 /* [G] its subset tables' offset, or -1: flows */
+    int32_t *f_mask;                 /* [maxM] a flexible expert's GPUs, component bits */
+    int64_t *sub_d, *sub_s;          /* [sub_size] per subset: load inside, slack */
     /* the flow graphs, each component's at its own offsets (epxi_bal_view) */
     int32_t *head, *lvl, *iter, *queue, *path; /* [max_nodes] */
     uint8_t *mark;                             /* [max_nodes] */
@@ -98,6 +111,30 @@ typedef struct epxi_bal {
     int64_t *cap;                              /* [max_edges] */
     int64_t *rc;                               /* [E][W] replica counts (scratch) */
 } epxi_bal;
+
+/* Components of at most k GPUs (0..EPXI_BAL_SUBSET_MAX) get the subset
+ * solve, larger ones the max-flows; sizes the tables for it. Every table
+ * of a component of n GPUs has 2^n entries; parts of at most k GPUs out of
+ * G need at most 2^G entries (G <= k) or ceil(G / k) 2^k (2^n / n grows
+ * with n). Call before epxi_bal_carve. */
+EPXI_BAL void epxi_bal_subsets(epxi_bal *b, int32_t k) {
+    k = k < 0 ? 0 : k > EPXI_BAL_SUBSET_MAX ? EPXI_BAL_SUBSET_MAX : k;
+    b->sub_max = k < 2 ? 0 : k;
+    if (b->sub_max == 0)
+        b->sub_size = 0;
+    else if (b->G <= k)
+        b->sub_size = (int64_t)1 << b->G;
+    else
+        b->sub_size = (int64_t)((b->G + k - 1) / k) << k;
+}
+
+/* EPX_BALANCED_SUBSET_GPUS=k overrides the largest component the subset
+ * solve takes (0: max-flows for every component), read when a balancer is
+ * created: the knob tests and benchmarks use to run both solves. Host only. */
+static inline void epxi_bal_subsets_from_env(epxi_bal *b) {
+    const char *v = getenv("EPX_BALANCED_SUBSET_GPUS");
+    if (v != NULL && *v != '\0') epxi_bal_subsets(b, (int32_t)strtol(v, NULL, 10));
+}
 
 /* Fill the shape fields of b for (E, W, P, G); P % G == 0. */
 EPXI_BAL void epxi_bal_shape(epxi_bal *b, int32_t E, int32_t W, int32_t P, int32_t G) {
@@ -115,6 +152,7 @@ EPXI_BAL void epxi_bal_shape(epxi_bal *b, int32_t E, int32_t W, int32_t P, int32
      * one more per component */
     int64_t fwd = (int64_t)b->maxM * (1 + (int64_t)b->D) + 3 * (int64_t)G;
     b->max_edges = (int32_t)(2 * fwd);
+    epxi_bal_subsets(b, EPXI_BAL_SUBSET_GPUS);
 }
 
 /* Carve the arrays out of mem (NULL: only measure); returns the bytes. */
@@ -157,6 +195,10 @@ EPXI_BAL size_t epxi_bal_carve(epxi_bal *b, void *mem) {
     EPXI_BAL_ARR(c_flex, int32_t, M + 1);
     EPXI_BAL_ARR(c_levels, int32_t, G);
     EPXI_BAL_ARR(c_rc, int32_t, G);
+    EPXI_BAL_ARR(c_soff, int32_t, G);
+    EPXI_BAL_ARR(f_mask, int32_t, M + 1);
+    EPXI_BAL_ARR(sub_d, int64_t, (size_t)b->sub_size);
+    EPXI_BAL_ARR(sub_s, int64_t, (size_t)b->sub_size);
     EPXI_BAL_ARR(head, int32_t, N);
     EPXI_BAL_ARR(lvl, int32_t, N);
     EPXI_BAL_ARR(iter, int32_t, N);
@@ -307,7 +349,17 @@ EPXI_BAL void epxi_bal_components(epxi_bal *b) {
         int32_t c = b->g_comp[b->eg_gpu[(size_t)b->flex[i] * (size_t)D]];
         b->c_flex[b->c_foff[c] + b->c_rc[c]++] = i;
     }
-    for (int32_t c = 0; c < C; c++) b->c_rc[c] = EPXI_BAL_OK;
+    int64_t soff = 0;
+    for (int32_t c = 0; c < C; c++) {
+        int32_t ng = b->c_goff[c + 1] - b->c_goff[c];
+        int has_flex = b->c_foff[c + 1] > b->c_foff[c];
+        b->c_rc[c] = EPXI_BAL_OK;
+        b->c_soff[c] = -1;
+        if (has_flex && ng <= b->sub_max && soff + ((int64_t)1 << ng) <= b->sub_size) {
+            b->c_soff[c] = (int32_t)soff;
+            soff += (int64_t)1 << ng;
+        }
+    }
     b->C = C;
 }
 
@@ -739,6 +791,209 @@ EPXI_BAL int epxi_bal_solve_part(epxi_bal *b, int32_t c) {
     return b->c_rc[c] = rc;
 }
 
+/* ---- one component by its subsets (components of at most sub_max GPUs) -------- */
+
+/* The same statements run by one thread (the CPU: lane 0 of nl = 1) or by
+ * the 32 lanes of a warp (the kernel: nl = 32), each lane taking the
+ * subsets V = lane, lane + nl, ...; the reductions are exact (integer
+ * minima, and a maximum whose ties are merged by OR), so their order does
+ * not matter and both give the same bits. */
+#ifdef __CUDA_ARCH__
+#define EPXI_BAL_SYNCWARP() __syncwarp()
+#else
+#define EPXI_BAL_SYNCWARP() ((void)0)
+#endif
+
+EPXI_BAL int32_t epxi_bal_popc(uint32_t x) {
+#ifdef __CUDA_ARCH__
+    return __popc(x);
+#else
+    int32_t n = 0;
+    for (; x; x &= x - 1) n++;
+    return n;
+#endif
+}
+
+EPXI_BAL void epxi_bal_add_to(int64_t *p, int64_t v) {
+#ifdef __CUDA_ARCH__
+    atomicAdd((unsigned long long *)p, (unsigned long long)v);
+#else
+    *p += v;
+#endif
+}
+
+EPXI_BAL int64_t epxi_bal_min_lanes(int64_t v, int nl) {
+#ifdef __CUDA_ARCH__
+    if (nl > 1)
+        for (int o = 16; o > 0; o >>= 1) {
+            int64_t w = __shfl_xor_sync(0xffffffffu, v, o);
+            v = w < v ? w : v;
+        }
+#else
+    (void)nl;
+#endif
+    return v;
+}
+
+/* Keep the larger ratio num / den of (num, den, mask) and (n2, d2, m2);
+ * on a tie the union of the masks (tight sets are closed under union). */
+EPXI_BAL void epxi_bal_better(int64_t *num, int32_t *den, uint32_t *mask, int64_t n2, int32_t d2,
+                              uint32_t m2) {
+    int64_t l = n2 * *den, r = *num * d2;
+    if (l > r) {
+        *num = n2;
+        *den = d2;
+        *mask = m2;
+    } else if (l == r) {
+        *mask |= m2;
+    }
+}
+
+EPXI_BAL uint32_t epxi_bal_best_lanes(int64_t num, int32_t den, uint32_t mask, int nl) {
+#ifdef __CUDA_ARCH__
+    if (nl > 1)
+        for (int o = 16; o > 0; o >>= 1) {
+            int64_t n2 = __shfl_xor_sync(0xffffffffu, num, o);
+            int32_t d2 = __shfl_xor_sync(0xffffffffu, den, o);
+            uint32_t m2 = __shfl_xor_sync(0xffffffffu, mask, o);
+            epxi_bal_better(&num, &den, &mask, n2, d2, m2);
+        }
+#else
+    (void)num;
+    (void)den;
+    (void)nl;
+#endif
+    return mask;
+}
+
+/* The subset solve of component c (balanced.c states it): d[V] = the tokens
+ * that must land inside V (bases of V's GPUs, flexible experts with every
+ * GPU in V), for every subset V of the component's GPUs (bit i = its i-th
+ * GPU), by a sum over subsets. With X the GPUs of the levels so far, the
+ * next level is the largest V > X maximising (d[V] - d[X]) / |V \ X|; its
+ * experts (GPUs inside V, not all inside X) are split by a greedy that
+ * keeps every subset's slack s[W] = lambda |W| - (d[X | W] - d[X]) >= 0:
+ * each of an expert's GPUs but its last takes the most it can, the
+ * smallest slack of the subsets that holding it would shrink. Every lane
+ * of the caller's warp calls this (all nl of them). */
+EPXI_BAL int32_t epxi_bal_subset_levels(epxi_bal *b, const epxi_bal_part *p, int32_t c, int lane,
+                                        int nl) {
+    const int32_t k = p->ng, D = b->D;
+    const uint32_t full = (1u << k) - 1, nv = 1u << k;
+    int64_t *d = b->sub_d + b->c_soff[c], *s = b->sub_s + b->c_soff[c];
+    for (int32_t j = lane; j < p->nf; j += nl) {
+        int32_t i = p->fl[j], e = b->flex[i];
+        uint32_t m = 0;
+        for (int32_t q = 0; q < b->eg_n[e]; q++)
+            m |= 1u << b->g_loc[b->eg_gpu[(size_t)e * (size_t)D + (size_t)q]];
+        b->f_mask[i] = (int32_t)m;
+        b->f_level[i] = -1;
+    }
+    for (int32_t gi = lane; gi < k; gi += nl) b->g_level[p->gl[gi]] = -1;
+    for (uint32_t v = (uint32_t)lane; v < nv; v += (uint32_t)nl) d[v] = 0;
+    EPXI_BAL_SYNCWARP();
+    for (int32_t j = lane; j < p->nf; j += nl)
+        epxi_bal_add_to(d + b->f_mask[p->fl[j]], b->cnt[b->flex[p->fl[j]]]);
+    for (int32_t gi = lane; gi < k; gi += nl) epxi_bal_add_to(d + (1u << gi), b->base[p->gl[gi]]);
+    EPXI_BAL_SYNCWARP();
+    for (int32_t bit = 0; bit < k; bit++) {
+        for (uint32_t v = (uint32_t)lane; v < nv; v += (uint32_t)nl)
+            if (v >> bit & 1) d[v] += d[v ^ (1u << bit)];
+        EPXI_BAL_SYNCWARP();
+    }
+    uint32_t X = 0;
+    int32_t levels = 0;
+    while (X != full && d[full] > d[X]) {
+        int64_t num = -1;
+        int32_t den = 1;
+        uint32_t mask = 0;
+        const int32_t nx = epxi_bal_popc(X);
+        for (uint32_t v = (uint32_t)lane; v < nv; v += (uint32_t)nl)
+            if ((v & X) == X && v != X)
+                epxi_bal_better(&num, &den, &mask, d[v] - d[X], epxi_bal_popc(v) - nx, v);
+        const uint32_t U = epxi_bal_best_lanes(num, den, mask, nl) & ~X;
+        const int64_t a = d[X | U] - d[X];
+        const int32_t dn = epxi_bal_popc(U), lid = p->lv0 + levels;
+        if (lane == 0) {
+            b->lv_num[lid] = a;
+            b->lv_den[lid] = dn;
+        }
+        for (int32_t gi = lane; gi < k; gi += nl)
+            if (U >> gi & 1) b->g_level[p->gl[gi]] = lid;
+        for (uint32_t v = (uint32_t)lane; v < nv; v += (uint32_t)nl)
+            if ((v & ~U) == 0) s[v] = a * epxi_bal_popc(v) - dn * (d[X | v] - d[X]);
+        EPXI_BAL_SYNCWARP();
+        for (int32_t j = 0; j < p->nf; j++) { /* this level's experts, in order */
+            const int32_t i = p->fl[j], e = b->flex[i];
+            const uint32_t m = (uint32_t)b->f_mask[i];
+            if (!(m & ~X) || (m & ~(X | U))) continue;
+            if (lane == 0) b->f_level[i] = lid;
+            int64_t rem = dn * b->cnt[e];
+            uint32_t N = m & U;
+            for (int32_t q = 0; q < b->eg_n[e]; q++) {
+                const size_t x = (size_t)i * (size_t)D + (size_t)q;
+                const int32_t g = b->g_loc[b->eg_gpu[(size_t)e * (size_t)D + (size_t)q]];
+                const uint32_t rest = N & ~(1u << g);
+                int64_t take = 0;
+                if ((N >> g & 1) && rest == 0) {
+                    take = rem; /* the last GPU: what is left */
+                } else if (N >> g & 1) {
+                    int64_t lo = EPXI_BAL_INF;
+                    for (uint32_t v = (uint32_t)lane; v < nv; v += (uint32_t)nl)
+                        if ((v & ~U) == 0 && (v >> g & 1) && (v & rest) != rest)
+                            lo = s[v] < lo ? s[v] : lo;
+                    lo = epxi_bal_min_lanes(lo, nl);
+                    take = rem < lo ? rem : lo;
+                    for (uint32_t v = (uint32_t)lane; v < nv; v += (uint32_t)nl) {
+                        if ((v & ~U) != 0) continue;
+                        if (v >> g & 1) {
+                            if ((v & rest) != rest) s[v] -= take;
+                        } else if ((v & rest) == rest) {
+                            s[v] -= rem - take;
+                        }
+                    }
+                    EPXI_BAL_SYNCWARP();
+                    N = rest;
+                }
+                if (lane == 0) b->f_flow[x] = take;
+                rem -= take;
+            }
+        }
+        X |= U;
+        levels++;
+    }
+    EPXI_BAL_SYNCWARP();
+    return levels;
+}
+
+/* Component c by whichever solve its size takes, then its rounding; every
+ * lane of the caller's warp calls this (nl of them; the CPU: 0 of 1). The
+ * max-flows run on lane 0 alone. Sets c_levels[c] and c_rc[c]. */
+EPXI_BAL void epxi_bal_solve_comp(epxi_bal *b, int32_t c, int lane, int nl) {
+    if (b->c_soff[c] < 0) {
+        if (lane == 0) epxi_bal_solve_part(b, c);
+        EPXI_BAL_SYNCWARP();
+        return;
+    }
+    epxi_bal_part p = epxi_bal_view(b, c);
+#if defined(EPX_BAL_PROFILE) && defined(__CUDA_ARCH__)
+    long long t0 = clock64();
+#endif
+    int32_t levels = epxi_bal_subset_levels(b, &p, c, lane, nl);
+#if defined(EPX_BAL_PROFILE) && defined(__CUDA_ARCH__)
+    long long t1 = clock64();
+#endif
+    if (lane == 0) {
+        b->c_levels[c] = levels;
+        b->c_rc[c] = epxi_bal_round(b, &p);
+    }
+    EPXI_BAL_SYNCWARP();
+#if defined(EPX_BAL_PROFILE) && defined(__CUDA_ARCH__)
+    if (lane == 0)
+        printf("balcomp %d %d %d %lld %lld\n", p.ng, p.nf, levels, t1 - t0, clock64() - t1);
+#endif
+}
+
 /* Before the components: every GPU and expert unfixed (a GPU in no
  * component keeps -1: load 0). */
 EPXI_BAL void epxi_bal_unfix(epxi_bal *b) {
@@ -755,7 +1010,8 @@ EPXI_BAL int epxi_bal_solve(epxi_bal *b) {
     int rc = EPXI_BAL_OK;
     b->levels = 0;
     for (int32_t c = 0; c < b->C && rc == EPXI_BAL_OK; c++) {
-        rc = epxi_bal_solve_part(b, c);
+        epxi_bal_solve_comp(b, c, 0, 1);
+        rc = b->c_rc[c];
         b->levels += b->c_levels[c];
     }
     return rc;
