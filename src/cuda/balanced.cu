@@ -18,13 +18,14 @@
  *      counts summed into their GPU's base (64-bit atomics, integers again)
  *      and the flexible experts compacted in ascending order (a ballot scan
  *      tile by tile), which is exactly the list epxi_bal_classify builds;
- *   2. thread 0 splits the reduced graph into its components
- *      (epxi_bal_components), then each warp solves components
+ *   2. warp 0 splits the reduced graph into its components (with G <= 32
+ *      GPU sets as bit masks, components_warp; else thread 0 runs
+ *      epxi_bal_components), then each warp solves components
  *      (epxi_bal_solve_comp): one of at most sub_max GPUs by its subsets,
  *      its 32 lanes sharing the subsets and reducing with shuffles; a
  *      larger one by max-flows on lane 0 while the other lanes wait; the
  *      rounding's max-flow on lane 0. The distinct levels are counted
- *      in parallel. With the workspace in shared memory (when it fits),
+ *      and the largest found in parallel (summary_warp at G <= 32). With the workspace in shared memory (when it fits),
  *      the solves' dependent loads cost shared-memory latency, not L2's;
  *   3. every thread writes some experts' shares and counts
  *      (epxi_bal_write_expert) and some GPUs' loads;
@@ -87,6 +88,142 @@ __device__ __forceinline__ uint32_t lanemask_lt() {
     uint32_t m;
     asm("mov.u32 %0, %%lanemask_lt;" : "=r"(m));
     return m;
+}
+
+/* epxi_bal_components on one warp when G <= 32 (lane g = GPU g), with the
+ * same lists: GPU sets as bit masks, each GPU's component by doubling its
+ * reach (5 rounds cover any path of 32 GPUs), a component's root its
+ * smallest GPU, components in the order of their roots, GPUs and experts
+ * ascending within each. The sequential version's chains of dependent
+ * loads cost thread 0 5-32 us (bench/RESULTS.md); this is a few rounds of
+ * shuffles. The one difference it could have, a component whose subset
+ * tables do not fit, cannot happen (epxi_bal_subsets sizes them for the
+ * worst split), and the GPU test compares every output with the CPU's. */
+__device__ void components_warp(epxi_bal &b, int lane) {
+    const uint32_t full = 0xffffffffu, lt = lanemask_lt();
+    const int32_t G = b.G, D = b.D, M = b.M;
+    for (int32_t i = lane; i < M; i += 32) { /* each flexible expert's GPUs */
+        int32_t e = b.flex[i];
+        uint32_t m = 0;
+        for (int32_t q = 0; q < b.eg_n[e]; q++)
+            m |= 1u << b.eg_gpu[(size_t)e * (size_t)D + (size_t)q];
+        b.f_mask[i] = (int32_t)m;
+    }
+    __syncwarp();
+    const int32_t g = lane;
+    uint32_t reach = 0;
+    bool play = false;
+    if (g < G) {
+        play = b.base[g] > 0;
+        for (int32_t i = 0; i < M; i++) {
+            uint32_t m = (uint32_t)b.f_mask[i];
+            if (m >> g & 1) {
+                reach |= m;
+                play = true;
+            }
+        }
+        if (play) reach |= 1u << g;
+    }
+    for (int r = 0; r < 5; r++) {
+        uint32_t grown = reach;
+        for (int h = 0; h < 32; h++) {
+            uint32_t rh = __shfl_sync(full, reach, h);
+            if (reach >> h & 1) grown |= rh;
+        }
+        reach = grown;
+    }
+    const int32_t root = play ? __ffs(reach) - 1 : -1;
+    const uint32_t roots = __ballot_sync(full, play && root == g);
+    const int32_t C = __popc(roots);
+    const int32_t comp = play ? __popc(roots & ((1u << root) - 1u)) : -1;
+    /* a root's offset: the sizes of the components of smaller roots */
+    int32_t goff = 0;
+    for (int h = 0; h < 32; h++) {
+        uint32_t rh = __shfl_sync(full, reach, h);
+        if ((roots >> h & 1) && h < g) goff += __popc(rh);
+    }
+    const int32_t my_goff = __shfl_sync(full, goff, play ? root : 0);
+    if (g < G) {
+        b.g_comp[g] = comp;
+        if (play) {
+            b.g_loc[g] = __popc(reach & ((1u << g) - 1u));
+            b.c_gpus[my_goff + b.g_loc[g]] = g;
+        }
+    }
+    const uint32_t in_play = __ballot_sync(full, play);
+    if (play && root == g) b.c_goff[comp] = goff;
+    if (lane == 0) b.c_goff[C] = __popc(in_play);
+    if (lane < C) b.c_rc[lane] = 0; /* per-component cursors */
+    __syncwarp();
+    /* experts: each one's place among its component's, in ascending order */
+    for (int32_t t0 = 0; t0 < M; t0 += 32) {
+        int32_t i = t0 + lane;
+        int32_t c = i < M ? b.g_comp[b.eg_gpu[(size_t)b.flex[i] * (size_t)D]] : -1;
+        uint32_t peers = __match_any_sync(full, c);
+        int32_t pos = i < M ? b.c_rc[c] + __popc(peers & lt) : 0;
+        __syncwarp();
+        if (i < M) {
+            b.f_mask[i] = pos; /* the masks are spent: the slot keeps the place */
+            if ((peers >> lane) == 1u) b.c_rc[c] += __popc(peers);
+        }
+        __syncwarp();
+    }
+    /* per component (lane c < C): its experts' offset (a scan of their
+     * counts) and its subset tables' (a scan of their sizes) */
+    const int32_t nf = lane < C ? b.c_rc[lane] : 0;
+    const int32_t ng = lane < C ? b.c_goff[lane + 1] - b.c_goff[lane] : 0;
+    int32_t foff = nf;
+    for (int o = 1; o < 32; o <<= 1) {
+        int32_t v = __shfl_up_sync(full, foff, o);
+        if (lane >= o) foff += v;
+    }
+    foff -= nf;
+    const int32_t want = lane < C && nf > 0 && ng <= b.sub_max ? 1 << ng : 0;
+    int32_t soff = want;
+    for (int o = 1; o < 32; o <<= 1) {
+        int32_t v = __shfl_up_sync(full, soff, o);
+        if (lane >= o) soff += v;
+    }
+    soff -= want;
+    if (lane < C) {
+        b.c_foff[lane] = foff;
+        b.c_levels[lane] = 0;
+        b.c_soff[lane] = want > 0 && (int64_t)soff + want <= b.sub_size ? soff : -1;
+    }
+    if (lane == C - 1) b.c_foff[C] = foff + nf;
+    if (C == 0 && lane == 0) b.c_foff[0] = 0;
+    __syncwarp();
+    for (int32_t i = lane; i < M; i += 32) {
+        int32_t c = b.g_comp[b.eg_gpu[(size_t)b.flex[i] * (size_t)D]];
+        b.c_flex[b.c_foff[c] + b.f_mask[i]] = i;
+    }
+    if (lane < C) b.c_rc[lane] = EPXI_BAL_OK;
+    b.C = C;
+    __syncwarp();
+}
+
+/* epxi_bal_summary and the count of distinct levels on one warp when
+ * G <= 32 (lane = level id): the largest level by a max over lanes (its
+ * fraction reduced, so which equal level wins does not matter), a level
+ * new when no used level of a smaller id has its load. */
+__device__ void summary_warp(const epxi_bal &b, int lane, int64_t out[4]) {
+    const uint32_t full = 0xffffffffu;
+    const int32_t L = b.C > 0 ? b.c_goff[b.C] : 0;
+    const bool used = lane < L && epxi_bal_level_used(&b, lane);
+    const int64_t num = used ? b.lv_num[lane] : 0, den = used ? b.lv_den[lane] : 1;
+    bool fresh = used;
+    int64_t a = num, d = den;
+    for (int k = 0; k < 32; k++) {
+        int64_t nk = __shfl_sync(full, num, k), dk = __shfl_sync(full, den, k);
+        bool uk = __shfl_sync(full, used, k);
+        if (uk && k < lane && nk * den == num * dk) fresh = false;
+        if (uk && nk * d > a * dk) {
+            a = nk;
+            d = dk;
+        }
+    }
+    int32_t n = __popc(__ballot_sync(full, fresh));
+    epxi_bal_summary_of(a, d, n, out);
 }
 
 /* Built with -DEPX_BAL_PROFILE, thread 0 reads the global timer at the
@@ -212,7 +349,14 @@ __global__ void __launch_bounds__(kMaxThreads, 1) balanced_kernel(BalArgs a) {
     /* 2. the components (one thread), then each solved by one warp: the
      * subset solve on all its lanes, the max-flows of a larger component on
      * lane 0 (a max-flow is sequential) */
-    if (tid == 0) {
+    const bool small = b.G <= 32; /* components and summary on warp 0 */
+    if (small && warp == 0) {
+        for (int32_t i = lane; i < b.M; i += 32) b.f_level[i] = -1;
+        for (int32_t g = lane; g < b.G; g += 32) b.g_level[g] = -1;
+        b.C = 0;
+        if (s_status == EPXI_BAL_OK) components_warp(b, lane);
+        if (lane == 0) s_comps = b.C;
+    } else if (!small && tid == 0) {
         epxi_bal_unfix(&b);
         b.C = 0;
         if (s_status == EPXI_BAL_OK) epxi_bal_components(&b);
@@ -225,14 +369,17 @@ __global__ void __launch_bounds__(kMaxThreads, 1) balanced_kernel(BalArgs a) {
     for (int32_t c = warp; c < b.C; c += nwarps) epxi_bal_solve_comp(&b, c, lane, 32);
     __syncthreads();
     BAL_STAMP(4);
-    for (int32_t lid = tid; lid < b.G; lid += nt)
-        if (epxi_bal_level_new(&b, lid)) atomicAdd(&s_distinct, 1);
-    __syncthreads();
+    if (!small) {
+        for (int32_t lid = tid; lid < b.G; lid += nt)
+            if (epxi_bal_level_new(&b, lid)) atomicAdd(&s_distinct, 1);
+        __syncthreads();
+    }
+    int64_t sum[4];
+    if (small && warp == 0) summary_warp(b, lane, sum);
     if (tid == 0) {
         int rc = s_status;
         for (int32_t c = 0; c < b.C && rc == EPXI_BAL_OK; c++) rc = b.c_rc[c];
-        int64_t sum[4];
-        epxi_bal_summary(&b, s_distinct, sum);
+        if (!small) epxi_bal_summary(&b, s_distinct, sum);
         if (a.summary) {
             for (int k = 0; k < 4; k++) a.summary[k] = sum[k];
             a.summary[4] = rc;

@@ -1092,6 +1092,21 @@ EPXI_BAL int epxi_bal_level_new(const epxi_bal *b, int32_t lid) {
     return 1;
 }
 
+/* out[0..3] for the largest level a / d (any representation of it: the
+ * fraction is reduced here) and n distinct levels. */
+EPXI_BAL void epxi_bal_summary_of(int64_t a, int64_t d, int64_t n, int64_t out[4]) {
+    int64_t x = a, y = d;
+    while (y) {
+        int64_t t = x % y;
+        x = y;
+        y = t;
+    }
+    out[0] = a / x;
+    out[1] = d / x;
+    out[2] = (a + d - 1) / d;
+    out[3] = n;
+}
+
 /* The optimum as a reduced fraction, its ceiling and the number of
  * distinct levels: out[0..3] = num, den, ceil, levels. distinct < 0: count
  * them here (the kernel passes the count it made in parallel). */
@@ -1106,16 +1121,7 @@ EPXI_BAL void epxi_bal_summary(const epxi_bal *b, int64_t distinct, int64_t out[
             d = b->lv_den[lid];
         }
     }
-    int64_t x = a, y = d;
-    while (y) {
-        int64_t t = x % y;
-        x = y;
-        y = t;
-    }
-    out[0] = a / x;
-    out[1] = d / x;
-    out[2] = (a + d - 1) / d;
-    out[3] = distinct < 0 ? n : distinct;
+    epxi_bal_summary_of(a, d, distinct < 0 ? n : distinct, out);
 }
 
 #endif /* EPX_DISPATCH_BALANCED_CORE_H */
