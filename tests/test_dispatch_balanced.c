@@ -5,11 +5,14 @@
  * C(S) / |N(S)|, Hall's condition) and the whole lexicographic load vector
  * against a brute-force water-filling; the integer optimum against an
  * exhaustive search over integer splits on tiny cases; an optimality
- * certificate on Kimi-K2.5 and DeepSeek-V3 sized layers; the shares and
+ * certificate on Kimi-K2.5 and DeepSeek-V3 sized layers; the subset and
+ * max-flow solves against each other on larger layers; the shares and
  * integer counts within the stated bounds; routing that realises the
  * counts; determinism; and the error messages.
  */
+#define _POSIX_C_SOURCE 200809L /* setenv, strdup */
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -370,6 +373,62 @@ static void one_balancer_many_layers(void **state) {
     epx_dispatch_balanced_destroy(shared);
 }
 
+/* A balancer made with EPX_BALANCED_SUBSET_GPUS = k (-1: unset); the
+ * variable is restored after. */
+static epx_balancer *balancer_with(int k, const place *p) {
+    const char *was = getenv("EPX_BALANCED_SUBSET_GPUS");
+    char *keep = was ? strdup(was) : NULL, v[16];
+    if (k < 0) {
+        unsetenv("EPX_BALANCED_SUBSET_GPUS");
+    } else {
+        snprintf(v, sizeof v, "%d", k);
+        setenv("EPX_BALANCED_SUBSET_GPUS", v, 1);
+    }
+    epx_balancer *b = NULL;
+    epx_error err = {0};
+    assert_int_equal(epx_dispatch_balanced_create(p->E, p->W, p->P, p->G, &b, &err), EPX_OK);
+    if (keep) {
+        setenv("EPX_BALANCED_SUBSET_GPUS", keep, 1);
+        free(keep);
+    } else {
+        unsetenv("EPX_BALANCED_SUBSET_GPUS");
+    }
+    return b;
+}
+
+/* The two exact solves (subsets for components of up to 10 GPUs, and
+ * max-flows) on layers too large for the brute force: the same unique
+ * lexicographic load vector, hence the same optimum and levels, each
+ * within the header's bounds; components larger than the subset bound
+ * (G up to 14) mix both in one batch. */
+static void subsets_and_flows_agree(void **state) {
+    (void)state;
+    tu_rng r = {tu_seed(2707)};
+    epx_error err = {0};
+    for (int it = 0; it < 60; it++) {
+        int32_t G = 2 + (int32_t)tu_below(&r, 13), per = 2 + (int32_t)tu_below(&r, 12);
+        int32_t E = G * per - (int32_t)tu_below(&r, (uint32_t)(G * per / 3 + 1));
+        place p = random_place(&r, E, G, per);
+        int64_t *c = calloc((size_t)E, sizeof(int64_t));
+        random_counts(&r, c, E, it % 3 == 0 ? 4 : 500);
+        epx_balancer *bs = balancer_with(-1, &p), *bf = balancer_with(0, &p);
+        outs s = make_outs(&p), f = make_outs(&p);
+        assert_int_equal(epx_dispatch_balanced_solve(bs, p.rep, p.nv, c, &s.o, &err), EPX_OK);
+        assert_int_equal(epx_dispatch_balanced_solve(bf, p.rep, p.nv, c, &f.o, &err), EPX_OK);
+        assert_memory_equal(s.gpu_load, f.gpu_load, sizeof(double) * (size_t)G);
+        assert_true(s.o.max_load_num == f.o.max_load_num && s.o.max_load_den == f.o.max_load_den &&
+                    s.o.max_load_int == f.o.max_load_int && s.o.num_levels == f.o.num_levels);
+        check_out(&p, c, &s.o, NULL, NULL);
+        check_out(&p, c, &f.o, NULL, NULL);
+        free_outs(&s);
+        free_outs(&f);
+        epx_dispatch_balanced_destroy(bs);
+        epx_dispatch_balanced_destroy(bf);
+        free(c);
+        free_place(&p);
+    }
+}
+
 static void edge_cases(void **state) {
     (void)state;
     epx_error err = {0};
@@ -461,6 +520,7 @@ int main(void) {
         cmocka_unit_test(kimi_k25_layer),
         cmocka_unit_test(deepseek_v3_layer),
         cmocka_unit_test(one_balancer_many_layers),
+        cmocka_unit_test(subsets_and_flows_agree),
         cmocka_unit_test(edge_cases),
         cmocka_unit_test(errors),
     };
