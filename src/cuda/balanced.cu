@@ -21,12 +21,14 @@
  *   2. warp 0 splits the reduced graph into its components (with G <= 32
  *      GPU sets as bit masks, components_warp; else thread 0 runs
  *      epxi_bal_components), then each warp solves components
- *      (epxi_bal_solve_comp): one of at most sub_max GPUs by its subsets,
- *      its 32 lanes sharing the subsets and reducing with shuffles; a
- *      larger one by max-flows on lane 0 while the other lanes wait; the
- *      rounding's max-flow on lane 0. The distinct levels are counted
- *      and the largest found in parallel (summary_warp at G <= 32). With the workspace in shared memory (when it fits),
- *      the solves' dependent loads cost shared-memory latency, not L2's;
+ *      (epxi_bal_solve_comp): one of at most sub_max GPUs by its subsets
+ *      and rounded over them, its 32 lanes sharing the subsets, reducing
+ *      with shuffles and deciding with votes; a larger one by max-flows
+ *      (levels and rounding) on lane 0 while the other lanes wait. The
+ *      distinct levels are counted and the largest found in parallel
+ *      (summary_warp at G <= 32). With the workspace in shared memory
+ *      (when it fits), the solves' dependent loads cost shared-memory
+ *      latency, not L2's;
  *   3. every thread writes some experts' shares and counts
  *      (epxi_bal_write_expert) and some GPUs' loads;
  *   4. from ids, each warp walks its chunk again, 32 pairs a round, and

@@ -45,7 +45,9 @@
  * lower). The levels give every GPU its load in the unique lexicographically
  * minimal load vector; at most G levels.
  *
- * Rounding. Each fixed x_eg = f / b is rounded to an integer n_eg in
+ * Rounding. (A subset-solved component rounds each level over its subsets
+ * instead, epxi_bal_subset_round: the same bounds, another valid choice.)
+ * Each fixed x_eg = f / b is rounded to an integer n_eg in
  * {floor x_eg, ceil x_eg} with sum_g n_eg = c_e and every GPU's integer load
  * in {floor L_g, ceil L_g}: a feasible flow with those lower and upper
  * bounds exists (x is one) and a max-flow finds an integral one (the usual

@@ -25,8 +25,8 @@
  * and lets the kernel solve components in parallel, one warp each, with the
  * same result as the CPU's loop over them. A component of at most sub_max
  * GPUs is solved over its subsets (epxi_bal_subset_levels, all lanes of
- * the warp), a larger one by the max-flows (epxi_bal_level, lane 0); both
- * round with epxi_bal_round (lane 0).
+ * the warp, rounded level by level with epxi_bal_subset_round), a larger
+ * one by the max-flows (epxi_bal_level, then epxi_bal_round, lane 0).
  *
  * The split of the work. Per expert and independent: grouping an expert's
  * replicas by GPU (epxi_bal_group) and writing its outputs
@@ -103,7 +103,10 @@ typedef struct epxi_bal {
     int32_t *c_levels, *c_rc;        /* [G] per component: levels, status           */
     int32_t *c_soff;                 /* [G] its subset tables' offset, or -1: flows */
     int32_t *f_mask;                 /* [maxM] a flexible expert's GPUs, component bits */
-    int64_t *sub_d, *sub_s;          /* [sub_size] per subset: load inside, slack */
+    int32_t *f_frac;                 /* [maxM] its GPUs with a fractional flow (rounding) */
+    int64_t *f_units;                /* [maxM] its tokens left once flows round down */
+    int64_t *g_lo;                   /* [G] rounding: units a GPU must still take */
+    int64_t *sub_d, *sub_s, *sub_l;  /* [sub_size] per subset: load inside, slacks */
     /* the flow graphs, each component's at its own offsets (epxi_bal_view) */
     int32_t *head, *lvl, *iter, *queue, *path; /* [max_nodes] */
     uint8_t *mark;                             /* [max_nodes] */
@@ -197,8 +200,12 @@ EPXI_BAL size_t epxi_bal_carve(epxi_bal *b, void *mem) {
     EPXI_BAL_ARR(c_rc, int32_t, G);
     EPXI_BAL_ARR(c_soff, int32_t, G);
     EPXI_BAL_ARR(f_mask, int32_t, M + 1);
+    EPXI_BAL_ARR(f_frac, int32_t, M + 1);
+    EPXI_BAL_ARR(f_units, int64_t, M + 1);
+    EPXI_BAL_ARR(g_lo, int64_t, G);
     EPXI_BAL_ARR(sub_d, int64_t, (size_t)b->sub_size);
     EPXI_BAL_ARR(sub_s, int64_t, (size_t)b->sub_size);
+    EPXI_BAL_ARR(sub_l, int64_t, (size_t)b->sub_size);
     EPXI_BAL_ARR(head, int32_t, N);
     EPXI_BAL_ARR(lvl, int32_t, N);
     EPXI_BAL_ARR(iter, int32_t, N);
@@ -835,6 +842,15 @@ EPXI_BAL int64_t epxi_bal_min_lanes(int64_t v, int nl) {
     return v;
 }
 
+EPXI_BAL int epxi_bal_all_lanes(int ok, int nl) {
+#ifdef __CUDA_ARCH__
+    if (nl > 1) return __all_sync(0xffffffffu, ok);
+#else
+    (void)nl;
+#endif
+    return ok;
+}
+
 /* Keep the larger ratio num / den of (num, den, mask) and (n2, d2, m2);
  * on a tie the union of the masks (tight sets are closed under union). */
 EPXI_BAL void epxi_bal_better(int64_t *num, int32_t *den, uint32_t *mask, int64_t n2, int32_t d2,
@@ -864,6 +880,134 @@ EPXI_BAL uint32_t epxi_bal_best_lanes(int64_t num, int32_t den, uint32_t mask, i
     (void)nl;
 #endif
     return mask;
+}
+
+/* Is expert j of component view p one of level (X, U)'s: a GPU outside X,
+ * none outside X | U? */
+EPXI_BAL int epxi_bal_in_level(const epxi_bal *b, const epxi_bal_part *p, int32_t j, uint32_t X,
+                               uint32_t U) {
+    const uint32_t m = (uint32_t)b->f_mask[p->fl[j]];
+    return (m & ~X) != 0 && (m & ~(X | U)) == 0;
+}
+
+/* Expert (r units, fractional GPUs F)'s terms in the two conditions at
+ * subset v: max(0, r - |F \ v|) and min(r, |F & v|). */
+EPXI_BAL int64_t epxi_bal_over(int64_t r, uint32_t F, uint32_t v) {
+    int64_t x = r - epxi_bal_popc(F & ~v);
+    return x > 0 ? x : 0;
+}
+EPXI_BAL int64_t epxi_bal_under(int64_t r, uint32_t F, uint32_t v) {
+    int64_t x = epxi_bal_popc(F & v);
+    return r < x ? r : x;
+}
+
+/* Round level (X, U) of a subset-solved component (load a / dn on each of
+ * U's GPUs): every flow down to whole tokens, then the units left, r_e
+ * for expert e, each to one of its GPUs with a fractional flow (F_e, at
+ * most one each), so that GPU g takes between lo_g and hi_g of them (its
+ * integer load the level's floor or ceiling). By Hoffman's circulation
+ * theorem on s -> e -> g -> t (cut by cut) that is feasible iff for every
+ * subset v of U: sum_e max(0, r_e - |F_e \ v|) <= hi(v) and sum_e min(r_e,
+ * |F_e & v|) >= lo(v). The fractional split satisfies both, so a rounding
+ * exists; the greedy walks each expert's fractional GPUs in order and
+ * gives a unit where both still hold for every v after it (each lane its
+ * subsets, then all lanes agree), else none, so what is left stays
+ * feasible. su / sl: the two slacks per subset. */
+EPXI_BAL void epxi_bal_subset_round(epxi_bal *b, const epxi_bal_part *p, int64_t *su, int64_t *sl,
+                                    uint32_t X, uint32_t U, int64_t a, int32_t dn, int lane,
+                                    int nl) {
+    const int32_t D = b->D, k = p->ng;
+    const uint32_t nv = 1u << k;
+    const int64_t floor_l = a / dn, ceil_l = (a + dn - 1) / dn;
+    for (int32_t j = lane; j < p->nf; j += nl) {
+        if (!epxi_bal_in_level(b, p, j, X, U)) continue;
+        const int32_t i = p->fl[j], e = b->flex[i];
+        int64_t r = b->cnt[e];
+        uint32_t F = 0;
+        for (int32_t q = 0; q < b->eg_n[e]; q++) {
+            const size_t x = (size_t)i * (size_t)D + (size_t)q;
+            b->f_int[x] = b->f_flow[x] / dn;
+            r -= b->f_int[x];
+            if (b->f_flow[x] % dn)
+                F |= 1u << b->g_loc[b->eg_gpu[(size_t)e * (size_t)D + (size_t)q]];
+        }
+        b->f_frac[i] = (int32_t)F;
+        b->f_units[i] = r;
+    }
+    EPXI_BAL_SYNCWARP();
+    for (int32_t gi = lane; gi < k; gi += nl) {
+        if (!(U >> gi & 1)) continue;
+        const int32_t g = p->gl[gi];
+        int64_t fixed = b->base[g];
+        for (int32_t j = 0; j < p->nf; j++) {
+            if (!epxi_bal_in_level(b, p, j, X, U)) continue;
+            const int32_t i = p->fl[j], e = b->flex[i];
+            for (int32_t q = 0; q < b->eg_n[e]; q++)
+                if (b->eg_gpu[(size_t)e * (size_t)D + (size_t)q] == g)
+                    fixed += b->f_int[(size_t)i * (size_t)D + (size_t)q];
+        }
+        b->gex[g] = ceil_l - fixed; /* hi_g */
+        b->g_lo[g] = floor_l - fixed;
+    }
+    EPXI_BAL_SYNCWARP();
+    for (uint32_t v = (uint32_t)lane; v < nv; v += (uint32_t)nl) {
+        if ((v & ~U) != 0) continue;
+        int64_t u = 0, l = 0;
+        for (int32_t gi = 0; gi < k; gi++)
+            if (v >> gi & 1) {
+                u += b->gex[p->gl[gi]];
+                l -= b->g_lo[p->gl[gi]];
+            }
+        for (int32_t j = 0; j < p->nf; j++) {
+            if (!epxi_bal_in_level(b, p, j, X, U)) continue;
+            const int32_t i = p->fl[j];
+            u -= epxi_bal_over(b->f_units[i], (uint32_t)b->f_frac[i], v);
+            l += epxi_bal_under(b->f_units[i], (uint32_t)b->f_frac[i], v);
+        }
+        su[v] = u;
+        sl[v] = l;
+    }
+    EPXI_BAL_SYNCWARP();
+    for (int32_t j = 0; j < p->nf; j++) { /* the level's experts, in order */
+        if (!epxi_bal_in_level(b, p, j, X, U)) continue;
+        const int32_t i = p->fl[j], e = b->flex[i];
+        int64_t r = b->f_units[i];
+        uint32_t F = (uint32_t)b->f_frac[i];
+        for (int32_t q = 0; q < b->eg_n[e] && r > 0; q++) {
+            const int32_t g = b->eg_gpu[(size_t)e * (size_t)D + (size_t)q], gb = b->g_loc[g];
+            if (!(F >> gb & 1)) continue;
+            const uint32_t F2 = F & ~(1u << gb);
+            const int64_t lo_step = b->g_lo[g] > 0;
+            int ok = 1;
+            for (uint32_t v = (uint32_t)lane; v < nv && ok; v += (uint32_t)nl) {
+                if ((v & ~U) != 0) continue;
+                const int in = v >> gb & 1;
+                /* give: r - 1 units over F2; hi_g and lo_g one lower */
+                int64_t u = su[v] + epxi_bal_over(r, F, v) - epxi_bal_over(r - 1, F2, v) - in;
+                int64_t l = sl[v] - epxi_bal_under(r, F, v) + epxi_bal_under(r - 1, F2, v) +
+                            (in ? lo_step : 0);
+                ok &= u >= 0 && l >= 0;
+            }
+            const int give = epxi_bal_all_lanes(ok, nl);
+            const int64_t r2 = r - give;
+            for (uint32_t v = (uint32_t)lane; v < nv; v += (uint32_t)nl) {
+                if ((v & ~U) != 0) continue;
+                const int in = v >> gb & 1;
+                su[v] += epxi_bal_over(r, F, v) - epxi_bal_over(r2, F2, v) - (give ? in : 0);
+                sl[v] += epxi_bal_under(r2, F2, v) - epxi_bal_under(r, F, v) +
+                         (give && in ? lo_step : 0);
+            }
+            EPXI_BAL_SYNCWARP();
+            if (lane == 0 && give) {
+                b->f_int[(size_t)i * (size_t)D + (size_t)q] += 1;
+                b->gex[g] -= 1;
+                b->g_lo[g] -= lo_step;
+            }
+            EPXI_BAL_SYNCWARP();
+            r = r2;
+            F = F2;
+        }
+    }
 }
 
 /* The subset solve of component c (balanced.c states it): d[V] = the tokens
@@ -959,6 +1103,8 @@ EPXI_BAL int32_t epxi_bal_subset_levels(epxi_bal *b, const epxi_bal_part *p, int
                 rem -= take;
             }
         }
+        EPXI_BAL_SYNCWARP();
+        epxi_bal_subset_round(b, p, s, b->sub_l + b->c_soff[c], X, U, a, dn, lane, nl);
         X |= U;
         levels++;
     }
@@ -985,7 +1131,7 @@ EPXI_BAL void epxi_bal_solve_comp(epxi_bal *b, int32_t c, int lane, int nl) {
 #endif
     if (lane == 0) {
         b->c_levels[c] = levels;
-        b->c_rc[c] = epxi_bal_round(b, &p);
+        b->c_rc[c] = EPXI_BAL_OK; /* rounded level by level */
     }
     EPXI_BAL_SYNCWARP();
 #if defined(EPX_BAL_PROFILE) && defined(__CUDA_ARCH__)
