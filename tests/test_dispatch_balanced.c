@@ -373,26 +373,33 @@ static void one_balancer_many_layers(void **state) {
     epx_dispatch_balanced_destroy(shared);
 }
 
-/* A balancer made with EPX_BALANCED_SUBSET_GPUS = k (-1: unset); the
- * variable is restored after. */
-static epx_balancer *balancer_with(int k, const place *p) {
+/* epx_dispatch_balanced_create for p with EPX_BALANCED_SUBSET_GPUS set to
+ * value (NULL: unset); the variable is restored after. */
+static epx_status create_with(const char *value, const place *p, epx_balancer **b, epx_error *err) {
     const char *was = getenv("EPX_BALANCED_SUBSET_GPUS");
-    char *keep = was ? strdup(was) : NULL, v[16];
-    if (k < 0) {
+    char *keep = was ? strdup(was) : NULL;
+    if (value)
+        setenv("EPX_BALANCED_SUBSET_GPUS", value, 1);
+    else
         unsetenv("EPX_BALANCED_SUBSET_GPUS");
-    } else {
-        snprintf(v, sizeof v, "%d", k);
-        setenv("EPX_BALANCED_SUBSET_GPUS", v, 1);
-    }
-    epx_balancer *b = NULL;
-    epx_error err = {0};
-    assert_int_equal(epx_dispatch_balanced_create(p->E, p->W, p->P, p->G, &b, &err), EPX_OK);
+    epx_status st = epx_dispatch_balanced_create(p->E, p->W, p->P, p->G, b, err);
     if (keep) {
         setenv("EPX_BALANCED_SUBSET_GPUS", keep, 1);
         free(keep);
     } else {
         unsetenv("EPX_BALANCED_SUBSET_GPUS");
     }
+    return st;
+}
+
+/* A balancer whose subset solve takes components of up to k GPUs (-1: the
+ * default). */
+static epx_balancer *balancer_with(int k, const place *p) {
+    char v[16];
+    snprintf(v, sizeof v, "%d", k);
+    epx_balancer *b = NULL;
+    epx_error err = {0};
+    assert_int_equal(create_with(k < 0 ? NULL : v, p, &b, &err), EPX_OK);
     return b;
 }
 
@@ -510,6 +517,17 @@ static void errors(void **state) {
     assert_int_equal(epx_dispatch_balanced_map_ids(b, rep, nv, rc, ids, 2, 2, phys, &err),
                      EPX_ERR_INVALID_ARG);
     TU_MSG_HAS(err.msg, "expert 0 sum to 2", "hold 1");
+    epx_dispatch_balanced_destroy(b);
+    /* the subset bound's knob: a bad value is named, not read as 0 */
+    place p = {4, 6, 3, 3, 2, rep, nv};
+    static const char *bad[] = {"abc", "13", "-1", "4x"};
+    for (int i = 0; i < 4; i++) {
+        b = NULL;
+        assert_int_equal(create_with(bad[i], &p, &b, &err), EPX_ERR_INVALID_ARG);
+        assert_null(b);
+        TU_MSG_HAS(err.msg, "EPX_BALANCED_SUBSET_GPUS", bad[i], "from 0 (max-flows only) to 12");
+    }
+    assert_int_equal(create_with("12", &p, &b, &err), EPX_OK);
     epx_dispatch_balanced_destroy(b);
 }
 

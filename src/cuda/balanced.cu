@@ -497,7 +497,14 @@ extern "C" epx_status epx_cuda_dispatch_balanced_create(int32_t num_experts, int
     if (b == NULL)
         return epxi_fail(err, EPX_ERR_NOMEM, "epx_cuda_dispatch_balanced_create: out of memory");
     epxi_bal_shape(&b->bal, num_experts, width, num_physical, num_gpus);
-    epxi_bal_subsets_from_env(&b->bal);
+    const char *bad = NULL;
+    if (epxi_bal_subsets_from_env(&b->bal, &bad) != 0) {
+        free(b);
+        return epxi_fail(err, EPX_ERR_INVALID_ARG,
+                         "epx_cuda_dispatch_balanced_create: EPX_BALANCED_SUBSET_GPUS = "
+                         "'%s': " EPXI_BAL_ENV_HELP,
+                         bad);
+    }
     if ((int64_t)b->bal.maxM * (1 + (int64_t)b->bal.D) > INT32_MAX / 4) {
         free(b);
         return epxi_fail(err, EPX_ERR_SHAPE, "epx_cuda_dispatch_balanced_create: graph too large");

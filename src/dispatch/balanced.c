@@ -104,7 +104,14 @@ epx_status epx_dispatch_balanced_create(int32_t num_experts, int32_t width, int3
     b->G = num_gpus;
     b->per = num_physical / num_gpus;
     epxi_bal_shape(&b->core, num_experts, width, num_physical, num_gpus);
-    epxi_bal_subsets_from_env(&b->core);
+    const char *bad = NULL;
+    if (epxi_bal_subsets_from_env(&b->core, &bad) != 0) {
+        free(b);
+        return epxi_fail(
+            err, EPX_ERR_INVALID_ARG,
+            "epx_dispatch_balanced_create: EPX_BALANCED_SUBSET_GPUS = '%s': " EPXI_BAL_ENV_HELP,
+            bad);
+    }
     if ((int64_t)b->core.maxM * (1 + (int64_t)b->core.D) > INT32_MAX / 4) {
         free(b);
         return epxi_fail(err, EPX_ERR_SHAPE, "epx_dispatch_balanced_create: graph too large");

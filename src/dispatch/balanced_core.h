@@ -133,11 +133,25 @@ EPXI_BAL void epxi_bal_subsets(epxi_bal *b, int32_t k) {
 
 /* EPX_BALANCED_SUBSET_GPUS=k overrides the largest component the subset
  * solve takes (0: max-flows for every component), read when a balancer is
- * created: the knob tests and benchmarks use to run both solves. Host only. */
-static inline void epxi_bal_subsets_from_env(epxi_bal *b) {
+ * created: the knob tests and benchmarks use to run both solves. Returns
+ * 0 (unset, or set and applied) or -1 with *bad = the value when it is not
+ * an integer in [0, EPXI_BAL_SUBSET_MAX]; the callers name it. Host only. */
+static inline int epxi_bal_subsets_from_env(epxi_bal *b, const char **bad) {
     const char *v = getenv("EPX_BALANCED_SUBSET_GPUS");
-    if (v != NULL && *v != '\0') epxi_bal_subsets(b, (int32_t)strtol(v, NULL, 10));
+    if (v == NULL || *v == '\0') return 0;
+    char *end = NULL;
+    long k = strtol(v, &end, 10);
+    if (*end != '\0' || k < 0 || k > EPXI_BAL_SUBSET_MAX) {
+        *bad = v;
+        return -1;
+    }
+    epxi_bal_subsets(b, (int32_t)k);
+    return 0;
 }
+#define EPXI_BAL_STR2(x) #x
+#define EPXI_BAL_STR(x) EPXI_BAL_STR2(x)
+#define EPXI_BAL_ENV_HELP                                                                          \
+    "must be an integer from 0 (max-flows only) to " EPXI_BAL_STR(EPXI_BAL_SUBSET_MAX)
 
 /* Fill the shape fields of b for (E, W, P, G); P % G == 0. */
 EPXI_BAL void epxi_bal_shape(epxi_bal *b, int32_t E, int32_t W, int32_t P, int32_t G) {
