@@ -2,6 +2,7 @@
  * test_balanced_gpu.c - the balanced-dispatch kernel (epx_cuda.h) against
  * its CPU reference (epx_dispatch_balanced_topk / _solve) on seeded random
  * placements and batches: tiny shapes, one GPU, many GPUs (up to 72),
+ * parts of 5, 10 and 11 GPUs (the subset solve's edges),
  * experts with one replica and several on one GPU, skewed batches with ids
  * of -1, T = 0 .. 8192, and the Kimi-K2.5 (E = 384, P = 416, 8 GPUs) and
  * DeepSeek-V3 (E = 256, P = 288, 32 GPUs) layers. Both entry points (ids,
@@ -261,7 +262,8 @@ int main(void) {
     static const int32_t Ks[] = {1, 2, 4, 8, 9};
     static const int32_t Gs[] = {1, 2, 3, 8, 16, 32, 72};
     for (int c = 0; c < (quick ? 12 : 120); c++) {
-        int32_t G = Gs[below(7)], per = 1 + below(G >= 32 ? 4 : 12), P = G * per;
+        int32_t G = Gs[below((int32_t)(sizeof Gs / sizeof Gs[0]))],
+                per = 1 + below(G >= 32 ? 4 : 12), P = G * per;
         int32_t E = below(4) == 0 ? P : 1 + below(P);
         int32_t T = Ts[below(quick ? 6 : 10)], K = Ks[below(5)];
         one_case(E, G, per, T, K, 2, c % 5 == 4);
@@ -273,6 +275,14 @@ int main(void) {
         one_case(384, 8, 52, Tb[i], 8, quick ? 2 : 6, i % 2);
         one_case(256, 32, 9, Tb[i], 8, quick ? 2 : 6, (i + 1) % 2);
         cases += 2;
+    }
+    /* the subset solve's edges: a part of 5 GPUs (its 32 subsets one per
+     * lane), of 10 (the bound: 32 per lane) and of 11 (max-flows again);
+     * few experts on many slots, so the GPUs form one part */
+    static const int32_t Gb[] = {5, 10, 11};
+    for (size_t i = 0; i < 3; i++) {
+        one_case(Gb[i] + 2, Gb[i], 4, 1000, 8, quick ? 1 : 3, (int)i % 2);
+        cases++;
     }
     /* a workspace too large for shared memory: the kernel keeps it in
      * global memory (and the ids entry point runs with fewer warps) */
