@@ -57,7 +57,8 @@
 
 #define EPXI_BAL_INF ((int64_t)1 << 62)
 /* The subset solve's default and largest component (GPUs): 2^10 entries a
- * table, 32 per lane of a warp; at most 2^12 (at G = 4096, 22 MB of tables). */
+ * table, 32 per lane of a warp; at most 2^12 (at G = 4096, 34 MB for the three
+ * tables). */
 #define EPXI_BAL_SUBSET_GPUS 10
 #define EPXI_BAL_SUBSET_MAX 12
 #define EPXI_BAL_MAX_TOTAL ((int64_t)1 << 40)
@@ -1118,6 +1119,7 @@ EPXI_BAL int32_t epxi_bal_subset_levels(epxi_bal *b, const epxi_bal_part *p, int
             }
         }
         EPXI_BAL_SYNCWARP();
+        /* the level is split: its slack table s now serves the rounding */
         epxi_bal_subset_round(b, p, s, b->sub_l + b->c_soff[c], X, U, a, dn, lane, nl);
         X |= U;
         levels++;
@@ -1136,22 +1138,12 @@ EPXI_BAL void epxi_bal_solve_comp(epxi_bal *b, int32_t c, int lane, int nl) {
         return;
     }
     epxi_bal_part p = epxi_bal_view(b, c);
-#if defined(EPX_BAL_PROFILE) && defined(__CUDA_ARCH__)
-    long long t0 = clock64();
-#endif
     int32_t levels = epxi_bal_subset_levels(b, &p, c, lane, nl);
-#if defined(EPX_BAL_PROFILE) && defined(__CUDA_ARCH__)
-    long long t1 = clock64();
-#endif
     if (lane == 0) {
         b->c_levels[c] = levels;
         b->c_rc[c] = EPXI_BAL_OK; /* rounded level by level */
     }
     EPXI_BAL_SYNCWARP();
-#if defined(EPX_BAL_PROFILE) && defined(__CUDA_ARCH__)
-    if (lane == 0)
-        printf("balcomp %d %d %d %lld %lld\n", p.ng, p.nf, levels, t1 - t0, clock64() - t1);
-#endif
 }
 
 /* Before the components: every GPU and expert unfixed (a GPU in no
