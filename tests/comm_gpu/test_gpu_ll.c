@@ -30,6 +30,7 @@
 #include "proc_comm.h"
 
 void epxi_gpu_ep_inject_silence(epx_gpu_ep *ep, int on);
+void epxi_gpu_ep_variant(epx_gpu_ep *ep, int bits);
 
 #define CK(call)                                                                                   \
     do {                                                                                           \
@@ -90,6 +91,7 @@ typedef struct shape {
     int fp8;       /* EPX_GPU_EP_FP8 [| _ROUND_SCALE [| _UE8M0]]: dispatch in fp8 (bf16 x) */
     int64_t bound; /* > 0: epx_gpu_ep_set_token_bound(bound), every batch at most that */
     bool normal;   /* EPX_EP_MODE_NORMAL: the compact receive (rows stay in the inbox) */
+    int variant;   /* epxi_gpu_ep_variant bits (64: a large batch's rows before its table) */
 } shape;
 
 /* One rank's batch: x as stored (fp32 or bf16 bits), slots, weights. */
@@ -384,6 +386,7 @@ static int run_rank(epx_comm *boot, const shape *c) {
     epx_gpu_ep *ep = NULL;
     EK(make_engine(boot, &cfg, st, &o, &ep, &err));
     if (c->bound > 0) EK(epx_gpu_ep_set_token_bound(ep, c->bound, &err));
+    if (c->variant) epxi_gpu_ep_variant(ep, c->variant);
     const char *tn = epx_gpu_ep_transport_name(ep);
     if ((strcmp(tn, "host") == 0) != transport_is_host() ||
         (strcmp(tn, "nccl") == 0) != transport_is("nccl"))
@@ -574,7 +577,7 @@ static int proc_shrink(int32_t rank, int32_t R, pc_world *w, void *arg) {
     epx_comm *boot = pc_comm(w, rank);
     if (boot == NULL) return 1;
     epx_error err = {0};
-    shape c = {R, 64, 4, 2 * R, 8, EPX_DTYPE_BF16, EPX_DTYPE_BF16, 4, false, 0, 0, false};
+    shape c = {R, 64, 4, 2 * R, 8, EPX_DTYPE_BF16, EPX_DTYPE_BF16, 4, false, 0, 0, false, 0};
     const int32_t spr = c.P / R, K = c.K;
     const size_t rows = (size_t)spr * (size_t)R * (size_t)c.M, xrow = (size_t)c.H * 2;
     cudaStream_t st;
@@ -702,19 +705,22 @@ static int single_rank_cases(void) {
                   (unsigned long long)g_seed);
     }
     /* Batches past the staged ids (T * K > 4096): positions from the per-slot
-     * table, each block's run of items crossing tokens; both modes. */
-    for (int i = 0; i < 6; i++) {
-        shape c = {1, 40, 8, 48, 700, EPX_DTYPE_BF16, EPX_DTYPE_F32, 3, false, 0, 0, false};
+     * table, each block's run of items crossing tokens; both modes; the
+     * lean send with every row sent before the table (variant 64, cases 6
+     * and 7). */
+    for (int i = 0; i < 8; i++) {
+        shape c = {1, 40, 8, 48, 700, EPX_DTYPE_BF16, EPX_DTYPE_F32, 3, false, 0, 0, false, 0};
         c.graph = i % 2 == 1;
-        c.normal = i == 2 || i == 3 || i == 5;
-        if (i >= 4) c.H = 37; /* rows off 16 bytes: the general instance's block send */
+        c.normal = i == 2 || i == 3 || i == 5 || i == 7;
+        if (i == 4 || i == 5) c.H = 37; /* rows off 16 bytes: the general instance's block send */
+        if (i >= 6) c.variant = 64;
         if (c.normal && (transport_is("nccl") || transport_is_host())) continue;
         if (run_rank(local, &c) != 0)
             FAILF("one rank, %d tokens of top-8 (%s mode%s) failed (seed %llu)", (int)c.M,
                   c.normal ? "normal" : "low-latency", c.graph ? ", graph" : "",
                   (unsigned long long)g_seed);
     }
-    shape big = {1, 7168, 8, 48, 32, EPX_DTYPE_BF16, EPX_DTYPE_BF16, 3, false, 0, 0, false};
+    shape big = {1, 7168, 8, 48, 32, EPX_DTYPE_BF16, EPX_DTYPE_BF16, 3, false, 0, 0, false, 0};
     if (run_rank(local, &big) != 0) FAILF("one rank, H=7168 failed");
     big.graph = true;
     if (run_rank(local, &big) != 0) FAILF("one rank, H=7168 graph failed");

@@ -143,6 +143,14 @@ static epx_status run_dispatch(ll_run *b, int64_t T, bool graph, epx_error *err)
         return EPX_OK;
     }
     const int fp8 = b->a->fp8 ? EPX_GPU_EP_FP8 : 0;
+    /* EPX_LL_VARIANT bit 256 (measuring): the send and the receive as two
+     * launches, so the receive's own time shows apart from the send's */
+    const char *var = getenv("EPX_LL_VARIANT");
+    if (var != NULL && (atoi(var) & 256)) {
+        EPX_TRY_CLI(epx_gpu_ep_dispatch_parts(b->ep, EPX_GPU_EP_SEND | fp8, T, b->dx, b->ds, b->dw,
+                                              NULL, err));
+        return epx_gpu_ep_dispatch_parts(b->ep, EPX_GPU_EP_RECV, T, b->dx, b->ds, b->dw, &rv, err);
+    }
     return epx_gpu_ep_dispatch_parts(b->ep, EPX_GPU_EP_SEND | EPX_GPU_EP_RECV | fp8, T, b->dx,
                                      b->ds, b->dw, &rv, err);
 }

@@ -149,7 +149,10 @@ struct Args {
  * 4 = poll without sleeping; 8 = block 0 stamps the global timer at each
  * step (Ctl::stamp, read with epxi_gpu_ep_stamps); 16 = system scope even
  * on one GPU; 32 = a host inbox received by the lean dispatch (each row read
- * once per entry, not once: place_rows). */
+ * once per entry, not once: place_rows); 64 = a large batch's lean send
+ * counts the tokens before a block's run after its rows, not beside them
+ * (send_run_warps); 256 = (`epx bench comm` only) a dispatch launched as
+ * its send and its receive. */
 #define STAMP(a, i)                                                                                \
     do {                                                                                           \
         if (((a).variant & 8) && blockIdx.x == 0 && threadIdx.x == 0)                              \

@@ -23,14 +23,14 @@ __device__ void count_pass(int32_t *hist, const void *slots, int ids64, int32_t 
     }
 }
 /* tab[s] += the entries of slot s among ids [q0, q1) (slots in [0, P); tab
- * in shared memory), by the block. Eight ids per thread are loaded before
- * any is counted: one trip to memory per eight, not one per id (the
- * dependent form cost a 4,096-token batch ~20 us per block, ncu). */
+ * in shared memory), by threads first, first + step, ... Eight ids per
+ * thread are loaded before any is counted: one trip to memory per eight,
+ * not one per id (the dependent form cost a 4,096-token batch ~20 us per
+ * block, ncu). */
 __device__ void count_ids(int32_t *tab, const void *slots, int ids64, int32_t q0, int32_t q1,
-                          int32_t P) {
+                          int32_t P, int32_t first, int32_t step) {
     constexpr int U = 8;
-    const int32_t step = (int32_t)blockDim.x;
-    int32_t q = q0 + (int32_t)threadIdx.x;
+    int32_t q = q0 + first;
     for (; q + (U - 1) * step < q1; q += U * step) {
         int32_t sl[U];
 #pragma unroll
@@ -43,6 +43,12 @@ __device__ void count_ids(int32_t *tab, const void *slots, int ids64, int32_t q0
         const int32_t sl = slot_at(slots, q, ids64);
         if (sl >= 0 && sl < P) atomicAdd(&tab[sl], 1);
     }
+}
+
+/* The same by the whole block. */
+__device__ void count_ids(int32_t *tab, const void *slots, int ids64, int32_t q0, int32_t q1,
+                          int32_t P) {
+    count_ids(tab, slots, ids64, q0, q1, P, (int32_t)threadIdx.x, (int32_t)blockDim.x);
 }
 
 /* hist [kCountInts] (shared): with `first_counted` its first pass [lo, lo +
@@ -275,8 +281,8 @@ __device__ WarpRoute warp_route(const Args &a, const void *slots, int ids64, con
  * The lean send of a batch past the staged ids (kBig, K <= 32): the
  * block's run of items [i_lo, i_hi) spread over its warps, one (token,
  * destination) item per warp at a time, so a block has as many rows in
- * flight as warps. First every row goes out; then tab gets the per-slot
- * counts of the tokens before the run; then each warp writes its items'
+ * flight as warps. Every row goes out while tab gets the per-slot counts
+ * of the tokens before the run; then each warp writes its items'
  * metas, a position being that count plus the run's earlier tokens'
  * entries of the slot (ballots over their ids) plus the token's earlier k.
  * No barrier between items. With all_counts (the run ends the batch) tab
@@ -296,15 +302,28 @@ __device__ void send_run_warps(const Args &a, unsigned char *const *peer, uint32
         const int d = hit ? __shfl_sync(0xffffffffu, w.r, __ffs(hit) - 1) : -1;
         return d >= 0 && live[d] ? d : -1;
     };
-    for (int32_t item = i_lo + warp; item < i_hi; item += nw) {
-        const int32_t t = item / dmax;
-        const WarpRoute w = warp_route(a, slots, ids64, weights, t);
-        const int dst = dest(w, item - t * dmax);
-        if (dst >= 0)
-            copy_words<int4>(rec_at(a, peer[dst], epoch, filed_as(a, dst), t),
-                             x + (size_t)t * a.xrow, a.xrow, lane, 32);
+    /* The tokens before the run are counted while the rows go out, by nc
+     * warps in proportion to their number (up to half the block; none for
+     * the first block): the last block's pass over ~32,768 ids at 4,096
+     * tokens took ~11 us after its rows, on the dispatch's critical path.
+     * Variant 64: every warp sends, then the block counts (the order
+     * before; bench/RESULTS.md compares them). */
+    const bool beside = !(a.variant & 64) && run0 > 0 && nw > 1;
+    const int nc =
+        beside ? min(nw / 2, max(1, (int)((int64_t)(nw / 2) * run0 / max(1, Tn * K)))) : 0;
+    if (warp >= nw - nc) {
+        count_ids(tab, slots, ids64, 0, run0, a.P, (int32_t)threadIdx.x - (nw - nc) * 32, nc * 32);
+    } else {
+        for (int32_t item = i_lo + warp; item < i_hi; item += nw - nc) {
+            const int32_t t = item / dmax;
+            const WarpRoute w = warp_route(a, slots, ids64, weights, t);
+            const int dst = dest(w, item - t * dmax);
+            if (dst >= 0)
+                copy_words<int4>(rec_at(a, peer[dst], epoch, filed_as(a, dst), t),
+                                 x + (size_t)t * a.xrow, a.xrow, lane, 32);
+        }
     }
-    count_ids(tab, slots, ids64, 0, run0, a.P);
+    if (!beside) count_ids(tab, slots, ids64, 0, run0, a.P);
     __syncthreads();
     for (int32_t item = i_lo + warp; item < i_hi; item += nw) {
         const int32_t t = item / dmax;
