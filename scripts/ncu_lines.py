@@ -132,11 +132,13 @@ def by_line(groups, table, kernel):
         if kernel not in k:
             continue
         # the function whose instruction at each offset is the sampled one;
-        # rows past it (a __noinline__ callee placed after the kernel, at
-        # addresses the launch's offsets do not reach) count under "?"
+        # rows past its end (a __noinline__ callee placed after the kernel)
+        # count under "?", as long as they are at most a tenth of the rows
         def matched(f):
-            hits = sum(o in table[f] and table[f][o][1] == opcode(sass) for o, sass, *_ in rows)
-            return hits >= 0.9 * len(rows)
+            end = max(table[f])
+            inside = [(o, sass) for o, sass, *_ in rows if o <= end]
+            return len(inside) >= 0.9 * len(rows) and all(
+                o in table[f] and table[f][o][1] == opcode(sass) for o, sass in inside)
         fn = next((f for f in fns if matched(f)), None)
         if fn is None:
             continue

@@ -71,6 +71,21 @@ def test_a_launch_from_other_code_is_not_counted():
     assert nl.opcode("@!P0 BRA 0x120") == "BRA" and nl.opcode("") == ""
 
 
+def test_a_callee_after_the_kernel_counts_apart():
+    # ten samples inside the kernel, one at an address past its end (a
+    # __noinline__ function the kernel calls): the launch counts, the
+    # callee's samples under None
+    rows = [(0x00, "LDC R1, c[0x0][0x28]", 1, 1, 1), (0x10, "S2R R0, SR_TID.X", 1, 1, 1)]
+    rows += [(0x20, "BAR.SYNC.DEFER_BLOCKING 0x0", 1, 1, 1)] * 8 + [(0x200, "IADD3 R1", 7, 7, 3)]
+    groups = nl.launches(list(nl.filter_rows(page("dispatch(Args)", 0x1000, rows))))
+    agg, n = nl.by_line(groups, nl.line_table(DISASM), "dispatch")
+    assert n == 1 and agg[None] == [7.0, 7.0, 3.0] and agg[("numeric.h", 43)][0] == 8.0
+    # a wrong instruction inside the kernel still refuses the launch
+    rows[1] = (0x10, "IMAD R2, R0, R1", 1, 1, 1)
+    groups = nl.launches(list(nl.filter_rows(page("dispatch(Args)", 0x1000, rows))))
+    assert nl.by_line(groups, nl.line_table(DISASM), "dispatch")[1] == 0
+
+
 def test_filter_refuses_to_write_over_its_input(tmp_path):
     import subprocess
     import sys
