@@ -30,7 +30,8 @@
  *      (when it fits), the solves' dependent loads cost shared-memory
  *      latency, not L2's;
  *   3. every thread writes some experts' shares and counts
- *      (epxi_bal_write_expert) and some GPUs' loads;
+ *      (epxi_bal_write_expert, the listed columns; phase 0 stored the
+ *      [E][W] rows' zeros, coalesced) and some GPUs' loads;
  *   4. from ids, each warp walks its chunk again, 32 pairs a round, and
  *      ranks the pairs of one expert with __match_any_sync on top of its
  *      row's prefix: the rank of a pair among its expert's pairs in (t, k)
@@ -283,6 +284,13 @@ __global__ void __launch_bounds__(kMaxThreads, 1) balanced_kernel(BalArgs a) {
         s_status = EPXI_BAL_OK;
     }
     for (int32_t g = tid; g < b.G; g += nt) b.base[g] = 0;
+    /* the [E][W] rows' zeros, coalesced and early (stores: nothing waits
+     * for them); phase 3 writes the listed columns over them, after the
+     * block's barriers */
+    for (int64_t i = tid; i < (int64_t)E * b.W; i += nt) {
+        b.rc[i] = 0;
+        if (a.shares) a.shares[i] = 0.0;
+    }
     if (a.slot_counts)
         for (int32_t p = tid; p < b.P; p += nt) a.slot_counts[p] = 0;
     if (a.from_ids) {
@@ -393,10 +401,12 @@ __global__ void __launch_bounds__(kMaxThreads, 1) balanced_kernel(BalArgs a) {
 
     /* 3. outputs */
     /* the counts into the workspace (shared memory when it fits), which
-     * phase 4 reads, then copied out in order (coalesced) */
+     * phase 4 reads, then copied out in order (coalesced); the rows' zeros
+     * (every column past an expert's list) were stored in phase 0, whole
+     * rows at a time, so a thread writes only its expert's listed columns */
     const int64_t *rcounts = b.rc;
     for (int32_t e = tid; e < E; e += nt)
-        epxi_bal_write_expert(&b, a.replicas, a.num_valid, e, a.shares, b.rc, a.slot_counts);
+        epxi_bal_write_expert(&b, a.replicas, a.num_valid, e, a.shares, b.rc, a.slot_counts, 0);
     if (a.rcounts) {
         __syncthreads();
         for (int64_t i = tid; i < (int64_t)E * b.W; i += nt) a.rcounts[i] = b.rc[i];

@@ -196,7 +196,7 @@ epx_status epx_dispatch_balanced_solve(epx_balancer *b, const int32_t *replicas,
     if (out->slot_counts) memset(out->slot_counts, 0, (size_t)b->P * sizeof *out->slot_counts);
     for (int32_t e = 0; e < b->E; e++)
         epxi_bal_write_expert(c, replicas, num_valid, e, out->shares, out->replica_counts,
-                              out->slot_counts);
+                              out->slot_counts, 1);
     if (out->gpu_load)
         for (int32_t g = 0; g < b->G; g++) out->gpu_load[g] = epxi_bal_gpu_load(c, g);
     int64_t sum[4];

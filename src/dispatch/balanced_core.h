@@ -1176,16 +1176,19 @@ EPXI_BAL int epxi_bal_solve(epxi_bal *b) {
  * them). A GPU's k replicas of the expert split its integer count n as
  * n / k, the first n % k columns (in list order) taking one more. Shares:
  * an expert without tokens splits evenly; a one-GPU expert gives each
- * replica 1 / k; a flexible one flow / (den c k). */
+ * replica 1 / k; a flexible one flow / (den c k). pad: also the zeros of
+ * the columns past the expert's list; 0 when the caller zeroed whole rows
+ * (the kernel: a thread per expert writing all W columns, 33 on Kimi-K2.5's
+ * layout, stored the shares a column at a time, uncoalesced). */
 EPXI_BAL void epxi_bal_write_expert(const epxi_bal *b, const int32_t *replicas,
                                     const int32_t *num_valid, int32_t e, double *shares,
-                                    int64_t *rcounts, int64_t *slot_counts) {
+                                    int64_t *rcounts, int64_t *slot_counts, int pad) {
     int32_t W = b->W, D = b->D, n = epxi_bal_nvalid(b, num_valid, e);
     int kind = epxi_bal_kind(b, e);
     int32_t i = b->fidx[e];
     const int32_t *row = replicas + (size_t)e * (size_t)W;
     const int32_t *gl = b->eg_gpu + (size_t)e * (size_t)D;
-    for (int32_t j = 0; j < W; j++) {
+    for (int32_t j = 0; j < (pad ? W : n); j++) {
         double share = 0.0;
         int64_t cnt = 0;
         int32_t s = j < n ? row[j] : -1;
