@@ -361,13 +361,12 @@ __global__ void __launch_bounds__(kMaxThreads, 1) balanced_kernel(BalArgs a) {
      * lane 0 (a max-flow is sequential) */
     const bool small = b.G <= 32; /* components and summary on warp 0 */
     if (small && warp == 0) {
-        for (int32_t i = lane; i < b.M; i += 32) b.f_level[i] = -1;
-        for (int32_t g = lane; g < b.G; g += 32) b.g_level[g] = -1;
+        epxi_bal_unfix(&b, lane, 32);
         b.C = 0;
         if (s_status == EPXI_BAL_OK) components_warp(b, lane);
         if (lane == 0) s_comps = b.C;
     } else if (!small && tid == 0) {
-        epxi_bal_unfix(&b);
+        epxi_bal_unfix(&b, 0, 1);
         b.C = 0;
         if (s_status == EPXI_BAL_OK) epxi_bal_components(&b);
         s_comps = b.C;

@@ -1147,17 +1147,17 @@ EPXI_BAL void epxi_bal_solve_comp(epxi_bal *b, int32_t c, int lane, int nl) {
 }
 
 /* Before the components: every GPU and expert unfixed (a GPU in no
- * component keeps -1: load 0). */
-EPXI_BAL void epxi_bal_unfix(epxi_bal *b) {
-    for (int32_t i = 0; i < b->M; i++) b->f_level[i] = -1;
-    for (int32_t g = 0; g < b->G; g++) b->g_level[g] = -1;
+ * component keeps -1: load 0), by lane `lane` of nl (the CPU: 0 of 1). */
+EPXI_BAL void epxi_bal_unfix(epxi_bal *b, int lane, int nl) {
+    for (int32_t i = lane; i < b->M; i += nl) b->f_level[i] = -1;
+    for (int32_t g = lane; g < b->G; g += nl) b->g_level[g] = -1;
 }
 
 /* The sequential part, once grouped and classified: every component's
  * levels and rounding, in order. Returns EPXI_BAL_OK or the first broken
  * invariant; b->levels counts the levels of all components. */
 EPXI_BAL int epxi_bal_solve(epxi_bal *b) {
-    epxi_bal_unfix(b);
+    epxi_bal_unfix(b, 0, 1);
     epxi_bal_components(b);
     int rc = EPXI_BAL_OK;
     b->levels = 0;
