@@ -17,6 +17,7 @@
 #include <string.h>
 
 #include "testutil.h"
+#include "../src/dispatch/balanced_core.h" /* epxi_bal_subsets: the tables' sizing */
 
 typedef struct place {
     int32_t E, P, G, W, per;
@@ -436,6 +437,31 @@ static void subsets_and_flows_agree(void **state) {
     }
 }
 
+/* The subset tables' size (epxi_bal_subsets) against the largest sum of
+ * 2^n over disjoint parts of at most k GPUs out of G, by a recurrence over
+ * G (best[g]: g GPUs left, each unused or in a part of n <= k): tight, so
+ * every split the components can take fits and none is sized for more. */
+static void subset_tables_sized_exactly(void **state) {
+    (void)state;
+    for (int32_t k = 2; k <= EPXI_BAL_SUBSET_MAX; k++) {
+        int64_t best[97] = {0};
+        for (int32_t g = 1; g <= 96; g++) {
+            best[g] = best[g - 1];
+            for (int32_t n = 1; n <= k && n <= g; n++)
+                if (best[g - n] + ((int64_t)1 << n) > best[g])
+                    best[g] = best[g - n] + ((int64_t)1 << n);
+            epxi_bal b;
+            memset(&b, 0, sizeof b);
+            b.G = g;
+            epxi_bal_subsets(&b, k);
+            if (b.sub_size != best[g])
+                fail_msg("G %d, parts of at most %d GPUs: tables of %lld entries, the most "
+                         "any split needs is %lld",
+                         g, k, (long long)b.sub_size, (long long)best[g]);
+        }
+    }
+}
+
 static void edge_cases(void **state) {
     (void)state;
     epx_error err = {0};
@@ -539,6 +565,7 @@ int main(void) {
         cmocka_unit_test(deepseek_v3_layer),
         cmocka_unit_test(one_balancer_many_layers),
         cmocka_unit_test(subsets_and_flows_agree),
+        cmocka_unit_test(subset_tables_sized_exactly),
         cmocka_unit_test(edge_cases),
         cmocka_unit_test(errors),
     };
