@@ -122,8 +122,8 @@ typedef struct epxi_bal {
  * GPUs out of G need at most floor(G / k) 2^k + 2^(G mod k) entries (2^G
  * when G <= k): merging two parts never shrinks the sum (2^(x + y) >= 2^x
  * + 2^y), so the largest sum fills parts of k. (ceil(G / k) 2^k before:
- * 4,096 entries for 32 GPUs where 3,076 is the most, 24 KB of shared
- * memory.) Call before epxi_bal_carve. */
+ * 4,096 entries for 32 GPUs where 3,076 is the most, 24 KB of workspace.)
+ * Call before epxi_bal_carve. */
 EPXI_BAL void epxi_bal_subsets(epxi_bal *b, int32_t k) {
     k = k < 0 ? 0 : k > EPXI_BAL_SUBSET_MAX ? EPXI_BAL_SUBSET_MAX : k;
     b->sub_max = k < 2 ? 0 : k;
@@ -1181,8 +1181,8 @@ EPXI_BAL int epxi_bal_solve(epxi_bal *b) {
  * an expert without tokens splits evenly; a one-GPU expert gives each
  * replica 1 / k; a flexible one flow / (den c k). pad: also the zeros of
  * the columns past the expert's list; 0 when the caller zeroed whole rows
- * (the kernel: a thread per expert writing all W columns, 33 on Kimi-K2.5's
- * layout, stored the shares a column at a time, uncoalesced). */
+ * (the kernel does: its thread per expert, writing all W columns, 33 on
+ * Kimi-K2.5's layout, made one uncoalesced store per column). */
 EPXI_BAL void epxi_bal_write_expert(const epxi_bal *b, const int32_t *replicas,
                                     const int32_t *num_valid, int32_t e, double *shares,
                                     int64_t *rcounts, int64_t *slot_counts, int pad) {
