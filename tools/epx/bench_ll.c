@@ -63,6 +63,7 @@ typedef struct ll_run {
     void *dx, *dtp, *csrc, *cdst;
     void *hpin;            /* pinned host bytes: the host transport's link ceiling (PH_LINK) */
     const char *transport; /* epx_gpu_ep_transport_name */
+    int split;             /* EPX_LL_VARIANT bit 256: dispatch as its send, then its receive */
     int32_t *ds;
     float *dw, *dout;
     int64_t *dsum;
@@ -145,8 +146,7 @@ static epx_status run_dispatch(ll_run *b, int64_t T, bool graph, epx_error *err)
     const int fp8 = b->a->fp8 ? EPX_GPU_EP_FP8 : 0;
     /* EPX_LL_VARIANT bit 256 (measuring): the send and the receive as two
      * launches, so the receive's own time shows apart from the send's */
-    const char *var = getenv("EPX_LL_VARIANT");
-    if (var != NULL && (atoi(var) & 256)) {
+    if (b->split) {
         EPX_TRY_CLI(epx_gpu_ep_dispatch_parts(b->ep, EPX_GPU_EP_SEND | fp8, T, b->dx, b->ds, b->dw,
                                               NULL, err));
         return epx_gpu_ep_dispatch_parts(b->ep, EPX_GPU_EP_RECV, T, b->dx, b->ds, b->dw, &rv, err);
@@ -630,6 +630,7 @@ epx_status bench_ll_gpu(epx_comm *comm, ncclComm_t nc, cudaStream_t s, const ben
     /* Kernel variants for measurements (an internal hook; see ll_ep.cu). */
     const char *var = getenv("EPX_LL_VARIANT");
     if (st == EPX_OK && var != NULL) epxi_gpu_ep_variant(b.ep, atoi(var));
+    b.split = var != NULL && (atoi(var) & 256);
     struct cudaDeviceProp prop;
     int dev = 0;
     cudaGetDevice(&dev);
