@@ -816,6 +816,80 @@ static int normal_refusals(epx_ep_config *cfg);
 /* A bad slot: the batch is refused (sync says so, output zeros), the next
  * one goes through. Then a silent rank: sync times out, health and the
  * bootstrap communicator report it, later calls refuse at once. */
+/* Normal mode's large batch (T * K > 4096: positions from the per-slot
+ * table, the compact receive): a bad slot and a repeated one refused, a
+ * good batch after them exact, and a silent rank timed out. */
+static int normal_big_fault_cases(void) {
+    enum { H = 64, K = 8, P = 16, T = 600 };
+    epx_error err = {0};
+    epx_comm *local = NULL;
+    EK(epx_comm_create_local(&local, &err));
+    cudaStream_t st;
+    CK(cudaStreamCreate(&st));
+    epx_ep_config cfg = ll_config(H, K, P, T, EPX_DTYPE_BF16, EPX_DTYPE_F32);
+    cfg.mode = EPX_EP_MODE_NORMAL;
+    epx_gpu_ep_opts o = EPX_GPU_EP_OPTS_INIT;
+    o.timeout_ms = 300;
+    epx_gpu_ep *ep = NULL;
+    EK(make_engine(local, &cfg, st, &o, &ep, &err));
+    uint16_t *hx = malloc(sizeof(uint16_t) * T * H);
+    float *hw = malloc(sizeof(float) * T * K), *hout = malloc(sizeof(float) * T * H);
+    int32_t *hs = malloc(sizeof(int32_t) * T * K);
+    if (!hx || !hw || !hout || !hs) FAILF("out of memory");
+    for (int i = 0; i < T * H; i++) hx[i] = epx_bf16_from_f32((float)(i % 97));
+    for (int t = 0; t < T; t++)
+        for (int k = 0; k < K; k++) {
+            hs[t * K + k] = (t + 3 * k) % P; /* distinct within a token (P = 16, K = 8) */
+            hw[t * K + k] = 0.5f;
+        }
+    void *dx;
+    float *dw, *dout;
+    int32_t *ds;
+    CK(cudaMalloc(&dx, sizeof(uint16_t) * T * H));
+    CK(cudaMalloc((void **)&dw, sizeof(float) * T * K));
+    CK(cudaMalloc((void **)&dout, sizeof(float) * T * H));
+    CK(cudaMalloc((void **)&ds, sizeof(int32_t) * T * K));
+    CK(cudaMemcpy(dx, hx, sizeof(uint16_t) * T * H, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(dw, hw, sizeof(float) * T * K, cudaMemcpyHostToDevice));
+    epx_ep_recv rv;
+    const char *want[2] = {"outside [-1, 16)", "twice"};
+    for (int c = 0; c < 3; c++) { /* a bad slot, a repeated one, then the good batch */
+        int32_t keep = hs[417 * K + 5];
+        if (c == 0) hs[417 * K + 5] = 99;
+        if (c == 1) hs[417 * K + 5] = hs[417 * K + 2];
+        CK(cudaMemcpy(ds, hs, sizeof(int32_t) * T * K, cudaMemcpyHostToDevice));
+        hs[417 * K + 5] = keep;
+        EK(epx_gpu_ep_dispatch(ep, T, dx, ds, dw, &rv, &err));
+        EK(epx_gpu_ep_identity_experts(ep, &err));
+        EK(epx_gpu_ep_combine(ep, dout, &err));
+        epx_status rc = epx_gpu_ep_sync(ep, &err);
+        CK(cudaMemcpy(hout, dout, sizeof(float) * T * H, cudaMemcpyDeviceToHost));
+        for (int i = 0; i < T * H; i++) {
+            const float expect = c < 2 ? 0.0f : 4.0f * (float)(i % 97); /* 8 halves */
+            if (hout[i] != expect)
+                FAILF("normal mode, %d tokens, case %d: element %d = %g, expected %g", T, c, i,
+                      (double)hout[i], (double)expect);
+        }
+        if (c < 2 && (rc != EPX_ERR_INVALID_ARG || strstr(err.msg, want[c]) == NULL))
+            FAILF("normal mode, %d tokens: expected a refusal with '%s', got '%s'", T, want[c],
+                  err.msg);
+        if (c == 2 && rc != EPX_OK) FAILF("normal mode, %d tokens: '%s'", T, err.msg);
+    }
+    epxi_gpu_ep_inject_silence(ep, 1);
+    EK(epx_gpu_ep_dispatch(ep, T, dx, ds, dw, &rv, &err));
+    EK(epx_gpu_ep_identity_experts(ep, &err));
+    EK(epx_gpu_ep_combine(ep, dout, &err));
+    if (epx_gpu_ep_sync(ep, &err) != EPX_ERR_TIMEOUT || strstr(err.msg, "300 ms") == NULL)
+        FAILF("normal mode, a silent rank: expected EPX_ERR_TIMEOUT after 300 ms, got '%s'",
+              err.msg);
+    epx_gpu_ep_destroy(ep);
+    epx_comm_destroy(local);
+    cudaFree(dx), cudaFree(dw), cudaFree(dout), cudaFree(ds);
+    free(hx), free(hw), free(hout), free(hs);
+    cudaStreamDestroy(st);
+    return 0;
+}
+
 static int fault_cases(void) {
     epx_error err = {0};
     epx_comm *local = NULL;
@@ -1186,6 +1260,10 @@ int main(void) {
     printf("token bound refusals: ok\n");
     if (fault_cases() != 0) return 1;
     printf("faults: ok\n");
+    if (!transport_is("nccl") && !transport_is_host()) {
+        if (normal_big_fault_cases() != 0) return 1;
+        printf("normal mode's large batch, faults: ok\n");
+    }
     if (transport_is("nccl")) {
         /* the engine over NCCL maps nothing: info and connect refuse */
         epx_error err = {0};

@@ -151,8 +151,10 @@ struct Args {
  * on one GPU; 32 = a host inbox received by the lean dispatch (each row read
  * once per entry, not once: place_rows); 64 = a large batch's lean send
  * counts the tokens before a block's run after its rows, not beside them
- * (send_run_warps); 256 = (`epx bench comm` only) a dispatch launched as
- * its send and its receive. */
+ * (send_run_warps); 128 = normal mode's receive spreads its items over
+ * the grid a thread each, not a run per block (receive_compact); 256 =
+ * (`epx bench comm` only) a dispatch launched as its send and its
+ * receive. */
 #define STAMP(a, i)                                                                                \
     do {                                                                                           \
         if (((a).variant & 8) && blockIdx.x == 0 && threadIdx.x == 0)                              \

@@ -244,8 +244,9 @@ __device__ void place_rows(const Args &a, uint32_t epoch, const int32_t *first_r
     }
 }
 
-/* One token's routing by a warp, lane k holding choice k (K <= 32): its slot
- * as given and as kept (-1: none or out of range), its weight, its
+/* One token's routing by a warp, lane k holding choice k (K <= 32, given
+ * as the lanes' values sv and wv): its slot as given and as kept (-1: none
+ * or out of range), its weight, its
  * destination rank (INT_MAX: none), its place among the token's ascending
  * destinations where it is the first lane of its rank (-1 otherwise), and
  * how many of the token's earlier k name its slot. */
@@ -254,13 +255,12 @@ struct WarpRoute {
     float wv;
     int r, place, twin;
 };
-__device__ WarpRoute warp_route(const Args &a, const void *slots, int ids64, const float *weights,
-                                int32_t t) {
+__device__ WarpRoute route_lanes(const Args &a, int32_t sv, float wv) {
     const int lane = threadIdx.x % 32, K = a.K;
     const bool in = lane < K;
     WarpRoute w;
-    w.sv = in ? slot_at(slots, t * K + lane, ids64) : -1;
-    w.wv = in && weights ? weights[t * K + lane] : 0.0f;
+    w.sv = in ? sv : -1;
+    w.wv = in ? wv : 0.0f;
     w.kept = in && w.sv >= 0 && w.sv < a.P ? w.sv : -1;
     w.r = w.kept >= 0 ? w.kept / a.spr : INT_MAX;
     const unsigned same = __match_any_sync(0xffffffffu, w.r);
@@ -276,6 +276,108 @@ __device__ WarpRoute warp_route(const Args &a, const void *slots, int ids64, con
     w.twin = __popc(twins & ((1u << lane) - 1u));
     return w;
 }
+/* ... of token t, read from the batch's ids and weights. */
+__device__ WarpRoute warp_route(const Args &a, const void *slots, int ids64, const float *weights,
+                                int32_t t) {
+    const int lane = threadIdx.x % 32, K = a.K;
+    const bool in = lane < K;
+    return route_lanes(a, in ? slot_at(slots, t * K + lane, ids64) : -1,
+                       in && weights ? weights[t * K + lane] : 0.0f);
+}
+
+/* The rank of a token's j-th destination (warp_route's places), or -1:
+ * none, or masked. By the whole warp. */
+__device__ __forceinline__ int route_dest(const WarpRoute &w, int j, const uint8_t *live) {
+    const unsigned hit = __ballot_sync(0xffffffffu, w.place == j);
+    const int d = hit ? __shfl_sync(0xffffffffu, w.r, __ffs(hit) - 1) : -1;
+    return d >= 0 && live[d] ? d : -1;
+}
+
+/* Item (token, j-th destination) of a batch past the staged ids sent by
+ * one warp: its row to the destination's inbox. */
+__device__ __forceinline__ void send_item_row(const Args &a, unsigned char *const *peer,
+                                              uint32_t epoch, int32_t item, int dmax,
+                                              const unsigned char *x, const void *slots, int ids64,
+                                              const float *weights, const uint8_t *live) {
+    const int lane = threadIdx.x % 32;
+    const int32_t t = item / dmax;
+    const WarpRoute w = warp_route(a, slots, ids64, weights, t);
+    const int dst = route_dest(w, item - t * dmax, live);
+    if (dst >= 0)
+        copy_words<int4>(rec_at(a, peer[dst], epoch, filed_as(a, dst), t), x + (size_t)t * a.xrow,
+                         a.xrow, lane, 32);
+}
+
+/* Lane k's meta of token t (routed as w) in the record sent to rank dst:
+ * its slot there and weight, or -1 where choice k goes elsewhere. */
+__device__ __forceinline__ void put_meta(const Args &a, unsigned char *const *peer, uint32_t epoch,
+                                         const WarpRoute &w, int dst, int32_t t, int32_t pos) {
+    unsigned char *rec = rec_at(a, peer[dst], epoch, filed_as(a, dst), t);
+    const bool here = w.kept >= 0 && w.r == dst;
+    Meta m;
+    m.slot = here ? w.kept - dst * a.spr : -1;
+    m.weight = here ? w.wv : 0.0f;
+    m.pos = here ? pos : 0;
+    m.tag = epoch;
+    ((Meta *)(rec + a.meta_off))[threadIdx.x % 32] = m;
+}
+
+/* A token's bad or repeated slots marked (bad_slot; Ctl, read by the last
+ * block after the counters), and its slots and weights kept for the
+ * combine where item (t, 0) is this block's. Lane k: choice k. */
+__device__ __forceinline__ void mark_token(const Args &a, const WarpRoute &w, int32_t t,
+                                           bool first_item, int &bad_slot) {
+    const int lane = threadIdx.x % 32, K = a.K;
+    const bool in = lane < K;
+    if (in && (w.sv < -1 || w.sv >= a.P)) {
+        bad_slot = 1;
+        a.ctl->bad = 1;
+    }
+    if (in && w.twin > 0) {
+        bad_slot = 1;
+        a.ctl->dup = 1;
+    }
+    if (in && first_item) {
+        a.slots[t * K + lane] = w.sv;
+        a.weights[t * K + lane] = w.wv;
+    }
+}
+
+/* ... and its metas, by one warp (lane k: choice k): a position is the
+ * count of the tokens before the block's run (tab, from run0 ids) plus the
+ * run's earlier tokens' entries of the slot (ballots over their ids) plus
+ * the token's earlier k. Marks bad and repeated slots (bad_slot, Ctl). */
+__device__ void send_item_metas(const Args &a, unsigned char *const *peer, uint32_t epoch,
+                                int32_t item, int dmax, int32_t run0, const void *slots, int ids64,
+                                const float *weights, const int32_t *tab, const uint8_t *live,
+                                int &bad_slot) {
+    const int lane = threadIdx.x % 32, K = a.K;
+    const int32_t t = item / dmax;
+    const int j = item - t * dmax;
+    const WarpRoute w = warp_route(a, slots, ids64, weights, t);
+    const bool in = lane < K;
+    mark_token(a, w, t, j == 0, bad_slot);
+    const int dst = route_dest(w, j, live);
+    if (dst < 0) return;
+    int32_t pos = w.twin + (w.kept >= 0 ? tab[w.kept] : 0);
+    for (int32_t q0 = run0; q0 < t * K; q0 += 32) {
+        const int32_t q = q0 + lane;
+        const int32_t s2 = q < t * K ? slot_at(slots, q, ids64) : -1;
+        for (int kk = 0; kk < K; kk++) {
+            const int32_t want = __shfl_sync(0xffffffffu, w.kept, kk);
+            const int c = __popc(__ballot_sync(0xffffffffu, want >= 0 && s2 == want));
+            if (lane == kk) pos += c;
+        }
+    }
+    if (in) put_meta(a, peer, epoch, w, dst, t, pos);
+}
+
+/* Warps of nw that count the `before` ids ahead of a block's run (of
+ * `total`) while the others send rows: in proportion, at least one, at
+ * most half the block. */
+__device__ __forceinline__ int meta_warps(int nw, int32_t before, int32_t total) {
+    return min(nw / 2, max(1, (int)((int64_t)(nw / 2) * before / max(1, total))));
+}
 
 /*
  * The lean send of a batch past the staged ids (kBig, K <= 32): the
@@ -283,25 +385,18 @@ __device__ WarpRoute warp_route(const Args &a, const void *slots, int ids64, con
  * destination) item per warp at a time, so a block has as many rows in
  * flight as warps. Every row goes out while tab gets the per-slot counts
  * of the tokens before the run; then each warp writes its items'
- * metas, a position being that count plus the run's earlier tokens'
- * entries of the slot (ballots over their ids) plus the token's earlier k.
- * No barrier between items. With all_counts (the run ends the batch) tab
- * ends holding every token's counts, for send_counts.
+ * metas (send_item_metas). No barrier between items. With all_counts (the
+ * run ends the batch) tab ends holding every token's counts, for
+ * send_counts.
  */
 __device__ void send_run_warps(const Args &a, unsigned char *const *peer, uint32_t epoch,
                                int32_t i_lo, int32_t i_hi, int dmax, int32_t Tn,
                                const unsigned char *x, const void *slots, int ids64,
                                const float *weights, int32_t *tab, const uint8_t *live,
                                bool all_counts, int &bad_slot) {
-    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, nw = blockDim.x / 32;
+    const int warp = threadIdx.x / 32, nw = blockDim.x / 32;
     const int K = a.K;
     const int32_t run0 = i_lo / dmax * K; /* the ids before the run's first token */
-    /* The rank of the token's j-th destination, or -1: none, or masked. */
-    auto dest = [&](const WarpRoute &w, int j) {
-        const unsigned hit = __ballot_sync(0xffffffffu, w.place == j);
-        const int d = hit ? __shfl_sync(0xffffffffu, w.r, __ffs(hit) - 1) : -1;
-        return d >= 0 && live[d] ? d : -1;
-    };
     /* The tokens before the run are counted while the rows go out, by nc
      * warps in proportion to their number (up to half the block; none for
      * the first block): the last block's pass over ~32,768 ids at 4,096
@@ -309,65 +404,83 @@ __device__ void send_run_warps(const Args &a, unsigned char *const *peer, uint32
      * Variant 64: every warp sends, then the block counts (the order
      * before; bench/RESULTS.md compares them). */
     const bool beside = !(a.variant & 64) && run0 > 0 && nw > 1;
-    const int nc =
-        beside ? min(nw / 2, max(1, (int)((int64_t)(nw / 2) * run0 / max(1, Tn * K)))) : 0;
+    const int nc = beside ? meta_warps(nw, run0, Tn * K) : 0;
     if (warp >= nw - nc) {
         count_ids(tab, slots, ids64, 0, run0, a.P, (int32_t)threadIdx.x - (nw - nc) * 32, nc * 32);
     } else {
-        for (int32_t item = i_lo + warp; item < i_hi; item += nw - nc) {
-            const int32_t t = item / dmax;
-            const WarpRoute w = warp_route(a, slots, ids64, weights, t);
-            const int dst = dest(w, item - t * dmax);
-            if (dst >= 0)
-                copy_words<int4>(rec_at(a, peer[dst], epoch, filed_as(a, dst), t),
-                                 x + (size_t)t * a.xrow, a.xrow, lane, 32);
-        }
+        for (int32_t item = i_lo + warp; item < i_hi; item += nw - nc)
+            send_item_row(a, peer, epoch, item, dmax, x, slots, ids64, weights, live);
     }
     if (!beside) count_ids(tab, slots, ids64, 0, run0, a.P);
     __syncthreads();
-    for (int32_t item = i_lo + warp; item < i_hi; item += nw) {
-        const int32_t t = item / dmax;
-        const int j = item - t * dmax;
-        const WarpRoute w = warp_route(a, slots, ids64, weights, t);
-        const bool in = lane < K;
-        if (in && (w.sv < -1 || w.sv >= a.P)) {
-            bad_slot = 1;
-            a.ctl->bad = 1; /* read by the last block, after the counters */
-        }
-        if (in && w.twin > 0) {
-            bad_slot = 1;
-            a.ctl->dup = 1;
-        }
-        if (in && j == 0) {
-            a.slots[t * K + lane] = w.sv;
-            a.weights[t * K + lane] = w.wv;
-        }
-        const int dst = dest(w, j);
-        if (dst < 0) continue;
-        int32_t pos = w.twin + (w.kept >= 0 ? tab[w.kept] : 0);
-        for (int32_t q0 = run0; q0 < t * K; q0 += 32) {
-            const int32_t q = q0 + lane;
-            const int32_t s2 = q < t * K ? slot_at(slots, q, ids64) : -1;
-            for (int kk = 0; kk < K; kk++) {
-                const int32_t want = __shfl_sync(0xffffffffu, w.kept, kk);
-                const int c = __popc(__ballot_sync(0xffffffffu, want >= 0 && s2 == want));
-                if (lane == kk) pos += c;
-            }
-        }
-        if (in) {
-            unsigned char *rec = rec_at(a, peer[dst], epoch, filed_as(a, dst), t);
-            const bool here = w.kept >= 0 && w.r == dst;
-            Meta m;
-            m.slot = here ? w.kept - dst * a.spr : -1;
-            m.weight = here ? w.wv : 0.0f;
-            m.pos = here ? pos : 0;
-            m.tag = epoch;
-            ((Meta *)(rec + a.meta_off))[lane] = m;
-        }
-    }
+    for (int32_t item = i_lo + warp; item < i_hi; item += nw)
+        send_item_metas(a, peer, epoch, item, dmax, run0, slots, ids64, weights, tab, live,
+                        bad_slot);
     if (all_counts) { /* the run's own tokens join the table: every token's counts */
         __syncthreads();
         count_ids(tab, slots, ids64, run0, Tn * K, a.P);
+    }
+}
+
+/* The last sender's flags: (epoch, T) to every live rank, or a refusal
+ * code where a block marked a bad or repeated slot (only a marked batch
+ * reads the words that say which; the usual one goes straight to its
+ * flags). Release stores: a reader that acquires one sees every block's
+ * writes that the counting-in ordered before it. */
+__device__ void publish_dispatch(const Args &a, unsigned char *const *peer, uint32_t epoch,
+                                 int32_t T, const uint8_t *live, bool marked) {
+    const bool bad = marked && ld_volatile(&a.ctl->bad) != 0;
+    const bool dup = marked && ld_volatile(&a.ctl->dup) != 0;
+    if (marked) a.ctl->bad = a.ctl->dup = 0;
+    if (a.skip_flags) return;
+    const uint32_t c = bad ? EPXI_LL_BAD : dup ? kLLDup : (uint32_t)T;
+    const uint64_t flag = epxi_ll_flag(epoch, c);
+    for (int r = 0; r < a.R; r++)
+        if (live[r]) st_release(dflag_at(a, peer[r], epoch, filed_as(a, r)), flag, scope(a));
+}
+
+/* From the flags' counts (flag_cnt [R]): first_row [R + 1], the rows of
+ * the sources below each; returned, the first source that refused the
+ * batch (-1: none) with its fault code. One thread. */
+struct Refusal {
+    int r;
+    uint32_t code;
+};
+__device__ Refusal sources_rows(const Args &a, const uint32_t *flag_cnt, int32_t *first_row) {
+    Refusal no = {-1, 0};
+    int32_t acc = 0;
+    for (int r = 0; r < a.R; r++) {
+        const uint32_t c = flag_cnt[r];
+        const bool refuse = c == EPXI_LL_BAD || c == kLLDup;
+        if (refuse && no.r < 0) no = {r, c == kLLDup ? F_DUP_SLOT : F_BAD_SLOT};
+        first_row[r] = acc;
+        acc += refuse ? 0 : (int32_t)c;
+    }
+    first_row[a.R] = acc;
+    return no;
+}
+
+/* What the combine and the host learn of a received batch (one thread):
+ * refused (nobody runs an expert on it; the combine yields zeros, the host
+ * is told which source and why) and its items, the combine's work list. */
+__device__ void batch_verdict(const Args &a, uint32_t epoch, int any_bad, uint32_t bad_code,
+                              int32_t items) {
+    a.ctl->refused = any_bad >= 0;
+    if (any_bad >= 0) raise_refused(a, bad_code, (uint32_t)any_bad, epoch);
+    a.ctl->ditems = items;
+}
+
+/* Per local slot: its count and each source's range of rows (a.count,
+ * a.range), by one block. */
+__device__ void slot_ranges(const Args &a, uint32_t epoch, const uint8_t *live, bool refused) {
+    for (int64_t l = threadIdx.x; l < a.spr; l += blockDim.x) {
+        int64_t acc = 0;
+        for (int s = 0; s < a.R; s++) {
+            const int64_t c = refused || !live[s] ? 0 : *cnt_at(a, a.base, epoch, s, (int32_t)l);
+            a.range[l * a.R + s] = (acc << 32) | c;
+            acc += c;
+        }
+        a.count[l] = (int32_t)acc;
     }
 }
 
@@ -375,12 +488,14 @@ __device__ void send_run_warps(const Args &a, unsigned char *const *peer, uint32
  * Normal mode's receive (Args::compact), by every block once the flags are
  * in: the slots' first entries (each block sums the sources' counts and
  * scans them in `so`, shared memory of spr + 1 ints; the range block also
- * stores them in offs), then one (row, k) item per thread: its entry's
- * index, weight, pair and token, and its row's place in the inbox. No row
- * is copied: the experts read them where the senders wrote them.
+ * stores them in offs), then the block's run of (row, k) items, one per
+ * thread: its entry's index, weight, pair and token, and its row's place in
+ * the inbox. No row is copied: the experts read them where the senders
+ * wrote them.
  */
 __device__ void receive_compact(const Args &a, uint32_t epoch, const int32_t *first_row,
                                 int32_t items, const uint8_t *live, int32_t *so, bool range_block) {
+    const bool stamps = (a.variant & 8) && blockIdx.x == 0 && threadIdx.x == 0;
     for (int l = threadIdx.x; l < a.spr; l += blockDim.x) {
         int32_t c = 0;
         for (int s = 0; s < a.R; s++)
@@ -388,20 +503,35 @@ __device__ void receive_compact(const Args &a, uint32_t epoch, const int32_t *fi
         so[l] = c;
     }
     __syncthreads();
+    if (stamps) a.ctl->stamp[16] = global_ns();
     block_scan_smem(so, a.spr);
+    if (stamps) a.ctl->stamp[22] = global_ns();
     if (range_block)
         for (int l = threadIdx.x; l <= a.spr; l += blockDim.x) a.offs[l] = so[l];
     const int K = a.K;
     const int64_t area = (int64_t)parity(a, epoch) * a.R; /* this dispatch's rows in the inbox */
-    const int32_t stride = (int32_t)(gridDim.x * blockDim.x);
-    for (int32_t item = (int32_t)(blockIdx.x * blockDim.x + threadIdx.x); item < items;
-         item += stride) {
+    /* Each block a run of items, rounded to whole warps: the placing's
+     * scattered stores spread over every SM (grid-stride, variant 128,
+     * left the items to the first blocks: 20.2 against 18.6 us at 1,024
+     * tokens, H200). */
+    const int32_t chunk = ((items + (int32_t)gridDim.x - 1) / (int32_t)gridDim.x + 31) & ~31;
+    int32_t i0 = min((int32_t)blockIdx.x * chunk, items) + (int32_t)threadIdx.x;
+    int32_t i1 = min((int32_t)blockIdx.x * chunk + chunk, items), step = (int32_t)blockDim.x;
+    if (a.variant & 128) {
+        i0 = (int32_t)(blockIdx.x * blockDim.x + threadIdx.x), i1 = items;
+        step = (int32_t)(gridDim.x * blockDim.x);
+    }
+    for (int32_t item = i0; item < i1; item += step) {
         const int32_t vrow = item / K;
         int s = 0;
         while (first_row[s + 1] <= vrow) s++;
         const int32_t t = vrow - first_row[s];
         const int k = item - vrow * K;
         const Meta m = ((const Meta *)(rec_at(a, a.base, epoch, s, t) + a.meta_off))[k];
+        if (stamps) {
+            asm volatile("" ::"r"(m.pos)); /* the stamp after the meta's load, not its issue */
+            a.ctl->stamp[23] = global_ns();
+        }
         const int64_t e = place_entry(a, epoch, m, s, t, k, live, item, so);
         if (e >= 0) a.etok[e] = (int32_t)((area + s) * a.M + t);
     }
@@ -676,19 +806,8 @@ __global__ void __launch_bounds__(kThreads, 2)
         send_counts(a, peer, all_counts ? tab : hist, epoch, staged ? (const void *)ids : slots,
                     staged ? 0 : ids64, Tn * K, clo, chi, live, true);
         STAMP(a, 1);
-        arrive(&a.ctl->arrive_d, nwork, bad_slot, scope(a), [&](bool marked) {
-            /* Only a marked batch (a bad or repeated slot somewhere) reads the
-             * words that say which; the usual one goes straight to its flags. */
-            const bool bad = marked && ld_volatile(&a.ctl->bad) != 0;
-            const bool dup = marked && ld_volatile(&a.ctl->dup) != 0;
-            if (marked) a.ctl->bad = a.ctl->dup = 0;
-            if (a.skip_flags) return;
-            const uint32_t c = bad ? EPXI_LL_BAD : dup ? kLLDup : (uint32_t)T;
-            uint64_t flag = epxi_ll_flag(epoch, c);
-            for (int r = 0; r < a.R; r++)
-                if (live[r])
-                    st_release(dflag_at(a, peer[r], epoch, filed_as(a, r)), flag, scope(a));
-        });
+        arrive(&a.ctl->arrive_d, nwork, bad_slot, scope(a),
+               [&](bool marked) { publish_dispatch(a, peer, epoch, Tn, live, marked); });
     }
     if (!(parts & 2)) {
         advance();
@@ -735,22 +854,9 @@ __global__ void __launch_bounds__(kThreads, 2)
         rows_total = __shfl_sync(0xffffffffu, row_incl, 31);
     } else {
         if (threadIdx.x == 0) {
-            int bad_r = -1;
-            uint32_t code = 0;
-            int32_t acc = 0;
-            for (int r = 0; r < a.R; r++) {
-                const uint32_t c = flag_cnt[r];
-                const bool refuse = c == EPXI_LL_BAD || c == kLLDup;
-                if (refuse && bad_r < 0) {
-                    bad_r = r;
-                    code = c == kLLDup ? F_DUP_SLOT : F_BAD_SLOT;
-                }
-                first_row[r] = acc;
-                acc += refuse ? 0 : (int32_t)c;
-            }
-            first_row[a.R] = acc;
-            s_any_bad = bad_r;
-            s_bad_code = code;
+            const Refusal no = sources_rows(a, flag_cnt, first_row);
+            s_any_bad = no.r;
+            s_bad_code = no.code;
         }
         __syncthreads();
         any_bad = s_any_bad;
@@ -796,26 +902,11 @@ __global__ void __launch_bounds__(kThreads, 2)
         if (threadIdx.x == 0) first_meta = ((const Meta *)(rec0 + a.meta_off))[k0];
         if (pre) regs_load(v, rec0, a.xrow);
     }
-    if (refused && blockIdx.x == 0 && threadIdx.x == 0) {
-        /* Nobody runs an expert on a refused batch; combine yields zeros. */
-        a.ctl->refused = 1;
-        raise_refused(a, bad_code, (uint32_t)any_bad, epoch);
-    } else if (!refused && blockIdx.x == 0 && threadIdx.x == 0) {
-        a.ctl->refused = 0;
-    }
-    if (blockIdx.x == 0 && threadIdx.x == 0) a.ctl->ditems = items; /* the combine's work list */
-    /* Per local slot: its count and each source's range of rows, by the
-     * range block alone (the host launches one block more than the items
-     * need), so no placing block carries this trip to memory. */
-    for (int64_t l = range_block ? threadIdx.x : a.spr; l < a.spr; l += blockDim.x) {
-        int64_t acc = 0;
-        for (int s = 0; s < a.R; s++) {
-            const int64_t c = refused || !live[s] ? 0 : *cnt_at(a, a.base, epoch, s, (int32_t)l);
-            a.range[l * a.R + s] = (acc << 32) | c;
-            acc += c;
-        }
-        a.count[l] = (int32_t)acc;
-    }
+    if (blockIdx.x == 0 && threadIdx.x == 0) batch_verdict(a, epoch, any_bad, bad_code, items);
+    /* The slot ranges by the range block alone (the host launches one block
+     * more than the items need), so no placing block carries this trip to
+     * memory. */
+    if (range_block) slot_ranges(a, epoch, live, refused);
     STAMP(a, 20);
     if (refused) {
         advance();
