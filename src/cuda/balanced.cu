@@ -229,6 +229,16 @@ __device__ void summary_warp(const epxi_bal &b, int lane, int64_t out[4]) {
     epxi_bal_summary_of(a, d, n, out);
 }
 
+/* The block's per-batch scalars (phases 1-3) in shared memory, and the
+ * profile build's stamps. */
+struct BalShared {
+    int32_t warp_off[32];
+    int32_t total, status, comps, distinct;
+#ifdef EPX_BAL_PROFILE
+    unsigned long long stamp[8];
+#endif
+};
+
 /* Built with -DEPX_BAL_PROFILE, thread 0 reads the global timer at the
  * phases' ends and prints them per launch ("balprof ..." lines, ns): where
  * a launch's time goes, for bench_balanced. Off in every normal build. */
@@ -240,16 +250,17 @@ __device__ __forceinline__ unsigned long long bal_ns() {
 }
 #define BAL_STAMP(i)                                                                               \
     do {                                                                                           \
-        if (threadIdx.x == 0) stamp[i] = bal_ns();                                                 \
+        if (threadIdx.x == 0) sh.stamp[i] = bal_ns();                                              \
     } while (0)
 #define BAL_REPORT(n)                                                                              \
     do {                                                                                           \
         if (threadIdx.x == 0) {                                                                    \
             BAL_STAMP(n);                                                                          \
             printf("balprof %d %d %d %llu %llu %llu %llu %llu %llu %llu\n", a.from_ids, b.M, b.C,  \
-                   stamp[1] - stamp[0], stamp[2] - stamp[1], stamp[3] - stamp[2],                  \
-                   stamp[4] - stamp[3], stamp[5] - stamp[4], stamp[6] - stamp[5],                  \
-                   (n) == 7 ? stamp[7] - stamp[6] : 0ull);                                         \
+                   sh.stamp[1] - sh.stamp[0], sh.stamp[2] - sh.stamp[1],                           \
+                   sh.stamp[3] - sh.stamp[2], sh.stamp[4] - sh.stamp[3],                           \
+                   sh.stamp[5] - sh.stamp[4], sh.stamp[6] - sh.stamp[5],                           \
+                   (n) == 7 ? sh.stamp[7] - sh.stamp[6] : 0ull);                                   \
         }                                                                                          \
     } while (0)
 #else
@@ -257,67 +268,78 @@ __device__ __forceinline__ unsigned long long bal_ns() {
 #define BAL_REPORT(n) ((void)0)
 #endif
 
-__global__ void __launch_bounds__(kMaxThreads, 1) balanced_kernel(BalArgs a) {
-    /* [warps][E] counters (ids entry point only), then the workspace when
-     * it fits: the solve's dependent loads at shared-memory latency */
-    extern __shared__ __align__(16) unsigned char dyn[];
-    int32_t *hist = (int32_t *)dyn;
-    __shared__ int32_t warp_off[32];
-    __shared__ int32_t s_total, s_status, s_comps, s_distinct;
-#ifdef EPX_BAL_PROFILE
-    __shared__ unsigned long long stamp[8];
-#endif
-    BAL_STAMP(0);
-    epxi_bal b = a.bal;
-    if (a.ws_shared) epxi_bal_carve(&b, dyn + a.ws_at);
-    const int tid = threadIdx.x, nt = blockDim.x, lane = tid & 31, warp = tid >> 5;
-    const int nwarps = nt >> 5;
-    const int32_t E = b.E;
-    /* the warp's chunk of pairs, for phases 0 and 4 */
-    const int64_t chunk = (a.pairs + nwarps - 1) / nwarps;
-    const int64_t lo = (int64_t)warp * chunk;
-    const int64_t hi = lo + chunk < a.pairs ? lo + chunk : a.pairs;
-
-    /* 0. clear, then count */
-    if (tid == 0) {
-        s_total = 0;
-        s_status = EPXI_BAL_OK;
+/* Phase 0's clearing of the solve's per-batch state (the barrier that ends
+ * phase 0 orders it before phase 1). */
+__device__ __forceinline__ void solve_clear(epxi_bal &b, BalShared &sh) {
+    if (threadIdx.x == 0) {
+        sh.total = 0;
+        sh.status = EPXI_BAL_OK;
     }
-    for (int32_t g = tid; g < b.G; g += nt) b.base[g] = 0;
-    /* the [E][W] rows' zeros, coalesced and early (stores: nothing waits
-     * for them); phase 3 writes the listed columns over them, after the
-     * block's barriers */
-    for (int64_t i = tid; i < (int64_t)E * b.W; i += nt) {
-        b.rc[i] = 0;
+    for (int32_t g = threadIdx.x; g < b.G; g += blockDim.x) b.base[g] = 0;
+}
+
+/* The [E][W] rows' zeros (shares and the replica counts rc) and the slot
+ * counts', entries first, first + stride, ...: coalesced and early (stores:
+ * nothing waits for them); phase 3 writes the listed columns over them,
+ * after the block's barriers. */
+__device__ __forceinline__ void zero_outputs(const BalArgs &a, const epxi_bal &b, int64_t *rc,
+                                             int64_t first, int64_t stride) {
+    for (int64_t i = first; i < (int64_t)b.E * b.W; i += stride) {
+        rc[i] = 0;
         if (a.shares) a.shares[i] = 0.0;
     }
     if (a.slot_counts)
-        for (int32_t p = tid; p < b.P; p += nt) a.slot_counts[p] = 0;
-    if (a.from_ids) {
-        for (int32_t i = tid; i < nwarps * E; i += nt) hist[i] = 0;
-        __syncthreads();
-        for (int64_t i = lo + lane; i < hi; i += 32) {
-            int32_t e = __ldg(a.ids + i);
-            if (e >= 0 && e < E) atomicAdd(hist + (size_t)warp * (size_t)E + (size_t)e, 1);
-        }
-        __syncthreads();
-        for (int32_t e = tid; e < E; e += nt) {
-            int32_t run = 0;
-            for (int w = 0; w < nwarps; w++) {
-                int32_t h = hist[(size_t)w * (size_t)E + (size_t)e];
-                hist[(size_t)w * (size_t)E + (size_t)e] = run;
-                run += h;
-            }
-            b.cnt[e] = run;
-        }
-    } else {
-        for (int32_t e = tid; e < E; e += nt) {
-            int64_t c = __ldg(a.counts + e);
-            b.cnt[e] = c < 0 ? 0 : c;
-        }
+        for (int64_t p = first; p < b.P; p += stride) a.slot_counts[p] = 0;
+}
+
+/* The calling warp's contiguous run of the block's pairs [lo, hi), for
+ * phases 0 and 4 (empty, wlo >= whi, for the last warps of a short range). */
+__device__ __forceinline__ void warp_span(int64_t lo, int64_t hi, int64_t &wlo, int64_t &whi) {
+    const int nwarps = blockDim.x >> 5, warp = threadIdx.x >> 5;
+    const int64_t chunk = (hi - lo + nwarps - 1) / nwarps;
+    wlo = lo + (int64_t)warp * chunk;
+    whi = wlo + chunk < hi ? wlo + chunk : hi;
+}
+
+/* Phase 0's count of the block's pairs [lo, hi): each warp counts its run
+ * into its own shared row of hist (shared atomics: integer sums, so the
+ * order does not matter); then per expert the rows become exclusive
+ * prefixes starting at start[e] (0 when start is NULL: the pairs before
+ * lo) and the column's total, start included, goes to tot32 / tot64 where
+ * given. Ids outside [0, E) are not counted. Every thread of the block
+ * calls it (barriers inside; none after the prefixes). */
+__device__ void count_pairs(int32_t *hist, const int32_t *ids, int64_t lo, int64_t hi, int32_t E,
+                            const int32_t *start, int32_t *tot32, int64_t *tot64) {
+    const int tid = threadIdx.x, nt = blockDim.x, lane = tid & 31, warp = tid >> 5;
+    const int nwarps = nt >> 5;
+    int64_t wlo, whi;
+    warp_span(lo, hi, wlo, whi);
+    for (int32_t i = tid; i < nwarps * E; i += nt) hist[i] = 0;
+    __syncthreads();
+    for (int64_t i = wlo + lane; i < whi; i += 32) {
+        int32_t e = __ldg(ids + i);
+        if (e >= 0 && e < E) atomicAdd(hist + (size_t)warp * (size_t)E + (size_t)e, 1);
     }
     __syncthreads();
-    BAL_STAMP(1);
+    for (int32_t e = tid; e < E; e += nt) {
+        int32_t run = start ? start[e] : 0;
+        for (int w = 0; w < nwarps; w++) {
+            int32_t h = hist[(size_t)w * (size_t)E + (size_t)e];
+            hist[(size_t)w * (size_t)E + (size_t)e] = run;
+            run += h;
+        }
+        if (tot32) tot32[e] = run;
+        if (tot64) tot64[e] = run;
+    }
+}
+
+/* Phases 1-3 on one block, from b.cnt (phase 0's counts, after a barrier;
+ * solve_clear ran before it): the split, the summary, and the outputs,
+ * the replica counts into b.rc, then copied to rc_copy when given. */
+__device__ void solve_phases(const BalArgs &a, epxi_bal &b, BalShared &sh, int64_t *rc_copy) {
+    const int tid = threadIdx.x, nt = blockDim.x, lane = tid & 31, warp = tid >> 5;
+    const int nwarps = nt >> 5;
+    const int32_t E = b.E;
 
     /* 1. group, then classify: base sums and the ascending flexible list */
     for (int32_t e = tid; e < E; e += nt) epxi_bal_group(&b, a.replicas, a.num_valid, e);
@@ -329,31 +351,31 @@ __global__ void __launch_bounds__(kMaxThreads, 1) balanced_kernel(BalArgs a) {
             atomicAdd((unsigned long long *)(b.base + b.eg_gpu[(size_t)e * (size_t)b.D]),
                       (unsigned long long)b.cnt[e]);
         uint32_t vote = __ballot_sync(0xffffffffu, kind == 2);
-        if (lane == 0) warp_off[warp] = __popc(vote);
+        if (lane == 0) sh.warp_off[warp] = __popc(vote);
         __syncthreads();
         if (tid == 0) {
-            int32_t run = s_total;
+            int32_t run = sh.total;
             for (int w = 0; w < nwarps; w++) {
-                int32_t c = warp_off[w];
-                warp_off[w] = run;
+                int32_t c = sh.warp_off[w];
+                sh.warp_off[w] = run;
                 run += c;
             }
-            s_total = run;
+            sh.total = run;
         }
         __syncthreads();
         if (e < E) {
-            int32_t idx = warp_off[warp] + __popc(vote & lanemask_lt());
+            int32_t idx = sh.warp_off[warp] + __popc(vote & lanemask_lt());
             b.fidx[e] = -1;
             if (kind == 2 && idx < b.maxM) {
                 b.fidx[e] = idx;
                 b.flex[idx] = e;
             } else if (kind == 2) {
-                s_status = EPXI_BAL_TOO_MANY;
+                sh.status = EPXI_BAL_TOO_MANY;
             }
         }
         __syncthreads(); /* warp_off is rewritten by the next tile */
     }
-    b.M = s_total < b.maxM ? s_total : b.maxM;
+    b.M = sh.total < b.maxM ? sh.total : b.maxM;
     BAL_STAMP(2);
 
     /* 2. the components (one thread), then each solved by one warp: the
@@ -363,72 +385,78 @@ __global__ void __launch_bounds__(kMaxThreads, 1) balanced_kernel(BalArgs a) {
     if (small && warp == 0) {
         epxi_bal_unfix(&b, lane, 32);
         b.C = 0;
-        if (s_status == EPXI_BAL_OK) components_warp(b, lane);
-        if (lane == 0) s_comps = b.C;
+        if (sh.status == EPXI_BAL_OK) components_warp(b, lane);
+        if (lane == 0) sh.comps = b.C;
     } else if (!small && tid == 0) {
         epxi_bal_unfix(&b, 0, 1);
         b.C = 0;
-        if (s_status == EPXI_BAL_OK) epxi_bal_components(&b);
-        s_comps = b.C;
-        s_distinct = 0;
+        if (sh.status == EPXI_BAL_OK) epxi_bal_components(&b);
+        sh.comps = b.C;
+        sh.distinct = 0;
     }
     __syncthreads();
     BAL_STAMP(3);
-    b.C = s_comps;
+    b.C = sh.comps;
     for (int32_t c = warp; c < b.C; c += nwarps) epxi_bal_solve_comp(&b, c, lane, 32);
     __syncthreads();
     BAL_STAMP(4);
     if (!small) {
         for (int32_t lid = tid; lid < b.G; lid += nt)
-            if (epxi_bal_level_new(&b, lid)) atomicAdd(&s_distinct, 1);
+            if (epxi_bal_level_new(&b, lid)) atomicAdd(&sh.distinct, 1);
         __syncthreads();
     }
     int64_t sum[4];
     if (small && warp == 0) summary_warp(b, lane, sum);
     if (tid == 0) {
-        int rc = s_status;
+        int rc = sh.status;
         for (int32_t c = 0; c < b.C && rc == EPXI_BAL_OK; c++) rc = b.c_rc[c];
-        if (!small) epxi_bal_summary(&b, s_distinct, sum);
+        if (!small) epxi_bal_summary(&b, sh.distinct, sum);
         if (a.summary) {
             for (int k = 0; k < 4; k++) a.summary[k] = sum[k];
             a.summary[4] = rc;
         }
-        s_status = rc;
+        sh.status = rc;
     }
     __syncthreads();
     BAL_STAMP(5);
 
     /* 3. outputs */
-    /* the counts into the workspace (shared memory when it fits), which
-     * phase 4 reads, then copied out in order (coalesced); the rows' zeros
-     * (every column past an expert's list) were stored in phase 0, whole
-     * rows at a time, so a thread writes only its expert's listed columns */
-    const int64_t *rcounts = b.rc;
+    /* the counts into b.rc (the workspace, shared memory when it fits),
+     * which phase 4 reads, then copied out in order (coalesced); the rows'
+     * zeros (every column past an expert's list) were stored in
+     * phase 0, whole rows at a time, so a thread writes only its expert's
+     * listed columns */
     for (int32_t e = tid; e < E; e += nt)
         epxi_bal_write_expert(&b, a.replicas, a.num_valid, e, a.shares, b.rc, a.slot_counts, 0);
-    if (a.rcounts) {
+    if (rc_copy) {
         __syncthreads();
-        for (int64_t i = tid; i < (int64_t)E * b.W; i += nt) a.rcounts[i] = b.rc[i];
+        for (int64_t i = tid; i < (int64_t)E * b.W; i += nt) rc_copy[i] = b.rc[i];
     }
     if (a.gpu_load)
         for (int32_t g = tid; g < b.G; g += nt) a.gpu_load[g] = epxi_bal_gpu_load(&b, g);
-    if (!a.from_ids) {
-        BAL_REPORT(6);
-        return;
-    }
-    __syncthreads();
-    BAL_STAMP(6);
+}
 
-    /* 4. per-pair slots: rank among the expert's pairs in (t, k) order */
+/* Phase 4 on the calling warp's run of the block's pairs [lo, hi): each
+ * pair's rank among its expert's pairs in (t, k) order, row[e] (the
+ * warp's exclusive prefix from count_pairs) plus its place in the warp's
+ * walk, 32 pairs a round, ranked within a round with __match_any_sync;
+ * the rank picks the replica column from the cumulative counts rcounts,
+ * as epx_dispatch_balanced_map_ids fills the columns in order. The warp
+ * reads its row before its group leaders advance it (__syncwarp between). */
+__device__ void rank_pairs(const BalArgs &a, const epxi_bal &b, const int64_t *rcounts,
+                           int32_t *row, int64_t lo, int64_t hi) {
+    const int lane = threadIdx.x & 31;
+    const int32_t E = b.E;
     const uint32_t lt = lanemask_lt();
-    int32_t *row = hist + (size_t)warp * (size_t)E;
+    int64_t wlo, whi;
+    warp_span(lo, hi, wlo, whi);
     /* the next round's id is loaded a round ahead: the global load's
      * latency leaves the chain of each round (shared memory only) */
-    int32_t e_next = lo + lane < hi ? __ldg(a.ids + lo + lane) : -1;
-    for (int64_t base = lo; base < hi; base += 32) {
+    int32_t e_next = wlo + lane < whi ? __ldg(a.ids + wlo + lane) : -1;
+    for (int64_t base = wlo; base < whi; base += 32) {
         int64_t i = base + lane;
         int32_t e = e_next;
-        e_next = i + 32 < hi ? __ldg(a.ids + i + 32) : -1;
+        e_next = i + 32 < whi ? __ldg(a.ids + i + 32) : -1;
         bool ok = e >= 0 && e < E;
         uint32_t peers = __match_any_sync(0xffffffffu, ok ? e : -1);
         int32_t slot = -1, rank = 0;
@@ -450,8 +478,47 @@ __global__ void __launch_bounds__(kMaxThreads, 1) balanced_kernel(BalArgs a) {
         /* the group's highest lane advances the row by the group's size */
         if (ok && (peers >> lane) == 1u) row[e] += __popc(peers);
         __syncwarp();
-        if (i < hi) a.phys[i] = slot;
+        if (i < whi) a.phys[i] = slot;
     }
+}
+
+__global__ void __launch_bounds__(kMaxThreads, 1) balanced_kernel(BalArgs a) {
+    /* [warps][E] counters (ids entry point only), then the workspace when
+     * it fits: the solve's dependent loads at shared-memory latency */
+    extern __shared__ __align__(16) unsigned char dyn[];
+    int32_t *hist = (int32_t *)dyn;
+    __shared__ BalShared sh;
+    BAL_STAMP(0);
+    epxi_bal b = a.bal;
+    if (a.ws_shared) epxi_bal_carve(&b, dyn + a.ws_at);
+    const int tid = threadIdx.x, nt = blockDim.x;
+    const int32_t E = b.E;
+
+    /* 0. clear, then count */
+    solve_clear(b, sh);
+    zero_outputs(a, b, b.rc, tid, nt);
+    if (a.from_ids) {
+        count_pairs(hist, a.ids, 0, a.pairs, E, NULL, NULL, b.cnt);
+    } else {
+        for (int32_t e = tid; e < E; e += nt) {
+            int64_t c = __ldg(a.counts + e);
+            b.cnt[e] = c < 0 ? 0 : c;
+        }
+    }
+    __syncthreads();
+    BAL_STAMP(1);
+
+    /* 1-3. */
+    solve_phases(a, b, sh, a.rcounts);
+    if (!a.from_ids) {
+        BAL_REPORT(6);
+        return;
+    }
+    __syncthreads();
+    BAL_STAMP(6);
+
+    /* 4. per-pair slots */
+    rank_pairs(a, b, b.rc, hist + (size_t)(tid >> 5) * (size_t)E, 0, a.pairs);
 #ifdef EPX_BAL_PROFILE
     __syncthreads();
     BAL_REPORT(7);
