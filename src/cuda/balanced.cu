@@ -2,9 +2,10 @@
  * balanced.cu - balanced per-batch dispatch on the GPU (epx_cuda.h): from a
  * batch's topk ids, or the all-reduced tokens per logical expert, to the
  * exact min-max split, integer replica counts and per-token slots, in ONE
- * launch of ONE thread block. Nothing is allocated per call (the workspace
- * is sized by epx_cuda_dispatch_balanced_create), nothing waits for the
- * host, so the launch can be captured in a CUDA graph.
+ * launch of ONE thread block, or for a large batch of ids in the grid form
+ * below (two launches). Nothing is allocated per call (the workspace is
+ * sized by epx_cuda_dispatch_balanced_create), nothing waits for the host,
+ * so the launches can be captured in a CUDA graph.
  *
  * The result equals the CPU reference (balanced.c) exactly because the
  * solver is the same source, balanced_core.h, whose functions are
@@ -41,6 +42,27 @@
  * workspace's global-memory writes of one phase visible to the block in the
  * next; in phase 4 a warp reads its row before its group leaders advance it
  * (__syncwarp between).
+ *
+ * The grid form (ids entry point, T * K >= EPX_BALANCED_GRID_PAIRS, 4,096
+ * by default). Phases 0 and 4 walk every pair; on the one block they cost
+ * ~79 us of a 167 us launch at T = 4,096, K = 8 (H200), 10.6 us at T = 512
+ * and 3.2 us at T = 128, where a second launch would cost about as much.
+ * So a large batch is cut into NB chunks of >= 512 pairs (NB <= 128 and
+ * the SM count), and:
+ *   A. (balanced_grid_count, NB blocks) each block stores its share of the
+ *      outputs' zeros and counts its chunk per warp, as phase 0 does, its
+ *      totals to the row ghist[b][E] (device memory); the last block to
+ *      finish (a counter: fence, atomicInc, fence) turns ghist's columns
+ *      into exclusive prefixes and their totals into the counts, then runs
+ *      phases 1-3 as the one block does (solve_phases, one source), the
+ *      replica counts written to global memory (the rcounts output, else
+ *      the device workspace's rc);
+ *   B. (balanced_grid_rank, the same NB blocks) block b counts its chunk
+ *      per warp again on top of ghist[b] and ranks its pairs as phase 4
+ *      does (rank_pairs, one source), from those global replica counts.
+ * The counts are integer sums and the ranks the same (t, k) order, so the
+ * two forms' outputs are the same bits. No block waits for another, and
+ * atomicInc returns the counter to 0, so graph replays need nothing more.
  */
 #include <cuda_runtime.h>
 
@@ -63,6 +85,13 @@ struct epx_cuda_balancer {
     size_t hist;   /* its counters: warps * E * 4 bytes of shared memory */
     size_t ws;     /* the workspace's bytes (epxi_bal_carve) */
     int ws_shared; /* 1: the workspace lives in shared memory, after hist */
+    /* the ids entry point's grid form (T * K >= grid_pairs): at most
+     * nb_max blocks; ghist [nb_max][E] and the done counter in mem, after
+     * the workspace */
+    int64_t grid_pairs;
+    int nb_max;
+    int32_t *ghist;
+    unsigned *done;
 };
 
 namespace {
@@ -73,18 +102,34 @@ namespace {
  * those chains went through local memory (bench/RESULTS.md). */
 constexpr int kMaxThreads = 256;
 
+/* The grid form's blocks: at least kGridChunk pairs each (2 rounds of 32
+ * per warp of 8 in launch B: its ranking is a few us, not the one block's
+ * 128 rounds at 32,768 pairs), at most kGridMaxBlocks of them (and the SM
+ * count) so that the last block's scan of ghist's columns stays short (8
+ * steps of 16 rows' loads in flight); past 65,536 pairs the chunks grow. */
+constexpr int64_t kGridChunk = 512;
+constexpr int kGridMaxBlocks = 128;
+
 struct BalArgs {
     epxi_bal bal;
     const int32_t *replicas, *num_valid;
     const int64_t *counts; /* counts entry point */
     const int32_t *ids;    /* ids entry point: T * K pairs */
     int64_t pairs;
-    int from_ids;
+    int from_ids;   /* 1: ids, one block; 2: ids, the grid form; 0: counts */
     int ws_shared;  /* carve the workspace from shared memory at ws_at */
     uint32_t ws_at; /* its offset in dynamic shared memory */
     int32_t *phys;
     double *shares, *gpu_load;
     int64_t *rcounts, *slot_counts, *summary;
+    /* the grid form: each block's pairs, the per-block counts [NB][E] (A's
+     * last block rewrites them into prefixes), the blocks-done counter, the
+     * replica counts phase 3 writes and launch B reads (global memory:
+     * rcounts when given, else the device workspace's rc) */
+    int64_t chunk;
+    int32_t *ghist;
+    unsigned *done;
+    int64_t *grid_rc;
 };
 
 __device__ __forceinline__ uint32_t lanemask_lt() {
@@ -241,7 +286,9 @@ struct BalShared {
 
 /* Built with -DEPX_BAL_PROFILE, thread 0 reads the global timer at the
  * phases' ends and prints them per launch ("balprof ..." lines, ns): where
- * a launch's time goes, for bench_balanced. Off in every normal build. */
+ * a launch's time goes, for bench_balanced. Off in every normal build. In
+ * the grid form the line comes from launch A's last block (first field 2,
+ * its count column from that block's start, no per-pair column). */
 #ifdef EPX_BAL_PROFILE
 __device__ __forceinline__ unsigned long long bal_ns() {
     unsigned long long t;
@@ -281,7 +328,7 @@ __device__ __forceinline__ void solve_clear(epxi_bal &b, BalShared &sh) {
 /* The [E][W] rows' zeros (shares and the replica counts rc) and the slot
  * counts', entries first, first + stride, ...: coalesced and early (stores:
  * nothing waits for them); phase 3 writes the listed columns over them,
- * after the block's barriers. */
+ * after the block's barriers (one block) or the grid's handoff. */
 __device__ __forceinline__ void zero_outputs(const BalArgs &a, const epxi_bal &b, int64_t *rc,
                                              int64_t first, int64_t stride) {
     for (int64_t i = first; i < (int64_t)b.E * b.W; i += stride) {
@@ -335,7 +382,8 @@ __device__ void count_pairs(int32_t *hist, const int32_t *ids, int64_t lo, int64
 
 /* Phases 1-3 on one block, from b.cnt (phase 0's counts, after a barrier;
  * solve_clear ran before it): the split, the summary, and the outputs,
- * the replica counts into b.rc, then copied to rc_copy when given. */
+ * the replica counts into b.rc, then copied to rc_copy when given. Both
+ * forms' solving block calls it. */
 __device__ void solve_phases(const BalArgs &a, epxi_bal &b, BalShared &sh, int64_t *rc_copy) {
     const int tid = threadIdx.x, nt = blockDim.x, lane = tid & 31, warp = tid >> 5;
     const int nwarps = nt >> 5;
@@ -421,9 +469,10 @@ __device__ void solve_phases(const BalArgs &a, epxi_bal &b, BalShared &sh, int64
     BAL_STAMP(5);
 
     /* 3. outputs */
-    /* the counts into b.rc (the workspace, shared memory when it fits),
-     * which phase 4 reads, then copied out in order (coalesced); the rows'
-     * zeros (every column past an expert's list) were stored in
+    /* the counts into b.rc, which phase 4 reads (the one-block form: the
+     * workspace, shared memory when it fits, then copied out in order,
+     * coalesced; the grid form: grid_rc in global memory, for launch B);
+     * the rows' zeros (every column past an expert's list) were stored in
      * phase 0, whole rows at a time, so a thread writes only its expert's
      * listed columns */
     for (int32_t e = tid; e < E; e += nt)
@@ -482,6 +531,8 @@ __device__ void rank_pairs(const BalArgs &a, const epxi_bal &b, const int64_t *r
     }
 }
 
+/* The one-block form: phases 0-4 in one launch (both entry points; the
+ * ids entry point below the grid threshold). */
 __global__ void __launch_bounds__(kMaxThreads, 1) balanced_kernel(BalArgs a) {
     /* [warps][E] counters (ids entry point only), then the workspace when
      * it fits: the solve's dependent loads at shared-memory latency */
@@ -523,6 +574,88 @@ __global__ void __launch_bounds__(kMaxThreads, 1) balanced_kernel(BalArgs a) {
     __syncthreads();
     BAL_REPORT(7);
 #endif
+}
+
+/* The grid form's launch A (gridDim.x = NB blocks, block r on the pairs
+ * [r chunk, (r + 1) chunk)): every block stores its share of the outputs'
+ * zeros and its pairs' counts per expert, ghist[r][E]; the last block to
+ * finish turns ghist's columns into exclusive prefixes (row r: expert e's
+ * pairs in the blocks before r), their totals into the counts, and runs
+ * phases 1-3 with the replica counts written to grid_rc (global), which
+ * launch B reads. */
+__global__ void __launch_bounds__(kMaxThreads, 1) balanced_grid_count(BalArgs a) {
+    extern __shared__ __align__(16) unsigned char dyn[];
+    int32_t *hist = (int32_t *)dyn;
+    __shared__ BalShared sh;
+    __shared__ int s_last;
+    BAL_STAMP(0);
+    epxi_bal b = a.bal;
+    const int tid = threadIdx.x, nt = blockDim.x, nb = (int)gridDim.x, r = (int)blockIdx.x;
+    const int32_t E = b.E;
+    int32_t *ghist = a.ghist;
+
+    zero_outputs(a, b, a.grid_rc, (int64_t)r * nt + tid, (int64_t)nb * nt);
+    const int64_t lo = (int64_t)r * a.chunk, hi = lo + a.chunk < a.pairs ? lo + a.chunk : a.pairs;
+    count_pairs(hist, a.ids, lo, hi, E, NULL, ghist + (size_t)r * (size_t)E, NULL);
+
+    /* The handoff, as cooperative groups' grid barrier orders it: the
+     * block's stores (zeros, its ghist row), a barrier, thread 0's fence
+     * (cumulative: it orders the stores the barrier made it observe) and
+     * the counter; the block that takes it from NB - 1 fences again before
+     * its barrier, so every other block's stores are visible to all its
+     * threads. atomicInc wraps the counter back to 0 in that same step: the
+     * next launch (a graph replay too) finds 0. No block waits for another,
+     * so this needs no co-residency. */
+    __syncthreads();
+    if (tid == 0) {
+        __threadfence();
+        const unsigned last = (unsigned)nb - 1u;
+        s_last = atomicInc(a.done, last) == last;
+        if (s_last) __threadfence();
+    }
+    __syncthreads();
+    if (!s_last) return;
+
+    if (a.ws_shared) epxi_bal_carve(&b, dyn + a.ws_at);
+    b.rc = a.grid_rc;
+    solve_clear(b, sh);
+    /* ghist's columns: loads of up to 16 rows in flight at once, past L1
+     * (other blocks wrote them), then the prefixes stored over them */
+    constexpr int kRows = 16;
+    for (int32_t e = tid; e < E; e += nt) {
+        int32_t run = 0;
+        for (int r0 = 0; r0 < nb; r0 += kRows) {
+            int32_t h[kRows];
+#pragma unroll
+            for (int j = 0; j < kRows; j++)
+                h[j] = r0 + j < nb ? __ldcg(ghist + (size_t)(r0 + j) * (size_t)E + (size_t)e) : 0;
+#pragma unroll
+            for (int j = 0; j < kRows; j++)
+                if (r0 + j < nb) {
+                    ghist[(size_t)(r0 + j) * (size_t)E + (size_t)e] = run;
+                    run += h[j];
+                }
+        }
+        b.cnt[e] = run;
+    }
+    __syncthreads();
+    BAL_STAMP(1);
+    solve_phases(a, b, sh, NULL);
+    BAL_REPORT(6);
+}
+
+/* The grid form's launch B (the same NB blocks and chunks as A): block r
+ * counts its pairs again per warp, on top of ghist[r] (A's prefixes), and
+ * ranks them as phase 4 does, from the replica counts A left in grid_rc. */
+__global__ void __launch_bounds__(kMaxThreads) balanced_grid_rank(BalArgs a) {
+    extern __shared__ __align__(16) unsigned char dyn[];
+    int32_t *hist = (int32_t *)dyn;
+    const int32_t E = a.bal.E;
+    const int r = (int)blockIdx.x;
+    const int64_t lo = (int64_t)r * a.chunk, hi = lo + a.chunk < a.pairs ? lo + a.chunk : a.pairs;
+    count_pairs(hist, a.ids, lo, hi, E, a.ghist + (size_t)r * (size_t)E, NULL, NULL);
+    __syncthreads();
+    rank_pairs(a, a.bal, a.grid_rc, hist + (size_t)(threadIdx.x >> 5) * (size_t)E, lo, hi);
 }
 
 epx_status check_tables(const epx_cuda_balancer *b, const int32_t *replicas,
@@ -581,18 +714,43 @@ extern "C" epx_status epx_cuda_dispatch_balanced_create(int32_t num_experts, int
                          "'%s': " EPXI_BAL_ENV_HELP,
                          bad);
     }
+    if (epxi_bal_grid_pairs_from_env(&b->grid_pairs, &bad) != 0) {
+        free(b);
+        return epxi_fail(err, EPX_ERR_INVALID_ARG,
+                         "epx_cuda_dispatch_balanced_create: EPX_BALANCED_GRID_PAIRS = "
+                         "'%s': " EPXI_BAL_GRID_HELP,
+                         bad);
+    }
     if ((int64_t)b->bal.maxM * (1 + (int64_t)b->bal.D) > INT32_MAX / 4) {
         free(b);
         return epxi_fail(err, EPX_ERR_SHAPE, "epx_cuda_dispatch_balanced_create: graph too large");
     }
     epx_status st = EPX_OK;
-    int dev = 0, optin = 0;
-    size_t bytes = epxi_bal_carve(&b->bal, NULL);
+    int dev = 0, optin = 0, sms = 0;
+    size_t bytes = epxi_bal_carve(&b->bal, NULL), done_at = 0;
     EPXI_CUDA_GOTO(st, cudaGetDevice(&dev), "cudaGetDevice", fail);
     EPXI_CUDA_GOTO(st, cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev),
                    "cudaDeviceGetAttribute", fail);
-    EPXI_CUDA_GOTO(st, cudaMalloc(&b->mem, bytes), "cudaMalloc (balancer workspace)", fail);
+    EPXI_CUDA_GOTO(st, cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev),
+                   "cudaDeviceGetAttribute", fail);
+    {
+        /* the grid form's table after the workspace: a row of E counters
+         * per block, at most one block per SM and 64 MiB of rows (only a
+         * huge E gets fewer blocks), then the done counter */
+        int64_t nb = sms < kGridMaxBlocks ? sms : kGridMaxBlocks;
+        int64_t cap = ((int64_t)64 << 20) / (4 * (int64_t)num_experts);
+        nb = nb < cap ? nb : cap;
+        b->nb_max = nb >= 1 ? (int)nb : 1;
+        done_at = bytes + (((size_t)b->nb_max * (size_t)num_experts * 4 + 15) & ~(size_t)15);
+    }
+    EPXI_CUDA_GOTO(st, cudaMalloc(&b->mem, done_at + 16), "cudaMalloc (balancer workspace)", fail);
     epxi_bal_carve(&b->bal, b->mem);
+    b->ghist = (int32_t *)((char *)b->mem + bytes);
+    b->done = (unsigned *)((char *)b->mem + done_at);
+    /* the counter starts at 0 (each grid launch leaves it there); the
+     * synchronize keeps a non-blocking stream's first launch after it */
+    EPXI_CUDA_GOTO(st, cudaMemset(b->done, 0, sizeof(unsigned)), "cudaMemset", fail);
+    EPXI_CUDA_GOTO(st, cudaStreamSynchronize(0), "cudaStreamSynchronize", fail);
     {
         /* The workspace goes to shared memory when it fits beside at least
          * one warp's counters; then warps for the ids entry point, one
@@ -609,11 +767,23 @@ extern "C" epx_status epx_cuda_dispatch_balanced_create(int32_t num_experts, int
         size_t most = b->hist + (b->ws_shared ? b->ws : 0);
         /* always: the default 48 KiB covers static and dynamic shared
          * memory together, so 48 KiB of counters alone is already too much */
-        if (most > 0)
+        if (most > 0) {
             EPXI_CUDA_GOTO(st,
                            cudaFuncSetAttribute(balanced_kernel,
                                                 cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                 (int)most),
+                           "cudaFuncSetAttribute", fail);
+            EPXI_CUDA_GOTO(st,
+                           cudaFuncSetAttribute(balanced_grid_count,
+                                                cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                (int)most),
+                           "cudaFuncSetAttribute", fail);
+        }
+        if (b->hist > 0)
+            EPXI_CUDA_GOTO(st,
+                           cudaFuncSetAttribute(balanced_grid_rank,
+                                                cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                (int)b->hist),
                            "cudaFuncSetAttribute", fail);
     }
     *out = b;
@@ -675,7 +845,25 @@ extern "C" epx_status epx_cuda_dispatch_balanced_topk(epx_cuda_balancer *b, cons
     set_outputs(a, out);
     a.ws_shared = b->ws_shared;
     a.ws_at = (uint32_t)b->hist;
-    balanced_kernel<<<1, b->threads, b->hist + (b->ws_shared ? b->ws : 0), stream>>>(a);
+    const size_t shm = b->hist + (b->ws_shared ? b->ws : 0);
+    if (a.pairs < b->grid_pairs) {
+        balanced_kernel<<<1, b->threads, shm, stream>>>(a);
+        EPXI_CUDA_TRY(cudaGetLastError(), "cudaGetLastError");
+        return EPX_OK;
+    }
+    /* the grid form: NB blocks of chunk pairs (the last one short; one
+     * block of none at T = 0), a multiple of 32 */
+    int64_t chunk = (a.pairs + b->nb_max - 1) / b->nb_max;
+    chunk = chunk > kGridChunk ? (chunk + 31) / 32 * 32 : kGridChunk;
+    const int nb = a.pairs > 0 ? (int)((a.pairs + chunk - 1) / chunk) : 1;
+    a.from_ids = 2;
+    a.chunk = chunk;
+    a.ghist = b->ghist;
+    a.done = b->done;
+    a.grid_rc = a.rcounts ? a.rcounts : b->bal.rc;
+    balanced_grid_count<<<nb, b->threads, shm, stream>>>(a);
+    EPXI_CUDA_TRY(cudaGetLastError(), "cudaGetLastError");
+    balanced_grid_rank<<<nb, b->threads, b->hist, stream>>>(a);
     EPXI_CUDA_TRY(cudaGetLastError(), "cudaGetLastError");
     return EPX_OK;
 }
