@@ -121,8 +121,9 @@ EPX_API epx_status epx_cuda_combine_rows(const void *y, epx_row_dtype dtype, int
 /*
  * The GPU twin of epx_balancer: a device workspace sized once for (E, W, P,
  * G), so the per-batch calls below allocate nothing. One launch of one
- * thread block per call computes exactly what epx_dispatch_balanced_solve
- * and epx_dispatch_balanced_topk compute: the same integer replica counts,
+ * thread block per call (two launches of many blocks for a large batch of
+ * ids, see epx_cuda_dispatch_balanced_topk) computes exactly what
+ * epx_dispatch_balanced_solve and epx_dispatch_balanced_topk compute: the same integer replica counts,
  * slot counts and slots, and bitwise the same shares and GPU loads (the
  * solver is one source for both, src/dispatch/balanced_core.h). Inputs
  * the CPU reference rejects are not reported: ids outside [-1, E) are
@@ -135,8 +136,11 @@ EPX_API epx_status epx_cuda_combine_rows(const void *y, epx_row_dtype dtype, int
 typedef struct epx_cuda_balancer epx_cuda_balancer;
 
 /* Size a GPU balancer on the current device (cudaMalloc of the workspace:
- * a few hundred kB at E = 384); E, W, P, G as epx_dispatch_balanced_create.
- * Returns: EPX_OK; EPX_ERR_SHAPE; EPX_ERR_NOMEM; EPX_ERR_CUDA. */
+ * a few hundred kB at E = 384, and a zeroed counter, waited for on the
+ * default stream); E, W, P, G as epx_dispatch_balanced_create.
+ * Returns: EPX_OK; EPX_ERR_SHAPE; EPX_ERR_INVALID_ARG (a malformed
+ * EPX_BALANCED_SUBSET_GPUS or EPX_BALANCED_GRID_PAIRS); EPX_ERR_NOMEM;
+ * EPX_ERR_CUDA. */
 EPX_API epx_status epx_cuda_dispatch_balanced_create(int32_t num_experts, int32_t width,
                                                      int32_t num_physical, int32_t num_gpus,
                                                      epx_cuda_balancer **out, epx_error *err);
@@ -174,7 +178,10 @@ EPX_API epx_status epx_cuda_dispatch_balanced_solve(epx_cuda_balancer *b, const 
  * Count, solve and route one layer's batch in one launch: phys [T][K] as
  * epx_dispatch_balanced_topk gives it (expert e's pairs in (t, k) order
  * fill its replica columns in order by the integer counts), and `out`'s
- * fields as the solve above.
+ * fields as the solve above. From T * K = 4,096 pairs up (the environment
+ * variable EPX_BALANCED_GRID_PAIRS, read by the create, moves that bound;
+ * 0: always) the counting and routing run on many blocks, in two launches
+ * on `stream`; the result is the same.
  * Args:    topk_ids (in, device) [T][K] int32, T * K below 2^31; phys (out,
  *          device) [T][K] int32; out (in, optional) host struct of device
  *          pointers; the rest as epx_cuda_dispatch_balanced_solve.

@@ -30,6 +30,8 @@ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 [ "${QUICK:-0}" = 1 ] || run "balanced dispatch kernel" "$BIN/test_balanced_gpu"
 [ "${QUICK:-0}" = 1 ] || run "balanced dispatch kernel, max-flows only" env \
     EPX_BALANCED_SUBSET_GPUS=0 "$BIN/test_balanced_gpu"
+[ "${QUICK:-0}" = 1 ] || run "balanced dispatch kernel, every batch in the grid form" env \
+    EPX_BALANCED_GRID_PAIRS=0 "$BIN/test_balanced_gpu"
 run "low-latency EP engine" "$BIN/test_gpu_ll"
 # The same cases over the host-memory transport (pinned shared memory), which
 # also checks that no segment is left in /dev/shm.

@@ -557,6 +557,52 @@ static void errors(void **state) {
     epx_dispatch_balanced_destroy(b);
 }
 
+/* EPX_BALANCED_GRID_PAIRS, the GPU ids entry point's grid threshold (the
+ * parse is host code in balanced_core.h, so it is checked here without a
+ * GPU): unset or empty gives the default, digits their number (a huge one
+ * saturates, still "never"), anything else is refused with the value. */
+static void grid_pairs_env(void **state) {
+    (void)state;
+    const char *was = getenv("EPX_BALANCED_GRID_PAIRS");
+    char *keep = was ? strdup(was) : NULL;
+    int64_t n = -1;
+    const char *bad = NULL;
+    unsetenv("EPX_BALANCED_GRID_PAIRS");
+    assert_int_equal(epxi_bal_grid_pairs_from_env(&n, &bad), 0);
+    assert_int_equal(n, EPXI_BAL_GRID_PAIRS);
+    static const struct {
+        const char *v;
+        int64_t n;
+    } good[] = {
+        {"", EPXI_BAL_GRID_PAIRS},    {"0", 0},   {"2048", 2048},
+        {"2147483648", 2147483648ll}, {"007", 7}, {"99999999999999999999999999", (int64_t)1 << 40}};
+    for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
+        setenv("EPX_BALANCED_GRID_PAIRS", good[i].v, 1);
+        n = -1;
+        assert_int_equal(epxi_bal_grid_pairs_from_env(&n, &bad), 0);
+        if (good[i].n == (int64_t)1 << 40)
+            assert_true(n >= good[i].n); /* saturated: past any T * K */
+        else
+            assert_int_equal(n, good[i].n);
+    }
+    static const char *wrong[] = {"-1", "abc", "4x", " 5", "+5", "1e6", "0x10"};
+    for (size_t i = 0; i < sizeof wrong / sizeof wrong[0]; i++) {
+        setenv("EPX_BALANCED_GRID_PAIRS", wrong[i], 1);
+        bad = NULL;
+        assert_int_equal(epxi_bal_grid_pairs_from_env(&n, &bad), -1);
+        assert_string_equal(bad, wrong[i]);
+    }
+    /* what the GPU create says around the value */
+    assert_non_null(strstr(EPXI_BAL_GRID_HELP, "0: all"));
+    assert_non_null(strstr(EPXI_BAL_GRID_HELP, "default 4096"));
+    if (keep) {
+        setenv("EPX_BALANCED_GRID_PAIRS", keep, 1);
+        free(keep);
+    } else {
+        unsetenv("EPX_BALANCED_GRID_PAIRS");
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(small_against_brute_force),
@@ -568,6 +614,7 @@ int main(void) {
         cmocka_unit_test(subset_tables_sized_exactly),
         cmocka_unit_test(edge_cases),
         cmocka_unit_test(errors),
+        cmocka_unit_test(grid_pairs_env),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -2,9 +2,10 @@
  * balanced.cu - balanced per-batch dispatch on the GPU (epx_cuda.h): from a
  * batch's topk ids, or the all-reduced tokens per logical expert, to the
  * exact min-max split, integer replica counts and per-token slots, in ONE
- * launch of ONE thread block. Nothing is allocated per call (the workspace
- * is sized by epx_cuda_dispatch_balanced_create), nothing waits for the
- * host, so the launch can be captured in a CUDA graph.
+ * launch of ONE thread block, or for a large batch of ids in the grid form
+ * below (two launches). Nothing is allocated per call (the workspace is
+ * sized by epx_cuda_dispatch_balanced_create), nothing waits for the host,
+ * so the launches can be captured in a CUDA graph.
  *
  * The result equals the CPU reference (balanced.c) exactly because the
  * solver is the same source, balanced_core.h, whose functions are
@@ -41,6 +42,27 @@
  * workspace's global-memory writes of one phase visible to the block in the
  * next; in phase 4 a warp reads its row before its group leaders advance it
  * (__syncwarp between).
+ *
+ * The grid form (ids entry point, T * K >= EPX_BALANCED_GRID_PAIRS, 4,096
+ * by default). Phases 0 and 4 walk every pair; on the one block they cost
+ * ~79 us of a 167 us launch at T = 4,096, K = 8 (H200), 10.6 us at T = 512
+ * and 3.2 us at T = 128, where a second launch would cost about as much.
+ * So a large batch is cut into NB chunks of >= 512 pairs (NB <= 128 and
+ * the SM count), and:
+ *   A. (balanced_grid_count, NB blocks) each block stores its share of the
+ *      outputs' zeros and counts its chunk per warp, as phase 0 does, its
+ *      totals to the row ghist[b][E] (device memory); the last block to
+ *      finish (a counter: fence, atomicInc, fence) turns ghist's columns
+ *      into exclusive prefixes and their totals into the counts, then runs
+ *      phases 1-3 as the one block does (solve_phases, one source), the
+ *      replica counts written to global memory (the rcounts output, else
+ *      the device workspace's rc);
+ *   B. (balanced_grid_rank, the same NB blocks) block b counts its chunk
+ *      per warp again on top of ghist[b] and ranks its pairs as phase 4
+ *      does (rank_pairs, one source), from those global replica counts.
+ * The counts are integer sums and the ranks the same (t, k) order, so the
+ * two forms' outputs are the same bits. No block waits for another, and
+ * atomicInc returns the counter to 0, so graph replays need nothing more.
  */
 #include <cuda_runtime.h>
 
@@ -63,6 +85,13 @@ struct epx_cuda_balancer {
     size_t hist;   /* its counters: warps * E * 4 bytes of shared memory */
     size_t ws;     /* the workspace's bytes (epxi_bal_carve) */
     int ws_shared; /* 1: the workspace lives in shared memory, after hist */
+    /* the ids entry point's grid form (T * K >= grid_pairs): at most
+     * nb_max blocks; ghist [nb_max][E] and the done counter in mem, after
+     * the workspace */
+    int64_t grid_pairs;
+    int nb_max;
+    int32_t *ghist;
+    unsigned *done;
 };
 
 namespace {
@@ -73,18 +102,34 @@ namespace {
  * those chains went through local memory (bench/RESULTS.md). */
 constexpr int kMaxThreads = 256;
 
+/* The grid form's blocks: at least kGridChunk pairs each (2 rounds of 32
+ * per warp of 8 in launch B: its ranking is a few us, not the one block's
+ * 128 rounds at 32,768 pairs), at most kGridMaxBlocks of them (and the SM
+ * count) so that the last block's scan of ghist's columns stays short (8
+ * steps of 16 rows' loads in flight); past 65,536 pairs the chunks grow. */
+constexpr int64_t kGridChunk = 512;
+constexpr int kGridMaxBlocks = 128;
+
 struct BalArgs {
     epxi_bal bal;
     const int32_t *replicas, *num_valid;
     const int64_t *counts; /* counts entry point */
     const int32_t *ids;    /* ids entry point: T * K pairs */
     int64_t pairs;
-    int from_ids;
+    int from_ids;   /* 1: ids, one block; 2: ids, the grid form; 0: counts */
     int ws_shared;  /* carve the workspace from shared memory at ws_at */
     uint32_t ws_at; /* its offset in dynamic shared memory */
     int32_t *phys;
     double *shares, *gpu_load;
     int64_t *rcounts, *slot_counts, *summary;
+    /* the grid form: each block's pairs, the per-block counts [NB][E] (A's
+     * last block rewrites them into prefixes), the blocks-done counter, the
+     * replica counts phase 3 writes and launch B reads (global memory:
+     * rcounts when given, else the device workspace's rc) */
+    int64_t chunk;
+    int32_t *ghist;
+    unsigned *done;
+    int64_t *grid_rc;
 };
 
 __device__ __forceinline__ uint32_t lanemask_lt() {
@@ -229,9 +274,21 @@ __device__ void summary_warp(const epxi_bal &b, int lane, int64_t out[4]) {
     epxi_bal_summary_of(a, d, n, out);
 }
 
+/* The block's per-batch scalars (phases 1-3) in shared memory, and the
+ * profile build's stamps. */
+struct BalShared {
+    int32_t warp_off[32];
+    int32_t total, status, comps, distinct;
+#ifdef EPX_BAL_PROFILE
+    unsigned long long stamp[8];
+#endif
+};
+
 /* Built with -DEPX_BAL_PROFILE, thread 0 reads the global timer at the
  * phases' ends and prints them per launch ("balprof ..." lines, ns): where
- * a launch's time goes, for bench_balanced. Off in every normal build. */
+ * a launch's time goes, for bench_balanced. Off in every normal build. In
+ * the grid form the line comes from launch A's last block (first field 2,
+ * its count column from that block's start, no per-pair column). */
 #ifdef EPX_BAL_PROFILE
 __device__ __forceinline__ unsigned long long bal_ns() {
     unsigned long long t;
@@ -240,16 +297,17 @@ __device__ __forceinline__ unsigned long long bal_ns() {
 }
 #define BAL_STAMP(i)                                                                               \
     do {                                                                                           \
-        if (threadIdx.x == 0) stamp[i] = bal_ns();                                                 \
+        if (threadIdx.x == 0) sh.stamp[i] = bal_ns();                                              \
     } while (0)
 #define BAL_REPORT(n)                                                                              \
     do {                                                                                           \
         if (threadIdx.x == 0) {                                                                    \
             BAL_STAMP(n);                                                                          \
             printf("balprof %d %d %d %llu %llu %llu %llu %llu %llu %llu\n", a.from_ids, b.M, b.C,  \
-                   stamp[1] - stamp[0], stamp[2] - stamp[1], stamp[3] - stamp[2],                  \
-                   stamp[4] - stamp[3], stamp[5] - stamp[4], stamp[6] - stamp[5],                  \
-                   (n) == 7 ? stamp[7] - stamp[6] : 0ull);                                         \
+                   sh.stamp[1] - sh.stamp[0], sh.stamp[2] - sh.stamp[1],                           \
+                   sh.stamp[3] - sh.stamp[2], sh.stamp[4] - sh.stamp[3],                           \
+                   sh.stamp[5] - sh.stamp[4], sh.stamp[6] - sh.stamp[5],                           \
+                   (n) == 7 ? sh.stamp[7] - sh.stamp[6] : 0ull);                                   \
         }                                                                                          \
     } while (0)
 #else
@@ -257,67 +315,79 @@ __device__ __forceinline__ unsigned long long bal_ns() {
 #define BAL_REPORT(n) ((void)0)
 #endif
 
-__global__ void __launch_bounds__(kMaxThreads, 1) balanced_kernel(BalArgs a) {
-    /* [warps][E] counters (ids entry point only), then the workspace when
-     * it fits: the solve's dependent loads at shared-memory latency */
-    extern __shared__ __align__(16) unsigned char dyn[];
-    int32_t *hist = (int32_t *)dyn;
-    __shared__ int32_t warp_off[32];
-    __shared__ int32_t s_total, s_status, s_comps, s_distinct;
-#ifdef EPX_BAL_PROFILE
-    __shared__ unsigned long long stamp[8];
-#endif
-    BAL_STAMP(0);
-    epxi_bal b = a.bal;
-    if (a.ws_shared) epxi_bal_carve(&b, dyn + a.ws_at);
-    const int tid = threadIdx.x, nt = blockDim.x, lane = tid & 31, warp = tid >> 5;
-    const int nwarps = nt >> 5;
-    const int32_t E = b.E;
-    /* the warp's chunk of pairs, for phases 0 and 4 */
-    const int64_t chunk = (a.pairs + nwarps - 1) / nwarps;
-    const int64_t lo = (int64_t)warp * chunk;
-    const int64_t hi = lo + chunk < a.pairs ? lo + chunk : a.pairs;
-
-    /* 0. clear, then count */
-    if (tid == 0) {
-        s_total = 0;
-        s_status = EPXI_BAL_OK;
+/* Phase 0's clearing of the solve's per-batch state (the barrier that ends
+ * phase 0 orders it before phase 1). */
+__device__ __forceinline__ void solve_clear(epxi_bal &b, BalShared &sh) {
+    if (threadIdx.x == 0) {
+        sh.total = 0;
+        sh.status = EPXI_BAL_OK;
     }
-    for (int32_t g = tid; g < b.G; g += nt) b.base[g] = 0;
-    /* the [E][W] rows' zeros, coalesced and early (stores: nothing waits
-     * for them); phase 3 writes the listed columns over them, after the
-     * block's barriers */
-    for (int64_t i = tid; i < (int64_t)E * b.W; i += nt) {
-        b.rc[i] = 0;
+    for (int32_t g = threadIdx.x; g < b.G; g += blockDim.x) b.base[g] = 0;
+}
+
+/* The [E][W] rows' zeros (shares and the replica counts rc) and the slot
+ * counts', entries first, first + stride, ...: coalesced and early (stores:
+ * nothing waits for them); phase 3 writes the listed columns over them,
+ * after the block's barriers (one block) or the grid's handoff. */
+__device__ __forceinline__ void zero_outputs(const BalArgs &a, const epxi_bal &b, int64_t *rc,
+                                             int64_t first, int64_t stride) {
+    for (int64_t i = first; i < (int64_t)b.E * b.W; i += stride) {
+        rc[i] = 0;
         if (a.shares) a.shares[i] = 0.0;
     }
     if (a.slot_counts)
-        for (int32_t p = tid; p < b.P; p += nt) a.slot_counts[p] = 0;
-    if (a.from_ids) {
-        for (int32_t i = tid; i < nwarps * E; i += nt) hist[i] = 0;
-        __syncthreads();
-        for (int64_t i = lo + lane; i < hi; i += 32) {
-            int32_t e = __ldg(a.ids + i);
-            if (e >= 0 && e < E) atomicAdd(hist + (size_t)warp * (size_t)E + (size_t)e, 1);
-        }
-        __syncthreads();
-        for (int32_t e = tid; e < E; e += nt) {
-            int32_t run = 0;
-            for (int w = 0; w < nwarps; w++) {
-                int32_t h = hist[(size_t)w * (size_t)E + (size_t)e];
-                hist[(size_t)w * (size_t)E + (size_t)e] = run;
-                run += h;
-            }
-            b.cnt[e] = run;
-        }
-    } else {
-        for (int32_t e = tid; e < E; e += nt) {
-            int64_t c = __ldg(a.counts + e);
-            b.cnt[e] = c < 0 ? 0 : c;
-        }
+        for (int64_t p = first; p < b.P; p += stride) a.slot_counts[p] = 0;
+}
+
+/* The calling warp's contiguous run of the block's pairs [lo, hi), for
+ * phases 0 and 4 (empty, wlo >= whi, for the last warps of a short range). */
+__device__ __forceinline__ void warp_span(int64_t lo, int64_t hi, int64_t &wlo, int64_t &whi) {
+    const int nwarps = blockDim.x >> 5, warp = threadIdx.x >> 5;
+    const int64_t chunk = (hi - lo + nwarps - 1) / nwarps;
+    wlo = lo + (int64_t)warp * chunk;
+    whi = wlo + chunk < hi ? wlo + chunk : hi;
+}
+
+/* Phase 0's count of the block's pairs [lo, hi): each warp counts its run
+ * into its own shared row of hist (shared atomics: integer sums, so the
+ * order does not matter); then per expert the rows become exclusive
+ * prefixes starting at start[e] (0 when start is NULL: the pairs before
+ * lo) and the column's total, start included, goes to tot32 / tot64 where
+ * given. Ids outside [0, E) are not counted. Every thread of the block
+ * calls it (barriers inside; none after the prefixes). */
+__device__ void count_pairs(int32_t *hist, const int32_t *ids, int64_t lo, int64_t hi, int32_t E,
+                            const int32_t *start, int32_t *tot32, int64_t *tot64) {
+    const int tid = threadIdx.x, nt = blockDim.x, lane = tid & 31, warp = tid >> 5;
+    const int nwarps = nt >> 5;
+    int64_t wlo, whi;
+    warp_span(lo, hi, wlo, whi);
+    for (int32_t i = tid; i < nwarps * E; i += nt) hist[i] = 0;
+    __syncthreads();
+    for (int64_t i = wlo + lane; i < whi; i += 32) {
+        int32_t e = __ldg(ids + i);
+        if (e >= 0 && e < E) atomicAdd(hist + (size_t)warp * (size_t)E + (size_t)e, 1);
     }
     __syncthreads();
-    BAL_STAMP(1);
+    for (int32_t e = tid; e < E; e += nt) {
+        int32_t run = start ? start[e] : 0;
+        for (int w = 0; w < nwarps; w++) {
+            int32_t h = hist[(size_t)w * (size_t)E + (size_t)e];
+            hist[(size_t)w * (size_t)E + (size_t)e] = run;
+            run += h;
+        }
+        if (tot32) tot32[e] = run;
+        if (tot64) tot64[e] = run;
+    }
+}
+
+/* Phases 1-3 on one block, from b.cnt (phase 0's counts, after a barrier;
+ * solve_clear ran before it): the split, the summary, and the outputs,
+ * the replica counts into b.rc, then copied to rc_copy when given. Both
+ * forms' solving block calls it. */
+__device__ void solve_phases(const BalArgs &a, epxi_bal &b, BalShared &sh, int64_t *rc_copy) {
+    const int tid = threadIdx.x, nt = blockDim.x, lane = tid & 31, warp = tid >> 5;
+    const int nwarps = nt >> 5;
+    const int32_t E = b.E;
 
     /* 1. group, then classify: base sums and the ascending flexible list */
     for (int32_t e = tid; e < E; e += nt) epxi_bal_group(&b, a.replicas, a.num_valid, e);
@@ -329,31 +399,31 @@ __global__ void __launch_bounds__(kMaxThreads, 1) balanced_kernel(BalArgs a) {
             atomicAdd((unsigned long long *)(b.base + b.eg_gpu[(size_t)e * (size_t)b.D]),
                       (unsigned long long)b.cnt[e]);
         uint32_t vote = __ballot_sync(0xffffffffu, kind == 2);
-        if (lane == 0) warp_off[warp] = __popc(vote);
+        if (lane == 0) sh.warp_off[warp] = __popc(vote);
         __syncthreads();
         if (tid == 0) {
-            int32_t run = s_total;
+            int32_t run = sh.total;
             for (int w = 0; w < nwarps; w++) {
-                int32_t c = warp_off[w];
-                warp_off[w] = run;
+                int32_t c = sh.warp_off[w];
+                sh.warp_off[w] = run;
                 run += c;
             }
-            s_total = run;
+            sh.total = run;
         }
         __syncthreads();
         if (e < E) {
-            int32_t idx = warp_off[warp] + __popc(vote & lanemask_lt());
+            int32_t idx = sh.warp_off[warp] + __popc(vote & lanemask_lt());
             b.fidx[e] = -1;
             if (kind == 2 && idx < b.maxM) {
                 b.fidx[e] = idx;
                 b.flex[idx] = e;
             } else if (kind == 2) {
-                s_status = EPXI_BAL_TOO_MANY;
+                sh.status = EPXI_BAL_TOO_MANY;
             }
         }
         __syncthreads(); /* warp_off is rewritten by the next tile */
     }
-    b.M = s_total < b.maxM ? s_total : b.maxM;
+    b.M = sh.total < b.maxM ? sh.total : b.maxM;
     BAL_STAMP(2);
 
     /* 2. the components (one thread), then each solved by one warp: the
@@ -363,72 +433,79 @@ __global__ void __launch_bounds__(kMaxThreads, 1) balanced_kernel(BalArgs a) {
     if (small && warp == 0) {
         epxi_bal_unfix(&b, lane, 32);
         b.C = 0;
-        if (s_status == EPXI_BAL_OK) components_warp(b, lane);
-        if (lane == 0) s_comps = b.C;
+        if (sh.status == EPXI_BAL_OK) components_warp(b, lane);
+        if (lane == 0) sh.comps = b.C;
     } else if (!small && tid == 0) {
         epxi_bal_unfix(&b, 0, 1);
         b.C = 0;
-        if (s_status == EPXI_BAL_OK) epxi_bal_components(&b);
-        s_comps = b.C;
-        s_distinct = 0;
+        if (sh.status == EPXI_BAL_OK) epxi_bal_components(&b);
+        sh.comps = b.C;
+        sh.distinct = 0;
     }
     __syncthreads();
     BAL_STAMP(3);
-    b.C = s_comps;
+    b.C = sh.comps;
     for (int32_t c = warp; c < b.C; c += nwarps) epxi_bal_solve_comp(&b, c, lane, 32);
     __syncthreads();
     BAL_STAMP(4);
     if (!small) {
         for (int32_t lid = tid; lid < b.G; lid += nt)
-            if (epxi_bal_level_new(&b, lid)) atomicAdd(&s_distinct, 1);
+            if (epxi_bal_level_new(&b, lid)) atomicAdd(&sh.distinct, 1);
         __syncthreads();
     }
     int64_t sum[4];
     if (small && warp == 0) summary_warp(b, lane, sum);
     if (tid == 0) {
-        int rc = s_status;
+        int rc = sh.status;
         for (int32_t c = 0; c < b.C && rc == EPXI_BAL_OK; c++) rc = b.c_rc[c];
-        if (!small) epxi_bal_summary(&b, s_distinct, sum);
+        if (!small) epxi_bal_summary(&b, sh.distinct, sum);
         if (a.summary) {
             for (int k = 0; k < 4; k++) a.summary[k] = sum[k];
             a.summary[4] = rc;
         }
-        s_status = rc;
+        sh.status = rc;
     }
     __syncthreads();
     BAL_STAMP(5);
 
     /* 3. outputs */
-    /* the counts into the workspace (shared memory when it fits), which
-     * phase 4 reads, then copied out in order (coalesced); the rows' zeros
-     * (every column past an expert's list) were stored in phase 0, whole
-     * rows at a time, so a thread writes only its expert's listed columns */
-    const int64_t *rcounts = b.rc;
+    /* the counts into b.rc, which phase 4 reads (the one-block form: the
+     * workspace, shared memory when it fits, then copied out in order,
+     * coalesced; the grid form: grid_rc in global memory, for launch B);
+     * the rows' zeros (every column past an expert's list) were stored in
+     * phase 0, whole rows at a time, so a thread writes only its expert's
+     * listed columns */
     for (int32_t e = tid; e < E; e += nt)
         epxi_bal_write_expert(&b, a.replicas, a.num_valid, e, a.shares, b.rc, a.slot_counts, 0);
-    if (a.rcounts) {
+    if (rc_copy) {
         __syncthreads();
-        for (int64_t i = tid; i < (int64_t)E * b.W; i += nt) a.rcounts[i] = b.rc[i];
+        for (int64_t i = tid; i < (int64_t)E * b.W; i += nt) rc_copy[i] = b.rc[i];
     }
     if (a.gpu_load)
         for (int32_t g = tid; g < b.G; g += nt) a.gpu_load[g] = epxi_bal_gpu_load(&b, g);
-    if (!a.from_ids) {
-        BAL_REPORT(6);
-        return;
-    }
-    __syncthreads();
-    BAL_STAMP(6);
+}
 
-    /* 4. per-pair slots: rank among the expert's pairs in (t, k) order */
+/* Phase 4 on the calling warp's run of the block's pairs [lo, hi): each
+ * pair's rank among its expert's pairs in (t, k) order, row[e] (the
+ * warp's exclusive prefix from count_pairs) plus its place in the warp's
+ * walk, 32 pairs a round, ranked within a round with __match_any_sync;
+ * the rank picks the replica column from the cumulative counts rcounts,
+ * as epx_dispatch_balanced_map_ids fills the columns in order. The warp
+ * reads its row before its group leaders advance it (__syncwarp between). */
+__device__ void rank_pairs(const BalArgs &a, const epxi_bal &b, const int64_t *rcounts,
+                           int32_t *row, int64_t lo, int64_t hi) {
+    const int lane = threadIdx.x & 31;
+    const int32_t E = b.E;
     const uint32_t lt = lanemask_lt();
-    int32_t *row = hist + (size_t)warp * (size_t)E;
+    int64_t wlo, whi;
+    warp_span(lo, hi, wlo, whi);
     /* the next round's id is loaded a round ahead: the global load's
      * latency leaves the chain of each round (shared memory only) */
-    int32_t e_next = lo + lane < hi ? __ldg(a.ids + lo + lane) : -1;
-    for (int64_t base = lo; base < hi; base += 32) {
+    int32_t e_next = wlo + lane < whi ? __ldg(a.ids + wlo + lane) : -1;
+    for (int64_t base = wlo; base < whi; base += 32) {
         int64_t i = base + lane;
         int32_t e = e_next;
-        e_next = i + 32 < hi ? __ldg(a.ids + i + 32) : -1;
+        e_next = i + 32 < whi ? __ldg(a.ids + i + 32) : -1;
         bool ok = e >= 0 && e < E;
         uint32_t peers = __match_any_sync(0xffffffffu, ok ? e : -1);
         int32_t slot = -1, rank = 0;
@@ -450,12 +527,135 @@ __global__ void __launch_bounds__(kMaxThreads, 1) balanced_kernel(BalArgs a) {
         /* the group's highest lane advances the row by the group's size */
         if (ok && (peers >> lane) == 1u) row[e] += __popc(peers);
         __syncwarp();
-        if (i < hi) a.phys[i] = slot;
+        if (i < whi) a.phys[i] = slot;
     }
+}
+
+/* The one-block form: phases 0-4 in one launch (both entry points; the
+ * ids entry point below the grid threshold). */
+__global__ void __launch_bounds__(kMaxThreads, 1) balanced_kernel(BalArgs a) {
+    /* [warps][E] counters (ids entry point only), then the workspace when
+     * it fits: the solve's dependent loads at shared-memory latency */
+    extern __shared__ __align__(16) unsigned char dyn[];
+    int32_t *hist = (int32_t *)dyn;
+    __shared__ BalShared sh;
+    BAL_STAMP(0);
+    epxi_bal b = a.bal;
+    if (a.ws_shared) epxi_bal_carve(&b, dyn + a.ws_at);
+    const int tid = threadIdx.x, nt = blockDim.x;
+    const int32_t E = b.E;
+
+    /* 0. clear, then count */
+    solve_clear(b, sh);
+    zero_outputs(a, b, b.rc, tid, nt);
+    if (a.from_ids) {
+        count_pairs(hist, a.ids, 0, a.pairs, E, NULL, NULL, b.cnt);
+    } else {
+        for (int32_t e = tid; e < E; e += nt) {
+            int64_t c = __ldg(a.counts + e);
+            b.cnt[e] = c < 0 ? 0 : c;
+        }
+    }
+    __syncthreads();
+    BAL_STAMP(1);
+
+    /* 1-3. */
+    solve_phases(a, b, sh, a.rcounts);
+    if (!a.from_ids) {
+        BAL_REPORT(6);
+        return;
+    }
+    __syncthreads();
+    BAL_STAMP(6);
+
+    /* 4. per-pair slots */
+    rank_pairs(a, b, b.rc, hist + (size_t)(tid >> 5) * (size_t)E, 0, a.pairs);
 #ifdef EPX_BAL_PROFILE
     __syncthreads();
     BAL_REPORT(7);
 #endif
+}
+
+/* The grid form's launch A (gridDim.x = NB blocks, block r on the pairs
+ * [r chunk, (r + 1) chunk)): every block stores its share of the outputs'
+ * zeros and its pairs' counts per expert, ghist[r][E]; the last block to
+ * finish turns ghist's columns into exclusive prefixes (row r: expert e's
+ * pairs in the blocks before r), their totals into the counts, and runs
+ * phases 1-3 with the replica counts written to grid_rc (global), which
+ * launch B reads. */
+__global__ void __launch_bounds__(kMaxThreads, 1) balanced_grid_count(BalArgs a) {
+    extern __shared__ __align__(16) unsigned char dyn[];
+    int32_t *hist = (int32_t *)dyn;
+    __shared__ BalShared sh;
+    __shared__ int s_last;
+    BAL_STAMP(0);
+    epxi_bal b = a.bal;
+    const int tid = threadIdx.x, nt = blockDim.x, nb = (int)gridDim.x, r = (int)blockIdx.x;
+    const int32_t E = b.E;
+    int32_t *ghist = a.ghist;
+
+    zero_outputs(a, b, a.grid_rc, (int64_t)r * nt + tid, (int64_t)nb * nt);
+    const int64_t lo = (int64_t)r * a.chunk, hi = lo + a.chunk < a.pairs ? lo + a.chunk : a.pairs;
+    count_pairs(hist, a.ids, lo, hi, E, NULL, ghist + (size_t)r * (size_t)E, NULL);
+
+    /* The handoff, as cooperative groups' grid barrier orders it: the
+     * block's stores (zeros, its ghist row), a barrier, thread 0's fence
+     * (cumulative: it orders the stores the barrier made it observe) and
+     * the counter; the block that takes it from NB - 1 fences again before
+     * its barrier, so every other block's stores are visible to all its
+     * threads. atomicInc wraps the counter back to 0 in that same step: the
+     * next launch (a graph replay too) finds 0. No block waits for another,
+     * so this needs no co-residency. */
+    __syncthreads();
+    if (tid == 0) {
+        __threadfence();
+        const unsigned last = (unsigned)nb - 1u;
+        s_last = atomicInc(a.done, last) == last;
+        if (s_last) __threadfence();
+    }
+    __syncthreads();
+    if (!s_last) return;
+
+    if (a.ws_shared) epxi_bal_carve(&b, dyn + a.ws_at);
+    b.rc = a.grid_rc;
+    solve_clear(b, sh);
+    /* ghist's columns: loads of up to 16 rows in flight at once, past L1
+     * (other blocks wrote them), then the prefixes stored over them */
+    constexpr int kRows = 16;
+    for (int32_t e = tid; e < E; e += nt) {
+        int32_t run = 0;
+        for (int r0 = 0; r0 < nb; r0 += kRows) {
+            int32_t h[kRows];
+#pragma unroll
+            for (int j = 0; j < kRows; j++)
+                h[j] = r0 + j < nb ? __ldcg(ghist + (size_t)(r0 + j) * (size_t)E + (size_t)e) : 0;
+#pragma unroll
+            for (int j = 0; j < kRows; j++)
+                if (r0 + j < nb) {
+                    ghist[(size_t)(r0 + j) * (size_t)E + (size_t)e] = run;
+                    run += h[j];
+                }
+        }
+        b.cnt[e] = run;
+    }
+    __syncthreads();
+    BAL_STAMP(1);
+    solve_phases(a, b, sh, NULL);
+    BAL_REPORT(6);
+}
+
+/* The grid form's launch B (the same NB blocks and chunks as A): block r
+ * counts its pairs again per warp, on top of ghist[r] (A's prefixes), and
+ * ranks them as phase 4 does, from the replica counts A left in grid_rc. */
+__global__ void __launch_bounds__(kMaxThreads) balanced_grid_rank(BalArgs a) {
+    extern __shared__ __align__(16) unsigned char dyn[];
+    int32_t *hist = (int32_t *)dyn;
+    const int32_t E = a.bal.E;
+    const int r = (int)blockIdx.x;
+    const int64_t lo = (int64_t)r * a.chunk, hi = lo + a.chunk < a.pairs ? lo + a.chunk : a.pairs;
+    count_pairs(hist, a.ids, lo, hi, E, a.ghist + (size_t)r * (size_t)E, NULL, NULL);
+    __syncthreads();
+    rank_pairs(a, a.bal, a.grid_rc, hist + (size_t)(threadIdx.x >> 5) * (size_t)E, lo, hi);
 }
 
 epx_status check_tables(const epx_cuda_balancer *b, const int32_t *replicas,
@@ -514,18 +714,43 @@ extern "C" epx_status epx_cuda_dispatch_balanced_create(int32_t num_experts, int
                          "'%s': " EPXI_BAL_ENV_HELP,
                          bad);
     }
+    if (epxi_bal_grid_pairs_from_env(&b->grid_pairs, &bad) != 0) {
+        free(b);
+        return epxi_fail(err, EPX_ERR_INVALID_ARG,
+                         "epx_cuda_dispatch_balanced_create: EPX_BALANCED_GRID_PAIRS = "
+                         "'%s': " EPXI_BAL_GRID_HELP,
+                         bad);
+    }
     if ((int64_t)b->bal.maxM * (1 + (int64_t)b->bal.D) > INT32_MAX / 4) {
         free(b);
         return epxi_fail(err, EPX_ERR_SHAPE, "epx_cuda_dispatch_balanced_create: graph too large");
     }
     epx_status st = EPX_OK;
-    int dev = 0, optin = 0;
-    size_t bytes = epxi_bal_carve(&b->bal, NULL);
+    int dev = 0, optin = 0, sms = 0;
+    size_t bytes = epxi_bal_carve(&b->bal, NULL), done_at = 0;
     EPXI_CUDA_GOTO(st, cudaGetDevice(&dev), "cudaGetDevice", fail);
     EPXI_CUDA_GOTO(st, cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev),
                    "cudaDeviceGetAttribute", fail);
-    EPXI_CUDA_GOTO(st, cudaMalloc(&b->mem, bytes), "cudaMalloc (balancer workspace)", fail);
+    EPXI_CUDA_GOTO(st, cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev),
+                   "cudaDeviceGetAttribute", fail);
+    {
+        /* the grid form's table after the workspace: a row of E counters
+         * per block, at most one block per SM and 64 MiB of rows (only a
+         * huge E gets fewer blocks), then the done counter */
+        int64_t nb = sms < kGridMaxBlocks ? sms : kGridMaxBlocks;
+        int64_t cap = ((int64_t)64 << 20) / (4 * (int64_t)num_experts);
+        nb = nb < cap ? nb : cap;
+        b->nb_max = nb >= 1 ? (int)nb : 1;
+        done_at = bytes + (((size_t)b->nb_max * (size_t)num_experts * 4 + 15) & ~(size_t)15);
+    }
+    EPXI_CUDA_GOTO(st, cudaMalloc(&b->mem, done_at + 16), "cudaMalloc (balancer workspace)", fail);
     epxi_bal_carve(&b->bal, b->mem);
+    b->ghist = (int32_t *)((char *)b->mem + bytes);
+    b->done = (unsigned *)((char *)b->mem + done_at);
+    /* the counter starts at 0 (each grid launch leaves it there); the
+     * synchronize keeps a non-blocking stream's first launch after it */
+    EPXI_CUDA_GOTO(st, cudaMemset(b->done, 0, sizeof(unsigned)), "cudaMemset", fail);
+    EPXI_CUDA_GOTO(st, cudaStreamSynchronize(0), "cudaStreamSynchronize", fail);
     {
         /* The workspace goes to shared memory when it fits beside at least
          * one warp's counters; then warps for the ids entry point, one
@@ -542,11 +767,23 @@ extern "C" epx_status epx_cuda_dispatch_balanced_create(int32_t num_experts, int
         size_t most = b->hist + (b->ws_shared ? b->ws : 0);
         /* always: the default 48 KiB covers static and dynamic shared
          * memory together, so 48 KiB of counters alone is already too much */
-        if (most > 0)
+        if (most > 0) {
             EPXI_CUDA_GOTO(st,
                            cudaFuncSetAttribute(balanced_kernel,
                                                 cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                 (int)most),
+                           "cudaFuncSetAttribute", fail);
+            EPXI_CUDA_GOTO(st,
+                           cudaFuncSetAttribute(balanced_grid_count,
+                                                cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                (int)most),
+                           "cudaFuncSetAttribute", fail);
+        }
+        if (b->hist > 0)
+            EPXI_CUDA_GOTO(st,
+                           cudaFuncSetAttribute(balanced_grid_rank,
+                                                cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                (int)b->hist),
                            "cudaFuncSetAttribute", fail);
     }
     *out = b;
@@ -608,7 +845,25 @@ extern "C" epx_status epx_cuda_dispatch_balanced_topk(epx_cuda_balancer *b, cons
     set_outputs(a, out);
     a.ws_shared = b->ws_shared;
     a.ws_at = (uint32_t)b->hist;
-    balanced_kernel<<<1, b->threads, b->hist + (b->ws_shared ? b->ws : 0), stream>>>(a);
+    const size_t shm = b->hist + (b->ws_shared ? b->ws : 0);
+    if (a.pairs < b->grid_pairs) {
+        balanced_kernel<<<1, b->threads, shm, stream>>>(a);
+        EPXI_CUDA_TRY(cudaGetLastError(), "cudaGetLastError");
+        return EPX_OK;
+    }
+    /* the grid form: NB blocks of chunk pairs (the last one short; one
+     * block of none at T = 0), a multiple of 32 */
+    int64_t chunk = (a.pairs + b->nb_max - 1) / b->nb_max;
+    chunk = chunk > kGridChunk ? (chunk + 31) / 32 * 32 : kGridChunk;
+    const int nb = a.pairs > 0 ? (int)((a.pairs + chunk - 1) / chunk) : 1;
+    a.from_ids = 2;
+    a.chunk = chunk;
+    a.ghist = b->ghist;
+    a.done = b->done;
+    a.grid_rc = a.rcounts ? a.rcounts : b->bal.rc;
+    balanced_grid_count<<<nb, b->threads, shm, stream>>>(a);
+    EPXI_CUDA_TRY(cudaGetLastError(), "cudaGetLastError");
+    balanced_grid_rank<<<nb, b->threads, b->hist, stream>>>(a);
     EPXI_CUDA_TRY(cudaGetLastError(), "cudaGetLastError");
     return EPX_OK;
 }

@@ -157,6 +157,38 @@ static inline int epxi_bal_subsets_from_env(epxi_bal *b, const char **bad) {
 #define EPXI_BAL_ENV_HELP                                                                          \
     "must be an integer from 0 (max-flows only) to " EPXI_BAL_STR(EPXI_BAL_SUBSET_MAX)
 
+/* The GPU ids entry point (src/cuda/balanced.cu) counts and ranks a batch
+ * of at least this many (t, k) pairs on many blocks (two launches) rather
+ * than on its one block: on an H200 the one block's counting and ranking
+ * cost 3.2 us at 1,024 pairs, 10.6 at 4,096 and 79 at 32,768, against
+ * ~1-2 us for the second launch and a few for the handoff. */
+#define EPXI_BAL_GRID_PAIRS 4096
+
+/* EPX_BALANCED_GRID_PAIRS=n moves that threshold (0: every batch in the
+ * grid form; 2^31 or more: never), read when a GPU balancer is created.
+ * Returns 0 with *pairs set (EPXI_BAL_GRID_PAIRS when unset or empty), or
+ * -1 with *bad = the value when it is not a whole number >= 0 (digits
+ * only, no sign); the caller names it. Host only. */
+static inline int epxi_bal_grid_pairs_from_env(int64_t *pairs, const char **bad) {
+    const char *v = getenv("EPX_BALANCED_GRID_PAIRS");
+    *pairs = EPXI_BAL_GRID_PAIRS;
+    if (v == NULL || *v == '\0') return 0;
+    int64_t n = 0;
+    for (const char *c = v; *c; c++) {
+        if (*c < '0' || *c > '9') {
+            *bad = v;
+            return -1;
+        }
+        /* past 2^40 it means "never" as well as any larger number would */
+        n = n > ((int64_t)1 << 40) ? n : n * 10 + (*c - '0');
+    }
+    *pairs = n;
+    return 0;
+}
+#define EPXI_BAL_GRID_HELP                                                                         \
+    "must be a whole number of (t, k) pairs, 0 or more (batches of at least that many use the "    \
+    "grid form; 0: all, 2147483648: none; default " EPXI_BAL_STR(EPXI_BAL_GRID_PAIRS) ")"
+
 /* Fill the shape fields of b for (E, W, P, G); P % G == 0. */
 EPXI_BAL void epxi_bal_shape(epxi_bal *b, int32_t E, int32_t W, int32_t P, int32_t G) {
     b->E = E;

@@ -11,7 +11,13 @@
  * computed by the same source from the same integers), the summary equal
  * to the CPU's scalars with status 0. Outputs are poisoned first, so an
  * unwritten entry cannot pass. Some cases run from a captured CUDA graph
- * replayed on new batches copied into the captured buffers.
+ * replayed on new batches copied into the captured buffers; the others
+ * route each batch again with fewer outputs (slot counts only, then none),
+ * whose slots must still match. The ids entry point takes its grid form
+ * (two launches on many blocks) from 4,096 (t, k) pairs up, about a
+ * quarter of the cases here (the quick ones: the subset edges' three);
+ * EPX_BALANCED_GRID_PAIRS=0 runs every case in it (scripts/gpu_check.sh
+ * does both).
  *
  * A plain program rather than cmocka, like test_dispatch_gpu: exits 77 (a
  * CTest skip) when no GPU is present, 1 after any mismatch, naming it.
@@ -199,7 +205,10 @@ static void one_case(int32_t E, int32_t G, int32_t per, int64_t T, int32_t K, in
     int64_t *d_cnt = dalloc(8 * (size_t)E);
     CK(cudaMemcpy(d_rep, p.rep, 4 * EW, cudaMemcpyHostToDevice));
     CK(cudaMemcpy(d_nv, p.nv, 4 * (size_t)E, cudaMemcpyHostToDevice));
-    dev_out o = dev_out_alloc(&p, pairs), oc = dev_out_alloc(&p, 0);
+    dev_out o = dev_out_alloc(&p, pairs), oc = dev_out_alloc(&p, 0), os = dev_out_alloc(&p, pairs);
+    /* slots without the replica counts (the torch op's call): the grid
+     * form keeps them in the balancer's own buffer; and with no outputs */
+    epx_cuda_balanced_out slots_only = {NULL, NULL, os.d.slot_counts, NULL, NULL};
     int32_t *ids = malloc(4 * (size_t)pairs + 4);
     int64_t *cnt = malloc(8 * (size_t)E);
     cudaStream_t st;
@@ -228,6 +237,17 @@ static void one_case(int32_t E, int32_t G, int32_t per, int64_t T, int32_t K, in
         ref r = cpu_ref(cb, &p, ids, T, K, NULL);
         compare(&o, &r, &p, pairs, ctx);
         compare(&oc, &r, &p, 0, ctx); /* the same counts, so the same split */
+        if (!graph) {
+            CK(cudaMemset(os.phys, 0xab, 4 * (size_t)pairs));
+            CK(cudaMemset(os.d.slot_counts, 0xab, 8 * (size_t)p.P));
+            EK(epx_cuda_dispatch_balanced_topk(gb, d_rep, d_nv, d_ids, T, K, os.phys,
+                                               bi % 2 ? NULL : &slots_only, st, &er));
+            CK(cudaStreamSynchronize(st));
+            if (pairs > 0) same("phys (fewer outputs)", ctx, os.phys, r.phys, 4 * (size_t)pairs, 4);
+            if (bi % 2 == 0)
+                same("slot_counts (fewer outputs)", ctx, os.d.slot_counts, r.slots, 8 * (size_t)p.P,
+                     8);
+        }
         free_ref(&r);
         /* counts that no ids give (large, all-reduced-like) through the counts entry */
         for (int32_t e = 0; e < E; e++) cnt[e] = below(5) == 0 ? 0 : below(1 << 20);
@@ -244,6 +264,7 @@ static void one_case(int32_t E, int32_t G, int32_t per, int64_t T, int32_t K, in
     free(cnt);
     dev_out_free(&o);
     dev_out_free(&oc);
+    dev_out_free(&os);
     cudaFree(d_rep);
     cudaFree(d_nv);
     cudaFree(d_ids);

@@ -2,7 +2,7 @@
 layer's topk ids per logical expert, split each expert over its replicas so
 that the largest GPU load is the least any split reaches, and route the ids
 by that split (include/epx/dispatch.h part 4). CPU tensors run libepx's
-reference (epx_dispatch_balanced_topk), CUDA tensors the one-launch kernel
+reference (epx_dispatch_balanced_topk), CUDA tensors the GPU kernel
 (epx_cuda_dispatch_balanced_topk) on the current stream; both give the same
 slots.
 
