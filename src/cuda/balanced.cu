@@ -389,8 +389,14 @@ __device__ void solve_phases(const BalArgs &a, epxi_bal &b, BalShared &sh, int64
     const int nwarps = nt >> 5;
     const int32_t E = b.E;
 
-    /* 1. group, then classify: base sums and the ascending flexible list */
-    for (int32_t e = tid; e < E; e += nt) epxi_bal_group(&b, a.replicas, a.num_valid, e);
+    /* 1. group, then classify: base sums and the ascending flexible list.
+     * An expert without tokens is not grouped: epxi_bal_kind calls it kind
+     * 0 from its count alone, and nothing reads a kind-0 expert's groups
+     * (the CPU groups every expert; the outputs are the same). At one
+     * token that is 376 of Kimi-K2.5's 384 experts, each a strided walk of
+     * its replica row. */
+    for (int32_t e = tid; e < E; e += nt)
+        if (b.cnt[e] > 0) epxi_bal_group(&b, a.replicas, a.num_valid, e);
     __syncthreads();
     for (int32_t t0 = 0; t0 < E; t0 += nt) {
         int32_t e = t0 + tid;
