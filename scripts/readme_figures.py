@@ -63,11 +63,11 @@ def round_trips(run, mode="low-latency", transport="pointers", api=None, floor=N
     return got
 
 
-def newest(all_runs, *kinds):
+def newest(all_runs, *kinds, tokens=TOKENS):
     """The newest run that holds every token count of every kind (a function
     of the run returning {tokens: us})."""
     for run in reversed(all_runs):
-        if all(all(t in k(run) for t in TOKENS) for k in kinds):
+        if all(all(t in k(run) for t in tokens) for k in kinds):
             return run
     return None
 
@@ -129,11 +129,43 @@ def ll_transport(all_runs, transport, label):
             % (label, series(o), " / ".join(map(str, TOKENS)), series(d), ratio, how))
 
 
+NORMAL_TOKENS = (1, 1024, 4096)  # a decode step, a prefill chunk, issue 24's bandwidth size
+
+
+def normal_rows(run, phase):
+    """{tokens: row} of normal mode's graph-replayed `phase` rows in a run
+    (one rank, bf16, device memory, several iterations per graph, each
+    batch's own token bound)."""
+    return {r["tokens"]: r for r in run
+            if r.get("mode") == "normal" and r.get("phase") == phase and r.get("graph")
+            and r.get("ranks") == 1 and r.get("dtype") == "bf16" and r.get("api") is None
+            and r.get("transport") == "pointers" and r.get("graph_reps")
+            and r.get("token_bound", r.get("tokens")) == r.get("tokens")}
+
+
+def normal_engine(all_runs):
+    kinds = [lambda run, ph=ph: normal_rows(run, ph) for ph in ("round-trip", "dispatch",
+                                                                 "combine")]
+    run = newest(all_runs, *kinds, tokens=NORMAL_TOKENS)
+    if run is None:
+        return None
+    rt = {t: r["median_us"] for t, r in normal_rows(run, "round-trip").items()}
+    big = NORMAL_TOKENS[-1]
+    d, c = normal_rows(run, "dispatch")[big], normal_rows(run, "combine")[big]
+    return ("Normal mode (`--mode normal`, the compact receive, the same graph timing): dispatch "
+            "+ combine take %s µs at %s tokens; at %d tokens the dispatch runs at %.0f%% and "
+            "the combine at %.0f%% of a device copy of the same bytes timed in the same run "
+            "(issue 24 asks 80%%)."
+            % (" / ".join(fmt(rt[t]) for t in NORMAL_TOKENS),
+               " / ".join(map(str, NORMAL_TOKENS)), big, d["copy_pct"], c["copy_pct"]))
+
+
 GENERATORS = {
     "ll-engine": ll_engine,
     "ll-host": lambda runs_: ll_transport(runs_, "host", "Pinned host memory (for GPUs without "
                                           "peer access)"),
     "ll-nccl": lambda runs_: ll_transport(runs_, "nccl", "Over NCCL (one rank sending to itself)"),
+    "normal-engine": normal_engine,
 }
 
 

@@ -38,14 +38,25 @@ def row(date, tokens, us, mode="low-latency", transport="pointers", floor=None, 
     return r
 
 
+def normal_row(date, tokens, phase, us, copy_pct):
+    r = row(date, tokens, us, mode="normal")
+    r.update(phase=phase, copy_pct=copy_pct)
+    return r
+
+
 def one_run(date, base):
-    """Engine, flag floor and the host transport at 1/8/32/128 tokens."""
+    """Engine, flag floor, the host and NCCL transports at 1/8/32/128 tokens,
+    and normal mode at 1/1024/4096."""
     rows = []
     for i, t in enumerate((1, 8, 32, 128)):
         rows.append(row(date, t, base + i))
         rows.append(row(date, t, base / 2 + i, mode="floor", floor="flag"))
         rows.append(row(date, t, 10 * base + i, transport="host"))
         rows.append(row(date, t, 2 * base + i, transport="nccl"))
+    for i, t in enumerate((1, 1024, 4096)):
+        rows.append(normal_row(date, t, "dispatch", base + i, 60.0 + i))
+        rows.append(normal_row(date, t, "combine", base + i, 90.0 + i))
+        rows.append(normal_row(date, t, "round-trip", 3 * base + i, 80.0))
     return rows
 
 
@@ -59,7 +70,8 @@ def write(tmp_path, rows, readme):
 
 README = ("# t\n- bullet:\n  <!-- figures: ll-engine -->\n  <!-- /figures -->\n"
           "  <!-- figures: ll-host -->\n  <!-- /figures -->\n"
-          "  <!-- figures: ll-nccl -->\n  <!-- /figures -->\nend\n")
+          "  <!-- figures: ll-nccl -->\n  <!-- /figures -->\n"
+          "  <!-- figures: normal-engine -->\n  <!-- /figures -->\nend\n")
 
 
 def test_write_then_check_takes_the_newest_run(tmp_path):
@@ -73,6 +85,9 @@ def test_write_then_check_takes_the_newest_run(tmp_path):
     assert "15.0 / 16.0 / 17.0 / 18.0 µs for two bare kernels" in text
     assert "20.0 / 21.0" not in text  # nothing of the older run
     assert "300.0 / 301.0 / 302.0 / 303.0" in text and "60.0 / 61.0 / 62.0 / 63.0" in text
+    flat = " ".join(text.split())
+    assert "take 90.0 / 91.0 / 92.0 µs at 1 / 1024 / 4096 tokens" in flat
+    assert "the dispatch runs at 62% and the combine at 92%" in flat
     assert text.startswith("# t\n") and text.endswith("end\n")  # the rest untouched
     assert run("--check", "--jsonl", j, "--readme", m).returncode == 0
 
