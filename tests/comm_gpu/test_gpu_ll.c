@@ -813,9 +813,6 @@ static int bound_cases(void) {
 
 static int normal_refusals(epx_ep_config *cfg);
 
-/* A bad slot: the batch is refused (sync says so, output zeros), the next
- * one goes through. Then a silent rank: sync times out, health and the
- * bootstrap communicator report it, later calls refuse at once. */
 /* Normal mode's large batch (T * K > 4096: positions from the per-slot
  * table, the compact receive): a bad slot and a repeated one refused, a
  * good batch after them exact, and a silent rank timed out. */
@@ -890,6 +887,9 @@ static int normal_big_fault_cases(void) {
     return 0;
 }
 
+/* A bad slot: the batch is refused (sync says so, output zeros), the next
+ * one goes through. Then a silent rank: sync times out, health and the
+ * bootstrap communicator report it, later calls refuse at once. */
 static int fault_cases(void) {
     epx_error err = {0};
     epx_comm *local = NULL;
