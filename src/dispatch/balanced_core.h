@@ -861,6 +861,21 @@ EPXI_BAL int epxi_bal_solve_part(epxi_bal *b, int32_t c) {
 #define EPXI_BAL_SYNCWARP() ((void)0)
 #endif
 
+/* x / y and x % y, in 32 bits where both fit: the same values, but on the
+ * GPU a 64-bit division is a subroutine of ~70 dependent instructions, on
+ * the per-batch solve's sequential chains (the rounding, the outputs, the
+ * summary). */
+EPXI_BAL int64_t epxi_bal_div(int64_t x, int64_t y) {
+    if (x >= 0 && y > 0 && x <= INT32_MAX && y <= INT32_MAX)
+        return (int64_t)((uint32_t)x / (uint32_t)y);
+    return x / y;
+}
+EPXI_BAL int64_t epxi_bal_mod(int64_t x, int64_t y) {
+    if (x >= 0 && y > 0 && x <= INT32_MAX && y <= INT32_MAX)
+        return (int64_t)((uint32_t)x % (uint32_t)y);
+    return x % y;
+}
+
 EPXI_BAL int32_t epxi_bal_popc(uint32_t x) {
 #ifdef __CUDA_ARCH__
     return __popc(x);
@@ -968,7 +983,7 @@ EPXI_BAL void epxi_bal_subset_round(epxi_bal *b, const epxi_bal_part *p, int64_t
                                     int nl) {
     const int32_t D = b->D, k = p->ng;
     const uint32_t nv = 1u << k;
-    const int64_t floor_l = a / dn, ceil_l = (a + dn - 1) / dn;
+    const int64_t floor_l = epxi_bal_div(a, dn), ceil_l = epxi_bal_div(a + dn - 1, dn);
     for (int32_t j = lane; j < p->nf; j += nl) {
         if (!epxi_bal_in_level(b, p, j, X, U)) continue;
         const int32_t i = p->fl[j], e = b->flex[i];
@@ -976,9 +991,9 @@ EPXI_BAL void epxi_bal_subset_round(epxi_bal *b, const epxi_bal_part *p, int64_t
         uint32_t F = 0;
         for (int32_t q = 0; q < b->eg_n[e]; q++) {
             const size_t x = (size_t)i * (size_t)D + (size_t)q;
-            b->f_int[x] = b->f_flow[x] / dn;
+            b->f_int[x] = epxi_bal_div(b->f_flow[x], dn);
             r -= b->f_int[x];
-            if (b->f_flow[x] % dn)
+            if (epxi_bal_mod(b->f_flow[x], dn))
                 F |= 1u << b->g_loc[b->eg_gpu[(size_t)e * (size_t)D + (size_t)q]];
         }
         b->f_frac[i] = (int32_t)F;
@@ -1223,11 +1238,12 @@ EPXI_BAL void epxi_bal_write_expert(const epxi_bal *b, const int32_t *replicas,
     int32_t i = b->fidx[e];
     const int32_t *row = replicas + (size_t)e * (size_t)W;
     const int32_t *gl = b->eg_gpu + (size_t)e * (size_t)D;
+    const double even = n > 0 ? 1.0 / (double)n : 0.0; /* kind 0's share, one division */
     for (int32_t j = 0; j < (pad ? W : n); j++) {
         double share = 0.0;
         int64_t cnt = 0;
         int32_t s = j < n ? row[j] : -1;
-        if (j < n && kind == 0) share = 1.0 / (double)n;
+        if (j < n && kind == 0) share = even;
         if (j < n && kind != 0 && s >= 0 && s < b->P &&
             !(kind == 2 && (i < 0 || b->f_level[i] < 0))) {
             int32_t g = s / b->per, k = 0, nth = 0;
@@ -1247,7 +1263,7 @@ EPXI_BAL void epxi_bal_write_expert(const epxi_bal *b, const int32_t *replicas,
                             ((double)b->lv_den[b->f_level[i]] * (double)b->cnt[e] * (double)mult);
                     x = b->f_int[f];
                 }
-                cnt = x / mult + (nth < x % mult);
+                cnt = epxi_bal_div(x, mult) + (nth < epxi_bal_mod(x, mult));
             }
         }
         if (slot_counts && j < n && s >= 0 && s < b->P) slot_counts[s] = cnt;
@@ -1287,13 +1303,13 @@ EPXI_BAL int epxi_bal_level_new(const epxi_bal *b, int32_t lid) {
 EPXI_BAL void epxi_bal_summary_of(int64_t a, int64_t d, int64_t n, int64_t out[4]) {
     int64_t x = a, y = d;
     while (y) {
-        int64_t t = x % y;
+        int64_t t = epxi_bal_mod(x, y);
         x = y;
         y = t;
     }
-    out[0] = a / x;
-    out[1] = d / x;
-    out[2] = (a + d - 1) / d;
+    out[0] = epxi_bal_div(a, x);
+    out[1] = epxi_bal_div(d, x);
+    out[2] = epxi_bal_div(a + d - 1, d);
     out[3] = n;
 }
 
