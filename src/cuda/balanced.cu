@@ -721,6 +721,13 @@ extern "C" epx_status epx_cuda_dispatch_balanced_create(int32_t num_experts, int
                          "'%s': " EPXI_BAL_ENV_HELP,
                          bad);
     }
+    if (epxi_bal_closed_from_env(&b->bal, &bad) != 0) {
+        free(b);
+        return epxi_fail(err, EPX_ERR_INVALID_ARG,
+                         "epx_cuda_dispatch_balanced_create: EPX_BALANCED_CLOSED_FORM = "
+                         "'%s': " EPXI_BAL_CLOSED_HELP,
+                         bad);
+    }
     if (epxi_bal_grid_pairs_from_env(&b->grid_pairs, &bad) != 0) {
         free(b);
         return epxi_fail(err, EPX_ERR_INVALID_ARG,
