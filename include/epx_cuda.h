@@ -139,8 +139,8 @@ typedef struct epx_cuda_balancer epx_cuda_balancer;
  * a few hundred kB at E = 384, and a zeroed counter, waited for on the
  * default stream); E, W, P, G as epx_dispatch_balanced_create.
  * Returns: EPX_OK; EPX_ERR_SHAPE; EPX_ERR_INVALID_ARG (a malformed
- * EPX_BALANCED_SUBSET_GPUS or EPX_BALANCED_GRID_PAIRS); EPX_ERR_NOMEM;
- * EPX_ERR_CUDA. */
+ * EPX_BALANCED_SUBSET_GPUS, EPX_BALANCED_GRID_PAIRS or
+ * EPX_BALANCED_CLOSED_FORM); EPX_ERR_NOMEM; EPX_ERR_CUDA. */
 EPX_API epx_status epx_cuda_dispatch_balanced_create(int32_t num_experts, int32_t width,
                                                      int32_t num_physical, int32_t num_gpus,
                                                      epx_cuda_balancer **out, epx_error *err);

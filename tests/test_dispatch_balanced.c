@@ -374,23 +374,27 @@ static void one_balancer_many_layers(void **state) {
     epx_dispatch_balanced_destroy(shared);
 }
 
-/* epx_dispatch_balanced_create for p with EPX_BALANCED_SUBSET_GPUS set to
- * value (NULL: unset); the variable is restored after. */
-static epx_status create_with(const char *value, const place *p, epx_balancer **b, epx_error *err) {
-    const char *was = getenv("EPX_BALANCED_SUBSET_GPUS");
+/* epx_dispatch_balanced_create for p with the environment variable var set
+ * to value (NULL: unset); the variable is restored after. */
+static epx_status create_env(const char *var, const char *value, const place *p, epx_balancer **b,
+                             epx_error *err) {
+    const char *was = getenv(var);
     char *keep = was ? strdup(was) : NULL;
     if (value)
-        setenv("EPX_BALANCED_SUBSET_GPUS", value, 1);
+        setenv(var, value, 1);
     else
-        unsetenv("EPX_BALANCED_SUBSET_GPUS");
+        unsetenv(var);
     epx_status st = epx_dispatch_balanced_create(p->E, p->W, p->P, p->G, b, err);
     if (keep) {
-        setenv("EPX_BALANCED_SUBSET_GPUS", keep, 1);
+        setenv(var, keep, 1);
         free(keep);
     } else {
-        unsetenv("EPX_BALANCED_SUBSET_GPUS");
+        unsetenv(var);
     }
     return st;
+}
+static epx_status create_with(const char *value, const place *p, epx_balancer **b, epx_error *err) {
+    return create_env("EPX_BALANCED_SUBSET_GPUS", value, p, b, err);
 }
 
 /* A balancer whose subset solve takes components of up to k GPUs (-1: the
@@ -435,6 +439,72 @@ static void subsets_and_flows_agree(void **state) {
         free(c);
         free_place(&p);
     }
+}
+
+/* A component of one flexible expert in closed form (epxi_bal_one_levels)
+ * against the subset solve it stands in for (EPX_BALANCED_CLOSED_FORM=0):
+ * every output equal to the bit, on batches of a few tokens (where most
+ * components are one expert on its GPUs, with other experts' tokens as
+ * bases) and on larger ones, with and without a base above the water line. */
+static void closed_form_equals_subsets(void **state) {
+    (void)state;
+    tu_rng r = {tu_seed(2711)};
+    epx_error err = {0};
+    int few_flexible = 0;
+    for (int it = 0; it < 300; it++) {
+        int32_t G = 2 + (int32_t)tu_below(&r, 9), per = 2 + (int32_t)tu_below(&r, 8);
+        int32_t E = G * per - (int32_t)tu_below(&r, (uint32_t)(G * per / 3 + 1));
+        place p = random_place(&r, E, G, per);
+        int64_t *c = calloc((size_t)E, sizeof(int64_t));
+        if (it % 2 == 0) { /* a few tokens: each count from a handful of picks */
+            int picks = 1 + (int)tu_below(&r, 12);
+            for (int k = 0; k < picks; k++) c[tu_below(&r, (uint32_t)E)] += 1 + tu_below(&r, 9);
+        } else {
+            random_counts(&r, c, E, it % 3 == 0 ? 4 : 300);
+        }
+        epx_balancer *bc = NULL, *bs = NULL;
+        assert_int_equal(create_env("EPX_BALANCED_CLOSED_FORM", NULL, &p, &bc, &err), EPX_OK);
+        assert_int_equal(create_env("EPX_BALANCED_CLOSED_FORM", "0", &p, &bs, &err), EPX_OK);
+        outs a = make_outs(&p), b = make_outs(&p);
+        assert_int_equal(epx_dispatch_balanced_solve(bc, p.rep, p.nv, c, &a.o, &err), EPX_OK);
+        assert_int_equal(epx_dispatch_balanced_solve(bs, p.rep, p.nv, c, &b.o, &err), EPX_OK);
+        const size_t n = (size_t)E * (size_t)p.W;
+        if (memcmp(a.shares, b.shares, n * sizeof(double)) != 0 ||
+            memcmp(a.rc, b.rc, n * sizeof(int64_t)) != 0 ||
+            memcmp(a.slots, b.slots, (size_t)p.P * sizeof(int64_t)) != 0 ||
+            memcmp(a.gpu_load, b.gpu_load, (size_t)G * sizeof(double)) != 0 ||
+            a.o.max_load_num != b.o.max_load_num || a.o.max_load_den != b.o.max_load_den ||
+            a.o.max_load_int != b.o.max_load_int || a.o.num_levels != b.o.num_levels)
+            fail_msg("case %d (E %d, G %d, per %d): the closed form differs from the subset "
+                     "solve (seed %llu)",
+                     it, E, G, per, (unsigned long long)tu_seed(2711));
+        check_out(&p, c, &a.o, NULL, NULL);
+        /* batches of a few tokens with a flexible expert (tokens on replicas
+         * on two GPUs or more): where one-expert components come from */
+        int flexible = 0;
+        for (int32_t e = 0; e < E; e++)
+            flexible |= c[e] > 0 && (gpu_mask(&p, e) & (gpu_mask(&p, e) - 1));
+        few_flexible += it % 2 == 0 && flexible;
+        free_outs(&a);
+        free_outs(&b);
+        epx_dispatch_balanced_destroy(bc);
+        epx_dispatch_balanced_destroy(bs);
+        free(c);
+        free_place(&p);
+    }
+    assert_true(few_flexible >= 50);
+    /* a value other than 0 or 1 is refused, named */
+    place p = random_place(&r, 6, 3, 3);
+    epx_balancer *bad = NULL;
+    const char *no[] = {"2", "01", "yes", " 1"};
+    for (int i = 0; i < 4; i++) {
+        assert_int_equal(create_env("EPX_BALANCED_CLOSED_FORM", no[i], &p, &bad, &err),
+                         EPX_ERR_INVALID_ARG);
+        assert_null(bad);
+        assert_non_null(strstr(err.msg, "EPX_BALANCED_CLOSED_FORM"));
+        assert_non_null(strstr(err.msg, no[i]));
+    }
+    free_place(&p);
 }
 
 /* The subset tables' size (epxi_bal_subsets) against the largest sum of
@@ -611,6 +681,7 @@ int main(void) {
         cmocka_unit_test(deepseek_v3_layer),
         cmocka_unit_test(one_balancer_many_layers),
         cmocka_unit_test(subsets_and_flows_agree),
+        cmocka_unit_test(closed_form_equals_subsets),
         cmocka_unit_test(subset_tables_sized_exactly),
         cmocka_unit_test(edge_cases),
         cmocka_unit_test(errors),

@@ -325,14 +325,15 @@ __device__ __forceinline__ void solve_clear(epxi_bal &b, BalShared &sh) {
     for (int32_t g = threadIdx.x; g < b.G; g += blockDim.x) b.base[g] = 0;
 }
 
-/* The [E][W] rows' zeros (shares and the replica counts rc) and the slot
- * counts', entries first, first + stride, ...: coalesced and early (stores:
- * nothing waits for them); phase 3 writes the listed columns over them,
- * after the block's barriers (one block) or the grid's handoff. */
+/* The [E][W] rows' zeros (shares and the replica counts rc, where given)
+ * and the slot counts', entries first, first + stride, ...: coalesced and
+ * early (stores: nothing waits for them); phase 3 writes the listed
+ * columns over them, after the block's barriers (one block) or the grid's
+ * handoff. */
 __device__ __forceinline__ void zero_outputs(const BalArgs &a, const epxi_bal &b, int64_t *rc,
                                              int64_t first, int64_t stride) {
     for (int64_t i = first; i < (int64_t)b.E * b.W; i += stride) {
-        rc[i] = 0;
+        if (rc) rc[i] = 0;
         if (a.shares) a.shares[i] = 0.0;
     }
     if (a.slot_counts)
@@ -382,8 +383,8 @@ __device__ void count_pairs(int32_t *hist, const int32_t *ids, int64_t lo, int64
 
 /* Phases 1-3 on one block, from b.cnt (phase 0's counts, after a barrier;
  * solve_clear ran before it): the split, the summary, and the outputs,
- * the replica counts into b.rc, then copied to rc_copy when given. Both
- * forms' solving block calls it. */
+ * the replica counts' listed columns into b.rc and to rc_copy when given.
+ * Both forms' solving block calls it. */
 __device__ void solve_phases(const BalArgs &a, epxi_bal &b, BalShared &sh, int64_t *rc_copy) {
     const int tid = threadIdx.x, nt = blockDim.x, lane = tid & 31, warp = tid >> 5;
     const int nwarps = nt >> 5;
@@ -476,16 +477,16 @@ __device__ void solve_phases(const BalArgs &a, epxi_bal &b, BalShared &sh, int64
 
     /* 3. outputs */
     /* the counts into b.rc, which phase 4 reads (the one-block form: the
-     * workspace, shared memory when it fits, then copied out in order,
-     * coalesced; the grid form: grid_rc in global memory, for launch B);
-     * the rows' zeros (every column past an expert's list) were stored in
-     * phase 0, whole rows at a time, so a thread writes only its expert's
-     * listed columns */
-    for (int32_t e = tid; e < E; e += nt)
+     * workspace, shared memory when it fits; the grid form: grid_rc in
+     * global memory, for launch B), its listed columns only: phase 4 reads
+     * no other; the same columns to rc_copy, whose rows' zeros (every column
+     * past an expert's list) were stored in phase 0, coalesced, as were the
+     * shares' (the whole rows once went through b.rc and a copy-out) */
+    for (int32_t e = tid; e < E; e += nt) {
         epxi_bal_write_expert(&b, a.replicas, a.num_valid, e, a.shares, b.rc, a.slot_counts, 0);
-    if (rc_copy) {
-        __syncthreads();
-        for (int64_t i = tid; i < (int64_t)E * b.W; i += nt) rc_copy[i] = b.rc[i];
+        if (rc_copy)
+            for (int32_t j = 0, n = epxi_bal_nvalid(&b, a.num_valid, e); j < n; j++)
+                rc_copy[(size_t)e * b.W + j] = b.rc[(size_t)e * b.W + j];
     }
     if (a.gpu_load)
         for (int32_t g = tid; g < b.G; g += nt) a.gpu_load[g] = epxi_bal_gpu_load(&b, g);
@@ -553,7 +554,7 @@ __global__ void __launch_bounds__(kMaxThreads, 1) balanced_kernel(BalArgs a) {
 
     /* 0. clear, then count */
     solve_clear(b, sh);
-    zero_outputs(a, b, b.rc, tid, nt);
+    zero_outputs(a, b, a.rcounts, tid, nt);
     if (a.from_ids) {
         count_pairs(hist, a.ids, 0, a.pairs, E, NULL, NULL, b.cnt);
     } else {
@@ -718,6 +719,13 @@ extern "C" epx_status epx_cuda_dispatch_balanced_create(int32_t num_experts, int
         return epxi_fail(err, EPX_ERR_INVALID_ARG,
                          "epx_cuda_dispatch_balanced_create: EPX_BALANCED_SUBSET_GPUS = "
                          "'%s': " EPXI_BAL_ENV_HELP,
+                         bad);
+    }
+    if (epxi_bal_closed_from_env(&b->bal, &bad) != 0) {
+        free(b);
+        return epxi_fail(err, EPX_ERR_INVALID_ARG,
+                         "epx_cuda_dispatch_balanced_create: EPX_BALANCED_CLOSED_FORM = "
+                         "'%s': " EPXI_BAL_CLOSED_HELP,
                          bad);
     }
     if (epxi_bal_grid_pairs_from_env(&b->grid_pairs, &bad) != 0) {

@@ -112,6 +112,13 @@ epx_status epx_dispatch_balanced_create(int32_t num_experts, int32_t width, int3
             "epx_dispatch_balanced_create: EPX_BALANCED_SUBSET_GPUS = '%s': " EPXI_BAL_ENV_HELP,
             bad);
     }
+    if (epxi_bal_closed_from_env(&b->core, &bad) != 0) {
+        free(b);
+        return epxi_fail(
+            err, EPX_ERR_INVALID_ARG,
+            "epx_dispatch_balanced_create: EPX_BALANCED_CLOSED_FORM = '%s': " EPXI_BAL_CLOSED_HELP,
+            bad);
+    }
     if ((int64_t)b->core.maxM * (1 + (int64_t)b->core.D) > INT32_MAX / 4) {
         free(b);
         return epxi_fail(err, EPX_ERR_SHAPE, "epx_dispatch_balanced_create: graph too large");

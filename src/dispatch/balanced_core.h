@@ -81,6 +81,7 @@ typedef struct epxi_bal {
     int32_t max_nodes, max_edges;     /* max_edges counts both directions    */
     int32_t M, C, levels;             /* per solve: flexible experts, components, levels */
     int32_t sub_max;                  /* components of 2..sub_max GPUs: the subset solve */
+    int32_t closed;                   /* 1: one-expert components in closed form */
     int64_t sub_size;                 /* entries of sub_d / sub_s: every such table fits */
     /* [E] */
     int64_t *cnt;              /* tokens per logical expert                     */
@@ -157,6 +158,22 @@ static inline int epxi_bal_subsets_from_env(epxi_bal *b, const char **bad) {
 #define EPXI_BAL_ENV_HELP                                                                          \
     "must be an integer from 0 (max-flows only) to " EPXI_BAL_STR(EPXI_BAL_SUBSET_MAX)
 
+/* EPX_BALANCED_CLOSED_FORM=0 solves a component of one flexible expert by
+ * the subset solve like any other (epxi_bal_one_levels gives the same
+ * results; the switch is there to compare them). Returns 0, or -1 with
+ * *bad = the value when it is not 0 or 1. Host only. */
+static inline int epxi_bal_closed_from_env(epxi_bal *b, const char **bad) {
+    const char *v = getenv("EPX_BALANCED_CLOSED_FORM");
+    if (v == NULL || *v == '\0') return 0;
+    if ((v[0] != '0' && v[0] != '1') || v[1] != '\0') {
+        *bad = v;
+        return -1;
+    }
+    b->closed = v[0] == '1';
+    return 0;
+}
+#define EPXI_BAL_CLOSED_HELP "must be 0 (the subset solve) or 1 (the closed form, the default)"
+
 /* The GPU ids entry point (src/cuda/balanced.cu) counts and ranks a batch
  * of at least this many (t, k) pairs on many blocks (two launches) rather
  * than on its one block: on an H200 the one block's counting and ranking
@@ -206,6 +223,7 @@ EPXI_BAL void epxi_bal_shape(epxi_bal *b, int32_t E, int32_t W, int32_t P, int32
     int64_t fwd = (int64_t)b->maxM * (1 + (int64_t)b->D) + 3 * (int64_t)G;
     b->max_edges = (int32_t)(2 * fwd);
     epxi_bal_subsets(b, EPXI_BAL_SUBSET_GPUS);
+    b->closed = 1;
 }
 
 /* Carve the arrays out of mem (NULL: only measure); returns the bytes. */
@@ -861,6 +879,21 @@ EPXI_BAL int epxi_bal_solve_part(epxi_bal *b, int32_t c) {
 #define EPXI_BAL_SYNCWARP() ((void)0)
 #endif
 
+/* x / y and x % y, in 32 bits where both fit: the same values, but on the
+ * GPU a 64-bit division is a subroutine of ~70 dependent instructions, on
+ * the per-batch solve's sequential chains (the rounding, the outputs, the
+ * summary). */
+EPXI_BAL int64_t epxi_bal_div(int64_t x, int64_t y) {
+    if (x >= 0 && y > 0 && x <= INT32_MAX && y <= INT32_MAX)
+        return (int64_t)((uint32_t)x / (uint32_t)y);
+    return x / y;
+}
+EPXI_BAL int64_t epxi_bal_mod(int64_t x, int64_t y) {
+    if (x >= 0 && y > 0 && x <= INT32_MAX && y <= INT32_MAX)
+        return (int64_t)((uint32_t)x % (uint32_t)y);
+    return x % y;
+}
+
 EPXI_BAL int32_t epxi_bal_popc(uint32_t x) {
 #ifdef __CUDA_ARCH__
     return __popc(x);
@@ -968,7 +1001,7 @@ EPXI_BAL void epxi_bal_subset_round(epxi_bal *b, const epxi_bal_part *p, int64_t
                                     int nl) {
     const int32_t D = b->D, k = p->ng;
     const uint32_t nv = 1u << k;
-    const int64_t floor_l = a / dn, ceil_l = (a + dn - 1) / dn;
+    const int64_t floor_l = epxi_bal_div(a, dn), ceil_l = epxi_bal_div(a + dn - 1, dn);
     for (int32_t j = lane; j < p->nf; j += nl) {
         if (!epxi_bal_in_level(b, p, j, X, U)) continue;
         const int32_t i = p->fl[j], e = b->flex[i];
@@ -976,9 +1009,9 @@ EPXI_BAL void epxi_bal_subset_round(epxi_bal *b, const epxi_bal_part *p, int64_t
         uint32_t F = 0;
         for (int32_t q = 0; q < b->eg_n[e]; q++) {
             const size_t x = (size_t)i * (size_t)D + (size_t)q;
-            b->f_int[x] = b->f_flow[x] / dn;
+            b->f_int[x] = epxi_bal_div(b->f_flow[x], dn);
             r -= b->f_int[x];
-            if (b->f_flow[x] % dn)
+            if (epxi_bal_mod(b->f_flow[x], dn))
                 F |= 1u << b->g_loc[b->eg_gpu[(size_t)e * (size_t)D + (size_t)q]];
         }
         b->f_frac[i] = (int32_t)F;
@@ -1163,6 +1196,80 @@ EPXI_BAL int32_t epxi_bal_subset_levels(epxi_bal *b, const epxi_bal_part *p, int
     return levels;
 }
 
+/* Whether component view p is one flexible expert on every one of its
+ * GPUs (epxi_bal_one_levels' case), from its lists alone: every lane of a
+ * warp gets the same answer. */
+EPXI_BAL int epxi_bal_one_expert(const epxi_bal *b, const epxi_bal_part *p) {
+    if (!b->closed || p->nf != 1) return 0;
+    const int32_t e = b->flex[p->fl[0]];
+    uint32_t m = 0;
+    for (int32_t q = 0; q < b->eg_n[e]; q++)
+        m |= 1u << b->g_loc[b->eg_gpu[(size_t)e * (size_t)b->D + (size_t)q]];
+    return m == (1u << p->ng) - 1;
+}
+
+/* Such a component in closed form, with the subset solve's results to the
+ * bit (its levels, flows and rounding), on one thread. There the subsets'
+ * demands are the bases, and the expert's c tokens on the whole set only,
+ * so each level is either the remaining GPUs of the largest base (when
+ * they stand above the water line, (bases + c) / GPUs) or all the rest,
+ * which the expert's flows fill to that line: GPU g's flow, in 1 / dn
+ * units, is a - dn b_g. Flooring leaves a mod dn units, one each to the
+ * first GPUs in the expert's order (each may take one). Returns the
+ * levels. */
+EPXI_BAL int32_t epxi_bal_one_levels(epxi_bal *b, const epxi_bal_part *p) {
+    const int32_t k = p->ng, D = b->D, i = p->fl[0], e = b->flex[i];
+    const int64_t c = b->cnt[e];
+    const uint32_t full = (1u << k) - 1;
+    const int32_t *eg = b->eg_gpu + (size_t)e * (size_t)D;
+    b->f_mask[i] = (int32_t)full;
+    b->f_level[i] = -1;
+    for (int32_t gi = 0; gi < k; gi++) b->g_level[p->gl[gi]] = -1;
+    uint32_t X = 0;
+    int32_t levels = 0;
+    while (X != full) {
+        int64_t top = -1, sum = 0;
+        for (int32_t gi = 0; gi < k; gi++)
+            if (!(X >> gi & 1)) {
+                const int64_t bg = b->base[p->gl[gi]];
+                sum += bg;
+                top = bg > top ? bg : top;
+            }
+        const int32_t left = epxi_bal_popc(full & ~X);
+        const int last = sum + c >= top * left; /* ties: the union, all the rest */
+        uint32_t U = 0;
+        for (int32_t gi = 0; gi < k; gi++)
+            if (!(X >> gi & 1) && (last || b->base[p->gl[gi]] == top)) U |= 1u << gi;
+        const int32_t dn = epxi_bal_popc(U), lid = p->lv0 + levels;
+        const int64_t a = last ? sum + c : top * dn;
+        b->lv_num[lid] = a;
+        b->lv_den[lid] = dn;
+        for (int32_t gi = 0; gi < k; gi++)
+            if (U >> gi & 1) b->g_level[p->gl[gi]] = lid;
+        if (last) {
+            b->f_level[i] = lid;
+            int64_t r = c;
+            for (int32_t q = 0; q < b->eg_n[e]; q++) {
+                const size_t x = (size_t)i * (size_t)D + (size_t)q;
+                const int32_t gi = b->g_loc[eg[q]];
+                b->f_flow[x] = U >> gi & 1 ? a - dn * b->base[eg[q]] : 0;
+                b->f_int[x] = epxi_bal_div(b->f_flow[x], dn);
+                r -= b->f_int[x];
+            }
+            for (int32_t q = 0; q < b->eg_n[e] && r > 0; q++) {
+                const size_t x = (size_t)i * (size_t)D + (size_t)q;
+                if (epxi_bal_mod(b->f_flow[x], dn)) {
+                    b->f_int[x] += 1;
+                    r--;
+                }
+            }
+        }
+        X |= U;
+        levels++;
+    }
+    return levels;
+}
+
 /* Component c by whichever solve its size takes, then its rounding; every
  * lane of the caller's warp calls this (nl of them; the CPU: 0 of 1). The
  * max-flows run on lane 0 alone. Sets c_levels[c] and c_rc[c]. */
@@ -1173,7 +1280,12 @@ EPXI_BAL void epxi_bal_solve_comp(epxi_bal *b, int32_t c, int lane, int nl) {
         return;
     }
     epxi_bal_part p = epxi_bal_view(b, c);
-    int32_t levels = epxi_bal_subset_levels(b, &p, c, lane, nl);
+    int32_t levels = 0;
+    if (epxi_bal_one_expert(b, &p)) {
+        if (lane == 0) levels = epxi_bal_one_levels(b, &p);
+    } else {
+        levels = epxi_bal_subset_levels(b, &p, c, lane, nl);
+    }
     if (lane == 0) {
         b->c_levels[c] = levels;
         b->c_rc[c] = EPXI_BAL_OK; /* rounded level by level */
@@ -1223,11 +1335,12 @@ EPXI_BAL void epxi_bal_write_expert(const epxi_bal *b, const int32_t *replicas,
     int32_t i = b->fidx[e];
     const int32_t *row = replicas + (size_t)e * (size_t)W;
     const int32_t *gl = b->eg_gpu + (size_t)e * (size_t)D;
+    const double even = n > 0 ? 1.0 / (double)n : 0.0; /* kind 0's share, one division */
     for (int32_t j = 0; j < (pad ? W : n); j++) {
         double share = 0.0;
         int64_t cnt = 0;
         int32_t s = j < n ? row[j] : -1;
-        if (j < n && kind == 0) share = 1.0 / (double)n;
+        if (j < n && kind == 0) share = even;
         if (j < n && kind != 0 && s >= 0 && s < b->P &&
             !(kind == 2 && (i < 0 || b->f_level[i] < 0))) {
             int32_t g = s / b->per, k = 0, nth = 0;
@@ -1247,7 +1360,7 @@ EPXI_BAL void epxi_bal_write_expert(const epxi_bal *b, const int32_t *replicas,
                             ((double)b->lv_den[b->f_level[i]] * (double)b->cnt[e] * (double)mult);
                     x = b->f_int[f];
                 }
-                cnt = x / mult + (nth < x % mult);
+                cnt = epxi_bal_div(x, mult) + (nth < epxi_bal_mod(x, mult));
             }
         }
         if (slot_counts && j < n && s >= 0 && s < b->P) slot_counts[s] = cnt;
@@ -1287,13 +1400,13 @@ EPXI_BAL int epxi_bal_level_new(const epxi_bal *b, int32_t lid) {
 EPXI_BAL void epxi_bal_summary_of(int64_t a, int64_t d, int64_t n, int64_t out[4]) {
     int64_t x = a, y = d;
     while (y) {
-        int64_t t = x % y;
+        int64_t t = epxi_bal_mod(x, y);
         x = y;
         y = t;
     }
-    out[0] = a / x;
-    out[1] = d / x;
-    out[2] = (a + d - 1) / d;
+    out[0] = epxi_bal_div(a, x);
+    out[1] = epxi_bal_div(d, x);
+    out[2] = epxi_bal_div(a + d - 1, d);
     out[3] = n;
 }
 
