@@ -152,8 +152,12 @@ EPX_API epx_status epx_gpu_ep_buffer_bytes(const epx_ep_config *cfg, int32_t num
  *          the EP ranks; used to exchange buffer handles here and in
  *          destroy, never per batch. cfg (in), either mode;
  *          stream (in) borrowed, every launch goes there; opts (in) or NULL.
+ *          The kernels are launched with programmatic dependent launch
+ *          (each may be scheduled while the kernel before it in the stream
+ *          ends, and waits for it before touching memory); the
+ *          environment's EPX_GPU_EP_PDL=0 launches them plainly.
  * Returns: EPX_OK; EPX_ERR_INVALID_ARG (config, opts, ranks whose configs
- *          differ); EPX_ERR_SHAPE; EPX_ERR_CUDA (allocation, IPC mapping: a
+ *          differ, an EPX_GPU_EP_PDL other than 0 or 1); EPX_ERR_SHAPE; EPX_ERR_CUDA (allocation, IPC mapping: a
  *          peer GPU this one cannot reach by load/store); the bootstrap's
  *          EPX_ERR_COMM/_TIMEOUT.
  * Collective: yes, over bootstrap.

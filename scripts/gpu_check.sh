@@ -37,6 +37,9 @@ run "low-latency EP engine" "$BIN/test_gpu_ll"
 # also checks that no segment is left in /dev/shm.
 run "low-latency EP engine, host-memory transport" env EPX_GPU_EP_TRANSPORT=host "$BIN/test_gpu_ll"
 run "low-latency EP engine, NCCL transport (one rank)" env EPX_GPU_EP_TRANSPORT=nccl "$BIN/test_gpu_ll"
+# Plain launches (the default is programmatic dependent launch).
+[ "${QUICK:-0}" = 1 ] || run "low-latency EP engine, plain launches" env EPX_GPU_EP_PDL=0 \
+    "$BIN/test_gpu_ll"
 if command -v compute-sanitizer >/dev/null; then
     run "low-latency EP engine under memcheck" compute-sanitizer --tool memcheck \
         --error-exitcode 9 --target-processes all "$BIN/test_gpu_ll"

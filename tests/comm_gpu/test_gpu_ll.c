@@ -1105,6 +1105,20 @@ static int connect_cases(void) {
     if (epx_gpu_ep_open(&cfg, 2, 2, st, NULL, &refused, &err) != EPX_ERR_INVALID_ARG ||
         refused != NULL)
         FAILF("rank 2 of 2 must be refused");
+    { /* a launch form that does not exist is refused by name, the caller's kept */
+        const char *was = getenv("EPX_GPU_EP_PDL");
+        char keep[16] = "";
+        if (was != NULL) snprintf(keep, sizeof keep, "%s", was);
+        setenv("EPX_GPU_EP_PDL", "3", 1);
+        const epx_status bad = epx_gpu_ep_open(&cfg, 0, 2, st, NULL, &refused, &err);
+        if (was != NULL)
+            setenv("EPX_GPU_EP_PDL", keep, 1);
+        else
+            unsetenv("EPX_GPU_EP_PDL");
+        if (bad != EPX_ERR_INVALID_ARG || refused != NULL ||
+            strstr(err.msg, "EPX_GPU_EP_PDL=3") == NULL)
+            FAILF("EPX_GPU_EP_PDL=3 must be refused naming it: '%s'", err.msg);
+    }
     /* A rank that opened with the other transport is refused, naming both. */
     const bool host = transport_is_host();
     epx_gpu_ep_opts mix_o = EPX_GPU_EP_OPTS_INIT;

@@ -57,6 +57,7 @@
 #include <cuda_runtime.h>
 #include <pthread.h>
 #include <unistd.h>
+#include <utility>
 
 #include "comm_internal.h"
 #include "ep_common.h"
@@ -114,6 +115,7 @@ struct epx_gpu_ep {
     cudaStream_t stream;
     int32_t timeout_ms;
     int32_t wait_blocks; /* blocks that wait for flags must all be resident */
+    int pdl;             /* EPX_GPU_EP_PDL: 1 programmatic dependent launch, 0 plain */
     size_t off_rx, off_y, off_count, off_pair, off_work, off_self, off_srctok, off_ew, off_etok,
         off_offs, off_range, off_weights, off_slots, off_ctl, off_peers, off_mask, off_decided,
         total, inbox_total;
@@ -153,6 +155,39 @@ struct epx_gpu_ep {
     int c_bf16;
     bool reported;
 };
+
+/* EPX_GPU_EP_PDL: 1 (unset: the default) launches the kernels with
+ * programmatic dependent launch (pdl_enter in ll_device.cuh), 0 plainly. */
+static epx_status pdl_from_env(int *pdl, epx_error *err) {
+    const char *v = getenv("EPX_GPU_EP_PDL");
+    *pdl = 1;
+    if (v == NULL || *v == '\0') return EPX_OK;
+    if ((v[0] == '0' || v[0] == '1') && v[1] == '\0') {
+        *pdl = v[0] - '0';
+        return EPX_OK;
+    }
+    return epxi_fail(err, EPX_ERR_INVALID_ARG,
+                     "EPX_GPU_EP_PDL=%s: give 1 (programmatic dependent launch, the default) "
+                     "or 0 (plain launches), or leave it unset",
+                     v);
+}
+
+/* One of the engine's kernels on its stream, with programmatic dependent
+ * launch where ep->pdl asks for it: it may then start before the kernel
+ * ahead of it ends, and waits for it in pdl_enter. */
+template <typename... P, typename... A>
+static cudaError_t launch(const epx_gpu_ep *ep, void (*kernel)(P...), unsigned grid, A &&...args) {
+    cudaLaunchConfig_t c = {};
+    c.gridDim = dim3(grid);
+    c.blockDim = dim3(kThreads);
+    c.stream = ep->stream;
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = 1;
+    c.attrs = at;
+    c.numAttrs = ep->pdl ? 1 : 0;
+    return cudaLaunchKernelEx(&c, kernel, std::forward<A>(args)...);
+}
 
 /* Tokens per rank at most from now on, and so the staged blocks' bytes: a
  * source's records are filed at its token index t (rec_at) and the rows it
@@ -438,7 +473,12 @@ static epx_status open_engine(const epx_ep_config *cfg, int32_t rank, int32_t nu
     if (ep == NULL) return EPX_ERR_NOMEM;
     ep->stream = stream;
     ep->timeout_ms = o.timeout_ms;
-    epx_status st = plan(ep, cfg, num_ranks, exchange != NULL, err);
+    epx_status st = pdl_from_env(&ep->pdl, err);
+    if (st != EPX_OK) {
+        free(ep);
+        return st;
+    }
+    st = plan(ep, cfg, num_ranks, exchange != NULL, err);
     const int32_t R = num_ranks;
     int dev = 0, sms = 0;
     if (st != EPX_OK) goto fail;
@@ -1059,9 +1099,9 @@ extern "C" epx_status epx_gpu_ep_dispatch_parts(epx_gpu_ep *ep, int parts, int64
     const bool big = (parts & EPX_GPU_EP_SEND) && ep->T * g->K > kSmemIds && g->P <= kSmemIds;
     auto kern = lean ? (big ? dispatch_kernel<true, true> : dispatch_kernel<true, false>)
                      : (big ? dispatch_kernel<false, true> : dispatch_kernel<false, false>);
-    kern<<<grid, kThreads, 0, ep->stream>>>(ep->a, ep->T, (const unsigned char *)x, topk_slots,
-                                            topk_weights, nwork, parts | (ids64 ? 4 : 0) | ep->fp8);
-    EPXI_CUDA_TRY(cudaGetLastError(), "GPU EP dispatch kernel");
+    EPXI_CUDA_TRY(launch(ep, kern, grid, ep->a, ep->T, (const unsigned char *)x, topk_slots,
+                         topk_weights, nwork, parts | (ids64 ? 4 : 0) | ep->fp8),
+                  "GPU EP dispatch kernel");
     if (parts & EPX_GPU_EP_SEND) EPX_TRY(exchange_phase(ep, 0, err));
     ep->state = (parts & EPX_GPU_EP_RECV) ? epx_gpu_ep::DISPATCHED : epx_gpu_ep::D_SENT;
     if (recv != NULL) fill_recv(ep, recv);
@@ -1126,9 +1166,9 @@ extern "C" epx_status epx_gpu_ep_combine_parts(epx_gpu_ep *ep, int parts, const 
     const bool lean = g->cfg.y_dtype == EPX_DTYPE_BF16 && g->H % 8 == 0 && g->yrow % 16 == 0 &&
                       (uintptr_t)ysrc % 16 == 0;
     auto kern = lean ? combine_kernel<true> : combine_kernel<false>;
-    kern<<<blocks_for(items > sends ? items : sends, ep->wait_blocks), kThreads, 0, ep->stream>>>(
-        ep->a, ep->T, ysrc, ep->c_w, ep->c_out, ep->c_bf16, parts);
-    EPXI_CUDA_TRY(cudaGetLastError(), "GPU EP combine kernel");
+    EPXI_CUDA_TRY(launch(ep, kern, blocks_for(items > sends ? items : sends, ep->wait_blocks),
+                         ep->a, ep->T, ysrc, ep->c_w, (void *)ep->c_out, ep->c_bf16, parts),
+                  "GPU EP combine kernel");
     if (parts & EPX_GPU_EP_SEND) EPX_TRY(exchange_phase(ep, 1, err));
     /* the dispatch stays valid: it may be combined again (DeepEP allows it) */
     ep->state = (parts & EPX_GPU_EP_RECV) ? epx_gpu_ep::DISPATCHED : epx_gpu_ep::C_SENT;
