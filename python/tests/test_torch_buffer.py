@@ -907,8 +907,9 @@ def test_engine_sizes_past_int32_are_refused():
     if _ll._buffer_bytes is None:
         pytest.skip("this libepx_cuda.so has no GPU EP engine")
     assert _ll.buffer_bytes(_ll.config(7168, 8, 8, 128), 1) > 0
-    with pytest.raises(EpxError, match=r"max_tokens \* ceil\(hidden / 2048\) = 2147483648 .*"
-                                       r"lower max_tokens \(16777216\) or hidden \(262144\)"):
-        _ll.buffer_bytes(_ll.config(262144, 1, 8, 1 << 24), 1)
+    # (the combine's blocks of 256 threads take 4 * 256 bf16 values an item)
+    with pytest.raises(EpxError, match=r"max_tokens \* ceil\(hidden / 1024\) = 2147483648 .*"
+                                       r"lower max_tokens \(8388608\) or hidden \(262144\)"):
+        _ll.buffer_bytes(_ll.config(262144, 1, 8, 1 << 23), 1)
     with pytest.raises(EpxError, match=r"exceed int32 indices: lower max_tokens \(268435456\)"):
         _ll.buffer_bytes(_ll.config(256, 8, 8, 1 << 28), 1)

@@ -601,7 +601,9 @@ __global__ void __launch_bounds__(kMaxThreads, 1) balanced_grid_count(BalArgs a)
     const int32_t E = b.E;
     int32_t *ghist = a.ghist;
 
-    zero_outputs(a, b, a.grid_rc, (int64_t)r * nt + tid, (int64_t)nb * nt);
+    /* grid_rc's unlisted columns are zeroed only where they are the
+     * caller's rcounts: phases 3-4 write and read the listed ones alone */
+    zero_outputs(a, b, a.rcounts, (int64_t)r * nt + tid, (int64_t)nb * nt);
     const int64_t lo = (int64_t)r * a.chunk, hi = lo + a.chunk < a.pairs ? lo + a.chunk : a.pairs;
     count_pairs(hist, a.ids, lo, hi, E, NULL, ghist + (size_t)r * (size_t)E, NULL);
 

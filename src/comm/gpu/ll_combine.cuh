@@ -20,7 +20,7 @@ __device__ void entry_starts(const Args &a, int32_t *so) {
  * each entry's inbox row); after an fp8
  * dispatch (fp8: its kernel bits) the dequantised row, data * scale as
  * DeepEP's per_token_cast_back. */
-__global__ void __launch_bounds__(kThreads) identity_kernel(Args a, int fp8) {
+__global__ void __launch_bounds__(kDispatchThreads) identity_kernel(Args a, int fp8) {
     __shared__ int32_t so[kMaxLocal + 1];
     if (block_faulted(a)) return;
     entry_starts(a, so);
@@ -141,7 +141,7 @@ __device__ void reduce_lanes(const Args &a, const unsigned char *const *rows, co
  * instance without the other widths' code (dispatch_kernel says why).
  */
 template <bool kLean>
-__global__ void __launch_bounds__(kThreads, 2)
+__global__ void __launch_bounds__(kCombineThreads, blocks_per_sm(kCombineThreads))
     combine_kernel(Args a, int64_t T, const unsigned char *ysrc, const float *wsrc, void *out,
                    int out_bf16, int parts) {
     /* The epoch, the fault word, the peer table, the dispatch's item count

@@ -14,7 +14,26 @@
 
 namespace {
 
-constexpr int kThreads = 512;
+/* Threads a block: 512 for the dispatch (and the identity experts), 256 for
+ * the combine, each with as many blocks an SM as keep 64 registers a thread.
+ * At 256 the combine's tokens split into twice the chunks, on twice the
+ * resident blocks: -15 % at 1 token, -20 % at 4,096 (H200); the dispatch
+ * at 256 gained 0.3 us at 1 token but lost 20-30 % on normal mode's large
+ * batches (bench/RESULTS.md). Build-time choices, for measuring
+ * (-DEPX_LL_THREADS, -DEPX_LL_COMBINE_THREADS). */
+#ifndef EPX_LL_THREADS
+#define EPX_LL_THREADS 512
+#endif
+#ifndef EPX_LL_COMBINE_THREADS
+#define EPX_LL_COMBINE_THREADS 256
+#endif
+constexpr int kDispatchThreads = EPX_LL_THREADS;
+constexpr int kCombineThreads = EPX_LL_COMBINE_THREADS;
+constexpr int kMaxThreads = kDispatchThreads > kCombineThreads ? kDispatchThreads : kCombineThreads;
+constexpr int blocks_per_sm(int threads) { return 1024 / threads; }
+static_assert(kDispatchThreads % 32 == 0 && kDispatchThreads >= 64 && kDispatchThreads <= 1024 &&
+                  kCombineThreads % 32 == 0 && kCombineThreads >= 64 && kCombineThreads <= 1024,
+              "whole warps, two or more, at most 1024 threads");
 constexpr int kMaxK = EPX_MOE_MAX_TOP_K;
 /* Shared-memory ints of one pass of the per-slot counts a sender writes. */
 constexpr int kCountInts = 4096;
@@ -24,7 +43,8 @@ constexpr int kSmemIds = 4096;
  * (the combine's scan of the counts lives there too). */
 constexpr int kMaxRanks = 1024;
 constexpr int kMaxLocal = EPXI_LL_MAX_LOCAL_SLOTS;
-static_assert(kMaxK <= kThreads, "a block's threads hold one token's K choices");
+static_assert(kMaxK <= kDispatchThreads && kMaxK <= kCombineThreads,
+              "a block's threads hold one token's K choices");
 /* A staged block's flag, padded so what follows stays 16-byte aligned. */
 constexpr size_t kFlagBytes = 16;
 
@@ -542,7 +562,7 @@ __device__ uint64_t *cflag_at(const Args &a, unsigned char *buf, uint32_t ce, in
  * block (n <= blockDim.x * per thread, any n): each thread sums a
  * contiguous chunk, chunk sums are scanned with warp shuffles. */
 __device__ void block_scan_smem(int32_t *v, int n) {
-    __shared__ int32_t warp_total[kThreads / 32];
+    __shared__ int32_t warp_total[kMaxThreads / 32];
     const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, nwarps = blockDim.x / 32;
     const int per = (n + blockDim.x - 1) / blockDim.x;
     const int lo = tid * per < n ? tid * per : n, hi = lo + per < n ? lo + per : n;

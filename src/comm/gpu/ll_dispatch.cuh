@@ -561,7 +561,7 @@ __device__ void receive_compact(const Args &a, uint32_t epoch, const int32_t *fi
  * bench/RESULTS.md).
  */
 template <bool kLean, bool kBig>
-__global__ void __launch_bounds__(kThreads, 2)
+__global__ void __launch_bounds__(kDispatchThreads, blocks_per_sm(kDispatchThreads))
     dispatch_kernel(Args a, int64_t T, const unsigned char *x, const void *slots,
                     const float *weights, uint32_t nwork, int parts) {
     pdl_enter();

@@ -114,7 +114,8 @@ struct epx_gpu_ep {
     epxi_ep_geom g;
     cudaStream_t stream;
     int32_t timeout_ms;
-    int32_t wait_blocks; /* blocks that wait for flags must all be resident */
+    int32_t wait_blocks; /* dispatch blocks: all that wait for flags must be resident */
+    int32_t comb_blocks; /* the same for the combine's (smaller) blocks */
     int pdl;             /* EPX_GPU_EP_PDL: 1 programmatic dependent launch, 0 plain */
     size_t off_rx, off_y, off_count, off_pair, off_work, off_self, off_srctok, off_ew, off_etok,
         off_offs, off_range, off_weights, off_slots, off_ctl, off_peers, off_mask, off_decided,
@@ -172,14 +173,15 @@ static epx_status pdl_from_env(int *pdl, epx_error *err) {
                      v);
 }
 
-/* One of the engine's kernels on its stream, with programmatic dependent
- * launch where ep->pdl asks for it: it may then start before the kernel
- * ahead of it ends, and waits for it in pdl_enter. */
+/* One of the engine's kernels on its stream, grid blocks of `threads`, with
+ * programmatic dependent launch where ep->pdl asks for it: it may then
+ * start before the kernel ahead of it ends, and waits for it in pdl_enter. */
 template <typename... P, typename... A>
-static cudaError_t launch(const epx_gpu_ep *ep, void (*kernel)(P...), unsigned grid, A &&...args) {
+static cudaError_t launch(const epx_gpu_ep *ep, void (*kernel)(P...), unsigned grid, int threads,
+                          A &&...args) {
     cudaLaunchConfig_t c = {};
     c.gridDim = dim3(grid);
-    c.blockDim = dim3(kThreads);
+    c.blockDim = dim3(threads);
     c.stream = ep->stream;
     cudaLaunchAttribute at[1];
     at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
@@ -254,13 +256,13 @@ static epx_status plan(epx_gpu_ep *ep, const epx_ep_config *cfg, int32_t R, bool
                          "the GPU low-latency engine indexes R * max_tokens * top_k = %.0f "
                          "entries in int32: lower max_tokens (%lld)",
                          RM * K, (long long)g->M);
-    /* The combine's items (token, chunk of 4 * kThreads values or more) are int32 too. */
-    const double chunks = (double)((g->H + 4 * kThreads - 1) / (4 * kThreads));
+    /* The combine's items (token, chunk of 4 * kCombineThreads values or more) are int32 too. */
+    const double chunks = (double)((g->H + 4 * kCombineThreads - 1) / (4 * kCombineThreads));
     if (M * chunks >= 2147483647.0)
         return epxi_fail(err, EPX_ERR_OVERFLOW,
                          "the GPU low-latency engine counts max_tokens * ceil(hidden / %d) = "
                          "%.0f combine items in int32: lower max_tokens (%lld) or hidden (%d)",
-                         4 * kThreads, M * chunks, (long long)g->M, g->H);
+                         4 * kCombineThreads, M * chunks, (long long)g->M, g->H);
     const size_t meta_off = (g->xrow + 15) / 16 * 16, rec = meta_off + (size_t)K * sizeof(Meta);
     size_t off_rows = 0, off_cnt = 0, off_dflag = 0, off_comb = 0, off_cflag = 0;
     /* A staging transport's blocks per peer (Args::dblk), 256-byte aligned. */
@@ -489,22 +491,34 @@ static epx_status open_engine(const epx_ep_config *cfg, int32_t rank, int32_t nu
     {
         /* Every block of both kernels waits for flags, so all must be
          * resident at once, or the ones still queued could never publish
-         * theirs. At most 65535: blocks count in on 16 bits (arrive). */
-        const void *kernels[6] = {
-            (const void *)combine_kernel<false>,         (const void *)combine_kernel<true>,
+         * theirs: per kernel, its instances' fewest blocks an SM times the
+         * SMs. At most 65535: blocks count in on 16 bits (arrive). */
+        const void *dispatches[4] = {
             (const void *)dispatch_kernel<false, false>, (const void *)dispatch_kernel<true, false>,
-            (const void *)dispatch_kernel<false, true>,  (const void *)dispatch_kernel<true, true>};
-        int per_sm = INT_MAX;
-        for (const void *k : kernels) {
-            int n = 0;
-            EPXI_CUDA_GOTO(st, cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, k, kThreads, 0),
-                           "GPU EP: occupancy", fail);
-            if (n < per_sm) per_sm = n;
+            (const void *)dispatch_kernel<false, true>, (const void *)dispatch_kernel<true, true>};
+        const void *combines[2] = {(const void *)combine_kernel<false>,
+                                   (const void *)combine_kernel<true>};
+        const struct {
+            const void *const *k;
+            int n, threads;
+            int32_t *cap;
+        } kinds[2] = {{dispatches, 4, kDispatchThreads, &ep->wait_blocks},
+                      {combines, 2, kCombineThreads, &ep->comb_blocks}};
+        for (const auto &kind : kinds) {
+            int per_sm = INT_MAX;
+            for (int i = 0; i < kind.n; i++) {
+                int n = 0;
+                EPXI_CUDA_GOTO(
+                    st,
+                    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kind.k[i], kind.threads, 0),
+                    "GPU EP: occupancy", fail);
+                if (n < per_sm) per_sm = n;
+            }
+            int cap = per_sm * sms;
+            if (o.max_blocks > 0 && o.max_blocks < cap) cap = o.max_blocks;
+            if (cap > 0xffff) cap = 0xffff;
+            *kind.cap = cap < 1 ? 1 : cap;
         }
-        int cap = per_sm * sms;
-        if (o.max_blocks > 0 && o.max_blocks < cap) cap = o.max_blocks;
-        if (cap > 0xffff) cap = 0xffff;
-        ep->wait_blocks = cap < 1 ? 1 : cap;
     }
     EPXI_CUDA_GOTO(st, cudaEventCreateWithFlags(&ep->chain, cudaEventDisableTiming), "GPU EP event",
                    fail);
@@ -1080,7 +1094,8 @@ extern "C" epx_status epx_gpu_ep_dispatch_parts(epx_gpu_ep *ep, int parts, int64
      * rows (and k) a receiver is likely to place: R * T * K. */
     const int64_t dmax = g->K < g->R ? g->K : g->R, sends = (parts & 1) ? ep->T * dmax : 0;
     int64_t places = (parts & 2) ? (int64_t)g->R * ep->T * g->K : 0;
-    if (ep->a.compact) places = (places + kThreads - 1) / kThreads; /* a thread per (row, k) */
+    if (ep->a.compact) /* a thread per (row, k) */
+        places = (places + kDispatchThreads - 1) / kDispatchThreads;
     if (ep->exchange != NULL && parts == (EPX_GPU_EP_SEND | EPX_GPU_EP_RECV)) {
         /* staging: the halves as two launches, the transport between them */
         EPX_TRY(epx_gpu_ep_dispatch_parts(ep, EPX_GPU_EP_SEND | ids64 | fp8, T, x, topk_slots,
@@ -1094,13 +1109,13 @@ extern "C" epx_status epx_gpu_ep_dispatch_parts(epx_gpu_ep *ep, int parts, int64
     const uint32_t nwork = (uint32_t)(sends < 1 ? 1 : sends < grid ? sends : grid);
     /* The lean instance when nothing needs the others' paths (dispatch_kernel). */
     const bool lean = ep->fp8 == 0 && (!ep->a.host_inbox || (ep->a.variant & 32)) && g->K <= 32 &&
-                      row_fits_registers(g->xrow, x, kThreads);
+                      row_fits_registers(g->xrow, x, kDispatchThreads);
     /* Positions from the per-slot table where the ids are past staging. */
     const bool big = (parts & EPX_GPU_EP_SEND) && ep->T * g->K > kSmemIds && g->P <= kSmemIds;
     auto kern = lean ? (big ? dispatch_kernel<true, true> : dispatch_kernel<true, false>)
                      : (big ? dispatch_kernel<false, true> : dispatch_kernel<false, false>);
-    EPXI_CUDA_TRY(launch(ep, kern, grid, ep->a, ep->T, (const unsigned char *)x, topk_slots,
-                         topk_weights, nwork, parts | (ids64 ? 4 : 0) | ep->fp8),
+    EPXI_CUDA_TRY(launch(ep, kern, grid, kDispatchThreads, ep->a, ep->T, (const unsigned char *)x,
+                         topk_slots, topk_weights, nwork, parts | (ids64 ? 4 : 0) | ep->fp8),
                   "GPU EP dispatch kernel");
     if (parts & EPX_GPU_EP_SEND) EPX_TRY(exchange_phase(ep, 0, err));
     ep->state = (parts & EPX_GPU_EP_RECV) ? epx_gpu_ep::DISPATCHED : epx_gpu_ep::D_SENT;
@@ -1121,7 +1136,7 @@ extern "C" epx_status epx_gpu_ep_identity_experts(epx_gpu_ep *ep, epx_error *err
     if (ep == NULL || ep->state != epx_gpu_ep::DISPATCHED)
         return epxi_fail(err, EPX_ERR_INVALID_ARG,
                          "GPU EP identity experts need a whole dispatch first");
-    identity_kernel<<<(unsigned)ep->wait_blocks, kThreads, 0, ep->stream>>>(ep->a, ep->fp8);
+    identity_kernel<<<(unsigned)ep->wait_blocks, kDispatchThreads, 0, ep->stream>>>(ep->a, ep->fp8);
     EPXI_CUDA_TRY(cudaGetLastError(), "GPU EP identity kernel");
     return EPX_OK;
 }
@@ -1153,7 +1168,7 @@ extern "C" epx_status epx_gpu_ep_combine_parts(epx_gpu_ep *ep, int parts, const 
     }
     /* Enough blocks for the entries this rank may hold, and for its tokens'
      * chunks of the reduction. */
-    const int64_t per = (int64_t)(g->cfg.y_dtype == EPX_DTYPE_BF16 ? 8 : 4) * kThreads;
+    const int64_t per = (int64_t)(g->cfg.y_dtype == EPX_DTYPE_BF16 ? 8 : 4) * kCombineThreads;
     const int64_t items = (parts & 2) ? ep->T * ((g->H + per - 1) / per) : 0;
     const int64_t sends = (parts & 1) ? (int64_t)g->R * ep->T * g->K : 0;
     if (ep->exchange != NULL && parts == (EPX_GPU_EP_SEND | EPX_GPU_EP_RECV)) {
@@ -1166,8 +1181,9 @@ extern "C" epx_status epx_gpu_ep_combine_parts(epx_gpu_ep *ep, int parts, const 
     const bool lean = g->cfg.y_dtype == EPX_DTYPE_BF16 && g->H % 8 == 0 && g->yrow % 16 == 0 &&
                       (uintptr_t)ysrc % 16 == 0;
     auto kern = lean ? combine_kernel<true> : combine_kernel<false>;
-    EPXI_CUDA_TRY(launch(ep, kern, blocks_for(items > sends ? items : sends, ep->wait_blocks),
-                         ep->a, ep->T, ysrc, ep->c_w, (void *)ep->c_out, ep->c_bf16, parts),
+    EPXI_CUDA_TRY(launch(ep, kern, blocks_for(items > sends ? items : sends, ep->comb_blocks),
+                         kCombineThreads, ep->a, ep->T, ysrc, ep->c_w, (void *)ep->c_out,
+                         ep->c_bf16, parts),
                   "GPU EP combine kernel");
     if (parts & EPX_GPU_EP_SEND) EPX_TRY(exchange_phase(ep, 1, err));
     /* the dispatch stays valid: it may be combined again (DeepEP allows it) */
