@@ -104,20 +104,11 @@ epx_status epx_dispatch_balanced_create(int32_t num_experts, int32_t width, int3
     b->G = num_gpus;
     b->per = num_physical / num_gpus;
     epxi_bal_shape(&b->core, num_experts, width, num_physical, num_gpus);
-    const char *bad = NULL;
-    if (epxi_bal_subsets_from_env(&b->core, &bad) != 0) {
+    const char *name = NULL, *bad = NULL, *help = NULL;
+    if (epxi_bal_env(&b->core, &name, &bad, &help) != 0) {
         free(b);
-        return epxi_fail(
-            err, EPX_ERR_INVALID_ARG,
-            "epx_dispatch_balanced_create: EPX_BALANCED_SUBSET_GPUS = '%s': " EPXI_BAL_ENV_HELP,
-            bad);
-    }
-    if (epxi_bal_closed_from_env(&b->core, &bad) != 0) {
-        free(b);
-        return epxi_fail(
-            err, EPX_ERR_INVALID_ARG,
-            "epx_dispatch_balanced_create: EPX_BALANCED_CLOSED_FORM = '%s': " EPXI_BAL_CLOSED_HELP,
-            bad);
+        return epxi_fail(err, EPX_ERR_INVALID_ARG, "epx_dispatch_balanced_create: %s = '%s': %s",
+                         name, bad, help);
     }
     if ((int64_t)b->core.maxM * (1 + (int64_t)b->core.D) > INT32_MAX / 4) {
         free(b);

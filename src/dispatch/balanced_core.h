@@ -174,6 +174,24 @@ static inline int epxi_bal_closed_from_env(epxi_bal *b, const char **bad) {
 }
 #define EPXI_BAL_CLOSED_HELP "must be 0 (the subset solve) or 1 (the closed form, the default)"
 
+/* Both solve knobs above, read when a balancer is created (CPU and GPU
+ * alike). Returns 0, or -1 with *name, *bad (its value) and *help for the
+ * first one refused, for the caller's message. Host only. */
+static inline int epxi_bal_env(epxi_bal *b, const char **name, const char **bad,
+                               const char **help) {
+    if (epxi_bal_subsets_from_env(b, bad) != 0) {
+        *name = "EPX_BALANCED_SUBSET_GPUS";
+        *help = EPXI_BAL_ENV_HELP;
+        return -1;
+    }
+    if (epxi_bal_closed_from_env(b, bad) != 0) {
+        *name = "EPX_BALANCED_CLOSED_FORM";
+        *help = EPXI_BAL_CLOSED_HELP;
+        return -1;
+    }
+    return 0;
+}
+
 /* The GPU ids entry point (src/cuda/balanced.cu) counts and ranks a batch
  * of at least this many (t, k) pairs on many blocks (two launches) rather
  * than on its one block: on an H200 the one block's counting and ranking
