@@ -157,9 +157,9 @@ EPX_API epx_status epx_gpu_ep_buffer_bytes(const epx_ep_config *cfg, int32_t num
  *          ends, and waits for it before touching memory); the
  *          environment's EPX_GPU_EP_PDL=0 launches them plainly.
  * Returns: EPX_OK; EPX_ERR_INVALID_ARG (config, opts, ranks whose configs
- *          differ, an EPX_GPU_EP_PDL other than 0 or 1); EPX_ERR_SHAPE; EPX_ERR_CUDA (allocation, IPC mapping: a
- *          peer GPU this one cannot reach by load/store); the bootstrap's
- *          EPX_ERR_COMM/_TIMEOUT.
+ *          differ, an EPX_GPU_EP_PDL other than 0 or 1); EPX_ERR_SHAPE;
+ *          EPX_ERR_CUDA (allocation, IPC mapping: a peer GPU this one
+ *          cannot reach by load/store); the bootstrap's EPX_ERR_COMM/_TIMEOUT.
  * Collective: yes, over bootstrap.
  */
 EPX_API epx_status epx_gpu_ep_create(epx_comm *bootstrap, const epx_ep_config *cfg,
