@@ -1,11 +1,10 @@
 #!/usr/bin/env bash
-# bal_check.sh - the next GPU call for branch bal-small (the balanced
-# kernel's small-batch cuts: 32-bit divisions, the even share once, the
-# replica counts' listed columns only, one-expert components in closed
-# form): test_balanced_gpu four ways and under memcheck, then bench_balanced
-# against main's, alternated, two rounds.
-#   BIN=.devbin scripts/bal_check.sh   (after scripts/stage_gpu.sh, with
-#   main's bench_balanced copied to BIN/bench_balanced_base)
+# bal_check.sh - one GPU call for a change to the balanced kernel (first
+# used for the small-batch cuts of branch bal-small, bench/RESULTS.md):
+# test_balanced_gpu four ways and under memcheck, then bench_balanced
+# against a base build's, alternated, two rounds.
+#   BIN=.devbin scripts/bal_check.sh   (after scripts/stage_gpu.sh, with the
+#   base build's bench_balanced copied to BIN/bench_balanced_base)
 set -u
 BIN=${BIN:-build}
 export LD_LIBRARY_PATH=$PWD/.devlibs:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
