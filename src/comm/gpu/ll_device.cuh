@@ -27,12 +27,21 @@ namespace {
 #ifndef EPX_LL_COMBINE_THREADS
 #define EPX_LL_COMBINE_THREADS 256
 #endif
+#ifndef EPX_LL_SMALL_THREADS
+#define EPX_LL_SMALL_THREADS 256
+#endif
 constexpr int kDispatchThreads = EPX_LL_THREADS;
+/* ... except the lean dispatch of a batch within the staged ids and not in
+ * normal mode (low latency's usual case): its blocks copy one row each and
+ * meet a barrier per step, cheaper in fewer warps (variant 512: 512 too) */
+constexpr int kSmallDispatchThreads = EPX_LL_SMALL_THREADS;
 constexpr int kCombineThreads = EPX_LL_COMBINE_THREADS;
 constexpr int kMaxThreads = kDispatchThreads > kCombineThreads ? kDispatchThreads : kCombineThreads;
 constexpr int blocks_per_sm(int threads) { return 1024 / threads; }
 static_assert(kDispatchThreads % 32 == 0 && kDispatchThreads >= 64 && kDispatchThreads <= 1024 &&
-                  kCombineThreads % 32 == 0 && kCombineThreads >= 64 && kCombineThreads <= 1024,
+                  kCombineThreads % 32 == 0 && kCombineThreads >= 64 && kCombineThreads <= 1024 &&
+                  kSmallDispatchThreads % 32 == 0 && kSmallDispatchThreads >= 64 &&
+                  kSmallDispatchThreads <= kDispatchThreads,
               "whole warps, two or more, at most 1024 threads");
 constexpr int kMaxK = EPX_MOE_MAX_TOP_K;
 /* Shared-memory ints of one pass of the per-slot counts a sender writes. */
@@ -43,7 +52,7 @@ constexpr int kSmemIds = 4096;
  * (the combine's scan of the counts lives there too). */
 constexpr int kMaxRanks = 1024;
 constexpr int kMaxLocal = EPXI_LL_MAX_LOCAL_SLOTS;
-static_assert(kMaxK <= kDispatchThreads && kMaxK <= kCombineThreads,
+static_assert(kMaxK <= kSmallDispatchThreads && kMaxK <= kCombineThreads,
               "a block's threads hold one token's K choices");
 /* A staged block's flag, padded so what follows stays 16-byte aligned. */
 constexpr size_t kFlagBytes = 16;
@@ -192,7 +201,8 @@ __device__ __forceinline__ void pdl_enter() {
  * (send_run_warps); 128 = normal mode's receive spreads its items over
  * the grid a thread each, not a run per block (receive_compact); 256 =
  * (`epx bench comm` only) a dispatch launched as its send and its
- * receive. */
+ * receive; 512 = the lean small dispatch in blocks of kDispatchThreads,
+ * not kSmallDispatchThreads. */
 #define STAMP(a, i)                                                                                \
     do {                                                                                           \
         if (((a).variant & 8) && blockIdx.x == 0 && threadIdx.x == 0)                              \

@@ -560,8 +560,8 @@ __device__ void receive_compact(const Args &a, uint32_t epoch, const int32_t *fi
  * that code cost small batches 0.2-0.5 us in the lean one (H200,
  * bench/RESULTS.md).
  */
-template <bool kLean, bool kBig>
-__global__ void __launch_bounds__(kDispatchThreads, blocks_per_sm(kDispatchThreads))
+template <bool kLean, bool kBig, int kT = kDispatchThreads>
+__global__ void __launch_bounds__(kT, blocks_per_sm(kT))
     dispatch_kernel(Args a, int64_t T, const unsigned char *x, const void *slots,
                     const float *weights, uint32_t nwork, int parts) {
     pdl_enter();

@@ -114,9 +114,10 @@ struct epx_gpu_ep {
     epxi_ep_geom g;
     cudaStream_t stream;
     int32_t timeout_ms;
-    int32_t wait_blocks; /* dispatch blocks: all that wait for flags must be resident */
-    int32_t comb_blocks; /* the same for the combine's (smaller) blocks */
-    int pdl;             /* EPX_GPU_EP_PDL: 1 programmatic dependent launch, 0 plain */
+    int32_t wait_blocks;  /* dispatch blocks: all that wait for flags must be resident */
+    int32_t comb_blocks;  /* the same for the combine's (smaller) blocks */
+    int32_t small_blocks; /* and for the small lean dispatch's (kSmallDispatchThreads) */
+    int pdl;              /* EPX_GPU_EP_PDL: 1 programmatic dependent launch, 0 plain */
     size_t off_rx, off_y, off_count, off_pair, off_work, off_self, off_srctok, off_ew, off_etok,
         off_offs, off_range, off_weights, off_slots, off_ctl, off_peers, off_mask, off_decided,
         total, inbox_total;
@@ -498,12 +499,14 @@ static epx_status open_engine(const epx_ep_config *cfg, int32_t rank, int32_t nu
             (const void *)dispatch_kernel<false, true>, (const void *)dispatch_kernel<true, true>};
         const void *combines[2] = {(const void *)combine_kernel<false>,
                                    (const void *)combine_kernel<true>};
+        const void *smalls[1] = {(const void *)dispatch_kernel<true, false, kSmallDispatchThreads>};
         const struct {
             const void *const *k;
             int n, threads;
             int32_t *cap;
-        } kinds[2] = {{dispatches, 4, kDispatchThreads, &ep->wait_blocks},
-                      {combines, 2, kCombineThreads, &ep->comb_blocks}};
+        } kinds[3] = {{dispatches, 4, kDispatchThreads, &ep->wait_blocks},
+                      {combines, 2, kCombineThreads, &ep->comb_blocks},
+                      {smalls, 1, kSmallDispatchThreads, &ep->small_blocks}};
         for (const auto &kind : kinds) {
             int per_sm = INT_MAX;
             for (int i = 0; i < kind.n; i++) {
@@ -1103,18 +1106,24 @@ extern "C" epx_status epx_gpu_ep_dispatch_parts(epx_gpu_ep *ep, int parts, int64
         return epx_gpu_ep_dispatch_parts(ep, EPX_GPU_EP_RECV, T, x, topk_slots, topk_weights, recv,
                                          err);
     }
-    /* ... and one more for the slot ranges (dispatch_kernel's range block) */
-    const unsigned grid =
-        blocks_for((sends > places ? sends : places) + ((parts & 2) ? 1 : 0), ep->wait_blocks);
-    const uint32_t nwork = (uint32_t)(sends < 1 ? 1 : sends < grid ? sends : grid);
     /* The lean instance when nothing needs the others' paths (dispatch_kernel). */
     const bool lean = ep->fp8 == 0 && (!ep->a.host_inbox || (ep->a.variant & 32)) && g->K <= 32 &&
                       row_fits_registers(g->xrow, x, kDispatchThreads);
     /* Positions from the per-slot table where the ids are past staging. */
     const bool big = (parts & EPX_GPU_EP_SEND) && ep->T * g->K > kSmemIds && g->P <= kSmemIds;
-    auto kern = lean ? (big ? dispatch_kernel<true, true> : dispatch_kernel<true, false>)
-                     : (big ? dispatch_kernel<false, true> : dispatch_kernel<false, false>);
-    EPXI_CUDA_TRY(launch(ep, kern, grid, kDispatchThreads, ep->a, ep->T, (const unsigned char *)x,
+    /* ... in smaller blocks for low latency's usual batch (kSmallDispatchThreads) */
+    const bool small = lean && !big && !ep->a.compact && ep->T * g->K <= kSmemIds &&
+                       !(ep->a.variant & 512) &&
+                       row_fits_registers(g->xrow, x, kSmallDispatchThreads);
+    auto kern = small  ? dispatch_kernel<true, false, kSmallDispatchThreads>
+                : lean ? (big ? dispatch_kernel<true, true> : dispatch_kernel<true, false>)
+                       : (big ? dispatch_kernel<false, true> : dispatch_kernel<false, false>);
+    const int threads = small ? kSmallDispatchThreads : kDispatchThreads;
+    /* ... and one more block for the slot ranges (dispatch_kernel's range block) */
+    const unsigned grid = blocks_for((sends > places ? sends : places) + ((parts & 2) ? 1 : 0),
+                                     small ? ep->small_blocks : ep->wait_blocks);
+    const uint32_t nwork = (uint32_t)(sends < 1 ? 1 : sends < grid ? sends : grid);
+    EPXI_CUDA_TRY(launch(ep, kern, grid, threads, ep->a, ep->T, (const unsigned char *)x,
                          topk_slots, topk_weights, nwork, parts | (ids64 ? 4 : 0) | ep->fp8),
                   "GPU EP dispatch kernel");
     if (parts & EPX_GPU_EP_SEND) EPX_TRY(exchange_phase(ep, 0, err));
