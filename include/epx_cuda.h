@@ -137,10 +137,14 @@ typedef struct epx_cuda_balancer epx_cuda_balancer;
 
 /* Size a GPU balancer on the current device (cudaMalloc of the workspace:
  * a few hundred kB at E = 384, and a zeroed counter, waited for on the
- * default stream); E, W, P, G as epx_dispatch_balanced_create.
+ * default stream); E, W, P, G as epx_dispatch_balanced_create. Its kernels
+ * are launched with programmatic dependent launch (each may be scheduled
+ * while the kernel before it in the stream ends, and waits for it before
+ * touching memory); EPX_BALANCED_PDL=0 launches them plainly.
  * Returns: EPX_OK; EPX_ERR_SHAPE; EPX_ERR_INVALID_ARG (a malformed
- * EPX_BALANCED_SUBSET_GPUS, EPX_BALANCED_GRID_PAIRS or
- * EPX_BALANCED_CLOSED_FORM); EPX_ERR_NOMEM; EPX_ERR_CUDA. */
+ * EPX_BALANCED_SUBSET_GPUS, EPX_BALANCED_GRID_PAIRS,
+ * EPX_BALANCED_CLOSED_FORM or EPX_BALANCED_PDL); EPX_ERR_NOMEM;
+ * EPX_ERR_CUDA. */
 EPX_API epx_status epx_cuda_dispatch_balanced_create(int32_t num_experts, int32_t width,
                                                      int32_t num_physical, int32_t num_gpus,
                                                      epx_cuda_balancer **out, epx_error *err);

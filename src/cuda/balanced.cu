@@ -75,6 +75,7 @@ extern "C" {
 #include "internal.h" /* C linkage: epxi_fail lives in the C library */
 }
 #include "cuda_check.h"
+#include "pdl.cuh"
 #include "epx_cuda.h"
 #include "../dispatch/balanced_core.h"
 
@@ -92,6 +93,7 @@ struct epx_cuda_balancer {
     int nb_max;
     int32_t *ghist;
     unsigned *done;
+    int pdl; /* EPX_BALANCED_PDL: 1 programmatic dependent launch (pdl.cuh), 0 plain */
 };
 
 namespace {
@@ -546,6 +548,7 @@ __global__ void __launch_bounds__(kMaxThreads, 1) balanced_kernel(BalArgs a) {
     extern __shared__ __align__(16) unsigned char dyn[];
     int32_t *hist = (int32_t *)dyn;
     __shared__ BalShared sh;
+    epxi_pdl_wait(); /* first: src/core/pdl.cuh */
     BAL_STAMP(0);
     epxi_bal b = a.bal;
     if (a.ws_shared) epxi_bal_carve(&b, dyn + a.ws_at);
@@ -595,6 +598,7 @@ __global__ void __launch_bounds__(kMaxThreads, 1) balanced_grid_count(BalArgs a)
     int32_t *hist = (int32_t *)dyn;
     __shared__ BalShared sh;
     __shared__ int s_last;
+    epxi_pdl_wait();
     BAL_STAMP(0);
     epxi_bal b = a.bal;
     const int tid = threadIdx.x, nt = blockDim.x, nb = (int)gridDim.x, r = (int)blockIdx.x;
@@ -659,6 +663,7 @@ __global__ void __launch_bounds__(kMaxThreads, 1) balanced_grid_count(BalArgs a)
 __global__ void __launch_bounds__(kMaxThreads) balanced_grid_rank(BalArgs a) {
     extern __shared__ __align__(16) unsigned char dyn[];
     int32_t *hist = (int32_t *)dyn;
+    epxi_pdl_wait();
     const int32_t E = a.bal.E;
     const int r = (int)blockIdx.x;
     const int64_t lo = (int64_t)r * a.chunk, hi = lo + a.chunk < a.pairs ? lo + a.chunk : a.pairs;
@@ -715,19 +720,18 @@ extern "C" epx_status epx_cuda_dispatch_balanced_create(int32_t num_experts, int
     if (b == NULL)
         return epxi_fail(err, EPX_ERR_NOMEM, "epx_cuda_dispatch_balanced_create: out of memory");
     epxi_bal_shape(&b->bal, num_experts, width, num_physical, num_gpus);
-    const char *bad = NULL;
-    if (epxi_bal_subsets_from_env(&b->bal, &bad) != 0) {
+    const char *name = NULL, *bad = NULL, *help = NULL;
+    if (epxi_bal_env(&b->bal, &name, &bad, &help) != 0) {
         free(b);
         return epxi_fail(err, EPX_ERR_INVALID_ARG,
-                         "epx_cuda_dispatch_balanced_create: EPX_BALANCED_SUBSET_GPUS = "
-                         "'%s': " EPXI_BAL_ENV_HELP,
-                         bad);
+                         "epx_cuda_dispatch_balanced_create: %s = '%s': %s", name, bad, help);
     }
-    if (epxi_bal_closed_from_env(&b->bal, &bad) != 0) {
+    if (epxi_pdl_from_env("EPX_BALANCED_PDL", &b->pdl) != 0) {
+        bad = getenv("EPX_BALANCED_PDL");
         free(b);
         return epxi_fail(err, EPX_ERR_INVALID_ARG,
-                         "epx_cuda_dispatch_balanced_create: EPX_BALANCED_CLOSED_FORM = "
-                         "'%s': " EPXI_BAL_CLOSED_HELP,
+                         "epx_cuda_dispatch_balanced_create: EPX_BALANCED_PDL = '%s': must be 1 "
+                         "(programmatic dependent launch, the default) or 0 (plain launches)",
                          bad);
     }
     if (epxi_bal_grid_pairs_from_env(&b->grid_pairs, &bad) != 0) {
@@ -824,8 +828,9 @@ extern "C" epx_status epx_cuda_dispatch_balanced_solve(
     set_outputs(a, out);
     a.ws_shared = b->ws_shared;
     a.ws_at = 0;
-    balanced_kernel<<<1, kMaxThreads, b->ws_shared ? b->ws : 0, stream>>>(a);
-    EPXI_CUDA_TRY(cudaGetLastError(), "cudaGetLastError");
+    EPXI_CUDA_TRY(epxi_launch_pdl(b->pdl, balanced_kernel, 1, kMaxThreads, b->ws_shared ? b->ws : 0,
+                                  stream, a),
+                  "the balanced kernel's launch");
     return EPX_OK;
 }
 
@@ -863,8 +868,8 @@ extern "C" epx_status epx_cuda_dispatch_balanced_topk(epx_cuda_balancer *b, cons
     a.ws_at = (uint32_t)b->hist;
     const size_t shm = b->hist + (b->ws_shared ? b->ws : 0);
     if (a.pairs < b->grid_pairs) {
-        balanced_kernel<<<1, b->threads, shm, stream>>>(a);
-        EPXI_CUDA_TRY(cudaGetLastError(), "cudaGetLastError");
+        EPXI_CUDA_TRY(epxi_launch_pdl(b->pdl, balanced_kernel, 1, b->threads, shm, stream, a),
+                      "the balanced kernel's launch");
         return EPX_OK;
     }
     /* the grid form: NB blocks of chunk pairs (the last one short; one
@@ -877,9 +882,9 @@ extern "C" epx_status epx_cuda_dispatch_balanced_topk(epx_cuda_balancer *b, cons
     a.ghist = b->ghist;
     a.done = b->done;
     a.grid_rc = a.rcounts ? a.rcounts : b->bal.rc;
-    balanced_grid_count<<<nb, b->threads, shm, stream>>>(a);
-    EPXI_CUDA_TRY(cudaGetLastError(), "cudaGetLastError");
-    balanced_grid_rank<<<nb, b->threads, b->hist, stream>>>(a);
-    EPXI_CUDA_TRY(cudaGetLastError(), "cudaGetLastError");
+    EPXI_CUDA_TRY(epxi_launch_pdl(b->pdl, balanced_grid_count, nb, b->threads, shm, stream, a),
+                  "the balanced grid form's launch A");
+    EPXI_CUDA_TRY(epxi_launch_pdl(b->pdl, balanced_grid_rank, nb, b->threads, b->hist, stream, a),
+                  "the balanced grid form's launch B");
     return EPX_OK;
 }

@@ -309,6 +309,25 @@ int main(void) {
      * global memory (and the ids entry point runs with fewer warps) */
     one_case(20000, 8, 2600, 1000, 8, 1, 0);
     cases++;
+    { /* a launch form that does not exist is refused by name, the caller's kept */
+        const char *was = getenv("EPX_BALANCED_PDL");
+        char keep[16] = "";
+        if (was != NULL) snprintf(keep, sizeof keep, "%s", was);
+        setenv("EPX_BALANCED_PDL", "2", 1);
+        epx_cuda_balancer *gb = NULL;
+        epx_error er = {0};
+        const epx_status st = epx_cuda_dispatch_balanced_create(8, 1, 8, 2, &gb, &er);
+        if (was != NULL)
+            setenv("EPX_BALANCED_PDL", keep, 1);
+        else
+            unsetenv("EPX_BALANCED_PDL");
+        if (st != EPX_ERR_INVALID_ARG || gb != NULL ||
+            strstr(er.msg, "EPX_BALANCED_PDL = '2'") == NULL) {
+            printf("FAILED: EPX_BALANCED_PDL=2 must be refused naming it: '%s'\n", er.msg);
+            failures++;
+        }
+        epx_cuda_dispatch_balanced_destroy(gb);
+    }
     if (failures) {
         printf("FAILED: %d mismatches over %d cases\n", failures, cases);
         return 1;

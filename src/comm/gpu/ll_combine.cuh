@@ -151,7 +151,7 @@ __global__ void __launch_bounds__(kCombineThreads, blocks_per_sm(kCombineThreads
     __shared__ int s_dead;
     __shared__ int32_t s_items;
     __shared__ Work s_first;
-    pdl_enter();
+    epxi_pdl_wait(); /* first: src/core/pdl.cuh */
     STAMP(a, 15);
     if (threadIdx.x == 0) {
         s_epoch = take_epoch(&a.ctl->ce_started, (parts & 1) != 0);

@@ -172,24 +172,6 @@ struct Args {
     int64_t *offs;
 };
 
-/*
- * Programmatic dependent launch (Hopper; the host's `launch`): a kernel
- * launched with it may be scheduled before the kernel ahead of it in the
- * stream has ended, so its launch overlaps that kernel's last blocks.
- * griddepcontrol.wait holds every thread until that kernel has ended and
- * its writes are visible, so it comes before any global load or store;
- * without the launch attribute it returns at once. The kernels never let
- * the next one launch early (griddepcontrol.launch_dependents at entry):
- * its blocks, parked beside these, cost more than the launch they hid
- * (bench/RESULTS.md), and on a GPU shared by ranks they could keep a peer's
- * blocks off the SMs while it waits for theirs.
- */
-__device__ __forceinline__ void pdl_enter() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
-
 /* Variant bits (bench and tests only, epxi_gpu_ep_variant): 1 = blocks
  * count in at GPU scope (arrive); 2 = flags at GPU scope (one GPU
  * only; both are the default when every rank is on this GPU, scope());

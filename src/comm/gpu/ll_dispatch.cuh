@@ -564,7 +564,7 @@ template <bool kLean, bool kBig, int kT = kDispatchThreads>
 __global__ void __launch_bounds__(kT, blocks_per_sm(kT))
     dispatch_kernel(Args a, int64_t T, const unsigned char *x, const void *slots,
                     const float *weights, uint32_t nwork, int parts) {
-    pdl_enter();
+    epxi_pdl_wait(); /* first: src/core/pdl.cuh */
     const int ids64 = (parts & 4) != 0;
     const int fp8 = kLean ? 0 : parts & (kFP8 | kRoundScale | kUE8M0);
     const int K = a.K, dmax = K < a.R ? K : a.R;

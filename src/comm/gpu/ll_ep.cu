@@ -63,6 +63,7 @@
 #include "ep_common.h"
 #include "epx_comm_gpu.h"
 #include "cuda_check.h"
+#include "pdl.cuh"
 #include "transport.h"
 
 #include "ll_device.cuh"
@@ -159,37 +160,22 @@ struct epx_gpu_ep {
 };
 
 /* EPX_GPU_EP_PDL: 1 (unset: the default) launches the kernels with
- * programmatic dependent launch (pdl_enter in ll_device.cuh), 0 plainly. */
+ * programmatic dependent launch (src/core/pdl.cuh), 0 plainly. */
 static epx_status pdl_from_env(int *pdl, epx_error *err) {
-    const char *v = getenv("EPX_GPU_EP_PDL");
-    *pdl = 1;
-    if (v == NULL || *v == '\0') return EPX_OK;
-    if ((v[0] == '0' || v[0] == '1') && v[1] == '\0') {
-        *pdl = v[0] - '0';
-        return EPX_OK;
-    }
+    if (epxi_pdl_from_env("EPX_GPU_EP_PDL", pdl) == 0) return EPX_OK;
     return epxi_fail(err, EPX_ERR_INVALID_ARG,
                      "EPX_GPU_EP_PDL=%s: give 1 (programmatic dependent launch, the default) "
                      "or 0 (plain launches), or leave it unset",
-                     v);
+                     getenv("EPX_GPU_EP_PDL"));
 }
 
 /* One of the engine's kernels on its stream, grid blocks of `threads`, with
- * programmatic dependent launch where ep->pdl asks for it: it may then
- * start before the kernel ahead of it ends, and waits for it in pdl_enter. */
+ * programmatic dependent launch where ep->pdl asks for it. */
 template <typename... P, typename... A>
 static cudaError_t launch(const epx_gpu_ep *ep, void (*kernel)(P...), unsigned grid, int threads,
                           A &&...args) {
-    cudaLaunchConfig_t c = {};
-    c.gridDim = dim3(grid);
-    c.blockDim = dim3(threads);
-    c.stream = ep->stream;
-    cudaLaunchAttribute at[1];
-    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    at[0].val.programmaticStreamSerializationAllowed = 1;
-    c.attrs = at;
-    c.numAttrs = ep->pdl ? 1 : 0;
-    return cudaLaunchKernelEx(&c, kernel, std::forward<A>(args)...);
+    return epxi_launch_pdl(ep->pdl, kernel, grid, (unsigned)threads, 0, ep->stream,
+                           std::forward<A>(args)...);
 }
 
 /* Tokens per rank at most from now on, and so the staged blocks' bytes: a
