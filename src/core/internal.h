@@ -50,6 +50,17 @@ static inline bool epxi_mul_size(size_t n, size_t size, size_t *out) {
     return true;
 }
 
+/* An on/off environment switch `var`: "1" or "0" sets *on; unset or empty
+ * leaves it as the caller set it (the default). Returns false, *on as it
+ * was, for any other value: the caller refuses it by name. */
+static inline bool epxi_env_switch(const char *var, int *on) {
+    const char *v = getenv(var);
+    if (v == NULL || *v == '\0') return true;
+    if ((v[0] != '0' && v[0] != '1') || v[1] != '\0') return false;
+    *on = v[0] == '1';
+    return true;
+}
+
 /* calloc of n elements of `size` bytes, reporting overflow and NOMEM in err.
  * `what` names the buffer in the message. */
 EPXI_HIDDEN void *epxi_calloc(size_t n, size_t size, const char *what, epx_error *err);

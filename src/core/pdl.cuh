@@ -11,13 +11,12 @@
  * (griddepcontrol.launch_dependents): blocks parked beside a running
  * kernel cost more than the launch they hid (bench/RESULTS.md), and on a
  * GPU shared by ranks could keep a peer's blocks off the SMs. CUDA
- * sources only.
+ * sources only; their on/off switches are read with epxi_env_switch.
  */
 #ifndef EPX_PDL_CUH
 #define EPX_PDL_CUH
 
 #include <cuda_runtime.h>
-#include <stdlib.h>
 #include <utility>
 
 __device__ __forceinline__ void epxi_pdl_wait() {
@@ -42,17 +41,6 @@ static cudaError_t epxi_launch_pdl(int pdl, void (*kernel)(P...), unsigned grid,
     c.attrs = at;
     c.numAttrs = pdl ? 1 : 0;
     return cudaLaunchKernelEx(&c, kernel, std::forward<A>(args)...);
-}
-
-/* The environment's switch `var`: 1 (unset or empty: the default) or 0.
- * Returns 0, or -1 for any other value (the caller names it). */
-static inline int epxi_pdl_from_env(const char *var, int *pdl) {
-    const char *v = getenv(var);
-    *pdl = 1;
-    if (v == NULL || *v == '\0') return 0;
-    if ((v[0] != '0' && v[0] != '1') || v[1] != '\0') return -1;
-    *pdl = v[0] - '0';
-    return 0;
 }
 
 #endif

@@ -726,7 +726,8 @@ extern "C" epx_status epx_cuda_dispatch_balanced_create(int32_t num_experts, int
         return epxi_fail(err, EPX_ERR_INVALID_ARG,
                          "epx_cuda_dispatch_balanced_create: %s = '%s': %s", name, bad, help);
     }
-    if (epxi_pdl_from_env("EPX_BALANCED_PDL", &b->pdl) != 0) {
+    b->pdl = 1;
+    if (!epxi_env_switch("EPX_BALANCED_PDL", &b->pdl)) {
         bad = getenv("EPX_BALANCED_PDL");
         free(b);
         return epxi_fail(err, EPX_ERR_INVALID_ARG,

@@ -49,6 +49,8 @@
 #include <stdint.h>
 #include <stdlib.h>
 
+#include "internal.h" /* epxi_env_switch */
+
 #ifdef __CUDACC__
 #define EPXI_BAL __host__ __device__ static inline
 #else
@@ -163,13 +165,12 @@ static inline int epxi_bal_subsets_from_env(epxi_bal *b, const char **bad) {
  * results; the switch is there to compare them). Returns 0, or -1 with
  * *bad = the value when it is not 0 or 1. Host only. */
 static inline int epxi_bal_closed_from_env(epxi_bal *b, const char **bad) {
-    const char *v = getenv("EPX_BALANCED_CLOSED_FORM");
-    if (v == NULL || *v == '\0') return 0;
-    if ((v[0] != '0' && v[0] != '1') || v[1] != '\0') {
-        *bad = v;
+    int on = b->closed;
+    if (!epxi_env_switch("EPX_BALANCED_CLOSED_FORM", &on)) {
+        *bad = getenv("EPX_BALANCED_CLOSED_FORM");
         return -1;
     }
-    b->closed = v[0] == '1';
+    b->closed = on;
     return 0;
 }
 #define EPXI_BAL_CLOSED_HELP "must be 0 (the subset solve) or 1 (the closed form, the default)"
