@@ -199,6 +199,37 @@ static void release_goldens_any_threads(void **state) {
     unsetenv("EPX_THREADS");
 }
 
+/* EPX_THREADS that is not a whole number from 1 is refused by name, not read
+ * as a number it happens to start with (a table with a cut runs on threads). */
+static void threads_refused(void **state) {
+    (void)state;
+    const epx_shape s = {1, 4, 6, 2, 1};
+    const int32_t p2l[6] = {0, 1, 2, 3, 0, 1};
+    epx_layout *lay = NULL;
+    epx_error err = {0};
+    assert_int_equal(epx_layout_create_from_map(&s, p2l, &lay, &err), EPX_OK);
+    epx_table_opts o = EPX_TABLE_OPTS_INIT;
+    o.sglang_version = "0.5.23";
+    int32_t out[2 * 4];
+    static const char *bad[] = {"abc", "0", "4x", "-2", " 8", "1234567890"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        setenv("EPX_THREADS", bad[i], 1);
+        memset(&err, 0, sizeof err);
+        assert_int_equal(epx_dispatch_table_from_layout(lay, &o, out, &err), EPX_ERR_INVALID_ARG);
+        char want[64];
+        snprintf(want, sizeof want, "EPX_THREADS=%s:", bad[i]);
+        if (strstr(err.msg, want) == NULL) fail_msg("EPX_THREADS=%s: %s", bad[i], err.msg);
+    }
+    static const char *good[] = {"", "1", "3", "500"};
+    for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
+        setenv("EPX_THREADS", good[i], 1);
+        if (epx_dispatch_table_from_layout(lay, &o, out, &err) != EPX_OK)
+            fail_msg("EPX_THREADS=%s: %s", good[i], err.msg);
+    }
+    unsetenv("EPX_THREADS");
+    epx_layout_destroy(lay);
+}
+
 static void release_strings(void **state) {
     (void)state;
     static const struct {
@@ -301,10 +332,9 @@ static void rank_lists_refusals(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(release_strings),
-        cmocka_unit_test(rank_lists_refusals),
-        cmocka_unit_test(release_goldens),
-        cmocka_unit_test(release_goldens_any_threads),
+        cmocka_unit_test(release_strings), cmocka_unit_test(rank_lists_refusals),
+        cmocka_unit_test(release_goldens), cmocka_unit_test(release_goldens_any_threads),
+        cmocka_unit_test(threads_refused),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -136,7 +136,8 @@ typedef struct epx_table_opts {
  *          out (out) [G][L][E] int32, caller-owned; rank r's table [L][E]
  *            starts at out + r * L * E.
  * Returns: EPX_OK; EPX_ERR_SHAPE; EPX_ERR_INVALID_ARG (bad options, negative
- *          or non-finite loads/weights, which name the index);
+ *          or non-finite loads/weights, which name the index; an EPX_THREADS
+ *          that is not a whole number from 1, when the table runs on threads);
  *          EPX_ERR_INVALID_MAP (a slot id outside [-1, P), or an expert with
  *          no replica: names layer and expert); EPX_ERR_NOMEM.
  * Thread:  any thread; no shared state.

@@ -172,8 +172,9 @@ static inline double epxi_balancedness(const epxi_gpu_summary *s) {
  * none), else one per online CPU; at most `items` and 64. The library's only
  * threads come from epxi_parallel (today: SGLang's cut dispatch table;
  * DeepSeek's layers on threads were measured slower on the 2-core VM at the
- * planning shapes, bench/RESULTS.md, and are not used). */
-EPXI_HIDDEN int32_t epxi_threads(int64_t items);
+ * planning shapes, bench/RESULTS.md, and are not used). EPX_ERR_INVALID_ARG
+ * for an EPX_THREADS that is not a whole number from 1, naming it. */
+EPXI_HIDDEN epx_status epxi_threads(int64_t items, int32_t *threads, epx_error *err);
 
 /* Run fn(ctx, t, n) for t = 0 .. n - 1, each on its own thread, t = 0 on
  * the calling thread; returns when all are done. A thread that cannot

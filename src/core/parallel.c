@@ -6,17 +6,28 @@
  */
 #include <pthread.h>
 #include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
 
 #include "internal.h"
 
-int32_t epxi_threads(int64_t items) {
+epx_status epxi_threads(int64_t items, int32_t *threads, epx_error *err) {
     long n = sysconf(_SC_NPROCESSORS_ONLN);
     const char *env = getenv("EPX_THREADS");
-    if (env != NULL && *env != '\0') n = strtol(env, NULL, 10);
+    if (env != NULL && *env != '\0') {
+        /* digits only, so "4x", "-2" or " 8" are refused, not read as 4, 1 or 8 */
+        size_t len = strspn(env, "0123456789");
+        if (env[len] != '\0' || len > 9 || (n = strtol(env, NULL, 10)) < 1)
+            return epxi_fail(err, EPX_ERR_INVALID_ARG,
+                             "EPX_THREADS=%s: give a whole number of threads from 1 (1 = the "
+                             "calling thread only; more than 64 counts as 64), or leave it unset "
+                             "for one per online CPU",
+                             env);
+    }
     if (n < 1) n = 1;
     if (n > 64) n = 64;
-    return items < n ? (int32_t)(items < 1 ? 1 : items) : (int32_t)n;
+    *threads = items < n ? (int32_t)(items < 1 ? 1 : items) : (int32_t)n;
+    return EPX_OK;
 }
 
 typedef struct job {

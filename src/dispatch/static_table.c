@@ -194,7 +194,8 @@ static epx_status sglang_table(const epx_shape *s, const int32_t *replicas, int3
         sglang_pass(s, replicas, width, seed, rule, -1, out, w);
         return EPX_OK;
     }
-    int32_t nt = epxi_threads(G);
+    int32_t nt = 1;
+    EPX_TRY(epxi_threads(G, &nt, err));
     uint8_t failed_of[64] = {0};
     sg_job job = {s, replicas, width, seed, rule, out, failed_of};
     epxi_parallel(nt, sg_run, &job);
