@@ -63,7 +63,8 @@ typedef struct ll_run {
     void *dx, *dtp, *csrc, *cdst;
     void *hpin;            /* pinned host bytes: the host transport's link ceiling (PH_LINK) */
     const char *transport; /* epx_gpu_ep_transport_name */
-    int split;             /* EPX_LL_VARIANT bit 256: dispatch as its send, then its receive */
+    int variant;           /* EPX_LL_VARIANT (ll_variant), 0 when unset */
+    int split;             /* its bit 256: dispatch as its send, then its receive */
     int32_t *ds;
     float *dw, *dout;
     int64_t *dsum;
@@ -76,6 +77,26 @@ typedef struct ll_run {
     int64_t Tmax;  /* the engine's max_tokens: the largest --tokens */
     int64_t bound; /* its token bound for the batch size being timed */
 } ll_run;
+
+/* EPX_LL_VARIANT, the engine's measurement variants (docs/ENVIRONMENT.md):
+ * unset or empty is 0; anything but a whole number from 0 is refused by
+ * name rather than timed as some other variant. */
+static epx_status ll_variant(int *variant, epx_error *err) {
+    const char *v = getenv("EPX_LL_VARIANT");
+    *variant = 0;
+    if (v == NULL || *v == '\0') return EPX_OK;
+    const size_t len = strspn(v, "0123456789");
+    if (v[len] != '\0' || len > 9) {
+        err->status = EPX_ERR_INVALID_ARG;
+        snprintf(err->msg, sizeof err->msg,
+                 "EPX_LL_VARIANT=%.32s: give the variant bits as a whole number (0, the default, "
+                 "or e.g. 8 for block 0's stamps), or leave it unset",
+                 v);
+        return EPX_ERR_INVALID_ARG;
+    }
+    *variant = (int)strtol(v, NULL, 10);
+    return EPX_OK;
+}
 
 enum { PH_DISPATCH, PH_COMBINE, PH_ROUND_TRIP, PH_ALLREDUCE, PH_COPY, PH_LINK };
 
@@ -451,15 +472,14 @@ static epx_status bench_T(ll_run *b, int64_t T, const void *x, const int32_t *sl
         return EPX_ERR_INTERNAL;
     }
     double st_us[48];
-    if (me == 0 && getenv("EPX_LL_VARIANT") && (atoi(getenv("EPX_LL_VARIANT")) & 8) &&
-        epxi_gpu_ep_stamps(b->ep, st_us) == 0)
+    if (me == 0 && (b->variant & 8) && epxi_gpu_ep_stamps(b->ep, st_us) == 0)
         printf("stamps at %lld tokens (us from block 0's entry; SM clock %.0f MHz): dispatch "
                "started %.2f sent and counted %.2f arrived %.2f waited %.2f placed %.2f; combine "
                "started %.2f sent %.2f arrived %.2f waited %.2f first rows %.2f summed %.2f "
                "reduced %.2f\n",
                (long long)T, st_us[6], st_us[0], st_us[1], st_us[2], st_us[3], st_us[4], st_us[8],
                st_us[9], st_us[10], st_us[11], st_us[13], st_us[14], st_us[12]);
-    if (me == 0 && getenv("EPX_LL_VARIANT") && (atoi(getenv("EPX_LL_VARIANT")) & 8)) {
+    if (me == 0 && (b->variant & 8)) {
         printf("  finer stamps:");
         for (int i = 16; i < 48; i++)
             if (st_us[i] >= 0) printf(" %d=%.2f", i, st_us[i]);
@@ -571,6 +591,8 @@ epx_status bench_ll_gpu(epx_comm *comm, ncclComm_t nc, cudaStream_t s, const ben
     float *w = malloc((size_t)Tmax * K * 4);
     b.t = malloc((size_t)(a->iters + a->warmup) * sizeof(double));
     epx_status st = x && slots && w && b.t ? EPX_OK : EPX_ERR_NOMEM;
+    /* kernel variants for measurements (an internal hook; see ll_ep.cu) */
+    if (st == EPX_OK) st = ll_variant(&b.variant, err);
     if (st == EPX_OK) bench_inputs(a, me, P, Tmax, x, slots, w);
     const size_t copy_max = (size_t)(Tmax * K * 2) * H * esz;
     if (st == EPX_OK &&
@@ -627,10 +649,8 @@ epx_status bench_ll_gpu(epx_comm *comm, ncclComm_t nc, cudaStream_t s, const ben
         err->status = st = EPX_ERR_CUDA;
         snprintf(err->msg, sizeof err->msg, "bench: the floor probes' buffers failed");
     }
-    /* Kernel variants for measurements (an internal hook; see ll_ep.cu). */
-    const char *var = getenv("EPX_LL_VARIANT");
-    if (st == EPX_OK && var != NULL) epxi_gpu_ep_variant(b.ep, atoi(var));
-    b.split = var != NULL && (atoi(var) & 256);
+    if (st == EPX_OK && b.variant != 0) epxi_gpu_ep_variant(b.ep, b.variant);
+    b.split = (b.variant & 256) != 0;
     struct cudaDeviceProp prop;
     int dev = 0;
     cudaGetDevice(&dev);
