@@ -249,6 +249,17 @@ def test_buffer_round_trip_on_one_rank(nbuf, seed):
     assert torch.equal(ow, expect)
 
 
+def test_a_wrong_normal_kernels_switch_is_refused_by_name(nbuf, monkeypatch):
+    x, ids, w, per_rank, per_expert, in_rank = _one_rank(0)
+    monkeypatch.setenv("EPX_TORCH_NORMAL_KERNELS", "yes")
+    with pytest.raises(ValueError, match="EPX_TORCH_NORMAL_KERNELS is 'yes': give 1"):
+        _dispatch(nbuf, x, ids, w, per_rank, per_expert, in_rank)
+    monkeypatch.setenv("EPX_TORCH_NORMAL_KERNELS", "0")  # the same engine works afterwards
+    rx = _dispatch(nbuf, x, ids, w, per_rank, per_expert, in_rank)[0]
+    ref = N.reference_dispatch([x], [in_rank], [ids], [w], [per_expert], 0)
+    assert torch.equal(rx, ref[0])
+
+
 def test_a_combine_after_another_dispatch_resends_its_columns(nbuf):
     a = _one_rank(1)
     b = _one_rank(2)

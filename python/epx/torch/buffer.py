@@ -209,6 +209,17 @@ def _env_timeout_ms():
     return int(v)
 
 
+def _env_normal_kernels():
+    """EPX_TORCH_NORMAL_KERNELS: 1 (or unset) libepx_cuda's normal-mode
+    kernels where it has them, 0 the plain-torch steps."""
+    import os
+    v = os.environ.get("EPX_TORCH_NORMAL_KERNELS", "")
+    if v not in ("", "0", "1"):
+        _fail("EPX_TORCH_NORMAL_KERNELS is %r: give 1 (libepx_cuda's kernels, the default) or 0 "
+              "(plain torch), or leave it unset" % v)
+    return v != "0"
+
+
 class _ShrinkExchange:
     """Shrink mode's exchange at a shape's engine creation: every rank's value
     through torch.distributed's key-value store, each waited for until a
@@ -712,6 +723,10 @@ class Buffer:
         eng = self._open_engine(key, "normal mode, hidden %d, %d experts" % (hidden, num_experts),
                                 make)
         if not hasattr(eng, "stage"):
+            # the kernels where the library has them (EPX_TORCH_NORMAL_KERNELS=0:
+            # the plain-torch steps, as the tests compare both); read first, so
+            # a refused value leaves the engine as it was
+            kernels = _env_normal_kernels()
             M = eng.cfg.max_tokens
             dev = eng.recv_x.device  # the engine's GPU
             eng.stage = torch.zeros((M, width), dtype=torch.bfloat16, device=dev)
@@ -719,10 +734,7 @@ class Buffer:
             eng.ones = torch.ones((M, R), dtype=torch.float32, device=dev)
             eng.layout = None  # which dispatch's layout the engine holds
             eng.hidden, eng.num_experts = hidden, num_experts
-            # the kernels where the library has them (EPX_TORCH_NORMAL_KERNELS=0:
-            # the plain-torch steps, as the tests compare both)
-            use = eng.stage.is_cuda and _normal_gpu.available() and \
-                os.environ.get("EPX_TORCH_NORMAL_KERNELS", "1") != "0"
+            use = kernels and eng.stage.is_cuda and _normal_gpu.available()
             eng.rows = _normal_gpu.Rows(hidden, width, R, num_experts) if use else None
         return eng
 
