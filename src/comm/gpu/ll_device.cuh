@@ -139,7 +139,7 @@ struct Args {
     unsigned long long timeout_ns;
     int xbf16, ybf16;
     int skip_flags; /* fault injection: dispatch publishes no flags */
-    int variant;    /* measurement variants (ld_acquire's comment) */
+    int variant;    /* measurement variants (their bits: the list above STAMP) */
     int one_gpu;    /* every rank on this GPU: flags at GPU scope (scope()) */
     /* A staging transport (NCCL): every peer pointer is this rank's outbox,
      * sends are filed by destination there and the transport moves each

@@ -1312,7 +1312,7 @@ extern "C" EPXI_HIDDEN int epxi_gpu_ep_stamps(epx_gpu_ep *ep, double *us) {
     return 0;
 }
 
-/* Measuring: kernel variants (ld_acquire's comment); 0 = the default. */
+/* Measuring: kernel variants (their bits: the list above STAMP in ll_device.cuh); 0 = the default. */
 extern "C" EPXI_HIDDEN void epxi_gpu_ep_variant(epx_gpu_ep *ep, int bits) {
     if (ep != NULL) ep->a.variant = bits;
 }
