@@ -81,6 +81,9 @@ def build_libepx(build_temp):
           "-DEPX_WITH_CUDA=%s" % ("OFF" if cuda == "0" else "ON"), "-DEPX_WITH_MPI=OFF",
           "-DEPX_BUILD_TESTS=OFF"])
     jobs = os.environ.get("EPX_BUILD_JOBS") or str(os.cpu_count() or 2)
+    if not jobs.isdigit() or int(jobs) < 1:
+        _fail("EPX_BUILD_JOBS=%s: give the build's parallel jobs as a whole number from 1, or "
+              "leave it unset for one per CPU" % jobs)
     _run(["cmake", "--build", bdir, "--target", "epx", "-j", jobs])
     lib = bdir / LIB_NAME
     if not lib.is_file():

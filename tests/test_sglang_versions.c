@@ -211,7 +211,8 @@ static void threads_refused(void **state) {
     epx_table_opts o = EPX_TABLE_OPTS_INIT;
     o.sglang_version = "0.5.23";
     int32_t out[2 * 4];
-    static const char *bad[] = {"abc", "0", "4x", "-2", " 8", "1234567890"};
+    char *was = getenv("EPX_THREADS") ? strdup(getenv("EPX_THREADS")) : NULL;
+    static const char *bad[] = {"abc", "0", "000", "4x", "-2", " 8", "8 "};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         setenv("EPX_THREADS", bad[i], 1);
         memset(&err, 0, sizeof err);
@@ -220,13 +221,17 @@ static void threads_refused(void **state) {
         snprintf(want, sizeof want, "EPX_THREADS=%s:", bad[i]);
         if (strstr(err.msg, want) == NULL) fail_msg("EPX_THREADS=%s: %s", bad[i], err.msg);
     }
-    static const char *good[] = {"", "1", "3", "500"};
+    static const char *good[] = {"", "1", "3", "007", "500", "1234567890123"};
     for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
         setenv("EPX_THREADS", good[i], 1);
         if (epx_dispatch_table_from_layout(lay, &o, out, &err) != EPX_OK)
             fail_msg("EPX_THREADS=%s: %s", good[i], err.msg);
     }
-    unsetenv("EPX_THREADS");
+    if (was != NULL)
+        setenv("EPX_THREADS", was, 1);
+    else
+        unsetenv("EPX_THREADS");
+    free(was);
     epx_layout_destroy(lay);
 }
 

@@ -84,7 +84,11 @@ def _dispatch_table_for(sglang_version):
 def install(modules=None, algorithm=None, verbose=True):
     """Replace the engine functions found in `modules` (default: TARGETS, those
     importable). Returns {module.attr: original} so uninstall() can undo it."""
-    algorithm = algorithm or os.environ.get("EPX_EPLB_ALGORITHM", "deepseek")
+    algorithm = algorithm or os.environ.get("EPX_EPLB_ALGORITHM") or "deepseek"
+    if algorithm not in ("deepseek", "epx"):
+        raise ValueError("EPLB algorithm %r (EPX_EPLB_ALGORITHM or algorithm=): give deepseek "
+                         "(DeepSeek's EPLB, computed by libepx) or epx (epx's planner)"
+                         % (algorithm,))
     replaced = {}
     for mod_name, attr, kind in modules or TARGETS:
         try:

@@ -12,35 +12,47 @@ import re
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DOC = os.path.join(ROOT, "docs", "ENVIRONMENT.md")
 TREES = ("src", "include", "tools", "tests", "bench", "scripts", "python/epx", "python/tests",
-         "python/bench", "python/examples")
-SUFFIXES = (".c", ".h", ".cu", ".cuh", ".py", ".sh")
+         "python/bench", "python/examples", "python/setup.py", "cmake", "CMakeLists.txt",
+         "Makefile", ".ci")
+SUFFIXES = (".c", ".h", ".cu", ".cuh", ".py", ".sh", ".cmake", ".txt", "Makefile", "run")
 
-# How a variable is read: C's getenv and the on/off switch parser, Python's
-# os.environ (a plain name or a module constant ENV = "EPX_..."), and a
-# shell script's ${EPX_...:-default}. Shell lines that only set a variable for
-# a child process (EPX_LIBRARY=... cmd) are not reads.
+# How a variable is read. C: getenv and the on/off switch parser. Python:
+# os.getenv, os.environ.get or os.environ[...] not being assigned (a plain
+# name, or a module constant ENV = "EPX_..."), and `"EPX_..." in os.environ`.
+# Shell and make: $EPX_... or ${EPX_...}; a line that only sets a variable
+# for a child process (EPX_LIBRARY=... cmd) is not a read. CMake: $ENV{...}.
 READS = (
-    re.compile(r'getenv\(\s*"(EPX_\w+)"'),
+    re.compile(r'getenv\(\s*["\'](EPX_\w+)["\']'),
     re.compile(r'epxi_env_switch\(\s*"(EPX_\w+)"'),
-    re.compile(r'environ(?:\.get)?\s*[(\[]\s*["\'](EPX_\w+)'),
+    re.compile(r'environ\.get\(\s*["\'](EPX_\w+)["\']'),
+    re.compile(r'environ\[\s*["\'](EPX_\w+)["\']\s*\](?!\s*=[^=])'),
+    re.compile(r'["\'](EPX_\w+)["\']\s+in\s+os\.environ'),
     re.compile(r'^\s*ENV\s*=\s*["\'](EPX_\w+)', re.M),
-    re.compile(r'\$\{(EPX_\w+):?-'),
+    re.compile(r'\$ENV\{(EPX_\w+)\}'),
 )
+SHELL_READ = re.compile(r'\$\{?(EPX_\w+)')
+
+
+def files():
+    for tree in TREES:
+        top = os.path.join(ROOT, tree)
+        if os.path.isfile(top):
+            yield top
+        for folder, _, names in os.walk(top):
+            for name in names:
+                if name.endswith(SUFFIXES):
+                    yield os.path.join(folder, name)
 
 
 def variables_read():
     found = {}
-    for tree in TREES:
-        for folder, _, files in os.walk(os.path.join(ROOT, tree)):
-            for name in files:
-                if not name.endswith(SUFFIXES):
-                    continue
-                path = os.path.join(folder, name)
-                with open(path, errors="replace") as f:
-                    text = f.read()
-                for pattern in READS:
-                    for m in pattern.finditer(text):
-                        found.setdefault(m.group(1), os.path.relpath(path, ROOT))
+    for path in files():
+        with open(path, errors="replace") as f:
+            text = f.read()
+        shell = path.endswith((".sh", "Makefile", "run"))
+        for pattern in READS + ((SHELL_READ,) if shell else ()):
+            for m in pattern.finditer(text):
+                found.setdefault(m.group(1), os.path.relpath(path, ROOT))
     return found
 
 
@@ -58,7 +70,8 @@ def variables_documented():
 def test_the_scan_finds_the_variables_it_must():
     read = variables_read()
     for name in ("EPX_THREADS", "EPX_GPU_EP_TRANSPORT", "EPX_BALANCED_PDL", "EPX_LIBRARY",
-                 "EPX_VLLM_ALGORITHM", "EPX_PY_TORCH", "EPX_SHARED"):
+                 "EPX_VLLM_ALGORITHM", "EPX_PY_TORCH", "EPX_SHARED", "EPX_BUILD_JOBS",
+                 "EPX_BIN"):
         assert name in read, name
 
 

@@ -73,6 +73,12 @@ def test_epx_algorithm_from_the_environment(hook, fake_sglang, monkeypatch):
     hook.uninstall(replaced)
 
 
+def test_a_wrong_algorithm_is_refused_at_install(hook, fake_sglang, monkeypatch):
+    monkeypatch.setenv("EPX_EPLB_ALGORITHM", "eplb2")
+    with pytest.raises(ValueError, match="EPLB algorithm 'eplb2' \\(EPX_EPLB_ALGORITHM"):
+        hook.install(verbose=False)
+
+
 def test_demo_runs_standalone(hook, capsys):
     if not (epx.has("epx_balance_compute") and epx.has("epx_trace_synth")):
         pytest.skip("this libepx has no metrics or traces")

@@ -254,8 +254,10 @@ def test_a_wrong_normal_kernels_switch_is_refused_by_name(nbuf, monkeypatch):
     monkeypatch.setenv("EPX_TORCH_NORMAL_KERNELS", "yes")
     with pytest.raises(ValueError, match="EPX_TORCH_NORMAL_KERNELS is 'yes': give 1"):
         _dispatch(nbuf, x, ids, w, per_rank, per_expert, in_rank)
+    made = len(LoopEngine.made)
     monkeypatch.setenv("EPX_TORCH_NORMAL_KERNELS", "0")  # the same engine works afterwards
     rx = _dispatch(nbuf, x, ids, w, per_rank, per_expert, in_rank)[0]
+    assert len(LoopEngine.made) == made
     ref = N.reference_dispatch([x], [in_rank], [ids], [w], [per_expert], 0)
     assert torch.equal(rx, ref[0])
 

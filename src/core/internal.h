@@ -52,11 +52,15 @@ static inline bool epxi_mul_size(size_t n, size_t size, size_t *out) {
 
 /* An on/off environment switch `var`: "1" or "0" sets *on; unset or empty
  * leaves it as the caller set it (the default). Returns false, *on as it
- * was, for any other value: the caller refuses it by name. */
-static inline bool epxi_env_switch(const char *var, int *on) {
+ * was and *bad = the value, for any other value: the caller refuses it by
+ * name (from this one read of the environment). */
+static inline bool epxi_env_switch(const char *var, int *on, const char **bad) {
     const char *v = getenv(var);
     if (v == NULL || *v == '\0') return true;
-    if ((v[0] != '0' && v[0] != '1') || v[1] != '\0') return false;
+    if ((v[0] != '0' && v[0] != '1') || v[1] != '\0') {
+        *bad = v;
+        return false;
+    }
     *on = v[0] == '1';
     return true;
 }

@@ -15,9 +15,12 @@ epx_status epxi_threads(int64_t items, int32_t *threads, epx_error *err) {
     long n = sysconf(_SC_NPROCESSORS_ONLN);
     const char *env = getenv("EPX_THREADS");
     if (env != NULL && *env != '\0') {
-        /* digits only, so "4x", "-2" or " 8" are refused, not read as 4, 1 or 8 */
-        size_t len = strspn(env, "0123456789");
-        if (env[len] != '\0' || len > 9 || (n = strtol(env, NULL, 10)) < 1)
+        /* digits only, so "4x", "-2" or " 8" are refused, not read as 4, 1 or 8;
+         * past 9 significant digits it is past 64 in any case */
+        const char *d = env + strspn(env, "0");
+        const size_t len = strspn(d, "0123456789");
+        n = d[len] != '\0' ? -1 : len > 9 ? 64 : strtol(d, NULL, 10); /* "000": 0 */
+        if (n < 1)
             return epxi_fail(err, EPX_ERR_INVALID_ARG,
                              "EPX_THREADS=%s: give a whole number of threads from 1 (1 = the "
                              "calling thread only; more than 64 counts as 64), or leave it unset "

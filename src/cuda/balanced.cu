@@ -727,8 +727,7 @@ extern "C" epx_status epx_cuda_dispatch_balanced_create(int32_t num_experts, int
                          "epx_cuda_dispatch_balanced_create: %s = '%s': %s", name, bad, help);
     }
     b->pdl = 1;
-    if (!epxi_env_switch("EPX_BALANCED_PDL", &b->pdl)) {
-        bad = getenv("EPX_BALANCED_PDL");
+    if (!epxi_env_switch("EPX_BALANCED_PDL", &b->pdl, &bad)) {
         free(b);
         return epxi_fail(err, EPX_ERR_INVALID_ARG,
                          "epx_cuda_dispatch_balanced_create: EPX_BALANCED_PDL = '%s': must be 1 "

@@ -166,10 +166,7 @@ static inline int epxi_bal_subsets_from_env(epxi_bal *b, const char **bad) {
  * *bad = the value when it is not 0 or 1. Host only. */
 static inline int epxi_bal_closed_from_env(epxi_bal *b, const char **bad) {
     int on = b->closed;
-    if (!epxi_env_switch("EPX_BALANCED_CLOSED_FORM", &on)) {
-        *bad = getenv("EPX_BALANCED_CLOSED_FORM");
-        return -1;
-    }
+    if (!epxi_env_switch("EPX_BALANCED_CLOSED_FORM", &on, bad)) return -1;
     b->closed = on;
     return 0;
 }

@@ -162,12 +162,13 @@ struct epx_gpu_ep {
 /* EPX_GPU_EP_PDL: 1 (unset: the default) launches the kernels with
  * programmatic dependent launch (src/core/pdl.cuh), 0 plainly. */
 static epx_status pdl_from_env(int *pdl, epx_error *err) {
+    const char *bad = NULL;
     *pdl = 1;
-    if (epxi_env_switch("EPX_GPU_EP_PDL", pdl)) return EPX_OK;
+    if (epxi_env_switch("EPX_GPU_EP_PDL", pdl, &bad)) return EPX_OK;
     return epxi_fail(err, EPX_ERR_INVALID_ARG,
                      "EPX_GPU_EP_PDL=%s: give 1 (programmatic dependent launch, the default) "
                      "or 0 (plain launches), or leave it unset",
-                     getenv("EPX_GPU_EP_PDL"));
+                     bad);
 }
 
 /* One of the engine's kernels on its stream, grid blocks of `threads`, with
