@@ -13,7 +13,9 @@ rebuilds every block from the newest run that holds its rows.
 
 A run is a stretch of consecutive lines whose dates lie within RUN_GAP_S of
 each other (one `epx bench comm` call and the scripts run right after it), so
-every figure of a block comes from one run, as the README says.
+every figure of a block comes from one run, as the README says. `epx advise
+--measured` draws its runs by the same rule (tools/epx/bench_runs.c,
+CLI_RUN_GAP_S): change both together.
 """
 import argparse
 import datetime

@@ -90,6 +90,25 @@ out=$("$EPX_BIN" advise --model qwen3-30b --gpus 2 --link pcie5 --measured "$tmp
     fail "advise --measured on JSON lines exited $?"
 grep -q "measured by epx bench comm (mpi, 2 rank(s)" <<<"$out" || fail "JSON lines not used: $out"
 grep -q "low-latency dispatch: .* us" <<<"$out" || fail "low-latency fixed cost not fitted: $out"
+# A file gathers runs (--json appends): advise fits each figure on the newest
+# run that has it, by date, wherever it sits in the file; an older build's
+# slower lines are left out and counted.
+python3 - "$tmp/ll.jsonl" "$tmp/runs.jsonl" <<'PY' || fail "could not write the two-run file"
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+old = [dict(r, date="2020-01-01T00:00:%02dZ" % i, median_us=r["median_us"] * 10)
+       for i, r in enumerate(rows)]
+with open(sys.argv[2], "w") as f:
+    for r in rows + old:  # the newest run first: dates decide, not the order
+        f.write(json.dumps(r) + "\n")
+PY
+runs=$("$EPX_BIN" advise --model qwen3-30b --gpus 2 --link pcie5 --measured "$tmp/runs.jsonl") ||
+    fail "advise --measured on two runs exited $?"
+want=$(grep -o "low-latency dispatch: [0-9.]* us + [0-9.]* GB/s" <<<"$out")
+got=$(grep -o "low-latency dispatch: [0-9.]* us + [0-9.]* GB/s" <<<"$runs")
+[ -n "$want" ] && [ "$want" = "$got" ] || fail "two runs: fitted '$got', the newest run alone '$want'"
+grep -q "of the newest run; 2 older line(s) left out" <<<"$runs" ||
+    fail "the older run's lines not counted: $runs"
 "$EPX_BIN" bench comm --backend mpi --mode low-latency --combine rank --model qwen3-30b --tokens 1 2>/dev/null
 [ $? -eq 2 ] || fail "low latency with rank-order combine not a usage error"
 "$EPX_BIN" bench comm --backend mpi --mode low-latency --graph --model qwen3-30b --tokens 1 2>/dev/null

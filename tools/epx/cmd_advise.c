@@ -15,8 +15,9 @@
  * order), Bt = 2 (G-1)/G B H esz (a ring all-reduce), f the busiest GPU's
  * share of the mean (--imbalance). Both sides are linear in B, so the
  * crossover is one division. `--measured FILE` (from `epx bench comm
- * -o FILE`) replaces the assumed a and b by a least-squares fit of measured
- * time against measured bytes, operation by operation.
+ * -o FILE` or `--json FILE`) replaces the assumed a and b by a least-squares
+ * fit of measured time against measured bytes, operation by operation, each
+ * on the newest run of JSON lines that has it (bench_runs.c).
  */
 #include <jansson.h>
 #include <math.h>
@@ -24,6 +25,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bench_runs.h"
 #include "cli.h"
 #include "epx_comm.h"
 
@@ -191,28 +193,47 @@ static bool own_bound(json_t *r) {
            json_integer_value(b) == json_integer_value(t);
 }
 
-/* Least squares t = a + c * bytes over the JSON lines of `epx bench comm
- * --json` with this mode and phase (graph replays only where `graph`, else
- * stream launches only; low-latency lines of `transport` only, when not
- * NULL); bytes = GB/s x time. Returns the points used. */
-static int fit_lines(json_t *lines, const char *mode, const char *phase, bool graph,
-                     const char *transport, bool fp8, fit *f, char *note, size_t note_n) {
-    double sx = 0, sy = 0, sxx = 0, sxy = 0, ymin = 1e300;
-    int n = 0, npos = 0;
+/* Whether JSON line r is one of `epx bench comm --json`'s of this mode and
+ * phase (graph replays only where `graph`, else stream launches only;
+ * low-latency lines of `transport` only, when not NULL; fp8 dispatch lines
+ * only for an fp8 question; the default token bound). */
+static bool line_of(json_t *r, const char *mode, const char *phase, bool graph,
+                    const char *transport, bool fp8) {
+    const char *m = json_string_value(json_object_get(r, "mode"));
+    const char *ph = json_string_value(json_object_get(r, "phase"));
+    const char *dt = json_string_value(json_object_get(r, "dtype"));
+    return m && ph && strcmp(m, mode) == 0 && strcmp(ph, phase) == 0 &&
+           json_is_number(json_object_get(r, "median_us")) &&
+           (dt != NULL && strcmp(dt, "fp8-e4m3") == 0) == fp8 &&
+           json_is_true(json_object_get(r, "graph")) == graph &&
+           (transport == NULL || strcmp(line_transport(r), transport) == 0) && own_bound(r);
+}
+
+/* Least squares t = a + c * bytes over the lines line_of accepts, of the
+ * newest run that has any (bench_runs.h: a file gathers runs, and older
+ * builds' figures are not this one's); bytes = GB/s x time. Returns the
+ * points used. */
+static int fit_lines(json_t *lines, const int *run_of, const double *when, const char *mode,
+                     const char *phase, bool graph, const char *transport, bool fp8, fit *f,
+                     char *note, size_t note_n) {
+    double sx = 0, sy = 0, sxx = 0, sxy = 0, ymin = 1e300, newest = -1e301;
+    int n = 0, npos = 0, run = -2, older = 0;
     size_t i;
     json_t *r;
     json_array_foreach(lines, i, r) {
-        const char *m = json_string_value(json_object_get(r, "mode"));
-        const char *ph = json_string_value(json_object_get(r, "phase"));
-        json_t *jt = json_object_get(r, "median_us"), *jg = json_object_get(r, "gbps");
-        /* fp8 dispatch lines (epx bench comm --fp8) fit only an fp8 question */
-        const char *dt = json_string_value(json_object_get(r, "dtype"));
-        if (!m || !ph || strcmp(m, mode) != 0 || strcmp(ph, phase) != 0 || !json_is_number(jt) ||
-            (dt != NULL && strcmp(dt, "fp8-e4m3") == 0) != fp8 ||
-            json_is_true(json_object_get(r, "graph")) != graph ||
-            (transport != NULL && strcmp(line_transport(r), transport) != 0) || !own_bound(r))
+        if (line_of(r, mode, phase, graph, transport, fp8) && when[i] > newest) {
+            newest = when[i];
+            run = run_of[i];
+        }
+    }
+    json_array_foreach(lines, i, r) {
+        if (!line_of(r, mode, phase, graph, transport, fp8)) continue;
+        if (run_of[i] != run) {
+            older++;
             continue;
-        double y = json_number_value(jt),
+        }
+        json_t *jg = json_object_get(r, "gbps");
+        double y = json_number_value(json_object_get(r, "median_us")),
                x = json_is_number(jg) ? json_number_value(jg) * y * 1e3 : 0;
         sx += x, sy += y, sxx += x * x, sxy += x * y, n++;
         npos += x > 0;
@@ -229,9 +250,12 @@ static int fit_lines(json_t *lines, const char *mode, const char *phase, bool gr
         f->a_us = ymin;
         f->measured = 1;
     }
-    snprintf(note, note_n, "%s %s%s: %.1f us + %.1f GB/s (%s, %d points)", mode, phase,
+    char from[96] = "";
+    if (older > 0)
+        snprintf(from, sizeof from, " of the newest run; %d older line(s) left out", older);
+    snprintf(note, note_n, "%s %s%s: %.1f us + %.1f GB/s (%s, %d points%s)", mode, phase,
              graph ? " (graph)" : "", f->a_us, 1e-3 / f->us_per_byte,
-             f->measured == 2 ? "both fitted" : "latency measured, bandwidth assumed", n);
+             f->measured == 2 ? "both fitted" : "latency measured, bandwidth assumed", n, from);
     return n;
 }
 
@@ -337,7 +361,8 @@ int cmd_advise(int argc, char **argv) {
         {"--link", "LINK", "nvlink3|nvlink4|nvlink5|pcie4|pcie5|ib-ndr", NULL},
         {"--measured", "FILE",
          "fit latency and bandwidth to 'epx bench comm' figures: its JSON lines "
-         "(--json FILE) or its summary (-o FILE)",
+         "(--json FILE, which appends: each figure from the newest run that has it) or its "
+         "summary (-o FILE)",
          NULL},
         {"--dtype", "bf16|f32|fp8",
          "element type on the wire (default bf16); fp8: the low-latency dispatch as DeepEP's e4m3 "
@@ -458,16 +483,29 @@ int cmd_advise(int argc, char **argv) {
         size_t i;
         json_t *r;
         json_array_foreach(lines, i, r) g |= json_is_true(json_object_get(r, "graph"));
-        int n1 = fit_lines(lines, "low-latency", "dispatch", g, tr, fp8, &ld, llnotes[0],
-                           sizeof llnotes[0]);
-        int n2 = fit_lines(lines, "low-latency", "combine", g, tr, false, &lc, llnotes[1],
-                           sizeof llnotes[1]);
-        int n3 = fit_lines(lines, "normal", "dispatch", false, NULL, false, &fd, notes[0],
-                           sizeof notes[0]);
-        int n4 = fit_lines(lines, "normal", "combine", false, NULL, false, &fc, notes[1],
-                           sizeof notes[1]);
-        int n5 = fit_lines(lines, "tp-allreduce", "allreduce", false, NULL, false, &ft, notes[2],
-                           sizeof notes[2]);
+        const size_t nl = json_array_size(lines);
+        int *run_of = malloc((nl ? nl : 1) * sizeof *run_of);
+        double *when = malloc((nl ? nl : 1) * sizeof *when);
+        if (run_of == NULL || when == NULL) {
+            free(run_of);
+            free(when);
+            json_decref(lines);
+            fprintf(stderr, "epx advise: out of memory for the runs of '%s'\n", path);
+            return CLI_EXIT_FAIL;
+        }
+        cli_bench_runs(lines, run_of, when);
+        int n1 = fit_lines(lines, run_of, when, "low-latency", "dispatch", g, tr, fp8, &ld,
+                           llnotes[0], sizeof llnotes[0]);
+        int n2 = fit_lines(lines, run_of, when, "low-latency", "combine", g, tr, false, &lc,
+                           llnotes[1], sizeof llnotes[1]);
+        int n3 = fit_lines(lines, run_of, when, "normal", "dispatch", false, NULL, false, &fd,
+                           notes[0], sizeof notes[0]);
+        int n4 = fit_lines(lines, run_of, when, "normal", "combine", false, NULL, false, &fc,
+                           notes[1], sizeof notes[1]);
+        int n5 = fit_lines(lines, run_of, when, "tp-allreduce", "allreduce", false, NULL, false,
+                           &ft, notes[2], sizeof notes[2]);
+        free(run_of);
+        free(when);
         /* Low-latency lines of another transport only: say which to ask for. */
         const char *other = NULL;
         json_array_foreach(lines, i, r) {

@@ -1,0 +1,19 @@
+/*
+ * bench_runs.h - the runs of a file of `epx bench comm --json` lines
+ * (bench_runs.c says what a run is), for `epx advise --measured`.
+ */
+#ifndef EPX_CLI_BENCH_RUNS_H
+#define EPX_CLI_BENCH_RUNS_H
+
+#include <jansson.h>
+
+/* Lines further apart than this start a new run (scripts/readme_figures.py's
+ * RUN_GAP_S, the same rule). */
+#define CLI_RUN_GAP_S 300.0
+
+/* run_of[i]: line i's run, numbered 0, 1, ... in file order (-1: the line
+ * has no date the benchmark writes); when[i]: its date in seconds since
+ * 1970 (-1e300 where undated). Both [json_array_size(lines)]. */
+void cli_bench_runs(json_t *lines, int *run_of, double *when);
+
+#endif
