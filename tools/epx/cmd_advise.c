@@ -494,6 +494,10 @@ int cmd_advise(int argc, char **argv) {
             return CLI_EXIT_FAIL;
         }
         cli_bench_runs(lines, run_of, when);
+        size_t newest = 0; /* the machine and backend named: the newest line's */
+        for (size_t k = 1; k < nl; k++)
+            if (when[k] > when[newest]) newest = k;
+        r0 = json_array_get(lines, newest);
         int n1 = fit_lines(lines, run_of, when, "low-latency", "dispatch", g, tr, fp8, &ld,
                            llnotes[0], sizeof llnotes[0]);
         int n2 = fit_lines(lines, run_of, when, "low-latency", "combine", g, tr, false, &lc,
