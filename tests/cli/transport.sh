@@ -58,6 +58,15 @@ out=$("${A[@]}" --measured "$tmp/mixed.jsonl" --transport host) || fail "advise 
 grep -q "6 line(s) of other rank counts left out" <<<"$out" || fail "other rank counts not named: $out"
 grep -q "low-latency dispatch: .* (both fitted, 2 points)" <<<"$out" ||
     fail "other ranks' or another bound's lines fitted: $out"
+# Without --gpus's count in the file, the newest line's count is fitted (by
+# date, wherever it sits), not the first line's.
+{
+    sed 's/"ranks": 1/"ranks": 2/; s/}$/, "date": "2020-01-01T00:00:00Z"}/' "$tmp/host.jsonl"
+    sed 's/}$/, "date": "2026-01-01T00:00:00Z"}/' "$tmp/host.jsonl"
+} >"$tmp/dated.jsonl"
+out=$("${A[@]}" --measured "$tmp/dated.jsonl" --transport host) || fail "advise on dated lines exited $?"
+grep -q "(nccl, 1 rank(s), H200)" <<<"$out" && grep -q "6 line(s) of other rank counts left out" <<<"$out" ||
+    fail "the newest lines' rank count not fitted: $out"
 
 # fp8 (epx bench comm --fp8): --dtype fp8 prices the low-latency dispatch at
 # H + H/32 bytes a row and fits only the fp8 dispatch lines; a file without

@@ -168,18 +168,27 @@ static bool of_ranks(json_t *r, const void *ctx) {
 }
 
 /* The lines of one rank count, as one fit needs: --gpus's where the file
- * has them, else the first line's that names one (a file may gather runs
- * on several machines, or processes sharing a GPU); lines without a count
- * go with any. Takes `lines`; *others counts the
- * lines left out. */
+ * has them, else the newest line's that names one (a file may gather runs
+ * on several machines, or processes sharing a GPU; the benchmark's dates
+ * order as text, and a line without one is older than any with one); lines
+ * without a count go with any. Takes `lines`; *others counts the lines left
+ * out. */
 static json_t *one_rank_count(json_t *lines, int G, size_t *others) {
-    json_int_t want = 0; /* the first line's that says, unless --gpus's is there */
+    json_int_t want = 0, newest = 0;
+    const char *newest_date = NULL;
     size_t i;
     json_t *r;
     json_array_foreach(lines, i, r) {
         json_int_t n = json_integer_value(json_object_get(r, "ranks"));
-        if (n == G || (want == 0 && n > 0)) want = n;
+        const char *d = json_string_value(json_object_get(r, "date"));
+        if (n == G) want = n;
+        if (n > 0 &&
+            (newest == 0 || (d != NULL && (newest_date == NULL || strcmp(d, newest_date) > 0)))) {
+            newest = n;
+            if (d != NULL) newest_date = d;
+        }
     }
+    if (want == 0) want = newest;
     return keep_lines(lines, of_ranks, &want, others);
 }
 
