@@ -29,16 +29,21 @@ static bool utc_seconds(const char *s, double *out) {
     return true;
 }
 
+double cli_bench_date(json_t *r) {
+    double t;
+    return utc_seconds(json_string_value(json_object_get(r, "date")), &t) ? t : CLI_UNDATED;
+}
+
 void cli_bench_runs(json_t *lines, int *run_of, double *when) {
     size_t i;
     json_t *r;
     int run = -1;
     double last = 0;
     json_array_foreach(lines, i, r) {
-        double t;
-        if (!utc_seconds(json_string_value(json_object_get(r, "date")), &t)) {
-            run_of[i] = -1; /* undated: older than every dated line */
-            when[i] = -1e300;
+        const double t = cli_bench_date(r);
+        if (t == CLI_UNDATED) {
+            run_of[i] = -1;
+            when[i] = t;
             continue;
         }
         if (run < 0 || fabs(t - last) > CLI_RUN_GAP_S) run++;

@@ -11,9 +11,14 @@
  * RUN_GAP_S, the same rule). */
 #define CLI_RUN_GAP_S 300.0
 
-/* run_of[i]: line i's run, numbered 0, 1, ... in file order (-1: the line
- * has no date the benchmark writes); when[i]: its date in seconds since
- * 1970 (-1e300 where undated). Both [json_array_size(lines)]. */
+/* A line without a date the benchmark writes: older than every dated one. */
+#define CLI_UNDATED (-1e300)
+
+/* Line r's date in seconds since 1970, or CLI_UNDATED. */
+double cli_bench_date(json_t *r);
+
+/* run_of[i]: line i's run, numbered 0, 1, ... in file order (-1: undated);
+ * when[i]: cli_bench_date of line i. Both [json_array_size(lines)]. */
 void cli_bench_runs(json_t *lines, int *run_of, double *when);
 
 #endif

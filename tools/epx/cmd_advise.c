@@ -169,23 +169,21 @@ static bool of_ranks(json_t *r, const void *ctx) {
 
 /* The lines of one rank count, as one fit needs: --gpus's where the file
  * has them, else the newest line's that names one (a file may gather runs
- * on several machines, or processes sharing a GPU; the benchmark's dates
- * order as text, and a line without one is older than any with one); lines
- * without a count go with any. Takes `lines`; *others counts the lines left
- * out. */
+ * on several machines, or processes sharing a GPU; cli_bench_date orders
+ * them, the first of equals winning); lines without a count go with any.
+ * Takes `lines`; *others counts the lines left out. */
 static json_t *one_rank_count(json_t *lines, int G, size_t *others) {
     json_int_t want = 0, newest = 0;
-    const char *newest_date = NULL;
+    double newest_date = CLI_UNDATED;
     size_t i;
     json_t *r;
     json_array_foreach(lines, i, r) {
         json_int_t n = json_integer_value(json_object_get(r, "ranks"));
-        const char *d = json_string_value(json_object_get(r, "date"));
+        const double d = cli_bench_date(r);
         if (n == G) want = n;
-        if (n > 0 &&
-            (newest == 0 || (d != NULL && (newest_date == NULL || strcmp(d, newest_date) > 0)))) {
+        if (n > 0 && (newest == 0 || d > newest_date)) {
             newest = n;
-            if (d != NULL) newest_date = d;
+            newest_date = d;
         }
     }
     if (want == 0) want = newest;
@@ -225,7 +223,7 @@ static bool line_of(json_t *r, const char *mode, const char *phase, bool graph,
 static int fit_lines(json_t *lines, const int *run_of, const double *when, const char *mode,
                      const char *phase, bool graph, const char *transport, bool fp8, fit *f,
                      char *note, size_t note_n) {
-    double sx = 0, sy = 0, sxx = 0, sxy = 0, ymin = 1e300, newest = -1e301;
+    double sx = 0, sy = 0, sxx = 0, sxy = 0, ymin = 1e300, newest = -INFINITY;
     int n = 0, npos = 0, run = -2, older = 0;
     size_t i;
     json_t *r;
