@@ -212,7 +212,6 @@ def _env_timeout_ms():
 def _env_normal_kernels():
     """EPX_TORCH_NORMAL_KERNELS: 1 (or unset) libepx_cuda's normal-mode
     kernels where it has them, 0 the plain-torch steps."""
-    import os
     v = os.environ.get("EPX_TORCH_NORMAL_KERNELS", "")
     if v not in ("", "0", "1"):
         _fail("EPX_TORCH_NORMAL_KERNELS is %r: give 1 (libepx_cuda's kernels, the default) or 0 "
