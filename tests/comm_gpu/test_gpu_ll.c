@@ -91,7 +91,8 @@ typedef struct shape {
     int fp8;       /* EPX_GPU_EP_FP8 [| _ROUND_SCALE [| _UE8M0]]: dispatch in fp8 (bf16 x) */
     int64_t bound; /* > 0: epx_gpu_ep_set_token_bound(bound), every batch at most that */
     bool normal;   /* EPX_EP_MODE_NORMAL: the compact receive (rows stay in the inbox) */
-    int variant;   /* epxi_gpu_ep_variant bits (64: a large batch's rows before its table) */
+    int variant;   /* epxi_gpu_ep_variant bits (64: a large batch's rows before its table;
+                      1024: a small batch's combine in the usual blocks) */
 } shape;
 
 /* One rank's batch: x as stored (fp32 or bf16 bits), slots, weights. */
@@ -734,6 +735,9 @@ static int single_rank_cases(void) {
     big.bound = 5; /* the benchmark's shape at a small batch, as the bench runs it */
     if (run_rank(local, &big) != 0) FAILF("one rank, H=7168 graph, token bound 5 failed");
     big.bound = 0;
+    big.variant = 1024; /* the small batch's combine in the usual blocks, not the small ones */
+    if (run_rank(local, &big) != 0) FAILF("one rank, H=7168 graph, combine in usual blocks failed");
+    big.variant = 0;
     big.normal = true;
     if (!transport_is("nccl") && !transport_is_host() && run_rank(local, &big) != 0)
         FAILF("one rank, H=7168 normal mode graph failed");

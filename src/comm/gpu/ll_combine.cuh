@@ -140,8 +140,8 @@ __device__ void reduce_lanes(const Args &a, const unsigned char *const *rows, co
  * decides on the host): the
  * instance without the other widths' code (dispatch_kernel says why).
  */
-template <bool kLean>
-__global__ void __launch_bounds__(kCombineThreads, blocks_per_sm(kCombineThreads))
+template <bool kLean, int kT = kCombineThreads>
+__global__ void __launch_bounds__(kT, blocks_per_sm(kT))
     combine_kernel(Args a, int64_t T, const unsigned char *ysrc, const float *wsrc, void *out,
                    int out_bf16, int parts) {
     /* The epoch, the fault word, the peer table, the dispatch's item count

@@ -30,18 +30,28 @@ namespace {
 #ifndef EPX_LL_SMALL_THREADS
 #define EPX_LL_SMALL_THREADS 256
 #endif
+#ifndef EPX_LL_SMALL_COMBINE_THREADS
+#define EPX_LL_SMALL_COMBINE_THREADS 128
+#endif
 constexpr int kDispatchThreads = EPX_LL_THREADS;
 /* ... except the lean dispatch of a batch within the staged ids and not in
  * normal mode (low latency's usual case): its blocks copy one row each and
  * meet a barrier per step, cheaper in fewer warps (variant 512: 512 too) */
 constexpr int kSmallDispatchThreads = EPX_LL_SMALL_THREADS;
 constexpr int kCombineThreads = EPX_LL_COMBINE_THREADS;
+/* ... and the combine of a batch whose chunks at kCombineThreads leave SMs
+ * without a block (1 token: 4 chunks of a 7,168-wide row on 132 SMs): in
+ * smaller blocks its rows are read by more SMs at once (-0.7 us at 1 token;
+ * at 128 threads for every batch, +0.4 us at 128 tokens; variant 1024:
+ * kCombineThreads always) */
+constexpr int kSmallCombineThreads = EPX_LL_SMALL_COMBINE_THREADS;
 constexpr int kMaxThreads = kDispatchThreads > kCombineThreads ? kDispatchThreads : kCombineThreads;
 constexpr int blocks_per_sm(int threads) { return 1024 / threads; }
 static_assert(kDispatchThreads % 32 == 0 && kDispatchThreads >= 64 && kDispatchThreads <= 1024 &&
                   kCombineThreads % 32 == 0 && kCombineThreads >= 64 && kCombineThreads <= 1024 &&
                   kSmallDispatchThreads % 32 == 0 && kSmallDispatchThreads >= 64 &&
-                  kSmallDispatchThreads <= kDispatchThreads,
+                  kSmallDispatchThreads <= kDispatchThreads && kSmallCombineThreads % 32 == 0 &&
+                  kSmallCombineThreads >= 64 && kSmallCombineThreads <= kCombineThreads,
               "whole warps, two or more, at most 1024 threads");
 constexpr int kMaxK = EPX_MOE_MAX_TOP_K;
 /* Shared-memory ints of one pass of the per-slot counts a sender writes. */
@@ -52,7 +62,7 @@ constexpr int kSmemIds = 4096;
  * (the combine's scan of the counts lives there too). */
 constexpr int kMaxRanks = 1024;
 constexpr int kMaxLocal = EPXI_LL_MAX_LOCAL_SLOTS;
-static_assert(kMaxK <= kSmallDispatchThreads && kMaxK <= kCombineThreads,
+static_assert(kMaxK <= kSmallDispatchThreads && kMaxK <= kSmallCombineThreads,
               "a block's threads hold one token's K choices");
 /* A staged block's flag, padded so what follows stays 16-byte aligned. */
 constexpr size_t kFlagBytes = 16;
@@ -184,7 +194,8 @@ struct Args {
  * the grid a thread each, not a run per block (receive_compact); 256 =
  * (`epx bench comm` only) a dispatch launched as its send and its
  * receive; 512 = the lean small dispatch in blocks of kDispatchThreads,
- * not kSmallDispatchThreads. */
+ * not kSmallDispatchThreads; 1024 = every combine in blocks of
+ * kCombineThreads, a small batch's too (not kSmallCombineThreads). */
 #define STAMP(a, i)                                                                                \
     do {                                                                                           \
         if (((a).variant & 8) && blockIdx.x == 0 && threadIdx.x == 0)                              \

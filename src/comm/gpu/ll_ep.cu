@@ -118,6 +118,8 @@ struct epx_gpu_ep {
     int32_t wait_blocks;  /* dispatch blocks: all that wait for flags must be resident */
     int32_t comb_blocks;  /* the same for the combine's (smaller) blocks */
     int32_t small_blocks; /* and for the small lean dispatch's (kSmallDispatchThreads) */
+    int32_t small_comb;   /* ... and the small batch's combine (kSmallCombineThreads) */
+    int32_t sms;          /* the GPU's SMs: a combine with fewer items takes the small blocks */
     int pdl;              /* EPX_GPU_EP_PDL: 1 programmatic dependent launch, 0 plain */
     size_t off_rx, off_y, off_count, off_pair, off_work, off_self, off_srctok, off_ew, off_etok,
         off_offs, off_range, off_weights, off_slots, off_ctl, off_peers, off_mask, off_decided,
@@ -477,6 +479,7 @@ static epx_status open_engine(const epx_ep_config *cfg, int32_t rank, int32_t nu
     EPXI_CUDA_GOTO(st, cudaGetDevice(&dev), "GPU EP: current device", fail);
     EPXI_CUDA_GOTO(st, cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev),
                    "GPU EP: SM count", fail);
+    ep->sms = sms;
     {
         /* Every block of both kernels waits for flags, so all must be
          * resident at once, or the ones still queued could never publish
@@ -488,13 +491,16 @@ static epx_status open_engine(const epx_ep_config *cfg, int32_t rank, int32_t nu
         const void *combines[2] = {(const void *)combine_kernel<false>,
                                    (const void *)combine_kernel<true>};
         const void *smalls[1] = {(const void *)dispatch_kernel<true, false, kSmallDispatchThreads>};
+        const void *small_combines[2] = {(const void *)combine_kernel<false, kSmallCombineThreads>,
+                                         (const void *)combine_kernel<true, kSmallCombineThreads>};
         const struct {
             const void *const *k;
             int n, threads;
             int32_t *cap;
-        } kinds[3] = {{dispatches, 4, kDispatchThreads, &ep->wait_blocks},
+        } kinds[4] = {{dispatches, 4, kDispatchThreads, &ep->wait_blocks},
                       {combines, 2, kCombineThreads, &ep->comb_blocks},
-                      {smalls, 1, kSmallDispatchThreads, &ep->small_blocks}};
+                      {smalls, 1, kSmallDispatchThreads, &ep->small_blocks},
+                      {small_combines, 2, kSmallCombineThreads, &ep->small_comb}};
         for (const auto &kind : kinds) {
             int per_sm = INT_MAX;
             for (int i = 0; i < kind.n; i++) {
@@ -1164,9 +1170,15 @@ extern "C" epx_status epx_gpu_ep_combine_parts(epx_gpu_ep *ep, int parts, const 
         return bad_order(ep, "combine receive", "send a combine first", err);
     }
     /* Enough blocks for the entries this rank may hold, and for its tokens'
-     * chunks of the reduction. */
-    const int64_t per = (int64_t)(g->cfg.y_dtype == EPX_DTYPE_BF16 ? 8 : 4) * kCombineThreads;
-    const int64_t items = (parts & 2) ? ep->T * ((g->H + per - 1) / per) : 0;
+     * chunks of the reduction: in small blocks where the usual ones would
+     * leave SMs without one (kSmallCombineThreads). */
+    const int64_t lanes = g->cfg.y_dtype == EPX_DTYPE_BF16 ? 8 : 4;
+    const int64_t per = lanes * kCombineThreads, small_per = lanes * kSmallCombineThreads;
+    const bool small =
+        (parts & 2) && !(ep->a.variant & 1024) && ep->T * ((g->H + per - 1) / per) < ep->sms;
+    const int64_t items =
+        (parts & 2) ? ep->T * ((g->H + (small ? small_per : per) - 1) / (small ? small_per : per))
+                    : 0;
     const int64_t sends = (parts & 1) ? (int64_t)g->R * ep->T * g->K : 0;
     if (ep->exchange != NULL && parts == (EPX_GPU_EP_SEND | EPX_GPU_EP_RECV)) {
         EPX_TRY(
@@ -1177,11 +1189,16 @@ extern "C" epx_status epx_gpu_ep_combine_parts(epx_gpu_ep *ep, int parts, const 
     /* The lean instance for bf16 outputs in whole 16-byte lanes (combine_kernel). */
     const bool lean = g->cfg.y_dtype == EPX_DTYPE_BF16 && g->H % 8 == 0 && g->yrow % 16 == 0 &&
                       (uintptr_t)ysrc % 16 == 0;
-    auto kern = lean ? combine_kernel<true> : combine_kernel<false>;
-    EPXI_CUDA_TRY(launch(ep, kern, blocks_for(items > sends ? items : sends, ep->comb_blocks),
-                         kCombineThreads, ep->a, ep->T, ysrc, ep->c_w, (void *)ep->c_out,
-                         ep->c_bf16, parts),
-                  "GPU EP combine kernel");
+    auto kern = small  ? (lean ? combine_kernel<true, kSmallCombineThreads>
+                               : combine_kernel<false, kSmallCombineThreads>)
+                : lean ? combine_kernel<true>
+                       : combine_kernel<false>;
+    EPXI_CUDA_TRY(
+        launch(ep, kern,
+               blocks_for(items > sends ? items : sends, small ? ep->small_comb : ep->comb_blocks),
+               small ? kSmallCombineThreads : kCombineThreads, ep->a, ep->T, ysrc, ep->c_w,
+               (void *)ep->c_out, ep->c_bf16, parts),
+        "GPU EP combine kernel");
     if (parts & EPX_GPU_EP_SEND) EPX_TRY(exchange_phase(ep, 1, err));
     /* the dispatch stays valid: it may be combined again (DeepEP allows it) */
     ep->state = (parts & EPX_GPU_EP_RECV) ? epx_gpu_ep::DISPATCHED : epx_gpu_ep::C_SENT;
