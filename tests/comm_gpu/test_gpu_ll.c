@@ -92,7 +92,8 @@ typedef struct shape {
     int64_t bound; /* > 0: epx_gpu_ep_set_token_bound(bound), every batch at most that */
     bool normal;   /* EPX_EP_MODE_NORMAL: the compact receive (rows stay in the inbox) */
     int variant;   /* epxi_gpu_ep_variant bits (64: a large batch's rows before its table;
-                      1024: a small batch's combine in the usual blocks) */
+                      1024: a small batch's combine in the usual blocks; 2048: the slot
+                      ranges' old loop; 4096: acquire polls) */
 } shape;
 
 /* One rank's batch: x as stored (fp32 or bf16 bits), slots, weights. */
@@ -735,8 +736,12 @@ static int single_rank_cases(void) {
     big.bound = 5; /* the benchmark's shape at a small batch, as the bench runs it */
     if (run_rank(local, &big) != 0) FAILF("one rank, H=7168 graph, token bound 5 failed");
     big.bound = 0;
-    big.variant = 1024; /* the small batch's combine in the usual blocks, not the small ones */
-    if (run_rank(local, &big) != 0) FAILF("one rank, H=7168 graph, combine in usual blocks failed");
+    /* the forms before, for the benchmark's comparisons: the small batch's
+     * combine in the usual blocks, the slot ranges' loop that stores between
+     * its loads, and flags polled with acquire loads */
+    big.variant = 1024 | 2048 | 4096;
+    if (run_rank(local, &big) != 0)
+        FAILF("one rank, H=7168 graph, variants 1024 | 2048 | 4096 failed");
     big.variant = 0;
     big.normal = true;
     if (!transport_is("nccl") && !transport_is_host() && run_rank(local, &big) != 0)

@@ -195,7 +195,9 @@ struct Args {
  * (`epx bench comm` only) a dispatch launched as its send and its
  * receive; 512 = the lean small dispatch in blocks of kDispatchThreads,
  * not kSmallDispatchThreads; 1024 = every combine in blocks of
- * kCombineThreads, a small batch's too (not kSmallCombineThreads). */
+ * kCombineThreads, a small batch's too (not kSmallCombineThreads); 2048 =
+ * the slot ranges stored between their loads (slot_ranges); 4096 = flags
+ * polled with acquire loads, the fault word read on every pass (wait_flags). */
 #define STAMP(a, i)                                                                                \
     do {                                                                                           \
         if (((a).variant & 8) && blockIdx.x == 0 && threadIdx.x == 0)                              \
@@ -223,6 +225,23 @@ __device__ __forceinline__ uint64_t ld_acquire(const uint64_t *p, int var) {
     else
         asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
     return v;
+}
+
+/* A strong relaxed load (the poll's: no acquire, so no L1 invalidation per
+ * read), and the fence that makes the poll that saw the flag an acquire. */
+__device__ __forceinline__ uint64_t ld_relaxed(const uint64_t *p, int var) {
+    uint64_t v;
+    if (var & 2)
+        asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+    else
+        asm volatile("ld.relaxed.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+    return v;
+}
+__device__ __forceinline__ void fence_acq_rel(int var) {
+    if (var & 2)
+        asm volatile("fence.acq_rel.gpu;" ::: "memory");
+    else
+        asm volatile("fence.acq_rel.sys;" ::: "memory");
 }
 
 __device__ __forceinline__ void st_release(uint64_t *p, uint64_t v, int var) {
@@ -360,9 +379,11 @@ __device__ void live_ranks(const Args &a, uint8_t *live) {
  * blocks poll relay. For flags in host memory: every poll there is a read
  * across the host link, and with every block of a launch polling, the
  * launch took ~3.7 us per polling block (stamps and ncu, H200, 1-32
- * tokens). Ordering: the writer's system-scope release, block 0's acquire,
- * its GPU-scope release of relay[i] and a block's acquire of it form one
- * causality chain, so that block sees the writer's rows. */
+ * tokens). Ordering: the writer's system-scope release, block 0's acquire
+ * (the poll that saw the flag, then the fence), its GPU-scope release of
+ * relay[i] and a block's acquire of it form one causality chain, so that
+ * block sees the writer's rows. */
+constexpr uint32_t kPollChecks = 8; /* wait_flags' passes per read of the fault word */
 __device__ bool wait_flags(const Args &a, const uint64_t *flag0, size_t stride, int n,
                            uint32_t epoch, uint32_t phase, uint8_t *live,
                            unsigned long long *decided, uint64_t *relay, uint32_t *low = nullptr) {
@@ -377,14 +398,29 @@ __device__ bool wait_flags(const Args &a, const uint64_t *flag0, size_t stride, 
         unsigned long long t0 = global_ns();
         uint64_t v = 0;
         bool came = !masked(a, i);
-        while (came && (uint32_t)((v = ld_acquire(poll, var)) >> 32) != epoch) {
-            if (ld_volatile(&a.ctl->fault[0]) != F_NONE) {
-                ok = 0;
+        /* The flag alone is read on each pass, with relaxed loads, and the
+         * pass that sees it is made an acquire by one fence: an acquire
+         * load would order the fault word's load behind it, two trips to
+         * memory a pass (over a host inbox, the first crosses the link),
+         * and a flag that lands just after a read waits for both. The
+         * fault word and the mask are read every kPollChecks passes.
+         * Variant 4096: an acquire load and both words on every pass. */
+        const bool every = (a.variant & 4096) != 0;
+        for (uint32_t pass = 0; came; pass++) {
+            v = every ? ld_acquire(poll, var) : ld_relaxed(poll, var);
+            if ((uint32_t)(v >> 32) == epoch) {
+                if (!every) fence_acq_rel(var);
                 break;
             }
-            if (masked(a, i)) { /* another block gave up on it, or the host masked it */
-                came = false;
-                break;
+            if (every || pass % kPollChecks == kPollChecks - 1) {
+                if (ld_volatile(&a.ctl->fault[0]) != F_NONE) {
+                    ok = 0;
+                    break;
+                }
+                if (masked(a, i)) { /* another block gave up on it, or the host masked it */
+                    came = false;
+                    break;
+                }
             }
             if (global_ns() - t0 > a.timeout_ns) {
                 if (a.shrink) {

@@ -471,16 +471,58 @@ __device__ void batch_verdict(const Args &a, uint32_t epoch, int any_bad, uint32
 }
 
 /* Per local slot: its count and each source's range of rows (a.count,
- * a.range), by one block. */
+ * a.range), by one block. A thread's slots (up to kRangeSlots) and sources
+ * (kRangeSources at a time) are loaded before any is stored: the stores
+ * might alias the counts for all the compiler knows, so a loop that stored
+ * between its loads made one trip to memory per slot and source (two for
+ * Kimi's 416 slots on 256 threads; over a host inbox, each trip crosses the
+ * link). Two by two: wider batches spilled registers all over the kernel.
+ * Variant 2048: that loop (for comparing). */
+constexpr int kRangeSlots = 2, kRangeSources = 2;
 __device__ void slot_ranges(const Args &a, uint32_t epoch, const uint8_t *live, bool refused) {
-    for (int64_t l = threadIdx.x; l < a.spr; l += blockDim.x) {
-        int64_t acc = 0;
-        for (int s = 0; s < a.R; s++) {
-            const int64_t c = refused || !live[s] ? 0 : *cnt_at(a, a.base, epoch, s, (int32_t)l);
-            a.range[l * a.R + s] = (acc << 32) | c;
-            acc += c;
+    if (a.variant & 2048) {
+        for (int64_t l = threadIdx.x; l < a.spr; l += blockDim.x) {
+            int64_t acc = 0;
+            for (int s = 0; s < a.R; s++) {
+                const int64_t c =
+                    refused || !live[s] ? 0 : *cnt_at(a, a.base, epoch, s, (int32_t)l);
+                a.range[l * a.R + s] = (acc << 32) | c;
+                acc += c;
+            }
+            a.count[l] = (int32_t)acc;
         }
-        a.count[l] = (int32_t)acc;
+        return;
+    }
+    const int32_t step = (int32_t)blockDim.x;
+    for (int32_t l0 = threadIdx.x; l0 < a.spr; l0 += kRangeSlots * step) {
+        int64_t acc[kRangeSlots] = {};
+        for (int s0 = 0; s0 < a.R; s0 += kRangeSources) {
+            int32_t c[kRangeSlots][kRangeSources];
+#pragma unroll
+            for (int u = 0; u < kRangeSlots; u++)
+#pragma unroll
+                for (int j = 0; j < kRangeSources; j++) {
+                    const int32_t l = l0 + u * step;
+                    const int s = s0 + j;
+                    c[u][j] = l < a.spr && s < a.R && !refused && live[s]
+                                  ? *cnt_at(a, a.base, epoch, s, l)
+                                  : 0;
+                }
+#pragma unroll
+            for (int u = 0; u < kRangeSlots; u++) {
+                const int32_t l = l0 + u * step;
+                if (l >= a.spr) continue;
+#pragma unroll
+                for (int j = 0; j < kRangeSources; j++) {
+                    if (s0 + j >= a.R) break;
+                    a.range[(int64_t)l * a.R + s0 + j] = (acc[u] << 32) | (int64_t)c[u][j];
+                    acc[u] += c[u][j];
+                }
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < kRangeSlots; u++)
+            if (l0 + u * step < a.spr) a.count[l0 + u * step] = (int32_t)acc[u];
     }
 }
 
