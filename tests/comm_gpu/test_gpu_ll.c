@@ -93,7 +93,8 @@ typedef struct shape {
     bool normal;   /* EPX_EP_MODE_NORMAL: the compact receive (rows stay in the inbox) */
     int variant;   /* epxi_gpu_ep_variant bits (64: a large batch's rows before its table;
                       1024: a small batch's combine in the usual blocks; 2048: the slot
-                      ranges' old loop; 4096: acquire polls) */
+                      ranges' old loop; 4096: acquire polls; 8192: normal mode's
+                      first meta after the scan) */
 } shape;
 
 /* One rank's batch: x as stored (fp32 or bf16 bits), slots, weights. */
@@ -746,6 +747,10 @@ static int single_rank_cases(void) {
     big.normal = true;
     if (!transport_is("nccl") && !transport_is_host() && run_rank(local, &big) != 0)
         FAILF("one rank, H=7168 normal mode graph failed");
+    big.variant = 8192; /* the receive's first meta after the scan, as before */
+    if (!transport_is("nccl") && !transport_is_host() && run_rank(local, &big) != 0)
+        FAILF("one rank, H=7168 normal mode graph, variant 8192 failed");
+    big.variant = 0;
     epx_comm_destroy(local);
     return 0;
 }

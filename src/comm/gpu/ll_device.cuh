@@ -197,7 +197,9 @@ struct Args {
  * not kSmallDispatchThreads; 1024 = every combine in blocks of
  * kCombineThreads, a small batch's too (not kSmallCombineThreads); 2048 =
  * the slot ranges stored between their loads (slot_ranges); 4096 = flags
- * polled with acquire loads, the fault word read on every pass (wait_flags). */
+ * polled with acquire loads, the fault word read on every pass (wait_flags);
+ * 8192 = normal mode's receive asks for its first meta after the slots'
+ * scan, not before their counts (receive_compact). */
 #define STAMP(a, i)                                                                                \
     do {                                                                                           \
         if (((a).variant & 8) && blockIdx.x == 0 && threadIdx.x == 0)                              \

@@ -538,18 +538,6 @@ __device__ void slot_ranges(const Args &a, uint32_t epoch, const uint8_t *live, 
 __device__ void receive_compact(const Args &a, uint32_t epoch, const int32_t *first_row,
                                 int32_t items, const uint8_t *live, int32_t *so, bool range_block) {
     const bool stamps = (a.variant & 8) && blockIdx.x == 0 && threadIdx.x == 0;
-    for (int l = threadIdx.x; l < a.spr; l += blockDim.x) {
-        int32_t c = 0;
-        for (int s = 0; s < a.R; s++)
-            if (live[s]) c += *cnt_at(a, a.base, epoch, s, l);
-        so[l] = c;
-    }
-    __syncthreads();
-    if (stamps) a.ctl->stamp[16] = global_ns();
-    block_scan_smem(so, a.spr);
-    if (stamps) a.ctl->stamp[22] = global_ns();
-    if (range_block)
-        for (int l = threadIdx.x; l <= a.spr; l += blockDim.x) a.offs[l] = so[l];
     const int K = a.K;
     const int64_t area = (int64_t)parity(a, epoch) * a.R; /* this dispatch's rows in the inbox */
     /* Each block a run of items, rounded to whole warps: the placing's
@@ -563,13 +551,47 @@ __device__ void receive_compact(const Args &a, uint32_t epoch, const int32_t *fi
         i0 = (int32_t)(blockIdx.x * blockDim.x + threadIdx.x), i1 = items;
         step = (int32_t)(gridDim.x * blockDim.x);
     }
-    for (int32_t item = i0; item < i1; item += step) {
+    /* Item (row, k)'s source, token and k. */
+    auto locate = [&](int32_t item, int *s_out, int32_t *t_out, int *k_out) {
         const int32_t vrow = item / K;
         int s = 0;
         while (first_row[s + 1] <= vrow) s++;
-        const int32_t t = vrow - first_row[s];
-        const int k = item - vrow * K;
-        const Meta m = ((const Meta *)(rec_at(a, a.base, epoch, s, t) + a.meta_off))[k];
+        *s_out = s;
+        *t_out = vrow - first_row[s];
+        *k_out = item - vrow * K;
+    };
+    auto meta_at = [&](int s, int32_t t, int k) {
+        return ((const Meta *)(rec_at(a, a.base, epoch, s, t) + a.meta_off))[k];
+    };
+    /* A thread's first meta is asked for before the slots' counts, so the
+     * two trips to memory overlap (at 4,096 tokens most threads hold one
+     * item or none); only the meta stays live across the scan. Variant
+     * 8192: after the scan, as before. */
+    const bool early = !(a.variant & 8192) && i0 < i1;
+    Meta m0 = {-1, 0.0f, 0, 0};
+    if (early) {
+        int s, k;
+        int32_t t;
+        locate(i0, &s, &t, &k);
+        m0 = meta_at(s, t, k);
+    }
+    for (int l = threadIdx.x; l < a.spr; l += blockDim.x) {
+        int32_t c = 0;
+        for (int s = 0; s < a.R; s++)
+            if (live[s]) c += *cnt_at(a, a.base, epoch, s, l);
+        so[l] = c;
+    }
+    __syncthreads();
+    if (stamps) a.ctl->stamp[16] = global_ns();
+    block_scan_smem(so, a.spr);
+    if (stamps) a.ctl->stamp[22] = global_ns();
+    if (range_block)
+        for (int l = threadIdx.x; l <= a.spr; l += blockDim.x) a.offs[l] = so[l];
+    for (int32_t item = i0; item < i1; item += step) {
+        int s, k;
+        int32_t t;
+        locate(item, &s, &t, &k);
+        const Meta m = early && item == i0 ? m0 : meta_at(s, t, k);
         if (stamps) {
             asm volatile("" ::"r"(m.pos)); /* the stamp after the meta's load, not its issue */
             a.ctl->stamp[23] = global_ns();
