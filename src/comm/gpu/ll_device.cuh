@@ -220,25 +220,23 @@ __device__ __forceinline__ int scope(const Args &a) {
     return a.variant | (a.one_gpu && !(a.variant & 16) ? 3 : 0);
 }
 
-__device__ __forceinline__ uint64_t ld_acquire(const uint64_t *p, int var) {
-    uint64_t v;
-    if (var & 2)
-        asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
-    else
-        asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
-    return v;
-}
+/* A flag's load at the scope `var` asks for (bit 2: GPU, else system), with
+ * the given semantics: ld_acquire, and ld_relaxed, the poll's strong load
+ * without an acquire (so no L1 invalidation per read); fence_acq_rel makes
+ * the relaxed poll that saw the flag an acquire. */
+#define EPXI_LD_FLAG(name, sem)                                                                    \
+    __device__ __forceinline__ uint64_t name(const uint64_t *p, int var) {                         \
+        uint64_t v;                                                                                \
+        if (var & 2)                                                                               \
+            asm volatile("ld." sem ".gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");     \
+        else                                                                                       \
+            asm volatile("ld." sem ".sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");     \
+        return v;                                                                                  \
+    }
+EPXI_LD_FLAG(ld_acquire, "acquire")
+EPXI_LD_FLAG(ld_relaxed, "relaxed")
+#undef EPXI_LD_FLAG
 
-/* A strong relaxed load (the poll's: no acquire, so no L1 invalidation per
- * read), and the fence that makes the poll that saw the flag an acquire. */
-__device__ __forceinline__ uint64_t ld_relaxed(const uint64_t *p, int var) {
-    uint64_t v;
-    if (var & 2)
-        asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
-    else
-        asm volatile("ld.relaxed.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
-    return v;
-}
 __device__ __forceinline__ void fence_acq_rel(int var) {
     if (var & 2)
         asm volatile("fence.acq_rel.gpu;" ::: "memory");
