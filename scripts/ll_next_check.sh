@@ -11,7 +11,15 @@
 #   PART=timing  (~4 min) the round trips, two rounds alternated; normal mode;
 #                the host transport; block 0's stamps at 1 and 8 tokens
 #   PART=check   (~7 min) the QUICK check (its test_gpu_ll runs the old forms too)
-#   BIN=.devbin OUT=... PART=... scripts/ll_next_check.sh  (after scripts/stage_gpu.sh)
+#   BIN=.devbin OUT=... PART=... scripts/ll_next_check.sh
+# Staging, on the development VM (scripts/stage_gpu.sh wipes .devbin, so it
+# goes first; every build is Release with tests, CUDA and MPI, as `make build`):
+#   BIN=build scripts/stage_gpu.sh                       # this branch's build
+#   mkdir -p .devbin/base .devbin/c64
+#   cp -L MAIN_BUILD/epx .devbin/base/                   # main's build, the base
+#   cp -L C64_BUILD/epx .devbin/c64/                     # this branch with
+#                                   # -DCMAKE_CUDA_FLAGS=-DEPX_LL_SMALL_COMBINE_THREADS=64
+# and carry .devbin, .devlibs (and .deepep, .devpy for PART=check).
 set -u
 B=${BIN:-.devbin}
 OUT=${OUT:-/tmp/ll_next}
