@@ -737,13 +737,26 @@ static int single_rank_cases(void) {
     big.bound = 5; /* the benchmark's shape at a small batch, as the bench runs it */
     if (run_rank(local, &big) != 0) FAILF("one rank, H=7168 graph, token bound 5 failed");
     big.bound = 0;
-    /* the forms before, for the benchmark's comparisons: the small batch's
-     * combine in the usual blocks, the slot ranges' loop that stores between
-     * its loads, and flags polled with acquire loads */
-    big.variant = 1024 | 2048 | 4096;
-    if (run_rank(local, &big) != 0)
-        FAILF("one rank, H=7168 graph, variants 1024 | 2048 | 4096 failed");
+    /* the forms before, one at a time, for the benchmark's comparisons: the
+     * small batch's combine in the usual blocks, the slot ranges' loop that
+     * stores between its loads, and flags polled with acquire loads */
+    static const int olds[] = {1024, 2048, 4096};
+    for (size_t i = 0; i < sizeof olds / sizeof olds[0]; i++) {
+        big.variant = olds[i];
+        if (run_rank(local, &big) != 0) FAILF("one rank, H=7168 graph, variant %d failed", olds[i]);
+    }
     big.variant = 0;
+    /* more local slots than a block has threads: each thread's second slot
+     * of the slot ranges (Kimi-K2.5's 416 on 256 threads), in the small
+     * dispatch, the 512-thread one and the old loop */
+    static const int many_variants[] = {0, 512, 2048};
+    for (size_t i = 0; i < sizeof many_variants / sizeof many_variants[0]; i++) {
+        shape many = {1, 40,     8, 600, 16,    EPX_DTYPE_BF16,  EPX_DTYPE_F32,
+                      3, i == 1, 0, 0,   false, many_variants[i]};
+        if (run_rank(local, &many) != 0)
+            FAILF("one rank, 600 local slots, variant %d failed (seed %llu)", many_variants[i],
+                  (unsigned long long)g_seed);
+    }
     big.normal = true;
     if (!transport_is("nccl") && !transport_is_host() && run_rank(local, &big) != 0)
         FAILF("one rank, H=7168 normal mode graph failed");

@@ -539,18 +539,20 @@ __device__ void receive_compact(const Args &a, uint32_t epoch, const int32_t *fi
                                 int32_t items, const uint8_t *live, int32_t *so, bool range_block) {
     const bool stamps = (a.variant & 8) && blockIdx.x == 0 && threadIdx.x == 0;
     const int K = a.K;
-    const int64_t area = (int64_t)parity(a, epoch) * a.R; /* this dispatch's rows in the inbox */
     /* Each block a run of items, rounded to whole warps: the placing's
      * scattered stores spread over every SM (grid-stride, variant 128,
      * left the items to the first blocks: 20.2 against 18.6 us at 1,024
-     * tokens, H200). */
-    const int32_t chunk = ((items + (int32_t)gridDim.x - 1) / (int32_t)gridDim.x + 31) & ~31;
-    int32_t i0 = min((int32_t)blockIdx.x * chunk, items) + (int32_t)threadIdx.x;
-    int32_t i1 = min((int32_t)blockIdx.x * chunk + chunk, items), step = (int32_t)blockDim.x;
-    if (a.variant & 128) {
-        i0 = (int32_t)(blockIdx.x * blockDim.x + threadIdx.x), i1 = items;
-        step = (int32_t)(gridDim.x * blockDim.x);
-    }
+     * tokens, H200). A thread's items: i0, i0 + step, ... below i1. */
+    auto run = [&](int32_t *i0, int32_t *i1, int32_t *step) {
+        const int32_t chunk = ((items + (int32_t)gridDim.x - 1) / (int32_t)gridDim.x + 31) & ~31;
+        *i0 = min((int32_t)blockIdx.x * chunk, items) + (int32_t)threadIdx.x;
+        *i1 = min((int32_t)blockIdx.x * chunk + chunk, items);
+        *step = (int32_t)blockDim.x;
+        if (a.variant & 128) {
+            *i0 = (int32_t)(blockIdx.x * blockDim.x + threadIdx.x), *i1 = items;
+            *step = (int32_t)(gridDim.x * blockDim.x);
+        }
+    };
     /* Item (row, k)'s source, token and k. */
     auto locate = [&](int32_t item, int *s_out, int32_t *t_out, int *k_out) {
         const int32_t vrow = item / K;
@@ -565,15 +567,22 @@ __device__ void receive_compact(const Args &a, uint32_t epoch, const int32_t *fi
     };
     /* A thread's first meta is asked for before the slots' counts, so the
      * two trips to memory overlap (at 4,096 tokens most threads hold one
-     * item or none); only the meta stays live across the scan. Variant
-     * 8192: after the scan, as before. */
-    const bool early = !(a.variant & 8192) && i0 < i1;
+     * item or none). Only the meta and whether there was one stay live
+     * across the scan (the run is worked out again after it: registers the
+     * whole kernel would otherwise spill). Variant 8192: after the scan, as
+     * before. */
     Meta m0 = {-1, 0.0f, 0, 0};
-    if (early) {
-        int s, k;
-        int32_t t;
-        locate(i0, &s, &t, &k);
-        m0 = meta_at(s, t, k);
+    bool early = false;
+    if (!(a.variant & 8192)) {
+        int32_t i0, i1, step;
+        run(&i0, &i1, &step);
+        if (i0 < i1) {
+            int s, k;
+            int32_t t;
+            locate(i0, &s, &t, &k);
+            m0 = meta_at(s, t, k);
+            early = true;
+        }
     }
     for (int l = threadIdx.x; l < a.spr; l += blockDim.x) {
         int32_t c = 0;
@@ -587,6 +596,9 @@ __device__ void receive_compact(const Args &a, uint32_t epoch, const int32_t *fi
     if (stamps) a.ctl->stamp[22] = global_ns();
     if (range_block)
         for (int l = threadIdx.x; l <= a.spr; l += blockDim.x) a.offs[l] = so[l];
+    const int64_t area = (int64_t)parity(a, epoch) * a.R; /* this dispatch's rows in the inbox */
+    int32_t i0, i1, step;
+    run(&i0, &i1, &step);
     for (int32_t item = i0; item < i1; item += step) {
         int s, k;
         int32_t t;
