@@ -30,6 +30,8 @@
 #include "proc_comm.h"
 
 void epxi_gpu_ep_inject_silence(epx_gpu_ep *ep, int on);
+int epxi_gpu_ep_epochs(epx_gpu_ep *ep, uint32_t *de, uint32_t *ce);
+int epxi_gpu_ep_set_epochs(epx_gpu_ep *ep, uint32_t epoch);
 void epxi_gpu_ep_variant(epx_gpu_ep *ep, int bits);
 
 #define CK(call)                                                                                   \
@@ -768,6 +770,62 @@ static int single_rank_cases(void) {
     return 0;
 }
 
+/* Batches across the epochs' wrap (2^32 - 1, then 2: consecutive launches
+ * alternate parity, the areas' double buffer): exact results, and the
+ * epochs each launch took. */
+static int epoch_wrap_cases(void) {
+    enum { H = 64, K = 2, P = 4, M = 8 };
+    epx_error err = {0};
+    epx_comm *local = NULL;
+    EK(epx_comm_create_local(&local, &err));
+    cudaStream_t st;
+    CK(cudaStreamCreate(&st));
+    epx_ep_config cfg = ll_config(H, K, P, M, EPX_DTYPE_BF16, EPX_DTYPE_F32);
+    epx_gpu_ep *ep = NULL;
+    EK(make_engine(local, &cfg, st, NULL, &ep, &err));
+    uint16_t hx[M * H];
+    int32_t hs[M * K];
+    float hw[M * K], hout[M * H];
+    for (int i = 0; i < M * H; i++) hx[i] = epx_bf16_from_f32((float)(i % 89));
+    for (int i = 0; i < M * K; i++) {
+        hs[i] = (i / K + i % K) % P; /* two distinct slots a token */
+        hw[i] = 0.5f;
+    }
+    void *dx;
+    int32_t *ds;
+    float *dw, *dout;
+    CK(cudaMalloc(&dx, sizeof hx));
+    CK(cudaMalloc((void **)&ds, sizeof hs));
+    CK(cudaMalloc((void **)&dw, sizeof hw));
+    CK(cudaMalloc((void **)&dout, sizeof hout));
+    CK(cudaMemcpy(dx, hx, sizeof hx, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(ds, hs, sizeof hs, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(dw, hw, sizeof hw, cudaMemcpyHostToDevice));
+    if (epxi_gpu_ep_set_epochs(ep, 0xfffffffeu) != 0) FAILF("could not set the epochs");
+    static const uint32_t want[3] = {0xffffffffu, 2u, 3u};
+    epx_ep_recv rv;
+    for (int b = 0; b < 3; b++) {
+        EK(epx_gpu_ep_dispatch(ep, M, dx, ds, dw, &rv, &err));
+        EK(epx_gpu_ep_identity_experts(ep, &err));
+        EK(epx_gpu_ep_combine(ep, dout, &err));
+        EK(epx_gpu_ep_sync(ep, &err));
+        uint32_t de = 0, ce = 0;
+        if (epxi_gpu_ep_epochs(ep, &de, &ce) != 0) FAILF("could not read the epochs");
+        if (de != want[b] || ce != want[b])
+            FAILF("batch %d across the wrap: epochs %u / %u, expected %u", b, de, ce, want[b]);
+        CK(cudaMemcpy(hout, dout, sizeof hout, cudaMemcpyDeviceToHost));
+        for (int i = 0; i < M * H; i++)
+            if (hout[i] != (float)(i % 89)) /* two halves of the row */
+                FAILF("batch %d across the wrap: element %d = %g, expected %d", b, i,
+                      (double)hout[i], i % 89);
+    }
+    epx_gpu_ep_destroy(ep);
+    epx_comm_destroy(local);
+    cudaFree(dx), cudaFree(ds), cudaFree(dw), cudaFree(dout);
+    cudaStreamDestroy(st);
+    return 0;
+}
+
 /* The token bound's refusals: out of range, a dispatch above it, between a
  * phase's halves, and a combine across a new bound (a fresh dispatch needed). */
 static int bound_cases(void) {
@@ -1299,6 +1357,8 @@ int main(void) {
     printf("one rank: ok\n");
     if (bound_cases() != 0) return 1;
     printf("token bound refusals: ok\n");
+    if (epoch_wrap_cases() != 0) return 1;
+    printf("batches across the epochs' wrap: ok\n");
     if (fault_cases() != 0) return 1;
     printf("faults: ok\n");
     if (!transport_is("nccl") && !transport_is_host()) {

@@ -535,9 +535,12 @@ __device__ bool block_faulted(const Args &a) {
 }
 
 /* The epoch a dispatch sends with: the one after the last dispatch's (0
- * marks flags never written). */
+ * marks flags never written). Past 2^32 - 1, which is odd, it goes on at
+ * 2, not 1: consecutive launches must alternate parity (the double buffer
+ * above), and 1 would have put two in a row in the odd area (a server
+ * dispatching 6,000 times a second gets there in about eight days). */
 __device__ __forceinline__ uint32_t next_epoch(uint32_t last) {
-    return last + 1 == 0 ? 1 : last + 1;
+    return last + 1 == 0 ? 2 : last + 1;
 }
 
 /* A launch's epoch from a word (epoch << 32 | blocks started), by thread 0

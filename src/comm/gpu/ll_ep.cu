@@ -52,6 +52,7 @@
  * block 0 only once every block has taken it (take_epoch, advance_epoch).
  */
 #include <climits>
+#include <cstddef>
 #include <cstdio>
 #include <ctime>
 #include <cuda_runtime.h>
@@ -1327,6 +1328,28 @@ extern "C" EPXI_HIDDEN int epxi_gpu_ep_stamps(epx_gpu_ep *ep, double *us) {
     }
     const double ns = (double)(c.stamp[4] - c.stamp[5]);
     us[6] = c.stamp[7] > c.stamp[6] && ns > 0 ? (double)(c.stamp[7] - c.stamp[6]) / ns * 1e3 : -1;
+    return 0;
+}
+
+/* Testing: the launches' epochs (the last dispatch's and combine's), read
+ * and set between batches, so a test can cross the epochs' wrap. */
+extern "C" EPXI_HIDDEN int epxi_gpu_ep_epochs(epx_gpu_ep *ep, uint32_t *de, uint32_t *ce) {
+    Ctl c;
+    if (ep == NULL || cudaStreamSynchronize(ep->stream) != cudaSuccess ||
+        cudaMemcpy(&c, ep->a.ctl, sizeof c, cudaMemcpyDeviceToHost) != cudaSuccess)
+        return -1;
+    *de = (uint32_t)(c.de_started >> 32);
+    *ce = (uint32_t)(c.ce_started >> 32);
+    return 0;
+}
+extern "C" EPXI_HIDDEN int epxi_gpu_ep_set_epochs(epx_gpu_ep *ep, uint32_t epoch) {
+    const unsigned long long w[2] = {(unsigned long long)epoch << 32,
+                                     (unsigned long long)epoch << 32};
+    static_assert(offsetof(Ctl, ce_started) == offsetof(Ctl, de_started) + sizeof w[0],
+                  "the two epoch words sit together");
+    if (ep == NULL || cudaStreamSynchronize(ep->stream) != cudaSuccess ||
+        cudaMemcpy(&ep->a.ctl->de_started, w, sizeof w, cudaMemcpyHostToDevice) != cudaSuccess)
+        return -1;
     return 0;
 }
 
