@@ -196,10 +196,8 @@ __global__ void __launch_bounds__(kT, blocks_per_sm(kT))
         const uint32_t nwork = (uint32_t)(n < 1 ? 1 : n < gridDim.x ? n : gridDim.x);
         if (blockIdx.x < nwork)
             arrive(&a.ctl->arrive_c, nwork, 0, scope(a), [&](bool) {
-                for (int r = 0; r < a.R; r++)
-                    if (live[r])
-                        st_release(cflag_at(a, peer[r], epoch, filed_as(a, r)),
-                                   epxi_ll_flag(epoch, 0), scope(a));
+                release_flags(a, live, epxi_ll_flag(epoch, 0),
+                              [&](int r) { return cflag_at(a, peer[r], epoch, filed_as(a, r)); });
             });
     }
     if (!(parts & 2)) {

@@ -434,9 +434,8 @@ __device__ void publish_dispatch(const Args &a, unsigned char *const *peer, uint
     if (marked) a.ctl->bad = a.ctl->dup = 0;
     if (a.skip_flags) return;
     const uint32_t c = bad ? EPXI_LL_BAD : dup ? kLLDup : (uint32_t)T;
-    const uint64_t flag = epxi_ll_flag(epoch, c);
-    for (int r = 0; r < a.R; r++)
-        if (live[r]) st_release(dflag_at(a, peer[r], epoch, filed_as(a, r)), flag, scope(a));
+    release_flags(a, live, epxi_ll_flag(epoch, c),
+                  [&](int r) { return dflag_at(a, peer[r], epoch, filed_as(a, r)); });
 }
 
 /* From the flags' counts (flag_cnt [R]): first_row [R + 1], the rows of

@@ -41,8 +41,9 @@
  *
  * Ordering: a block writes its rows and counts with plain stores, then
  * counts itself in with an acquire-release atomic; the last block to arrive
- * publishes the flags with release stores; a waiter reads flags with
- * acquire loads, so the rows are visible once the flag is. Buffers are
+ * publishes the flags (one fence, then a relaxed store each: a release of
+ * each); a waiter polls them and fences at the one it sees (an acquire),
+ * so the rows are visible once the flag is. Buffers are
  * reused without clearing, by parity: a rank's dispatch n + 2 writes the
  * areas of dispatch n only after its dispatch n + 1 saw every peer's flag of
  * n + 1, i.e. after every peer's dispatch n finished reading them (one
