@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # ll_next_check.sh - the GPU calls for branch ll-next (bench/RESULTS.md, "For
-# the next device call: branch ll-next"). Four changes, each behind an
-# EPX_LL_VARIANT bit that restores the form before it, so one binary
-# attributes them: 1024 a small batch's combine in the usual 256-thread
-# blocks, 2048 the slot ranges stored between their loads, 4096 acquire polls
-# reading the fault word every pass, 8192 normal mode's first meta asked for
-# after the slots' scan. The bits cannot show what the new code costs in
+# the next device call: branch ll-next"). Changes behind an EPX_LL_VARIANT
+# bit that restores the form before each, so one binary attributes them:
+# 1024 a small batch's combine in the usual 256-thread blocks, 2048 the slot
+# ranges stored between their loads, 8192 normal mode's first meta asked for
+# after the slots' scan. (4096, relaxed polls' old form, went: the relaxed
+# polls lost on the H200, 2026-12-05.) The bits cannot show what the new code costs in
 # registers, so main's build (BIN/base/epx) is timed beside it as the base.
 # BIN/c64/epx: the branch built with -DEPX_LL_SMALL_COMBINE_THREADS=64.
 #   PART=timing  (~4 min) the round trips, two rounds alternated; normal mode;
@@ -40,7 +40,6 @@ if [ "$PART" = timing ]; then
         comm "ll-next, round $r" "$B/epx" 0 ll_new_r$r low-latency 1,8,32,128 50
         comm "ll-next, usual combine blocks (1024), round $r" "$B/epx" 1024 ll_1024_r$r low-latency 1,8,32,128 50
         comm "ll-next, old slot ranges (2048), round $r" "$B/epx" 2048 ll_2048_r$r low-latency 1,8,32,128 50
-        comm "ll-next, acquire polls (4096), round $r" "$B/epx" 4096 ll_4096_r$r low-latency 1,8,32,128 50
         comm "ll-next built with a 64-thread small combine, round $r" "$B/c64/epx" 0 ll_c64_r$r low-latency 1,8,32,128 50
     done
     for r in 1 2; do

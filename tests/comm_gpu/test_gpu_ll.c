@@ -95,7 +95,7 @@ typedef struct shape {
     bool normal;   /* EPX_EP_MODE_NORMAL: the compact receive (rows stay in the inbox) */
     int variant;   /* epxi_gpu_ep_variant bits (64: a large batch's rows before its table;
                       1024: a small batch's combine in the usual blocks; 2048: the slot
-                      ranges' old loop; 4096: acquire polls; 8192: normal mode's
+                      ranges' old loop; 8192: normal mode's
                       first meta after the scan) */
 } shape;
 
@@ -740,9 +740,9 @@ static int single_rank_cases(void) {
     if (run_rank(local, &big) != 0) FAILF("one rank, H=7168 graph, token bound 5 failed");
     big.bound = 0;
     /* the forms before, one at a time, for the benchmark's comparisons: the
-     * small batch's combine in the usual blocks, the slot ranges' loop that
-     * stores between its loads, and flags polled with acquire loads */
-    static const int olds[] = {1024, 2048, 4096};
+     * small batch's combine in the usual blocks and the slot ranges' loop
+     * that stores between its loads */
+    static const int olds[] = {1024, 2048};
     for (size_t i = 0; i < sizeof olds / sizeof olds[0]; i++) {
         big.variant = olds[i];
         if (run_rank(local, &big) != 0) FAILF("one rank, H=7168 graph, variant %d failed", olds[i]);

@@ -196,8 +196,7 @@ struct Args {
  * receive; 512 = the lean small dispatch in blocks of kDispatchThreads,
  * not kSmallDispatchThreads; 1024 = every combine in blocks of
  * kCombineThreads, a small batch's too (not kSmallCombineThreads); 2048 =
- * the slot ranges stored between their loads (slot_ranges); 4096 = flags
- * polled with acquire loads, the fault word read on every pass (wait_flags);
+ * the slot ranges stored between their loads (slot_ranges);
  * 8192 = normal mode's receive asks for its first meta after the slots'
  * scan, not before their counts (receive_compact). */
 #define STAMP(a, i)                                                                                \
@@ -220,22 +219,14 @@ __device__ __forceinline__ int scope(const Args &a) {
     return a.variant | (a.one_gpu && !(a.variant & 16) ? 3 : 0);
 }
 
-/* A flag's load at the scope `var` asks for (bit 2: GPU, else system), with
- * the given semantics: ld_acquire, and ld_relaxed, the poll's strong load
- * without an acquire (so no L1 invalidation per read); fence_acq_rel makes
- * the relaxed poll that saw the flag an acquire. */
-#define EPXI_LD_FLAG(name, sem)                                                                    \
-    __device__ __forceinline__ uint64_t name(const uint64_t *p, int var) {                         \
-        uint64_t v;                                                                                \
-        if (var & 2)                                                                               \
-            asm volatile("ld." sem ".gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");     \
-        else                                                                                       \
-            asm volatile("ld." sem ".sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");     \
-        return v;                                                                                  \
-    }
-EPXI_LD_FLAG(ld_acquire, "acquire")
-EPXI_LD_FLAG(ld_relaxed, "relaxed")
-#undef EPXI_LD_FLAG
+__device__ __forceinline__ uint64_t ld_acquire(const uint64_t *p, int var) {
+    uint64_t v;
+    if (var & 2)
+        asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+    else
+        asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+    return v;
+}
 
 __device__ __forceinline__ void fence_acq_rel(int var) {
     if (var & 2)
@@ -405,7 +396,6 @@ __device__ void live_ranks(const Args &a, uint8_t *live) {
  * (the poll that saw the flag, then the fence), its GPU-scope release of
  * relay[i] and a block's acquire of it form one causality chain, so that
  * block sees the writer's rows. */
-constexpr uint32_t kPollChecks = 8; /* wait_flags' passes per read of the fault word */
 __device__ bool wait_flags(const Args &a, const uint64_t *flag0, size_t stride, int n,
                            uint32_t epoch, uint32_t phase, uint8_t *live,
                            unsigned long long *decided, uint64_t *relay, uint32_t *low = nullptr) {
@@ -420,29 +410,18 @@ __device__ bool wait_flags(const Args &a, const uint64_t *flag0, size_t stride, 
         unsigned long long t0 = global_ns();
         uint64_t v = 0;
         bool came = !masked(a, i);
-        /* The flag alone is read on each pass, with relaxed loads, and the
-         * pass that sees it is made an acquire by one fence: an acquire
-         * load would order the fault word's load behind it, two trips to
-         * memory a pass (over a host inbox, the first crosses the link),
-         * and a flag that lands just after a read waits for both. The
-         * fault word and the mask are read every kPollChecks passes.
-         * Variant 4096: an acquire load and both words on every pass. */
-        const bool every = (a.variant & 4096) != 0;
-        for (uint32_t pass = 0; came; pass++) {
-            v = every ? ld_acquire(poll, var) : ld_relaxed(poll, var);
-            if ((uint32_t)(v >> 32) == epoch) {
-                if (!every) fence_acq_rel(var);
+        /* Each pass an acquire load of the flag, then the fault word and the
+         * mask. (Polling with relaxed loads, the fault word every 8 passes and
+         * one fence at the pass that saw the flag was slower on the H200:
+         * +0.15 us a dispatch, +0.3-0.5 us a round trip, bench/RESULTS.md.) */
+        while (came && (uint32_t)((v = ld_acquire(poll, var)) >> 32) != epoch) {
+            if (ld_volatile(&a.ctl->fault[0]) != F_NONE) {
+                ok = 0;
                 break;
             }
-            if (every || pass % kPollChecks == kPollChecks - 1) {
-                if (ld_volatile(&a.ctl->fault[0]) != F_NONE) {
-                    ok = 0;
-                    break;
-                }
-                if (masked(a, i)) { /* another block gave up on it, or the host masked it */
-                    came = false;
-                    break;
-                }
+            if (masked(a, i)) { /* another block gave up on it, or the host masked it */
+                came = false;
+                break;
             }
             if (global_ns() - t0 > a.timeout_ns) {
                 if (a.shrink) {
