@@ -394,5 +394,4 @@ EPXI_BAL int epxi_bal_solve_part(epxi_bal *b, int32_t c) {
     return b->c_rc[c] = rc;
 }
 
-
 #endif /* EPX_DISPATCH_BALANCED_FLOWS_H */

@@ -413,5 +413,4 @@ EPXI_BAL int32_t epxi_bal_one_levels(epxi_bal *b, const epxi_bal_part *p) {
     return levels;
 }
 
-
 #endif /* EPX_DISPATCH_BALANCED_SUBSETS_H */
