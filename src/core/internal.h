@@ -126,6 +126,17 @@ EPXI_HIDDEN epx_status epxi_check_same_shape(const epx_shape *a, const epx_shape
                                              const char *head, const char *mid, const char *tail,
                                              epx_error *err);
 
+/* The largest total of a counts tensor's loads that readers accept: 2^63,
+ * what SGLang's int64 logical_count holds. Every sum, mean and ratio the
+ * rooms take of loads then stays finite (1e308 each once gave NaN
+ * balancedness with exit 0). */
+#define EPXI_MAX_LOAD_TOTAL 0x1p63
+
+/* EPX_OK when the loads of c sum to at most EPXI_MAX_LOAD_TOTAL, else
+ * EPX_ERR_PARSE naming the total and the fix. What every counts reader
+ * checks last. */
+EPXI_HIDDEN epx_status epxi_counts_check_total(const epx_counts *c, epx_error *err);
+
 /* The load of one cell (l * E + e) of counts summed over windows
  * [first, first + n), added in window order from 0.0: every room that sums
  * windows goes through here, so they all round alike. Arguments are trusted

@@ -66,6 +66,19 @@ static bool path_exists(const char *path) {
     return stat(path, &st) == 0;
 }
 
+/* epxi_json_load_spec, and for a name ending in .pt that is no zip archive
+ * (so it was read as JSON) a message that says so, not only "not valid JSON". */
+static epx_status load_json(const char *spec, json_t **root, epx_error *err) {
+    epx_status st = epxi_json_load_spec(spec, root, err);
+    if (st == EPX_OK || err == NULL || !epxi_has_suffix(spec, ".pt")) return st;
+    char was[sizeof err->msg];
+    snprintf(was, sizeof was, "%s", err->msg);
+    return epxi_fail(err, st,
+                     "'%.256s' is no PyTorch file (torch.save writes a zip archive), and read as "
+                     "JSON: %s",
+                     spec, was);
+}
+
 epx_status epx_mapping_read(const char *spec, int32_t **map, int32_t *L, int32_t *P,
                             epx_error *err) {
     if (spec == NULL || map == NULL || L == NULL || P == NULL)
@@ -73,7 +86,7 @@ epx_status epx_mapping_read(const char *spec, int32_t **map, int32_t *L, int32_t
     if (epx_pt_sniff(spec) || (epxi_has_suffix(spec, ".pt") && !path_exists(spec)))
         return epxi_pt_read_mapping(spec, map, L, P, err);
     json_t *root = NULL;
-    EPX_TRY(epxi_json_load_spec(spec, &root, err));
+    EPX_TRY(load_json(spec, &root, err));
     epx_status st = mapping_from_object(root, map, L, P, err);
     json_decref(root);
     if (st != EPX_OK && spec[0] != '{') epxi_error_prefix(err, "'%.256s'", spec);
@@ -211,9 +224,13 @@ static epx_status read_counts(const char *spec, const epxi_read_cfg *cfg, epx_co
         (epxi_has_suffix(spec, ".pt") && !path_exists(spec)))
         return epxi_pt_read_counts(spec, cfg, out, err);
     json_t *root = NULL;
-    EPX_TRY(epxi_json_load_spec(spec, &root, err));
+    EPX_TRY(load_json(spec, &root, err));
     epx_status st = counts_from_object(root, cfg, out, err);
     json_decref(root);
+    if (st == EPX_OK && (st = epxi_counts_check_total(*out, err)) != EPX_OK) {
+        epx_counts_destroy(*out);
+        *out = NULL;
+    }
     if (st != EPX_OK && spec[0] != '{') epxi_error_prefix(err, "'%.256s'", spec);
     return st;
 }

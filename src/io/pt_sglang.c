@@ -662,6 +662,11 @@ static epx_status read_counts_pt(const char *spec, const epxi_read_cfg *cfg, epx
     read_info info;
     if (st == EPX_OK)
         st = counts_from_pt((const epx_pt_file *const *)files, pl.n, cfg, out, &info, err);
+    if (st == EPX_OK && (st = epxi_counts_check_total(*out, err)) != EPX_OK) {
+        epxi_error_prefix(err, "'%.256s'", spec);
+        epx_counts_destroy(*out);
+        *out = NULL;
+    }
     if (st == EPX_OK) describe(&info, cfg, cfg->how, cfg->how_cap);
     for (size_t i = 0; i < loaded && files; i++) epx_pt_file_destroy(files[i]);
     free(files);

@@ -18,6 +18,7 @@
  * shared objects). The archive is built in memory and written through
  * core's safe-output path, so a failed write leaves the old file in place.
  */
+#include <float.h>
 #include <math.h>
 #include <string.h>
 #include <zip.h>
@@ -376,6 +377,15 @@ epx_status epx_counts_write_pt(const epx_counts *c, const char *path, epx_pt_dty
             }
             bits = (uint64_t)(int64_t)x;
         } else if (dt == EPX_PT_DTYPE_FLOAT32) {
+            if (!(fabs(x) <= FLT_MAX)) { /* would be stored as inf, which no reader takes */
+                free(buf);
+                size_t le = (size_t)c->num_layers * (size_t)c->num_experts;
+                return epxi_fail(err, EPX_ERR_INVALID_ARG,
+                                 "load [%zu][%zu][%zu] is %g, above float32's largest (%g): "
+                                 "write float64",
+                                 i / le, (i % le) / (size_t)c->num_experts,
+                                 i % (size_t)c->num_experts, x, (double)FLT_MAX);
+            }
             float f = (float)x;
             uint32_t b32;
             memcpy(&b32, &f, sizeof b32);

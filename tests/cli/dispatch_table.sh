@@ -13,6 +13,7 @@ expect_exit 0 "$EPX" dispatch-table --placement "$CASE" --gpus 8 --sglang-versio
 expect_in "$TMP/out" "SGLang 0.5.2 table (ascending order) for 8 ranks x 32 layers x 8 experts"
 expect_exit 0 "$EPX" dispatch-table --placement "$CASE" --gpus 8 --order replica-rank --sglang-version 0.5.2 -o "$TMP/rr.json"
 expect_exit 0 "$EPX" dispatch-table --placement "$CASE" --gpus 8 --rank 3 --sglang-version 0.5.2 -o "$TMP/r3.json"
+expect_in "$TMP/out" "table (ascending order) for rank 3 x 32 layers x 8 experts"
 python3 - "$CASE" "$TMP" <<'PY' || fail "tables differ from the golden case"
 import json, sys
 case = json.load(open(sys.argv[1]))

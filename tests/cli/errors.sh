@@ -34,4 +34,12 @@ refuse "--gpus 12 --nodes 2" "use 8 or 16 GPUs" "$EPX" stats v3.json --placement
 refuse "unknown option" "unknown option '--gpu'" "$EPX" plan --counts v3.json --gpu 8 -o x.json
 refuse "unknown command" "unknown command" "$EPX" plann
 refuse "missing file" "cannot open" "$EPX" plan --counts nothere.json --gpus 8 -o x.json
+# a .pt name that is no zip archive is read as JSON, and the message says both
+printf 'garbage' >bin.pt
+refuse "a .pt that is no zip" "is no PyTorch file (torch.save writes a zip archive)" "$EPX" \
+  stats bin.pt
+# epx help COMMAND is COMMAND --help; an unknown one is named
+"$EPX" help plan >out 2>err && grep -q '^usage: epx plan --counts' out ||
+  { echo "FAIL help plan"; fail=1; }
+refuse "help of an unknown command" "unknown command 'plann'" "$EPX" help plann
 exit $fail

@@ -73,5 +73,23 @@ for G in 8 64 512 4096; do
 done
 a=$("$EPX" advise --model kimi-k2 --gpus 4096 --link nvlink4 | grep '^answer')
 check "4096 GPUs: says per GPU" grep -q 'each of the 4096 GPUs a token' <<<"$a"
+# more GPUs than experts: a top-2 token reaches at most 2 other GPUs (it once read 2.09)
+reach() { "$EPX" advise --model mixtral-8x7b --gpus "$1" --link pcie5 |
+  sed -n 's/.*it reaches \([0-9.]*\) other.*/\1/p'; }
+at_most_k() { awk -v r="$(reach "$1")" -v k=2 'BEGIN { exit !(r != "" && r <= k) }'; }
+for G in 8 9 64 1025; do check "mixtral on $G GPUs reaches at most 2" at_most_k $G; done
+check "  and 7/8 of 2 on 8 GPUs" test "$(reach 8)" = 1.75
+
+# loads: a total beyond what SGLang's int64 counts hold is refused on read
+# (each 1e308 once gave NaN balancedness with exit 0)
+printf '{"logical_count": [[1e308, 1e308, 1e308, 1e308]]}' >big.json
+check "stats: loads beyond a double refused" refuse "more than a double holds" "$EPX" stats big.json
+"$EPX" layout trivial --layers 1 --experts 4 --gpus 2 -o lay.json >/dev/null
+check "eval: likewise" refuse "above 2^63" "$EPX" eval --placement lay.json --counts big.json \
+  --gpus 2
+printf '{"logical_count": [[5e18, 5e18, 3, 4]]}' >sum.json
+check "a total just above 2^63 refused" refuse "the loads sum to 1e+19" "$EPX" stats sum.json
+printf '{"logical_count": [[4e18, 4e18, 3, 4]]}' >fits.json
+check "a total just below it reads" expect_rc 0 "$EPX" stats fits.json --gpus 2
 
 exit $fail

@@ -58,6 +58,33 @@ check "dispatch-table -o = --placement" expect_rc 2 "$EPX" dispatch-table --plac
 check "migrate -o = --to" expect_rc 2 "$EPX" migrate plan --from p.json --to link.json --gpus 8 \
   --expert-bytes 1000 -o p.json
 
+# inputs read as several files: each item of a comma list, each dump in a
+# folder, and a --model config are inputs too (each was overwritten once)
+mkdir ranks && cp "$EPX_SOURCE/tests/data/pt/per_pass_rank0.pt" ranks/r0.pt
+cp ranks/r0.pt r0.pt && cp ranks/r0.pt keep.pt
+check "convert LIST OUT = an item refused" refuse "read as part of" "$EPX" convert \
+  keep.pt,r0.pt r0.pt
+check "  the item is untouched" cmp -s r0.pt keep.pt
+check "plan --counts LIST -o an item refused" refuse "same file" "$EPX" plan --counts \
+  keep.pt,r0.pt --gpus 8 -o r0.pt
+check "plan --counts DIR -o a dump in it refused" refuse "read as part of 'ranks'" "$EPX" plan \
+  --counts ranks --gpus 8 -o ranks/r0.pt
+check "  the dump is untouched" cmp -s ranks/r0.pt keep.pt
+printf '{"model_type": "mixtral", "num_hidden_layers": 2, "num_local_experts": 8, ' >cfg.json
+printf '"num_experts_per_tok": 2, "hidden_size": 64, "intermediate_size": 128}' >>cfg.json
+cp cfg.json keep-cfg.json
+check "trace synth --model CFG -o CFG refused" refuse "is the input" "$EPX" trace synth \
+  --model cfg.json -o cfg.json
+check "  the config is untouched" cmp -s cfg.json keep-cfg.json
+mkdir dd && cp cfg.json dd/placement.json
+check "demo --model inside --out refused" refuse "which the demo replaces" "$EPX" demo \
+  --model dd/placement.json --gpus 2 --redundant 0 --windows 2 --tokens 100 --out dd
+check "  the config is untouched" cmp -s dd/placement.json keep-cfg.json
+check "demo --out '' refused" refuse "--out is empty" "$EPX" demo --out ''
+# '-' is standard output only where the output is appended JSON lines
+check "plan -o - refused" refuse "names no file" "${plan[@]}" -o -
+check "  no file named -" test ! -e ./-
+
 # if one output cannot be written, none is
 check "--report in a missing folder" expect_rc 2 "${plan[@]}" -o y.json --report nodir/r.json
 check "  -o not written" test ! -e y.json

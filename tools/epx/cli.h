@@ -118,13 +118,15 @@ double cli_json_width(double x);
 /* Outputs (out.c). An output: a path to replace (written with
  * epx_file_write) or, with append, a file opened for appending. */
 typedef struct cli_out {
-    const char *path; /* NULL or "-" (stdout): skipped */
+    const char *path; /* NULL: skipped; "-": standard output, append outputs only */
     bool append;
 } cli_out;
 
 /* Check every output before anything is written: each must resolve to a
  * regular file or a new name in a writable folder, and be none of the
- * inputs (same device and inode, whatever the spelling) nor another output.
+ * inputs (same device and inode, whatever the spelling; an input that is a
+ * folder or a comma list, as --counts takes per-pass dumps, is checked file
+ * by file) nor another output.
  * Registers the temp names for the signal handler. Returns -1 when all can
  * be written, else CLI_EXIT_USAGE after printing why. NULL inputs are
  * skipped, and so are inputs that do not exist (the reader reports them). */

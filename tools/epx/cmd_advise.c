@@ -10,7 +10,8 @@
  *   TP           t =   a_ar           +     Bt / b_ar
  * with Bd = (B/G) d rec (records: x row + K (slot, weight)), d the expected
  * number of other GPUs a token reaches when its K distinct experts are
- * uniform over E experts spread evenly (d = (G-1)(1 - C(E-E/G, K)/C(E, K))),
+ * uniform over E experts spread evenly (d = (G-1)(1 - C(E-E/G, K)/C(E, K));
+ * with G > E, one replica per GPU and one of each expert's used: K (G-1)/G),
  * Bc = (B/G) d H esz (combine per rank; K (G-1)/G per token in top-k
  * order), Bt = 2 (G-1)/G B H esz (a ring all-reduce), f the busiest GPU's
  * share of the mean (--imbalance). Both sides are linear in B, so the
@@ -296,6 +297,21 @@ static bool check_figure(const char *path, size_t rec, json_t *row, const char *
     return false;
 }
 
+/* A count of --measured (ranks, tokens): absent is fine; present, an
+ * integer from 1 to max. Returns false after saying which record. */
+static bool check_count(const char *path, size_t rec, json_t *row, const char *key,
+                        json_int_t max) {
+    json_t *v = json_object_get(row, key);
+    if (v == NULL ||
+        (json_is_integer(v) && json_integer_value(v) >= 1 && json_integer_value(v) <= max))
+        return true;
+    fprintf(stderr,
+            "epx advise: --measured '%s', record %zu: %s must be an integer from 1 to %lld: "
+            "re-measure with 'epx bench comm ... --json FILE'\n",
+            path, rec + 1, key, (long long)max);
+    return false;
+}
+
 /* Every figure advise fits, in every record, before any fit. */
 static bool check_lines(const char *path, json_t *lines) {
     size_t i;
@@ -304,15 +320,9 @@ static bool check_lines(const char *path, json_t *lines) {
         if (!check_figure(path, i, r, "median_us", MAX_FIGURE_US, "us") ||
             !check_figure(path, i, r, "gbps", MAX_FIGURE_GBPS, "GB/s"))
             return false;
-        json_t *rk = json_object_get(r, "ranks");
-        if (rk != NULL && (!json_is_integer(rk) || json_integer_value(rk) < 1 ||
-                           json_integer_value(rk) > EPX_MAX_GPUS)) {
-            fprintf(stderr,
-                    "epx advise: --measured '%s', record %zu: ranks must be an integer from 1 "
-                    "to %d: re-measure with 'epx bench comm ... --json FILE'\n",
-                    path, i + 1, EPX_MAX_GPUS);
+        if (!check_count(path, i, r, "ranks", EPX_MAX_GPUS) ||
+            !check_count(path, i, r, "tokens", INT32_MAX))
             return false;
-        }
     }
     return true;
 }
@@ -439,10 +449,14 @@ int cmd_advise(int argc, char **argv) {
     bool topk = ci == 1; /* absent: the measured file's, below */
     const double H = m->hidden, K = m->top_k, E = m->num_experts;
     const int moe_layers = m->num_layers - m->first_k_dense;
-    /* Expected other GPUs a token reaches: K distinct uniform experts, E/G per GPU. */
+    /* Expected other GPUs a token reaches: K distinct uniform experts, E/G per
+     * GPU. With more GPUs than experts each GPU holds one replica and each
+     * expert sits on G/E GPUs, of which the token uses one: it reaches K
+     * GPUs, its own with chance K/G, so d = K (G - 1) / G (equal to the first
+     * form at G = E; E/G < 1 in it once made a top-2 token reach 2.09). */
     double miss = 1.0, per = E / G;
     for (int i = 0; i < m->top_k; i++) miss *= (E - per - i) > 0 ? (E - per - i) / (E - i) : 0.0;
-    const double d = G > 1 ? (G - 1) * (1.0 - miss) : 0.0;
+    const double d = G <= 1 ? 0.0 : G <= E ? (G - 1) * (1.0 - miss) : K * (G - 1) / G;
     const double rec = ceil(H * esz / 16) * 16 + ceil(K * 8 / 16) * 16;
     /* fp8: the low-latency dispatch's rows as e4m3 and a scale per 128 values */
     const double rec_ll = fp8 ? ceil((H + H / 32) / 16) * 16 + ceil(K * 8 / 16) * 16 : rec;
@@ -582,7 +596,7 @@ int cmd_advise(int argc, char **argv) {
             json_decref(root);
             return CLI_EXIT_USAGE;
         }
-        if (!check_rows(path, rows)) {
+        if (!check_rows(path, rows) || !check_count(path, 0, root, "ranks", EPX_MAX_GPUS)) {
             json_decref(root);
             return CLI_EXIT_USAGE;
         }

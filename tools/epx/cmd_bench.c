@@ -629,12 +629,16 @@ static int parse_args(cli_cmd *cmd, bench_args *a) {
     }
     const char *tb = cli_get(cmd, "--token-bound");
     a->bound_max = tb != NULL && strcmp(tb, "max") == 0;
-    if (tb != NULL && ((strcmp(tb, "max") != 0 && strcmp(tb, "tokens") != 0) || !a->gpu_engine)) {
+    if (tb != NULL && strcmp(tb, "max") != 0 && strcmp(tb, "tokens") != 0) {
         fprintf(stderr,
                 "epx bench comm: --token-bound is tokens (each batch's count, the default) or "
-                "max (the largest --tokens), not '%s', and sets the GPU engine's bound: use it "
-                "with --backend nccl (not --engine nccl)\n",
+                "max (the largest --tokens), not '%s'\n",
                 tb);
+        return CLI_EXIT_USAGE;
+    }
+    if (tb != NULL && !a->gpu_engine) {
+        fprintf(stderr, "epx bench comm: --token-bound sets the GPU engine's bound: use it with "
+                        "--backend nccl (not --engine nccl)\n");
         return CLI_EXIT_USAGE;
     }
     a->max_blocks = 0;
@@ -668,7 +672,8 @@ static int parse_args(cli_cmd *cmd, bench_args *a) {
         /* Both outputs are checked before the run: -o is replaced, --json
          * appended to; neither may be a FIFO, a device or the other. */
         const cli_out outs[] = {{cli_get(cmd, "-o"), false}, {a->jsonl, true}};
-        int rc = cli_outputs_check(cmd, NULL, 0, outs, 2);
+        const char *model = cli_get(cmd, "--model"); /* a name or a config file */
+        int rc = cli_outputs_check(cmd, &model, 1, outs, 2);
         if (rc >= 0) return rc;
     }
     return -1;

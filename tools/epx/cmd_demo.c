@@ -212,6 +212,25 @@ static int check_out_dir(const char *dir) {
     return rc;
 }
 
+/* -1 unless the --model file is one of the files in `dir` that the demo
+ * replaces (then an exit code after saying so). */
+static int check_model_outside(const char *model, const char *dir) {
+    struct stat ms, st;
+    if (stat(model, &ms) != 0) return -1; /* a model name, or missing: cli_model says */
+    for (int i = 0; i < NUM_DEMO_FILES; i++) {
+        char p[4400];
+        snprintf(p, sizeof p, "%s/%s", dir, DEMO_FILES[i]);
+        if (stat(p, &st) == 0 && st.st_dev == ms.st_dev && st.st_ino == ms.st_ino) {
+            fprintf(stderr,
+                    "epx demo: --model '%s' is '%s', which the demo replaces with its own; "
+                    "move the config out of '%s' or give another --out\n",
+                    model, p, dir);
+            return CLI_EXIT_USAGE;
+        }
+    }
+    return -1;
+}
+
 /* Move the finished temp folder to `dir`, replacing an old demo folder. */
 static int publish_dir(const char *tmp, const char *dir, const char *old) {
     struct stat st;
@@ -306,6 +325,10 @@ int cmd_demo(int argc, char **argv) {
     /* The folder is checked, and its temp names registered for the
      * signals, before any work. */
     char out_buf[4096], tmp_dir[4200], old_dir[4200];
+    if (out_dir[0] == '\0') {
+        fprintf(stderr, "epx demo: --out is empty: give a folder name (default epx-demo)\n");
+        return CLI_EXIT_USAGE;
+    }
     if (strlen(out_dir) >= sizeof out_buf) {
         /* Cut short, the name would be another folder's. */
         fprintf(stderr,
@@ -328,6 +351,7 @@ int cmd_demo(int argc, char **argv) {
         char parent[4096];
         snprintf(parent, sizeof parent, "%.*s", dlen ? dlen : 1, dlen ? out_dir : ".");
         if ((rc = check_out_dir(out_dir)) >= 0) return rc;
+        if ((rc = check_model_outside(model_name, out_dir)) >= 0) return rc;
         if (access(parent, W_OK | X_OK) != 0) {
             fprintf(stderr, "epx demo: cannot create '%s' in folder '%s': %s; give another --out\n",
                     out_dir, parent, strerror(errno));

@@ -260,14 +260,18 @@ int cmd_dispatch_table(int argc, char **argv) {
         ret = cli_write_failed(&cmd, &err);
         goto done;
     }
-    printf("wrote %s: %s%s%s table (%s order) for %s%d ranks x %d layers x %d experts\n", out,
+    char whose[32];
+    if (R >= 0)
+        snprintf(whose, sizeof whose, "rank %d", R);
+    else
+        snprintf(whose, sizeof whose, "%d ranks", G);
+    printf("wrote %s: %s%s%s table (%s order) for %s x %d layers x %d experts\n", out,
            topts.algorithm == EPX_TABLE_EPX ? "epx" : "SGLang",
            topts.algorithm == EPX_TABLE_EPX ? "" : " ",
            topts.algorithm == EPX_TABLE_EPX ? ""
            : sgver                          ? sgver
                                             : EPX_SGLANG_DEFAULT_VERSION,
-           replica_rank ? "replica-rank" : "ascending", R >= 0 ? "rank " : "", R >= 0 ? R : G, L,
-           E);
+           replica_rank ? "replica-rank" : "ascending", whose, L, E);
     if (lists_out) {
         const int32_t *mine =
             R >= 0 ? lists + (size_t)R * (size_t)L * (size_t)E * (size_t)X : lists;

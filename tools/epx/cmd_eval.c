@@ -300,6 +300,15 @@ int cmd_eval(int argc, char **argv) {
         rc = CLI_EXIT_USAGE;
         goto done;
     }
+    if (br.on && br.o.top_k > c->num_experts) {
+        /* a token picks K distinct experts: more than E cannot be drawn */
+        fprintf(stderr,
+                "epx eval: --top-k %d is more than the counts' %d experts per layer: give "
+                "--top-k %d or fewer\n",
+                br.o.top_k, c->num_experts, c->num_experts);
+        rc = CLI_EXIT_USAGE;
+        goto done;
+    }
     epx_shape s = {L, c->num_experts, P, G, N};
     if (br.routing == CLI_ROUTE_WEIGHTED &&
         (rc = cli_read_weights(&cmd, cli_get(&cmd, "--weights"), L, P, &weights)) >= 0)

@@ -56,7 +56,8 @@ static int trace_synth(int argc, char **argv) {
     const char *path = cli_require(&cmd, "-o");
     if (name == NULL || path == NULL) return CLI_EXIT_USAGE;
     const cli_out outs[] = {{path, false}};
-    if ((rc = cli_outputs_check(&cmd, NULL, 0, outs, 1)) >= 0) return rc;
+    if ((rc = cli_outputs_check(&cmd, &name, 1, outs, 1)) >= 0)
+        return rc; /* --model may be a file */
     epx_error err = {0};
     epx_model_info info;
     if ((rc = cli_model(&cmd, name, &info)) >= 0) return rc;

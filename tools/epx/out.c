@@ -9,6 +9,7 @@
  */
 #include "cli.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <signal.h>
 #include <stdio.h>
@@ -78,6 +79,44 @@ static void dir_of(const char *p, char *dir, size_t cap) {
         snprintf(dir, cap, "%.*s", slash == p ? 1 : (int)(slash - p), p);
 }
 
+/* Whether path names the existing file (dev, ino); a folder is searched one
+ * level deep, as --counts reads a folder of per-pass dumps. The file that
+ * matched goes to hit. */
+static bool file_or_folder_holds(const char *path, dev_t dev, ino_t ino, char *hit, size_t cap) {
+    struct stat st;
+    if (stat(path, &st) != 0) return false;
+    if (!S_ISDIR(st.st_mode)) {
+        if (st.st_dev != dev || st.st_ino != ino) return false;
+        snprintf(hit, cap, "%s", path);
+        return true;
+    }
+    DIR *d = opendir(path);
+    if (d == NULL) return false;
+    bool found = false;
+    for (struct dirent *e; !found && (e = readdir(d)) != NULL;) {
+        char p[4400];
+        snprintf(p, sizeof p, "%s/%s", path, e->d_name);
+        found = stat(p, &st) == 0 && S_ISREG(st.st_mode) && st.st_dev == dev && st.st_ino == ino;
+        if (found) snprintf(hit, cap, "%s", p);
+    }
+    closedir(d);
+    return found;
+}
+
+/* Whether input `in` holds the file (dev, ino): the path itself, a folder's
+ * files, or each item of a comma list (per-pass dumps: r0.pt,r1.pt). */
+static bool input_holds(const char *in, dev_t dev, ino_t ino, char *hit, size_t cap) {
+    if (file_or_folder_holds(in, dev, ino, hit, cap)) return true;
+    if (strchr(in, ',') == NULL) return false;
+    char *list = strdup(in), *save = NULL;
+    bool found = false;
+    for (char *item = list ? strtok_r(list, ",", &save) : NULL; item && !found;
+         item = strtok_r(NULL, ",", &save))
+        found = file_or_folder_holds(item, dev, ino, hit, cap);
+    free(list);
+    return found;
+}
+
 int cli_outputs_check(const cli_cmd *cmd, const char *const *in, int nin, const cli_out *out,
                       int nout) {
     char *target[16] = {0};
@@ -86,7 +125,16 @@ int cli_outputs_check(const cli_cmd *cmd, const char *const *in, int nin, const 
     if (nout > 16) nout = 16;
     for (int i = 0; i < nout && rc < 0; i++) {
         const char *p = out[i].path;
-        if (p == NULL || strcmp(p, "-") == 0) continue;
+        if (p == NULL) continue;
+        if (strcmp(p, "-") == 0) { /* standard output: only the JSON lines take it */
+            if (out[i].append) continue;
+            fprintf(stderr,
+                    "epx %s: '-' names no file here: this output is written to a file (atomically, "
+                    "via a temp file); give a file name\n",
+                    cmd->name);
+            rc = CLI_EXIT_USAGE;
+            break;
+        }
         epx_error err = {0};
         if (epx_file_output_check(p, &target[i], &err) != EPX_OK) {
             fprintf(stderr, "epx %s: %s\n", cmd->name, err.msg);
@@ -117,16 +165,21 @@ int cli_outputs_check(const cli_cmd *cmd, const char *const *in, int nin, const 
                     cmd->name, p, dir, strerror(errno));
             rc = CLI_EXIT_USAGE;
         }
-        for (int j = 0; rc < 0 && j < nin; j++) {
-            struct stat is;
-            if (in[j] == NULL || stat(in[j], &is) != 0) continue;
-            if (id[i].exists && is.st_dev == id[i].dev && is.st_ino == id[i].ino) {
+        for (int j = 0; rc < 0 && id[i].exists && j < nin; j++) {
+            char hit[4400];
+            if (in[j] == NULL || !input_holds(in[j], id[i].dev, id[i].ino, hit, sizeof hit))
+                continue;
+            if (strcmp(hit, in[j]) == 0)
                 fprintf(stderr,
                         "epx %s: output '%s' is the input '%s' (the same file); write to "
                         "another path\n",
                         cmd->name, p, in[j]);
-                rc = CLI_EXIT_USAGE;
-            }
+            else
+                fprintf(stderr,
+                        "epx %s: output '%s' is the input '%s' (the same file, read as part of "
+                        "'%s'); write to another path\n",
+                        cmd->name, p, hit, in[j]);
+            rc = CLI_EXIT_USAGE;
         }
         for (int j = 0; rc < 0 && j < i; j++) {
             if (target[j] == NULL || !same_id(&id[i], &id[j])) continue;
