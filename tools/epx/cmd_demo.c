@@ -49,15 +49,16 @@ typedef struct demo_result {
 
 /* Fill every result's batch_static / batch_balanced (batches.c): the same
  * batches for every layout, drawn from `load` [L][E] with top-k `K`. */
-static epx_status per_batch(int32_t K, const double *load, uint64_t seed, demo_result *res,
-                            epx_error *err) {
+static epx_status per_batch(cli_cmd *cmd, int32_t K, const double *load, uint64_t seed,
+                            demo_result *res, epx_error *err) {
     cli_batch_case cases[2 * NUM_LAYOUTS];
     for (int i = 0; i < NUM_LAYOUTS; i++) {
         cases[2 * i] = (cli_batch_case){res[i].layout, CLI_ROUTE_STATIC, NULL, res[i].batch_static};
         cases[2 * i + 1] =
             (cli_batch_case){res[i].layout, CLI_ROUTE_BALANCED, NULL, res[i].batch_balanced};
     }
-    const cli_batch_opts o = {K, BATCH_TOKENS, NUM_BATCH_SIZES, BATCHES_PER_LAYER, seed};
+    const cli_batch_opts o = {
+        K, BATCH_TOKENS, NUM_BATCH_SIZES, BATCHES_PER_LAYER, seed, cli_progress, cmd};
     return cli_per_batch(load, 1, &o, cases, 2 * NUM_LAYOUTS, err);
 }
 
@@ -445,7 +446,7 @@ int cmd_demo(int argc, char **argv) {
             exit_code = cli_report(&cmd, &err);
             goto done;
         }
-    if (per_batch(m->top_k, next_load, (uint64_t)seed, res, &err) != EPX_OK) {
+    if (per_batch(&cmd, m->top_k, next_load, (uint64_t)seed, res, &err) != EPX_OK) {
         exit_code = cli_report(&cmd, &err);
         goto done;
     }

@@ -194,7 +194,7 @@ static int batch_options(const cli_cmd *cmd, batch_result *b) {
         }
     if (!b->on) return -1;
     int32_t seed = 0, n = 0;
-    b->o = (cli_batch_opts){8, DEFAULT_TOKENS, 4, 4, 0};
+    b->o = (cli_batch_opts){8, DEFAULT_TOKENS, 4, 4, 0, NULL, NULL};
     if (!cli_routing_get(cmd, "--routing", &b->routing) ||
         !cli_int(cmd, "--top-k", 1, MAX_TOP_K, &b->o.top_k) ||
         !cli_int(cmd, "--batches", 1, MAX_BATCHES, &b->o.batches) ||
@@ -320,6 +320,8 @@ int cmd_eval(int argc, char **argv) {
         goto done;
     }
     cli_batch_case bc = {lay, br.routing, weights, br.balancedness};
+    br.o.progress = cli_progress;
+    br.o.progress_user = &cmd;
     if (br.on && cli_per_batch(c->data, c->num_windows, &br.o, &bc, 1, &err) != EPX_OK) {
         rc = cli_report(&cmd, &err);
         goto done;
