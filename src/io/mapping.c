@@ -146,6 +146,10 @@ static epx_status counts_from_object(const json_t *root, const epxi_read_cfg *cf
     const bool stat = t.rank == 3 && (json_object_get(root, "rank") != NULL &&
                                       json_object_get(root, "average_utilization_rate_over_"
                                                             "window") != NULL);
+    if ((st = epxi_read_cfg_applies(cfg, false, err)) != EPX_OK) {
+        epx_counts_destroy(c);
+        return st;
+    }
     const size_t le = (size_t)L * (size_t)E;
     size_t nonzero = 0;
     for (size_t r = 0; stat && r < (size_t)S; r++) {
@@ -197,9 +201,13 @@ epx_status epx_counts_read_with(const char *spec, const epx_read_opts *opts, epx
     if (opts->stat_rows != EPX_STAT_ROWS_SUM && opts->stat_rows != EPX_STAT_ROWS_WINDOWS)
         return epxi_fail(err, EPX_ERR_INVALID_ARG, "stat_rows (%d) is not a known mode",
                          (int)opts->stat_rows);
-    const epxi_read_cfg cfg = {opts->window_passes, opts->stat_rows == EPX_STAT_ROWS_WINDOWS,
-                               opts->progress,      opts->progress_user,
-                               opts->how,           opts->how_cap};
+    const epxi_read_cfg cfg = {opts->window_passes,
+                               opts->stat_rows == EPX_STAT_ROWS_WINDOWS,
+                               opts->progress,
+                               opts->progress_user,
+                               opts->how,
+                               opts->how_cap,
+                               true};
     if (opts->how != NULL && opts->how_cap > 0) opts->how[0] = '\0';
     return read_counts(spec, &cfg, out, err);
 }
@@ -213,7 +221,7 @@ static bool is_directory(const char *path) {
 /* The old entry points read rows as windows, one window per forward pass. */
 epx_status epx_counts_read_progress(const char *spec, epx_progress_fn progress, void *user,
                                     epx_counts **out, epx_error *err) {
-    const epxi_read_cfg raw = {0, true, progress, user, NULL, 0};
+    const epxi_read_cfg raw = {0, true, progress, user, NULL, 0, false};
     return read_counts(spec, &raw, out, err);
 }
 

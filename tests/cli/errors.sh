@@ -38,6 +38,12 @@ refuse "missing file" "cannot open" "$EPX" plan --counts nothere.json --gpus 8 -
 printf 'garbage' >bin.pt
 refuse "a .pt that is no zip" "is no PyTorch file (torch.save writes a zip archive)" "$EPX" \
   stats bin.pt
+# --window-passes groups a per_pass dump's passes: on anything else it is
+# refused (it was ignored); on a per_pass dump it applies
+refuse "--window-passes on a JSON trace" "holds no per_pass dump: drop it" "$EPX" stats \
+  v3.json --window-passes 4
+"$EPX" stats "$EPX_SOURCE/tests/data/pt/per_pass_rank0.pt" --window-passes 2 >out 2>err &&
+  grep -q "2 passes per window" out || { echo "FAIL --window-passes on a per_pass dump"; fail=1; }
 # epx help COMMAND is COMMAND --help; an unknown one is named
 "$EPX" help plan >out 2>err && grep -q '^usage: epx plan --counts' out ||
   { echo "FAIL help plan"; fail=1; }
