@@ -254,7 +254,8 @@ EPX_API epx_status epx_counts_from_pt(const epx_pt_file *const *files, size_t nf
  * ends in .pt, in byte order of the names, as SGLang's reader sorts them).
  * epx_counts_read sends specs ending in .pt here.
  * Returns: the statuses of epx_pt_load and epx_counts_from_pt, with the
- *          file named; EPX_ERR_IO for an empty directory.
+ *          file named; EPX_ERR_IO for an empty directory; EPX_ERR_PARSE when
+ *          the loads sum above 2^63 (what SGLang's int64 counts hold).
  */
 EPX_API epx_status epx_counts_read_pt(const char *spec, epx_counts **out, epx_error *err);
 
