@@ -364,28 +364,26 @@ epx_status epx_counts_write_pt(const epx_counts *c, const char *path, epx_pt_dty
     for (size_t i = 0; i < n; i++) {
         double x = c->data[i];
         uint64_t bits;
-        if (dt == EPX_PT_DTYPE_INT64 || dt == EPX_PT_DTYPE_INT32) {
-            double hi = dt == EPX_PT_DTYPE_INT64 ? 0x1p63 : 0x1p31;
-            if (!(x == floor(x) && x >= -hi && x < hi)) {
-                free(buf);
-                size_t le = (size_t)c->num_layers * (size_t)c->num_experts;
-                return epxi_fail(err, EPX_ERR_INVALID_ARG,
-                                 "load [%zu][%zu][%zu] is %g, which %s cannot hold: write "
-                                 "float32 or float64",
-                                 i / le, (i % le) / (size_t)c->num_experts,
-                                 i % (size_t)c->num_experts, x, epx_pt_dtype_str(dt));
-            }
+        /* what to write instead when dt cannot hold x (float32 would store
+         * inf, which no reader takes) */
+        const bool is_int = dt == EPX_PT_DTYPE_INT64 || dt == EPX_PT_DTYPE_INT32;
+        const double hi = dt == EPX_PT_DTYPE_INT64 ? 0x1p63 : 0x1p31;
+        const char *instead = NULL;
+        if (is_int && !(x == floor(x) && x >= -hi && x < hi))
+            instead = "float32 or float64";
+        else if (dt == EPX_PT_DTYPE_FLOAT32 && !(fabs(x) <= FLT_MAX))
+            instead = "float64";
+        if (instead != NULL) {
+            free(buf);
+            size_t le = (size_t)c->num_layers * (size_t)c->num_experts;
+            return epxi_fail(err, EPX_ERR_INVALID_ARG,
+                             "load [%zu][%zu][%zu] is %g, which %s cannot hold: write %s", i / le,
+                             (i % le) / (size_t)c->num_experts, i % (size_t)c->num_experts, x,
+                             epx_pt_dtype_str(dt), instead);
+        }
+        if (is_int) {
             bits = (uint64_t)(int64_t)x;
         } else if (dt == EPX_PT_DTYPE_FLOAT32) {
-            if (!(fabs(x) <= FLT_MAX)) { /* would be stored as inf, which no reader takes */
-                free(buf);
-                size_t le = (size_t)c->num_layers * (size_t)c->num_experts;
-                return epxi_fail(err, EPX_ERR_INVALID_ARG,
-                                 "load [%zu][%zu][%zu] is %g, above float32's largest (%g): "
-                                 "write float64",
-                                 i / le, (i % le) / (size_t)c->num_experts,
-                                 i % (size_t)c->num_experts, x, (double)FLT_MAX);
-            }
             float f = (float)x;
             uint32_t b32;
             memcpy(&b32, &f, sizeof b32);
