@@ -225,7 +225,9 @@ EPX_API epx_status epx_dispatch_rank_lists_write_json(const char *path, const in
  * experts e with table[r][l][e] on GPU g of load[l][e] / G.
  * Args:    shape (in); table (in) [G][L][E]; load (in) [L][E] >= 0;
  *          gpu_load (out) [L][G] doubles, caller-owned.
- * Returns: EPX_OK; EPX_ERR_INVALID_MAP for a table entry outside [0, P).
+ * Returns: EPX_OK; EPX_ERR_INVALID_MAP for a table entry outside [0, P);
+ *          EPX_ERR_INVALID_ARG for a load not finite, negative, or loads
+ *          summing above 2^63.
  */
 EPX_API epx_status epx_dispatch_table_gpu_load(const epx_shape *shape, const int32_t *table,
                                                const double *load, double *gpu_load,

@@ -96,7 +96,9 @@ typedef struct epx_read_opts {
 EPX_API epx_status epx_counts_read_with(const char *spec, const epx_read_opts *opts,
                                         epx_counts **out, epx_error *err);
 
-/* Write counts as {"logical_count": [S][L][E]} ([L][E] when S == 1). */
+/* Write counts as {"logical_count": [S][L][E]} ([L][E] when S == 1): only
+ * loads the readers take back (finite, >= 0, at most 2^63 in all), else
+ * EPX_ERR_INVALID_ARG naming the entry or the total. */
 EPX_API epx_status epx_counts_write_json(const epx_counts *counts, const char *path,
                                          epx_error *err);
 

@@ -272,9 +272,10 @@ EPX_API epx_status epx_layout_write_pt(const epx_layout *layout, const char *pat
  * Write {"logical_count": tensor} ([L][E] when S == 1, else [S][L][E]) the
  * same way, as `dtype`: EPX_PT_DTYPE_INT64, _INT32, _FLOAT32, _FLOAT64, or
  * _AUTO (int64 when every load is integral, else float64).
- * Returns: EPX_OK; EPX_ERR_INVALID_ARG for another dtype, or a load that
- *          does not fit an integer dtype (names the index and value);
- *          EPX_ERR_IO; EPX_ERR_NOMEM.
+ * Returns: EPX_OK; EPX_ERR_INVALID_ARG for another dtype, a load the
+ *          readers would refuse (not finite, negative, or a total above
+ *          2^63), or a load that does not fit an integer dtype (names the
+ *          index and value); EPX_ERR_IO; EPX_ERR_NOMEM.
  */
 EPX_API epx_status epx_counts_write_pt(const epx_counts *counts, const char *path,
                                        epx_pt_dtype dtype, epx_error *err);

@@ -137,6 +137,13 @@ EPXI_HIDDEN epx_status epxi_check_same_shape(const epx_shape *a, const epx_shape
  * checks last. */
 EPXI_HIDDEN epx_status epxi_counts_check_total(const epx_counts *c, epx_error *err);
 
+/* Loads handed to the API ([n] doubles named `what`, e.g. "load" or
+ * "expected_load"): each finite and >= 0, the sum at most
+ * EPXI_MAX_LOAD_TOTAL; else EPX_ERR_INVALID_ARG naming the entry or the
+ * total. The functions that sum loads call it first. */
+EPXI_HIDDEN epx_status epxi_check_loads(const double *w, size_t n, const char *what,
+                                        epx_error *err);
+
 /* The load of one cell (l * E + e) of counts summed over windows
  * [first, first + n), added in window order from 0.0: every room that sums
  * windows goes through here, so they all round alike. Arguments are trusted

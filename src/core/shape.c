@@ -121,20 +121,39 @@ epx_status epx_counts_create(int32_t S, int32_t L, int32_t E, epx_counts **out, 
     return EPX_OK;
 }
 
-epx_status epxi_counts_check_total(const epx_counts *c, epx_error *err) {
-    const size_t n = (size_t)c->num_windows * (size_t)c->num_layers * (size_t)c->num_experts;
-    double total = 0.0;
-    for (size_t i = 0; i < n; i++) total += c->data[i];
+/* EPX_OK when total is at most EPXI_MAX_LOAD_TOTAL, else `status` with
+ * "<what> sum to ..., above 2^63 ...". */
+static epx_status check_total(double total, const char *what, epx_status status, epx_error *err) {
     if (total <= EPXI_MAX_LOAD_TOTAL) return EPX_OK;
     char sum[48];
     if (isfinite(total))
         snprintf(sum, sizeof sum, "%g", total);
     else
         snprintf(sum, sizeof sum, "more than a double holds");
-    return epxi_fail(err, EPX_ERR_PARSE,
-                     "the loads sum to %s, above 2^63 (%g, what SGLang's int64 counts hold): "
+    return epxi_fail(err, status,
+                     "the %s sum to %s, above 2^63 (%g, what SGLang's int64 counts hold): "
                      "they are token counts; scale them down",
-                     sum, EPXI_MAX_LOAD_TOTAL);
+                     what, sum, EPXI_MAX_LOAD_TOTAL);
+}
+
+epx_status epxi_counts_check_total(const epx_counts *c, epx_error *err) {
+    const size_t n = (size_t)c->num_windows * (size_t)c->num_layers * (size_t)c->num_experts;
+    double total = 0.0;
+    for (size_t i = 0; i < n; i++) total += c->data[i];
+    return check_total(total, "loads", EPX_ERR_PARSE, err);
+}
+
+epx_status epxi_check_loads(const double *w, size_t n, const char *what, epx_error *err) {
+    double total = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        if (!(w[i] >= 0.0) || !isfinite(w[i]))
+            return epxi_fail(err, EPX_ERR_INVALID_ARG,
+                             "%s[%zu] is %g: loads must be finite and >= 0", what, i, w[i]);
+        total += w[i];
+    }
+    char name[64];
+    snprintf(name, sizeof name, "entries of %s", what);
+    return check_total(total, name, EPX_ERR_INVALID_ARG, err);
 }
 
 void epx_counts_destroy(epx_counts *c) {

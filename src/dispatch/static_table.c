@@ -366,7 +366,7 @@ epx_status epx_dispatch_table_compute(const epx_shape *shape, const int32_t *rep
     int32_t P = shape->num_physical_experts;
     EPX_TRY(epxi_table_check_replicas(shape, replicas, width, err));
     if (opts->expected_load)
-        EPX_TRY(check_nonneg(opts->expected_load, (size_t)L * (size_t)E, "expected_load", err));
+        EPX_TRY(epxi_check_loads(opts->expected_load, (size_t)L * (size_t)E, "expected_load", err));
     if (opts->replica_weights)
         EPX_TRY(check_nonneg(opts->replica_weights, (size_t)L * (size_t)P, "replica_weights", err));
 
@@ -424,6 +424,7 @@ epx_status epx_dispatch_table_gpu_load(const epx_shape *shape, const int32_t *ta
     int32_t L = shape->num_layers, E = shape->num_logical_experts, G = shape->num_gpus;
     int32_t P = shape->num_physical_experts, per = P / G;
     size_t LE = (size_t)L * (size_t)E;
+    EPX_TRY(epxi_check_loads(load, LE, "load", err));
     memset(gpu_load, 0, (size_t)L * (size_t)G * sizeof *gpu_load);
     for (int32_t r = 0; r < G; r++)
         for (int32_t l = 0; l < L; l++)

@@ -277,5 +277,10 @@ static epx_status write_counts_body(FILE *f, const void *ctx, epx_error *err) {
 
 epx_status epx_counts_write_json(const epx_counts *c, const char *path, epx_error *err) {
     if (c == NULL || path == NULL) return epxi_fail(err, EPX_ERR_INVALID_ARG, "NULL argument");
+    /* only what the readers take back: a NaN was written as bare nan (not
+     * JSON), a negative load as one every reader refuses */
+    EPX_TRY(epxi_check_loads(
+        c->data, (size_t)c->num_windows * (size_t)c->num_layers * (size_t)c->num_experts, "counts",
+        err));
     return epxi_write_atomically(path, write_counts_body, c, err);
 }

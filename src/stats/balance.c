@@ -53,11 +53,20 @@ static double opt_max_per_replica(const double *w, int32_t E, int32_t P, int32_t
 }
 
 static epx_status check_load_row(const double *w, int32_t E, int32_t layer, epx_error *err) {
-    for (int32_t e = 0; e < E; e++)
+    double total = 0.0;
+    for (int32_t e = 0; e < E; e++) {
         if (!(w[e] >= 0.0) || !isfinite(w[e]))
             return epxi_fail(err, EPX_ERR_INVALID_ARG,
                              "load of layer %d, expert %d is %g: loads must be finite and >= 0",
                              layer, e, w[e]);
+        total += w[e];
+    }
+    /* the readers' bound, per layer: beyond it the figures overflow to NaN */
+    if (!(total <= EPXI_MAX_LOAD_TOTAL))
+        return epxi_fail(err, EPX_ERR_INVALID_ARG,
+                         "the loads of layer %d sum to %g, above 2^63 (what SGLang's int64 "
+                         "counts hold): they are token counts; scale them down",
+                         layer, total);
     return EPX_OK;
 }
 
