@@ -59,7 +59,8 @@ def slot_fractions(split, replicas, counts, num_physical):
     r = A.as_array(replicas, np.int64, 2, "replicas")
     c = A.as_array(counts, np.float64, 1, "counts")
     total = max(float(c.sum()), 1.0)
-    out = np.zeros(int(num_physical), np.float64)
+    out = np.zeros(A.integer(num_physical, "num_physical", 1, A.MAX_PHYSICAL,
+                             "4 (E + G) slots at most"), np.float64)
     valid = r >= 0
     out[r[valid]] = (split.shares * c[:, None])[valid] / total
     return out
