@@ -251,7 +251,8 @@ EPX_API epx_status epx_counts_from_pt(const epx_pt_file *const *files, size_t nf
 /*
  * Read counts from .pt files named by `spec`: one path, a comma-separated
  * list of paths ("r0.pt,r1.pt"), or a directory (every file in it whose name
- * ends in .pt, in byte order of the names, as SGLang's reader sorts them).
+ * ends in .pt, in byte order of the names, as SGLang's reader sorts them). A
+ * spec that exists is one path even with commas in its name.
  * epx_counts_read sends specs ending in .pt here.
  * Returns: the statuses of epx_pt_load and epx_counts_from_pt, with the
  *          file named; EPX_ERR_IO for an empty directory; EPX_ERR_PARSE when

@@ -118,6 +118,12 @@ def test_path_types_and_nul(tmp_path):
 def test_dump_list_item_with_a_comma(tmp_path):
     with pytest.raises(ValueError, match=r"spec\[1\] .* holds a comma"):
         pt.read_dump([str(tmp_path / "a.pt"), str(tmp_path / "runs,old.pt")])
+    # a path that exists is one name, commas and all (it was split at them)
+    (tmp_path / "runs,old").mkdir()
+    dump = tmp_path / "runs,old" / "c.pt"
+    pt.write_counts_pt(str(dump), np.array([[1.0, 2.0, 3.0, 4.0]]))
+    assert pt.read_dump(str(dump)).tolist() == [[[1.0, 2.0, 3.0, 4.0]]]
+    assert epx.read_counts(str(dump)).tolist() == [[[1.0, 2.0, 3.0, 4.0]]]
 
 
 # ---- loads: what the readers take back, sums that stay finite -----------------

@@ -627,7 +627,8 @@ static epx_status list_dir(const char *dir, path_list *pl, epx_error *err) {
 
 static epx_status split_spec(const char *spec, path_list *pl, epx_error *err) {
     struct stat sb;
-    if (strchr(spec, ',') == NULL) {
+    /* a path that exists is one name, commas and all ('runs,old/dump.pt') */
+    if (strchr(spec, ',') == NULL || stat(spec, &sb) == 0) {
         if (stat(spec, &sb) == 0 && S_ISDIR(sb.st_mode)) return list_dir(spec, pl, err);
         return paths_add(pl, spec, strlen(spec), err);
     }
