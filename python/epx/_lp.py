@@ -114,6 +114,10 @@ class LPLBSolver:
                              "num_phy // num_gpus consecutive slots"
                              % (self.num_phy, self.num_gpus))
         self.ep_group = ep_group
+        if p2l.size and p2l.max() >= self.num_logical:
+            raise ValueError("phy2log names logical expert %d but log2phy has %d rows (one per "
+                             "logical expert): the two maps are of different layers or models"
+                             % (int(p2l.max()), self.num_logical))
         self.replicas = _full_lists(p2l, self.num_logical)
 
     def solve(self, topk_ids):

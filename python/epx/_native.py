@@ -135,7 +135,10 @@ def fn(name, restype, *argtypes):
 
 
 def has(name):
-    """True when this libepx exports the C function `name`."""
+    """True when this libepx exports the C function `name` (an epx_ name: the
+    ctypes library object's own attributes, _handle and the like, are not)."""
+    if not isinstance(name, str) or not name.startswith("epx"):
+        return False
     try:
         getattr(lib, name)
         return True

@@ -131,6 +131,19 @@ def _choice(table, value, what):
     return table[key]
 
 
+def _current(current):
+    """plan()'s current placement as a layout handle: a Layout, a Plan (its
+    layout), or None."""
+    if current is None:
+        return None
+    if isinstance(current, Plan):
+        current = current.layout
+    if not isinstance(current, Layout):
+        raise TypeError("current must be a Layout or a Plan (the placement in service), not %s"
+                        % type(current).__name__)
+    return current.handle
+
+
 class Plan:
     """A computed placement (epx_plan): .layout, .replica_weights [L][P],
     .seconds (the placement computation alone), .algorithm (AUTO resolved)."""
@@ -247,7 +260,7 @@ def plan(counts, num_gpus, num_physical_experts=None, num_redundant=None, num_no
                                                          A.MAX_EXPERTS, "EPX_MAX_EXPERTS"),
                  _choice(NODE_LOCAL, node_local, "node_local"), float(cross_node_budget),
                  _choice(ESTIMATES, estimate, "estimate"), float(estimate_param),
-                 current.handle if current is not None else None,
+                 _current(current),
                  A.integer(max_moves, "max_moves", -1),
                  float(move_price), A.ptr(fg, c_uint8), LOG_FN(), None, None, None, sv)
     h = c_void_p()

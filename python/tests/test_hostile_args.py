@@ -158,3 +158,16 @@ def test_deepseek_refuses_active_ranks_and_planner_keywords():
         S.rebalance_experts_from_windows(t, 16, 4, 2, 1, "deepseek", active_ranks=[0, 0, 0, 1])
     with pytest.raises(TypeError, match="unexpected keywords for algorithm 'deepseek'"):
         S.rebalance_experts_from_windows(t, 16, 4, 2, 1, "deepseek", estimate="max")
+
+
+# ---- messages that name the argument at fault ----------------------------------
+
+def test_messages_name_the_argument_at_fault():
+    with pytest.raises(ValueError, match="log2phy has 2 rows"):
+        S.LPLBSolver([0, 1, 2, 3, 0, 1, 2, 3], np.zeros((2, 2), int), 2)
+    assert not epx.has("_handle") and not epx.has("__class__") and epx.has("epx_version")
+    first = epx.plan(np.ones((1, 4)), 2)
+    again = epx.plan(np.ones((1, 4)), 2, current=first)  # a Plan is the placement in service
+    assert again.layout.physical_to_logical_map.shape == first.layout.physical_to_logical_map.shape
+    with pytest.raises(TypeError, match="current must be a Layout or a Plan"):
+        epx.plan(np.ones((1, 4)), 2, current="placement.json")
