@@ -40,11 +40,6 @@ def _handle(h, cls, how):
     return h
 
 
-def _bad_width(w):
-    raise ValueError('width must be an integer, None (the largest replica count) or "sglang" '
-                     '(P, as SGLang pads), not %r' % (w,))
-
-
 class Layout:
     """An epx_layout. Build one with Layout.from_map / Layout.trivial, or get one
     from epx.plan(...) or epx.init_expert_location(...). Maps come back as
@@ -157,10 +152,12 @@ class Layout:
         L, E, P = s["num_layers"], s["num_logical_experts"], s["num_physical_experts"]
         if width is None:
             width = self.max_replicas
-        elif isinstance(width, str) and width == "sglang":
+        elif isinstance(width, str):
+            if width != "sglang":
+                raise ValueError('width must be an integer, None (the largest replica count) or '
+                                 '"sglang" (P, as SGLang pads), not %r' % (width,))
             width = P
-        width = A.integer(width, "width", 1, A.INT32_MAX, 'or "sglang" (P)') \
-            if not isinstance(width, str) else _bad_width(width)
+        width = A.integer(width, "width", 1, A.INT32_MAX, 'or "sglang" (P)')
         have = c_int32()
         lists = _l2all(self._h, ctypes.byref(have))
         if L * E > 0 and self.max_replicas <= width <= have.value:
