@@ -132,6 +132,12 @@ EPXI_HIDDEN epx_status epxi_check_same_shape(const epx_shape *a, const epx_shape
  * balancedness with exit 0). */
 #define EPXI_MAX_LOAD_TOTAL 0x1p63
 
+/* EPX_OK when a sum of loads is at most EPXI_MAX_LOAD_TOTAL, else `status`
+ * with "the <what> sum to ..., above 2^63 ...: scale them down". The one
+ * wording of that refusal, for every check below and the rooms' own. */
+EPXI_HIDDEN epx_status epxi_check_load_total(double total, const char *what, epx_status status,
+                                             epx_error *err);
+
 /* EPX_OK when the loads of c sum to at most EPXI_MAX_LOAD_TOTAL, else
  * EPX_ERR_PARSE naming the total and the fix. What every counts reader
  * checks last. */

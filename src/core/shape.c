@@ -121,9 +121,8 @@ epx_status epx_counts_create(int32_t S, int32_t L, int32_t E, epx_counts **out, 
     return EPX_OK;
 }
 
-/* EPX_OK when total is at most EPXI_MAX_LOAD_TOTAL, else `status` with
- * "<what> sum to ..., above 2^63 ...". */
-static epx_status check_total(double total, const char *what, epx_status status, epx_error *err) {
+epx_status epxi_check_load_total(double total, const char *what, epx_status status,
+                                 epx_error *err) {
     if (total <= EPXI_MAX_LOAD_TOTAL) return EPX_OK;
     char sum[48];
     if (isfinite(total))
@@ -140,7 +139,7 @@ epx_status epxi_counts_check_total(const epx_counts *c, epx_error *err) {
     const size_t n = (size_t)c->num_windows * (size_t)c->num_layers * (size_t)c->num_experts;
     double total = 0.0;
     for (size_t i = 0; i < n; i++) total += c->data[i];
-    return check_total(total, "loads", EPX_ERR_PARSE, err);
+    return epxi_check_load_total(total, "loads", EPX_ERR_PARSE, err);
 }
 
 epx_status epxi_check_loads(const double *w, size_t n, const char *what, epx_error *err) {
@@ -153,7 +152,7 @@ epx_status epxi_check_loads(const double *w, size_t n, const char *what, epx_err
     }
     char name[64];
     snprintf(name, sizeof name, "entries of %s", what);
-    return check_total(total, name, EPX_ERR_INVALID_ARG, err);
+    return epxi_check_load_total(total, name, EPX_ERR_INVALID_ARG, err);
 }
 
 void epx_counts_destroy(epx_counts *c) {

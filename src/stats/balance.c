@@ -11,6 +11,7 @@
  * O((P - E) log E) per layer.
  */
 #include <math.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "internal.h"
@@ -62,12 +63,9 @@ static epx_status check_load_row(const double *w, int32_t E, int32_t layer, epx_
         total += w[e];
     }
     /* the readers' bound, per layer: beyond it the figures overflow to NaN */
-    if (!(total <= EPXI_MAX_LOAD_TOTAL))
-        return epxi_fail(err, EPX_ERR_INVALID_ARG,
-                         "the loads of layer %d sum to %g, above 2^63 (what SGLang's int64 "
-                         "counts hold): they are token counts; scale them down",
-                         layer, total);
-    return EPX_OK;
+    char what[48];
+    snprintf(what, sizeof what, "loads of layer %d", layer);
+    return epxi_check_load_total(total, what, EPX_ERR_INVALID_ARG, err);
 }
 
 /* Shares of one layer: finite, >= 0, summing to 1 per expert. */
