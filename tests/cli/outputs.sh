@@ -94,6 +94,15 @@ if [ "$(id -u)" != 0 ]; then
   check "--report in a read-only folder" expect_rc 2 "${plan[@]}" -o z.json --report ro/r.json
   check "  -o not written" test ! -e z.json
 fi
+# a folder that takes no file is found before the work, by making the temp
+# file there and removing it: /proc takes none, though access() says it is
+# writable to root (the command once failed only after its work)
+if [ -d /proc/self ]; then
+  check "-o in /proc refused before the work" refuse \
+    "cannot write '/proc/epx-p.json': no file can be made in folder '/proc'" \
+    "${plan[@]}" -o y.json --report /proc/epx-p.json
+  check "  -o not written" test ! -e y.json
+fi
 check "no temp files left" no_temps
 
 # .pt by extension: a PyTorch zip, read back by content
