@@ -89,10 +89,15 @@ typedef struct epx_table_opts {
                                       ascending lists init_by_mapping builds, which
                                       releases >= 0.5.4.post2 cut per rank;
                                       epx_dispatch_table_from_layout sets it */
+    epx_progress_fn progress;      /* optional: the cut table's G passes (minutes
+                                      at 1,024 GPUs), told on the calling thread
+                                      as they end ("ranks computed", done of G),
+                                      the last call with done = G */
+    void *progress_user;
 } epx_table_opts;
 #define EPX_TABLE_OPTS_VERSION ((uint32_t)sizeof(epx_table_opts))
 #define EPX_TABLE_OPTS_INIT                                                                        \
-    { EPX_TABLE_OPTS_VERSION, EPX_TABLE_SGLANG, 42u, NULL, NULL, NULL, 0 }
+    { EPX_TABLE_OPTS_VERSION, EPX_TABLE_SGLANG, 42u, NULL, NULL, NULL, 0, NULL, NULL }
 
 /*
  * Compute the static dispatch table of every rank.
@@ -140,7 +145,8 @@ typedef struct epx_table_opts {
  *          that is not a whole number from 1, when the table runs on threads);
  *          EPX_ERR_INVALID_MAP (a slot id outside [-1, P), or an expert with
  *          no replica: names layer and expert); EPX_ERR_NOMEM.
- * Thread:  any thread; no shared state.
+ * Thread:  any thread; no shared state; opts->progress is called on the
+ *          calling thread only.
  */
 EPX_API epx_status epx_dispatch_table_compute(const epx_shape *shape, const int32_t *replicas,
                                               int32_t width, const epx_table_opts *opts,

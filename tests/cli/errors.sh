@@ -2,7 +2,8 @@
 # errors.sh - one exit-code table (0 ok, 1 runtime failure, 2 bad usage or
 # input) and messages that name the value, the rule and the fix: a
 # directory as input, a migration across two models (both named), P that
-# does not divide over G (G's divisors of P first), unknown options.
+# does not divide over G (G's divisors of P first), unknown options; every
+# message starts "epx SUBCOMMAND:".
 set -u
 EPX=${EPX_BIN:?EPX_BIN is not set}
 T=$(mktemp -d /tmp/epx-errors.XXXXXX)
@@ -48,4 +49,30 @@ refuse "--window-passes on a JSON trace" "holds no per_pass dump: drop it" "$EPX
 "$EPX" help plan >out 2>err && grep -q '^usage: epx plan --counts' out ||
   { echo "FAIL help plan"; fail=1; }
 refuse "help of an unknown command" "unknown command 'plann'" "$EPX" help plann
+# Every line of an error starts "epx SUBCOMMAND:", the option parser's too:
+# it once said "epx bench:" for bench comm (likewise migrate plan and layout
+# trivial), "invalid: epx inspect: ...", and nothing for trace's action.
+prefix() {
+  local want=$1; shift
+  timeout 30 "$@" >out 2>err
+  if [ -s err ] && awk -v w="$want" 'index($0, w) != 1 { bad = 1 } END { exit bad }' err; then
+    echo "ok   '$want' from $*"
+  else
+    echo "FAIL '$want' from $*:"; cat err; fail=1
+  fi
+}
+python3 -c 'print({"physical_to_logical_map": [list(range(12))]})' | tr "'" '"' >p12.json
+prefix "epx bench comm: " "$EPX" bench comm --bogus
+prefix "epx bench comm: " "$EPX" bench comm --backend mpi --model kimi-k2 --tokens 1 --iters 0
+prefix "epx bench: " "$EPX" bench nothing
+prefix "epx migrate plan: " "$EPX" migrate plan --bogus
+prefix "epx migrate plan: " "$EPX" migrate plan --from v3p.json
+prefix "epx layout trivial: " "$EPX" layout trivial --bogus 1
+prefix "epx trace: " "$EPX" trace
+prefix "epx trace: " "$EPX" trace synt --model kimi-k2 -o x.json
+prefix "epx trace synth: " "$EPX" trace synth --bogus
+prefix "epx inspect: invalid: " "$EPX" inspect p12.json --gpus 5
+prefix "epx advise: " "$EPX" advise --model kimi-k2 --gpus 8 --link pcie9
+prefix "epx demo: " "$EPX" demo --gpus 0
+prefix "epx dispatch-table: " "$EPX" dispatch-table --placement v3p.json --gpus 3 -o t.json
 exit $fail

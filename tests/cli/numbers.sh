@@ -2,8 +2,8 @@
 # numbers.sh - numbers in (issue 17): every numeric option refuses junk,
 # NaN, infinities, negatives and out-of-range values with exit 2 and a
 # message naming the value, the rule and the fix; epx advise --measured
-# refuses negative, huge, non-numeric figures in both of its formats; and
-# advise's verdicts never state an impossible range.
+# refuses negative, huge, non-numeric figures and all-zero times in both of
+# its formats; and advise's verdicts never state an impossible range.
 set -u
 . "${EPX_SOURCE:?EPX_SOURCE is not set}/tests/util/cli_test.sh"
 cli_scratch numbers
@@ -62,6 +62,24 @@ summary '"x"' > sstr.json
 check "summary string" refuse "dispatch_us is not a number" "${adv[@]}" --gpus 8 --measured sstr.json
 summary 1e12 > shuge.json
 check "summary huge" refuse "from 0 to 1e+09 us" "${adv[@]}" --gpus 8 --measured shuge.json
+
+# --measured all zeros (nothing was timed): refused, naming the file, what
+# it holds and what to pass instead, in both formats; it once gave an answer
+zero_row=' {"tokens": 64, "dispatch_us": 0, "dispatch_bytes": 0, "combine_us": 0, "combine_bytes": 0, "allreduce_us": 0, "allreduce_bytes": 0}'
+printf '{"format": "epx-bench-comm-1", "backend": "mpi", "model": "kimi-k2", "ranks": 8, "rows": [\n%s,\n%s]}\n' \
+  "$zero_row" "$zero_row" > szero.json
+check "summary all zeros" refuse "--measured 'szero.json': every dispatch_us of its 2 row(s) is 0: nothing was timed; pass the figures of a run of 'epx bench comm ... --json FILE' (or -o FILE), or leave --measured out for nvlink4's assumed figures" \
+  "${adv[@]}" --gpus 8 --measured szero.json
+for op in "normal dispatch" "normal combine" "tp-allreduce allreduce"; do
+  line $op 0 0 64; line $op 0 0 4096
+done > zero.jsonl
+check "lines all zeros" refuse "--measured 'zero.jsonl': every median_us of its 2 normal dispatch line(s) is 0: nothing was timed" \
+  "${adv[@]}" --gpus 8 --measured zero.jsonl
+{ good | grep -v allreduce; line tp-allreduce allreduce 0 0 64; line tp-allreduce allreduce 0 0 4096; } > arzero.jsonl
+check "lines: one operation all zeros" refuse "every median_us of its 2 tp-allreduce allreduce line(s) is 0" \
+  "${adv[@]}" --gpus 8 --measured arzero.jsonl
+{ good; line normal dispatch 0 0 16; } > onezero.jsonl
+check "one zero among timed lines reads" sh -c '"$@" >/dev/null' - "${adv[@]}" --gpus 8 --measured onezero.jsonl
 
 possible() { ! grep -qE 'below 0 tokens|\((0|1) per GPU\)' <<<"$1"; }
 # verdicts: never "below 0 tokens", never "1 per GPU" below one token per GPU

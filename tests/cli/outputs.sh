@@ -4,7 +4,8 @@
 # refused with exit 2 and no hang; an output that is an input (another
 # spelling, a hard link) or another output is refused; when one output
 # cannot be written none is; SIGINT leaves no temp file; the demo publishes
-# its folder only when complete; .pt outputs are PyTorch zips.
+# its folder only when complete, and makes it (as a temp name) before the
+# work; .pt outputs are PyTorch zips.
 set -u
 . "${EPX_SOURCE:?EPX_SOURCE is not set}/tests/util/cli_test.sh"
 cli_scratch outputs
@@ -93,6 +94,15 @@ if [ "$(id -u)" != 0 ]; then
   check "--report in a read-only folder" expect_rc 2 "${plan[@]}" -o z.json --report ro/r.json
   check "  -o not written" test ! -e z.json
 fi
+# a folder that takes no file is found before the work, by making the temp
+# file there and removing it: /proc takes none, though access() says it is
+# writable to root (the command once failed only after its work)
+if [ -d /proc/self ]; then
+  check "-o in /proc refused before the work" refuse \
+    "cannot write '/proc/epx-p.json': no file can be made in folder '/proc'" \
+    "${plan[@]}" -o y.json --report /proc/epx-p.json
+  check "  -o not written" test ! -e y.json
+fi
 check "no temp files left" no_temps
 
 # .pt by extension: a PyTorch zip, read back by content
@@ -132,10 +142,29 @@ touch demo1/mine
 check "demo over a foreign folder refused" expect_rc 2 "$EPX" demo --out demo1
 check "  the foreign file stays" test -e demo1/mine
 check "demo over a file refused" expect_rc 2 "$EPX" demo --out c.json
-"$EPX" demo --out demo2 >/dev/null 2>&1 &
+# An --out that cannot be made fails before the work (a minute of planning
+# at 256 GPUs; it once failed only after it): /proc takes no folder, though
+# access() says it is writable to root.
+slow=(--gpus 256 --redundant 256)
+if [ -d /proc/self ]; then
+  check "demo --out /proc/x refused before the work" refuse \
+    "cannot create --out '/proc/epx-demo': no folder can be made in '/proc/'" \
+    "$EPX" demo "${slow[@]}" --out /proc/epx-demo
+fi
+# The demo makes its temp folder beside an existing --out before the work
+# and never touches the old folder until done: interrupted, it leaves no
+# half folder and the old one as it was. (SIGINT goes once the temp folder
+# is there: sent at once, it could reach the forked shell before epx, which
+# ran this script's EXIT trap and removed the scratch folder.)
+rm demo1/mine
+cp -r demo1 demo1-before
+"$EPX" demo "${slow[@]}" --out demo1 >/dev/null 2>&1 &
 pid=$!
+for _ in $(seq 1 100); do ls -a | grep -q 'demo1.epx-tmp' && break; sleep 0.05; done
+check "demo makes its temp folder before the work" sh -c 'ls -a | grep -q "demo1.epx-tmp"'
 kill -INT $pid 2>/dev/null; wait $pid 2>/dev/null
-check "interrupted demo leaves no half folder" sh -c '! ls -a | grep -q "demo2.epx-tmp"'
+check "  interrupted, it leaves no half folder" sh -c '! ls -a | grep -q "demo1.epx-tmp"'
+check "  and the old folder is untouched" diff -r demo1 demo1-before
 check "no temp files at the end" no_temps
 
 exit $fail

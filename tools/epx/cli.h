@@ -75,7 +75,7 @@ const char *cli_require(const cli_cmd *cmd, const char *name);
  * else the exit code after printing why (2 for a bad name or config). */
 int cli_model(const cli_cmd *cmd, const char *arg, epx_model_info *info);
 
-/* Print "epx: MESSAGE" for a failed library call, return the exit code:
+/* Print "epx CMD: MESSAGE" for a failed library call, return the exit code:
  * CLI_EXIT_USAGE for input errors, CLI_EXIT_FAIL otherwise. */
 int cli_report(const cli_cmd *cmd, const epx_error *err);
 

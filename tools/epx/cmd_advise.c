@@ -54,7 +54,8 @@ typedef struct fit {
     int measured;             /* 0 assumed, 1 latency measured, 2 both */
 } fit;
 
-/* Least squares t = a + c * bytes over the rows that have this op. */
+/* Least squares t = a + c * bytes over the rows that have this op. Returns
+ * 0, -1 when no row has it, -2 when every time is 0 (note says so). */
 static int fit_op(json_t *rows, const char *op, fit *f, char *note, size_t note_n) {
     char kt[64], kb[64];
     snprintf(kt, sizeof kt, "%s_us", op);
@@ -72,6 +73,10 @@ static int fit_op(json_t *rows, const char *op, fit *f, char *note, size_t note_
         if (y < ymin) ymin = y;
     }
     if (n == 0) return -1;
+    if (sy == 0) { /* times are >= 0 (check_rows) */
+        snprintf(note, note_n, "every %s of its %d row(s) is 0", kt, n);
+        return -2;
+    }
     double den = n * sxx - sx * sx;
     if (npos >= 2 && den > 0) {
         double c = (n * sxy - sx * sy) / den, a = (sy - c * sx) / n;
@@ -220,7 +225,7 @@ static bool line_of(json_t *r, const char *mode, const char *phase, bool graph,
 /* Least squares t = a + c * bytes over the lines line_of accepts, of the
  * newest run that has any (bench_runs.h: a file gathers runs, and older
  * builds' figures are not this one's); bytes = GB/s x time. Returns the
- * points used. */
+ * points used, or -1 when every time is 0 (note says so). */
 static int fit_lines(json_t *lines, const int *run_of, const double *when, const char *mode,
                      const char *phase, bool graph, const char *transport, bool fp8, fit *f,
                      char *note, size_t note_n) {
@@ -248,6 +253,11 @@ static int fit_lines(json_t *lines, const int *run_of, const double *when, const
         if (y < ymin) ymin = y;
     }
     if (n == 0) return 0;
+    if (sy == 0) { /* times are >= 0 (check_lines) */
+        snprintf(note, note_n, "every median_us of its %d %s %s%s line(s) is 0", n, mode, phase,
+                 graph ? " (graph)" : "");
+        return -1;
+    }
     double den = n * sxx - sx * sx, c = npos >= 2 && den > 0 ? (n * sxy - sx * sy) / den : -1;
     if (c > 0) {
         double a = (sy - c * sx) / n;
@@ -342,6 +352,19 @@ static bool check_rows(const char *path, json_t *rows) {
         }
     }
     return true;
+}
+
+/* A fit whose every time is 0 would be an answer computed from nothing:
+ * epx bench comm writes times to the nanosecond, so a timed operation is
+ * never 0, and a zero-filled or hand-made file is no measurement. Says which
+ * file, what it holds (`what`, the fit's note) and what to pass instead. */
+static int refuse_untimed(const char *path, const char *what, const link_row *L) {
+    fprintf(stderr,
+            "epx advise: --measured '%s': %s: nothing was timed; pass the figures of a run "
+            "of 'epx bench comm ... --json FILE' (or -o FILE), or leave --measured out for "
+            "%s's assumed figures\n",
+            path, what, L->name);
+    return CLI_EXIT_USAGE;
 }
 
 /* The JSON lines of a file's text, as an array, or NULL when it is not one. */
@@ -531,6 +554,13 @@ int cmd_advise(int argc, char **argv) {
                            &ft, notes[2], sizeof notes[2]);
         free(run_of);
         free(when);
+        const int nfit[5] = {n1, n2, n3, n4, n5};
+        const char *fnote[5] = {llnotes[0], llnotes[1], notes[0], notes[1], notes[2]};
+        for (int k = 0; k < 5; k++)
+            if (nfit[k] < 0) {
+                json_decref(lines);
+                return refuse_untimed(path, fnote[k], L);
+            }
         /* Low-latency lines of another transport only: say which to ask for. */
         const char *other = NULL;
         json_array_foreach(lines, i, r) {
@@ -617,6 +647,9 @@ int cmd_advise(int argc, char **argv) {
                        "carried over as they are"
                      : "");
         json_decref(root);
+        const int rfit[3] = {r1, r2, r3};
+        for (int k = 0; k < 3; k++)
+            if (rfit[k] == -2) return refuse_untimed(path, notes[k], L);
         if (r1 || r2 || r3) {
             fprintf(stderr, "epx advise: '%s' lacks dispatch, combine or allreduce figures\n",
                     path);

@@ -686,7 +686,7 @@ static int run_and_report(cli_cmd *cmd, epx_comm *comm, const dev_ops *d, const 
     epx_status st = rows ? bench_rank(comm, d, a, rows, &err) : EPX_ERR_NOMEM;
     int rc = CLI_EXIT_OK;
     if (st != EPX_OK) {
-        fprintf(stderr, "epx bench comm (rank %d): %s\n", epx_comm_rank(comm),
+        fprintf(stderr, "epx %s: rank %d: %s\n", cmd->name, epx_comm_rank(comm),
                 err.msg[0] ? err.msg : epx_status_str(st));
         rc = CLI_EXIT_FAIL;
     } else if (epx_comm_rank(comm) == 0) {
@@ -777,7 +777,7 @@ static void *nccl_rank(void *vjob) {
     const bench_args *a = j->a;
     j->rc = CLI_EXIT_FAIL;
     if (cudaSetDevice(j->device) != cudaSuccess) {
-        fprintf(stderr, "epx bench comm (rank %d): cannot use GPU %d\n", j->rank, j->device);
+        fprintf(stderr, "epx %s: rank %d: cannot use GPU %d\n", j->cmd->name, j->rank, j->device);
         return NULL;
     }
     ncclComm_t nc = NULL;
@@ -1029,7 +1029,9 @@ int cmd_bench(int argc, char **argv) {
         {"-o", "FILE", "also write the summary JSON that epx advise --measured reads", NULL},
         {NULL, NULL, NULL, NULL},
     };
-    cli_cmd cmd = {"bench",
+    /* Named with its one action from the start, so the parser's messages say
+     * "epx bench comm:" as every later one does. */
+    cli_cmd cmd = {"bench comm",
                    "epx bench comm --backend mpi|nccl --model NAME|PATH --tokens LIST [--mode "
                    "normal|low-latency]\n"
                    "       [--graph] [--json FILE] [-o FILE] [options]\n"
@@ -1049,7 +1051,6 @@ int cmd_bench(int argc, char **argv) {
         fprintf(stderr, "epx bench: the benchmark to run is 'comm' (epx bench comm ...)\n");
         return CLI_EXIT_USAGE;
     }
-    cmd.name = "bench comm"; /* what every later message names */
     bench_args a;
     rc = parse_args(&cmd, &a);
     if (rc >= 0) {

@@ -151,6 +151,10 @@ int cmd_dispatch_table(int argc, char **argv) {
         return fail(
             "--seed is used by --algorithm sglang only (epx's table draws no random numbers)");
     topts.seed = (uint64_t)seed;
+    /* SGLang's cut table is G passes of the whole table: minutes at 1,024
+     * GPUs; shown on a terminal as plan and demo show theirs */
+    topts.progress = cli_progress;
+    topts.progress_user = &cmd;
     const char *sgver = cli_get(&cmd, "--sglang-version");
     if (sgver && topts.algorithm != EPX_TABLE_SGLANG)
         return fail("--sglang-version is used by --algorithm sglang only");

@@ -11,6 +11,7 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -117,6 +118,32 @@ static bool input_holds(const char *in, dev_t dev, ino_t ino, char *hit, size_t 
     return found;
 }
 
+/* Whether the output's folder takes a new file: the temp name the writer
+ * will use, made and removed (registered for the signals first). access()
+ * cannot tell: it says yes to root in /proc, where nothing can be made, and
+ * the command failed only after its work. An existing temp name (a killed
+ * run's with our pid) is left to the writer, which replaces it. -1 when the
+ * folder takes it, else CLI_EXIT_USAGE after saying why. */
+static int probe_folder(const cli_cmd *cmd, const char *path, const char *target) {
+    char tmp[TEMP_LEN], dir[4096];
+    epx_error err = {0};
+    if (epx_file_temp_path(target, tmp, sizeof tmp, &err) != EPX_OK) return -1; /* writer says */
+    cli_temp_register(tmp, false);
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (fd >= 0) {
+        close(fd);
+        unlink(tmp);
+    } else if (errno != EEXIST) {
+        dir_of(target, dir, sizeof dir);
+        fprintf(stderr,
+                "epx %s: cannot write '%s': no file can be made in folder '%s' (%s); choose "
+                "another path\n",
+                cmd->name, path, dir, strerror(errno));
+        return CLI_EXIT_USAGE;
+    }
+    return -1;
+}
+
 int cli_outputs_check(const cli_cmd *cmd, const char *const *in, int nin, const cli_out *out,
                       int nout) {
     char *target[16] = {0};
@@ -160,11 +187,7 @@ int cli_outputs_check(const cli_cmd *cmd, const char *const *in, int nin, const 
                 id[i].ino = ds.st_ino;
             }
         }
-        if (rc < 0 && !out[i].append && access(dir, W_OK | X_OK) != 0) {
-            fprintf(stderr, "epx %s: cannot write '%s': folder '%s': %s; choose another path\n",
-                    cmd->name, p, dir, strerror(errno));
-            rc = CLI_EXIT_USAGE;
-        }
+        if (rc < 0 && !out[i].append) rc = probe_folder(cmd, p, target[i]);
         for (int j = 0; rc < 0 && id[i].exists && j < nin; j++) {
             char hit[4400];
             if (in[j] == NULL || !input_holds(in[j], id[i].dev, id[i].ino, hit, sizeof hit))
@@ -188,14 +211,7 @@ int cli_outputs_check(const cli_cmd *cmd, const char *const *in, int nin, const 
             rc = CLI_EXIT_USAGE;
         }
     }
-    /* Everything can be written: register the temp names for the signals. */
-    for (int i = 0; rc < 0 && i < nout; i++) {
-        if (target[i] == NULL || out[i].append) continue;
-        char tmp[TEMP_LEN];
-        epx_error err = {0};
-        if (epx_file_temp_path(target[i], tmp, sizeof tmp, &err) == EPX_OK)
-            cli_temp_register(tmp, false);
-    }
+    /* (the temp names were registered for the signals by probe_folder) */
     for (int i = 0; i < nout; i++) epx_free(target[i]);
     return rc;
 }
