@@ -23,7 +23,8 @@ class TableOpts(Structure):
     _fields_ = [("version", c_uint32), ("algorithm", c_int), ("seed", c_uint64),
                 ("expected_load", POINTER(c_double)), ("replica_weights", POINTER(c_double)),
                 ("sglang_version", ctypes.c_char_p), ("init_by_mapping", c_int32),
-                ("progress", c_void_p), ("progress_user", c_void_p)]
+                ("progress", c_void_p), ("progress_user", c_void_p),
+                ("rank_only", c_int32), ("rank", c_int32)]
 
 
 class DispatchSpec(Structure):

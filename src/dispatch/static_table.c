@@ -206,6 +206,10 @@ static epx_status sglang_table(const epx_shape *s, const int32_t *replicas, int3
         sglang_pass(s, replicas, width, o->seed, rule, -1, out, w);
         return EPX_OK;
     }
+    if (o->rank_only) { /* one rank's row: its own pass alone */
+        sglang_pass(s, replicas, width, o->seed, rule, o->rank, out, w);
+        return EPX_OK;
+    }
     int32_t nt = 1;
     EPX_TRY(epxi_threads(G, &nt, err));
     uint8_t failed_of[64] = {0};
@@ -385,6 +389,11 @@ epx_status epx_dispatch_table_compute(const epx_shape *shape, const int32_t *rep
                                       &rule, NULL, err));
     int32_t L = shape->num_layers, E = shape->num_logical_experts, G = shape->num_gpus;
     int32_t P = shape->num_physical_experts;
+    if (opts->rank_only && (opts->rank < 0 || opts->rank >= G))
+        return epxi_fail(err, EPX_ERR_INVALID_ARG,
+                         "epx_table_opts.rank %d is outside [0, %d) (num_gpus %d): give a rank "
+                         "of the table, or rank_only = 0 for every rank",
+                         opts->rank, G, G);
     EPX_TRY(epxi_table_check_replicas(shape, replicas, width, err));
     if (opts->expected_load)
         EPX_TRY(epxi_check_loads(opts->expected_load, (size_t)L * (size_t)E, "expected_load", err));

@@ -61,7 +61,10 @@ int cmd_dispatch_table(int argc, char **argv) {
          "nodes (default 1; SGLang >= 0.5.3 and epx's rule prefer same-node replicas)", NULL},
         {"--experts", "E",
          "logical experts (default: from logical_to_physical_map, else max id + 1)", NULL},
-        {"--rank", "R", "write only rank R's [L][E] table", NULL},
+        {"--rank", "R",
+         "write only rank R's [L][E] table (computed alone: one pass of SGLang's cut table, not "
+         "G)",
+         NULL},
         {"--order", "ORDER",
          "replica order: ascending (default; as init_by_mapping) or replica-rank (as init_by_eplb)",
          NULL},
@@ -244,6 +247,13 @@ int cmd_dispatch_table(int argc, char **argv) {
     }
     table = malloc(sizeof *table * (size_t)G * (size_t)L * (size_t)E);
     if (table == NULL) goto nomem;
+    /* One rank's table alone is one pass of SGLang's cut table, not G (1,024
+     * GPUs: a second, not minutes); the balance under --counts needs every
+     * rank's row. */
+    if (R >= 0 && load == NULL) {
+        topts.rank_only = 1;
+        topts.rank = R;
+    }
     if (rep) {
         if (epx_dispatch_table_compute(&shape, rep, RW, &topts, table, &err) != EPX_OK) goto report;
     } else if (epx_dispatch_table_from_layout(lay, &topts, table, &err) != EPX_OK) {
