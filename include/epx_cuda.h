@@ -125,7 +125,7 @@ EPX_API epx_status epx_cuda_combine_rows(const void *y, epx_row_dtype dtype, int
  * ids, see epx_cuda_dispatch_balanced_topk) computes exactly what
  * epx_dispatch_balanced_solve and epx_dispatch_balanced_topk compute: the same integer replica counts,
  * slot counts and slots, and bitwise the same shares and GPU loads (the
- * solver is one source for both, src/dispatch/balanced_core.h). Inputs
+ * solver is one source for both, src/dispatch/balanced_solve.h). Inputs
  * the CPU reference rejects are not reported: ids outside [-1, E) are
  * skipped and map to -1, negative counts count as 0, and the tables are
  * trusted (a slot listed twice gives an unspecified but in-bounds result).

@@ -612,7 +612,16 @@ static void errors(void **state) {
     rc[0] = 2;
     assert_int_equal(epx_dispatch_balanced_map_ids(b, rep, nv, rc, ids, 2, 2, phys, &err),
                      EPX_ERR_INVALID_ARG);
-    TU_MSG_HAS(err.msg, "expert 0 sum to 2", "hold 1");
+    TU_MSG_HAS(err.msg, "replica_counts[0][0] = 2", "past the 1 tokens", "another batch");
+    /* a huge count is refused before it is added (the int64 sum overflowed) */
+    rc[0] = INT64_MAX;
+    assert_int_equal(epx_dispatch_balanced_map_ids(b, rep, nv, rc, ids, 2, 2, phys, &err),
+                     EPX_ERR_INVALID_ARG);
+    TU_MSG_HAS(err.msg, "9223372036854775807", "another batch");
+    rc[0] = 0; /* too few: the sum check after the columns */
+    assert_int_equal(epx_dispatch_balanced_map_ids(b, rep, nv, rc, ids, 2, 2, phys, &err),
+                     EPX_ERR_INVALID_ARG);
+    TU_MSG_HAS(err.msg, "expert 0 sum to", "hold 1");
     epx_dispatch_balanced_destroy(b);
     /* the subset bound's knob: a bad value is named, not read as 0 */
     place p = {4, 6, 3, 3, 2, rep, nv};

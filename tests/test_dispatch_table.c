@@ -2,8 +2,8 @@
  * test_dispatch_table.c - epx's own static table (every entry a replica of
  * its expert; same GPU, then same node, always taken when available; load
  * steering on a hand-made case; weights and loads used), the implied GPU
- * loads, the table and replica-map files, and the error messages of the
- * table entry points.
+ * loads, the table and replica-map files, one rank's row alone, and the
+ * error messages of the table entry points.
  */
 #include <stdbool.h>
 #include <stdio.h>
@@ -166,6 +166,44 @@ static void files_round_trip(void **state) {
     free(path);
 }
 
+/* rank_only: rank r's row equals the whole table's row r, for SGLang's
+ * table cut per rank (0.5.23 from a layout: one pass instead of G), uncut
+ * (0.5.2, replica-rank lists) and epx's; the rows of other ranks are not
+ * promised, so only row r is compared. */
+static void one_rank_rows(void **state) {
+    (void)state;
+    tu_rng r = {tu_seed(808)};
+    for (int iter = 0; iter < 40; iter++) {
+        int32_t N = 1 + (int32_t)tu_below(&r, 3), G = N * (1 + (int32_t)tu_below(&r, 5));
+        int32_t E = 1 + (int32_t)tu_below(&r, 24), per = (E + G - 1) / G + (int32_t)tu_below(&r, 3);
+        int32_t P = per * G, L = 1 + (int32_t)tu_below(&r, 3);
+        epx_layout *lay = random_layout(&r, L, E, P, G, N);
+        size_t LE = (size_t)L * (size_t)E, n = (size_t)G * LE;
+        int32_t *all = malloc(n * 4), *one = malloc(n * 4);
+        epx_error err = {0};
+        for (int kind = 0; kind < 3; kind++) {
+            epx_table_opts o = EPX_TABLE_OPTS_INIT;
+            o.algorithm = kind == 2 ? EPX_TABLE_EPX : EPX_TABLE_SGLANG;
+            o.sglang_version = kind == 1 ? "0.5.2" : "0.5.23";
+            assert_int_equal(epx_dispatch_table_from_layout(lay, &o, all, &err), EPX_OK);
+            for (int32_t g = 0; g < G; g++) {
+                memset(one, 0xff, n * 4);
+                o.rank_only = 1;
+                o.rank = g;
+                assert_int_equal(epx_dispatch_table_from_layout(lay, &o, one, &err), EPX_OK);
+                if (memcmp(all + (size_t)g * LE, one + (size_t)g * LE, LE * 4) != 0)
+                    fail_msg("rank %d of %d, kind %d: its row alone differs from the whole "
+                             "table's (seed %llu, iteration %d)",
+                             g, G, kind, (unsigned long long)tu_seed(808), iter);
+                o.rank_only = 0;
+            }
+        }
+        free(all);
+        free(one);
+        epx_layout_destroy(lay);
+    }
+}
+
 static void table_errors(void **state) {
     (void)state;
     epx_shape s = {1, 2, 4, 2, 1};
@@ -189,6 +227,16 @@ static void table_errors(void **state) {
     o.version = 7;
     assert_int_equal(epx_dispatch_table_compute(&s, rep, 2, &o, out, &err), EPX_ERR_INVALID_ARG);
     TU_MSG_HAS(err.msg, "EPX_TABLE_OPTS_INIT");
+    o.version = EPX_TABLE_OPTS_VERSION;
+    o.algorithm = EPX_TABLE_SGLANG;
+    o.expected_load = NULL;
+    o.rank_only = 1;
+    o.rank = 2; /* G = 2 */
+    assert_int_equal(epx_dispatch_table_compute(&s, rep, 2, &o, out, &err), EPX_ERR_INVALID_ARG);
+    TU_MSG_HAS(err.msg, "rank 2 is outside [0, 2)", "rank_only = 0");
+    o.rank = -1;
+    assert_int_equal(epx_dispatch_table_compute(&s, rep, 2, &o, out, &err), EPX_ERR_INVALID_ARG);
+    TU_MSG_HAS(err.msg, "rank -1 is outside");
     epx_shape bad = {1, 2, 5, 2, 1};
     assert_int_equal(epx_dispatch_table_compute(&bad, rep, 2, NULL, out, &err), EPX_ERR_SHAPE);
     assert_int_equal(epx_dispatch_table_compute(&s, rep, 0, NULL, out, &err), EPX_ERR_SHAPE);
@@ -196,9 +244,8 @@ static void table_errors(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(rules_hold),
-        cmocka_unit_test(load_steering),
-        cmocka_unit_test(files_round_trip),
+        cmocka_unit_test(rules_hold),       cmocka_unit_test(load_steering),
+        cmocka_unit_test(files_round_trip), cmocka_unit_test(one_rank_rows),
         cmocka_unit_test(table_errors),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -1,8 +1,10 @@
 /*
  * test_progress.c - long work reports progress through the callback it is
  * given: planning once per layer (every algorithm), reading dump files once
- * per file; counts rise to the total and end there.
+ * per file, SGLang's cut dispatch table per rank's pass (on the caller's
+ * thread, whatever runs the passes); counts rise to the total and end there.
  */
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -75,10 +77,63 @@ static void reading_dumps_reports_every_file(void **state) {
     epx_counts_destroy(c);
 }
 
+/* The caller's thread: a table's passes run on threads, its progress is
+ * told on this one only. */
+static pthread_t caller;
+static int other_thread;
+
+static void record_here(void *user, const char *what, int64_t done, int64_t total) {
+    other_thread |= !pthread_equal(pthread_self(), caller);
+    record(user, what, done, total);
+}
+
+static void cut_table_reports_its_passes(void **state) {
+    (void)state;
+    epx_shape shape = {3, 8, 24, 12, 2};
+    epx_layout *lay = NULL;
+    epx_error err = {0};
+    assert_int_equal(epx_layout_create_trivial(&shape, &lay, &err), EPX_OK);
+    const size_t cells = (size_t)12 * 3 * 8;
+    int32_t *want = malloc(cells * sizeof *want), *got = malloc(cells * sizeof *got);
+    assert_non_null(want);
+    assert_non_null(got);
+    epx_table_opts o = EPX_TABLE_OPTS_INIT; /* 0.5.23: a mapping's lists are cut per rank */
+    assert_int_equal(epx_dispatch_table_from_layout(lay, &o, want, &err), EPX_OK);
+    caller = pthread_self();
+    const char *threads[] = {"1", "3", "12"};
+    for (int i = 0; i < 3; i++) {
+        setenv("EPX_THREADS", threads[i], 1);
+        seen s = {0, 0, 0, 1, ""};
+        other_thread = 0;
+        o.progress = record_here;
+        o.progress_user = &s;
+        assert_int_equal(epx_dispatch_table_from_layout(lay, &o, got, &err), EPX_OK);
+        assert_memory_equal(got, want, cells * sizeof *got);
+        assert_true(s.monotone);
+        assert_int_equal(s.last, 12); /* the last call: every rank's pass done */
+        assert_int_equal(s.total, 12);
+        assert_true(s.calls >= 1 && s.calls <= 12);
+        assert_string_equal(s.what, "ranks computed");
+        assert_false(other_thread);
+    }
+    unsetenv("EPX_THREADS");
+    /* one pass, nothing to tell: the lists as given (no cut) */
+    seen s = {0, 0, 0, 1, ""};
+    o.progress_user = &s;
+    int32_t width = 0;
+    const int32_t *l2p = epx_layout_logical_to_all_physical(lay, &width);
+    assert_int_equal(epx_dispatch_table_compute(&shape, l2p, width, &o, got, &err), EPX_OK);
+    assert_int_equal(s.calls, 0);
+    free(want);
+    free(got);
+    epx_layout_destroy(lay);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(planning_reports_every_layer),
         cmocka_unit_test(reading_dumps_reports_every_file),
+        cmocka_unit_test(cut_table_reports_its_passes),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

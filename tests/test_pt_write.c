@@ -188,6 +188,20 @@ static void write_errors(void **state) {
     assert_int_equal(epx_counts_write_pt(c, path, EPX_PT_DTYPE_BFLOAT16, &err),
                      EPX_ERR_INVALID_ARG);
     TU_MSG_HAS(err.msg, "bfloat16");
+    /* only loads the readers take back: finite, >= 0, at most 2^63 in all
+     * (NaN was written as bare nan in JSON, 1e39 as float32 inf) */
+    const double bad[] = {NAN, -3.0, 1e39, 1e19};
+    const char *say[] = {"counts[1] is nan", "counts[1] is -3", "above 2^63", "above 2^63"};
+    for (int k = 0; k < 4; k++) {
+        c->data[1] = bad[k];
+        assert_int_equal(epx_counts_write_pt(c, path, EPX_PT_DTYPE_FLOAT32, &err),
+                         EPX_ERR_INVALID_ARG);
+        TU_MSG_HAS(err.msg, say[k]);
+        assert_int_equal(epx_counts_write_json(c, path, &err), EPX_ERR_INVALID_ARG);
+        TU_MSG_HAS(err.msg, say[k]);
+        assert_int_equal(access(path, F_OK), -1);
+    }
+    c->data[1] = 0x1p40;
     assert_int_equal(epx_counts_write_pt(c, "/nonexistent-dir/x.pt", EPX_PT_DTYPE_AUTO, &err),
                      EPX_ERR_IO);
     TU_MSG_HAS(err.msg, "/nonexistent-dir/x.pt");

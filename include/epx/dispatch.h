@@ -89,10 +89,20 @@ typedef struct epx_table_opts {
                                       ascending lists init_by_mapping builds, which
                                       releases >= 0.5.4.post2 cut per rank;
                                       epx_dispatch_table_from_layout sets it */
+    epx_progress_fn progress;      /* optional: the cut table's G passes (minutes
+                                      at 1,024 GPUs), told on the calling thread
+                                      as they end ("ranks computed", done of G),
+                                      the last call with done = G */
+    void *progress_user;
+    int32_t rank_only; /* nonzero: only rank `rank`'s row [L][E] of
+                                      out is computed (other rows: unspecified),
+                                      so a cut table takes one pass, not G: what
+                                      one serving rank needs of its own table */
+    int32_t rank;      /* that rank, in [0, G) */
 } epx_table_opts;
 #define EPX_TABLE_OPTS_VERSION ((uint32_t)sizeof(epx_table_opts))
 #define EPX_TABLE_OPTS_INIT                                                                        \
-    { EPX_TABLE_OPTS_VERSION, EPX_TABLE_SGLANG, 42u, NULL, NULL, NULL, 0 }
+    { EPX_TABLE_OPTS_VERSION, EPX_TABLE_SGLANG, 42u, NULL, NULL, NULL, 0, NULL, NULL, 0, 0 }
 
 /*
  * Compute the static dispatch table of every rank.
@@ -137,10 +147,12 @@ typedef struct epx_table_opts {
  *            starts at out + r * L * E.
  * Returns: EPX_OK; EPX_ERR_SHAPE; EPX_ERR_INVALID_ARG (bad options, negative
  *          or non-finite loads/weights, which name the index; an EPX_THREADS
- *          that is not a whole number from 1, when the table runs on threads);
+ *          that is not a whole number from 1, when the table runs on threads;
+ *          with rank_only, a rank outside [0, G));
  *          EPX_ERR_INVALID_MAP (a slot id outside [-1, P), or an expert with
  *          no replica: names layer and expert); EPX_ERR_NOMEM.
- * Thread:  any thread; no shared state.
+ * Thread:  any thread; no shared state; opts->progress is called on the
+ *          calling thread only.
  */
 EPX_API epx_status epx_dispatch_table_compute(const epx_shape *shape, const int32_t *replicas,
                                               int32_t width, const epx_table_opts *opts,
@@ -184,7 +196,8 @@ EPX_API epx_status epx_dispatch_table_from_layout(const epx_layout *layout,
  *          opts (in) EPX_TABLE_OPTS_INIT plus sglang_version and
  *            init_by_mapping, or NULL (SGLang EPX_SGLANG_DEFAULT_VERSION, no
  *            cut); algorithm must be EPX_TABLE_SGLANG and the loads NULL;
- *            the seed is not used (the lists draw nothing);
+ *            the seed is not used (the lists draw nothing), nor rank_only
+ *            (every rank's lists are written: one cheap pass);
  *          out_width (in) columns of out, >= needed width (ignored when out
  *            is NULL);
  *          out (out, optional) [G][L][E][out_width] int32, caller-owned; rank
@@ -225,7 +238,9 @@ EPX_API epx_status epx_dispatch_rank_lists_write_json(const char *path, const in
  * experts e with table[r][l][e] on GPU g of load[l][e] / G.
  * Args:    shape (in); table (in) [G][L][E]; load (in) [L][E] >= 0;
  *          gpu_load (out) [L][G] doubles, caller-owned.
- * Returns: EPX_OK; EPX_ERR_INVALID_MAP for a table entry outside [0, P).
+ * Returns: EPX_OK; EPX_ERR_INVALID_MAP for a table entry outside [0, P);
+ *          EPX_ERR_INVALID_ARG for a load not finite, negative, or loads
+ *          summing above 2^63.
  */
 EPX_API epx_status epx_dispatch_table_gpu_load(const epx_shape *shape, const int32_t *table,
                                                const double *load, double *gpu_load,

@@ -44,8 +44,9 @@ EPX_API epx_status epx_layout_write_json(const epx_layout *layout, const char *p
  * A spec ending in .pt (also a comma-separated list of them) goes to
  * epx_counts_read_pt (epx/pt.h), which also reads SGLang's stat and per_pass
  * dumps; a directory of dumps is read by epx_counts_read_pt itself.
- * Returns: EPX_OK, EPX_ERR_IO, EPX_ERR_PARSE (names the index and value),
- *          EPX_ERR_NOMEM; for .pt also those of epx_counts_read_pt.
+ * Returns: EPX_OK, EPX_ERR_IO, EPX_ERR_PARSE (names the index and value;
+ *          also loads whose total is above 2^63, what SGLang's int64 counts
+ *          hold), EPX_ERR_NOMEM; for .pt also those of epx_counts_read_pt.
  */
 EPX_API epx_status epx_counts_read(const char *spec, epx_counts **out, epx_error *err);
 
@@ -88,12 +89,16 @@ typedef struct epx_read_opts {
  * opts->how (if given) receives a sentence saying which of these applied.
  * Returns: those of epx_counts_read; EPX_ERR_INVALID_ARG for bad options
  *          (negative window_passes, unknown stat_rows, a version that is not
- *          EPX_READ_OPTS_VERSION).
+ *          EPX_READ_OPTS_VERSION) and for window_passes > 0 on an input
+ *          holding no per_pass dump (it has no passes to group); also
+ *          EPX_ERR_PARSE when the loads sum above 2^63.
  */
 EPX_API epx_status epx_counts_read_with(const char *spec, const epx_read_opts *opts,
                                         epx_counts **out, epx_error *err);
 
-/* Write counts as {"logical_count": [S][L][E]} ([L][E] when S == 1). */
+/* Write counts as {"logical_count": [S][L][E]} ([L][E] when S == 1): only
+ * loads the readers take back (finite, >= 0, at most 2^63 in all), else
+ * EPX_ERR_INVALID_ARG naming the entry or the total. */
 EPX_API epx_status epx_counts_write_json(const epx_counts *counts, const char *path,
                                          epx_error *err);
 

@@ -251,10 +251,12 @@ EPX_API epx_status epx_counts_from_pt(const epx_pt_file *const *files, size_t nf
 /*
  * Read counts from .pt files named by `spec`: one path, a comma-separated
  * list of paths ("r0.pt,r1.pt"), or a directory (every file in it whose name
- * ends in .pt, in byte order of the names, as SGLang's reader sorts them).
+ * ends in .pt, in byte order of the names, as SGLang's reader sorts them). A
+ * spec that exists is one path even with commas in its name.
  * epx_counts_read sends specs ending in .pt here.
  * Returns: the statuses of epx_pt_load and epx_counts_from_pt, with the
- *          file named; EPX_ERR_IO for an empty directory.
+ *          file named; EPX_ERR_IO for an empty directory; EPX_ERR_PARSE when
+ *          the loads sum above 2^63 (what SGLang's int64 counts hold).
  */
 EPX_API epx_status epx_counts_read_pt(const char *spec, epx_counts **out, epx_error *err);
 
@@ -271,9 +273,10 @@ EPX_API epx_status epx_layout_write_pt(const epx_layout *layout, const char *pat
  * Write {"logical_count": tensor} ([L][E] when S == 1, else [S][L][E]) the
  * same way, as `dtype`: EPX_PT_DTYPE_INT64, _INT32, _FLOAT32, _FLOAT64, or
  * _AUTO (int64 when every load is integral, else float64).
- * Returns: EPX_OK; EPX_ERR_INVALID_ARG for another dtype, or a load that
- *          does not fit an integer dtype (names the index and value);
- *          EPX_ERR_IO; EPX_ERR_NOMEM.
+ * Returns: EPX_OK; EPX_ERR_INVALID_ARG for another dtype, a load the
+ *          readers would refuse (not finite, negative, or a total above
+ *          2^63), or a load that does not fit an integer dtype (names the
+ *          index and value); EPX_ERR_IO; EPX_ERR_NOMEM.
  */
 EPX_API epx_status epx_counts_write_pt(const epx_counts *counts, const char *path,
                                        epx_pt_dtype dtype, epx_error *err);

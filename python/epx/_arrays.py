@@ -9,7 +9,7 @@ import sys
 
 import numpy as np
 
-__all__ = ["is_torch", "as_array", "ptr", "wrap", "want_torch", "integer", "INT32_MAX",
+__all__ = ["is_torch", "as_array", "as_shaped", "shape_ints", "ptr", "wrap", "want_torch", "integer", "INT32_MAX",
            "MAX_LAYERS", "MAX_EXPERTS", "MAX_GPUS", "MAX_PHYSICAL"]
 
 # The C types' and include/epx.h's limits (tests/test_abi.py checks the
@@ -41,6 +41,17 @@ def integer(x, name, lo=0, hi=INT32_MAX, limit=None):
     return v
 
 
+def shape_ints(num_layers, num_logical_experts, num_physical_experts, num_gpus, num_nodes):
+    """An epx_shape's five counts, each checked by integer() against its
+    limit (a ctypes Shape took 2**32 + 2 GPUs as 2)."""
+    return (integer(num_layers, "num_layers", 1, MAX_LAYERS, "EPX_MAX_LAYERS"),
+            integer(num_logical_experts, "num_logical_experts", 1, MAX_EXPERTS, "EPX_MAX_EXPERTS"),
+            integer(num_physical_experts, "num_physical_experts", 1, MAX_PHYSICAL,
+                    "4 (E + G) slots at most"),
+            integer(num_gpus, "num_gpus", 1, MAX_GPUS, "EPX_MAX_GPUS"),
+            integer(num_nodes, "num_nodes", 1, MAX_GPUS, "EPX_MAX_GPUS"))
+
+
 def is_torch(x):
     """True for a torch.Tensor. A caller holding one has imported torch already."""
     t = sys.modules.get("torch")
@@ -65,6 +76,18 @@ def as_array(x, dtype, ndim=None, name="array"):
     if ndim is not None and a.ndim not in (ndim if isinstance(ndim, tuple) else (ndim,)):
         want = " or ".join("%d" % d for d in (ndim if isinstance(ndim, tuple) else (ndim,)))
         raise ValueError("%s must have %s dimensions, got shape %s" % (name, want, a.shape))
+    return a
+
+
+def as_shaped(x, dtype, shape, name, letters):
+    """as_array with exactly `shape` (None: any size on that axis), which is
+    what the C call reads: a smaller array was read past its end. ValueError
+    naming the argument, its shape and the one needed (letters: "[L][P]")."""
+    a = as_array(x, dtype, len(shape), name)
+    if any(w is not None and g != w for g, w in zip(a.shape, shape)):
+        need = "".join("[%s]" % ("any" if w is None else w) for w in shape)
+        raise ValueError("%s has shape %s; it must be %s = %s" % (
+            name, "".join("[%d]" % g for g in a.shape), letters, need))
     return a
 
 

@@ -58,8 +58,11 @@ class Balancer:
     GPUs (slot p on GPU p // (P // G)); reuse it for every layer and batch."""
 
     def __init__(self, num_experts, width, num_physical, num_gpus):
-        self.E, self.W = int(num_experts), int(width)
-        self.P, self.G = int(num_physical), int(num_gpus)
+        self.E = A.integer(num_experts, "num_experts", 1, A.MAX_EXPERTS, "EPX_MAX_EXPERTS")
+        self.W = A.integer(width, "width", 1, 1 << 16, "replica lists of 65,536 at most")
+        self.P = A.integer(num_physical, "num_physical", 1, A.MAX_PHYSICAL,
+                           "4 (E + G) slots at most")
+        self.G = A.integer(num_gpus, "num_gpus", 1, 4096, "the balancer's 4,096 GPUs")
         self._h = c_void_p()
         call(_create, self.E, self.W, self.P, self.G, ctypes.byref(self._h))
 
@@ -112,9 +115,9 @@ class Balancer:
 def count_ids(topk_ids, num_experts):
     """Tokens per logical expert [E] int64 of topk_ids [T][K] (-1 skipped)."""
     ids = A.as_array(topk_ids, np.int32, 2, "topk_ids")
-    out = np.empty(int(num_experts), np.int64)
-    call(_count, A.ptr(ids, c_int32), ids.shape[0], ids.shape[1], int(num_experts),
-         A.ptr(out, c_int64))
+    E = A.integer(num_experts, "num_experts", 1, A.MAX_EXPERTS, "EPX_MAX_EXPERTS")
+    out = np.empty(E, np.int64)
+    call(_count, A.ptr(ids, c_int32), ids.shape[0], ids.shape[1], E, A.ptr(out, c_int64))
     return out
 
 
@@ -123,14 +126,14 @@ def _placement(layout, layer, replicas, num_physical, num_gpus):
         if hasattr(layout, "layout") and hasattr(layout, "replica_weights"):
             layout = layout.layout  # a Plan
         s = layout.shape
-        layer = int(layer)
-        if not 0 <= layer < s["num_layers"]:
-            raise ValueError("layer %d is outside [0, %d)" % (layer, s["num_layers"]))
+        layer = A.integer(layer, "layer", 0, s["num_layers"] - 1, "num_layers - 1")
         return (layout.logical_to_all_physical_map()[layer], s["num_physical_experts"],
                 s["num_gpus"])
     if replicas is None or num_physical is None or num_gpus is None:
         raise ValueError("give a layout (and layer), or replicas with num_physical and num_gpus")
-    return replicas, int(num_physical), int(num_gpus)
+    return (replicas, A.integer(num_physical, "num_physical", 1, A.MAX_PHYSICAL,
+                                "4 (E + G) slots at most"),
+            A.integer(num_gpus, "num_gpus", 1, 4096, "the balancer's 4,096 GPUs"))
 
 
 def balanced_split(counts, layout=None, layer=0, replicas=None, num_physical=None, num_gpus=None):

@@ -59,7 +59,8 @@ def slot_fractions(split, replicas, counts, num_physical):
     r = A.as_array(replicas, np.int64, 2, "replicas")
     c = A.as_array(counts, np.float64, 1, "counts")
     total = max(float(c.sum()), 1.0)
-    out = np.zeros(int(num_physical), np.float64)
+    out = np.zeros(A.integer(num_physical, "num_physical", 1, A.MAX_PHYSICAL,
+                             "4 (E + G) slots at most"), np.float64)
     valid = r >= 0
     out[r[valid]] = (split.shares * c[:, None])[valid] / total
     return out
@@ -113,6 +114,10 @@ class LPLBSolver:
                              "num_phy // num_gpus consecutive slots"
                              % (self.num_phy, self.num_gpus))
         self.ep_group = ep_group
+        if p2l.size and p2l.max() >= self.num_logical:
+            raise ValueError("phy2log names logical expert %d but log2phy has %d rows (one per "
+                             "logical expert): the two maps are of different layers or models"
+                             % (int(p2l.max()), self.num_logical))
         self.replicas = _full_lists(p2l, self.num_logical)
 
     def solve(self, topk_ids):

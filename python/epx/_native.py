@@ -13,7 +13,8 @@ from ctypes import (POINTER, Structure, c_char, c_char_p, c_double, c_float, c_i
                     c_int64, c_size_t, c_uint8, c_uint32, c_uint64, c_void_p)
 from pathlib import Path
 
-__all__ = ["EpxError", "EpxAssertionError", "Status", "lib", "fn", "has", "call", "library_path"]
+__all__ = ["EpxError", "EpxAssertionError", "Status", "lib", "fn", "has", "call", "library_path",
+           "c_path"]
 
 
 class Status(enum.IntEnum):
@@ -134,7 +135,10 @@ def fn(name, restype, *argtypes):
 
 
 def has(name):
-    """True when this libepx exports the C function `name`."""
+    """True when this libepx exports the C function `name` (an epx_ name: the
+    ctypes library object's own attributes, _handle and the like, are not)."""
+    if not isinstance(name, str) or not name.startswith("epx"):
+        return False
     try:
         getattr(lib, name)
         return True
@@ -150,6 +154,22 @@ epx_free = fn("epx_free", None, c_void_p)
 def version():
     """libepx's version, "MAJOR.MINOR.PATCH"."""
     return _version().decode()
+
+
+def c_path(path, name="path"):
+    """A path argument as bytes for C: str, bytes or os.PathLike. Anything
+    else is a TypeError (None became a file named 'None'), a NUL byte a
+    ValueError (C read it as the end: "out.json\\x00.bak" wrote out.json),
+    as open() refuses both."""
+    if isinstance(path, os.PathLike):
+        path = os.fspath(path)
+    if not isinstance(path, (str, bytes)):
+        raise TypeError("%s must be a path (str, bytes or os.PathLike), not %s %r"
+                        % (name, type(path).__name__, path))
+    b = os.fsencode(path)
+    if b"\0" in b:
+        raise ValueError("%s holds a NUL byte: %r" % (name, path))
+    return b
 
 
 def call(f, *args):

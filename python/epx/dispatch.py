@@ -22,7 +22,9 @@ class TableOpts(Structure):
     """epx_table_opts (include/epx/dispatch.h)."""
     _fields_ = [("version", c_uint32), ("algorithm", c_int), ("seed", c_uint64),
                 ("expected_load", POINTER(c_double)), ("replica_weights", POINTER(c_double)),
-                ("sglang_version", ctypes.c_char_p), ("init_by_mapping", c_int32)]
+                ("sglang_version", ctypes.c_char_p), ("init_by_mapping", c_int32),
+                ("progress", c_void_p), ("progress_user", c_void_p),
+                ("rank_only", c_int32), ("rank", c_int32)]
 
 
 class DispatchSpec(Structure):
@@ -63,13 +65,20 @@ _map_ids = fn("epx_dispatch_map_ids", c_int32, POINTER(DispatchSpec), POINTER(c_
               c_int32, POINTER(c_int32), c_void_p)
 
 
-def _opts(algorithm, seed, expected_load, replica_weights, keep, sglang_version=None):
+def _opts(algorithm, seed, expected_load, replica_weights, keep, sglang_version=None, s=None):
+    """The table options; s: the layout's shape, which the weights must fit."""
+    if algorithm not in TABLE_ALGORITHMS:
+        raise ValueError("algorithm must be one of %s, not %r"
+                         % (", ".join(sorted(TABLE_ALGORITHMS)), algorithm))
     el = rw = None
     if expected_load is not None:
-        el = A.as_array(expected_load, np.float64, 2, "expected_load")
+        el = A.as_shaped(expected_load, np.float64,
+                         (s["num_layers"], s["num_logical_experts"]), "expected_load", "[L][E]")
         keep.append(el)
     if replica_weights is not None:
-        rw = A.as_array(replica_weights, np.float64, 2, "replica_weights")
+        rw = A.as_shaped(replica_weights, np.float64,
+                         (s["num_layers"], s["num_physical_experts"]), "replica_weights",
+                         "[L][P]")
         keep.append(rw)
     return TableOpts(TABLE_OPTS_VERSION, TABLE_ALGORITHMS[algorithm], A.py_seed(seed),
                      A.ptr(el, c_double), A.ptr(rw, c_double),
@@ -128,13 +137,14 @@ def static_table(layout, algorithm="sglang", seed=42, expected_load=None, replic
             replica_weights = layout.replica_weights
         layout = layout.layout
     keep = []
-    opts = _opts(algorithm, seed, expected_load, replica_weights, keep, sglang_version)
     s = layout.shape
+    opts = _opts(algorithm, seed, expected_load, replica_weights, keep, sglang_version, s)
     out = np.empty((s["num_gpus"], s["num_layers"], s["num_logical_experts"]), dtype=np.int32)
     if replicas is None:
         call(_table_from_layout, layout.handle, ctypes.byref(opts), A.ptr(out, c_int32))
     else:
-        m = A.as_array(replicas, np.int32, 3, "replicas")
+        m = A.as_shaped(replicas, np.int32, (s["num_layers"], s["num_logical_experts"], None),
+                        "replicas", "[L][E][X]")
         shape = Shape(*[s[f] for f, _ in Shape._fields_])
         call(_table_compute, ctypes.byref(shape), A.ptr(m, c_int32), m.shape[2],
              ctypes.byref(opts), A.ptr(out, c_int32))
@@ -169,7 +179,8 @@ def sglang_rank_lists(layout, sglang_version=None, replicas=None, width=None):
         args = (layout.handle, ctypes.byref(opts))
         run = _lists_from_layout
     else:
-        m = A.as_array(replicas, np.int32, 3, "replicas")
+        m = A.as_shaped(replicas, np.int32, (s["num_layers"], s["num_logical_experts"], None),
+                        "replicas", "[L][E][X]")
         shape = Shape(*[s[f] for f, _ in Shape._fields_])
         args = (ctypes.byref(shape), A.ptr(m, c_int32), m.shape[2], ctypes.byref(opts))
         run = _lists_compute
@@ -187,8 +198,9 @@ def table_gpu_load(layout, table, load):
     rank sends 1/G of each expert's load [L][E]."""
     s = layout.shape
     shape = Shape(*[s[f] for f, _ in Shape._fields_])
-    t = A.as_array(table, np.int32, 3, "table")
-    w = A.as_array(load, np.float64, 2, "load")
+    L, E = s["num_layers"], s["num_logical_experts"]
+    t = A.as_shaped(table, np.int32, (s["num_gpus"], L, E), "table", "[G][L][E]")
+    w = A.as_shaped(load, np.float64, (L, E), "load", "[L][E]")
     out = np.empty((s["num_layers"], s["num_gpus"]), dtype=np.float64)
     call(_table_gpu_load, ctypes.byref(shape), A.ptr(t, c_int32), A.ptr(w, c_double),
          A.ptr(out, c_double))
@@ -227,7 +239,7 @@ def dispatch_topk(topk_ids, layout, layer, mode="dynamic", table=None, replica_w
     if mode == "static":
         if table is None:
             raise ValueError("mode='static' needs table [G][L][E] (epx.dispatch.static_table)")
-        tab = A.as_array(table, np.int32, 3, "table")
+        tab = A.as_shaped(table, np.int32, (None, L, E), "table", "[G][L][E]")
         rank = A.integer(ep_rank, "ep_rank", 0, tab.shape[0] - 1, "the table's ranks - 1")
         row = np.ascontiguousarray(tab[rank, layer])
         keep.append(row)
@@ -250,7 +262,7 @@ def dispatch_topk(topk_ids, layout, layer, mode="dynamic", table=None, replica_w
         if mode == "weighted":
             if replica_weights is None:
                 raise ValueError("mode='weighted' needs replica_weights [L][P] (Plan.replica_weights)")
-            w = A.as_array(replica_weights, np.float64, 2, "replica_weights")
+            w = A.as_shaped(replica_weights, np.float64, (L, P), "replica_weights", "[L][P]")
             th = np.empty((L, E, W), dtype=np.uint32)
             call(_thresholds, A.ptr(reps, c_int32), A.ptr(nv, c_int32), L, E, W,
                  A.ptr(w, c_double), P, A.ptr(th, c_uint32))

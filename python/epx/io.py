@@ -2,13 +2,13 @@
 `--init-expert-location` entry point. Paths may end in .json or .pt; a string
 starting with '{' is inline JSON, as SGLang accepts it."""
 import ctypes
-import os
 
 import numpy as np
 
 from ._native import (LOG_FN, POINTER, Counts, Structure, c_char_p, c_int, c_int32,
-                      c_uint32, c_void_p, call, epx_free, fn, sglang_release)
+                      c_path, c_uint32, c_void_p, call, epx_free, fn, sglang_release)
 from ._counts import CCounts, counts_destroy, counts_from_c, counts_to_c
+from . import _arrays as A
 from .layout import Layout
 from .planner import ALGORITHMS, _choice
 
@@ -36,11 +36,8 @@ INIT_OPTS_VERSION = ctypes.sizeof(InitOpts)
 
 
 def _spec(spec):
-    if isinstance(spec, os.PathLike):
-        spec = os.fspath(spec)
-    if isinstance(spec, bytes):
-        return spec
-    return str(spec).encode()
+    """A path or inline JSON for C (c_path: str, bytes or PathLike, no NUL)."""
+    return c_path(spec, "spec")
 
 
 def read_mapping(spec):
@@ -77,7 +74,7 @@ def write_mapping(path, physical_to_logical_map, num_gpus=1, num_nodes=1):
 def write_counts(path, counts):
     """Write {"logical_count": [S][L][E]} ([L][E] when S == 1) as JSON."""
     c = CCounts(counts)
-    call(_counts_write, c.ptr, str(path).encode())
+    call(_counts_write, c.ptr, c_path(path))
 
 
 def init_expert_location(spec, num_gpus, num_nodes=1, num_logical_experts=0, num_layers=0,
@@ -99,8 +96,16 @@ def init_expert_location(spec, num_gpus, num_nodes=1, num_logical_experts=0, num
     sv = None
     if sglang_version is not None:  # a malformed release raises, a newer one warns
         sv = sglang_release(sglang_version, "eplb")[0]
-    o = InitOpts(INIT_OPTS_VERSION, int(num_gpus), int(num_nodes), int(num_logical_experts),
-                 int(num_layers), int(num_physical), int(num_redundant), int(num_groups),
+    o = InitOpts(INIT_OPTS_VERSION, A.integer(num_gpus, "num_gpus", 1, A.MAX_GPUS, "EPX_MAX_GPUS"),
+                 A.integer(num_nodes, "num_nodes", 1, A.MAX_GPUS, "EPX_MAX_GPUS"),
+                 A.integer(num_logical_experts, "num_logical_experts", 0, A.MAX_EXPERTS,
+                           "EPX_MAX_EXPERTS; 0 = from the input"),
+                 A.integer(num_layers, "num_layers", 0, A.MAX_LAYERS,
+                           "EPX_MAX_LAYERS; 0 = from the input"),
+                 A.integer(num_physical, "num_physical", 0, A.MAX_PHYSICAL,
+                           "4 (E + G) slots at most; 0 = from the input"),
+                 A.integer(num_redundant, "num_redundant", 0, A.MAX_PHYSICAL, "slots"),
+                 A.integer(num_groups, "num_groups", 0, A.MAX_EXPERTS, "EPX_MAX_EXPERTS"),
                  LOG_FN(), None, code,
                  sv)
     h = c_void_p()

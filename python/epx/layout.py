@@ -6,7 +6,7 @@ import ctypes
 import numpy as np
 
 from . import _arrays as A
-from ._native import POINTER, Shape, c_int32, c_void_p, call, fn
+from ._native import POINTER, Shape, c_int32, c_path, c_void_p, call, fn
 
 __all__ = ["Layout"]
 
@@ -31,6 +31,15 @@ def _copy(p, shape):
     return np.ctypeslib.as_array(p, shape=(n,)).reshape(shape).astype(np.int64)
 
 
+def _handle(h, cls, how):
+    """A libepx handle (a non-NULL ctypes.c_void_p) for a wrapper class: any
+    other value reached C as a pointer and crashed on first use."""
+    if not isinstance(h, ctypes.c_void_p) or not h.value:
+        raise TypeError("%s(handle) wraps a handle libepx made, not %r: build one with %s"
+                        % (cls, h, how))
+    return h
+
+
 class Layout:
     """An epx_layout. Build one with Layout.from_map / Layout.trivial, or get one
     from epx.plan(...) or epx.init_expert_location(...). Maps come back as
@@ -40,8 +49,9 @@ class Layout:
 
     def __init__(self, handle, owner=None):
         # owner: an object (a Plan) that owns the handle; None = we own it.
-        self._h = handle
+        self._h = None
         self._owner = owner
+        self._h = _handle(handle, "Layout", "Layout.from_map, Layout.trivial or epx.plan")
 
     def __del__(self):
         if getattr(self, "_owner", 1) is None and getattr(self, "_h", None):
@@ -52,7 +62,8 @@ class Layout:
     def trivial(cls, num_layers, num_logical_experts, num_physical_experts, num_gpus,
                 num_nodes=1):
         """Slot p of every layer holds expert p % E (SGLang's init_trivial)."""
-        s = Shape(num_layers, num_logical_experts, num_physical_experts, num_gpus, num_nodes)
+        s = Shape(*A.shape_ints(num_layers, num_logical_experts, num_physical_experts, num_gpus,
+                                num_nodes))
         h = c_void_p()
         call(_create_trivial, ctypes.byref(s), ctypes.byref(h))
         return cls(h)
@@ -67,8 +78,15 @@ class Layout:
             raise ValueError("physical_to_logical_map holds ids outside int32")
         m32 = np.ascontiguousarray(m, dtype=np.int32)
         L, P = m32.shape
-        E = int(num_logical_experts) if num_logical_experts else int(m32.max()) + 1 if m32.size else 0
-        s = Shape(L, E, P, int(num_gpus), int(num_nodes))
+        if num_logical_experts is not None:
+            E = A.integer(num_logical_experts, "num_logical_experts", 1, A.MAX_EXPERTS,
+                          "EPX_MAX_EXPERTS")
+        else:
+            E = int(m32.max()) + 1 if m32.size else 0
+        if L < 1 or P < 1 or E < 1:
+            raise ValueError("physical_to_logical_map has shape %s and %d experts: it needs at "
+                             "least one layer, slot and expert" % (list(m32.shape), E))
+        s = Shape(*A.shape_ints(L, E, P, num_gpus, num_nodes))
         h = c_void_p()
         call(_create_from_map, ctypes.byref(s), A.ptr(m32, c_int32), ctypes.byref(h))
         return cls(h)
@@ -134,9 +152,12 @@ class Layout:
         L, E, P = s["num_layers"], s["num_logical_experts"], s["num_physical_experts"]
         if width is None:
             width = self.max_replicas
-        elif width == "sglang":
+        elif isinstance(width, str):
+            if width != "sglang":
+                raise ValueError('width must be an integer, None (the largest replica count) or '
+                                 '"sglang" (P, as SGLang pads), not %r' % (width,))
             width = P
-        width = int(width)
+        width = A.integer(width, "width", 1, A.INT32_MAX, 'or "sglang" (P)')
         have = c_int32()
         lists = _l2all(self._h, ctypes.byref(have))
         if L * E > 0 and self.max_replicas <= width <= have.value:
@@ -150,7 +171,7 @@ class Layout:
 
     def write_json(self, path):
         """Write {"physical_to_logical_map": [L][P]} (the one key SGLang accepts)."""
-        call(_write_json, self._h, str(path).encode())
+        call(_write_json, self._h, c_path(path))
 
     def __repr__(self):
         s = self.shape

@@ -76,12 +76,20 @@ def _load(counts, lay):
     return a
 
 
+def _weights(rw, lay):
+    """replica_weights as [L][P] doubles, or None."""
+    if rw is None:
+        return None
+    return A.as_shaped(rw, np.float64, (lay.num_layers, lay.num_physical_experts),
+                       "replica_weights", "[L][P]")
+
+
 def gpu_loads(placement, counts, num_gpus=None, num_nodes=1, replica_weights=None):
     """[L][G] load of every GPU (an expert's load split evenly over its replicas,
     or by replica_weights [L][P])."""
     lay, rw = _resolve(placement, num_gpus, num_nodes, replica_weights)
     w = _load(counts, lay)
-    rw = None if rw is None else A.as_array(rw, np.float64, 2, "replica_weights")
+    rw = _weights(rw, lay)
     out = np.empty((lay.num_layers, lay.num_gpus), dtype=np.float64)
     call(_gpu_loads, lay.handle, A.ptr(w, c_double), A.ptr(rw, c_double), A.ptr(out, c_double))
     return out
@@ -93,7 +101,7 @@ def evaluate(placement, counts, num_gpus=None, num_nodes=1, replica_weights=None
     (windows summed). A Plan's replica weights are used unless given."""
     lay, rw = _resolve(placement, num_gpus, num_nodes, replica_weights)
     w = _load(counts, lay)
-    rw = None if rw is None else A.as_array(rw, np.float64, 2, "replica_weights")
+    rw = _weights(rw, lay)
     L = lay.num_layers
     summary = Balance()
     layers = (LayerBalance * L)()
@@ -112,6 +120,8 @@ def bound_max_load(load, num_physical, num_gpus):
     E = w.shape[0]
     b, m = c_double(), c_double()
     reps = np.empty(E, dtype=np.int32)
-    call(_bound, A.ptr(w, c_double), E, int(num_physical), int(num_gpus), ctypes.byref(b),
+    P = A.integer(num_physical, "num_physical", 1, A.MAX_PHYSICAL, "4 (E + G) slots at most")
+    G = A.integer(num_gpus, "num_gpus", 1, A.MAX_GPUS, "EPX_MAX_GPUS")
+    call(_bound, A.ptr(w, c_double), E, P, G, ctypes.byref(b),
          ctypes.byref(m), A.ptr(reps, c_int32))
     return b.value, m.value, reps.astype(np.int64)

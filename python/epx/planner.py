@@ -11,7 +11,7 @@ from ._native import (LOG_FN, POINTER, Counts, Shape, Structure, c_char_p, c_dou
                       sglang_release)
 from ._counts import CCounts
 from ._native import EpxError, Status
-from .layout import Layout
+from .layout import Layout, _handle
 
 __all__ = ["deepseek", "plan", "Plan", "ALGORITHMS", "EPLB_RULES"]
 
@@ -119,12 +119,29 @@ _l2p = fn("epx_plan_logical_to_physical", POINTER(c_int32), c_void_p, POINTER(c_
 
 
 def _choice(table, value, what):
-    if isinstance(value, int):
-        return value
+    """A name of `table` (any case, _ or -), or one of its C values."""
+    if isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_)):
+        if int(value) not in table.values():
+            raise ValueError("unknown %s %d: one of %s, or its value %s" % (
+                what, value, ", ".join(table), sorted(set(table.values()))))
+        return int(value)
     key = str(value).lower().replace("_", "-")
     if key not in table:
         raise ValueError("unknown %s %r: one of %s" % (what, value, ", ".join(table)))
     return table[key]
+
+
+def _current(current):
+    """plan()'s current placement as a layout handle: a Layout, a Plan (its
+    layout), or None."""
+    if current is None:
+        return None
+    if isinstance(current, Plan):
+        current = current.layout
+    if not isinstance(current, Layout):
+        raise TypeError("current must be a Layout or a Plan (the placement in service), not %s"
+                        % type(current).__name__)
+    return current.handle
 
 
 class Plan:
@@ -132,7 +149,8 @@ class Plan:
     .seconds (the placement computation alone), .algorithm (AUTO resolved)."""
 
     def __init__(self, handle):
-        self._h = handle
+        self._h = None
+        self._h = _handle(handle, "Plan", "epx.plan")
 
     def __del__(self):
         if getattr(self, "_h", None):
@@ -242,7 +260,7 @@ def plan(counts, num_gpus, num_physical_experts=None, num_redundant=None, num_no
                                                          A.MAX_EXPERTS, "EPX_MAX_EXPERTS"),
                  _choice(NODE_LOCAL, node_local, "node_local"), float(cross_node_budget),
                  _choice(ESTIMATES, estimate, "estimate"), float(estimate_param),
-                 current.handle if current is not None else None,
+                 _current(current),
                  A.integer(max_moves, "max_moves", -1),
                  float(move_price), A.ptr(fg, c_uint8), LOG_FN(), None, None, None, sv)
     h = c_void_p()

@@ -7,14 +7,13 @@ every other global (EpxError REFUSED) without running anything.
   write_mapping_pt / write_counts_pt   files torch.load(weights_only=True) reads
 """
 import ctypes
-import os
 import sys
 
 import numpy as np
 
 from . import _arrays as A
 from ._native import (POINTER, Counts, EpxError, Status, Structure, c_char_p, c_double, c_int,
-                      c_int32, c_int64, c_size_t, c_void_p, call, fn)
+                      c_int32, c_int64, c_path, c_size_t, c_void_p, call, fn)
 from ._counts import CCounts, counts_from_c
 from .layout import Layout
 
@@ -125,7 +124,7 @@ def load(path, *, as_torch=False):
     Raises EpxError: REFUSED for a pickle that asks for any other global
     (nothing is executed), PARSE / IO / UNSUPPORTED with libepx's message."""
     h = c_void_p()
-    call(_load, os.fsencode(os.fspath(path)), ctypes.byref(h))
+    call(_load, c_path(path), ctypes.byref(h))
     try:
         return _convert(_root(h), (lambda a: A.wrap(a, True)) if as_torch else (lambda a: a))
     finally:
@@ -138,9 +137,14 @@ def read_dump(spec, *, squeeze=False):
     Stat dumps give their windows; per_pass dumps are summed over ranks per
     forward pass and mapped to logical experts, as SGLang does."""
     if isinstance(spec, (list, tuple)):
-        spec = ",".join(os.fspath(p) for p in spec)
+        items = [c_path(p, "spec[%d]" % i) for i, p in enumerate(spec)]
+        for i, b in enumerate(items):  # the list reaches C as "a,b": a comma would split a path
+            if b"," in b:
+                raise ValueError("spec[%d] (%r) holds a comma, which separates the paths of a list: "
+                                 "pass that file alone, or rename it" % (i, spec[i]))
+        spec = b",".join(items)
     cp = POINTER(Counts)()
-    call(_counts_read_pt, os.fsencode(os.fspath(spec)), ctypes.byref(cp))
+    call(_counts_read_pt, c_path(spec, "spec"), ctypes.byref(cp))
     try:
         a = counts_from_c(cp)
     finally:
@@ -152,7 +156,7 @@ def write_mapping_pt(path, physical_to_logical_map, num_gpus=1, num_nodes=1):
     """Write {"physical_to_logical_map": int64 [L][P]} as a .pt init file."""
     lay = physical_to_logical_map if isinstance(physical_to_logical_map, Layout) else \
         Layout.from_map(physical_to_logical_map, num_gpus, num_nodes)
-    call(_layout_write_pt, lay.handle, os.fsencode(os.fspath(path)))
+    call(_layout_write_pt, lay.handle, c_path(path))
 
 
 def write_counts_pt(path, counts, dtype="auto"):
@@ -161,4 +165,4 @@ def write_counts_pt(path, counts, dtype="auto"):
     if dtype not in _DTYPE_CODES:
         raise ValueError("dtype must be one of %s" % ", ".join(_DTYPE_CODES))
     c = CCounts(counts)
-    call(_counts_write_pt, c.ptr, os.fsencode(os.fspath(path)), _DTYPE_CODES[dtype])
+    call(_counts_write_pt, c.ptr, c_path(path), _DTYPE_CODES[dtype])

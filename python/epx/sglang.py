@@ -175,6 +175,13 @@ def rebalance_experts_from_windows(tokens_per_expert, num_physical_experts,
     num_gpus = P // local
     torch_out = A.want_torch(as_torch, tokens_per_expert)
     if name in ("deepseek", "deepseek_hierarchical"):
+        # neither takes these: they were dropped without a word
+        if active_ranks is not None:
+            raise ValueError("active_ranks applies to the elasticity_aware algorithms, not to %r"
+                             % (name,))
+        if plan_kw:
+            raise TypeError("unexpected keywords for algorithm %r: %s"
+                            % (name, ", ".join(sorted(plan_kw))))
         t = A.as_array(tokens_per_expert, np.float64, 3, "tokens_per_expert")
         return rebalance_experts(t.sum(axis=0), num_physical_experts, num_groups, num_nodes,
                                  num_gpus, name == "deepseek_hierarchical", as_torch=torch_out,
@@ -211,7 +218,7 @@ def compute_logical_to_all_physical_map(physical_to_logical_map, num_logical_exp
     torch_out = A.want_torch(as_torch, physical_to_logical_map)
     m = A.as_array(physical_to_logical_map, np.int64, 2, "physical_to_logical_map")
     # G = 1: this map does not depend on the GPU count.
-    lay = Layout.from_map(m, num_gpus=1, num_logical_experts=int(num_logical_experts))
+    lay = Layout.from_map(m, num_gpus=1, num_logical_experts=num_logical_experts)
     return A.wrap(lay.logical_to_all_physical_map(), torch_out)
 
 

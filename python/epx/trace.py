@@ -5,6 +5,7 @@ import ctypes
 
 from ._native import (POINTER, Counts, Structure, c_char_p, c_double, c_int32, c_int64,
                       c_uint32, c_uint64, c_void_p, call, fn)
+from . import _arrays as A
 from ._counts import counts_from_c
 
 __all__ = ["model", "models", "synth"]
@@ -81,9 +82,12 @@ def synth(name, num_windows=8, tokens=65536, seed=0, skew=(0.8, 1.3), drift=0.1,
     shift_window: hot experts move there in a share shift_layers of the
     layers; per_pass: each window as that many sparse per-pass rows."""
     p = _find(name)
-    o = TraceOpts(TRACE_OPTS_VERSION, int(num_windows), int(tokens), int(seed),
-                  float(skew[0]), float(skew[1]), float(drift), int(shift_window),
-                  int(per_pass), float(shift_layers))
+    o = TraceOpts(TRACE_OPTS_VERSION, A.integer(num_windows, "num_windows", 1, A.INT32_MAX),
+                  A.integer(tokens, "tokens", 1, 2 ** 63 - 1, "an int64"),
+                  A.integer(seed, "seed", 0, 2 ** 64 - 1, "a uint64"),
+                  float(skew[0]), float(skew[1]), float(drift),
+                  A.integer(shift_window, "shift_window", 0, A.INT32_MAX),
+                  A.integer(per_pass, "per_pass", 1, A.INT32_MAX), float(shift_layers))
     cp = POINTER(Counts)()
     call(_synth, ctypes.byref(p.model), ctypes.byref(o), ctypes.byref(cp))
     try:

@@ -351,6 +351,16 @@ def test_tokens_past_num_worst_tokens_are_reported_once(nbuf):
     nbuf.normal_health()  # all fit
 
 
+@pytest.mark.parametrize("hidden_bytes, ranks, needle", [
+    (7168 * 2, 0, "num_ranks = 0 is outside"), (0, 8, "hidden_bytes = 0 is outside"),
+    (7168 * 2, 2.5, "num_ranks must be an integer")])
+def test_nvl_size_hint_names_a_bad_argument(hidden_bytes, ranks, needle):
+    # num_ranks 0 was reported as "top_k (0)" by the engine's config check
+    with pytest.raises((TypeError, ValueError)) as e:
+        B.Buffer.get_dispatch_config(8).get_nvl_buffer_size_hint(hidden_bytes, ranks)
+    assert needle in str(e.value)
+
+
 def test_nvl_size_hint_is_the_engine_for_the_hint_tokens(monkeypatch):
     seen = TB.record_engine_bytes(monkeypatch, 12345)
     assert B.Buffer.get_dispatch_config(8).get_nvl_buffer_size_hint(7168 * 2, 8) == 12345

@@ -256,6 +256,50 @@ def test_errors_name_the_value_and_the_fix():
         et.map_ids(ids, [0, 1])
 
 
+def test_layout_errors_name_the_callers_parameters():
+    """dispatch_layout, DeepEP's get_dispatch_layout (topk_idx), token_layout
+    and map_ids refuse in the names their callers pass, never the C
+    reference's own (phys, P, E), and say which counts would divide."""
+    ids = torch.tensor([[0, 9]])
+    static8 = et.Mapping.static(torch.arange(8), 8)
+    cases = [
+        (lambda: et.dispatch_layout(ids, 8, 2), epx.EpxError,
+         r": topk_ids\[0\]\[1\] = 9 is outside \[-1, 8\): each id is -1 \(none\) or below "
+         r"num_experts = 8$"),
+        (lambda: torch.ops.epx.dispatch_layout(ids, 8, 2), epx.EpxError,
+         r": topk_ids\[0\]\[1\] = 9 .* num_experts = 8$"),
+        (lambda: et.get_dispatch_layout(ids, 8, num_ranks=2), epx.EpxError,
+         r": topk_idx\[0\]\[1\] = 9 .* num_experts = 8$"),
+        (lambda: et.token_layout(ids, 8, 2), epx.EpxError,
+         r": phys\[0\]\[1\] = 9 .* num_physical = 8$"),
+        (lambda: et.map_ids(ids, static8), epx.EpxError,
+         r": topk_ids\[0\]\[1\] = 9 .* below the mapping's num_experts = 8$"),
+        (lambda: et.dispatch_layout(ids, 9, 2), ValueError,
+         r"^num_experts \(9\) must be a positive multiple of num_ranks \(2\): rank r holds "
+         r"experts r\*num_experts/num_ranks \.\. \(r\+1\)\*num_experts/num_ranks - 1; use "
+         r"num_experts = 8 or 10$"),
+        (lambda: et.get_dispatch_layout(ids, 3, num_ranks=4), ValueError,
+         r"^num_experts \(3\) must be .*; use num_experts = 4$"),
+        (lambda: et.token_layout(ids, 9, 2), ValueError,
+         r"^num_physical \(9\) must be .* holds slots r\*num_physical/num_ranks"),
+        (lambda: et.get_dispatch_layout(torch.zeros(3, dtype=torch.int32), 8, num_ranks=2),
+         ValueError, r"^topk_idx must have 2 dimensions"),
+        (lambda: et.get_dispatch_layout(ids.float(), 8, num_ranks=2), ValueError,
+         r"^topk_idx must be int32 or int64"),
+        (lambda: et.get_dispatch_layout(torch.tensor([[2**40]]), 8, num_ranks=2), ValueError,
+         r"^topk_idx\[0, 0\] = 1099511627776 does not fit in int32"),
+        (lambda: et.get_dispatch_layout([[0, 1]], 8, num_ranks=2), TypeError,
+         r"^topk_idx must be a torch.Tensor, got list"),
+        (lambda: et.dispatch_layout([[0, 1]], 8, 2), TypeError,
+         r"^topk_ids must be a torch.Tensor, got list"),
+        (lambda: et.token_layout(torch.zeros(3, dtype=torch.int32), 8, 2), ValueError,
+         r"^phys must have 2 dimensions"),
+    ]
+    for call, exc, pattern in cases:
+        with pytest.raises(exc, match=pattern):
+            call()
+
+
 def test_int64_values_outside_int32_are_refused_not_wrapped():
     ids = torch.tensor([[0, 2**32 + 3]])
     with pytest.raises(ValueError, match=r"topk_ids\[0, 1\] = 4294967299"):

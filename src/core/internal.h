@@ -126,6 +126,30 @@ EPXI_HIDDEN epx_status epxi_check_same_shape(const epx_shape *a, const epx_shape
                                              const char *head, const char *mid, const char *tail,
                                              epx_error *err);
 
+/* The largest total of a counts tensor's loads that readers accept: 2^63,
+ * what SGLang's int64 logical_count holds. Every sum, mean and ratio the
+ * rooms take of loads then stays finite (1e308 each once gave NaN
+ * balancedness with exit 0). */
+#define EPXI_MAX_LOAD_TOTAL 0x1p63
+
+/* EPX_OK when a sum of loads is at most EPXI_MAX_LOAD_TOTAL, else `status`
+ * with "the <what> sum to ..., above 2^63 ...: scale them down". The one
+ * wording of that refusal, for every check below and the rooms' own. */
+EPXI_HIDDEN epx_status epxi_check_load_total(double total, const char *what, epx_status status,
+                                             epx_error *err);
+
+/* EPX_OK when the loads of c sum to at most EPXI_MAX_LOAD_TOTAL, else
+ * EPX_ERR_PARSE naming the total and the fix. What every counts reader
+ * checks last. */
+EPXI_HIDDEN epx_status epxi_counts_check_total(const epx_counts *c, epx_error *err);
+
+/* Loads handed to the API ([n] doubles named `what`, e.g. "load" or
+ * "expected_load"): each finite and >= 0, the sum at most
+ * EPXI_MAX_LOAD_TOTAL; else EPX_ERR_INVALID_ARG naming the entry or the
+ * total. The functions that sum loads call it first. */
+EPXI_HIDDEN epx_status epxi_check_loads(const double *w, size_t n, const char *what,
+                                        epx_error *err);
+
 /* The load of one cell (l * E + e) of counts summed over windows
  * [first, first + n), added in window order from 0.0: every room that sums
  * windows goes through here, so they all round alike. Arguments are trusted

@@ -7,6 +7,7 @@
  */
 #include "internal.h"
 
+#include <math.h>
 #include <stdio.h>
 
 #include <string.h>
@@ -118,6 +119,40 @@ epx_status epx_counts_create(int32_t S, int32_t L, int32_t E, epx_counts **out, 
     c->num_experts = E;
     *out = c;
     return EPX_OK;
+}
+
+epx_status epxi_check_load_total(double total, const char *what, epx_status status,
+                                 epx_error *err) {
+    if (total <= EPXI_MAX_LOAD_TOTAL) return EPX_OK;
+    char sum[48];
+    if (isfinite(total))
+        snprintf(sum, sizeof sum, "%g", total);
+    else
+        snprintf(sum, sizeof sum, "more than a double holds");
+    return epxi_fail(err, status,
+                     "the %s sum to %s, above 2^63 (%g, what SGLang's int64 counts hold): "
+                     "they are token counts; scale them down",
+                     what, sum, EPXI_MAX_LOAD_TOTAL);
+}
+
+epx_status epxi_counts_check_total(const epx_counts *c, epx_error *err) {
+    const size_t n = (size_t)c->num_windows * (size_t)c->num_layers * (size_t)c->num_experts;
+    double total = 0.0;
+    for (size_t i = 0; i < n; i++) total += c->data[i];
+    return epxi_check_load_total(total, "loads", EPX_ERR_PARSE, err);
+}
+
+epx_status epxi_check_loads(const double *w, size_t n, const char *what, epx_error *err) {
+    double total = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        if (!(w[i] >= 0.0) || !isfinite(w[i]))
+            return epxi_fail(err, EPX_ERR_INVALID_ARG,
+                             "%s[%zu] is %g: loads must be finite and >= 0", what, i, w[i]);
+        total += w[i];
+    }
+    char name[64];
+    snprintf(name, sizeof name, "entries of %s", what);
+    return epxi_check_load_total(total, name, EPX_ERR_INVALID_ARG, err);
 }
 
 void epx_counts_destroy(epx_counts *c) {

@@ -8,8 +8,8 @@
  * so the launches can be captured in a CUDA graph.
  *
  * The result equals the CPU reference (balanced.c) exactly because the
- * solver is the same source, balanced_core.h, whose functions are
- * __host__ __device__. The block splits the work as that header does:
+ * solver is the same source, balanced_solve.h and the parts it includes,
+ * whose functions are __host__ __device__. The block splits the work as that header does:
  *   0. counts: from ids, each warp counts a contiguous chunk of the (t, k)
  *      pairs into its own shared-memory row (shared atomics: integer sums,
  *      so the order does not matter); the rows become per-warp exclusive
@@ -77,7 +77,7 @@ extern "C" {
 #include "cuda_check.h"
 #include "pdl.cuh"
 #include "epx_cuda.h"
-#include "../dispatch/balanced_core.h"
+#include "../dispatch/balanced_solve.h"
 
 struct epx_cuda_balancer {
     epxi_bal bal; /* shape and device pointers into mem */

@@ -57,7 +57,7 @@
  *
  * Which optimal split. The levels (the GPU loads) are unique, the flows
  * that realise them are not: the result is defined as what
- * balanced_core.h computes, the one source this file and the CUDA kernel
+ * balanced_solve.h computes, the one source this file and the CUDA kernel
  * (src/cuda/balanced.cu) share. It folds the experts that sit on one GPU
  * into that GPU's base load and solves the rest component by component,
  * by subsets or max-flows as above, so the kernel runs the same statements

@@ -6,7 +6,7 @@
 #ifndef EPX_DISPATCH_BALANCED_INTERNAL_H
 #define EPX_DISPATCH_BALANCED_INTERNAL_H
 
-#include "balanced_core.h"
+#include "balanced_solve.h"
 #include "internal.h"
 
 #define BAL_MAX_TOTAL EPXI_BAL_MAX_TOTAL

@@ -67,6 +67,12 @@ epx_status epx_dispatch_balanced_map_ids(epx_balancer *b, const int32_t *replica
             if (rc[j] < 0)
                 return epxi_fail(err, EPX_ERR_INVALID_ARG, "replica_counts[%d][%d] = %lld < 0", e,
                                  j, (long long)rc[j]);
+            /* before adding: a huge count overflowed the sum (int64, UB) */
+            if (rc[j] > b->cnt[e] - sum)
+                return epxi_fail(err, EPX_ERR_INVALID_ARG,
+                                 "replica_counts[%d][%d] = %lld takes expert %d past the %lld "
+                                 "tokens topk_ids hold of it: the counts are for another batch",
+                                 e, j, (long long)rc[j], e, (long long)b->cnt[e]);
             sum += rc[j];
         }
         if (sum != b->cnt[e])

@@ -24,6 +24,7 @@
  * experts onto one replica. bench/RESULTS.md has both.)
  */
 #include <math.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -157,7 +158,9 @@ static void sglang_pass(const epx_shape *s, const int32_t *replicas, int32_t wid
 
 /* The per-rank passes of a cut table, shared by the threads (epxi_parallel):
  * thread t runs ranks t, t + n, ...; rows of different ranks never overlap,
- * so threads write `out` without locks. */
+ * so threads write `out` without locks. Passes ended are counted across the
+ * threads; only thread 0, which epxi_parallel runs on the calling thread,
+ * tells `progress`, so the callback is never called concurrently. */
 typedef struct sg_job {
     const epx_shape *s;
     const int32_t *replicas;
@@ -166,6 +169,9 @@ typedef struct sg_job {
     epx_sglang_rule rule;
     int32_t *out;
     uint8_t *failed; /* [threads]: out of memory for its scratch */
+    epx_progress_fn progress;
+    void *progress_user;
+    atomic_int passes_done;
 } sg_job;
 
 /* Passes first, first + step, ... of a cut table, with their own scratch. */
@@ -177,33 +183,52 @@ static void sg_run(void *arg, int32_t first, int32_t step) {
         return;
     }
     sg_scratch w = sg_scratch_at(mem, j->s->num_gpus, j->width);
-    for (int32_t r = first; r < j->s->num_gpus; r += step)
+    for (int32_t r = first; r < j->s->num_gpus; r += step) {
         sglang_pass(j->s, j->replicas, j->width, j->seed, j->rule, r, j->out, &w);
+        int done = atomic_fetch_add(&j->passes_done, 1) + 1;
+        /* the last call (done = G) comes from sglang_table, after every pass */
+        if (first == 0 && j->progress && done < j->s->num_gpus)
+            j->progress(j->progress_user, "ranks computed", done, j->s->num_gpus);
+    }
     free(mem);
 }
 
-/* SGLang's table. With `cut` (init_by_mapping, >= 0.5.4.post2) rank r's row
- * comes from a pass over rank r's cut lists: G passes, spread over threads
- * (~16 s on one core at 256 GPUs x 58 layers x 256 experts; a table with no
- * cut takes one pass). */
+/* SGLang's table. With the cut (init_by_mapping, >= 0.5.4.post2) rank r's
+ * row comes from a pass over rank r's cut lists: G passes of G ranks each,
+ * spread over threads and told to o->progress (~16 s on one core at 256
+ * GPUs x 58 layers x 256 experts, growing with G squared: minutes at 1,024;
+ * a table with no cut takes one pass). */
 static epx_status sglang_table(const epx_shape *s, const int32_t *replicas, int32_t width,
-                               uint64_t seed, epx_sglang_rule rule, bool cut, int32_t *out,
+                               const epx_table_opts *o, epx_sglang_rule rule, int32_t *out,
                                const sg_scratch *w, epx_error *err) {
     int32_t G = s->num_gpus;
-    if (!(cut && rule >= EPX_SGLANG_RULE_0_5_4_POST2)) {
-        sglang_pass(s, replicas, width, seed, rule, -1, out, w);
+    if (!(o->init_by_mapping != 0 && rule >= EPX_SGLANG_RULE_0_5_4_POST2)) {
+        sglang_pass(s, replicas, width, o->seed, rule, -1, out, w);
+        return EPX_OK;
+    }
+    if (o->rank_only) { /* one rank's row: its own pass alone */
+        sglang_pass(s, replicas, width, o->seed, rule, o->rank, out, w);
         return EPX_OK;
     }
     int32_t nt = 1;
     EPX_TRY(epxi_threads(G, &nt, err));
     uint8_t failed_of[64] = {0};
-    sg_job job = {s, replicas, width, seed, rule, out, failed_of};
+    sg_job job = {.s = s,
+                  .replicas = replicas,
+                  .width = width,
+                  .seed = o->seed,
+                  .rule = rule,
+                  .out = out,
+                  .failed = failed_of,
+                  .progress = o->progress,
+                  .progress_user = o->progress_user}; /* passes_done 0 */
     epxi_parallel(nt, sg_run, &job);
     int failed = 0;
     for (int32_t t = 0; t < nt; t++) failed |= failed_of[t];
     if (failed)
         return epxi_fail(err, EPX_ERR_NOMEM,
                          "out of memory for the per-rank passes of SGLang's cut dispatch table");
+    if (o->progress) o->progress(o->progress_user, "ranks computed", G, G);
     return EPX_OK;
 }
 
@@ -364,9 +389,14 @@ epx_status epx_dispatch_table_compute(const epx_shape *shape, const int32_t *rep
                                       &rule, NULL, err));
     int32_t L = shape->num_layers, E = shape->num_logical_experts, G = shape->num_gpus;
     int32_t P = shape->num_physical_experts;
+    if (opts->rank_only && (opts->rank < 0 || opts->rank >= G))
+        return epxi_fail(err, EPX_ERR_INVALID_ARG,
+                         "epx_table_opts.rank %d is outside [0, %d) (num_gpus %d): give a rank "
+                         "of the table, or rank_only = 0 for every rank",
+                         opts->rank, G, G);
     EPX_TRY(epxi_table_check_replicas(shape, replicas, width, err));
     if (opts->expected_load)
-        EPX_TRY(check_nonneg(opts->expected_load, (size_t)L * (size_t)E, "expected_load", err));
+        EPX_TRY(epxi_check_loads(opts->expected_load, (size_t)L * (size_t)E, "expected_load", err));
     if (opts->replica_weights)
         EPX_TRY(check_nonneg(opts->replica_weights, (size_t)L * (size_t)P, "replica_weights", err));
 
@@ -383,8 +413,7 @@ epx_status epx_dispatch_table_compute(const epx_shape *shape, const int32_t *rep
     int32_t *ip = (int32_t *)(keys + ne);
     if (opts->algorithm == EPX_TABLE_SGLANG) {
         sg_scratch w = sg_scratch_at(ip, G, width);
-        epx_status st = sglang_table(shape, replicas, width, opts->seed, rule,
-                                     opts->init_by_mapping != 0, out, &w, err);
+        epx_status st = sglang_table(shape, replicas, width, opts, rule, out, &w, err);
         free(mem);
         return st;
     } else {
@@ -424,6 +453,7 @@ epx_status epx_dispatch_table_gpu_load(const epx_shape *shape, const int32_t *ta
     int32_t L = shape->num_layers, E = shape->num_logical_experts, G = shape->num_gpus;
     int32_t P = shape->num_physical_experts, per = P / G;
     size_t LE = (size_t)L * (size_t)E;
+    EPX_TRY(epxi_check_loads(load, LE, "load", err));
     memset(gpu_load, 0, (size_t)L * (size_t)G * sizeof *gpu_load);
     for (int32_t r = 0; r < G; r++)
         for (int32_t l = 0; l < L; l++)

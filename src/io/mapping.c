@@ -66,6 +66,19 @@ static bool path_exists(const char *path) {
     return stat(path, &st) == 0;
 }
 
+/* epxi_json_load_spec, and for a name ending in .pt that is no zip archive
+ * (so it was read as JSON) a message that says so, not only "not valid JSON". */
+static epx_status load_json(const char *spec, json_t **root, epx_error *err) {
+    epx_status st = epxi_json_load_spec(spec, root, err);
+    if (st == EPX_OK || err == NULL || !epxi_has_suffix(spec, ".pt")) return st;
+    char was[sizeof err->msg];
+    snprintf(was, sizeof was, "%s", err->msg);
+    return epxi_fail(err, st,
+                     "'%.256s' is no PyTorch file (torch.save writes a zip archive), and read as "
+                     "JSON: %s",
+                     spec, was);
+}
+
 epx_status epx_mapping_read(const char *spec, int32_t **map, int32_t *L, int32_t *P,
                             epx_error *err) {
     if (spec == NULL || map == NULL || L == NULL || P == NULL)
@@ -73,7 +86,7 @@ epx_status epx_mapping_read(const char *spec, int32_t **map, int32_t *L, int32_t
     if (epx_pt_sniff(spec) || (epxi_has_suffix(spec, ".pt") && !path_exists(spec)))
         return epxi_pt_read_mapping(spec, map, L, P, err);
     json_t *root = NULL;
-    EPX_TRY(epxi_json_load_spec(spec, &root, err));
+    EPX_TRY(load_json(spec, &root, err));
     epx_status st = mapping_from_object(root, map, L, P, err);
     json_decref(root);
     if (st != EPX_OK && spec[0] != '{') epxi_error_prefix(err, "'%.256s'", spec);
@@ -133,6 +146,10 @@ static epx_status counts_from_object(const json_t *root, const epxi_read_cfg *cf
     const bool stat = t.rank == 3 && (json_object_get(root, "rank") != NULL &&
                                       json_object_get(root, "average_utilization_rate_over_"
                                                             "window") != NULL);
+    if ((st = epxi_read_cfg_applies(cfg, false, err)) != EPX_OK) {
+        epx_counts_destroy(c);
+        return st;
+    }
     const size_t le = (size_t)L * (size_t)E;
     size_t nonzero = 0;
     for (size_t r = 0; stat && r < (size_t)S; r++) {
@@ -184,9 +201,13 @@ epx_status epx_counts_read_with(const char *spec, const epx_read_opts *opts, epx
     if (opts->stat_rows != EPX_STAT_ROWS_SUM && opts->stat_rows != EPX_STAT_ROWS_WINDOWS)
         return epxi_fail(err, EPX_ERR_INVALID_ARG, "stat_rows (%d) is not a known mode",
                          (int)opts->stat_rows);
-    const epxi_read_cfg cfg = {opts->window_passes, opts->stat_rows == EPX_STAT_ROWS_WINDOWS,
-                               opts->progress,      opts->progress_user,
-                               opts->how,           opts->how_cap};
+    const epxi_read_cfg cfg = {opts->window_passes,
+                               opts->stat_rows == EPX_STAT_ROWS_WINDOWS,
+                               opts->progress,
+                               opts->progress_user,
+                               opts->how,
+                               opts->how_cap,
+                               true};
     if (opts->how != NULL && opts->how_cap > 0) opts->how[0] = '\0';
     return read_counts(spec, &cfg, out, err);
 }
@@ -200,7 +221,7 @@ static bool is_directory(const char *path) {
 /* The old entry points read rows as windows, one window per forward pass. */
 epx_status epx_counts_read_progress(const char *spec, epx_progress_fn progress, void *user,
                                     epx_counts **out, epx_error *err) {
-    const epxi_read_cfg raw = {0, true, progress, user, NULL, 0};
+    const epxi_read_cfg raw = {0, true, progress, user, NULL, 0, false};
     return read_counts(spec, &raw, out, err);
 }
 
@@ -211,9 +232,13 @@ static epx_status read_counts(const char *spec, const epxi_read_cfg *cfg, epx_co
         (epxi_has_suffix(spec, ".pt") && !path_exists(spec)))
         return epxi_pt_read_counts(spec, cfg, out, err);
     json_t *root = NULL;
-    EPX_TRY(epxi_json_load_spec(spec, &root, err));
+    EPX_TRY(load_json(spec, &root, err));
     epx_status st = counts_from_object(root, cfg, out, err);
     json_decref(root);
+    if (st == EPX_OK && (st = epxi_counts_check_total(*out, err)) != EPX_OK) {
+        epx_counts_destroy(*out);
+        *out = NULL;
+    }
     if (st != EPX_OK && spec[0] != '{') epxi_error_prefix(err, "'%.256s'", spec);
     return st;
 }
@@ -252,5 +277,10 @@ static epx_status write_counts_body(FILE *f, const void *ctx, epx_error *err) {
 
 epx_status epx_counts_write_json(const epx_counts *c, const char *path, epx_error *err) {
     if (c == NULL || path == NULL) return epxi_fail(err, EPX_ERR_INVALID_ARG, "NULL argument");
+    /* only what the readers take back: a NaN was written as bare nan (not
+     * JSON), a negative load as one every reader refuses */
+    EPX_TRY(epxi_check_loads(
+        c->data, (size_t)c->num_windows * (size_t)c->num_layers * (size_t)c->num_experts, "counts",
+        err));
     return epxi_write_atomically(path, write_counts_body, c, err);
 }

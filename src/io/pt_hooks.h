@@ -20,7 +20,18 @@ typedef struct epxi_read_cfg {
     void *progress_user;
     char *how; /* optional: the sentence saying how the input was read */
     size_t how_cap;
+    /* epx_read_opts given: a window_passes > 0 on an input with no per_pass
+     * dump is refused (it was ignored). stat rows are not checked so: a
+     * caller asks for a stat dump's rows as windows whatever it reads (epx
+     * plan does for deepseek-vec), and an input with no stat dump has no
+     * rows to read otherwise. */
+    bool strict;
 } epxi_read_cfg;
+
+/* The refusal strict asks for, once the input's kind is known: EPX_OK or
+ * EPX_ERR_INVALID_ARG naming the option. */
+EPXI_HIDDEN epx_status epxi_read_cfg_applies(const epxi_read_cfg *cfg, bool per_pass,
+                                             epx_error *err);
 
 /* {"logical_count": [L][E] | [S][L][E]} init files, and SGLang's stat and
  * per_pass dumps, from a torch .pt file. */

@@ -529,7 +529,7 @@ static epx_status counts_from_pt(const epx_pt_file *const *files, size_t nf,
 /* The public reader keeps its first meaning: rows as windows. */
 epx_status epx_counts_from_pt(const epx_pt_file *const *files, size_t nf, epx_counts **out,
                               epx_error *err) {
-    const epxi_read_cfg raw = {0, true, NULL, NULL, NULL, 0};
+    const epxi_read_cfg raw = {0, true, NULL, NULL, NULL, 0, false};
     read_info info;
     return counts_from_pt(files, nf, &raw, out, &info, err);
 }
@@ -627,7 +627,8 @@ static epx_status list_dir(const char *dir, path_list *pl, epx_error *err) {
 
 static epx_status split_spec(const char *spec, path_list *pl, epx_error *err) {
     struct stat sb;
-    if (strchr(spec, ',') == NULL) {
+    /* a path that exists is one name, commas and all ('runs,old/dump.pt') */
+    if (strchr(spec, ',') == NULL || stat(spec, &sb) == 0) {
         if (stat(spec, &sb) == 0 && S_ISDIR(sb.st_mode)) return list_dir(spec, pl, err);
         return paths_add(pl, spec, strlen(spec), err);
     }
@@ -662,6 +663,12 @@ static epx_status read_counts_pt(const char *spec, const epxi_read_cfg *cfg, epx
     read_info info;
     if (st == EPX_OK)
         st = counts_from_pt((const epx_pt_file *const *)files, pl.n, cfg, out, &info, err);
+    if (st == EPX_OK && ((st = epxi_read_cfg_applies(cfg, info.records > 0, err)) != EPX_OK ||
+                         (st = epxi_counts_check_total(*out, err)) != EPX_OK)) {
+        epxi_error_prefix(err, "'%.256s'", spec);
+        epx_counts_destroy(*out);
+        *out = NULL;
+    }
     if (st == EPX_OK) describe(&info, cfg, cfg->how, cfg->how_cap);
     for (size_t i = 0; i < loaded && files; i++) epx_pt_file_destroy(files[i]);
     free(files);
@@ -671,6 +678,14 @@ static epx_status read_counts_pt(const char *spec, const epxi_read_cfg *cfg, epx
 }
 
 /* ---- pt_hooks.h --------------------------------------------------------- */
+
+epx_status epxi_read_cfg_applies(const epxi_read_cfg *cfg, bool per_pass, epx_error *err) {
+    if (!cfg->strict || cfg->window_passes == 0 || per_pass) return EPX_OK;
+    return epxi_fail(err, EPX_ERR_INVALID_ARG,
+                     "window_passes (--window-passes %d) groups a per_pass dump's forward "
+                     "passes into windows, and this input holds no per_pass dump: drop it",
+                     cfg->window_passes);
+}
 
 epx_status epxi_pt_read_mapping(const char *path, int32_t **map, int32_t *L, int32_t *P,
                                 epx_error *err) {
@@ -682,7 +697,7 @@ epx_status epxi_pt_read_mapping(const char *path, int32_t **map, int32_t *L, int
 }
 
 epx_status epx_counts_read_pt(const char *spec, epx_counts **out, epx_error *err) {
-    const epxi_read_cfg raw = {0, true, NULL, NULL, NULL, 0};
+    const epxi_read_cfg raw = {0, true, NULL, NULL, NULL, 0, false};
     return read_counts_pt(spec, &raw, out, err);
 }
 

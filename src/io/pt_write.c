@@ -346,6 +346,7 @@ epx_status epx_counts_write_pt(const epx_counts *c, const char *path, epx_pt_dty
         return epxi_fail(err, EPX_ERR_INVALID_ARG, "counts shape [%d][%d][%d] is empty",
                          c->num_windows, c->num_layers, c->num_experts);
     const size_t n = (size_t)c->num_windows * (size_t)c->num_layers * (size_t)c->num_experts;
+    EPX_TRY(epxi_check_loads(c->data, n, "counts", err)); /* what the readers take back */
     if (dt == EPX_PT_DTYPE_AUTO) {
         dt = EPX_PT_DTYPE_INT64;
         for (size_t i = 0; i < n && dt == EPX_PT_DTYPE_INT64; i++)
@@ -363,17 +364,19 @@ epx_status epx_counts_write_pt(const epx_counts *c, const char *path, epx_pt_dty
     for (size_t i = 0; i < n; i++) {
         double x = c->data[i];
         uint64_t bits;
-        if (dt == EPX_PT_DTYPE_INT64 || dt == EPX_PT_DTYPE_INT32) {
-            double hi = dt == EPX_PT_DTYPE_INT64 ? 0x1p63 : 0x1p31;
-            if (!(x == floor(x) && x >= -hi && x < hi)) {
-                free(buf);
-                size_t le = (size_t)c->num_layers * (size_t)c->num_experts;
-                return epxi_fail(err, EPX_ERR_INVALID_ARG,
-                                 "load [%zu][%zu][%zu] is %g, which %s cannot hold: write "
-                                 "float32 or float64",
-                                 i / le, (i % le) / (size_t)c->num_experts,
-                                 i % (size_t)c->num_experts, x, epx_pt_dtype_str(dt));
-            }
+        /* (loads are at most 2^63 in all, so float32 holds each one) */
+        const bool is_int = dt == EPX_PT_DTYPE_INT64 || dt == EPX_PT_DTYPE_INT32;
+        const double hi = dt == EPX_PT_DTYPE_INT64 ? 0x1p63 : 0x1p31;
+        if (is_int && !(x == floor(x) && x < hi)) {
+            free(buf);
+            size_t le = (size_t)c->num_layers * (size_t)c->num_experts;
+            return epxi_fail(err, EPX_ERR_INVALID_ARG,
+                             "load [%zu][%zu][%zu] is %g, which %s cannot hold: write float32 or "
+                             "float64",
+                             i / le, (i % le) / (size_t)c->num_experts, i % (size_t)c->num_experts,
+                             x, epx_pt_dtype_str(dt));
+        }
+        if (is_int) {
             bits = (uint64_t)(int64_t)x;
         } else if (dt == EPX_PT_DTYPE_FLOAT32) {
             float f = (float)x;

@@ -11,6 +11,7 @@
  * O((P - E) log E) per layer.
  */
 #include <math.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "internal.h"
@@ -53,12 +54,18 @@ static double opt_max_per_replica(const double *w, int32_t E, int32_t P, int32_t
 }
 
 static epx_status check_load_row(const double *w, int32_t E, int32_t layer, epx_error *err) {
-    for (int32_t e = 0; e < E; e++)
+    double total = 0.0;
+    for (int32_t e = 0; e < E; e++) {
         if (!(w[e] >= 0.0) || !isfinite(w[e]))
             return epxi_fail(err, EPX_ERR_INVALID_ARG,
                              "load of layer %d, expert %d is %g: loads must be finite and >= 0",
                              layer, e, w[e]);
-    return EPX_OK;
+        total += w[e];
+    }
+    /* the readers' bound, per layer: beyond it the figures overflow to NaN */
+    char what[48];
+    snprintf(what, sizeof what, "loads of layer %d", layer);
+    return epxi_check_load_total(total, what, EPX_ERR_INVALID_ARG, err);
 }
 
 /* Shares of one layer: finite, >= 0, summing to 1 per expert. */

@@ -1,8 +1,9 @@
 # dispatch_table.sh - `epx dispatch-table`: SGLang's table from a mapping
 # (ascending order) and from a golden case's logical_to_physical_map
 # (replica-rank order) equals the golden tables, --rank writes one [L][E]
-# slice, epx's table keeps every rank on a replica of the right expert, and
-# every bad option exits 2 with a message.
+# slice, epx's table keeps every rank on a replica of the right expert,
+# every bad option exits 2 with a message, and a long table shows its
+# progress on a terminal.
 . "$(dirname "$0")/../util/cli_lib.sh"
 SRC=${EPX_SOURCE:-$(dirname "$0")/../..}
 CASE="$SRC/tests/data/dispatch/mixtral_8gpu_int.json"
@@ -13,6 +14,7 @@ expect_exit 0 "$EPX" dispatch-table --placement "$CASE" --gpus 8 --sglang-versio
 expect_in "$TMP/out" "SGLang 0.5.2 table (ascending order) for 8 ranks x 32 layers x 8 experts"
 expect_exit 0 "$EPX" dispatch-table --placement "$CASE" --gpus 8 --order replica-rank --sglang-version 0.5.2 -o "$TMP/rr.json"
 expect_exit 0 "$EPX" dispatch-table --placement "$CASE" --gpus 8 --rank 3 --sglang-version 0.5.2 -o "$TMP/r3.json"
+expect_in "$TMP/out" "table (ascending order) for rank 3 x 32 layers x 8 experts"
 python3 - "$CASE" "$TMP" <<'PY' || fail "tables differ from the golden case"
 import json, sys
 case = json.load(open(sys.argv[1]))
@@ -132,4 +134,25 @@ expect_in "$TMP/err" "--counts is [32][8]"
 expect_exit 2 "$EPX" dispatch-table --gpus 4 -o "$TMP/x.json"
 expect_exit 0 "$EPX" dispatch-table --help
 expect_in "$TMP/out" "replica-rank" "logical_to_physical_map"
+
+# SGLang's cut table is G passes of the whole table (about 5 min on two
+# cores at 1,024 GPUs x 61 layers x 384 experts): on a terminal its progress
+# shows on stderr, as plan's and demo's do (cli_progress: nothing off a
+# terminal, nor for work under a quarter second). About a second of work
+# here, on two threads: the first pass told may be the second, and the clock
+# still starts there (it once counted from the boot).
+if command -v script >/dev/null 2>&1; then
+    expect_exit 0 "$EPX" layout trivial --layers 16 --experts 64 --gpus 256 --redundant 192 \
+        -o "$TMP/g256.json"
+    EPX_THREADS=2 script -qec "'$EPX' dispatch-table --placement '$TMP/g256.json' --gpus 256 \
+        -o '$TMP/t256.json'" /dev/null >"$TMP/tty" 2>&1 ||
+        { cat "$TMP/tty" >&2; fail "dispatch-table on a terminal failed"; }
+    tr '\r' '\n' <"$TMP/tty" >"$TMP/tty.lines"
+    expect_in "$TMP/tty.lines" "epx dispatch-table: ranks computed 256/256 ("
+    sed -n 's/.*ranks computed [0-9]*\/256 (\([0-9.]*\) s).*/\1/p' "$TMP/tty.lines" |
+        awk '$1 > 60 { bad = 1 } END { exit bad }' ||
+        { cat "$TMP/tty.lines" >&2; fail "elapsed time past a minute"; }
+else
+    echo "note: script(1) not installed; progress on a terminal not checked"
+fi
 echo "dispatch-table: golden tables reproduced from both orders; errors explained"

@@ -2,7 +2,8 @@
 # errors.sh - one exit-code table (0 ok, 1 runtime failure, 2 bad usage or
 # input) and messages that name the value, the rule and the fix: a
 # directory as input, a migration across two models (both named), P that
-# does not divide over G (G's divisors of P first), unknown options.
+# does not divide over G (G's divisors of P first), unknown options; every
+# message starts "epx SUBCOMMAND:".
 set -u
 EPX=${EPX_BIN:?EPX_BIN is not set}
 T=$(mktemp -d /tmp/epx-errors.XXXXXX)
@@ -34,4 +35,44 @@ refuse "--gpus 12 --nodes 2" "use 8 or 16 GPUs" "$EPX" stats v3.json --placement
 refuse "unknown option" "unknown option '--gpu'" "$EPX" plan --counts v3.json --gpu 8 -o x.json
 refuse "unknown command" "unknown command" "$EPX" plann
 refuse "missing file" "cannot open" "$EPX" plan --counts nothere.json --gpus 8 -o x.json
+# a .pt name that is no zip archive is read as JSON, and the message says both
+printf 'garbage' >bin.pt
+refuse "a .pt that is no zip" "is no PyTorch file (torch.save writes a zip archive)" "$EPX" \
+  stats bin.pt
+# --window-passes groups a per_pass dump's passes: on anything else it is
+# refused (it was ignored); on a per_pass dump it applies
+refuse "--window-passes on a JSON trace" "holds no per_pass dump: drop it" "$EPX" stats \
+  v3.json --window-passes 4
+"$EPX" stats "$EPX_SOURCE/tests/data/pt/per_pass_rank0.pt" --window-passes 2 >out 2>err &&
+  grep -q "2 passes per window" out || { echo "FAIL --window-passes on a per_pass dump"; fail=1; }
+# epx help COMMAND is COMMAND --help; an unknown one is named
+"$EPX" help plan >out 2>err && grep -q '^usage: epx plan --counts' out ||
+  { echo "FAIL help plan"; fail=1; }
+refuse "help of an unknown command" "unknown command 'plann'" "$EPX" help plann
+# Every line of an error starts "epx SUBCOMMAND:", the option parser's too:
+# it once said "epx bench:" for bench comm (likewise migrate plan and layout
+# trivial), "invalid: epx inspect: ...", and nothing for trace's action.
+prefix() {
+  local want=$1; shift
+  timeout 30 "$@" >out 2>err
+  if [ -s err ] && awk -v w="$want" 'index($0, w) != 1 { bad = 1 } END { exit bad }' err; then
+    echo "ok   '$want' from $*"
+  else
+    echo "FAIL '$want' from $*:"; cat err; fail=1
+  fi
+}
+python3 -c 'print({"physical_to_logical_map": [list(range(12))]})' | tr "'" '"' >p12.json
+prefix "epx bench comm: " "$EPX" bench comm --bogus
+prefix "epx bench comm: " "$EPX" bench comm --backend mpi --model kimi-k2 --tokens 1 --iters 0
+prefix "epx bench: " "$EPX" bench nothing
+prefix "epx migrate plan: " "$EPX" migrate plan --bogus
+prefix "epx migrate plan: " "$EPX" migrate plan --from v3p.json
+prefix "epx layout trivial: " "$EPX" layout trivial --bogus 1
+prefix "epx trace: " "$EPX" trace
+prefix "epx trace: " "$EPX" trace synt --model kimi-k2 -o x.json
+prefix "epx trace synth: " "$EPX" trace synth --bogus
+prefix "epx inspect: invalid: " "$EPX" inspect p12.json --gpus 5
+prefix "epx advise: " "$EPX" advise --model kimi-k2 --gpus 8 --link pcie9
+prefix "epx demo: " "$EPX" demo --gpus 0
+prefix "epx dispatch-table: " "$EPX" dispatch-table --placement v3p.json --gpus 3 -o t.json
 exit $fail

@@ -64,6 +64,9 @@ bad "--routing 'lp' is not a routing: use static, dynamic, weighted, balanced or
     --routing lp
 bad "--routing 'Balanced' is not a routing" --routing Balanced
 bad "--top-k is for the per-batch figures: add --routing" --top-k 4
+# K distinct experts of 8: --top-k 9 was once routed as top-8, printed as top-9
+bad "--top-k 9 is more than the counts' 8 experts per layer: give --top-k 8 or fewer" \
+    --routing static --top-k 9
 bad "--batch-tokens is for the per-batch figures" --batch-tokens 1,2
 bad "--routing weighted needs --weights FILE" --routing weighted
 bad "--weights is for --routing weighted only" --routing balanced --weights "$TMP/r.json"

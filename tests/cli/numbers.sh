@@ -2,8 +2,8 @@
 # numbers.sh - numbers in (issue 17): every numeric option refuses junk,
 # NaN, infinities, negatives and out-of-range values with exit 2 and a
 # message naming the value, the rule and the fix; epx advise --measured
-# refuses negative, huge, non-numeric figures in both of its formats; and
-# advise's verdicts never state an impossible range.
+# refuses negative, huge, non-numeric figures and all-zero times in both of
+# its formats; and advise's verdicts never state an impossible range.
 set -u
 . "${EPX_SOURCE:?EPX_SOURCE is not set}/tests/util/cli_test.sh"
 cli_scratch numbers
@@ -63,6 +63,24 @@ check "summary string" refuse "dispatch_us is not a number" "${adv[@]}" --gpus 8
 summary 1e12 > shuge.json
 check "summary huge" refuse "from 0 to 1e+09 us" "${adv[@]}" --gpus 8 --measured shuge.json
 
+# --measured all zeros (nothing was timed): refused, naming the file, what
+# it holds and what to pass instead, in both formats; it once gave an answer
+zero_row=' {"tokens": 64, "dispatch_us": 0, "dispatch_bytes": 0, "combine_us": 0, "combine_bytes": 0, "allreduce_us": 0, "allreduce_bytes": 0}'
+printf '{"format": "epx-bench-comm-1", "backend": "mpi", "model": "kimi-k2", "ranks": 8, "rows": [\n%s,\n%s]}\n' \
+  "$zero_row" "$zero_row" > szero.json
+check "summary all zeros" refuse "--measured 'szero.json': every dispatch_us of its 2 row(s) is 0: nothing was timed; pass the figures of a run of 'epx bench comm ... --json FILE' (or -o FILE), or leave --measured out for nvlink4's assumed figures" \
+  "${adv[@]}" --gpus 8 --measured szero.json
+for op in "normal dispatch" "normal combine" "tp-allreduce allreduce"; do
+  line $op 0 0 64; line $op 0 0 4096
+done > zero.jsonl
+check "lines all zeros" refuse "--measured 'zero.jsonl': every median_us of its 2 normal dispatch line(s) is 0: nothing was timed" \
+  "${adv[@]}" --gpus 8 --measured zero.jsonl
+{ good | grep -v allreduce; line tp-allreduce allreduce 0 0 64; line tp-allreduce allreduce 0 0 4096; } > arzero.jsonl
+check "lines: one operation all zeros" refuse "every median_us of its 2 tp-allreduce allreduce line(s) is 0" \
+  "${adv[@]}" --gpus 8 --measured arzero.jsonl
+{ good; line normal dispatch 0 0 16; } > onezero.jsonl
+check "one zero among timed lines reads" sh -c '"$@" >/dev/null' - "${adv[@]}" --gpus 8 --measured onezero.jsonl
+
 possible() { ! grep -qE 'below 0 tokens|\((0|1) per GPU\)' <<<"$1"; }
 # verdicts: never "below 0 tokens", never "1 per GPU" below one token per GPU
 for G in 8 64 512 4096; do
@@ -73,5 +91,23 @@ for G in 8 64 512 4096; do
 done
 a=$("$EPX" advise --model kimi-k2 --gpus 4096 --link nvlink4 | grep '^answer')
 check "4096 GPUs: says per GPU" grep -q 'each of the 4096 GPUs a token' <<<"$a"
+# more GPUs than experts: a top-2 token reaches at most 2 other GPUs (it once read 2.09)
+reach() { "$EPX" advise --model mixtral-8x7b --gpus "$1" --link pcie5 |
+  sed -n 's/.*it reaches \([0-9.]*\) other.*/\1/p'; }
+at_most_k() { awk -v r="$(reach "$1")" -v k=2 'BEGIN { exit !(r != "" && r <= k) }'; }
+for G in 8 9 64 1025; do check "mixtral on $G GPUs reaches at most 2" at_most_k $G; done
+check "  and 7/8 of 2 on 8 GPUs" test "$(reach 8)" = 1.75
+
+# loads: a total beyond what SGLang's int64 counts hold is refused on read
+# (each 1e308 once gave NaN balancedness with exit 0)
+printf '{"logical_count": [[1e308, 1e308, 1e308, 1e308]]}' >big.json
+check "stats: loads beyond a double refused" refuse "more than a double holds" "$EPX" stats big.json
+"$EPX" layout trivial --layers 1 --experts 4 --gpus 2 -o lay.json >/dev/null
+check "eval: likewise" refuse "above 2^63" "$EPX" eval --placement lay.json --counts big.json \
+  --gpus 2
+printf '{"logical_count": [[5e18, 5e18, 3, 4]]}' >sum.json
+check "a total just above 2^63 refused" refuse "the loads sum to 1e+19" "$EPX" stats sum.json
+printf '{"logical_count": [[4e18, 4e18, 3, 4]]}' >fits.json
+check "a total just below it reads" expect_rc 0 "$EPX" stats fits.json --gpus 2
 
 exit $fail

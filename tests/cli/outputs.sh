@@ -4,7 +4,8 @@
 # refused with exit 2 and no hang; an output that is an input (another
 # spelling, a hard link) or another output is refused; when one output
 # cannot be written none is; SIGINT leaves no temp file; the demo publishes
-# its folder only when complete; .pt outputs are PyTorch zips.
+# its folder only when complete, and makes it (as a temp name) before the
+# work; .pt outputs are PyTorch zips.
 set -u
 . "${EPX_SOURCE:?EPX_SOURCE is not set}/tests/util/cli_test.sh"
 cli_scratch outputs
@@ -58,6 +59,33 @@ check "dispatch-table -o = --placement" expect_rc 2 "$EPX" dispatch-table --plac
 check "migrate -o = --to" expect_rc 2 "$EPX" migrate plan --from p.json --to link.json --gpus 8 \
   --expert-bytes 1000 -o p.json
 
+# inputs read as several files: each item of a comma list, each dump in a
+# folder, and a --model config are inputs too (each was overwritten once)
+mkdir ranks && cp "$EPX_SOURCE/tests/data/pt/per_pass_rank0.pt" ranks/r0.pt
+cp ranks/r0.pt r0.pt && cp ranks/r0.pt keep.pt
+check "convert LIST OUT = an item refused" refuse "read as part of" "$EPX" convert \
+  keep.pt,r0.pt r0.pt
+check "  the item is untouched" cmp -s r0.pt keep.pt
+check "plan --counts LIST -o an item refused" refuse "same file" "$EPX" plan --counts \
+  keep.pt,r0.pt --gpus 8 -o r0.pt
+check "plan --counts DIR -o a dump in it refused" refuse "read as part of 'ranks'" "$EPX" plan \
+  --counts ranks --gpus 8 -o ranks/r0.pt
+check "  the dump is untouched" cmp -s ranks/r0.pt keep.pt
+printf '{"model_type": "mixtral", "num_hidden_layers": 2, "num_local_experts": 8, ' >cfg.json
+printf '"num_experts_per_tok": 2, "hidden_size": 64, "intermediate_size": 128}' >>cfg.json
+cp cfg.json keep-cfg.json
+check "trace synth --model CFG -o CFG refused" refuse "is the input" "$EPX" trace synth \
+  --model cfg.json -o cfg.json
+check "  the config is untouched" cmp -s cfg.json keep-cfg.json
+mkdir dd && cp cfg.json dd/placement.json
+check "demo --model inside --out refused" refuse "which the demo replaces" "$EPX" demo \
+  --model dd/placement.json --gpus 2 --redundant 0 --windows 2 --tokens 100 --out dd
+check "  the config is untouched" cmp -s dd/placement.json keep-cfg.json
+check "demo --out '' refused" refuse "--out is empty" "$EPX" demo --out ''
+# '-' is standard output only where the output is appended JSON lines
+check "plan -o - refused" refuse "names no file" "${plan[@]}" -o -
+check "  no file named -" test ! -e ./-
+
 # if one output cannot be written, none is
 check "--report in a missing folder" expect_rc 2 "${plan[@]}" -o y.json --report nodir/r.json
 check "  -o not written" test ! -e y.json
@@ -65,6 +93,15 @@ if [ "$(id -u)" != 0 ]; then
   mkdir ro && chmod 555 ro
   check "--report in a read-only folder" expect_rc 2 "${plan[@]}" -o z.json --report ro/r.json
   check "  -o not written" test ! -e z.json
+fi
+# a folder that takes no file is found before the work, by making the temp
+# file there and removing it: /proc takes none, though access() says it is
+# writable to root (the command once failed only after its work)
+if [ -d /proc/self ]; then
+  check "-o in /proc refused before the work" refuse \
+    "cannot write '/proc/epx-p.json': no file can be made in folder '/proc'" \
+    "${plan[@]}" -o y.json --report /proc/epx-p.json
+  check "  -o not written" test ! -e y.json
 fi
 check "no temp files left" no_temps
 
@@ -105,10 +142,29 @@ touch demo1/mine
 check "demo over a foreign folder refused" expect_rc 2 "$EPX" demo --out demo1
 check "  the foreign file stays" test -e demo1/mine
 check "demo over a file refused" expect_rc 2 "$EPX" demo --out c.json
-"$EPX" demo --out demo2 >/dev/null 2>&1 &
+# An --out that cannot be made fails before the work (a minute of planning
+# at 256 GPUs; it once failed only after it): /proc takes no folder, though
+# access() says it is writable to root.
+slow=(--gpus 256 --redundant 256)
+if [ -d /proc/self ]; then
+  check "demo --out /proc/x refused before the work" refuse \
+    "cannot create --out '/proc/epx-demo': no folder can be made in '/proc/'" \
+    "$EPX" demo "${slow[@]}" --out /proc/epx-demo
+fi
+# The demo makes its temp folder beside an existing --out before the work
+# and never touches the old folder until done: interrupted, it leaves no
+# half folder and the old one as it was. (SIGINT goes once the temp folder
+# is there: sent at once, it could reach the forked shell before epx, which
+# ran this script's EXIT trap and removed the scratch folder.)
+rm demo1/mine
+cp -r demo1 demo1-before
+"$EPX" demo "${slow[@]}" --out demo1 >/dev/null 2>&1 &
 pid=$!
+for _ in $(seq 1 100); do ls -a | grep -q 'demo1.epx-tmp' && break; sleep 0.05; done
+check "demo makes its temp folder before the work" sh -c 'ls -a | grep -q "demo1.epx-tmp"'
 kill -INT $pid 2>/dev/null; wait $pid 2>/dev/null
-check "interrupted demo leaves no half folder" sh -c '! ls -a | grep -q "demo2.epx-tmp"'
+check "  interrupted, it leaves no half folder" sh -c '! ls -a | grep -q "demo1.epx-tmp"'
+check "  and the old folder is untouched" diff -r demo1 demo1-before
 check "no temp files at the end" no_temps
 
 exit $fail

@@ -180,7 +180,7 @@ epx_status cli_per_batch(const double *load, int32_t num_windows, const cli_batc
         uint64_t rng = o->seed * 0x100000001b3ull + (uint64_t)ti;
         memset(sum, 0, (size_t)num_cases * sizeof *sum);
         int64_t n = 0;
-        for (int32_t l = 0; st == EPX_OK && l < L; l++)
+        for (int32_t l = 0; st == EPX_OK && l < L; l++) {
             for (int32_t r = 0; st == EPX_OK && r < o->batches; r++) {
                 /* one window draws every batch (the demo's); else each its own */
                 const int32_t w =
@@ -203,6 +203,10 @@ epx_status cli_per_batch(const double *load, int32_t num_windows, const cli_batc
                 }
                 n++;
             }
+            if (o->progress != NULL)
+                o->progress(o->progress_user, "layers routed", (int64_t)ti * L + l + 1,
+                            (int64_t)o->num_sizes * L);
+        }
         for (int i = 0; i < num_cases; i++)
             cases[i].balancedness[ti] = n ? sum[i] / (double)n : 1.0;
     }

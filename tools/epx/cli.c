@@ -421,11 +421,16 @@ bool cli_int_list(const cli_cmd *cmd, const char *name, int64_t lo, int64_t hi, 
 void cli_progress(void *user, const char *what, int64_t done, int64_t total) {
     static int tty = -1;
     static struct timespec start;
+    static int64_t last = INT64_MAX;
     if (tty < 0) tty = isatty(STDERR_FILENO);
     if (!tty) return;
     struct timespec now;
     clock_gettime(CLOCK_MONOTONIC, &now);
-    if (done <= 1) start = now;
+    /* The clock starts at a run's first call: one not above the call before.
+     * (Not "done <= 1": work on threads may first tell 2, and the clock then
+     * ran from the boot.) */
+    if (done <= last) start = now;
+    last = done;
     double elapsed =
         (double)(now.tv_sec - start.tv_sec) + 1e-9 * (double)(now.tv_nsec - start.tv_nsec);
     /* Work that ends within a quarter second needs no progress line. */

@@ -75,7 +75,7 @@ const char *cli_require(const cli_cmd *cmd, const char *name);
  * else the exit code after printing why (2 for a bad name or config). */
 int cli_model(const cli_cmd *cmd, const char *arg, epx_model_info *info);
 
-/* Print "epx: MESSAGE" for a failed library call, return the exit code:
+/* Print "epx CMD: MESSAGE" for a failed library call, return the exit code:
  * CLI_EXIT_USAGE for input errors, CLI_EXIT_FAIL otherwise. */
 int cli_report(const cli_cmd *cmd, const epx_error *err);
 
@@ -118,13 +118,15 @@ double cli_json_width(double x);
 /* Outputs (out.c). An output: a path to replace (written with
  * epx_file_write) or, with append, a file opened for appending. */
 typedef struct cli_out {
-    const char *path; /* NULL or "-" (stdout): skipped */
+    const char *path; /* NULL: skipped; "-": standard output, append outputs only */
     bool append;
 } cli_out;
 
 /* Check every output before anything is written: each must resolve to a
  * regular file or a new name in a writable folder, and be none of the
- * inputs (same device and inode, whatever the spelling) nor another output.
+ * inputs (same device and inode, whatever the spelling; an input that is a
+ * folder or a comma list, as --counts takes per-pass dumps, is checked file
+ * by file) nor another output.
  * Registers the temp names for the signal handler. Returns -1 when all can
  * be written, else CLI_EXIT_USAGE after printing why. NULL inputs are
  * skipped, and so are inputs that do not exist (the reader reports them). */
@@ -180,6 +182,11 @@ typedef struct cli_batch_opts {
     int32_t num_sizes;
     int32_t batches; /* batches per layer and size */
     uint64_t seed;   /* the draws, and dynamic/weighted routing's key */
+    /* optional: told after each layer of each size ("layers routed"), as
+     * cli_progress shows it; 64 batches of 65,536 tokens on 61 layers run
+     * for minutes */
+    epx_progress_fn progress;
+    void *progress_user;
 } cli_batch_opts;
 
 /* Fill every case's balancedness from load [S][L][E] (num_windows S): each

@@ -10,7 +10,8 @@
  *   TP           t =   a_ar           +     Bt / b_ar
  * with Bd = (B/G) d rec (records: x row + K (slot, weight)), d the expected
  * number of other GPUs a token reaches when its K distinct experts are
- * uniform over E experts spread evenly (d = (G-1)(1 - C(E-E/G, K)/C(E, K))),
+ * uniform over E experts spread evenly (d = (G-1)(1 - C(E-E/G, K)/C(E, K));
+ * with G > E, one replica per GPU and one of each expert's used: K (G-1)/G),
  * Bc = (B/G) d H esz (combine per rank; K (G-1)/G per token in top-k
  * order), Bt = 2 (G-1)/G B H esz (a ring all-reduce), f the busiest GPU's
  * share of the mean (--imbalance). Both sides are linear in B, so the
@@ -53,7 +54,8 @@ typedef struct fit {
     int measured;             /* 0 assumed, 1 latency measured, 2 both */
 } fit;
 
-/* Least squares t = a + c * bytes over the rows that have this op. */
+/* Least squares t = a + c * bytes over the rows that have this op. Returns
+ * 0, -1 when no row has it, -2 when every time is 0 (note says so). */
 static int fit_op(json_t *rows, const char *op, fit *f, char *note, size_t note_n) {
     char kt[64], kb[64];
     snprintf(kt, sizeof kt, "%s_us", op);
@@ -71,6 +73,10 @@ static int fit_op(json_t *rows, const char *op, fit *f, char *note, size_t note_
         if (y < ymin) ymin = y;
     }
     if (n == 0) return -1;
+    if (sy == 0) { /* times are >= 0 (check_rows) */
+        snprintf(note, note_n, "every %s of its %d row(s) is 0", kt, n);
+        return -2;
+    }
     double den = n * sxx - sx * sx;
     if (npos >= 2 && den > 0) {
         double c = (n * sxy - sx * sy) / den, a = (sy - c * sx) / n;
@@ -219,7 +225,7 @@ static bool line_of(json_t *r, const char *mode, const char *phase, bool graph,
 /* Least squares t = a + c * bytes over the lines line_of accepts, of the
  * newest run that has any (bench_runs.h: a file gathers runs, and older
  * builds' figures are not this one's); bytes = GB/s x time. Returns the
- * points used. */
+ * points used, or -1 when every time is 0 (note says so). */
 static int fit_lines(json_t *lines, const int *run_of, const double *when, const char *mode,
                      const char *phase, bool graph, const char *transport, bool fp8, fit *f,
                      char *note, size_t note_n) {
@@ -247,6 +253,11 @@ static int fit_lines(json_t *lines, const int *run_of, const double *when, const
         if (y < ymin) ymin = y;
     }
     if (n == 0) return 0;
+    if (sy == 0) { /* times are >= 0 (check_lines) */
+        snprintf(note, note_n, "every median_us of its %d %s %s%s line(s) is 0", n, mode, phase,
+                 graph ? " (graph)" : "");
+        return -1;
+    }
     double den = n * sxx - sx * sx, c = npos >= 2 && den > 0 ? (n * sxy - sx * sy) / den : -1;
     if (c > 0) {
         double a = (sy - c * sx) / n;
@@ -296,6 +307,21 @@ static bool check_figure(const char *path, size_t rec, json_t *row, const char *
     return false;
 }
 
+/* A count of --measured (ranks, tokens): absent is fine; present, an
+ * integer from 1 to max. Returns false after saying which record. */
+static bool check_count(const char *path, size_t rec, json_t *row, const char *key,
+                        json_int_t max) {
+    json_t *v = json_object_get(row, key);
+    if (v == NULL ||
+        (json_is_integer(v) && json_integer_value(v) >= 1 && json_integer_value(v) <= max))
+        return true;
+    fprintf(stderr,
+            "epx advise: --measured '%s', record %zu: %s must be an integer from 1 to %lld: "
+            "re-measure with 'epx bench comm ... --json FILE'\n",
+            path, rec + 1, key, (long long)max);
+    return false;
+}
+
 /* Every figure advise fits, in every record, before any fit. */
 static bool check_lines(const char *path, json_t *lines) {
     size_t i;
@@ -304,15 +330,9 @@ static bool check_lines(const char *path, json_t *lines) {
         if (!check_figure(path, i, r, "median_us", MAX_FIGURE_US, "us") ||
             !check_figure(path, i, r, "gbps", MAX_FIGURE_GBPS, "GB/s"))
             return false;
-        json_t *rk = json_object_get(r, "ranks");
-        if (rk != NULL && (!json_is_integer(rk) || json_integer_value(rk) < 1 ||
-                           json_integer_value(rk) > EPX_MAX_GPUS)) {
-            fprintf(stderr,
-                    "epx advise: --measured '%s', record %zu: ranks must be an integer from 1 "
-                    "to %d: re-measure with 'epx bench comm ... --json FILE'\n",
-                    path, i + 1, EPX_MAX_GPUS);
+        if (!check_count(path, i, r, "ranks", EPX_MAX_GPUS) ||
+            !check_count(path, i, r, "tokens", INT32_MAX))
             return false;
-        }
     }
     return true;
 }
@@ -332,6 +352,19 @@ static bool check_rows(const char *path, json_t *rows) {
         }
     }
     return true;
+}
+
+/* A fit whose every time is 0 would be an answer computed from nothing:
+ * epx bench comm writes times to the nanosecond, so a timed operation is
+ * never 0, and a zero-filled or hand-made file is no measurement. Says which
+ * file, what it holds (`what`, the fit's note) and what to pass instead. */
+static int refuse_untimed(const char *path, const char *what, const link_row *L) {
+    fprintf(stderr,
+            "epx advise: --measured '%s': %s: nothing was timed; pass the figures of a run "
+            "of 'epx bench comm ... --json FILE' (or -o FILE), or leave --measured out for "
+            "%s's assumed figures\n",
+            path, what, L->name);
+    return CLI_EXIT_USAGE;
 }
 
 /* The JSON lines of a file's text, as an array, or NULL when it is not one. */
@@ -439,10 +472,14 @@ int cmd_advise(int argc, char **argv) {
     bool topk = ci == 1; /* absent: the measured file's, below */
     const double H = m->hidden, K = m->top_k, E = m->num_experts;
     const int moe_layers = m->num_layers - m->first_k_dense;
-    /* Expected other GPUs a token reaches: K distinct uniform experts, E/G per GPU. */
+    /* Expected other GPUs a token reaches: K distinct uniform experts, E/G per
+     * GPU. With more GPUs than experts each GPU holds one replica and each
+     * expert sits on G/E GPUs, of which the token uses one: it reaches K
+     * GPUs, its own with chance K/G, so d = K (G - 1) / G (equal to the first
+     * form at G = E; E/G < 1 in it once made a top-2 token reach 2.09). */
     double miss = 1.0, per = E / G;
     for (int i = 0; i < m->top_k; i++) miss *= (E - per - i) > 0 ? (E - per - i) / (E - i) : 0.0;
-    const double d = G > 1 ? (G - 1) * (1.0 - miss) : 0.0;
+    const double d = G <= 1 ? 0.0 : G <= E ? (G - 1) * (1.0 - miss) : K * (G - 1) / G;
     const double rec = ceil(H * esz / 16) * 16 + ceil(K * 8 / 16) * 16;
     /* fp8: the low-latency dispatch's rows as e4m3 and a scale per 128 values */
     const double rec_ll = fp8 ? ceil((H + H / 32) / 16) * 16 + ceil(K * 8 / 16) * 16 : rec;
@@ -517,6 +554,13 @@ int cmd_advise(int argc, char **argv) {
                            &ft, notes[2], sizeof notes[2]);
         free(run_of);
         free(when);
+        const int nfit[5] = {n1, n2, n3, n4, n5};
+        const char *fnote[5] = {llnotes[0], llnotes[1], notes[0], notes[1], notes[2]};
+        for (int k = 0; k < 5; k++)
+            if (nfit[k] < 0) {
+                json_decref(lines);
+                return refuse_untimed(path, fnote[k], L);
+            }
         /* Low-latency lines of another transport only: say which to ask for. */
         const char *other = NULL;
         json_array_foreach(lines, i, r) {
@@ -582,7 +626,7 @@ int cmd_advise(int argc, char **argv) {
             json_decref(root);
             return CLI_EXIT_USAGE;
         }
-        if (!check_rows(path, rows)) {
+        if (!check_rows(path, rows) || !check_count(path, 0, root, "ranks", EPX_MAX_GPUS)) {
             json_decref(root);
             return CLI_EXIT_USAGE;
         }
@@ -603,6 +647,9 @@ int cmd_advise(int argc, char **argv) {
                        "carried over as they are"
                      : "");
         json_decref(root);
+        const int rfit[3] = {r1, r2, r3};
+        for (int k = 0; k < 3; k++)
+            if (rfit[k] == -2) return refuse_untimed(path, notes[k], L);
         if (r1 || r2 || r3) {
             fprintf(stderr, "epx advise: '%s' lacks dispatch, combine or allreduce figures\n",
                     path);

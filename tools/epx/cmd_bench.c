@@ -629,12 +629,16 @@ static int parse_args(cli_cmd *cmd, bench_args *a) {
     }
     const char *tb = cli_get(cmd, "--token-bound");
     a->bound_max = tb != NULL && strcmp(tb, "max") == 0;
-    if (tb != NULL && ((strcmp(tb, "max") != 0 && strcmp(tb, "tokens") != 0) || !a->gpu_engine)) {
+    if (tb != NULL && strcmp(tb, "max") != 0 && strcmp(tb, "tokens") != 0) {
         fprintf(stderr,
                 "epx bench comm: --token-bound is tokens (each batch's count, the default) or "
-                "max (the largest --tokens), not '%s', and sets the GPU engine's bound: use it "
-                "with --backend nccl (not --engine nccl)\n",
+                "max (the largest --tokens), not '%s'\n",
                 tb);
+        return CLI_EXIT_USAGE;
+    }
+    if (tb != NULL && !a->gpu_engine) {
+        fprintf(stderr, "epx bench comm: --token-bound sets the GPU engine's bound: use it with "
+                        "--backend nccl (not --engine nccl)\n");
         return CLI_EXIT_USAGE;
     }
     a->max_blocks = 0;
@@ -668,7 +672,8 @@ static int parse_args(cli_cmd *cmd, bench_args *a) {
         /* Both outputs are checked before the run: -o is replaced, --json
          * appended to; neither may be a FIFO, a device or the other. */
         const cli_out outs[] = {{cli_get(cmd, "-o"), false}, {a->jsonl, true}};
-        int rc = cli_outputs_check(cmd, NULL, 0, outs, 2);
+        const char *model = cli_get(cmd, "--model"); /* a name or a config file */
+        int rc = cli_outputs_check(cmd, &model, 1, outs, 2);
         if (rc >= 0) return rc;
     }
     return -1;
@@ -681,7 +686,7 @@ static int run_and_report(cli_cmd *cmd, epx_comm *comm, const dev_ops *d, const 
     epx_status st = rows ? bench_rank(comm, d, a, rows, &err) : EPX_ERR_NOMEM;
     int rc = CLI_EXIT_OK;
     if (st != EPX_OK) {
-        fprintf(stderr, "epx bench comm (rank %d): %s\n", epx_comm_rank(comm),
+        fprintf(stderr, "epx %s: rank %d: %s\n", cmd->name, epx_comm_rank(comm),
                 err.msg[0] ? err.msg : epx_status_str(st));
         rc = CLI_EXIT_FAIL;
     } else if (epx_comm_rank(comm) == 0) {
@@ -772,7 +777,7 @@ static void *nccl_rank(void *vjob) {
     const bench_args *a = j->a;
     j->rc = CLI_EXIT_FAIL;
     if (cudaSetDevice(j->device) != cudaSuccess) {
-        fprintf(stderr, "epx bench comm (rank %d): cannot use GPU %d\n", j->rank, j->device);
+        fprintf(stderr, "epx %s: rank %d: cannot use GPU %d\n", j->cmd->name, j->rank, j->device);
         return NULL;
     }
     ncclComm_t nc = NULL;
@@ -1024,7 +1029,9 @@ int cmd_bench(int argc, char **argv) {
         {"-o", "FILE", "also write the summary JSON that epx advise --measured reads", NULL},
         {NULL, NULL, NULL, NULL},
     };
-    cli_cmd cmd = {"bench",
+    /* Named with its one action from the start, so the parser's messages say
+     * "epx bench comm:" as every later one does. */
+    cli_cmd cmd = {"bench comm",
                    "epx bench comm --backend mpi|nccl --model NAME|PATH --tokens LIST [--mode "
                    "normal|low-latency]\n"
                    "       [--graph] [--json FILE] [-o FILE] [options]\n"
@@ -1044,7 +1051,6 @@ int cmd_bench(int argc, char **argv) {
         fprintf(stderr, "epx bench: the benchmark to run is 'comm' (epx bench comm ...)\n");
         return CLI_EXIT_USAGE;
     }
-    cmd.name = "bench comm"; /* what every later message names */
     bench_args a;
     rc = parse_args(&cmd, &a);
     if (rc >= 0) {

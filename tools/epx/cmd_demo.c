@@ -49,15 +49,16 @@ typedef struct demo_result {
 
 /* Fill every result's batch_static / batch_balanced (batches.c): the same
  * batches for every layout, drawn from `load` [L][E] with top-k `K`. */
-static epx_status per_batch(int32_t K, const double *load, uint64_t seed, demo_result *res,
-                            epx_error *err) {
+static epx_status per_batch(cli_cmd *cmd, int32_t K, const double *load, uint64_t seed,
+                            demo_result *res, epx_error *err) {
     cli_batch_case cases[2 * NUM_LAYOUTS];
     for (int i = 0; i < NUM_LAYOUTS; i++) {
         cases[2 * i] = (cli_batch_case){res[i].layout, CLI_ROUTE_STATIC, NULL, res[i].batch_static};
         cases[2 * i + 1] =
             (cli_batch_case){res[i].layout, CLI_ROUTE_BALANCED, NULL, res[i].batch_balanced};
     }
-    const cli_batch_opts o = {K, BATCH_TOKENS, NUM_BATCH_SIZES, BATCHES_PER_LAYER, seed};
+    const cli_batch_opts o = {
+        K, BATCH_TOKENS, NUM_BATCH_SIZES, BATCHES_PER_LAYER, seed, cli_progress, cmd};
     return cli_per_batch(load, 1, &o, cases, 2 * NUM_LAYOUTS, err);
 }
 
@@ -164,7 +165,8 @@ static epx_status report_body(FILE *f, const void *vctx, epx_error *err) {
 }
 
 /* ---- the output folder ----------------------------------------------------
- * The demo writes its files into DIR/../.NAME.epx-tmp.PID and renames that
+ * The demo makes DIR/../.NAME.epx-tmp.PID before any work (so an --out that
+ * cannot be made fails at once), writes its files there and renames that
  * folder to NAME when every file is there, so an interrupted or failed demo
  * never leaves a half-written folder. An existing NAME is replaced only when
  * it is a folder holding nothing but the demo's own files. */
@@ -210,6 +212,25 @@ static int check_out_dir(const char *dir) {
     }
     closedir(d);
     return rc;
+}
+
+/* -1 unless the --model file is one of the files in `dir` that the demo
+ * replaces (then an exit code after saying so). */
+static int check_model_outside(const char *model, const char *dir) {
+    struct stat ms, st;
+    if (stat(model, &ms) != 0) return -1; /* a model name, or missing: cli_model says */
+    for (int i = 0; i < NUM_DEMO_FILES; i++) {
+        char p[4400];
+        snprintf(p, sizeof p, "%s/%s", dir, DEMO_FILES[i]);
+        if (stat(p, &st) == 0 && st.st_dev == ms.st_dev && st.st_ino == ms.st_ino) {
+            fprintf(stderr,
+                    "epx demo: --model '%s' is '%s', which the demo replaces with its own; "
+                    "move the config out of '%s' or give another --out\n",
+                    model, p, dir);
+            return CLI_EXIT_USAGE;
+        }
+    }
+    return -1;
 }
 
 /* Move the finished temp folder to `dir`, replacing an old demo folder. */
@@ -305,7 +326,11 @@ int cmd_demo(int argc, char **argv) {
 
     /* The folder is checked, and its temp names registered for the
      * signals, before any work. */
-    char out_buf[4096], tmp_dir[4200], old_dir[4200];
+    char out_buf[4096], tmp_dir[4200], old_dir[4200], parent[4096];
+    if (out_dir[0] == '\0') {
+        fprintf(stderr, "epx demo: --out is empty: give a folder name (default epx-demo)\n");
+        return CLI_EXIT_USAGE;
+    }
     if (strlen(out_dir) >= sizeof out_buf) {
         /* Cut short, the name would be another folder's. */
         fprintf(stderr,
@@ -325,14 +350,9 @@ int cmd_demo(int argc, char **argv) {
                  (long)getpid());
         snprintf(old_dir, sizeof old_dir, "%.*s.%s.epx-old.%ld", dlen, out_dir, base,
                  (long)getpid());
-        char parent[4096];
         snprintf(parent, sizeof parent, "%.*s", dlen ? dlen : 1, dlen ? out_dir : ".");
         if ((rc = check_out_dir(out_dir)) >= 0) return rc;
-        if (access(parent, W_OK | X_OK) != 0) {
-            fprintf(stderr, "epx demo: cannot create '%s' in folder '%s': %s; give another --out\n",
-                    out_dir, parent, strerror(errno));
-            return CLI_EXIT_USAGE;
-        }
+        if ((rc = check_model_outside(model_name, out_dir)) >= 0) return rc;
         cli_temp_register(tmp_dir, true);
         for (int i = 0; i < NUM_DEMO_FILES; i++) {
             char p[4400];
@@ -342,7 +362,6 @@ int cmd_demo(int argc, char **argv) {
             cli_temp_register(p, false);
         }
     }
-    bool made_tmp = false;
 
     epx_error err = {0};
     epx_model_info info;
@@ -371,6 +390,18 @@ int cmd_demo(int argc, char **argv) {
         fprintf(stderr, "epx demo: %d + %d slots do not divide over %d GPUs; using %d redundant\n",
                 m->num_experts, R, G, P - m->num_experts);
     if (epx_shape_check(&shape, &err) != EPX_OK) return cli_report(&cmd, &err);
+    /* The temp folder is made before any work, so an --out that cannot be
+     * made fails now, not after the planning (access() on the parent could
+     * not tell: it says yes to root in /proc). An existing --out is not
+     * touched until the finished folder replaces it. */
+    if (mkdir(tmp_dir, 0777) != 0) {
+        fprintf(stderr,
+                "epx demo: cannot create --out '%s': no folder can be made in '%s' (%s); give "
+                "another --out\n",
+                out_dir, parent, strerror(errno));
+        return CLI_EXIT_USAGE;
+    }
+    bool made_tmp = true;
 
     epx_trace_opts to = EPX_TRACE_OPTS_INIT;
     to.num_windows = S;
@@ -421,16 +452,11 @@ int cmd_demo(int argc, char **argv) {
             exit_code = cli_report(&cmd, &err);
             goto done;
         }
-    if (per_batch(m->top_k, next_load, (uint64_t)seed, res, &err) != EPX_OK) {
+    if (per_batch(&cmd, m->top_k, next_load, (uint64_t)seed, res, &err) != EPX_OK) {
         exit_code = cli_report(&cmd, &err);
         goto done;
     }
 
-    if (mkdir(tmp_dir, 0777) != 0) {
-        fprintf(stderr, "epx demo: cannot create folder '%s': %s\n", tmp_dir, strerror(errno));
-        goto done;
-    }
-    made_tmp = true;
     char path[4400];
     snprintf(path, sizeof path, "%s/placement.json", tmp_dir);
     if (epx_layout_write_json(res[LAY_EPX].layout, path, &err) != EPX_OK) {

@@ -61,7 +61,10 @@ int cmd_dispatch_table(int argc, char **argv) {
          "nodes (default 1; SGLang >= 0.5.3 and epx's rule prefer same-node replicas)", NULL},
         {"--experts", "E",
          "logical experts (default: from logical_to_physical_map, else max id + 1)", NULL},
-        {"--rank", "R", "write only rank R's [L][E] table", NULL},
+        {"--rank", "R",
+         "write only rank R's [L][E] table (computed alone: one pass of SGLang's cut table, not "
+         "G)",
+         NULL},
         {"--order", "ORDER",
          "replica order: ascending (default; as init_by_mapping) or replica-rank (as init_by_eplb)",
          NULL},
@@ -151,6 +154,10 @@ int cmd_dispatch_table(int argc, char **argv) {
         return fail(
             "--seed is used by --algorithm sglang only (epx's table draws no random numbers)");
     topts.seed = (uint64_t)seed;
+    /* SGLang's cut table is G passes of the whole table: minutes at 1,024
+     * GPUs; shown on a terminal as plan and demo show theirs */
+    topts.progress = cli_progress;
+    topts.progress_user = &cmd;
     const char *sgver = cli_get(&cmd, "--sglang-version");
     if (sgver && topts.algorithm != EPX_TABLE_SGLANG)
         return fail("--sglang-version is used by --algorithm sglang only");
@@ -240,6 +247,13 @@ int cmd_dispatch_table(int argc, char **argv) {
     }
     table = malloc(sizeof *table * (size_t)G * (size_t)L * (size_t)E);
     if (table == NULL) goto nomem;
+    /* One rank's table alone is one pass of SGLang's cut table, not G (1,024
+     * GPUs: a second, not minutes); the balance under --counts needs every
+     * rank's row. */
+    if (R >= 0 && load == NULL) {
+        topts.rank_only = 1;
+        topts.rank = R;
+    }
     if (rep) {
         if (epx_dispatch_table_compute(&shape, rep, RW, &topts, table, &err) != EPX_OK) goto report;
     } else if (epx_dispatch_table_from_layout(lay, &topts, table, &err) != EPX_OK) {
@@ -260,14 +274,18 @@ int cmd_dispatch_table(int argc, char **argv) {
         ret = cli_write_failed(&cmd, &err);
         goto done;
     }
-    printf("wrote %s: %s%s%s table (%s order) for %s%d ranks x %d layers x %d experts\n", out,
+    char whose[32];
+    if (R >= 0)
+        snprintf(whose, sizeof whose, "rank %d", R);
+    else
+        snprintf(whose, sizeof whose, "%d ranks", G);
+    printf("wrote %s: %s%s%s table (%s order) for %s x %d layers x %d experts\n", out,
            topts.algorithm == EPX_TABLE_EPX ? "epx" : "SGLang",
            topts.algorithm == EPX_TABLE_EPX ? "" : " ",
            topts.algorithm == EPX_TABLE_EPX ? ""
            : sgver                          ? sgver
                                             : EPX_SGLANG_DEFAULT_VERSION,
-           replica_rank ? "replica-rank" : "ascending", R >= 0 ? "rank " : "", R >= 0 ? R : G, L,
-           E);
+           replica_rank ? "replica-rank" : "ascending", whose, L, E);
     if (lists_out) {
         const int32_t *mine =
             R >= 0 ? lists + (size_t)R * (size_t)L * (size_t)E * (size_t)X : lists;

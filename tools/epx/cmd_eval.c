@@ -194,7 +194,7 @@ static int batch_options(const cli_cmd *cmd, batch_result *b) {
         }
     if (!b->on) return -1;
     int32_t seed = 0, n = 0;
-    b->o = (cli_batch_opts){8, DEFAULT_TOKENS, 4, 4, 0};
+    b->o = (cli_batch_opts){8, DEFAULT_TOKENS, 4, 4, 0, NULL, NULL};
     if (!cli_routing_get(cmd, "--routing", &b->routing) ||
         !cli_int(cmd, "--top-k", 1, MAX_TOP_K, &b->o.top_k) ||
         !cli_int(cmd, "--batches", 1, MAX_BATCHES, &b->o.batches) ||
@@ -300,6 +300,15 @@ int cmd_eval(int argc, char **argv) {
         rc = CLI_EXIT_USAGE;
         goto done;
     }
+    if (br.on && br.o.top_k > c->num_experts) {
+        /* a token picks K distinct experts: more than E cannot be drawn */
+        fprintf(stderr,
+                "epx eval: --top-k %d is more than the counts' %d experts per layer: give "
+                "--top-k %d or fewer\n",
+                br.o.top_k, c->num_experts, c->num_experts);
+        rc = CLI_EXIT_USAGE;
+        goto done;
+    }
     epx_shape s = {L, c->num_experts, P, G, N};
     if (br.routing == CLI_ROUTE_WEIGHTED &&
         (rc = cli_read_weights(&cmd, cli_get(&cmd, "--weights"), L, P, &weights)) >= 0)
@@ -311,6 +320,8 @@ int cmd_eval(int argc, char **argv) {
         goto done;
     }
     cli_batch_case bc = {lay, br.routing, weights, br.balancedness};
+    br.o.progress = cli_progress;
+    br.o.progress_user = &cmd;
     if (br.on && cli_per_batch(c->data, c->num_windows, &br.o, &bc, 1, &err) != EPX_OK) {
         rc = cli_report(&cmd, &err);
         goto done;

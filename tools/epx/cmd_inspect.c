@@ -94,8 +94,12 @@ int cmd_inspect(int argc, char **argv) {
     epx_free(map);
     epx_layout *lay = NULL;
     if (epx_layout_init(cmd.positional[0], &io, &lay, &err) != EPX_OK) {
-        fprintf(stderr, "invalid: ");
-        return cli_report(&cmd, &err);
+        /* The verdict after the command's prefix, where every message starts
+         * "epx inspect:" (it once came first: "invalid: epx inspect: ..."). */
+        epx_error verdict = err;
+        snprintf(verdict.msg, sizeof verdict.msg, "invalid: %.*s",
+                 (int)(sizeof verdict.msg - sizeof "invalid: "), err.msg);
+        return cli_report(&cmd, &verdict);
     }
     print_summary(lay, E == 0);
     epx_layout_destroy(lay);

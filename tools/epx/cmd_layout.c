@@ -17,7 +17,9 @@ int cmd_layout(int argc, char **argv) {
         {"-o", "FILE", "output mapping file (.json)", NULL},
         {NULL, NULL, NULL, NULL},
     };
-    cli_cmd cmd = {"layout",
+    /* Named with its one kind from the start, so the parser's messages say
+     * "epx layout trivial:" as every later one does. */
+    cli_cmd cmd = {"layout trivial",
                    "epx layout trivial --layers L --experts E --gpus G [--nodes N] "
                    "[--redundant R] -o FILE",
                    "Write the trivial layout (slot p holds logical expert p % E) as "
@@ -33,7 +35,6 @@ int cmd_layout(int argc, char **argv) {
                         "plan others with 'epx plan'\n");
         return CLI_EXIT_USAGE;
     }
-    cmd.name = "layout trivial"; /* what every later message names */
     int32_t L = 0, E = 0, G = 0, N = 1, R = 0;
     const char *out = cli_require(&cmd, "-o");
     if (!cli_require(&cmd, "--layers") || !cli_require(&cmd, "--experts") ||

@@ -332,7 +332,9 @@ int cmd_migrate(int argc, char **argv) {
         {"--json", NULL, "print one JSON object instead of the table", NULL},
         {NULL, NULL, NULL, NULL},
     };
-    cli_cmd cmd = {"migrate",
+    /* Named with its one action from the start, so the parser's messages say
+     * "epx migrate plan:" as every later one does. */
+    cli_cmd cmd = {"migrate plan",
                    "epx migrate plan --from A.json (--to B.json | --failed-gpus LIST [--counts "
                    "FILE]) --gpus G [--nodes N] --expert-bytes B [--failed-gpus LIST] "
                    "[-o FILE] [--json]",
@@ -351,7 +353,6 @@ int cmd_migrate(int argc, char **argv) {
                 "epx migrate: the only action is 'plan' (epx migrate plan --from A --to B ...)\n");
         return CLI_EXIT_USAGE;
     }
-    cmd.name = "migrate plan"; /* what every later message names */
     const char *from = cli_require(&cmd, "--from");
     if (from == NULL) return CLI_EXIT_USAGE;
     const char *to = cli_get(&cmd, "--to"), *counts_path = cli_get(&cmd, "--counts");

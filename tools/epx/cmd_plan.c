@@ -411,8 +411,12 @@ int cmd_plan(int argc, char **argv) {
            "with %s in %.3f ms\n",
            shape.num_layers, P, E, P - E, G, N, epx_algorithm_name(epx_plan_algorithm(plan)),
            1e3 * epx_plan_seconds(plan));
-    printf("balancedness %.4f (bound %.4f, gap %.4f) on the sum of %d window(s); worst layer %d\n",
-           bal.balancedness, bal.bound, bal.gap, counts->num_windows, bal.worst_layer);
+    printf("balancedness %.4f (bound %.4f, gap %.4f) on the sum of %d window(s)", bal.balancedness,
+           bal.bound, bal.gap, counts->num_windows);
+    if (bal.worst_layer >= 0)
+        printf("; worst layer %d\n", bal.worst_layer);
+    else
+        printf("; no layer has load\n");
     double live_bal = -1.0;
     if (failed != NULL) {
         int32_t A = 0;

@@ -56,7 +56,8 @@ static int trace_synth(int argc, char **argv) {
     const char *path = cli_require(&cmd, "-o");
     if (name == NULL || path == NULL) return CLI_EXIT_USAGE;
     const cli_out outs[] = {{path, false}};
-    if ((rc = cli_outputs_check(&cmd, NULL, 0, outs, 1)) >= 0) return rc;
+    if ((rc = cli_outputs_check(&cmd, &name, 1, outs, 1)) >= 0)
+        return rc; /* --model may be a file */
     epx_error err = {0};
     epx_model_info info;
     if ((rc = cli_model(&cmd, name, &info)) >= 0) return rc;
@@ -125,10 +126,15 @@ static int trace_synth(int argc, char **argv) {
 
 int cmd_trace(int argc, char **argv) {
     if (argc >= 2 && strcmp(argv[1], "synth") == 0) return trace_synth(argc - 1, argv + 1);
-    FILE *f = argc >= 2 && (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0) ? stdout
-                                                                                          : stderr;
-    fprintf(f, "usage: epx trace synth --model NAME|PATH [--windows S] [--tokens T] [--seed N] "
+    if (argc >= 2 && (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0)) {
+        printf("usage: epx trace synth --model NAME|PATH [--windows S] [--tokens T] [--seed N] "
                "[--skew A..B] [--drift D] [--shift W] [--per-pass N] -o FILE\n"
                "Run 'epx trace synth --help' for the options.\n");
-    return f == stdout ? CLI_EXIT_OK : CLI_EXIT_USAGE;
+        return CLI_EXIT_OK;
+    }
+    /* An error, worded as the other commands with one action word theirs */
+    fprintf(stderr,
+            "epx trace: the only action is 'synth' (epx trace synth --model NAME|PATH ... -o "
+            "FILE); run 'epx trace synth --help' for the options\n");
+    return CLI_EXIT_USAGE;
 }

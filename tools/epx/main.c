@@ -45,6 +45,16 @@ int main(int argc, char **argv) {
         usage(stderr);
         return CLI_EXIT_USAGE;
     }
+    if (strcmp(argv[1], "help") == 0 && argc > 2) { /* epx help plan = epx plan --help */
+        for (size_t i = 0; i < sizeof COMMANDS / sizeof COMMANDS[0]; i++)
+            if (strcmp(argv[2], COMMANDS[i].name) == 0) {
+                char help[] = "--help";
+                char *args[] = {argv[2], help, NULL};
+                return COMMANDS[i].run(2, args);
+            }
+        fprintf(stderr, "epx: unknown command '%s'; run 'epx --help' for the list\n", argv[2]);
+        return CLI_EXIT_USAGE;
+    }
     if (strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "--help") == 0 ||
         strcmp(argv[1], "help") == 0) {
         usage(stdout);

@@ -9,7 +9,9 @@
  */
 #include "cli.h"
 
+#include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -78,6 +80,70 @@ static void dir_of(const char *p, char *dir, size_t cap) {
         snprintf(dir, cap, "%.*s", slash == p ? 1 : (int)(slash - p), p);
 }
 
+/* Whether path names the existing file (dev, ino); a folder is searched one
+ * level deep, as --counts reads a folder of per-pass dumps. The file that
+ * matched goes to hit. */
+static bool file_or_folder_holds(const char *path, dev_t dev, ino_t ino, char *hit, size_t cap) {
+    struct stat st;
+    if (stat(path, &st) != 0) return false;
+    if (!S_ISDIR(st.st_mode)) {
+        if (st.st_dev != dev || st.st_ino != ino) return false;
+        snprintf(hit, cap, "%s", path);
+        return true;
+    }
+    DIR *d = opendir(path);
+    if (d == NULL) return false;
+    bool found = false;
+    for (struct dirent *e; !found && (e = readdir(d)) != NULL;) {
+        char p[4400];
+        snprintf(p, sizeof p, "%s/%s", path, e->d_name);
+        found = stat(p, &st) == 0 && S_ISREG(st.st_mode) && st.st_dev == dev && st.st_ino == ino;
+        if (found) snprintf(hit, cap, "%s", p);
+    }
+    closedir(d);
+    return found;
+}
+
+/* Whether input `in` holds the file (dev, ino): the path itself, a folder's
+ * files, or each item of a comma list (per-pass dumps: r0.pt,r1.pt). */
+static bool input_holds(const char *in, dev_t dev, ino_t ino, char *hit, size_t cap) {
+    if (file_or_folder_holds(in, dev, ino, hit, cap)) return true;
+    if (strchr(in, ',') == NULL) return false;
+    char *list = strdup(in), *save = NULL;
+    bool found = false;
+    for (char *item = list ? strtok_r(list, ",", &save) : NULL; item && !found;
+         item = strtok_r(NULL, ",", &save))
+        found = file_or_folder_holds(item, dev, ino, hit, cap);
+    free(list);
+    return found;
+}
+
+/* Whether the output's folder takes a new file: the temp name the writer
+ * will use, made and removed (registered for the signals first). access()
+ * cannot tell: it says yes to root in /proc, where nothing can be made, and
+ * the command failed only after its work. An existing temp name (a killed
+ * run's with our pid) is left to the writer, which replaces it. -1 when the
+ * folder takes it, else CLI_EXIT_USAGE after saying why. */
+static int probe_folder(const cli_cmd *cmd, const char *path, const char *target) {
+    char tmp[TEMP_LEN], dir[4096];
+    epx_error err = {0};
+    if (epx_file_temp_path(target, tmp, sizeof tmp, &err) != EPX_OK) return -1; /* writer says */
+    cli_temp_register(tmp, false);
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (fd >= 0) {
+        close(fd);
+        unlink(tmp);
+    } else if (errno != EEXIST) {
+        dir_of(target, dir, sizeof dir);
+        fprintf(stderr,
+                "epx %s: cannot write '%s': no file can be made in folder '%s' (%s); choose "
+                "another path\n",
+                cmd->name, path, dir, strerror(errno));
+        return CLI_EXIT_USAGE;
+    }
+    return -1;
+}
+
 int cli_outputs_check(const cli_cmd *cmd, const char *const *in, int nin, const cli_out *out,
                       int nout) {
     char *target[16] = {0};
@@ -86,7 +152,16 @@ int cli_outputs_check(const cli_cmd *cmd, const char *const *in, int nin, const 
     if (nout > 16) nout = 16;
     for (int i = 0; i < nout && rc < 0; i++) {
         const char *p = out[i].path;
-        if (p == NULL || strcmp(p, "-") == 0) continue;
+        if (p == NULL) continue;
+        if (strcmp(p, "-") == 0) { /* standard output: only the JSON lines take it */
+            if (out[i].append) continue;
+            fprintf(stderr,
+                    "epx %s: '-' names no file here: this output is written to a file (atomically, "
+                    "via a temp file); give a file name\n",
+                    cmd->name);
+            rc = CLI_EXIT_USAGE;
+            break;
+        }
         epx_error err = {0};
         if (epx_file_output_check(p, &target[i], &err) != EPX_OK) {
             fprintf(stderr, "epx %s: %s\n", cmd->name, err.msg);
@@ -112,21 +187,22 @@ int cli_outputs_check(const cli_cmd *cmd, const char *const *in, int nin, const 
                 id[i].ino = ds.st_ino;
             }
         }
-        if (rc < 0 && !out[i].append && access(dir, W_OK | X_OK) != 0) {
-            fprintf(stderr, "epx %s: cannot write '%s': folder '%s': %s; choose another path\n",
-                    cmd->name, p, dir, strerror(errno));
-            rc = CLI_EXIT_USAGE;
-        }
-        for (int j = 0; rc < 0 && j < nin; j++) {
-            struct stat is;
-            if (in[j] == NULL || stat(in[j], &is) != 0) continue;
-            if (id[i].exists && is.st_dev == id[i].dev && is.st_ino == id[i].ino) {
+        if (rc < 0 && !out[i].append) rc = probe_folder(cmd, p, target[i]);
+        for (int j = 0; rc < 0 && id[i].exists && j < nin; j++) {
+            char hit[4400];
+            if (in[j] == NULL || !input_holds(in[j], id[i].dev, id[i].ino, hit, sizeof hit))
+                continue;
+            if (strcmp(hit, in[j]) == 0)
                 fprintf(stderr,
                         "epx %s: output '%s' is the input '%s' (the same file); write to "
                         "another path\n",
                         cmd->name, p, in[j]);
-                rc = CLI_EXIT_USAGE;
-            }
+            else
+                fprintf(stderr,
+                        "epx %s: output '%s' is the input '%s' (the same file, read as part of "
+                        "'%s'); write to another path\n",
+                        cmd->name, p, hit, in[j]);
+            rc = CLI_EXIT_USAGE;
         }
         for (int j = 0; rc < 0 && j < i; j++) {
             if (target[j] == NULL || !same_id(&id[i], &id[j])) continue;
@@ -135,14 +211,7 @@ int cli_outputs_check(const cli_cmd *cmd, const char *const *in, int nin, const 
             rc = CLI_EXIT_USAGE;
         }
     }
-    /* Everything can be written: register the temp names for the signals. */
-    for (int i = 0; rc < 0 && i < nout; i++) {
-        if (target[i] == NULL || out[i].append) continue;
-        char tmp[TEMP_LEN];
-        epx_error err = {0};
-        if (epx_file_temp_path(target[i], tmp, sizeof tmp, &err) == EPX_OK)
-            cli_temp_register(tmp, false);
-    }
+    /* (the temp names were registered for the signals by probe_folder) */
     for (int i = 0; i < nout; i++) epx_free(target[i]);
     return rc;
 }

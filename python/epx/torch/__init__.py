@@ -58,9 +58,16 @@ def dispatch_layout(topk_ids, num_experts, num_ranks):
     int64) whose experts are spread evenly, E/G per rank in order. A token
     counts once per rank it reaches however many of its experts live there;
     ids of -1 are ignored."""
+    return _dispatch_layout(topk_ids, num_experts, num_ranks, "topk_ids")
+
+
+def _dispatch_layout(ids, num_experts, num_ranks, ids_name):
+    """dispatch_layout, its messages naming the ids as the caller calls them
+    (get_dispatch_layout's are DeepEP's topk_idx)."""
     E = _A.integer(num_experts, "num_experts", 1, _A.MAX_EXPERTS, "EPX_MAX_EXPERTS")
     G = _A.integer(num_ranks, "num_ranks", 1, _A.MAX_GPUS, "EPX_MAX_GPUS")
-    return tuple(_ops.run("dispatch_layout", (topk_ids,), topk_ids, E, G))
+    _ops.tensor_arg(ids, ids_name)
+    return tuple(_ops.run("dispatch_layout", (ids,), ids, E, G, ids_name))
 
 
 def get_dispatch_layout(topk_idx, num_experts, previous_event=None, async_finish=False,
@@ -101,7 +108,7 @@ def get_dispatch_layout(topk_idx, num_experts, previous_event=None, async_finish
                 raise TypeError("previous_event must be an EventOverlap (or torch.cuda.Event) "
                                 "holding a torch.cuda.Event, not %s" % type(ev).__name__)
             torch.cuda.current_stream().wait_event(ev)
-    tpr, tpe, in_rank = dispatch_layout(topk_idx, num_experts, num_ranks)
+    tpr, tpe, in_rank = _dispatch_layout(topk_idx, num_experts, num_ranks, "topk_idx")
     tpr, tpe = tpr.to(torch.int32), tpe.to(torch.int32)
     if async_finish:
         done = torch.cuda.Event()
@@ -137,6 +144,7 @@ def token_layout(phys, num_physical, num_ranks):
     their inverse positions, in one kernel launch."""
     P = _A.integer(num_physical, "num_physical", 1, _A.MAX_PHYSICAL, "4 (E + G) slots at most")
     G = _A.integer(num_ranks, "num_ranks", 1, _A.MAX_GPUS, "EPX_MAX_GPUS")
+    _ops.tensor_arg(phys, "phys")
     return TokenLayout(*_ops.run("token_layout", (phys,), phys, P, G))
 
 

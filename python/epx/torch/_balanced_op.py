@@ -23,7 +23,8 @@ from .. import _balanced
 from .._native import c_void_p
 from .._native import call as _cpu_call
 from . import _gpu
-from ._ops import _addr, _device, _int_ptr, _ints, _launch, _same_device, _table_arg, eager
+from ._ops import (_addr, _check_ranks, _device, _int_ptr, _ints, _launch, _same_device,
+                   _table_arg, eager)
 
 _lock = threading.Lock()
 _cpu_balancers = {}
@@ -59,9 +60,7 @@ def _check(topk_ids, replicas, num_valid, num_physical, num_ranks):
     E = replicas.shape[0]
     replicas = _table_arg("replicas", replicas, E, 2)
     num_valid = _table_arg("num_valid", num_valid, E, 1)
-    if num_physical < 1 or num_ranks < 1 or num_physical % num_ranks:
-        raise ValueError("num_physical (%d) must be a positive multiple of num_ranks (%d): rank "
-                         "r holds slots r*P/G .. (r+1)*P/G - 1" % (num_physical, num_ranks))
+    _check_ranks(num_physical, num_ranks, "num_physical", "slots")
     return dev, ids, replicas, num_valid
 
 

@@ -50,6 +50,15 @@ def _device(t):
     return t.device
 
 
+def tensor_arg(t, name):
+    """t when it is a torch.Tensor, else a TypeError in the caller's name
+    (torch's own names the op's parameter and prints its schema)."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError("%s must be a torch.Tensor, got %s: convert it with torch.as_tensor"
+                        % (name, type(t).__name__))
+    return t
+
+
 def _ints(t, name, ndim):
     """t as a contiguous int32 tensor of ndim dimensions, or a clear error.
     int64 values outside int32 must not wrap into valid ids: on the CPU they
@@ -87,11 +96,34 @@ def _rows(t, name):
     return t.contiguous()
 
 
-def _check_ranks(num_physical, num_ranks):
-    if num_physical < 1 or num_ranks < 1 or num_physical % num_ranks:
-        raise ValueError("num_experts/num_physical (%d) must be a positive multiple of "
-                         "num_ranks (%d): rank r holds slots r*P/G .. (r+1)*P/G - 1"
-                         % (num_physical, num_ranks))
+def _check_ranks(count, num_ranks, count_name, held):
+    """count (the caller's count_name: num_experts or num_physical) spread
+    evenly over num_ranks, each rank holding its run of `held` (experts or
+    slots); the message names the caller's parameters and the nearest
+    counts that divide."""
+    if count < 1 or num_ranks < 1 or count % num_ranks:
+        fix = ""
+        if num_ranks >= 1:
+            below = count - count % num_ranks
+            fix = "; use %s = %s" % (count_name, " or ".join(
+                str(n) for n in (below, below + num_ranks) if n >= 1))
+        raise ValueError("%s (%d) must be a positive multiple of num_ranks (%d): rank r holds "
+                         "%s r*%s/num_ranks .. (r+1)*%s/num_ranks - 1%s"
+                         % (count_name, count, num_ranks, held, count_name, count_name, fix))
+
+
+def _refuse_outside(ids, bound, ids_name, bound_name):
+    """After the C reference refused ids (it names its own arguments: phys,
+    P, E), raise the refusal again in the caller's names: the first id
+    outside [-1, bound). Returns when every id is inside (another failure,
+    which the caller re-raises as it is). Only on the failure path: a batch
+    that passes pays nothing for the names."""
+    bad = ((ids < -1) | (ids >= bound)).nonzero()
+    if bad.shape[0]:
+        t, k = (int(i) for i in bad[0])
+        raise EpxError(Status.INVALID_ARG, "%s[%d][%d] = %d is outside [-1, %d): each id is "
+                       "-1 (none) or below %s = %d" % (ids_name, t, k, int(ids[t, k]), bound,
+                                                      bound_name, bound)) from None
 
 
 def _launch(device, entry, *args):
@@ -151,10 +183,19 @@ def _layout_outputs(T, K, P, G, device, full):
     return outs
 
 
-def _layout(ids, P, G, full):
-    _check_ranks(P, G)
+# What each layout op calls its inputs, for its messages: (ids, count, what
+# a rank holds). dispatch_layout's ids may carry another name (DeepEP's
+# get_dispatch_layout calls them topk_idx).
+_LAYOUT_NAMES = {False: ("topk_ids", "num_experts", "experts"),
+                 True: ("phys", "num_physical", "slots")}
+
+
+def _layout(ids, P, G, full, ids_name=None):
+    own_name, count_name, held = _LAYOUT_NAMES[full]
+    ids_name = ids_name or own_name
+    _check_ranks(P, G, count_name, held)
     _device(ids)
-    ids = _ints(ids, "topk_ids", 2)
+    ids = _ints(ids, ids_name, 2)
     T, K = ids.shape
     outs = _layout_outputs(T, K, P, G, ids.device, full)
     lay = _dispatch.TokenLayout(**{k: v.data_ptr() for k, v in outs.items()})
@@ -164,7 +205,11 @@ def _layout(ids, P, G, full):
         _launch(ids.device, _gpu.dispatch_layout, ctypes.byref(spec), _addr(ids), T, K, P, G,
                 _addr(phys), ctypes.byref(lay))
     else:
-        _cpu_call(_cpu.token_layout, _addr(ids), T, K, P, G, ctypes.byref(lay))
+        try:
+            _cpu_call(_cpu.token_layout, _addr(ids), T, K, P, G, ctypes.byref(lay))
+        except EpxError:
+            _refuse_outside(ids, P, ids_name, count_name)
+            raise
     return outs
 
 
@@ -177,14 +222,14 @@ def _as_list(outs, full):
 
 
 def _fake_layout(ids, P, G, full):
-    _check_ranks(P, G)
+    _check_ranks(P, G, *_LAYOUT_NAMES[full][1:])
     T, K = ids.shape
     return _as_list(_layout_outputs(T, K, P, G, ids.device, full), full)
 
 
-def impl_dispatch_layout(topk_ids: torch.Tensor, num_experts: int,
-                         num_ranks: int) -> List[torch.Tensor]:
-    return _as_list(_layout(topk_ids, num_experts, num_ranks, False), False)
+def impl_dispatch_layout(topk_ids: torch.Tensor, num_experts: int, num_ranks: int,
+                         ids_name: str = "topk_ids") -> List[torch.Tensor]:
+    return _as_list(_layout(topk_ids, num_experts, num_ranks, False, ids_name), False)
 
 
 def impl_token_layout(phys: torch.Tensor, num_physical: int, num_ranks: int) -> List[torch.Tensor]:
@@ -193,7 +238,8 @@ def impl_token_layout(phys: torch.Tensor, num_physical: int, num_ranks: int) -> 
 
 dispatch_layout = torch.library.custom_op("epx::dispatch_layout", impl_dispatch_layout,
                                           mutates_args=())
-dispatch_layout.register_fake(lambda ids, P, G: _fake_layout(ids, P, G, False))
+dispatch_layout.register_fake(lambda ids, P, G, ids_name="topk_ids":
+                              _fake_layout(ids, P, G, False))
 token_layout = torch.library.custom_op("epx::token_layout", impl_token_layout, mutates_args=())
 token_layout.register_fake(lambda ids, P, G: _fake_layout(ids, P, G, True))
 
@@ -244,7 +290,15 @@ def impl_map_ids(topk_ids: torch.Tensor, mode: int, num_experts: int, num_physic
     if dev.type == "cuda":
         _launch(dev, _gpu.map_ids, ctypes.byref(spec), _addr(ids), T, K, _addr(out))
     else:
-        _cpu_call(_dispatch._map_ids, ctypes.byref(spec), _int_ptr(ids), T, K, _int_ptr(out))
+        try:
+            _cpu_call(_dispatch._map_ids, ctypes.byref(spec), _int_ptr(ids), T, K,
+                      _int_ptr(out))
+        except EpxError:
+            # ids are the mapping's experts (slots in physical mode)
+            bound, name = ((num_physical, "num_physical") if mode == PHYSICAL else
+                           (num_experts, "the mapping's num_experts"))
+            _refuse_outside(ids, bound, "topk_ids", name)
+            raise
     return out
 
 

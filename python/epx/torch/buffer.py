@@ -42,6 +42,7 @@ import os
 
 import torch
 
+from .. import _arrays as _A
 from .._native import EpxError, Status
 from . import _gpu, _ll, _normal, _normal_gpu
 
@@ -135,7 +136,8 @@ class Config:
         """The num_nvl_bytes for NORMAL_HINT_TOKENS tokens per rank and call
         of hidden_bytes / 2 bf16 values (experts only widen the rows of a tiny
         hidden; 256 are assumed)."""
-        hidden = max(1, int(hidden_bytes) // 2)
+        hidden = max(1, _A.integer(hidden_bytes, "hidden_bytes", 1, 2 ** 40) // 2)
+        num_ranks = _A.integer(num_ranks, "num_ranks", 1, _A.MAX_GPUS, "EPX_MAX_GPUS")
         cfg = _ll.config(_normal.row_width(hidden, 256, num_ranks), num_ranks, num_ranks,
                          NORMAL_HINT_TOKENS + 1)
         return _ll.buffer_bytes(cfg, num_ranks)

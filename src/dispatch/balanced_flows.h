@@ -1,0 +1,397 @@
+/*
+ * balanced_flows.h - one component of the balanced split by max-flows (components
+ * larger than sub_max GPUs): its flow graph, Dinkelbach's levels, then the
+ * rounding, on one thread. Part of the solver balanced_core.h describes.
+ */
+#ifndef EPX_DISPATCH_BALANCED_FLOWS_H
+#define EPX_DISPATCH_BALANCED_FLOWS_H
+
+#include "balanced_core.h"
+
+/* ---- one component's max-flow graph ------------------------------------------ */
+
+EPXI_BAL void epxi_bal_reset(epxi_bal_part *p) {
+    p->n = 4 + p->nf + p->ng;
+    p->m = 0;
+    for (int32_t v = 0; v < p->n; v++) p->head[v] = -1;
+}
+
+/* Add u -> v (capacity c) and its reverse (e ^ 1); returns e. Sized at
+ * carve time: -1 only if that sizing is wrong. */
+EPXI_BAL int32_t epxi_bal_add(epxi_bal_part *p, int32_t u, int32_t v, int64_t c) {
+    if (p->m + 2 > p->max_edges) return -1;
+    int32_t e = p->m;
+    p->to[e] = v;
+    p->cap[e] = c;
+    p->next[e] = p->head[u];
+    p->head[u] = e;
+    p->to[e + 1] = u;
+    p->cap[e + 1] = 0;
+    p->next[e + 1] = p->head[v];
+    p->head[v] = e + 1;
+    p->m += 2;
+    return e;
+}
+
+/* The flow on forward edge e (its reverse's residual); 0 for e = -1. */
+EPXI_BAL int64_t epxi_bal_on(const epxi_bal_part *p, int32_t e) {
+    return e >= 0 ? p->cap[e ^ 1] : 0;
+}
+
+/* Push f along edge e (its reverse is e ^ 1). */
+EPXI_BAL void epxi_bal_push(epxi_bal_part *p, int32_t e, int64_t f) {
+    p->cap[e] -= f;
+    p->cap[e ^ 1] += f;
+}
+
+EPXI_BAL int epxi_bal_bfs(epxi_bal_part *p, int32_t s, int32_t t) {
+    for (int32_t v = 0; v < p->n; v++) p->lvl[v] = -1;
+    int32_t qh = 0, qt = 0;
+    p->lvl[s] = 0;
+    p->queue[qt++] = s;
+    while (qh < qt) {
+        int32_t u = p->queue[qh++];
+        for (int32_t e = p->head[u]; e >= 0; e = p->next[e]) {
+            int32_t v = p->to[e];
+            if (p->cap[e] > 0 && p->lvl[v] < 0) {
+                p->lvl[v] = p->lvl[u] + 1;
+                p->queue[qt++] = v;
+            }
+        }
+    }
+    return p->lvl[t] >= 0;
+}
+
+/* Dinic: push a maximum flow from s to t; returns the amount. Afterwards lvl
+ * marks (>= 0) what s reaches in the residual graph: the min cut's source side. */
+EPXI_BAL int64_t epxi_bal_maxflow(epxi_bal_part *p, int32_t s, int32_t t) {
+    int64_t total = 0;
+    while (epxi_bal_bfs(p, s, t)) {
+        for (int32_t v = 0; v < p->n; v++) p->iter[v] = p->head[v];
+        for (;;) {
+            int32_t u = s, d = 0, stuck = 0;
+            while (u != t) {
+                int32_t e = p->iter[u];
+                while (e >= 0 && (p->cap[e] <= 0 || p->lvl[p->to[e]] != p->lvl[u] + 1))
+                    e = p->next[e];
+                p->iter[u] = e;
+                if (e >= 0) {
+                    p->path[d++] = e;
+                    u = p->to[e];
+                    continue;
+                }
+                if (u == s) {
+                    stuck = 1;
+                    break;
+                }
+                /* u is a dead end: retreat and move the parent past the edge */
+                int32_t back = p->path[--d];
+                u = p->to[back ^ 1];
+                p->iter[u] = p->next[p->iter[u]];
+            }
+            if (stuck) break;
+            int64_t f = INT64_MAX;
+            for (int32_t k = 0; k < d; k++)
+                if (p->cap[p->path[k]] < f) f = p->cap[p->path[k]];
+            for (int32_t k = 0; k < d; k++) epxi_bal_push(p, p->path[k], f);
+            total += f;
+        }
+    }
+    return total;
+}
+
+/* t's forward edge out of node v (g -> t), or -1. */
+EPXI_BAL int32_t epxi_bal_to_sink(const epxi_bal_part *p, int32_t v, int32_t t) {
+    for (int32_t e = p->head[v]; e >= 0; e = p->next[e])
+        if (!(e & 1) && p->to[e] == t) return e;
+    return -1;
+}
+
+/* A flow to start the max-flow from, on a level graph (epxi_bal_build):
+ * every source edge in s's list order sends what the sink edges behind it
+ * still take, bases straight to their GPU and experts over their GPUs in
+ * list order. Any flow is a start the augmenting paths complete, so the
+ * maximum is the same; this one leaves them little to do (most batches fit
+ * greedily), which is what the kernel's one thread per component needs.
+ * Returns the flow pushed. Deterministic: the same on CPU and GPU. */
+EPXI_BAL int64_t epxi_bal_greedy(epxi_bal_part *p, int32_t s, int32_t t) {
+    int64_t total = 0;
+    for (int32_t e = p->head[s]; e >= 0; e = p->next[e]) {
+        if (e & 1) continue;
+        const int32_t v = p->to[e];
+        const int32_t vt = epxi_bal_to_sink(p, v, t);
+        if (vt >= 0) { /* a base: s -> g -> t */
+            const int64_t f = p->cap[e] < p->cap[vt] ? p->cap[e] : p->cap[vt];
+            epxi_bal_push(p, e, f);
+            epxi_bal_push(p, vt, f);
+            total += f;
+            continue;
+        }
+        for (int32_t x = p->head[v]; x >= 0 && p->cap[e] > 0; x = p->next[x]) {
+            if (x & 1) continue;
+            const int32_t gt = epxi_bal_to_sink(p, p->to[x], t);
+            if (gt < 0) continue;
+            const int64_t f = p->cap[e] < p->cap[gt] ? p->cap[e] : p->cap[gt];
+            if (f <= 0) continue;
+            epxi_bal_push(p, e, f);
+            epxi_bal_push(p, x, f);
+            epxi_bal_push(p, gt, f);
+            total += f;
+        }
+    }
+    return total;
+}
+
+/* mark[v] = 1 for every node that reaches t in the residual graph. */
+EPXI_BAL void epxi_bal_reaches(epxi_bal_part *p, int32_t t) {
+    for (int32_t v = 0; v < p->n; v++) p->mark[v] = 0;
+    int32_t qh = 0, qt = 0;
+    p->mark[t] = 1;
+    p->queue[qt++] = t;
+    while (qh < qt) {
+        int32_t v = p->queue[qh++];
+        for (int32_t e = p->head[v]; e >= 0; e = p->next[e]) {
+            int32_t w = p->to[e];
+            if (!p->mark[w] && p->cap[e ^ 1] > 0) {
+                p->mark[w] = 1;
+                p->queue[qt++] = w;
+            }
+        }
+    }
+}
+
+/* ---- one component's levels ------------------------------------------------------ */
+
+/* C(S) and |N(S)| over the component's unfixed GPUs, S = its flexible
+ * experts with f_in and the bases of its GPUs with g_sin. */
+EPXI_BAL void epxi_bal_ratio(epxi_bal *b, const epxi_bal_part *p, int64_t *a, int64_t *den) {
+    int64_t c = 0, n = 0;
+    int32_t D = b->D;
+    for (int32_t gi = 0; gi < p->ng; gi++) b->g_in[p->gl[gi]] = 0;
+    for (int32_t j = 0; j < p->nf; j++) {
+        int32_t i = p->fl[j];
+        if (!b->f_in[i]) continue;
+        int32_t e = b->flex[i];
+        c += b->cnt[e];
+        for (int32_t k = 0; k < b->eg_n[e]; k++) {
+            int32_t g = b->eg_gpu[(size_t)e * (size_t)D + (size_t)k];
+            if (b->g_level[g] == -1 && !b->g_in[g]) {
+                b->g_in[g] = 1;
+                n++;
+            }
+        }
+    }
+    for (int32_t gi = 0; gi < p->ng; gi++) {
+        int32_t g = p->gl[gi];
+        if (!b->g_sin[g]) continue;
+        c += b->base[g];
+        if (!b->g_in[g]) {
+            b->g_in[g] = 1;
+            n++;
+        }
+    }
+    *a = c;
+    *den = n;
+}
+
+/* The graph of the component's unfixed part at lambda = a / den: s -> e
+ * (den c_e), e -> g (unbounded) to unfixed GPUs, s -> g (den base_g),
+ * g -> t (a). Returns the flow that means feasible. */
+EPXI_BAL int64_t epxi_bal_build(epxi_bal *b, epxi_bal_part *p, int64_t a, int64_t den) {
+    int32_t D = b->D;
+    epxi_bal_reset(p);
+    for (int32_t gi = 0; gi < p->ng; gi++) b->g_graph[p->gl[gi]] = 0;
+    int64_t need = 0;
+    for (int32_t j = 0; j < p->nf; j++) {
+        int32_t i = p->fl[j];
+        if (b->f_level[i] != -1) continue;
+        int32_t e = b->flex[i];
+        epxi_bal_add(p, 0, EPXI_BAL_FN(j), den * b->cnt[e]);
+        need += den * b->cnt[e];
+        for (int32_t k = 0; k < b->eg_n[e]; k++) {
+            int32_t g = b->eg_gpu[(size_t)e * (size_t)D + (size_t)k];
+            int32_t *ed = b->f_edge + (size_t)i * (size_t)D + (size_t)k;
+            *ed = -1;
+            if (b->g_level[g] != -1) continue;
+            *ed = epxi_bal_add(p, EPXI_BAL_FN(j), EPXI_BAL_GN(p, b->g_loc[g]), EPXI_BAL_INF);
+            b->g_graph[g] = 1;
+        }
+    }
+    for (int32_t gi = 0; gi < p->ng; gi++) {
+        int32_t g = p->gl[gi];
+        if (b->g_level[g] == -1 && b->base[g] > 0) {
+            epxi_bal_add(p, 0, EPXI_BAL_GN(p, gi), den * b->base[g]);
+            need += den * b->base[g];
+            b->g_graph[g] = 1;
+        }
+    }
+    for (int32_t gi = 0; gi < p->ng; gi++)
+        if (b->g_graph[p->gl[gi]]) epxi_bal_add(p, EPXI_BAL_GN(p, gi), 1, a);
+    return need;
+}
+
+/* One level: lambda of the unfixed part by Dinkelbach's iteration, then fix
+ * its largest tight set. With the one-GPU experts merged into s -> g, an
+ * unmerged expert on GPU g (count > 0) is reached from s exactly when g is
+ * (its edge to g is unbounded; a saturated s -> e carries flow, whose
+ * reverse leads back from g), so the cut's set S' takes g's base exactly
+ * when s reaches g; and such experts reach t exactly when g does. */
+EPXI_BAL int epxi_bal_level(epxi_bal *b, epxi_bal_part *p, int32_t lv) {
+    int32_t D = b->D;
+    for (int32_t j = 0; j < p->nf; j++) b->f_in[p->fl[j]] = b->f_level[p->fl[j]] == -1;
+    for (int32_t gi = 0; gi < p->ng; gi++) {
+        int32_t g = p->gl[gi];
+        b->g_sin[g] = b->g_level[g] == -1 && b->base[g] > 0;
+    }
+    int64_t a, den, a_prev = 0, den_prev = 1;
+    for (int32_t step = 0;; step++) {
+        epxi_bal_ratio(b, p, &a, &den);
+        if (den == 0 || step > p->ng + 1 || (step > 0 && a * den_prev <= a_prev * den))
+            return EPXI_BAL_NO_ADVANCE;
+        int64_t need = epxi_bal_build(b, p, a, den);
+        const int64_t start = epxi_bal_greedy(p, 0, 1);
+        if (start + epxi_bal_maxflow(p, 0, 1) == need) break;
+        for (int32_t j = 0; j < p->nf; j++) {
+            int32_t i = p->fl[j];
+            b->f_in[i] = b->f_level[i] == -1 && p->lvl[EPXI_BAL_FN(j)] >= 0;
+        }
+        for (int32_t gi = 0; gi < p->ng; gi++) {
+            int32_t g = p->gl[gi];
+            b->g_sin[g] = b->g_level[g] == -1 && b->base[g] > 0 && p->lvl[EPXI_BAL_GN(p, gi)] >= 0;
+        }
+        a_prev = a;
+        den_prev = den;
+    }
+    epxi_bal_reaches(p, 1);
+    for (int32_t j = 0; j < p->nf; j++) {
+        int32_t i = p->fl[j];
+        if (b->f_level[i] != -1 || p->mark[EPXI_BAL_FN(j)]) continue;
+        b->f_level[i] = lv;
+        int32_t e = b->flex[i];
+        for (int32_t k = 0; k < b->eg_n[e]; k++) {
+            size_t x = (size_t)i * (size_t)D + (size_t)k;
+            b->f_flow[x] = epxi_bal_on(p, b->f_edge[x]);
+        }
+    }
+    int32_t fixed = 0;
+    for (int32_t gi = 0; gi < p->ng; gi++) {
+        int32_t g = p->gl[gi];
+        if (b->g_graph[g] && !p->mark[EPXI_BAL_GN(p, gi)]) {
+            b->g_level[g] = lv;
+            fixed++;
+        }
+    }
+    /* the tight set sends only to its own GPUs, which carry exactly a each */
+    for (int32_t j = 0; j < p->nf; j++) {
+        int32_t i = p->fl[j];
+        if (b->f_level[i] != lv) continue;
+        int32_t e = b->flex[i];
+        for (int32_t k = 0; k < b->eg_n[e]; k++) {
+            size_t x = (size_t)i * (size_t)D + (size_t)k;
+            if (b->f_flow[x] > 0 && b->g_level[b->eg_gpu[(size_t)e * (size_t)D + (size_t)k]] != lv)
+                fixed = 0;
+        }
+    }
+    if (fixed == 0) return EPXI_BAL_NO_TIGHT;
+    b->lv_num[lv] = a;
+    b->lv_den[lv] = den;
+    return EPXI_BAL_OK;
+}
+
+/* Integer flows within one token of the fractional ones, GPU loads within
+ * one of theirs: a max-flow with lower bounds (balanced.c), per component. */
+EPXI_BAL int epxi_bal_round(epxi_bal *b, epxi_bal_part *p) {
+    int32_t D = b->D;
+    epxi_bal_reset(p);
+    int64_t need = 0, sum_lo = 0, total = 0;
+    for (int32_t gi = 0; gi < p->ng; gi++) {
+        int32_t g = p->gl[gi];
+        b->gex[g] = b->base[g];
+        total += b->base[g];
+    }
+    for (int32_t j = 0; j < p->nf; j++) {
+        int32_t i = p->fl[j], e = b->flex[i];
+        int64_t den = b->lv_den[b->f_level[i]], r = b->cnt[e];
+        total += r;
+        for (int32_t k = 0; k < b->eg_n[e]; k++) {
+            size_t x = (size_t)i * (size_t)D + (size_t)k;
+            int32_t g = b->eg_gpu[(size_t)e * (size_t)D + (size_t)k];
+            int64_t lo = b->f_flow[x] / den;
+            r -= lo;
+            b->gex[g] += lo;
+            b->f_edge[x] = b->f_flow[x] % den
+                               ? epxi_bal_add(p, EPXI_BAL_FN(j), EPXI_BAL_GN(p, b->g_loc[g]), 1)
+                               : -1;
+        }
+        if (r > 0) {
+            epxi_bal_add(p, 0, EPXI_BAL_FN(j), r);
+            need += r;
+        }
+    }
+    for (int32_t gi = 0; gi < p->ng; gi++) {
+        int32_t g = p->gl[gi], lv = b->g_level[g];
+        int64_t lo = 0;
+        if (lv >= 0) {
+            lo = b->lv_num[lv] / b->lv_den[lv];
+            if (b->lv_num[lv] % b->lv_den[lv]) epxi_bal_add(p, EPXI_BAL_GN(p, gi), 2, 1);
+        }
+        sum_lo += lo;
+        int64_t x = b->gex[g] - lo;
+        if (x > 0) {
+            epxi_bal_add(p, 0, EPXI_BAL_GN(p, gi), x);
+            need += x;
+        } else if (x < 0) {
+            epxi_bal_add(p, EPXI_BAL_GN(p, gi), 1, -x);
+        }
+    }
+    if (total - sum_lo > 0) epxi_bal_add(p, 2, 1, total - sum_lo);
+    if (epxi_bal_maxflow(p, 0, 1) != need) return EPXI_BAL_ROUNDING;
+    for (int32_t j = 0; j < p->nf; j++) {
+        int32_t i = p->fl[j], e = b->flex[i];
+        int64_t den = b->lv_den[b->f_level[i]];
+        for (int32_t k = 0; k < b->eg_n[e]; k++) {
+            size_t x = (size_t)i * (size_t)D + (size_t)k;
+            b->f_int[x] = b->f_flow[x] / den + epxi_bal_on(p, b->f_edge[x]);
+        }
+    }
+    return EPXI_BAL_OK;
+}
+
+/* Component c: every level, then the rounding; sets c_levels[c] and
+ * c_rc[c] and returns the latter. A lone GPU is its own level, no flow. */
+EPXI_BAL int epxi_bal_solve_part(epxi_bal *b, int32_t c) {
+    epxi_bal_part p = epxi_bal_view(b, c);
+    int32_t left = p.nf, levels = 0, rc = EPXI_BAL_OK;
+    for (int32_t j = 0; j < p.nf; j++) b->f_level[p.fl[j]] = -1;
+    for (int32_t gi = 0; gi < p.ng; gi++) {
+        b->g_level[p.gl[gi]] = -1;
+        left += b->base[p.gl[gi]] > 0;
+    }
+    if (p.nf == 0) { /* one GPU with a base */
+        b->g_level[p.gl[0]] = p.lv0;
+        b->lv_num[p.lv0] = b->base[p.gl[0]];
+        b->lv_den[p.lv0] = 1;
+        b->c_levels[c] = 1;
+        return b->c_rc[c] = EPXI_BAL_OK;
+    }
+    while (left > 0 && rc == EPXI_BAL_OK) {
+        if (levels >= p.ng) {
+            rc = EPXI_BAL_LEVELS;
+            break;
+        }
+        rc = epxi_bal_level(b, &p, p.lv0 + levels);
+        if (rc != EPXI_BAL_OK) break;
+        levels++;
+        left = 0;
+        for (int32_t j = 0; j < p.nf; j++) left += b->f_level[p.fl[j]] == -1;
+        for (int32_t gi = 0; gi < p.ng; gi++) {
+            int32_t g = p.gl[gi];
+            left += b->g_level[g] == -1 && b->base[g] > 0;
+        }
+    }
+    if (rc == EPXI_BAL_OK) rc = epxi_bal_round(b, &p);
+    b->c_levels[c] = levels;
+    return b->c_rc[c] = rc;
+}
+
+#endif /* EPX_DISPATCH_BALANCED_FLOWS_H */
