@@ -392,10 +392,9 @@ __device__ void live_ranks(const Args &a, uint8_t *live) {
  * blocks poll relay. For flags in host memory: every poll there is a read
  * across the host link, and with every block of a launch polling, the
  * launch took ~3.7 us per polling block (stamps and ncu, H200, 1-32
- * tokens). Ordering: the writer's system-scope release, block 0's acquire
- * (the poll that saw the flag, then the fence), its GPU-scope release of
- * relay[i] and a block's acquire of it form one causality chain, so that
- * block sees the writer's rows. */
+ * tokens). Ordering: the writer's system-scope release, block 0's acquire,
+ * its GPU-scope release of relay[i] and a block's acquire of it form one
+ * causality chain, so that block sees the writer's rows. */
 __device__ bool wait_flags(const Args &a, const uint64_t *flag0, size_t stride, int n,
                            uint32_t epoch, uint32_t phase, uint8_t *live,
                            unsigned long long *decided, uint64_t *relay, uint32_t *low = nullptr) {

@@ -42,8 +42,8 @@
  * Ordering: a block writes its rows and counts with plain stores, then
  * counts itself in with an acquire-release atomic; the last block to arrive
  * publishes the flags (one fence, then a relaxed store each: a release of
- * each); a waiter polls them and fences at the one it sees (an acquire),
- * so the rows are visible once the flag is. Buffers are
+ * each); a waiter polls them with acquire loads, so the rows are visible
+ * once the flag is. Buffers are
  * reused without clearing, by parity: a rank's dispatch n + 2 writes the
  * areas of dispatch n only after its dispatch n + 1 saw every peer's flag of
  * n + 1, i.e. after every peer's dispatch n finished reading them (one
@@ -1175,12 +1175,11 @@ extern "C" epx_status epx_gpu_ep_combine_parts(epx_gpu_ep *ep, int parts, const 
      * chunks of the reduction: in small blocks where the usual ones would
      * leave SMs without one (kSmallCombineThreads). */
     const int64_t lanes = g->cfg.y_dtype == EPX_DTYPE_BF16 ? 8 : 4;
-    const int64_t per = lanes * kCombineThreads, small_per = lanes * kSmallCombineThreads;
+    const int64_t per = lanes * kCombineThreads;
     const bool small =
         (parts & 2) && !(ep->a.variant & 1024) && ep->T * ((g->H + per - 1) / per) < ep->sms;
-    const int64_t items =
-        (parts & 2) ? ep->T * ((g->H + (small ? small_per : per) - 1) / (small ? small_per : per))
-                    : 0;
+    const int64_t block_per = small ? lanes * kSmallCombineThreads : per; /* values a block sums */
+    const int64_t items = (parts & 2) ? ep->T * ((g->H + block_per - 1) / block_per) : 0;
     const int64_t sends = (parts & 1) ? (int64_t)g->R * ep->T * g->K : 0;
     if (ep->exchange != NULL && parts == (EPX_GPU_EP_SEND | EPX_GPU_EP_RECV)) {
         EPX_TRY(
