@@ -18,53 +18,7 @@
 
 #include "testutil.h"
 #include "../src/dispatch/balanced_core.h" /* epxi_bal_subsets: the tables' sizing */
-
-typedef struct place {
-    int32_t E, P, G, W, per;
-    int32_t *rep; /* [E][W] */
-    int32_t *nv;  /* [E] */
-} place;
-
-/* Every expert one slot, the others to random experts (two on one GPU
- * allowed), slots shuffled, each expert's list in random order. */
-static place random_place(tu_rng *r, int32_t E, int32_t G, int32_t per) {
-    place p = {E, G * per, G, G * per - E + 1, per, NULL, NULL};
-    int32_t *p2l = malloc(sizeof(int32_t) * (size_t)p.P);
-    for (int32_t s = 0; s < p.P; s++) p2l[s] = s < E ? s : (int32_t)tu_below(r, (uint32_t)E);
-    for (int32_t s = p.P - 1; s > 0; s--) {
-        int32_t j = (int32_t)tu_below(r, (uint32_t)s + 1), t = p2l[s];
-        p2l[s] = p2l[j];
-        p2l[j] = t;
-    }
-    p.rep = malloc(sizeof(int32_t) * (size_t)(E * p.W));
-    p.nv = calloc((size_t)E, sizeof(int32_t));
-    for (int32_t i = 0; i < E * p.W; i++) p.rep[i] = -1;
-    for (int32_t s = 0; s < p.P; s++) {
-        int32_t e = p2l[s];
-        p.rep[e * p.W + p.nv[e]++] = s;
-    }
-    for (int32_t e = 0; e < E; e++)
-        for (int32_t j = p.nv[e] - 1; j > 0; j--) {
-            int32_t k = (int32_t)tu_below(r, (uint32_t)j + 1), t = p.rep[e * p.W + j];
-            p.rep[e * p.W + j] = p.rep[e * p.W + k];
-            p.rep[e * p.W + k] = t;
-        }
-    free(p2l);
-    return p;
-}
-
-static void free_place(place *p) {
-    free(p->rep);
-    free(p->nv);
-}
-
-/* Skewed counts: some zero, a few heavy. */
-static void random_counts(tu_rng *r, int64_t *c, int32_t E, uint32_t scale) {
-    for (int32_t e = 0; e < E; e++) {
-        uint32_t k = tu_below(r, 8);
-        c[e] = k == 0 ? 0 : k == 7 ? (int64_t)tu_below(r, 8 * scale + 1) : tu_below(r, scale + 1);
-    }
-}
+#include "bal_place.h"
 
 static uint32_t gpu_mask(const place *p, int32_t e) {
     uint32_t m = 0;
@@ -185,9 +139,9 @@ static void small_against_brute_force(void **state) {
     for (int it = 0; it < 400; it++) {
         int32_t G = 1 + (int32_t)tu_below(&r, 6), per = 1 + (int32_t)tu_below(&r, 3);
         int32_t E = 1 + (int32_t)tu_below(&r, (uint32_t)(G * per < 12 ? G * per : 12));
-        place p = random_place(&r, E, G, per);
+        place p = bal_random_place(&r, E, G, per, 0, 1);
         int64_t c[16], num[32], den[32];
-        random_counts(&r, c, E, it % 3 == 0 ? 3 : 50);
+        bal_random_counts(&r, c, E, it % 3 == 0 ? 3 : 50);
         epx_balancer *b = NULL;
         assert_int_equal(epx_dispatch_balanced_create(E, p.W, p.P, G, &b, &err), EPX_OK);
         outs o = make_outs(&p);
@@ -200,7 +154,7 @@ static void small_against_brute_force(void **state) {
         assert_true(o.o.max_load_num * md == mn * o.o.max_load_den);
         check_out(&p, c, &o.o, num, den);
         free_outs(&o);
-        free_place(&p);
+        bal_free_place(&p);
         epx_dispatch_balanced_destroy(b);
     }
 }
@@ -244,7 +198,7 @@ static void tiny_integer_optimum(void **state) {
     for (int it = 0; it < 300; it++) {
         int32_t G = 1 + (int32_t)tu_below(&r, 4), per = 1 + (int32_t)tu_below(&r, 2);
         int32_t E = 1 + (int32_t)tu_below(&r, (uint32_t)(G * per < 4 ? G * per : 4));
-        place p = random_place(&r, E, G, per);
+        place p = bal_random_place(&r, E, G, per, 0, 1);
         int64_t c[16] = {0}, load[8] = {0};
         for (int32_t e = 0; e < E; e++) c[e] = tu_below(&r, 7);
         epx_balancer *b = NULL;
@@ -254,7 +208,7 @@ static void tiny_integer_optimum(void **state) {
         assert_int_equal(o.o.max_load_int, brute_int(&p, c, 0, load));
         check_out(&p, c, &o.o, NULL, NULL);
         free_outs(&o);
-        free_place(&p);
+        bal_free_place(&p);
         epx_dispatch_balanced_destroy(b);
     }
 }
@@ -265,7 +219,7 @@ static void tiny_integer_optimum(void **state) {
 static void large_certificate(int32_t E, int32_t G, int32_t per, uint64_t seed) {
     tu_rng r = {tu_seed(seed)};
     epx_error err = {0};
-    place p = random_place(&r, E, G, per);
+    place p = bal_random_place(&r, E, G, per, 0, 1);
     int64_t *c = calloc((size_t)E, sizeof(int64_t));
     epx_balancer *b = NULL;
     assert_int_equal(epx_dispatch_balanced_create(E, p.W, p.P, G, &b, &err), EPX_OK);
@@ -327,7 +281,7 @@ static void large_certificate(int32_t E, int32_t G, int32_t per, uint64_t seed) 
     free(c);
     free_outs(&o);
     free_outs(&o2);
-    free_place(&p);
+    bal_free_place(&p);
     epx_dispatch_balanced_destroy(b);
 }
 
@@ -349,14 +303,14 @@ static void one_balancer_many_layers(void **state) {
     epx_error err = {0};
     int32_t E = 40, G = 8, per = 6;
     place p[3];
-    for (int i = 0; i < 3; i++) p[i] = random_place(&r, E, G, per);
+    for (int i = 0; i < 3; i++) p[i] = bal_random_place(&r, E, G, per, 0, 1);
     epx_balancer *shared = NULL;
     assert_int_equal(epx_dispatch_balanced_create(E, p[0].W, p[0].P, G, &shared, &err), EPX_OK);
     outs a = make_outs(&p[0]), f = make_outs(&p[0]);
     int64_t c[40];
     for (int it = 0; it < 30; it++) {
         const place *q = &p[it % 3];
-        random_counts(&r, c, E, it % 2 ? 5 : 300);
+        bal_random_counts(&r, c, E, it % 2 ? 5 : 300);
         epx_balancer *fresh = NULL;
         assert_int_equal(epx_dispatch_balanced_create(E, q->W, q->P, G, &fresh, &err), EPX_OK);
         assert_int_equal(epx_dispatch_balanced_solve(shared, q->rep, q->nv, c, &a.o, &err), EPX_OK);
@@ -370,7 +324,7 @@ static void one_balancer_many_layers(void **state) {
     }
     free_outs(&a);
     free_outs(&f);
-    for (int i = 0; i < 3; i++) free_place(&p[i]);
+    for (int i = 0; i < 3; i++) bal_free_place(&p[i]);
     epx_dispatch_balanced_destroy(shared);
 }
 
@@ -420,9 +374,9 @@ static void subsets_and_flows_agree(void **state) {
     for (int it = 0; it < 60; it++) {
         int32_t G = 2 + (int32_t)tu_below(&r, 13), per = 2 + (int32_t)tu_below(&r, 12);
         int32_t E = G * per - (int32_t)tu_below(&r, (uint32_t)(G * per / 3 + 1));
-        place p = random_place(&r, E, G, per);
+        place p = bal_random_place(&r, E, G, per, 0, 1);
         int64_t *c = calloc((size_t)E, sizeof(int64_t));
-        random_counts(&r, c, E, it % 3 == 0 ? 4 : 500);
+        bal_random_counts(&r, c, E, it % 3 == 0 ? 4 : 500);
         epx_balancer *bs = balancer_with(-1, &p), *bf = balancer_with(0, &p);
         outs s = make_outs(&p), f = make_outs(&p);
         assert_int_equal(epx_dispatch_balanced_solve(bs, p.rep, p.nv, c, &s.o, &err), EPX_OK);
@@ -437,7 +391,7 @@ static void subsets_and_flows_agree(void **state) {
         epx_dispatch_balanced_destroy(bs);
         epx_dispatch_balanced_destroy(bf);
         free(c);
-        free_place(&p);
+        bal_free_place(&p);
     }
 }
 
@@ -454,13 +408,13 @@ static void closed_form_equals_subsets(void **state) {
     for (int it = 0; it < 300; it++) {
         int32_t G = 2 + (int32_t)tu_below(&r, 9), per = 2 + (int32_t)tu_below(&r, 8);
         int32_t E = G * per - (int32_t)tu_below(&r, (uint32_t)(G * per / 3 + 1));
-        place p = random_place(&r, E, G, per);
+        place p = bal_random_place(&r, E, G, per, 0, 1);
         int64_t *c = calloc((size_t)E, sizeof(int64_t));
         if (it % 2 == 0) { /* a few tokens: each count from a handful of picks */
             int picks = 1 + (int)tu_below(&r, 12);
             for (int k = 0; k < picks; k++) c[tu_below(&r, (uint32_t)E)] += 1 + tu_below(&r, 9);
         } else {
-            random_counts(&r, c, E, it % 3 == 0 ? 4 : 300);
+            bal_random_counts(&r, c, E, it % 3 == 0 ? 4 : 300);
         }
         epx_balancer *bc = NULL, *bs = NULL;
         assert_int_equal(create_env("EPX_BALANCED_CLOSED_FORM", NULL, &p, &bc, &err), EPX_OK);
@@ -490,11 +444,11 @@ static void closed_form_equals_subsets(void **state) {
         epx_dispatch_balanced_destroy(bc);
         epx_dispatch_balanced_destroy(bs);
         free(c);
-        free_place(&p);
+        bal_free_place(&p);
     }
     assert_true(few_flexible >= 50);
     /* a value other than 0 or 1 is refused, named */
-    place p = random_place(&r, 6, 3, 3);
+    place p = bal_random_place(&r, 6, 3, 3, 0, 1);
     epx_balancer *bad = NULL;
     const char *no[] = {"2", "01", "yes", " 1"};
     for (int i = 0; i < 4; i++) {
@@ -504,7 +458,7 @@ static void closed_form_equals_subsets(void **state) {
         assert_non_null(strstr(err.msg, "EPX_BALANCED_CLOSED_FORM"));
         assert_non_null(strstr(err.msg, no[i]));
     }
-    free_place(&p);
+    bal_free_place(&p);
 }
 
 /* The subset tables' size (epxi_bal_subsets) against the largest sum of
@@ -536,7 +490,7 @@ static void edge_cases(void **state) {
     (void)state;
     epx_error err = {0};
     tu_rng r = {tu_seed(2705)};
-    place p = random_place(&r, 6, 3, 3);
+    place p = bal_random_place(&r, 6, 3, 3, 0, 1);
     epx_balancer *b = NULL;
     assert_int_equal(epx_dispatch_balanced_create(6, p.W, p.P, 3, &b, &err), EPX_OK);
     outs o = make_outs(&p);
@@ -558,7 +512,7 @@ static void edge_cases(void **state) {
     int64_t k = __builtin_popcount(gpu_mask(&p, 0));
     assert_true(bare.max_load_num * k == 5 * bare.max_load_den && bare.num_levels == 1);
     free_outs(&o);
-    free_place(&p);
+    bal_free_place(&p);
     epx_dispatch_balanced_destroy(b);
 }
 

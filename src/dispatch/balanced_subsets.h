@@ -18,6 +18,17 @@
  * not matter and both give the same bits. */
 #ifdef __CUDA_ARCH__
 #define EPXI_BAL_SYNCWARP() __syncwarp()
+#elif defined(EPXI_BAL_LANES)
+/* A test's build (tests/test_balanced_lanes.c defines EPXI_BAL_LANES and
+ * these): the nl = 32 statements on 32 host threads, one per lane, so that
+ * the lanes' split of the subsets, their reductions and their barriers are
+ * checked without a GPU. On a thread that is no lane (nl = 1) each is the
+ * plain host form. */
+void epxi_bal_lanes_sync(int line);
+int64_t epxi_bal_lanes_min(int64_t v);
+int epxi_bal_lanes_all(int ok);
+uint32_t epxi_bal_lanes_best(int64_t num, int32_t den, uint32_t mask);
+#define EPXI_BAL_SYNCWARP() epxi_bal_lanes_sync(__LINE__)
 #else
 #define EPXI_BAL_SYNCWARP() ((void)0)
 #endif
@@ -50,6 +61,8 @@ EPXI_BAL int32_t epxi_bal_popc(uint32_t x) {
 EPXI_BAL void epxi_bal_add_to(int64_t *p, int64_t v) {
 #ifdef __CUDA_ARCH__
     atomicAdd((unsigned long long *)p, (unsigned long long)v);
+#elif defined(EPXI_BAL_LANES)
+    __atomic_fetch_add(p, v, __ATOMIC_RELAXED);
 #else
     *p += v;
 #endif
@@ -62,6 +75,8 @@ EPXI_BAL int64_t epxi_bal_min_lanes(int64_t v, int nl) {
             int64_t w = __shfl_xor_sync(0xffffffffu, v, o);
             v = w < v ? w : v;
         }
+#elif defined(EPXI_BAL_LANES)
+    if (nl > 1) v = epxi_bal_lanes_min(v);
 #else
     (void)nl;
 #endif
@@ -71,6 +86,8 @@ EPXI_BAL int64_t epxi_bal_min_lanes(int64_t v, int nl) {
 EPXI_BAL int epxi_bal_all_lanes(int ok, int nl) {
 #ifdef __CUDA_ARCH__
     if (nl > 1) return __all_sync(0xffffffffu, ok);
+#elif defined(EPXI_BAL_LANES)
+    if (nl > 1) return epxi_bal_lanes_all(ok);
 #else
     (void)nl;
 #endif
@@ -100,6 +117,8 @@ EPXI_BAL uint32_t epxi_bal_best_lanes(int64_t num, int32_t den, uint32_t mask, i
             uint32_t m2 = __shfl_xor_sync(0xffffffffu, mask, o);
             epxi_bal_better(&num, &den, &mask, n2, d2, m2);
         }
+#elif defined(EPXI_BAL_LANES)
+    if (nl > 1) return epxi_bal_lanes_best(num, den, mask);
 #else
     (void)num;
     (void)den;
