@@ -219,8 +219,9 @@ static int32_t one_layer(const place *p, const int64_t *c, int k, int closed, co
         ok = same_i64("lv_num", b->lv_num + l0, r->lv_num + l0, nl, ctx) &&
              same_i64("lv_den", b->lv_den + l0, r->lv_den + l0, nl, ctx);
     }
-    if (!ok) fprintf(stderr, "%s: C = %d, M = %d (one thread: C = %d, M = %d)\n", ctx, b->C, b->M,
-                     r->C, r->M);
+    if (!ok)
+        fprintf(stderr, "%s: C = %d, M = %d (one thread: C = %d, M = %d)\n", ctx, b->C, b->M, r->C,
+                r->M);
     assert_true(ok);
     free(ref.mem);
     free(lan.mem);

@@ -32,9 +32,9 @@ static inline place bal_random_place(tu_rng *r, int32_t E, int32_t G, int32_t pe
     for (int32_t n = 0; n < nodes; n++) {
         int32_t *s0 = p2l + (size_t)n * (size_t)ns, e0 = n * ne;
         for (int32_t s = 0; s < ns; s++)
-            s0[s] = e0 + (s < ne                                ? s
-                          : hot > 0 && tu_below(r, 2) == 0      ? (int32_t)tu_below(r, (uint32_t)hot)
-                                                                : (int32_t)tu_below(r, (uint32_t)ne));
+            s0[s] = e0 + (s < ne                           ? s
+                          : hot > 0 && tu_below(r, 2) == 0 ? (int32_t)tu_below(r, (uint32_t)hot)
+                                                           : (int32_t)tu_below(r, (uint32_t)ne));
         for (int32_t s = ns - 1; s > 0; s--) {
             int32_t j = (int32_t)tu_below(r, (uint32_t)s + 1), t = s0[s];
             s0[s] = s0[j];
