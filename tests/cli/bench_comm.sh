@@ -30,6 +30,15 @@ else
     [ $rc -eq 2 ] && grep -q -- "--gpus 1024 asks for more GPUs than the [0-9]* this process sees" \
         <<<"$msg" || fail "--gpus past the visible GPUs: exit $rc: $msg"
 fi
+# --json appends: a file that holds anything but earlier runs' JSON lines is
+# refused before the run and left as it was
+tmpj=$(mktemp /tmp/epx-bench-json.XXXXXX)
+echo '{"logical_count": [[1, 2]]}' >"$tmpj"
+msg=$("$EPX_BIN" bench comm --backend mpi --model kimi-k2.5 --tokens 1 --json "$tmpj" 2>&1); rc=$?
+[ $rc -eq 2 ] && grep -q "holds something other than the JSON lines of earlier runs (line 1" \
+    <<<"$msg" || { rm -f "$tmpj"; fail "--json over a counts file: exit $rc: $msg"; }
+[ "$(cat "$tmpj")" = '{"logical_count": [[1, 2]]}' ] || { rm -f "$tmpj"; fail "--json spoilt its file"; }
+rm -f "$tmpj"
 
 MPIRUN=$(command -v mpirun || true)
 if [ -z "$MPIRUN" ]; then echo "mpirun not found: MPI part skipped"; exit 77; fi

@@ -11,6 +11,7 @@
 #include <math.h>
 #include <stdbool.h>
 #include <stdio.h>
+#include <string.h>
 
 #include "bench_runs.h"
 
@@ -51,4 +52,30 @@ void cli_bench_runs(json_t *lines, int *run_of, double *when) {
         when[i] = t;
         last = t;
     }
+}
+
+json_t *cli_bench_lines(const char *text, size_t len, size_t *bad_line) {
+    json_t *arr = json_array();
+    size_t line = 0, bad = 0;
+    for (size_t at = 0; bad == 0 && at < len;) {
+        const char *nl = memchr(text + at, '\n', len - at);
+        size_t n = nl ? (size_t)(nl - (text + at)) : len - at;
+        line++;
+        if (n > 0 && !(n == 1 && text[at] == '\r')) {
+            json_t *o = json_loadb(text + at, n, 0, NULL);
+            if (json_is_object(o) && json_object_get(o, "phase") != NULL)
+                json_array_append_new(arr, o);
+            else {
+                json_decref(o);
+                bad = line;
+            }
+        }
+        at += n + 1;
+    }
+    if (bad_line) *bad_line = bad;
+    if (bad != 0 || json_array_size(arr) == 0) {
+        json_decref(arr);
+        return NULL;
+    }
+    return arr;
 }

@@ -6,6 +6,7 @@
 #define EPX_CLI_BENCH_RUNS_H
 
 #include <jansson.h>
+#include <stddef.h>
 
 /* Lines further apart than this start a new run (scripts/readme_figures.py's
  * RUN_GAP_S, the same rule). */
@@ -13,6 +14,12 @@
 
 /* A line without a date the benchmark writes: older than every dated one. */
 #define CLI_UNDATED (-1e300)
+
+/* The JSON lines of a file's text as an array (objects with a "phase", as
+ * the benchmark writes them; blank lines skipped), or NULL when it is not
+ * such a file or holds none; *bad_line (if given) is then the first line
+ * that is not one (1-based; 0 when the text holds no line at all). */
+json_t *cli_bench_lines(const char *text, size_t len, size_t *bad_line);
 
 /* Line r's date in seconds since 1970, or CLI_UNDATED. */
 double cli_bench_date(json_t *r);

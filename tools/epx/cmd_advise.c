@@ -367,30 +367,6 @@ static int refuse_untimed(const char *path, const char *what, const link_row *L)
     return CLI_EXIT_USAGE;
 }
 
-/* The JSON lines of a file's text, as an array, or NULL when it is not one. */
-static json_t *load_lines(const char *text, size_t len) {
-    json_t *arr = json_array();
-    bool ok = true;
-    for (size_t at = 0; ok && at < len;) {
-        const char *nl = memchr(text + at, '\n', len - at);
-        size_t n = nl ? (size_t)(nl - (text + at)) : len - at;
-        if (n > 0 && !(n == 1 && text[at] == '\r')) {
-            json_t *o = json_loadb(text + at, n, 0, NULL);
-            ok = json_is_object(o) && json_object_get(o, "phase") != NULL;
-            if (ok)
-                json_array_append_new(arr, o);
-            else
-                json_decref(o);
-        }
-        at += n + 1;
-    }
-    if (!ok || json_array_size(arr) == 0) {
-        json_decref(arr);
-        return NULL;
-    }
-    return arr;
-}
-
 int cmd_advise(int argc, char **argv) {
     cli_opt opts[] = {
         {"--model", "NAME|PATH",
@@ -508,7 +484,7 @@ int cmd_advise(int argc, char **argv) {
                           "--measured (EPX_MAX_INPUT_BYTES)", &mtext, &mlen, &rerr) != EPX_OK)
             return cli_report(&cmd, &rerr);
     }
-    json_t *lines = mtext ? load_lines(mtext, mlen) : NULL;
+    json_t *lines = mtext ? cli_bench_lines(mtext, mlen, NULL) : NULL;
     json_error_t je;
     json_t *root = mtext && lines == NULL ? json_loadb(mtext, mlen, 0, &je) : NULL;
     epx_free(mtext);

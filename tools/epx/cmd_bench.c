@@ -35,6 +35,7 @@
 #endif
 
 #include <errno.h>
+#include <sys/stat.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -43,6 +44,7 @@
 #include <time.h>
 
 #include "bench_comm.h"
+#include "bench_runs.h"
 #include "cli.h"
 #include "epx_comm.h"
 
@@ -486,6 +488,36 @@ static int write_jsonl(FILE *f, const bench_args *a, int32_t R, const bench_row 
     return 0;
 }
 
+/* --json appends, so a file that already holds something must be JSON
+ * lines of earlier runs (what `epx advise --measured` reads): anything else
+ * (a counts file, a report) would be spoilt by the first line appended.
+ * Returns -1 (go on), or the exit code after saying why not. */
+static int jsonl_appendable(const char *path) {
+    if (path == NULL || strcmp(path, "-") == 0) return -1;
+    struct stat st;
+    if (stat(path, &st) != 0 || st.st_size == 0) return -1; /* a new name or an empty file */
+    char *text = NULL;
+    size_t len = 0, bad = 0;
+    epx_error err = {0};
+    if (epx_file_read(path, EPX_MAX_INPUT_BYTES, "--json (EPX_MAX_INPUT_BYTES)", &text, &len,
+                      &err) != EPX_OK) {
+        fprintf(stderr, "epx bench comm: --json '%s': %s\n", path, err.msg);
+        return CLI_EXIT_USAGE;
+    }
+    json_t *lines = cli_bench_lines(text, len, &bad);
+    epx_free(text);
+    if (lines != NULL) {
+        json_decref(lines);
+        return -1;
+    }
+    fprintf(stderr,
+            "epx bench comm: --json '%s' holds something other than the JSON lines of earlier "
+            "runs (line %zu is not one); --json appends, which would spoil it: name a new file, "
+            "or one this benchmark wrote\n",
+            path, bad);
+    return CLI_EXIT_USAGE;
+}
+
 /* Open --json's file for appending ("-": stdout). */
 static FILE *open_jsonl(const bench_args *a) {
     if (a->jsonl == NULL) return NULL;
@@ -676,7 +708,7 @@ static int parse_args(cli_cmd *cmd, bench_args *a) {
         int rc = cli_outputs_check(cmd, &model, 1, outs, 2);
         if (rc >= 0) return rc;
     }
-    return -1;
+    return jsonl_appendable(a->jsonl);
 }
 
 /* Run on one rank, print on rank 0. */
