@@ -82,4 +82,29 @@ json.dump({"replica_weights": w}, open(sys.argv[3], "w"))
 PY
 bad "replica_weights[1] must hold 12 numbers" --routing weighted --weights "$TMP/w1.json"
 bad "replica_weights[2][5] must be a number >= 0" --routing weighted --weights "$TMP/w2.json"
+# a report of another placement (its own map differs), and an expert whose
+# replicas all weigh 0, are refused by name
+python3 - "$TMP/r.json" "$TMP/w3.json" "$TMP/w4.json" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))
+m = r["physical_to_logical_map"]
+m[1][0], m[1][1] = m[1][1], m[1][0]
+json.dump(r, open(sys.argv[2], "w"))
+r = json.load(open(sys.argv[1]))
+m, w = r["physical_to_logical_map"], r["replica_weights"]
+for p, e in enumerate(m[2]):
+    if e == 3:
+        w[2][p] = 0.0
+json.dump(r, open(sys.argv[3], "w"))
+PY
+if python3 -c "import json,sys; m=json.load(open(sys.argv[1]))['physical_to_logical_map'][1]; \
+sys.exit(m[0] == m[1])" "$TMP/r.json"; then
+    bad "its physical_to_logical_map is not --placement's (layer 1, slot 0" --routing weighted \
+        --weights "$TMP/w3.json"
+fi
+bad "replica_weights[2]: every replica of expert 3 weighs 0" --routing weighted \
+    --weights "$TMP/w4.json"
+# the per-batch work is bounded before it starts
+bad "above the limit 2.15e+09 (a few minutes on one core): lower --batches or --batch-tokens" \
+    --routing dynamic --batch-tokens 65536,65536 --batches 1024 --top-k 8
 echo "eval --routing: all checks passed"

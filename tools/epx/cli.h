@@ -196,9 +196,12 @@ epx_status cli_per_batch(const double *load, int32_t num_windows, const cli_batc
                          cli_batch_case *cases, int num_cases, epx_error *err);
 
 /* --weights FILE (weights_in.c): "replica_weights" [L][P], finite and >= 0,
- * into a malloc'd *out (caller frees). Returns -1 when read, else the exit
+ * for placement map [L][P] (the report's own map, when it has one, must be
+ * it; every expert needs a replica of positive weight), into a malloc'd
+ * *out (caller frees). Returns -1 when read, else the exit
  * code after a message naming the file and the bad entry. */
-int cli_read_weights(const cli_cmd *cmd, const char *path, int32_t L, int32_t P, double **out);
+int cli_read_weights(const cli_cmd *cmd, const char *path, const int32_t *map, int32_t L, int32_t P,
+                     double **out);
 
 /* Every subcommand. */
 int cmd_demo(int argc, char **argv);

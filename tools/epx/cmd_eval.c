@@ -18,6 +18,7 @@
 #define MAX_BATCH_TOKENS 65536
 #define MAX_TOP_K 1024
 #define MAX_BATCHES 1024
+#define MAX_BATCH_PAIRS 2147483648.0 /* 2^31 (token, expert) pairs: batch_work_check */
 
 static const int32_t DEFAULT_TOKENS[] = {1, 32, 512, 4096};
 
@@ -218,6 +219,25 @@ static int batch_options(const cli_cmd *cmd, batch_result *b) {
     return -1;
 }
 
+/* The per-batch figures draw and route every (token, expert) pair of
+ * L x --batches batches of each size, ~100 ns a pair on one core: at the
+ * options' maxima on a 61-layer model that is 33 billion pairs, most of an
+ * hour. Refused before any work above MAX_BATCH_PAIRS (a few minutes),
+ * naming the count and what to lower. Returns -1 to go on, else the exit
+ * code. */
+static int batch_work_check(const batch_result *b, int32_t L) {
+    double tokens = 0.0;
+    for (int32_t i = 0; i < b->o.num_sizes; i++) tokens += b->o.tokens[i];
+    const double pairs = (double)L * b->o.batches * tokens * b->o.top_k;
+    if (pairs <= MAX_BATCH_PAIRS) return -1;
+    fprintf(stderr,
+            "epx eval: the per-batch figures would draw %.3g (token, expert) pairs (%d layers x "
+            "--batches %d x %.0f tokens over --batch-tokens x --top-k %d), above the limit %.3g "
+            "(a few minutes on one core): lower --batches or --batch-tokens\n",
+            pairs, L, b->o.batches, tokens, b->o.top_k, (double)MAX_BATCH_PAIRS);
+    return CLI_EXIT_USAGE;
+}
+
 int cmd_eval(int argc, char **argv) {
     cli_opt opts[] = {
         {"--placement", "FILE",
@@ -309,9 +329,10 @@ int cmd_eval(int argc, char **argv) {
         rc = CLI_EXIT_USAGE;
         goto done;
     }
+    if (br.on && (rc = batch_work_check(&br, L)) >= 0) goto done;
     epx_shape s = {L, c->num_experts, P, G, N};
     if (br.routing == CLI_ROUTE_WEIGHTED &&
-        (rc = cli_read_weights(&cmd, cli_get(&cmd, "--weights"), L, P, &weights)) >= 0)
+        (rc = cli_read_weights(&cmd, cli_get(&cmd, "--weights"), map, L, P, &weights)) >= 0)
         goto done;
     rc = CLI_EXIT_OK;
     if (epx_layout_create_from_map(&s, map, &lay, &err) != EPX_OK ||
