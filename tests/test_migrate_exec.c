@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "testutil.h"
+#include "migrate_maps.h"
 #include "corrupt_comm.h"
 #include "thread_comm.h"
 
@@ -208,21 +209,6 @@ static void check_consistent(const scenario *sc, int32_t r) {
     }
 }
 
-static int32_t *random_map(tu_rng *r, const epx_shape *s) {
-    const int32_t P = s->num_physical_experts, E = s->num_logical_experts;
-    int32_t *m = malloc(sizeof *m * (size_t)s->num_layers * P);
-    for (int32_t l = 0; l < s->num_layers; l++) {
-        int32_t *row = m + (size_t)l * P;
-        for (int32_t p = 0; p < P; p++) row[p] = p < E ? p : (int32_t)tu_below(r, (uint32_t)E);
-        for (int32_t p = P - 1; p > 0; p--) {
-            int32_t q = (int32_t)tu_below(r, (uint32_t)p + 1), t = row[p];
-            row[p] = row[q];
-            row[q] = t;
-        }
-    }
-    return m;
-}
-
 /* A random case: shape, maps, failed GPUs, plan, layout of the weights. */
 typedef struct rcase {
     epx_shape s;
@@ -240,11 +226,13 @@ static void make_case(tu_rng *r, rcase *c, bool allow_failed) {
     int32_t E = 1 + (int32_t)tu_below(r, 12);
     int32_t spg = (E + G - 1) / G + (int32_t)tu_below(r, 3);
     c->s = (epx_shape){1 + (int32_t)tu_below(r, 4), E, spg * G, G, N};
-    c->a = random_map(r, &c->s);
-    c->b = random_map(r, &c->s);
+    c->a = mm_random_map(r, &c->s);
+    c->b = mm_random_map(r, &c->s);
     if (allow_failed && tu_below(r, 3) == 0) {
         c->failed[tu_below(r, (uint32_t)G)] = 1;
-        c->any_failed = true;
+        /* the target keeps every expert live, as a plan around the loss does */
+        c->any_failed = mm_keep_live(&c->s, c->b, c->failed);
+        if (!c->any_failed) memset(c->failed, 0, sizeof c->failed);
     }
     epx_migrate_opts o = EPX_MIGRATE_OPTS_INIT;
     o.expert_bytes = 1 + tu_below(r, 300);

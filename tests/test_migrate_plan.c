@@ -10,22 +10,7 @@
 #include <string.h>
 
 #include "testutil.h"
-
-/* A random valid map [L][P]: every expert once, the rest random, shuffled. */
-static int32_t *random_map(tu_rng *r, const epx_shape *s) {
-    const int32_t L = s->num_layers, P = s->num_physical_experts, E = s->num_logical_experts;
-    int32_t *m = malloc(sizeof *m * (size_t)L * (size_t)P);
-    for (int32_t l = 0; l < L; l++) {
-        int32_t *row = m + (size_t)l * P;
-        for (int32_t p = 0; p < P; p++) row[p] = p < E ? p : (int32_t)tu_below(r, (uint32_t)E);
-        for (int32_t p = P - 1; p > 0; p--) {
-            int32_t q = (int32_t)tu_below(r, (uint32_t)p + 1), t = row[p];
-            row[p] = row[q];
-            row[q] = t;
-        }
-    }
-    return m;
-}
+#include "migrate_maps.h"
 
 /* A target near `old`: each layer swaps a few slots across GPUs and
  * re-targets a few redundant ones, then shuffles inside each GPU, so that
@@ -114,8 +99,8 @@ static void relabel_is_maximum_matching(void **state) {
     tu_rng r = {tu_seed(81)};
     for (int iter = 0; iter < 300; iter++) {
         epx_shape s = random_shape(&r);
-        int32_t *a = random_map(&r, &s);
-        int32_t *b = iter % 2 ? random_map(&r, &s) : perturbed_map(&r, &s, a);
+        int32_t *a = mm_random_map(&r, &s);
+        int32_t *b = iter % 2 ? mm_random_map(&r, &s) : perturbed_map(&r, &s, a);
         epx_layout *cur = make(&s, a), *tgt = make(&s, b);
         epx_migrate_opts o = EPX_MIGRATE_OPTS_INIT;
         o.expert_bytes = 10;
@@ -297,14 +282,22 @@ static void check_naive(const epx_shape *s, const int32_t *old, const int32_t *g
 static void random_plans_replay(void **state) {
     (void)state;
     tu_rng r = {tu_seed(82)};
+    int refusals = 0, live_plans = 0;
     for (int iter = 0; iter < 400; iter++) {
         epx_shape s = random_shape(&r);
-        int32_t *a = random_map(&r, &s);
-        int32_t *b = iter % 3 ? perturbed_map(&r, &s, a) : random_map(&r, &s);
+        int32_t *a = mm_random_map(&r, &s);
+        int32_t *b = iter % 3 ? perturbed_map(&r, &s, a) : mm_random_map(&r, &s);
         uint8_t *failed = NULL;
         if (iter % 4 == 3 && s.num_gpus > 1) {
             failed = calloc((size_t)s.num_gpus, 1);
             failed[tu_below(&r, (uint32_t)s.num_gpus)] = 1;
+        }
+        /* a target that leaves an expert only on the failed GPU is refused
+         * by name; otherwise it is made to keep one, as a plan would */
+        bool refused = failed != NULL && iter % 8 == 7 && mm_loses_an_expert(&s, b, failed);
+        if (failed != NULL && !refused && !mm_keep_live(&s, b, failed)) {
+            free(failed);
+            failed = NULL;
         }
         epx_layout *cur = make(&s, a), *tgt = make(&s, b);
         epx_migrate_opts o = EPX_MIGRATE_OPTS_INIT;
@@ -314,7 +307,20 @@ static void random_plans_replay(void **state) {
         o.failed_gpus = failed;
         epx_migration *m = NULL;
         epx_error err = {0};
+        if (refused) {
+            assert_int_equal(epx_migration_plan(cur, tgt, &o, &m, &err), EPX_ERR_INVALID_MAP);
+            TU_MSG_HAS(err.msg, "the target: layer ", "has replicas only on failed GPUs (GPU ",
+                       "epx plan --failed-gpus");
+            epx_layout_destroy(cur);
+            epx_layout_destroy(tgt);
+            free(a);
+            free(b);
+            free(failed);
+            refusals++;
+            continue;
+        }
         assert_int_equal(epx_migration_plan(cur, tgt, &o, &m, &err), EPX_OK);
+        live_plans += failed != NULL;
         const int32_t *rel = epx_layout_physical_to_logical(epx_migration_layout(m));
         if (!o.relabel)
             assert_memory_equal(rel, b, sizeof *b * (size_t)s.num_layers * s.num_physical_experts);
@@ -332,6 +338,7 @@ static void random_plans_replay(void **state) {
         free(b);
         free(failed);
     }
+    assert_true(refusals > 0 && live_plans > 0); /* both kinds of case ran */
 }
 
 /* 2 nodes x 2 GPUs x 2 slots, E = 6. Expert 5 lives only on node 0 (GPU 0);

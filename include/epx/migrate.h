@@ -87,8 +87,11 @@ typedef struct epx_migration epx_migration;
  *          out (out) owned by the caller (epx_migration_destroy).
  * Returns: EPX_OK; EPX_ERR_SHAPE (the shapes differ, named); EPX_ERR_INVALID_ARG
  *          (expert_bytes 0, a bad version, relabel/relay not 0 or 1, every GPU
- *          failed); EPX_ERR_OVERFLOW (expert_bytes times slots); EPX_ERR_NOMEM.
- *          An expert no live GPU holds is not an error: its slots get
+ *          failed); EPX_ERR_INVALID_MAP (with failed_gpus: a target that leaves
+ *          an expert's every replica on failed GPUs, which no token could
+ *          reach: the layer, expert and GPU named; plan it with failed_gpus);
+ *          EPX_ERR_OVERFLOW (expert_bytes times slots); EPX_ERR_NOMEM.
+ *          An expert no live GPU holds in `current` is not an error: its slots get
  *          EPX_MOVE_LOAD (see epx_migration_stats.loaded).
  * Thread:  any thread; the result is immutable and may be shared.
  * Cost:    O(L * P log(P/G)) time, O(L * P) memory.

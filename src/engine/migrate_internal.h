@@ -23,4 +23,10 @@ struct epx_migration {
     epx_migration_stats stats;
 };
 
+/* Refuses a layout with an expert whose every replica is on a failed GPU
+ * (naming `what`, the layer, the expert and a GPU it is on); else sets *most
+ * to the most live replicas of any expert. failed NULL: all live (live.c). */
+EPXI_HIDDEN epx_status epxi_live_replicas_most(const epx_layout *layout, const uint8_t *failed,
+                                               const char *what, int32_t *most, epx_error *err);
+
 #endif

@@ -220,6 +220,10 @@ epx_status epx_migration_plan(const epx_layout *current, const epx_layout *targe
     EPX_TRY(check_shapes(current, target, err));
     const epx_shape *sh = epx_layout_shape(current);
     EPX_TRY(check_opts(opts, sh, err));
+    if (opts->failed_gpus != NULL) { /* a target that leaves an expert only on lost GPUs */
+        int32_t most = 0;
+        EPX_TRY(epxi_live_replicas_most(target, opts->failed_gpus, "the target", &most, err));
+    }
     const int32_t P = sh->num_physical_experts, E = sh->num_logical_experts, G = sh->num_gpus;
     const size_t cells = (size_t)sh->num_layers * (size_t)P;
     const int32_t *old = epx_layout_physical_to_logical(current);

@@ -24,8 +24,15 @@ PY
 expect_exit 0 "$EPX" migrate plan --from "$TMP/a.json" --to "$TMP/b.json" --gpus 4 --nodes 2 \
     --expert-bytes 100 --no-relay --no-relabel
 expect_in "$TMP/out" "slots changed" "naive" "GB over links" "of the naive plan's bytes"
-# Losing GPU 1: what it held must come from elsewhere or be loaded.
-expect_exit 0 "$EPX" migrate plan --from "$TMP/a.json" --to "$TMP/b.json" --gpus 4 --nodes 2 \
+# Losing GPU 1: what it held must come from elsewhere or be loaded. A target
+# that leaves experts 1 and 3 only there is refused, naming them; one that
+# keeps a live replica of each is planned.
+expect_exit 2 "$EPX" migrate plan --from "$TMP/a.json" --to "$TMP/b.json" --gpus 4 --nodes 2 \
+    --expert-bytes 100 --failed-gpus 1
+expect_in "$TMP/err" "the target: layer 0: logical expert 1 has replicas only on failed GPUs (GPU 1)" \
+    "epx plan --failed-gpus"
+echo '{"physical_to_logical_map": [[5, 0, 1, 3, 4, 1, 2, 3]]}' >"$TMP/b1.json"
+expect_exit 0 "$EPX" migrate plan --from "$TMP/a.json" --to "$TMP/b1.json" --gpus 4 --nodes 2 \
     --expert-bytes 100 --failed-gpus 1 --json
 python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); assert d["slots"] == 6 and d["per_gpu"][1] == {"sent": 0, "received": 0}, d' "$TMP/out" \
     || fail "failed GPU still moves"
