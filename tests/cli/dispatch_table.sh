@@ -120,6 +120,21 @@ expect_in "$TMP/err" "logical_to_physical_map" "--order ascending"
 python3 -c 'import json; print(json.dumps({"physical_to_logical_map": [[0, 1, 0, 1]], "logical_to_physical_map": [[[0, 1], [3, -1]]]}))' >"$TMP/bad.json"
 expect_exit 2 "$EPX" dispatch-table --placement "$TMP/bad.json" --gpus 2 --order replica-rank -o "$TMP/x.json"
 expect_in "$TMP/err" "lists slot 1" "disagree"
+# Lists that repeat a slot, miss one, pad before a slot or name one past P.
+rr() { # NAME LISTS NEEDLE...
+    local name=$1 lists=$2
+    shift 2
+    echo "{\"physical_to_logical_map\": [[0, 1, 0, 1]], \"logical_to_physical_map\": [$lists]}" \
+        >"$TMP/$name.json"
+    expect_exit 2 "$EPX" dispatch-table --placement "$TMP/$name.json" --gpus 2 --order replica-rank \
+        -o "$TMP/x.json"
+    expect_in "$TMP/err" "$@"
+}
+rr twice '[[0, 0], [1, 3]]' "logical_to_physical_map[0][0] lists slot 0 twice (columns 0 and 1)"
+rr missing '[[0, -1], [1, 3]]' "lists 1 of the 2 slots physical_to_logical_map gives expert 0 (slot 2 is missing)"
+rr padfirst '[[-1, 0, 2], [1, 3, -1]]' "lists slot 0 after the padding at column 0"
+rr past '[[0, 9], [1, 3]]' "lists slot 9 outside [0, 4) (the slots per layer)"
+[ -e "$TMP/x.json" ] && fail "a refused table was written"
 # Bad options.
 expect_exit 2 "$EPX" dispatch-table --placement "$TMP/map.json" --gpus 3 -o "$TMP/x.json"
 expect_exit 2 "$EPX" dispatch-table --placement "$TMP/map.json" --gpus 4 --rank 4 -o "$TMP/x.json"

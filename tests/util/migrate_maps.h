@@ -56,8 +56,7 @@ static inline bool mm_keep_live(const epx_shape *s, int32_t *b, const uint8_t *f
 }
 
 /* Whether some expert of target b has no replica off the failed GPUs. */
-static inline bool mm_loses_an_expert(const epx_shape *s, const int32_t *b,
-                                      const uint8_t *failed) {
+static inline bool mm_loses_an_expert(const epx_shape *s, const int32_t *b, const uint8_t *failed) {
     for (int32_t l = 0; l < s->num_layers; l++)
         for (int32_t e = 0; e < s->num_logical_experts; e++)
             if (mm_live_count(s, b + (size_t)l * s->num_physical_experts, failed, e) == 0)

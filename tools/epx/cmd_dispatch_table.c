@@ -29,24 +29,75 @@ static int fail(const char *msg) {
     return CLI_EXIT_USAGE;
 }
 
-/* Check that every replica-rank list names slots holding its expert. */
+/* Check that every replica-rank list is exactly its expert's slots: each
+ * slot holding the expert once, in any order, then -1 padding (SGLang's
+ * logical_to_physical_map); a list that repeats, misses or misplaces a
+ * slot would be read as another placement. */
 static int check_replicas(const int32_t *p2l, int32_t P, const int32_t *rep, int32_t L, int32_t E,
                           int32_t W) {
-    for (int32_t l = 0; l < L; l++)
-        for (int32_t e = 0; e < E; e++)
-            for (int32_t j = 0; j < W; j++) {
-                int32_t p = rep[((size_t)l * (size_t)E + (size_t)e) * (size_t)W + (size_t)j];
-                if (p < 0) continue;
-                if (p >= P || p2l[(size_t)l * (size_t)P + (size_t)p] != e) {
-                    fprintf(stderr,
-                            "epx dispatch-table: logical_to_physical_map[%d][%d] lists slot %d, "
-                            "but physical_to_logical_map puts expert %d there: the two maps "
-                            "disagree\n",
-                            l, e, p, p >= 0 && p < P ? p2l[(size_t)l * (size_t)P + (size_t)p] : -1);
-                    return CLI_EXIT_USAGE;
+    int32_t *seen = malloc(sizeof *seen * (size_t)P), *held = calloc((size_t)E, sizeof *held);
+    int rc = -1;
+    if (seen == NULL || held == NULL) {
+        fprintf(stderr, "epx dispatch-table: out of memory checking logical_to_physical_map\n");
+        rc = CLI_EXIT_FAIL;
+    }
+    for (int32_t l = 0; l < L && rc < 0; l++) {
+        const int32_t *row = p2l + (size_t)l * (size_t)P;
+        memset(held, 0, sizeof *held * (size_t)E);
+        for (int32_t p = 0; p < P; p++) {
+            seen[p] = -1;
+            if (row[p] >= 0 && row[p] < E) held[row[p]]++;
+        }
+        for (int32_t e = 0; e < E && rc < 0; e++) {
+            const int32_t *list = rep + ((size_t)l * (size_t)E + (size_t)e) * (size_t)W;
+            int32_t n = 0, pad = -1;
+            for (int32_t j = 0; j < W && rc < 0; j++) {
+                const int32_t p = list[j];
+                const char *why = NULL;
+                char what[96] = "";
+                if (p < 0) {
+                    if (pad < 0) pad = j;
+                    continue;
                 }
+                if (pad >= 0) {
+                    snprintf(what, sizeof what, "after the padding at column %d", pad);
+                    why = "the -1 padding must come after the expert's slots";
+                } else if (p >= P) {
+                    snprintf(what, sizeof what, "outside [0, %d) (the slots per layer)", P);
+                    why = "a slot must be one of the placement's";
+                } else if (row[p] != e) {
+                    snprintf(what, sizeof what, "but physical_to_logical_map puts expert %d there",
+                             row[p]);
+                    why = "the two maps disagree";
+                } else if (seen[p] >= 0) {
+                    snprintf(what, sizeof what, "twice (columns %d and %d)", seen[p], j);
+                    why = "each replica must be listed once";
+                }
+                if (why != NULL) {
+                    fprintf(stderr,
+                            "epx dispatch-table: logical_to_physical_map[%d][%d] lists slot %d "
+                            "%s: %s\n",
+                            l, e, p, what, why);
+                    rc = CLI_EXIT_USAGE;
+                }
+                seen[p < 0 || p >= P ? 0 : p] = j;
+                n++;
             }
-    return -1;
+            if (rc < 0 && n != held[e]) {
+                int32_t miss = 0;
+                while (miss < P && !(row[miss] == e && seen[miss] < 0)) miss++;
+                fprintf(stderr,
+                        "epx dispatch-table: logical_to_physical_map[%d][%d] lists %d of the %d "
+                        "slots physical_to_logical_map gives expert %d (slot %d is missing): "
+                        "the two maps disagree\n",
+                        l, e, n, held[e], e, miss);
+                rc = CLI_EXIT_USAGE;
+            }
+        }
+    }
+    free(seen);
+    free(held);
+    return rc;
 }
 
 int cmd_dispatch_table(int argc, char **argv) {
@@ -221,7 +272,8 @@ int cmd_dispatch_table(int argc, char **argv) {
         if (counts->num_layers != L || counts->num_experts != E) {
             fprintf(stderr,
                     "epx dispatch-table: --counts is [%d][%d] (layers x experts), the "
-                    "placement [%d][%d]\n",
+                    "placement [%d][%d]: they are for different models; give the counts "
+                    "recorded with this placement's model\n",
                     counts->num_layers, counts->num_experts, L, E);
             ret = CLI_EXIT_USAGE;
             goto done;
