@@ -48,7 +48,8 @@ static int same_map(const cli_cmd *cmd, const char *path, json_t *root, const in
 }
 
 /* Every expert that holds a slot needs a replica of positive weight, or
- * its tokens could go nowhere (SGLang's draw refuses such weights too). */
+ * its tokens could go nowhere by these weights (an even split, the
+ * fallback, would answer a question that was not asked). */
 static int every_expert_weighed(const cli_cmd *cmd, const char *path, const double *w,
                                 const int32_t *map, int32_t L, int32_t P) {
     int32_t E = 0;
