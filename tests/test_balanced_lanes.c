@@ -49,6 +49,7 @@ static struct warp {
     int32_t c;
 } W = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0, {0}, {0}, {0}, {0}, NULL, 0};
 
+static unsigned long barriers;         /* every barrier the lanes passed (EPX_LANES_STATS) */
 static _Thread_local int my_lane = -1; /* -1: not a lane (the nl = 1 reference) */
 static _Thread_local unsigned my_syncs;
 
@@ -78,6 +79,7 @@ static void barrier(int site) {
             }
         W.arrived = 0;
         W.gen++;
+        barriers++;
         pthread_cond_broadcast(&W.cv);
     } else {
         struct timespec until;
@@ -280,11 +282,50 @@ static void small_layers(void **state) {
     assert_true(by_subsets > 0);
 }
 
+/* EPX_LANES_STATS=1: the barriers a layer takes (every __syncwarp, shuffle
+ * reduction and vote of the warps), averaged over 12 random layers per
+ * shape and batch of T tokens x top-8 (skewed toward low experts): the
+ * length of the solve's chain in steps, a figure that needs no GPU
+ * (bench/RESULTS.md). Skipped otherwise. */
+static void barrier_counts(void **state) {
+    (void)state;
+    if (getenv("EPX_LANES_STATS") == NULL) skip();
+    static const struct {
+        const char *name;
+        int32_t E, G, per, nodes;
+    } shapes[] = {{"Kimi-K2.5", 384, 8, 52, 1}, {"DeepSeek-V3 node-local", 256, 32, 9, 4}};
+    static const int32_t Ts[] = {1, 16, 128, 1024, 4096};
+    for (size_t si = 0; si < 2; si++) {
+        printf("%-24s", shapes[si].name);
+        for (size_t ti = 0; ti < 5; ti++) {
+            tu_rng r = {7};
+            const int32_t E = shapes[si].E;
+            int64_t *c = malloc(sizeof(int64_t) * (size_t)E);
+            barriers = 0;
+            for (int it = 0; it < 12; it++) {
+                place p =
+                    bal_random_place(&r, E, shapes[si].G, shapes[si].per, 8, shapes[si].nodes);
+                memset(c, 0, sizeof(int64_t) * (size_t)E);
+                for (int32_t t = 0; t < Ts[ti] * 8; t++) {
+                    double u = tu_uniform(&r);
+                    c[(int32_t)(E * u * u)]++;
+                }
+                one_layer(&p, c, -1, 1, shapes[si].name);
+                bal_free_place(&p);
+            }
+            printf("  T=%d: %.1f", Ts[ti], (double)barriers / 12.0);
+            free(c);
+        }
+        printf("  barriers a layer\n");
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(kimi_k25),
         cmocka_unit_test(deepseek_v3),
         cmocka_unit_test(small_layers),
+        cmocka_unit_test(barrier_counts),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
