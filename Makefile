@@ -3,6 +3,7 @@
 # are missing), then configure and build.
 BUILD      ?= build
 ASAN_BUILD ?= build-asan
+TSAN_BUILD ?= build-tsan
 JOBS       ?= $(shell nproc 2>/dev/null || echo 2)
 CMAKE_ARGS ?=
 PREFIX     ?= /usr/local
@@ -17,7 +18,7 @@ endif
 # Everything: tests, CUDA kernels and MPI when found.
 FULL_ARGS  = -DCMAKE_BUILD_TYPE=Release -DEPX_BUILD_TESTS=ON -DEPX_WITH_CUDA=ON -DEPX_WITH_MPI=ON
 
-.PHONY: all deps build demo demo-build install test test-fast test-asan python-test peer-test format format-check fuzz clean bench-plan
+.PHONY: all deps build demo demo-build install test test-fast test-asan test-tsan python-test peer-test format format-check fuzz clean bench-plan
 
 all: build
 
@@ -60,10 +61,11 @@ install: demo-build
 	install -m 644 include/*.h $(PREFIX)/include/
 	install -m 644 include/epx/*.h $(PREFIX)/include/epx/
 
-# The whole suite (the formatting check first), then once more under ASan+UBSan.
+# The whole suite (the formatting check first), then once more under ASan+UBSan,
+# and the tests whose threads stand for a GPU's lanes under TSan.
 # The Python tests come before ctest so their venv (with torch) is there for
 # tests/cli/pt_torch.sh, which checks epx's .pt files against torch itself.
-test: format-check python-test test-fast test-asan
+test: format-check python-test test-fast test-asan test-tsan
 
 # .clang-format applied (format) or checked (format-check); scripts/format.sh
 # lists the paths it leaves alone.
@@ -84,6 +86,24 @@ test-asan: deps
 	@cmake --build $(ASAN_BUILD) -j $(JOBS) $(if $(filter 1,$(V)),,>$(ASAN_BUILD)/build.log 2>&1 || { tail -n 25 $(ASAN_BUILD)/build.log; exit 1; })
 	@cd $(ASAN_BUILD) && { ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure -j $(JOBS) -LE no-asan \
 	  --output-junit ctest.xml; rc=$$?; python3 $(CURDIR)/scripts/test-summary.py ctest.xml asan; exit $$rc; }
+
+# ThreadSanitizer on test_balanced_lanes, whose 32 threads run the balanced
+# solver's warp statements as the kernel's lanes do: a missing __syncwarp
+# between one lane's write and another's read is a data race there as on the
+# GPU. Only that target is built; a compiler without TSan skips it, saying so.
+test-tsan: deps
+	@mkdir -p $(TSAN_BUILD)
+	@if ! echo 'int main(void) { return 0; }' | $${CC:-cc} -fsanitize=thread -x c - \
+	  -o $(TSAN_BUILD)/probe >/dev/null 2>&1; then \
+	  echo "tsan: skipped, $${CC:-cc} cannot build with -fsanitize=thread"; exit 0; fi; \
+	cmake -S . -B $(TSAN_BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DEPX_BUILD_TESTS=ON \
+	  -DEPX_WITH_CUDA=OFF -DEPX_WITH_MPI=OFF -DCMAKE_C_FLAGS=-fsanitize=thread \
+	  -DCMAKE_EXE_LINKER_FLAGS=-fsanitize=thread $(CMAKE_ARGS) >$(TSAN_BUILD)/build.log 2>&1 && \
+	cmake --build $(TSAN_BUILD) -j $(JOBS) --target test_balanced_lanes >>$(TSAN_BUILD)/build.log 2>&1 || \
+	  { tail -n 25 $(TSAN_BUILD)/build.log; echo "tsan: build failed"; exit 1; }; \
+	TSAN_OPTIONS=halt_on_error=1 $(TSAN_BUILD)/test_balanced_lanes >$(TSAN_BUILD)/test.log 2>&1 || \
+	  { tail -n 40 $(TSAN_BUILD)/test.log; echo "tsan: test_balanced_lanes failed"; exit 1; }; \
+	echo "tsan: test_balanced_lanes passed, no data race"
 
 # libFuzzer: every fuzz/fuzz_NAME.c built with clang (ASan+UBSan) into
 # build-fuzz/ and run for FUZZ_SECONDS each on fuzz/corpus/NAME, which keeps
