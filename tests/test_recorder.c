@@ -222,6 +222,24 @@ static void bad_ids_rejected(void **state) {
     int64_t cnt[4] = {1, 2, -3, 4};
     assert_int_equal(epx_recorder_add_slot_counts(rec, 0, cnt, &err), EPX_ERR_INVALID_ARG);
     TU_MSG_HAS(err.msg, "counts[2] is -3");
+    /* counts that each fit but whose layer sum would pass 2^63 - 1 (a GPU's
+     * or an expert's sum overflowed at end_pass), in one call and over two */
+    int64_t huge[4] = {INT64_MAX, INT64_MAX, 0, 0};
+    assert_int_equal(epx_recorder_add_slot_counts(rec, 1, huge, &err), EPX_ERR_INVALID_ARG);
+    TU_MSG_HAS(err.msg, "layer 1: counts[1] is 9223372036854775807", "within 2^63 - 1");
+    int64_t most[4] = {INT64_MAX - 3, 0, 0, 0}, one[4] = {0, 0, 0, 4};
+    assert_int_equal(epx_recorder_add_slot_counts(rec, 1, most, &err), EPX_OK);
+    assert_int_equal(epx_recorder_add_slot_counts(rec, 1, one, &err), EPX_ERR_INVALID_ARG);
+    const int32_t four[4] = {0, 1, 2, 3};
+    assert_int_equal(epx_recorder_add_topk(rec, 1, four, 2, 2, &err), EPX_ERR_OVERFLOW);
+    TU_MSG_HAS(err.msg, "layer 1: 4 more ids", "past 2^63 - 1", "nothing of this call");
+    epx_recorder_discard_pass(rec); /* and the layer's sum with it */
+    assert_int_equal(epx_recorder_add_topk(rec, 0, ok, 1, 2, &err), EPX_OK);
+    assert_int_equal(epx_recorder_add_slot_counts(rec, 1, most, &err), EPX_OK);
+    assert_int_equal(epx_recorder_end_pass(rec, &err), EPX_OK);
+    assert_int_equal(epx_recorder_add_slot_counts(rec, 1, most, &err), EPX_OK); /* a new pass */
+    epx_recorder_discard_pass(rec);
+    assert_int_equal(epx_recorder_add_topk(rec, 0, ok, 1, 2, &err), EPX_OK);
     assert_int_equal(epx_recorder_end_pass(rec, &err), EPX_OK);
     epx_counts *c = NULL;
     assert_int_equal(epx_recorder_dump(rec, &c, &err), EPX_OK);

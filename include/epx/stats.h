@@ -110,8 +110,9 @@ EPX_API epx_status epx_recorder_set_layout(epx_recorder *rec, const epx_layout *
  *          num_tokens >= 0 (0 adds nothing; topk_ids may then be NULL);
  *          top_k >= 1.
  * Returns: EPX_OK; EPX_ERR_INVALID_ARG for a layer out of range, bad sizes,
- *          or an id outside [-1, P) (the message names token, k and id). On
- *          error nothing is counted: the call is all or nothing.
+ *          or an id outside [-1, P) (the message names token, k and id);
+ *          EPX_ERR_OVERFLOW when the layer's count in the open pass would
+ *          pass 2^63 - 1. On error nothing is counted: all or nothing.
  * Thread:  allocates nothing.
  */
 EPX_API epx_status epx_recorder_add_topk(epx_recorder *rec, int32_t layer, const int32_t *topk_ids,
@@ -121,8 +122,10 @@ EPX_API epx_status epx_recorder_add_topk(epx_recorder *rec, int32_t layer, const
  * Add precomputed per-slot token counts of a layer to the open pass (the
  * dispatch room's fused token layout produces them).
  * Args:    layer (in) in [0, L); counts (in) [P] int64, each >= 0.
- * Returns: EPX_OK; EPX_ERR_INVALID_ARG (layer, NULL, a negative count: names
- *          slot and value). All or nothing.
+ * Returns: EPX_OK; EPX_ERR_INVALID_ARG (layer, NULL, a negative count, or
+ *          counts that take the layer's total in the open pass past 2^63 - 1,
+ *          so that no GPU's or expert's sum could overflow: names slot and
+ *          value). All or nothing.
  * Thread:  allocates nothing.
  */
 EPX_API epx_status epx_recorder_add_slot_counts(epx_recorder *rec, int32_t layer,

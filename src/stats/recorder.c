@@ -35,6 +35,9 @@ struct epx_recorder {
     int32_t held;                         /* passes held */
     int64_t *pass;                        /* [L][P] physical counts of the open pass */
     uint8_t *dirty;                       /* [L] layers of the open pass with counts */
+    int64_t *sum;                         /* [L] the open pass's tokens per layer: every GPU's
+                                             and expert's sum is part of it, so keeping it
+                                             within int64 keeps them all */
     int64_t *ring;                        /* [capacity][L][E] logical counts */
     uint32_t *lanes;                      /* [LANES][P + 1] sub-histograms; bin 0 is the sink */
     double *gpu;                          /* [G] scratch: one layer's GPU counts */
@@ -79,7 +82,8 @@ static epx_status compute_sizes(const epx_shape *s, const epx_recorder_opts *o, 
     z->pass = LP * sizeof(int64_t);
     z->lanes = LANES * lane_bins(s) * sizeof(uint32_t);
     z->gpu = (size_t)s->num_gpus * sizeof(double);
-    z->total = sizeof(struct epx_recorder) + z->pass + (size_t)s->num_layers + z->lanes + z->gpu;
+    z->total = sizeof(struct epx_recorder) + z->pass +
+               (size_t)s->num_layers * (1 + sizeof(int64_t)) + z->lanes + z->gpu;
     if (z->ring > (size_t)-1 - z->total)
         return epxi_fail(err, EPX_ERR_OVERFLOW, "recorder size overflows size_t");
     z->total += z->ring;
@@ -101,6 +105,7 @@ void epx_recorder_destroy(epx_recorder *rec) {
     if (rec == NULL) return;
     free(rec->pass);
     free(rec->dirty);
+    free(rec->sum);
     free(rec->ring);
     free(rec->lanes);
     free(rec->gpu);
@@ -122,7 +127,10 @@ epx_status epx_recorder_create(const epx_layout *layout, const epx_recorder_opts
     r->capacity = opts->capacity;
     r->pass = epxi_calloc(z.pass, 1, "recorder pass counts", err);
     r->dirty = r->pass ? epxi_calloc((size_t)s->num_layers, 1, "recorder layer flags", err) : NULL;
-    r->ring = r->dirty ? epxi_calloc(z.ring, 1, "recorder passes", err) : NULL;
+    r->sum = r->dirty
+                 ? epxi_calloc((size_t)s->num_layers, sizeof *r->sum, "recorder layer sums", err)
+                 : NULL;
+    r->ring = r->sum ? epxi_calloc(z.ring, 1, "recorder passes", err) : NULL;
     r->lanes = r->ring ? epxi_calloc(z.lanes, 1, "recorder histograms", err) : NULL;
     r->gpu = r->lanes ? epxi_calloc(z.gpu, 1, "recorder GPU scratch", err) : NULL;
     if (r->gpu == NULL) {
@@ -203,6 +211,12 @@ epx_status epx_recorder_add_topk(epx_recorder *rec, int32_t layer, const int32_t
     int64_t *row = rec->pass + (size_t)layer * (size_t)P;
     /* Validate the whole call before counting anything: all or nothing. */
     if (any_bad(topk_ids, n, (uint32_t)P)) return bad_id(topk_ids, n, top_k, P, layer, err);
+    if ((uint64_t)n > (uint64_t)(INT64_MAX - rec->sum[layer]))
+        return epxi_fail(err, EPX_ERR_OVERFLOW,
+                         "layer %d: %zu more ids would take the pass's count past 2^63 - 1 "
+                         "(it holds %lld): end the pass first; nothing of this call was added",
+                         layer, n, (long long)rec->sum[layer]);
+    rec->sum[layer] += (int64_t)n; /* -1 ids too: an upper bound is all the check needs */
     if (n <= SMALL_CALL_IDS) {
         for (size_t i = 0; i < n; i++)
             if (topk_ids[i] >= 0) row[topk_ids[i]]++;
@@ -228,13 +242,19 @@ epx_status epx_recorder_add_slot_counts(epx_recorder *rec, int32_t layer, const 
     EPX_TRY(check_layer(rec, layer, err));
     const int32_t P = rec->shape.num_physical_experts;
     int64_t *row = rec->pass + (size_t)layer * (size_t)P;
-    for (int32_t p = 0; p < P; p++)
-        if (counts[p] < 0 || counts[p] > INT64_MAX - row[p])
+    int64_t sum = rec->sum[layer];
+    for (int32_t p = 0; p < P; p++) {
+        if (counts[p] < 0 || counts[p] > INT64_MAX - sum)
             return epxi_fail(err, EPX_ERR_INVALID_ARG,
-                             "layer %d: counts[%d] is %lld: slot counts must be >= 0 (and the "
-                             "pass total must fit in int64); nothing of this call was added",
-                             layer, p, (long long)counts[p]);
+                             "layer %d: counts[%d] is %lld: slot counts must be >= 0 and the "
+                             "layer's pass total (%lld before it) must stay within 2^63 - 1, "
+                             "so that every GPU's and expert's sum fits int64; nothing of this "
+                             "call was added",
+                             layer, p, (long long)counts[p], (long long)sum);
+        sum += counts[p];
+    }
     for (int32_t p = 0; p < P; p++) row[p] += counts[p];
+    rec->sum[layer] = sum;
     rec->dirty[layer] = 1;
     return EPX_OK;
 }
@@ -303,6 +323,7 @@ epx_status epx_recorder_end_pass(epx_recorder *rec, epx_error *err) {
         sum_sg += (g.total_f / (float)G + 1e-5f) / (g.max_f + 1e-5f);
         memset(row, 0, (size_t)P * sizeof *row);
         rec->dirty[l] = 0;
+        rec->sum[l] = 0;
     }
     rec->hist[EPX_RECORDER_BALANCEDNESS][rec->hist_head] = loaded ? sum_epx / loaded : 1.0;
     rec->hist[EPX_RECORDER_BALANCEDNESS_SGLANG][rec->hist_head] = (double)(sum_sg / (float)L);
@@ -320,6 +341,7 @@ void epx_recorder_discard_pass(epx_recorder *rec) {
         if (rec->dirty[l]) {
             memset(rec->pass + (size_t)l * P, 0, P * sizeof(int64_t));
             rec->dirty[l] = 0;
+            rec->sum[l] = 0;
         }
 }
 
