@@ -183,12 +183,67 @@ static void init_entry_point(void **state) {
     assert_null(lay);
 }
 
+/* Options that are negative, unknown, contradictory or overflow P are
+ * refused by name, for every form of the spec (never ignored). */
+static void init_options_checked(void **state) {
+    (void)state;
+    const char *map = "{\"physical_to_logical_map\": [[0,1,2,3],[3,2,1,0]]}";
+    const char *cnt = "{\"logical_count\": [[5,1,2,3],[3,2,1,9]]}";
+    epx_layout *lay = NULL;
+    epx_error err = {0};
+    epx_init_opts o = EPX_INIT_OPTS_INIT;
+    o.num_gpus = 2;
+    o.num_layers = 2;
+    o.num_logical_experts = 4;
+    o.num_redundant = INT32_MAX; /* 4 + 2^31 - 1 overflowed int32 */
+    assert_int_equal(epx_layout_init("trivial", &o, &lay, &err), EPX_ERR_SHAPE);
+    TU_MSG_HAS(err.msg, "num_redundant 2147483647", "above the limit");
+    assert_int_equal(epx_layout_init(cnt, &o, &lay, &err), EPX_ERR_SHAPE);
+    o.num_redundant = 4;
+    o.num_physical = 6; /* 4 + 4 is 8 */
+    assert_int_equal(epx_layout_init("trivial", &o, &lay, &err), EPX_ERR_INVALID_ARG);
+    TU_MSG_HAS(err.msg, "num_physical (6) and num_redundant (4) disagree", "8 slots");
+    assert_int_equal(epx_layout_init(cnt, &o, &lay, &err), EPX_ERR_INVALID_ARG);
+    o.num_physical = 8;
+    assert_int_equal(epx_layout_init("trivial", &o, &lay, &err), EPX_OK);
+    epx_layout_destroy(lay);
+    lay = NULL;
+    epx_init_opts m = EPX_INIT_OPTS_INIT;
+    m.num_gpus = 2;
+    m.num_redundant = 3; /* the mapping has 4 slots for 4 experts: was ignored */
+    assert_int_equal(epx_layout_init(map, &m, &lay, &err), EPX_ERR_SHAPE);
+    TU_MSG_HAS(err.msg, "num_redundant 3 asks for 7", "--ep-num-redundant-experts 0");
+    const char *names[] = {"num_nodes", "num_logical_experts", "num_layers", "num_physical",
+                           "num_groups"};
+    for (int i = 0; i < 5; i++) {
+        epx_init_opts n = EPX_INIT_OPTS_INIT;
+        n.num_gpus = 2;
+        int32_t *f[] = {&n.num_nodes, &n.num_logical_experts, &n.num_layers, &n.num_physical,
+                        &n.num_groups};
+        *f[i] = -5;
+        assert_int_equal(epx_layout_init(map, &n, &lay, &err), EPX_ERR_INVALID_ARG);
+        TU_MSG_HAS(err.msg, names[i], "(-5) must be >= 0");
+        assert_null(lay);
+    }
+    epx_init_opts a = EPX_INIT_OPTS_INIT;
+    a.num_gpus = 2;
+    a.algorithm = (epx_algorithm)77;
+    assert_int_equal(epx_layout_init(map, &a, &lay, &err), EPX_ERR_INVALID_ARG);
+    TU_MSG_HAS(err.msg, "algorithm 77 is unknown");
+    a.algorithm = EPX_ALGO_DEEPSEEK;
+    a.sglang_version = "garbage";
+    assert_int_equal(epx_layout_init(map, &a, &lay, &err), EPX_ERR_INVALID_ARG);
+    TU_MSG_HAS(err.msg, "garbage");
+    a.sglang_version = "0.5.23";
+    assert_int_equal(epx_layout_init(map, &a, &lay, &err), EPX_OK);
+    epx_layout_destroy(lay);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(mapping_round_trip),
-        cmocka_unit_test(mapping_errors_explain),
-        cmocka_unit_test(counts_read_and_write),
-        cmocka_unit_test(init_entry_point),
+        cmocka_unit_test(mapping_round_trip),    cmocka_unit_test(mapping_errors_explain),
+        cmocka_unit_test(counts_read_and_write), cmocka_unit_test(init_entry_point),
+        cmocka_unit_test(init_options_checked),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

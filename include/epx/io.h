@@ -133,7 +133,11 @@ typedef struct epx_init_opts {
  * SGLang's init_by_eplb runs). Never returns EPX_OK without a
  * layout: every missing piece is an explained error.
  * Returns: EPX_OK; the statuses of the readers, of epx_layout_create_from_map
- *          and of the planner; EPX_ERR_INVALID_ARG for bad options.
+ *          and of the planner; EPX_ERR_INVALID_ARG for bad options (a
+ *          negative count, an unknown algorithm, a malformed sglang_version,
+ *          num_physical and num_redundant that disagree), checked whatever
+ *          the spec holds; EPX_ERR_SHAPE for E + num_redundant past
+ *          EPX_MAX_EXPERTS or a num_redundant the mapping's P contradicts.
  */
 EPX_API epx_status epx_layout_init(const char *spec, const epx_init_opts *opts, epx_layout **out,
                                    epx_error *err);

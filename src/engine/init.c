@@ -23,6 +23,50 @@ static epx_status check_opts(const epx_init_opts *o, epx_error *err) {
     if (o->num_redundant < 0)
         return epxi_fail(err, EPX_ERR_INVALID_ARG, "num_redundant (%d) must be >= 0",
                          o->num_redundant);
+    /* 0 means "infer" or "default" for these; a negative one is no count */
+    const struct {
+        const char *name;
+        int32_t v;
+    } counts[] = {{"num_nodes", o->num_nodes},
+                  {"num_logical_experts", o->num_logical_experts},
+                  {"num_layers", o->num_layers},
+                  {"num_physical", o->num_physical},
+                  {"num_groups", o->num_groups}};
+    for (size_t i = 0; i < sizeof counts / sizeof counts[0]; i++)
+        if (counts[i].v < 0)
+            return epxi_fail(err, EPX_ERR_INVALID_ARG,
+                             "%s (%d) must be >= 0 (0: inferred, or the default)", counts[i].name,
+                             counts[i].v);
+    if (strcmp(epx_algorithm_name(o->algorithm), "unknown") == 0)
+        return epxi_fail(err, EPX_ERR_INVALID_ARG,
+                         "algorithm %d is unknown: use one of epx_algorithm's EPX_ALGO_* values",
+                         (int)o->algorithm);
+    if (o->sglang_version != NULL) {
+        long v[4];
+        EPX_TRY(epxi_sglang_release(o->sglang_version, v, NULL, err));
+    }
+    return EPX_OK;
+}
+
+/* P for E experts: num_physical, else E + num_redundant; both given must
+ * agree (they are two ways to say one thing), and the sum must fit. */
+static epx_status slots_for(const epx_init_opts *o, int32_t E, int32_t *P, epx_error *err) {
+    const int64_t sum = (int64_t)E + o->num_redundant;
+    if (o->num_physical > 0 && o->num_redundant > 0 && o->num_physical != sum)
+        return epxi_fail(err, EPX_ERR_INVALID_ARG,
+                         "num_physical (%d) and num_redundant (%d) disagree: %d experts + %d "
+                         "redundant is %lld slots; give one of them",
+                         o->num_physical, o->num_redundant, E, o->num_redundant, (long long)sum);
+    if (o->num_physical > 0) {
+        *P = o->num_physical;
+        return EPX_OK;
+    }
+    if (sum > EPX_MAX_EXPERTS)
+        return epxi_fail(err, EPX_ERR_SHAPE,
+                         "%d experts + num_redundant %d is %lld slots per layer, above the "
+                         "limit %d: use fewer redundant slots",
+                         E, o->num_redundant, (long long)sum, EPX_MAX_EXPERTS);
+    *P = (int32_t)sum;
     return EPX_OK;
 }
 
@@ -49,6 +93,13 @@ static epx_status init_from_map(const int32_t *map, int32_t L, int32_t P, const 
                          "the mapping has %d physical slots per layer but %d were asked for "
                          "(E + redundant): pass --ep-num-redundant-experts %d",
                          P, o->num_physical, P - s.num_logical_experts);
+    if (o->num_redundant > 0 && (int64_t)s.num_logical_experts + o->num_redundant != P)
+        return epxi_fail(err, EPX_ERR_SHAPE,
+                         "the mapping has %d physical slots per layer for %d experts but "
+                         "num_redundant %d asks for %lld: pass --ep-num-redundant-experts %d",
+                         P, s.num_logical_experts, o->num_redundant,
+                         (long long)s.num_logical_experts + o->num_redundant,
+                         P - s.num_logical_experts);
     return epx_layout_create_from_map(&s, map, out, err);
 }
 
@@ -61,7 +112,8 @@ static epx_status init_from_counts(const epx_counts *c, const epx_init_opts *o, 
     if (o->num_layers > 0 && o->num_layers != c->num_layers)
         return epxi_fail(err, EPX_ERR_SHAPE, "logical_count has %d layers but the model has %d",
                          c->num_layers, o->num_layers);
-    int32_t P = o->num_physical > 0 ? o->num_physical : c->num_experts + o->num_redundant;
+    int32_t P = 0;
+    EPX_TRY(slots_for(o, c->num_experts, &P, err));
     epx_shape s = {c->num_layers, c->num_experts, P, o->num_gpus,
                    o->num_nodes > 0 ? o->num_nodes : 1};
     EPX_TRY(epx_shape_check(&s, err));
@@ -86,8 +138,8 @@ epx_status epx_layout_init(const char *spec, const epx_init_opts *o, epx_layout 
                              "a trivial layout needs num_layers (%d) and num_logical_experts "
                              "(%d) from the model config",
                              o->num_layers, o->num_logical_experts);
-        int32_t P =
-            o->num_physical > 0 ? o->num_physical : o->num_logical_experts + o->num_redundant;
+        int32_t P = 0;
+        EPX_TRY(slots_for(o, o->num_logical_experts, &P, err));
         epx_shape s = {o->num_layers, o->num_logical_experts, P, o->num_gpus,
                        o->num_nodes > 0 ? o->num_nodes : 1};
         return epx_layout_create_trivial(&s, out, err);
