@@ -149,7 +149,7 @@ typedef struct epx_shape {
  */
 EPX_API epx_status epx_shape_check(const epx_shape *shape, epx_error *err);
 
-/* Slots per GPU, P / G; the shape must be valid. */
+/* Slots per GPU, P / G, for a valid shape (0 for NULL or no GPUs). */
 EPX_API int32_t epx_shape_slots_per_gpu(const epx_shape *shape);
 
 /*

@@ -162,11 +162,42 @@ static void status_names(void **state) {
     epx_layout_destroy(NULL);
 }
 
+/* Getters without an error channel answer a NULL handle with 0 or NULL, as
+ * their siblings do (epx_layout_shape, epx_plan_layout), and the calls with
+ * one refuse NULL outputs by name instead of storing through them. */
+static void null_handles(void **state) {
+    (void)state;
+    assert_int_equal(epx_layout_max_replicas(NULL), 0);
+    assert_null(epx_layout_gpu_slots(NULL, 0, 0));
+    assert_null(epx_layout_node_slots(NULL, 0, 0));
+    assert_int_equal(epx_layout_replicas_on_gpu(NULL, 0, 0, 0), -1);
+    assert_true(epx_plan_seconds(NULL) == 0.0);
+    assert_int_equal(epx_plan_algorithm(NULL), EPX_ALGO_EPX);
+    assert_null(epx_migration_layout(NULL));
+    assert_null(epx_migration_kinds(NULL));
+    assert_null(epx_migration_sources(NULL));
+    assert_int_equal(epx_shape_slots_per_gpu(NULL), 0);
+    epx_shape no_gpus = {1, 4, 4, 0, 1};
+    assert_int_equal(epx_shape_slots_per_gpu(&no_gpus), 0);
+    epx_error err = {0};
+    assert_int_equal(epx_counts_create(1, 1, 1, NULL, &err), EPX_ERR_INVALID_ARG);
+    TU_MSG_HAS(err.msg, "out is NULL");
+    assert_int_equal(epx_file_temp_path("/tmp/x.json", NULL, 100, &err), EPX_ERR_INVALID_ARG);
+    TU_MSG_HAS(err.msg, "buf is NULL");
+    epx_counts *c = NULL;
+    assert_int_equal(epx_counts_create(3, 2, 2, &c, &err), EPX_OK);
+    double out[4];
+    assert_int_equal(epx_counts_sum_windows(c, 1, INT32_MAX, out, &err), EPX_ERR_INVALID_ARG);
+    TU_MSG_HAS(err.msg, "[1, 2147483648)", "outside the 3 windows");
+    epx_counts_destroy(c);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(trivial_matches_sglang), cmocka_unit_test(derived_maps_random),
         cmocka_unit_test(update_in_place),        cmocka_unit_test(shape_errors_explain),
         cmocka_unit_test(map_errors_explain),     cmocka_unit_test(status_names),
+        cmocka_unit_test(null_handles),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -73,7 +73,7 @@ EPX_API const int32_t *epx_layout_logical_to_all_physical(const epx_layout *layo
 /* num_valid [L][E]: replica count of each logical expert (>= 1). */
 EPX_API const int32_t *epx_layout_num_valid(const epx_layout *layout);
 
-/* Largest replica count over all layers and experts. */
+/* Largest replica count over all layers and experts (0 for NULL). */
 EPX_API int32_t epx_layout_max_replicas(const epx_layout *layout);
 
 /*

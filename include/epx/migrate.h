@@ -113,7 +113,8 @@ EPX_API const epx_layout *epx_migration_layout(const epx_migration *mig);
 EPX_API const int32_t *epx_migration_permutation(const epx_migration *mig);
 
 /* Per slot [L][P]: the action (an epx_move_kind) and its source slot (see
- * epx_move_kind; the slot itself for KEEP, -1 for LOAD and DEAD). */
+ * epx_move_kind; the slot itself for KEEP, -1 for LOAD and DEAD). NULL for
+ * a NULL plan, as epx_migration_layout. */
 EPX_API const uint8_t *epx_migration_kinds(const epx_migration *mig);
 EPX_API const int32_t *epx_migration_sources(const epx_migration *mig);
 

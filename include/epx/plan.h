@@ -187,10 +187,10 @@ EPX_API const epx_layout *epx_plan_layout(const epx_plan *plan);
  * each slot should take (the shares of one expert's replicas sum to 1). */
 EPX_API const double *epx_plan_replica_weights(const epx_plan *plan);
 
-/* Seconds spent in the placement computation alone (no I/O). */
+/* Seconds spent in the placement computation alone (no I/O; 0 for NULL). */
 EPX_API double epx_plan_seconds(const epx_plan *plan);
 
-/* The algorithm that ran (AUTO resolved). */
+/* The algorithm that ran (AUTO resolved; EPX_ALGO_EPX for NULL). */
 EPX_API epx_algorithm epx_plan_algorithm(const epx_plan *plan);
 
 /*

@@ -95,10 +95,12 @@ epx_status epxi_check_same_shape(const epx_shape *a, const epx_shape *b, const c
 }
 
 int32_t epx_shape_slots_per_gpu(const epx_shape *s) {
+    if (s == NULL || s->num_gpus < 1) return 0; /* no shape: nothing to divide */
     return s->num_physical_experts / s->num_gpus;
 }
 
 epx_status epx_counts_create(int32_t S, int32_t L, int32_t E, epx_counts **out, epx_error *err) {
+    if (out == NULL) return epxi_fail(err, EPX_ERR_INVALID_ARG, "epx_counts_create: out is NULL");
     if (S < 1 || L < 1 || E < 1 || L > EPX_MAX_LAYERS || E > EPX_MAX_EXPERTS || S > (1 << 24))
         return epxi_fail(err, EPX_ERR_SHAPE,
                          "counts shape [S=%d][L=%d][E=%d] is invalid: each must be >= 1 "
@@ -166,8 +168,8 @@ epx_status epx_counts_sum_windows(const epx_counts *c, int32_t first, int32_t n,
     if (c == NULL || out == NULL) return epxi_fail(err, EPX_ERR_INVALID_ARG, "NULL argument");
     if (n < 1 || first < 0 || first > c->num_windows - n)
         return epxi_fail(err, EPX_ERR_INVALID_ARG,
-                         "window range [%d, %d) is empty or outside the %d windows", first,
-                         first + n, c->num_windows);
+                         "window range [%d, %lld) is empty or outside the %d windows", first,
+                         (long long)first + n, c->num_windows);
     const size_t le = (size_t)c->num_layers * (size_t)c->num_experts;
     for (size_t i = 0; i < le; i++) out[i] = epxi_window_sum(c, first, n, i);
     return EPX_OK;

@@ -240,6 +240,10 @@ static epx_status temp_name(const char *target, char *buf, size_t cap, epx_error
 }
 
 epx_status epx_file_temp_path(const char *path, char *buf, size_t cap, epx_error *err) {
+    if (buf == NULL || cap == 0)
+        return epxi_fail(err, EPX_ERR_INVALID_ARG,
+                         "epx_file_temp_path: buf is NULL or cap is 0: give a buffer for the "
+                         "name");
     char *target = NULL;
     EPX_TRY(epx_file_output_check(path, &target, err));
     epx_status st = temp_name(target, buf, cap, err);

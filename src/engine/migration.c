@@ -289,10 +289,10 @@ done:
     return st;
 }
 
-const epx_layout *epx_migration_layout(const epx_migration *m) { return m->layout; }
+const epx_layout *epx_migration_layout(const epx_migration *m) { return m ? m->layout : NULL; }
 const int32_t *epx_migration_permutation(const epx_migration *m) { return m->perm; }
-const uint8_t *epx_migration_kinds(const epx_migration *m) { return m->kinds; }
-const int32_t *epx_migration_sources(const epx_migration *m) { return m->src; }
+const uint8_t *epx_migration_kinds(const epx_migration *m) { return m ? m->kinds : NULL; }
+const int32_t *epx_migration_sources(const epx_migration *m) { return m ? m->src : NULL; }
 void epx_migration_get_stats(const epx_migration *m, epx_migration_stats *out) { *out = m->stats; }
 
 void epx_migration_rank_bytes(const epx_migration *m, uint64_t *sent, uint64_t *received) {

@@ -180,6 +180,7 @@ const int32_t *epx_layout_logical_to_all_physical(const epx_layout *lay, int32_t
 }
 
 int32_t epx_layout_max_replicas(const epx_layout *lay) {
+    if (lay == NULL) return 0;
     int32_t m = 0;
     size_t n = (size_t)lay->shape.num_layers * (size_t)lay->shape.num_logical_experts;
     for (size_t i = 0; i < n; i++)
@@ -206,14 +207,16 @@ epx_status epx_layout_export_logical_to_all_physical(const epx_layout *lay, int3
 }
 
 const int32_t *epx_layout_gpu_slots(const epx_layout *lay, int32_t layer, int32_t gpu) {
-    if (layer < 0 || layer >= lay->shape.num_layers || gpu < 0 || gpu >= lay->shape.num_gpus)
+    if (lay == NULL || layer < 0 || layer >= lay->shape.num_layers || gpu < 0 ||
+        gpu >= lay->shape.num_gpus)
         return NULL;
     int32_t spg = epx_shape_slots_per_gpu(&lay->shape);
     return lay->phys_to_log + (size_t)layer * layer_slots(lay) + (size_t)gpu * (size_t)spg;
 }
 
 const int32_t *epx_layout_node_slots(const epx_layout *lay, int32_t layer, int32_t node) {
-    if (layer < 0 || layer >= lay->shape.num_layers || node < 0 || node >= lay->shape.num_nodes)
+    if (lay == NULL || layer < 0 || layer >= lay->shape.num_layers || node < 0 ||
+        node >= lay->shape.num_nodes)
         return NULL;
     int32_t spn = lay->shape.num_physical_experts / lay->shape.num_nodes;
     return lay->phys_to_log + (size_t)layer * layer_slots(lay) + (size_t)node * (size_t)spn;

@@ -521,8 +521,10 @@ void epx_plan_destroy(epx_plan *plan) {
 
 const epx_layout *epx_plan_layout(const epx_plan *plan) { return plan->layout; }
 const double *epx_plan_replica_weights(const epx_plan *plan) { return plan->weights; }
-double epx_plan_seconds(const epx_plan *plan) { return plan->seconds; }
-epx_algorithm epx_plan_algorithm(const epx_plan *plan) { return plan->algorithm; }
+double epx_plan_seconds(const epx_plan *plan) { return plan ? plan->seconds : 0.0; }
+epx_algorithm epx_plan_algorithm(const epx_plan *plan) {
+    return plan ? plan->algorithm : EPX_ALGO_EPX;
+}
 
 const int32_t *epx_plan_logical_to_physical(const epx_plan *plan, int32_t *width,
                                             int32_t *replica_rank) {
