@@ -494,6 +494,16 @@ static void rows_errors(void **state) {
     pos[1] = -1;
     assert_int_equal(epx_combine_rows(x, EPX_ROW_F32, 2, 2, pos, NULL, 2, 1, y, &err), EPX_OK);
     assert_true(y[0] == 1.0f && y[1] == 2.0f && y[2] == 0.0f && y[3] == 0.0f);
+    /* a row width whose bytes wrap size_t: H * 4 wrapped to 0 (EPX_OK, nothing
+     * copied) or to a negative memcpy size */
+    int32_t ord[4] = {0, 1, 0, 1};
+    assert_int_equal(epx_permute_rows(x, EPX_ROW_F32, 2, (int64_t)1 << 62, pos, 1, 2, y, &err),
+                     EPX_ERR_OVERFLOW);
+    TU_MSG_HAS(err.msg, "epx_permute_rows", "4611686018427387904", "hidden size");
+    assert_int_equal(epx_gather_rows(x, EPX_ROW_F32, 2, INT64_MAX, ord, 4, 1, y, &err),
+                     EPX_ERR_OVERFLOW);
+    assert_int_equal(epx_combine_rows(x, EPX_ROW_BF16, 2, INT64_MAX / 2, pos, NULL, 2, 1, y, &err),
+                     EPX_ERR_OVERFLOW);
 }
 
 static void bf16_rounding(void **state) {

@@ -266,6 +266,20 @@ epx_status epx_token_layout_compute(const int32_t *phys, int64_t num_tokens, int
 
 static size_t dtype_size(epx_row_dtype d) { return d == EPX_ROW_BF16 ? 2 : 4; }
 
+/* n rows of H values must have a size in bytes: a product past size_t
+ * wrapped to a small copy (or a negative memcpy size) and returned EPX_OK. */
+static epx_status check_bytes(int64_t n, int64_t hidden, epx_row_dtype dtype, const char *what,
+                              const char *fn, epx_error *err) {
+    size_t cells, bytes;
+    if (epxi_mul_size((size_t)n, (size_t)hidden, &cells) &&
+        epxi_mul_size(cells, dtype_size(dtype), &bytes) && bytes <= (size_t)INT64_MAX)
+        return EPX_OK;
+    return epxi_fail(err, EPX_ERR_OVERFLOW,
+                     "%s: %lld %s x H = %lld values of %zu bytes do not fit in memory's size "
+                     "type: H is a row's width (the model's hidden size)",
+                     fn, (long long)n, what, (long long)hidden, dtype_size(dtype));
+}
+
 static epx_status check_rows(const void *src, const void *dst, epx_row_dtype dtype,
                              int64_t num_tokens, int64_t hidden, const int32_t *pos, int32_t topk,
                              int64_t num_rows, const char *fn, epx_error *err) {
@@ -278,6 +292,8 @@ static epx_status check_rows(const void *src, const void *dst, epx_row_dtype dty
                          "%s: T = %lld, H = %lld, rows = %lld, K = %d: sizes must be >= 0 "
                          "(K >= 1) and T, rows below 2^31",
                          fn, (long long)num_tokens, (long long)hidden, (long long)num_rows, topk);
+    EPX_TRY(check_bytes(num_tokens, hidden, dtype, "tokens", fn, err));
+    EPX_TRY(check_bytes(num_rows, hidden, dtype, "rows", fn, err));
     if (num_tokens > 0 && (pos == NULL || (hidden > 0 && (src == NULL || dst == NULL))))
         return epxi_fail(err, EPX_ERR_INVALID_ARG, "%s: input, pos and output are required", fn);
     for (int64_t i = 0; i < num_tokens * topk; i++)
@@ -316,6 +332,8 @@ epx_status epx_gather_rows(const void *x, epx_row_dtype dtype, int64_t num_token
                          "epx_gather_rows: T = %lld, H = %lld, rows = %lld, per_token = %d: sizes "
                          "must be >= 0 (per_token >= 1) and T * per_token, rows below 2^31",
                          (long long)num_tokens, (long long)hidden, (long long)num_rows, per_token);
+    EPX_TRY(check_bytes(num_tokens, hidden, dtype, "tokens", "epx_gather_rows", err));
+    EPX_TRY(check_bytes(num_rows, hidden, dtype, "rows", "epx_gather_rows", err));
     if (num_rows > 0 &&
         (order == NULL || (hidden > 0 && (out == NULL || (x == NULL && num_tokens > 0)))))
         return epxi_fail(err, EPX_ERR_INVALID_ARG,
