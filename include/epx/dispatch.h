@@ -427,7 +427,8 @@ EPX_API epx_status epx_permute_rows(const void *x, epx_row_dtype dtype, int64_t 
  * Args:    x (in) [T][H] of dtype; order (in) [num_rows], entries in
  *          [-1, T * per_token); per_token >= 1; out (out) [num_rows][H].
  * Returns: EPX_OK; EPX_ERR_INVALID_ARG (an entry out of range, named; a bad
- *          dtype); EPX_ERR_SHAPE (a negative size).
+ *          dtype); EPX_ERR_SHAPE (a negative size); EPX_ERR_OVERFLOW
+ *          (rows x H bytes past size_t).
  */
 EPX_API epx_status epx_gather_rows(const void *x, epx_row_dtype dtype, int64_t num_tokens,
                                    int64_t hidden, const int32_t *order, int64_t num_rows,
