@@ -364,6 +364,14 @@ static void options_checked(void **state) {
     assert_int_equal(epx_layout_limit_moves(c, a, a, &bud, &out, NULL, &err), EPX_ERR_INVALID_ARG);
     TU_MSG_HAS(err.msg, "EPX_MOVE_BUDGET_INIT");
     bud.version = EPX_MOVE_BUDGET_VERSION;
+    /* a NaN or negative load balanced nothing and reported balance 1 */
+    const double kept = c->data[3];
+    c->data[3] = NAN;
+    assert_int_equal(epx_layout_limit_moves(c, a, a, &bud, &out, NULL, &err), EPX_ERR_INVALID_ARG);
+    TU_MSG_HAS(err.msg, "counts[3] is nan", "finite and >= 0");
+    c->data[3] = -5;
+    assert_int_equal(epx_layout_limit_moves(c, a, a, &bud, &out, NULL, &err), EPX_ERR_INVALID_ARG);
+    c->data[3] = kept;
     epx_counts *c3 = NULL;
     assert_int_equal(epx_counts_create(1, 2, 5, &c3, &err), EPX_OK);
     assert_int_equal(epx_layout_limit_moves(c3, a, a, &bud, &out, NULL, &err), EPX_ERR_SHAPE);

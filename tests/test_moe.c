@@ -44,6 +44,13 @@ static void router_softmax(void **state) {
     assert_int_equal(epx_moe_route(&c, tie, NULL, 1, ids, w, &err), EPX_OK);
     assert_int_equal(ids[0], 0);
     assert_int_equal(ids[1], 1);
+    /* a non-finite logit has no weight: it made every weight NaN */
+    float inf[8] = {0, 1, 2, 3, INFINITY, 0, 0, 0};
+    assert_int_equal(epx_moe_route(&c, inf, NULL, 2, ids, w, &err), EPX_ERR_INVALID_ARG);
+    TU_MSG_HAS(err.msg, "logits[1][0] is inf", "finite");
+    float nan_bias[4] = {0, NAN, 0, 0};
+    assert_int_equal(epx_moe_route(&c, logits, nan_bias, 1, ids, w, &err), EPX_ERR_INVALID_ARG);
+    TU_MSG_HAS(err.msg, "bias[1] is nan");
 }
 
 static void router_softmax_topk(void **state) {

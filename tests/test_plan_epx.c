@@ -587,6 +587,20 @@ static void cross_node_by_hand(void **state) {
     assert_true(fabs(share - 0.45) < 1e-12);
     assert_int_equal(epx_plan_cross_node_share(lay, NULL, c, 3, NULL, &share, &err), EPX_ERR_SHAPE);
     TU_MSG_HAS(err.msg, "num_groups (3)", "divide");
+    /* NaN or negative loads and weights: the share was 0 (or garbage) */
+    const double bad_wt[6] = {1, 1, 0, -1, 0.5, 0.5};
+    assert_int_equal(epx_plan_cross_node_share(lay, bad_wt, c, 2, NULL, &share, &err),
+                     EPX_ERR_INVALID_ARG);
+    TU_MSG_HAS(err.msg, "weights[3] is -1");
+    c->data[1] = NAN;
+    assert_int_equal(epx_plan_cross_node_share(lay, NULL, c, 2, NULL, &share, &err),
+                     EPX_ERR_INVALID_ARG);
+    TU_MSG_HAS(err.msg, "counts[1] is nan");
+    double gl[4] = {1, NAN, 2, 2}, bal = 0;
+    assert_int_equal(epx_gpu_loads_balance(gl, 2, 2, &bal, NULL, &err), EPX_ERR_INVALID_ARG);
+    TU_MSG_HAS(err.msg, "gpu_load[1] is nan");
+    gl[1] = -3;
+    assert_int_equal(epx_gpu_loads_balance(gl, 2, 2, &bal, NULL, &err), EPX_ERR_INVALID_ARG);
     epx_counts_destroy(c);
     epx_layout_destroy(lay);
 }

@@ -188,6 +188,18 @@ epx_status epx_moe_route(const epx_moe_config *cfg, const float *logits, const f
                          "logits, topk_ids and topk_weights must not be NULL");
     const int32_t E = cfg->num_experts, K = cfg->top_k, G = cfg->n_group;
     const int32_t per_group = E / G;
+    /* a non-finite logit or bias has no softmax or sigmoid weight (an
+     * infinite one made every weight NaN) */
+    for (int64_t i = 0; i < T * E; i++)
+        if (!isfinite(logits[i]))
+            return epxi_fail(err, EPX_ERR_INVALID_ARG,
+                             "logits[%lld][%lld] is %g: router logits must be finite",
+                             (long long)(i / E), (long long)(i % E), (double)logits[i]);
+    for (int32_t e = 0; bias != NULL && e < E; e++)
+        if (!isfinite(bias[e]))
+            return epxi_fail(err, EPX_ERR_INVALID_ARG,
+                             "bias[%d] is %g: the correction bias must be finite", e,
+                             (double)bias[e]);
     /* score [E] | choice [E] | group score [G] | keep [E] bytes | group ids [G] */
     float *score =
         epxi_calloc((size_t)2 * (size_t)E + (size_t)G, sizeof(float), "router scratch", err);

@@ -32,6 +32,9 @@ epx_status epx_plan_cross_node_share(const epx_layout *layout, const double *wei
     if (num_groups < 1 || E % num_groups != 0)
         return epxi_fail(err, EPX_ERR_SHAPE,
                          "num_groups (%d) must be >= 1 and divide the %d experts", num_groups, E);
+    EPX_TRY(epxi_check_loads(counts->data, (size_t)counts->num_windows * (size_t)L * (size_t)E,
+                             "counts", err));
+    if (weights != NULL) EPX_TRY(epxi_check_loads(weights, (size_t)L * (size_t)P, "weights", err));
     const int32_t gs = E / num_groups;
     const int32_t *map = epx_layout_physical_to_logical(layout);
     const int32_t *nv = epx_layout_num_valid(layout);

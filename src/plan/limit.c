@@ -533,6 +533,10 @@ epx_status epx_layout_limit_moves(const epx_counts *counts, const epx_layout *cu
                          "move_price (%g) must be a finite balancedness >= 0 (0 = moves are "
                          "free; 0.001 = each move must buy a tenth of a point)",
                          budget->move_price);
+    EPX_TRY(epxi_check_loads(counts->data,
+                             (size_t)counts->num_windows * (size_t)counts->num_layers *
+                                 (size_t)counts->num_experts,
+                             "counts", err));
     const size_t cells = (size_t)sh->num_layers * (size_t)sh->num_physical_experts;
     epx_status st = EPX_OK;
     double *load = epxi_sum_load(counts, err);

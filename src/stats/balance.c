@@ -223,6 +223,7 @@ epx_status epx_gpu_loads_balance(const double *gpu_load, int32_t num_layers, int
         return epxi_fail(err, EPX_ERR_SHAPE,
                          "epx_gpu_loads_balance: %d layers of %d GPUs: both must be >= 1",
                          num_layers, num_gpus);
+    EPX_TRY(epxi_check_loads(gpu_load, (size_t)num_layers * (size_t)num_gpus, "gpu_load", err));
     double sum = 0.0;
     int32_t used = 0;
     for (int32_t l = 0; l < num_layers; l++) {
