@@ -190,7 +190,19 @@ static void map_errors(void **state) {
         int32_t r3[3 * 2] = {0, 1, 2, -1, -1, 3}, n3[3] = {2, 1, 2}, ids2[2] = {2, 1}, o2[2];
         epx_dispatch_spec row = {EPX_DISPATCH_ROW, 3, 4, 2, NULL, r3, n3, NULL, 0, 0, 0};
         assert_int_equal(epx_dispatch_map_ids(&row, ids2, 1, 2, o2, &err), EPX_ERR_INVALID_MAP);
-        TU_MSG_HAS(err.msg, "replicas[2][0] is -1 but num_valid[2] = 2", "tail");
+        TU_MSG_HAS(err.msg, "replicas[2][0] = -1 is outside [0, 4) while num_valid[2] = 2",
+                   "-1 padding only after them");
+        /* a bad entry fails whatever the draw picks: weighted thresholds that
+         * never pick replica 0 (slot 99) once went on with EPX_OK */
+        int32_t r4[3 * 2] = {99, 1, 2, -1, 0, 3}, n4[3] = {2, 1, 2}, ids0[2] = {0, 0};
+        uint32_t th[3 * 2] = {0, UINT32_MAX, UINT32_MAX, 0, 0, UINT32_MAX};
+        for (int mode = 0; mode < 3; mode++) {
+            const epx_dispatch_mode m[3] = {EPX_DISPATCH_WEIGHTED, EPX_DISPATCH_DYNAMIC,
+                                            EPX_DISPATCH_ROW};
+            epx_dispatch_spec w = {m[mode], 3, 4, 2, NULL, r4, n4, th, 0, 0, 0};
+            assert_int_equal(epx_dispatch_map_ids(&w, ids0, 1, 2, o2, &err), EPX_ERR_INVALID_MAP);
+            TU_MSG_HAS(err.msg, "replicas[0][0] = 99 is outside [0, 4)");
+        }
         n3[2] = 3;
         assert_int_equal(epx_dispatch_map_ids(&row, ids2, 1, 2, o2, &err), EPX_ERR_INVALID_MAP);
         TU_MSG_HAS(err.msg, "num_valid[2] = 3 is outside [1, 2]");

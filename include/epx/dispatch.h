@@ -347,8 +347,10 @@ EPX_API epx_status epx_dispatch_thresholds(const int32_t *replicas, const int32_
  *          T >= 0 (below 2^31), K >= 1; phys (out) [T][K] int32.
  * Returns: EPX_OK; EPX_ERR_INVALID_ARG for an id outside [-1, E) (PHYSICAL:
  *          [-1, P)), naming token, k and id, or a spec field missing for its
- *          mode; EPX_ERR_INVALID_MAP for a table slot outside [0, P) or a
- *          num_valid outside [1, W]. The GPU kernels cannot report these:
+ *          mode; EPX_ERR_INVALID_MAP for a table slot outside [0, P), a
+ *          num_valid outside [1, W], or any of a used expert's first num_valid
+ *          replicas outside [0, P) (whichever the draw would pick). The GPU
+ *          kernels cannot report these:
  *          they map bad ids to -1 and trust the tables.
  */
 EPX_API epx_status epx_dispatch_map_ids(const epx_dispatch_spec *spec, const int32_t *topk_ids,

@@ -139,6 +139,16 @@ epx_status epx_dispatch_map_ids(const epx_dispatch_spec *spec, const int32_t *to
                         return epxi_fail(err, EPX_ERR_INVALID_MAP,
                                          "num_valid[%d] = %d is outside [1, %d] (the width)", e, n,
                                          W);
+                    /* every listed replica, not only the one drawn: a bad entry
+                     * must fail whatever the draw picks */
+                    const int32_t *rep = spec->replicas + (size_t)e * (size_t)W;
+                    for (int32_t jj = 0; jj < n; jj++)
+                        if (rep[jj] < 0 || rep[jj] >= P)
+                            return epxi_fail(err, EPX_ERR_INVALID_MAP,
+                                             "replicas[%d][%d] = %d is outside [0, %d) while "
+                                             "num_valid[%d] = %d: list an expert's valid slots "
+                                             "first, -1 padding only after them",
+                                             e, jj, rep[jj], P, e, n);
                     int32_t j;
                     if (spec->mode == EPX_DISPATCH_ROW) {
                         j = (int32_t)(t % n);
@@ -150,13 +160,7 @@ epx_status epx_dispatch_map_ids(const epx_dispatch_spec *spec, const int32_t *to
                                 : epxi_weighted_index(word,
                                                       spec->thresholds + (size_t)e * (size_t)W, n);
                     }
-                    p = spec->replicas[(size_t)e * (size_t)W + (size_t)j];
-                    if (p < 0 && spec->mode == EPX_DISPATCH_ROW)
-                        return epxi_fail(err, EPX_ERR_INVALID_MAP,
-                                         "replicas[%d][%d] is -1 but num_valid[%d] = %d: row "
-                                         "dispatch needs the valid replicas first, -1 padding "
-                                         "only at the tail",
-                                         e, j, e, n);
+                    p = rep[j];
                 }
                 if (p < 0 || p >= P)
                     return epxi_fail(err, EPX_ERR_INVALID_MAP,
