@@ -9,7 +9,7 @@ from ._native import (LOG_FN, POINTER, Counts, Structure, c_char_p, c_int, c_int
                       c_path, c_uint32, c_void_p, call, epx_free, fn, sglang_release)
 from ._counts import CCounts, counts_destroy, counts_from_c, counts_to_c
 from . import _arrays as A
-from .layout import Layout
+from .layout import PRIVATE, Layout
 from .planner import ALGORITHMS, _choice
 
 __all__ = ["read_mapping", "read_counts", "write_mapping", "write_counts",
@@ -110,4 +110,4 @@ def init_expert_location(spec, num_gpus, num_nodes=1, num_logical_experts=0, num
                  sv)
     h = c_void_p()
     call(_layout_init, _spec(spec), ctypes.byref(o), ctypes.byref(h))
-    return Layout(h)
+    return Layout(h, _key=PRIVATE)

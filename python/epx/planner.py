@@ -11,7 +11,7 @@ from ._native import (LOG_FN, POINTER, Counts, Shape, Structure, c_char_p, c_dou
                       sglang_release)
 from ._counts import CCounts
 from ._native import EpxError, Status
-from .layout import Layout, _handle
+from .layout import PRIVATE, Layout, _handle, refuse_raw
 
 __all__ = ["deepseek", "plan", "Plan", "ALGORITHMS", "EPLB_RULES"]
 
@@ -146,10 +146,15 @@ def _current(current):
 
 class Plan:
     """A computed placement (epx_plan): .layout, .replica_weights [L][P],
-    .seconds (the placement computation alone), .algorithm (AUTO resolved)."""
+    .seconds (the placement computation alone), .algorithm (AUTO resolved).
 
-    def __init__(self, handle):
+    Made by epx.plan(...) only: Plan(handle) is refused (TypeError), as a
+    plan handle cannot be told from a layout's, and the Plan frees its
+    handle (see Layout)."""
+
+    def __init__(self, handle, _key=None):
         self._h = None
+        refuse_raw("Plan", _key, handle, "epx.plan")
         self._h = _handle(handle, "Plan", "epx.plan")
 
     def __del__(self):
@@ -163,7 +168,7 @@ class Plan:
         a Plan that held its Layout, which holds the Plan, would be a cycle,
         freed only when the cyclic collector runs (a plan's layout is 16 MB
         at DeepSeek-V3's 256-GPU shape, and plans piled up between runs)."""
-        return Layout(c_void_p(_layout(self._h)), owner=self)
+        return Layout(c_void_p(_layout(self._h)), owner=self, _key=PRIVATE)
 
     @property
     def physical_to_logical_map(self):
@@ -265,5 +270,5 @@ def plan(counts, num_gpus, num_physical_experts=None, num_redundant=None, num_no
                  float(move_price), A.ptr(fg, c_uint8), LOG_FN(), None, None, None, sv)
     h = c_void_p()
     call(_compute, c.ptr, ctypes.byref(shape), ctypes.byref(o), ctypes.byref(h))
-    return Plan(h)
+    return Plan(h, _key=PRIVATE)
 

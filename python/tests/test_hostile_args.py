@@ -63,6 +63,29 @@ def test_wrapper_of_no_handle_refused(make):
         make()
 
 
+def _plan():
+    return epx.plan(np.ones((2, 8)), num_gpus=4)
+
+
+@pytest.mark.parametrize("make", [
+    lambda: epx.Layout(epx.Layout.trivial(2, 4, 8, 2).handle),  # freed twice: SIGABRT
+    lambda: epx.Plan(epx.Layout.trivial(2, 4, 8, 2).handle),  # a layout read as a plan: SIGSEGV
+    lambda: epx.Layout(_plan().layout.handle),  # the plan's layout freed under it
+    lambda: epx.Plan(_plan()._h),  # the plan freed twice
+])
+def test_wrapping_a_live_handle_again_refused(make):
+    with pytest.raises(TypeError, match=r"is not public: a handle is wrapped once"):
+        make()
+
+
+def test_the_packages_own_wrappers_still_free_and_share_safely():
+    lay = epx.Layout.trivial(2, 4, 8, 2)
+    view = _plan().layout  # the plan lives on in its view
+    del lay
+    assert view.physical_to_logical_map.shape == (2, 8)
+    assert epx.Layout.from_map([[0, 1]], 1).clone().num_logical_experts == 2
+
+
 # ---- integers: checked, never wrapped to int32 or truncated ------------------
 
 @pytest.mark.parametrize("call, needle", [
