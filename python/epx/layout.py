@@ -197,7 +197,15 @@ class Layout:
         return out.astype(np.int64)
 
     def write_json(self, path):
-        """Write {"physical_to_logical_map": [L][P]} (the one key SGLang accepts)."""
+        """Write {"physical_to_logical_map": [L][P]} (the one key SGLang accepts)
+        as JSON. A path ending in ".pt" is refused (SGLang would torch.load
+        the JSON text and fail): epx.write_mapping(path, layout) writes the
+        format the suffix names."""
+        if c_path(path).endswith(b".pt"):
+            raise ValueError("write_json(%r): a path ending in .pt is read by SGLang with "
+                             "torch.load, not as JSON; use epx.write_mapping(path, layout), "
+                             "which writes a .pt for a .pt path, or name the file .json"
+                             % (path,))
         call(_write_json, self._h, c_path(path))
 
     def __repr__(self):
