@@ -147,14 +147,34 @@ def _sglang_only(t, P, num_gpus, num_groups, num_nodes, name, active_ranks, sgla
     return tuple(A.wrap(np.ascontiguousarray(a, dtype=np.int64), torch_out) for a in out)
 
 
+def _window_sum(tokens_per_expert):
+    """SGLang's weight for the deepseek algorithms, tokens_per_expert.sum(dim=0),
+    in the input's own dtype: float32 windows summed in float64 rounded
+    differently and could change the plan. A tensor is summed by torch
+    itself (SGLang's exact arithmetic); a numpy array or list, which SGLang
+    does not take, by numpy in its dtype (integers exactly)."""
+    if A.is_torch(tokens_per_expert):
+        if tokens_per_expert.dim() != 3:
+            raise ValueError("tokens_per_expert must have 3 dimensions [S][L][E], got shape %s"
+                             % list(tokens_per_expert.shape))
+        A.as_array(tokens_per_expert[:0], np.float64, 3, "tokens_per_expert")  # dtype check
+        return tokens_per_expert.sum(dim=0)
+    src = np.asarray(tokens_per_expert) if isinstance(tokens_per_expert, np.ndarray) else None
+    dtype = src.dtype if src is not None and src.dtype.kind in "iuf" else np.float64
+    t = A.as_array(tokens_per_expert, dtype, 3, "tokens_per_expert")
+    return t.sum(axis=0, dtype=t.dtype)
+
+
 def rebalance_experts_from_windows(tokens_per_expert, num_physical_experts,
                                    num_local_physical_experts, num_groups, num_nodes,
                                    algorithm, *, as_torch=None, sglang_version=None,
                                    active_ranks=None, **plan_kw):
     """SGLang's eplb_algorithms.rebalance_experts: tokens_per_expert [S][L][E]
     (windows), algorithm an EplbAlgorithm member or its name. "deepseek" and
-    "deepseek_hierarchical" sum the windows and run DeepSeek EPLB exactly, as
-    release sglang_version's copy does (None = DeepSeek's original); "epx"
+    "deepseek_hierarchical" sum the windows in their dtype (torch's own sum
+    for a tensor, as SGLang's tokens_per_expert.sum(dim=0)) and run DeepSeek
+    EPLB exactly, as release sglang_version's copy does (None = DeepSeek's
+    original); "epx"
     hands all windows to epx's planner (it estimates from them).
     SGLang 0.5.23's others, exactly as that release runs them on the CPU
     (sglang_version None = the newest verified): "deepseek_vec" and
@@ -182,8 +202,8 @@ def rebalance_experts_from_windows(tokens_per_expert, num_physical_experts,
         if plan_kw:
             raise TypeError("unexpected keywords for algorithm %r: %s"
                             % (name, ", ".join(sorted(plan_kw))))
-        t = A.as_array(tokens_per_expert, np.float64, 3, "tokens_per_expert")
-        return rebalance_experts(t.sum(axis=0), num_physical_experts, num_groups, num_nodes,
+        return rebalance_experts(_window_sum(tokens_per_expert), num_physical_experts,
+                                 num_groups, num_nodes,
                                  num_gpus, name == "deepseek_hierarchical", as_torch=torch_out,
                                  sglang_version=sglang_version)
     if name in _SGLANG_ONLY:
