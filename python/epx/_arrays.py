@@ -70,6 +70,9 @@ def as_array(x, dtype, ndim=None, name="array"):
             x = x.float()  # bf16 (no numpy dtype): widened exactly, as weight.float()
         x = x.cpu().numpy()
     src = np.asarray(x)
+    if src.dtype.kind == "c":  # the cast below would drop the imaginary part silently
+        raise ValueError("%s holds complex numbers (dtype %s): give real values (take .real "
+                         "if the imaginary part is meant to be dropped)" % (name, src.dtype))
     if np.issubdtype(np.dtype(dtype), np.integer) and src.size:
         _check_integral(src, np.dtype(dtype), name)
     a = np.ascontiguousarray(src, dtype=dtype)

@@ -226,3 +226,23 @@ def test_integer_arrays_refuse_fractions_wraps_and_booleans():
         A.as_array([True, False], np.int32, 1, "ids")
     with pytest.raises(ValueError, match="not a whole number"):
         A.as_array([float("inf")], np.int64, 1, "ids")
+
+
+@pytest.mark.parametrize("call, name", [
+    (lambda: epx.Layout.from_map([[0 + 1j, 1, 0, 1]], 2), "physical_to_logical_map"),
+    (lambda: epx.plan(np.ones((2, 8)) * (1 + 2j), num_gpus=4), "counts"),
+    (lambda: epx.dispatch_topk(np.array([[0, 1j]]), epx.Layout.trivial(1, 4, 8, 2), 0), "topk_ids"),
+    (lambda: epx.dispatch_topk([[0, 1]], epx.Layout.trivial(1, 4, 8, 2), 0, mode="weighted",
+                               replica_weights=np.ones((1, 8), complex)), "replica_weights"),
+    (lambda: epx.metrics.gpu_loads(epx.Layout.trivial(1, 4, 8, 2), np.ones((1, 4), np.complex64)),
+     "counts"),
+])
+def test_complex_arrays_refused_not_cut_to_their_real_part(call, name):
+    with pytest.raises(ValueError, match=r"^%s holds complex numbers" % name):
+        call()
+
+
+def test_complex_tensor_refused():
+    torch = pytest.importorskip("torch", reason="torch is not installed (EPX_PY_TORCH=0)")
+    with pytest.raises(ValueError, match=r"weight holds complex numbers \(dtype complex64\)"):
+        epx.rebalance_experts(torch.ones((2, 8), dtype=torch.complex64), 8, 1, 1, 4, False)
