@@ -86,6 +86,30 @@ def _opts(algorithm, seed, expected_load, replica_weights, keep, sglang_version=
                      sglang_release(sglang_version, "table", stacklevel=5)[0], 0)
 
 
+def _check_holds(p2l, slots, name, layers, experts, index=lambda i: i):
+    """Refuse a slot that does not hold the expert it is listed for: C reads
+    the replica lists and tables as they are, so such a slot routed the
+    expert's tokens to another expert. p2l: the layout's [L][P]; slots: the
+    array (any shape); layers, experts: arrays broadcasting to slots' shape
+    that give each entry's layer and expert; index(i): the position of entry
+    i in the caller's array, for the message. Slots outside [0, P) (and -1
+    padding) are left to the range checks."""
+    P = p2l.shape[1]
+    inside = (slots >= 0) & (slots < P)
+    held = p2l[layers, np.where(inside, slots, 0)]
+    bad = np.argwhere(inside & (held != experts))
+    if len(bad):
+        i = tuple(int(v) for v in bad[0])
+        l = int(np.broadcast_to(layers, slots.shape)[i])
+        e = int(np.broadcast_to(experts, slots.shape)[i])
+        slot = int(slots[i])
+        raise ValueError("%s%s = %d gives [layer %d][expert %d] slot %d, but slot %d holds "
+                         "expert %d in the layout (its tokens would reach the wrong expert): "
+                         "use lists and tables made from this layout"
+                         % (name, "".join("[%d]" % v for v in index(i)), slot, l, e, slot, slot,
+                            int(p2l[l, slot])))
+
+
 def sglang_static_table(logical_to_all_physical_map, num_gpus, num_physical_experts, ep_rank,
                         seed=42, sglang_version="0.5.2", num_nodes=1):
     """SGLang's compute_logical_to_rank_dispatch_physical_map: [L][E] for
@@ -145,6 +169,7 @@ def static_table(layout, algorithm="sglang", seed=42, expected_load=None, replic
     else:
         m = A.as_shaped(replicas, np.int32, (s["num_layers"], s["num_logical_experts"], None),
                         "replicas", "[L][E][X]")
+        _check_lists(layout, m, "replicas")
         shape = Shape(*[s[f] for f, _ in Shape._fields_])
         call(_table_compute, ctypes.byref(shape), A.ptr(m, c_int32), m.shape[2],
              ctypes.byref(opts), A.ptr(out, c_int32))
@@ -181,6 +206,7 @@ def sglang_rank_lists(layout, sglang_version=None, replicas=None, width=None):
     else:
         m = A.as_shaped(replicas, np.int32, (s["num_layers"], s["num_logical_experts"], None),
                         "replicas", "[L][E][X]")
+        _check_lists(layout, m, "replicas")
         shape = Shape(*[s[f] for f, _ in Shape._fields_])
         args = (ctypes.byref(shape), A.ptr(m, c_int32), m.shape[2], ctypes.byref(opts))
         run = _lists_compute
@@ -201,6 +227,8 @@ def table_gpu_load(layout, table, load):
     L, E = s["num_layers"], s["num_logical_experts"]
     t = A.as_shaped(table, np.int32, (s["num_gpus"], L, E), "table", "[G][L][E]")
     w = A.as_shaped(load, np.float64, (L, E), "load", "[L][E]")
+    _check_holds(layout.physical_to_logical_map, t, "table", np.arange(L)[None, :, None],
+                 np.arange(E)[None, None, :])
     out = np.empty((s["num_layers"], s["num_gpus"]), dtype=np.float64)
     call(_table_gpu_load, ctypes.byref(shape), A.ptr(t, c_int32), A.ptr(w, c_double),
          A.ptr(out, c_double))
@@ -242,6 +270,8 @@ def dispatch_topk(topk_ids, layout, layer, mode="dynamic", table=None, replica_w
         tab = A.as_shaped(table, np.int32, (None, L, E), "table", "[G][L][E]")
         rank = A.integer(ep_rank, "ep_rank", 0, tab.shape[0] - 1, "the table's ranks - 1")
         row = np.ascontiguousarray(tab[rank, layer])
+        _check_holds(layout.physical_to_logical_map, row, "table", layer, np.arange(E),
+                     lambda i: (rank, layer) + i)
         keep.append(row)
         spec.table = A.ptr(row, c_int32)
     elif mode in ("dynamic", "weighted", "rank_invariant"):
@@ -251,6 +281,7 @@ def dispatch_topk(topk_ids, layout, layer, mode="dynamic", table=None, replica_w
             nv = np.ascontiguousarray(layout.num_valid, dtype=np.int32)
         else:
             reps, nv = _replica_lists(replicas, L, E, P)
+            _check_lists(layout, reps, "replicas")
             W = reps.shape[2]
         keep += [reps, nv]
         spec.width = W
@@ -274,6 +305,13 @@ def dispatch_topk(topk_ids, layout, layer, mode="dynamic", table=None, replica_w
     out = np.empty((T, K), dtype=np.int32)
     call(_map_ids, ctypes.byref(spec), A.ptr(ids, c_int32), T, K, A.ptr(out, c_int32))
     return A.wrap(out.astype(np.int64), torch_in, topk_ids.device if torch_in else None)
+
+
+def _check_lists(layout, reps, name):
+    """Replica lists [L][E][X] must list only slots of their own expert."""
+    L, E = reps.shape[:2]
+    _check_holds(layout.physical_to_logical_map, reps, name, np.arange(L)[:, None, None],
+                 np.arange(E)[None, :, None])
 
 
 def _replica_lists(replicas, L, E, P):

@@ -223,3 +223,39 @@ def test_rank_invariant_rule_and_refusals():
         epx.dispatch_topk(ids, lay, 0, mode="dynamic", replicas=reps)
     with pytest.raises(ValueError, match="mode must be one of"):
         epx.dispatch_topk(ids, lay, 0, mode="row")
+
+
+def _contradicting():
+    """A layout and its own lists and table with one slot listed for the wrong expert."""
+    lay = epx.Layout.trivial(2, 4, 8, 2)
+    reps = lay.logical_to_all_physical_map()
+    reps[0, 0, 0] = 1  # slot 1 holds expert 1
+    table = epx.static_table(lay)
+    table[1, 0, 0] = 1
+    return lay, reps, table
+
+
+@pytest.mark.parametrize("call, where", [
+    (lambda lay, r, t: epx.static_table(lay, replicas=r), r"replicas\[0\]\[0\]\[0\] = 1"),
+    (lambda lay, r, t: epx.sglang_rank_lists(lay, replicas=r), r"replicas\[0\]\[0\]\[0\] = 1"),
+    (lambda lay, r, t: epx.dispatch_topk(np.array([[0, 1]]), lay, 0, mode="rank_invariant",
+                                         replicas=r), r"replicas\[0\]\[0\]\[0\] = 1"),
+    (lambda lay, r, t: epx.dispatch_topk(np.array([[0, 1]]), lay, 0, mode="static", table=t,
+                                         ep_rank=1), r"table\[1\]\[0\]\[0\] = 1"),
+    (lambda lay, r, t: epx.dispatch.table_gpu_load(lay, t, np.ones((2, 4))),
+     r"table\[1\]\[0\]\[0\] = 1"),
+])
+def test_lists_and_tables_that_contradict_the_layout_refused(call, where):
+    """They routed expert 0's tokens to slot 1, which holds expert 1."""
+    with pytest.raises(ValueError, match=where + r" gives \[layer 0\]\[expert 0\] slot 1, but "
+                                                 r"slot 1 holds expert 1 in the layout"):
+        call(*_contradicting())
+
+
+def test_torch_mapping_table_that_contradicts_the_layout_refused():
+    pytest.importorskip("torch")
+    import epx.torch as et
+    lay, _, table = _contradicting()
+    with pytest.raises(ValueError, match=r"table\[1\]\[0\]\[0\] = 1 gives \[layer 0\]\[expert 0\]"):
+        et.Mapping.from_layout(lay, 0, mode="static", table=table, ep_rank=1)
+    et.Mapping.from_layout(lay, 1, mode="static", table=table, ep_rank=1)  # layer 1 is sound
