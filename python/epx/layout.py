@@ -174,7 +174,8 @@ class Layout:
         """[L][E][width] int64: the slots of each expert, ascending, -1 padded.
         width=None gives the narrowest (the largest replica count, as SGLang's
         _compute_logical_to_all_physical_map); "sglang" pads to P, as
-        ExpertLocationMetadata stores it."""
+        ExpertLocationMetadata stores it. A width above P is refused
+        (ValueError), as is one below the largest replica count (EpxError)."""
         s = self.shape
         L, E, P = s["num_layers"], s["num_logical_experts"], s["num_physical_experts"]
         if width is None:
@@ -184,7 +185,10 @@ class Layout:
                 raise ValueError('width must be an integer, None (the largest replica count) or '
                                  '"sglang" (P, as SGLang pads), not %r' % (width,))
             width = P
-        width = A.integer(width, "width", 1, A.INT32_MAX, 'or "sglang" (P)')
+        # no list holds more than P slots: a wider width only sized a huge
+        # buffer of padding (2^31 - 1 took 38 s to fail with MemoryError)
+        width = A.integer(width, "width", 1, P, 'num_physical_experts, the most slots a list '
+                          'holds; "sglang" pads to it')
         have = c_int32()
         lists = _l2all(self._h, ctypes.byref(have))
         if L * E > 0 and self.max_replicas <= width <= have.value:

@@ -98,6 +98,8 @@ def test_the_packages_own_wrappers_still_free_and_share_safely():
     (lambda: epx.init_expert_location('{"physical_to_logical_map": [[0, 1, 2, 3]]}', 2 ** 32 + 2),
      "num_gpus = 4294967298"),
     (lambda: epx.trace.synth("mixtral-8x7b", 2 ** 32 + 2, 100), "num_windows = 4294967298"),
+    (lambda: epx.Layout.trivial(2, 4, 8, 2).logical_to_all_physical_map(2 ** 31 - 1),
+     "width = 2147483647 is outside [1, 8] (num_physical_experts"),
     (lambda: S.compute_logical_to_all_physical_map([[0, 1, 2, 3]], 4.7), "must be an integer"),
     (lambda: D.count_ids([[0, 1]], 4.5), "num_experts must be an integer, not float"),
     (lambda: D.count_ids([[0, 1]], -1), "num_experts = -1 is outside"),
