@@ -231,7 +231,8 @@ def plan(counts, num_gpus, num_physical_experts=None, num_redundant=None, num_no
          failed_gpus=None, sglang_version=None):
     """Plan a placement for loads [L][E] or [S][L][E] (numpy, torch or lists).
 
-    P is num_physical_experts, or E + num_redundant (default E: no redundancy).
+    P is num_physical_experts, or E + num_redundant (default E: no redundancy);
+    both may be given only when they agree.
     algorithm: "epx" (default), "deepseek", "deepseek-hierarchical" or "auto"
     (SGLang's rule); SGLang's "deepseek-vec", "deepseek-vec-hierarchical" (on
     the windows as steps), "elasticity-aware" and "elasticity-aware-hierarchical"
@@ -244,12 +245,16 @@ def plan(counts, num_gpus, num_physical_experts=None, num_redundant=None, num_no
     c = CCounts(counts)
     S, L, E = c.shape
     G = A.integer(num_gpus, "num_gpus", 1, A.MAX_GPUS, "EPX_MAX_GPUS")
+    R = None if num_redundant is None else A.integer(num_redundant, "num_redundant", 0,
+                                                      A.MAX_PHYSICAL, "4 (E + G) slots at most")
     if num_physical_experts is None:
-        R = 0 if num_redundant is None else A.integer(num_redundant, "num_redundant", 0,
-                                                       A.MAX_PHYSICAL, "4 (E + G) slots at most")
-        num_physical_experts = E + R
+        num_physical_experts = E + (R or 0)
     P = A.integer(num_physical_experts, "num_physical_experts", 1, A.MAX_PHYSICAL,
                   "4 (E + G) slots at most")
+    if R is not None and P != E + R:  # one of the two was dropped without a word
+        raise ValueError("num_physical_experts = %d and num_redundant = %d disagree: with %d "
+                         "experts P = E + num_redundant = %d; pass one of them"
+                         % (P, R, E, E + R))
     shape = Shape(L, E, P, G, A.integer(num_nodes, "num_nodes", 1, A.MAX_GPUS, "EPX_MAX_GPUS"))
     fg = None
     if failed_gpus is not None:

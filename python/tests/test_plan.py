@@ -112,3 +112,14 @@ def test_plan_option_errors():
     with pytest.raises(epx.EpxError) as ei:
         epx.plan(c, 8, num_redundant=16, algorithm="deepseek", estimate="recency")
     assert ei.value.status == epx.Status.INVALID_ARG
+
+
+def test_num_physical_experts_and_num_redundant_must_agree():
+    """Both given and disagreeing: num_redundant was dropped without a word."""
+    _needs("epx_plan_compute")
+    w = np.ones((2, 8))
+    with pytest.raises(ValueError, match=r"num_physical_experts = 16 and num_redundant = 4 "
+                                         r"disagree: with 8 experts P = E \+ num_redundant = 12"):
+        epx.plan(w, num_gpus=4, num_physical_experts=16, num_redundant=4)
+    p = epx.plan(w, num_gpus=4, num_physical_experts=12, num_redundant=4)  # agreeing: fine
+    assert p.layout.num_physical_experts == 12
