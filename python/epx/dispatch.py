@@ -241,7 +241,9 @@ def dispatch_topk(topk_ids, layout, layer, mode="dynamic", table=None, replica_w
     -1 stays -1): "static" takes `table` [G][L][E] row ep_rank; "dynamic" picks
     uniformly over the replicas; "weighted" by replica_weights [L][P];
     "balanced" splits this batch exactly (balanced_topk). Choices
-    are keyed by (seed, pass_id, layer, token, k), as the CUDA kernels' are.
+    are keyed by (seed, pass_id, layer, token, k), as the CUDA kernels' are;
+    pass_id, a pass counter in [0, 2^64), is keyed modulo 2^32 as the C
+    spec's uint32 pass word (pass 2^32 draws as pass 0).
     "rank_invariant" is SGLang 0.5.23's dynamic rule without an all-to-all
     backend: token row t takes replica t % num_valid of the expert's list,
     no draw. Its lists are the layout's ascending ones (init_by_mapping), or

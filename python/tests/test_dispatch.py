@@ -259,3 +259,22 @@ def test_torch_mapping_table_that_contradicts_the_layout_refused():
     with pytest.raises(ValueError, match=r"table\[1\]\[0\]\[0\] = 1 gives \[layer 0\]\[expert 0\]"):
         et.Mapping.from_layout(lay, 0, mode="static", table=table, ep_rank=1)
     et.Mapping.from_layout(lay, 1, mode="static", table=table, ep_rank=1)  # layer 1 is sound
+
+
+def test_pass_id_is_keyed_modulo_2_32_as_documented():
+    """The C spec's pass is a uint32 counter: a larger pass_id wraps, and both
+    bindings say so (pass 2^32 draws as pass 0); past 2^64 - 1 is refused."""
+    lay = epx.Layout.trivial(1, 4, 16, 2)
+    ids = np.tile(np.arange(4), (64, 1))
+    a = epx.dispatch_topk(ids, lay, 0, pass_id=5)
+    np.testing.assert_array_equal(a, epx.dispatch_topk(ids, lay, 0, pass_id=2 ** 32 + 5))
+    assert not np.array_equal(a, epx.dispatch_topk(ids, lay, 0, pass_id=6))
+    with pytest.raises(ValueError, match="pass_id = 18446744073709551616 is outside"):
+        epx.dispatch_topk(ids, lay, 0, pass_id=2 ** 64)
+    assert "modulo 2^32" in epx.dispatch_topk.__doc__
+    torch = pytest.importorskip("torch")
+    import epx.torch as et
+    assert "modulo 2^32" in et.map_ids.__doc__
+    m = et.Mapping.from_layout(lay, 0, mode="dynamic")
+    t = torch.from_numpy(ids)
+    assert torch.equal(et.map_ids(t, m, pass_id=5), et.map_ids(t, m, pass_id=2 ** 32 + 5))

@@ -152,7 +152,10 @@ def map_ids(topk_ids, mapping, *, layer=0, pass_id=0, seed=0):
     """Logical expert ids [T][K] to physical slots [T][K] int32 under `mapping`
     (an epx.torch.Mapping on the ids' device). Random choices are keyed by
     (seed, pass_id, layer, token, k): the same on CPU and GPU, new every pass.
-    A balanced mapping draws nothing (balanced_topk's slots)."""
+    pass_id is a pass counter in [0, 2^64): it is keyed modulo 2^32, as the
+    C spec's uint32 pass word (pass 2^32 draws as pass 0), so a step counter
+    can be passed as it grows. A balanced mapping draws nothing
+    (balanced_topk's slots)."""
     m = _mapping_arg(mapping)
     if m.mode == BALANCED:
         return balanced_topk(topk_ids, m)[0]
