@@ -142,7 +142,7 @@ def sglang_static_table(logical_to_all_physical_map, num_gpus, num_physical_expe
     return np.ascontiguousarray(res, dtype=dtype)
 
 
-def static_table(layout, algorithm="sglang", seed=42, expected_load=None, replica_weights=None,
+def static_table(layout, algorithm="sglang", seed=None, expected_load=None, replica_weights=None,
                  replicas=None, sglang_version=None):
     """Static dispatch tables [G][L][E] int64 for a Layout (or a Plan).
 
@@ -155,7 +155,17 @@ def static_table(layout, algorithm="sglang", seed=42, expected_load=None, replic
     in the order given (init_by_eplb passes DeepSeek's replica-rank order).
     algorithm="epx": deterministic, same GPU, then same node, then the
     replica whose GPU is furthest below its expected load (expected_load
-    [L][E], replica_weights [L][P]; a Plan supplies its replica weights)."""
+    [L][E], replica_weights [L][P]; a Plan supplies its replica weights).
+    seed (default 42, SGLang's) and sglang_version are "sglang"'s only, the
+    loads and weights "epx"'s only: either given to the other is refused."""
+    if algorithm == "epx":  # deterministic, no release rule: neither would be read
+        for arg, value in (("seed", seed), ("sglang_version", sglang_version)):
+            if value is not None:
+                raise ValueError("%s=%r is for algorithm='sglang' only: the 'epx' table draws "
+                                 "nothing and follows no SGLang release; drop it"
+                                 % (arg, value))
+    if seed is None:
+        seed = 42
     if hasattr(layout, "replica_weights") and hasattr(layout, "layout"):
         if replica_weights is None and algorithm == "epx":
             replica_weights = layout.replica_weights
@@ -236,7 +246,7 @@ def table_gpu_load(layout, table, load):
 
 
 def dispatch_topk(topk_ids, layout, layer, mode="dynamic", table=None, replica_weights=None,
-                  seed=0, pass_id=0, ep_rank=0, replicas=None):
+                  seed=0, pass_id=0, ep_rank=None, replicas=None):
     """Map one layer's logical topk_ids [T][K] to physical slots [T][K] (int64,
     -1 stays -1): "static" takes `table` [G][L][E] row ep_rank; "dynamic" picks
     uniformly over the replicas; "weighted" by replica_weights [L][P];
@@ -244,18 +254,26 @@ def dispatch_topk(topk_ids, layout, layer, mode="dynamic", table=None, replica_w
     are keyed by (seed, pass_id, layer, token, k), as the CUDA kernels' are;
     pass_id, a pass counter in [0, 2^64), is keyed modulo 2^32 as the C
     spec's uint32 pass word (pass 2^32 draws as pass 0).
+    table= and ep_rank= (default 0) are for "static" only, replica_weights=
+    for "weighted" only, replicas= for "rank_invariant" only: given to
+    another mode, which would not read them, they are refused.
     "rank_invariant" is SGLang 0.5.23's dynamic rule without an all-to-all
     backend: token row t takes replica t % num_valid of the expert's list,
     no draw. Its lists are the layout's ascending ones (init_by_mapping), or
     `replicas` [L][E][X] when given (DeepSeek's logical_to_physical_map, as
     init_by_eplb passes it; -1 padding at the tail of each list)."""
-    if mode == "balanced":
-        return balanced_topk(topk_ids, layout, layer)[0]
-    if mode not in DISPATCH_MODES:
+    if mode != "balanced" and mode not in DISPATCH_MODES:
         raise ValueError("mode must be one of %s, got %r"
                          % (", ".join(list(DISPATCH_MODES) + ["balanced"]), mode))
-    if replicas is not None and mode != "rank_invariant":
-        raise ValueError("replicas= is for mode='rank_invariant' only, not %r" % mode)
+    # an argument the mode does not read is refused, not dropped
+    for arg, value, owner in (("table", table, "static"), ("ep_rank", ep_rank, "static"),
+                              ("replica_weights", replica_weights, "weighted"),
+                              ("replicas", replicas, "rank_invariant")):
+        if value is not None and mode != owner:
+            raise ValueError("%s= is for mode=%r only, not %r, which does not read it: drop it "
+                             "or use mode=%r" % (arg, owner, mode, owner))
+    if mode == "balanced":
+        return balanced_topk(topk_ids, layout, layer)[0]
     torch_in = A.is_torch(topk_ids)
     ids = A.as_array(topk_ids, np.int32, 2, "topk_ids")
     T, K = ids.shape
@@ -270,7 +288,8 @@ def dispatch_topk(topk_ids, layout, layer, mode="dynamic", table=None, replica_w
         if table is None:
             raise ValueError("mode='static' needs table [G][L][E] (epx.dispatch.static_table)")
         tab = A.as_shaped(table, np.int32, (None, L, E), "table", "[G][L][E]")
-        rank = A.integer(ep_rank, "ep_rank", 0, tab.shape[0] - 1, "the table's ranks - 1")
+        rank = A.integer(0 if ep_rank is None else ep_rank, "ep_rank", 0, tab.shape[0] - 1,
+                         "the table's ranks - 1")
         row = np.ascontiguousarray(tab[rank, layer])
         _check_holds(layout.physical_to_logical_map, row, "table", layer, np.arange(E),
                      lambda i: (rank, layer) + i)

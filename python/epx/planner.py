@@ -92,6 +92,7 @@ ALGORITHMS = {"epx": 0, "deepseek": 1, "deepseek-hierarchical": 2, "auto": 3,
 _ALGO_NAMES = {v: k for k, v in ALGORITHMS.items()}
 NODE_LOCAL = {"default": 0, "strict": 1, "relaxed": 2, "off": 3}
 ESTIMATES = {"default": 0, "sum": 1, "recency": 2, "mean-std": 3, "minmax": 4}
+_EST_NAMES = {v: k for k, v in ESTIMATES.items()}
 
 
 class PlanOpts(Structure):
@@ -225,6 +226,24 @@ class Plan:
         return "Plan(%s, %r, %.3g s)" % (self.algorithm, self.layout, self.seconds)
 
 
+def _check_estimate_param(est, param):
+    """epx's planner: estimate_param is recency's half-life (> 0 windows;
+    the default estimate is recency) or mean-std's z (>= 0); < 0 = the
+    default. The sum and minmax estimates read no parameter, and libepx
+    takes a half-life of 0 as the default: both were dropped without a
+    word."""
+    p = float(param)
+    if p != p:
+        return  # NaN: libepx names it
+    if p >= 0 and est in (ESTIMATES["sum"], ESTIMATES["minmax"]):
+        raise ValueError("estimate_param = %g does not apply to estimate %r, which has no "
+                         "parameter: it is recency's half-life or mean-std's z; leave it < 0"
+                         % (p, _EST_NAMES[est]))
+    if p == 0 and est in (ESTIMATES["default"], ESTIMATES["recency"]):
+        raise ValueError("estimate_param = 0 is no half-life for the recency estimate: give "
+                         "a half-life > 0 windows, or < 0 for the default")
+
+
 def plan(counts, num_gpus, num_physical_experts=None, num_redundant=None, num_nodes=1,
          algorithm="epx", num_groups=None, node_local="default", cross_node_budget=-1.0,
          estimate="default", estimate_param=-1.0, current=None, max_moves=-1, move_price=0.0,
@@ -238,6 +257,9 @@ def plan(counts, num_gpus, num_physical_experts=None, num_redundant=None, num_no
     the windows as steps), "elasticity-aware" and "elasticity-aware-hierarchical"
     (the active ranks: not failed_gpus). current: the Layout in service, to
     price moves (max_moves, move_price). failed_gpus: [G] truthy = lost GPU.
+    estimate (epx's planner): "default", "sum", "recency", "mean-std" or
+    "minmax"; estimate_param: recency's half-life (> 0) or mean-std's z
+    (>= 0), < 0 for the default, refused where it does not apply.
     sglang_version: DeepSeek modes plan as that SGLang release's copy of EPLB
     (None = DeepSeek's original; a newer release than epx verified warns).
     Returns a Plan; raises EpxError with libepx's message on bad input.
@@ -265,11 +287,15 @@ def plan(counts, num_gpus, num_physical_experts=None, num_redundant=None, num_no
     sv = None
     if sglang_version is not None:
         sv = sglang_release(sglang_version, "eplb")[0]  # checked; a newer release warns
-    o = PlanOpts(PLAN_OPTS_VERSION, _choice(ALGORITHMS, algorithm, "algorithm"),
+    est, algo = _choice(ESTIMATES, estimate, "estimate"), _choice(ALGORITHMS, algorithm,
+                                                                  "algorithm")
+    if algo == ALGORITHMS["epx"]:  # the others refuse any estimate_param (libepx)
+        _check_estimate_param(est, estimate_param)
+    o = PlanOpts(PLAN_OPTS_VERSION, algo,
                  0 if num_groups is None else A.integer(num_groups, "num_groups", 0,
                                                          A.MAX_EXPERTS, "EPX_MAX_EXPERTS"),
                  _choice(NODE_LOCAL, node_local, "node_local"), float(cross_node_budget),
-                 _choice(ESTIMATES, estimate, "estimate"), float(estimate_param),
+                 est, float(estimate_param),
                  _current(current),
                  A.integer(max_moves, "max_moves", -1),
                  float(move_price), A.ptr(fg, c_uint8), LOG_FN(), None, None, None, sv)

@@ -278,3 +278,39 @@ def test_pass_id_is_keyed_modulo_2_32_as_documented():
     m = et.Mapping.from_layout(lay, 0, mode="dynamic")
     t = torch.from_numpy(ids)
     assert torch.equal(et.map_ids(t, m, pass_id=5), et.map_ids(t, m, pass_id=2 ** 32 + 5))
+
+
+@pytest.mark.parametrize("mode, kw, arg", [
+    ("dynamic", {"table": "T"}, "table"),
+    ("dynamic", {"ep_rank": 1}, "ep_rank"),
+    ("weighted", {"table": "T", "replica_weights": "W"}, "table"),
+    ("dynamic", {"replica_weights": "W"}, "replica_weights"),
+    ("static", {"table": "T", "replica_weights": "W"}, "replica_weights"),
+    ("balanced", {"table": "T"}, "table"),
+    ("physical", {"ep_rank": 0}, "ep_rank"),
+])
+def test_dispatch_topk_refuses_arguments_its_mode_does_not_read(mode, kw, arg):
+    lay = epx.Layout.trivial(2, 4, 8, 2)
+    fill = {"T": epx.static_table(lay), "W": np.full((2, 8), .5)}
+    kw = {k: fill.get(v, v) if isinstance(v, str) else v for k, v in kw.items()}
+    with pytest.raises(ValueError, match=r"^%s= is for mode=.* only, not '%s'" % (arg, mode)):
+        epx.dispatch_topk(np.array([[0, 1]]), lay, 0, mode=mode, **kw)
+
+
+def test_static_dispatch_still_defaults_to_rank_0():
+    lay = epx.Layout.trivial(2, 4, 8, 2)
+    table = epx.static_table(lay)
+    ids = np.array([[0, 1, 2, 3]])
+    np.testing.assert_array_equal(epx.dispatch_topk(ids, lay, 1, mode="static", table=table),
+                                  epx.dispatch_topk(ids, lay, 1, mode="static", table=table,
+                                                    ep_rank=0))
+
+
+@pytest.mark.parametrize("kw", [{"seed": 7}, {"sglang_version": "0.5.23"}])
+def test_epx_table_refuses_sglang_only_arguments(kw):
+    """The epx table draws nothing and follows no release: both were dropped."""
+    lay = epx.Layout.trivial(2, 4, 8, 2)
+    with pytest.raises(ValueError, match=r"%s=.* is for algorithm='sglang' only" % list(kw)[0]):
+        epx.static_table(lay, algorithm="epx", **kw)
+    epx.static_table(lay, algorithm="sglang", **kw)  # where they apply
+    np.testing.assert_array_equal(epx.static_table(lay), epx.static_table(lay, seed=42))

@@ -180,3 +180,18 @@ def test_model_shapes_and_synthetic_trace():
     with pytest.raises(epx.EpxError) as ei:
         epx.trace.model("gpt-17")
     assert ei.value.status == epx.Status.INVALID_ARG and "kimi-k2" in ei.value.message
+
+
+def test_synth_refuses_a_shift_that_never_happens():
+    """A shift at or past the last window, or a shift share with no shift,
+    changed nothing and was taken without a word."""
+    with pytest.raises(ValueError, match=r"shift_window = 99 is outside \[0, 1\]"):
+        epx.trace.synth("mixtral", num_windows=2, tokens=64, shift_window=99)
+    with pytest.raises(ValueError, match=r"shift_window = 2 is outside \[0, 1\]"):
+        epx.trace.synth("mixtral", num_windows=2, tokens=64, shift_window=2)
+    with pytest.raises(ValueError, match="shift_layers=0.9 applies to a shift only"):
+        epx.trace.synth("mixtral", num_windows=2, tokens=64, shift_layers=0.9)
+    a = epx.trace.synth("mixtral", num_windows=3, tokens=640, shift_window=2, shift_layers=1.0)
+    b = epx.trace.synth("mixtral", num_windows=3, tokens=640)
+    np.testing.assert_array_equal(a[:2], b[:2])
+    assert not np.array_equal(a[2], b[2])  # the last window shifted

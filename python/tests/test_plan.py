@@ -123,3 +123,16 @@ def test_num_physical_experts_and_num_redundant_must_agree():
         epx.plan(w, num_gpus=4, num_physical_experts=16, num_redundant=4)
     p = epx.plan(w, num_gpus=4, num_physical_experts=12, num_redundant=4)  # agreeing: fine
     assert p.layout.num_physical_experts == 12
+
+
+@pytest.mark.parametrize("estimate, param", [("sum", 5), ("minmax", 0), ("recency", 0),
+                                             ("default", 0)])
+def test_estimate_param_that_is_not_read_refused(estimate, param):
+    """sum and minmax have no parameter; a half-life of 0 was taken as the default."""
+    _needs("epx_plan_compute")
+    with pytest.raises(ValueError, match=r"estimate_param = %d (does not apply|is no half-life)"
+                       % param):
+        epx.plan(np.ones((2, 2, 8)), 4, num_redundant=8, estimate=estimate,
+                 estimate_param=param)
+    for estimate, param in (("recency", 2), ("mean-std", 0), ("sum", -1)):  # read: fine
+        epx.plan(np.ones((2, 2, 8)), 4, num_redundant=8, estimate=estimate, estimate_param=param)
