@@ -86,6 +86,22 @@ def _opts(algorithm, seed, expected_load, replica_weights, keep, sglang_version=
                      sglang_release(sglang_version, "table", stacklevel=5)[0], 0)
 
 
+def _placement(layout, replica_weights=None, take_weights=False):
+    """(Layout, replica_weights) from a Layout or a Plan (its layout; its
+    replica weights when take_weights and none were given). Anything else
+    is a TypeError naming it (it failed later on a missing attribute)."""
+    from .layout import Layout
+    from .planner import Plan
+    if isinstance(layout, Plan):
+        if replica_weights is None and take_weights:
+            replica_weights = layout.replica_weights
+        return layout.layout, replica_weights
+    if not isinstance(layout, Layout):
+        raise TypeError("layout must be an epx.Layout or an epx.Plan, not %s"
+                        % type(layout).__name__)
+    return layout, replica_weights
+
+
 def _check_holds(p2l, slots, name, layers, experts, index=lambda i: i):
     """Refuse a slot that does not hold the expert it is listed for: C reads
     the replica lists and tables as they are, so such a slot routed the
@@ -166,10 +182,7 @@ def static_table(layout, algorithm="sglang", seed=None, expected_load=None, repl
                                  % (arg, value))
     if seed is None:
         seed = 42
-    if hasattr(layout, "replica_weights") and hasattr(layout, "layout"):
-        if replica_weights is None and algorithm == "epx":
-            replica_weights = layout.replica_weights
-        layout = layout.layout
+    layout, replica_weights = _placement(layout, replica_weights, algorithm == "epx")
     keep = []
     s = layout.shape
     opts = _opts(algorithm, seed, expected_load, replica_weights, keep, sglang_version, s)
@@ -204,8 +217,7 @@ def sglang_rank_lists(layout, sglang_version=None, replicas=None, width=None):
     taken); a width below the widest list raises EpxError naming both. As a rank with an all-to-all
     backend and ep_join_mode "normal" computes them (libepx's
     epx_dispatch_rank_lists_compute)."""
-    if hasattr(layout, "replica_weights") and hasattr(layout, "layout"):
-        layout = layout.layout
+    layout = _placement(layout)[0]
     keep = []
     opts = _opts("sglang", 42, None, None, keep, sglang_version)
     s = layout.shape
@@ -231,7 +243,8 @@ def sglang_rank_lists(layout, sglang_version=None, replicas=None, width=None):
 
 def table_gpu_load(layout, table, load):
     """Tokens each GPU receives [L][G] under static tables [G][L][E] when every
-    rank sends 1/G of each expert's load [L][E]."""
+    rank sends 1/G of each expert's load [L][E]. layout: a Layout or a Plan."""
+    layout = _placement(layout)[0]
     s = layout.shape
     shape = Shape(*[s[f] for f, _ in Shape._fields_])
     L, E = s["num_layers"], s["num_logical_experts"]
@@ -248,8 +261,9 @@ def table_gpu_load(layout, table, load):
 def dispatch_topk(topk_ids, layout, layer, mode="dynamic", table=None, replica_weights=None,
                   seed=0, pass_id=0, ep_rank=None, replicas=None):
     """Map one layer's logical topk_ids [T][K] to physical slots [T][K] (int64,
-    -1 stays -1): "static" takes `table` [G][L][E] row ep_rank; "dynamic" picks
-    uniformly over the replicas; "weighted" by replica_weights [L][P];
+    -1 stays -1) under a Layout or a Plan (its layout): "static" takes `table`
+    [G][L][E] row ep_rank; "dynamic" picks uniformly over the replicas;
+    "weighted" by replica_weights [L][P] (a Plan's own by default);
     "balanced" splits this batch exactly (balanced_topk). Choices
     are keyed by (seed, pass_id, layer, token, k), as the CUDA kernels' are;
     pass_id, a pass counter in [0, 2^64), is keyed modulo 2^32 as the C
@@ -272,6 +286,7 @@ def dispatch_topk(topk_ids, layout, layer, mode="dynamic", table=None, replica_w
         if value is not None and mode != owner:
             raise ValueError("%s= is for mode=%r only, not %r, which does not read it: drop it "
                              "or use mode=%r" % (arg, owner, mode, owner))
+    layout, replica_weights = _placement(layout, replica_weights, mode == "weighted")
     if mode == "balanced":
         return balanced_topk(topk_ids, layout, layer)[0]
     torch_in = A.is_torch(topk_ids)

@@ -314,3 +314,23 @@ def test_epx_table_refuses_sglang_only_arguments(kw):
         epx.static_table(lay, algorithm="epx", **kw)
     epx.static_table(lay, algorithm="sglang", **kw)  # where they apply
     np.testing.assert_array_equal(epx.static_table(lay), epx.static_table(lay, seed=42))
+
+
+def test_dispatch_takes_a_plan_as_the_other_calls_do():
+    """dispatch_topk(ids, plan, layer) raised AttributeError."""
+    p = epx.plan(np.arange(1., 17.).reshape(2, 8), num_gpus=4, num_redundant=4)
+    lay = p.layout
+    ids = np.tile(np.arange(8), (16, 1))
+    for mode in ("dynamic", "physical", "rank_invariant", "balanced"):
+        np.testing.assert_array_equal(epx.dispatch_topk(ids, p, 1, mode=mode),
+                                      epx.dispatch_topk(ids, lay, 1, mode=mode))
+    np.testing.assert_array_equal(  # a Plan weighs by its own replica weights
+        epx.dispatch_topk(ids, p, 1, mode="weighted"),
+        epx.dispatch_topk(ids, lay, 1, mode="weighted", replica_weights=p.replica_weights))
+    t = epx.static_table(p)
+    np.testing.assert_array_equal(epx.dispatch_topk(ids, p, 0, mode="static", table=t),
+                                  epx.dispatch_topk(ids, lay, 0, mode="static", table=t))
+    np.testing.assert_array_equal(epx.dispatch.table_gpu_load(p, t, np.ones((2, 8))),
+                                  epx.dispatch.table_gpu_load(lay, t, np.ones((2, 8))))
+    with pytest.raises(TypeError, match="layout must be an epx.Layout or an epx.Plan, not dict"):
+        epx.dispatch_topk(ids, {}, 0)
