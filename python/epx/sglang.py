@@ -22,7 +22,6 @@ from . import planner as _plan
 from ._lp import LPLBSolver
 from ._native import EpxError, Status, as_assertion, sglang_release
 from .io import read_counts, read_mapping
-from .layout import Layout
 
 __all__ = ["rebalance_experts", "rebalance_experts_from_windows",
            "compute_logical_to_rank_dispatch_physical_map", "dispatch_map_for",
@@ -233,13 +232,41 @@ def rebalance_experts_from_windows(tokens_per_expert, num_physical_experts,
 
 def compute_logical_to_all_physical_map(physical_to_logical_map, num_logical_experts,
                                         *, as_torch=None):
-    """SGLang's _compute_logical_to_all_physical_map: [L][E][X] int64, the slots
-    of each expert ascending, -1 padded to X = the largest replica count."""
+    """SGLang's _compute_logical_to_all_physical_map (without a per-rank cut,
+    as it runs with no all-to-all backend): [L][E][X] int64, the slots of
+    each expert ascending, -1 padded to X = the largest replica count. An
+    expert with no slot (num_logical_experts above the ids present) is a
+    row of -1, as there. A tensor gives a tensor on its device, as SGLang's.
+    Errors as SGLang's: an id >= num_logical_experts is an IndexError, no
+    layer or no expert a ValueError; a negative id, which SGLang's list
+    indexing would file under expert E + id, is an IndexError too."""
+    torch_in = A.is_torch(physical_to_logical_map)
     torch_out = A.want_torch(as_torch, physical_to_logical_map)
     m = A.as_array(physical_to_logical_map, np.int64, 2, "physical_to_logical_map")
-    # G = 1: this map does not depend on the GPU count.
-    lay = Layout.from_map(m, num_gpus=1, num_logical_experts=num_logical_experts)
-    return A.wrap(lay.logical_to_all_physical_map(), torch_out)
+    E = A.integer(num_logical_experts, "num_logical_experts", 1, A.MAX_EXPERTS,
+                  "EPX_MAX_EXPERTS; SGLang's max() of no lists fails below 1")
+    L, P = m.shape
+    if L < 1:
+        raise ValueError("physical_to_logical_map has no layer (shape %s): SGLang's max() of "
+                         "no lists fails" % (list(m.shape),))
+    bad = np.argwhere((m < 0) | (m >= E))
+    if len(bad):
+        l, p = (int(v) for v in bad[0])
+        raise IndexError("physical_to_logical_map[%d][%d] = %d is outside [0, %d) "
+                         "(num_logical_experts): no expert holds that slot"
+                         % (l, p, int(m[l, p]), E))
+    order = np.argsort(m, axis=1, kind="stable")  # slots grouped by expert, ascending
+    ids = np.take_along_axis(m, order, axis=1)
+    counts = np.zeros((L, E), dtype=np.int64)
+    np.add.at(counts, (np.repeat(np.arange(L), P), m.ravel()), 1)
+    X = int(counts.max())
+    out = np.full((L, E, X), -1, dtype=np.int64)
+    # the j-th slot of expert e is at sorted position start[e] + j
+    start = np.cumsum(counts, axis=1) - counts
+    rank = np.arange(P)[None, :] - np.take_along_axis(start, ids, axis=1)
+    out[np.repeat(np.arange(L), P), ids.ravel(), rank.ravel()] = order.ravel()
+    device = physical_to_logical_map.device if torch_in else None
+    return A.wrap(out, torch_out, device)
 
 
 # ---- the static dispatch table, in each release's call shape ----------------
