@@ -156,6 +156,7 @@ def map_ids(topk_ids, mapping, *, layer=0, pass_id=0, seed=0):
     C spec's uint32 pass word (pass 2^32 draws as pass 0), so a step counter
     can be passed as it grows. A balanced mapping draws nothing
     (balanced_topk's slots)."""
+    _ops.tensor_arg(topk_ids, "topk_ids")
     m = _mapping_arg(mapping)
     if m.mode == BALANCED:
         return balanced_topk(topk_ids, m)[0]
@@ -183,6 +184,7 @@ def balanced_topk(topk_ids, mapping):
     loads within one token per replica of it, expert e's (t, k) pairs in
     order filling its replicas. Returns (phys [T][K] int32, tokens_per_slot
     [P] int64). CPU and CUDA give the same slots."""
+    _ops.tensor_arg(topk_ids, "topk_ids")
     m = _mapping_arg(mapping)
     if m.mode != BALANCED:
         raise ValueError("balanced_topk needs a Mapping.balanced (or from_layout(..., "
@@ -202,6 +204,7 @@ def permute(x, layout, order="rank"):
                         % type(layout).__name__)
     if order not in ("rank", "slot"):
         raise ValueError("order must be 'rank' or 'slot', got %r" % (order,))
+    _ops.tensor_arg(x, "x")
     perm, per_token = ((layout.rank_perm, 1) if order == "rank" else
                        (layout.slot_perm, layout.pair_slot_pos.shape[1]))
     return _ops.run("gather_rows", (x, perm), x, perm, per_token)
@@ -212,6 +215,9 @@ def combine(y, pos, weights=None):
     pos[t][k] >= 0 of weights[t][k] * y[pos[t][k]], accumulated in float32 by
     fused multiply-adds in k order (bitwise equal on CPU and GPU), stored in
     y's dtype. weights [T][K] (any float dtype; None = 1)."""
+    for t, name in ((y, "y"), (pos, "pos"), (weights, "weights")):
+        if t is not None:  # a numpy array got torch's schema dump
+            _ops.tensor_arg(t, name)
     return _ops.run("combine", (y, pos, weights), y, pos, weights)
 
 
