@@ -226,6 +226,26 @@ class Plan:
         return "Plan(%s, %r, %.3g s)" % (self.algorithm, self.layout, self.seconds)
 
 
+def flags(x, name, G, meaning):
+    """A [G] array of per-GPU flags as bool: booleans or integers only (a
+    string is truthy, so ["0", "1"] marked every GPU), exactly G of them."""
+    a = x.detach().cpu().numpy() if A.is_torch(x) else x
+    try:
+        a = np.asarray(a)
+    except (ValueError, TypeError) as e:
+        raise ValueError("%s must be [%d] booleans or integers: %s" % (name, G, e)) from None
+    if a.dtype.kind == "O" and all(isinstance(v, (bool, np.bool_, int, np.integer))
+                                   for v in a.flat):
+        a = a.astype(np.int64)
+    if a.dtype.kind not in "biu":
+        raise TypeError("%s must hold booleans or integers (%s), not dtype %s: %r"
+                        % (name, meaning, a.dtype, x))
+    if a.shape != (G,):
+        raise ValueError("%s must have one entry per EP rank (GPU), %d, got shape %s"
+                         % (name, G, a.shape))
+    return a != 0
+
+
 def _check_estimate_param(est, param):
     """epx's planner: estimate_param is recency's half-life (> 0 windows;
     the default estimate is recency) or mean-std's z (>= 0); < 0 = the
@@ -280,10 +300,8 @@ def plan(counts, num_gpus, num_physical_experts=None, num_redundant=None, num_no
     shape = Shape(L, E, P, G, A.integer(num_nodes, "num_nodes", 1, A.MAX_GPUS, "EPX_MAX_GPUS"))
     fg = None
     if failed_gpus is not None:
-        fg = np.ascontiguousarray(np.asarray(failed_gpus, dtype=bool), dtype=np.uint8)
-        if fg.shape != (G,):
-            raise ValueError("failed_gpus must have num_gpus (%d) entries, got shape %s"
-                             % (num_gpus, fg.shape))
+        fg = np.ascontiguousarray(flags(failed_gpus, "failed_gpus", G, "nonzero = failed"),
+                                  dtype=np.uint8)
     sv = None
     if sglang_version is not None:
         sv = sglang_release(sglang_version, "eplb")[0]  # checked; a newer release warns

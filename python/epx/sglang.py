@@ -125,12 +125,7 @@ def _sglang_only(t, P, num_gpus, num_groups, num_nodes, name, active_ranks, sgla
     failed = None
     if name.startswith("elasticity"):
         if active_ranks is not None:
-            act = active_ranks.cpu() if hasattr(active_ranks, "cpu") else active_ranks
-            act = np.asarray(act)
-            if act.shape != (num_gpus,):
-                raise ValueError("active_ranks must have one entry per EP rank (%d), got shape "
-                                 "%s" % (num_gpus, act.shape))
-            failed = act == 0
+            failed = ~_plan.flags(active_ranks, "active_ranks", num_gpus, "nonzero = active")
     elif active_ranks is not None:
         raise ValueError("active_ranks applies to the elasticity_aware algorithms, not to %r"
                          % (name,))
@@ -313,8 +308,13 @@ def _nodes_from(ep_size, gpus_per_node_ep_size, nnodes, join_mode, where):
     would not prefer same-node replicas, else ep_size / GPUs per node."""
     if join_mode == "scale":
         return 1  # SGLang skips the same-node preference for a scale joiner
-    nnodes = int(nnodes)
-    if nnodes <= 0 or int(gpus_per_node_ep_size) % nnodes:
+    # integers, as SGLang's argparse makes them: int() cut nnodes = 2.5 to 2 and
+    # parsed "2", where SGLang's ep_size // nnodes gives a float or a TypeError
+    wide = (-2 ** 63, 2 ** 63 - 1, "an integer, as SGLang's --nnodes / --ep-size")
+    nnodes = A.integer(nnodes, "%s nnodes" % where, *wide)
+    gpus_per_node_ep_size = A.integer(gpus_per_node_ep_size, "%s ep_size" % where, *wide)
+    ep_size = A.integer(ep_size, "ep_size", *wide)
+    if nnodes <= 0 or gpus_per_node_ep_size % nnodes:
         raise EpxError(Status.SHAPE, "%s: ep_size (%s) is not a multiple of nnodes (%s): every "
                        "node must hold the same number of GPUs" % (where, gpus_per_node_ep_size,
                                                                     nnodes))

@@ -136,3 +136,22 @@ def test_estimate_param_that_is_not_read_refused(estimate, param):
                  estimate_param=param)
     for estimate, param in (("recency", 2), ("mean-std", 0), ("sum", -1)):  # read: fine
         epx.plan(np.ones((2, 2, 8)), 4, num_redundant=8, estimate=estimate, estimate_param=param)
+
+
+@pytest.mark.parametrize("flags", [["0", "0", "1", "0"], [0.0, 0.0, 1.0, 0.0], [None] * 4])
+def test_failed_gpus_must_be_booleans_or_integers(flags):
+    """A string is truthy: ["0", "0", "1", "0"] marked every GPU failed and the
+    message blamed the slots."""
+    _needs("epx_plan_compute")
+    with pytest.raises(TypeError, match=r"failed_gpus must hold booleans or integers"):
+        epx.plan(np.ones((2, 8)), 4, num_redundant=8, algorithm="elasticity-aware",
+                 failed_gpus=flags)
+    a = epx.plan(np.ones((2, 8)), 4, num_redundant=8, algorithm="elasticity-aware",
+                 failed_gpus=[0, 0, 2, 0])
+    b = epx.plan(np.ones((2, 8)), 4, num_redundant=8, algorithm="elasticity-aware",
+                 failed_gpus=[False, False, True, False])
+    np.testing.assert_array_equal(a.physical_to_logical_map, b.physical_to_logical_map)
+    with pytest.raises(TypeError, match=r"active_ranks must hold booleans or integers"):
+        epx.sglang.rebalance_experts_from_windows(np.ones((1, 2, 8)), 16, 4, None, 1,
+                                                  "elasticity_aware",
+                                                  active_ranks=["1", "1", "0", "1"])

@@ -230,3 +230,13 @@ def test_all_physical_map_stays_on_the_input_device(monkeypatch):
                         seen.append(device) or real(a, tt, device))
     epx.compute_logical_to_all_physical_map(t, 2)
     assert seen == [t.device]
+
+
+@pytest.mark.parametrize("nnodes", [2.5, "2", 2.0])
+def test_server_args_nnodes_must_be_an_integer(nnodes):
+    """int() cut 2.5 to 2 and parsed "2"; SGLang's argparse gives an int."""
+    l2p = np.array([[[0, 4], [1, 5], [2, 6], [3, 7]]])
+    run = epx.sglang.compute_logical_to_rank_dispatch_physical_map
+    with pytest.raises(TypeError, match=r"server_args nnodes must be an integer, not"):
+        run(l2p, 4, 8, 0, server_args=_server_args(4, nnodes))
+    run(l2p, 4, 8, 0, server_args=_server_args(4, 2))

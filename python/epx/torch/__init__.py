@@ -198,6 +198,7 @@ def permute(x, layout, order="rank"):
     "rank": each token once per destination rank, rank by rank (rank_perm);
     "slot": each (token, k) pair once, slot by slot (slot_perm). The result
     has T*K rows, the capacity; rows past the order's last offset are zero.
+    x needs at least the layout's T rows (only those are read).
     Every row is written once (a gather), float32 or bfloat16."""
     if not isinstance(layout, TokenLayout):
         raise TypeError("layout must be epx.torch.token_layout's output, got %s"
@@ -205,6 +206,14 @@ def permute(x, layout, order="rank"):
     if order not in ("rank", "slot"):
         raise ValueError("order must be 'rank' or 'slot', got %r" % (order,))
     _ops.tensor_arg(x, "x")
+    T = layout.is_token_in_rank.shape[0]
+    # too few rows read as the gather's own "order[i] = ... is outside"; more
+    # rows (a padded buffer) are fine: only the first T are read
+    if x.dim() != 2 or x.shape[0] < T:
+        raise ValueError("x has %s, the layout was built for %d tokens: permute the rows "
+                         "[T][H] = [%d][H] the layout's ids came with"
+                         % ("shape %s" % list(x.shape) if x.dim() != 2 else
+                            "%d row%s" % (x.shape[0], "" if x.shape[0] == 1 else "s"), T, T))
     perm, per_token = ((layout.rank_perm, 1) if order == "rank" else
                        (layout.slot_perm, layout.pair_slot_pos.shape[1]))
     return _ops.run("gather_rows", (x, perm), x, perm, per_token)
