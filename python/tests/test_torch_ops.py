@@ -524,3 +524,13 @@ def test_permute_names_too_few_rows_of_x():
         et.permute(torch.ones(1, 4), lay)
     x = torch.arange(12.).reshape(3, 4)  # a padded buffer: its first 2 rows are read
     assert torch.equal(et.permute(x, lay), et.permute(x[:2], lay))
+
+
+def test_gpu_unavailable_where_torch_sees_no_gpu(monkeypatch):
+    """The GPU library alone said True (and no reason) on a machine with no GPU."""
+    from epx.torch import _gpu
+    monkeypatch.setattr(_gpu, "_lib", object())  # the library loaded
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert et.gpu_available() is False
+    assert et.gpu_unavailable_reason().startswith("torch sees no CUDA GPU "
+                                                  "(torch.cuda.is_available() is False")
