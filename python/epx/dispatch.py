@@ -328,7 +328,8 @@ def dispatch_topk(topk_ids, layout, layer, mode="dynamic", table=None, replica_w
         spec.num_valid = A.ptr(n_layer, c_int32)
         if mode == "weighted":
             if replica_weights is None:
-                raise ValueError("mode='weighted' needs replica_weights [L][P] (Plan.replica_weights)")
+                raise ValueError("mode='weighted' needs replica_weights [L][P], or a Plan "
+                                 "(its replica_weights) for the layout")
             w = A.as_shaped(replica_weights, np.float64, (L, P), "replica_weights", "[L][P]")
             th = np.empty((L, E, W), dtype=np.uint32)
             call(_thresholds, A.ptr(reps, c_int32), A.ptr(nv, c_int32), L, E, W,

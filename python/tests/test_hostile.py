@@ -255,7 +255,8 @@ def test_complex_tensor_refused():
      r"topk_ids must hold numbers, not strings"),
     (lambda: epx.plan([[1, 2], [3]], num_gpus=2), ValueError,
      r"counts must be a rectangular array of numbers"),
-    (lambda: epx.plan([[1, None]], num_gpus=2), TypeError, r"counts must hold numbers, not NoneType"),
+    (lambda: epx.plan([[1, None]], num_gpus=2), TypeError,
+     r"counts must hold numbers, not NoneType"),
     (lambda: epx.trace.synth("mixtral", skew=1.0), TypeError, r"skew must be a pair \(lo, hi\)"),
     (lambda: epx.trace.synth("mixtral", skew=("a", 1)), TypeError, r"skew must be a pair"),
 ])
