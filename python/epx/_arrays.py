@@ -4,6 +4,7 @@ torch is never imported here unless the caller passed a tensor (or asked for
 tensors), so the package works without it.
 """
 import ctypes
+import numbers
 import operator
 import sys
 
@@ -69,7 +70,15 @@ def as_array(x, dtype, ndim=None, name="array"):
         if x.is_floating_point() and x.dtype not in _NUMPY_FLOATS(x):
             x = x.float()  # bf16 (no numpy dtype): widened exactly, as weight.float()
         x = x.cpu().numpy()
-    src = np.asarray(x)
+    try:
+        src = np.asarray(x)
+    except (ValueError, TypeError) as e:  # ragged lists: numpy's own words, no name
+        raise ValueError("%s must be a rectangular array of numbers (every row as long): %s"
+                         % (name, e)) from None
+    _check_numeric(src, name)
+    if src.dtype.kind == "c":  # the cast below would drop the imaginary part silently
+        raise ValueError("%s holds complex numbers (dtype %s): give real values (take .real "
+                         "if the imaginary part is meant to be dropped)" % (name, src.dtype))
     if np.issubdtype(np.dtype(dtype), np.integer) and src.size:
         _check_integral(src, np.dtype(dtype), name)
     a = np.ascontiguousarray(src, dtype=dtype)
@@ -89,6 +98,19 @@ def as_shaped(x, dtype, shape, name, letters):
         raise ValueError("%s has shape %s; it must be %s = %s" % (
             name, "".join("[%d]" % g for g in a.shape), letters, need))
     return a
+
+
+def _check_numeric(src, name):
+    """Strings, bytes, dates and arbitrary objects are no numbers: numpy's
+    casts failed in its own words (_UFuncNoLoopError) or parsed "1" as 1."""
+    if src.dtype.kind in "USVMm":
+        raise TypeError("%s must hold numbers, not %s (dtype %s)"
+                        % (name, "strings" if src.dtype.kind in "US" else "non-numbers",
+                           src.dtype))
+    if src.dtype.kind == "O":
+        for v in src.flat:
+            if not isinstance(v, numbers.Real):  # str, None, complex, a nested list
+                raise TypeError("%s must hold numbers, not %s %r" % (name, type(v).__name__, v))
 
 
 def _check_integral(src, dtype, name):

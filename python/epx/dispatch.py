@@ -86,6 +86,46 @@ def _opts(algorithm, seed, expected_load, replica_weights, keep, sglang_version=
                      sglang_release(sglang_version, "table", stacklevel=5)[0], 0)
 
 
+def _placement(layout, replica_weights=None, take_weights=False):
+    """(Layout, replica_weights) from a Layout or a Plan (its layout; its
+    replica weights when take_weights and none were given). Anything else
+    is a TypeError naming it (it failed later on a missing attribute)."""
+    from .layout import Layout
+    from .planner import Plan
+    if isinstance(layout, Plan):
+        if replica_weights is None and take_weights:
+            replica_weights = layout.replica_weights
+        return layout.layout, replica_weights
+    if not isinstance(layout, Layout):
+        raise TypeError("layout must be an epx.Layout or an epx.Plan, not %s"
+                        % type(layout).__name__)
+    return layout, replica_weights
+
+
+def _check_holds(p2l, slots, name, layers, experts, index=lambda i: i):
+    """Refuse a slot that does not hold the expert it is listed for: C reads
+    the replica lists and tables as they are, so such a slot routed the
+    expert's tokens to another expert. p2l: the layout's [L][P]; slots: the
+    array (any shape); layers, experts: arrays broadcasting to slots' shape
+    that give each entry's layer and expert; index(i): the position of entry
+    i in the caller's array, for the message. Slots outside [0, P) (and -1
+    padding) are left to the range checks."""
+    P = p2l.shape[1]
+    inside = (slots >= 0) & (slots < P)
+    held = p2l[layers, np.where(inside, slots, 0)]
+    bad = np.argwhere(inside & (held != experts))
+    if len(bad):
+        i = tuple(int(v) for v in bad[0])
+        l = int(np.broadcast_to(layers, slots.shape)[i])
+        e = int(np.broadcast_to(experts, slots.shape)[i])
+        slot = int(slots[i])
+        raise ValueError("%s%s = %d gives [layer %d][expert %d] slot %d, but slot %d holds "
+                         "expert %d in the layout (its tokens would reach the wrong expert): "
+                         "use lists and tables made from this layout"
+                         % (name, "".join("[%d]" % v for v in index(i)), slot, l, e, slot, slot,
+                            int(p2l[l, slot])))
+
+
 def sglang_static_table(logical_to_all_physical_map, num_gpus, num_physical_experts, ep_rank,
                         seed=42, sglang_version="0.5.2", num_nodes=1):
     """SGLang's compute_logical_to_rank_dispatch_physical_map: [L][E] for
@@ -118,7 +158,7 @@ def sglang_static_table(logical_to_all_physical_map, num_gpus, num_physical_expe
     return np.ascontiguousarray(res, dtype=dtype)
 
 
-def static_table(layout, algorithm="sglang", seed=42, expected_load=None, replica_weights=None,
+def static_table(layout, algorithm="sglang", seed=None, expected_load=None, replica_weights=None,
                  replicas=None, sglang_version=None):
     """Static dispatch tables [G][L][E] int64 for a Layout (or a Plan).
 
@@ -131,11 +171,18 @@ def static_table(layout, algorithm="sglang", seed=42, expected_load=None, replic
     in the order given (init_by_eplb passes DeepSeek's replica-rank order).
     algorithm="epx": deterministic, same GPU, then same node, then the
     replica whose GPU is furthest below its expected load (expected_load
-    [L][E], replica_weights [L][P]; a Plan supplies its replica weights)."""
-    if hasattr(layout, "replica_weights") and hasattr(layout, "layout"):
-        if replica_weights is None and algorithm == "epx":
-            replica_weights = layout.replica_weights
-        layout = layout.layout
+    [L][E], replica_weights [L][P]; a Plan supplies its replica weights).
+    seed (default 42, SGLang's) and sglang_version are "sglang"'s only, the
+    loads and weights "epx"'s only: either given to the other is refused."""
+    if algorithm == "epx":  # deterministic, no release rule: neither would be read
+        for arg, value in (("seed", seed), ("sglang_version", sglang_version)):
+            if value is not None:
+                raise ValueError("%s=%r is for algorithm='sglang' only: the 'epx' table draws "
+                                 "nothing and follows no SGLang release; drop it"
+                                 % (arg, value))
+    if seed is None:
+        seed = 42
+    layout, replica_weights = _placement(layout, replica_weights, algorithm == "epx")
     keep = []
     s = layout.shape
     opts = _opts(algorithm, seed, expected_load, replica_weights, keep, sglang_version, s)
@@ -145,6 +192,7 @@ def static_table(layout, algorithm="sglang", seed=42, expected_load=None, replic
     else:
         m = A.as_shaped(replicas, np.int32, (s["num_layers"], s["num_logical_experts"], None),
                         "replicas", "[L][E][X]")
+        _check_lists(layout, m, "replicas")
         shape = Shape(*[s[f] for f, _ in Shape._fields_])
         call(_table_compute, ctypes.byref(shape), A.ptr(m, c_int32), m.shape[2],
              ctypes.byref(opts), A.ptr(out, c_int32))
@@ -169,8 +217,7 @@ def sglang_rank_lists(layout, sglang_version=None, replicas=None, width=None):
     taken); a width below the widest list raises EpxError naming both. As a rank with an all-to-all
     backend and ep_join_mode "normal" computes them (libepx's
     epx_dispatch_rank_lists_compute)."""
-    if hasattr(layout, "replica_weights") and hasattr(layout, "layout"):
-        layout = layout.layout
+    layout = _placement(layout)[0]
     keep = []
     opts = _opts("sglang", 42, None, None, keep, sglang_version)
     s = layout.shape
@@ -181,6 +228,7 @@ def sglang_rank_lists(layout, sglang_version=None, replicas=None, width=None):
     else:
         m = A.as_shaped(replicas, np.int32, (s["num_layers"], s["num_logical_experts"], None),
                         "replicas", "[L][E][X]")
+        _check_lists(layout, m, "replicas")
         shape = Shape(*[s[f] for f, _ in Shape._fields_])
         args = (ctypes.byref(shape), A.ptr(m, c_int32), m.shape[2], ctypes.byref(opts))
         run = _lists_compute
@@ -195,12 +243,15 @@ def sglang_rank_lists(layout, sglang_version=None, replicas=None, width=None):
 
 def table_gpu_load(layout, table, load):
     """Tokens each GPU receives [L][G] under static tables [G][L][E] when every
-    rank sends 1/G of each expert's load [L][E]."""
+    rank sends 1/G of each expert's load [L][E]. layout: a Layout or a Plan."""
+    layout = _placement(layout)[0]
     s = layout.shape
     shape = Shape(*[s[f] for f, _ in Shape._fields_])
     L, E = s["num_layers"], s["num_logical_experts"]
     t = A.as_shaped(table, np.int32, (s["num_gpus"], L, E), "table", "[G][L][E]")
     w = A.as_shaped(load, np.float64, (L, E), "load", "[L][E]")
+    _check_holds(layout.physical_to_logical_map, t, "table", np.arange(L)[None, :, None],
+                 np.arange(E)[None, None, :])
     out = np.empty((s["num_layers"], s["num_gpus"]), dtype=np.float64)
     call(_table_gpu_load, ctypes.byref(shape), A.ptr(t, c_int32), A.ptr(w, c_double),
          A.ptr(out, c_double))
@@ -208,24 +259,36 @@ def table_gpu_load(layout, table, load):
 
 
 def dispatch_topk(topk_ids, layout, layer, mode="dynamic", table=None, replica_weights=None,
-                  seed=0, pass_id=0, ep_rank=0, replicas=None):
+                  seed=0, pass_id=0, ep_rank=None, replicas=None):
     """Map one layer's logical topk_ids [T][K] to physical slots [T][K] (int64,
-    -1 stays -1): "static" takes `table` [G][L][E] row ep_rank; "dynamic" picks
-    uniformly over the replicas; "weighted" by replica_weights [L][P];
+    -1 stays -1) under a Layout or a Plan (its layout): "static" takes `table`
+    [G][L][E] row ep_rank; "dynamic" picks uniformly over the replicas;
+    "weighted" by replica_weights [L][P] (a Plan's own by default);
     "balanced" splits this batch exactly (balanced_topk). Choices
-    are keyed by (seed, pass_id, layer, token, k), as the CUDA kernels' are.
+    are keyed by (seed, pass_id, layer, token, k), as the CUDA kernels' are;
+    pass_id, a pass counter in [0, 2^64), is keyed modulo 2^32 as the C
+    spec's uint32 pass word (pass 2^32 draws as pass 0).
+    table= and ep_rank= (default 0) are for "static" only, replica_weights=
+    for "weighted" only, replicas= for "rank_invariant" only: given to
+    another mode, which would not read them, they are refused.
     "rank_invariant" is SGLang 0.5.23's dynamic rule without an all-to-all
     backend: token row t takes replica t % num_valid of the expert's list,
     no draw. Its lists are the layout's ascending ones (init_by_mapping), or
     `replicas` [L][E][X] when given (DeepSeek's logical_to_physical_map, as
     init_by_eplb passes it; -1 padding at the tail of each list)."""
-    if mode == "balanced":
-        return balanced_topk(topk_ids, layout, layer)[0]
-    if mode not in DISPATCH_MODES:
+    if mode != "balanced" and mode not in DISPATCH_MODES:
         raise ValueError("mode must be one of %s, got %r"
                          % (", ".join(list(DISPATCH_MODES) + ["balanced"]), mode))
-    if replicas is not None and mode != "rank_invariant":
-        raise ValueError("replicas= is for mode='rank_invariant' only, not %r" % mode)
+    # an argument the mode does not read is refused, not dropped
+    for arg, value, owner in (("table", table, "static"), ("ep_rank", ep_rank, "static"),
+                              ("replica_weights", replica_weights, "weighted"),
+                              ("replicas", replicas, "rank_invariant")):
+        if value is not None and mode != owner:
+            raise ValueError("%s= is for mode=%r only, not %r, which does not read it: drop it "
+                             "or use mode=%r" % (arg, owner, mode, owner))
+    layout, replica_weights = _placement(layout, replica_weights, mode == "weighted")
+    if mode == "balanced":
+        return balanced_topk(topk_ids, layout, layer)[0]
     torch_in = A.is_torch(topk_ids)
     ids = A.as_array(topk_ids, np.int32, 2, "topk_ids")
     T, K = ids.shape
@@ -240,8 +303,11 @@ def dispatch_topk(topk_ids, layout, layer, mode="dynamic", table=None, replica_w
         if table is None:
             raise ValueError("mode='static' needs table [G][L][E] (epx.dispatch.static_table)")
         tab = A.as_shaped(table, np.int32, (None, L, E), "table", "[G][L][E]")
-        rank = A.integer(ep_rank, "ep_rank", 0, tab.shape[0] - 1, "the table's ranks - 1")
+        rank = A.integer(0 if ep_rank is None else ep_rank, "ep_rank", 0, tab.shape[0] - 1,
+                         "the table's ranks - 1")
         row = np.ascontiguousarray(tab[rank, layer])
+        _check_holds(layout.physical_to_logical_map, row, "table", layer, np.arange(E),
+                     lambda i: (rank, layer) + i)
         keep.append(row)
         spec.table = A.ptr(row, c_int32)
     elif mode in ("dynamic", "weighted", "rank_invariant"):
@@ -251,6 +317,7 @@ def dispatch_topk(topk_ids, layout, layer, mode="dynamic", table=None, replica_w
             nv = np.ascontiguousarray(layout.num_valid, dtype=np.int32)
         else:
             reps, nv = _replica_lists(replicas, L, E, P)
+            _check_lists(layout, reps, "replicas")
             W = reps.shape[2]
         keep += [reps, nv]
         spec.width = W
@@ -261,7 +328,8 @@ def dispatch_topk(topk_ids, layout, layer, mode="dynamic", table=None, replica_w
         spec.num_valid = A.ptr(n_layer, c_int32)
         if mode == "weighted":
             if replica_weights is None:
-                raise ValueError("mode='weighted' needs replica_weights [L][P] (Plan.replica_weights)")
+                raise ValueError("mode='weighted' needs replica_weights [L][P], or a Plan "
+                                 "(its replica_weights) for the layout")
             w = A.as_shaped(replica_weights, np.float64, (L, P), "replica_weights", "[L][P]")
             th = np.empty((L, E, W), dtype=np.uint32)
             call(_thresholds, A.ptr(reps, c_int32), A.ptr(nv, c_int32), L, E, W,
@@ -274,6 +342,13 @@ def dispatch_topk(topk_ids, layout, layer, mode="dynamic", table=None, replica_w
     out = np.empty((T, K), dtype=np.int32)
     call(_map_ids, ctypes.byref(spec), A.ptr(ids, c_int32), T, K, A.ptr(out, c_int32))
     return A.wrap(out.astype(np.int64), torch_in, topk_ids.device if torch_in else None)
+
+
+def _check_lists(layout, reps, name):
+    """Replica lists [L][E][X] must list only slots of their own expert."""
+    L, E = reps.shape[:2]
+    _check_holds(layout.physical_to_logical_map, reps, name, np.arange(L)[:, None, None],
+                 np.arange(E)[None, :, None])
 
 
 def _replica_lists(replicas, L, E, P):

@@ -9,7 +9,7 @@ from ._native import (LOG_FN, POINTER, Counts, Structure, c_char_p, c_int, c_int
                       c_path, c_uint32, c_void_p, call, epx_free, fn, sglang_release)
 from ._counts import CCounts, counts_destroy, counts_from_c, counts_to_c
 from . import _arrays as A
-from .layout import Layout
+from .layout import PRIVATE, Layout
 from .planner import ALGORITHMS, _choice
 
 __all__ = ["read_mapping", "read_counts", "write_mapping", "write_counts",
@@ -65,14 +65,32 @@ def read_counts(spec, squeeze=False):
     return a[0] if squeeze and a.shape[0] == 1 else a
 
 
+def _is_pt(path):
+    """SGLang reads a path ending in ".pt" with torch.load, any other as JSON
+    (its endswith test, case and all); the writers follow the same rule, as
+    the CLI's do, so a file is read back in the format it was written in."""
+    return c_path(path).endswith(b".pt")
+
+
 def write_mapping(path, physical_to_logical_map, num_gpus=1, num_nodes=1):
-    """Write {"physical_to_logical_map": [L][P]} atomically, SGLang's init format.
-    The map is validated first (every expert needs a replica; P % num_gpus == 0)."""
-    Layout.from_map(physical_to_logical_map, num_gpus, num_nodes).write_json(path)
+    """Write {"physical_to_logical_map": [L][P]} atomically, SGLang's init
+    format: a .pt file (int64 tensor, epx.pt.write_mapping_pt) when path
+    ends in ".pt", else JSON. The map (or a Layout) is validated first
+    (every expert needs a replica; P % num_gpus == 0)."""
+    if _is_pt(path):
+        from .pt import write_mapping_pt
+        return write_mapping_pt(path, physical_to_logical_map, num_gpus, num_nodes)
+    lay = physical_to_logical_map if isinstance(physical_to_logical_map, Layout) else \
+        Layout.from_map(physical_to_logical_map, num_gpus, num_nodes)
+    lay.write_json(path)
 
 
 def write_counts(path, counts):
-    """Write {"logical_count": [S][L][E]} ([L][E] when S == 1) as JSON."""
+    """Write {"logical_count": [S][L][E]} ([L][E] when S == 1): a .pt file
+    (epx.pt.write_counts_pt, dtype "auto") when path ends in ".pt", else JSON."""
+    if _is_pt(path):
+        from .pt import write_counts_pt
+        return write_counts_pt(path, counts)
     c = CCounts(counts)
     call(_counts_write, c.ptr, c_path(path))
 
@@ -110,4 +128,4 @@ def init_expert_location(spec, num_gpus, num_nodes=1, num_logical_experts=0, num
                  sv)
     h = c_void_p()
     call(_layout_init, _spec(spec), ctypes.byref(o), ctypes.byref(h))
-    return Layout(h)
+    return Layout(h, _key=PRIVATE)

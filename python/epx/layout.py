@@ -10,6 +10,8 @@ from ._native import POINTER, Shape, c_int32, c_path, c_void_p, call, fn
 
 __all__ = ["Layout"]
 
+LAYOUT_MAKERS = "Layout.from_map, Layout.trivial, epx.plan or epx.init_expert_location"
+
 _create_trivial = fn("epx_layout_create_trivial", c_int32, POINTER(Shape), POINTER(c_void_p),
                      c_void_p)
 _create_from_map = fn("epx_layout_create_from_map", c_int32, POINTER(Shape), POINTER(c_int32),
@@ -40,18 +42,43 @@ def _handle(h, cls, how):
     return h
 
 
+# The key only this package's constructors pass to Layout(...) and Plan(...).
+# Who frees a handle is decided where it is made: a wrapper built from a raw
+# handle (layout.handle, a plan's layout handle, another object's) would free
+# memory it does not own (a double free) or read a layout as a plan.
+PRIVATE = object()
+
+
+def refuse_raw(cls, key, handle, how):
+    """The check of Layout(...) and Plan(...): only the package's own
+    constructors (which pass PRIVATE) may wrap a handle."""
+    if key is not PRIVATE:
+        _handle(handle, cls, how)  # the message for a value that is no handle at all
+        raise TypeError("%s(handle) is not public: a handle is wrapped once, by the call that "
+                        "made it (its wrapper frees it), so a second wrapper would free it "
+                        "again. Build one with %s; to share one, pass the %s object itself"
+                        % (cls, how, cls))
+
+
 class Layout:
     """An epx_layout. Build one with Layout.from_map / Layout.trivial, or get one
     from epx.plan(...) or epx.init_expert_location(...). Maps come back as
-    int64 numpy arrays (copies), as SGLang keeps them."""
+    int64 numpy arrays (copies), as SGLang keeps them.
+
+    Ownership: Layout(handle) is not a public constructor (TypeError). Each
+    handle has exactly one owner: a Layout made by from_map, trivial, clone or
+    init_expert_location owns and frees its handle; a Plan's .layout borrows
+    the plan's (the plan frees it, and the view keeps the plan alive).
+    .handle is for passing to C, never for wrapping again."""
 
     __slots__ = ("_h", "_owner")
 
-    def __init__(self, handle, owner=None):
+    def __init__(self, handle, owner=None, _key=None):
         # owner: an object (a Plan) that owns the handle; None = we own it.
         self._h = None
         self._owner = owner
-        self._h = _handle(handle, "Layout", "Layout.from_map, Layout.trivial or epx.plan")
+        refuse_raw("Layout", _key, handle, LAYOUT_MAKERS)
+        self._h = _handle(handle, "Layout", LAYOUT_MAKERS)
 
     def __del__(self):
         if getattr(self, "_owner", 1) is None and getattr(self, "_h", None):
@@ -66,7 +93,7 @@ class Layout:
                                 num_nodes))
         h = c_void_p()
         call(_create_trivial, ctypes.byref(s), ctypes.byref(h))
-        return cls(h)
+        return cls(h, _key=PRIVATE)
 
     @classmethod
     def from_map(cls, physical_to_logical_map, num_gpus, num_nodes=1, num_logical_experts=None):
@@ -89,7 +116,7 @@ class Layout:
         s = Shape(*A.shape_ints(L, E, P, num_gpus, num_nodes))
         h = c_void_p()
         call(_create_from_map, ctypes.byref(s), A.ptr(m32, c_int32), ctypes.byref(h))
-        return cls(h)
+        return cls(h, _key=PRIVATE)
 
     @property
     def handle(self):
@@ -99,7 +126,7 @@ class Layout:
     def clone(self):
         h = c_void_p()
         call(_clone, self._h, ctypes.byref(h))
-        return Layout(h)
+        return Layout(h, _key=PRIVATE)
 
     @property
     def shape(self):
@@ -147,7 +174,8 @@ class Layout:
         """[L][E][width] int64: the slots of each expert, ascending, -1 padded.
         width=None gives the narrowest (the largest replica count, as SGLang's
         _compute_logical_to_all_physical_map); "sglang" pads to P, as
-        ExpertLocationMetadata stores it."""
+        ExpertLocationMetadata stores it. A width above P is refused
+        (ValueError), as is one below the largest replica count (EpxError)."""
         s = self.shape
         L, E, P = s["num_layers"], s["num_logical_experts"], s["num_physical_experts"]
         if width is None:
@@ -157,7 +185,10 @@ class Layout:
                 raise ValueError('width must be an integer, None (the largest replica count) or '
                                  '"sglang" (P, as SGLang pads), not %r' % (width,))
             width = P
-        width = A.integer(width, "width", 1, A.INT32_MAX, 'or "sglang" (P)')
+        # no list holds more than P slots: a wider width only sized a huge
+        # buffer of padding (2^31 - 1 took 38 s to fail with MemoryError)
+        width = A.integer(width, "width", 1, P, 'num_physical_experts, the most slots a list '
+                          'holds; "sglang" pads to it')
         have = c_int32()
         lists = _l2all(self._h, ctypes.byref(have))
         if L * E > 0 and self.max_replicas <= width <= have.value:
@@ -170,7 +201,15 @@ class Layout:
         return out.astype(np.int64)
 
     def write_json(self, path):
-        """Write {"physical_to_logical_map": [L][P]} (the one key SGLang accepts)."""
+        """Write {"physical_to_logical_map": [L][P]} (the one key SGLang accepts)
+        as JSON. A path ending in ".pt" is refused (SGLang would torch.load
+        the JSON text and fail): epx.write_mapping(path, layout) writes the
+        format the suffix names."""
+        if c_path(path).endswith(b".pt"):
+            raise ValueError("write_json(%r): a path ending in .pt is read by SGLang with "
+                             "torch.load, not as JSON; use epx.write_mapping(path, layout), "
+                             "which writes a .pt for a .pt path, or name the file .json"
+                             % (path,))
         call(_write_json, self._h, c_path(path))
 
     def __repr__(self):

@@ -11,7 +11,7 @@ from ._native import (LOG_FN, POINTER, Counts, Shape, Structure, c_char_p, c_dou
                       sglang_release)
 from ._counts import CCounts
 from ._native import EpxError, Status
-from .layout import Layout, _handle
+from .layout import PRIVATE, Layout, _handle, refuse_raw
 
 __all__ = ["deepseek", "plan", "Plan", "ALGORITHMS", "EPLB_RULES"]
 
@@ -92,6 +92,7 @@ ALGORITHMS = {"epx": 0, "deepseek": 1, "deepseek-hierarchical": 2, "auto": 3,
 _ALGO_NAMES = {v: k for k, v in ALGORITHMS.items()}
 NODE_LOCAL = {"default": 0, "strict": 1, "relaxed": 2, "off": 3}
 ESTIMATES = {"default": 0, "sum": 1, "recency": 2, "mean-std": 3, "minmax": 4}
+_EST_NAMES = {v: k for k, v in ESTIMATES.items()}
 
 
 class PlanOpts(Structure):
@@ -146,10 +147,15 @@ def _current(current):
 
 class Plan:
     """A computed placement (epx_plan): .layout, .replica_weights [L][P],
-    .seconds (the placement computation alone), .algorithm (AUTO resolved)."""
+    .seconds (the placement computation alone), .algorithm (AUTO resolved).
 
-    def __init__(self, handle):
+    Made by epx.plan(...) only: Plan(handle) is refused (TypeError), as a
+    plan handle cannot be told from a layout's, and the Plan frees its
+    handle (see Layout)."""
+
+    def __init__(self, handle, _key=None):
         self._h = None
+        refuse_raw("Plan", _key, handle, "epx.plan")
         self._h = _handle(handle, "Plan", "epx.plan")
 
     def __del__(self):
@@ -163,7 +169,7 @@ class Plan:
         a Plan that held its Layout, which holds the Plan, would be a cycle,
         freed only when the cyclic collector runs (a plan's layout is 16 MB
         at DeepSeek-V3's 256-GPU shape, and plans piled up between runs)."""
-        return Layout(c_void_p(_layout(self._h)), owner=self)
+        return Layout(c_void_p(_layout(self._h)), owner=self, _key=PRIVATE)
 
     @property
     def physical_to_logical_map(self):
@@ -220,18 +226,60 @@ class Plan:
         return "Plan(%s, %r, %.3g s)" % (self.algorithm, self.layout, self.seconds)
 
 
+def flags(x, name, G, meaning):
+    """A [G] array of per-GPU flags as bool: booleans or integers only (a
+    string is truthy, so ["0", "1"] marked every GPU), exactly G of them."""
+    a = x.detach().cpu().numpy() if A.is_torch(x) else x
+    try:
+        a = np.asarray(a)
+    except (ValueError, TypeError) as e:
+        raise ValueError("%s must be [%d] booleans or integers: %s" % (name, G, e)) from None
+    if a.dtype.kind == "O" and all(isinstance(v, (bool, np.bool_, int, np.integer))
+                                   for v in a.flat):
+        a = a.astype(np.int64)
+    if a.dtype.kind not in "biu":
+        raise TypeError("%s must hold booleans or integers (%s), not dtype %s: %r"
+                        % (name, meaning, a.dtype, x))
+    if a.shape != (G,):
+        raise ValueError("%s must have one entry per EP rank (GPU), %d, got shape %s"
+                         % (name, G, a.shape))
+    return a != 0
+
+
+def _check_estimate_param(est, param):
+    """epx's planner: estimate_param is recency's half-life (> 0 windows;
+    the default estimate is recency) or mean-std's z (>= 0); < 0 = the
+    default. The sum and minmax estimates read no parameter, and libepx
+    takes a half-life of 0 as the default: both were dropped without a
+    word."""
+    p = float(param)
+    if p != p:
+        return  # NaN: libepx names it
+    if p >= 0 and est in (ESTIMATES["sum"], ESTIMATES["minmax"]):
+        raise ValueError("estimate_param = %g does not apply to estimate %r, which has no "
+                         "parameter: it is recency's half-life or mean-std's z; leave it < 0"
+                         % (p, _EST_NAMES[est]))
+    if p == 0 and est in (ESTIMATES["default"], ESTIMATES["recency"]):
+        raise ValueError("estimate_param = 0 is no half-life for the recency estimate: give "
+                         "a half-life > 0 windows, or < 0 for the default")
+
+
 def plan(counts, num_gpus, num_physical_experts=None, num_redundant=None, num_nodes=1,
          algorithm="epx", num_groups=None, node_local="default", cross_node_budget=-1.0,
          estimate="default", estimate_param=-1.0, current=None, max_moves=-1, move_price=0.0,
          failed_gpus=None, sglang_version=None):
     """Plan a placement for loads [L][E] or [S][L][E] (numpy, torch or lists).
 
-    P is num_physical_experts, or E + num_redundant (default E: no redundancy).
+    P is num_physical_experts, or E + num_redundant (default E: no redundancy);
+    both may be given only when they agree.
     algorithm: "epx" (default), "deepseek", "deepseek-hierarchical" or "auto"
     (SGLang's rule); SGLang's "deepseek-vec", "deepseek-vec-hierarchical" (on
     the windows as steps), "elasticity-aware" and "elasticity-aware-hierarchical"
     (the active ranks: not failed_gpus). current: the Layout in service, to
     price moves (max_moves, move_price). failed_gpus: [G] truthy = lost GPU.
+    estimate (epx's planner): "default", "sum", "recency", "mean-std" or
+    "minmax"; estimate_param: recency's half-life (> 0) or mean-std's z
+    (>= 0), < 0 for the default, refused where it does not apply.
     sglang_version: DeepSeek modes plan as that SGLang release's copy of EPLB
     (None = DeepSeek's original; a newer release than epx verified warns).
     Returns a Plan; raises EpxError with libepx's message on bad input.
@@ -239,31 +287,37 @@ def plan(counts, num_gpus, num_physical_experts=None, num_redundant=None, num_no
     c = CCounts(counts)
     S, L, E = c.shape
     G = A.integer(num_gpus, "num_gpus", 1, A.MAX_GPUS, "EPX_MAX_GPUS")
+    R = None if num_redundant is None else A.integer(num_redundant, "num_redundant", 0,
+                                                      A.MAX_PHYSICAL, "4 (E + G) slots at most")
     if num_physical_experts is None:
-        R = 0 if num_redundant is None else A.integer(num_redundant, "num_redundant", 0,
-                                                       A.MAX_PHYSICAL, "4 (E + G) slots at most")
-        num_physical_experts = E + R
+        num_physical_experts = E + (R or 0)
     P = A.integer(num_physical_experts, "num_physical_experts", 1, A.MAX_PHYSICAL,
                   "4 (E + G) slots at most")
+    if R is not None and P != E + R:  # one of the two was dropped without a word
+        raise ValueError("num_physical_experts = %d and num_redundant = %d disagree: with %d "
+                         "experts P = E + num_redundant = %d; pass one of them"
+                         % (P, R, E, E + R))
     shape = Shape(L, E, P, G, A.integer(num_nodes, "num_nodes", 1, A.MAX_GPUS, "EPX_MAX_GPUS"))
     fg = None
     if failed_gpus is not None:
-        fg = np.ascontiguousarray(np.asarray(failed_gpus, dtype=bool), dtype=np.uint8)
-        if fg.shape != (G,):
-            raise ValueError("failed_gpus must have num_gpus (%d) entries, got shape %s"
-                             % (num_gpus, fg.shape))
+        fg = np.ascontiguousarray(flags(failed_gpus, "failed_gpus", G, "nonzero = failed"),
+                                  dtype=np.uint8)
     sv = None
     if sglang_version is not None:
         sv = sglang_release(sglang_version, "eplb")[0]  # checked; a newer release warns
-    o = PlanOpts(PLAN_OPTS_VERSION, _choice(ALGORITHMS, algorithm, "algorithm"),
+    est, algo = _choice(ESTIMATES, estimate, "estimate"), _choice(ALGORITHMS, algorithm,
+                                                                  "algorithm")
+    if algo == ALGORITHMS["epx"]:  # the others refuse any estimate_param (libepx)
+        _check_estimate_param(est, estimate_param)
+    o = PlanOpts(PLAN_OPTS_VERSION, algo,
                  0 if num_groups is None else A.integer(num_groups, "num_groups", 0,
                                                          A.MAX_EXPERTS, "EPX_MAX_EXPERTS"),
                  _choice(NODE_LOCAL, node_local, "node_local"), float(cross_node_budget),
-                 _choice(ESTIMATES, estimate, "estimate"), float(estimate_param),
+                 est, float(estimate_param),
                  _current(current),
                  A.integer(max_moves, "max_moves", -1),
                  float(move_price), A.ptr(fg, c_uint8), LOG_FN(), None, None, None, sv)
     h = c_void_p()
     call(_compute, c.ptr, ctypes.byref(shape), ctypes.byref(o), ctypes.byref(h))
-    return Plan(h)
+    return Plan(h, _key=PRIVATE)
 

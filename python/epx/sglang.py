@@ -22,7 +22,6 @@ from . import planner as _plan
 from ._lp import LPLBSolver
 from ._native import EpxError, Status, as_assertion, sglang_release
 from .io import read_counts, read_mapping
-from .layout import Layout
 
 __all__ = ["rebalance_experts", "rebalance_experts_from_windows",
            "compute_logical_to_rank_dispatch_physical_map", "dispatch_map_for",
@@ -126,12 +125,7 @@ def _sglang_only(t, P, num_gpus, num_groups, num_nodes, name, active_ranks, sgla
     failed = None
     if name.startswith("elasticity"):
         if active_ranks is not None:
-            act = active_ranks.cpu() if hasattr(active_ranks, "cpu") else active_ranks
-            act = np.asarray(act)
-            if act.shape != (num_gpus,):
-                raise ValueError("active_ranks must have one entry per EP rank (%d), got shape "
-                                 "%s" % (num_gpus, act.shape))
-            failed = act == 0
+            failed = ~_plan.flags(active_ranks, "active_ranks", num_gpus, "nonzero = active")
     elif active_ranks is not None:
         raise ValueError("active_ranks applies to the elasticity_aware algorithms, not to %r"
                          % (name,))
@@ -147,14 +141,34 @@ def _sglang_only(t, P, num_gpus, num_groups, num_nodes, name, active_ranks, sgla
     return tuple(A.wrap(np.ascontiguousarray(a, dtype=np.int64), torch_out) for a in out)
 
 
+def _window_sum(tokens_per_expert):
+    """SGLang's weight for the deepseek algorithms, tokens_per_expert.sum(dim=0),
+    in the input's own dtype: float32 windows summed in float64 rounded
+    differently and could change the plan. A tensor is summed by torch
+    itself (SGLang's exact arithmetic); a numpy array or list, which SGLang
+    does not take, by numpy in its dtype (integers exactly)."""
+    if A.is_torch(tokens_per_expert):
+        if tokens_per_expert.dim() != 3:
+            raise ValueError("tokens_per_expert must have 3 dimensions [S][L][E], got shape %s"
+                             % list(tokens_per_expert.shape))
+        A.as_array(tokens_per_expert[:0], np.float64, 3, "tokens_per_expert")  # dtype check
+        return tokens_per_expert.sum(dim=0)
+    src = np.asarray(tokens_per_expert) if isinstance(tokens_per_expert, np.ndarray) else None
+    dtype = src.dtype if src is not None and src.dtype.kind in "iuf" else np.float64
+    t = A.as_array(tokens_per_expert, dtype, 3, "tokens_per_expert")
+    return t.sum(axis=0, dtype=t.dtype)
+
+
 def rebalance_experts_from_windows(tokens_per_expert, num_physical_experts,
                                    num_local_physical_experts, num_groups, num_nodes,
                                    algorithm, *, as_torch=None, sglang_version=None,
                                    active_ranks=None, **plan_kw):
     """SGLang's eplb_algorithms.rebalance_experts: tokens_per_expert [S][L][E]
     (windows), algorithm an EplbAlgorithm member or its name. "deepseek" and
-    "deepseek_hierarchical" sum the windows and run DeepSeek EPLB exactly, as
-    release sglang_version's copy does (None = DeepSeek's original); "epx"
+    "deepseek_hierarchical" sum the windows in their dtype (torch's own sum
+    for a tensor, as SGLang's tokens_per_expert.sum(dim=0)) and run DeepSeek
+    EPLB exactly, as release sglang_version's copy does (None = DeepSeek's
+    original); "epx"
     hands all windows to epx's planner (it estimates from them).
     SGLang 0.5.23's others, exactly as that release runs them on the CPU
     (sglang_version None = the newest verified): "deepseek_vec" and
@@ -182,8 +196,8 @@ def rebalance_experts_from_windows(tokens_per_expert, num_physical_experts,
         if plan_kw:
             raise TypeError("unexpected keywords for algorithm %r: %s"
                             % (name, ", ".join(sorted(plan_kw))))
-        t = A.as_array(tokens_per_expert, np.float64, 3, "tokens_per_expert")
-        return rebalance_experts(t.sum(axis=0), num_physical_experts, num_groups, num_nodes,
+        return rebalance_experts(_window_sum(tokens_per_expert), num_physical_experts,
+                                 num_groups, num_nodes,
                                  num_gpus, name == "deepseek_hierarchical", as_torch=torch_out,
                                  sglang_version=sglang_version)
     if name in _SGLANG_ONLY:
@@ -213,13 +227,41 @@ def rebalance_experts_from_windows(tokens_per_expert, num_physical_experts,
 
 def compute_logical_to_all_physical_map(physical_to_logical_map, num_logical_experts,
                                         *, as_torch=None):
-    """SGLang's _compute_logical_to_all_physical_map: [L][E][X] int64, the slots
-    of each expert ascending, -1 padded to X = the largest replica count."""
+    """SGLang's _compute_logical_to_all_physical_map (without a per-rank cut,
+    as it runs with no all-to-all backend): [L][E][X] int64, the slots of
+    each expert ascending, -1 padded to X = the largest replica count. An
+    expert with no slot (num_logical_experts above the ids present) is a
+    row of -1, as there. A tensor gives a tensor on its device, as SGLang's.
+    Errors as SGLang's: an id >= num_logical_experts is an IndexError, no
+    layer or no expert a ValueError; a negative id, which SGLang's list
+    indexing would file under expert E + id, is an IndexError too."""
+    torch_in = A.is_torch(physical_to_logical_map)
     torch_out = A.want_torch(as_torch, physical_to_logical_map)
     m = A.as_array(physical_to_logical_map, np.int64, 2, "physical_to_logical_map")
-    # G = 1: this map does not depend on the GPU count.
-    lay = Layout.from_map(m, num_gpus=1, num_logical_experts=num_logical_experts)
-    return A.wrap(lay.logical_to_all_physical_map(), torch_out)
+    E = A.integer(num_logical_experts, "num_logical_experts", 1, A.MAX_EXPERTS,
+                  "EPX_MAX_EXPERTS; SGLang's max() of no lists fails below 1")
+    L, P = m.shape
+    if L < 1:
+        raise ValueError("physical_to_logical_map has no layer (shape %s): SGLang's max() of "
+                         "no lists fails" % (list(m.shape),))
+    bad = np.argwhere((m < 0) | (m >= E))
+    if len(bad):
+        l, p = (int(v) for v in bad[0])
+        raise IndexError("physical_to_logical_map[%d][%d] = %d is outside [0, %d) "
+                         "(num_logical_experts): no expert holds that slot"
+                         % (l, p, int(m[l, p]), E))
+    order = np.argsort(m, axis=1, kind="stable")  # slots grouped by expert, ascending
+    ids = np.take_along_axis(m, order, axis=1)
+    counts = np.zeros((L, E), dtype=np.int64)
+    np.add.at(counts, (np.repeat(np.arange(L), P), m.ravel()), 1)
+    X = int(counts.max())
+    out = np.full((L, E, X), -1, dtype=np.int64)
+    # the j-th slot of expert e is at sorted position start[e] + j
+    start = np.cumsum(counts, axis=1) - counts
+    rank = np.arange(P)[None, :] - np.take_along_axis(start, ids, axis=1)
+    out[np.repeat(np.arange(L), P), ids.ravel(), rank.ravel()] = order.ravel()
+    device = physical_to_logical_map.device if torch_in else None
+    return A.wrap(out, torch_out, device)
 
 
 # ---- the static dispatch table, in each release's call shape ----------------
@@ -266,8 +308,13 @@ def _nodes_from(ep_size, gpus_per_node_ep_size, nnodes, join_mode, where):
     would not prefer same-node replicas, else ep_size / GPUs per node."""
     if join_mode == "scale":
         return 1  # SGLang skips the same-node preference for a scale joiner
-    nnodes = int(nnodes)
-    if nnodes <= 0 or int(gpus_per_node_ep_size) % nnodes:
+    # integers, as SGLang's argparse makes them: int() cut nnodes = 2.5 to 2 and
+    # parsed "2", where SGLang's ep_size // nnodes gives a float or a TypeError
+    wide = (-2 ** 63, 2 ** 63 - 1, "an integer, as SGLang's --nnodes / --ep-size")
+    nnodes = A.integer(nnodes, "%s nnodes" % where, *wide)
+    gpus_per_node_ep_size = A.integer(gpus_per_node_ep_size, "%s ep_size" % where, *wide)
+    ep_size = A.integer(ep_size, "ep_size", *wide)
+    if nnodes <= 0 or gpus_per_node_ep_size % nnodes:
         raise EpxError(Status.SHAPE, "%s: ep_size (%s) is not a multiple of nnodes (%s): every "
                        "node must hold the same number of GPUs" % (where, gpus_per_node_ep_size,
                                                                     nnodes))

@@ -76,17 +76,32 @@ def models():
 
 
 def synth(name, num_windows=8, tokens=65536, seed=0, skew=(0.8, 1.3), drift=0.1,
-          shift_window=0, per_pass=1, shift_layers=0.5):
+          shift_window=0, per_pass=1, shift_layers=None):
     """A synthetic load trace [S][L][E] (float64 holding integers) for a
     model (a built-in name or a config.json path, as model()); dense layers are rows of zeros, as SGLang records them.
-    shift_window: hot experts move there in a share shift_layers of the
-    layers; per_pass: each window as that many sparse per-pass rows."""
+    shift_window: hot experts move at that window (in [1, num_windows);
+    0 = never) in a share shift_layers of the layers (default 0.5; only
+    with a shift); per_pass: each window as that many sparse per-pass rows."""
     p = _find(name)
-    o = TraceOpts(TRACE_OPTS_VERSION, A.integer(num_windows, "num_windows", 1, A.INT32_MAX),
+    try:
+        lo, hi = skew  # a pair: skew=1.0 failed as "'float' object is not subscriptable"
+        lo, hi = float(lo), float(hi)
+    except (TypeError, ValueError):
+        raise TypeError("skew must be a pair (lo, hi) of numbers, the range of each layer's "
+                        "sigma, not %r: for one value give (s, s)" % (skew,)) from None
+    S = A.integer(num_windows, "num_windows", 1, A.INT32_MAX)
+    # a shift at or past the last window, or a share with no shift, would change nothing
+    W = A.integer(shift_window, "shift_window", 0, max(S - 1, 0),
+                  "num_windows - 1: the windows are 0 .. %d; 0 = no shift" % (S - 1))
+    if shift_layers is None:
+        shift_layers = 0.5
+    elif W == 0:
+        raise ValueError("shift_layers=%r applies to a shift only: give shift_window too"
+                         % (shift_layers,))
+    o = TraceOpts(TRACE_OPTS_VERSION, S,
                   A.integer(tokens, "tokens", 1, 2 ** 63 - 1, "an int64"),
                   A.integer(seed, "seed", 0, 2 ** 64 - 1, "a uint64"),
-                  float(skew[0]), float(skew[1]), float(drift),
-                  A.integer(shift_window, "shift_window", 0, A.INT32_MAX),
+                  lo, hi, float(drift), W,
                   A.integer(per_pass, "per_pass", 1, A.INT32_MAX), float(shift_layers))
     cp = POINTER(Counts)()
     call(_synth, ctypes.byref(p.model), ctypes.byref(o), ctypes.byref(cp))

@@ -223,3 +223,114 @@ def test_rank_invariant_rule_and_refusals():
         epx.dispatch_topk(ids, lay, 0, mode="dynamic", replicas=reps)
     with pytest.raises(ValueError, match="mode must be one of"):
         epx.dispatch_topk(ids, lay, 0, mode="row")
+
+
+def _contradicting():
+    """A layout and its own lists and table with one slot listed for the wrong expert."""
+    lay = epx.Layout.trivial(2, 4, 8, 2)
+    reps = lay.logical_to_all_physical_map()
+    reps[0, 0, 0] = 1  # slot 1 holds expert 1
+    table = epx.static_table(lay)
+    table[1, 0, 0] = 1
+    return lay, reps, table
+
+
+@pytest.mark.parametrize("call, where", [
+    (lambda lay, r, t: epx.static_table(lay, replicas=r), r"replicas\[0\]\[0\]\[0\] = 1"),
+    (lambda lay, r, t: epx.sglang_rank_lists(lay, replicas=r), r"replicas\[0\]\[0\]\[0\] = 1"),
+    (lambda lay, r, t: epx.dispatch_topk(np.array([[0, 1]]), lay, 0, mode="rank_invariant",
+                                         replicas=r), r"replicas\[0\]\[0\]\[0\] = 1"),
+    (lambda lay, r, t: epx.dispatch_topk(np.array([[0, 1]]), lay, 0, mode="static", table=t,
+                                         ep_rank=1), r"table\[1\]\[0\]\[0\] = 1"),
+    (lambda lay, r, t: epx.dispatch.table_gpu_load(lay, t, np.ones((2, 4))),
+     r"table\[1\]\[0\]\[0\] = 1"),
+])
+def test_lists_and_tables_that_contradict_the_layout_refused(call, where):
+    """They routed expert 0's tokens to slot 1, which holds expert 1."""
+    with pytest.raises(ValueError, match=where + r" gives \[layer 0\]\[expert 0\] slot 1, but "
+                                                 r"slot 1 holds expert 1 in the layout"):
+        call(*_contradicting())
+
+
+def test_torch_mapping_table_that_contradicts_the_layout_refused():
+    pytest.importorskip("torch")
+    import epx.torch as et
+    lay, _, table = _contradicting()
+    with pytest.raises(ValueError, match=r"table\[1\]\[0\]\[0\] = 1 gives \[layer 0\]\[expert 0\]"):
+        et.Mapping.from_layout(lay, 0, mode="static", table=table, ep_rank=1)
+    et.Mapping.from_layout(lay, 1, mode="static", table=table, ep_rank=1)  # layer 1 is sound
+
+
+def test_pass_id_is_keyed_modulo_2_32_as_documented():
+    """The C spec's pass is a uint32 counter: a larger pass_id wraps, and both
+    bindings say so (pass 2^32 draws as pass 0); past 2^64 - 1 is refused."""
+    lay = epx.Layout.trivial(1, 4, 16, 2)
+    ids = np.tile(np.arange(4), (64, 1))
+    a = epx.dispatch_topk(ids, lay, 0, pass_id=5)
+    np.testing.assert_array_equal(a, epx.dispatch_topk(ids, lay, 0, pass_id=2 ** 32 + 5))
+    assert not np.array_equal(a, epx.dispatch_topk(ids, lay, 0, pass_id=6))
+    with pytest.raises(ValueError, match="pass_id = 18446744073709551616 is outside"):
+        epx.dispatch_topk(ids, lay, 0, pass_id=2 ** 64)
+    assert "modulo 2^32" in epx.dispatch_topk.__doc__
+    torch = pytest.importorskip("torch")
+    import epx.torch as et
+    assert "modulo 2^32" in et.map_ids.__doc__
+    m = et.Mapping.from_layout(lay, 0, mode="dynamic")
+    t = torch.from_numpy(ids)
+    assert torch.equal(et.map_ids(t, m, pass_id=5), et.map_ids(t, m, pass_id=2 ** 32 + 5))
+
+
+@pytest.mark.parametrize("mode, kw, arg", [
+    ("dynamic", {"table": "T"}, "table"),
+    ("dynamic", {"ep_rank": 1}, "ep_rank"),
+    ("weighted", {"table": "T", "replica_weights": "W"}, "table"),
+    ("dynamic", {"replica_weights": "W"}, "replica_weights"),
+    ("static", {"table": "T", "replica_weights": "W"}, "replica_weights"),
+    ("balanced", {"table": "T"}, "table"),
+    ("physical", {"ep_rank": 0}, "ep_rank"),
+])
+def test_dispatch_topk_refuses_arguments_its_mode_does_not_read(mode, kw, arg):
+    lay = epx.Layout.trivial(2, 4, 8, 2)
+    fill = {"T": epx.static_table(lay), "W": np.full((2, 8), .5)}
+    kw = {k: fill.get(v, v) if isinstance(v, str) else v for k, v in kw.items()}
+    with pytest.raises(ValueError, match=r"^%s= is for mode=.* only, not '%s'" % (arg, mode)):
+        epx.dispatch_topk(np.array([[0, 1]]), lay, 0, mode=mode, **kw)
+
+
+def test_static_dispatch_still_defaults_to_rank_0():
+    lay = epx.Layout.trivial(2, 4, 8, 2)
+    table = epx.static_table(lay)
+    ids = np.array([[0, 1, 2, 3]])
+    np.testing.assert_array_equal(epx.dispatch_topk(ids, lay, 1, mode="static", table=table),
+                                  epx.dispatch_topk(ids, lay, 1, mode="static", table=table,
+                                                    ep_rank=0))
+
+
+@pytest.mark.parametrize("kw", [{"seed": 7}, {"sglang_version": "0.5.23"}])
+def test_epx_table_refuses_sglang_only_arguments(kw):
+    """The epx table draws nothing and follows no release: both were dropped."""
+    lay = epx.Layout.trivial(2, 4, 8, 2)
+    with pytest.raises(ValueError, match=r"%s=.* is for algorithm='sglang' only" % list(kw)[0]):
+        epx.static_table(lay, algorithm="epx", **kw)
+    epx.static_table(lay, algorithm="sglang", **kw)  # where they apply
+    np.testing.assert_array_equal(epx.static_table(lay), epx.static_table(lay, seed=42))
+
+
+def test_dispatch_takes_a_plan_as_the_other_calls_do():
+    """dispatch_topk(ids, plan, layer) raised AttributeError."""
+    p = epx.plan(np.arange(1., 17.).reshape(2, 8), num_gpus=4, num_redundant=4)
+    lay = p.layout
+    ids = np.tile(np.arange(8), (16, 1))
+    for mode in ("dynamic", "physical", "rank_invariant", "balanced"):
+        np.testing.assert_array_equal(epx.dispatch_topk(ids, p, 1, mode=mode),
+                                      epx.dispatch_topk(ids, lay, 1, mode=mode))
+    np.testing.assert_array_equal(  # a Plan weighs by its own replica weights
+        epx.dispatch_topk(ids, p, 1, mode="weighted"),
+        epx.dispatch_topk(ids, lay, 1, mode="weighted", replica_weights=p.replica_weights))
+    t = epx.static_table(p)
+    np.testing.assert_array_equal(epx.dispatch_topk(ids, p, 0, mode="static", table=t),
+                                  epx.dispatch_topk(ids, lay, 0, mode="static", table=t))
+    np.testing.assert_array_equal(epx.dispatch.table_gpu_load(p, t, np.ones((2, 8))),
+                                  epx.dispatch.table_gpu_load(lay, t, np.ones((2, 8))))
+    with pytest.raises(TypeError, match="layout must be an epx.Layout or an epx.Plan, not dict"):
+        epx.dispatch_topk(ids, {}, 0)

@@ -226,3 +226,54 @@ def test_integer_arrays_refuse_fractions_wraps_and_booleans():
         A.as_array([True, False], np.int32, 1, "ids")
     with pytest.raises(ValueError, match="not a whole number"):
         A.as_array([float("inf")], np.int64, 1, "ids")
+
+
+@pytest.mark.parametrize("call, name", [
+    (lambda: epx.Layout.from_map([[0 + 1j, 1, 0, 1]], 2), "physical_to_logical_map"),
+    (lambda: epx.plan(np.ones((2, 8)) * (1 + 2j), num_gpus=4), "counts"),
+    (lambda: epx.dispatch_topk(np.array([[0, 1j]]), epx.Layout.trivial(1, 4, 8, 2), 0), "topk_ids"),
+    (lambda: epx.dispatch_topk([[0, 1]], epx.Layout.trivial(1, 4, 8, 2), 0, mode="weighted",
+                               replica_weights=np.ones((1, 8), complex)), "replica_weights"),
+    (lambda: epx.metrics.gpu_loads(epx.Layout.trivial(1, 4, 8, 2), np.ones((1, 4), np.complex64)),
+     "counts"),
+])
+def test_complex_arrays_refused_not_cut_to_their_real_part(call, name):
+    with pytest.raises(ValueError, match=r"^%s holds complex numbers" % name):
+        call()
+
+
+def test_complex_tensor_refused():
+    torch = pytest.importorskip("torch", reason="torch is not installed (EPX_PY_TORCH=0)")
+    with pytest.raises(ValueError, match=r"weight holds complex numbers \(dtype complex64\)"):
+        epx.rebalance_experts(torch.ones((2, 8), dtype=torch.complex64), 8, 1, 1, 4, False)
+
+
+@pytest.mark.parametrize("call, kind, needle", [
+    (lambda: epx.Layout.from_map([["0", "1"]], num_gpus=2), TypeError,
+     r"physical_to_logical_map must hold numbers, not strings"),
+    (lambda: epx.dispatch_topk([["0", "1"]], epx.Layout.trivial(1, 4, 8, 2), 0), TypeError,
+     r"topk_ids must hold numbers, not strings"),
+    (lambda: epx.plan([[1, 2], [3]], num_gpus=2), ValueError,
+     r"counts must be a rectangular array of numbers"),
+    (lambda: epx.plan([[1, None]], num_gpus=2), TypeError,
+     r"counts must hold numbers, not NoneType"),
+    (lambda: epx.trace.synth("mixtral", skew=1.0), TypeError, r"skew must be a pair \(lo, hi\)"),
+    (lambda: epx.trace.synth("mixtral", skew=("a", 1)), TypeError, r"skew must be a pair"),
+])
+def test_numpy_errors_become_messages_naming_the_argument(call, kind, needle):
+    with pytest.raises(kind, match=needle):
+        call()
+
+
+def test_torch_ops_refuse_numpy_arrays_by_name():
+    """torch's dispatcher answered a numpy array with its schema dump."""
+    pytest.importorskip("torch", reason="torch is not installed (EPX_PY_TORCH=0)")
+    import epx.torch as et
+    y, pos = np.ones((2, 4), np.float32), np.zeros((2, 1), np.int32)
+    with pytest.raises(TypeError, match="^y must be a torch.Tensor, got ndarray"):
+        et.combine(y, pos)
+    lay = epx.Layout.trivial(1, 4, 8, 2)
+    with pytest.raises(TypeError, match="^topk_ids must be a torch.Tensor, got ndarray"):
+        et.balanced_topk(pos, et.Mapping.from_layout(lay, 0, mode="balanced"))
+    with pytest.raises(TypeError, match="^topk_ids must be a torch.Tensor, got ndarray"):
+        et.map_ids(pos, et.Mapping.from_layout(lay, 0, mode="dynamic"))

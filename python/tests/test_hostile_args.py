@@ -63,6 +63,29 @@ def test_wrapper_of_no_handle_refused(make):
         make()
 
 
+def _plan():
+    return epx.plan(np.ones((2, 8)), num_gpus=4)
+
+
+@pytest.mark.parametrize("make", [
+    lambda: epx.Layout(epx.Layout.trivial(2, 4, 8, 2).handle),  # freed twice: SIGABRT
+    lambda: epx.Plan(epx.Layout.trivial(2, 4, 8, 2).handle),  # a layout read as a plan: SIGSEGV
+    lambda: epx.Layout(_plan().layout.handle),  # the plan's layout freed under it
+    lambda: epx.Plan(_plan()._h),  # the plan freed twice
+])
+def test_wrapping_a_live_handle_again_refused(make):
+    with pytest.raises(TypeError, match=r"is not public: a handle is wrapped once"):
+        make()
+
+
+def test_the_packages_own_wrappers_still_free_and_share_safely():
+    lay = epx.Layout.trivial(2, 4, 8, 2)
+    view = _plan().layout  # the plan lives on in its view
+    del lay
+    assert view.physical_to_logical_map.shape == (2, 8)
+    assert epx.Layout.from_map([[0, 1]], 1).clone().num_logical_experts == 2
+
+
 # ---- integers: checked, never wrapped to int32 or truncated ------------------
 
 @pytest.mark.parametrize("call, needle", [
@@ -75,6 +98,8 @@ def test_wrapper_of_no_handle_refused(make):
     (lambda: epx.init_expert_location('{"physical_to_logical_map": [[0, 1, 2, 3]]}', 2 ** 32 + 2),
      "num_gpus = 4294967298"),
     (lambda: epx.trace.synth("mixtral-8x7b", 2 ** 32 + 2, 100), "num_windows = 4294967298"),
+    (lambda: epx.Layout.trivial(2, 4, 8, 2).logical_to_all_physical_map(2 ** 31 - 1),
+     "width = 2147483647 is outside [1, 8] (num_physical_experts"),
     (lambda: S.compute_logical_to_all_physical_map([[0, 1, 2, 3]], 4.7), "must be an integer"),
     (lambda: D.count_ids([[0, 1]], 4.5), "num_experts must be an integer, not float"),
     (lambda: D.count_ids([[0, 1]], -1), "num_experts = -1 is outside"),

@@ -35,6 +35,35 @@ def test_counts_roundtrip(tmp_path):
     assert epx.read_counts(path).shape == (1, 3, 8)
 
 
+def test_pt_path_written_as_pt_not_json_text(tmp_path):
+    """SGLang torch.loads a path ending in .pt: JSON text under that name (which
+    replaced a real .pt) failed to load. The writers follow the suffix."""
+    torch = pytest.importorskip("torch")
+    m = np.tile(np.arange(4), (2, 2))
+    path = tmp_path / "init.pt"
+    epx.write_mapping(path, m, num_gpus=2)
+    epx.write_mapping(str(path), epx.Layout.from_map(m, 2), num_gpus=2)  # over a real .pt
+    got = torch.load(path, weights_only=True)["physical_to_logical_map"]
+    assert got.dtype == torch.int64
+    np.testing.assert_array_equal(got.numpy(), m)
+    np.testing.assert_array_equal(epx.read_mapping(path), m)
+    c = np.arange(16.).reshape(2, 8)
+    cpath = tmp_path / "counts.pt"
+    epx.write_counts(cpath, c)
+    np.testing.assert_array_equal(torch.load(cpath, weights_only=True)["logical_count"].numpy(), c)
+    np.testing.assert_array_equal(epx.read_counts(cpath, squeeze=True), c)
+
+
+def test_layout_write_json_refuses_a_pt_path_and_leaves_it(tmp_path):
+    path = tmp_path / "init.pt"
+    epx.write_mapping(path, [[0, 1, 2, 3]], num_gpus=2)
+    before = path.read_bytes()
+    with pytest.raises(ValueError, match=r"ending in .pt .*epx.write_mapping\(path, layout\)"):
+        epx.Layout.trivial(1, 4, 4, 2).write_json(path)
+    assert path.read_bytes() == before
+    epx.Layout.trivial(1, 4, 4, 2).write_json(tmp_path / "init.json")  # JSON as named
+
+
 def test_inline_json():
     np.testing.assert_array_equal(epx.read_mapping('{"physical_to_logical_map": [[1, 0]]}'),
                                   [[1, 0]])
@@ -151,3 +180,18 @@ def test_model_shapes_and_synthetic_trace():
     with pytest.raises(epx.EpxError) as ei:
         epx.trace.model("gpt-17")
     assert ei.value.status == epx.Status.INVALID_ARG and "kimi-k2" in ei.value.message
+
+
+def test_synth_refuses_a_shift_that_never_happens():
+    """A shift at or past the last window, or a shift share with no shift,
+    changed nothing and was taken without a word."""
+    with pytest.raises(ValueError, match=r"shift_window = 99 is outside \[0, 1\]"):
+        epx.trace.synth("mixtral", num_windows=2, tokens=64, shift_window=99)
+    with pytest.raises(ValueError, match=r"shift_window = 2 is outside \[0, 1\]"):
+        epx.trace.synth("mixtral", num_windows=2, tokens=64, shift_window=2)
+    with pytest.raises(ValueError, match="shift_layers=0.9 applies to a shift only"):
+        epx.trace.synth("mixtral", num_windows=2, tokens=64, shift_layers=0.9)
+    a = epx.trace.synth("mixtral", num_windows=3, tokens=640, shift_window=2, shift_layers=1.0)
+    b = epx.trace.synth("mixtral", num_windows=3, tokens=640)
+    np.testing.assert_array_equal(a[:2], b[:2])
+    assert not np.array_equal(a[2], b[2])  # the last window shifted

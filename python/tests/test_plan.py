@@ -112,3 +112,46 @@ def test_plan_option_errors():
     with pytest.raises(epx.EpxError) as ei:
         epx.plan(c, 8, num_redundant=16, algorithm="deepseek", estimate="recency")
     assert ei.value.status == epx.Status.INVALID_ARG
+
+
+def test_num_physical_experts_and_num_redundant_must_agree():
+    """Both given and disagreeing: num_redundant was dropped without a word."""
+    _needs("epx_plan_compute")
+    w = np.ones((2, 8))
+    with pytest.raises(ValueError, match=r"num_physical_experts = 16 and num_redundant = 4 "
+                                         r"disagree: with 8 experts P = E \+ num_redundant = 12"):
+        epx.plan(w, num_gpus=4, num_physical_experts=16, num_redundant=4)
+    p = epx.plan(w, num_gpus=4, num_physical_experts=12, num_redundant=4)  # agreeing: fine
+    assert p.layout.num_physical_experts == 12
+
+
+@pytest.mark.parametrize("estimate, param", [("sum", 5), ("minmax", 0), ("recency", 0),
+                                             ("default", 0)])
+def test_estimate_param_that_is_not_read_refused(estimate, param):
+    """sum and minmax have no parameter; a half-life of 0 was taken as the default."""
+    _needs("epx_plan_compute")
+    with pytest.raises(ValueError, match=r"estimate_param = %d (does not apply|is no half-life)"
+                       % param):
+        epx.plan(np.ones((2, 2, 8)), 4, num_redundant=8, estimate=estimate,
+                 estimate_param=param)
+    for estimate, param in (("recency", 2), ("mean-std", 0), ("sum", -1)):  # read: fine
+        epx.plan(np.ones((2, 2, 8)), 4, num_redundant=8, estimate=estimate, estimate_param=param)
+
+
+@pytest.mark.parametrize("flags", [["0", "0", "1", "0"], [0.0, 0.0, 1.0, 0.0], [None] * 4])
+def test_failed_gpus_must_be_booleans_or_integers(flags):
+    """A string is truthy: ["0", "0", "1", "0"] marked every GPU failed and the
+    message blamed the slots."""
+    _needs("epx_plan_compute")
+    with pytest.raises(TypeError, match=r"failed_gpus must hold booleans or integers"):
+        epx.plan(np.ones((2, 8)), 4, num_redundant=8, algorithm="elasticity-aware",
+                 failed_gpus=flags)
+    a = epx.plan(np.ones((2, 8)), 4, num_redundant=8, algorithm="elasticity-aware",
+                 failed_gpus=[0, 0, 2, 0])
+    b = epx.plan(np.ones((2, 8)), 4, num_redundant=8, algorithm="elasticity-aware",
+                 failed_gpus=[False, False, True, False])
+    np.testing.assert_array_equal(a.physical_to_logical_map, b.physical_to_logical_map)
+    with pytest.raises(TypeError, match=r"active_ranks must hold booleans or integers"):
+        epx.sglang.rebalance_experts_from_windows(np.ones((1, 2, 8)), 16, 4, None, 1,
+                                                  "elasticity_aware",
+                                                  active_ranks=["1", "1", "0", "1"])

@@ -180,3 +180,63 @@ def test_call_shape_errors():
             epx.sglang.dispatch_map_for(bad)
     with pytest.raises(epx.EpxError, match="older than 0.5.2"):
         epx.sglang.dispatch_map_for("0.4.0")
+
+
+# ---- _compute_logical_to_all_physical_map, as SGLang 0.5.23's -----------------
+
+def _all_physical(p2l, E):
+    """What SGLang's loops build: each expert's slots in slot order, every
+    list -1 padded to the longest."""
+    lists = [[[p for p, x in enumerate(row) if x == e] for e in range(E)] for row in p2l]
+    X = max(len(li) for layer in lists for li in layer)
+    return [[li + [-1] * (X - len(li)) for li in layer] for layer in lists]
+
+
+def test_all_physical_map_pads_experts_with_no_slot():
+    """num_logical_experts above the ids present: SGLang gives -1 rows (epx
+    raised INVALID_MAP)."""
+    f = epx.compute_logical_to_all_physical_map
+    assert f([[0, 1, 0, 1]], 3).tolist() == [[[0, 2], [1, 3], [-1, -1]]]
+    rng = np.random.default_rng(5)
+    for _ in range(50):
+        L, P, E = rng.integers(1, 4), rng.integers(1, 12), rng.integers(1, 9)
+        m = rng.integers(0, E, size=(L, P))
+        got = f(m, E)
+        assert got.dtype == np.int64
+        assert got.tolist() == _all_physical(m.tolist(), E)
+
+
+@pytest.mark.parametrize("m, E, kind, needle", [
+    ([[0, 3]], 3, IndexError, r"physical_to_logical_map\[0\]\[1\] = 3 is outside \[0, 3\)"),
+    ([[0, -1]], 3, IndexError, r"physical_to_logical_map\[0\]\[1\] = -1 is outside"),
+    ([[0, 1]], 0, ValueError, "num_logical_experts = 0 is outside"),
+    (np.zeros((0, 4), int), 2, ValueError, "no layer"),
+    ([[0, 1]], 2.0, TypeError, "num_logical_experts must be an integer"),
+])
+def test_all_physical_map_errors_as_sglang(m, E, kind, needle):
+    with pytest.raises(kind, match=needle):
+        epx.compute_logical_to_all_physical_map(m, E)
+
+
+def test_all_physical_map_stays_on_the_input_device(monkeypatch):
+    torch = pytest.importorskip("torch")
+    t = torch.tensor([[0, 1, 0, 1]])
+    out = epx.compute_logical_to_all_physical_map(t, 3)
+    assert out.device == t.device and out.dtype == torch.int64
+    assert out.tolist() == [[[0, 2], [1, 3], [-1, -1]]]
+    seen = []  # the device is handed to the tensor's maker (a CUDA input: CUDA out)
+    real = epx._arrays.wrap
+    monkeypatch.setattr(epx._arrays, "wrap", lambda a, tt, device=None:
+                        seen.append(device) or real(a, tt, device))
+    epx.compute_logical_to_all_physical_map(t, 2)
+    assert seen == [t.device]
+
+
+@pytest.mark.parametrize("nnodes", [2.5, "2", 2.0])
+def test_server_args_nnodes_must_be_an_integer(nnodes):
+    """int() cut 2.5 to 2 and parsed "2"; SGLang's argparse gives an int."""
+    l2p = np.array([[[0, 4], [1, 5], [2, 6], [3, 7]]])
+    run = epx.sglang.compute_logical_to_rank_dispatch_physical_map
+    with pytest.raises(TypeError, match=r"server_args nnodes must be an integer, not"):
+        run(l2p, 4, 8, 0, server_args=_server_args(4, nnodes))
+    run(l2p, 4, 8, 0, server_args=_server_args(4, 2))

@@ -142,3 +142,18 @@ def test_active_ranks_errors():
         f(t, 8, 2, None, 1, "deepseek_vec", active_ranks=[1, 1, 1, 1])
     with pytest.raises(epx.EpxError, match="slots"):
         f(t, 8, 2, None, 1, "elasticity_aware", active_ranks=[1, 0, 0, 0])
+
+
+def test_windows_summed_in_their_dtype_as_sglang():
+    """SGLang's rebalance_experts gives deepseek tokens_per_expert.sum(dim=0):
+    float32 windows summed in float32 (2^24 + 1 + 1 stays 2^24 there, an exact
+    float64 sum made it 2^24 + 2 and the plan replicated another expert)."""
+    torch = pytest.importorskip("torch")
+    t = torch.tensor([[[16777216., 16777216.]], [[1., 2.]], [[1., 0.]]])
+    got = epx.rebalance_experts_from_windows(t, 3, 1, 1, 1, "deepseek")
+    want = epx.rebalance_experts(t.sum(dim=0), 3, 1, 1, 3, False)
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+    assert got[0].tolist() == [[0, 1, 1]]
+    # numpy windows: summed by numpy in their dtype, the same here
+    got = epx.rebalance_experts_from_windows(t.numpy(), 3, 1, 1, 1, "deepseek")
+    assert got[0].tolist() == [[0, 1, 1]]

@@ -515,3 +515,22 @@ def test_get_dispatch_layout_events_on_cuda():
     ref = _deepep_style_reference(c["ids"].cpu(), c["E"], c["G"])
     assert torch.allclose(tpr.cpu(), ref[0]) and torch.allclose(tpe.cpu(), ref[1])
     assert torch.equal(in_rank.cpu(), ref[2]) and tpr.device.type == "cuda"
+
+
+def test_permute_names_too_few_rows_of_x():
+    """Too few rows read as 'epx_gather_rows: order[1] = 1 is outside ...'."""
+    lay = et.token_layout(torch.tensor([[0, 1], [2, 3]]), 8, 2)
+    with pytest.raises(ValueError, match=r"x has 1 row, the layout was built for 2 tokens"):
+        et.permute(torch.ones(1, 4), lay)
+    x = torch.arange(12.).reshape(3, 4)  # a padded buffer: its first 2 rows are read
+    assert torch.equal(et.permute(x, lay), et.permute(x[:2], lay))
+
+
+def test_gpu_unavailable_where_torch_sees_no_gpu(monkeypatch):
+    """The GPU library alone said True (and no reason) on a machine with no GPU."""
+    from epx.torch import _gpu
+    monkeypatch.setattr(_gpu, "_lib", object())  # the library loaded
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert et.gpu_available() is False
+    assert et.gpu_unavailable_reason().startswith("torch sees no CUDA GPU "
+                                                  "(torch.cuda.is_available() is False")

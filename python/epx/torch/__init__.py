@@ -152,7 +152,11 @@ def map_ids(topk_ids, mapping, *, layer=0, pass_id=0, seed=0):
     """Logical expert ids [T][K] to physical slots [T][K] int32 under `mapping`
     (an epx.torch.Mapping on the ids' device). Random choices are keyed by
     (seed, pass_id, layer, token, k): the same on CPU and GPU, new every pass.
-    A balanced mapping draws nothing (balanced_topk's slots)."""
+    pass_id is a pass counter in [0, 2^64): it is keyed modulo 2^32, as the
+    C spec's uint32 pass word (pass 2^32 draws as pass 0), so a step counter
+    can be passed as it grows. A balanced mapping draws nothing
+    (balanced_topk's slots)."""
+    _ops.tensor_arg(topk_ids, "topk_ids")
     m = _mapping_arg(mapping)
     if m.mode == BALANCED:
         return balanced_topk(topk_ids, m)[0]
@@ -180,6 +184,7 @@ def balanced_topk(topk_ids, mapping):
     loads within one token per replica of it, expert e's (t, k) pairs in
     order filling its replicas. Returns (phys [T][K] int32, tokens_per_slot
     [P] int64). CPU and CUDA give the same slots."""
+    _ops.tensor_arg(topk_ids, "topk_ids")
     m = _mapping_arg(mapping)
     if m.mode != BALANCED:
         raise ValueError("balanced_topk needs a Mapping.balanced (or from_layout(..., "
@@ -193,12 +198,22 @@ def permute(x, layout, order="rank"):
     "rank": each token once per destination rank, rank by rank (rank_perm);
     "slot": each (token, k) pair once, slot by slot (slot_perm). The result
     has T*K rows, the capacity; rows past the order's last offset are zero.
+    x needs at least the layout's T rows (only those are read).
     Every row is written once (a gather), float32 or bfloat16."""
     if not isinstance(layout, TokenLayout):
         raise TypeError("layout must be epx.torch.token_layout's output, got %s"
                         % type(layout).__name__)
     if order not in ("rank", "slot"):
         raise ValueError("order must be 'rank' or 'slot', got %r" % (order,))
+    _ops.tensor_arg(x, "x")
+    T = layout.is_token_in_rank.shape[0]
+    # too few rows read as the gather's own "order[i] = ... is outside"; more
+    # rows (a padded buffer) are fine: only the first T are read
+    if x.dim() != 2 or x.shape[0] < T:
+        raise ValueError("x has %s, the layout was built for %d tokens: permute the rows "
+                         "[T][H] = [%d][H] the layout's ids came with"
+                         % ("shape %s" % list(x.shape) if x.dim() != 2 else
+                            "%d row%s" % (x.shape[0], "" if x.shape[0] == 1 else "s"), T, T))
     perm, per_token = ((layout.rank_perm, 1) if order == "rank" else
                        (layout.slot_perm, layout.pair_slot_pos.shape[1]))
     return _ops.run("gather_rows", (x, perm), x, perm, per_token)
@@ -209,6 +224,9 @@ def combine(y, pos, weights=None):
     pos[t][k] >= 0 of weights[t][k] * y[pos[t][k]], accumulated in float32 by
     fused multiply-adds in k order (bitwise equal on CPU and GPU), stored in
     y's dtype. weights [T][K] (any float dtype; None = 1)."""
+    for t, name in ((y, "y"), (pos, "pos"), (weights, "weights")):
+        if t is not None:  # a numpy array got torch's schema dump
+            _ops.tensor_arg(t, name)
     return _ops.run("combine", (y, pos, weights), y, pos, weights)
 
 

@@ -63,9 +63,13 @@ def arch_problem(index):
     return _arch_checked[index]
 
 
+# How reason() begins when the library loaded but torch sees no GPU.
+NO_GPU = "torch sees no CUDA GPU"
+
+
 def available():
-    """True when CUDA tensors can be served: the GPU library loaded and, when
-    a GPU is visible, the current one is new enough."""
+    """True when CUDA tensors can be served: the GPU library loaded, torch
+    sees a GPU, and the current one is new enough."""
     return reason() is None
 
 
@@ -74,9 +78,11 @@ def reason():
     if _lib is None:
         return _reason
     import torch
-    if torch.cuda.is_available():
-        return arch_problem(torch.cuda.current_device())
-    return None
+    if not torch.cuda.is_available():  # the library alone serves nothing without a GPU
+        return ("%s (torch.cuda.is_available() is False; torch %s, built for CUDA %s): CPU "
+                "tensors are served by libepx.so's references"
+                % (NO_GPU, torch.__version__, torch.version.cuda))
+    return arch_problem(torch.cuda.current_device())
 
 
 def _bind(name, *argtypes):

@@ -172,7 +172,11 @@ class Mapping:
                 raise ValueError("table must be [G][L][E] (epx.static_table), got shape %s"
                                  % (tab.shape,))
             rank = _A.integer(ep_rank, "ep_rank", 0, tab.shape[0] - 1, "the table's ranks - 1")
-            return cls.static(tab[rank, layer], P)
+            m = cls.static(tab[rank, layer], P)
+            row = m.table.numpy()
+            _dispatch._check_holds(lay.physical_to_logical_map, row, "table", layer,
+                                   np.arange(row.shape[0]), lambda i: (rank, layer) + i)
+            return m
         reps = lay.logical_to_all_physical_map(lay.max_replicas)[layer]
         nv = np.asarray(lay.num_valid)[layer]
         if mode == "dynamic":

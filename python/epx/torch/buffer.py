@@ -317,6 +317,8 @@ class Buffer:
                  timeout_ms=None):
         import torch.distributed as dist
         reason = _gpu.reason()
+        if reason is not None and reason.startswith(_gpu.NO_GPU):
+            reason = None  # said plainly below
         if reason is not None or _ll._open is None:
             raise EpxError(Status.UNSUPPORTED, "epx.torch.Buffer needs libepx_cuda.so with the "
                            "low-latency engine: " + str(reason or "this build lacks it"))
