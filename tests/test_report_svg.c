@@ -2,9 +2,11 @@
  * test_report_svg.c - the visual report: valid XML, every panel present,
  * and (where rsvg-convert is installed) a rendering that is not blank.
  */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "testutil.h"
 
@@ -37,13 +39,16 @@ static void svg_is_valid_and_not_blank(void **state) {
     }
     char *path = tu_tmp_path(".svg");
     epx_error err = {0};
-    assert_int_equal(epx_report_write_svg(path, L, G, s, 3, bound, "Kimi-K2 on 8 GPUs",
-                                          "61 layers, 384 experts", &err),
+    /* a title that is not UTF-8 (bytes 0xff 0xfe, and a cut sequence) must
+     * still give a well-formed file: U+FFFD for each bad byte */
+    assert_int_equal(epx_report_write_svg(path, L, G, s, 3, bound, "Kimi-K2 \xff\xfe on 8 GPUs",
+                                          "61 layers, 384 experts \xc3", &err),
                      EPX_OK);
     char *text = tu_read_file(path, NULL);
     assert_non_null(text);
     TU_MSG_HAS(text, "<svg", "DeepSeek &lt;EPLB&gt;", "epx &amp; co", "Balancedness per layer",
-               "load / mean", "layer", "GPU", "bound");
+               "load / mean", "layer", "GPU", "bound", "Kimi-K2 \xef\xbf\xbd\xef\xbf\xbd on 8 GPUs",
+               "384 experts \xef\xbf\xbd");
     free(text);
     char cmd[512];
     if (have("xmllint")) {
@@ -70,6 +75,30 @@ static void svg_is_valid_and_not_blank(void **state) {
     free(path);
     assert_int_equal(epx_report_write_svg("/tmp/x.svg", 0, G, s, 3, NULL, "t", NULL, &err),
                      EPX_ERR_INVALID_ARG);
+    /* figures that would print as "nan", and loads no GPU can carry */
+    remove("/tmp/x.svg");
+    load[1][5] = NAN;
+    assert_int_equal(epx_report_write_svg("/tmp/x.svg", L, G, s, 3, NULL, "t", NULL, &err),
+                     EPX_ERR_INVALID_ARG);
+    TU_MSG_HAS(err.msg, "series[1].gpu_load[5] is nan");
+    load[1][5] = -2;
+    assert_int_equal(epx_report_write_svg("/tmp/x.svg", L, G, s, 3, NULL, "t", NULL, &err),
+                     EPX_ERR_INVALID_ARG);
+    load[1][5] = 1;
+    bal[2][3] = NAN;
+    assert_int_equal(epx_report_write_svg("/tmp/x.svg", L, G, s, 3, NULL, "t", NULL, &err),
+                     EPX_ERR_INVALID_ARG);
+    TU_MSG_HAS(err.msg, "series 2's balancedness[3] is nan");
+    bal[2][3] = 0.5;
+    s[0].overall = INFINITY;
+    assert_int_equal(epx_report_write_svg("/tmp/x.svg", L, G, s, 3, NULL, "t", NULL, &err),
+                     EPX_ERR_INVALID_ARG);
+    s[0].overall = 0.5;
+    bound[7] = NAN;
+    assert_int_equal(epx_report_write_svg("/tmp/x.svg", L, G, s, 3, bound, "t", NULL, &err),
+                     EPX_ERR_INVALID_ARG);
+    TU_MSG_HAS(err.msg, "bound[7] is nan");
+    assert_int_equal(access("/tmp/x.svg", F_OK), -1); /* nothing written */
 }
 
 int main(void) {

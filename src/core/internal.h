@@ -72,6 +72,10 @@ EPXI_HIDDEN void *epxi_calloc(size_t n, size_t size, const char *what, epx_error
 /* The one safe-output path (epx_file_write in epx.h): resolve symlinks,
  * refuse non-regular targets, write DIR/.BASE.epx-tmp.PID, rename over the
  * target. epx_file_write is this function. */
+/* Length of the valid UTF-8 sequence at p (n bytes left), or 0: the one
+ * check every text writer uses (the CLI's JSON, the SVG report), each
+ * writing U+FFFD for a byte it refuses. */
+EPXI_HIDDEN size_t epxi_utf8_len(const unsigned char *p, size_t n);
 EPXI_HIDDEN epx_status epxi_write_atomically(const char *path, epx_write_fn body, const void *ctx,
                                              epx_error *err);
 

@@ -312,3 +312,26 @@ epx_status epx_file_write(const char *path, epx_write_fn body, const void *ctx, 
     if (body == NULL) return epxi_fail(err, EPX_ERR_INVALID_ARG, "epx_file_write: body is NULL");
     return epxi_write_atomically(path, body, ctx, err);
 }
+
+size_t epxi_utf8_len(const unsigned char *p, size_t n) {
+    const unsigned char c = p[0];
+    size_t len;
+    unsigned min;
+    unsigned cp;
+    if (c >= 0xc2 && c <= 0xdf) {
+        len = 2, min = 0x80, cp = c & 0x1f;
+    } else if (c >= 0xe0 && c <= 0xef) {
+        len = 3, min = 0x800, cp = c & 0x0f;
+    } else if (c >= 0xf0 && c <= 0xf4) {
+        len = 4, min = 0x10000, cp = c & 0x07;
+    } else {
+        return 0;
+    }
+    if (n < len) return 0;
+    for (size_t i = 1; i < len; i++) {
+        if ((p[i] & 0xc0) != 0x80) return 0;
+        cp = (cp << 6) | (p[i] & 0x3f);
+    }
+    if (cp < min || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) return 0;
+    return len;
+}

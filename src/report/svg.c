@@ -51,16 +51,33 @@ static double ratio_to_t(double r, double rmax) {
     return 0.5 + 0.5 * (r - 1) / (rmax - 1);
 }
 
+/* Text as XML: markup characters escaped, control bytes dropped, and a
+ * byte that is not part of valid UTF-8 written as U+FFFD, so the file stays
+ * well-formed whatever a title or a series name holds. */
 static void put_escaped(FILE *f, const char *s) {
-    for (; s && *s; s++) {
-        switch (*s) {
+    const size_t n = s ? strlen(s) : 0;
+    for (size_t i = 0; i < n;) {
+        const unsigned char c = (unsigned char)s[i];
+        if (c >= 0x80) {
+            const size_t len = epxi_utf8_len((const unsigned char *)s + i, n - i);
+            if (len == 0) {
+                fputs("\xef\xbf\xbd", f);
+                i++;
+            } else {
+                fwrite(s + i, 1, len, f);
+                i += len;
+            }
+            continue;
+        }
+        switch (c) {
         case '<': fputs("&lt;", f); break;
         case '>': fputs("&gt;", f); break;
         case '&': fputs("&amp;", f); break;
         case '"': fputs("&quot;", f); break;
         default:
-            if ((unsigned char)*s >= 0x20 || *s == '\t') fputc(*s, f);
+            if (c >= 0x20 || c == '\t') fputc(c, f);
         }
+        i++;
     }
 }
 
@@ -349,10 +366,31 @@ epx_status epx_report_write_svg(const char *path, int32_t L, int32_t G,
                          "report: %d layers, %d GPUs, %d series; need >= 1 each and at most %d "
                          "series",
                          L, G, n, MAX_SERIES);
-    for (int32_t s = 0; s < n; s++)
+    for (int32_t s = 0; s < n; s++) {
         if (series[s].gpu_load == NULL || series[s].name == NULL)
             return epxi_fail(err, EPX_ERR_INVALID_ARG, "report: series %d lacks a name or loads",
                              s);
+        char what[48];
+        snprintf(what, sizeof what, "series[%d].gpu_load", s);
+        EPX_TRY(epxi_check_loads(series[s].gpu_load, (size_t)L * (size_t)G, what, err));
+        /* figures print as text: NaN or inf would be written as "nan" */
+        if (!isfinite(series[s].overall))
+            return epxi_fail(err, EPX_ERR_INVALID_ARG,
+                             "report: series %d's overall is %g: it "
+                             "must be finite",
+                             s, series[s].overall);
+        for (int32_t l = 0; series[s].balancedness && l < L; l++)
+            if (!isfinite(series[s].balancedness[l]))
+                return epxi_fail(err, EPX_ERR_INVALID_ARG,
+                                 "report: series %d's balancedness[%d] is %g: it must be finite "
+                                 "(< 0 for a layer without load)",
+                                 s, l, series[s].balancedness[l]);
+    }
+    for (int32_t l = 0; bound && l < L; l++)
+        if (!isfinite(bound[l]))
+            return epxi_fail(err, EPX_ERR_INVALID_ARG,
+                             "report: bound[%d] is %g: it must be finite (< 0 where undefined)", l,
+                             bound[l]);
     report_ctx c = {L, G, n, series, bound, title, subtitle};
     return epxi_write_atomically(path, write_body, &c, err);
 }

@@ -203,6 +203,11 @@ epx_status cli_per_batch(const double *load, int32_t num_windows, const cli_batc
 int cli_read_weights(const cli_cmd *cmd, const char *path, const int32_t *map, int32_t L, int32_t P,
                      double **out);
 
+/* The library's UTF-8 check (src/core/util.c: epx_cli links the static
+ * library, so its internal functions are there): the length of the valid
+ * sequence at p (n bytes left), or 0. */
+size_t epxi_utf8_len(const unsigned char *p, size_t n);
+
 /* Every subcommand. */
 int cmd_demo(int argc, char **argv);
 int cmd_layout(int argc, char **argv);

@@ -11,30 +11,6 @@
 #include <math.h>
 #include <string.h>
 
-/* Length of the valid UTF-8 sequence at p (n bytes left), or 0. */
-static size_t utf8_len(const unsigned char *p, size_t n) {
-    const unsigned char c = p[0];
-    size_t len;
-    unsigned min;
-    unsigned cp;
-    if (c >= 0xc2 && c <= 0xdf) {
-        len = 2, min = 0x80, cp = c & 0x1f;
-    } else if (c >= 0xe0 && c <= 0xef) {
-        len = 3, min = 0x800, cp = c & 0x0f;
-    } else if (c >= 0xf0 && c <= 0xf4) {
-        len = 4, min = 0x10000, cp = c & 0x07;
-    } else {
-        return 0;
-    }
-    if (n < len) return 0;
-    for (size_t i = 1; i < len; i++) {
-        if ((p[i] & 0xc0) != 0x80) return 0;
-        cp = (cp << 6) | (p[i] & 0x3f);
-    }
-    if (cp < min || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) return 0;
-    return len;
-}
-
 void cli_json_strn(FILE *f, const char *s, size_t n) {
     const unsigned char *p = (const unsigned char *)(s ? s : "");
     if (s == NULL) n = 0;
@@ -52,7 +28,7 @@ void cli_json_strn(FILE *f, const char *s, size_t n) {
             fputc(c, f);
             i++;
         } else {
-            size_t len = utf8_len(p + i, n - i);
+            size_t len = epxi_utf8_len(p + i, n - i);
             if (len == 0) {
                 fputs("\\ufffd", f);
                 i++;
