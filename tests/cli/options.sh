@@ -138,7 +138,7 @@ bench comm|--token-bound|text
 bench comm|--engine|text
 bench comm|--json|text
 bench comm|-o|text
-advise|--gpus|int|1|65536
+advise|--gpus|int|2|65536
 advise|--imbalance|real|1|1000
 advise|--model|text
 advise|--link|text
