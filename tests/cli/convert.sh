@@ -141,6 +141,17 @@ check "OUT without extension" usage "$SRC/tests/data/pt/init_mapping.pt" "$T/x.t
 check "--dtype on a mapping" usage "$SRC/tests/data/pt/init_mapping.pt" "$T/x.pt" --dtype int32
 check "--dtype on JSON output" usage "$SRC/tests/data/pt/strided_counts.pt" "$T/x.json" --dtype int32
 check "missing input" usage "$T/none.json" "$T/x.pt"
+# a count the dtype cannot hold is refused by value, not rounded: float32
+# read 16777217 back as 16777216 while int32 refused its overflow
+echo '{"logical_count": [[16777217, 2, 3, 4]]}' >"$T/c24.json"
+refused_as() { # needle, convert args...
+  local needle=$1; shift
+  usage "$@" && grep -qF -- "$needle" "$T/err" && [ ! -e "$T/x.pt" ]
+}
+check "float32 refuses 16777217" refused_as "load [0][0][0] is 16777217, which float32 cannot hold exactly" "$T/c24.json" "$T/x.pt" --dtype float32
+check "  and names the fix" refused_as "write int64 or float64" "$T/c24.json" "$T/x.pt" --dtype float32
+echo '{"logical_count": [[2147483648, 2, 3, 4]]}' >"$T/c31.json"
+check "int32 names the value and int64" refused_as "is 2147483648, which int32 cannot hold: write int64 or float64" "$T/c31.json" "$T/x.pt" --dtype int32
 check "JSON that is neither mapping nor counts" usage "$SRC/tests/data/pt/expected.json" "$T/x.pt"
 cp "$SRC/tests/data/pt/expected.json" "$T/notzip.pt"
 check ".pt that is not a zip" usage "$T/notzip.pt" "$T/x.json"
