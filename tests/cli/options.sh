@@ -89,6 +89,8 @@ stats|--placement|text
 stats|--traffic|text
 stats|--stat-rows|text
 convert|--dtype|text
+convert|--window-passes|int|1|16777216
+convert|--stat-rows|text
 trace synth|--windows|int|1|16777216
 trace synth|--tokens|int|1|1099511627776
 trace synth|--seed|int|0|18446744073709551615

@@ -232,12 +232,17 @@ int cli_read_current(const char *cmd, const char *spec, const epx_shape *shape, 
 int cli_print_moves(const char *cmd, const epx_counts *counts, const epx_layout *current,
                     const epx_layout *planned, const uint8_t *failed, size_t expert_bytes);
 
-/* --window-passes N and --stat-rows sum|windows (epx plan, epx stats) into
- * read options, with progress on `cmd`; false after a message on stderr. */
+/* --window-passes N and --stat-rows sum|windows (epx plan, epx stats, epx
+ * convert) into read options, with progress on `cmd`; false after a message
+ * on stderr. The reader refuses each on an input it does not apply to. */
 #define CLI_READ_OPTS_HELP                                                                         \
-    {"--window-passes", "N", "per_pass dumps: N forward passes per window (default 1)", NULL}, {   \
+    {"--window-passes", "N",                                                                       \
+     "per_pass dumps: N forward passes per window (default 1); N must divide the passes", NULL},   \
+    {                                                                                              \
         "--stat-rows", "HOW",                                                                      \
-            "stat dumps: sum (default: the ring buffer's rows as one window) or windows", NULL     \
+            "stat dumps: sum (default: the ring buffer's rows as one window) or windows (each "    \
+            "row a window)",                                                                       \
+            NULL                                                                                   \
     }
 bool cli_read_opts(cli_cmd *cmd, epx_read_opts *o);
 

@@ -341,7 +341,7 @@ int cmd_plan(int argc, char **argv) {
     if ((o.algorithm == EPX_ALGO_DEEPSEEK_VEC ||
          o.algorithm == EPX_ALGO_DEEPSEEK_VEC_HIERARCHICAL) &&
         cli_get(&cmd, "--stat-rows") == NULL)
-        ro.stat_rows = EPX_STAT_ROWS_WINDOWS;
+        ro.stat_rows = EPX_STAT_ROWS_WINDOWS_IF_STAT;
     if (epx_counts_read_with(counts_path, &ro, &counts, &err) != EPX_OK) {
         free(failed);
         return cli_report(&cmd, &err);
