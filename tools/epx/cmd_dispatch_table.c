@@ -109,7 +109,9 @@ int cmd_dispatch_table(int argc, char **argv) {
          NULL},
         {"--gpus", "G", "GPUs (EP ranks)", NULL},
         {"--nodes", "N",
-         "nodes (default 1; SGLang >= 0.5.3 and epx's rule prefer same-node replicas)", NULL},
+         "nodes (default 1; SGLang >= 0.5.3 and epx's rule prefer same-node replicas; SGLang "
+         "0.5.2's table is the same on any number, and says so)",
+         NULL},
         {"--experts", "E",
          "logical experts (default: from logical_to_physical_map, else max id + 1)", NULL},
         {"--rank", "R",
@@ -227,6 +229,15 @@ int cmd_dispatch_table(int argc, char **argv) {
                     "release (" EPX_SGLANG_DEFAULT_VERSION "); using that release's rule\n",
                     sgver);
         topts.sglang_version = sgver;
+        /* SGLang 0.5.2's rule looks at the rank's own GPU only (the node step
+         * came in 0.5.3; tests/data/sglang_tables' 0.5.2 tables on 2 nodes
+         * equal those on 1): --nodes is valid there but changes nothing. */
+        if (sgver && rule == EPX_SGLANG_RULE_0_5_2 && N > 1)
+            fprintf(stderr,
+                    "epx dispatch-table: note: SGLang %s's rule does not look at nodes (same-node "
+                    "replicas are preferred from 0.5.3): --nodes %d gives the table of one "
+                    "node\n",
+                    sgver, N);
     }
     if (R >= G) {
         fprintf(stderr, "epx dispatch-table: --rank %d is not below --gpus %d\n", R, G);
