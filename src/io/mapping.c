@@ -125,8 +125,8 @@ static epx_status counts_from_object(const json_t *root, const epxi_read_cfg *cf
     if (arr == NULL) {
         if (json_object_get(root, MAP_KEY) != NULL)
             return epxi_fail(err, EPX_ERR_PARSE,
-                             "this holds '%s', not '%s': it is a placement, not a load; pass it "
-                             "as --placement",
+                             "this holds '%s', not '%s': it is a placement, not a load; counts "
+                             "go here",
                              MAP_KEY, COUNT_KEY);
         return epxi_fail(err, EPX_ERR_PARSE, "no '%s' key in the JSON object", COUNT_KEY);
     }

@@ -173,8 +173,8 @@ static epx_status classify(const epx_pt_file *f, file_kind *kind, epx_error *err
         *kind = is_stat_dump(f) ? KIND_STAT : KIND_LOGICAL;
     else if (epx_pt_dict_get(root, MAP_KEY) != NULL)
         return epxi_fail(err, EPX_ERR_PARSE,
-                         "'%s' holds '%s', not '%s': it is a placement, not a load; pass it as "
-                         "--placement",
+                         "'%s' holds '%s', not '%s': it is a placement, not a load; counts go "
+                         "here",
                          epx_pt_file_name(f), MAP_KEY, COUNT_KEY);
     else {
         char keys[256];

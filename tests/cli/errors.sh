@@ -61,6 +61,28 @@ for cmd in "stats v3.json" "plan --counts v3.json --gpus 8 -o sr.json" \
 done
 "$EPX" plan --counts v3.json --gpus 8 --algorithm deepseek-vec -o dv.json >out 2>err ||
   { echo "FAIL deepseek-vec on a trace"; cat err; fail=1; }
+# A suggested fix must exist where it is suggested: plan and stats take the
+# expert count from the counts (no --experts), plan's groups message offers
+# 0 for none, and convert has no --placement.
+"$EPX" trace synth --model mixtral-8x7b --windows 2 --tokens 1000 -o mix.json >/dev/null || exit 1
+"$EPX" layout trivial --layers 32 --experts 12 --gpus 4 -o cur12.json >/dev/null || exit 1
+"$EPX" convert cur12.json cur12.pt >/dev/null || exit 1
+no_option() { # name option: the last message names no such option
+  ! grep -qF -- "$2" err || { echo "FAIL $1: suggests $2, which is no option there"; cat err; fail=1; }
+}
+refuse "plan --current of another model" "--current cur12.json holds logical expert 8 (layer 0, slot 8), but the counts have 8 experts per layer: they are for different models" \
+  "$EPX" plan --counts mix.json --gpus 4 --redundant 4 --current cur12.json -o x.json
+no_option "plan --current" "--experts"
+refuse "stats --placement of another model" "--placement cur12.json holds logical expert 8" \
+  "$EPX" stats mix.json --placement cur12.json --gpus 4
+no_option "stats --placement" "--experts"
+refuse "plan --groups 3 of 8 experts" "or 0 for none" "$EPX" plan --counts mix.json --gpus 4 --groups 3 -o x.json
+"$EPX" plan --counts mix.json --gpus 4 --groups 0 -o g0.json >out 2>err ||
+  { echo "FAIL --groups 0 (none), as the message offers, refused"; cat err; fail=1; }
+refuse "convert: mappings in a list" "convert each mapping on its own" "$EPX" convert cur12.pt,cur12.pt o.json
+no_option "convert: mappings in a list" "--placement"
+refuse "plan --counts of a mapping" "it is a placement, not a load" "$EPX" plan --counts cur12.pt --gpus 4 -o x.json
+no_option "plan --counts of a mapping" "--placement"
 # epx help COMMAND is COMMAND --help; an unknown one is named
 "$EPX" help plan >out 2>err && grep -q '^usage: epx plan --counts' out ||
   { echo "FAIL help plan"; fail=1; }

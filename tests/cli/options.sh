@@ -45,7 +45,7 @@ demo|--model|text
 demo|--out|text
 plan|--gpus|int|1|65536
 plan|--nodes|int|1|65536
-plan|--groups|int|1|1048576
+plan|--groups|int|0|1048576
 plan|--redundant|int|0|1048576
 plan|--physical|int|1|2097152
 plan|--max-moves|int|0|2147483647

@@ -344,6 +344,20 @@ const char *cli_require(const cli_cmd *cmd, const char *name) {
     return v;
 }
 
+bool cli_map_of_counts(const cli_cmd *cmd, const char *what, const int32_t *map, int32_t L,
+                       int32_t P, int32_t E) {
+    for (size_t i = 0; i < (size_t)L * (size_t)P; i++)
+        if (map[i] >= E) {
+            fprintf(stderr,
+                    "epx %s: %s holds logical expert %d (layer %zu, slot %zu), but the counts "
+                    "have %d experts per layer: they are for different models; give the "
+                    "placement and the counts of one model\n",
+                    cmd->name, what, map[i], i / (size_t)P, i % (size_t)P, E);
+            return false;
+        }
+    return true;
+}
+
 int cli_report(const cli_cmd *cmd, const epx_error *err) {
     fprintf(stderr, "epx %s: %s\n", cmd->name,
             err->msg[0] ? err->msg : epx_status_str(err->status));

@@ -246,4 +246,10 @@ int cli_print_moves(const char *cmd, const epx_counts *counts, const epx_layout 
     }
 bool cli_read_opts(cli_cmd *cmd, epx_read_opts *o);
 
+/* A placement map [L][P] read beside counts of E experts: false after a
+ * message naming `what` (the option and file) and its first id >= E (the
+ * library's message cannot name the fix: the counts say E, no option). */
+bool cli_map_of_counts(const cli_cmd *cmd, const char *what, const int32_t *map, int32_t L,
+                       int32_t P, int32_t E);
+
 #endif

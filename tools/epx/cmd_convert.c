@@ -365,7 +365,19 @@ int cmd_convert(int argc, char **argv) {
                            ? CLI_EXIT_USAGE
                            : write_mapping(&cmd, map, L, P, dts, out);
         }
-        if (epx_counts_read_with(in, &ro, &c, &err) != EPX_OK) return cli_report(&cmd, &err);
+        if (epx_counts_read_with(in, &ro, &c, &err) != EPX_OK) {
+            /* A list or folder is read as counts: a mapping in it is
+             * converted on its own (the reader's message cannot say so). */
+            if (!in_file_pt && strstr(err.msg, "it is a placement") != NULL) {
+                fprintf(stderr,
+                        "epx convert: %s; a comma list or folder is read as counts or "
+                        "per-rank dumps: convert each mapping on its own ('epx convert "
+                        "MAP.pt MAP.json')\n",
+                        err.msg);
+                return CLI_EXIT_USAGE;
+            }
+            return cli_report(&cmd, &err);
+        }
         printf("input: %s\n", how);
         return write_counts(&cmd, c, out, dt);
     }
