@@ -269,6 +269,15 @@ bool cli_range(const cli_cmd *cmd, const char *name, double lo, double hi, doubl
         *b = *a;
         return true;
     }
+    /* "1...2" would read as 1 and .2 and be called backwards: a third dot
+     * (or a second "..") makes it no A..B at all. */
+    if (dots[2] == '.' || strstr(dots + 2, "..") != NULL) {
+        fprintf(stderr,
+                "epx %s: %s '%.40s' is malformed: write A..B, two numbers with exactly two dots "
+                "between them (e.g. 1..2), from %g to %g\n",
+                cmd->name, name, v, lo, hi);
+        return false;
+    }
     if ((size_t)(dots - v) >= sizeof first) {
         fprintf(stderr, "epx %s: %s '%.40s...' is not A..B: give two numbers from %g to %g\n",
                 cmd->name, name, v, lo, hi);
