@@ -105,7 +105,11 @@ expect_exit 0 "$EPX" dispatch-table --help
 expect_in "$TMP/out" "--sglang-version" "default 0.5.23"
 # A newer release warns and uses the newest rule; a malformed one is refused.
 expect_exit 0 "$EPX" dispatch-table --placement "$SC" --gpus 8 --nodes 2 --sglang-version 0.6.1 -o "$TMP/n.json"
-expect_in "$TMP/err" "newer than the newest verified release (0.5.23)"
+expect_in "$TMP/err" "newer than the newest release epx verified (0.5.23); using 0.5.23's dispatch rule"
+# ... and the table is labelled with the release whose rule made it, as plan
+# words it (it read "SGLang 0.6.1 table" and "using that release's rule")
+expect_in "$TMP/out" "SGLang 0.5.23 (asked: 0.6.1) table"
+cmp -s "$TMP/n.json" "$TMP/d.json" || fail "0.6.1's table is not 0.5.23's"
 expect_exit 2 "$EPX" dispatch-table --placement "$SC" --gpus 8 --sglang-version 0.5.16rc1 -o "$TMP/x.json"
 expect_in "$TMP/err" "MAJOR.MINOR"
 expect_exit 2 "$EPX" dispatch-table --placement "$SC" --gpus 8 --algorithm epx --sglang-version 0.5.2 -o "$TMP/x.json"
