@@ -75,7 +75,15 @@ static void mapping_errors_explain(void **state) {
     TU_MSG_HAS(err.msg, "line 1", "not valid JSON");
     assert_int_equal(parse("{\"physical_to_logical_map\": [0,1]}", &m, &L, &P, &err),
                      EPX_ERR_PARSE);
-    TU_MSG_HAS(err.msg, "depth");
+    TU_MSG_HAS(err.msg, "must be a nested list of depth 2, got a list of depth 1");
+    /* null, not "depth 2 (2, got depth 0" */
+    assert_int_equal(parse("{\"physical_to_logical_map\": null}", &m, &L, &P, &err), EPX_ERR_PARSE);
+    TU_MSG_HAS(err.msg, "must be a nested list of depth 2, got null");
+    assert_null(strstr(err.msg, "(2"));
+    /* a whole real: how it is written, not "is 3, not an integer" */
+    assert_int_equal(parse("{\"physical_to_logical_map\": [[0,3e0]]}", &m, &L, &P, &err),
+                     EPX_ERR_PARSE);
+    TU_MSG_HAS(err.msg, "[0][1] is written as a real number", "write it as 3");
     assert_int_equal(parse("{\"physical_to_logical_map\": [[[0]]]}", &m, &L, &P, &err),
                      EPX_ERR_PARSE);
     assert_int_equal(parse("{\"physical_to_logical_map\": []}", &m, &L, &P, &err), EPX_ERR_PARSE);

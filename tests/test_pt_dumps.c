@@ -371,6 +371,27 @@ static void stat_dump_ring_buffer(void **state) {
     assert_memory_equal(rows_c->data, sum->data, sizeof(double) * L * E);
     TU_MSG_HAS(how, "stat dump", "4 of 6 rows non-zero");
     epx_counts_destroy(rows_c);
+    /* the same dump twice (its path twice, or a copy) is refused: its
+     * passes would count twice; beside a plain logical_count file too */
+    char two[300];
+    snprintf(two, sizeof two, "%s,%s", path, path);
+    assert_int_equal(epx_counts_read_with(two, &o, &rows_c, &err), EPX_ERR_PARSE);
+    TU_MSG_HAS(err.msg, "hold the same stat dump");
+    char plain[128];
+    snprintf(plain, sizeof plain, "%s/plain.pt", dir);
+    epx_counts *pc = NULL;
+    assert_int_equal(epx_counts_create(1, L, E, &pc, &err), EPX_OK);
+    assert_int_equal(epx_counts_write_pt(pc, plain, EPX_PT_DTYPE_AUTO, &err), EPX_OK);
+    epx_counts_destroy(pc);
+    snprintf(two, sizeof two, "%s,%s", path, plain);
+    assert_int_equal(epx_counts_read_with(two, &o, &rows_c, &err), EPX_ERR_PARSE);
+    TU_MSG_HAS(err.msg, "is a stat dump but", "is a logical_count file (not a stat dump)");
+    /* rows as windows asked of a file with no stat dump: refused */
+    o.stat_rows = EPX_STAT_ROWS_WINDOWS;
+    assert_int_equal(epx_counts_read_with(plain, &o, &rows_c, &err), EPX_ERR_INVALID_ARG);
+    TU_MSG_HAS(err.msg, "holds no stat dump");
+    o.stat_rows = EPX_STAT_ROWS_SUM;
+    unlink(plain);
     /* bad options */
     o.window_passes = -1;
     assert_int_equal(epx_counts_read_with(path, &o, &rows_c, &err), EPX_ERR_INVALID_ARG);
@@ -387,12 +408,14 @@ static void stat_dump_ring_buffer(void **state) {
 }
 
 /* per_pass dumps grouped --window-passes at a time, in forward_pass_id order
- * whatever the order of the records: each window is the sum of its passes. */
+ * whatever the order of the records: each window is the sum of its passes;
+ * a group size that does not divide the passes is refused (it made a short
+ * last window). */
 static void per_pass_windows(void **state) {
     (void)state;
-    enum { L = 2, E = 3, P = 4, NP = 7 };
+    enum { L = 2, E = 3, P = 4, NP = 6 };
     const int64_t map[L * P] = {0, 1, 2, 0, 2, 1, 0, 1};
-    const int64_t ids[NP] = {40, 12, 30, 11, 50, 13, 20}; /* any order, gaps */
+    const int64_t ids[NP] = {40, 12, 30, 11, 50, 13}; /* any order, gaps */
     int64_t gpc[NP * L * P];
     for (int i = 0; i < NP * L * P; i++) gpc[i] = (i * 7919) % 13;
     char dir[] = "/tmp/epx-pass-XXXXXX", path[128];
@@ -409,11 +432,19 @@ static void per_pass_windows(void **state) {
     char how[256];
     o.how = how;
     o.how_cap = sizeof how;
+    o.window_passes = 4;
+    assert_int_equal(epx_counts_read_with(path, &o, &grp, &err), EPX_ERR_INVALID_ARG);
+    TU_MSG_HAS(err.msg, "(--window-passes 4) does not divide the 6 forward passes",
+               "a divisor of 6 (1, 2, 3, 6)");
+    o.window_passes = 12;
+    assert_int_equal(epx_counts_read_with(path, &o, &grp, &err), EPX_ERR_INVALID_ARG);
+    TU_MSG_HAS(err.msg, "more than all of them");
+    assert_null(grp);
     o.window_passes = 3;
     assert_int_equal(epx_counts_read_with(path, &o, &grp, &err), EPX_OK);
-    assert_int_equal(grp->num_windows, 3); /* 3 + 3 + 1 passes */
-    TU_MSG_HAS(how, "7 forward passes", "ids 11 to 50", "3 passes per window", "3 windows");
-    for (int w = 0; w < 3; w++)
+    assert_int_equal(grp->num_windows, 2); /* 3 + 3 passes */
+    TU_MSG_HAS(how, "6 forward passes", "ids 11 to 50", "3 passes per window", "2 windows");
+    for (int w = 0; w < 2; w++)
         for (int l = 0; l < L; l++)
             for (int e = 0; e < E; e++) {
                 double ref = 0.0;
@@ -421,6 +452,15 @@ static void per_pass_windows(void **state) {
                     ref += epx_counts_row(one, k, l)[e];
                 assert_true(epx_counts_row(grp, w, l)[e] == ref);
             }
+    epx_counts_destroy(grp);
+    /* rows as windows of a stat dump asked of per_pass dumps: refused (it
+     * did nothing); the series form reads them as they are */
+    o.stat_rows = EPX_STAT_ROWS_WINDOWS;
+    assert_int_equal(epx_counts_read_with(path, &o, &grp, &err), EPX_ERR_INVALID_ARG);
+    TU_MSG_HAS(err.msg, "holds no stat dump");
+    o.stat_rows = EPX_STAT_ROWS_WINDOWS_IF_STAT;
+    assert_int_equal(epx_counts_read_with(path, &o, &grp, &err), EPX_OK);
+    assert_int_equal(grp->num_windows, 2);
     epx_counts_destroy(one);
     epx_counts_destroy(grp);
     unlink(path);

@@ -57,8 +57,12 @@ EPX_API epx_status epx_counts_read_progress(const char *spec, epx_progress_fn pr
 
 /* How epx_counts_read_with reads a stat dump's rows. */
 typedef enum epx_stat_rows {
-    EPX_STAT_ROWS_SUM = 0,    /* one window, the sum of the rows (the default) */
-    EPX_STAT_ROWS_WINDOWS = 1 /* each row a window, in row order */
+    EPX_STAT_ROWS_SUM = 0,            /* one window, the sum of the rows (the default) */
+    EPX_STAT_ROWS_WINDOWS = 1,        /* each row a window, in row order; an input with
+                                  no stat dump is refused (nothing to apply to) */
+    EPX_STAT_ROWS_WINDOWS_IF_STAT = 2 /* WINDOWS where the input has a stat dump,
+                                         nothing elsewhere (a caller that wants the
+                                         per-step series whatever it reads) */
 } epx_stat_rows;
 
 /* What epx_counts_read_with needs besides the spec. */
@@ -83,14 +87,18 @@ typedef struct epx_read_opts {
  *    never written. It becomes one window, the sum of its rows (one window
  *    per dump for several dumps), unless opts->stat_rows says otherwise;
  *  - per_pass dumps are ordered by forward_pass_id (ranks summed per pass)
- *    and grouped opts->window_passes passes per window (the last window may
- *    hold fewer);
+ *    and grouped opts->window_passes passes per window, which must divide
+ *    the passes recorded (equal windows);
+ *  - the same stat dump twice (its every row equal), and stat dumps beside
+ *    other logical_count files or per_pass dumps, are refused;
  *  - other logical_count files are time-ordered windows, as before.
  * opts->how (if given) receives a sentence saying which of these applied.
  * Returns: those of epx_counts_read; EPX_ERR_INVALID_ARG for bad options
  *          (negative window_passes, unknown stat_rows, a version that is not
- *          EPX_READ_OPTS_VERSION) and for window_passes > 0 on an input
- *          holding no per_pass dump (it has no passes to group); also
+ *          EPX_READ_OPTS_VERSION), for window_passes > 0 on an input
+ *          holding no per_pass dump (it has no passes to group) or one that
+ *          does not divide its passes, and for EPX_STAT_ROWS_WINDOWS on an
+ *          input holding no stat dump; also
  *          EPX_ERR_PARSE when the loads sum above 2^63.
  */
 EPX_API epx_status epx_counts_read_with(const char *spec, const epx_read_opts *opts,

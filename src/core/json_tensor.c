@@ -33,10 +33,22 @@ epx_status epxi_json_measure(const json_t *arr, int min_rank, int max_rank, cons
         out->dims[rank++] = (int64_t)n;
         cur = json_array_get(cur, 0);
     }
-    if (rank < min_rank)
-        return epxi_fail(err, EPX_ERR_PARSE,
-                         "'%s' must be a nested list of depth %d%s%d, got depth %d", key, min_rank,
-                         min_rank == max_rank ? " (" : " to ", max_rank, rank);
+    if (rank < min_rank) {
+        char depth[32] = "";
+        if (min_rank != max_rank) snprintf(depth, sizeof depth, " to %d", max_rank);
+        if (rank > 0)
+            return epxi_fail(err, EPX_ERR_PARSE,
+                             "'%s' must be a nested list of depth %d%s, got a list of depth %d",
+                             key, min_rank, depth, rank);
+        /* depth 0: say what stands there instead of "depth 0" */
+        return epxi_fail(err, EPX_ERR_PARSE, "'%s' must be a nested list of depth %d%s, got %s",
+                         key, min_rank, depth,
+                         json_is_null(cur)     ? "null"
+                         : json_is_number(cur) ? "a number"
+                         : json_is_string(cur) ? "a string"
+                         : json_is_object(cur) ? "an object"
+                                               : "true or false");
+    }
     out->rank = rank;
     size_t count = 1;
     for (int i = 0; i < rank; i++) {
@@ -113,8 +125,15 @@ static epx_status leaf_number(const json_t *v, const int64_t *idx, int depth, si
     }
     if (!json_is_integer(v)) {
         format_index(where, sizeof where, idx, depth);
+        /* A whole real (3e0, 3.0) reads back as 3: "is 3, not an integer"
+         * would contradict itself, so say how it is written. */
+        if (json_is_real(v) && json_real_value(v) == floor(json_real_value(v)))
+            return epxi_fail(err, EPX_ERR_PARSE,
+                             "'%s'%s is written as a real number (with a decimal point or an "
+                             "exponent), not an integer: write it as %.17g",
+                             c->key, where, json_real_value(v));
         if (json_is_real(v))
-            return epxi_fail(err, EPX_ERR_PARSE, "'%s'%s is %g, not an integer", c->key, where,
+            return epxi_fail(err, EPX_ERR_PARSE, "'%s'%s is %.17g, not an integer", c->key, where,
                              json_real_value(v));
         return epxi_fail(err, EPX_ERR_PARSE, "'%s'%s is not an integer", c->key, where);
     }

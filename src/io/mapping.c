@@ -125,8 +125,8 @@ static epx_status counts_from_object(const json_t *root, const epxi_read_cfg *cf
     if (arr == NULL) {
         if (json_object_get(root, MAP_KEY) != NULL)
             return epxi_fail(err, EPX_ERR_PARSE,
-                             "this holds '%s', not '%s': it is a placement, not a load; pass it "
-                             "as --placement",
+                             "this holds '%s', not '%s': it is a placement, not a load; counts "
+                             "go here",
                              MAP_KEY, COUNT_KEY);
         return epxi_fail(err, EPX_ERR_PARSE, "no '%s' key in the JSON object", COUNT_KEY);
     }
@@ -146,7 +146,7 @@ static epx_status counts_from_object(const json_t *root, const epxi_read_cfg *cf
     const bool stat = t.rank == 3 && (json_object_get(root, "rank") != NULL &&
                                       json_object_get(root, "average_utilization_rate_over_"
                                                             "window") != NULL);
-    if ((st = epxi_read_cfg_applies(cfg, false, err)) != EPX_OK) {
+    if ((st = epxi_read_cfg_applies(cfg, false, stat, err)) != EPX_OK) {
         epx_counts_destroy(c);
         return st;
     }
@@ -198,16 +198,18 @@ epx_status epx_counts_read_with(const char *spec, const epx_read_opts *opts, epx
                          "window_passes (%d) is negative: use 0 (one window per forward pass) "
                          "or the number of passes per window",
                          opts->window_passes);
-    if (opts->stat_rows != EPX_STAT_ROWS_SUM && opts->stat_rows != EPX_STAT_ROWS_WINDOWS)
+    if (opts->stat_rows != EPX_STAT_ROWS_SUM && opts->stat_rows != EPX_STAT_ROWS_WINDOWS &&
+        opts->stat_rows != EPX_STAT_ROWS_WINDOWS_IF_STAT)
         return epxi_fail(err, EPX_ERR_INVALID_ARG, "stat_rows (%d) is not a known mode",
                          (int)opts->stat_rows);
     const epxi_read_cfg cfg = {opts->window_passes,
-                               opts->stat_rows == EPX_STAT_ROWS_WINDOWS,
+                               opts->stat_rows != EPX_STAT_ROWS_SUM,
                                opts->progress,
                                opts->progress_user,
                                opts->how,
                                opts->how_cap,
-                               true};
+                               true,
+                               opts->stat_rows == EPX_STAT_ROWS_WINDOWS};
     if (opts->how != NULL && opts->how_cap > 0) opts->how[0] = '\0';
     return read_counts(spec, &cfg, out, err);
 }
@@ -221,7 +223,7 @@ static bool is_directory(const char *path) {
 /* The old entry points read rows as windows, one window per forward pass. */
 epx_status epx_counts_read_progress(const char *spec, epx_progress_fn progress, void *user,
                                     epx_counts **out, epx_error *err) {
-    const epxi_read_cfg raw = {0, true, progress, user, NULL, 0, false};
+    const epxi_read_cfg raw = {0, true, progress, user, NULL, 0, false, false};
     return read_counts(spec, &raw, out, err);
 }
 

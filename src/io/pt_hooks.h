@@ -21,16 +21,19 @@ typedef struct epxi_read_cfg {
     char *how; /* optional: the sentence saying how the input was read */
     size_t how_cap;
     /* epx_read_opts given: a window_passes > 0 on an input with no per_pass
-     * dump is refused (it was ignored). stat rows are not checked so: a
-     * caller asks for a stat dump's rows as windows whatever it reads (epx
-     * plan does for deepseek-vec), and an input with no stat dump has no
-     * rows to read otherwise. */
+     * dump is refused (it was ignored), and one that does not divide the
+     * passes recorded. */
     bool strict;
+    /* EPX_STAT_ROWS_WINDOWS asked: refused on an input with no stat dump
+     * (EPX_STAT_ROWS_WINDOWS_IF_STAT reads rows as windows without it: a
+     * caller that wants the series whatever it reads, as epx plan does for
+     * deepseek-vec). */
+    bool stat_rows_asked;
 } epxi_read_cfg;
 
 /* The refusal strict asks for, once the input's kind is known: EPX_OK or
  * EPX_ERR_INVALID_ARG naming the option. */
-EPXI_HIDDEN epx_status epxi_read_cfg_applies(const epxi_read_cfg *cfg, bool per_pass,
+EPXI_HIDDEN epx_status epxi_read_cfg_applies(const epxi_read_cfg *cfg, bool per_pass, bool stat,
                                              epx_error *err);
 
 /* {"logical_count": [L][E] | [S][L][E]} init files, and SGLang's stat and

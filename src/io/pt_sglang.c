@@ -19,7 +19,8 @@
  * for planning (epx_counts_read_with) a stat dump is one window, the sum of
  * its rows; per_pass dumps are ordered by forward_pass_id and may be grouped
  * several passes to a window. The older entry points keep reading rows and
- * passes as windows (epx convert is lossless with them).
+ * passes as windows (lossless; epx convert reads as planning does, rows
+ * as windows on request).
  */
 #include <dirent.h>
 #include <math.h>
@@ -144,7 +145,7 @@ epx_status epx_mapping_from_pt(const epx_pt_file *f, int32_t **map, int32_t *L, 
 
 /* ---- counts ------------------------------------------------------------- */
 
-typedef enum { KIND_LOGICAL, KIND_PER_PASS } file_kind;
+typedef enum { KIND_LOGICAL, KIND_PER_PASS, KIND_STAT } file_kind;
 
 /* What a read found, for the sentence that says how the input was read. */
 typedef struct {
@@ -169,11 +170,11 @@ static epx_status classify(const epx_pt_file *f, file_kind *kind, epx_error *err
     if (epx_pt_dict_get(root, RECORDS_KEY) != NULL)
         *kind = KIND_PER_PASS;
     else if (epx_pt_dict_get(root, COUNT_KEY) != NULL)
-        *kind = KIND_LOGICAL;
+        *kind = is_stat_dump(f) ? KIND_STAT : KIND_LOGICAL;
     else if (epx_pt_dict_get(root, MAP_KEY) != NULL)
         return epxi_fail(err, EPX_ERR_PARSE,
-                         "'%s' holds '%s', not '%s': it is a placement, not a load; pass it as "
-                         "--placement",
+                         "'%s' holds '%s', not '%s': it is a placement, not a load; counts go "
+                         "here",
                          epx_pt_file_name(f), MAP_KEY, COUNT_KEY);
     else {
         char keys[256];
@@ -197,6 +198,33 @@ static epx_status check_loads(const epx_pt_file *f, const char *key, const doubl
                              epx_pt_file_name(f), key, i / le, (i % le) / (size_t)E, i % (size_t)E,
                              x[i]);
         }
+    return EPX_OK;
+}
+
+/* FNV-1a over a dump's rows (their bits and count): equal for the same
+ * dump given twice (its path twice, or a copy), and 2^-64 likely for two
+ * dumps that differ. */
+static uint64_t rows_fingerprint(const double *x, size_t n) {
+    uint64_t h = 1469598103934665603ull ^ (uint64_t)n;
+    for (size_t i = 0; i < n; i++) {
+        uint64_t b;
+        memcpy(&b, &x[i], sizeof b);
+        for (int k = 0; k < 8; k++) h = (h ^ ((b >> (8 * k)) & 0xff)) * 1099511628211ull;
+    }
+    return h;
+}
+
+/* Stat dump i (rows x[0..n)) against the stat dumps before it: fp[j] holds
+ * their fingerprints (0 for files that are no stat dump). */
+static epx_status check_repeat(const epx_pt_file *const *files, size_t i, uint64_t *fp,
+                               const double *x, size_t n, epx_error *err) {
+    fp[i] = rows_fingerprint(x, n) | 1; /* never 0 */
+    for (size_t j = 0; j < i; j++)
+        if (fp[j] == fp[i])
+            return epxi_fail(err, EPX_ERR_PARSE,
+                             "'%s' and '%s' hold the same stat dump (every row equal): its "
+                             "passes would be counted twice; give each dump once",
+                             epx_pt_file_name(files[j]), epx_pt_file_name(files[i]));
     return EPX_OK;
 }
 
@@ -238,6 +266,11 @@ static epx_status counts_logical(const epx_pt_file *const *files, size_t nf,
     double *rows = NULL; /* a stat dump's rows, before they are summed */
     size_t at = 0;
     epx_status st = EPX_OK;
+    uint64_t *fp = epxi_calloc(nf, sizeof *fp, "stat dump fingerprints", err);
+    if (fp == NULL) {
+        epx_counts_destroy(c);
+        return EPX_ERR_NOMEM;
+    }
     for (size_t i = 0; i < nf && st == EPX_OK; i++) {
         epx_pt_tensor t;
         epx_pt_value_tensor(epx_pt_dict_get(epx_pt_file_root(files[i]), COUNT_KEY), &t, NULL);
@@ -255,6 +288,13 @@ static epx_status counts_logical(const epx_pt_file *const *files, size_t nf,
         if (st != EPX_OK)
             epxi_error_prefix(err, "'%s': '%s'", epx_pt_file_name(files[i]), COUNT_KEY);
         if (st == EPX_OK) st = check_loads(files[i], COUNT_KEY, dst, (size_t)numel, L, E, err);
+        if (st == EPX_OK && is_stat_dump(files[i])) {
+            /* The same dump twice would count its passes twice: SGLang's
+             * stat dump is already summed over ranks, so no two dumps of
+             * one recording hold the same rows (the per_pass reader refuses
+             * a pass recorded twice likewise). */
+            st = check_repeat(files, i, fp, dst, (size_t)numel, err);
+        }
         if (st == EPX_OK && is_stat_dump(files[i]))
             for (size_t r = 0; r < (size_t)numel / le; r++) {
                 bool any = false;
@@ -269,6 +309,7 @@ static epx_status counts_logical(const epx_pt_file *const *files, size_t nf,
         at += (size_t)numel;
     }
     free(rows);
+    free(fp);
     if (st != EPX_OK) {
         epx_counts_destroy(c);
         return st;
@@ -424,6 +465,22 @@ static epx_status per_pass_map(const epx_pt_file *const *files, size_t nf, int32
     return EPX_OK;
 }
 
+/* n's divisors in increasing order: "1, 2, 4, 8" (the first eight, then
+ * "..., n"). */
+static void list_divisors(size_t n, char *buf, size_t cap) {
+    size_t at = 0, shown = 0;
+    buf[0] = '\0';
+    for (size_t d = 1; d <= n && at + 24 < cap; d++) {
+        if (n % d != 0) continue;
+        if (shown == 8 && d != n) {
+            snprintf(buf + at, cap - at, ", ..., %zu", n);
+            return;
+        }
+        at += (size_t)snprintf(buf + at, cap - at, "%s%zu", shown ? ", " : "", d);
+        shown++;
+    }
+}
+
 static epx_status counts_per_pass(const epx_pt_file *const *files, size_t nf,
                                   const epxi_read_cfg *cfg, epx_counts **out, read_info *info,
                                   epx_error *err) {
@@ -443,9 +500,23 @@ static epx_status counts_per_pass(const epx_pt_file *const *files, size_t nf,
         if (map[i] + 1 > E) E = map[i] + 1;
     size_t passes = 1;
     for (size_t i = 1; i < nrec; i++) passes += refs[i].pass != refs[i - 1].pass;
-    /* Passes in forward_pass_id order, grouped window_passes at a time (the
-     * last window may hold fewer). */
+    /* Passes in forward_pass_id order, grouped window_passes at a time.
+     * epx_read_opts' callers get equal windows only: a short last window
+     * (or one window of fewer passes than asked) is not what was asked for.
+     * The old entry points group nothing (one pass a window). */
     const size_t per = cfg->window_passes > 0 ? (size_t)cfg->window_passes : 1;
+    if (cfg->strict && passes % per != 0) {
+        char divs[160];
+        list_divisors(passes, divs, sizeof divs);
+        st = epxi_fail(err, EPX_ERR_INVALID_ARG,
+                       "window_passes (--window-passes %zu) does not divide the %zu forward "
+                       "passes recorded%s: give a divisor of %zu (%s)",
+                       per, passes, per > passes ? " (it is more than all of them)" : "", passes,
+                       divs);
+        free(refs);
+        free(map);
+        return st;
+    }
     const size_t S = (passes + per - 1) / per;
     info->records = nrec;
     info->passes = (int64_t)passes;
@@ -500,6 +571,12 @@ static epx_status counts_per_pass(const epx_pt_file *const *files, size_t nf,
     return EPX_OK;
 }
 
+static const char *kind_str(file_kind k) {
+    return k == KIND_PER_PASS ? "a per_pass dump"
+           : k == KIND_STAT   ? "a stat dump"
+                              : "a logical_count file (not a stat dump)";
+}
+
 static epx_status counts_from_pt(const epx_pt_file *const *files, size_t nf,
                                  const epxi_read_cfg *cfg, epx_counts **out, read_info *info,
                                  epx_error *err) {
@@ -513,12 +590,11 @@ static epx_status counts_from_pt(const epx_pt_file *const *files, size_t nf,
         if (i == 0)
             k0 = k;
         else if (k != k0)
-            return epxi_fail(err, EPX_ERR_PARSE,
-                             "'%s' is %s but '%s' is %s: give files of one kind",
-                             epx_pt_file_name(files[0]),
-                             k0 == KIND_PER_PASS ? "a per_pass dump" : "a logical_count file",
-                             epx_pt_file_name(files[i]),
-                             k == KIND_PER_PASS ? "a per_pass dump" : "a logical_count file");
+            /* A stat dump's summed ring buffer beside time-ordered windows
+             * (or per_pass passes) would be windows of two meanings. */
+            return epxi_fail(
+                err, EPX_ERR_PARSE, "'%s' is %s but '%s' is %s: give files of one kind",
+                epx_pt_file_name(files[0]), kind_str(k0), epx_pt_file_name(files[i]), kind_str(k));
     }
     memset(info, 0, sizeof *info);
     info->files = nf;
@@ -529,7 +605,7 @@ static epx_status counts_from_pt(const epx_pt_file *const *files, size_t nf,
 /* The public reader keeps its first meaning: rows as windows. */
 epx_status epx_counts_from_pt(const epx_pt_file *const *files, size_t nf, epx_counts **out,
                               epx_error *err) {
-    const epxi_read_cfg raw = {0, true, NULL, NULL, NULL, 0, false};
+    const epxi_read_cfg raw = {0, true, NULL, NULL, NULL, 0, false, false};
     read_info info;
     return counts_from_pt(files, nf, &raw, out, &info, err);
 }
@@ -553,11 +629,10 @@ static void describe(const read_info *x, const epxi_read_cfg *cfg, char *buf, si
         snprintf(buf, cap,
                  "stat dump%s (SGLang's ring buffer: row order carries no time): %zu of %zu "
                  "rows non-zero, summed into one window%s (zero rows were never "
-                 "written)%s: %lld window%s",
+                 "written): %lld window%s",
                  x->stat_files > 1 ? "s" : "", x->stat_nonzero, x->stat_rows,
-                 x->stat_files > 1 ? " per dump" : "",
-                 x->stat_files < x->files ? ", beside logical_count files read as windows" : "",
-                 (long long)x->windows, x->windows > 1 ? "s" : "");
+                 x->stat_files > 1 ? " per dump" : "", (long long)x->windows,
+                 x->windows > 1 ? "s" : "");
     } else if (x->stat_files > 0) {
         snprintf(buf, cap,
                  "stat dump%s read row by row as time-ordered windows (%zu of %zu rows "
@@ -663,8 +738,9 @@ static epx_status read_counts_pt(const char *spec, const epxi_read_cfg *cfg, epx
     read_info info;
     if (st == EPX_OK)
         st = counts_from_pt((const epx_pt_file *const *)files, pl.n, cfg, out, &info, err);
-    if (st == EPX_OK && ((st = epxi_read_cfg_applies(cfg, info.records > 0, err)) != EPX_OK ||
-                         (st = epxi_counts_check_total(*out, err)) != EPX_OK)) {
+    if (st == EPX_OK &&
+        ((st = epxi_read_cfg_applies(cfg, info.records > 0, info.stat_files > 0, err)) != EPX_OK ||
+         (st = epxi_counts_check_total(*out, err)) != EPX_OK)) {
         epxi_error_prefix(err, "'%.256s'", spec);
         epx_counts_destroy(*out);
         *out = NULL;
@@ -679,12 +755,20 @@ static epx_status read_counts_pt(const char *spec, const epxi_read_cfg *cfg, epx
 
 /* ---- pt_hooks.h --------------------------------------------------------- */
 
-epx_status epxi_read_cfg_applies(const epxi_read_cfg *cfg, bool per_pass, epx_error *err) {
-    if (!cfg->strict || cfg->window_passes == 0 || per_pass) return EPX_OK;
-    return epxi_fail(err, EPX_ERR_INVALID_ARG,
-                     "window_passes (--window-passes %d) groups a per_pass dump's forward "
-                     "passes into windows, and this input holds no per_pass dump: drop it",
-                     cfg->window_passes);
+epx_status epxi_read_cfg_applies(const epxi_read_cfg *cfg, bool per_pass, bool stat,
+                                 epx_error *err) {
+    if (cfg->strict && cfg->window_passes != 0 && !per_pass)
+        return epxi_fail(err, EPX_ERR_INVALID_ARG,
+                         "window_passes (--window-passes %d) groups a per_pass dump's forward "
+                         "passes into windows, and this input holds no per_pass dump: drop it",
+                         cfg->window_passes);
+    if (cfg->stat_rows_asked && !stat)
+        return epxi_fail(err, EPX_ERR_INVALID_ARG,
+                         "stat_rows windows (--stat-rows windows) reads a stat dump's ring-buffer "
+                         "rows as windows, and this input holds no stat dump (%s): drop it",
+                         per_pass ? "per_pass dumps are windows of --window-passes passes"
+                                  : "its logical_count windows are read as they are");
+    return EPX_OK;
 }
 
 epx_status epxi_pt_read_mapping(const char *path, int32_t **map, int32_t *L, int32_t *P,
@@ -697,7 +781,7 @@ epx_status epxi_pt_read_mapping(const char *path, int32_t **map, int32_t *L, int
 }
 
 epx_status epx_counts_read_pt(const char *spec, epx_counts **out, epx_error *err) {
-    const epxi_read_cfg raw = {0, true, NULL, NULL, NULL, 0, false};
+    const epxi_read_cfg raw = {0, true, NULL, NULL, NULL, 0, false, false};
     return read_counts_pt(spec, &raw, out, err);
 }
 

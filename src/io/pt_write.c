@@ -364,17 +364,27 @@ epx_status epx_counts_write_pt(const epx_counts *c, const char *path, epx_pt_dty
     for (size_t i = 0; i < n; i++) {
         double x = c->data[i];
         uint64_t bits;
-        /* (loads are at most 2^63 in all, so float32 holds each one) */
+        /* (loads are at most 2^63 in all, so float32's range holds each one;
+         * its 24-bit mantissa does not hold every whole number above 2^24,
+         * and a count read back as another count is silent garbage) */
         const bool is_int = dt == EPX_PT_DTYPE_INT64 || dt == EPX_PT_DTYPE_INT32;
         const double hi = dt == EPX_PT_DTYPE_INT64 ? 0x1p63 : 0x1p31;
-        if (is_int && !(x == floor(x) && x < hi)) {
+        const bool whole = x == floor(x);
+        const char *fix = NULL;
+        if (is_int && !whole)
+            fix = "write float32 or float64";
+        else if (is_int && x >= hi)
+            fix = dt == EPX_PT_DTYPE_INT32 ? "write int64 or float64" : "write float64";
+        else if (dt == EPX_PT_DTYPE_FLOAT32 && whole && (double)(float)x != x)
+            fix = "float32 holds whole numbers exactly only up to 2^24 (16777216): write int64 "
+                  "or float64";
+        if (fix != NULL) {
             free(buf);
             size_t le = (size_t)c->num_layers * (size_t)c->num_experts;
             return epxi_fail(err, EPX_ERR_INVALID_ARG,
-                             "load [%zu][%zu][%zu] is %g, which %s cannot hold: write float32 or "
-                             "float64",
-                             i / le, (i % le) / (size_t)c->num_experts, i % (size_t)c->num_experts,
-                             x, epx_pt_dtype_str(dt));
+                             "load [%zu][%zu][%zu] is %.17g, which %s cannot hold%s: %s", i / le,
+                             (i % le) / (size_t)c->num_experts, i % (size_t)c->num_experts, x,
+                             epx_pt_dtype_str(dt), is_int ? "" : " exactly", fix);
         }
         if (is_int) {
             bits = (uint64_t)(int64_t)x;

@@ -38,8 +38,7 @@ static epx_status check_layer_row(const epx_shape *s, int32_t layer, const int32
         if (id < 0 || id >= E)
             return epxi_fail(err, EPX_ERR_INVALID_MAP,
                              "layer %d, slot %d (GPU %d) holds logical expert %d, outside [0, %d): "
-                             "fix the map, or pass the model's expert count (--experts) if it "
-                             "has more than %d experts",
+                             "the map is for a model of more than %d experts, or is damaged",
                              layer, p, p / (P / s->num_gpus), id, E, E);
         count_scratch[id]++;
     }

@@ -22,11 +22,15 @@ compare() { # dir, fixture name
   local dir=$1 name=$2
   "$EPX" convert "$dir/$name" "$T/$name.json" >/dev/null 2>"$T/err" || { cat "$T/err"; return 1; }
   "$EPX" convert --tree "$dir/$name" "$T/$name.tree.json" >/dev/null 2>"$T/err" || { cat "$T/err"; return 1; }
-  python3 - "$dir/expected.json" "$name" "$T/$name.json" "$T/$name.tree.json" <<'PY'
-import json, sys
+  # a stat dump's rows, one window each (refused for any other input)
+  rm -f "$T/$name.rows.json"
+  "$EPX" convert --stat-rows windows "$dir/$name" "$T/$name.rows.json" >/dev/null 2>&1
+  python3 - "$dir/expected.json" "$name" "$T/$name.json" "$T/$name.tree.json" "$T/$name.rows.json" <<'PY'
+import json, os, sys
 exp = json.load(open(sys.argv[1]))[sys.argv[2]]
 out = json.load(open(sys.argv[3]))
 tree = json.load(open(sys.argv[4]))
+rows = json.load(open(sys.argv[5])) if os.path.exists(sys.argv[5]) else None
 kind = exp["kind"]
 def fail(msg):
     print(sys.argv[2] + ": " + msg); sys.exit(1)
@@ -37,7 +41,12 @@ elif kind == "init_counts":
     if out["logical_count"] != exp["logical_count"]: fail("logical_count differs")
     if tree["logical_count"] != exp["logical_count"]: fail("tree differs")
 elif kind == "stat_dump":
-    lc = out["logical_count"]
+    # by default the rows are summed into one window, as plan and stats read
+    # the dump (row order carries no time); --stat-rows windows keeps them
+    if rows is None: fail("--stat-rows windows refused on a stat dump")
+    lc = rows["logical_count"]
+    summed = [[sum(w[l][e] for w in lc) for e in range(len(lc[0][0]))] for l in range(len(lc[0]))]
+    if out["logical_count"] != summed: fail("default output is not the rows summed")
     if "logical_count" in exp:
         if lc != exp["logical_count"]: fail("logical_count differs")
     else:
@@ -66,6 +75,7 @@ elif kind == "per_pass":
     if out["logical_count"] != ref: fail("counts differ from the scatter-add reference")
 else:
     fail("unknown kind " + kind)
+if kind != "stat_dump" and rows is not None: fail("--stat-rows windows accepted on " + kind)
 PY
 }
 
@@ -137,10 +147,45 @@ check "directory of one rank equals the file" single_dir
 
 # Usage errors: exit 2 with a message.
 usage() { "$EPX" convert "$@" >/dev/null 2>"$T/err"; [ $? -eq 2 ] && [ -s "$T/err" ]; }
+refused_as() { # needle, convert args...: exit 2, the needle said, nothing written
+  local needle=$1; shift
+  usage "$@" && grep -qF -- "$needle" "$T/err" && [ ! -e "$T/x.pt" ] && [ ! -e "$T/x.json" ]
+}
 check "OUT without extension" usage "$SRC/tests/data/pt/init_mapping.pt" "$T/x.txt"
 check "--dtype on a mapping" usage "$SRC/tests/data/pt/init_mapping.pt" "$T/x.pt" --dtype int32
 check "--dtype on JSON output" usage "$SRC/tests/data/pt/strided_counts.pt" "$T/x.json" --dtype int32
 check "missing input" usage "$T/none.json" "$T/x.pt"
+# stat dumps: the same dump twice, or beside a plain counts file, is refused
+# (both were read: 2 windows of one recording, or windows of two meanings);
+# a mapping takes no read options
+GP=${EPX_SHARED:-/nonexistent}/golden/pt
+if [ -f "$GP/stat_dump_mixtral.pt" ]; then
+  cp "$GP/stat_dump_mixtral.pt" "$T/copy.pt"
+  check "a stat dump twice refused" refused_as "hold the same stat dump" \
+    "$GP/stat_dump_mixtral.pt,$GP/stat_dump_mixtral.pt" "$T/x.json"
+  check "  and its copy" refused_as "hold the same stat dump" "$GP/stat_dump_mixtral.pt,$T/copy.pt" "$T/x.json"
+  check "a stat dump beside init counts refused" refused_as \
+    "is a stat dump but '$GP/init_counts_int64.pt' is a logical_count file (not a stat dump): give files of one kind" \
+    "$GP/stat_dump_mixtral.pt,$GP/init_counts_int64.pt" "$T/x.json"
+  # the default is what plan reads from the .pt: the plans agree
+  sum_plans() {
+    "$EPX" convert "$GP/stat_dump_mixtral.pt" "$T/sdm.json" >"$T/out" &&
+      grep -q "summed into one window" "$T/out" &&
+      "$EPX" plan --counts "$T/sdm.json" --gpus 4 --redundant 4 -o "$T/p1.json" >/dev/null &&
+      "$EPX" plan --counts "$GP/stat_dump_mixtral.pt" --gpus 4 --redundant 4 -o "$T/p2.json" >/dev/null &&
+      cmp -s "$T/p1.json" "$T/p2.json"
+  }
+  check "stat dump converted as plan reads it" sum_plans
+fi
+check "--stat-rows on a mapping refused" refused_as "is a mapping: drop them" \
+  "$SRC/tests/data/pt/init_mapping.pt" "$T/x.json" --stat-rows windows
+# a count the dtype cannot hold is refused by value, not rounded: float32
+# read 16777217 back as 16777216 while int32 refused its overflow
+echo '{"logical_count": [[16777217, 2, 3, 4]]}' >"$T/c24.json"
+check "float32 refuses 16777217" refused_as "load [0][0][0] is 16777217, which float32 cannot hold exactly" "$T/c24.json" "$T/x.pt" --dtype float32
+check "  and names the fix" refused_as "write int64 or float64" "$T/c24.json" "$T/x.pt" --dtype float32
+echo '{"logical_count": [[2147483648, 2, 3, 4]]}' >"$T/c31.json"
+check "int32 names the value and int64" refused_as "is 2147483648, which int32 cannot hold: write int64 or float64" "$T/c31.json" "$T/x.pt" --dtype int32
 check "JSON that is neither mapping nor counts" usage "$SRC/tests/data/pt/expected.json" "$T/x.pt"
 cp "$SRC/tests/data/pt/expected.json" "$T/notzip.pt"
 check ".pt that is not a zip" usage "$T/notzip.pt" "$T/x.json"

@@ -83,8 +83,17 @@ assert all([[[p for p in x if p >= 0] for x in lay] for lay in rk] == l2p for rk
 PY
     done
 done
-# The default is the newest verified release, named in the help.
+# SGLang 0.5.2's rule has no node step (its tables above on 2 and 8 nodes
+# are its tables on one): --nodes says so rather than pass unremarked.
 SC="$SRC/tests/data/sglang_tables/crafted_101_g8_n2.json"
+expect_exit 0 "$EPX" dispatch-table --placement "$SC" --gpus 8 --nodes 2 --sglang-version 0.5.2 -o "$TMP/n2.json"
+expect_in "$TMP/err" "note: SGLang 0.5.2's rule does not look at nodes" "--nodes 2 gives the table of one node"
+expect_exit 0 "$EPX" dispatch-table --placement "$SC" --gpus 8 --sglang-version 0.5.2 -o "$TMP/n1.json"
+cmp -s "$TMP/n1.json" "$TMP/n2.json" || fail "0.5.2: the tables of 1 and 2 nodes differ"
+[ ! -s "$TMP/err" ] || fail "0.5.2 on one node: $(cat "$TMP/err")"
+expect_exit 0 "$EPX" dispatch-table --placement "$SC" --gpus 8 --nodes 2 --sglang-version 0.5.3 -o "$TMP/n3.json"
+[ ! -s "$TMP/err" ] || fail "0.5.3 on 2 nodes noted: $(cat "$TMP/err")"
+# The default is the newest verified release, named in the help.
 expect_exit 0 "$EPX" dispatch-table --placement "$SC" --gpus 8 --nodes 2 -o "$TMP/d.json"
 expect_in "$TMP/out" "SGLang 0.5.23 table"
 python3 - "$SC" "$TMP/d.json" <<'PY' || fail "the default table differs from SGLang 0.5.23's"
@@ -96,7 +105,11 @@ expect_exit 0 "$EPX" dispatch-table --help
 expect_in "$TMP/out" "--sglang-version" "default 0.5.23"
 # A newer release warns and uses the newest rule; a malformed one is refused.
 expect_exit 0 "$EPX" dispatch-table --placement "$SC" --gpus 8 --nodes 2 --sglang-version 0.6.1 -o "$TMP/n.json"
-expect_in "$TMP/err" "newer than the newest verified release (0.5.23)"
+expect_in "$TMP/err" "newer than the newest release epx verified (0.5.23); using 0.5.23's dispatch rule"
+# ... and the table is labelled with the release whose rule made it, as plan
+# words it (it read "SGLang 0.6.1 table" and "using that release's rule")
+expect_in "$TMP/out" "SGLang 0.5.23 (asked: 0.6.1) table"
+cmp -s "$TMP/n.json" "$TMP/d.json" || fail "0.6.1's table is not 0.5.23's"
 expect_exit 2 "$EPX" dispatch-table --placement "$SC" --gpus 8 --sglang-version 0.5.16rc1 -o "$TMP/x.json"
 expect_in "$TMP/err" "MAJOR.MINOR"
 expect_exit 2 "$EPX" dispatch-table --placement "$SC" --gpus 8 --algorithm epx --sglang-version 0.5.2 -o "$TMP/x.json"

@@ -43,8 +43,46 @@ refuse "a .pt that is no zip" "is no PyTorch file (torch.save writes a zip archi
 # refused (it was ignored); on a per_pass dump it applies
 refuse "--window-passes on a JSON trace" "holds no per_pass dump: drop it" "$EPX" stats \
   v3.json --window-passes 4
-"$EPX" stats "$EPX_SOURCE/tests/data/pt/per_pass_rank0.pt" --window-passes 2 >out 2>err &&
-  grep -q "2 passes per window" out || { echo "FAIL --window-passes on a per_pass dump"; fail=1; }
+"$EPX" stats "$EPX_SOURCE/tests/data/pt/per_pass_rank0.pt" --window-passes 3 >out 2>err &&
+  grep -q "3 passes per window" out || { echo "FAIL --window-passes on a per_pass dump"; fail=1; }
+# ... one that does not divide its 3 passes is refused (2 made a last window
+# of 1 pass, 100 one window of 3)
+refuse "--window-passes 2 of 3 passes" "(--window-passes 2) does not divide the 3 forward passes recorded: give a divisor of 3 (1, 3)" \
+  "$EPX" stats "$EPX_SOURCE/tests/data/pt/per_pass_rank0.pt" --window-passes 2
+refuse "--window-passes 100 of 3 passes" "(it is more than all of them)" \
+  "$EPX" plan --counts "$EPX_SOURCE/tests/data/pt/per_pass_rank0.pt" --gpus 4 --window-passes 100 -o wp.json
+[ ! -e wp.json ] || { echo "FAIL --window-passes 100 wrote its plan"; fail=1; }
+# --stat-rows windows where there is no stat dump: refused like --window-passes
+# (it did nothing); plan's deepseek-vec still reads any input as its series
+for cmd in "stats v3.json" "plan --counts v3.json --gpus 8 -o sr.json" \
+  "stats $EPX_SOURCE/tests/data/pt/per_pass_rank0.pt"; do
+  # shellcheck disable=SC2086
+  refuse "--stat-rows windows: $cmd" "holds no stat dump" "$EPX" $cmd --stat-rows windows
+done
+"$EPX" plan --counts v3.json --gpus 8 --algorithm deepseek-vec -o dv.json >out 2>err ||
+  { echo "FAIL deepseek-vec on a trace"; cat err; fail=1; }
+# A suggested fix must exist where it is suggested: plan and stats take the
+# expert count from the counts (no --experts), plan's groups message offers
+# 0 for none, and convert has no --placement.
+"$EPX" trace synth --model mixtral-8x7b --windows 2 --tokens 1000 -o mix.json >/dev/null || exit 1
+"$EPX" layout trivial --layers 32 --experts 12 --gpus 4 -o cur12.json >/dev/null || exit 1
+"$EPX" convert cur12.json cur12.pt >/dev/null || exit 1
+no_option() { # name option: the last message names no such option
+  ! grep -qF -- "$2" err || { echo "FAIL $1: suggests $2, which is no option there"; cat err; fail=1; }
+}
+refuse "plan --current of another model" "--current cur12.json holds logical expert 8 (layer 0, slot 8), but the counts have 8 experts per layer: they are for different models" \
+  "$EPX" plan --counts mix.json --gpus 4 --redundant 4 --current cur12.json -o x.json
+no_option "plan --current" "--experts"
+refuse "stats --placement of another model" "--placement cur12.json holds logical expert 8" \
+  "$EPX" stats mix.json --placement cur12.json --gpus 4
+no_option "stats --placement" "--experts"
+refuse "plan --groups 3 of 8 experts" "or 0 for none" "$EPX" plan --counts mix.json --gpus 4 --groups 3 -o x.json
+"$EPX" plan --counts mix.json --gpus 4 --groups 0 -o g0.json >out 2>err ||
+  { echo "FAIL --groups 0 (none), as the message offers, refused"; cat err; fail=1; }
+refuse "convert: mappings in a list" "convert each mapping on its own" "$EPX" convert cur12.pt,cur12.pt o.json
+no_option "convert: mappings in a list" "--placement"
+refuse "plan --counts of a mapping" "it is a placement, not a load" "$EPX" plan --counts cur12.pt --gpus 4 -o x.json
+no_option "plan --counts of a mapping" "--placement"
 # epx help COMMAND is COMMAND --help; an unknown one is named
 "$EPX" help plan >out 2>err && grep -q '^usage: epx plan --counts' out ||
   { echo "FAIL help plan"; fail=1; }

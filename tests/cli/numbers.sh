@@ -22,7 +22,10 @@ check "--windows 0" refuse "use at least 1" "${syn[@]}" --windows 0
 adv=("$EPX" advise --model kimi-k2 --link nvlink4)
 check "--imbalance 1e999" refuse "not a finite number" "${adv[@]}" --gpus 8 --imbalance 1e999
 check "--imbalance 0.5" refuse "use at least 1" "${adv[@]}" --gpus 8 --imbalance 0.5
-check "--gpus 0" refuse "use at least 1" "${adv[@]}" --gpus 0
+check "--gpus 0" refuse "use at least 2" "${adv[@]}" --gpus 0
+# one GPU: nothing crosses a link, so there is no EP/TP question (it printed
+# a table of EP 30-55 us vs TP 12 us under "neither scheme communicates")
+check "--gpus 1 refused" refuse "--gpus 1 is below the minimum 2: use at least 2" "${adv[@]}" --gpus 1
 check "no output written" test ! -e l.json -a ! -e t.json
 
 # --measured: JSON lines of epx bench comm --json
@@ -37,6 +40,17 @@ good() {
 }
 good > good.jsonl
 check "good --measured reads" sh -c '"$@" >/dev/null' - "${adv[@]}" --gpus 8 --measured good.jsonl
+# CPU figures for a GPU link: warned on stderr, and the answer names which
+# figures are measured and which the link's assumed ones (the file has no
+# low-latency lines: that mode stays assumed; they were mixed silently)
+expect_rc 0 "${adv[@]}" --gpus 8 --measured good.jsonl
+check "CPU figures: warned" grep -qF "warning: --measured 'good.jsonl' was timed on the CPU (mpi on cpu), not on GPUs over nvlink4" err
+check "  the answer names each figure's source" grep -qF "figures: EP normal mode measured, EP low-latency mode assumed, TP measured (measured: mpi on cpu; assumed: nvlink4's)" out
+expect_rc 0 "${adv[@]}" --gpus 8 --measured good.jsonl --json
+check "  and --json" grep -qF '"figures": {"ep": "measured", "ep_low_latency": "assumed", "tp": "measured", "measured_on": "mpi on cpu"}' out
+sed 's/"backend": "mpi"/"backend": "nccl"/; s/"device": "cpu"/"device": "NVIDIA H100"/' good.jsonl >gpu.jsonl
+expect_rc 0 "${adv[@]}" --gpus 8 --measured gpu.jsonl
+check "GPU figures: no warning" test ! -s err
 { good; line normal dispatch -5 10 128; } > neg.jsonl
 check "negative median_us" refuse "record 7: median_us is -5" "${adv[@]}" --gpus 8 --measured neg.jsonl
 { good; line normal combine 1e300 10 128; } > huge.jsonl
@@ -96,6 +110,12 @@ reach() { "$EPX" advise --model mixtral-8x7b --gpus "$1" --link pcie5 |
   sed -n 's/.*it reaches \([0-9.]*\) other.*/\1/p'; }
 at_most_k() { awk -v r="$(reach "$1")" -v k=2 'BEGIN { exit !(r != "" && r <= k) }'; }
 for G in 8 9 64 1025; do check "mixtral on $G GPUs reaches at most 2" at_most_k $G; done
+# ... which means redundant slots (8 experts on 16 GPUs): said, not assumed silently
+expect_rc 0 "$EPX" advise --model mixtral-8x7b --gpus 16 --link nvlink4
+check "more GPUs than experts: the slots stated" grep -qF "16 GPUs for 8 experts: each GPU holds one replica, so 8 redundant slots" out
+check "  in the answer too" grep -qF "8 redundant slots assumed" out
+expect_rc 0 "$EPX" advise --model mixtral-8x7b --gpus 65536 --link nvlink4 --json
+check "  65536 GPUs: --json says how many" grep -qF '"redundant_slots_assumed": 65528' out
 check "  and 7/8 of 2 on 8 GPUs" test "$(reach 8)" = 1.75
 
 # loads: a total beyond what SGLang's int64 counts hold is refused on read

@@ -45,7 +45,7 @@ demo|--model|text
 demo|--out|text
 plan|--gpus|int|1|65536
 plan|--nodes|int|1|65536
-plan|--groups|int|1|1048576
+plan|--groups|int|0|1048576
 plan|--redundant|int|0|1048576
 plan|--physical|int|1|2097152
 plan|--max-moves|int|0|2147483647
@@ -89,6 +89,8 @@ stats|--placement|text
 stats|--traffic|text
 stats|--stat-rows|text
 convert|--dtype|text
+convert|--window-passes|int|1|16777216
+convert|--stat-rows|text
 trace synth|--windows|int|1|16777216
 trace synth|--tokens|int|1|1099511627776
 trace synth|--seed|int|0|18446744073709551615
@@ -138,7 +140,7 @@ bench comm|--token-bound|text
 bench comm|--engine|text
 bench comm|--json|text
 bench comm|-o|text
-advise|--gpus|int|1|65536
+advise|--gpus|int|2|65536
 advise|--imbalance|real|1|1000
 advise|--model|text
 advise|--link|text

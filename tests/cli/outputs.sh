@@ -103,6 +103,17 @@ if [ -d /proc/self ]; then
     "${plan[@]}" -o y.json --report /proc/epx-p.json
   check "  -o not written" test ! -e y.json
 fi
+# standard output is no output here (outputs are files, written via a temp
+# file): said so, to a pipe, to a redirect (whose file was replaced) and
+# through a link; it said "no file can be made in folder '/proc/self/fd'"
+check "-o /dev/stdout to a pipe refused" sh -c '"$@" 2>err | cat >/dev/null; grep -qF "output '"'"'/dev/stdout'"'"' is a stream (standard output or an open file), not a file" err' - "${plan[@]}" -o /dev/stdout
+echo keep >redir.txt
+check "-o /dev/stdout to a redirect refused" sh -c '"$@" >>redir.txt 2>err; [ $? -eq 2 ] && grep -qF "is a stream" err' - "${plan[@]}" -o /dev/stdout
+check "  the redirect's file kept" test "$(cat redir.txt)" = keep
+ln -s /dev/stdout out-link.json
+check "-o a link to /dev/stdout refused" sh -c '"$@" 2>err | cat >/dev/null; grep -qF "a stream (standard output or an open file), not a file" err' - "${plan[@]}" -o out-link.json
+check "--report /dev/fd/1 refused" refuse "is a stream" "${plan[@]}" -o q.json --report /dev/fd/1
+check "  -o not written" test ! -e q.json
 check "no temp files left" no_temps
 
 # .pt by extension: a PyTorch zip, read back by content

@@ -111,7 +111,15 @@ expect_exit 2 "$EPX" trace synth --model mixtral --skew 1..x -o "$TMP/x.json"
 expect_in "$TMP/err" "--skew"
 expect_exit 2 "$EPX" trace synth --model mixtral --skew 2..1 -o "$TMP/x.json"
 expect_in "$TMP/err" "--skew 2..1 runs backwards: write the smaller first (1..2)"
+# a third dot is a malformed range, not a backwards one (1...2 read as 1..0.2)
+expect_exit 2 "$EPX" trace synth --model mixtral --skew 1...2 -o "$TMP/x.json"
+expect_in "$TMP/err" "--skew '1...2' is malformed: write A..B, two numbers with exactly two dots"
+grep -q "backwards" "$TMP/err" && fail "1...2 called backwards: $(cat "$TMP/err")"
 expect_exit 2 "$EPX" trace synth --model mixtral --tokens 0 -o "$TMP/x.json"
+# a shift in no layer changes nothing (it wrote the trace without one)
+expect_exit 2 "$EPX" trace synth --model mixtral --windows 4 --shift 3 --shift-layers 0 -o "$TMP/x.json"
+expect_in "$TMP/err" "--shift-layers 0 shifts no layer, so --shift 3 would change nothing"
+[ ! -e "$TMP/x.json" ] || fail "--shift-layers 0 wrote a trace"
 expect_exit 2 "$EPX" trace synth --model mixtral
 expect_in "$TMP/err" "-o is required"
 expect_exit 2 "$EPX" trace frobnicate

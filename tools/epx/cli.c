@@ -269,6 +269,15 @@ bool cli_range(const cli_cmd *cmd, const char *name, double lo, double hi, doubl
         *b = *a;
         return true;
     }
+    /* "1...2" would read as 1 and .2 and be called backwards: a third dot
+     * (or a second "..") makes it no A..B at all. */
+    if (dots[2] == '.' || strstr(dots + 2, "..") != NULL) {
+        fprintf(stderr,
+                "epx %s: %s '%.40s' is malformed: write A..B, two numbers with exactly two dots "
+                "between them (e.g. 1..2), from %g to %g\n",
+                cmd->name, name, v, lo, hi);
+        return false;
+    }
     if ((size_t)(dots - v) >= sizeof first) {
         fprintf(stderr, "epx %s: %s '%.40s...' is not A..B: give two numbers from %g to %g\n",
                 cmd->name, name, v, lo, hi);
@@ -342,6 +351,20 @@ const char *cli_require(const cli_cmd *cmd, const char *name) {
         fprintf(stderr, "epx %s: %s is required; run 'epx %s --help'\n", cmd->name, name,
                 cmd->name);
     return v;
+}
+
+bool cli_map_of_counts(const cli_cmd *cmd, const char *what, const int32_t *map, int32_t L,
+                       int32_t P, int32_t E) {
+    for (size_t i = 0; i < (size_t)L * (size_t)P; i++)
+        if (map[i] >= E) {
+            fprintf(stderr,
+                    "epx %s: %s holds logical expert %d (layer %zu, slot %zu), but the counts "
+                    "have %d experts per layer: they are for different models; give the "
+                    "placement and the counts of one model\n",
+                    cmd->name, what, map[i], i / (size_t)P, i % (size_t)P, E);
+            return false;
+        }
+    return true;
 }
 
 int cli_report(const cli_cmd *cmd, const epx_error *err) {

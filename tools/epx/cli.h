@@ -237,13 +237,24 @@ int cli_read_current(const char *cmd, const char *spec, const epx_shape *shape, 
 int cli_print_moves(const char *cmd, const epx_counts *counts, const epx_layout *current,
                     const epx_layout *planned, const uint8_t *failed, size_t expert_bytes);
 
-/* --window-passes N and --stat-rows sum|windows (epx plan, epx stats) into
- * read options, with progress on `cmd`; false after a message on stderr. */
+/* --window-passes N and --stat-rows sum|windows (epx plan, epx stats, epx
+ * convert) into read options, with progress on `cmd`; false after a message
+ * on stderr. The reader refuses each on an input it does not apply to. */
 #define CLI_READ_OPTS_HELP                                                                         \
-    {"--window-passes", "N", "per_pass dumps: N forward passes per window (default 1)", NULL}, {   \
+    {"--window-passes", "N",                                                                       \
+     "per_pass dumps: N forward passes per window (default 1); N must divide the passes", NULL},   \
+    {                                                                                              \
         "--stat-rows", "HOW",                                                                      \
-            "stat dumps: sum (default: the ring buffer's rows as one window) or windows", NULL     \
+            "stat dumps: sum (default: the ring buffer's rows as one window) or windows (each "    \
+            "row a window)",                                                                       \
+            NULL                                                                                   \
     }
 bool cli_read_opts(cli_cmd *cmd, epx_read_opts *o);
+
+/* A placement map [L][P] read beside counts of E experts: false after a
+ * message naming `what` (the option and file) and its first id >= E (the
+ * library's message cannot name the fix: the counts say E, no option). */
+bool cli_map_of_counts(const cli_cmd *cmd, const char *what, const int32_t *map, int32_t L,
+                       int32_t P, int32_t E);
 
 #endif

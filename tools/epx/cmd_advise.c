@@ -367,13 +367,22 @@ static int refuse_untimed(const char *path, const char *what, const link_row *L)
     return CLI_EXIT_USAGE;
 }
 
+/* What one mode's figures rest on: a fit pair's weaker half decides. */
+static const char *fig_word(const fit *a, const fit *b) {
+    const int m = a->measured < b->measured ? a->measured : b->measured;
+    return m == 2 ? "measured" : m == 1 ? "latency measured, bandwidth assumed" : "assumed";
+}
+
 int cmd_advise(int argc, char **argv) {
     cli_opt opts[] = {
         {"--model", "NAME|PATH",
          "model shape: a config.json or its folder, or a name (kimi-k2.5, deepseek-v3, qwen3-235b, "
          "mixtral, ...)",
          NULL},
-        {"--gpus", "G", "GPUs serving the layer (EP ranks = TP ranks)", NULL},
+        {"--gpus", "G",
+         "GPUs serving the layer (EP ranks = TP ranks), 2 or more (on one nothing crosses a "
+         "link); more than the model's experts means one replica per GPU (redundant slots)",
+         NULL},
         {"--link", "LINK", "nvlink3|nvlink4|nvlink5|pcie4|pcie5|ib-ndr", NULL},
         {"--measured", "FILE",
          "fit latency and bandwidth to 'epx bench comm' figures: its JSON lines "
@@ -413,7 +422,8 @@ int cmd_advise(int argc, char **argv) {
     if (!model || !link || !cli_require(&cmd, "--gpus")) return CLI_EXIT_USAGE;
     int32_t G = 0;
     double imb = 1.0;
-    if (!cli_int(&cmd, "--gpus", 1, EPX_MAX_GPUS, &G) ||
+    /* One GPU has no EP/TP question: nothing crosses a link under either. */
+    if (!cli_int(&cmd, "--gpus", 2, EPX_MAX_GPUS, &G) ||
         !cli_double(&cmd, "--imbalance", 1.0, 1000.0, &imb))
         return CLI_EXIT_USAGE;
     const link_row *L = NULL;
@@ -495,6 +505,10 @@ int cmd_advise(int argc, char **argv) {
     size_t others = 0, older = 0; /* lines of other rank counts, of the older normal path */
     if (lines != NULL) lines = one_rank_count(lines, G, &others);
     bool gpu_normal = false; /* the normal mode fitted is the GPU engine's: no host sync */
+    /* Where --measured was timed ("mpi on cpu", "nccl on NVIDIA H100 ..."):
+     * every --link is a GPU link, so CPU figures answer another question. */
+    char msrc[160] = "";
+    bool on_cpu = false;
     if (lines != NULL) lines = one_normal_engine(lines, &older, &gpu_normal);
     if (lines != NULL) {
         const char *path = cli_get(&cmd, "--measured");
@@ -563,6 +577,10 @@ int cmd_advise(int argc, char **argv) {
             return CLI_EXIT_USAGE;
         }
         int ranks = (int)json_integer_value(json_object_get(r0, "ranks"));
+        const char *lb = json_string_value(json_object_get(r0, "backend")),
+                   *ldev = json_string_value(json_object_get(r0, "device"));
+        on_cpu = ldev ? strcmp(ldev, "cpu") == 0 : lb != NULL && strcmp(lb, "mpi") == 0;
+        snprintf(msrc, sizeof msrc, "%s on %s", lb ? lb : "?", ldev ? ldev : "?");
         char left[160] = "";
         if (others > 0)
             snprintf(left, sizeof left, "; %zu line(s) of other rank counts left out", others);
@@ -612,6 +630,8 @@ int cmd_advise(int argc, char **argv) {
         int ranks = (int)json_integer_value(json_object_get(root, "ranks"));
         const char *mm = json_string_value(json_object_get(root, "model"));
         const char *mb = json_string_value(json_object_get(root, "backend"));
+        on_cpu = mb != NULL && strcmp(mb, "mpi") == 0; /* the summary names no device */
+        snprintf(msrc, sizeof msrc, "%s%s", mb ? mb : "?", on_cpu ? " on cpu" : "");
         if (cli_get(&cmd, "--combine") == NULL) {
             const char *fc_mode = json_string_value(json_object_get(root, "combine"));
             if (fc_mode && strcmp(fc_mode, "topk") == 0) topk = true;
@@ -644,9 +664,7 @@ int cmd_advise(int argc, char **argv) {
     char answer[512];
     double cross = -1;
     const char *cmode = "normal";
-    if (G == 1) {
-        snprintf(answer, sizeof answer, "one GPU: neither scheme communicates; nothing to choose");
-    } else {
+    {
         const bool ep_first = ep_time(&ep, 1, NULL) < at + bt_us;
         double lo = 1, hi = -1;
         for (double B = 1; B <= 16777216.0; B = ceil(B * 1.09)) {
@@ -702,6 +720,30 @@ int cmd_advise(int argc, char **argv) {
                      "EP never wins: TP moves fewer bytes per GPU and has less latency");
         }
     }
+    if (G > m->num_experts) {
+        const size_t n = strlen(answer);
+        snprintf(answer + n, sizeof answer - n,
+                 " (%d redundant slots assumed: one replica per GPU)", G - m->num_experts);
+    }
+    /* With --measured, a mode the file has no figures for keeps the link's
+     * assumed ones: the answer says which figures it rests on rather than
+     * mixing the two silently. */
+    const bool measured = cli_get(&cmd, "--measured") != NULL;
+    const char *w_ep = fig_word(&fd, &fc), *w_ll = fig_word(&ld, &lc), *w_tp = fig_word(&ft, &ft);
+    if (measured) {
+        const size_t n = strlen(answer);
+        snprintf(answer + n, sizeof answer - n,
+                 "; figures: EP normal mode %s, EP low-latency mode %s, TP %s (measured: %s; "
+                 "assumed: %s's)",
+                 w_ep, w_ll, w_tp, msrc, L->name);
+    }
+    if (measured && on_cpu)
+        fprintf(stderr,
+                "epx advise: warning: --measured '%s' was timed on the CPU (%s), not on GPUs "
+                "over %s: its figures are not that link's, and the answer mixes them with %s's "
+                "assumed ones where the file has none; measure on the GPUs with 'epx bench comm "
+                "--backend nccl ... --json FILE'\n",
+                cli_get(&cmd, "--measured"), msrc, L->name, L->name);
     if (cli_flag(&cmd, "--json")) {
         /* Strings escaped (a model folder may be named with any byte) and
          * figures that are not finite as null: always valid JSON. */
@@ -733,6 +775,19 @@ int cmd_advise(int argc, char **argv) {
             cli_json_num(o, "%.6f", pairs[i].b);
             fputc(']', o);
         }
+        if (measured) {
+            fputs(", \"figures\": {\"ep\": ", o);
+            cli_json_str(o, w_ep);
+            fputs(", \"ep_low_latency\": ", o);
+            cli_json_str(o, w_ll);
+            fputs(", \"tp\": ", o);
+            cli_json_str(o, w_tp);
+            fputs(", \"measured_on\": ", o);
+            cli_json_str(o, msrc);
+            fputc('}', o);
+        }
+        fprintf(o, ", \"redundant_slots_assumed\": %d",
+                G > m->num_experts ? G - m->num_experts : 0);
         fputs(", \"crossover_tokens\": ", o);
         cli_json_num(o, "%.1f", cross);
         fputs(", \"ep_mode\": ", o);
@@ -757,6 +812,10 @@ int cmd_advise(int argc, char **argv) {
         "  - routing uniform over experts, a token's %d experts distinct: it reaches %.2f other\n"
         "    GPUs on average; the busiest GPU carries %.2fx the mean EP traffic (--imbalance)\n",
         m->top_k, d, imb);
+    if (G > m->num_experts)
+        printf("  - %d GPUs for %d experts: each GPU holds one replica, so %d redundant slots\n"
+               "    (epx plan --redundant %d); a token uses one replica of each of its experts\n",
+               G, m->num_experts, G - m->num_experts, G - m->num_experts);
     printf("  - EP dispatch sends one record per (token, GPU): x row + %d (slot, weight) = %.0f "
            "bytes;\n"
            "    combine returns %s of %.0f bytes\n",
@@ -803,10 +862,7 @@ int cmd_advise(int argc, char **argv) {
         const char *mode = "normal";
         double te = ep_time(&ep, B, &mode), tt = at + bt_us * B;
         printf("%10.0f %9.0f %11.1f %-12s %11.1f %11.2f  %s\n", B, B / G, te, mode, tt,
-               tt > 0 ? te / tt : 0,
-               G == 1    ? "-"
-               : te < tt ? "EP"
-                         : "TP");
+               tt > 0 ? te / tt : 0, te < tt ? "EP" : "TP");
     }
     double B = 4096;
     printf("\nper forward step (%d MoE layers) at %0.f tokens: EP %.2f ms, TP %.2f ms\n",

@@ -5,7 +5,11 @@
  *
  * IN is a mapping ({"physical_to_logical_map"}) or counts (init files with
  * "logical_count", stat dumps, per_pass dumps, which become [S][L][E]
- * counts, one window per forward pass). Several per-rank per_pass dumps are
+ * counts). Counts are read as epx plan and epx stats read them (one reader,
+ * epx_counts_read_with): a stat dump's ring-buffer rows summed into one
+ * window unless --stat-rows windows, per_pass dumps one window per forward
+ * pass unless --window-passes N, so planning on OUT is planning on IN.
+ * Several per-rank per_pass dumps are
  * given as a comma-separated list or a directory of .pt files. --tree writes
  * the whole object tree of a .pt file as JSON (tensors as nested lists),
  * for looking inside any torch.save file without running its pickle.
@@ -243,6 +247,17 @@ static int write_counts(const cli_cmd *cmd, epx_counts *c, const char *out, epx_
     return st == EPX_OK ? CLI_EXIT_OK : cli_write_failed(cmd, &err);
 }
 
+/* --stat-rows and --window-passes read counts; on a mapping they would do
+ * nothing. True after saying so. */
+static bool write_counts_opts_unused(const cli_cmd *cmd, bool given) {
+    if (given)
+        fprintf(stderr,
+                "epx convert: --stat-rows and --window-passes are for counts; '%s' is a "
+                "mapping: drop them\n",
+                cmd->positional[0]);
+    return given;
+}
+
 static int parse_dtype(const char *s, epx_pt_dtype *dt) {
     static const struct {
         const char *name;
@@ -264,17 +279,22 @@ int cmd_convert(int argc, char **argv) {
     cli_opt opts[] = {
         {"--dtype", "T",
          "counts dtype in a .pt output: auto (int64 when integral, else "
-         "float64), int64, int32, float32, float64",
+         "float64), int64, int32, float32, float64; a count the dtype cannot hold exactly (a "
+         "whole number above 2^24 in float32, above 2^31 in int32) is refused",
          NULL},
         {"--tree", NULL, "write the whole object tree of a .pt file as JSON", NULL},
+        CLI_READ_OPTS_HELP,
         {NULL, NULL, NULL, NULL},
     };
     cli_cmd cmd = {"convert",
-                   "epx convert IN OUT [--dtype T] | epx convert --tree IN.pt OUT.json",
+                   "epx convert IN OUT [--dtype T] [--stat-rows sum|windows] [--window-passes "
+                   "N] | epx convert --tree IN.pt OUT.json",
                    "Convert SGLang mapping and counts files between .pt and .json (by "
                    "extension). IN may be a mapping, counts, a stat dump or per_pass dumps "
                    "(several ranks: a comma-separated list or a directory of .pt files), "
-                   "which become [S][L][E] counts, one window per forward pass.",
+                   "which become [S][L][E] counts as epx plan and epx stats read them: a stat "
+                   "dump's rows summed into one window (--stat-rows windows: each row a "
+                   "window), one window per forward pass (--window-passes N: N a window).",
                    opts,
                    2,
                    {0},
@@ -322,35 +342,61 @@ int cmd_convert(int argc, char **argv) {
     epx_error err = {0};
     int32_t *map = NULL, L = 0, P = 0;
     epx_counts *c = NULL;
+    char how[512] = "";
+    epx_read_opts ro = EPX_READ_OPTS_INIT;
+    ro.how = how;
+    ro.how_cap = sizeof how;
+    if (!cli_read_opts(&cmd, &ro)) return CLI_EXIT_USAGE;
+    const bool read_opts = cli_get(&cmd, "--stat-rows") || cli_get(&cmd, "--window-passes");
     if (in_pt) {
         /* One .pt file: its keys say which it is. Several: per-rank dumps. */
         if (in_file_pt) {
             epx_pt_file *pf = NULL;
             if (epx_pt_load(in, &pf, &err) != EPX_OK) return cli_report(&cmd, &err);
             const epx_pt_value *root = epx_pt_file_root(pf);
-            epx_status st;
             int is_map = epx_pt_dict_get(root, "physical_to_logical_map") != NULL &&
                          epx_pt_dict_get(root, "logical_count") == NULL &&
                          epx_pt_dict_get(root, "records") == NULL;
-            if (is_map)
-                st = epx_mapping_from_pt(pf, &map, &L, &P, &err);
-            else
-                st = epx_counts_from_pt((const epx_pt_file *const *)&pf, 1, &c, &err);
+            epx_status st = is_map ? epx_mapping_from_pt(pf, &map, &L, &P, &err) : EPX_OK;
             epx_pt_file_destroy(pf);
             if (st != EPX_OK) return cli_report(&cmd, &err);
-            if (is_map) return write_mapping(&cmd, map, L, P, dts, out);
-            return write_counts(&cmd, c, out, dt);
+            if (is_map)
+                return write_counts_opts_unused(&cmd, read_opts)
+                           ? CLI_EXIT_USAGE
+                           : write_mapping(&cmd, map, L, P, dts, out);
         }
-        if (epx_counts_read_pt(in, &c, &err) != EPX_OK) return cli_report(&cmd, &err);
+        if (epx_counts_read_with(in, &ro, &c, &err) != EPX_OK) {
+            /* A list or folder is read as counts: a mapping in it is
+             * converted on its own (the reader's message cannot say so). */
+            if (!in_file_pt && strstr(err.msg, "it is a placement") != NULL) {
+                fprintf(stderr,
+                        "epx convert: %s; a comma list or folder is read as counts or "
+                        "per-rank dumps: convert each mapping on its own ('epx convert "
+                        "MAP.pt MAP.json')\n",
+                        err.msg);
+                return CLI_EXIT_USAGE;
+            }
+            return cli_report(&cmd, &err);
+        }
+        printf("input: %s\n", how);
         return write_counts(&cmd, c, out, dt);
     }
     /* JSON: a mapping, else counts; when neither reads, say both reasons. */
-    if (epx_mapping_read(in, &map, &L, &P, &err) == EPX_OK)
+    if (epx_mapping_read(in, &map, &L, &P, &err) == EPX_OK) {
+        if (write_counts_opts_unused(&cmd, read_opts)) {
+            epx_free(map);
+            return CLI_EXIT_USAGE;
+        }
         return write_mapping(&cmd, map, L, P, dts, out);
+    }
     if (err.status == EPX_ERR_IO) return cli_report(&cmd, &err);
     epx_error err2 = {0};
-    if (epx_counts_read_progress(in, cli_progress, &cmd, &c, &err2) == EPX_OK)
+    if (epx_counts_read_with(in, &ro, &c, &err2) == EPX_OK) {
+        printf("input: %s\n", how);
         return write_counts(&cmd, c, out, dt);
+    }
+    /* A refused option is the answer, not "neither". */
+    if (err2.status == EPX_ERR_INVALID_ARG) return cli_report(&cmd, &err2);
     fprintf(stderr, "epx convert: '%s' is neither a mapping (%s) nor counts (%s)\n", in, err.msg,
             err2.msg);
     return CLI_EXIT_USAGE;

@@ -109,7 +109,9 @@ int cmd_dispatch_table(int argc, char **argv) {
          NULL},
         {"--gpus", "G", "GPUs (EP ranks)", NULL},
         {"--nodes", "N",
-         "nodes (default 1; SGLang >= 0.5.3 and epx's rule prefer same-node replicas)", NULL},
+         "nodes (default 1; SGLang >= 0.5.3 and epx's rule prefer same-node replicas; SGLang "
+         "0.5.2's table is the same on any number, and says so)",
+         NULL},
         {"--experts", "E",
          "logical experts (default: from logical_to_physical_map, else max id + 1)", NULL},
         {"--rank", "R",
@@ -210,6 +212,7 @@ int cmd_dispatch_table(int argc, char **argv) {
     topts.progress = cli_progress;
     topts.progress_user = &cmd;
     const char *sgver = cli_get(&cmd, "--sglang-version");
+    bool newer_than_verified = false; /* sgver's rule is the newest verified's */
     if (sgver && topts.algorithm != EPX_TABLE_SGLANG)
         return fail("--sglang-version is used by --algorithm sglang only");
     if (lists_out && topts.algorithm != EPX_TABLE_SGLANG)
@@ -221,12 +224,25 @@ int cmd_dispatch_table(int argc, char **argv) {
         epx_error verr = {0};
         if (sgver && epx_sglang_table_rule(sgver, &rule, &newer, &verr) != EPX_OK)
             return fail(verr.msg);
+        /* Worded as epx plan words it, naming the release whose rule runs
+         * ("that release's rule" read as the newer one's). */
         if (newer)
             fprintf(stderr,
-                    "epx dispatch-table: warning: SGLang %s is newer than the newest verified "
-                    "release (" EPX_SGLANG_DEFAULT_VERSION "); using that release's rule\n",
+                    "epx dispatch-table: warning: SGLang %s is newer than the newest release epx "
+                    "verified (" EPX_SGLANG_DEFAULT_VERSION "); using " EPX_SGLANG_DEFAULT_VERSION
+                    "'s dispatch rule\n",
                     sgver);
+        newer_than_verified = newer != 0;
         topts.sglang_version = sgver;
+        /* SGLang 0.5.2's rule looks at the rank's own GPU only (the node step
+         * came in 0.5.3; tests/data/sglang_tables' 0.5.2 tables on 2 nodes
+         * equal those on 1): --nodes is valid there but changes nothing. */
+        if (sgver && rule == EPX_SGLANG_RULE_0_5_2 && N > 1)
+            fprintf(stderr,
+                    "epx dispatch-table: note: SGLang %s's rule does not look at nodes (same-node "
+                    "replicas are preferred from 0.5.3): --nodes %d gives the table of one "
+                    "node\n",
+                    sgver, N);
     }
     if (R >= G) {
         fprintf(stderr, "epx dispatch-table: --rank %d is not below --gpus %d\n", R, G);
@@ -331,12 +347,14 @@ int cmd_dispatch_table(int argc, char **argv) {
         snprintf(whose, sizeof whose, "rank %d", R);
     else
         snprintf(whose, sizeof whose, "%d ranks", G);
-    printf("wrote %s: %s%s%s table (%s order) for %s x %d layers x %d experts\n", out,
-           topts.algorithm == EPX_TABLE_EPX ? "epx" : "SGLang",
-           topts.algorithm == EPX_TABLE_EPX ? "" : " ",
-           topts.algorithm == EPX_TABLE_EPX ? ""
-           : sgver                          ? sgver
-                                            : EPX_SGLANG_DEFAULT_VERSION,
+    /* The release named is the one whose rule made the table. */
+    char label[96] = "epx";
+    if (topts.algorithm != EPX_TABLE_EPX && newer_than_verified)
+        snprintf(label, sizeof label, "SGLang " EPX_SGLANG_DEFAULT_VERSION " (asked: %.32s)",
+                 sgver);
+    else if (topts.algorithm != EPX_TABLE_EPX)
+        snprintf(label, sizeof label, "SGLang %.32s", sgver ? sgver : EPX_SGLANG_DEFAULT_VERSION);
+    printf("wrote %s: %s table (%s order) for %s x %d layers x %d experts\n", out, label,
            replica_rank ? "replica-rank" : "ascending", whose, L, E);
     if (lists_out) {
         const int32_t *mine =

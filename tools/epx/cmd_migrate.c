@@ -109,6 +109,21 @@ static epx_status read_layout(const char *spec, int32_t G, int32_t N, int32_t E,
 
 int cli_read_current(const char *cmd, const char *spec, const epx_shape *shape, epx_layout **out) {
     epx_error err = {0};
+    /* E is the counts' here (plan has no --experts): an id past it means
+     * the map is another model's, which the layout's message cannot say. */
+    {
+        int32_t *map = NULL, L = 0, P = 0;
+        if (epx_mapping_read(spec, &map, &L, &P, &err) != EPX_OK) {
+            fprintf(stderr, "epx %s: --current %s\n", cmd, err.msg);
+            return CLI_EXIT_USAGE;
+        }
+        char what[256];
+        snprintf(what, sizeof what, "--current %.200s", spec);
+        const cli_cmd c = {.name = cmd};
+        const bool ok = cli_map_of_counts(&c, what, map, L, P, shape->num_logical_experts);
+        epx_free(map);
+        if (!ok) return CLI_EXIT_USAGE;
+    }
     if (read_layout(spec, shape->num_gpus, shape->num_nodes, shape->num_logical_experts, out,
                     &err) != EPX_OK) {
         fprintf(stderr, "epx %s: --current %s\n", cmd, err.msg);

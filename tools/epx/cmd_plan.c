@@ -213,7 +213,7 @@ int cmd_plan(int argc, char **argv) {
          NULL},
         {"--gpus", "G", "GPUs (EP ranks)", NULL},
         {"--nodes", "N", "nodes (default 1)", NULL},
-        {"--groups", "K", "expert groups of the model (DeepSeek-V3: 8; default none)", NULL},
+        {"--groups", "K", "expert groups of the model (DeepSeek-V3: 8; default 0: none)", NULL},
         {"--redundant", "R", "redundant slots: P = E + R", NULL},
         {"--physical", "P", "physical slots per layer (default E)", NULL},
         {"--algorithm", "A",
@@ -279,7 +279,8 @@ int cmd_plan(int argc, char **argv) {
     int32_t G = 0, N = 1, K = 0, R = -1, P = -1;
     if (!cli_int(&cmd, "--gpus", 1, EPX_MAX_GPUS, &G) ||
         !cli_int(&cmd, "--nodes", 1, EPX_MAX_GPUS, &N) ||
-        !cli_int(&cmd, "--groups", 1, EPX_MAX_EXPERTS, &K) ||
+        /* 0 is the default, none: what the groups message offers */
+        !cli_int(&cmd, "--groups", 0, EPX_MAX_EXPERTS, &K) ||
         !cli_int(&cmd, "--redundant", 0, EPX_MAX_EXPERTS, &R) ||
         !cli_int(&cmd, "--physical", 1, 2 * EPX_MAX_EXPERTS, &P))
         return CLI_EXIT_USAGE;
@@ -341,7 +342,7 @@ int cmd_plan(int argc, char **argv) {
     if ((o.algorithm == EPX_ALGO_DEEPSEEK_VEC ||
          o.algorithm == EPX_ALGO_DEEPSEEK_VEC_HIERARCHICAL) &&
         cli_get(&cmd, "--stat-rows") == NULL)
-        ro.stat_rows = EPX_STAT_ROWS_WINDOWS;
+        ro.stat_rows = EPX_STAT_ROWS_WINDOWS_IF_STAT;
     if (epx_counts_read_with(counts_path, &ro, &counts, &err) != EPX_OK) {
         free(failed);
         return cli_report(&cmd, &err);

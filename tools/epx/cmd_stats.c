@@ -143,11 +143,15 @@ static int make_layout(const cli_cmd *cmd, const epx_counts *c, int32_t G, int32
     int32_t *map = NULL, L = 0, P = 0;
     if (epx_mapping_read(placement, &map, &L, &P, err) != EPX_OK) return cli_report(cmd, err);
     int rc = -1;
+    char what[256];
+    snprintf(what, sizeof what, "--placement %.200s", placement);
     if (L != c->num_layers) {
         fprintf(stderr,
                 "epx stats: the placement has %d layers but the counts have %d: they are for "
                 "different models\n",
                 L, c->num_layers);
+        rc = CLI_EXIT_USAGE;
+    } else if (!cli_map_of_counts(cmd, what, map, L, P, c->num_experts)) {
         rc = CLI_EXIT_USAGE;
     } else {
         epx_shape s = {L, c->num_experts, P, G, N};

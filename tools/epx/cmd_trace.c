@@ -29,7 +29,10 @@ static int trace_synth(int argc, char **argv) {
          NULL},
         {"--drift", "D", "sd of the per-window lognormal drift (default 0.1)", NULL},
         {"--shift", "W", "hot experts move at window W (in --shift-layers of the layers)", NULL},
-        {"--shift-layers", "F", "share of the layers that shift (default 0.5)", NULL},
+        {"--shift-layers", "F",
+         "share of the layers that shift, above 0 up to 1 (default 0.5; each layer shifts with "
+         "chance F)",
+         NULL},
         {"--per-pass", "N",
          "write each window as N sparse forward-pass rows (S * N rows), as a recorder dump", NULL},
         {"-o", "FILE", "output JSON file (required)", NULL},
@@ -91,6 +94,14 @@ static int trace_synth(int argc, char **argv) {
     }
     if (cli_get(&cmd, "--shift-layers") != NULL && cli_get(&cmd, "--shift") == NULL) {
         fprintf(stderr, "epx trace synth: --shift-layers applies to a shift: give --shift W too\n");
+        return CLI_EXIT_USAGE;
+    }
+    /* No layer shifts at share 0: --shift would be accepted and do nothing. */
+    if (cli_get(&cmd, "--shift") != NULL && to.shift_layers == 0.0) {
+        fprintf(stderr,
+                "epx trace synth: --shift-layers 0 shifts no layer, so --shift %d would change "
+                "nothing: give a share above 0 (up to 1; default 0.5), or drop --shift\n",
+                to.shift_window);
         return CLI_EXIT_USAGE;
     }
     if ((int64_t)S * N > (1 << 24)) {

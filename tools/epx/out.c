@@ -144,6 +144,21 @@ static int probe_folder(const cli_cmd *cmd, const char *path, const char *target
     return -1;
 }
 
+/* Whether a path names a process's open file rather than a file: standard
+ * output and its kin (/dev/stdout, /dev/fd/N, /proc/self/fd/N). Written
+ * atomically (a temp file renamed over it), such an output fails with "no
+ * file can be made in folder '/proc/self/fd'" on a pipe, and on a redirect
+ * replaces the shell's file behind its back. (/dev/shm and other folders
+ * under /dev hold real files: not these.) */
+static bool is_stream_path(const char *p) {
+    if (strcmp(p, "/dev/stdout") == 0 || strcmp(p, "/dev/stderr") == 0 ||
+        strcmp(p, "/dev/stdin") == 0 || strncmp(p, "/dev/fd/", 8) == 0)
+        return true;
+    if (strncmp(p, "/proc/", 6) != 0) return false;
+    const char *fd = strchr(p + 6, '/');
+    return fd != NULL && strncmp(fd, "/fd/", 4) == 0;
+}
+
 int cli_outputs_check(const cli_cmd *cmd, const char *const *in, int nin, const cli_out *out,
                       int nout) {
     char *target[16] = {0};
@@ -163,8 +178,26 @@ int cli_outputs_check(const cli_cmd *cmd, const char *const *in, int nin, const 
             break;
         }
         epx_error err = {0};
+        /* (an appended output is opened as it is: a stream takes it) */
+        if (!out[i].append && is_stream_path(p)) {
+            fprintf(stderr,
+                    "epx %s: output '%s' is a stream (standard output or an open file), not a "
+                    "file: this output is written to a file (atomically, via a temp file); give "
+                    "a file path, then read it with cat\n",
+                    cmd->name, p);
+            rc = CLI_EXIT_USAGE;
+            break;
+        }
         if (epx_file_output_check(p, &target[i], &err) != EPX_OK) {
             fprintf(stderr, "epx %s: %s\n", cmd->name, err.msg);
+            rc = CLI_EXIT_USAGE;
+            break;
+        }
+        if (!out[i].append && is_stream_path(target[i])) { /* a link to one */
+            fprintf(stderr,
+                    "epx %s: output '%s' leads to '%s', a stream (standard output or an open "
+                    "file), not a file: give a file path\n",
+                    cmd->name, p, target[i]);
             rc = CLI_EXIT_USAGE;
             break;
         }
