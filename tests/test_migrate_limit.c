@@ -385,6 +385,12 @@ static void options_checked(void **state) {
     assert_true(epxi_plan_is_constrained(&o));
     assert_int_equal(epxi_plan_constraints_check(&s, &o, &err), EPX_ERR_INVALID_ARG);
     TU_MSG_HAS(err.msg, "max_moves (3)", "without a current layout", "--current");
+    o.max_moves = -1;
+    o.move_price = NAN; /* blamed the missing layout, not the NaN */
+    assert_int_equal(epxi_plan_constraints_check(&s, &o, &err), EPX_ERR_INVALID_ARG);
+    TU_MSG_HAS(err.msg, "move_price (nan) must be a finite balancedness");
+    o.move_price = 0;
+    o.max_moves = 3;
     o.current = b;
     assert_int_equal(epxi_plan_constraints_check(&s, &o, &err), EPX_ERR_SHAPE);
     TU_MSG_HAS(err.msg, "current layout", "G=2", "G=4");

@@ -35,6 +35,12 @@ bool epxi_plan_is_constrained(const epx_plan_opts *o) {
 
 epx_status epxi_plan_constraints_check(const epx_shape *sh, const epx_plan_opts *o,
                                        epx_error *err) {
+    /* the value first: a NaN price is wrong with or without a current layout */
+    if (!isfinite(o->move_price) || o->move_price < 0.0)
+        return epxi_fail(err, EPX_ERR_INVALID_ARG,
+                         "move_price (%g) must be a finite balancedness >= 0 (0 = moves are "
+                         "free; 0.001 = each move must buy a tenth of a point)",
+                         o->move_price);
     if (o->current != NULL) {
         const epx_shape *c = epx_layout_shape(o->current);
         EPX_TRY(epxi_check_same_shape(c, sh, "the current layout is of shape ",
@@ -49,11 +55,6 @@ epx_status epxi_plan_constraints_check(const epx_shape *sh, const epx_plan_opts 
                          "(opts.current, epx plan --current FILE)",
                          o->max_moves, o->move_price);
     }
-    if (!isfinite(o->move_price) || o->move_price < 0.0)
-        return epxi_fail(err, EPX_ERR_INVALID_ARG,
-                         "move_price (%g) must be a finite balancedness >= 0 (0 = moves are "
-                         "free; 0.001 = each move must buy a tenth of a point)",
-                         o->move_price);
     if (o->failed_gpus != NULL) {
         int32_t live = 0;
         EPX_TRY(epxi_count_live(sh, o->failed_gpus, &live, err));

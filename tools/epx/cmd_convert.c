@@ -360,10 +360,13 @@ int cmd_convert(int argc, char **argv) {
             epx_status st = is_map ? epx_mapping_from_pt(pf, &map, &L, &P, &err) : EPX_OK;
             epx_pt_file_destroy(pf);
             if (st != EPX_OK) return cli_report(&cmd, &err);
-            if (is_map)
-                return write_counts_opts_unused(&cmd, read_opts)
-                           ? CLI_EXIT_USAGE
-                           : write_mapping(&cmd, map, L, P, dts, out);
+            if (is_map) {
+                if (write_counts_opts_unused(&cmd, read_opts)) {
+                    epx_free(map); /* refused: the map read is not written */
+                    return CLI_EXIT_USAGE;
+                }
+                return write_mapping(&cmd, map, L, P, dts, out);
+            }
         }
         if (epx_counts_read_with(in, &ro, &c, &err) != EPX_OK) {
             /* A list or folder is read as counts: a mapping in it is
