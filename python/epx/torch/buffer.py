@@ -72,9 +72,9 @@ class EventOverlap:
         if release_handle:
             self.event = None
 
-    def register_hook_after_wait(self, fn):
+    def register_hook_after_wait(self, hook_after_wait):
         assert self.hook_after_wait is None, "a hook is already registered"
-        self.hook_after_wait = fn
+        self.hook_after_wait = hook_after_wait
 
     def __call__(self, release_handle=False):
         self._release = release_handle
@@ -83,7 +83,7 @@ class EventOverlap:
     def __enter__(self):
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, exc_type, exc_val, exc_tb):
         if self.event is not None:
             self.current_stream_wait(self._release)
         self._release = False
