@@ -39,7 +39,12 @@ from ._mapping import BALANCED, Mapping
 from .buffer import Buffer, Config, EventOverlap
 
 __all__ = ["dispatch_layout", "get_dispatch_layout", "token_layout", "TokenLayout", "Mapping",
-           "map_ids", "balanced_topk", "permute", "combine", "gpu_available", "gpu_unavailable_reason", "Buffer", "Config", "EventOverlap"]
+           "map_ids", "balanced_topk", "permute", "combine", "gpu_available", "gpu_unavailable_reason", "Buffer", "Config", "EventOverlap",
+           "topk_idx_t"]
+
+# DeepEP's deep_ep.topk_idx_t, the dtype its callers cast topk_idx to (int64
+# in DeepEP's default build); epx's calls take int32 ids as well.
+topk_idx_t = torch.int64
 
 
 def gpu_available():

@@ -36,7 +36,11 @@ Where epx differs from DeepEP, and why (docs/EP_TORCH.md has the list):
   (default 100 s as DeepEP's, or EPX_GPU_EP_TIMEOUT_MS); a masked rank's
   tokens and experts are dropped as DeepEP's test defines; clean_low_latency_buffer
   is a barrier only in shrink mode (epx's buffers need no zeroing);
-- the wait-cycle statistics are not implemented and refuse with a message.
+- the wait-cycle statistics are not implemented and refuse with a message;
+- get_comm_stream returns the caller's current stream (epx's calls run
+  there); get_local_buffer_tensor and internode_dispatch/combine exist with
+  DeepEP's signatures and raise NotImplementedError (no raw buffer, no RDMA
+  path).
 """
 import os
 
@@ -72,9 +76,9 @@ class EventOverlap:
         if release_handle:
             self.event = None
 
-    def register_hook_after_wait(self, fn):
+    def register_hook_after_wait(self, hook_after_wait):
         assert self.hook_after_wait is None, "a hook is already registered"
-        self.hook_after_wait = fn
+        self.hook_after_wait = hook_after_wait
 
     def __call__(self, release_handle=False):
         self._release = release_handle
@@ -83,7 +87,7 @@ class EventOverlap:
     def __enter__(self):
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, exc_type, exc_val, exc_tb):
         if self.event is not None:
             self.current_stream_wait(self._release)
         self._release = False
@@ -439,6 +443,24 @@ class Buffer:
         ev = torch.cuda.Event()
         ev.record()
         return EventOverlap(ev)
+
+    def get_comm_stream(self):
+        """The stream epx's calls run on: the caller's current stream (epx
+        has no communication stream of its own). Waiting on it, or running
+        work on it, orders that work after epx's as DeepEP's comm stream
+        would; it adds no ordering that the stream does not already have."""
+        if self._destroyed:
+            _fail("this Buffer was destroyed")
+        return torch.cuda.current_stream()
+
+    def get_local_buffer_tensor(self, dtype, size=None, offset=0, use_rdma_buffer=False):
+        """DeepEP's view of its raw NVLink (or RDMA) buffer: not offered.
+        epx's memory is one engine per shape, created at the shape's first
+        call, so there is no single raw buffer to slice."""
+        raise NotImplementedError(
+            "get_local_buffer_tensor: epx.torch.Buffer has no raw buffer to view (each "
+            "(hidden, top-k, experts, max tokens) shape has its own engine, made at its first "
+            "call); use the tensors dispatch returns, or get_next_low_latency_combine_buffer")
 
     # ---- the engine of a shape ----------------------------------------------
 
@@ -927,6 +949,26 @@ class Buffer:
         event = EventOverlap(self.capture().event, (x, out)) if async_finish else \
             EventOverlap(None)
         return combined_x, combined_w, event
+
+    def internode_dispatch(self, x, handle=None, num_tokens_per_rank=None,
+                           num_tokens_per_rdma_rank=None, is_token_in_rank=None,
+                           num_tokens_per_expert=None, topk_idx=None, topk_weights=None,
+                           expert_alignment=1, config=None, previous_event=None,
+                           async_finish=False, allocate_on_comm_stream=False):
+        """DeepEP's internode (RDMA) half of dispatch, which its dispatch
+        calls across nodes: not offered; epx's dispatch serves the whole
+        group as one engine."""
+        raise NotImplementedError(
+            "internode_dispatch: epx.torch.Buffer has no internode (RDMA) path; call "
+            "dispatch, which serves every rank of the group")
+
+    def internode_combine(self, x, handle, topk_weights=None, bias=None, config=None,
+                          previous_event=None, async_finish=False, allocate_on_comm_stream=False):
+        """DeepEP's internode (RDMA) half of combine: not offered (see
+        internode_dispatch)."""
+        raise NotImplementedError(
+            "internode_combine: epx.torch.Buffer has no internode (RDMA) path; call combine "
+            "with the handle dispatch returned")
 
     def _receive_kernels(self, eng, E, fp8, K, alignment, worst, handle):
         """The receive as DeepEP's tensors, by epx_normal_counts/unpack: (x,
