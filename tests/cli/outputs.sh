@@ -14,6 +14,15 @@ no_temps() { ! ls -a . | grep -q 'epx-tmp'; }
 "$EPX" trace synth --model deepseek-v3 --windows 2 --tokens 2000 -o c.json >/dev/null || exit 1
 plan=("$EPX" plan --counts c.json --gpus 8)
 
+# JSON-only outputs named .pt are refused before any work (plan --report
+# wrote JSON under a .pt name, which torch.load then fails on)
+check "plan --report r.pt refused" expect_rc 2 "${plan[@]}" -o p.json --report r.pt
+check "  nothing written" test ! -e r.pt
+check "bench comm -o s.pt refused" expect_rc 2 "$EPX" bench comm --backend mpi --model mixtral \
+    --tokens 1 -o s.pt
+check "bench comm --json l.pt refused" expect_rc 2 "$EPX" bench comm --backend mpi \
+    --model mixtral --tokens 1 --json l.pt
+
 # symlinks: written through, the link stays a link
 check "plan -o p.json" expect_rc 0 "${plan[@]}" -o p.json
 ln -s p.json link.json

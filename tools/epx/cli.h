@@ -137,6 +137,10 @@ int cli_outputs_check(const cli_cmd *cmd, const char *const *in, int nin, const 
  * (a PyTorch zip), anything else is JSON. */
 bool cli_is_pt(const char *path);
 
+/* An output written as JSON whatever its name (a report, a table, a
+ * summary): false after saying so when `path` ends in ".pt". */
+bool cli_json_only(const cli_cmd *cmd, const char *opt, const char *path, const char *what);
+
 /* JSON output (json_out.c), the one writer of strings and numbers into every
  * JSON the CLI writes: a string quoted and escaped ('"', '\\', control bytes;
  * a byte that is not valid UTF-8 as U+FFFD), so any name gives valid JSON;

@@ -700,6 +700,9 @@ static int parse_args(cli_cmd *cmd, bench_args *a) {
         return CLI_EXIT_USAGE;
     }
     a->jsonl = cli_get(cmd, "--json");
+    if (!cli_json_only(cmd, "-o", cli_get(cmd, "-o"), "the summary") ||
+        !cli_json_only(cmd, "--json", a->jsonl, "each run's lines"))
+        return CLI_EXIT_USAGE;
     {
         /* Both outputs are checked before the run: -o is replaced, --json
          * appended to; neither may be a FIFO, a device or the other. */

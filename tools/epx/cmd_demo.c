@@ -4,6 +4,7 @@
  * DeepSeek's EPLB and with epx's default algorithm, scores both and the
  * trivial layout in-sample and on the next window, prints a comparison,
  * and leaves placement.json (for SGLang's --init-expert-location),
+ * placement_deepseek.json and trace.json (the baseline and its input),
  * report.json (every figure) and report.svg (the picture) in a folder.
  *
  * The last window is held out: plans see windows 0..S-2, and "next window"
@@ -306,7 +307,8 @@ int cmd_demo(int argc, char **argv) {
         "epx demo [--model NAME|PATH] [--gpus G] [--nodes N] [--redundant R] [--windows S] "
         "[--tokens T] [--seed N] [--out DIR]",
         "Plan a synthetic trace with DeepSeek's EPLB and with epx, compare them on the "
-        "held-out next window, and write placement.json, report.json and report.svg.",
+        "held-out next window, and write placement.json (epx's), placement_deepseek.json, "
+        "trace.json, report.json and report.svg.",
         opts,
         0,
         {0},

@@ -163,20 +163,9 @@ int cmd_dispatch_table(int argc, char **argv) {
     const char *placement = cli_require(&cmd, "--placement"), *out = cli_require(&cmd, "-o");
     const char *lists_out = cli_get(&cmd, "--rank-lists");
     if (placement == NULL || out == NULL || !cli_require(&cmd, "--gpus")) return CLI_EXIT_USAGE;
-    if (cli_is_pt(out)) {
-        fprintf(stderr,
-                "epx dispatch-table: -o '%s': a dispatch table is written as JSON; name "
-                "it .json\n",
-                out);
+    if (!cli_json_only(&cmd, "-o", out, "a dispatch table") ||
+        !cli_json_only(&cmd, "--rank-lists", lists_out, "the replica lists"))
         return CLI_EXIT_USAGE;
-    }
-    if (lists_out && cli_is_pt(lists_out)) {
-        fprintf(stderr,
-                "epx dispatch-table: --rank-lists '%s': the replica lists are written as JSON; "
-                "name it .json\n",
-                lists_out);
-        return CLI_EXIT_USAGE;
-    }
     {
         const char *in[] = {placement, cli_get(&cmd, "--counts")};
         const cli_out outs[] = {{out, false}, {lists_out, false}};

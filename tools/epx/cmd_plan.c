@@ -271,6 +271,7 @@ int cmd_plan(int argc, char **argv) {
     const char *out = counts_path ? cli_require(&cmd, "-o") : NULL;
     if (out == NULL || !cli_require(&cmd, "--gpus")) return CLI_EXIT_USAGE;
     const char *report = cli_get(&cmd, "--report");
+    if (!cli_json_only(&cmd, "--report", report, "the report")) return CLI_EXIT_USAGE;
     {
         const char *in[] = {counts_path, cli_get(&cmd, "--current")};
         const cli_out outs[] = {{out, false}, {report, false}};

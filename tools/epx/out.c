@@ -254,6 +254,15 @@ bool cli_is_pt(const char *path) {
     return n >= 3 && strcmp(path + n - 3, ".pt") == 0;
 }
 
+bool cli_json_only(const cli_cmd *cmd, const char *opt, const char *path, const char *what) {
+    if (!cli_is_pt(path)) return true;
+    fprintf(stderr,
+            "epx %s: %s '%s': %s is written as JSON only (a .pt name says PyTorch's format, "
+            "which a reader such as SGLang's torch.load would then fail on): name it .json\n",
+            cmd->name, opt, path, what);
+    return false;
+}
+
 int cli_write_failed(const cli_cmd *cmd, const epx_error *err) {
     /* The outputs were checked first, so an I/O error now (a full disk) is
      * a runtime failure, not bad input. */
