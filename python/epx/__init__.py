@@ -7,7 +7,9 @@
 Drop-ins with the engines' signatures live in epx.sglang and epx.vllm; errors
 are epx.EpxError (.status, .name, .message: libepx's sentence).
 """
-from ._native import EpxAssertionError, EpxError, Status, has, library_path, version
+from ._native import (EpxAssertionError, EpxAssertionValueError, EpxError, EpxIndexError,
+                      EpxNotImplementedError, EpxZeroDivisionError, Status, has, library_path,
+                      version)
 from .io import (init_expert_location, read_counts, read_mapping, write_counts,
                  write_mapping)
 from .layout import Layout
@@ -22,7 +24,8 @@ from . import dispatch, metrics, pt, sglang, trace, vllm  # noqa: F401  (namespa
 
 __version__ = "0.1.0"
 
-__all__ = ["EpxError", "EpxAssertionError", "Status", "Layout", "Plan", "plan", "evaluate", "Evaluation",
+__all__ = ["EpxError", "EpxAssertionError", "EpxAssertionValueError", "EpxZeroDivisionError",
+           "EpxIndexError", "EpxNotImplementedError", "Status", "Layout", "Plan", "plan", "evaluate", "Evaluation",
            "gpu_loads", "static_table", "sglang_rank_lists", "dispatch_topk",
            "has", "library_path", "version",
            "read_mapping", "read_counts", "write_mapping", "write_counts",

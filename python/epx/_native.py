@@ -13,7 +13,8 @@ from ctypes import (POINTER, Structure, c_char, c_char_p, c_double, c_float, c_i
                     c_int64, c_size_t, c_uint8, c_uint32, c_uint64, c_void_p)
 from pathlib import Path
 
-__all__ = ["EpxError", "EpxAssertionError", "Status", "lib", "fn", "has", "call", "library_path",
+__all__ = ["EpxError", "EpxAssertionError", "EpxAssertionValueError", "EpxZeroDivisionError",
+           "EpxIndexError", "EpxNotImplementedError", "Status", "lib", "fn", "has", "call", "library_path",
            "c_path"]
 
 
@@ -66,6 +67,33 @@ class EpxAssertionError(EpxError, AssertionError):
     slots than experts). Code written against the engine, which catches
     AssertionError, catches it; code written against epx catches EpxError.
     The message is libepx's sentence, as for any EpxError."""
+
+
+class EpxAssertionValueError(EpxAssertionError, ValueError):
+    """An EpxAssertionError that is also a ValueError: a count epx always
+    refused as a ValueError where the engine's own code asserts (SGLang's
+    num_physical_experts not a multiple of num_local_physical_experts)."""
+
+
+class EpxZeroDivisionError(EpxError, ValueError, ZeroDivisionError):
+    """An EpxError for a count of zero that the engine's own code divides
+    by (SGLang's num_gpus = 0, num_local_physical_experts = 0, an expert with
+    no replica in its dispatch table): a ValueError, as epx refuses any value
+    out of range, and a ZeroDivisionError, as the engine's arithmetic fails,
+    so a test written against either catches it."""
+
+
+class EpxIndexError(EpxError, ValueError, IndexError):
+    """An EpxError for an index, or an empty axis, that the engine's own
+    code indexes past (SGLang's ep_rank >= ep_size, a table or a plan of no
+    layer, expert ids with num_logical_experts = 0): a ValueError, as epx
+    refuses any value out of range, and an IndexError, as the engine's
+    indexing fails."""
+
+
+class EpxNotImplementedError(EpxError, NotImplementedError):
+    """An EpxError for an algorithm the engine's dispatcher does not know
+    (SGLang's rebalance_experts raises NotImplementedError there)."""
 
 
 # The statuses the drop-ins raise as EpxAssertionError: a shape or argument the
