@@ -20,7 +20,9 @@ import numpy as np
 from . import _arrays as A
 from . import planner as _plan
 from ._lp import LPLBSolver
-from ._native import EpxError, Status, as_assertion, sglang_release
+from ._native import (EpxAssertionError, EpxAssertionValueError, EpxError, EpxIndexError,
+                      EpxNotImplementedError, EpxZeroDivisionError, Status, as_assertion,
+                      sglang_release)
 from .io import read_counts, read_mapping
 
 __all__ = ["rebalance_experts", "rebalance_experts_from_windows",
@@ -64,6 +66,62 @@ def _epx_triple(weight, num_replicas, num_groups, num_nodes, num_gpus, enable_hi
     return p2l, l2p, cnt
 
 
+_WIDE = (-2 ** 63, 2 ** 63 - 1)
+
+
+def _deepseek_checks(weight, num_replicas, num_groups, num_nodes, num_gpus, hierarchical):
+    """What SGLang's copy of DeepSeek's EPLB refuses before it plans, in its
+    order and as the class its code raises there (an engine test's
+    pytest.raises catches epx's): a missing group or node count (None) is
+    a TypeError, a zero one divided by an EpxZeroDivisionError, a shape it
+    asserts on an EpxAssertionError, a weight of no layer (after those)
+    an EpxIndexError. The global policy reads neither groups nor nodes.
+    Returns (num_groups, num_nodes) for the call: 1 and 1 when global."""
+    shape = getattr(weight, "shape", None)
+    if shape is None or len(shape) != 2:
+        return num_groups, num_nodes  # as_array names the shape
+    L, E = (int(v) for v in shape)
+    names = ("num_groups", "num_nodes") if hierarchical else ()
+    ints = [A.integer(v, n, *_WIDE, "an integer") for v, n in zip((num_groups, num_nodes), names)]
+    groups, nodes = ints if hierarchical else (1, 1)
+    G = A.integer(num_gpus, "num_gpus", *_WIDE, "an integer")
+    P = A.integer(num_replicas, "num_replicas", *_WIDE, "an integer")
+
+    def zero(name, what):
+        return EpxZeroDivisionError(Status.INVALID_ARG, "%s = 0: %s" % (name, what))
+
+    def asserts(message):
+        """A shape SGLang asserts on: libepx refuses it as EpxAssertionError in
+        its own words where every count is one it takes; else this message."""
+        if min(P, G, groups, nodes) >= 1:
+            return True
+        raise EpxAssertionError(Status.SHAPE, message)
+
+    if hierarchical:
+        if groups == 0:
+            raise zero("num_groups", "the hierarchical policy splits the experts into groups "
+                       "(pass the model's n_group, DeepSeek-V3: 8)")
+        if E % groups:
+            asserts("%d experts are not a multiple of num_groups (%d)" % (E, groups))
+            return groups, nodes
+        if nodes == 0:
+            raise zero("num_nodes", "the hierarchical policy packs the groups onto nodes")
+        if groups % nodes or G % nodes:
+            asserts("num_groups (%d) and num_gpus (%d) must be multiples of num_nodes (%d)"
+                    % (groups, G, nodes))
+            return groups, nodes
+    if G == 0:
+        raise zero("num_gpus", "the slots are spread over the GPUs")
+    if P % G or P < E:
+        asserts("num_replicas (%d) must be a multiple of num_gpus (%d) and at least the %d "
+                "experts" % (P, G, E))
+        return groups, nodes
+    if L == 0 and P > 0 and G > 0 and nodes > 0:
+        raise EpxIndexError(Status.SHAPE, "weight has no layer (shape [0, %d]): there is "
+                            "nothing to place" % E)
+    return groups, nodes
+
+
 def rebalance_experts(weight, num_replicas, num_groups, num_nodes, num_gpus,
                       enable_hierarchical, *, algorithm="deepseek", log2phy_width="max",
                       as_torch=None, sglang_version=None, **plan_kw):
@@ -90,6 +148,8 @@ def rebalance_experts(weight, num_replicas, num_groups, num_nodes, num_gpus,
         if plan_kw:
             raise TypeError("unexpected keywords for algorithm='deepseek': %s"
                             % ", ".join(sorted(plan_kw)))
+        num_groups, num_nodes = _deepseek_checks(weight, num_replicas, num_groups, num_nodes,
+                                                 num_gpus, enable_hierarchical)
         with as_assertion():  # SGLang's copy asserts on these shapes
             p2l, l2p, cnt = _plan.deepseek(weight, num_replicas, num_groups, num_nodes,
                                            num_gpus, enable_hierarchical,
@@ -138,7 +198,19 @@ def _sglang_only(t, P, num_gpus, num_groups, num_nodes, name, active_ranks, sgla
     if name.startswith("elasticity"):  # the largest count wide, as the release
         lists = lists[:, :, :max(int(cnt.max()), 1)]
     out = (p.physical_to_logical_map, lists, cnt)
-    return tuple(A.wrap(np.ascontiguousarray(a, dtype=np.int64), torch_out) for a in out)
+    return tuple(A.wrap(np.ascontiguousarray(a, dtype=d), torch_out)
+                 for a, d in zip(out, _SGLANG_ONLY_DTYPES[name]))
+
+
+# The release's output dtypes: deepseek_vec builds torch.int (int32) tensors,
+# its hierarchical form gathers the slots' experts through an int64 map;
+# elasticity_aware is DeepSeek's code (int64).
+_SGLANG_ONLY_DTYPES = {
+    "deepseek_vec": (np.int32, np.int32, np.int32),
+    "deepseek_vec_hierarchical": (np.int64, np.int32, np.int32),
+    "elasticity_aware": (np.int64, np.int64, np.int64),
+    "elasticity_aware_hierarchical": (np.int64, np.int64, np.int64),
+}
 
 
 def _window_sum(tokens_per_expert):
@@ -179,13 +251,27 @@ def rebalance_experts_from_windows(tokens_per_expert, num_physical_experts,
     the release reads ElasticEPStateManager; a failed rank's slots hold
     expert 0 and are in no list, as there."""
     name = _algorithm_name(algorithm)
+    if name not in ("deepseek", "deepseek_hierarchical", "epx", "epx_hierarchical") \
+            and name not in _SGLANG_ONLY:  # SGLang's dispatcher raises first
+        raise EpxNotImplementedError(
+            Status.UNSUPPORTED, "EPLB algorithm %r is not served by epx: use deepseek, "
+            "deepseek_hierarchical, deepseek_vec, deepseek_vec_hierarchical, "
+            "elasticity_aware, elasticity_aware_hierarchical or epx" % (name,))
     P = A.integer(num_physical_experts, "num_physical_experts", 1, A.MAX_PHYSICAL,
                   "4 (E + G) slots at most")
-    local = A.integer(num_local_physical_experts, "num_local_physical_experts", 1, P,
-                      "num_physical_experts")
-    if P % local:
-        raise ValueError("num_physical_experts (%d) is not a multiple of "
-                         "num_local_physical_experts (%d): every GPU holds as many slots" % (P, local))
+    local = A.integer(num_local_physical_experts, "num_local_physical_experts", *_WIDE,
+                      "an integer")
+    if not 1 <= local <= P:
+        msg = ("num_local_physical_experts = %d is outside [1, %d] (num_physical_experts)"
+               % (local, P))
+        if local < 0:
+            raise ValueError(msg)
+        # SGLang divides by local, then by P // local (0 GPUs when local > P)
+        raise EpxZeroDivisionError(Status.INVALID_ARG, msg)
+    if P % local:  # SGLang's P % (P // local) asserts, or plans other GPUs than given
+        raise EpxAssertionValueError(Status.SHAPE, "num_physical_experts (%d) is not a multiple "
+                                     "of num_local_physical_experts (%d): every GPU holds as "
+                                     "many slots" % (P, local))
     num_gpus = P // local
     torch_out = A.want_torch(as_torch, tokens_per_expert)
     if name in ("deepseek", "deepseek_hierarchical"):
@@ -219,10 +305,18 @@ def rebalance_experts_from_windows(tokens_per_expert, num_physical_experts,
                                     True, "max", **plan_kw)
         return tuple(A.wrap(np.ascontiguousarray(a, dtype=np.int64), torch_out)
                      for a in (p2l, l2p, cnt))
-    raise EpxError(Status.UNSUPPORTED,
-                   "EPLB algorithm %r is not served by epx: use deepseek, "
-                   "deepseek_hierarchical, deepseek_vec, deepseek_vec_hierarchical, "
-                   "elasticity_aware, elasticity_aware_hierarchical or epx" % (name,))
+    raise AssertionError("unreachable: %r was checked above" % (name,))
+
+
+def _floating(x):
+    """True for a tensor or array (or lists) of floating-point values."""
+    if A.is_torch(x):
+        return x.is_floating_point()
+    try:
+        a = np.asarray(x)
+    except (ValueError, TypeError):
+        return False  # ragged lists: as_array names them
+    return a.size > 0 and a.dtype.kind == "f"
 
 
 def compute_logical_to_all_physical_map(physical_to_logical_map, num_logical_experts,
@@ -232,24 +326,32 @@ def compute_logical_to_all_physical_map(physical_to_logical_map, num_logical_exp
     each expert ascending, -1 padded to X = the largest replica count. An
     expert with no slot (num_logical_experts above the ids present) is a
     row of -1, as there. A tensor gives a tensor on its device, as SGLang's.
-    Errors as SGLang's: an id >= num_logical_experts is an IndexError, no
-    layer or no expert a ValueError; a negative id, which SGLang's list
-    indexing would file under expert E + id, is an IndexError too."""
+    Errors as SGLang's (each an instance of the class SGLang's code raises):
+    an id >= num_logical_experts (any id when it is 0) is an
+    EpxIndexError, a float map a TypeError, no layer (or neither slot nor
+    expert) a ValueError; a negative id, which SGLang's list indexing would
+    file under expert E + id, is an EpxIndexError too."""
     torch_in = A.is_torch(physical_to_logical_map)
     torch_out = A.want_torch(as_torch, physical_to_logical_map)
+    if _floating(physical_to_logical_map):
+        raise TypeError("physical_to_logical_map holds floats (dtype %s): expert ids are "
+                        "integers (SGLang indexes a list with them)"
+                        % (getattr(physical_to_logical_map, "dtype", None)
+                           or np.asarray(physical_to_logical_map).dtype,))
     m = A.as_array(physical_to_logical_map, np.int64, 2, "physical_to_logical_map")
-    E = A.integer(num_logical_experts, "num_logical_experts", 1, A.MAX_EXPERTS,
-                  "EPX_MAX_EXPERTS; SGLang's max() of no lists fails below 1")
+    E = A.integer(num_logical_experts, "num_logical_experts", 0, A.MAX_EXPERTS,
+                  "EPX_MAX_EXPERTS")
     L, P = m.shape
-    if L < 1:
-        raise ValueError("physical_to_logical_map has no layer (shape %s): SGLang's max() of "
-                         "no lists fails" % (list(m.shape),))
+    if L < 1 or (E == 0 and P == 0):
+        raise ValueError("physical_to_logical_map has no %s (shape %s): SGLang's max() of "
+                         "no lists fails" % ("layer" if L < 1 else "slot and no expert",
+                                             list(m.shape)))
     bad = np.argwhere((m < 0) | (m >= E))
     if len(bad):
         l, p = (int(v) for v in bad[0])
-        raise IndexError("physical_to_logical_map[%d][%d] = %d is outside [0, %d) "
-                         "(num_logical_experts): no expert holds that slot"
-                         % (l, p, int(m[l, p]), E))
+        raise EpxIndexError(Status.INVALID_MAP, "physical_to_logical_map[%d][%d] = %d is "
+                            "outside [0, %d) (num_logical_experts): no expert holds that slot"
+                            % (l, p, int(m[l, p]), E))
     order = np.argsort(m, axis=1, kind="stable")  # slots grouped by expert, ascending
     ids = np.take_along_axis(m, order, axis=1)
     counts = np.zeros((L, E), dtype=np.int64)

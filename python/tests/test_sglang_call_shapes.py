@@ -209,8 +209,12 @@ def test_all_physical_map_pads_experts_with_no_slot():
 @pytest.mark.parametrize("m, E, kind, needle", [
     ([[0, 3]], 3, IndexError, r"physical_to_logical_map\[0\]\[1\] = 3 is outside \[0, 3\)"),
     ([[0, -1]], 3, IndexError, r"physical_to_logical_map\[0\]\[1\] = -1 is outside"),
-    ([[0, 1]], 0, ValueError, "num_logical_experts = 0 is outside"),
+    # SGLang 0.5.23 indexes an empty list: an IndexError (and a ValueError)
+    ([[0, 1]], 0, IndexError, r"physical_to_logical_map\[0\]\[0\] = 0 is outside \[0, 0\)"),
+    ([[0, 1]], 0, ValueError, "outside"),
+    (np.zeros((1, 0), int), 0, ValueError, "no slot and no expert"),
     (np.zeros((0, 4), int), 2, ValueError, "no layer"),
+    ([[0.0, 1.0]], 2, TypeError, "holds floats"),
     ([[0, 1]], 2.0, TypeError, "num_logical_experts must be an integer"),
 ])
 def test_all_physical_map_errors_as_sglang(m, E, kind, needle):
