@@ -5,8 +5,9 @@ import ctypes
 import numpy as np
 
 from . import _arrays as A
-from ._native import (POINTER, Shape, Structure, c_double, c_int, c_int32, c_int64, c_uint32,
-                      c_uint64, c_void_p, call, fn, sglang_release)
+from ._native import (POINTER, EpxIndexError, EpxZeroDivisionError, Shape, Status, Structure,
+                      c_double, c_int, c_int32, c_int64, c_uint32, c_uint64, c_void_p, call, fn,
+                      sglang_release)
 
 __all__ = ["sglang_static_table", "static_table", "sglang_rank_lists", "table_gpu_load",
            "dispatch_topk",
@@ -126,6 +127,9 @@ def _check_holds(p2l, slots, name, layers, experts, index=lambda i: i):
                             int(p2l[l, slot])))
 
 
+_WIDE = (-2 ** 63, 2 ** 63 - 1)
+
+
 def sglang_static_table(logical_to_all_physical_map, num_gpus, num_physical_experts, ep_rank,
                         seed=42, sglang_version="0.5.2", num_nodes=1):
     """SGLang's compute_logical_to_rank_dispatch_physical_map: [L][E] for
@@ -138,14 +142,34 @@ def sglang_static_table(logical_to_all_physical_map, num_gpus, num_physical_expe
     src = logical_to_all_physical_map
     torch_in = A.is_torch(src)
     dtype = src.dtype if hasattr(src, "dtype") else np.int64
+    # Refused as the class SGLang's own code raises there (EpxZeroDivisionError
+    # and EpxIndexError are ValueErrors too), in its order: the GPU count it
+    # divides by, the map's shape, an expert with no replica to choose from,
+    # then the rows it indexes (no layer, a rank past the last).
+    G = A.integer(num_gpus, "num_gpus", *_WIDE)
+    if G == 0:
+        raise EpxZeroDivisionError(Status.INVALID_ARG, "num_gpus = 0 is outside [1, %d] "
+                                   "(EPX_MAX_GPUS)" % A.MAX_GPUS)
+    G = A.integer(G, "num_gpus", 1, A.MAX_GPUS, "EPX_MAX_GPUS")
     m = A.as_array(src, np.int32, 3, "logical_to_all_physical_map")
     L, E, W = m.shape
-    G = A.integer(num_gpus, "num_gpus", 1, A.MAX_GPUS, "EPX_MAX_GPUS")
+    empty = np.argwhere(~(m != -1).any(axis=2))
+    if len(empty):
+        layer, e = (int(v) for v in empty[0])
+        raise EpxZeroDivisionError(Status.INVALID_MAP, "logical expert %d of layer %d has no "
+                                   "replica: every expert needs at least one slot" % (e, layer))
+    if L == 0:
+        raise EpxIndexError(Status.SHAPE, "logical_to_all_physical_map has no layer (shape "
+                            "%s): there is no table to take a rank's rows from" % list(m.shape))
     shape = Shape(L, E, A.integer(num_physical_experts, "num_physical_experts", 1,
                                   A.MAX_PHYSICAL, "4 (E + G) slots at most"), G,
                   A.integer(num_nodes, "num_nodes", 1, A.MAX_GPUS, "EPX_MAX_GPUS"))
     if ep_rank is not None:  # a rank, not a Python index: -1 is not rank G - 1
-        ep_rank = A.integer(ep_rank, "ep_rank", 0, G - 1, "num_gpus - 1")
+        r = A.integer(ep_rank, "ep_rank", *_WIDE)
+        if r >= G:  # SGLang indexes its [G] tables past the last
+            raise EpxIndexError(Status.INVALID_ARG, "ep_rank = %d is outside [0, %d] "
+                                "(num_gpus - 1)" % (r, G - 1))
+        ep_rank = A.integer(r, "ep_rank", 0, G - 1, "num_gpus - 1")
     out = np.empty((G, L, E), dtype=np.int32)
     opts = TableOpts(TABLE_OPTS_VERSION, TABLE_ALGORITHMS["sglang"], A.py_seed(seed), None, None,
                      sglang_release(sglang_version, "table")[0], 0)
