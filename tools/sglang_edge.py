@@ -19,6 +19,9 @@ modules around them stubbed, nothing edited):
   l2a        expert_location._compute_logical_to_all_physical_map with
              moe_ep_rank None (no per-rank cut)
              (epx.sglang.compute_logical_to_all_physical_map)
+  l2a_rank   the same in 0.5.23's own call shape (p2l, E, ep_size,
+             moe_ep_rank), the runtime context holding an all-to-all backend
+             ("deepep"), ep_size and nnodes: the lists cut to the rank
   table      expert_location.compute_logical_to_rank_dispatch_physical_map,
              0.5.23's call shape, the runtime context holding ep_size and
              nnodes (epx.sglang.dispatch_map_for("0.5.23"))
@@ -244,6 +247,21 @@ def cases():
     add("l2a_3d", "l2a", [T(p2l, [1, 2, 8], "int64"), 4])
     add("l2a_float_experts", "l2a", [T(p2l, [2, 8], "int64"), 4.0])
 
+    # -- the same with moe_ep_rank: every rank of random maps, one and two nodes
+    for i, (G, N, per, E) in enumerate([(2, 1, 3, 5), (4, 1, 2, 6), (4, 2, 3, 9),
+                                        (8, 2, 2, 12), (8, 4, 1, 8)]):
+        P = G * per
+        rows = []
+        for _ in range(2):
+            r = list(range(E)) + [rng.randrange(E) for _ in range(P - E)]
+            rng.shuffle(r)
+            rows += r
+        for rank in range(G):
+            add("l2a_rank_%d_%d" % (i, rank), "l2a_rank", [T(rows, [2, P], "int64"), E, G, rank],
+                context={"ep_size": G, "nnodes": N})
+    add("l2a_rank_out_of_range", "l2a_rank", [T(p2l, [2, 8], "int64"), 4, 4, 4],
+        context={"ep_size": 4, "nnodes": 1})
+
     # -- compute_logical_to_rank_dispatch_physical_map(logical_to_all_physical_map,
     #    ep_size, num_physical_experts, ep_rank, seed=42), 0.5.23's shape
     # two layers of 4 experts over 8 slots on 4 GPUs
@@ -343,6 +361,8 @@ class Release:
             def no_cut(*args, **kwargs):  # SGLang without a per-rank cut (moe_ep_rank None)
                 return l2a(*args, **kwargs, ep_size=1, moe_ep_rank=None)
             return no_cut
+        if fn == "l2a_rank":  # the stubs' backend is "deepep": the rank's cut
+            return self.tables["_compute_logical_to_all_physical_map"]
         return self.tables["compute_logical_to_rank_dispatch_physical_map"]
 
     def run(self, case):

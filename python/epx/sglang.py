@@ -23,7 +23,9 @@ from ._lp import LPLBSolver
 from ._native import (EpxAssertionError, EpxAssertionValueError, EpxError, EpxIndexError,
                       EpxNotImplementedError, EpxZeroDivisionError, Status, as_assertion,
                       sglang_release)
+from .dispatch import sglang_rank_lists
 from .io import read_counts, read_mapping
+from .layout import Layout
 
 __all__ = ["rebalance_experts", "rebalance_experts_from_windows",
            "compute_logical_to_rank_dispatch_physical_map", "dispatch_map_for",
@@ -320,10 +322,18 @@ def _floating(x):
 
 
 def compute_logical_to_all_physical_map(physical_to_logical_map, num_logical_experts,
-                                        *, as_torch=None):
-    """SGLang's _compute_logical_to_all_physical_map (without a per-rank cut,
-    as it runs with no all-to-all backend): [L][E][X] int64, the slots of
-    each expert ascending, -1 padded to X = the largest replica count. An
+                                        ep_size=None, moe_ep_rank=None, *, as_torch=None,
+                                        a2a_backend=None, nnodes=None):
+    """SGLang's _compute_logical_to_all_physical_map: [L][E][X] int64, the
+    slots of each expert ascending, -1 padded to X = the largest replica
+    count. In 0.5.23's call shape (p2l, E, ep_size, moe_ep_rank) with a rank,
+    and an all-to-all backend other than "none", rank moe_ep_rank's lists are
+    cut as that release cuts them: an expert with a replica on the rank's
+    GPU, else on its node, keeps that one alone (epx.sglang_rank_lists' rule,
+    checked against SGLang's goldens). The backend and the node count are
+    read from SGLang's runtime context, as there (a2a_backend= and nnodes=
+    give them outside SGLang); without a rank, or with backend "none", no
+    list is cut. An
     expert with no slot (num_logical_experts above the ids present) is a
     row of -1, as there. A tensor gives a tensor on its device, as SGLang's.
     Errors as SGLang's (each an instance of the class SGLang's code raises):
@@ -363,7 +373,41 @@ def compute_logical_to_all_physical_map(physical_to_logical_map, num_logical_exp
     rank = np.arange(P)[None, :] - np.take_along_axis(start, ids, axis=1)
     out[np.repeat(np.arange(L), P), ids.ravel(), rank.ravel()] = order.ravel()
     device = physical_to_logical_map.device if torch_in else None
+    if moe_ep_rank is not None and _cuts_lists(a2a_backend):
+        out = _rank_cut(m, E, ep_size, moe_ep_rank, nnodes)
     return A.wrap(out, torch_out, device)
+
+
+def _cuts_lists(a2a_backend):
+    """Whether SGLang 0.5.23 cuts a rank's lists: with an all-to-all backend
+    (its get_exec().moe.moe_a2a_backend, or a2a_backend= outside SGLang)."""
+    if a2a_backend is None:
+        try:
+            from sglang.srt.runtime_context import get_exec
+        except ImportError:
+            raise EpxError(Status.INVALID_ARG, "moe_ep_rank is given, and whether SGLang cuts "
+                           "the lists to the rank depends on its all-to-all backend, read from "
+                           "its runtime context: call this inside SGLang, or pass "
+                           "a2a_backend= (\"none\": no cut)") from None
+        a2a_backend = get_exec().moe.moe_a2a_backend
+    return a2a_backend != "none"
+
+
+def _rank_cut(m, E, ep_size, rank, nnodes):
+    """Rank `rank`'s lists [L][E][X] from the map m [L][P], cut as SGLang
+    0.5.23 cuts them, -1 padded to this rank's longest list (its own
+    _pad_nested_array)."""
+    wide = (-2 ** 63, 2 ** 63 - 1, "an integer")
+    G = A.integer(ep_size, "ep_size", 1, A.MAX_GPUS, "EPX_MAX_GPUS")
+    r = A.integer(rank, "moe_ep_rank", *wide)
+    if not 0 <= r < G:
+        raise EpxIndexError(Status.INVALID_ARG, "moe_ep_rank %d is outside [0, %d) (ep_size)"
+                            % (r, G))
+    N = _nodes_from(G, G, nnodes, None, "nnodes") if nnodes is not None else _runtime_nodes(G)
+    layout = Layout.from_map(m, num_gpus=G, num_nodes=N or 1, num_logical_experts=E)
+    lists = sglang_rank_lists(layout, "0.5.23")[r]
+    X = int((lists >= 0).sum(axis=2).max())
+    return np.ascontiguousarray(lists[:, :, :max(X, 1)], dtype=np.int64)
 
 
 # ---- the static dispatch table, in each release's call shape ----------------

@@ -51,6 +51,8 @@ DELIBERATE = {
                                         "epx refuses",
     "table_slot_out_of_range": "slot 7 of 6: SGLang dispatches to a slot that does not "
                                "exist; epx refuses",
+    "l2a_rank_out_of_range": "moe_ep_rank 4 of 4 ranks: SGLang finds no replica near a rank "
+                             "that does not exist and returns every list uncut; epx refuses",
 }
 
 
@@ -79,7 +81,7 @@ def runtime_context(monkeypatch):
     """SGLang's runtime context as 0.5.23's dispatch table reads it."""
     def install(ep_size, nnodes):
         par = types.SimpleNamespace(ep_size=ep_size, nnodes=nnodes)
-        moe = types.SimpleNamespace(ep_join_mode="normal")
+        moe = types.SimpleNamespace(ep_join_mode="normal", moe_a2a_backend="deepep")
         rc = types.ModuleType("sglang.srt.runtime_context")
         rc.get_parallel = lambda: par
         rc.get_exec = lambda: types.SimpleNamespace(moe=moe)
@@ -102,6 +104,9 @@ def epx_function(case, runtime_context):
             extra["active_ranks"] = case["active_ranks"]
         return lambda *a, **k: epx.sglang.rebalance_experts_from_windows(*a, **k, **extra)
     if fn == "l2a":
+        return epx.sglang.compute_logical_to_all_physical_map
+    if fn == "l2a_rank":  # the backend and nodes come from the runtime context, as in SGLang
+        runtime_context(**case["context"])
         return epx.sglang.compute_logical_to_all_physical_map
     assert fn == "table", fn
     runtime_context(**case["context"])
@@ -165,5 +170,5 @@ def test_as_sglang_0523(case, runtime_context):
 def test_the_golden_covers_each_function():
     if not CASES:
         pytest.skip("tests/data/sglang_edge_0523.json not found")
-    assert {c["fn"] for c in CASES} == {"deepseek", "windows", "l2a", "table"}
+    assert {c["fn"] for c in CASES} == {"deepseek", "windows", "l2a", "l2a_rank", "table"}
     assert set(DELIBERATE) <= {c["name"] for c in CASES}
