@@ -534,3 +534,76 @@ def test_gpu_unavailable_where_torch_sees_no_gpu(monkeypatch):
     assert et.gpu_available() is False
     assert et.gpu_unavailable_reason().startswith("torch sees no CUDA GPU "
                                                   "(torch.cuda.is_available() is False")
+
+
+# ---- autograd: permute and combine accept tensors that need grad ----------------
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("seed", range(4))
+def test_permute_and_combine_backward_are_the_formulas(seed, dtype):
+    """A tensor that needs grad went through the op and its output had a
+    grad_fn, but backward() raised 'no autograd formula was registered': an
+    accepted input that did not work. The gradients are the plain-torch
+    formulas' (a gather's is a scatter-add; the combine's are w * grad for y
+    and <grad, y row> for the weights)."""
+    c = _case(seed)
+    lay = et.token_layout(c["ids"], c["E"], c["G"])
+    H = 8
+    x = torch.randn((c["T"], H), generator=c["g"]).to(dtype).requires_grad_(True)
+    w = torch.rand((c["T"], c["K"]), generator=c["g"]).requires_grad_(True)
+    for order, pos in (("rank", lay.pair_rank_pos), ("slot", lay.pair_slot_pos)):
+        sent = et.permute(x, lay, order)
+        y = (sent.float() * 1.5).to(dtype)  # an "expert"
+        out = et.combine(y, pos, w)
+        g = torch.randn(out.shape, generator=c["g"]).to(dtype)
+        gx, gw = torch.autograd.grad(out, (x, w), g)
+        # the reference: index the rows, weight them, sum over k (float32)
+        xr, wr = x.detach().float().requires_grad_(True), w.detach().requires_grad_(True)
+        ok = (pos >= 0).float()
+        rows = (xr * 1.5)[:, None, :].expand(-1, c["K"], -1)  # y[pos[t][k]] is token t's row
+        ref = (wr[:, :, None] * ok[:, :, None] * rows).sum(1)
+        rgx, rgw = torch.autograd.grad(ref, (xr, wr), g.float())
+        # rank order sends a token once per rank: its pos is -1 for the other
+        # k on that rank, whose weight gets no gradient from that row
+        tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=2e-2, atol=5e-2)
+        assert gx.dtype == dtype and gx.shape == x.shape and gw.dtype == torch.float32
+        assert torch.allclose(gx.float(), rgx, **tol), "seed %d %s" % (seed, order)
+        assert torch.allclose(gw, rgw, **tol), "seed %d %s" % (seed, order)
+
+
+def test_backward_needs_no_grad_for_the_positions_and_keeps_weight_dtype():
+    lay = et.token_layout(torch.tensor([[0, 3], [1, -1]]), 4, 2)
+    y = torch.randn(3, 4, requires_grad=True)
+    out = et.combine(y, lay.pair_slot_pos)  # no weights: each is 1
+    out.sum().backward()
+    want = torch.zeros(3, 4)
+    want[lay.pair_slot_pos[lay.pair_slot_pos >= 0].long()] = 1
+    assert torch.equal(y.grad, want)
+    w = torch.rand(2, 2, dtype=torch.float64, requires_grad=True)
+    et.combine(y.detach(), lay.pair_slot_pos, w).sum().backward()
+    assert w.grad.dtype == torch.float64 and w.grad[1, 1] == 0
+
+
+def test_autograd_registrations_pass_opcheck():
+    c = _case(3)
+    lay = et.token_layout(c["ids"], c["E"], c["G"])
+    x = torch.randn(c["T"], 16, requires_grad=True)
+    y = torch.randn(lay.slot_perm.numel(), 16, requires_grad=True)
+    w = torch.rand(c["T"], c["K"], requires_grad=True)
+    torch.library.opcheck(torch.ops.epx.gather_rows.default, (x, lay.slot_perm, c["K"]))
+    torch.library.opcheck(torch.ops.epx.combine.default, (y, lay.pair_slot_pos, w))
+
+
+def test_compiled_backward_equals_eager():
+    c = _case(7)
+
+    def step(x, w):
+        lay = et.token_layout(c["ids"], c["E"], c["G"])
+        return et.combine(et.permute(x, lay, "slot") * 2, lay.pair_slot_pos, w)
+
+    x = torch.randn(c["T"], 8, requires_grad=True)
+    w = torch.rand(c["T"], c["K"], requires_grad=True)
+    want = torch.autograd.grad(step(x, w).sum(), (x, w))
+    f = torch.compile(step, backend="aot_eager", fullgraph=True)
+    got = torch.autograd.grad(f(x, w).sum(), (x, w))
+    assert all(torch.allclose(a, b) for a, b in zip(want, got))

@@ -384,3 +384,62 @@ combine = torch.library.custom_op("epx::combine", impl_combine, mutates_args=())
 @combine.register_fake
 def _(y, pos, weights):
     return y.new_empty((pos.shape[0], y.shape[1]))
+
+
+# ---- autograd ------------------------------------------------------------------
+# Plain-torch backward formulas, so a tensor that needs grad (training, or a
+# torch.compile'd module with parameters) gets gradients instead of torch's
+# "no autograd formula was registered" at backward(). Both accumulate in
+# float32 and round once to the input's dtype, as the forward does.
+
+
+def _gather_setup(ctx, inputs, output):
+    x, order, per_token = inputs
+    ctx.x_shape, ctx.x_dtype, ctx.per_token = tuple(x.shape), x.dtype, per_token
+    ctx.save_for_backward(order)
+
+
+def _gather_backward(ctx, grad):
+    """out[i] = x[order[i] // per_token] (0 where order[i] = -1): each x row
+    gets the sum of the gradients of the rows gathered from it."""
+    order, = ctx.saved_tensors
+    ok = order >= 0
+    src = torch.div(order[ok].long(), ctx.per_token, rounding_mode="floor")
+    gx = torch.zeros(ctx.x_shape, dtype=torch.float32, device=grad.device)
+    gx.index_add_(0, src, grad[ok].float())
+    return gx.to(ctx.x_dtype), None, None
+
+
+gather_rows.register_autograd(_gather_backward, setup_context=_gather_setup)
+
+
+def _combine_setup(ctx, inputs, output):
+    y, pos, weights = inputs
+    ctx.y_dtype, ctx.w_dtype = y.dtype, None if weights is None else weights.dtype
+    ctx.save_for_backward(y, pos, weights)
+
+
+def _combine_backward(ctx, grad):
+    """out[t] = sum over k with pos[t][k] >= 0 of w[t][k] * y[pos[t][k]]:
+    y's row pos[t][k] gets w[t][k] * grad[t]; w[t][k] gets <grad[t],
+    y[pos[t][k]]> (0 where pos[t][k] = -1)."""
+    y, pos, weights = ctx.saved_tensors
+    T, K = pos.shape
+    ok = pos >= 0
+    t_idx, k_idx = ok.nonzero(as_tuple=True)
+    rows = pos[ok].long()
+    g = grad.float()[t_idx]  # [pairs][H]
+    gy = gw = None
+    if ctx.needs_input_grad[0]:
+        scale = g if weights is None else g * weights[t_idx, k_idx].float()[:, None]
+        gy = torch.zeros(y.shape, dtype=torch.float32, device=y.device)
+        gy.index_add_(0, rows, scale)
+        gy = gy.to(ctx.y_dtype)
+    if weights is not None and ctx.needs_input_grad[2]:
+        gw = torch.zeros((T, K), dtype=torch.float32, device=grad.device)
+        gw[t_idx, k_idx] = (g * y[rows].float()).sum(1)
+        gw = gw.to(ctx.w_dtype)
+    return gy, None, gw
+
+
+combine.register_autograd(_combine_backward, setup_context=_combine_setup)
