@@ -607,3 +607,30 @@ def test_compiled_backward_equals_eager():
     f = torch.compile(step, backend="aot_eager", fullgraph=True)
     got = torch.autograd.grad(f(x, w).sum(), (x, w))
     assert all(torch.allclose(a, b) for a, b in zip(want, got))
+
+
+def test_jit_trace_records_the_ops_not_their_outputs():
+    """Under torch.jit.trace the eager shortcut ran the C call directly: the
+    trace recorded only the torch.empty of each output, and the traced
+    function returned uninitialised memory for new inputs (silently)."""
+    def step(ids, x):
+        lay = et.token_layout(ids, 8, 2)
+        return et.combine(et.permute(x, lay, "slot"), lay.pair_slot_pos)
+
+    ids0 = torch.tensor([[0, 5], [3, -1], [7, 1]])
+    ids1 = torch.tensor([[2, 6], [-1, 4], [1, 0]])
+    x0, x1 = torch.randn(3, 8), torch.randn(3, 8)
+    traced = torch.jit.trace(step, (ids0, x0), check_trace=False)
+    assert torch.equal(traced(ids1, x1), step(ids1, x1))
+
+
+def test_vmap_goes_through_the_op():
+    """vmap's batched tensors took the eager shortcut, whose C call read
+    their data pointer: 'Cannot access data pointer of Tensor that doesn't
+    have storage'. Through the op, torch's fallback runs it per sample."""
+    lay = et.token_layout(torch.tensor([[0, 1], [1, -1], [2, 3], [0, 2], [3, -1]]), 4, 2)
+    x = torch.randn(3, 5, 4)
+    got = torch.vmap(lambda x: et.combine(et.permute(x, lay, "slot"), lay.pair_slot_pos))(x)
+    want = torch.stack([et.combine(et.permute(x[i], lay, "slot"), lay.pair_slot_pos)
+                        for i in range(3)])
+    assert torch.equal(got, want)

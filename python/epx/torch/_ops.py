@@ -148,6 +148,9 @@ def run(name, tensors, *args):
     return op(*args)
 
 
+_wrapped = torch._C._functorch.is_functorch_wrapped_tensor
+
+
 def eager(*tensors):
     """True when a call may skip torch's dispatcher and run the implementation
     directly: plain tensors needing no grad, no torch.compile tracing and no
@@ -155,10 +158,14 @@ def eager(*tensors):
     active. The dispatcher costs 11-20 us a call (bench/RESULTS.md); these
     checks ~1 us. Under any
     of those the custom op itself runs, so tracing sees the op."""
-    # is_compiling first: dynamo folds it to True and never traces the rest
+    # is_compiling first: dynamo folds it to True and never traces the rest.
+    # torch.jit.trace records only ops: a direct C call would leave the trace
+    # returning its outputs' uninitialised memory. vmap/grad (functorch)
+    # wrap tensors that have no storage for the C call to read.
     return (not torch.compiler.is_compiling() and torch._C._len_torch_dispatch_stack() == 0 and
-            torch._C._len_torch_function_stack() == 0 and
-            all(t is None or (type(t) is torch.Tensor and not t.requires_grad) for t in tensors))
+            torch._C._len_torch_function_stack() == 0 and not torch._C._is_tracing() and
+            all(t is None or (type(t) is torch.Tensor and not t.requires_grad and
+                              not _wrapped(t)) for t in tensors))
 
 
 # ---- layout ------------------------------------------------------------------
