@@ -321,7 +321,7 @@ def test_empty_batches_and_nothing_routed():
     pos = torch.full((3, 2), -1, dtype=torch.int32)
     out = et.combine(torch.empty((0, 8)), pos, torch.ones(3, 2))
     assert torch.equal(out, torch.zeros(3, 8))
-    with pytest.raises(ValueError, match="y has none"):
+    with pytest.raises(ValueError, match="y has no rows"):
         et.combine(torch.empty((0, 8)), torch.tensor([[0, -1]]))
 
 
@@ -634,3 +634,111 @@ def test_vmap_goes_through_the_op():
     want = torch.stack([et.combine(et.permute(x[i], lay, "slot"), lay.pair_slot_pos)
                         for i in range(3)])
     assert torch.equal(got, want)
+
+
+# ---- inputs refused by name, never read as other numbers ------------------------
+
+def test_complex_weights_are_refused_not_truncated():
+    """combine took complex weights as their real part (torch's cast, a
+    warning at most); Mapping.weighted took complex slot weights the same
+    way (numpy's), and a str reached numpy's own message."""
+    pos = torch.tensor([[0, 1]])
+    with pytest.raises(ValueError, match=r"^weights is torch.complex64: .*real"):
+        et.combine(torch.ones(2, 4), pos, torch.ones(1, 2, dtype=torch.complex64))
+    reps = [[0], [1]]
+    with pytest.raises(ValueError, match=r"^slot_weights must be real numbers, got complex"):
+        et.Mapping.weighted(reps, torch.ones(2, dtype=torch.complex64), 2)
+    with pytest.raises(ValueError, match=r"^slot_weights must be real numbers, got <U3"):
+        et.Mapping.weighted(reps, ["abc", "d"], 2)
+
+
+def test_combine_of_no_rows_refuses_every_position_but_minus_one():
+    """With y of 0 rows, pos = -2 gave zeros (only pos >= 0 was looked for),
+    where any y with rows refuses it."""
+    with pytest.raises(ValueError, match=r"pos\[0\]\[1\] = -2 .* y has no rows"):
+        et.combine(torch.empty((0, 8)), torch.tensor([[-1, -2]]))
+    with pytest.raises(ValueError, match=r"pos\[0\]\[0\] = 0 .* y has no rows"):
+        et.combine(torch.empty((0, 8)), torch.tensor([[0, -1]]))
+
+
+def test_device_messages_name_the_reference_input():
+    """combine and gather_rows said 'but the ids are on cpu' (they take no ids)."""
+    with pytest.raises(ValueError, match=r"^weights is on meta but y is on cpu"):
+        et.combine(torch.ones(2, 4), torch.tensor([[0, 1]]), torch.ones(1, 2, device="meta"))
+    with pytest.raises(ValueError, match=r"^order is on meta but x is on cpu"):
+        torch.ops.epx.gather_rows(torch.ones(2, 4), torch.zeros(2, dtype=torch.int32,
+                                                              device="meta"), 1)
+
+
+def test_no_expert_columns_are_refused_in_the_callers_names():
+    """A [0][0] batch passed the 'top-k >= 1' check (it had no tokens) and
+    the C reference refused it as its own 'phys is [0][0]'."""
+    empty = torch.zeros((0, 0), dtype=torch.int64)
+    reps = [[0, 2], [1, -1]]
+    for call in (lambda: et.dispatch_layout(empty, 2, 1), lambda: et.token_layout(empty, 2, 1),
+                 lambda: et.map_ids(empty, et.Mapping.static([0, 1], 2)),
+                 lambda: et.balanced_topk(empty, et.Mapping.balanced(reps, 3, 1))):
+        with pytest.raises(ValueError, match=r"^(topk_ids|phys) has shape \(0, 0\): .*top-k"):
+            call()
+    # combine's pos of no tokens and no columns has nothing to combine: zeros
+    assert et.combine(torch.empty((0, 4)), torch.zeros((0, 0), dtype=torch.int32)).shape == (0, 4)
+
+
+def test_map_ids_thresholds_must_match_the_replicas():
+    """thresholds [E][W'] with W' != W was read with the replicas' width:
+    a narrower table read past its end, a wider one as other numbers."""
+    m = et.Mapping.weighted([[0, 2], [1, 3]], torch.ones(4), 4)
+    ids = torch.tensor([[0, 1]])
+    for th in (m.thresholds[:, :1].contiguous(), torch.zeros(2, 5, dtype=torch.int32)):
+        with pytest.raises(ValueError, match=r"thresholds has shape \(2, %d\) but replicas "
+                                             r"\(2, 2\)" % th.shape[1]):
+            torch.ops.epx.map_ids(ids, m.mode, 2, 4, None, m.replicas, m.num_valid, th, 0, 0, 0)
+
+
+def test_op_counts_are_range_checked_before_use():
+    """torch.ops.epx.* took counts unchecked: per_token 2^40 was refused by
+    the C reference as 'per_token = 0' (truncated), num_physical 2^40 tried
+    to allocate terabytes."""
+    with pytest.raises(ValueError, match=r"per_token = 1099511627776 is outside \[1, "):
+        torch.ops.epx.gather_rows(torch.ones(2, 4), torch.tensor([0, 1]), 2**40)
+    with pytest.raises(ValueError, match=r"num_physical = 1099511627776 is outside \[1, "):
+        torch.ops.epx.token_layout(torch.zeros(1, 1, dtype=torch.int32), 2**40, 2)
+    with pytest.raises(ValueError, match=r"num_ranks = 4294967296 is outside \[1, "):
+        torch.ops.epx.dispatch_layout(torch.zeros(1, 1, dtype=torch.int32), 8, 2**32)
+    m = et.Mapping.balanced([[0], [1]], 2, 1)
+    with pytest.raises(ValueError, match=r"num_physical = 1099511627776 is outside \[1, "):
+        torch.ops.epx.balanced_topk(torch.zeros(1, 1, dtype=torch.int32), m.replicas,
+                                    m.num_valid, 2**40, 1)
+
+
+def test_fake_implementations_refuse_as_the_real_ones():
+    """Under FakeTensorMode (torch.compile's tracing) a 1-D topk_ids failed
+    as 'not enough values to unpack', a 1-D x as 'tuple index out of
+    range', and a float16 y was given a float16 output the real op refuses."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    with FakeTensorMode():
+        ids1 = torch.zeros(5, dtype=torch.int64)
+        for call, pattern in (
+                (lambda: et.dispatch_layout(ids1, 8, 2), r"^topk_ids must have 2 dimensions"),
+                (lambda: et.token_layout(ids1, 8, 2), r"^phys must have 2 dimensions"),
+                (lambda: et.dispatch_layout(ids1.float()[:, None], 8, 2),
+                 r"^topk_ids must be int32 or int64"),
+                (lambda: torch.ops.epx.gather_rows(torch.zeros(5), ids1.int(), 1),
+                 r"^x must be \[rows\]\[hidden\]"),
+                (lambda: et.combine(torch.zeros(5, 4, dtype=torch.float16),
+                                    torch.zeros(5, 2, dtype=torch.int32)),
+                 r"^y is torch.float16; epx moves float32 and bfloat16"),
+                (lambda: et.combine(torch.zeros(5, 4), torch.zeros(5, 2, dtype=torch.int32),
+                                    torch.zeros(5, 3)), r"one weight per"),
+                (lambda: torch.ops.epx.map_ids(ids1, 0, 8, 8, None, None, None, None, 0, 0, 0),
+                 r"^topk_ids must have 2 dimensions")):
+            with pytest.raises(ValueError, match=pattern):
+                call()
+
+
+def test_balanced_topk_names_the_mappings_experts():
+    """balanced_topk's refusal named the C reference's (E)."""
+    m = et.Mapping.balanced([[0, 2], [1, -1]], 4, 2)
+    with pytest.raises(epx.EpxError, match=r": topk_ids\[0\]\[1\] = 5 is outside \[-1, 2\): .* "
+                                           r"below the mapping's num_experts = 2$"):
+        et.balanced_topk(torch.tensor([[0, 5]]), m)
