@@ -742,3 +742,16 @@ def test_balanced_topk_names_the_mappings_experts():
     with pytest.raises(epx.EpxError, match=r": topk_ids\[0\]\[1\] = 5 is outside \[-1, 2\): .* "
                                            r"below the mapping's num_experts = 2$"):
         et.balanced_topk(torch.tensor([[0, 5]]), m)
+
+
+def test_map_ids_op_counts_and_keys_are_range_checked():
+    """torch.ops.epx.map_ids took num_physical 2^40 (truncated to 0 in the
+    C spec: 'id 4 is outside [-1, 1099511627776)') and a layer of 2^40
+    (silently taken modulo 2^32; map_ids itself refuses it)."""
+    ids = torch.tensor([[4]])
+    with pytest.raises(ValueError, match=r"^num_physical = 1099511627776 is outside \[1, "):
+        torch.ops.epx.map_ids(ids, 0, 8, 2**40, None, None, None, None, 0, 0, 0)
+    with pytest.raises(ValueError, match=r"^layer = 1099511627776 is outside \[0, 4294967295\]"):
+        torch.ops.epx.map_ids(ids, 0, 8, 8, None, None, None, None, 0, 0, 2**40)
+    with pytest.raises(ValueError, match=r"^pass_id = -1 is outside \[0, 4294967295\]"):
+        torch.ops.epx.map_ids(ids, 0, 8, 8, None, None, None, None, 0, -1, 0)

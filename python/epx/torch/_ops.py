@@ -317,6 +317,11 @@ def impl_map_ids(topk_ids: torch.Tensor, mode: int, num_experts: int, num_physic
             pass_id: int, layer: int) -> torch.Tensor:
     dev = _device(topk_ids)
     ids = _ints(topk_ids, "topk_ids", 2)
+    # the C spec's fields are int32 / uint32: checked, never truncated
+    _A.integer(num_experts, "num_experts", 0, _A.MAX_EXPERTS, "EPX_MAX_EXPERTS")
+    _count(num_physical, "num_physical", _A.MAX_PHYSICAL, "4 (E + G) slots at most")
+    _A.integer(pass_id, "pass_id", 0, 2 ** 32 - 1, "map_ids keys it modulo 2^32")
+    _A.integer(layer, "layer", 0, 2 ** 32 - 1, "a uint32")
     for name, t in (("table", table), ("replicas", replicas), ("num_valid", num_valid),
                     ("thresholds", thresholds)):
         _same_device(name, t, dev)
