@@ -609,6 +609,8 @@ def test_compiled_backward_equals_eager():
     assert all(torch.allclose(a, b) for a, b in zip(want, got))
 
 
+@pytest.mark.filterwarnings("ignore:`torch.jit.trace` is deprecated")
+@pytest.mark.filterwarnings("ignore::torch.jit.TracerWarning")
 def test_jit_trace_records_the_ops_not_their_outputs():
     """Under torch.jit.trace the eager shortcut ran the C call directly: the
     trace recorded only the torch.empty of each output, and the traced
