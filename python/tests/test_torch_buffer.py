@@ -369,6 +369,18 @@ def test_buffer_without_a_gpu_is_unsupported():
     assert et.Buffer is B.Buffer and et.EventOverlap is B.EventOverlap
 
 
+
+@pytest.mark.skipif(_ll._buffer_bytes is not None, reason="libepx_cuda.so computes the sizes here")
+def test_size_hints_without_the_gpu_library_say_what_they_need():
+    """The size hints said 'epx.torch got a CUDA tensor, but ...' where no
+    tensor was given."""
+    for call in (lambda: B.Buffer.get_low_latency_rdma_size_hint(128, 7168, 8, 256),
+                 lambda: B.Config().get_nvl_buffer_size_hint(7168 * 2, 8)):
+        with pytest.raises(EpxError, match="buffer size .* computed by libepx_cuda.so") as ei:
+            call()
+        assert ei.value.status == Status.UNSUPPORTED and "CUDA tensor" not in str(ei.value)
+
+
 # ---- a faked engine: Buffer's own logic without a GPU -----------------------------------
 
 def _blob(rank, hidden):

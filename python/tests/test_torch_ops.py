@@ -321,7 +321,7 @@ def test_empty_batches_and_nothing_routed():
     pos = torch.full((3, 2), -1, dtype=torch.int32)
     out = et.combine(torch.empty((0, 8)), pos, torch.ones(3, 2))
     assert torch.equal(out, torch.zeros(3, 8))
-    with pytest.raises(ValueError, match="y has none"):
+    with pytest.raises(ValueError, match="y has no rows"):
         et.combine(torch.empty((0, 8)), torch.tensor([[0, -1]]))
 
 
@@ -534,3 +534,226 @@ def test_gpu_unavailable_where_torch_sees_no_gpu(monkeypatch):
     assert et.gpu_available() is False
     assert et.gpu_unavailable_reason().startswith("torch sees no CUDA GPU "
                                                   "(torch.cuda.is_available() is False")
+
+
+# ---- autograd: permute and combine accept tensors that need grad ----------------
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("seed", range(4))
+def test_permute_and_combine_backward_are_the_formulas(seed, dtype):
+    """A tensor that needs grad went through the op and its output had a
+    grad_fn, but backward() raised 'no autograd formula was registered': an
+    accepted input that did not work. The gradients are the plain-torch
+    formulas' (a gather's is a scatter-add; the combine's are w * grad for y
+    and <grad, y row> for the weights)."""
+    c = _case(seed)
+    lay = et.token_layout(c["ids"], c["E"], c["G"])
+    H = 8
+    x = torch.randn((c["T"], H), generator=c["g"]).to(dtype).requires_grad_(True)
+    w = torch.rand((c["T"], c["K"]), generator=c["g"]).requires_grad_(True)
+    for order, pos in (("rank", lay.pair_rank_pos), ("slot", lay.pair_slot_pos)):
+        sent = et.permute(x, lay, order)
+        y = (sent.float() * 1.5).to(dtype)  # an "expert"
+        out = et.combine(y, pos, w)
+        g = torch.randn(out.shape, generator=c["g"]).to(dtype)
+        gx, gw = torch.autograd.grad(out, (x, w), g)
+        # the reference: index the rows, weight them, sum over k (float32)
+        xr, wr = x.detach().float().requires_grad_(True), w.detach().requires_grad_(True)
+        ok = (pos >= 0).float()
+        rows = (xr * 1.5)[:, None, :].expand(-1, c["K"], -1)  # y[pos[t][k]] is token t's row
+        ref = (wr[:, :, None] * ok[:, :, None] * rows).sum(1)
+        rgx, rgw = torch.autograd.grad(ref, (xr, wr), g.float())
+        # rank order sends a token once per rank: its pos is -1 for the other
+        # k on that rank, whose weight gets no gradient from that row
+        tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=2e-2, atol=5e-2)
+        assert gx.dtype == dtype and gx.shape == x.shape and gw.dtype == torch.float32
+        assert torch.allclose(gx.float(), rgx, **tol), "seed %d %s" % (seed, order)
+        assert torch.allclose(gw, rgw, **tol), "seed %d %s" % (seed, order)
+
+
+def test_backward_needs_no_grad_for_the_positions_and_keeps_weight_dtype():
+    lay = et.token_layout(torch.tensor([[0, 3], [1, -1]]), 4, 2)
+    y = torch.randn(3, 4, requires_grad=True)
+    out = et.combine(y, lay.pair_slot_pos)  # no weights: each is 1
+    out.sum().backward()
+    want = torch.zeros(3, 4)
+    want[lay.pair_slot_pos[lay.pair_slot_pos >= 0].long()] = 1
+    assert torch.equal(y.grad, want)
+    w = torch.rand(2, 2, dtype=torch.float64, requires_grad=True)
+    et.combine(y.detach(), lay.pair_slot_pos, w).sum().backward()
+    assert w.grad.dtype == torch.float64 and w.grad[1, 1] == 0
+
+
+def test_autograd_registrations_pass_opcheck():
+    c = _case(3)
+    lay = et.token_layout(c["ids"], c["E"], c["G"])
+    x = torch.randn(c["T"], 16, requires_grad=True)
+    y = torch.randn(lay.slot_perm.numel(), 16, requires_grad=True)
+    w = torch.rand(c["T"], c["K"], requires_grad=True)
+    torch.library.opcheck(torch.ops.epx.gather_rows.default, (x, lay.slot_perm, c["K"]))
+    torch.library.opcheck(torch.ops.epx.combine.default, (y, lay.pair_slot_pos, w))
+
+
+def test_compiled_backward_equals_eager():
+    c = _case(7)
+
+    def step(x, w):
+        lay = et.token_layout(c["ids"], c["E"], c["G"])
+        return et.combine(et.permute(x, lay, "slot") * 2, lay.pair_slot_pos, w)
+
+    x = torch.randn(c["T"], 8, requires_grad=True)
+    w = torch.rand(c["T"], c["K"], requires_grad=True)
+    want = torch.autograd.grad(step(x, w).sum(), (x, w))
+    f = torch.compile(step, backend="aot_eager", fullgraph=True)
+    got = torch.autograd.grad(f(x, w).sum(), (x, w))
+    assert all(torch.allclose(a, b) for a, b in zip(want, got))
+
+
+@pytest.mark.filterwarnings("ignore:`torch.jit.trace` is deprecated")
+@pytest.mark.filterwarnings("ignore::torch.jit.TracerWarning")
+def test_jit_trace_records_the_ops_not_their_outputs():
+    """Under torch.jit.trace the eager shortcut ran the C call directly: the
+    trace recorded only the torch.empty of each output, and the traced
+    function returned uninitialised memory for new inputs (silently)."""
+    def step(ids, x):
+        lay = et.token_layout(ids, 8, 2)
+        return et.combine(et.permute(x, lay, "slot"), lay.pair_slot_pos)
+
+    ids0 = torch.tensor([[0, 5], [3, -1], [7, 1]])
+    ids1 = torch.tensor([[2, 6], [-1, 4], [1, 0]])
+    x0, x1 = torch.randn(3, 8), torch.randn(3, 8)
+    traced = torch.jit.trace(step, (ids0, x0), check_trace=False)
+    assert torch.equal(traced(ids1, x1), step(ids1, x1))
+
+
+def test_vmap_goes_through_the_op():
+    """vmap's batched tensors took the eager shortcut, whose C call read
+    their data pointer: 'Cannot access data pointer of Tensor that doesn't
+    have storage'. Through the op, torch's fallback runs it per sample."""
+    lay = et.token_layout(torch.tensor([[0, 1], [1, -1], [2, 3], [0, 2], [3, -1]]), 4, 2)
+    x = torch.randn(3, 5, 4)
+    got = torch.vmap(lambda x: et.combine(et.permute(x, lay, "slot"), lay.pair_slot_pos))(x)
+    want = torch.stack([et.combine(et.permute(x[i], lay, "slot"), lay.pair_slot_pos)
+                        for i in range(3)])
+    assert torch.equal(got, want)
+
+
+# ---- inputs refused by name, never read as other numbers ------------------------
+
+def test_complex_weights_are_refused_not_truncated():
+    """combine took complex weights as their real part (torch's cast, a
+    warning at most); Mapping.weighted took complex slot weights the same
+    way (numpy's), and a str reached numpy's own message."""
+    pos = torch.tensor([[0, 1]])
+    with pytest.raises(ValueError, match=r"^weights is torch.complex64: .*real"):
+        et.combine(torch.ones(2, 4), pos, torch.ones(1, 2, dtype=torch.complex64))
+    reps = [[0], [1]]
+    with pytest.raises(ValueError, match=r"^slot_weights must be real numbers, got complex"):
+        et.Mapping.weighted(reps, torch.ones(2, dtype=torch.complex64), 2)
+    with pytest.raises(ValueError, match=r"^slot_weights must be real numbers, got <U3"):
+        et.Mapping.weighted(reps, ["abc", "d"], 2)
+
+
+def test_combine_of_no_rows_refuses_every_position_but_minus_one():
+    """With y of 0 rows, pos = -2 gave zeros (only pos >= 0 was looked for),
+    where any y with rows refuses it."""
+    with pytest.raises(ValueError, match=r"pos\[0\]\[1\] = -2 .* y has no rows"):
+        et.combine(torch.empty((0, 8)), torch.tensor([[-1, -2]]))
+    with pytest.raises(ValueError, match=r"pos\[0\]\[0\] = 0 .* y has no rows"):
+        et.combine(torch.empty((0, 8)), torch.tensor([[0, -1]]))
+
+
+def test_device_messages_name_the_reference_input():
+    """combine and gather_rows said 'but the ids are on cpu' (they take no ids)."""
+    with pytest.raises(ValueError, match=r"^weights is on meta but y is on cpu"):
+        et.combine(torch.ones(2, 4), torch.tensor([[0, 1]]), torch.ones(1, 2, device="meta"))
+    with pytest.raises(ValueError, match=r"^order is on meta but x is on cpu"):
+        torch.ops.epx.gather_rows(torch.ones(2, 4), torch.zeros(2, dtype=torch.int32,
+                                                              device="meta"), 1)
+
+
+def test_no_expert_columns_are_refused_in_the_callers_names():
+    """A [0][0] batch passed the 'top-k >= 1' check (it had no tokens) and
+    the C reference refused it as its own 'phys is [0][0]'."""
+    empty = torch.zeros((0, 0), dtype=torch.int64)
+    reps = [[0, 2], [1, -1]]
+    for call in (lambda: et.dispatch_layout(empty, 2, 1), lambda: et.token_layout(empty, 2, 1),
+                 lambda: et.map_ids(empty, et.Mapping.static([0, 1], 2)),
+                 lambda: et.balanced_topk(empty, et.Mapping.balanced(reps, 3, 1))):
+        with pytest.raises(ValueError, match=r"^(topk_ids|phys) has shape \(0, 0\): .*top-k"):
+            call()
+    # combine's pos of no tokens and no columns has nothing to combine: zeros
+    assert et.combine(torch.empty((0, 4)), torch.zeros((0, 0), dtype=torch.int32)).shape == (0, 4)
+
+
+def test_map_ids_thresholds_must_match_the_replicas():
+    """thresholds [E][W'] with W' != W was read with the replicas' width:
+    a narrower table read past its end, a wider one as other numbers."""
+    m = et.Mapping.weighted([[0, 2], [1, 3]], torch.ones(4), 4)
+    ids = torch.tensor([[0, 1]])
+    for th in (m.thresholds[:, :1].contiguous(), torch.zeros(2, 5, dtype=torch.int32)):
+        with pytest.raises(ValueError, match=r"thresholds has shape \(2, %d\) but replicas "
+                                             r"\(2, 2\)" % th.shape[1]):
+            torch.ops.epx.map_ids(ids, m.mode, 2, 4, None, m.replicas, m.num_valid, th, 0, 0, 0)
+
+
+def test_op_counts_are_range_checked_before_use():
+    """torch.ops.epx.* took counts unchecked: per_token 2^40 was refused by
+    the C reference as 'per_token = 0' (truncated), num_physical 2^40 tried
+    to allocate terabytes."""
+    with pytest.raises(ValueError, match=r"per_token = 1099511627776 is outside \[1, "):
+        torch.ops.epx.gather_rows(torch.ones(2, 4), torch.tensor([0, 1]), 2**40)
+    with pytest.raises(ValueError, match=r"num_physical = 1099511627776 is outside \[1, "):
+        torch.ops.epx.token_layout(torch.zeros(1, 1, dtype=torch.int32), 2**40, 2)
+    with pytest.raises(ValueError, match=r"num_ranks = 4294967296 is outside \[1, "):
+        torch.ops.epx.dispatch_layout(torch.zeros(1, 1, dtype=torch.int32), 8, 2**32)
+    m = et.Mapping.balanced([[0], [1]], 2, 1)
+    with pytest.raises(ValueError, match=r"num_physical = 1099511627776 is outside \[1, "):
+        torch.ops.epx.balanced_topk(torch.zeros(1, 1, dtype=torch.int32), m.replicas,
+                                    m.num_valid, 2**40, 1)
+
+
+def test_fake_implementations_refuse_as_the_real_ones():
+    """Under FakeTensorMode (torch.compile's tracing) a 1-D topk_ids failed
+    as 'not enough values to unpack', a 1-D x as 'tuple index out of
+    range', and a float16 y was given a float16 output the real op refuses."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    with FakeTensorMode():
+        ids1 = torch.zeros(5, dtype=torch.int64)
+        for call, pattern in (
+                (lambda: et.dispatch_layout(ids1, 8, 2), r"^topk_ids must have 2 dimensions"),
+                (lambda: et.token_layout(ids1, 8, 2), r"^phys must have 2 dimensions"),
+                (lambda: et.dispatch_layout(ids1.float()[:, None], 8, 2),
+                 r"^topk_ids must be int32 or int64"),
+                (lambda: torch.ops.epx.gather_rows(torch.zeros(5), ids1.int(), 1),
+                 r"^x must be \[rows\]\[hidden\]"),
+                (lambda: et.combine(torch.zeros(5, 4, dtype=torch.float16),
+                                    torch.zeros(5, 2, dtype=torch.int32)),
+                 r"^y is torch.float16; epx moves float32 and bfloat16"),
+                (lambda: et.combine(torch.zeros(5, 4), torch.zeros(5, 2, dtype=torch.int32),
+                                    torch.zeros(5, 3)), r"one weight per"),
+                (lambda: torch.ops.epx.map_ids(ids1, 0, 8, 8, None, None, None, None, 0, 0, 0),
+                 r"^topk_ids must have 2 dimensions")):
+            with pytest.raises(ValueError, match=pattern):
+                call()
+
+
+def test_balanced_topk_names_the_mappings_experts():
+    """balanced_topk's refusal named the C reference's (E)."""
+    m = et.Mapping.balanced([[0, 2], [1, -1]], 4, 2)
+    with pytest.raises(epx.EpxError, match=r": topk_ids\[0\]\[1\] = 5 is outside \[-1, 2\): .* "
+                                           r"below the mapping's num_experts = 2$"):
+        et.balanced_topk(torch.tensor([[0, 5]]), m)
+
+
+def test_map_ids_op_counts_and_keys_are_range_checked():
+    """torch.ops.epx.map_ids took num_physical 2^40 (truncated to 0 in the
+    C spec: 'id 4 is outside [-1, 1099511627776)') and a layer of 2^40
+    (silently taken modulo 2^32; map_ids itself refuses it)."""
+    ids = torch.tensor([[4]])
+    with pytest.raises(ValueError, match=r"^num_physical = 1099511627776 is outside \[1, "):
+        torch.ops.epx.map_ids(ids, 0, 8, 2**40, None, None, None, None, 0, 0, 0)
+    with pytest.raises(ValueError, match=r"^layer = 1099511627776 is outside \[0, 4294967295\]"):
+        torch.ops.epx.map_ids(ids, 0, 8, 8, None, None, None, None, 0, 0, 2**40)
+    with pytest.raises(ValueError, match=r"^pass_id = -1 is outside \[0, 4294967295\]"):
+        torch.ops.epx.map_ids(ids, 0, 8, 8, None, None, None, None, 0, -1, 0)

@@ -15,7 +15,8 @@ CUDA tensors run epx's CUDA kernels (libepx_cuda.so, built by `pip install
 the host, no synchronisation. CPU tensors run libepx's C references, which
 compute the same numbers (integers equal, floats bit for bit). Every op is a
 torch custom op (torch.ops.epx.*) with a fake implementation, so torch.compile
-traces it and a CUDA graph captures it. Called eagerly on plain tensors the
+traces it and a CUDA graph captures it; permute and combine register their
+backward, so rows that need grad train through them. Called eagerly on plain tensors the
 functions here skip torch's dispatcher (11-20 us a call, bench/RESULTS.md) and run the same
 implementation directly; under tracing, fake tensors or any mode they go
 through the op.
@@ -204,7 +205,8 @@ def permute(x, layout, order="rank"):
     "slot": each (token, k) pair once, slot by slot (slot_perm). The result
     has T*K rows, the capacity; rows past the order's last offset are zero.
     x needs at least the layout's T rows (only those are read).
-    Every row is written once (a gather), float32 or bfloat16."""
+    Every row is written once (a gather), float32 or bfloat16. Differentiable
+    in x (the gradient is the scatter-add of the rows back to their tokens)."""
     if not isinstance(layout, TokenLayout):
         raise TypeError("layout must be epx.torch.token_layout's output, got %s"
                         % type(layout).__name__)
@@ -228,7 +230,8 @@ def combine(y, pos, weights=None):
     """The weighted combine back to token order: out[t] = sum over k with
     pos[t][k] >= 0 of weights[t][k] * y[pos[t][k]], accumulated in float32 by
     fused multiply-adds in k order (bitwise equal on CPU and GPU), stored in
-    y's dtype. weights [T][K] (any float dtype; None = 1)."""
+    y's dtype. weights [T][K] (any float dtype; None = 1). Differentiable in
+    y and weights (plain-torch backward, accumulated in float32)."""
     for t, name in ((y, "y"), (pos, "pos"), (weights, "weights")):
         if t is not None:  # a numpy array got torch's schema dump
             _ops.tensor_arg(t, name)

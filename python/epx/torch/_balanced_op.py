@@ -19,12 +19,14 @@ from typing import List
 
 import torch
 
+from .. import _arrays as _A
 from .. import _balanced
 from .._native import c_void_p
 from .._native import call as _cpu_call
 from . import _gpu
-from ._ops import (_addr, _check_ranks, _device, _int_ptr, _ints, _launch, _same_device,
-                   _table_arg, eager)
+from .._native import EpxError
+from ._ops import (_addr, _check_ranks, _count, _device, _int_meta, _int_ptr, _ints, _launch,
+                   _refuse_outside, _same_device, _table_arg, eager)
 
 _lock = threading.Lock()
 _cpu_balancers = {}
@@ -49,6 +51,12 @@ def _gpu_balancer(device, E, W, P, G):
     return _gpu_balancers[key]
 
 
+def _counts(num_physical, num_ranks):
+    _count(num_physical, "num_physical", _A.MAX_PHYSICAL, "4 (E + G) slots at most")
+    _count(num_ranks, "num_ranks", _A.MAX_GPUS, "EPX_MAX_GPUS")
+    _check_ranks(num_physical, num_ranks, "num_physical", "slots")
+
+
 def _check(topk_ids, replicas, num_valid, num_physical, num_ranks):
     dev = _device(topk_ids)
     ids = _ints(topk_ids, "topk_ids", 2)
@@ -60,7 +68,7 @@ def _check(topk_ids, replicas, num_valid, num_physical, num_ranks):
     E = replicas.shape[0]
     replicas = _table_arg("replicas", replicas, E, 2)
     num_valid = _table_arg("num_valid", num_valid, E, 1)
-    _check_ranks(num_physical, num_ranks, "num_physical", "slots")
+    _counts(num_physical, num_ranks)
     return dev, ids, replicas, num_valid
 
 
@@ -83,8 +91,12 @@ def impl_balanced_topk(topk_ids: torch.Tensor, replicas: torch.Tensor, num_valid
                                 None, 0, 0, 0, 0)
     with _lock:
         b = _cpu_balancer(E, W, num_physical, num_ranks)
-        _cpu_call(_balanced._topk, b._h, _int_ptr(replicas), _int_ptr(num_valid), _int_ptr(ids),
-                  T, K, _int_ptr(phys), ctypes.byref(out))
+        try:
+            _cpu_call(_balanced._topk, b._h, _int_ptr(replicas), _int_ptr(num_valid),
+                      _int_ptr(ids), T, K, _int_ptr(phys), ctypes.byref(out))
+        except EpxError:
+            _refuse_outside(ids, E, "topk_ids", "the mapping's num_experts")
+            raise
     return [phys, slot_counts]
 
 
@@ -94,6 +106,8 @@ balanced_topk = torch.library.custom_op("epx::balanced_topk", impl_balanced_topk
 
 @balanced_topk.register_fake
 def _(topk_ids, replicas, num_valid, num_physical, num_ranks):
+    _int_meta(topk_ids, "topk_ids", 2)
+    _counts(num_physical, num_ranks)
     return [torch.empty(tuple(topk_ids.shape), dtype=torch.int32, device=topk_ids.device),
             torch.empty(num_physical, dtype=torch.int64, device=topk_ids.device)]
 

@@ -84,6 +84,11 @@ def config(hidden, top_k, num_experts, max_tokens):
 def buffer_bytes(cfg, num_ranks):
     """Device bytes one rank's engine takes (epx_gpu_ep_buffer_bytes)."""
     n = c_size_t(0)
+    if _buffer_bytes is None:  # _gpu.call would say "got a CUDA tensor": none was given
+        raise _native.EpxError(_native.Status.UNSUPPORTED, "the engine's buffer size (Buffer's "
+                               "size hints) is computed by libepx_cuda.so, which this install "
+                               "cannot use: %s" % (_gpu._reason or "it lacks the low-latency "
+                                                   "engine"))
     _gpu.call(_buffer_bytes, ctypes.byref(cfg), int(num_ranks), ctypes.byref(n))
     return n.value
 

@@ -140,7 +140,14 @@ class Mapping:
         reps, nv = _replica_rows(replicas, num_valid, P)
         w = slot_weights.detach().cpu().numpy() if isinstance(slot_weights, torch.Tensor) \
             else slot_weights
-        w = np.ascontiguousarray(np.asarray(w, dtype=np.float64))
+        w = np.asarray(w)
+        if not (np.issubdtype(w.dtype, np.floating) or np.issubdtype(w.dtype, np.integer) or
+                w.dtype == np.bool_):
+            # complex would keep only its real part; str/object reach numpy's own message
+            raise ValueError("slot_weights must be real numbers, got %s: one share per "
+                             "physical slot (a Plan's replica_weights row)"
+                             % ("complex" if np.iscomplexobj(w) else w.dtype.str))
+        w = np.ascontiguousarray(w, dtype=np.float64)
         if w.shape != (P,):
             raise ValueError("slot_weights must be [num_physical] = [%d], got %s" % (P, w.shape))
         E, W = reps.shape
