@@ -526,6 +526,22 @@ def test_permute_names_too_few_rows_of_x():
     assert torch.equal(et.permute(x, lay), et.permute(x[:2], lay))
 
 
+def test_permute_refuses_a_layout_of_two_batches():
+    """Fields of batches with another K gathered other rows without a word
+    (slot_perm's pair ids t*K+k read with pair_slot_pos' K)."""
+    a = et.token_layout(torch.tensor([[0, 3], [1, 2]], dtype=torch.int32), 4, 2)
+    b = et.token_layout(torch.tensor([[0, 3, 1], [1, 2, 0]], dtype=torch.int32), 4, 2)
+    x = torch.randn(2, 8)
+    for mixed, field in [(a._replace(pair_slot_pos=b.pair_slot_pos), "pair_rank_pos"),
+                         (a._replace(slot_perm=b.slot_perm), "slot_perm"),
+                         (b._replace(rank_perm=a.rank_perm), "rank_perm")]:
+        for order in ("rank", "slot"):
+            with pytest.raises(ValueError, match=r"layout\.%s has shape .* different batches"
+                               % field):
+                et.permute(x, mixed, order)
+    assert et.permute(x, a, "slot").shape == (4, 8)  # one batch's own layout is fine
+
+
 def test_gpu_unavailable_where_torch_sees_no_gpu(monkeypatch):
     """The GPU library alone said True (and no reason) on a machine with no GPU."""
     from epx.torch import _gpu

@@ -221,9 +221,34 @@ def permute(x, layout, order="rank"):
                          "[T][H] = [%d][H] the layout's ids came with"
                          % ("shape %s" % list(x.shape) if x.dim() != 2 else
                             "%d row%s" % (x.shape[0], "" if x.shape[0] == 1 else "s"), T, T))
+    _check_layout(layout)
     perm, per_token = ((layout.rank_perm, 1) if order == "rank" else
                        (layout.slot_perm, layout.pair_slot_pos.shape[1]))
     return _ops.run("gather_rows", (x, perm), x, perm, per_token)
+
+
+def _check_layout(layout):
+    """The fields of one batch agree on T and K (token_layout's always do; a
+    layout put together from two batches would gather other rows without a
+    word: slot_perm's pair ids t*K+k read with another K)."""
+    T = layout.is_token_in_rank.shape[0]
+    if layout.pair_slot_pos.dim() != 2 or layout.pair_slot_pos.shape[0] != T:
+        raise ValueError("layout.pair_slot_pos has shape %s, is_token_in_rank %d tokens: the "
+                         "fields are of different batches; use token_layout's output as it is"
+                         % (list(layout.pair_slot_pos.shape), T))
+    K = layout.pair_slot_pos.shape[1]
+    for name in ("pair_rank_pos",):
+        f = getattr(layout, name)
+        if list(f.shape) != [T, K]:
+            raise ValueError("layout.%s has shape %s, not [%d][%d] (T, K from pair_slot_pos): "
+                             "the fields are of different batches; use token_layout's output "
+                             "as it is" % (name, list(f.shape), T, K))
+    for name in ("rank_perm", "slot_perm"):
+        f = getattr(layout, name)
+        if f.dim() != 1 or f.numel() != T * K:
+            raise ValueError("layout.%s has shape %s, not [%d] (T * K = %d * %d): the fields "
+                             "are of different batches; use token_layout's output as it is"
+                             % (name, list(f.shape), T * K, T, K))
 
 
 def combine(y, pos, weights=None):
