@@ -376,9 +376,8 @@ epx_status epx_report_write_svg(const char *path, int32_t L, int32_t G,
         /* figures print as text: NaN or inf would be written as "nan" */
         if (!isfinite(series[s].overall))
             return epxi_fail(err, EPX_ERR_INVALID_ARG,
-                             "report: series %d's overall is %g: it "
-                             "must be finite",
-                             s, series[s].overall);
+                             "report: series %d's overall is %g: it must be finite", s,
+                             series[s].overall);
         for (int32_t l = 0; series[s].balancedness && l < L; l++)
             if (!isfinite(series[s].balancedness[l]))
                 return epxi_fail(err, EPX_ERR_INVALID_ARG,

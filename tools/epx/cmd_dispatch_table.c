@@ -79,8 +79,9 @@ static int check_replicas(const int32_t *p2l, int32_t P, const int32_t *rep, int
                             "%s: %s\n",
                             l, e, p, what, why);
                     rc = CLI_EXIT_USAGE;
+                    continue;
                 }
-                seen[p < 0 || p >= P ? 0 : p] = j;
+                seen[p] = j; /* p is one of this expert's slots here */
                 n++;
             }
             if (rc < 0 && n != held[e]) {
