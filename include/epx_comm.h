@@ -250,7 +250,9 @@ typedef struct epx_ep epx_ep;
  * Returns: EPX_OK; EPX_ERR_INVALID_ARG (config; a device communicator: use
  *          epx_nccl_ep_create); EPX_ERR_SHAPE (P not a multiple of R);
  *          EPX_ERR_OVERFLOW; EPX_ERR_NOMEM.
- * Collective: no (but every rank needs the same cfg).
+ * Collective: no (but every rank needs the same cfg: the first dispatch
+ *          compares the ranks' configs, and every rank returns
+ *          EPX_ERR_INVALID_ARG naming the field when one differs).
  */
 EPX_API epx_status epx_ep_create(epx_comm *comm, const epx_ep_config *cfg, void *workspace,
                                  size_t workspace_bytes, epx_ep **out, epx_error *err);

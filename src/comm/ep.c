@@ -21,6 +21,9 @@
  * output of (t, k) to row t * K + k of the token's rank. The same protocol
  * and layout as the GPU engine (gpu/ll_ep.cu), so CI checks it on MPI ranks.
  *
+ * Before a handle's first batch on more than one rank, the ranks compare
+ * their configs in one exchange of a fixed size (shape_check).
+ *
  * Everything a batch needs is carved out of one workspace at creation; the
  * per-batch path allocates nothing. The send streams are ordered by token,
  * and every position a later step needs (where (t, k)'s output comes back)
@@ -35,7 +38,7 @@
 /* Where each buffer lives inside the workspace (byte offsets). */
 typedef struct ep_layout {
     size_t send_rec, recv_rec, y, csend, crecv, weights, slots, ret_pos, tok_ndest, tok_dpos,
-        entry_token, entry_weight, entry_pair, slot_offsets, row_entries, counts, total;
+        entry_token, entry_weight, entry_pair, slot_offsets, row_entries, counts, shape, total;
 } ep_layout;
 
 /* The per-peer integer arrays: int64 rows of [R]; the counts exchange
@@ -57,6 +60,22 @@ enum {
     C_ROWS = C_RECVC + 2
 };
 
+/* The config fields every rank's handle must share, as the ranks compare
+ * them before their first batch (shape_check). */
+enum {
+    F_HIDDEN,
+    F_TOP_K,
+    F_NUM_SLOTS,
+    F_MAX_TOKENS,
+    F_X_DTYPE,
+    F_Y_DTYPE,
+    F_COMBINE,
+    F_MODE,
+    F_MAX_RECV_TOKENS,
+    F_MAX_RECV_ENTRIES,
+    F_COUNT
+};
+
 struct epx_ep {
     epx_comm *comm;
     epxi_ep_geom g;
@@ -64,7 +83,8 @@ struct epx_ep {
     unsigned char *ws;
     bool own_ws;
     ep_layout lay;
-    uint32_t epoch; /* low latency: the last batch's */
+    uint32_t epoch;    /* low latency: the last batch's */
+    bool shape_agreed; /* every rank's config was found equal to this one's */
     /* last batch */
     int64_t T;
     bool dispatched;
@@ -96,6 +116,7 @@ static epx_status plan_layout(epx_ep *ep, const epx_ep_config *cfg, int32_t R, e
             {&l->entry_pair, (double)g->cap_ent, sizeof(int32_t)},
             {&l->slot_offsets, (double)g->spr + 1, sizeof(int64_t)},
             {&l->counts, (double)C_ROWS * R, sizeof(int64_t)},
+            {&l->shape, (double)F_COUNT * (R + 1), sizeof(int64_t)},
         };
         return epxi_ws_carve(parts, sizeof parts / sizeof parts[0], 64, &l->total, "EP", err);
     }
@@ -115,6 +136,7 @@ static epx_status plan_layout(epx_ep *ep, const epx_ep_config *cfg, int32_t R, e
         {&l->slot_offsets, (double)g->spr + 1, sizeof(int64_t)},
         {&l->row_entries, (double)g->cap_tok * K, sizeof(int32_t)},
         {&l->counts, (double)C_ROWS * R, sizeof(int64_t)},
+        {&l->shape, (double)F_COUNT * (R + 1), sizeof(int64_t)},
     };
     return epxi_ws_carve(parts, sizeof parts / sizeof parts[0], 64, &l->total, "EP", err);
 }
@@ -223,6 +245,51 @@ static int64_t first_bad_slot(const int32_t *slots, int64_t n, int32_t P) {
     for (int64_t i = 0; i < n; i++)
         if (slots[i] < -1 || slots[i] >= P) return i;
     return -1;
+}
+
+/* Every rank compares its config with every other's, once, before the
+ * handle's first batch. A rank with another shape sends records and rows
+ * of another size: MPI then reports a truncation on some ranks only, or
+ * nothing at all where the sizes round alike (other hidden sizes in one
+ * record size), and the others go on with wrong rows or wait for a peer
+ * that left. The exchange is of a fixed size whatever the configs, so
+ * every rank sees every value and all refuse together, with the
+ * communicator still healthy. */
+static epx_status shape_check(epx_ep *ep, epx_error *err) {
+    static const char *const names[F_COUNT] = {
+        "hidden",  "top_k",   "num_slots", "max_tokens",      "x_dtype",
+        "y_dtype", "combine", "mode",      "max_recv_tokens", "max_recv_entries"};
+    const epx_ep_config *c = &ep->g.cfg;
+    const int32_t R = ep->g.R;
+    int64_t *mine = WS(ep, shape, int64_t), *all = mine + F_COUNT;
+    const int64_t v[F_COUNT] = {c->hidden,          c->top_k,           c->num_slots, c->max_tokens,
+                                c->x_dtype,         c->y_dtype,         c->combine,   c->mode,
+                                c->max_recv_tokens, c->max_recv_entries};
+    memcpy(mine, v, sizeof v);
+    /* The same F_COUNT values to every peer (send blocks may overlap). */
+    int64_t *cnt = crow(ep, C_XCNT), *sdispl = crow(ep, C_XDISPL), *rdispl = crow(ep, C_RTOKOFF);
+    for (int32_t r = 0; r < R; r++) {
+        cnt[r] = F_COUNT;
+        sdispl[r] = 0;
+        rdispl[r] = (int64_t)r * F_COUNT;
+    }
+    epx_status st =
+        epx_comm_alltoallv(ep->comm, mine, cnt, sdispl, all, cnt, rdispl, sizeof(int64_t), err);
+    if (st != EPX_OK) {
+        epxi_error_prefix(err, "EP config check");
+        return st;
+    }
+    for (int32_t r = 0; r < R; r++)
+        for (int f = 0; f < F_COUNT; f++)
+            if (all[(size_t)r * F_COUNT + f] != v[f])
+                return epxi_fail(err, EPX_ERR_INVALID_ARG,
+                                 "EP config differs between ranks: %s is %lld on rank %d but "
+                                 "%lld on rank %d; create every rank's EP handle with the same "
+                                 "config (no rank dispatched)",
+                                 names[f], (long long)v[f], ep->me,
+                                 (long long)all[(size_t)r * F_COUNT + f], r);
+    ep->shape_agreed = true;
+    return EPX_OK;
 }
 
 static void fill_recv(const epx_ep *ep, int64_t rows, int64_t entries, epx_ep_recv *recv) {
@@ -470,6 +537,7 @@ epx_status epx_ep_dispatch(epx_ep *ep, int64_t T, const void *x, const int32_t *
                            const float *topk_weights, epx_ep_recv *recv, epx_error *err) {
     if (ep == NULL || recv == NULL)
         return epxi_fail(err, EPX_ERR_INVALID_ARG, "EP dispatch needs a handle and a recv view");
+    if (!ep->shape_agreed && ep->g.R > 1) EPX_TRY(shape_check(ep, err));
     if (ep->g.low_latency) return dispatch_ll(ep, T, x, topk_slots, topk_weights, recv, err);
     return dispatch_normal(ep, T, x, topk_slots, topk_weights, recv, err);
 }

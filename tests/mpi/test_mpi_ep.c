@@ -164,6 +164,53 @@ static void ep_low_latency(void **state) {
     ep_cases(EPX_EP_COMBINE_TOPK, EPX_EP_MODE_LOW_LATENCY, 40);
 }
 
+/* One rank's config differs from the others' in one field: every rank's
+ * first dispatch refuses, naming the field, instead of exchanging records
+ * of other sizes (a truncation on some ranks, wrong rows on others, the
+ * rest waiting for the timeout); the communicator stays usable. */
+static void ep_config_mismatch(void **state) {
+    (void)state;
+    tu_rng lr = {g_seed + 4242}; /* the same on all ranks */
+    static const char *const fields[] = {"hidden",  "top_k",   "max_tokens",     "mode",
+                                         "x_dtype", "combine", "max_recv_tokens"};
+    for (int it = 0; it < 12; it++) {
+        epx_ep_config c = EPX_EP_CONFIG_INIT;
+        c.hidden = 1 + (int32_t)tu_below(&lr, 24);
+        c.top_k = 1 + (int32_t)tu_below(&lr, 9);
+        c.num_slots = g_size * (1 + (int32_t)tu_below(&lr, 4));
+        c.max_tokens = 1 + (int64_t)tu_below(&lr, 8);
+        const int f = (int)tu_below(&lr, sizeof fields / sizeof fields[0]);
+        const int32_t odd = (int32_t)tu_below(&lr, (uint32_t)g_size);
+        if (g_rank == odd) {
+            if (f == 0) c.hidden ^= 1; /* 4 and 5, 2 and 3: one record size in f32 */
+            if (f == 1) c.top_k = c.top_k % 9 + 1;
+            if (f == 2) c.max_tokens++;
+            if (f == 3) c.mode = EPX_EP_MODE_LOW_LATENCY;
+            if (f == 4) c.x_dtype = EPX_DTYPE_BF16;
+            if (f == 5) c.combine = EPX_EP_COMBINE_RANK;
+            if (f == 6) c.max_recv_tokens = 1;
+        }
+        if (c.hidden == 0) c.hidden = 2; /* 1 ^ 1 */
+        epx_ep *ep = NULL;
+        epx_error err = {0};
+        assert_int_equal(epx_ep_create(g_comm, &c, NULL, 0, &ep, &err), EPX_OK);
+        const int64_t T = c.max_tokens - 1;
+        float x[8 * 24] = {0}, w[8 * 9] = {0};
+        int32_t s[8 * 9];
+        for (int64_t i = 0; i < T * c.top_k; i++) s[i] = (int32_t)(i % c.num_slots);
+        epx_ep_recv rv;
+        epx_status st = epx_ep_dispatch(ep, T, x, s, w, &rv, &err);
+        int64_t bad = st != EPX_ERR_INVALID_ARG || strstr(err.msg, fields[f]) == NULL ||
+                      strstr(err.msg, "same config") == NULL;
+        if (bad)
+            fprintf(stderr, "rank %d iteration %d (%s differs on rank %d, seed %llu): %s: %s\n",
+                    g_rank, it, fields[f], odd, (unsigned long long)g_seed, epx_status_str(st),
+                    err.msg);
+        epx_ep_destroy(ep);
+        all_ok(bad, "a config that differs between ranks refused on every rank");
+    }
+}
+
 static void tp_baseline(void **state) {
     (void)state;
     tu_rng r = {g_seed + 99}; /* same tokens on every rank, as TP serves them */
@@ -216,7 +263,8 @@ int main(int argc, char **argv) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(comm_ops),        cmocka_unit_test(injected_fault),
         cmocka_unit_test(ep_topk_bitwise), cmocka_unit_test(ep_rank_mode),
-        cmocka_unit_test(ep_low_latency),  cmocka_unit_test(tp_baseline),
+        cmocka_unit_test(ep_low_latency),  cmocka_unit_test(ep_config_mismatch),
+        cmocka_unit_test(tp_baseline),
     };
     int failed = cmocka_run_group_tests(tests, NULL, NULL);
     epx_comm_destroy(g_comm);
