@@ -304,11 +304,13 @@ typedef struct epx_ep_recv {
  *          -1 = no expert for that k; topk_weights (in) [T][K] fp32, copied
  *          for combine; recv (out) the received rows and entries.
  * Returns: EPX_OK; EPX_ERR_INVALID_ARG (a slot outside [-1, P): names token,
- *          k and slot; T out of range); EPX_ERR_OVERFLOW (a rank's receive
- *          capacity, when set below the worst case); the communicator's
- *          EPX_ERR_COMM / EPX_ERR_TIMEOUT. An argument error is found before
- *          any communication; other ranks then time out, so check inputs
- *          before a collective call when ranks can disagree.
+ *          k and slot; T out of range; NULL buffers; configs that differ
+ *          between ranks); EPX_ERR_OVERFLOW (a rank's receive capacity,
+ *          when set below the worst case); the communicator's EPX_ERR_COMM
+ *          / EPX_ERR_TIMEOUT. A batch one rank refuses (host communicators)
+ *          still takes part in the first exchange, empty: every rank returns
+ *          EPX_ERR_INVALID_ARG for it (the others naming that rank), nothing
+ *          is sent, and the next batch goes through.
  * Collective: yes. Allocates nothing.
  */
 EPX_API epx_status epx_ep_dispatch(epx_ep *ep, int64_t T, const void *x, const int32_t *topk_slots,

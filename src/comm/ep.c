@@ -60,6 +60,10 @@ enum {
     C_ROWS = C_RECVC + 2
 };
 
+/* What a rank announces to every peer, instead of its counts, for a batch
+ * it refused (check_batch). */
+#define REFUSED ((int64_t)-1)
+
 /* The config fields every rank's handle must share, as the ranks compare
  * them before their first batch (shape_check). */
 enum {
@@ -218,9 +222,13 @@ static void prefix(const int64_t *n, int64_t *off, int32_t R) {
     }
 }
 
-/* Arguments every dispatch checks before any communication. */
+/* Arguments every dispatch checks before it sends anything. A batch that
+ * fails them is still taken to the batch's first exchange, empty and
+ * marked refused, so that every rank returns the error together
+ * (refuse_batch) instead of the others waiting for this rank until the
+ * timeout, or pairing this batch's exchanges with its next one's. */
 static epx_status check_batch(const epx_ep *ep, int64_t T, const void *x, const int32_t *slots,
-                              const float *weights, bool check_slots, epx_error *err) {
+                              const float *weights, epx_error *err) {
     const int32_t K = ep->g.K, P = ep->g.P;
     if (T < 0 || T > ep->g.M)
         return epxi_fail(err, EPX_ERR_INVALID_ARG,
@@ -231,20 +239,25 @@ static epx_status check_batch(const epx_ep *ep, int64_t T, const void *x, const 
         return epxi_fail(err, EPX_ERR_INVALID_ARG,
                          "EP dispatch of %lld tokens needs x, topk_slots and topk_weights",
                          (long long)T);
-    if (check_slots)
-        for (int64_t i = 0; i < T * K; i++)
-            if (slots[i] < -1 || slots[i] >= P)
-                return epxi_fail(err, EPX_ERR_INVALID_ARG,
-                                 "topk_slots[%lld][%d] = %d is outside [-1, %d) (num_slots)",
-                                 (long long)(i / K), (int)(i % K), slots[i], P);
+    for (int64_t i = 0; i < T * K; i++)
+        if (slots[i] < -1 || slots[i] >= P)
+            return epxi_fail(err, EPX_ERR_INVALID_ARG,
+                             "topk_slots[%lld][%d] = %d is outside [-1, %d) (num_slots)",
+                             (long long)(i / K), (int)(i % K), slots[i], P);
     return EPX_OK;
 }
 
-/* The first bad slot of a batch, as an index into [T][K], or -1. */
-static int64_t first_bad_slot(const int32_t *slots, int64_t n, int32_t P) {
-    for (int64_t i = 0; i < n; i++)
-        if (slots[i] < -1 || slots[i] >= P) return i;
-    return -1;
+/* A batch some rank refused: this rank's own reason, or the refusing rank's
+ * number (`by`). Nothing was sent and no expert runs; the ranks stay in
+ * step, so the next batch goes through. */
+static epx_status refuse_batch(epx_status own_st, const epx_error *own, int32_t by,
+                               epx_error *err) {
+    if (own_st != EPX_OK)
+        return epxi_fail(err, own_st, "%s; every rank returns an error for this batch", own->msg);
+    return epxi_fail(err, EPX_ERR_INVALID_ARG,
+                     "rank %d passed a batch it cannot dispatch (its error names the value); "
+                     "every rank returns an error for this batch, no expert ran",
+                     by);
 }
 
 /* Every rank compares its config with every other's, once, before the
@@ -309,7 +322,9 @@ static epx_status dispatch_normal(epx_ep *ep, int64_t T, const void *x, const in
                                   const float *topk_weights, epx_ep_recv *recv, epx_error *err) {
     const epxi_ep_geom *g = &ep->g;
     const int32_t R = g->R, K = g->K, spr = g->spr;
-    EPX_TRY(check_batch(ep, T, x, topk_slots, topk_weights, true, err));
+    epx_error own = {0};
+    const epx_status verdict = check_batch(ep, T, x, topk_slots, topk_weights, &own);
+    if (verdict != EPX_OK) T = 0; /* send nothing, but take part in the counts */
     ep->dispatched = false;
     ep->T = T;
     int64_t *ntok = crow(ep, C_NTOK), *nent = crow(ep, C_NENT), *rtok = crow(ep, C_RTOK),
@@ -360,8 +375,8 @@ static epx_status dispatch_normal(epx_ep *ep, int64_t T, const void *x, const in
     /* Exchange 1: counts (tokens, entries) per peer. */
     int64_t *sendc = crow(ep, C_SENDC), *recvc = crow(ep, C_RECVC);
     for (int32_t r = 0; r < R; r++) {
-        sendc[2 * r] = ntok[r];
-        sendc[2 * r + 1] = nent[r];
+        sendc[2 * r] = verdict == EPX_OK ? ntok[r] : REFUSED;
+        sendc[2 * r + 1] = verdict == EPX_OK ? nent[r] : REFUSED;
         xcnt[r] = 2;
         xdispl[r] = 2 * (int64_t)r;
     }
@@ -371,6 +386,10 @@ static epx_status dispatch_normal(epx_ep *ep, int64_t T, const void *x, const in
         epxi_error_prefix(err, "EP dispatch (counts)");
         return st;
     }
+    int32_t refused_by = -1;
+    for (int32_t r = 0; r < R && refused_by < 0; r++)
+        if (recvc[2 * r] == REFUSED) refused_by = r;
+    if (verdict != EPX_OK || refused_by >= 0) return refuse_batch(verdict, &own, refused_by, err);
     int64_t got_tok = 0, got_ent = 0;
     bool bad = false;
     for (int32_t r = 0; r < R; r++) {
@@ -451,14 +470,15 @@ static epx_status dispatch_ll(epx_ep *ep, int64_t T, const void *x, const int32_
     const epxi_ep_geom *g = &ep->g;
     const int32_t R = g->R, K = g->K, spr = g->spr;
     const int64_t M = g->M, S = M + 1;
-    /* A bad slot is not refused here: the flag carries the verdict, so
+    /* A bad batch is not refused here: the flag carries the verdict, so
      * every rank fails this batch together instead of waiting for us. */
-    EPX_TRY(check_batch(ep, T, x, topk_slots, topk_weights, false, err));
+    epx_error own = {0};
+    const epx_status verdict = check_batch(ep, T, x, topk_slots, topk_weights, &own);
+    if (verdict != EPX_OK) T = 0;
     ep->dispatched = false;
     ep->T = T;
     const uint32_t epoch = ep->epoch + 1;
     ep->epoch = epoch == 0 ? 1 : epoch; /* 0 marks rows never written */
-    int64_t bad_at = first_bad_slot(topk_slots, T * K, g->P);
     unsigned char *send_rec = WS(ep, send_rec, unsigned char);
     if (T > 0) {
         memcpy(WS(ep, weights, float), topk_weights, (size_t)(T * K) * sizeof(float));
@@ -466,7 +486,7 @@ static epx_status dispatch_ll(epx_ep *ep, int64_t T, const void *x, const int32_
     }
     int64_t sent = 0;
     int32_t d[EPX_MOE_MAX_TOP_K];
-    for (int64_t t = 0; t < T && bad_at < 0; t++) {
+    for (int64_t t = 0; t < T; t++) {
         const int32_t *s = topk_slots + t * K;
         int32_t nd = epxi_ep_token_dests(s, K, spr, d);
         for (int32_t j = 0; j < nd; j++) {
@@ -479,7 +499,7 @@ static epx_status dispatch_ll(epx_ep *ep, int64_t T, const void *x, const int32_
         }
     }
     for (int32_t r = 0; r < R; r++) {
-        uint64_t flag = epxi_ll_flag(ep->epoch, bad_at < 0 ? (uint32_t)T : EPXI_LL_BAD);
+        uint64_t flag = epxi_ll_flag(ep->epoch, verdict == EPX_OK ? (uint32_t)T : EPXI_LL_BAD);
         memcpy(epxi_ep_rec(g, send_rec, r * S + M), &flag, sizeof flag);
     }
     int64_t *cnt = crow(ep, C_XCNT), *displ = crow(ep, C_XDISPL);
@@ -511,15 +531,7 @@ static epx_status dispatch_ll(epx_ep *ep, int64_t T, const void *x, const int32_
         first[r] = r * S;
         rows[r] = count == EPXI_LL_BAD ? 0 : count;
     }
-    if (bad_at >= 0)
-        return epxi_fail(err, EPX_ERR_INVALID_ARG,
-                         "topk_slots[%lld][%d] = %d is outside [-1, %d) (num_slots); every rank "
-                         "returns an error for this batch",
-                         (long long)(bad_at / K), (int)(bad_at % K), topk_slots[bad_at], g->P);
-    if (bad_rank >= 0)
-        return epxi_fail(err, EPX_ERR_INVALID_ARG,
-                         "rank %d passed a slot outside [-1, %d) in this batch; no expert ran",
-                         bad_rank, g->P);
+    if (verdict != EPX_OK || bad_rank >= 0) return refuse_batch(verdict, &own, bad_rank, err);
     int64_t got_ent = 0;
     EPX_TRY(epxi_ep_group_entries(g, recv_rec, R, first, rows, ep->epoch,
                                   WS(ep, slot_offsets, int64_t), WS(ep, entry_token, int32_t),

@@ -211,6 +211,92 @@ static void ep_config_mismatch(void **state) {
     }
 }
 
+/* One rank passes a batch it cannot dispatch (a slot >= P or < -1, more
+ * tokens than max_tokens, no x): in either mode every rank returns
+ * EPX_ERR_INVALID_ARG for that batch at once (the bad rank naming the
+ * value, the others the rank) instead of waiting out the timeout on a
+ * poisoned communicator, and the next batch on the same handles is right.
+ * A communicator of its own with a short timeout keeps a failure quick. */
+static void ep_bad_batch_shared(void **state) {
+    (void)state;
+    epx_comm_mpi_opts o = EPX_COMM_MPI_OPTS_INIT;
+    o.timeout_ms = 3000;
+    epx_comm *comm = NULL;
+    epx_error err = {0};
+    assert_int_equal(epx_comm_mpi_create(MPI_COMM_WORLD, &o, &comm, &err), EPX_OK);
+    tu_rng lr = {g_seed + 5151}; /* the same on all ranks */
+    static const char *const kinds[] = {"slot >= num_slots", "slot < -1", "T > max_tokens",
+                                        "x NULL"};
+    static const char *const says[] = {"topk_slots[", "topk_slots[", "max_tokens", "needs x"};
+    int64_t bad = 0;
+    for (int it = 0; it < 16 && bad == 0; it++) {
+        epx_ep_config c = EPX_EP_CONFIG_INIT;
+        c.hidden = 1 + (int32_t)tu_below(&lr, 16);
+        c.top_k = 1 + (int32_t)tu_below(&lr, 9);
+        c.num_slots = g_size * (1 + (int32_t)tu_below(&lr, 4));
+        c.max_tokens = 1 + (int64_t)tu_below(&lr, 8);
+        c.mode = tu_below(&lr, 2) ? EPX_EP_MODE_LOW_LATENCY : EPX_EP_MODE_NORMAL;
+        const int kind = (int)tu_below(&lr, 4);
+        const int32_t culprit = (int32_t)tu_below(&lr, (uint32_t)g_size);
+        const int32_t H = c.hidden, K = c.top_k, P = c.num_slots;
+        const int64_t M = c.max_tokens;
+        tu_rng r = {g_seed * 131 + (uint64_t)it * 7919 + (uint64_t)g_rank}; /* per rank */
+        float *x = malloc((size_t)(M + 1) * H * 4), *w = malloc((size_t)(M + 1) * K * 4);
+        float *out = malloc((size_t)(M + 1) * H * 4);
+        int32_t *s = malloc((size_t)(M + 1) * K * 4);
+        for (int64_t i = 0; i < (M + 1) * H; i++) x[i] = (float)(tu_uniform(&r) * 2 - 1);
+        for (int64_t i = 0; i < (M + 1) * K; i++) {
+            s[i] = (int32_t)tu_below(&r, (uint32_t)P + 1) - 1;
+            w[i] = (float)tu_uniform(&r);
+        }
+        epx_ep *ep = NULL;
+        assert_int_equal(epx_ep_create(comm, &c, NULL, 0, &ep, &err), EPX_OK);
+        int64_t T = (int64_t)tu_below(&r, (uint32_t)M + 1);
+        const float *bx = x;
+        if (g_rank == culprit) {
+            T = kind == 2 ? M + 1 : 1 + (int64_t)tu_below(&r, (uint32_t)M);
+            const int64_t at = (int64_t)tu_below(&r, (uint32_t)(T * K));
+            if (kind == 0) s[at] = P + (int32_t)tu_below(&r, 3);
+            if (kind == 1) s[at] = -2 - (int32_t)tu_below(&r, 3);
+            if (kind == 3) bx = NULL;
+        }
+        epx_ep_recv rv;
+        epx_status st = epx_ep_dispatch(ep, T, bx, s, w, &rv, &err);
+        char who[32];
+        snprintf(who, sizeof who, "rank %d", culprit);
+        const char *want = g_rank == culprit ? says[kind] : who;
+        int64_t wrong = st != EPX_ERR_INVALID_ARG || strstr(err.msg, want) == NULL;
+        if (wrong)
+            fprintf(stderr, "rank %d iteration %d (%s mode, %s on rank %d, seed %llu): %s: %s\n",
+                    g_rank, it, c.mode ? "low-latency" : "normal", kinds[kind], culprit,
+                    (unsigned long long)g_seed, epx_status_str(st), err.msg);
+        /* The next batch, good everywhere, goes through and is right. */
+        for (int64_t i = 0; i < M * K; i++)
+            if (s[i] < -1 || s[i] >= P) s[i] = -1;
+        T = (int64_t)tu_below(&r, (uint32_t)M + 1);
+        st = wrong ? EPX_ERR_INTERNAL : epx_ep_dispatch(ep, T, x, s, w, &rv, &err);
+        if (st == EPX_OK) st = epx_ep_identity_experts(ep, &rv, &err);
+        if (st == EPX_OK) st = epx_ep_combine(ep, out, &err);
+        if (!wrong && st != EPX_OK) {
+            fprintf(stderr, "rank %d iteration %d: the batch after a refused one: %s\n", g_rank, it,
+                    err.msg);
+            wrong = 1;
+        }
+        for (int64_t t = 0; t < T && st == EPX_OK; t++)
+            for (int32_t h = 0; h < H; h++) {
+                float acc = 0.0f;
+                for (int32_t k = 0; k < K; k++)
+                    if (s[t * K + k] >= 0) acc += w[t * K + k] * x[t * H + h];
+                wrong += memcmp(&acc, &out[t * H + h], 4) != 0;
+            }
+        bad += wrong;
+        epx_ep_destroy(ep);
+        free(x), free(w), free(out), free(s);
+    }
+    epx_comm_destroy(comm);
+    all_ok(bad, "a batch one rank cannot dispatch refused on every rank, the next one right");
+}
+
 static void tp_baseline(void **state) {
     (void)state;
     tu_rng r = {g_seed + 99}; /* same tokens on every rank, as TP serves them */
@@ -261,9 +347,13 @@ int main(int argc, char **argv) {
     epx_comm_allreduce_sum(g_comm, &seed, &seed, 1, EPX_DTYPE_I64, &err);
     g_seed = (uint64_t)seed;
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(comm_ops),        cmocka_unit_test(injected_fault),
-        cmocka_unit_test(ep_topk_bitwise), cmocka_unit_test(ep_rank_mode),
-        cmocka_unit_test(ep_low_latency),  cmocka_unit_test(ep_config_mismatch),
+        cmocka_unit_test(comm_ops),
+        cmocka_unit_test(injected_fault),
+        cmocka_unit_test(ep_topk_bitwise),
+        cmocka_unit_test(ep_rank_mode),
+        cmocka_unit_test(ep_low_latency),
+        cmocka_unit_test(ep_config_mismatch),
+        cmocka_unit_test(ep_bad_batch_shared),
         cmocka_unit_test(tp_baseline),
     };
     int failed = cmocka_run_group_tests(tests, NULL, NULL);
