@@ -69,6 +69,23 @@ timeout 120 "$MPIRUN" --oversubscribe --allow-run-as-root -np 2 "$EPX_BIN" bench
     --model qwen3-30b --tokens 1,7,32 --iters 3 --warmup 1 -o "$tmp/m.json" >"$tmp/out" 2>&1 ||
     { cat "$tmp/out"; fail "bench comm under mpirun failed"; }
 grep -q "2 rank(s)" "$tmp/out" || fail "bench did not run on 2 ranks: $(cat "$tmp/out")"
+# --json onto earlier lines whose file lacks its last newline (an editor, a
+# copy): the new lines start on a line of their own, and so does a file of
+# blank lines; every line stays readable.
+"$EPX_BIN" bench comm --backend mpi --model qwen3-30b --tokens 1 --iters 1 --warmup 0 \
+    --json "$tmp/nl.jsonl" >/dev/null 2>&1 || fail "bench comm --json exited $?"
+printf '%s' "$(cat "$tmp/nl.jsonl")" >"$tmp/cut.jsonl"
+printf '\n\n' >"$tmp/blank.jsonl"
+for f in cut blank; do
+    out=$("$EPX_BIN" bench comm --backend mpi --model qwen3-30b --tokens 1 --iters 1 --warmup 0 \
+        --json "$tmp/$f.jsonl" 2>&1) || fail "--json onto $f.jsonl: exit $?: $out"
+done
+python3 - "$tmp/cut.jsonl" "$tmp/blank.jsonl" <<'PY' || fail "--json spoilt a file without its last newline"
+import json, sys
+cut = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+blank = [json.loads(l) for l in open(sys.argv[2]) if l.strip()]
+assert len(cut) == 8 and len(blank) == 4, (len(cut), len(blank))
+PY
 grep -q "checked before timing" "$tmp/out" || fail "no check statement"
 for t in 1 7 32; do
     for op in dispatch combine allreduce; do

@@ -35,6 +35,7 @@ typedef struct bench_args {
     bool bound_max;     /* GPU low latency: token bound stays max_tokens (--token-bound max) */
     int32_t max_blocks; /* GPU low latency: blocks per launch at most (--max-blocks; 0: fill) */
     const char *jsonl;  /* --json FILE ("-" = stdout), or NULL */
+    bool jsonl_newline; /* --json's file ends without a newline: write one first */
     uint64_t seed;
 } bench_args;
 

@@ -489,10 +489,13 @@ static int write_jsonl(FILE *f, const bench_args *a, int32_t R, const bench_row 
 }
 
 /* --json appends, so a file that already holds something must be JSON
- * lines of earlier runs (what `epx advise --measured` reads): anything else
- * (a counts file, a report) would be spoilt by the first line appended.
- * Returns -1 (go on), or the exit code after saying why not. */
-static int jsonl_appendable(const char *path) {
+ * lines of earlier runs (what `epx advise --measured` reads) or blank
+ * lines: anything else (a counts file, a report) would be spoilt by the
+ * first line appended. A last line without its newline (an editor, a copy)
+ * would run into the first appended one, so a->jsonl_newline asks for one
+ * first. Returns -1 (go on), or the exit code after saying why not. */
+static int jsonl_appendable(bench_args *a) {
+    const char *path = a->jsonl;
     if (path == NULL || strcmp(path, "-") == 0) return -1;
     struct stat st;
     if (stat(path, &st) != 0 || st.st_size == 0) return -1; /* a new name or an empty file */
@@ -505,11 +508,10 @@ static int jsonl_appendable(const char *path) {
         return CLI_EXIT_USAGE;
     }
     json_t *lines = cli_bench_lines(text, len, &bad);
+    a->jsonl_newline = len > 0 && text[len - 1] != '\n';
     epx_free(text);
-    if (lines != NULL) {
-        json_decref(lines);
-        return -1;
-    }
+    json_decref(lines);
+    if (bad == 0) return -1; /* earlier runs' lines, or blank lines only */
     fprintf(stderr,
             "epx bench comm: --json '%s' holds something other than the JSON lines of earlier "
             "runs (line %zu is not one); --json appends, which would spoil it: name a new file, "
@@ -518,7 +520,7 @@ static int jsonl_appendable(const char *path) {
     return CLI_EXIT_USAGE;
 }
 
-/* Open --json's file for appending ("-": stdout). */
+/* Open --json's file for appending ("-": stdout), on a line of its own. */
 static FILE *open_jsonl(const bench_args *a) {
     if (a->jsonl == NULL) return NULL;
     if (strcmp(a->jsonl, "-") == 0) return stdout;
@@ -526,6 +528,8 @@ static FILE *open_jsonl(const bench_args *a) {
     if (f == NULL)
         fprintf(stderr, "epx bench comm: cannot open --json '%s' for appending: %s\n", a->jsonl,
                 strerror(errno));
+    else if (a->jsonl_newline)
+        fputc('\n', f);
     return f;
 }
 
@@ -711,7 +715,7 @@ static int parse_args(cli_cmd *cmd, bench_args *a) {
         int rc = cli_outputs_check(cmd, &model, 1, outs, 2);
         if (rc >= 0) return rc;
     }
-    return jsonl_appendable(a->jsonl);
+    return jsonl_appendable(a);
 }
 
 /* Run on one rank, print on rank 0. */
