@@ -52,6 +52,9 @@ typedef struct bench_args {
 void bench_inputs(const bench_args *a, int32_t me, int32_t P, int64_t Tmax, void *x, int32_t *slots,
                   float *w);
 
+/* The largest of --tokens (at least 1). */
+int64_t bench_max_tokens(const bench_args *a);
+
 /* The EP config of the benchmark's layer in `mode`, for Tmax tokens. */
 epx_ep_config bench_ep_config(const bench_args *a, int32_t P, int64_t Tmax, epx_ep_mode mode);
 
