@@ -82,6 +82,29 @@ static void comm_ops(void **state) {
     assert_int_equal(epx_comm_health(g_comm, NULL), EPX_OK);
 }
 
+/* Communicators epx cannot work over are refused with a message, not
+ * passed to MPI (whose handler on MPI_COMM_WORLD aborts the job):
+ * MPI_COMM_NULL (what MPI_Comm_split gives a rank with MPI_UNDEFINED) and
+ * an intercommunicator (its collectives go to the remote group). */
+static void mpi_bad_comms(void **state) {
+    (void)state;
+    epx_comm *c = NULL;
+    epx_error err = {0};
+    assert_int_equal(epx_comm_mpi_create(MPI_COMM_NULL, NULL, &c, &err), EPX_ERR_INVALID_ARG);
+    TU_MSG_HAS(err.msg, "MPI_COMM_NULL", "MPI_UNDEFINED");
+    assert_null(c);
+    if (g_size < 2) return;
+    MPI_Comm half, inter;
+    assert_int_equal(MPI_Comm_split(MPI_COMM_WORLD, g_rank % 2, g_rank, &half), MPI_SUCCESS);
+    assert_int_equal(MPI_Intercomm_create(half, 0, MPI_COMM_WORLD, 1 - g_rank % 2, 77, &inter),
+                     MPI_SUCCESS);
+    memset(&err, 0, sizeof err);
+    assert_int_equal(epx_comm_mpi_create(inter, NULL, &c, &err), EPX_ERR_INVALID_ARG);
+    TU_MSG_HAS(err.msg, "intercommunicator");
+    MPI_Comm_free(&inter);
+    MPI_Comm_free(&half);
+}
+
 /* A faulty wrapper failing at the same call on every rank fails cleanly and
  * leaves the MPI communicator below it healthy. */
 static void injected_fault(void **state) {
@@ -347,13 +370,10 @@ int main(int argc, char **argv) {
     epx_comm_allreduce_sum(g_comm, &seed, &seed, 1, EPX_DTYPE_I64, &err);
     g_seed = (uint64_t)seed;
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(comm_ops),
-        cmocka_unit_test(injected_fault),
-        cmocka_unit_test(ep_topk_bitwise),
-        cmocka_unit_test(ep_rank_mode),
-        cmocka_unit_test(ep_low_latency),
-        cmocka_unit_test(ep_config_mismatch),
-        cmocka_unit_test(ep_bad_batch_shared),
+        cmocka_unit_test(comm_ops),           cmocka_unit_test(mpi_bad_comms),
+        cmocka_unit_test(injected_fault),     cmocka_unit_test(ep_topk_bitwise),
+        cmocka_unit_test(ep_rank_mode),       cmocka_unit_test(ep_low_latency),
+        cmocka_unit_test(ep_config_mismatch), cmocka_unit_test(ep_bad_batch_shared),
         cmocka_unit_test(tp_baseline),
     };
     int failed = cmocka_run_group_tests(tests, NULL, NULL);
