@@ -322,8 +322,10 @@ EPX_API epx_status epx_ep_dispatch(epx_ep *ep, int64_t T, const void *x, const i
  * Args:    ep (in/out), after epx_ep_dispatch and after the expert runner
  *          filled recv->y; out (out) [T][H] fp32 of that dispatch's T;
  *          tokens with no expert get zeros.
- * Returns: EPX_OK; EPX_ERR_INVALID_ARG (no dispatch before); the
- *          communicator's EPX_ERR_COMM / EPX_ERR_TIMEOUT.
+ * Returns: EPX_OK; EPX_ERR_INVALID_ARG (no dispatch before; or out NULL
+ *          with T > 0: the exchange still runs, so the other ranks get
+ *          their results, and this rank's is dropped); the communicator's
+ *          EPX_ERR_COMM / EPX_ERR_TIMEOUT.
  * Collective: yes. Allocates nothing.
  */
 EPX_API epx_status epx_ep_combine(epx_ep *ep, float *out, epx_error *err);

@@ -615,11 +615,11 @@ static epx_status combine_normal(epx_ep *ep, float *out, epx_error *err) {
     }
     ep->last_combine_bytes = back * (int64_t)g->yrow;
 
-    /* Reduce per token in the fixed order. */
+    /* Reduce per token in the fixed order (out NULL: the exchange only). */
     const float *w = WS(ep, weights, float);
     const int32_t *ret_pos = WS(ep, ret_pos, int32_t), *tok_ndest = WS(ep, tok_ndest, int32_t),
                   *tok_dpos = WS(ep, tok_dpos, int32_t);
-    for (int64_t t = 0; t < T; t++) {
+    for (int64_t t = 0; t < T && out != NULL; t++) {
         if (g->topk_mode) {
             for (int32_t k = 0; k < K; k++) {
                 int32_t p = ret_pos[t * K + k];
@@ -666,7 +666,7 @@ static epx_status combine_ll(epx_ep *ep, float *out, epx_error *err) {
     const float *w = WS(ep, weights, float);
     const int32_t *slots = WS(ep, slots, int32_t);
     const unsigned char *rows[EPX_MOE_MAX_TOP_K];
-    for (int64_t t = 0; t < T; t++) {
+    for (int64_t t = 0; t < T && out != NULL; t++) { /* out NULL: the exchange only */
         for (int32_t k = 0; k < K; k++) {
             int32_t s = slots[t * K + k];
             rows[k] = s < 0 ? NULL : crecv + (size_t)((s / spr) * M * K + t * K + k) * g->yrow;
@@ -681,11 +681,17 @@ epx_status epx_ep_combine(epx_ep *ep, float *out, epx_error *err) {
     if (!ep->dispatched)
         return epxi_fail(err, EPX_ERR_INVALID_ARG,
                          "EP combine without a successful dispatch before it");
-    if (ep->T > 0 && out == NULL)
-        return epxi_fail(err, EPX_ERR_INVALID_ARG, "EP combine of %lld tokens needs out",
-                         (long long)ep->T);
     epx_status st = ep->g.low_latency ? combine_ll(ep, out, err) : combine_normal(ep, out, err);
     if (st == EPX_OK) ep->dispatched = false;
+    /* Without out this rank's result has nowhere to go, but the exchange
+     * above still ran: the other ranks' tokens need this rank's expert
+     * outputs, and returning before it left them waiting to the timeout
+     * and the communicator unusable. */
+    if (st == EPX_OK && ep->T > 0 && out == NULL)
+        return epxi_fail(err, EPX_ERR_INVALID_ARG,
+                         "EP combine of %lld tokens needs out (this rank's result is dropped; "
+                         "the other ranks got theirs)",
+                         (long long)ep->T);
     return st;
 }
 

@@ -320,6 +320,71 @@ static void ep_bad_batch_shared(void **state) {
     all_ok(bad, "a batch one rank cannot dispatch refused on every rank, the next one right");
 }
 
+/* A combine one rank calls without out: that rank is refused, naming out,
+ * but the exchange still runs, so every other rank gets its result (right,
+ * bit for bit) instead of waiting for the timeout, and the next batch goes
+ * through everywhere. Both modes. */
+static void ep_combine_without_out(void **state) {
+    (void)state;
+    epx_comm_mpi_opts o = EPX_COMM_MPI_OPTS_INIT;
+    o.timeout_ms = 3000;
+    epx_comm *comm = NULL;
+    epx_error err = {0};
+    assert_int_equal(epx_comm_mpi_create(MPI_COMM_WORLD, &o, &comm, &err), EPX_OK);
+    tu_rng lr = {g_seed + 6262}; /* the same on all ranks */
+    int64_t bad = 0;
+    for (int it = 0; it < 8; it++) { /* every rank the same iterations */
+        epx_ep_config c = EPX_EP_CONFIG_INIT;
+        c.hidden = 1 + (int32_t)tu_below(&lr, 16);
+        c.top_k = 1 + (int32_t)tu_below(&lr, 9);
+        c.num_slots = g_size * (1 + (int32_t)tu_below(&lr, 4));
+        c.max_tokens = 1 + (int64_t)tu_below(&lr, 8);
+        c.mode = it % 2 ? EPX_EP_MODE_LOW_LATENCY : EPX_EP_MODE_NORMAL;
+        const int32_t culprit = (int32_t)tu_below(&lr, (uint32_t)g_size);
+        const int32_t H = c.hidden, K = c.top_k, P = c.num_slots;
+        const int64_t M = c.max_tokens;
+        tu_rng r = {g_seed * 137 + (uint64_t)it * 7919 + (uint64_t)g_rank}; /* per rank */
+        float *x = malloc((size_t)M * H * 4), *w = malloc((size_t)M * K * 4);
+        float *out = malloc((size_t)M * H * 4);
+        int32_t *s = malloc((size_t)M * K * 4);
+        epx_ep *ep = NULL;
+        assert_int_equal(epx_ep_create(comm, &c, NULL, 0, &ep, &err), EPX_OK);
+        for (int round = 0; round < 2; round++) { /* culprit without out, then all with */
+            for (int64_t i = 0; i < M * H; i++) x[i] = (float)(tu_uniform(&r) * 2 - 1);
+            for (int64_t i = 0; i < M * K; i++) {
+                s[i] = (int32_t)tu_below(&r, (uint32_t)P + 1) - 1;
+                w[i] = (float)tu_uniform(&r);
+            }
+            const int64_t T = g_rank == culprit ? M : (int64_t)tu_below(&r, (uint32_t)M + 1);
+            const int dropped = round == 0 && g_rank == culprit;
+            epx_ep_recv rv;
+            epx_status st = epx_ep_dispatch(ep, T, x, s, w, &rv, &err);
+            if (st == EPX_OK) st = epx_ep_identity_experts(ep, &rv, &err);
+            if (st == EPX_OK) st = epx_ep_combine(ep, dropped ? NULL : out, &err);
+            int64_t wrong = dropped ? st != EPX_ERR_INVALID_ARG || strstr(err.msg, "out") == NULL
+                                    : st != EPX_OK;
+            for (int64_t t = 0; t < T && st == EPX_OK; t++)
+                for (int32_t h = 0; h < H; h++) {
+                    float acc = 0.0f;
+                    for (int32_t k = 0; k < K; k++)
+                        if (s[t * K + k] >= 0) acc += w[t * K + k] * x[t * H + h];
+                    wrong += memcmp(&acc, &out[t * H + h], 4) != 0;
+                }
+            if (wrong)
+                fprintf(stderr,
+                        "rank %d iteration %d round %d (%s mode, culprit %d, seed %llu): "
+                        "%s: %s\n",
+                        g_rank, it, round, c.mode ? "low-latency" : "normal", culprit,
+                        (unsigned long long)g_seed, epx_status_str(st), err.msg);
+            bad += wrong;
+        }
+        epx_ep_destroy(ep);
+        free(x), free(w), free(out), free(s);
+    }
+    epx_comm_destroy(comm);
+    all_ok(bad, "a combine without out refused on its rank alone, the others right");
+}
+
 static void tp_baseline(void **state) {
     (void)state;
     tu_rng r = {g_seed + 99}; /* same tokens on every rank, as TP serves them */
@@ -370,10 +435,15 @@ int main(int argc, char **argv) {
     epx_comm_allreduce_sum(g_comm, &seed, &seed, 1, EPX_DTYPE_I64, &err);
     g_seed = (uint64_t)seed;
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(comm_ops),           cmocka_unit_test(mpi_bad_comms),
-        cmocka_unit_test(injected_fault),     cmocka_unit_test(ep_topk_bitwise),
-        cmocka_unit_test(ep_rank_mode),       cmocka_unit_test(ep_low_latency),
-        cmocka_unit_test(ep_config_mismatch), cmocka_unit_test(ep_bad_batch_shared),
+        cmocka_unit_test(comm_ops),
+        cmocka_unit_test(mpi_bad_comms),
+        cmocka_unit_test(injected_fault),
+        cmocka_unit_test(ep_topk_bitwise),
+        cmocka_unit_test(ep_rank_mode),
+        cmocka_unit_test(ep_low_latency),
+        cmocka_unit_test(ep_config_mismatch),
+        cmocka_unit_test(ep_bad_batch_shared),
+        cmocka_unit_test(ep_combine_without_out),
         cmocka_unit_test(tp_baseline),
     };
     int failed = cmocka_run_group_tests(tests, NULL, NULL);
