@@ -234,6 +234,42 @@ static void ep_config_mismatch(void **state) {
     }
 }
 
+/* A communicator of its own with a short timeout, so that a failure is
+ * quick. */
+static epx_comm *quick_comm(void) {
+    epx_comm_mpi_opts o = EPX_COMM_MPI_OPTS_INIT;
+    o.timeout_ms = 3000;
+    epx_comm *comm = NULL;
+    epx_error err = {0};
+    assert_int_equal(epx_comm_mpi_create(MPI_COMM_WORLD, &o, &comm, &err), EPX_OK);
+    return comm;
+}
+
+/* A small random config drawn from lr (the same on every rank). */
+static epx_ep_config small_config(tu_rng *lr) {
+    epx_ep_config c = EPX_EP_CONFIG_INIT;
+    c.hidden = 1 + (int32_t)tu_below(lr, 16);
+    c.top_k = 1 + (int32_t)tu_below(lr, 9);
+    c.num_slots = g_size * (1 + (int32_t)tu_below(lr, 4));
+    c.max_tokens = 1 + (int64_t)tu_below(lr, 8);
+    return c;
+}
+
+/* The elements of out [T][H] that differ from the identity experts'
+ * combine, sum_k w x over the token's valid slots, to the bit. */
+static int64_t identity_mismatches(int64_t T, int32_t H, int32_t K, const float *x,
+                                   const int32_t *s, const float *w, const float *out) {
+    int64_t wrong = 0;
+    for (int64_t t = 0; t < T; t++)
+        for (int32_t h = 0; h < H; h++) {
+            float acc = 0.0f;
+            for (int32_t k = 0; k < K; k++)
+                if (s[t * K + k] >= 0) acc += w[t * K + k] * x[t * H + h];
+            wrong += memcmp(&acc, &out[t * H + h], 4) != 0;
+        }
+    return wrong;
+}
+
 /* One rank passes a batch it cannot dispatch (a slot >= P or < -1, more
  * tokens than max_tokens, no x): in either mode every rank returns
  * EPX_ERR_INVALID_ARG for that batch at once (the bad rank naming the
@@ -242,22 +278,15 @@ static void ep_config_mismatch(void **state) {
  * A communicator of its own with a short timeout keeps a failure quick. */
 static void ep_bad_batch_shared(void **state) {
     (void)state;
-    epx_comm_mpi_opts o = EPX_COMM_MPI_OPTS_INIT;
-    o.timeout_ms = 3000;
-    epx_comm *comm = NULL;
+    epx_comm *comm = quick_comm();
     epx_error err = {0};
-    assert_int_equal(epx_comm_mpi_create(MPI_COMM_WORLD, &o, &comm, &err), EPX_OK);
     tu_rng lr = {g_seed + 5151}; /* the same on all ranks */
     static const char *const kinds[] = {"slot >= num_slots", "slot < -1", "T > max_tokens",
                                         "x NULL"};
     static const char *const says[] = {"topk_slots[", "topk_slots[", "max_tokens", "needs x"};
     int64_t bad = 0;
     for (int it = 0; it < 16 && bad == 0; it++) {
-        epx_ep_config c = EPX_EP_CONFIG_INIT;
-        c.hidden = 1 + (int32_t)tu_below(&lr, 16);
-        c.top_k = 1 + (int32_t)tu_below(&lr, 9);
-        c.num_slots = g_size * (1 + (int32_t)tu_below(&lr, 4));
-        c.max_tokens = 1 + (int64_t)tu_below(&lr, 8);
+        epx_ep_config c = small_config(&lr);
         c.mode = tu_below(&lr, 2) ? EPX_EP_MODE_LOW_LATENCY : EPX_EP_MODE_NORMAL;
         const int kind = (int)tu_below(&lr, 4);
         const int32_t culprit = (int32_t)tu_below(&lr, (uint32_t)g_size);
@@ -305,13 +334,7 @@ static void ep_bad_batch_shared(void **state) {
                     err.msg);
             wrong = 1;
         }
-        for (int64_t t = 0; t < T && st == EPX_OK; t++)
-            for (int32_t h = 0; h < H; h++) {
-                float acc = 0.0f;
-                for (int32_t k = 0; k < K; k++)
-                    if (s[t * K + k] >= 0) acc += w[t * K + k] * x[t * H + h];
-                wrong += memcmp(&acc, &out[t * H + h], 4) != 0;
-            }
+        if (st == EPX_OK) wrong += identity_mismatches(T, H, K, x, s, w, out);
         bad += wrong;
         epx_ep_destroy(ep);
         free(x), free(w), free(out), free(s);
@@ -326,19 +349,12 @@ static void ep_bad_batch_shared(void **state) {
  * through everywhere. Both modes. */
 static void ep_combine_without_out(void **state) {
     (void)state;
-    epx_comm_mpi_opts o = EPX_COMM_MPI_OPTS_INIT;
-    o.timeout_ms = 3000;
-    epx_comm *comm = NULL;
+    epx_comm *comm = quick_comm();
     epx_error err = {0};
-    assert_int_equal(epx_comm_mpi_create(MPI_COMM_WORLD, &o, &comm, &err), EPX_OK);
     tu_rng lr = {g_seed + 6262}; /* the same on all ranks */
     int64_t bad = 0;
     for (int it = 0; it < 8; it++) { /* every rank the same iterations */
-        epx_ep_config c = EPX_EP_CONFIG_INIT;
-        c.hidden = 1 + (int32_t)tu_below(&lr, 16);
-        c.top_k = 1 + (int32_t)tu_below(&lr, 9);
-        c.num_slots = g_size * (1 + (int32_t)tu_below(&lr, 4));
-        c.max_tokens = 1 + (int64_t)tu_below(&lr, 8);
+        epx_ep_config c = small_config(&lr);
         c.mode = it % 2 ? EPX_EP_MODE_LOW_LATENCY : EPX_EP_MODE_NORMAL;
         const int32_t culprit = (int32_t)tu_below(&lr, (uint32_t)g_size);
         const int32_t H = c.hidden, K = c.top_k, P = c.num_slots;
@@ -363,13 +379,7 @@ static void ep_combine_without_out(void **state) {
             if (st == EPX_OK) st = epx_ep_combine(ep, dropped ? NULL : out, &err);
             int64_t wrong = dropped ? st != EPX_ERR_INVALID_ARG || strstr(err.msg, "out") == NULL
                                     : st != EPX_OK;
-            for (int64_t t = 0; t < T && st == EPX_OK; t++)
-                for (int32_t h = 0; h < H; h++) {
-                    float acc = 0.0f;
-                    for (int32_t k = 0; k < K; k++)
-                        if (s[t * K + k] >= 0) acc += w[t * K + k] * x[t * H + h];
-                    wrong += memcmp(&acc, &out[t * H + h], 4) != 0;
-                }
+            if (st == EPX_OK) wrong += identity_mismatches(T, H, K, x, s, w, out);
             if (wrong)
                 fprintf(stderr,
                         "rank %d iteration %d round %d (%s mode, culprit %d, seed %llu): "
