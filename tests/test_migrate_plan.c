@@ -289,15 +289,16 @@ static void check_naive(const epx_shape *s, const int32_t *old, const int32_t *g
 static void random_plans_replay(void **state) {
     (void)state;
     tu_rng r = {tu_seed(82)};
-    int refusals = 0, live_plans = 0;
+    int refusals = 0, live_plans = 0, multi = 0;
     for (int iter = 0; iter < 400; iter++) {
         epx_shape s = random_shape(&r);
         int32_t *a = mm_random_map(&r, &s);
         int32_t *b = iter % 3 ? perturbed_map(&r, &s, a) : mm_random_map(&r, &s);
         uint8_t *failed = NULL;
-        if (iter % 4 == 3 && s.num_gpus > 1) {
+        if (iter % 4 == 3 && s.num_gpus > 1) { /* 1 to G - 1 GPUs lost, some nodes whole */
             failed = calloc((size_t)s.num_gpus, 1);
-            failed[tu_below(&r, (uint32_t)s.num_gpus)] = 1;
+            const uint32_t lost = 1 + (iter % 8 == 3 ? 0 : tu_below(&r, (uint32_t)s.num_gpus - 1));
+            for (uint32_t n = 0; n < lost; n++) failed[tu_below(&r, (uint32_t)s.num_gpus)] = 1;
         }
         /* a target that leaves an expert only on the failed GPU is refused
          * by name; otherwise it is made to keep one, as a plan would */
@@ -328,6 +329,8 @@ static void random_plans_replay(void **state) {
         }
         assert_int_equal(epx_migration_plan(cur, tgt, &o, &m, &err), EPX_OK);
         live_plans += failed != NULL;
+        for (int32_t g = 0, n = 0; failed != NULL && g < s.num_gpus; g++)
+            multi += (n += failed[g]) == 2; /* a plan with two GPUs lost or more */
         const int32_t *rel = epx_layout_physical_to_logical(epx_migration_layout(m));
         if (!o.relabel)
             assert_memory_equal(rel, b, sizeof *b * (size_t)s.num_layers * s.num_physical_experts);
@@ -345,7 +348,7 @@ static void random_plans_replay(void **state) {
         free(b);
         free(failed);
     }
-    assert_true(refusals > 0 && live_plans > 0); /* both kinds of case ran */
+    assert_true(refusals > 0 && live_plans > 0 && multi > 0); /* every kind of case ran */
 }
 
 /* 2 nodes x 2 GPUs x 2 slots, E = 6. Expert 5 lives only on node 0 (GPU 0);
