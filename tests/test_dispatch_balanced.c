@@ -132,6 +132,17 @@ static void free_outs(outs *r) {
     free(r->gpu_load);
 }
 
+/* Every output of a and b (for layout p) equal to the bit. */
+static int same_outs(const place *p, const outs *a, const outs *b) {
+    const size_t n = (size_t)p->E * (size_t)p->W;
+    return memcmp(a->shares, b->shares, n * sizeof(double)) == 0 &&
+           memcmp(a->rc, b->rc, n * sizeof(int64_t)) == 0 &&
+           memcmp(a->slots, b->slots, (size_t)p->P * sizeof(int64_t)) == 0 &&
+           memcmp(a->gpu_load, b->gpu_load, (size_t)p->G * sizeof(double)) == 0 &&
+           a->o.max_load_num == b->o.max_load_num && a->o.max_load_den == b->o.max_load_den &&
+           a->o.max_load_int == b->o.max_load_int && a->o.num_levels == b->o.num_levels;
+}
+
 static void small_against_brute_force(void **state) {
     (void)state;
     tu_rng r = {tu_seed(2701)};
@@ -422,13 +433,7 @@ static void closed_form_equals_subsets(void **state) {
         outs a = make_outs(&p), b = make_outs(&p);
         assert_int_equal(epx_dispatch_balanced_solve(bc, p.rep, p.nv, c, &a.o, &err), EPX_OK);
         assert_int_equal(epx_dispatch_balanced_solve(bs, p.rep, p.nv, c, &b.o, &err), EPX_OK);
-        const size_t n = (size_t)E * (size_t)p.W;
-        if (memcmp(a.shares, b.shares, n * sizeof(double)) != 0 ||
-            memcmp(a.rc, b.rc, n * sizeof(int64_t)) != 0 ||
-            memcmp(a.slots, b.slots, (size_t)p.P * sizeof(int64_t)) != 0 ||
-            memcmp(a.gpu_load, b.gpu_load, (size_t)G * sizeof(double)) != 0 ||
-            a.o.max_load_num != b.o.max_load_num || a.o.max_load_den != b.o.max_load_den ||
-            a.o.max_load_int != b.o.max_load_int || a.o.num_levels != b.o.num_levels)
+        if (!same_outs(&p, &a, &b))
             fail_msg("case %d (E %d, G %d, per %d): the closed form differs from the subset "
                      "solve (seed %llu)",
                      it, E, G, per, (unsigned long long)tu_seed(2711));
@@ -458,6 +463,62 @@ static void closed_form_equals_subsets(void **state) {
         assert_non_null(strstr(err.msg, "EPX_BALANCED_CLOSED_FORM"));
         assert_non_null(strstr(err.msg, no[i]));
     }
+    bal_free_place(&p);
+}
+
+/* The max-flow levels' dense start (epxi_bal_start) against the plain
+ * start from the whole part (EPX_BALANCED_DENSE_START=0): every output
+ * equal to the bit, on layers whose components go through max-flows (the
+ * subset solve off, and large layers with replicas on any GPU), skewed and
+ * flat batches. The start only saves max-flows; the level it reaches, and
+ * so every output, is the same. */
+static void dense_start_equals_plain(void **state) {
+    (void)state;
+    tu_rng r = {tu_seed(3307)};
+    epx_error err = {0};
+    for (int it = 0; it < 160; it++) {
+        const int big = it % 4 == 3;
+        int32_t G = big ? 32 : 2 + (int32_t)tu_below(&r, 15),
+                per = big ? 9 : 1 + (int32_t)tu_below(&r, 6);
+        int32_t E = big ? 256 : G * per - (int32_t)tu_below(&r, (uint32_t)(G * per / 3 + 1));
+        place p = bal_random_place(&r, E, G, per, it % 3 == 0 ? 4 : 0, 1);
+        int64_t *c = calloc((size_t)E, sizeof(int64_t));
+        bal_random_counts(&r, c, E, it % 2 ? 300 : 6);
+        /* the subset solve off, so that every component of two GPUs or
+         * more goes through max-flows (on the big layers too) */
+        const char *was = getenv("EPX_BALANCED_SUBSET_GPUS");
+        char *keep = was ? strdup(was) : NULL;
+        setenv("EPX_BALANCED_SUBSET_GPUS", "0", 1);
+        epx_balancer *bd = NULL, *bp = NULL;
+        assert_int_equal(create_env("EPX_BALANCED_DENSE_START", NULL, &p, &bd, &err), EPX_OK);
+        assert_int_equal(create_env("EPX_BALANCED_DENSE_START", "0", &p, &bp, &err), EPX_OK);
+        if (keep) {
+            setenv("EPX_BALANCED_SUBSET_GPUS", keep, 1);
+            free(keep);
+        } else {
+            unsetenv("EPX_BALANCED_SUBSET_GPUS");
+        }
+        outs a = make_outs(&p), b = make_outs(&p);
+        assert_int_equal(epx_dispatch_balanced_solve(bd, p.rep, p.nv, c, &a.o, &err), EPX_OK);
+        assert_int_equal(epx_dispatch_balanced_solve(bp, p.rep, p.nv, c, &b.o, &err), EPX_OK);
+        if (!same_outs(&p, &a, &b))
+            fail_msg("case %d (E %d, G %d, per %d): the dense start differs from the plain "
+                     "one (seed %llu)",
+                     it, E, G, per, (unsigned long long)tu_seed(3307));
+        check_out(&p, c, &a.o, NULL, NULL);
+        free_outs(&a);
+        free_outs(&b);
+        epx_dispatch_balanced_destroy(bd);
+        epx_dispatch_balanced_destroy(bp);
+        free(c);
+        bal_free_place(&p);
+    }
+    place p = bal_random_place(&r, 6, 3, 3, 0, 1);
+    epx_balancer *bad = NULL;
+    assert_int_equal(create_env("EPX_BALANCED_DENSE_START", "2", &p, &bad, &err),
+                     EPX_ERR_INVALID_ARG);
+    assert_null(bad);
+    assert_non_null(strstr(err.msg, "EPX_BALANCED_DENSE_START = '2'"));
     bal_free_place(&p);
 }
 
@@ -645,6 +706,7 @@ int main(void) {
         cmocka_unit_test(one_balancer_many_layers),
         cmocka_unit_test(subsets_and_flows_agree),
         cmocka_unit_test(closed_form_equals_subsets),
+        cmocka_unit_test(dense_start_equals_plain),
         cmocka_unit_test(subset_tables_sized_exactly),
         cmocka_unit_test(edge_cases),
         cmocka_unit_test(errors),

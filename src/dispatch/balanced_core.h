@@ -65,6 +65,17 @@
 #define EPXI_BAL static inline
 #endif
 
+/* A helper kept out of its callers on the host (GCC inlined the max-flow
+ * start into the CPU solve's loop and slowed the subset solve beside it by
+ * ~8 %); on the GPU it is EPXI_BAL like the rest. */
+#if defined(__CUDACC__)
+#define EPXI_BAL_COLD EPXI_BAL
+#elif defined(__GNUC__)
+#define EPXI_BAL_COLD __attribute__((noinline)) static
+#else
+#define EPXI_BAL_COLD static
+#endif
+
 #define EPXI_BAL_INF ((int64_t)1 << 62)
 /* The subset solve's default and largest component (GPUs): 2^10 entries a
  * table, 32 per lane of a warp; at most 2^12 (at G = 4096, 34 MB for the three
@@ -92,6 +103,7 @@ typedef struct epxi_bal {
     int32_t M, C, levels;             /* per solve: flexible experts, components, levels */
     int32_t sub_max;                  /* components of 2..sub_max GPUs: the subset solve */
     int32_t closed;                   /* 1: one-expert components in closed form */
+    int32_t dense;                    /* 1: max-flow levels start dense (epxi_bal_start) */
     int64_t sub_size;                 /* entries of sub_d / sub_s: every such table fits */
     /* [E] */
     int64_t *cnt;              /* tokens per logical expert                     */
@@ -180,7 +192,21 @@ static inline int epxi_bal_closed_from_env(epxi_bal *b, const char **bad) {
 }
 #define EPXI_BAL_CLOSED_HELP "must be 0 (the subset solve) or 1 (the closed form, the default)"
 
-/* Both solve knobs above, read when a balancer is created (CPU and GPU
+/* EPX_BALANCED_DENSE_START=0 starts each max-flow level's ratio search from
+ * the whole unfixed part instead of the densest candidate set
+ * (epxi_bal_start: the same results, more max-flows; the switch is there
+ * to compare them). Returns 0, or -1 with *bad = the value when it is not
+ * 0 or 1. Host only. */
+static inline int epxi_bal_dense_from_env(epxi_bal *b, const char **bad) {
+    int on = b->dense;
+    if (!epxi_env_switch("EPX_BALANCED_DENSE_START", &on, bad)) return -1;
+    b->dense = on;
+    return 0;
+}
+#define EPXI_BAL_DENSE_HELP                                                                        \
+    "must be 0 (start from the whole part) or 1 (from the densest candidate, the default)"
+
+/* The solve knobs above, read when a balancer is created (CPU and GPU
  * alike). Returns 0, or -1 with *name, *bad (its value) and *help for the
  * first one refused, for the caller's message. Host only. */
 static inline int epxi_bal_env(epxi_bal *b, const char **name, const char **bad,
@@ -193,6 +219,11 @@ static inline int epxi_bal_env(epxi_bal *b, const char **name, const char **bad,
     if (epxi_bal_closed_from_env(b, bad) != 0) {
         *name = "EPX_BALANCED_CLOSED_FORM";
         *help = EPXI_BAL_CLOSED_HELP;
+        return -1;
+    }
+    if (epxi_bal_dense_from_env(b, bad) != 0) {
+        *name = "EPX_BALANCED_DENSE_START";
+        *help = EPXI_BAL_DENSE_HELP;
         return -1;
     }
     return 0;
@@ -248,6 +279,7 @@ EPXI_BAL void epxi_bal_shape(epxi_bal *b, int32_t E, int32_t W, int32_t P, int32
     b->max_edges = (int32_t)(2 * fwd);
     epxi_bal_subsets(b, EPXI_BAL_SUBSET_GPUS);
     b->closed = 1;
+    b->dense = 1;
 }
 
 /* Carve the arrays out of mem (NULL: only measure); returns the bytes. */
@@ -310,6 +342,17 @@ EPXI_BAL size_t epxi_bal_carve(epxi_bal *b, void *mem) {
     EPXI_BAL_ARR(rc, int64_t, E * (size_t)b->W);
 #undef EPXI_BAL_ARR
     return (off + 15) & ~(size_t)15;
+}
+
+/* The set bits of x (a GPU set as a mask). */
+EPXI_BAL int32_t epxi_bal_popc(uint32_t x) {
+#ifdef __CUDA_ARCH__
+    return __popc(x);
+#else
+    int32_t n = 0;
+    for (; x; x &= x - 1) n++;
+    return n;
+#endif
 }
 
 /* ---- per expert ----------------------------------------------------------- */

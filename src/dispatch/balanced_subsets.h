@@ -49,16 +49,6 @@ EPXI_BAL int64_t epxi_bal_mod(int64_t x, int64_t y) {
     return x % y;
 }
 
-EPXI_BAL int32_t epxi_bal_popc(uint32_t x) {
-#ifdef __CUDA_ARCH__
-    return __popc(x);
-#else
-    int32_t n = 0;
-    for (; x; x &= x - 1) n++;
-    return n;
-#endif
-}
-
 EPXI_BAL void epxi_bal_add_to(int64_t *p, int64_t v) {
 #ifdef __CUDA_ARCH__
     atomicAdd((unsigned long long *)p, (unsigned long long)v);
