@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # bal_start_check.sh - one GPU call for branch bal-start (each max-flow
-# level's ratio search started from the densest candidate set; the same
-# results bit for bit, ~2.2x fewer max-flows on DeepSeek-V3 with replicas on
-# any GPU, 0.58-0.61x the CPU solve there from 128 tokens):
+# level's ratio search started from the densest GPU when denser than the
+# whole; the same results bit for bit, ~2.2x fewer max-flows on DeepSeek-V3
+# with replicas on any GPU, ~0.5x the CPU solve there from 128 tokens):
 # test_balanced_gpu by default, with max-flows only (every component through
 # the changed path) and with EPX_BALANCED_DENSE_START=0, memcheck on the
 # quick cases, then bench_balanced of main and of the branch alternated, two
