@@ -193,7 +193,7 @@ static inline int epxi_bal_closed_from_env(epxi_bal *b, const char **bad) {
 #define EPXI_BAL_CLOSED_HELP "must be 0 (the subset solve) or 1 (the closed form, the default)"
 
 /* EPX_BALANCED_DENSE_START=0 starts each max-flow level's ratio search from
- * the whole unfixed part instead of the densest candidate set
+ * the whole unfixed part instead of the densest GPU when that is denser
  * (epxi_bal_start: the same results, more max-flows; the switch is there
  * to compare them). Returns 0, or -1 with *bad = the value when it is not
  * 0 or 1. Host only. */
@@ -204,7 +204,7 @@ static inline int epxi_bal_dense_from_env(epxi_bal *b, const char **bad) {
     return 0;
 }
 #define EPXI_BAL_DENSE_HELP                                                                        \
-    "must be 0 (start from the whole part) or 1 (from the densest candidate, the default)"
+    "must be 0 (start from the whole part) or 1 (from the densest GPU when denser, the default)"
 
 /* The solve knobs above, read when a balancer is created (CPU and GPU
  * alike). Returns 0, or -1 with *name, *bad (its value) and *help for the

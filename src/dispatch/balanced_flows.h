@@ -232,63 +232,62 @@ EPXI_BAL int64_t epxi_bal_build(epxi_bal *b, epxi_bal_part *p, int64_t a, int64_
 
 /* Where Dinkelbach's iteration starts (epxi_bal_level): any set's ratio is
  * at most the level's lambda, and from a denser start fewer max-flows
- * reach it (on DeepSeek-V3's components of ~20 GPUs, ~1.3 a level instead
- * of ~3). The candidates, for components of at most 32 GPUs (a GPU set as
- * bit masks in f_mask): the whole unfixed part, then every unfixed GPU
- * set N that is one unfixed expert's, or one GPU, closed: the bases of N
- * and every unfixed expert with its unfixed GPUs inside N, ratio d(N) /
- * |N|; the first densest wins. Sets f_in and g_sin to it. The level found
- * is the same whatever the start (its lambda, its largest tight set, and
- * the flows of the last max-flow, which depend on lambda alone); only a
- * non-reduced form of lambda may differ, and every output is computed
- * from the fraction's value. */
+ * reach it. The candidates: the whole unfixed part, and each unfixed GPU
+ * closed (its base and the unfixed experts with no other unfixed GPU,
+ * ratio over 1); the first densest wins, and f_in and g_sin are set to it.
+ * On DeepSeek-V3's components of ~20 GPUs this takes a level from ~3
+ * max-flows to ~1.4 (bench/RESULTS.md); each expert's GPU set closed over
+ * the experts inside it, tried as well, never saved one more there, on
+ * Kimi-K2.5 or on 16 and 64 GPUs, and cost a pass over the experts per
+ * candidate. The level found is the same whatever the start (its lambda,
+ * its largest tight set, and the flows of the last max-flow, which depend
+ * on lambda alone); only a non-reduced form of lambda may differ, and
+ * every output is computed from the fraction's value. gex holds each GPU's
+ * closed load (scratch until the rounding). */
 EPXI_BAL_COLD void epxi_bal_start(epxi_bal *b, const epxi_bal_part *p) {
     const int32_t D = b->D;
-    if (!b->dense || p->ng > 32) return; /* the whole unfixed part, as set */
+    if (!b->dense) return; /* the whole unfixed part, as set */
     int64_t best_a, best_d;
     epxi_bal_ratio(b, p, &best_a, &best_d);
-    uint32_t best = 0;
-    for (int32_t j = 0; j < p->nf; j++) { /* each unfixed expert's unfixed GPUs */
-        const int32_t i = p->fl[j], e = b->flex[i];
-        uint32_t m = 0;
-        if (b->f_level[i] == -1)
-            for (int32_t k = 0; k < b->eg_n[e]; k++) {
-                const int32_t g = b->eg_gpu[(size_t)e * (size_t)D + (size_t)k];
-                if (b->g_level[g] == -1) m |= 1u << b->g_loc[g];
-            }
-        b->f_mask[i] = (int32_t)m;
-    }
-    for (int32_t x = 0; x < p->nf + p->ng; x++) {
-        uint32_t N;
-        if (x < p->nf) {
-            N = (uint32_t)b->f_mask[p->fl[x]];
-        } else {
-            const int32_t gi = x - p->nf;
-            N = b->g_level[p->gl[gi]] == -1 ? 1u << gi : 0;
-        }
-        if (N == 0) continue;
-        int64_t c = 0; /* N's bases, bit by set bit (a few: N is an expert's GPUs) */
-        for (uint32_t t = N; t != 0; t &= t - 1u)
-            c += b->base[p->gl[epxi_bal_popc((t & (0u - t)) - 1u)]];
-        for (int32_t j = 0; j < p->nf; j++) {
-            const uint32_t m = (uint32_t)b->f_mask[p->fl[j]];
-            if (m != 0 && (m & ~N) == 0) c += b->cnt[b->flex[p->fl[j]]];
-        }
-        const int64_t d = epxi_bal_popc(N);
-        if (c * best_d > best_a * d) {
-            best_a = c;
-            best_d = d;
-            best = N;
-        }
-    }
-    if (best == 0) return;
+    for (int32_t gi = 0; gi < p->ng; gi++) b->gex[p->gl[gi]] = b->base[p->gl[gi]];
     for (int32_t j = 0; j < p->nf; j++) {
-        const uint32_t m = (uint32_t)b->f_mask[p->fl[j]];
-        b->f_in[p->fl[j]] = m != 0 && (m & ~best) == 0;
+        const int32_t i = p->fl[j], e = b->flex[i];
+        int32_t only = -1, n = 0; /* its unfixed GPUs: how many, the last */
+        if (b->f_level[i] != -1) continue;
+        for (int32_t k = 0; k < b->eg_n[e]; k++) {
+            const int32_t g = b->eg_gpu[(size_t)e * (size_t)D + (size_t)k];
+            if (b->g_level[g] == -1) {
+                only = g;
+                n++;
+            }
+        }
+        if (n == 1) b->gex[only] += b->cnt[e];
+    }
+    int32_t best = -1;
+    for (int32_t gi = 0; gi < p->ng; gi++) {
+        const int32_t g = p->gl[gi];
+        if (b->g_level[g] == -1 && b->gex[g] * best_d > best_a) {
+            best_a = b->gex[g];
+            best_d = 1;
+            best = g;
+        }
+    }
+    if (best < 0) return;
+    for (int32_t j = 0; j < p->nf; j++) {
+        const int32_t i = p->fl[j], e = b->flex[i];
+        int in = b->f_level[i] == -1, any = 0;
+        for (int32_t k = 0; k < b->eg_n[e] && in; k++) {
+            const int32_t g = b->eg_gpu[(size_t)e * (size_t)D + (size_t)k];
+            if (b->g_level[g] == -1) {
+                any = 1;
+                in = g == best;
+            }
+        }
+        b->f_in[i] = in && any;
     }
     for (int32_t gi = 0; gi < p->ng; gi++) {
         const int32_t g = p->gl[gi];
-        b->g_sin[g] = b->g_level[g] == -1 && b->base[g] > 0 && (best >> gi & 1);
+        b->g_sin[g] = g == best && b->base[g] > 0;
     }
 }
 
