@@ -44,6 +44,13 @@ EPXI_BAL void epxi_bal_push(epxi_bal_part *p, int32_t e, int64_t f) {
     p->cap[e ^ 1] += f;
 }
 
+/* Dinic's BFS from s in the residual graph: lvl[v] = v's distance, -1 if
+ * not reached. It stops as soon as t is reached: every node nearer than t
+ * has its level by then, and the ones it leaves at -1 (at t's distance or
+ * beyond) cannot lead to t in the level graph, so the blocking flow's DFS,
+ * which would only enter and leave them, finds the same paths in the same
+ * order. When t is not reached the BFS is complete: lvl >= 0 is then what
+ * s reaches, the min cut's source side epxi_bal_level reads. */
 EPXI_BAL int epxi_bal_bfs(epxi_bal_part *p, int32_t s, int32_t t) {
     for (int32_t v = 0; v < p->n; v++) p->lvl[v] = -1;
     int32_t qh = 0, qt = 0;
@@ -55,11 +62,12 @@ EPXI_BAL int epxi_bal_bfs(epxi_bal_part *p, int32_t s, int32_t t) {
             int32_t v = p->to[e];
             if (p->cap[e] > 0 && p->lvl[v] < 0) {
                 p->lvl[v] = p->lvl[u] + 1;
+                if (v == t) return 1;
                 p->queue[qt++] = v;
             }
         }
     }
-    return p->lvl[t] >= 0;
+    return 0;
 }
 
 /* Dinic: push a maximum flow from s to t; returns the amount. Afterwards lvl
