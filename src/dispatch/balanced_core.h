@@ -65,9 +65,10 @@
 #define EPXI_BAL static inline
 #endif
 
-/* A helper kept out of its callers on the host (GCC inlined the max-flow
- * start into the CPU solve's loop and slowed the subset solve beside it by
- * ~8 %); on the GPU it is EPXI_BAL like the rest. */
+/* The max-flow solve's entry points, kept out of their callers on the host:
+ * GCC inlined them into the CPU solve's one loop, and each change to the
+ * max-flow code moved the subset solve beside it by 5-15 % (register and
+ * code layout); on the GPU they are EPXI_BAL like the rest. */
 #if defined(__CUDACC__)
 #define EPXI_BAL_COLD EPXI_BAL
 #elif defined(__GNUC__)
@@ -92,7 +93,8 @@ enum {
     EPXI_BAL_NO_TIGHT = 2,   /* a level fixed no consistent set   */
     EPXI_BAL_LEVELS = 3,     /* more than G levels                */
     EPXI_BAL_ROUNDING = 4,   /* the rounding flow fell short      */
-    EPXI_BAL_TOO_MANY = 5    /* more flexible experts than P - E (a slot listed twice) */
+    EPXI_BAL_TOO_MANY = 5,   /* more flexible experts than P - E (a slot listed twice) */
+    EPXI_BAL_SCALE = 6       /* a level's flows not k times those at its reduced lambda */
 };
 
 /* The workspace: pointers into one block carved by epxi_bal_carve (host

@@ -262,13 +262,13 @@ EPXI_BAL int64_t epxi_bal_recap(const epxi_bal *b, epxi_bal_part *p, int64_t a, 
  * closed (its base and the unfixed experts with no other unfixed GPU,
  * ratio over 1); the first densest wins, and f_in and g_sin are set to it.
  * On DeepSeek-V3's components of ~20 GPUs this takes a level from ~3
- * max-flows to ~1.4 (bench/RESULTS.md); each expert's GPU set closed over
+ * max-flows to ~1.4 (bench/RESULTS.md, 2026-12-05); each expert's GPU set closed over
  * the experts inside it, tried as well, never saved one more there, on
  * Kimi-K2.5 or on 16 and 64 GPUs, and cost a pass over the experts per
- * candidate. The level found is the same whatever the start (its lambda,
- * its largest tight set, and the flows of the last max-flow, which depend
- * on lambda alone); only a non-reduced form of lambda may differ, and
- * every output is computed from the fraction's value. gex holds each GPU's
+ * candidate. The level found is the same whatever the start: its lambda,
+ * its largest tight set, and the last max-flow's flows, which depend on
+ * lambda's value and scale with the form of its fraction (k a / k d: k
+ * times the flows), a form epxi_bal_level reduces. gex holds each GPU's
  * closed load (scratch until the rounding). */
 EPXI_BAL_COLD void epxi_bal_start(epxi_bal *b, const epxi_bal_part *p) {
     const int32_t D = b->D;
@@ -382,6 +382,31 @@ EPXI_BAL int epxi_bal_level(epxi_bal *b, epxi_bal_part *p, int32_t lv) {
         }
     }
     if (fixed == 0) return EPXI_BAL_NO_TIGHT;
+    /* lambda as a reduced fraction and the level's flows divided with it:
+     * which set's ratio gave lambda (the start's, epxi_bal_start) decides
+     * its form, k a' / k d', and the max-flow's every capacity and flow
+     * with it (k times those at a' / d', exactly), so only the reduced
+     * form makes what is stored, and the shares computed from it in
+     * doubles, the same whatever the start. The division is exact. */
+    int64_t k = a, r = den;
+    while (r != 0) {
+        const int64_t t = k % r;
+        k = r;
+        r = t;
+    }
+    if (k > 1) {
+        for (int32_t j = 0; j < p->nf; j++) {
+            const int32_t i = p->fl[j], e = b->flex[i];
+            if (b->f_level[i] != lv) continue;
+            for (int32_t q = 0; q < b->eg_n[e]; q++) {
+                const size_t x = (size_t)i * (size_t)D + (size_t)q;
+                if (b->f_flow[x] % k != 0) return EPXI_BAL_SCALE;
+                b->f_flow[x] /= k;
+            }
+        }
+        a /= k;
+        den /= k;
+    }
     b->lv_num[lv] = a;
     b->lv_den[lv] = den;
     return EPXI_BAL_OK;
@@ -448,7 +473,7 @@ EPXI_BAL int epxi_bal_round(epxi_bal *b, epxi_bal_part *p) {
 
 /* Component c: every level, then the rounding; sets c_levels[c] and
  * c_rc[c] and returns the latter. A lone GPU is its own level, no flow. */
-EPXI_BAL int epxi_bal_solve_part(epxi_bal *b, int32_t c) {
+EPXI_BAL_COLD int epxi_bal_solve_part(epxi_bal *b, int32_t c) {
     epxi_bal_part p = epxi_bal_view(b, c);
     int32_t left = p.nf, levels = 0, rc = EPXI_BAL_OK;
     for (int32_t j = 0; j < p.nf; j++) b->f_level[p.fl[j]] = -1;
