@@ -20,6 +20,10 @@
 #include "../src/dispatch/balanced_core.h" /* epxi_bal_subsets: the tables' sizing */
 #include "bal_place.h"
 
+/* outputs_pinned's hashes (main at 5f4368a gives the same) */
+#define PINNED_DEFAULT 0xced6884208a07484ull
+#define PINNED_FLOWS 0x37d192dd94937f76ull
+
 static uint32_t gpu_mask(const place *p, int32_t e) {
     uint32_t m = 0;
     for (int32_t j = 0; j < p->nv[e]; j++) m |= 1u << (p->rep[e * p->W + j] / p->per);
@@ -466,12 +470,68 @@ static void closed_form_equals_subsets(void **state) {
     bal_free_place(&p);
 }
 
+/* A layer where the two starts end a max-flow level on different forms of
+ * one ratio (the whole part's 3L / 3, the densest GPU's L / 1) and the
+ * shares' doubles are inexact unless the form is reduced: counts near 2^40
+ * and an expert with 5,997 replicas on one GPU, so lv_den c m passes 2^53.
+ * GPUs A, B, C, D and a chain of 7 more (11: past the subset solve's 10);
+ * expert X on B (5,997 slots) and C, Y on C and D, W0 on A and B, each
+ * chained GPU a fixed expert and a link expert to the GPU before it; the
+ * other slots to one fixed expert per GPU. (A review's counterexample.) */
+static place huge_layer(int64_t **counts) {
+    enum { PER = 6000, MX = 5997, EXTRA = 7 };
+    place p = {7 + 2 * EXTRA, (4 + EXTRA) * PER, 4 + EXTRA, PER, PER, NULL, NULL};
+    p.rep = malloc(sizeof(int32_t) * (size_t)p.E * (size_t)p.W);
+    p.nv = calloc((size_t)p.E, sizeof(int32_t));
+    for (int32_t i = 0; i < p.E * p.W; i++) p.rep[i] = -1;
+#define PUT(e, s) (p.rep[(e)*p.W + p.nv[e]++] = (s))
+    const int32_t w0 = 6 + 2 * EXTRA;
+    for (int32_t s = 1; s < PER; s++) PUT(0, s); /* A: its fixed expert */
+    PUT(w0, 0);
+    PUT(w0, PER + PER - 1);
+    for (int32_t s = 0; s < MX; s++) PUT(4, PER + s); /* B: X */
+    for (int32_t s = MX; s < PER - 1; s++) PUT(1, PER + s);
+    PUT(4, 2 * PER); /* C: X, Y and its fixed expert */
+    PUT(5, 2 * PER + 1);
+    for (int32_t s = 2; s < PER; s++) PUT(2, 2 * PER + s);
+    PUT(5, 3 * PER); /* D: Y */
+    int32_t last = 3;
+    for (int32_t k = 0; k < EXTRA; k++) { /* the chain */
+        const int32_t g = 4 + k, f = 6 + 2 * k, z = 7 + 2 * k;
+        PUT(z, last * PER + PER - 1);
+        PUT(z, g * PER);
+        for (int32_t s = 1; s < PER; s++) PUT(f, g * PER + s);
+        last = g;
+    }
+    for (int32_t s = 1; s < PER - 1; s++) PUT(3, 3 * PER + s);
+    for (int32_t k = 0; k + 1 < EXTRA; k++) { /* a chained GPU's last slot went to the next link */
+        const int32_t f = 6 + 2 * k;
+        p.rep[f * p.W + --p.nv[f]] = -1;
+    }
+#undef PUT
+    int64_t *c = calloc((size_t)p.E, sizeof(int64_t));
+    const int64_t L = ((int64_t)1 << 40) / 3 - 7777;
+    c[0] = L;
+    c[1] = 1000;
+    c[2] = 123456;
+    c[3] = 5;
+    c[4] = 2 * L - 124457;
+    c[5] = 3;
+    c[w0] = 1;
+    for (int32_t k = 0; k < EXTRA; k++) {
+        c[6 + 2 * k] = 7;
+        c[7 + 2 * k] = 2;
+    }
+    *counts = c;
+    return p;
+}
+
 /* The max-flow levels' dense start (epxi_bal_start) against the plain
  * start from the whole part (EPX_BALANCED_DENSE_START=0): every output
  * equal to the bit, on layers whose components go through max-flows (the
  * subset solve off, and large layers with replicas on any GPU), skewed and
- * flat batches. The start only saves max-flows; the level it reaches, and
- * so every output, is the same. */
+ * flat batches. The start only saves max-flows; the level it reaches is the
+ * same, and with its ratio reduced (epxi_bal_level) so is every output. */
 static void dense_start_equals_plain(void **state) {
     (void)state;
     tu_rng r = {tu_seed(3307)};
@@ -517,6 +577,25 @@ static void dense_start_equals_plain(void **state) {
         free(c);
         bal_free_place(&p);
     }
+    { /* huge counts: equal only with each level's ratio reduced */
+        int64_t *c = NULL;
+        place p = huge_layer(&c);
+        epx_balancer *bd = NULL, *bp = NULL;
+        assert_int_equal(create_env("EPX_BALANCED_DENSE_START", NULL, &p, &bd, &err), EPX_OK);
+        assert_int_equal(create_env("EPX_BALANCED_DENSE_START", "0", &p, &bp, &err), EPX_OK);
+        outs a = make_outs(&p), b = make_outs(&p);
+        assert_int_equal(epx_dispatch_balanced_solve(bd, p.rep, p.nv, c, &a.o, &err), EPX_OK);
+        assert_int_equal(epx_dispatch_balanced_solve(bp, p.rep, p.nv, c, &b.o, &err), EPX_OK);
+        if (!same_outs(&p, &a, &b))
+            fail_msg("huge counts: the dense start differs from the plain one");
+        check_out(&p, c, &a.o, NULL, NULL);
+        free_outs(&a);
+        free_outs(&b);
+        epx_dispatch_balanced_destroy(bd);
+        epx_dispatch_balanced_destroy(bp);
+        free(c);
+        bal_free_place(&p);
+    }
     place p = bal_random_place(&r, 6, 3, 3, 0, 1);
     epx_balancer *bad = NULL;
     assert_int_equal(create_env("EPX_BALANCED_DENSE_START", "2", &p, &bad, &err),
@@ -524,6 +603,65 @@ static void dense_start_equals_plain(void **state) {
     assert_null(bad);
     assert_non_null(strstr(err.msg, "EPX_BALANCED_DENSE_START = '2'"));
     bal_free_place(&p);
+}
+
+/* FNV-1a over n bytes, continuing h. */
+static uint64_t fnv(uint64_t h, const void *data, size_t n) {
+    const unsigned char *c = data;
+    for (size_t i = 0; i < n; i++) {
+        h ^= c[i];
+        h *= 1099511628211ull;
+    }
+    return h;
+}
+
+/* Every output of the solve on a fixed set of layers (seeded here, never
+ * by EPX_TEST_SEED), hashed, against the hash this source gave when it was
+ * last changed on purpose: the solve's result is DEFINED by its code
+ * (balanced_core.h), and a change meant to keep every output (a faster
+ * step, a start, a cut) must leave it; one that changes the definition
+ * updates the constants and says so. Both solves: by default, and
+ * max-flows only. Shapes from 2 to 64 GPUs, node-local and not, skewed and
+ * flat batches. */
+static void outputs_pinned(void **state) {
+    (void)state;
+    static const uint64_t want[2] = {PINNED_DEFAULT, PINNED_FLOWS};
+    static const int32_t Gs[] = {2, 3, 5, 8, 8, 11, 16, 32, 32, 64};
+    for (int k = 0; k < 2; k++) {
+        tu_rng r = {20261205ull};
+        uint64_t h = 1469598103934665603ull;
+        epx_error err = {0};
+        for (int it = 0; it < 120; it++) {
+            const int32_t G = Gs[tu_below(&r, 10)], per = 1 + (int32_t)tu_below(&r, 6);
+            const int32_t nodes = G % 4 == 0 && it % 3 == 0 ? 4 : 1;
+            const int32_t E =
+                (G * per - (int32_t)tu_below(&r, (uint32_t)(G * per / 3 + 1))) / nodes * nodes;
+            place p = bal_random_place(&r, E, G, per, it % 2 ? 4 : 0, nodes);
+            int64_t *c = calloc((size_t)E, sizeof(int64_t));
+            bal_random_counts(&r, c, E, it % 3 == 0 ? 5 : 400);
+            epx_balancer *b = NULL;
+            assert_int_equal(create_with(k ? "0" : NULL, &p, &b, &err), EPX_OK);
+            outs o = make_outs(&p);
+            assert_int_equal(epx_dispatch_balanced_solve(b, p.rep, p.nv, c, &o.o, &err), EPX_OK);
+            const size_t n = (size_t)E * (size_t)p.W;
+            h = fnv(h, o.shares, n * sizeof(double));
+            h = fnv(h, o.rc, n * sizeof(int64_t));
+            h = fnv(h, o.slots, (size_t)p.P * sizeof(int64_t));
+            h = fnv(h, o.gpu_load, (size_t)G * sizeof(double));
+            const int64_t sc[4] = {o.o.max_load_num, o.o.max_load_den, o.o.max_load_int,
+                                   o.o.num_levels};
+            h = fnv(h, sc, sizeof sc);
+            free_outs(&o);
+            epx_dispatch_balanced_destroy(b);
+            free(c);
+            bal_free_place(&p);
+        }
+        if (h != want[k])
+            fail_msg("the %s solve's outputs hash to %016llx, pinned %016llx: a change to the "
+                     "solve's results; if it is meant, update PINNED_%s and say why",
+                     k ? "max-flow" : "default", (unsigned long long)h, (unsigned long long)want[k],
+                     k ? "FLOWS" : "DEFAULT");
+    }
 }
 
 /* The subset tables' size (epxi_bal_subsets) against the largest sum of
@@ -711,6 +849,7 @@ int main(void) {
         cmocka_unit_test(subsets_and_flows_agree),
         cmocka_unit_test(closed_form_equals_subsets),
         cmocka_unit_test(dense_start_equals_plain),
+        cmocka_unit_test(outputs_pinned),
         cmocka_unit_test(subset_tables_sized_exactly),
         cmocka_unit_test(edge_cases),
         cmocka_unit_test(errors),

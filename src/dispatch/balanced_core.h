@@ -65,9 +65,10 @@
 #define EPXI_BAL static inline
 #endif
 
-/* A helper kept out of its callers on the host (GCC inlined the max-flow
- * start into the CPU solve's loop and slowed the subset solve beside it by
- * ~8 %); on the GPU it is EPXI_BAL like the rest. */
+/* The max-flow solve's entry points, kept out of their callers on the host:
+ * GCC inlined them into the CPU solve's one loop, and each change to the
+ * max-flow code moved the subset solve beside it by 5-15 % (register and
+ * code layout); on the GPU they are EPXI_BAL like the rest. */
 #if defined(__CUDACC__)
 #define EPXI_BAL_COLD EPXI_BAL
 #elif defined(__GNUC__)
@@ -92,7 +93,8 @@ enum {
     EPXI_BAL_NO_TIGHT = 2,   /* a level fixed no consistent set   */
     EPXI_BAL_LEVELS = 3,     /* more than G levels                */
     EPXI_BAL_ROUNDING = 4,   /* the rounding flow fell short      */
-    EPXI_BAL_TOO_MANY = 5    /* more flexible experts than P - E (a slot listed twice) */
+    EPXI_BAL_TOO_MANY = 5,   /* more flexible experts than P - E (a slot listed twice) */
+    EPXI_BAL_SCALE = 6       /* a level's flows not k times those at its reduced lambda */
 };
 
 /* The workspace: pointers into one block carved by epxi_bal_carve (host
@@ -133,6 +135,7 @@ typedef struct epxi_bal {
     int64_t *sub_d, *sub_s, *sub_l;  /* [sub_size] per subset: load inside, slacks */
     /* the flow graphs, each component's at its own offsets (epxi_bal_view) */
     int32_t *head, *lvl, *iter, *queue, *path; /* [max_nodes] */
+    int32_t *sink;                             /* [max_nodes] a node's edge to t, or -1 */
     uint8_t *mark;                             /* [max_nodes] */
     int32_t *next, *to;                        /* [max_edges] */
     int64_t *cap;                              /* [max_edges] */
@@ -335,6 +338,7 @@ EPXI_BAL size_t epxi_bal_carve(epxi_bal *b, void *mem) {
     EPXI_BAL_ARR(iter, int32_t, N);
     EPXI_BAL_ARR(queue, int32_t, N);
     EPXI_BAL_ARR(path, int32_t, N);
+    EPXI_BAL_ARR(sink, int32_t, N);
     EPXI_BAL_ARR(mark, uint8_t, N);
     EPXI_BAL_ARR(next, int32_t, X);
     EPXI_BAL_ARR(to, int32_t, X);
@@ -516,7 +520,7 @@ typedef struct epxi_bal_part {
     int32_t nf, ng, lv0;
     const int32_t *fl, *gl;
     int32_t n, m, max_edges;
-    int32_t *head, *lvl, *iter, *queue, *path;
+    int32_t *head, *lvl, *iter, *queue, *path, *sink;
     uint8_t *mark;
     int32_t *next, *to;
     int64_t *cap;
@@ -542,6 +546,7 @@ EPXI_BAL epxi_bal_part epxi_bal_view(const epxi_bal *b, int32_t c) {
     p.iter = b->iter + node0;
     p.queue = b->queue + node0;
     p.path = b->path + node0;
+    p.sink = b->sink + node0;
     p.mark = b->mark + node0;
     p.next = b->next + edge0;
     p.to = b->to + edge0;
