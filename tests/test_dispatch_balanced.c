@@ -410,6 +410,29 @@ static void subsets_and_flows_agree(void **state) {
     }
 }
 
+/* Layout p solved with counts c by two balancers, var unset (the default)
+ * and var = value: every output must be equal to the bit (case it of the
+ * test seeded with seed, named on failure); the default's outputs are then
+ * checked against the guarantees (check_out). */
+static void same_under_knob(const char *var, const char *value, const place *p, const int64_t *c,
+                            int it, uint64_t seed) {
+    epx_error err = {0};
+    epx_balancer *bd = NULL, *bk = NULL;
+    assert_int_equal(create_env(var, NULL, p, &bd, &err), EPX_OK);
+    assert_int_equal(create_env(var, value, p, &bk, &err), EPX_OK);
+    outs a = make_outs(p), b = make_outs(p);
+    assert_int_equal(epx_dispatch_balanced_solve(bd, p->rep, p->nv, c, &a.o, &err), EPX_OK);
+    assert_int_equal(epx_dispatch_balanced_solve(bk, p->rep, p->nv, c, &b.o, &err), EPX_OK);
+    if (!same_outs(p, &a, &b))
+        fail_msg("case %d (E %d, G %d, per %d): %s=%s changes the outputs (seed %llu)", it, p->E,
+                 p->G, p->per, var, value, (unsigned long long)seed);
+    check_out(p, c, &a.o, NULL, NULL);
+    free_outs(&a);
+    free_outs(&b);
+    epx_dispatch_balanced_destroy(bd);
+    epx_dispatch_balanced_destroy(bk);
+}
+
 /* A component of one flexible expert in closed form (epxi_bal_one_levels)
  * against the subset solve it stands in for (EPX_BALANCED_CLOSED_FORM=0):
  * every output equal to the bit, on batches of a few tokens (where most
@@ -431,27 +454,13 @@ static void closed_form_equals_subsets(void **state) {
         } else {
             bal_random_counts(&r, c, E, it % 3 == 0 ? 4 : 300);
         }
-        epx_balancer *bc = NULL, *bs = NULL;
-        assert_int_equal(create_env("EPX_BALANCED_CLOSED_FORM", NULL, &p, &bc, &err), EPX_OK);
-        assert_int_equal(create_env("EPX_BALANCED_CLOSED_FORM", "0", &p, &bs, &err), EPX_OK);
-        outs a = make_outs(&p), b = make_outs(&p);
-        assert_int_equal(epx_dispatch_balanced_solve(bc, p.rep, p.nv, c, &a.o, &err), EPX_OK);
-        assert_int_equal(epx_dispatch_balanced_solve(bs, p.rep, p.nv, c, &b.o, &err), EPX_OK);
-        if (!same_outs(&p, &a, &b))
-            fail_msg("case %d (E %d, G %d, per %d): the closed form differs from the subset "
-                     "solve (seed %llu)",
-                     it, E, G, per, (unsigned long long)tu_seed(2711));
-        check_out(&p, c, &a.o, NULL, NULL);
+        same_under_knob("EPX_BALANCED_CLOSED_FORM", "0", &p, c, it, tu_seed(2711));
         /* batches of a few tokens with a flexible expert (tokens on replicas
          * on two GPUs or more): where one-expert components come from */
         int flexible = 0;
         for (int32_t e = 0; e < E; e++)
             flexible |= c[e] > 0 && (gpu_mask(&p, e) & (gpu_mask(&p, e) - 1));
         few_flexible += it % 2 == 0 && flexible;
-        free_outs(&a);
-        free_outs(&b);
-        epx_dispatch_balanced_destroy(bc);
-        epx_dispatch_balanced_destroy(bs);
         free(c);
         bal_free_place(&p);
     }
@@ -553,46 +562,20 @@ static void dense_start_equals_plain(void **state) {
         const char *was = getenv("EPX_BALANCED_SUBSET_GPUS");
         char *keep = was ? strdup(was) : NULL;
         setenv("EPX_BALANCED_SUBSET_GPUS", "0", 1);
-        epx_balancer *bd = NULL, *bp = NULL;
-        assert_int_equal(create_env("EPX_BALANCED_DENSE_START", NULL, &p, &bd, &err), EPX_OK);
-        assert_int_equal(create_env("EPX_BALANCED_DENSE_START", "0", &p, &bp, &err), EPX_OK);
+        same_under_knob("EPX_BALANCED_DENSE_START", "0", &p, c, it, tu_seed(3307));
         if (keep) {
             setenv("EPX_BALANCED_SUBSET_GPUS", keep, 1);
             free(keep);
         } else {
             unsetenv("EPX_BALANCED_SUBSET_GPUS");
         }
-        outs a = make_outs(&p), b = make_outs(&p);
-        assert_int_equal(epx_dispatch_balanced_solve(bd, p.rep, p.nv, c, &a.o, &err), EPX_OK);
-        assert_int_equal(epx_dispatch_balanced_solve(bp, p.rep, p.nv, c, &b.o, &err), EPX_OK);
-        if (!same_outs(&p, &a, &b))
-            fail_msg("case %d (E %d, G %d, per %d): the dense start differs from the plain "
-                     "one (seed %llu)",
-                     it, E, G, per, (unsigned long long)tu_seed(3307));
-        check_out(&p, c, &a.o, NULL, NULL);
-        free_outs(&a);
-        free_outs(&b);
-        epx_dispatch_balanced_destroy(bd);
-        epx_dispatch_balanced_destroy(bp);
         free(c);
         bal_free_place(&p);
     }
     { /* huge counts: equal only with each level's ratio reduced */
         int64_t *c = NULL;
         place p = huge_layer(&c);
-        epx_balancer *bd = NULL, *bp = NULL;
-        assert_int_equal(create_env("EPX_BALANCED_DENSE_START", NULL, &p, &bd, &err), EPX_OK);
-        assert_int_equal(create_env("EPX_BALANCED_DENSE_START", "0", &p, &bp, &err), EPX_OK);
-        outs a = make_outs(&p), b = make_outs(&p);
-        assert_int_equal(epx_dispatch_balanced_solve(bd, p.rep, p.nv, c, &a.o, &err), EPX_OK);
-        assert_int_equal(epx_dispatch_balanced_solve(bp, p.rep, p.nv, c, &b.o, &err), EPX_OK);
-        if (!same_outs(&p, &a, &b))
-            fail_msg("huge counts: the dense start differs from the plain one");
-        check_out(&p, c, &a.o, NULL, NULL);
-        free_outs(&a);
-        free_outs(&b);
-        epx_dispatch_balanced_destroy(bd);
-        epx_dispatch_balanced_destroy(bp);
+        same_under_knob("EPX_BALANCED_DENSE_START", "0", &p, c, -1, 0);
         free(c);
         bal_free_place(&p);
     }
