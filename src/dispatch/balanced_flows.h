@@ -258,45 +258,80 @@ EPXI_BAL int64_t epxi_bal_recap(const epxi_bal *b, epxi_bal_part *p, int64_t a, 
 
 /* Where Dinkelbach's iteration starts (epxi_bal_level): any set's ratio is
  * at most the level's lambda, and from a denser start fewer max-flows
- * reach it. The candidates: the whole unfixed part, and each unfixed GPU
+ * reach it. The candidates: the whole unfixed part; each unfixed GPU
  * closed (its base and the unfixed experts with no other unfixed GPU,
- * ratio over 1); the first densest wins, and f_in and g_sin are set to it.
- * On DeepSeek-V3's components of ~20 GPUs this takes a level from ~3
- * max-flows to ~1.4 (bench/RESULTS.md, 2026-12-05); each expert's GPU set closed over
- * the experts inside it, tried as well, never saved one more there, on
- * Kimi-K2.5 or on 16 and 64 GPUs, and cost a pass over the experts per
- * candidate. The level found is the same whatever the start: its lambda,
- * its largest tight set, and the last max-flow's flows, which depend on
- * lambda's value and scale with the form of its fraction (k a / k d: k
- * times the flows), a form epxi_bal_level reduces. gex holds each GPU's
- * closed load (scratch until the rounding). */
+ * ratio over 1); and, in components of at most 32 GPUs (GPU sets as bit
+ * masks, in f_mask), each unfixed expert's unfixed GPUs closed (their
+ * bases and every unfixed expert inside them). The first densest wins;
+ * f_in and g_sin are set to it. On DeepSeek-V3's components of ~20 GPUs a
+ * level then takes ~1.3 max-flows instead of ~3 (the GPUs alone: ~1.7;
+ * bench/RESULTS.md, 2026-12-05). The level found is the same whatever the
+ * start: its lambda, its largest tight set, and the last max-flow's flows,
+ * which depend on lambda's value and scale with the form of its fraction
+ * (k a / k d: k times the flows), a form epxi_bal_level reduces. gex holds
+ * each GPU's closed load (scratch until the rounding). */
 EPXI_BAL_COLD void epxi_bal_start(epxi_bal *b, const epxi_bal_part *p) {
     const int32_t D = b->D;
     if (!b->dense) return; /* the whole unfixed part, as set */
+    const int masks = p->ng <= 32;
     int64_t best_a, best_d;
     epxi_bal_ratio(b, p, &best_a, &best_d);
     for (int32_t gi = 0; gi < p->ng; gi++) b->gex[p->gl[gi]] = b->base[p->gl[gi]];
     for (int32_t j = 0; j < p->nf; j++) {
         const int32_t i = p->fl[j], e = b->flex[i];
         int32_t only = -1, n = 0; /* its unfixed GPUs: how many, the last */
-        if (b->f_level[i] != -1) continue;
-        for (int32_t k = 0; k < b->eg_n[e]; k++) {
-            const int32_t g = b->eg_gpu[(size_t)e * (size_t)D + (size_t)k];
-            if (b->g_level[g] == -1) {
-                only = g;
-                n++;
+        uint32_t m = 0;
+        if (b->f_level[i] == -1)
+            for (int32_t k = 0; k < b->eg_n[e]; k++) {
+                const int32_t g = b->eg_gpu[(size_t)e * (size_t)D + (size_t)k];
+                if (b->g_level[g] == -1) {
+                    only = g;
+                    n++;
+                    if (masks) m |= 1u << b->g_loc[g];
+                }
             }
-        }
+        if (masks) b->f_mask[i] = (int32_t)m;
         if (n == 1) b->gex[only] += b->cnt[e];
     }
-    int32_t best = -1;
+    int32_t best = -1; /* the best single GPU, or -1 */
+    uint32_t set = 0;  /* with masks: the best set, 0 for the whole */
     for (int32_t gi = 0; gi < p->ng; gi++) {
         const int32_t g = p->gl[gi];
         if (b->g_level[g] == -1 && b->gex[g] * best_d > best_a) {
             best_a = b->gex[g];
             best_d = 1;
             best = g;
+            set = masks ? 1u << gi : 0;
         }
+    }
+    for (int32_t x = 0; masks && x < p->nf; x++) { /* experts' sets of two GPUs or more */
+        const uint32_t N = (uint32_t)b->f_mask[p->fl[x]];
+        if ((N & (N - 1u)) == 0) continue;
+        int64_t c = 0;
+        for (uint32_t t = N; t != 0; t &= t - 1u) /* N's bases, set bit by set bit */
+            c += b->base[p->gl[epxi_bal_popc((t & (0u - t)) - 1u)]];
+        for (int32_t j = 0; j < p->nf; j++) {
+            const uint32_t m = (uint32_t)b->f_mask[p->fl[j]];
+            if (m != 0 && (m & ~N) == 0) c += b->cnt[b->flex[p->fl[j]]];
+        }
+        const int64_t d = epxi_bal_popc(N);
+        if (c * best_d > best_a * d) {
+            best_a = c;
+            best_d = d;
+            set = N;
+        }
+    }
+    if (masks) {
+        if (set == 0) return;
+        for (int32_t j = 0; j < p->nf; j++) {
+            const uint32_t m = (uint32_t)b->f_mask[p->fl[j]];
+            b->f_in[p->fl[j]] = m != 0 && (m & ~set) == 0;
+        }
+        for (int32_t gi = 0; gi < p->ng; gi++) {
+            const int32_t g = p->gl[gi];
+            b->g_sin[g] = b->g_level[g] == -1 && b->base[g] > 0 && (set >> gi & 1);
+        }
+        return;
     }
     if (best < 0) return;
     for (int32_t j = 0; j < p->nf; j++) {
