@@ -20,6 +20,10 @@
 #include "../src/dispatch/balanced_core.h" /* epxi_bal_subsets: the tables' sizing */
 #include "bal_place.h"
 
+/* outputs_pinned's hashes */
+#define PINNED_DEFAULT 0xced6884208a07484ull
+#define PINNED_FLOWS 0x37d192dd94937f76ull
+
 static uint32_t gpu_mask(const place *p, int32_t e) {
     uint32_t m = 0;
     for (int32_t j = 0; j < p->nv[e]; j++) m |= 1u << (p->rep[e * p->W + j] / p->per);
@@ -461,6 +465,65 @@ static void closed_form_equals_subsets(void **state) {
     bal_free_place(&p);
 }
 
+/* FNV-1a over n bytes, continuing h. */
+static uint64_t fnv(uint64_t h, const void *data, size_t n) {
+    const unsigned char *c = data;
+    for (size_t i = 0; i < n; i++) {
+        h ^= c[i];
+        h *= 1099511628211ull;
+    }
+    return h;
+}
+
+/* Every output of the solve on a fixed set of layers (seeded here, never
+ * by EPX_TEST_SEED), hashed, against the hash this source gave when it was
+ * last changed on purpose: the solve's result is DEFINED by its code
+ * (balanced_core.h), and a change meant to keep every output (a faster
+ * step, a start, a cut) must leave it; one that changes the definition
+ * updates the constants and says so. Both solves: by default, and
+ * max-flows only. Shapes from 2 to 64 GPUs, node-local and not, skewed and
+ * flat batches. */
+static void outputs_pinned(void **state) {
+    (void)state;
+    static const uint64_t want[2] = {PINNED_DEFAULT, PINNED_FLOWS};
+    static const int32_t Gs[] = {2, 3, 5, 8, 8, 11, 16, 32, 32, 64};
+    for (int k = 0; k < 2; k++) {
+        tu_rng r = {20261205ull};
+        uint64_t h = 1469598103934665603ull;
+        epx_error err = {0};
+        for (int it = 0; it < 120; it++) {
+            const int32_t G = Gs[tu_below(&r, 10)], per = 1 + (int32_t)tu_below(&r, 6);
+            const int32_t nodes = G % 4 == 0 && it % 3 == 0 ? 4 : 1;
+            const int32_t E =
+                (G * per - (int32_t)tu_below(&r, (uint32_t)(G * per / 3 + 1))) / nodes * nodes;
+            place p = bal_random_place(&r, E, G, per, it % 2 ? 4 : 0, nodes);
+            int64_t *c = calloc((size_t)E, sizeof(int64_t));
+            bal_random_counts(&r, c, E, it % 3 == 0 ? 5 : 400);
+            epx_balancer *b = NULL;
+            assert_int_equal(create_with(k ? "0" : NULL, &p, &b, &err), EPX_OK);
+            outs o = make_outs(&p);
+            assert_int_equal(epx_dispatch_balanced_solve(b, p.rep, p.nv, c, &o.o, &err), EPX_OK);
+            const size_t n = (size_t)E * (size_t)p.W;
+            h = fnv(h, o.shares, n * sizeof(double));
+            h = fnv(h, o.rc, n * sizeof(int64_t));
+            h = fnv(h, o.slots, (size_t)p.P * sizeof(int64_t));
+            h = fnv(h, o.gpu_load, (size_t)G * sizeof(double));
+            const int64_t sc[4] = {o.o.max_load_num, o.o.max_load_den, o.o.max_load_int,
+                                   o.o.num_levels};
+            h = fnv(h, sc, sizeof sc);
+            free_outs(&o);
+            epx_dispatch_balanced_destroy(b);
+            free(c);
+            bal_free_place(&p);
+        }
+        if (h != want[k])
+            fail_msg("the %s solve's outputs hash to %016llx, pinned %016llx: a change to the "
+                     "solve's results; if it is meant, update PINNED_%s and say why",
+                     k ? "max-flow" : "default", (unsigned long long)h, (unsigned long long)want[k],
+                     k ? "FLOWS" : "DEFAULT");
+    }
+}
+
 /* The subset tables' size (epxi_bal_subsets) against the largest sum of
  * 2^n over disjoint parts of at most k GPUs out of G, by a recurrence over
  * G (best[g]: g GPUs left, each unused or in a part of n <= k): tight, so
@@ -645,6 +708,7 @@ int main(void) {
         cmocka_unit_test(one_balancer_many_layers),
         cmocka_unit_test(subsets_and_flows_agree),
         cmocka_unit_test(closed_form_equals_subsets),
+        cmocka_unit_test(outputs_pinned),
         cmocka_unit_test(subset_tables_sized_exactly),
         cmocka_unit_test(edge_cases),
         cmocka_unit_test(errors),
