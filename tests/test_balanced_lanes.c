@@ -49,7 +49,9 @@ static struct warp {
     int32_t c;
 } W = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0, {0}, {0}, {0}, {0}, NULL, 0};
 
-static unsigned long barriers;         /* every barrier the lanes passed (EPX_LANES_STATS) */
+/* what the lanes passed (EPX_LANES_STATS): __syncwarp barriers, and the
+ * barriers of the reductions and votes (two each) */
+static unsigned long barriers, collective_barriers;
 static _Thread_local int my_lane = -1; /* -1: not a lane (the nl = 1 reference) */
 static _Thread_local unsigned my_syncs;
 
@@ -79,7 +81,10 @@ static void barrier(int site) {
             }
         W.arrived = 0;
         W.gen++;
-        barriers++;
+        if (site >= 0)
+            barriers++;
+        else
+            collective_barriers++;
         pthread_cond_broadcast(&W.cv);
     } else {
         struct timespec until;
@@ -291,11 +296,12 @@ static void small_layers(void **state) {
     assert_true(by_subsets > 0);
 }
 
-/* EPX_LANES_STATS=1: the barriers a layer takes (every __syncwarp, shuffle
- * reduction and vote of the warps), averaged over 12 random layers per
- * shape and batch of T tokens x top-8 (skewed toward low experts): the
- * length of the solve's chain in steps, a figure that needs no GPU
- * (bench/RESULTS.md). Skipped otherwise. */
+/* EPX_LANES_STATS=1: the __syncwarp barriers a layer takes, and its warp
+ * reductions and votes (each one collective: a few shuffles or one vote on
+ * the GPU), averaged over 12 random layers per shape and batch of T tokens
+ * x top-8 (skewed toward low experts): the length of the solve's chain in
+ * steps, a figure that needs no GPU (bench/RESULTS.md). Not the time: the
+ * lanes' work between them is not counted. Skipped otherwise. */
 static void barrier_counts(void **state) {
     (void)state;
     if (getenv("EPX_LANES_STATS") == NULL) skip();
@@ -310,7 +316,7 @@ static void barrier_counts(void **state) {
             tu_rng r = {7};
             const int32_t E = shapes[si].E;
             int64_t *c = malloc(sizeof(int64_t) * (size_t)E);
-            barriers = 0;
+            barriers = collective_barriers = 0;
             for (int it = 0; it < 12; it++) {
                 place p =
                     bal_random_place(&r, E, shapes[si].G, shapes[si].per, 8, shapes[si].nodes);
@@ -322,10 +328,11 @@ static void barrier_counts(void **state) {
                 one_layer(&p, c, -1, 1, shapes[si].name);
                 bal_free_place(&p);
             }
-            printf("  T=%d: %.1f", Ts[ti], (double)barriers / 12.0);
+            printf("  T=%d: %.1f + %.1f", Ts[ti], (double)barriers / 12.0,
+                   (double)collective_barriers / 24.0);
             free(c);
         }
-        printf("  barriers a layer\n");
+        printf("  syncs + collectives a layer\n");
     }
 }
 
