@@ -250,7 +250,9 @@ typedef struct epx_ep epx_ep;
  * Returns: EPX_OK; EPX_ERR_INVALID_ARG (config; a device communicator: use
  *          epx_nccl_ep_create); EPX_ERR_SHAPE (P not a multiple of R);
  *          EPX_ERR_OVERFLOW; EPX_ERR_NOMEM.
- * Collective: no (but every rank needs the same cfg).
+ * Collective: no (but every rank needs the same cfg: the first dispatch
+ *          compares the ranks' configs, and every rank returns
+ *          EPX_ERR_INVALID_ARG naming the field when one differs).
  */
 EPX_API epx_status epx_ep_create(epx_comm *comm, const epx_ep_config *cfg, void *workspace,
                                  size_t workspace_bytes, epx_ep **out, epx_error *err);
@@ -302,11 +304,13 @@ typedef struct epx_ep_recv {
  *          -1 = no expert for that k; topk_weights (in) [T][K] fp32, copied
  *          for combine; recv (out) the received rows and entries.
  * Returns: EPX_OK; EPX_ERR_INVALID_ARG (a slot outside [-1, P): names token,
- *          k and slot; T out of range); EPX_ERR_OVERFLOW (a rank's receive
- *          capacity, when set below the worst case); the communicator's
- *          EPX_ERR_COMM / EPX_ERR_TIMEOUT. An argument error is found before
- *          any communication; other ranks then time out, so check inputs
- *          before a collective call when ranks can disagree.
+ *          k and slot; T out of range; NULL buffers; configs that differ
+ *          between ranks); EPX_ERR_OVERFLOW (a rank's receive capacity,
+ *          when set below the worst case); the communicator's EPX_ERR_COMM
+ *          / EPX_ERR_TIMEOUT. A batch one rank refuses (host communicators)
+ *          still takes part in the first exchange, empty: every rank returns
+ *          EPX_ERR_INVALID_ARG for it (the others naming that rank), nothing
+ *          is sent, and the next batch goes through.
  * Collective: yes. Allocates nothing.
  */
 EPX_API epx_status epx_ep_dispatch(epx_ep *ep, int64_t T, const void *x, const int32_t *topk_slots,
@@ -318,8 +322,10 @@ EPX_API epx_status epx_ep_dispatch(epx_ep *ep, int64_t T, const void *x, const i
  * Args:    ep (in/out), after epx_ep_dispatch and after the expert runner
  *          filled recv->y; out (out) [T][H] fp32 of that dispatch's T;
  *          tokens with no expert get zeros.
- * Returns: EPX_OK; EPX_ERR_INVALID_ARG (no dispatch before); the
- *          communicator's EPX_ERR_COMM / EPX_ERR_TIMEOUT.
+ * Returns: EPX_OK; EPX_ERR_INVALID_ARG (no dispatch before; or out NULL
+ *          with T > 0: the exchange still runs, so the other ranks get
+ *          their results, and this rank's is dropped); the communicator's
+ *          EPX_ERR_COMM / EPX_ERR_TIMEOUT.
  * Collective: yes. Allocates nothing.
  */
 EPX_API epx_status epx_ep_combine(epx_ep *ep, float *out, epx_error *err);

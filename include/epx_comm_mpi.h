@@ -40,7 +40,8 @@ typedef struct epx_comm_mpi_opts {
  *          timeout), so the caller may free its own afterwards;
  *          opts (in) or NULL for the defaults; out (out) epx_comm_destroy
  *          frees the duplicate.
- * Returns: EPX_OK; EPX_ERR_INVALID_ARG (MPI not initialised, bad options);
+ * Returns: EPX_OK; EPX_ERR_INVALID_ARG (MPI not initialised, bad options,
+ *          comm MPI_COMM_NULL or an intercommunicator);
  *          EPX_ERR_COMM (an MPI call failed: the message carries MPI's
  *          error string); EPX_ERR_TIMEOUT; EPX_ERR_NOMEM.
  * Collective: yes, over comm. Thread: MPI must be initialised with a thread

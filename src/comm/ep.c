@@ -21,6 +21,9 @@
  * output of (t, k) to row t * K + k of the token's rank. The same protocol
  * and layout as the GPU engine (gpu/ll_ep.cu), so CI checks it on MPI ranks.
  *
+ * Before a handle's first batch on more than one rank, the ranks compare
+ * their configs in one exchange of a fixed size (shape_check).
+ *
  * Everything a batch needs is carved out of one workspace at creation; the
  * per-batch path allocates nothing. The send streams are ordered by token,
  * and every position a later step needs (where (t, k)'s output comes back)
@@ -35,7 +38,7 @@
 /* Where each buffer lives inside the workspace (byte offsets). */
 typedef struct ep_layout {
     size_t send_rec, recv_rec, y, csend, crecv, weights, slots, ret_pos, tok_ndest, tok_dpos,
-        entry_token, entry_weight, entry_pair, slot_offsets, row_entries, counts, total;
+        entry_token, entry_weight, entry_pair, slot_offsets, row_entries, counts, shape, total;
 } ep_layout;
 
 /* The per-peer integer arrays: int64 rows of [R]; the counts exchange
@@ -57,6 +60,26 @@ enum {
     C_ROWS = C_RECVC + 2
 };
 
+/* What a rank announces to every peer, instead of its counts, for a batch
+ * it refused (check_batch). */
+#define REFUSED ((int64_t)-1)
+
+/* The config fields every rank's handle must share, as the ranks compare
+ * them before their first batch (shape_check). */
+enum {
+    F_HIDDEN,
+    F_TOP_K,
+    F_NUM_SLOTS,
+    F_MAX_TOKENS,
+    F_X_DTYPE,
+    F_Y_DTYPE,
+    F_COMBINE,
+    F_MODE,
+    F_MAX_RECV_TOKENS,
+    F_MAX_RECV_ENTRIES,
+    F_COUNT
+};
+
 struct epx_ep {
     epx_comm *comm;
     epxi_ep_geom g;
@@ -64,7 +87,8 @@ struct epx_ep {
     unsigned char *ws;
     bool own_ws;
     ep_layout lay;
-    uint32_t epoch; /* low latency: the last batch's */
+    uint32_t epoch;    /* low latency: the last batch's */
+    bool shape_agreed; /* every rank's config was found equal to this one's */
     /* last batch */
     int64_t T;
     bool dispatched;
@@ -96,6 +120,7 @@ static epx_status plan_layout(epx_ep *ep, const epx_ep_config *cfg, int32_t R, e
             {&l->entry_pair, (double)g->cap_ent, sizeof(int32_t)},
             {&l->slot_offsets, (double)g->spr + 1, sizeof(int64_t)},
             {&l->counts, (double)C_ROWS * R, sizeof(int64_t)},
+            {&l->shape, (double)F_COUNT * (R + 1), sizeof(int64_t)},
         };
         return epxi_ws_carve(parts, sizeof parts / sizeof parts[0], 64, &l->total, "EP", err);
     }
@@ -115,6 +140,7 @@ static epx_status plan_layout(epx_ep *ep, const epx_ep_config *cfg, int32_t R, e
         {&l->slot_offsets, (double)g->spr + 1, sizeof(int64_t)},
         {&l->row_entries, (double)g->cap_tok * K, sizeof(int32_t)},
         {&l->counts, (double)C_ROWS * R, sizeof(int64_t)},
+        {&l->shape, (double)F_COUNT * (R + 1), sizeof(int64_t)},
     };
     return epxi_ws_carve(parts, sizeof parts / sizeof parts[0], 64, &l->total, "EP", err);
 }
@@ -196,9 +222,13 @@ static void prefix(const int64_t *n, int64_t *off, int32_t R) {
     }
 }
 
-/* Arguments every dispatch checks before any communication. */
+/* Arguments every dispatch checks before it sends anything. A batch that
+ * fails them is still taken to the batch's first exchange, empty and
+ * marked refused, so that every rank returns the error together
+ * (refuse_batch) instead of the others waiting for this rank until the
+ * timeout, or pairing this batch's exchanges with its next one's. */
 static epx_status check_batch(const epx_ep *ep, int64_t T, const void *x, const int32_t *slots,
-                              const float *weights, bool check_slots, epx_error *err) {
+                              const float *weights, epx_error *err) {
     const int32_t K = ep->g.K, P = ep->g.P;
     if (T < 0 || T > ep->g.M)
         return epxi_fail(err, EPX_ERR_INVALID_ARG,
@@ -209,20 +239,70 @@ static epx_status check_batch(const epx_ep *ep, int64_t T, const void *x, const 
         return epxi_fail(err, EPX_ERR_INVALID_ARG,
                          "EP dispatch of %lld tokens needs x, topk_slots and topk_weights",
                          (long long)T);
-    if (check_slots)
-        for (int64_t i = 0; i < T * K; i++)
-            if (slots[i] < -1 || slots[i] >= P)
-                return epxi_fail(err, EPX_ERR_INVALID_ARG,
-                                 "topk_slots[%lld][%d] = %d is outside [-1, %d) (num_slots)",
-                                 (long long)(i / K), (int)(i % K), slots[i], P);
+    for (int64_t i = 0; i < T * K; i++)
+        if (slots[i] < -1 || slots[i] >= P)
+            return epxi_fail(err, EPX_ERR_INVALID_ARG,
+                             "topk_slots[%lld][%d] = %d is outside [-1, %d) (num_slots)",
+                             (long long)(i / K), (int)(i % K), slots[i], P);
     return EPX_OK;
 }
 
-/* The first bad slot of a batch, as an index into [T][K], or -1. */
-static int64_t first_bad_slot(const int32_t *slots, int64_t n, int32_t P) {
-    for (int64_t i = 0; i < n; i++)
-        if (slots[i] < -1 || slots[i] >= P) return i;
-    return -1;
+/* A batch some rank refused: this rank's own reason, or the refusing rank's
+ * number (`by`). Nothing was sent and no expert runs; the ranks stay in
+ * step, so the next batch goes through. */
+static epx_status refuse_batch(epx_status own_st, const epx_error *own, int32_t by,
+                               epx_error *err) {
+    if (own_st != EPX_OK)
+        return epxi_fail(err, own_st, "%s; every rank returns an error for this batch", own->msg);
+    return epxi_fail(err, EPX_ERR_INVALID_ARG,
+                     "rank %d passed a batch it cannot dispatch (its error names the value); "
+                     "every rank returns an error for this batch, no expert ran",
+                     by);
+}
+
+/* Every rank compares its config with every other's, once, before the
+ * handle's first batch. A rank with another shape sends records and rows
+ * of another size: MPI then reports a truncation on some ranks only, or
+ * nothing at all where the sizes round alike (other hidden sizes in one
+ * record size), and the others go on with wrong rows or wait for a peer
+ * that left. The exchange is of a fixed size whatever the configs, so
+ * every rank sees every value and all refuse together, with the
+ * communicator still healthy. */
+static epx_status shape_check(epx_ep *ep, epx_error *err) {
+    static const char *const names[F_COUNT] = {
+        "hidden",  "top_k",   "num_slots", "max_tokens",      "x_dtype",
+        "y_dtype", "combine", "mode",      "max_recv_tokens", "max_recv_entries"};
+    const epx_ep_config *c = &ep->g.cfg;
+    const int32_t R = ep->g.R;
+    int64_t *mine = WS(ep, shape, int64_t), *all = mine + F_COUNT;
+    const int64_t v[F_COUNT] = {c->hidden,          c->top_k,           c->num_slots, c->max_tokens,
+                                c->x_dtype,         c->y_dtype,         c->combine,   c->mode,
+                                c->max_recv_tokens, c->max_recv_entries};
+    memcpy(mine, v, sizeof v);
+    /* The same F_COUNT values to every peer (send blocks may overlap). */
+    int64_t *cnt = crow(ep, C_XCNT), *sdispl = crow(ep, C_XDISPL), *rdispl = crow(ep, C_RTOKOFF);
+    for (int32_t r = 0; r < R; r++) {
+        cnt[r] = F_COUNT;
+        sdispl[r] = 0;
+        rdispl[r] = (int64_t)r * F_COUNT;
+    }
+    epx_status st =
+        epx_comm_alltoallv(ep->comm, mine, cnt, sdispl, all, cnt, rdispl, sizeof(int64_t), err);
+    if (st != EPX_OK) {
+        epxi_error_prefix(err, "EP config check");
+        return st;
+    }
+    for (int32_t r = 0; r < R; r++)
+        for (int f = 0; f < F_COUNT; f++)
+            if (all[(size_t)r * F_COUNT + f] != v[f])
+                return epxi_fail(err, EPX_ERR_INVALID_ARG,
+                                 "EP config differs between ranks: %s is %lld on rank %d but "
+                                 "%lld on rank %d; create every rank's EP handle with the same "
+                                 "config (no rank dispatched)",
+                                 names[f], (long long)v[f], ep->me,
+                                 (long long)all[(size_t)r * F_COUNT + f], r);
+    ep->shape_agreed = true;
+    return EPX_OK;
 }
 
 static void fill_recv(const epx_ep *ep, int64_t rows, int64_t entries, epx_ep_recv *recv) {
@@ -242,7 +322,9 @@ static epx_status dispatch_normal(epx_ep *ep, int64_t T, const void *x, const in
                                   const float *topk_weights, epx_ep_recv *recv, epx_error *err) {
     const epxi_ep_geom *g = &ep->g;
     const int32_t R = g->R, K = g->K, spr = g->spr;
-    EPX_TRY(check_batch(ep, T, x, topk_slots, topk_weights, true, err));
+    epx_error own = {0};
+    const epx_status verdict = check_batch(ep, T, x, topk_slots, topk_weights, &own);
+    if (verdict != EPX_OK) T = 0; /* send nothing, but take part in the counts */
     ep->dispatched = false;
     ep->T = T;
     int64_t *ntok = crow(ep, C_NTOK), *nent = crow(ep, C_NENT), *rtok = crow(ep, C_RTOK),
@@ -293,8 +375,8 @@ static epx_status dispatch_normal(epx_ep *ep, int64_t T, const void *x, const in
     /* Exchange 1: counts (tokens, entries) per peer. */
     int64_t *sendc = crow(ep, C_SENDC), *recvc = crow(ep, C_RECVC);
     for (int32_t r = 0; r < R; r++) {
-        sendc[2 * r] = ntok[r];
-        sendc[2 * r + 1] = nent[r];
+        sendc[2 * r] = verdict == EPX_OK ? ntok[r] : REFUSED;
+        sendc[2 * r + 1] = verdict == EPX_OK ? nent[r] : REFUSED;
         xcnt[r] = 2;
         xdispl[r] = 2 * (int64_t)r;
     }
@@ -304,6 +386,10 @@ static epx_status dispatch_normal(epx_ep *ep, int64_t T, const void *x, const in
         epxi_error_prefix(err, "EP dispatch (counts)");
         return st;
     }
+    int32_t refused_by = -1;
+    for (int32_t r = 0; r < R && refused_by < 0; r++)
+        if (recvc[2 * r] == REFUSED) refused_by = r;
+    if (verdict != EPX_OK || refused_by >= 0) return refuse_batch(verdict, &own, refused_by, err);
     int64_t got_tok = 0, got_ent = 0;
     bool bad = false;
     for (int32_t r = 0; r < R; r++) {
@@ -384,14 +470,15 @@ static epx_status dispatch_ll(epx_ep *ep, int64_t T, const void *x, const int32_
     const epxi_ep_geom *g = &ep->g;
     const int32_t R = g->R, K = g->K, spr = g->spr;
     const int64_t M = g->M, S = M + 1;
-    /* A bad slot is not refused here: the flag carries the verdict, so
+    /* A bad batch is not refused here: the flag carries the verdict, so
      * every rank fails this batch together instead of waiting for us. */
-    EPX_TRY(check_batch(ep, T, x, topk_slots, topk_weights, false, err));
+    epx_error own = {0};
+    const epx_status verdict = check_batch(ep, T, x, topk_slots, topk_weights, &own);
+    if (verdict != EPX_OK) T = 0;
     ep->dispatched = false;
     ep->T = T;
     const uint32_t epoch = ep->epoch + 1;
     ep->epoch = epoch == 0 ? 1 : epoch; /* 0 marks rows never written */
-    int64_t bad_at = first_bad_slot(topk_slots, T * K, g->P);
     unsigned char *send_rec = WS(ep, send_rec, unsigned char);
     if (T > 0) {
         memcpy(WS(ep, weights, float), topk_weights, (size_t)(T * K) * sizeof(float));
@@ -399,7 +486,7 @@ static epx_status dispatch_ll(epx_ep *ep, int64_t T, const void *x, const int32_
     }
     int64_t sent = 0;
     int32_t d[EPX_MOE_MAX_TOP_K];
-    for (int64_t t = 0; t < T && bad_at < 0; t++) {
+    for (int64_t t = 0; t < T; t++) {
         const int32_t *s = topk_slots + t * K;
         int32_t nd = epxi_ep_token_dests(s, K, spr, d);
         for (int32_t j = 0; j < nd; j++) {
@@ -412,7 +499,7 @@ static epx_status dispatch_ll(epx_ep *ep, int64_t T, const void *x, const int32_
         }
     }
     for (int32_t r = 0; r < R; r++) {
-        uint64_t flag = epxi_ll_flag(ep->epoch, bad_at < 0 ? (uint32_t)T : EPXI_LL_BAD);
+        uint64_t flag = epxi_ll_flag(ep->epoch, verdict == EPX_OK ? (uint32_t)T : EPXI_LL_BAD);
         memcpy(epxi_ep_rec(g, send_rec, r * S + M), &flag, sizeof flag);
     }
     int64_t *cnt = crow(ep, C_XCNT), *displ = crow(ep, C_XDISPL);
@@ -444,15 +531,7 @@ static epx_status dispatch_ll(epx_ep *ep, int64_t T, const void *x, const int32_
         first[r] = r * S;
         rows[r] = count == EPXI_LL_BAD ? 0 : count;
     }
-    if (bad_at >= 0)
-        return epxi_fail(err, EPX_ERR_INVALID_ARG,
-                         "topk_slots[%lld][%d] = %d is outside [-1, %d) (num_slots); every rank "
-                         "returns an error for this batch",
-                         (long long)(bad_at / K), (int)(bad_at % K), topk_slots[bad_at], g->P);
-    if (bad_rank >= 0)
-        return epxi_fail(err, EPX_ERR_INVALID_ARG,
-                         "rank %d passed a slot outside [-1, %d) in this batch; no expert ran",
-                         bad_rank, g->P);
+    if (verdict != EPX_OK || bad_rank >= 0) return refuse_batch(verdict, &own, bad_rank, err);
     int64_t got_ent = 0;
     EPX_TRY(epxi_ep_group_entries(g, recv_rec, R, first, rows, ep->epoch,
                                   WS(ep, slot_offsets, int64_t), WS(ep, entry_token, int32_t),
@@ -470,6 +549,7 @@ epx_status epx_ep_dispatch(epx_ep *ep, int64_t T, const void *x, const int32_t *
                            const float *topk_weights, epx_ep_recv *recv, epx_error *err) {
     if (ep == NULL || recv == NULL)
         return epxi_fail(err, EPX_ERR_INVALID_ARG, "EP dispatch needs a handle and a recv view");
+    if (!ep->shape_agreed && ep->g.R > 1) EPX_TRY(shape_check(ep, err));
     if (ep->g.low_latency) return dispatch_ll(ep, T, x, topk_slots, topk_weights, recv, err);
     return dispatch_normal(ep, T, x, topk_slots, topk_weights, recv, err);
 }
@@ -535,11 +615,11 @@ static epx_status combine_normal(epx_ep *ep, float *out, epx_error *err) {
     }
     ep->last_combine_bytes = back * (int64_t)g->yrow;
 
-    /* Reduce per token in the fixed order. */
+    /* Reduce per token in the fixed order (out NULL: the exchange only). */
     const float *w = WS(ep, weights, float);
     const int32_t *ret_pos = WS(ep, ret_pos, int32_t), *tok_ndest = WS(ep, tok_ndest, int32_t),
                   *tok_dpos = WS(ep, tok_dpos, int32_t);
-    for (int64_t t = 0; t < T; t++) {
+    for (int64_t t = 0; t < T && out != NULL; t++) {
         if (g->topk_mode) {
             for (int32_t k = 0; k < K; k++) {
                 int32_t p = ret_pos[t * K + k];
@@ -586,7 +666,7 @@ static epx_status combine_ll(epx_ep *ep, float *out, epx_error *err) {
     const float *w = WS(ep, weights, float);
     const int32_t *slots = WS(ep, slots, int32_t);
     const unsigned char *rows[EPX_MOE_MAX_TOP_K];
-    for (int64_t t = 0; t < T; t++) {
+    for (int64_t t = 0; t < T && out != NULL; t++) { /* out NULL: the exchange only */
         for (int32_t k = 0; k < K; k++) {
             int32_t s = slots[t * K + k];
             rows[k] = s < 0 ? NULL : crecv + (size_t)((s / spr) * M * K + t * K + k) * g->yrow;
@@ -601,11 +681,17 @@ epx_status epx_ep_combine(epx_ep *ep, float *out, epx_error *err) {
     if (!ep->dispatched)
         return epxi_fail(err, EPX_ERR_INVALID_ARG,
                          "EP combine without a successful dispatch before it");
-    if (ep->T > 0 && out == NULL)
-        return epxi_fail(err, EPX_ERR_INVALID_ARG, "EP combine of %lld tokens needs out",
-                         (long long)ep->T);
     epx_status st = ep->g.low_latency ? combine_ll(ep, out, err) : combine_normal(ep, out, err);
     if (st == EPX_OK) ep->dispatched = false;
+    /* Without out this rank's result has nowhere to go, but the exchange
+     * above still ran: the other ranks' tokens need this rank's expert
+     * outputs, and returning before it left them waiting to the timeout
+     * and the communicator unusable. */
+    if (st == EPX_OK && ep->T > 0 && out == NULL)
+        return epxi_fail(err, EPX_ERR_INVALID_ARG,
+                         "EP combine of %lld tokens needs out (this rank's result is dropped; "
+                         "the other ranks got theirs)",
+                         (long long)ep->T);
     return st;
 }
 

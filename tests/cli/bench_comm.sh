@@ -69,6 +69,36 @@ timeout 120 "$MPIRUN" --oversubscribe --allow-run-as-root -np 2 "$EPX_BIN" bench
     --model qwen3-30b --tokens 1,7,32 --iters 3 --warmup 1 -o "$tmp/m.json" >"$tmp/out" 2>&1 ||
     { cat "$tmp/out"; fail "bench comm under mpirun failed"; }
 grep -q "2 rank(s)" "$tmp/out" || fail "bench did not run on 2 ranks: $(cat "$tmp/out")"
+# The memory check counts every rank on the machine, and what a rank holds
+# grows with the ranks (the TP buffer, low latency's blocks from each peer):
+# a batch one rank alone would fit, that 4 low-latency ranks would take
+# about 0.7 of this machine's memory to run, is refused at once (one rank
+# alone would need about 0.06 of it).
+mem_kb=$(awk '/^MemTotal:/ {print $2}' /proc/meminfo)
+big=$((mem_kb * 1024 / 10 * 7 / (992 * 7168)))
+[ "$big" -gt 1048576 ] && big=1048576
+timeout 120 "$MPIRUN" --oversubscribe --allow-run-as-root -np 4 "$EPX_BIN" bench comm --backend mpi \
+    --mode low-latency --model kimi-k2 --tokens "1,$big" --iters 1 --warmup 0 >"$tmp/mem" 2>&1
+rc=$?
+[ $rc -eq 2 ] && grep -q "on 4 ranks, 4 of them on this machine, needs about" "$tmp/mem" ||
+    fail "4 ranks of --tokens $big on one machine: exit $rc: $(head -c 2000 "$tmp/mem")"
+# --json onto earlier lines whose file lacks its last newline (an editor, a
+# copy): the new lines start on a line of their own, and so does a file of
+# blank lines; every line stays readable.
+"$EPX_BIN" bench comm --backend mpi --model qwen3-30b --tokens 1 --iters 1 --warmup 0 \
+    --json "$tmp/nl.jsonl" >/dev/null 2>&1 || fail "bench comm --json exited $?"
+printf '%s' "$(cat "$tmp/nl.jsonl")" >"$tmp/cut.jsonl"
+printf '\n\n' >"$tmp/blank.jsonl"
+for f in cut blank; do
+    out=$("$EPX_BIN" bench comm --backend mpi --model qwen3-30b --tokens 1 --iters 1 --warmup 0 \
+        --json "$tmp/$f.jsonl" 2>&1) || fail "--json onto $f.jsonl: exit $?: $out"
+done
+python3 - "$tmp/cut.jsonl" "$tmp/blank.jsonl" <<'PY' || fail "--json spoilt a file without its last newline"
+import json, sys
+cut = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+blank = [json.loads(l) for l in open(sys.argv[2]) if l.strip()]
+assert len(cut) == 8 and len(blank) == 4, (len(cut), len(blank))
+PY
 grep -q "checked before timing" "$tmp/out" || fail "no check statement"
 for t in 1 7 32; do
     for op in dispatch combine allreduce; do

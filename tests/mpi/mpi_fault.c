@@ -73,9 +73,10 @@ int main(int argc, char **argv) {
         MPI_Abort(MPI_COMM_WORLD, 1);
     }
     int32_t rank = epx_comm_rank(mpi), R = epx_comm_size(mpi);
-    /* Die in batch 2's records: call 5 in normal mode (counts, records,
-     * combine per batch), call 3 in low latency (one exchange per phase). */
-    dying d = {mpi, 0, ll ? 3 : 5, strcmp(argv[1], "kill") == 0};
+    /* Die in batch 2's records: after the config check before the first
+     * batch, call 6 in normal mode (counts, records, combine per batch),
+     * call 4 in low latency (one exchange per phase). */
+    dying d = {mpi, 0, ll ? 4 : 6, strcmp(argv[1], "kill") == 0};
     static const epx_comm_ops ops = {EPX_COMM_OPS_VERSION,
                                      "dying",
                                      EPX_COMM_MEMORY_HOST,

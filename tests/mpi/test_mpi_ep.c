@@ -82,6 +82,29 @@ static void comm_ops(void **state) {
     assert_int_equal(epx_comm_health(g_comm, NULL), EPX_OK);
 }
 
+/* Communicators epx cannot work over are refused with a message, not
+ * passed to MPI (whose handler on MPI_COMM_WORLD aborts the job):
+ * MPI_COMM_NULL (what MPI_Comm_split gives a rank with MPI_UNDEFINED) and
+ * an intercommunicator (its collectives go to the remote group). */
+static void mpi_bad_comms(void **state) {
+    (void)state;
+    epx_comm *c = NULL;
+    epx_error err = {0};
+    assert_int_equal(epx_comm_mpi_create(MPI_COMM_NULL, NULL, &c, &err), EPX_ERR_INVALID_ARG);
+    TU_MSG_HAS(err.msg, "MPI_COMM_NULL", "MPI_UNDEFINED");
+    assert_null(c);
+    if (g_size < 2) return;
+    MPI_Comm half, inter;
+    assert_int_equal(MPI_Comm_split(MPI_COMM_WORLD, g_rank % 2, g_rank, &half), MPI_SUCCESS);
+    assert_int_equal(MPI_Intercomm_create(half, 0, MPI_COMM_WORLD, 1 - g_rank % 2, 77, &inter),
+                     MPI_SUCCESS);
+    memset(&err, 0, sizeof err);
+    assert_int_equal(epx_comm_mpi_create(inter, NULL, &c, &err), EPX_ERR_INVALID_ARG);
+    TU_MSG_HAS(err.msg, "intercommunicator");
+    MPI_Comm_free(&inter);
+    MPI_Comm_free(&half);
+}
+
 /* A faulty wrapper failing at the same call on every rank fails cleanly and
  * leaves the MPI communicator below it healthy. */
 static void injected_fault(void **state) {
@@ -164,6 +187,214 @@ static void ep_low_latency(void **state) {
     ep_cases(EPX_EP_COMBINE_TOPK, EPX_EP_MODE_LOW_LATENCY, 40);
 }
 
+/* One rank's config differs from the others' in one field: every rank's
+ * first dispatch refuses, naming the field, instead of exchanging records
+ * of other sizes (a truncation on some ranks, wrong rows on others, the
+ * rest waiting for the timeout); the communicator stays usable. */
+static void ep_config_mismatch(void **state) {
+    (void)state;
+    tu_rng lr = {g_seed + 4242}; /* the same on all ranks */
+    static const char *const fields[] = {"hidden",  "top_k",   "max_tokens",     "mode",
+                                         "x_dtype", "combine", "max_recv_tokens"};
+    for (int it = 0; it < 12; it++) {
+        epx_ep_config c = EPX_EP_CONFIG_INIT;
+        c.hidden = 1 + (int32_t)tu_below(&lr, 24);
+        c.top_k = 1 + (int32_t)tu_below(&lr, 9);
+        c.num_slots = g_size * (1 + (int32_t)tu_below(&lr, 4));
+        c.max_tokens = 1 + (int64_t)tu_below(&lr, 8);
+        const int f = (int)tu_below(&lr, sizeof fields / sizeof fields[0]);
+        const int32_t odd = (int32_t)tu_below(&lr, (uint32_t)g_size);
+        if (g_rank == odd) {
+            if (f == 0) c.hidden ^= 1; /* 4 and 5, 2 and 3: one record size in f32 */
+            if (f == 1) c.top_k = c.top_k % 9 + 1;
+            if (f == 2) c.max_tokens++;
+            if (f == 3) c.mode = EPX_EP_MODE_LOW_LATENCY;
+            if (f == 4) c.x_dtype = EPX_DTYPE_BF16;
+            if (f == 5) c.combine = EPX_EP_COMBINE_RANK;
+            if (f == 6) c.max_recv_tokens = 1;
+        }
+        if (c.hidden == 0) c.hidden = 2; /* 1 ^ 1 */
+        epx_ep *ep = NULL;
+        epx_error err = {0};
+        assert_int_equal(epx_ep_create(g_comm, &c, NULL, 0, &ep, &err), EPX_OK);
+        const int64_t T = c.max_tokens - 1;
+        float x[8 * 24] = {0}, w[8 * 9] = {0};
+        int32_t s[8 * 9];
+        for (int64_t i = 0; i < T * c.top_k; i++) s[i] = (int32_t)(i % c.num_slots);
+        epx_ep_recv rv;
+        epx_status st = epx_ep_dispatch(ep, T, x, s, w, &rv, &err);
+        int64_t bad = st != EPX_ERR_INVALID_ARG || strstr(err.msg, fields[f]) == NULL ||
+                      strstr(err.msg, "same config") == NULL;
+        if (bad)
+            fprintf(stderr, "rank %d iteration %d (%s differs on rank %d, seed %llu): %s: %s\n",
+                    g_rank, it, fields[f], odd, (unsigned long long)g_seed, epx_status_str(st),
+                    err.msg);
+        epx_ep_destroy(ep);
+        all_ok(bad, "a config that differs between ranks refused on every rank");
+    }
+}
+
+/* A communicator of its own with a short timeout, so that a failure is
+ * quick. */
+static epx_comm *quick_comm(void) {
+    epx_comm_mpi_opts o = EPX_COMM_MPI_OPTS_INIT;
+    o.timeout_ms = 3000;
+    epx_comm *comm = NULL;
+    epx_error err = {0};
+    assert_int_equal(epx_comm_mpi_create(MPI_COMM_WORLD, &o, &comm, &err), EPX_OK);
+    return comm;
+}
+
+/* A small random config drawn from lr (the same on every rank). */
+static epx_ep_config small_config(tu_rng *lr) {
+    epx_ep_config c = EPX_EP_CONFIG_INIT;
+    c.hidden = 1 + (int32_t)tu_below(lr, 16);
+    c.top_k = 1 + (int32_t)tu_below(lr, 9);
+    c.num_slots = g_size * (1 + (int32_t)tu_below(lr, 4));
+    c.max_tokens = 1 + (int64_t)tu_below(lr, 8);
+    return c;
+}
+
+/* The elements of out [T][H] that differ from the identity experts'
+ * combine, sum_k w x over the token's valid slots, to the bit. */
+static int64_t identity_mismatches(int64_t T, int32_t H, int32_t K, const float *x,
+                                   const int32_t *s, const float *w, const float *out) {
+    int64_t wrong = 0;
+    for (int64_t t = 0; t < T; t++)
+        for (int32_t h = 0; h < H; h++) {
+            float acc = 0.0f;
+            for (int32_t k = 0; k < K; k++)
+                if (s[t * K + k] >= 0) acc += w[t * K + k] * x[t * H + h];
+            wrong += memcmp(&acc, &out[t * H + h], 4) != 0;
+        }
+    return wrong;
+}
+
+/* One rank passes a batch it cannot dispatch (a slot >= P or < -1, more
+ * tokens than max_tokens, no x): in either mode every rank returns
+ * EPX_ERR_INVALID_ARG for that batch at once (the bad rank naming the
+ * value, the others the rank) instead of waiting out the timeout on a
+ * poisoned communicator, and the next batch on the same handles is right.
+ * A communicator of its own with a short timeout keeps a failure quick. */
+static void ep_bad_batch_shared(void **state) {
+    (void)state;
+    epx_comm *comm = quick_comm();
+    epx_error err = {0};
+    tu_rng lr = {g_seed + 5151}; /* the same on all ranks */
+    static const char *const kinds[] = {"slot >= num_slots", "slot < -1", "T > max_tokens",
+                                        "x NULL"};
+    static const char *const says[] = {"topk_slots[", "topk_slots[", "max_tokens", "needs x"};
+    int64_t bad = 0;
+    for (int it = 0; it < 16 && bad == 0; it++) {
+        epx_ep_config c = small_config(&lr);
+        c.mode = tu_below(&lr, 2) ? EPX_EP_MODE_LOW_LATENCY : EPX_EP_MODE_NORMAL;
+        const int kind = (int)tu_below(&lr, 4);
+        const int32_t culprit = (int32_t)tu_below(&lr, (uint32_t)g_size);
+        const int32_t H = c.hidden, K = c.top_k, P = c.num_slots;
+        const int64_t M = c.max_tokens;
+        tu_rng r = {g_seed * 131 + (uint64_t)it * 7919 + (uint64_t)g_rank}; /* per rank */
+        float *x = malloc((size_t)(M + 1) * H * 4), *w = malloc((size_t)(M + 1) * K * 4);
+        float *out = malloc((size_t)(M + 1) * H * 4);
+        int32_t *s = malloc((size_t)(M + 1) * K * 4);
+        for (int64_t i = 0; i < (M + 1) * H; i++) x[i] = (float)(tu_uniform(&r) * 2 - 1);
+        for (int64_t i = 0; i < (M + 1) * K; i++) {
+            s[i] = (int32_t)tu_below(&r, (uint32_t)P + 1) - 1;
+            w[i] = (float)tu_uniform(&r);
+        }
+        epx_ep *ep = NULL;
+        assert_int_equal(epx_ep_create(comm, &c, NULL, 0, &ep, &err), EPX_OK);
+        int64_t T = (int64_t)tu_below(&r, (uint32_t)M + 1);
+        const float *bx = x;
+        if (g_rank == culprit) {
+            T = kind == 2 ? M + 1 : 1 + (int64_t)tu_below(&r, (uint32_t)M);
+            const int64_t at = (int64_t)tu_below(&r, (uint32_t)(T * K));
+            if (kind == 0) s[at] = P + (int32_t)tu_below(&r, 3);
+            if (kind == 1) s[at] = -2 - (int32_t)tu_below(&r, 3);
+            if (kind == 3) bx = NULL;
+        }
+        epx_ep_recv rv;
+        epx_status st = epx_ep_dispatch(ep, T, bx, s, w, &rv, &err);
+        char who[32];
+        snprintf(who, sizeof who, "rank %d", culprit);
+        const char *want = g_rank == culprit ? says[kind] : who;
+        int64_t wrong = st != EPX_ERR_INVALID_ARG || strstr(err.msg, want) == NULL;
+        if (wrong)
+            fprintf(stderr, "rank %d iteration %d (%s mode, %s on rank %d, seed %llu): %s: %s\n",
+                    g_rank, it, c.mode ? "low-latency" : "normal", kinds[kind], culprit,
+                    (unsigned long long)g_seed, epx_status_str(st), err.msg);
+        /* The next batch, good everywhere, goes through and is right. */
+        for (int64_t i = 0; i < M * K; i++)
+            if (s[i] < -1 || s[i] >= P) s[i] = -1;
+        T = (int64_t)tu_below(&r, (uint32_t)M + 1);
+        st = wrong ? EPX_ERR_INTERNAL : epx_ep_dispatch(ep, T, x, s, w, &rv, &err);
+        if (st == EPX_OK) st = epx_ep_identity_experts(ep, &rv, &err);
+        if (st == EPX_OK) st = epx_ep_combine(ep, out, &err);
+        if (!wrong && st != EPX_OK) {
+            fprintf(stderr, "rank %d iteration %d: the batch after a refused one: %s\n", g_rank, it,
+                    err.msg);
+            wrong = 1;
+        }
+        if (st == EPX_OK) wrong += identity_mismatches(T, H, K, x, s, w, out);
+        bad += wrong;
+        epx_ep_destroy(ep);
+        free(x), free(w), free(out), free(s);
+    }
+    epx_comm_destroy(comm);
+    all_ok(bad, "a batch one rank cannot dispatch refused on every rank, the next one right");
+}
+
+/* A combine one rank calls without out: that rank is refused, naming out,
+ * but the exchange still runs, so every other rank gets its result (right,
+ * bit for bit) instead of waiting for the timeout, and the next batch goes
+ * through everywhere. Both modes. */
+static void ep_combine_without_out(void **state) {
+    (void)state;
+    epx_comm *comm = quick_comm();
+    epx_error err = {0};
+    tu_rng lr = {g_seed + 6262}; /* the same on all ranks */
+    int64_t bad = 0;
+    for (int it = 0; it < 8; it++) { /* every rank the same iterations */
+        epx_ep_config c = small_config(&lr);
+        c.mode = it % 2 ? EPX_EP_MODE_LOW_LATENCY : EPX_EP_MODE_NORMAL;
+        const int32_t culprit = (int32_t)tu_below(&lr, (uint32_t)g_size);
+        const int32_t H = c.hidden, K = c.top_k, P = c.num_slots;
+        const int64_t M = c.max_tokens;
+        tu_rng r = {g_seed * 137 + (uint64_t)it * 7919 + (uint64_t)g_rank}; /* per rank */
+        float *x = malloc((size_t)M * H * 4), *w = malloc((size_t)M * K * 4);
+        float *out = malloc((size_t)M * H * 4);
+        int32_t *s = malloc((size_t)M * K * 4);
+        epx_ep *ep = NULL;
+        assert_int_equal(epx_ep_create(comm, &c, NULL, 0, &ep, &err), EPX_OK);
+        for (int round = 0; round < 2; round++) { /* culprit without out, then all with */
+            for (int64_t i = 0; i < M * H; i++) x[i] = (float)(tu_uniform(&r) * 2 - 1);
+            for (int64_t i = 0; i < M * K; i++) {
+                s[i] = (int32_t)tu_below(&r, (uint32_t)P + 1) - 1;
+                w[i] = (float)tu_uniform(&r);
+            }
+            const int64_t T = g_rank == culprit ? M : (int64_t)tu_below(&r, (uint32_t)M + 1);
+            const int dropped = round == 0 && g_rank == culprit;
+            epx_ep_recv rv;
+            epx_status st = epx_ep_dispatch(ep, T, x, s, w, &rv, &err);
+            if (st == EPX_OK) st = epx_ep_identity_experts(ep, &rv, &err);
+            if (st == EPX_OK) st = epx_ep_combine(ep, dropped ? NULL : out, &err);
+            int64_t wrong = dropped ? st != EPX_ERR_INVALID_ARG || strstr(err.msg, "out") == NULL
+                                    : st != EPX_OK;
+            if (st == EPX_OK) wrong += identity_mismatches(T, H, K, x, s, w, out);
+            if (wrong)
+                fprintf(stderr,
+                        "rank %d iteration %d round %d (%s mode, culprit %d, seed %llu): "
+                        "%s: %s\n",
+                        g_rank, it, round, c.mode ? "low-latency" : "normal", culprit,
+                        (unsigned long long)g_seed, epx_status_str(st), err.msg);
+            bad += wrong;
+        }
+        epx_ep_destroy(ep);
+        free(x), free(w), free(out), free(s);
+    }
+    epx_comm_destroy(comm);
+    all_ok(bad, "a combine without out refused on its rank alone, the others right");
+}
+
 static void tp_baseline(void **state) {
     (void)state;
     tu_rng r = {g_seed + 99}; /* same tokens on every rank, as TP serves them */
@@ -214,9 +445,16 @@ int main(int argc, char **argv) {
     epx_comm_allreduce_sum(g_comm, &seed, &seed, 1, EPX_DTYPE_I64, &err);
     g_seed = (uint64_t)seed;
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(comm_ops),        cmocka_unit_test(injected_fault),
-        cmocka_unit_test(ep_topk_bitwise), cmocka_unit_test(ep_rank_mode),
-        cmocka_unit_test(ep_low_latency),  cmocka_unit_test(tp_baseline),
+        cmocka_unit_test(comm_ops),
+        cmocka_unit_test(mpi_bad_comms),
+        cmocka_unit_test(injected_fault),
+        cmocka_unit_test(ep_topk_bitwise),
+        cmocka_unit_test(ep_rank_mode),
+        cmocka_unit_test(ep_low_latency),
+        cmocka_unit_test(ep_config_mismatch),
+        cmocka_unit_test(ep_bad_batch_shared),
+        cmocka_unit_test(ep_combine_without_out),
+        cmocka_unit_test(tp_baseline),
     };
     int failed = cmocka_run_group_tests(tests, NULL, NULL);
     epx_comm_destroy(g_comm);

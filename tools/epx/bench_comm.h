@@ -35,6 +35,7 @@ typedef struct bench_args {
     bool bound_max;     /* GPU low latency: token bound stays max_tokens (--token-bound max) */
     int32_t max_blocks; /* GPU low latency: blocks per launch at most (--max-blocks; 0: fill) */
     const char *jsonl;  /* --json FILE ("-" = stdout), or NULL */
+    bool jsonl_newline; /* --json's file ends without a newline: write one first */
     uint64_t seed;
 } bench_args;
 
@@ -50,6 +51,9 @@ typedef struct bench_args {
  * positive weights and rows in [-2, 2) stored as a->dtype. */
 void bench_inputs(const bench_args *a, int32_t me, int32_t P, int64_t Tmax, void *x, int32_t *slots,
                   float *w);
+
+/* The largest of --tokens (at least 1). */
+int64_t bench_max_tokens(const bench_args *a);
 
 /* The EP config of the benchmark's layer in `mode`, for Tmax tokens. */
 epx_ep_config bench_ep_config(const bench_args *a, int32_t P, int64_t Tmax, epx_ep_mode mode);

@@ -44,6 +44,13 @@ void bench_inputs(const bench_args *a, int32_t me, int32_t P, int64_t Tmax, void
     free(perm);
 }
 
+int64_t bench_max_tokens(const bench_args *a) {
+    int64_t Tmax = 1;
+    for (int32_t i = 0; i < a->ntok; i++)
+        if (a->tokens[i] > Tmax) Tmax = a->tokens[i];
+    return Tmax;
+}
+
 epx_ep_config bench_ep_config(const bench_args *a, int32_t P, int64_t Tmax, epx_ep_mode mode) {
     epx_ep_config c = EPX_EP_CONFIG_INIT;
     c.hidden = a->cfg.hidden;

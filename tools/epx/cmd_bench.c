@@ -206,9 +206,7 @@ static epx_status bench_rank(epx_comm *comm, const dev_ops *d, const bench_args 
     int32_t P = E + a->redundant;
     P = (P + R - 1) / R * R;
     const int32_t spr = P / R;
-    int64_t Tmax = 1;
-    for (int32_t i = 0; i < a->ntok; i++)
-        if (a->tokens[i] > Tmax) Tmax = a->tokens[i];
+    const int64_t Tmax = bench_max_tokens(a);
     const size_t esz = epx_dtype_size(a->dtype);
     epx_status st = EPX_OK;
     /* Host inputs: K distinct experts per token, uniformly; replica by token. */
@@ -489,10 +487,13 @@ static int write_jsonl(FILE *f, const bench_args *a, int32_t R, const bench_row 
 }
 
 /* --json appends, so a file that already holds something must be JSON
- * lines of earlier runs (what `epx advise --measured` reads): anything else
- * (a counts file, a report) would be spoilt by the first line appended.
- * Returns -1 (go on), or the exit code after saying why not. */
-static int jsonl_appendable(const char *path) {
+ * lines of earlier runs (what `epx advise --measured` reads) or blank
+ * lines: anything else (a counts file, a report) would be spoilt by the
+ * first line appended. A last line without its newline (an editor, a copy)
+ * would run into the first appended one, so a->jsonl_newline asks for one
+ * first. Returns -1 (go on), or the exit code after saying why not. */
+static int jsonl_appendable(bench_args *a) {
+    const char *path = a->jsonl;
     if (path == NULL || strcmp(path, "-") == 0) return -1;
     struct stat st;
     if (stat(path, &st) != 0 || st.st_size == 0) return -1; /* a new name or an empty file */
@@ -505,11 +506,10 @@ static int jsonl_appendable(const char *path) {
         return CLI_EXIT_USAGE;
     }
     json_t *lines = cli_bench_lines(text, len, &bad);
+    a->jsonl_newline = len > 0 && text[len - 1] != '\n';
     epx_free(text);
-    if (lines != NULL) {
-        json_decref(lines);
-        return -1;
-    }
+    json_decref(lines);
+    if (bad == 0) return -1; /* earlier runs' lines, or blank lines only */
     fprintf(stderr,
             "epx bench comm: --json '%s' holds something other than the JSON lines of earlier "
             "runs (line %zu is not one); --json appends, which would spoil it: name a new file, "
@@ -518,7 +518,7 @@ static int jsonl_appendable(const char *path) {
     return CLI_EXIT_USAGE;
 }
 
-/* Open --json's file for appending ("-": stdout). */
+/* Open --json's file for appending ("-": stdout), on a line of its own. */
 static FILE *open_jsonl(const bench_args *a) {
     if (a->jsonl == NULL) return NULL;
     if (strcmp(a->jsonl, "-") == 0) return stdout;
@@ -526,6 +526,8 @@ static FILE *open_jsonl(const bench_args *a) {
     if (f == NULL)
         fprintf(stderr, "epx bench comm: cannot open --json '%s' for appending: %s\n", a->jsonl,
                 strerror(errno));
+    else if (a->jsonl_newline)
+        fputc('\n', f);
     return f;
 }
 
@@ -543,6 +545,40 @@ static epx_status summary_body(FILE *f, const void *vctx, epx_error *err) {
 }
 
 /* ---- the command ------------------------------------------------------------ */
+
+/* Host memory one of R ranks touches at the largest token count, estimated
+ * before any is allocated: its batch and result (T x H), the TP buffer of
+ * every rank's rows (R x T x H), and what EP moves through its workspace:
+ * records out and in, the expert outputs and combine's copy of them
+ * (T x K rows each, routing being uniform), and the rows coming back. In
+ * low latency every peer's fixed block arrives whole, so records in and
+ * rows back grow with R. The rest of the workspace, sized for the worst
+ * case, is never touched by the benchmark's routing and is not counted. */
+static double rank_bytes(const bench_args *a, int32_t R) {
+    const double T = (double)bench_max_tokens(a);
+    const double esz = a->dtype == EPX_DTYPE_BF16 ? 2.0 : 4.0, H = a->cfg.hidden, K = a->cfg.top_k,
+                 dmax = K < R ? K : R;
+    const double rec = H * esz + K * 8.0 + 16.0, yrow = H * esz;
+    const bool ll = a->mode == EPX_EP_MODE_LOW_LATENCY;
+    const double back = ll ? R * T * K : a->combine == EPX_EP_COMBINE_TOPK ? T * K : T * dmax;
+    return T * H * (esz + 4.0) + T * K * 8.0 + R * T * H * esz + T * dmax * rec +
+           (ll ? R * (T + 1.0) : T * dmax) * rec + 2.0 * T * K * yrow + back * yrow;
+}
+
+/* Whether `local` ranks of R fit in this machine's memory (they share it);
+ * says why not. */
+static bool fits(cli_cmd *cmd, const bench_args *a, int32_t R, int local) {
+    const int64_t Tmax = bench_max_tokens(a);
+    char what[200];
+    int n = snprintf(what, sizeof what, "--tokens %lld at hidden %d, top-%d", (long long)Tmax,
+                     a->cfg.hidden, a->cfg.top_k);
+    if (R > 1 && n > 0 && (size_t)n < sizeof what)
+        snprintf(what + n, sizeof what - (size_t)n, " on %d ranks, %d of them on this machine,", R,
+                 local);
+    return cli_check_bytes(cmd, local * rank_bytes(a, R), what,
+                           R > 1 ? "give fewer tokens per rank, or run fewer ranks per machine"
+                                 : "give fewer tokens per rank");
+}
 
 static int parse_args(cli_cmd *cmd, bench_args *a) {
     memset(a, 0, sizeof *a);
@@ -581,20 +617,6 @@ static int parse_args(cli_cmd *cmd, bench_args *a) {
                 "with --backend mpi (the default), so EP and TP move the same element type\n");
         return CLI_EXIT_USAGE;
     }
-    /* The host buffers of the largest token count, estimated before any is
-     * allocated: inputs and outputs (T x H), the routed copies both ways
-     * (T x K x H each, the worst case of every token on one rank). */
-    int64_t Tmax = 1;
-    for (int32_t i = 0; i < a->ntok; i++)
-        if (a->tokens[i] > Tmax) Tmax = a->tokens[i];
-    const double esz = a->dtype == EPX_DTYPE_BF16 ? 2.0 : 4.0;
-    const double H = a->cfg.hidden, K = a->cfg.top_k;
-    char what[160];
-    snprintf(what, sizeof what, "--tokens %lld at hidden %d, top-%d", (long long)Tmax,
-             a->cfg.hidden, a->cfg.top_k);
-    if (!cli_check_bytes(cmd, (double)Tmax * H * (2.0 * esz + 4.0 + 2.0 * K * esz), what,
-                         "give fewer tokens per rank"))
-        return CLI_EXIT_USAGE;
     static const char *const modes[] = {"normal", "low-latency"};
     static const char *const combines[] = {"topk", "rank"};
     int mi = 0, ci = 0;
@@ -603,6 +625,8 @@ static int parse_args(cli_cmd *cmd, bench_args *a) {
         return CLI_EXIT_USAGE;
     a->mode = mi == 0 ? EPX_EP_MODE_NORMAL : EPX_EP_MODE_LOW_LATENCY;
     a->combine = ci == 0 ? EPX_EP_COMBINE_TOPK : EPX_EP_COMBINE_RANK;
+    /* One rank alone here; under mpirun, ranks_fit counts them all. */
+    if (!fits(cmd, a, 1, 1)) return CLI_EXIT_USAGE;
     if (a->mode == EPX_EP_MODE_LOW_LATENCY && a->combine != EPX_EP_COMBINE_TOPK) {
         fprintf(stderr, "epx bench comm: --mode low-latency combines in top-k order: drop "
                         "--combine rank\n");
@@ -711,7 +735,7 @@ static int parse_args(cli_cmd *cmd, bench_args *a) {
         int rc = cli_outputs_check(cmd, &model, 1, outs, 2);
         if (rc >= 0) return rc;
     }
-    return jsonl_appendable(a->jsonl);
+    return jsonl_appendable(a);
 }
 
 /* Run on one rank, print on rank 0. */
@@ -751,6 +775,28 @@ static int run_and_report(cli_cmd *cmd, epx_comm *comm, const dev_ops *d, const 
     return rc;
 }
 
+#if BENCH_MPI
+/* The ranks of one machine share its memory, and each holds more with more
+ * ranks: the check while parsing counted one rank alone. Local rank 0 of
+ * each machine checks its ranks together, and every rank learns whether
+ * any machine refused. Returns -1 (go on) or the exit code. */
+static int ranks_fit(cli_cmd *cmd, epx_comm *comm, const bench_args *a) {
+    int local = 1, local_rank = 0;
+    MPI_Comm node;
+    if (MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node) ==
+        MPI_SUCCESS) {
+        MPI_Comm_size(node, &local);
+        MPI_Comm_rank(node, &local_rank);
+        MPI_Comm_free(&node);
+    }
+    int64_t refused = local_rank == 0 && !fits(cmd, a, epx_comm_size(comm), local);
+    epx_error err = {0};
+    if (epx_comm_allreduce_sum(comm, &refused, &refused, 1, EPX_DTYPE_I64, &err) != EPX_OK)
+        return cli_report(cmd, &err);
+    return refused > 0 ? CLI_EXIT_USAGE : -1;
+}
+#endif
+
 static int bench_mpi(cli_cmd *cmd, bench_args *a, int argc, char **argv) {
 #if BENCH_MPI
     MPI_Init(&argc, &argv);
@@ -761,7 +807,7 @@ static int bench_mpi(cli_cmd *cmd, bench_args *a, int argc, char **argv) {
     int rc;
     if (epx_comm_mpi_create(MPI_COMM_WORLD, &o, &comm, &err) != EPX_OK) {
         rc = cli_report(cmd, &err);
-    } else {
+    } else if ((rc = ranks_fit(cmd, comm, a)) < 0) {
         dev_ops d = {0, "cpu"};
         rc = run_and_report(cmd, comm, &d, a);
     }

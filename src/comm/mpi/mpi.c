@@ -212,6 +212,18 @@ epx_status epx_comm_mpi_create(MPI_Comm comm, const epx_comm_mpi_opts *opts, epx
     if (!inited || fin)
         return epxi_fail(err, EPX_ERR_INVALID_ARG,
                          "MPI is not initialised (or already finalised): call MPI_Init first");
+    /* Checked here, not by MPI: its answer would go to the error handler
+     * of MPI_COMM_WORLD, which ends the job by default. */
+    if (comm == MPI_COMM_NULL)
+        return epxi_fail(err, EPX_ERR_INVALID_ARG,
+                         "MPI communicator is MPI_COMM_NULL (what MPI_Comm_split gives a rank "
+                         "with color MPI_UNDEFINED): create the epx communicator only on ranks "
+                         "that belong to one");
+    int inter = 0;
+    if (MPI_Comm_test_inter(comm, &inter) == MPI_SUCCESS && inter)
+        return epxi_fail(err, EPX_ERR_INVALID_ARG,
+                         "MPI communicator is an intercommunicator, whose collectives go to the "
+                         "remote group: give an intracommunicator (MPI_Intercomm_merge makes one)");
     mpi_ctx *c = epxi_calloc(1, sizeof *c, "MPI communicator", err);
     if (c == NULL) return EPX_ERR_NOMEM;
     c->comm = MPI_COMM_NULL;
