@@ -420,7 +420,7 @@ static void ablate(const char *shared) {
         {"deepseek(auto)", EPX_ALGO_AUTO, NULL, 0, 0, -1, -1},
         {"epx, plan for the sum (no estimate)", EPX_ALGO_EPX, &K_DEFAULT, 0, EPX_ESTIMATE_SUM, -1,
          -1},
-        {"epx default (recency h=0.5 after phase 1)", EPX_ALGO_EPX, &K_DEFAULT, 0, 0, -1, -1},
+        {"epx default (its estimate after phase 1)", EPX_ALGO_EPX, &K_DEFAULT, 0, 0, -1, -1},
         {"estimate search from DeepSeek's map (no phase 1)", EPX_ALGO_EPX, &k[7], 0, 0, -1, -1},
         {"default without replica shares", EPX_ALGO_EPX, &k[8], 0, 0, -1, -1},
         {"default without re-count moves", EPX_ALGO_EPX, &k[10], 0, 0, -1, -1},

@@ -257,21 +257,28 @@ static void check_naive(const epx_shape *s, const int32_t *old, const int32_t *g
                         const uint8_t *failed, const epx_migration *m, size_t B) {
     const int32_t P = s->num_physical_experts, spg = P / s->num_gpus;
     const int32_t gpn = s->num_gpus / s->num_nodes;
-    int64_t changed = 0;
+    int64_t changed = 0, loaded = 0;
     uint64_t inter = 0;
     for (int32_t l = 0; l < s->num_layers; l++)
         for (int32_t p = 0; p < P; p++) {
             size_t i = (size_t)l * P + p;
             if ((failed && failed[p / spg]) || old[i] == given[i]) continue;
             changed++;
-            bool near = false;
-            for (int32_t q = 0; q < P; q++)
-                near |= (!failed || !failed[q / spg]) && q / spg / gpn == p / spg / gpn &&
-                        old[(size_t)l * P + q] == given[i];
-            if (!near) inter += B;
+            bool near = false, anywhere = false; /* a live holder on p's node, on any */
+            for (int32_t q = 0; q < P; q++) {
+                const bool held =
+                    (!failed || !failed[q / spg]) && old[(size_t)l * P + q] == given[i];
+                anywhere |= held;
+                near |= held && q / spg / gpn == p / spg / gpn;
+            }
+            if (!anywhere)
+                loaded++; /* loaded by the caller: no link, inter-node or not */
+            else if (!near)
+                inter += B;
         }
     epx_migration_stats st;
     epx_migration_get_stats(m, &st);
+    assert_int_equal(epx_migration_naive_loaded(m), loaded);
     assert_int_equal(st.naive_changed, changed);
     assert_int_equal(st.naive_bytes_moved, (uint64_t)changed * B);
     assert_int_equal(st.naive_bytes_inter_node, inter);

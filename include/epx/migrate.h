@@ -73,7 +73,9 @@ typedef struct epx_migration_stats {
     int64_t naive_changed;           /* slots whose expert differs in the target as given */
     uint64_t naive_bytes_moved;      /* naive_changed * expert_bytes */
     uint64_t naive_bytes_inter_node; /* of those, slots whose expert no live GPU of their
-                                        node holds now (the least a naive plan sends) */
+                                        node holds now but one elsewhere does (the least a
+                                        naive plan sends between nodes; an expert no live GPU
+                                        holds is loaded: epx_migration_naive_loaded) */
 } epx_migration_stats;
 
 /* A planned migration: the relabelled target and one action per slot. */
@@ -120,6 +122,12 @@ EPX_API const int32_t *epx_migration_sources(const epx_migration *mig);
 
 /* The totals of the plan and of the naive plan. Never fails. */
 EPX_API void epx_migration_get_stats(const epx_migration *mig, epx_migration_stats *out);
+
+/* Of the naive plan's changed slots (naive_changed), those whose expert no
+ * live GPU holds: after a failure the caller loads them, as epx's plan
+ * loads its EPX_MOVE_LOAD slots, so they cross no link. 0 without failed
+ * GPUs, and for NULL. */
+EPX_API int64_t epx_migration_naive_loaded(const epx_migration *mig);
 
 /*
  * Bytes each GPU sends and receives over links (local copies excluded).

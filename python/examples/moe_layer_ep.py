@@ -12,7 +12,7 @@ Buffer` instead of `from deep_ep import Buffer`), and epx's buffer also takes a
 gloo group, so several processes can share one GPU.
 
     python moe_layer_ep.py --ranks 2            # 2 processes on cuda:0, epx.torch.Buffer
-    python moe_layer_ep.py --ranks 3 --emulate  # one CPU process: every rank's exchange by
+    python moe_layer_ep.py --ranks 4 --emulate  # one CPU process: every rank's exchange by
                                                 # the plain-torch definition the engine is
                                                 # tested against (no GPU needed)
 

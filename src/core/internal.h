@@ -94,7 +94,7 @@ EPXI_HIDDEN void epxi_log(epx_log_fn fn, void *user, epx_log_level lvl, const ch
 EPXI_HIDDEN epx_status epxi_check_version(uint32_t version, uint32_t expected, const char *type,
                                           const char *init, epx_error *err);
 
-/* An SGLang release string, MAJOR.MINOR[.PATCH][.postN] with an optional
+/* An SGLang release string, MAJOR.MINOR.PATCH[.postN] with an optional
  * leading 'v', as four numbers (release.c). The one parser for every room
  * that follows SGLang release by release (dispatch's table rules, plan's
  * EPLB). EPX_ERR_INVALID_ARG names the string and the form, and refuses

@@ -21,6 +21,7 @@ struct epx_migration {
     uint64_t *sent;     /* [G] bytes over links */
     uint64_t *recv;     /* [G] */
     epx_migration_stats stats;
+    int64_t naive_loaded; /* naive slots whose expert no live GPU holds */
 };
 
 /* Refuses a layout with an expert whose every replica is on a failed GPU

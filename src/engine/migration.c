@@ -135,7 +135,12 @@ static void plan_layer(epx_migration *m, int32_t l, const int32_t *old, const in
             st->slots++;
             if (given[p] != old[p]) {
                 st->naive_changed++;
-                if (!node_holds(s, given[p], g / gpn, spg, gpn)) st->naive_bytes_inter_node += B;
+                /* no live holder anywhere: loaded by the caller, no link;
+                 * else none on this node: it crosses between nodes */
+                if (s->hstart[given[p]] == s->hstart[given[p] + 1])
+                    m->naive_loaded++;
+                else if (!node_holds(s, given[p], g / gpn, spg, gpn))
+                    st->naive_bytes_inter_node += B;
             }
             if (e == old[p]) {
                 kind[p] = EPX_MOVE_KEEP;
@@ -294,6 +299,8 @@ const int32_t *epx_migration_permutation(const epx_migration *m) { return m->per
 const uint8_t *epx_migration_kinds(const epx_migration *m) { return m ? m->kinds : NULL; }
 const int32_t *epx_migration_sources(const epx_migration *m) { return m ? m->src : NULL; }
 void epx_migration_get_stats(const epx_migration *m, epx_migration_stats *out) { *out = m->stats; }
+
+int64_t epx_migration_naive_loaded(const epx_migration *m) { return m ? m->naive_loaded : 0; }
 
 void epx_migration_rank_bytes(const epx_migration *m, uint64_t *sent, uint64_t *received) {
     size_t n = (size_t)m->shape.num_gpus * sizeof(uint64_t);

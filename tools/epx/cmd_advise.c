@@ -409,7 +409,8 @@ int cmd_advise(int argc, char **argv) {
     };
     cli_cmd cmd = {"advise",
                    "epx advise --model NAME|PATH --gpus G --link nvlink4|nvlink5|pcie4|pcie5|... "
-                   "[--measured FILE]",
+                   "[--transport T] [--measured FILE] [--dtype D] [--combine C] [--imbalance F] "
+                   "[--json]",
                    "EP or TP for one MoE layer's communication: an alpha-beta model at the model's "
                    "shape, and the batch size where EP starts to win.",
                    opts,

@@ -280,7 +280,7 @@ int cmd_convert(int argc, char **argv) {
         {"--dtype", "T",
          "counts dtype in a .pt output: auto (int64 when integral, else "
          "float64), int64, int32, float32, float64; a count the dtype cannot hold exactly (a "
-         "whole number above 2^24 in float32, above 2^31 in int32) is refused",
+         "whole number above 2^24 in float32, 2^31 or more in int32) is refused",
          NULL},
         {"--tree", NULL, "write the whole object tree of a .pt file as JSON", NULL},
         CLI_READ_OPTS_HELP,

@@ -14,7 +14,7 @@ int cmd_layout(int argc, char **argv) {
         {"--gpus", "G", "GPUs (EP ranks)", NULL},
         {"--nodes", "N", "nodes (default 1)", NULL},
         {"--redundant", "R", "redundant slots: P = E + R (default 0)", NULL},
-        {"-o", "FILE", "output mapping file (.json)", NULL},
+        {"-o", "FILE", "output mapping file: JSON, or a PyTorch .pt by its extension", NULL},
         {NULL, NULL, NULL, NULL},
     };
     /* Named with its one kind from the start, so the parser's messages say

@@ -35,7 +35,7 @@ static int trace_synth(int argc, char **argv) {
          NULL},
         {"--per-pass", "N",
          "write each window as N sparse forward-pass rows (S * N rows), as a recorder dump", NULL},
-        {"-o", "FILE", "output JSON file (required)", NULL},
+        {"-o", "FILE", "output file (required): JSON, or a PyTorch .pt by its extension", NULL},
         {NULL, NULL, NULL, NULL},
     };
     cli_cmd cmd = {"trace synth",
@@ -139,7 +139,7 @@ int cmd_trace(int argc, char **argv) {
     if (argc >= 2 && strcmp(argv[1], "synth") == 0) return trace_synth(argc - 1, argv + 1);
     if (argc >= 2 && (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0)) {
         printf("usage: epx trace synth --model NAME|PATH [--windows S] [--tokens T] [--seed N] "
-               "[--skew A..B] [--drift D] [--shift W] [--per-pass N] -o FILE\n"
+               "[--skew A..B] [--drift D] [--shift W [--shift-layers F]] [--per-pass N] -o FILE\n"
                "Run 'epx trace synth --help' for the options.\n");
         return CLI_EXIT_OK;
     }
