@@ -46,4 +46,6 @@ for b in main bal-units bal-start bal-next main bal-next; do
         grep -v "^device\|^shape" | awk '{print $1, $5, $6, $7, $8}' | tr '\n' ';'
     echo
 done
+# one archive: a call brings back only a few files from $OUT
+(cd "$OUT" && tar czf bal_next_out.tgz ./*.log ./*.csv 2>/dev/null && rm -f ./*.log ./*.csv)
 exit $fail
