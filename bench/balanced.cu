@@ -27,18 +27,9 @@
 #include "epx_cuda.h"
 
 #include "cuda_exit.h"
+#include "balanced_place.h"
 
 enum { LAYERS = 16, ROUNDS = 51, K = 8 };
-
-static uint64_t rng_state = 27011ull;
-static uint64_t next64(void) {
-    uint64_t z = (rng_state += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-static int32_t below(int32_t n) { return (int32_t)(next64() % (uint64_t)n); }
-static double unif(void) { return (double)(next64() >> 11) / 9007199254740992.0; }
 
 static int cmp_f(const void *a, const void *b) {
     float x = *(const float *)a, y = *(const float *)b;
@@ -52,38 +43,6 @@ static double now_us(void) {
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
     return (double)t.tv_sec * 1e6 + (double)t.tv_nsec / 1e3;
-}
-
-/* Replicas [E][W] of a placement: every expert one slot, the extra slots
- * to hot experts (the first 2 (P - E) by the batches' skew). nodes = 1:
- * slots shuffled over all GPUs, so an expert's replicas land anywhere.
- * nodes > 1: as DeepSeek's hierarchical EPLB keeps them, every replica of
- * an expert on one node (expert e on node e % nodes, slots shuffled within
- * the node), so no component of the routing graph spans two nodes. */
-static void make_place(int32_t E, int32_t P, int32_t W, int32_t nodes, int32_t *rep, int32_t *nv) {
-    int32_t *p2l = (int32_t *)malloc(sizeof(int32_t) * (size_t)P);
-    int32_t hot = 2 * (P - E) < E ? 2 * (P - E) : E, per_node = P / nodes;
-    int32_t *fill = (int32_t *)calloc((size_t)nodes, sizeof(int32_t));
-    for (int32_t e = 0; e < E; e++) { /* one slot each, on its node */
-        int32_t nd = e % nodes;
-        p2l[nd * per_node + fill[nd]++] = e;
-    }
-    for (int32_t nd = 0; nd < nodes; nd++)
-        while (fill[nd] < per_node) { /* the node's extras: its own hot experts */
-            int32_t h = below(hot > nodes ? hot / nodes : 1) * nodes + nd;
-            p2l[nd * per_node + fill[nd]++] = h < E ? h : nd;
-        }
-    for (int32_t nd = 0; nd < nodes; nd++)
-        for (int32_t s = per_node - 1; s > 0; s--) {
-            int32_t j = below(s + 1), t = p2l[nd * per_node + s];
-            p2l[nd * per_node + s] = p2l[nd * per_node + j];
-            p2l[nd * per_node + j] = t;
-        }
-    free(fill);
-    for (int32_t i = 0; i < E * W; i++) rep[i] = -1;
-    memset(nv, 0, sizeof(int32_t) * (size_t)E);
-    for (int32_t s = 0; s < P; s++) rep[p2l[s] * W + nv[p2l[s]]++] = s;
-    free(p2l);
 }
 
 int main(int argc, char **argv) {
@@ -101,23 +60,17 @@ int main(int argc, char **argv) {
     printf("%-10s %5s %5s %5s %6s %12s %12s %12s %8s\n", "shape", "E", "P", "G", "T", "ids us/lay",
            "counts us/lay", "cpu us/lay", "levels");
     if (csv) fprintf(csv, "shape,E,P,G,T,ids_us,counts_us,cpu_us,levels\n");
-    static const struct {
-        const char *name;
-        int32_t E, P, G, nodes;
-    } shapes[] = {{"kimi-k2.5", 384, 416, 8, 1},
-                  {"deepseek-v3", 256, 288, 32, 1},
-                  {"ds-v3-node", 256, 288, 32, 4}};
     static const int32_t Ts[] = {1, 16, 128, 512, 1024, 4096};
     cudaStream_t st;
     CK(cudaStreamCreate(&st));
     cudaEvent_t e0, e1;
     CK(cudaEventCreate(&e0));
     CK(cudaEventCreate(&e1));
-    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
-        int32_t E = shapes[si].E, P = shapes[si].P, G = shapes[si].G, W = P - E + 1;
+    for (size_t si = 0; si < BAL_SHAPES; si++) {
+        int32_t E = bal_shapes[si].E, P = bal_shapes[si].P, G = bal_shapes[si].G, W = P - E + 1;
         size_t EW = (size_t)E * (size_t)W;
         int32_t *rep = (int32_t *)malloc(4 * EW), *nv = (int32_t *)malloc(4 * (size_t)E);
-        make_place(E, P, W, shapes[si].nodes, rep, nv);
+        make_place(E, P, W, bal_shapes[si].nodes, rep, nv);
         epx_error er;
         memset(&er, 0, sizeof er);
         epx_balancer *cb = NULL;
@@ -169,7 +122,7 @@ int main(int argc, char **argv) {
                 CK(cudaMemcpy(phys_g, d_phys + (size_t)l * n, 4 * n, cudaMemcpyDeviceToHost));
                 if (memcmp(rc, rc_g, 8 * EW) || memcmp(phys, phys_g, 4 * n)) {
                     fprintf(stderr, "bench_balanced: %s T = %d layer %d differs from the CPU\n",
-                            shapes[si].name, T, l);
+                            bal_shapes[si].name, T, l);
                     return 1;
                 }
             }
@@ -207,10 +160,10 @@ int main(int argc, char **argv) {
                 CK(cudaGraphExecDestroy(ge));
                 CK(cudaGraphDestroy(g));
             }
-            printf("%-10s %5d %5d %5d %6d %12.2f %12.2f %12.2f %8d\n", shapes[si].name, E, P, G, T,
-                   us[0], us[1], cpu[LAYERS / 2], levels);
+            printf("%-10s %5d %5d %5d %6d %12.2f %12.2f %12.2f %8d\n", bal_shapes[si].name, E, P, G,
+                   T, us[0], us[1], cpu[LAYERS / 2], levels);
             if (csv)
-                fprintf(csv, "%s,%d,%d,%d,%d,%.3f,%.3f,%.3f,%d\n", shapes[si].name, E, P, G, T,
+                fprintf(csv, "%s,%d,%d,%d,%d,%.3f,%.3f,%.3f,%d\n", bal_shapes[si].name, E, P, G, T,
                         us[0], us[1], cpu[LAYERS / 2], levels);
             CK(cudaFree(d_ids));
             CK(cudaFree(d_phys));

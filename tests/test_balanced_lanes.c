@@ -60,7 +60,7 @@ static _Thread_local unsigned my_syncs;
  * lanes must reach the same __syncwarp and shuffles; a lane at another one,
  * or left waiting 20 s because the others never came, means the lanes took
  * different paths: the test fails saying where. */
-enum { SITE_MIN = -1, SITE_ALL = -2, SITE_BEST = -3 };
+enum { SITE_MIN = -1, SITE_ALL = -2, SITE_BEST = -3, SITE_OR = -4 };
 
 static void diverged(const char *how) {
     fprintf(stderr, "component %d, barrier %u: %s: the lanes diverged\n", W.c, my_syncs, how);
@@ -117,6 +117,15 @@ int epxi_bal_lanes_all(int ok) {
     int all = 1;
     for (int l = 0; l < LANES; l++) all &= W.v32[l];
     barrier(SITE_ALL);
+    return all;
+}
+
+uint32_t epxi_bal_lanes_or(uint32_t m) {
+    W.vm[my_lane] = m;
+    barrier(SITE_OR);
+    uint32_t all = 0;
+    for (int l = 0; l < LANES; l++) all |= W.vm[l];
+    barrier(SITE_OR);
     return all;
 }
 

@@ -20,7 +20,7 @@
 #include "../src/dispatch/balanced_core.h" /* epxi_bal_subsets: the tables' sizing */
 #include "bal_place.h"
 
-/* outputs_pinned's hashes */
+/* outputs_pinned's hashes (main at 5f4368a gives the same) */
 #define PINNED_DEFAULT 0xced6884208a07484ull
 #define PINNED_FLOWS 0x37d192dd94937f76ull
 
@@ -134,6 +134,17 @@ static void free_outs(outs *r) {
     free(r->rc);
     free(r->slots);
     free(r->gpu_load);
+}
+
+/* Every output of a and b (for layout p) equal to the bit. */
+static int same_outs(const place *p, const outs *a, const outs *b) {
+    const size_t n = (size_t)p->E * (size_t)p->W;
+    return memcmp(a->shares, b->shares, n * sizeof(double)) == 0 &&
+           memcmp(a->rc, b->rc, n * sizeof(int64_t)) == 0 &&
+           memcmp(a->slots, b->slots, (size_t)p->P * sizeof(int64_t)) == 0 &&
+           memcmp(a->gpu_load, b->gpu_load, (size_t)p->G * sizeof(double)) == 0 &&
+           a->o.max_load_num == b->o.max_load_num && a->o.max_load_den == b->o.max_load_den &&
+           a->o.max_load_int == b->o.max_load_int && a->o.num_levels == b->o.num_levels;
 }
 
 static void small_against_brute_force(void **state) {
@@ -399,6 +410,29 @@ static void subsets_and_flows_agree(void **state) {
     }
 }
 
+/* Layout p solved with counts c by two balancers, var unset (the default)
+ * and var = value: every output must be equal to the bit (case it of the
+ * test seeded with seed, named on failure); the default's outputs are then
+ * checked against the guarantees (check_out). */
+static void same_under_knob(const char *var, const char *value, const place *p, const int64_t *c,
+                            int it, uint64_t seed) {
+    epx_error err = {0};
+    epx_balancer *bd = NULL, *bk = NULL;
+    assert_int_equal(create_env(var, NULL, p, &bd, &err), EPX_OK);
+    assert_int_equal(create_env(var, value, p, &bk, &err), EPX_OK);
+    outs a = make_outs(p), b = make_outs(p);
+    assert_int_equal(epx_dispatch_balanced_solve(bd, p->rep, p->nv, c, &a.o, &err), EPX_OK);
+    assert_int_equal(epx_dispatch_balanced_solve(bk, p->rep, p->nv, c, &b.o, &err), EPX_OK);
+    if (!same_outs(p, &a, &b))
+        fail_msg("case %d (E %d, G %d, per %d): %s=%s changes the outputs (seed %llu)", it, p->E,
+                 p->G, p->per, var, value, (unsigned long long)seed);
+    check_out(p, c, &a.o, NULL, NULL);
+    free_outs(&a);
+    free_outs(&b);
+    epx_dispatch_balanced_destroy(bd);
+    epx_dispatch_balanced_destroy(bk);
+}
+
 /* A component of one flexible expert in closed form (epxi_bal_one_levels)
  * against the subset solve it stands in for (EPX_BALANCED_CLOSED_FORM=0):
  * every output equal to the bit, on batches of a few tokens (where most
@@ -420,33 +454,13 @@ static void closed_form_equals_subsets(void **state) {
         } else {
             bal_random_counts(&r, c, E, it % 3 == 0 ? 4 : 300);
         }
-        epx_balancer *bc = NULL, *bs = NULL;
-        assert_int_equal(create_env("EPX_BALANCED_CLOSED_FORM", NULL, &p, &bc, &err), EPX_OK);
-        assert_int_equal(create_env("EPX_BALANCED_CLOSED_FORM", "0", &p, &bs, &err), EPX_OK);
-        outs a = make_outs(&p), b = make_outs(&p);
-        assert_int_equal(epx_dispatch_balanced_solve(bc, p.rep, p.nv, c, &a.o, &err), EPX_OK);
-        assert_int_equal(epx_dispatch_balanced_solve(bs, p.rep, p.nv, c, &b.o, &err), EPX_OK);
-        const size_t n = (size_t)E * (size_t)p.W;
-        if (memcmp(a.shares, b.shares, n * sizeof(double)) != 0 ||
-            memcmp(a.rc, b.rc, n * sizeof(int64_t)) != 0 ||
-            memcmp(a.slots, b.slots, (size_t)p.P * sizeof(int64_t)) != 0 ||
-            memcmp(a.gpu_load, b.gpu_load, (size_t)G * sizeof(double)) != 0 ||
-            a.o.max_load_num != b.o.max_load_num || a.o.max_load_den != b.o.max_load_den ||
-            a.o.max_load_int != b.o.max_load_int || a.o.num_levels != b.o.num_levels)
-            fail_msg("case %d (E %d, G %d, per %d): the closed form differs from the subset "
-                     "solve (seed %llu)",
-                     it, E, G, per, (unsigned long long)tu_seed(2711));
-        check_out(&p, c, &a.o, NULL, NULL);
+        same_under_knob("EPX_BALANCED_CLOSED_FORM", "0", &p, c, it, tu_seed(2711));
         /* batches of a few tokens with a flexible expert (tokens on replicas
          * on two GPUs or more): where one-expert components come from */
         int flexible = 0;
         for (int32_t e = 0; e < E; e++)
             flexible |= c[e] > 0 && (gpu_mask(&p, e) & (gpu_mask(&p, e) - 1));
         few_flexible += it % 2 == 0 && flexible;
-        free_outs(&a);
-        free_outs(&b);
-        epx_dispatch_balanced_destroy(bc);
-        epx_dispatch_balanced_destroy(bs);
         free(c);
         bal_free_place(&p);
     }
@@ -462,6 +476,115 @@ static void closed_form_equals_subsets(void **state) {
         assert_non_null(strstr(err.msg, "EPX_BALANCED_CLOSED_FORM"));
         assert_non_null(strstr(err.msg, no[i]));
     }
+    bal_free_place(&p);
+}
+
+/* A layer where the two starts end a max-flow level on different forms of
+ * one ratio (the whole part's 3L / 3, the densest GPU's L / 1) and the
+ * shares' doubles are inexact unless the form is reduced: counts near 2^40
+ * and an expert with 5,997 replicas on one GPU, so lv_den c m passes 2^53.
+ * GPUs A, B, C, D and a chain of 7 more (11: past the subset solve's 10);
+ * expert X on B (5,997 slots) and C, Y on C and D, W0 on A and B, each
+ * chained GPU a fixed expert and a link expert to the GPU before it; the
+ * other slots to one fixed expert per GPU. (A review's counterexample.) */
+static place huge_layer(int64_t **counts) {
+    enum { PER = 6000, MX = 5997, EXTRA = 7 };
+    place p = {7 + 2 * EXTRA, (4 + EXTRA) * PER, 4 + EXTRA, PER, PER, NULL, NULL};
+    p.rep = malloc(sizeof(int32_t) * (size_t)p.E * (size_t)p.W);
+    p.nv = calloc((size_t)p.E, sizeof(int32_t));
+    for (int32_t i = 0; i < p.E * p.W; i++) p.rep[i] = -1;
+#define PUT(e, s) (p.rep[(e)*p.W + p.nv[e]++] = (s))
+    const int32_t w0 = 6 + 2 * EXTRA;
+    for (int32_t s = 1; s < PER; s++) PUT(0, s); /* A: its fixed expert */
+    PUT(w0, 0);
+    PUT(w0, PER + PER - 1);
+    for (int32_t s = 0; s < MX; s++) PUT(4, PER + s); /* B: X */
+    for (int32_t s = MX; s < PER - 1; s++) PUT(1, PER + s);
+    PUT(4, 2 * PER); /* C: X, Y and its fixed expert */
+    PUT(5, 2 * PER + 1);
+    for (int32_t s = 2; s < PER; s++) PUT(2, 2 * PER + s);
+    PUT(5, 3 * PER); /* D: Y */
+    int32_t last = 3;
+    for (int32_t k = 0; k < EXTRA; k++) { /* the chain */
+        const int32_t g = 4 + k, f = 6 + 2 * k, z = 7 + 2 * k;
+        PUT(z, last * PER + PER - 1);
+        PUT(z, g * PER);
+        for (int32_t s = 1; s < PER; s++) PUT(f, g * PER + s);
+        last = g;
+    }
+    for (int32_t s = 1; s < PER - 1; s++) PUT(3, 3 * PER + s);
+    for (int32_t k = 0; k + 1 < EXTRA; k++) { /* a chained GPU's last slot went to the next link */
+        const int32_t f = 6 + 2 * k;
+        p.rep[f * p.W + --p.nv[f]] = -1;
+    }
+#undef PUT
+    int64_t *c = calloc((size_t)p.E, sizeof(int64_t));
+    const int64_t L = ((int64_t)1 << 40) / 3 - 7777;
+    c[0] = L;
+    c[1] = 1000;
+    c[2] = 123456;
+    c[3] = 5;
+    c[4] = 2 * L - 124457;
+    c[5] = 3;
+    c[w0] = 1;
+    for (int32_t k = 0; k < EXTRA; k++) {
+        c[6 + 2 * k] = 7;
+        c[7 + 2 * k] = 2;
+    }
+    *counts = c;
+    return p;
+}
+
+/* The max-flow levels' dense start (epxi_bal_start) against the plain
+ * start from the whole part (EPX_BALANCED_DENSE_START=0): every output
+ * equal to the bit, on layers whose components go through max-flows (the
+ * subset solve off, and large layers with replicas on any GPU), skewed and
+ * flat batches. The start only saves max-flows; the level it reaches is the
+ * same, and with its ratio reduced (epxi_bal_level) so is every output. */
+static void dense_start_equals_plain(void **state) {
+    (void)state;
+    tu_rng r = {tu_seed(3307)};
+    epx_error err = {0};
+    for (int it = 0; it < 160; it++) {
+        const int big = it % 4 == 3, huge = it % 16 == 15; /* DeepSeek-V3 on 32 or 64 GPUs */
+        int32_t G = huge  ? 64
+                    : big ? 32
+                          : 2 + (int32_t)tu_below(&r, 15),
+                per = huge  ? 5
+                      : big ? 9
+                            : 1 + (int32_t)tu_below(&r, 6);
+        int32_t E = big ? 256 : G * per - (int32_t)tu_below(&r, (uint32_t)(G * per / 3 + 1));
+        place p = bal_random_place(&r, E, G, per, it % 3 == 0 ? 4 : 0, 1);
+        int64_t *c = calloc((size_t)E, sizeof(int64_t));
+        bal_random_counts(&r, c, E, it % 2 ? 300 : 6);
+        /* the subset solve off, so that every component of two GPUs or
+         * more goes through max-flows (on the big layers too) */
+        const char *was = getenv("EPX_BALANCED_SUBSET_GPUS");
+        char *keep = was ? strdup(was) : NULL;
+        setenv("EPX_BALANCED_SUBSET_GPUS", "0", 1);
+        same_under_knob("EPX_BALANCED_DENSE_START", "0", &p, c, it, tu_seed(3307));
+        if (keep) {
+            setenv("EPX_BALANCED_SUBSET_GPUS", keep, 1);
+            free(keep);
+        } else {
+            unsetenv("EPX_BALANCED_SUBSET_GPUS");
+        }
+        free(c);
+        bal_free_place(&p);
+    }
+    { /* huge counts: equal only with each level's ratio reduced */
+        int64_t *c = NULL;
+        place p = huge_layer(&c);
+        same_under_knob("EPX_BALANCED_DENSE_START", "0", &p, c, -1, 0);
+        free(c);
+        bal_free_place(&p);
+    }
+    place p = bal_random_place(&r, 6, 3, 3, 0, 1);
+    epx_balancer *bad = NULL;
+    assert_int_equal(create_env("EPX_BALANCED_DENSE_START", "2", &p, &bad, &err),
+                     EPX_ERR_INVALID_ARG);
+    assert_null(bad);
+    assert_non_null(strstr(err.msg, "EPX_BALANCED_DENSE_START = '2'"));
     bal_free_place(&p);
 }
 
@@ -708,6 +831,7 @@ int main(void) {
         cmocka_unit_test(one_balancer_many_layers),
         cmocka_unit_test(subsets_and_flows_agree),
         cmocka_unit_test(closed_form_equals_subsets),
+        cmocka_unit_test(dense_start_equals_plain),
         cmocka_unit_test(outputs_pinned),
         cmocka_unit_test(subset_tables_sized_exactly),
         cmocka_unit_test(edge_cases),

@@ -485,6 +485,11 @@ __device__ void solve_phases(const BalArgs &a, epxi_bal &b, BalShared &sh, int64
      * past an expert's list) were stored in phase 0, coalesced, as were the
      * shares' (the whole rows once went through b.rc and a copy-out) */
     for (int32_t e = tid; e < E; e += nt) {
+        /* an expert without tokens has only its even shares to write: its
+         * counts and slot counts are phase 0's zeros (where they are
+         * outputs), and no pair reads its counts (at one token 376 of
+         * Kimi-K2.5's 384 experts, each a walk of its replica row) */
+        if (b.cnt[e] == 0 && !a.shares) continue;
         epxi_bal_write_expert(&b, a.replicas, a.num_valid, e, a.shares, b.rc, a.slot_counts, 0);
         if (rc_copy)
             for (int32_t j = 0, n = epxi_bal_nvalid(&b, a.num_valid, e); j < n; j++)

@@ -172,6 +172,7 @@ static const char *core_failure(int rc) {
     case EPXI_BAL_NO_TIGHT: return "a level found no consistent tight set";
     case EPXI_BAL_LEVELS: return "more than G levels";
     case EPXI_BAL_ROUNDING: return "the rounding flow fell short";
+    case EPXI_BAL_SCALE: return "a level's flows did not divide by its ratio's common factor";
     default: return "more flexible experts than P - E";
     }
 }

@@ -65,6 +65,18 @@
 #define EPXI_BAL static inline
 #endif
 
+/* The max-flow solve's entry points, kept out of their callers on the host:
+ * GCC inlined them into the CPU solve's one loop, and each change to the
+ * max-flow code moved the subset solve beside it by 5-15 % (register and
+ * code layout); on the GPU they are EPXI_BAL like the rest. */
+#if defined(__CUDACC__)
+#define EPXI_BAL_COLD EPXI_BAL
+#elif defined(__GNUC__)
+#define EPXI_BAL_COLD __attribute__((noinline)) static
+#else
+#define EPXI_BAL_COLD static
+#endif
+
 #define EPXI_BAL_INF ((int64_t)1 << 62)
 /* The subset solve's default and largest component (GPUs): 2^10 entries a
  * table, 32 per lane of a warp; at most 2^12 (at G = 4096, 34 MB for the three
@@ -81,7 +93,8 @@ enum {
     EPXI_BAL_NO_TIGHT = 2,   /* a level fixed no consistent set   */
     EPXI_BAL_LEVELS = 3,     /* more than G levels                */
     EPXI_BAL_ROUNDING = 4,   /* the rounding flow fell short      */
-    EPXI_BAL_TOO_MANY = 5    /* more flexible experts than P - E (a slot listed twice) */
+    EPXI_BAL_TOO_MANY = 5,   /* more flexible experts than P - E (a slot listed twice) */
+    EPXI_BAL_SCALE = 6       /* a level's flows not k times those at its reduced lambda */
 };
 
 /* The workspace: pointers into one block carved by epxi_bal_carve (host
@@ -92,6 +105,7 @@ typedef struct epxi_bal {
     int32_t M, C, levels;             /* per solve: flexible experts, components, levels */
     int32_t sub_max;                  /* components of 2..sub_max GPUs: the subset solve */
     int32_t closed;                   /* 1: one-expert components in closed form */
+    int32_t dense;                    /* 1: max-flow levels start dense (epxi_bal_start) */
     int64_t sub_size;                 /* entries of sub_d / sub_s: every such table fits */
     /* [E] */
     int64_t *cnt;              /* tokens per logical expert                     */
@@ -121,6 +135,7 @@ typedef struct epxi_bal {
     int64_t *sub_d, *sub_s, *sub_l;  /* [sub_size] per subset: load inside, slacks */
     /* the flow graphs, each component's at its own offsets (epxi_bal_view) */
     int32_t *head, *lvl, *iter, *queue, *path; /* [max_nodes] */
+    int32_t *sink;                             /* [max_nodes] a node's edge to t, or -1 */
     uint8_t *mark;                             /* [max_nodes] */
     int32_t *next, *to;                        /* [max_edges] */
     int64_t *cap;                              /* [max_edges] */
@@ -180,7 +195,21 @@ static inline int epxi_bal_closed_from_env(epxi_bal *b, const char **bad) {
 }
 #define EPXI_BAL_CLOSED_HELP "must be 0 (the subset solve) or 1 (the closed form, the default)"
 
-/* Both solve knobs above, read when a balancer is created (CPU and GPU
+/* EPX_BALANCED_DENSE_START=0 starts each max-flow level's ratio search from
+ * the whole unfixed part instead of the densest GPU when that is denser
+ * (epxi_bal_start: the same results, more max-flows; the switch is there
+ * to compare them). Returns 0, or -1 with *bad = the value when it is not
+ * 0 or 1. Host only. */
+static inline int epxi_bal_dense_from_env(epxi_bal *b, const char **bad) {
+    int on = b->dense;
+    if (!epxi_env_switch("EPX_BALANCED_DENSE_START", &on, bad)) return -1;
+    b->dense = on;
+    return 0;
+}
+#define EPXI_BAL_DENSE_HELP                                                                        \
+    "must be 0 (start from the whole part) or 1 (from the densest GPU when denser, the default)"
+
+/* The solve knobs above, read when a balancer is created (CPU and GPU
  * alike). Returns 0, or -1 with *name, *bad (its value) and *help for the
  * first one refused, for the caller's message. Host only. */
 static inline int epxi_bal_env(epxi_bal *b, const char **name, const char **bad,
@@ -193,6 +222,11 @@ static inline int epxi_bal_env(epxi_bal *b, const char **name, const char **bad,
     if (epxi_bal_closed_from_env(b, bad) != 0) {
         *name = "EPX_BALANCED_CLOSED_FORM";
         *help = EPXI_BAL_CLOSED_HELP;
+        return -1;
+    }
+    if (epxi_bal_dense_from_env(b, bad) != 0) {
+        *name = "EPX_BALANCED_DENSE_START";
+        *help = EPXI_BAL_DENSE_HELP;
         return -1;
     }
     return 0;
@@ -248,6 +282,7 @@ EPXI_BAL void epxi_bal_shape(epxi_bal *b, int32_t E, int32_t W, int32_t P, int32
     b->max_edges = (int32_t)(2 * fwd);
     epxi_bal_subsets(b, EPXI_BAL_SUBSET_GPUS);
     b->closed = 1;
+    b->dense = 1;
 }
 
 /* Carve the arrays out of mem (NULL: only measure); returns the bytes. */
@@ -303,6 +338,7 @@ EPXI_BAL size_t epxi_bal_carve(epxi_bal *b, void *mem) {
     EPXI_BAL_ARR(iter, int32_t, N);
     EPXI_BAL_ARR(queue, int32_t, N);
     EPXI_BAL_ARR(path, int32_t, N);
+    EPXI_BAL_ARR(sink, int32_t, N);
     EPXI_BAL_ARR(mark, uint8_t, N);
     EPXI_BAL_ARR(next, int32_t, X);
     EPXI_BAL_ARR(to, int32_t, X);
@@ -310,6 +346,17 @@ EPXI_BAL size_t epxi_bal_carve(epxi_bal *b, void *mem) {
     EPXI_BAL_ARR(rc, int64_t, E * (size_t)b->W);
 #undef EPXI_BAL_ARR
     return (off + 15) & ~(size_t)15;
+}
+
+/* The set bits of x (a GPU set as a mask). */
+EPXI_BAL int32_t epxi_bal_popc(uint32_t x) {
+#ifdef __CUDA_ARCH__
+    return __popc(x);
+#else
+    int32_t n = 0;
+    for (; x; x &= x - 1) n++;
+    return n;
+#endif
 }
 
 /* ---- per expert ----------------------------------------------------------- */
@@ -473,7 +520,7 @@ typedef struct epxi_bal_part {
     int32_t nf, ng, lv0;
     const int32_t *fl, *gl;
     int32_t n, m, max_edges;
-    int32_t *head, *lvl, *iter, *queue, *path;
+    int32_t *head, *lvl, *iter, *queue, *path, *sink;
     uint8_t *mark;
     int32_t *next, *to;
     int64_t *cap;
@@ -499,6 +546,7 @@ EPXI_BAL epxi_bal_part epxi_bal_view(const epxi_bal *b, int32_t c) {
     p.iter = b->iter + node0;
     p.queue = b->queue + node0;
     p.path = b->path + node0;
+    p.sink = b->sink + node0;
     p.mark = b->mark + node0;
     p.next = b->next + edge0;
     p.to = b->to + edge0;

@@ -13,11 +13,12 @@
 EPXI_BAL void epxi_bal_reset(epxi_bal_part *p) {
     p->n = 4 + p->nf + p->ng;
     p->m = 0;
-    for (int32_t v = 0; v < p->n; v++) p->head[v] = -1;
+    for (int32_t v = 0; v < p->n; v++) p->head[v] = p->sink[v] = -1;
 }
 
 /* Add u -> v (capacity c) and its reverse (e ^ 1); returns e. Sized at
- * carve time: -1 only if that sizing is wrong. */
+ * carve time: -1 only if that sizing is wrong. An edge into node 1 (t) is
+ * also u's entry in sink, which the greedy start reads. */
 EPXI_BAL int32_t epxi_bal_add(epxi_bal_part *p, int32_t u, int32_t v, int64_t c) {
     if (p->m + 2 > p->max_edges) return -1;
     int32_t e = p->m;
@@ -30,6 +31,7 @@ EPXI_BAL int32_t epxi_bal_add(epxi_bal_part *p, int32_t u, int32_t v, int64_t c)
     p->next[e + 1] = p->head[v];
     p->head[v] = e + 1;
     p->m += 2;
+    if (v == 1) p->sink[u] = e;
     return e;
 }
 
@@ -44,6 +46,13 @@ EPXI_BAL void epxi_bal_push(epxi_bal_part *p, int32_t e, int64_t f) {
     p->cap[e ^ 1] += f;
 }
 
+/* Dinic's BFS from s in the residual graph: lvl[v] = v's distance, -1 if
+ * not reached. It stops as soon as t is reached: every node nearer than t
+ * has its level by then, and the ones it leaves at -1 (at t's distance or
+ * beyond) cannot lead to t in the level graph, so the blocking flow's DFS,
+ * which would only enter and leave them, finds the same paths in the same
+ * order. When t is not reached the BFS is complete: lvl >= 0 is then what
+ * s reaches, the min cut's source side epxi_bal_level reads. */
 EPXI_BAL int epxi_bal_bfs(epxi_bal_part *p, int32_t s, int32_t t) {
     for (int32_t v = 0; v < p->n; v++) p->lvl[v] = -1;
     int32_t qh = 0, qt = 0;
@@ -55,11 +64,12 @@ EPXI_BAL int epxi_bal_bfs(epxi_bal_part *p, int32_t s, int32_t t) {
             int32_t v = p->to[e];
             if (p->cap[e] > 0 && p->lvl[v] < 0) {
                 p->lvl[v] = p->lvl[u] + 1;
+                if (v == t) return 1;
                 p->queue[qt++] = v;
             }
         }
     }
-    return p->lvl[t] >= 0;
+    return 0;
 }
 
 /* Dinic: push a maximum flow from s to t; returns the amount. Afterwards lvl
@@ -100,13 +110,6 @@ EPXI_BAL int64_t epxi_bal_maxflow(epxi_bal_part *p, int32_t s, int32_t t) {
     return total;
 }
 
-/* t's forward edge out of node v (g -> t), or -1. */
-EPXI_BAL int32_t epxi_bal_to_sink(const epxi_bal_part *p, int32_t v, int32_t t) {
-    for (int32_t e = p->head[v]; e >= 0; e = p->next[e])
-        if (!(e & 1) && p->to[e] == t) return e;
-    return -1;
-}
-
 /* A flow to start the max-flow from, on a level graph (epxi_bal_build):
  * every source edge in s's list order sends what the sink edges behind it
  * still take, bases straight to their GPU and experts over their GPUs in
@@ -114,12 +117,12 @@ EPXI_BAL int32_t epxi_bal_to_sink(const epxi_bal_part *p, int32_t v, int32_t t) 
  * maximum is the same; this one leaves them little to do (most batches fit
  * greedily), which is what the kernel's one thread per component needs.
  * Returns the flow pushed. Deterministic: the same on CPU and GPU. */
-EPXI_BAL int64_t epxi_bal_greedy(epxi_bal_part *p, int32_t s, int32_t t) {
+EPXI_BAL int64_t epxi_bal_greedy(epxi_bal_part *p, int32_t s) {
     int64_t total = 0;
     for (int32_t e = p->head[s]; e >= 0; e = p->next[e]) {
         if (e & 1) continue;
         const int32_t v = p->to[e];
-        const int32_t vt = epxi_bal_to_sink(p, v, t);
+        const int32_t vt = p->sink[v];
         if (vt >= 0) { /* a base: s -> g -> t */
             const int64_t f = p->cap[e] < p->cap[vt] ? p->cap[e] : p->cap[vt];
             epxi_bal_push(p, e, f);
@@ -129,7 +132,7 @@ EPXI_BAL int64_t epxi_bal_greedy(epxi_bal_part *p, int32_t s, int32_t t) {
         }
         for (int32_t x = p->head[v]; x >= 0 && p->cap[e] > 0; x = p->next[x]) {
             if (x & 1) continue;
-            const int32_t gt = epxi_bal_to_sink(p, p->to[x], t);
+            const int32_t gt = p->sink[p->to[x]];
             if (gt < 0) continue;
             const int64_t f = p->cap[e] < p->cap[gt] ? p->cap[e] : p->cap[gt];
             if (f <= 0) continue;
@@ -230,6 +233,125 @@ EPXI_BAL int64_t epxi_bal_build(epxi_bal *b, epxi_bal_part *p, int64_t a, int64_
     return need;
 }
 
+/* The graph epxi_bal_build made, at another lambda = a / den: the same
+ * edges in the same order (within a level the unfixed part does not
+ * change), every capacity set again as build sets it and every reverse
+ * edge's to 0, so a max-flow on it runs exactly as on a fresh build.
+ * Returns the flow that means feasible. */
+EPXI_BAL int64_t epxi_bal_recap(const epxi_bal *b, epxi_bal_part *p, int64_t a, int64_t den) {
+    int64_t need = 0;
+    for (int32_t e = 0; e < p->m; e += 2) {
+        const int32_t u = p->to[e + 1], v = p->to[e];
+        int64_t c = EPXI_BAL_INF; /* e -> g */
+        if (u == 0) {             /* s -> e (den c_e) or s -> g (den base_g) */
+            c = v < 4 + p->nf ? den * b->cnt[b->flex[p->fl[v - 4]]]
+                              : den * b->base[p->gl[v - 4 - p->nf]];
+            need += c;
+        } else if (v == 1) { /* g -> t */
+            c = a;
+        }
+        p->cap[e] = c;
+        p->cap[e + 1] = 0;
+    }
+    return need;
+}
+
+/* Where Dinkelbach's iteration starts (epxi_bal_level): any set's ratio is
+ * at most the level's lambda, and from a denser start fewer max-flows
+ * reach it. The candidates: the whole unfixed part; each unfixed GPU
+ * closed (its base and the unfixed experts with no other unfixed GPU,
+ * ratio over 1); and, in components of at most 32 GPUs (GPU sets as bit
+ * masks, in f_mask), each unfixed expert's unfixed GPUs closed (their
+ * bases and every unfixed expert inside them). The first densest wins;
+ * f_in and g_sin are set to it. On DeepSeek-V3's components of ~20 GPUs a
+ * level then takes ~1.3 max-flows instead of ~3 (the GPUs alone: ~1.7;
+ * bench/RESULTS.md, 2026-12-05). The level found is the same whatever the
+ * start: its lambda, its largest tight set, and the last max-flow's flows,
+ * which depend on lambda's value and scale with the form of its fraction
+ * (k a / k d: k times the flows), a form epxi_bal_level reduces. gex holds
+ * each GPU's closed load (scratch until the rounding). */
+EPXI_BAL_COLD void epxi_bal_start(epxi_bal *b, const epxi_bal_part *p) {
+    const int32_t D = b->D;
+    if (!b->dense) return; /* the whole unfixed part, as set */
+    const int masks = p->ng <= 32;
+    int64_t best_a, best_d;
+    epxi_bal_ratio(b, p, &best_a, &best_d);
+    for (int32_t gi = 0; gi < p->ng; gi++) b->gex[p->gl[gi]] = b->base[p->gl[gi]];
+    for (int32_t j = 0; j < p->nf; j++) {
+        const int32_t i = p->fl[j], e = b->flex[i];
+        int32_t only = -1, n = 0; /* its unfixed GPUs: how many, the last */
+        uint32_t m = 0;
+        if (b->f_level[i] == -1)
+            for (int32_t k = 0; k < b->eg_n[e]; k++) {
+                const int32_t g = b->eg_gpu[(size_t)e * (size_t)D + (size_t)k];
+                if (b->g_level[g] == -1) {
+                    only = g;
+                    n++;
+                    if (masks) m |= 1u << b->g_loc[g];
+                }
+            }
+        if (masks) b->f_mask[i] = (int32_t)m;
+        if (n == 1) b->gex[only] += b->cnt[e];
+    }
+    int32_t best = -1; /* the best single GPU, or -1 */
+    uint32_t set = 0;  /* with masks: the best set, 0 for the whole */
+    for (int32_t gi = 0; gi < p->ng; gi++) {
+        const int32_t g = p->gl[gi];
+        if (b->g_level[g] == -1 && b->gex[g] * best_d > best_a) {
+            best_a = b->gex[g];
+            best_d = 1;
+            best = g;
+            set = masks ? 1u << gi : 0;
+        }
+    }
+    for (int32_t x = 0; masks && x < p->nf; x++) { /* experts' sets of two GPUs or more */
+        const uint32_t N = (uint32_t)b->f_mask[p->fl[x]];
+        if ((N & (N - 1u)) == 0) continue;
+        int64_t c = 0;
+        for (uint32_t t = N; t != 0; t &= t - 1u) /* N's bases, set bit by set bit */
+            c += b->base[p->gl[epxi_bal_popc((t & (0u - t)) - 1u)]];
+        for (int32_t j = 0; j < p->nf; j++) {
+            const uint32_t m = (uint32_t)b->f_mask[p->fl[j]];
+            if (m != 0 && (m & ~N) == 0) c += b->cnt[b->flex[p->fl[j]]];
+        }
+        const int64_t d = epxi_bal_popc(N);
+        if (c * best_d > best_a * d) {
+            best_a = c;
+            best_d = d;
+            set = N;
+        }
+    }
+    if (masks) {
+        if (set == 0) return;
+        for (int32_t j = 0; j < p->nf; j++) {
+            const uint32_t m = (uint32_t)b->f_mask[p->fl[j]];
+            b->f_in[p->fl[j]] = m != 0 && (m & ~set) == 0;
+        }
+        for (int32_t gi = 0; gi < p->ng; gi++) {
+            const int32_t g = p->gl[gi];
+            b->g_sin[g] = b->g_level[g] == -1 && b->base[g] > 0 && (set >> gi & 1);
+        }
+        return;
+    }
+    if (best < 0) return;
+    for (int32_t j = 0; j < p->nf; j++) {
+        const int32_t i = p->fl[j], e = b->flex[i];
+        int in = b->f_level[i] == -1, any = 0;
+        for (int32_t k = 0; k < b->eg_n[e] && in; k++) {
+            const int32_t g = b->eg_gpu[(size_t)e * (size_t)D + (size_t)k];
+            if (b->g_level[g] == -1) {
+                any = 1;
+                in = g == best;
+            }
+        }
+        b->f_in[i] = in && any;
+    }
+    for (int32_t gi = 0; gi < p->ng; gi++) {
+        const int32_t g = p->gl[gi];
+        b->g_sin[g] = g == best && b->base[g] > 0;
+    }
+}
+
 /* One level: lambda of the unfixed part by Dinkelbach's iteration, then fix
  * its largest tight set. With the one-GPU experts merged into s -> g, an
  * unmerged expert on GPU g (count > 0) is reached from s exactly when g is
@@ -243,13 +365,15 @@ EPXI_BAL int epxi_bal_level(epxi_bal *b, epxi_bal_part *p, int32_t lv) {
         int32_t g = p->gl[gi];
         b->g_sin[g] = b->g_level[g] == -1 && b->base[g] > 0;
     }
+    epxi_bal_start(b, p);
     int64_t a, den, a_prev = 0, den_prev = 1;
     for (int32_t step = 0;; step++) {
         epxi_bal_ratio(b, p, &a, &den);
         if (den == 0 || step > p->ng + 1 || (step > 0 && a * den_prev <= a_prev * den))
             return EPXI_BAL_NO_ADVANCE;
-        int64_t need = epxi_bal_build(b, p, a, den);
-        const int64_t start = epxi_bal_greedy(p, 0, 1);
+        /* the first step builds the level's graph, the others reuse it */
+        int64_t need = step == 0 ? epxi_bal_build(b, p, a, den) : epxi_bal_recap(b, p, a, den);
+        const int64_t start = epxi_bal_greedy(p, 0);
         if (start + epxi_bal_maxflow(p, 0, 1) == need) break;
         for (int32_t j = 0; j < p->nf; j++) {
             int32_t i = p->fl[j];
@@ -293,6 +417,31 @@ EPXI_BAL int epxi_bal_level(epxi_bal *b, epxi_bal_part *p, int32_t lv) {
         }
     }
     if (fixed == 0) return EPXI_BAL_NO_TIGHT;
+    /* lambda as a reduced fraction and the level's flows divided with it:
+     * which set's ratio gave lambda (the start's, epxi_bal_start) decides
+     * its form, k a' / k d', and the max-flow's every capacity and flow
+     * with it (k times those at a' / d', exactly), so only the reduced
+     * form makes what is stored, and the shares computed from it in
+     * doubles, the same whatever the start. The division is exact. */
+    int64_t k = a, r = den;
+    while (r != 0) {
+        const int64_t t = k % r;
+        k = r;
+        r = t;
+    }
+    if (k > 1) {
+        for (int32_t j = 0; j < p->nf; j++) {
+            const int32_t i = p->fl[j], e = b->flex[i];
+            if (b->f_level[i] != lv) continue;
+            for (int32_t q = 0; q < b->eg_n[e]; q++) {
+                const size_t x = (size_t)i * (size_t)D + (size_t)q;
+                if (b->f_flow[x] % k != 0) return EPXI_BAL_SCALE;
+                b->f_flow[x] /= k;
+            }
+        }
+        a /= k;
+        den /= k;
+    }
     b->lv_num[lv] = a;
     b->lv_den[lv] = den;
     return EPXI_BAL_OK;
@@ -359,7 +508,7 @@ EPXI_BAL int epxi_bal_round(epxi_bal *b, epxi_bal_part *p) {
 
 /* Component c: every level, then the rounding; sets c_levels[c] and
  * c_rc[c] and returns the latter. A lone GPU is its own level, no flow. */
-EPXI_BAL int epxi_bal_solve_part(epxi_bal *b, int32_t c) {
+EPXI_BAL_COLD int epxi_bal_solve_part(epxi_bal *b, int32_t c) {
     epxi_bal_part p = epxi_bal_view(b, c);
     int32_t left = p.nf, levels = 0, rc = EPXI_BAL_OK;
     for (int32_t j = 0; j < p.nf; j++) b->f_level[p.fl[j]] = -1;

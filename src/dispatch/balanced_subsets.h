@@ -27,6 +27,7 @@
 void epxi_bal_lanes_sync(int line);
 int64_t epxi_bal_lanes_min(int64_t v);
 int epxi_bal_lanes_all(int ok);
+uint32_t epxi_bal_lanes_or(uint32_t m);
 uint32_t epxi_bal_lanes_best(int64_t num, int32_t den, uint32_t mask);
 #define EPXI_BAL_SYNCWARP() epxi_bal_lanes_sync(__LINE__)
 #else
@@ -46,16 +47,6 @@ EPXI_BAL int64_t epxi_bal_mod(int64_t x, int64_t y) {
     if (x >= 0 && y > 0 && x <= INT32_MAX && y <= INT32_MAX)
         return (int64_t)((uint32_t)x % (uint32_t)y);
     return x % y;
-}
-
-EPXI_BAL int32_t epxi_bal_popc(uint32_t x) {
-#ifdef __CUDA_ARCH__
-    return __popc(x);
-#else
-    int32_t n = 0;
-    for (; x; x &= x - 1) n++;
-    return n;
-#endif
 }
 
 EPXI_BAL void epxi_bal_add_to(int64_t *p, int64_t v) {
@@ -81,6 +72,29 @@ EPXI_BAL int64_t epxi_bal_min_lanes(int64_t v, int nl) {
     (void)nl;
 #endif
     return v;
+}
+
+EPXI_BAL uint32_t epxi_bal_or_lanes(uint32_t m, int nl) {
+#ifdef __CUDA_ARCH__
+    if (nl > 1)
+        for (int o = 16; o > 0; o >>= 1) m |= __shfl_xor_sync(0xffffffffu, m, o);
+#elif defined(EPXI_BAL_LANES)
+    if (nl > 1) m = epxi_bal_lanes_or(m);
+#else
+    (void)nl;
+#endif
+    return m;
+}
+
+/* The index of x's lowest set bit (x != 0). */
+EPXI_BAL int32_t epxi_bal_ctz(uint32_t x) {
+#ifdef __CUDA_ARCH__
+    return __ffs((int)x) - 1;
+#else
+    int32_t n = 0;
+    for (; !(x & 1u); x >>= 1) n++;
+    return n;
+#endif
 }
 
 EPXI_BAL int epxi_bal_all_lanes(int ok, int nl) {
@@ -135,6 +149,18 @@ EPXI_BAL int epxi_bal_in_level(const epxi_bal *b, const epxi_bal_part *p, int32_
     return (m & ~X) != 0 && (m & ~(X | U)) == 0;
 }
 
+/* Which of experts t0 .. t0 + 31 of view p are level (X, U)'s: bit q for
+ * expert t0 + q, each lane testing its own, the same mask on every lane.
+ * The loops over a level's experts in order walk these bits (a level
+ * holds a few of a component's experts), not every expert's test. */
+EPXI_BAL uint32_t epxi_bal_level_run(const epxi_bal *b, const epxi_bal_part *p, int32_t t0,
+                                     uint32_t X, uint32_t U, int lane, int nl) {
+    uint32_t m = 0;
+    for (int32_t q = lane; q < 32 && t0 + q < p->nf; q += nl)
+        if (epxi_bal_in_level(b, p, t0 + q, X, U)) m |= 1u << q;
+    return epxi_bal_or_lanes(m, nl);
+}
+
 /* Expert (r units, fractional GPUs F)'s terms in the two conditions at
  * subset v: max(0, r - |F \ v|) and min(r, |F & v|). */
 EPXI_BAL int64_t epxi_bal_over(int64_t r, uint32_t F, uint32_t v) {
@@ -164,6 +190,7 @@ EPXI_BAL void epxi_bal_subset_round(epxi_bal *b, const epxi_bal_part *p, int64_t
     const int32_t D = b->D, k = p->ng;
     const uint32_t nv = 1u << k;
     const int64_t floor_l = epxi_bal_div(a, dn), ceil_l = epxi_bal_div(a + dn - 1, dn);
+    int units = 0; /* this lane's experts leave units over */
     for (int32_t j = lane; j < p->nf; j += nl) {
         if (!epxi_bal_in_level(b, p, j, X, U)) continue;
         const int32_t i = p->fl[j], e = b->flex[i];
@@ -178,22 +205,35 @@ EPXI_BAL void epxi_bal_subset_round(epxi_bal *b, const epxi_bal_part *p, int64_t
         }
         b->f_frac[i] = (int32_t)F;
         b->f_units[i] = r;
+        units |= r > 0;
     }
     EPXI_BAL_SYNCWARP();
+    /* No expert of the level has a unit over (most levels: the split's
+     * flows are whole tokens but for a few experts): the floors are the
+     * rounding, and the bounds and slack tables below would decide
+     * nothing. Every lane takes the same branch (a vote). */
+    if (epxi_bal_all_lanes(!units, nl)) return;
+    /* hi_g and lo_g: the level's floor and ceiling less GPU g's base and
+     * the whole tokens the level's experts give it (integer sums: their
+     * order does not matter) */
     for (int32_t gi = lane; gi < k; gi += nl) {
         if (!(U >> gi & 1)) continue;
         const int32_t g = p->gl[gi];
-        int64_t fixed = b->base[g];
-        for (int32_t j = 0; j < p->nf; j++) {
-            if (!epxi_bal_in_level(b, p, j, X, U)) continue;
-            const int32_t i = p->fl[j], e = b->flex[i];
-            for (int32_t q = 0; q < b->eg_n[e]; q++)
-                if (b->eg_gpu[(size_t)e * (size_t)D + (size_t)q] == g)
-                    fixed += b->f_int[(size_t)i * (size_t)D + (size_t)q];
-        }
-        b->gex[g] = ceil_l - fixed; /* hi_g */
-        b->g_lo[g] = floor_l - fixed;
+        b->gex[g] = ceil_l - b->base[g];
+        b->g_lo[g] = floor_l - b->base[g];
     }
+    EPXI_BAL_SYNCWARP();
+    for (int32_t t0 = 0; t0 < p->nf; t0 += 32)
+        for (uint32_t run = epxi_bal_level_run(b, p, t0, X, U, lane, nl); run; run &= run - 1) {
+            const int32_t i = p->fl[t0 + epxi_bal_ctz(run)], e = b->flex[i];
+            for (int32_t q = lane; q < b->eg_n[e]; q += nl) {
+                const int32_t g = b->eg_gpu[(size_t)e * (size_t)D + (size_t)q];
+                const int64_t x = b->f_int[(size_t)i * (size_t)D + (size_t)q];
+                if (!(U >> b->g_loc[g] & 1) || x == 0) continue;
+                epxi_bal_add_to(b->gex + g, -x);
+                epxi_bal_add_to(b->g_lo + g, -x);
+            }
+        }
     EPXI_BAL_SYNCWARP();
     for (uint32_t v = (uint32_t)lane; v < nv; v += (uint32_t)nl) {
         if ((v & ~U) != 0) continue;
@@ -203,56 +243,65 @@ EPXI_BAL void epxi_bal_subset_round(epxi_bal *b, const epxi_bal_part *p, int64_t
                 u += b->gex[p->gl[gi]];
                 l -= b->g_lo[p->gl[gi]];
             }
-        for (int32_t j = 0; j < p->nf; j++) {
-            if (!epxi_bal_in_level(b, p, j, X, U)) continue;
-            const int32_t i = p->fl[j];
-            u -= epxi_bal_over(b->f_units[i], (uint32_t)b->f_frac[i], v);
-            l += epxi_bal_under(b->f_units[i], (uint32_t)b->f_frac[i], v);
-        }
         su[v] = u;
         sl[v] = l;
     }
-    EPXI_BAL_SYNCWARP();
-    for (int32_t j = 0; j < p->nf; j++) { /* the level's experts, in order */
-        if (!epxi_bal_in_level(b, p, j, X, U)) continue;
-        const int32_t i = p->fl[j], e = b->flex[i];
-        int64_t r = b->f_units[i];
-        uint32_t F = (uint32_t)b->f_frac[i];
-        for (int32_t q = 0; q < b->eg_n[e] && r > 0; q++) {
-            const int32_t g = b->eg_gpu[(size_t)e * (size_t)D + (size_t)q], gb = b->g_loc[g];
-            if (!(F >> gb & 1)) continue;
-            const uint32_t F2 = F & ~(1u << gb);
-            const int64_t lo_step = b->g_lo[g] > 0;
-            int ok = 1;
-            for (uint32_t v = (uint32_t)lane; v < nv && ok; v += (uint32_t)nl) {
+    /* the experts' terms: only those with units over have any (both are 0
+     * at r = 0), so each expert is tested once, not once per subset, and
+     * its lane's subsets are passed only when it counts; each lane updates
+     * its own entries, so no barrier between experts */
+    for (int32_t t0 = 0; t0 < p->nf; t0 += 32)
+        for (uint32_t run = epxi_bal_level_run(b, p, t0, X, U, lane, nl); run; run &= run - 1) {
+            const int32_t i = p->fl[t0 + epxi_bal_ctz(run)];
+            const int64_t r = b->f_units[i];
+            const uint32_t F = (uint32_t)b->f_frac[i];
+            for (uint32_t v = (uint32_t)lane; v < nv && r > 0; v += (uint32_t)nl) {
                 if ((v & ~U) != 0) continue;
-                const int in = v >> gb & 1;
-                /* give: r - 1 units over F2; hi_g and lo_g one lower */
-                int64_t u = su[v] + epxi_bal_over(r, F, v) - epxi_bal_over(r - 1, F2, v) - in;
-                int64_t l = sl[v] - epxi_bal_under(r, F, v) + epxi_bal_under(r - 1, F2, v) +
-                            (in ? lo_step : 0);
-                ok &= u >= 0 && l >= 0;
+                su[v] -= epxi_bal_over(r, F, v);
+                sl[v] += epxi_bal_under(r, F, v);
             }
-            const int give = epxi_bal_all_lanes(ok, nl);
-            const int64_t r2 = r - give;
-            for (uint32_t v = (uint32_t)lane; v < nv; v += (uint32_t)nl) {
-                if ((v & ~U) != 0) continue;
-                const int in = v >> gb & 1;
-                su[v] += epxi_bal_over(r, F, v) - epxi_bal_over(r2, F2, v) - (give ? in : 0);
-                sl[v] += epxi_bal_under(r2, F2, v) - epxi_bal_under(r, F, v) +
-                         (give && in ? lo_step : 0);
-            }
-            EPXI_BAL_SYNCWARP();
-            if (lane == 0 && give) {
-                b->f_int[(size_t)i * (size_t)D + (size_t)q] += 1;
-                b->gex[g] -= 1;
-                b->g_lo[g] -= lo_step;
-            }
-            EPXI_BAL_SYNCWARP();
-            r = r2;
-            F = F2;
         }
-    }
+    EPXI_BAL_SYNCWARP();
+    for (int32_t t0 = 0; t0 < p->nf; t0 += 32) /* the level's experts, in order */
+        for (uint32_t run = epxi_bal_level_run(b, p, t0, X, U, lane, nl); run; run &= run - 1) {
+            const int32_t i = p->fl[t0 + epxi_bal_ctz(run)], e = b->flex[i];
+            int64_t r = b->f_units[i];
+            uint32_t F = (uint32_t)b->f_frac[i];
+            for (int32_t q = 0; q < b->eg_n[e] && r > 0; q++) {
+                const int32_t g = b->eg_gpu[(size_t)e * (size_t)D + (size_t)q], gb = b->g_loc[g];
+                if (!(F >> gb & 1)) continue;
+                const uint32_t F2 = F & ~(1u << gb);
+                const int64_t lo_step = b->g_lo[g] > 0;
+                int ok = 1;
+                for (uint32_t v = (uint32_t)lane; v < nv && ok; v += (uint32_t)nl) {
+                    if ((v & ~U) != 0) continue;
+                    const int in = v >> gb & 1;
+                    /* give: r - 1 units over F2; hi_g and lo_g one lower */
+                    int64_t u = su[v] + epxi_bal_over(r, F, v) - epxi_bal_over(r - 1, F2, v) - in;
+                    int64_t l = sl[v] - epxi_bal_under(r, F, v) + epxi_bal_under(r - 1, F2, v) +
+                                (in ? lo_step : 0);
+                    ok &= u >= 0 && l >= 0;
+                }
+                const int give = epxi_bal_all_lanes(ok, nl);
+                const int64_t r2 = r - give;
+                for (uint32_t v = (uint32_t)lane; v < nv; v += (uint32_t)nl) {
+                    if ((v & ~U) != 0) continue;
+                    const int in = v >> gb & 1;
+                    su[v] += epxi_bal_over(r, F, v) - epxi_bal_over(r2, F2, v) - (give ? in : 0);
+                    sl[v] += epxi_bal_under(r2, F2, v) - epxi_bal_under(r, F, v) +
+                             (give && in ? lo_step : 0);
+                }
+                EPXI_BAL_SYNCWARP();
+                if (lane == 0 && give) {
+                    b->f_int[(size_t)i * (size_t)D + (size_t)q] += 1;
+                    b->gex[g] -= 1;
+                    b->g_lo[g] -= lo_step;
+                }
+                EPXI_BAL_SYNCWARP();
+                r = r2;
+                F = F2;
+            }
+        }
 }
 
 /* The subset solve of component c (balanced.c states it): d[V] = the tokens
@@ -312,42 +361,42 @@ EPXI_BAL int32_t epxi_bal_subset_levels(epxi_bal *b, const epxi_bal_part *p, int
         for (uint32_t v = (uint32_t)lane; v < nv; v += (uint32_t)nl)
             if ((v & ~U) == 0) s[v] = a * epxi_bal_popc(v) - dn * (d[X | v] - d[X]);
         EPXI_BAL_SYNCWARP();
-        for (int32_t j = 0; j < p->nf; j++) { /* this level's experts, in order */
-            const int32_t i = p->fl[j], e = b->flex[i];
-            const uint32_t m = (uint32_t)b->f_mask[i];
-            if (!(m & ~X) || (m & ~(X | U))) continue;
-            if (lane == 0) b->f_level[i] = lid;
-            int64_t rem = dn * b->cnt[e];
-            uint32_t N = m & U;
-            for (int32_t q = 0; q < b->eg_n[e]; q++) {
-                const size_t x = (size_t)i * (size_t)D + (size_t)q;
-                const int32_t g = b->g_loc[b->eg_gpu[(size_t)e * (size_t)D + (size_t)q]];
-                const uint32_t rest = N & ~(1u << g);
-                int64_t take = 0;
-                if ((N >> g & 1) && rest == 0) {
-                    take = rem; /* the last GPU: what is left */
-                } else if (N >> g & 1) {
-                    int64_t lo = EPXI_BAL_INF;
-                    for (uint32_t v = (uint32_t)lane; v < nv; v += (uint32_t)nl)
-                        if ((v & ~U) == 0 && (v >> g & 1) && (v & rest) != rest)
-                            lo = s[v] < lo ? s[v] : lo;
-                    lo = epxi_bal_min_lanes(lo, nl);
-                    take = rem < lo ? rem : lo;
-                    for (uint32_t v = (uint32_t)lane; v < nv; v += (uint32_t)nl) {
-                        if ((v & ~U) != 0) continue;
-                        if (v >> g & 1) {
-                            if ((v & rest) != rest) s[v] -= take;
-                        } else if ((v & rest) == rest) {
-                            s[v] -= rem - take;
+        for (int32_t t0 = 0; t0 < p->nf; t0 += 32) /* this level's experts, in order */
+            for (uint32_t run = epxi_bal_level_run(b, p, t0, X, U, lane, nl); run; run &= run - 1) {
+                const int32_t i = p->fl[t0 + epxi_bal_ctz(run)], e = b->flex[i];
+                const uint32_t m = (uint32_t)b->f_mask[i];
+                if (lane == 0) b->f_level[i] = lid;
+                int64_t rem = dn * b->cnt[e];
+                uint32_t N = m & U;
+                for (int32_t q = 0; q < b->eg_n[e]; q++) {
+                    const size_t x = (size_t)i * (size_t)D + (size_t)q;
+                    const int32_t g = b->g_loc[b->eg_gpu[(size_t)e * (size_t)D + (size_t)q]];
+                    const uint32_t rest = N & ~(1u << g);
+                    int64_t take = 0;
+                    if ((N >> g & 1) && rest == 0) {
+                        take = rem; /* the last GPU: what is left */
+                    } else if (N >> g & 1) {
+                        int64_t lo = EPXI_BAL_INF;
+                        for (uint32_t v = (uint32_t)lane; v < nv; v += (uint32_t)nl)
+                            if ((v & ~U) == 0 && (v >> g & 1) && (v & rest) != rest)
+                                lo = s[v] < lo ? s[v] : lo;
+                        lo = epxi_bal_min_lanes(lo, nl);
+                        take = rem < lo ? rem : lo;
+                        for (uint32_t v = (uint32_t)lane; v < nv; v += (uint32_t)nl) {
+                            if ((v & ~U) != 0) continue;
+                            if (v >> g & 1) {
+                                if ((v & rest) != rest) s[v] -= take;
+                            } else if ((v & rest) == rest) {
+                                s[v] -= rem - take;
+                            }
                         }
+                        EPXI_BAL_SYNCWARP();
+                        N = rest;
                     }
-                    EPXI_BAL_SYNCWARP();
-                    N = rest;
+                    if (lane == 0) b->f_flow[x] = take;
+                    rem -= take;
                 }
-                if (lane == 0) b->f_flow[x] = take;
-                rem -= take;
             }
-        }
         EPXI_BAL_SYNCWARP();
         /* the level is split: its slack table s now serves the rounding */
         epxi_bal_subset_round(b, p, s, b->sub_l + b->c_soff[c], X, U, a, dn, lane, nl);
