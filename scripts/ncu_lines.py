@@ -27,6 +27,7 @@ import csv
 import glob
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -102,7 +103,11 @@ def line_table(disasm_text):
 
 
 def tool(name):
-    """cuobjdump / nvdisasm: CUDA's, else the ones the triton wheel ships."""
+    """cuobjdump / nvdisasm: CUDA's, else PATH's (PyPI's nvidia-cuda-cuobjdump and
+    nvidia-cuda-nvdisasm wheels hold both), else the ones the triton wheel ships."""
+    found = shutil.which(name)
+    if found and not os.access(os.path.join("/usr/local/cuda/bin", name), os.X_OK):
+        return found
     for d in ["/usr/local/cuda/bin"] + glob.glob(os.path.join(
             ROOT, "build", "python", "venv", "lib", "python3*", "site-packages", "triton",
             "backends", "nvidia", "bin")):
