@@ -151,6 +151,25 @@ static void option_errors(void **state) {
             assert_true(epx_plan_replica_weights(p)[l * s.num_physical_experts + spg + k] == 0.0);
     epx_plan_destroy(p);
     p = NULL;
+    /* node-local strict by name keeps the nodes or is refused: GPU 1 lost
+     * leaves node 0 one survivor and node 1 two (the default warns and plans
+     * them as one node); losing GPUs 1 and 3 keeps one on each node */
+    o.algorithm = EPX_ALGO_EPX;
+    o.num_groups = 2;
+    o.node_local = EPX_NODE_LOCAL_STRICT;
+    assert_int_equal(plan(c, s, &o, &p, &err), EPX_ERR_INVALID_ARG);
+    TU_MSG_HAS(err.msg, "node 0 keeps 1 of its 2 GPUs", "node 1 keeps 2", "relaxed or off");
+    assert_null(p);
+    o.node_local = EPX_NODE_LOCAL_RELAXED;
+    assert_int_equal(plan(c, s, &o, &p, &err), EPX_OK);
+    epx_plan_destroy(p);
+    p = NULL;
+    failed[3] = 1; /* 8 slots a GPU, so that two survivors hold the 16 experts */
+    o.node_local = EPX_NODE_LOCAL_STRICT;
+    assert_int_equal(plan(c, (epx_shape){3, 16, 32, 4, 2}, &o, &p, &err), EPX_OK);
+    epx_plan_destroy(p);
+    p = NULL;
+    failed[3] = 0;
     epx_layout_destroy(cur);
 
     /* counts against the shape */

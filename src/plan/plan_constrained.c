@@ -33,6 +33,34 @@ bool epxi_plan_is_constrained(const epx_plan_opts *o) {
            o->failed_gpus != NULL;
 }
 
+/* Survivors per node after the failures: nodes keep their locality only
+ * when every node with a survivor has as many (survivors() plans the rest
+ * as one node). Node-local strict asked for by name cannot be kept then:
+ * refused, naming a node of each count, where the default only warns. */
+static epx_status check_strict_nodes(const epx_shape *sh, const epx_plan_opts *o, epx_error *err) {
+    if (o->node_local != EPX_NODE_LOCAL_STRICT || sh->num_nodes < 2) return EPX_OK;
+    const int32_t gpn = sh->num_gpus / sh->num_nodes;
+    int32_t first = -1, first_c = 0;
+    for (int32_t k = 0; k < sh->num_nodes; k++) {
+        int32_t c = 0;
+        for (int32_t g = k * gpn; g < (k + 1) * gpn; g++) c += !o->failed_gpus[g];
+        if (c == 0) continue;
+        if (first < 0) {
+            first = k;
+            first_c = c;
+        } else if (c != first_c) {
+            return epxi_fail(err, EPX_ERR_INVALID_ARG,
+                             "node-local strict with failed GPUs needs as many survivors on "
+                             "every node that keeps any, but node %d keeps %d of its %d GPUs "
+                             "and node %d keeps %d: use node-local relaxed or off (the "
+                             "survivors are then planned as one node), or mark GPUs failed "
+                             "so that the nodes keep equal counts",
+                             first, first_c, gpn, k, c);
+        }
+    }
+    return EPX_OK;
+}
+
 epx_status epxi_plan_constraints_check(const epx_shape *sh, const epx_plan_opts *o,
                                        epx_error *err) {
     /* the value first: a NaN price is wrong with or without a current layout */
@@ -67,6 +95,7 @@ epx_status epxi_plan_constraints_check(const epx_shape *sh, const epx_plan_opts 
                              sh->num_logical_experts, live * spg, live, spg,
                              (sh->num_logical_experts + live - 1) / live,
                              (sh->num_logical_experts + live - 1) / live * sh->num_gpus);
+        EPX_TRY(check_strict_nodes(sh, o, err));
     }
     return EPX_OK;
 }
