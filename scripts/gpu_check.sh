@@ -55,7 +55,8 @@ run "epx.torch on CUDA" env EPX_LIBRARY="$BIN/libepx.so" EPX_CUDA_LIBRARY="$BIN/
     PYTHONPATH="$ROOT/python:$ROOT/.devpy" bash -c "cd /tmp && python3 -m pytest -p no:cacheprovider \
     -q -rs '$ROOT/python/tests/test_torch_ops.py' '$ROOT/python/tests/test_torch.py' \
     '$ROOT/python/tests/test_torch_buffer.py' '$ROOT/python/tests/test_torch_buffer_gpu.py' \
-    '$ROOT/python/tests/test_torch_normal.py' '$ROOT/python/tests/test_torch_normal_gpu.py'"
+    '$ROOT/python/tests/test_torch_normal.py' '$ROOT/python/tests/test_torch_normal_gpu.py' \
+    '$ROOT/python/tests/test_torch_balanced.py'"
 run "the MoE layer example on epx.torch.Buffer, 2 and 3 processes" env \
     EPX_LIBRARY="$BIN/libepx.so" EPX_CUDA_LIBRARY="$BIN/libepx_cuda.so" PYTHONPATH="$ROOT/python" \
     bash -c "python3 '$ROOT/python/examples/moe_layer_ep.py' --ranks 2 && \
