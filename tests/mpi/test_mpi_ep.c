@@ -82,6 +82,39 @@ static void comm_ops(void **state) {
     assert_int_equal(epx_comm_health(g_comm, NULL), EPX_OK);
 }
 
+/* An all-reduce past EPX_MPI_MAX_COUNT runs as several calls with the
+ * same sums: here a bound of 3 (rank 0's; the others ask for 5, and the
+ * smallest wins) cuts 10 int64 and 7 float elements, in place and not; a
+ * bound that is not a whole number from 1 to INT_MAX is refused by name. */
+static void allreduce_in_chunks(void **state) {
+    (void)state;
+    epx_error err = {0};
+    epx_comm *c = NULL;
+    setenv("EPX_MPI_MAX_COUNT", g_rank == 0 ? "3" : "5", 1);
+    assert_int_equal(epx_comm_mpi_create(MPI_COMM_WORLD, NULL, &c, &err), EPX_OK);
+    int64_t v[10], bad = 0;
+    for (int i = 0; i < 10; i++) v[i] = (int64_t)(g_rank + 1) * (i + 1);
+    assert_int_equal(epx_comm_allreduce_sum(c, v, v, 10, EPX_DTYPE_I64, &err), EPX_OK);
+    const int64_t ranks_sum = (int64_t)g_size * (g_size + 1) / 2;
+    for (int i = 0; i < 10; i++) bad += v[i] != ranks_sum * (i + 1);
+    float f[7], fo[7];
+    for (int i = 0; i < 7; i++) f[i] = (float)(i * 0.25 + g_rank);
+    assert_int_equal(epx_comm_allreduce_sum(c, f, fo, 7, EPX_DTYPE_F32, &err), EPX_OK);
+    for (int i = 0; i < 7; i++) /* small integers and quarters: exact in any order */
+        bad += fo[i] != (float)(g_size * i * 0.25 + (double)g_size * (g_size - 1) / 2);
+    epx_comm_destroy(c);
+    c = NULL;
+    all_ok(bad, "all-reduce in calls of at most 3 elements");
+    static const char *const refused[] = {"0", "-3", "2147483648", "12x", "99999999999999999999"};
+    for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
+        setenv("EPX_MPI_MAX_COUNT", refused[i], 1);
+        assert_int_equal(epx_comm_mpi_create(MPI_COMM_WORLD, NULL, &c, &err), EPX_ERR_INVALID_ARG);
+        TU_MSG_HAS(err.msg, "EPX_MPI_MAX_COUNT", refused[i], "2147483647");
+        assert_null(c);
+    }
+    unsetenv("EPX_MPI_MAX_COUNT");
+}
+
 /* Communicators epx cannot work over are refused with a message, not
  * passed to MPI (whose handler on MPI_COMM_WORLD aborts the job):
  * MPI_COMM_NULL (what MPI_Comm_split gives a rank with MPI_UNDEFINED) and
@@ -447,6 +480,7 @@ int main(int argc, char **argv) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(comm_ops),
         cmocka_unit_test(mpi_bad_comms),
+        cmocka_unit_test(allreduce_in_chunks),
         cmocka_unit_test(injected_fault),
         cmocka_unit_test(ep_topk_bitwise),
         cmocka_unit_test(ep_rank_mode),

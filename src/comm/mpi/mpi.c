@@ -12,7 +12,9 @@
  *
  * Counts travel as MPI ints in units of a contiguous datatype of the
  * element size, so a payload of many gigabytes stays within int counts; the
- * few element sizes in use are committed once and cached.
+ * few element sizes in use are committed once and cached. An all-reduce
+ * sums elements, so it cannot take that route: past EPX_MPI_MAX_COUNT
+ * elements (INT_MAX unless set lower) it runs as several calls.
  */
 #include "internal.h"
 #include "epx_comm_mpi.h"
@@ -33,8 +35,27 @@ typedef struct mpi_ctx {
         MPI_Datatype type;
     } types[TYPE_CACHE];
     int ntypes;
-    int *ibuf; /* [4][size] int counts and displacements */
+    int *ibuf;         /* [4][size] int counts and displacements */
+    int64_t max_count; /* the most elements one all-reduce call takes */
 } mpi_ctx;
+
+/* EPX_MPI_MAX_COUNT=n: an all-reduce of more elements runs as calls of at
+ * most n (MPI counts are ints, so INT_MAX by default; a smaller bound is
+ * for MPI stacks that fail on large messages). 0 with *out set, or -1 when
+ * the value is not a whole number from 1 to INT_MAX (digits only). */
+static int max_count_from_env(int64_t *out) {
+    const char *v = getenv("EPX_MPI_MAX_COUNT");
+    *out = INT_MAX;
+    if (v == NULL || *v == '\0') return 0;
+    int64_t n = 0;
+    for (const char *c = v; *c; c++) {
+        if (*c < '0' || *c > '9' || n > INT_MAX) return -1;
+        n = n * 10 + (*c - '0');
+    }
+    if (n < 1 || n > INT_MAX) return -1;
+    *out = n;
+    return 0;
+}
 
 static double now_ms(void) {
     struct timespec ts;
@@ -153,15 +174,21 @@ static epx_status mpi_allreduce(void *ctx, const void *send, void *recv, int64_t
         return epxi_fail(err, EPX_ERR_UNSUPPORTED,
                          "MPI allreduce of dtype %d: MPI has no bf16 sum; reduce in F32",
                          (int)dtype);
-    if (count > INT_MAX)
-        return epxi_fail(err, EPX_ERR_OVERFLOW,
-                         "MPI allreduce of %lld elements exceeds INT_MAX: reduce in chunks",
-                         (long long)count);
-    MPI_Request req;
-    int rc = MPI_Iallreduce(send == recv ? MPI_IN_PLACE : send, recv, (int)count, t, MPI_SUM,
-                            c->comm, &req);
-    if (rc != MPI_SUCCESS) return mpi_fail(c->rank, rc, "Iallreduce", err);
-    return wait_request(c, &req, "allreduce", err);
+    /* in calls of at most max_count elements (every rank cuts the same
+     * count the same way: the ranks agreed on the bound at creation), one
+     * after the other; elementwise sums, so the result is the one call's */
+    const size_t esize = dtype == EPX_DTYPE_F32 ? 4 : 8;
+    for (int64_t done = 0; done < count;) {
+        const int64_t n = count - done < c->max_count ? count - done : c->max_count;
+        const size_t at = (size_t)done * esize;
+        MPI_Request req;
+        int rc = MPI_Iallreduce(send == recv ? MPI_IN_PLACE : (const char *)send + at,
+                                (char *)recv + at, (int)n, t, MPI_SUM, c->comm, &req);
+        if (rc != MPI_SUCCESS) return mpi_fail(c->rank, rc, "Iallreduce", err);
+        EPX_TRY(wait_request(c, &req, "allreduce", err));
+        done += n;
+    }
+    return EPX_OK;
 }
 
 static epx_status mpi_barrier(void *ctx, epx_error *err) {
@@ -224,8 +251,15 @@ epx_status epx_comm_mpi_create(MPI_Comm comm, const epx_comm_mpi_opts *opts, epx
         return epxi_fail(err, EPX_ERR_INVALID_ARG,
                          "MPI communicator is an intercommunicator, whose collectives go to the "
                          "remote group: give an intracommunicator (MPI_Intercomm_merge makes one)");
+    int64_t max_count = 0;
+    if (max_count_from_env(&max_count) != 0)
+        return epxi_fail(err, EPX_ERR_INVALID_ARG,
+                         "EPX_MPI_MAX_COUNT = '%.64s': must be a whole number of elements from 1 "
+                         "to %d (the most one MPI all-reduce call takes; unset: %d)",
+                         getenv("EPX_MPI_MAX_COUNT"), INT_MAX, INT_MAX);
     mpi_ctx *c = epxi_calloc(1, sizeof *c, "MPI communicator", err);
     if (c == NULL) return EPX_ERR_NOMEM;
+    c->max_count = max_count;
     c->comm = MPI_COMM_NULL;
     c->timeout_ms = o.timeout_ms;
     int rank = 0, size = 0, rc = MPI_Comm_rank(comm, &rank);
@@ -251,6 +285,11 @@ epx_status epx_comm_mpi_create(MPI_Comm comm, const epx_comm_mpi_opts *opts, epx
     if (st == EPX_OK) {
         rc = MPI_Comm_set_errhandler(c->comm, MPI_ERRORS_RETURN);
         if (rc != MPI_SUCCESS) st = mpi_fail(rank, rc, "Comm_set_errhandler", err);
+    }
+    if (st == EPX_OK) { /* one bound for all: the smallest any rank asks for */
+        rc = MPI_Iallreduce(MPI_IN_PLACE, &c->max_count, 1, MPI_INT64_T, MPI_MIN, c->comm, &req);
+        st = rc != MPI_SUCCESS ? mpi_fail(rank, rc, "Iallreduce", err)
+                               : wait_request(c, &req, "the all-reduce bound", err);
     }
     if (st != EPX_OK) {
         mpi_destroy(c);
