@@ -56,7 +56,8 @@ PY
 expect_exit 0 "$EPX" migrate plan --from "$TMP/a.json" --gpus 4 --expert-bytes 100 --failed-gpus 1 \
     --counts '{"logical_count": [[1, 1, 9, 1, 1, 1]]}'
 expect_in "$TMP/out" "repair after losing GPU(s) 1: 1 (layer, expert) pairs" "nothing else moves" \
-    "balancedness on the live GPUs (--counts load)"
+    "balancedness on the live GPUs (--counts load)" \
+    "(7.1 % of the load is on experts only the lost GPUs held: not served), repaired"
 # Lists that cannot be: a GPU twice, every GPU, too few slots left.
 expect_exit 2 "$EPX" migrate plan --from "$TMP/a.json" --gpus 4 --expert-bytes 1 --failed-gpus 1,1
 expect_in "$TMP/err" "--failed-gpus '1,1' names GPU 1 twice (item 2 repeats it): list each GPU once"
@@ -79,7 +80,8 @@ expect_in "$TMP/err" "holds 1 layers x 5 experts, the placement 1 x 6"
 expect_exit 0 "$EPX" plan --counts '{"logical_count": [[1, 1, 1, 1, 1, 1]]}' --gpus 4 --physical 8 \
     --current "$TMP/a.json" --failed-gpus 1 -o "$TMP/el.json" --report "$TMP/el_r.json"
 expect_in "$TMP/out" "balancedness on the 3 live GPUs 1.0000" "the lost GPUs force 1 of these moves" \
-    "--max-moves 1 moves those alone"
+    "--max-moves 1 moves those alone" \
+    "(16.7 % of the load is on experts only the lost GPUs held: not served) -> planned 1.0000"
 python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); assert r["live_gpus"] == [0, 2, 3] and r["balancedness_live_gpus"] == 1.0, r' \
     "$TMP/el_r.json" || fail "plan --failed-gpus report: live GPUs"
 expect_exit 0 "$EPX" plan --counts '{"logical_count": [[1, 1, 1, 1, 1, 1]]}' --gpus 4 --physical 8 \

@@ -167,6 +167,45 @@ int cli_read_current(const char *cmd, const char *spec, const epx_shape *shape, 
 
 static double gb(uint64_t b) { return (double)b / 1e9; }
 
+/* The share of the load (the windows summed; counts NULL: every expert of a
+ * layer alike) on experts that no live GPU holds in `layout`: served by no
+ * one, so the balancedness of that layout on its live GPUs leaves it out.
+ * -1 when out of memory. */
+static double lost_load_share(const epx_counts *counts, const epx_layout *layout,
+                              const uint8_t *failed) {
+    const epx_shape *sh = epx_layout_shape(layout);
+    const int32_t L = sh->num_layers, P = sh->num_physical_experts, E = sh->num_logical_experts;
+    const int32_t spg = P / sh->num_gpus;
+    const int32_t *map = epx_layout_physical_to_logical(layout);
+    uint8_t *held = malloc((size_t)E);
+    if (held == NULL) return -1.0;
+    double lost = 0.0, total = 0.0;
+    for (int32_t l = 0; l < L; l++) {
+        memset(held, 0, (size_t)E);
+        for (int32_t p = 0; p < P; p++)
+            if (!failed[p / spg]) held[map[(size_t)l * (size_t)P + (size_t)p]] = 1;
+        for (int32_t e = 0; e < E; e++) {
+            double w = counts ? 0.0 : 1.0;
+            for (int32_t s = 0; counts && s < counts->num_windows; s++)
+                w += epx_counts_row(counts, s, l)[e];
+            total += w;
+            if (!held[e]) lost += w;
+        }
+    }
+    free(held);
+    return total > 0.0 ? lost / total : 0.0;
+}
+
+/* " (x % of the load ...)" after an in-service balancedness, or "". */
+static const char *lost_note(const epx_counts *counts, const epx_layout *layout,
+                             const uint8_t *failed, char *buf, size_t n) {
+    const double share = failed ? lost_load_share(counts, layout, failed) : 0.0;
+    if (share <= 0.0) return "";
+    snprintf(buf, n, " (%.1f %% of the load is on experts only the lost GPUs held: not served)",
+             100.0 * share);
+    return buf;
+}
+
 int cli_print_moves(const char *cmd, const epx_counts *counts, const epx_layout *current,
                     const epx_layout *planned, const uint8_t *failed, size_t expert_bytes) {
     epx_migrate_opts o = EPX_MIGRATE_OPTS_INIT;
@@ -192,8 +231,10 @@ int cli_print_moves(const char *cmd, const epx_counts *counts, const epx_layout 
            " received, %" PRId64 " relayed, %" PRId64 " copied on their GPU, %" PRId64
            " loaded: no live GPU holds them)\n",
            st.changed, st.slots, st.received, st.relayed, st.local_copies, st.loaded);
-    printf("balancedness (live GPUs, even split) in service %.4f -> planned %.4f\n",
-           rep.balance_current, rep.balance_made);
+    char note[160];
+    printf("balancedness (live GPUs, even split) in service %.4f%s -> planned %.4f\n",
+           rep.balance_current, lost_note(counts, current, failed, note, sizeof note),
+           rep.balance_made);
     if (rep.moves_required > 0)
         printf("the lost GPUs force %" PRId64 " of these moves (one per layer and expert only "
                "they held); --max-moves %" PRId64 " moves those alone, 'epx migrate plan "
@@ -505,13 +546,15 @@ int cmd_migrate(int argc, char **argv) {
     if (cli_flag(&cmd, "--json")) {
         print_json(m, &st, G, made.moves_required);
     } else {
+        char note[160];
         if (repair)
-            printf(
-                "repair after losing GPU(s) %s: %" PRId64 " (layer, expert) pairs were held "
-                "only there and take one spare slot each on a survivor; nothing else "
-                "moves; balancedness on the live GPUs (%s load): in service %.4f, repaired %.4f\n",
-                cli_get(&cmd, "--failed-gpus"), made.moves_required,
-                counts_path ? "--counts" : "even", made.balance_current, made.balance_made);
+            printf("repair after losing GPU(s) %s: %" PRId64 " (layer, expert) pairs were held "
+                   "only there and take one spare slot each on a survivor; nothing else "
+                   "moves; balancedness on the live GPUs (%s load): in service %.4f%s, repaired "
+                   "%.4f\n",
+                   cli_get(&cmd, "--failed-gpus"), made.moves_required,
+                   counts_path ? "--counts" : "even", made.balance_current,
+                   lost_note(counts, a, failed, note, sizeof note), made.balance_made);
         print_text(m, &st);
     }
     if (out != NULL && !cli_flag(&cmd, "--json")) printf("wrote %s\n", out);
