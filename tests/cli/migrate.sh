@@ -100,6 +100,11 @@ expect_in "$TMP/err" "--expert-bytes is required"
 echo '{"physical_to_logical_map": [[5, 0, 1, 4, 2, 3]]}' >"$TMP/c.json"
 expect_exit 2 "$EPX" migrate plan --from "$TMP/a.json" --to "$TMP/c.json" --gpus 2 --expert-bytes 1
 expect_in "$TMP/err" "differ in shape"
+expect_exit 2 "$EPX" migrate plan --from "$TMP/a.json" --gpus 4 --expert-bytes 1 --failed-gpus 1,+2
+expect_in "$TMP/err" "--failed-gpus '1,+2' has a signed item '+2': GPUs are numbered 0 to 3"
+expect_exit 2 "$EPX" plan --counts '{"logical_count": [[1, 1, 1, 1, 1, 1]]}' --gpus 4 --physical 8 \
+    -o "$TMP/x.json" --active-ranks +0,1,2
+expect_in "$TMP/err" "--active-ranks '+0,1,2' has a signed item '+0': ranks are numbered 0 to 3"
 expect_exit 2 "$EPX" migrate plan --from "$TMP/a.json" --to "$TMP/b.json" --gpus 4 --expert-bytes 1 --failed-gpus 7
 expect_in "$TMP/err" "--failed-gpus '7': item 1 (7) is above the limit 3"
 # An id past what epx supports, up to the reader's INT32_MAX: inferring E as

@@ -18,6 +18,19 @@ static bool read_mask(const cli_cmd *cmd, const char *opt, int32_t G, bool activ
     const char *s = cli_get(cmd, opt);
     const char *noun = active ? "rank" : "GPU";
     int32_t *ids = NULL, n = 0;
+    /* an index with a sign is no index: "+1" may mean "one more GPU" */
+    for (const char *item = s; item != NULL;) {
+        if (*item == '+') {
+            fprintf(stderr,
+                    "epx %s: %s '%.64s' has a signed item '%.*s': %ss are numbered 0 to %d; "
+                    "list them as plain numbers (e.g. %s)\n",
+                    cmd->name, opt, s, (int)strcspn(item, ","), item, noun, G - 1,
+                    active ? "0,1,2,4" : "3 or 1,5");
+            return false;
+        }
+        const char *comma = strchr(item, ',');
+        item = comma ? comma + 1 : NULL;
+    }
     if (!cli_int_list(cmd, opt, 0, (int64_t)G - 1, active ? "0,1,2,4" : "3 or 1,5", &ids, &n))
         return false;
     *mask = malloc((size_t)G);
