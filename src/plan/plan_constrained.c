@@ -33,32 +33,43 @@ bool epxi_plan_is_constrained(const epx_plan_opts *o) {
            o->failed_gpus != NULL;
 }
 
-/* Survivors per node after the failures: nodes keep their locality only
- * when every node with a survivor has as many (survivors() plans the rest
- * as one node). Node-local strict asked for by name cannot be kept then:
- * refused, naming a node of each count, where the default only warns. */
-static epx_status check_strict_nodes(const epx_shape *sh, const epx_plan_opts *o, epx_error *err) {
-    if (o->node_local != EPX_NODE_LOCAL_STRICT || sh->num_nodes < 2) return EPX_OK;
+/* Survivors per node after the failures (failed NULL: none): nodes keep
+ * their locality only when every node with a survivor has as many. Returns
+ * -1 when they do, else the first node whose count differs from that of
+ * the first node with any (*first, counts *first_c and *c). */
+static int32_t uneven_node(const epx_shape *sh, const uint8_t *failed, int32_t *first,
+                           int32_t *first_c, int32_t *c) {
     const int32_t gpn = sh->num_gpus / sh->num_nodes;
-    int32_t first = -1, first_c = 0;
+    *first = -1;
+    *first_c = 0;
     for (int32_t k = 0; k < sh->num_nodes; k++) {
-        int32_t c = 0;
-        for (int32_t g = k * gpn; g < (k + 1) * gpn; g++) c += !o->failed_gpus[g];
-        if (c == 0) continue;
-        if (first < 0) {
-            first = k;
-            first_c = c;
-        } else if (c != first_c) {
-            return epxi_fail(err, EPX_ERR_INVALID_ARG,
-                             "node-local strict with failed GPUs needs as many survivors on "
-                             "every node that keeps any, but node %d keeps %d of its %d GPUs "
-                             "and node %d keeps %d: use node-local relaxed or off (the "
-                             "survivors are then planned as one node), or mark GPUs failed "
-                             "so that the nodes keep equal counts",
-                             first, first_c, gpn, k, c);
+        *c = 0;
+        for (int32_t g = k * gpn; g < (k + 1) * gpn; g++) *c += failed == NULL || !failed[g];
+        if (*c == 0) continue;
+        if (*first < 0) {
+            *first = k;
+            *first_c = *c;
+        } else if (*c != *first_c) {
+            return k;
         }
     }
-    return EPX_OK;
+    return -1;
+}
+
+/* Node-local strict asked for by name cannot be kept when the failures
+ * leave the nodes unequal (survivors() plans them as one node): refused,
+ * naming a node of each count, where the default only warns. */
+static epx_status check_strict_nodes(const epx_shape *sh, const epx_plan_opts *o, epx_error *err) {
+    if (o->node_local != EPX_NODE_LOCAL_STRICT || sh->num_nodes < 2) return EPX_OK;
+    int32_t first, first_c, c;
+    const int32_t k = uneven_node(sh, o->failed_gpus, &first, &first_c, &c);
+    if (k < 0) return EPX_OK;
+    return epxi_fail(err, EPX_ERR_INVALID_ARG,
+                     "node-local strict with failed GPUs needs as many survivors on every node "
+                     "that keeps any, but node %d keeps %d of its %d GPUs and node %d keeps %d: "
+                     "use node-local relaxed or off (the survivors are then planned as one "
+                     "node), or mark GPUs failed so that the nodes keep equal counts",
+                     first, first_c, sh->num_gpus / sh->num_nodes, k, c);
 }
 
 epx_status epxi_plan_constraints_check(const epx_shape *sh, const epx_plan_opts *o,
@@ -106,15 +117,8 @@ epx_status epxi_plan_constraints_check(const epx_shape *sh, const epx_plan_opts 
  * every live GPU; -1 for a failed GPU. */
 static void trade_groups(const epx_shape *sh, const uint8_t *failed, int32_t *group) {
     const int32_t G = sh->num_gpus, gpn = G / sh->num_nodes;
-    int32_t per_node = -1;
-    bool even = true;
-    for (int32_t k = 0; k < sh->num_nodes; k++) {
-        int32_t c = 0;
-        for (int32_t g = k * gpn; g < (k + 1) * gpn; g++) c += failed == NULL || !failed[g];
-        if (c == 0) continue;
-        if (per_node >= 0 && c != per_node) even = false;
-        per_node = c;
-    }
+    int32_t first, first_c, c;
+    const bool even = uneven_node(sh, failed, &first, &first_c, &c) < 0;
     for (int32_t g = 0; g < G; g++)
         group[g] = failed != NULL && failed[g] ? -1 : even ? g / gpn : 0;
 }
@@ -124,20 +128,15 @@ static epx_shape survivors(const epx_shape *sh, const uint8_t *failed, int32_t *
                            const epx_plan_opts *o) {
     const int32_t G = sh->num_gpus, N = sh->num_nodes, gpn = G / N,
                   spg = sh->num_physical_experts / G;
-    int32_t n = 0, per_node = -1, nodes = 0;
-    bool even = true;
+    int32_t n = 0, nodes = 0;
     for (int32_t k = 0; k < N; k++) {
-        int32_t c = 0;
+        const int32_t n0 = n;
         for (int32_t g = k * gpn; g < (k + 1) * gpn; g++)
-            if (!failed[g]) {
-                live[n++] = g;
-                c++;
-            }
-        if (c == 0) continue;
-        nodes++;
-        if (per_node >= 0 && c != per_node) even = false;
-        per_node = c;
+            if (!failed[g]) live[n++] = g;
+        nodes += n > n0;
     }
+    int32_t first, first_c, c;
+    const bool even = uneven_node(sh, failed, &first, &first_c, &c) < 0;
     epx_shape r = {sh->num_layers, sh->num_logical_experts, n * spg, n, even ? nodes : 1};
     if (!even)
         epxi_log(o->log, o->log_user, EPX_LOG_WARN,
