@@ -65,6 +65,30 @@ static inline bool epxi_env_switch(const char *var, int *on, const char **bad) {
     return true;
 }
 
+/* A whole-number environment setting `var`: digits only (no sign, no
+ * space) from lo to hi (hi below 2^59) sets *out; unset or empty leaves
+ * *out as the caller set it (the default). Returns false, *out as it was
+ * and *bad = the value, for anything else: the caller refuses it by name. */
+static inline bool epxi_env_whole(const char *var, int64_t lo, int64_t hi, int64_t *out,
+                                  const char **bad) {
+    const char *v = getenv(var);
+    if (v == NULL || *v == '\0') return true;
+    int64_t n = 0;
+    for (const char *c = v; *c; c++) {
+        if (*c < '0' || *c > '9' || n > hi) {
+            *bad = v;
+            return false;
+        }
+        n = n * 10 + (*c - '0');
+    }
+    if (n < lo || n > hi) {
+        *bad = v;
+        return false;
+    }
+    *out = n;
+    return true;
+}
+
 /* calloc of n elements of `size` bytes, reporting overflow and NOMEM in err.
  * `what` names the buffer in the message. */
 EPXI_HIDDEN void *epxi_calloc(size_t n, size_t size, const char *what, epx_error *err);

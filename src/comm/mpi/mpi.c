@@ -39,24 +39,6 @@ typedef struct mpi_ctx {
     int64_t max_count; /* the most elements one all-reduce call takes */
 } mpi_ctx;
 
-/* EPX_MPI_MAX_COUNT=n: an all-reduce of more elements runs as calls of at
- * most n (MPI counts are ints, so INT_MAX by default; a smaller bound is
- * for MPI stacks that fail on large messages). 0 with *out set, or -1 when
- * the value is not a whole number from 1 to INT_MAX (digits only). */
-static int max_count_from_env(int64_t *out) {
-    const char *v = getenv("EPX_MPI_MAX_COUNT");
-    *out = INT_MAX;
-    if (v == NULL || *v == '\0') return 0;
-    int64_t n = 0;
-    for (const char *c = v; *c; c++) {
-        if (*c < '0' || *c > '9' || n > INT_MAX) return -1;
-        n = n * 10 + (*c - '0');
-    }
-    if (n < 1 || n > INT_MAX) return -1;
-    *out = n;
-    return 0;
-}
-
 static double now_ms(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -251,12 +233,15 @@ epx_status epx_comm_mpi_create(MPI_Comm comm, const epx_comm_mpi_opts *opts, epx
         return epxi_fail(err, EPX_ERR_INVALID_ARG,
                          "MPI communicator is an intercommunicator, whose collectives go to the "
                          "remote group: give an intracommunicator (MPI_Intercomm_merge makes one)");
-    int64_t max_count = 0;
-    if (max_count_from_env(&max_count) != 0)
+    /* EPX_MPI_MAX_COUNT: a smaller bound for MPI stacks that fail on large
+     * messages (MPI counts are ints, hence the default) */
+    int64_t max_count = INT_MAX;
+    const char *bad = NULL;
+    if (!epxi_env_whole("EPX_MPI_MAX_COUNT", 1, INT_MAX, &max_count, &bad))
         return epxi_fail(err, EPX_ERR_INVALID_ARG,
                          "EPX_MPI_MAX_COUNT = '%.64s': must be a whole number of elements from 1 "
                          "to %d (the most one MPI all-reduce call takes; unset: %d)",
-                         getenv("EPX_MPI_MAX_COUNT"), INT_MAX, INT_MAX);
+                         bad, INT_MAX, INT_MAX);
     mpi_ctx *c = epxi_calloc(1, sizeof *c, "MPI communicator", err);
     if (c == NULL) return EPX_ERR_NOMEM;
     c->max_count = max_count;
