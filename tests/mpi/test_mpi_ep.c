@@ -310,6 +310,17 @@ static int64_t identity_mismatches(int64_t T, int32_t H, int32_t K, const float 
     return wrong;
 }
 
+/* rows tokens: x in [-1, 1), slots in [-1, P) (-1: dropped), weights in
+ * [0, 1), drawn in that order from r. */
+static void random_rows(tu_rng *r, int64_t rows, int32_t H, int32_t K, int32_t P, float *x,
+                        int32_t *s, float *w) {
+    for (int64_t i = 0; i < rows * H; i++) x[i] = (float)(tu_uniform(r) * 2 - 1);
+    for (int64_t i = 0; i < rows * K; i++) {
+        s[i] = (int32_t)tu_below(r, (uint32_t)P + 1) - 1;
+        w[i] = (float)tu_uniform(r);
+    }
+}
+
 /* One rank passes a batch it cannot dispatch (a slot >= P or < -1, more
  * tokens than max_tokens, no x): in either mode every rank returns
  * EPX_ERR_INVALID_ARG for that batch at once (the bad rank naming the
@@ -336,11 +347,7 @@ static void ep_bad_batch_shared(void **state) {
         float *x = malloc((size_t)(M + 1) * H * 4), *w = malloc((size_t)(M + 1) * K * 4);
         float *out = malloc((size_t)(M + 1) * H * 4);
         int32_t *s = malloc((size_t)(M + 1) * K * 4);
-        for (int64_t i = 0; i < (M + 1) * H; i++) x[i] = (float)(tu_uniform(&r) * 2 - 1);
-        for (int64_t i = 0; i < (M + 1) * K; i++) {
-            s[i] = (int32_t)tu_below(&r, (uint32_t)P + 1) - 1;
-            w[i] = (float)tu_uniform(&r);
-        }
+        random_rows(&r, M + 1, H, K, P, x, s, w);
         epx_ep *ep = NULL;
         assert_int_equal(epx_ep_create(comm, &c, NULL, 0, &ep, &err), EPX_OK);
         int64_t T = (int64_t)tu_below(&r, (uint32_t)M + 1);
@@ -406,11 +413,7 @@ static void ep_combine_without_out(void **state) {
         epx_ep *ep = NULL;
         assert_int_equal(epx_ep_create(comm, &c, NULL, 0, &ep, &err), EPX_OK);
         for (int round = 0; round < 2; round++) { /* culprit without out, then all with */
-            for (int64_t i = 0; i < M * H; i++) x[i] = (float)(tu_uniform(&r) * 2 - 1);
-            for (int64_t i = 0; i < M * K; i++) {
-                s[i] = (int32_t)tu_below(&r, (uint32_t)P + 1) - 1;
-                w[i] = (float)tu_uniform(&r);
-            }
+            random_rows(&r, M, H, K, P, x, s, w);
             const int64_t T = g_rank == culprit ? M : (int64_t)tu_below(&r, (uint32_t)M + 1);
             const int dropped = round == 0 && g_rank == culprit;
             epx_ep_recv rv;
