@@ -180,10 +180,10 @@ int cli_read_current(const char *cmd, const char *spec, const epx_shape *shape, 
 
 static double gb(uint64_t b) { return (double)b / 1e9; }
 
-/* The share of the load (the windows summed; counts NULL: every expert of a
- * layer alike) on experts that no live GPU holds in `layout`: served by no
- * one, so the balancedness of that layout on its live GPUs leaves it out.
- * -1 when out of memory. */
+/* The share of the load (the windows summed; the repair's even load is
+ * counts of ones) on experts that no live GPU holds in `layout`: served by
+ * no one, so the balancedness of that layout on its live GPUs leaves it
+ * out. -1 when out of memory. */
 static double lost_load_share(const epx_counts *counts, const epx_layout *layout,
                               const uint8_t *failed) {
     const epx_shape *sh = epx_layout_shape(layout);
@@ -198,9 +198,8 @@ static double lost_load_share(const epx_counts *counts, const epx_layout *layout
         for (int32_t p = 0; p < P; p++)
             if (!failed[p / spg]) held[map[(size_t)l * (size_t)P + (size_t)p]] = 1;
         for (int32_t e = 0; e < E; e++) {
-            double w = counts ? 0.0 : 1.0;
-            for (int32_t s = 0; counts && s < counts->num_windows; s++)
-                w += epx_counts_row(counts, s, l)[e];
+            double w = 0.0;
+            for (int32_t s = 0; s < counts->num_windows; s++) w += epx_counts_row(counts, s, l)[e];
             total += w;
             if (!held[e]) lost += w;
         }
