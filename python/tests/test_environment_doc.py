@@ -16,14 +16,14 @@ TREES = ("src", "include", "tools", "tests", "bench", "scripts", "python/epx", "
          "Makefile", ".ci")
 SUFFIXES = (".c", ".h", ".cu", ".cuh", ".py", ".sh", ".cmake", ".txt", "Makefile", "run")
 
-# How a variable is read. C: getenv and the on/off switch parser. Python:
+# How a variable is read. C: getenv and the switch and whole-number parsers. Python:
 # os.getenv, os.environ.get or os.environ[...] not being assigned (a plain
 # name, or a module constant ENV = "EPX_..."), and `"EPX_..." in os.environ`.
 # Shell and make: $EPX_... or ${EPX_...}; a line that only sets a variable
 # for a child process (EPX_LIBRARY=... cmd) is not a read. CMake: $ENV{...}.
 READS = (
     re.compile(r'getenv\(\s*["\'](EPX_\w+)["\']'),
-    re.compile(r'epxi_env_switch\(\s*"(EPX_\w+)"'),
+    re.compile(r'epxi_env_(?:switch|whole)\(\s*"(EPX_\w+)"'),
     re.compile(r'environ\.get\(\s*["\'](EPX_\w+)["\']'),
     re.compile(r'environ\[\s*["\'](EPX_\w+)["\']\s*\](?!\s*=[^=])'),
     re.compile(r'["\'](EPX_\w+)["\']\s+in\s+os\.environ'),
