@@ -28,8 +28,8 @@
  *      (levels and rounding) on lane 0 while the other lanes wait. The
  *      distinct levels are counted and the largest found in parallel
  *      (summary_warp at G <= 32). With the workspace in shared memory
- *      (when it fits), the solves' dependent loads cost shared-memory
- *      latency, not L2's;
+ *      (when it fits, else its hot part: carve_shared), the solves'
+ *      dependent loads cost shared-memory latency, not L2's;
  *   3. every thread writes some experts' shares and counts
  *      (epxi_bal_write_expert, the listed columns; phase 0 stored the
  *      [E][W] rows' zeros, coalesced) and some GPUs' loads;
@@ -82,9 +82,9 @@ extern "C" {
 struct epx_cuda_balancer {
     epxi_bal bal; /* shape and device pointers into mem */
     void *mem;
-    int threads; /* block size for the ids entry point: 32 * warps */
-    size_t hist; /* its counters: warps * E * 4 bytes of shared memory */
-    int ws_shared; /* kWsShared or kWsHot: the workspace (or its hot part) in shared memory, after hist */
+    int threads;   /* block size for the ids entry point: 32 * warps */
+    size_t hist;   /* its counters: warps * E * 4 bytes of shared memory */
+    int ws_shared; /* carve_shared's where: the workspace, its hot part or none in shared memory */
     size_t ws_shm; /* its bytes there: all of it, bal.hot, or 0 */
     /* the ids entry point's grid form (T * K >= grid_pairs): at most
      * nb_max blocks; ghist [nb_max][E] and the done counter in mem, after
