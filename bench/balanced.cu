@@ -15,6 +15,9 @@
  * divided by LAYERS is the "per layer" figure (the issue's target: <= 10 us
  * at T <= 4096). The flow solve's work depends on the batch, so the table
  * also gives the CPU reference's median per layer on one core beside it.
+ * Tables are P - E + 1 wide, the most replicas any expert could have;
+ * --tight narrows them to the placement's own most (SGLang's width for
+ * logical_to_all_physical_map), the shape named with it ("kimi-k2.5:w3").
  * Output: one table on stdout and the same rows as CSV (--csv FILE).
  */
 #include <cuda_runtime.h>
@@ -47,8 +50,18 @@ static double now_us(void) {
 
 int main(int argc, char **argv) {
     FILE *csv = NULL;
-    for (int i = 1; i + 1 < argc; i++)
-        if (strcmp(argv[i], "--csv") == 0) csv = fopen(argv[++i], "w");
+    int tight = 0; /* --tight: tables as wide as the placement needs, not P - E + 1 */
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--csv") == 0 && i + 1 < argc)
+            csv = fopen(argv[++i], "w");
+        else if (strcmp(argv[i], "--tight") == 0)
+            tight = 1;
+        else {
+            fprintf(stderr, "bench_balanced: unknown argument '%s' (--csv FILE, --tight)\n",
+                    argv[i]);
+            return 2;
+        }
+    }
     int ndev = 0;
     if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
         printf("skip: no CUDA device\n");
@@ -68,9 +81,16 @@ int main(int argc, char **argv) {
     CK(cudaEventCreate(&e1));
     for (size_t si = 0; si < BAL_SHAPES; si++) {
         int32_t E = bal_shapes[si].E, P = bal_shapes[si].P, G = bal_shapes[si].G, W = P - E + 1;
-        size_t EW = (size_t)E * (size_t)W;
-        int32_t *rep = (int32_t *)malloc(4 * EW), *nv = (int32_t *)malloc(4 * (size_t)E);
+        int32_t *rep = (int32_t *)malloc(4 * (size_t)E * (size_t)W),
+                *nv = (int32_t *)malloc(4 * (size_t)E);
         make_place(E, P, W, bal_shapes[si].nodes, rep, nv);
+        if (tight) W = narrow_place(E, W, rep, nv);
+        const size_t EW = (size_t)E * (size_t)W;
+        char name[40]; /* the shape, and the table's width when narrowed */
+        if (tight)
+            snprintf(name, sizeof name, "%s:w%d", bal_shapes[si].name, W);
+        else
+            snprintf(name, sizeof name, "%s", bal_shapes[si].name);
         epx_error er;
         memset(&er, 0, sizeof er);
         epx_balancer *cb = NULL;
@@ -122,7 +142,7 @@ int main(int argc, char **argv) {
                 CK(cudaMemcpy(phys_g, d_phys + (size_t)l * n, 4 * n, cudaMemcpyDeviceToHost));
                 if (memcmp(rc, rc_g, 8 * EW) || memcmp(phys, phys_g, 4 * n)) {
                     fprintf(stderr, "bench_balanced: %s T = %d layer %d differs from the CPU\n",
-                            bal_shapes[si].name, T, l);
+                            name, T, l);
                     return 1;
                 }
             }
@@ -160,11 +180,11 @@ int main(int argc, char **argv) {
                 CK(cudaGraphExecDestroy(ge));
                 CK(cudaGraphDestroy(g));
             }
-            printf("%-10s %5d %5d %5d %6d %12.2f %12.2f %12.2f %8d\n", bal_shapes[si].name, E, P, G,
-                   T, us[0], us[1], cpu[LAYERS / 2], levels);
+            printf("%-10s %5d %5d %5d %6d %12.2f %12.2f %12.2f %8d\n", name, E, P, G, T, us[0],
+                   us[1], cpu[LAYERS / 2], levels);
             if (csv)
-                fprintf(csv, "%s,%d,%d,%d,%d,%.3f,%.3f,%.3f,%d\n", bal_shapes[si].name, E, P, G, T,
-                        us[0], us[1], cpu[LAYERS / 2], levels);
+                fprintf(csv, "%s,%d,%d,%d,%d,%.3f,%.3f,%.3f,%d\n", name, E, P, G, T, us[0], us[1],
+                        cpu[LAYERS / 2], levels);
             CK(cudaFree(d_ids));
             CK(cudaFree(d_phys));
             CK(cudaFree(d_cnt));

@@ -53,6 +53,18 @@ static void make_place(int32_t E, int32_t P, int32_t W, int32_t nodes, int32_t *
     free(p2l);
 }
 
+/* The table narrowed to the placement's own width, the most replicas any
+ * expert has (SGLang pads logical_to_all_physical_map to that, not to
+ * P - E + 1): rows repacked in place; returns the new width. Inline: the
+ * CPU benchmark does not narrow. */
+static inline int32_t narrow_place(int32_t E, int32_t W, int32_t *rep, const int32_t *nv) {
+    int32_t w = 1;
+    for (int32_t e = 0; e < E; e++) w = nv[e] > w ? nv[e] : w;
+    for (int32_t e = 0; e < E; e++)
+        for (int32_t j = 0; j < w; j++) rep[e * w + j] = rep[e * W + j];
+    return w;
+}
+
 /* The benchmarks' layers: Kimi-K2.5 on 8 GPUs, DeepSeek-V3 on 32 with its
  * replicas on any GPU, and on one of 4 nodes (hierarchical EPLB's way). */
 static const struct bal_shape {

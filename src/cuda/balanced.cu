@@ -28,8 +28,8 @@
  *      (levels and rounding) on lane 0 while the other lanes wait. The
  *      distinct levels are counted and the largest found in parallel
  *      (summary_warp at G <= 32). With the workspace in shared memory
- *      (when it fits), the solves' dependent loads cost shared-memory
- *      latency, not L2's;
+ *      (when it fits, else its hot part: carve_shared), the solves'
+ *      dependent loads cost shared-memory latency, not L2's;
  *   3. every thread writes some experts' shares and counts
  *      (epxi_bal_write_expert, the listed columns; phase 0 stored the
  *      [E][W] rows' zeros, coalesced) and some GPUs' loads;
@@ -84,8 +84,8 @@ struct epx_cuda_balancer {
     void *mem;
     int threads;   /* block size for the ids entry point: 32 * warps */
     size_t hist;   /* its counters: warps * E * 4 bytes of shared memory */
-    size_t ws;     /* the workspace's bytes (epxi_bal_carve) */
-    int ws_shared; /* 1: the workspace lives in shared memory, after hist */
+    int ws_shared; /* carve_shared's where: the workspace, its hot part or none in shared memory */
+    size_t ws_shm; /* its bytes there: all of it, bal.hot, or 0 */
     /* the ids entry point's grid form (T * K >= grid_pairs): at most
      * nb_max blocks; ghist [nb_max][E] and the done counter in mem, after
      * the workspace */
@@ -119,7 +119,7 @@ struct BalArgs {
     const int32_t *ids;    /* ids entry point: T * K pairs */
     int64_t pairs;
     int from_ids;   /* 1: ids, one block; 2: ids, the grid form; 0: counts */
-    int ws_shared;  /* carve the workspace from shared memory at ws_at */
+    int ws_shared;  /* carve the workspace from shared memory at ws_at (carve_shared) */
     uint32_t ws_at; /* its offset in dynamic shared memory */
     int32_t *phys;
     double *shares, *gpu_load;
@@ -142,7 +142,7 @@ __device__ __forceinline__ uint32_t lanemask_lt() {
 
 /* epxi_bal_components on one warp when G <= 32 (lane g = GPU g), with the
  * same lists: GPU sets as bit masks, each GPU's component by doubling its
- * reach (5 rounds cover any path of 32 GPUs), a component's root its
+ * reach (ceil(log2 G) rounds of G shuffles cover any path of G GPUs), a component's root its
  * smallest GPU, components in the order of their roots, GPUs and experts
  * ascending within each. The sequential version's chains of dependent
  * loads cost thread 0 5-32 us (bench/RESULTS.md); this is a few rounds of
@@ -174,9 +174,9 @@ __device__ void components_warp(epxi_bal &b, int lane) {
         }
         if (play) reach |= 1u << g;
     }
-    for (int r = 0; r < 5; r++) {
+    for (int32_t span = 1; span < G; span <<= 1) { /* paths of up to 2 span GPUs */
         uint32_t grown = reach;
-        for (int h = 0; h < 32; h++) {
+        for (int32_t h = 0; h < G; h++) {
             uint32_t rh = __shfl_sync(full, reach, h);
             if (reach >> h & 1) grown |= rh;
         }
@@ -188,7 +188,7 @@ __device__ void components_warp(epxi_bal &b, int lane) {
     const int32_t comp = play ? __popc(roots & ((1u << root) - 1u)) : -1;
     /* a root's offset: the sizes of the components of smaller roots */
     int32_t goff = 0;
-    for (int h = 0; h < 32; h++) {
+    for (int32_t h = 0; h < G; h++) {
         uint32_t rh = __shfl_sync(full, reach, h);
         if ((roots >> h & 1) && h < g) goff += __popc(rh);
     }
@@ -263,7 +263,7 @@ __device__ void summary_warp(const epxi_bal &b, int lane, int64_t out[4]) {
     const int64_t num = used ? b.lv_num[lane] : 0, den = used ? b.lv_den[lane] : 1;
     bool fresh = used;
     int64_t a = num, d = den;
-    for (int k = 0; k < 32; k++) {
+    for (int32_t k = 0; k < L; k++) { /* lanes from L on hold no level */
         int64_t nk = __shfl_sync(full, num, k), dk = __shfl_sync(full, den, k);
         bool uk = __shfl_sync(full, used, k);
         if (uk && k < lane && nk * den == num * dk) fresh = false;
@@ -274,6 +274,23 @@ __device__ void summary_warp(const epxi_bal &b, int lane, int64_t out[4]) {
     }
     int32_t n = __popc(__ballot_sync(full, fresh));
     epxi_bal_summary_of(a, d, n, out);
+}
+
+/* Where the workspace lives: a.bal's pointers are the device memory's;
+ * kWsShared moves all of it into shared memory (the solve's dependent loads
+ * at shared-memory latency), kWsHot all but the tail that only the
+ * per-expert phases read (eg_mult, rc: epxi_bal_carve), for shapes whose
+ * whole workspace does not fit (DeepSeek-V3's 277 KB at W = 33). */
+enum { kWsDevice = 0, kWsShared = 1, kWsHot = 2 };
+__device__ __forceinline__ void carve_shared(epxi_bal &b, int where, unsigned char *at) {
+    if (where == kWsDevice) return;
+    int32_t *const eg_mult = b.eg_mult;
+    int64_t *const rc = b.rc;
+    epxi_bal_carve(&b, at);
+    if (where == kWsHot) {
+        b.eg_mult = eg_mult;
+        b.rc = rc;
+    }
 }
 
 /* The block's per-batch scalars (phases 1-3) in shared memory, and the
@@ -327,26 +344,39 @@ __device__ __forceinline__ void solve_clear(epxi_bal &b, BalShared &sh) {
     for (int32_t g = threadIdx.x; g < b.G; g += blockDim.x) b.base[g] = 0;
 }
 
+/* n 8-byte words at p zeroed by threads first, first + stride, ...: 16
+ * bytes a store (the loop was ~22 % of a one-token launch's instructions
+ * storing 8), a word before the first 16-byte boundary and an odd last
+ * word by the thread with first == 0. */
+__device__ __forceinline__ void zero_words(void *p, int64_t n, int64_t first, int64_t stride) {
+    uint64_t *w = (uint64_t *)p;
+    const int64_t head = ((uintptr_t)w & 15u) && n > 0 ? 1 : 0;
+    const int64_t pairs = (n - head) / 2;
+    uint4 *v = (uint4 *)(w + head);
+    for (int64_t i = first; i < pairs; i += stride) v[i] = make_uint4(0u, 0u, 0u, 0u);
+    if (first == 0) {
+        if (head) w[0] = 0;
+        if (head + 2 * pairs < n) w[n - 1] = 0;
+    }
+}
+
 /* The [E][W] rows' zeros (shares and the replica counts rc, where given)
- * and the slot counts', entries first, first + stride, ...: coalesced and
- * early (stores: nothing waits for them); phase 3 writes the listed
- * columns over them, after the block's barriers (one block) or the grid's
- * handoff. */
+ * and the slot counts', coalesced and early (stores: nothing waits for
+ * them); phase 3 writes the listed columns over them, after the block's
+ * barriers (one block) or the grid's handoff. */
 __device__ __forceinline__ void zero_outputs(const BalArgs &a, const epxi_bal &b, int64_t *rc,
                                              int64_t first, int64_t stride) {
-    for (int64_t i = first; i < (int64_t)b.E * b.W; i += stride) {
-        if (rc) rc[i] = 0;
-        if (a.shares) a.shares[i] = 0.0;
-    }
-    if (a.slot_counts)
-        for (int64_t p = first; p < b.P; p += stride) a.slot_counts[p] = 0;
+    const int64_t n = (int64_t)b.E * b.W;
+    if (rc) zero_words(rc, n, first, stride);
+    if (a.shares) zero_words(a.shares, n, first, stride);
+    if (a.slot_counts) zero_words(a.slot_counts, b.P, first, stride);
 }
 
 /* The calling warp's contiguous run of the block's pairs [lo, hi), for
  * phases 0 and 4 (empty, wlo >= whi, for the last warps of a short range). */
 __device__ __forceinline__ void warp_span(int64_t lo, int64_t hi, int64_t &wlo, int64_t &whi) {
     const int nwarps = blockDim.x >> 5, warp = threadIdx.x >> 5;
-    const int64_t chunk = (hi - lo + nwarps - 1) / nwarps;
+    const int64_t chunk = epxi_bal_div(hi - lo + nwarps - 1, nwarps); /* 32-bit where it fits */
     wlo = lo + (int64_t)warp * chunk;
     whi = wlo + chunk < hi ? wlo + chunk : hi;
 }
@@ -556,7 +586,7 @@ __global__ void __launch_bounds__(kMaxThreads, 1) balanced_kernel(BalArgs a) {
     epxi_pdl_wait(); /* first: src/core/pdl.cuh */
     BAL_STAMP(0);
     epxi_bal b = a.bal;
-    if (a.ws_shared) epxi_bal_carve(&b, dyn + a.ws_at);
+    carve_shared(b, a.ws_shared, dyn + a.ws_at);
     const int tid = threadIdx.x, nt = blockDim.x;
     const int32_t E = b.E;
 
@@ -634,7 +664,7 @@ __global__ void __launch_bounds__(kMaxThreads, 1) balanced_grid_count(BalArgs a)
     __syncthreads();
     if (!s_last) return;
 
-    if (a.ws_shared) epxi_bal_carve(&b, dyn + a.ws_at);
+    carve_shared(b, a.ws_shared, dyn + a.ws_at);
     b.rc = a.grid_rc;
     solve_clear(b, sh);
     /* ghist's columns: loads of up to 16 rows in flight at once, past L1
@@ -778,18 +808,24 @@ extern "C" epx_status epx_cuda_dispatch_balanced_create(int32_t num_experts, int
     EPXI_CUDA_GOTO(st, cudaStreamSynchronize(0), "cudaStreamSynchronize", fail);
     {
         /* The workspace goes to shared memory when it fits beside at least
-         * one warp's counters; then warps for the ids entry point, one
-         * shared row of E counters each, in what is left. */
+         * one warp's counters, else its hot part when that does; then
+         * warps for the ids entry point, one shared row of E counters
+         * each, in what is left. */
         int64_t room = (int64_t)optin - 1024, row = 4 * (int64_t)num_experts;
-        b->ws = bytes;
-        b->ws_shared = (int64_t)bytes + ((row + 15) & ~(int64_t)15) <= room;
-        if (b->ws_shared) room -= (int64_t)bytes;
+        const int64_t one_row = (row + 15) & ~(int64_t)15;
+        b->ws_shared = (int64_t)bytes + one_row <= room ? kWsShared
+                       : b->bal.hot + one_row <= room   ? kWsHot
+                                                        : kWsDevice;
+        b->ws_shm = b->ws_shared == kWsShared ? bytes
+                    : b->ws_shared == kWsHot  ? (size_t)b->bal.hot
+                                              : 0;
+        room -= (int64_t)b->ws_shm;
         int64_t warps = room / row;
         while (warps > 0 && (((warps * row) + 15) & ~(int64_t)15) > room) warps--;
         if (warps > kMaxThreads / 32) warps = kMaxThreads / 32;
         b->threads = warps >= 1 ? (int)warps * 32 : 0;
         b->hist = warps >= 1 ? (size_t)((warps * row + 15) & ~(int64_t)15) : 0;
-        size_t most = b->hist + (b->ws_shared ? b->ws : 0);
+        size_t most = b->hist + b->ws_shm;
         /* always: the default 48 KiB covers static and dynamic shared
          * memory together, so 48 KiB of counters alone is already too much */
         if (most > 0) {
@@ -833,8 +869,7 @@ extern "C" epx_status epx_cuda_dispatch_balanced_solve(
     set_outputs(a, out);
     a.ws_shared = b->ws_shared;
     a.ws_at = 0;
-    EPXI_CUDA_TRY(epxi_launch_pdl(b->pdl, balanced_kernel, 1, kMaxThreads, b->ws_shared ? b->ws : 0,
-                                  stream, a),
+    EPXI_CUDA_TRY(epxi_launch_pdl(b->pdl, balanced_kernel, 1, kMaxThreads, b->ws_shm, stream, a),
                   "the balanced kernel's launch");
     return EPX_OK;
 }
@@ -871,7 +906,7 @@ extern "C" epx_status epx_cuda_dispatch_balanced_topk(epx_cuda_balancer *b, cons
     set_outputs(a, out);
     a.ws_shared = b->ws_shared;
     a.ws_at = (uint32_t)b->hist;
-    const size_t shm = b->hist + (b->ws_shared ? b->ws : 0);
+    const size_t shm = b->hist + b->ws_shm;
     if (a.pairs < b->grid_pairs) {
         EPXI_CUDA_TRY(epxi_launch_pdl(b->pdl, balanced_kernel, 1, b->threads, shm, stream, a),
                       "the balanced kernel's launch");

@@ -107,6 +107,7 @@ typedef struct epxi_bal {
     int32_t closed;                   /* 1: one-expert components in closed form */
     int32_t dense;                    /* 1: max-flow levels start dense (epxi_bal_start) */
     int64_t sub_size;                 /* entries of sub_d / sub_s: every such table fits */
+    int64_t hot;                      /* bytes before eg_mult, rc: what the solve reads */
     /* [E] */
     int64_t *cnt;              /* tokens per logical expert                     */
     int32_t *eg_n;             /* distinct GPUs of the expert (0: no valid slot) */
@@ -285,7 +286,8 @@ EPXI_BAL void epxi_bal_shape(epxi_bal *b, int32_t E, int32_t W, int32_t P, int32
     b->dense = 1;
 }
 
-/* Carve the arrays out of mem (NULL: only measure); returns the bytes. */
+/* Carve the arrays out of mem (NULL: only measure); returns the bytes and
+ * sets b->hot. */
 EPXI_BAL size_t epxi_bal_carve(epxi_bal *b, void *mem) {
     size_t off = 0, E = (size_t)b->E, G = (size_t)b->G, M = (size_t)b->maxM;
     size_t ED = E * (size_t)b->D, MD = M * (size_t)b->D, N = (size_t)b->max_nodes;
@@ -301,7 +303,6 @@ EPXI_BAL size_t epxi_bal_carve(epxi_bal *b, void *mem) {
     EPXI_BAL_ARR(eg_n, int32_t, E);
     EPXI_BAL_ARR(fidx, int32_t, E);
     EPXI_BAL_ARR(eg_gpu, int32_t, ED);
-    EPXI_BAL_ARR(eg_mult, int32_t, ED);
     EPXI_BAL_ARR(flex, int32_t, M + 1);
     EPXI_BAL_ARR(f_level, int32_t, M + 1);
     EPXI_BAL_ARR(f_in, uint8_t, M + 1);
@@ -343,6 +344,12 @@ EPXI_BAL size_t epxi_bal_carve(epxi_bal *b, void *mem) {
     EPXI_BAL_ARR(next, int32_t, X);
     EPXI_BAL_ARR(to, int32_t, X);
     EPXI_BAL_ARR(cap, int64_t, X);
+    /* The tail: read only by the per-expert phases (grouping, the outputs,
+     * the ranking), all threads at once; the kernel keeps it in device
+     * memory when the whole workspace does not fit in shared memory (at
+     * W = 33 these two are 99 KB of DeepSeek-V3's 277). */
+    b->hot = (int64_t)((off + 15) & ~(size_t)15);
+    EPXI_BAL_ARR(eg_mult, int32_t, ED);
     EPXI_BAL_ARR(rc, int64_t, E * (size_t)b->W);
 #undef EPXI_BAL_ARR
     return (off + 15) & ~(size_t)15;

@@ -59,13 +59,21 @@ EPXI_BAL void epxi_bal_add_to(int64_t *p, int64_t v) {
 #endif
 }
 
+/* The warp's minimum: one redux.sync on the values clamped to int32, exact
+ * when the result lies strictly inside int32's range (a clamped value is
+ * then no smaller than the true minimum, which is itself unclamped); else
+ * the 64-bit butterfly (the result is the same in every lane, so the
+ * branch is too). */
 EPXI_BAL int64_t epxi_bal_min_lanes(int64_t v, int nl) {
 #ifdef __CUDA_ARCH__
-    if (nl > 1)
-        for (int o = 16; o > 0; o >>= 1) {
-            int64_t w = __shfl_xor_sync(0xffffffffu, v, o);
-            v = w < v ? w : v;
-        }
+    if (nl <= 1) return v;
+    const int32_t c = v < INT32_MIN ? INT32_MIN : v > INT32_MAX ? INT32_MAX : (int32_t)v;
+    const int32_t m = __reduce_min_sync(0xffffffffu, c);
+    if (m > INT32_MIN && m < INT32_MAX) return m;
+    for (int o = 16; o > 0; o >>= 1) {
+        int64_t w = __shfl_xor_sync(0xffffffffu, v, o);
+        v = w < v ? w : v;
+    }
 #elif defined(EPXI_BAL_LANES)
     if (nl > 1) v = epxi_bal_lanes_min(v);
 #else
@@ -76,8 +84,7 @@ EPXI_BAL int64_t epxi_bal_min_lanes(int64_t v, int nl) {
 
 EPXI_BAL uint32_t epxi_bal_or_lanes(uint32_t m, int nl) {
 #ifdef __CUDA_ARCH__
-    if (nl > 1)
-        for (int o = 16; o > 0; o >>= 1) m |= __shfl_xor_sync(0xffffffffu, m, o);
+    if (nl > 1) m = __reduce_or_sync(0xffffffffu, m);
 #elif defined(EPXI_BAL_LANES)
     if (nl > 1) m = epxi_bal_lanes_or(m);
 #else
