@@ -142,9 +142,9 @@ __device__ __forceinline__ uint32_t lanemask_lt() {
 
 /* epxi_bal_components on one warp when G <= 32 (lane g = GPU g), with the
  * same lists: GPU sets as bit masks, each GPU's component by doubling its
- * reach (ceil(log2 G) rounds of G shuffles cover any path of G GPUs), a component's root its
- * smallest GPU, components in the order of their roots, GPUs and experts
- * ascending within each. The sequential version's chains of dependent
+ * reach (ceil(log2 G) rounds of G shuffles cover any path of G GPUs), a
+ * component's root its smallest GPU, components in the order of their
+ * roots, GPUs and experts ascending within each. The sequential version's chains of dependent
  * loads cost thread 0 5-32 us (bench/RESULTS.md); this is a few rounds of
  * shuffles. The one difference it could have, a component whose subset
  * tables do not fit, cannot happen (epxi_bal_subsets sizes them for the
