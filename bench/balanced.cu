@@ -18,6 +18,9 @@
  * Tables are P - E + 1 wide, the most replicas any expert could have;
  * --tight narrows them to the placement's own most (SGLang's width for
  * logical_to_all_physical_map), the shape named with it ("kimi-k2.5:w3").
+ * --shape NAME and --tokens T keep one shape's rows and one batch size
+ * (for a profiler; the other rows' batches are still drawn, so a kept row's
+ * are the full run's).
  * Output: one table on stdout and the same rows as CSV (--csv FILE).
  */
 #include <cuda_runtime.h>
@@ -51,16 +54,33 @@ static double now_us(void) {
 int main(int argc, char **argv) {
     FILE *csv = NULL;
     int tight = 0; /* --tight: tables as wide as the placement needs, not P - E + 1 */
+    const char *only_shape = NULL; /* --shape NAME, --tokens T: one row (a profiler's run) */
+    long only_T = 0;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--csv") == 0 && i + 1 < argc)
             csv = fopen(argv[++i], "w");
         else if (strcmp(argv[i], "--tight") == 0)
             tight = 1;
+        else if (strcmp(argv[i], "--shape") == 0 && i + 1 < argc)
+            only_shape = argv[++i];
+        else if (strcmp(argv[i], "--tokens") == 0 && i + 1 < argc)
+            only_T = strtol(argv[++i], NULL, 10);
         else {
-            fprintf(stderr, "bench_balanced: unknown argument '%s' (--csv FILE, --tight)\n",
+            fprintf(stderr,
+                    "bench_balanced: unknown argument '%s' (--csv FILE, --tight, --shape NAME, "
+                    "--tokens T)\n",
                     argv[i]);
             return 2;
         }
+    }
+    int shape_known = only_shape == NULL;
+    for (size_t si = 0; si < BAL_SHAPES; si++)
+        shape_known |= only_shape != NULL && strcmp(only_shape, bal_shapes[si].name) == 0;
+    if (!shape_known) {
+        fprintf(stderr, "bench_balanced: --shape '%s': use one of", only_shape);
+        for (size_t si = 0; si < BAL_SHAPES; si++) fprintf(stderr, " %s", bal_shapes[si].name);
+        fprintf(stderr, "\n");
+        return 2;
     }
     int ndev = 0;
     if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
@@ -80,6 +100,7 @@ int main(int argc, char **argv) {
     CK(cudaEventCreate(&e0));
     CK(cudaEventCreate(&e1));
     for (size_t si = 0; si < BAL_SHAPES; si++) {
+        const int shape_kept = only_shape == NULL || strcmp(only_shape, bal_shapes[si].name) == 0;
         int32_t E = bal_shapes[si].E, P = bal_shapes[si].P, G = bal_shapes[si].G, W = P - E + 1;
         int32_t *rep = (int32_t *)malloc(4 * (size_t)E * (size_t)W),
                 *nv = (int32_t *)malloc(4 * (size_t)E);
@@ -112,6 +133,15 @@ int main(int argc, char **argv) {
             for (size_t i = 0; i < n * LAYERS; i++) {
                 double u = unif();
                 ids[i] = (int32_t)((double)E * u * u);
+            }
+            if (!shape_kept || (only_T != 0 && T != only_T)) { /* drawn, not run */
+                free(ids);
+                free(phys);
+                free(cnt);
+                free(rc);
+                free(rc_g);
+                free(phys_g);
+                continue;
             }
             for (int l = 0; l < LAYERS; l++)
                 EK(epx_dispatch_count_ids(ids + (size_t)l * n, T, K, E, cnt + (size_t)l * E, &er));
