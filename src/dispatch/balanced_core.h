@@ -35,7 +35,8 @@
  * experts: epxi_bal_classify in order on the CPU, a sum and a compaction to
  * the same result in the kernel), then the components (epxi_bal_components,
  * sequential), then each component's levels and rounding
- * (epxi_bal_solve_part, sequential within a component).
+ * (epxi_bal_solve_part: its max-flows sequential, a level's loops over the
+ * component's experts and GPUs shared by a warp's lanes in the kernel).
  *
  * Max-flow: a level's starts from a greedy flow (epxi_bal_greedy), then
  * Dinic's algorithm (BFS level graph, then augmenting paths found by an

@@ -1,7 +1,10 @@
 /*
  * balanced_flows.h - one component of the balanced split by max-flows (components
  * larger than sub_max GPUs): its flow graph, Dinkelbach's levels, then the
- * rounding, on one thread. Part of the solver balanced_core.h describes.
+ * rounding. The max-flows run on one thread (lane 0); in the kernel the
+ * warp's other lanes share each level's loops over the component's experts
+ * and GPUs (epxi_bal_level, epxi_bal_start). Part of the solver
+ * balanced_core.h describes.
  */
 #ifndef EPX_DISPATCH_BALANCED_FLOWS_H
 #define EPX_DISPATCH_BALANCED_FLOWS_H
@@ -257,20 +260,6 @@ EPXI_BAL int64_t epxi_bal_recap(const epxi_bal *b, epxi_bal_part *p, int64_t a, 
     return need;
 }
 
-/* Where Dinkelbach's iteration starts (epxi_bal_level): any set's ratio is
- * at most the level's lambda, and from a denser start fewer max-flows
- * reach it. The candidates: the whole unfixed part; each unfixed GPU
- * closed (its base and the unfixed experts with no other unfixed GPU,
- * ratio over 1); and, in components of at most 32 GPUs (GPU sets as bit
- * masks, in f_mask), each unfixed expert's unfixed GPUs closed (their
- * bases and every unfixed expert inside them). The first densest wins;
- * f_in and g_sin are set to it. On DeepSeek-V3's components of ~20 GPUs a
- * level then takes ~1.3 max-flows instead of ~3 (the GPUs alone: ~1.7;
- * bench/RESULTS.md, 2026-12-05). The level found is the same whatever the
- * start: its lambda, its largest tight set, and the last max-flow's flows,
- * which depend on lambda's value and scale with the form of its fraction
- * (k a / k d: k times the flows), a form epxi_bal_level reduces. gex holds
- * each GPU's closed load (scratch until the rounding). */
 /* The start of a component of more than 32 GPUs (no masks): the whole
  * unfixed part, or the first densest GPU closed (its base and the unfixed
  * experts with no other unfixed GPU), by one thread. */
@@ -320,6 +309,21 @@ EPXI_BAL_COLD void epxi_bal_start_gpus(epxi_bal *b, const epxi_bal_part *p) {
     }
 }
 
+/* Where Dinkelbach's iteration starts (epxi_bal_level): any set's ratio is
+ * at most the level's lambda, and from a denser start fewer max-flows
+ * reach it. The candidates: the whole unfixed part; each unfixed GPU
+ * closed (its base and the unfixed experts with no other unfixed GPU,
+ * ratio over 1); and, in components of at most 32 GPUs (GPU sets as bit
+ * masks, in f_mask), each unfixed expert's unfixed GPUs closed (their
+ * bases and every unfixed expert inside them). The first densest wins;
+ * f_in and g_sin are set to it. On DeepSeek-V3's components of ~20 GPUs a
+ * level then takes ~1.3 max-flows instead of ~3 (the GPUs alone: ~1.7;
+ * bench/RESULTS.md, 2026-12-05). The level found is the same whatever the
+ * start: its lambda, its largest tight set, and the last max-flow's flows,
+ * which depend on lambda's value and scale with the form of its fraction
+ * (k a / k d: k times the flows), a form epxi_bal_fix reduces. gex holds
+ * each GPU's closed load (scratch until the rounding). By every lane of nl
+ * (the CPU: 0 of 1); lv is the level, whose slots carry lane 0's ratio. */
 EPXI_BAL_COLD void epxi_bal_start(epxi_bal *b, const epxi_bal_part *p, int32_t lv, int lane,
                                   int nl) {
     const int32_t D = b->D;
