@@ -25,7 +25,8 @@
  *      (epxi_bal_solve_comp): one of at most sub_max GPUs by its subsets
  *      and rounded over them, its 32 lanes sharing the subsets, reducing
  *      with shuffles and deciding with votes; a larger one by max-flows
- *      (levels and rounding) on lane 0 while the other lanes wait. The
+ *      (levels and rounding) on lane 0, each level's loops over its
+ *      experts and GPUs and its dense start on all 32 lanes. The
  *      distinct levels are counted and the largest found in parallel
  *      (summary_warp at G <= 32). With the workspace in shared memory
  *      (when it fits, else its hot part: carve_shared), the solves'

@@ -35,7 +35,8 @@
  * experts: epxi_bal_classify in order on the CPU, a sum and a compaction to
  * the same result in the kernel), then the components (epxi_bal_components,
  * sequential), then each component's levels and rounding
- * (epxi_bal_solve_part, sequential within a component).
+ * (epxi_bal_solve_part: its max-flows sequential, a level's loops over the
+ * component's experts and GPUs shared by a warp's lanes in the kernel).
  *
  * Max-flow: a level's starts from a greedy flow (epxi_bal_greedy), then
  * Dinic's algorithm (BFS level graph, then augmenting paths found by an
@@ -129,11 +130,12 @@ typedef struct epxi_bal {
     int32_t *c_gpus, *c_flex;        /* [G], [maxM] the lists, component by component */
     int32_t *c_levels, *c_rc;        /* [G] per component: levels, status           */
     int32_t *c_soff;                 /* [G] its subset tables' offset, or -1: flows */
-    int32_t *f_mask;                 /* [maxM] a flexible expert's GPUs, component bits */
-    int32_t *f_frac;                 /* [maxM] its GPUs with a fractional flow (rounding) */
-    int64_t *f_units;                /* [maxM] its tokens left once flows round down */
-    int64_t *g_lo;                   /* [G] rounding: units a GPU must still take */
-    int64_t *sub_d, *sub_s, *sub_l;  /* [sub_size] per subset: load inside, slacks */
+    int32_t *c_say;                 /* [G] at a flows component's lv0: lane 0's word to its lanes */
+    int32_t *f_mask;                /* [maxM] a flexible expert's GPUs, component bits */
+    int32_t *f_frac;                /* [maxM] its GPUs with a fractional flow (rounding) */
+    int64_t *f_units;               /* [maxM] its tokens left once flows round down */
+    int64_t *g_lo;                  /* [G] rounding: units a GPU must still take */
+    int64_t *sub_d, *sub_s, *sub_l; /* [sub_size] per subset: load inside, slacks */
     /* the flow graphs, each component's at its own offsets (epxi_bal_view) */
     int32_t *head, *lvl, *iter, *queue, *path; /* [max_nodes] */
     int32_t *sink;                             /* [max_nodes] a node's edge to t, or -1 */
@@ -327,6 +329,7 @@ EPXI_BAL size_t epxi_bal_carve(epxi_bal *b, void *mem) {
     EPXI_BAL_ARR(c_levels, int32_t, G);
     EPXI_BAL_ARR(c_rc, int32_t, G);
     EPXI_BAL_ARR(c_soff, int32_t, G);
+    EPXI_BAL_ARR(c_say, int32_t, G);
     EPXI_BAL_ARR(f_mask, int32_t, M + 1);
     EPXI_BAL_ARR(f_frac, int32_t, M + 1);
     EPXI_BAL_ARR(f_units, int64_t, M + 1);

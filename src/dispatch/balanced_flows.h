@@ -1,12 +1,16 @@
 /*
  * balanced_flows.h - one component of the balanced split by max-flows (components
  * larger than sub_max GPUs): its flow graph, Dinkelbach's levels, then the
- * rounding, on one thread. Part of the solver balanced_core.h describes.
+ * rounding. The max-flows run on one thread (lane 0); in the kernel the
+ * warp's other lanes share each level's loops over the component's experts
+ * and GPUs (epxi_bal_level, epxi_bal_start). Part of the solver
+ * balanced_core.h describes.
  */
 #ifndef EPX_DISPATCH_BALANCED_FLOWS_H
 #define EPX_DISPATCH_BALANCED_FLOWS_H
 
 #include "balanced_core.h"
+#include "balanced_subsets.h" /* the lanes' primitives */
 
 /* ---- one component's max-flow graph ------------------------------------------ */
 
@@ -256,82 +260,35 @@ EPXI_BAL int64_t epxi_bal_recap(const epxi_bal *b, epxi_bal_part *p, int64_t a, 
     return need;
 }
 
-/* Where Dinkelbach's iteration starts (epxi_bal_level): any set's ratio is
- * at most the level's lambda, and from a denser start fewer max-flows
- * reach it. The candidates: the whole unfixed part; each unfixed GPU
- * closed (its base and the unfixed experts with no other unfixed GPU,
- * ratio over 1); and, in components of at most 32 GPUs (GPU sets as bit
- * masks, in f_mask), each unfixed expert's unfixed GPUs closed (their
- * bases and every unfixed expert inside them). The first densest wins;
- * f_in and g_sin are set to it. On DeepSeek-V3's components of ~20 GPUs a
- * level then takes ~1.3 max-flows instead of ~3 (the GPUs alone: ~1.7;
- * bench/RESULTS.md, 2026-12-05). The level found is the same whatever the
- * start: its lambda, its largest tight set, and the last max-flow's flows,
- * which depend on lambda's value and scale with the form of its fraction
- * (k a / k d: k times the flows), a form epxi_bal_level reduces. gex holds
- * each GPU's closed load (scratch until the rounding). */
-EPXI_BAL_COLD void epxi_bal_start(epxi_bal *b, const epxi_bal_part *p) {
+/* The start of a component of more than 32 GPUs (no masks): the whole
+ * unfixed part, or the first densest GPU closed (its base and the unfixed
+ * experts with no other unfixed GPU), by one thread. */
+EPXI_BAL_COLD void epxi_bal_start_gpus(epxi_bal *b, const epxi_bal_part *p) {
     const int32_t D = b->D;
-    if (!b->dense) return; /* the whole unfixed part, as set */
-    const int masks = p->ng <= 32;
     int64_t best_a, best_d;
     epxi_bal_ratio(b, p, &best_a, &best_d);
     for (int32_t gi = 0; gi < p->ng; gi++) b->gex[p->gl[gi]] = b->base[p->gl[gi]];
     for (int32_t j = 0; j < p->nf; j++) {
         const int32_t i = p->fl[j], e = b->flex[i];
         int32_t only = -1, n = 0; /* its unfixed GPUs: how many, the last */
-        uint32_t m = 0;
         if (b->f_level[i] == -1)
             for (int32_t k = 0; k < b->eg_n[e]; k++) {
                 const int32_t g = b->eg_gpu[(size_t)e * (size_t)D + (size_t)k];
                 if (b->g_level[g] == -1) {
                     only = g;
                     n++;
-                    if (masks) m |= 1u << b->g_loc[g];
                 }
             }
-        if (masks) b->f_mask[i] = (int32_t)m;
         if (n == 1) b->gex[only] += b->cnt[e];
     }
     int32_t best = -1; /* the best single GPU, or -1 */
-    uint32_t set = 0;  /* with masks: the best set, 0 for the whole */
     for (int32_t gi = 0; gi < p->ng; gi++) {
         const int32_t g = p->gl[gi];
         if (b->g_level[g] == -1 && b->gex[g] * best_d > best_a) {
             best_a = b->gex[g];
             best_d = 1;
             best = g;
-            set = masks ? 1u << gi : 0;
         }
-    }
-    for (int32_t x = 0; masks && x < p->nf; x++) { /* experts' sets of two GPUs or more */
-        const uint32_t N = (uint32_t)b->f_mask[p->fl[x]];
-        if ((N & (N - 1u)) == 0) continue;
-        int64_t c = 0;
-        for (uint32_t t = N; t != 0; t &= t - 1u) /* N's bases, set bit by set bit */
-            c += b->base[p->gl[epxi_bal_popc((t & (0u - t)) - 1u)]];
-        for (int32_t j = 0; j < p->nf; j++) {
-            const uint32_t m = (uint32_t)b->f_mask[p->fl[j]];
-            if (m != 0 && (m & ~N) == 0) c += b->cnt[b->flex[p->fl[j]]];
-        }
-        const int64_t d = epxi_bal_popc(N);
-        if (c * best_d > best_a * d) {
-            best_a = c;
-            best_d = d;
-            set = N;
-        }
-    }
-    if (masks) {
-        if (set == 0) return;
-        for (int32_t j = 0; j < p->nf; j++) {
-            const uint32_t m = (uint32_t)b->f_mask[p->fl[j]];
-            b->f_in[p->fl[j]] = m != 0 && (m & ~set) == 0;
-        }
-        for (int32_t gi = 0; gi < p->ng; gi++) {
-            const int32_t g = p->gl[gi];
-            b->g_sin[g] = b->g_level[g] == -1 && b->base[g] > 0 && (set >> gi & 1);
-        }
-        return;
     }
     if (best < 0) return;
     for (int32_t j = 0; j < p->nf; j++) {
@@ -352,40 +309,109 @@ EPXI_BAL_COLD void epxi_bal_start(epxi_bal *b, const epxi_bal_part *p) {
     }
 }
 
-/* One level: lambda of the unfixed part by Dinkelbach's iteration, then fix
- * its largest tight set. With the one-GPU experts merged into s -> g, an
- * unmerged expert on GPU g (count > 0) is reached from s exactly when g is
- * (its edge to g is unbounded; a saturated s -> e carries flow, whose
- * reverse leads back from g), so the cut's set S' takes g's base exactly
- * when s reaches g; and such experts reach t exactly when g does. */
-EPXI_BAL int epxi_bal_level(epxi_bal *b, epxi_bal_part *p, int32_t lv) {
+/* Where Dinkelbach's iteration starts (epxi_bal_level): any set's ratio is
+ * at most the level's lambda, and from a denser start fewer max-flows
+ * reach it. The candidates: the whole unfixed part; each unfixed GPU
+ * closed (its base and the unfixed experts with no other unfixed GPU,
+ * ratio over 1); and, in components of at most 32 GPUs (GPU sets as bit
+ * masks, in f_mask), each unfixed expert's unfixed GPUs closed (their
+ * bases and every unfixed expert inside them). The first densest wins;
+ * f_in and g_sin are set to it. On DeepSeek-V3's components of ~20 GPUs a
+ * level then takes ~1.3 max-flows instead of ~3 (the GPUs alone: ~1.7;
+ * bench/RESULTS.md, 2026-12-05). The level found is the same whatever the
+ * start: its lambda, its largest tight set, and the last max-flow's flows,
+ * which depend on lambda's value and scale with the form of its fraction
+ * (k a / k d: k times the flows), a form epxi_bal_fix reduces. gex holds
+ * each GPU's closed load (scratch until the rounding). By every lane of nl
+ * (the CPU: 0 of 1); lv is the level, whose slots carry lane 0's ratio. */
+EPXI_BAL_COLD void epxi_bal_start(epxi_bal *b, const epxi_bal_part *p, int32_t lv, int lane,
+                                  int nl) {
+    const int32_t D = b->D;
+    if (!b->dense) return; /* the whole unfixed part, as set */
+    if (p->ng > 32) {      /* no masks: lane 0 alone, the GPUs as the only candidates */
+        if (lane == 0) epxi_bal_start_gpus(b, p);
+        EPXI_BAL_SYNCWARP();
+        return;
+    }
+    /* The lanes share the candidates (GPUs gi, then experts x, in one index
+     * space k < ng + nf), each keeping its first best, and the warp keeps
+     * the first best of theirs: what one scan in index order keeps. The
+     * whole part's ratio, lane 0's, is where the scan starts; a candidate
+     * must beat it strictly. */
+    int64_t best_a = 0, best_d = 1;
+    if (lane == 0) {
+        epxi_bal_ratio(b, p, &best_a, &best_d);
+        b->lv_num[lv] = best_a; /* said to the lanes through the level's slots, */
+        b->lv_den[lv] = best_d; /* which epxi_bal_level fills only after this */
+    }
+    for (int32_t gi = lane; gi < p->ng; gi += nl) b->gex[p->gl[gi]] = b->base[p->gl[gi]];
+    EPXI_BAL_SYNCWARP();
+    best_a = b->lv_num[lv];
+    best_d = b->lv_den[lv];
+    for (int32_t j = lane; j < p->nf; j += nl) {
+        const int32_t i = p->fl[j], e = b->flex[i];
+        int32_t only = -1, n = 0; /* its unfixed GPUs: how many, the last */
+        uint32_t m = 0;
+        if (b->f_level[i] == -1)
+            for (int32_t k = 0; k < b->eg_n[e]; k++) {
+                const int32_t g = b->eg_gpu[(size_t)e * (size_t)D + (size_t)k];
+                if (b->g_level[g] == -1) {
+                    only = g;
+                    n++;
+                    m |= 1u << b->g_loc[g];
+                }
+            }
+        b->f_mask[i] = (int32_t)m;
+        if (n == 1) epxi_bal_add_to(&b->gex[only], b->cnt[e]); /* integer sums: any order */
+    }
+    EPXI_BAL_SYNCWARP();
+    int64_t my_a = 0;
+    int32_t my_d = 1, my_k = -1;
+    for (int32_t k = lane; k < p->ng + p->nf; k += nl) {
+        int64_t c = 0;
+        int32_t d = 0;
+        if (k < p->ng) { /* GPU gi = k closed */
+            const int32_t g = p->gl[k];
+            if (b->g_level[g] != -1) continue;
+            c = b->gex[g];
+            d = 1;
+        } else { /* expert x's set of two GPUs or more, closed */
+            const uint32_t N = (uint32_t)b->f_mask[p->fl[k - p->ng]];
+            if ((N & (N - 1u)) == 0) continue;
+            for (uint32_t t = N; t != 0; t &= t - 1u) /* N's bases, set bit by set bit */
+                c += b->base[p->gl[epxi_bal_popc((t & (0u - t)) - 1u)]];
+            for (int32_t j = 0; j < p->nf; j++) {
+                const uint32_t m = (uint32_t)b->f_mask[p->fl[j]];
+                if (m != 0 && (m & ~N) == 0) c += b->cnt[b->flex[p->fl[j]]];
+            }
+            d = epxi_bal_popc(N);
+        }
+        if (c * best_d > best_a * d && epxi_bal_first_before(c, d, k, my_a, my_d, my_k)) {
+            my_a = c;
+            my_d = d;
+            my_k = k;
+        }
+    }
+    const int32_t win = epxi_bal_first_lanes(my_a, my_d, my_k, nl);
+    if (win >= 0) {
+        const uint32_t set = win < p->ng ? 1u << win : (uint32_t)b->f_mask[p->fl[win - p->ng]];
+        for (int32_t j = lane; j < p->nf; j += nl) {
+            const uint32_t m = (uint32_t)b->f_mask[p->fl[j]];
+            b->f_in[p->fl[j]] = m != 0 && (m & ~set) == 0;
+        }
+        for (int32_t gi = lane; gi < p->ng; gi += nl) {
+            const int32_t g = p->gl[gi];
+            b->g_sin[g] = b->g_level[g] == -1 && b->base[g] > 0 && (set >> gi & 1);
+        }
+    }
+    EPXI_BAL_SYNCWARP();
+}
+
+/* The level's end, on lane 0: fix its largest tight set (what cannot reach t
+ * at lambda = a / den), check it is tight, and store lambda reduced with
+ * the set's flows. Returns EPXI_BAL_OK or the broken invariant. */
+EPXI_BAL_COLD int epxi_bal_fix(epxi_bal *b, epxi_bal_part *p, int32_t lv, int64_t a, int64_t den) {
     int32_t D = b->D;
-    for (int32_t j = 0; j < p->nf; j++) b->f_in[p->fl[j]] = b->f_level[p->fl[j]] == -1;
-    for (int32_t gi = 0; gi < p->ng; gi++) {
-        int32_t g = p->gl[gi];
-        b->g_sin[g] = b->g_level[g] == -1 && b->base[g] > 0;
-    }
-    epxi_bal_start(b, p);
-    int64_t a, den, a_prev = 0, den_prev = 1;
-    for (int32_t step = 0;; step++) {
-        epxi_bal_ratio(b, p, &a, &den);
-        if (den == 0 || step > p->ng + 1 || (step > 0 && a * den_prev <= a_prev * den))
-            return EPXI_BAL_NO_ADVANCE;
-        /* the first step builds the level's graph, the others reuse it */
-        int64_t need = step == 0 ? epxi_bal_build(b, p, a, den) : epxi_bal_recap(b, p, a, den);
-        const int64_t start = epxi_bal_greedy(p, 0);
-        if (start + epxi_bal_maxflow(p, 0, 1) == need) break;
-        for (int32_t j = 0; j < p->nf; j++) {
-            int32_t i = p->fl[j];
-            b->f_in[i] = b->f_level[i] == -1 && p->lvl[EPXI_BAL_FN(j)] >= 0;
-        }
-        for (int32_t gi = 0; gi < p->ng; gi++) {
-            int32_t g = p->gl[gi];
-            b->g_sin[g] = b->g_level[g] == -1 && b->base[g] > 0 && p->lvl[EPXI_BAL_GN(p, gi)] >= 0;
-        }
-        a_prev = a;
-        den_prev = den;
-    }
     epxi_bal_reaches(p, 1);
     for (int32_t j = 0; j < p->nf; j++) {
         int32_t i = p->fl[j];
@@ -445,6 +471,62 @@ EPXI_BAL int epxi_bal_level(epxi_bal *b, epxi_bal_part *p, int32_t lv) {
     b->lv_num[lv] = a;
     b->lv_den[lv] = den;
     return EPXI_BAL_OK;
+}
+
+/* One level: lambda of the unfixed part by Dinkelbach's iteration, then fix
+ * its largest tight set. With the one-GPU experts merged into s -> g, an
+ * unmerged expert on GPU g (count > 0) is reached from s exactly when g is
+ * (its edge to g is unbounded; a saturated s -> e carries flow, whose
+ * reverse leads back from g), so the cut's set S' takes g's base exactly
+ * when s reaches g; and such experts reach t exactly when g does. */
+EPXI_BAL int epxi_bal_level(epxi_bal *b, epxi_bal_part *p, int32_t lv, int lane, int nl) {
+    for (int32_t j = lane; j < p->nf; j += nl) b->f_in[p->fl[j]] = b->f_level[p->fl[j]] == -1;
+    for (int32_t gi = lane; gi < p->ng; gi += nl) {
+        int32_t g = p->gl[gi];
+        b->g_sin[g] = b->g_level[g] == -1 && b->base[g] > 0;
+    }
+    EPXI_BAL_SYNCWARP();
+    epxi_bal_start(b, p, lv, lane, nl);
+    /* Lane 0 runs the max-flows and tells the lanes, through the level's
+     * slots and c_say, lambda's fraction and whether it is the level's; the
+     * lanes share the sets' updates. */
+    int32_t *const say = b->c_say + p->lv0;
+    int64_t a, den, a_prev = 0, den_prev = 1;
+    for (int32_t step = 0;; step++) {
+        if (lane == 0) {
+            epxi_bal_ratio(b, p, &a, &den);
+            b->lv_num[lv] = a;
+            b->lv_den[lv] = den;
+        }
+        EPXI_BAL_SYNCWARP();
+        a = b->lv_num[lv];
+        den = b->lv_den[lv];
+        if (den == 0 || step > p->ng + 1 || (step > 0 && a * den_prev <= a_prev * den))
+            return EPXI_BAL_NO_ADVANCE;
+        if (lane == 0) {
+            /* the first step builds the level's graph, the others reuse it */
+            int64_t need = step == 0 ? epxi_bal_build(b, p, a, den) : epxi_bal_recap(b, p, a, den);
+            const int64_t start = epxi_bal_greedy(p, 0);
+            *say = start + epxi_bal_maxflow(p, 0, 1) == need;
+        }
+        EPXI_BAL_SYNCWARP();
+        if (*say) break;
+        for (int32_t j = lane; j < p->nf; j += nl) {
+            int32_t i = p->fl[j];
+            b->f_in[i] = b->f_level[i] == -1 && p->lvl[EPXI_BAL_FN(j)] >= 0;
+        }
+        for (int32_t gi = lane; gi < p->ng; gi += nl) {
+            int32_t g = p->gl[gi];
+            b->g_sin[g] = b->g_level[g] == -1 && b->base[g] > 0 && p->lvl[EPXI_BAL_GN(p, gi)] >= 0;
+        }
+        a_prev = a;
+        den_prev = den;
+        EPXI_BAL_SYNCWARP(); /* the sets, before lane 0's next ratio reads them */
+    }
+    EPXI_BAL_SYNCWARP(); /* every lane has read *say before lane 0 says the next */
+    if (lane == 0) *say = epxi_bal_fix(b, p, lv, a, den);
+    EPXI_BAL_SYNCWARP();
+    return *say;
 }
 
 /* Integer flows within one token of the fractional ones, GPU loads within
@@ -507,40 +589,52 @@ EPXI_BAL int epxi_bal_round(epxi_bal *b, epxi_bal_part *p) {
 }
 
 /* Component c: every level, then the rounding; sets c_levels[c] and
- * c_rc[c] and returns the latter. A lone GPU is its own level, no flow. */
-EPXI_BAL_COLD int epxi_bal_solve_part(epxi_bal *b, int32_t c) {
+ * c_rc[c] and returns the latter. A lone GPU is its own level, no flow. By
+ * lane `lane` of nl, all of them (the CPU: 0 of 1): lane 0 runs the
+ * max-flows, the lanes share the loops over the part's experts and GPUs
+ * (epxi_bal_level), and every lane takes the same path, from what lane 0
+ * wrote before a barrier. */
+EPXI_BAL_COLD int epxi_bal_solve_part(epxi_bal *b, int32_t c, int lane, int nl) {
     epxi_bal_part p = epxi_bal_view(b, c);
-    int32_t left = p.nf, levels = 0, rc = EPXI_BAL_OK;
-    for (int32_t j = 0; j < p.nf; j++) b->f_level[p.fl[j]] = -1;
-    for (int32_t gi = 0; gi < p.ng; gi++) {
-        b->g_level[p.gl[gi]] = -1;
-        left += b->base[p.gl[gi]] > 0;
-    }
+    for (int32_t j = lane; j < p.nf; j += nl) b->f_level[p.fl[j]] = -1;
+    for (int32_t gi = lane; gi < p.ng; gi += nl) b->g_level[p.gl[gi]] = -1;
     if (p.nf == 0) { /* one GPU with a base */
-        b->g_level[p.gl[0]] = p.lv0;
-        b->lv_num[p.lv0] = b->base[p.gl[0]];
-        b->lv_den[p.lv0] = 1;
-        b->c_levels[c] = 1;
-        return b->c_rc[c] = EPXI_BAL_OK;
-    }
-    while (left > 0 && rc == EPXI_BAL_OK) {
-        if (levels >= p.ng) {
-            rc = EPXI_BAL_LEVELS;
-            break;
+        if (lane == 0) {
+            b->g_level[p.gl[0]] = p.lv0;
+            b->lv_num[p.lv0] = b->base[p.gl[0]];
+            b->lv_den[p.lv0] = 1;
+            b->c_levels[c] = 1;
+            b->c_rc[c] = EPXI_BAL_OK;
         }
-        rc = epxi_bal_level(b, &p, p.lv0 + levels);
-        if (rc != EPXI_BAL_OK) break;
-        levels++;
-        left = 0;
+        EPXI_BAL_SYNCWARP();
+        return EPXI_BAL_OK;
+    }
+    EPXI_BAL_SYNCWARP();
+    int32_t levels = 0;
+    int rc = EPXI_BAL_OK;
+    for (;;) {
+        int32_t left = 0; /* the same count on every lane: reads after a barrier */
         for (int32_t j = 0; j < p.nf; j++) left += b->f_level[p.fl[j]] == -1;
         for (int32_t gi = 0; gi < p.ng; gi++) {
             int32_t g = p.gl[gi];
             left += b->g_level[g] == -1 && b->base[g] > 0;
         }
+        if (left == 0) break;
+        if (levels >= p.ng) {
+            rc = EPXI_BAL_LEVELS;
+            break;
+        }
+        rc = epxi_bal_level(b, &p, p.lv0 + levels, lane, nl);
+        if (rc != EPXI_BAL_OK) break;
+        levels++;
     }
-    if (rc == EPXI_BAL_OK) rc = epxi_bal_round(b, &p);
-    b->c_levels[c] = levels;
-    return b->c_rc[c] = rc;
+    if (lane == 0) {
+        if (rc == EPXI_BAL_OK) rc = epxi_bal_round(b, &p);
+        b->c_levels[c] = levels;
+        b->c_rc[c] = rc;
+    }
+    EPXI_BAL_SYNCWARP();
+    return b->c_rc[c];
 }
 
 #endif /* EPX_DISPATCH_BALANCED_FLOWS_H */

@@ -17,8 +17,7 @@
  * max-flows run on lane 0 alone. Sets c_levels[c] and c_rc[c]. */
 EPXI_BAL void epxi_bal_solve_comp(epxi_bal *b, int32_t c, int lane, int nl) {
     if (b->c_soff[c] < 0) {
-        if (lane == 0) epxi_bal_solve_part(b, c);
-        EPXI_BAL_SYNCWARP();
+        epxi_bal_solve_part(b, c, lane, nl);
         return;
     }
     epxi_bal_part p = epxi_bal_view(b, c);

@@ -29,6 +29,7 @@ int64_t epxi_bal_lanes_min(int64_t v);
 int epxi_bal_lanes_all(int ok);
 uint32_t epxi_bal_lanes_or(uint32_t m);
 uint32_t epxi_bal_lanes_best(int64_t num, int32_t den, uint32_t mask);
+int32_t epxi_bal_lanes_first(int64_t num, int32_t den, int32_t idx);
 #define EPXI_BAL_SYNCWARP() epxi_bal_lanes_sync(__LINE__)
 #else
 #define EPXI_BAL_SYNCWARP() ((void)0)
@@ -127,6 +128,43 @@ EPXI_BAL void epxi_bal_better(int64_t *num, int32_t *den, uint32_t *mask, int64_
     } else if (l == r) {
         *mask |= m2;
     }
+}
+
+/* Whether candidate (n2, d2, i2) comes before (n1, d1, i1) in a scan that
+ * keeps the first strictly larger ratio: a larger ratio, or an equal one at
+ * a smaller index; index -1 is no candidate. */
+EPXI_BAL int epxi_bal_first_before(int64_t n2, int32_t d2, int32_t i2, int64_t n1, int32_t d1,
+                                   int32_t i1) {
+    if (i2 < 0) return 0;
+    if (i1 < 0) return 1;
+    const int64_t l = n2 * d1, r = n1 * d2;
+    return l > r || (l == r && i2 < i1);
+}
+
+/* The lanes' first best candidate (each lane's own first best in, the
+ * warp's out, the same on every lane): what one thread scanning all the
+ * candidates in index order would keep. Returns its index, -1 for none. */
+EPXI_BAL int32_t epxi_bal_first_lanes(int64_t num, int32_t den, int32_t idx, int nl) {
+#ifdef __CUDA_ARCH__
+    if (nl > 1)
+        for (int o = 16; o > 0; o >>= 1) {
+            const int64_t n2 = __shfl_xor_sync(0xffffffffu, num, o);
+            const int32_t d2 = __shfl_xor_sync(0xffffffffu, den, o);
+            const int32_t i2 = __shfl_xor_sync(0xffffffffu, idx, o);
+            if (epxi_bal_first_before(n2, d2, i2, num, den, idx)) {
+                num = n2;
+                den = d2;
+                idx = i2;
+            }
+        }
+#elif defined(EPXI_BAL_LANES)
+    if (nl > 1) return epxi_bal_lanes_first(num, den, idx);
+#else
+    (void)num;
+    (void)den;
+    (void)nl;
+#endif
+    return idx;
 }
 
 EPXI_BAL uint32_t epxi_bal_best_lanes(int64_t num, int32_t den, uint32_t mask, int nl) {
