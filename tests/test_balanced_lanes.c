@@ -60,7 +60,7 @@ static _Thread_local unsigned my_syncs;
  * lanes must reach the same __syncwarp and shuffles; a lane at another one,
  * or left waiting 20 s because the others never came, means the lanes took
  * different paths: the test fails saying where. */
-enum { SITE_MIN = -1, SITE_ALL = -2, SITE_BEST = -3, SITE_OR = -4, SITE_FIRST = -5 };
+enum { SITE_MIN = -1, SITE_ALL = -2, SITE_BEST = -3, SITE_OR = -4, SITE_FIRST = -5, SITE_SUM = -6 };
 
 static void diverged(const char *how) {
     fprintf(stderr, "component %d, barrier %u: %s: the lanes diverged\n", W.c, my_syncs, how);
@@ -140,6 +140,15 @@ uint32_t epxi_bal_lanes_best(int64_t num, int32_t den, uint32_t mask) {
     for (int l = 1; l < LANES; l++) epxi_bal_better(&num, &den, &mask, W.v64[l], W.v32[l], W.vm[l]);
     barrier(SITE_BEST);
     return mask;
+}
+
+int64_t epxi_bal_lanes_sum(int64_t v) {
+    W.v64[my_lane] = v;
+    barrier(SITE_SUM);
+    int64_t sum = 0;
+    for (int l = 0; l < LANES; l++) sum += W.v64[l];
+    barrier(SITE_SUM);
+    return sum;
 }
 
 int32_t epxi_bal_lanes_first(int64_t num, int32_t den, int32_t idx) {

@@ -201,6 +201,48 @@ EPXI_BAL void epxi_bal_ratio(epxi_bal *b, const epxi_bal_part *p, int64_t *a, in
     *den = n;
 }
 
+/* epxi_bal_ratio by the lanes, the same on every lane: in a part of at most
+ * 32 GPUs each lane sums its experts' counts and bases and ORs their
+ * unfixed GPUs as bits (integer sums and a union: the serial form's result
+ * whatever the split); else lane 0 alone, saying it through level lv's
+ * slots. */
+EPXI_BAL void epxi_bal_ratio_lanes(epxi_bal *b, const epxi_bal_part *p, int32_t lv, int lane,
+                                   int nl, int64_t *a, int64_t *den) {
+    if (nl == 1 || p->ng > 32) {
+        if (lane == 0) {
+            epxi_bal_ratio(b, p, a, den);
+            b->lv_num[lv] = *a;
+            b->lv_den[lv] = *den;
+        }
+        EPXI_BAL_SYNCWARP();
+        *a = b->lv_num[lv];
+        *den = b->lv_den[lv];
+        EPXI_BAL_SYNCWARP(); /* read before lane 0 says the next */
+        return;
+    }
+    const int32_t D = b->D;
+    int64_t c = 0;
+    uint32_t m = 0;
+    for (int32_t j = lane; j < p->nf; j += nl) {
+        const int32_t i = p->fl[j];
+        if (!b->f_in[i]) continue;
+        const int32_t e = b->flex[i];
+        c += b->cnt[e];
+        for (int32_t k = 0; k < b->eg_n[e]; k++) {
+            const int32_t g = b->eg_gpu[(size_t)e * (size_t)D + (size_t)k];
+            if (b->g_level[g] == -1) m |= 1u << b->g_loc[g];
+        }
+    }
+    for (int32_t gi = lane; gi < p->ng; gi += nl) {
+        const int32_t g = p->gl[gi];
+        if (!b->g_sin[g]) continue;
+        c += b->base[g];
+        m |= 1u << gi;
+    }
+    *a = epxi_bal_sum_lanes(c, nl);
+    *den = epxi_bal_popc(epxi_bal_or_lanes(m, nl));
+}
+
 /* The graph of the component's unfixed part at lambda = a / den: s -> e
  * (den c_e), e -> g (unbounded) to unfixed GPUs, s -> g (den base_g),
  * g -> t (a). Returns the flow that means feasible. */
@@ -338,16 +380,10 @@ EPXI_BAL_COLD void epxi_bal_start(epxi_bal *b, const epxi_bal_part *p, int32_t l
      * the first best of theirs: what one scan in index order keeps. The
      * whole part's ratio, lane 0's, is where the scan starts; a candidate
      * must beat it strictly. */
-    int64_t best_a = 0, best_d = 1;
-    if (lane == 0) {
-        epxi_bal_ratio(b, p, &best_a, &best_d);
-        b->lv_num[lv] = best_a; /* said to the lanes through the level's slots, */
-        b->lv_den[lv] = best_d; /* which epxi_bal_level fills only after this */
-    }
+    int64_t best_a, best_d;
+    epxi_bal_ratio_lanes(b, p, lv, lane, nl, &best_a, &best_d);
     for (int32_t gi = lane; gi < p->ng; gi += nl) b->gex[p->gl[gi]] = b->base[p->gl[gi]];
     EPXI_BAL_SYNCWARP();
-    best_a = b->lv_num[lv];
-    best_d = b->lv_den[lv];
     for (int32_t j = lane; j < p->nf; j += nl) {
         const int32_t i = p->fl[j], e = b->flex[i];
         int32_t only = -1, n = 0; /* its unfixed GPUs: how many, the last */
@@ -489,20 +525,13 @@ EPXI_BAL int epxi_bal_level(epxi_bal *b, epxi_bal_part *p, int32_t lv, int lane,
     }
     EPXI_BAL_SYNCWARP();
     epxi_bal_start(b, p, lv, lane, nl);
-    /* Lane 0 runs the max-flows and tells the lanes, through the level's
-     * slots and c_say, lambda's fraction and whether it is the level's; the
-     * lanes share the sets' updates. */
+    /* The lanes share lambda's fraction (epxi_bal_ratio_lanes) and the
+     * sets' updates; lane 0 runs the max-flows and tells the lanes through
+     * c_say whether lambda is the level's. */
     int32_t *const say = b->c_say + p->lv0;
     int64_t a, den, a_prev = 0, den_prev = 1;
     for (int32_t step = 0;; step++) {
-        if (lane == 0) {
-            epxi_bal_ratio(b, p, &a, &den);
-            b->lv_num[lv] = a;
-            b->lv_den[lv] = den;
-        }
-        EPXI_BAL_SYNCWARP();
-        a = b->lv_num[lv];
-        den = b->lv_den[lv];
+        epxi_bal_ratio_lanes(b, p, lv, lane, nl, &a, &den);
         if (den == 0 || step > p->ng + 1 || (step > 0 && a * den_prev <= a_prev * den))
             return EPXI_BAL_NO_ADVANCE;
         if (lane == 0) {

@@ -30,6 +30,7 @@ int epxi_bal_lanes_all(int ok);
 uint32_t epxi_bal_lanes_or(uint32_t m);
 uint32_t epxi_bal_lanes_best(int64_t num, int32_t den, uint32_t mask);
 int32_t epxi_bal_lanes_first(int64_t num, int32_t den, int32_t idx);
+int64_t epxi_bal_lanes_sum(int64_t v);
 #define EPXI_BAL_SYNCWARP() epxi_bal_lanes_sync(__LINE__)
 #else
 #define EPXI_BAL_SYNCWARP() ((void)0)
@@ -77,6 +78,19 @@ EPXI_BAL int64_t epxi_bal_min_lanes(int64_t v, int nl) {
     }
 #elif defined(EPXI_BAL_LANES)
     if (nl > 1) v = epxi_bal_lanes_min(v);
+#else
+    (void)nl;
+#endif
+    return v;
+}
+
+/* The warp's sum (integers: any order gives the same). */
+EPXI_BAL int64_t epxi_bal_sum_lanes(int64_t v, int nl) {
+#ifdef __CUDA_ARCH__
+    if (nl > 1)
+        for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+#elif defined(EPXI_BAL_LANES)
+    if (nl > 1) v = epxi_bal_lanes_sum(v);
 #else
     (void)nl;
 #endif
