@@ -365,7 +365,7 @@ EPXI_BAL_COLD void epxi_bal_start_gpus(epxi_bal *b, const epxi_bal_part *p) {
  * which depend on lambda's value and scale with the form of its fraction
  * (k a / k d: k times the flows), a form epxi_bal_fix reduces. gex holds
  * each GPU's closed load (scratch until the rounding). By every lane of nl
- * (the CPU: 0 of 1); lv is the level, whose slots carry lane 0's ratio. */
+ * (the CPU: 0 of 1); lv is the level (epxi_bal_ratio_lanes' slots). */
 EPXI_BAL_COLD void epxi_bal_start(epxi_bal *b, const epxi_bal_part *p, int32_t lv, int lane,
                                   int nl) {
     const int32_t D = b->D;
@@ -378,8 +378,8 @@ EPXI_BAL_COLD void epxi_bal_start(epxi_bal *b, const epxi_bal_part *p, int32_t l
     /* The lanes share the candidates (GPUs gi, then experts x, in one index
      * space k < ng + nf), each keeping its first best, and the warp keeps
      * the first best of theirs: what one scan in index order keeps. The
-     * whole part's ratio, lane 0's, is where the scan starts; a candidate
-     * must beat it strictly. */
+     * whole part's ratio is where the scan starts; a candidate must beat it
+     * strictly. */
     int64_t best_a, best_d;
     epxi_bal_ratio_lanes(b, p, lv, lane, nl, &best_a, &best_d);
     for (int32_t gi = lane; gi < p->ng; gi += nl) b->gex[p->gl[gi]] = b->base[p->gl[gi]];
