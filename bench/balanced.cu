@@ -56,6 +56,7 @@ int main(int argc, char **argv) {
     int tight = 0; /* --tight: tables as wide as the placement needs, not P - E + 1 */
     const char *only_shape = NULL; /* --shape NAME, --tokens T: one row (a profiler's run) */
     long only_T = 0;
+    const char *tokens_arg = NULL;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--csv") == 0 && i + 1 < argc)
             csv = fopen(argv[++i], "w");
@@ -63,9 +64,12 @@ int main(int argc, char **argv) {
             tight = 1;
         else if (strcmp(argv[i], "--shape") == 0 && i + 1 < argc)
             only_shape = argv[++i];
-        else if (strcmp(argv[i], "--tokens") == 0 && i + 1 < argc)
-            only_T = strtol(argv[++i], NULL, 10);
-        else {
+        else if (strcmp(argv[i], "--tokens") == 0 && i + 1 < argc) {
+            char *end = NULL;
+            tokens_arg = argv[++i];
+            only_T = strtol(tokens_arg, &end, 10); /* checked below against the sizes run */
+            if (end == tokens_arg || *end != '\0' || only_T == 0) only_T = -1;
+        } else {
             fprintf(stderr,
                     "bench_balanced: unknown argument '%s' (--csv FILE, --tight, --shape NAME, "
                     "--tokens T)\n",
@@ -82,6 +86,14 @@ int main(int argc, char **argv) {
         fprintf(stderr, "\n");
         return 2;
     }
+    static const int32_t Ts[] = {1, 16, 128, 512, 1024, 4096};
+    int T_known = only_T == 0;
+    for (size_t ti = 0; ti < sizeof Ts / sizeof Ts[0]; ti++) T_known |= Ts[ti] == only_T;
+    if (!T_known) {
+        fprintf(stderr, "bench_balanced: --tokens '%s': use one of 1, 16, 128, 512, 1024, 4096\n",
+                tokens_arg);
+        return 2;
+    }
     int ndev = 0;
     if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
         printf("skip: no CUDA device\n");
@@ -93,7 +105,6 @@ int main(int argc, char **argv) {
     printf("%-10s %5s %5s %5s %6s %12s %12s %12s %8s\n", "shape", "E", "P", "G", "T", "ids us/lay",
            "counts us/lay", "cpu us/lay", "levels");
     if (csv) fprintf(csv, "shape,E,P,G,T,ids_us,counts_us,cpu_us,levels\n");
-    static const int32_t Ts[] = {1, 16, 128, 512, 1024, 4096};
     cudaStream_t st;
     CK(cudaStreamCreate(&st));
     cudaEvent_t e0, e1;
