@@ -511,6 +511,108 @@ EPXI_BAL int epxi_bal_fix(epxi_bal *b, epxi_bal_part *p, int32_t lv, int64_t a, 
     return EPXI_BAL_OK;
 }
 
+/* epxi_bal_fix by the lanes, for a part of at most 32 GPUs: the same
+ * level, flows and status (every lane returns it). What reaches t is found
+ * over GPU bit masks instead of a search of the residual graph: a GPU
+ * whose edge to t is not saturated reaches t; an expert reaches t exactly
+ * when one of its GPUs does (its edges to them are unbounded); a GPU also
+ * does when it carries flow from an expert that does (the reverse edge).
+ * s never does after a maximum flow, so nothing reaches t through it, and
+ * the sets grow to the same fixed point the search reaches: what reaches t
+ * is one set, however it is found. Each lane takes experts j = lane, lane
+ * + nl, ... (their GPU masks in f_mask, flows in f_frac: the dense start's
+ * and the subset rounding's scratch, free here) and GPUs gi = lane, ...;
+ * the lanes agree through OR and AND votes. Lane 0's serial form was a
+ * tenth of the 32-GPU shape's solve (ncu, bench/RESULTS.md). */
+EPXI_BAL int epxi_bal_fix_lanes(epxi_bal *b, epxi_bal_part *p, int32_t lv, int64_t a, int64_t den,
+                                int lane, int nl) {
+    const int32_t D = b->D;
+    uint32_t reach = 0; /* GPUs (part bits) that reach t */
+    for (int32_t gi = lane; gi < p->ng; gi += nl) {
+        const int32_t ed = p->sink[EPXI_BAL_GN(p, gi)];
+        if (ed >= 0 && p->cap[ed] > 0) reach |= 1u << gi;
+    }
+    for (int32_t j = lane; j < p->nf; j += nl) {
+        const int32_t i = p->fl[j], e = b->flex[i];
+        uint32_t on = 0, pos = 0; /* its GPUs in the graph; those it sends flow to */
+        if (b->f_level[i] == -1)
+            for (int32_t k = 0; k < b->eg_n[e]; k++) {
+                const int32_t ed = b->f_edge[(size_t)i * (size_t)D + (size_t)k];
+                if (ed < 0) continue;
+                const uint32_t bit = 1u << b->g_loc[b->eg_gpu[(size_t)e * (size_t)D + (size_t)k]];
+                on |= bit;
+                if (epxi_bal_on(p, ed) > 0) pos |= bit;
+            }
+        b->f_mask[i] = (int32_t)on;
+        b->f_frac[i] = (int32_t)pos;
+    }
+    reach = epxi_bal_or_lanes(reach, nl);
+    for (;;) { /* at most ng rounds: each adds a GPU or ends */
+        uint32_t more = 0;
+        for (int32_t j = lane; j < p->nf; j += nl) {
+            const int32_t i = p->fl[j];
+            if ((uint32_t)b->f_mask[i] & reach) more |= (uint32_t)b->f_frac[i];
+        }
+        more = epxi_bal_or_lanes(more, nl) & ~reach;
+        if (more == 0) break;
+        reach |= more;
+    }
+    /* the level: the unfixed experts and graph GPUs that do not reach t */
+    for (int32_t j = lane; j < p->nf; j += nl) {
+        const int32_t i = p->fl[j], e = b->flex[i];
+        if (b->f_level[i] != -1 || ((uint32_t)b->f_mask[i] & reach)) continue;
+        b->f_level[i] = lv;
+        for (int32_t k = 0; k < b->eg_n[e]; k++) {
+            const size_t x = (size_t)i * (size_t)D + (size_t)k;
+            b->f_flow[x] = epxi_bal_on(p, b->f_edge[x]);
+        }
+    }
+    uint32_t fixed = 0;
+    for (int32_t gi = lane; gi < p->ng; gi += nl) {
+        const int32_t g = p->gl[gi];
+        if (b->g_graph[g] && !(reach >> gi & 1u)) {
+            b->g_level[g] = lv;
+            fixed |= 1u << gi;
+        }
+    }
+    fixed = epxi_bal_or_lanes(fixed, nl);
+    /* the tight set sends only to its own GPUs, which carry exactly a each */
+    int tight = fixed != 0;
+    for (int32_t j = lane; j < p->nf && tight; j += nl) {
+        const int32_t i = p->fl[j];
+        if (b->f_level[i] == lv && ((uint32_t)b->f_frac[i] & ~fixed)) tight = 0;
+    }
+    if (!epxi_bal_all_lanes(tight, nl)) return EPXI_BAL_NO_TIGHT;
+    /* lambda reduced, the level's flows divided with it (epxi_bal_fix) */
+    int64_t k = a, r = den;
+    while (r != 0) {
+        const int64_t t = k % r;
+        k = r;
+        r = t;
+    }
+    if (k > 1) {
+        int whole = 1;
+        for (int32_t j = lane; j < p->nf; j += nl) {
+            const int32_t i = p->fl[j], e = b->flex[i];
+            if (b->f_level[i] != lv) continue;
+            for (int32_t q = 0; q < b->eg_n[e]; q++) {
+                const size_t x = (size_t)i * (size_t)D + (size_t)q;
+                whole &= b->f_flow[x] % k == 0;
+                b->f_flow[x] /= k;
+            }
+        }
+        if (!epxi_bal_all_lanes(whole, nl)) return EPXI_BAL_SCALE;
+        a /= k;
+        den /= k;
+    }
+    if (lane == 0) {
+        b->lv_num[lv] = a;
+        b->lv_den[lv] = den;
+    }
+    EPXI_BAL_SYNCWARP(); /* the level's marks and lambda, before the next level reads them */
+    return EPXI_BAL_OK;
+}
+
 /* One level: lambda of the unfixed part by Dinkelbach's iteration, then fix
  * its largest tight set. With the one-GPU experts merged into s -> g, an
  * unmerged expert on GPU g (count > 0) is reached from s exactly when g is
@@ -555,6 +657,7 @@ EPXI_BAL int epxi_bal_level(epxi_bal *b, epxi_bal_part *p, int32_t lv, int lane,
         EPXI_BAL_SYNCWARP(); /* the sets, before lane 0's next ratio reads them */
     }
     EPXI_BAL_SYNCWARP(); /* every lane has read *say before lane 0 says the next */
+    if (p->ng <= 32) return epxi_bal_fix_lanes(b, p, lv, a, den, lane, nl);
     if (lane == 0) *say = epxi_bal_fix(b, p, lv, a, den);
     EPXI_BAL_SYNCWARP();
     return *say;
