@@ -279,6 +279,178 @@ EPXI_BAL int64_t epxi_bal_build(epxi_bal *b, epxi_bal_part *p, int64_t a, int64_
     return need;
 }
 
+/* Pairs (an edge and its reverse) before expert j's in epxi_bal_build's
+ * order: one for each earlier live expert's s -> e, and its GPUs, counted
+ * from `live` and the bits of the GPU counts (ub[q]: experts whose count
+ * has bit q). */
+EPXI_BAL int32_t epxi_bal_pairs_before(uint32_t live, const uint32_t ub[6], int32_t j) {
+    const uint32_t lt = (1u << j) - 1u;
+    int32_t n = epxi_bal_popc(live & lt);
+    for (int q = 0; q < 6; q++) n += epxi_bal_popc(ub[q] & lt) << q;
+    return n;
+}
+
+/* ... of every live expert. */
+EPXI_BAL int32_t epxi_bal_pairs_all(uint32_t live, const uint32_t ub[6]) {
+    int32_t n = epxi_bal_popc(live);
+    for (int q = 0; q < 6; q++) n += epxi_bal_popc(ub[q]) << q;
+    return n;
+}
+
+/* The index of x's highest set bit (x != 0). */
+EPXI_BAL int32_t epxi_bal_top(uint32_t x) {
+#ifdef __CUDA_ARCH__
+    return 31 - __clz((int)x);
+#else
+    int32_t n = 31;
+    while (!(x >> n & 1u)) n--;
+    return n;
+#endif
+}
+
+/*
+ * epxi_bal_build by the lanes, for a part of at most 32 experts and 32
+ * GPUs: the same edges at the same indices, with the same lists (head,
+ * next), sink entries, f_edge and g_graph, so the max-flows that follow run
+ * exactly as after the serial build. Every edge's index follows from the
+ * serial order (each live expert's s -> e, then its e -> g over its unfixed
+ * GPUs ascending; then the bases' s -> g by GPU; then g -> t by GPU), as
+ * counts of set bits: each lane writes its experts' s -> e and e -> g, and
+ * its GPUs' lists, in which the reverse edges come in expert order, then
+ * the base's reverse, then the edge to t. Lane 0 writes s's and t's heads.
+ * Returns the flow that means feasible, on every lane; ends at a barrier.
+ */
+EPXI_BAL int64_t epxi_bal_build_lanes(epxi_bal *b, epxi_bal_part *p, int64_t a, int64_t den,
+                                      int lane, int nl) {
+    const int32_t D = b->D, nf = p->nf, ng = p->ng;
+    /* each expert's unfixed GPUs (f_mask: the dense start's scratch, spent
+     * by now) and the masks every lane needs */
+    uint32_t live = 0, ub[6] = {0, 0, 0, 0, 0, 0}, any = 0, based = 0;
+    int64_t need = 0;
+    for (int32_t j = lane; j < nf; j += nl) {
+        const int32_t i = p->fl[j], e = b->flex[i];
+        uint32_t on = 0;
+        if (b->f_level[i] == -1) {
+            for (int32_t k = 0; k < b->eg_n[e]; k++) {
+                const int32_t g = b->eg_gpu[(size_t)e * (size_t)D + (size_t)k];
+                if (b->g_level[g] == -1) on |= 1u << b->g_loc[g];
+            }
+            live |= 1u << j;
+            const int32_t u = epxi_bal_popc(on);
+            for (int q = 0; q < 6; q++) ub[q] |= (uint32_t)(u >> q & 1) << j;
+            need += den * b->cnt[e];
+        }
+        b->f_mask[i] = (int32_t)on;
+        any |= on;
+    }
+    for (int32_t gi = lane; gi < ng; gi += nl) {
+        const int32_t g = p->gl[gi];
+        if (b->g_level[g] == -1 && b->base[g] > 0) {
+            based |= 1u << gi;
+            need += den * b->base[g];
+        }
+    }
+    live = epxi_bal_or_lanes(live, nl);
+    for (int q = 0; q < 6; q++) ub[q] = epxi_bal_or_lanes(ub[q], nl);
+    any = epxi_bal_or_lanes(any, nl);
+    based = epxi_bal_or_lanes(based, nl);
+    need = epxi_bal_sum_lanes(need, nl);
+    const uint32_t graph = any | based;
+    const int32_t pe = epxi_bal_pairs_all(live, ub); /* the experts' pairs */
+    const int32_t nb = epxi_bal_popc(based), m = 2 * (pe + nb + epxi_bal_popc(graph));
+    p->n = 4 + nf + ng;
+    p->m = m;
+    /* the experts' s -> e and e -> g */
+    for (int32_t j = lane; j < nf; j += nl) {
+        const int32_t i = p->fl[j], e = b->flex[i], v = EPXI_BAL_FN(j);
+        p->sink[v] = -1;
+        if (!(live >> j & 1u)) {
+            p->head[v] = -1;
+            continue;
+        }
+        const int32_t x0 = 2 * epxi_bal_pairs_before(live, ub, j);
+        const uint32_t prev = live & ((1u << j) - 1u);
+        p->queue[v] = x0; /* for the GPUs' lists */
+        p->to[x0] = v;
+        p->cap[x0] = den * b->cnt[e];
+        p->next[x0] = prev ? 2 * epxi_bal_pairs_before(live, ub, epxi_bal_top(prev)) : -1;
+        p->to[x0 + 1] = 0;
+        p->cap[x0 + 1] = 0;
+        p->next[x0 + 1] = -1;
+        int32_t x = x0 + 1; /* the list's head so far */
+        for (int32_t k = 0; k < b->eg_n[e]; k++) {
+            const int32_t g = b->eg_gpu[(size_t)e * (size_t)D + (size_t)k];
+            int32_t *const ed = b->f_edge + (size_t)i * (size_t)D + (size_t)k;
+            *ed = -1;
+            if (b->g_level[g] != -1) continue;
+            const int32_t y = x == x0 + 1 ? x0 + 2 : x + 2;
+            p->to[y] = EPXI_BAL_GN(p, b->g_loc[g]);
+            p->cap[y] = EPXI_BAL_INF;
+            p->next[y] = x;
+            *ed = y;
+            x = y;
+        }
+        p->head[v] = x;
+    }
+    /* each GPU's live experts, by votes (its lane keeps them in queue) */
+    for (int32_t gi = 0; gi < ng; gi++) {
+        uint32_t mine = 0;
+        for (int32_t j = lane; j < nf; j += nl)
+            mine |= ((uint32_t)b->f_mask[p->fl[j]] >> gi & 1u) << j;
+        mine = epxi_bal_or_lanes(mine, nl);
+        if (gi % nl == lane) p->queue[EPXI_BAL_GN(p, gi)] = (int32_t)mine;
+    }
+    EPXI_BAL_SYNCWARP(); /* f_mask and the experts' first pairs, before the GPUs' lists */
+    /* the GPUs' lists: reverse edges by expert, the base, the edge to t */
+    const int32_t last_s = live ? 2 * epxi_bal_pairs_before(live, ub, epxi_bal_top(live)) : -1;
+    for (int32_t gi = lane; gi < ng; gi += nl) {
+        const int32_t g = p->gl[gi], v = EPXI_BAL_GN(p, gi);
+        const uint32_t bit = 1u << gi, lt = bit - 1u;
+        b->g_graph[g] = (graph & bit) != 0;
+        int32_t h = -1;
+        for (uint32_t r = (uint32_t)p->queue[v]; r != 0; r &= r - 1u) {
+            const int32_t j = epxi_bal_ctz(r);
+            const uint32_t on = (uint32_t)b->f_mask[p->fl[j]];
+            const int32_t y = p->queue[EPXI_BAL_FN(j)] + 2 + 2 * epxi_bal_popc(on & lt);
+            p->to[y + 1] = EPXI_BAL_FN(j);
+            p->cap[y + 1] = 0;
+            p->next[y + 1] = h;
+            h = y + 1;
+        }
+        if (based & bit) {
+            const int32_t y = 2 * (pe + epxi_bal_popc(based & lt));
+            p->to[y] = v;
+            p->cap[y] = den * b->base[g];
+            p->next[y] = based & lt ? y - 2 : last_s;
+            p->to[y + 1] = 0;
+            p->cap[y + 1] = 0;
+            p->next[y + 1] = h;
+            h = y + 1;
+        }
+        p->sink[v] = -1;
+        if (graph & bit) {
+            const int32_t z = 2 * (pe + nb + epxi_bal_popc(graph & lt));
+            p->to[z] = 1;
+            p->cap[z] = a;
+            p->next[z] = h;
+            p->to[z + 1] = v;
+            p->cap[z + 1] = 0;
+            p->next[z + 1] = graph & lt ? z - 1 : -1;
+            p->sink[v] = z;
+            h = z;
+        }
+        p->head[v] = h;
+    }
+    if (lane == 0) {
+        p->head[0] = nb ? 2 * (pe + nb - 1) : last_s;
+        p->head[1] = graph ? 2 * (pe + nb + epxi_bal_popc(graph) - 1) + 1 : -1;
+        p->head[2] = p->head[3] = -1;
+        for (int32_t v = 0; v < 4; v++) p->sink[v] = -1;
+    }
+    EPXI_BAL_SYNCWARP(); /* the graph, before lane 0's max-flow */
+    return need;
+}
+
 /* The graph epxi_bal_build made, at another lambda = a / den: the same
  * edges in the same order (within a level the unfixed part does not
  * change), every capacity set again as build sets it and every reverse
@@ -511,6 +683,108 @@ EPXI_BAL int epxi_bal_fix(epxi_bal *b, epxi_bal_part *p, int32_t lv, int64_t a, 
     return EPXI_BAL_OK;
 }
 
+/* epxi_bal_fix by the lanes, for a part of at most 32 GPUs: the same
+ * level, flows and status (every lane returns it). What reaches t is found
+ * over GPU bit masks instead of a search of the residual graph: a GPU
+ * whose edge to t is not saturated reaches t; an expert reaches t exactly
+ * when one of its GPUs does (its edges to them are unbounded); a GPU also
+ * does when it carries flow from an expert that does (the reverse edge).
+ * s never does after a maximum flow, so nothing reaches t through it, and
+ * the sets grow to the same fixed point the search reaches: what reaches t
+ * is one set, however it is found. Each lane takes experts j = lane, lane
+ * + nl, ... (their GPU masks in f_mask, flows in f_frac: the dense start's
+ * and the subset rounding's scratch, free here) and GPUs gi = lane, ...;
+ * the lanes agree through OR and AND votes. Lane 0's serial form was a
+ * tenth of the 32-GPU shape's solve (ncu, bench/RESULTS.md). */
+EPXI_BAL int epxi_bal_fix_lanes(epxi_bal *b, epxi_bal_part *p, int32_t lv, int64_t a, int64_t den,
+                                int lane, int nl) {
+    const int32_t D = b->D;
+    uint32_t reach = 0; /* GPUs (part bits) that reach t */
+    for (int32_t gi = lane; gi < p->ng; gi += nl) {
+        const int32_t ed = p->sink[EPXI_BAL_GN(p, gi)];
+        if (ed >= 0 && p->cap[ed] > 0) reach |= 1u << gi;
+    }
+    for (int32_t j = lane; j < p->nf; j += nl) {
+        const int32_t i = p->fl[j], e = b->flex[i];
+        uint32_t on = 0, pos = 0; /* its GPUs in the graph; those it sends flow to */
+        if (b->f_level[i] == -1)
+            for (int32_t k = 0; k < b->eg_n[e]; k++) {
+                const int32_t ed = b->f_edge[(size_t)i * (size_t)D + (size_t)k];
+                if (ed < 0) continue;
+                const uint32_t bit = 1u << b->g_loc[b->eg_gpu[(size_t)e * (size_t)D + (size_t)k]];
+                on |= bit;
+                if (epxi_bal_on(p, ed) > 0) pos |= bit;
+            }
+        b->f_mask[i] = (int32_t)on;
+        b->f_frac[i] = (int32_t)pos;
+    }
+    reach = epxi_bal_or_lanes(reach, nl);
+    for (;;) { /* at most ng rounds: each adds a GPU or ends */
+        uint32_t more = 0;
+        for (int32_t j = lane; j < p->nf; j += nl) {
+            const int32_t i = p->fl[j];
+            if ((uint32_t)b->f_mask[i] & reach) more |= (uint32_t)b->f_frac[i];
+        }
+        more = epxi_bal_or_lanes(more, nl) & ~reach;
+        if (more == 0) break;
+        reach |= more;
+    }
+    /* the level: the unfixed experts and graph GPUs that do not reach t */
+    for (int32_t j = lane; j < p->nf; j += nl) {
+        const int32_t i = p->fl[j], e = b->flex[i];
+        if (b->f_level[i] != -1 || ((uint32_t)b->f_mask[i] & reach)) continue;
+        b->f_level[i] = lv;
+        for (int32_t k = 0; k < b->eg_n[e]; k++) {
+            const size_t x = (size_t)i * (size_t)D + (size_t)k;
+            b->f_flow[x] = epxi_bal_on(p, b->f_edge[x]);
+        }
+    }
+    uint32_t fixed = 0;
+    for (int32_t gi = lane; gi < p->ng; gi += nl) {
+        const int32_t g = p->gl[gi];
+        if (b->g_graph[g] && !(reach >> gi & 1u)) {
+            b->g_level[g] = lv;
+            fixed |= 1u << gi;
+        }
+    }
+    fixed = epxi_bal_or_lanes(fixed, nl);
+    /* the tight set sends only to its own GPUs, which carry exactly a each */
+    int tight = fixed != 0;
+    for (int32_t j = lane; j < p->nf && tight; j += nl) {
+        const int32_t i = p->fl[j];
+        if (b->f_level[i] == lv && ((uint32_t)b->f_frac[i] & ~fixed)) tight = 0;
+    }
+    if (!epxi_bal_all_lanes(tight, nl)) return EPXI_BAL_NO_TIGHT;
+    /* lambda reduced, the level's flows divided with it (epxi_bal_fix) */
+    int64_t k = a, r = den;
+    while (r != 0) {
+        const int64_t t = k % r;
+        k = r;
+        r = t;
+    }
+    if (k > 1) {
+        int whole = 1;
+        for (int32_t j = lane; j < p->nf; j += nl) {
+            const int32_t i = p->fl[j], e = b->flex[i];
+            if (b->f_level[i] != lv) continue;
+            for (int32_t q = 0; q < b->eg_n[e]; q++) {
+                const size_t x = (size_t)i * (size_t)D + (size_t)q;
+                whole &= b->f_flow[x] % k == 0;
+                b->f_flow[x] /= k;
+            }
+        }
+        if (!epxi_bal_all_lanes(whole, nl)) return EPXI_BAL_SCALE;
+        a /= k;
+        den /= k;
+    }
+    if (lane == 0) {
+        b->lv_num[lv] = a;
+        b->lv_den[lv] = den;
+    }
+    EPXI_BAL_SYNCWARP(); /* the level's marks and lambda, before the next level reads them */
+    return EPXI_BAL_OK;
+}
+
 /* One level: lambda of the unfixed part by Dinkelbach's iteration, then fix
  * its largest tight set. With the one-GPU experts merged into s -> g, an
  * unmerged expert on GPU g (count > 0) is reached from s exactly when g is
@@ -534,9 +808,13 @@ EPXI_BAL int epxi_bal_level(epxi_bal *b, epxi_bal_part *p, int32_t lv, int lane,
         epxi_bal_ratio_lanes(b, p, lv, lane, nl, &a, &den);
         if (den == 0 || step > p->ng + 1 || (step > 0 && a * den_prev <= a_prev * den))
             return EPXI_BAL_NO_ADVANCE;
+        /* the first step builds the level's graph (by the lanes where the
+         * part allows it), the others reuse it */
+        const int lanes_build = nl > 1 && step == 0 && p->nf <= 32 && p->ng <= 32;
+        int64_t need = lanes_build ? epxi_bal_build_lanes(b, p, a, den, lane, nl) : 0;
         if (lane == 0) {
-            /* the first step builds the level's graph, the others reuse it */
-            int64_t need = step == 0 ? epxi_bal_build(b, p, a, den) : epxi_bal_recap(b, p, a, den);
+            if (!lanes_build)
+                need = step == 0 ? epxi_bal_build(b, p, a, den) : epxi_bal_recap(b, p, a, den);
             const int64_t start = epxi_bal_greedy(p, 0);
             *say = start + epxi_bal_maxflow(p, 0, 1) == need;
         }
@@ -555,6 +833,7 @@ EPXI_BAL int epxi_bal_level(epxi_bal *b, epxi_bal_part *p, int32_t lv, int lane,
         EPXI_BAL_SYNCWARP(); /* the sets, before lane 0's next ratio reads them */
     }
     EPXI_BAL_SYNCWARP(); /* every lane has read *say before lane 0 says the next */
+    if (p->ng <= 32) return epxi_bal_fix_lanes(b, p, lv, a, den, lane, nl);
     if (lane == 0) *say = epxi_bal_fix(b, p, lv, a, den);
     EPXI_BAL_SYNCWARP();
     return *say;
