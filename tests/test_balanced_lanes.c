@@ -60,7 +60,15 @@ static _Thread_local unsigned my_syncs;
  * lanes must reach the same __syncwarp and shuffles; a lane at another one,
  * or left waiting 20 s because the others never came, means the lanes took
  * different paths: the test fails saying where. */
-enum { SITE_MIN = -1, SITE_ALL = -2, SITE_BEST = -3, SITE_OR = -4, SITE_FIRST = -5, SITE_SUM = -6 };
+enum {
+    SITE_MIN = -1,
+    SITE_ALL = -2,
+    SITE_BEST = -3,
+    SITE_OR = -4,
+    SITE_FIRST = -5,
+    SITE_SUM = -6,
+    SITE_FROM = -7
+};
 
 static void diverged(const char *how) {
     fprintf(stderr, "component %d, barrier %u: %s: the lanes diverged\n", W.c, my_syncs, how);
@@ -149,6 +157,79 @@ int64_t epxi_bal_lanes_sum(int64_t v) {
     for (int l = 0; l < LANES; l++) sum += W.v64[l];
     barrier(SITE_SUM);
     return sum;
+}
+
+int64_t epxi_bal_lanes_from(int64_t v, int src) {
+    W.v64[my_lane] = v;
+    barrier(SITE_FROM);
+    v = W.v64[src];
+    barrier(SITE_FROM);
+    return v;
+}
+
+/* The lanes' graph build against epxi_bal_build on the same level: every
+ * array the max-flows read, to the element (lane 0, between barriers). */
+enum { KEEP_NODES = 4096, KEEP_EDGES = 16384, KEEP_FLEX = 65536 };
+static struct {
+    int32_t head[KEEP_NODES], sink[KEEP_NODES], next[KEEP_EDGES], to[KEEP_EDGES];
+    int32_t f_edge[KEEP_FLEX];
+    uint8_t g_graph[KEEP_NODES];
+    int64_t cap[KEEP_EDGES];
+    long builds, greedies;
+} K;
+
+static void check_fits(const epxi_bal *b, const epxi_bal_part *p) {
+    if (p->n > KEEP_NODES || p->m > KEEP_EDGES || (int64_t)p->nf * b->D > KEEP_FLEX ||
+        p->ng > KEEP_NODES)
+        diverged("a graph larger than the test's copies");
+}
+
+void epxi_bal_lanes_built(epxi_bal *b, epxi_bal_part *p, int64_t a, int64_t den, int64_t need) {
+    check_fits(b, p);
+    const int32_t n = p->n, m = p->m, D = b->D;
+    memcpy(K.head, p->head, (size_t)n * sizeof(int32_t));
+    memcpy(K.sink, p->sink, (size_t)n * sizeof(int32_t));
+    memcpy(K.next, p->next, (size_t)m * sizeof(int32_t));
+    memcpy(K.to, p->to, (size_t)m * sizeof(int32_t));
+    memcpy(K.cap, p->cap, (size_t)m * sizeof(int64_t));
+    for (int32_t gi = 0; gi < p->ng; gi++) K.g_graph[gi] = b->g_graph[p->gl[gi]];
+    for (int32_t j = 0; j < p->nf; j++)
+        memcpy(K.f_edge + (size_t)j * D, b->f_edge + (size_t)p->fl[j] * D,
+               (size_t)D * sizeof(int32_t));
+    const int64_t need2 = epxi_bal_build(b, p, a, den); /* the serial build, over the same arrays */
+    int same = need2 == need && p->n == n && p->m == m &&
+               !memcmp(K.head, p->head, (size_t)n * sizeof(int32_t)) &&
+               !memcmp(K.sink, p->sink, (size_t)n * sizeof(int32_t)) &&
+               !memcmp(K.next, p->next, (size_t)m * sizeof(int32_t)) &&
+               !memcmp(K.to, p->to, (size_t)m * sizeof(int32_t)) &&
+               !memcmp(K.cap, p->cap, (size_t)m * sizeof(int64_t));
+    for (int32_t gi = 0; gi < p->ng; gi++) same &= K.g_graph[gi] == b->g_graph[p->gl[gi]];
+    for (int32_t j = 0; j < p->nf; j++) {
+        const int32_t i = p->fl[j], e = b->flex[i];
+        if (b->f_level[i] != -1) continue;
+        for (int32_t k = 0; k < b->eg_n[e]; k++)
+            same &= K.f_edge[(size_t)j * D + k] == b->f_edge[(size_t)i * D + k];
+    }
+    if (!same) diverged("the lanes' graph build differs from epxi_bal_build");
+    K.builds++;
+}
+
+void epxi_bal_lanes_keep(const epxi_bal_part *p) {
+    if (p->m > KEEP_EDGES) diverged("a graph larger than the test's copies");
+    memcpy(K.cap, p->cap, (size_t)p->m * sizeof(int64_t));
+}
+
+/* The lanes' greedy start against epxi_bal_greedy from the capacities kept
+ * before it: the same flow in every edge and the same total. */
+void epxi_bal_lanes_greedy(epxi_bal_part *p, int64_t start) {
+    static int64_t lanes_cap[KEEP_EDGES];
+    const int32_t m = p->m;
+    memcpy(lanes_cap, p->cap, (size_t)m * sizeof(int64_t));
+    memcpy(p->cap, K.cap, (size_t)m * sizeof(int64_t));
+    const int64_t start2 = epxi_bal_greedy(p, 0);
+    if (start2 != start || memcmp(lanes_cap, p->cap, (size_t)m * sizeof(int64_t)))
+        diverged("the lanes' greedy start differs from epxi_bal_greedy");
+    K.greedies++;
 }
 
 int32_t epxi_bal_lanes_first(int64_t num, int32_t den, int32_t idx) {
@@ -304,7 +385,11 @@ static void deepseek_v3(void **state) {
     (void)state;
     tu_rng r = {tu_seed(4102)};
     assert_true(layers(&r, 16, 256, 32, 9, 4, -1, 1, "DeepSeek-V3 node-local") > 0);
-    layers(&r, 4, 256, 32, 9, 1, -1, 1, "DeepSeek-V3 any GPU");
+    /* large parts: their levels' graphs are built and started by the lanes,
+     * each checked against the serial build and greedy start (K) */
+    const long builds = K.builds, greedies = K.greedies;
+    layers(&r, 8, 256, 32, 9, 1, -1, 1, "DeepSeek-V3 any GPU");
+    assert_true(K.builds > builds && K.greedies > greedies);
 }
 
 /* Small layers: components from 2 to 12 GPUs, tables up to 12 GPUs or 3

@@ -474,6 +474,79 @@ EPXI_BAL int64_t epxi_bal_recap(const epxi_bal *b, epxi_bal_part *p, int64_t a, 
     return need;
 }
 
+/* epxi_bal_recap by the lanes (each takes pairs lane, lane + nl, ...): the
+ * same capacities; returns the flow that means feasible on every lane. */
+EPXI_BAL int64_t epxi_bal_recap_lanes(const epxi_bal *b, epxi_bal_part *p, int64_t a, int64_t den,
+                                      int lane, int nl) {
+    int64_t need = 0;
+    for (int32_t e = 2 * lane; e < p->m; e += 2 * nl) {
+        const int32_t u = p->to[e + 1], v = p->to[e];
+        int64_t c = EPXI_BAL_INF; /* e -> g */
+        if (u == 0) {             /* s -> e (den c_e) or s -> g (den base_g) */
+            c = v < 4 + p->nf ? den * b->cnt[b->flex[p->fl[v - 4]]]
+                              : den * b->base[p->gl[v - 4 - p->nf]];
+            need += c;
+        } else if (v == 1) { /* g -> t */
+            c = a;
+        }
+        p->cap[e] = c;
+        p->cap[e + 1] = 0;
+    }
+    need = epxi_bal_sum_lanes(need, nl);
+    EPXI_BAL_SYNCWARP(); /* the capacities, before the greedy start reads them */
+    return need;
+}
+
+/*
+ * epxi_bal_greedy by the lanes on a graph of epxi_bal_build_lanes' layout
+ * (a part of at most 32 experts and 32 GPUs, nl >= its GPUs): the same
+ * pushes, so the same flow. Lane gi keeps GPU gi's room to t in a register.
+ * The bases come first in s's list, each on its own GPU's edge to t, so
+ * their lanes push at once; then the experts one after another in s's list
+ * order (descending index), each over its GPUs in its list's order
+ * (descending), the GPU's lane taking what its room allows and telling the
+ * others by a shuffle. Each expert's edges follow from its GPU mask (f_mask,
+ * as the build left it) and its list's head. The serial form's walk of the
+ * lists was a tenth of the 32-GPU shape's solve (ncu, bench/RESULTS.md).
+ * Returns the flow pushed, on every lane; ends at a barrier.
+ */
+EPXI_BAL int64_t epxi_bal_greedy_lanes(const epxi_bal *b, epxi_bal_part *p, int lane, int nl) {
+    const int32_t nf = p->nf, gi = lane;
+    const int32_t sk = gi < p->ng ? p->sink[EPXI_BAL_GN(p, gi)] : -1;
+    int64_t room = sk >= 0 ? p->cap[sk] : 0, base = 0;
+    if (sk >= 0 && b->g_level[p->gl[gi]] == -1 && b->base[p->gl[gi]] > 0) {
+        const int32_t sb = p->next[sk] - 1; /* s -> g: its reverse is the list's next */
+        base = p->cap[sb] < room ? p->cap[sb] : room;
+        epxi_bal_push(p, sb, base);
+        room -= base;
+    }
+    int64_t total = epxi_bal_sum_lanes(base, nl);
+    for (int32_t j = nf - 1; j >= 0; j--) {
+        const int32_t i = p->fl[j];
+        if (b->f_level[i] != -1) continue;
+        const uint32_t on = (uint32_t)b->f_mask[i];
+        const int32_t x0 = p->head[EPXI_BAL_FN(j)] - 2 * epxi_bal_popc(on); /* s -> e */
+        int64_t rem = p->cap[x0], sent = 0;
+        for (uint32_t r = on; r != 0 && rem > 0;) {
+            const int32_t h = epxi_bal_top(r);
+            r &= ~(1u << h);
+            const int64_t f = epxi_bal_from_lane(rem < room ? rem : room, h, nl);
+            if (f <= 0) continue;
+            if (lane == h) {
+                room -= f;
+                epxi_bal_push(p, x0 + 2 + 2 * epxi_bal_popc(on & ((1u << h) - 1u)), f);
+            }
+            rem -= f;
+            sent += f;
+        }
+        if (lane == 0 && sent > 0) epxi_bal_push(p, x0, sent);
+        total += sent;
+    }
+    if (sk >= 0) epxi_bal_push(p, sk, p->cap[sk] - room);
+    EPXI_BAL_SYNCWARP(); /* the flow, before lane 0's max-flow */
+    return total;
+}
+
 /* The start of a component of more than 32 GPUs (no masks): the whole
  * unfixed part, or the first densest GPU closed (its base and the unfixed
  * experts with no other unfixed GPU), by one thread. */
@@ -810,12 +883,26 @@ EPXI_BAL int epxi_bal_level(epxi_bal *b, epxi_bal_part *p, int32_t lv, int lane,
             return EPXI_BAL_NO_ADVANCE;
         /* the first step builds the level's graph (by the lanes where the
          * part allows it), the others reuse it */
-        const int lanes_build = nl > 1 && step == 0 && p->nf <= 32 && p->ng <= 32;
-        int64_t need = lanes_build ? epxi_bal_build_lanes(b, p, a, den, lane, nl) : 0;
+        const int lanes = nl > 1 && p->nf <= 32 && p->ng <= 32 && p->ng <= nl;
+        int64_t need = 0, start = 0;
+        if (lanes) {
+            need = step == 0 ? epxi_bal_build_lanes(b, p, a, den, lane, nl)
+                             : epxi_bal_recap_lanes(b, p, a, den, lane, nl);
+#ifdef EPXI_BAL_LANES /* the test's check of both against the serial forms */
+            if (lane == 0 && step == 0) epxi_bal_lanes_built(b, p, a, den, need);
+            if (lane == 0) epxi_bal_lanes_keep(p);
+            EPXI_BAL_SYNCWARP();
+#endif
+            start = epxi_bal_greedy_lanes(b, p, lane, nl);
+#ifdef EPXI_BAL_LANES
+            if (lane == 0) epxi_bal_lanes_greedy(p, start);
+#endif
+        }
         if (lane == 0) {
-            if (!lanes_build)
+            if (!lanes) {
                 need = step == 0 ? epxi_bal_build(b, p, a, den) : epxi_bal_recap(b, p, a, den);
-            const int64_t start = epxi_bal_greedy(p, 0);
+                start = epxi_bal_greedy(p, 0);
+            }
             *say = start + epxi_bal_maxflow(p, 0, 1) == need;
         }
         EPXI_BAL_SYNCWARP();

@@ -31,6 +31,15 @@ uint32_t epxi_bal_lanes_or(uint32_t m);
 uint32_t epxi_bal_lanes_best(int64_t num, int32_t den, uint32_t mask);
 int32_t epxi_bal_lanes_first(int64_t num, int32_t den, int32_t idx);
 int64_t epxi_bal_lanes_sum(int64_t v);
+int64_t epxi_bal_lanes_from(int64_t v, int src);
+/* ... and, called by lane 0, the lanes' graph build and greedy start
+ * checked against the serial forms on the same graph (balanced_flows.h) */
+struct epxi_bal;
+struct epxi_bal_part;
+void epxi_bal_lanes_built(struct epxi_bal *b, struct epxi_bal_part *p, int64_t a, int64_t den,
+                          int64_t need);
+void epxi_bal_lanes_keep(const struct epxi_bal_part *p);
+void epxi_bal_lanes_greedy(struct epxi_bal_part *p, int64_t start);
 #define EPXI_BAL_SYNCWARP() epxi_bal_lanes_sync(__LINE__)
 #else
 #define EPXI_BAL_SYNCWARP() ((void)0)
@@ -92,6 +101,19 @@ EPXI_BAL int64_t epxi_bal_sum_lanes(int64_t v, int nl) {
 #elif defined(EPXI_BAL_LANES)
     if (nl > 1) v = epxi_bal_lanes_sum(v);
 #else
+    (void)nl;
+#endif
+    return v;
+}
+
+/* Lane src's v, on every lane (a shuffle). */
+EPXI_BAL int64_t epxi_bal_from_lane(int64_t v, int src, int nl) {
+#ifdef __CUDA_ARCH__
+    if (nl > 1) v = __shfl_sync(0xffffffffu, v, src);
+#elif defined(EPXI_BAL_LANES)
+    if (nl > 1) v = epxi_bal_lanes_from(v, src);
+#else
+    (void)src;
     (void)nl;
 #endif
     return v;
