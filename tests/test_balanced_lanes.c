@@ -175,7 +175,7 @@ static struct {
     int32_t f_edge[KEEP_FLEX];
     uint8_t g_graph[KEEP_NODES];
     int64_t cap[KEEP_EDGES];
-    long builds, greedies;
+    long builds, greedies, bfs;
 } K;
 
 static void check_fits(const epxi_bal *b, const epxi_bal_part *p) {
@@ -230,6 +230,31 @@ void epxi_bal_lanes_greedy(epxi_bal_part *p, int64_t start) {
     if (start2 != start || memcmp(lanes_cap, p->cap, (size_t)m * sizeof(int64_t)))
         diverged("the lanes' greedy start differs from epxi_bal_greedy");
     K.greedies++;
+}
+
+/* The lanes' BFS against epxi_bal_bfs on the same residual graph: whether
+ * t is reached; if it is, t's distance and every label below it (the serial
+ * BFS also labels some nodes at t's distance, met before t: dead ends for
+ * the blocking flow); if not, every label. lvl and queue are put back as
+ * the lanes left them (queue holds the GPUs' experts since the build). */
+void epxi_bal_lanes_bfs(epxi_bal_part *p, int reached) {
+    static int32_t lanes_lvl[KEEP_NODES], queue[KEEP_NODES];
+    const int32_t n = p->n;
+    if (n > KEEP_NODES) diverged("a graph larger than the test's copies");
+    memcpy(lanes_lvl, p->lvl, (size_t)n * sizeof(int32_t));
+    memcpy(queue, p->queue, (size_t)n * sizeof(int32_t));
+    const int reached2 = epxi_bal_bfs(p, 0, 1);
+    int same = reached2 == reached;
+    const int32_t td = reached ? lanes_lvl[1] : INT32_MAX;
+    if (reached) same &= p->lvl[1] == td;
+    for (int32_t v = 0; v < n && same; v++)
+        if (v != 1 &&
+            ((lanes_lvl[v] >= 0 && lanes_lvl[v] < td) || (p->lvl[v] >= 0 && p->lvl[v] < td)))
+            same &= lanes_lvl[v] == p->lvl[v];
+    if (!same) diverged("the lanes' BFS differs from epxi_bal_bfs");
+    memcpy(p->lvl, lanes_lvl, (size_t)n * sizeof(int32_t));
+    memcpy(p->queue, queue, (size_t)n * sizeof(int32_t));
+    K.bfs++;
 }
 
 int32_t epxi_bal_lanes_first(int64_t num, int32_t den, int32_t idx) {
@@ -385,11 +410,11 @@ static void deepseek_v3(void **state) {
     (void)state;
     tu_rng r = {tu_seed(4102)};
     assert_true(layers(&r, 16, 256, 32, 9, 4, -1, 1, "DeepSeek-V3 node-local") > 0);
-    /* large parts: their levels' graphs are built and started by the lanes,
-     * each checked against the serial build and greedy start (K) */
-    const long builds = K.builds, greedies = K.greedies;
+    /* large parts: their levels' graphs are built, started and searched by
+     * the lanes, each checked against the serial build, greedy start and BFS (K) */
+    const long builds = K.builds, greedies = K.greedies, bfs = K.bfs;
     layers(&r, 8, 256, 32, 9, 1, -1, 1, "DeepSeek-V3 any GPU");
-    assert_true(K.builds > builds && K.greedies > greedies);
+    assert_true(K.builds > builds && K.greedies > greedies && K.bfs > bfs);
 }
 
 /* Small layers: components from 2 to 12 GPUs, tables up to 12 GPUs or 3

@@ -76,41 +76,47 @@ EPXI_BAL int epxi_bal_bfs(epxi_bal_part *p, int32_t s, int32_t t) {
     return 0;
 }
 
+/* One phase of Dinic's after a BFS that reached t: augmenting paths found
+ * by an iterative DFS with current arcs, each from s again, until none is
+ * left in the level graph; returns the flow pushed. */
+EPXI_BAL int64_t epxi_bal_blocking(epxi_bal_part *p, int32_t s, int32_t t) {
+    int64_t total = 0;
+    for (int32_t v = 0; v < p->n; v++) p->iter[v] = p->head[v];
+    for (;;) {
+        int32_t u = s, d = 0, stuck = 0;
+        while (u != t) {
+            int32_t e = p->iter[u];
+            while (e >= 0 && (p->cap[e] <= 0 || p->lvl[p->to[e]] != p->lvl[u] + 1)) e = p->next[e];
+            p->iter[u] = e;
+            if (e >= 0) {
+                p->path[d++] = e;
+                u = p->to[e];
+                continue;
+            }
+            if (u == s) {
+                stuck = 1;
+                break;
+            }
+            /* u is a dead end: retreat and move the parent past the edge */
+            int32_t back = p->path[--d];
+            u = p->to[back ^ 1];
+            p->iter[u] = p->next[p->iter[u]];
+        }
+        if (stuck) break;
+        int64_t f = INT64_MAX;
+        for (int32_t k = 0; k < d; k++)
+            if (p->cap[p->path[k]] < f) f = p->cap[p->path[k]];
+        for (int32_t k = 0; k < d; k++) epxi_bal_push(p, p->path[k], f);
+        total += f;
+    }
+    return total;
+}
+
 /* Dinic: push a maximum flow from s to t; returns the amount. Afterwards lvl
  * marks (>= 0) what s reaches in the residual graph: the min cut's source side. */
 EPXI_BAL int64_t epxi_bal_maxflow(epxi_bal_part *p, int32_t s, int32_t t) {
     int64_t total = 0;
-    while (epxi_bal_bfs(p, s, t)) {
-        for (int32_t v = 0; v < p->n; v++) p->iter[v] = p->head[v];
-        for (;;) {
-            int32_t u = s, d = 0, stuck = 0;
-            while (u != t) {
-                int32_t e = p->iter[u];
-                while (e >= 0 && (p->cap[e] <= 0 || p->lvl[p->to[e]] != p->lvl[u] + 1))
-                    e = p->next[e];
-                p->iter[u] = e;
-                if (e >= 0) {
-                    p->path[d++] = e;
-                    u = p->to[e];
-                    continue;
-                }
-                if (u == s) {
-                    stuck = 1;
-                    break;
-                }
-                /* u is a dead end: retreat and move the parent past the edge */
-                int32_t back = p->path[--d];
-                u = p->to[back ^ 1];
-                p->iter[u] = p->next[p->iter[u]];
-            }
-            if (stuck) break;
-            int64_t f = INT64_MAX;
-            for (int32_t k = 0; k < d; k++)
-                if (p->cap[p->path[k]] < f) f = p->cap[p->path[k]];
-            for (int32_t k = 0; k < d; k++) epxi_bal_push(p, p->path[k], f);
-            total += f;
-        }
-    }
+    while (epxi_bal_bfs(p, s, t)) total += epxi_bal_blocking(p, s, t);
     return total;
 }
 
@@ -547,6 +553,94 @@ EPXI_BAL int64_t epxi_bal_greedy_lanes(const epxi_bal *b, epxi_bal_part *p, int 
     return total;
 }
 
+/*
+ * epxi_bal_bfs(p, 0, 1) by the lanes on a graph of epxi_bal_build_lanes'
+ * layout (a part of at most nl experts and nl GPUs: lane L holds expert L
+ * and GPU L), a level at a time over bit masks: s reaches the experts and
+ * bases with room on their edge from s; an expert reaches all its GPUs (its
+ * edges are unbounded), a GPU the experts that send it flow (queue holds
+ * each GPU's experts since the build: the list BFS that used queue does not
+ * run on such a graph) and t when its edge to t has room. The labels are
+ * distances, as the serial BFS's, except that nodes at t's distance other
+ * than t stay unlabelled where the serial BFS labels those it met before t:
+ * dead ends either way for the blocking flow (nothing is labelled beyond t's
+ * distance), which finds the same paths. When t is not reached every label
+ * is the serial one, as epxi_bal_level's reading of the cut needs. Returns
+ * whether t was reached, on every lane; ends at a barrier.
+ */
+EPXI_BAL int epxi_bal_bfs_lanes(const epxi_bal *b, epxi_bal_part *p, int lane, int nl) {
+    const int32_t nf = p->nf, ng = p->ng;
+    uint32_t on = 0, fin = 0, se = 0, sg = 0, tt = 0; /* this lane's expert and GPU */
+    if (lane < nf && b->f_level[p->fl[lane]] == -1) {
+        on = (uint32_t)b->f_mask[p->fl[lane]];
+        if (p->cap[p->head[EPXI_BAL_FN(lane)] - 2 * epxi_bal_popc(on)] > 0) se = 1u << lane;
+    }
+    if (lane < ng) {
+        const int32_t v = EPXI_BAL_GN(p, lane), sk = p->sink[v], g = p->gl[lane];
+        const uint32_t lt = (1u << lane) - 1u;
+        if (sk >= 0) {
+            if (p->cap[sk] > 0) tt = 1u << lane;
+            if (b->g_level[g] == -1 && b->base[g] > 0 && p->cap[p->next[sk] - 1] > 0)
+                sg = 1u << lane;
+            for (uint32_t r = (uint32_t)p->queue[v]; r != 0; r &= r - 1u) {
+                const int32_t j = epxi_bal_ctz(r);
+                const uint32_t oj = (uint32_t)b->f_mask[p->fl[j]];
+                const int32_t x = p->head[EPXI_BAL_FN(j)] - 2 * epxi_bal_popc(oj) + 2 +
+                                  2 * epxi_bal_popc(oj & lt); /* j -> this GPU */
+                if (p->cap[x ^ 1] > 0) fin |= 1u << j;
+            }
+        }
+    }
+    uint32_t fe = epxi_bal_or_lanes(se, nl), fg = epxi_bal_or_lanes(sg, nl);
+    tt = epxi_bal_or_lanes(tt, nl);
+    uint32_t ve = fe, vg = fg;
+    int32_t d = 1, le = fe >> lane & 1u ? 1 : -1, lg = fg >> lane & 1u ? 1 : -1;
+    int reached = 0;
+    while ((fe | fg) != 0) {
+        if (fg & tt) { /* t at d + 1 */
+            reached = 1;
+            break;
+        }
+        const uint32_t ngp = epxi_bal_or_lanes(fe >> lane & 1u ? on : 0u, nl) & ~vg;
+        const uint32_t nep = epxi_bal_or_lanes(fg >> lane & 1u ? fin : 0u, nl) & ~ve;
+        d++;
+        if (nep >> lane & 1u) le = d;
+        if (ngp >> lane & 1u) lg = d;
+        ve |= nep;
+        vg |= ngp;
+        fe = nep;
+        fg = ngp;
+    }
+    if (lane < nf) p->lvl[EPXI_BAL_FN(lane)] = le;
+    if (lane < ng) p->lvl[EPXI_BAL_GN(p, lane)] = lg;
+    if (lane == 0) {
+        p->lvl[0] = 0;
+        p->lvl[1] = reached ? d + 1 : -1;
+        p->lvl[2] = p->lvl[3] = -1;
+    }
+    EPXI_BAL_SYNCWARP(); /* the labels, before lane 0's blocking flow */
+    return reached;
+}
+
+/* epxi_bal_maxflow(p, 0, 1) with the BFS by the lanes (epxi_bal_bfs_lanes)
+ * and each phase's blocking flow on lane 0: the same flow. Returns the
+ * amount on lane 0. */
+EPXI_BAL int64_t epxi_bal_maxflow_lanes(const epxi_bal *b, epxi_bal_part *p, int lane, int nl) {
+    int64_t total = 0;
+    while (epxi_bal_bfs_lanes(b, p, lane, nl)) {
+#ifdef EPXI_BAL_LANES
+        if (lane == 0) epxi_bal_lanes_bfs(p, 1);
+#endif
+        if (lane == 0) total += epxi_bal_blocking(p, 0, 1);
+        EPXI_BAL_SYNCWARP(); /* the flow, before the next BFS */
+    }
+#ifdef EPXI_BAL_LANES
+    if (lane == 0) epxi_bal_lanes_bfs(p, 0);
+    EPXI_BAL_SYNCWARP();
+#endif
+    return total;
+}
+
 /* The start of a component of more than 32 GPUs (no masks): the whole
  * unfixed part, or the first densest GPU closed (its base and the unfixed
  * experts with no other unfixed GPU), by one thread. */
@@ -896,14 +990,17 @@ EPXI_BAL int epxi_bal_level(epxi_bal *b, epxi_bal_part *p, int32_t lv, int lane,
             start = epxi_bal_greedy_lanes(b, p, lane, nl);
 #ifdef EPXI_BAL_LANES
             if (lane == 0) epxi_bal_lanes_greedy(p, start);
+            EPXI_BAL_SYNCWARP();
 #endif
         }
+        const int lanes_flow = lanes && p->nf <= nl;
+        const int64_t flow = lanes_flow ? epxi_bal_maxflow_lanes(b, p, lane, nl) : 0;
         if (lane == 0) {
             if (!lanes) {
                 need = step == 0 ? epxi_bal_build(b, p, a, den) : epxi_bal_recap(b, p, a, den);
                 start = epxi_bal_greedy(p, 0);
             }
-            *say = start + epxi_bal_maxflow(p, 0, 1) == need;
+            *say = start + (lanes_flow ? flow : epxi_bal_maxflow(p, 0, 1)) == need;
         }
         EPXI_BAL_SYNCWARP();
         if (*say) break;

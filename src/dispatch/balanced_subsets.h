@@ -32,7 +32,7 @@ uint32_t epxi_bal_lanes_best(int64_t num, int32_t den, uint32_t mask);
 int32_t epxi_bal_lanes_first(int64_t num, int32_t den, int32_t idx);
 int64_t epxi_bal_lanes_sum(int64_t v);
 int64_t epxi_bal_lanes_from(int64_t v, int src);
-/* ... and, called by lane 0, the lanes' graph build and greedy start
+/* ... and, called by lane 0, the lanes' graph build, greedy start and BFS
  * checked against the serial forms on the same graph (balanced_flows.h) */
 struct epxi_bal;
 struct epxi_bal_part;
@@ -40,6 +40,7 @@ void epxi_bal_lanes_built(struct epxi_bal *b, struct epxi_bal_part *p, int64_t a
                           int64_t need);
 void epxi_bal_lanes_keep(const struct epxi_bal_part *p);
 void epxi_bal_lanes_greedy(struct epxi_bal_part *p, int64_t start);
+void epxi_bal_lanes_bfs(struct epxi_bal_part *p, int reached);
 #define EPXI_BAL_SYNCWARP() epxi_bal_lanes_sync(__LINE__)
 #else
 #define EPXI_BAL_SYNCWARP() ((void)0)
