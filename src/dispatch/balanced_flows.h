@@ -457,14 +457,13 @@ EPXI_BAL int64_t epxi_bal_build_lanes(epxi_bal *b, epxi_bal_part *p, int64_t a, 
     return need;
 }
 
-/* The graph epxi_bal_build made, at another lambda = a / den: the same
- * edges in the same order (within a level the unfixed part does not
- * change), every capacity set again as build sets it and every reverse
- * edge's to 0, so a max-flow on it runs exactly as on a fresh build.
- * Returns the flow that means feasible. */
-EPXI_BAL int64_t epxi_bal_recap(const epxi_bal *b, epxi_bal_part *p, int64_t a, int64_t den) {
+/* epxi_bal_recap's pairs first, first + step, ...: each capacity set again
+ * as epxi_bal_build sets it; returns their part of the flow that means
+ * feasible. */
+EPXI_BAL int64_t epxi_bal_recap_pairs(const epxi_bal *b, epxi_bal_part *p, int64_t a, int64_t den,
+                                      int32_t first, int32_t step) {
     int64_t need = 0;
-    for (int32_t e = 0; e < p->m; e += 2) {
+    for (int32_t e = first; e < p->m; e += step) {
         const int32_t u = p->to[e + 1], v = p->to[e];
         int64_t c = EPXI_BAL_INF; /* e -> g */
         if (u == 0) {             /* s -> e (den c_e) or s -> g (den base_g) */
@@ -480,24 +479,20 @@ EPXI_BAL int64_t epxi_bal_recap(const epxi_bal *b, epxi_bal_part *p, int64_t a, 
     return need;
 }
 
+/* The graph epxi_bal_build made, at another lambda = a / den: the same
+ * edges in the same order (within a level the unfixed part does not
+ * change), every capacity set again as build sets it and every reverse
+ * edge's to 0, so a max-flow on it runs exactly as on a fresh build.
+ * Returns the flow that means feasible. */
+EPXI_BAL int64_t epxi_bal_recap(const epxi_bal *b, epxi_bal_part *p, int64_t a, int64_t den) {
+    return epxi_bal_recap_pairs(b, p, a, den, 0, 2);
+}
+
 /* epxi_bal_recap by the lanes (each takes pairs lane, lane + nl, ...): the
  * same capacities; returns the flow that means feasible on every lane. */
 EPXI_BAL int64_t epxi_bal_recap_lanes(const epxi_bal *b, epxi_bal_part *p, int64_t a, int64_t den,
                                       int lane, int nl) {
-    int64_t need = 0;
-    for (int32_t e = 2 * lane; e < p->m; e += 2 * nl) {
-        const int32_t u = p->to[e + 1], v = p->to[e];
-        int64_t c = EPXI_BAL_INF; /* e -> g */
-        if (u == 0) {             /* s -> e (den c_e) or s -> g (den base_g) */
-            c = v < 4 + p->nf ? den * b->cnt[b->flex[p->fl[v - 4]]]
-                              : den * b->base[p->gl[v - 4 - p->nf]];
-            need += c;
-        } else if (v == 1) { /* g -> t */
-            c = a;
-        }
-        p->cap[e] = c;
-        p->cap[e + 1] = 0;
-    }
+    int64_t need = epxi_bal_recap_pairs(b, p, a, den, 2 * lane, 2 * nl);
     need = epxi_bal_sum_lanes(need, nl);
     EPXI_BAL_SYNCWARP(); /* the capacities, before the greedy start reads them */
     return need;
