@@ -1,10 +1,12 @@
 /*
  * balanced_flows.h - one component of the balanced split by max-flows (components
  * larger than sub_max GPUs): its flow graph, Dinkelbach's levels, then the
- * rounding. The max-flows run on one thread (lane 0); in the kernel the
- * warp's other lanes share each level's loops over the component's experts
- * and GPUs (epxi_bal_level, epxi_bal_start). Part of the solver
- * balanced_core.h describes.
+ * rounding. In the kernel a component's warp shares each level's loops over
+ * its experts and GPUs (epxi_bal_level, epxi_bal_start) and, in parts of at
+ * most 32 experts and GPUs, the graph's build, the greedy start, each BFS
+ * and the level's end (the *_lanes forms, each the serial form's result);
+ * the blocking flows and the rounding run on one thread (lane 0). Part of
+ * the solver balanced_core.h describes.
  */
 #ifndef EPX_DISPATCH_BALANCED_FLOWS_H
 #define EPX_DISPATCH_BALANCED_FLOWS_H
@@ -961,8 +963,9 @@ EPXI_BAL int epxi_bal_level(epxi_bal *b, epxi_bal_part *p, int32_t lv, int lane,
     }
     EPXI_BAL_SYNCWARP();
     epxi_bal_start(b, p, lv, lane, nl);
-    /* The lanes share lambda's fraction (epxi_bal_ratio_lanes) and the
-     * sets' updates; lane 0 runs the max-flows and tells the lanes through
+    /* The lanes share lambda's fraction (epxi_bal_ratio_lanes), the sets'
+     * updates and, in a small enough part, each step's graph, greedy start
+     * and BFS; lane 0 runs the blocking flows and tells the lanes through
      * c_say whether lambda is the level's. */
     int32_t *const say = b->c_say + p->lv0;
     int64_t a, den, a_prev = 0, den_prev = 1;
