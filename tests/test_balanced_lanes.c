@@ -178,14 +178,15 @@ static struct {
     long builds, greedies, bfs;
 } K;
 
-static void check_fits(const epxi_bal *b, const epxi_bal_part *p) {
-    if (p->n > KEEP_NODES || p->m > KEEP_EDGES || (int64_t)p->nf * b->D > KEEP_FLEX ||
-        p->ng > KEEP_NODES)
+/* Each hook checks that what it copies fits K (and its own copies, sized
+ * alike) before it copies. */
+static void check_fits(int64_t nodes, int64_t edges, int64_t flex) {
+    if (nodes > KEEP_NODES || edges > KEEP_EDGES || flex > KEEP_FLEX)
         diverged("a graph larger than the test's copies");
 }
 
 void epxi_bal_lanes_built(epxi_bal *b, epxi_bal_part *p, int64_t a, int64_t den, int64_t need) {
-    check_fits(b, p);
+    check_fits(p->n > p->ng ? p->n : p->ng, p->m, (int64_t)p->nf * b->D);
     const int32_t n = p->n, m = p->m, D = b->D;
     memcpy(K.head, p->head, (size_t)n * sizeof(int32_t));
     memcpy(K.sink, p->sink, (size_t)n * sizeof(int32_t));
@@ -215,7 +216,7 @@ void epxi_bal_lanes_built(epxi_bal *b, epxi_bal_part *p, int64_t a, int64_t den,
 }
 
 void epxi_bal_lanes_keep(const epxi_bal_part *p) {
-    if (p->m > KEEP_EDGES) diverged("a graph larger than the test's copies");
+    check_fits(0, p->m, 0);
     memcpy(K.cap, p->cap, (size_t)p->m * sizeof(int64_t));
 }
 
@@ -240,7 +241,7 @@ void epxi_bal_lanes_greedy(epxi_bal_part *p, int64_t start) {
 void epxi_bal_lanes_bfs(epxi_bal_part *p, int reached) {
     static int32_t lanes_lvl[KEEP_NODES], queue[KEEP_NODES];
     const int32_t n = p->n;
-    if (n > KEEP_NODES) diverged("a graph larger than the test's copies");
+    check_fits(n, 0, 0);
     memcpy(lanes_lvl, p->lvl, (size_t)n * sizeof(int32_t));
     memcpy(queue, p->queue, (size_t)n * sizeof(int32_t));
     const int reached2 = epxi_bal_bfs(p, 0, 1);
