@@ -418,6 +418,24 @@ static const char *mode_name(const bench_args *a) {
     return a->mode == EPX_EP_MODE_LOW_LATENCY ? "low-latency" : "normal";
 }
 
+/* Block 0's stamps of the last dispatch and combine (variant 8), `when`
+ * saying which run left them ("" for the checked launch, "graph " after the
+ * graph replays: the same steps under back-to-back launches). */
+static void print_stamps(ll_run *b, int64_t T, const char *when) {
+    double st_us[48];
+    if (!(b->variant & 8) || epxi_gpu_ep_stamps(b->ep, st_us) != 0) return;
+    printf("%sstamps at %lld tokens (us from block 0's entry; SM clock %.0f MHz): dispatch "
+           "started %.2f sent and counted %.2f arrived %.2f waited %.2f placed %.2f; combine "
+           "started %.2f sent %.2f arrived %.2f waited %.2f first rows %.2f summed %.2f "
+           "reduced %.2f\n",
+           when, (long long)T, st_us[6], st_us[0], st_us[1], st_us[2], st_us[3], st_us[4], st_us[8],
+           st_us[9], st_us[10], st_us[11], st_us[13], st_us[14], st_us[12]);
+    printf("  finer stamps:");
+    for (int i = 16; i < 48; i++)
+        if (st_us[i] >= 0) printf(" %d=%.2f", i, st_us[i]);
+    printf("\n");
+}
+
 static epx_status bench_T(ll_run *b, int64_t T, const void *x, const int32_t *slots, const float *w,
                           int32_t P, FILE *jl, const char *device, epx_error *err) {
     const bench_args *a = b->a;
@@ -471,20 +489,7 @@ static epx_status bench_T(ll_run *b, int64_t T, const void *x, const int32_t *sl
                  mode_name(a), (long long)T, (long long)bad);
         return EPX_ERR_INTERNAL;
     }
-    double st_us[48];
-    if (me == 0 && (b->variant & 8) && epxi_gpu_ep_stamps(b->ep, st_us) == 0)
-        printf("stamps at %lld tokens (us from block 0's entry; SM clock %.0f MHz): dispatch "
-               "started %.2f sent and counted %.2f arrived %.2f waited %.2f placed %.2f; combine "
-               "started %.2f sent %.2f arrived %.2f waited %.2f first rows %.2f summed %.2f "
-               "reduced %.2f\n",
-               (long long)T, st_us[6], st_us[0], st_us[1], st_us[2], st_us[3], st_us[4], st_us[8],
-               st_us[9], st_us[10], st_us[11], st_us[13], st_us[14], st_us[12]);
-    if (me == 0 && (b->variant & 8)) {
-        printf("  finer stamps:");
-        for (int i = 16; i < 48; i++)
-            if (st_us[i] >= 0) printf(" %d=%.2f", i, st_us[i]);
-        printf("\n");
-    }
+    if (me == 0) print_stamps(b, T, "");
     if (a->graph) EPX_TRY_CLI(capture(b, T, err));
     /* Payload bytes of this rank's sends: rows, not record padding (fp8: the
      * e4m3 values and a 4-byte scale per 128). */
@@ -507,6 +512,7 @@ static epx_status bench_T(ll_run *b, int64_t T, const void *x, const int32_t *sl
             double med = 0, p99 = 0, cmed = -1, cp99 = 0, lmed = -1, lp99 = 0;
             EPX_TRY_CLI(time_phase(b, ph, T, gi == 1, 0, &med, &p99, err));
             if (ph == PH_ROUND_TRIP) eng_rt[gi] = med;
+            if (ph == PH_ROUND_TRIP && gi == 1 && me == 0) print_stamps(b, T, "graph ");
             if (ph != PH_ALLREDUCE && bytes[ph] > 0)
                 EPX_TRY_CLI(time_phase(b, PH_COPY, T, false, bytes[ph], &cmed, &cp99, err));
             if (ph != PH_ALLREDUCE && cross[ph] > 0 && b->hpin != NULL)

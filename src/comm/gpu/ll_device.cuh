@@ -158,7 +158,8 @@ struct Args {
     int staging;
     /* This rank's inbox is host memory (the host transport): every load from
      * it crosses the link, so each received row is read once and stored to
-     * all its K places (place_rows), not once per (row, k). */
+     * all its K places (place_row_slices, or the general instance's
+     * place_rows), not once per (row, k). */
     int host_inbox;
     /* Shrink mode (DeepEP's): a peer whose flag does not come within the
      * timeout is masked, not a fault; masked ranks are neither sent to nor
@@ -198,7 +199,9 @@ struct Args {
  * kCombineThreads, a small batch's too (not kSmallCombineThreads); 2048 =
  * the slot ranges stored between their loads (slot_ranges);
  * 8192 = normal mode's receive asks for its first meta after the slots'
- * scan, not before their counts (receive_compact). */
+ * scan, not before their counts (receive_compact); 16384 = a host inbox's
+ * received rows read whole by one block each, not in slices by several
+ * (place_row_slices). */
 #define STAMP(a, i)                                                                                \
     do {                                                                                           \
         if (((a).variant & 8) && blockIdx.x == 0 && threadIdx.x == 0)                              \

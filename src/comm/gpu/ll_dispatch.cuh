@@ -150,14 +150,12 @@ __device__ void place_fp8(const Args &a, const unsigned char *rec, int64_t e, in
 /*
  * Where entry (source s, token t, k) of meta m goes in the expert-major
  * receive, or with so in the compact one (its slot's offset for sources
- * below s, from their counts, plus its position), with its weight, source
- * pair and token recorded there; -1
- * for a meta of an older batch or out of range. live [R]: the sources that
+ * below s, from their counts, plus its position); -1 for a meta of an older
+ * batch or out of range. live [R]: the sources that
  * count (shrink mode gives up on some).
  */
-__device__ int64_t place_entry(const Args &a, uint32_t epoch, const Meta &m, int s, int64_t t,
-                               int k, const uint8_t *live, int32_t item,
-                               const int32_t *so = nullptr) {
+__device__ int64_t entry_at(const Args &a, uint32_t epoch, const Meta &m, int s,
+                            const uint8_t *live, const int32_t *so = nullptr) {
     int64_t e = -1;
     if (m.tag == epoch && m.slot >= 0 && m.slot < a.spr) {
         int64_t off = 0;
@@ -168,6 +166,14 @@ __device__ int64_t place_entry(const Args &a, uint32_t epoch, const Meta &m, int
         const int64_t room = so ? so[m.slot + 1] - so[m.slot] : a.RM;
         if (m.pos >= 0 && off + m.pos < room) e = first + off + m.pos;
     }
+    return e;
+}
+/* ... and that entry recorded for the combine (its weight, source pair and
+ * token) with the item's Work. */
+__device__ int64_t place_entry(const Args &a, uint32_t epoch, const Meta &m, int s, int64_t t,
+                               int k, const uint8_t *live, int32_t item,
+                               const int32_t *so = nullptr) {
+    const int64_t e = entry_at(a, epoch, m, s, live, so);
     const int32_t pair = (int32_t)(((int64_t)s * a.M + t) * a.K + k);
     if (e >= 0) {
         a.ew[e] = m.weight;
@@ -241,6 +247,61 @@ __device__ void place_rows(const Args &a, uint32_t epoch, const int32_t *first_r
             for (int i = 0; i < n; i++) block_copy(a.rx + (size_t)place[i] * a.xrow, rec, a.xrow);
         }
         __syncthreads();
+    }
+}
+
+/* Most blocks one received row is read by (place_row_slices): 14 KB rows
+ * in slices of ~1.8 KB, each one trip across the link. */
+constexpr int32_t kMaxSlices = 8;
+
+/*
+ * Receive for a host-memory inbox in the lean instance: every received row
+ * read across the link once and stored to its K places, and where the rows
+ * are fewer than the placing blocks, in S slices read by as many blocks.
+ * One SM has too few reads in flight to fill the link (bench/host_link.cu:
+ * 5-7 GB/s for one block), so one block reading a whole 14 KB row waits
+ * about two round trips for it (bench/RESULTS.md). Unit u is slice u % S of
+ * row u / S; the slice-0 block records the row's entries (place_entry), the
+ * others only work out where they go. Each block asks for the metas first
+ * and its words right after, before anything waits. rowloc(row, &s, &t):
+ * the row's source and token, called by whole warps alike. Rows are whole
+ * 16-byte words within kPre per thread (row_fits_registers, checked on the
+ * host for this instance).
+ */
+template <typename Loc>
+__device__ void place_row_slices(const Args &a, uint32_t epoch, int32_t rows, int32_t placing,
+                                 const uint8_t *live, Loc rowloc) {
+    __shared__ int64_t place[kMaxK];
+    const int K = a.K;
+    const int32_t W = (int32_t)(a.xrow / 16);
+    const int32_t by_blocks = rows > 0 ? placing / rows : 1;
+    const int32_t S = (a.variant & 16384) || by_blocks < 1 ? 1
+                      : by_blocks < kMaxSlices             ? by_blocks
+                                                           : kMaxSlices;
+    const int32_t per = (W + S - 1) / S, units = rows * S;
+    for (int32_t u = blockIdx.x; u < units && (int32_t)blockIdx.x < placing; u += placing) {
+        const int32_t row = u / S, slice = u - row * S;
+        int s = 0;
+        int32_t t = 0;
+        rowloc(row, &s, &t);
+        const unsigned char *rec = rec_at(a, a.base, epoch, s, t);
+        Meta m = {-1, 0.0f, 0, 0};
+        if (threadIdx.x < K) m = ((const Meta *)(rec + a.meta_off))[threadIdx.x];
+        const int32_t lo = slice * per, n = W - lo < per ? W - lo : per; /* n <= 0: none */
+        const size_t bytes = n > 0 ? (size_t)n * 16 : 0;
+        int4 v[kPre];
+        regs_load(v, rec + (size_t)lo * 16, bytes);
+        if (threadIdx.x < K) {
+            const int k = threadIdx.x;
+            place[k] = slice == 0 ? place_entry(a, epoch, m, s, t, k, live, row * K + k)
+                                  : entry_at(a, epoch, m, s, live);
+        }
+        __syncthreads();
+        STAMP(a, 24);
+        for (int k = 0; k < K; k++)
+            if (place[k] >= 0)
+                regs_store(a.rx + (size_t)place[k] * a.xrow + (size_t)lo * 16, v, bytes);
+        __syncthreads(); /* place[] is the next unit's */
     }
 }
 
@@ -628,6 +689,11 @@ __device__ void receive_compact(const Args &a, uint32_t epoch, const int32_t *fi
  * stretch of code is a trip to memory on the critical path (ncu: "no
  * instruction" is the first stall after the barriers).
  *
+ * kHostRows (with kLean, not kBig): the lean instance over a host-memory
+ * inbox, each received row read across the link once (place_row_slices);
+ * the general instance's place_rows, with its spilled registers, took
+ * ~5 us for one 14 KB row on the H100 where the lean reads take ~2.
+ *
  * kBig: a batch past the staged ids (T * K > kSmemIds): positions from a
  * per-slot table of earlier tokens (P <= kSmemIds), sent a warp per item
  * by the lean instance (send_run_warps), a block per item with the next
@@ -635,7 +701,7 @@ __device__ void receive_compact(const Args &a, uint32_t epoch, const int32_t *fi
  * that code cost small batches 0.2-0.5 us in the lean one (H200,
  * bench/RESULTS.md).
  */
-template <bool kLean, bool kBig, int kT = kDispatchThreads>
+template <bool kLean, bool kBig, int kT = kDispatchThreads, bool kHostRows = false>
 __global__ void __launch_bounds__(kT, blocks_per_sm(kT))
     dispatch_kernel(Args a, int64_t T, const unsigned char *x, const void *slots,
                     const float *weights, uint32_t nwork, int parts) {
@@ -972,8 +1038,8 @@ __global__ void __launch_bounds__(kT, blocks_per_sm(kT))
     int s0 = 0, k0 = 0;
     int32_t t0 = 0;
     const unsigned char *rec0 = nullptr;
-    if ((int32_t)blockIdx.x < items && (int32_t)blockIdx.x < placing && (kLean || !a.host_inbox) &&
-        !a.compact) {
+    if ((int32_t)blockIdx.x < items && (int32_t)blockIdx.x < placing && !kHostRows &&
+        (kLean || !a.host_inbox) && !a.compact) {
         rec0 = item_rec(blockIdx.x, &s0, &t0, &k0);
         if (threadIdx.x == 0) first_meta = ((const Meta *)(rec0 + a.meta_off))[k0];
         if (pre) regs_load(v, rec0, a.xrow);
@@ -990,6 +1056,22 @@ __global__ void __launch_bounds__(kT, blocks_per_sm(kT))
     }
     if (a.compact) {
         receive_compact(a, epoch, first_row, items, live, ids, range_block);
+        STAMP(a, 4);
+        advance();
+        return;
+    }
+    if (kHostRows) {
+        place_row_slices(a, epoch, rows_total, placing, live, [&](int32_t row, int *s, int32_t *t) {
+            if (warp_rows) {
+                *s = __popc(__ballot_sync(0xffffffffu, lane < a.R && row_incl <= row));
+                *t = row - __shfl_sync(0xffffffffu, row_excl, *s);
+            } else {
+                int r = 0;
+                while (first_row[r + 1] <= row) r++;
+                *s = r;
+                *t = row - first_row[r];
+            }
+        });
         STAMP(a, 4);
         advance();
         return;

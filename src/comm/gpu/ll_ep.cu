@@ -487,9 +487,10 @@ static epx_status open_engine(const epx_ep_config *cfg, int32_t rank, int32_t nu
          * resident at once, or the ones still queued could never publish
          * theirs: per kernel, its instances' fewest blocks an SM times the
          * SMs. At most 65535: blocks count in on 16 bits (arrive). */
-        const void *dispatches[4] = {
+        const void *dispatches[5] = {
             (const void *)dispatch_kernel<false, false>, (const void *)dispatch_kernel<true, false>,
-            (const void *)dispatch_kernel<false, true>, (const void *)dispatch_kernel<true, true>};
+            (const void *)dispatch_kernel<false, true>, (const void *)dispatch_kernel<true, true>,
+            (const void *)dispatch_kernel<true, false, kDispatchThreads, true>};
         const void *combines[2] = {(const void *)combine_kernel<false>,
                                    (const void *)combine_kernel<true>};
         const void *smalls[1] = {(const void *)dispatch_kernel<true, false, kSmallDispatchThreads>};
@@ -499,7 +500,7 @@ static epx_status open_engine(const epx_ep_config *cfg, int32_t rank, int32_t nu
             const void *const *k;
             int n, threads;
             int32_t *cap;
-        } kinds[4] = {{dispatches, 4, kDispatchThreads, &ep->wait_blocks},
+        } kinds[4] = {{dispatches, 5, kDispatchThreads, &ep->wait_blocks},
                       {combines, 2, kCombineThreads, &ep->comb_blocks},
                       {smalls, 1, kSmallDispatchThreads, &ep->small_blocks},
                       {small_combines, 2, kSmallCombineThreads, &ep->small_comb}};
@@ -1103,17 +1104,22 @@ extern "C" epx_status epx_gpu_ep_dispatch_parts(epx_gpu_ep *ep, int parts, int64
                                          err);
     }
     /* The lean instance when nothing needs the others' paths (dispatch_kernel). */
-    const bool lean = ep->fp8 == 0 && (!ep->a.host_inbox || (ep->a.variant & 32)) && g->K <= 32 &&
-                      row_fits_registers(g->xrow, x, kDispatchThreads);
+    const bool lean_rows =
+        ep->fp8 == 0 && g->K <= 32 && row_fits_registers(g->xrow, x, kDispatchThreads);
+    const bool lean = lean_rows && (!ep->a.host_inbox || (ep->a.variant & 32));
     /* Positions from the per-slot table where the ids are past staging. */
     const bool big = (parts & EPX_GPU_EP_SEND) && ep->T * g->K > kSmemIds && g->P <= kSmemIds;
+    /* ... and its form that reads a host inbox's rows once (kHostRows) */
+    const bool host_rows =
+        lean_rows && ep->a.host_inbox && !(ep->a.variant & 32) && !big && !ep->a.compact;
     /* ... in smaller blocks for low latency's usual batch (kSmallDispatchThreads) */
     const bool small = lean && !big && !ep->a.compact && ep->T * g->K <= kSmemIds &&
                        !(ep->a.variant & 512) &&
                        row_fits_registers(g->xrow, x, kSmallDispatchThreads);
-    auto kern = small  ? dispatch_kernel<true, false, kSmallDispatchThreads>
-                : lean ? (big ? dispatch_kernel<true, true> : dispatch_kernel<true, false>)
-                       : (big ? dispatch_kernel<false, true> : dispatch_kernel<false, false>);
+    auto kern = small       ? dispatch_kernel<true, false, kSmallDispatchThreads>
+                : host_rows ? dispatch_kernel<true, false, kDispatchThreads, true>
+                : lean      ? (big ? dispatch_kernel<true, true> : dispatch_kernel<true, false>)
+                            : (big ? dispatch_kernel<false, true> : dispatch_kernel<false, false>);
     const int threads = small ? kSmallDispatchThreads : kDispatchThreads;
     /* ... and one more block for the slot ranges (dispatch_kernel's range block) */
     const unsigned grid = blocks_for((sends > places ? sends : places) + ((parts & 2) ? 1 : 0),
@@ -1314,7 +1320,8 @@ extern "C" int32_t epx_gpu_ep_launches(const epx_gpu_ep *ep, const char *phase) 
 /* Measuring: the stamps of the last dispatch and combine (variant 8), in
  * microseconds after each kernel's start: [0..4] dispatch (1 sent and
  * counted, 2 arrived, 3 waited, 4 placed), [8..14] combine (13, 14: block
- * 0's first rows in, its sum done). */
+ * 0's first rows in, its sum done); the finer ones [16..31] dispatch's but
+ * 25, [32..47] the combine's. */
 extern "C" EPXI_HIDDEN int epxi_gpu_ep_stamps(epx_gpu_ep *ep, double *us) {
     Ctl c;
     if (ep == NULL || cudaMemcpy(&c, ep->a.ctl, sizeof c, cudaMemcpyDeviceToHost) != cudaSuccess)
@@ -1322,7 +1329,7 @@ extern "C" EPXI_HIDDEN int epxi_gpu_ep_stamps(epx_gpu_ep *ep, double *us) {
     /* From block 0's entry into each kernel (stamps 5 and 15); us[6] is the
      * SM clock in MHz over the dispatch (cycles 6 -> 7 over ns 5 -> 4). */
     for (int i = 0; i < 48; i++) {
-        const bool disp = i < 8 || (i >= 16 && i < 24);
+        const bool disp = i < 8 || (i >= 16 && i < 32 && i != 25);
         unsigned long long base = c.stamp[disp ? 5 : 15];
         us[i] = c.stamp[i] >= base && base ? (double)(c.stamp[i] - base) * 1e-3 : -1.0;
     }
