@@ -153,16 +153,25 @@ __global__ void __launch_bounds__(kT, blocks_per_sm(kT))
     __shared__ Work s_first;
     epxi_pdl_wait(); /* first: src/core/pdl.cuh */
     STAMP(a, 15);
-    if (threadIdx.x == 0) {
-        s_epoch = take_epoch(&a.ctl->ce_started, (parts & 1) != 0);
-        read_fault(a, &s_dead);
-        s_items = (parts & 1) ? a.ctl->ditems : 0;
-        if ((parts & 1) && (int64_t)blockIdx.x < a.RM * a.K) s_first = a.work[blockIdx.x];
+    /* All of them asked for before any answer is used, the epoch's atomic
+     * last (dispatch_kernel's prologue says why). */
+    const bool lead = threadIdx.x == 0, sending = (parts & 1) != 0;
+    const uint32_t fault0 = lead ? ld_volatile(&a.ctl->fault[0]) : (uint32_t)F_NONE;
+    const int32_t items0 = lead && sending ? a.ctl->ditems : 0;
+    const bool has_first = lead && sending && (int64_t)blockIdx.x < a.RM * a.K;
+    const Work first0 = has_first ? a.work[blockIdx.x] : Work{-1, 0, 0};
+    const bool refused = a.ctl->refused != 0; /* set by this rank's dispatch, before us */
+    unsigned char *const peer0 = (int)threadIdx.x < a.R ? a.peers[threadIdx.x] : nullptr;
+    const uint32_t epoch0 = lead ? take_epoch(&a.ctl->ce_started, sending) : 0u;
+    if (lead) {
+        s_epoch = epoch0;
+        s_dead = fault0 != F_NONE;
+        s_items = items0;
+        if (has_first) s_first = first0;
     }
-    const bool refused = a.ctl->refused != 0;  /* set by this rank's dispatch, before us */
     __shared__ unsigned char *peer[kMaxRanks]; /* the peer table, read once */
     __shared__ uint8_t live[kMaxRanks];        /* ranks sent to, then sources received from */
-    for (int r = threadIdx.x; r < a.R; r += blockDim.x) peer[r] = a.peers[r];
+    stage_peers(a, peer, peer0);
     __syncthreads();
     const uint32_t epoch = s_epoch;
     if (s_dead) return;

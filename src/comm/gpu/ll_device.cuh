@@ -527,6 +527,16 @@ __device__ unsigned char *rec_at(const Args &a, unsigned char *buf, uint32_t epo
  * could split a block at a later barrier when another block raises a fault
  * meanwhile). The kernels read it beside their epoch, in one trip to memory,
  * before their first barrier. */
+/* The peer table into shared memory, thread r's entry given as peer0
+ * (loaded by the caller with its other loads, before any is used). */
+__device__ __forceinline__ void stage_peers(const Args &a, unsigned char **peer,
+                                            unsigned char *peer0) {
+    if ((int)threadIdx.x < a.R) peer[threadIdx.x] = peer0;
+    for (int r = threadIdx.x + blockDim.x; r < a.R; r += blockDim.x) peer[r] = a.peers[r];
+}
+/* Staged ids each thread loads with the prologue's other loads (the rest after). */
+constexpr int kIdsAhead = 4;
+
 __device__ __forceinline__ void read_fault(const Args &a, int *faulted) {
     *faulted = ld_volatile(&a.ctl->fault[0]) != F_NONE;
 }

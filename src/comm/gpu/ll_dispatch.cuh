@@ -783,14 +783,36 @@ __global__ void __launch_bounds__(kT, blocks_per_sm(kT))
     if (tabled)
         for (int32_t i = threadIdx.x; i < a.P; i += blockDim.x) tab[i] = 0;
     STAMP_CLOCK(a, 6);
-    if (threadIdx.x == 0) {
-        s_epoch = take_epoch(&a.ctl->de_started, sending);
-        read_fault(a, &s_dead);
+    /* Every load before the first barrier is asked for before any answer is
+     * used: the fault word, each thread's first kIdsAhead staged ids and its
+     * peer pointer, then thread 0's epoch word (an atomic), and only then
+     * the stores. Issued in order, thread 0 waited for each in turn (the
+     * epoch, the fault word, its ids, its peer: four trips to memory before
+     * the barrier; stamps in bench/RESULTS.md). */
+    const bool lead = threadIdx.x == 0;
+    const uint32_t fault0 = lead ? ld_volatile(&a.ctl->fault[0]) : (uint32_t)F_NONE;
+    int32_t idv[kIdsAhead];
+#pragma unroll
+    for (int u = 0; u < kIdsAhead; u++) {
+        const int32_t q = (int32_t)threadIdx.x + u * (int32_t)blockDim.x;
+        idv[u] = staged && q < Tn * K ? slot_at(slots, q, ids64) : 0;
     }
-    if (staged)
-        for (int32_t q = threadIdx.x; q < Tn * K; q += blockDim.x)
+    unsigned char *const peer0 = (int)threadIdx.x < a.R ? a.peers[threadIdx.x] : nullptr;
+    const uint32_t epoch0 = lead ? take_epoch(&a.ctl->de_started, sending) : 0u;
+    if (lead) {
+        s_epoch = epoch0;
+        s_dead = fault0 != F_NONE;
+    }
+    if (staged) {
+#pragma unroll
+        for (int u = 0; u < kIdsAhead; u++) {
+            const int32_t q = (int32_t)threadIdx.x + u * (int32_t)blockDim.x;
+            if (q < Tn * K) ids[q] = idv[u];
+        }
+        for (int32_t q = threadIdx.x + kIdsAhead * blockDim.x; q < Tn * K; q += blockDim.x)
             ids[q] = slot_at(slots, q, ids64);
-    for (int r = threadIdx.x; r < a.R; r += blockDim.x) peer[r] = a.peers[r];
+    }
+    stage_peers(a, peer, peer0);
     __syncthreads();
     const uint32_t epoch = s_epoch;
     auto id_at = [&](int32_t q) { return staged ? ids[q] : slot_at(slots, q, ids64); };
