@@ -76,11 +76,12 @@ def launches(rows):
 
 def opcode(sass):
     """The instruction's mnemonic without modifiers or predicate: 'BAR' of
-    '@P0 BAR.SYNC.DEFER_BLOCKING 0x0'."""
+    '@P0 BAR.SYNC.DEFER_BLOCKING 0x0', 'ERRBAR' of nvdisasm's 'ERRBAR;' (an
+    instruction without operands carries its semicolon)."""
     words = sass.split()
     if words and words[0].startswith("@"):
         words = words[1:]
-    return words[0].split(".")[0] if words else ""
+    return words[0].split(".")[0].rstrip(";") if words else ""
 
 
 def line_table(disasm_text):

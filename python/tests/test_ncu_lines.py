@@ -71,6 +71,18 @@ def test_a_launch_from_other_code_is_not_counted():
     assert nl.opcode("@!P0 BRA 0x120") == "BRA" and nl.opcode("") == ""
 
 
+def test_an_instruction_without_operands_matches_its_disassembly():
+    # nvdisasm writes "ERRBAR;" with no space before the semicolon, Nsight
+    # Compute "ERRBAR": a kernel with a fence once matched no launch at all
+    text = DISASM.replace("        /*0020*/                   BAR.SYNC.DEFER_BLOCKING 0x0 ;",
+                          "        /*0020*/                   ERRBAR;")
+    rows = [(0x00, "LDC R1, c[0x0][0x28]", 1, 1, 4), (0x20, "@!P3  ERRBAR", 3, 3, 4)]
+    groups = nl.launches(list(nl.filter_rows(page("dispatch(Args)", 0x1000, rows))))
+    agg, n = nl.by_line(groups, nl.line_table(text), "dispatch")
+    assert n == 1 and agg[("numeric.h", 43)] == [3.0, 3.0, 4.0]
+    assert nl.opcode("ERRBAR;") == "ERRBAR" and nl.opcode("@!P3  ERRBAR") == "ERRBAR"
+
+
 def test_a_callee_after_the_kernel_counts_apart():
     # ten samples inside the kernel, one at an address past its end (a
     # __noinline__ function the kernel calls): the launch counts, the
