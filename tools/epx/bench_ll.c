@@ -424,11 +424,14 @@ static const char *mode_name(const bench_args *a) {
 static void print_stamps(ll_run *b, int64_t T, const char *when) {
     double st_us[48];
     if (!(b->variant & 8) || epxi_gpu_ep_stamps(b->ep, st_us) != 0) return;
-    printf("%sstamps at %lld tokens (us from block 0's entry; SM clock %.0f MHz): dispatch "
+    /* the clock rate needs stamp 7, which not every dispatch instance writes */
+    char mhz[24] = "unknown";
+    if (st_us[6] > 0) snprintf(mhz, sizeof mhz, "%.0f MHz", st_us[6]);
+    printf("%sstamps at %lld tokens (us from block 0's entry; SM clock %s): dispatch "
            "started %.2f sent and counted %.2f arrived %.2f waited %.2f placed %.2f; combine "
            "started %.2f sent %.2f arrived %.2f waited %.2f first rows %.2f summed %.2f "
            "reduced %.2f\n",
-           when, (long long)T, st_us[6], st_us[0], st_us[1], st_us[2], st_us[3], st_us[4], st_us[8],
+           when, (long long)T, mhz, st_us[0], st_us[1], st_us[2], st_us[3], st_us[4], st_us[8],
            st_us[9], st_us[10], st_us[11], st_us[13], st_us[14], st_us[12]);
     printf("  finer stamps:");
     for (int i = 16; i < 48; i++)
