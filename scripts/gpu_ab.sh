@@ -1,0 +1,100 @@
+#!/usr/bin/env bash
+# gpu_ab.sh - one device call that judges a change to the EP engine: the
+# new build's low-latency round trips beside a base build's, alternated, two
+# rounds, over the transports asked for, then the engine's checks on the new
+# build for as long as the call's time allows (most important first). This
+# session's form of it took 255 s (bench/RESULTS.md, the prologues).
+#   BASE=DIR NEW=DIR   each holds epx, test_gpu_ll, libepx.so, libepx_cuda.so
+#                      (DIR/epx alone for BASE)
+#   TRANSPORTS="peer host nccl"  TOKENS=1,8,32,128  ITERS=40
+#   BUDGET=400         seconds after which the remaining checks are skipped
+#   OUT                where the JSON lines and logs go (the device tool's $OUT)
+# Staging, on the development VM: the base build's files into one ignored
+# folder, the new build's into another (BIN=build scripts/stage_gpu.sh gives
+# .devbin), and carry both with .devlibs (and .devpy, .deepep for the torch
+# and DeepEP checks).
+set -u
+: "${BASE:?BASE=DIR: the build timed as the base}" "${NEW:?NEW=DIR: the build judged}"
+OUT=${OUT:-/tmp/gpu_ab}
+TRANSPORTS=${TRANSPORTS:-peer host nccl}
+TOKENS=${TOKENS:-1,8,32,128}
+ITERS=${ITERS:-40}
+BUDGET=${BUDGET:-400}
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+mkdir -p "$OUT"
+export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
+export LD_LIBRARY_PATH=$ROOT/.devlibs:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+start=$(date +%s)
+left() { echo $((BUDGET - ($(date +%s) - start))); }
+nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
+
+for round in 1 2; do
+    for tr in $TRANSPORTS; do
+        for who in base new; do
+            bin=$BASE/epx
+            [ "$who" = new ] && bin=$NEW/epx
+            bound=""
+            [ "$tr" = nccl ] && bound="--token-bound tokens"
+            timeout 120 "$bin" bench comm --backend nccl --mode low-latency --graph \
+                --model kimi-k2.5 --transport "$tr" $bound --tokens "$TOKENS" --iters "$ITERS" \
+                --warmup 10 --json "$OUT/ab_${tr}_$who.jsonl" >"$OUT/ab_${tr}_${who}_$round.log" 2>&1
+            echo "round $round, $tr, $who: exit $?"
+        done
+    done
+done
+python3 - "$OUT" $TRANSPORTS <<'PY'
+import json, sys, collections
+out, transports = sys.argv[1], sys.argv[2:]
+cell = collections.defaultdict(list)
+for tr in transports:
+    for who in ("base", "new"):
+        try:
+            lines = open(f"{out}/ab_{tr}_{who}.jsonl")
+        except OSError:
+            continue
+        for line in lines:
+            r = json.loads(line)
+            if r.get("graph") and r["mode"] != "floor":
+                cell[(tr, r["tokens"], r["phase"], who)].append(r["median_us"])
+print("graph-replayed us, base -> new (one figure per round)")
+for tr, t, ph in sorted({k[:3] for k in cell}):
+    b = " / ".join("%.2f" % v for v in cell[(tr, t, ph, "base")])
+    n = " / ".join("%.2f" % v for v in cell[(tr, t, ph, "new")])
+    print(f"{tr:5} {t:5} {ph:10} {b} -> {n}")
+PY
+
+fail=0 skipped=0
+check() { # name, minimum seconds left, command...
+    local name=$1 need=$2
+    shift 2
+    if [ "$(left)" -lt "$need" ]; then
+        echo "SKIPPED $name: $(left) s left of BUDGET"
+        skipped=$((skipped + 1))
+        return
+    fi
+    if timeout "$(left)" "$@" >"$OUT/$name.log" 2>&1; then
+        echo "PASS $name"
+    else
+        echo "FAIL $name (exit $?)"
+        tail -20 "$OUT/$name.log"
+        fail=1
+    fi
+}
+for tr in peer host nccl; do
+    check "test_gpu_ll_$tr" 40 env EPX_GPU_EP_TRANSPORT=$tr "$NEW/test_gpu_ll"
+done
+for tr in peer host; do
+    check "memcheck_$tr" 80 env EPX_GPU_EP_TRANSPORT=$tr compute-sanitizer --tool memcheck \
+        --error-exitcode 9 --target-processes all "$NEW/test_gpu_ll"
+done
+check torch_gpu 80 env EPX_LIBRARY="$NEW/libepx.so" EPX_CUDA_LIBRARY="$NEW/libepx_cuda.so" \
+    PYTHONPATH="$ROOT/python:$ROOT/.devpy" bash -c "cd /tmp && python3 -m pytest -p no:cacheprovider \
+    -q '$ROOT/python/tests/test_torch_buffer_gpu.py' '$ROOT/python/tests/test_torch_normal_gpu.py'"
+if [ -d "$ROOT/.deepep" ]; then
+    check deepep_ll 60 env EPX_LIBRARY="$NEW/libepx.so" EPX_CUDA_LIBRARY="$NEW/libepx_cuda.so" \
+        PYTHONPATH="$ROOT/python" python3 "$ROOT/tools/deepep_ll_check.py" \
+        --deepep "$ROOT/.deepep" --num-processes 2 --timeout 300
+fi
+echo "gpu_ab: $(($(date +%s) - start)) s; checks $([ $fail = 0 ] && echo passed || echo FAILED)," \
+    "$skipped skipped"
+exit $fail
