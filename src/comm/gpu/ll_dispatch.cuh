@@ -1039,21 +1039,25 @@ __global__ void __launch_bounds__(kT, blocks_per_sm(kT))
     const bool range_block = blockIdx.x == gridDim.x - 1;
     /* Item (row, k)'s source, token and k; called by whole warps alike (the
      * warp_rows form votes over the lanes). */
-    auto item_rec = [&](int32_t item, int *s_out, int32_t *t_out, int *k_out) {
-        const int32_t vrow = item / K;
+    /* Received row `row`'s source and token (whole warps alike, as above). */
+    auto row_source = [&](int32_t row, int *s_out, int32_t *t_out) {
         int s = 0;
         int32_t below = 0; /* rows of the sources below s */
         if (warp_rows) {
-            s = __popc(__ballot_sync(0xffffffffu, lane < a.R && row_incl <= vrow));
+            s = __popc(__ballot_sync(0xffffffffu, lane < a.R && row_incl <= row));
             below = __shfl_sync(0xffffffffu, row_excl, s);
         } else {
-            while (first_row[s + 1] <= vrow) s++;
+            while (first_row[s + 1] <= row) s++;
             below = first_row[s];
         }
         *s_out = s;
-        *t_out = vrow - below;
+        *t_out = row - below;
+    };
+    auto item_rec = [&](int32_t item, int *s_out, int32_t *t_out, int *k_out) {
+        const int32_t vrow = item / K;
+        row_source(vrow, s_out, t_out);
         *k_out = item - vrow * K;
-        return rec_at(a, a.base, epoch, s, *t_out);
+        return rec_at(a, a.base, epoch, *s_out, *t_out);
     };
     STAMP(a, 19);
     Meta first_meta = {-1, 0.0f, 0, 0};
@@ -1083,17 +1087,7 @@ __global__ void __launch_bounds__(kT, blocks_per_sm(kT))
         return;
     }
     if (kHostRows) {
-        place_row_slices(a, epoch, rows_total, placing, live, [&](int32_t row, int *s, int32_t *t) {
-            if (warp_rows) {
-                *s = __popc(__ballot_sync(0xffffffffu, lane < a.R && row_incl <= row));
-                *t = row - __shfl_sync(0xffffffffu, row_excl, *s);
-            } else {
-                int r = 0;
-                while (first_row[r + 1] <= row) r++;
-                *s = r;
-                *t = row - first_row[r];
-            }
-        });
+        place_row_slices(a, epoch, rows_total, placing, live, row_source);
         STAMP(a, 4);
         advance();
         return;
