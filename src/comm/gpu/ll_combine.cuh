@@ -255,6 +255,7 @@ __global__ void __launch_bounds__(kT, blocks_per_sm(kT))
         const int32_t t = item / chunks, h0 = (item - t * chunks) * per + (int32_t)threadIdx.x * V;
         if (item != blockIdx.x) stage(t);
         __syncthreads();
+        STAMP(a, 26);
         unsigned char *o = (unsigned char *)out + (size_t)t * orow;
         if (h0 < a.H) {
             if (kLean)

@@ -309,7 +309,8 @@ __device__ void place_row_slices(const Args &a, uint32_t epoch, int32_t rows, in
  * as the lanes' values sv and wv): its slot as given and as kept (-1: none
  * or out of range), its weight, its
  * destination rank (INT_MAX: none), its place among the token's ascending
- * destinations where it is the first lane of its rank (-1 otherwise), and
+ * destinations (-1: none; with more than 32 ranks only the first lane of
+ * each rank has it), and
  * how many of the token's earlier k name its slot. */
 struct WarpRoute {
     int32_t sv, kept;
@@ -324,15 +325,20 @@ __device__ WarpRoute route_lanes(const Args &a, int32_t sv, float wv) {
     w.wv = in ? wv : 0.0f;
     w.kept = in && w.sv >= 0 && w.sv < a.P ? w.sv : -1;
     w.r = w.kept >= 0 ? w.kept / a.spr : INT_MAX;
-    const unsigned same = __match_any_sync(0xffffffffu, w.r);
-    const bool first = w.r != INT_MAX && lane == __ffs(same) - 1;
-    const unsigned firsts = __ballot_sync(0xffffffffu, first);
-    int place = 0;
-    for (int jj = 0; jj < K; jj++) {
-        const int rj = __shfl_sync(0xffffffffu, w.r, jj);
-        place += ((firsts >> jj) & 1u) && rj < w.r;
+    if (a.R <= 32) { /* every lane of a rank gets its place (dispatch_kernel says why) */
+        const unsigned ranks = __reduce_or_sync(0xffffffffu, w.r != INT_MAX ? 1u << w.r : 0u);
+        w.place = w.r != INT_MAX ? __popc(ranks & ((1u << w.r) - 1u)) : -1;
+    } else {
+        const unsigned same = __match_any_sync(0xffffffffu, w.r);
+        const bool first = w.r != INT_MAX && lane == __ffs(same) - 1;
+        const unsigned firsts = __ballot_sync(0xffffffffu, first);
+        int place = 0;
+        for (int jj = 0; jj < K; jj++) {
+            const int rj = __shfl_sync(0xffffffffu, w.r, jj);
+            place += ((firsts >> jj) & 1u) && rj < w.r;
+        }
+        w.place = first ? place : -1;
     }
-    w.place = first ? place : -1;
     const unsigned twins = __match_any_sync(0xffffffffu, w.kept >= 0 ? w.kept : -2 - lane);
     w.twin = __popc(twins & ((1u << lane) - 1u));
     return w;
@@ -859,20 +865,31 @@ __global__ void __launch_bounds__(kT, blocks_per_sm(kT))
                         a.weights[t * K + lane] = wv;
                     }
                 }
-                /* Destinations ascending, without a serial scan: each first
+                /* Destinations ascending, without a serial scan. Up to 32
+                 * ranks: one OR of the lanes' rank bits is the set, and lane
+                 * L writes rank L at the count of the set's bits below it
+                 * (the K-step shuffle loop below took ~0.9 us of the first
+                 * token's routing; bench/RESULTS.md). More ranks: each first
                  * occurrence counts the smaller ones. */
                 const int r = kept >= 0 ? kept / a.spr : INT_MAX;
-                const unsigned same = __match_any_sync(0xffffffffu, r);
-                const bool first = r != INT_MAX && lane == __ffs(same) - 1;
-                int pos = 0;
-                for (int jj = 0; jj < K; jj++) {
-                    const int rj = __shfl_sync(0xffffffffu, r, jj);
-                    const int fj = __shfl_sync(0xffffffffu, (int)first, jj);
-                    pos += fj && rj < r;
+                if (a.R <= 32) {
+                    const unsigned ranks =
+                        __reduce_or_sync(0xffffffffu, r != INT_MAX ? 1u << r : 0u);
+                    if ((ranks >> lane) & 1u) d[__popc(ranks & ((1u << lane) - 1u))] = lane;
+                    if (lane == 0) nd = __popc(ranks);
+                } else {
+                    const unsigned same = __match_any_sync(0xffffffffu, r);
+                    const bool first = r != INT_MAX && lane == __ffs(same) - 1;
+                    int pos = 0;
+                    for (int jj = 0; jj < K; jj++) {
+                        const int rj = __shfl_sync(0xffffffffu, r, jj);
+                        const int fj = __shfl_sync(0xffffffffu, (int)first, jj);
+                        pos += fj && rj < r;
+                    }
+                    if (first) d[pos] = r;
+                    const unsigned firsts = __ballot_sync(0xffffffffu, first);
+                    if (lane == 0) nd = __popc(firsts);
                 }
-                if (first) d[pos] = r;
-                const unsigned firsts = __ballot_sync(0xffffffffu, first);
-                if (lane == 0) nd = __popc(firsts);
                 /* Position among the token's earlier k of the same slot (a
                  * lane without a slot matches no other: its key is unique). */
                 const unsigned twins = __match_any_sync(0xffffffffu, kept >= 0 ? kept : -2 - lane);

@@ -1321,7 +1321,8 @@ extern "C" int32_t epx_gpu_ep_launches(const epx_gpu_ep *ep, const char *phase) 
  * microseconds after each kernel's start: [0..4] dispatch (1 sent and
  * counted, 2 arrived, 3 waited, 4 placed), [8..14] combine (13, 14: block
  * 0's first rows in, its sum done); the finer ones [16..31] dispatch's but
- * 25, [32..47] the combine's. */
+ * 25 and 26 (the combine's first send, its first reduce's barrier passed),
+ * [32..47] the combine's. */
 extern "C" EPXI_HIDDEN int epxi_gpu_ep_stamps(epx_gpu_ep *ep, double *us) {
     Ctl c;
     if (ep == NULL || cudaMemcpy(&c, ep->a.ctl, sizeof c, cudaMemcpyDeviceToHost) != cudaSuccess)
@@ -1329,7 +1330,7 @@ extern "C" EPXI_HIDDEN int epxi_gpu_ep_stamps(epx_gpu_ep *ep, double *us) {
     /* From block 0's entry into each kernel (stamps 5 and 15); us[6] is the
      * SM clock in MHz over the dispatch (cycles 6 -> 7 over ns 5 -> 4). */
     for (int i = 0; i < 48; i++) {
-        const bool disp = i < 8 || (i >= 16 && i < 32 && i != 25);
+        const bool disp = i < 8 || (i >= 16 && i < 32 && i != 25 && i != 26);
         unsigned long long base = c.stamp[disp ? 5 : 15];
         us[i] = c.stamp[i] >= base && base ? (double)(c.stamp[i] - base) * 1e-3 : -1.0;
     }
