@@ -1,0 +1,57 @@
+# Copyright the epx authors. Licensed under the Apache License, Version 2.0;
+# you may use this file only in compliance with that license, a copy of which
+# is at http://www.apache.org/licenses/LICENSE-2.0. It is distributed "AS IS",
+# without warranties or conditions of any kind.
+"""scripts/ab_rows.py on a canned gpu_ab.sh folder: only graph rows are kept,
+each cell's rounds are numbered in the order they came, and the builds and
+notes say which side timed them."""
+import json
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SCRIPT = os.path.join(ROOT, "scripts", "ab_rows.py")
+
+
+def row(tokens, phase, us, graph=True, mode="low-latency", floor=None, transport="pointers"):
+    r = {"mode": mode, "tokens": tokens, "phase": phase, "median_us": us, "graph": graph,
+         "transport": transport}
+    if floor:
+        r["floor"] = floor
+    return r
+
+
+def write(path, rows):
+    with open(path, "w") as f:
+        for r in rows:
+            f.write(json.dumps(r) + "\n")
+
+
+def test_rounds_builds_and_notes(tmp_path):
+    one_round = lambda us: [row(1, "dispatch", us), row(1, "dispatch", 99.0, graph=False),
+                            row(1, "round-trip", 2 * us),
+                            row(1, "round-trip", 9.0, mode="floor", floor="flag", transport=None)]
+    write(tmp_path / "ab_peer_base.jsonl", one_round(7.0) + one_round(7.1))
+    write(tmp_path / "ab_peer_new.jsonl", one_round(6.0) + one_round(6.1))
+    out = tmp_path / "results.jsonl"
+    out.write_text('{"kept": true}\n')
+    subprocess.run([sys.executable, SCRIPT, str(tmp_path), str(out), "--base", "aaa",
+                    "--new", "bbb", "--note", "the change"], check=True)
+    got = [json.loads(l) for l in out.read_text().splitlines()]
+    assert got[0] == {"kept": True}
+    got = got[1:]
+    assert len(got) == 12 and all(r["graph"] for r in got)
+    disp = [(r["build"], r["round"], r["median_us"]) for r in got if r["phase"] == "dispatch"]
+    assert disp == [("aaa", 1, 7.0), ("aaa", 2, 7.1), ("bbb", 1, 6.0), ("bbb", 2, 6.1)]
+    floors = [r["round"] for r in got if r["mode"] == "floor"]
+    assert floors == [1, 2, 1, 2]
+    assert {r["note"] for r in got if r["build"] == "bbb"} == {"peer transport, the change"}
+    assert {r["note"] for r in got if r["build"] == "aaa"} == {"peer transport, the base, beside bbb"}
+
+
+def test_empty_folder_is_a_clear_error(tmp_path):
+    p = subprocess.run([sys.executable, SCRIPT, str(tmp_path), str(tmp_path / "r.jsonl"), "--base",
+                        "a", "--new", "b", "--note", "c"], capture_output=True, text=True)
+    assert p.returncode != 0 and "no ab_*_*.jsonl" in p.stderr
+    assert not (tmp_path / "r.jsonl").exists()

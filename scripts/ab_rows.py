@@ -1,0 +1,62 @@
+#!/usr/bin/env python3
+"""Append the graph-replayed rows of one gpu_ab.sh call to a results file.
+
+gpu_ab.sh leaves ab_<transport>_<base|new>.jsonl in its OUT folder, each with
+round 1's rows and then round 2's (`epx bench comm --json` appends). This
+keeps the graph rows (engine and floors), numbers the rounds by the order in
+which each (transport, tokens, phase, mode, floor) cell comes back, and tags
+every row with the build it timed and a note, so bench/RESULTS.md can point
+at them:
+
+  scripts/ab_rows.py AB_DIR bench/results/ep_h100.jsonl \\
+      --base 059c317 --new 67c34d3 --note "what the new build changes"
+"""
+import argparse
+import collections
+import glob
+import json
+import os
+import re
+import sys
+
+
+def rows_of(path, build, note):
+    seen = collections.Counter()
+    for line in open(path):
+        r = json.loads(line)
+        if not r.get("graph"):
+            continue
+        key = (r.get("transport"), r["tokens"], r["phase"], r["mode"], r.get("floor"))
+        seen[key] += 1
+        r.update(build=build, note=note, round=seen[key])
+        yield r
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("ab_dir", help="gpu_ab.sh's OUT folder (ab_*_base.jsonl, ab_*_new.jsonl)")
+    p.add_argument("results", help="the JSON-lines file to append to")
+    p.add_argument("--base", required=True, help="the base build's name (a commit)")
+    p.add_argument("--new", required=True, help="the new build's name (a commit)")
+    p.add_argument("--note", required=True, help="what the new build changes")
+    a = p.parse_args()
+    files = sorted(glob.glob(os.path.join(a.ab_dir, "ab_*_*.jsonl")))
+    if not files:
+        sys.exit(f"ab_rows: no ab_*_*.jsonl in {a.ab_dir}: give gpu_ab.sh's OUT folder")
+    out = []
+    for f in files:
+        m = re.fullmatch(r"ab_(\w+)_(base|new)\.jsonl", os.path.basename(f))
+        if m is None:
+            continue
+        build = a.base if m.group(2) == "base" else a.new
+        what = f"the base, beside {a.new}" if m.group(2) == "base" else a.note
+        note = f"{m.group(1)} transport, {what}"
+        out.extend(rows_of(f, build, note))
+    with open(a.results, "a") as fh:
+        for r in out:
+            fh.write(json.dumps(r) + "\n")
+    print(f"ab_rows: {len(out)} rows appended to {a.results}")
+
+
+if __name__ == "__main__":
+    main()
