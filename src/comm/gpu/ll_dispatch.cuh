@@ -867,10 +867,11 @@ __global__ void __launch_bounds__(kT, blocks_per_sm(kT))
                 }
                 /* Destinations ascending, without a serial scan. Up to 32
                  * ranks: one OR of the lanes' rank bits is the set, and lane
-                 * L writes rank L at the count of the set's bits below it
-                 * (the K-step shuffle loop below took ~0.9 us of the first
-                 * token's routing; bench/RESULTS.md). More ranks: each first
-                 * occurrence counts the smaller ones. */
+                 * L writes rank L at the count of the set's bits below it,
+                 * a few instructions on the one warp that routes a token
+                 * instead of the K-step shuffle loop below (which also made
+                 * the host instance spill: bench/RESULTS.md). More ranks:
+                 * each first occurrence counts the smaller ones. */
                 const int r = kept >= 0 ? kept / a.spr : INT_MAX;
                 if (a.R <= 32) {
                     const unsigned ranks =
