@@ -10,6 +10,8 @@ at them:
 
   scripts/ab_rows.py AB_DIR bench/results/ep_h100.jsonl \\
       --base 059c317 --new 67c34d3 --note "what the new build changes"
+
+A call with a third build (gpu_ab.sh's NEW2) adds --new2 NAME --note2 TEXT.
 """
 import argparse
 import collections
@@ -39,17 +41,24 @@ def main():
     p.add_argument("--base", required=True, help="the base build's name (a commit)")
     p.add_argument("--new", required=True, help="the new build's name (a commit)")
     p.add_argument("--note", required=True, help="what the new build changes")
+    p.add_argument("--new2", help="the third build's name, when gpu_ab.sh timed NEW2")
+    p.add_argument("--note2", help="what the third build changes (with --new2)")
     a = p.parse_args()
+    if (a.new2 is None) != (a.note2 is None):
+        sys.exit("ab_rows: --new2 and --note2 go together: give both or neither")
     files = sorted(glob.glob(os.path.join(a.ab_dir, "ab_*_*.jsonl")))
     if not files:
         sys.exit(f"ab_rows: no ab_*_*.jsonl in {a.ab_dir}: give gpu_ab.sh's OUT folder")
     out = []
     for f in files:
-        m = re.fullmatch(r"ab_(\w+)_(base|new)\.jsonl", os.path.basename(f))
+        m = re.fullmatch(r"ab_([a-z]+)_(base|new|new2)\.jsonl", os.path.basename(f))
         if m is None:
             continue
-        build = a.base if m.group(2) == "base" else a.new
-        what = f"the base, beside {a.new}" if m.group(2) == "base" else a.note
+        who = m.group(2)
+        if who == "new2" and a.new2 is None:
+            sys.exit(f"ab_rows: {f} holds a third build's rows: name it with --new2 and --note2")
+        build = {"base": a.base, "new": a.new, "new2": a.new2}[who]
+        what = {"base": f"the base, beside {a.new}", "new": a.note, "new2": a.note2}[who]
         note = f"{m.group(1)} transport, {what}"
         out.extend(rows_of(f, build, note))
     with open(a.results, "a") as fh:

@@ -6,6 +6,9 @@
 # session's form of it took 255 s (bench/RESULTS.md, the prologues).
 #   BASE=DIR NEW=DIR   each holds epx, test_gpu_ll, libepx.so, libepx_cuda.so
 #                      (DIR/epx alone for BASE)
+#   NEW2=DIR           optional: a third build timed beside them (a second change
+#                      on top of NEW's), so one call judges both
+#   CHECK=new|new2     the build the checks run on (default: the last one given)
 #   TRANSPORTS="peer host nccl"  TOKENS=1,8,32,128  ITERS=40
 #   BUDGET=400         seconds after which the remaining checks are skipped
 #   OUT                where the JSON lines and logs go (the device tool's $OUT)
@@ -16,6 +19,13 @@
 set -u
 : "${BASE:?BASE=DIR: the build timed as the base}" "${NEW:?NEW=DIR: the build judged}"
 OUT=${OUT:-/tmp/gpu_ab}
+WHO="base new${NEW2:+ new2}"
+CHECK=${CHECK:-$([ -n "${NEW2:-}" ] && echo new2 || echo new)}
+case $CHECK in
+new) CHK=$NEW ;;
+new2) CHK=${NEW2:?CHECK=new2 needs NEW2=DIR} ;;
+*) echo "gpu_ab.sh: CHECK=$CHECK: give new or new2" >&2 && exit 2 ;;
+esac
 TRANSPORTS=${TRANSPORTS:-peer host nccl}
 TOKENS=${TOKENS:-1,8,32,128}
 ITERS=${ITERS:-40}
@@ -30,9 +40,12 @@ nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
 
 for round in 1 2; do
     for tr in $TRANSPORTS; do
-        for who in base new; do
-            bin=$BASE/epx
-            [ "$who" = new ] && bin=$NEW/epx
+        for who in $WHO; do
+            case $who in
+            base) bin=$BASE/epx ;;
+            new) bin=$NEW/epx ;;
+            new2) bin=$NEW2/epx ;;
+            esac
             bound=""
             [ "$tr" = nccl ] && bound="--token-bound tokens"
             timeout 120 "$bin" bench comm --backend nccl --mode low-latency --graph \
@@ -42,12 +55,12 @@ for round in 1 2; do
         done
     done
 done
-python3 - "$OUT" $TRANSPORTS <<'PY'
+python3 - "$OUT" "$WHO" $TRANSPORTS <<'PY'
 import json, sys, collections
-out, transports = sys.argv[1], sys.argv[2:]
+out, builds, transports = sys.argv[1], sys.argv[2].split(), sys.argv[3:]
 cell = collections.defaultdict(list)
 for tr in transports:
-    for who in ("base", "new"):
+    for who in builds:
         try:
             lines = open(f"{out}/ab_{tr}_{who}.jsonl")
         except OSError:
@@ -56,12 +69,12 @@ for tr in transports:
             r = json.loads(line)
             if r.get("graph") and r["mode"] != "floor":
                 cell[(tr, r["tokens"], r["phase"], who)].append(r["median_us"])
-print("graph-replayed us, base -> new (one figure per round)")
+print("graph-replayed us, " + " -> ".join(builds) + " (one figure per round)")
 for tr, t, ph in sorted({k[:3] for k in cell}):
-    b = " / ".join("%.2f" % v for v in cell[(tr, t, ph, "base")])
-    n = " / ".join("%.2f" % v for v in cell[(tr, t, ph, "new")])
-    print(f"{tr:5} {t:5} {ph:10} {b} -> {n}")
+    side = [" / ".join("%.2f" % v for v in cell[(tr, t, ph, who)]) for who in builds]
+    print(f"{tr:5} {t:5} {ph:10} " + " -> ".join(side))
 PY
+echo "checks on $CHECK ($CHK)"
 
 fail=0 skipped=0
 check() { # name, minimum seconds left, command...
@@ -81,17 +94,17 @@ check() { # name, minimum seconds left, command...
     fi
 }
 for tr in peer host nccl; do
-    check "test_gpu_ll_$tr" 40 env EPX_GPU_EP_TRANSPORT=$tr "$NEW/test_gpu_ll"
+    check "test_gpu_ll_$tr" 40 env EPX_GPU_EP_TRANSPORT=$tr "$CHK/test_gpu_ll"
 done
 for tr in peer host; do
     check "memcheck_$tr" 80 env EPX_GPU_EP_TRANSPORT=$tr compute-sanitizer --tool memcheck \
-        --error-exitcode 9 --target-processes all "$NEW/test_gpu_ll"
+        --error-exitcode 9 --target-processes all "$CHK/test_gpu_ll"
 done
-check torch_gpu 80 env EPX_LIBRARY="$NEW/libepx.so" EPX_CUDA_LIBRARY="$NEW/libepx_cuda.so" \
+check torch_gpu 80 env EPX_LIBRARY="$CHK/libepx.so" EPX_CUDA_LIBRARY="$CHK/libepx_cuda.so" \
     PYTHONPATH="$ROOT/python:$ROOT/.devpy" bash -c "cd /tmp && python3 -m pytest -p no:cacheprovider \
     -q '$ROOT/python/tests/test_torch_buffer_gpu.py' '$ROOT/python/tests/test_torch_normal_gpu.py'"
 if [ -d "$ROOT/.deepep" ]; then
-    check deepep_ll 60 env EPX_LIBRARY="$NEW/libepx.so" EPX_CUDA_LIBRARY="$NEW/libepx_cuda.so" \
+    check deepep_ll 60 env EPX_LIBRARY="$CHK/libepx.so" EPX_CUDA_LIBRARY="$CHK/libepx_cuda.so" \
         PYTHONPATH="$ROOT/python" python3 "$ROOT/tools/deepep_ll_check.py" \
         --deepep "$ROOT/.deepep" --num-processes 2 --timeout 300
 fi

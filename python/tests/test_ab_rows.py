@@ -55,3 +55,22 @@ def test_empty_folder_is_a_clear_error(tmp_path):
                         "a", "--new", "b", "--note", "c"], capture_output=True, text=True)
     assert p.returncode != 0 and "no ab_*_*.jsonl" in p.stderr
     assert not (tmp_path / "r.jsonl").exists()
+
+
+def test_third_build(tmp_path):
+    write(tmp_path / "ab_host_base.jsonl", [row(8, "combine", 5.0)])
+    write(tmp_path / "ab_host_new.jsonl", [row(8, "combine", 4.0)])
+    write(tmp_path / "ab_host_new2.jsonl", [row(8, "combine", 3.0)])
+    out = tmp_path / "r.jsonl"
+    args = [sys.executable, SCRIPT, str(tmp_path), str(out), "--base", "a", "--new", "b",
+            "--note", "one change"]
+    p = subprocess.run(args, capture_output=True, text=True)
+    assert p.returncode != 0 and "--new2" in p.stderr and not out.exists()
+    p = subprocess.run(args + ["--new2", "c"], capture_output=True, text=True)
+    assert p.returncode != 0 and "go together" in p.stderr
+    subprocess.run(args + ["--new2", "c", "--note2", "both changes"], check=True)
+    got = {r["build"]: (r["median_us"], r["note"])
+           for r in map(json.loads, out.read_text().splitlines())}
+    assert got == {"a": (5.0, "host transport, the base, beside b"),
+                   "b": (4.0, "host transport, one change"),
+                   "c": (3.0, "host transport, both changes")}
