@@ -522,11 +522,6 @@ __device__ unsigned char *rec_at(const Args &a, unsigned char *buf, uint32_t epo
     return buf + a.off_rows + ((parity(a, epoch) * a.R + src) * a.M + (size_t)t) * a.rec;
 }
 
-/* Whether the handle is dead, read by thread 0 into *faulted and shared, so
- * every thread of the block takes the same branch (threads reading it each
- * could split a block at a later barrier when another block raises a fault
- * meanwhile). The kernels read it beside their epoch, in one trip to memory,
- * before their first barrier. */
 /* The peer table into shared memory, thread r's entry given as peer0
  * (loaded by the caller with its other loads, before any is used). */
 __device__ __forceinline__ void stage_peers(const Args &a, unsigned char **peer,
@@ -537,6 +532,11 @@ __device__ __forceinline__ void stage_peers(const Args &a, unsigned char **peer,
 /* Staged ids each thread loads with the prologue's other loads (the rest after). */
 constexpr int kIdsAhead = 4;
 
+/* Whether the handle is dead, read by thread 0 into *faulted and shared, so
+ * every thread of the block takes the same branch (threads reading it each
+ * could split a block at a later barrier when another block raises a fault
+ * meanwhile). The dispatch and combine kernels read the word the same way
+ * but themselves, with their prologue's other loads (their s_dead). */
 __device__ __forceinline__ void read_fault(const Args &a, int *faulted) {
     *faulted = ld_volatile(&a.ctl->fault[0]) != F_NONE;
 }
