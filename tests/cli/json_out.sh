@@ -60,9 +60,10 @@ check "stats --json on huge loads is strict JSON (or refused)" bash -c \
 "$EPX" trace synth --model deepseek-v3 --windows 2 --tokens 2000 -o c.json >/dev/null || exit 1
 check "plan -o /dev/full refused as a device" refuse "character device" \
     "$EPX" plan --counts c.json --gpus 8 -o /dev/full
-# full CMD...: CMD with a 1 KiB file-size limit and SIGXFSZ ignored, so its
-# writes fail with EFBIG as on a full disk
-full=(bash -c 'trap "" XFSZ; ulimit -f 1; exec "$@"' full)
+# full CMD...: CMD with a 1 KiB file-size limit and SIGXFSZ at its default
+# (terminate), as a user's shell leaves it: epx ignores the signal itself, so
+# its writes fail with EFBIG as on a full disk
+full=(bash -c 'trap - XFSZ; ulimit -f 1; exec "$@"' full)
 check "plan -o, file-size limit: exit 1" expect_rc 1 "${full[@]}" "$EPX" plan --counts c.json --gpus 8 \
     -o p.json
 check "  names the file" grep -qF "cannot write 'p.json'" err

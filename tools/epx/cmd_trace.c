@@ -34,7 +34,9 @@ static int trace_synth(int argc, char **argv) {
          "chance F)",
          NULL},
         {"--per-pass", "N",
-         "write each window as N sparse forward-pass rows (S * N rows), as a recorder dump", NULL},
+         "write each window as N sparse forward-pass rows (S * N rows of logical_count, the shape "
+         "of epx's recorder dump; not SGLang's per_pass .pt, so --window-passes does not apply)",
+         NULL},
         {"-o", "FILE", "output file (required): JSON, or a PyTorch .pt by its extension", NULL},
         {NULL, NULL, NULL, NULL},
     };

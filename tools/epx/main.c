@@ -2,6 +2,7 @@
  * main.c - the epx command line: a table of subcommands, each in its own
  * file (cmd_*.c) and using only the public API.
  */
+#include <signal.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -19,7 +20,8 @@ static const subcommand COMMANDS[] = {
     {"layout", cmd_layout, "write a layout (trivial) as an SGLang mapping file"},
     {"inspect", cmd_inspect, "validate a mapping file and summarise it"},
     {"convert", cmd_convert, "convert mapping and counts files between .pt and .json"},
-    {"plan", cmd_plan, "plan a placement for a load (epx, deepseek, deepseek-hierarchical, auto)"},
+    {"plan", cmd_plan,
+     "plan a placement for a load (epx, DeepSeek's EPLB, SGLang's other EPLB algorithms)"},
     {"eval", cmd_eval, "balancedness of a placement on a load, per window, with the bound"},
     {"trace", cmd_trace, "synthesize an expert-load trace for a model shape (trace synth)"},
     {"stats", cmd_stats, "load metrics per window and layer, worst layers first"},
@@ -41,6 +43,11 @@ static void usage(FILE *f) {
 }
 
 int main(int argc, char **argv) {
+    /* A file-size limit (ulimit -f) would otherwise kill the process in the
+     * middle of a write, leaving its temp file and no message; ignored, the
+     * write fails with EFBIG, and the writer removes its temp and names the
+     * file, as on a full disk (CPython does the same at startup). */
+    signal(SIGXFSZ, SIG_IGN);
     if (argc < 2) {
         usage(stderr);
         return CLI_EXIT_USAGE;
