@@ -69,6 +69,23 @@ run "layout trivial .pt: memory names the options" 2 "use fewer --layers, --expe
 "$EPX" layout trivial --layers 1 --experts 65536 --gpus 65536 -o wide.json >/dev/null || exit 1
 run "dispatch-table for 65536 ranks refused before the [G][L][E] table" 2 "dispatch-table: " \
   "$EPX" dispatch-table --placement wide.json --gpus 65536 -o dt.json
+# SGLang's cut table is G passes of G ranks: at 2,048 GPUs of 61 layers x 384
+# experts (2^36.5 rank-entries, ~25 minutes on one core) refused before any pass,
+# naming --rank, which computes one rank's row in a second
+"$EPX" layout trivial --layers 61 --experts 384 --gpus 2048 --redundant 1664 -o g2k.json >/dev/null ||
+  exit 1
+run "dispatch-table: the cut table's G^2 work refused, --rank named" 2 \
+  "2048 per-rank passes of 2048 ranks x 61 layers x 384 experts" \
+  "$EPX" dispatch-table --placement g2k.json --gpus 2048 -o dt.json
+grep -qF -- "--rank R" err || { echo "FAIL the refusal does not name --rank"; fail=1; }
+run "dispatch-table --rank at 2048 GPUs: one pass, runs" 0 "" \
+  "$EPX" dispatch-table --placement g2k.json --gpus 2048 --rank 7 -o one.json
+"$EPX" trace synth --model kimi-k2 --windows 2 --tokens 1000 -o kc.json >/dev/null || exit 1
+run "eval --routing static at 2048 GPUs refused before the table" 2 "route by another rule" \
+  "$EPX" eval --placement g2k.json --counts kc.json --gpus 2048 --routing static
+run "demo --gpus 2048: its static tables refused before any work" 2 "per layout" \
+  "$EPX" demo --model kimi-k2 --gpus 2048 --out d
+rm -f one.json
 "$EPX" layout trivial --layers 65536 --experts 8 --gpus 8 -o tall.json >/dev/null || exit 1
 run "migrate --expert-bytes times slots past 64 bits names the most that fits" 2 \
   "overflows a 64-bit byte count: use at most 35184372088831 bytes per expert" \

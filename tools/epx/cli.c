@@ -328,6 +328,25 @@ bool cli_check_memory(const cli_cmd *cmd, const epx_shape *s, int copies, const 
     return cli_check_bytes(cmd, bytes, what, fix);
 }
 
+/* Rank-entries (a pass's ranks times its layers and experts) a table may
+ * take: ~7-17 ns each on the development VM's core (bench/RESULTS.md). */
+#define CLI_MAX_TABLE_WORK 34359738368.0 /* 2^35 */
+
+bool cli_check_table_work(const cli_cmd *cmd, const epx_shape *s, int tables, int32_t passes,
+                          const char *fix) {
+    const double work =
+        (double)tables * passes * s->num_gpus * (double)s->num_layers * s->num_logical_experts;
+    if (work <= CLI_MAX_TABLE_WORK) return true;
+    fprintf(stderr,
+            "epx %s: SGLang's static dispatch table on %d GPUs is %d per-rank pass%s of %d ranks "
+            "x %d layers x %d experts%s: %.3g rank-entries, above the limit %.3g (minutes on one "
+            "core; the work grows with the GPUs squared): %s\n",
+            cmd->name, s->num_gpus, passes, passes == 1 ? "" : "es", s->num_gpus, s->num_layers,
+            s->num_logical_experts, tables > 1 ? ", per layout" : "", work, CLI_MAX_TABLE_WORK,
+            fix);
+    return false;
+}
+
 double cli_json_width(double x) {
     double digits = 1;
     for (x = fabs(x); x >= 10 && digits < 20; x /= 10) digits++;

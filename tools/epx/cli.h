@@ -101,6 +101,16 @@ bool cli_check_slots(const cli_cmd *cmd, const char *what, int32_t E, int32_t P,
 /* `fix` says what to lower for this command ("use fewer --layers or
  * --experts"). */
 bool cli_check_memory(const cli_cmd *cmd, const epx_shape *s, int copies, const char *fix);
+/* SGLang's static dispatch table from a mapping (what epx_dispatch_table_
+ * from_layout computes, a cut table from 0.5.4.post2): G per-rank passes,
+ * each drawing for up to G ranks per (layer, expert), so its work grows
+ * with G^2 L E (256 GPUs of DeepSeek-V3: ~8 s on one core; 4,096 GPUs of
+ * Kimi-K2: hours). tables: how many the command computes; passes: G for a
+ * whole cut table, 1 for one rank's row or a table without the cut. false
+ * (after saying so, naming the estimate and `fix`) above ~6 minutes of one
+ * core. */
+bool cli_check_table_work(const cli_cmd *cmd, const epx_shape *s, int tables, int32_t passes,
+                          const char *fix);
 /* The same budget for any estimate: `what` says what needs `bytes`, `fix`
  * what to lower ("fewer --windows"). */
 bool cli_check_bytes(const cli_cmd *cmd, double bytes, const char *what, const char *fix);

@@ -385,7 +385,10 @@ int cmd_demo(int argc, char **argv) {
                              "use fewer --windows, or a smaller --model") ||
             !cli_check_json_size(&cmd, "trace.json", (double)S * m->num_layers * m->num_experts,
                                  cli_json_width((double)tokens * m->top_k / m->num_experts),
-                                 "use fewer --windows or --tokens, or a smaller --model"))
+                                 "use fewer --windows or --tokens, or a smaller --model") ||
+            !cli_check_table_work(&cmd, &shape, NUM_LAYOUTS, G,
+                                  "use fewer --gpus (the per-batch figures route by SGLang's "
+                                  "static table as well as the balanced rule)"))
             return CLI_EXIT_USAGE;
     }
     if (P != P0)

@@ -312,6 +312,17 @@ int cmd_dispatch_table(int argc, char **argv) {
         topts.rank_only = 1;
         topts.rank = R;
     }
+    if (topts.algorithm == EPX_TABLE_SGLANG) { /* sgver was checked above */
+        epx_sglang_rule rule = EPX_SGLANG_RULE_0_5_16;
+        if (sgver) (void)epx_sglang_table_rule(sgver, &rule, NULL, NULL);
+        const bool cut = rep == NULL && rule >= EPX_SGLANG_RULE_0_5_4_POST2 && !topts.rank_only;
+        if (!cli_check_table_work(&cmd, &shape, 1, cut ? G : 1,
+                                  "write one rank's row with --rank R (what that SGLang rank "
+                                  "computes itself), or use fewer --gpus")) {
+            ret = CLI_EXIT_USAGE;
+            goto done;
+        }
+    }
     if (rep) {
         if (epx_dispatch_table_compute(&shape, rep, RW, &topts, table, &err) != EPX_OK) goto report;
     } else if (epx_dispatch_table_from_layout(lay, &topts, table, &err) != EPX_OK) {

@@ -331,6 +331,11 @@ int cmd_eval(int argc, char **argv) {
     }
     if (br.on && (rc = batch_work_check(&br, L)) >= 0) goto done;
     epx_shape s = {L, c->num_experts, P, G, N};
+    if (br.on && br.routing == CLI_ROUTE_STATIC &&
+        !cli_check_table_work(&cmd, &s, 1, G, "route by another rule, or use fewer --gpus")) {
+        rc = CLI_EXIT_USAGE;
+        goto done;
+    }
     if (br.routing == CLI_ROUTE_WEIGHTED &&
         (rc = cli_read_weights(&cmd, cli_get(&cmd, "--weights"), map, L, P, &weights)) >= 0)
         goto done;
