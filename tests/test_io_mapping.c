@@ -142,6 +142,15 @@ static void counts_read_and_write(void **state) {
     TU_MSG_HAS(err.msg, "[0][1]", "-2", "non-negative");
     assert_int_equal(epx_counts_read("{\"logical_count\": [[1, \"a\"]]}", &c, &err), EPX_ERR_PARSE);
     TU_MSG_HAS(err.msg, "not a number");
+    /* past 2^53 a count must be a double's value, or it would come back
+     * changed: 2^53 + 2 is one, 2^53 + 1 is not (it would read as 2^53) */
+    assert_int_equal(epx_counts_read("{\"logical_count\": [[1, 9007199254740994]]}", &c, &err),
+                     EPX_OK);
+    assert_true(c->data[1] == 0x1p53 + 2);
+    epx_counts_destroy(c);
+    assert_int_equal(epx_counts_read("{\"logical_count\": [[1, 9007199254740993]]}", &c, &err),
+                     EPX_ERR_PARSE);
+    TU_MSG_HAS(err.msg, "[0][1]", "9007199254740993", "9007199254740992", "2^53");
     assert_int_equal(epx_counts_read("{\"physical_to_logical_map\": [[1, 0]]}", &c, &err),
                      EPX_ERR_PARSE);
     TU_MSG_HAS(err.msg, "placement");

@@ -74,8 +74,9 @@ static blob per_pass_dump(int64_t rank, const int64_t *ids, int npass, const int
     return out;
 }
 
-/* A stat dump {"rank": 0, "logical_count": int32 [B][L][E], "average_...": None}. */
-static blob stat_dump(const int64_t *lc, int64_t B, int64_t L, int64_t E) {
+/* A stat dump {"rank": 0, "logical_count": [B][L][E], "average_...": None},
+ * its counts int64 when wide, else int32 (as SGLang's recorder keeps them). */
+static blob stat_dump_as(const int64_t *lc, int64_t B, int64_t L, int64_t E, int wide) {
     ptb b = {0};
     int64_t shape[3] = {B, L, E};
     ptb_proto(&b);
@@ -84,18 +85,23 @@ static blob stat_dump(const int64_t *lc, int64_t B, int64_t L, int64_t E) {
     ptb_str(&b, "rank");
     ptb_int(&b, 0);
     ptb_str(&b, "logical_count");
-    ptb_dense(&b, "IntStorage", "0", shape, 3);
+    ptb_dense(&b, wide ? "LongStorage" : "IntStorage", "0", shape, 3);
     ptb_str(&b, "average_utilization_rate_over_window");
     ptb_op(&b, 'N');
     ptb_op(&b, 'u');
     ptb_op(&b, '.');
-    const uint8_t *stor[1] = {ptb_storage_i32(lc, (size_t)(B * L * E))};
-    size_t slen[1] = {(size_t)(B * L * E) * 4};
+    const size_t n = (size_t)(B * L * E);
+    const uint8_t *stor[1] = {wide ? ptb_storage_i64(lc, n) : ptb_storage_i32(lc, n)};
+    size_t slen[1] = {n * (wide ? 8 : 4)};
     blob out = {0};
     out.zip = ptb_archive(&b, stor, slen, 1, &out.len);
     free((void *)(uintptr_t)stor[0]);
     free(b.p);
     return out;
+}
+
+static blob stat_dump(const int64_t *lc, int64_t B, int64_t L, int64_t E) {
+    return stat_dump_as(lc, B, L, E, 0);
 }
 
 static epx_pt_file *load(blob bl, const char *name) {
@@ -284,6 +290,26 @@ static void stat_dumps_concatenate(void **state) {
     /* windows of another shape do not concatenate */
     assert_int_equal(counts_of(stat_dump(a, 1, 2, 3), stat_dump(a, 1, 3, 2), &err), EPX_ERR_SHAPE);
     TU_MSG_HAS(err.msg, "b.pt", "a.pt");
+}
+
+/* int64 counts past 2^53: one a double holds (2^53 + 2) reads exactly, one
+ * it does not (2^53 + 1, read as 2^53) is refused by value. */
+static void int64_counts_exact(void **state) {
+    (void)state;
+    int64_t lc[2 * 3] = {1, 2, 3, 4, 5, ((int64_t)1 << 53) + 2};
+    epx_pt_file *f = load(stat_dump_as(lc, 1, 2, 3, 1), "w.pt");
+    epx_counts *c = NULL;
+    epx_error err = {0};
+    assert_int_equal(epx_counts_from_pt((const epx_pt_file *const *)&f, 1, &c, &err), EPX_OK);
+    assert_true(c->data[5] == 0x1p53 + 2 && c->data[4] == 5.0);
+    epx_counts_destroy(c);
+    epx_pt_file_destroy(f);
+    lc[5] = ((int64_t)1 << 53) + 1;
+    f = load(stat_dump_as(lc, 1, 2, 3, 1), "w.pt");
+    assert_int_equal(epx_counts_from_pt((const epx_pt_file *const *)&f, 1, &c, &err),
+                     EPX_ERR_PARSE);
+    TU_MSG_HAS(err.msg, "w.pt", "element 5", "9007199254740993", "2^53");
+    epx_pt_file_destroy(f);
 }
 
 /* A stat dump as SGLang's ring buffer leaves it: wrapped (the newest passes
@@ -605,9 +631,13 @@ static void init_file_values(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(per_pass_random),        cmocka_unit_test(per_pass_errors),
-        cmocka_unit_test(stat_dumps_concatenate), cmocka_unit_test(spec_forms),
-        cmocka_unit_test(init_file_values),       cmocka_unit_test(stat_dump_ring_buffer),
+        cmocka_unit_test(per_pass_random),
+        cmocka_unit_test(per_pass_errors),
+        cmocka_unit_test(stat_dumps_concatenate),
+        cmocka_unit_test(int64_counts_exact),
+        cmocka_unit_test(spec_forms),
+        cmocka_unit_test(init_file_values),
+        cmocka_unit_test(stat_dump_ring_buffer),
         cmocka_unit_test(per_pass_windows),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -46,7 +46,8 @@ EPX_API epx_status epx_layout_write_json(const epx_layout *layout, const char *p
  * dumps; a directory of dumps is read by epx_counts_read_pt itself.
  * Returns: EPX_OK, EPX_ERR_IO, EPX_ERR_PARSE (names the index and value;
  *          also loads whose total is above 2^63, what SGLang's int64 counts
- *          hold), EPX_ERR_NOMEM; for .pt also those of epx_counts_read_pt.
+ *          hold, and an integer past 2^53 that a double does not hold
+ *          exactly), EPX_ERR_NOMEM; for .pt also those of epx_counts_read_pt.
  */
 EPX_API epx_status epx_counts_read(const char *spec, epx_counts **out, epx_error *err);
 

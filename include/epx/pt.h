@@ -256,7 +256,9 @@ EPX_API epx_status epx_counts_from_pt(const epx_pt_file *const *files, size_t nf
  * epx_counts_read sends specs ending in .pt here.
  * Returns: the statuses of epx_pt_load and epx_counts_from_pt, with the
  *          file named; EPX_ERR_IO for an empty directory; EPX_ERR_PARSE when
- *          the loads sum above 2^63 (what SGLang's int64 counts hold).
+ *          the loads sum above 2^63 (what SGLang's int64 counts hold) or an
+ *          int64 count past 2^53 is not a double's value (it would read
+ *          rounded; named by value).
  */
 EPX_API epx_status epx_counts_read_pt(const char *spec, epx_counts **out, epx_error *err);
 

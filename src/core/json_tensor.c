@@ -104,9 +104,20 @@ static epx_status leaf_number(const json_t *v, const int64_t *idx, int depth, si
     char where[128];
     if (c->kind == EPXI_JSON_LOAD) {
         double x;
-        if (json_is_integer(v))
-            x = (double)json_integer_value(v);
-        else if (json_is_real(v))
+        if (json_is_integer(v)) {
+            const json_int_t n = json_integer_value(v);
+            x = (double)n;
+            /* Loads are doubles: past 2^53 not every integer is one, and a
+             * count rounded on reading would come back changed. */
+            if (x >= 0x1p63 || x <= -0x1p63 || (json_int_t)x != n) {
+                format_index(where, sizeof where, idx, depth);
+                return epxi_fail(err, EPX_ERR_PARSE,
+                                 "'%s'%s is %lld, which epx's loads (doubles) cannot hold "
+                                 "exactly (it would read as %.17g): counts above 2^53 must "
+                                 "be scaled down",
+                                 c->key, where, (long long)n, x);
+            }
+        } else if (json_is_real(v))
             x = json_real_value(v);
         else {
             format_index(where, sizeof where, idx, depth);

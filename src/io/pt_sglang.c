@@ -201,6 +201,29 @@ static epx_status check_loads(const epx_pt_file *f, const char *key, const doubl
     return EPX_OK;
 }
 
+/* An int64 count past 2^53 that the double x[i] does not hold exactly is
+ * refused, naming it: the loads are doubles, and a count rounded on
+ * reading would be written back changed. x[] came from t (n values). */
+static epx_status check_exact(const epx_pt_file *f, const char *key, const epx_pt_tensor *t,
+                              const double *x, size_t n, epx_error *err) {
+    if (t->dtype != EPX_PT_DTYPE_INT64) return EPX_OK;
+    size_t big = 0;
+    while (big < n && x[big] < 0x1p53) big++;
+    if (big == n) return EPX_OK; /* the usual case: nothing to re-read */
+    int64_t *v = epxi_calloc(n, sizeof *v, key, err);
+    if (v == NULL) return EPX_ERR_NOMEM;
+    epx_status st = epx_pt_tensor_to_i64(t, v, n, err);
+    for (size_t i = big; i < n && st == EPX_OK; i++)
+        if (x[i] >= 0x1p63 || (int64_t)x[i] != v[i])
+            st = epxi_fail(err, EPX_ERR_PARSE,
+                           "'%s': '%s' element %zu is %lld, which epx's loads (doubles) cannot "
+                           "hold exactly (it would read as %.17g): counts above 2^53 must be "
+                           "scaled down",
+                           epx_pt_file_name(f), key, i, (long long)v[i], x[i]);
+    free(v);
+    return st;
+}
+
 /* FNV-1a over a dump's rows (their bits and count): equal for the same
  * dump given twice (its path twice, or a copy), and 2^-64 likely for two
  * dumps that differ. */
@@ -288,6 +311,7 @@ static epx_status counts_logical(const epx_pt_file *const *files, size_t nf,
         if (st != EPX_OK)
             epxi_error_prefix(err, "'%s': '%s'", epx_pt_file_name(files[i]), COUNT_KEY);
         if (st == EPX_OK) st = check_loads(files[i], COUNT_KEY, dst, (size_t)numel, L, E, err);
+        if (st == EPX_OK) st = check_exact(files[i], COUNT_KEY, &t, dst, (size_t)numel, err);
         if (st == EPX_OK && is_stat_dump(files[i])) {
             /* The same dump twice would count its passes twice: SGLang's
              * stat dump is already summed over ranks, so no two dumps of
@@ -541,6 +565,7 @@ static epx_status counts_per_pass(const epx_pt_file *const *files, size_t nf,
         epx_pt_tensor t;
         epx_pt_value_tensor(refs[i].gpc, &t, NULL);
         st = epx_pt_tensor_to_f64(&t, gpc, lp, err);
+        if (st == EPX_OK) st = check_exact(f, "global_physical_count", &t, gpc, lp, err);
         if (st != EPX_OK) {
             epxi_error_prefix(err, "'%s': global_physical_count of pass %lld", epx_pt_file_name(f),
                               (long long)refs[i].pass);
