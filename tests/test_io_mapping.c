@@ -147,6 +147,14 @@ static void counts_read_and_write(void **state) {
     assert_int_equal(epx_counts_read("{\"logical_count\": [[1, 9007199254740994]]}", &c, &err),
                      EPX_OK);
     assert_true(c->data[1] == 0x1p53 + 2);
+    c->data[0] = 0x1p60; /* written back as integers, digit for digit */
+    char *big = tu_tmp_path(".json");
+    assert_int_equal(epx_counts_write_json(c, big, &err), EPX_OK);
+    char *text = tu_read_file(big, NULL);
+    TU_MSG_HAS(text, "[1152921504606846976, 9007199254740994]");
+    free(text);
+    remove(big);
+    free(big);
     epx_counts_destroy(c);
     assert_int_equal(epx_counts_read("{\"logical_count\": [[1, 9007199254740993]]}", &c, &err),
                      EPX_ERR_PARSE);

@@ -246,9 +246,11 @@ static epx_status read_counts(const char *spec, const epxi_read_cfg *cfg, epx_co
 }
 
 static void write_load(FILE *f, double x) {
-    /* Integral loads print as integers, so token counts round-trip exactly.
-     * The range test comes first: casting 1e300 to int64 is undefined. */
-    if (x > -9.0e15 && x < 9.0e15 && x == (double)(int64_t)x)
+    /* Integral loads print as integers, so token counts round-trip exactly
+     * and read back as integers (2^60 too: every integral double below 2^63
+     * is an int64). The range test comes first: casting 1e300 to int64 is
+     * undefined. */
+    if (x > -0x1p63 && x < 0x1p63 && x == (double)(int64_t)x)
         fprintf(f, "%lld", (long long)x);
     else
         fprintf(f, "%.17g", x);
