@@ -70,6 +70,12 @@ static void mapping_errors_explain(void **state) {
     assert_int_equal(parse("{\"physical_to_logical_map\": [[0,99999999999]]}", &m, &L, &P, &err),
                      EPX_ERR_PARSE);
     TU_MSG_HAS(err.msg, "99999999999");
+    /* an id an int32 holds but past EPX_MAX_EXPERTS: named where it stands
+     * (max id + 1 overflowed and blamed "-2147483648 experts") */
+    assert_int_equal(
+        parse("{\"physical_to_logical_map\": [[0,1],[2,2147483647]]}", &m, &L, &P, &err),
+        EPX_ERR_PARSE);
+    TU_MSG_HAS(err.msg, "layer 1, slot 1", "2147483647", "1048576");
     assert_int_equal(parse("{\"physical_to_logical_map\": [[0,1]", &m, &L, &P, &err),
                      EPX_ERR_PARSE);
     TU_MSG_HAS(err.msg, "line 1", "not valid JSON");

@@ -19,8 +19,9 @@ EPX_API void epx_free(void *p);
  *          map (out) [L][P] int32, release with epx_free; L, P (out).
  * Returns: EPX_OK; EPX_ERR_IO; EPX_ERR_PARSE for malformed JSON (line and
  *          column), a missing key, ragged rows (names the row and both
- *          lengths), non-integers, negative or huge ids (names layer, slot,
- *          value); EPX_ERR_NOMEM.
+ *          lengths), non-integers, negative ids or ids of EPX_MAX_EXPERTS and
+ *          above (names layer, slot, value), so max id + 1 is a valid expert
+ *          count; EPX_ERR_NOMEM.
  */
 EPX_API epx_status epx_mapping_read(const char *spec, int32_t **map, int32_t *num_layers,
                                     int32_t *num_physical, epx_error *err);

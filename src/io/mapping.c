@@ -17,6 +17,19 @@
 static const char MAP_KEY[] = "physical_to_logical_map";
 static const char COUNT_KEY[] = "logical_count";
 
+/* Every id below EPX_MAX_EXPERTS, so that callers may take max id + 1 as
+ * the expert count: an id near INT32_MAX overflowed it, and the shape error
+ * that followed blamed a count of -2^31 experts nobody gave. */
+static epx_status check_map_ids(const int32_t *map, int32_t L, int32_t P, epx_error *err) {
+    for (size_t i = 0; i < (size_t)L * (size_t)P; i++)
+        if (map[i] >= EPX_MAX_EXPERTS)
+            return epxi_fail(err, EPX_ERR_PARSE,
+                             "layer %zu, slot %zu holds logical expert %d, past the %d experts "
+                             "epx supports: the map is damaged, or not a physical_to_logical_map",
+                             i / (size_t)P, i % (size_t)P, map[i], EPX_MAX_EXPERTS);
+    return EPX_OK;
+}
+
 static epx_status mapping_from_object(const json_t *root, int32_t **map, int32_t *L, int32_t *P,
                                       epx_error *err) {
     const json_t *arr = json_object_get(root, MAP_KEY);
@@ -37,6 +50,7 @@ static epx_status mapping_from_object(const json_t *root, int32_t **map, int32_t
     int32_t *out = epxi_calloc(t.count, sizeof *out, MAP_KEY, err);
     if (out == NULL) return EPX_ERR_NOMEM;
     epx_status st = epxi_json_flatten_i32(arr, &t, EPXI_JSON_INDEX, MAP_KEY, out, err);
+    if (st == EPX_OK) st = check_map_ids(out, (int32_t)t.dims[0], (int32_t)t.dims[1], err);
     if (st != EPX_OK) {
         free(out);
         return st;
@@ -83,11 +97,19 @@ epx_status epx_mapping_read(const char *spec, int32_t **map, int32_t *L, int32_t
                             epx_error *err) {
     if (spec == NULL || map == NULL || L == NULL || P == NULL)
         return epxi_fail(err, EPX_ERR_INVALID_ARG, "NULL argument");
-    if (epx_pt_sniff(spec) || (epxi_has_suffix(spec, ".pt") && !path_exists(spec)))
-        return epxi_pt_read_mapping(spec, map, L, P, err);
+    epx_status st;
+    if (epx_pt_sniff(spec) || (epxi_has_suffix(spec, ".pt") && !path_exists(spec))) {
+        st = epxi_pt_read_mapping(spec, map, L, P, err);
+        if (st == EPX_OK && (st = check_map_ids(*map, *L, *P, err)) != EPX_OK) {
+            epx_free(*map);
+            *map = NULL;
+            epxi_error_prefix(err, "'%.256s'", spec);
+        }
+        return st;
+    }
     json_t *root = NULL;
     EPX_TRY(load_json(spec, &root, err));
-    epx_status st = mapping_from_object(root, map, L, P, err);
+    st = mapping_from_object(root, map, L, P, err);
     json_decref(root);
     if (st != EPX_OK && spec[0] != '{') epxi_error_prefix(err, "'%.256s'", spec);
     return st;

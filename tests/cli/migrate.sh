@@ -113,11 +113,11 @@ expect_in "$TMP/err" "--failed-gpus '7': item 1 (7) is above the limit 3"
 for id in 2147483647 2147483646; do
     echo "{\"physical_to_logical_map\": [[$id, 0, 1, 4, 2, 3, 4, 2]]}" >"$TMP/big.json"
     expect_exit 2 "$EPX" migrate plan --from "$TMP/big.json" --to "$TMP/b.json" --gpus 4 --expert-bytes 1
-    expect_in "$TMP/err" "big.json: layer 0, slot 0 holds logical expert $id, past the 1048576 experts"
+    expect_in "$TMP/err" "big.json': layer 0, slot 0 holds logical expert $id, past the 1048576 experts"
     expect_exit 2 "$EPX" migrate plan --from "$TMP/a.json" --to "$TMP/big.json" --gpus 4 --expert-bytes 1
-    expect_in "$TMP/err" "big.json: layer 0, slot 0 holds logical expert $id, past the 1048576 experts"
+    expect_in "$TMP/err" "big.json': layer 0, slot 0 holds logical expert $id, past the 1048576 experts"
     expect_exit 2 "$EPX" migrate plan --from "$TMP/big.json" --gpus 4 --expert-bytes 1 --failed-gpus 1
-    expect_in "$TMP/err" "big.json: layer 0, slot 0 holds logical expert $id, past the 1048576 experts"
+    expect_in "$TMP/err" "big.json': layer 0, slot 0 holds logical expert $id, past the 1048576 experts"
 done
 expect_exit 2 "$EPX" migrate apply --from "$TMP/a.json" --to "$TMP/b.json" --gpus 4 --expert-bytes 1
 expect_in "$TMP/err" "only action is 'plan'"
