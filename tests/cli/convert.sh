@@ -190,4 +190,18 @@ check "JSON that is neither mapping nor counts" usage "$SRC/tests/data/pt/expect
 cp "$SRC/tests/data/pt/expected.json" "$T/notzip.pt"
 check ".pt that is not a zip" usage "$T/notzip.pt" "$T/x.json"
 
+# --tree writes every dict key as JSON does (5 -> "5", None -> "null"); a dict
+# whose keys would then collide is refused, never written with a key twice
+python3 - "$T" <<'PY'
+import pickle, sys, zipfile
+for name, d in (("keys.pt", {5: 1, "5": 2}), ("keys_ok.pt", {5: 1, "6": [1.5], None: "a"})):
+    with zipfile.ZipFile(sys.argv[1] + "/" + name, "w") as z:
+        z.writestr("archive/data.pkl", pickle.dumps(d, protocol=2))
+        z.writestr("archive/version", "3\n")
+PY
+check "--tree: keys JSON writes alike refused" bash -c \
+  '"$0" convert --tree "$1/keys.pt" "$1/k.json" 2>"$1/err"; [ $? = 2 ] && grep -qF "two keys that JSON writes alike, \"5\"" "$1/err" && [ ! -e "$1/k.json" ]' "$EPX" "$T"
+check "--tree: scalar keys written as JSON does" bash -c \
+  '"$0" convert --tree "$1/keys_ok.pt" "$1/k2.json" >/dev/null && python3 -c "import json,sys; assert json.load(open(sys.argv[1])) == {\"5\": 1, \"6\": [1.5], \"null\": \"a\"}" "$1/k2.json"' "$EPX" "$T"
+
 exit $fail

@@ -106,6 +106,90 @@ static epx_status json_tensor(FILE *f, const epx_pt_value *v, epx_error *err) {
     return st;
 }
 
+static epx_status json_value(FILE *f, const epx_pt_value *v, epx_error *err);
+
+/* Key k of a dict as JSON writes it: a string as it is, a scalar as
+ * json.dumps writes it (5 -> "5", None -> "null"), escaped. */
+static void json_key(FILE *f, const epx_pt_value *key, size_t k) {
+    int64_t i = 0;
+    double x = 0;
+    size_t len = 0;
+    switch (epx_pt_value_kind(key)) {
+    case EPX_PT_STRING: {
+        const char *s = epx_pt_value_string(key, &len);
+        json_string(f, s, len);
+        return;
+    }
+    case EPX_PT_NONE: fputs("\"null\"", f); return;
+    case EPX_PT_BOOL:
+        epx_pt_value_int(key, &i, NULL);
+        fputs(i ? "\"true\"" : "\"false\"", f);
+        return;
+    case EPX_PT_INT:
+        epx_pt_value_int(key, &i, NULL);
+        fprintf(f, "\"%lld\"", (long long)i);
+        return;
+    case EPX_PT_FLOAT:
+        epx_pt_value_float(key, &x, NULL);
+        fprintf(f, "\"%.17g\"", x);
+        return;
+    default: fprintf(f, "\"<%s %zu>\"", epx_pt_kind_str(epx_pt_value_kind(key)), k); return;
+    }
+}
+
+static int text_cmp(const void *a, const void *b) {
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/* A dict whose keys JSON would write alike (5 and '5', None and 'null') is
+ * refused: the file would hold one key twice, which epx's own reader
+ * refuses and Python's json reads as the last value alone. Otherwise its
+ * keys and values, in order. */
+static epx_status json_dict(FILE *f, const epx_pt_value *v, epx_error *err) {
+    const size_t n = epx_pt_value_len(v);
+    char **text = calloc(n ? n : 1, sizeof *text), **sorted = calloc(n ? n : 1, sizeof *sorted);
+    epx_status st = text && sorted ? EPX_OK : EPX_ERR_NOMEM;
+    for (size_t k = 0; k < n && st == EPX_OK; k++) {
+        size_t len = 0;
+        FILE *m = open_memstream(&text[k], &len);
+        if (m == NULL) {
+            st = EPX_ERR_NOMEM;
+            break;
+        }
+        json_key(m, epx_pt_dict_key(v, k), k);
+        if (fclose(m) != 0 || text[k] == NULL) st = EPX_ERR_NOMEM;
+        sorted[k] = text[k];
+    }
+    if (st == EPX_ERR_NOMEM) {
+        err->status = st;
+        snprintf(err->msg, sizeof err->msg, "out of memory for a dict of %zu keys", n);
+    }
+    if (st == EPX_OK) {
+        qsort(sorted, n, sizeof *sorted, text_cmp);
+        for (size_t k = 1; k < n && st == EPX_OK; k++)
+            if (strcmp(sorted[k - 1], sorted[k]) == 0) {
+                st = err->status = EPX_ERR_PARSE;
+                snprintf(err->msg, sizeof err->msg,
+                         "a dict holds two keys that JSON writes alike, %.200s (JSON keys are "
+                         "strings: 5 and '5', None and 'null' collide), so --tree cannot write "
+                         "it as JSON",
+                         sorted[k]);
+            }
+    }
+    if (st == EPX_OK) {
+        fputc('{', f);
+        for (size_t k = 0; k < n && st == EPX_OK; k++) {
+            fprintf(f, "%s%s: ", k ? ", " : "", text[k]);
+            st = json_value(f, epx_pt_dict_value(v, k), err);
+        }
+        fputc('}', f);
+    }
+    for (size_t k = 0; text && k < n; k++) free(text[k]);
+    free(text);
+    free(sorted);
+    return st;
+}
+
 static epx_status json_value(FILE *f, const epx_pt_value *v, epx_error *err) {
     int64_t i = 0;
     double x = 0;
@@ -138,34 +222,7 @@ static epx_status json_value(FILE *f, const epx_pt_value *v, epx_error *err) {
         }
         fputc(']', f);
         return EPX_OK;
-    case EPX_PT_DICT:
-        fputc('{', f);
-        for (size_t k = 0; k < epx_pt_value_len(v); k++) {
-            const epx_pt_value *key = epx_pt_dict_key(v, k);
-            if (k) fputs(", ", f);
-            /* JSON keys are strings: scalars are written as json.dumps does. */
-            if (epx_pt_value_kind(key) == EPX_PT_STRING) {
-                s = epx_pt_value_string(key, &len);
-                json_string(f, s, len);
-            } else if (epx_pt_value_kind(key) == EPX_PT_NONE) {
-                fputs("\"null\"", f);
-            } else if (epx_pt_value_kind(key) == EPX_PT_BOOL) {
-                epx_pt_value_int(key, &i, NULL);
-                fputs(i ? "\"true\"" : "\"false\"", f);
-            } else if (epx_pt_value_kind(key) == EPX_PT_INT) {
-                epx_pt_value_int(key, &i, NULL);
-                fprintf(f, "\"%lld\"", (long long)i);
-            } else if (epx_pt_value_kind(key) == EPX_PT_FLOAT) {
-                epx_pt_value_float(key, &x, NULL);
-                fprintf(f, "\"%.17g\"", x);
-            } else {
-                fprintf(f, "\"<%s %zu>\"", epx_pt_kind_str(epx_pt_value_kind(key)), k);
-            }
-            fputs(": ", f);
-            EPX_TRY_CLI(json_value(f, epx_pt_dict_value(v, k), err));
-        }
-        fputc('}', f);
-        return EPX_OK;
+    case EPX_PT_DICT: return json_dict(f, v, err);
     case EPX_PT_TENSOR: return json_tensor(f, v, err);
     }
     return EPX_OK;
