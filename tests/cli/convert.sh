@@ -204,4 +204,11 @@ check "--tree: keys JSON writes alike refused" bash -c \
 check "--tree: scalar keys written as JSON does" bash -c \
   '"$0" convert --tree "$1/keys_ok.pt" "$1/k2.json" >/dev/null && python3 -c "import json,sys; assert json.load(open(sys.argv[1])) == {\"5\": 1, \"6\": [1.5], \"null\": \"a\"}" "$1/k2.json"' "$EPX" "$T"
 
+# a file with both forms converts its mapping, as SGLang's init takes it, and
+# says that the counts are left out
+printf '{"physical_to_logical_map": [[0, 1, 1]], "logical_count": [[5, 7]]}' >"$T/both.json"
+check "both forms: the mapping, with a note" bash -c \
+  '"$0" convert "$1/both.json" "$1/both.pt" >/dev/null 2>"$1/err" && grep -qF "the mapping is converted" "$1/err" &&
+   "$0" convert "$1/both.pt" "$1/both2.json" >/dev/null && grep -qF "physical_to_logical_map" "$1/both2.json"' "$EPX" "$T"
+
 exit $fail

@@ -39,6 +39,16 @@ static int is_dir(const char *p) {
     return stat(p, &sb) == 0 && S_ISDIR(sb.st_mode);
 }
 
+/* IN holds a mapping and counts: the mapping is converted, and the counts
+ * are not, which the user should hear rather than find out. */
+static void both_forms_note(const char *in) {
+    fprintf(stderr,
+            "epx convert: note: '%s' holds both physical_to_logical_map and logical_count; the "
+            "mapping is converted, as SGLang's --init-expert-location takes it first (the counts "
+            "are left out)\n",
+            in);
+}
+
 /* ---- --tree: a .pt object tree as JSON ----------------------------------- */
 
 /* A JSON string literal, escaped (json_out.c). */
@@ -411,9 +421,11 @@ int cmd_convert(int argc, char **argv) {
             epx_pt_file *pf = NULL;
             if (epx_pt_load(in, &pf, &err) != EPX_OK) return cli_report(&cmd, &err);
             const epx_pt_value *root = epx_pt_file_root(pf);
+            /* The mapping first, as SGLang's --init-expert-location and
+             * epx_layout_init take it (the JSON path below too). */
             int is_map = epx_pt_dict_get(root, "physical_to_logical_map") != NULL &&
-                         epx_pt_dict_get(root, "logical_count") == NULL &&
                          epx_pt_dict_get(root, "records") == NULL;
+            if (is_map && epx_pt_dict_get(root, "logical_count") != NULL) both_forms_note(in);
             epx_status st = is_map ? epx_mapping_from_pt(pf, &map, &L, &P, &err) : EPX_OK;
             epx_pt_file_destroy(pf);
             if (st != EPX_OK) return cli_report(&cmd, &err);
@@ -443,6 +455,10 @@ int cmd_convert(int argc, char **argv) {
     }
     /* JSON: a mapping, else counts; when neither reads, say both reasons. */
     if (epx_mapping_read(in, &map, &L, &P, &err) == EPX_OK) {
+        epx_counts *also = NULL;
+        epx_error ignored = {0};
+        if (epx_counts_read(in, &also, &ignored) == EPX_OK) both_forms_note(in);
+        epx_counts_destroy(also);
         if (write_counts_opts_unused(&cmd, read_opts)) {
             epx_free(map);
             return CLI_EXIT_USAGE;
