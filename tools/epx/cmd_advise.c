@@ -78,6 +78,11 @@ static int fit_op(json_t *rows, const char *op, fit *f, char *note, size_t note_
         return -2;
     }
     double den = n * sxx - sx * sx;
+    /* why no bandwidth is fitted, when none is */
+    const char *why = npos == 0   ? "no point sends bytes to other ranks (one rank)"
+                      : npos == 1 ? "one point sends bytes to other ranks"
+                      : den <= 0  ? "every point moves the same bytes"
+                                  : "time does not grow with bytes across the points";
     if (npos >= 2 && den > 0) {
         double c = (n * sxy - sx * sy) / den, a = (sy - c * sx) / n;
         if (c > 0) {
@@ -92,9 +97,9 @@ static int fit_op(json_t *rows, const char *op, fit *f, char *note, size_t note_
     f->a_us = ymin;
     f->measured = 1;
     snprintf(note, note_n,
-             "%s: %.1f us latency measured (%d points, no bandwidth to fit: "
-             "one rank sends nothing to others), bandwidth assumed %.0f GB/s",
-             op, ymin, n, 1e-3 / f->us_per_byte);
+             "%s: %.1f us latency measured (%d points, no bandwidth to fit: %s), bandwidth "
+             "assumed %.0f GB/s",
+             op, ymin, n, why, 1e-3 / f->us_per_byte);
     return 0;
 }
 
