@@ -33,6 +33,11 @@ refuse "--gpus 3 on P=256 names G's divisors" "use 2 or 4 GPUs (divisors of 256)
   "$EPX" stats v3.json --placement v3p.json --gpus 3
 refuse "--gpus 12 --nodes 2" "use 8 or 16 GPUs" "$EPX" stats v3.json --placement v3p.json --gpus 12 --nodes 2
 refuse "unknown option" "unknown option '--gpu'" "$EPX" plan --counts v3.json --gpu 8 -o x.json
+# a size given twice would print its row twice: the repeat is named
+refuse "--batch-tokens twice" "--batch-tokens '32,1,32': item 3 (32) repeats item 1" \
+  "$EPX" eval --placement v3p.json --counts v3.json --gpus 8 --routing static --batch-tokens 32,1,32
+refuse "--tokens twice" "--tokens '1,8,1': item 3 (1) repeats item 1" \
+  "$EPX" bench comm --backend mpi --model qwen3-30b --tokens 1,8,1
 refuse "unknown command" "unknown command" "$EPX" plann
 refuse "missing file" "cannot open" "$EPX" plan --counts nothere.json --gpus 8 -o x.json
 # a .pt name that is no zip archive is read as JSON, and the message says both

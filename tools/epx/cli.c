@@ -460,6 +460,34 @@ bool cli_int_list(const cli_cmd *cmd, const char *name, int64_t lo, int64_t hi, 
     return true;
 }
 
+/* Items by value, then position: equal values next to each other, the
+ * earlier first. */
+static int by_value_then_item(const void *a, const void *b) {
+    const int64_t *x = a, *y = b;
+    return x[0] != y[0] ? (x[0] > y[0]) - (x[0] < y[0]) : (x[1] > y[1]) - (x[1] < y[1]);
+}
+
+bool cli_list_distinct(const cli_cmd *cmd, const char *name, const int32_t *v, int32_t n) {
+    int64_t(*kv)[2] = malloc((n > 0 ? (size_t)n : 1) * sizeof *kv);
+    if (kv == NULL) {
+        fprintf(stderr, "epx %s: out of memory\n", cmd->name);
+        return false;
+    }
+    for (int32_t i = 0; i < n; i++) kv[i][0] = v[i], kv[i][1] = i;
+    qsort(kv, (size_t)n, sizeof *kv, by_value_then_item);
+    int64_t first = -1, again = -1; /* the repeat that comes first in the list */
+    for (int32_t i = 1; i < n; i++)
+        if (kv[i][0] == kv[i - 1][0] && (again < 0 || kv[i][1] < again))
+            again = kv[i][1], first = kv[i - 1][1];
+    free(kv);
+    if (again < 0) return true;
+    const char *s = cli_get(cmd, name);
+    fprintf(stderr, "epx %s: %s '%.64s%s': item %lld (%d) repeats item %lld: give each once\n",
+            cmd->name, name, s, strlen(s) > 64 ? "..." : "", (long long)again + 1, v[again],
+            (long long)first + 1);
+    return false;
+}
+
 void cli_progress(void *user, const char *what, int64_t done, int64_t total) {
     static int tty = -1;
     static struct timespec start;

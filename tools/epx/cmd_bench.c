@@ -593,7 +593,8 @@ static int parse_args(cli_cmd *cmd, bench_args *a) {
     }
     epx_error err = {0};
     if (epx_moe_model_config(a->model, &a->cfg, &err) != EPX_OK) return cli_report(cmd, &err);
-    if (!cli_int_list(cmd, "--tokens", 1, 1 << 20, "1,64,4096", &a->tokens, &a->ntok))
+    if (!cli_int_list(cmd, "--tokens", 1, 1 << 20, "1,64,4096", &a->tokens, &a->ntok) ||
+        !cli_list_distinct(cmd, "--tokens", a->tokens, a->ntok))
         return CLI_EXIT_USAGE;
     a->iters = 20;
     a->warmup = 3;

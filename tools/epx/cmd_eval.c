@@ -200,7 +200,9 @@ static int batch_options(const cli_cmd *cmd, batch_result *b) {
         !cli_int(cmd, "--top-k", 1, MAX_TOP_K, &b->o.top_k) ||
         !cli_int(cmd, "--batches", 1, MAX_BATCHES, &b->o.batches) ||
         !cli_int(cmd, "--seed", 0, INT32_MAX, &seed) ||
-        !cli_int_list(cmd, "--batch-tokens", 1, MAX_BATCH_TOKENS, "1,32,512,4096", &b->tokens, &n))
+        !cli_int_list(cmd, "--batch-tokens", 1, MAX_BATCH_TOKENS, "1,32,512,4096", &b->tokens,
+                      &n) ||
+        !cli_list_distinct(cmd, "--batch-tokens", b->tokens, n))
         return CLI_EXIT_USAGE;
     b->o.seed = (uint64_t)seed;
     if (b->tokens) b->o.tokens = b->tokens, b->o.num_sizes = n;
