@@ -78,7 +78,6 @@ inspect|--experts|int|1|1048576
 layout trivial|--layers|int|1|65536
 layout trivial|--experts|int|1|1048576
 layout trivial|--gpus|int|1|65536
-layout trivial|--nodes|int|1|65536
 layout trivial|--redundant|int|0|1048576
 layout trivial|-o|text
 stats|--gpus|int|1|65536

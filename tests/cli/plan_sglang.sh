@@ -108,7 +108,7 @@ import json, sys
 c = json.load(open(sys.argv[1]))
 a = ["--gpus", c["num_gpus"], "--nodes", c["num_nodes"], "--physical", c["num_physical_experts"],
      "--algorithm", c["algorithm"].replace("_", "-")]
-if c["num_groups"]:
+if c["num_groups"] and "hierarchical" in c["algorithm"]:  # the global forms take none
     a += ["--groups", c["num_groups"]]
 if "active_ranks" in c:
     a += ["--active-ranks", ",".join(str(g) for g, x in enumerate(c["active_ranks"]) if x)]

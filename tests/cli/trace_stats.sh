@@ -54,7 +54,7 @@ expect_in "$TMP/out" "3 window(s) x 61 layers x 384 experts, 60 layer(s) with lo
 
 # A placement on 2 nodes: uniform replica choice crosses nodes half the time
 # whatever the placement; local-first choices cross less.
-expect_exit 0 "$EPX" layout trivial --layers 61 --experts 384 --gpus 16 --nodes 2 --redundant 32 -o "$TMP/map.json"
+expect_exit 0 "$EPX" layout trivial --layers 61 --experts 384 --gpus 16 --redundant 32 -o "$TMP/map.json"
 for t in uniform gpu-local node-local; do
     expect_exit 0 "$EPX" stats "$TMP/a.json" --placement "$TMP/map.json" --gpus 16 --nodes 2 --traffic $t --json
     cp "$TMP/out" "$TMP/$t.out"

@@ -12,7 +12,6 @@ int cmd_layout(int argc, char **argv) {
         {"--layers", "L", "decoder layers (dense ones included)", NULL},
         {"--experts", "E", "logical (routed) experts per layer", NULL},
         {"--gpus", "G", "GPUs (EP ranks)", NULL},
-        {"--nodes", "N", "nodes (default 1)", NULL},
         {"--redundant", "R", "redundant slots: P = E + R (default 0)", NULL},
         {"-o", "FILE", "output mapping file: JSON, or a PyTorch .pt by its extension", NULL},
         {NULL, NULL, NULL, NULL},
@@ -20,7 +19,7 @@ int cmd_layout(int argc, char **argv) {
     /* Named with its one kind from the start, so the parser's messages say
      * "epx layout trivial:" as every later one does. */
     cli_cmd cmd = {"layout trivial",
-                   "epx layout trivial --layers L --experts E --gpus G [--nodes N] "
+                   "epx layout trivial --layers L --experts E --gpus G "
                    "[--redundant R] -o FILE",
                    "Write the trivial layout (slot p holds logical expert p % E) as "
                    "{\"physical_to_logical_map\": [L][P]}.",
@@ -35,7 +34,7 @@ int cmd_layout(int argc, char **argv) {
                         "plan others with 'epx plan'\n");
         return CLI_EXIT_USAGE;
     }
-    int32_t L = 0, E = 0, G = 0, N = 1, R = 0;
+    int32_t L = 0, E = 0, G = 0, R = 0;
     const char *out = cli_require(&cmd, "-o");
     if (!cli_require(&cmd, "--layers") || !cli_require(&cmd, "--experts") ||
         !cli_require(&cmd, "--gpus") || out == NULL)
@@ -43,12 +42,11 @@ int cmd_layout(int argc, char **argv) {
     if (!cli_int(&cmd, "--layers", 1, EPX_MAX_LAYERS, &L) ||
         !cli_int(&cmd, "--experts", 1, EPX_MAX_EXPERTS, &E) ||
         !cli_int(&cmd, "--gpus", 1, EPX_MAX_GPUS, &G) ||
-        !cli_int(&cmd, "--nodes", 1, EPX_MAX_GPUS, &N) ||
         !cli_int(&cmd, "--redundant", 0, EPX_MAX_EXPERTS, &R))
         return CLI_EXIT_USAGE;
     const cli_out outs[] = {{out, false}};
     if ((rc = cli_outputs_check(&cmd, NULL, 0, outs, 1)) >= 0) return rc;
-    epx_shape shape = {L, E, E + R, G, N};
+    epx_shape shape = {L, E, E + R, G, 1}; /* SGLang's init_trivial looks at no node */
     char what[48];
     snprintf(what, sizeof what, "--redundant %d", R);
     const char *fix = "use fewer --layers, --experts or --redundant";

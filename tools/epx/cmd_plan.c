@@ -298,6 +298,17 @@ int cmd_plan(int argc, char **argv) {
     const char *algo = cli_get(&cmd, "--algorithm");
     if (algo != NULL && epx_algorithm_parse(algo, &o.algorithm, &err) != EPX_OK)
         return cli_report(&cmd, &err);
+    /* The global policies plan as if there were one group: --groups would
+     * change nothing there (SGLang's calls pass it and ignore it too). */
+    if (K > 0 && (o.algorithm == EPX_ALGO_DEEPSEEK || o.algorithm == EPX_ALGO_DEEPSEEK_VEC ||
+                  o.algorithm == EPX_ALGO_ELASTICITY_AWARE)) {
+        fprintf(stderr,
+                "epx plan: --groups %d changes nothing under --algorithm %s, a global policy "
+                "(one group): drop --groups, or use the hierarchical form (%s-hierarchical), auto "
+                "or epx, which place the groups by node\n",
+                K, algo, algo);
+        return CLI_EXIT_USAGE;
+    }
     if (!parse_node_local(cli_get(&cmd, "--node-local"), &o.node_local)) return CLI_EXIT_USAGE;
     /* A newer release is warned about by the planner, through o.log; a
      * malformed one is refused here, before the counts are read. */
