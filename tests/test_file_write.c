@@ -153,10 +153,40 @@ static void non_regular_refused(void **state) {
     free(d);
 }
 
+/* A legal name of 236-255 bytes is written: its temp name is cut to a file
+ * name (at most 255 bytes), the cut marked by a hash, so two such names of
+ * one prefix get two temps. */
+static void long_names(void **state) {
+    (void)state;
+    char *d = fresh_dir();
+    char a[600], b[600], ta[700], tb[700];
+    epx_error err = {0};
+    memset(a, 0, sizeof a);
+    snprintf(a, sizeof a, "%s/", d);
+    size_t at = strlen(a);
+    memset(a + at, 'x', 250);
+    snprintf(a + at + 250, sizeof a - at - 250, ".json"); /* a 255-byte name */
+    snprintf(b, sizeof b, "%s", a);
+    b[strlen(b) - 6] = 'y'; /* the same prefix, another name */
+    assert_int_equal(epx_file_write(a, body_text, "long", &err), EPX_OK);
+    expect_text(a, "long");
+    assert_int_equal(epx_file_temp_path(a, ta, sizeof ta, &err), EPX_OK);
+    assert_int_equal(epx_file_temp_path(b, tb, sizeof tb, &err), EPX_OK);
+    assert_true(strlen(strrchr(ta, '/') + 1) <= 255 && strlen(strrchr(tb, '/') + 1) <= 255);
+    assert_string_not_equal(ta, tb);
+    TU_MSG_HAS(ta, ".epx-tmp.");
+    count_temps(d, 0);
+    char cmd[700];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", d);
+    assert_int_equal(system(cmd), 0);
+    free(d);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(regular_and_symlinks),
         cmocka_unit_test(non_regular_refused),
+        cmocka_unit_test(long_names),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -228,12 +228,26 @@ epx_status epx_file_output_check(const char *path, char **target, epx_error *err
     return EPX_OK;
 }
 
-/* DIR/.BASE.epx-tmp.PID for a resolved target. */
+/* DIR/.BASE.epx-tmp.PID for a resolved target. A BASE too long for that
+ * to be a file name (a legal name of ~236-255 bytes) is cut, and the cut
+ * marked with a hash of the whole BASE, DIR/.PREFIX~HASH.epx-tmp.PID, so
+ * two long names of one prefix written by one process never share a temp. */
 static epx_status temp_name(const char *target, char *buf, size_t cap, epx_error *err) {
     const char *slash = strrchr(target, '/');
     const char *base = slash ? slash + 1 : target;
     int dlen = slash ? (int)(slash - target) + 1 : 0;
-    int n = snprintf(buf, cap, "%.*s.%s.epx-tmp.%ld", dlen, target, base, (long)getpid());
+    char pid[24];
+    snprintf(pid, sizeof pid, ".epx-tmp.%ld", (long)getpid());
+    const size_t blen = strlen(base), room = 255 - 1 - strlen(pid); /* NAME_MAX, the dot */
+    int n;
+    if (blen <= room) {
+        n = snprintf(buf, cap, "%.*s.%s%s", dlen, target, base, pid);
+    } else {
+        uint32_t h = 2166136261u; /* FNV-1a */
+        for (size_t i = 0; i < blen; i++) h = (h ^ (unsigned char)base[i]) * 16777619u;
+        n = snprintf(buf, cap, "%.*s.%.*s~%08x%s", dlen, target, (int)(room - 9), base, (unsigned)h,
+                     pid);
+    }
     if (n < 0 || (size_t)n >= cap)
         return epxi_fail(err, EPX_ERR_OVERFLOW, "output '%s': path too long", target);
     return EPX_OK;
