@@ -256,7 +256,14 @@ static epx_status read_counts(const char *spec, const epxi_read_cfg *cfg, epx_co
         (epxi_has_suffix(spec, ".pt") && !path_exists(spec)))
         return epxi_pt_read_counts(spec, cfg, out, err);
     json_t *root = NULL;
-    EPX_TRY(load_json(spec, &root, err));
+    epx_status lst = load_json(spec, &root, err);
+    if (lst == EPX_ERR_IO && strchr(spec, ',') != NULL && spec[0] != '{' && !path_exists(spec))
+        /* a list of JSON files: say what a list may name */
+        return epxi_fail(err, EPX_ERR_IO,
+                         "cannot open '%.256s': no such file, and a comma list names SGLang's "
+                         ".pt dumps (one per rank), each ending in .pt: give one JSON counts file",
+                         spec);
+    EPX_TRY(lst);
     epx_status st = counts_from_object(root, cfg, out, err);
     json_decref(root);
     if (st == EPX_OK && (st = epxi_counts_check_total(*out, err)) != EPX_OK) {

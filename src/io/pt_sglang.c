@@ -46,6 +46,7 @@ static void list_keys(const epx_pt_value *root, char *buf, size_t cap) {
         if (n >= cap) n = cap - 1;
     }
     if (epx_pt_value_len(root) > 6 && n + 6 < cap) snprintf(buf + n, cap - n, ", ...");
+    if (epx_pt_value_len(root) == 0) snprintf(buf, cap, "none, an empty dict");
 }
 
 static epx_status root_dict(const epx_pt_file *f, const epx_pt_value **root, epx_error *err) {

@@ -194,7 +194,8 @@ check ".pt that is not a zip" usage "$T/notzip.pt" "$T/x.json"
 # whose keys would then collide is refused, never written with a key twice
 python3 - "$T" <<'PY'
 import pickle, sys, zipfile
-for name, d in (("keys.pt", {5: 1, "5": 2}), ("keys_ok.pt", {5: 1, "6": [1.5], None: "a"})):
+for name, d in (("keys.pt", {5: 1, "5": 2}), ("keys_ok.pt", {5: 1, "6": [1.5], None: "a"}),
+                ("empty.pt", {})):
     with zipfile.ZipFile(sys.argv[1] + "/" + name, "w") as z:
         z.writestr("archive/data.pkl", pickle.dumps(d, protocol=2))
         z.writestr("archive/version", "3\n")
@@ -204,6 +205,8 @@ check "--tree: keys JSON writes alike refused" bash -c \
 check "--tree: scalar keys written as JSON does" bash -c \
   '"$0" convert --tree "$1/keys_ok.pt" "$1/k2.json" >/dev/null && python3 -c "import json,sys; assert json.load(open(sys.argv[1])) == {\"5\": 1, \"6\": [1.5], \"null\": \"a\"}" "$1/k2.json"' "$EPX" "$T"
 
+check "an empty dict: its keys said to be none" bash -c \
+  '"$0" convert "$1/empty.pt" "$1/e.json" 2>"$1/err"; [ $? = 2 ] && grep -qF "its keys: none, an empty dict" "$1/err"' "$EPX" "$T"
 # a file with both forms converts its mapping, as SGLang's init takes it, and
 # says that the counts are left out
 printf '{"physical_to_logical_map": [[0, 1, 1]], "logical_count": [[5, 7]]}' >"$T/both.json"

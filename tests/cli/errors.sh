@@ -33,6 +33,10 @@ refuse "--gpus 3 on P=256 names G's divisors" "use 2 or 4 GPUs (divisors of 256)
   "$EPX" stats v3.json --placement v3p.json --gpus 3
 refuse "--gpus 12 --nodes 2" "use 8 or 16 GPUs" "$EPX" stats v3.json --placement v3p.json --gpus 12 --nodes 2
 refuse "unknown option" "unknown option '--gpu'" "$EPX" plan --counts v3.json --gpu 8 -o x.json
+refuse "a comma list of JSON files says what lists take" "a comma list names SGLang's .pt dumps" \
+  "$EPX" convert v3.json,v3.json x.json
+refuse "a default that breaks a limit is called the default" "--redundant 32 (the default) gives" \
+  "$EPX" demo --model mixtral --gpus 1 --out d
 # a size given twice would print its row twice: the repeat is named
 refuse "--batch-tokens twice" "--batch-tokens '32,1,32': item 3 (32) repeats item 1" \
   "$EPX" eval --placement v3p.json --counts v3.json --gpus 8 --routing static --batch-tokens 32,1,32

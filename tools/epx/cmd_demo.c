@@ -377,7 +377,8 @@ int cmd_demo(int argc, char **argv) {
     epx_shape shape = {m->num_layers, m->num_experts, P, G, N};
     {
         char what[48];
-        snprintf(what, sizeof what, "--redundant %d", R);
+        snprintf(what, sizeof what, "--redundant %d%s", R,
+                 cli_get(&cmd, "--redundant") ? "" : " (the default)");
         if (!cli_check_slots(&cmd, what, m->num_experts, P, G) ||
             !cli_check_memory(&cmd, &shape, 6,
                               "use fewer --gpus or --redundant, or a smaller --model") ||
