@@ -26,7 +26,10 @@
  * forward pass, the shape of a recorder's per-pass dump: every expert's
  * count of the window is split over the N passes by a uniform multinomial,
  * so the N rows sum to the window exactly and each is sparse when T / N is
- * small. The counts are then [S * N][L][E].
+ * small. Each expert is split on its own, so a pass's total differs from
+ * layer to layer, where a real forward pass gives every layer the same
+ * tokens x top_k: planning reads the rows' sums, which are exact, not the
+ * passes' shape. The counts are then [S * N][L][E].
  * Dense layers (the first first_k_dense) are rows of zeros, as SGLang's
  * logical_count has them. Every random draw comes from a stream keyed by
  * (seed, layer, window, purpose), so the same seed gives the same trace
