@@ -120,11 +120,25 @@ def _check_integral(src, dtype, name):
     if src.dtype.kind == "b":
         raise ValueError("%s must hold integers, not booleans" % name)
     if src.dtype.kind == "O":
-        try:
-            src = src.astype(np.float64) if any(isinstance(v, float) for v in src.flat) \
-                else np.array([int(v) for v in src.flat], dtype=object).reshape(src.shape)
-        except (TypeError, ValueError) as e:
-            raise ValueError("%s must hold integers: %s" % (name, e)) from None
+        # each element on its own: int() cut Fraction(3, 2) and np.float32(1.5)
+        vals = []
+        for idx, v in np.ndenumerate(src):
+            if isinstance(v, (bool, np.bool_)):
+                raise ValueError("%s%s is %r: give integers, not booleans" % (name, list(idx), v))
+            if isinstance(v, (int, np.integer)):
+                vals.append(int(v))
+                continue
+            whole = None
+            if isinstance(v, numbers.Real):
+                try:
+                    whole = int(v)
+                except (OverflowError, ValueError):  # inf, nan
+                    pass
+            if whole is None or v != whole:
+                raise ValueError("%s%s = %r is not a whole number: give integers (a fraction "
+                                 "would be cut off)" % (name, list(idx), v))
+            vals.append(whole)
+        src = np.array(vals, dtype=object).reshape(src.shape)
     if src.dtype.kind == "f":
         bad = np.argwhere(~np.isfinite(src) | (src != np.trunc(src)))
         if len(bad):

@@ -4,13 +4,15 @@ largest GPU load is the least any split reaches (the optimum of SGLang
 0.5.23's LP dispatch, exactly), the GPU loads lexicographically minimal,
 integer counts within one token of the shares, and topk ids routed by them."""
 import ctypes
+import threading
 from collections import namedtuple
 from fractions import Fraction
 
 import numpy as np
 
 from . import _arrays as A
-from ._native import POINTER, Structure, c_double, c_int32, c_int64, c_void_p, call, fn
+from ._native import (POINTER, OwnsHandle, Structure, c_double, c_int32, c_int64, c_void_p, call,
+                      fn)
 
 
 class BalancedOut(Structure):
@@ -45,6 +47,10 @@ BalancedSplit = namedtuple("BalancedSplit", [
 def _replica_lists(replicas):
     """[E][W] int32 lists with -1 padding at the end, and num_valid [E]."""
     r = A.as_array(replicas, np.int32, 2, "replicas")
+    if (r < -1).any():
+        e, j = (int(x[0]) for x in np.nonzero(r < -1))
+        raise ValueError("replicas[%d][%d] is %d: slot ids are >= 0 and -1 pads a list"
+                         % (e, j, int(r[e, j])))
     valid = r >= 0
     nv = valid.sum(axis=1).astype(np.int32)
     if not (valid == (np.arange(r.shape[1])[None, :] < nv[:, None])).all():
@@ -53,9 +59,11 @@ def _replica_lists(replicas):
     return np.ascontiguousarray(r), np.ascontiguousarray(nv)
 
 
-class Balancer:
+class Balancer(OwnsHandle):
     """A balancer sized for E experts, replica lists of width W, P slots on G
-    GPUs (slot p on GPU p // (P // G)); reuse it for every layer and batch."""
+    GPUs (slot p on GPU p // (P // G)); reuse it for every layer and batch.
+    One call at a time uses its workspace: calls from several threads take
+    turns (a lock), so a shared Balancer gives each the right answer."""
 
     def __init__(self, num_experts, width, num_physical, num_gpus):
         self.E = A.integer(num_experts, "num_experts", 1, A.MAX_EXPERTS, "EPX_MAX_EXPERTS")
@@ -64,6 +72,7 @@ class Balancer:
                            "4 (E + G) slots at most")
         self.G = A.integer(num_gpus, "num_gpus", 1, 4096, "the balancer's 4,096 GPUs")
         self._h = c_void_p()
+        self._lock = threading.Lock()  # the C workspace serves one call at a time
         call(_create, self.E, self.W, self.P, self.G, ctypes.byref(self._h))
 
     def __del__(self):
@@ -91,8 +100,9 @@ class Balancer:
         gl = np.empty(self.G, np.float64)
         out = BalancedOut(A.ptr(sh, c_double), A.ptr(rc, c_int64), A.ptr(sc, c_int64),
                           A.ptr(gl, c_double), 0, 0, 0, 0)
-        call(_solve, self._h, A.ptr(r, c_int32), A.ptr(nv, c_int32), A.ptr(c, c_int64),
-             ctypes.byref(out))
+        with self._lock:
+            call(_solve, self._h, A.ptr(r, c_int32), A.ptr(nv, c_int32), A.ptr(c, c_int64),
+                 ctypes.byref(out))
         return BalancedSplit(sh, rc, sc, gl, Fraction(out.max_load_num, out.max_load_den),
                              int(out.max_load_int), int(out.num_levels))
 
@@ -107,8 +117,9 @@ class Balancer:
         ids = A.as_array(topk_ids, np.int32, 2, "topk_ids")
         T, K = ids.shape
         out = np.empty((T, K), np.int32)
-        call(_map, self._h, A.ptr(r, c_int32), A.ptr(nv, c_int32), A.ptr(rc, c_int64),
-             A.ptr(ids, c_int32), T, K, A.ptr(out, c_int32))
+        with self._lock:
+            call(_map, self._h, A.ptr(r, c_int32), A.ptr(nv, c_int32), A.ptr(rc, c_int64),
+                 A.ptr(ids, c_int32), T, K, A.ptr(out, c_int32))
         return out.astype(np.int64)
 
 

@@ -8,7 +8,7 @@ import ctypes
 import numpy as np
 
 from . import _arrays as A
-from ._native import POINTER, Counts, call, fn
+from ._native import POINTER, Counts, OwnsHandle, call, fn
 
 __all__ = ["CCounts", "counts_to_c", "counts_from_c"]
 
@@ -25,7 +25,7 @@ def counts_from_c(cp):
     return np.ctypeslib.as_array(c.data, shape=(n,)).reshape(shape).copy()
 
 
-class CCounts:
+class CCounts(OwnsHandle):
     """An owned epx_counts* filled from a numpy array; freed with the object."""
 
     def __init__(self, counts):

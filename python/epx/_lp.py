@@ -66,6 +66,23 @@ def slot_fractions(split, replicas, counts, num_physical):
     return out
 
 
+def _check_log2phy(m, owner):
+    """log2phy [E][X]: every entry -1 or a slot in [0, P) that holds row e's
+    expert (owner [P]: the expert each slot holds, -1 none); a slot of
+    another expert would hand it this expert's probability."""
+    P = owner.shape[0]
+    if m.size and (m.min() < -1 or m.max() >= P):
+        e, j = (int(v) for v in np.argwhere((m < -1) | (m >= P))[0])
+        raise ValueError("log2phy[%d][%d] = %d is outside [-1, %d)" % (e, j, int(m[e, j]), P))
+    rows = np.arange(m.shape[0])[:, None]
+    wrong = np.argwhere((m >= 0) & (owner[np.maximum(m, 0)] != rows))
+    if len(wrong):
+        e, j = (int(v) for v in wrong[0])
+        raise ValueError("log2phy[%d][%d] = %d, but slot %d holds expert %d, not %d: the map is "
+                         "of another layer or placement" % (e, j, int(m[e, j]), int(m[e, j]),
+                                                            int(owner[m[e, j]]), e))
+
+
 def balanced_log2phy_prob(counts, layout=None, layer=0, replicas=None, num_physical=None,
                           num_gpus=None, log2phy=None):
     """SGLang 0.5.23's log2phy_prob [E][X] float32 from epx's exact split of
@@ -86,9 +103,10 @@ def balanced_log2phy_prob(counts, layout=None, layer=0, replicas=None, num_physi
     m = r if log2phy is None else A.as_array(log2phy, np.int64, 2, "log2phy")
     if m.shape[0] != r.shape[0]:
         raise ValueError("log2phy has %d rows, the placement %d experts" % (m.shape[0], r.shape[0]))
-    if m.size and (m.min() < -1 or m.max() >= P):
-        e, j = (int(v) for v in np.argwhere((m < -1) | (m >= P))[0])
-        raise ValueError("log2phy[%d][%d] = %d is outside [-1, %d)" % (e, j, int(m[e, j]), P))
+    owner = np.full(P, -1, np.int64)
+    valid = r >= 0
+    owner[r[valid]] = np.nonzero(valid)[0]
+    _check_log2phy(m, owner)
     return np.where(m >= 0, phy[np.maximum(m, 0)], 0.0).astype(np.float32)
 
 
@@ -118,6 +136,10 @@ class LPLBSolver:
             raise ValueError("phy2log names logical expert %d but log2phy has %d rows (one per "
                              "logical expert): the two maps are of different layers or models"
                              % (int(p2l.max()), self.num_logical))
+        if p2l.size and p2l.min() < 0:
+            raise ValueError("phy2log[%d] = %d: every slot holds a logical expert (>= 0)"
+                             % (int(np.argmin(p2l)), int(p2l.min())))
+        _check_log2phy(self.log2phy, p2l)  # now, not at the first solve
         self.replicas = _full_lists(p2l, self.num_logical)
 
     def solve(self, topk_ids):

@@ -136,6 +136,30 @@ def _load():
 lib = _load()
 
 
+class OwnsHandle:
+    """A wrapper that frees its C handle when it is collected. copy.copy made
+    a second wrapper of the same handle, and the two freed it twice (a crash):
+    a class with a real copy gives it as _clone (copy and deepcopy return
+    it); any other refuses copies, and pickling, with TypeError."""
+
+    __slots__ = ()
+
+    def _clone(self):
+        raise TypeError("%s owns a C handle, freed with it, and cannot be copied: make another "
+                        "one the way this one was made" % type(self).__name__)
+
+    def __copy__(self):
+        return self._clone()
+
+    def __deepcopy__(self, memo):
+        return self._clone()
+
+    def __reduce_ex__(self, protocol):
+        raise TypeError("%s owns a C handle and cannot be pickled: save what it holds (a "
+                        "Layout's map with epx.write_mapping) and build it again"
+                        % type(self).__name__)
+
+
 class Error(Structure):
     """epx_error: status + message buffer (EPX_ERRMSG_MAX = 512)."""
     _fields_ = [("status", c_int), ("msg", c_char * 512)]

@@ -6,7 +6,7 @@ import ctypes
 import numpy as np
 
 from . import _arrays as A
-from ._native import POINTER, Shape, c_int32, c_path, c_void_p, call, fn
+from ._native import POINTER, OwnsHandle, Shape, c_int32, c_path, c_void_p, call, fn
 
 __all__ = ["Layout"]
 
@@ -60,7 +60,7 @@ def refuse_raw(cls, key, handle, how):
                         % (cls, how, cls))
 
 
-class Layout:
+class Layout(OwnsHandle):
     """An epx_layout. Build one with Layout.from_map / Layout.trivial, or get one
     from epx.plan(...) or epx.init_expert_location(...). Maps come back as
     int64 numpy arrays (copies), as SGLang keeps them.
@@ -124,9 +124,12 @@ class Layout:
         return self._h
 
     def clone(self):
+        """An owned copy (copy.copy and copy.deepcopy give one too)."""
         h = c_void_p()
         call(_clone, self._h, ctypes.byref(h))
         return Layout(h, _key=PRIVATE)
+
+    _clone = clone
 
     @property
     def shape(self):

@@ -10,7 +10,7 @@ from ._native import (LOG_FN, POINTER, Counts, Shape, Structure, c_char_p, c_dou
                       c_float, c_int, c_int32, c_uint8, c_uint32, c_void_p, call, fn,
                       sglang_release)
 from ._counts import CCounts
-from ._native import EpxError, Status
+from ._native import EpxError, OwnsHandle, Status
 from .layout import PRIVATE, Layout, _handle, refuse_raw
 
 __all__ = ["deepseek", "plan", "Plan", "ALGORITHMS", "EPLB_RULES"]
@@ -145,7 +145,7 @@ def _current(current):
     return current.handle
 
 
-class Plan:
+class Plan(OwnsHandle):
     """A computed placement (epx_plan): .layout, .replica_weights [L][P],
     .seconds (the placement computation alone), .algorithm (AUTO resolved).
 

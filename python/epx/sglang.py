@@ -220,7 +220,8 @@ def _window_sum(tokens_per_expert):
     in the input's own dtype: float32 windows summed in float64 rounded
     differently and could change the plan. A tensor is summed by torch
     itself (SGLang's exact arithmetic); a numpy array or list, which SGLang
-    does not take, by numpy in its dtype (integers exactly)."""
+    does not take, by numpy as torch sums: floats in their dtype, integers
+    of any width in int64 (uint8 windows of 128 summed to 0 in uint8)."""
     if A.is_torch(tokens_per_expert):
         if tokens_per_expert.dim() != 3:
             raise ValueError("tokens_per_expert must have 3 dimensions [S][L][E], got shape %s"
@@ -230,7 +231,7 @@ def _window_sum(tokens_per_expert):
     src = np.asarray(tokens_per_expert) if isinstance(tokens_per_expert, np.ndarray) else None
     dtype = src.dtype if src is not None and src.dtype.kind in "iuf" else np.float64
     t = A.as_array(tokens_per_expert, dtype, 3, "tokens_per_expert")
-    return t.sum(axis=0, dtype=t.dtype)
+    return t.sum(axis=0, dtype=np.int64 if t.dtype.kind in "iu" else t.dtype)
 
 
 def rebalance_experts_from_windows(tokens_per_expert, num_physical_experts,

@@ -196,3 +196,116 @@ def test_messages_name_the_argument_at_fault():
     assert again.layout.physical_to_logical_map.shape == first.layout.physical_to_logical_map.shape
     with pytest.raises(TypeError, match="current must be a Layout or a Plan"):
         epx.plan(np.ones((1, 4)), 2, current="placement.json")
+
+
+# ---- a second pass (2026-12-05): copies, sums, fractions, shared slots ----------
+
+def test_copies_of_handle_owners_clone_or_refuse():
+    """copy.copy made a second owner of one C handle, freed twice (a crash):
+    a Layout's copy is a clone; a Plan's or Balancer's is refused, as is
+    pickling any of them."""
+    import copy
+    import pickle
+    lay = _layout()
+    for dup in (copy.copy(lay), copy.deepcopy(lay)):
+        assert dup.handle.value != lay.handle.value
+        np.testing.assert_array_equal(dup.physical_to_logical_map, lay.physical_to_logical_map)
+    del lay  # the copies own their handles
+    plan = epx.plan(np.ones((1, 8)), num_gpus=4, num_redundant=4)
+    bal = D.Balancer(4, 2, 8, 4)
+    for obj, name in ((plan, "Plan"), (bal, "Balancer"), (_layout(), "Layout")):
+        if name != "Layout":
+            with pytest.raises(TypeError, match="%s owns a C handle" % name):
+                copy.copy(obj)
+        with pytest.raises(TypeError, match="cannot be pickled"):
+            pickle.dumps(obj)
+
+
+def test_window_sums_of_narrow_integers_do_not_wrap():
+    """uint8 windows of 128 summed to 0 in uint8; torch sums integers in int64."""
+    t = np.array([[[128, 10, 10, 11]], [[128, 10, 10, 11]]], dtype=np.uint8)
+    got = S.rebalance_experts_from_windows(t, 8, 2, 1, 1, "deepseek")
+    want = S.rebalance_experts_from_windows(t.astype(np.int64), 8, 2, 1, 1, "deepseek")
+    for a, b in zip(got, want):
+        np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("bad", [__import__("fractions").Fraction(3, 2), np.float32(1.5),
+                                 float("inf")])
+def test_object_arrays_of_fractions_refused(bad):
+    """int() cut Fraction(3, 2) and np.float32(1.5) to 1 in object arrays."""
+    ids = np.array([[bad, 0]], dtype=object)
+    with pytest.raises(ValueError, match="is not a whole number"):
+        D.count_ids(ids, 4)
+    whole = np.array([[__import__("fractions").Fraction(4, 2), 0]], dtype=object)
+    np.testing.assert_array_equal(D.count_ids(whole, 4), [1, 0, 1, 0])
+
+
+def test_torch_mappings_check_their_lists():
+    """A slot listed by two experts sent one's tokens to the other; padding
+    past num_valid was never read, so never checked; balanced lists took any
+    negative id as padding."""
+    from epx.torch import Mapping
+    with pytest.raises(ValueError, match="slot 1 is listed by expert 0 and by expert 1"):
+        Mapping.dynamic([[0, 1], [1, 3]], 4)
+    with pytest.raises(ValueError, match=r"replicas\[0\]\[1\] is -5, past expert 0's 1 replicas"):
+        Mapping.dynamic([[0, -5], [1, 3]], 4, num_valid=[1, 2])
+    with pytest.raises(ValueError, match=r"replicas\[0\]\[1\] is -9"):
+        Mapping.balanced([[0, -9], [1, -1]], 2, 2)
+    with pytest.raises(ValueError, match="slot ids are >= 0 and -1 pads"):
+        D.Balancer(4, 2, 8, 4).solve(np.array([[0, -5], [1, 5], [2, 6], [3, 7]]), [3, 1, 1, 1])
+    lay = _layout()
+    table = D.static_table(lay)
+    with pytest.raises(ValueError, match=r"table must be \[G\]\[L\]\[E\] = \[2, 3, 4\]"):
+        Mapping.from_layout(lay, 0, "static", table=table[:, :, :3])
+
+
+def test_log2phy_of_another_expert_refused_at_construction():
+    p2l = np.array([0, 1, 2, 3, 0, 1, 2, 3])
+    with pytest.raises(ValueError, match="slot 5 holds expert 1, not 0"):
+        S.LPLBSolver(p2l, np.array([[0, 5], [1, 4], [2, 6], [3, 7]]), 4)
+    with pytest.raises(ValueError, match=r"log2phy\[0\]\[1\] = -7 is outside \[-1, 8\)"):
+        S.LPLBSolver(p2l, np.array([[0, -7], [1, 5], [2, 6], [3, 7]]), 4)
+    with pytest.raises(ValueError, match="slot 5 holds expert 1, not 0"):
+        D.balanced_log2phy_prob([3, 1, 1, 1], replicas=[[0, 4], [1, 5], [2, 6], [3, 7]],
+                                num_physical=8, num_gpus=4,
+                                log2phy=[[0, 5], [1, 4], [2, 6], [3, 7]])
+
+
+def test_a_shared_balancer_serves_threads():
+    """Four threads on one Balancer got 347 wrong replica counts of 1200: the
+    C workspace serves one call at a time, so calls take turns."""
+    import threading
+    rng = np.random.default_rng(0)
+    E, W, P, G = 64, 4, 96, 8
+    lay = epx.plan(rng.integers(1, 1000, (1, E)).astype(float), num_gpus=G,
+                   num_physical_experts=P).layout
+    reps = lay.logical_to_all_physical_map(W)[0]
+    batches = [rng.integers(0, 500, E) for _ in range(8)]
+    want = [D.Balancer(E, W, P, G).solve(reps, c).replica_counts for c in batches]
+    shared, bad = D.Balancer(E, W, P, G), []
+
+    def run(i):
+        for it in range(150):
+            j = (i + it) % 8
+            if not np.array_equal(shared.solve(reps, batches[j]).replica_counts, want[j]):
+                bad.append(j)
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not bad, "%d wrong answers from a shared Balancer" % len(bad)
+
+
+def test_map_ids_mode_checked():
+    """2**40 + 2 was narrowed to a C int and ran as mode 2 (dynamic)."""
+    torch = pytest.importorskip("torch")
+    import epx.torch  # noqa: F401  (registers torch.ops.epx)
+    ids = torch.tensor([[0, 1], [1, 0]], dtype=torch.int32)
+    reps = torch.tensor([[0, 2], [1, 3]], dtype=torch.int32)
+    nv = torch.tensor([2, 2], dtype=torch.int32)
+    for mode in (2 ** 40 + 2, -1, 9):
+        with pytest.raises(ValueError, match="is not a dispatch mode"):
+            torch.ops.epx.map_ids(ids, mode, 2, 4, None, reps, nv, None, 0, 0, 0)
+    assert torch.ops.epx.map_ids(ids, 2, 2, 4, None, reps, nv, None, 0, 0, 0).shape == (2, 2)

@@ -103,7 +103,7 @@ class _Dev:
         self.owner = owner  # the tensor keeps the engine object alive
 
 
-class Engine:
+class Engine(_native.OwnsHandle):
     """One rank's handle for one (hidden, top_k, experts, max_tokens) shape."""
 
     def __init__(self, cfg, rank, num_ranks, timeout_ms, mask=None):

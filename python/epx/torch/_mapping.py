@@ -64,6 +64,21 @@ def _replica_rows(replicas, num_valid, num_physical):
             raise ValueError("expert %d has %d replicas; each needs 1 to %d (the width of "
                              "replicas), valid ones first" % (e, n, W))
         _check_slots("replicas[%d]" % e, reps[e, :n], num_physical)
+    listed = np.arange(W)[None, :] < nv[:, None]
+    bad = np.argwhere(~listed & (reps != -1))
+    if bad.size:
+        e, j = (int(i) for i in bad[0])
+        raise ValueError("replicas[%d][%d] is %d, past expert %d's %d replicas: padding is -1"
+                         % (e, j, int(reps[e, j]), e, int(nv[e])))
+    # a slot holds one expert: listed by two, one's tokens would land on the other's
+    slots, experts = reps[listed], np.nonzero(listed)[0]
+    order = np.argsort(slots, kind="stable")
+    twice = np.nonzero(slots[order][1:] == slots[order][:-1])[0]
+    if twice.size:
+        a, b = order[twice[0]], order[twice[0] + 1]
+        raise ValueError("slot %d is listed by expert %d and by expert %d: a slot is listed "
+                         "once, by the expert it holds" % (int(slots[a]), int(experts[a]),
+                                                           int(experts[b])))
     return reps, nv
 
 
@@ -175,9 +190,10 @@ class Mapping:
             if table is None:
                 raise ValueError("mode='static' needs table [G][L][E] (epx.static_table)")
             tab = np.asarray(table)
-            if tab.ndim != 3:
-                raise ValueError("table must be [G][L][E] (epx.static_table), got shape %s"
-                                 % (tab.shape,))
+            want = (s["num_gpus"], L, s["num_logical_experts"])
+            if tab.shape != want:
+                raise ValueError("table must be [G][L][E] = %s for this layout "
+                                 "(epx.static_table), got shape %s" % (list(want), tab.shape))
             rank = _A.integer(ep_rank, "ep_rank", 0, tab.shape[0] - 1, "the table's ranks - 1")
             m = cls.static(tab[rank, layer], P)
             row = m.table.numpy()

@@ -318,6 +318,12 @@ def impl_map_ids(topk_ids: torch.Tensor, mode: int, num_experts: int, num_physic
     dev = _device(topk_ids)
     ids = _ints(topk_ids, "topk_ids", 2)
     # the C spec's fields are int32 / uint32: checked, never truncated
+    if isinstance(mode, bool) or mode not in _dispatch.DISPATCH_MODES.values():
+        raise ValueError("mode %r is not a dispatch mode: one of %s (epx.dispatch.DISPATCH_MODES; "
+                         "epx.torch.Mapping sets it)"
+                         % (mode, ", ".join("%d (%s)" % (v, k) for k, v in
+                                            sorted(_dispatch.DISPATCH_MODES.items(),
+                                                   key=lambda kv: kv[1]))))
     _A.integer(num_experts, "num_experts", 0, _A.MAX_EXPERTS, "EPX_MAX_EXPERTS")
     _count(num_physical, "num_physical", _A.MAX_PHYSICAL, "4 (E + G) slots at most")
     _A.integer(pass_id, "pass_id", 0, 2 ** 32 - 1, "map_ids keys it modulo 2^32")
