@@ -42,6 +42,22 @@ def integer(x, name, lo=0, hi=INT32_MAX, limit=None):
     return v
 
 
+def real(x, name):
+    """x as a Python float for a C double argument: a real number (int,
+    float, numpy or 0-d torch), not bool and not a str (float("3") took the
+    text "3", float(True) the flag as 1.0). TypeError naming the argument."""
+    if isinstance(x, (bool, np.bool_)) or not isinstance(x, numbers.Real):
+        if is_torch(x) and x.dim() == 0 and not x.dtype.is_complex and x.dtype != _torch_bool():
+            return float(x)
+        raise TypeError("%s must be a number, not %s %r" % (name, type(x).__name__, x))
+    return float(x)
+
+
+def _torch_bool():
+    import torch
+    return torch.bool
+
+
 def shape_ints(num_layers, num_logical_experts, num_physical_experts, num_gpus, num_nodes):
     """An epx_shape's five counts, each checked by integer() against its
     limit (a ctypes Shape took 2**32 + 2 GPUs as 2)."""

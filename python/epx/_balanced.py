@@ -133,6 +133,15 @@ def count_ids(topk_ids, num_experts):
 
 
 def _placement(layout, layer, replicas, num_physical, num_gpus):
+    given = [n for n, v in (("replicas", replicas), ("num_physical", num_physical),
+                            ("num_gpus", num_gpus)) if v is not None]
+    if layout is not None and given:
+        # a layout carries its own lists and shape: these were dropped without a word
+        raise ValueError("give a layout (and layer), or replicas with num_physical and "
+                         "num_gpus, not both: %s given beside the layout" % ", ".join(given))
+    if layout is None and (isinstance(layer, bool) or layer != 0):
+        raise ValueError("layer=%r picks a layer of a layout; replicas are one layer's lists "
+                         "already" % (layer,))
     if layout is not None:
         if hasattr(layout, "layout") and hasattr(layout, "replica_weights"):
             layout = layout.layout  # a Plan

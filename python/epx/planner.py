@@ -252,7 +252,7 @@ def _check_estimate_param(est, param):
     default. The sum and minmax estimates read no parameter, and libepx
     takes a half-life of 0 as the default: both were dropped without a
     word."""
-    p = float(param)
+    p = A.real(param, "estimate_param")
     if p != p:
         return  # NaN: libepx names it
     if p >= 0 and est in (ESTIMATES["sum"], ESTIMATES["minmax"]):
@@ -312,11 +312,12 @@ def plan(counts, num_gpus, num_physical_experts=None, num_redundant=None, num_no
     o = PlanOpts(PLAN_OPTS_VERSION, algo,
                  0 if num_groups is None else A.integer(num_groups, "num_groups", 0,
                                                          A.MAX_EXPERTS, "EPX_MAX_EXPERTS"),
-                 _choice(NODE_LOCAL, node_local, "node_local"), float(cross_node_budget),
-                 est, float(estimate_param),
+                 _choice(NODE_LOCAL, node_local, "node_local"),
+                 A.real(cross_node_budget, "cross_node_budget"),
+                 est, A.real(estimate_param, "estimate_param"),
                  _current(current),
                  A.integer(max_moves, "max_moves", -1),
-                 float(move_price), A.ptr(fg, c_uint8), LOG_FN(), None, None, None, sv)
+                 A.real(move_price, "move_price"), A.ptr(fg, c_uint8), LOG_FN(), None, None, None, sv)
     h = c_void_p()
     call(_compute, c.ptr, ctypes.byref(shape), ctypes.byref(o), ctypes.byref(h))
     return Plan(h, _key=PRIVATE)

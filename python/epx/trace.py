@@ -2,9 +2,10 @@
 config.json files (include/epx/model.h), and synthetic expert-load traces
 (include/epx/trace.h): what `epx trace synth` writes."""
 import ctypes
+import os
 
 from ._native import (POINTER, Counts, Structure, c_char_p, c_double, c_int32, c_int64,
-                      c_uint32, c_uint64, c_void_p, call, fn)
+                      c_path, c_uint32, c_uint64, c_void_p, call, fn)
 from . import _arrays as A
 from ._counts import counts_from_c
 
@@ -54,7 +55,11 @@ def _find(name):
     """A built-in name or a config.json path (or its folder), resolved; the
     returned epx_model_info owns the name its model points at."""
     info = ModelInfo()
-    call(_resolve, str(name).encode(), ctypes.byref(info))
+    if not isinstance(name, (str, os.PathLike)):
+        # str(None) looked up a model named 'None', str(b"x") one named "b'x'"
+        raise TypeError("name must be a model name or a config.json path (str or os.PathLike), "
+                        "not %s %r" % (type(name).__name__, name))
+    call(_resolve, c_path(name, "name"), ctypes.byref(info))
     return info
 
 
@@ -85,7 +90,7 @@ def synth(name, num_windows=8, tokens=65536, seed=0, skew=(0.8, 1.3), drift=0.1,
     p = _find(name)
     try:
         lo, hi = skew  # a pair: skew=1.0 failed as "'float' object is not subscriptable"
-        lo, hi = float(lo), float(hi)
+        lo, hi = A.real(lo, "skew[0]"), A.real(hi, "skew[1]")
     except (TypeError, ValueError):
         raise TypeError("skew must be a pair (lo, hi) of numbers, the range of each layer's "
                         "sigma, not %r: for one value give (s, s)" % (skew,)) from None
@@ -101,8 +106,9 @@ def synth(name, num_windows=8, tokens=65536, seed=0, skew=(0.8, 1.3), drift=0.1,
     o = TraceOpts(TRACE_OPTS_VERSION, S,
                   A.integer(tokens, "tokens", 1, 2 ** 63 - 1, "an int64"),
                   A.integer(seed, "seed", 0, 2 ** 64 - 1, "a uint64"),
-                  lo, hi, float(drift), W,
-                  A.integer(per_pass, "per_pass", 1, A.INT32_MAX), float(shift_layers))
+                  lo, hi, A.real(drift, "drift"), W,
+                  A.integer(per_pass, "per_pass", 1, A.INT32_MAX),
+                  A.real(shift_layers, "shift_layers"))
     cp = POINTER(Counts)()
     call(_synth, ctypes.byref(p.model), ctypes.byref(o), ctypes.byref(cp))
     try:

@@ -309,3 +309,24 @@ def test_map_ids_mode_checked():
         with pytest.raises(ValueError, match="is not a dispatch mode"):
             torch.ops.epx.map_ids(ids, mode, 2, 4, None, reps, nv, None, 0, 0, 0)
     assert torch.ops.epx.map_ids(ids, 2, 2, 4, None, reps, nv, None, 0, 0, 0).shape == (2, 2)
+
+
+def test_names_and_numbers_are_what_they_say():
+    """A model name went through str() (None looked up 'None', a NUL cut the
+    name short), options through float() (the text "3" was 3.0); a layout's
+    balanced split dropped replicas / num_gpus given beside it."""
+    from epx import trace
+    with pytest.raises(TypeError, match="name must be a model name"):
+        trace.model(None)
+    with pytest.raises(ValueError, match="NUL"):
+        trace.model("deepseek-v3\x00junk")
+    with pytest.raises(TypeError, match="move_price must be a number, not str"):
+        epx.plan(np.ones((1, 8)), num_gpus=4, num_redundant=4, move_price="3")
+    with pytest.raises(TypeError, match="drift must be a number, not bool"):
+        trace.synth("mixtral", num_windows=2, tokens=100, drift=True)
+    lay = _layout()
+    with pytest.raises(ValueError, match="not both: num_gpus given beside the layout"):
+        D.balanced_split([1, 1, 1, 1], layout=lay, num_gpus=2)
+    with pytest.raises(ValueError, match="layer=1 picks a layer of a layout"):
+        D.balanced_split([1, 1], replicas=[[0], [1]], num_physical=2, num_gpus=2, layer=1)
+    assert trace.synth("mixtral", num_windows=2, tokens=100, drift=np.float32(0.2)).shape[0] == 2
