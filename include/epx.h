@@ -174,8 +174,8 @@ EPX_API epx_status epx_file_output_check(const char *path, char **target, epx_er
 
 /* The temp name epx writes `path` through: "DIR/.BASE.epx-tmp.PID" beside the
  * resolved target, so a caller can remove it on a signal (a BASE too long
- * for that to be a file name is cut and marked: ".PREFIX~HASH.epx-tmp.PID"). Writes at most cap
- * bytes (NUL included). Returns: EPX_OK, EPX_ERR_INVALID_ARG as
+ * for that to be a file name is cut and marked: ".PREFIX~HASH.epx-tmp.PID").
+ * Writes at most cap bytes (NUL included). Returns: EPX_OK, EPX_ERR_INVALID_ARG as
  * epx_file_output_check, EPX_ERR_OVERFLOW when cap is too small. */
 EPX_API epx_status epx_file_temp_path(const char *path, char *buf, size_t cap, epx_error *err);
 

@@ -317,7 +317,8 @@ def plan(counts, num_gpus, num_physical_experts=None, num_redundant=None, num_no
                  est, A.real(estimate_param, "estimate_param"),
                  _current(current),
                  A.integer(max_moves, "max_moves", -1),
-                 A.real(move_price, "move_price"), A.ptr(fg, c_uint8), LOG_FN(), None, None, None, sv)
+                 A.real(move_price, "move_price"), A.ptr(fg, c_uint8), LOG_FN(), None, None, None,
+                 sv)
     h = c_void_p()
     call(_compute, c.ptr, ctypes.byref(shape), ctypes.byref(o), ctypes.byref(h))
     return Plan(h, _key=PRIVATE)
