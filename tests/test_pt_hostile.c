@@ -148,6 +148,31 @@ static void tensor_case(const char *cls, int64_t numel, int64_t off, const int64
     expect(&b, want, needle);
 }
 
+/* An empty tensor of huge dimensions (0 x 2^40 x 2^40, strides that are
+ * row-major for them) holds nothing: copying its zero elements is EPX_OK.
+ * The contiguity test multiplied 2^40 by 2^40 in int64 first. */
+static void empty_tensor_of_huge_dims(void **state) {
+    (void)state;
+    const double none[1] = {0};
+    epx_pt_tensor t = {EPX_PT_DTYPE_FLOAT64,
+                       3,
+                       {0, (int64_t)1 << 40, (int64_t)1 << 40},
+                       {0, (int64_t)1 << 40, 1},
+                       0,
+                       0,
+                       none};
+    int64_t numel = -1;
+    epx_error err = {0};
+    assert_int_equal(epx_pt_tensor_numel(&t, &numel, &err), EPX_OK);
+    assert_int_equal(numel, 0);
+    double out[1] = {7.0};
+    int64_t outi[1] = {7};
+    assert_int_equal(epx_pt_tensor_to_f64(&t, out, 0, &err), EPX_OK);
+    t.dtype = EPX_PT_DTYPE_INT64;
+    assert_int_equal(epx_pt_tensor_to_i64(&t, outi, 0, &err), EPX_OK);
+    assert_true(out[0] == 7.0 && outi[0] == 7);
+}
+
 static void checks_tensor_sizes(void **state) {
     (void)state;
     int64_t s1[1] = {2}, st1[1] = {1};
@@ -743,11 +768,17 @@ static void memory_per_value(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(refuses_code),          cmocka_unit_test(checks_tensor_sizes),
-        cmocka_unit_test(checks_pickle_lengths), cmocka_unit_test(checks_nesting),
-        cmocka_unit_test(dict_semantics),        cmocka_unit_test(protocol4_forms),
-        cmocka_unit_test(checks_container),      cmocka_unit_test(mutated_files),
-        cmocka_unit_test(mutated_pickles),       cmocka_unit_test(memory_per_value),
+        cmocka_unit_test(refuses_code),
+        cmocka_unit_test(checks_tensor_sizes),
+        cmocka_unit_test(empty_tensor_of_huge_dims),
+        cmocka_unit_test(checks_pickle_lengths),
+        cmocka_unit_test(checks_nesting),
+        cmocka_unit_test(dict_semantics),
+        cmocka_unit_test(protocol4_forms),
+        cmocka_unit_test(checks_container),
+        cmocka_unit_test(mutated_files),
+        cmocka_unit_test(mutated_pickles),
+        cmocka_unit_test(memory_per_value),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -171,6 +171,12 @@ EPXI_HIDDEN epx_status epxi_check_load_total(double total, const char *what, epx
  * checks last. */
 EPXI_HIDDEN epx_status epxi_counts_check_total(const epx_counts *c, epx_error *err);
 
+/* A counts struct a caller may have filled by hand: not NULL, data not
+ * NULL, every dimension >= 1 and within epx_counts_create's limits, so
+ * S * L * E is its data's length. EPX_ERR_INVALID_ARG or EPX_ERR_SHAPE
+ * naming `fn` and the shape; the loads themselves are the caller's check. */
+EPXI_HIDDEN epx_status epxi_counts_valid(const epx_counts *c, const char *fn, epx_error *err);
+
 /* Loads handed to the API ([n] doubles named `what`, e.g. "load" or
  * "expected_load"): each finite and >= 0, the sum at most
  * EPXI_MAX_LOAD_TOTAL; else EPX_ERR_INVALID_ARG naming the entry or the

@@ -99,16 +99,35 @@ int32_t epx_shape_slots_per_gpu(const epx_shape *s) {
     return s->num_physical_experts / s->num_gpus;
 }
 
-epx_status epx_counts_create(int32_t S, int32_t L, int32_t E, epx_counts **out, epx_error *err) {
-    if (out == NULL) return epxi_fail(err, EPX_ERR_INVALID_ARG, "epx_counts_create: out is NULL");
+/* The most doubles one counts tensor holds: 1 TiB, epx_shape_check's cap
+ * on a layout's tables (2^24 windows of 65,536 layers of 2^20 experts
+ * each within its limits asked calloc for 2^63 bytes). */
+#define MAX_COUNTS_CELLS ((size_t)1 << 37)
+
+static epx_status counts_shape(int32_t S, int32_t L, int32_t E, const char *fn, epx_error *err) {
     if (S < 1 || L < 1 || E < 1 || L > EPX_MAX_LAYERS || E > EPX_MAX_EXPERTS || S > (1 << 24))
         return epxi_fail(err, EPX_ERR_SHAPE,
-                         "counts shape [S=%d][L=%d][E=%d] is invalid: each must be >= 1 "
-                         "(L <= %d, E <= %d)",
-                         S, L, E, EPX_MAX_LAYERS, EPX_MAX_EXPERTS);
-    size_t n;
-    if (!epxi_mul_size((size_t)S * (size_t)L, (size_t)E, &n))
-        return epxi_fail(err, EPX_ERR_OVERFLOW, "counts shape [%d][%d][%d] overflows", S, L, E);
+                         "%s: counts shape [S=%d][L=%d][E=%d] is invalid: each must be >= 1 "
+                         "(S <= %d, L <= %d, E <= %d)",
+                         fn, S, L, E, 1 << 24, EPX_MAX_LAYERS, EPX_MAX_EXPERTS);
+    if ((size_t)S * (size_t)L * (size_t)E > MAX_COUNTS_CELLS)
+        return epxi_fail(err, EPX_ERR_SHAPE,
+                         "%s: counts of [%d][%d][%d] would take %.3g TB, above the 1 TiB one "
+                         "tensor may take: fewer windows, layers or experts",
+                         fn, S, L, E, (double)S * L * E * 8 / 1e12);
+    return EPX_OK;
+}
+
+epx_status epxi_counts_valid(const epx_counts *c, const char *fn, epx_error *err) {
+    if (c == NULL || c->data == NULL)
+        return epxi_fail(err, EPX_ERR_INVALID_ARG, "%s: the counts or their data are NULL", fn);
+    return counts_shape(c->num_windows, c->num_layers, c->num_experts, fn, err);
+}
+
+epx_status epx_counts_create(int32_t S, int32_t L, int32_t E, epx_counts **out, epx_error *err) {
+    if (out == NULL) return epxi_fail(err, EPX_ERR_INVALID_ARG, "epx_counts_create: out is NULL");
+    EPX_TRY(counts_shape(S, L, E, "epx_counts_create", err));
+    const size_t n = (size_t)S * (size_t)L * (size_t)E;
     epx_counts *c = epxi_calloc(1, sizeof *c, "counts", err);
     if (c == NULL) return err ? err->status : EPX_ERR_NOMEM;
     c->data = epxi_calloc(n, sizeof(double), "counts data", err);
@@ -165,7 +184,8 @@ void epx_counts_destroy(epx_counts *c) {
 
 epx_status epx_counts_sum_windows(const epx_counts *c, int32_t first, int32_t n, double *out,
                                   epx_error *err) {
-    if (c == NULL || out == NULL) return epxi_fail(err, EPX_ERR_INVALID_ARG, "NULL argument");
+    if (out == NULL) return epxi_fail(err, EPX_ERR_INVALID_ARG, "NULL argument");
+    EPX_TRY(epxi_counts_valid(c, "epx_counts_sum_windows", err));
     if (n < 1 || first < 0 || first > c->num_windows - n)
         return epxi_fail(err, EPX_ERR_INVALID_ARG,
                          "window range [%d, %lld) is empty or outside the %d windows", first,

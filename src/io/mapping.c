@@ -309,7 +309,9 @@ static epx_status write_counts_body(FILE *f, const void *ctx, epx_error *err) {
 }
 
 epx_status epx_counts_write_json(const epx_counts *c, const char *path, epx_error *err) {
-    if (c == NULL || path == NULL) return epxi_fail(err, EPX_ERR_INVALID_ARG, "NULL argument");
+    if (path == NULL) return epxi_fail(err, EPX_ERR_INVALID_ARG, "NULL argument");
+    /* a shape of no windows wrote {"logical_count": }, not JSON */
+    EPX_TRY(epxi_counts_valid(c, "epx_counts_write_json", err));
     /* only what the readers take back: a NaN was written as bare nan (not
      * JSON), a negative load as one every reader refuses */
     EPX_TRY(epxi_check_loads(

@@ -637,12 +637,14 @@ static epx_status put_i64(void *vc, size_t flat, int64_t at, epx_error *err) {
     return EPX_OK;
 }
 
-/* Row-major strides: the common case, copied without the odometer. */
+/* Row-major strides: the common case, copied without the odometer. The
+ * running product may overflow for an empty tensor of huge dimensions
+ * (0 x 2^40 x 2^40 is a valid zero-element shape): not contiguous then. */
 static bool is_contiguous(const epx_pt_tensor *t) {
     int64_t expect = 1;
     for (int32_t d = t->ndim - 1; d >= 0; d--) {
         if (t->shape[d] != 1 && t->strides[d] != expect) return false;
-        expect *= t->shape[d];
+        if (__builtin_mul_overflow(expect, t->shape[d], &expect)) return false;
     }
     return true;
 }
@@ -666,7 +668,7 @@ static bool is_contiguous(const epx_pt_tensor *t) {
     } while (0)
 
 static bool fast_f64(const epx_pt_tensor *t, double *out, size_t n) {
-    if (!EPXI_HOST_LE || !is_contiguous(t) || n == 0) return false;
+    if (!EPXI_HOST_LE || n == 0 || !is_contiguous(t)) return false;
     const uint8_t *base =
         (const uint8_t *)t->storage + (size_t)t->storage_offset * DTYPES[t->dtype].size;
     switch (t->dtype) {
@@ -680,7 +682,7 @@ static bool fast_f64(const epx_pt_tensor *t, double *out, size_t n) {
 }
 
 static bool fast_i64(const epx_pt_tensor *t, int64_t *out, size_t n) {
-    if (!EPXI_HOST_LE || !is_contiguous(t) || n == 0) return false;
+    if (!EPXI_HOST_LE || n == 0 || !is_contiguous(t)) return false;
     const uint8_t *base =
         (const uint8_t *)t->storage + (size_t)t->storage_offset * DTYPES[t->dtype].size;
     switch (t->dtype) {

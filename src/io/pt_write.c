@@ -340,11 +340,8 @@ epx_status epx_layout_write_pt(const epx_layout *lay, const char *path, epx_erro
 
 epx_status epx_counts_write_pt(const epx_counts *c, const char *path, epx_pt_dtype dt,
                                epx_error *err) {
-    if (c == NULL || path == NULL || c->data == NULL)
-        return epxi_fail(err, EPX_ERR_INVALID_ARG, "NULL argument");
-    if (c->num_windows < 1 || c->num_layers < 1 || c->num_experts < 1)
-        return epxi_fail(err, EPX_ERR_INVALID_ARG, "counts shape [%d][%d][%d] is empty",
-                         c->num_windows, c->num_layers, c->num_experts);
+    if (path == NULL) return epxi_fail(err, EPX_ERR_INVALID_ARG, "NULL argument");
+    EPX_TRY(epxi_counts_valid(c, "epx_counts_write_pt", err));
     const size_t n = (size_t)c->num_windows * (size_t)c->num_layers * (size_t)c->num_experts;
     EPX_TRY(epxi_check_loads(c->data, n, "counts", err)); /* what the readers take back */
     if (dt == EPX_PT_DTYPE_AUTO) {

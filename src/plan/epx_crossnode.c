@@ -21,6 +21,7 @@ epx_status epx_plan_cross_node_share(const epx_layout *layout, const double *wei
     if (layout == NULL || counts == NULL || share == NULL)
         return epxi_fail(err, EPX_ERR_INVALID_ARG,
                          "epx_plan_cross_node_share: layout, counts and share must not be NULL");
+    EPX_TRY(epxi_counts_valid(counts, "epx_plan_cross_node_share", err));
     const epx_shape *s = epx_layout_shape(layout);
     const int32_t L = s->num_layers, E = s->num_logical_experts, P = s->num_physical_experts;
     const int32_t N = s->num_nodes, ppn = P / N;

@@ -517,6 +517,7 @@ epx_status epx_layout_limit_moves(const epx_counts *counts, const epx_layout *cu
         return epxi_fail(err, EPX_ERR_INVALID_ARG,
                          "epx_layout_limit_moves: counts, current, target, budget and out must "
                          "not be NULL");
+    EPX_TRY(epxi_counts_valid(counts, "epx_layout_limit_moves", err));
     const epx_shape *sh = epx_layout_shape(current), *ts = epx_layout_shape(target);
     EPX_TRY(epxi_check_same_shape(sh, ts, "the current layout (", ") and the target (",
                                   ") differ in shape: both must be of one shape", err));

@@ -162,10 +162,7 @@ static epx_status check_deepseek_opts(const epx_plan_opts *o, epx_algorithm algo
 }
 
 static epx_status check_counts(const epx_counts *c, const epx_shape *s, epx_error *err) {
-    if (c == NULL || c->data == NULL) return epxi_fail(err, EPX_ERR_INVALID_ARG, "counts are NULL");
-    if (c->num_windows < 1)
-        return epxi_fail(err, EPX_ERR_SHAPE, "counts have %d windows: need at least one",
-                         c->num_windows);
+    EPX_TRY(epxi_counts_valid(c, "epx_plan_compute", err));
     if (c->num_layers != s->num_layers || c->num_experts != s->num_logical_experts)
         return epxi_fail(err, EPX_ERR_SHAPE,
                          "the counts are [%d layers][%d experts] but the shape has %d layers "
