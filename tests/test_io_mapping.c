@@ -109,6 +109,29 @@ static void mapping_errors_explain(void **state) {
     epx_free(m);
 }
 
+/* A ragged list whose first row is long is refused as ragged before
+ * anything is sized from that row: 2^21 entries then 65,535 rows of one
+ * (4.4 MB of text) asked calloc for 512 GiB (NOMEM, or an abort under
+ * ASan) before the walk that finds the ragged row. */
+static void ragged_rows_before_sizes(void **state) {
+    (void)state;
+    const size_t first = (size_t)1 << 21, rows = 65536;
+    const char *head = "{\"physical_to_logical_map\": [[";
+    char *text = malloc(strlen(head) + 2 * first + 4 * rows + 8);
+    assert_non_null(text);
+    size_t n = (size_t)sprintf(text, "%s", head);
+    for (size_t i = 0; i < first; i++) n += (size_t)sprintf(text + n, i ? ",0" : "0");
+    n += (size_t)sprintf(text + n, "]");
+    for (size_t r = 1; r < rows; r++) n += (size_t)sprintf(text + n, ",[0]");
+    sprintf(text + n, "]}");
+    int32_t *m = NULL, L = 0, P = 0;
+    epx_error err = {0};
+    assert_int_equal(parse(text, &m, &L, &P, &err), EPX_ERR_PARSE);
+    TU_MSG_HAS(err.msg, "ragged rows", "[1] has 1 entries");
+    assert_null(m);
+    free(text);
+}
+
 static void counts_read_and_write(void **state) {
     (void)state;
     epx_counts *c = NULL;
@@ -272,9 +295,9 @@ static void init_options_checked(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(mapping_round_trip),    cmocka_unit_test(mapping_errors_explain),
-        cmocka_unit_test(counts_read_and_write), cmocka_unit_test(init_entry_point),
-        cmocka_unit_test(init_options_checked),
+        cmocka_unit_test(mapping_round_trip),       cmocka_unit_test(mapping_errors_explain),
+        cmocka_unit_test(ragged_rows_before_sizes), cmocka_unit_test(counts_read_and_write),
+        cmocka_unit_test(init_entry_point),         cmocka_unit_test(init_options_checked),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

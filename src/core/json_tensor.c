@@ -18,6 +18,9 @@ static void format_index(char *buf, size_t cap, const int64_t *idx, int depth) {
         n += (size_t)snprintf(buf + n, cap - n, "[%lld]", (long long)idx[i]);
 }
 
+static epx_status rows_even(const json_t *a, const epxi_json_tensor *t, int depth, int64_t *idx,
+                            const char *key, epx_error *err);
+
 epx_status epxi_json_measure(const json_t *arr, int min_rank, int max_rank, const char *key,
                              epxi_json_tensor *out, epx_error *err) {
     memset(out, 0, sizeof *out);
@@ -50,6 +53,10 @@ epx_status epxi_json_measure(const json_t *arr, int min_rank, int max_rank, cons
                                                : "true or false");
     }
     out->rank = rank;
+    /* a ragged list (2^21 entries in its first row, one in each other) was
+     * sized from its first row: 512 GiB asked for before the walk found it */
+    int64_t idx[EPXI_JSON_MAX_RANK] = {0};
+    EPX_TRY(rows_even(arr, out, 0, idx, key, err));
     size_t count = 1;
     for (int i = 0; i < rank; i++) {
         if (!epxi_mul_size(count, (size_t)out->dims[i], &count))
@@ -59,17 +66,10 @@ epx_status epxi_json_measure(const json_t *arr, int min_rank, int max_rank, cons
     return EPX_OK;
 }
 
-/* Walk every leaf in row-major order, checking each row's length. */
-typedef epx_status (*leaf_fn)(const json_t *v, const int64_t *idx, int depth, size_t flat,
-                              void *ctx, epx_error *err);
-
-static epx_status walk(const json_t *a, const epxi_json_tensor *t, int depth, int64_t *idx,
-                       size_t *flat, const char *key, leaf_fn fn, void *ctx, epx_error *err) {
-    if (depth == t->rank) {
-        epx_status st = fn(a, idx, depth, *flat, ctx, err);
-        (*flat)++;
-        return st;
-    }
+/* a, at depth < t->rank, is a list of t->dims[depth] entries; else the
+ * error naming where (idx[0..depth)) and what was expected. */
+static epx_status row_ok(const json_t *a, const epxi_json_tensor *t, int depth, const int64_t *idx,
+                         const char *key, epx_error *err) {
     char where[128];
     if (!json_is_array(a)) {
         format_index(where, sizeof where, idx, depth);
@@ -84,6 +84,35 @@ static epx_status walk(const json_t *a, const epxi_json_tensor *t, int depth, in
                          key, where, json_array_size(a), depth == 0 ? "the first" : "row [0]",
                          (long long)t->dims[depth]);
     }
+    return EPX_OK;
+}
+
+/* Every list above the leaves has its dimension's length: what makes
+ * dims[] (read off the first entry of each level) the real shape, before
+ * anything is sized from it. Visits the rows, not the leaves. */
+static epx_status rows_even(const json_t *a, const epxi_json_tensor *t, int depth, int64_t *idx,
+                            const char *key, epx_error *err) {
+    EPX_TRY(row_ok(a, t, depth, idx, key, err));
+    if (depth + 1 >= t->rank || depth + 1 >= EPXI_JSON_MAX_RANK) return EPX_OK;
+    for (int64_t i = 0; i < t->dims[depth]; i++) {
+        idx[depth] = i;
+        EPX_TRY(rows_even(json_array_get(a, (size_t)i), t, depth + 1, idx, key, err));
+    }
+    return EPX_OK;
+}
+
+/* Walk every leaf in row-major order, checking each row's length. */
+typedef epx_status (*leaf_fn)(const json_t *v, const int64_t *idx, int depth, size_t flat,
+                              void *ctx, epx_error *err);
+
+static epx_status walk(const json_t *a, const epxi_json_tensor *t, int depth, int64_t *idx,
+                       size_t *flat, const char *key, leaf_fn fn, void *ctx, epx_error *err) {
+    if (depth == t->rank) {
+        epx_status st = fn(a, idx, depth, *flat, ctx, err);
+        (*flat)++;
+        return st;
+    }
+    EPX_TRY(row_ok(a, t, depth, idx, key, err));
     for (int64_t i = 0; i < t->dims[depth]; i++) {
         idx[depth] = i;
         EPX_TRY(walk(json_array_get(a, (size_t)i), t, depth + 1, idx, flat, key, fn, ctx, err));
