@@ -490,6 +490,12 @@ static void gather_is_the_scatter(void **state) {
     assert_int_equal(epx_gather_rows(x, EPX_ROW_F32, 2, 2, order, 2, 2, y, &err), EPX_OK);
     assert_true(y[0] == 3.0f && y[1] == 4.0f && y[2] == 1.0f && y[3] == 2.0f);
     assert_int_equal(epx_gather_rows(x, EPX_ROW_F32, 2, 2, order, 2, 0, y, &err), EPX_ERR_SHAPE);
+    /* hidden 0: rows of no bytes, x and out may be NULL; nothing is copied
+     * (memcpy and memset were handed NULL, undefined under UBSan) */
+    int32_t pos[4] = {1, 0, 3, 2};
+    assert_int_equal(epx_permute_rows(NULL, EPX_ROW_F32, 2, 0, pos, 2, 4, NULL, &err), EPX_OK);
+    int32_t order2[2] = {-1, 0};
+    assert_int_equal(epx_gather_rows(NULL, EPX_ROW_F32, 1, 0, order2, 2, 1, NULL, &err), EPX_OK);
 }
 
 static void rows_errors(void **state) {

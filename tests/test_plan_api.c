@@ -335,11 +335,40 @@ static void init_from_counts(void **state) {
     TU_MSG_HAS(err.msg, "5", "2");
 }
 
+/* Getters on a NULL handle answer NULL, 0 or nothing, as their siblings
+ * (epx_layout_max_replicas, epx_plan_seconds, epx_migration_kinds) did;
+ * five of them dereferenced it. */
+static void null_handles(void **state) {
+    (void)state;
+    int32_t w = 7, rr = 7;
+    epx_migration_stats st;
+    memset(&st, 0xff, sizeof st);
+    uint64_t b[4] = {9, 9, 9, 9};
+    assert_null(epx_layout_shape(NULL));
+    assert_null(epx_layout_physical_to_logical(NULL));
+    assert_null(epx_layout_num_valid(NULL));
+    assert_null(epx_layout_logical_to_all_physical(NULL, &w));
+    assert_int_equal(w, 0);
+    assert_null(epx_plan_layout(NULL));
+    assert_null(epx_plan_replica_weights(NULL));
+    w = 7;
+    assert_null(epx_plan_logical_to_physical(NULL, &w, &rr));
+    assert_true(w == 0 && rr == 0);
+    assert_null(epx_migration_permutation(NULL));
+    epx_migration_get_stats(NULL, &st);
+    assert_int_equal(st.expert_bytes, 0);
+    epx_migration_get_stats(NULL, NULL);
+    epx_migration_rank_bytes(NULL, b, b);
+    epx_migration_link_bytes(NULL, b);
+    assert_true(b[0] == 9 && b[3] == 9);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(algorithm_names),   cmocka_unit_test(option_errors),
-        cmocka_unit_test(auto_rule),         cmocka_unit_test(deepseek_sums_windows),
-        cmocka_unit_test(default_algorithm), cmocka_unit_test(init_from_counts),
+        cmocka_unit_test(algorithm_names),       cmocka_unit_test(option_errors),
+        cmocka_unit_test(null_handles),          cmocka_unit_test(auto_rule),
+        cmocka_unit_test(deepseek_sums_windows), cmocka_unit_test(default_algorithm),
+        cmocka_unit_test(init_from_counts),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -53,7 +53,8 @@ EPX_API epx_status epx_layout_clone(const epx_layout *src, epx_layout **out, epx
 EPX_API epx_status epx_layout_update(epx_layout *dst, const epx_layout *src, const uint8_t *layers,
                                      epx_error *err);
 
-/* The layout's shape. Valid for the layout's lifetime. */
+/* The layout's shape. Valid for the layout's lifetime; NULL for a NULL
+ * layout (as the other getters below, whose width is then 0). */
 EPX_API const epx_shape *epx_layout_shape(const epx_layout *layout);
 
 /* Read-only views, valid for the layout's lifetime (updates change contents,

@@ -120,7 +120,8 @@ EPX_API const int32_t *epx_migration_permutation(const epx_migration *mig);
 EPX_API const uint8_t *epx_migration_kinds(const epx_migration *mig);
 EPX_API const int32_t *epx_migration_sources(const epx_migration *mig);
 
-/* The totals of the plan and of the naive plan. Never fails. */
+/* The totals of the plan and of the naive plan (zeros for a NULL plan;
+ * nothing written for a NULL out). Never fails. */
 EPX_API void epx_migration_get_stats(const epx_migration *mig, epx_migration_stats *out);
 
 /* Of the naive plan's changed slots (naive_changed), those whose expert no
@@ -131,13 +132,15 @@ EPX_API int64_t epx_migration_naive_loaded(const epx_migration *mig);
 
 /*
  * Bytes each GPU sends and receives over links (local copies excluded).
- * Args:    sent, received (out, may be NULL) [G] caller-owned.
+ * Args:    sent, received (out, may be NULL) [G] caller-owned; nothing is
+ *          written for a NULL plan.
  */
 EPX_API void epx_migration_rank_bytes(const epx_migration *mig, uint64_t *sent, uint64_t *received);
 
 /*
  * Bytes over each ordered GPU pair: out[src * G + dst], caller-owned [G][G].
- * The diagonal holds each GPU's local copies.
+ * The diagonal holds each GPU's local copies. Nothing is written for a NULL
+ * plan or out.
  */
 EPX_API void epx_migration_link_bytes(const epx_migration *mig, uint64_t *out);
 

@@ -314,6 +314,7 @@ epx_status epx_permute_rows(const void *x, epx_row_dtype dtype, int64_t num_toke
     EPX_TRY(check_rows(x, out, dtype, num_tokens, hidden, pos, topk, num_rows, "epx_permute_rows",
                        err));
     size_t row = (size_t)hidden * dtype_size(dtype);
+    if (row == 0) return EPX_OK; /* hidden 0: x and out may be NULL (check_rows) */
     for (int64_t t = 0; t < num_tokens; t++)
         for (int32_t k = 0; k < topk; k++) {
             int32_t p = pos[(size_t)t * (size_t)topk + (size_t)k];
@@ -350,6 +351,7 @@ epx_status epx_gather_rows(const void *x, epx_row_dtype dtype, int64_t num_token
                              "per_token)",
                              (long long)i, order[i], (long long)limit);
     size_t row = (size_t)hidden * dtype_size(dtype);
+    if (row == 0) return EPX_OK; /* hidden 0: x and out may be NULL (check_rows) */
     for (int64_t i = 0; i < num_rows; i++) {
         unsigned char *dst = (unsigned char *)out + (size_t)i * row;
         if (order[i] < 0)

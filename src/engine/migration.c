@@ -295,20 +295,29 @@ done:
 }
 
 const epx_layout *epx_migration_layout(const epx_migration *m) { return m ? m->layout : NULL; }
-const int32_t *epx_migration_permutation(const epx_migration *m) { return m->perm; }
+const int32_t *epx_migration_permutation(const epx_migration *m) { return m ? m->perm : NULL; }
 const uint8_t *epx_migration_kinds(const epx_migration *m) { return m ? m->kinds : NULL; }
 const int32_t *epx_migration_sources(const epx_migration *m) { return m ? m->src : NULL; }
-void epx_migration_get_stats(const epx_migration *m, epx_migration_stats *out) { *out = m->stats; }
+/* A NULL handle or out writes nothing (stats of no migration: zeros). */
+void epx_migration_get_stats(const epx_migration *m, epx_migration_stats *out) {
+    if (out == NULL) return;
+    if (m == NULL)
+        memset(out, 0, sizeof *out);
+    else
+        *out = m->stats;
+}
 
 int64_t epx_migration_naive_loaded(const epx_migration *m) { return m ? m->naive_loaded : 0; }
 
 void epx_migration_rank_bytes(const epx_migration *m, uint64_t *sent, uint64_t *received) {
+    if (m == NULL) return;
     size_t n = (size_t)m->shape.num_gpus * sizeof(uint64_t);
     if (sent != NULL) memcpy(sent, m->sent, n);
     if (received != NULL) memcpy(received, m->recv, n);
 }
 
 void epx_migration_link_bytes(const epx_migration *m, uint64_t *out) {
+    if (m == NULL || out == NULL) return;
     const int32_t G = m->shape.num_gpus, spg = m->shape.num_physical_experts / G;
     const size_t cells = (size_t)m->shape.num_layers * (size_t)m->shape.num_physical_experts;
     const uint64_t B = m->stats.expert_bytes;

@@ -169,13 +169,17 @@ epx_status epx_layout_update(epx_layout *dst, const epx_layout *src, const uint8
     return EPX_OK;
 }
 
-const epx_shape *epx_layout_shape(const epx_layout *lay) { return &lay->shape; }
-const int32_t *epx_layout_physical_to_logical(const epx_layout *lay) { return lay->phys_to_log; }
-const int32_t *epx_layout_num_valid(const epx_layout *lay) { return lay->num_valid; }
+/* The getters answer NULL (and width 0) for a NULL handle, as their
+ * siblings (epx_layout_max_replicas, epx_layout_gpu_slots) do. */
+const epx_shape *epx_layout_shape(const epx_layout *lay) { return lay ? &lay->shape : NULL; }
+const int32_t *epx_layout_physical_to_logical(const epx_layout *lay) {
+    return lay ? lay->phys_to_log : NULL;
+}
+const int32_t *epx_layout_num_valid(const epx_layout *lay) { return lay ? lay->num_valid : NULL; }
 
 const int32_t *epx_layout_logical_to_all_physical(const epx_layout *lay, int32_t *width) {
-    if (width != NULL) *width = lay->width;
-    return lay->log_to_phys;
+    if (width != NULL) *width = lay ? lay->width : 0;
+    return lay ? lay->log_to_phys : NULL;
 }
 
 int32_t epx_layout_max_replicas(const epx_layout *lay) {

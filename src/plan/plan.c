@@ -516,8 +516,8 @@ void epx_plan_destroy(epx_plan *plan) {
     free(plan);
 }
 
-const epx_layout *epx_plan_layout(const epx_plan *plan) { return plan->layout; }
-const double *epx_plan_replica_weights(const epx_plan *plan) { return plan->weights; }
+const epx_layout *epx_plan_layout(const epx_plan *plan) { return plan ? plan->layout : NULL; }
+const double *epx_plan_replica_weights(const epx_plan *plan) { return plan ? plan->weights : NULL; }
 double epx_plan_seconds(const epx_plan *plan) { return plan ? plan->seconds : 0.0; }
 epx_algorithm epx_plan_algorithm(const epx_plan *plan) {
     return plan ? plan->algorithm : EPX_ALGO_EPX;
@@ -525,6 +525,11 @@ epx_algorithm epx_plan_algorithm(const epx_plan *plan) {
 
 const int32_t *epx_plan_logical_to_physical(const epx_plan *plan, int32_t *width,
                                             int32_t *replica_rank) {
+    if (plan == NULL) {
+        if (width) *width = 0;
+        if (replica_rank) *replica_rank = 0;
+        return NULL;
+    }
     const epx_shape *s = epx_layout_shape(plan->layout);
     const int32_t L = s->num_layers, E = s->num_logical_experts, P = s->num_physical_experts;
     const size_t X = (size_t)(P - E + 1);
