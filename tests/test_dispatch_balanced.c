@@ -708,6 +708,12 @@ static void errors(void **state) {
     epx_balancer *b = NULL;
     assert_int_equal(epx_dispatch_balanced_create(4, 2, 6, 4, &b, &err), EPX_ERR_SHAPE);
     TU_MSG_HAS(err.msg, "P a multiple of G");
+    /* lists wider than the slots, and tables past 1 TiB, before any allocation */
+    assert_int_equal(epx_dispatch_balanced_create(4, 9, 8, 4, &b, &err), EPX_ERR_SHAPE);
+    TU_MSG_HAS(err.msg, "W = 9", "W must be at most P");
+    assert_int_equal(epx_dispatch_balanced_create(1 << 24, 1 << 16, 1 << 24, 4096, &b, &err),
+                     EPX_ERR_SHAPE);
+    TU_MSG_HAS(err.msg, "1 TiB");
     assert_null(b);
     assert_int_equal(epx_dispatch_balanced_create(4, 2, 6, 3, NULL, &err), EPX_ERR_INVALID_ARG);
     assert_int_equal(epx_dispatch_balanced_create(4, 3, 6, 3, &b, &err), EPX_OK);

@@ -95,6 +95,13 @@ epx_status epx_dispatch_balanced_create(int32_t num_experts, int32_t width, int3
         return epxi_fail(err, EPX_ERR_SHAPE,
                          "epx_dispatch_balanced_create: E = %d, W = %d or P = %d is too large",
                          num_experts, width, num_physical);
+    /* a list holds each slot once, so W <= P; and E x W, the replica counts'
+     * int64 table, within the 1 TiB epx sizes one array at (8.8 TB was asked) */
+    if (width > num_physical || (double)num_experts * width * 8 > 1099511627776.0)
+        return epxi_fail(err, EPX_ERR_SHAPE,
+                         "epx_dispatch_balanced_create: W = %d lists for E = %d experts on P = %d "
+                         "slots: W must be at most P, and E x W x 8 bytes at most 1 TiB",
+                         width, num_experts, num_physical);
     epx_balancer *b = epxi_calloc(1, sizeof *b, "balancer", err);
     if (b == NULL) return EPX_ERR_NOMEM;
     size_t E = (size_t)num_experts, P = (size_t)num_physical;
