@@ -118,6 +118,11 @@ static void shape_errors_explain(void **state) {
     epx_shape s = shape(61, 384, 390, 8, 1);
     assert_int_equal(epx_shape_check(&s, &err), EPX_ERR_SHAPE);
     TU_MSG_HAS(err.msg, "390", "8", "384", "392");
+    /* no GPU count on 2 nodes divides 7 slots: the slots are the fix ("use
+     * 1 GPUs" was offered, which 2 nodes cannot take) */
+    s = shape(1, 7, 7, 4, 2);
+    assert_int_equal(epx_shape_check(&s, &err), EPX_ERR_SHAPE);
+    TU_MSG_HAS(err.msg, "no other GPU count on 2 node(s) divides it", "use 8 slots for 4 GPUs");
     s = shape(61, 384, 416, 6, 4);
     assert_int_equal(epx_shape_check(&s, &err), EPX_ERR_SHAPE);
     TU_MSG_HAS(err.msg, "num_gpus (6)", "num_nodes (4)");

@@ -58,13 +58,19 @@ epx_status epx_shape_check(const epx_shape *s, epx_error *err) {
         if (below && above)
             snprintf(gpus, sizeof gpus, "%d or %d GPUs", below, above);
         else
-            snprintf(gpus, sizeof gpus, "%d GPUs", below ? below : above ? above : 1);
+            snprintf(gpus, sizeof gpus, "%d GPUs", below ? below : above);
         int32_t lo = (P / G) * G, hi = lo + G;
         char slots[64];
         if (lo >= E)
             snprintf(slots, sizeof slots, "%d or %d", lo, hi);
         else
             snprintf(slots, sizeof slots, "%d", hi);
+        if (!below && !above) /* "use 1 GPUs" was offered, on 2 nodes too */
+            return epxi_fail(err, EPX_ERR_SHAPE,
+                             "num_physical_experts (%d) is not a multiple of num_gpus (%d), and "
+                             "no other GPU count on %d node(s) divides it: use %s slots for %d "
+                             "GPUs",
+                             P, G, N, slots, G);
         return epxi_fail(err, EPX_ERR_SHAPE,
                          "num_physical_experts (%d) is not a multiple of num_gpus (%d): with %d "
                          "slots use %s (divisors of %d), or use %s slots for %d GPUs",
