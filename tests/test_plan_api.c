@@ -64,6 +64,12 @@ static void option_errors(void **state) {
     assert_int_equal(plan(c, s, &o, &p, &err), EPX_ERR_INVALID_ARG);
     TU_MSG_HAS(err.msg, "99", "EPX_PLAN_OPTS_INIT");
     o = (epx_plan_opts)EPX_PLAN_OPTS_INIT;
+    /* an infinite z made every estimate NaN, and the counts were blamed */
+    o.estimate = EPX_ESTIMATE_MEAN_STD;
+    o.estimate_param = INFINITY;
+    assert_int_equal(plan(c, s, &o, &p, &err), EPX_ERR_INVALID_ARG);
+    TU_MSG_HAS(err.msg, "estimate_param is inf", "finite");
+    o = (epx_plan_opts)EPX_PLAN_OPTS_INIT;
     o.algorithm = (epx_algorithm)8;
     assert_int_equal(plan(c, s, &o, &p, &err), EPX_ERR_INVALID_ARG);
     TU_MSG_HAS(err.msg, "algorithm 8");

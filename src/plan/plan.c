@@ -207,6 +207,12 @@ static epx_status check_opts(const epx_plan_opts *o, const epx_shape *s, epx_alg
     if (isnan(o->estimate_param) || isnan(o->cross_node_budget))
         return epxi_fail(err, EPX_ERR_INVALID_ARG,
                          "estimate_param and cross_node_budget must be numbers (NaN given)");
+    if (isinf(o->estimate_param))
+        /* mean-std's z of +inf made every estimate NaN, blamed on the counts */
+        return epxi_fail(err, EPX_ERR_INVALID_ARG,
+                         "estimate_param is %g: give a finite half-life or z, or < 0 for the "
+                         "default",
+                         o->estimate_param);
     if (o->cross_node_budget > 1.0)
         return epxi_fail(err, EPX_ERR_INVALID_ARG,
                          "cross_node_budget (%g) is a share of the redundant slots: use a "
