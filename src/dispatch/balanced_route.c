@@ -28,15 +28,14 @@ epx_status epx_dispatch_count_ids(const int32_t *topk_ids, int64_t num_tokens, i
     if (counts == NULL || (num_tokens > 0 && topk_ids == NULL))
         return epxi_fail(err, EPX_ERR_INVALID_ARG,
                          "epx_dispatch_count_ids: topk_ids and counts are required");
-    memset(counts, 0, (size_t)num_experts * sizeof *counts);
-    for (int64_t i = 0; i < num_tokens * topk; i++) {
-        int32_t e = topk_ids[i];
-        if (e < -1 || e >= num_experts)
+    for (int64_t i = 0; i < num_tokens * topk; i++) /* first: an error leaves counts as they were */
+        if (topk_ids[i] < -1 || topk_ids[i] >= num_experts)
             return epxi_fail(err, EPX_ERR_INVALID_ARG,
                              "topk_ids[%lld][%d] = %d is outside [-1, %d) (E)",
-                             (long long)(i / topk), (int)(i % topk), e, num_experts);
-        if (e >= 0) counts[e]++;
-    }
+                             (long long)(i / topk), (int)(i % topk), topk_ids[i], num_experts);
+    memset(counts, 0, (size_t)num_experts * sizeof *counts);
+    for (int64_t i = 0; i < num_tokens * topk; i++)
+        if (topk_ids[i] >= 0) counts[topk_ids[i]]++;
     return EPX_OK;
 }
 

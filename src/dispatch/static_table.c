@@ -499,14 +499,16 @@ epx_status epx_dispatch_table_gpu_load(const epx_shape *shape, const int32_t *ta
     int32_t P = shape->num_physical_experts, per = P / G;
     size_t LE = (size_t)L * (size_t)E;
     EPX_TRY(epxi_check_loads(load, LE, "load", err));
+    for (size_t i = 0; i < (size_t)G * LE; i++) /* first: an error leaves gpu_load as it was */
+        if (table[i] < 0 || table[i] >= P)
+            return epxi_fail(err, EPX_ERR_INVALID_MAP,
+                             "table[%zu][%zu][%zu] = %d is outside [0, %d)", i / LE,
+                             (i % LE) / (size_t)E, i % (size_t)E, table[i], P);
     memset(gpu_load, 0, (size_t)L * (size_t)G * sizeof *gpu_load);
     for (int32_t r = 0; r < G; r++)
         for (int32_t l = 0; l < L; l++)
             for (int32_t e = 0; e < E; e++) {
                 int32_t p = table[(size_t)r * LE + (size_t)l * (size_t)E + (size_t)e];
-                if (p < 0 || p >= P)
-                    return epxi_fail(err, EPX_ERR_INVALID_MAP,
-                                     "table[%d][%d][%d] = %d is outside [0, %d)", r, l, e, p, P);
                 gpu_load[(size_t)l * (size_t)G + (size_t)(p / per)] +=
                     load[(size_t)l * (size_t)E + (size_t)e] / G;
             }

@@ -30,18 +30,17 @@ epx_status epx_dispatch_thresholds(const int32_t *replicas, const int32_t *num_v
                          "epx_dispatch_thresholds: L = %d, E = %d, W = %d, P = %d must all "
                          "be >= 1",
                          num_layers, num_experts, width, num_physical);
+    /* every list and weight first, so an error leaves out as it was (epx.h) */
     for (int32_t l = 0; l < num_layers; l++)
         for (int32_t e = 0; e < num_experts; e++) {
             size_t le = (size_t)l * (size_t)num_experts + (size_t)e;
             const int32_t *row = replicas + le * (size_t)width;
             const double *w = weights + (size_t)l * (size_t)num_physical;
-            uint32_t *thr = out + le * (size_t)width;
             int32_t n = num_valid[le];
             if (n < 1 || n > width)
                 return epxi_fail(err, EPX_ERR_INVALID_ARG,
                                  "num_valid[%d][%d] = %d is outside [1, %d] (the width)", l, e, n,
                                  width);
-            double sum = 0.0;
             for (int32_t j = 0; j < n; j++) {
                 if (row[j] < 0 || row[j] >= num_physical)
                     return epxi_fail(err, EPX_ERR_INVALID_MAP,
@@ -53,8 +52,17 @@ epx_status epx_dispatch_thresholds(const int32_t *replicas, const int32_t *num_v
                     return epxi_fail(err, EPX_ERR_INVALID_ARG,
                                      "weights[%d][%d] is %g: weights must be finite and >= 0", l,
                                      row[j], v);
-                sum += v;
             }
+        }
+    for (int32_t l = 0; l < num_layers; l++)
+        for (int32_t e = 0; e < num_experts; e++) {
+            size_t le = (size_t)l * (size_t)num_experts + (size_t)e;
+            const int32_t *row = replicas + le * (size_t)width;
+            const double *w = weights + (size_t)l * (size_t)num_physical;
+            uint32_t *thr = out + le * (size_t)width;
+            int32_t n = num_valid[le];
+            double sum = 0.0;
+            for (int32_t j = 0; j < n; j++) sum += w[row[j]];
             double cum = 0.0;
             for (int32_t j = 0; j < width; j++) {
                 if (j >= n - 1) {
@@ -107,6 +115,40 @@ epx_status epxi_dispatch_check_spec(const epx_dispatch_spec *s, const char *memo
                      (int)s->mode);
 }
 
+/* Id (t, k) = e of topk_ids can be mapped: e in [-1, lim); for a list mode
+ * every listed replica of e in [0, P) (not only the one a draw picks, so a
+ * bad entry fails whatever the draw); for the static mode the table's slot. */
+static epx_status check_id(const epx_dispatch_spec *spec, int32_t e, int64_t t, int32_t k,
+                           int32_t lim, epx_error *err) {
+    const int32_t P = spec->num_physical, W = spec->width;
+    if (e < -1 || e >= lim)
+        return epxi_fail(err, EPX_ERR_INVALID_ARG,
+                         "topk_ids[%lld][%d] = %d is outside [-1, %d) (%s)", (long long)t, k, e,
+                         lim, spec->mode == EPX_DISPATCH_PHYSICAL ? "P" : "E");
+    if (e < 0 || spec->mode == EPX_DISPATCH_PHYSICAL) return EPX_OK;
+    if (spec->mode == EPX_DISPATCH_STATIC) {
+        const int32_t p = spec->table[e];
+        if (p < 0 || p >= P)
+            return epxi_fail(err, EPX_ERR_INVALID_MAP,
+                             "expert %d maps to slot %d, outside [0, %d): the table or replica "
+                             "map is not for this shape",
+                             e, p, P);
+        return EPX_OK;
+    }
+    const int32_t n = spec->num_valid[e];
+    if (n < 1 || n > W)
+        return epxi_fail(err, EPX_ERR_INVALID_MAP,
+                         "num_valid[%d] = %d is outside [1, %d] (the width)", e, n, W);
+    const int32_t *rep = spec->replicas + (size_t)e * (size_t)W;
+    for (int32_t j = 0; j < n; j++)
+        if (rep[j] < 0 || rep[j] >= P)
+            return epxi_fail(err, EPX_ERR_INVALID_MAP,
+                             "replicas[%d][%d] = %d is outside [0, %d) while num_valid[%d] = %d: "
+                             "list an expert's valid slots first, -1 padding only after them",
+                             e, j, rep[j], P, e, n);
+    return EPX_OK;
+}
+
 epx_status epx_dispatch_map_ids(const epx_dispatch_spec *spec, const int32_t *topk_ids,
                                 int64_t num_tokens, int32_t topk, int32_t *phys, epx_error *err) {
     if (spec == NULL || (num_tokens > 0 && (topk_ids == NULL || phys == NULL)))
@@ -117,56 +159,37 @@ epx_status epx_dispatch_map_ids(const epx_dispatch_spec *spec, const int32_t *to
                          "topk_ids is [%lld][%d]: T must be in [0, 2^31) and K >= 1",
                          (long long)num_tokens, topk);
     EPX_TRY(epxi_dispatch_check_spec(spec, "host", err));
-    int32_t E = spec->num_experts, P = spec->num_physical, W = spec->width;
-    int32_t lim = spec->mode == EPX_DISPATCH_PHYSICAL ? P : E;
+    const int32_t W = spec->width;
+    const int32_t lim =
+        spec->mode == EPX_DISPATCH_PHYSICAL ? spec->num_physical : spec->num_experts;
+    /* every id first, so an error leaves phys as it was (epx.h) */
+    for (int64_t t = 0; t < num_tokens; t++)
+        for (int32_t k = 0; k < topk; k++)
+            EPX_TRY(check_id(spec, topk_ids[(size_t)t * (size_t)topk + (size_t)k], t, k, lim, err));
     for (int64_t t = 0; t < num_tokens; t++)
         for (int32_t k = 0; k < topk; k++) {
-            size_t i = (size_t)t * (size_t)topk + (size_t)k;
-            int32_t e = topk_ids[i];
-            if (e < -1 || e >= lim)
-                return epxi_fail(err, EPX_ERR_INVALID_ARG,
-                                 "topk_ids[%lld][%d] = %d is outside [-1, %d) (%s)", (long long)t,
-                                 k, e, lim, spec->mode == EPX_DISPATCH_PHYSICAL ? "P" : "E");
+            const size_t i = (size_t)t * (size_t)topk + (size_t)k;
+            const int32_t e = topk_ids[i];
             int32_t p = -1;
-            if (e >= 0) {
-                if (spec->mode == EPX_DISPATCH_PHYSICAL) {
-                    p = e;
-                } else if (spec->mode == EPX_DISPATCH_STATIC) {
-                    p = spec->table[e];
+            if (e >= 0 && spec->mode == EPX_DISPATCH_PHYSICAL) {
+                p = e;
+            } else if (e >= 0 && spec->mode == EPX_DISPATCH_STATIC) {
+                p = spec->table[e];
+            } else if (e >= 0) {
+                const int32_t n = spec->num_valid[e];
+                const int32_t *rep = spec->replicas + (size_t)e * (size_t)W;
+                int32_t j;
+                if (spec->mode == EPX_DISPATCH_ROW) {
+                    j = (int32_t)(t % n);
                 } else {
-                    int32_t n = spec->num_valid[e];
-                    if (n < 1 || n > W)
-                        return epxi_fail(err, EPX_ERR_INVALID_MAP,
-                                         "num_valid[%d] = %d is outside [1, %d] (the width)", e, n,
-                                         W);
-                    /* every listed replica, not only the one drawn: a bad entry
-                     * must fail whatever the draw picks */
-                    const int32_t *rep = spec->replicas + (size_t)e * (size_t)W;
-                    for (int32_t jj = 0; jj < n; jj++)
-                        if (rep[jj] < 0 || rep[jj] >= P)
-                            return epxi_fail(err, EPX_ERR_INVALID_MAP,
-                                             "replicas[%d][%d] = %d is outside [0, %d) while "
-                                             "num_valid[%d] = %d: list an expert's valid slots "
-                                             "first, -1 padding only after them",
-                                             e, jj, rep[jj], P, e, n);
-                    int32_t j;
-                    if (spec->mode == EPX_DISPATCH_ROW) {
-                        j = (int32_t)(t % n);
-                    } else {
-                        uint32_t word = epxi_dispatch_word(spec->seed, spec->pass, spec->layer,
-                                                           (uint32_t)t, (uint32_t)k);
-                        j = spec->mode == EPX_DISPATCH_DYNAMIC
-                                ? epxi_uniform_index(word, n)
-                                : epxi_weighted_index(word,
-                                                      spec->thresholds + (size_t)e * (size_t)W, n);
-                    }
-                    p = rep[j];
+                    uint32_t word = epxi_dispatch_word(spec->seed, spec->pass, spec->layer,
+                                                       (uint32_t)t, (uint32_t)k);
+                    j = spec->mode == EPX_DISPATCH_DYNAMIC
+                            ? epxi_uniform_index(word, n)
+                            : epxi_weighted_index(word, spec->thresholds + (size_t)e * (size_t)W,
+                                                  n);
                 }
-                if (p < 0 || p >= P)
-                    return epxi_fail(err, EPX_ERR_INVALID_MAP,
-                                     "expert %d maps to slot %d, outside [0, %d): the "
-                                     "table or replica map is not for this shape",
-                                     e, p, P);
+                p = rep[j];
             }
             phys[i] = p;
         }

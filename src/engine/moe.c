@@ -390,6 +390,13 @@ epx_status epx_moe_forward(const epx_moe_config *cfg, const epx_moe_weights *w, 
             return epxi_fail(err, EPX_ERR_INVALID_ARG,
                              "topk_ids[%lld][%d] = %d is outside [-1, %d)", (long long)(i / K),
                              (int)(i % K), topk_ids[i], E);
+    /* the shared experts' weights too, before the routed output is written */
+    if (with_shared && cfg->shared_intermediate > 0 &&
+        (w->shared_gate == NULL || w->shared_up == NULL || w->shared_down == NULL))
+        return epxi_fail(err, EPX_ERR_INVALID_ARG,
+                         "with_shared: shared experts (shared_intermediate %d) need shared_gate, "
+                         "shared_up and shared_down",
+                         cfg->shared_intermediate);
     int32_t i0, i1;
     epx_moe_tp_split(cfg->intermediate, tp_rank, tp_ranks, &i0, &i1);
     float *buf = epxi_calloc((size_t)H + (size_t)cfg->intermediate, sizeof(float),

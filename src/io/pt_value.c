@@ -623,17 +623,19 @@ static epx_status put_f64(void *vc, size_t flat, int64_t at, epx_error *err) {
     return EPX_OK;
 }
 
+/* c->i64 NULL: check only (a float tensor's pass before the copy, so a
+ * fraction found late leaves the output as it was). */
 static epx_status put_i64(void *vc, size_t flat, int64_t at, epx_error *err) {
     copy_ctx *c = vc;
     if (dtype_is_int(c->t->dtype)) {
-        c->i64[flat] = elem_i64(c->t->storage, c->t->dtype, at);
+        if (c->i64) c->i64[flat] = elem_i64(c->t->storage, c->t->dtype, at);
         return EPX_OK;
     }
     double x = elem_f64(c->t->storage, c->t->dtype, at);
     if (!(x == floor(x) && x >= -0x1p63 && x < 0x1p63))
         return epxi_fail(err, EPX_ERR_PARSE, "element %zu of a %s tensor is %g, not an integer",
                          flat, epx_pt_dtype_str(c->t->dtype), x);
-    c->i64[flat] = (int64_t)x;
+    if (c->i64) c->i64[flat] = (int64_t)x;
     return EPX_OK;
 }
 
@@ -709,6 +711,10 @@ epx_status epx_pt_tensor_to_i64(const epx_pt_tensor *t, int64_t *out, size_t n, 
     int64_t numel;
     EPX_TRY(epx_pt_tensor_numel(t, &numel, err));
     if ((uint64_t)numel == (uint64_t)n && fast_i64(t, out, n)) return EPX_OK;
+    if (!dtype_is_int(t->dtype)) {
+        copy_ctx check = {t, NULL, NULL};
+        EPX_TRY(walk_tensor(t, n, put_i64, &check, err));
+    }
     copy_ctx c = {t, NULL, out};
     return walk_tensor(t, n, put_i64, &c, err);
 }

@@ -98,20 +98,28 @@ static epx_status check_shares(const epx_layout *lay, int32_t l, const double *s
     return EPX_OK;
 }
 
-/* GPU loads of layer l into g [G]; checks that layer's inputs first. */
-static epx_status layer_gpu_loads(const epx_layout *lay, int32_t l, const double *w,
-                                  const double *share, double *g, epx_error *err) {
+/* Every layer's loads and shares, before anything is written: an error
+ * leaves the outputs as they were (epx.h). */
+static epx_status check_layers(const epx_layout *lay, const double *load, const double *share,
+                               epx_error *err) {
+    const epx_shape *s = epx_layout_shape(lay);
+    const int32_t E = s->num_logical_experts, P = s->num_physical_experts;
+    for (int32_t l = 0; l < s->num_layers; l++) {
+        EPX_TRY(check_load_row(load + (size_t)l * (size_t)E, E, l, err));
+        if (share != NULL) EPX_TRY(check_shares(lay, l, share + (size_t)l * (size_t)P, err));
+    }
+    return EPX_OK;
+}
+
+/* GPU loads of layer l into g [G] (inputs checked by check_layers). */
+static void layer_gpu_loads(const epx_layout *lay, int32_t l, const double *w, const double *share,
+                            double *g) {
     const epx_shape *s = epx_layout_shape(lay);
     const int32_t E = s->num_logical_experts, P = s->num_physical_experts, G = s->num_gpus;
-    EPX_TRY(check_load_row(w, E, l, err));
     const int32_t *p2l = epx_layout_physical_to_logical(lay) + (size_t)l * (size_t)P;
-    if (share != NULL) {
-        share += (size_t)l * (size_t)P;
-        EPX_TRY(check_shares(lay, l, share, err));
-    }
+    if (share != NULL) share += (size_t)l * (size_t)P;
     const int32_t *nv = epx_layout_num_valid(lay) + (size_t)l * (size_t)E;
     (void)epxi_layer_gpu_loads(p2l, w, share, nv, NULL, E, P, G, NULL, g);
-    return EPX_OK;
 }
 
 epx_status epx_gpu_loads(const epx_layout *lay, const double *load, const double *share,
@@ -119,9 +127,10 @@ epx_status epx_gpu_loads(const epx_layout *lay, const double *load, const double
     if (lay == NULL || load == NULL || gpu_load == NULL)
         return epxi_fail(err, EPX_ERR_INVALID_ARG, "epx_gpu_loads: NULL argument");
     const epx_shape *s = epx_layout_shape(lay);
+    EPX_TRY(check_layers(lay, load, share, err));
     for (int32_t l = 0; l < s->num_layers; l++)
-        EPX_TRY(layer_gpu_loads(lay, l, load + (size_t)l * (size_t)s->num_logical_experts, share,
-                                gpu_load + (size_t)l * (size_t)s->num_gpus, err));
+        layer_gpu_loads(lay, l, load + (size_t)l * (size_t)s->num_logical_experts, share,
+                        gpu_load + (size_t)l * (size_t)s->num_gpus);
     return EPX_OK;
 }
 
@@ -132,6 +141,7 @@ epx_status epx_balance_compute(const epx_layout *lay, const double *load, const 
     const epx_shape *s = epx_layout_shape(lay);
     const int32_t L = s->num_layers, E = s->num_logical_experts, P = s->num_physical_experts;
     const int32_t G = s->num_gpus;
+    EPX_TRY(check_layers(lay, load, share, err));
     /* Scratch: G GPU loads, E ratios (doubles); E counts, E heap slots (ints). */
     double *dbuf = epxi_calloc((size_t)G + (size_t)E, sizeof *dbuf, "balance scratch", err);
     int32_t *ibuf = dbuf ? epxi_calloc(2 * (size_t)E, sizeof *ibuf, "balance scratch", err) : NULL;
@@ -142,11 +152,9 @@ epx_status epx_balance_compute(const epx_layout *lay, const double *load, const 
     double *g = dbuf, *ratio = dbuf + G;
     epx_balance sum = {0.0, 0.0, 0.0, 0.0, 0, -1};
     double worst = 2.0;
-    epx_status st = EPX_OK;
     for (int32_t l = 0; l < L; l++) {
         const double *w = load + (size_t)l * (size_t)E;
-        st = layer_gpu_loads(lay, l, w, share, g, err);
-        if (st != EPX_OK) break;
+        layer_gpu_loads(lay, l, w, share, g);
         epx_layer_balance b;
         memset(&b, 0, sizeof b);
         double tot = 0.0;
@@ -177,7 +185,6 @@ epx_status epx_balance_compute(const epx_layout *lay, const double *load, const 
     }
     free(dbuf);
     free(ibuf);
-    if (st != EPX_OK) return st;
     const int32_t n = sum.num_loaded_layers;
     sum.balancedness = n ? sum.balancedness / n : 1.0;
     sum.bound = n ? sum.bound / n : 1.0;
