@@ -11,6 +11,7 @@ from fractions import Fraction
 import numpy as np
 
 from . import _arrays as A
+from .layout import Layout
 from ._native import (POINTER, OwnsHandle, Structure, c_double, c_int32, c_int64, c_void_p, call,
                       fn)
 
@@ -145,6 +146,9 @@ def _placement(layout, layer, replicas, num_physical, num_gpus):
     if layout is not None:
         if hasattr(layout, "layout") and hasattr(layout, "replica_weights"):
             layout = layout.layout  # a Plan
+        if not isinstance(layout, Layout):
+            raise TypeError("layout must be an epx.Layout or epx.Plan, not %s (for lists, pass "
+                            "replicas=, num_physical= and num_gpus=)" % type(layout).__name__)
         s = layout.shape
         layer = A.integer(layer, "layer", 0, s["num_layers"] - 1, "num_layers - 1")
         return (layout.logical_to_all_physical_map()[layer], s["num_physical_experts"],

@@ -330,3 +330,20 @@ def test_names_and_numbers_are_what_they_say():
     with pytest.raises(ValueError, match="layer=1 picks a layer of a layout"):
         D.balanced_split([1, 1], replicas=[[0], [1]], num_physical=2, num_gpus=2, layer=1)
     assert trace.synth("mixtral", num_windows=2, tokens=100, drift=np.float32(0.2)).shape[0] == 2
+
+
+def test_wrong_kinds_of_object_named():
+    """An ndarray as a layout failed inside ("tuple indices must be integers"),
+    an object() with AttributeError, a numpy array of rows in
+    per_token_cast_fp8 with AttributeError."""
+    with pytest.raises(TypeError, match="layout must be an epx.Layout or epx.Plan, not ndarray"):
+        D.balanced_split([1, 1], layout=np.zeros((2, 2)))
+    torch = pytest.importorskip("torch")
+    from epx.torch import Mapping
+    from epx.torch.buffer import per_token_cast_fp8
+    with pytest.raises(TypeError, match="layout must be an epx.Layout or epx.Plan, not object"):
+        Mapping.from_layout(object(), 0)
+    with pytest.raises(TypeError, match="x must be a torch tensor of rows"):
+        per_token_cast_fp8(np.zeros((2, 128)))
+    with pytest.raises(TypeError, match="a 0-d tensor"):
+        per_token_cast_fp8(torch.tensor(1.0))

@@ -13,6 +13,7 @@ import torch
 from .. import _arrays as _A
 from .. import dispatch as _dispatch
 from .._native import call as _cpu_call
+from ..layout import Layout as _Layout
 
 __all__ = ["Mapping", "BALANCED"]
 
@@ -183,6 +184,9 @@ class Mapping:
         layout's replicas, split per batch over its GPUs."""
         weights = getattr(layout, "replica_weights", None)
         lay = layout.layout if hasattr(layout, "layout") else layout
+        if not isinstance(lay, _Layout):
+            raise TypeError("layout must be an epx.Layout or epx.Plan, not %s"
+                            % type(layout).__name__)
         s = lay.shape
         L, P = s["num_layers"], s["num_physical_experts"]
         layer = _A.integer(layer, "layer", 0, L - 1, "num_layers - 1")

@@ -277,6 +277,11 @@ def per_token_cast_fp8(x, round_scale=False, use_ue8m0=False):
     returns them. The same bits on the CPU and on CUDA."""
     if use_ue8m0 and not round_scale:
         _fail("use_ue8m0 needs round_scale=True (DeepEP's rule)")
+    if not isinstance(x, torch.Tensor) or x.dim() < 1:
+        # a numpy array raised AttributeError, a 0-d tensor "not enough values to unpack"
+        raise TypeError("x must be a torch tensor of rows [..., H], not %s"
+                        % (type(x).__name__ if not isinstance(x, torch.Tensor)
+                           else "a 0-d tensor"))
     *lead, H = x.shape
     if H % 128:
         _fail("fp8 dispatch needs hidden divisible by 128, not %d" % H)
