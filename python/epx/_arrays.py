@@ -82,7 +82,10 @@ def as_array(x, dtype, ndim=None, name="array"):
     reference functions do with .cpu().
     """
     if is_torch(x):
-        x = x.detach()
+        if x.is_meta:
+            raise ValueError("%s is a meta tensor: it has a shape but no values to read" % name)
+        # a negated or conjugated view is read as its values (numpy() refuses the bits)
+        x = x.detach().resolve_neg().resolve_conj()
         if x.is_floating_point() and x.dtype not in _NUMPY_FLOATS(x):
             x = x.float()  # bf16 (no numpy dtype): widened exactly, as weight.float()
         x = x.cpu().numpy()

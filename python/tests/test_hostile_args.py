@@ -347,3 +347,14 @@ def test_wrong_kinds_of_object_named():
         per_token_cast_fp8(np.zeros((2, 128)))
     with pytest.raises(TypeError, match="a 0-d tensor"):
         per_token_cast_fp8(torch.tensor(1.0))
+
+
+def test_tensor_views_read_as_their_values():
+    """A negated view (torch's neg bit) raised torch's RuntimeError from
+    .numpy(); a meta tensor NotImplementedError."""
+    torch = pytest.importorskip("torch")
+    ids = torch.tensor([[-0, -1], [-2, -3]])
+    neg = torch._neg_view(ids)  # values 0, 1, 2, 3 with the neg bit set
+    np.testing.assert_array_equal(D.count_ids(neg, 4), [1, 1, 1, 1])
+    with pytest.raises(ValueError, match="topk_ids is a meta tensor"):
+        D.count_ids(torch.empty((2, 2), dtype=torch.int64, device="meta"), 4)
