@@ -257,14 +257,17 @@ static void shift_moves_hot_experts(void **state) {
 }
 
 /* --per-pass N: S * N rows; the N rows of a window sum to that window of the
- * trace written whole, and they are sparse when T / N is small. */
+ * trace written whole, and they are sparse when T / N is small. Each is a
+ * forward pass a model can make: pass j's T / N tokens (the first T % N
+ * passes one more) give every loaded layer tokens x top-k assignments, and
+ * no expert more than one per token. */
 static void per_pass_rows(void **state) {
     (void)state;
     const epx_model *m = model("qwen3-30b");
     const int32_t E = m->num_experts, L = m->num_layers, N = 16;
     epx_trace_opts o = EPX_TRACE_OPTS_INIT;
     o.num_windows = 3;
-    o.tokens = 64;
+    o.tokens = 70; /* 16 passes of 4 or 5 tokens */
     epx_counts *whole = NULL, *rows = NULL;
     epx_error err = {0};
     assert_int_equal(epx_trace_synth(m, &o, &whole, &err), EPX_OK);
@@ -285,7 +288,20 @@ static void per_pass_rows(void **state) {
                 }
                 assert_true(sum == epx_counts_row(whole, s, l)[e]);
             }
-    assert_true(zeros * 10 >= cells * 7); /* 4 tokens x top-8 over 128 experts a pass */
+    assert_true(zeros * 10 >= cells * 7); /* 4-5 tokens x top-8 over 128 experts a pass */
+    for (int32_t s = 0; s < 3; s++)
+        for (int32_t j = 0; j < N; j++) {
+            const double tj = (double)(o.tokens / N + (j < o.tokens % N));
+            for (int32_t l = m->first_k_dense; l < L; l++) {
+                const double *y = epx_counts_row(rows, s * N + j, l);
+                double sum = 0.0;
+                for (int32_t e = 0; e < E; e++) {
+                    assert_true(y[e] <= tj);
+                    sum += y[e];
+                }
+                assert_true(sum == tj * m->top_k);
+            }
+        }
     epx_counts_destroy(whole);
     epx_counts_destroy(rows);
     o = (epx_trace_opts)EPX_TRACE_OPTS_INIT;

@@ -23,13 +23,13 @@
  *    below 30, a rounded normal otherwise). Every row of a loaded layer sums
  *    to exactly T * top_k and no entry exceeds T.
  * With per_pass N > 1 each window is written as N consecutive rows, one per
- * forward pass, the shape of a recorder's per-pass dump: every expert's
- * count of the window is split over the N passes by a uniform multinomial,
- * so the N rows sum to the window exactly and each is sparse when T / N is
- * small. Each expert is split on its own, so a pass's total differs from
- * layer to layer, where a real forward pass gives every layer the same
- * tokens x top_k: planning reads the rows' sums, which are exact, not the
- * passes' shape. The counts are then [S * N][L][E].
+ * forward pass, the shape of a recorder's per-pass dump: pass j holds T / N
+ * tokens (the first T % N passes one more), so every loaded layer of it
+ * sums to its tokens x top_k, as a real pass does, and no expert exceeds
+ * its tokens; the window's counts are dealt out pass by pass in proportion
+ * to what each expert has left (a capped draw: sparse when T / N is small),
+ * and the N rows sum to the window exactly. The counts are then
+ * [S * N][L][E].
  * Dense layers (the first first_k_dense) are rows of zeros, as SGLang's
  * logical_count has them. Every random draw comes from a stream keyed by
  * (seed, layer, window, purpose), so the same seed gives the same trace

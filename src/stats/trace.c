@@ -232,6 +232,50 @@ static void sample_row(stream *r, const double *lam, const uint8_t *capped, int3
     }
 }
 
+/* A window's row [E] (sums to T * K, each entry <= T) as N forward passes
+ * of T / N tokens (the first T % N one more), rows first .. first + N - 1
+ * of layer l: every pass of every layer sums to its tokens x K, no entry
+ * passes its tokens (a token picks K distinct experts), and the N rows sum
+ * to the window. Pass by pass, r_e of the window left: expert e takes at
+ * least lo = r_e - (tokens after this pass) (else the rest could not hold
+ * it) and at most hi = min(tokens, r_e); the units past the lows go expert
+ * by expert, Binomial(units left, r_e / r of the experts left), clamped so
+ * that the later experts' room still holds what is left. rem and room are
+ * scratch [E]. */
+static void split_passes(stream *ps, const double *row, int32_t E, int64_t T, int32_t K, int32_t N,
+                         epx_counts *c, int32_t first, int32_t l, double *rem, double *room) {
+    for (int32_t e = 0; e < E; e++) rem[e] = row[e];
+    int64_t after = T; /* tokens of this pass and the ones after it */
+    for (int32_t j = 0; j < N; j++) {
+        const int64_t tj = T / N + (j < T % N), rest = after - tj;
+        double *y = epx_counts_row(c, first + j, l);
+        int64_t units = tj * K;
+        double weight = 0.0, cap = 0.0;
+        for (int32_t e = 0; e < E; e++) {
+            const int64_t r = (int64_t)rem[e], lo = r > rest ? r - rest : 0;
+            const int64_t hi = r < tj ? r : tj;
+            y[e] = (double)lo;
+            units -= lo;
+            room[e] = (double)(hi - lo);
+            cap += room[e];
+            weight += rem[e];
+        }
+        for (int32_t e = 0; e < E && units > 0; e++) {
+            cap -= room[e]; /* now the room of the experts after e */
+            int64_t z = weight > 0.0 ? binomial(ps, units, rem[e] / weight) : 0;
+            const int64_t need = units - (int64_t)cap, most = (int64_t)room[e];
+            z = z < need ? need : z;
+            z = z > most ? most : z;
+            z = z > units ? units : z;
+            weight -= rem[e];
+            y[e] += (double)z;
+            units -= z;
+        }
+        for (int32_t e = 0; e < E; e++) rem[e] -= y[e];
+        after = rest;
+    }
+}
+
 epx_status epx_trace_synth(const epx_model *m, const epx_trace_opts *o, epx_counts **out,
                            epx_error *err) {
     if (out == NULL) return epxi_fail(err, EPX_ERR_INVALID_ARG, "NULL argument");
@@ -280,17 +324,8 @@ epx_status epx_trace_synth(const epx_model *m, const epx_trace_opts *o, epx_coun
             double *row = epx_counts_row(c, s * N, l);
             sample_row(&smp, lam, capped, E, T, TK, ncap, suffix, row);
             if (N > 1) {
-                /* Each expert's count over the N passes, uniformly: pass j
-                 * takes Binomial(left, 1 / (N - j)) of what is left. */
                 stream ps = stream_for(o->seed, l, s, PURPOSE_PASS);
-                for (int32_t e = 0; e < E; e++) {
-                    int64_t left = (int64_t)row[e];
-                    for (int32_t j = 0; j < N; j++) {
-                        int64_t k = j + 1 == N ? left : binomial(&ps, left, 1.0 / (N - j));
-                        epx_counts_row(c, s * N + j, l)[e] = (double)k;
-                        left -= k;
-                    }
-                }
+                split_passes(&ps, row, E, T, m->top_k, N, c, s * N, l, lam, suffix);
             }
         }
     }
