@@ -62,12 +62,12 @@ bool cli_range(const cli_cmd *cmd, const char *name, double lo, double hi, doubl
 /* "a,b,c", each a whole number in [lo, hi], into a malloc'd array (caller
  * frees; NULL and 0 when the option is absent); a bad item is named by its
  * position. `example` is shown for a malformed list ("1,64,4096"). */
+bool cli_int_list(const cli_cmd *cmd, const char *name, int64_t lo, int64_t hi, const char *example,
+                  int32_t **out, int32_t *n);
 /* Refuses (false, said) a list from cli_int_list that gives a value twice,
  * naming the item that repeats: a batch size or token count given twice
  * would print its row twice. */
 bool cli_list_distinct(const cli_cmd *cmd, const char *name, const int32_t *v, int32_t n);
-bool cli_int_list(const cli_cmd *cmd, const char *name, int64_t lo, int64_t hi, const char *example,
-                  int32_t **out, int32_t *n);
 
 /* A required option: prints "epx NAME: --opt is required" and returns NULL
  * when absent. */

@@ -203,16 +203,18 @@ int cmd_dispatch_table(int argc, char **argv) {
     topts.progress_user = &cmd;
     const char *sgver = cli_get(&cmd, "--sglang-version");
     bool newer_than_verified = false; /* sgver's rule is the newest verified's */
+    /* the rule of --sglang-version, else of the default release */
+    epx_sglang_rule rule = EPX_SGLANG_RULE_0_5_2;
     if (sgver && topts.algorithm != EPX_TABLE_SGLANG)
         return fail("--sglang-version is used by --algorithm sglang only");
     if (lists_out && topts.algorithm != EPX_TABLE_SGLANG)
         return fail("--rank-lists is used by --algorithm sglang only (epx's table cuts no "
                     "list: every rank uses the placement's lists as they are)");
     if (topts.algorithm == EPX_TABLE_SGLANG) {
-        epx_sglang_rule rule;
         int32_t newer = 0;
         epx_error verr = {0};
-        if (sgver && epx_sglang_table_rule(sgver, &rule, &newer, &verr) != EPX_OK)
+        if (epx_sglang_table_rule(sgver ? sgver : EPX_SGLANG_DEFAULT_VERSION, &rule, &newer,
+                                  &verr) != EPX_OK)
             return fail(verr.msg);
         /* Worded as epx plan words it, naming the release whose rule runs
          * ("that release's rule" read as the newer one's). */
@@ -312,9 +314,7 @@ int cmd_dispatch_table(int argc, char **argv) {
         topts.rank_only = 1;
         topts.rank = R;
     }
-    if (topts.algorithm == EPX_TABLE_SGLANG) { /* sgver was checked above */
-        epx_sglang_rule rule = EPX_SGLANG_RULE_0_5_16;
-        if (sgver) (void)epx_sglang_table_rule(sgver, &rule, NULL, NULL);
+    if (topts.algorithm == EPX_TABLE_SGLANG) {
         const bool cut = rep == NULL && rule >= EPX_SGLANG_RULE_0_5_4_POST2 && !topts.rank_only;
         if (!cli_check_table_work(&cmd, &shape, 1, cut ? G : 1,
                                   "write one rank's row with --rank R (what that SGLang rank "
