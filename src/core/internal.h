@@ -154,6 +154,12 @@ EPXI_HIDDEN epx_status epxi_check_same_shape(const epx_shape *a, const epx_shape
                                              const char *head, const char *mid, const char *tail,
                                              epx_error *err);
 
+/* The most bytes one array sized from the caller's shape may take, 1 TiB:
+ * a layout's replica map (epx_shape_check), a counts tensor
+ * (epx_counts_create) and a balancer's tables; past it the shape is
+ * refused before anything is allocated. */
+#define EPXI_MAX_ARRAY_BYTES ((size_t)1 << 40)
+
 /* The largest total of a counts tensor's loads that readers accept: 2^63,
  * what SGLang's int64 logical_count holds. Every sum, mean and ratio the
  * rooms take of loads then stays finite (1e308 each once gave NaN

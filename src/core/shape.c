@@ -79,7 +79,7 @@ epx_status epx_shape_check(const epx_shape *s, epx_error *err) {
     /* The largest derived map is logical_to_all_physical, L * E * (P - E + 1). */
     size_t a, b;
     if (!epxi_mul_size((size_t)L, (size_t)E, &a) || !epxi_mul_size(a, (size_t)(P - E + 1), &b) ||
-        !epxi_mul_size(b, sizeof(int32_t), &a) || a > ((size_t)1 << 40))
+        !epxi_mul_size(b, sizeof(int32_t), &a) || a > EPXI_MAX_ARRAY_BYTES)
         return epxi_fail(err, EPX_ERR_OVERFLOW,
                          "shape L=%d E=%d P=%d is too large: its replica map would need more "
                          "than 1 TiB",
@@ -105,18 +105,15 @@ int32_t epx_shape_slots_per_gpu(const epx_shape *s) {
     return s->num_physical_experts / s->num_gpus;
 }
 
-/* The most doubles one counts tensor holds: 1 TiB, epx_shape_check's cap
- * on a layout's tables (2^24 windows of 65,536 layers of 2^20 experts
- * each within its limits asked calloc for 2^63 bytes). */
-#define MAX_COUNTS_CELLS ((size_t)1 << 37)
-
 static epx_status counts_shape(int32_t S, int32_t L, int32_t E, const char *fn, epx_error *err) {
     if (S < 1 || L < 1 || E < 1 || L > EPX_MAX_LAYERS || E > EPX_MAX_EXPERTS || S > (1 << 24))
         return epxi_fail(err, EPX_ERR_SHAPE,
                          "%s: counts shape [S=%d][L=%d][E=%d] is invalid: each must be >= 1 "
                          "(S <= %d, L <= %d, E <= %d)",
                          fn, S, L, E, 1 << 24, EPX_MAX_LAYERS, EPX_MAX_EXPERTS);
-    if ((size_t)S * (size_t)L * (size_t)E > MAX_COUNTS_CELLS)
+    /* 2^24 windows of 65,536 layers of 2^20 experts, each within its
+     * limit, asked calloc for 2^63 bytes */
+    if ((size_t)S * (size_t)L * (size_t)E > EPXI_MAX_ARRAY_BYTES / sizeof(double))
         return epxi_fail(err, EPX_ERR_SHAPE,
                          "%s: counts of [%d][%d][%d] would take %.3g TB, above the 1 TiB one "
                          "tensor may take: fewer windows, layers or experts",

@@ -97,7 +97,8 @@ epx_status epx_dispatch_balanced_create(int32_t num_experts, int32_t width, int3
                          num_experts, width, num_physical);
     /* a list holds each slot once, so W <= P; and E x W, the replica counts'
      * int64 table, within the 1 TiB epx sizes one array at (8.8 TB was asked) */
-    if (width > num_physical || (double)num_experts * width * 8 > 1099511627776.0)
+    if (width > num_physical ||
+        (size_t)num_experts * (size_t)width * sizeof(int64_t) > EPXI_MAX_ARRAY_BYTES)
         return epxi_fail(err, EPX_ERR_SHAPE,
                          "epx_dispatch_balanced_create: W = %d lists for E = %d experts on P = %d "
                          "slots: W must be at most P, and E x W x 8 bytes at most 1 TiB",
