@@ -12,6 +12,7 @@ import numpy as np
 
 from . import _arrays as A
 from .layout import Layout
+from ._replicas import valid_counts
 from ._native import (POINTER, OwnsHandle, Structure, c_double, c_int32, c_int64, c_void_p, call,
                       fn)
 
@@ -45,20 +46,6 @@ BalancedSplit = namedtuple("BalancedSplit", [
     "num_levels"])     # int: distinct load levels of the lexicographic optimum
 
 
-def _replica_lists(replicas):
-    """[E][W] int32 lists with -1 padding at the end, and num_valid [E]."""
-    r = A.as_array(replicas, np.int32, 2, "replicas")
-    if (r < -1).any():
-        e, j = (int(x[0]) for x in np.nonzero(r < -1))
-        raise ValueError("replicas[%d][%d] is %d: slot ids are >= 0 and -1 pads a list"
-                         % (e, j, int(r[e, j])))
-    valid = r >= 0
-    nv = valid.sum(axis=1).astype(np.int32)
-    if not (valid == (np.arange(r.shape[1])[None, :] < nv[:, None])).all():
-        e = int(np.nonzero((valid != (np.arange(r.shape[1])[None, :] < nv[:, None])).any(1))[0][0])
-        raise ValueError("replicas[%d] has a -1 before a slot: the valid slots come first" % e)
-    return np.ascontiguousarray(r), np.ascontiguousarray(nv)
-
 
 class Balancer(OwnsHandle):
     """A balancer sized for E experts, replica lists of width W, P slots on G
@@ -82,11 +69,12 @@ class Balancer(OwnsHandle):
             self._h = None
 
     def _lists(self, replicas):
-        r, nv = _replica_lists(replicas)
+        """replicas [E][W] checked: int32, and their num_valid [E]."""
+        r = np.ascontiguousarray(A.as_array(replicas, np.int32, 2, "replicas"))
         if r.shape != (self.E, self.W):
             raise ValueError("replicas is %s, the balancer was made for [%d][%d]"
                              % (list(r.shape), self.E, self.W))
-        return r, nv
+        return r, valid_counts(r, self.P)
 
     def solve(self, replicas, counts):
         """The balanced split of one layer's batch: replicas [E][W] slot ids,

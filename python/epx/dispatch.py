@@ -5,6 +5,7 @@ import ctypes
 import numpy as np
 
 from . import _arrays as A
+from ._replicas import valid_counts
 from ._native import (POINTER, EpxIndexError, EpxZeroDivisionError, Shape, Status, Structure,
                       c_double, c_int, c_int32, c_int64, c_uint32, c_uint64, c_void_p, call, fn,
                       sglang_release)
@@ -381,24 +382,7 @@ def _replica_lists(replicas, L, E, P):
     if reps.shape[0] != L or reps.shape[1] != E or reps.shape[2] < 1:
         raise ValueError("replicas is %s; the layout needs [%d][%d][X] with X >= 1"
                          % (list(reps.shape), L, E))
-    bad = np.argwhere((reps < -1) | (reps >= P))
-    if len(bad):
-        l, e, j = (int(v) for v in bad[0])
-        raise ValueError("replicas[%d][%d][%d] = %d is outside [-1, %d) (P)"
-                         % (l, e, j, int(reps[l, e, j]), P))
-    valid = reps >= 0
-    nv = valid.sum(axis=2).astype(np.int32)
-    gap = np.argwhere(valid[:, :, 1:] & ~valid[:, :, :-1])
-    if len(gap):
-        l, e, j = (int(v) for v in gap[0])
-        raise ValueError("replicas[%d][%d] has a -1 before slot %d: each list must hold its "
-                         "valid slots first, -1 padding only at the tail"
-                         % (l, e, int(reps[l, e, j + 1])))
-    empty = np.argwhere(nv == 0)
-    if len(empty):
-        l, e = (int(v) for v in empty[0])
-        raise ValueError("replicas[%d][%d] has no slot: every expert needs a replica" % (l, e))
-    return reps, np.ascontiguousarray(nv)
+    return reps, valid_counts(reps, P)
 
 
 # ---- balanced per-batch dispatch (epx/dispatch.h part 4; _balanced.py) ----

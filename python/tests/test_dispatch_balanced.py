@@ -131,7 +131,7 @@ def test_errors_name_the_problem():
         b.solve(np.array([[0, 1], [1, -1]]), [1, 1])
     with pytest.raises(epx.EpxError, match=r"counts\[1\] = -3"):
         b.solve(np.array([[0, 1], [2, -1]]), [1, -3])
-    with pytest.raises(ValueError, match="valid slots come first"):
+    with pytest.raises(ValueError, match=r"replicas\[1\] has a -1 before slot 2"):
         b.solve(np.array([[0, 1], [-1, 2]]), [1, 1])
     with pytest.raises(epx.EpxError, match="sum to"):
         b.route(np.array([[0, 1], [2, -1]]), np.array([[1, 0], [0, 0]]), [[0, 1]])

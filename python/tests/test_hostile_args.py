@@ -248,12 +248,20 @@ def test_torch_mappings_check_their_lists():
     from epx.torch import Mapping
     with pytest.raises(ValueError, match="slot 1 is listed by expert 0 and by expert 1"):
         Mapping.dynamic([[0, 1], [1, 3]], 4)
-    with pytest.raises(ValueError, match=r"replicas\[0\]\[1\] is -5, past expert 0's 1 replicas"):
+    with pytest.raises(ValueError, match=r"replicas\[0\]\[1\] = -5 is outside \[-1, 4\)"):
         Mapping.dynamic([[0, -5], [1, 3]], 4, num_valid=[1, 2])
-    with pytest.raises(ValueError, match=r"replicas\[0\]\[1\] is -9"):
+    with pytest.raises(ValueError, match=r"num_valid\[0\] is 1, but replicas\[0\] holds 2"):
+        Mapping.dynamic([[0, 2], [1, 3]], 4, num_valid=[1, 2])
+    with pytest.raises(ValueError, match=r"replicas\[1\] has no slot"):
+        Mapping.dynamic([[0, 2], [-1, -1]], 4)
+    with pytest.raises(ValueError, match=r"replicas\[0\]\[1\] = -9 is outside"):
         Mapping.balanced([[0, -9], [1, -1]], 2, 2)
-    with pytest.raises(ValueError, match="slot ids are >= 0 and -1 pads"):
+    with pytest.raises(ValueError, match=r"replicas\[0\]\[1\] = -5 is outside \[-1, 8\)"):
         D.Balancer(4, 2, 8, 4).solve(np.array([[0, -5], [1, 5], [2, 6], [3, 7]]), [3, 1, 1, 1])
+    with pytest.raises(ValueError, match=r"replicas\[2\] has a -1 before slot 6"):
+        D.Balancer(4, 2, 8, 4).solve(np.array([[0, 4], [1, 5], [-1, 6], [3, 7]]), [3, 1, 1, 1])
+    with pytest.raises(ValueError, match=r"replicas\[3\] has no slot"):
+        D.Balancer(4, 2, 8, 4).solve(np.array([[0, 4], [1, 5], [2, 6], [-1, -1]]), [3, 1, 1, 1])
     lay = _layout()
     table = D.static_table(lay)
     with pytest.raises(ValueError, match=r"table must be \[G\]\[L\]\[E\] = \[2, 3, 4\]"):

@@ -13,6 +13,7 @@ import torch
 from .. import _arrays as _A
 from .. import dispatch as _dispatch
 from .._native import call as _cpu_call
+from .._replicas import valid_counts
 from ..layout import Layout as _Layout
 
 __all__ = ["Mapping", "BALANCED"]
@@ -52,25 +53,19 @@ def _check_slots(name, slots, num_physical):
 def _replica_rows(replicas, num_valid, num_physical):
     """replicas [E][W] (-1 padding last) and num_valid [E], checked."""
     reps = _int32(replicas, "replicas", 2)
-    E, W = reps.shape
-    if num_valid is None:
-        nv = (reps >= 0).sum(axis=1).astype(np.int32)
-    else:
-        nv = _int32(num_valid, "num_valid", 1)
-        if nv.shape != (E,):
-            raise ValueError("num_valid has %d entries for %d experts" % (nv.shape[0], E))
-    for e in range(E):
-        n = int(nv[e])
-        if not 1 <= n <= W:
-            raise ValueError("expert %d has %d replicas; each needs 1 to %d (the width of "
-                             "replicas), valid ones first" % (e, n, W))
-        _check_slots("replicas[%d]" % e, reps[e, :n], num_physical)
-    listed = np.arange(W)[None, :] < nv[:, None]
-    bad = np.argwhere(~listed & (reps != -1))
-    if bad.size:
-        e, j = (int(i) for i in bad[0])
-        raise ValueError("replicas[%d][%d] is %d, past expert %d's %d replicas: padding is -1"
-                         % (e, j, int(reps[e, j]), e, int(nv[e])))
+    E = reps.shape[0]
+    nv = valid_counts(reps, num_physical)
+    if num_valid is not None:
+        given = _int32(num_valid, "num_valid", 1)
+        if given.shape != (E,):
+            raise ValueError("num_valid has %d entries for %d experts" % (given.shape[0], E))
+        differ = np.nonzero(given != nv)[0]
+        if differ.size:
+            e = int(differ[0])
+            raise ValueError("num_valid[%d] is %d, but replicas[%d] holds %d slots before its "
+                             "-1 padding: give the count of its slots, or leave num_valid out"
+                             % (e, int(given[e]), e, int(nv[e])))
+    listed = reps >= 0
     # a slot holds one expert: listed by two, one's tokens would land on the other's
     slots, experts = reps[listed], np.nonzero(listed)[0]
     order = np.argsort(slots, kind="stable")
