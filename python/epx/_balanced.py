@@ -46,7 +46,6 @@ BalancedSplit = namedtuple("BalancedSplit", [
     "num_levels"])     # int: distinct load levels of the lexicographic optimum
 
 
-
 class Balancer(OwnsHandle):
     """A balancer sized for E experts, replica lists of width W, P slots on G
     GPUs (slot p on GPU p // (P // G)); reuse it for every layer and batch.

@@ -13,17 +13,15 @@ def _where(name, idx):
     return name + "".join("[%d]" % int(i) for i in idx)
 
 
-def valid_counts(reps, P=None, name="replicas"):
+def valid_counts(reps, P, name="replicas"):
     """The number of slots at the head of each list of reps [..., X] (an
-    integer ndarray), checked: every entry a slot id in [0, P) (any >= 0
-    when P is None) or -1, the -1s only after the slots, and every list
-    holding one slot at least. Raises ValueError naming the first entry or
-    list that breaks a rule."""
-    bad = reps < -1 if P is None else (reps < -1) | (reps >= P)
+    integer ndarray), checked: every entry a slot id in [0, P) or -1, the
+    -1s only after the slots, and every list holding one slot at least.
+    Raises ValueError naming the first entry or list that breaks a rule."""
+    bad = (reps < -1) | (reps >= P)
     if bad.any():
         at = tuple(np.argwhere(bad)[0])
-        allowed = "[-1, %d) (P)" % P if P is not None else "slot ids >= 0 or -1 (padding)"
-        raise ValueError("%s = %d is outside %s" % (_where(name, at), int(reps[at]), allowed))
+        raise ValueError("%s = %d is outside [-1, %d) (P)" % (_where(name, at), int(reps[at]), P))
     valid = reps >= 0
     gap = np.argwhere(valid[..., 1:] & ~valid[..., :-1])
     if len(gap):
