@@ -46,6 +46,32 @@ EPXI_HD float epxi_madd(float acc, float w, float y) {
 #endif
 }
 
+/* Division of a non-negative int32 by a divisor fixed before the launch, as
+ * one 64-bit multiply and a shift (Granlund and Montgomery, 1994): with l =
+ * ceil(log2 d) and m = ceil(2^(31 + l) / d), n / d = (n * m) >> (31 + l)
+ * for every 0 <= n < 2^31, and m < 2^32. A division by a value the compiler
+ * does not know costs a kernel ~20 dependent instructions (a reciprocal on
+ * the special-function unit, then corrections), on the critical path where
+ * one warp routes a token. epxi_divisor(d) needs 1 <= d < 2^31. */
+typedef struct {
+    uint32_t m;
+    uint32_t s; /* 31 + l */
+} epxi_divisor_t;
+
+EPXI_HD epxi_divisor_t epxi_divisor(int32_t d) {
+    uint32_t l = 0;
+    while (l < 31 && ((uint32_t)1 << l) < (uint32_t)d) l++;
+    epxi_divisor_t v;
+    const uint64_t p = (uint64_t)1 << (31 + l);
+    v.m = (uint32_t)((p + (uint64_t)d - 1) / (uint64_t)d);
+    v.s = 31 + l;
+    return v;
+}
+
+EPXI_HD int32_t epxi_div(int32_t n, epxi_divisor_t v) {
+    return (int32_t)(((uint64_t)(uint32_t)n * v.m) >> v.s);
+}
+
 /* Element j of a row of fp32 (bf16 == 0) or bf16 values, as fp32. */
 EPXI_HD float epxi_row_load(const void *row, int64_t j, int bf16) {
     if (bf16) return epxi_bf16_to_f32(((const uint16_t *)row)[j]);

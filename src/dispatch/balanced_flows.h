@@ -823,12 +823,7 @@ EPXI_BAL int epxi_bal_fix(epxi_bal *b, epxi_bal_part *p, int32_t lv, int64_t a, 
      * with it (k times those at a' / d', exactly), so only the reduced
      * form makes what is stored, and the shares computed from it in
      * doubles, the same whatever the start. The division is exact. */
-    int64_t k = a, r = den;
-    while (r != 0) {
-        const int64_t t = k % r;
-        k = r;
-        r = t;
-    }
+    const int64_t k = epxi_bal_gcd(a, den);
     if (k > 1) {
         for (int32_t j = 0; j < p->nf; j++) {
             const int32_t i = p->fl[j], e = b->flex[i];
@@ -920,12 +915,7 @@ EPXI_BAL int epxi_bal_fix_lanes(epxi_bal *b, epxi_bal_part *p, int32_t lv, int64
     }
     if (!epxi_bal_all_lanes(tight, nl)) return EPXI_BAL_NO_TIGHT;
     /* lambda reduced, the level's flows divided with it (epxi_bal_fix) */
-    int64_t k = a, r = den;
-    while (r != 0) {
-        const int64_t t = k % r;
-        k = r;
-        r = t;
-    }
+    const int64_t k = epxi_bal_gcd(a, den);
     if (k > 1) {
         int whole = 1;
         for (int32_t j = lane; j < p->nf; j += nl) {

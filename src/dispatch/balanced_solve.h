@@ -139,12 +139,7 @@ EPXI_BAL int epxi_bal_level_new(const epxi_bal *b, int32_t lid) {
 /* out[0..3] for the largest level a / d (any representation of it: the
  * fraction is reduced here) and n distinct levels. */
 EPXI_BAL void epxi_bal_summary_of(int64_t a, int64_t d, int64_t n, int64_t out[4]) {
-    int64_t x = a, y = d;
-    while (y) {
-        int64_t t = epxi_bal_mod(x, y);
-        x = y;
-        y = t;
-    }
+    const int64_t x = epxi_bal_gcd(a, d);
     out[0] = epxi_bal_div(a, x);
     out[1] = epxi_bal_div(d, x);
     out[2] = epxi_bal_div(a + d - 1, d);

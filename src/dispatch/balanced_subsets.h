@@ -61,6 +61,17 @@ EPXI_BAL int64_t epxi_bal_mod(int64_t x, int64_t y) {
     return x % y;
 }
 
+/* The greatest common divisor of a >= 0 and d > 0 (Euclid's), which
+ * reduces a level's a / d: the max-flow levels' ends and the summary. */
+EPXI_BAL int64_t epxi_bal_gcd(int64_t a, int64_t d) {
+    while (d != 0) {
+        const int64_t t = epxi_bal_mod(a, d);
+        a = d;
+        d = t;
+    }
+    return a;
+}
+
 EPXI_BAL void epxi_bal_add_to(int64_t *p, int64_t v) {
 #ifdef __CUDA_ARCH__
     atomicAdd((unsigned long long *)p, (unsigned long long)v);

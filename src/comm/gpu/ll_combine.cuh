@@ -192,7 +192,7 @@ __global__ void __launch_bounds__(kT, blocks_per_sm(kT))
             const Work w = item == (int32_t)blockIdx.x ? s_first : a.work[item];
             if (w.e < 0) continue; /* no entry here (another rank's k, or none) */
             const int64_t e = w.e;
-            const int32_t src = w.pair / MK, tk = w.pair - src * MK;
+            const int32_t src = epxi_div(w.pair, a.MK_div), tk = w.pair - src * MK;
             if (!live[src] || (own_direct && src == a.me)) continue;
             unsigned char *dst = comb_at(a, peer[src], epoch, (int)src) + (size_t)tk * a.yrow;
             if (kLean)
@@ -219,14 +219,14 @@ __global__ void __launch_bounds__(kT, blocks_per_sm(kT))
      * first token is this rank's own, so it is staged before the wait and
      * only the rows are read after it. */
     const int V = kLean || a.ybf16 ? Lanes<1>::V : Lanes<0>::V;
-    const int32_t Tn = (int32_t)T, per = V * (int32_t)blockDim.x, chunks = (a.H + per - 1) / per;
+    const int32_t Tn = (int32_t)T, per = V * (int32_t)blockDim.x, chunks = a.chunks;
     const size_t orow = (size_t)a.H * (out_bf16 ? 2 : 4);
     __shared__ const unsigned char *rows[kMaxK];
     __shared__ float wk[kMaxK];
     auto stage = [&](int32_t t) {
         for (int k = threadIdx.x; k < K; k += blockDim.x) {
             const int32_t sl = a.slots[t * K + k];
-            const int r = sl >= 0 ? sl / a.spr : -1;
+            const int r = sl >= 0 ? epxi_div(sl, a.spr_div) : -1;
             /* no row from a rank given up on (shrink mode): its experts' share
              * is dropped; this rank's own experts' rows are read from y
              * when the send ran in this launch (own_direct) */
@@ -239,7 +239,8 @@ __global__ void __launch_bounds__(kT, blocks_per_sm(kT))
             wk[k] = wsrc[t * K + k];
         }
     };
-    const int32_t first_t = (int32_t)blockIdx.x < Tn * chunks ? (int32_t)blockIdx.x / chunks : -1;
+    const int32_t first_t =
+        (int32_t)blockIdx.x < Tn * chunks ? epxi_div((int32_t)blockIdx.x, a.chunks_div) : -1;
     if (first_t >= 0) stage(first_t); /* wait_flags synchronises the block */
     if (!wait_flags(a, cflag_at(a, a.base, epoch, 0), sizeof(uint64_t), a.R, epoch, PH_COMBINE,
                     live, a.decided ? a.decided + a.R : nullptr,
@@ -252,7 +253,8 @@ __global__ void __launch_bounds__(kT, blocks_per_sm(kT))
     }
     STAMP(a, 11);
     for (int32_t item = blockIdx.x; item < Tn * chunks; item += gridDim.x) {
-        const int32_t t = item / chunks, h0 = (item - t * chunks) * per + (int32_t)threadIdx.x * V;
+        const int32_t t = epxi_div(item, a.chunks_div),
+                      h0 = (item - t * chunks) * per + (int32_t)threadIdx.x * V;
         if (item != blockIdx.x) stage(t);
         __syncthreads();
         STAMP(a, 26);

@@ -62,6 +62,9 @@ constexpr int kSmemIds = 4096;
  * (the combine's scan of the counts lives there too). */
 constexpr int kMaxRanks = 1024;
 constexpr int kMaxLocal = EPXI_LL_MAX_LOCAL_SLOTS;
+/* Most blocks one received row is read by (place_row_slices): 14 KB rows
+ * in slices of ~1.8 KB, each one trip across the link. */
+constexpr int32_t kMaxSlices = 8;
 static_assert(kMaxK <= kSmallDispatchThreads && kMaxK <= kSmallCombineThreads,
               "a block's threads hold one token's K choices");
 /* A staged block's flag, padded so what follows stays 16-byte aligned. */
@@ -123,6 +126,16 @@ struct Work {
 /* Offsets of one rank's buffer and everything the kernels need. */
 struct Args {
     int32_t R, me, K, H, spr, P;
+    /* spr, K and a token's most destinations min(K, R) as divisors
+     * (numeric.h's epxi_div): the routing's divisions without the ~20
+     * dependent instructions of a division by an unknown value */
+    epxi_divisor_t spr_div, K_div, dmax_div;
+    epxi_divisor_t MK_div;                    /* M * K: a combine's Work pair -> (source, row) */
+    epxi_divisor_t slice_div[kMaxSlices + 1]; /* [1 .. kMaxSlices]: place_row_slices */
+    /* A combine's chunks of a token's row (one per block's V * blockDim
+     * values), set by the host before each combine launch */
+    int32_t chunks;
+    epxi_divisor_t chunks_div;
     int64_t M, RM; /* max_tokens; R * M, the rows of one local slot */
     size_t rec, xrow, yrow, meta_off;
     size_t off_rows, off_cnt, off_dflag, off_comb, off_cflag;

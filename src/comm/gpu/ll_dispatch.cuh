@@ -67,7 +67,7 @@ __device__ void send_counts(const Args &a, unsigned char *const *peer, int32_t *
             __syncthreads();
         }
         for (int32_t sl = c0 + threadIdx.x; sl < c1; sl += blockDim.x) {
-            const int32_t dst = sl / a.spr, l = sl - dst * a.spr;
+            const int32_t dst = epxi_div(sl, a.spr_div), l = sl - dst * a.spr;
             if (live[dst]) *cnt_at(a, peer[dst], epoch, filed_as(a, dst), l) = hist[sl - c0];
         }
         if (c1 < hi) __syncthreads(); /* the next pass reuses hist */
@@ -250,10 +250,6 @@ __device__ void place_rows(const Args &a, uint32_t epoch, const int32_t *first_r
     }
 }
 
-/* Most blocks one received row is read by (place_row_slices): 14 KB rows
- * in slices of ~1.8 KB, each one trip across the link. */
-constexpr int32_t kMaxSlices = 8;
-
 /*
  * Receive for a host-memory inbox in the lean instance: every received row
  * read across the link once and stored to its K places, and where the rows
@@ -274,13 +270,16 @@ __device__ void place_row_slices(const Args &a, uint32_t epoch, int32_t rows, in
     __shared__ int64_t place[kMaxK];
     const int K = a.K;
     const int32_t W = (int32_t)(a.xrow / 16);
-    const int32_t by_blocks = rows > 0 ? placing / rows : 1;
-    const int32_t S = (a.variant & 16384) || by_blocks < 1 ? 1
-                      : by_blocks < kMaxSlices             ? by_blocks
-                                                           : kMaxSlices;
-    const int32_t per = (W + S - 1) / S, units = rows * S;
+    /* S = min(kMaxSlices, placing / rows), at least 1: the c <= kMaxSlices
+     * with c * rows <= placing, counted side by side; with the divisions by S
+     * below (Args::slice_div), no division waits on the receive's path. */
+    int32_t S = 1;
+#pragma unroll
+    for (int32_t c = 2; c <= kMaxSlices; c++) S += c * rows <= placing;
+    if ((a.variant & 16384) || rows <= 0) S = 1;
+    const int32_t per = epxi_div(W + S - 1, a.slice_div[S]), units = rows * S;
     for (int32_t u = blockIdx.x; u < units && (int32_t)blockIdx.x < placing; u += placing) {
-        const int32_t row = u / S, slice = u - row * S;
+        const int32_t row = epxi_div(u, a.slice_div[S]), slice = u - row * S;
         int s = 0;
         int32_t t = 0;
         rowloc(row, &s, &t);
@@ -324,7 +323,7 @@ __device__ WarpRoute route_lanes(const Args &a, int32_t sv, float wv) {
     w.sv = in ? sv : -1;
     w.wv = in ? wv : 0.0f;
     w.kept = in && w.sv >= 0 && w.sv < a.P ? w.sv : -1;
-    w.r = w.kept >= 0 ? w.kept / a.spr : INT_MAX;
+    w.r = w.kept >= 0 ? epxi_div(w.kept, a.spr_div) : INT_MAX;
     if (a.R <= 32) { /* every lane of a rank gets its place (dispatch_kernel says why) */
         const unsigned ranks = __reduce_or_sync(0xffffffffu, w.r != INT_MAX ? 1u << w.r : 0u);
         w.place = w.r != INT_MAX ? __popc(ranks & ((1u << w.r) - 1u)) : -1;
@@ -367,7 +366,7 @@ __device__ __forceinline__ void send_item_row(const Args &a, unsigned char *cons
                                               const unsigned char *x, const void *slots, int ids64,
                                               const float *weights, const uint8_t *live) {
     const int lane = threadIdx.x % 32;
-    const int32_t t = item / dmax;
+    const int32_t t = epxi_div(item, a.dmax_div);
     const WarpRoute w = warp_route(a, slots, ids64, weights, t);
     const int dst = route_dest(w, item - t * dmax, live);
     if (dst >= 0)
@@ -419,7 +418,7 @@ __device__ void send_item_metas(const Args &a, unsigned char *const *peer, uint3
                                 const float *weights, const int32_t *tab, const uint8_t *live,
                                 int &bad_slot) {
     const int lane = threadIdx.x % 32, K = a.K;
-    const int32_t t = item / dmax;
+    const int32_t t = epxi_div(item, a.dmax_div);
     const int j = item - t * dmax;
     const WarpRoute w = warp_route(a, slots, ids64, weights, t);
     const bool in = lane < K;
@@ -463,7 +462,7 @@ __device__ void send_run_warps(const Args &a, unsigned char *const *peer, uint32
                                bool all_counts, int &bad_slot) {
     const int warp = threadIdx.x / 32, nw = blockDim.x / 32;
     const int K = a.K;
-    const int32_t run0 = i_lo / dmax * K; /* the ids before the run's first token */
+    const int32_t run0 = epxi_div(i_lo, a.dmax_div) * K; /* the ids before the run's first token */
     /* The tokens before the run are counted while the rows go out, by nc
      * warps in proportion to their number (up to half the block; none for
      * the first block): the last block's pass over ~32,768 ids at 4,096
@@ -621,7 +620,7 @@ __device__ void receive_compact(const Args &a, uint32_t epoch, const int32_t *fi
     };
     /* Item (row, k)'s source, token and k. */
     auto locate = [&](int32_t item, int *s_out, int32_t *t_out, int *k_out) {
-        const int32_t vrow = item / K;
+        const int32_t vrow = epxi_div(item, a.K_div);
         int s = 0;
         while (first_row[s + 1] <= vrow) s++;
         *s_out = s;
@@ -730,7 +729,7 @@ __global__ void __launch_bounds__(kT, blocks_per_sm(kT))
      * ~70 dependent instructions, on every block's critical path. */
     const int32_t Tn = (int32_t)T;
     auto load_item = [&](int32_t item) {
-        const int32_t t = item / dmax;
+        const int32_t t = epxi_div(item, a.dmax_div);
         if (pre) regs_load(v, x + (size_t)t * a.xrow, a.xrow);
         if (threadIdx.x < K) {
             sv = slot_at(slots, t * K + threadIdx.x, ids64);
@@ -772,22 +771,6 @@ __global__ void __launch_bounds__(kT, blocks_per_sm(kT))
     __shared__ unsigned char *peer[kMaxRanks]; /* the peer table, read once */
     __shared__ int32_t hist[kCountInts];       /* this block's per-slot counts (send_counts) */
     STAMP(a, 5);
-    /* The first nwork blocks send this rank's counts of the slots [clo, chi):
-     * the first pass's histogram is zeroed here and counted after the first
-     * barrier, off the send's own path. P * blocks is below 2^32 when P <
-     * 2^16 (grids stay below 2^16). */
-    const bool counting = sending && blockIdx.x < nwork;
-    const uint32_t cb = blockIdx.x;
-    const int32_t clo = !counting || tabled ? 0
-                        : a.P < 65536       ? (int32_t)((uint32_t)a.P * cb / nwork)
-                                            : (int32_t)((int64_t)a.P * cb / nwork);
-    const int32_t chi = !counting || tabled ? (all_counts ? a.P : 0)
-                        : a.P < 65536       ? (int32_t)((uint32_t)a.P * (cb + 1) / nwork)
-                                            : (int32_t)((int64_t)a.P * (cb + 1) / nwork);
-    const int32_t c1 = chi - clo < kCountInts ? chi : clo + kCountInts;
-    for (int32_t i = threadIdx.x; i < c1 - clo; i += blockDim.x) hist[i] = 0;
-    if (tabled)
-        for (int32_t i = threadIdx.x; i < a.P; i += blockDim.x) tab[i] = 0;
     STAMP_CLOCK(a, 6);
     /* Every load before the first barrier is asked for before any answer is
      * used: the fault word, each thread's first kIdsAhead staged ids and its
@@ -805,6 +788,24 @@ __global__ void __launch_bounds__(kT, blocks_per_sm(kT))
     }
     unsigned char *const peer0 = (int)threadIdx.x < a.R ? a.peers[threadIdx.x] : nullptr;
     const uint32_t epoch0 = lead ? take_epoch(&a.ctl->de_started, sending) : 0u;
+    /* The first nwork blocks send this rank's counts of the slots [clo, chi):
+     * the first pass's histogram is zeroed here and counted after the first
+     * barrier, off the send's own path. P * blocks is below 2^32 when P <
+     * 2^16 (grids stay below 2^16). Worked out while the loads above are in
+     * flight: before them, its two divisions and the zeroing delayed every
+     * load of the prologue (machine code, bench/RESULTS.md). */
+    const bool counting = sending && blockIdx.x < nwork;
+    const uint32_t cb = blockIdx.x;
+    const int32_t clo = !counting || tabled ? 0
+                        : a.P < 65536       ? (int32_t)((uint32_t)a.P * cb / nwork)
+                                            : (int32_t)((int64_t)a.P * cb / nwork);
+    const int32_t chi = !counting || tabled ? (all_counts ? a.P : 0)
+                        : a.P < 65536       ? (int32_t)((uint32_t)a.P * (cb + 1) / nwork)
+                                            : (int32_t)((int64_t)a.P * (cb + 1) / nwork);
+    const int32_t c1 = chi - clo < kCountInts ? chi : clo + kCountInts;
+    for (int32_t i = threadIdx.x; i < c1 - clo; i += blockDim.x) hist[i] = 0;
+    if (tabled)
+        for (int32_t i = threadIdx.x; i < a.P; i += blockDim.x) tab[i] = 0;
     if (lead) {
         s_epoch = epoch0;
         s_dead = fault0 != F_NONE;
@@ -832,7 +833,7 @@ __global__ void __launch_bounds__(kT, blocks_per_sm(kT))
     /* The lean instance sends a large batch a warp per item (send_run_warps). */
     const bool warp_send = kLean && tabled;
     if (tabled && !warp_send) /* the entries of the tokens before this block's run, per slot */
-        count_ids(tab, slots, ids64, 0, i_lo / dmax * K, a.P);
+        count_ids(tab, slots, ids64, 0, epxi_div(i_lo, a.dmax_div) * K, a.P);
     live_ranks(a, live); /* its barrier orders the counts before send_counts reads them */
     STAMP(a, 0);
     if (warp_send)
@@ -840,7 +841,7 @@ __global__ void __launch_bounds__(kT, blocks_per_sm(kT))
                        all_counts, bad_slot);
     int32_t fetched = -1; /* the item whose loads were issued early (below) */
     for (int32_t item = i_lo; !warp_send && item < i_hi; item += i_step) {
-        const int32_t t = item / dmax;
+        const int32_t t = epxi_div(item, a.dmax_div);
         const int j = item - t * dmax;
         if (item != i_lo && (!kBig || item != fetched)) load_item(item);
         if (kLean || K <= 32) {
@@ -872,7 +873,7 @@ __global__ void __launch_bounds__(kT, blocks_per_sm(kT))
                  * instead of the K-step shuffle loop below (which also made
                  * the host instance spill: bench/RESULTS.md). More ranks:
                  * each first occurrence counts the smaller ones. */
-                const int r = kept >= 0 ? kept / a.spr : INT_MAX;
+                const int r = kept >= 0 ? epxi_div(kept, a.spr_div) : INT_MAX;
                 if (a.R <= 32) {
                     const unsigned ranks =
                         __reduce_or_sync(0xffffffffu, r != INT_MAX ? 1u << r : 0u);
@@ -963,7 +964,7 @@ __global__ void __launch_bounds__(kT, blocks_per_sm(kT))
                 fetched = item + 1;
             }
             for (int k = threadIdx.x; k < K; k += blockDim.x) {
-                const bool here = sk[k] >= 0 && sk[k] / a.spr == dst;
+                const bool here = sk[k] >= 0 && epxi_div(sk[k], a.spr_div) == dst;
                 Meta m;
                 m.slot = here ? sk[k] - dst * a.spr : -1;
                 m.weight = here ? wk[k] : 0.0f;
@@ -1072,7 +1073,7 @@ __global__ void __launch_bounds__(kT, blocks_per_sm(kT))
         *t_out = row - below;
     };
     auto item_rec = [&](int32_t item, int *s_out, int32_t *t_out, int *k_out) {
-        const int32_t vrow = item / K;
+        const int32_t vrow = epxi_div(item, a.K_div);
         row_source(vrow, s_out, t_out);
         *k_out = item - vrow * K;
         return rec_at(a, a.base, epoch, *s_out, *t_out);

@@ -310,6 +310,11 @@ static epx_status plan(epx_gpu_ep *ep, const epx_ep_config *cfg, int32_t R, bool
     a.K = g->K;
     a.H = g->H;
     a.spr = g->spr;
+    a.spr_div = epxi_divisor(g->spr);
+    a.K_div = epxi_divisor(g->K);
+    a.dmax_div = epxi_divisor(g->K < R ? g->K : R);
+    a.MK_div = epxi_divisor((int32_t)(g->M * g->K));
+    for (int32_t d = 1; d <= kMaxSlices; d++) a.slice_div[d] = epxi_divisor(d);
     a.P = g->P;
     a.M = g->M;
     a.RM = (int64_t)R * g->M;
@@ -1196,6 +1201,9 @@ extern "C" epx_status epx_gpu_ep_combine_parts(epx_gpu_ep *ep, int parts, const 
     /* The lean instance for bf16 outputs in whole 16-byte lanes (combine_kernel). */
     const bool lean = g->cfg.y_dtype == EPX_DTYPE_BF16 && g->H % 8 == 0 && g->yrow % 16 == 0 &&
                       (uintptr_t)ysrc % 16 == 0;
+    /* the kernel's chunks of a row, as the kernel's V * blockDim values */
+    ep->a.chunks = (int32_t)((g->H + block_per - 1) / block_per);
+    ep->a.chunks_div = epxi_divisor(ep->a.chunks);
     auto kern = small  ? (lean ? combine_kernel<true, kSmallCombineThreads>
                                : combine_kernel<false, kSmallCombineThreads>)
                 : lean ? combine_kernel<true>
