@@ -10,6 +10,7 @@
 #                      on top of NEW's), so one call judges both
 #   CHECK=new|new2     the build the checks run on (default: the last one given)
 #   TRANSPORTS="peer host nccl"  TOKENS=1,8,32,128  ITERS=40
+#   BENCH_ARGS="--fp8"  more `epx bench comm` options for every timing run
 #   BUDGET=400         seconds after which the remaining checks are skipped
 #   OUT                where the JSON lines and logs go (the device tool's $OUT)
 # Staging, on the development VM: the base build's files into one ignored
@@ -49,8 +50,8 @@ for round in 1 2; do
             bound=""
             [ "$tr" = nccl ] && bound="--token-bound tokens"
             timeout 120 "$bin" bench comm --backend nccl --mode low-latency --graph \
-                --model kimi-k2.5 --transport "$tr" $bound --tokens "$TOKENS" --iters "$ITERS" \
-                --warmup 10 --json "$OUT/ab_${tr}_$who.jsonl" >"$OUT/ab_${tr}_${who}_$round.log" 2>&1
+                --model kimi-k2.5 --transport "$tr" $bound ${BENCH_ARGS:-} --tokens "$TOKENS" \
+                --iters "$ITERS" --warmup 10 --json "$OUT/ab_${tr}_$who.jsonl" >"$OUT/ab_${tr}_${who}_$round.log" 2>&1
             echo "round $round, $tr, $who: exit $?"
         done
     done
