@@ -129,10 +129,10 @@ static int64_t maxflow(net *g, int32_t s, int32_t t) {
 /* ---- the reduced problem and its parts ------------------------------------------- */
 
 typedef struct {
-    int32_t G, M;    /* GPUs; flexible experts (tokens on two GPUs or more) */
-    int64_t *base;   /* [G] tokens of experts with one GPU */
-    int64_t *cnt;    /* [M] */
-    uint64_t *gpus;  /* [M] bit sets (G <= 64 here) */
+    int32_t G, M;   /* GPUs; flexible experts (tokens on two GPUs or more) */
+    int64_t *base;  /* [G] tokens of experts with one GPU */
+    int64_t *cnt;   /* [M] */
+    uint64_t *gpus; /* [M] bit sets (G <= 64 here) */
 } problem;
 
 typedef struct {
@@ -343,8 +343,7 @@ int main(void) {
                 int64_t *c = cnt + (size_t)l * E;
                 epx_balanced_out o = {0};
                 o.gpu_load = ref;
-                if (epx_dispatch_count_ids(ids + (size_t)l * n, T, K, E, c, &err) !=
-                        EPX_OK ||
+                if (epx_dispatch_count_ids(ids + (size_t)l * n, T, K, E, c, &err) != EPX_OK ||
                     epx_dispatch_balanced_solve(bal, rep, nv, c, &o, &err) != EPX_OK) {
                     fprintf(stderr, "bench_balanced_cuts: %s\n", err.msg);
                     return 1;
@@ -363,8 +362,8 @@ int main(void) {
             }
             printf("%-12s %5d %7.1f", shp->name, T, lv / LAYERS);
             for (size_t k = 0; k < 3; k++)
-                printf("   %9s %6.1f %5.1f %6.1f", ok[k] ? "equal" : "DIFFERENT", sum[k][0] / LAYERS,
-                       sum[k][1] / LAYERS, sum[k][2] / LAYERS);
+                printf("   %9s %6.1f %5.1f %6.1f", ok[k] ? "equal" : "DIFFERENT",
+                       sum[k][0] / LAYERS, sum[k][1] / LAYERS, sum[k][2] / LAYERS);
             printf("\n");
             free(ids);
             free(cnt);
