@@ -36,7 +36,9 @@
 enum { LAYERS = 16, K = 8 };
 static const int64_t kInf = (int64_t)1 << 60;
 
-/* ---- Dinic's max-flow ---------------------------------------------------------- */
+/* ---- Dinic's max-flow ----------------------------------------------------------
+ * The probe's own, plain and allocating, rather than balanced_flows.h's: it
+ * is checked against that solver's results, so it shares none of its code. */
 
 typedef struct {
     int32_t to, next;
