@@ -11,6 +11,8 @@ at them:
   scripts/ab_rows.py AB_DIR bench/results/ep_h100.jsonl \\
       --base 059c317 --new 67c34d3 --note "what the new build changes"
 
+AB_DIR may also be the ab.tgz that gpu_ab.sh's PACK=1 leaves.
+
 A call with a third build (gpu_ab.sh's NEW2) adds --new2 NAME --note2 TEXT.
 """
 import argparse
@@ -20,6 +22,8 @@ import json
 import os
 import re
 import sys
+import tarfile
+import tempfile
 
 
 def rows_of(path, build, note):
@@ -34,6 +38,23 @@ def rows_of(path, build, note):
         yield r
 
 
+def unpack(archive, into):
+    """The archive's plain files into `into`, refusing any other member and
+    any path that leaves it (Python before 3.11.4 has no extraction filter)."""
+    try:
+        with tarfile.open(archive) as t:
+            for m in t.getmembers():
+                parts = m.name.split("/")
+                if not (m.isfile() or m.isdir()) or m.name.startswith("/") or ".." in parts:
+                    sys.exit(f"ab_rows: {archive}: member {m.name!r} is not a plain file "
+                             "inside the archive")
+                if m.isfile():
+                    with t.extractfile(m) as src, open(os.path.join(into, parts[-1]), "wb") as dst:
+                        dst.write(src.read())
+    except (tarfile.TarError, OSError) as e:
+        sys.exit(f"ab_rows: {archive} is neither a folder nor a readable tar archive: {e}")
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("ab_dir", help="gpu_ab.sh's OUT folder (ab_*_base.jsonl, ab_*_new.jsonl)")
@@ -46,9 +67,19 @@ def main():
     a = p.parse_args()
     if (a.new2 is None) != (a.note2 is None):
         sys.exit("ab_rows: --new2 and --note2 go together: give both or neither")
-    files = sorted(glob.glob(os.path.join(a.ab_dir, "ab_*_*.jsonl")))
+    with tempfile.TemporaryDirectory() as tmp:
+        ab_dir = a.ab_dir
+        if os.path.isfile(ab_dir):  # gpu_ab.sh's PACK=1 archive
+            unpack(ab_dir, tmp)
+            ab_dir = tmp
+        append_rows(a, ab_dir)
+
+
+def append_rows(a, ab_dir):
+    files = sorted(glob.glob(os.path.join(ab_dir, "ab_*_*.jsonl")))
     if not files:
-        sys.exit(f"ab_rows: no ab_*_*.jsonl in {a.ab_dir}: give gpu_ab.sh's OUT folder")
+        sys.exit(f"ab_rows: no ab_*_*.jsonl in {a.ab_dir}: give gpu_ab.sh's OUT folder "
+                 "or its ab.tgz")
     out = []
     for f in files:
         m = re.fullmatch(r"ab_([a-z]+)_(base|new|new2)\.jsonl", os.path.basename(f))

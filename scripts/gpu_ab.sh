@@ -13,6 +13,8 @@
 #   BENCH_ARGS="--fp8"  more `epx bench comm` options for every timing run
 #   BUDGET=400         seconds after which the remaining checks are skipped
 #   OUT                where the JSON lines and logs go (the device tool's $OUT)
+#   PACK=1             at the end, everything written to OUT packed into OUT/ab.tgz
+#                      (the device tool returns 8 files; scripts/ab_rows.py reads the tgz)
 # Staging, on the development VM: the base build's files into one ignored
 # folder, the new build's into another (BIN=build scripts/stage_gpu.sh gives
 # .devbin), and carry both with .devlibs (and .devpy, .deepep for the torch
@@ -111,4 +113,9 @@ if [ -d "$ROOT/.deepep" ]; then
 fi
 echo "gpu_ab: $(($(date +%s) - start)) s; checks $([ $fail = 0 ] && echo passed || echo FAILED)," \
     "$skipped skipped"
+if [ "${PACK:-0}" = 1 ]; then # the files this script wrote, as one
+    (cd "$OUT" && shopt -s nullglob && files=(ab_*_*.jsonl ab_*_*_[12].log test_gpu_ll_*.log \
+        memcheck_*.log torch_gpu*.log deepep_ll*.log) && tar czf ab.tgz "${files[@]}" &&
+        rm -f "${files[@]}") || echo "gpu_ab: could not pack $OUT" >&2
+fi
 exit $fail

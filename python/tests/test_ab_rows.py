@@ -74,3 +74,46 @@ def test_third_build(tmp_path):
     assert got == {"a": (5.0, "host transport, the base, beside b"),
                    "b": (4.0, "host transport, one change"),
                    "c": (3.0, "host transport, both changes")}
+
+
+def test_packed_archive(tmp_path):
+    """gpu_ab.sh's PACK=1 leaves ab.tgz; the rows come out of it as from the folder."""
+    import tarfile
+    src = tmp_path / "src"
+    src.mkdir()
+    write(src / "ab_peer_base.jsonl", [row(1, "dispatch", 7.0)])
+    write(src / "ab_peer_new.jsonl", [row(1, "dispatch", 6.0)])
+    (src / "ab_peer_new_1.log").write_text("a log\n")
+    with tarfile.open(tmp_path / "ab.tgz", "w:gz") as t:
+        for f in sorted(src.iterdir()):
+            t.add(f, arcname=f.name)
+    out = tmp_path / "r.jsonl"
+    subprocess.run([sys.executable, SCRIPT, str(tmp_path / "ab.tgz"), str(out), "--base", "a",
+                    "--new", "b", "--note", "c"], check=True)
+    rows = map(json.loads, out.read_text().splitlines())
+    got = sorted((r["build"], r["median_us"]) for r in rows)
+    assert got == [("a", 7.0), ("b", 6.0)]
+
+
+def test_archive_that_leaves_its_folder_is_refused(tmp_path):
+    import io
+    import tarfile
+    with tarfile.open(tmp_path / "bad.tgz", "w:gz") as t:
+        data = b"{}\n"
+        info = tarfile.TarInfo("../ab_peer_base.jsonl")
+        info.size = len(data)
+        t.addfile(info, io.BytesIO(data))
+    p = subprocess.run([sys.executable, SCRIPT, str(tmp_path / "bad.tgz"),
+                        str(tmp_path / "r.jsonl"), "--base", "a", "--new", "b", "--note", "c"],
+                       capture_output=True, text=True)
+    assert p.returncode != 0 and "not a plain file inside" in p.stderr
+    assert not (tmp_path / "r.jsonl").exists()
+    assert not (tmp_path.parent / "ab_peer_base.jsonl").exists()
+
+
+def test_unreadable_archive_is_a_clear_error(tmp_path):
+    (tmp_path / "junk.tgz").write_bytes(b"not a tar")
+    p = subprocess.run([sys.executable, SCRIPT, str(tmp_path / "junk.tgz"),
+                        str(tmp_path / "r.jsonl"), "--base", "a", "--new", "b", "--note", "c"],
+                       capture_output=True, text=True)
+    assert p.returncode != 0 and "neither a folder nor a readable tar archive" in p.stderr
