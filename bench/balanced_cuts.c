@@ -14,15 +14,17 @@
  *   holds the experts and GPUs above lambda, no flow crosses it, and the two
  *   sides are solved apart, side by side.
  *
- * "binary" probes each part at its average; "probes P" asks P max-flows of
- * one part at once, at the P quantiles of its GPUs' even-split loads, and
- * cuts it into up to P + 1 bands (the minimal cuts of a parametric flow are
- * nested). Every max-flow of a round is independent of the others: on the
- * GPU a warp each. Printed per shape and batch size: the reference's levels,
- * and for each form the rounds (its parallel depth in max-flows), the
- * max-flows in all, the most in one round, and whether every GPU's level
- * equals the reference's gpu_load (1e-9 relative). The layers and batches
- * are bench_balanced_shapes' (balanced_place.h).
+ * "probes 0" probes each part at its average; "probes P" also asks P
+ * max-flows of the part at once, at the P quantiles of its GPUs'
+ * even-split loads, and cuts it into up to P + 2 bands (the minimal cuts of
+ * a parametric flow are nested). Every max-flow of a round is independent
+ * of the others: on the GPU a warp each. Printed per shape and batch size:
+ * the reference's levels, and for each form whether every GPU's level
+ * equals the reference's gpu_load (1e-9 relative; exit 1 if not), the
+ * rounds (its parallel depth in max-flows), the max-flows in all, the most
+ * in one round and the max-flows' nodes + edges summed (thousands). The
+ * layers and batches are bench_balanced_shapes' (balanced_place.h), its
+ * DeepSeek-V3 on 256 GPUs included.
  */
 #include <math.h>
 #include <stdio.h>
