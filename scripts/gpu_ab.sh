@@ -41,6 +41,7 @@ start=$(date +%s)
 left() { echo $((BUDGET - ($(date +%s) - start))); }
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
 
+written=() # the files this script puts in OUT (PACK=1 packs them)
 for round in 1 2; do
     for tr in $TRANSPORTS; do
         for who in $WHO; do
@@ -53,8 +54,10 @@ for round in 1 2; do
             [ "$tr" = nccl ] && bound="--token-bound tokens"
             timeout 120 "$bin" bench comm --backend nccl --mode low-latency --graph \
                 --model kimi-k2.5 --transport "$tr" $bound ${BENCH_ARGS:-} --tokens "$TOKENS" \
-                --iters "$ITERS" --warmup 10 --json "$OUT/ab_${tr}_$who.jsonl" >"$OUT/ab_${tr}_${who}_$round.log" 2>&1
+                --iters "$ITERS" --warmup 10 --json "$OUT/ab_${tr}_$who.jsonl" \
+                >"$OUT/ab_${tr}_${who}_$round.log" 2>&1
             echo "round $round, $tr, $who: exit $?"
+            written+=("ab_${tr}_$who.jsonl" "ab_${tr}_${who}_$round.log")
         done
     done
 done
@@ -88,6 +91,7 @@ check() { # name, minimum seconds left, command...
         skipped=$((skipped + 1))
         return
     fi
+    written+=("$name.log")
     if timeout "$(left)" "$@" >"$OUT/$name.log" 2>&1; then
         echo "PASS $name"
     else
@@ -114,8 +118,7 @@ fi
 echo "gpu_ab: $(($(date +%s) - start)) s; checks $([ $fail = 0 ] && echo passed || echo FAILED)," \
     "$skipped skipped"
 if [ "${PACK:-0}" = 1 ]; then # the files this script wrote, as one
-    (cd "$OUT" && shopt -s nullglob && files=(ab_*_*.jsonl ab_*_*_[12].log test_gpu_ll_*.log \
-        memcheck_*.log torch_gpu*.log deepep_ll*.log) && tar czf ab.tgz "${files[@]}" &&
-        rm -f "${files[@]}") || echo "gpu_ab: could not pack $OUT" >&2
+    files=$(printf '%s\n' "${written[@]}" | sort -u)
+    (cd "$OUT" && tar czf ab.tgz $files && rm -f $files) || echo "gpu_ab: could not pack $OUT" >&2
 fi
 exit $fail

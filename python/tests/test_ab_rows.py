@@ -5,10 +5,12 @@
 """scripts/ab_rows.py on a canned gpu_ab.sh folder: only graph rows are kept,
 each cell's rounds are numbered in the order they came, and the builds and
 notes say which side timed them."""
+import io
 import json
 import os
 import subprocess
 import sys
+import tarfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCRIPT = os.path.join(ROOT, "scripts", "ab_rows.py")
@@ -78,7 +80,6 @@ def test_third_build(tmp_path):
 
 def test_packed_archive(tmp_path):
     """gpu_ab.sh's PACK=1 leaves ab.tgz; the rows come out of it as from the folder."""
-    import tarfile
     src = tmp_path / "src"
     src.mkdir()
     write(src / "ab_peer_base.jsonl", [row(1, "dispatch", 7.0)])
@@ -96,8 +97,6 @@ def test_packed_archive(tmp_path):
 
 
 def test_archive_that_leaves_its_folder_is_refused(tmp_path):
-    import io
-    import tarfile
     with tarfile.open(tmp_path / "bad.tgz", "w:gz") as t:
         data = b"{}\n"
         info = tarfile.TarInfo("../ab_peer_base.jsonl")
