@@ -734,6 +734,18 @@ static int single_rank_cases(void) {
     big.graph = false;
     big.fp8 = EPX_GPU_EP_FP8 | EPX_GPU_EP_ROUND_SCALE | EPX_GPU_EP_UE8M0;
     if (run_rank(local, &big) != 0) FAILF("one rank, H=7168 fp8 UE8M0 failed");
+    /* the lean fp8 form in 512-thread blocks (variant 512) and the general
+     * instance's fp8 path (4096), each in both scale forms */
+    static const int fp8_variants[] = {512, 4096};
+    for (size_t i = 0; i < 4; i++) {
+        big.variant = fp8_variants[i / 2];
+        big.fp8 = i % 2 ? EPX_GPU_EP_FP8 | EPX_GPU_EP_ROUND_SCALE | EPX_GPU_EP_UE8M0
+                        : EPX_GPU_EP_FP8 | EPX_GPU_EP_ROUND_SCALE;
+        big.graph = i % 2 == 0;
+        if (run_rank(local, &big) != 0)
+            FAILF("one rank, H=7168 fp8 (flags %d), variant %d failed", big.fp8, big.variant);
+    }
+    big.variant = 0;
     big.fp8 = 0;
     big.graph = true;
     big.bound = 5; /* the benchmark's shape at a small batch, as the bench runs it */

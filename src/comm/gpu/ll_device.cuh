@@ -211,6 +211,8 @@ struct Args {
  * not kSmallDispatchThreads; 1024 = every combine in blocks of
  * kCombineThreads, a small batch's too (not kSmallCombineThreads); 2048 =
  * the slot ranges stored between their loads (slot_ranges);
+ * 4096 = an fp8 dispatch through the general instance, not the lean
+ * one's fp8 form (dispatch_kernel's kFp8);
  * 8192 = normal mode's receive asks for its first meta after the slots'
  * scan, not before their counts (receive_compact); 16384 = a host inbox's
  * received rows read whole by one block each, not in slices by several

@@ -82,42 +82,66 @@ __device__ void send_counts(const Args &a, unsigned char *const *peer, int32_t *
  * or with UE8M0 the scales' exponent bytes four to an int32 [spr][H / 512][RM]. */
 constexpr int kFP8 = 8, kRoundScale = 16, kUE8M0 = 32;
 
+/* Word w of a bf16 row (8 values; raw, where ok) quantised into rec: the
+ * 16 lanes that hold a group's 128 values (words 16 q .. 16 q + 15, on 16
+ * consecutive lanes) agree on its largest |value| over shuffles, so every
+ * lane of the warp calls it, ok or not. */
+__device__ __forceinline__ void quantize_word(const Args &a, unsigned char *rec, int w, bool ok,
+                                              int4 raw, int round_scale) {
+    float f[8], m = 0.0f;
+    if (ok) {
+        const uint32_t u[4] = {(uint32_t)raw.x, (uint32_t)raw.y, (uint32_t)raw.z, (uint32_t)raw.w};
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            f[2 * j] = epxi_bf16_to_f32((uint16_t)(u[j] & 0xffffu));
+            f[2 * j + 1] = epxi_bf16_to_f32((uint16_t)(u[j] >> 16));
+        }
+#pragma unroll
+        for (int j = 0; j < 8; j++) m = fmaxf(m, fabsf(f[j]));
+    }
+    for (int o = 8; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o, 16));
+    if (ok) {
+        float scale, factor;
+        epxi_fp8_scale(m, round_scale, &scale, &factor);
+        ((uint2 *)rec)[w] = make_uint2(epxi_e4m3x4(f, factor), epxi_e4m3x4(f + 4, factor));
+        if (w % 16 == 0) ((float *)(rec + a.H))[w / 16] = scale;
+    }
+}
+
 /* The bf16 row src (16-byte aligned, H % 128 == 0) quantised into rec by
- * the block: 16 threads hold a group's 128 values, 8 each, and agree on
- * its largest |value| over shuffles (every lane of a warp takes part). */
+ * the block, word w by thread w % blockDim.x. */
 __device__ void quantize_row(const Args &a, unsigned char *rec, const unsigned char *src,
                              int round_scale) {
     const int nw = a.H / 8, span = (nw + 31) / 32 * 32;
     for (int base = 0; base < span; base += blockDim.x) {
         const int w = base + (int)threadIdx.x;
         const bool ok = w < nw;
-        float f[8], m = 0.0f;
-        if (ok) {
-            const int4 raw = ((const int4 *)src)[w];
-            const uint32_t u[4] = {(uint32_t)raw.x, (uint32_t)raw.y, (uint32_t)raw.z,
-                                   (uint32_t)raw.w};
-#pragma unroll
-            for (int j = 0; j < 4; j++) {
-                f[2 * j] = epxi_bf16_to_f32((uint16_t)(u[j] & 0xffffu));
-                f[2 * j + 1] = epxi_bf16_to_f32((uint16_t)(u[j] >> 16));
-            }
-#pragma unroll
-            for (int j = 0; j < 8; j++) m = fmaxf(m, fabsf(f[j]));
-        }
-        for (int o = 8; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o, 16));
-        if (ok) {
-            float scale, factor;
-            epxi_fp8_scale(m, round_scale, &scale, &factor);
-            uint32_t lo = 0, hi = 0;
-#pragma unroll
-            for (int j = 0; j < 4; j++) {
-                lo |= (uint32_t)epxi_fp8_quantize(f[j], factor) << (8 * j);
-                hi |= (uint32_t)epxi_fp8_quantize(f[4 + j], factor) << (8 * j);
-            }
-            ((uint2 *)rec)[w] = make_uint2(lo, hi);
-            if (w % 16 == 0) ((float *)(rec + a.H))[w / 16] = scale;
-        }
+        quantize_word(a, rec, w, ok, ok ? ((const int4 *)src)[w] : make_int4(0, 0, 0, 0),
+                      round_scale);
     }
+}
+
+/* ... and from the block's registers (regs_load: word w = threadIdx.x + i *
+ * blockDim.x in v[i]; blockDim.x a multiple of 32, so a group's 16 words
+ * are 16 consecutive lanes), the same bits: the lean dispatch's fp8 send,
+ * which reads the row from memory once, under the routing, as bf16 does. */
+template <int N>
+__device__ void quantize_regs(const Args &a, unsigned char *rec, const int4 (&v)[N],
+                              int round_scale) {
+    const int nw = a.H / 8;
+#pragma unroll
+    for (int i = 0; i < N; i++) {
+        if (i * (int)blockDim.x >= nw) break; /* the same for the whole block */
+        const int w = (int)threadIdx.x + i * (int)blockDim.x;
+        quantize_word(a, rec, w, w < nw, v[i], round_scale);
+    }
+}
+
+/* The bytes of an fp8 record's row part: H e4m3 values, then H / 128 fp32
+ * scales, rounded up to whole 16-byte words (the record's row part is
+ * xrow = 2 H bytes, so the rounding stays inside it). */
+__device__ __forceinline__ size_t fp8_rec_bytes(const Args &a) {
+    return ((size_t)a.H + (size_t)a.H / EPXI_FP8_GROUP * 4 + 15) / 16 * 16;
 }
 
 /* The fp8 receive's scales (after the data of every entry row). */
@@ -144,6 +168,41 @@ __device__ void place_fp8(const Args &a, const unsigned char *rec, int64_t e, in
         for (int j = 0; j < 4; j++)
             packed |= ((__float_as_uint(sc[4 * q + j]) >> 23) & 0xffu) << (8 * j);
         out[((size_t)l * (G / 4) + q) * (size_t)a.RM + (size_t)s] = (int32_t)packed;
+    }
+}
+
+/* ... and from a record held in the block's registers (regs_load of
+ * fp8_rec_bytes): its data words to the entry's row, its scale words (four
+ * scales each) into the scale tensor, the same bytes as place_fp8. e <
+ * 2^31 (the host checks spr * RM before it picks this path). */
+template <int N>
+__device__ void place_fp8_regs(const Args &a, const int4 (&v)[N], int64_t e, int ue8m0) {
+    const int dw = a.H / 16, G = a.H / EPXI_FP8_GROUP;
+    /* one 32-bit division per entry: a divisor for R * M in Args made every
+     * kernel's parameters 8 bytes larger and the bf16 round trip 0.27 us
+     * slower at one token (H100, bench/RESULTS.md) */
+    const uint32_t l = (uint32_t)e / (uint32_t)a.RM, s = (uint32_t)e - l * (uint32_t)a.RM;
+    unsigned char *const row = a.rx + (size_t)e * (size_t)a.H;
+#pragma unroll
+    for (int i = 0; i < N; i++) {
+        const int w = (int)threadIdx.x + i * (int)blockDim.x;
+        if (w < dw) {
+            ((int4 *)row)[w] = v[i];
+        } else if (w < dw + (ue8m0 ? G / 4 : (G + 3) / 4)) {
+            const int q = w - dw; /* scales 4 q .. 4 q + 3 */
+            const uint32_t u[4] = {(uint32_t)v[i].x, (uint32_t)v[i].y, (uint32_t)v[i].z,
+                                   (uint32_t)v[i].w};
+            if (ue8m0) { /* the exponent bytes of four scales, one int32 */
+                uint32_t packed = 0;
+                for (int j = 0; j < 4; j++) packed |= ((u[j] >> 23) & 0xffu) << (8 * j);
+                ((int32_t *)fp8_scales(a))[((size_t)l * (G / 4) + q) * (size_t)a.RM + s] =
+                    (int32_t)packed;
+            } else {
+                float *out = (float *)fp8_scales(a);
+                for (int j = 0; j < 4 && 4 * q + j < G; j++)
+                    out[((size_t)l * G + 4 * q + j) * (size_t)a.RM + s] = __uint_as_float(u[j]);
+            }
+        }
     }
 }
 
@@ -699,6 +758,14 @@ __device__ void receive_compact(const Args &a, uint32_t epoch, const int32_t *fi
  * the general instance's place_rows, with its spilled registers, took
  * ~5 us for one 14 KB row on the H100 where the lean reads take ~2.
  *
+ * kFp8 (with kLean, not kBig or kHostRows): the lean instance's fp8 form
+ * (DeepEP's, the flags in parts): the bf16 row held in registers is
+ * quantised from there (quantize_regs) and a received record's data and
+ * scales are read into registers once and stored to every place
+ * (place_fp8_regs). Through the general instance, which reads the row from
+ * memory after the routing, an fp8 dispatch took 1.5x bf16's time at 128
+ * tokens (H100, bench/RESULTS.md).
+ *
  * kBig: a batch past the staged ids (T * K > kSmemIds): positions from a
  * per-slot table of earlier tokens (P <= kSmemIds), sent a warp per item
  * by the lean instance (send_run_warps), a block per item with the next
@@ -706,13 +773,14 @@ __device__ void receive_compact(const Args &a, uint32_t epoch, const int32_t *fi
  * that code cost small batches 0.2-0.5 us in the lean one (H200,
  * bench/RESULTS.md).
  */
-template <bool kLean, bool kBig, int kT = kDispatchThreads, bool kHostRows = false>
+template <bool kLean, bool kBig, int kT = kDispatchThreads, bool kHostRows = false,
+          bool kFp8 = false>
 __global__ void __launch_bounds__(kT, blocks_per_sm(kT))
     dispatch_kernel(Args a, int64_t T, const unsigned char *x, const void *slots,
                     const float *weights, uint32_t nwork, int parts) {
     epxi_pdl_wait(); /* first: src/core/pdl.cuh */
     const int ids64 = (parts & 4) != 0;
-    const int fp8 = kLean ? 0 : parts & (kFP8 | kRoundScale | kUE8M0);
+    const int fp8 = kLean && !kFp8 ? 0 : parts & (kFP8 | kRoundScale | kUE8M0);
     const int K = a.K, dmax = K < a.R ? K : a.R;
     __shared__ int32_t d[kMaxK], sk[kMaxK], pk[kMaxK];
     __shared__ float wk[kMaxK];
@@ -950,7 +1018,9 @@ __global__ void __launch_bounds__(kT, blocks_per_sm(kT))
             }
             const int dst = d[j];
             unsigned char *rec = rec_at(a, peer[dst], epoch, filed_as(a, dst), t);
-            if (fp8)
+            if (fp8 && pre)
+                quantize_regs(a, rec, v, fp8 & kRoundScale);
+            else if (fp8)
                 quantize_row(a, rec, x + (size_t)t * a.xrow, fp8 & kRoundScale);
             else if (pre)
                 regs_store(rec, v, a.xrow);
@@ -1087,7 +1157,7 @@ __global__ void __launch_bounds__(kT, blocks_per_sm(kT))
         (kLean || !a.host_inbox) && !a.compact) {
         rec0 = item_rec(blockIdx.x, &s0, &t0, &k0);
         if (threadIdx.x == 0) first_meta = ((const Meta *)(rec0 + a.meta_off))[k0];
-        if (pre) regs_load(v, rec0, a.xrow);
+        if (pre) regs_load(v, rec0, fp8 ? fp8_rec_bytes(a) : a.xrow);
     }
     if (blockIdx.x == 0 && threadIdx.x == 0) batch_verdict(a, epoch, any_bad, bad_code, items);
     /* The slot ranges by the range block alone (the host launches one block
@@ -1126,7 +1196,7 @@ __global__ void __launch_bounds__(kT, blocks_per_sm(kT))
         int s = s0, k = k0;
         int32_t t = t0;
         const unsigned char *rec = first ? rec0 : item_rec(item, &s, &t, &k);
-        if (pre && !first) regs_load(v, rec, a.xrow);
+        if (pre && !first) regs_load(v, rec, fp8 ? fp8_rec_bytes(a) : a.xrow);
         if (threadIdx.x == 0) {
             const Meta m = first ? first_meta : ((const Meta *)(rec + a.meta_off))[k];
             dst_row = place_entry(a, epoch, m, s, t, k, live, item);
@@ -1134,7 +1204,9 @@ __global__ void __launch_bounds__(kT, blocks_per_sm(kT))
         __syncthreads();
         STAMP(a, 21);
         const int64_t e = dst_row;
-        if (e >= 0 && fp8) {
+        if (e >= 0 && fp8 && pre) {
+            place_fp8_regs(a, v, e, fp8 & kUE8M0);
+        } else if (e >= 0 && fp8) {
             place_fp8(a, rec, e, fp8 & kUE8M0);
         } else if (e >= 0) {
             unsigned char *out = a.rx + (size_t)e * a.xrow;

@@ -492,22 +492,27 @@ static epx_status open_engine(const epx_ep_config *cfg, int32_t rank, int32_t nu
          * resident at once, or the ones still queued could never publish
          * theirs: per kernel, its instances' fewest blocks an SM times the
          * SMs. At most 65535: blocks count in on 16 bits (arrive). */
-        const void *dispatches[5] = {
-            (const void *)dispatch_kernel<false, false>, (const void *)dispatch_kernel<true, false>,
-            (const void *)dispatch_kernel<false, true>, (const void *)dispatch_kernel<true, true>,
-            (const void *)dispatch_kernel<true, false, kDispatchThreads, true>};
+        const void *dispatches[6] = {
+            (const void *)dispatch_kernel<false, false>,
+            (const void *)dispatch_kernel<true, false>,
+            (const void *)dispatch_kernel<false, true>,
+            (const void *)dispatch_kernel<true, true>,
+            (const void *)dispatch_kernel<true, false, kDispatchThreads, true>,
+            (const void *)dispatch_kernel<true, false, kDispatchThreads, false, true>};
         const void *combines[2] = {(const void *)combine_kernel<false>,
                                    (const void *)combine_kernel<true>};
-        const void *smalls[1] = {(const void *)dispatch_kernel<true, false, kSmallDispatchThreads>};
+        const void *smalls[2] = {
+            (const void *)dispatch_kernel<true, false, kSmallDispatchThreads>,
+            (const void *)dispatch_kernel<true, false, kSmallDispatchThreads, false, true>};
         const void *small_combines[2] = {(const void *)combine_kernel<false, kSmallCombineThreads>,
                                          (const void *)combine_kernel<true, kSmallCombineThreads>};
         const struct {
             const void *const *k;
             int n, threads;
             int32_t *cap;
-        } kinds[4] = {{dispatches, 5, kDispatchThreads, &ep->wait_blocks},
+        } kinds[4] = {{dispatches, 6, kDispatchThreads, &ep->wait_blocks},
                       {combines, 2, kCombineThreads, &ep->comb_blocks},
-                      {smalls, 1, kSmallDispatchThreads, &ep->small_blocks},
+                      {smalls, 2, kSmallDispatchThreads, &ep->small_blocks},
                       {small_combines, 2, kSmallCombineThreads, &ep->small_comb}};
         for (const auto &kind : kinds) {
             int per_sm = INT_MAX;
@@ -1114,17 +1119,25 @@ extern "C" epx_status epx_gpu_ep_dispatch_parts(epx_gpu_ep *ep, int parts, int64
     const bool lean = lean_rows && (!ep->a.host_inbox || (ep->a.variant & 32));
     /* Positions from the per-slot table where the ids are past staging. */
     const bool big = (parts & EPX_GPU_EP_SEND) && ep->T * g->K > kSmemIds && g->P <= kSmemIds;
+    /* ... and its fp8 form (kFp8) for a batch it would take in bf16: a
+     * device-memory inbox, staged ids, entries below 2^31 (place_fp8_regs) */
+    const bool lean_fp8 = ep->fp8 != 0 && !(ep->a.variant & 4096) && g->K <= 32 &&
+                          row_fits_registers(g->xrow, x, kDispatchThreads) && !ep->a.host_inbox &&
+                          !big && !ep->a.compact &&
+                          (double)g->spr * (double)ep->a.RM < 2147483648.0;
     /* ... and its form that reads a host inbox's rows once (kHostRows) */
     const bool host_rows =
         lean_rows && ep->a.host_inbox && !(ep->a.variant & 32) && !big && !ep->a.compact;
     /* ... in smaller blocks for low latency's usual batch (kSmallDispatchThreads) */
-    const bool small = lean && !big && !ep->a.compact && ep->T * g->K <= kSmemIds &&
+    const bool small = (lean || lean_fp8) && !big && !ep->a.compact && ep->T * g->K <= kSmemIds &&
                        !(ep->a.variant & 512) &&
                        row_fits_registers(g->xrow, x, kSmallDispatchThreads);
-    auto kern = small       ? dispatch_kernel<true, false, kSmallDispatchThreads>
-                : host_rows ? dispatch_kernel<true, false, kDispatchThreads, true>
-                : lean      ? (big ? dispatch_kernel<true, true> : dispatch_kernel<true, false>)
-                            : (big ? dispatch_kernel<false, true> : dispatch_kernel<false, false>);
+    auto kern = small && lean_fp8 ? dispatch_kernel<true, false, kSmallDispatchThreads, false, true>
+                : small           ? dispatch_kernel<true, false, kSmallDispatchThreads>
+                : lean_fp8        ? dispatch_kernel<true, false, kDispatchThreads, false, true>
+                : host_rows       ? dispatch_kernel<true, false, kDispatchThreads, true>
+                : lean ? (big ? dispatch_kernel<true, true> : dispatch_kernel<true, false>)
+                       : (big ? dispatch_kernel<false, true> : dispatch_kernel<false, false>);
     const int threads = small ? kSmallDispatchThreads : kDispatchThreads;
     /* ... and one more block for the slot ranges (dispatch_kernel's range block) */
     const unsigned grid = blocks_for((sends > places ? sends : places) + ((parts & 2) ? 1 : 0),
