@@ -677,8 +677,12 @@ epx_status bench_ll_gpu(epx_comm *comm, ncclComm_t nc, cudaStream_t s, const ben
             "%8s  %-10s %-6s %9s %9s %10s %8s %8s\n",
             mode_name(a), R, b.transport,
             a->bound_max ? "max_tokens (the largest --tokens)" : "each batch's tokens", a->model, H,
-            K, P, a->dtype == EPX_DTYPE_BF16 ? "bf16" : "fp32", a->iters, (int)kGraphReps, "tokens",
-            "phase", "how", "median us", "p99 us", "GB/s", "copy%", "link%");
+            K, P,
+            a->fp8 ? "fp8 dispatch (e4m3, a scale per 128 values; bf16 combine)"
+            : a->dtype == EPX_DTYPE_BF16 ? "bf16"
+                                         : "fp32",
+            a->iters, (int)kGraphReps, "tokens", "phase", "how", "median us", "p99 us", "GB/s",
+            "copy%", "link%");
     for (int32_t i = 0; i < a->ntok && st == EPX_OK; i++)
         st = bench_T(&b, a->tokens[i], x, slots, w, P, jl, device, err);
     for (int i = 0; i < 4; i++)
