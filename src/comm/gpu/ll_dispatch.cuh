@@ -173,15 +173,16 @@ __device__ void place_fp8(const Args &a, const unsigned char *rec, int64_t e, in
 
 /* ... and from a record held in the block's registers (regs_load of
  * fp8_rec_bytes): its data words to the entry's row, its scale words (four
- * scales each) into the scale tensor, the same bytes as place_fp8. e <
- * 2^31 (the host checks spr * RM before it picks this path). */
+ * scales each) into the scale tensor, the same bytes as place_fp8. Entry e
+ * is (slot l, row s) of the expert-major receive, e = l * RM + s, as the
+ * placing thread found it: every thread dividing e by RM here was among the
+ * receive's hottest lines (ncu, H200, bench/RESULTS.md), and a divisor for
+ * R * M in Args made every kernel's parameters 8 bytes larger and the bf16
+ * round trip 0.27 us slower at one token (H100). */
 template <int N>
-__device__ void place_fp8_regs(const Args &a, const int4 (&v)[N], int64_t e, int ue8m0) {
+__device__ void place_fp8_regs(const Args &a, const int4 (&v)[N], int64_t e, uint32_t l, uint32_t s,
+                               int ue8m0) {
     const int dw = a.H / 16, G = a.H / EPXI_FP8_GROUP;
-    /* one 32-bit division per entry: a divisor for R * M in Args made every
-     * kernel's parameters 8 bytes larger and the bf16 round trip 0.27 us
-     * slower at one token (H100, bench/RESULTS.md) */
-    const uint32_t l = (uint32_t)e / (uint32_t)a.RM, s = (uint32_t)e - l * (uint32_t)a.RM;
     unsigned char *const row = a.rx + (size_t)e * (size_t)a.H;
 #pragma unroll
     for (int i = 0; i < N; i++) {
@@ -1190,6 +1191,7 @@ __global__ void __launch_bounds__(kT, blocks_per_sm(kT))
     }
     /* Place: items (received row, k), over the placing blocks. */
     __shared__ int64_t dst_row;
+    __shared__ uint32_t dst_l, dst_s; /* kFp8: dst_row's slot and row in it */
     for (int32_t item = blockIdx.x; item < items && (int32_t)blockIdx.x < placing;
          item += placing) {
         const bool first = item == (int32_t)blockIdx.x;
@@ -1200,12 +1202,16 @@ __global__ void __launch_bounds__(kT, blocks_per_sm(kT))
         if (threadIdx.x == 0) {
             const Meta m = first ? first_meta : ((const Meta *)(rec + a.meta_off))[k];
             dst_row = place_entry(a, epoch, m, s, t, k, live, item);
+            if (kFp8 && dst_row >= 0) { /* expert-major: dst_row = m.slot * RM + row */
+                dst_l = (uint32_t)m.slot;
+                dst_s = (uint32_t)(dst_row - (int64_t)m.slot * a.RM);
+            }
         }
         __syncthreads();
         STAMP(a, 21);
         const int64_t e = dst_row;
-        if (e >= 0 && fp8 && pre) {
-            place_fp8_regs(a, v, e, fp8 & kUE8M0);
+        if (kFp8 && e >= 0) {
+            place_fp8_regs(a, v, e, dst_l, dst_s, fp8 & kUE8M0);
         } else if (e >= 0 && fp8) {
             place_fp8(a, rec, e, fp8 & kUE8M0);
         } else if (e >= 0) {
