@@ -128,8 +128,30 @@ grep -q "use it with --backend nccl (not --engine nccl)" "$tmp/e" || fail "messa
     line tp-allreduce allreduce 32 12.0 40.0 ""
 } >"$tmp/normal.jsonl"
 out=$("${A[@]}" --measured "$tmp/normal.jsonl") || fail "advise on normal lines exited $?"
-grep -q "normal dispatch: [0-9]\.[0-9] us .*(both fitted, 2 points)" <<<"$out" ||
+grep -q "normal dispatch: [0-9]\.[0-9] us .*(latency measured, bandwidth the link's: at one rank no byte crossed a link, 2 points)" <<<"$out" ||
     fail "the GPU engine's normal lines not the ones fitted: $out"
+
+# One rank's bytes stay in its GPU's memory: its lines give EP's latencies,
+# never a bandwidth for --link (an H200's HBM is no PCIe link), except the
+# host transport's dispatch, whose rows cross the host link (its combine takes
+# the link's rate halved: twice the bytes cross it); its all-reduce
+# communicates nothing, so TP is the link's. Two ranks' lines are fitted.
+out=$("${A[@]}" --measured "$tmp/normal.jsonl" --json) || fail "advise --json on one rank exited $?"
+grep -q '"tp": "assumed"' <<<"$out" || fail "one rank's TP not the link's: $out"
+out=$("${A[@]}" --measured "$tmp/normal.jsonl") || fail "advise on one rank exited $?"
+grep -q "normal dispatch: .* + 36.0 GB/s" <<<"$out" || fail "one rank's bandwidth fitted: $out"
+grep -q "tp-allreduce allreduce: 25.0 us + 40.0 GB/s (both the link's" <<<"$out" ||
+    fail "one rank's all-reduce latency used for TP: $out"
+grep -q "one rank: EP's latencies carried over to --gpus" <<<"$out" || fail "one rank unsaid: $out"
+out=$("${A[@]}" --measured "$tmp/host.jsonl" --transport host) || fail "advise host exited $?"
+grep -q "low-latency combine: .* + 18.0 GB/s (latency measured, bandwidth the link's" <<<"$out" ||
+    fail "one rank's host combine (no row crosses) fitted a bandwidth: $out"
+sed 's/"ranks": 1/"ranks": 2/' "$tmp/normal.jsonl" >"$tmp/two.jsonl"
+out=$("$EPX_BIN" advise --model kimi-k2.5 --gpus 2 --link pcie5 --measured "$tmp/two.jsonl") ||
+    fail "advise on two ranks exited $?"
+grep -q "normal dispatch: [0-9]\.[0-9] us .*(both fitted, 2 points)" <<<"$out" ||
+    fail "two ranks' normal lines not fitted: $out"
+grep -q "tp-allreduce allreduce: .*(both fitted, 2 points)" <<<"$out" || fail "two ranks' all-reduce: $out"
 grep -q "4 normal-mode line(s) of the older NCCL path left out" <<<"$out" ||
     fail "the older path's lines left out unsaid: $out"
 echo "ok"

@@ -229,11 +229,14 @@ static bool line_of(json_t *r, const char *mode, const char *phase, bool graph,
 
 /* Least squares t = a + c * bytes over the lines line_of accepts, of the
  * newest run that has any (bench_runs.h: a file gathers runs, and older
- * builds' figures are not this one's); bytes = GB/s x time. Returns the
- * points used, or -1 when every time is 0 (note says so). */
+ * builds' figures are not this one's); bytes = GB/s x time. local: the
+ * lines' bytes crossed no link (one rank: its "peer" is its own memory), so
+ * their rate is the GPU's memory's, not the link's: a is fitted and f's
+ * bandwidth, the link's, kept. Returns the points used, or -1 when every
+ * time is 0 (note says so). */
 static int fit_lines(json_t *lines, const int *run_of, const double *when, const char *mode,
-                     const char *phase, bool graph, const char *transport, bool fp8, fit *f,
-                     char *note, size_t note_n) {
+                     const char *phase, bool graph, const char *transport, bool fp8, bool local,
+                     fit *f, char *note, size_t note_n) {
     double sx = 0, sy = 0, sxx = 0, sxy = 0, ymin = 1e300, newest = -INFINITY;
     int n = 0, npos = 0, run = -2, older = 0;
     size_t i;
@@ -267,8 +270,8 @@ static int fit_lines(json_t *lines, const int *run_of, const double *when, const
     if (c > 0) {
         double a = (sy - c * sx) / n;
         f->a_us = a > 0 ? a : 0;
-        f->us_per_byte = c;
-        f->measured = 2;
+        if (!local) f->us_per_byte = c;
+        f->measured = local ? 1 : 2;
     } else {
         f->a_us = ymin;
         f->measured = 1;
@@ -278,7 +281,10 @@ static int fit_lines(json_t *lines, const int *run_of, const double *when, const
         snprintf(from, sizeof from, " of the newest run; %d older line(s) left out", older);
     snprintf(note, note_n, "%s %s%s: %.1f us + %.1f GB/s (%s, %d points%s)", mode, phase,
              graph ? " (graph)" : "", f->a_us, 1e-3 / f->us_per_byte,
-             f->measured == 2 ? "both fitted" : "latency measured, bandwidth assumed", n, from);
+             f->measured == 2 ? "both fitted"
+             : local ? "latency measured, bandwidth the link's: at one rank no byte crossed a link"
+                     : "latency measured, bandwidth assumed",
+             n, from);
     return n;
 }
 
@@ -538,16 +544,29 @@ int cmd_advise(int argc, char **argv) {
         for (size_t k = 1; k < nl; k++)
             if (when[k] > when[newest]) newest = k;
         r0 = json_array_get(lines, newest);
-        int n1 = fit_lines(lines, run_of, when, "low-latency", "dispatch", g, tr, fp8, &ld,
-                           llnotes[0], sizeof llnotes[0]);
-        int n2 = fit_lines(lines, run_of, when, "low-latency", "combine", g, tr, false, &lc,
+        /* One rank's bytes stay in its GPU's memory, except the host
+         * transport's dispatch rows, which cross the host link and back
+         * (link_pct). Several ranks' may too (processes sharing a GPU),
+         * which the lines do not say: those are carried over as they are. */
+        const bool one = json_integer_value(json_object_get(r0, "ranks")) == 1;
+        int n1 = fit_lines(lines, run_of, when, "low-latency", "dispatch", g, tr, fp8,
+                           one && !host_tr, &ld, llnotes[0], sizeof llnotes[0]);
+        int n2 = fit_lines(lines, run_of, when, "low-latency", "combine", g, tr, false, one, &lc,
                            llnotes[1], sizeof llnotes[1]);
-        int n3 = fit_lines(lines, run_of, when, "normal", "dispatch", false, NULL, false, &fd,
+        int n3 = fit_lines(lines, run_of, when, "normal", "dispatch", false, NULL, false, one, &fd,
                            notes[0], sizeof notes[0]);
-        int n4 = fit_lines(lines, run_of, when, "normal", "combine", false, NULL, false, &fc,
+        int n4 = fit_lines(lines, run_of, when, "normal", "combine", false, NULL, false, one, &fc,
                            notes[1], sizeof notes[1]);
         int n5 = fit_lines(lines, run_of, when, "tp-allreduce", "allreduce", false, NULL, false,
-                           &ft, notes[2], sizeof notes[2]);
+                           one, &ft, notes[2], sizeof notes[2]);
+        if (one && n5 > 0) { /* NCCL's all-reduce of one rank communicates nothing */
+            ft.a_us = L->ar_us;
+            ft.measured = 0;
+            snprintf(notes[2], sizeof notes[2],
+                     "tp-allreduce allreduce: %.1f us + %.1f GB/s (both the link's: one rank's "
+                     "all-reduce communicates nothing; %d points not used)",
+                     ft.a_us, 1e-3 / ft.us_per_byte, n5);
+        }
         free(run_of);
         free(when);
         const int nfit[5] = {n1, n2, n3, n4, n5};
@@ -596,10 +615,16 @@ int cmd_advise(int argc, char **argv) {
         snprintf(mnote, sizeof mnote, "measured by epx bench comm (%s, %d rank(s), %s)%s%s",
                  json_string_value(json_object_get(r0, "backend")), ranks,
                  json_string_value(json_object_get(r0, "device")),
-                 ranks != G
-                     ? "; fitted at another rank count than --gpus: latencies and bandwidths "
-                       "carried over as they are"
-                     : "",
+                 ranks == 1 && G != 1
+                     ? (host_tr ? "; one rank: EP's latencies carried over to --gpus (a floor: "
+                                  "no link's latency in them), bandwidths the link's but the "
+                                  "host dispatch's (its rows cross the host link)"
+                                : "; one rank: EP's latencies carried over to --gpus (a floor: "
+                                  "no link's latency in them), bandwidths the link's (no byte "
+                                  "crossed a link)")
+                 : ranks != G ? "; fitted at another rank count than --gpus: latencies and "
+                                "bandwidths carried over as they are"
+                              : "",
                  left);
         json_decref(lines);
         if (n5 == 0 || (n1 == 0 && n3 == 0) || (n1 > 0) != (n2 > 0) || (n3 > 0) != (n4 > 0)) {
