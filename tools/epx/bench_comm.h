@@ -87,6 +87,9 @@ typedef struct bench_line {
     int32_t graph_reps; /* graph figures: iterations per timed replay (0: not written) */
     int64_t
         token_bound; /* the engine's token bound (epx_gpu_ep_set_token_bound; <= 0: not written) */
+    /* the ranks were processes sharing GPUs (more ranks on a host than GPUs):
+     * their bytes crossed no link between GPUs ("shared_gpu": true) */
+    bool shared_gpu;
 } bench_line;
 int bench_jsonl_write(FILE *f, const bench_line *l);
 

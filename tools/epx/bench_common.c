@@ -145,6 +145,7 @@ int bench_jsonl_write(FILE *f, const bench_line *l) {
     }
     if (l->row_bytes > 0) fprintf(f, ", \"row_bytes\": %lld", (long long)l->row_bytes);
     if (l->token_bound > 0) fprintf(f, ", \"token_bound\": %lld", (long long)l->token_bound);
+    if (l->shared_gpu) fputs(", \"shared_gpu\": true", f);
     fputs(", \"device\": ", f);
     cli_json_str(f, l->device);
     fprintf(f, ", \"date\": \"%s\"}\n", date);

@@ -377,7 +377,8 @@ static epx_status bench_floor(ll_run *b, int64_t T, const double *eng, FILE *jl,
                                 -1.0,
                                 0,
                                 gi == 1 ? kGraphReps : 0,
-                                0};
+                                0,
+                                false};
                 if (jl != NULL && bench_jsonl_write(jl, &l) != 0) {
                     err->status = EPX_ERR_IO;
                     snprintf(err->msg, sizeof err->msg, "bench: writing the JSON lines failed");
@@ -525,33 +526,23 @@ static epx_status bench_T(ll_run *b, int64_t T, const void *x, const int32_t *sl
             const size_t ar_bytes =
                 R > 1 ? (size_t)(2.0 * (R - 1) / R * (double)R * T * H * esz) : 0;
             const size_t by = ar ? ar_bytes : bytes[ph];
-            bench_line l = {a->backend,
-                            ar ? "tp-allreduce" : mode_name(a),
-                            names[ph],
-                            device,
+            bench_line l = {a->backend, ar ? "tp-allreduce" : mode_name(a), names[ph], device,
                             a->fp8 && ph != PH_COMBINE && !ar ? "fp8-e4m3"
                             : a->dtype == EPX_DTYPE_BF16      ? "bf16"
                                                               : "f32",
-                            R,
-                            H,
-                            K,
-                            T,
-                            med,
-                            p99,
-                            by > 0 ? (double)by / med * 1e-3 : -1.0,
+                            R, H, K, T, med, p99, by > 0 ? (double)by / med * 1e-3 : -1.0,
                             cmed > 0 ? 100.0 * cmed / med : -1.0,
                             ar                    ? 1
                             : ph == PH_ROUND_TRIP ? 2
                                                   : epx_gpu_ep_launches(b->ep, names[ph]),
-                            gi == 1,
-                            NULL,
-                            ar ? NULL : b->transport,
+                            gi == 1, NULL, ar ? NULL : b->transport,
                             lmed > 0 ? 100.0 * lmed / med : -1.0,
                             ar                 ? 0
                             : ph == PH_COMBINE ? (int64_t)((size_t)H * esz)
                                                : (int64_t)drow,
-                            gi == 1 ? kGraphReps : 0,
-                            ar ? 0 : b->bound};
+                            gi == 1 ? kGraphReps : 0, ar ? 0 : b->bound,
+                            /* an MPI communicator: ranks sharing GPUs (shared_gpu_rank) */
+                            epx_comm_memory_kind(b->comm) == EPX_COMM_MEMORY_HOST};
             char pct[16] = "-", lpct[16] = "-";
             if (l.copy_pct > 0) snprintf(pct, sizeof pct, "%.1f%%", l.copy_pct);
             if (l.link_pct > 0) snprintf(lpct, sizeof lpct, "%.1f%%", l.link_pct);

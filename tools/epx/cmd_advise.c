@@ -282,8 +282,8 @@ static int fit_lines(json_t *lines, const int *run_of, const double *when, const
     snprintf(note, note_n, "%s %s%s: %.1f us + %.1f GB/s (%s, %d points%s)", mode, phase,
              graph ? " (graph)" : "", f->a_us, 1e-3 / f->us_per_byte,
              f->measured == 2 ? "both fitted"
-             : local ? "latency measured, bandwidth the link's: at one rank no byte crossed a link"
-                     : "latency measured, bandwidth assumed",
+             : local          ? "latency measured, bandwidth the link's: no byte crossed a link"
+                              : "latency measured, bandwidth assumed",
              n, from);
     return n;
 }
@@ -544,11 +544,12 @@ int cmd_advise(int argc, char **argv) {
         for (size_t k = 1; k < nl; k++)
             if (when[k] > when[newest]) newest = k;
         r0 = json_array_get(lines, newest);
-        /* One rank's bytes stay in its GPU's memory, except the host
-         * transport's dispatch rows, which cross the host link and back
-         * (link_pct). Several ranks' may too (processes sharing a GPU),
-         * which the lines do not say: those are carried over as they are. */
-        const bool one = json_integer_value(json_object_get(r0, "ranks")) == 1;
+        /* One rank's bytes stay in its GPU's memory, and so do those of
+         * ranks that were processes sharing GPUs ("shared_gpu"), except the
+         * host transport's dispatch rows, which cross the host link and back
+         * (link_pct). */
+        const bool shared = json_is_true(json_object_get(r0, "shared_gpu"));
+        const bool one = json_integer_value(json_object_get(r0, "ranks")) == 1 || shared;
         int n1 = fit_lines(lines, run_of, when, "low-latency", "dispatch", g, tr, fp8,
                            one && !host_tr, &ld, llnotes[0], sizeof llnotes[0]);
         int n2 = fit_lines(lines, run_of, when, "low-latency", "combine", g, tr, false, one, &lc,
@@ -563,8 +564,8 @@ int cmd_advise(int argc, char **argv) {
             ft.a_us = L->ar_us;
             ft.measured = 0;
             snprintf(notes[2], sizeof notes[2],
-                     "tp-allreduce allreduce: %.1f us + %.1f GB/s (both the link's: one rank's "
-                     "all-reduce communicates nothing; %d points not used)",
+                     "tp-allreduce allreduce: %.1f us + %.1f GB/s (both the link's: an "
+                     "all-reduce that crosses no link communicates nothing; %d points not used)",
                      ft.a_us, 1e-3 / ft.us_per_byte, n5);
         }
         free(run_of);
@@ -612,16 +613,16 @@ int cmd_advise(int argc, char **argv) {
         if (older > 0)
             snprintf(left + strlen(left), sizeof left - strlen(left),
                      "; %zu normal-mode line(s) of the older NCCL path left out", older);
-        snprintf(mnote, sizeof mnote, "measured by epx bench comm (%s, %d rank(s), %s)%s%s",
+        snprintf(mnote, sizeof mnote, "measured by epx bench comm (%s, %d rank(s), %s)%s%s%s",
                  json_string_value(json_object_get(r0, "backend")), ranks,
                  json_string_value(json_object_get(r0, "device")),
-                 ranks == 1 && G != 1
-                     ? (host_tr ? "; one rank: EP's latencies carried over to --gpus (a floor: "
-                                  "no link's latency in them), bandwidths the link's but the "
-                                  "host dispatch's (its rows cross the host link)"
-                                : "; one rank: EP's latencies carried over to --gpus (a floor: "
-                                  "no link's latency in them), bandwidths the link's (no byte "
-                                  "crossed a link)")
+                 one ? (shared ? "; ranks sharing GPUs" : "; one rank") : "",
+                 one ? (host_tr ? ": EP's latencies carried over to --gpus (a floor: no link's "
+                                  "latency in them), bandwidths the link's but the host "
+                                  "dispatch's (its rows cross the host link)"
+                                : ": EP's latencies carried over to --gpus (a floor: no link's "
+                                  "latency in them), bandwidths the link's (no byte crossed a "
+                                  "link)")
                  : ranks != G ? "; fitted at another rank count than --gpus: latencies and "
                                 "bandwidths carried over as they are"
                               : "",

@@ -479,7 +479,8 @@ static int write_jsonl(FILE *f, const bench_args *a, int32_t R, const bench_row 
                             -1.0,
                             0,
                             0,
-                            0};
+                            0,
+                            false};
             if (bench_jsonl_write(f, &l) != 0) return -1;
         }
     }
