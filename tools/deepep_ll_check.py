@@ -5,10 +5,11 @@
 # without warranties or conditions of any kind.
 """Run DeepEP's own low-latency test (tests/legacy/test_low_latency.py) or
 its normal-mode test (tests/legacy/test_intranode.py, --test intranode)
-against epx.torch.Buffer, with N processes sharing one GPU.
+against epx.torch.Buffer, with N processes sharing one GPU (or, with
+--own-gpus, each on a GPU of its own).
 
     python3 tools/deepep_ll_check.py [--deepep DIR] [--test low_latency|intranode]
-        --num-processes N [--timeout S] [-- TEST ARGS]
+        [--own-gpus] --num-processes N [--timeout S] [-- TEST ARGS]
 
 DIR (default .deepep, written by tools/stage_deepep.sh, never committed) holds
 DeepEP's test and deep_ep/utils/ as plain files. A temporary package named
@@ -16,7 +17,8 @@ deep_ep is built from them: our __init__ exports epx.torch's Buffer and
 EventOverlap and topk_idx_t = torch.int64, our _C is a placeholder for
 DeepEP's extension (its utils import EventHandle from it), and DeepEP's
 utils/*.py are copied unchanged. Importing it, as every spawned process does,
-changes only what sharing one GPU needs, nothing in the test's checks:
+changes only what sharing one GPU needs, nothing in the test's checks (with
+--own-gpus nothing at all: NCCL and a GPU per rank, as DeepEP runs it):
   - utils.envs.init_dist runs as DeepEP wrote it, with backend "gloo" (no
     device_id) and torch.cuda.set_device(0) in every process;
   - torch.distributed's all_reduce, all_gather, all_gather_into_tensor and
@@ -145,14 +147,27 @@ def _count_calls(buffer_cls):
     buffer_cls.destroy = destroy
 
 
+# Set by the runner for --own-gpus in every process it starts.
+OWN_GPUS = "EPX_DEEPEP_OWN_GPUS"
+
+
+def shares_one_gpu(env=os.environ):
+    """Whether the ranks share GPU 0 (the patches below), or each has its own."""
+    return env.get(OWN_GPUS) != "1"
+
+
 def install(envs, buffer_cls=None):
-    """Patch torch.distributed and DeepEP's utils.envs, once a process."""
+    """Patch torch.distributed and DeepEP's utils.envs, once a process: for
+    ranks sharing one GPU; ranks on GPUs of their own only count calls."""
     import torch.distributed as dist
-    if not getattr(dist, "_epx_one_gpu", False):
-        dist.all_gather_into_tensor = _gather_into(dist.all_gather, dist.all_gather_into_tensor)
-        for name in ("all_reduce", "all_gather", "broadcast"):
-            setattr(dist, name, _in_place(getattr(dist, name)))
-        envs.init_dist, dist._epx_one_gpu = _one_gpu(envs.init_dist), True
+    if not getattr(dist, "_epx_shim", False):
+        dist._epx_shim = True
+        if shares_one_gpu():
+            dist.all_gather_into_tensor = _gather_into(dist.all_gather,
+                                                       dist.all_gather_into_tensor)
+            for name in ("all_reduce", "all_gather", "broadcast"):
+                setattr(dist, name, _in_place(getattr(dist, name)))
+            envs.init_dist = _one_gpu(envs.init_dist)
         if buffer_cls is not None:
             _count_calls(buffer_cls)
 
@@ -297,6 +312,15 @@ def summarise(lines, rc, n, extra):
     return result
 
 
+def visible_gpus():
+    """The GPUs this machine shows (nvidia-smi -L), 0 without one."""
+    try:
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return 0
+    return sum(line.startswith("GPU ") for line in out.stdout.splitlines())
+
+
 def main(argv):
     if argv[:1] == ["--inner"]:  # the test's own process: it runs as __main__
         sys.path[:] = [d for d in sys.path if os.path.abspath(d) != os.path.dirname(TOOL)]
@@ -314,7 +338,10 @@ def main(argv):
                                                     ".deepep"), help="DeepEP files (.deepep)")
     p.add_argument("--test", choices=sorted(TESTS), default="low_latency",
                    help="which DeepEP test (default low_latency)")
-    p.add_argument("--num-processes", type=int, required=True, help="processes on the GPU")
+    p.add_argument("--num-processes", type=int, required=True, help="processes (ranks)")
+    p.add_argument("--own-gpus", action="store_true",
+                   help="each process on a GPU of its own (NCCL, as DeepEP runs its test); "
+                        "without it every process shares GPU 0")
     p.add_argument("--timeout", type=int, default=0, help="stop the run after S seconds")
     a = p.parse_args(argv)
     test = os.path.join(a.deepep, TESTS[a.test])
@@ -323,6 +350,12 @@ def main(argv):
                 % (a.deepep, TESTS[a.test]))
     if a.num_processes < 1 or "--num-processes" in extra:
         p.error("give --num-processes N (N >= 1) to this tool, not after --")
+    if a.own_gpus:
+        gpus = visible_gpus()
+        if gpus < a.num_processes:
+            p.error("--own-gpus with --num-processes %d needs %d GPUs; %d are visible: give "
+                    "--num-processes %d or fewer, or drop --own-gpus to share one"
+                    % (a.num_processes, a.num_processes, gpus, max(gpus, 1)))
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -332,6 +365,8 @@ def main(argv):
         env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE="1",
                    RANK="0", NCCL_NVLS_ENABLE="0", PYTHONUNBUFFERED="1",
                    PYTHONPATH=os.pathsep.join(path))
+        if a.own_gpus:
+            env[OWN_GPUS] = "1"
         env.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
         env.setdefault("NVSHMEM_DISABLE_NVLS", "1")
         if "lo" in [name for _, name in socket.if_nameindex()]:

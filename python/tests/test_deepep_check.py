@@ -87,3 +87,24 @@ def test_a_report_run_into_another_ranks_line_counts():
     assert check.summarise(lines, 0, 2, []) == "PASS"
     rank1_only = ["[rank 1] Dispatch + combine bandwidth: 4.94 GB/s, max_t=4515.23 us"]
     assert check.summarise(rank1_only, 0, 2, []).startswith("FAIL")
+
+
+def test_own_gpus_leaves_the_test_alone():
+    assert check.shares_one_gpu({})
+    assert check.shares_one_gpu({check.OWN_GPUS: "0"})
+    assert not check.shares_one_gpu({check.OWN_GPUS: "1"})
+
+
+def test_own_gpus_needs_a_gpu_per_process(tmp_path, monkeypatch, capsys):
+    (tmp_path / "tests" / "legacy").mkdir(parents=True)
+    (tmp_path / "tests" / "legacy" / "test_low_latency.py").write_text("")
+    (tmp_path / "deep_ep" / "utils").mkdir(parents=True)
+    monkeypatch.setattr(check, "visible_gpus", lambda: 1)
+    try:
+        check.main(["--deepep", str(tmp_path), "--own-gpus", "--num-processes", "2"])
+    except SystemExit as e:
+        assert e.code == 2
+    else:
+        raise AssertionError("--own-gpus with more processes than GPUs was not refused")
+    err = capsys.readouterr().err
+    assert "needs 2 GPUs; 1 are visible" in err and "--num-processes 1 or fewer" in err
