@@ -134,9 +134,15 @@ EPXI_HD void epxi_fp8_scale(float amax, int round_scale, float *scale, float *fa
     *factor = f;
 }
 
+/* One value at a group's factor, clamped to +-448: what both conversions
+ * below round (NaN becomes -448). */
+EPXI_HD float epxi_fp8_clamp(float x, float factor) {
+    return fminf(fmaxf(x * factor, -EPXI_FP8_MAX), EPXI_FP8_MAX);
+}
+
 /* One value's e4m3 bits at a group's factor (clamped to +-448 first). */
 EPXI_HD uint8_t epxi_fp8_quantize(float x, float factor) {
-    return epxi_f32_to_e4m3(fminf(fmaxf(x * factor, -EPXI_FP8_MAX), EPXI_FP8_MAX));
+    return epxi_f32_to_e4m3(epxi_fp8_clamp(x, factor));
 }
 
 /* Four values at a group's factor as e4m3 bytes (value j in byte j), each
@@ -151,7 +157,7 @@ EPXI_HD uint32_t epxi_e4m3x4(const float *f, float factor) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
     float c[4];
 #pragma unroll
-    for (int j = 0; j < 4; j++) c[j] = fminf(fmaxf(f[j] * factor, -EPXI_FP8_MAX), EPXI_FP8_MAX);
+    for (int j = 0; j < 4; j++) c[j] = epxi_fp8_clamp(f[j], factor);
     uint16_t lo, hi; /* a conversion's first operand is its upper byte */
     asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(lo) : "f"(c[1]), "f"(c[0]));
     asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(hi) : "f"(c[3]), "f"(c[2]));

@@ -149,6 +149,14 @@ __device__ __forceinline__ unsigned char *fp8_scales(const Args &a) {
     return a.rx + (size_t)a.spr * (size_t)a.RM * (size_t)a.H;
 }
 
+/* Four fp32 scales (their bits) as UE8M0: each one's exponent byte, scale j
+ * in byte j of one int32. */
+__device__ __forceinline__ int32_t ue8m0_pack(const uint32_t (&bits)[4]) {
+    uint32_t packed = 0;
+    for (int j = 0; j < 4; j++) packed |= ((bits[j] >> 23) & 0xffu) << (8 * j);
+    return (int32_t)packed;
+}
+
 /* Entry e's fp8 row from its record, by the block: the data, then its
  * scales into the column-major scale tensor (UE8M0: exponent bytes packed). */
 __device__ void place_fp8(const Args &a, const unsigned char *rec, int64_t e, int ue8m0) {
@@ -164,10 +172,9 @@ __device__ void place_fp8(const Args &a, const unsigned char *rec, int64_t e, in
     }
     int32_t *out = (int32_t *)fp8_scales(a);
     for (int q = threadIdx.x; q < G / 4; q += blockDim.x) {
-        uint32_t packed = 0;
-        for (int j = 0; j < 4; j++)
-            packed |= ((__float_as_uint(sc[4 * q + j]) >> 23) & 0xffu) << (8 * j);
-        out[((size_t)l * (G / 4) + q) * (size_t)a.RM + (size_t)s] = (int32_t)packed;
+        const uint32_t bits[4] = {__float_as_uint(sc[4 * q]), __float_as_uint(sc[4 * q + 1]),
+                                  __float_as_uint(sc[4 * q + 2]), __float_as_uint(sc[4 * q + 3])};
+        out[((size_t)l * (G / 4) + q) * (size_t)a.RM + (size_t)s] = ue8m0_pack(bits);
     }
 }
 
@@ -193,11 +200,9 @@ __device__ void place_fp8_regs(const Args &a, const int4 (&v)[N], int64_t e, uin
             const int q = w - dw; /* scales 4 q .. 4 q + 3 */
             const uint32_t u[4] = {(uint32_t)v[i].x, (uint32_t)v[i].y, (uint32_t)v[i].z,
                                    (uint32_t)v[i].w};
-            if (ue8m0) { /* the exponent bytes of four scales, one int32 */
-                uint32_t packed = 0;
-                for (int j = 0; j < 4; j++) packed |= ((u[j] >> 23) & 0xffu) << (8 * j);
+            if (ue8m0) {
                 ((int32_t *)fp8_scales(a))[((size_t)l * (G / 4) + q) * (size_t)a.RM + s] =
-                    (int32_t)packed;
+                    ue8m0_pack(u);
             } else {
                 float *out = (float *)fp8_scales(a);
                 for (int j = 0; j < 4 && 4 * q + j < G; j++)
