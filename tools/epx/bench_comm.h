@@ -69,7 +69,9 @@ void bench_expect_token(const bench_args *a, int32_t R, int32_t spr, const void 
 void bench_stats(double *t, int n, double *median, double *p99);
 
 /* One JSON line of the benchmark file: a phase of a mode at T tokens.
- * launches < 0, gbps < 0 and copy_pct < 0 are written as null. */
+ * launches < 0, gbps < 0 and copy_pct < 0 are written as null. Sites name
+ * the fields they set (designated initializers): one left out is 0, NULL or
+ * false, so a field added here needs no change where it does not apply. */
 typedef struct bench_line {
     const char *backend, *mode, *phase, *device, *dtype;
     int32_t ranks, hidden, topk;

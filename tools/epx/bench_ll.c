@@ -357,28 +357,24 @@ static epx_status bench_floor(ll_run *b, int64_t T, const double *eng, FILE *jl,
                 printf("%8lld  %-10s %-6s %9.2f %9.2f %10.1f %8s  floor (%s)\n", (long long)T,
                        names[ph], gi ? "graph" : "launch", med, p99,
                        bytes[ph] > 0 ? (double)bytes[ph] / med * 1e-3 : 0.0, "-", fname[flag]);
-                bench_line l = {a->backend,
-                                "floor",
-                                names[ph],
-                                device,
-                                "bf16",
-                                1,
-                                a->cfg.hidden,
-                                a->cfg.top_k,
-                                T,
-                                med,
-                                p99,
-                                bytes[ph] > 0 ? (double)bytes[ph] / med * 1e-3 : -1.0,
-                                -1.0,
-                                ph == 2 ? 2 : 1,
-                                gi == 1,
-                                fname[flag],
-                                NULL,
-                                -1.0,
-                                0,
-                                gi == 1 ? kGraphReps : 0,
-                                0,
-                                false};
+                bench_line l = {.backend = a->backend,
+                                .mode = "floor",
+                                .phase = names[ph],
+                                .device = device,
+                                .dtype = "bf16",
+                                .ranks = 1,
+                                .hidden = a->cfg.hidden,
+                                .topk = a->cfg.top_k,
+                                .tokens = T,
+                                .median_us = med,
+                                .p99_us = p99,
+                                .gbps = bytes[ph] > 0 ? (double)bytes[ph] / med * 1e-3 : -1.0,
+                                .copy_pct = -1.0,
+                                .launches = ph == 2 ? 2 : 1,
+                                .graph = gi == 1,
+                                .floor = fname[flag],
+                                .link_pct = -1.0,
+                                .graph_reps = gi == 1 ? kGraphReps : 0};
                 if (jl != NULL && bench_jsonl_write(jl, &l) != 0) {
                     err->status = EPX_ERR_IO;
                     snprintf(err->msg, sizeof err->msg, "bench: writing the JSON lines failed");
@@ -526,23 +522,35 @@ static epx_status bench_T(ll_run *b, int64_t T, const void *x, const int32_t *sl
             const size_t ar_bytes =
                 R > 1 ? (size_t)(2.0 * (R - 1) / R * (double)R * T * H * esz) : 0;
             const size_t by = ar ? ar_bytes : bytes[ph];
-            bench_line l = {a->backend, ar ? "tp-allreduce" : mode_name(a), names[ph], device,
-                            a->fp8 && ph != PH_COMBINE && !ar ? "fp8-e4m3"
-                            : a->dtype == EPX_DTYPE_BF16      ? "bf16"
-                                                              : "f32",
-                            R, H, K, T, med, p99, by > 0 ? (double)by / med * 1e-3 : -1.0,
-                            cmed > 0 ? 100.0 * cmed / med : -1.0,
-                            ar                    ? 1
-                            : ph == PH_ROUND_TRIP ? 2
-                                                  : epx_gpu_ep_launches(b->ep, names[ph]),
-                            gi == 1, NULL, ar ? NULL : b->transport,
-                            lmed > 0 ? 100.0 * lmed / med : -1.0,
-                            ar                 ? 0
-                            : ph == PH_COMBINE ? (int64_t)((size_t)H * esz)
-                                               : (int64_t)drow,
-                            gi == 1 ? kGraphReps : 0, ar ? 0 : b->bound,
+            bench_line l = {.backend = a->backend,
+                            .mode = ar ? "tp-allreduce" : mode_name(a),
+                            .phase = names[ph],
+                            .device = device,
+                            .dtype = a->fp8 && ph != PH_COMBINE && !ar ? "fp8-e4m3"
+                                     : a->dtype == EPX_DTYPE_BF16      ? "bf16"
+                                                                       : "f32",
+                            .ranks = R,
+                            .hidden = H,
+                            .topk = K,
+                            .tokens = T,
+                            .median_us = med,
+                            .p99_us = p99,
+                            .gbps = by > 0 ? (double)by / med * 1e-3 : -1.0,
+                            .copy_pct = cmed > 0 ? 100.0 * cmed / med : -1.0,
+                            .launches = ar ? 1
+                                        : ph == PH_ROUND_TRIP
+                                            ? 2
+                                            : epx_gpu_ep_launches(b->ep, names[ph]),
+                            .graph = gi == 1,
+                            .transport = ar ? NULL : b->transport,
+                            .link_pct = lmed > 0 ? 100.0 * lmed / med : -1.0,
+                            .row_bytes = ar                 ? 0
+                                         : ph == PH_COMBINE ? (int64_t)((size_t)H * esz)
+                                                            : (int64_t)drow,
+                            .graph_reps = gi == 1 ? kGraphReps : 0,
+                            .token_bound = ar ? 0 : b->bound,
                             /* an MPI communicator: ranks sharing GPUs (shared_gpu_rank) */
-                            epx_comm_memory_kind(b->comm) == EPX_COMM_MEMORY_HOST};
+                            .shared_gpu = epx_comm_memory_kind(b->comm) == EPX_COMM_MEMORY_HOST};
             char pct[16] = "-", lpct[16] = "-";
             if (l.copy_pct > 0) snprintf(pct, sizeof pct, "%.1f%%", l.copy_pct);
             if (l.link_pct > 0) snprintf(lpct, sizeof lpct, "%.1f%%", l.link_pct);

@@ -459,28 +459,21 @@ static int write_jsonl(FILE *f, const bench_args *a, int32_t R, const bench_row 
         const bench_row *r = &rows[i];
         for (int op = 0; op < 4; op++) {
             /* round trip: the sum of the phases' medians (timed one by one) */
-            bench_line l = {a->backend,
-                            op == 2 ? "tp-allreduce" : mode,
-                            op == 3 ? "round-trip" : OPS[op],
-                            device,
-                            a->dtype == EPX_DTYPE_BF16 ? "bf16" : "f32",
-                            R,
-                            a->cfg.hidden,
-                            a->cfg.top_k,
-                            r->T,
-                            op == 3 ? r->us[0] + r->us[1] : r->us[op],
-                            op == 3 ? r->p99[0] + r->p99[1] : r->p99[op],
-                            op == 3 ? -1.0 : gbps(r->bytes[op], r->us[op]),
-                            -1.0,
-                            -1,
-                            false,
-                            NULL,
-                            NULL,
-                            -1.0,
-                            0,
-                            0,
-                            0,
-                            false};
+            bench_line l = {.backend = a->backend,
+                            .mode = op == 2 ? "tp-allreduce" : mode,
+                            .phase = op == 3 ? "round-trip" : OPS[op],
+                            .device = device,
+                            .dtype = a->dtype == EPX_DTYPE_BF16 ? "bf16" : "f32",
+                            .ranks = R,
+                            .hidden = a->cfg.hidden,
+                            .topk = a->cfg.top_k,
+                            .tokens = r->T,
+                            .median_us = op == 3 ? r->us[0] + r->us[1] : r->us[op],
+                            .p99_us = op == 3 ? r->p99[0] + r->p99[1] : r->p99[op],
+                            .gbps = op == 3 ? -1.0 : gbps(r->bytes[op], r->us[op]),
+                            .copy_pct = -1.0,
+                            .launches = -1,
+                            .link_pct = -1.0};
             if (bench_jsonl_write(f, &l) != 0) return -1;
         }
     }
