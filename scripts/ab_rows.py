@@ -39,8 +39,11 @@ def rows_of(path, build, note):
 
 
 def unpack(archive, into):
-    """The archive's plain files into `into`, refusing any other member and
-    any path that leaves it (Python before 3.11.4 has no extraction filter)."""
+    """The archive's plain files into `into`, each by its file name, refusing
+    any other member, any path that leaves it (Python before 3.11.4 has no
+    extraction filter) and a second file of one name (two calls' folders in
+    one archive), which would overwrite the first."""
+    taken = {}
     try:
         with tarfile.open(archive) as t:
             for m in t.getmembers():
@@ -48,7 +51,11 @@ def unpack(archive, into):
                 if not (m.isfile() or m.isdir()) or m.name.startswith("/") or ".." in parts:
                     sys.exit(f"ab_rows: {archive}: member {m.name!r} is not a plain file "
                              "inside the archive")
+                if m.isfile() and parts[-1] in taken:
+                    sys.exit(f"ab_rows: {archive}: members {taken[parts[-1]]!r} and {m.name!r} "
+                             "have one file name: give each call's folder on its own")
                 if m.isfile():
+                    taken[parts[-1]] = m.name
                     with t.extractfile(m) as src, open(os.path.join(into, parts[-1]), "wb") as dst:
                         dst.write(src.read())
     except (tarfile.TarError, OSError) as e:

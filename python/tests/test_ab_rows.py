@@ -116,3 +116,19 @@ def test_unreadable_archive_is_a_clear_error(tmp_path):
                         str(tmp_path / "r.jsonl"), "--base", "a", "--new", "b", "--note", "c"],
                        capture_output=True, text=True)
     assert p.returncode != 0 and "neither a folder nor a readable tar archive" in p.stderr
+
+
+def test_archive_of_two_folders_is_refused(tmp_path):
+    """Two calls' folders in one archive hold files of one name: refused, not
+    one call's rows silently overwritten by the other's."""
+    with tarfile.open(tmp_path / "two.tgz", "w:gz") as t:
+        for folder in ("fp8", "bf16"):
+            data = json.dumps(row(1, "dispatch", 7.0)).encode() + b"\n"
+            info = tarfile.TarInfo(folder + "/ab_peer_base.jsonl")
+            info.size = len(data)
+            t.addfile(info, io.BytesIO(data))
+    p = subprocess.run([sys.executable, SCRIPT, str(tmp_path / "two.tgz"),
+                        str(tmp_path / "r.jsonl"), "--base", "a", "--new", "b", "--note", "c"],
+                       capture_output=True, text=True)
+    assert p.returncode != 0 and "have one file name" in p.stderr
+    assert not (tmp_path / "r.jsonl").exists()
