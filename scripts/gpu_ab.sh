@@ -10,6 +10,8 @@
 #                      on top of NEW's), so one call judges both
 #   CHECK=new|new2     the build the checks run on (default: the last one given)
 #   TRANSPORTS="peer host nccl"  TOKENS=1,8,32,128  ITERS=40
+#   MODE=low-latency   or normal (the GPU engine's normal mode runs over peer only:
+#                      TRANSPORTS=peer, and TOKENS=1,1024,2048,4096 say more)
 #   BENCH_ARGS="--fp8"  more `epx bench comm` options for every timing run
 #   BUDGET=400         seconds after which the remaining checks are skipped
 #   OUT                where the JSON lines and logs go (the device tool's $OUT)
@@ -30,6 +32,7 @@ new2) CHK=${NEW2:?CHECK=new2 needs NEW2=DIR} ;;
 *) echo "gpu_ab.sh: CHECK=$CHECK: give new or new2" >&2 && exit 2 ;;
 esac
 TRANSPORTS=${TRANSPORTS:-peer host nccl}
+MODE=${MODE:-low-latency}
 TOKENS=${TOKENS:-1,8,32,128}
 ITERS=${ITERS:-40}
 BUDGET=${BUDGET:-400}
@@ -52,7 +55,7 @@ for round in 1 2; do
             esac
             bound=""
             [ "$tr" = nccl ] && bound="--token-bound tokens"
-            timeout 120 "$bin" bench comm --backend nccl --mode low-latency --graph \
+            timeout 120 "$bin" bench comm --backend nccl --mode "$MODE" --graph \
                 --model kimi-k2.5 --transport "$tr" $bound ${BENCH_ARGS:-} --tokens "$TOKENS" \
                 --iters "$ITERS" --warmup 10 --json "$OUT/ab_${tr}_$who.jsonl" \
                 >"$OUT/ab_${tr}_${who}_$round.log" 2>&1
