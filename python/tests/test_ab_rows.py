@@ -30,6 +30,21 @@ def write(path, rows):
             f.write(json.dumps(r) + "\n")
 
 
+def tar_of(path, members):
+    """A .tgz at path holding {name inside the archive: bytes}."""
+    with tarfile.open(path, "w:gz") as t:
+        for name, data in members.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            t.addfile(info, io.BytesIO(data))
+
+
+def ab_rows(src, out):
+    """ab_rows.py on src into out (base a, new b, note c), its output kept."""
+    return subprocess.run([sys.executable, SCRIPT, str(src), str(out), "--base", "a", "--new",
+                           "b", "--note", "c"], capture_output=True, text=True)
+
+
 def test_rounds_builds_and_notes(tmp_path):
     one_round = lambda us: [row(1, "dispatch", us), row(1, "dispatch", 99.0, graph=False),
                             row(1, "round-trip", 2 * us),
@@ -53,8 +68,7 @@ def test_rounds_builds_and_notes(tmp_path):
 
 
 def test_empty_folder_is_a_clear_error(tmp_path):
-    p = subprocess.run([sys.executable, SCRIPT, str(tmp_path), str(tmp_path / "r.jsonl"), "--base",
-                        "a", "--new", "b", "--note", "c"], capture_output=True, text=True)
+    p = ab_rows(tmp_path, tmp_path / "r.jsonl")
     assert p.returncode != 0 and "no ab_*_*.jsonl" in p.stderr
     assert not (tmp_path / "r.jsonl").exists()
 
@@ -89,22 +103,15 @@ def test_packed_archive(tmp_path):
         for f in sorted(src.iterdir()):
             t.add(f, arcname=f.name)
     out = tmp_path / "r.jsonl"
-    subprocess.run([sys.executable, SCRIPT, str(tmp_path / "ab.tgz"), str(out), "--base", "a",
-                    "--new", "b", "--note", "c"], check=True)
+    assert ab_rows(tmp_path / "ab.tgz", out).returncode == 0
     rows = map(json.loads, out.read_text().splitlines())
     got = sorted((r["build"], r["median_us"]) for r in rows)
     assert got == [("a", 7.0), ("b", 6.0)]
 
 
 def test_archive_that_leaves_its_folder_is_refused(tmp_path):
-    with tarfile.open(tmp_path / "bad.tgz", "w:gz") as t:
-        data = b"{}\n"
-        info = tarfile.TarInfo("../ab_peer_base.jsonl")
-        info.size = len(data)
-        t.addfile(info, io.BytesIO(data))
-    p = subprocess.run([sys.executable, SCRIPT, str(tmp_path / "bad.tgz"),
-                        str(tmp_path / "r.jsonl"), "--base", "a", "--new", "b", "--note", "c"],
-                       capture_output=True, text=True)
+    tar_of(tmp_path / "bad.tgz", {"../ab_peer_base.jsonl": b"{}\n"})
+    p = ab_rows(tmp_path / "bad.tgz", tmp_path / "r.jsonl")
     assert p.returncode != 0 and "not a plain file inside" in p.stderr
     assert not (tmp_path / "r.jsonl").exists()
     assert not (tmp_path.parent / "ab_peer_base.jsonl").exists()
@@ -112,23 +119,16 @@ def test_archive_that_leaves_its_folder_is_refused(tmp_path):
 
 def test_unreadable_archive_is_a_clear_error(tmp_path):
     (tmp_path / "junk.tgz").write_bytes(b"not a tar")
-    p = subprocess.run([sys.executable, SCRIPT, str(tmp_path / "junk.tgz"),
-                        str(tmp_path / "r.jsonl"), "--base", "a", "--new", "b", "--note", "c"],
-                       capture_output=True, text=True)
+    p = ab_rows(tmp_path / "junk.tgz", tmp_path / "r.jsonl")
     assert p.returncode != 0 and "neither a folder nor a readable tar archive" in p.stderr
 
 
 def test_archive_of_two_folders_is_refused(tmp_path):
     """Two calls' folders in one archive hold files of one name: refused, not
     one call's rows silently overwritten by the other's."""
-    with tarfile.open(tmp_path / "two.tgz", "w:gz") as t:
-        for folder in ("fp8", "bf16"):
-            data = json.dumps(row(1, "dispatch", 7.0)).encode() + b"\n"
-            info = tarfile.TarInfo(folder + "/ab_peer_base.jsonl")
-            info.size = len(data)
-            t.addfile(info, io.BytesIO(data))
-    p = subprocess.run([sys.executable, SCRIPT, str(tmp_path / "two.tgz"),
-                        str(tmp_path / "r.jsonl"), "--base", "a", "--new", "b", "--note", "c"],
-                       capture_output=True, text=True)
+    data = json.dumps(row(1, "dispatch", 7.0)).encode() + b"\n"
+    tar_of(tmp_path / "two.tgz", {folder + "/ab_peer_base.jsonl": data
+                                  for folder in ("fp8", "bf16")})
+    p = ab_rows(tmp_path / "two.tgz", tmp_path / "r.jsonl")
     assert p.returncode != 0 and "have one file name" in p.stderr
     assert not (tmp_path / "r.jsonl").exists()
