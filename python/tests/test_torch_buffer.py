@@ -925,3 +925,18 @@ def test_engine_sizes_past_int32_are_refused():
         _ll.buffer_bytes(_ll.config(262144, 1, 8, 1 << 23), 1)
     with pytest.raises(EpxError, match=r"exceed int32 indices: lower max_tokens \(268435456\)"):
         _ll.buffer_bytes(_ll.config(256, 8, 8, 1 << 28), 1)
+
+
+def test_normal_mode_refuses_a_batch_bound_past_2_30():
+    # Normal mode's first flag keeps bit 30 of its count for "the rows came
+    # with it" (ll_dispatch.cuh's kRowsIn): max_tokens 2^30 is refused by
+    # name, 2^30 - 1 is taken (K = 1 on one rank stays inside int32).
+    if _ll._buffer_bytes is None:
+        pytest.skip("this libepx_cuda.so has no GPU EP engine")
+    cfg = _ll.config(16, 1, 1, (1 << 30) - 1)
+    cfg.mode = 0  # EPX_EP_MODE_NORMAL
+    assert _ll.buffer_bytes(cfg, 1) > 0
+    cfg.max_tokens = 1 << 30
+    with pytest.raises(EpxError, match=r"at most 2\^30 - 1 tokens a batch, not max_tokens "
+                                       r"1073741824: lower max_tokens"):
+        _ll.buffer_bytes(cfg, 1)

@@ -97,6 +97,7 @@ typedef struct shape {
                       1024: a small batch's combine in the usual blocks; 2048: the slot
                       ranges' old loop; 8192: normal mode's
                       first meta after the scan) */
+    bool ids64;    /* the top-k ids as int64 (EPX_GPU_EP_IDS64), as torch and DeepEP pass them */
 } shape;
 
 /* One rank's batch: x as stored (fp32 or bf16 bits), slots, weights. */
@@ -418,7 +419,9 @@ static int run_rank(epx_comm *boot, const shape *c) {
     float *dw, *dout;
     CK(cudaMalloc(&dx, M * (size_t)c->H * xs));
     CK(cudaMalloc(&dy2, rows * yrow + 1));
-    CK(cudaMalloc((void **)&ds, M * (size_t)K * 4));
+    CK(cudaMalloc((void **)&ds, M * (size_t)K * (c->ids64 ? 8 : 4)));
+    int64_t *s64 = c->ids64 ? malloc(M * (size_t)K * 8 + 8) : NULL; /* the ids widened */
+    const int ids = c->ids64 ? EPX_GPU_EP_IDS64 : 0;
     CK(cudaMalloc((void **)&dw, M * (size_t)K * 4));
     CK(cudaMalloc((void **)&dout, M * (size_t)c->H * 4));
     got g;
@@ -445,15 +448,22 @@ static int run_rank(epx_comm *boot, const shape *c) {
         const batch *my = &all[me];
         CK(cudaMemcpyAsync(dx, my->x, (size_t)my->T * (size_t)c->H * xs, cudaMemcpyHostToDevice,
                            st));
-        CK(cudaMemcpyAsync(ds, my->s, (size_t)my->T * (size_t)K * 4, cudaMemcpyHostToDevice, st));
+        if (c->ids64) {
+            for (int64_t q = 0; q < my->T * K; q++) s64[q] = my->s[q];
+            CK(cudaMemcpyAsync(ds, s64, (size_t)my->T * (size_t)K * 8, cudaMemcpyHostToDevice, st));
+            CK(cudaStreamSynchronize(st)); /* s64 is rewritten by the next batch */
+        } else {
+            CK(cudaMemcpyAsync(ds, my->s, (size_t)my->T * (size_t)K * 4, cudaMemcpyHostToDevice,
+                               st));
+        }
         CK(cudaMemcpyAsync(dw, my->w, (size_t)my->T * (size_t)K * 4, cudaMemcpyHostToDevice, st));
         if (c->graph) {
             if (exec == NULL) {
                 cudaGraph_t gr;
                 CK(cudaStreamSynchronize(st));
                 CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
-                EK(epx_gpu_ep_dispatch_parts(ep, EPX_GPU_EP_SEND | EPX_GPU_EP_RECV | c->fp8, my->T,
-                                             dx, ds, dw, &rv, &err));
+                EK(epx_gpu_ep_dispatch_parts(ep, EPX_GPU_EP_SEND | EPX_GPU_EP_RECV | c->fp8 | ids,
+                                             my->T, dx, ds, dw, &rv, &err));
                 EK(epx_gpu_ep_identity_experts(ep, &err));
                 EK(epx_gpu_ep_combine(ep, dout, &err));
                 CK(cudaStreamEndCapture(st, &gr));
@@ -462,8 +472,8 @@ static int run_rank(epx_comm *boot, const shape *c) {
             }
             CK(cudaGraphLaunch(exec, st));
         } else {
-            EK(epx_gpu_ep_dispatch_parts(ep, EPX_GPU_EP_SEND | EPX_GPU_EP_RECV | c->fp8, my->T, dx,
-                                         ds, how == 1 ? NULL : dw, &rv, &err));
+            EK(epx_gpu_ep_dispatch_parts(ep, EPX_GPU_EP_SEND | EPX_GPU_EP_RECV | c->fp8 | ids,
+                                         my->T, dx, ds, how == 1 ? NULL : dw, &rv, &err));
             if (rv.num_entries != -1 || rv.num_local_slots != spr || rv.slot_stride != stride ||
                 rv.slot_counts != vw.counts || rv.x != vw.x ||
                 (rv.slot_offsets != NULL) != c->normal || (rv.entry_token != NULL) != c->normal ||
@@ -497,6 +507,7 @@ static int run_rank(epx_comm *boot, const shape *c) {
     if (exec) cudaGraphExecDestroy(exec);
     epx_gpu_ep_destroy(ep);
     cudaFree(dx), cudaFree(dy2), cudaFree(ds), cudaFree(dw), cudaFree(dout);
+    free(s64);
     free(g.count), free(g.srctok), free(g.etok), free(g.offs), free(g.range), free(g.ew);
     free(g.rx), free(out);
     cudaStreamDestroy(st);
@@ -504,6 +515,7 @@ static int run_rank(epx_comm *boot, const shape *c) {
 }
 
 static void random_shape(uint64_t *s, int32_t R, shape *c) {
+    *c = (shape){0}; /* low latency, variant 0, int32 ids: the fields not drawn below */
     c->R = R;
     c->H = (1 + (int32_t)below(s, 48)) * (below(s, 2) ? 8 : 1);
     c->K = 1 + (int32_t)below(s, 8);
@@ -512,9 +524,6 @@ static void random_shape(uint64_t *s, int32_t R, shape *c) {
     c->xd = below(s, 2) ? EPX_DTYPE_BF16 : EPX_DTYPE_F32;
     c->yd = below(s, 2) ? EPX_DTYPE_BF16 : EPX_DTYPE_F32;
     c->batches = 5;
-    c->graph = false;
-    c->fp8 = 0;
-    c->bound = 0;
 }
 
 /* An fp8 dispatch of c (bf16 x, hidden a multiple of 512): flags by `pick`. */
@@ -582,7 +591,7 @@ static int proc_shrink(int32_t rank, int32_t R, pc_world *w, void *arg) {
     epx_comm *boot = pc_comm(w, rank);
     if (boot == NULL) return 1;
     epx_error err = {0};
-    shape c = {R, 64, 4, 2 * R, 8, EPX_DTYPE_BF16, EPX_DTYPE_BF16, 4, false, 0, 0, false, 0};
+    shape c = {R, 64, 4, 2 * R, 8, EPX_DTYPE_BF16, EPX_DTYPE_BF16, 4, false, 0, 0, false, 0, false};
     const int32_t spr = c.P / R, K = c.K;
     const size_t rows = (size_t)spr * (size_t)R * (size_t)c.M, xrow = (size_t)c.H * 2;
     cudaStream_t st;
@@ -712,20 +721,23 @@ static int single_rank_cases(void) {
     /* Batches past the staged ids (T * K > 4096): positions from the per-slot
      * table, each block's run of items crossing tokens; both modes; the
      * lean send with every row sent before the table (variant 64, cases 6
-     * and 7). */
+     * and 7); int64 ids in cases 1, 2 and 7. */
     for (int i = 0; i < 8; i++) {
-        shape c = {1, 40, 8, 48, 700, EPX_DTYPE_BF16, EPX_DTYPE_F32, 3, false, 0, 0, false, 0};
+        shape c = {1,     40, 8, 48,    700, EPX_DTYPE_BF16, EPX_DTYPE_F32, 3,
+                   false, 0,  0, false, 0,   false};
         c.graph = i % 2 == 1;
         c.normal = i == 2 || i == 3 || i == 5 || i == 7;
         if (i == 4 || i == 5) c.H = 37; /* rows off 16 bytes: the general instance's block send */
         if (i >= 6) c.variant = 64;
+        c.ids64 = i == 1 || i == 2 || i == 7;
         if (c.normal && (transport_is("nccl") || transport_is_host())) continue;
         if (run_rank(local, &c) != 0)
             FAILF("one rank, %d tokens of top-8 (%s mode%s) failed (seed %llu)", (int)c.M,
                   c.normal ? "normal" : "low-latency", c.graph ? ", graph" : "",
                   (unsigned long long)g_seed);
     }
-    shape big = {1, 7168, 8, 48, 32, EPX_DTYPE_BF16, EPX_DTYPE_BF16, 3, false, 0, 0, false, 0};
+    shape big = {1,     7168, 8, 48,    32, EPX_DTYPE_BF16, EPX_DTYPE_BF16, 3,
+                 false, 0,    0, false, 0,  false};
     if (run_rank(local, &big) != 0) FAILF("one rank, H=7168 failed");
     big.graph = true;
     if (run_rank(local, &big) != 0) FAILF("one rank, H=7168 graph failed");
@@ -765,8 +777,8 @@ static int single_rank_cases(void) {
      * dispatch, the 512-thread one and the old loop */
     static const int many_variants[] = {0, 512, 2048};
     for (size_t i = 0; i < sizeof many_variants / sizeof many_variants[0]; i++) {
-        shape many = {1, 40,     8, 600, 16,    EPX_DTYPE_BF16,  EPX_DTYPE_F32,
-                      3, i == 1, 0, 0,   false, many_variants[i]};
+        shape many = {1, 40,     8, 600, 16,    EPX_DTYPE_BF16,   EPX_DTYPE_F32,
+                      3, i == 1, 0, 0,   false, many_variants[i], false};
         if (run_rank(local, &many) != 0)
             FAILF("one rank, 600 local slots, variant %d failed (seed %llu)", many_variants[i],
                   (unsigned long long)g_seed);
@@ -1348,6 +1360,7 @@ int main(void) {
                 j.c[i].K = 7;
                 j.c[i].H = 24;
                 j.c[i].batches = 2;
+                j.c[i].ids64 = true;
             }
             j.c[i].normal = i >= 5 || (i == 4 && !transport_is_host());
         }

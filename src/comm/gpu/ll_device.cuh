@@ -86,6 +86,7 @@ struct Ctl {
     unsigned long long de_started;
     unsigned long long ce_started; /* the same for combines (one dispatch may have several) */
     uint32_t arrive_d;             /* blocks of the running dispatch that finished sending */
+    uint32_t arrive_m;             /* ... normal mode's meta blocks that sent their metas */
     uint32_t arrive_c;             /* same for combine */
     uint32_t refused;              /* the last dispatch was refused: combine writes zeros */
     int32_t ditems;                /* its receive's items (rows * K): Args::work's length */
@@ -139,6 +140,7 @@ struct Args {
     int64_t M, RM; /* max_tokens; R * M, the rows of one local slot */
     size_t rec, xrow, yrow, meta_off;
     size_t off_rows, off_cnt, off_dflag, off_comb, off_cflag;
+    size_t off_mflag; /* normal mode: the metas' and counts' flags, before the rows' (dflag) */
     /* Staging: one block per peer and phase, so the transport moves one piece
      * per peer (plan, set_bound): dispatch [flag | counts | rows] of dblk bytes
      * from off_dflag, the rows at drows; combine [flag | rows] of cblk bytes
@@ -216,7 +218,8 @@ struct Args {
  * 8192 = normal mode's receive asks for its first meta after the slots'
  * scan, not before their counts (receive_compact); 16384 = a host inbox's
  * received rows read whole by one block each, not in slices by several
- * (place_row_slices). */
+ * (place_row_slices); 32768 = normal mode's large batch gives a quarter
+ * of its grid the metas, not five eighths, and 65536 half (meta_share). */
 #define STAMP(a, i)                                                                                \
     do {                                                                                           \
         if (((a).variant & 8) && blockIdx.x == 0 && threadIdx.x == 0)                              \
@@ -526,6 +529,11 @@ __device__ __forceinline__ int filed_as(const Args &a, int dst) { return a.stagi
 __device__ uint64_t *dflag_at(const Args &a, unsigned char *buf, uint32_t epoch, int src) {
     if (a.staging) return (uint64_t *)(buf + a.off_dflag + (size_t)src * a.dblk);
     return (uint64_t *)(buf + a.off_dflag) + parity(a, epoch) * a.R + src;
+}
+/* Normal mode's first flag from src (the compact receive: peer transport,
+ * no staging): its metas and counts are in, its rows may still come. */
+__device__ uint64_t *mflag_at(const Args &a, unsigned char *buf, uint32_t epoch, int src) {
+    return (uint64_t *)(buf + a.off_mflag) + parity(a, epoch) * a.R + src;
 }
 __device__ int32_t *cnt_at(const Args &a, unsigned char *buf, uint32_t epoch, int src, int32_t l) {
     if (a.staging) return (int32_t *)(buf + a.off_dflag + (size_t)src * a.dblk + kFlagBytes) + l;

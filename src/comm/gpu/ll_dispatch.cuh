@@ -51,6 +51,44 @@ __device__ void count_ids(int32_t *tab, const void *slots, int ids64, int32_t q0
     count_ids(tab, slots, ids64, q0, q1, P, (int32_t)threadIdx.x, (int32_t)blockDim.x);
 }
 
+/* ids [0, q1) counted by the whole block in 16-byte words (four int32 ids
+ * or two int64 a load, four loads in flight): the ids before a normal-mode
+ * meta block's run, up to the whole batch in the last one (~32,768 at 4,096
+ * tokens), counted before its first meta. Unaligned ids go one at a time. */
+__device__ void count_ids_wide(int32_t *tab, const void *slots, int ids64, int32_t q1, int32_t P) {
+    if ((uintptr_t)slots % 16 != 0) {
+        count_ids(tab, slots, ids64, 0, q1, P, (int32_t)threadIdx.x, (int32_t)blockDim.x);
+        return;
+    }
+    constexpr int U = 4;
+    const int per = ids64 ? 2 : 4;
+    const int32_t nwords = q1 / per, step = (int32_t)blockDim.x;
+    const int4 *w = (const int4 *)slots;
+    auto add = [&](const int4 &v) {
+        if (ids64) {
+            const long long s0 = ((long long)v.y << 32) | (unsigned)v.x;
+            const long long s1 = ((long long)v.w << 32) | (unsigned)v.z;
+            if (s0 >= 0 && s0 < P) atomicAdd(&tab[s0], 1);
+            if (s1 >= 0 && s1 < P) atomicAdd(&tab[s1], 1);
+        } else {
+            if (v.x >= 0 && v.x < P) atomicAdd(&tab[v.x], 1);
+            if (v.y >= 0 && v.y < P) atomicAdd(&tab[v.y], 1);
+            if (v.z >= 0 && v.z < P) atomicAdd(&tab[v.z], 1);
+            if (v.w >= 0 && v.w < P) atomicAdd(&tab[v.w], 1);
+        }
+    };
+    int32_t i = (int32_t)threadIdx.x;
+    for (; i + (U - 1) * step < nwords; i += U * step) {
+        int4 v[U];
+#pragma unroll
+        for (int u = 0; u < U; u++) v[u] = __ldg(&w[i + u * step]);
+#pragma unroll
+        for (int u = 0; u < U; u++) add(v[u]);
+    }
+    for (; i < nwords; i += step) add(__ldg(&w[i]));
+    count_ids(tab, slots, ids64, nwords * per, q1, P, (int32_t)threadIdx.x, (int32_t)blockDim.x);
+}
+
 /* hist [kCountInts] (shared): with `first_counted` its first pass [lo, lo +
  * kCountInts) was zeroed and counted already, early in the kernel (the
  * block's barriers since then order it), so the usual single pass costs no
@@ -474,10 +512,30 @@ __device__ __forceinline__ void mark_token(const Args &a, const WarpRoute &w, in
     }
 }
 
-/* ... and its metas, by one warp (lane k: choice k): a position is the
- * count of the tokens before the block's run (tab, from run0 ids) plus the
- * run's earlier tokens' entries of the slot (ballots over their ids) plus
- * the token's earlier k. Marks bad and repeated slots (bad_slot, Ctl). */
+/* Lane k's position among its slot's entries, for token t routed as w: the
+ * count of the ids before run0 (tab) plus the entries of the slot among ids
+ * [run0, t * K) (ballots over them) plus the token's earlier k. By the
+ * whole warp. */
+__device__ __forceinline__ int32_t token_pos(const Args &a, const WarpRoute &w, int32_t t,
+                                             int32_t run0, const void *slots, int ids64,
+                                             const int32_t *tab) {
+    const int lane = threadIdx.x % 32, K = a.K;
+    int32_t pos = w.twin + (w.kept >= 0 ? tab[w.kept] : 0);
+    for (int32_t q0 = run0; q0 < t * K; q0 += 32) {
+        const int32_t q = q0 + lane;
+        const int32_t s2 = q < t * K ? slot_at(slots, q, ids64) : -1;
+        for (int kk = 0; kk < K; kk++) {
+            const int32_t want = __shfl_sync(0xffffffffu, w.kept, kk);
+            const int c = __popc(__ballot_sync(0xffffffffu, want >= 0 && s2 == want));
+            if (lane == kk) pos += c;
+        }
+    }
+    return pos;
+}
+
+/* ... and its metas, by one warp (lane k: choice k): positions from tab
+ * holding the count of the tokens before the block's run (run0 ids).
+ * Marks bad and repeated slots (bad_slot, Ctl). */
 __device__ void send_item_metas(const Args &a, unsigned char *const *peer, uint32_t epoch,
                                 int32_t item, int dmax, int32_t run0, const void *slots, int ids64,
                                 const float *weights, const int32_t *tab, const uint8_t *live,
@@ -490,17 +548,24 @@ __device__ void send_item_metas(const Args &a, unsigned char *const *peer, uint3
     mark_token(a, w, t, j == 0, bad_slot);
     const int dst = route_dest(w, j, live);
     if (dst < 0) return;
-    int32_t pos = w.twin + (w.kept >= 0 ? tab[w.kept] : 0);
-    for (int32_t q0 = run0; q0 < t * K; q0 += 32) {
-        const int32_t q = q0 + lane;
-        const int32_t s2 = q < t * K ? slot_at(slots, q, ids64) : -1;
-        for (int kk = 0; kk < K; kk++) {
-            const int32_t want = __shfl_sync(0xffffffffu, w.kept, kk);
-            const int c = __popc(__ballot_sync(0xffffffffu, want >= 0 && s2 == want));
-            if (lane == kk) pos += c;
-        }
-    }
+    const int32_t pos = token_pos(a, w, t, run0, slots, ids64, tab);
     if (in) put_meta(a, peer, epoch, w, dst, t, pos);
+}
+
+/* ... the same for a token's destinations j_lo .. j_hi - 1 at once (normal
+ * mode's meta blocks): its routing, marks and positions once, not once per
+ * destination. */
+__device__ void send_token_metas(const Args &a, unsigned char *const *peer, uint32_t epoch,
+                                 int32_t t, int j_lo, int j_hi, int32_t run0, const void *slots,
+                                 int ids64, const float *weights, const int32_t *tab,
+                                 const uint8_t *live, int &bad_slot) {
+    const WarpRoute w = warp_route(a, slots, ids64, weights, t);
+    mark_token(a, w, t, j_lo == 0, bad_slot);
+    const int32_t pos = token_pos(a, w, t, run0, slots, ids64, tab);
+    for (int j = j_lo; j < j_hi; j++) {
+        const int dst = route_dest(w, j, live);
+        if (dst >= 0 && (int)(threadIdx.x % 32) < a.K) put_meta(a, peer, epoch, w, dst, t, pos);
+    }
 }
 
 /* Warps of nw that count the `before` ids ahead of a block's run (of
@@ -553,11 +618,80 @@ __device__ void send_run_warps(const Args &a, unsigned char *const *peer, uint32
     }
 }
 
+/* Normal mode's large batch with roles (dispatch_kernel): how many of the
+ * grid's blocks are meta blocks. Five eighths: their counting, metas and
+ * placing outlast the rows' copy with fewer (Kimi-K2.5's layer on an H100,
+ * dispatch at 1,024 / 2,048 / 4,096 tokens: a quarter 17.1 / 33.5 / 55.4 us,
+ * half 16.9 / 31.8 / 53.6, five eighths 17.2 / 31.1 / 51.5; thirteenth
+ * session, bench/RESULTS.md). Variant bits 32768 (a quarter) and 65536
+ * (half) keep the others measurable. */
+__device__ __forceinline__ int32_t meta_share(int variant, int32_t grid) {
+    if (variant & 32768) return grid / 4;
+    if (variant & 65536) return grid / 2;
+    return grid * 5 / 8;
+}
+
+/*
+ * Normal mode's large batch with roles (dispatch_kernel): a row block's
+ * share of the rows, every row_blocks-th item from its index a warp each
+ * (block-minor: each row block holds the same share); the metas are the
+ * meta blocks' (send_run_metas).
+ */
+__device__ void send_rows_strided(const Args &a, unsigned char *const *peer, uint32_t epoch,
+                                  int dmax, int32_t nitems, int32_t row_blocks,
+                                  const unsigned char *x, const void *slots, int ids64,
+                                  const float *weights, const uint8_t *live) {
+    const int warp = threadIdx.x / 32, nw = blockDim.x / 32;
+    for (int32_t item = warp * row_blocks + (int32_t)blockIdx.x; item < nitems;
+         item += nw * row_blocks)
+        send_item_row(a, peer, epoch, item, dmax, x, slots, ids64, weights, live);
+}
+
+/* ... and a meta block's: the per-slot counts of the ids before its run of
+ * items [i_lo, i_hi), then the run's metas, in rounds of one token a warp:
+ * an item's position is the table's count (every token before the round)
+ * plus ballots over the round's earlier tokens, and each round's tokens join
+ * the table behind a barrier. A meta block's run is 8/5 of a block's share
+ * of the batch (meta_share), so ballots over all the run's earlier tokens,
+ * as send_run_warps takes them, would grow with its square. tab ends holding
+ * the counts of every token up to the run's last, i.e. of every token in
+ * the block whose run ends the batch (send_counts). */
+__device__ void send_run_metas(const Args &a, unsigned char *const *peer, uint32_t epoch,
+                               int32_t i_lo, int32_t i_hi, int dmax, const void *slots, int ids64,
+                               const float *weights, int32_t *tab, const uint8_t *live,
+                               int &bad_slot) {
+    if (i_lo >= i_hi) return; /* a trailing meta block without items counts nothing */
+    const int warp = threadIdx.x / 32, nw = blockDim.x / 32, lane = threadIdx.x % 32;
+    const int K = a.K;
+    const int32_t t_lo = epxi_div(i_lo, a.dmax_div), t_hi = epxi_div(i_hi - 1, a.dmax_div);
+    count_ids_wide(tab, slots, ids64, t_lo * K, a.P); /* the ids before the run */
+    __syncthreads();
+    for (int32_t g0 = t_lo; g0 <= t_hi; g0 += nw) {
+        const int32_t t = g0 + warp;
+        if (t <= t_hi) /* this warp's token, to its destinations in the run */
+            send_token_metas(a, peer, epoch, t, max(i_lo - t * dmax, 0), min(i_hi - t * dmax, dmax),
+                             g0 * K, slots, ids64, weights, tab, live, bad_slot);
+        __syncthreads(); /* every position of the round read from tab */
+        if (t <= t_hi && lane < K) {
+            const int32_t sl = slot_at(slots, t * K + lane, ids64);
+            if (sl >= 0 && sl < a.P) atomicAdd(&tab[sl], 1);
+        }
+        __syncthreads();
+    }
+}
+
 /* The last sender's flags: (epoch, T) to every live rank, or a refusal
  * code where a block marked a bad or repeated slot (only a marked batch
  * reads the words that say which; the usual one goes straight to its
  * flags). Release stores: a reader that acquires one sees every block's
  * writes that the counting-in ordered before it. */
+constexpr int kRowsFlag = 1, kMetasFlag = 2; /* which flags publish_dispatch releases */
+/* In a first flag's count: the rows came with it (a sender without roles
+ * publishes both flags at once), so a receiver that sees this bit on every
+ * source's first flag does not wait for the rows' (normal mode's batches stay
+ * below 2^30 tokens: check_normal). */
+constexpr uint32_t kRowsIn = 1u << 30;
+template <int kWhich>
 __device__ void publish_dispatch(const Args &a, unsigned char *const *peer, uint32_t epoch,
                                  int32_t T, const uint8_t *live, bool marked) {
     const bool bad = marked && ld_volatile(&a.ctl->bad) != 0;
@@ -565,8 +699,21 @@ __device__ void publish_dispatch(const Args &a, unsigned char *const *peer, uint
     if (marked) a.ctl->bad = a.ctl->dup = 0;
     if (a.skip_flags) return;
     const uint32_t c = bad ? EPXI_LL_BAD : dup ? kLLDup : (uint32_t)T;
-    release_flags(a, live, epxi_ll_flag(epoch, c),
-                  [&](int r) { return dflag_at(a, peer[r], epoch, filed_as(a, r)); });
+    const uint64_t v = epxi_ll_flag(epoch, c);
+    if (kWhich == kRowsFlag) {
+        release_flags(a, live, v,
+                      [&](int r) { return dflag_at(a, peer[r], epoch, filed_as(a, r)); });
+        return;
+    }
+    /* normal mode: one release for both kinds (no staging: filed_as is me) */
+    const uint64_t vm = (kWhich & kRowsFlag) && !bad && !dup ? epxi_ll_flag(epoch, c | kRowsIn) : v;
+    const int var = scope(a);
+    fence_acq_rel(var);
+    for (int r = 0; r < a.R; r++)
+        if (live[r]) {
+            st_relaxed(mflag_at(a, peer[r], epoch, a.me), vm, var);
+            if (kWhich & kRowsFlag) st_relaxed(dflag_at(a, peer[r], epoch, a.me), v, var);
+        }
 }
 
 /* From the flags' counts (flag_cnt [R]): first_row [R + 1], the rows of
@@ -575,14 +722,23 @@ __device__ void publish_dispatch(const Args &a, unsigned char *const *peer, uint
 struct Refusal {
     int r;
     uint32_t code;
+    bool rows_in; /* normal mode: every source's first flag said its rows came with it */
 };
-__device__ Refusal sources_rows(const Args &a, const uint32_t *flag_cnt, int32_t *first_row) {
-    Refusal no = {-1, 0};
+__device__ Refusal sources_rows(const Args &a, const uint32_t *flag_cnt, int32_t *first_row,
+                                bool compact) {
+    Refusal no = {-1, 0, true};
     int32_t acc = 0;
     for (int r = 0; r < a.R; r++) {
-        const uint32_t c = flag_cnt[r];
+        uint32_t c = flag_cnt[r];
         const bool refuse = c == EPXI_LL_BAD || c == kLLDup;
-        if (refuse && no.r < 0) no = {r, c == kLLDup ? F_DUP_SLOT : F_BAD_SLOT};
+        if (refuse && no.r < 0) {
+            no.r = r;
+            no.code = c == kLLDup ? F_DUP_SLOT : F_BAD_SLOT;
+        }
+        if (compact && !refuse) {
+            no.rows_in = no.rows_in && (c & kRowsIn) != 0;
+            c &= ~kRowsIn;
+        }
         first_row[r] = acc;
         acc += refuse ? 0 : (int32_t)c;
     }
@@ -657,7 +813,8 @@ __device__ void slot_ranges(const Args &a, uint32_t epoch, const uint8_t *live, 
 }
 
 /*
- * Normal mode's receive (Args::compact), by every block once the flags are
+ * Normal mode's receive (Args::compact), by the blocks from first_block on
+ * (every block, or a large batch's meta blocks) once the first flags are
  * in: the slots' first entries (each block sums the sources' counts and
  * scans them in `so`, shared memory of spr + 1 ints; the range block also
  * stores them in offs), then the block's run of (row, k) items, one per
@@ -666,21 +823,23 @@ __device__ void slot_ranges(const Args &a, uint32_t epoch, const uint8_t *live, 
  * wrote them.
  */
 __device__ void receive_compact(const Args &a, uint32_t epoch, const int32_t *first_row,
-                                int32_t items, const uint8_t *live, int32_t *so, bool range_block) {
+                                int32_t items, const uint8_t *live, int32_t *so, bool range_block,
+                                int32_t first_block) {
     const bool stamps = (a.variant & 8) && blockIdx.x == 0 && threadIdx.x == 0;
     const int K = a.K;
     /* Each block a run of items, rounded to whole warps: the placing's
      * scattered stores spread over every SM (grid-stride, variant 128,
      * left the items to the first blocks: 20.2 against 18.6 us at 1,024
      * tokens, H200). A thread's items: i0, i0 + step, ... below i1. */
+    const int32_t nb = (int32_t)gridDim.x - first_block, b = (int32_t)blockIdx.x - first_block;
     auto run = [&](int32_t *i0, int32_t *i1, int32_t *step) {
-        const int32_t chunk = ((items + (int32_t)gridDim.x - 1) / (int32_t)gridDim.x + 31) & ~31;
-        *i0 = min((int32_t)blockIdx.x * chunk, items) + (int32_t)threadIdx.x;
-        *i1 = min((int32_t)blockIdx.x * chunk + chunk, items);
+        const int32_t chunk = ((items + nb - 1) / nb + 31) & ~31;
+        *i0 = min(b * chunk, items) + (int32_t)threadIdx.x;
+        *i1 = min(b * chunk + chunk, items);
         *step = (int32_t)blockDim.x;
         if (a.variant & 128) {
-            *i0 = (int32_t)(blockIdx.x * blockDim.x + threadIdx.x), *i1 = items;
-            *step = (int32_t)(gridDim.x * blockDim.x);
+            *i0 = b * (int32_t)blockDim.x + (int32_t)threadIdx.x, *i1 = items;
+            *step = nb * (int32_t)blockDim.x;
         }
     };
     /* Item (row, k)'s source, token and k. */
@@ -741,6 +900,38 @@ __device__ void receive_compact(const Args &a, uint32_t epoch, const int32_t *fi
         const int64_t e = place_entry(a, epoch, m, s, t, k, live, item, so);
         if (e >= 0) a.etok[e] = (int32_t)((area + s) * a.M + t);
     }
+}
+
+/* Normal mode's wait for every source's rows flag (dflag_at), within a
+ * timeout of its own (so a fault after the first flags is raised within two
+ * timeouts); a timeout or an earlier fault as wait_flags has them. Normal
+ * mode has no shrink mode and no relay, so this is wait_flags' poll alone,
+ * in less code; a receive from senders without roles (every small batch)
+ * never calls it, and its start's clock read stays off that path. (Out of
+ * line, its call spilled ~500 bytes a thread in every dispatch instance.)
+ * Returns with the block synchronised. */
+__device__ bool wait_rows(const Args &a, uint32_t epoch) {
+    const unsigned long long since = global_ns();
+    __shared__ int ok;
+    if (threadIdx.x == 0) ok = 1;
+    __syncthreads();
+    for (int i = threadIdx.x; i < a.R; i += blockDim.x) {
+        const uint64_t *f = dflag_at(a, a.base, epoch, i);
+        while ((uint32_t)(ld_acquire(f, scope(a)) >> 32) != epoch) {
+            if (ld_volatile(&a.ctl->fault[0]) != F_NONE) {
+                ok = 0;
+                break;
+            }
+            if (global_ns() - since > a.timeout_ns) {
+                raise_fault(a, F_TIMEOUT, PH_DISPATCH, (uint32_t)i, epoch);
+                ok = 0;
+                break;
+            }
+            if (!(a.variant & 4)) __nanosleep(64);
+        }
+    }
+    __syncthreads();
+    return ok != 0;
 }
 
 /*
@@ -811,17 +1002,48 @@ __global__ void __launch_bounds__(kT, blocks_per_sm(kT))
         }
     };
     const bool sending = (parts & 1) != 0;
+    const bool compact = a.compact;
+    /* Normal mode's two flags (the first flag's metas and counts, then the
+     * rows'), in every instance the host may pick for it: the small, fp8
+     * and host-rows ones, never given a compact receive (the host's small,
+     * lean_fp8 and host_rows), keep one flag, so their code and spills stay
+     * as they were (with the second flag's code the fp8 and host-rows
+     * stacks grew from 40 and 24 to 72 and 40 bytes a thread, the small
+     * bf16 instance from 5,424 to 6,280 instructions). The small one is
+     * told apart only where its size differs. */
+    constexpr bool kSmall = kT == kSmallDispatchThreads && kT != kDispatchThreads;
+    const bool two_flags = !kSmall && !kFp8 && !kHostRows && compact;
+    /* Normal mode's large batch (the lean kBig instance over a compact
+     * receive) gives its blocks roles: the last five eighths ("meta
+     * blocks", meta_share) count, write the metas and the per-slot counts,
+     * publish the first flags (mflag_at) and place the entries as soon as
+     * every source's are in, while the others ("row blocks") send the rows,
+     * publish the rows' flags and end. The meta blocks end once every source's rows are in. So the
+     * receive's entries are placed while the rows stream, not after them
+     * (the receive took ~5-6 us after the flags at 4,096 tokens: stamps,
+     * bench/RESULTS.md, twelfth session). */
+    const bool roles = kLean && kBig && compact && gridDim.x >= 2 && !a.host_inbox && !a.staging;
+    const int32_t meta_blocks = roles ? max(1, meta_share(a.variant, (int32_t)gridDim.x)) : 0;
+    const int32_t row_blocks = (int32_t)gridDim.x - meta_blocks; /* roles: the first ones */
+    const bool meta_block = roles && (int32_t)blockIdx.x >= row_blocks;
     /* A block's send items (token, j-th destination): every gridDim-th one
      * from its index, or (kBig) one contiguous run [i_lo, i_hi), so a large
-     * batch's positions carry from one token to the next (tabled below). */
+     * batch's positions carry from one token to the next (tabled below);
+     * with roles, the meta blocks hold the runs. */
     const int32_t nitems = sending ? Tn * dmax : 0;
-    const int32_t per_block = kBig ? (nitems + (int32_t)gridDim.x - 1) / (int32_t)gridDim.x : 1;
-    const int32_t i_lo = kBig ? min((int32_t)blockIdx.x * per_block, nitems) : (int32_t)blockIdx.x;
+    const int32_t run_blocks = roles ? meta_blocks : (int32_t)gridDim.x;
+    const int32_t run_of = roles ? (int32_t)blockIdx.x - row_blocks : (int32_t)blockIdx.x;
+    const int32_t per_block = kBig ? (nitems + run_blocks - 1) / run_blocks : 1;
+    const int32_t i_lo = !kBig        ? (int32_t)blockIdx.x
+                         : run_of < 0 ? nitems
+                                      : min(run_of * per_block, nitems);
     const int32_t i_hi = kBig ? min(i_lo + per_block, nitems) : nitems;
     const int32_t i_step = kBig ? 1 : (int32_t)gridDim.x;
     /* The first item's loads are issued before the fault check, so the
-     * two trips to memory overlap. */
-    if (i_lo < i_hi) load_item(i_lo);
+     * two trips to memory overlap (not by the lean large-batch send, whose
+     * warps read their rows themselves: send_run_warps). */
+    const bool early_row = !(kLean && kBig);
+    if (i_lo < i_hi && early_row) load_item(i_lo);
     /* The epoch: a sending launch takes the next one and advances Ctl::de
      * at its end, once every block has read it (Ctl::started); a
      * receive-only launch (the second half of a split dispatch) reads it. */
@@ -840,7 +1062,7 @@ __global__ void __launch_bounds__(kT, blocks_per_sm(kT))
     /* ... and the block of the last item ends with every token in its table:
      * it alone sends the per-slot counts, so no block makes a pass over the
      * whole batch for them (the others count in with an empty range). */
-    const bool all_counts = tabled && (int32_t)blockIdx.x == (nitems - 1) / per_block;
+    const bool all_counts = tabled && run_of == (nitems - 1) / per_block;
     __shared__ int s_dead;
     __shared__ unsigned char *peer[kMaxRanks]; /* the peer table, read once */
     __shared__ int32_t hist[kCountInts];       /* this block's per-slot counts (send_counts) */
@@ -868,7 +1090,7 @@ __global__ void __launch_bounds__(kT, blocks_per_sm(kT))
      * 2^16 (grids stay below 2^16). Worked out while the loads above are in
      * flight: before them, its two divisions and the zeroing delayed every
      * load of the prologue (machine code, bench/RESULTS.md). */
-    const bool counting = sending && blockIdx.x < nwork;
+    const bool counting = sending && (roles || blockIdx.x < nwork);
     const uint32_t cb = blockIdx.x;
     const int32_t clo = !counting || tabled ? 0
                         : a.P < 65536       ? (int32_t)((uint32_t)a.P * cb / nwork)
@@ -910,14 +1132,19 @@ __global__ void __launch_bounds__(kT, blocks_per_sm(kT))
         count_ids(tab, slots, ids64, 0, epxi_div(i_lo, a.dmax_div) * K, a.P);
     live_ranks(a, live); /* its barrier orders the counts before send_counts reads them */
     STAMP(a, 0);
-    if (warp_send)
+    if (warp_send && meta_block)
+        send_run_metas(a, peer, epoch, i_lo, i_hi, dmax, slots, ids64, weights, tab, live,
+                       bad_slot);
+    else if (warp_send && roles)
+        send_rows_strided(a, peer, epoch, dmax, nitems, row_blocks, x, slots, ids64, weights, live);
+    else if (warp_send)
         send_run_warps(a, peer, epoch, i_lo, i_hi, dmax, Tn, x, slots, ids64, weights, tab, live,
                        all_counts, bad_slot);
     int32_t fetched = -1; /* the item whose loads were issued early (below) */
     for (int32_t item = i_lo; !warp_send && item < i_hi; item += i_step) {
         const int32_t t = epxi_div(item, a.dmax_div);
         const int j = item - t * dmax;
-        if (item != i_lo && (!kBig || item != fetched)) load_item(item);
+        if ((item != i_lo || !early_row) && (!kBig || item != fetched)) load_item(item);
         if (kLean || K <= 32) {
             /* Warp 0 alone (lane k holds choice k of the token): the slots
              * kept, the distinct destination ranks and each k's position
@@ -1065,10 +1292,24 @@ __global__ void __launch_bounds__(kT, blocks_per_sm(kT))
         send_counts(a, peer, all_counts ? tab : hist, epoch, staged ? (const void *)ids : slots,
                     staged ? 0 : ids64, Tn * K, clo, chi, live, true);
         STAMP(a, 1);
-        arrive(&a.ctl->arrive_d, nwork, bad_slot, scope(a),
-               [&](bool marked) { publish_dispatch(a, peer, epoch, Tn, live, marked); });
+        /* With roles the meta blocks count in for the first flags and the
+         * row blocks for the rows'; otherwise normal mode publishes both
+         * at once. */
+        if (meta_block)
+            arrive(&a.ctl->arrive_m, (uint32_t)meta_blocks, bad_slot, scope(a), [&](bool marked) {
+                publish_dispatch<kMetasFlag>(a, peer, epoch, Tn, live, marked);
+            });
+        else if (two_flags && !roles)
+            arrive(&a.ctl->arrive_d, nwork, bad_slot, scope(a), [&](bool marked) {
+                publish_dispatch<kRowsFlag | kMetasFlag>(a, peer, epoch, Tn, live, marked);
+            });
+        else
+            arrive(&a.ctl->arrive_d, roles ? (uint32_t)row_blocks : nwork, bad_slot, scope(a),
+                   [&](bool marked) {
+                       publish_dispatch<kRowsFlag>(a, peer, epoch, Tn, live, marked);
+                   });
     }
-    if (!(parts & 2)) {
+    if (!(parts & 2) || (roles && !meta_block)) {
         advance();
         return;
     }
@@ -1081,8 +1322,16 @@ __global__ void __launch_bounds__(kT, blocks_per_sm(kT))
     uint32_t *flag_cnt = (uint32_t *)hist;
     __shared__ int s_any_bad;
     __shared__ uint32_t s_bad_code;
-    if (!wait_flags(a, dflag_at(a, a.base, epoch, 0), sizeof(uint64_t), a.R, epoch, PH_DISPATCH,
-                    live, a.decided, a.host_inbox ? a.ctl->relay[0] : nullptr, flag_cnt))
+    __shared__ bool s_rows_in;
+    /* Normal mode: the first flags (metas and counts) now, the rows' after
+     * the entries are placed. The general instances wait for the rows first
+     * (every normal-mode sender publishes their flags), so their receive has
+     * one wait after this one: a second wait after the placing made them
+     * spill ~90 bytes more a thread. */
+    if (!kLean && two_flags && !wait_rows(a, epoch)) return;
+    if (!wait_flags(a, two_flags ? mflag_at(a, a.base, epoch, 0) : dflag_at(a, a.base, epoch, 0),
+                    sizeof(uint64_t), a.R, epoch, PH_DISPATCH, live, a.decided,
+                    a.host_inbox ? a.ctl->relay[0] : nullptr, flag_cnt))
         return;
     STAMP(a, 3);
     /* The sources' rows: which flag refused the batch, and the prefix of the
@@ -1090,7 +1339,7 @@ __global__ void __launch_bounds__(kT, blocks_per_sm(kT))
      * its lanes (lane r: source r), with no barrier and no shared result
      * (item_rec reads them by shuffles); otherwise thread 0 writes
      * first_row for the block. */
-    const bool warp_rows = kLean && a.R <= 32 && !a.compact;
+    const bool warp_rows = kLean && a.R <= 32 && !compact;
     const int lane = threadIdx.x % 32;
     int any_bad = -1;
     uint32_t bad_code = 0;
@@ -1113,9 +1362,10 @@ __global__ void __launch_bounds__(kT, blocks_per_sm(kT))
         rows_total = __shfl_sync(0xffffffffu, row_incl, 31);
     } else {
         if (threadIdx.x == 0) {
-            const Refusal no = sources_rows(a, flag_cnt, first_row);
+            const Refusal no = sources_rows(a, flag_cnt, first_row, two_flags);
             s_any_bad = no.r;
             s_bad_code = no.code;
+            s_rows_in = no.rows_in;
         }
         __syncthreads();
         any_bad = s_any_bad;
@@ -1160,12 +1410,13 @@ __global__ void __launch_bounds__(kT, blocks_per_sm(kT))
     int32_t t0 = 0;
     const unsigned char *rec0 = nullptr;
     if ((int32_t)blockIdx.x < items && (int32_t)blockIdx.x < placing && !kHostRows &&
-        (kLean || !a.host_inbox) && !a.compact) {
+        (kLean || !a.host_inbox) && !compact) {
         rec0 = item_rec(blockIdx.x, &s0, &t0, &k0);
         if (threadIdx.x == 0) first_meta = ((const Meta *)(rec0 + a.meta_off))[k0];
         if (pre) regs_load(v, rec0, fp8 ? fp8_rec_bytes(a) : a.xrow);
     }
-    if (blockIdx.x == 0 && threadIdx.x == 0) batch_verdict(a, epoch, any_bad, bad_code, items);
+    if ((int32_t)blockIdx.x == (roles ? row_blocks : 0) && threadIdx.x == 0)
+        batch_verdict(a, epoch, any_bad, bad_code, items);
     /* The slot ranges by the range block alone (the host launches one block
      * more than the items need), so no placing block carries this trip to
      * memory. */
@@ -1175,9 +1426,12 @@ __global__ void __launch_bounds__(kT, blocks_per_sm(kT))
         advance();
         return;
     }
-    if (a.compact) {
-        receive_compact(a, epoch, first_row, items, live, ids, range_block);
+    if (compact) {
+        receive_compact(a, epoch, first_row, items, live, ids, range_block, roles ? row_blocks : 0);
         STAMP(a, 4);
+        /* The rows: every source's flag, unless every first flag said the
+         * rows came with it (senders without roles publish both at once). */
+        if (kLean && two_flags && !s_rows_in && !wait_rows(a, s_epoch)) return;
         advance();
         return;
     }

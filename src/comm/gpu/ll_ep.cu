@@ -85,7 +85,7 @@ struct PeerInfo {
     uint64_t host;          /* this machine's id (epxi_host_id) */
 };
 static_assert(sizeof(PeerInfo) <= EPX_GPU_EP_INFO_BYTES, "PeerInfo fits its bytes");
-static const char kMagic[8] = "epx-ll4"; /* bump when PeerInfo changes */
+static const char kMagic[8] = "epx-ll5"; /* bump when PeerInfo or the inbox layout changes */
 static_assert((int)EPXI_TR_AUTO == (int)EPX_GPU_EP_TRANSPORT_AUTO &&
                   (int)EPXI_TR_PEER == (int)EPX_GPU_EP_TRANSPORT_PEER &&
                   (int)EPXI_TR_HOST == (int)EPX_GPU_EP_TRANSPORT_HOST &&
@@ -219,6 +219,11 @@ static epx_status check_normal(const epxi_ep_geom *g, bool staging, epx_error *e
         return epxi_fail(err, EPX_ERR_UNSUPPORTED,
                          "the GPU engine's normal mode runs over the peer transport only, not "
                          "nccl: use epx_nccl_ep_create across nodes");
+    if (c->max_tokens >= (1ll << 30)) /* a flag's count keeps bit 30 (ll_dispatch.cuh's kRowsIn) */
+        return epxi_fail(err, EPX_ERR_SHAPE,
+                         "the GPU engine's normal mode takes at most 2^30 - 1 tokens a batch, "
+                         "not max_tokens %lld: lower max_tokens",
+                         (long long)c->max_tokens);
     return EPX_OK;
 }
 
@@ -257,7 +262,7 @@ static epx_status plan(epx_gpu_ep *ep, const epx_ep_config *cfg, int32_t R, bool
                          "%.0f combine items in int32: lower max_tokens (%lld) or hidden (%d)",
                          4 * kCombineThreads, M * chunks, (long long)g->M, g->H);
     const size_t meta_off = (g->xrow + 15) / 16 * 16, rec = meta_off + (size_t)K * sizeof(Meta);
-    size_t off_rows = 0, off_cnt = 0, off_dflag = 0, off_comb = 0, off_cflag = 0;
+    size_t off_rows = 0, off_cnt = 0, off_dflag = 0, off_comb = 0, off_cflag = 0, off_mflag = 0;
     /* A staging transport's blocks per peer (Args::dblk), 256-byte aligned. */
     const size_t drows = kFlagBytes + ((size_t)g->spr * sizeof(int32_t) + 15) / 16 * 16;
     const size_t dblk = (drows + (size_t)g->M * rec + 255) / 256 * 256;
@@ -268,6 +273,7 @@ static epx_status plan(epx_gpu_ep *ep, const epx_ep_config *cfg, int32_t R, bool
         {&off_rows, 2 * RM, (double)rec},
         {&off_cnt, 2.0 * R * spr, sizeof(int32_t)},
         {&off_dflag, 2.0 * R, sizeof(uint64_t)},
+        {&off_mflag, compact ? 2.0 * R : 0.0, sizeof(uint64_t)}, /* normal mode's first flags */
         /* the combine areas twice: by the parity of the combine's epoch */
         {&off_comb, 2.0 * M * K, (double)g->yrow},
         {&off_cflag, 2.0 * R, sizeof(uint64_t)},
@@ -327,6 +333,7 @@ static epx_status plan(epx_gpu_ep *ep, const epx_ep_config *cfg, int32_t R, bool
     a.off_rows = off_rows;
     a.off_cnt = off_cnt;
     a.off_dflag = off_dflag;
+    a.off_mflag = off_mflag;
     a.off_comb = off_comb;
     a.off_cflag = off_cflag;
     a.dblk = dblk;
