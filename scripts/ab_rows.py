@@ -13,7 +13,8 @@ at them:
 
 AB_DIR may also be the ab.tgz that gpu_ab.sh's PACK=1 leaves.
 
-A call with a third build (gpu_ab.sh's NEW2) adds --new2 NAME --note2 TEXT.
+A call with a third build (gpu_ab.sh's NEW2) adds --new2 NAME --note2 TEXT, and
+one with a fourth (NEW3) --new3 NAME --note3 TEXT as well.
 """
 import argparse
 import collections
@@ -71,9 +72,14 @@ def main():
     p.add_argument("--note", required=True, help="what the new build changes")
     p.add_argument("--new2", help="the third build's name, when gpu_ab.sh timed NEW2")
     p.add_argument("--note2", help="what the third build changes (with --new2)")
+    p.add_argument("--new3", help="the fourth build's name, when gpu_ab.sh timed NEW3")
+    p.add_argument("--note3", help="what the fourth build changes (with --new3)")
     a = p.parse_args()
-    if (a.new2 is None) != (a.note2 is None):
-        sys.exit("ab_rows: --new2 and --note2 go together: give both or neither")
+    for n in ("2", "3"):
+        if (getattr(a, "new" + n) is None) != (getattr(a, "note" + n) is None):
+            sys.exit(f"ab_rows: --new{n} and --note{n} go together: give both or neither")
+    if a.new3 is not None and a.new2 is None:
+        sys.exit("ab_rows: --new3 names the build on top of --new2's: give --new2 too")
     with tempfile.TemporaryDirectory() as tmp:
         ab_dir = a.ab_dir
         if os.path.isfile(ab_dir):  # gpu_ab.sh's PACK=1 archive
@@ -89,14 +95,17 @@ def append_rows(a, ab_dir):
                  "or its ab.tgz")
     out = []
     for f in files:
-        m = re.fullmatch(r"ab_([a-z]+)_(base|new|new2)\.jsonl", os.path.basename(f))
+        m = re.fullmatch(r"ab_([a-z]+)_(base|new|new2|new3)\.jsonl", os.path.basename(f))
         if m is None:
             continue
         who = m.group(2)
-        if who == "new2" and a.new2 is None:
-            sys.exit(f"ab_rows: {f} holds a third build's rows: name it with --new2 and --note2")
-        build = {"base": a.base, "new": a.new, "new2": a.new2}[who]
-        what = {"base": f"the base, beside {a.new}", "new": a.note, "new2": a.note2}[who]
+        for n, nth in (("2", "third"), ("3", "fourth")):
+            if who == "new" + n and getattr(a, "new" + n) is None:
+                sys.exit(f"ab_rows: {f} holds a {nth} build's rows: name it with --new{n} and "
+                         f"--note{n}")
+        build = {"base": a.base, "new": a.new, "new2": a.new2, "new3": a.new3}[who]
+        what = {"base": f"the base, beside {a.new}", "new": a.note, "new2": a.note2,
+                "new3": a.note3}[who]
         note = f"{m.group(1)} transport, {what}"
         out.extend(rows_of(f, build, note))
     with open(a.results, "a") as fh:

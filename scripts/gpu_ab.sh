@@ -8,7 +8,8 @@
 #                      (DIR/epx alone for BASE)
 #   NEW2=DIR           optional: a third build timed beside them (a second change
 #                      on top of NEW's), so one call judges both
-#   CHECK=new|new2     the build the checks run on (default: the last one given)
+#   NEW3=DIR           optional, with NEW2: a fourth (a third change on top of NEW2's)
+#   CHECK=new|new2|new3  the build the checks run on (default: the last one given)
 #   TRANSPORTS="peer host nccl"  TOKENS=1,8,32,128  ITERS=40
 #   MODE=low-latency   or normal (the GPU engine's normal mode runs over peer only:
 #                      TRANSPORTS=peer, and TOKENS=1,1024,2048,4096 say more)
@@ -24,12 +25,15 @@
 set -u
 : "${BASE:?BASE=DIR: the build timed as the base}" "${NEW:?NEW=DIR: the build judged}"
 OUT=${OUT:-/tmp/gpu_ab}
-WHO="base new${NEW2:+ new2}"
-CHECK=${CHECK:-$([ -n "${NEW2:-}" ] && echo new2 || echo new)}
+[ -z "${NEW3:-}" ] || [ -n "${NEW2:-}" ] ||
+    { echo "gpu_ab.sh: NEW3 is the change on top of NEW2's: give NEW2=DIR too" >&2 && exit 2; }
+WHO="base new${NEW2:+ new2}${NEW3:+ new3}"
+CHECK=${CHECK:-${WHO##* }}
 case $CHECK in
 new) CHK=$NEW ;;
 new2) CHK=${NEW2:?CHECK=new2 needs NEW2=DIR} ;;
-*) echo "gpu_ab.sh: CHECK=$CHECK: give new or new2" >&2 && exit 2 ;;
+new3) CHK=${NEW3:?CHECK=new3 needs NEW3=DIR} ;;
+*) echo "gpu_ab.sh: CHECK=$CHECK: give new, new2 or new3" >&2 && exit 2 ;;
 esac
 TRANSPORTS=${TRANSPORTS:-peer host nccl}
 MODE=${MODE:-low-latency}
@@ -52,6 +56,7 @@ for round in 1 2; do
             base) bin=$BASE/epx ;;
             new) bin=$NEW/epx ;;
             new2) bin=$NEW2/epx ;;
+            new3) bin=$NEW3/epx ;;
             esac
             bound=""
             [ "$tr" = nccl ] && bound="--token-bound tokens"

@@ -92,6 +92,28 @@ def test_third_build(tmp_path):
                    "c": (3.0, "host transport, both changes")}
 
 
+def test_fourth_build(tmp_path):
+    for who, us in (("base", 5.0), ("new", 4.0), ("new2", 3.0), ("new3", 2.0)):
+        write(tmp_path / f"ab_peer_{who}.jsonl", [row(1, "dispatch", us)])
+    out = tmp_path / "r.jsonl"
+    args = [sys.executable, SCRIPT, str(tmp_path), str(out), "--base", "a", "--new", "b",
+            "--note", "one", "--new2", "c", "--note2", "two"]
+    p = subprocess.run(args, capture_output=True, text=True)
+    assert p.returncode != 0 and "fourth build" in p.stderr and "--new3" in p.stderr
+    assert not out.exists()
+    p = subprocess.run(args + ["--new3", "d"], capture_output=True, text=True)
+    assert p.returncode != 0 and "--new3 and --note3 go together" in p.stderr
+    p = subprocess.run(args[:-4] + ["--new3", "d", "--note3", "three"], capture_output=True,
+                       text=True)
+    assert p.returncode != 0 and "give --new2 too" in p.stderr
+    subprocess.run(args + ["--new3", "d", "--note3", "three"], check=True)
+    got = {r["build"]: (r["median_us"], r["note"])
+           for r in map(json.loads, out.read_text().splitlines())}
+    assert got == {"a": (5.0, "peer transport, the base, beside b"),
+                   "b": (4.0, "peer transport, one"), "c": (3.0, "peer transport, two"),
+                   "d": (2.0, "peer transport, three")}
+
+
 def test_packed_archive(tmp_path):
     """gpu_ab.sh's PACK=1 leaves ab.tgz; the rows come out of it as from the folder."""
     src = tmp_path / "src"

@@ -3,9 +3,10 @@
 # is at http://www.apache.org/licenses/LICENSE-2.0. It is distributed "AS IS",
 # without warranties or conditions of any kind.
 """scripts/gpu_ab.sh without a GPU: fake builds whose `epx` writes one graph
-row per token size, and a fake nvidia-smi. The builds alternate over two
-rounds, the table lists each build's rounds in order, the checks name the
-build they run on, and a wrong CHECK is a clear error."""
+row per token size, and a fake nvidia-smi. The builds (two to four) alternate
+over two rounds, the table lists each build's rounds in order, the checks name
+the build they run on, and a wrong CHECK or a NEW3 without NEW2 is a clear
+error."""
 import os
 import stat
 import subprocess
@@ -32,7 +33,7 @@ def executable(path, text):
 
 def builds(tmp_path):
     dirs = {}
-    for name, us in (("base", 10), ("new", 9), ("new2", 8)):
+    for name, us in (("base", 10), ("new", 9), ("new2", 8), ("new3", 7)):
         d = tmp_path / name
         d.mkdir()
         executable(d / "epx", FAKE_EPX.replace("@US@", str(us)))
@@ -67,6 +68,22 @@ def test_two_builds_and_the_checked_one(tmp_path):
     assert "peer      8 round-trip 10.10 / 10.20 -> 9.10 / 9.20" in p.stdout
     assert f"checks on new ({d['new']})" in p.stdout
     p = run(tmp_path, path, BASE=d["base"], NEW=d["new"], CHECK="newest")
-    assert p.returncode == 2 and "CHECK=newest: give new or new2" in p.stderr
+    assert p.returncode == 2 and "CHECK=newest: give new, new2 or new3" in p.stderr
     p = run(tmp_path, path, BASE=d["base"], NEW=d["new"], CHECK="new2")
     assert p.returncode != 0 and "CHECK=new2 needs NEW2=DIR" in p.stderr
+
+
+def test_four_builds_stacked(tmp_path):
+    # three changes each on top of the last, judged in one alternated run
+    d, path = builds(tmp_path)
+    p = run(tmp_path, path, BASE=d["base"], NEW=d["new"], NEW2=d["new2"], NEW3=d["new3"])
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "graph-replayed us, base -> new -> new2 -> new3" in p.stdout
+    assert "peer      1 round-trip 10.10 / 10.20 -> 9.10 / 9.20 -> 8.10 / 8.20 -> 7.10 / 7.20" \
+        in p.stdout
+    assert f"checks on new3 ({d['new3']})" in p.stdout
+    p = run(tmp_path, path, BASE=d["base"], NEW=d["new"], NEW2=d["new2"], NEW3=d["new3"],
+            CHECK="new2")
+    assert p.returncode == 0 and f"checks on new2 ({d['new2']})" in p.stdout
+    p = run(tmp_path, path, BASE=d["base"], NEW=d["new"], NEW3=d["new3"])
+    assert p.returncode == 2 and "NEW3 is the change on top of NEW2's" in p.stderr
