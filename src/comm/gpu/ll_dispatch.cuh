@@ -1018,10 +1018,10 @@ __global__ void __launch_bounds__(kT, blocks_per_sm(kT))
      * blocks", meta_share) count, write the metas and the per-slot counts,
      * publish the first flags (mflag_at) and place the entries as soon as
      * every source's are in, while the others ("row blocks") send the rows,
-     * publish the rows' flags and end. The meta blocks end once every source's rows are in. So the
-     * receive's entries are placed while the rows stream, not after them
-     * (the receive took ~5-6 us after the flags at 4,096 tokens: stamps,
-     * bench/RESULTS.md, twelfth session). */
+     * publish the rows' flags and end. The meta blocks end once every
+     * source's rows are in. So the receive's entries are placed while the
+     * rows stream, not after them (the receive took ~5-6 us after the flags
+     * at 4,096 tokens: stamps, bench/RESULTS.md, twelfth session). */
     const bool roles = kLean && kBig && compact && gridDim.x >= 2 && !a.host_inbox && !a.staging;
     const int32_t meta_blocks = roles ? max(1, meta_share(a.variant, (int32_t)gridDim.x)) : 0;
     const int32_t row_blocks = (int32_t)gridDim.x - meta_blocks; /* roles: the first ones */
