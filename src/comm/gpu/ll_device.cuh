@@ -47,6 +47,24 @@ constexpr int kCombineThreads = EPX_LL_COMBINE_THREADS;
 constexpr int kSmallCombineThreads = EPX_LL_SMALL_COMBINE_THREADS;
 constexpr int kMaxThreads = kDispatchThreads > kCombineThreads ? kDispatchThreads : kCombineThreads;
 constexpr int blocks_per_sm(int threads) { return 1024 / threads; }
+/* The dispatch instances' blocks an SM (__launch_bounds__'s second
+ * argument, so 65,536 / (threads * blocks) registers a thread at most).
+ * The host caps each instance's grid at what its occupancy allows
+ * (open_engine), so fewer blocks an SM buy registers with the grid of a
+ * large batch. At 1024 / threads (64 registers) the small lean instances
+ * spilled 24 (bf16) and 40 (fp8) bytes a thread and the host-rows one 24,
+ * on the chain one block runs at one token; bf16 at three blocks (80
+ * registers), fp8 at two (88) and host rows at one (86) spill nothing: the
+ * dispatch 5 % (bf16) and 12 % (fp8) faster at 128 tokens, the host
+ * transport's 3 % at 32 (bench/RESULTS.md, "The dispatch's registers"). */
+constexpr int kSmallBf16BlocksPerSm = 3, kSmallFp8BlocksPerSm = 2, kHostRowsBlocksPerSm = 1;
+constexpr int dispatch_blocks_per_sm(int threads, bool host_rows, bool fp8) {
+    return host_rows ? kHostRowsBlocksPerSm
+           : threads != kSmallDispatchThreads || threads == kDispatchThreads
+               ? blocks_per_sm(threads)
+           : fp8 ? kSmallFp8BlocksPerSm
+                 : kSmallBf16BlocksPerSm;
+}
 static_assert(kDispatchThreads % 32 == 0 && kDispatchThreads >= 64 && kDispatchThreads <= 1024 &&
                   kCombineThreads % 32 == 0 && kCombineThreads >= 64 && kCombineThreads <= 1024 &&
                   kSmallDispatchThreads % 32 == 0 && kSmallDispatchThreads >= 64 &&

@@ -972,7 +972,7 @@ __device__ bool wait_rows(const Args &a, uint32_t epoch) {
  */
 template <bool kLean, bool kBig, int kT = kDispatchThreads, bool kHostRows = false,
           bool kFp8 = false>
-__global__ void __launch_bounds__(kT, blocks_per_sm(kT))
+__global__ void __launch_bounds__(kT, dispatch_blocks_per_sm(kT, kHostRows, kFp8))
     dispatch_kernel(Args a, int64_t T, const unsigned char *x, const void *slots,
                     const float *weights, uint32_t nwork, int parts) {
     epxi_pdl_wait(); /* first: src/core/pdl.cuh */
@@ -1043,6 +1043,15 @@ __global__ void __launch_bounds__(kT, blocks_per_sm(kT))
      * two trips to memory overlap (not by the lean large-batch send, whose
      * warps read their rows themselves: send_run_warps). */
     const bool early_row = !(kLean && kBig);
+    /* The fp8 instance's thread 0 asks for the epoch (take_epoch) before the
+     * row: its send quantises before it stores, so the row is not the first
+     * thing it waits for, and with the word's operation first its dispatch
+     * took 0.15-0.35 us less at 1-128 tokens (0.05-0.1 once its registers
+     * stopped spilling); the bf16 ones, whose send stores the row as soon
+     * as it is routed, lost 0.1-1.4 us so (H100, bench/RESULTS.md,
+     * thirteenth and fourteenth sessions). */
+    const uint32_t epoch_fp8 =
+        kFp8 && threadIdx.x == 0 ? take_epoch(&a.ctl->de_started, sending) : 0u;
     if (i_lo < i_hi && early_row) load_item(i_lo);
     /* The epoch: a sending launch takes the next one and advances Ctl::de
      * at its end, once every block has read it (Ctl::started); a
@@ -1083,7 +1092,7 @@ __global__ void __launch_bounds__(kT, blocks_per_sm(kT))
         idv[u] = staged && q < Tn * K ? slot_at(slots, q, ids64) : 0;
     }
     unsigned char *const peer0 = (int)threadIdx.x < a.R ? a.peers[threadIdx.x] : nullptr;
-    const uint32_t epoch0 = lead ? take_epoch(&a.ctl->de_started, sending) : 0u;
+    const uint32_t epoch0 = kFp8 ? epoch_fp8 : lead ? take_epoch(&a.ctl->de_started, sending) : 0u;
     /* The first nwork blocks send this rank's counts of the slots [clo, chi):
      * the first pass's histogram is zeroed here and counted after the first
      * barrier, off the send's own path. P * blocks is below 2^32 when P <

@@ -117,12 +117,14 @@ struct epx_gpu_ep {
     epxi_ep_geom g;
     cudaStream_t stream;
     int32_t timeout_ms;
-    int32_t wait_blocks;  /* dispatch blocks: all that wait for flags must be resident */
-    int32_t comb_blocks;  /* the same for the combine's (smaller) blocks */
-    int32_t small_blocks; /* and for the small lean dispatch's (kSmallDispatchThreads) */
-    int32_t small_comb;   /* ... and the small batch's combine (kSmallCombineThreads) */
-    int32_t sms;          /* the GPU's SMs: a combine with fewer items takes the small blocks */
-    int pdl;              /* EPX_GPU_EP_PDL: 1 programmatic dependent launch, 0 plain */
+    int32_t wait_blocks;      /* dispatch blocks: all that wait for flags must be resident */
+    int32_t comb_blocks;      /* the same for the combine's (smaller) blocks */
+    int32_t small_blocks;     /* and for the small lean dispatch's (kSmallDispatchThreads), */
+    int32_t small_fp8;        /* its fp8 form's (dispatch_blocks_per_sm: each its own registers) */
+    int32_t host_rows_blocks; /* and the host inbox's one-read receive (kHostRows) */
+    int32_t small_comb;       /* ... and the small batch's combine (kSmallCombineThreads) */
+    int32_t sms;              /* the GPU's SMs: a combine with fewer items takes the small blocks */
+    int pdl;                  /* EPX_GPU_EP_PDL: 1 programmatic dependent launch, 0 plain */
     size_t off_rx, off_y, off_count, off_pair, off_work, off_self, off_srctok, off_ew, off_etok,
         off_offs, off_range, off_weights, off_slots, off_ctl, off_peers, off_mask, off_decided,
         total, inbox_total;
@@ -499,17 +501,16 @@ static epx_status open_engine(const epx_ep_config *cfg, int32_t rank, int32_t nu
          * resident at once, or the ones still queued could never publish
          * theirs: per kernel, its instances' fewest blocks an SM times the
          * SMs. At most 65535: blocks count in on 16 bits (arrive). */
-        const void *dispatches[6] = {
-            (const void *)dispatch_kernel<false, false>,
-            (const void *)dispatch_kernel<true, false>,
-            (const void *)dispatch_kernel<false, true>,
-            (const void *)dispatch_kernel<true, true>,
-            (const void *)dispatch_kernel<true, false, kDispatchThreads, true>,
+        const void *dispatches[5] = {
+            (const void *)dispatch_kernel<false, false>, (const void *)dispatch_kernel<true, false>,
+            (const void *)dispatch_kernel<false, true>, (const void *)dispatch_kernel<true, true>,
             (const void *)dispatch_kernel<true, false, kDispatchThreads, false, true>};
+        const void *host_rows[1] = {
+            (const void *)dispatch_kernel<true, false, kDispatchThreads, true>};
         const void *combines[2] = {(const void *)combine_kernel<false>,
                                    (const void *)combine_kernel<true>};
-        const void *smalls[2] = {
-            (const void *)dispatch_kernel<true, false, kSmallDispatchThreads>,
+        const void *smalls[1] = {(const void *)dispatch_kernel<true, false, kSmallDispatchThreads>};
+        const void *small_fp8s[1] = {
             (const void *)dispatch_kernel<true, false, kSmallDispatchThreads, false, true>};
         const void *small_combines[2] = {(const void *)combine_kernel<false, kSmallCombineThreads>,
                                          (const void *)combine_kernel<true, kSmallCombineThreads>};
@@ -517,9 +518,11 @@ static epx_status open_engine(const epx_ep_config *cfg, int32_t rank, int32_t nu
             const void *const *k;
             int n, threads;
             int32_t *cap;
-        } kinds[4] = {{dispatches, 6, kDispatchThreads, &ep->wait_blocks},
+        } kinds[6] = {{dispatches, 5, kDispatchThreads, &ep->wait_blocks},
+                      {host_rows, 1, kDispatchThreads, &ep->host_rows_blocks},
                       {combines, 2, kCombineThreads, &ep->comb_blocks},
-                      {smalls, 2, kSmallDispatchThreads, &ep->small_blocks},
+                      {smalls, 1, kSmallDispatchThreads, &ep->small_blocks},
+                      {small_fp8s, 1, kSmallDispatchThreads, &ep->small_fp8},
                       {small_combines, 2, kSmallCombineThreads, &ep->small_comb}};
         for (const auto &kind : kinds) {
             int per_sm = INT_MAX;
@@ -1139,16 +1142,30 @@ extern "C" epx_status epx_gpu_ep_dispatch_parts(epx_gpu_ep *ep, int parts, int64
     const bool small = (lean || lean_fp8) && !big && !ep->a.compact && ep->T * g->K <= kSmemIds &&
                        !(ep->a.variant & 512) &&
                        row_fits_registers(g->xrow, x, kSmallDispatchThreads);
-    auto kern = small && lean_fp8 ? dispatch_kernel<true, false, kSmallDispatchThreads, false, true>
-                : small           ? dispatch_kernel<true, false, kSmallDispatchThreads>
-                : lean_fp8        ? dispatch_kernel<true, false, kDispatchThreads, false, true>
-                : host_rows       ? dispatch_kernel<true, false, kDispatchThreads, true>
-                : lean ? (big ? dispatch_kernel<true, true> : dispatch_kernel<true, false>)
-                       : (big ? dispatch_kernel<false, true> : dispatch_kernel<false, false>);
+    /* The instance, and its grid's cap: every block waits for flags, so all
+     * must be resident (open_engine's occupancy, per instance). */
+    auto kern = dispatch_kernel<false, false>;
+    int32_t cap = ep->wait_blocks;
+    if (small && lean_fp8) {
+        kern = dispatch_kernel<true, false, kSmallDispatchThreads, false, true>;
+        cap = ep->small_fp8;
+    } else if (small) {
+        kern = dispatch_kernel<true, false, kSmallDispatchThreads>;
+        cap = ep->small_blocks;
+    } else if (lean_fp8) {
+        kern = dispatch_kernel<true, false, kDispatchThreads, false, true>;
+    } else if (host_rows) {
+        kern = dispatch_kernel<true, false, kDispatchThreads, true>;
+        cap = ep->host_rows_blocks;
+    } else if (lean) {
+        kern = big ? dispatch_kernel<true, true> : dispatch_kernel<true, false>;
+    } else if (big) {
+        kern = dispatch_kernel<false, true>;
+    }
     const int threads = small ? kSmallDispatchThreads : kDispatchThreads;
     /* ... and one more block for the slot ranges (dispatch_kernel's range block) */
-    const unsigned grid = blocks_for((sends > places ? sends : places) + ((parts & 2) ? 1 : 0),
-                                     small ? ep->small_blocks : ep->wait_blocks);
+    const unsigned grid =
+        blocks_for((sends > places ? sends : places) + ((parts & 2) ? 1 : 0), cap);
     const uint32_t nwork = (uint32_t)(sends < 1 ? 1 : sends < grid ? sends : grid);
     EPXI_CUDA_TRY(launch(ep, kern, grid, threads, ep->a, ep->T, (const unsigned char *)x,
                          topk_slots, topk_weights, nwork, parts | (ids64 ? 4 : 0) | ep->fp8),
