@@ -290,17 +290,23 @@ __device__ __forceinline__ void st_relaxed(uint64_t *p, uint64_t v, int var) {
         asm volatile("st.relaxed.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
 }
 
-/* Flag value v to at(r) for every live rank r, by one thread: one fence at
- * the flags' scope, then relaxed stores, a release of each. Release stores
- * one after another would each wait for the one before to be acknowledged,
- * at system scope a trip across the link per peer (one GPU cannot show
- * it: R = 1 there, or every flag at GPU scope). */
-template <typename At>
-__device__ void release_flags(const Args &a, const uint8_t *live, uint64_t v, At at) {
+/* One fence at the flags' scope, then store(r, scope) for every live rank
+ * r, by one thread: relaxed stores after the fence are releases (the PTX
+ * model's release pattern). Release stores one after another would each
+ * wait for the one before to be acknowledged, at system scope a trip
+ * across the link per peer (one GPU cannot show it: R = 1 there, or every
+ * flag at GPU scope). */
+template <typename Store>
+__device__ void release_each(const Args &a, const uint8_t *live, Store store) {
     const int var = scope(a);
     fence_acq_rel(var);
     for (int r = 0; r < a.R; r++)
-        if (live[r]) st_relaxed(at(r), v, var);
+        if (live[r]) store(r, var);
+}
+/* ... flag value v to at(r) */
+template <typename At>
+__device__ void release_flags(const Args &a, const uint8_t *live, uint64_t v, At at) {
+    release_each(a, live, [&](int r, int var) { st_relaxed(at(r), v, var); });
 }
 
 __device__ __forceinline__ uint32_t ld_volatile(const uint32_t *p) {

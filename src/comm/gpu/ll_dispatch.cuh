@@ -707,13 +707,10 @@ __device__ void publish_dispatch(const Args &a, unsigned char *const *peer, uint
     }
     /* normal mode: one release for both kinds (no staging: filed_as is me) */
     const uint64_t vm = (kWhich & kRowsFlag) && !bad && !dup ? epxi_ll_flag(epoch, c | kRowsIn) : v;
-    const int var = scope(a);
-    fence_acq_rel(var);
-    for (int r = 0; r < a.R; r++)
-        if (live[r]) {
-            st_relaxed(mflag_at(a, peer[r], epoch, a.me), vm, var);
-            if (kWhich & kRowsFlag) st_relaxed(dflag_at(a, peer[r], epoch, a.me), v, var);
-        }
+    release_each(a, live, [&](int r, int var) {
+        st_relaxed(mflag_at(a, peer[r], epoch, a.me), vm, var);
+        if (kWhich & kRowsFlag) st_relaxed(dflag_at(a, peer[r], epoch, a.me), v, var);
+    });
 }
 
 /* From the flags' counts (flag_cnt [R]): first_row [R + 1], the rows of
