@@ -2,7 +2,7 @@
 # Judges bench/staged/route_early.patch (main + it staged in .devR; main in .devK):
 # bf16 and fp8 low latency alternated, then test_gpu_ll. Carry .devK/epx .devR .devlibs.
 set -u
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1 LD_LIBRARY_PATH=$PWD/.devlibs:/usr/local/cuda/lib64
 mkdir -p /tmp/q
 q() { grep -v "^SKIPPED\|exit 0\|^checks\|^gpu_ab"; }
