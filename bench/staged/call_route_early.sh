@@ -1,7 +1,8 @@
 #!/bin/bash
 # Judges bench/staged/route_early.patch (main + it staged in .devR; main in .devK) and
 # small_bf16_2sm.patch on top of it (.devR2): bf16 and fp8 low latency alternated,
-# then test_gpu_ll on both. Carry .devK/epx .devR .devR2 .devlibs.
+# then test_gpu_ll on both. Carry .devK/epx .devR/epx .devR/test_gpu_ll .devR2/epx
+# .devR2/test_gpu_ll .devlibs (whole folders pass the 64 MiB limit).
 set -u
 cd "$(dirname "$0")/../.."
 export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1 LD_LIBRARY_PATH=$PWD/.devlibs:/usr/local/cuda/lib64
