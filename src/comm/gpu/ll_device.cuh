@@ -53,10 +53,11 @@ constexpr int blocks_per_sm(int threads) { return 1024 / threads; }
  * (open_engine), so fewer blocks an SM buy registers with the grid of a
  * large batch. At 1024 / threads (64 registers) the small lean instances
  * spilled 24 (bf16) and 40 (fp8) bytes a thread and the host-rows one 24,
- * on the chain one block runs at one token; bf16 at three blocks (80
- * registers), fp8 at two (88) and host rows at one (86) spill nothing: the
- * dispatch 5 % (bf16) and 12 % (fp8) faster at 128 tokens, the host
- * transport's 3 % at 32 (bench/RESULTS.md, "The dispatch's registers"). */
+ * on the chain one block runs at one token; bf16 at three blocks (78 of
+ * 80 registers used), fp8 at two (90 of 128) and host rows at one (86 of
+ * 128) spill nothing: the dispatch 5 % (bf16) and 12 % (fp8) faster at 128
+ * tokens, the host transport's 3 % at 32 (bench/RESULTS.md, "The
+ * dispatch's registers"; host rows not timed past 128 tokens). */
 constexpr int kSmallBf16BlocksPerSm = 3, kSmallFp8BlocksPerSm = 2, kHostRowsBlocksPerSm = 1;
 constexpr int dispatch_blocks_per_sm(int threads, bool host_rows, bool fp8) {
     return host_rows ? kHostRowsBlocksPerSm
