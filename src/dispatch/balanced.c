@@ -194,7 +194,11 @@ epx_status epx_dispatch_balanced_solve(epx_balancer *b, const int32_t *replicas,
                          "and out are required");
     EPX_TRY(check_inputs(b, replicas, num_valid, counts, err));
     epxi_bal *c = &b->core;
-    for (int32_t e = 0; e < b->E; e++) epxi_bal_group(c, replicas, num_valid, e);
+    /* An expert without tokens is not grouped, as in the kernel: its kind
+     * is 0 from its count alone and nothing reads its groups (at one token
+     * 376 of Kimi-K2.5's 384 experts). */
+    for (int32_t e = 0; e < b->E; e++)
+        if (c->cnt[e] > 0) epxi_bal_group(c, replicas, num_valid, e);
     int rc = epxi_bal_classify(c);
     if (rc == EPXI_BAL_OK) rc = epxi_bal_solve(c);
     if (rc != EPXI_BAL_OK)
