@@ -78,6 +78,26 @@ extern "C" {
 #include "cuda_check.h"
 #include "pdl.cuh"
 #include "epx_cuda.h"
+#ifdef EPX_BAL_PROFILE
+/* The subset solve's step totals (EPXI_BAL_MARK, balanced_subsets.h), ns,
+ * summed over the launch's levels by the solving warps' lane 0 (one warp
+ * at a time on a one-component shape; several warps' marks interleave on
+ * others, so their split is approximate there). */
+__device__ unsigned long long epxi_bal_prof_step[4], epxi_bal_prof_last;
+__host__ __device__ __forceinline__ void epxi_bal_mark(int k, int lane) {
+#ifdef __CUDA_ARCH__ /* the solve's host form (same statements) marks nothing */
+    if (lane != 0) return;
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    atomicAdd(&epxi_bal_prof_step[k], t - epxi_bal_prof_last);
+    epxi_bal_prof_last = t;
+#else
+    (void)k;
+    (void)lane;
+#endif
+}
+#define EPXI_BAL_MARK(k, lane) epxi_bal_mark((k), (lane))
+#endif
 #include "../dispatch/balanced_solve.h"
 
 struct epx_cuda_balancer {
@@ -304,11 +324,15 @@ struct BalShared {
 #endif
 };
 
-/* Built with -DEPX_BAL_PROFILE, thread 0 reads the global timer at the
- * phases' ends and prints them per launch ("balprof ..." lines, ns): where
- * a launch's time goes, for bench_balanced. Off in every normal build. In
- * the grid form the line comes from launch A's last block (first field 2,
- * its count column from that block's start, no per-pair column). */
+/* Built with -DEPX_BAL_PROFILE (cmake -DEPX_BAL_PROFILE=ON), thread 0 reads
+ * the global timer at the phases' ends and prints them per launch, ns:
+ * "balprof from_ids M C" then clear-and-count, group, components, solve,
+ * summary, outputs, per-pair slots, then the subset solve's steps summed
+ * over its levels (EPXI_BAL_MARK: subset sums, best subsets, splits,
+ * roundings). Where a launch's time goes, for bench_balanced. Off in every
+ * normal build. In the grid form the line comes from launch A's last block
+ * (first field 2, its count column from that block's start, no per-pair
+ * column). */
 #ifdef EPX_BAL_PROFILE
 __device__ __forceinline__ unsigned long long bal_ns() {
     unsigned long long t;
@@ -323,16 +347,27 @@ __device__ __forceinline__ unsigned long long bal_ns() {
     do {                                                                                           \
         if (threadIdx.x == 0) {                                                                    \
             BAL_STAMP(n);                                                                          \
-            printf("balprof %d %d %d %llu %llu %llu %llu %llu %llu %llu\n", a.from_ids, b.M, b.C,  \
-                   sh.stamp[1] - sh.stamp[0], sh.stamp[2] - sh.stamp[1],                           \
+            printf("balprof %d %d %d %llu %llu %llu %llu %llu %llu %llu %llu %llu %llu %llu\n",    \
+                   a.from_ids, b.M, b.C, sh.stamp[1] - sh.stamp[0], sh.stamp[2] - sh.stamp[1],     \
                    sh.stamp[3] - sh.stamp[2], sh.stamp[4] - sh.stamp[3],                           \
                    sh.stamp[5] - sh.stamp[4], sh.stamp[6] - sh.stamp[5],                           \
-                   (n) == 7 ? sh.stamp[7] - sh.stamp[6] : 0ull);                                   \
+                   (n) == 7 ? sh.stamp[7] - sh.stamp[6] : 0ull, epxi_bal_prof_step[0],             \
+                   epxi_bal_prof_step[1], epxi_bal_prof_step[2], epxi_bal_prof_step[3]);           \
+        }                                                                                          \
+    } while (0)
+/* ... and the subset solve's step totals zeroed, its first mark's start
+ * taken, just before the components are solved */
+#define BAL_PROF_START()                                                                           \
+    do {                                                                                           \
+        if (threadIdx.x == 0) {                                                                    \
+            for (int k = 0; k < 4; k++) epxi_bal_prof_step[k] = 0;                                 \
+            epxi_bal_prof_last = bal_ns();                                                         \
         }                                                                                          \
     } while (0)
 #else
 #define BAL_STAMP(i) ((void)0)
 #define BAL_REPORT(n) ((void)0)
+#define BAL_PROF_START() ((void)0)
 #endif
 
 /* Phase 0's clearing of the solve's per-batch state (the barrier that ends
@@ -484,6 +519,7 @@ __device__ void solve_phases(const BalArgs &a, epxi_bal &b, BalShared &sh, int64
     }
     __syncthreads();
     BAL_STAMP(3);
+    BAL_PROF_START();
     b.C = sh.comps;
     for (int32_t c = warp; c < b.C; c += nwarps) epxi_bal_solve_comp(&b, c, lane, 32);
     __syncthreads();

@@ -46,6 +46,15 @@ void epxi_bal_lanes_bfs(struct epxi_bal_part *p, int reached);
 #define EPXI_BAL_SYNCWARP() ((void)0)
 #endif
 
+/* Where a profile build marks the subset solve's steps (src/cuda/balanced.cu
+ * with EPX_BAL_PROFILE: lane 0 adds the global timer's time since its last
+ * mark to step k's total, printed on the kernel's balprof line); nothing in
+ * every other build. k: 0 the subset sums, 1 a level's best subset, 2 its
+ * split, 3 its rounding. */
+#ifndef EPXI_BAL_MARK
+#define EPXI_BAL_MARK(k, lane) ((void)0)
+#endif
+
 /* x / y and x % y, in 32 bits where both fit: the same values, but on the
  * GPU a 64-bit division is a subroutine of ~70 dependent instructions, on
  * the per-batch solve's sequential chains (the rounding, the outputs, the
@@ -432,6 +441,7 @@ EPXI_BAL int32_t epxi_bal_subset_levels(epxi_bal *b, const epxi_bal_part *p, int
             if (v >> bit & 1) d[v] += d[v ^ (1u << bit)];
         EPXI_BAL_SYNCWARP();
     }
+    EPXI_BAL_MARK(0, lane);
     uint32_t X = 0;
     int32_t levels = 0;
     while (X != full && d[full] > d[X]) {
@@ -451,6 +461,7 @@ EPXI_BAL int32_t epxi_bal_subset_levels(epxi_bal *b, const epxi_bal_part *p, int
         }
         for (int32_t gi = lane; gi < k; gi += nl)
             if (U >> gi & 1) b->g_level[p->gl[gi]] = lid;
+        EPXI_BAL_MARK(1, lane);
         for (uint32_t v = (uint32_t)lane; v < nv; v += (uint32_t)nl)
             if ((v & ~U) == 0) s[v] = a * epxi_bal_popc(v) - dn * (d[X | v] - d[X]);
         EPXI_BAL_SYNCWARP();
@@ -491,8 +502,10 @@ EPXI_BAL int32_t epxi_bal_subset_levels(epxi_bal *b, const epxi_bal_part *p, int
                 }
             }
         EPXI_BAL_SYNCWARP();
+        EPXI_BAL_MARK(2, lane);
         /* the level is split: its slack table s now serves the rounding */
         epxi_bal_subset_round(b, p, s, b->sub_l + b->c_soff[c], X, U, a, dn, lane, nl);
+        EPXI_BAL_MARK(3, lane);
         X |= U;
         levels++;
     }
