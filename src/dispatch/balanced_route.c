@@ -39,18 +39,13 @@ epx_status epx_dispatch_count_ids(const int32_t *topk_ids, int64_t num_tokens, i
     return EPX_OK;
 }
 
-epx_status epx_dispatch_balanced_map_ids(epx_balancer *b, const int32_t *replicas,
-                                         const int32_t *num_valid, const int64_t *replica_counts,
-                                         const int32_t *topk_ids, int64_t num_tokens, int32_t topk,
-                                         int32_t *phys, epx_error *err) {
-    if (b == NULL || replicas == NULL || num_valid == NULL || replica_counts == NULL ||
-        (num_tokens > 0 && (topk_ids == NULL || phys == NULL)))
-        return epxi_fail(err, EPX_ERR_INVALID_ARG,
-                         "epx_dispatch_balanced_map_ids: the balancer, replicas, num_valid, "
-                         "replica_counts, topk_ids and phys are required");
-    EPX_TRY(check_ids_shape(num_tokens, topk, "epx_dispatch_balanced_map_ids", err));
+/* map_ids once b->cnt holds topk_ids' counts (counted and checked by
+ * epx_dispatch_count_ids): the one-call form counts them once, for the
+ * solve and the mapping both (two passes over the ids fewer). */
+static epx_status map_counted(epx_balancer *b, const int32_t *replicas, const int32_t *num_valid,
+                              const int64_t *replica_counts, const int32_t *topk_ids,
+                              int64_t num_tokens, int32_t topk, int32_t *phys, epx_error *err) {
     int32_t E = b->E, W = b->W;
-    EPX_TRY(epx_dispatch_count_ids(topk_ids, num_tokens, topk, E, b->cnt, err));
     for (int32_t e = 0; e < E; e++) {
         int32_t n = num_valid[e];
         if (n < 1 || n > W)
@@ -96,6 +91,21 @@ epx_status epx_dispatch_balanced_map_ids(epx_balancer *b, const int32_t *replica
     return EPX_OK;
 }
 
+epx_status epx_dispatch_balanced_map_ids(epx_balancer *b, const int32_t *replicas,
+                                         const int32_t *num_valid, const int64_t *replica_counts,
+                                         const int32_t *topk_ids, int64_t num_tokens, int32_t topk,
+                                         int32_t *phys, epx_error *err) {
+    if (b == NULL || replicas == NULL || num_valid == NULL || replica_counts == NULL ||
+        (num_tokens > 0 && (topk_ids == NULL || phys == NULL)))
+        return epxi_fail(err, EPX_ERR_INVALID_ARG,
+                         "epx_dispatch_balanced_map_ids: the balancer, replicas, num_valid, "
+                         "replica_counts, topk_ids and phys are required");
+    EPX_TRY(check_ids_shape(num_tokens, topk, "epx_dispatch_balanced_map_ids", err));
+    EPX_TRY(epx_dispatch_count_ids(topk_ids, num_tokens, topk, b->E, b->cnt, err));
+    return map_counted(b, replicas, num_valid, replica_counts, topk_ids, num_tokens, topk, phys,
+                       err);
+}
+
 epx_status epx_dispatch_balanced_topk(epx_balancer *b, const int32_t *replicas,
                                       const int32_t *num_valid, const int32_t *topk_ids,
                                       int64_t num_tokens, int32_t topk, int32_t *phys,
@@ -110,13 +120,13 @@ epx_status epx_dispatch_balanced_topk(epx_balancer *b, const int32_t *replicas,
     if (out != NULL) mine = *out;
     if (mine.replica_counts == NULL) mine.replica_counts = b->rc;
     EPX_TRY(epx_dispatch_count_ids(topk_ids, num_tokens, topk, b->E, b->cnt, err));
-    /* solve only reads b->cnt; map_ids recounts it, to the same values */
+    /* solve only reads b->cnt, which the mapping then uses as counted */
     EPX_TRY(epx_dispatch_balanced_solve(b, replicas, num_valid, b->cnt, &mine, err));
     if (out != NULL) {
         int64_t *rc = out->replica_counts;
         *out = mine;
         out->replica_counts = rc;
     }
-    return epx_dispatch_balanced_map_ids(b, replicas, num_valid, mine.replica_counts, topk_ids,
-                                         num_tokens, topk, phys, err);
+    return map_counted(b, replicas, num_valid, mine.replica_counts, topk_ids, num_tokens, topk,
+                       phys, err);
 }
