@@ -746,6 +746,9 @@ static void errors(void **state) {
     int64_t cnt[4];
     assert_int_equal(epx_dispatch_count_ids(ids, 2, 2, 4, cnt, &err), EPX_ERR_INVALID_ARG);
     TU_MSG_HAS(err.msg, "topk_ids[1][0] = 4", "[-1, 4)");
+    const int32_t two_bad[4] = {0, -2, 9, 1}; /* the first offender is named, below and above */
+    assert_int_equal(epx_dispatch_count_ids(two_bad, 2, 2, 4, cnt, &err), EPX_ERR_INVALID_ARG);
+    TU_MSG_HAS(err.msg, "topk_ids[0][1] = -2");
     assert_int_equal(epx_dispatch_count_ids(ids, -1, 2, 4, cnt, &err), EPX_ERR_SHAPE);
     ids[2] = 3;
     int64_t rc[12] = {1, 0, 0, 1, 0, 0, 0, 0, 0, 0, 1, 0};
