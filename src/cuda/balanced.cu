@@ -557,7 +557,7 @@ __device__ void solve_phases(const BalArgs &a, epxi_bal &b, BalShared &sh, int64
          * outputs), and no pair reads its counts (at one token 376 of
          * Kimi-K2.5's 384 experts, each a walk of its replica row) */
         if (b.cnt[e] == 0 && !a.shares) continue;
-        epxi_bal_write_expert(&b, a.replicas, a.num_valid, e, a.shares, b.rc, a.slot_counts, 0);
+        epxi_bal_write_expert(&b, a.replicas, a.num_valid, e, a.shares, b.rc, a.slot_counts);
         if (rc_copy)
             for (int32_t j = 0, n = epxi_bal_nvalid(&b, a.num_valid, e); j < n; j++)
                 rc_copy[(size_t)e * b.W + j] = b.rc[(size_t)e * b.W + j];

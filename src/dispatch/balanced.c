@@ -204,17 +204,17 @@ epx_status epx_dispatch_balanced_solve(epx_balancer *b, const int32_t *replicas,
     if (rc != EPXI_BAL_OK)
         return epxi_fail(err, EPX_ERR_INTERNAL, "balanced dispatch: %s (level %d)",
                          core_failure(rc), c->levels);
-    /* The rows' zeros in bulk, then each expert's listed columns (pad 0, as
-     * the kernel writes them): column by column, the columns past a short
-     * list (31 of Kimi-K2.5's 33 at W = P - E + 1) were most of a small
-     * batch's solve (bench/RESULTS.md, fourteenth session). */
+    /* The rows' zeros in bulk, then each expert's listed columns, as the
+     * kernel writes them: column by column, the columns past a short list
+     * (31 of Kimi-K2.5's 33 at W = P - E + 1) were most of a small batch's
+     * solve (bench/RESULTS.md, fourteenth session). */
     const size_t cells = (size_t)b->E * (size_t)b->W;
     if (out->shares) memset(out->shares, 0, cells * sizeof *out->shares);
     if (out->replica_counts) memset(out->replica_counts, 0, cells * sizeof *out->replica_counts);
     if (out->slot_counts) memset(out->slot_counts, 0, (size_t)b->P * sizeof *out->slot_counts);
     for (int32_t e = 0; e < b->E; e++)
         epxi_bal_write_expert(c, replicas, num_valid, e, out->shares, out->replica_counts,
-                              out->slot_counts, 0);
+                              out->slot_counts);
     if (out->gpu_load)
         for (int32_t g = 0; g < b->G; g++) out->gpu_load[g] = epxi_bal_gpu_load(c, g);
     int64_t sum[4];

@@ -61,29 +61,29 @@ EPXI_BAL int epxi_bal_solve(epxi_bal *b) {
 
 /* Expert e's row of shares and replica counts (each optional) and its
  * slots' counts (optional; slots no expert lists stay as the caller set
- * them). A GPU's k replicas of the expert split its integer count n as
- * n / k, the first n % k columns (in list order) taking one more. Shares:
- * an expert without tokens splits evenly; a one-GPU expert gives each
- * replica 1 / k; a flexible one flow / (den c k). pad: also the zeros of
- * the columns past the expert's list; 0 when the caller zeroed whole rows
- * (the kernel does: its thread per expert, writing all W columns, 33 on
- * Kimi-K2.5's layout, made one uncoalesced store per column). */
+ * them), its listed columns only: the callers zero whole rows first (the
+ * kernel's thread per expert writing all W columns, 33 on Kimi-K2.5's
+ * layout, made one uncoalesced store per column; on the CPU, column by
+ * column, they were most of a small batch's solve). A GPU's k replicas of
+ * the expert split its integer count n as n / k, the first n % k columns
+ * (in list order) taking one more. Shares: an expert without tokens splits
+ * evenly; a one-GPU expert gives each replica 1 / k; a flexible one flow /
+ * (den c k). */
 EPXI_BAL void epxi_bal_write_expert(const epxi_bal *b, const int32_t *replicas,
                                     const int32_t *num_valid, int32_t e, double *shares,
-                                    int64_t *rcounts, int64_t *slot_counts, int pad) {
+                                    int64_t *rcounts, int64_t *slot_counts) {
     int32_t W = b->W, D = b->D, n = epxi_bal_nvalid(b, num_valid, e);
     int kind = epxi_bal_kind(b, e);
     int32_t i = b->fidx[e];
     const int32_t *row = replicas + (size_t)e * (size_t)W;
     const int32_t *gl = b->eg_gpu + (size_t)e * (size_t)D;
     const double even = n > 0 ? 1.0 / (double)n : 0.0; /* kind 0's share, one division */
-    for (int32_t j = 0; j < (pad ? W : n); j++) {
+    for (int32_t j = 0; j < n; j++) {
         double share = 0.0;
         int64_t cnt = 0;
-        int32_t s = j < n ? row[j] : -1;
-        if (j < n && kind == 0) share = even;
-        if (j < n && kind != 0 && s >= 0 && s < b->P &&
-            !(kind == 2 && (i < 0 || b->f_level[i] < 0))) {
+        int32_t s = row[j];
+        if (kind == 0) share = even;
+        if (kind != 0 && s >= 0 && s < b->P && !(kind == 2 && (i < 0 || b->f_level[i] < 0))) {
             int32_t g = s / b->per, k = 0, nth = 0;
             while (k < b->eg_n[e] && gl[k] != g) k++;
             for (int32_t jj = 0; jj < j; jj++) {
@@ -104,7 +104,7 @@ EPXI_BAL void epxi_bal_write_expert(const epxi_bal *b, const int32_t *replicas,
                 cnt = epxi_bal_div(x, mult) + (nth < epxi_bal_mod(x, mult));
             }
         }
-        if (slot_counts && j < n && s >= 0 && s < b->P) slot_counts[s] = cnt;
+        if (slot_counts && s >= 0 && s < b->P) slot_counts[s] = cnt;
         if (shares) shares[(size_t)e * (size_t)W + (size_t)j] = share;
         if (rcounts) rcounts[(size_t)e * (size_t)W + (size_t)j] = cnt;
     }

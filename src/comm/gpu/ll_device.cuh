@@ -59,14 +59,18 @@ constexpr int blocks_per_sm(int threads) { return 1024 / threads; }
  * tokens, the host transport's 3 % at 32 (bench/RESULTS.md, "The
  * dispatch's registers"; host rows not timed past 128 tokens). */
 constexpr int kSmallBf16BlocksPerSm = 3, kSmallFp8BlocksPerSm = 2, kHostRowsBlocksPerSm = 1;
+/* Whether a dispatch instance of `threads` is the small lean one (told
+ * apart by its size alone, so not where both sizes are one). */
+__host__ __device__ constexpr bool small_dispatch(int threads) {
+    return threads == kSmallDispatchThreads && threads != kDispatchThreads;
+}
 /* (never more than 1024 / threads: other EPX_LL_*_THREADS builds keep at
  * least the 64 registers every instance had) */
 constexpr int dispatch_blocks_per_sm(int threads, bool host_rows, bool fp8) {
-    const int chosen = host_rows ? kHostRowsBlocksPerSm
-                       : threads != kSmallDispatchThreads || threads == kDispatchThreads
-                           ? blocks_per_sm(threads)
-                       : fp8 ? kSmallFp8BlocksPerSm
-                             : kSmallBf16BlocksPerSm;
+    const int chosen = host_rows                  ? kHostRowsBlocksPerSm
+                       : !small_dispatch(threads) ? blocks_per_sm(threads)
+                       : fp8                      ? kSmallFp8BlocksPerSm
+                                                  : kSmallBf16BlocksPerSm;
     return chosen < blocks_per_sm(threads) ? chosen : blocks_per_sm(threads);
 }
 static_assert(kDispatchThreads % 32 == 0 && kDispatchThreads >= 64 && kDispatchThreads <= 1024 &&

@@ -1006,9 +1006,8 @@ __global__ void __launch_bounds__(kT, dispatch_blocks_per_sm(kT, kHostRows, kFp8
      * lean_fp8 and host_rows), keep one flag, so their code and spills stay
      * as they were (with the second flag's code the fp8 and host-rows
      * stacks grew from 40 and 24 to 72 and 40 bytes a thread, the small
-     * bf16 instance from 5,424 to 6,280 instructions). The small one is
-     * told apart only where its size differs. */
-    constexpr bool kSmall = kT == kSmallDispatchThreads && kT != kDispatchThreads;
+     * bf16 instance from 5,424 to 6,280 instructions). */
+    constexpr bool kSmall = small_dispatch(kT);
     const bool two_flags = !kSmall && !kFp8 && !kHostRows && compact;
     /* Normal mode's large batch (the lean kBig instance over a compact
      * receive) gives its blocks roles: the last five eighths ("meta
