@@ -28,6 +28,13 @@
  * move the same round trip's bytes on this GPU, and the same two with a
  * minimal flag protocol, launched and as graphs (mode "floor"); the table
  * ends each token count with the engine's round trip as multiples of both.
+ * Over the NCCL transport a third floor, "nccl" (issue 26), puts NCCL's own
+ * part beside them: the bare kernels with, after the dispatch's and before
+ * the combine's, one ncclSend/ncclRecv group to every rank of as many
+ * bytes per peer as the engine's staged blocks (epxi_gpu_ep_staged_bytes),
+ * between buffers of its own. The engine's staged phase is that plus its
+ * second kernel, so the floor says how far NCCL alone leaves the engine
+ * from the pointers.
  */
 #include "bench_comm.h"
 
@@ -53,6 +60,8 @@ int epxi_ll_floor_run(epxi_ll_floor *fl, int phase, int flag, int64_t T);
 int epxi_ll_floor_fault(epxi_ll_floor *fl);
 int epxi_ll_hold(cudaStream_t s, const int *gate);
 void epxi_ll_floor_destroy(epxi_ll_floor *fl);
+size_t epxi_gpu_ep_staged_bytes(const epx_gpu_ep *ep, int phase);
+ncclResult_t epxi_nccl_settle(ncclComm_t comm, ncclResult_t r);
 
 typedef struct ll_run {
     epx_comm *comm;
@@ -71,8 +80,11 @@ typedef struct ll_run {
     double *t;
     cudaGraphExec_t g[4]; /* dispatch, identity, combine, round trip */
     epxi_ll_floor *fl;
-    cudaGraphExec_t fg[2][3]; /* floor [bare, flag][dispatch, combine, round trip] */
-    volatile int *gate;       /* host-mapped: opens the hold before a timed replay */
+    cudaGraphExec_t fg[3][3]; /* floor [bare, flag, nccl][dispatch, combine, round trip] */
+    ncclComm_t nc;            /* the NCCL transport's communicator, else NULL */
+    unsigned char *nbox;      /* the nccl floor's send and receive blocks */
+    size_t nbox_bytes;
+    volatile int *gate; /* host-mapped: opens the hold before a timed replay */
     const int *gate_dev;
     int64_t Tmax;  /* the engine's max_tokens: the largest --tokens */
     int64_t bound; /* its token bound for the batch size being timed */
@@ -278,15 +290,36 @@ static epx_status time_phase(ll_run *b, int phase, int64_t T, bool graph, size_t
     return st;
 }
 
-/* One floor probe's phase (0 dispatch, 1 combine, 2 both) on the stream. */
-static epx_status floor_launch(ll_run *b, int flag, int phase, int64_t T, bool graph,
+enum { FLOOR_BARE, FLOOR_FLAG, FLOOR_NCCL, FLOOR_KINDS };
+
+/* The nccl floor's exchange of phase ph (0 dispatch, 1 combine): to and
+ * from every rank, the engine's staged bytes per peer. */
+static int nccl_floor_exchange(ll_run *b, int ph) {
+    const int32_t R = epx_comm_size(b->comm);
+    const size_t n = epxi_gpu_ep_staged_bytes(b->ep, ph);
+    ncclResult_t r = ncclGroupStart();
+    for (int32_t p = 0; p < R && r == ncclSuccess; p++) {
+        r = ncclSend(b->nbox + (size_t)p * n, n, ncclUint8, p, b->nc, b->s);
+        if (r == ncclSuccess)
+            r = ncclRecv(b->nbox + (size_t)(R + p) * n, n, ncclUint8, p, b->nc, b->s);
+    }
+    const ncclResult_t e = epxi_nccl_settle(b->nc, ncclGroupEnd());
+    return r != ncclSuccess || e != ncclSuccess;
+}
+
+/* One floor probe's phase (0 dispatch, 1 combine, 2 both) on the stream;
+ * the nccl floor runs the bare kernels around its exchanges. */
+static epx_status floor_launch(ll_run *b, int kind, int phase, int64_t T, bool graph,
                                epx_error *err) {
     if (graph) {
-        CUDA_OR(cudaGraphLaunch(b->fg[flag][phase], b->s), "floor graph launch");
+        CUDA_OR(cudaGraphLaunch(b->fg[kind][phase], b->s), "floor graph launch");
         return EPX_OK;
     }
+    const int flag = kind == FLOOR_FLAG, nccl = kind == FLOOR_NCCL;
     int rc = 0;
     if (phase != 1) rc |= epxi_ll_floor_run(b->fl, 0, flag, T);
+    if (phase != 1 && nccl) rc |= nccl_floor_exchange(b, 0);
+    if (phase != 0 && nccl) rc |= nccl_floor_exchange(b, 1);
     if (phase != 0) rc |= epxi_ll_floor_run(b->fl, 1, flag, T);
     if (rc != 0) {
         err->status = EPX_ERR_CUDA;
@@ -298,25 +331,25 @@ static epx_status floor_launch(ll_run *b, int flag, int phase, int64_t T, bool g
 
 /* Time a floor probe like time_phase times the engine (this rank alone:
  * the probes do not communicate). */
-static epx_status time_floor(ll_run *b, int flag, int phase, int64_t T, bool graph, double *median,
+static epx_status time_floor(ll_run *b, int kind, int phase, int64_t T, bool graph, double *median,
                              double *p99, epx_error *err) {
     const bench_args *a = b->a;
-    if (graph && b->fg[flag][phase] == NULL) {
+    if (graph && b->fg[kind][phase] == NULL) {
         cudaGraph_t g;
         CUDA_OR(cudaStreamBeginCapture(b->s, cudaStreamCaptureModeThreadLocal), "floor capture");
         epx_status st = EPX_OK;
         for (int rep = 0; rep < kGraphReps && st == EPX_OK; rep++)
-            st = floor_launch(b, flag, phase, T, false, err);
+            st = floor_launch(b, kind, phase, T, false, err);
         cudaError_t ce = cudaStreamEndCapture(b->s, &g);
         if (st != EPX_OK) return st;
         CUDA_OR(ce, "floor end capture");
-        ce = cudaGraphInstantiate(&b->fg[flag][phase], g, 0);
+        ce = cudaGraphInstantiate(&b->fg[kind][phase], g, 0);
         cudaGraphDestroy(g);
         CUDA_OR(ce, "floor graph instantiate");
     }
     for (int it = 0; it < a->warmup + a->iters; it++) {
         EPX_TRY_CLI(timed_begin(b, graph, err));
-        EPX_TRY_CLI(floor_launch(b, flag, phase, T, graph, err));
+        EPX_TRY_CLI(floor_launch(b, kind, phase, T, graph, err));
         CUDA_OR(cudaEventRecord(b->e1, b->s), "event");
         EPX_TRY_CLI(timed_end(b, graph, &b->t[it], err));
     }
@@ -331,6 +364,22 @@ static epx_status time_floor(ll_run *b, int flag, int phase, int64_t T, bool gra
     return EPX_OK;
 }
 
+/* The nccl floor's blocks, 2 R times the larger phase's staged bytes, grown
+ * when a larger token bound needs more (bench_floor has dropped the graphs
+ * that held the old ones). */
+static epx_status nccl_floor_boxes(ll_run *b, epx_error *err) {
+    const size_t d = epxi_gpu_ep_staged_bytes(b->ep, 0), c = epxi_gpu_ep_staged_bytes(b->ep, 1);
+    const size_t need = 2 * (size_t)epx_comm_size(b->comm) * (d > c ? d : c);
+    if (need <= b->nbox_bytes) return EPX_OK;
+    cudaFree(b->nbox);
+    b->nbox = NULL;
+    b->nbox_bytes = 0;
+    CUDA_OR(cudaMalloc((void **)&b->nbox, need), "the nccl floor's blocks");
+    CUDA_OR(cudaMemset(b->nbox, 0, need), "the nccl floor's blocks");
+    b->nbox_bytes = need;
+    return EPX_OK;
+}
+
 /* The floor rows of T tokens (JSON mode "floor") and the engine's round
  * trip as multiples of them; eng[g] is the engine's round trip median,
  * launched (g = 0) and as a graph (g = 1). */
@@ -340,29 +389,33 @@ static epx_status bench_floor(ll_run *b, int64_t T, const double *eng, FILE *jl,
     /* The probes' own bytes: T * K bf16 rows written (dispatch), read (combine). */
     const size_t moved = (size_t)T * (size_t)a->cfg.top_k * (size_t)a->cfg.hidden * 2;
     const size_t bytes[3] = {moved, moved, 2 * moved};
-    const char *names[3] = {"dispatch", "combine", "round-trip"}, *fname[2] = {"bare", "flag"};
-    double rt[2][2] = {{0, 0}, {0, 0}};
-    for (int i = 0; i < 2; i++)
+    const char *names[3] = {"dispatch", "combine", "round-trip"};
+    const char *fname[FLOOR_KINDS] = {"bare", "flag", "nccl"};
+    double rt[FLOOR_KINDS][2] = {{0, 0}, {0, 0}, {0, 0}};
+    for (int i = 0; i < FLOOR_KINDS; i++)
         for (int j = 0; j < 3; j++) {
             if (b->fg[i][j]) cudaGraphExecDestroy(b->fg[i][j]);
             b->fg[i][j] = NULL;
         }
-    for (int flag = 0; flag < 2; flag++)
+    const int kinds = b->nc != NULL ? FLOOR_KINDS : FLOOR_NCCL;
+    if (b->nc != NULL) EPX_TRY_CLI(nccl_floor_boxes(b, err));
+    for (int kind = 0; kind < kinds; kind++)
         for (int ph = 0; ph < 3; ph++)
             for (int gi = 0; gi < (a->graph ? 2 : 1); gi++) {
                 double med = 0, p99 = 0;
-                EPX_TRY_CLI(time_floor(b, flag, ph, T, gi == 1, &med, &p99, err));
-                if (ph == 2) rt[flag][gi] = med;
+                EPX_TRY_CLI(time_floor(b, kind, ph, T, gi == 1, &med, &p99, err));
+                if (ph == 2) rt[kind][gi] = med;
                 if (epx_comm_rank(b->comm) != 0) continue;
                 printf("%8lld  %-10s %-6s %9.2f %9.2f %10.1f %8s  floor (%s)\n", (long long)T,
                        names[ph], gi ? "graph" : "launch", med, p99,
-                       bytes[ph] > 0 ? (double)bytes[ph] / med * 1e-3 : 0.0, "-", fname[flag]);
+                       bytes[ph] > 0 ? (double)bytes[ph] / med * 1e-3 : 0.0, "-", fname[kind]);
+                const int nccl = kind == FLOOR_NCCL;
                 bench_line l = {.backend = a->backend,
                                 .mode = "floor",
                                 .phase = names[ph],
                                 .device = device,
                                 .dtype = "bf16",
-                                .ranks = 1,
+                                .ranks = nccl ? epx_comm_size(b->comm) : 1,
                                 .hidden = a->cfg.hidden,
                                 .topk = a->cfg.top_k,
                                 .tokens = T,
@@ -370,11 +423,13 @@ static epx_status bench_floor(ll_run *b, int64_t T, const double *eng, FILE *jl,
                                 .p99_us = p99,
                                 .gbps = bytes[ph] > 0 ? (double)bytes[ph] / med * 1e-3 : -1.0,
                                 .copy_pct = -1.0,
-                                .launches = ph == 2 ? 2 : 1,
+                                .launches = (ph == 2 ? 2 : 1) * (nccl ? 2 : 1),
                                 .graph = gi == 1,
-                                .floor = fname[flag],
+                                .floor = fname[kind],
+                                .transport = nccl ? "nccl" : NULL,
                                 .link_pct = -1.0,
-                                .graph_reps = gi == 1 ? kGraphReps : 0};
+                                .graph_reps = gi == 1 ? kGraphReps : 0,
+                                .token_bound = nccl ? b->bound : 0};
                 if (jl != NULL && bench_jsonl_write(jl, &l) != 0) {
                     err->status = EPX_ERR_IO;
                     snprintf(err->msg, sizeof err->msg, "bench: writing the JSON lines failed");
@@ -382,12 +437,17 @@ static epx_status bench_floor(ll_run *b, int64_t T, const double *eng, FILE *jl,
                 }
             }
     if (epx_comm_rank(b->comm) == 0)
-        for (int gi = 0; gi < (a->graph ? 2 : 1); gi++)
-            if (eng[gi] > 0 && rt[0][gi] > 0 && rt[1][gi] > 0)
-                printf("%8lld  round trip %-6s engine %.2f us = %.2fx the bare kernels, %.2fx the "
-                       "flag protocol\n",
-                       (long long)T, gi ? "graph" : "launch", eng[gi], eng[gi] / rt[0][gi],
-                       eng[gi] / rt[1][gi]);
+        for (int gi = 0; gi < (a->graph ? 2 : 1); gi++) {
+            if (eng[gi] <= 0 || rt[FLOOR_BARE][gi] <= 0 || rt[FLOOR_FLAG][gi] <= 0) continue;
+            printf("%8lld  round trip %-6s engine %.2f us = %.2fx the bare kernels, %.2fx the "
+                   "flag protocol",
+                   (long long)T, gi ? "graph" : "launch", eng[gi], eng[gi] / rt[FLOOR_BARE][gi],
+                   eng[gi] / rt[FLOOR_FLAG][gi]);
+            if (rt[FLOOR_NCCL][gi] > 0)
+                printf(", %.2fx the bare kernels with NCCL's exchanges",
+                       eng[gi] / rt[FLOOR_NCCL][gi]);
+            printf("\n");
+        }
     return EPX_OK;
 }
 
@@ -634,9 +694,10 @@ epx_status bench_ll_gpu(epx_comm *comm, ncclComm_t nc, cudaStream_t s, const ben
     o.timeout_ms = a->timeout_ms;
     o.transport = a->transport;
     o.max_blocks = a->max_blocks;
-    if (st == EPX_OK && a->transport == EPX_BENCH_TRANSPORT_NCCL)
+    if (st == EPX_OK && a->transport == EPX_BENCH_TRANSPORT_NCCL) {
         st = epx_gpu_ep_create_nccl(nc, &c, s, &o, &b.ep, err);
-    else if (st == EPX_OK)
+        b.nc = nc;
+    } else if (st == EPX_OK)
         st = epx_gpu_ep_create(comm, &c, s, &o, &b.ep, err);
     /* Normal mode over a transport the GPU engine's compact receive does not
      * take (a PCIe box without peer access picks host): name the bench's fix. */
@@ -686,8 +747,9 @@ epx_status bench_ll_gpu(epx_comm *comm, ncclComm_t nc, cudaStream_t s, const ben
         st = bench_T(&b, a->tokens[i], x, slots, w, P, jl, device, err);
     for (int i = 0; i < 4; i++)
         if (b.g[i]) cudaGraphExecDestroy(b.g[i]);
-    for (int i = 0; i < 6; i++)
+    for (int i = 0; i < FLOOR_KINDS * 3; i++)
         if (b.fg[i / 3][i % 3]) cudaGraphExecDestroy(b.fg[i / 3][i % 3]);
+    cudaFree(b.nbox);
     epxi_ll_floor_destroy(b.fl);
     epx_gpu_ep_destroy(b.ep);
     cudaFree(b.dx), cudaFree(b.ds), cudaFree(b.dw), cudaFree(b.dout), cudaFree(b.dtp);

@@ -1411,6 +1411,14 @@ extern "C" EPXI_HIDDEN void epxi_gpu_ep_variant(epx_gpu_ep *ep, int bits) {
     if (ep != NULL) ep->a.variant = bits;
 }
 
+/* Measuring: the bytes a staging transport moves per peer in phase 0
+ * (dispatch) or 1 (combine) at the current token bound; 0 for a transport
+ * that maps its peers. The benchmark's NCCL floor exchanges as many. */
+extern "C" EPXI_HIDDEN size_t epxi_gpu_ep_staged_bytes(const epx_gpu_ep *ep, int phase) {
+    if (ep == NULL || ep->exchange == NULL || phase < 0 || phase > 1) return 0;
+    return ep->wire[phase].bytes[0];
+}
+
 /* Testing: the next dispatches publish no flags (a peer that never writes). */
 extern "C" EPXI_HIDDEN void epxi_gpu_ep_inject_silence(epx_gpu_ep *ep, int on) {
     if (ep != NULL) ep->a.skip_flags = on;

@@ -35,10 +35,13 @@ epx_status nccl_fail(ncclResult_t r, const char *what, epx_error *err) {
                      ncclGetErrorString(r));
 }
 
+} // namespace
+
 /* A communicator made non-blocking (epx_nccl_comm_init) answers a group
  * or collective with ncclInProgress while it is still being enqueued: wait
- * for that (not for the transfer) against a deadline. */
-ncclResult_t settle(ncclComm_t comm, ncclResult_t r) {
+ * for that (not for the transfer) against a deadline. Also the benchmark's
+ * (its NCCL floor, tools/epx/bench_ll.c). */
+extern "C" EPXI_HIDDEN ncclResult_t epxi_nccl_settle(ncclComm_t comm, ncclResult_t r) {
     struct timespec t0, now;
     clock_gettime(CLOCK_MONOTONIC, &t0);
     while (r == ncclInProgress) {
@@ -48,6 +51,8 @@ ncclResult_t settle(ncclComm_t comm, ncclResult_t r) {
     }
     return r;
 }
+
+namespace {
 
 epx_status exchange(void *ctx, const epxi_ll_phase_blocks *b, void *stream, epx_error *err) {
     const Ctx *c = (const Ctx *)ctx;
@@ -61,7 +66,7 @@ epx_status exchange(void *ctx, const epxi_ll_phase_blocks *b, void *stream, epx_
             if (r == ncclSuccess)
                 r = ncclRecv(b->inbox + at, b->bytes[i], ncclUint8, p, c->comm, s);
         }
-    const ncclResult_t e = settle(c->comm, ncclGroupEnd());
+    const ncclResult_t e = epxi_nccl_settle(c->comm, ncclGroupEnd());
     if (r != ncclSuccess) return nccl_fail(r, "ncclSend/ncclRecv", err);
     if (e != ncclSuccess) return nccl_fail(e, "ncclGroupEnd", err);
     return EPX_OK;
@@ -76,8 +81,8 @@ epx_status gather(ncclComm_t comm, int32_t R, const void *mine, size_t bytes, vo
     EPXI_CUDA_GOTO(st, cudaMalloc(&d, (size_t)(R + 1) * bytes), what, done);
     EPXI_CUDA_GOTO(st, cudaMemcpy(d, mine, bytes, cudaMemcpyHostToDevice), what, done);
     {
-        ncclResult_t r =
-            settle(comm, ncclAllGather(d, (unsigned char *)d + bytes, bytes, ncclUint8, comm, s));
+        ncclResult_t r = epxi_nccl_settle(
+            comm, ncclAllGather(d, (unsigned char *)d + bytes, bytes, ncclUint8, comm, s));
         if (r != ncclSuccess) {
             st = nccl_fail(r, what, err);
             goto done;
