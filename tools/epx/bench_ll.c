@@ -330,7 +330,8 @@ static epx_status floor_launch(ll_run *b, int kind, int phase, int64_t T, bool g
 }
 
 /* Time a floor probe like time_phase times the engine (this rank alone:
- * the probes do not communicate). */
+ * the bare and flag probes do not communicate; the nccl probe's groups
+ * pair with the other ranks', which time theirs in the same steps). */
 static epx_status time_floor(ll_run *b, int kind, int phase, int64_t T, bool graph, double *median,
                              double *p99, epx_error *err) {
     const bench_args *a = b->a;
