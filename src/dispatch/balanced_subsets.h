@@ -107,7 +107,10 @@ EPXI_BAL void epxi_bal_add_to(int64_t *p, int64_t v) {
 #ifdef __CUDA_ARCH__
 /* A group's second stage (nl > 32): each warp's value, by its lane 0, into
  * a slot per warp, then every lane reads them all; the barrier after the
- * reads keeps the next use's writes behind them. */
+ * reads keeps the next use's writes behind them. The minimum, the OR, the
+ * vote and the best subset have one; the first, the sum and the shuffle
+ * from a lane stay a warp's, as the max-flows (never given a group) use
+ * them. */
 #define EPXI_BAL_GROUP_FOLD(type, v, nl, fold)                                                     \
     do {                                                                                           \
         __shared__ type slot_[32];                                                                 \
@@ -202,7 +205,6 @@ EPXI_BAL int epxi_bal_all_lanes(int ok, int nl) {
 #ifdef __CUDA_ARCH__
     if (nl > 1) ok = __all_sync(0xffffffffu, ok);
     if (nl > 32) EPXI_BAL_GROUP_FOLD(int, ok, nl, ok &= o_);
-    return ok;
 #elif defined(EPXI_BAL_LANES)
     if (nl > 1) return epxi_bal_lanes_all(ok);
 #else
