@@ -1,6 +1,6 @@
 #!/bin/bash
 # Judges bench/staged/staging_stride.patch and staged_flags.patch on top of it
-# (~300 s). Stage on the development VM (add the folders to .git/info/exclude):
+# (~350 s). Stage on the development VM (add the folders to .git/info/exclude):
 #   .devM:  main's epx                                     (BASE)
 #   .devS2: main + staging_stride.patch: epx, test_gpu_ll,  (NEW)
 #           libepx.so, libepx_cuda.so, and test_gpu_ll_unfixed = the test
@@ -16,7 +16,7 @@ export NCCL_NVLS_ENABLE=0 LD_LIBRARY_PATH=$PWD/.devlibs:/usr/local/cuda/lib64
 nvidia-smi --query-gpu=name --format=csv,noheader
 if [ -x .devS2/test_gpu_ll_unfixed ]; then
     echo "== unfixed engine, the new staged case (expected to fail)"
-    timeout 70 .devS2/test_gpu_ll_unfixed > /tmp/u.log 2>&1
+    timeout 150 .devS2/test_gpu_ll_unfixed > /tmp/u.log 2>&1
     echo "exit $?"
     tail -3 /tmp/u.log
 fi
