@@ -2,11 +2,13 @@
 # Judges bench/staged/staging_stride.patch and staged_flags.patch on top of it
 # (~350 s). Stage on the development VM (add the folders to .git/info/exclude):
 #   .devM:  main's epx                                     (BASE)
-#   .devS2: main + staging_stride.patch: epx, test_gpu_ll,  (NEW)
-#           libepx.so, libepx_cuda.so, and test_gpu_ll_unfixed = the test
-#           built with the patch's test part alone (the engine unfixed)
-#   .devS3: main + both patches: the same four files       (NEW2)
-# and carry .devM .devS2 .devS3 .devlibs. The unfixed engine must fail the
+#   .devS2: main + staging_stride.patch: epx, test_gpu_ll   (NEW)
+#           (both static), and test_gpu_ll_unfixed = the test built with
+#           the patch's test part alone (the engine unfixed)
+#   .devS3: main + both patches: epx, test_gpu_ll           (NEW2)
+# (BUDGET=0: gpu_ab.sh runs no checks, so no libraries), and carry .devM
+# .devS2 .devS3 .devlibs (~45 MiB with the tree). The fifteenth session
+# left these folders staged on the development VM. The unfixed engine must fail the
 # new staged case; both fixed builds pass test_gpu_ll on the default, host
 # and nccl transports; the times say whether the early flag read pays over
 # NCCL and costs nothing over device and host memory.
