@@ -4,7 +4,8 @@
 #   git apply bench/staged/bal_group.patch && make build JOBS=2
 #   BIN=build scripts/stage_gpu.sh
 #   cp <main's build>/bench/bench_balanced .devbin/bench_balanced_base
-# and carry .devbin .devlibs .devpy. bal_check.sh's checks (test_balanced_gpu
+# and carry .devbin .devlibs .devpy (the fifteenth session left .devbin
+# staged so on the development VM). bal_check.sh's checks (test_balanced_gpu
 # five ways, memcheck, racecheck on the max-flows, epx.torch's balanced
 # tests) and timings, then racecheck and synccheck on the default solve,
 # whose named barrier and the group's reductions only a GPU runs.
