@@ -274,19 +274,14 @@ EPXI_BAL uint32_t epxi_bal_best_lanes(int64_t num, int32_t den, uint32_t mask, i
             epxi_bal_better(&num, &den, &mask, n2, d2, m2);
         }
     if (nl > 32) { /* the warps' bests, folded in warp order (ties merge by OR) */
-        __shared__ int64_t num_[32];
-        __shared__ int32_t den_[32];
-        __shared__ uint32_t mask_[32];
-        if ((threadIdx.x & 31) == 0) {
-            num_[threadIdx.x >> 5] = num;
-            den_[threadIdx.x >> 5] = den;
-            mask_[threadIdx.x >> 5] = mask;
-        }
-        epxi_bal_group_sync(nl);
-        num = num_[0], den = den_[0], mask = mask_[0];
-        for (int w = 1; w < (nl >> 5); w++)
-            epxi_bal_better(&num, &den, &mask, num_[w], den_[w], mask_[w]);
-        epxi_bal_group_sync(nl);
+        struct best {
+            int64_t num;
+            int32_t den;
+            uint32_t mask;
+        } t = {num, den, mask};
+        EPXI_BAL_GROUP_FOLD(best, t, nl,
+                            epxi_bal_better(&t.num, &t.den, &t.mask, o_.num, o_.den, o_.mask));
+        mask = t.mask;
     }
 #elif defined(EPXI_BAL_LANES)
     if (nl > 1) return epxi_bal_lanes_best(num, den, mask);
