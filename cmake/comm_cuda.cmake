@@ -45,7 +45,9 @@ set_tests_properties(gpu_nccl_ep PROPERTIES LABELS "gpu;no-asan" SKIP_RETURN_COD
 # that lack it.
 add_executable(test_gpu_ll ${CMAKE_SOURCE_DIR}/tests/comm_gpu/test_gpu_ll.c)
 target_compile_options(test_gpu_ll PRIVATE ${EPX_WARNINGS})
-target_include_directories(test_gpu_ll PRIVATE ${CMAKE_SOURCE_DIR}/tests/util)
+target_include_directories(test_gpu_ll PRIVATE ${CMAKE_SOURCE_DIR}/tests/util
+                                               ${CMAKE_SOURCE_DIR}/src/comm/gpu
+                                               ${CMAKE_SOURCE_DIR}/src/core)
 target_link_libraries(test_gpu_ll PRIVATE epx_nccl)
 target_link_options(test_gpu_ll PRIVATE -Wl,--as-needed)
 add_test(NAME gpu_ll COMMAND test_gpu_ll)

@@ -12,7 +12,11 @@
  * ranks, several batches on one handle (stale rows), CUDA-graph capture and
  * replay with new data, a bad slot (refused on every rank, then recovery),
  * and a silent peer (the kernels time out; sync and the bootstrap
- * communicator's health report it). Seed: EPX_TEST_SEED (printed).
+ * communicator's health report it). The staging transports' protocol (the
+ * NCCL transport's blocks, flags and strides) on 2-4 ranks in this process,
+ * through a test transport that copies each rank's outbox blocks into its
+ * peers' inboxes: NCCL takes one rank per GPU, so no NCCL run here can
+ * show it. Seed: EPX_TEST_SEED (printed).
  */
 #define _DEFAULT_SOURCE /* MAP_ANONYMOUS, for proc_comm.h */
 #include <cuda_runtime.h>
@@ -28,8 +32,13 @@
 #include "epx_comm_gpu.h"
 #include "epx_comm_nccl.h"
 #include "proc_comm.h"
+#include "transport.h" /* the staging interface (src/comm/gpu) */
 
 void epxi_gpu_ep_inject_silence(epx_gpu_ep *ep, int on);
+epx_status epxi_gpu_ep_open_staging(const epx_ep_config *cfg, int32_t rank, int32_t num_ranks,
+                                    cudaStream_t stream, const epx_gpu_ep_opts *opts,
+                                    const epxi_ll_staging *ops, epx_gpu_ep **out, epx_error *err);
+void epxi_gpu_ep_staged_boxes(const epx_gpu_ep *ep, unsigned char **outbox, unsigned char **inbox);
 int epxi_gpu_ep_epochs(epx_gpu_ep *ep, uint32_t *de, uint32_t *ce);
 int epxi_gpu_ep_set_epochs(epx_gpu_ep *ep, uint32_t epoch);
 void epxi_gpu_ep_variant(epx_gpu_ep *ep, int bits);
@@ -1324,6 +1333,152 @@ static int connect_cases(void) {
 }
 
 /* Whether a GPU is usable, asked in a child so this process forks clean. */
+/* ---- the staging protocol on several ranks, in this process ------------------ */
+
+/* Every rank's outbox and inbox, for the test transport's copies. */
+typedef struct stage_net {
+    int32_t R;
+    unsigned char *out[PC_MAX_RANKS], *in[PC_MAX_RANKS];
+} stage_net;
+typedef struct stage_ctx { /* one per rank; its engine frees it */
+    stage_net *net;
+    int32_t me;
+} stage_ctx;
+
+/* The test transport's phase: rank me's block for each peer p, from its
+ * outbox into p's inbox under me, on me's stream (the caller orders the
+ * peers' streams: every rank's send, then a device synchronisation, then
+ * every receive). */
+static epx_status stage_exchange(void *ctx, const epxi_ll_phase_blocks *b, void *stream,
+                                 epx_error *err) {
+    const stage_ctx *c = ctx;
+    for (int32_t p = 0; p < b->R; p++)
+        for (int32_t i = 0; i < b->nparts; i++)
+            if (cudaMemcpyAsync(c->net->in[p] + b->off[i] + (size_t)c->me * b->stride[i],
+                                b->outbox + b->off[i] + (size_t)p * b->stride[i], b->bytes[i],
+                                cudaMemcpyDeviceToDevice, (cudaStream_t)stream) != cudaSuccess) {
+                err->status = EPX_ERR_CUDA;
+                snprintf(err->msg, sizeof err->msg, "test staging: a block's copy failed");
+                return EPX_ERR_CUDA;
+            }
+    return EPX_OK;
+}
+
+/* Every rank of this process sets the same bound: nothing to compare. */
+static epx_status stage_agree(void *ctx, int64_t value, const char *what, void *stream,
+                              epx_error *err) {
+    (void)ctx, (void)value, (void)what, (void)stream, (void)err;
+    return EPX_OK;
+}
+
+/* Shape c (low latency) on c->R ranks over the test transport: each batch
+ * every rank's dispatch send, then every receive, the identity experts,
+ * every combine send, every receive; each rank's views and output checked
+ * against the oracle as the processes' cases check them. */
+static int staged_ranks(const shape *c) {
+    epx_error err = {0};
+    const int32_t R = c->R, spr = c->P / R, K = c->K;
+    const size_t xs = epx_dtype_size(c->xd), M = (size_t)c->M;
+    const size_t rows = (size_t)spr * (size_t)R * M, xrow = (size_t)c->H * xs;
+    epx_ep_config cfg = ll_config(c->H, K, c->P, c->M, c->xd, c->yd);
+    epx_gpu_ep_opts o = EPX_GPU_EP_OPTS_INIT;
+    o.timeout_ms = 5000; /* the peers' blocks are in before any receive */
+    stage_net net = {.R = R};
+    epx_gpu_ep *ep[PC_MAX_RANKS] = {NULL};
+    cudaStream_t st[PC_MAX_RANKS];
+    void *dx[PC_MAX_RANKS];
+    int32_t *ds[PC_MAX_RANKS];
+    float *dw[PC_MAX_RANKS], *dout[PC_MAX_RANKS];
+    epx_gpu_ep_views vw[PC_MAX_RANKS];
+    for (int32_t r = 0; r < R; r++) {
+        CK(cudaStreamCreateWithFlags(&st[r], cudaStreamNonBlocking));
+        stage_ctx *ctx = malloc(sizeof *ctx);
+        if (ctx == NULL) FAILF("staged ranks: no memory");
+        *ctx = (stage_ctx){&net, r};
+        const epxi_ll_staging ops = {stage_exchange, stage_agree, ctx};
+        EK(epxi_gpu_ep_open_staging(&cfg, r, R, st[r], &o, &ops, &ep[r], &err));
+        epxi_gpu_ep_staged_boxes(ep[r], &net.out[r], &net.in[r]);
+        EK(epx_gpu_ep_get_views(ep[r], &vw[r], &err));
+        CK(cudaMalloc(&dx[r], M * (size_t)c->H * xs));
+        CK(cudaMalloc((void **)&ds[r], M * (size_t)K * 4));
+        CK(cudaMalloc((void **)&dw[r], M * (size_t)K * 4));
+        CK(cudaMalloc((void **)&dout[r], M * (size_t)c->H * 4));
+    }
+    got g;
+    g.count = malloc((size_t)spr * 4);
+    g.srctok = malloc(rows * 4 + 4);
+    g.etok = malloc(rows * 4 + 4);
+    g.offs = malloc((size_t)(spr + 1) * 8);
+    g.range = malloc((size_t)spr * (size_t)R * 8);
+    g.ew = malloc(rows * 4 + 4);
+    g.rx = malloc(rows * xrow + 1);
+    g.xstride = xrow;
+    void *out = malloc(M * (size_t)c->H * 4 + 4);
+    batch all[PC_MAX_RANKS];
+    epx_ep_recv rv[PC_MAX_RANKS];
+    int rc = 0;
+    for (int b = 0; b < c->batches && rc == 0; b++) {
+        for (int32_t r = 0; r < R; r++) {
+            make_batch(c, b, r, -1, &all[r]);
+            const int64_t T = all[r].T;
+            CK(cudaMemcpy(dx[r], all[r].x, (size_t)T * (size_t)c->H * xs, cudaMemcpyHostToDevice));
+            CK(cudaMemcpy(ds[r], all[r].s, (size_t)T * (size_t)K * 4, cudaMemcpyHostToDevice));
+            CK(cudaMemcpy(dw[r], all[r].w, (size_t)T * (size_t)K * 4, cudaMemcpyHostToDevice));
+        }
+        for (int32_t r = 0; r < R; r++)
+            EK(epx_gpu_ep_dispatch_parts(ep[r], EPX_GPU_EP_SEND | c->fp8, all[r].T, dx[r], ds[r],
+                                         dw[r], NULL, &err));
+        CK(cudaDeviceSynchronize());
+        for (int32_t r = 0; r < R; r++)
+            EK(epx_gpu_ep_dispatch_parts(ep[r], EPX_GPU_EP_RECV, all[r].T, dx[r], ds[r], dw[r],
+                                         &rv[r], &err));
+        for (int32_t r = 0; r < R; r++) EK(epx_gpu_ep_identity_experts(ep[r], &err));
+        CK(cudaDeviceSynchronize());
+        for (int32_t r = 0; r < R; r++)
+            EK(epx_gpu_ep_combine_parts(ep[r], EPX_GPU_EP_SEND, NULL, NULL, dout[r], EPX_DTYPE_F32,
+                                        &err));
+        CK(cudaDeviceSynchronize());
+        for (int32_t r = 0; r < R; r++)
+            EK(epx_gpu_ep_combine_parts(ep[r], EPX_GPU_EP_RECV, NULL, NULL, NULL, EPX_DTYPE_F32,
+                                        &err));
+        for (int32_t r = 0; r < R && rc == 0; r++) {
+            EK(epx_gpu_ep_sync(ep[r], &err));
+            if (fetch_views(&vw[r], &rv[r], spr, R, rows, rows * xrow, &g) != 0) return 1;
+            CK(cudaMemcpy(out, dout[r], (size_t)all[r].T * (size_t)c->H * 4,
+                          cudaMemcpyDeviceToHost));
+            rc = check(c, r, all, &g, out, true, false, b, 0);
+        }
+        for (int32_t r = 0; r < R; r++) free_batch(&all[r]);
+    }
+    for (int32_t r = 0; r < R; r++) {
+        epx_gpu_ep_destroy(ep[r]);
+        cudaFree(dx[r]), cudaFree(ds[r]), cudaFree(dw[r]), cudaFree(dout[r]);
+        cudaStreamDestroy(st[r]);
+    }
+    free(g.count), free(g.srctok), free(g.etok), free(g.offs), free(g.range), free(g.ew);
+    free(g.rx), free(out);
+    return rc;
+}
+
+/* Random low-latency shapes on 2-4 ranks, one of them fp8, over the test
+ * staging transport. */
+static int staged_ranks_cases(void) {
+    uint64_t s = g_seed * 31 + 7;
+    for (int32_t R = 2; R <= 4; R++)
+        for (int i = 0; i < 3; i++) {
+            shape c;
+            random_shape(&s, R, &c);
+            c.batches = 4;
+            if (i == 2) make_fp8(&c, R);
+            if (staged_ranks(&c) != 0) {
+                fprintf(stderr, "staged ranks: R %d, case %d (H %d, K %d, P %d, M %lld) failed\n",
+                        R, i, c.H, c.K, c.P, (long long)c.M);
+                return 1;
+            }
+        }
+    return 0;
+}
+
 static bool have_gpu(void) {
     pid_t p = fork();
     if (p == 0) {
@@ -1411,6 +1566,10 @@ int main(void) {
     }
     if (connect_cases() != 0) return 1;
     printf("open, info, connect: ok\n");
+    if (!transport_is_host()) {
+        if (staged_ranks_cases() != 0) return 1;
+        printf("staging transports' blocks on 2-4 ranks in this process: ok\n");
+    }
     /* Every segment's name went once all ranks counted in, or at destroy. */
     if (system("ls /dev/shm 2>/dev/null | grep -q '^epx-ll-'") == 0) {
         printf("FAILED: shared memory left in /dev/shm (epx-ll-*)\n");

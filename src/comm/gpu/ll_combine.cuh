@@ -242,8 +242,8 @@ __global__ void __launch_bounds__(kT, blocks_per_sm(kT))
     const int32_t first_t =
         (int32_t)blockIdx.x < Tn * chunks ? epxi_div((int32_t)blockIdx.x, a.chunks_div) : -1;
     if (first_t >= 0) stage(first_t); /* wait_flags synchronises the block */
-    if (!wait_flags(a, cflag_at(a, a.base, epoch, 0), sizeof(uint64_t), a.R, epoch, PH_COMBINE,
-                    live, a.decided ? a.decided + a.R : nullptr,
+    if (!wait_flags(a, cflag_at(a, a.base, epoch, 0), cflag_stride(a), a.R, epoch, PH_COMBINE, live,
+                    a.decided ? a.decided + a.R : nullptr,
                     a.host_inbox ? a.ctl->relay[1] : nullptr))
         return;
     const unsigned long long started = (parts & 1) ? prefetch_started(&a.ctl->ce_started) : 0;

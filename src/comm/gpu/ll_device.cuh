@@ -667,6 +667,14 @@ __device__ uint64_t *cflag_at(const Args &a, unsigned char *buf, uint32_t ce, in
     if (a.staging) return (uint64_t *)(buf + a.off_cflag + (size_t)src * a.cblk);
     return (uint64_t *)(buf + a.off_cflag) + parity(a, ce) * a.R + src;
 }
+/* The bytes from one source's flag to the next, for wait_flags: adjacent
+ * words, or a staging transport's blocks (each flag heads its source's). */
+__device__ __forceinline__ size_t dflag_stride(const Args &a) {
+    return a.staging ? a.dblk : sizeof(uint64_t);
+}
+__device__ __forceinline__ size_t cflag_stride(const Args &a) {
+    return a.staging ? a.cblk : sizeof(uint64_t);
+}
 
 /* v[0..n) -> exclusive prefix sums in place, v[n] = the total, by the whole
  * block (n <= blockDim.x * per thread, any n): each thread sums a

@@ -1335,8 +1335,8 @@ __global__ void __launch_bounds__(kT, dispatch_blocks_per_sm(kT, kHostRows, kFp8
      * spill ~90 bytes more a thread. */
     if (!kLean && two_flags && !wait_rows(a, epoch)) return;
     if (!wait_flags(a, two_flags ? mflag_at(a, a.base, epoch, 0) : dflag_at(a, a.base, epoch, 0),
-                    sizeof(uint64_t), a.R, epoch, PH_DISPATCH, live, a.decided,
-                    a.host_inbox ? a.ctl->relay[0] : nullptr, flag_cnt))
+                    two_flags ? sizeof(uint64_t) : dflag_stride(a), a.R, epoch, PH_DISPATCH, live,
+                    a.decided, a.host_inbox ? a.ctl->relay[0] : nullptr, flag_cnt))
         return;
     STAMP(a, 3);
     /* The sources' rows: which flag refused the batch, and the prefix of the

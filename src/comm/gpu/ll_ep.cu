@@ -1419,6 +1419,14 @@ extern "C" EPXI_HIDDEN size_t epxi_gpu_ep_staged_bytes(const epx_gpu_ep *ep, int
     return ep->wire[phase].bytes[0];
 }
 
+/* Testing: a staging transport's outbox and inbox (its test transport
+ * copies between several ranks' boxes in one process). */
+extern "C" EPXI_HIDDEN void epxi_gpu_ep_staged_boxes(const epx_gpu_ep *ep, unsigned char **outbox,
+                                                     unsigned char **inbox) {
+    *outbox = ep != NULL ? ep->wire[0].outbox : NULL;
+    *inbox = ep != NULL ? ep->wire[0].inbox : NULL;
+}
+
 /* Testing: the next dispatches publish no flags (a peer that never writes). */
 extern "C" EPXI_HIDDEN void epxi_gpu_ep_inject_silence(epx_gpu_ep *ep, int on) {
     if (ep != NULL) ep->a.skip_flags = on;
