@@ -61,7 +61,9 @@ int epxi_ll_floor_fault(epxi_ll_floor *fl);
 int epxi_ll_hold(cudaStream_t s, const int *gate);
 void epxi_ll_floor_destroy(epxi_ll_floor *fl);
 size_t epxi_gpu_ep_staged_bytes(const epx_gpu_ep *ep, int phase);
-ncclResult_t epxi_nccl_settle(ncclComm_t comm, ncclResult_t r);
+ncclResult_t epxi_nccl_swap(ncclComm_t comm, const unsigned char *outbox, unsigned char *inbox,
+                            int32_t R, int32_t nparts, const size_t *off, const size_t *stride,
+                            const size_t *bytes, void *s);
 
 typedef struct ll_run {
     epx_comm *comm;
@@ -296,15 +298,9 @@ enum { FLOOR_BARE, FLOOR_FLAG, FLOOR_NCCL, FLOOR_KINDS };
  * from every rank, the engine's staged bytes per peer. */
 static int nccl_floor_exchange(ll_run *b, int ph) {
     const int32_t R = epx_comm_size(b->comm);
-    const size_t n = epxi_gpu_ep_staged_bytes(b->ep, ph);
-    ncclResult_t r = ncclGroupStart();
-    for (int32_t p = 0; p < R && r == ncclSuccess; p++) {
-        r = ncclSend(b->nbox + (size_t)p * n, n, ncclUint8, p, b->nc, b->s);
-        if (r == ncclSuccess)
-            r = ncclRecv(b->nbox + (size_t)(R + p) * n, n, ncclUint8, p, b->nc, b->s);
-    }
-    const ncclResult_t e = epxi_nccl_settle(b->nc, ncclGroupEnd());
-    return r != ncclSuccess || e != ncclSuccess;
+    const size_t n = epxi_gpu_ep_staged_bytes(b->ep, ph), off = 0;
+    return epxi_nccl_swap(b->nc, b->nbox, b->nbox + (size_t)R * n, R, 1, &off, &n, &n, b->s) !=
+           ncclSuccess;
 }
 
 /* One floor probe's phase (0 dispatch, 1 combine, 2 both) on the stream;

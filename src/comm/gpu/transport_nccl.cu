@@ -35,13 +35,10 @@ epx_status nccl_fail(ncclResult_t r, const char *what, epx_error *err) {
                      ncclGetErrorString(r));
 }
 
-} // namespace
-
 /* A communicator made non-blocking (epx_nccl_comm_init) answers a group
  * or collective with ncclInProgress while it is still being enqueued: wait
- * for that (not for the transfer) against a deadline. Also the benchmark's
- * (its NCCL floor, tools/epx/bench_ll.c). */
-extern "C" EPXI_HIDDEN ncclResult_t epxi_nccl_settle(ncclComm_t comm, ncclResult_t r) {
+ * for that (not for the transfer) against a deadline. */
+ncclResult_t settle(ncclComm_t comm, ncclResult_t r) {
     struct timespec t0, now;
     clock_gettime(CLOCK_MONOTONIC, &t0);
     while (r == ncclInProgress) {
@@ -52,24 +49,36 @@ extern "C" EPXI_HIDDEN ncclResult_t epxi_nccl_settle(ncclComm_t comm, ncclResult
     return r;
 }
 
+} // namespace
+
+/* One phase's blocks to and from every peer in one send/receive group on
+ * `s` (a cudaStream_t), laid out as epxi_ll_phase_blocks describes (plain
+ * arguments, so that the benchmark's NCCL floor, tools/epx/bench_ll.c,
+ * moves its bytes exactly as the transport does without this room's
+ * headers). */
+extern "C" EPXI_HIDDEN ncclResult_t epxi_nccl_swap(ncclComm_t comm, const unsigned char *outbox,
+                                                   unsigned char *inbox, int32_t R, int32_t nparts,
+                                                   const size_t *off, const size_t *stride,
+                                                   const size_t *bytes, void *s) {
+    ncclResult_t r = ncclGroupStart();
+    if (r != ncclSuccess) return r;
+    for (int32_t p = 0; p < R && r == ncclSuccess; p++)
+        for (int32_t i = 0; i < nparts && r == ncclSuccess; i++) {
+            const size_t at = off[i] + (size_t)p * stride[i];
+            r = ncclSend(outbox + at, bytes[i], ncclUint8, p, comm, (cudaStream_t)s);
+            if (r == ncclSuccess)
+                r = ncclRecv(inbox + at, bytes[i], ncclUint8, p, comm, (cudaStream_t)s);
+        }
+    const ncclResult_t e = settle(comm, ncclGroupEnd());
+    return r != ncclSuccess ? r : e;
+}
+
 namespace {
 
 epx_status exchange(void *ctx, const epxi_ll_phase_blocks *b, void *stream, epx_error *err) {
-    const Ctx *c = (const Ctx *)ctx;
-    cudaStream_t s = (cudaStream_t)stream;
-    ncclResult_t r = ncclGroupStart();
-    if (r != ncclSuccess) return nccl_fail(r, "ncclGroupStart", err);
-    for (int32_t p = 0; p < b->R && r == ncclSuccess; p++)
-        for (int32_t i = 0; i < b->nparts && r == ncclSuccess; i++) {
-            const size_t at = b->off[i] + (size_t)p * b->stride[i];
-            r = ncclSend(b->outbox + at, b->bytes[i], ncclUint8, p, c->comm, s);
-            if (r == ncclSuccess)
-                r = ncclRecv(b->inbox + at, b->bytes[i], ncclUint8, p, c->comm, s);
-        }
-    const ncclResult_t e = epxi_nccl_settle(c->comm, ncclGroupEnd());
-    if (r != ncclSuccess) return nccl_fail(r, "ncclSend/ncclRecv", err);
-    if (e != ncclSuccess) return nccl_fail(e, "ncclGroupEnd", err);
-    return EPX_OK;
+    const ncclResult_t r = epxi_nccl_swap(((const Ctx *)ctx)->comm, b->outbox, b->inbox, b->R,
+                                          b->nparts, b->off, b->stride, b->bytes, stream);
+    return r == ncclSuccess ? EPX_OK : nccl_fail(r, "a phase's ncclSend/ncclRecv group", err);
 }
 
 /* Every rank's `bytes` of `mine` through the communicator into `all` (host,
@@ -81,8 +90,8 @@ epx_status gather(ncclComm_t comm, int32_t R, const void *mine, size_t bytes, vo
     EPXI_CUDA_GOTO(st, cudaMalloc(&d, (size_t)(R + 1) * bytes), what, done);
     EPXI_CUDA_GOTO(st, cudaMemcpy(d, mine, bytes, cudaMemcpyHostToDevice), what, done);
     {
-        ncclResult_t r = epxi_nccl_settle(
-            comm, ncclAllGather(d, (unsigned char *)d + bytes, bytes, ncclUint8, comm, s));
+        ncclResult_t r =
+            settle(comm, ncclAllGather(d, (unsigned char *)d + bytes, bytes, ncclUint8, comm, s));
         if (r != ncclSuccess) {
             st = nccl_fail(r, what, err);
             goto done;
