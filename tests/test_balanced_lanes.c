@@ -1,9 +1,7 @@
 /*
  * test_balanced_lanes.c - the balanced split's warp statements (nl = 32 lanes,
- * as src/cuda/balanced.cu runs them) on 32 host threads, one per lane, and a
- * lone subset-solved component's on a group of whole warps (nl > 32, as the
- * kernel gives it: epxi_bal_group_lanes, here at most 64 lanes) on every
- * other layer, against the CPU reference (nl = 1), on random layers (seeded; the seed is
+ * as src/cuda/balanced.cu runs them) on 32 host threads, one per lane,
+ * against the CPU reference (nl = 1), on random layers (seeded; the seed is
  * printed on failure): Kimi-K2.5's shape (one component of 8 GPUs),
  * DeepSeek-V3's on 4 nodes of 8 GPUs (components of up to 8) and on any of
  * 32 GPUs (large components: the max-flows on lane 0), and small random
@@ -33,11 +31,7 @@
 #include "bal_place.h"
 #include "../src/dispatch/balanced_solve.h"
 
-#define MAX_LANES 64 /* a group of two warps: the kernel's second stage across warps */
-
-static int nlanes = 32; /* the lanes of the solve under way */
-static int group_layer; /* this layer's lone subset-solved component takes a group */
-static long grouped;    /* components solved by a group */
+#define LANES 32
 
 /* ---- one warp of host threads ---------------------------------------------------- */
 
@@ -46,10 +40,10 @@ static struct warp {
     pthread_cond_t cv;
     int arrived;
     unsigned gen;
-    int64_t v64[MAX_LANES];
-    int32_t v32[MAX_LANES];
-    uint32_t vm[MAX_LANES];
-    int site[MAX_LANES];
+    int64_t v64[LANES];
+    int32_t v32[LANES];
+    uint32_t vm[LANES];
+    int site[LANES];
     /* the job */
     epxi_bal *b;
     int32_t c;
@@ -85,8 +79,8 @@ static void barrier(int site) {
     pthread_mutex_lock(&W.mu);
     unsigned gen = W.gen;
     W.site[my_lane] = site;
-    if (++W.arrived == nlanes) {
-        for (int l = 1; l < nlanes; l++)
+    if (++W.arrived == LANES) {
+        for (int l = 1; l < LANES; l++)
             if (W.site[l] != W.site[0]) {
                 char how[96];
                 snprintf(how, sizeof how, "lane 0 at site %d, lane %d at site %d", W.site[0], l,
@@ -120,7 +114,7 @@ int64_t epxi_bal_lanes_min(int64_t v) {
     W.v64[my_lane] = v;
     barrier(SITE_MIN);
     int64_t m = W.v64[0];
-    for (int l = 1; l < nlanes; l++) m = W.v64[l] < m ? W.v64[l] : m;
+    for (int l = 1; l < LANES; l++) m = W.v64[l] < m ? W.v64[l] : m;
     barrier(SITE_MIN); /* nobody writes the slots again before all have read them */
     return m;
 }
@@ -129,7 +123,7 @@ int epxi_bal_lanes_all(int ok) {
     W.v32[my_lane] = ok != 0;
     barrier(SITE_ALL);
     int all = 1;
-    for (int l = 0; l < nlanes; l++) all &= W.v32[l];
+    for (int l = 0; l < LANES; l++) all &= W.v32[l];
     barrier(SITE_ALL);
     return all;
 }
@@ -138,7 +132,7 @@ uint32_t epxi_bal_lanes_or(uint32_t m) {
     W.vm[my_lane] = m;
     barrier(SITE_OR);
     uint32_t all = 0;
-    for (int l = 0; l < nlanes; l++) all |= W.vm[l];
+    for (int l = 0; l < LANES; l++) all |= W.vm[l];
     barrier(SITE_OR);
     return all;
 }
@@ -151,8 +145,7 @@ uint32_t epxi_bal_lanes_best(int64_t num, int32_t den, uint32_t mask) {
     num = W.v64[0];
     den = W.v32[0];
     mask = W.vm[0];
-    for (int l = 1; l < nlanes; l++)
-        epxi_bal_better(&num, &den, &mask, W.v64[l], W.v32[l], W.vm[l]);
+    for (int l = 1; l < LANES; l++) epxi_bal_better(&num, &den, &mask, W.v64[l], W.v32[l], W.vm[l]);
     barrier(SITE_BEST);
     return mask;
 }
@@ -161,7 +154,7 @@ int64_t epxi_bal_lanes_sum(int64_t v) {
     W.v64[my_lane] = v;
     barrier(SITE_SUM);
     int64_t sum = 0;
-    for (int l = 0; l < nlanes; l++) sum += W.v64[l];
+    for (int l = 0; l < LANES; l++) sum += W.v64[l];
     barrier(SITE_SUM);
     return sum;
 }
@@ -273,7 +266,7 @@ int32_t epxi_bal_lanes_first(int64_t num, int32_t den, int32_t idx) {
     num = W.v64[0];
     den = W.v32[0];
     idx = (int32_t)W.vm[0];
-    for (int l = 1; l < nlanes; l++)
+    for (int l = 1; l < LANES; l++)
         if (epxi_bal_first_before(W.v64[l], W.v32[l], (int32_t)W.vm[l], num, den, idx)) {
             num = W.v64[l];
             den = W.v32[l];
@@ -286,21 +279,19 @@ int32_t epxi_bal_lanes_first(int64_t num, int32_t den, int32_t idx) {
 static void *lane_main(void *arg) {
     my_lane = (int)(intptr_t)arg;
     my_syncs = 0;
-    epxi_bal_solve_comp(W.b, W.c, my_lane, nlanes);
+    epxi_bal_solve_comp(W.b, W.c, my_lane, LANES);
     return NULL;
 }
 
-/* Component c of b solved by n lanes, as a warp of the kernel (32) or a
- * group of its warps does. */
-static void solve_on_lanes(epxi_bal *b, int32_t c, int n) {
-    pthread_t th[MAX_LANES];
+/* Component c of b solved by 32 lanes, as a warp of the kernel does. */
+static void solve_on_lanes(epxi_bal *b, int32_t c) {
+    pthread_t th[LANES];
     W.b = b;
     W.c = c;
     W.arrived = 0;
-    nlanes = n;
-    for (int l = 0; l < n; l++)
+    for (int l = 0; l < LANES; l++)
         assert_int_equal(pthread_create(&th[l], NULL, lane_main, (void *)(intptr_t)l), 0);
-    for (int l = 0; l < n; l++) pthread_join(th[l], NULL);
+    for (int l = 0; l < LANES; l++) pthread_join(th[l], NULL);
 }
 
 /* ---- the two solves ------------------------------------------------------------- */
@@ -361,11 +352,8 @@ static int32_t one_layer(const place *p, const int64_t *c, int k, int closed, co
     epxi_bal_components(b);
     int32_t by_subsets = 0;
     for (int32_t ci = 0; ci < b->C; ci++) {
-        /* the kernel's choice: a lone component its group, else a warp each */
-        const int n = group_layer && b->C == 1 ? epxi_bal_group_lanes(b, ci, MAX_LANES) : 32;
-        solve_on_lanes(b, ci, n);
+        solve_on_lanes(b, ci);
         by_subsets += b->c_soff[ci] >= 0;
-        grouped += n > 32;
     }
     const epxi_bal *r = &ref.b;
     const size_t G = (size_t)b->G, MD = (size_t)b->M * (size_t)b->D;
@@ -402,11 +390,9 @@ static int32_t layers(tu_rng *r, int n, int32_t E, int32_t G, int32_t per, int32
     for (int it = 0; it < n; it++) {
         place p = bal_random_place(r, E, G, per, it % 2 ? 8 : 0, nodes);
         bal_random_counts(r, c, E, scale[it % 4]);
-        static unsigned layer_no; /* every other layer's lone component takes a group */
-        group_layer = layer_no++ % 2 == 0;
         char ctx[160];
-        snprintf(ctx, sizeof ctx, "%s layer %d (E %d, G %d, P %d, subsets <= %d, closed %d, %s)",
-                 name, it, E, G, p.P, k, closed, group_layer ? "groups" : "warps");
+        snprintf(ctx, sizeof ctx, "%s layer %d (E %d, G %d, P %d, subsets <= %d, closed %d)", name,
+                 it, E, G, p.P, k, closed);
         by_subsets += one_layer(&p, c, k, closed, ctx);
         bal_free_place(&p);
     }
@@ -417,10 +403,8 @@ static int32_t layers(tu_rng *r, int n, int32_t E, int32_t G, int32_t per, int32
 static void kimi_k25(void **state) {
     (void)state;
     tu_rng r = {tu_seed(4101)};
-    const long before = grouped;
     assert_true(layers(&r, 24, 384, 8, 52, 1, -1, 1, "Kimi-K2.5") > 0);
     assert_true(layers(&r, 8, 384, 8, 52, 1, -1, 0, "Kimi-K2.5") > 0);
-    assert_true(grouped > before); /* its one component of 8 GPUs, by 64 lanes */
 }
 
 static void deepseek_v3(void **state) {
@@ -459,7 +443,6 @@ static void small_layers(void **state) {
 static void barrier_counts(void **state) {
     (void)state;
     if (getenv("EPX_LANES_STATS") == NULL) skip();
-    group_layer = 0; /* a warp per component, as these figures always counted */
     static const struct {
         const char *name;
         int32_t E, G, per, nodes;

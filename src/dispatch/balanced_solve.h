@@ -31,19 +31,7 @@ EPXI_BAL void epxi_bal_solve_comp(epxi_bal *b, int32_t c, int lane, int nl) {
         b->c_levels[c] = levels;
         b->c_rc[c] = EPXI_BAL_OK; /* rounded level by level */
     }
-    EPXI_BAL_SYNC(nl);
-}
-
-/* The lanes that solve component c when it is the only one: a subset-solved
- * component's tables have 2^k entries, so a lane each, in whole warps, up to
- * `most` (a multiple of 32: the kernel's block); 32 (a warp) for any other.
- * test_balanced_lanes takes its groups' sizes from here, as the kernel will
- * with bench/staged/bal_group.patch. */
-EPXI_BAL int epxi_bal_group_lanes(const epxi_bal *b, int32_t c, int most) {
-    if (b->c_soff[c] < 0) return 32;
-    const int64_t nv = (int64_t)1 << (b->c_goff[c + 1] - b->c_goff[c]);
-    const int64_t n = (nv + 31) / 32 * 32;
-    return n <= 32 ? 32 : n > most ? most : (int)n;
+    EPXI_BAL_SYNCWARP();
 }
 
 /* Before the components: every GPU and expert unfixed (a GPU in no

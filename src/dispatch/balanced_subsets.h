@@ -12,29 +12,18 @@
 /* ---- one component by its subsets (components of at most sub_max GPUs) -------- */
 
 /* The same statements run by one thread (the CPU: lane 0 of nl = 1) or by
- * the 32 lanes of a warp (the kernel: nl = 32), or, for the subset solve
- * of a lone component, by a group of whole warps (nl > 32: EPXI_BAL_SYNC,
- * and the reductions' second stage across the group's warps), each lane
- * taking the subsets V = lane, lane + nl, ...; the reductions are exact
- * (integer minima, and a maximum whose ties are merged by OR), so their
- * order does not matter and all give the same bits. */
+ * the 32 lanes of a warp (the kernel: nl = 32), each lane taking the
+ * subsets V = lane, lane + nl, ...; the reductions are exact (integer
+ * minima, and a maximum whose ties are merged by OR), so their order does
+ * not matter and both give the same bits. */
 #ifdef __CUDA_ARCH__
 #define EPXI_BAL_SYNCWARP() __syncwarp()
-/* A group of nl > 32 lanes: threads 0 .. nl - 1 of the block, whole warps
- * (epxi_bal_group_lanes sizes one for a lone subset-solved component;
- * bench/staged/bal_group.patch routes the kernel's to it), synchronised by
- * named barrier 1, which the block's other warps never reach; nl <= 32:
- * the warp. */
-__device__ __forceinline__ void epxi_bal_group_sync(int nl) {
-    asm volatile("bar.sync 1, %0;" ::"r"(nl) : "memory");
-}
-#define EPXI_BAL_SYNC(nl) ((nl) > 32 ? epxi_bal_group_sync(nl) : __syncwarp())
 #elif defined(EPXI_BAL_LANES)
 /* A test's build (tests/test_balanced_lanes.c defines EPXI_BAL_LANES and
- * these): the nl = 32 statements on 32 host threads, one per lane (a
- * group's on 64), so that the lanes' split of the subsets, their reductions
- * and their barriers are checked without a GPU. On a thread that is no lane
- * (nl = 1) each is the plain host form. */
+ * these): the nl = 32 statements on 32 host threads, one per lane, so that
+ * the lanes' split of the subsets, their reductions and their barriers are
+ * checked without a GPU. On a thread that is no lane (nl = 1) each is the
+ * plain host form. */
 void epxi_bal_lanes_sync(int line);
 int64_t epxi_bal_lanes_min(int64_t v);
 int epxi_bal_lanes_all(int ok);
@@ -53,10 +42,8 @@ void epxi_bal_lanes_keep(const struct epxi_bal_part *p);
 void epxi_bal_lanes_greedy(struct epxi_bal_part *p, int64_t start);
 void epxi_bal_lanes_bfs(struct epxi_bal_part *p, int reached);
 #define EPXI_BAL_SYNCWARP() epxi_bal_lanes_sync(__LINE__)
-#define EPXI_BAL_SYNC(nl) epxi_bal_lanes_sync(__LINE__)
 #else
 #define EPXI_BAL_SYNCWARP() ((void)0)
-#define EPXI_BAL_SYNC(nl) ((void)0)
 #endif
 
 /* Where a profile build marks the subset solve's steps (src/cuda/balanced.cu
@@ -104,27 +91,6 @@ EPXI_BAL void epxi_bal_add_to(int64_t *p, int64_t v) {
 #endif
 }
 
-#ifdef __CUDA_ARCH__
-/* A group's second stage (nl > 32): each warp's value, by its lane 0, into
- * a slot per warp, then every lane reads them all; the barrier after the
- * reads keeps the next use's writes behind them. The minimum, the OR, the
- * vote and the best subset have one; the first, the sum and the shuffle
- * from a lane stay a warp's, as the max-flows (never given a group) use
- * them. */
-#define EPXI_BAL_GROUP_FOLD(type, v, nl, fold)                                                     \
-    do {                                                                                           \
-        __shared__ type slot_[32];                                                                 \
-        if ((threadIdx.x & 31) == 0) slot_[threadIdx.x >> 5] = (v);                                \
-        epxi_bal_group_sync(nl);                                                                   \
-        (v) = slot_[0];                                                                            \
-        for (int w_ = 1; w_ < ((nl) >> 5); w_++) {                                                 \
-            const type o_ = slot_[w_];                                                             \
-            fold;                                                                                  \
-        }                                                                                          \
-        epxi_bal_group_sync(nl);                                                                   \
-    } while (0)
-#endif
-
 /* The warp's minimum: one redux.sync on the values clamped to int32, exact
  * when the result lies strictly inside int32's range (a clamped value is
  * then no smaller than the true minimum, which is itself unclamped); else
@@ -135,15 +101,11 @@ EPXI_BAL int64_t epxi_bal_min_lanes(int64_t v, int nl) {
     if (nl <= 1) return v;
     const int32_t c = v < INT32_MIN ? INT32_MIN : v > INT32_MAX ? INT32_MAX : (int32_t)v;
     const int32_t m = __reduce_min_sync(0xffffffffu, c);
-    if (m > INT32_MIN && m < INT32_MAX) {
-        v = m;
-    } else {
-        for (int o = 16; o > 0; o >>= 1) {
-            int64_t w = __shfl_xor_sync(0xffffffffu, v, o);
-            v = w < v ? w : v;
-        }
+    if (m > INT32_MIN && m < INT32_MAX) return m;
+    for (int o = 16; o > 0; o >>= 1) {
+        int64_t w = __shfl_xor_sync(0xffffffffu, v, o);
+        v = w < v ? w : v;
     }
-    if (nl > 32) EPXI_BAL_GROUP_FOLD(int64_t, v, nl, v = o_ < v ? o_ : v);
 #elif defined(EPXI_BAL_LANES)
     if (nl > 1) v = epxi_bal_lanes_min(v);
 #else
@@ -181,7 +143,6 @@ EPXI_BAL int64_t epxi_bal_from_lane(int64_t v, int src, int nl) {
 EPXI_BAL uint32_t epxi_bal_or_lanes(uint32_t m, int nl) {
 #ifdef __CUDA_ARCH__
     if (nl > 1) m = __reduce_or_sync(0xffffffffu, m);
-    if (nl > 32) EPXI_BAL_GROUP_FOLD(uint32_t, m, nl, m |= o_);
 #elif defined(EPXI_BAL_LANES)
     if (nl > 1) m = epxi_bal_lanes_or(m);
 #else
@@ -203,8 +164,7 @@ EPXI_BAL int32_t epxi_bal_ctz(uint32_t x) {
 
 EPXI_BAL int epxi_bal_all_lanes(int ok, int nl) {
 #ifdef __CUDA_ARCH__
-    if (nl > 1) ok = __all_sync(0xffffffffu, ok);
-    if (nl > 32) EPXI_BAL_GROUP_FOLD(int, ok, nl, ok &= o_);
+    if (nl > 1) return __all_sync(0xffffffffu, ok);
 #elif defined(EPXI_BAL_LANES)
     if (nl > 1) return epxi_bal_lanes_all(ok);
 #else
@@ -273,16 +233,6 @@ EPXI_BAL uint32_t epxi_bal_best_lanes(int64_t num, int32_t den, uint32_t mask, i
             uint32_t m2 = __shfl_xor_sync(0xffffffffu, mask, o);
             epxi_bal_better(&num, &den, &mask, n2, d2, m2);
         }
-    if (nl > 32) { /* the warps' bests, folded in warp order (ties merge by OR) */
-        struct best {
-            int64_t num;
-            int32_t den;
-            uint32_t mask;
-        } t = {num, den, mask};
-        EPXI_BAL_GROUP_FOLD(best, t, nl,
-                            epxi_bal_better(&t.num, &t.den, &t.mask, o_.num, o_.den, o_.mask));
-        mask = t.mask;
-    }
 #elif defined(EPXI_BAL_LANES)
     if (nl > 1) return epxi_bal_lanes_best(num, den, mask);
 #else
@@ -359,7 +309,7 @@ EPXI_BAL void epxi_bal_subset_round(epxi_bal *b, const epxi_bal_part *p, int64_t
         b->f_units[i] = r;
         units |= r > 0;
     }
-    EPXI_BAL_SYNC(nl);
+    EPXI_BAL_SYNCWARP();
     /* No expert of the level has a unit over (most levels: the split's
      * flows are whole tokens but for a few experts): the floors are the
      * rounding, and the bounds and slack tables below would decide
@@ -374,7 +324,7 @@ EPXI_BAL void epxi_bal_subset_round(epxi_bal *b, const epxi_bal_part *p, int64_t
         b->gex[g] = ceil_l - b->base[g];
         b->g_lo[g] = floor_l - b->base[g];
     }
-    EPXI_BAL_SYNC(nl);
+    EPXI_BAL_SYNCWARP();
     for (int32_t t0 = 0; t0 < p->nf; t0 += 32)
         for (uint32_t run = epxi_bal_level_run(b, p, t0, X, U, lane, nl); run; run &= run - 1) {
             const int32_t i = p->fl[t0 + epxi_bal_ctz(run)], e = b->flex[i];
@@ -386,7 +336,7 @@ EPXI_BAL void epxi_bal_subset_round(epxi_bal *b, const epxi_bal_part *p, int64_t
                 epxi_bal_add_to(b->g_lo + g, -x);
             }
         }
-    EPXI_BAL_SYNC(nl);
+    EPXI_BAL_SYNCWARP();
     for (uint32_t v = (uint32_t)lane; v < nv; v += (uint32_t)nl) {
         if ((v & ~U) != 0) continue;
         int64_t u = 0, l = 0;
@@ -413,7 +363,7 @@ EPXI_BAL void epxi_bal_subset_round(epxi_bal *b, const epxi_bal_part *p, int64_t
                 sl[v] += epxi_bal_under(r, F, v);
             }
         }
-    EPXI_BAL_SYNC(nl);
+    EPXI_BAL_SYNCWARP();
     for (int32_t t0 = 0; t0 < p->nf; t0 += 32) /* the level's experts, in order */
         for (uint32_t run = epxi_bal_level_run(b, p, t0, X, U, lane, nl); run; run &= run - 1) {
             const int32_t i = p->fl[t0 + epxi_bal_ctz(run)], e = b->flex[i];
@@ -443,13 +393,13 @@ EPXI_BAL void epxi_bal_subset_round(epxi_bal *b, const epxi_bal_part *p, int64_t
                     sl[v] += epxi_bal_under(r2, F2, v) - epxi_bal_under(r, F, v) +
                              (give && in ? lo_step : 0);
                 }
-                EPXI_BAL_SYNC(nl);
+                EPXI_BAL_SYNCWARP();
                 if (lane == 0 && give) {
                     b->f_int[(size_t)i * (size_t)D + (size_t)q] += 1;
                     b->gex[g] -= 1;
                     b->g_lo[g] -= lo_step;
                 }
-                EPXI_BAL_SYNC(nl);
+                EPXI_BAL_SYNCWARP();
                 r = r2;
                 F = F2;
             }
@@ -481,15 +431,15 @@ EPXI_BAL int32_t epxi_bal_subset_levels(epxi_bal *b, const epxi_bal_part *p, int
     }
     for (int32_t gi = lane; gi < k; gi += nl) b->g_level[p->gl[gi]] = -1;
     for (uint32_t v = (uint32_t)lane; v < nv; v += (uint32_t)nl) d[v] = 0;
-    EPXI_BAL_SYNC(nl);
+    EPXI_BAL_SYNCWARP();
     for (int32_t j = lane; j < p->nf; j += nl)
         epxi_bal_add_to(d + b->f_mask[p->fl[j]], b->cnt[b->flex[p->fl[j]]]);
     for (int32_t gi = lane; gi < k; gi += nl) epxi_bal_add_to(d + (1u << gi), b->base[p->gl[gi]]);
-    EPXI_BAL_SYNC(nl);
+    EPXI_BAL_SYNCWARP();
     for (int32_t bit = 0; bit < k; bit++) {
         for (uint32_t v = (uint32_t)lane; v < nv; v += (uint32_t)nl)
             if (v >> bit & 1) d[v] += d[v ^ (1u << bit)];
-        EPXI_BAL_SYNC(nl);
+        EPXI_BAL_SYNCWARP();
     }
     EPXI_BAL_MARK(0, lane);
     uint32_t X = 0;
@@ -514,7 +464,7 @@ EPXI_BAL int32_t epxi_bal_subset_levels(epxi_bal *b, const epxi_bal_part *p, int
         EPXI_BAL_MARK(1, lane);
         for (uint32_t v = (uint32_t)lane; v < nv; v += (uint32_t)nl)
             if ((v & ~U) == 0) s[v] = a * epxi_bal_popc(v) - dn * (d[X | v] - d[X]);
-        EPXI_BAL_SYNC(nl);
+        EPXI_BAL_SYNCWARP();
         for (int32_t t0 = 0; t0 < p->nf; t0 += 32) /* this level's experts, in order */
             for (uint32_t run = epxi_bal_level_run(b, p, t0, X, U, lane, nl); run; run &= run - 1) {
                 const int32_t i = p->fl[t0 + epxi_bal_ctz(run)], e = b->flex[i];
@@ -544,14 +494,14 @@ EPXI_BAL int32_t epxi_bal_subset_levels(epxi_bal *b, const epxi_bal_part *p, int
                                 s[v] -= rem - take;
                             }
                         }
-                        EPXI_BAL_SYNC(nl);
+                        EPXI_BAL_SYNCWARP();
                         N = rest;
                     }
                     if (lane == 0) b->f_flow[x] = take;
                     rem -= take;
                 }
             }
-        EPXI_BAL_SYNC(nl);
+        EPXI_BAL_SYNCWARP();
         EPXI_BAL_MARK(2, lane);
         /* the level is split: its slack table s now serves the rounding */
         epxi_bal_subset_round(b, p, s, b->sub_l + b->c_soff[c], X, U, a, dn, lane, nl);
@@ -559,7 +509,7 @@ EPXI_BAL int32_t epxi_bal_subset_levels(epxi_bal *b, const epxi_bal_part *p, int
         X |= U;
         levels++;
     }
-    EPXI_BAL_SYNC(nl);
+    EPXI_BAL_SYNCWARP();
     return levels;
 }
 
