@@ -1332,7 +1332,6 @@ static int connect_cases(void) {
     return 0;
 }
 
-/* Whether a GPU is usable, asked in a child so this process forks clean. */
 /* ---- the staging protocol on several ranks, in this process ------------------ */
 
 /* Every rank's outbox and inbox, for the test transport's copies. */
@@ -1479,6 +1478,7 @@ static int staged_ranks_cases(void) {
     return 0;
 }
 
+/* Whether a GPU is usable, asked in a child so this process forks clean. */
 static bool have_gpu(void) {
     pid_t p = fork();
     if (p == 0) {
