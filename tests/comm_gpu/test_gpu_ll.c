@@ -226,6 +226,23 @@ typedef struct got {
     size_t xstride;
 } got;
 
+/* The host copies of a rank's views: spr slots on R ranks, `rows` entry
+ * rows, `xbytes` of received data whose rows are `xstride` apart. */
+static got got_alloc(int32_t spr, int32_t R, size_t rows, size_t xbytes, size_t xstride) {
+    return (got){.count = malloc((size_t)spr * 4),
+                 .srctok = malloc(rows * 4 + 4),
+                 .etok = malloc(rows * 4 + 4),
+                 .offs = malloc((size_t)(spr + 1) * 8),
+                 .range = malloc((size_t)spr * (size_t)R * 8),
+                 .ew = malloc(rows * 4 + 4),
+                 .rx = malloc(xbytes + 1),
+                 .xstride = xstride};
+}
+static void got_free(got *g) {
+    free(g->count), free(g->srctok), free(g->etok), free(g->offs), free(g->range), free(g->ew);
+    free(g->rx);
+}
+
 /* Entry row e of an fp8 receive (g->rx: data, then the column-major scales)
  * against token t of batch src: every byte and scale. */
 static int check_fp8_row(const shape *c, const got *g, int64_t e, const batch *src, int64_t t) {
@@ -433,15 +450,7 @@ static int run_rank(epx_comm *boot, const shape *c) {
     const int ids = c->ids64 ? EPX_GPU_EP_IDS64 : 0;
     CK(cudaMalloc((void **)&dw, M * (size_t)K * 4));
     CK(cudaMalloc((void **)&dout, M * (size_t)c->H * 4));
-    got g;
-    g.count = malloc((size_t)spr * 4);
-    g.srctok = malloc(rows * 4 + 4);
-    g.etok = malloc(rows * 4 + 4);
-    g.offs = malloc((size_t)(spr + 1) * 8);
-    g.range = malloc((size_t)spr * (size_t)R * 8);
-    g.ew = malloc(rows * 4 + 4);
-    g.rx = malloc(xbytes + 1);
-    g.xstride = rec;
+    got g = got_alloc(spr, R, rows, xbytes, rec);
     void *out = malloc(M * (size_t)c->H * 4 + 4);
     batch all[PC_MAX_RANKS];
     cudaGraphExec_t exec = NULL;
@@ -517,8 +526,8 @@ static int run_rank(epx_comm *boot, const shape *c) {
     epx_gpu_ep_destroy(ep);
     cudaFree(dx), cudaFree(dy2), cudaFree(ds), cudaFree(dw), cudaFree(dout);
     free(s64);
-    free(g.count), free(g.srctok), free(g.etok), free(g.offs), free(g.range), free(g.ew);
-    free(g.rx), free(out);
+    got_free(&g);
+    free(out);
     cudaStreamDestroy(st);
     return rc;
 }
@@ -621,11 +630,7 @@ static int proc_shrink(int32_t rank, int32_t R, pc_world *w, void *arg) {
     CK(cudaMalloc((void **)&dw, (size_t)c.M * K * 4));
     CK(cudaMalloc((void **)&dout, (size_t)c.M * c.H * 4));
     CK(cudaMalloc((void **)&dmask, (size_t)R * 4));
-    got g = {.count = malloc((size_t)spr * 4),
-             .srctok = malloc(rows * 4),
-             .range = malloc((size_t)spr * R * 8),
-             .ew = malloc(rows * 4),
-             .rx = malloc(rows * xrow)};
+    got g = got_alloc(spr, R, rows, rows * xrow, 0);
     void *out = malloc((size_t)c.M * c.H * 4);
     batch all[PC_MAX_RANKS];
     int rc = 0;
@@ -680,7 +685,8 @@ static int proc_shrink(int32_t rank, int32_t R, pc_world *w, void *arg) {
     epx_gpu_ep_destroy(ep);
     epx_comm_destroy(boot);
     cudaFree(dx), cudaFree(ds), cudaFree(dw), cudaFree(dout), cudaFree(dmask);
-    free(g.count), free(g.srctok), free(g.range), free(g.ew), free(g.rx), free(out);
+    got_free(&g);
+    free(out);
     cudaStreamDestroy(st);
     return rc;
 }
@@ -1403,15 +1409,7 @@ static int staged_ranks(const shape *c) {
         CK(cudaMalloc((void **)&dw[r], M * (size_t)K * 4));
         CK(cudaMalloc((void **)&dout[r], M * (size_t)c->H * 4));
     }
-    got g;
-    g.count = malloc((size_t)spr * 4);
-    g.srctok = malloc(rows * 4 + 4);
-    g.etok = malloc(rows * 4 + 4);
-    g.offs = malloc((size_t)(spr + 1) * 8);
-    g.range = malloc((size_t)spr * (size_t)R * 8);
-    g.ew = malloc(rows * 4 + 4);
-    g.rx = malloc(rows * xrow + 1);
-    g.xstride = xrow;
+    got g = got_alloc(spr, R, rows, rows * xrow, xrow);
     void *out = malloc(M * (size_t)c->H * 4 + 4);
     batch all[PC_MAX_RANKS];
     epx_ep_recv rv[PC_MAX_RANKS];
@@ -1454,8 +1452,8 @@ static int staged_ranks(const shape *c) {
         cudaFree(dx[r]), cudaFree(ds[r]), cudaFree(dw[r]), cudaFree(dout[r]);
         cudaStreamDestroy(st[r]);
     }
-    free(g.count), free(g.srctok), free(g.etok), free(g.offs), free(g.range), free(g.ew);
-    free(g.rx), free(out);
+    got_free(&g);
+    free(out);
     return rc;
 }
 
