@@ -107,3 +107,31 @@ def test_filter_refuses_to_write_over_its_input(tmp_path):
                         str(f), str(f)], capture_output=True, text=True)
     assert r.returncode != 0 and "over its input" in r.stderr
     assert f.read_text() == "Kernel Name,k\n"  # untouched
+
+
+def test_stall_reasons_per_line_and_busy():
+    # a page with stall_* columns (all samples, and the not-issued ones the
+    # filter leaves out): each line gets its samples by reason, per launch
+    hdr = HDR + ["stall_barrier", "stall_wait", "stall_barrier (Not Issued)"]
+    rows = [["Kernel Name", "dispatch(Args)"], hdr,
+            ["0x1000", "LDC R1, c[0x0][0x28]", "3", "3", "3", "8", "0", "3", "0"],
+            ["0x1010", "S2R R0, SR_TID.X", "0", "0", "0", "8", "0", "0", "0"],
+            ["0x1020", "BAR.SYNC.DEFER_BLOCKING 0x0", "9", "9", "9", "8", "9", "0", "9"]]
+    hot = list(nl.filter_rows(rows))
+    assert [h[6] for h in hot] == ["wait=3", "", "barrier=9"]
+    assert nl.parse_reasons("wait=3;barrier=9") == {"wait": 3, "barrier": 9}
+    why = {}
+    agg, n = nl.by_line(nl.launches(hot), nl.line_table(DISASM), "dispatch", why)
+    assert n == 1 and why[("ll_ep.cu", 10)] == {"wait": 3.0}
+    assert why[("numeric.h", 43)] == {"barrier": 9.0} and agg[("numeric.h", 43)][0] == 9.0
+    # all samples: the barrier's line first; busy: the line with work first,
+    # the barrier's at 0, and no barrier among the reasons
+    plain = nl.report(agg, why, n, "dispatch", 2, True, False)
+    assert plain[1] == "by reason: barrier 75.0%, wait 25.0%" and "numeric.h:43" in plain[2]
+    busy = nl.report(agg, why, n, "dispatch", 2, True, True)
+    assert busy[1] == "by reason: wait 100.0%"
+    assert "ll_ep.cu:10  [wait 3]" in busy[2] and busy[3].split()[0] == "0.0"
+    assert agg[("numeric.h", 43)][0] == 9.0  # report left the caller's figures alone
+    # a row of an older filter's file (six columns) reads as no reasons
+    six = nl.launches([h[:6] for h in hot])
+    assert all(r[5] == "" for _, rows_ in six for r in rows_)
