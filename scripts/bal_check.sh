@@ -6,7 +6,8 @@
 # bench_balanced against a base build's, alternated, two rounds.
 #   BIN=.devbin scripts/bal_check.sh   (after scripts/stage_gpu.sh, with the
 #   base build's bench_balanced copied to BIN/bench_balanced_base; carry
-#   .devbin .devlibs .devpy)
+#   .devbin .devlibs .devpy). Where BIN also holds bench_balanced_step1 (the
+#   first of two changes stacked, built alone), it is timed between them.
 # Exits nonzero when a check fails; the timings run either way.
 set -u
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -39,7 +40,8 @@ if [ -e "$BIN/libepx.so" ] && [ -e "$BIN/libepx_cuda.so" ]; then
         '$ROOT/python/tests/test_torch_balanced.py' '$ROOT/python/tests/test_torch_ops.py'"
 fi
 for r in 1 2; do
-    for b in bench_balanced_base bench_balanced; do
+    for b in bench_balanced_base $([ -x "$BIN/bench_balanced_step1" ] && echo bench_balanced_step1) \
+        bench_balanced; do
         echo "== $b round $r"
         "$BIN/$b" 2>&1 | grep -v "^device\|^shape" | awk '{print $1, $5, $6, $7}' | tr '\n' ';'
         echo
