@@ -32,13 +32,9 @@
 #include "epx_comm_gpu.h"
 #include "epx_comm_nccl.h"
 #include "proc_comm.h"
-#include "transport.h" /* the staging interface (src/comm/gpu) */
+#include "staging.h" /* the staging interface (src/comm/gpu) */
 
 void epxi_gpu_ep_inject_silence(epx_gpu_ep *ep, int on);
-epx_status epxi_gpu_ep_open_staging(const epx_ep_config *cfg, int32_t rank, int32_t num_ranks,
-                                    cudaStream_t stream, const epx_gpu_ep_opts *opts,
-                                    const epxi_ll_staging *ops, epx_gpu_ep **out, epx_error *err);
-void epxi_gpu_ep_staged_boxes(const epx_gpu_ep *ep, unsigned char **outbox, unsigned char **inbox);
 int epxi_gpu_ep_epochs(epx_gpu_ep *ep, uint32_t *de, uint32_t *ce);
 int epxi_gpu_ep_set_epochs(epx_gpu_ep *ep, uint32_t epoch);
 void epxi_gpu_ep_variant(epx_gpu_ep *ep, int bits);

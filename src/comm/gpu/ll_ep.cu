@@ -67,6 +67,7 @@
 #include "cuda_check.h"
 #include "pdl.cuh"
 #include "transport.h"
+#include "staging.h"
 
 #include "ll_device.cuh"
 #include "ll_dispatch.cuh"

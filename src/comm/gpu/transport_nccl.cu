@@ -15,14 +15,9 @@
 
 /* first: it declares the core functions with C linkage */
 #include "transport.h"
+#include "staging.h"
 #include "cuda_check.h"
 #include "epx_comm_nccl.h"
-
-extern "C" epx_status epxi_gpu_ep_open_staging(const epx_ep_config *cfg, int32_t rank,
-                                               int32_t num_ranks, cudaStream_t stream,
-                                               const epx_gpu_ep_opts *opts,
-                                               const epxi_ll_staging *ops, epx_gpu_ep **out,
-                                               epx_error *err);
 
 namespace {
 
