@@ -1354,14 +1354,13 @@ static epx_status stage_exchange(void *ctx, const epxi_ll_phase_blocks *b, void 
                                  epx_error *err) {
     const stage_ctx *c = ctx;
     for (int32_t p = 0; p < b->R; p++)
-        for (int32_t i = 0; i < b->nparts; i++)
-            if (cudaMemcpyAsync(c->net->in[p] + b->off[i] + (size_t)c->me * b->stride[i],
-                                b->outbox + b->off[i] + (size_t)p * b->stride[i], b->bytes[i],
-                                cudaMemcpyDeviceToDevice, (cudaStream_t)stream) != cudaSuccess) {
-                err->status = EPX_ERR_CUDA;
-                snprintf(err->msg, sizeof err->msg, "test staging: a block's copy failed");
-                return EPX_ERR_CUDA;
-            }
+        if (cudaMemcpyAsync(c->net->in[p] + b->off + (size_t)c->me * b->stride,
+                            b->outbox + b->off + (size_t)p * b->stride, b->bytes,
+                            cudaMemcpyDeviceToDevice, (cudaStream_t)stream) != cudaSuccess) {
+            err->status = EPX_ERR_CUDA;
+            snprintf(err->msg, sizeof err->msg, "test staging: a block's copy failed");
+            return EPX_ERR_CUDA;
+        }
     return EPX_OK;
 }
 

@@ -62,8 +62,7 @@ int epxi_ll_hold(cudaStream_t s, const int *gate);
 void epxi_ll_floor_destroy(epxi_ll_floor *fl);
 size_t epxi_gpu_ep_staged_bytes(const epx_gpu_ep *ep, int phase);
 ncclResult_t epxi_nccl_swap(ncclComm_t comm, const unsigned char *outbox, unsigned char *inbox,
-                            int32_t R, int32_t nparts, const size_t *off, const size_t *stride,
-                            const size_t *bytes, void *s);
+                            int32_t R, size_t off, size_t stride, size_t bytes, void *s);
 
 typedef struct ll_run {
     epx_comm *comm;
@@ -298,9 +297,8 @@ enum { FLOOR_BARE, FLOOR_FLAG, FLOOR_NCCL, FLOOR_KINDS };
  * from every rank, the engine's staged bytes per peer. */
 static int nccl_floor_exchange(ll_run *b, int ph) {
     const int32_t R = epx_comm_size(b->comm);
-    const size_t n = epxi_gpu_ep_staged_bytes(b->ep, ph), off = 0;
-    return epxi_nccl_swap(b->nc, b->nbox, b->nbox + (size_t)R * n, R, 1, &off, &n, &n, b->s) !=
-           ncclSuccess;
+    const size_t n = epxi_gpu_ep_staged_bytes(b->ep, ph);
+    return epxi_nccl_swap(b->nc, b->nbox, b->nbox + (size_t)R * n, R, 0, n, n, b->s) != ncclSuccess;
 }
 
 /* One floor probe's phase (0 dispatch, 1 combine, 2 both) on the stream;

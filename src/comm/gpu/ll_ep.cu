@@ -193,8 +193,8 @@ static cudaError_t launch(const epx_gpu_ep *ep, void (*kernel)(P...), unsigned g
  * first bytes up to `bound` of each cover every rank's. */
 static void set_bound(epx_gpu_ep *ep, int64_t bound) {
     ep->bound = bound;
-    ep->wire[0].bytes[0] = ep->a.drows + (size_t)bound * ep->a.rec;
-    ep->wire[1].bytes[0] = kFlagBytes + (size_t)bound * ep->g.K * ep->g.yrow;
+    ep->wire[0].bytes = ep->a.drows + (size_t)bound * ep->a.rec;
+    ep->wire[1].bytes = kFlagBytes + (size_t)bound * ep->g.K * ep->g.yrow;
 }
 
 /* What normal mode (EPX_EP_MODE_NORMAL: the compact receive) does not do
@@ -349,9 +349,8 @@ static epx_status plan(epx_gpu_ep *ep, const epx_ep_config *cfg, int32_t R, bool
      * stride: one send and one receive per peer (bytes: set_bound). */
     epxi_ll_phase_blocks *d = &ep->wire[0], *c = &ep->wire[1];
     d->R = c->R = R;
-    d->nparts = c->nparts = 1;
-    d->off[0] = off_dflag, d->stride[0] = dblk;
-    c->off[0] = off_cflag, c->stride[0] = cblk;
+    d->off = off_dflag, d->stride = dblk;
+    c->off = off_cflag, c->stride = cblk;
     set_bound(ep, g->M);
     return EPX_OK;
 }
@@ -1417,7 +1416,7 @@ extern "C" EPXI_HIDDEN void epxi_gpu_ep_variant(epx_gpu_ep *ep, int bits) {
  * that maps its peers. The benchmark's NCCL floor exchanges as many. */
 extern "C" EPXI_HIDDEN size_t epxi_gpu_ep_staged_bytes(const epx_gpu_ep *ep, int phase) {
     if (ep == NULL || ep->exchange == NULL || phase < 0 || phase > 1) return 0;
-    return ep->wire[phase].bytes[0];
+    return ep->wire[phase].bytes;
 }
 
 /* Testing: a staging transport's outbox and inbox (its test transport

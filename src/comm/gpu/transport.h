@@ -65,13 +65,13 @@ EPXI_HIDDEN extern const epxi_transport_ops epxi_transport_host;
  * A staging transport (transport_nccl.cu) maps nothing: every send of a
  * phase is filed in this rank's outbox by destination, and the transport
  * moves the blocks on the stream between the phase's sending and receiving
- * kernels. Peer r's blocks are outbox + off[i] + r * stride[i] (filed for
- * r) and inbox + off[i] + r * stride[i] (from r), bytes[i] long, i < nparts.
+ * kernels. Peer r's block is outbox + off + r * stride (filed for r) and
+ * inbox + off + r * stride (from r), bytes long.
  */
 typedef struct epxi_ll_phase_blocks {
     unsigned char *outbox, *inbox;
-    int32_t R, nparts;
-    size_t off[3], stride[3], bytes[3];
+    int32_t R;
+    size_t off, stride, bytes;
 } epxi_ll_phase_blocks;
 /* Move one phase's blocks, enqueued on `stream` (a cudaStream_t). */
 typedef epx_status (*epxi_ll_exchange_fn)(void *ctx, const epxi_ll_phase_blocks *b, void *stream,

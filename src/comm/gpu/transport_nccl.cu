@@ -52,18 +52,15 @@ ncclResult_t settle(ncclComm_t comm, ncclResult_t r) {
  * moves its bytes exactly as the transport does without this room's
  * headers). */
 extern "C" EPXI_HIDDEN ncclResult_t epxi_nccl_swap(ncclComm_t comm, const unsigned char *outbox,
-                                                   unsigned char *inbox, int32_t R, int32_t nparts,
-                                                   const size_t *off, const size_t *stride,
-                                                   const size_t *bytes, void *s) {
+                                                   unsigned char *inbox, int32_t R, size_t off,
+                                                   size_t stride, size_t bytes, void *s) {
     ncclResult_t r = ncclGroupStart();
     if (r != ncclSuccess) return r;
-    for (int32_t p = 0; p < R && r == ncclSuccess; p++)
-        for (int32_t i = 0; i < nparts && r == ncclSuccess; i++) {
-            const size_t at = off[i] + (size_t)p * stride[i];
-            r = ncclSend(outbox + at, bytes[i], ncclUint8, p, comm, (cudaStream_t)s);
-            if (r == ncclSuccess)
-                r = ncclRecv(inbox + at, bytes[i], ncclUint8, p, comm, (cudaStream_t)s);
-        }
+    for (int32_t p = 0; p < R && r == ncclSuccess; p++) {
+        const size_t at = off + (size_t)p * stride;
+        r = ncclSend(outbox + at, bytes, ncclUint8, p, comm, (cudaStream_t)s);
+        if (r == ncclSuccess) r = ncclRecv(inbox + at, bytes, ncclUint8, p, comm, (cudaStream_t)s);
+    }
     const ncclResult_t e = settle(comm, ncclGroupEnd());
     return r != ncclSuccess ? r : e;
 }
@@ -72,7 +69,7 @@ namespace {
 
 epx_status exchange(void *ctx, const epxi_ll_phase_blocks *b, void *stream, epx_error *err) {
     const ncclResult_t r = epxi_nccl_swap(((const Ctx *)ctx)->comm, b->outbox, b->inbox, b->R,
-                                          b->nparts, b->off, b->stride, b->bytes, stream);
+                                          b->off, b->stride, b->bytes, stream);
     return r == ncclSuccess ? EPX_OK : nccl_fail(r, "a phase's ncclSend/ncclRecv group", err);
 }
 
