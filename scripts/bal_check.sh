@@ -6,8 +6,9 @@
 # bench_balanced against a base build's, alternated, two rounds.
 #   BIN=.devbin scripts/bal_check.sh   (after scripts/stage_gpu.sh, with the
 #   base build's bench_balanced copied to BIN/bench_balanced_base; carry
-#   .devbin .devlibs .devpy). Where BIN also holds bench_balanced_step1 (the
-#   first of two changes stacked, built alone), it is timed between them.
+#   .devbin .devlibs .devpy). Where BIN also holds bench_balanced_step1,
+#   bench_balanced_step2 (the first changes of a stack, each built alone),
+#   they are timed between the two, in that order.
 # Exits nonzero when a check fails; the timings run either way.
 set -u
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -40,7 +41,7 @@ if [ -e "$BIN/libepx.so" ] && [ -e "$BIN/libepx_cuda.so" ]; then
         '$ROOT/python/tests/test_torch_balanced.py' '$ROOT/python/tests/test_torch_ops.py'"
 fi
 for r in 1 2; do
-    for b in bench_balanced_base $([ -x "$BIN/bench_balanced_step1" ] && echo bench_balanced_step1) \
+    for b in bench_balanced_base $(cd "$BIN" && ls bench_balanced_step[1-9] 2>/dev/null) \
         bench_balanced; do
         echo "== $b round $r"
         "$BIN/$b" 2>&1 | grep -v "^device\|^shape" | awk '{print $1, $5, $6, $7}' | tr '\n' ';'

@@ -7,11 +7,12 @@
 #   cmake -S . -B build-balprof -DCMAKE_BUILD_TYPE=Release -DEPX_BUILD_TESTS=ON \
 #     -DEPX_WITH_CUDA=ON -DEPX_WITH_MPI=OFF -DEPX_BAL_PROFILE=ON
 #   cmake --build build-balprof --target bench_balanced -j 2
-# and carry build-balprof/bench/bench_balanced. Its figures are the profile
+# and carry build-balprof/bench/bench_balanced (or set B to another such
+# binary, e.g. a staged change's). Its figures are the profile
 # build's (stamps and atomics on the path), not the kernel's timing.
 set -u
 cd "$(dirname "$0")/../.."
-B=build-balprof/bench/bench_balanced
+B=${B:-build-balprof/bench/bench_balanced}
 mkdir -p /tmp/bp
 run() { # shape tokens
     timeout 120 "$B" --shape "$1" --tokens "$2" > "/tmp/bp/$1_$2.log" 2>&1
