@@ -274,6 +274,55 @@ EPXI_BAL int64_t epxi_bal_under(int64_t r, uint32_t F, uint32_t v) {
     return r < x ? r : x;
 }
 
+/* The split on registers: on a warp (nl = 32) solving a component of at
+ * most 8 GPUs whose tokens stay below 2^26 (epxi_bal_split_regs), lane l
+ * holds the slacks of subsets v = l + 32 j, j < 8, in 32 bits (they lie
+ * within [-2^30, 2^30] then), and a step's subsets are chosen by 8-bit
+ * masks over j: v's low 5 bits are the lane's, its high 3 bits j's. A step
+ * of the table form runs a test, a 64-bit minimum and an update per subset,
+ * one dependent chain on one warp (~1,200 cycles a step); here two masks,
+ * eight selects and one warp minimum: the split at Kimi-K2.5's 128 tokens
+ * about halved (bench/RESULTS.md, seventeenth session). */
+EPXI_BAL int epxi_bal_split_regs(uint32_t k, int nl, int64_t total) {
+    return nl == 32 && k <= 8 && total < ((int64_t)1 << 26);
+}
+/* The lane's subsets holding GPU bit g */
+EPXI_BAL uint32_t epxi_bal_jm_has(int lane, int32_t g) {
+    if (g < 5) return (lane >> g & 1) ? 0xffu : 0u;
+    return g == 5 ? 0xaau : g == 6 ? 0xccu : 0xf0u;
+}
+/* ... holding every GPU of r */
+EPXI_BAL uint32_t epxi_bal_jm_sup(int lane, uint32_t r) {
+    uint32_t m = ((uint32_t)lane & r & 31u) == (r & 31u) ? 0xffu : 0u;
+    if (r >> 5 & 1) m &= 0xaau;
+    if (r >> 6 & 1) m &= 0xccu;
+    if (r >> 7 & 1) m &= 0xf0u;
+    return m;
+}
+/* ... inside U (so below 2^k: U is a subset of the component's k GPUs) */
+EPXI_BAL uint32_t epxi_bal_jm_in(int lane, uint32_t U) {
+    uint32_t m = ((uint32_t)lane & ~U & 31u) == 0 ? 0xffu : 0u;
+    if (!(U >> 5 & 1)) m &= 0x55u;
+    if (!(U >> 6 & 1)) m &= 0x33u;
+    if (!(U >> 7 & 1)) m &= 0x0fu;
+    return m;
+}
+/* The warp's minimum of 32-bit values (nl = 32). */
+EPXI_BAL int32_t epxi_bal_min32_lanes(int32_t v) {
+#ifdef __CUDA_ARCH__
+    return __reduce_min_sync(0xffffffffu, v);
+#elif defined(EPXI_BAL_LANES)
+    return (int32_t)epxi_bal_lanes_min(v);
+#else
+    return v;
+#endif
+}
+#ifdef __CUDA_ARCH__
+#define EPXI_BAL_UNROLL _Pragma("unroll") /* a register array needs constant indices */
+#else
+#define EPXI_BAL_UNROLL
+#endif
+
 /* Round level (X, U) of a subset-solved component (load a / dn on each of
  * U's GPUs): every flow down to whole tokens, then the units left, r_e
  * for expert e, each to one of its GPUs with a fractional flow (F_e, at
@@ -462,7 +511,15 @@ EPXI_BAL int32_t epxi_bal_subset_levels(epxi_bal *b, const epxi_bal_part *p, int
         for (int32_t gi = lane; gi < k; gi += nl)
             if (U >> gi & 1) b->g_level[p->gl[gi]] = lid;
         EPXI_BAL_MARK(1, lane);
-        for (uint32_t v = (uint32_t)lane; v < nv; v += (uint32_t)nl)
+        const int regs = epxi_bal_split_regs((uint32_t)k, nl, d[full]);
+        const uint32_t in = regs ? epxi_bal_jm_in(lane, U) : 0u;
+        int32_t sr[8];
+        EPXI_BAL_UNROLL
+        for (int j = 0; j < 8; j++) {
+            const uint32_t v = (uint32_t)lane + 32u * (uint32_t)j;
+            sr[j] = in >> j & 1 ? (int32_t)(a * epxi_bal_popc(v) - dn * (d[X | v] - d[X])) : 0;
+        }
+        for (uint32_t v = (uint32_t)lane; v < nv && !regs; v += (uint32_t)nl)
             if ((v & ~U) == 0) s[v] = a * epxi_bal_popc(v) - dn * (d[X | v] - d[X]);
         EPXI_BAL_SYNCWARP();
         for (int32_t t0 = 0; t0 < p->nf; t0 += 32) /* this level's experts, in order */
@@ -479,6 +536,24 @@ EPXI_BAL int32_t epxi_bal_subset_levels(epxi_bal *b, const epxi_bal_part *p, int
                     int64_t take = 0;
                     if ((N >> g & 1) && rest == 0) {
                         take = rem; /* the last GPU: what is left */
+                    } else if ((N >> g & 1) && regs) {
+                        /* the table form's statements below, on the masks:
+                         * bound = v holds g but not all of rest; other = v
+                         * holds all of rest but not g */
+                        const uint32_t hg = epxi_bal_jm_has(lane, g);
+                        const uint32_t sp = epxi_bal_jm_sup(lane, rest);
+                        const uint32_t bound = in & hg & ~sp, other = in & ~hg & sp;
+                        int32_t lo = INT32_MAX;
+                        EPXI_BAL_UNROLL
+                        for (int j = 0; j < 8; j++)
+                            if (bound >> j & 1) lo = sr[j] < lo ? sr[j] : lo;
+                        lo = epxi_bal_min32_lanes(lo);
+                        take = rem < lo ? rem : lo;
+                        const int32_t t32 = (int32_t)take, r32 = (int32_t)(rem - take);
+                        EPXI_BAL_UNROLL
+                        for (int j = 0; j < 8; j++)
+                            sr[j] -= bound >> j & 1 ? t32 : other >> j & 1 ? r32 : 0;
+                        N = rest;
                     } else if (N >> g & 1) {
                         int64_t lo = EPXI_BAL_INF;
                         for (uint32_t v = (uint32_t)lane; v < nv; v += (uint32_t)nl)
