@@ -381,15 +381,18 @@ static int32_t one_layer(const place *p, const int64_t *c, int k, int closed, co
 /* ---- the cases ------------------------------------------------------------------ */
 
 /* n layers of shape (E, G, per, nodes) at token scales from a few to
- * thousands per expert; returns the components solved by subsets. */
+ * thousands per expert, and hundreds of millions (a component of 2^26
+ * tokens or more splits through its tables, not the lanes' 32-bit
+ * registers: epxi_bal_split_regs); returns the components solved by
+ * subsets. */
 static int32_t layers(tu_rng *r, int n, int32_t E, int32_t G, int32_t per, int32_t nodes, int k,
                       int closed, const char *name) {
     int32_t by_subsets = 0;
     int64_t *c = malloc(sizeof(int64_t) * (size_t)E);
-    static const uint32_t scale[] = {1, 3, 40, 1000};
+    static const uint32_t scale[] = {1, 3, 40, 1000, 400000000};
     for (int it = 0; it < n; it++) {
         place p = bal_random_place(r, E, G, per, it % 2 ? 8 : 0, nodes);
-        bal_random_counts(r, c, E, scale[it % 4]);
+        bal_random_counts(r, c, E, scale[it % 5]);
         char ctx[160];
         snprintf(ctx, sizeof ctx, "%s layer %d (E %d, G %d, P %d, subsets <= %d, closed %d)", name,
                  it, E, G, p.P, k, closed);
