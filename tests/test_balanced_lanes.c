@@ -437,6 +437,27 @@ static void small_layers(void **state) {
     assert_true(by_subsets > 0);
 }
 
+/* The split on masks' three masks (epxi_bal_jm_has, _sup, _in) against
+ * their definitions on subset v = lane + 32 j, for every lane, GPU bit and
+ * set of at most 8 GPUs. */
+static void subset_masks(void **state) {
+    (void)state;
+    for (int lane = 0; lane < 32; lane++)
+        for (uint32_t r = 0; r < 256; r++) {
+            const uint32_t sup = epxi_bal_jm_sup(lane, r), in = epxi_bal_jm_in(lane, r);
+            const uint32_t has = epxi_bal_jm_has(lane, (int32_t)(r & 7));
+            for (uint32_t j = 0; j < 8; j++) {
+                const uint32_t v = (uint32_t)lane + 32u * j;
+                if ((sup >> j & 1) != ((v & r) == r) || (in >> j & 1) != ((v & ~r) == 0) ||
+                    (has >> j & 1) != (v >> (r & 7) & 1))
+                    fail_msg("lane %d, set 0x%x, j %u: masks sup 0x%x, in 0x%x, has 0x%x", lane, r,
+                             j, sup, in, has);
+            }
+            assert_int_equal(sup >> 8, 0);
+            assert_int_equal(in >> 8, 0);
+        }
+}
+
 /* EPX_LANES_STATS=1: the __syncwarp barriers a layer takes, and its warp
  * reductions and votes (each one collective: a few shuffles or one vote on
  * the GPU), averaged over 12 random layers per shape and batch of T tokens
@@ -479,9 +500,8 @@ static void barrier_counts(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(kimi_k25),
-        cmocka_unit_test(deepseek_v3),
-        cmocka_unit_test(small_layers),
+        cmocka_unit_test(kimi_k25),       cmocka_unit_test(deepseek_v3),
+        cmocka_unit_test(small_layers),   cmocka_unit_test(subset_masks),
         cmocka_unit_test(barrier_counts),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
